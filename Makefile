@@ -1,0 +1,65 @@
+# orch — every target works from a fresh clone: the first one that needs the venv builds it.
+# INVENTORY selects the cluster (default: the two-node local demo); RUN selects a run (default: latest).
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+ORCH := $(VENV)/bin/orch
+INVENTORY ?= inventory/local.yaml
+RUN ?=
+PYTEST_ARGS ?=
+STAMP := $(VENV)/.installed
+DEMO_DIR ?= $(HOME)/.orch/demo
+
+.PHONY: help install up demo-data check logs status down report test test-fast lint typecheck bench clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+install: $(STAMP)  ## create .venv with orch, the trainer (torch, ultralytics) and the test tools
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -e '.[trainer,test,report]'
+	touch $(STAMP)
+
+demo-data: install  ## the synthetic YOLO dataset the local demo trains on
+	@test -f $(DEMO_DIR)/data/data.yaml || $(PY) -m trainer.synth $(DEMO_DIR)/data --images 64 --classes 3 --imgsz 96
+
+up: install demo-data  ## run a real 2-node training on this machine (or INVENTORY=...)
+	$(ORCH) up $(INVENTORY)
+
+check: install  ## preflight every node of INVENTORY
+	$(ORCH) check $(INVENTORY)
+
+logs: install  ## follow the merged log of RUN (default: the latest run)
+	$(ORCH) logs --follow $(RUN)
+
+status: install  ## per-node state of RUN
+	$(ORCH) status $(RUN)
+
+down: install  ## stop every process of RUN on every node
+	$(ORCH) down $(RUN)
+
+report: install  ## write the HTML report of RUN
+	$(ORCH) report $(RUN)
+
+test: install  ## the whole suite (real sshd, chronyd, torchrun); netns tests need root
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: install  ## unit tests and the quick integration tests
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+lint: install  ## ruff and mypy
+	$(VENV)/bin/ruff check orchestrator trainer tests bench
+	$(VENV)/bin/mypy
+
+typecheck: install
+	$(VENV)/bin/mypy
+
+bench: install  ## benchmarks against pdsh, sort -m and ultralytics' trainer (bench/results/)
+	$(PY) -m bench $(BENCH_ARGS)
+
+clean:  ## remove the venv and local state
+	rm -rf $(VENV) .orch .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,271 @@
+"""`orch` command line: the only module that knows click, prints for people, or picks exit codes.
+
+Exit codes (see CONTRACT.md): 0 ok · 1 failure (a check failed / the job failed) · 2 bad usage or
+inventory · 3 preflight failed, nothing launched · 130 interrupted (after teardown).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import traceback
+from typing import Any
+
+import click
+
+from . import __version__
+from .errors import OrchError, UsageError
+from .inventory import Inventory
+from .inventory import load as load_inventory
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+class State:
+    """Options shared by every command."""
+
+    def __init__(self, verbose: bool) -> None:
+        self.verbose = verbose
+
+
+pass_state = click.make_pass_decorator(State)
+
+
+def resolve_inventory(path: str | None) -> Inventory:
+    """INVENTORY, else $ORCH_INVENTORY, else the latest run's snapshot, else exit 2."""
+    path = path or os.environ.get("ORCH_INVENTORY")
+    if path:
+        return load_inventory(path)
+    from .runs import RunStore
+
+    try:
+        return RunStore().get().inventory()
+    except UsageError:
+        raise UsageError("no INVENTORY given", "pass one (orch check inventory/v100.yaml) or set ORCH_INVENTORY") from None
+
+
+def split_names(value: str | None) -> list[str] | None:
+    return [v.strip() for v in value.split(",") if v.strip()] if value else None
+
+
+@click.group(context_settings=CONTEXT)
+@click.version_option(__version__, "-V", "--version", prog_name="orch")
+@click.option("-v", "--verbose", is_flag=True, help="Show every remote command and full tracebacks.")
+@click.pass_context
+def cli(ctx: click.Context, verbose: bool) -> None:
+    """orch: turn GPU servers reachable over SSH into one training cluster.
+
+    \b
+    Typical session:
+      orch check inventory/v100.yaml     # preflight every node
+      orch up inventory/v100.yaml        # launch torchrun everywhere, follow, fail fast
+      orch logs --follow                 # from any shell, for the latest run
+      orch status                        # per-node state
+      orch down                          # stop every process of the run
+
+    State lives in $ORCH_HOME (default ./.orch). Shell completion (bash):
+    eval "$(_ORCH_COMPLETE=bash_source orch)"
+    """
+    ctx.obj = State(verbose)
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
+                        format="%(name)s: %(message)s", stream=sys.stderr)
+    if not verbose:
+        logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+
+
+CHECK_HELP = """Preflight every node in parallel; one table, or JSON with --json.
+
+\b
+Checks: ssh, clock, timezone, nccl_env, rdma, gpus, software, job, ports.
+Exit code: 0 no failure (warnings allowed), 1 a check failed, 2 bad inventory.
+
+\b
+Examples:
+  orch check inventory/v100.yaml
+  orch check inventory/v100.yaml --only ssh,clock --json | jq .
+"""
+
+
+@cli.command(help=CHECK_HELP, context_settings=CONTEXT)
+@click.argument("inventory", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON on stdout.")
+@click.option("--only", help="Run only these checks (comma separated).")
+@click.option("--skip", help="Skip these checks (comma separated).")
+@pass_state
+def check(state: State, inventory: str | None, as_json: bool, only: str | None, skip: str | None) -> None:
+    from .preflight import check_command
+
+    inv = resolve_inventory(inventory)
+    raise SystemExit(check_command(inv, only=split_names(only), skip=split_names(skip), as_json=as_json))
+
+
+UP_HELP = """Check, assign ranks, launch torchrun on every node, stream the merged log, supervise.
+
+\b
+Node ranks follow the inventory (the master is node rank 0). One node failing stops all.
+Exit code: 0 success everywhere, 1 the job failed, 2 bad inventory, 3 preflight failed
+(nothing launched), 130 interrupted (every node stopped first).
+
+\b
+Examples:
+  orch up inventory/v100.yaml --dry-run     # the plan: ranks and exact commands
+  orch up inventory/v100.yaml               # launch and follow
+  orch up inventory/v100.yaml --detach      # launch, return; then orch logs -f
+"""
+
+
+@cli.command(help=UP_HELP, context_settings=CONTEXT)
+@click.argument("inventory", required=False)
+@click.option("--dry-run", is_flag=True, help="Print the plan (node, address, ranks, command); touch no node.")
+@click.option("--detach", is_flag=True, help="Return once every node has started; the job keeps running.")
+@click.option("--skip-checks", is_flag=True, help="Launch without the preflight.")
+@click.option("--run-id", help="Name the run (default: DATE-TIME-CLUSTER).")
+@click.option("--json", "as_json", is_flag=True, help="With --dry-run: print the plan as JSON.")
+@pass_state
+def up(state: State, inventory: str | None, dry_run: bool, detach: bool, skip_checks: bool,
+       run_id: str | None, as_json: bool) -> None:
+    inv = resolve_inventory(inventory)
+    if dry_run:
+        from .plan import make_plan
+
+        plan = make_plan(inv, run_id or "dry-run")
+        if as_json:
+            click.echo(json.dumps(plan.to_json(), indent=2))
+        else:
+            print_plan(plan)
+        raise SystemExit(0)
+    from .launch import up_command
+
+    raise SystemExit(up_command(inv, detach=detach, skip_checks=skip_checks, run_id=run_id,
+                                verbose=state.verbose))
+
+
+def print_plan(plan: Any) -> None:
+    """The dry-run table: node, address, node rank, global ranks, the exact remote command."""
+    import shlex
+
+    from rich.table import Table
+
+    from .ui import console
+
+    out = console(stderr=False)
+    table = Table(title=f"plan for {plan.inventory.path}: {len(plan.nodes)} nodes, world size "
+                        f"{plan.world_size}, master {plan.master_addr}:{plan.master_port}",
+                  show_lines=True)
+    for col in ("node", "address", "node rank", "global ranks", "command"):
+        table.add_column(col, overflow="fold")
+    for p in plan.nodes:
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in p.env.items() if not k.startswith("ORCH_"))
+        cmd = (f"cd {p.workdir} && " if p.workdir else "") + (env + " " if env else "") + shlex.join(p.argv)
+        ranks = f"{p.global_ranks.start}-{p.global_ranks.stop - 1}" if len(p.global_ranks) > 1 else str(p.global_ranks.start)
+        table.add_row(p.node.name, f"{p.node.host}" + (f" ({p.node.addr})" if p.node.addr != p.node.host else ""),
+                      str(p.node_rank), ranks, cmd)
+    out.print(table)
+
+
+LOGS_HELP = """Merged, time-ordered logs of a run (the latest when RUN is omitted).
+
+\b
+Every line: node UTC time, node, rank, text. Lines are ordered by the time the node wrote
+them, corrected by the clock offsets the last `orch check` measured.
+
+\b
+Examples:
+  orch logs --follow
+  orch logs 20261130-093205-v100 --node v100-[2-3] --grep 'loss|Error'
+  orch logs --rank 0 --tail 50 --json
+"""
+
+
+@cli.command(help=LOGS_HELP, context_settings=CONTEXT)
+@click.argument("run", required=False)
+@click.option("-f", "--follow", is_flag=True, help="Keep following every node live until the run ends or Ctrl-C.")
+@click.option("--node", "node_filter", help="Only these nodes (name or range, e.g. gpu[01-02]).")
+@click.option("--rank", "rank_filter", help="Only these global ranks (e.g. 0 or 0,8-15).")
+@click.option("--grep", help="Only lines matching this regular expression.")
+@click.option("--since", help="Only lines newer than this (e.g. 10m, 2h, or 2026-11-30T09:30:00).")
+@click.option("--tail", type=int, help="Only the last N lines of each node.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line on stdout.")
+@click.option("--skew-correct/--no-skew-correct", default=None,
+              help="Subtract measured clock offsets before ordering (default: on when known).")
+@click.option("--watermark", type=float, default=1.0, show_default=True,
+              help="Seconds a live line may be held back to order it among nodes.")
+@pass_state
+def logs(state: State, run: str | None, follow: bool, node_filter: str | None, rank_filter: str | None,
+         grep: str | None, since: str | None, tail: int | None, as_json: bool,
+         skew_correct: bool | None, watermark: float) -> None:
+    from .logs import logs_command
+
+    raise SystemExit(logs_command(run, follow=follow, node=node_filter, rank=rank_filter, grep=grep,
+                                  since=since, tail=tail, as_json=as_json, skew_correct=skew_correct,
+                                  watermark=watermark))
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("run", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print the state as JSON on stdout.")
+@pass_state
+def status(state: State, run: str | None, as_json: bool) -> None:
+    """Per-node state of a run: state, exit code, pid, uptime, last log time.
+
+    \b
+    Example:
+      orch status --json | jq '.nodes[] | select(.state != "running")'
+    """
+    from .launch import status_command
+
+    raise SystemExit(status_command(run, as_json=as_json))
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("run", required=False)
+@pass_state
+def down(state: State, run: str | None) -> None:
+    """Stop every process of a run on every node (by its recorded process group) and wait.
+
+    Idempotent: safe on a run that already ended.
+
+    \b
+    Example:
+      orch down                # the latest run
+    """
+    from .launch import down_command
+
+    raise SystemExit(down_command(run))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: renders OrchError as one line (+ hint) and maps it to its exit code."""
+    verbose = "-v" in (argv or sys.argv[1:]) or "--verbose" in (argv or sys.argv[1:])
+    try:
+        cli.main(args=argv, prog_name="orch", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(2 if exc.exit_code == 2 else exc.exit_code)
+    except OrchError as exc:
+        if verbose:
+            traceback.print_exc()
+        click.echo(f"orch: {exc.message}" if "\n" not in exc.message else f"orch:\n{exc.message}", err=True)
+        if exc.hint:
+            click.echo(f"  hint: {exc.hint}", err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    except SystemExit:
+        raise
+    except Exception as exc:  # the last line of defence: one line unless --verbose
+        if verbose:
+            traceback.print_exc()
+        click.echo(f"orch: internal error: {type(exc).__name__}: {exc} (run with -v for the traceback)", err=True)
+        sys.exit(1)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""Exceptions that carry data; `cli.py` is the one place that renders them and picks exit codes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+class OrchError(Exception):
+    """Base of every error orch raises on purpose. `hint` tells the user what to do next."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass
+class InventoryIssue:
+    """One problem in an inventory file, located as precisely as the YAML allows."""
+
+    message: str
+    path: str
+    line: int | None = None
+    key: str | None = None
+
+    def render(self) -> str:
+        where = self.path if self.line is None else f"{self.path}:{self.line}"
+        key = f" [{self.key}]" if self.key else ""
+        return f"{where}:{key} {self.message}"
+
+
+class InventoryError(OrchError):
+    """The inventory is invalid. Raised before any connection is made; exit code 2."""
+
+    exit_code = 2
+
+    def __init__(self, issues: Sequence[InventoryIssue]) -> None:
+        self.issues = list(issues)
+        super().__init__("\n".join(i.render() for i in self.issues))
+
+
+class UsageError(OrchError):
+    """Bad command-line usage (unknown run, missing inventory...); exit code 2."""
+
+    exit_code = 2
+
+
+class TransportError(OrchError):
+    """A node could not be reached or refused us. `node` names it; `kind` says why."""
+
+    def __init__(self, node: str, kind: str, message: str, hint: str | None = None) -> None:
+        super().__init__(f"{node}: {message}", hint)
+        self.node = node
+        self.kind = kind  # unreachable | auth | host_key_unknown | host_key_changed | timeout | error
+
+
+@dataclass
+class RemoteCommandFailed(OrchError):
+    """A command exited non-zero on a node; shows the argv, the code and the tail of stderr."""
+
+    node: str
+    argv: Sequence[str]
+    exit_code_remote: int
+    stderr_tail: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        tail = "\n".join("    " + line for line in self.stderr_tail[-10:])
+        msg = f"{self.node}: `{' '.join(self.argv)}` exited {self.exit_code_remote}"
+        super().__init__(msg + (f"\n{tail}" if tail else ""))

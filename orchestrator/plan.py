@@ -1,0 +1,121 @@
+"""Plan: node ranks, world size and the exact torchrun argv and env of every node. Pure.
+
+Node rank is the position in `Inventory.nodes` (the master first, then file order) — never
+derived from an address (the field guide's `cut -d. -f4` turned 192.168.1.11 into rank 11).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from .inventory import Inventory, Node
+
+TORCHRUN = ("-m", "torch.distributed.run")
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """What one node runs: its ranks, the command and its environment."""
+
+    node: Node
+    node_rank: int
+    global_ranks: range
+    """Global ranks of this node's workers (static rendezvous; c10d may permute node order)."""
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    workdir: str | None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The whole cluster's launch plan."""
+
+    inventory: Inventory
+    run_id: str
+    nodes: tuple[NodePlan, ...]
+    world_size: int
+    master_addr: str
+    master_port: int
+
+    def for_node(self, name: str) -> NodePlan:
+        for np_ in self.nodes:
+            if np_.node.name == name:
+                return np_
+        raise KeyError(name)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "run": self.run_id,
+            "inventory": self.inventory.path,
+            "world_size": self.world_size,
+            "master_addr": self.master_addr,
+            "master_port": self.master_port,
+            "nodes": [
+                {
+                    "node": p.node.name, "host": p.node.host, "addr": p.node.addr,
+                    "node_rank": p.node_rank, "nproc_per_node": p.node.nproc_per_node,
+                    "global_ranks": [p.global_ranks.start, p.global_ranks.stop - 1],
+                    "argv": list(p.argv), "env": dict(p.env), "workdir": p.workdir,
+                }
+                for p in self.nodes
+            ],
+        }
+
+
+def torchrun_argv(inv: Inventory, node: Node, node_rank: int, run_id: str) -> list[str]:
+    """The full command for one node: `<python> -m torch.distributed.run <flags> <entry> <args>`."""
+    nnodes = len(inv.nodes)
+    argv = [node.python, *TORCHRUN, f"--nnodes={nnodes}", f"--nproc-per-node={node.nproc_per_node}"]
+    if inv.job.rdzv == "static":
+        argv += [
+            f"--node-rank={node_rank}",
+            f"--master-addr={inv.master.addr}",
+            f"--master-port={inv.master_port}",
+        ]
+    else:
+        argv += [
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={inv.master.addr}:{inv.master_port}",
+            f"--rdzv-id={run_id}",
+        ]
+    argv += [f"--max-restarts={inv.job.max_restarts}", "--tee=3", *inv.job.torchrun_args]
+    if inv.job.script:
+        argv.append(inv.job.script)
+    else:
+        argv += ["-m", inv.job.module or "trainer"]
+    argv += list(inv.job.args)
+    return argv
+
+
+def node_env(inv: Inventory, node: Node, node_rank: int, run_id: str) -> dict[str, str]:
+    """The job's environment: inventory `env`, then the node's `env`, then what orch itself sets."""
+    env = dict(node.env)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update({
+        "ORCH_RUN_ID": run_id,
+        "ORCH_NODE": node.name,
+        "ORCH_NODE_RANK": str(node_rank),
+        "ORCH_NNODES": str(len(inv.nodes)),
+    })
+    return env
+
+
+def make_plan(inv: Inventory, run_id: str = "dry-run") -> Plan:
+    """Assign node ranks in inventory order (master = 0) and build every node's command."""
+    nodes = []
+    first = 0
+    for rank, node in enumerate(inv.nodes):
+        nodes.append(NodePlan(
+            node=node, node_rank=rank,
+            global_ranks=range(first, first + node.nproc_per_node),
+            argv=tuple(torchrun_argv(inv, node, rank, run_id)),
+            env=MappingProxyType(node_env(inv, node, rank, run_id)),
+            workdir=inv.job.workdir,
+        ))
+        first += node.nproc_per_node
+    return Plan(
+        inventory=inv, run_id=run_id, nodes=tuple(nodes), world_size=first,
+        master_addr=inv.master.addr, master_port=inv.master_port,
+    )

@@ -1,0 +1,39 @@
+"""What people see: a stderr console that honours NO_COLOR and only colours a terminal.
+
+Library layers never print; they take a `Progress`-like callback or return values. The CLI owns
+one `Console` for humans (stderr) and writes `--json` alone to stdout.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from rich.console import Console
+
+
+def color_enabled(stream: object = None) -> bool:
+    """Colour only on a terminal, never when NO_COLOR is set (https://no-color.org)."""
+    if "NO_COLOR" in os.environ:
+        return False
+    stream = stream or sys.stderr
+    return bool(getattr(stream, "isatty", lambda: False)())
+
+
+def console(stderr: bool = True) -> Console:
+    """A rich console on stderr (for people) or stdout (tables that are the command's output)."""
+    stream = sys.stderr if stderr else sys.stdout
+    color = color_enabled(stream)
+    return Console(file=stream, no_color=not color, highlight=False, soft_wrap=False,
+                   force_terminal=color or None, emoji=False,
+                   width=None if color else 200)
+
+
+STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim",
+                "running": "cyan", "succeeded": "green", "failed": "bold red", "stopped": "yellow",
+                "starting": "cyan", "unreachable": "bold red", "unknown": "dim", "pending": "dim"}
+
+
+def styled(status: str) -> str:
+    style = STATUS_STYLE.get(status)
+    return f"[{style}]{status}[/]" if style else status

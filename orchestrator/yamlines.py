@@ -1,0 +1,87 @@
+"""Safe YAML loading that remembers where every key and item came from.
+
+The inventory's error messages name file, line and key; PyYAML's safe loader forgets lines once it
+builds plain dicts, so we compose the node graph ourselves and keep a side table
+`{path tuple: line}` (1-based). Duplicate keys, which PyYAML silently collapses, are errors here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+Path = tuple[str | int, ...]
+
+
+class YamlError(Exception):
+    """A YAML syntax or structure error at a line (1-based, or None when unknown)."""
+
+    def __init__(self, message: str, line: int | None, key: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.line = line
+        self.key = key
+
+
+def load(text: str) -> tuple[Any, dict[Path, int]]:
+    """Parse one YAML document with the safe loader; return (data, {path: line})."""
+    loader = yaml.SafeLoader(text)
+    try:
+        root = loader.get_single_node()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else None
+        raise YamlError(f"YAML syntax error: {exc.problem or exc}", line) from None
+    finally:
+        loader.dispose()
+    lines: dict[Path, int] = {}
+    if root is None:
+        return None, lines
+    lines[()] = root.start_mark.line + 1
+    return _build(loader, root, (), lines), lines
+
+
+def _build(loader: yaml.SafeLoader, node: yaml.Node, path: Path, lines: dict[Path, int]) -> Any:
+    if isinstance(node, yaml.MappingNode):
+        loader.flatten_mapping(node)  # resolves `<<: *anchor` merges
+        out: dict[Any, Any] = {}
+        for key_node, value_node in node.value:
+            key = loader.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if not isinstance(key, str):
+                raise YamlError(f"keys must be strings, got {key!r}", line, str(key))
+            if key in out:
+                raise YamlError(f"duplicate key '{key}'", line, _dotted(path + (key,)))
+            lines[path + (key,)] = line
+            out[key] = _build(loader, value_node, path + (key,), lines)
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        items = []
+        for i, item in enumerate(node.value):
+            lines[path + (i,)] = item.start_mark.line + 1
+            items.append(_build(loader, item, path + (i,), lines))
+        return items
+    return loader.construct_object(node, deep=True)
+
+
+def _dotted(path: Path) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+    return out
+
+
+def dotted(path: Path) -> str:
+    """`('nodes', 2, 'gpus')` → `nodes[2].gpus`, the way errors name a key."""
+    return _dotted(path)
+
+
+def line_of(lines: dict[Path, int], path: Path) -> int | None:
+    """The line of `path`, else of its nearest ancestor that has one."""
+    p = tuple(path)
+    while p:
+        if p in lines:
+            return lines[p]
+        p = p[:-1]
+    return lines.get(())

@@ -1,0 +1,121 @@
+"""Topology from torchrun's environment and the few collectives the loop needs."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Where this process sits in the job, as torchrun told it through the environment."""
+
+    rank: int = 0
+    """Global rank (RANK); 0 for a plain single process."""
+    local_rank: int = 0
+    """Rank on this node (LOCAL_RANK): picks the CUDA device, never RANK (fails on node >= 1)."""
+    world_size: int = 1
+    """Number of processes in the job (WORLD_SIZE)."""
+    launched: bool = False
+    """True when started by torchrun (RANK is set), even with a single process."""
+
+    @classmethod
+    def from_env(cls) -> Topology:
+        """Read RANK, LOCAL_RANK and WORLD_SIZE; a plain ``python -m trainer`` is rank 0 of 1."""
+        if "RANK" not in os.environ:
+            return cls()
+        return cls(
+            rank=int(os.environ["RANK"]),
+            local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+            world_size=int(os.environ.get("WORLD_SIZE", "1")),
+            launched=True,
+        )
+
+    @property
+    def distributed(self) -> bool:
+        """Whether there is a process group to talk to (more than one rank)."""
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 logs, validates the summary and writes checkpoints."""
+        return self.rank == 0
+
+
+def select_device(requested: str, topo: Topology) -> torch.device:
+    """Pick this rank's device: ``cuda:LOCAL_RANK`` when CUDA is asked for (or auto and present).
+
+    Raises:
+        ValueError: CUDA requested but not available, or fewer GPUs than local ranks.
+    """
+    want_cuda = requested == "cuda" or (requested == "auto" and torch.cuda.is_available())
+    if not want_cuda:
+        return torch.device("cpu")
+    count = torch.cuda.device_count()
+    if count == 0:
+        raise ValueError("--device cuda but torch sees no GPU (check CUDA_VISIBLE_DEVICES and the driver)")
+    if topo.local_rank >= count:
+        raise ValueError(
+            f"LOCAL_RANK {topo.local_rank} has no GPU: this node shows {count} "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); "
+            "--nproc-per-node must not exceed the visible GPUs"
+        )
+    torch.cuda.set_device(topo.local_rank)
+    return torch.device("cuda", topo.local_rank)
+
+
+def init(topo: Topology, device: torch.device, timeout_min: float) -> None:
+    """Join the process group (nccl on CUDA, gloo on CPU); a single process joins none."""
+    if topo.distributed:
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        kwargs: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
+        dist.init_process_group(backend, timeout=timedelta(minutes=timeout_min), **kwargs)
+
+
+def close() -> None:
+    """Leave the process group if we joined one."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier() -> None:
+    """Wait for every rank (no-op without a process group)."""
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def gather_rows(row: list[float], device: torch.device) -> list[list[float]]:
+    """All-gather one row of floats from every rank, in rank order."""
+    if not dist.is_initialized():
+        return [row]
+    local = torch.tensor(row, dtype=torch.float64, device=device)
+    rows = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(rows, local)
+    return [r.tolist() for r in rows]
+
+
+def broadcast_object(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank."""
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def broadcast_buffers(module: torch.nn.Module) -> None:
+    """Copy rank 0's buffers (BatchNorm running stats) to every rank.
+
+    DDP runs with ``broadcast_buffers=False`` (as ultralytics does), so each rank's running stats
+    drift apart; the EMA model that is validated and saved must be the same everywhere.
+    """
+    if not dist.is_initialized():
+        return
+    for buf in module.buffers():
+        if buf.is_floating_point() or buf.dtype in (torch.int64, torch.int32):
+            dist.broadcast(buf, src=0)

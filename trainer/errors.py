@@ -1,0 +1,11 @@
+"""The one exception type the trainer turns into a one-line message and a non-zero exit."""
+
+
+class TrainerError(Exception):
+    """A problem the user can fix (a flag, a path, a file); rendered as one line, no traceback.
+
+    Every rank detects these on its own from the same inputs, so every rank prints the line and
+    exits non-zero without waiting for the others.
+    """
+
+    exit_code = 2

@@ -1,0 +1,123 @@
+"""Data YAML checks and the train/val loaders over ultralytics' YOLO datasets and augmentation."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+import yaml
+from torch.utils.data import DataLoader, DistributedSampler
+
+from trainer import dist as tdist
+from trainer.dist import Topology
+from trainer.errors import TrainerError
+
+
+def load_data_yaml(path: str) -> dict[str, Any]:
+    """Read and check a YOLO data YAML without ultralytics' downloads and font check.
+
+    Returns the dict ultralytics' datasets expect: absolute ``train``/``val`` paths, ``names``
+    as ``{index: name}``, ``nc`` and ``channels``.
+
+    Raises:
+        TrainerError: missing file, no ``names`` (or empty), missing ``train``/``val``, a split
+            path that does not exist, or a ``download:`` key (the trainer never downloads).
+    """
+    file = Path(path)
+    if not file.is_file():
+        raise TrainerError(f"--data {path}: no such file")
+    try:
+        raw = yaml.safe_load(file.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise TrainerError(f"--data {path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(raw, dict):
+        raise TrainerError(f"--data {path}: expected a mapping with train, val and names")
+    names = raw.get("names")
+    if isinstance(names, list):
+        names = dict(enumerate(names))
+    if not isinstance(names, dict) or not names:
+        raise TrainerError(
+            f"--data {path}: 'names' is missing or empty; list the class names, e.g. names: [person, car] "
+            "(every rank builds its class table from it; for one class use names: [object])"
+        )
+    names = {int(k): str(v) for k, v in names.items()}
+    if sorted(names) != list(range(len(names))):
+        raise TrainerError(f"--data {path}: 'names' keys must be 0..{len(names) - 1}, got {sorted(names)}")
+    root = Path(raw.get("path") or file.parent)
+    if not root.is_absolute():
+        root = (file.parent / root).resolve()
+    data: dict[str, Any] = {"path": str(root), "names": names, "nc": len(names), "channels": int(raw.get("channels", 3))}
+    for split in ("train", "val"):
+        data[split] = _resolve_split(path, raw, split, root)
+    return data
+
+
+def _resolve_split(path: str, raw: dict[str, Any], split: str, root: Path) -> list[str]:
+    """Absolute paths of one split; each must exist (we never follow ``download:``)."""
+    value = raw.get(split)
+    if not value:
+        raise TrainerError(f"--data {path}: no '{split}' entry")
+    out = []
+    for item in value if isinstance(value, list) else [value]:
+        p = Path(item) if Path(item).is_absolute() else root / item
+        if not p.exists():
+            hint = " (the trainer never downloads; fetch the dataset first)" if raw.get("download") else ""
+            raise TrainerError(f"--data {path}: {split} path {p} does not exist{hint}")
+        out.append(str(p))
+    return out
+
+
+@contextmanager
+def one_writer_first(topo: Topology) -> Iterator[None]:
+    """Let rank 0 go first, then each node's local rank 0, then everyone else.
+
+    Building a dataset writes ``labels.cache`` next to the labels. Rank 0 writes it once (on a
+    shared file system everyone then reads it); on node-local storage each node's first rank
+    writes its own. Never two writers of the same file at once.
+    """
+    phase = 0 if topo.rank == 0 else 1 if topo.local_rank == 0 else 2
+    for turn in range(3):
+        if turn == phase:
+            yield
+        tdist.barrier()
+
+
+def build_dataset(hyp: SimpleNamespace, data: dict[str, Any], split: str, local_batch: int, stride: int) -> Any:
+    """An ultralytics YOLODataset (augmented for train, letterboxed rect batches for val)."""
+    from ultralytics.data import build_yolo_dataset
+
+    mode = "train" if split == "train" else "val"
+    return build_yolo_dataset(hyp, data[split], local_batch, data, mode=mode, rect=mode == "val", stride=stride)
+
+
+def train_loader(dataset: Any, local_batch: int, workers: int, seed: int, topo: Topology,
+                 device: torch.device) -> DataLoader:
+    """The training loader: a DistributedSampler with the same seed on every rank.
+
+    ultralytics' InfiniteDataLoader keeps one iterator across epochs, which prefetches the next
+    epoch before ``set_epoch`` runs, so two epochs share an order (yolov5#6741). A plain
+    DataLoader with persistent workers draws the sampler's order when the epoch starts.
+    """
+    from ultralytics.data.build import seed_worker
+
+    sampler = DistributedSampler(dataset, num_replicas=topo.world_size, rank=topo.rank, shuffle=True, seed=seed)
+    generator = torch.Generator()
+    generator.manual_seed(seed + topo.rank)  # worker augmentation streams differ per rank, same per run
+    nw = min(workers, len(sampler) // max(local_batch, 1) or 1)
+    return DataLoader(
+        dataset, batch_size=local_batch, sampler=sampler, num_workers=nw, pin_memory=device.type == "cuda",
+        collate_fn=dataset.collate_fn, worker_init_fn=seed_worker, generator=generator,
+        persistent_workers=nw > 0, drop_last=False,
+    )
+
+
+def val_loader(dataset: Any, local_batch: int, workers: int, topo: Topology, device: torch.device) -> Any:
+    """ultralytics' validation loader: contiguous, unpadded shards so each image counts once."""
+    from ultralytics.data import build_dataloader
+
+    rank = topo.local_rank if topo.distributed else -1  # only a switch: the sampler asks the process group
+    return build_dataloader(dataset, local_batch, workers, shuffle=False, rank=rank, device=device)

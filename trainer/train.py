@@ -1,0 +1,51 @@
+"""Entry point torchrun starts on every node: parse, check, join the group, train, leave.
+
+Like torchtitan's train.py, this file only wires the pieces together. Every input problem becomes
+one line on stderr (``[rank R] error: ...``) and exit code 2 on every rank; anything else is a bug
+and keeps its traceback, which the ``record`` decorator reports as torchrun's root cause.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from trainer import dist as tdist
+from trainer import logs
+from trainer.config import check_topology, parse_config
+from trainer.errors import TrainerError
+from trainer.offline import set_offline_env
+
+
+@record
+def main(argv: list[str] | None = None) -> None:
+    """Run one training job as this rank; exits non-zero on a bad input."""
+    set_offline_env()  # before ultralytics is imported: it reads these at import time
+    topo = tdist.Topology.from_env()
+    logs.set_rank(topo.rank)
+    try:
+        cfg = parse_config(argv)
+        check_topology(cfg, topo.world_size, topo.launched)
+        try:
+            device = tdist.select_device(cfg.device, topo)
+        except ValueError as e:
+            raise TrainerError(str(e)) from None
+        from trainer.loop import fit, prepare  # heavy imports (ultralytics) after the cheap checks
+        from trainer.offline import seed_font
+
+        logs.route_library_output()
+        seed_font()
+        inputs = prepare(cfg, topo, device)  # every rank reads and checks every file before it waits on another
+        tdist.init(topo, device, cfg.timeout_min)
+        try:
+            fit(inputs)
+        finally:
+            tdist.close()
+    except TrainerError as e:
+        logs.say(f"error: {e}", sys.stderr)
+        sys.exit(e.exit_code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""Validation with ultralytics' own validator, run on every rank over its shard of the val set."""
+
+from __future__ import annotations
+
+from copy import copy
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+
+class _TrainerView:
+    """The few attributes ultralytics' validator reads from its trainer when validating in training mode."""
+
+    def __init__(self, ema: Any, device: torch.device, data: dict[str, Any], amp: bool,
+                 loss_names: tuple[str, ...], epoch: int, epochs: int, world_size: int) -> None:
+        """Capture what ``BaseValidator.__call__(trainer=...)`` touches."""
+        self.ema, self.device, self.data, self.amp = ema, device, data, amp
+        self.loss_items = {k: torch.zeros((), device=device) for k in loss_names}
+        self.stopper = SimpleNamespace(possible_stop=False)
+        self.epoch, self.epochs, self.world_size = epoch, epochs, world_size
+
+    @staticmethod
+    def label_loss_items(loss_items: dict[str, Any], prefix: str = "train") -> dict[str, float]:
+        """``{"box_loss": t}`` → ``{"val/box_loss": float}``, as ultralytics' trainer does."""
+        return {f"{prefix}/{k}": round(float(v), 5) for k, v in loss_items.items()}
+
+
+def make_validator(task: str, loader: Any, save_dir: Path, hyp: SimpleNamespace) -> Any:
+    """ultralytics' Detection- or SegmentationValidator over ``loader``, with plots and JSON off."""
+    from ultralytics.models.yolo.detect import DetectionValidator
+    from ultralytics.models.yolo.segment import SegmentationValidator
+
+    args = copy(hyp)
+    args.plots, args.save_json, args.save_txt = False, False, False
+    cls = SegmentationValidator if task == "segment" else DetectionValidator
+    return cls(dataloader=loader, save_dir=save_dir, args=args)
+
+
+def run_validation(validator: Any, ema: Any, device: torch.device, data: dict[str, Any], amp: bool,
+                   loss_names: tuple[str, ...], epoch: int, epochs: int, world_size: int) -> dict[str, float] | None:
+    """Validate the EMA model on every rank; rank 0 gets the merged metrics, the others None.
+
+    Every rank must call this: the validator gathers per-rank statistics to rank 0.
+    """
+    view = _TrainerView(ema, device, data, amp, loss_names, epoch, epochs, world_size)
+    return validator(trainer=view)

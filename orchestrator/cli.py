@@ -95,9 +95,9 @@ Examples:
 @click.option("--skip", help="Skip these checks (comma separated).")
 @pass_state
 def check(state: State, inventory: str | None, as_json: bool, only: str | None, skip: str | None) -> None:
+    inv = resolve_inventory(inventory)
     from .preflight import check_command
 
-    inv = resolve_inventory(inventory)
     raise SystemExit(check_command(inv, only=split_names(only), skip=split_names(skip), as_json=as_json))
 
 

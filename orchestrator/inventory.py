@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import Any, Literal, Union, get_args, get_origin
 
 from ClusterShell.NodeSet import NodeSet, NodeSetException
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from . import yamlines
 from .errors import InventoryError, InventoryIssue
@@ -88,14 +88,6 @@ class ChecksModel(_Model):
     rdma: RdmaModel = RdmaModel()
     ssh: SSHCheckModel = SSHCheckModel()
     skip: list[str] = []
-
-    @field_validator("skip")
-    @classmethod
-    def _known_checks(cls, v: list[str]) -> list[str]:
-        for name in v:
-            if name not in CHECK_NAMES:
-                raise ValueError(f"unknown check '{name}'{_suggest(name, CHECK_NAMES)}")
-        return v
 
 
 class JobModel(_Model):
@@ -250,7 +242,12 @@ def parse(text: str, path: str = "<inventory>") -> Inventory:
     if not data.get("nodes"):
         line = lines.get(("nodes",), 1)
         msg = "`nodes` is missing" if "nodes" not in data else "`nodes` is empty"
-        raise InventoryError([InventoryIssue(f"{msg}: list at least one node (- host: ...)", path, line, "nodes")])
+        issues = [InventoryIssue(f"{msg}: list at least one node (- host: ...)", path, line, "nodes")]
+        try:  # still report unknown keys: `nodez:` is the likely reason `nodes` is missing
+            InventoryModel.model_validate({**data, "nodes": [{"host": "placeholder"}]})
+        except ValidationError as exc:
+            issues = _schema_issues(exc, path, lines) + issues
+        raise InventoryError(issues)
     try:
         model = InventoryModel.model_validate(data)
     except ValidationError as exc:
@@ -272,7 +269,7 @@ def _schema_issues(exc: ValidationError, path: str, lines: dict[yamlines.Path, i
             msg = f"required key '{loc[-1]}' is missing"
             line = yamlines.line_of(lines, loc[:-1])
         else:
-            msg = f"{err['msg']} (got {err.get('input')!r})"
+            msg = f"{err['msg'].removeprefix('Value error, ')} (got {err.get('input')!r})"
         issues.append(InventoryIssue(msg, path, line, key))
     # pydantic reports one error per union member for scalar unions; keep the first per key
     seen: set[tuple[int | None, str | None]] = set()
@@ -313,7 +310,10 @@ def _unwrap(annotation: Any) -> Any:
 
 
 def _suggest(word: str, choices: Any) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    choices = list(choices)
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    if not close:  # `ntp` for `ntp_server`: a prefix is as good a hint as a typo
+        close = [c for c in choices if len(word) >= 3 and (c.startswith(word) or word.startswith(c))][:1]
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
@@ -438,6 +438,10 @@ class _Resolver:
             addrs = self.expand(nm.addr, i, "addr") if nm.addr else hosts
             if not hosts:
                 continue
+            if len(hosts) == 1 and len(names) > 1:  # `host: localhost, name: node[0-1]`: one host, many nodes
+                hosts = hosts * len(names)
+            if len(addrs) == 1 and len(hosts) > 1 and not nm.addr:
+                addrs = addrs * len(hosts)
             for key, values in (("name", names), ("addr", addrs)):
                 if len(values) != len(hosts):
                     self.issue(
@@ -453,8 +457,9 @@ class _Resolver:
             self.safe(python, "python", "nodes", i, "python")
             nproc = nm.nproc_per_node or self.m.job.nproc_per_node or (nm.gpus if nm.gpus and nm.gpus > 0 else 1)
             if nm.gpus is not None and nm.gpus > 0 and nproc > nm.gpus:
-                self.issue(f"nproc_per_node {nproc} is larger than the node's {nm.gpus} gpus: "
-                           f"a process needs its own GPU", "nodes", i, "nproc_per_node")
+                where = ("nodes", i, "nproc_per_node") if nm.nproc_per_node else ("job", "nproc_per_node")
+                self.issue(f"nproc_per_node {nproc} is larger than the {nm.gpus} gpus of nodes[{i}] ({nm.host}): "
+                           f"a process needs its own GPU", *where)
             ssh = self.ssh_options(nm, i)
             for host, name, addr in zip(hosts, names, addrs):
                 if not NODE_NAME.match(name):
@@ -498,6 +503,10 @@ class _Resolver:
             host, _, port = server.rpartition(":") if server.count(":") == 1 else (server, "", "")
             if not HOST.match(host or server) or (port and not (port.isdigit() and 1 <= int(port) <= 65535)):
                 self.issue(f"ntp_server {server!r} must be host or host:port", "checks", "clock", "ntp_server")
+        for i, name in enumerate(c.skip):
+            if name not in CHECK_NAMES:
+                self.issue(f"unknown check '{name}'{_suggest(name, CHECK_NAMES)}; checks are {', '.join(CHECK_NAMES)}",
+                           "checks", "skip", i)
         for i, dev in enumerate(c.rdma.devices):
             if not re.match(r"^[A-Za-z0-9_.-]+$", dev):
                 self.issue(f"bad RDMA device name {dev!r}", "checks", "rdma", "devices", i)

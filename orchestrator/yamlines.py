@@ -32,7 +32,10 @@ def load(text: str) -> tuple[Any, dict[Path, int]]:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
-        raise YamlError(f"YAML syntax error: {exc.problem or exc}", line) from None
+        context = ""
+        if exc.context and exc.context_mark is not None:
+            context = f" ({exc.context} started at line {exc.context_mark.line + 1})"
+        raise YamlError(f"YAML syntax error: {exc.problem or exc}{context}", line) from None
     finally:
         loader.dispose()
     lines: dict[Path, int] = {}

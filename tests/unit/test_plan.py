@@ -1,0 +1,97 @@
+"""The rank plan: golden argv for the field guide's cluster, rank order, dry-run output."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from orchestrator import inventory
+from orchestrator.cli import main
+from orchestrator.plan import make_plan
+
+REPO = Path(__file__).resolve().parents[2]
+V100 = REPO / "inventory" / "v100.yaml"
+PY = "/opt/conda/envs/yolov12-dist/bin/python"
+TRAINER_ARGS = ["-m", "trainer", "--model", "yolo12m.yaml", "--data", "/mnt/nfs/datasets/coco.yaml",
+                "--epochs", "100", "--batch", "384", "--imgsz", "640", "--lr", "0.01", "--workers", "8",
+                "--save-period", "10"]
+
+
+def golden(node_rank: int) -> list[str]:
+    return [PY, "-m", "torch.distributed.run", "--nnodes=4", "--nproc-per-node=8", f"--node-rank={node_rank}",
+            "--master-addr=192.168.1.10", "--master-port=29500", "--max-restarts=0", "--tee=3", *TRAINER_ARGS]
+
+
+def test_v100_plan_is_golden() -> None:
+    plan = make_plan(inventory.load(V100), "r1")
+    assert plan.world_size == 32
+    assert [p.node_rank for p in plan.nodes] == [0, 1, 2, 3]
+    assert [p.node.host for p in plan.nodes] == ["192.168.1.10", "192.168.1.11", "192.168.1.12", "192.168.1.13"]
+    for p in plan.nodes:
+        assert list(p.argv) == golden(p.node_rank)
+        assert p.global_ranks == range(8 * p.node_rank, 8 * p.node_rank + 8)
+        assert p.workdir == "/mnt/nfs/yolov12"
+        assert p.env["NCCL_SOCKET_IFNAME"] == "ens2f1"
+        assert p.env["ORCH_NODE_RANK"] == str(p.node_rank) and p.env["ORCH_RUN_ID"] == "r1"
+
+
+def test_node_rank_is_inventory_order_not_the_ip() -> None:
+    """The field guide's launcher took `cut -d. -f4` of 192.168.1.11 as node rank 11."""
+    inv = inventory.parse("nodes:\n  - host: 192.168.1.13\n  - host: 192.168.1.11\n  - host: 192.168.1.12\n", "t.yaml")
+    plan = make_plan(inv)
+    assert [(p.node.host, p.node_rank) for p in plan.nodes] == [
+        ("192.168.1.13", 0), ("192.168.1.11", 1), ("192.168.1.12", 2)]
+
+
+def test_master_addr_is_the_data_plane_address() -> None:
+    inv = inventory.parse("nodes:\n  - host: gpu[1-2]\n    addr: 10.10.0.[1-2]\n    gpus: 2\n"
+                          "master: {node: gpu2, port: 29400}\n", "t.yaml")
+    plan = make_plan(inv)
+    assert plan.nodes[0].node.name == "gpu2"
+    assert "--master-addr=10.10.0.2" in plan.nodes[1].argv
+    assert "--master-port=29400" in plan.nodes[1].argv
+
+
+def test_c10d_allows_heterogeneous_nodes() -> None:
+    inv = inventory.parse("nodes:\n  - host: a\n    gpus: 8\n  - host: b\n    gpus: 4\n"
+                          "job: {rdzv: c10d, script: /w/train.py, args: [--steps, 3]}\n", "t.yaml")
+    plan = make_plan(inv, "run-7")
+    a, b = plan.nodes
+    assert plan.world_size == 12
+    assert "--rdzv-backend=c10d" in a.argv and "--rdzv-endpoint=a:29500" in b.argv and "--rdzv-id=run-7" in b.argv
+    assert not any(arg.startswith("--node-rank") for arg in a.argv)
+    assert a.argv[-3:] == ("/w/train.py", "--steps", "3")
+    assert b.global_ranks == range(8, 12)
+
+
+@pytest.fixture
+def refuse_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("dry-run must not connect")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+
+
+def test_dry_run_prints_the_plan_and_connects_to_nothing(refuse_network: None,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["up", str(V100), "--dry-run"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert "4 nodes, world size 32" in out
+    for i, host in enumerate(["192.168.1.10", "192.168.1.11", "192.168.1.12", "192.168.1.13"]):
+        assert host in out
+        assert f"--node-rank={i}" in out
+
+
+def test_dry_run_json(refuse_network: None, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["up", str(V100), "--dry-run", "--json"])
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["world_size"] == 32
+    assert [n["node_rank"] for n in plan["nodes"]] == [0, 1, 2, 3]
+    assert plan["nodes"][3]["argv"] == golden(3)
+    assert plan["nodes"][3]["global_ranks"] == [24, 31]

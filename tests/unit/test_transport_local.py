@@ -1,0 +1,87 @@
+"""Quoting happens once, in `command_line`; LocalTransport runs exactly what SSH would send."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from orchestrator import inventory
+from orchestrator.errors import RemoteCommandFailed, TransportError
+from orchestrator.transport import Cluster, LocalTransport, command_line, fan_out
+
+INV = inventory.parse("transport: local\nnodes:\n  - host: localhost\n    name: n[0-2]\n", "local.yaml")
+ECHO = [sys.executable, "-c", "import json,os,sys; print(json.dumps([sys.argv[1:], os.environ.get('X')]))"]
+
+# Anything a shell might interpret, plus unicode; NUL cannot exist in argv or environ at all.
+TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=40)
+
+
+def test_command_line_quotes_once() -> None:
+    line = command_line(["echo", "a b", "$(id)"], {"K": "v'1"}, "/tmp/x y")
+    assert line == "cd '/tmp/x y' && exec env -- 'K=v'\"'\"'1' echo 'a b' '$(id)'"
+    assert command_line(["ls"], cwd="~/runs") == "cd \"$HOME\"/runs && exec ls"
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(args=st.lists(TEXT, max_size=4), value=TEXT)
+def test_args_and_env_arrive_byte_for_byte(args: list[str], value: str) -> None:
+    t = LocalTransport(INV.nodes[0])
+    result = t.run([*ECHO, *args], env={"X": value}).check()
+    assert json.loads(result.stdout) == [args, value]
+
+
+def test_nonzero_exit_is_a_value_then_an_error_on_check() -> None:
+    r = LocalTransport(INV.nodes[0]).run(["sh", "-c", "echo oops >&2; exit 3"])
+    assert (r.ok, r.exit_code, r.stderr.strip()) == (False, 3, "oops")
+    with pytest.raises(RemoteCommandFailed, match="exited 3"):
+        r.check()
+
+
+def test_timeout_kills_the_command() -> None:
+    start = time.monotonic()
+    with pytest.raises(TransportError) as info:
+        LocalTransport(INV.nodes[0]).run(["sleep", "30"], timeout=0.5)
+    assert info.value.kind == "timeout"
+    assert time.monotonic() - start < 5
+
+
+def test_put_creates_private_files_under_home_relative_paths(tmp_path: Path) -> None:
+    t = LocalTransport(INV.nodes[0])
+    target = tmp_path / "a" / "b" / "f.txt"
+    t.put(b"hello\n", str(target))
+    assert target.read_bytes() == b"hello\n"
+    assert target.stat().st_mode & 0o777 == 0o600
+
+
+def test_popen_streams_lines_and_close_kills() -> None:
+    t = LocalTransport(INV.nodes[0])
+    p = t.popen(["sh", "-c", "for i in 1 2 3; do echo $i; done; sleep 30"])
+    lines = [next(p.lines()) for _ in range(3)]
+    assert lines == [b"1\n", b"2\n", b"3\n"]
+    assert p.poll() is None
+    p.close()
+    assert p.poll() is not None
+
+
+def test_fan_out_collects_every_node_even_when_some_fail() -> None:
+    def work(node: inventory.Node) -> str:
+        if node.name == "n1":
+            raise TransportError(node.name, "unreachable", "down")
+        return node.name.upper()
+
+    results = fan_out(list(INV.nodes), work, max_workers=2)
+    assert list(results) == ["n0", "n1", "n2"]
+    assert results["n0"] == "N0" and results["n2"] == "N2"
+    assert isinstance(results["n1"], TransportError)
+
+
+def test_cluster_fan_out_runs_on_every_node() -> None:
+    with Cluster(INV) as cluster:
+        results = cluster.fan_out(lambda t: t.run(["sh", "-c", "echo $0", t.node.name]).stdout.strip())
+    assert results == {"n0": "n0", "n1": "n1", "n2": "n2"}

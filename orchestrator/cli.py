@@ -236,6 +236,24 @@ def down(state: State, run: str | None) -> None:
     raise SystemExit(down_command(run))
 
 
+@cli.command(context_settings=CONTEXT)
+@click.argument("run", required=False)
+@pass_state
+def report(state: State, run: str | None) -> None:
+    """Write a self-contained HTML report of a run into its directory.
+
+    Node timeline, loss and mAP curves (the trainer's results.csv), per-rank throughput with
+    scaling efficiency, the preflight table and the first failure. Opens offline.
+
+    \b
+    Example:
+      orch report && xdg-open .orch/runs/*/report/index.html
+    """
+    from .report import report_command
+
+    raise SystemExit(report_command(run))
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: renders OrchError as one line (+ hint) and maps it to its exit code."""
     verbose = "-v" in (argv or sys.argv[1:]) or "--verbose" in (argv or sys.argv[1:])

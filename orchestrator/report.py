@@ -1,0 +1,282 @@
+"""`orch report`: one self-contained HTML page (plus the PNGs beside it) for a run.
+
+Everything comes from the run directory on the controller: run.json (node states and times),
+check.json (the preflight), the node log copies (the trainer's throughput tables) and the
+trainer's results.csv (fetched from the master node when the log names it). Plots are drawn
+with matplotlib's Agg backend and its bundled DejaVu fonts, embedded as base64: the page needs
+no network and no other file to open.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import io
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .runs import RunDir, write_private
+
+STATE_COLOURS = {"running": "#1f77b4", "succeeded": "#2ca02c", "failed": "#d62728", "stopped": "#ff7f0e",
+                 "starting": "#9467bd", "unreachable": "#8c564b", "unknown": "#7f7f7f", "pending": "#7f7f7f"}
+# `[rank 0] throughput epoch 3:    1     41.2     12.5%` (the trainer's end-of-epoch table)
+THROUGHPUT_ROW = re.compile(r"throughput epoch (\d+):\s+(\d+)\s+([\d.]+)\s+([\d.]+)%")
+THROUGHPUT_TOTAL = re.compile(r"throughput epoch (\d+): total ([\d.]+) images/s over (\d+) ranks"
+                              r"(?:, scaling efficiency ([\d.]+)%)?")
+RESULTS_PATH = re.compile(r"(/\S+/results\.csv)\b")
+
+
+@dataclass
+class Throughput:
+    """The last epoch's per-rank figures the trainer printed."""
+
+    epoch: int = 0
+    ips: dict[int, float] = field(default_factory=dict)
+    wait_share: dict[int, float] = field(default_factory=dict)
+    total: float | None = None
+    efficiency: float | None = None
+
+
+def parse_throughput(lines: Iterable[str]) -> Throughput:
+    """Keep the table of the latest epoch seen in the log."""
+    tp = Throughput()
+    for line in lines:
+        m = THROUGHPUT_ROW.search(line)
+        if m:
+            epoch = int(m.group(1))
+            if epoch > tp.epoch:
+                tp = Throughput(epoch=epoch)
+            if epoch == tp.epoch:
+                tp.ips[int(m.group(2))] = float(m.group(3))
+                tp.wait_share[int(m.group(2))] = float(m.group(4)) / 100
+            continue
+        m = THROUGHPUT_TOTAL.search(line)
+        if m and int(m.group(1)) == tp.epoch:
+            tp.total = float(m.group(2))
+            tp.efficiency = float(m.group(4)) / 100 if m.group(4) else None
+    return tp
+
+
+def read_results_csv(path: Path) -> dict[str, list[float]]:
+    """ultralytics-style results.csv → {column: values}; column names are stripped of padding."""
+    cols: dict[str, list[float]] = {}
+    with open(path, newline="") as fh:
+        for row in csv.DictReader(fh):
+            for key, value in row.items():
+                if key is None:
+                    continue
+                try:
+                    cols.setdefault(key.strip(), []).append(float(value))
+                except (TypeError, ValueError):
+                    continue
+    return cols
+
+
+def _png(fig: Any) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def plot_timeline(run: dict[str, Any]) -> bytes:
+    """One bar per node from start to end, coloured by its final state; the failure marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    nodes = run.get("nodes", [])
+    t0 = min([n.get("started_at") or run.get("created", 0) for n in nodes] + [run.get("created") or 0]) or 0
+    now = run.get("finished_at") or time.time()
+    fig, ax = plt.subplots(figsize=(8, 0.5 + 0.45 * max(1, len(nodes))))
+    for i, n in enumerate(nodes):
+        start = (n.get("started_at") or t0) - t0
+        end = (n.get("finished_at") or now) - t0
+        state = n.get("state", "unknown")
+        ax.barh(i, max(end - start, 0.05), left=start, color=STATE_COLOURS.get(state, "#7f7f7f"))
+        ax.text(end, i, f" {state}" + (f" ({n['exit_code']})" if n.get("exit_code") not in (None, 0) else ""),
+                va="center", fontsize=8)
+    ax.set_yticks(range(len(nodes)), [f"{n['node']} (rank {n.get('node_rank', '?')})" for n in nodes])
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds since the run started")
+    ax.set_title("node timeline")
+    ax.margins(x=0.15)
+    return _png(fig)
+
+
+def plot_curves(results: dict[str, list[float]]) -> bytes | None:
+    """Training losses and mAP per epoch from results.csv."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    epochs = results.get("epoch")
+    losses = [k for k in results if k.startswith("train/") and k.endswith("loss")]
+    maps = [k for k in ("metrics/mAP50(B)", "metrics/mAP50-95(B)") if k in results]
+    if not epochs or not (losses or maps):
+        return None
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))
+    for k in losses:
+        left.plot(epochs, results[k], marker="o", label=k.removeprefix("train/"))
+    left.set_title("training loss")
+    left.set_xlabel("epoch")
+    left.legend(fontsize=8)
+    for k in maps:
+        right.plot(epochs, results[k], marker="o", label=k.removeprefix("metrics/"))
+    right.set_title("validation mAP")
+    right.set_xlabel("epoch")
+    if maps:
+        right.legend(fontsize=8)
+    return _png(fig)
+
+
+def plot_throughput(tp: Throughput) -> bytes | None:
+    """Per-rank images/s bars with the data-wait share and the scaling efficiency."""
+    if not tp.ips:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ranks = sorted(tp.ips)
+    fig, ax = plt.subplots(figsize=(max(4, 0.6 * len(ranks) + 2), 3))
+    ax.bar([str(r) for r in ranks], [tp.ips[r] for r in ranks], color="#1f77b4")
+    for r in ranks:
+        ax.text(ranks.index(r), tp.ips[r], f"{tp.wait_share.get(r, 0):.0%} wait", ha="center", va="bottom", fontsize=7)
+    title = f"images/s per rank, epoch {tp.epoch}"
+    if tp.total is not None:
+        title += f" — total {tp.total:.1f}"
+    if tp.efficiency is not None:
+        title += f", scaling efficiency {tp.efficiency:.0%}"
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel("rank")
+    ax.set_ylabel("images/s")
+    return _png(fig)
+
+
+def _img(name: str, png: bytes | None) -> str:
+    if png is None:
+        return f'<p class="none">no data for {html.escape(name)}</p>'
+    data = base64.b64encode(png).decode()
+    return f'<img alt="{html.escape(name)}" src="data:image/png;base64,{data}">'
+
+
+def _table(header: list[str], rows: list[list[Any]], status_col: int | None = None) -> str:
+    out = ["<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>"]
+    for row in rows:
+        cells = []
+        for i, v in enumerate(row):
+            cls = f' class="{html.escape(str(v))}"' if i == status_col else ""
+            cells.append(f"<td{cls}>{html.escape('' if v is None else str(v))}</td>")
+        out.append("<tr>" + "".join(cells) + "</tr>")
+    return "\n".join(out) + "</table>"
+
+
+CSS = """body{font-family:DejaVu Sans,sans-serif;margin:2em;color:#222;max-width:1100px}
+h1{font-size:1.4em}h2{font-size:1.1em;margin-top:1.6em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;font-size:.85em}td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}
+.ok,.succeeded{color:#2ca02c}.warn,.stopped{color:#ff7f0e}.fail,.failed{color:#d62728;font-weight:bold}
+.skip{color:#888}.none{color:#888;font-style:italic}pre{background:#f6f6f6;padding:8px;overflow-x:auto;font-size:.8em}
+img{max-width:100%}"""
+
+
+def node_log_lines(run: RunDir) -> Iterable[str]:
+    """Every line of the controller's copies of the node logs (unordered)."""
+    for path in sorted((run.path / "nodes").glob("*.log")):
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            yield from fh
+
+
+def build_report(run: RunDir, results_csv: Path | None = None) -> Path:
+    """Write `report/index.html` and its PNGs into the run directory; return the HTML path."""
+    info = run.read()
+    checks = run.read("check.json")
+    out = run.path / "report"
+    out.mkdir(exist_ok=True, mode=0o700)
+    timeline = plot_timeline(info)
+    results_csv = results_csv or (run.path / "results.csv")
+    curves = plot_curves(read_results_csv(results_csv)) if results_csv.exists() else None
+    tp = parse_throughput(node_log_lines(run))
+    bars = plot_throughput(tp)
+    for name, png in (("timeline.png", timeline), ("curves.png", curves), ("throughput.png", bars)):
+        if png is not None:
+            write_private(out / name, png)
+    created = info.get("created")
+    wall = (info.get("finished_at") or time.time()) - created if created else None
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>orch run {html.escape(run.run_id)}</title>"
+             f"<style>{CSS}</style></head><body>",
+             f"<h1>run {html.escape(run.run_id)} — <span class='{html.escape(str(info.get('state')))}'>"
+             f"{html.escape(str(info.get('state')))}</span></h1>",
+             f"<p>inventory {html.escape(str(info.get('inventory')))}, {len(info.get('nodes', []))} nodes"
+             + (f", wall time {wall:.1f} s" if wall is not None else "") + "</p>"]
+    failure = info.get("first_failure")
+    if failure:
+        parts.append("<h2>first failure</h2>")
+        parts.append(f"<p class='fail'>node {html.escape(str(failure.get('node')))}, rank "
+                     f"{html.escape(str(failure.get('rank')))}, exit code {html.escape(str(failure.get('exit_code')))}</p>")
+        parts.append("<pre>" + html.escape("\n".join(failure.get("excerpt") or [])) + "</pre>")
+    parts += ["<h2>timeline</h2>", _img("timeline", timeline),
+              "<h2>loss and mAP</h2>", _img("loss and mAP curves", curves),
+              "<h2>throughput</h2>", _img("throughput per rank", bars)]
+    parts.append("<h2>nodes</h2>")
+    parts.append(_table(["node", "node rank", "host", "state", "exit code", "pid"],
+                        [[n.get("node"), n.get("node_rank"), n.get("host"), n.get("state"), n.get("exit_code"),
+                          n.get("pid")] for n in info.get("nodes", [])], status_col=3))
+    parts.append("<h2>preflight</h2>")
+    if checks.get("results"):
+        parts.append(_table(["check", "node", "status", "value", "detail", "hint"],
+                            [[r.get("check"), r.get("node"), r.get("status"), r.get("value"), r.get("detail"),
+                              r.get("hint")] for r in checks["results"]], status_col=2))
+    else:
+        parts.append("<p class='none'>no preflight recorded (launched with --skip-checks)</p>")
+    parts.append("</body></html>")
+    page = out / "index.html"
+    write_private(page, "\n".join(parts))
+    return page
+
+
+def fetch_results_csv(run: RunDir) -> Path | None:
+    """Copy the trainer's results.csv from the master node into the run dir, when the log names it."""
+    target = run.path / "results.csv"
+    found = None
+    for line in node_log_lines(run):
+        m = RESULTS_PATH.search(line)
+        if m:
+            found = m.group(1)
+    if found is None:
+        return target if target.exists() else None
+    from .transport import open_transport
+
+    inv = run.inventory()
+    with open_transport(inv, inv.master) as t:
+        result = t.run(["cat", found], timeout=30)
+    if not result.ok:
+        return target if target.exists() else None
+    write_private(target, result.stdout)
+    return target
+
+
+def report_command(run_id: str | None) -> int:
+    """Write the report of a run (the latest by default) and say where it is."""
+    from .errors import OrchError, TransportError
+    from .runs import RunStore
+    from .ui import console
+
+    run = RunStore().get(run_id)
+    try:
+        fetch_results_csv(run)
+    except (TransportError, OrchError) as exc:
+        console().print(f"[yellow]results.csv not fetched[/]: {exc}")
+    page = build_report(run)
+    console().print(f"report: {page.resolve()}")
+    return 0

@@ -1,0 +1,94 @@
+"""Scale simulation: how planning and log merging grow with cluster size (pure code, no SSH).
+
+For N in {4, 64, 512} nodes: time to parse+validate an inventory and build every node's torchrun
+command, and time to k-way merge a fixed number of log lines per node. Reports the cost per
+node (plan) and per line (merge); goal: linear or better in N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from bench.common import write
+from orchestrator import inventory
+from orchestrator.plan import make_plan
+
+SIZES = (4, 64, 512)
+
+
+def inventory_text(n: int) -> str:
+    return (f"name: sim{n}\nnodes:\n  - host: gpu[{1:04d}-{n:04d}]\n    gpus: 8\n"
+            "env: {NCCL_SOCKET_IFNAME: ens2f1, NCCL_IB_HCA: mlx5_0}\n"
+            "job: {workdir: /w, args: {model: yolo12m.yaml, data: /d/coco.yaml, batch: 4096}}\n")
+
+
+def plan_seconds(n: int, reps: int) -> float:
+    text = inventory_text(n)
+    samples = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        make_plan(inventory.parse(text, f"sim{n}.yaml"), "bench")
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def merge_seconds(n: int, lines_per_node: int, reps: int) -> float | None:
+    try:
+        from orchestrator.logs import LogLine, merge
+    except ImportError:
+        return None
+
+    def stream(node: int) -> Iterator[Any]:
+        for i in range(lines_per_node):
+            yield LogLine(ts=1_764_495_125.0 + i * 0.01 + node * 1e-6, node=f"gpu{node:04d}", node_rank=node,
+                          rank=node * 8, local_rank=0, stream="out", text="step")
+
+    samples = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        for _line in merge([stream(k) for k in range(n)]):
+            pass
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--lines-per-node", type=int, default=2000)
+    ap.add_argument("--quick", action="store_true", help="one repetition, fewer lines")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.reps, args.lines_per_node = 1, 200
+    rows = []
+    for n in SIZES:
+        plan_s = plan_seconds(n, args.reps)
+        merge_s = merge_seconds(n, args.lines_per_node, args.reps)
+        rows.append({"nodes": n, "plan_s": plan_s, "plan_us_per_node": plan_s / n * 1e6,
+                     "merge_s": merge_s,
+                     "merge_ns_per_line": None if merge_s is None else merge_s / (n * args.lines_per_node) * 1e9})
+        print(f"scale: {n:4d} nodes  plan {plan_s * 1e3:8.2f} ms ({plan_s / n * 1e6:7.1f} us/node)"
+              + ("" if merge_s is None else f"  merge {merge_s:6.2f} s ({merge_s / (n * args.lines_per_node) * 1e9:6.0f} ns/line)"))
+    small, big = rows[0], rows[-1]
+    growth = {"plan_per_node_ratio_512_vs_4": big["plan_us_per_node"] / small["plan_us_per_node"]}
+    if big["merge_ns_per_line"] and small["merge_ns_per_line"]:
+        growth["merge_per_line_ratio_512_vs_4"] = big["merge_ns_per_line"] / small["merge_ns_per_line"]
+    summary = [{"what": "plan cost per node, 512 vs 4 nodes", "orch": growth["plan_per_node_ratio_512_vs_4"],
+                "peer": None, "ratio": growth["plan_per_node_ratio_512_vs_4"], "goal": "<= 1 (linear or better)",
+                "met": growth["plan_per_node_ratio_512_vs_4"] <= 1.0}]
+    if "merge_per_line_ratio_512_vs_4" in growth:
+        r = growth["merge_per_line_ratio_512_vs_4"]
+        summary.append({"what": "merge cost per line, 512 vs 4 nodes", "orch": r, "peer": None, "ratio": r,
+                        "goal": "<= log2(512)/log2(4) = 4.5 (k-way heap)", "met": r <= 4.5})
+    result = {"rows": rows, "growth": growth, "summary": summary,
+              "goal": "per-node plan cost and per-line merge cost stay flat or grow no faster than log(N)"}
+    write("scale", result)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""inventory/README.md cannot drift from the schema: every key documented, every documented key real."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from orchestrator import inventory as inv_mod
+
+DOC = (Path(__file__).resolve().parents[2] / "inventory" / "README.md").read_text()
+
+
+def check_keys() -> set[str]:
+    """`clock.ntp_server`-style dotted keys of the `checks:` mapping."""
+    keys = set()
+    for name, field in inv_mod.ChecksModel.model_fields.items():
+        sub = field.annotation
+        if isinstance(sub, type) and issubclass(sub, BaseModel):
+            keys |= {f"{name}.{k}" for k in sub.model_fields}
+        else:
+            keys.add(name)
+    return keys
+
+
+def section(title: str) -> str:
+    m = re.search(rf"^## `?{re.escape(title)}`?.*?$(.*?)(?=^## |\Z)", DOC, re.S | re.M)
+    assert m, f"section {title} missing"
+    return m.group(1)
+
+
+def documented(text: str) -> set[str]:
+    keys = set()
+    for row in re.findall(r"^\| (`[^|]+) \|", text, re.M):
+        keys |= set(re.findall(r"`([^`]+)`", row))
+    return keys
+
+
+def test_top_level_keys() -> None:
+    assert documented(section("Top level")) == set(inv_mod.InventoryModel.model_fields)
+
+
+def test_ssh_keys() -> None:
+    assert documented(section("ssh")) == set(inv_mod.SSHModel.model_fields)
+
+
+def test_node_keys() -> None:
+    assert documented(section("nodes[]")) == set(inv_mod.NodeModel.model_fields)
+
+
+def test_check_keys() -> None:
+    assert documented(section("checks")) == check_keys()
+
+
+def test_job_keys() -> None:
+    assert documented(section("job")) == set(inv_mod.JobModel.model_fields)
+
+
+def test_every_check_name_is_listed() -> None:
+    for name in inv_mod.CHECK_NAMES:
+        assert f"`{name}`" in section("checks")

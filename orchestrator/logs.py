@@ -1,0 +1,604 @@
+"""`orch logs`: fetch every node's `node.log`, merge by the node's timestamps, follow live.
+
+The pure parts (parsing, k-way merge, filters, formatting) live in `logmerge` and are
+re-exported here. This module adds the side effects:
+
+- A stdlib-only reader (`READER`) runs on each node with the node's python and streams
+  `node.log` from a byte offset in frames (`D <n>` + n bytes, `H <state>` heartbeats while idle,
+  `E <state>` when the node's state.json is final and the log is drained).
+- The controller appends only whole lines to `<run dir>/nodes/<node>.log` and counts the bytes it
+  appended, so a reconnect resumes at exactly the next unseen line: nothing lost, nothing twice.
+- `Follower` runs one reader per node in a thread and releases lines in timestamp order, holding
+  a line back until every other live node has caught up to it, but never longer than the
+  watermark: a silent node delays the others by at most that much.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from . import ui
+from .errors import TransportError
+from .inventory import Inventory
+from .logmerge import (
+    LineFilter,
+    LiveMerge,
+    LogLine,
+    apply,
+    column_widths,
+    compile_grep,
+    format_line,
+    last_n,
+    merge,
+    parse_node_line,
+    parse_nodes,
+    parse_ranks,
+    parse_since,
+    read_node_lines,
+    to_json,
+)
+from .runs import RunDir, RunStore, orch_home, remote_dir
+from .transport import Cluster, Process, Transport, fan_out
+
+__all__ = [
+    "LogLine", "parse_node_line", "merge", "Follower", "format_line", "to_json", "logs_command",
+    "fetch_all", "node_sources", "load_offsets", "NodeSource",
+]
+
+FINAL_STATES = ("succeeded", "failed", "stopped")
+
+# Runs on the node (python -c): stream node.log from byte OFFSET as frames, stdlib only, any
+# Python >= 3.6. Heartbeats make a dead connection visible and make this reader die (broken
+# pipe) within a second of the controller going away, so no reader outlives its follower.
+READER = r"""
+import json, os, sys, time
+d, off, poll, once = os.path.expanduser(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4] == "1"
+out = sys.stdout.buffer
+log, st = os.path.join(d, "node.log"), os.path.join(d, "state.json")
+def state():
+    try:
+        with open(st) as h:
+            return json.load(h).get("state") or "-"
+    except Exception:
+        return "-"
+f, beat = None, 0.0
+while True:
+    s = state()
+    if f is None:
+        try:
+            f = open(log, "rb")
+            f.seek(off)
+        except OSError:
+            f = None
+    sent = False
+    while f is not None:
+        b = f.read(1 << 16)
+        if not b:
+            break
+        out.write(b"D %d\n" % len(b) + b)
+        sent = True
+    if once or s in ("succeeded", "failed", "stopped"):
+        out.write(b"E " + s.encode() + b"\n")
+        out.flush()
+        break
+    now = time.time()
+    if not sent and now - beat >= 1.0:
+        out.write(b"H " + s.encode() + b"\n")
+        beat = now
+    out.flush()
+    time.sleep(poll)
+"""
+
+
+class ProtocolError(Exception):
+    """The node's reader sent something that is not a frame (e.g. a Python traceback)."""
+
+
+def read_frames(stream: IO[bytes]) -> Iterator[tuple[str, bytes]]:
+    """Frames from a reader's output: ("D", data), ("H", state), ("E", state). Ends at EOF."""
+    while True:
+        header = stream.readline()
+        if not header:
+            return
+        kind, _, arg = header.rstrip(b"\n").partition(b" ")
+        if kind == b"D":
+            size = int(arg)
+            data = stream.read(size)
+            if len(data) < size:  # the connection died mid-frame: resume from the offset
+                return
+            yield "D", data
+        elif kind in (b"H", b"E"):
+            yield kind.decode(), arg
+        else:
+            rest = stream.read(2000) if kind.startswith(b"Traceback") else b""
+            raise ProtocolError((header + rest).decode("utf-8", "replace").strip()[-500:])
+
+
+# ----------------------------------------------------------------------------- per-node sources
+
+
+@dataclass(frozen=True)
+class NodeSource:
+    """Where one node's log lives and how its lines are ranked."""
+
+    node: str
+    node_rank: int
+    base_rank: int | None
+    """First global rank of this node (static rendezvous); None when only the trainer knows."""
+    remote_dir: str
+    python: str
+    copy: Path
+    """The controller's copy, `<run dir>/nodes/<node>.log`."""
+
+
+def node_sources(run: RunDir, inv: Inventory) -> list[NodeSource]:
+    """Every node of a run in node-rank order, with ranks from run.json (else the static plan)."""
+    recorded = {n.get("node"): n for n in run.read().get("nodes") or [] if isinstance(n, dict)}
+    sources, base = [], 0
+    for rank, node in enumerate(inv.nodes):
+        rec = recorded.get(node.name, {})
+        node_rank = int(rec.get("node_rank", rank))
+        base_rank: int | None = rec.get("base_rank", base if inv.job.rdzv == "static" else None)
+        sources.append(NodeSource(node.name, node_rank, base_rank,
+                                  str(rec.get("remote_dir") or remote_dir(inv, node, run.run_id)),
+                                  node.python, run.path / "nodes" / f"{node.name}.log"))
+        base += node.nproc_per_node
+    return sorted(sources, key=lambda s: s.node_rank)
+
+
+class LocalCopy:
+    """The controller's copy of one node's log. Holds only whole lines, so its size is the byte
+    offset to resume from. One process writes it at a time (flock); another process following
+    the same run reads the node without writing the copy."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        self.fh = os.fdopen(fd, "r+b", buffering=0)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self.writer = True
+        except BlockingIOError:
+            self.writer = False
+        self.path = path
+        self.offset = self._whole_lines_size()
+        self.partial = b""
+
+    def _whole_lines_size(self) -> int:
+        """Size up to the last newline; a torn tail (a crash mid-write) is cut off when writing."""
+        size = self.fh.seek(0, os.SEEK_END)
+        if size == 0:
+            return 0
+        pos = size
+        while pos > 0:
+            step = min(65536, pos)
+            self.fh.seek(pos - step)
+            chunk = self.fh.read(step)
+            nl = chunk.rfind(b"\n")
+            if nl >= 0:
+                pos = pos - step + nl + 1
+                break
+            pos -= step
+        if pos != size and self.writer:
+            self.fh.truncate(pos)
+        self.fh.seek(0, os.SEEK_END)
+        return pos
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """Add fetched bytes; append and return the lines they complete."""
+        buf = self.partial + data
+        cut = buf.rfind(b"\n") + 1
+        self.partial = buf[cut:]
+        if not cut:
+            return []
+        whole = buf[:cut]
+        if self.writer:
+            self.fh.seek(0, os.SEEK_END)
+            self.fh.write(whole)
+        self.offset += cut
+        return whole.splitlines()
+
+    def drop_partial(self) -> None:
+        """Forget a half-received line; it is fetched again from `offset` after a reconnect."""
+        self.partial = b""
+
+    def existing(self) -> Iterator[bytes]:
+        """The lines already in the copy (up to the offset when this copy was opened)."""
+        end = self.offset
+        with open(self.path, "rb") as fh:
+            while fh.tell() < end:
+                line = fh.readline()
+                if not line:
+                    return
+                yield line
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+def reader_argv(src: NodeSource, offset: int, poll_s: float, once: bool) -> list[str]:
+    return [src.python, "-c", READER, src.remote_dir, str(offset), f"{poll_s:g}", "1" if once else "0"]
+
+
+def fetch_node(transport: Transport, src: NodeSource, timeout: float = 120.0) -> str:
+    """Bring the local copy of one node up to date (one shot); returns the node's state."""
+    copy = LocalCopy(src.copy)
+    proc = transport.popen(reader_argv(src, copy.offset, 0.2, once=True))
+    watchdog = threading.Timer(timeout, proc.close)
+    watchdog.start()
+    try:
+        for kind, payload in read_frames(proc.stdout):
+            if kind == "D":
+                copy.feed(payload)
+            elif kind == "E":
+                return payload.decode()
+        raise TransportError(src.node, "unreachable", "the log stream ended before the log was read to its end")
+    finally:
+        watchdog.cancel()
+        proc.close()
+        copy.close()
+
+
+def fetch_all(run: RunDir, inv: Inventory, cluster: Cluster,
+              sources: list[NodeSource] | None = None) -> dict[str, str | Exception]:
+    """Update every node's local copy in parallel; {node: state | the exception}."""
+    sources = sources if sources is not None else node_sources(run, inv)
+    by_name = {s.node: s for s in sources}
+    nodes = [inv.node(s.node) for s in sources]
+    return fan_out(nodes, lambda n: fetch_node(cluster[n.name], by_name[n.name]), inv.fanout)
+
+
+def copy_lines(src: NodeSource) -> Iterator[LogLine]:
+    """Parse a node's local copy, streaming."""
+    if not src.copy.exists():
+        return iter(())
+    return _copy_lines(src)
+
+
+def _copy_lines(src: NodeSource) -> Iterator[LogLine]:
+    with open(src.copy, encoding="utf-8", errors="replace", newline="\n") as fh:
+        yield from read_node_lines(fh, src.node, src.node_rank, src.base_rank)
+
+
+# ----------------------------------------------------------------------------- clock offsets
+
+
+def load_offsets(run: RunDir, inv: Inventory) -> tuple[dict[str, float], str | None]:
+    """Clock offsets (ms, node minus reference) from the run's check.json, else from the last
+    `orch check` of this inventory; with the file they came from."""
+    for path in (run.path / "check.json", orch_home() / "checks" / f"{inv.name}.json"):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        offsets = data.get("offsets_ms") if isinstance(data, dict) else None
+        if isinstance(offsets, dict) and offsets:
+            return {str(k): float(v) for k, v in offsets.items() if isinstance(v, (int, float))}, str(path)
+    return {}, None
+
+
+# ----------------------------------------------------------------------------- live follow
+
+
+@dataclass
+class _NodeState:
+    src: NodeSource
+    index: int
+    done: bool = False
+    remote_state: str = "-"
+    last_frame: float = field(default_factory=time.monotonic)
+    proc: Process | None = None
+    credit: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(4000))
+
+
+_DONE = object()
+
+
+class Follower:
+    """Live tail of every node of a run, released in timestamp order within a watermark.
+
+    `lines()` ends when every node's state.json is final and its log is drained, or when `stop`
+    is set (lines already fetched are still released, in order). A dropped connection is retried
+    with backoff (0.5, 1, 2, 4 s) from the byte offset already appended to the local copy.
+    """
+
+    def __init__(self, run: RunDir, inv: Inventory, cluster: Cluster, *, watermark: float = 1.0,
+                 offsets_ms: Mapping[str, float] | None = None, from_start: bool = True,
+                 on_event: Callable[[str, str], None] | None = None, poll_s: float = 0.2,
+                 stall_s: float = 10.0, write_merged: bool = True) -> None:
+        self.run, self.inv, self.cluster = run, inv, cluster
+        self.watermark = watermark
+        self.offsets_ms = dict(offsets_ms or {})
+        self.from_start = from_start
+        self.on_event = on_event or (lambda node, msg: None)
+        self.poll_s, self.stall_s = poll_s, stall_s
+        self.write_merged = write_merged
+        self.nodes = [_NodeState(src, i) for i, src in enumerate(node_sources(run, inv))]
+        self.reconnects: dict[str, int] = {n.src.node: 0 for n in self.nodes}
+        self._queue: queue.Queue[tuple[int, Any]] = queue.Queue()
+        self._halt = threading.Event()
+
+    # -- reader threads
+
+    def _push(self, st: _NodeState, line: LogLine) -> None:
+        while not st.credit.acquire(timeout=0.2):  # backpressure: bounded lines held per node
+            if self._halt.is_set():
+                return
+        self._queue.put((st.index, line))
+
+    def _parse(self, st: _NodeState, raw: bytes, last_ts: float) -> LogLine:
+        return parse_node_line(raw.decode("utf-8", "replace"), st.src.node, st.src.node_rank,
+                               st.src.base_rank, fallback_ts=last_ts)
+
+    def _read_node(self, st: _NodeState) -> None:
+        """Thread body: replay the local copy (from_start), then stream the node until final."""
+        copy = LocalCopy(st.src.copy)
+        last_ts = 0.0
+        try:
+            if self.from_start:
+                for raw in copy.existing():
+                    line = self._parse(st, raw, last_ts)
+                    last_ts = line.ts
+                    self._push(st, line)
+            self._stream(st, copy, last_ts)
+        except Exception as exc:  # reported, and the node no longer holds the others back
+            self.on_event(st.src.node, f"stopped following: {type(exc).__name__}: {exc}")
+        finally:
+            copy.close()
+            self._queue.put((st.index, _DONE))
+
+    def _stream(self, st: _NodeState, copy: LocalCopy, last_ts: float) -> None:
+        backoff = 0.5
+        transport = self.cluster[st.src.node]
+        while not self._halt.is_set():
+            reason = "the log stream ended"
+            try:
+                st.last_frame = time.monotonic()
+                st.proc = transport.popen(reader_argv(st.src, copy.offset, self.poll_s, once=False))
+                for kind, payload in read_frames(st.proc.stdout):
+                    st.last_frame = time.monotonic()
+                    backoff = 0.5
+                    if kind == "D":
+                        for raw in copy.feed(payload):
+                            line = self._parse(st, raw, last_ts)
+                            last_ts = line.ts
+                            self._push(st, line)
+                    else:
+                        st.remote_state = payload.decode()
+                        if kind == "E":
+                            return
+            except (TransportError, ProtocolError, OSError, EOFError) as exc:
+                reason = str(exc) or type(exc).__name__
+            finally:
+                if st.proc is not None:
+                    st.proc.close()
+                    st.proc = None
+            if self._halt.is_set():
+                return
+            copy.drop_partial()
+            self.reconnects[st.src.node] += 1
+            self.on_event(st.src.node, f"{reason}; reconnecting in {backoff:g} s, resuming at byte {copy.offset}")
+            self._halt.wait(backoff)
+            backoff = min(backoff * 2, 4.0)
+
+    def _watch(self) -> None:
+        """Close a stream that sent no frame (not even a heartbeat) for stall_s: its connection is
+        dead without having said so (a pulled cable); the reader thread then reconnects."""
+        now = time.monotonic()
+        for st in self.nodes:
+            proc = st.proc
+            if proc is not None and not st.done and now - st.last_frame > self.stall_s:
+                self.on_event(st.src.node, f"no data or heartbeat for {self.stall_s:g} s: reconnecting")
+                st.last_frame = now
+                proc.close()
+                self.cluster[st.src.node].close()
+
+    def lines(self, stop: threading.Event | None = None) -> Iterator[LogLine]:
+        """Every node's lines, ordered, until every node is final and drained, or `stop` is set."""
+        stop = stop or threading.Event()
+        threads = [threading.Thread(target=self._read_node, args=(st,), daemon=True,
+                                    name=f"orch-logs-{st.src.node}") for st in self.nodes]
+        for t in threads:
+            t.start()
+        merged = self._open_merged()
+        widths = column_widths([st.src.node for st in self.nodes], _world_size(self.run, self.inv))
+        try:
+            yield from self._order(stop, merged, widths)
+        finally:
+            self._halt.set()
+            for st in self.nodes:
+                if st.proc is not None:
+                    st.proc.close()
+            for t in threads:
+                t.join(timeout=5)
+            if merged is not None:
+                merged.close()
+
+    def _order(self, stop: threading.Event, merged: IO[str] | None,
+               widths: tuple[int, int]) -> Iterator[LogLine]:
+        live = LiveMerge([st.src.node for st in self.nodes], self.watermark, self.offsets_ms)
+        index_of = {st.src.node: st.index for st in self.nodes}
+        next_watch = time.monotonic() + 1.0
+        while True:
+            now = time.monotonic()
+            for line in live.ready(now, flush=stop.is_set()):
+                self.nodes[index_of[line.node]].credit.release()
+                if merged is not None:
+                    merged.write(format_line(line, False, node_width=widths[0], rank_width=widths[1]) + "\n")
+                yield line
+            if merged is not None:
+                merged.flush()
+            if stop.is_set() or live.finished:
+                return
+            if now >= next_watch:
+                self._watch()
+                next_watch = now + 1.0
+            deadline = live.deadline()
+            wait = 0.5 if deadline is None else min(0.5, deadline - now)
+            try:
+                index, item = self._queue.get(timeout=max(wait, 0.001))
+            except queue.Empty:
+                continue
+            while True:
+                if item is _DONE:
+                    self.nodes[index].done = True
+                    live.finish(index)
+                else:
+                    live.push(index, item, time.monotonic())
+                try:
+                    index, item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+
+    def _open_merged(self) -> IO[str] | None:
+        """merged.log is rewritten from the start, or appended to when resuming, by one follower."""
+        if not self.write_merged:
+            return None
+        path = self.run.merged_log
+        fh = open(path, "w" if self.from_start else "a", encoding="utf-8")  # noqa: SIM115 - closed in lines()
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.close()
+            return None
+        return fh
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+@dataclass
+class _Options:
+    keep: LineFilter
+    tail: int | None
+    as_json: bool
+    color: bool
+    widths: tuple[int, int]
+
+
+def _world_size(run: RunDir, inv: Inventory) -> int:
+    nodes = run.read().get("nodes") or []
+    total = sum(int(n.get("nproc") or 0) for n in nodes if isinstance(n, dict))
+    return total or sum(n.nproc_per_node for n in inv.nodes)
+
+
+def _emit(lines: Iterable[LogLine], opts: _Options, out: IO[str]) -> int:
+    """Print lines; returns how many. Stops quietly when stdout is closed (`| head`)."""
+    count = 0
+    for line in lines:
+        if opts.as_json:
+            out.write(to_json(line) + "\n")
+        else:
+            out.write(format_line(line, opts.color, node_width=opts.widths[0], rank_width=opts.widths[1]) + "\n")
+        count += 1
+    out.flush()
+    return count
+
+
+def write_merged_log(run: RunDir, sources: list[NodeSource], offsets_ms: Mapping[str, float],
+                     widths: tuple[int, int]) -> None:
+    """`<run dir>/merged.log`: every node's copy, merged, as plain text (atomic rewrite)."""
+    tmp = run.merged_log.with_name(f".merged.log.{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        for line in merge([copy_lines(s) for s in sources], offsets_ms):
+            fh.write(format_line(line, False, node_width=widths[0], rank_width=widths[1]) + "\n")
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, run.merged_log)
+
+
+def _say_skew(console: Any, offsets: Mapping[str, float], origin: str | None) -> None:
+    shown = ", ".join(f"{n} {v:+.1f} ms" for n, v in sorted(offsets.items()))
+    console.print(f"orch: ordering lines by node time minus the clock offsets measured by orch check "
+                  f"({origin}): {shown}; printed times are each node's own clock. "
+                  "--no-skew-correct to turn off", markup=False)
+
+
+def logs_command(run: str | None, *, follow: bool, node: str | None, rank: str | None, grep: str | None,
+                 since: str | None, tail: int | None, as_json: bool, skew_correct: bool | None,
+                 watermark: float) -> int:
+    """`orch logs`: fetch, merge, filter and print a run's logs; with follow, keep tailing."""
+    rundir = RunStore().get(run)
+    inv = rundir.inventory()
+    console = ui.console()
+    sources = node_sources(rundir, inv)
+    offsets, origin = load_offsets(rundir, inv)
+    if skew_correct is False or not any(offsets.values()):
+        offsets = {}
+    elif offsets:
+        _say_skew(console, offsets, origin)
+    keep = LineFilter(
+        nodes=parse_nodes(node, [s.node for s in sources]) if node else None,
+        ranks=parse_ranks(rank) if rank else None,
+        pattern=compile_grep(grep) if grep else None,
+        since=parse_since(since) if since else None,
+        offsets_ms=offsets,
+    )
+    if tail is not None and tail < 0:
+        from .errors import UsageError
+
+        raise UsageError(f"--tail {tail}: must be 0 or more")
+    widths = column_widths([s.node for s in sources], _world_size(rundir, inv))
+    opts = _Options(keep, tail, as_json, ui.color_enabled(sys.stdout) and not as_json, widths)
+    try:
+        with Cluster(inv) as cluster:
+            _fetch_and_warn(rundir, inv, cluster, sources, console)
+            if not follow or tail is not None:
+                _print_stored(sources, offsets, opts)
+                write_merged_log(rundir, sources, offsets, widths)
+            if follow:
+                with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends a follow; exit code 0
+                        _follow(rundir, inv, cluster, offsets, watermark, opts, console, from_start=tail is None)
+    except BrokenPipeError:
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the flush at exit
+    return 0
+
+
+def _fetch_and_warn(run: RunDir, inv: Inventory, cluster: Cluster, sources: list[NodeSource],
+                    console: Any) -> None:
+    for name, result in fetch_all(run, inv, cluster, sources).items():
+        if isinstance(result, Exception):
+            console.print(f"orch: {name}: cannot fetch its log ({result}); showing the copy fetched "
+                          "earlier", markup=False, style="yellow")
+
+
+def _print_stored(sources: list[NodeSource], offsets: Mapping[str, float], opts: _Options) -> None:
+    streams: list[Iterator[LogLine]] = [copy_lines(s) for s in sources if opts.keep.wants_node(s.node)]
+    if not opts.keep.empty:
+        streams = apply(streams, opts.keep)
+    if opts.tail is not None:
+        streams = [last_n(s, opts.tail) for s in streams]
+    _emit(merge(streams, offsets), opts, sys.stdout)
+
+
+def _follow(run: RunDir, inv: Inventory, cluster: Cluster, offsets: Mapping[str, float], watermark: float,
+            opts: _Options, console: Any, from_start: bool) -> None:
+    def event(node: str, msg: str) -> None:
+        console.print(f"orch: {node}: {msg}", markup=False, style="yellow")
+
+    follower = Follower(run, inv, cluster, watermark=watermark, offsets_ms=offsets, from_start=from_start,
+                        on_event=event)
+    lines: Iterable[LogLine] = follower.lines()
+    if not opts.keep.empty:
+        lines = (line for line in lines if opts.keep(line))
+    out = sys.stdout
+    for line in lines:
+        if opts.as_json:
+            out.write(to_json(line) + "\n")
+        else:
+            out.write(format_line(line, opts.color, node_width=opts.widths[0], rank_width=opts.widths[1]) + "\n")
+        out.flush()
+    state = run.read().get("state", "unknown")
+    console.print(f"orch: every node's log is drained (run {run.run_id}: {state})", markup=False)
+

@@ -1,0 +1,725 @@
+"""A real multi-node SSH test cluster: one OpenSSH `sshd` per test node, a real `chronyd`.
+
+Two modes:
+
+- ``loopback`` (no network namespaces): node *i* is an sshd on ``127.0.1.<i>`` and a free port;
+  every node shares this machine's network and process table.
+- ``netns`` (root): node *i* lives in its own network and UTS namespace (hostname = node name)
+  at ``198.18.<s>.<i>:22``, plugged into a bridge (``198.18.<s>.254``) in the root namespace, so
+  a test can pull its cable (`link_down`), add latency (`netem`) or give it extra NICs.
+  ``<s>`` is 0 unless another session on this machine holds that subnet.
+
+In both modes every node has its own mount namespace in which ``NODE_LOCAL`` is bind-mounted
+from the node's private ``local_dir``: a file there exists on that node only (when root).
+
+A "holder" process (``sleep``) keeps each node's namespaces alive, so sshd can be stopped and
+started again and `exec` works while sshd is down. Every process the cluster starts carries
+``ORCH_TEST_SESSION`` / ``ORCH_TEST_CLUSTER`` / ``ORCH_TEST_NODE`` in its environment (sshd's own
+environment, and ``SetEnv`` for login sessions), which is how `processes`, `stop` and the
+session-finish leak check (`leftovers`) find them, detached grandchildren included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import fcntl
+import getpass
+import itertools
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+SSHD = shutil.which("sshd", path="/usr/sbin:/usr/bin:/sbin:/bin") or "/usr/sbin/sshd"
+CHRONYD = shutil.which("chronyd", path="/usr/sbin:/usr/bin:/sbin:/bin") or "/usr/sbin/chronyd"
+FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+
+# Everything this pytest process creates is named after its pid, so concurrent sessions of other
+# engineers on the same machine never collide and the leak check only judges our own leftovers.
+SESSION_TAG = f"orchtest{os.getpid()}"
+NETNS_PREFIX = f"orch-{os.getpid()}-"
+LINK_PREFIX = f"o{os.getpid()}x"  # + cluster number + role: stays within IFNAMSIZ (15)
+SUBNET_LOCK = "/tmp/orch-test-netns.lock"
+
+_cluster_ids = itertools.count(1)
+
+Mode = Literal["loopback", "netns"]
+
+
+class ClusterError(RuntimeError):
+    """The test cluster could not be started or changed; the message carries the daemon's log."""
+
+
+# ----------------------------------------------------------------------------- small helpers
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def _sh(argv: Sequence[str], check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    """Run a setup command; on failure raise ClusterError with its stderr."""
+    proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise ClusterError(f"`{' '.join(argv)}` exited {proc.returncode}: {proc.stderr.strip()}")
+    return proc
+
+
+def free_port(host: str, kind: int = socket.SOCK_STREAM) -> int:
+    """A port the kernel says is free on host right now (tiny race; ports are per address here)."""
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(host: str, port: int, timeout: float, alive: Any = None) -> None:
+    """Block until host:port accepts a TCP connection; `alive()` False aborts early."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError:
+            if alive is not None and not alive():
+                raise ClusterError(f"{host}:{port}: daemon exited before listening") from None
+            if time.monotonic() > deadline:
+                raise ClusterError(f"{host}:{port} did not accept connections within {timeout:g} s") from None
+            time.sleep(0.02)
+
+
+def netns_supported() -> str | None:
+    """None when network namespaces can be created here, else why not (a skip reason)."""
+    if not is_root():
+        return "netns mode needs root (ip netns add)"
+    if shutil.which("ip") is None or shutil.which("unshare") is None or shutil.which("nsenter") is None:
+        return "netns mode needs iproute2 (ip), unshare and nsenter"
+    probe = f"{NETNS_PREFIX}probe"
+    proc = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if proc.returncode != 0:
+        return f"`ip netns add` does not work here: {proc.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+def _read_proc(pid: int, name: str) -> bytes:
+    try:
+        with open(f"/proc/{pid}/{name}", "rb") as fh:
+            return fh.read()
+    except OSError:  # gone, or a kernel thread / other user's process we may not read
+        return b""
+
+
+def _environ(pid: int) -> dict[bytes, bytes]:
+    out = {}
+    for item in _read_proc(pid, "environ").split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            out[key] = value
+    return out
+
+
+def _pids() -> Iterator[int]:
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != me:
+            yield int(entry)
+
+
+def tagged_pids(key: str, value: str) -> list[int]:
+    """Pids whose environment has key=value (how the cluster recognises its processes)."""
+    k, v = key.encode(), value.encode()
+    return sorted(pid for pid in _pids() if _environ(pid).get(k) == v)
+
+
+def kill_pids(pids: Sequence[int], grace: float = 3.0) -> None:
+    """SIGTERM the given pids, SIGKILL whatever is still there after `grace` seconds."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    left = list(pids)
+    while left and time.monotonic() < deadline:
+        left = [p for p in left if _alive(p)]
+        time.sleep(0.05)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """True while pid exists and is not a zombie."""
+    stat = _read_proc(pid, "stat")
+    if not stat:
+        return False
+    return stat.rsplit(b")", 1)[-1].split()[0] != b"Z"
+
+
+def _stop_popen(proc: subprocess.Popen[bytes] | None, grace: float = 3.0) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def deep_merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """Merge override into a copy of base: mappings recursively, a None value deletes the key."""
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+# ----------------------------------------------------------------------------- keys
+
+
+class KeyStore:
+    """SSH keys generated once per test session: one client key, one host key per node index."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def _key(self, name: str) -> Path:
+        path = self.dir / name
+        if not path.exists():
+            _sh(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{SESSION_TAG}-{name}", "-f", str(path)])
+        return path
+
+    @property
+    def client_key(self) -> Path:
+        return self._key("client_ed25519")
+
+    def host_key(self, index: int) -> Path:
+        return self._key(f"host{index}_ed25519")
+
+    def new_key(self, name: str) -> Path:
+        """A fresh key pair outside the cluster's (e.g. a 'changed' host key or a wrong identity)."""
+        return self._key(f"extra_{name}")
+
+
+@contextlib.contextmanager
+def _subnet_lock() -> Iterator[None]:
+    with open(SUBNET_LOCK, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _used_subnets() -> set[int]:
+    """Third octets of 198.18.X.0/24 already configured in the root namespace."""
+    out = _sh(["ip", "-4", "-o", "addr", "show"], check=False).stdout
+    used = set()
+    for word in out.split():
+        if word.startswith("198.18."):
+            used.add(int(word.split(".")[2]))
+    return used
+
+
+# ----------------------------------------------------------------------------- the cluster
+
+
+@dataclass
+class TestNode:
+    """One test node = one real OpenSSH sshd (plus its namespaces)."""
+
+    __test__ = False  # not a pytest test class
+
+    name: str
+    host: str
+    port: int
+    addr: str
+    netns: str | None
+    local_dir: Path
+    index: int = 0
+    dir: Path = field(default_factory=Path)
+    env: dict[str, str] = field(default_factory=dict)
+    host_veth: str | None = None
+    holder: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    sshd: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    extra_links: int = 0
+
+
+class TestCluster:
+    """N real sshd nodes, a chronyd, generated keys and known_hosts; see the module docstring."""
+
+    __test__ = False  # not a pytest test class
+
+    NODE_LOCAL = "/tmp/orch-node-local"
+
+    def __init__(self, keys: KeyStore, n: int = 4, mode: Mode = "loopback",
+                 node_env: Mapping[str, Mapping[str, str]] | None = None, root: Path | None = None) -> None:
+        if mode not in ("loopback", "netns"):
+            raise ValueError(f"mode must be loopback or netns, not {mode!r}")
+        if not 1 <= n <= 200:
+            raise ValueError(f"n must be 1..200, got {n}")
+        self.keys = keys
+        self.mode: Mode = mode
+        self.number = next(_cluster_ids)
+        self.id = f"{SESSION_TAG}c{self.number}"
+        self.root = root or Path(tempfile.mkdtemp(prefix=f"{self.id}-"))
+        self.client_key = keys.client_key
+        self.known_hosts = self.root / "known_hosts"
+        self.python = sys.executable
+        self.user = "root" if is_root() else getpass.getuser()
+        self.ntp_server = ""
+        self.subnet: int | None = None
+        self.bridge: str | None = None
+        self.chronyd: subprocess.Popen[bytes] | None = None
+        self.nodes: list[TestNode] = []
+        self._n = n
+        self._node_env = {k: dict(v) for k, v in (node_env or {}).items()}
+        self._private_fs = is_root() and shutil.which("unshare") is not None
+
+    # -- lifecycle
+
+    def start(self) -> TestCluster:
+        """Create namespaces, start every sshd and chronyd; return once all of them answer."""
+        try:
+            if self.mode == "netns":
+                reason = netns_supported()
+                if reason:
+                    raise ClusterError(reason)
+                self._setup_bridge()
+            if is_root():
+                os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege separation dir
+            if self._private_fs:
+                os.makedirs(self.NODE_LOCAL, exist_ok=True)  # the mount point in the root namespace
+            for i in range(1, self._n + 1):
+                self.nodes.append(self._make_node(i))
+            self._write_known_hosts()
+            for node in self.nodes:
+                self._start_holder(node)
+                self._write_sshd_config(node)
+                self._spawn_sshd(node)
+            for node in self.nodes:
+                self._wait_sshd(node)
+            self._start_chronyd()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop everything this cluster started (sshd, sessions, detached jobs, chronyd, namespaces)."""
+        for node in self.nodes:
+            _stop_popen(node.sshd)
+        _stop_popen(self.chronyd)
+        # whatever login sessions started, detached grandchildren included, then the holders
+        kill_pids([p for p in tagged_pids("ORCH_TEST_CLUSTER", self.id)
+                   if not any(n.holder is not None and n.holder.pid == p for n in self.nodes)])
+        for node in self.nodes:
+            _stop_popen(node.holder)
+        if self.mode == "netns":
+            for node in self.nodes:
+                if node.netns:
+                    _sh(["ip", "netns", "del", node.netns], check=False)
+            for link in self._root_links():
+                _sh(["ip", "link", "del", link], check=False)
+
+    def __enter__(self) -> TestCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- node setup
+
+    def _make_node(self, i: int) -> TestNode:
+        name = f"node{i}"
+        ndir = self.root / name
+        local = ndir / "local"
+        local.mkdir(parents=True, exist_ok=True)
+        if self.mode == "netns":
+            host, port, netns = f"198.18.{self.subnet}.{i}", 22, f"{NETNS_PREFIX}{self.number}-{name}"
+        else:
+            host = f"127.0.1.{i}"
+            host, port, netns = host, free_port(host), None
+        env = {"ORCH_TEST_SESSION": SESSION_TAG, "ORCH_TEST_CLUSTER": self.id, "ORCH_TEST_NODE": name}
+        env.update(self._node_env.get(name, {}))
+        node = TestNode(name=name, host=host, port=port, addr=host, netns=netns, local_dir=local,
+                        index=i, dir=ndir, env=env)
+        if netns:
+            self._setup_netns(node)
+        return node
+
+    def _daemon_env(self, node: TestNode | None = None) -> dict[str, str]:
+        """Environment of the daemons we start: tagged so stop/leftovers can find them and their children."""
+        env = dict(os.environ)
+        env.update({"ORCH_TEST_SESSION": SESSION_TAG, "ORCH_TEST_CLUSTER": self.id})
+        if node is not None:
+            env["ORCH_TEST_NODE"] = node.name
+        return env
+
+    def _setup_bridge(self) -> None:
+        self.bridge = f"{LINK_PREFIX}{self.number}b"
+        with _subnet_lock():
+            used = _used_subnets()
+            free = [s for s in range(256) if s not in used]
+            if not free:
+                raise ClusterError("no free 198.18.X.0/24 subnet for the test bridge")
+            self.subnet = free[0]
+            _sh(["ip", "link", "add", self.bridge, "type", "bridge"])
+            _sh(["ip", "addr", "add", f"198.18.{self.subnet}.254/24", "dev", self.bridge])
+            _sh(["ip", "link", "set", self.bridge, "up"])
+
+    def _setup_netns(self, node: TestNode) -> None:
+        assert node.netns and self.bridge
+        host_if, tmp_if = f"{LINK_PREFIX}{self.number}h{node.index}", f"{LINK_PREFIX}{self.number}n{node.index}"
+        node.host_veth = host_if
+        _sh(["ip", "netns", "add", node.netns])
+        _sh(["ip", "link", "add", host_if, "type", "veth", "peer", "name", tmp_if])
+        _sh(["ip", "link", "set", tmp_if, "netns", node.netns])
+        ns = ["ip", "-n", node.netns]
+        _sh(ns + ["link", "set", tmp_if, "name", "eth0"])
+        _sh(ns + ["addr", "add", f"{node.host}/24", "dev", "eth0"])
+        _sh(ns + ["link", "set", "eth0", "up"])
+        _sh(ns + ["link", "set", "lo", "up"])
+        _sh(["ip", "link", "set", host_if, "master", self.bridge])
+        _sh(["ip", "link", "set", host_if, "up"])
+
+    def _start_holder(self, node: TestNode) -> None:
+        """The process that owns the node's mount (and UTS) namespace for the cluster's lifetime."""
+        if not self._private_fs and node.netns is None:
+            return
+        script = ('set -e; if [ -n "$3" ]; then hostname "$3"; fi; '
+                  'if [ -n "$1" ]; then mount --bind "$1" "$2"; fi; echo ready; exec sleep 2147483647')
+        argv: list[str] = []
+        if node.netns:
+            argv += ["ip", "netns", "exec", node.netns]
+        argv += ["unshare", "--mount", "--propagation", "private"]
+        if node.netns:
+            argv += ["--uts"]
+        argv += ["--", "sh", "-c", script, "holder",
+                 str(node.local_dir) if self._private_fs else "", self.NODE_LOCAL, node.name if node.netns else ""]
+        holder = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, env=self._daemon_env(node), start_new_session=True)
+        node.holder = holder
+        assert holder.stdout is not None
+        if holder.stdout.readline().strip() != b"ready":
+            err = holder.stderr.read().decode(errors="replace") if holder.stderr else ""
+            holder.wait(5)
+            raise ClusterError(f"{node.name}: could not set up its namespaces: {err.strip()}")
+
+    def _enter(self, node: TestNode) -> list[str]:
+        """argv prefix that runs a command inside the node's namespaces (empty: this machine as is)."""
+        if node.holder is None:
+            return []
+        flags = ["-m", "-u", "-n"] if node.netns else ["-m"]
+        return ["nsenter", "-t", str(node.holder.pid), *flags, "--"]
+
+    def _write_known_hosts(self) -> None:
+        lines = []
+        for node in self.nodes:
+            pub = Path(str(self.keys.host_key(node.index)) + ".pub").read_text().split()
+            name = node.host if node.port == 22 else f"[{node.host}]:{node.port}"
+            lines.append(f"{name} {pub[0]} {pub[1]}\n")
+        self.known_hosts.write_text("".join(lines))
+
+    def _write_sshd_config(self, node: TestNode) -> None:
+        for key, value in node.env.items():
+            if '"' in value or "\n" in value or "\r" in value:
+                raise ValueError(f"{node.name}: SetEnv cannot carry {key}={value!r} (no quotes or newlines)")
+        setenv = " ".join(f'"{k}={v}"' for k, v in node.env.items())
+        listen = node.host if node.netns is None else "0.0.0.0"
+        conf = f"""\
+# sshd of test node {node.name} (cluster {self.id})
+Port {node.port}
+ListenAddress {listen}
+HostKey {self.keys.host_key(node.index)}
+PidFile {node.dir / "sshd.pid"}
+AuthorizedKeysFile {self.client_key}.pub
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+UseDNS no
+PrintMotd no
+X11Forwarding no
+AllowTcpForwarding yes
+MaxSessions 100
+MaxStartups 100:30:200
+LogLevel INFO
+Subsystem sftp internal-sftp
+SetEnv {setenv}
+"""
+        (node.dir / "sshd_config").write_text(conf)
+
+    def _spawn_sshd(self, node: TestNode) -> None:
+        # sshd must be started by absolute path (it re-execs itself); nsenter execs it in place,
+        # so the Popen pid is sshd's own.
+        with open(node.dir / "sshd.log", "ab") as log:
+            node.sshd = subprocess.Popen(self._enter(node) + [SSHD, "-D", "-e", "-f", str(node.dir / "sshd_config")],
+                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                         env=self._daemon_env(node), start_new_session=True)
+
+    def _wait_sshd(self, node: TestNode) -> None:
+        proc = node.sshd
+        assert proc is not None
+        try:
+            wait_port(node.host, node.port, 15, alive=lambda: proc.poll() is None)
+        except ClusterError as exc:
+            raise ClusterError(f"{node.name}: sshd failed: {exc}\n{self.sshd_log(node)[-2000:]}") from None
+
+    def sshd_log(self, node: str | TestNode) -> str:
+        """The node's sshd log (stderr of `sshd -D -e`), for failure messages."""
+        n = self.node(node) if isinstance(node, str) else node
+        try:
+            return (n.dir / "sshd.log").read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def _start_chronyd(self) -> None:
+        """A real chronyd serving this machine's clock at local stratum 8 on an unprivileged port."""
+        bind = "127.0.0.1" if self.mode == "loopback" else f"198.18.{self.subnet}.254"
+        port = free_port(bind, socket.SOCK_DGRAM)
+        cdir = self.root / "chrony"
+        cdir.mkdir(exist_ok=True)
+        (cdir / "chrony.conf").write_text(
+            f"port {port}\nbindaddress {bind}\nlocal stratum 8\nallow 127.0.0.0/8\nallow 198.18.0.0/15\n"
+            f"cmdport 0\npidfile {cdir / 'chronyd.pid'}\ndriftfile {cdir / 'drift'}\n")
+        argv = [CHRONYD, "-x", "-d", "-f", str(cdir / "chrony.conf")]
+        if is_root():
+            argv += ["-u", "root"]  # keep root: the pid/drift files live in our private tmp dir
+        with open(cdir / "chronyd.log", "ab") as log:
+            self.chronyd = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                            env=self._daemon_env(), start_new_session=True)
+        self.ntp_server = f"{bind}:{port}"
+        self._wait_ntp(bind, port, cdir)
+
+    def _wait_ntp(self, host: str, port: int, cdir: Path) -> None:
+        import ntplib
+
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                ntplib.NTPClient().request(host, port=port, version=3, timeout=0.5)
+                return
+            except (ntplib.NTPException, OSError):
+                if self.chronyd is None or self.chronyd.poll() is not None or time.monotonic() > deadline:
+                    log = (cdir / "chronyd.log").read_text(errors="replace")
+                    raise ClusterError(f"chronyd did not answer NTP on {host}:{port}:\n{log[-2000:]}") from None
+                time.sleep(0.05)
+
+    # -- API used by tests
+
+    def node(self, name: str) -> TestNode:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(f"no test node {name!r} (have {', '.join(n.name for n in self.nodes)})")
+
+    def write_inventory(self, path: str | os.PathLike[str] | None = None, *, job: Mapping[str, Any] | None = None,
+                        env: Mapping[str, Any] | None = None, checks: Mapping[str, Any] | None = None,
+                        master: Mapping[str, Any] | None = None,
+                        nodes_extra: Mapping[str, Mapping[str, Any]] | None = None, **top: Any) -> Path:
+        """Write a valid inventory for this cluster, deep-merging the overrides (None deletes a key)."""
+        nodes = []
+        for n in self.nodes:
+            entry: dict[str, Any] = {"host": n.host, "name": n.name, "addr": n.addr}
+            if n.port != 22:
+                entry["port"] = n.port
+            nodes.append(deep_merge(entry, (nodes_extra or {}).get(n.name, {})))
+        doc: dict[str, Any] = {
+            "name": f"tc{self.number}-{self.mode}",
+            "transport": "ssh",
+            "ssh": {"user": self.user, "identity": str(self.client_key), "known_hosts": str(self.known_hosts),
+                    "host_key_policy": "strict", "connect_timeout": 5, "ssh_config": str(self.root / "no-ssh-config")},
+            "nodes": nodes,
+            "checks": {"clock": {"ntp_server": self.ntp_server}},
+            "job": {"python": self.python, "run_root": str(self.root / "runs")},
+        }
+        for key, value in (("job", job), ("env", env), ("checks", checks), ("master", master)):
+            if value is not None:
+                doc = deep_merge(doc, {key: value})
+        doc = deep_merge(doc, top)
+        target = Path(path) if path is not None else self.root / "inventory.yaml"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return target
+
+    def set_env(self, node: str, **env: str) -> None:
+        """Add/replace SetEnv variables of that node's sshd and restart it (new logins see them)."""
+        n = self.node(node)
+        n.env.update({k: str(v) for k, v in env.items()})
+        self._write_sshd_config(n)
+        self.stop_node(node)
+        self.start_node(node)
+
+    def unset_env(self, node: str, *names: str) -> None:
+        """Remove SetEnv variables of that node and restart its sshd."""
+        n = self.node(node)
+        for name in names:
+            n.env.pop(name, None)
+        self._write_sshd_config(n)
+        self.stop_node(node)
+        self.start_node(node)
+
+    def skew_clock(self, node: str, offset: str) -> None:
+        """Make every process of new logins on that node see its clock shifted (libfaketime, e.g. "+2s").
+
+        Only the wall clock moves (FAKETIME_DONT_FAKE_MONOTONIC): timeouts and sleeps keep working."""
+        self.set_env(node, LD_PRELOAD=FAKETIME_LIB, FAKETIME=offset, FAKETIME_DONT_FAKE_MONOTONIC="1")
+
+    def stop_node(self, node: str) -> None:
+        """Stop that node's sshd listener (like `systemctl stop ssh`: open sessions keep running)."""
+        n = self.node(node)
+        _stop_popen(n.sshd)
+        n.sshd = None
+
+    def start_node(self, node: str) -> None:
+        """Start that node's sshd again and wait until it accepts connections."""
+        n = self.node(node)
+        if n.sshd is not None and n.sshd.poll() is None:
+            return
+        self._spawn_sshd(n)
+        self._wait_sshd(n)
+
+    def _need_netns(self, what: str) -> TestNode:
+        raise ClusterError(f"{what} needs netns mode (this cluster is {self.mode})")
+
+    def link_down(self, node: str) -> None:
+        """Pull the node's cable: its bridge port goes down, packets to and from it are lost."""
+        n = self.node(node)
+        if n.host_veth is None:
+            self._need_netns("link_down")
+        _sh(["ip", "link", "set", str(n.host_veth), "down"])
+
+    def link_up(self, node: str) -> None:
+        """Plug the node's cable back in."""
+        n = self.node(node)
+        if n.host_veth is None:
+            self._need_netns("link_up")
+        _sh(["ip", "link", "set", str(n.host_veth), "up"])
+
+    def netem(self, node: str, spec: str) -> None:
+        """`tc qdisc replace dev eth0 root netem SPEC` on the node (e.g. "delay 200ms"); "" removes it.
+
+        Raises `NetemUnsupported` when the kernel lacks sch_netem (tests turn that into a skip)."""
+        n = self.node(node)
+        if n.netns is None:
+            self._need_netns("netem")
+        base = ["ip", "netns", "exec", str(n.netns), "tc", "qdisc"]
+        if not spec.strip():
+            _sh(base + ["del", "dev", "eth0", "root"], check=False)
+            return
+        proc = _sh(base + ["replace", "dev", "eth0", "root", "netem", *spec.split()], check=False)
+        if proc.returncode != 0:
+            if "unknown" in proc.stderr.lower() or "not supported" in proc.stderr.lower():
+                raise NetemUnsupported(f"this kernel has no tc netem qdisc (CONFIG_NET_SCH_NETEM): {proc.stderr.strip()}")
+            raise ClusterError(f"netem {spec!r} on {node}: {proc.stderr.strip()}")
+
+    def add_interface(self, node: str, ifname: str, ipv4_cidr: str, up: bool = True) -> None:
+        """Give the node one more NIC named ifname (a dummy, or a veth whose peer stays outside)."""
+        n = self.node(node)
+        if n.netns is None:
+            self._need_netns("add_interface")
+        if len(ifname) > 15:
+            raise ValueError(f"interface name {ifname!r} is longer than 15 characters")
+        ns = ["ip", "-n", str(n.netns)]
+        if _sh(ns + ["link", "add", ifname, "type", "dummy"], check=False).returncode != 0:
+            # kernels without the dummy driver: a veth pair, one end renamed inside the node
+            n.extra_links += 1
+            peer = f"{LINK_PREFIX}{self.number}p{n.index}{n.extra_links}"[:15]
+            tmp = f"{LINK_PREFIX}{self.number}q{n.index}{n.extra_links}"[:15]
+            _sh(["ip", "link", "add", peer, "type", "veth", "peer", "name", tmp])
+            _sh(["ip", "link", "set", tmp, "netns", str(n.netns)])
+            _sh(ns + ["link", "set", tmp, "name", ifname])
+            _sh(["ip", "link", "set", peer, "up"])
+        _sh(ns + ["addr", "add", ipv4_cidr, "dev", ifname])
+        if up:
+            _sh(ns + ["link", "set", ifname, "up"])
+
+    def exec(self, node: str, argv: Sequence[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+        """Run argv "on" the node (its namespaces and SetEnv environment), not over SSH."""
+        n = self.node(node)
+        env = dict(os.environ)
+        env.update(n.env)
+        kw.setdefault("capture_output", True)
+        kw.setdefault("text", True)
+        kw.setdefault("timeout", 60)
+        kw.setdefault("env", env)
+        return subprocess.run(self._enter(n) + list(argv), **kw)
+
+    def processes(self, node: str, marker: str) -> list[int]:
+        """Pids on that node whose environment or command line contains marker (e.g. a run id)."""
+        n = self.node(node)
+        want = marker.encode()
+        ns_inode = self._netns_inode(n)
+        out = []
+        for pid in _pids():
+            env_raw = _read_proc(pid, "environ")
+            if not env_raw:
+                continue
+            env = _environ(pid)
+            on_node = (env.get(b"ORCH_TEST_CLUSTER") == self.id.encode()
+                       and env.get(b"ORCH_TEST_NODE") == n.name.encode())
+            if not on_node and ns_inode is not None:
+                on_node = self._netns_inode_of(pid) == ns_inode
+            if on_node and (want in env_raw or want in _read_proc(pid, "cmdline")):
+                out.append(pid)
+        return sorted(out)
+
+    def _netns_inode(self, node: TestNode) -> int | None:
+        if node.netns is None or node.holder is None:
+            return None
+        return self._netns_inode_of(node.holder.pid)
+
+    @staticmethod
+    def _netns_inode_of(pid: int) -> int | None:
+        try:
+            return os.stat(f"/proc/{pid}/ns/net").st_ino
+        except OSError:
+            return None
+
+    def _root_links(self) -> list[str]:
+        prefix = f"{LINK_PREFIX}{self.number}"
+        out = _sh(["ip", "-o", "link", "show"], check=False).stdout
+        names = [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if ":" in line]
+        return [nm for nm in names if nm.startswith(prefix)]
+
+
+class NetemUnsupported(ClusterError):
+    """The kernel cannot emulate delay/loss (no sch_netem)."""
+
+
+def leftovers() -> list[str]:
+    """What this pytest session started and did not stop: processes, namespaces, links."""
+    found = []
+    for pid in tagged_pids("ORCH_TEST_SESSION", SESSION_TAG):
+        if _alive(pid):
+            cmd = _read_proc(pid, "cmdline").replace(b"\0", b" ").decode(errors="replace").strip()
+            found.append(f"process {pid}: {cmd}")
+    if shutil.which("ip") and is_root():
+        for line in _sh(["ip", "netns", "list"], check=False).stdout.splitlines():
+            if line.startswith(NETNS_PREFIX):
+                found.append(f"network namespace {line.split()[0]}")
+        for line in _sh(["ip", "-o", "link", "show"], check=False).stdout.splitlines():
+            if ":" in line:
+                name = line.split(":")[1].strip().split("@")[0]
+                if name.startswith(LINK_PREFIX):
+                    found.append(f"link {name}")
+    return found

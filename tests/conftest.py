@@ -1,0 +1,87 @@
+"""Shared pytest fixtures: the real multi-node SSH test cluster (see tests/cluster.py).
+
+- `make_cluster(n=4, mode="loopback"|"netns", node_env=None)`: factory, everything stopped at teardown;
+- `cluster`: a 4-node loopback cluster; `netns_cluster`: a 4-node netns cluster (skipped unless root
+  and `ip netns` works);
+- `cluster_keys`: the session's SSH keys (client key, host keys, extra keys for negative tests).
+
+A session-finish hook fails the run if any sshd, chronyd, session process, namespace or link
+started by the fixture is still there.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+# `tests.cluster` must import however pytest was started (python -m pytest, .venv/bin/pytest, an IDE)
+_REPO = str(Path(__file__).resolve().parent.parent)
+if _REPO not in sys.path:
+    sys.path.insert(0, _REPO)
+
+from tests.cluster import (  # noqa: E402
+    KeyStore,
+    Mode,
+    TestCluster,
+    leftovers,
+    netns_supported,
+)
+
+MakeCluster = Callable[..., TestCluster]
+
+
+@pytest.fixture(scope="session")
+def cluster_keys(tmp_path_factory: pytest.TempPathFactory) -> KeyStore:
+    """SSH keys generated once per session (ssh-keygen ed25519)."""
+    return KeyStore(tmp_path_factory.mktemp("cluster-keys"))
+
+
+def _skip_unless_netns(mode: str) -> None:
+    if mode == "netns":
+        reason = netns_supported()
+        if reason:
+            pytest.skip(reason)
+
+
+@pytest.fixture
+def make_cluster(cluster_keys: KeyStore, tmp_path_factory: pytest.TempPathFactory) -> Iterator[MakeCluster]:
+    """Factory: `make_cluster(n=4, mode="loopback", node_env={"node2": {"TZ": "UTC"}})` → a started cluster."""
+    started: list[TestCluster] = []
+
+    def make(n: int = 4, mode: Mode = "loopback",
+             node_env: Mapping[str, Mapping[str, str]] | None = None) -> TestCluster:
+        _skip_unless_netns(mode)
+        root = tmp_path_factory.mktemp(f"cluster-{mode}")
+        c = TestCluster(cluster_keys, n=n, mode=mode, node_env=node_env, root=root)
+        started.append(c)
+        return c.start()
+
+    try:
+        yield make
+    finally:
+        for c in reversed(started):
+            c.stop()
+
+
+@pytest.fixture
+def cluster(make_cluster: MakeCluster) -> TestCluster:
+    """Four real sshd nodes on 127.0.1.1-4 with a chronyd on 127.0.0.1."""
+    return make_cluster(4, "loopback")
+
+
+@pytest.fixture
+def netns_cluster(make_cluster: MakeCluster) -> TestCluster:
+    """Four nodes, each in its own network/UTS/mount namespace on a bridge (root only)."""
+    return make_cluster(4, "netns")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run when the cluster fixture left anything behind (processes, namespaces, links)."""
+    left = leftovers()
+    if left:
+        sys.stderr.write("\norch test cluster left behind:\n" + "".join(f"  {x}\n" for x in left))
+        session.exitstatus = 1
+

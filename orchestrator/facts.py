@@ -1,0 +1,460 @@
+"""Facts: one probe per node per preflight, sent over the transport; parsers for what tools print.
+
+The probe (`orchestrator/probe.py`, stdlib only) travels compressed inside `python -c`, run by
+the node's `python` (falling back to `python3` when that interpreter does not exist, which the
+`software` check then reports). It runs with the job's environment (`node.env` on top of the
+login environment) so it sees exactly what a job would see.
+
+Two phases, both bounded:
+1. per node, in parallel: connect (timed), three `date +%s.%N` round trips (the SSH clock
+   estimate), then the probe in `facts` mode: it opens its listeners, prints them, gathers facts,
+   prints them and keeps answering connections;
+2. per node, in parallel: the probe in `connect` mode tries its targets (the master's port; its
+   successor in a ring of all probed nodes). Then the phase-1 probes are closed.
+
+Parsing (CSV, nvidia-smi tables, sysfs strings) is pure and lives here, tested on recorded output.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import secrets
+import threading
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import probe
+from .errors import TransportError
+from .inventory import Inventory, Node
+from .transport import Cluster, Process, Transport
+
+Progress = Callable[[str, int, int], None]
+# args whose value is a file the job reads: checked for absolute path, existence, same content
+PATH_KEYS = ("weights", "data", "model", "cfg", "resume", "pretrained", "hyp", "tracker")
+PHASE1_TIMEOUT_S = 150.0    # a cold `import torch` on a loaded node is the slow part
+CONNECT_TIMEOUT_S = 5.0
+SERVE_S = 60.0
+
+
+# ----------------------------------------------------------------------------- parsed facts
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU as nvidia-smi reports it."""
+
+    index: int
+    name: str
+    bus_id: str
+    driver: str | None = None
+    memory_total_mib: int | None = None
+    memory_used_mib: int | None = None
+    util_pct: int | None = None
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    gpu: int
+    pid: int
+    name: str
+    memory: str
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    """What the node's nvidia-smi says; `error` when it is absent or failed."""
+
+    source: str
+    gpus: tuple[Gpu, ...] = ()
+    driver: str | None = None
+    cuda: str | None = None
+    processes: tuple[GpuProcess, ...] = ()
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class IbPort:
+    port: str
+    state: str | None
+    phys_state: str | None
+    rate: str | None
+    link_layer: str | None
+
+    @property
+    def active(self) -> bool:
+        return _sysfs_word(self.state) == "ACTIVE" and _sysfs_word(self.phys_state) == "LINKUP"
+
+
+@dataclass(frozen=True)
+class IbDevice:
+    name: str
+    hca_type: str | None
+    fw_ver: str | None
+    ports: tuple[IbPort, ...]
+
+
+@dataclass
+class NodeFacts:
+    """Everything known about one node after the probe (or why nothing is)."""
+
+    node: Node
+    error: str | None = None
+    """Why the node could not be probed; then every other field may be empty."""
+    error_kind: str | None = None
+    hint: str | None = None
+    connect_ms: float | None = None
+    rtt_ms: float | None = None
+    ssh_offset_ms: float | None = None
+    """Node clock minus controller clock, from the `date` round trip (± rtt/2)."""
+    python_fallback: str | None = None
+    """Set when node.python could not run the probe and python3 did: what went wrong."""
+    raw: dict[str, Any] = field(default_factory=dict)
+    listen: dict[str, Any] = field(default_factory=dict)
+    reach: list[dict[str, Any]] = field(default_factory=list)
+    reach_error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def env(self) -> dict[str, str]:
+        return dict(self.raw.get("env") or {})
+
+    @property
+    def gpus(self) -> GpuFacts:
+        return parse_gpus(self.raw.get("gpus") or {})
+
+    @property
+    def ib(self) -> dict[str, IbDevice]:
+        return parse_ib(self.raw.get("ib") or {})
+
+
+# ----------------------------------------------------------------------------- parsers (pure)
+
+
+def _sysfs_word(value: str | None) -> str:
+    """`4: ACTIVE` → `ACTIVE`, `5: LinkUp` → `LINKUP` (kernel format `<num>: <name>`)."""
+    if not value:
+        return ""
+    return value.split(":", 1)[-1].strip().upper()
+
+
+def _int(text: str) -> int | None:
+    m = re.search(r"-?\d+", text or "")
+    return int(m.group()) if m else None
+
+
+def parse_gpu_query_csv(text: str) -> list[Gpu]:
+    """`nvidia-smi --query-gpu=<probe.GPU_QUERY> --format=csv,noheader` → one Gpu per bus id.
+
+    Repeated samples of the same GPU (the output of `-l` or a log of several runs) keep the last.
+    A header line, when present, names the columns; otherwise they are probe.GPU_QUERY's."""
+    cols = probe.GPU_QUERY.split(",")
+    by_bus: dict[str, Gpu] = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) < 2:
+            continue
+        if cells[0].startswith("timestamp") or "name" in cells:
+            cols = [re.sub(r"\s*\[.*\]$", "", c) for c in cells]
+            continue
+        row = dict(zip(cols, cells))
+        bus = row.get("pci.bus_id") or str(len(by_bus))
+        by_bus[bus] = Gpu(
+            index=0, name=row.get("name", "?"), bus_id=bus, driver=row.get("driver_version"),
+            memory_total_mib=_int(row.get("memory.total", "")), memory_used_mib=_int(row.get("memory.used", "")),
+            util_pct=_int(row.get("utilization.gpu", "")))
+    ordered = sorted(by_bus.values(), key=lambda g: g.bus_id)
+    return [Gpu(i, g.name, g.bus_id, g.driver, g.memory_total_mib, g.memory_used_mib, g.util_pct)
+            for i, g in enumerate(ordered)]
+
+
+_TABLE_GPU = re.compile(r"^\|\s+(\d+)\s+(.+?)\s+(On|Off)\s*\|\s*([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d)\s")
+_TABLE_MEM = re.compile(r"\|\s*(\d+)MiB\s*/\s*(\d+)MiB\s*\|\s*(\d+)%")
+_TABLE_PROC = re.compile(r"^\|\s+(\d+)\s+\S+\s+\S+\s+(\d+)\s+(\S+)\s+(.+?)\s+(\d+MiB|N/A)\s*\|")
+
+
+def parse_nvidia_smi_table(text: str) -> tuple[str | None, str | None, list[Gpu], list[GpuProcess]]:
+    """The plain `nvidia-smi` table → (driver, CUDA version, GPUs, processes)."""
+    driver = re.search(r"Driver Version:\s*([\d.]+)", text)
+    cuda = re.search(r"CUDA Version:\s*([\d.]+)", text)
+    gpus: list[Gpu] = []
+    procs: list[GpuProcess] = []
+    in_procs = False
+    pending: tuple[int, str, str] | None = None
+    for line in text.splitlines():
+        if "Processes:" in line:
+            in_procs = True
+            continue
+        if in_procs:
+            m = _TABLE_PROC.match(line)
+            if m:
+                procs.append(GpuProcess(int(m.group(1)), int(m.group(2)), m.group(4), m.group(5)))
+            continue
+        m = _TABLE_GPU.match(line)
+        if m:
+            pending = (int(m.group(1)), m.group(2).strip(), m.group(4))
+            continue
+        mem = _TABLE_MEM.search(line)
+        if pending and mem:
+            gpus.append(Gpu(pending[0], pending[1], pending[2], driver.group(1) if driver else None,
+                            int(mem.group(2)), int(mem.group(1)), int(mem.group(3))))
+            pending = None
+    return (driver.group(1) if driver else None, cuda.group(1) if cuda else None, gpus, procs)
+
+
+def parse_gpus(raw: dict[str, Any]) -> GpuFacts:
+    """Combine the probe's CSV query (authoritative list) with the table (CUDA, processes)."""
+    source = str(raw.get("source", "nvidia-smi"))
+    if "error" in raw and "query" not in raw:
+        return GpuFacts(source, error=str(raw["error"]))
+    query, table = raw.get("query") or {}, raw.get("table") or {}
+    gpus = parse_gpu_query_csv(query.get("out", "")) if query.get("rc") == 0 else []
+    driver = cuda = None
+    procs: list[GpuProcess] = []
+    if table.get("rc") == 0:
+        driver, cuda, table_gpus, procs = parse_nvidia_smi_table(table.get("out", ""))
+        gpus = gpus or table_gpus
+    if not gpus and query.get("rc") != 0 and table.get("rc") != 0:
+        err = (query.get("err") or table.get("err") or "nvidia-smi failed").strip().splitlines()
+        return GpuFacts(source, error=err[-1] if err else "nvidia-smi failed")
+    drivers = sorted({g.driver for g in gpus if g.driver})
+    return GpuFacts(source, tuple(gpus), driver or (drivers[0] if drivers else None), cuda, tuple(procs))
+
+
+def parse_ib(raw: dict[str, Any]) -> dict[str, IbDevice]:
+    """The probe's raw /sys/class/infiniband attributes → devices with typed ports."""
+    out = {}
+    for name, info in (raw.get("devices") or {}).items():
+        ports = tuple(IbPort(p, a.get("state"), a.get("phys_state"), a.get("rate"), a.get("link_layer"))
+                      for p, a in sorted((info.get("ports") or {}).items()))
+        out[name] = IbDevice(name, info.get("hca_type"), info.get("fw_ver"), ports)
+    return out
+
+
+def path_args(inv: Inventory) -> dict[str, str]:
+    """The job args that name files (PATH_KEYS, or any value that looks like a path)."""
+    out = {}
+    for key, value in inv.job.raw_args.items():
+        if not isinstance(value, str) or not value:
+            continue
+        norm = key.replace("-", "_")
+        if norm in PATH_KEYS or value.startswith(("/", "~/", "./", "../")):
+            out[key] = value
+    return out
+
+
+# ----------------------------------------------------------------------------- probing
+
+
+def probe_command(python: str, args: dict[str, Any]) -> list[str]:
+    """`python -c <bootstrap> <json args>`: the probe source rides compressed in argv, because a
+    streamed command has no stdin to send a script on."""
+    source = Path(probe.__file__).read_bytes()
+    blob = base64.b64encode(zlib.compress(source, 9)).decode()
+    boot = f"import base64,zlib;exec(zlib.decompress(base64.b64decode('{blob}')))"
+    return [python, "-c", boot, json.dumps(args, sort_keys=True)]
+
+
+def probe_args(inv: Inventory, node: Node, want: Sequence[str], token: str, n_peers: int) -> dict[str, Any]:
+    """The JSON the probe gets: what to gather and which listeners to open."""
+    paths = path_args(inv) if "job" in want else {}
+    is_master = node.name == inv.master.name
+    net = "ports" in want or "rdma" in want
+    return {
+        "mode": "facts", "node": node.name, "token": token, "want": list(want),
+        "inventory_env": sorted(node.env),
+        "ntp_server": inv.checks.clock.ntp_server if "clock" in want else None,
+        "paths": paths, "text_for": [k for k in paths if k.replace("-", "_") == "data"],
+        "workdir": inv.job.workdir if "job" in want else None,
+        "master_port": inv.master_port if is_master and "ports" in want else None,
+        "ring_addr": node.addr if net and n_peers > 1 else None,
+        "expect": ((n_peers - 1) if is_master and "ports" in want else 0) + (1 if net and n_peers > 1 else 0),
+        "serve_s": SERVE_S, "software": "software" in want or "job" in want,
+    }
+
+
+def measure_clock(t: Transport) -> tuple[float, float]:
+    """(node minus controller offset ms, best round trip ms) from three `date` round trips."""
+    best: tuple[float, float] | None = None
+    for _ in range(3):
+        t1 = time.time()
+        res = t.run(["date", "+%s.%N"], timeout=15)
+        t2 = time.time()
+        remote = float(res.check().stdout.strip())
+        rtt = (t2 - t1) * 1000
+        if best is None or rtt < best[1]:
+            best = ((remote - (t1 + t2) / 2) * 1000, rtt)
+    assert best is not None
+    return best
+
+
+class _Stream:
+    """Reads a probe's tagged lines in a thread, so the caller can wait with a timeout."""
+
+    def __init__(self, proc: Process) -> None:
+        self.proc = proc
+        self.tagged: dict[str, Any] = {}
+        self.noise: list[str] = []
+        self.cond = threading.Condition()
+        self.done = False
+        threading.Thread(target=self._read, daemon=True, name="orch-probe-read").start()
+
+    def _read(self) -> None:
+        try:
+            for raw in self.proc.lines():
+                line = raw.decode("utf-8", "replace").rstrip("\n")
+                tag, _, rest = line.partition(" ")
+                with self.cond:
+                    if tag in ("ORCH-LISTEN", "ORCH-FACTS", "ORCH-REACH"):
+                        try:
+                            self.tagged[tag] = json.loads(rest)
+                        except ValueError:
+                            self.noise.append(line[:300])
+                    elif tag != "ORCH-BEAT":
+                        self.noise = (self.noise + [line])[-20:]
+                    self.cond.notify_all()
+        except Exception as exc:  # a broken stream ends the wait below with what we have
+            with self.cond:
+                self.noise.append(f"stream error: {exc}")
+        finally:
+            with self.cond:
+                self.done = True
+                self.cond.notify_all()
+
+    def wait_for(self, tag: str, timeout: float) -> Any:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while tag not in self.tagged and not self.done:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self.cond.wait(left)
+            return self.tagged.get(tag)
+
+
+@dataclass
+class _Probe:
+    facts: NodeFacts
+    stream: _Stream | None = None
+    python: str = ""
+
+
+def _start_probe(inv: Inventory, t: Transport, want: Sequence[str], token: str, n: int) -> _Probe:
+    node = t.node
+    nf = NodeFacts(node)
+    try:
+        nf.connect_ms = t.connect()
+        nf.ssh_offset_ms, nf.rtt_ms = measure_clock(t)
+    except TransportError as exc:
+        nf.error, nf.error_kind, nf.hint = exc.message, exc.kind, exc.hint
+        return _Probe(nf)
+    except Exception as exc:  # e.g. no `date` there: still a probe failure, reported on `ssh`
+        nf.error, nf.error_kind = f"{node.name}: round trip failed: {exc}", "error"
+        return _Probe(nf)
+    args = probe_args(inv, node, want, token, n)
+    for python in dict.fromkeys([node.python, "python3"]):
+        try:
+            stream = _Stream(t.popen(probe_command(python, args), env=dict(node.env)))
+        except TransportError as exc:
+            nf.error, nf.error_kind, nf.hint = exc.message, exc.kind, exc.hint
+            return _Probe(nf)
+        facts = stream.wait_for("ORCH-FACTS", PHASE1_TIMEOUT_S)
+        if facts is not None:
+            nf.raw = facts
+            nf.listen = facts.get("listen") or {}
+            return _Probe(nf, stream, python)
+        stream.proc.close()
+        said = "; ".join(stream.noise[-3:]) or "no output"
+        if python == node.python and python != "python3":
+            nf.python_fallback = f"{python} could not run the probe: {said}"
+            continue
+        nf.error, nf.error_kind = f"{node.name}: the probe failed ({python}): {said}", "probe"
+        nf.hint = "run the python named in the inventory on that node by hand; is it Python >= 3.8?"
+    return _Probe(nf)
+
+
+def _targets(inv: Inventory, probes: dict[str, _Probe]) -> dict[str, list[dict[str, Any]]]:
+    """Who connects where: every node to the master's port, and each to its ring successor."""
+    alive = [n for n in inv.nodes if probes[n.name].facts.ok]
+    master = probes[inv.master.name].facts
+    mp = master.listen.get("master_port") or {}
+    out: dict[str, list[dict[str, Any]]] = {n.name: [] for n in alive}
+    for i, node in enumerate(alive):
+        if node.name != inv.master.name and master.ok and mp.get("bound"):
+            out[node.name].append({"kind": "master", "node": inv.master.name, "addr": inv.master.addr,
+                                   "port": inv.master_port})
+        if len(alive) > 1:
+            succ = alive[(i + 1) % len(alive)]
+            ring = probes[succ.name].facts.listen.get("ring") or {}
+            if ring.get("port"):
+                out[node.name].append({"kind": "ring", "node": succ.name, "addr": succ.addr, "port": ring["port"]})
+    return out
+
+
+def _connect(t: Transport, python: str, targets: list[dict[str, Any]], token: str) -> list[dict[str, Any]]:
+    args = {"mode": "connect", "node": t.node.name, "token": token, "targets": targets, "timeout": CONNECT_TIMEOUT_S}
+    res = t.run(probe_command(python, args), env=dict(t.node.env), timeout=CONNECT_TIMEOUT_S * 4 + 30)
+    for line in res.stdout.splitlines():
+        if line.startswith("ORCH-REACH "):
+            return list(json.loads(line.split(" ", 1)[1]))
+    raise RuntimeError(f"connect probe exited {res.exit_code}: {(res.stderr or res.stdout).strip()[-300:]}")
+
+
+def collect(inv: Inventory, cluster: Cluster, want: Sequence[str],
+            progress: Progress | None = None) -> dict[str, NodeFacts]:
+    """Probe every node (two bounded phases, see the module docstring); never raises for a node."""
+    token = secrets.token_hex(8)
+    n = len(inv.nodes)
+    done = [0]
+    lock = threading.Lock()
+
+    def tick(label: str) -> None:
+        with lock:
+            done[0] += 1
+            if progress:
+                progress(label, done[0], n)
+
+    def phase1(t: Transport) -> _Probe:
+        p = _start_probe(inv, t, want, token, n)
+        tick(f"probed {t.node.name}")
+        return p
+
+    if progress:
+        progress("probing", 0, n)
+    started = cluster.fan_out(phase1)
+    probes = {}
+    for node in inv.nodes:
+        value = started[node.name]
+        if isinstance(value, Exception):
+            value = _Probe(NodeFacts(node, error=f"{node.name}: {type(value).__name__}: {value}", error_kind="error"))
+        probes[node.name] = value
+    try:
+        targets = _targets(inv, probes)
+        if any(targets.values()):
+            _phase2(inv, cluster, probes, targets, token, progress)
+    finally:
+        for p in probes.values():
+            if p.stream is not None:
+                p.stream.proc.close()
+    return {name: p.facts for name, p in probes.items()}
+
+
+def _phase2(inv: Inventory, cluster: Cluster, probes: dict[str, _Probe], targets: dict[str, list[dict[str, Any]]],
+            token: str, progress: Progress | None) -> None:
+    if progress:
+        progress("testing reachability", 0, len(targets))
+    nodes = [inv.node(name) for name, tg in targets.items() if tg]
+    reached = cluster.fan_out(lambda t: _connect(t, probes[t.node.name].python, targets[t.node.name], token), nodes)
+    for name, value in reached.items():
+        if isinstance(value, Exception):
+            probes[name].facts.reach_error = str(value)
+        else:
+            probes[name].facts.reach = value

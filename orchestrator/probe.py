@@ -1,0 +1,458 @@
+"""The node probe: a stdlib-only script that runs ON each node and prints what the checks need.
+
+This file is sent as it is (compressed, in `python -c`) to every node and must run on any
+Python >= 3.8 with nothing but the standard library: no orch imports, no third-party modules,
+no `X | Y` outside annotations. A missing tool (nvidia-smi, ibv_rc_pingpong) or file is a fact,
+never a crash. The controller side (sending it, parsing what it prints) is `orchestrator.facts`.
+
+Modes (argv[1] is a JSON object with "mode"):
+
+- `facts`: open the listeners first (the master port on the master; an ephemeral "ring" port on
+  every node), print `ORCH-LISTEN {...}`, gather facts, print `ORCH-FACTS {...}`, then keep
+  answering connections until the expected peers have connected, the deadline passes, or the
+  controller goes away (a heartbeat write to stdout fails). Listening before gathering means a
+  slow node (importing torch) never makes a fast peer's connect test fail.
+- `connect`: connect to the given (addr, port) targets, expect the listener's token line, print
+  `ORCH-REACH {...}`.
+
+Tests select recorded tool output with `ORCH_PROBE_FIXTURES=<dir>` (set only through the test
+sshd's SetEnv): `<dir>/nvidia-smi-query-gpu.csv` stands for the `--query-gpu` CSV,
+`<dir>/nvidia-smi.txt` for the plain `nvidia-smi` table, `<dir>/infiniband/` for
+/sys/class/infiniband. A file missing from the directory means "tool absent".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import select
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+PROBE_VERSION = 1
+# The exact field list of the one real multi-GPU CSV we have on record (OmniOpt A100 sample), so
+# the recorded output is parsed exactly as the live tool prints it.
+GPU_QUERY = ("timestamp,name,pci.bus_id,driver_version,pstate,pcie.link.gen.max,pcie.link.gen.current,"
+             "temperature.gpu,utilization.gpu,utilization.memory,memory.total,memory.free,memory.used")
+ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "TORCH_DISTRIBUTED_", "CUDA_VISIBLE_DEVICES", "TZ",
+                "ORCH_PROBE_FIXTURES")
+MAX_TEXT = 1 << 20          # data YAML texts sent back for parsing on the controller
+MAX_HASH = 8 << 30          # files above this are compared by size only
+NTP_EPOCH = 2208988800      # seconds from 1900-01-01 (NTP) to 1970-01-01 (Unix)
+SOFTWARE_CODE = r"""
+import json, sys
+out = {"python": sys.version.split()[0], "executable": sys.executable}
+try:
+    from importlib import metadata
+except ImportError:
+    metadata = None
+try:
+    import torch
+    out["torch"] = torch.__version__
+    out["cuda"] = getattr(torch.version, "cuda", None)
+    try:
+        v = torch.cuda.nccl.version()
+        out["nccl"] = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
+    except Exception as exc:
+        out["nccl"] = None
+        out["nccl_error"] = type(exc).__name__
+except Exception as exc:
+    out["torch"] = None
+    out["torch_error"] = "%s: %s" % (type(exc).__name__, exc)
+try:
+    out["ultralytics"] = metadata.version("ultralytics") if metadata else None
+except Exception:
+    out["ultralytics"] = None
+print(json.dumps(out))
+"""
+
+
+def emit(tag: str, obj: object) -> None:
+    """One tagged JSON line on stdout, flushed: the controller reads the stream line by line."""
+    sys.stdout.write(f"{tag} {json.dumps(obj, sort_keys=True)}\n")
+    sys.stdout.flush()
+
+
+def run_tool(argv: list, timeout: float = 20.0) -> dict:
+    """Run a tool and return {rc, out, err}; rc is None when the tool is absent or hangs."""
+    if shutil.which(argv[0]) is None:
+        return {"rc": None, "out": "", "err": f"{argv[0]}: not found in PATH"}
+    try:
+        proc = subprocess.run(argv, capture_output=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"rc": None, "out": "", "err": f"{argv[0]}: timed out after {timeout:.0f}s"}
+    except OSError as exc:
+        return {"rc": None, "out": "", "err": f"{argv[0]}: {exc}"}
+    return {"rc": proc.returncode, "out": proc.stdout.decode("utf-8", "replace"),
+            "err": proc.stderr.decode("utf-8", "replace")[-2000:]}
+
+
+def read_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read().strip()
+    except OSError:
+        return None
+
+
+def fixture_dir() -> str | None:
+    return os.environ.get("ORCH_PROBE_FIXTURES") or None
+
+
+# ----------------------------------------------------------------------------- facts
+
+
+def gather_env(args: dict) -> dict:
+    """The variables a job would see here that matter to NCCL/Gloo/time (login env + inventory env)."""
+    return {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)}
+
+
+def gather_tz() -> dict:
+    link = None
+    try:
+        link = os.readlink("/etc/localtime")
+    except OSError:
+        pass
+    return {"TZ": os.environ.get("TZ"), "localtime": link, "etc_timezone": read_text("/etc/timezone"),
+            "abbr": time.strftime("%Z"), "utcoffset": time.strftime("%z")}
+
+
+def ipv4_of(name: str) -> list:
+    """The interface's primary IPv4 address (SIOCGIFADDR), [] if it has none."""
+    import fcntl
+
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+        return [socket.inet_ntoa(packed[20:24])]
+    except OSError:
+        return []
+    finally:
+        s.close()
+
+
+def iface_up(name: str) -> bool:
+    """IFF_UP from SIOCGIFFLAGS (operstate says 'unknown' for up dummy/loopback links)."""
+    import fcntl
+
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        packed = fcntl.ioctl(s.fileno(), 0x8913, struct.pack("256s", name.encode()[:15]))
+        return bool(struct.unpack("H", packed[16:18])[0] & 0x1)
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def gather_ifaces() -> list:
+    try:
+        names = [n for _, n in socket.if_nameindex()]
+    except OSError:
+        names = sorted(os.listdir("/sys/class/net")) if os.path.isdir("/sys/class/net") else []
+    return [{"name": n, "up": iface_up(n), "ipv4": ipv4_of(n)} for n in names]
+
+
+def gather_ib() -> dict:
+    """Every device and port attribute under /sys/class/infiniband (or the fixture tree), raw."""
+    fx = fixture_dir()
+    root = os.path.join(fx, "infiniband") if fx else "/sys/class/infiniband"
+    out: dict = {"root": root, "source": "fixture" if fx else "sysfs", "devices": {},
+           "tools": {t: (None if fx else shutil.which(t)) for t in ("ibv_rc_pingpong", "ibstat", "ibv_devinfo")}}
+    if not os.path.isdir(root):
+        return out
+    for dev in sorted(os.listdir(root)):
+        d = os.path.join(root, dev)
+        info: dict = {k: read_text(os.path.join(d, k)) for k in ("hca_type", "fw_ver", "board_id")}
+        ports = {}
+        pdir = os.path.join(d, "ports")
+        for port in sorted(os.listdir(pdir)) if os.path.isdir(pdir) else []:
+            ports[port] = {k: read_text(os.path.join(pdir, port, k))
+                           for k in ("state", "phys_state", "rate", "link_layer")}
+        info["ports"] = ports
+        out["devices"][dev] = info
+    return out
+
+
+def gather_gpus() -> dict:
+    """`nvidia-smi --query-gpu` CSV and the plain table (processes, CUDA version), or fixtures."""
+    fx = fixture_dir()
+    if fx:
+        def fixture(name: str) -> dict:
+            text = read_text(os.path.join(fx, name))
+            if text is None:
+                return {"rc": None, "out": "", "err": f"nvidia-smi: not found (fixture {name} absent)"}
+            return {"rc": 0, "out": text + "\n", "err": ""}
+        return {"source": "fixture " + fx, "query": fixture("nvidia-smi-query-gpu.csv"),
+                "table": fixture("nvidia-smi.txt")}
+    query = run_tool(["nvidia-smi", "--query-gpu=" + GPU_QUERY, "--format=csv,noheader"])
+    table = run_tool(["nvidia-smi"]) if query["rc"] is not None else {"rc": None, "out": "", "err": query["err"]}
+    return {"source": "nvidia-smi", "query": query, "table": table}
+
+
+def gather_software(args: dict) -> dict:
+    """Versions as the job's python sees them; torch is imported in a child so a crash is a fact."""
+    try:
+        proc = subprocess.run([sys.executable, "-c", SOFTWARE_CODE], capture_output=True,
+                              timeout=float(args.get("software_timeout", 120)))
+    except subprocess.TimeoutExpired:
+        return {"python": sys.version.split()[0], "error": "importing torch timed out"}
+    try:
+        return json.loads(proc.stdout.decode().strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"python": sys.version.split()[0],
+                "error": "version probe failed: " + proc.stderr.decode("utf-8", "replace")[-500:]}
+
+
+def expand(path: str) -> str:
+    return os.path.expanduser(path) if path.startswith("~") else path
+
+
+def file_facts(path: str, want_text: bool) -> dict:
+    """exists / size / sha256 of one path; small YAML texts come back for parsing upstream."""
+    p = expand(path)
+    out: dict = {"path": path, "exists": os.path.exists(p), "is_file": os.path.isfile(p),
+                 "is_dir": os.path.isdir(p)}
+    if not out["is_file"]:
+        return out
+    try:
+        out["size"] = os.path.getsize(p)
+        if out["size"] <= MAX_HASH:
+            h = hashlib.sha256()
+            with open(p, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(block)
+            out["sha256"] = h.hexdigest()
+        if want_text and out["size"] <= MAX_TEXT:
+            out["text"] = read_text(p)
+    except OSError as exc:
+        out["error"] = str(exc)
+    return out
+
+
+def gather_paths(args: dict) -> dict:
+    return {key: file_facts(path, key in args.get("text_for", ())) for key, path in args.get("paths", {}).items()}
+
+
+def sntp(server: str, timeout: float = 2.0) -> dict:
+    """One SNTP exchange (RFC 4330): offset = ((t2-t1)+(t3-t4))/2 is server minus this clock."""
+    host, _, port = server.rpartition(":") if server.count(":") == 1 else (server, "", "")
+    addr = (host or server, int(port or 123))
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(timeout)
+    try:
+        t1 = time.time()
+        packet = b"\x23" + 47 * b"\0"          # LI=0, VN=4, mode=3 (client)
+        packet = packet[:40] + struct.pack("!II", int(t1 + NTP_EPOCH), int((t1 % 1) * 2**32))
+        s.sendto(packet, addr)
+        data = s.recvfrom(512)[0]
+        t4 = time.time()
+    finally:
+        s.close()
+    if len(data) < 48:
+        raise ValueError(f"short NTP reply ({len(data)} bytes)")
+    stratum = data[1]
+    secs2, frac2, secs3, frac3 = struct.unpack("!IIII", data[32:48])
+    t2 = secs2 - NTP_EPOCH + frac2 / 2**32
+    t3 = secs3 - NTP_EPOCH + frac3 / 2**32
+    if stratum == 0 or secs3 == 0:
+        raise ValueError(f"server is not synchronised (stratum {stratum})")
+    return {"offset_s": ((t2 - t1) + (t3 - t4)) / 2, "delay_s": (t4 - t1) - (t3 - t2), "stratum": stratum}
+
+
+def gather_ntp(args: dict) -> dict | None:
+    """Best of a few SNTP samples (lowest delay) against checks.clock.ntp_server."""
+    server = args.get("ntp_server")
+    if not server:
+        return None
+    samples, errors = [], []
+    for _ in range(4):
+        try:
+            samples.append(sntp(server))
+        except (OSError, ValueError) as exc:
+            errors.append(str(exc) or type(exc).__name__)
+        time.sleep(0.05)
+    out = {"server": server, "method": "sntp (stdlib, inline)", "samples": len(samples), "errors": errors[-2:]}
+    if samples:
+        best = min(samples, key=lambda s: s["delay_s"])
+        # node clock minus reference: the opposite sign of NTP's offset
+        out.update(offset_ms=-best["offset_s"] * 1000, delay_ms=best["delay_s"] * 1000, stratum=best["stratum"])
+    return out
+
+
+def gather_chrony() -> dict | None:
+    res = run_tool(["chronyc", "-n", "tracking"], timeout=5)
+    return res if res["rc"] is not None else None
+
+
+def gather(args: dict) -> dict:
+    """Everything the checks need; the slow parts (torch import, NTP, nvidia-smi) run in threads."""
+    facts = {"probe": PROBE_VERSION, "node": args.get("node"), "host": socket.gethostname(),
+             "python": {"executable": sys.executable, "version": sys.version.split()[0]},
+             "env": gather_env(args), "inventory_env": sorted(args.get("inventory_env", [])),
+             "tz": gather_tz(), "ifaces": gather_ifaces(), "ib": gather_ib(), "home": os.path.expanduser("~")}
+    want = args.get("want") or ()
+    slow: dict = {"gpus": gather_gpus, "paths": lambda: gather_paths(args)}
+    if args.get("software", True):
+        slow["software"] = lambda: gather_software(args)
+    if "clock" in want or not want:
+        slow["ntp"] = lambda: gather_ntp(args)
+        slow["chrony"] = gather_chrony
+    results = {}
+
+    def work(key: str) -> None:
+        try:
+            results[key] = slow[key]()
+        except Exception as exc:  # a fact, not a crash: the check says what broke
+            results[key] = {"error": f"{type(exc).__name__}: {exc}"}
+
+    threads = [threading.Thread(target=work, args=(k,), daemon=True) for k in slow]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    facts.update(results)
+    wd = args.get("workdir")
+    facts["workdir"] = file_facts(wd, False) if wd else None
+    facts["time"] = time.time()
+    return facts
+
+
+# ----------------------------------------------------------------------------- listen / connect
+
+
+def open_listener(host: str, port: int) -> tuple:
+    """Bind and listen; returns (socket, None) or (None, error text)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind((host, port))
+        s.listen(64)
+        s.setblocking(False)
+        return s, None
+    except OSError as exc:
+        s.close()
+        return None, f"{exc.strerror or exc} (errno {exc.errno})"
+
+
+def port_holder(port: int) -> str | None:
+    """Who listens on a TCP port, from `ss` when present (best effort, for the hint)."""
+    res = run_tool(["ss", "-Htlnp", f"sport = :{port}"], timeout=5)
+    if res["rc"] != 0:
+        return None
+    return res["out"].strip()[:300] or None
+
+
+def serve(listeners: dict, args: dict, deadline: float) -> None:
+    """Answer each connection with the token line until enough peers came, time runs out, or
+    the controller closed our stdout (the heartbeat fails)."""
+    token, node = args["token"], args.get("node")
+    expected = int(args.get("expect", 0))
+    seen = 0
+    socks = {s: kind for kind, s in listeners.items() if s is not None}
+    last_beat = 0.0
+    while socks and time.time() < deadline and seen < expected:
+        ready = select.select(list(socks), [], [], 0.2)[0]
+        for s in ready:
+            try:
+                conn, _ = s.accept()
+            except OSError:
+                continue
+            try:
+                conn.setblocking(True)
+                conn.settimeout(2)
+                conn.sendall((f"ORCH-PONG {token} {node} {socks[s]}\n").encode())
+                seen += 1
+            except OSError:
+                pass
+            finally:
+                conn.close()
+        if time.time() - last_beat > 1.0:
+            last_beat = time.time()
+            try:
+                sys.stdout.write("ORCH-BEAT\n")
+                sys.stdout.flush()
+            except (OSError, ValueError):
+                return
+
+
+def facts_mode(args: dict) -> int:
+    start = time.time()
+    listeners = {}
+    listen = {}
+    mp = args.get("master_port")
+    if mp:
+        listeners["master"], err = open_listener("", int(mp))
+        listen["master_port"] = {"port": int(mp), "bound": err is None, "error": err}
+        if err is not None:
+            listen["master_port"]["holder"] = port_holder(int(mp))
+    if args.get("ring_addr"):
+        listeners["ring"], err = open_listener(args["ring_addr"], 0)
+        listen["ring"] = {"addr": args["ring_addr"], "port": listeners["ring"].getsockname()[1] if err is None else None,
+                          "error": err}
+    emit("ORCH-LISTEN", listen)
+    facts = gather(args)
+    facts["listen"] = listen
+    emit("ORCH-FACTS", facts)
+    serve(listeners, args, start + float(args.get("serve_s", 30)))
+    for s in listeners.values():
+        if s is not None:
+            s.close()
+    return 0
+
+
+def connect_one(target: dict, token: str, timeout: float) -> dict:
+    """Connect until the deadline; the listener must answer with our token (not some other program)."""
+    out = dict(target)
+    deadline = time.time() + timeout
+    last = "no attempt"
+    while True:
+        t0 = time.time()
+        try:
+            with socket.create_connection((target["addr"], int(target["port"])), timeout=max(0.5, deadline - t0)) as s:
+                s.settimeout(max(0.5, deadline - time.time()))
+                line = s.makefile("rb").readline().decode("utf-8", "replace").split()
+            out["ms"] = (time.time() - t0) * 1000
+            if len(line) >= 3 and line[0] == "ORCH-PONG" and line[1] == token:
+                out.update(ok=True, answered_by=line[2])
+            else:
+                out.update(ok=False, error="something else answers on {}:{}".format(target["addr"], target["port"]))
+            return out
+        except OSError as exc:
+            last = exc.strerror or str(exc) or type(exc).__name__
+        if time.time() + 0.2 >= deadline:
+            out.update(ok=False, error=last)
+            return out
+        time.sleep(0.2)
+
+
+def connect_mode(args: dict) -> int:
+    targets = args.get("targets", [])
+    results: list = [None] * len(targets)
+
+    def one(i: int) -> None:
+        results[i] = connect_one(targets[i], args["token"], float(args.get("timeout", 5)))
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(targets))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    emit("ORCH-REACH", results)
+    return 0
+
+
+def main(argv: list) -> int:
+    args = json.loads(argv[1]) if len(argv) > 1 else {"mode": "facts"}
+    if args.get("mode") == "connect":
+        return connect_mode(args)
+    return facts_mode(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -186,6 +186,16 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     return cfg
 
 
+def effective_lr(cfg: TrainConfig) -> float:
+    """``--lr`` scaled linearly from the nominal batch to the images per optimizer step."""
+    return cfg.lr * cfg.batch * cfg.accumulate / NOMINAL_BATCH
+
+
+def effective_lr_text(cfg: TrainConfig) -> str:
+    """``"0.01 @ 64 -> 0.04"``: the flag, its batch, and the rate actually used."""
+    return f"{cfg.lr:g} @ {NOMINAL_BATCH} -> {effective_lr(cfg):g}"
+
+
 def check_topology(cfg: TrainConfig, world_size: int, launched: bool) -> None:
     """Checks that depend on the job's shape, made identically on every rank.
 

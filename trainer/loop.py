@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -31,7 +32,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from trainer import checkpoint, models
 from trainer import data as tdata
 from trainer import dist as tdist
-from trainer.config import NOMINAL_BATCH, TrainConfig
+from trainer.config import NOMINAL_BATCH, TrainConfig, effective_lr, effective_lr_text
 from trainer.dist import Topology
 from trainer.errors import TrainerError
 from trainer.logs import StepMeter, say, throughput_table
@@ -153,10 +154,7 @@ def fit(inp: Inputs) -> None:
     ema = ModelEMA(model)
     optimizer = build_optimizer(model, inp)
     scaler = torch.amp.GradScaler("cuda") if inp.amp == "fp16" else None
-    # find_unused_parameters: a scale with no target in a batch leaves head parameters without a
-    # gradient; without it DDP waits for them forever (ultralytics #24536).
-    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-              broadcast_buffers=False, find_unused_parameters=True) if topo.distributed else model
+    ddp = wrap_ddp(model, device) if topo.distributed else model
 
     local_batch = cfg.batch // topo.world_size
     stride = max(int(model.stride.max()), 32)
@@ -182,7 +180,7 @@ def fit(inp: Inputs) -> None:
         write_args(cfg, inp.hyp)
         say(f"training {cfg.model or 'checkpoint'} on {topo.world_size} rank(s), {device.type}, global batch "
             f"{cfg.batch} ({local_batch} per rank) x accumulate {cfg.accumulate}, "
-            f"lr {cfg.lr:g} @ {NOMINAL_BATCH} -> {effective_lr(cfg):g}, amp {inp.amp}, epochs {state.epoch + 1}..{cfg.epochs}")
+            f"lr {effective_lr_text(cfg)}, amp {inp.amp}, epochs {state.epoch + 1}..{cfg.epochs}")
 
     mosaic_closed = False
     train_start = time.time()
@@ -192,6 +190,8 @@ def fit(inp: Inputs) -> None:
             train_set.close_mosaic(inp.hyp)
             loader = tdata.train_loader(train_set, local_batch, cfg.workers, cfg.seed, topo, device)  # fresh workers see it
         loss_means = train_epoch(epoch, ddp, model, ema, optimizer, scaler, loader, inp, state)
+        if validator is not None and not state.metrics:  # fixed results.csv columns from the first row on
+            state.metrics = {**dict.fromkeys(validator.metrics.keys, 0.0), **{f"val/{k}": 0.0 for k in loss_means}}
         ema.update_attr(model, include=["yaml", "nc", "args", "names", "stride", "class_weights"])
         fitness = None
         if validator is not None and (((epoch + 1) % cfg.val_period == 0) or epoch + 1 == cfg.epochs):
@@ -214,6 +214,20 @@ def fit(inp: Inputs) -> None:
         say(f"done: {cfg.epochs} epochs in {time.time() - train_start:.1f} s; weights in {cfg.out_dir / 'weights'}")
 
 
+def wrap_ddp(model: nn.Module, device: torch.device) -> DDP:
+    """DDP as ultralytics configures it: rank-local BatchNorm buffers, unused parameters allowed.
+
+    find_unused_parameters: a scale with no target in a batch leaves head parameters without a
+    gradient, and without it DDP waits for them forever (ultralytics #24536). Buffers are not
+    synced on every forward (ultralytics' broadcast_buffers=False); the EMA's are broadcast
+    before validation instead.
+    """
+    buffers = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
+               else {"broadcast_buffers": False})  # the new name since torch 2.14; same behaviour
+    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+               find_unused_parameters=True, **buffers)
+
+
 def build_network(inp: Inputs) -> nn.Module:
     """The model with its classes, pretrained weights and (YOLOE) prompt head set up."""
     model = models.build_model(inp.arch, inp.data["names"], inp.hyp, inp.weights_model)
@@ -222,11 +236,6 @@ def build_network(inp: Inputs) -> nn.Module:
         models.setup_yoloe_prompts(model, inp.data["names"], inp.text_pe, inp.weights_model, inp.cfg.prompt_mode)
     models.freeze_dfl(model)
     return model
-
-
-def effective_lr(cfg: TrainConfig) -> float:
-    """``--lr`` scaled linearly from the nominal batch to the images per optimizer step."""
-    return cfg.lr * cfg.batch * cfg.accumulate / NOMINAL_BATCH
 
 
 def build_optimizer(model: nn.Module, inp: Inputs) -> torch.optim.Optimizer:

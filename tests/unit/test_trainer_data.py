@@ -1,0 +1,113 @@
+"""Synthetic datasets, data YAML checks, throughput table, schedule and checkpoint files (no torchrun)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import yaml
+
+from trainer import checkpoint, logs
+from trainer.data import load_data_yaml
+from trainer.errors import TrainerError
+from trainer.synth import write_dataset
+
+
+def test_synth_writes_a_real_yolo_dataset(tmp_path: Path) -> None:
+    data_yaml = write_dataset(tmp_path / "ds", images=8, classes=3, imgsz=32)
+    doc = yaml.safe_load(data_yaml.read_text())
+    assert Path(doc["path"]).is_absolute() and doc["names"] == {0: "square", 1: "disc", 2: "triangle"}
+    train = sorted((tmp_path / "ds" / "images" / "train").glob("*.jpg"))
+    val = sorted((tmp_path / "ds" / "images" / "val").glob("*.jpg"))
+    assert len(train) == 6 and len(val) == 2
+    for img in train + val:
+        label = Path(str(img).replace("/images/", "/labels/")).with_suffix(".txt")
+        for line in label.read_text().split("\n")[:-1]:
+            k, *box = line.split()
+            assert 0 <= int(k) < 3 and len(box) == 4 and all(0 <= float(v) <= 1 for v in box)
+    data = load_data_yaml(str(data_yaml))
+    assert data["nc"] == 3 and data["train"] == [str(tmp_path / "ds" / "images" / "train")]
+
+
+def test_synth_segments_write_polygons(tmp_path: Path) -> None:
+    write_dataset(tmp_path / "ds", images=2, classes=2, imgsz=32, segments=True)
+    line = next((tmp_path / "ds" / "labels" / "train").glob("*.txt")).read_text().split("\n")[0].split()
+    assert len(line) >= 7 and len(line) % 2 == 1
+
+
+@pytest.mark.parametrize("body, message", [
+    ("train: images\nval: images\n", "'names' is missing or empty"),
+    ("train: images\nval: images\nnames: []\n", "'names' is missing or empty"),
+    ("train: images\nval: images\nnames: {0: a, 2: b}\n", "keys must be 0..1"),
+    ("val: images\nnames: [a]\n", "no 'train' entry"),
+    ("train: nowhere\nval: images\nnames: [a]\ndownload: https://x/y.zip\n", "never downloads"),
+    ("- just a list\n", "expected a mapping"),
+])
+def test_bad_data_yaml_is_one_clear_line(tmp_path: Path, body: str, message: str) -> None:
+    (tmp_path / "images").mkdir()
+    f = tmp_path / "data.yaml"
+    f.write_text(body)
+    with pytest.raises(TrainerError, match=message) as e:
+        load_data_yaml(str(f))
+    assert "\n" not in str(e.value)
+
+
+def test_missing_data_yaml(tmp_path: Path) -> None:
+    with pytest.raises(TrainerError, match="no such file"):
+        load_data_yaml(str(tmp_path / "nope.yaml"))
+
+
+def test_throughput_table_reports_efficiency() -> None:
+    table = logs.throughput_table(2, [[100, 1.0, 10.0], [90, 2.0, 10.0]], ref_ips=10.0)
+    assert "total 19.0 images/s over 2 ranks, scaling efficiency 95.0%" in table
+    assert "   1       9.0     20.0%" in table
+
+
+def test_every_line_gets_the_rank_prefix(capsys) -> None:
+    logs.set_rank(3)
+    try:
+        logs.say("a\nb")
+    finally:
+        logs.set_rank(0)
+    assert capsys.readouterr().out == "[rank 3] a\n[rank 3] b\n"
+
+
+def test_checkpoint_write_is_atomic_and_rng_round_trips(tmp_path: Path) -> None:
+    path = tmp_path / "w" / "last.pt"
+    checkpoint.save_atomic({"epoch": 1}, path)
+    checkpoint.save_atomic({"epoch": 2}, path)
+    assert torch.load(path)["epoch"] == 2 and list(path.parent.iterdir()) == [path]
+    state = checkpoint.rng_state()
+    a = torch.rand(3)
+    checkpoint.set_rng_state(state)
+    assert torch.equal(torch.rand(3), a)
+    with pytest.raises(TrainerError, match="not written by this trainer"):
+        checkpoint.load_for_resume(path)
+
+
+def test_warmup_then_linear_decay() -> None:
+    from trainer.loop import lr_at
+
+    cfg = SimpleNamespace(epochs=10, lrf=0.1, warmup_epochs=1.0, momentum=0.9, batch=64, accumulate=1)
+    inp = SimpleNamespace(cfg=cfg, hyp=SimpleNamespace(warmup_bias_lr=0.1, warmup_momentum=0.8))
+    weights, bias = {"initial_lr": 0.01}, {"initial_lr": 0.01, "param_group": "bias"}
+    assert lr_at(0, 0, 10, inp, weights) == (0.0, 0.8)
+    assert lr_at(0, 0, 10, inp, bias)[0] == pytest.approx(0.1)
+    assert lr_at(5, 0, 10, inp, weights)[0] == pytest.approx(0.005)
+    assert lr_at(10, 1, 10, inp, weights) == (pytest.approx(0.01 * (0.9 * 0.9 + 0.1)), 0.9)
+    assert lr_at(95, 9, 10, inp, weights)[0] == pytest.approx(0.01 * (0.1 * 0.9 + 0.1))
+
+
+def test_main_prints_one_line_and_exits_2(tmp_path: Path, capsys, monkeypatch) -> None:
+    from trainer.train import main
+
+    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(SystemExit) as e:
+        main(["--data", str(tmp_path / "missing.yaml")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("[rank 0] error: --data ") and "no such file" in err[0]
+

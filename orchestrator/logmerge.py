@@ -361,16 +361,21 @@ def rank_label(line: LogLine) -> str:
 
 
 def format_line(line: LogLine, color: bool, *, node_width: int = 0, rank_width: int = 0) -> str:
-    """`TIME  NODE  RANK  TEXT`, columns padded to the given widths; never wrapped or cut.
-    With colour: the node in its own colour, the time dim, stderr text red."""
+    """`TIME NODE RANK TEXT`, columns padded to the given widths; never wrapped or cut.
+    With colour: the node in its own colour, the time dim, stderr text red. JSON keeps the text
+    verbatim; here a line redrawn with carriage returns shows only its last state."""
     node = line.node.ljust(node_width)
     rank = rank_label(line).rjust(rank_width)
     stamp = format_ts(line.ts)
+    text = line.text
+    if "\r" in text:  # a progress bar redrawn in place: show what the terminal would show last
+        text = text.rstrip("\r").rsplit("\r", 1)[-1]
     if not color:
-        return f"{stamp} {node} {rank} {line.text}"
-    text = f"{RED}{line.text}{RESET}" if line.stream == "err" else line.text
-    if line.stream == "orch":
-        text = f"{DIM}{line.text}{RESET}"
+        return f"{stamp} {node} {rank} {text}"
+    if line.stream == "err":
+        text = f"{RED}{text}{RESET}"
+    elif line.stream == "orch":
+        text = f"{DIM}{text}{RESET}"
     return f"{DIM}{stamp}{RESET} {node_color(line.node)}{node}{RESET} {rank} {text}"
 
 

@@ -1,0 +1,130 @@
+"""Parsing node.log lines: timestamps, streams, torchrun tee prefixes (real captures), ranks."""
+
+from __future__ import annotations
+
+import calendar
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orchestrator.logmerge import format_ts, parse_node_line, parse_ts, read_node_lines
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+TS = "2026-11-30T09:32:05.123456Z"
+
+
+def node_log(fixture: str, stream: str) -> list[str]:
+    """A real torchrun capture as the node agent would have stamped it into node.log."""
+    return [f"{TS} {stream} {line}" for line in (FIXTURES / fixture).read_text().splitlines()]
+
+
+class TestTimestamps:
+    def test_parse_is_utc_epoch_with_microseconds(self) -> None:
+        expected = calendar.timegm((2026, 11, 30, 9, 32, 5, 0, 0, 0)) + 0.123456
+        assert parse_ts(TS) == pytest.approx(expected, abs=1e-7)
+
+    @given(st.integers(min_value=0, max_value=4_102_444_800 * 1_000_000 - 1))
+    def test_format_parse_round_trip_exact_to_the_microsecond(self, us: int) -> None:
+        stamp = format_ts(us / 1_000_000)
+        assert len(stamp) == 27
+        assert round(parse_ts(stamp) * 1_000_000) == us
+        assert format_ts(parse_ts(stamp)) == stamp
+
+    @pytest.mark.parametrize("bad", ["2026-11-30T09:32:05Z", "2026-11-30 09:32:05.123456Z",
+                                     "2026-11-30T09:32:05.123456+", "garbage"])
+    def test_rejects_other_formats(self, bad: str) -> None:
+        with pytest.raises(ValueError):
+            parse_ts(bad)
+
+    def test_local_timezone_of_the_reader_does_not_matter(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        # The field guide lost hours to nodes in different zones; node.log times are UTC.
+        monkeypatch.setenv("TZ", "Asia/Shanghai")
+        time.tzset()
+        try:
+            assert format_ts(parse_ts(TS)) == TS
+        finally:
+            monkeypatch.delenv("TZ")
+            time.tzset()
+
+
+class TestRealTorchrunTee:
+    """torch 2.14 `--tee 3` captured here (see tests/fixtures/README.md)."""
+
+    def test_stdout_worker_lines_carry_local_and_trainer_rank(self) -> None:
+        lines = [parse_node_line(r, "node2", 1, 2) for r in node_log("torchrun_tee3_2proc_exit3_stdout_torch2.14.txt", "out")]
+        assert len(lines) == 8
+        first = lines[0]
+        assert (first.local_rank, first.rank, first.stream) == (0, 0, "out")
+        assert first.text == "epoch 0/3 loss=1.0000 local_rank=0"
+        # each line's own `local_rank=N` agrees with the parsed tee prefix
+        for line in lines:
+            if "local_rank=" in line.text:
+                assert line.text.endswith(f"local_rank={line.local_rank}")
+                assert line.rank == line.local_rank  # the trainer prefix wins over base_rank
+
+    def test_worker_line_without_trainer_prefix_gets_base_plus_local_rank(self) -> None:
+        lines = [parse_node_line(r, "node2", 1, 8) for r in node_log("torchrun_tee3_2proc_exit3_stdout_torch2.14.txt", "out")]
+        plain = [ln for ln in lines if ln.text == "plain line without trainer prefix"]
+        assert sorted((ln.local_rank, ln.rank) for ln in plain) == [(0, 8), (1, 9)]
+
+    def test_without_a_base_rank_the_global_rank_is_unknown(self) -> None:
+        raw = f"{TS} out [default1]:plain line without trainer prefix"
+        line = parse_node_line(raw, "n", 0, None)
+        assert (line.local_rank, line.rank) == (1, None)
+
+    def test_stderr_torchrun_own_lines_have_no_rank(self) -> None:
+        lines = [parse_node_line(r, "node1", 0, 0) for r in node_log("torchrun_tee3_2proc_exit3_stderr_torch2.14.txt", "err")]
+        banner = [ln for ln in lines if ln.text.startswith("Setting OMP_NUM_THREADS")]
+        assert banner and banner[0].rank is None and banner[0].local_rank is None
+        failure = [ln for ln in lines if "ChildFailedError" in ln.text or ln.text.startswith("E1130")]
+        assert len(failure) == 3 and all(ln.rank is None for ln in failure)
+        assert any(ln.text.endswith("ChildFailedError: ") for ln in failure)  # trailing space kept
+        warned = [ln for ln in lines if ln.text.startswith("warning on stderr")]
+        assert len(warned) == 6
+        assert all(ln.text.endswith(f"step {ln.text[-1]}") and ln.stream == "err" for ln in warned)
+        assert {(ln.local_rank, ln.rank) for ln in warned} == {(0, 0), (1, 1)}
+
+    def test_cpp_log_lines_inside_worker_keep_their_own_brackets(self) -> None:
+        lines = [parse_node_line(r, "n", 0, 0) for r in node_log("torchrun_tee3_2proc_gloo_cpplog_stderr_torch2.14.txt", "err")]
+        worker = [ln for ln in lines if ln.local_rank is not None]
+        assert len(worker) == 2
+        assert all(ln.text.startswith("[I1130 ") for ln in worker)
+        agent_side = [ln for ln in lines if ln.text.startswith("[I1130")]
+        assert any(ln.local_rank is None for ln in agent_side)  # torchrun's own store client
+
+    def test_bloom_default7_lines_from_a_48_node_run(self) -> None:
+        lines = [parse_node_line(r, "jz-1", 0, 56) for r in node_log("torchrun_tee3_default7_iteration_and_eval_bloom176b.txt", "out")]
+        assert {(ln.local_rank, ln.rank) for ln in lines} == {(7, 63)}
+        assert lines[0].text.startswith(" iteration    45000/")  # text after the colon is kept verbatim
+
+    def test_bloom_crash_lines(self) -> None:
+        lines = [parse_node_line(r, "jz-1", 0, 0) for r in node_log("torchrun_tee3_default3_CUDAError_crash_bloom176b.txt", "err")]
+        assert all(ln.local_rank == 3 for ln in lines)
+        assert lines[0].text == "terminate called after throwing an instance of 'c10::CUDAError'"
+
+
+class TestLineShapes:
+    def test_orch_stream_and_empty_text(self) -> None:
+        line = parse_node_line(f"{TS} orch started pid 42 (process group 42)\n", "n1", 0, 0)
+        assert (line.stream, line.text, line.rank) == ("orch", "started pid 42 (process group 42)", None)
+        empty = parse_node_line(f"{TS} out \n", "n1", 0, 0)
+        assert (empty.stream, empty.text) == ("out", "")
+
+    def test_text_that_only_looks_like_a_prefix_is_left_alone(self) -> None:
+        line = parse_node_line(f"{TS} out [defaultx]: [rank nine] x", "n1", 0, 0)
+        assert (line.local_rank, line.rank, line.text) == (None, None, "[defaultx]: [rank nine] x")
+
+    def test_unparsable_line_needs_a_fallback(self) -> None:
+        with pytest.raises(ValueError):
+            parse_node_line("no timestamp here", "n1", 0, 0)
+        line = parse_node_line("no timestamp here", "n1", 0, 0, fallback_ts=12.5)
+        assert (line.ts, line.stream, line.text) == (12.5, "out", "no timestamp here")
+
+    def test_read_node_lines_carries_the_previous_time_over_a_torn_line(self) -> None:
+        raws = [f"{TS} out a\n", "torn\n", "2026-11-30T09:32:06.000000Z out b\n"]
+        lines = list(read_node_lines(raws, "n1", 0, 0))
+        assert [ln.text for ln in lines] == ["a", "torn", "b"]
+        assert lines[1].ts == lines[0].ts

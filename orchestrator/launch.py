@@ -1,0 +1,517 @@
+"""`orch up`, `orch status`, `orch down`: start the plan on every node under the node agent,
+supervise it, and stop it by the process groups the agents recorded.
+
+On each node the run lives in `runs.remote_dir()` (`<job.run_root>/<run-id>/<node>/`): the agent
+(`orchestrator/agent.py`, shipped with every run so nodes need not run the same orch version),
+`launch.json` (argv, env, cwd: private, never on a command line), `node.log`, `state.json`.
+On the controller, `$ORCH_HOME/runs/<run-id>/` keeps the inventory snapshot, `plan.json`,
+`check.json`, `run.json` (run and per-node state) and the merged log.
+
+Tunables for supervision (environment, seconds): `ORCH_POLL_INTERVAL_S` (default 1),
+`ORCH_UNREACHABLE_GRACE_S` (default 10: a node silent that long fails the run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from . import ui
+from .errors import OrchError, TransportError
+from .inventory import Inventory
+from .plan import NodePlan, Plan, make_plan
+from .runs import RunDir, RunStore, orch_home, remote_dir, write_private
+from .supervise import FINAL, NodeSpec, Outcome, Poller, Supervisor, run_state, sigint_shielded
+from .transport import Cluster, Result, Transport
+
+AGENT = Path(__file__).with_name("agent.py")
+START_WAIT_S = 60.0
+
+
+def env_seconds(name: str, default: float) -> float:
+    """A positive number of seconds from the environment, else the default."""
+    try:
+        value = float(os.environ.get(name, ""))
+    except ValueError:
+        return default
+    return value if value > 0 else default
+
+
+# ----------------------------------------------------------------------------- node-side commands
+
+
+def launch_spec(plan: Plan, np_: NodePlan) -> dict[str, Any]:
+    """launch.json: everything the agent needs, so no env value ever appears on a command line."""
+    return {"run": plan.run_id, "node": np_.node.name, "node_rank": np_.node_rank,
+            "argv": list(np_.argv), "env": dict(np_.env), "cwd": np_.workdir,
+            "grace": plan.inventory.job.stop_grace_s, "torchrun_log_dir": True}
+
+
+def agent_call(t: Transport, python: str, rdir: str, args: list[str], timeout: float) -> dict[str, Any]:
+    """Run `python agent.py ARGS` in the node's run directory and parse the JSON it prints.
+
+    Raises:
+        TransportError: the node could not be reached.
+        OrchError: the agent could not run (missing python, missing run directory...).
+    """
+    res = t.run([python, "agent.py", *args], cwd=rdir, timeout=timeout)
+    return parse_agent(res, python)
+
+
+def parse_agent(res: Result, python: str) -> dict[str, Any]:
+    """The agent's JSON answer; a clear OrchError when the agent never ran."""
+    line = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
+    try:
+        data = json.loads(line) if line else None
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        data["_exit"] = res.exit_code
+        return data
+    err = res.stderr.strip().splitlines()
+    detail = err[-1] if err else f"exit code {res.exit_code}, no output"
+    if res.exit_code == 127 or "not found" in detail or "No such file" in detail:
+        raise OrchError(f"{res.node}: cannot run the node agent with python {python!r}: {detail}",
+                        "set job.python (or the node's python:) to an interpreter that exists on that node")
+    raise OrchError(f"{res.node}: the node agent failed: {detail}")
+
+
+def start_node(t: Transport, plan: Plan, np_: NodePlan, rdir: str) -> dict[str, Any]:
+    """Ship the agent and launch.json, start the job detached; return state.json once it runs."""
+    t.connect()
+    t.put(AGENT.read_bytes(), f"{rdir}/agent.py", 0o600)
+    t.put(json.dumps(launch_spec(plan, np_)).encode(), f"{rdir}/launch.json", 0o600)
+    state = agent_call(t, np_.node.python, rdir, ["start", ".", "--wait", str(START_WAIT_S)], START_WAIT_S + 30)
+    if state.get("_exit") != 0 or state.get("state") not in ("running", "succeeded"):
+        raise OrchError(f"{np_.node.name}: the job did not start: {state.get('reason') or state.get('state')}")
+    return state
+
+
+def stop_node(t: Transport, python: str, rdir: str, grace: float) -> dict[str, Any]:
+    """Stop one node's job (TERM, KILL after grace) and wait; idempotent."""
+    return agent_call(t, python, rdir, ["stop", ".", "--grace", f"{grace:g}"], grace + 30)
+
+
+def status_node(t: Transport, python: str, rdir: str, tail: int = 0, timeout: float = 15) -> dict[str, Any]:
+    """One node's state.json plus liveness; a missing run directory reads as state `unknown`."""
+    try:
+        return agent_call(t, python, rdir, ["status", ".", "--tail", str(tail)], timeout)
+    except TransportError:
+        raise
+    except OrchError as exc:
+        return {"state": "unknown", "agent_alive": False, "job_alive": False, "error": exc.message}
+
+
+# ----------------------------------------------------------------------------- run records
+
+
+def node_records(plan: Plan) -> list[dict[str, Any]]:
+    """run.json `nodes`: where each node's run lives and how to reach its agent later."""
+    inv = plan.inventory
+    return [{"node": p.node.name, "host": p.node.host, "addr": p.node.addr, "node_rank": p.node_rank,
+             "base_rank": p.global_ranks.start, "nproc": p.node.nproc_per_node,
+             "remote_dir": remote_dir(inv, p.node, plan.run_id), "python": p.node.python,
+             "state": "pending", "exit_code": None, "pid": None, "pgid": None,
+             "started_at": None, "finished_at": None} for p in plan.nodes]
+
+
+def merge_status(record: dict[str, Any], status: Mapping[str, Any]) -> dict[str, Any]:
+    """A run.json node record updated with what the node's agent reported."""
+    out = dict(record)
+    for key in ("state", "exit_code", "pid", "pgid", "agent_pid", "started_at", "finished_at", "signal", "error"):
+        if key in status:
+            out[key] = status[key]
+    return out
+
+
+class RunRecord:
+    """run.json updates from several threads (poller callbacks, teardown), serialized."""
+
+    def __init__(self, run: RunDir) -> None:
+        self.run = run
+        self.lock = threading.Lock()
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return list(self.run.read().get("nodes") or [])
+
+    def update_nodes(self, statuses: Mapping[str, Mapping[str, Any]], **fields: Any) -> None:
+        with self.lock:
+            data = self.run.read()
+            data["nodes"] = [merge_status(r, statuses[r["node"]]) if r["node"] in statuses else r
+                             for r in data.get("nodes") or []]
+            data.update(fields)
+            self.run.write(data)
+
+
+def save_check(run: RunDir, inv: Inventory, report: Any) -> None:
+    """check.json in the run dir: the preflight's saved report (with offsets), else our own copy."""
+    saved = orch_home() / "checks" / f"{inv.name}.json"
+    if saved.exists():
+        write_private(run.path / "check.json", saved.read_bytes())
+    elif report is not None:
+        data = report.to_json(inv.path)
+        data.setdefault("offsets_ms", getattr(report, "offsets_ms", {}))
+        run.write(data, "check.json")
+
+
+# ----------------------------------------------------------------------------- fan-out
+
+
+def start_all(cluster: Cluster, plan: Plan) -> dict[str, dict[str, Any] | Exception]:
+    """Start every node in parallel; every node's answer (state or exception) is collected."""
+    rdirs = {p.node.name: remote_dir(plan.inventory, p.node, plan.run_id) for p in plan.nodes}
+    return cluster.fan_out(lambda t: start_node(t, plan, plan.for_node(t.node.name), rdirs[t.node.name]))
+
+
+def stop_all(cluster: Cluster, records: list[dict[str, Any]], grace: float) -> dict[str, Any]:
+    """Stop every node in parallel (idempotent); {node: agent answer | exception}."""
+    by_name = {r["node"]: r for r in records}
+    nodes = [n for n in cluster.inv.nodes if n.name in by_name]
+    return cluster.fan_out(lambda t: stop_node(t, by_name[t.node.name]["python"],
+                                               by_name[t.node.name]["remote_dir"], grace), nodes)
+
+
+def status_all(cluster: Cluster, records: list[dict[str, Any]]) -> dict[str, Any]:
+    by_name = {r["node"]: r for r in records}
+    nodes = [n for n in cluster.inv.nodes if n.name in by_name]
+    return cluster.fan_out(lambda t: status_node(t, by_name[t.node.name]["python"],
+                                                 by_name[t.node.name]["remote_dir"]), nodes)
+
+
+# ----------------------------------------------------------------------------- preflight
+
+
+def preflight(inv: Inventory, con: Console) -> tuple[int, Any]:
+    """Run the checks; (3, report) when any fails, (0, report) otherwise."""
+    try:
+        from .preflight import render_report, run_preflight
+    except ImportError:
+        con.print("[yellow]warning:[/] the preflight is not available in this build; launching without it")
+        return 0, None
+
+    def progress(name: str, done: int, total: int) -> None:
+        pass
+
+    report = run_preflight(inv, progress=progress)
+    if not report.ok:
+        render_report(report, con)
+        con.print("[bold red]preflight failed: nothing was launched[/] (fix the failures above, "
+                  "or pass --skip-checks to launch anyway)")
+        return 3, report
+    return 0, report
+
+
+# ----------------------------------------------------------------------------- orch up
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM to `orch up` tears the run down like Ctrl-C does (a scheduler's kill, a CI timeout)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def up_command(inv: Inventory, *, detach: bool = False, skip_checks: bool = False,
+               run_id: str | None = None, verbose: bool = False) -> int:
+    """Check, launch on every node, then supervise (or return, with --detach). Returns the exit code."""
+    con = ui.console()
+    t0 = time.monotonic()
+    report = None
+    if not skip_checks:
+        code, report = preflight(inv, con)
+        if code:
+            return code
+    run = RunStore().create(inv, run_id)
+    plan = make_plan(inv, run.run_id)
+    run.write(plan.to_json(), "plan.json")
+    save_check(run, inv, report)
+    record = RunRecord(run)
+    run.update(nodes=node_records(plan), state="starting")
+    con.print(f"run [bold]{run.run_id}[/]: starting {len(plan.nodes)} nodes × {plan.nodes[0].node.nproc_per_node} "
+              f"processes (world size {plan.world_size}, master {plan.master_addr}:{plan.master_port})")
+    with Cluster(inv) as cluster, sigterm_as_interrupt():
+        try:
+            started = start_all(cluster, plan)
+        except KeyboardInterrupt:
+            with sigint_shielded():
+                stop_all(cluster, record.nodes(), inv.job.stop_grace_s)
+            record.update_nodes({}, state="stopped")
+            con.print("interrupted while starting: every node stopped")
+            return 130
+        failed = {n: r for n, r in started.items() if isinstance(r, Exception)}
+        record.update_nodes({n: r for n, r in started.items() if isinstance(r, dict)})
+        if failed:
+            return start_failed(con, cluster, record, failed, inv)
+        startup_s = time.monotonic() - t0
+        record.update_nodes({}, state="running", startup_s=round(startup_s, 3))
+        con.print(f"all {len(plan.nodes)} nodes running after {startup_s:.1f} s")
+        if detach:
+            con.print(f"detached. Follow: orch logs --follow {run.run_id} · state: orch status {run.run_id} "
+                      f"· stop: orch down {run.run_id}")
+            return 0
+        return attached(con, run, record, plan, cluster, t0)
+
+
+def start_failed(con: Console, cluster: Cluster, record: RunRecord, failed: Mapping[str, Exception],
+                 inv: Inventory) -> int:
+    """Some node could not start: stop the ones that did, say why, exit 1."""
+    for name, exc in failed.items():
+        msg = exc.message if isinstance(exc, OrchError) else f"{type(exc).__name__}: {exc}"
+        con.print(f"[bold red]{escape(name)}: could not start[/]: {escape(msg)}")
+        hint = getattr(exc, "hint", None)
+        if hint:
+            con.print(f"  hint: {escape(hint)}")
+    t = time.monotonic()
+    results = stop_all(cluster, record.nodes(), inv.job.stop_grace_s)
+    left = {n: r for n, r in results.items() if isinstance(r, Exception) or (isinstance(r, dict) and r.get("remaining"))}
+    record.update_nodes({n: r for n, r in results.items() if isinstance(r, dict)}, state="failed",
+                        start_failures={n: str(e) for n, e in failed.items()})
+    con.print(f"stopped every node that had started ({time.monotonic() - t:.1f} s); nothing was left running"
+              if not left else f"[bold red]could not confirm the stop on: {', '.join(left)}[/] (run: orch down "
+              f"{record.run.run_id})")
+    return 1
+
+
+def attached(con: Console, run: RunDir, record: RunRecord, plan: Plan, cluster: Cluster, t0: float) -> int:
+    """Stream the merged log and supervise until the run ends; print its outcome."""
+    inv = plan.inventory
+    records = record.nodes()
+    by_name = {r["node"]: r for r in records}
+    interval = env_seconds("ORCH_POLL_INTERVAL_S", 1.0)
+    grace = env_seconds("ORCH_UNREACHABLE_GRACE_S", 10.0)
+
+    def poll_one(name: str) -> dict[str, Any]:
+        r = by_name[name]
+        return status_node(cluster[name], r["python"], r["remote_dir"], timeout=max(5.0, grace / 2))
+
+    def excerpt(name: str) -> list[str]:
+        r = by_name[name]
+        return list(status_node(cluster[name], r["python"], r["remote_dir"], tail=200).get("tail") or [])
+
+    poller = Poller([p.node.name for p in plan.nodes], poll_one, interval=interval,
+                    stale_after=max(3.0, 2 * interval)).start()
+    sup = Supervisor([NodeSpec(p.node.name, p.node_rank, p.global_ranks.start, p.node.nproc_per_node)
+                      for p in plan.nodes],
+                     observe=poller.observe,
+                     stop_all=lambda: stop_all(cluster, records, inv.job.stop_grace_s),
+                     excerpt=excerpt, interval=min(interval, 0.5), unreachable_grace=grace,
+                     on_update=lambda nodes: record.update_nodes(nodes))
+    stop_logs = threading.Event()
+    logs = threading.Thread(target=stream_logs, args=(run, inv, cluster, stop_logs), daemon=True, name="logs")
+    logs.start()
+    outcome: Outcome | None = None
+    try:
+        outcome = sup.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        poller.close()
+        logs.join(timeout=3.0)  # let the follower drain what the nodes wrote last
+        stop_logs.set()
+        logs.join(timeout=2.0)
+    wall = time.monotonic() - t0
+    if outcome is None:
+        record.update_nodes(dict(sup.nodes), state="stopped", wall_s=round(wall, 3),
+                            teardown_s=sup.teardown_s)
+        con.print(f"interrupted: stopped every node in {sup.teardown_s or 0:.1f} s" if not sup.not_stopped
+                  else f"[bold red]interrupted; could not confirm the stop on {', '.join(sup.not_stopped)}[/]")
+        return 130
+    return report_outcome(con, record, outcome, sup, wall)
+
+
+def report_outcome(con: Console, record: RunRecord, outcome: Outcome, sup: Supervisor, wall: float) -> int:
+    """Record the end in run.json and tell the user: wall time, or the first failure."""
+    fields: dict[str, Any] = {"state": outcome.state, "wall_s": round(wall, 3), "teardown_s": outcome.teardown_s}
+    if outcome.failure is not None:
+        fields["first_failure"] = outcome.failure.to_json()
+    record.update_nodes(dict(sup.nodes), **fields)
+    if outcome.state == "succeeded":
+        con.print(f"[green]run {record.run.run_id} succeeded on every node[/] in {wall:.1f} s")
+        return 0
+    f = outcome.failure
+    assert f is not None
+    rank = f"rank {f.rank}" if f.rank is not None else "rank unknown"
+    con.print(f"\n[bold red]run {record.run.run_id} failed[/]: first failure on [bold]{escape(f.node)}[/] "
+              f"(node rank {f.node_rank}, {rank}, exit code {f.exit_code}): {escape(f.reason)}")
+    for line in f.excerpt:
+        con.print(f"  {escape(line)}", soft_wrap=True)
+    stopped = f"stopped every other node in {outcome.teardown_s or 0:.1f} s"
+    con.print(stopped if not outcome.not_stopped else
+              f"[bold red]could not confirm the stop on {', '.join(outcome.not_stopped)}[/]: run "
+              f"`orch down {record.run.run_id}` once they are reachable")
+    return 1
+
+
+# ----------------------------------------------------------------------------- log streaming
+
+
+def stream_logs(run: RunDir, inv: Inventory, cluster: Cluster, stop: threading.Event) -> None:
+    """Print the merged log (host and rank on every line) until the run ends or `stop` is set."""
+    import sys
+
+    try:
+        from .logs import Follower, format_line
+    except ImportError:
+        fallback_stream(run, cluster, stop)
+        return
+    color = ui.color_enabled(sys.stdout)
+    try:
+        for line in Follower(run, inv, cluster).lines(stop):
+            sys.stdout.write(format_line(line, color) + "\n")
+            sys.stdout.flush()
+    except Exception as exc:  # log streaming must never take supervision down with it
+        ui.console().print(f"[yellow]log streaming stopped: {escape(str(exc))}[/]")
+
+
+def fallback_stream(run: RunDir, cluster: Cluster, stop: threading.Event) -> None:
+    """Minimal live tail (no cross-node ordering) used until `orchestrator.logs` is present."""
+    import sys
+
+    from .logmerge import format_line, parse_node_line
+
+    records = run.read().get("nodes") or []
+
+    def follow(r: dict[str, Any]) -> None:
+        t = cluster[r["node"]]
+        pid = r.get("pid") or 1
+        proc = t.popen(["tail", "-n", "+1", f"--pid={r.get('agent_pid') or pid}", "-F", "node.log"],
+                       cwd=r["remote_dir"])
+        try:
+            for raw in proc.lines():
+                if stop.is_set():
+                    break
+                line = parse_node_line(raw.decode("utf-8", "replace").rstrip("\n"), r["node"],
+                                       r["node_rank"], r["base_rank"])
+                sys.stdout.write(format_line(line, False) + "\n")
+                sys.stdout.flush()
+        finally:
+            proc.close()
+
+    threads = [threading.Thread(target=follow, args=(r,), daemon=True) for r in records]
+    for th in threads:
+        th.start()
+    while any(th.is_alive() for th in threads) and not stop.wait(0.2):
+        pass
+
+
+# ----------------------------------------------------------------------------- orch status / down
+
+
+def _cluster_for(run: RunDir) -> tuple[Inventory, list[dict[str, Any]]]:
+    data = run.read()
+    return run.inventory(), list(data.get("nodes") or [])
+
+
+def status_command(run_id: str | None, *, as_json: bool = False) -> int:
+    """Per-node state of a run, asked of every node's agent now; run.json is brought up to date."""
+    run = RunStore().get(run_id)
+    inv, records = _cluster_for(run)
+    with Cluster(inv) as cluster:
+        answers = status_all(cluster, records)
+    record = RunRecord(run)
+    statuses: dict[str, dict[str, Any]] = {}
+    for name, ans in answers.items():
+        statuses[name] = ({"state": "unreachable", "error": str(ans)} if isinstance(ans, Exception) else dict(ans))
+    data = run.read()
+    state = run_state([s.get("state", "unknown") for s in statuses.values()], data.get("state", "starting"))
+    record.update_nodes({n: s for n, s in statuses.items() if s.get("state") != "unreachable"}, state=state)
+    out = status_json(run.read(), statuses)
+    if as_json:
+        print(json.dumps(out, indent=2))
+    else:
+        print_status(out)
+    return 0
+
+
+def status_json(data: Mapping[str, Any], statuses: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """CONTRACT.md's status JSON, with pid, uptime and last log time per node."""
+    nodes = []
+    for r in data.get("nodes") or []:
+        s = statuses.get(r["node"], {})
+        now = s.get("now") or time.time()
+        started, finished = s.get("started_at") or r.get("started_at"), s.get("finished_at") or r.get("finished_at")
+        uptime = None if not started else round((finished or now) - started, 1)
+        nodes.append({"node": r["node"], "node_rank": r["node_rank"], "host": r.get("host"),
+                      "state": s.get("state") or r.get("state"), "exit_code": s.get("exit_code", r.get("exit_code")),
+                      "pid": s.get("pid") or r.get("pid"), "pgid": s.get("pgid") or r.get("pgid"),
+                      "uptime_s": uptime, "last_log": _iso(s.get("log_mtime")),
+                      "last_log_age_s": None if not s.get("log_mtime") else round(now - s["log_mtime"], 1),
+                      "agent_alive": s.get("agent_alive"), "error": s.get("error")})
+    out: dict[str, Any] = {"run": data.get("run"), "state": data.get("state"), "nodes": nodes}
+    if data.get("first_failure"):
+        out["first_failure"] = data["first_failure"]
+    return out
+
+
+def _iso(ts: float | None) -> str | None:
+    if not ts:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+def print_status(out: Mapping[str, Any]) -> None:
+    con = ui.console(stderr=False)
+    table = Table(title=f"run {out['run']}: {ui.styled(str(out['state']))}")
+    for col in ("node", "rank", "state", "exit", "pid", "uptime", "last log"):
+        table.add_column(col)
+    for n in out["nodes"]:
+        up = "" if n["uptime_s"] is None else f"{n['uptime_s']:.0f} s"
+        last = "" if n["last_log_age_s"] is None else f"{n['last_log_age_s']:.0f} s ago"
+        table.add_row(n["node"], str(n["node_rank"]), ui.styled(str(n["state"])),
+                      "" if n["exit_code"] is None else str(n["exit_code"]), str(n["pid"] or ""), up,
+                      last if not n.get("error") else escape(str(n["error"]))[:80])
+    con.print(table)
+    ff = out.get("first_failure")
+    if ff:
+        con.print(f"first failure: {ff['node']} (rank {ff.get('rank')}, exit code {ff.get('exit_code')}): "
+                  f"{escape(str(ff.get('reason', '')))}")
+
+
+def down_command(run_id: str | None) -> int:
+    """Stop every process of a run on every node by its recorded process group; idempotent."""
+    con = ui.console()
+    run = RunStore().get(run_id)
+    inv, records = _cluster_for(run)
+    t = time.monotonic()
+    with Cluster(inv) as cluster:
+        results = stop_all(cluster, records, inv.job.stop_grace_s)
+    record = RunRecord(run)
+    ok = {n: r for n, r in results.items() if isinstance(r, dict) and not r.get("remaining")}
+    data = run.read()
+    state = data.get("state") if data.get("state") in FINAL else "stopped"
+    record.update_nodes({n: r for n, r in results.items() if isinstance(r, dict) and r.get("state")}, state=state)
+    for name, res in results.items():
+        if isinstance(res, Exception):
+            con.print(f"[bold red]{escape(name)}: not stopped[/]: {escape(str(res))}")
+        elif res.get("remaining"):
+            con.print(f"[bold red]{escape(name)}: processes still running[/]: {res['remaining']}")
+        else:
+            n = len(res.get("stopped") or [])
+            con.print(f"{escape(name)}: {'stopped ' + str(n) + ' processes' if n else 'nothing running'}")
+    if len(ok) != len(results):
+        con.print(f"run {run.run_id}: some nodes could not be stopped; run `orch down {run.run_id}` again "
+                  "when they are reachable")
+        return 1
+    con.print(f"run {run.run_id}: nothing left running on {len(ok)} nodes ({time.monotonic() - t:.1f} s)")
+    return 0

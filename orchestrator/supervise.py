@@ -1,0 +1,350 @@
+"""Supervise a launched run: poll every node's agent, fail fast, tear down in `finally`.
+
+A run is a small state machine (torch elastic's `SimpleElasticAgent.run` is the model):
+
+    running ──(every node succeeded)──────────────────────────▶ succeeded
+       │
+       ├──(a node exited non-zero / its agent vanished /
+       │   it stayed unreachable longer than the grace)──▶ teardown ─▶ failed
+       └──(Ctrl-C, or any exception)──────────────────────▶ teardown ─▶ re-raised
+
+Teardown (stop every node's process group, in parallel) runs in `finally`, so no path out of
+`Supervisor.run` leaves ranks hanging on the other nodes. The side effects (`observe`, `stop_all`,
+`excerpt`) are injected: the launch module binds them to real transports, unit tests to scripts.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+FINAL = ("succeeded", "failed", "stopped")
+ROOT_CAUSE = "Root Cause (first observed failure):"
+RANK_LINE = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
+EXCERPT_LINES = 20
+
+Observation = Mapping[str, Any] | Exception
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """What the supervisor needs to know about one node of the plan."""
+
+    name: str
+    node_rank: int
+    base_rank: int
+    nproc: int
+
+
+@dataclass
+class Failure:
+    """The first failure of a run: which node, why, and the lines that show it."""
+
+    node: str
+    node_rank: int
+    reason: str
+    exit_code: int | None = None
+    rank: int | None = None
+    local_rank: int | None = None
+    excerpt: list[str] = field(default_factory=list)
+    order: float = math.inf
+    """When it happened (node epoch seconds); the earliest candidate is the first failure."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node": self.node, "node_rank": self.node_rank, "rank": self.rank,
+                "local_rank": self.local_rank, "exit_code": self.exit_code, "reason": self.reason,
+                "excerpt": list(self.excerpt)}
+
+
+@dataclass
+class Outcome:
+    """How a supervised run ended."""
+
+    state: str
+    wall_s: float
+    failure: Failure | None = None
+    teardown_s: float | None = None
+    not_stopped: dict[str, str] = field(default_factory=dict)
+    """Nodes teardown could not confirm as stopped, with the reason (e.g. unreachable)."""
+
+
+# ----------------------------------------------------------------------------- pure helpers
+
+
+def log_text(raw: str) -> str:
+    """The text of a node.log line (`<ts> <stream> <text>`), or the line itself if it is not one."""
+    parts = raw.split(" ", 2)
+    if len(parts) == 3 and parts[0].endswith("Z") and parts[1] in ("out", "err", "orch"):
+        return parts[2]
+    return raw
+
+
+def root_cause(texts: Sequence[str]) -> tuple[int, int, int, int] | None:
+    """torchrun's last "Root Cause" block: (first line, last line, rank, local_rank), or None."""
+    starts = [i for i, t in enumerate(texts) if ROOT_CAUSE in t]
+    if not starts:
+        return None
+    i = starts[-1]
+    first = i - 1 if i > 0 and set(_untee(texts[i - 1]).strip()) == {"-"} else i
+    last, rank, local = len(texts) - 1, -1, -1
+    for j in range(i + 1, len(texts)):
+        body = _untee(texts[j])
+        m = RANK_LINE.match(body)
+        if m and rank < 0:
+            rank, local = int(m.group(1)), int(m.group(2))
+        if body.startswith("===="):
+            last = j
+            break
+    return first, last, rank, local
+
+
+def _untee(text: str) -> str:
+    """torchrun's own lines have no prefix, but be tolerant of an `[defaultN]:` one."""
+    return re.sub(r"^\[[A-Za-z_-]*\d+\]:", "", text)
+
+
+def select_excerpt(raw_lines: Sequence[str], n: int = EXCERPT_LINES) -> tuple[list[str], int | None, int | None]:
+    """The failure excerpt of a node log, and the (rank, local rank) torchrun blames, if any.
+
+    The last `n` lines, plus torchrun's whole Root Cause block and the blamed worker's last lines
+    when they fall outside them: torchrun prints its own traceback after the worker's, so the
+    worker's exception is often 30 lines above the end."""
+    texts = [log_text(r) for r in raw_lines]
+    keep = set(range(max(0, len(texts) - n), len(texts)))
+    rank = local = None
+    rc = root_cause(texts)
+    if rc is not None:
+        first, last, r, lr = rc
+        keep.update(range(first, last + 1))
+        if r >= 0:
+            rank, local = r, lr
+            prefix = f"[default{lr}]:"
+            mine = [i for i, t in enumerate(texts[:first]) if t.startswith(prefix)]
+            keep.update(mine[-8:])
+    out: list[str] = []
+    prev = None
+    for i in sorted(keep):
+        if prev is not None and i != prev + 1:
+            out.append("…")
+        out.append(texts[i])
+        prev = i
+    return out, rank, local
+
+
+def run_state(node_states: Sequence[str], recorded: str) -> str:
+    """A run's state from its nodes' (for `orch status` of a detached run). Final states stick."""
+    if recorded in FINAL:
+        return recorded
+    if node_states and all(s == "succeeded" for s in node_states):
+        return "succeeded"
+    if any(s == "failed" for s in node_states):
+        return "failed"
+    if any(s in ("running", "starting") for s in node_states):
+        return "running"
+    if node_states and all(s in FINAL for s in node_states):
+        return "stopped"
+    return recorded
+
+
+# ----------------------------------------------------------------------------- polling
+
+
+class Poller:
+    """One thread per node calls `poll_one(name)` every `interval`; `observe()` reads the latest.
+
+    Threads keep a slow or dead node from delaying the verdict on the others. A call that has
+    been in flight longer than `stale_after` is reported as a TimeoutError."""
+
+    def __init__(self, names: Sequence[str], poll_one: Callable[[str], Mapping[str, Any]], *,
+                 interval: float = 1.0, stale_after: float = 3.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.names = list(names)
+        self.poll_one = poll_one
+        self.interval = interval
+        self.stale_after = stale_after
+        self.clock = clock
+        self.latest: dict[str, Observation] = {}
+        self.inflight: dict[str, float] = {}
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._loop, args=(n,), daemon=True, name=f"poll-{n}")
+                        for n in self.names]
+
+    def start(self) -> Poller:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def _loop(self, name: str) -> None:
+        while not self.stop.is_set():
+            with self.lock:
+                self.inflight[name] = self.clock()
+            try:
+                result: Observation = self.poll_one(name)
+            except Exception as exc:  # judged by the supervisor: unreachable for how long
+                result = exc
+            with self.lock:
+                self.inflight.pop(name, None)
+                self.latest[name] = result
+            self.stop.wait(self.interval)
+
+    def observe(self) -> dict[str, Observation]:
+        now = self.clock()
+        with self.lock:
+            out = dict(self.latest)
+            for name, since in self.inflight.items():
+                if now - since > self.stale_after:
+                    out[name] = TimeoutError(f"no answer for {now - since:.0f} s")
+        return out
+
+    def close(self) -> None:
+        self.stop.set()
+
+
+@contextmanager
+def sigint_shielded() -> Iterator[None]:
+    """Ignore Ctrl-C while tearing down: a second Ctrl-C must not leave nodes half-stopped."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+# ----------------------------------------------------------------------------- the state machine
+
+
+class Supervisor:
+    """Poll, judge, and stop everything on the first failure (or any exit path)."""
+
+    def __init__(self, specs: Sequence[NodeSpec], *,
+                 observe: Callable[[], Mapping[str, Observation]],
+                 stop_all: Callable[[], Mapping[str, Any]],
+                 excerpt: Callable[[str], Sequence[str]] | None = None,
+                 interval: float = 1.0, unreachable_grace: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                 on_update: Callable[[Mapping[str, Mapping[str, Any]]], None] | None = None) -> None:
+        self.specs = {s.name: s for s in specs}
+        self.observe = observe
+        self.stop_all = stop_all
+        self.excerpt = excerpt
+        self.interval = interval
+        self.grace = unreachable_grace
+        self.clock = clock
+        self.sleep = sleep
+        self.on_update = on_update
+        self.nodes: dict[str, dict[str, Any]] = {n: {"state": "starting"} for n in self.specs}
+        self.unreachable_since: dict[str, float] = {}
+        self.failure: Failure | None = None
+        self.teardown_s: float | None = None
+        self.not_stopped: dict[str, str] = {}
+        self.torn_down = False
+
+    def run(self) -> Outcome:
+        """Supervise until success or the first failure; teardown is guaranteed on every path."""
+        start = self.clock()
+        try:
+            while True:
+                verdict = self.judge(self.observe(), self.clock())
+                if verdict == "succeeded":
+                    self.torn_down = True  # every agent has exited and cleaned up after its job
+                    return Outcome("succeeded", self.clock() - start)
+                if verdict == "failed":
+                    self.teardown()
+                    self.attach_excerpt()
+                    return Outcome("failed", self.clock() - start, self.failure, self.teardown_s, self.not_stopped)
+                self.sleep(self.interval)
+        finally:
+            if not self.torn_down:
+                self.teardown()
+
+    def judge(self, observations: Mapping[str, Observation], now: float) -> str:
+        """Fold one round of observations into node states; return running|succeeded|failed."""
+        candidates: list[Failure] = []
+        changed = False
+        for name, spec in self.specs.items():
+            obs = observations.get(name)
+            if obs is None:
+                continue  # no answer yet from its first poll
+            if isinstance(obs, Exception):
+                since = self.unreachable_since.setdefault(name, now)
+                changed |= self._set(name, {"state": "unreachable", "error": str(obs)})
+                if now - since >= self.grace:
+                    candidates.append(Failure(name, spec.node_rank, f"unreachable for {now - since:.0f} s: {obs}",
+                                              order=time.time() - (now - since)))
+                continue
+            self.unreachable_since.pop(name, None)
+            changed |= self._set(name, dict(obs))
+            failure = self.node_failure(spec, obs)
+            if failure is not None:
+                candidates.append(failure)
+        if changed and self.on_update is not None:
+            self.on_update(self.nodes)
+        if candidates:
+            self.failure = min(candidates, key=lambda f: f.order)
+            return "failed"
+        if all(n.get("state") == "succeeded" for n in self.nodes.values()):
+            return "succeeded"
+        return "running"
+
+    def _set(self, name: str, value: dict[str, Any]) -> bool:
+        old = self.nodes.get(name, {})
+        self.nodes[name] = value
+        return bool(old.get("state") != value.get("state") or old.get("exit_code") != value.get("exit_code"))
+
+    @staticmethod
+    def node_failure(spec: NodeSpec, obs: Mapping[str, Any]) -> Failure | None:
+        """Is this node's report a failure? A non-zero exit, an outside stop, or a vanished agent."""
+        state, code = obs.get("state"), obs.get("exit_code")
+        when = float(obs.get("finished_at") or obs.get("now") or math.inf)
+        if state == "failed":
+            why = f"exited with code {code}" + (f" ({obs['signal']})" if obs.get("signal") else "")
+            if obs.get("reason"):
+                why += f": {obs['reason']}"
+            return Failure(spec.name, spec.node_rank, why, code, order=when)
+        if state == "stopped":
+            return Failure(spec.name, spec.node_rank, "was stopped from outside this `orch up` (orch down?)",
+                           code, order=when)
+        if state not in FINAL and not obs.get("agent_alive", True):
+            gone = "its job is gone too" if not obs.get("job_alive") else "its job is still running"
+            return Failure(spec.name, spec.node_rank,
+                           f"the node agent (pid {obs.get('agent_pid')}) disappeared; {gone}", order=when)
+        return None
+
+    def teardown(self) -> None:
+        """Stop every node (in parallel, idempotent) and remember which could not be confirmed."""
+        if self.torn_down:
+            return
+        self.torn_down = True
+        t0 = self.clock()
+        with sigint_shielded():
+            results = self.stop_all()
+        self.teardown_s = self.clock() - t0
+        for name, res in results.items():
+            if isinstance(res, Exception):
+                self.not_stopped[name] = str(res)
+            elif isinstance(res, Mapping) and res.get("remaining"):
+                self.not_stopped[name] = f"processes still running: {res['remaining']}"
+
+    def attach_excerpt(self) -> None:
+        if self.failure is None or self.excerpt is None:
+            return
+        try:
+            raw = list(self.excerpt(self.failure.node))
+        except Exception as exc:  # the failure is reported even when its log cannot be read
+            self.failure.excerpt = [f"(cannot read the node's log: {exc})"]
+            return
+        lines, rank, local = select_excerpt(raw)
+        self.failure.excerpt = lines
+        if rank is not None:
+            self.failure.rank, self.failure.local_rank = rank, local

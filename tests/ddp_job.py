@@ -1,0 +1,82 @@
+"""A small DDP job for the launch tests: a gloo all_reduce loop that can fail, hang or exit on cue.
+
+Run under torchrun (it reads RANK / WORLD_SIZE / MASTER_ADDR from its environment). Every step
+all-reduces `rank + 1 + step` over the world and checks the sum, printing
+
+    [rank R] step S sum=X ok
+
+and at the end `[rank R] done steps=N allreduce_ok=True final_sum=X expected=X`.
+
+Faults (flags, or the environment variables in brackets, so a test can set them per node):
+  --fail-rank R --fail-step S  [DDP_FAIL_RANK, DDP_FAIL_STEP]  rank R raises RuntimeError at step S
+  --hang-rank R --hang-step S  [DDP_HANG_RANK, DDP_HANG_STEP]  rank R sleeps forever at step S
+  --exit-rank R --exit-code C  [DDP_EXIT_RANK, DDP_EXIT_CODE]  rank R calls os._exit(C) at --fail-step
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    env = os.environ.get
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=int(env("DDP_STEPS", "20")))
+    p.add_argument("--sleep", type=float, default=float(env("DDP_SLEEP", "0.2")), help="seconds between steps")
+    p.add_argument("--fail-rank", type=int, default=int(env("DDP_FAIL_RANK", "-1")))
+    p.add_argument("--fail-step", type=int, default=int(env("DDP_FAIL_STEP", "3")))
+    p.add_argument("--hang-rank", type=int, default=int(env("DDP_HANG_RANK", "-1")))
+    p.add_argument("--hang-step", type=int, default=int(env("DDP_HANG_STEP", "3")))
+    p.add_argument("--exit-rank", type=int, default=int(env("DDP_EXIT_RANK", "-1")))
+    p.add_argument("--exit-code", type=int, default=int(env("DDP_EXIT_CODE", "7")))
+    return p.parse_args(argv)
+
+
+def expected_sum(world: int, step: int) -> float:
+    """Sum over ranks of (rank + 1 + step)."""
+    return world * (world + 1) / 2 + world * step
+
+
+@record
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    print(f"[rank {rank}] up world={world} host={os.uname().nodename} node={os.environ.get('ORCH_NODE')}",
+          flush=True)
+    ok = True
+    total = 0.0
+    for step in range(args.steps):
+        if rank == args.fail_rank and step == args.fail_step:
+            raise RuntimeError(f"injected failure on rank {rank} at step {step}")
+        if rank == args.exit_rank and step == args.fail_step:
+            print(f"[rank {rank}] exiting with code {args.exit_code} at step {step}", flush=True)
+            os._exit(args.exit_code)
+        if rank == args.hang_rank and step == args.hang_step:
+            print(f"[rank {rank}] hanging at step {step}", flush=True)
+            while True:
+                time.sleep(60)
+        t = torch.tensor([float(rank + 1 + step)])
+        dist.all_reduce(t)
+        total = float(t.item())
+        good = total == expected_sum(world, step)
+        ok &= good
+        print(f"[rank {rank}] step {step} sum={total:g} {'ok' if good else 'WRONG'}", flush=True)
+        time.sleep(args.sleep)
+    expected = expected_sum(world, args.steps - 1)
+    print(f"[rank {rank}] done steps={args.steps} allreduce_ok={ok} final_sum={total:g} expected={expected:g}",
+          flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0 if ok else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

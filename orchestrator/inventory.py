@@ -381,6 +381,15 @@ class _Resolver:
 
     # -- pieces
 
+    def local_path(self, value: str) -> str:
+        """With `transport: local`, a relative path (`../.venv/bin/python`, `..`) means relative to
+        the inventory file, so a checked-in inventory works from any clone; a bare command name
+        (`python3`) is left for PATH. Over SSH paths are the node's and stay as written."""
+        if (self.m.transport != "local" or os.path.isabs(value) or value.startswith("~")
+                or ("/" not in value and value not in (".", ".."))):
+            return value
+        return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(self.path)), value))
+
     def env_map(self, raw: Mapping[str, Any], loc: tuple[str | int, ...]) -> dict[str, str]:
         out = {}
         for key, value in raw.items():
@@ -453,7 +462,7 @@ class _Resolver:
                     self.issue(f"{key} must be a positive integer, got {value}", "nodes", i, key)
             node_env = dict(env)
             node_env.update(self.env_map(nm.env, ("nodes", i, "env")))
-            python = nm.python or self.m.job.python
+            python = self.local_path(nm.python or self.m.job.python)
             self.safe(python, "python", "nodes", i, "python")
             nproc = nm.nproc_per_node or self.m.job.nproc_per_node or (nm.gpus if nm.gpus and nm.gpus > 0 else 1)
             if nm.gpus is not None and nm.gpus > 0 and nproc > nm.gpus:
@@ -543,7 +552,7 @@ class _Resolver:
         for i, v in enumerate(j.torchrun_args):
             self.safe(v, "torchrun argument", "job", "torchrun_args", i)
         return Job(
-            workdir=j.workdir, python=j.python, rdzv=j.rdzv, max_restarts=j.max_restarts,
+            workdir=self.local_path(j.workdir) if j.workdir else None, python=self.local_path(j.python), rdzv=j.rdzv, max_restarts=j.max_restarts,
             module=j.module if (j.module or j.script) else "trainer", script=j.script, args=args,
             raw_args=MappingProxyType(dict(j.args) if isinstance(j.args, dict) else {}),
             torchrun_args=tuple(j.torchrun_args), run_root=j.run_root, stop_grace_s=j.stop_grace_s,

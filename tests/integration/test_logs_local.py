@@ -1,0 +1,207 @@
+"""`orch logs` end to end on nodes reached through the local transport (no SSH): live follow of
+writers at different rates, a silent node, a killed reader, resumption, and the CLI's filters."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from orchestrator.cli import cli
+from orchestrator.logmerge import LogLine, parse_ts
+from orchestrator.logs import READER, Follower, fetch_all, node_sources
+from orchestrator.runs import remote_dir
+from orchestrator.transport import Cluster
+from tests.logs_support import make_run, seqs_by_node, start_writer, write_state
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(autouse=True)
+def orch_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("ORCH_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("NO_COLOR", "1")
+    return tmp_path / "home"
+
+
+def follow_all(follower: Follower, stop: threading.Event | None = None) -> list[tuple[float, LogLine]]:
+    """Every line the follower releases, with the wall time it came out."""
+    return [(time.time(), line) for line in follower.lines(stop)]
+
+
+def reader_pids(node_dir: str) -> list[int]:
+    """Pids of the log readers streaming that node directory (matched on their argv)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if READER.encode() in argv and node_dir.encode() in argv:
+            out.append(int(entry))
+    return out
+
+
+def test_follow_orders_nodes_writing_at_different_rates_and_a_silent_one(tmp_path: Path) -> None:
+    names = ["n1", "n2", "n3", "quiet"]
+    inv, run = make_run(tmp_path, names)
+    rates = {"n1": (120, 0.01), "n2": (40, 0.04), "n3": (12, 0.15)}
+    write_state(inv, run, "quiet", "running")  # alive, prints nothing: must not stall the others
+    writers = [start_writer(inv, run, n, c, dt) for n, (c, dt) in rates.items()]
+    follower = Follower(run, inv, Cluster(inv), watermark=1.0, poll_s=0.1)
+    stop_quiet = threading.Timer(3.5, write_state, args=(inv, run, "quiet", "succeeded"))
+    stop_quiet.start()
+    try:
+        out = follow_all(follower)
+    finally:
+        stop_quiet.cancel()
+        for w in writers:
+            w.wait(timeout=30)
+    lines = [ln for _, ln in out]
+    seqs = seqs_by_node([(ln.node, ln.text) for ln in lines])
+    for node, (count, _) in rates.items():
+        assert seqs[node] == list(range(count)), f"{node}: lines lost, duplicated or reordered"
+    keys = [(ln.ts, ln.node_rank) for ln in lines]
+    assert keys == sorted(keys), "lines from different nodes came out of time order"
+    # Lines come out about a watermark after they were written, not when the silent node ends.
+    lag = [emitted - ln.ts for emitted, ln in out if ln.node != "quiet" and ln.ts < out[-1][1].ts - 1.5]
+    assert lag and statistics.median(lag) < 1.6 and max(lag) < 3.0, f"lag median {statistics.median(lag):.2f} s"
+    # Ranks: trainer prefix, or base_rank + local_rank from the static plan (2 workers per node).
+    worker = [ln for ln in lines if " seq=" in ln.text]
+    assert all(ln.rank == 2 * ln.node_rank + (ln.local_rank or 0) for ln in worker)
+    assert all(not ln.text.startswith("[") for ln in worker)
+    # The copies are byte for byte the nodes' logs; merged.log holds every line once.
+    for src in node_sources(run, inv):
+        remote = Path(os.path.expanduser(src.remote_dir)) / "node.log"
+        assert src.copy.read_bytes() == (remote.read_bytes() if remote.exists() else b"")
+    assert len(run.merged_log.read_text().splitlines()) == len(lines)
+
+
+def test_reader_killed_mid_stream_resumes_at_the_byte_offset(tmp_path: Path) -> None:
+    inv, run = make_run(tmp_path, ["a", "b"])
+    writers = [start_writer(inv, run, "a", 150, 0.02), start_writer(inv, run, "b", 60, 0.05)]
+    events: list[tuple[str, str]] = []
+    follower = Follower(run, inv, Cluster(inv), watermark=0.5, poll_s=0.1,
+                        on_event=lambda n, m: events.append((n, m)))
+    node_dir = os.path.expanduser(remote_dir(inv, inv.node("a"), run.run_id))
+    killed: list[int] = []
+
+    def kill_reader() -> None:
+        for _ in range(2):  # twice, a second apart: each time the stream resumes
+            time.sleep(1.0)
+            for pid in reader_pids(node_dir):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+
+    killer = threading.Thread(target=kill_reader)
+    killer.start()
+    out = follow_all(follower)
+    killer.join()
+    for w in writers:
+        w.wait(timeout=30)
+    assert len(killed) >= 2
+    assert follower.reconnects["a"] >= 2 and any("resuming at byte" in m for n, m in events if n == "a")
+    seqs = seqs_by_node([(ln.node, ln.text) for _, ln in out])
+    assert seqs["a"] == list(range(150)) and seqs["b"] == list(range(60))
+
+
+def test_stop_event_ends_follow_and_leaves_no_reader_behind(tmp_path: Path) -> None:
+    inv, run = make_run(tmp_path, ["a"])
+    write_state(inv, run, "a", "running")
+    stop = threading.Event()
+    threading.Timer(1.5, stop.set).start()
+    started = time.monotonic()
+    assert follow_all(Follower(run, inv, Cluster(inv), poll_s=0.1), stop) == []
+    assert time.monotonic() - started < 8
+    node_dir = os.path.expanduser(remote_dir(inv, inv.node("a"), run.run_id))
+    deadline = time.monotonic() + 5
+    while reader_pids(node_dir) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert reader_pids(node_dir) == []
+
+
+def test_repeated_fetches_resume_and_never_duplicate(tmp_path: Path) -> None:
+    inv, run = make_run(tmp_path, ["a", "b"])
+    writers = [start_writer(inv, run, "a", 60, 0.02), start_writer(inv, run, "b", 30, 0.04)]
+    with Cluster(inv) as cluster:
+        states = []
+        while any(w.poll() is None for w in writers):
+            states.append(fetch_all(run, inv, cluster))
+            time.sleep(0.15)
+        states.append(fetch_all(run, inv, cluster))
+    assert len(states) > 3 and states[-1] == {"a": "succeeded", "b": "succeeded"}
+    for src in node_sources(run, inv):
+        remote = Path(os.path.expanduser(src.remote_dir)) / "node.log"
+        assert src.copy.read_bytes() == remote.read_bytes()
+
+
+class TestCommand:
+    """`orch logs` through click, on a finished 3-node run."""
+
+    @pytest.fixture
+    def finished(self, tmp_path: Path) -> Path:
+        inv, run = make_run(tmp_path, ["gpu01", "gpu02", "gpu03"])
+        writers = [start_writer(inv, run, n, 10, 0.005) for n in ("gpu01", "gpu02", "gpu03")]
+        for w in writers:
+            assert w.wait(timeout=30) == 0
+        return run.path
+
+    def invoke(self, *args: str) -> tuple[int, str]:
+        result = CliRunner().invoke(cli, ["logs", *args], catch_exceptions=False)
+        return result.exit_code, result.output
+
+    def test_all_lines_merged_and_written_to_the_run_dir(self, finished: Path) -> None:
+        code, out = self.invoke("r1")
+        lines = [ln for ln in out.splitlines() if ln[:4].isdigit()]
+        assert code == 0 and len(lines) == 3 * 12
+        stamps = [ln[:27] for ln in lines]
+        assert stamps == sorted(stamps)
+        assert (finished / "merged.log").read_text().splitlines() == lines
+        assert {ln.split()[1] for ln in lines} == {"gpu01", "gpu02", "gpu03"}
+
+    def test_json_filters_and_tail(self, finished: Path) -> None:
+        code, out = self.invoke("r1", "--json", "--node", "gpu[02-03]", "--rank", "2-3")
+        objs = [json.loads(x) for x in out.splitlines()]
+        assert code == 0 and objs and {o["node"] for o in objs} == {"gpu02"}
+        assert {o["rank"] for o in objs} == {2, 3} and all(o["local_rank"] in (0, 1) for o in objs)
+        assert [parse_ts(o["ts"]) for o in objs] == sorted(parse_ts(o["ts"]) for o in objs)
+        _, out = self.invoke("r1", "--json", "--tail", "2")
+        per_node = [json.loads(x)["node"] for x in out.splitlines()]
+        assert sorted(per_node) == ["gpu01"] * 2 + ["gpu02"] * 2 + ["gpu03"] * 2
+        _, out = self.invoke("r1", "--json", "--grep", r"seq=[0-1]$", "--tail", "1")
+        assert sorted(json.loads(x)["line"] for x in out.splitlines()) == [f"gpu0{i} seq=1" for i in (1, 2, 3)]
+
+    def test_since(self, finished: Path) -> None:
+        _, out = self.invoke("r1", "--json", "--since", "1h")
+        assert len(out.splitlines()) == 36
+        _, out = self.invoke("r1", "--json", "--since", "2999-01-01T00:00:00")
+        assert out == ""
+
+    def test_skew_correction_is_announced_once_and_reorders(self, finished: Path) -> None:
+        # gpu02's clock said to be an hour ahead: all its lines belong before the others.
+        (finished / "check.json").write_text(json.dumps({"offsets_ms": {"gpu02": 3_600_000.0}}))
+        result = CliRunner().invoke(cli, ["logs", "r1"])
+        nodes = [ln.split()[1] for ln in result.stdout.splitlines()]
+        assert nodes[:12] == ["gpu02"] * 12
+        assert result.stderr.count("clock offsets") == 1 and "gpu02 +3600000.0 ms" in result.stderr
+        result = CliRunner().invoke(cli, ["logs", "r1", "--no-skew-correct"])
+        assert [ln.split()[1] for ln in result.stdout.splitlines()][:12] != ["gpu02"] * 12
+        assert "clock offsets" not in result.stderr
+
+    def test_bad_usage_exits_2(self, finished: Path) -> None:
+        from orchestrator.cli import main
+
+        for args in (["logs", "nope"], ["logs", "r1", "--rank", "x"], ["logs", "r1", "--node", "gpu09"],
+                     ["logs", "r1", "--grep", "("], ["logs", "r1", "--since", "later"]):
+            with pytest.raises(SystemExit) as exc:
+                main(args)
+            assert exc.value.code == 2, args

@@ -1,0 +1,148 @@
+"""`orch logs` over real OpenSSH: follow 4 nodes writing at different rates, survive the SSH
+connection being killed on the server side (no line lost, none twice), and an unreachable node."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from orchestrator.cli import cli
+from orchestrator.inventory import Inventory, load
+from orchestrator.logs import READER, Follower, node_sources
+from orchestrator.runs import RunDir, RunStore, remote_dir
+from orchestrator.transport import Cluster
+from tests.cluster import TestCluster
+from tests.logs_support import seqs_by_node, start_writer, write_state
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(autouse=True)
+def orch_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("ORCH_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("NO_COLOR", "1")
+    return tmp_path / "home"
+
+
+def ppid(pid: int) -> int:
+    raw = Path(f"/proc/{pid}/stat").read_text()
+    return int(raw[raw.rfind(")") + 2:].split()[1])
+
+
+def reader_pids(node_dir: str) -> list[int]:
+    out = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if READER.encode() in argv and node_dir.encode() in argv:
+            out.append(int(entry))
+    return out
+
+
+def kill_ssh_session_of(cluster: TestCluster, node: str, pid: int) -> list[int]:
+    """SIGKILL the per-connection sshd process(es) between that node's listening sshd and pid:
+    the server side of the SSH connection dies, as when a node's sshd session is killed."""
+    listener = cluster.node(node).sshd
+    assert listener is not None
+    chain, cur = [], ppid(pid)
+    while cur not in (listener.pid, 1, 0):
+        chain.append(cur)
+        cur = ppid(cur)
+    assert cur == listener.pid and chain, "the reader does not run under this node's sshd"
+    for p in chain:
+        os.kill(p, signal.SIGKILL)
+    return chain
+
+
+def make_run(cluster: TestCluster, run_id: str = "r1") -> tuple[Inventory, RunDir]:
+    inv = load(cluster.write_inventory(job={"nproc_per_node": 2}))
+    return inv, RunStore().create(inv, run_id)
+
+
+def test_follow_four_ssh_nodes_ordered_within_about_a_second(cluster: TestCluster) -> None:
+    inv, run = make_run(cluster)
+    rates = {"node1": (100, 0.02), "node2": (50, 0.04), "node3": (20, 0.1), "node4": (8, 0.25)}
+    writers = [start_writer(inv, run, n, c, dt) for n, (c, dt) in rates.items()]
+    with Cluster(inv) as transports:
+        out = [(time.time(), ln) for ln in Follower(run, inv, transports, watermark=1.0).lines()]
+    for w in writers:
+        w.wait(timeout=30)
+    lines = [ln for _, ln in out]
+    seqs = seqs_by_node([(ln.node, ln.text) for ln in lines])
+    assert {n: seqs[n] for n in rates} == {n: list(range(c)) for n, (c, _) in rates.items()}
+    keys = [(ln.ts, ln.node_rank) for ln in lines]
+    assert keys == sorted(keys)
+    lag = [t - ln.ts for t, ln in out]
+    print(f"lag over SSH: median {statistics.median(lag):.3f} s, max {max(lag):.3f} s")
+    assert statistics.median(lag) < 1.6 and max(lag) < 3.5
+
+
+def test_reconnect_after_the_ssh_connection_is_killed_server_side(cluster: TestCluster) -> None:
+    inv, run = make_run(cluster)
+    writers = [start_writer(inv, run, "node2", 200, 0.015), start_writer(inv, run, "node1", 40, 0.08)]
+    for n in ("node3", "node4"):
+        write_state(inv, run, n, "succeeded")  # finished nodes with an empty log
+    events: list[tuple[str, str]] = []
+    node_dir = os.path.expanduser(remote_dir(inv, inv.node("node2"), run.run_id))
+    killed: list[list[int]] = []
+
+    def killer() -> None:
+        seen: set[int] = set()
+        for _ in range(2):  # each time a new connection's reader is streaming, kill its session
+            deadline = time.monotonic() + 15
+            fresh: list[int] = []
+            while not fresh and time.monotonic() < deadline:
+                time.sleep(0.05)
+                fresh = [p for p in reader_pids(node_dir) if p not in seen]
+            if not fresh:
+                return
+            seen.update(fresh)
+            time.sleep(0.7)
+            killed.append(kill_ssh_session_of(cluster, "node2", fresh[0]))
+
+    thread = threading.Thread(target=killer)
+    with Cluster(inv) as transports:
+        follower = Follower(run, inv, transports, watermark=0.5,
+                            on_event=lambda n, m: events.append((n, m)))
+        thread.start()
+        lines = list(follower.lines())
+    thread.join()
+    for w in writers:
+        w.wait(timeout=30)
+    assert len(killed) == 2, "the SSH session was not killed twice"
+    assert follower.reconnects["node2"] >= 2, events
+    seqs = seqs_by_node([(ln.node, ln.text) for ln in lines])
+    assert seqs["node2"] == list(range(200)) and seqs["node1"] == list(range(40))
+    texts = [(ln.node, ln.ts, ln.text) for ln in lines]
+    assert len(texts) == len(set(texts)), "a line came out twice"
+    src = {s.node: s for s in node_sources(run, inv)}["node2"]
+    assert src.copy.read_bytes() == (Path(node_dir) / "node.log").read_bytes()
+
+
+def test_unreachable_node_is_reported_and_its_earlier_copy_shown(cluster: TestCluster) -> None:
+    inv, run = make_run(cluster)
+    for n in ("node1", "node2", "node3", "node4"):
+        assert start_writer(inv, run, n, 5, 0.001).wait(timeout=30) == 0
+    first = CliRunner().invoke(cli, ["logs", "r1", "--json"])
+    assert first.exit_code == 0 and len(first.stdout.splitlines()) == 4 * 7
+    cluster.stop_node("node3")
+    try:
+        for n in ("node1", "node3"):  # both write more; node3's new lines cannot be fetched
+            assert start_writer(inv, run, n, 3, 0.001).wait(timeout=30) == 0
+        again = CliRunner().invoke(cli, ["logs", "r1", "--json"])
+    finally:
+        cluster.start_node("node3")
+    assert again.exit_code == 0
+    assert "node3: cannot fetch its log" in again.stderr
+    per_node = [json.loads(x)["node"] for x in again.stdout.splitlines()]
+    assert per_node.count("node1") == 7 + 5 and per_node.count("node3") == 7

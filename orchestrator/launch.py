@@ -303,14 +303,15 @@ def attached(con: Console, run: RunDir, record: RunRecord, plan: Plan, cluster: 
 
     def poll_one(name: str) -> dict[str, Any]:
         r = by_name[name]
-        return status_node(cluster[name], r["python"], r["remote_dir"], timeout=max(5.0, grace / 2))
+        # a loaded node answers slowly; only `grace` without an answer makes it unreachable
+        return status_node(cluster[name], r["python"], r["remote_dir"], timeout=grace)
 
     def excerpt(name: str) -> list[str]:
         r = by_name[name]
         return list(status_node(cluster[name], r["python"], r["remote_dir"], tail=200).get("tail") or [])
 
     poller = Poller([p.node.name for p in plan.nodes], poll_one, interval=interval,
-                    stale_after=max(3.0, 2 * interval)).start()
+                    stale_after=grace / 2).start()
     sup = Supervisor([NodeSpec(p.node.name, p.node_rank, p.global_ranks.start, p.node.nproc_per_node)
                       for p in plan.nodes],
                      observe=poller.observe,
@@ -371,17 +372,27 @@ def stream_logs(run: RunDir, inv: Inventory, cluster: Cluster, stop: threading.E
     import sys
 
     try:
-        from .logs import Follower, format_line
+        from .logmerge import column_widths
+        from .logs import Follower, format_line, load_offsets
     except ImportError:
         fallback_stream(run, cluster, stop)
         return
     color = ui.color_enabled(sys.stdout)
+    con = ui.console()
+    nodes = [n.name for n in inv.nodes]
+    width, rank_width = column_widths(nodes, sum(n.nproc_per_node for n in inv.nodes))
+
+    def event(node: str, msg: str) -> None:
+        con.print(f"[dim]{escape(node)}: {escape(msg)}[/]")
+
     try:
-        for line in Follower(run, inv, cluster).lines(stop):
-            sys.stdout.write(format_line(line, color) + "\n")
+        offsets, _origin = load_offsets(run, inv)
+        follower = Follower(run, inv, cluster, offsets_ms=offsets, on_event=event)
+        for line in follower.lines(stop):
+            sys.stdout.write(format_line(line, color, node_width=width, rank_width=rank_width) + "\n")
             sys.stdout.flush()
     except Exception as exc:  # log streaming must never take supervision down with it
-        ui.console().print(f"[yellow]log streaming stopped: {escape(str(exc))}[/]")
+        con.print(f"[yellow]log streaming stopped: {escape(str(exc))}[/]")
 
 
 def fallback_stream(run: RunDir, cluster: Cluster, stop: threading.Event) -> None:

@@ -201,11 +201,19 @@ class Poller:
             out = dict(self.latest)
             for name, since in self.inflight.items():
                 if now - since > self.stale_after:
-                    out[name] = TimeoutError(f"no answer for {now - since:.0f} s")
+                    out[name] = Unanswered(now - since, since)
         return out
 
     def close(self) -> None:
         self.stop.set()
+
+
+class Unanswered(TimeoutError):
+    """A poll still in flight after `stale_after`: the node counts as unreachable since it began."""
+
+    def __init__(self, waited: float, since: float) -> None:
+        super().__init__(f"no answer for {waited:.0f} s")
+        self.since = since
 
 
 @contextmanager
@@ -277,7 +285,7 @@ class Supervisor:
             if obs is None:
                 continue  # no answer yet from its first poll
             if isinstance(obs, Exception):
-                since = self.unreachable_since.setdefault(name, now)
+                since = self.unreachable_since.setdefault(name, getattr(obs, "since", now))
                 changed |= self._set(name, {"state": "unreachable", "error": str(obs)})
                 if now - since >= self.grace:
                     candidates.append(Failure(name, spec.node_rank, f"unreachable for {now - since:.0f} s: {obs}",

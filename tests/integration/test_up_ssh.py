@@ -1,0 +1,199 @@
+"""`orch up` / `status` / `down` over real sshd nodes (loopback cluster), real torchrun, gloo on CPU.
+
+Every test ends by checking each node's process table for anything carrying the run id: a run
+must leave nothing behind, whatever way it ended.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster import TestCluster, free_port
+from tests.up_helpers import DDP_JOB, REPO, Orch, ddp_job, leftover, node_log, node_state, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+def inventory(cluster: TestCluster, *, nproc: int = 1, job_env: dict[str, str] | None = None,
+              **extra: Any) -> Path:
+    """A ddp_job inventory for this cluster: gloo over loopback, a free master port, 5 s stop grace."""
+    master = cluster.nodes[0]
+    env = {"GLOO_SOCKET_IFNAME": "lo", **(job_env or ddp_job())}
+    return cluster.write_inventory(
+        job={"script": DDP_JOB, "nproc_per_node": nproc, "workdir": str(REPO), "stop_grace_s": 5},
+        env=env, master={"port": free_port(master.addr)}, **extra)
+
+
+@pytest.fixture
+def orch(tmp_path: Path) -> Orch:
+    return Orch(tmp_path / "home")
+
+
+def run_root(cluster: TestCluster) -> Path:
+    return cluster.root / "runs"
+
+
+def test_success_4_nodes_x_2_processes(cluster: TestCluster, orch: Orch) -> None:
+    inv = inventory(cluster, nproc=2, job_env=ddp_job(steps=4, sleep=0.1))
+    t0 = time.monotonic()
+    up = orch.start(str(inv), "--skip-checks")
+    code = up.wait(240)
+    assert code == 0, up.err
+    run_id = up.run_id()
+    out = up.out
+    for rank in range(8):
+        node = f"node{rank // 2 + 1}"
+        # host and rank on every line; the sum is checked by every rank against 8*9/2 + 8*3 = 60
+        pattern = rf"\b{node}\s+r{rank}\s+done steps=4 allreduce_ok=True final_sum=60 expected=60"
+        assert re.search(pattern, out), f"no done line of rank {rank} on {node}:\n{out[-3000:]}"
+    assert re.search(r"all 4 nodes running after [\d.]+ s", up.err), up.err
+    assert re.search(r"succeeded on every node in [\d.]+ s", up.err), up.err
+    data = orch.run_json(run_id)
+    assert data["state"] == "succeeded"
+    assert [n["state"] for n in data["nodes"]] == ["succeeded"] * 4
+    assert [n["exit_code"] for n in data["nodes"]] == [0] * 4
+    for name in ("run.json", "plan.json", "inventory.yaml"):
+        assert (orch.run_dir(run_id) / name).stat().st_mode & 0o077 == 0, f"{name} is not private"
+    st = node_state(run_root(cluster), run_id, "node3")
+    assert st["state"] == "succeeded" and st["pgid"] == st["pid"]
+    log = node_log(run_root(cluster), run_id, "node3")
+    assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z (out|err|orch) ", log), log[:200]
+    assert leftover(cluster, run_id) == {}
+    print(f"4x2 success: {time.monotonic() - t0:.1f} s wall; {up.err.splitlines()[1]}")
+
+
+def test_kill9_torchrun_on_one_node_fails_fast_and_cleans_every_node(cluster: TestCluster, orch: Orch) -> None:
+    inv = inventory(cluster, nproc=2, job_env=ddp_job(steps=400, sleep=0.2))
+    up = orch.start(str(inv), "--skip-checks")
+    run_id = up.wait_running()
+    wait_for(lambda: "step 2 " in node_log(run_root(cluster), run_id, "node3"), 90, "node3's workers to step")
+    pid = node_state(run_root(cluster), run_id, "node3")["pid"]
+    os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    code = up.wait(60)
+    elapsed = time.monotonic() - killed
+    assert code == 1, up.err
+    assert elapsed < 30, f"orch up took {elapsed:.1f} s to end after the kill"
+    assert re.search(r"first failure on node3 \(node rank 2", up.err), up.err
+    assert "exit code -9" in up.err and "SIGKILL" in up.err, up.err
+    assert leftover(cluster, run_id) == {}
+    ff = orch.run_json(run_id)["first_failure"]
+    assert ff["node"] == "node3" and ff["exit_code"] == -9
+    print(f"kill -9 -> orch up exit after {elapsed:.1f} s; teardown "
+          f"{orch.run_json(run_id).get('teardown_s')} s")
+
+
+def test_one_rank_raises_excerpt_shows_the_exception(cluster: TestCluster, orch: Orch) -> None:
+    inv = inventory(cluster, nproc=2, job_env=ddp_job(steps=400, sleep=0.2, fail_rank=5, fail_step=3))
+    up = orch.start(str(inv), "--skip-checks")
+    code = up.wait(180)
+    assert code == 1, up.err
+    assert re.search(r"first failure on node3 \(node rank 2, rank 5, exit code 1\)", up.err), up.err
+    assert "RuntimeError: injected failure on rank 5 at step 3" in up.err, up.err
+    assert "Root Cause (first observed failure)" in up.err
+    run_id = up.run_id()
+    assert orch.run_json(run_id)["first_failure"]["rank"] == 5
+    assert leftover(cluster, run_id) == {}
+
+
+def test_sigint_stops_every_node_and_exits_130(cluster: TestCluster, orch: Orch) -> None:
+    inv = inventory(cluster, nproc=1, job_env=ddp_job(steps=400, sleep=0.2))
+    up = orch.start(str(inv), "--skip-checks")
+    run_id = up.wait_running()
+    wait_for(lambda: "step 1 " in node_log(run_root(cluster), run_id, "node4"), 90, "node4 to step")
+    up.proc.send_signal(signal.SIGINT)
+    t = time.monotonic()
+    assert up.wait(60) == 130, up.err
+    print(f"SIGINT -> exit 130 after {time.monotonic() - t:.1f} s")
+    assert leftover(cluster, run_id) == {}
+    data = orch.run_json(run_id)
+    assert data["state"] == "stopped"
+    assert {node_state(run_root(cluster), run_id, f"node{i}")["state"] for i in range(1, 5)} == {"stopped"}
+
+
+def test_detach_status_logs_follow_down(cluster: TestCluster, orch: Orch) -> None:
+    inv = inventory(cluster, nproc=1, job_env=ddp_job(steps=1000, sleep=0.3))
+    r = orch.run("up", str(inv), "--skip-checks", "--detach", timeout=120)
+    assert r.returncode == 0, r.stderr
+    run_id = (orch.home / "latest").read_text().strip()
+    assert f"orch down {run_id}" in r.stderr
+    status = orch.run("status", "--json")
+    assert status.returncode == 0, status.stderr
+    import json
+
+    doc = json.loads(status.stdout)
+    assert doc["run"] == run_id and doc["state"] == "running"
+    assert [n["state"] for n in doc["nodes"]] == ["running"] * 4
+    assert all(n["pid"] for n in doc["nodes"])
+    _follow_shows_new_lines(orch, run_id)
+    down = orch.run("down")
+    assert down.returncode == 0, down.stderr
+    assert leftover(cluster, run_id) == {}
+    again = orch.run("down", run_id)
+    assert again.returncode == 0 and "nothing running" in again.stderr, again.stderr
+    doc = json.loads(orch.run("status", run_id, "--json").stdout)
+    assert doc["state"] == "stopped"
+    assert {n["state"] for n in doc["nodes"]} == {"stopped"}
+
+
+def _follow_shows_new_lines(orch: Orch, run_id: str) -> None:
+    """`orch logs --follow` prints lines written after it started (a step beyond the last one seen)."""
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "logs", "--follow", run_id], cwd=REPO,
+                            env=orch.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        steps: list[int] = []
+        deadline = time.monotonic() + 40
+        assert proc.stdout is not None
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            m = re.search(r"step (\d+) sum=", line)
+            if m:
+                steps.append(int(m.group(1)))
+                if len(steps) > 1 and max(steps) >= min(steps) + 3:
+                    break
+        assert steps and max(steps) >= min(steps) + 3, f"follow showed steps {steps}"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def test_controller_killed_job_keeps_running_then_down(cluster: TestCluster, orch: Orch) -> None:
+    inv = inventory(cluster, nproc=1, job_env=ddp_job(steps=1000, sleep=0.3))
+    up = orch.start(str(inv), "--skip-checks")
+    run_id = up.wait_running()
+    up.proc.kill()
+    up.proc.wait(10)
+    before = len(node_log(run_root(cluster), run_id, "node2"))
+    wait_for(lambda: len(node_log(run_root(cluster), run_id, "node2")) > before + 100, 30,
+             "node2's log to grow after the controller died")
+    import json
+
+    doc = json.loads(orch.run("status", run_id, "--json").stdout)
+    assert doc["state"] == "running" and {n["state"] for n in doc["nodes"]} == {"running"}
+    assert orch.run("down", run_id).returncode == 0
+    assert leftover(cluster, run_id) == {}
+
+
+def test_node_that_cannot_start_stops_the_others(cluster: TestCluster, orch: Orch) -> None:
+    inv = inventory(cluster, nproc=1, job_env=ddp_job(steps=1000, sleep=0.3),
+                    nodes_extra={"node3": {"python": "/nonexistent/bin/python3"}})
+    r = orch.run("up", str(inv), "--skip-checks", timeout=120)
+    assert r.returncode == 1, r.stderr
+    assert "node3: could not start" in r.stderr and "/nonexistent/bin/python3" in r.stderr, r.stderr
+    assert "hint:" in r.stderr
+    run_id = (orch.home / "latest").read_text().strip()
+    assert leftover(cluster, run_id) == {}
+    assert orch.run_json(run_id)["state"] == "failed"

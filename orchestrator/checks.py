@@ -67,14 +67,14 @@ class Findings:
         return CheckResult(self.check, self.node, status, self.value, detail, "; ".join(hints))
 
 
-def majority(values: Mapping[str, Hashable]) -> tuple[Hashable, int]:
-    """The most common value and how many nodes have it (ties: the one seen first, i.e. master)."""
+def majority(values: Mapping[str, Hashable]) -> tuple[Hashable, int, bool]:
+    """(most common value, how many nodes have it, whether it is the only most common value).
+
+    Nodes are judged against it only when it is unique: with 2 against 2 nobody is "the odd one"."""
     counts = Counter(values.values())
-    best = max(counts.values())
-    for v in values.values():
-        if counts[v] == best:
-            return v, best
-    raise ValueError("no values")
+    ranked = counts.most_common()
+    unique = len(ranked) == 1 or ranked[0][1] > ranked[1][1]
+    return ranked[0][0], ranked[0][1], unique
 
 
 def _show(v: Any) -> str:
@@ -209,7 +209,7 @@ def check_timezone(inv: Inventory, facts: Facts) -> list[CheckResult]:
     if not zones:
         return []
     expected = inv.checks.timezone
-    want, count = (expected, 0) if expected else majority({k: v[0] for k, v in zones.items()})
+    want, count, _ = (expected, 0, True) if expected else majority({k: v[0] for k, v in zones.items()})
     out = []
     for node, nf in probed(inv, facts):
         name, shown = zones[node.name]
@@ -334,8 +334,8 @@ def check_nccl_env(inv: Inventory, facts: Facts) -> list[CheckResult]:
             others = {n: e.get(var) for n, e in envs.items()}
             if len(others) < 2:
                 continue
-            common, count = majority(others)
-            if env.get(var) != common and count > len(others) / 2:
+            common, count, unique = majority(others)
+            if env.get(var) != common and unique:
                 f.add("warn", f"{var}={_show(env.get(var))} here, but {count} of {len(others)} nodes have "
                               f"{var}={_show(common)}",
                       f"set {var} in the inventory `env` so every node gets the same value")
@@ -442,8 +442,8 @@ def _judge_gpus(node: Node, g: GpuFacts, models: Mapping[str, str], drivers: Map
         f.add("warn", f"mixed GPU models on one node: {_models(g)}")
     for label, values, mine in (("model", models, _models(g)), ("driver", drivers, g.driver)):
         if len(values) > 1:
-            common, count = majority(values)
-            if mine != common and count > len(values) / 2:
+            common, count, unique = majority(values)
+            if mine != common and unique:
                 f.add("fail", f"GPU {label} {mine} differs from the majority ({count} nodes: {common})",
                       "install the same driver on every node (mismatched drivers/CUDA fail silently in NCCL)")
     busy = sorted({p.gpu for p in g.processes} | {x.index for x in g.gpus if (x.memory_used_mib or 0) >= BUSY_MIB})
@@ -487,8 +487,8 @@ def check_software(inv: Inventory, facts: Facts) -> list[CheckResult]:
             values = {k: v.get(key) for k, v in sw.items()}
             if len(values) < 2:
                 continue
-            common, count = majority(values)
-            if s.get(key) != common and count > len(values) / 2:
+            common, count, unique = majority(values)
+            if s.get(key) != common and unique:
                 f.add("fail", f"{key} {_show(s.get(key))} differs from the majority ({count} nodes: {_show(common)})",
                       "install identical versions everywhere (mismatched torch/CUDA/NCCL hang or fail silently)")
         out.append(f.result("versions agree with every other node"))
@@ -574,10 +574,10 @@ def _judge_path(key: str, path: str, p: Mapping[str, Any], digests: Mapping[str,
         if key.replace("-", "_") in ("weights", "data"):
             f.add("fail", f"{key}: {path} is not a file")
         return
-    common_any, count = majority(digests)
+    common_any, count, unique = majority(digests)
     common: tuple[Any, ...] = tuple(common_any)  # type: ignore[arg-type]
     mine = _digest(p)
-    if len(digests) > 1 and mine != common and count > len(digests) / 2:
+    if len(digests) > 1 and mine != common and unique:
         f.add("fail", f"{key}: {path} differs from the majority ({count} nodes): size {p.get('size')} vs "
                       f"{common[1]}, sha256 {str(p.get('sha256'))[:12]} vs {str(common[2])[:12]}",
               "sync the file so every node reads the same bytes (rsync -c)")

@@ -330,6 +330,9 @@ def gather(args: dict) -> dict:
 def open_listener(host: str, port: int) -> tuple:
     """Bind and listen; returns (socket, None) or (None, error text)."""
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # like torchrun's TCPStore: TIME_WAIT leftovers of an earlier run must not read as "taken",
+    # while a live listener still makes bind fail
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         s.bind((host, port))
         s.listen(64)
@@ -366,8 +369,10 @@ def serve(listeners: dict, args: dict, deadline: float) -> None:
             try:
                 conn.setblocking(True)
                 conn.settimeout(2)
-                conn.sendall((f"ORCH-PONG {token} {node} {socks[s]}\n").encode())
+                conn.sendall(f"ORCH-PONG {token} {node} {socks[s]}\n".encode())
                 seen += 1
+                # let the client close first, so TIME_WAIT lands on its ephemeral port, not ours
+                conn.recv(64)
             except OSError:
                 pass
             finally:

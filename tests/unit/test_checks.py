@@ -1,0 +1,382 @@
+"""Pure checks on fabricated facts: each fault on one node fails exactly that node's check."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from orchestrator import checks
+from orchestrator.checks import CheckResult, IfSpec
+from orchestrator.errors import UsageError
+from orchestrator.facts import NodeFacts
+from orchestrator.inventory import Inventory, parse
+from orchestrator.preflight import CheckReport, render_report, select_checks
+
+FIX = Path(__file__).resolve().parent.parent / "fixtures" / "probe"
+NODES = ["n1", "n2", "n3", "n4"]
+
+
+def inventory(extra: str = "", gpus: bool = False, rdma: bool = False, ntp: bool = True) -> Inventory:
+    text = f"""
+name: t
+nodes:
+  - host: 10.0.0.[1-4]
+    name: n[1-4]
+    {"gpus: 8" if gpus else ""}
+master: {{port: 29500}}
+checks:
+  clock: {{{"ntp_server: 10.0.0.1" if ntp else ""}}}
+  rdma: {{devices: {"[mlx5_0]" if rdma else "[]"}}}
+job:
+  python: /opt/py/bin/python
+  workdir: /work
+  nproc_per_node: {8 if gpus else 2}
+  args:
+    model: yolo12n.yaml
+    data: /data/coco.yaml
+    batch: 64
+{extra}
+"""
+    return parse(text, "t.yaml")
+
+
+def base_raw(name: str) -> dict[str, Any]:
+    return {
+        "env": {}, "inventory_env": [],
+        "tz": {"TZ": None, "localtime": "/usr/share/zoneinfo/Asia/Shanghai", "etc_timezone": None,
+               "abbr": "CST", "utcoffset": "+0800"},
+        "ifaces": [{"name": "lo", "up": True, "ipv4": ["127.0.0.1"]},
+                   {"name": "ens2f1", "up": True, "ipv4": [f"10.0.0.{name[-1]}"]}],
+        "ib": {"devices": {}},
+        "gpus": {"source": "nvidia-smi", "query": {"rc": None, "out": "", "err": "nvidia-smi: not found"},
+                 "table": {"rc": None, "out": "", "err": "nvidia-smi: not found"}},
+        "software": {"python": "3.10.12", "torch": "2.1.0+cu121", "cuda": "12.1", "nccl": "2.18.1",
+                     "ultralytics": "8.2.37"},
+        "ntp": {"server": "10.0.0.1", "offset_ms": 1.5, "delay_ms": 0.4, "errors": []},
+        "paths": {"data": {"path": "/data/coco.yaml", "exists": True, "is_file": True, "size": 20,
+                           "sha256": "aa" * 32, "text": "path: /data\nnames: {0: person}\n"}},
+        "workdir": {"path": "/work", "exists": True, "is_dir": True},
+        "listen": {"ring": {"addr": "x", "port": 40000}},
+    }
+
+
+def make_facts(inv: Inventory, edit: dict[str, Any] | None = None) -> dict[str, NodeFacts]:
+    """Healthy facts for every node; `edit[node](raw, nf)` injects one fault."""
+    out = {}
+    names = [n.name for n in inv.nodes]
+    for i, node in enumerate(inv.nodes):
+        succ = names[(i + 1) % len(names)]
+        nf = NodeFacts(node, connect_ms=20, rtt_ms=4, ssh_offset_ms=0.5, raw=base_raw(node.name))
+        nf.listen = copy.deepcopy(nf.raw["listen"])
+        if node.name == inv.master.name:
+            nf.listen["master_port"] = {"port": 29500, "bound": True, "error": None}
+        else:
+            nf.reach.append({"kind": "master", "node": "n1", "addr": "10.0.0.1", "port": 29500, "ok": True, "ms": 0.3})
+        nf.reach.append({"kind": "ring", "node": succ, "addr": "10.0.0.9", "port": 40000, "ok": True, "ms": 0.2})
+        if edit and node.name in edit:
+            edit[node.name](nf.raw, nf)
+        out[node.name] = nf
+    return out
+
+
+def by(results: list[CheckResult], check: str) -> dict[str, CheckResult]:
+    return {r.node: r for r in results if r.check == check}
+
+
+def only_failure(results: list[CheckResult]) -> set[tuple[str, str]]:
+    return {(r.check, r.node) for r in results if r.status == "fail"}
+
+
+def run(inv: Inventory, facts: dict[str, NodeFacts]) -> list[CheckResult]:
+    return checks.run_checks(inv, facts, select_checks(None, None))
+
+
+def test_clean_cluster_passes_and_hardware_checks_skip() -> None:
+    inv = inventory()
+    results = run(inv, make_facts(inv))
+    assert only_failure(results) == set()
+    assert len(results) == 9 * 4  # one result per (check, node)
+    assert {r.status for r in results if r.check in ("gpus", "rdma")} == {"skip"}
+    assert all(r.status == "ok" for r in results if r.check not in ("gpus", "rdma")), \
+        [r for r in results if r.status != "ok" and r.check not in ("gpus", "rdma")]
+
+
+def test_unreachable_node_fails_ssh_and_skips_the_rest() -> None:
+    inv = inventory()
+    facts = make_facts(inv)
+    facts["n3"] = NodeFacts(inv.node("n3"), error="n3: connection to root@10.0.0.3:22 refused",
+                            error_kind="unreachable", hint="is sshd running on that port?")
+    for nf in facts.values():  # nobody reaches n3's ring port
+        nf.reach = [r for r in nf.reach if r["node"] != "n3"]
+    results = run(inv, facts)
+    assert only_failure(results) == {("ssh", "n3")}
+    ssh = by(results, "ssh")["n3"]
+    assert "refused" in ssh.detail and ssh.hint
+    others = [r for r in results if r.node == "n3" and r.check != "ssh"]
+    assert len(others) == 8 and all(r.status == "skip" and "not probed" in r.detail for r in others)
+
+
+def test_clock_over_limit_on_one_node_via_ntp() -> None:
+    inv = inventory()
+    facts = make_facts(inv, {"n2": lambda raw, nf: raw["ntp"].update(offset_ms=2034.0)})
+    results = run(inv, facts)
+    assert only_failure(results) == {("clock", "n2")}
+    r = by(results, "clock")["n2"]
+    assert r.value == "+2034 ms" and "limit 50 ms" in r.detail and "chronyc makestep" in r.hint
+    offsets, _, ref = checks.clock_offsets(inv, facts)
+    assert offsets["n2"] == 2034.0 and "10.0.0.1" in ref
+
+
+def test_clock_warns_over_half_and_fails_without_answer() -> None:
+    inv = inventory()
+    facts = make_facts(inv, {"n2": lambda raw, nf: raw["ntp"].update(offset_ms=-30.0),
+                             "n4": lambda raw, nf: raw.update(ntp={"server": "10.0.0.1", "errors": ["timed out"]})})
+    c = by(checks.check_clock(inv, facts), "clock")
+    assert c["n2"].status == "warn" and c["n2"].value == "-30 ms"
+    assert c["n4"].status == "fail" and "timed out" in c["n4"].detail
+    assert c["n1"].status == "ok"
+
+
+def test_clock_without_ntp_server_judges_spread_from_ssh_estimates() -> None:
+    inv = inventory(ntp=False)
+
+    def skew(raw: dict[str, Any], nf: NodeFacts) -> None:
+        nf.ssh_offset_ms = 2000.0
+    facts = make_facts(inv, {"n3": skew})
+    c = by(checks.check_clock(inv, facts), "clock")
+    # the median of (0.5, 0.5, 2000, 0.5) is 0.5: n3 is 1999.5 ms off the cluster's consensus
+    assert c["n3"].status == "fail" and c["n3"].value == "+2000 ms"
+    assert {c[n].status for n in ("n1", "n2", "n4")} == {"ok"}
+    assert "median of the nodes" in c["n1"].detail
+
+
+def test_timezone_majority_and_expected() -> None:
+    inv = inventory()
+    facts = make_facts(inv, {"n4": lambda raw, nf: raw["tz"].update(TZ="UTC", abbr="UTC", utcoffset="+0000")})
+    tz = by(checks.check_timezone(inv, facts), "timezone")
+    assert tz["n4"].status == "fail" and "majority (3 nodes) is in Asia/Shanghai" in tz["n4"].detail
+    assert "timedatectl set-timezone Asia/Shanghai" in tz["n4"].hint and "TZ=UTC" in tz["n4"].hint
+    assert {tz[n].status for n in ("n1", "n2", "n3")} == {"ok"}
+    inv2 = parse(inv.source.replace("checks:\n", "checks:\n  timezone: Etc/UTC\n"), "t.yaml")
+    tz2 = by(checks.check_timezone(inv2, facts), "timezone")
+    assert tz2["n4"].status == "ok"  # UTC and Etc/UTC are the same zone
+    assert tz2["n1"].status == "fail" and "checks.timezone is Etc/UTC" in tz2["n1"].detail
+
+
+@pytest.mark.parametrize("value,status", [
+    ("ens2f1", "ok"), ("ens", "ok"), ("=ens2f1", "ok"), ("=ens2", "fail"), ("eth9", "fail"),
+    ("^lo,ens", "fail"), ("^docker,lo", "ok"), ("ib0,ens2f1", "warn"),
+])
+def test_socket_ifname_syntax(value: str, status: str) -> None:
+    inv = inventory(f"env:\n  NCCL_SOCKET_IFNAME: '{value}'")
+    facts = make_facts(inv, {n: (lambda raw, nf: raw["env"].update(NCCL_SOCKET_IFNAME=value)) for n in NODES})
+    res = by(checks.check_nccl_env(inv, facts), "nccl_env")
+    assert {r.status for r in res.values()} == {status}, res["n1"]
+
+
+def test_ifname_parse() -> None:
+    assert IfSpec.parse("^=docker0,lo") == IfSpec(True, True, ("docker0", "lo"))
+    assert IfSpec.parse("eth,ib") == IfSpec(False, False, ("eth", "ib"))
+    assert IfSpec.parse("eth0", exact_default=True).exact
+
+
+def test_interface_missing_or_down_on_one_node() -> None:
+    inv = inventory()
+
+    def lacks(raw: dict[str, Any], nf: NodeFacts) -> None:
+        raw["ifaces"] = [i for i in raw["ifaces"] if i["name"] != "ens2f1"]
+
+    def down(raw: dict[str, Any], nf: NodeFacts) -> None:
+        raw["ifaces"][1].update(up=False)
+    edits = {n: (lambda raw, nf: raw["env"].update(NCCL_SOCKET_IFNAME="ens2f1")) for n in NODES}
+    facts = make_facts(inv, edits)
+    lacks(facts["n2"].raw, facts["n2"])
+    down(facts["n4"].raw, facts["n4"])
+    res = checks.run_checks(inv, facts, ["nccl_env"])
+    assert only_failure(res) == {("nccl_env", "n2"), ("nccl_env", "n4")}
+    r = by(res, "nccl_env")
+    assert "no such interface" in r["n2"].detail and "have: lo" in r["n2"].detail
+    assert "not up" in r["n4"].detail
+
+
+def test_ib_disable_with_rdma_required_fails_that_node_only() -> None:
+    inv = inventory(rdma=True)
+    ib = {"devices": {"mlx5_0": {"ports": {"1": {"state": "4: ACTIVE", "phys_state": "5: LinkUp",
+                                                 "rate": "100 Gb/sec (4X EDR)", "link_layer": "InfiniBand"}}}}}
+    edits = {n: (lambda raw, nf: raw.update(ib=copy.deepcopy(ib))) for n in NODES}
+    facts = make_facts(inv, edits)
+    facts["n3"].raw["env"]["NCCL_IB_DISABLE"] = "1"
+    res = run(inv, facts)
+    assert only_failure(res) == {("nccl_env", "n3")}
+    r = by(res, "nccl_env")["n3"]
+    assert "silently fall back to TCP" in r.detail and "login environment" in r.detail
+    assert by(res, "rdma")["n1"].status == "ok" and "100 Gb/sec" in by(res, "rdma")["n1"].value
+
+
+def test_env_differing_from_majority_is_a_warning_naming_both() -> None:
+    inv = inventory()
+    facts = make_facts(inv, {"n2": lambda raw, nf: raw["env"].update(NCCL_DEBUG="INFO")})
+    r = by(checks.check_nccl_env(inv, facts), "nccl_env")
+    assert r["n2"].status == "warn" and "NCCL_DEBUG=INFO here" in r["n2"].detail
+    assert "NCCL_DEBUG=unset" in r["n2"].detail and r["n1"].status == "ok"
+
+
+def test_ib_hca_missing() -> None:
+    inv = inventory()
+    facts = make_facts(inv, {"n1": lambda raw, nf: raw["env"].update(NCCL_IB_HCA="=mlx5_0:1")})
+    r = by(checks.check_nccl_env(inv, facts), "nccl_env")
+    assert r["n1"].status == "fail" and "mlx5_0:1 not under /sys/class/infiniband" in r["n1"].detail
+
+
+def _fixture_ib(name: str) -> dict[str, Any]:
+    import os
+
+    from orchestrator import probe
+    old = os.environ.get("ORCH_PROBE_FIXTURES")
+    os.environ["ORCH_PROBE_FIXTURES"] = str(FIX / name)
+    try:
+        return probe.gather_ib()
+    finally:
+        if old is None:
+            del os.environ["ORCH_PROBE_FIXTURES"]
+        else:
+            os.environ["ORCH_PROBE_FIXTURES"] = old
+
+
+def _fixture_gpus(name: str) -> dict[str, Any]:
+    return {"source": f"fixture {name}", "query": {"rc": None, "out": "", "err": "absent"},
+            "table": {"rc": 0, "out": (FIX / name / "nvidia-smi.txt").read_text(), "err": ""}}
+
+
+def test_rdma_port_down_and_device_missing_from_fixtures() -> None:
+    inv = inventory(rdma=True)
+    edits = {"n1": lambda raw, nf: raw.update(ib=_fixture_ib("v100")),
+             "n2": lambda raw, nf: raw.update(ib=_fixture_ib("mlx5-port-down")),
+             "n3": lambda raw, nf: raw.update(ib=_fixture_ib("mlx5-missing")),
+             "n4": lambda raw, nf: raw.update(ib=_fixture_ib("v100"))}
+    res = checks.run_checks(inv, make_facts(inv, edits), ["rdma"])
+    assert only_failure(res) == {("rdma", "n2"), ("rdma", "n3")}
+    r = by(res, "rdma")
+    assert "no ACTIVE LinkUp port" in r["n2"].detail and "1: DOWN" in r["n2"].detail
+    assert "mlx5_0 missing" in r["n3"].detail
+    assert "400 Gb/sec (4X NDR) InfiniBand" in r["n1"].value and "TCP" in r["n1"].detail
+
+
+def test_rdma_ring_unreachable_fails_the_connecting_node() -> None:
+    inv = inventory(rdma=True)
+    edits = {n: (lambda raw, nf: raw.update(ib=_fixture_ib("v100"))) for n in NODES}
+    facts = make_facts(inv, edits)
+    facts["n2"].reach[-1].update(ok=False, error="No route to host")
+    r = by(checks.check_rdma(inv, facts), "rdma")
+    assert r["n2"].status == "fail" and "No route to host" in r["n2"].detail
+    assert r["n1"].status == "ok"
+
+
+def test_gpus_missing_gpu_and_driver_mismatch_from_fixtures() -> None:
+    inv = inventory(gpus=True)
+    edits = {"n1": lambda raw, nf: raw.update(gpus=_fixture_gpus("v100")),
+             "n2": lambda raw, nf: raw.update(gpus=_fixture_gpus("v100-missing-gpu")),
+             "n3": lambda raw, nf: raw.update(gpus=_fixture_gpus("v100-driver-mismatch")),
+             "n4": lambda raw, nf: raw.update(gpus=_fixture_gpus("v100"))}
+    res = checks.run_checks(inv, make_facts(inv, edits), ["gpus", "job"])
+    assert only_failure(res) == {("gpus", "n2"), ("gpus", "n3"), ("job", "n2")}
+    g = by(res, "gpus")
+    assert "7 GPUs visible but nproc_per_node is 8" in g["n2"].detail
+    assert "driver 535.104.05 differs from the majority (3 nodes: 535.129.03)" in g["n3"].detail
+    # the recorded V100 node runs 8 python processes: busy GPUs are a warning
+    assert g["n1"].status == "warn" and "pid 1552275 /usr/bin/python3" in g["n1"].detail
+    assert g["n1"].value == "8 × Tesla V100-SXM2-16GB, driver 535.129.03"
+
+
+def test_gpus_absent_nvidia_smi_fails_when_declared() -> None:
+    inv = inventory(gpus=True)
+    g = by(checks.check_gpus(inv, make_facts(inv)), "gpus")
+    assert {r.status for r in g.values()} == {"fail"} and "not found" in g["n1"].detail
+
+
+def test_software_mismatch_missing_torch_and_bad_python() -> None:
+    inv = inventory()
+
+    def fallback(raw: dict[str, Any], nf: NodeFacts) -> None:
+        nf.python_fallback = "/opt/py/bin/python could not run the probe: No such file or directory"
+    edits = {"n2": lambda raw, nf: raw["software"].update(torch="2.2.0+cu121"),
+             "n3": lambda raw, nf: raw["software"].update(torch=None, torch_error="ModuleNotFoundError"),
+             "n4": fallback}
+    s = by(checks.check_software(inv, make_facts(inv, edits)), "software")
+    assert s["n1"].status == "ok"
+    assert s["n2"].status == "fail" and "torch 2.2.0+cu121 differs from the majority (2 nodes: 2.1.0+cu121)" in s["n2"].detail
+    assert s["n3"].status == "fail" and "not importable" in s["n3"].detail
+    assert s["n4"].status == "fail" and "job.python /opt/py/bin/python does not work here" in s["n4"].detail
+
+
+def test_job_relative_path_and_batch_are_reported_on_the_master() -> None:
+    inv = parse(inventory().source.replace("data: /data/coco.yaml", "data: coco.yaml\n    weights: yolo12n.pt")
+                .replace("batch: 64", "batch: 18"), "t.yaml")
+    res = checks.run_checks(inv, make_facts(inv), ["job"])
+    assert only_failure(res) == {("job", "n1")}
+    r = by(res, "job")["n1"]
+    assert "global batch 18 does not divide by world size 8" in r.detail and "16 or 24" in r.hint
+    assert "'coco.yaml' is a relative path" in r.detail and "data: /work/coco.yaml" in r.hint
+    assert "weights: /work/yolo12n.pt" in r.hint
+    assert "model" not in r.detail  # yolo12n.yaml is a built-in config name
+
+
+def test_job_data_missing_differs_or_without_names_on_one_node() -> None:
+    inv = inventory()
+    edits = {"n2": lambda raw, nf: raw["paths"]["data"].update(exists=False, is_file=False),
+             "n3": lambda raw, nf: raw["paths"]["data"].update(sha256="bb" * 32, text="path: /data\n"),
+             "n4": lambda raw, nf: raw["workdir"].update(exists=False, is_dir=False)}
+    res = checks.run_checks(inv, make_facts(inv, edits), ["job"])
+    assert only_failure(res) == {("job", "n2"), ("job", "n3"), ("job", "n4")}
+    r = by(res, "job")
+    assert "/data/coco.yaml does not exist on this node" in r["n2"].detail
+    assert "differs from the majority" in r["n3"].detail and "has no `names`" in r["n3"].detail
+    assert "workdir /work does not exist" in r["n4"].detail
+
+
+def test_ports_taken_on_master_and_unreachable_from_one_node() -> None:
+    inv = inventory()
+    facts = make_facts(inv, {"n1": lambda raw, nf: nf.listen.update(master_port={
+        "port": 29500, "bound": False, "error": "Address already in use (errno 98)", "holder": "python3 pid 99"})})
+    p = by(checks.check_ports(inv, facts), "ports")
+    assert p["n1"].status == "fail" and "taken by python3 pid 99" in p["n1"].detail and "master.port" in p["n1"].hint
+    assert {p[n].status for n in ("n2", "n3", "n4")} == {"ok"} and "not tested" in p["n2"].detail
+    facts = make_facts(inv, {"n3": lambda raw, nf: nf.reach[0].update(ok=False, error="Connection refused")})
+    p = by(checks.check_ports(inv, facts), "ports")
+    assert p["n3"].status == "fail" and "cannot connect to the master at 10.0.0.1:29500" in p["n3"].detail
+    assert {p[n].status for n in ("n1", "n2", "n4")} == {"ok"}
+
+
+def test_selection_inventory_skip_and_unknown_names() -> None:
+    assert select_checks(["ssh", "clock"], None) == ["ssh", "clock"]
+    assert "ports" not in select_checks(None, ["ports"])
+    with pytest.raises(UsageError):
+        select_checks(["nope"], None)
+    inv = parse(inventory().source.replace("checks:\n", "checks:\n  skip: [clock]\n"), "t.yaml")
+    res = checks.run_checks(inv, make_facts(inv), ["ssh", "clock"])
+    assert [r.status for r in res if r.check == "clock"] == ["skip"] * 4
+    assert "checks.skip" in res[-1].detail
+
+
+def test_report_json_shape_exit_code_and_table() -> None:
+    inv = inventory()
+    facts = make_facts(inv, {"n2": lambda raw, nf: raw["ntp"].update(offset_ms=2034.0)})
+    results = run(inv, facts)
+    offsets, _, ref = checks.clock_offsets(inv, facts)
+    report = CheckReport(results, offsets, ref)
+    assert not report.ok and report.exit_code == 1
+    data = json.loads(json.dumps(report.to_json("inventory/t.yaml")))
+    assert data["inventory"] == "inventory/t.yaml" and data["ok"] is False
+    assert set(data["results"][0]) == {"check", "node", "status", "value", "detail", "hint"}
+    assert data["offsets_ms"]["n2"] == 2034.0
+    buf = io.StringIO()
+    render_report(report, Console(file=buf, width=200, no_color=True))
+    text = buf.getvalue()
+    assert "+2034 ms" in text and "preflight failed" in text and "1 fail" in text
+    assert CheckReport([r for r in results if r.status != "fail"]).exit_code == 0

@@ -1,0 +1,119 @@
+"""The node probe and the parsers of what real tools print (recorded output in tests/fixtures/probe)."""
+
+from __future__ import annotations
+
+import ast
+import base64
+import hashlib
+import zlib
+from pathlib import Path
+
+import pytest
+
+from orchestrator import facts, probe
+
+FIX = Path(__file__).resolve().parent.parent / "fixtures" / "probe"
+
+
+def test_probe_is_stdlib_only_and_python38_syntax() -> None:
+    source = Path(probe.__file__).read_text()
+    tree = ast.parse(source, feature_version=(3, 8))
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert imported <= {"__future__", "hashlib", "json", "os", "select", "shutil", "socket", "struct",
+                        "subprocess", "sys", "threading", "time", "fcntl"}, imported
+
+
+def test_probe_command_carries_the_probe_source() -> None:
+    argv = facts.probe_command("/opt/py/bin/python", {"mode": "facts", "node": "n1"})
+    assert argv[0] == "/opt/py/bin/python" and argv[1] == "-c"
+    blob = argv[2].split("b64decode('")[1].split("'")[0]
+    assert zlib.decompress(base64.b64decode(blob)) == Path(probe.__file__).read_bytes()
+    assert '"node": "n1"' in argv[3]
+
+
+def test_a100_query_csv_dedupes_samples_by_bus_id() -> None:
+    gpus = facts.parse_gpu_query_csv((FIX / "a100-csv" / "nvidia-smi-query-gpu.csv").read_text())
+    assert [g.bus_id for g in gpus] == ["00000000:0B:00.0", "00000000:3B:00.0", "00000000:8B:00.0"]
+    assert {g.name for g in gpus} == {"NVIDIA A100-SXM4-40GB"}
+    assert {g.driver for g in gpus} == {"545.23.08"}
+    # the last sample of each GPU wins: 0B was last seen at 11:27:15 with 38803 MiB used
+    assert gpus[0].memory_used_mib == 38803 and gpus[0].memory_total_mib == 40960
+    assert gpus[2].memory_used_mib == 39671
+
+
+def test_v100_table_gpus_driver_cuda_and_processes() -> None:
+    driver, cuda, gpus, procs = facts.parse_nvidia_smi_table((FIX / "v100" / "nvidia-smi.txt").read_text())
+    assert (driver, cuda) == ("535.129.03", "12.2")
+    assert [g.index for g in gpus] == list(range(8))
+    assert gpus[0].name == "Tesla V100-SXM2-16GB" and gpus[0].bus_id == "00000000:00:17.0"
+    assert gpus[0].memory_used_mib == 3087 and gpus[0].memory_total_mib == 16384 and gpus[0].util_pct == 100
+    assert len(procs) == 8 and procs[0].pid == 1552275 and procs[0].name == "/usr/bin/python3"
+
+
+@pytest.mark.parametrize("name,count,driver,cuda,model", [
+    ("nvidia-smi_table_8xH100-80GB-HBM3_550.90.07_gpud.txt", 8, "550.90.07", "12.4", "NVIDIA H100 80GB HBM3"),
+    ("nvidia-smi_table_1gpu_ERR_525.125.06_gpud.txt", 1, "525.125.06", "12.0", "NVIDIA GeForce ..."),
+])
+def test_other_real_tables(name: str, count: int, driver: str, cuda: str, model: str) -> None:
+    d, c, gpus, procs = facts.parse_nvidia_smi_table((FIX / "tables" / name).read_text())
+    assert (d, c, len(gpus), procs) == (driver, cuda, count, [])
+    assert gpus[0].name == model
+
+
+def test_derived_missing_gpu_has_seven() -> None:
+    _, _, gpus, procs = facts.parse_nvidia_smi_table((FIX / "v100-missing-gpu" / "nvidia-smi.txt").read_text())
+    assert len(gpus) == 7 and len(procs) == 7
+
+
+def test_probe_reads_fixture_sets(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORCH_PROBE_FIXTURES", str(FIX / "v100"))
+    g = facts.parse_gpus(probe.gather_gpus())
+    assert len(g.gpus) == 8 and g.driver == "535.129.03" and g.cuda == "12.2" and "fixture" in g.source
+    ib = facts.parse_ib(probe.gather_ib())
+    assert set(ib) >= {"mlx5_0", "mlx5_bond_0"}
+    port = ib["mlx5_0"].ports[0]
+    assert port.active and port.rate == "400 Gb/sec (4X NDR)" and port.link_layer == "InfiniBand"
+    assert ib["mlx5_bond_0"].ports[0].link_layer == "Ethernet"
+
+
+def test_probe_fixture_port_down_and_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORCH_PROBE_FIXTURES", str(FIX / "mlx5-port-down"))
+    ib = facts.parse_ib(probe.gather_ib())
+    assert not ib["mlx5_0"].ports[0].active and ib["mlx5_1"].ports[0].active
+    monkeypatch.setenv("ORCH_PROBE_FIXTURES", str(FIX / "mlx5-missing"))
+    assert "mlx5_0" not in facts.parse_ib(probe.gather_ib())
+
+
+def test_absent_tools_are_facts_not_crashes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("ORCH_PROBE_FIXTURES", str(tmp_path))  # an empty set: no nvidia-smi, no HCAs
+    g = facts.parse_gpus(probe.gather_gpus())
+    assert g.gpus == () and g.error and "not found" in g.error
+    assert probe.gather_ib()["devices"] == {}
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert probe.run_tool(["nvidia-smi"])["rc"] is None
+
+
+def test_file_facts_hash_and_text(tmp_path: Path) -> None:
+    f = tmp_path / "data.yaml"
+    f.write_text("names: {0: a}\n")
+    got = probe.file_facts(str(f), True)
+    assert got["exists"] and got["is_file"] and got["size"] == 14 and got["text"] == "names: {0: a}"
+    assert got["sha256"] == hashlib.sha256(f.read_bytes()).hexdigest()
+    missing = probe.file_facts(str(tmp_path / "nope"), True)
+    assert missing["exists"] is False and "sha256" not in missing
+
+
+def test_probe_sees_interfaces_and_zone() -> None:
+    ifaces = probe.gather_ifaces()
+    lo = next(i for i in ifaces if i["name"] == "lo")
+    assert lo["up"] and lo["ipv4"] == ["127.0.0.1"]
+    tz = probe.gather_tz()
+    assert set(tz) == {"TZ", "localtime", "etc_timezone", "abbr", "utcoffset"}
+
+
+def test_sysfs_words() -> None:
+    port = facts.IbPort("1", "4: ACTIVE", "5: LinkUp", "100 Gb/sec (4X EDR)", "InfiniBand")
+    assert port.active
+    assert not facts.IbPort("1", "4: ACTIVE", "3: Disabled", None, None).active
+    assert not facts.IbPort("1", None, None, None, None).active

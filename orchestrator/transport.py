@@ -397,6 +397,10 @@ def _translate(node: Node, exc: BaseException) -> TransportError:
     if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
         return TransportError(node.name, "unreachable", f"connection to {target} refused",
                               "is sshd running on that port? (systemctl status ssh)")
+    if isinstance(exc, FileNotFoundError) and exc.filename:
+        # paramiko opening a missing ssh.identity: a credential problem, not a network one
+        return TransportError(node.name, "auth", f"cannot read identity file {exc.filename}: {exc.strerror}",
+                              "check ssh.identity: the private key must exist on this (the controller) machine")
     if isinstance(exc, OSError):
         reason = os.strerror(exc.errno) if exc.errno else str(exc)
         kind = "unreachable" if exc.errno in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH,

@@ -1,0 +1,254 @@
+"""SSHTransport against real sshd nodes: errors by kind, host key policies, put, popen, quoting."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from orchestrator import inventory
+from orchestrator.errors import TransportError
+from orchestrator.transport import Cluster, LocalTransport, SSHTransport, Transport
+from tests.cluster import KeyStore, TestCluster
+
+MODES = [pytest.param("loopback"), pytest.param("netns", marks=pytest.mark.netns)]
+ECHO = [sys.executable, "-S", "-c", "import json,os,sys; print(json.dumps([sys.argv[1:], os.environ.get('X')]))"]
+# Anything a shell might interpret (quotes, newlines, $(), backticks, spaces) plus unicode;
+# NUL cannot exist in argv or environ at all, lone surrogates cannot be encoded.
+TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=40)
+NASTY = ["", " ", "a b", "'", '"', "$(id)", "`id`", "$HOME", "\\", "line1\nline2", "\r\t", "*", ";rm -rf /;",
+         "ünïcødé ✓ 日本", "--", "-c", "~", "%s{}"]
+
+
+@pytest.fixture(scope="module")
+def shared(cluster_keys: KeyStore, tmp_path_factory: pytest.TempPathFactory):
+    """One 4-node loopback cluster for the tests that do not change it (saves a start per test)."""
+    c = TestCluster(cluster_keys, 4, "loopback", root=tmp_path_factory.mktemp("shared")).start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def _inv(c: TestCluster, **ssh: object) -> inventory.Inventory:
+    """The cluster's inventory with some `ssh:` keys overridden."""
+    path = c.root / f"inv-{time.monotonic_ns()}.yaml"
+    return inventory.load(c.write_inventory(path, ssh=ssh) if ssh else c.write_inventory(path))
+
+
+def _connect_error(node: inventory.Node) -> TransportError:
+    with pytest.raises(TransportError) as err, SSHTransport(node) as t:
+        t.run(["true"])
+    return err.value
+
+
+# ----------------------------------------------------------------------------- fan-out
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_fan_out_with_one_sshd_stopped_reports_every_node(make_cluster, mode):
+    c = make_cluster(4, mode)
+    inv = inventory.load(c.write_inventory())
+    with Cluster(inv) as cl:
+        before = cl.fan_out(lambda t: t.run(["hostname"]).check().stdout.strip())
+    assert all(isinstance(v, str) for v in before.values())
+    if mode == "netns":
+        assert before == {n: n for n in before}
+    c.stop_node("node3")
+    with Cluster(inv) as cl:
+        start = time.monotonic()
+        got = cl.fan_out(lambda t: t.run(["sh", "-c", "echo $ORCH_TEST_NODE"]).check().stdout.strip())
+        elapsed = time.monotonic() - start
+    assert list(got) == ["node1", "node2", "node3", "node4"]
+    assert {k: v for k, v in got.items() if k != "node3"} == {"node1": "node1", "node2": "node2", "node4": "node4"}
+    err = got["node3"]
+    assert isinstance(err, TransportError) and err.kind == "unreachable" and err.node == "node3"
+    assert "refused" in str(err)
+    assert elapsed < inv.node("node3").ssh.connect_timeout  # refused fast, not after a timeout
+
+
+@pytest.mark.netns
+def test_fan_out_with_one_link_down_waits_connect_timeout_not_more(netns_cluster):
+    inv = inventory.load(netns_cluster.write_inventory(ssh={"connect_timeout": 2}))
+    netns_cluster.link_down("node2")
+    with Cluster(inv) as cl:
+        start = time.monotonic()
+        got = cl.fan_out(lambda t: t.run(["hostname"]).check().stdout.strip())
+        elapsed = time.monotonic() - start
+    assert {k: v for k, v in got.items() if k != "node2"} == {"node1": "node1", "node3": "node3", "node4": "node4"}
+    assert isinstance(got["node2"], TransportError) and got["node2"].kind == "unreachable"
+    assert elapsed < 2 + 1.5
+
+
+# ----------------------------------------------------------------------------- host keys and auth
+
+
+def test_strict_refuses_unknown_host_key_with_keyscan_hint(shared, tmp_path):
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    inv = _inv(shared, known_hosts=str(empty))
+    err = _connect_error(inv.node("node1"))
+    assert err.kind == "host_key_unknown"
+    assert err.hint and "ssh-keyscan" in err.hint and str(inv.node("node1").ssh.port) in err.hint
+    assert empty.read_text() == ""  # strict never writes known_hosts
+
+
+def test_strict_refuses_changed_host_key(shared, cluster_keys, tmp_path):
+    node = shared.node("node2")
+    other = Path(str(cluster_keys.new_key("impostor")) + ".pub").read_text().split()
+    kh = tmp_path / "known_hosts"
+    kh.write_text(f"[{node.host}]:{node.port} {other[0]} {other[1]}\n")
+    for policy in ("strict", "accept-new"):  # accept-new only accepts *unknown* keys
+        err = _connect_error(_inv(shared, known_hosts=str(kh), host_key_policy=policy).node("node2"))
+        assert err.kind == "host_key_changed", policy
+        assert err.hint and "ssh-keygen -R" in err.hint
+    assert kh.read_text().count("\n") == 1
+
+
+def test_accept_new_records_the_key_then_strict_connects(shared, tmp_path):
+    kh = tmp_path / "sub" / "known_hosts"
+    inv = _inv(shared, known_hosts=str(kh), host_key_policy="accept-new")
+    with Cluster(inv) as cl:
+        got = cl.fan_out(lambda t: t.run(["true"]).exit_code)
+    assert got == {f"node{i}": 0 for i in range(1, 5)}
+    recorded = sorted(kh.read_text().splitlines())
+    assert recorded == sorted(shared.known_hosts.read_text().splitlines())
+    strict = _inv(shared, known_hosts=str(kh))
+    with SSHTransport(strict.node("node4")) as t:
+        assert t.run(["sh", "-c", "echo $ORCH_TEST_NODE"]).check().stdout == "node4\n"
+
+
+def test_wrong_identity_is_an_auth_error(shared, cluster_keys):
+    err = _connect_error(_inv(shared, identity=str(cluster_keys.new_key("stranger"))).node("node1"))
+    assert err.kind == "auth"
+    assert err.hint and "authorized_keys" in err.hint
+
+
+def test_missing_identity_file_is_reported(shared, tmp_path):
+    err = _connect_error(_inv(shared, identity=str(tmp_path / "no-such-key")).node("node1"))
+    assert err.kind == "auth"
+    assert "identity file" in str(err) and "no-such-key" in str(err)
+    assert err.hint and "ssh.identity" in err.hint
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def test_nonzero_exit_and_both_streams(shared):
+    with SSHTransport(_inv(shared).node("node1")) as t:
+        r = t.run(["sh", "-c", "echo out; echo err >&2; exit 7"])
+    assert (r.exit_code, r.stdout, r.stderr) == (7, "out\n", "err\n")
+
+
+def test_timeout_is_a_timeout_error_and_the_transport_stays_usable(shared):
+    with SSHTransport(_inv(shared).node("node2")) as t:
+        start = time.monotonic()
+        with pytest.raises(TransportError) as err:
+            t.run(["sleep", "30"], timeout=0.5)
+        assert err.value.kind == "timeout"
+        assert time.monotonic() - start < 3
+        assert t.run(["echo", "again"]).check().stdout == "again\n"
+
+
+def test_put_then_cat_roundtrip(shared):
+    data = bytes(range(256)) * 64 + "ünï\n".encode()
+    with SSHTransport(_inv(shared).node("node3")) as t:
+        target = str(shared.root / "put" / "deep" / "blob.bin")
+        t.put(data, target)
+        assert Path(target).read_bytes() == data
+        assert os.stat(target).st_mode & 0o777 == 0o600
+        t.put(b"#!/bin/sh\necho hi\n", target + ".sh", mode=0o755)
+        assert t.run([target + ".sh"]).check().stdout == "hi\n"
+        # ~/ means the login's home on the node
+        rel = f".orch-test-{shared.id}/x.txt"
+        t.put(b"home\n", f"~/{rel}")
+        try:
+            assert t.run(["cat", f"{os.path.expanduser('~')}/{rel}"]).check().stdout == "home\n"
+            assert t.run(["cat", "x.txt"], cwd=f"~/.orch-test-{shared.id}").check().stdout == "home\n"
+        finally:
+            t.run(["rm", "-rf", f"{os.path.expanduser('~')}/.orch-test-{shared.id}"])
+
+
+def test_popen_streams_lines_as_they_come(shared):
+    with SSHTransport(_inv(shared).node("node4")) as t:
+        p = t.popen(["sh", "-c", "for i in 1 2 3; do echo $i; sleep 0.2; done; echo err >&2; exit 4"])
+        stamps, lines = [], []
+        for line in p.lines():
+            stamps.append(time.monotonic())
+            lines.append(line)
+        assert p.wait(5) == 4
+        p.close()
+    assert lines == [b"1\n", b"2\n", b"3\n", b"err\n"]  # stderr merged into the stream
+    assert stamps[2] - stamps[0] >= 0.3  # streamed, not delivered all at once at the end
+
+
+def test_popen_close_ends_a_remote_command_that_keeps_writing(shared):
+    """Closing the channel closes the command's pipes: its next write gets SIGPIPE.
+
+    (A command that stays silent outlives close(): sshd refuses the SSH `signal` request for
+    root logins - "session signalling requires privilege separation" - so followers must write
+    heartbeats or watch a pid, as `tail --pid` does.)"""
+    marker = f"popen-close-{shared.id}"
+    with SSHTransport(_inv(shared).node("node1")) as t:
+        p = t.popen(["sh", "-c", "echo started; while :; do echo tick; sleep 0.1; done", marker])
+        assert next(p.lines()) == b"started\n"
+        assert p.poll() is None
+        assert shared.processes("node1", marker)
+        p.close()
+        deadline = time.monotonic() + 5
+        while shared.processes("node1", marker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert shared.processes("node1", marker) == []
+
+
+def test_many_concurrent_channels_on_one_connection(shared):
+    with SSHTransport(_inv(shared).node("node2")) as t:
+        procs = [t.popen(["sh", "-c", f"sleep 0.3; echo {i}"]) for i in range(20)]
+        outs = [b"".join(p.lines()) for p in procs]
+        for p in procs:
+            p.close()
+    assert outs == [f"{i}\n".encode() for i in range(20)]
+
+
+# ----------------------------------------------------------------------------- quoting property
+
+
+def _roundtrip(t: Transport, args: list[str], value: str) -> None:
+    result = t.run([*ECHO, *args], env={"X": value}).check()
+    assert json.loads(result.stdout) == [args, value]
+
+
+@pytest.fixture(scope="module")
+def ssh_node(shared):
+    t = SSHTransport(_inv(shared).node("node1"))
+    yield t
+    t.close()
+
+
+@pytest.fixture(scope="module")
+def local_node():
+    inv = inventory.parse("transport: local\nnodes:\n  - host: localhost\n", "local.yaml")
+    return LocalTransport(inv.nodes[0])
+
+
+@pytest.mark.parametrize("which", ["ssh_node", "local_node"])
+def test_nasty_values_arrive_byte_for_byte(request, which):
+    _roundtrip(request.getfixturevalue(which), NASTY, "".join(NASTY))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(args=st.lists(TEXT, max_size=4), value=TEXT)
+def test_ssh_args_and_env_arrive_byte_for_byte(ssh_node, args, value):
+    _roundtrip(ssh_node, args, value)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(args=st.lists(TEXT, max_size=4), value=TEXT)
+def test_local_args_and_env_arrive_byte_for_byte(local_node, args, value):
+    _roundtrip(local_node, args, value)

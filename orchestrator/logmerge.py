@@ -174,19 +174,31 @@ def merge(streams: Iterable[Iterator[LogLine]],
 class LiveMerge:
     """Order lines that arrive live from several nodes, holding each back a bounded time.
 
-    The earliest pending line is released as soon as every other live node has sent a line at
-    least as late (nothing earlier can come from it: a node's lines arrive in order), or once the
-    oldest pending line has waited `watermark` seconds: a silent node then delays the others by
-    at most the watermark. Pure: the caller passes the clock (`now`, monotonic seconds).
+    The earliest pending line is released as soon as every other live node is known to be past
+    it — it sent a later line (a node's lines arrive in order), or a heartbeat saying its log
+    had nothing more at a later node time — or once the oldest pending line has waited
+    `watermark` seconds: a silent node then delays the others by at most the watermark.
+
+    With `start` (the follow's start time), the watermark countdown waits until every node has
+    been heard from once (connected), at most `startup_grace` s: otherwise the node that
+    connects first would be printed ahead of the earlier lines of nodes still connecting.
+    Pure: the caller passes the clock (`now`, monotonic seconds).
     """
 
+    HEARTBEAT_MARGIN = 0.25
+    """A heartbeat's node time is trusted minus this much: the agent stamps a line a moment
+    before it reaches the file, so a line stamped just before the heartbeat may still come."""
+
     def __init__(self, nodes: Sequence[str], watermark: float = 1.0,
-                 offsets_ms: Mapping[str, float] | None = None) -> None:
+                 offsets_ms: Mapping[str, float] | None = None, *, start: float | None = None,
+                 startup_grace: float = 5.0) -> None:
         self.nodes = list(nodes)
         self.watermark = watermark
         self.offsets_ms = dict(offsets_ms or {})
         self.seen = [float("-inf")] * len(self.nodes)
         self.done = [False] * len(self.nodes)
+        self._heard = [False] * len(self.nodes)
+        self._open_at = None if start is None else start + startup_grace
         self._heap: list[tuple[float, int, int, LogLine]] = []
         self._arrivals: deque[tuple[float, int]] = deque()  # (arrival, seq) in arrival order
         self._released: set[int] = set()
@@ -200,10 +212,25 @@ class LiveMerge:
         heapq.heappush(self._heap, (key, index, self._seq, line))
         self._arrivals.append((now, self._seq))
         self._seq += 1
+        self.heard(index, now)
 
-    def finish(self, index: int) -> None:
+    def heard(self, index: int, now: float, node_time: float | None = None) -> None:
+        """Node `index` is connected; with `node_time`: its log had nothing more at that time."""
+        if node_time is not None:
+            offset = self.offsets_ms.get(self.nodes[index], 0.0) / 1000.0
+            self.seen[index] = max(self.seen[index], node_time - offset - self.HEARTBEAT_MARGIN)
+        if not self._heard[index]:
+            self._heard[index] = True
+            if self._open_at is not None and all(self._heard):
+                self._open_at = min(self._open_at, now)
+
+    def finish(self, index: int, now: float | None = None) -> None:
         """Node `index` will send nothing more (its log is drained): it no longer holds others."""
         self.done[index] = True
+        self.heard(index, now if now is not None else float("-inf"))
+
+    def _countdown(self, arrival: float) -> float:
+        return arrival if self._open_at is None else max(arrival, self._open_at)
 
     @property
     def pending(self) -> int:
@@ -216,14 +243,15 @@ class LiveMerge:
     def deadline(self) -> float | None:
         """When the oldest pending line will have waited the watermark (None: nothing pending)."""
         self._trim()
-        return self._arrivals[0][0] + self.watermark if self._arrivals else None
+        return self._countdown(self._arrivals[0][0]) + self.watermark if self._arrivals else None
 
     def ready(self, now: float, flush: bool = False) -> Iterator[LogLine]:
         """Release, in order, every line that may go out at `now` (all of them with flush)."""
         while self._heap:
             self._trim()
             key, index = self._heap[0][0], self._heap[0][1]
-            if not (flush or now - self._arrivals[0][0] >= self.watermark or self._caught_up(index, key)):
+            waited = now - self._countdown(self._arrivals[0][0])
+            if not (flush or waited >= self.watermark or self._caught_up(index, key)):
                 return
             _key, _index, seq, line = heapq.heappop(self._heap)
             self._released.add(seq)

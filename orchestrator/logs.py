@@ -59,8 +59,9 @@ __all__ = [
 FINAL_STATES = ("succeeded", "failed", "stopped")
 
 # Runs on the node (python -c): stream node.log from byte OFFSET as frames, stdlib only, any
-# Python >= 3.6. Heartbeats make a dead connection visible and make this reader die (broken
-# pipe) within a second of the controller going away, so no reader outlives its follower.
+# Python >= 3.6. An idle poll sends a heartbeat with the node's time: it lets the other nodes'
+# lines out before the watermark, shows a dead connection, and makes this reader die (broken
+# pipe) within a poll of the controller going away, so no reader outlives its follower.
 READER = r"""
 import json, os, sys, time
 d, off, poll, once = os.path.expanduser(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4] == "1"
@@ -72,7 +73,7 @@ def state():
             return json.load(h).get("state") or "-"
     except Exception:
         return "-"
-f, beat = None, 0.0
+f = None
 while True:
     s = state()
     if f is None:
@@ -92,10 +93,8 @@ while True:
         out.write(b"E " + s.encode() + b"\n")
         out.flush()
         break
-    now = time.time()
-    if not sent and now - beat >= 1.0:
-        out.write(b"H " + s.encode() + b"\n")
-        beat = now
+    if not sent:
+        out.write(b"H %s %.6f\n" % (s.encode(), time.time()))
     out.flush()
     time.sleep(poll)
 """
@@ -106,7 +105,8 @@ class ProtocolError(Exception):
 
 
 def read_frames(stream: IO[bytes]) -> Iterator[tuple[str, bytes]]:
-    """Frames from a reader's output: ("D", data), ("H", state), ("E", state). Ends at EOF."""
+    """Frames from a reader's output: ("D", data), ("H", b"state node-time"), ("E", state).
+    Ends at EOF."""
     while True:
         header = stream.readline()
         if not header:
@@ -305,6 +305,11 @@ class _NodeState:
 _DONE = object()
 
 
+@dataclass(frozen=True)
+class _Heartbeat:
+    node_time: float
+
+
 class Follower:
     """Live tail of every node of a run, released in timestamp order within a watermark.
 
@@ -316,13 +321,13 @@ class Follower:
     def __init__(self, run: RunDir, inv: Inventory, cluster: Cluster, *, watermark: float = 1.0,
                  offsets_ms: Mapping[str, float] | None = None, from_start: bool = True,
                  on_event: Callable[[str, str], None] | None = None, poll_s: float = 0.2,
-                 stall_s: float = 10.0, write_merged: bool = True) -> None:
+                 stall_s: float = 10.0, write_merged: bool = True, startup_grace: float = 5.0) -> None:
         self.run, self.inv, self.cluster = run, inv, cluster
         self.watermark = watermark
         self.offsets_ms = dict(offsets_ms or {})
         self.from_start = from_start
         self.on_event = on_event or (lambda node, msg: None)
-        self.poll_s, self.stall_s = poll_s, stall_s
+        self.poll_s, self.stall_s, self.startup_grace = poll_s, stall_s, startup_grace
         self.write_merged = write_merged
         self.nodes = [_NodeState(src, i) for i, src in enumerate(node_sources(run, inv))]
         self.reconnects: dict[str, int] = {n.src.node: 0 for n in self.nodes}
@@ -374,10 +379,13 @@ class Follower:
                             line = self._parse(st, raw, last_ts)
                             last_ts = line.ts
                             self._push(st, line)
+                    elif kind == "H":
+                        state, _, node_time = payload.decode().partition(" ")
+                        st.remote_state = state
+                        self._queue.put((st.index, _Heartbeat(float(node_time or "nan"))))
                     else:
                         st.remote_state = payload.decode()
-                        if kind == "E":
-                            return
+                        return
             except (TransportError, ProtocolError, OSError, EOFError) as exc:
                 reason = str(exc) or type(exc).__name__
             finally:
@@ -427,7 +435,8 @@ class Follower:
 
     def _order(self, stop: threading.Event, merged: IO[str] | None,
                widths: tuple[int, int]) -> Iterator[LogLine]:
-        live = LiveMerge([st.src.node for st in self.nodes], self.watermark, self.offsets_ms)
+        live = LiveMerge([st.src.node for st in self.nodes], self.watermark, self.offsets_ms,
+                         start=time.monotonic(), startup_grace=self.startup_grace)
         index_of = {st.src.node: st.index for st in self.nodes}
         next_watch = time.monotonic() + 1.0
         while True:
@@ -451,11 +460,14 @@ class Follower:
             except queue.Empty:
                 continue
             while True:
+                now = time.monotonic()
                 if item is _DONE:
                     self.nodes[index].done = True
-                    live.finish(index)
+                    live.finish(index, now)
+                elif isinstance(item, _Heartbeat):
+                    live.heard(index, now, item.node_time if item.node_time == item.node_time else None)
                 else:
-                    live.push(index, item, time.monotonic())
+                    live.push(index, item, now)
                 try:
                     index, item = self._queue.get_nowait()
                 except queue.Empty:

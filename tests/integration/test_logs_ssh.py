@@ -71,9 +71,10 @@ def make_run(cluster: TestCluster, run_id: str = "r1") -> tuple[Inventory, RunDi
 
 def test_follow_four_ssh_nodes_ordered_within_about_a_second(cluster: TestCluster) -> None:
     inv, run = make_run(cluster)
-    rates = {"node1": (100, 0.02), "node2": (50, 0.04), "node3": (20, 0.1), "node4": (8, 0.25)}
+    rates = {"node1": (250, 0.02), "node2": (125, 0.04), "node3": (50, 0.1), "node4": (20, 0.25)}
     writers = [start_writer(inv, run, n, c, dt) for n, (c, dt) in rates.items()]
     with Cluster(inv) as transports:
+        started = time.time()
         out = [(time.time(), ln) for ln in Follower(run, inv, transports, watermark=1.0).lines()]
     for w in writers:
         w.wait(timeout=30)
@@ -82,14 +83,16 @@ def test_follow_four_ssh_nodes_ordered_within_about_a_second(cluster: TestCluste
     assert {n: seqs[n] for n in rates} == {n: list(range(c)) for n, (c, _) in rates.items()}
     keys = [(ln.ts, ln.node_rank) for ln in lines]
     assert keys == sorted(keys)
-    lag = [t - ln.ts for t, ln in out]
-    print(f"lag over SSH: median {statistics.median(lag):.3f} s, max {max(lag):.3f} s")
+    # Once every node is connected (the first seconds, longer on a loaded machine), a line is on
+    # the controller's stdout about a second after the node wrote it.
+    lag = [t - ln.ts for t, ln in out if ln.ts > started + 3.0]
+    print(f"lag over SSH: median {statistics.median(lag):.3f} s, max {max(lag):.3f} s, {len(lag)} lines")
     assert statistics.median(lag) < 1.6 and max(lag) < 3.5
 
 
 def test_reconnect_after_the_ssh_connection_is_killed_server_side(cluster: TestCluster) -> None:
     inv, run = make_run(cluster)
-    writers = [start_writer(inv, run, "node2", 200, 0.015), start_writer(inv, run, "node1", 40, 0.08)]
+    writers = [start_writer(inv, run, "node2", 400, 0.02), start_writer(inv, run, "node1", 80, 0.1)]
     for n in ("node3", "node4"):
         write_state(inv, run, n, "succeeded")  # finished nodes with an empty log
     events: list[tuple[str, str]] = []
@@ -122,7 +125,7 @@ def test_reconnect_after_the_ssh_connection_is_killed_server_side(cluster: TestC
     assert len(killed) == 2, "the SSH session was not killed twice"
     assert follower.reconnects["node2"] >= 2, events
     seqs = seqs_by_node([(ln.node, ln.text) for ln in lines])
-    assert seqs["node2"] == list(range(200)) and seqs["node1"] == list(range(40))
+    assert seqs["node2"] == list(range(400)) and seqs["node1"] == list(range(80))
     texts = [(ln.node, ln.ts, ln.text) for ln in lines]
     assert len(texts) == len(set(texts)), "a line came out twice"
     src = {s.node: s for s in node_sources(run, inv)}["node2"]

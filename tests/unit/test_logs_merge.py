@@ -152,6 +152,38 @@ class TestLiveMerge:
         live.push(0, L("a", 1.0, "second"), now=0.0)
         assert texts(live.ready(0.0, flush=True)) == ["first", "second"]
 
+    def test_a_heartbeat_lets_lines_out_before_the_watermark(self) -> None:
+        live = LiveMerge(["a", "idle"], watermark=5.0)
+        live.push(0, L("a", 1.0), now=0.0)
+        live.heard(1, now=0.1, node_time=T0 + 1.0)  # idle's log had nothing more at 1.0 (minus margin)
+        assert texts(live.ready(0.1)) == []
+        live.heard(1, now=0.2, node_time=T0 + 1.0 + LiveMerge.HEARTBEAT_MARGIN)
+        assert texts(live.ready(0.2)) == ["a@1.0"]
+
+    def test_heartbeat_times_are_corrected_by_the_offset_too(self) -> None:
+        live = LiveMerge(["a", "idle"], watermark=5.0, offsets_ms={"idle": 3000.0})
+        live.push(0, L("a", 1.0), now=0.0)
+        live.heard(1, now=0.1, node_time=T0 + 3.5)  # idle's clock is 3 s ahead: that is 0.5 really
+        assert texts(live.ready(0.1)) == []
+        live.heard(1, now=0.2, node_time=T0 + 4.5)
+        assert texts(live.ready(0.2)) == ["a@1.0"]
+
+    def test_watermark_waits_for_every_node_to_connect_within_the_startup_grace(self) -> None:
+        live = LiveMerge(["fast", "slow"], watermark=1.0, start=0.0, startup_grace=5.0)
+        live.push(0, L("fast", 1.0), now=0.1)
+        assert texts(live.ready(2.0)) == []  # slow is still connecting: its earlier lines may come
+        live.push(1, L("slow", 0.5), now=2.5)
+        assert texts(live.ready(2.5)) == ["slow@0.5"]
+        assert texts(live.ready(3.49)) == []
+        assert texts(live.ready(3.5)) == ["fast@1.0"]  # a watermark after everyone was heard
+
+    def test_a_node_that_never_connects_holds_the_start_for_the_grace_only(self) -> None:
+        live = LiveMerge(["up", "down"], watermark=1.0, start=0.0, startup_grace=5.0)
+        live.push(0, L("up", 1.0), now=0.1)
+        assert live.deadline() == pytest.approx(6.0)
+        assert texts(live.ready(5.9)) == []
+        assert texts(live.ready(6.0)) == ["up@1.0"]
+
     def test_ties_go_to_the_lower_node_index(self) -> None:
         live = LiveMerge(["a", "b"], watermark=1.0)
         live.push(1, L("b", 1.0), now=0.0)

@@ -328,7 +328,9 @@ def attached(con: Console, run: RunDir, record: RunRecord, plan: Plan, cluster: 
         pass
     finally:
         poller.close()
-        logs.join(timeout=3.0)  # let the follower drain what the nodes wrote last
+        # every node is final now: the follower drains the last lines and its node-side readers
+        # exit on their own (closing them early would leave them to die later, on a broken pipe)
+        logs.join(timeout=10.0)
         stop_logs.set()
         logs.join(timeout=2.0)
     wall = time.monotonic() - t0

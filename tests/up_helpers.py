@@ -117,8 +117,16 @@ def ddp_job(steps: int = 5, sleep: float = 0.2, **faults: int) -> dict[str, str]
     return env
 
 
-def leftover(cluster: Any, marker: str, nodes: Sequence[str] | None = None) -> dict[str, list[int]]:
+def leftover(cluster: Any, marker: str, nodes: Sequence[str] | None = None) -> dict[str, list[str]]:
     """{node: pids} of processes still carrying `marker` on the test nodes (empty when clean)."""
     names = nodes or [n.name for n in cluster.nodes]
-    found = {name: cluster.processes(name, marker) for name in names}
+    found = {name: [f"{pid} {_cmdline(pid)}" for pid in cluster.processes(name, marker)] for name in names}
     return {k: v for k, v in found.items() if v}
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode(errors="replace")[:300]
+    except OSError:
+        return "(gone)"

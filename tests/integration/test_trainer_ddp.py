@@ -38,21 +38,25 @@ def common(data: Path, out: Path, epochs: int, batch: int) -> list[str]:
 
 def test_two_ranks_train_in_lockstep_offline(tmp_path: Path) -> None:
     """Loss falls, ranks end identical, shards are disjoint, lines are prefixed, no network, last.pt predicts."""
-    data = make_dataset(tmp_path / "ds", images=24)  # 18 train images: 9 per rank
+    data = make_dataset(tmp_path / "ds", images=48, classes=2, imgsz=128)  # 36 train images: 18 per rank
     out, debug, net = tmp_path / "run", tmp_path / "debug", tmp_path / "net.log"
-    r = run_trainer([*common(data, out, 3, 6), "--workers", "1", "--lr", "0.05", "--debug-dir", str(debug)],
-                    nproc=2, blocked_net_log=net)
+    args = ["--model", "yolo12n.yaml", "--data", str(data), "--epochs", "10", "--batch", "8", "--imgsz", "128",
+            "--out", str(out), "--log-every", "2", "--seed", "1", "--warmup-epochs", "1", "--lr", "0.04",
+            "--workers", "1", "--val-period", "5", "--cfg", "close_mosaic=0", "--debug-dir", str(debug)]
+    r = run_trainer(args, nproc=2, blocked_net_log=net)
     assert r.returncode == 0, r.explain()
     assert not net.exists(), f"network attempts: {net.read_text()}"
 
-    rows = read_results(out)
-    assert [int(x["epoch"]) for x in rows] == [1, 2, 3]
-    assert train_loss(rows[-1]) < train_loss(rows[0]), [train_loss(x) for x in rows]
+    # From random init the loss first rises (the assigner finds more positives as boxes improve),
+    # then falls; at 128 px with mosaic that turn comes within a few epochs.
+    losses = [train_loss(x) for x in read_results(out)]
+    assert len(losses) == 10
+    assert sum(losses[-3:]) / 3 < 0.85 * max(losses[:5]), losses
 
     ranks = read_debug(debug, 2)
     assert ranks[0]["checksum"] == ranks[1]["checksum"]
     train_files = sorted(p.name for p in (tmp_path / "ds" / "images" / "train").iterdir())
-    for epoch in ("1", "2", "3"):
+    for epoch in map(str, range(1, 11)):
         a, b = set(ranks[0]["seen"][epoch]), set(ranks[1]["seen"][epoch])
         assert not a & b, f"epoch {epoch}: both ranks trained on {sorted(a & b)}"
         assert sorted(a | b) == train_files
@@ -60,32 +64,36 @@ def test_two_ranks_train_in_lockstep_offline(tmp_path: Path) -> None:
 
     for line in r.stdout.splitlines():
         assert line.startswith("[rank "), f"unprefixed trainer line: {line!r}"
-    assert any("throughput epoch 3: total" in ln for ln in r.rank_lines())
-    assert any(ln.startswith("[rank 0] val epoch 3/3 mAP50 ") for ln in r.rank_lines())
+    assert any("throughput epoch 10: total" in ln for ln in r.rank_lines())
+    assert any(ln.startswith("[rank 0] val epoch 10/10 mAP50 ") for ln in r.rank_lines())
     for name in ("last.pt", "best.pt"):
         assert (out / "weights" / name).is_file()
     assert (out / "args.yaml").is_file()
 
     predict = ("import sys; from ultralytics import YOLO; m = YOLO(sys.argv[1]); "
-               "r = m.predict(sys.argv[2], imgsz=64, verbose=False); print(len(r), sorted(m.names.values()))")
+               "r = m.predict(sys.argv[2], imgsz=128, verbose=False); print(len(r), sorted(m.names.values()))")
     image = next((tmp_path / "ds" / "images" / "val").iterdir())
     p = subprocess.run([PYTHON, "-c", predict, str(out / "weights" / "last.pt"), str(image)], capture_output=True,
                        text=True, env=env({"YOLO_OFFLINE": "1"}), timeout=120)
     assert p.returncode == 0, p.stderr
-    assert "1 ['disc', 'square', 'triangle']" in p.stdout
+    assert "1 ['disc', 'square']" in p.stdout
 
 
 def test_one_rank_and_two_ranks_agree(tmp_path: Path) -> None:
-    """Same seed and global batch 8: 1 x 8 and 2 x 4 see the same images per step and land close."""
-    data = make_dataset(tmp_path / "ds", images=22)  # 16 train images: 2 steps of 8
-    flags = [*NO_AUG, "--workers", "0", "--val-period", "0", "--lr", "0.05"]
-    one = run_trainer([*common(data, tmp_path / "one", 2, 8), *flags, "--debug-dir", str(tmp_path / "d1")], nproc=1)
-    two = run_trainer([*common(data, tmp_path / "two", 2, 8), *flags, "--debug-dir", str(tmp_path / "d2")], nproc=2)
+    """Same seed, global batch 8: 1 x 8 and 2 x 4 train on the same images per step and land close.
+
+    Not bit-equal: BatchNorm statistics and the loss's target normalisation are per local batch.
+    """
+    data = make_dataset(tmp_path / "ds", images=22, classes=2, imgsz=128)  # 16 train images: 2 steps of 8
+    flags = [*common(data, tmp_path / "x", 2, 8), *NO_AUG, "--imgsz", "128", "--workers", "0", "--val-period", "0",
+             "--lr", "0.04"]
+    one = run_trainer([*flags, "--out", str(tmp_path / "one"), "--debug-dir", str(tmp_path / "d1")], nproc=1)
+    two = run_trainer([*flags, "--out", str(tmp_path / "two"), "--debug-dir", str(tmp_path / "d2")], nproc=2)
     assert one.returncode == 0, one.explain()
     assert two.returncode == 0, two.explain()
     r1, r2 = read_results(tmp_path / "one"), read_results(tmp_path / "two")
     for a, b in zip(r1, r2):
-        assert train_loss(b) == pytest.approx(train_loss(a), rel=0.15), (r1, r2)
+        assert train_loss(b) == pytest.approx(train_loss(a), rel=0.05), (r1, r2)
     s1 = read_debug(tmp_path / "d1", 1)[0]["param_sum"]
     s2 = read_debug(tmp_path / "d2", 2)[0]["param_sum"]
     assert s2 == pytest.approx(s1, rel=1e-3)

@@ -551,10 +551,6 @@ def check_job(inv: Inventory, facts: Facts) -> list[CheckResult]:
                   "create it or mount the shared filesystem on this node")
         for key, path in paths.items():
             _judge_path(key, path, (nf.raw.get("paths") or {}).get(key) or {}, digests[key], node, f)
-        g = nf.gpus
-        if node.gpus and g.gpus and len(g.gpus) < node.nproc_per_node:
-            f.add("fail", f"nproc_per_node {node.nproc_per_node} > {len(g.gpus)} GPUs visible",
-                  "lower nproc_per_node or fix the missing GPUs")
         f.value = f"world size {world_size(inv)}, {len(paths)} file(s)"
         out.append(f.result("workdir and every file argument are in place and identical"))
     return out

@@ -79,18 +79,44 @@ def emit(tag: str, obj: object) -> None:
     sys.stdout.flush()
 
 
+def pause(seconds: float) -> None:
+    """Sleep without time.sleep: under libfaketime (how tests skew a node's clock) Python's
+    clock_nanosleep-based sleep fails with EINVAL, while select() timeouts keep working."""
+    select.select([], [], [], seconds)
+
+
+def run_capture(argv: list, timeout: float) -> tuple:
+    """(returncode, stdout bytes, stderr bytes); returncode None on timeout.
+
+    A watchdog timer kills the child instead of `communicate(timeout=)`, whose polling wait
+    sleeps with time.sleep (see `pause`)."""
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    killed = []
+
+    def kill() -> None:
+        killed.append(True)
+        proc.kill()
+
+    timer = threading.Timer(timeout, kill)
+    timer.start()
+    try:
+        out, err = proc.communicate()
+    finally:
+        timer.cancel()
+    return (None if killed else proc.returncode), out, err
+
+
 def run_tool(argv: list, timeout: float = 20.0) -> dict:
     """Run a tool and return {rc, out, err}; rc is None when the tool is absent or hangs."""
     if shutil.which(argv[0]) is None:
         return {"rc": None, "out": "", "err": f"{argv[0]}: not found in PATH"}
     try:
-        proc = subprocess.run(argv, capture_output=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"rc": None, "out": "", "err": f"{argv[0]}: timed out after {timeout:.0f}s"}
+        rc, out, err = run_capture(argv, timeout)
     except OSError as exc:
         return {"rc": None, "out": "", "err": f"{argv[0]}: {exc}"}
-    return {"rc": proc.returncode, "out": proc.stdout.decode("utf-8", "replace"),
-            "err": proc.stderr.decode("utf-8", "replace")[-2000:]}
+    if rc is None:
+        return {"rc": None, "out": "", "err": f"{argv[0]}: timed out after {timeout:.0f}s"}
+    return {"rc": rc, "out": out.decode("utf-8", "replace"), "err": err.decode("utf-8", "replace")[-2000:]}
 
 
 def read_text(path: str) -> str | None:
@@ -198,16 +224,15 @@ def gather_gpus() -> dict:
 
 def gather_software(args: dict) -> dict:
     """Versions as the job's python sees them; torch is imported in a child so a crash is a fact."""
+    timeout = float(args.get("software_timeout", 120))
+    rc, out, err = run_capture([sys.executable, "-c", SOFTWARE_CODE], timeout)
+    if rc is None:
+        return {"python": sys.version.split()[0], "error": f"importing torch took over {timeout:.0f}s"}
     try:
-        proc = subprocess.run([sys.executable, "-c", SOFTWARE_CODE], capture_output=True,
-                              timeout=float(args.get("software_timeout", 120)))
-    except subprocess.TimeoutExpired:
-        return {"python": sys.version.split()[0], "error": "importing torch timed out"}
-    try:
-        return json.loads(proc.stdout.decode().strip().splitlines()[-1])
+        return json.loads(out.decode().strip().splitlines()[-1])
     except (ValueError, IndexError):
         return {"python": sys.version.split()[0],
-                "error": "version probe failed: " + proc.stderr.decode("utf-8", "replace")[-500:]}
+                "error": "version probe failed: " + err.decode("utf-8", "replace")[-500:]}
 
 
 def expand(path: str) -> str:
@@ -277,7 +302,7 @@ def gather_ntp(args: dict) -> dict | None:
             samples.append(sntp(server))
         except (OSError, ValueError) as exc:
             errors.append(str(exc) or type(exc).__name__)
-        time.sleep(0.05)
+        pause(0.05)
     out = {"server": server, "method": "sntp (stdlib, inline)", "samples": len(samples), "errors": errors[-2:]}
     if samples:
         best = min(samples, key=lambda s: s["delay_s"])
@@ -433,7 +458,7 @@ def connect_one(target: dict, token: str, timeout: float) -> dict:
         if time.time() + 0.2 >= deadline:
             out.update(ok=False, error=last)
             return out
-        time.sleep(0.2)
+        pause(0.2)
 
 
 def connect_mode(args: dict) -> int:

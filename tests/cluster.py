@@ -27,6 +27,7 @@ import fcntl
 import getpass
 import itertools
 import os
+import re
 import shutil
 import signal
 import socket
@@ -136,10 +137,28 @@ def _pids() -> Iterator[int]:
             yield int(entry)
 
 
-def tagged_pids(key: str, value: str) -> list[int]:
-    """Pids whose environment has key=value (how the cluster recognises its processes)."""
-    k, v = key.encode(), value.encode()
-    return sorted(pid for pid in _pids() if _environ(pid).get(k) == v)
+def _fd_target(pid: int, fd: int) -> bytes:
+    try:
+        return os.fsencode(os.readlink(f"/proc/{pid}/fd/{fd}"))
+    except OSError:
+        return b""
+
+
+def cluster_pids(cluster_id: str | None = None) -> list[int]:
+    """Live pids started by the fixture for that cluster (or for any cluster of this session).
+
+    A process is ours when its environment carries the tag, or its command line or stderr names it:
+    sshd writes its process title over its environment, but every sshd process of a node (the
+    listener and each connection's) keeps stderr on the node's `sshd-<cluster id>.log`."""
+    key, value = (b"ORCH_TEST_CLUSTER", cluster_id) if cluster_id else (b"ORCH_TEST_SESSION", SESSION_TAG)
+    tag = value.encode()
+    out = []
+    for pid in _pids():
+        if not _alive(pid):
+            continue
+        if _environ(pid).get(key) == tag or tag in _read_proc(pid, "cmdline") or tag in _fd_target(pid, 2):
+            out.append(pid)
+    return sorted(out)
 
 
 def kill_pids(pids: Sequence[int], grace: float = 3.0) -> None:
@@ -314,7 +333,7 @@ class TestCluster:
                 self._write_sshd_config(node)
                 self._spawn_sshd(node)
             for node in self.nodes:
-                self._wait_sshd(node)
+                self._wait_sshd_or_move(node)
             self._start_chronyd()
         except BaseException:
             self.stop()
@@ -327,8 +346,8 @@ class TestCluster:
             _stop_popen(node.sshd)
         _stop_popen(self.chronyd)
         # whatever login sessions started, detached grandchildren included, then the holders
-        kill_pids([p for p in tagged_pids("ORCH_TEST_CLUSTER", self.id)
-                   if not any(n.holder is not None and n.holder.pid == p for n in self.nodes)])
+        holders = {n.holder.pid for n in self.nodes if n.holder is not None}
+        kill_pids([p for p in cluster_pids(self.id) if p not in holders])
         for node in self.nodes:
             _stop_popen(node.holder)
         if self.mode == "netns":
@@ -422,6 +441,7 @@ class TestCluster:
             holder.wait(5)
             raise ClusterError(f"{node.name}: could not set up its namespaces: {err.strip()}")
 
+
     def _enter(self, node: TestNode) -> list[str]:
         """argv prefix that runs a command inside the node's namespaces (empty: this machine as is)."""
         if node.holder is None:
@@ -436,6 +456,13 @@ class TestCluster:
             name = node.host if node.port == 22 else f"[{node.host}]:{node.port}"
             lines.append(f"{name} {pub[0]} {pub[1]}\n")
         self.known_hosts.write_text("".join(lines))
+
+    def _sshd_log_path(self, node: TestNode) -> Path:
+        return node.dir / f"sshd-{self.id}.log"
+
+    def _sshd_config(self, node: TestNode) -> Path:
+        """Named after the cluster id: the listener's command line then says whose it is."""
+        return node.dir / f"sshd-{self.id}.conf"
 
     def _write_sshd_config(self, node: TestNode) -> None:
         for key, value in node.env.items():
@@ -466,13 +493,13 @@ LogLevel INFO
 Subsystem sftp internal-sftp
 SetEnv {setenv}
 """
-        (node.dir / "sshd_config").write_text(conf)
+        self._sshd_config(node).write_text(conf)
 
     def _spawn_sshd(self, node: TestNode) -> None:
         # sshd must be started by absolute path (it re-execs itself); nsenter execs it in place,
         # so the Popen pid is sshd's own.
-        with open(node.dir / "sshd.log", "ab") as log:
-            node.sshd = subprocess.Popen(self._enter(node) + [SSHD, "-D", "-e", "-f", str(node.dir / "sshd_config")],
+        with open(self._sshd_log_path(node), "ab") as log:
+            node.sshd = subprocess.Popen(self._enter(node) + [SSHD, "-D", "-e", "-f", str(self._sshd_config(node))],
                                          stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                          env=self._daemon_env(node), start_new_session=True)
 
@@ -484,11 +511,26 @@ SetEnv {setenv}
         except ClusterError as exc:
             raise ClusterError(f"{node.name}: sshd failed: {exc}\n{self.sshd_log(node)[-2000:]}") from None
 
+    def _wait_sshd_or_move(self, node: TestNode, tries: int = 3) -> None:
+        """Wait for a fresh sshd; in loopback mode a port taken meanwhile by someone else
+        (free_port has a race) moves the node to another free port."""
+        for attempt in range(tries):
+            try:
+                self._wait_sshd(node)
+                return
+            except ClusterError:
+                if node.netns is not None or attempt == tries - 1 or "Address already in use" not in self.sshd_log(node):
+                    raise
+            node.port = free_port(node.host)
+            self._write_known_hosts()
+            self._write_sshd_config(node)
+            self._spawn_sshd(node)
+
     def sshd_log(self, node: str | TestNode) -> str:
         """The node's sshd log (stderr of `sshd -D -e`), for failure messages."""
         n = self.node(node) if isinstance(node, str) else node
         try:
-            return (n.dir / "sshd.log").read_text(errors="replace")
+            return self._sshd_log_path(n).read_text(errors="replace")
         except OSError:
             return ""
 
@@ -706,13 +748,44 @@ class NetemUnsupported(ClusterError):
     """The kernel cannot emulate delay/loss (no sch_netem)."""
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_stale_networks() -> list[str]:
+    """Delete namespaces and links of earlier test sessions whose pytest process is gone
+    (killed before its teardown ran), so they do not pile up or hold 198.18.X subnets."""
+    if not is_root() or shutil.which("ip") is None:
+        return []
+    removed = []
+    for line in _sh(["ip", "netns", "list"], check=False).stdout.splitlines():
+        name = line.split()[0] if line.split() else ""
+        parts = name.split("-")
+        if len(parts) > 2 and parts[0] == "orch" and parts[1].isdigit() and not _pid_alive(int(parts[1])):
+            _sh(["ip", "netns", "del", name], check=False)
+            removed.append(f"network namespace {name}")
+    for line in _sh(["ip", "-o", "link", "show"], check=False).stdout.splitlines():
+        if ":" not in line:
+            continue
+        name = line.split(":")[1].strip().split("@")[0]
+        m = re.match(r"^o(\d+)x\d+[bhnpq]\d*$", name)
+        if m and not _pid_alive(int(m.group(1))) and _sh(["ip", "link", "del", name], check=False).returncode == 0:
+            removed.append(f"link {name}")
+    return removed
+
+
 def leftovers() -> list[str]:
     """What this pytest session started and did not stop: processes, namespaces, links."""
     found = []
-    for pid in tagged_pids("ORCH_TEST_SESSION", SESSION_TAG):
-        if _alive(pid):
-            cmd = _read_proc(pid, "cmdline").replace(b"\0", b" ").decode(errors="replace").strip()
-            found.append(f"process {pid}: {cmd}")
+    for pid in cluster_pids():
+        cmd = _read_proc(pid, "cmdline").replace(b"\0", b" ").decode(errors="replace").strip()
+        found.append(f"process {pid}: {cmd}")
     if shutil.which("ip") and is_root():
         for line in _sh(["ip", "netns", "list"], check=False).stdout.splitlines():
             if line.startswith(NETNS_PREFIX):

@@ -28,6 +28,7 @@ from tests.cluster import (  # noqa: E402
     TestCluster,
     leftovers,
     netns_supported,
+    reap_stale_networks,
 )
 
 MakeCluster = Callable[..., TestCluster]
@@ -76,6 +77,12 @@ def cluster(make_cluster: MakeCluster) -> TestCluster:
 def netns_cluster(make_cluster: MakeCluster) -> TestCluster:
     """Four nodes, each in its own network/UTS/mount namespace on a bridge (root only)."""
     return make_cluster(4, "netns")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Remove namespaces/links that a killed earlier session could not tear down."""
+    for item in reap_stale_networks():
+        sys.stderr.write(f"removed stale {item} of an earlier test session\n")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from pathlib import Path
 
 import ntplib
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from orchestrator import inventory
 from orchestrator.errors import TransportError
 from orchestrator.transport import Cluster, SSHTransport
-from tests.cluster import TestCluster, leftovers, tagged_pids
+from tests.cluster import TestCluster, cluster_pids, leftovers
 
 MODES = [pytest.param("loopback"), pytest.param("netns", marks=pytest.mark.netns)]
 
@@ -86,7 +87,9 @@ def test_chronyd_serves_time_without_upstream(cluster):
     assert abs(resp.offset) < 0.05
 
 
-def test_chronyd_reachable_from_a_node_over_ssh(cluster):
+@pytest.mark.parametrize("mode", MODES)
+def test_chronyd_reachable_from_a_node_over_ssh(make_cluster, mode):
+    cluster = make_cluster(2, mode)
     host, port = cluster.ntp_server.rsplit(":", 1)
     code = (f"import json,ntplib; r=ntplib.NTPClient().request({host!r}, port={port}, version=3, timeout=2); "
             "print(json.dumps([r.stratum, r.offset]))")
@@ -142,15 +145,37 @@ def test_processes_finds_detached_grandchildren_per_node(cluster):
 @pytest.mark.parametrize("mode", MODES)
 def test_stop_leaves_nothing_behind(make_cluster, mode):
     c = make_cluster(2, mode)
-    with _cluster_of(c) as cl:
-        cl["node1"].run(["sh", "-c", "setsid sleep 600 </dev/null >/dev/null 2>&1 &"]).check()
-    assert tagged_pids("ORCH_TEST_CLUSTER", c.id)
+    cl = _cluster_of(c)
+    cl["node1"].run(["sh", "-c", "setsid sleep 600 </dev/null >/dev/null 2>&1 &"]).check()
+    c.stop_node("node1")  # its open connection outlives the listener, as with `systemctl stop ssh`
+    assert cl["node1"].run(["true"]).ok
+    ours = cluster_pids(c.id)
+    names = [Path(f"/proc/{p}/cmdline").read_bytes() for p in ours]
+    assert any(b"sleep\x00600" in n for n in names)
+    # sshd hides its environment under its process title; found by its stderr (the node's log)
+    assert any(n.startswith(b"sshd: root") for n in names), names
+    assert c.node("node2").sshd.pid in ours  # a listener
     c.stop()
+    cl.close()
     assert [x for x in leftovers() if c.id in x or (mode == "netns" and "namespace" in x)] == []
-    assert tagged_pids("ORCH_TEST_CLUSTER", c.id) == []
+    assert cluster_pids(c.id) == []
     if mode == "netns":
         names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         assert all(n.netns not in names for n in c.nodes)
+
+
+def test_leftovers_reports_what_a_cluster_did_not_stop(cluster):
+    """The session-finish check is not vacuous: a stray session process is reported until killed."""
+    with _cluster_of(cluster) as cl:
+        cl["node1"].run(["sh", "-c", "setsid sleep 600 </dev/null >/dev/null 2>&1 &"]).check()
+    deadline = time.monotonic() + 5
+    while not [x for x in leftovers() if "sleep 600" in x] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stray = [x for x in leftovers() if "sleep 600" in x]
+    assert len(stray) == 1
+    assert any("sshd" in x for x in leftovers())  # the running cluster itself counts until stopped
+    cluster.stop()
+    assert leftovers() == []
 
 
 # ----------------------------------------------------------------------------- netns only

@@ -1,0 +1,121 @@
+"""Training images/s of ``python -m trainer`` against ultralytics' own trainer, side by side.
+
+Same model, synthetic data, image size, batch, augmentation and accumulation (ultralytics derives
+accumulate = nbs / batch; we pass the same ``--accumulate``), one process on CPU, no validation
+until ultralytics' forced final one. The two alternate (A B B A ...), each in a fresh process.
+Images/s comes from each run's own results.csv: the cumulative ``time`` column, skipping the
+first epoch (worker start-up, caches) and the last (ultralytics always validates after it).
+
+Usage: ``python bench/trainer_throughput.py [--model yolo12n.yaml --imgsz 128 --images 96 --batch 16
+--epochs 5 --reps 2 --workers 2]``; writes ``bench/results/trainer_throughput.json``.
+Goal: ratio (ours / ultralytics) >= 1.0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+ULTRALYTICS_RUN = """
+import sys
+from ultralytics import YOLO
+model, data, imgsz, epochs, batch, workers, out, seed = sys.argv[1:9]
+YOLO(model).train(data=data, imgsz=int(imgsz), epochs=int(epochs), batch=int(batch), workers=int(workers),
+                  device="cpu", amp=False, plots=False, val=False, optimizer="SGD", lr0=0.01, close_mosaic=0,
+                  warmup_epochs=1, project=str(__import__("pathlib").Path(out).parent),
+                  name=__import__("pathlib").Path(out).name, exist_ok=True, seed=int(seed), verbose=False)
+"""
+
+
+def epoch_times(results_csv: Path) -> list[float]:
+    """Per-epoch seconds from the cumulative ``time`` column."""
+    with open(results_csv) as f:
+        t = [float(r["time"]) for r in csv.DictReader(f)]
+    return [b - a for a, b in zip([0.0, *t[:-1]], t)]
+
+
+def middle_ips(results_csv: Path, images: int) -> float:
+    """Images/s over all epochs but the first and the last."""
+    times = epoch_times(results_csv)[1:-1]
+    return images * len(times) / sum(times)
+
+
+def run(cmd: list[str], env: dict[str, str]) -> float:
+    """Run a command, fail loudly, return its wall seconds."""
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+    if p.returncode:
+        raise SystemExit(f"failed: {' '.join(cmd)}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    """Alternate both trainers ``--reps`` times and write the JSON summary."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="yolo12n.yaml")
+    ap.add_argument("--imgsz", type=int, default=128)
+    ap.add_argument("--images", type=int, default=96, help="synthetic images in total (75%% train)")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--epochs", type=int, default=5, help=">= 3: first and last epochs are not measured")
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "trainer_throughput.json")
+    a = ap.parse_args()
+
+    from trainer.offline import OFFLINE_ENV, set_offline_env
+
+    set_offline_env()
+    from trainer.offline import seed_font
+    from trainer.synth import write_dataset
+
+    seed_font()  # ultralytics' trainer calls check_font, which downloads unless the file is there
+    env = {**os.environ, **OFFLINE_ENV, "PYTHONPATH": str(REPO)}
+    accumulate = max(round(64 / a.batch), 1)  # what ultralytics derives from nbs=64
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        data = write_dataset(root / "ds", images=a.images, classes=3, imgsz=a.imgsz)
+        n_train = len(list((root / "ds" / "images" / "train").iterdir()))
+        results: dict[str, list[float]] = {"trainer": [], "ultralytics": []}
+        order = ["trainer", "ultralytics"]
+        for rep in range(a.reps):
+            for who in order if rep % 2 == 0 else order[::-1]:
+                out = root / f"{who}{rep}"
+                if who == "trainer":
+                    run([sys.executable, "-m", "trainer", "--model", a.model, "--data", str(data), "--imgsz",
+                         str(a.imgsz), "--epochs", str(a.epochs), "--batch", str(a.batch), "--workers",
+                         str(a.workers), "--accumulate", str(accumulate), "--val-period", "0", "--warmup-epochs",
+                         "1", "--cfg", "close_mosaic=0", "--out", str(out), "--log-every", "1000", "--device", "cpu"],
+                        env)
+                else:
+                    run([sys.executable, "-c", ULTRALYTICS_RUN, a.model, str(data), str(a.imgsz), str(a.epochs),
+                         str(a.batch), str(a.workers), str(out), "0"], env)
+                ips = middle_ips(out / "results.csv", n_train)
+                results[who].append(ips)
+                print(f"rep {rep} {who:12s} {ips:7.2f} images/s", flush=True)
+    ours, theirs = statistics.median(results["trainer"]), statistics.median(results["ultralytics"])
+    summary = {
+        "what": "training images/s, single CPU process, python -m trainer vs ultralytics YOLO().train()",
+        "model": a.model, "imgsz": a.imgsz, "train_images": n_train, "batch": a.batch, "accumulate": accumulate,
+        "epochs": a.epochs, "measured_epochs": a.epochs - 2, "reps": a.reps, "workers": a.workers,
+        "ips": results, "median_ips": {"trainer": ours, "ultralytics": theirs}, "ratio": ours / theirs,
+        "cpus": os.cpu_count(), "python": platform.python_version(),
+    }
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"ratio trainer/ultralytics = {ours / theirs:.3f} ({ours:.2f} vs {theirs:.2f} images/s) -> {a.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""`orch up` over `transport: local`: two nodes that are processes on this machine, real torchrun."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.cluster import free_port
+from tests.up_helpers import DDP_JOB, REPO, Orch, ddp_job
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+
+def marked(run_id: str) -> list[int]:
+    """Pids on this machine whose environment carries the run id (what `orch down` must leave: none)."""
+    want = f"ORCH_RUN_ID={run_id}".encode()
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/environ", "rb") as fh:
+                    if want in fh.read().split(b"\0"):
+                        out.append(int(name))
+            except OSError:
+                continue
+    return out
+
+
+def test_two_local_nodes_succeed_then_status_and_down(tmp_path: Path) -> None:
+    inv = tmp_path / "local.yaml"
+    inv.write_text(yaml.safe_dump({
+        "name": "lt", "transport": "local",
+        "nodes": [{"host": "localhost", "name": "n0"}, {"host": "localhost", "name": "n1"}],
+        "master": {"port": free_port("127.0.0.1")},
+        "env": {"GLOO_SOCKET_IFNAME": "lo", **ddp_job(steps=4, sleep=0.1)},
+        "job": {"python": os.path.relpath(REPO / ".venv" / "bin" / "python", tmp_path)
+                if (REPO / ".venv" / "bin" / "python").exists() else "python3",
+                "workdir": str(REPO), "run_root": str(tmp_path / "nodes"), "script": DDP_JOB,
+                "nproc_per_node": 1, "stop_grace_s": 5},
+    }))
+    orch = Orch(tmp_path / "home")
+    up = orch.run("up", str(inv), "--skip-checks", timeout=180)
+    assert up.returncode == 0, up.stderr
+    run_id = (orch.home / "latest").read_text().strip()
+    for node, rank in (("n0", 0), ("n1", 1)):
+        assert any(node in ln and f"r{rank}" in ln and "allreduce_ok=True final_sum=9 expected=9" in ln
+                   for ln in up.stdout.splitlines()), up.stdout[-2000:]
+    # the relative job.python was resolved against the inventory's directory
+    plan = json.loads((orch.run_dir(run_id) / "plan.json").read_text())
+    assert all(os.path.isabs(n["argv"][0]) for n in plan["nodes"])
+    state = (tmp_path / "nodes" / run_id / "n1" / "state.json")
+    assert json.loads(state.read_text())["state"] == "succeeded"
+    assert state.stat().st_mode & 0o077 == 0
+    status = orch.run("status", "--json")
+    doc = json.loads(status.stdout)
+    assert doc["state"] == "succeeded" and [n["exit_code"] for n in doc["nodes"]] == [0, 0]
+    down = orch.run("down")
+    assert down.returncode == 0 and "nothing running" in down.stderr, down.stderr
+    assert json.loads(orch.run("status", "--json").stdout)["state"] == "succeeded"
+    assert marked(run_id) == []

@@ -1,0 +1,217 @@
+"""The supervision state machine, driven by scripted observations (like torch elastic's TestAgent)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.supervise import (
+    NodeSpec,
+    Poller,
+    Supervisor,
+    Unanswered,
+    log_text,
+    root_cause,
+    run_state,
+    select_excerpt,
+)
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+SPECS = [NodeSpec("n1", 0, 0, 2), NodeSpec("n2", 1, 2, 2), NodeSpec("n3", 2, 4, 2)]
+
+
+def ok(state: str = "running", **kw: Any) -> dict[str, Any]:
+    return {"state": state, "agent_alive": state == "running", "job_alive": state == "running",
+            "exit_code": 0 if state == "succeeded" else None, **kw}
+
+
+class Clock:
+    """A fake monotonic clock that the fake sleep advances."""
+
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.t += s
+
+
+def supervisor(rounds: list[Mapping[str, Any]], *, grace: float = 10.0, excerpt: Any = None,
+               clock: Clock | None = None) -> tuple[Supervisor, list[int]]:
+    stops: list[int] = []
+    it = iter(rounds)
+    clock = clock or Clock()
+
+    def observe() -> Mapping[str, Any]:
+        item = next(it)
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def stop_all() -> dict[str, Any]:
+        stops.append(1)
+        return {s.name: {"remaining": []} for s in SPECS}
+
+    sup = Supervisor(SPECS, observe=observe, stop_all=stop_all, excerpt=excerpt, interval=1.0,
+                     unreachable_grace=grace, clock=clock, sleep=clock.sleep)
+    return sup, stops
+
+
+def test_success_when_every_node_succeeds_without_teardown() -> None:
+    sup, stops = supervisor([
+        {"n1": ok(), "n2": ok(), "n3": ok()},
+        {"n1": ok("succeeded"), "n2": ok(), "n3": ok("succeeded")},
+        {"n1": ok("succeeded"), "n2": ok("succeeded"), "n3": ok("succeeded")},
+    ])
+    out = sup.run()
+    assert out.state == "succeeded" and out.failure is None
+    assert out.wall_s == pytest.approx(2.0)
+    assert stops == []
+
+
+def test_first_failure_stops_everything_once_and_names_the_node() -> None:
+    lines = (FIXTURES / "torchrun_tee3_2proc_exit3_stderr_torch2.14.txt").read_text().splitlines()
+    raw = [f"2026-11-30T09:32:05.{i:06d}Z err {t}" for i, t in enumerate(lines)]
+    sup, stops = supervisor([
+        {"n1": ok(), "n2": ok(), "n3": ok()},
+        {"n1": ok(), "n2": ok("failed", exit_code=1, finished_at=50.0), "n3": ok()},
+    ], excerpt=lambda node: raw if node == "n2" else [])
+    out = sup.run()
+    assert out.state == "failed" and stops == [1]
+    f = out.failure
+    assert f is not None and (f.node, f.node_rank, f.exit_code) == ("n2", 1, 1)
+    assert f.rank == 1 and f.local_rank == 1  # from torchrun's Root Cause block
+    assert any("Root Cause (first observed failure):" in x for x in f.excerpt)
+    assert f.excerpt[-1].startswith("====")
+    assert all(not x.startswith("2026-") for x in f.excerpt)  # timestamps and streams stripped
+
+
+def test_earliest_failure_wins_when_several_nodes_fail_in_one_round() -> None:
+    sup, _ = supervisor([{"n1": ok("failed", exit_code=1, finished_at=20.5),
+                          "n2": ok("failed", exit_code=-9, signal="SIGKILL", finished_at=20.1),
+                          "n3": ok("failed", exit_code=1, finished_at=20.3)}])
+    out = sup.run()
+    assert out.failure is not None and out.failure.node == "n2"
+    assert "code -9 (SIGKILL)" in out.failure.reason
+
+
+def test_unreachable_longer_than_grace_fails_but_a_blip_does_not() -> None:
+    down = ConnectionError("no route")
+    rounds: list[Mapping[str, Any]] = [{"n1": ok(), "n2": ok(), "n3": ok()}]
+    rounds += [{"n1": ok(), "n2": down, "n3": ok()}] * 3  # 3 s: a blip
+    rounds += [{"n1": ok(), "n2": ok(), "n3": ok()}]
+    rounds += [{"n1": ok(), "n2": down, "n3": ok()}] * 12
+    sup, stops = supervisor(rounds, grace=5.0)
+    out = sup.run()
+    assert out.state == "failed" and out.failure is not None
+    assert out.failure.node == "n2" and "unreachable for 5 s" in out.failure.reason
+    assert out.wall_s == pytest.approx(5 + 5)  # unreachable again from t=5, failed at t=10
+    assert stops == [1]
+
+
+def test_an_unanswered_poll_counts_from_when_it_began() -> None:
+    clock = Clock()
+    since = clock.t - 9.5
+    sup, _ = supervisor([{"n1": ok(), "n2": Unanswered(9.5, since), "n3": ok()}] * 3, grace=10.0, clock=clock)
+    out = sup.run()
+    assert out.failure is not None and out.failure.node == "n2" and out.wall_s == pytest.approx(1.0)
+
+
+def test_vanished_agent_is_a_failure() -> None:
+    sup, _ = supervisor([{"n1": ok(), "n2": ok(), "n3": {"state": "running", "agent_alive": False,
+                                                           "job_alive": True, "agent_pid": 42}}])
+    out = sup.run()
+    assert out.failure is not None and out.failure.node == "n3"
+    assert "agent (pid 42) disappeared" in out.failure.reason and "still running" in out.failure.reason
+
+
+def test_interrupt_tears_down_then_propagates() -> None:
+    sup, stops = supervisor([{"n1": ok(), "n2": ok(), "n3": ok()}, KeyboardInterrupt()])
+    with pytest.raises(KeyboardInterrupt):
+        sup.run()
+    assert stops == [1] and sup.teardown_s is not None
+
+
+def test_teardown_reports_nodes_it_could_not_stop() -> None:
+    sup = Supervisor(SPECS, observe=lambda: {"n1": ok("failed", exit_code=2)},
+                     stop_all=lambda: {"n1": {"remaining": []}, "n2": TimeoutError("unreachable"),
+                                       "n3": {"remaining": [77]}}, sleep=lambda s: None)
+    out = sup.run()
+    assert set(out.not_stopped) == {"n2", "n3"} and "77" in out.not_stopped["n3"]
+
+
+def test_excerpt_keeps_the_failing_workers_exception_far_above_the_end() -> None:
+    worker = [f"[default1]:  File \"job.py\", line {i}" for i in range(5)] + \
+             ["[default1]:RuntimeError: injected failure on rank 5 at step 3"]
+    noise = [f"[default0]:[rank 4] step {i}" for i in range(30)]
+    torchrun_tb = [f"  torchrun frame {i}" for i in range(30)]
+    block = ["============================================================", "job.py FAILED",
+             "------------------------------------------------------------", "Failures:",
+             "  <NO_OTHER_FAILURES>", "------------------------------------------------------------",
+             "Root Cause (first observed failure):", "[0]:", "  time      : 2026-11-30_10:02:37",
+             "  host      : node3", "  rank      : 5 (local_rank: 1)", "  exitcode  : 1 (pid: 6482)",
+             "  error_file: /tmp/x/error.json", "  traceback : Traceback (most recent call last):",
+             "  RuntimeError: injected failure on rank 5 at step 3",
+             "============================================================"]
+    lines, rank, local = select_excerpt(worker + noise + torchrun_tb + block)
+    assert (rank, local) == (5, 1)
+    assert "[default1]:RuntimeError: injected failure on rank 5 at step 3" in lines
+    assert "…" in lines
+    assert lines[-len(block):] == block
+
+
+def test_excerpt_without_root_cause_is_the_last_20_lines() -> None:
+    raw = [f"2026-11-30T09:32:05.000000Z out line {i}" for i in range(50)]
+    lines, rank, local = select_excerpt(raw)
+    assert lines == [f"line {i}" for i in range(30, 50)] and rank is None and local is None
+
+
+def test_root_cause_parses_real_torchrun_summaries() -> None:
+    texts = (FIXTURES / "torchrun_tee3_2proc_exit3_stderr_torch2.14.txt").read_text().splitlines()
+    first, last, rank, local = root_cause(texts) or (0, 0, -1, -1)
+    assert (rank, local) == (1, 1)
+    assert "Root Cause" in texts[first + 1] and texts[last].startswith("====")
+    assert root_cause(["nothing", "here"]) is None
+
+
+def test_log_text_strips_stamp_and_stream_only_from_node_log_lines() -> None:
+    assert log_text("2026-11-30T09:32:05.123456Z out [default1]:x y") == "[default1]:x y"
+    assert log_text("plain text line") == "plain text line"
+
+
+@pytest.mark.parametrize("states, recorded, expected", [
+    (["succeeded", "succeeded"], "running", "succeeded"),
+    (["failed", "stopped"], "running", "failed"),
+    (["running", "succeeded"], "starting", "running"),
+    (["stopped", "stopped"], "running", "stopped"),
+    (["unreachable", "running"], "running", "running"),
+    (["stopped", "stopped"], "failed", "failed"),  # final states stick
+])
+def test_run_state(states: list[str], recorded: str, expected: str) -> None:
+    assert run_state(states, recorded) == expected
+
+
+def test_poller_keeps_a_slow_node_from_hiding_the_others() -> None:
+    release = threading.Event()
+
+    def poll(name: str) -> dict[str, Any]:
+        if name == "slow":
+            release.wait(5)
+        return ok()
+
+    p = Poller(["fast", "slow"], poll, interval=0.05, stale_after=0.2).start()
+    try:
+        time.sleep(0.5)
+        obs = p.observe()
+        assert obs["fast"] == ok()
+        assert isinstance(obs["slow"], Unanswered)
+    finally:
+        release.set()
+        p.close()

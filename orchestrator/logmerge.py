@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Any
 
 from ClusterShell.NodeSet import NodeSet, NodeSetException
 
@@ -32,6 +33,8 @@ TS_LEN = 27  # len("2026-11-30T09:32:05.123456Z")
 TEE_PREFIX = re.compile(r"\[([A-Za-z_][A-Za-z_-]*?)(\d+)\]:")
 # The trainer's own prefix: `[rank 9] ` (agreed with the trainer engineer).
 RANK_PREFIX = re.compile(r"\[rank (\d+)\] ")
+# Both at once, either optional (one regex call per worker line: this is the hot path).
+WORKER_PREFIX = re.compile(r"(?:\[[A-Za-z_][A-Za-z_-]*?(\d+)\]:)?(?:\[rank (\d+)\] )?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,27 +112,29 @@ def parse_node_line(raw: str, node: str, node_rank: int, base_rank: int | None,
     A line without a valid timestamp (a torn write, a hand-edited file) gets `fallback_ts` and
     stream `out`; without a fallback it raises ValueError.
     """
-    raw = raw.rstrip("\n")
+    if raw.endswith("\n"):
+        raw = raw[:-1]
+    parts = raw.split(" ", 2)
     try:
-        ts = parse_ts(raw[:TS_LEN])
-        sep = raw.find(" ", TS_LEN + 1)
-        if raw[TS_LEN:TS_LEN + 1] != " " or sep < 0:
-            stream, text = raw[TS_LEN + 1:], ""
-        else:
-            stream, text = raw[TS_LEN + 1:sep], raw[sep + 1:]
+        stamp = parts[0]
+        if len(stamp) != TS_LEN or stamp[19] != "." or stamp[26] != "Z":
+            raise ValueError(f"not a UTC µs timestamp: {stamp!r}")
+        prefix, cache = stamp[:19], _parse_cache
+        ts = (cache.epoch if prefix == cache.prefix else cache.epoch_of(prefix)) + int(stamp[20:26]) / 1_000_000
+        stream = parts[1] if len(parts) > 1 else ""
+        text = parts[2] if len(parts) > 2 else ""
     except ValueError:
         if fallback_ts is None:
             raise
         ts, stream, text = fallback_ts, "out", raw
     local_rank = rank = None
-    if text.startswith("["):
-        m = TEE_PREFIX.match(text)
-        if m:
-            local_rank = int(m.group(2))
-            text = text[m.end():]
-        m = RANK_PREFIX.match(text)
-        if m:
-            rank = int(m.group(1))
+    if text[:1] == "[":
+        m = WORKER_PREFIX.match(text)
+        if m and m.end():
+            if m.group(1) is not None:
+                local_rank = int(m.group(1))
+            if m.group(2) is not None:
+                rank = int(m.group(2))
             text = text[m.end():]
     if rank is None and local_rank is not None and base_rank is not None:
         rank = base_rank + local_rank
@@ -154,21 +159,29 @@ def merge(streams: Iterable[Iterator[LogLine]],
     """k-way merge of per-node streams (each in file order) by node time minus that node's
     clock offset. Streaming: holds one line per stream. Ties keep the order the streams were
     given in (pass them in node-rank order), and a stream's own order is never changed, even
-    where its clock stepped backwards."""
+    where its clock stepped backwards (the key is a per-stream running maximum)."""
     offsets = {k: v / 1000.0 for k, v in (offsets_ms or {}).items() if v}
-
-    def keyed(index: int, stream: Iterator[LogLine]) -> Iterator[tuple[float, int, LogLine]]:
-        # A per-stream running maximum keeps each node's lines in their written order.
-        high = float("-inf")
-        for line in stream:
-            key = line.ts - offsets.get(line.node, 0.0)
-            high = key if key > high else high
-            yield high, index, line
-
-    entries = [keyed(i, s) for i, s in enumerate(streams)]
-    for _key, _index, line in heapq.merge(*entries):
-        yield line
-
+    # One flat loop over a heap of [key, index, line, stream]: this is the hot path of
+    # `orch logs` on big runs, so no generator is stacked per stream.
+    heap: list[list[Any]] = []
+    for index, stream in enumerate(streams):
+        it = iter(stream)
+        for line in it:
+            heap.append([line.ts - offsets.get(line.node, 0.0), index, line, it])
+            break
+    heapq.heapify(heap)
+    replace, pop = heapq.heapreplace, heapq.heappop
+    while heap:
+        entry = heap[0]
+        yield entry[2]
+        for line in entry[3]:
+            key = line.ts - offsets.get(line.node, 0.0) if offsets else line.ts
+            entry[0] = key if key > entry[0] else entry[0]
+            entry[2] = line
+            replace(heap, entry)
+            break
+        else:
+            pop(heap)
 
 
 class LiveMerge:
@@ -258,7 +271,9 @@ class LiveMerge:
             yield line
 
     def _caught_up(self, index: int, key: float) -> bool:
-        return all(self.done[i] or i == index or self.seen[i] >= key for i in range(len(self.nodes)))
+        # Node i's next line has a key >= seen[i]; on a tie the lower node index goes first.
+        return all(self.done[i] or i == index or self.seen[i] > key or (self.seen[i] == key and i > index)
+                   for i in range(len(self.nodes)))
 
     def _trim(self) -> None:
         arrivals, released = self._arrivals, self._released

@@ -1,0 +1,152 @@
+"""The node agent on this machine, with plain shell jobs standing in for torchrun (no network)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator import agent
+
+AGENT = str(Path(agent.__file__))
+
+
+def call(*args: str, timeout: float = 60) -> tuple[int, dict[str, Any]]:
+    r = subprocess.run([sys.executable, AGENT, *args], capture_output=True, text=True, timeout=timeout)
+    return r.returncode, json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def prepare(tmp_path: Path, script: str, run: str = "r1", grace: float = 1.0, **kw: Any) -> Path:
+    d = tmp_path / "run" / "n1"
+    d.mkdir(parents=True)
+    spec = {"run": f"{run}-{os.getpid()}-{time.monotonic_ns()}", "node": "n1", "argv": ["sh", "-c", script],
+            "env": {"GREETING": "hello world; $(not expanded)"}, "cwd": str(tmp_path), "grace": grace, **kw}
+    (d / "launch.json").write_text(json.dumps(spec))
+    return d
+
+
+def state(d: Path) -> dict[str, Any]:
+    return dict(json.loads((d / "state.json").read_text()))
+
+
+def wait_state(d: Path, *states: str, timeout: float = 20) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = state(d)
+        if st.get("state") in states:
+            return st
+        time.sleep(0.05)
+    raise AssertionError(f"state stayed {state(d)}")
+
+
+def test_start_runs_detached_stamps_lines_and_records_the_exit(tmp_path: Path) -> None:
+    d = prepare(tmp_path, 'echo "$GREETING"; echo oops >&2; pwd; exit 3')
+    code, st = call("start", str(d))
+    assert code == 0 and st["state"] in ("running", "failed")
+    assert os.getsid(0) != st["agent_pid"]  # not in our session
+    final = wait_state(d, "failed")
+    assert final["exit_code"] == 3 and final["pgid"] == final["pid"] and final["finished_at"]
+    log = (d / "node.log").read_text().splitlines()
+    assert any(ln.endswith(" out hello world; $(not expanded)") for ln in log)
+    assert any(ln.endswith(" err oops") for ln in log)
+    assert any(ln.endswith(f" out {tmp_path}") for ln in log)
+    assert all(len(ln.split(" ", 2)[0]) == 27 and ln.split(" ", 2)[0].endswith("Z") for ln in log)
+    assert (d / "state.json").stat().st_mode & 0o077 == 0 and (d / "node.log").stat().st_mode & 0o077 == 0
+
+
+def test_stop_terms_then_kills_the_group_and_is_idempotent(tmp_path: Path) -> None:
+    d = prepare(tmp_path, "trap '' TERM; while true; do echo tick; sleep 0.2; done", grace=1.0)
+    assert call("start", str(d))[0] == 0
+    time.sleep(0.5)
+    t = time.monotonic()
+    code, out = call("stop", str(d), "--grace", "1")
+    assert code == 0 and out["remaining"] == [] and out["state"] == "stopped"
+    assert time.monotonic() - t < 8
+    st = state(d)
+    assert st["exit_code"] == -9 and st["signal"] == "SIGKILL"
+    log = (d / "node.log").read_text()
+    assert "received SIGTERM" in log and "SIGKILL" in log
+    code, again = call("stop", str(d), "--grace", "1")
+    assert code == 0 and again["stopped"] == [] and again["state"] == "stopped"
+
+
+def test_orphans_of_a_killed_job_are_reaped_and_killed(tmp_path: Path) -> None:
+    # like torchrun's workers: in a session of their own, they survive a kill -9 of their parent
+    d = prepare(tmp_path, "setsid sleep 300 & setsid sleep 301 & wait")
+    assert call("start", str(d))[0] == 0
+    deadline = time.monotonic() + 10
+    while len(state(d).get("procs") or []) < 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    sleepers = [p for p, _s in state(d)["procs"] if p != state(d)["pid"]]
+    os.kill(state(d)["pid"], signal.SIGKILL)
+    final = wait_state(d, "failed")
+    assert final["exit_code"] == -9
+    time.sleep(0.2)
+    assert not any(agent.alive(p) for p in sleepers)
+
+
+def test_stop_without_the_agent_still_finds_the_job(tmp_path: Path) -> None:
+    d = prepare(tmp_path, "setsid sleep 302 & while true; do sleep 0.2; done")
+    assert call("start", str(d))[0] == 0
+    time.sleep(1.3)  # one snapshot of the job's processes
+    st = state(d)
+    os.kill(st["agent_pid"], signal.SIGKILL)
+    code, status = call("status", str(d))
+    assert status["agent_alive"] is False and status["job_alive"] is True
+    code, out = call("stop", str(d), "--grace", "1")
+    assert code == 0 and out["remaining"] == [] and len(out["stopped"]) >= 2
+    assert state(d)["state"] == "stopped"
+
+
+def test_bad_interpreter_fails_start_with_the_reason(tmp_path: Path) -> None:
+    d = tmp_path / "r"
+    d.mkdir()
+    (d / "launch.json").write_text(json.dumps({"run": "x", "node": "n", "argv": ["/nonexistent/python", "-V"]}))
+    code, st = call("start", str(d))
+    assert code == 1 and st["state"] == "failed" and st["exit_code"] == 127
+    assert "/nonexistent/python" in st["reason"]
+
+
+def test_missing_workdir_and_double_start_are_refused(tmp_path: Path) -> None:
+    d = prepare(tmp_path, "sleep 30", cwd=str(tmp_path / "nope"))
+    code, st = call("start", str(d))
+    assert code == 2 and "does not exist" in st["reason"]
+    d2 = prepare(tmp_path / "b", "sleep 30")
+    assert call("start", str(d2))[0] == 0
+    try:
+        code, st = call("start", str(d2))
+        assert code == 3 and "already started" in st["reason"]
+    finally:
+        call("stop", str(d2), "--grace", "1")
+
+
+def test_status_of_a_directory_without_a_run() -> None:
+    out = agent.status("/nonexistent/run/dir", tail=5)
+    assert out["exists"] is False and out["agent_alive"] is False and out["tail"] == []
+
+
+@pytest.mark.parametrize("status, code", [(0, 0), (3 << 8, 3), (signal.SIGKILL, -9)])
+def test_exit_code_of(status: int, code: int) -> None:
+    assert agent.exit_code_of(status) == code
+
+
+def test_torchrun_log_dir_is_inserted_after_the_module(tmp_path: Path) -> None:
+    m = agent.Monitor(str(tmp_path), {"argv": ["py", "-m", "torch.distributed.run", "--nnodes=2", "x.py"],
+                                      "torchrun_log_dir": True})
+    assert m.argv() == ["py", "-m", "torch.distributed.run", f"--log-dir={tmp_path}/torchrun", "--nnodes=2", "x.py"]
+
+
+def test_the_agent_is_stdlib_only() -> None:
+    import ast
+
+    tree = ast.parse(Path(AGENT).read_text())
+    mods = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    mods |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert mods <= set(sys.stdlib_module_names) | {"__future__"}, mods

@@ -281,6 +281,7 @@ class Monitor:
         for t in pumps:
             t.start()
         code = self.watch(proc)
+        ended = time.time()  # when torchrun exited: the first-failure order, not when cleanup ended
         self.cleanup(proc.pid)
         for t in pumps:
             t.join(timeout=5)
@@ -288,7 +289,7 @@ class Monitor:
         state = "stopped" if stopped else ("succeeded" if code == 0 else "failed")
         sig = signal_name(code)
         self.log.write("orch", f"torchrun exited with code {code}{f' ({sig})' if sig else ''}: {state}")
-        self.save(state=state, exit_code=code, signal=sig, finished_at=time.time(), procs=[])
+        self.save(state=state, exit_code=code, signal=sig, finished_at=ended, procs=[])
         return code
 
     def watch(self, proc: subprocess.Popen) -> int:

@@ -182,11 +182,12 @@ def stop_all(cluster: Cluster, records: list[dict[str, Any]], grace: float) -> d
                                                by_name[t.node.name]["remote_dir"], grace), nodes)
 
 
-def status_all(cluster: Cluster, records: list[dict[str, Any]]) -> dict[str, Any]:
+def status_all(cluster: Cluster, records: list[dict[str, Any]], timeout: float = 15) -> dict[str, Any]:
+    """Every node's agent status in parallel; {node: status | exception}."""
     by_name = {r["node"]: r for r in records}
     nodes = [n for n in cluster.inv.nodes if n.name in by_name]
     return cluster.fan_out(lambda t: status_node(t, by_name[t.node.name]["python"],
-                                                 by_name[t.node.name]["remote_dir"]), nodes)
+                                                 by_name[t.node.name]["remote_dir"], timeout=timeout), nodes)
 
 
 # ----------------------------------------------------------------------------- preflight
@@ -242,6 +243,8 @@ def up_command(inv: Inventory, *, detach: bool = False, skip_checks: bool = Fals
         code, report = preflight(inv, con)
         if code:
             return code
+        con.print(f"preflight passed in {time.monotonic() - t0:.1f} s")
+    t_launch = time.monotonic()
     run = RunStore().create(inv, run_id)
     plan = make_plan(inv, run.run_id)
     run.write(plan.to_json(), "plan.json")
@@ -263,7 +266,7 @@ def up_command(inv: Inventory, *, detach: bool = False, skip_checks: bool = Fals
         record.update_nodes({n: r for n, r in started.items() if isinstance(r, dict)})
         if failed:
             return start_failed(con, cluster, record, failed, inv)
-        startup_s = time.monotonic() - t0
+        startup_s = time.monotonic() - t_launch
         record.update_nodes({}, state="running", startup_s=round(startup_s, 3))
         con.print(f"all {len(plan.nodes)} nodes running after {startup_s:.1f} s")
         if detach:
@@ -316,7 +319,8 @@ def attached(con: Console, run: RunDir, record: RunRecord, plan: Plan, cluster: 
                       for p in plan.nodes],
                      observe=poller.observe,
                      stop_all=lambda: stop_all(cluster, records, inv.job.stop_grace_s),
-                     excerpt=excerpt, interval=min(interval, 0.5), unreachable_grace=grace,
+                     excerpt=excerpt, confirm=lambda: status_all(cluster, records, timeout=3.0),
+                     interval=min(interval, 0.5), unreachable_grace=grace,
                      on_update=lambda nodes: record.update_nodes(nodes))
     stop_logs = threading.Event()
     logs = threading.Thread(target=stream_logs, args=(run, inv, cluster, stop_logs), daemon=True, name="logs")

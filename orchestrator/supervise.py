@@ -239,6 +239,7 @@ class Supervisor:
                  observe: Callable[[], Mapping[str, Observation]],
                  stop_all: Callable[[], Mapping[str, Any]],
                  excerpt: Callable[[str], Sequence[str]] | None = None,
+                 confirm: Callable[[], Mapping[str, Observation]] | None = None,
                  interval: float = 1.0, unreachable_grace: float = 10.0,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                  on_update: Callable[[Mapping[str, Mapping[str, Any]]], None] | None = None) -> None:
@@ -246,6 +247,7 @@ class Supervisor:
         self.observe = observe
         self.stop_all = stop_all
         self.excerpt = excerpt
+        self.confirm = confirm
         self.interval = interval
         self.grace = unreachable_grace
         self.clock = clock
@@ -299,6 +301,7 @@ class Supervisor:
         if changed and self.on_update is not None:
             self.on_update(self.nodes)
         if candidates:
+            candidates += self.confirmed(observations)
             self.failure = min(candidates, key=lambda f: f.order)
             return "failed"
         if all(n.get("state") == "succeeded" for n in self.nodes.values()):
@@ -309,6 +312,26 @@ class Supervisor:
         old = self.nodes.get(name, {})
         self.nodes[name] = value
         return bool(old.get("state") != value.get("state") or old.get("exit_code") != value.get("exit_code"))
+
+    def confirmed(self, seen: Mapping[str, Observation]) -> list[Failure]:
+        """Failures a fresh poll finds on the nodes that looked healthy in this round.
+
+        Polls are not simultaneous: a node that failed first may have been asked just before it
+        did, while a later victim was asked just after. One more look orders them by exit time."""
+        if self.confirm is None:
+            return []
+        healthy = [n for n, o in seen.items() if isinstance(o, Mapping) and n in self.specs
+                   and self.node_failure(self.specs[n], o) is None]
+        if not healthy:
+            return []
+        out = []
+        for name, obs in self.confirm().items():
+            if name in healthy and isinstance(obs, Mapping):
+                failure = self.node_failure(self.specs[name], obs)
+                if failure is not None:
+                    out.append(failure)
+                    self.nodes[name] = dict(obs)
+        return out
 
     @staticmethod
     def node_failure(spec: NodeSpec, obs: Mapping[str, Any]) -> Failure | None:

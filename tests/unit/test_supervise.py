@@ -215,3 +215,18 @@ def test_poller_keeps_a_slow_node_from_hiding_the_others() -> None:
     finally:
         release.set()
         p.close()
+
+
+def test_a_fresh_look_orders_failures_the_round_saw_at_different_moments() -> None:
+    confirm_calls: list[int] = []
+
+    def confirm() -> dict[str, Any]:
+        confirm_calls.append(1)
+        return {"n1": ok("failed", exit_code=1, finished_at=20.5),
+                "n2": ok("failed", exit_code=-9, signal="SIGKILL", finished_at=20.1), "n3": ok()}
+
+    sup = Supervisor(SPECS, observe=lambda: {"n1": ok("failed", exit_code=1, finished_at=20.5), "n2": ok(),
+                                             "n3": ok()},
+                     stop_all=lambda: {}, confirm=confirm, sleep=lambda s: None)
+    out = sup.run()
+    assert out.failure is not None and out.failure.node == "n2" and confirm_calls == [1]

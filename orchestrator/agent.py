@@ -284,7 +284,9 @@ class Monitor:
         ended = time.time()  # when torchrun exited: the first-failure order, not when cleanup ended
         self.cleanup(proc.pid)
         for t in pumps:
-            t.join(timeout=5)
+            # EOF comes as soon as no writer is left; every process of the job is gone by now, so
+            # a pipe still open is held by something outside the job: do not wait on it for long
+            t.join(timeout=2)
         stopped = self.stop_at is not None or os.path.exists(os.path.join(self.dir, STOP_REQUEST))
         state = "stopped" if stopped else ("succeeded" if code == 0 else "failed")
         sig = signal_name(code)

@@ -1,0 +1,26 @@
+"""Benchmarks never run in the test suite; this only shows that every script starts (`--help`)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = sorted(p.stem for p in (REPO / "bench").glob("*.py") if p.stem not in ("__init__", "__main__", "common", "summary"))
+
+
+def test_every_benchmark_is_in_the_runner() -> None:
+    from bench.__main__ import BENCHMARKS
+
+    assert set(BENCHMARKS) == set(SCRIPTS)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_benchmark_starts(name: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", f"bench.{name}", "--help"], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "--quick" in proc.stdout

@@ -331,7 +331,7 @@ def attached(con: Console, run: RunDir, record: RunRecord, plan: Plan, cluster: 
     except KeyboardInterrupt:
         pass
     finally:
-        poller.close()
+        poller.close(wait=grace)
         # every node is final now: the follower drains the last lines and its node-side readers
         # exit on their own (closing them early would leave them to die later, on a broken pipe)
         logs.join(timeout=10.0)

@@ -204,8 +204,13 @@ class Poller:
                     out[name] = Unanswered(now - since, since)
         return out
 
-    def close(self) -> None:
+    def close(self, wait: float = 0.0) -> None:
+        """Stop polling; wait up to `wait` s for calls in flight, so none outlives the controller."""
         self.stop.set()
+        deadline = time.monotonic() + wait
+        for t in self.threads:
+            if t.is_alive():
+                t.join(max(0.0, deadline - time.monotonic()))
 
 
 class Unanswered(TimeoutError):

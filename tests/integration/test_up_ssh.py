@@ -45,7 +45,7 @@ def run_root(cluster: TestCluster) -> Path:
 def test_success_4_nodes_x_2_processes(cluster: TestCluster, orch: Orch) -> None:
     inv = inventory(cluster, nproc=2, job_env=ddp_job(steps=4, sleep=0.1))
     t0 = time.monotonic()
-    up = orch.start(str(inv), "--skip-checks")
+    up = orch.start(str(inv))  # through the preflight: the test cluster passes it
     code = up.wait(240)
     assert code == 0, up.err
     run_id = up.run_id()
@@ -55,6 +55,7 @@ def test_success_4_nodes_x_2_processes(cluster: TestCluster, orch: Orch) -> None
         # host and rank on every line; the sum is checked by every rank against 8*9/2 + 8*3 = 60
         pattern = rf"\b{node}\s+r{rank}\s+done steps=4 allreduce_ok=True final_sum=60 expected=60"
         assert re.search(pattern, out), f"no done line of rank {rank} on {node}:\n{out[-3000:]}"
+    assert re.search(r"preflight passed in [\d.]+ s", up.err), up.err
     assert re.search(r"all 4 nodes running after [\d.]+ s", up.err), up.err
     assert re.search(r"succeeded on every node in [\d.]+ s", up.err), up.err
     data = orch.run_json(run_id)
@@ -68,7 +69,8 @@ def test_success_4_nodes_x_2_processes(cluster: TestCluster, orch: Orch) -> None
     log = node_log(run_root(cluster), run_id, "node3")
     assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z (out|err|orch) ", log), log[:200]
     assert leftover(cluster, run_id) == {}
-    print(f"4x2 success: {time.monotonic() - t0:.1f} s wall; {up.err.splitlines()[1]}")
+    assert (orch.run_dir(run_id) / "check.json").exists()
+    print(f"4x2 success: {time.monotonic() - t0:.1f} s wall; " + "; ".join(up.err.splitlines()[:3]))
 
 
 def test_kill9_torchrun_on_one_node_fails_fast_and_cleans_every_node(cluster: TestCluster, orch: Orch) -> None:

@@ -296,7 +296,10 @@ class _NodeState:
     src: NodeSource
     index: int
     done: bool = False
-    remote_state: str = "-"
+    remote_state: str = ""
+    """The node's state.json state as its reader last said ("-": none there); "" before any frame."""
+    failing_since: float | None = None
+    abandoned: bool = False
     last_frame: float = field(default_factory=time.monotonic)
     proc: Process | None = None
     credit: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(4000))
@@ -316,18 +319,21 @@ class Follower:
     `lines()` ends when every node's state.json is final and its log is drained, or when `stop`
     is set (lines already fetched are still released, in order). A dropped connection is retried
     with backoff (0.5, 1, 2, 4 s) from the byte offset already appended to the local copy.
+    Once the controller's run.json says the run has ended, a node that never started (no
+    state.json) or that stays unreachable for `giveup_s` is given up on, with an event.
     """
 
     def __init__(self, run: RunDir, inv: Inventory, cluster: Cluster, *, watermark: float = 1.0,
                  offsets_ms: Mapping[str, float] | None = None, from_start: bool = True,
                  on_event: Callable[[str, str], None] | None = None, poll_s: float = 0.2,
-                 stall_s: float = 10.0, write_merged: bool = True, startup_grace: float = 5.0) -> None:
+                 stall_s: float = 10.0, write_merged: bool = True, startup_grace: float = 5.0,
+                 giveup_s: float = 30.0) -> None:
         self.run, self.inv, self.cluster = run, inv, cluster
         self.watermark = watermark
         self.offsets_ms = dict(offsets_ms or {})
         self.from_start = from_start
         self.on_event = on_event or (lambda node, msg: None)
-        self.poll_s, self.stall_s, self.startup_grace = poll_s, stall_s, startup_grace
+        self.poll_s, self.stall_s, self.startup_grace, self.giveup_s = poll_s, stall_s, startup_grace, giveup_s
         self.write_merged = write_merged
         self.nodes = [_NodeState(src, i) for i, src in enumerate(node_sources(run, inv))]
         self.reconnects: dict[str, int] = {n.src.node: 0 for n in self.nodes}
@@ -366,14 +372,17 @@ class Follower:
     def _stream(self, st: _NodeState, copy: LocalCopy, last_ts: float) -> None:
         backoff = 0.5
         transport = self.cluster[st.src.node]
-        while not self._halt.is_set():
+        while not (self._halt.is_set() or st.abandoned):
             reason = "the log stream ended"
             try:
                 st.last_frame = time.monotonic()
                 st.proc = transport.popen(reader_argv(st.src, copy.offset, self.poll_s, once=False))
                 for kind, payload in read_frames(st.proc.stdout):
                     st.last_frame = time.monotonic()
+                    st.failing_since = None
                     backoff = 0.5
+                    if st.abandoned:
+                        return
                     if kind == "D":
                         for raw in copy.feed(payload):
                             line = self._parse(st, raw, last_ts)
@@ -392,8 +401,10 @@ class Follower:
                 if st.proc is not None:
                     st.proc.close()
                     st.proc = None
-            if self._halt.is_set():
+            if self._halt.is_set() or st.abandoned:
                 return
+            if st.failing_since is None:
+                st.failing_since = time.monotonic()
             copy.drop_partial()
             self.reconnects[st.src.node] += 1
             self.on_event(st.src.node, f"{reason}; reconnecting in {backoff:g} s, resuming at byte {copy.offset}")
@@ -401,16 +412,31 @@ class Follower:
             backoff = min(backoff * 2, 4.0)
 
     def _watch(self) -> None:
-        """Close a stream that sent no frame (not even a heartbeat) for stall_s: its connection is
-        dead without having said so (a pulled cable); the reader thread then reconnects."""
+        """Once a second: close a stream that sent no frame (not even a heartbeat) for stall_s —
+        its connection is dead without having said so (a pulled cable) and the reader thread
+        reconnects; and stop waiting for nodes that will never finish by themselves."""
         now = time.monotonic()
+        run_final = self.run.read().get("state") in FINAL_STATES
         for st in self.nodes:
             proc = st.proc
-            if proc is not None and not st.done and now - st.last_frame > self.stall_s:
+            if st.done or st.abandoned:
+                continue
+            if run_final and st.remote_state == "-":
+                self._abandon(st, "the run has ended and this node has no state.json: it never started")
+            elif run_final and st.failing_since is not None and now - st.failing_since > self.giveup_s:
+                self._abandon(st, f"the run has ended and the node has been unreachable for {self.giveup_s:g} s")
+            elif proc is not None and now - st.last_frame > self.stall_s:
                 self.on_event(st.src.node, f"no data or heartbeat for {self.stall_s:g} s: reconnecting")
                 st.last_frame = now
                 proc.close()
                 self.cluster[st.src.node].close()
+
+    def _abandon(self, st: _NodeState, why: str) -> None:
+        self.on_event(st.src.node, f"{why}; stopped following it (lines fetched so far are kept)")
+        st.abandoned = True
+        proc = st.proc
+        if proc is not None:
+            proc.close()
 
     def lines(self, stop: threading.Event | None = None) -> Iterator[LogLine]:
         """Every node's lines, ordered, until every node is final and drained, or `stop` is set."""

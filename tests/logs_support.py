@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -85,3 +86,27 @@ def write_state(inv: Inventory, run: RunDir, node: str, state: str) -> None:
     d = Path(os.path.expanduser(remote_dir(inv, inv.node(node), run.run_id)))
     d.mkdir(parents=True, exist_ok=True)
     (d / "state.json").write_text(json.dumps({"state": state}))
+
+
+def late_inversions(out: Sequence[tuple[float, Any]], hold_s: float) -> tuple[list[str], int]:
+    """Check the live-merge promise on (emitted wall time, LogLine) pairs.
+
+    A line may come out after a later-stamped line of another node only if it reached the
+    controller too late to be ordered: more than `hold_s` (the heartbeat margin, itself below
+    the watermark) after it was stamped — a starved node or a slow link. Within one node the
+    file order is kept by design. Returns the inversions that break the promise (described)
+    and the number of cross-node inversions in all."""
+    bad, inversions = [], 0
+    best: dict[str, tuple[tuple[float, int], Any]] = {}  # per node: highest key emitted so far
+    for emitted, line in out:
+        key = (line.ts, line.node_rank)
+        later = [(k, ln) for node, (k, ln) in best.items() if node != line.node and k > key]
+        if later:
+            inversions += 1
+            if emitted - line.ts < hold_s:
+                k, other = max(later, key=lambda e: e[0])
+                bad.append(f"{line.node} {line.text!r} stamped {line.ts:.6f} came out {emitted - line.ts:.3f} s "
+                           f"later, after {other.node} {other.text!r} stamped {other.ts:.6f}")
+        if line.node not in best or key > best[line.node][0]:
+            best[line.node] = (key, line)
+    return bad, inversions

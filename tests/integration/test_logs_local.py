@@ -15,11 +15,11 @@ import pytest
 from click.testing import CliRunner
 
 from orchestrator.cli import cli
-from orchestrator.logmerge import LogLine, parse_ts
+from orchestrator.logmerge import LiveMerge, LogLine, parse_ts
 from orchestrator.logs import READER, Follower, fetch_all, node_sources
 from orchestrator.runs import remote_dir
 from orchestrator.transport import Cluster
-from tests.logs_support import make_run, seqs_by_node, start_writer, write_state
+from tests.logs_support import late_inversions, make_run, seqs_by_node, start_writer, write_state
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -70,11 +70,11 @@ def test_follow_orders_nodes_writing_at_different_rates_and_a_silent_one(tmp_pat
     seqs = seqs_by_node([(ln.node, ln.text) for ln in lines])
     for node, (count, _) in rates.items():
         assert seqs[node] == list(range(count)), f"{node}: lines lost, duplicated or reordered"
-    keys = [(ln.ts, ln.node_rank) for ln in lines]
-    assert keys == sorted(keys), "lines from different nodes came out of time order"
+    bad, inversions = late_inversions(out, LiveMerge.HEARTBEAT_MARGIN)
+    assert not bad, f"{len(bad)} lines out of time order although they arrived in time:\n" + "\n".join(bad[:5])
     # Lines come out about a watermark after they were written, not when the silent node ends.
     lag = [emitted - ln.ts for emitted, ln in out if ln.node != "quiet" and ln.ts < out[-1][1].ts - 1.5]
-    assert lag and statistics.median(lag) < 1.6 and max(lag) < 3.0, f"lag median {statistics.median(lag):.2f} s"
+    assert lag and statistics.median(lag) < 1.6 and max(lag) < 5.0, f"lag median {statistics.median(lag):.2f} s"
     # Ranks: trainer prefix, or base_rank + local_rank from the static plan (2 workers per node).
     worker = [ln for ln in lines if " seq=" in ln.text]
     assert all(ln.rank == 2 * ln.node_rank + (ln.local_rank or 0) for ln in worker)
@@ -127,6 +127,18 @@ def test_stop_event_ends_follow_and_leaves_no_reader_behind(tmp_path: Path) -> N
     while reader_pids(node_dir) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert reader_pids(node_dir) == []
+
+
+def test_a_node_that_never_started_is_given_up_once_the_run_has_ended(tmp_path: Path) -> None:
+    inv, run = make_run(tmp_path, ["a", "never"])
+    assert start_writer(inv, run, "a", 5, 0.001).wait(timeout=30) == 0
+    events: list[tuple[str, str]] = []
+    threading.Timer(1.0, run.update, kwargs={"state": "failed"}).start()
+    started = time.monotonic()
+    lines = list(Follower(run, inv, Cluster(inv), poll_s=0.1, on_event=lambda n, m: events.append((n, m))).lines())
+    assert time.monotonic() - started < 10
+    assert len([ln for ln in lines if ln.node == "a"]) == 7
+    assert [n for n, m in events if "never started" in m] == ["never"]
 
 
 def test_repeated_fetches_resume_and_never_duplicate(tmp_path: Path) -> None:

@@ -16,11 +16,12 @@ from click.testing import CliRunner
 
 from orchestrator.cli import cli
 from orchestrator.inventory import Inventory, load
+from orchestrator.logmerge import LiveMerge
 from orchestrator.logs import READER, Follower, node_sources
 from orchestrator.runs import RunDir, RunStore, remote_dir
 from orchestrator.transport import Cluster
 from tests.cluster import TestCluster
-from tests.logs_support import seqs_by_node, start_writer, write_state
+from tests.logs_support import late_inversions, seqs_by_node, start_writer, write_state
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -81,13 +82,14 @@ def test_follow_four_ssh_nodes_ordered_within_about_a_second(cluster: TestCluste
     lines = [ln for _, ln in out]
     seqs = seqs_by_node([(ln.node, ln.text) for ln in lines])
     assert {n: seqs[n] for n in rates} == {n: list(range(c)) for n, (c, _) in rates.items()}
-    keys = [(ln.ts, ln.node_rank) for ln in lines]
-    assert keys == sorted(keys)
+    bad, inversions = late_inversions(out, LiveMerge.HEARTBEAT_MARGIN)
+    assert not bad, f"{len(bad)} lines out of time order although they arrived in time:\n" + "\n".join(bad[:5])
     # Once every node is connected (the first seconds, longer on a loaded machine), a line is on
     # the controller's stdout about a second after the node wrote it.
     lag = [t - ln.ts for t, ln in out if ln.ts > started + 3.0]
-    print(f"lag over SSH: median {statistics.median(lag):.3f} s, max {max(lag):.3f} s, {len(lag)} lines")
-    assert statistics.median(lag) < 1.6 and max(lag) < 3.5
+    print(f"lag over SSH: median {statistics.median(lag):.3f} s, max {max(lag):.3f} s, {len(lag)} lines; "
+          f"{inversions} late lines out of order")
+    assert statistics.median(lag) < 1.6 and max(lag) < 5.0
 
 
 def test_reconnect_after_the_ssh_connection_is_killed_server_side(cluster: TestCluster) -> None:
@@ -149,3 +151,25 @@ def test_unreachable_node_is_reported_and_its_earlier_copy_shown(cluster: TestCl
     assert "node3: cannot fetch its log" in again.stderr
     per_node = [json.loads(x)["node"] for x in again.stdout.splitlines()]
     assert per_node.count("node1") == 7 + 5 and per_node.count("node3") == 7
+
+
+def test_an_unreachable_node_is_given_up_after_the_run_ended(cluster: TestCluster) -> None:
+    inv, run = make_run(cluster)
+    for n in ("node1", "node2", "node3"):
+        assert start_writer(inv, run, n, 3, 0.001).wait(timeout=30) == 0
+    write_state(inv, run, "node4", "running")
+    cluster.stop_node("node4")
+    events: list[tuple[str, str]] = []
+    threading.Timer(1.0, run.update, kwargs={"state": "failed"}).start()
+    try:
+        with Cluster(inv) as transports:
+            started = time.monotonic()
+            follower = Follower(run, inv, transports, giveup_s=2.0, startup_grace=1.0,
+                                on_event=lambda n, m: events.append((n, m)))
+            lines = list(follower.lines())
+    finally:
+        cluster.start_node("node4")
+    assert time.monotonic() - started < 30
+    assert sorted({ln.node for ln in lines}) == ["node1", "node2", "node3"] and len(lines) == 15
+    msgs = [m for n, m in events if n == "node4"]
+    assert any("reconnecting" in m for m in msgs) and "unreachable for 2 s" in msgs[-1], msgs

@@ -23,7 +23,7 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -438,7 +438,7 @@ class Follower:
         if proc is not None:
             proc.close()
 
-    def lines(self, stop: threading.Event | None = None) -> Iterator[LogLine]:
+    def lines(self, stop: threading.Event | None = None) -> Generator[LogLine, None, None]:
         """Every node's lines, ordered, until every node is final and drained, or `stop` is set."""
         stop = stop or threading.Event()
         threads = [threading.Thread(target=self._read_node, args=(st,), daemon=True,
@@ -627,16 +627,19 @@ def _follow(run: RunDir, inv: Inventory, cluster: Cluster, offsets: Mapping[str,
 
     follower = Follower(run, inv, cluster, watermark=watermark, offsets_ms=offsets, from_start=from_start,
                         on_event=event)
-    lines: Iterable[LogLine] = follower.lines()
-    if not opts.keep.empty:
-        lines = (line for line in lines if opts.keep(line))
+    stream = follower.lines()
     out = sys.stdout
-    for line in lines:
-        if opts.as_json:
-            out.write(to_json(line) + "\n")
-        else:
-            out.write(format_line(line, opts.color, node_width=opts.widths[0], rank_width=opts.widths[1]) + "\n")
-        out.flush()
+    try:
+        for line in stream:
+            if not opts.keep(line):
+                continue
+            if opts.as_json:
+                out.write(to_json(line) + "\n")
+            else:
+                out.write(format_line(line, opts.color, node_width=opts.widths[0], rank_width=opts.widths[1]) + "\n")
+            out.flush()
+    finally:
+        stream.close()  # on Ctrl-C too: stops the readers on every node now, not at garbage collection
     state = run.read().get("state", "unknown")
     console.print(f"orch: every node's log is drained (run {run.run_id}: {state})", markup=False)
 

@@ -141,6 +141,34 @@ def test_a_node_that_never_started_is_given_up_once_the_run_has_ended(tmp_path: 
     assert [n for n, m in events if "never started" in m] == ["never"]
 
 
+def test_ctrl_c_ends_orch_logs_follow_with_0_and_stops_the_readers(tmp_path: Path, orch_home: Path) -> None:
+    import subprocess
+    import sys
+
+    inv, run = make_run(tmp_path, ["a", "b"])
+    writer = start_writer(inv, run, "a", 400, 0.02)
+    write_state(inv, run, "b", "running")
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "logs", "r1", "--follow"],
+                            cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ, ORCH_HOME=str(orch_home)))
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()  # something is being followed
+        assert " a " in first
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=15) == 0
+    finally:
+        proc.kill()
+        writer.kill()
+        writer.wait()
+    for node in ("a", "b"):
+        node_dir = os.path.expanduser(remote_dir(inv, inv.node(node), run.run_id))
+        deadline = time.monotonic() + 5
+        while reader_pids(node_dir) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert reader_pids(node_dir) == [], node
+
+
 def test_repeated_fetches_resume_and_never_duplicate(tmp_path: Path) -> None:
     inv, run = make_run(tmp_path, ["a", "b"])
     writers = [start_writer(inv, run, "a", 60, 0.02), start_writer(inv, run, "b", 30, 0.04)]

@@ -277,21 +277,26 @@ def probe_args(inv: Inventory, node: Node, want: Sequence[str], token: str, n_pe
         "master_port": inv.master_port if is_master and "ports" in want else None,
         "ring_addr": node.addr if net and n_peers > 1 else None,
         "expect": ((n_peers - 1) if is_master and "ports" in want else 0) + (1 if net and n_peers > 1 else 0),
-        "serve_s": SERVE_S, "software": "software" in want or "job" in want,
+        "serve_s": SERVE_S, "software": "software" in want,
     }
 
 
-def measure_clock(t: Transport) -> tuple[float, float]:
-    """(node minus controller offset ms, best round trip ms) from three `date` round trips."""
-    best: tuple[float, float] | None = None
+def measure_clock(t: Transport) -> tuple[float | None, float]:
+    """(node minus controller offset ms, best round trip ms) from three `date` round trips.
+
+    The offset is None when the node's `date` has no %N (busybox): the round trip still counts."""
+    best: tuple[float | None, float] | None = None
     for _ in range(3):
         t1 = time.time()
         res = t.run(["date", "+%s.%N"], timeout=15)
         t2 = time.time()
-        remote = float(res.check().stdout.strip())
         rtt = (t2 - t1) * 1000
+        try:
+            offset: float | None = (float(res.check().stdout.strip()) - (t1 + t2) / 2) * 1000
+        except ValueError:
+            offset = None
         if best is None or rtt < best[1]:
-            best = ((remote - (t1 + t2) / 2) * 1000, rtt)
+            best = (offset, rtt)
     assert best is not None
     return best
 
@@ -371,9 +376,12 @@ def _start_probe(inv: Inventory, t: Transport, want: Sequence[str], token: str, 
             nf.raw = facts
             nf.listen = facts.get("listen") or {}
             return _Probe(nf, stream, python)
+        code = stream.proc.wait(5) if stream.done else stream.proc.poll()
         stream.proc.close()
-        said = "; ".join(stream.noise[-3:]) or "no output"
-        if python == node.python and python != "python3":
+        said = "; ".join(stream.noise[-3:]) or ("no output" if code is not None else
+                                               f"no answer within {PHASE1_TIMEOUT_S:.0f} s")
+        # 126/127: the shell could not execute that interpreter; anything else is the probe's own failure
+        if code in (126, 127) and python == node.python and python != "python3":
             nf.python_fallback = f"{python} could not run the probe: {said}"
             continue
         nf.error, nf.error_kind = f"{node.name}: the probe failed ({python}): {said}", "probe"

@@ -331,11 +331,15 @@ def gather(args: dict) -> dict:
         slow["chrony"] = gather_chrony
     results = {}
 
+    timings = {}
+
     def work(key: str) -> None:
+        t0 = time.time()
         try:
             results[key] = slow[key]()
         except Exception as exc:  # a fact, not a crash: the check says what broke
             results[key] = {"error": f"{type(exc).__name__}: {exc}"}
+        timings[key] = round(time.time() - t0, 3)
 
     threads = [threading.Thread(target=work, args=(k,), daemon=True) for k in slow]
     for t in threads:
@@ -343,6 +347,7 @@ def gather(args: dict) -> dict:
     for t in threads:
         t.join()
     facts.update(results)
+    facts["timings_s"] = timings
     wd = args.get("workdir")
     facts["workdir"] = file_facts(wd, False) if wd else None
     facts["time"] = time.time()

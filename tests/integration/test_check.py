@@ -15,18 +15,26 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from orchestrator.inventory import load
 from orchestrator.preflight import CheckReport, run_preflight
-from tests.cluster import TestCluster, is_root
+from tests.cluster import TestCluster, free_port, is_root
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "probe"
 ORCH = str(Path(sys.executable).with_name("orch"))
 MakeCluster = Callable[..., TestCluster]
 # torch is imported once per node by the software check; fault tests that do not need it skip it
 FAST = ("software",)
+
+
+def write_inventory(c: TestCluster, **kw: Any) -> Path:
+    """The cluster's inventory on a free master port: in loopback mode every node (and every other
+    test on this machine) shares one network namespace, so the default 29500 may be in use."""
+    kw.setdefault("master", {"port": free_port("0.0.0.0")})
+    return c.write_inventory(**kw)
 
 
 def preflight(inv_path: Path, skip: Iterable[str] = FAST) -> CheckReport:
@@ -54,7 +62,7 @@ def orch_check_json(inv_path: Path, home: Path, *extra: str) -> tuple[int, dict[
 
 
 def test_clean_cluster_passes_and_hardware_checks_skip(cluster: TestCluster, tmp_path: Path) -> None:
-    inv = cluster.write_inventory(job={"workdir": str(cluster.root), "args": {"batch": 8}})
+    inv = write_inventory(cluster, job={"workdir": str(cluster.root), "args": {"batch": 8}})
     code, data, err = orch_check_json(inv, tmp_path)
     assert code == 0, (err, data)
     results = data["results"]
@@ -75,20 +83,20 @@ def test_clean_cluster_passes_and_hardware_checks_skip(cluster: TestCluster, tmp
 def test_clock_skewed_with_faketime_against_chronyd(make_cluster: MakeCluster) -> None:
     c = make_cluster(4)
     c.skew_clock("node3", "+2s")
-    report = preflight(c.write_inventory())
+    report = preflight(write_inventory(c))
     assert failures(report) == {("clock", "node3")}
     r = result(report, "clock", "node3")
     assert 1800 <= report.offsets_ms["node3"] <= 2200, r
     assert r["value"].startswith("+") and "chronyc makestep" in r["hint"]
     # without an NTP server the controller estimates offsets over SSH and judges the spread
-    report = preflight(c.write_inventory(checks={"clock": {"ntp_server": None}}))
+    report = preflight(write_inventory(c, checks={"clock": {"ntp_server": None}}))
     assert failures(report) == {("clock", "node3")}
     assert "median of the nodes" in result(report, "clock", "node3")["detail"]
 
 
 def test_timezone_differs_on_one_node(make_cluster: MakeCluster) -> None:
     c = make_cluster(4, node_env={"node2": {"TZ": "Asia/Shanghai"}})
-    report = preflight(c.write_inventory())
+    report = preflight(write_inventory(c))
     assert failures(report) == {("timezone", "node2")}
     r = result(report, "timezone", "node2")
     assert "Asia/Shanghai" in r["value"] and "login environment" in r["detail"]
@@ -98,7 +106,7 @@ def test_ib_disable_on_one_node_of_an_rdma_cluster(make_cluster: MakeCluster) ->
     env = {f"node{i}": {"ORCH_PROBE_FIXTURES": str(FIX / "v100")} for i in range(1, 5)}
     env["node3"]["NCCL_IB_DISABLE"] = "1"
     c = make_cluster(4, node_env=env)
-    report = preflight(c.write_inventory(checks={"rdma": {"devices": ["mlx5_0"]}}, env={"NCCL_IB_HCA": "mlx5_0"}))
+    report = preflight(write_inventory(c, checks={"rdma": {"devices": ["mlx5_0"]}}, env={"NCCL_IB_HCA": "mlx5_0"}))
     assert failures(report) == {("nccl_env", "node3")}
     assert "NCCL_IB_DISABLE=1" in result(report, "nccl_env", "node3")["detail"]
     rdma = result(report, "rdma", "node1")
@@ -108,7 +116,7 @@ def test_ib_disable_on_one_node_of_an_rdma_cluster(make_cluster: MakeCluster) ->
 def test_unreachable_node(make_cluster: MakeCluster) -> None:
     c = make_cluster(4)
     c.stop_node("node4")
-    report = preflight(c.write_inventory())
+    report = preflight(write_inventory(c))
     assert failures(report) == {("ssh", "node4")}
     assert "refused" in result(report, "ssh", "node4")["detail"]
     rest = [r for r in report.results if r.node == "node4" and r.check != "ssh"]
@@ -122,14 +130,14 @@ def test_unknown_host_key(make_cluster: MakeCluster) -> None:
     keep = [ln for ln in lines if not ln.startswith((f"[{node.host}]:{node.port} ", f"{node.host} "))]
     assert len(keep) == len(lines) - 1
     c.known_hosts.write_text("\n".join(keep) + "\n")
-    report = preflight(c.write_inventory())
+    report = preflight(write_inventory(c))
     assert failures(report) == {("ssh", "node2")}
     r = result(report, "ssh", "node2")
     assert "host_key_unknown" in r["detail"] and "ssh-keyscan" in r["hint"]
 
 
 def test_relative_weights_path(cluster: TestCluster) -> None:
-    inv = cluster.write_inventory(job={"workdir": str(cluster.root), "args": {"weights": "yolo12n.pt"}})
+    inv = write_inventory(cluster, job={"workdir": str(cluster.root), "args": {"weights": "yolo12n.pt"}})
     report = preflight(inv)
     assert failures(report) == {("job", "node1")}  # a job-wide problem is reported on the master
     r = result(report, "job", "node1")
@@ -148,7 +156,7 @@ def test_data_file_missing_on_one_node(cluster: TestCluster) -> None:
     need_private_fs(cluster)
     good = "path: /data\ntrain: images\nnames: {0: person}\n"
     path = _data_on_nodes(cluster, {"node1": good, "node2": good, "node3": None, "node4": good})
-    report = preflight(cluster.write_inventory(job={"args": {"data": path}}))
+    report = preflight(write_inventory(cluster, job={"args": {"data": path}}))
     assert failures(report) == {("job", "node3")}
     assert "does not exist on this node" in result(report, "job", "node3")["detail"]
 
@@ -158,13 +166,13 @@ def test_data_yaml_without_names(cluster: TestCluster) -> None:
     good = "path: /data\ntrain: images\nnames: {0: person}\n"
     path = _data_on_nodes(cluster, {"node1": good, "node2": "path: /data\ntrain: images\n", "node3": good,
                                     "node4": good})
-    report = preflight(cluster.write_inventory(job={"args": {"data": path}}))
+    report = preflight(write_inventory(cluster, job={"args": {"data": path}}))
     assert failures(report) == {("job", "node2")}
     assert "has no `names`" in result(report, "job", "node2")["detail"]
 
 
 def test_batch_not_divisible(cluster: TestCluster) -> None:
-    report = preflight(cluster.write_inventory(job={"args": {"batch": 6}}))
+    report = preflight(write_inventory(cluster, job={"args": {"batch": 6}}))
     assert failures(report) == {("job", "node1")}
     r = result(report, "job", "node1")
     assert "global batch 6 does not divide by world size 4" in r["detail"] and "4 or 8" in r["hint"]
@@ -176,14 +184,14 @@ def test_master_port_taken(cluster: TestCluster) -> None:
         s.bind((master.addr, 0))
         s.listen()
         port = s.getsockname()[1]
-        report = preflight(cluster.write_inventory(master={"port": port}))
+        report = preflight(write_inventory(cluster, master={"port": port}))
     assert failures(report) == {("ports", "node1")}
     assert f"master port {port} is taken" in result(report, "ports", "node1")["detail"]
     assert "not tested" in result(report, "ports", "node2")["detail"]
 
 
 def test_bad_python_path_is_a_software_failure(cluster: TestCluster) -> None:
-    inv = cluster.write_inventory(nodes_extra={"node2": {"python": "/nonexistent/bin/python"}})
+    inv = write_inventory(cluster, nodes_extra={"node2": {"python": "/nonexistent/bin/python"}})
     report = preflight(inv, skip=())
     assert {c for c, n in failures(report) if n == "node2"} == {"software"}
     assert {n for _, n in failures(report)} == {"node2"}
@@ -194,7 +202,7 @@ def test_gpu_and_rdma_faults_from_recorded_output(make_cluster: MakeCluster) -> 
     sets = {"node1": "v100", "node2": "v100-missing-gpu", "node3": "v100-driver-mismatch",
             "node4": "mlx5-port-down", "node5": "mlx5-missing"}
     c = make_cluster(5, node_env={n: {"ORCH_PROBE_FIXTURES": str(FIX / s)} for n, s in sets.items()})
-    inv = c.write_inventory(nodes_extra={n: {"gpus": 8} for n in sets}, job={"nproc_per_node": 8},
+    inv = write_inventory(c, nodes_extra={n: {"gpus": 8} for n in sets}, job={"nproc_per_node": 8},
                             checks={"rdma": {"devices": ["mlx5_0"]}})
     report = preflight(inv, skip=("software", "clock", "timezone"))
     assert failures(report) == {("gpus", "node2"), ("gpus", "node3"), ("rdma", "node4"), ("rdma", "node5")}
@@ -213,7 +221,7 @@ def test_netns_three_faults_reported_exactly(netns_cluster: TestCluster, tmp_pat
         c.add_interface(node, "ens2f1", f"10.77.0.{i}/24")
     c.set_env("node2", TZ="Asia/Shanghai")
     c.skew_clock("node3", "+2s")
-    inv = c.write_inventory(env={"NCCL_SOCKET_IFNAME": "ens2f1"})
+    inv = write_inventory(c, env={"NCCL_SOCKET_IFNAME": "ens2f1"})
     code, data, err = orch_check_json(inv, tmp_path)
     assert code == 1, err
     results = data["results"]
@@ -229,7 +237,7 @@ def test_netns_link_down_node_is_unreachable(netns_cluster: TestCluster) -> None
     c = netns_cluster
     c.stop_node("node2")
     c.link_down("node2")
-    report = preflight(c.write_inventory(ssh={"connect_timeout": 2}))
+    report = preflight(write_inventory(c, ssh={"connect_timeout": 2}))
     assert failures(report) == {("ssh", "node2")}
     assert result(report, "ssh", "node2")["detail"]
 

@@ -173,3 +173,36 @@ def test_an_unreachable_node_is_given_up_after_the_run_ended(cluster: TestCluste
     assert sorted({ln.node for ln in lines}) == ["node1", "node2", "node3"] and len(lines) == 15
     msgs = [m for n, m in events if n == "node4"]
     assert any("reconnecting" in m for m in msgs) and "unreachable for 2 s" in msgs[-1], msgs
+
+
+@pytest.mark.netns
+def test_pulled_cable_is_detected_by_the_missing_heartbeat_and_resumed(netns_cluster: TestCluster) -> None:
+    """node2's link goes down for 6 s while it writes: no EOF arrives, only silence. The follower
+    notices the missing heartbeats, drops the connection, reconnects once the link is back, and
+    resumes at its byte offset."""
+    cluster = netns_cluster
+    inv, run = make_run(cluster)
+    writers = [start_writer(inv, run, "node2", 300, 0.04), start_writer(inv, run, "node1", 100, 0.12)]
+    for n in ("node3", "node4"):
+        write_state(inv, run, n, "succeeded")
+    events: list[tuple[str, str]] = []
+
+    def pull_cable() -> None:
+        time.sleep(2.5)
+        cluster.link_down("node2")
+        time.sleep(6.0)
+        cluster.link_up("node2")
+
+    cable = threading.Thread(target=pull_cable)
+    with Cluster(inv) as transports:
+        follower = Follower(run, inv, transports, watermark=0.5, stall_s=2.0,
+                            on_event=lambda n, m: events.append((n, m)))
+        cable.start()
+        lines = list(follower.lines())
+    cable.join()
+    for w in writers:
+        w.wait(timeout=30)
+    msgs = [m for n, m in events if n == "node2"]
+    assert any("no data or heartbeat for 2 s" in m for m in msgs), msgs
+    seqs = seqs_by_node([(ln.node, ln.text) for ln in lines])
+    assert seqs["node2"] == list(range(300)) and seqs["node1"] == list(range(100))

@@ -190,6 +190,7 @@ def test_master_port_taken(cluster: TestCluster) -> None:
     assert "not tested" in result(report, "ports", "node2")["detail"]
 
 
+@pytest.mark.slow
 def test_bad_python_path_is_a_software_failure(cluster: TestCluster) -> None:
     inv = write_inventory(cluster, nodes_extra={"node2": {"python": "/nonexistent/bin/python"}})
     report = preflight(inv, skip=())
@@ -214,6 +215,7 @@ def test_gpu_and_rdma_faults_from_recorded_output(make_cluster: MakeCluster) -> 
     assert busy["status"] == "warn" and "already in use" in busy["detail"]
 
 
+@pytest.mark.slow
 @pytest.mark.netns
 def test_netns_three_faults_reported_exactly(netns_cluster: TestCluster, tmp_path: Path) -> None:
     c = netns_cluster

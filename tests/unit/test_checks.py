@@ -382,3 +382,14 @@ def test_report_json_shape_exit_code_and_table() -> None:
     text = buf.getvalue()
     assert "+2034 ms" in text and "preflight failed" in text and "1 fail" in text
     assert CheckReport([r for r in results if r.status != "fail"]).exit_code == 0
+
+
+def test_cli_unknown_check_name_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.cli import main
+
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("transport: local\nnodes:\n  - host: a\n")
+    with pytest.raises(SystemExit) as exc:
+        main(["check", str(inv), "--only", "ssh,nope"])
+    assert exc.value.code == 2
+    assert "unknown check 'nope'" in capsys.readouterr().err

@@ -382,27 +382,32 @@ def check_rdma(inv: Inventory, facts: Facts) -> list[CheckResult]:
             else:
                 f.add("ok", f"{dev} port {p.port} ACTIVE, {p.rate}, {p.link_layer}")
         f.value = "; ".join(shown)
-        _ring_reach(nf, f, ib_tools=(nf.raw.get("ib") or {}).get("tools") or {})
+        _ring_reach(nf, f, verbs=True)
         out.append(f.result())
     return out
 
 
-def _ring_reach(nf: NodeFacts, f: Findings, ib_tools: Mapping[str, Any] | None = None) -> None:
-    """This node → its ring successor, over TCP to a port the successor's probe opened."""
-    method = "TCP to a port the peer's probe opened"
-    if ib_tools and ib_tools.get("ibv_rc_pingpong"):
-        method += " (ibv_rc_pingpong is installed, but orch tests reachability over TCP only)"
+def _ring_reach(nf: NodeFacts, f: Findings, verbs: bool = False) -> None:
+    """This node → its ring successor: over verbs (ibv_rc_pingpong) when `verbs` and the tool ran,
+    else over TCP to a port the successor's probe opened."""
     if nf.reach_error:
         f.add("fail", f"reachability test failed: {nf.reach_error}")
         return
-    for r in nf.reach:
-        if r.get("kind") != "ring":
-            continue
+    ring = [r for r in nf.reach if r.get("kind") == "verbs"] if verbs else []
+    method = "verbs (ibv_rc_pingpong)" if ring else "TCP to a port the peer's probe opened"
+    if verbs and not ring:
+        tools = (nf.raw.get("ib") or {}).get("tools") or {}
+        method += (" (ibv_rc_pingpong is installed here, but the peer ran no verbs server)"
+                   if tools.get("ibv_rc_pingpong") else " (ibv_rc_pingpong not installed, so no verbs test)")
+    for r in ring or [r for r in nf.reach if r.get("kind") == "ring"]:
         if r.get("ok"):
-            f.add("ok", f"reaches {r['node']} ({r['addr']}) in {r.get('ms', 0):.1f} ms; {method}")
+            extra = f": {r['result']}" if r.get("result") else ""
+            f.add("ok", f"reaches {r['node']} ({r['addr']}) in {r.get('ms', 0):.1f} ms over {method}{extra}")
         else:
-            f.add("fail", f"cannot reach {r['node']} at {r['addr']}:{r['port']}: {r.get('error')}; {method}",
-                  "check routing and firewalls between the nodes' data-plane addresses (addr:)")
+            f.add("fail", f"cannot reach {r['node']} at {r['addr']}:{r['port']} over {method}: {r.get('error')}",
+                  "check routing and firewalls between the nodes' data-plane addresses (addr:)" if not ring else
+                  f"ibv_rc_pingpong -d {r.get('device')} {r['addr']} by hand; check the HCA port, the subnet "
+                  "manager and (RoCE) the GID index")
 
 
 # ----------------------------------------------------------------------------- gpus

@@ -278,6 +278,8 @@ def probe_args(inv: Inventory, node: Node, want: Sequence[str], token: str, n_pe
         "ring_addr": node.addr if net and n_peers > 1 else None,
         "expect": ((n_peers - 1) if is_master and "ports" in want else 0) + (1 if net and n_peers > 1 else 0),
         "serve_s": SERVE_S, "software": "software" in want,
+        "verbs_device": inv.checks.rdma_devices[0] if "rdma" in want and inv.checks.rdma_devices and n_peers > 1
+        else None,
     }
 
 
@@ -404,12 +406,17 @@ def _targets(inv: Inventory, probes: dict[str, _Probe]) -> dict[str, list[dict[s
             ring = probes[succ.name].facts.listen.get("ring") or {}
             if ring.get("port"):
                 out[node.name].append({"kind": "ring", "node": succ.name, "addr": succ.addr, "port": ring["port"]})
+            verbs = probes[succ.name].facts.listen.get("verbs") or {}
+            tools = (probes[node.name].facts.raw.get("ib") or {}).get("tools") or {}
+            if verbs.get("port") and tools.get("ibv_rc_pingpong"):
+                out[node.name].append({"kind": "verbs", "node": succ.name, "addr": succ.addr,
+                                       "port": verbs["port"], "device": verbs["device"]})
     return out
 
 
 def _connect(t: Transport, python: str, targets: list[dict[str, Any]], token: str) -> list[dict[str, Any]]:
     args = {"mode": "connect", "node": t.node.name, "token": token, "targets": targets, "timeout": CONNECT_TIMEOUT_S}
-    res = t.run(probe_command(python, args), env=dict(t.node.env), timeout=CONNECT_TIMEOUT_S * 4 + 30)
+    res = t.run(probe_command(python, args), env=dict(t.node.env), timeout=CONNECT_TIMEOUT_S * 6 + 30)
     for line in res.stdout.splitlines():
         if line.startswith("ORCH-REACH "):
             return list(json.loads(line.split(" ", 1)[1]))

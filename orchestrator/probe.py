@@ -131,6 +131,21 @@ def fixture_dir() -> str | None:
     return os.environ.get("ORCH_PROBE_FIXTURES") or None
 
 
+def tool_path(name: str) -> str | None:
+    """Where a tool is: in fixture mode only `<fixtures>/bin/` counts (a stand-in that replays
+    recorded output), else PATH."""
+    fx = fixture_dir()
+    if fx:
+        p = os.path.join(fx, "bin", name)
+        return p if os.access(p, os.X_OK) else None
+    return shutil.which(name)
+
+
+def ib_root() -> str:
+    fx = fixture_dir()
+    return os.path.join(fx, "infiniband") if fx else "/sys/class/infiniband"
+
+
 # ----------------------------------------------------------------------------- facts
 
 
@@ -187,10 +202,9 @@ def gather_ifaces() -> list:
 
 def gather_ib() -> dict:
     """Every device and port attribute under /sys/class/infiniband (or the fixture tree), raw."""
-    fx = fixture_dir()
-    root = os.path.join(fx, "infiniband") if fx else "/sys/class/infiniband"
-    out: dict = {"root": root, "source": "fixture" if fx else "sysfs", "devices": {},
-           "tools": {t: (None if fx else shutil.which(t)) for t in ("ibv_rc_pingpong", "ibstat", "ibv_devinfo")}}
+    root = ib_root()
+    out: dict = {"root": root, "source": "fixture" if fixture_dir() else "sysfs", "devices": {},
+                 "tools": {t: tool_path(t) for t in ("ibv_rc_pingpong", "ibstat", "ibv_devinfo")}}
     if not os.path.isdir(root):
         return out
     for dev in sorted(os.listdir(root)):
@@ -381,15 +395,16 @@ def port_holder(port: int) -> str | None:
     return res["out"].strip()[:300] or None
 
 
-def serve(listeners: dict, args: dict, deadline: float) -> None:
-    """Answer each connection with the token line until enough peers came, time runs out, or
-    the controller closed our stdout (the heartbeat fails)."""
+def serve(listeners: dict, args: dict, deadline: float, verbs: subprocess.Popen | None = None) -> None:
+    """Answer each connection with the token line until enough peers came (and the verbs server,
+    if any, has served its client), time runs out, or the controller closed our stdout (the
+    heartbeat fails)."""
     token, node = args["token"], args.get("node")
     expected = int(args.get("expect", 0))
     seen = 0
     socks = {s: kind for kind, s in listeners.items() if s is not None}
     last_beat = 0.0
-    while socks and time.time() < deadline and seen < expected:
+    while socks and time.time() < deadline and (seen < expected or (verbs is not None and verbs.poll() is None)):
         ready = select.select(list(socks), [], [], 0.2)[0]
         for s in ready:
             try:
@@ -416,6 +431,62 @@ def serve(listeners: dict, args: dict, deadline: float) -> None:
                 return
 
 
+def roce_gid_index(dev: str, port: str = "1") -> str | None:
+    """A RoCE v2 GID index with a non-zero GID (RoCE needs `-g`; InfiniBand does not)."""
+    base = os.path.join(ib_root(), dev, "ports", port)
+    if (read_text(os.path.join(base, "link_layer")) or "") != "Ethernet":
+        return None
+    tdir = os.path.join(base, "gid_attrs", "types")
+    names = os.listdir(tdir) if os.path.isdir(tdir) else []
+    for name in sorted(names, key=lambda n: int(n) if n.isdigit() else 1 << 30):
+        gid = read_text(os.path.join(base, "gids", name)) or ""
+        if "v2" in (read_text(os.path.join(tdir, name)) or "").lower() and gid.replace("0", "").strip(":"):
+            return name
+    return None
+
+
+def verbs_argv(tool: str, dev: str, port: int, peer: str | None = None) -> list:
+    """`ibv_rc_pingpong -d DEV -p PORT [-g GID] [PEER]`: a reliable-connection ping over verbs."""
+    argv = [tool, "-d", dev, "-p", str(port)]
+    gid = roce_gid_index(dev)
+    if gid is not None:
+        argv += ["-g", gid]
+    return argv + ([peer] if peer else [])
+
+
+def start_verbs_server(dev: str) -> tuple:
+    """(server process, listen info) when ibv_rc_pingpong is installed, else (None, None)."""
+    tool = tool_path("ibv_rc_pingpong")
+    if not tool:
+        return None, None
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("", 0))
+    port = s.getsockname()[1]
+    s.close()
+    proc = subprocess.Popen(verbs_argv(tool, dev, port), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return proc, {"port": port, "device": dev, "tool": tool}
+
+
+def verbs_ping(target: dict, timeout: float) -> dict:
+    """The client side of the ring's verbs test, against the successor's server."""
+    out = dict(target)
+    tool = tool_path("ibv_rc_pingpong")
+    if not tool:
+        out.update(ok=False, error="ibv_rc_pingpong not installed here")
+        return out
+    t0 = time.time()
+    rc, so, se = run_capture(verbs_argv(tool, target["device"], int(target["port"]), target["addr"]), timeout)
+    lines = [ln.strip() for ln in (so + se).decode("utf-8", "replace").splitlines() if ln.strip()]
+    out["ms"] = (time.time() - t0) * 1000
+    result = [ln for ln in lines if "bytes in" in ln]
+    out.update(ok=rc == 0 and bool(result), result=result[0] if result else None,
+               error=None if rc == 0 else (lines[-1] if lines else f"exit {rc}"))
+    if rc is None:
+        out["error"] = f"no answer within {timeout:.0f}s"
+    return out
+
+
 def facts_mode(args: dict) -> int:
     start = time.time()
     listeners = {}
@@ -430,14 +501,22 @@ def facts_mode(args: dict) -> int:
         listeners["ring"], err = open_listener(args["ring_addr"], 0)
         listen["ring"] = {"addr": args["ring_addr"], "port": listeners["ring"].getsockname()[1] if err is None else None,
                           "error": err}
-    emit("ORCH-LISTEN", listen)
-    facts = gather(args)
-    facts["listen"] = listen
-    emit("ORCH-FACTS", facts)
-    serve(listeners, args, start + float(args.get("serve_s", 30)))
-    for s in listeners.values():
-        if s is not None:
-            s.close()
+    verbs = None
+    if args.get("verbs_device"):
+        verbs, listen["verbs"] = start_verbs_server(args["verbs_device"])
+    try:
+        emit("ORCH-LISTEN", listen)
+        facts = gather(args)
+        facts["listen"] = listen
+        emit("ORCH-FACTS", facts)
+        serve(listeners, args, start + float(args.get("serve_s", 30)), verbs)
+    finally:
+        for s in listeners.values():
+            if s is not None:
+                s.close()
+        if verbs is not None and verbs.poll() is None:
+            verbs.kill()
+            verbs.wait()
     return 0
 
 
@@ -471,7 +550,10 @@ def connect_mode(args: dict) -> int:
     results: list = [None] * len(targets)
 
     def one(i: int) -> None:
-        results[i] = connect_one(targets[i], args["token"], float(args.get("timeout", 5)))
+        if targets[i].get("kind") == "verbs":
+            results[i] = verbs_ping(targets[i], float(args.get("timeout", 5)) * 3)
+        else:
+            results[i] = connect_one(targets[i], args["token"], float(args.get("timeout", 5)))
 
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(targets))]
     for t in threads:

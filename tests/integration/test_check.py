@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,16 @@ def result(report: CheckReport, check: str, node: str) -> dict[str, str]:
     return next(r.to_json() for r in report.results if r.check == check and r.node == node)
 
 
+def gone(c: TestCluster, marker: str, within: float = 5.0) -> bool:
+    """True once no process of the cluster's nodes has marker in its command line or env."""
+    deadline = time.monotonic() + within
+    while [p for n in c.nodes for p in c.processes(n.name, marker)]:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
 def need_private_fs(c: TestCluster) -> None:
     if not c._private_fs:
         pytest.skip("per-node files need root and unshare (mount namespaces)")
@@ -77,7 +88,7 @@ def test_clean_cluster_passes_and_hardware_checks_skip(cluster: TestCluster, tmp
     saved = json.loads((tmp_path / "checks" / f"{load(inv).name}.json").read_text())
     assert set(saved["offsets_ms"]) == {"node1", "node2", "node3", "node4"}
     assert "NTP server" in saved["offset_reference"]
-    assert not [p for n in cluster.nodes for p in cluster.processes(n.name, "b64decode")], "probes left running"
+    assert gone(cluster, "b64decode"), "probes left running"
 
 
 def test_clock_skewed_with_faketime_against_chronyd(make_cluster: MakeCluster) -> None:
@@ -111,6 +122,23 @@ def test_ib_disable_on_one_node_of_an_rdma_cluster(make_cluster: MakeCluster) ->
     assert "NCCL_IB_DISABLE=1" in result(report, "nccl_env", "node3")["detail"]
     rdma = result(report, "rdma", "node1")
     assert rdma["status"] == "ok" and "400 Gb/sec (4X NDR) InfiniBand" in rdma["value"] and "TCP" in rdma["detail"]
+
+
+def test_rdma_ring_over_verbs_when_the_tool_exists(make_cluster: MakeCluster) -> None:
+    env = {"node1": "verbs", "node2": "verbs", "node3": "v100"}  # node3 has no ibv_rc_pingpong
+    c = make_cluster(3, node_env={n: {"ORCH_PROBE_FIXTURES": str(FIX / s)} for n, s in env.items()})
+    report = preflight(write_inventory(c, checks={"rdma": {"devices": ["mlx5_0"]}}),
+                       skip=("software", "clock", "timezone", "job"))
+    assert failures(report) == set(), [r for r in report.results if r.status == "fail"]
+    one = result(report, "rdma", "node1")
+    assert one["status"] == "ok" and "over verbs (ibv_rc_pingpong)" in one["detail"]
+    assert "8192000 bytes in 0.01 seconds" in one["detail"]
+    # node2's successor runs no verbs server, node3 has no tool: both say they used TCP instead
+    assert "TCP" in result(report, "rdma", "node2")["detail"]
+    assert "not installed" in result(report, "rdma", "node3")["detail"]
+    # node1's server never gets a client (node3 has no tool): it ends with its probe, which
+    # notices within about a second that the controller hung up
+    assert gone(c, "ibv_rc_pingpong"), "verbs servers left running"
 
 
 def test_unreachable_node(make_cluster: MakeCluster) -> None:

@@ -181,8 +181,26 @@ def check_clock(inv: Inventory, facts: Facts) -> list[CheckResult]:
             f.add("warn", f"{what} (over half the {limit:g} ms limit)", hint)
         else:
             f.add("ok", f"{what} (limit {limit:g} ms)")
+        _judge_chrony(nf, limit, f)
         out.append(f.result())
     return out
+
+
+def _judge_chrony(nf: NodeFacts, limit: float, f: Findings) -> None:
+    """What the node's own chrony says (when chronyc answers): unsynchronised is a warning."""
+    ch = nf.chrony
+    if ch is None:
+        return
+    hint = "check chrony's sources: chronyc sources -v; then chronyc makestep"
+    if ch.local_reference:
+        f.add("warn", f"chrony here follows its own local clock (Reference ID {ch.reference}), not a server", hint)
+    elif ch.leap_status and ch.leap_status.lower() != "normal":
+        f.add("warn", f"chrony here is not synchronised (Leap status: {ch.leap_status})", hint)
+    elif ch.system_offset_ms is not None and abs(ch.system_offset_ms) > limit:
+        f.add("warn", f"chrony says this clock is {ch.system_offset_ms:+.0f} ms off its source "
+                      f"({ch.reference}) and still converging", hint)
+    else:
+        f.add("ok", f"chrony: synchronised to {ch.reference}, stratum {ch.stratum}")
 
 
 # ----------------------------------------------------------------------------- timezone

@@ -135,6 +135,11 @@ class NodeFacts:
     def ib(self) -> dict[str, IbDevice]:
         return parse_ib(self.raw.get("ib") or {})
 
+    @property
+    def chrony(self) -> ChronyTracking | None:
+        res = self.raw.get("chrony") or {}
+        return parse_chrony_tracking(res.get("out", "")) if res.get("rc") == 0 else None
+
 
 # ----------------------------------------------------------------------------- parsers (pure)
 
@@ -237,6 +242,38 @@ def parse_ib(raw: dict[str, Any]) -> dict[str, IbDevice]:
                       for p, a in sorted((info.get("ports") or {}).items()))
         out[name] = IbDevice(name, info.get("hca_type"), info.get("fw_ver"), ports)
     return out
+
+
+@dataclass(frozen=True)
+class ChronyTracking:
+    """What `chronyc tracking` says about this node's own synchronisation."""
+
+    reference: str
+    stratum: int | None
+    system_offset_ms: float | None
+    """This clock minus NTP time, as chrony estimates it (`fast` is positive)."""
+    leap_status: str | None
+
+    @property
+    def local_reference(self) -> bool:
+        """Reference ID 7F7F0101 (127.127.1.1): chrony serves its own clock, synced to nothing."""
+        return self.reference.upper().startswith("7F7F0101")
+
+
+def parse_chrony_tracking(text: str) -> ChronyTracking | None:
+    """`chronyc tracking` output → ChronyTracking; None when it is not that output."""
+    fields = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            fields[key.strip().lower()] = value.strip()
+    if "reference id" not in fields:
+        return None
+    offset = None
+    m = re.match(r"([\d.]+) seconds (fast|slow)", fields.get("system time", ""))
+    if m:
+        offset = float(m.group(1)) * 1000 * (1 if m.group(2) == "fast" else -1)
+    return ChronyTracking(fields["reference id"], _int(fields.get("stratum", "")), offset, fields.get("leap status"))
 
 
 def path_args(inv: Inventory) -> dict[str, str]:

@@ -393,3 +393,27 @@ def test_cli_unknown_check_name_exits_2(tmp_path: Path, capsys: pytest.CaptureFi
         main(["check", str(inv), "--only", "ssh,nope"])
     assert exc.value.code == 2
     assert "unknown check 'nope'" in capsys.readouterr().err
+
+
+def test_chrony_unsynchronised_is_a_warning() -> None:
+    inv = inventory()
+    text = (FIX / "chrony" / "chronyc_tracking_local-refid-7F7F0101_no-leap-line_omicron-5192.txt").read_text()
+    facts = make_facts(inv, {"n2": lambda raw, nf: raw.update(chrony={"rc": 0, "out": text, "err": ""})})
+    c = by(checks.check_clock(inv, facts), "clock")
+    assert c["n2"].status == "warn" and "its own local clock" in c["n2"].detail and "chronyc sources" in c["n2"].hint
+    assert c["n1"].status == "ok"
+
+
+def test_verbs_ring_failure_names_the_tool() -> None:
+    inv = inventory(rdma=True)
+    edits = {n: (lambda raw, nf: raw.update(ib=_fixture_ib("v100"))) for n in NODES}
+    facts = make_facts(inv, edits)
+    facts["n1"].reach.append({"kind": "verbs", "node": "n2", "addr": "10.0.0.2", "port": 18515, "device": "mlx5_0",
+                              "ok": False, "error": "Couldn't connect to 10.0.0.2:18515"})
+    facts["n3"].reach.append({"kind": "verbs", "node": "n4", "addr": "10.0.0.4", "port": 18515, "device": "mlx5_0",
+                              "ok": True, "ms": 12.0, "result": "8192000 bytes in 0.01 seconds = 9496.59 Mbit/sec"})
+    r = by(checks.check_rdma(inv, facts), "rdma")
+    assert r["n1"].status == "fail" and "over verbs (ibv_rc_pingpong)" in r["n1"].detail
+    assert "ibv_rc_pingpong -d mlx5_0 10.0.0.2" in r["n1"].hint
+    assert r["n3"].status == "ok" and "9496.59 Mbit/sec" in r["n3"].detail
+    assert r["n2"].status == "ok" and "TCP" in r["n2"].detail

@@ -117,3 +117,36 @@ def test_sysfs_words() -> None:
     assert port.active
     assert not facts.IbPort("1", "4: ACTIVE", "3: Disabled", None, None).active
     assert not facts.IbPort("1", None, None, None, None).active
+
+
+@pytest.mark.parametrize("name,offset_ms,leap,local", [
+    ("chronyc_tracking_large-offset_omnios-2576.txt", -7810.536861, "Normal", False),
+    ("chronyc_tracking_local-refid-7F7F0101_no-leap-line_omicron-5192.txt", 120.790944, None, True),
+    ("chronyc_tracking_synced_fast_scale-network-121.txt", 0.260112, "Normal", False),
+    ("chronyc_tracking_synced_openSUSE_rockstor-2098.txt", -0.052616, "Normal", False),
+    ("chronyc_tracking_synced_pingcap-docs.txt", -0.022151, "Normal", False),
+])
+def test_chronyc_tracking(name: str, offset_ms: float, leap: str | None, local: bool) -> None:
+    ch = facts.parse_chrony_tracking((FIX / "chrony" / name).read_text())
+    assert ch is not None
+    assert ch.system_offset_ms == pytest.approx(offset_ms)
+    assert ch.leap_status == leap and ch.local_reference is local
+    assert facts.parse_chrony_tracking("506 Cannot talk to daemon") is None
+
+
+def test_roce_gid_index(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    port = tmp_path / "infiniband" / "mlx5_0" / "ports" / "1"
+    (port / "gid_attrs" / "types").mkdir(parents=True)
+    (port / "gids").mkdir()
+    (port / "link_layer").write_text("Ethernet\n")
+    for i, (kind, gid) in enumerate([("IB/RoCE v1", "fe80:0000:0000:0000:0000:0000:0000:0001"),
+                                     ("RoCE v2", "0000:0000:0000:0000:0000:0000:0000:0000"),
+                                     ("RoCE v2", "0000:0000:0000:0000:0000:ffff:0a00:0001")]):
+        (port / "gid_attrs" / "types" / str(i)).write_text(kind + "\n")
+        (port / "gids" / str(i)).write_text(gid + "\n")
+    monkeypatch.setenv("ORCH_PROBE_FIXTURES", str(tmp_path))
+    assert probe.roce_gid_index("mlx5_0") == "2"  # index 1 is v2 but all zeros
+    assert probe.verbs_argv("ibv_rc_pingpong", "mlx5_0", 18515, "10.0.0.2") == [
+        "ibv_rc_pingpong", "-d", "mlx5_0", "-p", "18515", "-g", "2", "10.0.0.2"]
+    (port / "link_layer").write_text("InfiniBand\n")
+    assert probe.roce_gid_index("mlx5_0") is None

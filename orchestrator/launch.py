@@ -99,8 +99,20 @@ def start_node(t: Transport, plan: Plan, np_: NodePlan, rdir: str) -> dict[str, 
 
 
 def stop_node(t: Transport, python: str, rdir: str, grace: float) -> dict[str, Any]:
-    """Stop one node's job (TERM, KILL after grace) and wait; idempotent."""
-    return agent_call(t, python, rdir, ["stop", ".", "--grace", f"{grace:g}"], grace + 30)
+    """Stop one node's job (TERM, KILL after grace) and wait; idempotent.
+
+    A node where the run never got as far as its run directory, or whose python cannot start the
+    agent (so it never started the job either), has nothing to stop."""
+    try:
+        return agent_call(t, python, rdir, ["stop", ".", "--grace", f"{grace:g}"], grace + 30)
+    except TransportError:
+        raise
+    except OrchError as exc:
+        if not t.run(["true"], cwd=rdir, timeout=30).ok:
+            return {"state": None, "stopped": [], "remaining": [], "note": "no run directory on this node"}
+        if "cannot run the node agent" in exc.message:
+            return {"state": None, "stopped": [], "remaining": [], "note": exc.message}
+        raise
 
 
 def status_node(t: Transport, python: str, rdir: str, tail: int = 0, timeout: float = 15) -> dict[str, Any]:
@@ -255,25 +267,32 @@ def up_command(inv: Inventory, *, detach: bool = False, skip_checks: bool = Fals
               f"processes (world size {plan.world_size}, master {plan.master_addr}:{plan.master_port})")
     with Cluster(inv) as cluster, sigterm_as_interrupt():
         try:
-            started = start_all(cluster, plan)
+            return launch_and_supervise(con, run, record, plan, cluster, detach, t0, t_launch)
         except KeyboardInterrupt:
             with sigint_shielded():
                 stop_all(cluster, record.nodes(), inv.job.stop_grace_s)
             record.update_nodes({}, state="stopped")
-            con.print("interrupted while starting: every node stopped")
+            con.print("interrupted: every node stopped")
             return 130
-        failed = {n: r for n, r in started.items() if isinstance(r, Exception)}
-        record.update_nodes({n: r for n, r in started.items() if isinstance(r, dict)})
-        if failed:
-            return start_failed(con, cluster, record, failed, inv)
-        startup_s = time.monotonic() - t_launch
-        record.update_nodes({}, state="running", startup_s=round(startup_s, 3))
-        con.print(f"all {len(plan.nodes)} nodes running after {startup_s:.1f} s")
-        if detach:
-            con.print(f"detached. Follow: orch logs --follow {run.run_id} · state: orch status {run.run_id} "
-                      f"· stop: orch down {run.run_id}")
-            return 0
-        return attached(con, run, record, plan, cluster, t0)
+
+
+def launch_and_supervise(con: Console, run: RunDir, record: RunRecord, plan: Plan, cluster: Cluster,
+                         detach: bool, t0: float, t_launch: float) -> int:
+    """Start every node; stop them all if one cannot start; then return (detach) or supervise."""
+    inv = plan.inventory
+    started = start_all(cluster, plan)
+    failed = {n: r for n, r in started.items() if isinstance(r, Exception)}
+    record.update_nodes({n: r for n, r in started.items() if isinstance(r, dict)})
+    if failed:
+        return start_failed(con, cluster, record, failed, inv)
+    startup_s = time.monotonic() - t_launch
+    record.update_nodes({}, state="running", startup_s=round(startup_s, 3))
+    con.print(f"all {len(plan.nodes)} nodes running after {startup_s:.1f} s")
+    if detach:
+        con.print(f"detached. Follow: orch logs --follow {run.run_id} · state: orch status {run.run_id} "
+                  f"· stop: orch down {run.run_id}")
+        return 0
+    return attached(con, run, record, plan, cluster, t0)
 
 
 def start_failed(con: Console, cluster: Cluster, record: RunRecord, failed: Mapping[str, Exception],
@@ -319,7 +338,7 @@ def attached(con: Console, run: RunDir, record: RunRecord, plan: Plan, cluster: 
                       for p in plan.nodes],
                      observe=poller.observe,
                      stop_all=lambda: stop_all(cluster, records, inv.job.stop_grace_s),
-                     excerpt=excerpt, confirm=lambda: status_all(cluster, records, timeout=3.0),
+                     excerpt=excerpt, confirm=lambda names: status_all(cluster, [r for r in records if r["node"] in names], timeout=3.0),
                      interval=min(interval, 0.5), unreachable_grace=grace,
                      on_update=lambda nodes: record.update_nodes(nodes))
     stop_logs = threading.Event()
@@ -331,10 +350,11 @@ def attached(con: Console, run: RunDir, record: RunRecord, plan: Plan, cluster: 
     except KeyboardInterrupt:
         pass
     finally:
-        poller.close(wait=grace)
+        poller.close(wait=5.0)
         # every node is final now: the follower drains the last lines and its node-side readers
-        # exit on their own (closing them early would leave them to die later, on a broken pipe)
-        logs.join(timeout=10.0)
+        # exit on their own (closing them early would leave them to die later, on a broken pipe);
+        # a node teardown could not reach will never be final, so do not wait long for it
+        logs.join(timeout=2.0 if sup.not_stopped else 10.0)
         stop_logs.set()
         logs.join(timeout=2.0)
     wall = time.monotonic() - t0

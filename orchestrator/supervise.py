@@ -244,7 +244,7 @@ class Supervisor:
                  observe: Callable[[], Mapping[str, Observation]],
                  stop_all: Callable[[], Mapping[str, Any]],
                  excerpt: Callable[[str], Sequence[str]] | None = None,
-                 confirm: Callable[[], Mapping[str, Observation]] | None = None,
+                 confirm: Callable[[Sequence[str]], Mapping[str, Observation]] | None = None,
                  interval: float = 1.0, unreachable_grace: float = 10.0,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                  on_update: Callable[[Mapping[str, Mapping[str, Any]]], None] | None = None) -> None:
@@ -330,7 +330,7 @@ class Supervisor:
         if not healthy:
             return []
         out = []
-        for name, obs in self.confirm().items():
+        for name, obs in self.confirm(healthy).items():
             if name in healthy and isinstance(obs, Mapping):
                 failure = self.node_failure(self.specs[name], obs)
                 if failure is not None:
@@ -373,8 +373,8 @@ class Supervisor:
                 self.not_stopped[name] = f"processes still running: {res['remaining']}"
 
     def attach_excerpt(self) -> None:
-        if self.failure is None or self.excerpt is None:
-            return
+        if self.failure is None or self.excerpt is None or self.failure.node in self.not_stopped:
+            return  # an unreachable node cannot show its log now
         try:
             raw = list(self.excerpt(self.failure.node))
         except Exception as exc:  # the failure is reported even when its log cannot be read

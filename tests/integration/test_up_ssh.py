@@ -196,6 +196,7 @@ def test_node_that_cannot_start_stops_the_others(cluster: TestCluster, orch: Orc
     assert r.returncode == 1, r.stderr
     assert "node3: could not start" in r.stderr and "/nonexistent/bin/python3" in r.stderr, r.stderr
     assert "hint:" in r.stderr
+    assert "nothing was left running" in r.stderr, r.stderr
     run_id = (orch.home / "latest").read_text().strip()
     assert leftover(cluster, run_id) == {}
     assert orch.run_json(run_id)["state"] == "failed"

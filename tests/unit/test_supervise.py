@@ -220,7 +220,8 @@ def test_poller_keeps_a_slow_node_from_hiding_the_others() -> None:
 def test_a_fresh_look_orders_failures_the_round_saw_at_different_moments() -> None:
     confirm_calls: list[int] = []
 
-    def confirm() -> dict[str, Any]:
+    def confirm(names: Any) -> dict[str, Any]:
+        assert sorted(names) == ["n2", "n3"]
         confirm_calls.append(1)
         return {"n1": ok("failed", exit_code=1, finished_at=20.5),
                 "n2": ok("failed", exit_code=-9, signal="SIGKILL", finished_at=20.1), "n3": ok()}

@@ -542,7 +542,10 @@ SetEnv {setenv}
         cdir.mkdir(exist_ok=True)
         (cdir / "chrony.conf").write_text(
             f"port {port}\nbindaddress {bind}\nlocal stratum 8\nallow 127.0.0.0/8\nallow 198.18.0.0/15\n"
-            f"cmdport 0\npidfile {cdir / 'chronyd.pid'}\ndriftfile {cdir / 'drift'}\n")
+            # its command socket stays in our tmp dir: the default /run/chrony/chronyd.sock would make
+            # every `chronyc` on this machine (and on the test nodes) talk to this test server
+            f"cmdport 0\nbindcmdaddress {cdir / 'chronyd.sock'}\n"
+            f"pidfile {cdir / 'chronyd.pid'}\ndriftfile {cdir / 'drift'}\n")
         argv = [CHRONYD, "-x", "-d", "-f", str(cdir / "chrony.conf")]
         if is_root():
             argv += ["-u", "root"]  # keep root: the pid/drift files live in our private tmp dir

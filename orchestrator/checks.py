@@ -193,7 +193,9 @@ def _judge_chrony(nf: NodeFacts, limit: float, f: Findings) -> None:
         return
     hint = "check chrony's sources: chronyc sources -v; then chronyc makestep"
     if ch.local_reference:
-        f.add("warn", f"chrony here follows its own local clock (Reference ID {ch.reference}), not a server", hint)
+        # normal on the node that serves the cluster's time (`local stratum N`); anywhere else the
+        # offset measured above is what matters today, and this note explains tomorrow's drift
+        f.add("ok", f"chrony here follows its own local clock (Reference ID {ch.reference}), not a server")
     elif ch.leap_status and ch.leap_status.lower() != "normal":
         f.add("warn", f"chrony here is not synchronised (Leap status: {ch.leap_status})", hint)
     elif ch.system_offset_ms is not None and abs(ch.system_offset_ms) > limit:

@@ -395,12 +395,19 @@ def test_cli_unknown_check_name_exits_2(tmp_path: Path, capsys: pytest.CaptureFi
     assert "unknown check 'nope'" in capsys.readouterr().err
 
 
-def test_chrony_unsynchronised_is_a_warning() -> None:
+def test_chrony_view_of_the_node() -> None:
     inv = inventory()
-    text = (FIX / "chrony" / "chronyc_tracking_local-refid-7F7F0101_no-leap-line_omicron-5192.txt").read_text()
-    facts = make_facts(inv, {"n2": lambda raw, nf: raw.update(chrony={"rc": 0, "out": text, "err": ""})})
-    c = by(checks.check_clock(inv, facts), "clock")
-    assert c["n2"].status == "warn" and "its own local clock" in c["n2"].detail and "chronyc sources" in c["n2"].hint
+    local = (FIX / "chrony" / "chronyc_tracking_local-refid-7F7F0101_no-leap-line_omicron-5192.txt").read_text()
+    slow = (FIX / "chrony" / "chronyc_tracking_large-offset_omnios-2576.txt").read_text()
+    unsynced = slow.replace("Leap status     : Normal", "Leap status     : Not synchronised")
+    edits = {"n2": lambda raw, nf: raw.update(chrony={"rc": 0, "out": local, "err": ""}),
+             "n3": lambda raw, nf: raw.update(chrony={"rc": 0, "out": slow, "err": ""}),
+             "n4": lambda raw, nf: raw.update(chrony={"rc": 0, "out": unsynced, "err": ""})}
+    c = by(checks.check_clock(inv, make_facts(inv, edits)), "clock")
+    # a local reference is normal on the cluster's own time server: a note, not a warning
+    assert c["n2"].status == "ok" and "its own local clock" in c["n2"].detail
+    assert c["n3"].status == "warn" and "-7811 ms off its source" in c["n3"].detail
+    assert c["n4"].status == "warn" and "not synchronised" in c["n4"].detail and "chronyc sources" in c["n4"].hint
     assert c["n1"].status == "ok"
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import re
 import secrets
 import threading
@@ -314,7 +315,10 @@ def probe_args(inv: Inventory, node: Node, want: Sequence[str], token: str, n_pe
         "master_port": inv.master_port if is_master and "ports" in want else None,
         "ring_addr": node.addr if net and n_peers > 1 else None,
         "expect": ((n_peers - 1) if is_master and "ports" in want else 0) + (1 if net and n_peers > 1 else 0),
-        "serve_s": SERVE_S, "software": "software" in want,
+        # later fan-out batches start after earlier ones finished phase 1; the heartbeat ends a
+        # probe as soon as the controller hangs up, so a long deadline costs nothing
+        "serve_s": SERVE_S + PHASE1_TIMEOUT_S * (math.ceil(len(inv.nodes) / inv.fanout) - 1),
+        "software": "software" in want,
         "verbs_device": inv.checks.rdma_devices[0] if "rdma" in want and inv.checks.rdma_devices and n_peers > 1
         else None,
     }

@@ -67,8 +67,12 @@ def select_checks(only: Iterable[str] | None, skip: Iterable[str] | None) -> lis
 
 
 def run_preflight(inv: Inventory, cluster: Cluster | None = None, only: Iterable[str] | None = None,
-                  skip: Iterable[str] | None = None, progress: Progress | None = None) -> CheckReport:
-    """Probe every node in parallel and judge; never raises for a node that is down."""
+                  skip: Iterable[str] | None = None, progress: Progress | None = None,
+                  save: bool = True) -> CheckReport:
+    """Probe every node in parallel and judge; never raises for a node that is down.
+
+    With `save` (the default) the report also goes to `$ORCH_HOME/checks/<inventory name>.json`,
+    where `orch up` (copying it into the run) and `orch logs` (clock offsets) read it."""
     selected = select_checks(only, skip)
     start = time.monotonic()
     own = cluster is None
@@ -80,7 +84,10 @@ def run_preflight(inv: Inventory, cluster: Cluster | None = None, only: Iterable
             cluster.close()
     results = checks_mod.run_checks(inv, facts, selected)
     offsets, _, ref = checks_mod.clock_offsets(inv, facts)
-    return CheckReport(results, offsets, ref, time.monotonic() - start)
+    report = CheckReport(results, offsets, ref, time.monotonic() - start)
+    if save:
+        save_report(inv, report)
+    return report
 
 
 def report_path(inv: Inventory) -> Path:
@@ -146,7 +153,6 @@ def check_command(inv: Inventory, only: Sequence[str] | None, skip: Sequence[str
             report = run_preflight(inv, only=selected, progress=progress)
     else:
         report = run_preflight(inv, only=selected)
-    save_report(inv, report)
     if as_json:
         print(json.dumps(report.to_json(inv.path), indent=2))
     else:

@@ -424,3 +424,17 @@ def test_verbs_ring_failure_names_the_tool() -> None:
     assert "ibv_rc_pingpong -d mlx5_0 10.0.0.2" in r["n1"].hint
     assert r["n3"].status == "ok" and "9496.59 Mbit/sec" in r["n3"].detail
     assert r["n2"].status == "ok" and "TCP" in r["n2"].detail
+
+
+def test_saved_report_carries_offsets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.preflight import load_offsets, report_path, save_report
+
+    monkeypatch.setenv("ORCH_HOME", str(tmp_path))
+    inv = inventory()
+    facts = make_facts(inv, {"n2": lambda raw, nf: raw["ntp"].update(offset_ms=-12.5)})
+    offsets, _, ref = checks.clock_offsets(inv, facts)
+    path = save_report(inv, CheckReport(run(inv, facts), offsets, ref))
+    assert path == report_path(inv) == tmp_path / "checks" / "t.json"
+    assert (path.stat().st_mode & 0o777) == 0o600
+    assert load_offsets(path) == {"n1": 1.5, "n2": -12.5, "n3": 1.5, "n4": 1.5}
+    assert load_offsets(tmp_path / "missing.json") is None

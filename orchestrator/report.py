@@ -29,6 +29,7 @@ THROUGHPUT_ROW = re.compile(r"throughput epoch (\d+):\s+(\d+)\s+([\d.]+)\s+([\d.
 THROUGHPUT_TOTAL = re.compile(r"throughput epoch (\d+): total ([\d.]+) images/s over (\d+) ranks"
                               r"(?:, scaling efficiency ([\d.]+)%)?")
 RESULTS_PATH = re.compile(r"(/\S+/results\.csv)\b")
+WEIGHTS_DIR = re.compile(r"weights in (\S+?)[;,]?(?:\s|$)")
 
 
 @dataclass
@@ -266,17 +267,36 @@ def fetch_results_csv(run: RunDir) -> Path | None:
     return target
 
 
+def announced(run: RunDir, pattern: re.Pattern[str]) -> str | None:
+    """The last path the trainer announced in the log that matches `pattern` (group 1)."""
+    found = None
+    for line in node_log_lines(run):
+        m = pattern.search(line)
+        if m:
+            found = m.group(1)
+    return found
+
+
 def report_command(run_id: str | None) -> int:
-    """Write the report of a run (the latest by default) and say where it is."""
+    """Write the report of a run (the latest by default); say where it, the weights and results are."""
     from .errors import OrchError, TransportError
     from .runs import RunStore
     from .ui import console
 
+    con = console()
     run = RunStore().get(run_id)
+    local_csv = None
     try:
-        fetch_results_csv(run)
+        local_csv = fetch_results_csv(run)
     except (TransportError, OrchError) as exc:
-        console().print(f"[yellow]results.csv not fetched[/]: {exc}")
+        con.print(f"[yellow]results.csv not fetched[/]: {exc}")
     page = build_report(run)
-    console().print(f"report: {page.resolve()}")
+    master = (run.read().get("nodes") or [{}])[0].get("node", "the master")
+    weights = announced(run, WEIGHTS_DIR)
+    remote_csv = announced(run, RESULTS_PATH)
+    if weights:
+        con.print(f"weights: {weights} (on {master})")
+    if remote_csv:
+        con.print(f"results: {remote_csv} (on {master})" + (f", copy in {local_csv.resolve()}" if local_csv else ""))
+    con.print(f"report:  {page.resolve()}")
     return 0

@@ -34,7 +34,7 @@ def node_log(node_rank: int) -> str:
 
 def make_run(tmp_path: Path, failed: bool = False) -> RunDir:
     run = RunDir(tmp_path / "20261130-093200-demo")
-    run.path.mkdir()
+    run.path.mkdir(parents=True)
     now = time.time()
     nodes = [{"node": f"node{i}", "node_rank": i, "host": "localhost", "state": "failed" if failed and i else "succeeded",
               "exit_code": 1 if failed and i else 0, "pid": 100 + i, "started_at": now - 60, "finished_at": now - 5}
@@ -119,3 +119,29 @@ def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     assert png_size(data) == (1200, 1600)
     # a blank page compresses to a few KB; the plots and tables make it far larger
     assert len(data) > 50_000
+
+
+def test_report_command_fetches_results_and_says_where_everything_is(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.report import report_command
+
+    home = tmp_path / "home"
+    run = make_run(home / "runs")
+    (home / "latest").write_text(run.run_id + "\n")
+    (run.path / "results.csv").unlink()
+    out_dir = tmp_path / "trainer-out"
+    out_dir.mkdir()
+    (out_dir / "results.csv").write_text(RESULTS)
+    (run.path / "inventory.yaml").write_text("transport: local\nnodes:\n  - host: localhost\n    name: node[0-1]\n")
+    with open(run.path / "nodes" / "node0.log", "a") as fh:
+        fh.write(f"2026-11-30T09:33:00.000000Z out [default0]:[rank 0] done: 3 epochs in 9.0 s; weights in "
+                 f"{out_dir}/weights, results in {out_dir}/results.csv\n")
+    monkeypatch.setenv("ORCH_HOME", str(home))
+    assert report_command(None) == 0
+    err = capsys.readouterr().err
+    assert f"weights: {out_dir}/weights (on node0)" in err
+    assert f"results: {out_dir}/results.csv (on node0)" in err
+    assert "report:" in err and "index.html" in err
+    assert (run.path / "results.csv").read_text() == RESULTS  # fetched over the (local) transport
+    assert "validation mAP" not in (run.path / "report" / "index.html").read_text()  # plots are images
+    assert (run.path / "report" / "curves.png").exists()

@@ -27,8 +27,9 @@ $(STAMP): setup.cfg pyproject.toml
 demo-data: install  ## the synthetic YOLO dataset the local demo trains on
 	@test -f $(DEMO_DIR)/data/data.yaml || $(PY) -m trainer.synth $(DEMO_DIR)/data --images 64 --classes 3 --imgsz 96
 
-up: install demo-data  ## run a real 2-node training on this machine (or INVENTORY=...)
+up: install demo-data  ## run a real 2-node training on this machine (or INVENTORY=...), then its report
 	$(ORCH) up $(INVENTORY)
+	$(ORCH) report
 
 check: install  ## preflight every node of INVENTORY
 	$(ORCH) check $(INVENTORY)

@@ -42,7 +42,9 @@ class _PrefixFormatter(logging.Formatter):
 
 
 def route_library_output() -> None:
-    """Give ultralytics' logger and Python warnings the rank prefix."""
+    """Give ultralytics' logger and Python warnings the rank prefix (imports ultralytics)."""
+    import ultralytics.utils  # noqa: F401  (its import installs the handlers we re-format)
+
     logger = logging.getLogger("ultralytics")
     for handler in logger.handlers:
         handler.setFormatter(_PrefixFormatter("%(message)s"))

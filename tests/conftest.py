@@ -11,6 +11,7 @@ started by the fixture is still there.
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -79,8 +80,14 @@ def netns_cluster(make_cluster: MakeCluster) -> TestCluster:
     return make_cluster(4, "netns")
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Remove namespaces/links that a killed earlier session could not tear down."""
+    """Remove namespaces/links that a killed earlier session could not tear down; turn SIGTERM
+    (CI or `timeout` stopping the run) into an interrupt, so fixtures still stop their daemons."""
+    signal.signal(signal.SIGTERM, _interrupt)
     for item in reap_stale_networks():
         sys.stderr.write(f"removed stale {item} of an earlier test session\n")
 

@@ -32,7 +32,16 @@ from .errors import OrchError, TransportError
 from .inventory import Inventory
 from .plan import NodePlan, Plan, make_plan
 from .runs import RunDir, RunStore, orch_home, remote_dir, write_private
-from .supervise import FINAL, NodeSpec, Outcome, Poller, Supervisor, run_state, sigint_shielded
+from .supervise import (
+    FINAL,
+    NodeSpec,
+    Outcome,
+    Poller,
+    Supervisor,
+    run_state,
+    select_excerpt,
+    sigint_shielded,
+)
 from .transport import Cluster, Result, Transport
 
 AGENT = Path(__file__).with_name("agent.py")
@@ -466,19 +475,42 @@ def status_command(run_id: str | None, *, as_json: bool = False) -> int:
     inv, records = _cluster_for(run)
     with Cluster(inv) as cluster:
         answers = status_all(cluster, records)
-    record = RunRecord(run)
-    statuses: dict[str, dict[str, Any]] = {}
-    for name, ans in answers.items():
-        statuses[name] = ({"state": "unreachable", "error": str(ans)} if isinstance(ans, Exception) else dict(ans))
-    data = run.read()
-    state = run_state([s.get("state", "unknown") for s in statuses.values()], data.get("state", "starting"))
-    record.update_nodes({n: s for n, s in statuses.items() if s.get("state") != "unreachable"}, state=state)
+        statuses: dict[str, dict[str, Any]] = {}
+        for name, ans in answers.items():
+            statuses[name] = ({"state": "unreachable", "error": str(ans)} if isinstance(ans, Exception)
+                              else dict(ans))
+        data = run.read()
+        state = run_state([s.get("state", "unknown") for s in statuses.values()], data.get("state", "starting"))
+        fields: dict[str, Any] = {"state": state}
+        if state == "failed" and not data.get("first_failure"):
+            # a detached run failed with nobody watching: name its first failure now
+            fields["first_failure"] = detached_failure(cluster, records, statuses)
+    RunRecord(run).update_nodes({n: s for n, s in statuses.items() if s.get("state") != "unreachable"}, **fields)
     out = status_json(run.read(), statuses)
     if as_json:
         print(json.dumps(out, indent=2))
     else:
         print_status(out)
     return 0
+
+
+def detached_failure(cluster: Cluster, records: list[dict[str, Any]],
+                     statuses: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The earliest failed node of a run, with its excerpt, judged after the fact."""
+    specs = {r["node"]: NodeSpec(r["node"], r["node_rank"], r.get("base_rank", 0), r.get("nproc", 1))
+             for r in records}
+    failures = [f for n, s in statuses.items() if n in specs and s.get("state") == "failed"
+                for f in [Supervisor.node_failure(specs[n], s)] if f is not None]
+    if not failures:
+        return None
+    first = min(failures, key=lambda f: f.order)
+    rec = next(r for r in records if r["node"] == first.node)
+    try:
+        tail = status_node(cluster[first.node], rec["python"], rec["remote_dir"], tail=200).get("tail") or []
+    except OrchError:
+        tail = []
+    first.excerpt, first.rank, first.local_rank = select_excerpt(tail)
+    return first.to_json()
 
 
 def status_json(data: Mapping[str, Any], statuses: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:

@@ -30,18 +30,24 @@ def marked(run_id: str) -> list[int]:
     return out
 
 
-def test_two_local_nodes_succeed_then_status_and_down(tmp_path: Path) -> None:
+def local_inventory(tmp_path: Path, job_env: dict[str, str]) -> Path:
+    """Two local nodes running tests/ddp_job.py; job.python relative to the inventory's directory."""
     inv = tmp_path / "local.yaml"
     inv.write_text(yaml.safe_dump({
         "name": "lt", "transport": "local",
         "nodes": [{"host": "localhost", "name": "n0"}, {"host": "localhost", "name": "n1"}],
         "master": {"port": free_port("127.0.0.1")},
-        "env": {"GLOO_SOCKET_IFNAME": "lo", **ddp_job(steps=4, sleep=0.1)},
+        "env": {"GLOO_SOCKET_IFNAME": "lo", **job_env},
         "job": {"python": os.path.relpath(REPO / ".venv" / "bin" / "python", tmp_path)
                 if (REPO / ".venv" / "bin" / "python").exists() else "python3",
                 "workdir": str(REPO), "run_root": str(tmp_path / "nodes"), "script": DDP_JOB,
                 "nproc_per_node": 1, "stop_grace_s": 5},
     }))
+    return inv
+
+
+def test_two_local_nodes_succeed_then_status_and_down(tmp_path: Path) -> None:
+    inv = local_inventory(tmp_path, ddp_job(steps=4, sleep=0.1))
     orch = Orch(tmp_path / "home")
     up = orch.run("up", str(inv), "--skip-checks", timeout=180)
     assert up.returncode == 0, up.stderr
@@ -61,4 +67,26 @@ def test_two_local_nodes_succeed_then_status_and_down(tmp_path: Path) -> None:
     down = orch.run("down")
     assert down.returncode == 0 and "nothing running" in down.stderr, down.stderr
     assert json.loads(orch.run("status", "--json").stdout)["state"] == "succeeded"
+    assert marked(run_id) == []
+
+
+def test_a_detached_run_that_fails_is_named_by_status(tmp_path: Path) -> None:
+    inv = local_inventory(tmp_path, ddp_job(steps=400, sleep=0.1, fail_rank=1, fail_step=2))
+    orch = Orch(tmp_path / "home")
+    up = orch.run("up", str(inv), "--skip-checks", "--detach", timeout=120)
+    assert up.returncode == 0, up.stderr
+    run_id = (orch.home / "latest").read_text().strip()
+
+    def final() -> dict | None:
+        doc = json.loads(orch.run("status", "--json").stdout)
+        return doc if doc["state"] != "running" else None
+
+    from tests.up_helpers import wait_for
+
+    doc = wait_for(final, 120, "the detached run to end")
+    assert doc["state"] == "failed", doc
+    ff = doc["first_failure"]
+    assert ff["node"] == "n1" and ff["rank"] == 1 and ff["exit_code"] == 1
+    assert any("RuntimeError: injected failure on rank 1 at step 2" in x for x in ff["excerpt"]), ff["excerpt"]
+    assert orch.run("down").returncode == 0
     assert marked(run_id) == []

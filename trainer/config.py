@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -170,6 +171,14 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
         TrainerError: a value no run could use (non-positive batch, epochs or accumulate).
     """
     ns = build_parser().parse_args(argv)
+    # A leading `~/` means this node's home: no shell expands it (orch quotes every argument),
+    # and it is how one inventory names per-node paths that are absolute on every node.
+    for name in ("weights", "data", "out", "project", "text_embeddings", "debug_dir"):
+        value = getattr(ns, name)
+        if isinstance(value, str) and value.startswith("~"):
+            setattr(ns, name, os.path.expanduser(value))
+    if isinstance(ns.resume, str) and ns.resume.startswith("~"):
+        ns.resume = os.path.expanduser(ns.resume)
     out = ns.out or str(Path(ns.project) / ns.name)
     cfg = TrainConfig(
         model=ns.model, weights=ns.weights, data=ns.data, epochs=ns.epochs, batch=ns.batch, imgsz=ns.imgsz,

@@ -211,7 +211,9 @@ def fit(inp: Inputs) -> None:
         write_debug(Path(cfg.debug_dir), topo, model, state)
     tdist.barrier()
     if topo.is_main:
-        say(f"done: {cfg.epochs} epochs in {time.time() - train_start:.1f} s; weights in {cfg.out_dir / 'weights'}")
+        out = cfg.out_dir.resolve()  # absolute, so `orch report` can fetch results.csv from this node
+        say(f"done: {cfg.epochs} epochs in {time.time() - train_start:.1f} s; weights in {out / 'weights'}, "
+            f"results in {out / 'results.csv'}")
 
 
 def wrap_ddp(model: nn.Module, device: torch.device) -> DDP:

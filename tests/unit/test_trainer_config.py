@@ -55,3 +55,14 @@ def test_relative_paths_refused_under_torchrun_with_absolute_suggestion(tmp_path
 def test_learning_rate_scales_linearly_with_global_batch() -> None:
     assert effective_lr_text(parse_config(["--data", "/d", "--batch", "64"])) == "0.01 @ 64 -> 0.01"
     assert effective_lr_text(parse_config(["--data", "/d", "--batch", "256", "--accumulate", "2"])) == "0.01 @ 64 -> 0.08"
+
+
+def test_leading_tilde_is_this_nodes_home(monkeypatch) -> None:  # noqa: ANN001
+    """orch quotes every argument, so no shell expands `~/`; the trainer does, on each node."""
+    from trainer.config import check_topology, parse_config
+
+    monkeypatch.setenv("HOME", "/home/alice")
+    cfg = parse_config(["--data", "~/.orch/demo/data/data.yaml", "--out", "~/runs/a", "--resume", "~/runs/a/last.pt"])
+    assert cfg.data == "/home/alice/.orch/demo/data/data.yaml"
+    assert cfg.out == "/home/alice/runs/a" and cfg.resume == "/home/alice/runs/a/last.pt"
+    check_topology(cfg, world_size=1, launched=True)  # absolute now: accepted under torchrun

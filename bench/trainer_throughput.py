@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -61,7 +59,7 @@ def run(cmd: list[str], env: dict[str, str]) -> float:
     return time.perf_counter() - t0
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, object]:
     """Alternate both trainers ``--reps`` times and write the JSON summary."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="yolo12n.yaml")
@@ -71,8 +69,10 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=5, help=">= 3: first and last epochs are not measured")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "trainer_throughput.json")
-    a = ap.parse_args()
+    ap.add_argument("--quick", action="store_true", help="3 epochs on 48 images, one repetition (smoke run)")
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.epochs, a.images, a.reps = 3, 48, 1
 
     from trainer.offline import OFFLINE_ENV, set_offline_env
 
@@ -110,11 +110,15 @@ def main() -> None:
         "model": a.model, "imgsz": a.imgsz, "train_images": n_train, "batch": a.batch, "accumulate": accumulate,
         "epochs": a.epochs, "measured_epochs": a.epochs - 2, "reps": a.reps, "workers": a.workers,
         "ips": results, "median_ips": {"trainer": ours, "ultralytics": theirs}, "ratio": ours / theirs,
-        "cpus": os.cpu_count(), "python": platform.python_version(),
+        "summary": [{"what": f"training images/s, {a.model} {a.imgsz}px batch {a.batch}, 1 CPU process, "
+                             "python -m trainer vs ultralytics YOLO().train()",
+                     "orch": ours, "peer": theirs, "ratio": ours / theirs, "goal": ">= 1.0", "met": ours >= theirs}],
     }
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"ratio trainer/ultralytics = {ours / theirs:.3f} ({ours:.2f} vs {theirs:.2f} images/s) -> {a.out}")
+    from bench.common import write
+
+    path = write("trainer_throughput", summary)
+    print(f"ratio trainer/ultralytics = {ours / theirs:.3f} ({ours:.2f} vs {theirs:.2f} images/s) -> {path}")
+    return summary
 
 
 if __name__ == "__main__":

@@ -467,13 +467,13 @@ def tail_lines(path: str, n: int) -> list[str]:
     return [line.decode("utf-8", "replace") for line in data.splitlines()[-n:]]
 
 
+def pids_in_group(pgid: int | None) -> list[int]:
+    return [pid for pid, _pp, pg in _proc_table() if pgid and pg == pgid]
+
+
 def job_pids(run_dir: str, state: dict[str, Any]) -> list[int]:
     """Every live process of the job this directory records: torchrun's group and the snapshot."""
-    pids = set()
-    pgid = state.get("pgid")
-    for pid, _pp, pg in _proc_table():
-        if pgid and pg == pgid:
-            pids.add(pid)
+    pids = set(pids_in_group(state.get("pgid")))
     for pid, start in state.get("procs") or []:
         if alive(pid, start):
             pids.add(pid)
@@ -495,10 +495,16 @@ def cmd_stop(run_dir: str, grace: float) -> int:
     agent_pid = state.get("agent_pid") if alive(state.get("agent_pid"), state.get("agent_start")) else None
     pids = job_pids(run_dir, state)
     if agent_pid:
-        kill(agent_pid, signal.SIGTERM)  # the agent forwards it and records the exit code
-    killpg(state.get("pgid"), signal.SIGTERM)
-    for pid in pids:
-        kill(pid, signal.SIGTERM)
+        # One SIGTERM, through the agent (which forwards it and records the exit code): torchrun
+        # turns each SIGTERM into an exception, and a second one in the middle of its shutdown
+        # leaves it hanging until SIGKILL.
+        kill(agent_pid, signal.SIGTERM)
+    else:
+        group = set(pids_in_group(state.get("pgid")))
+        killpg(state.get("pgid"), signal.SIGTERM)
+        for pid in pids:
+            if pid not in group:
+                kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while job_pids(run_dir, state) and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -133,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--seed", type=int, default=d.seed, help=f"random seed, same on all ranks (default {d.seed})")
     a("--out", help=f"run directory, e.g. /mnt/nfs/runs/y12m (default {d.out}, or PROJECT/NAME)")
     a("--project", default="runs/train", help="parent of the run directory when --out is not given (default runs/train)")
-    a("--name", default="exp", help="run directory name under --project (default exp)")
+    a("--name", help="run directory name under --project (default: the orch run id when started by orch "
+                     "up, so every run gets its own directory; else exp)")
     a("--save-period", type=int, default=d.save_period, help="also keep weights/epochN.pt every N epochs, e.g. 10 (default 0 = never)")
     a("--val-period", type=int, default=d.val_period, help="validate every N epochs and after the last, 0 = never (default 1)")
     a("--resume", nargs="?", const="", default=None, metavar="PATH", help="continue from PATH, or from OUT/weights/last.pt without PATH")
@@ -179,7 +180,10 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
             setattr(ns, name, os.path.expanduser(value))
     if isinstance(ns.resume, str) and ns.resume.startswith("~"):
         ns.resume = os.path.expanduser(ns.resume)
-    out = ns.out or str(Path(ns.project) / ns.name)
+    # Started by `orch up`: one directory per orch run, so running the same inventory twice never
+    # collides with (or silently resumes) the previous run's weights.
+    name = ns.name or os.environ.get("ORCH_RUN_ID") or "exp"
+    out = ns.out or str(Path(ns.project) / name)
     cfg = TrainConfig(
         model=ns.model, weights=ns.weights, data=ns.data, epochs=ns.epochs, batch=ns.batch, imgsz=ns.imgsz,
         lr=ns.lr, lrf=ns.lrf, momentum=ns.momentum, weight_decay=ns.weight_decay, warmup_epochs=ns.warmup_epochs,

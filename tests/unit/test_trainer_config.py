@@ -66,3 +66,14 @@ def test_leading_tilde_is_this_nodes_home(monkeypatch) -> None:  # noqa: ANN001
     assert cfg.data == "/home/alice/.orch/demo/data/data.yaml"
     assert cfg.out == "/home/alice/runs/a" and cfg.resume == "/home/alice/runs/a/last.pt"
     check_topology(cfg, world_size=1, launched=True)  # absolute now: accepted under torchrun
+
+
+def test_each_orch_run_gets_its_own_run_directory(monkeypatch) -> None:  # noqa: ANN001
+    from trainer.config import parse_config
+
+    monkeypatch.delenv("ORCH_RUN_ID", raising=False)
+    assert parse_config(["--data", "/d.yaml"]).out == "runs/train/exp"
+    monkeypatch.setenv("ORCH_RUN_ID", "20261130-103558-local")
+    assert parse_config(["--data", "/d.yaml"]).out == "runs/train/20261130-103558-local"
+    assert parse_config(["--data", "/d.yaml", "--name", "mine"]).out == "runs/train/mine"
+    assert parse_config(["--data", "/d.yaml", "--out", "/o"]).out == "/o"

@@ -57,6 +57,9 @@ __all__ = [
 ]
 
 FINAL_STATES = ("succeeded", "failed", "stopped")
+CREDIT_LINES = 1000
+"""Lines of one node that may wait in the live merge; a node's reader blocks beyond that, so
+catching up on 32 long logs stays within a few tens of MB on the controller."""
 
 # Runs on the node (python -c): stream node.log from byte OFFSET as frames, stdlib only, any
 # Python >= 3.6. An idle poll sends a heartbeat with the node's time: it lets the other nodes'
@@ -302,7 +305,7 @@ class _NodeState:
     abandoned: bool = False
     last_frame: float = field(default_factory=time.monotonic)
     proc: Process | None = None
-    credit: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(4000))
+    credit: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(CREDIT_LINES))
 
 
 _DONE = object()
@@ -346,6 +349,7 @@ class Follower:
         while not st.credit.acquire(timeout=0.2):  # backpressure: bounded lines held per node
             if self._halt.is_set():
                 return
+            st.last_frame = time.monotonic()  # waiting on the merge is not a stalled connection
         self._queue.put((st.index, line))
 
     def _parse(self, st: _NodeState, raw: bytes, last_ts: float) -> LogLine:

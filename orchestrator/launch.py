@@ -176,14 +176,16 @@ class RunRecord:
 
 
 def save_check(run: RunDir, inv: Inventory, report: Any) -> None:
-    """check.json in the run dir: the preflight's saved report (with offsets), else our own copy."""
+    """check.json in the run dir (log skew correction reads its offsets): this launch's preflight,
+    or with --skip-checks the last `orch check` of this inventory, if there was one."""
+    if report is not None:
+        data = report.to_json(inv.path)
+        data.setdefault("offsets_ms", dict(getattr(report, "offsets_ms", {}) or {}))
+        run.write(data, "check.json")
+        return
     saved = orch_home() / "checks" / f"{inv.name}.json"
     if saved.exists():
         write_private(run.path / "check.json", saved.read_bytes())
-    elif report is not None:
-        data = report.to_json(inv.path)
-        data.setdefault("offsets_ms", getattr(report, "offsets_ms", {}))
-        run.write(data, "check.json")
 
 
 # ----------------------------------------------------------------------------- fan-out
@@ -222,12 +224,11 @@ def preflight(inv: Inventory, con: Console) -> tuple[int, Any]:
         con.print("[yellow]warning:[/] the preflight is not available in this build; launching without it")
         return 0, None
 
-    def progress(name: str, done: int, total: int) -> None:
-        pass
-
-    report = run_preflight(inv, progress=progress)
-    if not report.ok:
+    report = run_preflight(inv)
+    warnings = [r for r in report.results if r.status == "warn"]
+    if not report.ok or warnings:
         render_report(report, con)
+    if not report.ok:
         con.print("[bold red]preflight failed: nothing was launched[/] (fix the failures above, "
                   "or pass --skip-checks to launch anyway)")
         return 3, report

@@ -67,6 +67,7 @@ def test_failed_preflight_launches_nothing_and_exits_3(monkeypatch: pytest.Monke
         ok = False
         exit_code = 1
         offsets_ms: dict[str, float] = {}
+        results: list[object] = []
 
     shown: list[object] = []
     monkeypatch.setattr(preflight, "run_preflight", lambda inv, **kw: Report())
@@ -114,3 +115,26 @@ def test_down_of_an_unknown_run_is_a_usage_error(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("ORCH_HOME", str(tmp_path))
     with pytest.raises(UsageError):
         launch.down_command("nope")
+
+
+def test_check_json_is_this_launchs_preflight_not_an_older_check(monkeypatch: pytest.MonkeyPatch,
+                                                                  tmp_path: Path) -> None:
+    from orchestrator.runs import RunStore
+
+    monkeypatch.setenv("ORCH_HOME", str(tmp_path))
+    inv = inventory.load(V100)
+    (tmp_path / "checks").mkdir()
+    (tmp_path / "checks" / "v100.json").write_text(json.dumps({"ok": True, "offsets_ms": {"v100-2": 999.0}}))
+
+    class Report:
+        offsets_ms = {"v100-2": 1.5}
+
+        def to_json(self, path: str) -> dict[str, Any]:
+            return {"inventory": path, "ok": True, "results": []}
+
+    fresh = RunStore().create(inv, "fresh")
+    launch.save_check(fresh, inv, Report())
+    assert fresh.read("check.json")["offsets_ms"] == {"v100-2": 1.5}
+    skipped = RunStore().create(inv, "skipped")
+    launch.save_check(skipped, inv, None)  # --skip-checks: the last `orch check` is all there is
+    assert skipped.read("check.json")["offsets_ms"] == {"v100-2": 999.0}

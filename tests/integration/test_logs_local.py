@@ -197,7 +197,7 @@ class TestCommand:
 
     def invoke(self, *args: str) -> tuple[int, str]:
         result = CliRunner().invoke(cli, ["logs", *args], catch_exceptions=False)
-        return result.exit_code, result.output
+        return result.exit_code, result.stdout
 
     def test_all_lines_merged_and_written_to_the_run_dir(self, finished: Path) -> None:
         code, out = self.invoke("r1")
@@ -219,6 +219,12 @@ class TestCommand:
         assert sorted(per_node) == ["gpu01"] * 2 + ["gpu02"] * 2 + ["gpu03"] * 2
         _, out = self.invoke("r1", "--json", "--grep", r"seq=[0-1]$", "--tail", "1")
         assert sorted(json.loads(x)["line"] for x in out.splitlines()) == [f"gpu0{i} seq=1" for i in (1, 2, 3)]
+
+    def test_tail_then_follow_prints_each_line_once(self, finished: Path) -> None:
+        code, out = self.invoke("r1", "--json", "--tail", "3", "--follow")
+        lines = [(o["node"], o["line"]) for o in map(json.loads, out.splitlines())]
+        assert code == 0 and len(lines) == 9 and len(set(lines)) == 9
+        assert ("gpu02", "gpu02 seq=9") in lines and ("gpu02", "gpu02 seq=8") in lines
 
     def test_since(self, finished: Path) -> None:
         _, out = self.invoke("r1", "--json", "--since", "1h")

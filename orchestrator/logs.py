@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from . import ui
-from .errors import TransportError
+from .errors import TransportError, UsageError
 from .inventory import Inventory
 from .logmerge import (
     LineFilter,
@@ -535,28 +535,46 @@ def _world_size(run: RunDir, inv: Inventory) -> int:
     return total or sum(n.nproc_per_node for n in inv.nodes)
 
 
-def _emit(lines: Iterable[LogLine], opts: _Options, out: IO[str]) -> int:
-    """Print lines; returns how many. Stops quietly when stdout is closed (`| head`)."""
+def _emit(lines: Iterable[LogLine], opts: _Options, out: IO[str], merged: IO[str] | None = None) -> int:
+    """Print lines (and, given `merged`, write them to the merged log as plain text in the
+    same pass); returns how many."""
     count = 0
+    widths = opts.widths
     for line in lines:
+        plain = format_line(line, False, node_width=widths[0], rank_width=widths[1])
+        if merged is not None:
+            merged.write(plain + "\n")
         if opts.as_json:
             out.write(to_json(line) + "\n")
+        elif opts.color:
+            out.write(format_line(line, True, node_width=widths[0], rank_width=widths[1]) + "\n")
         else:
-            out.write(format_line(line, opts.color, node_width=opts.widths[0], rank_width=opts.widths[1]) + "\n")
+            out.write(plain + "\n")
         count += 1
     out.flush()
     return count
 
 
+@contextlib.contextmanager
+def _merged_log(run: RunDir) -> Iterator[IO[str]]:
+    """`<run dir>/merged.log`, rewritten atomically (private), only when the writing completes."""
+    tmp = run.merged_log.with_name(f".merged.log.{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            os.chmod(tmp, 0o600)
+            yield fh
+        os.replace(tmp, run.merged_log)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
 def write_merged_log(run: RunDir, sources: list[NodeSource], offsets_ms: Mapping[str, float],
                      widths: tuple[int, int]) -> None:
-    """`<run dir>/merged.log`: every node's copy, merged, as plain text (atomic rewrite)."""
-    tmp = run.merged_log.with_name(f".merged.log.{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
+    """`<run dir>/merged.log`: every node's copy, merged, as plain text."""
+    with _merged_log(run) as fh:
         for line in merge([copy_lines(s) for s in sources], offsets_ms):
             fh.write(format_line(line, False, node_width=widths[0], rank_width=widths[1]) + "\n")
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, run.merged_log)
 
 
 def _say_skew(console: Any, offsets: Mapping[str, float], origin: str | None) -> None:
@@ -587,20 +605,17 @@ def logs_command(run: str | None, *, follow: bool, node: str | None, rank: str |
         offsets_ms=offsets,
     )
     if tail is not None and tail < 0:
-        from .errors import UsageError
-
-        raise UsageError(f"--tail {tail}: must be 0 or more")
+        raise UsageError(f"--tail {tail}: must be 0 or more", "e.g. --tail 50: the last 50 lines of each node")
     widths = column_widths([s.node for s in sources], _world_size(rundir, inv))
     opts = _Options(keep, tail, as_json, ui.color_enabled(sys.stdout) and not as_json, widths)
     try:
         with Cluster(inv) as cluster:
             _fetch_and_warn(rundir, inv, cluster, sources, console)
             if not follow or tail is not None:
-                _print_stored(sources, offsets, opts)
-                write_merged_log(rundir, sources, offsets, widths)
+                _print_stored(rundir, sources, offsets, opts)
             if follow:
                 with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends a follow; exit code 0
-                        _follow(rundir, inv, cluster, offsets, watermark, opts, console, from_start=tail is None)
+                    _follow(rundir, inv, cluster, offsets, watermark, opts, console, from_start=tail is None)
     except BrokenPipeError:
         with contextlib.suppress(OSError):
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the flush at exit
@@ -615,13 +630,21 @@ def _fetch_and_warn(run: RunDir, inv: Inventory, cluster: Cluster, sources: list
                           "earlier", markup=False, style="yellow")
 
 
-def _print_stored(sources: list[NodeSource], offsets: Mapping[str, float], opts: _Options) -> None:
+def _print_stored(run: RunDir, sources: list[NodeSource], offsets: Mapping[str, float], opts: _Options) -> None:
+    """Print the fetched copies merged and filtered; refresh merged.log (in the same pass when
+    nothing is filtered out, else in a second one)."""
+    everything = opts.keep.empty and opts.tail is None
     streams: list[Iterator[LogLine]] = [copy_lines(s) for s in sources if opts.keep.wants_node(s.node)]
     if not opts.keep.empty:
         streams = apply(streams, opts.keep)
     if opts.tail is not None:
         streams = [last_n(s, opts.tail) for s in streams]
+    if everything:
+        with _merged_log(run) as merged:
+            _emit(merge(streams, offsets), opts, sys.stdout, merged)
+        return
     _emit(merge(streams, offsets), opts, sys.stdout)
+    write_merged_log(run, sources, offsets, opts.widths)
 
 
 def _follow(run: RunDir, inv: Inventory, cluster: Cluster, offsets: Mapping[str, float], watermark: float,

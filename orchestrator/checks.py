@@ -98,8 +98,9 @@ def check_ssh(inv: Inventory, facts: Facts) -> list[CheckResult]:
             out.append(CheckResult("ssh", node.name, "fail", "", kind + detail, nf.hint or _ssh_hint(nf.error_kind)))
             continue
         total = (nf.connect_ms or 0) + (nf.rtt_ms or 0)
-        detail = (f"{node.ssh.user + '@' if node.ssh.user else ''}{node.host}:{node.ssh.port}: connect "
-                  f"{nf.connect_ms or 0:.0f} ms + command round trip {nf.rtt_ms or 0:.0f} ms")
+        target = ("local process (transport: local)" if inv.transport == "local" else
+                  f"{node.ssh.user + '@' if node.ssh.user else ''}{node.host}:{node.ssh.port}")
+        detail = f"{target}: connect {nf.connect_ms or 0:.0f} ms + command round trip {nf.rtt_ms or 0:.0f} ms"
         if total > inv.checks.ssh_warn_ms:
             out.append(CheckResult("ssh", node.name, "warn", f"{total:.0f} ms",
                                    f"{detail} (slower than {inv.checks.ssh_warn_ms:.0f} ms)",
@@ -138,10 +139,12 @@ def clock_offsets(inv: Inventory, facts: Facts) -> tuple[dict[str, float], dict[
     if not raw:
         return {}, {}, "controller"
     mid = statistics.median(raw.values())
+    # the median is itself an estimate: its error is of the order of a typical node's rtt/2
+    mid_unc = statistics.median((nf.rtt_ms or 0) / 2 for n, nf in probed(inv, facts) if n.name in raw)
     for node, nf in probed(inv, facts):
         if node.name in raw:
             offsets[node.name] = raw[node.name] - mid
-            unc[node.name] = (nf.rtt_ms or 0) / 2
+            unc[node.name] = (nf.rtt_ms or 0) / 2 + mid_unc
     return offsets, unc, "median of the nodes (SSH round-trip estimate)"
 
 
@@ -165,7 +168,7 @@ def check_clock(inv: Inventory, facts: Facts) -> list[CheckResult]:
             out.append(f.result())
             continue
         off = offsets[node.name]
-        f.value = f"{off:+.0f} ms"
+        f.value = f"{round(off) or 0:+d} ms"  # never "-0 ms"
         what = f"offset to {ref} is {off:+.1f} ms (±{unc[node.name]:.1f})"
         if not server and nf.ssh_offset_ms is not None:
             what += f"; {nf.ssh_offset_ms:+.1f} ms vs the controller"
@@ -640,6 +643,11 @@ def check_ports(inv: Inventory, facts: Facts) -> list[CheckResult]:
     for node, nf in probed(inv, facts):
         f = Findings("ports", node.name)
         f.value = str(inv.master_port)
+        ring = nf.listen.get("ring") or {}
+        if ring.get("error"):
+            f.add("fail", f"cannot listen on this node's addr {node.addr}: {ring['error']}",
+                  "addr: must be an IP of this node on the data-plane network (ip -br addr); "
+                  "rendezvous and NCCL use it")
         if node.name == inv.master.name:
             if mp.get("bound"):
                 f.add("ok", f"port {inv.master_port} is free on the master (bound 0.0.0.0:{inv.master_port})")

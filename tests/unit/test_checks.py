@@ -438,3 +438,12 @@ def test_saved_report_carries_offsets(tmp_path: Path, monkeypatch: pytest.Monkey
     assert (path.stat().st_mode & 0o777) == 0o600
     assert load_offsets(path) == {"n1": 1.5, "n2": -12.5, "n3": 1.5, "n4": 1.5}
     assert load_offsets(tmp_path / "missing.json") is None
+
+
+def test_addr_that_is_not_the_nodes_own_fails_ports() -> None:
+    inv = inventory()
+    facts = make_facts(inv, {"n2": lambda raw, nf: nf.listen.update(
+        ring={"addr": "10.0.0.2", "port": None, "error": "Cannot assign requested address (errno 99)"})})
+    p = by(checks.check_ports(inv, facts), "ports")
+    assert p["n2"].status == "fail" and "cannot listen on this node's addr 10.0.0.2" in p["n2"].detail
+    assert "ip -br addr" in p["n2"].hint and p["n1"].status == "ok"

@@ -22,7 +22,7 @@ import pytest
 
 from orchestrator.inventory import load
 from orchestrator.preflight import CheckReport, run_preflight
-from tests.cluster import TestCluster, free_port, is_root
+from tests.cluster import NetemUnsupported, TestCluster, free_port, is_root
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "probe"
 ORCH = str(Path(sys.executable).with_name("orch"))
@@ -164,6 +164,28 @@ def test_unknown_host_key(make_cluster: MakeCluster) -> None:
     assert "host_key_unknown" in r["detail"] and "ssh-keyscan" in r["hint"]
 
 
+def test_changed_host_key(make_cluster: MakeCluster) -> None:
+    c = make_cluster(4)
+    node = c.node("node3")
+    other = c.keys.new_key("changed-host").with_suffix(".pub").read_text().split()
+    name = f"[{node.host}]:{node.port}" if node.port != 22 else node.host
+    lines = [ln for ln in c.known_hosts.read_text().splitlines() if not ln.startswith(name + " ")]
+    c.known_hosts.write_text("\n".join(lines + [f"{name} {other[0]} {other[1]}"]) + "\n")
+    report = preflight(write_inventory(c))
+    assert failures(report) == {("ssh", "node3")}
+    r = result(report, "ssh", "node3")
+    assert "host_key_changed" in r["detail"] and "CHANGED" in r["detail"] and "ssh-keygen -R" in r["hint"]
+
+
+def test_auth_refused(make_cluster: MakeCluster) -> None:
+    c = make_cluster(4)
+    wrong = c.keys.new_key("wrong-identity")
+    report = preflight(write_inventory(c, nodes_extra={"node2": {"identity": str(wrong)}}))
+    assert failures(report) == {("ssh", "node2")}
+    r = result(report, "ssh", "node2")
+    assert "auth" in r["detail"] and "authorized_keys" in r["hint"]
+
+
 def test_relative_weights_path(cluster: TestCluster) -> None:
     inv = write_inventory(cluster, job={"workdir": str(cluster.root), "args": {"weights": "yolo12n.pt"}})
     report = preflight(inv)
@@ -260,6 +282,20 @@ def test_netns_three_faults_reported_exactly(netns_cluster: TestCluster, tmp_pat
     assert got == {("nccl_env", "node4"), ("timezone", "node2"), ("clock", "node3")}, results
     nccl = next(r for r in results if r["check"] == "nccl_env" and r["node"] == "node4")
     assert "no such interface" in nccl["detail"] and "eth0" in nccl["detail"]
+
+
+@pytest.mark.netns
+def test_netns_slow_link_is_an_ssh_warning(netns_cluster: TestCluster) -> None:
+    c = netns_cluster
+    try:
+        c.netem("node2", "delay 150ms")
+    except NetemUnsupported as exc:
+        pytest.skip(str(exc))
+    report = preflight(write_inventory(c, checks={"ssh": {"warn_ms": 600}}), skip=("software", "job"))
+    assert failures(report) == set(), [r for r in report.results if r.status == "fail"]
+    slow = result(report, "ssh", "node2")
+    assert slow["status"] == "warn" and "slower than 600 ms" in slow["detail"], slow
+    assert int(slow["value"].split()[0]) >= 600
 
 
 @pytest.mark.netns

@@ -447,3 +447,13 @@ def test_addr_that_is_not_the_nodes_own_fails_ports() -> None:
     p = by(checks.check_ports(inv, facts), "ports")
     assert p["n2"].status == "fail" and "cannot listen on this node's addr 10.0.0.2" in p["n2"].detail
     assert "ip -br addr" in p["n2"].hint and p["n1"].status == "ok"
+
+
+def test_slow_ssh_is_a_warning_over_the_threshold() -> None:
+    inv = inventory()
+
+    def slow(raw: dict[str, Any], nf: NodeFacts) -> None:
+        nf.connect_ms, nf.rtt_ms = 900.0, 300.0
+    s = by(checks.check_ssh(inv, make_facts(inv, {"n4": slow})), "ssh")
+    assert s["n4"].status == "warn" and s["n4"].value == "1200 ms" and "slower than 1000 ms" in s["n4"].detail
+    assert s["n1"].status == "ok" and s["n1"].value == "24 ms"

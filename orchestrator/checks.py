@@ -346,7 +346,7 @@ def check_nccl_env(inv: Inventory, facts: Facts) -> list[CheckResult]:
         env = envs[node.name]
         f = Findings("nccl_env", node.name)
         f.value = ", ".join(f"{k}={v}" for k, v in env.items() if k.endswith(("IFNAME", "IB_HCA", "IB_DISABLE"))) \
-            or f"{len(env)} vars"
+            or (f"{len(env)} set" if env else "none set")
         for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
             if env.get(var):
                 judge_ifname(var, env[var], _ifaces(nf), f)

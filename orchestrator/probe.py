@@ -46,22 +46,57 @@ MAX_TEXT = 1 << 20          # data YAML texts sent back for parsing on the contr
 MAX_HASH = 8 << 30          # files above this are compared by size only
 NTP_EPOCH = 2208988800      # seconds from 1900-01-01 (NTP) to 1970-01-01 (Unix)
 SOFTWARE_CODE = r"""
-import json, sys
+import json, os, re, sys
 out = {"python": sys.version.split()[0], "executable": sys.executable}
 try:
     from importlib import metadata
 except ImportError:
     metadata = None
-try:
+
+
+def from_files():
+    # torch.__version__ and torch.version.cuda are literals in torch/version.py; a pip build's NCCL
+    # is the nvidia-nccl-* wheel it links. Reading them costs milliseconds where `import torch`
+    # costs seconds of CPU per node (and the probe runs on every node of every check).
+    import importlib.util
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.origin:
+        return False
+    try:
+        with open(os.path.join(os.path.dirname(spec.origin), "version.py")) as fh:
+            text = fh.read()
+    except OSError:
+        return False
+    version = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)", text, re.M)
+    cuda = re.search(r"^cuda\b[^=\n]*=\s*(?:['\"]([^'\"]*)['\"]|None)", text, re.M)
+    if not version or not cuda:
+        return False
+    nccl = None
+    for dist in (metadata.distributions() if metadata else ()):
+        if (dist.metadata.get("Name") or "").lower().startswith("nvidia-nccl"):
+            nccl = dist.version
+    if cuda.group(1) and nccl is None:
+        return False  # a CUDA build whose NCCL only torch itself can tell (conda, source builds)
+    out.update(torch=version.group(1), cuda=cuda.group(1) or None, nccl=nccl, source="files")
+    return True
+
+
+def from_import():
     import torch
     out["torch"] = torch.__version__
     out["cuda"] = getattr(torch.version, "cuda", None)
+    out["source"] = "import"
     try:
         v = torch.cuda.nccl.version()
         out["nccl"] = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
     except Exception as exc:
         out["nccl"] = None
         out["nccl_error"] = type(exc).__name__
+
+
+try:
+    if os.environ.get("ORCH_PROBE_IMPORT_TORCH") or not from_files():
+        from_import()
 except Exception as exc:
     out["torch"] = None
     out["torch_error"] = "%s: %s" % (type(exc).__name__, exc)

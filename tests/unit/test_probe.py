@@ -150,3 +150,24 @@ def test_roce_gid_index(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None
         "ibv_rc_pingpong", "-d", "mlx5_0", "-p", "18515", "-g", "2", "10.0.0.2"]
     (port / "link_layer").write_text("InfiniBand\n")
     assert probe.roce_gid_index("mlx5_0") is None
+
+
+def test_software_versions_from_files_match_what_import_torch_reports() -> None:
+    """The fast path (torch/version.py + the NCCL wheel) must tell exactly what `import torch` tells."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from orchestrator.probe import SOFTWARE_CODE
+
+    def facts(**env: str) -> dict:
+        out = subprocess.run([sys.executable, "-c", SOFTWARE_CODE], capture_output=True, text=True,
+                             env={**os.environ, **env}, timeout=120, check=True).stdout
+        return json.loads(out.strip().splitlines()[-1])
+
+    fast, imported = facts(), facts(ORCH_PROBE_IMPORT_TORCH="1")
+    assert (fast["source"], imported["source"]) == ("files", "import")
+    for key in ("torch", "cuda", "nccl", "ultralytics", "python"):
+        assert fast[key] == imported[key], key
+    assert fast["torch"]

@@ -569,7 +569,10 @@ def down_command(run_id: str | None) -> int:
     record = RunRecord(run)
     ok = {n: r for n, r in results.items() if isinstance(r, dict) and not r.get("remaining")}
     data = run.read()
-    state = data.get("state") if data.get("state") in FINAL else "stopped"
+    # a node that had already failed makes the run failed, whoever stopped the rest
+    state = run_state([str(r.get("state")) for r in results.values() if isinstance(r, dict) and r.get("state")],
+                      str(data.get("state")))
+    state = state if state in FINAL else "stopped"
     record.update_nodes({n: r for n, r in results.items() if isinstance(r, dict) and r.get("state")}, state=state)
     for name, res in results.items():
         if isinstance(res, Exception):

@@ -20,6 +20,7 @@ on this machine): once while every node appends lines live, once catching up on 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -146,7 +147,7 @@ def throughput(base: Path, nodes: int, lines: int, reps: int) -> dict[str, objec
     for name, fn in (("merge_raw", merge_raw), ("merge_parsed", merge_parsed), ("orch_logs", orch_logs)):
         # The files are in the page cache already (sort -m's warm-up read them all); warming
         # the Python code up on two files is enough and keeps a 32-node run within minutes.
-        r = timed(lambda fn=fn: fn(files), reps, warmup=lambda fn=fn: fn(files[:2]))
+        r = timed(functools.partial(fn, files), reps, warmup=functools.partial(fn, files[:2]))
         assert r["lines"] == total, f"{name} produced {r['lines']} of {total} lines"
         r["ratio_to_sort_m"] = round(r["median_s"] / result["sort_m"]["median_s"], 2)  # type: ignore[index]
         result[name] = r

@@ -507,14 +507,22 @@ class Follower:
         """merged.log is rewritten from the start, or appended to when resuming, by one follower."""
         if not self.write_merged:
             return None
-        path = self.run.merged_log
-        fh = open(path, "w" if self.from_start else "a", encoding="utf-8")  # noqa: SIM115 - closed in lines()
-        try:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            fh.close()
-            return None
+        fh = _lock_merged(self.run)
+        if fh is not None and self.from_start:
+            fh.truncate(0)
         return fh
+
+
+def _lock_merged(run: RunDir) -> IO[str] | None:
+    """merged.log opened for appending and locked, or None while another orch process (an
+    attached `orch up`, another `orch logs -f`) is writing it: that one keeps it whole."""
+    fd = os.open(run.merged_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return os.fdopen(fd, "a", encoding="utf-8")
 
 
 # ----------------------------------------------------------------------------- the command
@@ -556,8 +564,13 @@ def _emit(lines: Iterable[LogLine], opts: _Options, out: IO[str], merged: IO[str
 
 
 @contextlib.contextmanager
-def _merged_log(run: RunDir) -> Iterator[IO[str]]:
-    """`<run dir>/merged.log`, rewritten atomically (private), only when the writing completes."""
+def _merged_log(run: RunDir) -> Iterator[IO[str] | None]:
+    """`<run dir>/merged.log`, rewritten atomically (private) once the writing completes; None
+    (left alone) while a follower in another process is appending to it."""
+    held = _lock_merged(run)
+    if held is None:
+        yield None
+        return
     tmp = run.merged_log.with_name(f".merged.log.{os.getpid()}")
     try:
         with open(tmp, "w", encoding="utf-8") as fh:
@@ -565,6 +578,7 @@ def _merged_log(run: RunDir) -> Iterator[IO[str]]:
             yield fh
         os.replace(tmp, run.merged_log)
     finally:
+        held.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
 
@@ -573,6 +587,8 @@ def write_merged_log(run: RunDir, sources: list[NodeSource], offsets_ms: Mapping
                      widths: tuple[int, int]) -> None:
     """`<run dir>/merged.log`: every node's copy, merged, as plain text."""
     with _merged_log(run) as fh:
+        if fh is None:
+            return
         for line in merge([copy_lines(s) for s in sources], offsets_ms):
             fh.write(format_line(line, False, node_width=widths[0], rank_width=widths[1]) + "\n")
 

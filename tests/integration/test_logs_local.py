@@ -169,6 +169,25 @@ def test_ctrl_c_ends_orch_logs_follow_with_0_and_stops_the_readers(tmp_path: Pat
         assert reader_pids(node_dir) == [], node
 
 
+def test_orch_logs_beside_a_live_follower_leaves_its_copies_and_merged_log_whole(tmp_path: Path) -> None:
+    inv, run = make_run(tmp_path, ["a", "b"])
+    writers = [start_writer(inv, run, "a", 100, 0.02), start_writer(inv, run, "b", 50, 0.04)]
+    out: list[LogLine] = []
+    follow = threading.Thread(target=lambda: out.extend(Follower(run, inv, Cluster(inv), poll_s=0.1).lines()))
+    follow.start()
+    time.sleep(1.0)
+    side = CliRunner().invoke(cli, ["logs", "r1", "--json"])  # a second process-like reader, mid-run
+    follow.join(timeout=60)
+    for w in writers:
+        w.wait(timeout=30)
+    assert side.exit_code == 0 and 0 < len(side.stdout.splitlines()) < len(out)
+    assert len(out) == 2 + 100 + 2 + 50
+    assert len(run.merged_log.read_text().splitlines()) == len(out)
+    for src in node_sources(run, inv):
+        remote = Path(os.path.expanduser(src.remote_dir)) / "node.log"
+        assert src.copy.read_bytes() == remote.read_bytes()
+
+
 def test_repeated_fetches_resume_and_never_duplicate(tmp_path: Path) -> None:
     inv, run = make_run(tmp_path, ["a", "b"])
     writers = [start_writer(inv, run, "a", 60, 0.02), start_writer(inv, run, "b", 30, 0.04)]

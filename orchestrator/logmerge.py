@@ -130,11 +130,12 @@ def parse_node_line(raw: str, node: str, node_rank: int, base_rank: int | None,
     local_rank = rank = None
     if text[:1] == "[":
         m = WORKER_PREFIX.match(text)
-        if m and m.end():
-            if m.group(1) is not None:
-                local_rank = int(m.group(1))
-            if m.group(2) is not None:
-                rank = int(m.group(2))
+        if m is not None and m.end():
+            tee, trainer = m.groups()
+            if tee is not None:
+                local_rank = int(tee)
+            if trainer is not None:
+                rank = int(trainer)
             text = text[m.end():]
     if rank is None and local_rank is not None and base_rank is not None:
         rank = base_rank + local_rank

@@ -427,7 +427,8 @@ def wait_started(state_path: str, wait: float) -> int:
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         state = read_json(state_path)
-        if state.get("state") == "running" or state.get("state") in FINAL_STATES and state.get("exit_code") == 0:
+        # started = torchrun was spawned; if it already ended, supervision reports how, with its log
+        if state.get("state") == "running" or state.get("state") in FINAL_STATES and state.get("pid"):
             return emit(state, 0)
         if state.get("state") in FINAL_STATES:
             return emit(state, 1)

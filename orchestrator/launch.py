@@ -102,7 +102,7 @@ def start_node(t: Transport, plan: Plan, np_: NodePlan, rdir: str) -> dict[str, 
     t.put(AGENT.read_bytes(), f"{rdir}/agent.py", 0o600)
     t.put(json.dumps(launch_spec(plan, np_)).encode(), f"{rdir}/launch.json", 0o600)
     state = agent_call(t, np_.node.python, rdir, ["start", ".", "--wait", str(START_WAIT_S)], START_WAIT_S + 30)
-    if state.get("_exit") != 0 or state.get("state") not in ("running", "succeeded"):
+    if state.get("_exit") != 0 or not state.get("pid"):
         raise OrchError(f"{np_.node.name}: the job did not start: {state.get('reason') or state.get('state')}")
     return state
 

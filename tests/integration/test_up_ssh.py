@@ -50,11 +50,13 @@ def test_success_4_nodes_x_2_processes(cluster: TestCluster, orch: Orch) -> None
     assert code == 0, up.err
     run_id = up.run_id()
     out = up.out
+    merged = (orch.run_dir(run_id) / "merged.log").read_text()
     for rank in range(8):
         node = f"node{rank // 2 + 1}"
         # host and rank on every line; the sum is checked by every rank against 8*9/2 + 8*3 = 60
         pattern = rf"\b{node}\s+r{rank}\s+done steps=4 allreduce_ok=True final_sum=60 expected=60"
         assert re.search(pattern, out), f"no done line of rank {rank} on {node}:\n{out[-3000:]}"
+        assert re.search(pattern, merged), f"no done line of rank {rank} in merged.log"
     assert re.search(r"preflight passed in [\d.]+ s", up.err), up.err
     assert re.search(r"all 4 nodes running after [\d.]+ s", up.err), up.err
     assert re.search(r"succeeded on every node in [\d.]+ s", up.err), up.err

@@ -208,8 +208,10 @@ class Poller:
         """Stop polling; wait up to `wait` s for calls in flight, so none outlives the controller."""
         self.stop.set()
         deadline = time.monotonic() + wait
-        for t in self.threads:
-            if t.is_alive():
+        with self.lock:
+            hung = {n for n, since in self.inflight.items() if self.clock() - since > self.stale_after}
+        for name, t in zip(self.names, self.threads):
+            if t.is_alive() and name not in hung:  # a call to an unreachable node ends on its own
                 t.join(max(0.0, deadline - time.monotonic()))
 
 

@@ -267,8 +267,10 @@ class Monitor:
         self.log.write("orch", f"agent {os.getpid()} on {socket.gethostname()} starting: "
                                 f"{' '.join(argv)} (cwd {cwd})")
         try:
+            umask = self.launch.get("login_umask")
             proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, start_new_session=True)
+                                    stderr=subprocess.PIPE, start_new_session=True,
+                                    preexec_fn=None if umask is None else (lambda: os.umask(umask)))
         except OSError as exc:
             reason = f"cannot start {argv[0]}: {exc.strerror or exc}"
             self.log.write("orch", reason)
@@ -402,7 +404,8 @@ def daemon(run_dir: str, launch: dict[str, Any]) -> None:
     if os.fork() > 0:
         os._exit(0)
     os.chdir("/")
-    os.umask(0o077)
+    # the run directory's files are private; the job itself keeps the login's umask
+    launch = dict(launch, login_umask=os.umask(0o077))
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)

@@ -47,7 +47,7 @@ def wait_state(d: Path, *states: str, timeout: float = 20) -> dict[str, Any]:
 
 
 def test_start_runs_detached_stamps_lines_and_records_the_exit(tmp_path: Path) -> None:
-    d = prepare(tmp_path, 'echo "$GREETING"; echo oops >&2; pwd; exit 3')
+    d = prepare(tmp_path, 'echo "$GREETING"; echo oops >&2; pwd; echo "umask $(umask)"; exit 3')
     code, st = call("start", str(d))
     assert code == 0 and st["state"] in ("running", "failed")
     assert os.getsid(0) != st["agent_pid"]  # not in our session
@@ -57,6 +57,9 @@ def test_start_runs_detached_stamps_lines_and_records_the_exit(tmp_path: Path) -
     assert any(ln.endswith(" out hello world; $(not expanded)") for ln in log)
     assert any(ln.endswith(" err oops") for ln in log)
     assert any(ln.endswith(f" out {tmp_path}") for ln in log)
+    mine = os.umask(0o022)
+    os.umask(mine)
+    assert any(ln.endswith(f" out umask {mine:04o}") for ln in log), log  # the job keeps the login's umask
     assert all(len(ln.split(" ", 2)[0]) == 27 and ln.split(" ", 2)[0].endswith("Z") for ln in log)
     assert (d / "state.json").stat().st_mode & 0o077 == 0 and (d / "node.log").stat().st_mode & 0o077 == 0
 

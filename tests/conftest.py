@@ -99,3 +99,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         sys.stderr.write("\norch test cluster left behind:\n" + "".join(f"  {x}\n" for x in left))
         session.exitstatus = 1
 
+
+
+@pytest.fixture
+def orch_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private $ORCH_HOME (runs, check reports) and plain, uncoloured output for the test."""
+    monkeypatch.setenv("ORCH_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("NO_COLOR", "1")
+    return tmp_path / "home"

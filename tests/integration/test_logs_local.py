@@ -21,14 +21,7 @@ from orchestrator.runs import remote_dir
 from orchestrator.transport import Cluster
 from tests.logs_support import late_inversions, make_run, seqs_by_node, start_writer, write_state
 
-pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(autouse=True)
-def orch_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("ORCH_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("NO_COLOR", "1")
-    return tmp_path / "home"
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("orch_home")]
 
 
 def follow_all(follower: Follower, stop: threading.Event | None = None) -> list[tuple[float, LogLine]]:

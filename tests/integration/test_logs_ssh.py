@@ -23,14 +23,7 @@ from orchestrator.transport import Cluster
 from tests.cluster import TestCluster
 from tests.logs_support import late_inversions, seqs_by_node, start_writer, write_state
 
-pytestmark = pytest.mark.timeout(180)
-
-
-@pytest.fixture(autouse=True)
-def orch_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("ORCH_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("NO_COLOR", "1")
-    return tmp_path / "home"
+pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("orch_home")]
 
 
 def ppid(pid: int) -> int:

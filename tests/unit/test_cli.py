@@ -1,0 +1,93 @@
+"""CLI polish: --version, --help with an example everywhere, one-line errors, exit codes, NO_COLOR."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from orchestrator import __version__
+from orchestrator.cli import cli, main
+
+COMMANDS = ["check", "up", "logs", "status", "down", "report"]
+
+
+def test_version() -> None:
+    result = CliRunner().invoke(cli, ["--version"])
+    assert result.exit_code == 0 and __version__ in result.output
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_help_teaches_with_an_example(command: str) -> None:
+    result = CliRunner().invoke(cli, [command, "--help"])
+    assert result.exit_code == 0
+    assert "Example" in result.output and f"orch {command}" in result.output
+
+
+def test_unknown_run_is_exit_2_with_a_hint_and_no_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("ORCH_HOME", str(tmp_path))
+    with pytest.raises(SystemExit) as info:
+        main(["status", "no-such-run"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "no runs yet" in err or "unknown run" in err
+    assert "hint:" in err and "Traceback" not in err
+
+
+def test_missing_inventory_names_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("ORCH_HOME", str(tmp_path))
+    monkeypatch.delenv("ORCH_INVENTORY", raising=False)
+    with pytest.raises(SystemExit) as info:
+        main(["check"])
+    assert info.value.code == 2
+    assert "ORCH_INVENTORY" in capsys.readouterr().err
+
+
+def test_bad_usage_is_exit_2() -> None:
+    proc = subprocess.run([sys.executable, "-m", "orchestrator", "up", "--no-such-flag"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and "no-such-flag" in proc.stderr
+
+
+def test_no_color_and_pipes_get_plain_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.ui import color_enabled
+
+    class Tty:
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    assert color_enabled(Tty())
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert not color_enabled(Tty())
+    assert not color_enabled(sys.stdout if not sys.stdout.isatty() else None) or sys.stdout.isatty()
+
+
+def test_shell_completion_script_is_generated() -> None:
+    proc = subprocess.run([sys.executable, "-c", "from orchestrator.cli import main; main()"],
+                          env={"_ORCH_COMPLETE": "bash_source", "PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True, timeout=60)
+    assert "complete" in proc.stdout and "_ORCH_COMPLETE" in proc.stdout
+
+
+def test_internal_errors_are_one_line_unless_verbose(monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    import orchestrator.launch
+
+    def boom(*args: object, **kwargs: object) -> int:
+        raise RuntimeError("something unexpected")
+
+    monkeypatch.setattr(orchestrator.launch, "status_command", boom)
+    with pytest.raises(SystemExit) as info:
+        main(["status"])
+    err = capsys.readouterr().err
+    assert info.value.code == 1
+    assert err.strip() == "orch: internal error: RuntimeError: something unexpected (run with -v for the traceback)"
+    with pytest.raises(SystemExit):
+        main(["-v", "status"])
+    assert "Traceback" in capsys.readouterr().err

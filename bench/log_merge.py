@@ -35,6 +35,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -236,7 +237,25 @@ def follow_memory(base: Path, nodes: int, live_s: float, catchup_lines: int) -> 
     return out
 
 
-def main() -> None:
+def summary_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows bench/summary.md shows: merge ratios against `sort -m`, and follow memory."""
+    rows: list[dict[str, Any]] = []
+    for t in results["throughput"]:
+        for key, what in (("orch_logs", "orch logs (parse, merge, format, write)"),
+                          ("merge_raw", "text merge on the timestamp (reference)")):
+            r = t[key]
+            rows.append({"what": f"{what} vs sort -m, {t['nodes']} nodes x {t['lines_per_node']} lines",
+                         "orch": r["median_s"], "peer": t["sort_m"]["median_s"], "ratio": r["ratio_to_sort_m"],
+                         "goal": "<= 2" if key == "orch_logs" else "report",
+                         "met": r["ratio_to_sort_m"] <= 2 if key == "orch_logs" else None})
+    mem = results["follow_memory"]
+    peak = max(mem["live"]["peak_rss_mb"], mem["catchup"]["peak_rss_mb"])
+    rows.append({"what": f"controller RSS MB following {mem['nodes']} nodes (live / catching up)",
+                 "orch": peak, "peer": 150.0, "ratio": peak / 150.0, "goal": "< 150 MB", "met": peak < 150})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--lines", type=int, default=250_000)
     ap.add_argument("--nodes", default="4,32")
@@ -246,7 +265,7 @@ def main() -> None:
     ap.add_argument("--live-seconds", type=float, default=15.0)
     ap.add_argument("--catchup-lines", type=int, default=25_000)
     ap.add_argument("--quick", action="store_true", help="small sizes, to check the script works")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.quick:
         args.lines, args.reps, args.big_reps, args.live_seconds, args.catchup_lines = 5_000, 1, 1, 3.0, 1_000
     base = Path(tempfile.gettempdir()) / "orch-bench-log-merge"
@@ -268,10 +287,13 @@ def main() -> None:
         shutil.rmtree(d, ignore_errors=True)
     results["follow_memory"] = follow_memory(base, args.follow_nodes, args.live_seconds, args.catchup_lines)
     results["machine"]["loadavg_at_end"] = os.getloadavg()  # type: ignore[index]
+    results["benchmark"] = "log_merge"
+    results["summary"] = summary_rows(results)
     dest = ROOT / "bench" / "results" / ("log_merge.quick.json" if args.quick else "log_merge.json")
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {dest}")
+    return results
 
 
 if __name__ == "__main__":

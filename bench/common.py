@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import signal
 import statistics
 import sys
 import time
@@ -13,6 +14,14 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    """SIGTERM (timeout, kill) unwinds like Ctrl-C, so every test cluster a benchmark started is stopped."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+signal.signal(signal.SIGTERM, _terminate)
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -1,0 +1,40 @@
+"""The README keeps its promises: the two commands first, every trainer flag, every check, every target."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+README = (REPO / "README.md").read_text()
+
+
+def test_opens_with_the_two_commands() -> None:
+    first_block = README.split("```")[1]
+    assert "make up" in first_block and "make test" in first_block
+
+
+def test_documents_every_trainer_flag() -> None:
+    from trainer.config import build_parser
+
+    flags = [max(a.option_strings, key=len) for a in build_parser()._actions if a.option_strings]
+    missing = [f for f in flags if f != "--help" and f"`{f}" not in README]
+    assert not missing, f"trainer flags missing from README: {missing}"
+
+
+def test_has_a_row_for_every_check() -> None:
+    from orchestrator.inventory import CHECK_NAMES
+
+    missing = [c for c in CHECK_NAMES if not re.search(rf"^\| `{c}` \|", README, re.M)]
+    assert not missing, f"checks without a row in the README's check table: {missing}"
+
+
+def test_documents_every_make_target() -> None:
+    makefile = (REPO / "Makefile").read_text()
+    targets = re.findall(r"^([a-z-]+):.*## ", makefile, re.M)
+    missing = [t for t in targets if f"make {t}" not in README and t != "help"]
+    assert not missing, f"Makefile targets missing from README: {missing}"
+
+
+def test_no_placeholder_left() -> None:
+    assert not re.search(r"^[A-Z_]{6,}$", README, re.M), "a section placeholder is still in the README"

@@ -407,12 +407,9 @@ def stream_logs(run: RunDir, inv: Inventory, cluster: Cluster, stop: threading.E
     """Print the merged log (host and rank on every line) until the run ends or `stop` is set."""
     import sys
 
-    try:
-        from .logmerge import column_widths
-        from .logs import Follower, format_line, load_offsets
-    except ImportError:
-        fallback_stream(run, cluster, stop)
-        return
+    from .logmerge import column_widths
+    from .logs import Follower, format_line, load_offsets
+
     color = ui.color_enabled(sys.stdout)
     con = ui.console()
     nodes = [n.name for n in inv.nodes]
@@ -429,37 +426,6 @@ def stream_logs(run: RunDir, inv: Inventory, cluster: Cluster, stop: threading.E
             sys.stdout.flush()
     except Exception as exc:  # log streaming must never take supervision down with it
         con.print(f"[yellow]log streaming stopped: {escape(str(exc))}[/]")
-
-
-def fallback_stream(run: RunDir, cluster: Cluster, stop: threading.Event) -> None:
-    """Minimal live tail (no cross-node ordering) used until `orchestrator.logs` is present."""
-    import sys
-
-    from .logmerge import format_line, parse_node_line
-
-    records = run.read().get("nodes") or []
-
-    def follow(r: dict[str, Any]) -> None:
-        t = cluster[r["node"]]
-        pid = r.get("pid") or 1
-        proc = t.popen(["tail", "-n", "+1", f"--pid={r.get('agent_pid') or pid}", "-F", "node.log"],
-                       cwd=r["remote_dir"])
-        try:
-            for raw in proc.lines():
-                if stop.is_set():
-                    break
-                line = parse_node_line(raw.decode("utf-8", "replace").rstrip("\n"), r["node"],
-                                       r["node_rank"], r["base_rank"])
-                sys.stdout.write(format_line(line, False) + "\n")
-                sys.stdout.flush()
-        finally:
-            proc.close()
-
-    threads = [threading.Thread(target=follow, args=(r,), daemon=True) for r in records]
-    for th in threads:
-        th.start()
-    while any(th.is_alive() for th in threads) and not stop.wait(0.2):
-        pass
 
 
 # ----------------------------------------------------------------------------- orch status / down

@@ -77,6 +77,14 @@ def majority(values: Mapping[str, Hashable]) -> tuple[Hashable, int, bool]:
     return ranked[0][0], ranked[0][1], unique
 
 
+def odd_one_out(values: Mapping[str, Hashable], mine: Hashable) -> tuple[Hashable, int] | None:
+    """(majority value, its count) when `mine` differs from a unique majority of two or more nodes."""
+    if len(values) < 2:
+        return None
+    common, count, unique = majority(values)
+    return (common, count) if mine != common and unique else None
+
+
 def _show(v: Any) -> str:
     return "unset" if v is None else str(v)
 
@@ -360,10 +368,9 @@ def check_nccl_env(inv: Inventory, facts: Facts) -> list[CheckResult]:
                   ("" if "NCCL_IB_DISABLE" in node.env else " (check ~/.bashrc, /etc/environment)"))
         for var in names:
             others = {n: e.get(var) for n, e in envs.items()}
-            if len(others) < 2:
-                continue
-            common, count, unique = majority(others)
-            if env.get(var) != common and unique:
+            odd = odd_one_out(others, env.get(var))
+            if odd:
+                common, count = odd
                 f.add("warn", f"{var}={_show(env.get(var))} here, but {count} of {len(others)} nodes have "
                               f"{var}={_show(common)}",
                       f"set {var} in the inventory `env` so every node gets the same value")
@@ -474,11 +481,11 @@ def _judge_gpus(node: Node, g: GpuFacts, models: Mapping[str, str], drivers: Map
     if " + " in _models(g):
         f.add("warn", f"mixed GPU models on one node: {_models(g)}")
     for label, values, mine in (("model", models, _models(g)), ("driver", drivers, g.driver)):
-        if len(values) > 1:
-            common, count, unique = majority(values)
-            if mine != common and unique:
-                f.add("fail", f"GPU {label} {mine} differs from the majority ({count} nodes: {common})",
-                      "install the same driver on every node (mismatched drivers/CUDA fail silently in NCCL)")
+        odd = odd_one_out(values, mine)
+        if odd:
+            common, count = odd
+            f.add("fail", f"GPU {label} {mine} differs from the majority ({count} nodes: {common})",
+                  "install the same driver on every node (mismatched drivers/CUDA fail silently in NCCL)")
     busy = sorted({p.gpu for p in g.processes} | {x.index for x in g.gpus if (x.memory_used_mib or 0) >= BUSY_MIB})
     if busy:
         procs = ", ".join(f"pid {p.pid} {p.name} on GPU {p.gpu} ({p.memory})" for p in g.processes[:4])
@@ -517,11 +524,9 @@ def check_software(inv: Inventory, facts: Facts) -> list[CheckResult]:
             f.add(status, f"ultralytics is not installed for {node.python}",
                   f"{node.python} -m pip install ultralytics (the same version as the other nodes)")
         for key in SOFTWARE_KEYS:
-            values = {k: v.get(key) for k, v in sw.items()}
-            if len(values) < 2:
-                continue
-            common, count, unique = majority(values)
-            if s.get(key) != common and unique:
+            odd = odd_one_out({k: v.get(key) for k, v in sw.items()}, s.get(key))
+            if odd:
+                common, count = odd
                 f.add("fail", f"{key} {_show(s.get(key))} differs from the majority ({count} nodes: {_show(common)})",
                       "install identical versions everywhere (mismatched torch/CUDA/NCCL hang or fail silently)")
         out.append(f.result("versions agree with every other node"))

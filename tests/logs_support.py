@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from orchestrator.inventory import Inventory, load
+from orchestrator.logs import READER
 from orchestrator.runs import RunDir, RunStore, remote_dir
 
 # Writes COUNT worker lines `[default<lr>]:[rank <r>] <node> seq=<i>` (every 7th without the
@@ -110,3 +111,16 @@ def late_inversions(out: Sequence[tuple[float, Any]], hold_s: float) -> tuple[li
         if line.node not in best or key > best[line.node][0]:
             best[line.node] = (key, line)
     return bad, inversions
+
+
+def reader_pids(node_dir: str) -> list[int]:
+    """Pids of the log readers streaming that node directory (matched on their argv)."""
+    out = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if READER.encode() in argv and node_dir.encode() in argv:
+            out.append(int(entry))
+    return out

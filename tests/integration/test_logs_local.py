@@ -16,10 +16,17 @@ from click.testing import CliRunner
 
 from orchestrator.cli import cli
 from orchestrator.logmerge import LiveMerge, LogLine, parse_ts
-from orchestrator.logs import READER, Follower, fetch_all, node_sources
+from orchestrator.logs import Follower, fetch_all, node_sources
 from orchestrator.runs import remote_dir
 from orchestrator.transport import Cluster
-from tests.logs_support import late_inversions, make_run, seqs_by_node, start_writer, write_state
+from tests.logs_support import (
+    late_inversions,
+    make_run,
+    reader_pids,
+    seqs_by_node,
+    start_writer,
+    write_state,
+)
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("orch_home")]
 
@@ -28,20 +35,6 @@ def follow_all(follower: Follower, stop: threading.Event | None = None) -> list[
     """Every line the follower releases, with the wall time it came out."""
     return [(time.time(), line) for line in follower.lines(stop)]
 
-
-def reader_pids(node_dir: str) -> list[int]:
-    """Pids of the log readers streaming that node directory (matched on their argv)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if READER.encode() in argv and node_dir.encode() in argv:
-            out.append(int(entry))
-    return out
 
 
 def test_follow_orders_nodes_writing_at_different_rates_and_a_silent_one(tmp_path: Path) -> None:

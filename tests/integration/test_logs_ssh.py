@@ -17,11 +17,11 @@ from click.testing import CliRunner
 from orchestrator.cli import cli
 from orchestrator.inventory import Inventory, load
 from orchestrator.logmerge import LiveMerge
-from orchestrator.logs import READER, Follower, node_sources
+from orchestrator.logs import Follower, node_sources
 from orchestrator.runs import RunDir, RunStore, remote_dir
 from orchestrator.transport import Cluster
 from tests.cluster import TestCluster
-from tests.logs_support import late_inversions, seqs_by_node, start_writer, write_state
+from tests.logs_support import late_inversions, reader_pids, seqs_by_node, start_writer, write_state
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("orch_home")]
 
@@ -30,17 +30,6 @@ def ppid(pid: int) -> int:
     raw = Path(f"/proc/{pid}/stat").read_text()
     return int(raw[raw.rfind(")") + 2:].split()[1])
 
-
-def reader_pids(node_dir: str) -> list[int]:
-    out = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if READER.encode() in argv and node_dir.encode() in argv:
-            out.append(int(entry))
-    return out
 
 
 def kill_ssh_session_of(cluster: TestCluster, node: str, pid: int) -> list[int]:

@@ -23,7 +23,6 @@ import argparse
 import functools
 import json
 import os
-import platform
 import random
 import resource
 import shutil
@@ -40,6 +39,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.common import machine, write  # noqa: E402
 from orchestrator.logmerge import (  # noqa: E402
     LogLine,
     column_widths,
@@ -271,8 +271,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     base = Path(tempfile.gettempdir()) / "orch-bench-log-merge"
     base.mkdir(exist_ok=True)
     results: dict[str, object] = {
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                    "loadavg_at_start": os.getloadavg(), "platform": platform.platform()},
+        "machine": {**machine(), "loadavg_at_start": os.getloadavg()},
         "params": vars(args), "throughput": [],
     }
     print(f"merge throughput (median of {args.reps} runs, {args.big_reps} for 16+ nodes, after a warm-up):",
@@ -289,9 +288,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results["machine"]["loadavg_at_end"] = os.getloadavg()  # type: ignore[index]
     results["benchmark"] = "log_merge"
     results["summary"] = summary_rows(results)
-    dest = ROOT / "bench" / "results" / ("log_merge.quick.json" if args.quick else "log_merge.json")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(json.dumps(results, indent=2) + "\n")
+    dest = write("log_merge.quick" if args.quick else "log_merge", results)
     print(f"wrote {dest}")
     return results
 

@@ -246,14 +246,9 @@ def build_report(run: RunDir, results_csv: Path | None = None) -> Path:
     return page
 
 
-def fetch_results_csv(run: RunDir) -> Path | None:
-    """Copy the trainer's results.csv from the master node into the run dir, when the log names it."""
+def fetch_results_csv(run: RunDir, found: str | None) -> Path | None:
+    """Copy the results.csv the trainer announced (`found`, on the master) into the run dir."""
     target = run.path / "results.csv"
-    found = None
-    for line in node_log_lines(run):
-        m = RESULTS_PATH.search(line)
-        if m:
-            found = m.group(1)
     if found is None:
         return target if target.exists() else None
     from .transport import open_transport
@@ -267,13 +262,14 @@ def fetch_results_csv(run: RunDir) -> Path | None:
     return target
 
 
-def announced(run: RunDir, pattern: re.Pattern[str]) -> str | None:
-    """The last path the trainer announced in the log that matches `pattern` (group 1)."""
-    found = None
+def announced(run: RunDir, *patterns: re.Pattern[str]) -> list[str | None]:
+    """For each pattern, the last path the trainer announced in the log that matches it (group 1)."""
+    found: list[str | None] = [None] * len(patterns)
     for line in node_log_lines(run):
-        m = pattern.search(line)
-        if m:
-            found = m.group(1)
+        for i, pattern in enumerate(patterns):
+            m = pattern.search(line)
+            if m:
+                found[i] = m.group(1)
     return found
 
 
@@ -285,15 +281,14 @@ def report_command(run_id: str | None) -> int:
 
     con = console()
     run = RunStore().get(run_id)
+    weights, remote_csv = announced(run, WEIGHTS_DIR, RESULTS_PATH)
     local_csv = None
     try:
-        local_csv = fetch_results_csv(run)
+        local_csv = fetch_results_csv(run, remote_csv)
     except (TransportError, OrchError) as exc:
         con.print(f"[yellow]results.csv not fetched[/]: {exc}")
     page = build_report(run)
     master = (run.read().get("nodes") or [{}])[0].get("node", "the master")
-    weights = announced(run, WEIGHTS_DIR)
-    remote_csv = announced(run, RESULTS_PATH)
     if weights:
         con.print(f"weights: {weights} (on {master})")
     if remote_csv:

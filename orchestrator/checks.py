@@ -108,7 +108,7 @@ def check_ssh(inv: Inventory, facts: Facts) -> list[CheckResult]:
         total = (nf.connect_ms or 0) + (nf.rtt_ms or 0)
         target = ("local process (transport: local)" if inv.transport == "local" else
                   f"{node.ssh.user + '@' if node.ssh.user else ''}{node.host}:{node.ssh.port}")
-        detail = f"{target}: connect {nf.connect_ms or 0:.0f} ms + command round trip {nf.rtt_ms or 0:.0f} ms"
+        detail = f"{target}: connect {nf.connect_ms or 0:.0f} ms + round trip {nf.rtt_ms or 0:.0f} ms on the session"
         if total > inv.checks.ssh_warn_ms:
             out.append(CheckResult("ssh", node.name, "warn", f"{total:.0f} ms",
                                    f"{detail} (slower than {inv.checks.ssh_warn_ms:.0f} ms)",
@@ -131,8 +131,9 @@ def clock_offsets(inv: Inventory, facts: Facts) -> tuple[dict[str, float], dict[
     """(offset ms per node, uncertainty ms per node, reference) — node clock minus reference.
 
     With `checks.clock.ntp_server` the reference is that server, measured from the node (SNTP).
-    Without, each node's `date` is compared with the controller's clock at the midpoint of the SSH
-    round trip (± rtt/2), and the reference is the median of the nodes (the cluster's consensus)."""
+    Without, each node's clock (the probe answering a ping on its SSH channel) is compared with
+    the controller's at the midpoint of that round trip (± rtt/2), and the reference is the median
+    of the nodes (the cluster's consensus)."""
     server = inv.checks.clock.ntp_server
     offsets: dict[str, float] = {}
     unc: dict[str, float] = {}
@@ -164,7 +165,7 @@ def check_clock(inv: Inventory, facts: Facts) -> list[CheckResult]:
     for node, nf in probed(inv, facts):
         f = Findings("clock", node.name)
         if node.name not in offsets and not server:
-            f.add("warn", "not measured: the node's `date +%s.%N` gave no sub-second time",
+            f.add("warn", "not measured: the probe did not answer the clock ping on its SSH channel",
                   "set checks.clock.ntp_server so every node measures itself against one server")
             out.append(f.result())
             continue

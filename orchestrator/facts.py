@@ -5,12 +5,15 @@ the node's `python` (falling back to `python3` when that interpreter does not ex
 `software` check then reports). It runs with the job's environment (`node.env` on top of the
 login environment) so it sees exactly what a job would see.
 
-Two phases, both bounded:
-1. per node, in parallel: connect (timed), three `date +%s.%N` round trips (the SSH clock
-   estimate), then the probe in `facts` mode: it opens its listeners, prints them, gathers facts,
-   prints them and keeps answering connections;
-2. per node, in parallel: the probe in `connect` mode tries its targets (the master's port; its
-   successor in a ring of all probed nodes). Then the phase-1 probes are closed.
+One SSH connection and one exec per node; two phases, both bounded:
+1. per node, in parallel: connect (timed), start the probe with its stdin kept open: it opens
+   its listeners, prints them, gathers facts, prints them and keeps answering connections. Then
+   the controller pings it over the same channel (`PING` → the node's time): the round trip is
+   the `ssh` value, and its midpoint against the node's time the SSH clock estimate (± rtt/2;
+   best of three when the clock check rests on it);
+2. once every node's listeners are known: each probe gets its targets on stdin (the master's
+   port; its successor in a ring of all probed nodes), tries them and answers on the same
+   channel. Then the channels are closed, which ends the probes (stdin EOF).
 
 Parsing (CSV, nvidia-smi tables, sysfs strings) is pure and lives here, tested on recorded output.
 """
@@ -40,6 +43,8 @@ Progress = Callable[[str, int, int], None]
 PATH_KEYS = ("weights", "data", "model", "cfg", "resume", "pretrained", "hyp", "tracker")
 PHASE1_TIMEOUT_S = 150.0    # a cold `import torch` on a loaded node is the slow part
 CONNECT_TIMEOUT_S = 5.0
+REACH_TIMEOUT_S = CONNECT_TIMEOUT_S * 6 + 30
+PING_TIMEOUT_S = 15.0
 SERVE_S = 60.0
 
 
@@ -324,32 +329,17 @@ def probe_args(inv: Inventory, node: Node, want: Sequence[str], token: str, n_pe
     }
 
 
-def measure_clock(t: Transport, samples: int = 3) -> tuple[float | None, float]:
-    """(node minus controller offset ms, best round trip ms) from `samples` `date` round trips.
-
-    The offset is None when the node's `date` has no %N (busybox): the round trip still counts."""
-    best: tuple[float | None, float] | None = None
-    for _ in range(samples):
-        t1 = time.time()
-        res = t.run(["date", "+%s.%N"], timeout=15)
-        t2 = time.time()
-        rtt = (t2 - t1) * 1000
-        try:
-            offset: float | None = (float(res.check().stdout.strip()) - (t1 + t2) / 2) * 1000
-        except ValueError:
-            offset = None
-        if best is None or rtt < best[1]:
-            best = (offset, rtt)
-    assert best is not None
-    return best
-
-
 class _Stream:
-    """Reads a probe's tagged lines in a thread, so the caller can wait with a timeout."""
+    """Reads a probe's tagged lines in a thread, so the caller can wait with a timeout; writes
+    the controller's commands (ping, connect targets) to the probe's stdin."""
+
+    TAGS = ("ORCH-LISTEN", "ORCH-FACTS", "ORCH-REACH")
 
     def __init__(self, proc: Process) -> None:
         self.proc = proc
         self.tagged: dict[str, Any] = {}
+        self.pongs: dict[str, tuple[float, float]] = {}
+        """ping seq → (node time, controller time when the answer was read)."""
         self.noise: list[str] = []
         self.cond = threading.Condition()
         self.done = False
@@ -358,16 +348,20 @@ class _Stream:
     def _read(self) -> None:
         try:
             for raw in self.proc.lines():
+                now = time.time()  # first: the ping's arrival time is this line's
                 line = raw.decode("utf-8", "replace").rstrip("\n")
                 tag, _, rest = line.partition(" ")
                 with self.cond:
-                    if tag in ("ORCH-LISTEN", "ORCH-FACTS", "ORCH-REACH"):
-                        try:
+                    try:
+                        if tag == "ORCH-TIME":
+                            pong = json.loads(rest)
+                            self.pongs[str(pong["seq"])] = (float(pong["time"]), now)
+                        elif tag in self.TAGS:
                             self.tagged[tag] = json.loads(rest)
-                        except ValueError:
-                            self.noise.append(line[:300])
-                    elif tag != "ORCH-BEAT":
-                        self.noise = (self.noise + [line])[-20:]
+                        else:
+                            self.noise = (self.noise + [line])[-20:]
+                    except (ValueError, KeyError, TypeError):
+                        self.noise = (self.noise + [line[:300]])[-20:]
                     self.cond.notify_all()
         except Exception as exc:  # a broken stream ends the wait below with what we have
             with self.cond:
@@ -377,15 +371,43 @@ class _Stream:
                 self.done = True
                 self.cond.notify_all()
 
-    def wait_for(self, tag: str, timeout: float) -> Any:
+    def _wait(self, ready: Callable[[], bool], timeout: float) -> None:
         deadline = time.monotonic() + timeout
         with self.cond:
-            while tag not in self.tagged and not self.done:
+            while not ready() and not self.done:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
                 self.cond.wait(left)
+
+    def wait_for(self, tag: str, timeout: float) -> Any:
+        self._wait(lambda: tag in self.tagged, timeout)
+        with self.cond:
             return self.tagged.get(tag)
+
+    def send(self, line: str) -> None:
+        self.proc.write(line.encode() + b"\n")
+
+    def ping(self, seq: str, timeout: float) -> tuple[float, float] | None:
+        """(node minus controller offset ms, round trip ms) of one ping, or None without an answer."""
+        t1 = time.time()
+        self.send(f"PING {seq}")
+        self._wait(lambda: seq in self.pongs, timeout)
+        with self.cond:
+            pong = self.pongs.get(seq)
+        if pong is None:
+            return None
+        node_time, t2 = pong
+        return (node_time - (t1 + t2) / 2) * 1000, (t2 - t1) * 1000
+
+    def measure_clock(self, samples: int) -> tuple[float | None, float | None]:
+        """(node minus controller offset ms, its round trip ms) of the fastest of `samples` pings."""
+        best: tuple[float, float] | None = None
+        for i in range(samples):
+            got = self.ping(str(i), PING_TIMEOUT_S)
+            if got is not None and (best is None or got[1] < best[1]):
+                best = got
+        return best if best is not None else (None, None)
 
 
 @dataclass
@@ -400,20 +422,16 @@ def _start_probe(inv: Inventory, t: Transport, want: Sequence[str], token: str, 
     nf = NodeFacts(node)
     try:
         nf.connect_ms = t.connect()
-        # Best of three only when the clock check rests on this estimate; with an NTP server (or no
-        # clock check) one round trip gives the `ssh` value, and every exec costs a login shell.
-        estimate = "clock" in want and not inv.checks.clock.ntp_server
-        nf.ssh_offset_ms, nf.rtt_ms = measure_clock(t, 3 if estimate else 1)
     except TransportError as exc:
         nf.error, nf.error_kind, nf.hint = exc.message, exc.kind, exc.hint
         return _Probe(nf)
-    except Exception as exc:  # e.g. no `date` there: still a probe failure, reported on `ssh`
-        nf.error, nf.error_kind = f"{node.name}: round trip failed: {exc}", "error"
-        return _Probe(nf)
     args = probe_args(inv, node, want, token, n)
+    # Best of three pings only when the clock check rests on this estimate; with an NTP server (or
+    # no clock check) one round trip gives the `ssh` value.
+    pings = 3 if "clock" in want and not inv.checks.clock.ntp_server else 1
     for python in dict.fromkeys([node.python, "python3"]):
         try:
-            stream = _Stream(t.popen(probe_command(python, args), env=dict(node.env)))
+            stream = _Stream(t.popen(probe_command(python, args), env=dict(node.env), keep_stdin=True))
         except TransportError as exc:
             nf.error, nf.error_kind, nf.hint = exc.message, exc.kind, exc.hint
             return _Probe(nf)
@@ -421,6 +439,12 @@ def _start_probe(inv: Inventory, t: Transport, want: Sequence[str], token: str, 
         if facts is not None:
             nf.raw = facts
             nf.listen = facts.get("listen") or {}
+            try:
+                nf.ssh_offset_ms, nf.rtt_ms = stream.measure_clock(pings)
+            except Exception as exc:  # the channel broke right after the facts: still a failed probe
+                nf.error, nf.error_kind = f"{node.name}: the probe stopped answering: {exc}", "probe"
+                stream.proc.close()
+                return _Probe(nf)
             return _Probe(nf, stream, python)
         code = stream.proc.wait(5) if stream.done else stream.proc.poll()
         stream.proc.close()
@@ -458,15 +482,6 @@ def _targets(inv: Inventory, probes: dict[str, _Probe]) -> dict[str, list[dict[s
     return out
 
 
-def _connect(t: Transport, python: str, targets: list[dict[str, Any]], token: str) -> list[dict[str, Any]]:
-    args = {"mode": "connect", "node": t.node.name, "token": token, "targets": targets, "timeout": CONNECT_TIMEOUT_S}
-    res = t.run(probe_command(python, args), env=dict(t.node.env), timeout=CONNECT_TIMEOUT_S * 6 + 30)
-    for line in res.stdout.splitlines():
-        if line.startswith("ORCH-REACH "):
-            return list(json.loads(line.split(" ", 1)[1]))
-    raise RuntimeError(f"connect probe exited {res.exit_code}: {(res.stderr or res.stdout).strip()[-300:]}")
-
-
 def collect(inv: Inventory, cluster: Cluster, want: Sequence[str],
             progress: Progress | None = None) -> dict[str, NodeFacts]:
     """Probe every node (two bounded phases, see the module docstring); never raises for a node."""
@@ -498,7 +513,7 @@ def collect(inv: Inventory, cluster: Cluster, want: Sequence[str],
     try:
         targets = _targets(inv, probes)
         if any(targets.values()):
-            _phase2(inv, cluster, probes, targets, token, progress)
+            _phase2(probes, targets, progress)
     finally:
         for p in probes.values():
             if p.stream is not None:
@@ -506,14 +521,31 @@ def collect(inv: Inventory, cluster: Cluster, want: Sequence[str],
     return {name: p.facts for name, p in probes.items()}
 
 
-def _phase2(inv: Inventory, cluster: Cluster, probes: dict[str, _Probe], targets: dict[str, list[dict[str, Any]]],
-            token: str, progress: Progress | None) -> None:
+def _phase2(probes: dict[str, _Probe], targets: dict[str, list[dict[str, Any]]],
+            progress: Progress | None) -> None:
+    """Send every probe its targets on its stdin, then collect the answers (one deadline for all)."""
+    asked = {name: tg for name, tg in targets.items() if tg}
     if progress:
-        progress("testing reachability", 0, len(targets))
-    nodes = [inv.node(name) for name, tg in targets.items() if tg]
-    reached = cluster.fan_out(lambda t: _connect(t, probes[t.node.name].python, targets[t.node.name], token), nodes)
-    for name, value in reached.items():
-        if isinstance(value, Exception):
-            probes[name].facts.reach_error = str(value)
+        progress("testing reachability", 0, len(asked))
+    sent = []
+    for name, tg in asked.items():
+        stream = probes[name].stream
+        assert stream is not None
+        try:
+            stream.send("CONNECT " + json.dumps({"targets": tg, "timeout": CONNECT_TIMEOUT_S}))
+            sent.append(name)
+        except Exception as exc:  # the channel is gone: this node's reachability is unknown
+            probes[name].facts.reach_error = f"could not send the targets: {exc}"
+    deadline = time.monotonic() + REACH_TIMEOUT_S
+    for i, name in enumerate(sent):
+        stream = probes[name].stream
+        assert stream is not None
+        reach = stream.wait_for("ORCH-REACH", max(0.0, deadline - time.monotonic()))
+        if reach is None:
+            said = "; ".join(stream.noise[-3:])
+            probes[name].facts.reach_error = ("the probe ended before answering" if stream.done else
+                                              f"no answer within {REACH_TIMEOUT_S:.0f} s") + (f": {said}" if said else "")
         else:
-            probes[name].facts.reach = value
+            probes[name].facts.reach = list(reach)
+        if progress:
+            progress("testing reachability", i + 1, len(asked))

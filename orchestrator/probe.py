@@ -5,15 +5,19 @@ Python >= 3.8 with nothing but the standard library: no orch imports, no third-p
 no `X | Y` outside annotations. A missing tool (nvidia-smi, ibv_rc_pingpong) or file is a fact,
 never a crash. The controller side (sending it, parsing what it prints) is `orchestrator.facts`.
 
-Modes (argv[1] is a JSON object with "mode"):
+One run per node per preflight, one SSH exec (argv[1] is a JSON object of what to do):
 
-- `facts`: open the listeners first (the master port on the master; an ephemeral "ring" port on
-  every node), print `ORCH-LISTEN {...}`, gather facts, print `ORCH-FACTS {...}`, then keep
-  answering connections until the expected peers have connected, the deadline passes, or the
-  controller goes away (a heartbeat write to stdout fails). Listening before gathering means a
-  slow node (importing torch) never makes a fast peer's connect test fail.
-- `connect`: connect to the given (addr, port) targets, expect the listener's token line, print
-  `ORCH-REACH {...}`.
+1. open the listeners first (the master port on the master; an ephemeral "ring" port on every
+   node), print `ORCH-LISTEN {...}`, gather facts, print `ORCH-FACTS {...}`. Listening before
+   gathering means a slow node (importing torch) never makes a fast peer's connect test fail.
+2. then answer connections on the listeners and, on the same SSH channel, the controller's
+   commands, one line each on stdin:
+   - `PING SEQ` → `ORCH-TIME {"seq": SEQ, "time": T}`, T this node's clock when the line arrived
+     (the controller takes the midpoint of its round trip: the clock offset, ± rtt/2);
+   - `CONNECT {"targets": [...], "timeout": S}` → connect to each (addr, port) target (the
+     master's port, the ring successor's probe; a verbs ping), expecting the listener's token
+     line, then `ORCH-REACH [...]`.
+   Until stdin ends (the controller is done, or gone) or the deadline passes.
 
 Tests select recorded tool output with `ORCH_PROBE_FIXTURES=<dir>` (set only through the test
 sshd's SetEnv): `<dir>/nvidia-smi-query-gpu.csv` stands for the `--query-gpu` CSV,
@@ -23,9 +27,9 @@ sshd's SetEnv): `<dir>/nvidia-smi-query-gpu.csv` stands for the `--query-gpu` CS
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
+import re
 import select
 import shutil
 import socket
@@ -45,43 +49,12 @@ ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "TORCH_DISTRIBUTED_", "CUDA_VIS
 MAX_TEXT = 1 << 20          # data YAML texts sent back for parsing on the controller
 MAX_HASH = 8 << 30          # files above this are compared by size only
 NTP_EPOCH = 2208988800      # seconds from 1900-01-01 (NTP) to 1970-01-01 (Unix)
+# Run in a child (`python -c`) only when the files cannot tell (see `software_from_files`): a
+# crashing or hanging `import torch` is then a fact, not a dead probe.
 SOFTWARE_CODE = r"""
-import json, os, re, sys
+import json, sys
 out = {"python": sys.version.split()[0], "executable": sys.executable}
 try:
-    from importlib import metadata
-except ImportError:
-    metadata = None
-
-
-def from_files():
-    # torch.__version__ and torch.version.cuda are literals in torch/version.py; a pip build's NCCL
-    # is the nvidia-nccl-* wheel it links. Reading them costs milliseconds where `import torch`
-    # costs seconds of CPU per node (and the probe runs on every node of every check).
-    import importlib.util
-    spec = importlib.util.find_spec("torch")
-    if spec is None or not spec.origin:
-        return False
-    try:
-        with open(os.path.join(os.path.dirname(spec.origin), "version.py")) as fh:
-            text = fh.read()
-    except OSError:
-        return False
-    version = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)", text, re.M)
-    cuda = re.search(r"^cuda\b[^=\n]*=\s*(?:['\"]([^'\"]*)['\"]|None)", text, re.M)
-    if not version or not cuda:
-        return False
-    nccl = None
-    for dist in (metadata.distributions() if metadata else ()):
-        if (dist.metadata.get("Name") or "").lower().startswith("nvidia-nccl"):
-            nccl = dist.version
-    if cuda.group(1) and nccl is None:
-        return False  # a CUDA build whose NCCL only torch itself can tell (conda, source builds)
-    out.update(torch=version.group(1), cuda=cuda.group(1) or None, nccl=nccl, source="files")
-    return True
-
-
-def from_import():
     import torch
     out["torch"] = torch.__version__
     out["cuda"] = getattr(torch.version, "cuda", None)
@@ -92,26 +65,27 @@ def from_import():
     except Exception as exc:
         out["nccl"] = None
         out["nccl_error"] = type(exc).__name__
-
-
-try:
-    if os.environ.get("ORCH_PROBE_IMPORT_TORCH") or not from_files():
-        from_import()
 except Exception as exc:
     out["torch"] = None
     out["torch_error"] = "%s: %s" % (type(exc).__name__, exc)
 try:
-    out["ultralytics"] = metadata.version("ultralytics") if metadata else None
+    from importlib import metadata
+    out["ultralytics"] = metadata.version("ultralytics")
 except Exception:
     out["ultralytics"] = None
 print(json.dumps(out))
 """
 
 
+_EMIT = threading.Lock()
+
+
 def emit(tag: str, obj: object) -> None:
     """One tagged JSON line on stdout, flushed: the controller reads the stream line by line."""
-    sys.stdout.write(f"{tag} {json.dumps(obj, sort_keys=True)}\n")
-    sys.stdout.flush()
+    line = f"{tag} {json.dumps(obj, sort_keys=True)}\n"
+    with _EMIT:
+        sys.stdout.write(line)
+        sys.stdout.flush()
 
 
 def pause(seconds: float) -> None:
@@ -271,14 +245,97 @@ def gather_gpus() -> dict:
     return {"source": "nvidia-smi", "query": query, "table": table}
 
 
+def norm_dist(name: str) -> str:
+    """A distribution name as its `.dist-info` directory spells it, lower case (PEP 503/427)."""
+    out = name.lower()
+    for ch in "-.":
+        out = out.replace(ch, "_")
+    return out
+
+
+def dist_versions(names: tuple, prefixes: tuple = ()) -> dict:
+    """{name or prefix: version} of installed distributions, from `<name>-<ver>.dist-info/METADATA`
+    in sys.path order (first wins, as for imports): a directory listing per path entry instead of
+    importlib.metadata, which imports a dozen modules and reads every distribution's metadata."""
+    want = {norm_dist(n): n for n in names}
+    found: dict = {}
+    for entry in sys.path:
+        try:
+            listing = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for item in sorted(listing):
+            if not item.endswith(".dist-info"):
+                continue
+            dist = norm_dist(item[:-len(".dist-info")].rsplit("-", 1)[0])
+            keys = [want[dist]] if dist in want else []
+            keys += [p for p in prefixes if dist.startswith(norm_dist(p))]
+            keys = [k for k in keys if k not in found]
+            if not keys:
+                continue
+            version = None
+            try:
+                with open(os.path.join(entry or ".", item, "METADATA"), encoding="utf-8", errors="replace") as fh:
+                    for line in fh:
+                        if line.startswith("Version:"):
+                            version = line.split(":", 1)[1].strip()
+                            break
+                        if not line.strip():
+                            break
+            except OSError:
+                continue
+            for k in keys:
+                found[k] = version
+    return found
+
+
+def software_from_files() -> dict | None:
+    """torch, CUDA and NCCL versions without importing torch, or None where the files cannot tell.
+
+    torch.__version__ and torch.version.cuda are literals in torch/version.py; a pip build's NCCL
+    is the nvidia-nccl-* wheel it links. Reading them costs a millisecond where `import torch`
+    costs seconds of CPU per node (and the probe runs on every node of every check)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.origin:
+        return None
+    try:
+        with open(os.path.join(os.path.dirname(spec.origin), "version.py"), encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError:
+        return None
+    version = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)", text, re.M)
+    cuda = re.search(r"^cuda\b[^=\n]*=\s*(?:['\"]([^'\"]*)['\"]|None)", text, re.M)
+    if not version or not cuda:
+        return None
+    dists = dist_versions(("ultralytics",), ("nvidia-nccl",))
+    nccl = dists.get("nvidia-nccl")
+    if cuda.group(1) and nccl is None:
+        return None  # a CUDA build whose NCCL only torch itself can tell (conda, source builds)
+    ultralytics = dists.get("ultralytics")
+    if ultralytics is None:  # not a plain dist-info install (egg-link, ...): ask importlib
+        try:
+            from importlib import metadata
+            ultralytics = metadata.version("ultralytics")
+        except Exception:
+            ultralytics = None
+    return {"torch": version.group(1), "cuda": cuda.group(1) or None, "nccl": nccl, "source": "files", "ultralytics": ultralytics}
+
+
 def gather_software(args: dict) -> dict:
-    """Versions as the job's python sees them; torch is imported in a child so a crash is a fact."""
+    """Versions as the job's python sees them: from files in this process when they tell, else
+    torch is imported in a child so that a crash is a fact."""
+    if not os.environ.get("ORCH_PROBE_IMPORT_TORCH"):
+        fast = software_from_files()
+        if fast is not None:
+            return {"python": sys.version.split()[0], "executable": sys.executable, **fast}
     timeout = float(args.get("software_timeout", 120))
-    rc, out, err = run_capture([sys.executable, "-c", SOFTWARE_CODE], timeout)
+    rc, so, err = run_capture([sys.executable, "-c", SOFTWARE_CODE], timeout)
     if rc is None:
         return {"python": sys.version.split()[0], "error": f"importing torch took over {timeout:.0f}s"}
     try:
-        return json.loads(out.decode().strip().splitlines()[-1])
+        return json.loads(so.decode().strip().splitlines()[-1])
     except (ValueError, IndexError):
         return {"python": sys.version.split()[0],
                 "error": "version probe failed: " + err.decode("utf-8", "replace")[-500:]}
@@ -298,6 +355,8 @@ def file_facts(path: str, want_text: bool) -> dict:
     try:
         out["size"] = os.path.getsize(p)
         if out["size"] <= MAX_HASH:
+            import hashlib
+
             h = hashlib.sha256()
             with open(p, "rb") as fh:
                 for block in iter(lambda: fh.read(1 << 20), b""):
@@ -346,12 +405,13 @@ def gather_ntp(args: dict) -> dict | None:
     if not server:
         return None
     samples, errors = [], []
-    for _ in range(4):
+    for i in range(4):
+        if i:
+            pause(0.02)
         try:
             samples.append(sntp(server))
         except (OSError, ValueError) as exc:
             errors.append(str(exc) or type(exc).__name__)
-        pause(0.05)
     out = {"server": server, "method": "sntp (stdlib, inline)", "samples": len(samples), "errors": errors[-2:]}
     if samples:
         best = min(samples, key=lambda s: s["delay_s"])
@@ -372,7 +432,9 @@ def gather(args: dict) -> dict:
              "env": gather_env(args), "inventory_env": sorted(args.get("inventory_env", [])),
              "tz": gather_tz(), "ifaces": gather_ifaces(), "ib": gather_ib(), "home": os.path.expanduser("~")}
     want = args.get("want") or ()
-    slow: dict = {"gpus": gather_gpus, "paths": lambda: gather_paths(args)}
+    slow: dict = {"paths": lambda: gather_paths(args)}
+    if "gpus" in want or not want:  # nvidia-smi runs twice, ~0.1-1 s each on a GPU node
+        slow["gpus"] = gather_gpus
     if args.get("software", True):
         slow["software"] = lambda: gather_software(args)
     if "clock" in want or not want:
@@ -430,40 +492,62 @@ def port_holder(port: int) -> str | None:
     return res["out"].strip()[:300] or None
 
 
-def serve(listeners: dict, args: dict, deadline: float, verbs: subprocess.Popen | None = None) -> None:
-    """Answer each connection with the token line until enough peers came (and the verbs server,
-    if any, has served its client), time runs out, or the controller closed our stdout (the
-    heartbeat fails)."""
-    token, node = args["token"], args.get("node")
-    expected = int(args.get("expect", 0))
-    seen = 0
+def answer_peer(sock: socket.socket, token: str, node: str, kind: str) -> None:
+    """Accept one connection on a listener and answer it with the token line."""
+    try:
+        conn, _ = sock.accept()
+    except OSError:
+        return
+    try:
+        conn.setblocking(True)
+        conn.settimeout(2)
+        conn.sendall(f"ORCH-PONG {token} {node} {kind}\n".encode())
+        # let the client close first, so TIME_WAIT lands on its ephemeral port, not ours
+        conn.recv(64)
+    except OSError:
+        pass
+    finally:
+        conn.close()
+
+
+def command(line: str, args: dict) -> None:
+    """One controller command from stdin (see the module docstring)."""
+    word, _, rest = line.strip().partition(" ")
+    if word == "PING":
+        emit("ORCH-TIME", {"seq": rest, "time": time.time()})
+    elif word == "CONNECT":
+        req = json.loads(rest)
+        threading.Thread(target=lambda: emit("ORCH-REACH", connect_all(req.get("targets", []), args["token"],
+                                                                        float(req.get("timeout", 5)))),
+                         daemon=True).start()
+
+
+def serve(listeners: dict, args: dict, deadline: float) -> None:
+    """Answer each connection on the listeners with the token line, and the controller's commands
+    on stdin, until stdin ends (the controller is done or gone) or the deadline passes."""
+    token, node = args["token"], str(args.get("node"))
     socks = {s: kind for kind, s in listeners.items() if s is not None}
-    last_beat = 0.0
-    while socks and time.time() < deadline and (seen < expected or (verbs is not None and verbs.poll() is None)):
-        ready = select.select(list(socks), [], [], 0.2)[0]
+    stdin = sys.stdin.fileno()
+    pending = b""
+    while time.monotonic() < deadline:
+        ready = select.select([stdin, *socks], [], [], max(0.0, min(1.0, deadline - time.monotonic())))[0]
         for s in ready:
-            try:
-                conn, _ = s.accept()
-            except OSError:
+            if not isinstance(s, int):
+                answer_peer(s, token, node, socks[s])
                 continue
             try:
-                conn.setblocking(True)
-                conn.settimeout(2)
-                conn.sendall(f"ORCH-PONG {token} {node} {socks[s]}\n".encode())
-                seen += 1
-                # let the client close first, so TIME_WAIT lands on its ephemeral port, not ours
-                conn.recv(64)
+                data = os.read(stdin, 65536)
             except OSError:
-                pass
-            finally:
-                conn.close()
-        if time.time() - last_beat > 1.0:
-            last_beat = time.time()
-            try:
-                sys.stdout.write("ORCH-BEAT\n")
-                sys.stdout.flush()
-            except (OSError, ValueError):
+                data = b""
+            if not data:
                 return
+            pending += data
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                try:
+                    command(line.decode("utf-8", "replace"), args)
+                except (ValueError, KeyError) as exc:
+                    emit("ORCH-ERROR", {"line": line[:200].decode("utf-8", "replace"), "error": str(exc)})
 
 
 def roce_gid_index(dev: str, port: str = "1") -> str | None:
@@ -523,7 +607,7 @@ def verbs_ping(target: dict, timeout: float) -> dict:
 
 
 def facts_mode(args: dict) -> int:
-    start = time.time()
+    start = time.monotonic()
     listeners = {}
     listen = {}
     mp = args.get("master_port")
@@ -544,7 +628,7 @@ def facts_mode(args: dict) -> int:
         facts = gather(args)
         facts["listen"] = listen
         emit("ORCH-FACTS", facts)
-        serve(listeners, args, start + float(args.get("serve_s", 30)), verbs)
+        serve(listeners, args, start + float(args.get("serve_s", 30)))
     finally:
         for s in listeners.values():
             if s is not None:
@@ -580,29 +664,29 @@ def connect_one(target: dict, token: str, timeout: float) -> dict:
         pause(0.2)
 
 
-def connect_mode(args: dict) -> int:
-    targets = args.get("targets", [])
+def connect_all(targets: list, token: str, timeout: float) -> list:
+    """Every target at once (TCP connect with the token check, or a verbs ping); results in order."""
     results: list = [None] * len(targets)
 
     def one(i: int) -> None:
-        if targets[i].get("kind") == "verbs":
-            results[i] = verbs_ping(targets[i], float(args.get("timeout", 5)) * 3)
-        else:
-            results[i] = connect_one(targets[i], args["token"], float(args.get("timeout", 5)))
+        try:
+            if targets[i].get("kind") == "verbs":
+                results[i] = verbs_ping(targets[i], timeout * 3)
+            else:
+                results[i] = connect_one(targets[i], token, timeout)
+        except Exception as exc:  # a fact for the check, never a silent gap
+            results[i] = dict(targets[i], ok=False, error=f"{type(exc).__name__}: {exc}")
 
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(targets))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    emit("ORCH-REACH", results)
-    return 0
+    return results
 
 
 def main(argv: list) -> int:
     args = json.loads(argv[1]) if len(argv) > 1 else {"mode": "facts"}
-    if args.get("mode") == "connect":
-        return connect_mode(args)
     return facts_mode(args)
 
 

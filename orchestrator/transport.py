@@ -98,6 +98,14 @@ class Process:
         """Yield output lines (with their newline) until the stream ends."""
         yield from iter(self.stdout.readline, b"")
 
+    def write(self, data: bytes) -> None:
+        """Send data to the command's stdin (only for `popen(..., keep_stdin=True)`)."""
+        raise NotImplementedError
+
+    def close_stdin(self) -> None:
+        """End the command's stdin (EOF); the command keeps running."""
+        raise NotImplementedError
+
 
 class Transport:
     """Run commands on one node. Subclasses implement `connect`, `_exec`, `popen`, `close`."""
@@ -121,7 +129,9 @@ class Transport:
                       err.decode("utf-8", "replace"), elapsed)
 
     def popen(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
-              cwd: str | None = None) -> Process:
+              cwd: str | None = None, keep_stdin: bool = False) -> Process:
+        """Start argv, stdout+stderr merged into one stream; stdin is closed at once unless
+        `keep_stdin` (then `Process.write` talks to the command while it runs)."""
         raise NotImplementedError
 
     def put(self, data: bytes, path: str, mode: int = 0o600) -> None:
@@ -162,6 +172,19 @@ class _LocalProcess(Process):
         except subprocess.TimeoutExpired:
             return None
 
+    def write(self, data: bytes) -> None:
+        if self.proc.stdin is None:
+            raise ValueError("stdin was not kept open (popen keep_stdin=False)")
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+
+    def close_stdin(self) -> None:
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()
+            except BrokenPipeError:
+                pass
+
     def close(self) -> None:
         if self.proc.poll() is None:
             try:
@@ -169,6 +192,7 @@ class _LocalProcess(Process):
             except ProcessLookupError:
                 pass
             self.proc.wait()
+        self.close_stdin()
         self.stdout.close()
 
 
@@ -192,12 +216,12 @@ class LocalTransport(Transport):
         return proc.returncode, out, err
 
     def popen(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
-              cwd: str | None = None) -> Process:
+              cwd: str | None = None, keep_stdin: bool = False) -> Process:
         line = command_line(argv, env, cwd)
         log.debug("%s$ %s", self.node.name, line)
         proc = subprocess.Popen(["/bin/sh", "-c", line], cwd=os.path.expanduser("~"),
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                stdin=subprocess.PIPE if keep_stdin else subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         return _LocalProcess(proc)
 
 
@@ -216,6 +240,12 @@ class _SSHProcess(Process):
         if self.chan.status_event.wait(timeout):
             return int(self.chan.recv_exit_status())
         return None
+
+    def write(self, data: bytes) -> None:
+        self.chan.sendall(data)
+
+    def close_stdin(self) -> None:
+        self.chan.shutdown_write()
 
     def close(self) -> None:
         self.chan.close()
@@ -312,13 +342,14 @@ class SSHTransport(Transport):
             chan.close()
 
     def popen(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
-              cwd: str | None = None) -> Process:
+              cwd: str | None = None, keep_stdin: bool = False) -> Process:
         line = command_line(argv, env, cwd)
         log.debug("%s$ %s", self.node.name, line)
         chan = self._channel()
         chan.set_combine_stderr(True)
         chan.exec_command(line)
-        chan.shutdown_write()
+        if not keep_stdin:
+            chan.shutdown_write()
         return _SSHProcess(chan)
 
     def close(self) -> None:

@@ -20,8 +20,8 @@ def test_probe_is_stdlib_only_and_python38_syntax() -> None:
     tree = ast.parse(source, feature_version=(3, 8))
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-    assert imported <= {"__future__", "hashlib", "json", "os", "select", "shutil", "socket", "struct",
-                        "subprocess", "sys", "threading", "time", "fcntl"}, imported
+    assert imported <= {"__future__", "hashlib", "json", "os", "re", "select", "shutil", "socket", "struct",
+                        "subprocess", "sys", "threading", "time", "fcntl", "importlib"}, imported
 
 
 def test_probe_command_carries_the_probe_source() -> None:
@@ -153,21 +153,45 @@ def test_roce_gid_index(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None
 
 
 def test_software_versions_from_files_match_what_import_torch_reports() -> None:
-    """The fast path (torch/version.py + the NCCL wheel) must tell exactly what `import torch` tells."""
+    """The fast path (torch/version.py + the NCCL wheel, read in the probe's own process) must tell
+    exactly what `import torch` tells (the child the probe falls back to)."""
     import json
     import os
     import subprocess
     import sys
 
-    from orchestrator.probe import SOFTWARE_CODE
-
-    def facts(**env: str) -> dict:
-        out = subprocess.run([sys.executable, "-c", SOFTWARE_CODE], capture_output=True, text=True,
+    def child(**env: str) -> dict:
+        out = subprocess.run([sys.executable, "-c", probe.SOFTWARE_CODE], capture_output=True, text=True,
                              env={**os.environ, **env}, timeout=120, check=True).stdout
         return json.loads(out.strip().splitlines()[-1])
 
-    fast, imported = facts(), facts(ORCH_PROBE_IMPORT_TORCH="1")
+    fast, imported = probe.gather_software({}), child()
     assert (fast["source"], imported["source"]) == ("files", "import")
-    for key in ("torch", "cuda", "nccl", "ultralytics", "python"):
+    for key in ("torch", "cuda", "nccl", "ultralytics", "python", "executable"):
         assert fast[key] == imported[key], key
     assert fast["torch"]
+    # ORCH_PROBE_IMPORT_TORCH forces the child
+    forced = subprocess.run([sys.executable, "-c", "import json, sys; from orchestrator import probe; "
+                             "print(json.dumps(probe.gather_software({})))"], capture_output=True, text=True,
+                            env={**os.environ, "ORCH_PROBE_IMPORT_TORCH": "1"}, timeout=120, check=True).stdout
+    assert json.loads(forced)["source"] == "import"
+
+
+def test_dist_versions_reads_dist_info_in_path_order(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    first, second = tmp_path / "a", tmp_path / "b"
+    for base, name, version in ((first, "nvidia_nccl_cu12-2.21.5.dist-info", "2.21.5"),
+                                (second, "nvidia_nccl_cu13-2.30.7.dist-info", "2.30.7"),
+                                (second, "Ultralytics-8.3.1.dist-info", "8.3.1")):
+        (base / name).mkdir(parents=True)
+        (base / name / "METADATA").write_text(f"Metadata-Version: 2.1\nName: x\nVersion: {version}\n\nbody\n")
+    (first / "torch-2.0.dist-info").mkdir()  # no METADATA: skipped, not a crash
+    monkeypatch.setattr(probe.sys, "path", [str(tmp_path / "missing"), str(first), str(second)])
+    got = probe.dist_versions(("ultralytics", "torch", "absent"), ("nvidia-nccl",))
+    assert got == {"nvidia-nccl": "2.21.5", "ultralytics": "8.3.1"}
+
+
+def test_software_without_torch_falls_back_to_the_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert probe.software_from_files() is None

@@ -1,4 +1,4 @@
-"""Supervise a launched run: poll every node's agent, fail fast, tear down in `finally`.
+"""Supervise a launched run: watch every node's agent, fail fast, tear down in `finally`.
 
 A run is a small state machine (torch elastic's `SimpleElasticAgent.run` is the model):
 
@@ -11,6 +11,10 @@ A run is a small state machine (torch elastic's `SimpleElasticAgent.run` is the 
 Teardown (stop every node's process group, in parallel) runs in `finally`, so no path out of
 `Supervisor.run` leaves ranks hanging on the other nodes. The side effects (`observe`, `stop_all`,
 `excerpt`) are injected: the launch module binds them to real transports, unit tests to scripts.
+
+Where observations come from: an attached `orch up` takes them from the node status its log
+streams push (`Pushed`), and polls a node's agent over SSH (`Poller`) only while that node's
+stream is silent; `orch status` of a detached run asks every agent once.
 """
 
 from __future__ import annotations
@@ -160,17 +164,25 @@ class Poller:
     """One thread per node calls `poll_one(name)` every `interval`; `observe()` reads the latest.
 
     Threads keep a slow or dead node from delaying the verdict on the others. A call that has
-    been in flight longer than `stale_after` is reported as a TimeoutError."""
+    been in flight longer than `stale_after` is reported as a TimeoutError. With `wanted`, a
+    node is polled only while `wanted(name)` is true (checked every `interval`, at most 0.2 s)."""
 
     def __init__(self, names: Sequence[str], poll_one: Callable[[str], Mapping[str, Any]], *,
                  interval: float = 1.0, stale_after: float = 3.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 wanted: Callable[[str], bool] | None = None) -> None:
         self.names = list(names)
         self.poll_one = poll_one
         self.interval = interval
         self.stale_after = stale_after
         self.clock = clock
+        self.wanted = wanted
         self.latest: dict[str, Observation] = {}
+        self.answered: dict[str, float] = {}
+        """When each node's latest answer (or exception) came, on `clock`."""
+        self.answered_ok: dict[str, float] = {}
+        """When each node last answered with a status (it was reachable then)."""
+        self.calls = 0
         self.inflight: dict[str, float] = {}
         self.lock = threading.Lock()
         self.stop = threading.Event()
@@ -184,8 +196,12 @@ class Poller:
 
     def _loop(self, name: str) -> None:
         while not self.stop.is_set():
+            if self.wanted is not None and not self.wanted(name):
+                self.stop.wait(min(self.interval, 0.2))
+                continue
             with self.lock:
                 self.inflight[name] = self.clock()
+                self.calls += 1
             try:
                 result: Observation = self.poll_one(name)
             except Exception as exc:  # judged by the supervisor: unreachable for how long
@@ -193,6 +209,9 @@ class Poller:
             with self.lock:
                 self.inflight.pop(name, None)
                 self.latest[name] = result
+                self.answered[name] = self.clock()
+                if not isinstance(result, Exception):
+                    self.answered_ok[name] = self.answered[name]
             self.stop.wait(self.interval)
 
     def observe(self) -> dict[str, Observation]:
@@ -203,6 +222,11 @@ class Poller:
                 if now - since > self.stale_after:
                     out[name] = Unanswered(now - since, since)
         return out
+
+    def snapshot(self) -> tuple[dict[str, Observation], dict[str, float], dict[str, float], dict[str, float]]:
+        """(latest answers, when they came, when each node last answered a status, calls in flight)."""
+        with self.lock:
+            return dict(self.latest), dict(self.answered), dict(self.answered_ok), dict(self.inflight)
 
     def close(self, wait: float = 0.0) -> None:
         """Stop polling; wait up to `wait` s for calls in flight, so none outlives the controller."""
@@ -221,6 +245,109 @@ class Unanswered(TimeoutError):
     def __init__(self, waited: float, since: float) -> None:
         super().__init__(f"no answer for {waited:.0f} s")
         self.since = since
+
+
+class Silent(ConnectionError):
+    """A node whose log stream went silent and whose agent cannot be asked either: unreachable
+    since it was last heard from (a stream frame or a status answer)."""
+
+    def __init__(self, cause: Exception, since: float) -> None:
+        super().__init__(str(cause))
+        self.since = since
+
+
+class Pushed:
+    """Observations pushed by the nodes' log streams; an SSH poll only for a silent node.
+
+    Each node's log reader sends the node's status when it changes (`status`) and some frame at
+    least every 0.2 s (`frame`). A node heard from within `silent_after` is judged on what it
+    pushed, so a healthy run costs no status exec at all. A node whose stream is silent (down,
+    reconnecting, stalled behind a slow merge, never up) is polled by a `Poller` as before, and
+    whichever is newer, the pushed status or the poll's answer, is its observation. If the poll
+    fails or hangs, the node is unreachable since it was last heard from: the supervisor's grace
+    then means "silent that long". A final pushed state is the node's last word (its stream ends
+    after it), so it is never polled."""
+
+    def __init__(self, names: Sequence[str], poll_one: Callable[[str], Mapping[str, Any]], *,
+                 silent_after: float = 3.0, interval: float = 1.0, stale_after: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.names = list(names)
+        self.silent_after = silent_after
+        self.clock = clock
+        now = clock()
+        self.heard: dict[str, float] = {n: now for n in self.names}  # silence counts from the start
+        self.pushed: dict[str, tuple[float, Mapping[str, Any]]] = {}
+        self.lock = threading.Lock()
+        self.news = threading.Event()
+        self.poller = Poller(self.names, poll_one, interval=interval, stale_after=stale_after, clock=clock,
+                             wanted=self.silent)
+
+    def start(self) -> Pushed:
+        self.poller.start()
+        return self
+
+    # -- fed by the log streams (reader threads)
+
+    def frame(self, name: str) -> None:
+        """Any frame from the node's stream: it is alive."""
+        with self.lock:
+            self.heard[name] = self.clock()
+
+    def status(self, name: str, status: Mapping[str, Any]) -> None:
+        """The node's status, as its reader sent it."""
+        with self.lock:
+            now = self.clock()
+            self.heard[name] = now
+            self.pushed[name] = (now, dict(status))
+        self.news.set()
+
+    # -- read by the supervisor
+
+    def silent(self, name: str) -> bool:
+        """Is this node's stream silent (and its state not final)? Then it is polled."""
+        with self.lock:
+            pushed = self.pushed.get(name)
+            if pushed is not None and pushed[1].get("state") in FINAL:
+                return False
+            return self.clock() - self.heard[name] >= self.silent_after
+
+    def observe(self) -> dict[str, Observation]:
+        latest, answered, answered_ok, inflight = self.poller.snapshot()
+        now = self.clock()
+        out: dict[str, Observation] = {}
+        with self.lock:
+            for name in self.names:
+                at, pushed = self.pushed.get(name, (-math.inf, None))
+                heard = self.heard[name]
+                if pushed is not None and (pushed.get("state") in FINAL or now - heard < self.silent_after):
+                    out[name] = pushed
+                    continue
+                # the stream is silent: a poll decides, once it has answered since
+                poll, poll_at = latest.get(name), answered.get(name, -math.inf)
+                alive_at = max(heard, answered_ok.get(name, -math.inf))
+                asked = inflight.get(name)
+                if asked is not None and now - asked > self.poller.stale_after:
+                    out[name] = Unanswered(now - alive_at, alive_at)
+                elif isinstance(poll, Exception) and poll_at > heard:
+                    out[name] = Silent(poll, alive_at)
+                elif isinstance(poll, Mapping) and poll_at > at:
+                    out[name] = poll
+                elif pushed is not None:
+                    out[name] = pushed
+        return out
+
+    def wait(self, timeout: float) -> None:
+        """The supervisor's sleep: over early when a node pushes a new status."""
+        self.news.wait(timeout)
+        self.news.clear()
+
+    @property
+    def polls(self) -> int:
+        """Status polls made so far (each an SSH exec)."""
+        return self.poller.calls
+
+    def close(self, wait: float = 0.0) -> None:
+        self.poller.close(wait)
 
 
 @contextmanager

@@ -13,6 +13,8 @@ import pytest
 from orchestrator.supervise import (
     NodeSpec,
     Poller,
+    Pushed,
+    Silent,
     Supervisor,
     Unanswered,
     log_text,
@@ -231,3 +233,160 @@ def test_a_fresh_look_orders_failures_the_round_saw_at_different_moments() -> No
                      stop_all=lambda: {}, confirm=confirm, sleep=lambda s: None)
     out = sup.run()
     assert out.failure is not None and out.failure.node == "n2" and confirm_calls == [1]
+
+
+# ----------------------------------------------------------------------------- pushed statuses
+
+
+class Polls:
+    """A poll_one that records who was asked; `answer` decides what each node says."""
+
+    def __init__(self, answer: Any = None) -> None:
+        self.asked: list[str] = []
+        self.answer = answer or (lambda name: ok(polled=True))
+
+    def __call__(self, name: str) -> Mapping[str, Any]:
+        self.asked.append(name)
+        result = self.answer(name)
+        if isinstance(result, BaseException):
+            raise result
+        return dict(result)
+
+
+def wait_until(pred: Any, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def pushed_for(polls: Polls, clock: Clock, **kw: Any) -> Pushed:
+    return Pushed(["n1", "n2", "n3"], polls, silent_after=3.0, interval=0.01, stale_after=5.0, clock=clock,
+                  **kw).start()
+
+
+def test_pushed_statuses_need_no_poll_and_a_pushed_failure_ends_the_run() -> None:
+    clock, polls, stops = Clock(), Polls(), []
+    pushed = pushed_for(polls, clock)
+    for n in ("n1", "n2", "n3"):
+        pushed.status(n, ok())
+    rounds = iter(range(100))
+
+    def sleep(s: float) -> None:  # every round: time passes, heartbeats come, n2 fails in round 5
+        clock.sleep(s)
+        for n in ("n1", "n2", "n3"):
+            pushed.frame(n)
+        if next(rounds) == 5:
+            pushed.status("n2", ok("failed", exit_code=1, finished_at=50.0))
+        time.sleep(0.02)  # the poller threads get to look at every silence they could see
+
+    sup = Supervisor(SPECS, observe=pushed.observe, stop_all=lambda: stops.append(1) or {}, interval=1.0,
+                     clock=clock, sleep=sleep)
+    try:
+        out = sup.run()
+    finally:
+        pushed.close(wait=1.0)
+    assert out.state == "failed" and out.failure is not None and out.failure.node == "n2"
+    assert "exited with code 1" in out.failure.reason and out.wall_s == pytest.approx(6.0)
+    assert stops == [1] and polls.asked == [] and pushed.polls == 0
+
+
+def test_a_silent_stream_is_polled_until_its_node_is_heard_again() -> None:
+    clock, polls = Clock(), Polls()
+    pushed = pushed_for(polls, clock)
+    try:
+        for n in ("n1", "n2", "n3"):
+            pushed.status(n, ok())
+        clock.t += 2.5
+        pushed.frame("n1")
+        pushed.frame("n3")
+        time.sleep(0.1)
+        assert polls.asked == [], "polled within the silence allowed"
+        clock.t += 1.0  # n2: 3.5 s without a frame
+        pushed.frame("n1")
+        pushed.frame("n3")
+        wait_until(lambda: len(polls.asked) >= 2)
+        assert set(polls.asked) == {"n2"}
+        obs = pushed.observe()
+        assert obs["n2"] == ok(polled=True) and obs["n1"] == ok()
+        pushed.status("n2", ok(pid=7))  # its stream is back
+        time.sleep(0.05)
+        asked = len(polls.asked)
+        time.sleep(0.2)
+        assert len(polls.asked) == asked, "still polled once heard again"
+        assert pushed.observe()["n2"] == ok(pid=7)
+    finally:
+        pushed.close(wait=1.0)
+
+
+def test_a_silent_node_that_cannot_be_asked_is_unreachable_since_it_was_last_heard() -> None:
+    clock = Clock()
+    polls = Polls(lambda name: ConnectionError("connection refused"))
+    pushed = pushed_for(polls, clock)
+    for n in ("n1", "n2", "n3"):
+        pushed.status(n, ok())
+    heard = clock.t
+    clock.t += 4.0
+    pushed.frame("n1")
+    pushed.frame("n3")
+    wait_until(lambda: "n2" in polls.asked)
+
+    def sleep(s: float) -> None:
+        clock.sleep(s)
+        pushed.frame("n1")
+        pushed.frame("n3")
+
+    sup = Supervisor(SPECS, observe=pushed.observe, stop_all=lambda: {}, interval=1.0, unreachable_grace=10.0,
+                     clock=clock, sleep=sleep)
+    try:
+        obs = pushed.observe()["n2"]
+        assert isinstance(obs, Silent) and obs.since == heard and "connection refused" in str(obs)
+        out = sup.run()
+    finally:
+        pushed.close(wait=1.0)
+    assert out.failure is not None and out.failure.node == "n2"
+    assert "unreachable for 10 s: connection refused" in out.failure.reason
+    assert clock.t == pytest.approx(heard + 10.0)  # 10 s after its last frame, not after the first failed poll
+    assert set(polls.asked) == {"n2"}
+
+
+def test_a_hung_poll_of_a_silent_node_counts_from_when_it_was_last_heard() -> None:
+    clock, release = Clock(), threading.Event()
+    pushed = pushed_for(Polls(lambda name: release.wait(5) and ok()), clock)
+    try:
+        for n in ("n1", "n2", "n3"):
+            pushed.status(n, ok())
+        heard = clock.t
+        clock.t += 3.5
+        wait_until(lambda: pushed.polls >= 3)  # every node is silent now: each is asked, none answers
+        assert pushed.observe()["n2"] == ok()  # asked just now: no verdict yet, the last word stands
+        clock.t += 6.0
+        obs = pushed.observe()["n2"]
+        assert isinstance(obs, Unanswered) and obs.since == heard
+    finally:
+        release.set()
+        pushed.close(wait=1.0)
+
+
+def test_a_final_pushed_state_is_never_polled() -> None:
+    clock, polls = Clock(), Polls()
+    pushed = pushed_for(polls, clock)
+    try:
+        pushed.status("n1", ok("succeeded"))
+        pushed.status("n2", ok("failed", exit_code=3))
+        clock.t += 60.0  # both streams ended after their final word; n3 never said anything
+        wait_until(lambda: "n3" in polls.asked)
+        time.sleep(0.1)
+        assert set(polls.asked) == {"n3"}
+        obs = pushed.observe()
+        assert obs["n1"] == ok("succeeded") and obs["n2"]["exit_code"] == 3 and obs["n3"] == ok(polled=True)
+    finally:
+        pushed.close(wait=1.0)
+
+
+def test_a_pushed_status_wakes_the_supervisor() -> None:
+    pushed = Pushed(["n1"], Polls(), clock=time.monotonic)
+    threading.Timer(0.1, pushed.status, args=("n1", ok())).start()
+    started = time.monotonic()
+    pushed.wait(5.0)
+    assert time.monotonic() - started < 2.0

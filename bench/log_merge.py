@@ -10,8 +10,13 @@ merges the same pre-sorted files: the floor for merging sorted text. Ours is mea
 depths, each after a warm-up, median of `--reps`:
 
 - `merge_raw`: lines merged by their timestamp, as text (what `sort -m` does);
-- `merge_parsed`: every line parsed into a LogLine (ranks, stream, text) and k-way merged;
-- `orch_logs`: the whole `orch logs` path: parse, merge, format the aligned text, write it.
+- `merge_parsed`: every line parsed into a LogLine (ranks, stream, text) and k-way merged (the
+  path of `--json`, filters and the live follow);
+- `orch_logs_general`: that, plus formatting the aligned text and writing it (what `orch logs`
+  did for every output before the block merge);
+- `orch_logs`: what `orch logs RUN > file` runs now: `orchestrator.logs.plain_merged`, which
+  reads the node copies in blocks, renders each line's columns straight from its text and
+  merges blocks with one sort per batch, then writes the chunks.
 
 Memory: peak RSS of this process while a Follower follows 32 nodes (local transport, node dirs
 on this machine): once while every node appends lines live, once catching up on existing logs.
@@ -127,6 +132,19 @@ def merge_parsed(files: list[Path]) -> int:
 
 
 def orch_logs(files: list[Path]) -> int:
+    from orchestrator.logs import NodeSource, plain_merged
+
+    sources = [NodeSource(f"node{i:02d}", i, i * 8, "", "", f) for i, f in enumerate(files)]
+    widths = column_widths([s.node for s in sources], 8 * len(files))
+    n = 0
+    with open(os.devnull, "w") as out:
+        for chunk in plain_merged(sources, {}, widths):
+            out.write(chunk)
+            n += chunk.count("\n")
+    return n
+
+
+def orch_logs_general(files: list[Path]) -> int:
     widths = column_widths([f"node{i:02d}" for i in range(len(files))], 8 * len(files))
     n = 0
     with open(os.devnull, "w") as out:
@@ -145,7 +163,8 @@ def throughput(base: Path, nodes: int, lines: int, reps: int) -> dict[str, objec
     result: dict[str, object] = {"nodes": nodes, "lines_per_node": lines, "total_lines": total,
                                  "bytes": sum(f.stat().st_size for f in files)}
     result["sort_m"] = timed(sort_fn, reps)
-    for name, fn in (("merge_raw", merge_raw), ("merge_parsed", merge_parsed), ("orch_logs", orch_logs)):
+    for name, fn in (("merge_raw", merge_raw), ("merge_parsed", merge_parsed), ("orch_logs", orch_logs),
+                     ("orch_logs_general", orch_logs_general)):
         # The files are in the page cache already (sort -m's warm-up read them all); warming
         # the Python code up on two files is enough and keeps a 32-node run within minutes.
         r = timed(functools.partial(fn, files), reps, warmup=functools.partial(fn, files[:2]))
@@ -241,7 +260,8 @@ def summary_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     """The rows bench/summary.md shows: merge ratios against `sort -m`, and follow memory."""
     rows: list[dict[str, Any]] = []
     for t in results["throughput"]:
-        for key, what in (("orch_logs", "orch logs (parse, merge, format, write)"),
+        for key, what in (("orch_logs", "orch logs (read, render columns, merge, write)"),
+                          ("orch_logs_general", "general path: LogLine per line, heap merge, format (reference)"),
                           ("merge_raw", "text merge on the timestamp (reference)")):
             r = t[key]
             rows.append({"what": f"{what} vs sort -m, {t['nodes']} nodes x {t['lines_per_node']} lines",

@@ -35,12 +35,14 @@ from .logmerge import (
     LineFilter,
     LiveMerge,
     LogLine,
+    PlainNode,
     apply,
     column_widths,
     compile_grep,
     format_line,
     last_n,
     merge,
+    merge_plain,
     parse_node_line,
     parse_nodes,
     parse_ranks,
@@ -589,8 +591,43 @@ def write_merged_log(run: RunDir, sources: list[NodeSource], offsets_ms: Mapping
     with _merged_log(run) as fh:
         if fh is None:
             return
-        for line in merge([copy_lines(s) for s in sources], offsets_ms):
-            fh.write(format_line(line, False, node_width=widths[0], rank_width=widths[1]) + "\n")
+        for chunk in plain_merged(sources, offsets_ms, widths):
+            fh.write(chunk)
+
+
+BLOCK_BYTES = 32 << 20
+"""Bytes of node logs the plain merge holds at once (split between the nodes)."""
+
+
+def copy_blocks(src: NodeSource, size: int) -> Iterator[str]:
+    """A node's local copy in blocks of whole lines (about `size` bytes each), decoded as
+    `copy_lines` decodes it; a torn last line gets its newline."""
+    try:
+        fh = open(src.copy, "rb")  # noqa: SIM115 - closed below, also when abandoned early
+    except FileNotFoundError:
+        return
+    with fh:
+        rest = b""
+        while True:
+            chunk = fh.read(size)
+            if not chunk:
+                if rest:
+                    yield (rest + b"\n").decode("utf-8", "replace")
+                return
+            buf = rest + chunk if rest else chunk
+            cut = buf.rfind(b"\n") + 1
+            rest = buf[cut:]
+            if cut:
+                yield buf[:cut].decode("utf-8", "replace")
+
+
+def plain_merged(sources: list[NodeSource], offsets_ms: Mapping[str, float],
+                  widths: tuple[int, int]) -> Iterator[str]:
+    """Every node's copy, merged, as chunks of plain `TIME NODE RANK TEXT` lines (the fast path
+    for what `format_line(merge(...))` prints when nothing is filtered)."""
+    size = max(64 << 10, BLOCK_BYTES // max(1, len(sources)))
+    return merge_plain([copy_blocks(s, size) for s in sources],
+                       [PlainNode(s.node, s.base_rank, offsets_ms.get(s.node, 0.0)) for s in sources], widths)
 
 
 def _say_skew(console: Any, offsets: Mapping[str, float], origin: str | None) -> None:
@@ -650,6 +687,15 @@ def _print_stored(run: RunDir, sources: list[NodeSource], offsets: Mapping[str, 
     """Print the fetched copies merged and filtered; refresh merged.log (in the same pass when
     nothing is filtered out, else in a second one)."""
     everything = opts.keep.empty and opts.tail is None
+    if everything and not opts.as_json and not opts.color:
+        # plain text, all of it: stdout gets exactly merged.log's text, merged in blocks
+        with _merged_log(run) as merged:
+            for chunk in plain_merged(sources, offsets, opts.widths):
+                sys.stdout.write(chunk)
+                if merged is not None:
+                    merged.write(chunk)
+        sys.stdout.flush()
+        return
     streams: list[Iterator[LogLine]] = [copy_lines(s) for s in sources if opts.keep.wants_node(s.node)]
     if not opts.keep.empty:
         streams = apply(streams, opts.keep)

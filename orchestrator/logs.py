@@ -5,7 +5,8 @@ re-exported here. This module adds the side effects:
 
 - A stdlib-only reader (`READER`) runs on each node with the node's python and streams
   `node.log` from a byte offset in frames (`D <n>` + n bytes, `H <state>` heartbeats while idle,
-  `E <state>` when the node's state.json is final and the log is drained).
+  `S <json>` the node's status when it changes, if asked for, `E <state>` when the node's
+  state.json is final and the log is drained).
 - The controller appends only whole lines to `<run dir>/nodes/<node>.log` and counts the bytes it
   appended, so a reconnect resumes at exactly the next unseen line: nothing lost, nothing twice.
 - `Follower` runs one reader per node in a thread and releases lines in timestamp order, holding
@@ -67,20 +68,59 @@ catching up on 32 long logs stays within a few tens of MB on the controller."""
 # Python >= 3.6. An idle poll sends a heartbeat with the node's time: it lets the other nodes'
 # lines out before the watermark, shows a dead connection, and makes this reader die (broken
 # pipe) within a poll of the controller going away, so no reader outlives its follower.
+# With REPORT=1 it also sends the node's status (`S <json>`: what `orch up`'s supervisor judges,
+# the fields of `agent.py status`) whenever it changes, so a healthy run needs no status polls.
+# Order within a poll: the state is read first, then the log is drained, then S, then E/H: a
+# final S or an E means every line written before the state was final has been sent.
 READER = r"""
 import json, os, sys, time
 d, off, poll, once = os.path.expanduser(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4] == "1"
+report = sys.argv[5:6] == ["1"]
 out = sys.stdout.buffer
 log, st = os.path.join(d, "node.log"), os.path.join(d, "state.json")
-def state():
+FINAL = ("succeeded", "failed", "stopped")
+KEYS = ("state", "exit_code", "signal", "reason", "started_at", "finished_at", "pid", "pgid", "agent_pid")
+def load():
     try:
         with open(st) as h:
-            return json.load(h).get("state") or "-"
+            j = json.load(h)
+        return j if isinstance(j, dict) else {}
     except Exception:
-        return "-"
-f = None
+        return {}
+def stat(pid):
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as h:
+            raw = h.read().decode("ascii", "replace")
+    except (OSError, TypeError, ValueError):
+        return []
+    f = raw[raw.rfind(")") + 2:].split()
+    return [] if not f or f[0] == "Z" else f
+def alive(pid, start=None):
+    # agent.py's alive(): this exact process (pid and start time), not a zombie
+    f = stat(pid) if isinstance(pid, int) and pid > 0 else []
+    return len(f) > 19 and (start is None or int(f[19]) == start)
+def job_alive(j):
+    # agent.py's status(): a live process of the job's group, or of the agent's last snapshot
+    if any(alive(p, s) for p, s in j.get("procs") or []):
+        return True
+    g = str(j.get("pgid") or "")
+    for n in os.listdir("/proc") if g else ():
+        f = stat(int(n)) if n.isdigit() else []
+        if len(f) > 2 and f[2] == g:
+            return True
+    return False
+def status(j):
+    s = dict((k, j.get(k)) for k in KEYS)
+    s["exists"] = bool(j)
+    if s["state"] not in FINAL:
+        s["agent_alive"] = alive(j.get("agent_pid"), j.get("agent_start"))
+        if not s["agent_alive"]:
+            s["job_alive"] = job_alive(j)
+    return s
+f, told = None, None
 while True:
-    s = state()
+    j = load()
+    s = j.get("state") or "-"
     if f is None:
         try:
             f = open(log, "rb")
@@ -94,7 +134,13 @@ while True:
             break
         out.write(b"D %d\n" % len(b) + b)
         sent = True
-    if once or s in ("succeeded", "failed", "stopped"):
+    if report:
+        now = status(j)
+        if now != told:
+            told = now
+            out.write(b"S " + json.dumps(dict(now, now=time.time())).encode() + b"\n")
+            sent = True
+    if once or s in FINAL:
         out.write(b"E " + s.encode() + b"\n")
         out.flush()
         break
@@ -110,8 +156,8 @@ class ProtocolError(Exception):
 
 
 def read_frames(stream: IO[bytes]) -> Iterator[tuple[str, bytes]]:
-    """Frames from a reader's output: ("D", data), ("H", b"state node-time"), ("E", state).
-    Ends at EOF."""
+    """Frames from a reader's output: ("D", data), ("H", b"state node-time"), ("S", b"status JSON"),
+    ("E", state). Ends at EOF."""
     while True:
         header = stream.readline()
         if not header:
@@ -123,7 +169,7 @@ def read_frames(stream: IO[bytes]) -> Iterator[tuple[str, bytes]]:
             if len(data) < size:  # the connection died mid-frame: resume from the offset
                 return
             yield "D", data
-        elif kind in (b"H", b"E"):
+        elif kind in (b"H", b"E", b"S"):
             yield kind.decode(), arg
         else:
             rest = stream.read(2000) if kind.startswith(b"Traceback") else b""
@@ -232,8 +278,9 @@ class LocalCopy:
         self.fh.close()
 
 
-def reader_argv(src: NodeSource, offset: int, poll_s: float, once: bool) -> list[str]:
-    return [src.python, "-c", READER, src.remote_dir, str(offset), f"{poll_s:g}", "1" if once else "0"]
+def reader_argv(src: NodeSource, offset: int, poll_s: float, once: bool, report: bool = False) -> list[str]:
+    return [src.python, "-c", READER, src.remote_dir, str(offset), f"{poll_s:g}", "1" if once else "0",
+            "1" if report else "0"]
 
 
 def fetch_node(transport: Transport, src: NodeSource, timeout: float = 120.0) -> str:
@@ -313,6 +360,17 @@ class _NodeState:
 _DONE = object()
 
 
+def _status(payload: bytes) -> dict[str, Any]:
+    """The JSON object of an S frame."""
+    try:
+        data = json.loads(payload)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        raise ProtocolError(f"bad status frame: {payload[:200]!r}")
+    return data
+
+
 @dataclass(frozen=True)
 class _Heartbeat:
     node_time: float
@@ -326,13 +384,18 @@ class Follower:
     with backoff (0.5, 1, 2, 4 s) from the byte offset already appended to the local copy.
     Once the controller's run.json says the run has ended, a node that never started (no
     state.json) or that stays unreachable for `giveup_s` is given up on, with an event.
+
+    Supervision rides on the same streams: with `on_status`, every reader also sends its node's
+    status when it changes and `on_status(node, status)` gets it; `on_frame(node)` is called for
+    every frame received (the stream is alive), from the node's reader thread.
     """
 
     def __init__(self, run: RunDir, inv: Inventory, cluster: Cluster, *, watermark: float = 1.0,
                  offsets_ms: Mapping[str, float] | None = None, from_start: bool = True,
                  on_event: Callable[[str, str], None] | None = None, poll_s: float = 0.2,
                  stall_s: float = 10.0, write_merged: bool = True, startup_grace: float = 5.0,
-                 giveup_s: float = 30.0) -> None:
+                 giveup_s: float = 30.0, on_status: Callable[[str, dict[str, Any]], None] | None = None,
+                 on_frame: Callable[[str], None] | None = None) -> None:
         self.run, self.inv, self.cluster = run, inv, cluster
         self.watermark = watermark
         self.offsets_ms = dict(offsets_ms or {})
@@ -340,6 +403,7 @@ class Follower:
         self.on_event = on_event or (lambda node, msg: None)
         self.poll_s, self.stall_s, self.startup_grace, self.giveup_s = poll_s, stall_s, startup_grace, giveup_s
         self.write_merged = write_merged
+        self.on_status, self.on_frame = on_status, on_frame
         self.nodes = [_NodeState(src, i) for i, src in enumerate(node_sources(run, inv))]
         self.reconnects: dict[str, int] = {n.src.node: 0 for n in self.nodes}
         self._queue: queue.Queue[tuple[int, Any]] = queue.Queue()
@@ -382,13 +446,16 @@ class Follower:
             reason = "the log stream ended"
             try:
                 st.last_frame = time.monotonic()
-                st.proc = transport.popen(reader_argv(st.src, copy.offset, self.poll_s, once=False))
+                st.proc = transport.popen(reader_argv(st.src, copy.offset, self.poll_s, once=False,
+                                                      report=self.on_status is not None))
                 for kind, payload in read_frames(st.proc.stdout):
                     st.last_frame = time.monotonic()
                     st.failing_since = None
                     backoff = 0.5
                     if st.abandoned:
                         return
+                    if self.on_frame is not None:
+                        self.on_frame(st.src.node)
                     if kind == "D":
                         for raw in copy.feed(payload):
                             line = self._parse(st, raw, last_ts)
@@ -398,6 +465,9 @@ class Follower:
                         state, _, node_time = payload.decode().partition(" ")
                         st.remote_state = state
                         self._queue.put((st.index, _Heartbeat(float(node_time or "nan"))))
+                    elif kind == "S":
+                        if self.on_status is not None:
+                            self.on_status(st.src.node, _status(payload))
                     else:
                         st.remote_state = payload.decode()
                         return

@@ -31,7 +31,6 @@ import json
 import os
 import re
 import select
-import shutil
 import socket
 import struct
 import subprocess
@@ -94,6 +93,17 @@ def pause(seconds: float) -> None:
     select.select([], [], [], seconds)
 
 
+def which(name: str) -> str | None:
+    """shutil.which for a plain command name (importing shutil costs the probe more than this)."""
+    if os.sep in name:
+        return name if os.access(name, os.X_OK) and not os.path.isdir(name) else None
+    for d in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        p = os.path.join(d or ".", name)
+        if os.access(p, os.X_OK) and not os.path.isdir(p):
+            return p
+    return None
+
+
 def run_capture(argv: list, timeout: float) -> tuple:
     """(returncode, stdout bytes, stderr bytes); returncode None on timeout.
 
@@ -117,7 +127,7 @@ def run_capture(argv: list, timeout: float) -> tuple:
 
 def run_tool(argv: list, timeout: float = 20.0) -> dict:
     """Run a tool and return {rc, out, err}; rc is None when the tool is absent or hangs."""
-    if shutil.which(argv[0]) is None:
+    if which(argv[0]) is None:
         return {"rc": None, "out": "", "err": f"{argv[0]}: not found in PATH"}
     try:
         rc, out, err = run_capture(argv, timeout)
@@ -147,7 +157,7 @@ def tool_path(name: str) -> str | None:
     if fx:
         p = os.path.join(fx, "bin", name)
         return p if os.access(p, os.X_OK) else None
-    return shutil.which(name)
+    return which(name)
 
 
 def ib_root() -> str:

@@ -25,11 +25,49 @@ def test_probe_is_stdlib_only_and_python38_syntax() -> None:
 
 
 def test_probe_command_carries_the_probe_source() -> None:
+    import importlib.util
+    import marshal
+
     argv = facts.probe_command("/opt/py/bin/python", {"mode": "facts", "node": "n1"})
     assert argv[0] == "/opt/py/bin/python" and argv[1] == "-c"
-    blob = argv[2].split("b64decode('")[1].split("'")[0]
-    assert zlib.decompress(base64.b64decode(blob)) == Path(probe.__file__).read_bytes()
+    code_blob, src_blob = [part.split("'")[0] for part in argv[2].split("b64decode('")[1:]]
+    assert zlib.decompress(base64.b64decode(src_blob)) == Path(probe.__file__).read_bytes()
+    # the bytecode rides along for a Python with this one's magic number, the source for any other
+    code = marshal.loads(zlib.decompress(base64.b64decode(code_blob)))
+    assert code.co_filename == "orch-probe" and "facts_mode" in code.co_names
+    assert repr(importlib.util.MAGIC_NUMBER) in argv[2]
     assert '"node": "n1"' in argv[3]
+
+
+PY38 = Path("/root/.pyenv/versions/3.8.18/bin/python")
+
+
+@pytest.mark.parametrize("python", ["this", "3.8"])
+def test_probe_session_over_stdin(python: str) -> None:
+    """The probe as the controller runs it (bytecode path on this Python, source path on 3.8):
+    facts, then a ping answered with its clock, then stdin EOF ends it. No listeners, no network."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    exe = sys.executable if python == "this" else str(PY38)
+    if python == "3.8" and not PY38.exists():
+        pytest.skip("no Python 3.8 on this machine")
+    args = {"mode": "facts", "node": "n1", "token": "t", "want": ["ssh", "clock", "timezone"], "serve_s": 30}
+    t1 = time.time()
+    proc = subprocess.run(facts.probe_command(exe, args), input=b"PING 7\nPING 8\n", capture_output=True,
+                          timeout=60)
+    t2 = time.time()
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    lines = dict(line.split(" ", 1) for line in proc.stdout.decode().splitlines() if line.startswith("ORCH-F"))
+    facts_ = json.loads(lines["ORCH-FACTS"])
+    assert facts_["python"]["executable"] == exe and facts_["tz"]["utcoffset"]
+    pongs = [json.loads(line.split(" ", 1)[1]) for line in proc.stdout.decode().splitlines()
+             if line.startswith("ORCH-TIME ")]
+    assert [p["seq"] for p in pongs] == ["7", "8"]
+    assert all(t1 <= p["time"] <= t2 for p in pongs)
+    assert t2 - t1 < 20, "stdin EOF must end the probe, not its 30 s deadline"
 
 
 def test_a100_query_csv_dedupes_samples_by_bus_id() -> None:

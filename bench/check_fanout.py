@@ -4,7 +4,13 @@ Sides, run alternately in one invocation for N in {1, 4, 16, 32}:
 - `orch check` (every check) and `orch check --only ssh,clock,timezone`, as the CLI a user runs;
 - `pdsh` (Debian's package, fanout 32 as orch) running a bare `date`, and running the equivalent
   probe commands (clock, zone, NCCL env, interfaces, python and torch versions) over OpenSSH;
-- a serial `ssh` loop running `date` (how the field guide's launch script reaches its nodes).
+- a serial `ssh` loop running `date` (how the field guide's launch script reaches its nodes);
+- the floor of any one-command-per-node design on orch's own transport: Python start, inventory,
+  SSH connect and one `true` per node (`--floor INVENTORY`, run as its own process like orch).
+Then one in-process `orch check` per N, timed phase by phase (connect, command sent, facts and
+clock ping back, reachability, close), with the controller's CPU and, where cgroup v1 cpuacct is
+writable (root), the CPU every node spent (sshd, login shell, probe) — on a machine whose cores
+the nodes share, that CPU is the wall time.
 Goals: full `orch check` at N = 32 no slower than pdsh's bare `date`; orch(32) / orch(1) <= 3.
 """
 
@@ -12,10 +18,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +56,114 @@ def run(argv: list[str], env: dict[str, str] | None = None) -> None:
     subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, timeout=300, check=False)
 
 
+def floor(inventory: str) -> None:
+    """Python start, inventory, connect and one `true` per node over orch's transport, in parallel."""
+    from orchestrator.inventory import load
+    from orchestrator.transport import Cluster
+
+    inv = load(inventory)
+    with Cluster(inv) as cluster:
+        done = cluster.fan_out(lambda t: t.run(["true"]).check())
+    bad = [f"{k}: {v}" for k, v in done.items() if isinstance(v, Exception)]
+    if bad:
+        raise SystemExit("floor: " + "; ".join(bad))
+
+
+class NodeCpu:
+    """CPU seconds of every process the test nodes' sshd start (cgroup v1 cpuacct), when writable."""
+
+    ROOT = Path("/sys/fs/cgroup/cpuacct")
+
+    def __init__(self, cluster: Any) -> None:
+        self.path: Path | None = self.ROOT / f"orch-bench-{os.getpid()}"
+        try:
+            self.path.mkdir(exist_ok=True)
+            for node in cluster.nodes:
+                (self.path / "cgroup.procs").write_text(str(node.sshd.pid))
+        except (OSError, AttributeError):
+            self.path = None
+
+    def seconds(self) -> float | None:
+        return int((self.path / "cpuacct.usage").read_text()) / 1e9 if self.path else None
+
+    def remove(self) -> None:
+        """Move the node processes back to the root group and remove ours."""
+        if self.path is None:
+            return
+        try:
+            for pid in (self.path / "cgroup.procs").read_text().split():
+                try:
+                    (self.ROOT / "cgroup.procs").write_text(pid)
+                except OSError:  # exited meanwhile
+                    pass
+            self.path.rmdir()
+        except OSError:
+            pass
+
+
+def phases(inv_path: Path, node_cpu: NodeCpu, reps: int) -> dict[str, Any]:
+    """One in-process `orch check` (all checks) per rep, timed phase by phase; medians."""
+    from orchestrator import checks, facts
+    from orchestrator.inventory import CHECK_NAMES, load
+    from orchestrator.transport import Cluster
+
+    rows: list[dict[str, float | None]] = []
+    for _ in range(reps):
+        inv = load(inv_path)
+        marks: dict[str, list[float]] = {"probed": [], "reach": []}
+
+        def progress(label: str, done: int, total: int, marks: dict[str, list[float]] = marks) -> None:
+            now = time.perf_counter()
+            if label.startswith("probed "):
+                marks["probed"].append(now)
+            elif label == "testing reachability":
+                marks["reach"].append(now)
+
+        cpu0, node0 = resource.getrusage(resource.RUSAGE_SELF), node_cpu.seconds()
+        t0 = time.perf_counter()
+        cluster = Cluster(inv)
+        got = facts.collect(inv, cluster, list(CHECK_NAMES), progress)
+        t_collect = time.perf_counter()
+        cluster.close()
+        t_close = time.perf_counter()
+        checks.run_checks(inv, got, list(CHECK_NAMES))
+        t_checks = time.perf_counter()
+        cpu1, node1 = resource.getrusage(resource.RUSAGE_SELF), node_cpu.seconds()
+        ok = [nf for nf in got.values() if nf.ok]
+        probed = sorted(marks["probed"])
+        reach = sorted(marks["reach"])
+        rows.append({
+            "connect_ms_median": statistics.median(nf.connect_ms or 0 for nf in ok) if ok else None,
+            "first_node_probed_s": probed[0] - t0 if probed else None,
+            "median_node_probed_s": statistics.median(probed) - t0 if probed else None,
+            "all_nodes_probed_s": probed[-1] - t0 if probed else None,
+            "reachability_s": reach[-1] - reach[0] if reach else 0.0,
+            "collect_s": t_collect - t0, "close_s": t_close - t_collect, "checks_s": t_checks - t_close,
+            "ping_rtt_ms_median": statistics.median(nf.rtt_ms or 0 for nf in ok) if ok else None,
+            "controller_cpu_s": (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime),
+            "node_cpu_s": None if node0 is None or node1 is None else node1 - node0,
+            "nodes_ok": len(ok),
+        })
+    medians: dict[str, Any] = {}
+    for key in rows[0]:
+        values = [r[key] for r in rows if r[key] is not None]
+        medians[key] = statistics.median(values) if values else None
+    return medians
+
+
+def startup() -> dict[str, float]:
+    """What the controller spends before the first connection: Python plus the modules `orch check` imports."""
+    argv = [sys.executable, "-c", "import orchestrator.cli, orchestrator.preflight, paramiko, fabric"]
+    walls, cpus = [], []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(argv, cwd=REPO)
+        _, _, usage = os.wait4(proc.pid, 0)
+        walls.append(time.perf_counter() - t0)
+        cpus.append(usage.ru_utime + usage.ru_stime)
+    return {"wall_s": statistics.median(walls), "cpu_s": statistics.median(cpus)}
+
+
 def measure(n: int, keys: Any, reps: int, workdir: Path) -> dict[str, Any]:
     from tests.cluster import TestCluster
 
@@ -63,8 +180,24 @@ def measure(n: int, keys: Any, reps: int, workdir: Path) -> dict[str, Any]:
             "pdsh_probe_equivalent": lambda: run(["pdsh", "-f", "32", "-w", hosts, PROBE_EQUIVALENT], env),
             "ssh_loop_date": lambda: run(["sh", "-c", f"for h in {' '.join(x.name for x in cluster.nodes)}; "
                                                       f"do ssh -F {cfg} $h date; done"], env),
+            "orch_transport_true": lambda: run([sys.executable, "-m", "bench.check_fanout", "--floor", str(inv)], env),
         }
-        return side_by_side(sides, reps=reps, warmup=1)
+        node_cpu = NodeCpu(cluster)
+        try:
+            cpu: dict[str, float | None] = {}
+            for name, fn in sides.items():  # node CPU of one run of each side (after the warm-up below)
+                fn()
+                before = node_cpu.seconds()
+                fn()
+                after = node_cpu.seconds()
+                cpu[name] = None if before is None or after is None else after - before
+            out = side_by_side(sides, reps=reps, warmup=0)
+            for name, row in out.items():
+                row["node_cpu_s"] = cpu[name]
+            out["phases"] = phases(inv, node_cpu, reps)
+        finally:
+            node_cpu.remove()
+        return out
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -72,7 +205,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--sizes", default="1,4,16,32")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="N in {1, 4}, one repetition")
+    ap.add_argument("--floor", metavar="INVENTORY", help="only connect and run `true` on every node (a side)")
     args = ap.parse_args(argv)
+    if args.floor:
+        floor(args.floor)
+        return {}
     if shutil.which("pdsh") is None:
         raise SystemExit("check_fanout: pdsh is not installed (apt-get install pdsh)")
     sizes = [1, 4] if args.quick else [int(s) for s in args.sizes.split(",")]
@@ -80,12 +217,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from tests.cluster import KeyStore
 
     by_n: dict[int, dict[str, Any]] = {}
+    controller_startup = startup()
+    print(f"check_fanout controller startup (imports): {controller_startup['wall_s']:.2f}s wall, "
+          f"{controller_startup['cpu_s']:.2f}s CPU", flush=True)
     with tempfile.TemporaryDirectory(prefix="orch-bench-") as tmp:
         keys = KeyStore(Path(tmp) / "keys")
         for n in sizes:
             by_n[n] = measure(n, keys, reps, Path(tmp))
-            print(f"check_fanout N={n:3d}: " + "  ".join(f"{k} {v['median_s']:.2f}s" for k, v in by_n[n].items()),
-                  flush=True)
+            print(f"check_fanout N={n:3d}: " + "  ".join(
+                f"{k} {v['median_s']:.2f}s" + (f" (nodes {v['node_cpu_s']:.2f} CPU-s)" if v.get("node_cpu_s") else "")
+                for k, v in by_n[n].items() if k != "phases"), flush=True)
+            print(f"check_fanout N={n:3d} phases: " + "  ".join(
+                f"{k} {v:.3g}" for k, v in by_n[n]["phases"].items() if v is not None), flush=True)
     big, one = max(sizes), min(sizes)
     full_big = by_n[big]["orch_check_full"]["median_s"]
     pdsh_big = by_n[big]["pdsh_date"]["median_s"]
@@ -105,7 +248,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         {"what": f"orch check N={big} / N={one}", "orch": full_big, "peer": by_n[one]["orch_check_full"]["median_s"],
          "ratio": growth, "goal": "<= 3", "met": growth <= 3},
     ]
-    result = {"sizes": sizes, "reps": reps, "by_n": {str(k): v for k, v in by_n.items()}, "summary": summary}
+    floor_big = by_n[big]["orch_transport_true"]["median_s"]
+    floor_growth = floor_big / by_n[one]["orch_transport_true"]["median_s"]
+    pdsh_growth = pdsh_big / by_n[one]["pdsh_date"]["median_s"]
+    summary += [
+        {"what": f"orch check vs its floor (connect + one `true` per node on orch's transport), N={big}",
+         "orch": full_big, "peer": floor_big, "ratio": full_big / floor_big, "goal": "report", "met": None},
+        {"what": f"floor N={big} / N={one} (connect + one `true` per node on orch's transport)",
+         "orch": floor_big, "peer": by_n[one]["orch_transport_true"]["median_s"], "ratio": floor_growth,
+         "goal": "report", "met": None},
+        {"what": f"pdsh date N={big} / N={one}", "orch": pdsh_big, "peer": by_n[one]["pdsh_date"]["median_s"],
+         "ratio": pdsh_growth, "goal": "report", "met": None},
+    ]
+    result = {"sizes": sizes, "reps": reps, "controller_startup": controller_startup,
+              "by_n": {str(k): v for k, v in by_n.items()}, "summary": summary}
     write("check_fanout", result)
     return result
 

@@ -7,8 +7,14 @@ On each node the run lives in `runs.remote_dir()` (`<job.run_root>/<run-id>/<nod
 On the controller, `$ORCH_HOME/runs/<run-id>/` keeps the inventory snapshot, `plan.json`,
 `check.json`, `run.json` (run and per-node state) and the merged log.
 
-Tunables for supervision (environment, seconds): `ORCH_POLL_INTERVAL_S` (default 1),
-`ORCH_UNREACHABLE_GRACE_S` (default 10: a node silent that long fails the run).
+An attached `orch up` supervises through the log streams: each node's log reader also pushes
+the node's status when it changes, so a healthy run costs no SSH exec after the start. A node
+whose stream has been silent for `ORCH_STREAM_SILENT_S` is polled with `agent.py status` until
+it is heard from again.
+
+Tunables for supervision (environment, seconds): `ORCH_POLL_INTERVAL_S` (default 1: the status
+poll of a silent node), `ORCH_STREAM_SILENT_S` (default 3), `ORCH_UNREACHABLE_GRACE_S` (default
+10: a node silent that long fails the run).
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from .supervise import (
     FINAL,
     NodeSpec,
     Outcome,
-    Poller,
+    Pushed,
     Supervisor,
     run_state,
     select_excerpt,
@@ -332,6 +338,7 @@ def attached(con: Console, run: RunDir, record: RunRecord, plan: Plan, cluster: 
     by_name = {r["node"]: r for r in records}
     interval = env_seconds("ORCH_POLL_INTERVAL_S", 1.0)
     grace = env_seconds("ORCH_UNREACHABLE_GRACE_S", 10.0)
+    silent_after = min(env_seconds("ORCH_STREAM_SILENT_S", 3.0), grace / 2)
 
     def poll_one(name: str) -> dict[str, Any]:
         r = by_name[name]
@@ -342,25 +349,27 @@ def attached(con: Console, run: RunDir, record: RunRecord, plan: Plan, cluster: 
         r = by_name[name]
         return list(status_node(cluster[name], r["python"], r["remote_dir"], tail=200).get("tail") or [])
 
-    poller = Poller([p.node.name for p in plan.nodes], poll_one, interval=interval,
-                    stale_after=grace / 2).start()
+    pushed = Pushed([p.node.name for p in plan.nodes], poll_one, silent_after=silent_after,
+                    interval=interval, stale_after=grace / 2)
     sup = Supervisor([NodeSpec(p.node.name, p.node_rank, p.global_ranks.start, p.node.nproc_per_node)
                       for p in plan.nodes],
-                     observe=poller.observe,
+                     observe=pushed.observe,
                      stop_all=lambda: stop_all(cluster, records, inv.job.stop_grace_s),
                      excerpt=excerpt, confirm=lambda names: status_all(cluster, [r for r in records if r["node"] in names], timeout=3.0),
-                     interval=min(interval, 0.5), unreachable_grace=grace,
+                     interval=min(interval, 0.5), unreachable_grace=grace, sleep=pushed.wait,
                      on_update=lambda nodes: record.update_nodes(nodes))
     stop_logs = threading.Event()
-    logs = threading.Thread(target=stream_logs, args=(run, inv, cluster, stop_logs), daemon=True, name="logs")
+    logs = threading.Thread(target=stream_logs, args=(run, inv, cluster, stop_logs, pushed), daemon=True,
+                            name="logs")
     logs.start()
+    pushed.start()
     outcome: Outcome | None = None
     try:
         outcome = sup.run()
     except KeyboardInterrupt:
         pass
     finally:
-        poller.close(wait=5.0)
+        pushed.close(wait=5.0)
         # every node is final now: the follower drains the last lines and its node-side readers
         # exit on their own (closing them early would leave them to die later, on a broken pipe);
         # a node teardown could not reach will never be final, so do not wait long for it
@@ -403,8 +412,10 @@ def report_outcome(con: Console, record: RunRecord, outcome: Outcome, sup: Super
 # ----------------------------------------------------------------------------- log streaming
 
 
-def stream_logs(run: RunDir, inv: Inventory, cluster: Cluster, stop: threading.Event) -> None:
-    """Print the merged log (host and rank on every line) until the run ends or `stop` is set."""
+def stream_logs(run: RunDir, inv: Inventory, cluster: Cluster, stop: threading.Event,
+                pushed: Pushed | None = None) -> None:
+    """Print the merged log (host and rank on every line) until the run ends or `stop` is set;
+    the node status the streams carry goes to `pushed` (the supervisor's observations)."""
     import sys
 
     from .logmerge import column_widths
@@ -420,7 +431,9 @@ def stream_logs(run: RunDir, inv: Inventory, cluster: Cluster, stop: threading.E
 
     try:
         offsets, _origin = load_offsets(run, inv)
-        follower = Follower(run, inv, cluster, offsets_ms=offsets, on_event=event)
+        follower = Follower(run, inv, cluster, offsets_ms=offsets, on_event=event,
+                            on_status=None if pushed is None else pushed.status,
+                            on_frame=None if pushed is None else pushed.frame)
         for line in follower.lines(stop):
             sys.stdout.write(format_line(line, color, node_width=width, rank_width=rank_width) + "\n")
             sys.stdout.flush()

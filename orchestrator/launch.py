@@ -53,6 +53,25 @@ from .transport import Cluster, Result, Transport
 AGENT = Path(__file__).with_name("agent.py")
 START_WAIT_S = 60.0
 
+# Runs on the node (python -c DIR ARGS...): write the files it reads on stdin ({name: text}, JSON)
+# privately into the run directory DIR, then run the agent from there with ARGS, in this same
+# interpreter. Shipping and starting cost one SSH exec (a login shell) instead of one per file.
+BOOT = r"""
+import json, os, runpy, sys
+d = os.path.expanduser(sys.argv[1])
+login_umask = os.umask(0o077)
+os.makedirs(d, exist_ok=True)
+for name, text in json.loads(sys.stdin.buffer.read().decode("ascii")).items():
+    tmp = os.path.join(d, "%s.tmp.%d" % (name, os.getpid()))
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as h:
+        h.write(text)
+    os.replace(tmp, os.path.join(d, name))
+os.umask(login_umask)  # the agent hands the login's umask to the job
+os.chdir(d)
+sys.argv = ["agent.py"] + sys.argv[2:]
+runpy.run_path("agent.py", run_name="__main__")
+"""
+
 
 def env_seconds(name: str, default: float) -> float:
     """A positive number of seconds from the environment, else the default."""
@@ -103,11 +122,16 @@ def parse_agent(res: Result, python: str) -> dict[str, Any]:
 
 
 def start_node(t: Transport, plan: Plan, np_: NodePlan, rdir: str) -> dict[str, Any]:
-    """Ship the agent and launch.json, start the job detached; return state.json once it runs."""
+    """Ship the agent and launch.json, start the job detached; return state.json once it runs.
+
+    One SSH exec: `BOOT` writes both files (sent on stdin, so no env value is ever on a command
+    line) and runs `agent.py start` in the run directory."""
     t.connect()
-    t.put(AGENT.read_bytes(), f"{rdir}/agent.py", 0o600)
-    t.put(json.dumps(launch_spec(plan, np_)).encode(), f"{rdir}/launch.json", 0o600)
-    state = agent_call(t, np_.node.python, rdir, ["start", ".", "--wait", str(START_WAIT_S)], START_WAIT_S + 30)
+    files = {"agent.py": AGENT.read_text(encoding="utf-8"), "launch.json": json.dumps(launch_spec(plan, np_))}
+    python = np_.node.python
+    res = t.run([python, "-c", BOOT, rdir, "start", ".", "--wait", str(START_WAIT_S)],
+                stdin=json.dumps(files).encode("ascii"), timeout=START_WAIT_S + 30)
+    state = parse_agent(res, python)
     if state.get("_exit") != 0 or not state.get("pid"):
         raise OrchError(f"{np_.node.name}: the job did not start: {state.get('reason') or state.get('state')}")
     return state

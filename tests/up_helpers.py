@@ -39,8 +39,9 @@ class Orch:
         return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=REPO, env=self.env,
                               capture_output=True, text=True, timeout=timeout)
 
-    def start(self, *args: str) -> UpProcess:
-        return UpProcess(self, list(args))
+    def start(self, *args: str, verbose: bool = False) -> UpProcess:
+        """`orch up ARGS` in the background (`orch -v up ARGS`: every remote command on stderr)."""
+        return UpProcess(self, list(args), verbose)
 
     def run_dir(self, run_id: str) -> Path:
         return self.home / "runs" / run_id
@@ -55,14 +56,14 @@ class Orch:
 class UpProcess:
     """A running `orch up` whose stdout (the merged log) and stderr go to files."""
 
-    def __init__(self, orch: Orch, args: list[str]) -> None:
+    def __init__(self, orch: Orch, args: list[str], verbose: bool = False) -> None:
         self.orch = orch
         self.out_path = orch.home.parent / f"up-{id(self)}.out"
         self.err_path = orch.home.parent / f"up-{id(self)}.err"
         self.out_path.parent.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, "-m", "orchestrator", *(["-v"] if verbose else []), "up", *args]
         with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
-            self.proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "up", *args], cwd=REPO,
-                                         env=orch.env, stdout=out, stderr=err)
+            self.proc = subprocess.Popen(argv, cwd=REPO, env=orch.env, stdout=out, stderr=err)
         self.started = time.monotonic()
 
     @property

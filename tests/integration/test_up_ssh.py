@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -17,7 +18,10 @@ from typing import Any
 
 import pytest
 
+from orchestrator import launch
+from orchestrator.logs import READER
 from tests.cluster import TestCluster, free_port
+from tests.logs_support import reader_pids
 from tests.up_helpers import DDP_JOB, REPO, Orch, ddp_job, leftover, node_log, node_state, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -40,6 +44,17 @@ def orch(tmp_path: Path) -> Orch:
 
 def run_root(cluster: TestCluster) -> Path:
     return cluster.root / "runs"
+
+
+def execs(err: str, script: str) -> list[str]:
+    """The nodes on which an `orch -v up` ran `python -c SCRIPT` (its log shows every remote command)."""
+    return re.findall(r"orch\.transport: (\S+)\$ exec \S+ -c " + re.escape(shlex.quote(script)), err)
+
+
+def status_execs(err: str) -> list[tuple[str, int]]:
+    """(node, --tail N) of every `agent.py status` SSH exec an `orch -v up` logged."""
+    return [(m.group(1), int(m.group(2)))
+            for m in re.finditer(r"orch\.transport: (\S+)\$ .* agent\.py status \. --tail (\d+)", err)]
 
 
 def test_success_4_nodes_x_2_processes(cluster: TestCluster, orch: Orch) -> None:
@@ -75,9 +90,51 @@ def test_success_4_nodes_x_2_processes(cluster: TestCluster, orch: Orch) -> None
     print(f"4x2 success: {time.monotonic() - t0:.1f} s wall; " + "; ".join(up.err.splitlines()[:3]))
 
 
+def test_a_healthy_run_is_supervised_without_a_single_status_exec(cluster: TestCluster, orch: Orch) -> None:
+    inv = inventory(cluster, nproc=1, job_env=ddp_job(steps=30, sleep=0.2))
+    up = orch.start(str(inv), "--skip-checks", verbose=True)
+    code = up.wait(180)
+    err = up.err
+    assert code == 0, err[-3000:]
+    run_id = up.run_id()
+    assert orch.run_json(run_id)["state"] == "succeeded"
+    # the node states came pushed through the log streams: no poll, no excerpt, no confirmation
+    assert status_execs(err) == []
+    # and each node cost one exec to ship and start the agent, and one log stream
+    nodes = ["node1", "node2", "node3", "node4"]
+    assert sorted(execs(err, launch.BOOT)) == nodes
+    assert sorted(execs(err, READER)) == nodes
+    assert leftover(cluster, run_id) == {}
+
+
+def test_a_node_whose_log_stream_goes_silent_is_polled_until_heard_again(cluster: TestCluster, orch: Orch) -> None:
+    inv = inventory(cluster, nproc=1, job_env=ddp_job(steps=150, sleep=0.1))
+    up = orch.start(str(inv), "--skip-checks", verbose=True)
+    run_id = up.wait_running()
+    wait_for(lambda: "step 2 " in node_log(run_root(cluster), run_id, "node2"), 90, "node2 to step")
+    node_dir = str(run_root(cluster) / run_id / "node2")
+    readers = wait_for(lambda: reader_pids(node_dir), 30, "node2's log reader")
+    for pid in readers:
+        os.kill(pid, signal.SIGSTOP)  # the stream goes silent; the node and its job do not
+    try:
+        wait_for(lambda: status_execs(up.err), 30, "a status poll of the silent node")
+    finally:
+        for pid in readers:
+            os.kill(pid, signal.SIGCONT)
+    time.sleep(2.0)  # heard again within a heartbeat; a poll already under way may still finish
+    polled = status_execs(up.err)
+    code = up.wait(180)
+    err = up.err
+    assert code == 0, err[-3000:]
+    assert {n for n, _tail in polled} == {"node2"}
+    assert status_execs(err) == polled, "still polled after its stream was heard again"
+    assert orch.run_json(run_id)["state"] == "succeeded"
+    assert leftover(cluster, run_id) == {}
+
+
 def test_kill9_torchrun_on_one_node_fails_fast_and_cleans_every_node(cluster: TestCluster, orch: Orch) -> None:
     inv = inventory(cluster, nproc=2, job_env=ddp_job(steps=400, sleep=0.2))
-    up = orch.start(str(inv), "--skip-checks")
+    up = orch.start(str(inv), "--skip-checks", verbose=True)
     run_id = up.wait_running()
     wait_for(lambda: "step 2 " in node_log(run_root(cluster), run_id, "node3"), 90, "node3's workers to step")
     pid = node_state(run_root(cluster), run_id, "node3")["pid"]
@@ -92,6 +149,11 @@ def test_kill9_torchrun_on_one_node_fails_fast_and_cleans_every_node(cluster: Te
     assert leftover(cluster, run_id) == {}
     ff = orch.run_json(run_id)["first_failure"]
     assert ff["node"] == "node3" and ff["exit_code"] == -9
+    # node3's failure came pushed: it was asked only for its log excerpt; the others once, to
+    # order failures that could have happened at the same time
+    execs = status_execs(up.err)
+    assert [(n, tail) for n, tail in execs if n == "node3"] == [("node3", 200)], execs
+    assert sorted(n for n, tail in execs if tail == 0) == ["node1", "node2", "node4"], execs
     print(f"kill -9 -> orch up exit after {elapsed:.1f} s; teardown "
           f"{orch.run_json(run_id).get('teardown_s')} s")
 

@@ -8,12 +8,15 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from orchestrator import agent
+from orchestrator.launch import BOOT
+from orchestrator.logs import READER, read_frames
 
 AGENT = str(Path(agent.__file__))
 
@@ -108,6 +111,77 @@ def test_stop_without_the_agent_still_finds_the_job(tmp_path: Path) -> None:
     assert state(d)["state"] == "stopped"
 
 
+def reader(d: Path) -> tuple[subprocess.Popen[bytes], Iterator[tuple[str, bytes]]]:
+    """The log reader `orch up` runs on a node, asked for status frames, polling every 50 ms."""
+    proc = subprocess.Popen([sys.executable, "-c", READER, str(d), "0", "0.05", "0", "1"], stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    return proc, read_frames(proc.stdout)
+
+
+def next_status(frames: Iterator[tuple[str, bytes]], until: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    for kind, payload in frames:
+        if kind == "S":
+            st = dict(json.loads(payload))
+            if until(st):
+                return st
+    raise AssertionError("the reader ended")
+
+
+SAME = ("state", "exit_code", "signal", "pid", "pgid", "agent_pid", "started_at", "finished_at", "agent_alive")
+
+
+def test_the_log_readers_status_frames_say_what_agent_status_says(tmp_path: Path) -> None:
+    d = prepare(tmp_path, "setsid sleep 303 & while true; do sleep 0.2; done")
+    assert call("start", str(d))[0] == 0
+    time.sleep(1.3)  # one snapshot of the job's processes
+    proc, frames = reader(d)
+    try:
+        st = next_status(frames, lambda s: True)
+        want = agent.status(str(d))
+        assert st["state"] == "running" and st["agent_alive"] is True
+        assert {k: st[k] for k in SAME} == {k: want[k] for k in SAME}
+        # nothing changes: heartbeats only, no status frame again
+        kinds, until = [], time.monotonic() + 0.5
+        for kind, _payload in frames:
+            kinds.append(kind)
+            if time.monotonic() > until:
+                break
+        assert "S" not in kinds and kinds.count("H") >= 3, kinds
+        os.kill(st["agent_pid"], signal.SIGKILL)  # the agent vanishes, its job does not
+        st = next_status(frames, lambda s: not s["agent_alive"])
+        want = agent.status(str(d))
+        assert st["job_alive"] is True and want["job_alive"] is True and want["agent_alive"] is False
+        assert call("stop", str(d), "--grace", "1")[0] == 0
+        st = next_status(frames, lambda s: s["state"] != "running")
+        assert st["state"] == "stopped" and st["finished_at"] == state(d)["finished_at"]
+        assert [k for k, _p in frames] == ["E"]  # the final status, then the end of the stream
+        assert proc.wait(10) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+        call("stop", str(d), "--grace", "1")
+
+
+def test_boot_ships_the_files_privately_and_starts_the_agent(tmp_path: Path) -> None:
+    d = tmp_path / "runs" / "r1" / "n1"  # none of it exists yet
+    spec = {"run": f"boot-{os.getpid()}", "node": "n1", "argv": ["sh", "-c", 'echo "umask $(umask)"'],
+            "env": {}, "cwd": str(tmp_path), "grace": 1.0}
+    files = {"agent.py": Path(AGENT).read_text(), "launch.json": json.dumps(spec)}
+    r = subprocess.run([sys.executable, "-c", BOOT, str(d), "start", ".", "--wait", "20"],
+                       input=json.dumps(files).encode("ascii"), capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.decode().splitlines()[-1])["pid"]
+    assert (d / "agent.py").read_text() == files["agent.py"]
+    assert json.loads((d / "launch.json").read_text())["argv"] == spec["argv"]
+    for path in (d, d.parent, d / "agent.py", d / "launch.json"):
+        assert path.stat().st_mode & 0o077 == 0, f"{path} is not private"
+    assert not list(d.glob("*.tmp.*"))
+    wait_state(d, "succeeded")
+    mine = os.umask(0o022)
+    os.umask(mine)
+    assert f" out umask {mine:04o}" in (d / "node.log").read_text()  # the job keeps the login's umask
+
+
 def test_bad_interpreter_fails_start_with_the_reason(tmp_path: Path) -> None:
     d = tmp_path / "r"
     d.mkdir()
@@ -153,3 +227,13 @@ def test_the_agent_is_stdlib_only() -> None:
     mods = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     mods |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert mods <= set(sys.stdlib_module_names) | {"__future__"}, mods
+
+
+@pytest.mark.parametrize("source", [READER, BOOT], ids=["log reader", "boot"])
+def test_the_snippets_sent_to_nodes_are_stdlib_only_python36(source: str) -> None:
+    import ast
+
+    tree = ast.parse(source, feature_version=(3, 6))
+    mods = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    mods |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert mods and mods <= set(sys.stdlib_module_names), mods

@@ -590,14 +590,19 @@ def merge_plain(blocks: Sequence[Iterable[str]], nodes: Sequence[PlainNode],
     pending: list[list[tuple[Any, str]]] = [[] for _ in nodes]
     live = list(range(len(nodes)))
     key = itemgetter(0)
+    block_lines = [1] * len(nodes)
     while True:
+        # Top up every node left with less than half a block: a node holding back only a line or
+        # two would otherwise set the next threshold alone, and each round would release little.
         for i in list(live):
-            while not pending[i]:
+            while len(pending[i]) < block_lines[i] // 2 + 1:
                 block = next(sources[i], None)
                 if block is None:
                     live.remove(i)
                     break
-                pending[i] = renderers[i].render(block)
+                rendered = renderers[i].render(block)
+                block_lines[i] = len(rendered)
+                pending[i] = pending[i] + rendered if pending[i] else rendered
         if not any(pending):
             return
         # Every line still to come from a live node has a key >= that node's last pending key;

@@ -9,8 +9,8 @@ On the controller, `$ORCH_HOME/runs/<run-id>/` keeps the inventory snapshot, `pl
 
 An attached `orch up` supervises through the log streams: each node's log reader also pushes
 the node's status when it changes, so a healthy run costs no SSH exec after the start. A node
-whose stream has been silent for `ORCH_STREAM_SILENT_S` is polled with `agent.py status` until
-it is heard from again.
+whose stream has been silent for `ORCH_STREAM_SILENT_S` (a stream not yet up: for half the
+unreachable grace) is polled with `agent.py status` until it is heard from again.
 
 Tunables for supervision (environment, seconds): `ORCH_POLL_INTERVAL_S` (default 1: the status
 poll of a silent node), `ORCH_STREAM_SILENT_S` (default 3), `ORCH_UNREACHABLE_GRACE_S` (default
@@ -374,7 +374,7 @@ def attached(con: Console, run: RunDir, record: RunRecord, plan: Plan, cluster: 
         return list(status_node(cluster[name], r["python"], r["remote_dir"], tail=200).get("tail") or [])
 
     pushed = Pushed([p.node.name for p in plan.nodes], poll_one, silent_after=silent_after,
-                    interval=interval, stale_after=grace / 2)
+                    first_frame_s=grace / 2, interval=interval, stale_after=grace / 2)
     sup = Supervisor([NodeSpec(p.node.name, p.node_rank, p.global_ranks.start, p.node.nproc_per_node)
                       for p in plan.nodes],
                      observe=pushed.observe,

@@ -266,16 +266,19 @@ class Pushed:
     whichever is newer, the pushed status or the poll's answer, is its observation. If the poll
     fails or hangs, the node is unreachable since it was last heard from: the supervisor's grace
     then means "silent that long". A final pushed state is the node's last word (its stream ends
-    after it), so it is never polled."""
+    after it), so it is never polled. A stream's first frame may take `first_frame_s` (a login
+    shell and a python start on a node busy starting its job) before its node counts as silent."""
 
     def __init__(self, names: Sequence[str], poll_one: Callable[[str], Mapping[str, Any]], *,
-                 silent_after: float = 3.0, interval: float = 1.0, stale_after: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 silent_after: float = 3.0, first_frame_s: float = 0.0, interval: float = 1.0,
+                 stale_after: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.names = list(names)
         self.silent_after = silent_after
+        self.first_frame_s = max(silent_after, first_frame_s)
         self.clock = clock
         now = clock()
         self.heard: dict[str, float] = {n: now for n in self.names}  # silence counts from the start
+        self.unheard = set(self.names)
         self.pushed: dict[str, tuple[float, Mapping[str, Any]]] = {}
         self.lock = threading.Lock()
         self.news = threading.Event()
@@ -292,12 +295,14 @@ class Pushed:
         """Any frame from the node's stream: it is alive."""
         with self.lock:
             self.heard[name] = self.clock()
+            self.unheard.discard(name)
 
     def status(self, name: str, status: Mapping[str, Any]) -> None:
         """The node's status, as its reader sent it."""
         with self.lock:
             now = self.clock()
             self.heard[name] = now
+            self.unheard.discard(name)
             self.pushed[name] = (now, dict(status))
         self.news.set()
 
@@ -309,7 +314,12 @@ class Pushed:
             pushed = self.pushed.get(name)
             if pushed is not None and pushed[1].get("state") in FINAL:
                 return False
-            return self.clock() - self.heard[name] >= self.silent_after
+            return self._quiet(name, self.clock())
+
+    def _quiet(self, name: str, now: float) -> bool:
+        """Silent longer than its stream may be (under the lock)."""
+        allowed = self.first_frame_s if name in self.unheard else self.silent_after
+        return now - self.heard[name] >= allowed
 
     def observe(self) -> dict[str, Observation]:
         latest, answered, answered_ok, inflight = self.poller.snapshot()
@@ -319,7 +329,7 @@ class Pushed:
             for name in self.names:
                 at, pushed = self.pushed.get(name, (-math.inf, None))
                 heard = self.heard[name]
-                if pushed is not None and (pushed.get("state") in FINAL or now - heard < self.silent_after):
+                if pushed is not None and (pushed.get("state") in FINAL or not self._quiet(name, now)):
                     out[name] = pushed
                     continue
                 # the stream is silent: a poll decides, once it has answered since

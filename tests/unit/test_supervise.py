@@ -390,3 +390,23 @@ def test_a_pushed_status_wakes_the_supervisor() -> None:
     started = time.monotonic()
     pushed.wait(5.0)
     assert time.monotonic() - started < 2.0
+
+
+def test_a_stream_may_take_longer_for_its_first_frame_than_to_stay_heard() -> None:
+    clock, polls = Clock(), Polls()
+    pushed = pushed_for(polls, clock, first_frame_s=5.0)
+    try:
+        clock.t += 1.0
+        pushed.status("n1", ok())  # n1's stream came up; n2 and n3 are still starting theirs
+        clock.t += 3.5  # n1 silent 3.5 s since its last frame; n2, n3 unheard for 4.5 s
+        wait_until(lambda: "n1" in polls.asked)
+        time.sleep(0.1)
+        assert set(polls.asked) == {"n1"}
+        pushed.status("n1", ok())
+        pushed.frame("n2")
+        clock.t += 1.0  # n3: 5.5 s and still no frame
+        wait_until(lambda: "n3" in polls.asked)
+        time.sleep(0.1)
+        assert set(polls.asked) == {"n1", "n3"}
+    finally:
+        pushed.close(wait=1.0)

@@ -92,6 +92,10 @@ def test_success_4_nodes_x_2_processes(cluster: TestCluster, orch: Orch) -> None
 
 def test_a_healthy_run_is_supervised_without_a_single_status_exec(cluster: TestCluster, orch: Orch) -> None:
     inv = inventory(cluster, nproc=1, job_env=ddp_job(steps=30, sleep=0.2))
+    # Streams send a frame every 0.2 s; only a reader starved for 20 s (a CI machine far beyond
+    # what the job alone loads it with) may fall back to a poll here. The old design polled
+    # every node every second whatever the load.
+    orch.env.update(ORCH_STREAM_SILENT_S="20", ORCH_UNREACHABLE_GRACE_S="60")
     up = orch.start(str(inv), "--skip-checks", verbose=True)
     code = up.wait(180)
     err = up.err

@@ -256,6 +256,18 @@ def follow_memory(base: Path, nodes: int, live_s: float, catchup_lines: int) -> 
     return out
 
 
+def merge_rss(base: Path, nodes: int, lines: int) -> float:
+    """Peak RSS (MB) of a fresh process running the `orch logs` path once over these files."""
+    code = ("import resource, sys; sys.path.insert(0, sys.argv[1]); from bench.log_merge import dataset, orch_logs; "
+            "from pathlib import Path; orch_logs(dataset(Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))); "
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
+    out = subprocess.run([sys.executable, "-c", code, str(ROOT), str(base), str(nodes), str(lines)],
+                         check=True, capture_output=True, text=True).stdout
+    rss = round(float(out.split()[-1]), 1)
+    print(f"  {nodes:2d} nodes: orch_logs peak RSS {rss} MB (a fresh process, {nodes * lines:,} lines)", flush=True)
+    return rss
+
+
 def summary_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     """The rows bench/summary.md shows: merge ratios against `sort -m`, and follow memory."""
     rows: list[dict[str, Any]] = []
@@ -268,6 +280,9 @@ def summary_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
                          "orch": r["median_s"], "peer": t["sort_m"]["median_s"], "ratio": r["ratio_to_sort_m"],
                          "goal": "<= 2" if key == "orch_logs" else "report",
                          "met": r["ratio_to_sort_m"] <= 2 if key == "orch_logs" else None})
+        rows.append({"what": f"orch logs peak RSS MB, {t['nodes']} nodes x {t['lines_per_node']} lines",
+                     "orch": t["orch_logs_peak_rss_mb"], "peer": None, "ratio": None,
+                     "goal": "report (constant in the number of lines)", "met": None})
     mem = results["follow_memory"]
     peak = max(mem["live"]["peak_rss_mb"], mem["catchup"]["peak_rss_mb"])
     rows.append({"what": f"controller RSS MB following {mem['nodes']} nodes (live / catching up)",
@@ -294,17 +309,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "machine": {**machine(), "loadavg_at_start": os.getloadavg()},
         "params": vars(args), "throughput": [],
     }
-    print(f"merge throughput (median of {args.reps} runs, {args.big_reps} for 16+ nodes, after a warm-up):",
-          flush=True)
-    for nodes in (int(x) for x in args.nodes.split(",")):
-        reps = args.big_reps if nodes >= 16 else args.reps
-        results["throughput"].append(throughput(base, nodes, args.lines, reps))  # type: ignore[attr-defined]
+    # Memory first, in a process that has merged nothing yet: the throughput runs below leave
+    # their freed blocks in the allocator, which would count against the follower.
     print("controller memory while following:", flush=True)
     home = base / "home"
     shutil.rmtree(home, ignore_errors=True)
     for d in base.glob("noderuns-*"):
         shutil.rmtree(d, ignore_errors=True)
     results["follow_memory"] = follow_memory(base, args.follow_nodes, args.live_seconds, args.catchup_lines)
+    print(f"merge throughput (median of {args.reps} runs, {args.big_reps} for 16+ nodes, after a warm-up):",
+          flush=True)
+    for nodes in (int(x) for x in args.nodes.split(",")):
+        reps = args.big_reps if nodes >= 16 else args.reps
+        results["throughput"].append(throughput(base, nodes, args.lines, reps))  # type: ignore[attr-defined]
+        results["throughput"][-1]["orch_logs_peak_rss_mb"] = merge_rss(base, nodes, args.lines)  # type: ignore[index]
     results["machine"]["loadavg_at_end"] = os.getloadavg()  # type: ignore[index]
     results["benchmark"] = "log_merge"
     results["summary"] = summary_rows(results)

@@ -665,8 +665,9 @@ def write_merged_log(run: RunDir, sources: list[NodeSource], offsets_ms: Mapping
             fh.write(chunk)
 
 
-BLOCK_BYTES = 32 << 20
-"""Bytes of node logs the plain merge holds at once (split between the nodes)."""
+BLOCK_BYTES = 4 << 20
+"""Bytes of node logs the plain merge reads at once, split between the nodes (at least 32 KiB
+each). Rendered lines, keys and the batch take a few times that in memory."""
 
 
 def copy_blocks(src: NodeSource, size: int) -> Iterator[str]:
@@ -695,7 +696,7 @@ def plain_merged(sources: list[NodeSource], offsets_ms: Mapping[str, float],
                   widths: tuple[int, int]) -> Iterator[str]:
     """Every node's copy, merged, as chunks of plain `TIME NODE RANK TEXT` lines (the fast path
     for what `format_line(merge(...))` prints when nothing is filtered)."""
-    size = max(64 << 10, BLOCK_BYTES // max(1, len(sources)))
+    size = max(32 << 10, BLOCK_BYTES // max(1, len(sources)))
     return merge_plain([copy_blocks(s, size) for s in sources],
                        [PlainNode(s.node, s.base_rank, offsets_ms.get(s.node, 0.0)) for s in sources], widths)
 

@@ -44,6 +44,7 @@ from .supervise import (
     Outcome,
     Pushed,
     Supervisor,
+    corrected,
     run_state,
     select_excerpt,
     sigint_shielded,
@@ -381,7 +382,7 @@ def attached(con: Console, run: RunDir, record: RunRecord, plan: Plan, cluster: 
                      stop_all=lambda: stop_all(cluster, records, inv.job.stop_grace_s),
                      excerpt=excerpt, confirm=lambda names: status_all(cluster, [r for r in records if r["node"] in names], timeout=3.0),
                      interval=min(interval, 0.5), unreachable_grace=grace, sleep=pushed.wait,
-                     on_update=lambda nodes: record.update_nodes(nodes))
+                     on_update=lambda nodes: record.update_nodes(nodes), offsets_s=offsets_s(run, inv))
     stop_logs = threading.Event()
     logs = threading.Thread(target=stream_logs, args=(run, inv, cluster, stop_logs, pushed), daemon=True,
                             name="logs")
@@ -488,7 +489,7 @@ def status_command(run_id: str | None, *, as_json: bool = False) -> int:
         fields: dict[str, Any] = {"state": state}
         if state == "failed" and not data.get("first_failure"):
             # a detached run failed with nobody watching: name its first failure now
-            fields["first_failure"] = detached_failure(cluster, records, statuses)
+            fields["first_failure"] = detached_failure(cluster, records, statuses, offsets_s(run, inv))
     RunRecord(run).update_nodes({n: s for n, s in statuses.items() if s.get("state") != "unreachable"}, **fields)
     out = status_json(run.read(), statuses)
     if as_json:
@@ -498,13 +499,22 @@ def status_command(run_id: str | None, *, as_json: bool = False) -> int:
     return 0
 
 
+def offsets_s(run: RunDir, inv: Inventory) -> dict[str, float]:
+    """The clock offsets (s) the run's preflight (else the last `orch check`) measured."""
+    from .logs import load_offsets
+
+    return {node: ms / 1000.0 for node, ms in load_offsets(run, inv)[0].items()}
+
+
 def detached_failure(cluster: Cluster, records: list[dict[str, Any]],
-                     statuses: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None:
-    """The earliest failed node of a run, with its excerpt, judged after the fact."""
+                     statuses: Mapping[str, Mapping[str, Any]],
+                     offsets: Mapping[str, float] | None = None) -> dict[str, Any] | None:
+    """The earliest failed node of a run (on the reference clock), with its excerpt, judged after
+    the fact."""
     specs = {r["node"]: NodeSpec(r["node"], r["node_rank"], r.get("base_rank", 0), r.get("nproc", 1))
              for r in records}
     failures = [f for n, s in statuses.items() if n in specs and s.get("state") == "failed"
-                for f in [Supervisor.node_failure(specs[n], s)] if f is not None]
+                for f in [corrected(Supervisor.node_failure(specs[n], s), offsets or {})] if f is not None]
     if not failures:
         return None
     first = min(failures, key=lambda f: f.order)

@@ -157,6 +157,13 @@ def run_state(node_states: Sequence[str], recorded: str) -> str:
     return recorded
 
 
+def corrected(failure: Failure | None, offsets_s: Mapping[str, float]) -> Failure | None:
+    """A failure whose `order` (the node's clock) is moved to the reference clock."""
+    if failure is not None and failure.order != math.inf:
+        failure.order -= offsets_s.get(failure.node, 0.0)
+    return failure
+
+
 # ----------------------------------------------------------------------------- polling
 
 
@@ -386,8 +393,12 @@ class Supervisor:
                  confirm: Callable[[Sequence[str]], Mapping[str, Observation]] | None = None,
                  interval: float = 1.0, unreachable_grace: float = 10.0,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                 on_update: Callable[[Mapping[str, Mapping[str, Any]]], None] | None = None) -> None:
+                 on_update: Callable[[Mapping[str, Mapping[str, Any]]], None] | None = None,
+                 offsets_s: Mapping[str, float] | None = None) -> None:
         self.specs = {s.name: s for s in specs}
+        self.offsets_s = dict(offsets_s or {})
+        """Each node's clock offset (s, node minus reference) as `orch check` measured it: a node
+        reports when it failed on its own clock, so failures are ordered on the reference clock."""
         self.observe = observe
         self.stop_all = stop_all
         self.excerpt = excerpt
@@ -439,7 +450,7 @@ class Supervisor:
                 continue
             self.unreachable_since.pop(name, None)
             changed |= self._set(name, dict(obs))
-            failure = self.node_failure(spec, obs)
+            failure = self.failure_of(spec, obs)
             if failure is not None:
                 candidates.append(failure)
         if changed and self.on_update is not None:
@@ -471,11 +482,15 @@ class Supervisor:
         out = []
         for name, obs in self.confirm(healthy).items():
             if name in healthy and isinstance(obs, Mapping):
-                failure = self.node_failure(self.specs[name], obs)
+                failure = self.failure_of(self.specs[name], obs)
                 if failure is not None:
                     out.append(failure)
                     self.nodes[name] = dict(obs)
         return out
+
+    def failure_of(self, spec: NodeSpec, obs: Mapping[str, Any]) -> Failure | None:
+        """`node_failure`, ordered on the reference clock (the node's offset taken out)."""
+        return corrected(self.node_failure(spec, obs), self.offsets_s)
 
     @staticmethod
     def node_failure(spec: NodeSpec, obs: Mapping[str, Any]) -> Failure | None:

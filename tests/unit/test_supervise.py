@@ -410,3 +410,32 @@ def test_a_stream_may_take_longer_for_its_first_frame_than_to_stay_heard() -> No
         assert set(polls.asked) == {"n1", "n3"}
     finally:
         pushed.close(wait=1.0)
+
+
+def test_failures_are_ordered_on_the_reference_clock_not_each_nodes_own() -> None:
+    # n1's clock runs 5 s ahead: its 100.0 is 95.0 on the reference clock, before n2's 98.0
+    rounds = [{"n1": ok("failed", exit_code=1, finished_at=100.0), "n2": ok("failed", exit_code=1, finished_at=98.0),
+               "n3": ok()}]
+    sup, _ = supervisor(list(rounds))
+    assert sup.run().failure.node == "n2"  # type: ignore[union-attr]  # uncorrected: n2's clock reads earlier
+    sup, _ = supervisor(list(rounds))
+    sup.offsets_s = {"n1": 5.0}
+    out = sup.run()
+    assert out.failure is not None and out.failure.node == "n1"
+    assert out.failure.order == 95.0
+
+
+def test_detached_failure_uses_the_offsets_too() -> None:
+    from orchestrator import launch
+
+    records = [{"node": "n1", "node_rank": 0, "python": "python3", "remote_dir": "/r"},
+               {"node": "n2", "node_rank": 1, "python": "python3", "remote_dir": "/r"}]
+    statuses = {"n1": ok("failed", exit_code=1, finished_at=100.0), "n2": ok("failed", exit_code=2, finished_at=98.0)}
+
+    class NoCluster:
+        def __getitem__(self, name: str) -> Any:
+            raise launch.OrchError(f"{name}: not reachable in this test")
+
+    first = launch.detached_failure(NoCluster(), records, statuses, {"n1": 5.0})  # type: ignore[arg-type]
+    assert first is not None and first["node"] == "n1"
+    assert launch.detached_failure(NoCluster(), records, statuses)["node"] == "n2"  # type: ignore[arg-type, index]

@@ -209,7 +209,7 @@ def follow_memory(base: Path, nodes: int, live_s: float, catchup_lines: int) -> 
     """Peak RSS while following `nodes` local nodes: live appends, then catching up on big logs."""
     os.environ["ORCH_HOME"] = str(base / "home")
     from orchestrator.inventory import parse
-    from orchestrator.logs import Follower
+    from orchestrator.logs import Follower, fetch_all
     from orchestrator.runs import RunStore, remote_dir
     from orchestrator.transport import Cluster
 
@@ -239,6 +239,8 @@ def follow_memory(base: Path, nodes: int, live_s: float, catchup_lines: int) -> 
         sampler.start()
         start, n, lag = time.monotonic(), 0, []
         with Cluster(inv) as cluster:
+            if scenario == "catchup":  # as `orch logs -f` does: bring the copies up to date, then follow
+                fetch_all(run, inv, cluster)
             for line in Follower(run, inv, cluster, watermark=1.0).lines():
                 n += 1
                 if scenario == "live" and n % 50 == 0:

@@ -5,7 +5,7 @@ re-exported here. This module adds the side effects:
 
 - A stdlib-only reader (`READER`) runs on each node with the node's python and streams
   `node.log` from a byte offset in frames (`D <n>` + n bytes, `H <state>` heartbeats while idle,
-  `S <json>` the node's status when it changes, if asked for, `E <state>` when the node's
+  `S <json>` the node's status when it changes, if asked for, `E <state> <node time>` when the node's
   state.json is final and the log is drained).
 - The controller appends only whole lines to `<run dir>/nodes/<node>.log` and counts the bytes it
   appended, so a reconnect resumes at exactly the next unseen line: nothing lost, nothing twice.
@@ -127,7 +127,7 @@ while True:
             f.seek(off)
         except OSError:
             f = None
-    sent = False
+    sent, t = False, time.time()  # every line stamped before t is in the file now, or being written
     while f is not None:
         b = f.read(1 << 16)
         if not b:
@@ -141,7 +141,7 @@ while True:
             out.write(b"S " + json.dumps(dict(now, now=time.time())).encode() + b"\n")
             sent = True
     if once or s in FINAL:
-        out.write(b"E " + s.encode() + b"\n")
+        out.write(b"E %s %.6f\n" % (s.encode(), t))
         out.flush()
         break
     if not sent:
@@ -264,10 +264,12 @@ class LocalCopy:
         """Forget a half-received line; it is fetched again from `offset` after a reconnect."""
         self.partial = b""
 
-    def existing(self) -> Iterator[bytes]:
-        """The lines already in the copy (up to the offset when this copy was opened)."""
+    def existing(self, start: int = 0) -> Iterator[bytes]:
+        """The lines already in the copy from byte `start` (up to the offset when this copy was
+        opened)."""
         end = self.offset
         with open(self.path, "rb") as fh:
+            fh.seek(start)
             while fh.tell() < end:
                 line = fh.readline()
                 if not line:
@@ -294,12 +296,36 @@ def fetch_node(transport: Transport, src: NodeSource, timeout: float = 120.0) ->
             if kind == "D":
                 copy.feed(payload)
             elif kind == "E":
-                return payload.decode()
+                state, _, drained = payload.decode().partition(" ")
+                if drained and copy.writer:
+                    _write_private(drained_path(src), drained)
+                return state
         raise TransportError(src.node, "unreachable", "the log stream ended before the log was read to its end")
     finally:
         watchdog.cancel()
         proc.close()
         copy.close()
+
+
+def drained_path(src: NodeSource) -> Path:
+    """`<copy>.drained`: the node time at which the copy last held every line the node had
+    written (its reader's final drain), so lines stamped before it (less a margin) are all in."""
+    return src.copy.with_name(src.copy.name + ".drained")
+
+
+def _write_private(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+def drained_at(src: NodeSource) -> float | None:
+    try:
+        return float(drained_path(src).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def fetch_all(run: RunDir, inv: Inventory, cluster: Cluster,
@@ -422,13 +448,12 @@ class Follower:
         return parse_node_line(raw.decode("utf-8", "replace"), st.src.node, st.src.node_rank,
                                st.src.base_rank, fallback_ts=last_ts)
 
-    def _read_node(self, st: _NodeState) -> None:
-        """Thread body: replay the local copy (from_start), then stream the node until final."""
-        copy = LocalCopy(st.src.copy)
-        last_ts = 0.0
+    def _read_node(self, st: _NodeState, copy: LocalCopy, start: int | None, last_ts: float) -> None:
+        """Thread body: push the local copy from byte `start` (None: none of it) through the live
+        merge, then stream the node from the end of the copy until final."""
         try:
-            if self.from_start:
-                for raw in copy.existing():
+            if start is not None:
+                for raw in copy.existing(start):
                     line = self._parse(st, raw, last_ts)
                     last_ts = line.ts
                     self._push(st, line)
@@ -469,7 +494,7 @@ class Follower:
                         if self.on_status is not None:
                             self.on_status(st.src.node, _status(payload))
                     else:
-                        st.remote_state = payload.decode()
+                        st.remote_state = payload.decode().partition(" ")[0]
                         return
             except (TransportError, ProtocolError, OSError, EOFError) as exc:
                 reason = str(exc) or type(exc).__name__
@@ -515,15 +540,30 @@ class Follower:
             proc.close()
 
     def lines(self, stop: threading.Event | None = None) -> Generator[LogLine, None, None]:
-        """Every node's lines, ordered, until every node is final and drained, or `stop` is set."""
+        """Every node's lines, ordered, until every node is final and drained, or `stop` is set.
+
+        With `from_start`, what the local copies hold up to the time every node's copy is known
+        complete (their `.drained` stamps, from `fetch_all`) comes first, merged in one pass: no
+        thread, queue or watermark per line, so catching up on a long run is a plain k-way merge.
+        The rest of each copy, then the node's live stream, go through the watermark merge."""
         stop = stop or threading.Event()
-        threads = [threading.Thread(target=self._read_node, args=(st,), daemon=True,
-                                    name=f"orch-logs-{st.src.node}") for st in self.nodes]
-        for t in threads:
-            t.start()
+        copies = [LocalCopy(st.src.copy) for st in self.nodes]
+        threads: list[threading.Thread] = []
         merged = self._open_merged()
         widths = column_widths([st.src.node for st in self.nodes], _world_size(self.run, self.inv))
+        starts: list[int | None] = [0 if self.from_start else None] * len(self.nodes)
+        last_ts = [0.0] * len(self.nodes)
         try:
+            horizon = self._horizon() if self.from_start else None
+            if horizon is not None:
+                yield from self._replay(copies, horizon, starts, last_ts, stop, merged, widths)
+                if stop.is_set():
+                    return
+            threads = [threading.Thread(target=self._read_node, args=(st, copy, starts[st.index], last_ts[st.index]),
+                                        daemon=True, name=f"orch-logs-{st.src.node}")
+                       for st, copy in zip(self.nodes, copies)]
+            for t in threads:
+                t.start()
             yield from self._order(stop, merged, widths)
         finally:
             self._halt.set()
@@ -532,8 +572,49 @@ class Follower:
                     st.proc.close()
             for t in threads:
                 t.join(timeout=5)
+            if not threads:  # ended before the readers took their copies over
+                for copy in copies:
+                    copy.close()
             if merged is not None:
                 merged.close()
+
+    def _horizon(self) -> float | None:
+        """The merge key up to which every node's copy is complete; None when a node's is unknown."""
+        keys = []
+        for st in self.nodes:
+            drained = drained_at(st.src)
+            if drained is None:
+                return None
+            keys.append(drained - LiveMerge.HEARTBEAT_MARGIN - self.offsets_ms.get(st.src.node, 0.0) / 1000.0)
+        return min(keys, default=None)
+
+    def _replay(self, copies: list[LocalCopy], horizon: float, starts: list[int | None], last_ts: list[float],
+                stop: threading.Event, merged: IO[str] | None, widths: tuple[int, int]) -> Iterator[LogLine]:
+        """The copies' lines up to `horizon`, merged; `starts`/`last_ts` get where each stopped."""
+
+        def upto(st: _NodeState, copy: LocalCopy) -> Iterator[LogLine]:
+            pos, last, top = 0, 0.0, float("-inf")
+            offset = self.offsets_ms.get(st.src.node, 0.0) / 1000.0
+            try:
+                for raw in copy.existing():
+                    line = self._parse(st, raw, last)
+                    top = max(top, line.ts - offset)  # the merge key is a running maximum too
+                    if top > horizon:
+                        break
+                    pos, last = pos + len(raw), line.ts
+                    yield line
+            finally:
+                starts[st.index], last_ts[st.index] = pos, last
+
+        streams = [upto(st, copy) for st, copy in zip(self.nodes, copies)]
+        for n, line in enumerate(merge(streams, self.offsets_ms)):
+            if merged is not None:
+                merged.write(format_line(line, False, node_width=widths[0], rank_width=widths[1]) + "\n")
+            yield line
+            if not n % 1024 and stop.is_set():
+                return
+        if merged is not None:
+            merged.flush()
 
     def _order(self, stop: threading.Event, merged: IO[str] | None,
                widths: tuple[int, int]) -> Iterator[LogLine]:

@@ -256,3 +256,60 @@ class TestCommand:
             with pytest.raises(SystemExit) as exc:
                 main(args)
             assert exc.value.code == 2, args
+
+
+def test_catch_up_merges_the_copies_in_one_pass_up_to_where_every_copy_is_complete(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`orch logs -f` of a long run: the lines every copy is known to hold (up to the earliest
+    `.drained` stamp, from the fetch) come out of one k-way merge; only the lines after it, and
+    the live stream, go through the watermark merge. Nothing lost, nothing twice, in order."""
+    from orchestrator.logmerge import format_ts
+    from orchestrator.logs import drained_path
+
+    names = ["a", "b", "c"]
+    inv, run = make_run(tmp_path, names)
+    t0 = time.time() - 600
+    for i, name in enumerate(names):
+        write_state(inv, run, name, "succeeded")
+        d = Path(os.path.expanduser(remote_dir(inv, inv.node(name), run.run_id)))
+        (d / "node.log").write_text("".join(f"{format_ts(t0 + k * 0.01 + i * 0.001)} out [default0]:step seq={k}\n"
+                                            for k in range(3000)))
+    assert all(isinstance(v, str) for v in fetch_all(run, inv, Cluster(inv)).values())
+    sources = {s.node: s for s in node_sources(run, inv)}
+    assert all(drained_path(s).exists() for s in sources.values())
+    # b's copy is known complete only up to line 2000 (as if fetched earlier than the others)
+    drained_path(sources["b"]).write_text(f"{t0 + 20.0 + 0.001 + LiveMerge.HEARTBEAT_MARGIN:.6f}")
+    pushed: list[str] = []
+    real_push = Follower._push
+
+    def counting_push(self: Follower, st: object, line: LogLine) -> None:
+        pushed.append(line.text)
+        real_push(self, st, line)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Follower, "_push", counting_push)
+    out = [ln for _, ln in follow_all(Follower(run, inv, Cluster(inv), watermark=0.5, poll_s=0.1))]
+    assert seqs_by_node([(ln.node, ln.text) for ln in out]) == {n: list(range(3000)) for n in names}
+    keys = [(ln.ts, ln.node_rank) for ln in out]
+    assert keys == sorted(keys)
+    # every line at or before b's horizon came from the one-pass merge, the rest through the queue
+    assert 2900 < len(pushed) < 3100, len(pushed)
+    assert len(run.merged_log.read_text().splitlines()) == 9000
+
+
+def test_without_drain_stamps_catch_up_goes_through_the_live_merge(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.logmerge import format_ts
+    from orchestrator.logs import drained_path
+
+    inv, run = make_run(tmp_path, ["a", "b"])
+    for i, name in enumerate(["a", "b"]):
+        write_state(inv, run, name, "succeeded")
+        d = Path(os.path.expanduser(remote_dir(inv, inv.node(name), run.run_id)))
+        (d / "node.log").write_text("".join(f"{format_ts(1e9 + k + i / 10)} out x{k}\n" for k in range(50)))
+    fetch_all(run, inv, Cluster(inv))
+    drained_path(node_sources(run, inv)[1]).unlink()  # one node's completeness is unknown
+    pushed: list[str] = []
+    real_push = Follower._push
+    monkeypatch.setattr(Follower, "_push", lambda self, st, line: (pushed.append(line.text), real_push(self, st, line)))
+    out = [ln.text for _, ln in follow_all(Follower(run, inv, Cluster(inv), watermark=0.2, poll_s=0.1))]
+    assert len(out) == 100 and len(pushed) == 100

@@ -157,23 +157,35 @@ class ProtocolError(Exception):
 
 def read_frames(stream: IO[bytes]) -> Iterator[tuple[str, bytes]]:
     """Frames from a reader's output: ("D", data), ("H", b"state node-time"), ("S", b"status JSON"),
-    ("E", state). Ends at EOF."""
+    ("E", b"state node-time"). Ends at EOF.
+
+    Lines before the first frame are the node's login shell talking (a `~/.bashrc` that echoes,
+    `pyenv: cannot rehash` when several logins race): skipped, unless no frame ever follows or
+    they are a Python traceback (the reader itself failed), which raise ProtocolError."""
+    preamble: list[bytes] = []
+    framed = False
     while True:
         header = stream.readline()
         if not header:
+            if preamble and not framed:
+                raise ProtocolError(b"".join(preamble).decode("utf-8", "replace").strip()[-500:])
             return
         kind, _, arg = header.rstrip(b"\n").partition(b" ")
-        if kind == b"D":
+        if kind == b"D" and arg.isdigit():
             size = int(arg)
             data = stream.read(size)
             if len(data) < size:  # the connection died mid-frame: resume from the offset
                 return
+            framed = True
             yield "D", data
         elif kind in (b"H", b"E", b"S"):
+            framed = True
             yield kind.decode(), arg
+        elif not framed and not kind.startswith(b"Traceback") and len(preamble) < 100:
+            preamble.append(header)
         else:
             rest = stream.read(2000) if kind.startswith(b"Traceback") else b""
-            raise ProtocolError((header + rest).decode("utf-8", "replace").strip()[-500:])
+            raise ProtocolError((b"".join(preamble[-5:]) + header + rest).decode("utf-8", "replace").strip()[-500:])
 
 
 # ----------------------------------------------------------------------------- per-node sources

@@ -9,6 +9,7 @@ import signal
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -188,3 +189,27 @@ def test_pulled_cable_is_detected_by_the_missing_heartbeat_and_resumed(netns_clu
     assert any("no data or heartbeat for 2 s" in m for m in msgs), msgs
     seqs = seqs_by_node([(ln.node, ln.text) for ln in lines])
     assert seqs["node2"] == list(range(300)) and seqs["node1"] == list(range(100))
+
+
+def test_a_chatty_login_shell_does_not_break_the_log_stream(make_cluster: Callable[..., TestCluster],
+                                                           tmp_path: Path) -> None:
+    """Users' ~/.bashrc print (conda banners, `pyenv: cannot rehash` when logins race, a welcome
+    line): whatever it writes ahead of the reader's frames is skipped, not a protocol error."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".bashrc").write_text('echo "welcome to $ORCH_TEST_NODE"\necho "pyenv: cannot rehash: shims isn\'t writable" >&2\n')
+    c = make_cluster(2, node_env={n: {"HOME": str(home)} for n in ("node1", "node2")})
+    inv = load(c.write_inventory(job={"nproc_per_node": 2, "run_root": str(tmp_path / "runs")}))
+    run = RunStore().create(inv, "r1")
+    for n in ("node1", "node2"):
+        assert start_writer(inv, run, n, 5, 0.001).wait(timeout=30) == 0
+    got = CliRunner().invoke(cli, ["logs", "r1", "--json"])
+    assert got.exit_code == 0, got.output
+    assert "cannot fetch" not in got.stderr, got.stderr
+    nodes = [json.loads(x)["node"] for x in got.stdout.splitlines()]
+    assert nodes.count("node1") == 7 and nodes.count("node2") == 7
+    with Cluster(inv) as transports:
+        events: list[str] = []
+        lines = list(Follower(run, inv, transports, watermark=0.2, from_start=True,
+                              on_event=lambda node, msg: events.append(f"{node}: {msg}")).lines())
+    assert len(lines) == 14 and not any("reconnecting" in e for e in events), events

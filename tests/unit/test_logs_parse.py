@@ -128,3 +128,41 @@ class TestLineShapes:
         lines = list(read_node_lines(raws, "n1", 0, 0))
         assert [ln.text for ln in lines] == ["a", "torn", "b"]
         assert lines[1].ts == lines[0].ts
+
+
+class TestFrames:
+    """The node reader's stream arrives with the login shell's stderr merged in front of it."""
+
+    @staticmethod
+    def frames(raw: bytes) -> list[tuple[str, bytes]]:
+        import io
+
+        from orchestrator.logs import read_frames
+
+        return list(read_frames(io.BytesIO(raw)))
+
+    def test_login_shell_noise_before_the_first_frame_is_skipped(self) -> None:
+        raw = (b"rm: cannot remove '/root/.pyenv/shims/tmp.X': No such file or directory\n"
+               b"pyenv: cannot rehash: /root/.pyenv/shims isn't writable\n"
+               b"D 6\nabc\nd\nH running 1.5\nE succeeded 2.0\n")
+        assert self.frames(raw) == [("D", b"abc\nd\n"), ("H", b"running 1.5"), ("E", b"succeeded 2.0")]
+
+    def test_noise_without_any_frame_is_an_error_that_shows_it(self) -> None:
+        import pytest
+
+        from orchestrator.logs import ProtocolError
+
+        with pytest.raises(ProtocolError, match="python3: not found"):
+            self.frames(b"bash: line 1: python3: not found\n")
+
+    def test_a_traceback_or_garbage_after_frames_is_an_error(self) -> None:
+        import pytest
+
+        from orchestrator.logs import ProtocolError
+
+        with pytest.raises(ProtocolError, match="ZeroDivisionError"):
+            self.frames(b"Traceback (most recent call last):\n  File x\nZeroDivisionError: division by zero\n")
+        with pytest.raises(ProtocolError, match="garbage"):
+            self.frames(b"H running 1.0\ngarbage\n")
+        with pytest.raises(ProtocolError, match="D oops"):
+            self.frames(b"H running 1.0\nD oops\n")

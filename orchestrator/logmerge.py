@@ -118,19 +118,14 @@ def parse_node_line(raw: str, node: str, node_rank: int, base_rank: int | None,
     if raw.endswith("\n"):
         raw = raw[:-1]
     m = HEAD.match(raw)
-    epoch = None
-    if m is not None:
-        sec, cache = m.group(1), _parse_cache
-        epoch = cache.epoch if sec == cache.prefix else _valid_second(sec)
+    epoch = None if m is None else _valid_second(m.group(1))
     if m is None or epoch is None:
         if fallback_ts is None:
             raise ValueError(f"not a node.log line (no UTC µs timestamp): {raw[:60]!r}")
         return LogLine(fallback_ts, node, node_rank, None, None, "out", raw)
     stream, tee, trainer = m.group(2, 3, 4)
     local_rank = int(tee) if tee is not None else None
-    rank = int(trainer) if trainer is not None else None
-    if rank is None and local_rank is not None and base_rank is not None:
-        rank = base_rank + local_rank
+    rank = global_rank(local_rank, trainer, base_rank)
     return LogLine(epoch + int(raw[20:26]) / 1_000_000, node, node_rank, rank, local_rank, stream or "",
                    raw[m.end():])
 
@@ -138,8 +133,20 @@ def parse_node_line(raw: str, node: str, node_rank: int, base_rank: int | None,
 SECOND = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", re.ASCII)
 
 
+def global_rank(local_rank: int | None, trainer: str | None, base_rank: int | None) -> int | None:
+    """A worker line's global rank: the trainer's `[rank R] ` when present, else `base_rank +
+    local_rank` (static rendezvous: a node's workers are base_rank..base_rank+nproc-1), else None."""
+    if trainer is not None:
+        return int(trainer)
+    if local_rank is not None and base_rank is not None:
+        return base_rank + local_rank
+    return None
+
+
 def _valid_second(sec: str) -> int | None:
     """The epoch of a `YYYY-MM-DDTHH:MM:SS` (cached as the last one), None if it is no date."""
+    if sec == _parse_cache.prefix:
+        return _parse_cache.epoch
     if SECOND.fullmatch(sec) is None:
         return None
     try:
@@ -407,7 +414,16 @@ def node_color(node: str) -> str:
 
 def rank_label(line: LogLine) -> str:
     """`r9` for worker lines, `-` for torchrun's and the agent's own."""
-    return f"r{line.rank}" if line.rank is not None else "-"
+    return _rank_text(line.rank)
+
+
+def _rank_text(rank: int | None) -> str:
+    return f"r{rank}" if rank is not None else "-"
+
+
+def _last_state(text: str) -> str:
+    """What a terminal shows of a line redrawn with carriage returns: its last state."""
+    return text.rstrip("\r").rsplit("\r", 1)[-1]
 
 
 def format_line(line: LogLine, color: bool, *, node_width: int = 0, rank_width: int = 0) -> str:
@@ -419,7 +435,7 @@ def format_line(line: LogLine, color: bool, *, node_width: int = 0, rank_width: 
     stamp = format_ts(line.ts)
     text = line.text
     if "\r" in text:  # a progress bar redrawn in place: show what the terminal would show last
-        text = text.rstrip("\r").rsplit("\r", 1)[-1]
+        text = _last_state(text)
     if not color:
         return f"{stamp} {node} {rank} {text}"
     if line.stream == "err":
@@ -468,7 +484,7 @@ class _Renderer:
         self.float_keys = float_keys  # order by epoch floats minus the offset, else by the stamp text
         self.node_col = " " + node.node.ljust(node_width) + " "
         self.rank_width = rank_width
-        self.no_rank = self.node_col + "-".rjust(rank_width) + " "
+        self.no_rank = self._columns(None)
         self.offset = node.offset_ms / 1000.0
         self.closed: dict[str, str] = {}  # heads ending with the trainer prefix -> middle columns
         self.open: dict[str, str] = {}  # every other head seen
@@ -477,14 +493,14 @@ class _Renderer:
         self.sec = "\0"  # the last second seen (no line starts with NUL), and its epoch (None: no date)
         self.epoch: int | None = None
 
+    def _columns(self, rank: int | None) -> str:
+        """` NODE RANK `, padded as format_line pads them."""
+        return self.node_col + _rank_text(rank).rjust(self.rank_width) + " "
+
     def _mid(self, m: re.Match[str]) -> str:
         """The node and rank columns of a line whose head `m` matched (cached per head)."""
         tee, trainer = m.group(3, 4)
-        rank = int(trainer) if trainer is not None else None
-        if rank is None and tee is not None and self.base_rank is not None:
-            rank = self.base_rank + int(tee)
-        label = f"r{rank}" if rank is not None else "-"
-        mid = self.node_col + label.rjust(self.rank_width) + " "
+        mid = self._columns(global_rank(int(tee) if tee is not None else None, trainer, self.base_rank))
         # A head that ends with the trainer's `[rank R] ` cannot extend further, so a line that
         # starts with it (after a valid stamp) has exactly this head: the fast lookup's table.
         (self.closed if trainer is not None else self.open)[m.string[27:m.end()]] = mid
@@ -561,11 +577,6 @@ class _Renderer:
         if "\r" in text:
             text = _last_state(text)
         return key, f"{self.stamp}{mid}{text}"
-
-
-def _last_state(text: str) -> str:
-    """What a terminal shows of a line redrawn with carriage returns: its last state."""
-    return text.rstrip("\r").rsplit("\r", 1)[-1]
 
 
 _USEC = itemgetter(slice(19, 28))

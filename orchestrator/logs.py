@@ -43,6 +43,7 @@ from .logmerge import (
     format_line,
     last_n,
     merge,
+    merge_key,
     merge_plain,
     parse_node_line,
     parse_nodes,
@@ -51,7 +52,7 @@ from .logmerge import (
     read_node_lines,
     to_json,
 )
-from .runs import RunDir, RunStore, orch_home, remote_dir
+from .runs import RunDir, RunStore, orch_home, remote_dir, write_private
 from .transport import Cluster, Process, Transport, fan_out
 
 __all__ = [
@@ -310,7 +311,7 @@ def fetch_node(transport: Transport, src: NodeSource, timeout: float = 120.0) ->
             elif kind == "E":
                 state, _, drained = payload.decode().partition(" ")
                 if drained and copy.writer:
-                    _write_private(drained_path(src), drained)
+                    write_private(drained_path(src), drained)
                 return state
         raise TransportError(src.node, "unreachable", "the log stream ended before the log was read to its end")
     finally:
@@ -323,14 +324,6 @@ def drained_path(src: NodeSource) -> Path:
     """`<copy>.drained`: the node time at which the copy last held every line the node had
     written (its reader's final drain), so lines stamped before it (less a margin) are all in."""
     return src.copy.with_name(src.copy.name + ".drained")
-
-
-def _write_private(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
 
 
 def drained_at(src: NodeSource) -> float | None:
@@ -606,11 +599,10 @@ class Follower:
 
         def upto(st: _NodeState, copy: LocalCopy) -> Iterator[LogLine]:
             pos, last, top = 0, 0.0, float("-inf")
-            offset = self.offsets_ms.get(st.src.node, 0.0) / 1000.0
             try:
                 for raw in copy.existing():
                     line = self._parse(st, raw, last)
-                    top = max(top, line.ts - offset)  # the merge key is a running maximum too
+                    top = max(top, merge_key(line, self.offsets_ms))  # a running maximum, as in merge()
                     if top > horizon:
                         break
                     pos, last = pos + len(raw), line.ts

@@ -328,7 +328,7 @@ def probe_args(inv: Inventory, node: Node, want: Sequence[str], token: str, n_pe
     is_master = node.name == inv.master.name
     net = "ports" in want or "rdma" in want
     return {
-        "mode": "facts", "node": node.name, "token": token, "want": list(want),
+        "node": node.name, "token": token, "want": list(want),
         "inventory_env": sorted(node.env),
         "ntp_server": inv.checks.clock.ntp_server if "clock" in want else None,
         "paths": paths, "text_for": [k for k in paths if k.replace("-", "_") == "data"],

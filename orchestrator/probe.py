@@ -617,6 +617,7 @@ def verbs_ping(target: dict, timeout: float) -> dict:
 
 
 def facts_mode(args: dict) -> int:
+    """The one run: listeners, facts, then the controller's commands until stdin ends."""
     start = time.monotonic()
     listeners = {}
     listen = {}
@@ -696,8 +697,7 @@ def connect_all(targets: list, token: str, timeout: float) -> list:
 
 
 def main(argv: list) -> int:
-    args = json.loads(argv[1]) if len(argv) > 1 else {"mode": "facts"}
-    return facts_mode(args)
+    return facts_mode(json.loads(argv[1]) if len(argv) > 1 else {})
 
 
 if __name__ == "__main__":

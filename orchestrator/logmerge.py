@@ -54,6 +54,8 @@ class LogLine:
     stream: str
     """out | err | orch (the agent's own messages)."""
     text: str
+    stamp: str = ""
+    """The node's stamp as written (a torn line: the previous line's); "" means format_ts(ts)."""
 
 
 # ----------------------------------------------------------------------------- time
@@ -98,7 +100,8 @@ def format_ts(ts: float) -> str:
     us = round(ts * 1_000_000)
     sec, frac = divmod(us, 1_000_000)
     if sec != _format_cache.second:
-        _format_cache.text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec))
+        t = time.gmtime(sec)  # not strftime: glibc's %Y does not pad years before 1000 to 4 digits
+        _format_cache.text = f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}T{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}"
         _format_cache.second = sec
     return f"{_format_cache.text}.{frac:06d}Z"
 
@@ -107,13 +110,14 @@ def format_ts(ts: float) -> str:
 
 
 def parse_node_line(raw: str, node: str, node_rank: int, base_rank: int | None,
-                    fallback_ts: float | None = None) -> LogLine:
+                    fallback_ts: float | None = None, fallback_stamp: str = "") -> LogLine:
     """Parse one `node.log` line (with or without its newline).
 
     Global rank: the trainer's `[rank R] ` prefix when present, else `base_rank + local_rank`
     (static rendezvous: this node's workers are base_rank..base_rank+nproc-1), else None.
-    A line without a valid timestamp (a torn write, a hand-edited file) gets `fallback_ts` and
-    stream `out`; without a fallback it raises ValueError.
+    A line without a valid timestamp (a torn write, a hand-edited file) gets `fallback_ts` (and
+    `fallback_stamp`, the previous line's stamp) and stream `out`; without a fallback it raises
+    ValueError.
     """
     if raw.endswith("\n"):
         raw = raw[:-1]
@@ -122,12 +126,12 @@ def parse_node_line(raw: str, node: str, node_rank: int, base_rank: int | None,
     if m is None or epoch is None:
         if fallback_ts is None:
             raise ValueError(f"not a node.log line (no UTC µs timestamp): {raw[:60]!r}")
-        return LogLine(fallback_ts, node, node_rank, None, None, "out", raw)
+        return LogLine(fallback_ts, node, node_rank, None, None, "out", raw, fallback_stamp)
     stream, tee, trainer = m.group(2, 3, 4)
     local_rank = int(tee) if tee is not None else None
     rank = global_rank(local_rank, trainer, base_rank)
     return LogLine(epoch + int(raw[20:26]) / 1_000_000, node, node_rank, rank, local_rank, stream or "",
-                   raw[m.end():])
+                   raw[m.end():], raw[:TS_LEN])
 
 
 SECOND = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", re.ASCII)
@@ -158,10 +162,10 @@ def _valid_second(sec: str) -> int | None:
 def read_node_lines(lines: Iterable[str], node: str, node_rank: int,
                     base_rank: int | None) -> Iterator[LogLine]:
     """Parse a node's log lines in file order; an unparsable line inherits the previous time."""
-    last = 0.0
+    last, stamp = 0.0, ""
     for raw in lines:
-        line = parse_node_line(raw, node, node_rank, base_rank, fallback_ts=last)
-        last = line.ts
+        line = parse_node_line(raw, node, node_rank, base_rank, fallback_ts=last, fallback_stamp=stamp)
+        last, stamp = line.ts, line.stamp
         yield line
 
 
@@ -432,7 +436,7 @@ def format_line(line: LogLine, color: bool, *, node_width: int = 0, rank_width: 
     verbatim; here a line redrawn with carriage returns shows only its last state."""
     node = line.node.ljust(node_width)
     rank = rank_label(line).rjust(rank_width)
-    stamp = format_ts(line.ts)
+    stamp = line.stamp or format_ts(line.ts)
     text = line.text
     if "\r" in text:  # a progress bar redrawn in place: show what the terminal would show last
         text = _last_state(text)
@@ -447,7 +451,7 @@ def format_line(line: LogLine, color: bool, *, node_width: int = 0, rank_width: 
 
 def to_json(line: LogLine) -> str:
     """One CONTRACT.md logs object (plus `stream`)."""
-    return json.dumps({"ts": format_ts(line.ts), "node": line.node, "node_rank": line.node_rank,
+    return json.dumps({"ts": line.stamp or format_ts(line.ts), "node": line.node, "node_rank": line.node_rank,
                        "rank": line.rank, "local_rank": line.local_rank, "line": line.text,
                        "stream": line.stream}, ensure_ascii=False)
 

@@ -14,9 +14,11 @@ depths, each after a warm-up, median of `--reps`:
   path of `--json`, filters and the live follow);
 - `orch_logs_general`: that, plus formatting the aligned text and writing it (what `orch logs`
   did for every output before the block merge);
-- `orch_logs`: what `orch logs RUN > file` runs now: `orchestrator.logs.plain_merged`, which
-  reads the node copies in blocks, renders each line's columns straight from its text and
-  merges blocks with one sort per batch, then writes the chunks.
+- `orch_logs`: what `orch logs RUN > file` runs now: `orchestrator.logs.plain_merged_bytes`,
+  the C merge (`orchestrator._fastmerge`: reads each copy in blocks, renders each line's columns
+  from its text, heap-merges, writes chunks of bytes);
+- `orch_logs_python`: the pure-Python block merge (`plain_merged`) that runs where the C merge
+  could not be built: blocks, columns per prefix, one sort per batch.
 
 Memory: peak RSS of this process while a Follower follows 32 nodes (local transport, node dirs
 on this machine): once while every node appends lines live, once catching up on existing logs.
@@ -131,11 +133,31 @@ def merge_parsed(files: list[Path]) -> int:
     return n
 
 
-def orch_logs(files: list[Path]) -> int:
-    from orchestrator.logs import NodeSource, plain_merged
+def _sources(files: list[Path]) -> tuple[list[Any], tuple[int, int]]:
+    from orchestrator.logs import NodeSource
 
     sources = [NodeSource(f"node{i:02d}", i, i * 8, "", "", f) for i, f in enumerate(files)]
-    widths = column_widths([s.node for s in sources], 8 * len(files))
+    return sources, column_widths([s.node for s in sources], 8 * len(files))
+
+
+def orch_logs(files: list[Path]) -> int:
+    """What `orch logs RUN > file` runs: the merged bytes (the C merge where it is built)."""
+    from orchestrator.logs import plain_merged_bytes
+
+    sources, widths = _sources(files)
+    n = 0
+    with open(os.devnull, "wb") as out:
+        for chunk in plain_merged_bytes(sources, {}, widths):
+            out.write(chunk)
+            n += chunk.count(b"\n")
+    return n
+
+
+def orch_logs_python(files: list[Path]) -> int:
+    """The pure-Python block merge: what runs where the C merge could not be built."""
+    from orchestrator.logs import plain_merged
+
+    sources, widths = _sources(files)
     n = 0
     with open(os.devnull, "w") as out:
         for chunk in plain_merged(sources, {}, widths):
@@ -164,7 +186,7 @@ def throughput(base: Path, nodes: int, lines: int, reps: int) -> dict[str, objec
                                  "bytes": sum(f.stat().st_size for f in files)}
     result["sort_m"] = timed(sort_fn, reps)
     for name, fn in (("merge_raw", merge_raw), ("merge_parsed", merge_parsed), ("orch_logs", orch_logs),
-                     ("orch_logs_general", orch_logs_general)):
+                     ("orch_logs_python", orch_logs_python), ("orch_logs_general", orch_logs_general)):
         # The files are in the page cache already (sort -m's warm-up read them all); warming
         # the Python code up on two files is enough and keeps a 32-node run within minutes.
         r = timed(functools.partial(fn, files), reps, warmup=functools.partial(fn, files[:2]))
@@ -275,6 +297,7 @@ def summary_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for t in results["throughput"]:
         for key, what in (("orch_logs", "orch logs (read, render columns, merge, write)"),
+                          ("orch_logs_python", "orch logs without the C merge (pure-Python block merge)"),
                           ("orch_logs_general", "general path: LogLine per line, heap merge, format (reference)"),
                           ("merge_raw", "text merge on the timestamp (reference)")):
             r = t[key]

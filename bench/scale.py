@@ -3,7 +3,7 @@
 For N in {4, 64, 512} nodes: time to parse+validate an inventory and build every node's torchrun
 command, time to k-way merge a fixed number of parsed log lines per node (the heap merge of the
 live follow, `--json` and filters), and time to merge as many raw node.log lines into plain text
-(the block merge of `orch logs` and merged.log). Reports the cost per node (plan) and per line
+(the block merge of `orch logs` and merged.log, in Python and in C). Reports the cost per node (plan) and per line
 (merges); goal: linear or better in N.
 """
 
@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from bench.common import write
@@ -77,6 +79,31 @@ def plain_merge_seconds(n: int, lines_per_node: int, reps: int, block_lines: int
     return statistics.median(samples)
 
 
+def c_merge_seconds(n: int, lines_per_node: int, reps: int) -> float | None:
+    """The C merge (what `orch logs` runs where it is built) over n node files; None if not built."""
+    from orchestrator.logmerge import column_widths, format_ts
+    from orchestrator.logs import NodeSource, fast_merge_available, plain_merged_bytes
+
+    if not fast_merge_available():
+        return None
+    with tempfile.TemporaryDirectory() as d:
+        sources = []
+        for node in range(n):
+            path = Path(d, f"gpu{node:04d}.log")
+            path.write_text("".join(
+                f"{format_ts(1_764_495_125.0 + i * 0.01 + node * 1e-6)} out [default{i % 8}]:[rank {node * 8 + i % 8}] "
+                f"step {i}\n" for i in range(lines_per_node)))
+            sources.append(NodeSource(f"gpu{node:04d}", node, node * 8, "", "", path))
+        widths = column_widths([s.node for s in sources], 8 * n)
+        samples = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            for _chunk in plain_merged_bytes(sources, {}, widths):
+                pass
+            samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--reps", type=int, default=5)
@@ -90,14 +117,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         plan_s = plan_seconds(n, args.reps)
         merge_s = merge_seconds(n, args.lines_per_node, args.reps)
         plain_s = plain_merge_seconds(n, args.lines_per_node, args.reps)
+        c_s = c_merge_seconds(n, args.lines_per_node, args.reps)
         total = n * args.lines_per_node
         rows.append({"nodes": n, "plan_s": plan_s, "plan_us_per_node": plan_s / n * 1e6,
                      "merge_s": merge_s,
                      "merge_ns_per_line": None if merge_s is None else merge_s / total * 1e9,
-                     "plain_merge_s": plain_s, "plain_merge_ns_per_line": plain_s / total * 1e9})
+                     "plain_merge_s": plain_s, "plain_merge_ns_per_line": plain_s / total * 1e9,
+                     "c_merge_s": c_s, "c_merge_ns_per_line": None if c_s is None else c_s / total * 1e9})
         print(f"scale: {n:4d} nodes  plan {plan_s * 1e3:8.2f} ms ({plan_s / n * 1e6:7.1f} us/node)"
               + ("" if merge_s is None else f"  merge {merge_s:6.2f} s ({merge_s / total * 1e9:6.0f} ns/line)")
-              + f"  block merge {plain_s:6.2f} s ({plain_s / total * 1e9:6.0f} ns/line)", flush=True)
+              + f"  block merge {plain_s:6.2f} s ({plain_s / total * 1e9:6.0f} ns/line)"
+              + ("" if c_s is None else f"  C merge {c_s:6.3f} s ({c_s / total * 1e9:6.0f} ns/line)"), flush=True)
     small, big = rows[0], rows[-1]
     growth = {"plan_per_node_ratio_512_vs_4": big["plan_us_per_node"] / small["plan_us_per_node"]}
     if big["merge_ns_per_line"] and small["merge_ns_per_line"]:
@@ -113,6 +143,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     r = growth["plain_merge_per_line_ratio_512_vs_4"]
     summary.append({"what": "block merge (orch logs) cost per line, 512 vs 4 nodes", "orch": r, "peer": None,
                     "ratio": r, "goal": "<= log2(512)/log2(4) = 4.5 (sort of sorted runs)", "met": r <= 4.5})
+    if big["c_merge_ns_per_line"] and small["c_merge_ns_per_line"]:
+        r = growth["c_merge_per_line_ratio_512_vs_4"] = big["c_merge_ns_per_line"] / small["c_merge_ns_per_line"]
+        summary.append({"what": "C merge (orch logs where built) cost per line, 512 vs 4 nodes", "orch": r,
+                        "peer": None, "ratio": r, "goal": "<= log2(512)/log2(4) = 4.5 (k-way heap)", "met": r <= 4.5})
     result = {"rows": rows, "growth": growth, "summary": summary,
               "goal": "per-node plan cost and per-line merge cost stay flat or grow no faster than log(N)"}
     write("scale", result)

@@ -285,6 +285,17 @@ class SSHTransport(Transport):
         _install_host_key_policy(conn.client, opts.known_hosts, opts.host_key_policy)
         return conn
 
+    def _open(self, conn: Any) -> None:
+        """conn.open() over a socket of ours with TCP_NODELAY when the connection is direct (no
+        gateway or ProxyCommand from the ssh config): paramiko's own socket leaves Nagle on, and each
+        of the handshake's three round trips (key exchange, auth, session) then waits ~40 ms for the
+        server's delayed ACK."""
+        if conn.gateway is None:
+            conn.connect_kwargs["sock"] = _tcp_connect(conn.host, int(conn.port), conn.connect_timeout)
+        elif not isinstance(conn.gateway, str) and not conn.gateway.is_connected:
+            self._open(conn.gateway)  # the jump host's own connection, then the channel through it
+        conn.open()
+
     def connect(self) -> float:
         with self._lock:
             if self._conn is not None and self._conn.is_connected:
@@ -292,7 +303,7 @@ class SSHTransport(Transport):
             start = time.monotonic()
             conn = self._connection(self.node.host)
             try:
-                conn.open()
+                self._open(conn)
             except Exception as exc:  # translated into one error vocabulary below
                 conn.close()
                 raise _translate(self.node, exc) from None
@@ -360,6 +371,50 @@ class SSHTransport(Transport):
                 except Exception:  # closing a broken connection must not mask the real error
                     pass
                 self._conn = None
+
+
+class _QuickAckSocket(socket.socket):
+    """A TCP socket that acknowledges what it receives at once (TCP_QUICKACK after every recv;
+    Linux clears it on its own). sshd does not set TCP_NODELAY for a non-interactive session, so
+    each of its small writes that follows one we have not acknowledged yet (the debug and
+    hostkeys messages after auth, then the channel confirmation; a probe's lines) would otherwise
+    wait for our delayed ACK, up to 40 ms."""
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        data = super().recv(bufsize, flags)
+        if QUICKACK is not None:
+            try:
+                self.setsockopt(socket.IPPROTO_TCP, QUICKACK, 1)
+            except OSError:
+                pass
+        return data
+
+
+QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
+
+
+def _tcp_connect(host: str, port: int, timeout: float | None) -> socket.socket:
+    """A connected TCP socket with TCP_NODELAY, tried over every address of `host` the way
+    paramiko's SSHClient.connect does (the same NoValidConnectionsError when all refuse)."""
+    from paramiko.ssh_exception import NoValidConnectionsError
+
+    errors: dict[tuple[str, int] | tuple[str, int, int, int], Exception] = {}
+    infos = [i for i in socket.getaddrinfo(host, port, socket.AF_UNSPEC, socket.SOCK_STREAM)
+             if i[1] == socket.SOCK_STREAM]
+    for family, _, _, _, addr in infos:
+        sock = _QuickAckSocket(family, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(addr)
+        except OSError as exc:
+            sock.close()
+            if exc.errno not in (errno.ECONNREFUSED, errno.EHOSTUNREACH):
+                raise
+            errors[(str(addr[0]), int(addr[1]))] = exc
+            continue
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+    raise NoValidConnectionsError(errors)
 
 
 def _install_host_key_policy(client: Any, known_hosts: str, policy: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -92,6 +93,17 @@ def test_fan_out_with_one_link_down_waits_connect_timeout_not_more(netns_cluster
     assert isinstance(got["node2"], TransportError) and got["node2"].kind == "unreachable"
     # the dead node costs its connect_timeout (a TCP timer, not CPU-bound), not more
     assert took["node2"] < 2 + 1.5
+
+
+def test_a_direct_connection_sends_without_nagle(shared):
+    """The socket under a direct connection has TCP_NODELAY (each handshake round trip otherwise
+    waits for sshd's delayed ACK), and commands run over it as before."""
+    inv = _inv(shared)
+    with SSHTransport(inv.nodes[0]) as t:
+        assert t.run(["sh", "-c", "echo $ORCH_TEST_NODE"]).check().stdout.strip() == "node1"
+        sock = t._conn.client.get_transport().sock
+        assert isinstance(sock, socket.socket)
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
 
 
 # ----------------------------------------------------------------------------- host keys and auth

@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         "peer": None, "ratio": r, "goal": "<= log2(512)/log2(4) = 4.5 (k-way heap)", "met": r <= 4.5})
     result = {"rows": rows, "growth": growth, "summary": summary,
               "goal": "per-node plan cost and per-line merge cost stay flat or grow no faster than log(N)"}
-    write("scale", result)
+    write("scale.quick" if args.quick else "scale", result)
     return result
 
 

@@ -8,22 +8,24 @@ Every run's report is also saved, with the measured clock offsets, to
 from __future__ import annotations
 
 import json
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.table import Table
-
-from . import checks as checks_mod
-from .checks import CheckResult
 from .errors import UsageError
 from .facts import collect
 from .inventory import CHECK_NAMES, Inventory
 from .runs import orch_home, write_private
 from .transport import Cluster
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from .checks import CheckResult
 
 Progress = Callable[[str, int, int], None]
 
@@ -68,26 +70,42 @@ def select_checks(only: Iterable[str] | None, skip: Iterable[str] | None) -> lis
 
 def run_preflight(inv: Inventory, cluster: Cluster | None = None, only: Iterable[str] | None = None,
                   skip: Iterable[str] | None = None, progress: Progress | None = None,
-                  save: bool = True) -> CheckReport:
+                  save: bool = True, render: bool = True) -> CheckReport:
     """Probe every node in parallel and judge; never raises for a node that is down.
 
     With `save` (the default) the report also goes to `$ORCH_HOME/checks/<inventory name>.json`,
-    where `orch up` (copying it into the run) and `orch logs` (clock offsets) read it."""
+    where `orch up` (copying it into the run) and `orch logs` (clock offsets) read it. `render`
+    says the caller will print the table (rich is then imported while the nodes are probed)."""
     selected = select_checks(only, skip)
     start = time.monotonic()
     own = cluster is None
     cluster = cluster or Cluster(inv)
+    # What judging and rendering need is imported while the nodes are probed, not before the
+    # first connection (the controller mostly waits during the probe).
+    warm = threading.Thread(target=_import_judging, args=(render,), daemon=True, name="orch-import")
+    warm.start()
     try:
         facts = collect(inv, cluster, selected, progress)
     finally:
         if own:
             cluster.close()
+    warm.join()
+    from . import checks as checks_mod
+
     results = checks_mod.run_checks(inv, facts, selected)
     offsets, _, ref = checks_mod.clock_offsets(inv, facts)
     report = CheckReport(results, offsets, ref, time.monotonic() - start)
     if save:
         save_report(inv, report)
     return report
+
+
+def _import_judging(render: bool) -> None:
+    """Import the checks, and rich when a table will be printed, ahead of use."""
+    from . import checks  # noqa: F401
+
+    if render:
+        import rich.table  # noqa: F401
 
 
 def report_path(inv: Inventory) -> Path:
@@ -113,6 +131,8 @@ def load_offsets(path: Path) -> dict[str, float] | None:
 
 def render_report(report: CheckReport, console: Console) -> None:
     """One table grouped by check, a row per node: status, value, detail, hint."""
+    from rich.table import Table
+
     from .ui import styled
 
     table = Table(show_lines=False, pad_edge=False, expand=False)
@@ -142,17 +162,17 @@ def _escape(text: str) -> str:
 
 def check_command(inv: Inventory, only: Sequence[str] | None, skip: Sequence[str] | None, as_json: bool) -> int:
     """`orch check`: progress on stderr (a terminal only), then the table or the JSON; 0 / 1."""
-    from .ui import console
+    from .ui import console, may_be_terminal
 
-    err = console(stderr=True)
     selected = select_checks(only, skip)
-    if err.is_terminal:
+    err = console(stderr=True) if may_be_terminal(sys.stderr) else None
+    if err is not None and err.is_terminal:
         with err.status(f"probing {len(inv.nodes)} nodes...") as status:
             def progress(label: str, done: int, total: int) -> None:
                 status.update(f"{label} ({done}/{total})")
-            report = run_preflight(inv, only=selected, progress=progress)
+            report = run_preflight(inv, only=selected, progress=progress, render=not as_json)
     else:
-        report = run_preflight(inv, only=selected)
+        report = run_preflight(inv, only=selected, render=not as_json)
     if as_json:
         print(json.dumps(report.to_json(inv.path), indent=2))
     else:

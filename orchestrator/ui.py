@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
 
-from rich.console import Console
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def color_enabled(stream: object = None) -> bool:
@@ -20,8 +22,22 @@ def color_enabled(stream: object = None) -> bool:
     return bool(getattr(stream, "isatty", lambda: False)())
 
 
+def may_be_terminal(stream: object) -> bool:
+    """False only where `console()` on that stream would certainly not be a terminal (not a tty,
+    and none of the variables by which rich can be told otherwise), so `orch check --json` in a
+    pipe never imports rich."""
+    if "ipykernel" in sys.modules or any(v in os.environ for v in ("FORCE_COLOR", "TTY_COMPATIBLE")):
+        return True
+    try:
+        return bool(getattr(stream, "isatty", lambda: False)())
+    except ValueError:  # a closed stream
+        return False
+
+
 def console(stderr: bool = True) -> Console:
     """A rich console on stderr (for people) or stdout (tables that are the command's output)."""
+    from rich.console import Console
+
     stream = sys.stderr if stderr else sys.stdout
     color = color_enabled(stream)
     return Console(file=stream, no_color=not color, highlight=False, soft_wrap=False,

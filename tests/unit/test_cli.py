@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -91,3 +92,45 @@ def test_internal_errors_are_one_line_unless_verbose(monkeypatch: pytest.MonkeyP
     with pytest.raises(SystemExit):
         main(["-v", "status"])
     assert "Traceback" in capsys.readouterr().err
+
+
+def test_rich_is_imported_only_where_it_may_draw(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`may_be_terminal` is False only where rich would not see a terminal either: a tty, or any
+    variable that makes rich treat a pipe as one, says True."""
+    from orchestrator.ui import console, may_be_terminal
+
+    class Tty:
+        def isatty(self) -> bool:
+            return True
+
+    class Pipe:
+        def isatty(self) -> bool:
+            return False
+
+    for var in ("FORCE_COLOR", "TTY_COMPATIBLE", "NO_COLOR"):
+        monkeypatch.delenv(var, raising=False)
+    assert may_be_terminal(Tty()) and not may_be_terminal(Pipe()) and not may_be_terminal(object())
+    monkeypatch.setattr(sys, "stderr", Pipe())
+    assert not console(stderr=True).is_terminal
+    for var, value in (("FORCE_COLOR", "1"), ("TTY_COMPATIBLE", "1")):
+        monkeypatch.setenv(var, value)
+        assert may_be_terminal(Pipe()) and console(stderr=True).is_terminal
+        monkeypatch.delenv(var)
+
+
+def test_check_json_in_a_pipe_does_not_import_rich(tmp_path: Path) -> None:
+    """`orch check --json` with stdout and stderr piped prints the report without rich; a table
+    to a pipe still renders."""
+    inv = Path(__file__).resolve().parents[2] / "inventory" / "local.yaml"
+    code = ("import sys\nfrom orchestrator.cli import main\ntry:\n    main(sys.argv[1:])\n"
+            "except SystemExit as exc:\n    print('exit', exc.code, 'rich' in sys.modules, file=sys.stderr)\n")
+    env = {"PATH": "/usr/bin:/bin", "ORCH_HOME": str(tmp_path), "HOME": str(tmp_path)}
+    args = ["check", str(inv), "--only", "timezone,software"]
+    js = subprocess.run([sys.executable, "-c", code, *args, "--json"], capture_output=True, text=True,
+                        env=env, timeout=120)
+    assert js.stderr.strip().splitlines()[-1] == "exit 0 False", js.stderr
+    report = json.loads(js.stdout)
+    assert report["ok"] and {r["check"] for r in report["results"]} == {"timezone", "software"}
+    table = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=120)
+    assert table.stderr.strip().splitlines()[-1] == "exit 0 True", table.stderr
+    assert "preflight passed" in table.stdout and "software" in table.stdout

@@ -8,6 +8,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from orchestrator import inventory
 from orchestrator.cli import main
@@ -138,3 +140,110 @@ def test_job_args_render_as_flags() -> None:
                                   "skip": None, "imgsz": [640, 480]}) == (
         "--model", "yolo12n.yaml", "--amp", "--lr", "0.01", "--imgsz", "640", "480")
     assert inventory.render_args(["train.py", 3, True]) == ("train.py", "3", "1")
+
+
+# ----------------------------------------------------------------------------- one schema, two validators
+
+SCHEMAS = [inventory.SSHModel, inventory.NodeModel, inventory.MasterModel, inventory.ClockModel,
+           inventory.RdmaModel, inventory.SSHCheckModel, inventory.ChecksModel, inventory.JobModel,
+           inventory.InventoryModel]
+
+
+def as_data(value: object) -> object:
+    """A validated model (the plain schema object or pydantic's) as nested plain data."""
+    if isinstance(value, inventory._Schema) or hasattr(type(value), "model_fields"):
+        schema = next(s for s in SCHEMAS if s.__name__ == type(value).__name__)
+        return {"__model__": schema.__name__, **{k: as_data(getattr(value, k)) for k in inventory.fields_of(schema)}}
+    if isinstance(value, dict):
+        return {k: as_data(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [as_data(v) for v in value]
+    return (type(value).__name__, value)
+
+
+@pytest.mark.parametrize("schema", SCHEMAS, ids=[s.__name__ for s in SCHEMAS])
+def test_the_pydantic_model_is_the_schema(schema: type) -> None:
+    """Same keys in the same order, same required keys, same defaults."""
+    model = inventory.pydantic_model(schema)
+    assert list(model.model_fields) == list(inventory.fields_of(schema))
+    for name, info in model.model_fields.items():
+        assert info.is_required() == (not hasattr(schema, name)), name
+        if not info.is_required():
+            assert as_data(info.default) == as_data(getattr(schema, name)), name
+
+
+def _pydantic_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(tp: object, value: object) -> object:
+        raise inventory._NotPlain
+
+    monkeypatch.setattr(inventory, "_plain", refuse)
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "inventory").glob("*.yaml")), ids=lambda p: p.stem)
+def test_plain_yaml_resolves_without_pydantic_and_as_pydantic_would(path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    data, _ = inventory.yamlines.load(path.read_text())
+    plain = inventory.validate(data)
+    assert isinstance(plain, inventory.InventoryModel)  # no coercion needed: the plain validator took it
+    fast = inventory.load(path)
+    _pydantic_only(monkeypatch)
+    assert as_data(inventory.validate(data)) == as_data(plain)
+    assert inventory.load(path) == fast
+
+
+def test_a_value_to_coerce_goes_to_pydantic() -> None:
+    """`port: "2222"` and `gpus: 4.0` are not plain; pydantic coerces them exactly as before."""
+    inv = inventory.parse('nodes:\n  - host: a\n    port: "2222"\n    gpus: 4.0\n    connect_timeout: 3\n', "t.yaml")
+    node = inv.nodes[0]
+    assert (node.ssh.port, node.gpus, node.ssh.connect_timeout) == (2222, 4, 3.0)
+    assert type(node.ssh.port) is int and type(node.ssh.connect_timeout) is float
+
+
+VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 70000), st.floats(allow_nan=False, width=32),
+                   st.text(max_size=6), st.sampled_from(["22", "1.5", "true", "ssh", "local", "c10d", "strict"]),
+                   st.lists(st.one_of(st.integers(0, 9), st.text(max_size=3), st.none()), max_size=3),
+                   st.dictionaries(st.sampled_from(["A", "port", "x", "devices", "ntp_server"]),
+                                   st.one_of(st.none(), st.integers(0, 9), st.text(max_size=3)), max_size=2))
+SCALARS = st.one_of(st.none(), st.booleans(), st.integers(0, 9), st.floats(0, 9), st.text(max_size=3))
+TYPED = {  # mostly the declared type, sometimes not: both validators see both
+    "host": st.text(max_size=4), "name": st.text(max_size=4), "user": st.text(max_size=4),
+    "port": st.integers(0, 70000), "gpus": st.one_of(st.integers(-1, 8), st.floats(0, 8)),
+    "connect_timeout": st.one_of(st.integers(0, 9), st.floats(0, 9)), "python": st.text(max_size=4),
+    "host_key_policy": st.sampled_from(["strict", "accept-new", "yes"]),
+    "env": st.dictionaries(st.text(max_size=3), SCALARS, max_size=3),
+    "ssh": st.fixed_dictionaries({}, optional={"port": st.integers(0, 9), "user": st.text(max_size=2),
+                                               "identity": SCALARS}),
+    "transport": st.sampled_from(["ssh", "local", "rsh"]), "fanout": st.integers(-1, 64),
+    "master": st.fixed_dictionaries({}, optional={"node": st.text(max_size=2), "port": st.integers(0, 9)}),
+    "checks": st.fixed_dictionaries({}, optional={
+        "clock": st.fixed_dictionaries({}, optional={"ntp_server": SCALARS, "max_offset_ms": SCALARS}),
+        "skip": st.lists(st.text(max_size=3), max_size=2), "rdma": st.just({"devices": ["mlx5_0"]})}),
+    "job": st.fixed_dictionaries({}, optional={
+        "args": st.one_of(st.dictionaries(st.text(max_size=3), st.one_of(SCALARS, st.lists(SCALARS)), max_size=2),
+                          st.lists(SCALARS, max_size=3)),
+        "rdzv": st.sampled_from(["static", "c10d", "x"]), "max_restarts": SCALARS,
+        "torchrun_args": st.lists(st.text(max_size=3), max_size=2), "stop_grace_s": SCALARS}),
+}
+
+
+def keyed(keys: list[str]) -> st.SearchStrategy[dict[str, object]]:
+    return st.dictionaries(st.sampled_from(keys), VALUES, max_size=1).flatmap(
+        lambda wrong: st.fixed_dictionaries({}, optional={k: TYPED[k] for k in keys if k in TYPED}).map(
+            lambda right: {**right, **wrong}))
+
+
+NODE_KEYS = ["host", "name", "port", "gpus", "env", "ssh", "user", "connect_timeout", "host_key_policy",
+             "python", "bogus"]
+TOP_KEYS = ["name", "transport", "ssh", "master", "env", "checks", "job", "fanout", "nodez"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(node=keyed(NODE_KEYS), top=keyed(TOP_KEYS))
+def test_the_plain_validator_agrees_with_pydantic(node: dict[str, object], top: dict[str, object]) -> None:
+    """Whatever the plain validator takes, pydantic takes too and makes the same values of."""
+    data = {**top, "nodes": [{"host": "h1", **node}]}
+    try:
+        plain = inventory._plain(inventory.InventoryModel, data)
+    except inventory._NotPlain:
+        return
+    assert as_data(inventory.pydantic_model(inventory.InventoryModel).model_validate(data)) == as_data(plain)

@@ -2,7 +2,8 @@
 
 Every command is an argv list; it is turned into one shell line exactly once, in
 `command_line()` (`shlex.join`), so env values and arguments reach the node byte for byte.
-`SSHTransport` uses one Fabric `Connection` per node (never a shared ThreadingGroup);
+`SSHTransport` uses one connection per node (never a shared ThreadingGroup): Fabric's
+`Connection` where an ssh config file applies, else the same on bare paramiko (`_Direct`);
 `LocalTransport` runs the same line under `/bin/sh -c` on this machine, so both transports
 exercise the same quoting.
 
@@ -14,12 +15,14 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import getpass
 import logging
 import os
 import select
 import shlex
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -256,7 +259,7 @@ def _known_hosts_name(host: str, port: int) -> str:
 
 
 class SSHTransport(Transport):
-    """One Fabric Connection to one node; safe to use from one thread at a time for `run`,
+    """One SSH connection to one node; safe to use from one thread at a time for `run`,
     while `popen` streams may run beside it (paramiko multiplexes channels)."""
 
     def __init__(self, node: Node) -> None:
@@ -265,23 +268,26 @@ class SSHTransport(Transport):
         self._lock = threading.Lock()
 
     def _connection(self, host: str, for_gateway: bool = False) -> Any:
-        from fabric import Config, Connection
-
+        """A Connection (not yet open) to `host` with this node's SSH options: Fabric's where an
+        ssh config file applies (aliases, ProxyJump, Match), else `_Direct` on bare paramiko."""
         opts = self.node.ssh
         cfg_path = os.path.expanduser(opts.ssh_config) if opts.ssh_config else None
-        if cfg_path and os.path.exists(cfg_path):
-            config = Config(runtime_ssh_path=cfg_path)
-        else:
-            config = Config(overrides={"load_ssh_configs": False})
         kwargs: dict[str, Any] = {"banner_timeout": opts.connect_timeout, "auth_timeout": opts.connect_timeout}
         if opts.identity:
             kwargs["key_filename"] = [os.path.expanduser(opts.identity)]
         gateway = None
         if opts.gateway and not for_gateway:
             gateway = self._connection(opts.gateway, for_gateway=True)
-        conn = Connection(host, user=opts.user, port=opts.port, config=config,
-                          connect_timeout=max(1, int(round(opts.connect_timeout))),
-                          connect_kwargs=kwargs, gateway=gateway)
+        timeout = max(1, int(round(opts.connect_timeout)))
+        conn: Any
+        if cfg_path and os.path.exists(cfg_path):
+            from fabric import Config, Connection
+
+            _paramiko_with_invoke()
+            conn = Connection(host, user=opts.user, port=opts.port, config=Config(runtime_ssh_path=cfg_path),
+                              connect_timeout=timeout, connect_kwargs=kwargs, gateway=gateway)
+        else:
+            conn = _Direct(host, opts.user, opts.port, timeout, kwargs, gateway)
         _install_host_key_policy(conn.client, opts.known_hosts, opts.host_key_policy)
         return conn
 
@@ -293,6 +299,8 @@ class SSHTransport(Transport):
         if conn.gateway is None:
             conn.connect_kwargs["sock"] = _tcp_connect(conn.host, int(conn.port), conn.connect_timeout)
         elif not isinstance(conn.gateway, str) and not conn.gateway.is_connected:
+            # a ProxyJump hop of the ssh config is Fabric's own Connection: verify its key too
+            _install_host_key_policy(conn.gateway.client, self.node.ssh.known_hosts, self.node.ssh.host_key_policy)
             self._open(conn.gateway)  # the jump host's own connection, then the channel through it
         conn.open()
 
@@ -393,10 +401,77 @@ class _QuickAckSocket(socket.socket):
 QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
 
 
+class _Direct:
+    """What SSHTransport uses of Fabric's Connection, on bare paramiko, for a node without an ssh
+    config file: Fabric (with invoke, which paramiko.config would import for `Match exec` only)
+    costs ~35 ms of start-up and a Config per node. Same parameters as Fabric passes to
+    SSHClient.connect; a gateway is another _Direct, reached through a direct-tcpip channel."""
+
+    def __init__(self, host: str, user: str | None, port: int, connect_timeout: int,
+                 connect_kwargs: dict[str, Any], gateway: _Direct | None) -> None:
+        paramiko = _paramiko()
+        self.host, self.user, self.port = host, user or getpass.getuser(), port
+        self.connect_timeout, self.connect_kwargs, self.gateway = connect_timeout, connect_kwargs, gateway
+        self.client = paramiko.SSHClient()
+        self.transport: Any = None
+
+    @property
+    def is_connected(self) -> bool:
+        return bool(self.transport.active) if self.transport is not None else False
+
+    def open(self) -> None:
+        if self.is_connected:
+            return
+        kwargs = dict(self.connect_kwargs)
+        if self.gateway is not None:
+            self.gateway.open()
+            kwargs["sock"] = self.gateway.transport.open_channel(
+                kind="direct-tcpip", dest_addr=(self.host, int(self.port)), src_addr=("", 0))
+        self.client.connect(hostname=self.host, port=self.port, username=self.user,
+                            timeout=self.connect_timeout, **kwargs)
+        self.transport = self.client.get_transport()
+
+    def close(self) -> None:
+        if self.is_connected:
+            self.client.close()
+        if self.gateway is not None:
+            self.gateway.close()
+
+
+_IMPORT_LOCK = threading.Lock()
+
+
+def _paramiko() -> Any:
+    """paramiko, imported without invoke: paramiko.config imports it only to run an ssh config's
+    `Match exec`, and it costs ~30 ms (unittest.mock, asyncio). `_paramiko_with_invoke` adds it
+    back before Fabric parses an ssh config."""
+    with _IMPORT_LOCK:
+        if "paramiko" not in sys.modules and "invoke" not in sys.modules:
+            sys.modules["invoke"] = None  # type: ignore[assignment]
+            try:
+                import paramiko
+            finally:
+                if sys.modules.get("invoke", 0) is None:
+                    del sys.modules["invoke"]
+        import paramiko
+    return paramiko
+
+
+def _paramiko_with_invoke() -> None:
+    """Give paramiko.config the invoke it did not import (see `_paramiko`), for `Match exec`."""
+    import paramiko.config
+
+    if getattr(paramiko.config, "invoke", True) is None:
+        import invoke
+
+        paramiko.config.invoke = invoke  # type: ignore[attr-defined]
+        paramiko.config.invoke_import_error = None
+
+
 def _tcp_connect(host: str, port: int, timeout: float | None) -> socket.socket:
     """A connected TCP socket with TCP_NODELAY, tried over every address of `host` the way
     paramiko's SSHClient.connect does (the same NoValidConnectionsError when all refuse)."""
-    from paramiko.ssh_exception import NoValidConnectionsError
+    NoValidConnectionsError = _paramiko().ssh_exception.NoValidConnectionsError  # noqa: N806
 
     errors: dict[tuple[str, int] | tuple[str, int, int, int], Exception] = {}
     infos = [i for i in socket.getaddrinfo(host, port, socket.AF_UNSPEC, socket.SOCK_STREAM)
@@ -418,6 +493,7 @@ def _tcp_connect(host: str, port: int, timeout: float | None) -> socket.socket:
 
 
 def _install_host_key_policy(client: Any, known_hosts: str, policy: str) -> None:
+    _paramiko()
     import paramiko
 
     path = os.path.expanduser(known_hosts)
@@ -454,7 +530,7 @@ class UnknownHostKey(Exception):
 
 def _translate(node: Node, exc: BaseException) -> TransportError:
     """Map paramiko/socket failures to a TransportError with a kind and a hint that fixes it."""
-    import paramiko
+    paramiko = _paramiko()
 
     opts = node.ssh
     target = f"{opts.user + '@' if opts.user else ''}{node.host}:{opts.port}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -104,6 +105,46 @@ def test_a_direct_connection_sends_without_nagle(shared):
         sock = t._conn.client.get_transport().sock
         assert isinstance(sock, socket.socket)
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+
+
+PROBE_TWO = """
+import sys
+from orchestrator import inventory
+from orchestrator.transport import SSHTransport
+for path, name in ((sys.argv[1], "node1"), (sys.argv[2], "node2")):
+    with SSHTransport(inventory.load(path).node(name)) as t:
+        got = t.run(["sh", "-c", "echo $ORCH_TEST_NODE"]).check().stdout.strip()
+        print(got, type(t._conn).__name__, "invoke" in sys.modules)
+"""
+
+
+def test_no_ssh_config_is_bare_paramiko_and_an_alias_with_match_exec_still_works(shared, tmp_path):
+    """A node without an ssh config file connects on bare paramiko, without importing invoke; an
+    ssh config alias with `Match exec` (which paramiko runs through invoke) then still resolves in
+    the same process, through Fabric."""
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(f'Match exec "test -d /"\n  ServerAliveInterval 7\n\nHost alias-two\n'
+                   f'  HostName {shared.node("node2").host}\n')
+    direct = shared.write_inventory(tmp_path / "direct.yaml")
+    aliased = shared.write_inventory(tmp_path / "aliased.yaml", ssh={"ssh_config": str(cfg)},
+                                     nodes_extra={"node2": {"host": "alias-two"}})
+    proc = subprocess.run([sys.executable, "-c", PROBE_TWO, str(direct), str(aliased)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split("\n")[:2] == ["node1 _Direct False", "node2 Connection True"], proc.stdout
+
+
+@pytest.mark.netns
+def test_a_gateway_hop_reaches_a_node_through_another(netns_cluster):
+    """`ssh.gateway` on bare paramiko: node2 is reached through a direct-tcpip channel of node1."""
+    n1 = netns_cluster.node("node1")
+    inv = inventory.load(netns_cluster.write_inventory(nodes_extra={"node2": {"gateway": n1.host}}))
+    with SSHTransport(inv.node("node2")) as t:
+        assert t.run(["sh", "-c", "echo $ORCH_TEST_NODE"]).check().stdout.strip() == "node2"
+        conn = t._conn
+        assert conn.gateway is not None and conn.gateway.is_connected
+    assert f"from {n1.host} port" in netns_cluster.sshd_log("node2")
+    assert not conn.is_connected and not conn.gateway.is_connected  # closing closes the hop too
 
 
 # ----------------------------------------------------------------------------- host keys and auth

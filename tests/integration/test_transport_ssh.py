@@ -185,6 +185,32 @@ def test_accept_new_records_the_key_then_strict_connects(shared, tmp_path):
         assert t.run(["sh", "-c", "echo $ORCH_TEST_NODE"]).check().stdout == "node4\n"
 
 
+def test_hashed_known_hosts_and_one_parse_for_all_nodes(shared, tmp_path, monkeypatch):
+    """known_hosts hashed by `ssh-keygen -H` (HashKnownHosts yes) verifies every node, and is read
+    once for the whole fan-out, not once per node."""
+    from orchestrator import transport
+
+    kh = tmp_path / "known_hosts"
+    kh.write_text(shared.known_hosts.read_text())
+    subprocess.run(["ssh-keygen", "-H", "-f", str(kh)], check=True, capture_output=True, timeout=30)
+    assert "|1|" in kh.read_text() and shared.node("node1").host not in kh.read_text()
+    import paramiko
+
+    parsed: list[str] = []
+
+    class Counting(paramiko.HostKeys):
+        def load(self, filename: str) -> None:
+            parsed.append(filename)
+            super().load(filename)
+
+    monkeypatch.setattr(paramiko, "HostKeys", Counting)
+    monkeypatch.setattr(transport, "_KNOWN_HOSTS", {})
+    with Cluster(_inv(shared, known_hosts=str(kh))) as cl:
+        got = cl.fan_out(lambda t: t.run(["sh", "-c", "echo $ORCH_TEST_NODE"]).check().stdout.strip())
+    assert got == {f"node{i}": f"node{i}" for i in range(1, 5)}
+    assert parsed == [str(kh)]
+
+
 def test_wrong_identity_is_an_auth_error(shared, cluster_keys):
     err = _connect_error(_inv(shared, identity=str(cluster_keys.new_key("stranger"))).node("node1"))
     assert err.kind == "auth"

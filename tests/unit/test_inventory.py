@@ -247,3 +247,14 @@ def test_the_plain_validator_agrees_with_pydantic(node: dict[str, object], top: 
     except inventory._NotPlain:
         return
     assert as_data(inventory.pydantic_model(inventory.InventoryModel).model_validate(data)) == as_data(plain)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.from_regex(inventory.PLAIN_HOST.pattern.replace("^", r"\A").replace("$", r"\Z")))
+def test_a_plain_host_is_what_nodeset_makes_of_it(host: str) -> None:
+    """Hosts without ranges, lists or colons skip ClusterShell: NodeSet gives them back unchanged."""
+    from ClusterShell.NodeSet import NodeSet
+
+    assert list(NodeSet(host)) == [host]
+    inv = inventory.parse(f"nodes:\n  - host: '{host}'\n    name: n1\n", "t.yaml")
+    assert inv.nodes[0].host == host

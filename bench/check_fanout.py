@@ -33,6 +33,8 @@ from bench.common import REPO, side_by_side, write
 sys.path.insert(0, str(REPO))
 
 ORCH = [sys.executable, "-m", "orchestrator"]
+SIDES = ("orch_check_full", "orch_check_ssh_clock_tz", "pdsh_date", "pdsh_probe_equivalent", "ssh_loop_date",
+         "orch_transport_true")
 # The facts of a full `orch check`, gathered the cheapest way a shell one-liner can (versions from
 # package metadata, as orch's probe does, not `import torch`).
 PROBE_EQUIVALENT = ("date +%s.%N; date '+%Z %z'; cat /etc/timezone 2>/dev/null; env | grep -E '^(NCCL|GLOO|TORCH_NCCL)_';"
@@ -152,8 +154,11 @@ def phases(inv_path: Path, node_cpu: NodeCpu, reps: int) -> dict[str, Any]:
 
 
 def startup() -> dict[str, float]:
-    """What the controller spends before the first connection: Python plus the modules `orch check` imports."""
-    argv = [sys.executable, "-c", "import orchestrator.cli, orchestrator.preflight, paramiko, fabric"]
+    """What the controller's start-up costs: Python plus every module `orch check --json` imports (paramiko
+    as the transport imports it; a plainly typed inventory, no ssh config file and --json in a pipe need
+    no pydantic, Fabric or rich), the checks included although they are imported while the nodes are probed."""
+    argv = [sys.executable, "-c", "import orchestrator.cli, orchestrator.preflight, orchestrator.checks; "
+                                  "from orchestrator.transport import _paramiko; _paramiko()"]
     walls, cpus = [], []
     for _ in range(5):
         t0 = time.perf_counter()
@@ -164,7 +169,7 @@ def startup() -> dict[str, float]:
     return {"wall_s": statistics.median(walls), "cpu_s": statistics.median(cpus)}
 
 
-def measure(n: int, keys: Any, reps: int, workdir: Path) -> dict[str, Any]:
+def measure(n: int, keys: Any, reps: int, workdir: Path, only: set[str] | None = None) -> dict[str, Any]:
     from tests.cluster import TestCluster
 
     with TestCluster(keys, n=n, mode="loopback", root=workdir / f"n{n}") as cluster:
@@ -182,6 +187,8 @@ def measure(n: int, keys: Any, reps: int, workdir: Path) -> dict[str, Any]:
                                                       f"do ssh -F {cfg} $h date; done"], env),
             "orch_transport_true": lambda: run([sys.executable, "-m", "bench.check_fanout", "--floor", str(inv)], env),
         }
+        if only is not None:
+            sides = {k: v for k, v in sides.items() if k in only}
         node_cpu = NodeCpu(cluster)
         try:
             cpu: dict[str, float | None] = {}
@@ -194,7 +201,8 @@ def measure(n: int, keys: Any, reps: int, workdir: Path) -> dict[str, Any]:
             out = side_by_side(sides, reps=reps, warmup=0)
             for name, row in out.items():
                 row["node_cpu_s"] = cpu[name]
-            out["phases"] = phases(inv, node_cpu, reps)
+            if only is None or "phases" in only:
+                out["phases"] = phases(inv, node_cpu, reps)
         finally:
             node_cpu.remove()
         return out
@@ -206,10 +214,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="N in {1, 4}, one repetition")
     ap.add_argument("--floor", metavar="INVENTORY", help="only connect and run `true` on every node (a side)")
+    ap.add_argument("--sides", help=f"only these sides (comma separated: {', '.join(SIDES)}, phases); "
+                                    "prints the numbers and writes no result file")
     args = ap.parse_args(argv)
     if args.floor:
         floor(args.floor)
         return {}
+    only = None
+    if args.sides:
+        only = {s.strip() for s in args.sides.split(",") if s.strip()}
+        unknown = only - {*SIDES, "phases"}
+        if unknown:
+            raise SystemExit(f"check_fanout: unknown side(s) {', '.join(sorted(unknown))}")
     if shutil.which("pdsh") is None:
         raise SystemExit("check_fanout: pdsh is not installed (apt-get install pdsh)")
     sizes = [1, 4] if args.quick else [int(s) for s in args.sizes.split(",")]
@@ -223,12 +239,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="orch-bench-") as tmp:
         keys = KeyStore(Path(tmp) / "keys")
         for n in sizes:
-            by_n[n] = measure(n, keys, reps, Path(tmp))
+            by_n[n] = measure(n, keys, reps, Path(tmp), only)
             print(f"check_fanout N={n:3d}: " + "  ".join(
                 f"{k} {v['median_s']:.2f}s" + (f" (nodes {v['node_cpu_s']:.2f} CPU-s)" if v.get("node_cpu_s") else "")
                 for k, v in by_n[n].items() if k != "phases"), flush=True)
-            print(f"check_fanout N={n:3d} phases: " + "  ".join(
-                f"{k} {v:.3g}" for k, v in by_n[n]["phases"].items() if v is not None), flush=True)
+            if "orch_check_full" in by_n[n] and "pdsh_date" in by_n[n]:
+                ratios = [a / b for a, b in zip(by_n[n]["orch_check_full"]["samples_s"], by_n[n]["pdsh_date"]["samples_s"])]
+                print(f"check_fanout N={n:3d}: orch_check_full / pdsh_date {by_n[n]['orch_check_full']['median_s'] / by_n[n]['pdsh_date']['median_s']:.3f}"
+                      f" (per round: {' '.join(f'{r:.2f}' for r in ratios)})", flush=True)
+            if "phases" in by_n[n]:
+                print(f"check_fanout N={n:3d} phases: " + "  ".join(
+                    f"{k} {v:.3g}" for k, v in by_n[n]["phases"].items() if v is not None), flush=True)
+    if only is not None:
+        return {"sizes": sizes, "reps": reps, "controller_startup": controller_startup,
+                "by_n": {str(k): v for k, v in by_n.items()}}
     big, one = max(sizes), min(sizes)
     full_big = by_n[big]["orch_check_full"]["median_s"]
     pdsh_big = by_n[big]["pdsh_date"]["median_s"]

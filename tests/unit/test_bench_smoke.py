@@ -24,3 +24,9 @@ def test_benchmark_starts(name: str) -> None:
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "--quick" in proc.stdout
+
+
+def test_check_fanout_refuses_an_unknown_side() -> None:
+    proc = subprocess.run([sys.executable, "-m", "bench.check_fanout", "--sides", "pdsh_date,nope"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "unknown side(s) nope" in proc.stderr, proc.stderr[-2000:]

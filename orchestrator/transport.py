@@ -301,8 +301,9 @@ class SSHTransport(Transport):
         if conn.gateway is None:
             conn.connect_kwargs["sock"] = _tcp_connect(conn.host, int(conn.port), conn.connect_timeout)
         elif not isinstance(conn.gateway, str) and not conn.gateway.is_connected:
-            # a ProxyJump hop of the ssh config is Fabric's own Connection: verify its key too
-            _install_host_key_policy(conn.gateway.client, self.node.ssh.known_hosts, self.node.ssh.host_key_policy)
+            if not isinstance(conn.gateway, _Direct):  # a ProxyJump hop Fabric made from the ssh config
+                _install_host_key_policy(conn.gateway.client, self.node.ssh.known_hosts,
+                                         self.node.ssh.host_key_policy)
             self._open(conn.gateway)  # the jump host's own connection, then the channel through it
         conn.open()
 

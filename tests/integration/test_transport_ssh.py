@@ -134,6 +134,28 @@ def test_no_ssh_config_is_bare_paramiko_and_an_alias_with_match_exec_still_works
     assert proc.stdout.split("\n")[:2] == ["node1 _Direct False", "node2 Connection True"], proc.stdout
 
 
+def test_a_proxyjump_hop_from_the_ssh_config_has_its_host_key_verified(shared, tmp_path):
+    """ProxyJump in the ssh config: node2 is reached through node1, and node1's key is checked
+    against the inventory's known_hosts like any node's (strict: unknown is refused)."""
+    n1, n2 = shared.node("node1"), shared.node("node2")
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(f"Host hop-one\n  HostName {n1.host}\n  Port {n1.port}\n  IdentityFile {shared.client_key}\n"
+                   f"  User {shared.user}\n\nHost via-one\n  HostName {n2.host}\n  ProxyJump hop-one\n")
+    inv = _inv(shared, ssh_config=str(cfg))
+    path = tmp_path / "inv.yaml"
+    path.write_text(inv.source.replace(f"host: {n2.host}", "host: via-one", 1))
+    logins = shared.sshd_log("node1").count("Accepted publickey")
+    with SSHTransport(inventory.load(path).node("node2")) as t:
+        assert t.run(["sh", "-c", "echo $ORCH_TEST_NODE"]).check().stdout.strip() == "node2"
+    assert shared.sshd_log("node1").count("Accepted publickey") == logins + 1  # the hop's login
+    only_node2 = tmp_path / "known_hosts"
+    only_node2.write_text("".join(line + "\n" for line in shared.known_hosts.read_text().splitlines()
+                                  if line.startswith(f"[{n2.host}]")))
+    path.write_text(path.read_text().replace(str(shared.known_hosts), str(only_node2)))
+    err = _connect_error(inventory.load(path).node("node2"))
+    assert err.kind == "host_key_unknown" and n1.host in str(err), err
+
+
 @pytest.mark.netns
 def test_a_gateway_hop_reaches_a_node_through_another(netns_cluster):
     """`ssh.gateway` on bare paramiko: node2 is reached through a direct-tcpip channel of node1."""

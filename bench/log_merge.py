@@ -145,12 +145,7 @@ def orch_logs(files: list[Path]) -> int:
     from orchestrator.logs import plain_merged_bytes
 
     sources, widths = _sources(files)
-    n = 0
-    with open(os.devnull, "wb") as out:
-        for chunk in plain_merged_bytes(sources, {}, widths):
-            out.write(chunk)
-            n += chunk.count(b"\n")
-    return n
+    return _write_all(plain_merged_bytes(sources, {}, widths), "wb", b"\n")
 
 
 def orch_logs_python(files: list[Path]) -> int:
@@ -158,11 +153,16 @@ def orch_logs_python(files: list[Path]) -> int:
     from orchestrator.logs import plain_merged
 
     sources, widths = _sources(files)
+    return _write_all(plain_merged(sources, {}, widths), "w", "\n")
+
+
+def _write_all(chunks: Iterator[Any], mode: str, newline: Any) -> int:
+    """Write the chunks to /dev/null; how many lines they held."""
     n = 0
-    with open(os.devnull, "w") as out:
-        for chunk in plain_merged(sources, {}, widths):
+    with open(os.devnull, mode) as out:
+        for chunk in chunks:
             out.write(chunk)
-            n += chunk.count("\n")
+            n += chunk.count(newline)
     return n
 
 

@@ -3,6 +3,7 @@ processes that stamp lines like the node agent does (UTC µs), at a rate of our 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -14,6 +15,7 @@ from typing import Any
 import yaml
 
 from orchestrator.inventory import Inventory, load
+from orchestrator.logmerge import PlainNode, format_line, merge, read_node_lines
 from orchestrator.logs import READER
 from orchestrator.runs import RunDir, RunStore, remote_dir
 
@@ -124,3 +126,13 @@ def reader_pids(node_dir: str) -> list[int]:
         if READER.encode() in argv and node_dir.encode() in argv:
             out.append(int(entry))
     return out
+
+
+def general_merge(texts: list[str], nodes: list[PlainNode], widths: tuple[int, int]) -> str:
+    """The reference for the fast plain merges: what `orch logs` printed before any of them
+    existed (parse every line into a LogLine, k-way merge, `format_line`)."""
+    streams = [read_node_lines(io.StringIO(t, newline="\n"), n.node, i, n.base_rank) for i, (t, n) in
+               enumerate(zip(texts, nodes))]
+    offsets = {n.node: n.offset_ms for n in nodes}
+    return "".join(format_line(ln, False, node_width=widths[0], rank_width=widths[1]) + "\n"
+                   for ln in merge(streams, offsets))

@@ -4,7 +4,6 @@ LogLine, k-way merge, `format_line`), for any bytes a node.log copy can hold."""
 
 from __future__ import annotations
 
-import io
 import os
 import shutil
 import sysconfig
@@ -19,13 +18,11 @@ from orchestrator import logs
 from orchestrator.logmerge import (
     PlainNode,
     column_widths,
-    format_line,
     format_ts,
-    merge,
     merge_plain,
-    read_node_lines,
 )
 from orchestrator.logs import NodeSource, plain_merged, plain_merged_bytes
+from tests.logs_support import general_merge
 
 T0 = 1_796_031_125.0  # 2026-11-30T09:32:05Z
 
@@ -40,15 +37,6 @@ def test_the_extension_is_built_where_a_compiler_is() -> None:
 
 
 fast = pytest.mark.skipif(logs._fastmerge is None, reason="orchestrator._fastmerge is not built")
-
-
-def general(texts: list[bytes], nodes: list[PlainNode], widths: tuple[int, int]) -> bytes:
-    """The reference: what `orch logs` printed before any fast path, decoding as the copy reader."""
-    streams = [read_node_lines(io.StringIO(t.decode("utf-8", "replace"), newline="\n"), n.node, i, n.base_rank)
-               for i, (t, n) in enumerate(zip(texts, nodes))]
-    offsets = {n.node: n.offset_ms for n in nodes}
-    return "".join(format_line(ln, False, node_width=widths[0], rank_width=widths[1]) + "\n"
-                   for ln in merge(streams, offsets)).encode()
 
 
 def c_merge(texts: list[bytes], nodes: list[PlainNode], widths: tuple[int, int], block: int, chunk: int) -> bytes:
@@ -109,7 +97,7 @@ def test_c_merge_prints_exactly_what_the_general_path_prints(
     nodes = [PlainNode(name, bases[i], offsets[i]) for i, name in enumerate(names)]
     texts = [b"\n".join(lines) + (b"\n" if end and lines else b"") for lines, end in per_node]
     widths = column_widths(names, 70)
-    expected = general(texts, nodes, widths)
+    expected = general_merge([t.decode("utf-8", "replace") for t in texts], nodes, widths).encode()
     assert c_merge(texts, nodes, widths, block, chunk) == expected
     # and the Python block merge (the fallback) agrees on the same bytes, leap seconds and all
     decoded = [[t.decode("utf-8", "replace") + ("\n" if t and not t.endswith(b"\n") else "")] for t in texts]

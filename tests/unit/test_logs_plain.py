@@ -3,31 +3,18 @@
 
 from __future__ import annotations
 
-import io
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.logmerge import (
     PlainNode,
     column_widths,
-    format_line,
     format_ts,
-    merge,
     merge_plain,
-    read_node_lines,
 )
+from tests.logs_support import general_merge
 
 T0 = 1_796_031_125.0  # 2026-11-30T09:32:05Z
-
-
-def general(texts: list[str], nodes: list[PlainNode], widths: tuple[int, int]) -> str:
-    """What `orch logs` printed before the block merge existed: the reference."""
-    streams = [read_node_lines(io.StringIO(t, newline="\n"), n.node, i, n.base_rank) for i, (t, n) in
-               enumerate(zip(texts, nodes))]
-    offsets = {n.node: n.offset_ms for n in nodes}
-    return "".join(format_line(ln, False, node_width=widths[0], rank_width=widths[1]) + "\n"
-                   for ln in merge(streams, offsets))
 
 
 def blocks(text: str, cuts: list[int]) -> list[str]:
@@ -70,7 +57,7 @@ def test_block_merge_prints_exactly_what_the_general_path_prints(
     nodes = [PlainNode(name, bases[i], offsets[i]) for i, name in enumerate(names)]
     texts = ["\n".join(lines) + ("\n" if newline_at_end and lines else "") for lines, _c, newline_at_end in per_node]
     widths = column_widths(names, 70)
-    expected = general(texts, nodes, widths)
+    expected = general_merge(texts, nodes, widths)
     got = "".join(merge_plain([blocks(t, cuts) for t, (_l, cuts, _n) in zip(texts, per_node)], nodes, widths))
     assert got == expected
 

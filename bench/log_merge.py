@@ -202,6 +202,15 @@ def throughput(base: Path, nodes: int, lines: int, reps: int) -> dict[str, objec
 # ----------------------------------------------------------------------------- memory
 
 
+def peak_rss_mb() -> float:
+    """This process's own peak RSS (VmHWM), in MB."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def rss_mb() -> float:
     with open("/proc/self/status") as fh:
         for line in fh:
@@ -282,9 +291,11 @@ def follow_memory(base: Path, nodes: int, live_s: float, catchup_lines: int) -> 
 
 def merge_rss(base: Path, nodes: int, lines: int) -> float:
     """Peak RSS (MB) of a fresh process running the `orch logs` path once over these files."""
-    code = ("import resource, sys; sys.path.insert(0, sys.argv[1]); from bench.log_merge import dataset, orch_logs; "
+    # VmHWM, not ru_maxrss: Linux carries the parent's high-water mark over a vfork and exec into
+    # the child's ru_maxrss, so a fresh process started from this one would report our own peak.
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from bench.log_merge import dataset, orch_logs, peak_rss_mb; "
             "from pathlib import Path; orch_logs(dataset(Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))); "
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
+            "print(peak_rss_mb())")
     out = subprocess.run([sys.executable, "-c", code, str(ROOT), str(base), str(nodes), str(lines)],
                          check=True, capture_output=True, text=True).stdout
     rss = round(float(out.split()[-1]), 1)

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import torch
 import yaml
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, get_worker_info
 
 from trainer import dist as tdist
 from trainer.dist import Topology
@@ -94,13 +96,68 @@ def build_dataset(hyp: SimpleNamespace, data: dict[str, Any], split: str, local_
     return build_yolo_dataset(hyp, data[split], local_batch, data, mode=mode, rect=mode == "val", stride=stride)
 
 
+class EpochSampler(Sampler[tuple[int, int]]):
+    """A DistributedSampler's indices, each tagged with the epoch it belongs to: (epoch, index)."""
+
+    def __init__(self, sampler: DistributedSampler) -> None:
+        self.sampler = sampler
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.sampler.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        epoch = self.epoch
+        return ((epoch, i) for i in self.sampler)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+
+class EpochSeeded(Dataset[Any]):
+    """The training dataset as loader workers see it: at the first item of each epoch a worker
+    restarts python's, numpy's and torch's generators (the augmentation's) from (seed, rank,
+    epoch, worker id).
+
+    A persistent worker's generators otherwise carry on from every epoch before, which a
+    checkpoint cannot capture (they live in the worker processes), so a resumed run augmented
+    differently from an uninterrupted one. Now each epoch's augmentation depends only on the run's
+    seed, the rank and the epoch: `--resume` continues exactly with workers too. (The batches go to
+    the workers round-robin from worker 0 each epoch, so which worker draws what is fixed too.)
+    """
+
+    def __init__(self, dataset: Any, seed: int, rank: int) -> None:
+        self.dataset = dataset
+        self.seed = seed
+        self.rank = rank
+        self.epoch: int | None = None  # per worker: each holds its own copy
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key: tuple[int, int]) -> Any:
+        epoch, index = key
+        if epoch != self.epoch:
+            self.epoch = epoch
+            info = get_worker_info()
+            worker = info.id if info is not None else -1
+            state = int(np.random.SeedSequence([self.seed, self.rank, epoch, worker + 1]).generate_state(1)[0])
+            random.seed(state)
+            np.random.seed(state)
+            torch.manual_seed(state)
+        return self.dataset[index]
+
+
 def train_loader(dataset: Any, local_batch: int, workers: int, seed: int, topo: Topology,
                  device: torch.device) -> DataLoader:
     """The training loader: a DistributedSampler with the same seed on every rank.
 
     ultralytics' InfiniteDataLoader keeps one iterator across epochs, which prefetches the next
     epoch before ``set_epoch`` runs, so two epochs share an order (yolov5#6741). A plain
-    DataLoader with persistent workers draws the sampler's order when the epoch starts.
+    DataLoader with persistent workers draws the sampler's order when the epoch starts. With
+    workers, each worker's augmentation restarts every epoch from a seed of its own (EpochSeeded);
+    without, it runs in this process, whose generators a checkpoint saves.
     """
     from ultralytics.data.build import seed_worker
 
@@ -108,10 +165,15 @@ def train_loader(dataset: Any, local_batch: int, workers: int, seed: int, topo: 
     generator = torch.Generator()
     generator.manual_seed(seed + topo.rank)  # worker augmentation streams differ per rank, same per run
     nw = min(workers, len(sampler) // max(local_batch, 1) or 1)
+    if nw > 0:
+        return DataLoader(
+            EpochSeeded(dataset, seed, topo.rank), batch_size=local_batch, sampler=EpochSampler(sampler),
+            num_workers=nw, pin_memory=device.type == "cuda", collate_fn=dataset.collate_fn,
+            worker_init_fn=seed_worker, generator=generator, persistent_workers=True, drop_last=False,
+        )
     return DataLoader(
-        dataset, batch_size=local_batch, sampler=sampler, num_workers=nw, pin_memory=device.type == "cuda",
-        collate_fn=dataset.collate_fn, worker_init_fn=seed_worker, generator=generator,
-        persistent_workers=nw > 0, drop_last=False,
+        dataset, batch_size=local_batch, sampler=sampler, num_workers=0, pin_memory=device.type == "cuda",
+        collate_fn=dataset.collate_fn, generator=generator, drop_last=False,
     )
 
 

@@ -99,10 +99,12 @@ def test_one_rank_and_two_ranks_agree(tmp_path: Path) -> None:
     assert s2 == pytest.approx(s1, rel=1e-3)
 
 
-def test_resume_after_kill_continues_exactly(tmp_path: Path) -> None:
-    """A run killed after epoch 2 and resumed ends where an uninterrupted run ends."""
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_after_kill_continues_exactly(tmp_path: Path, workers: int) -> None:
+    """A run killed after epoch 2 and resumed ends where an uninterrupted run ends, with the
+    augmentation in the main process or in (persistent) loader workers."""
     data = make_dataset(tmp_path / "ds", images=20)
-    flags = ["--workers", "0", "--val-period", "0", "--lr", "0.05"]
+    flags = ["--workers", str(workers), "--val-period", "0", "--lr", "0.05"]
     full = run_trainer([*common(data, tmp_path / "full", 3, 4), *flags, "--debug-dir", str(tmp_path / "df")], nproc=2)
     assert full.returncode == 0, full.explain()
 

@@ -38,7 +38,7 @@ typedef struct {
     int fd;
     char *buf;
     Py_ssize_t cap, len, pos; /* unread bytes are buf[pos:len] */
-    int eof, done;
+    int eof;
     /* the current line, ready to be written */
     const char *text;
     Py_ssize_t text_len;
@@ -74,7 +74,7 @@ typedef struct {
     Py_ssize_t heap_len;
     int float_keys;
     int rank_width;
-    Py_ssize_t block, chunk;
+    Py_ssize_t chunk;
     int started;
     PyObject *fds; /* kept alive: the caller's file objects own the descriptors */
 } PlainMerge;
@@ -391,7 +391,7 @@ static int advance(PlainMerge *self, Node *nd) {
                 }
             }
         }
-        long long rank = -1, v;
+        long long v;
         int rc;
         if (trainer != NULL) {
             rc = small_number(trainer, trainer_len, &v)
@@ -401,7 +401,7 @@ static int advance(PlainMerge *self, Node *nd) {
             rc = small_number(tee, tee_len, &v) ? mid_for(nd, self->rank_width, nd->base + v)
                                                 : mid_for_bigrank(nd, self->rank_width, tee, tee_len, NULL, 0);
         } else {
-            rc = mid_for(nd, self->rank_width, rank);
+            rc = mid_for(nd, self->rank_width, -1); /* no rank */
         }
         if (rc < 0) return -1;
         nd->text = raw + p;
@@ -450,7 +450,6 @@ static int start(PlainMerge *self) {
         int got = advance(self, &self->nodes[i]);
         if (got < 0) return -1;
         if (got) self->heap[self->heap_len++] = i;
-        else self->nodes[i].done = 1;
     }
     for (Py_ssize_t i = self->heap_len / 2 - 1; i >= 0; i--) sift_down(self, i);
     return 0;
@@ -480,10 +479,7 @@ static PyObject *PlainMerge_next(PlainMerge *self) {
         out[len++] = '\n';
         int got = advance(self, nd);
         if (got < 0) { PyMem_Free(out); return NULL; }
-        if (got == 0) {
-            nd->done = 1;
-            self->heap[0] = self->heap[--self->heap_len];
-        }
+        if (got == 0) self->heap[0] = self->heap[--self->heap_len]; /* this node is done */
         if (self->heap_len > 0) sift_down(self, 0);
     }
     PyObject *chunk = PyBytes_FromStringAndSize(out, len);
@@ -540,7 +536,6 @@ static int PlainMerge_init(PlainMerge *self, PyObject *args, PyObject *kwds) {
     }
     if (block < 16) block = 16;
     if (chunk < 4096) chunk = 4096;
-    self->block = block;
     self->chunk = chunk;
     self->rank_width = rank_width < 0 ? 0 : rank_width;
     self->nodes = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Node));

@@ -757,6 +757,11 @@ BLOCK_BYTES = 4 << 20
 each). Rendered lines, keys and the batch take a few times that in memory."""
 
 
+def block_size(nodes: int) -> int:
+    """Bytes each node's copy is read in by the plain merges (Python and C): BLOCK_BYTES split."""
+    return max(32 << 10, BLOCK_BYTES // max(1, nodes))
+
+
 def copy_blocks(src: NodeSource, size: int) -> Iterator[str]:
     """A node's local copy in blocks of whole lines (about `size` bytes each), decoded as
     `copy_lines` decodes it; a torn last line gets its newline."""
@@ -783,7 +788,7 @@ def plain_merged(sources: list[NodeSource], offsets_ms: Mapping[str, float],
                   widths: tuple[int, int]) -> Iterator[str]:
     """Every node's copy, merged, as chunks of plain `TIME NODE RANK TEXT` lines (the fast path
     for what `format_line(merge(...))` prints when nothing is filtered)."""
-    size = max(32 << 10, BLOCK_BYTES // max(1, len(sources)))
+    size = block_size(len(sources))
     return merge_plain([copy_blocks(s, size) for s in sources],
                        [PlainNode(s.node, s.base_rank, offsets_ms.get(s.node, 0.0)) for s in sources], widths)
 
@@ -807,7 +812,6 @@ def plain_merged_bytes(sources: list[NodeSource], offsets_ms: Mapping[str, float
         for text in plain_merged(sources, offsets_ms, widths):
             yield text.encode("utf-8")
         return
-    size = max(32 << 10, BLOCK_BYTES // max(1, len(sources)))
     with contextlib.ExitStack() as stack:
         present, handles = [], []
         for s in sources:
@@ -819,7 +823,7 @@ def plain_merged_bytes(sources: list[NodeSource], offsets_ms: Mapping[str, float
         yield from _fastmerge.PlainMerge(
             handles, [f" {s.node.ljust(widths[0])} ".encode() for s in present],
             [s.base_rank for s in present], [offsets_ms.get(s.node, 0.0) for s in present], widths[1],
-            float_keys=any(offsets_ms.get(s.node, 0.0) for s in sources), block=size)
+            float_keys=any(offsets_ms.get(s.node, 0.0) for s in sources), block=block_size(len(sources)))
 
 
 def _binary(out: IO[str]) -> IO[bytes] | None:

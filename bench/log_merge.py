@@ -202,21 +202,22 @@ def throughput(base: Path, nodes: int, lines: int, reps: int) -> dict[str, objec
 # ----------------------------------------------------------------------------- memory
 
 
-def peak_rss_mb() -> float:
-    """This process's own peak RSS (VmHWM), in MB."""
+def _status_mb(field: str) -> float:
+    """A `/proc/self/status` memory field (kB there), in MB."""
     with open("/proc/self/status") as fh:
         for line in fh:
-            if line.startswith("VmHWM:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     return 0.0
+
+
+def peak_rss_mb() -> float:
+    """This process's own peak RSS (VmHWM), in MB."""
+    return _status_mb("VmHWM")
 
 
 def rss_mb() -> float:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
+    return _status_mb("VmRSS")
 
 
 APPENDER = r"""

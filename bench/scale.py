@@ -60,13 +60,20 @@ def merge_seconds(n: int, lines_per_node: int, reps: int) -> float | None:
     return statistics.median(samples)
 
 
+def node_lines(node: int, count: int) -> list[str]:
+    """One node's node.log lines for the plain merges: 8 workers, 10 ms apart, nodes 1 µs apart."""
+    from orchestrator.logmerge import format_ts
+
+    return [f"{format_ts(1_764_495_125.0 + i * 0.01 + node * 1e-6)} out [default{i % 8}]:[rank {node * 8 + i % 8}] "
+            f"step {i}\n" for i in range(count)]
+
+
 def plain_merge_seconds(n: int, lines_per_node: int, reps: int, block_lines: int = 500) -> float:
-    from orchestrator.logmerge import PlainNode, column_widths, format_ts, merge_plain
+    from orchestrator.logmerge import PlainNode, column_widths, merge_plain
 
     texts = []
     for node in range(n):
-        lines = [f"{format_ts(1_764_495_125.0 + i * 0.01 + node * 1e-6)} out [default{i % 8}]:[rank {node * 8 + i % 8}] "
-                 f"step {i}\n" for i in range(lines_per_node)]
+        lines = node_lines(node, lines_per_node)
         texts.append(["".join(lines[k:k + block_lines]) for k in range(0, lines_per_node, block_lines)])
     nodes = [PlainNode(f"gpu{k:04d}", k * 8) for k in range(n)]
     widths = column_widths([p.node for p in nodes], 8 * n)
@@ -81,7 +88,7 @@ def plain_merge_seconds(n: int, lines_per_node: int, reps: int, block_lines: int
 
 def c_merge_seconds(n: int, lines_per_node: int, reps: int) -> float | None:
     """The C merge (what `orch logs` runs where it is built) over n node files; None if not built."""
-    from orchestrator.logmerge import column_widths, format_ts
+    from orchestrator.logmerge import column_widths
     from orchestrator.logs import NodeSource, fast_merge_available, plain_merged_bytes
 
     if not fast_merge_available():
@@ -90,9 +97,7 @@ def c_merge_seconds(n: int, lines_per_node: int, reps: int) -> float | None:
         sources = []
         for node in range(n):
             path = Path(d, f"gpu{node:04d}.log")
-            path.write_text("".join(
-                f"{format_ts(1_764_495_125.0 + i * 0.01 + node * 1e-6)} out [default{i % 8}]:[rank {node * 8 + i % 8}] "
-                f"step {i}\n" for i in range(lines_per_node)))
+            path.write_text("".join(node_lines(node, lines_per_node)))
             sources.append(NodeSource(f"gpu{node:04d}", node, node * 8, "", "", path))
         widths = column_widths([s.node for s in sources], 8 * n)
         samples = []

@@ -165,15 +165,12 @@ def train_loader(dataset: Any, local_batch: int, workers: int, seed: int, topo: 
     generator = torch.Generator()
     generator.manual_seed(seed + topo.rank)  # worker augmentation streams differ per rank, same per run
     nw = min(workers, len(sampler) // max(local_batch, 1) or 1)
-    if nw > 0:
-        return DataLoader(
-            EpochSeeded(dataset, seed, topo.rank), batch_size=local_batch, sampler=EpochSampler(sampler),
-            num_workers=nw, pin_memory=device.type == "cuda", collate_fn=dataset.collate_fn,
-            worker_init_fn=seed_worker, generator=generator, persistent_workers=True, drop_last=False,
-        )
+    source: Any = EpochSeeded(dataset, seed, topo.rank) if nw > 0 else dataset
+    order: Any = EpochSampler(sampler) if nw > 0 else sampler
     return DataLoader(
-        dataset, batch_size=local_batch, sampler=sampler, num_workers=0, pin_memory=device.type == "cuda",
-        collate_fn=dataset.collate_fn, generator=generator, drop_last=False,
+        source, batch_size=local_batch, sampler=order, num_workers=nw, pin_memory=device.type == "cuda",
+        collate_fn=dataset.collate_fn, worker_init_fn=seed_worker, generator=generator,
+        persistent_workers=nw > 0, drop_last=False,
     )
 
 

@@ -2,7 +2,8 @@
 
 Everything comes from the run directory on the controller: run.json (node states and times),
 check.json (the preflight), the node log copies (the trainer's throughput tables) and the
-trainer's results.csv (fetched from the master node when the log names it). Plots are drawn
+trainer's results.csv (fetched from the master node when the log names it; else the same columns
+from the trainer's epoch and validation lines). Plots are drawn
 with matplotlib's Agg backend and its bundled DejaVu fonts, embedded as base64: the page needs
 no network and no other file to open.
 """
@@ -16,51 +17,17 @@ import io
 import re
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+# The trainer's lines this report reads (throughput table, epoch and validation lines, where the
+# weights and results.csv are) are written and parsed in one place, trainer/logs.py (torch-free).
+from trainer.logs import RESULTS_PATH, WEIGHTS_DIR, Throughput, parse_results, parse_throughput
 
 from .runs import RunDir, write_private
 
 STATE_COLOURS = {"running": "#1f77b4", "succeeded": "#2ca02c", "failed": "#d62728", "stopped": "#ff7f0e",
                  "starting": "#9467bd", "unreachable": "#8c564b", "unknown": "#7f7f7f", "pending": "#7f7f7f"}
-# `[rank 0] throughput epoch 3:    1     41.2     12.5%` (the trainer's end-of-epoch table)
-THROUGHPUT_ROW = re.compile(r"throughput epoch (\d+):\s+(\d+)\s+([\d.]+)\s+([\d.]+)%")
-THROUGHPUT_TOTAL = re.compile(r"throughput epoch (\d+): total ([\d.]+) images/s over (\d+) ranks"
-                              r"(?:, scaling efficiency ([\d.]+)%)?")
-RESULTS_PATH = re.compile(r"(/\S+/results\.csv)\b")
-WEIGHTS_DIR = re.compile(r"weights in (\S+?)[;,]?(?:\s|$)")
-
-
-@dataclass
-class Throughput:
-    """The last epoch's per-rank figures the trainer printed."""
-
-    epoch: int = 0
-    ips: dict[int, float] = field(default_factory=dict)
-    wait_share: dict[int, float] = field(default_factory=dict)
-    total: float | None = None
-    efficiency: float | None = None
-
-
-def parse_throughput(lines: Iterable[str]) -> Throughput:
-    """Keep the table of the latest epoch seen in the log."""
-    tp = Throughput()
-    for line in lines:
-        m = THROUGHPUT_ROW.search(line)
-        if m:
-            epoch = int(m.group(1))
-            if epoch > tp.epoch:
-                tp = Throughput(epoch=epoch)
-            if epoch == tp.epoch:
-                tp.ips[int(m.group(2))] = float(m.group(3))
-                tp.wait_share[int(m.group(2))] = float(m.group(4)) / 100
-            continue
-        m = THROUGHPUT_TOTAL.search(line)
-        if m and int(m.group(1)) == tp.epoch:
-            tp.total = float(m.group(2))
-            tp.efficiency = float(m.group(4)) / 100 if m.group(4) else None
-    return tp
 
 
 def read_results_csv(path: Path) -> dict[str, list[float]]:
@@ -206,7 +173,8 @@ def build_report(run: RunDir, results_csv: Path | None = None) -> Path:
     out.mkdir(exist_ok=True, mode=0o700)
     timeline = plot_timeline(info)
     results_csv = results_csv or (run.path / "results.csv")
-    curves = plot_curves(read_results_csv(results_csv)) if results_csv.exists() else None
+    # results.csv when it could be fetched, else the same columns from the trainer's log lines
+    curves = plot_curves(read_results_csv(results_csv) if results_csv.exists() else parse_results(node_log_lines(run)))
     tp = parse_throughput(node_log_lines(run))
     bars = plot_throughput(tp)
     for name, png in (("timeline.png", timeline), ("curves.png", curves), ("throughput.png", bars)):

@@ -1,15 +1,24 @@
-"""Rank-prefixed output: every line the trainer prints starts with ``[rank R] `` and is flushed.
+"""Every line the trainer prints, and how to read the ones that carry numbers back.
 
-The orchestrator's log parser attributes lines to ranks by that prefix, so it also goes in front
-of ultralytics' own log lines and Python warnings.
+Each line starts with ``[rank R] `` and is flushed: the orchestrator attributes lines to ranks by
+that prefix, so it also goes in front of ultralytics' own log lines and Python warnings.
+
+The lines ``orch report`` reads (the epoch summaries, validation metrics, the throughput table,
+where the weights and results.csv are) are written by the ``*_line`` functions here and parsed by
+the ``parse_*`` functions here, so the two cannot drift apart. Numbers are printed with
+results.csv's own format (``%.6g``): what a parser reads from the log is what the CSV holds.
+
+This module imports neither torch nor ultralytics (``orch report`` runs on the controller).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import warnings
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import TextIO
 
 _PREFIX = "[rank 0] "
@@ -49,7 +58,8 @@ def route_library_output() -> None:
     for handler in logger.handlers:
         handler.setFormatter(_PrefixFormatter("%(message)s"))
 
-    def show(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: TextIO | None = None, line: str | None = None) -> None:
         say(f"{category.__name__}: {message} ({filename}:{lineno})", sys.stderr)
 
     warnings.showwarning = show
@@ -83,6 +93,65 @@ class StepMeter:
         return self.wait_s / self.total_s if self.total_s > 0 else 0.0
 
 
+# --- the lines -------------------------------------------------------------------------------------
+
+METRIC_NAMES = {
+    "metrics/mAP50(B)": "mAP50", "metrics/mAP50-95(B)": "mAP50-95",
+    "metrics/mAP50(M)": "mask-mAP50", "metrics/mAP50-95(M)": "mask-mAP50-95",
+    "metrics/precision(B)": "P", "metrics/recall(B)": "R",
+    "metrics/precision(M)": "mask-P", "metrics/recall(M)": "mask-R",
+}
+"""results.csv column -> the shorter name on a log line (the order is the line's order)."""
+_COLUMN_OF = {short: column for column, short in METRIC_NAMES.items()}
+
+
+def number(value: float) -> str:
+    """A number as results.csv writes it (``%.6g``), so a parsed log value equals the CSV's."""
+    return f"{float(value):.6g}"
+
+
+def _pairs(items: Iterable[tuple[str, float]]) -> str:
+    return " ".join(f"{name} {number(value)}" for name, value in items)
+
+
+def step_line(epoch: int, epochs: int, batch: int, batches: int, losses: Mapping[str, float], lr: float,
+              ips: float, wait_share: float) -> str:
+    """Rank 0's progress line: epoch, batch, the epoch's mean loss components so far, lr, global
+    images/s and data-wait share since the last line."""
+    return (f"epoch {epoch}/{epochs} batch {batch}/{batches} {_pairs(losses.items())} lr {lr:.6g} "
+            f"images/s {ips:.1f} data {wait_share:.0%}")
+
+
+def epoch_line(epoch: int, epochs: int, losses: Mapping[str, float], lrs: Mapping[str, float]) -> str:
+    """The end of a training epoch: mean loss components over all ranks' images and each group's lr.
+
+    ``train epoch 3/10 box_loss 1.23456 cls_loss 2.5 dfl_loss 1.1 lr/pg0 0.00123 lr/pg1 ...``: the
+    ``train/*`` and ``lr/*`` columns of results.csv.
+    """
+    return f"train epoch {epoch}/{epochs} {_pairs([*losses.items(), *lrs.items()])}"
+
+
+def _metric_items(results: Mapping[str, float]) -> list[tuple[str, float]]:
+    shown = [(short, results[column]) for column, short in METRIC_NAMES.items() if column in results]
+    losses = [(k.split("/", 1)[1], v) for k, v in results.items() if k.startswith("val/")]
+    return shown + losses
+
+
+def val_line(epoch: int, epochs: int, results: Mapping[str, float]) -> str:
+    """One validation: ``val epoch 3/10 mAP50 0.41 mAP50-95 0.22 [mask-mAP50 ...] P .. R .. box_loss ..``."""
+    return f"val epoch {epoch}/{epochs} {_pairs(_metric_items(results))}"
+
+
+def final_line(name: str, epoch: int, results: Mapping[str, float]) -> str:
+    """The validation of the final ``best.pt`` after training: ``final val best.pt (epoch 7) mAP50 ...``."""
+    return f"final val {name} (epoch {epoch}) {_pairs(_metric_items(results))}"
+
+
+def done_line(epochs: int, seconds: float, weights_dir: str, results_csv: str) -> str:
+    """The last line of a run: where the weights and results.csv are (absolute, on this node)."""
+    return f"done: {epochs} epochs in {seconds:.1f} s; weights in {weights_dir}, results in {results_csv}"
+
+
 def throughput_table(epoch: int, rows: list[list[float]], ref_ips: float | None) -> str:
     """The end-of-epoch table: one line per rank, then the job total and scaling efficiency.
 
@@ -103,3 +172,106 @@ def throughput_table(epoch: int, rows: list[list[float]], ref_ips: float | None)
         summary += f", scaling efficiency {total / (len(rows) * ref_ips):.1%} of {len(rows)} x {ref_ips:g} images/s"
     lines.append(summary)
     return "\n".join(lines)
+
+
+# --- reading them back ----------------------------------------------------------------------------
+
+THROUGHPUT_ROW = re.compile(r"throughput epoch (\d+):\s+(\d+)\s+([\d.]+)\s+([\d.]+)%")
+"""A rank's row of the throughput table: epoch, rank, images/s, data-wait %."""
+THROUGHPUT_TOTAL = re.compile(r"throughput epoch (\d+): total ([\d.]+) images/s over (\d+) ranks"
+                              r"(?:, scaling efficiency ([\d.]+)%)?")
+"""The table's last line: epoch, total images/s, ranks, scaling efficiency % (if --ref-ips)."""
+RESULTS_PATH = re.compile(r"(/\S+/results\.csv)\b")
+"""The absolute results.csv path on the done line."""
+WEIGHTS_DIR = re.compile(r"weights in (\S+?)[;,]?(?:\s|$)")
+"""The weights directory on the done line."""
+EPOCH_LINE = re.compile(r"(?:^|\] )train epoch (\d+)/(\d+) (.+)$")
+VAL_LINE = re.compile(r"(?:^|\] )val epoch (\d+)/(\d+) (.+)$")
+FINAL_LINE = re.compile(r"(?:^|\] )final val (\S+) \(epoch (\d+)\) (.+)$")
+
+
+@dataclass
+class Throughput:
+    """The last epoch's per-rank figures the trainer printed."""
+
+    epoch: int = 0
+    ips: dict[int, float] = field(default_factory=dict)
+    wait_share: dict[int, float] = field(default_factory=dict)
+    total: float | None = None
+    efficiency: float | None = None
+
+
+def parse_throughput(lines: Iterable[str]) -> Throughput:
+    """Keep the table of the latest epoch seen in the log."""
+    tp = Throughput()
+    for line in lines:
+        m = THROUGHPUT_ROW.search(line)
+        if m:
+            epoch = int(m.group(1))
+            if epoch > tp.epoch:
+                tp = Throughput(epoch=epoch)
+            if epoch == tp.epoch:
+                tp.ips[int(m.group(2))] = float(m.group(3))
+                tp.wait_share[int(m.group(2))] = float(m.group(4)) / 100
+            continue
+        m = THROUGHPUT_TOTAL.search(line)
+        if m and int(m.group(1)) == tp.epoch:
+            tp.total = float(m.group(2))
+            tp.efficiency = float(m.group(4)) / 100 if m.group(4) else None
+    return tp
+
+
+def _read_pairs(text: str) -> list[tuple[str, float]]:
+    """``"a 1 b 2.5"`` -> ``[("a", 1.0), ("b", 2.5)]`` (an odd trailing word is dropped)."""
+    words = text.split()
+    out = []
+    for name, value in zip(words[0::2], words[1::2]):
+        try:
+            out.append((name, float(value)))
+        except ValueError:
+            continue
+    return out
+
+
+def _val_columns(text: str) -> dict[str, float]:
+    return {_COLUMN_OF.get(name, f"val/{name}"): value for name, value in _read_pairs(text)}
+
+
+def parse_results(lines: Iterable[str]) -> dict[str, list[float]]:
+    """results.csv's columns (``epoch``, ``train/*``, ``lr/*``, ``metrics/*``, ``val/*``) from the log.
+
+    One row per ``train epoch`` line; the metrics of the ``val epoch`` line of the same epoch
+    join its row (epochs without validation repeat the last metrics, as results.csv does). A
+    resumed run's log that repeats an epoch keeps the later values.
+    """
+    rows: dict[int, dict[str, float]] = {}
+    last_val: dict[str, float] = {}
+    for line in lines:
+        line = line.rstrip("\n")
+        m = EPOCH_LINE.search(line)
+        if m:
+            epoch = int(m.group(1))
+            row = {"epoch": float(epoch)}
+            for name, value in _read_pairs(m.group(3)):
+                row[name if name.startswith("lr/") else f"train/{name}"] = value
+            rows[epoch] = {**row, **last_val}
+            continue
+        m = VAL_LINE.search(line)
+        if m:
+            last_val = _val_columns(m.group(3))
+            epoch = int(m.group(1))
+            if epoch in rows:
+                rows[epoch].update(last_val)
+    keys = list(dict.fromkeys(k for row in rows.values() for k in row))
+    # before the first validation results.csv holds zeros in the metric columns: so does this
+    return {key: [rows[epoch].get(key, 0.0) for epoch in sorted(rows)] for key in keys}
+
+
+def parse_final(lines: Iterable[str]) -> tuple[str, int, dict[str, float]] | None:
+    """The last ``final val`` line: checkpoint name, its epoch and its metrics (results.csv names)."""
+    found = None
+    for line in lines:
+        m = FINAL_LINE.search(line.rstrip("\n"))
+        if m:
+            found = (m.group(1), int(m.group(2)), _val_columns(m.group(3)))
+    return found

@@ -1,0 +1,71 @@
+"""The trainer's log lines and their parsers (trainer/logs.py): what is written is what is read back."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from trainer import logs
+
+
+def test_epoch_and_val_lines_read_back_as_results_csv_columns() -> None:
+    lines = []
+    for epoch, (box, m) in enumerate([(2.5, 0.0), (1.75, 0.123456789), (1.5, 0.3)], start=1):
+        lines.append("2026-11-30T09:32:01.000000Z out [default0]:" + logs.prefixed(
+            logs.epoch_line(epoch, 3, {"box_loss": box, "cls_loss": 3.0, "dfl_loss": 1.0},
+                            {"lr/pg0": 0.001, "lr/pg1": 0.001, "lr/pg2": 0.05})))
+        if epoch != 2:  # epoch 2 has no validation: results.csv repeats the last metrics
+            lines.append(logs.prefixed(logs.val_line(epoch, 3, {
+                "metrics/precision(B)": 0.5, "metrics/recall(B)": 0.25, "metrics/mAP50(B)": m * 2,
+                "metrics/mAP50-95(B)": m, "metrics/mAP50(M)": m, "metrics/mAP50-95(M)": m / 2,
+                "val/box_loss": 1.0, "val/seg_loss": 2.0})))
+    cols = logs.parse_results(lines)
+    assert cols["epoch"] == [1, 2, 3]
+    assert cols["train/box_loss"] == [2.5, 1.75, 1.5]
+    assert cols["lr/pg2"] == [0.05] * 3
+    assert cols["metrics/mAP50-95(B)"] == [0.0, 0.0, 0.3]
+    assert cols["metrics/mAP50-95(M)"] == [0.0, 0.0, 0.15]
+    assert cols["val/seg_loss"] == [2.0, 2.0, 2.0]
+    assert "mask-mAP50 0.3 " in logs.val_line(1, 1, {"metrics/mAP50(M)": 0.3, "metrics/mAP50-95(M)": 0.1})
+
+
+def test_numbers_are_printed_as_results_csv_prints_them() -> None:
+    value = 0.123456789
+    assert logs.number(value) == f"{value:.6g}"
+    cols = logs.parse_results([logs.epoch_line(1, 1, {"box_loss": value}, {})])
+    assert cols["train/box_loss"] == [float(f"{value:.6g}")]
+
+
+def test_final_line_and_throughput_table_read_back() -> None:
+    line = logs.prefixed(logs.final_line("best.pt", 7, {"metrics/mAP50(B)": 0.5, "metrics/mAP50-95(B)": 0.25}))
+    assert logs.parse_final(["noise", line]) == ("best.pt", 7, {"metrics/mAP50(B)": 0.5, "metrics/mAP50-95(B)": 0.25})
+    table = logs.throughput_table(2, [[100, 1.0, 10.0], [90, 2.0, 10.0]], ref_ips=10.0)
+    assert "total 19.0 images/s over 2 ranks, scaling efficiency 95.0%" in table
+    assert "   1       9.0     20.0%" in table
+    tp = logs.parse_throughput(table.splitlines())
+    assert tp.epoch == 2 and tp.ips == {0: 10.0, 1: 9.0} and tp.total == 19.0 and tp.efficiency == 0.95
+
+
+def test_done_line_names_weights_and_results() -> None:
+    line = logs.done_line(3, 9.0, "/r/exp/weights", "/r/exp/results.csv")
+    assert logs.WEIGHTS_DIR.search(line).group(1) == "/r/exp/weights"  # type: ignore[union-attr]
+    assert logs.RESULTS_PATH.search(line).group(1) == "/r/exp/results.csv"  # type: ignore[union-attr]
+
+
+def test_every_line_gets_the_rank_prefix(capsys) -> None:  # noqa: ANN001
+    logs.set_rank(3)
+    try:
+        logs.say("a\nb")
+    finally:
+        logs.set_rank(0)
+    assert capsys.readouterr().out == "[rank 3] a\n[rank 3] b\n"
+
+
+def test_the_report_reads_the_trainers_lines_without_torch() -> None:
+    """`orch report` runs on the controller: importing the parsers must not import torch."""
+    code = ("import sys; import orchestrator.report, trainer.logs; "
+            "assert orchestrator.report.parse_results is trainer.logs.parse_results; "
+            "print('torch' in sys.modules, 'ultralytics' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False"]

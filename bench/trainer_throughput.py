@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
                 if who == "trainer":
                     run([sys.executable, "-m", "trainer", "--model", a.model, "--data", str(data), "--imgsz",
                          str(a.imgsz), "--epochs", str(a.epochs), "--batch", str(a.batch), "--workers",
-                         str(a.workers), "--accumulate", str(accumulate), "--val-period", "0", "--warmup-epochs",
+                         str(a.workers), "--accumulate", str(accumulate), "--optimizer", "SGD", "--lr", "0.01",
+                         "--val-period", "0", "--warmup-epochs",
                          "1", "--cfg", "close_mosaic=0", "--out", str(out), "--log-every", "1000", "--device", "cpu"],
                         env)
                 else:

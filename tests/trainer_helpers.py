@@ -2,7 +2,9 @@
 
 Run as a script (``python tests/trainer_helpers.py ARGS``, also under torchrun) it installs the
 network block in the process and then runs ``trainer.train.main(ARGS)``: any attempt to reach a
-non-loopback address raises and is appended to ``$TRAINER_NET_LOG``.
+non-loopback address raises and is appended to ``$TRAINER_NET_LOG``. With ``$TRAINER_SYNC_LOG``
+it also counts the calls that read a tensor back to the host (``item``, ``tolist``, ``float()``...)
+made from the trainer's own code, per calling function, and writes them there as JSON at exit.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -35,6 +38,33 @@ def make_dataset(root: Path, images: int = 24, classes: int = 3, imgsz: int = 64
     from trainer.synth import write_dataset
 
     return write_dataset(root, images=images, classes=classes, imgsz=imgsz, segments=segments)
+
+
+def save_checkpoint(path: Path, arch: str, names: list[str], seed: int = 0) -> Any:
+    """A pretrained-style checkpoint ``path`` of ``arch`` with classes ``names``, written the way
+    ultralytics writes its released weights (the final, stripped form: an fp16 ``model``, its
+    ``train_args``, ``epoch`` -1), with random weights and random BatchNorm statistics (so that a
+    test can tell them from a fresh model's). Returns the fp32 model it saved."""
+    import torch
+    from ultralytics.nn.tasks import DetectionModel, SegmentationModel, YOLOEModel, YOLOESegModel
+    from ultralytics.utils import DEFAULT_CFG_DICT
+
+    torch.manual_seed(seed)
+    seg, yoloe = "-seg" in arch, arch.startswith("yoloe")
+    cls = (YOLOESegModel if seg else YOLOEModel) if yoloe else (SegmentationModel if seg else DetectionModel)
+    model = cls(arch, nc=len(names), verbose=False)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 1.5)
+    model.names = dict(enumerate(names))
+    model.args = {**DEFAULT_CFG_DICT, "task": "segment" if seg else "detect"}
+    from copy import deepcopy
+
+    torch.save({"epoch": -1, "model": deepcopy(model).half(), "ema": None, "optimizer": None,
+                "train_args": dict(model.args), "date": "2026-01-01T00:00:00", "version": "8.4.190"}, path)
+    return model
 
 
 @dataclass
@@ -131,8 +161,73 @@ def install_network_block(log: Path) -> None:
     socket.getaddrinfo = getaddrinfo
 
 
+HOST_READS = ("item", "tolist", "cpu", "numpy", "__float__", "__int__", "__bool__", "__index__", "__format__")
+"""Tensor methods that wait for the device and copy a value to the host."""
+
+
+def install_sync_counter(log: Path) -> None:
+    """Count host reads of tensors made directly by trainer/ code, by (file, function); dump at exit."""
+    import atexit
+    from collections import Counter
+
+    import torch
+
+    counts: Counter[str] = Counter()
+    trainer_dir = str(REPO / "trainer")
+
+    def wrap(name: str) -> None:
+        real = getattr(torch.Tensor, name)
+
+        def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+            caller = sys._getframe(1).f_code
+            if caller.co_filename.startswith(trainer_dir):
+                counts[f"{Path(caller.co_filename).name}:{caller.co_name}"] += 1
+            return real(self, *args, **kwargs)
+
+        setattr(torch.Tensor, name, counted)
+
+    for name in HOST_READS:
+        wrap(name)
+    atexit.register(lambda: log.write_text(json.dumps(counts)))
+
+
+def run_trainer_counting_syncs(args: list[str], log: Path, timeout: float = 300) -> tuple[Result, dict[str, int]]:
+    """One plain process of the trainer with the host-read counter; returns its result and the counts."""
+    p = subprocess.run([PYTHON, str(Path(__file__).resolve()), *args], capture_output=True, text=True,
+                       timeout=timeout, env=env({"TRAINER_SYNC_LOG": str(log)}), cwd=REPO)
+    return Result(p.returncode, p.stdout, p.stderr), json.loads(log.read_text()) if log.exists() else {}
+
+
+def run_nodes(args: list[str], homes: list[Path], timeout: float = 300) -> list[Result]:
+    """A job of ``len(homes)`` torchrun "nodes" of one process each on this machine, every node with its
+    own HOME: paths under ``~/`` are node-local, as on machines that share no storage."""
+    port = free_port()
+    procs = []
+    for rank, home in enumerate(homes):
+        home.mkdir(parents=True, exist_ok=True)
+        cmd = [PYTHON, "-m", "torch.distributed.run", "--nnodes", str(len(homes)), "--node-rank", str(rank),
+               "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "trainer",
+               *args]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      env=env({"HOME": str(home)}), cwd=REPO, start_new_session=True))
+    results = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=timeout)
+            results.append(Result(p.returncode, out, err))
+    finally:
+        for p in procs:  # a node that hangs (the others gone) must not outlive the test
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)  # torchrun and its worker: the node's own process group
+                p.wait()
+    return results
+
+
 if __name__ == "__main__":
-    install_network_block(Path(os.environ["TRAINER_NET_LOG"]))
+    if os.environ.get("TRAINER_SYNC_LOG"):
+        install_sync_counter(Path(os.environ["TRAINER_SYNC_LOG"]))
+    if os.environ.get("TRAINER_NET_LOG"):
+        install_network_block(Path(os.environ["TRAINER_NET_LOG"]))
     sys.path.insert(0, str(REPO))
     from trainer.train import main
 

@@ -3,12 +3,18 @@
 The ultralytics part of the file (``ema`` as a half-precision model, ``train_args``, ``epoch``,
 ``best_fitness``...) matches its own trainer's ``save_model``. The ``trainer`` entry holds what an
 exact resume needs and ultralytics rounds away: fp32 model and EMA weights, the optimizer in
-fp32, and every rank's RNG state. Only tensors, numbers, strings and ultralytics' own modules are
-pickled, so the file loads without this package installed.
+fp32, the early-stopping state, and every rank's RNG and mosaic-buffer state. Only tensors,
+numbers, strings and ultralytics' own modules are pickled, so the file loads without this
+package installed.
+
+Each epoch the checkpoint is serialized once; ``best.pt`` and ``epochN.pt`` are hard links to
+the same bytes. After the last epoch ``last.pt`` and ``best.pt`` are stripped like ultralytics'
+final files: the EMA as ``model`` in half precision, no optimizer, no resume state.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import random
 from copy import deepcopy
@@ -20,6 +26,9 @@ import numpy as np
 import torch
 
 from trainer.errors import TrainerError
+
+RESUME_KEYS = ("epoch", "best_fitness", "updates", "train_metrics", "trainer")
+"""What rank 0 sends every rank when a run resumes (the half EMA module is not needed)."""
 
 
 def rng_state() -> dict[str, Any]:
@@ -39,25 +48,36 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def build(*, epoch: int, best_fitness: float, model: torch.nn.Module, ema: Any, optimizer: torch.optim.Optimizer,
-          scaler: torch.amp.GradScaler | None, train_args: dict[str, Any], metrics: dict[str, float],
-          config: dict[str, Any], rng: list[dict[str, Any]]) -> dict[str, Any]:
-    """The checkpoint dict after ``epoch`` (0-based, completed)."""
+def half_model(module: Any) -> Any:
+    """A detached fp16 NCHW copy for the file, as ultralytics saves its EMA (channels_last would
+    break older ultralytics' fusing, NaN/Inf from the fp16 cast clamped)."""
+    copy = deepcopy(module).half().to(memory_format=torch.contiguous_format)
+    if hasattr(copy, "criterion"):
+        copy.criterion = None  # the loss holds device tensors and is rebuilt lazily
+    for v in copy.state_dict().values():
+        if v.is_floating_point():
+            torch.nan_to_num_(v)
+    return copy
+
+
+def build(*, epoch: int, best_fitness: float, stopper: dict[str, Any], model: torch.nn.Module, ema: Any,
+          optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None, train_args: dict[str, Any],
+          metrics: dict[str, float], config: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The checkpoint dict after ``epoch`` (0-based, completed); ``ranks`` holds each rank's RNG and
+    mosaic-buffer state, in rank order."""
     import ultralytics
 
-    half_ema = deepcopy(ema.ema).half()
-    half_ema.criterion = None  # the loss holds device tensors and is rebuilt lazily
     return {
         "epoch": epoch,
         "best_fitness": best_fitness,
         "model": None,
-        "ema": half_ema,
+        "ema": half_model(ema.ema),
         "updates": ema.updates,
         "optimizer": None,
         "scaler": None,
         "train_args": train_args,
         "train_metrics": metrics,
-        "date": datetime.now().isoformat(),
+        "date": datetime.now().astimezone().isoformat(),
         "version": ultralytics.__version__,
         "trainer": {
             "config": config,
@@ -65,32 +85,96 @@ def build(*, epoch: int, best_fitness: float, model: torch.nn.Module, ema: Any, 
             "ema": {k: v.detach().clone() for k, v in ema.ema.state_dict().items()},
             "optimizer": optimizer.state_dict(),
             "scaler": scaler.state_dict() if scaler is not None else None,
-            "rng": rng,
-            "world_size": len(rng),
+            "stopper": stopper,
+            "ranks": ranks,
+            "world_size": len(ranks),
         },
     }
 
 
-def save_atomic(ckpt: dict[str, Any], path: Path) -> None:
-    """Write ``ckpt`` to ``path`` through a temporary file and a rename.
+def serialize(ckpt: dict[str, Any]) -> bytes:
+    """The checkpoint as the bytes ``torch.save`` writes."""
+    buffer = io.BytesIO()
+    torch.save(ckpt, buffer)
+    return buffer.getvalue()
+
+
+def write_atomic(data: bytes, path: Path) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename.
 
     A reader (or a resume after a crash) sees the old file or the new one, never half of one.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    torch.save(ckpt, tmp)
+    tmp.write_bytes(data)
     os.replace(tmp, path)
 
 
+def save_atomic(ckpt: dict[str, Any], path: Path) -> None:
+    """Serialize ``ckpt`` and write it atomically."""
+    write_atomic(serialize(ckpt), path)
+
+
+def link_atomic(source: Path, path: Path) -> None:
+    """Make ``path`` the same bytes as ``source``: a hard link (no second write), or a copy where
+    the file system has no hard links; replaced atomically like every checkpoint."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(source, tmp)
+    except OSError:
+        tmp.write_bytes(source.read_bytes())
+    os.replace(tmp, path)
+
+
+def strip(ckpt: dict[str, Any]) -> dict[str, Any]:
+    """The final form of a checkpoint, as ultralytics' ``strip_optimizer`` leaves it: the EMA as
+    ``model`` (fp16, no gradients, no loss), no optimizer or resume state, ``epoch`` -1 and
+    ``train_args`` limited to ultralytics' own settings."""
+    from ultralytics.utils import DEFAULT_CFG_DICT, DEFAULT_CFG_KEYS
+
+    out = {k: v for k, v in ckpt.items() if k != "trainer"}
+    model = out.get("ema") or out["model"]
+    if hasattr(model, "args"):
+        model.args = dict(vars(model.args)) if not isinstance(model.args, dict) else dict(model.args)
+    if hasattr(model, "criterion"):
+        model.criterion = None
+    model.half()
+    for p in model.parameters():
+        p.requires_grad = False
+    args = {**DEFAULT_CFG_DICT, **(out.get("train_args") or {})}
+    out.update(model=model, optimizer=None, best_fitness=None, ema=None, updates=None, scaler=None, epoch=-1,
+               train_args={k: v for k, v in args.items() if k in DEFAULT_CFG_KEYS},
+               date=datetime.now().astimezone().isoformat())
+    return out
+
+
+def finalize(weights: Path) -> None:
+    """Strip ``last.pt`` and ``best.pt`` in ``weights`` (best.pt stays a link when it was one)."""
+    last, best = weights / "last.pt", weights / "best.pt"
+    same = last.exists() and best.exists() and os.path.samefile(last, best)
+    for path in (last,) if same else (last, best):
+        if path.exists():
+            save_atomic(strip(torch.load(path, map_location="cpu", weights_only=False)), path)
+    if same:
+        link_atomic(last, best)
+
+
 def load_for_resume(path: Path) -> dict[str, Any]:
-    """Read a checkpoint written by this trainer.
+    """Read a checkpoint written by this trainer; only what resuming needs is returned.
 
     Raises:
-        TrainerError: missing file, or a checkpoint without this trainer's resume state.
+        TrainerError: missing file, a finished run's final (stripped) checkpoint, or a checkpoint
+            without this trainer's resume state.
     """
     if not path.is_file():
         raise TrainerError(f"--resume {path}: no such file (is --out the directory of the run that stopped?)")
     ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    if not isinstance(ckpt, dict) or "trainer" not in ckpt:
+    if not isinstance(ckpt, dict):
+        raise TrainerError(f"--resume {path}: not a checkpoint")
+    if "trainer" not in ckpt:
+        if ckpt.get("epoch") == -1:
+            raise TrainerError(f"--resume {path}: that run finished (this is its final checkpoint): nothing to resume; "
+                               f"to train further start a new run from it with --weights {path}")
         raise TrainerError(f"--resume {path}: not written by this trainer; start from it with --weights instead")
-    return ckpt
+    return {k: ckpt[k] for k in RESUME_KEYS if k in ckpt}

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
+import os
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -88,7 +89,7 @@ def one_writer_first(topo: Topology) -> Iterator[None]:
         tdist.barrier()
 
 
-def build_dataset(hyp: SimpleNamespace, data: dict[str, Any], split: str, local_batch: int, stride: int) -> Any:
+def build_dataset(hyp: Any, data: dict[str, Any], split: str, local_batch: int, stride: int) -> Any:
     """An ultralytics YOLODataset (augmented for train, letterboxed rect batches for val)."""
     from ultralytics.data import build_yolo_dataset
 
@@ -115,6 +116,18 @@ class EpochSampler(Sampler[tuple[int, int]]):
         return len(self.sampler)
 
 
+def restore_buffer(dataset: Any, indices: list[int]) -> None:
+    """Put ``dataset``'s mosaic buffer back as it was: the same images loaded in the same order.
+
+    Mosaic draws its partner images from the buffer of recently loaded images (ultralytics'
+    ``BaseDataset.buffer``, in memory, bounded by ``max_buffer_length``); reloading those indices
+    in order makes the buffer and the images cached with it what they were when it was saved.
+    """
+    dataset.buffer.clear()
+    for i in indices:
+        dataset.load_image(i)
+
+
 class EpochSeeded(Dataset[Any]):
     """The training dataset as loader workers see it: at the first item of each epoch a worker
     restarts python's, numpy's and torch's generators (the augmentation's) from (seed, rank,
@@ -125,12 +138,16 @@ class EpochSeeded(Dataset[Any]):
     differently from an uninterrupted one. Now each epoch's augmentation depends only on the run's
     seed, the rank and the epoch: `--resume` continues exactly with workers too. (The batches go to
     the workers round-robin from worker 0 each epoch, so which worker draws what is fixed too.)
+    The other state a worker keeps, its mosaic buffer, travels with every batch it sends
+    (``mosaic_collate``) and is put back by ``restore`` in the first epoch after a resume.
     """
 
-    def __init__(self, dataset: Any, seed: int, rank: int) -> None:
+    def __init__(self, dataset: Any, seed: int, rank: int, restore: dict[int, list[int]] | None = None) -> None:
         self.dataset = dataset
         self.seed = seed
         self.rank = rank
+        self.restore = restore
+        """Worker id -> the mosaic buffer it had when the checkpoint was written (a resumed run only)."""
         self.epoch: int | None = None  # per worker: each holds its own copy
 
     def __len__(self) -> int:
@@ -139,9 +156,11 @@ class EpochSeeded(Dataset[Any]):
     def __getitem__(self, key: tuple[int, int]) -> Any:
         epoch, index = key
         if epoch != self.epoch:
-            self.epoch = epoch
             info = get_worker_info()
             worker = info.id if info is not None else -1
+            if self.epoch is None and self.restore and worker in self.restore:
+                restore_buffer(self.dataset, self.restore[worker])
+            self.epoch = epoch
             state = int(np.random.SeedSequence([self.seed, self.rank, epoch, worker + 1]).generate_state(1)[0])
             random.seed(state)
             np.random.seed(state)
@@ -149,8 +168,36 @@ class EpochSeeded(Dataset[Any]):
         return self.dataset[index]
 
 
-def train_loader(dataset: Any, local_batch: int, workers: int, seed: int, topo: Topology,
-                 device: torch.device) -> DataLoader:
+MOSAIC_KEY = "mosaic_buffer"
+"""Batch entry a loader worker adds: (worker id, its mosaic buffer after this batch)."""
+
+
+class MosaicCollate:
+    """The dataset's collate function, plus the worker's mosaic buffer (a list of at most
+    ``max_buffer_length`` indices) so the main process knows every worker's buffer at a checkpoint."""
+
+    def __init__(self, collate: Any) -> None:
+        self.collate = collate
+
+    def __call__(self, items: list[Any]) -> dict[str, Any]:
+        batch = self.collate(items)
+        info = get_worker_info()
+        if info is not None:
+            source: Any = info.dataset  # this worker's EpochSeeded copy
+            batch[MOSAIC_KEY] = (info.id, list(source.dataset.buffer))
+        return batch
+
+
+def worker_count(workers: int, local_world_size: int, batches: int) -> int:
+    """Loader workers per rank: at most this node's CPUs shared by its ranks, and no more than there
+    are batches (as ultralytics' build_dataloader)."""
+    cpus = os.cpu_count() or 1
+    return max(0, min(workers, cpus // max(local_world_size, 1), batches if batches > 1 else 0))
+
+
+def train_loader(dataset: Any, local_batch: int, workers: int, seed: int, topo: Topology, device: torch.device,
+                 pin_memory: bool = True, persistent: bool = True,
+                 restore: dict[int, list[int]] | None = None) -> DataLoader:
     """The training loader: a DistributedSampler with the same seed on every rank.
 
     ultralytics' InfiniteDataLoader keeps one iterator across epochs, which prefetches the next
@@ -161,22 +208,24 @@ def train_loader(dataset: Any, local_batch: int, workers: int, seed: int, topo: 
     """
     from ultralytics.data.build import seed_worker
 
-    sampler = DistributedSampler(dataset, num_replicas=topo.world_size, rank=topo.rank, shuffle=True, seed=seed)
+    sampler: DistributedSampler[Any] = DistributedSampler(dataset, num_replicas=topo.world_size, rank=topo.rank, shuffle=True, seed=seed)
     generator = torch.Generator()
     generator.manual_seed(seed + topo.rank)  # worker augmentation streams differ per rank, same per run
-    nw = min(workers, len(sampler) // max(local_batch, 1) or 1)
-    source: Any = EpochSeeded(dataset, seed, topo.rank) if nw > 0 else dataset
+    nw = worker_count(workers, topo.local_world_size, math.ceil(len(sampler) / max(local_batch, 1)))
+    source: Any = EpochSeeded(dataset, seed, topo.rank, restore) if nw > 0 else dataset
     order: Any = EpochSampler(sampler) if nw > 0 else sampler
     return DataLoader(
-        source, batch_size=local_batch, sampler=order, num_workers=nw, pin_memory=device.type == "cuda",
-        collate_fn=dataset.collate_fn, worker_init_fn=seed_worker, generator=generator,
-        persistent_workers=nw > 0, drop_last=False,
+        source, batch_size=local_batch, sampler=order, num_workers=nw, pin_memory=pin_memory and device.type == "cuda",
+        collate_fn=MosaicCollate(dataset.collate_fn), worker_init_fn=seed_worker, generator=generator,
+        persistent_workers=persistent and nw > 0, drop_last=False, prefetch_factor=4 if nw > 0 else None,
     )
 
 
 def val_loader(dataset: Any, local_batch: int, workers: int, topo: Topology, device: torch.device) -> Any:
-    """ultralytics' validation loader: contiguous, unpadded shards so each image counts once."""
+    """ultralytics' validation loader: contiguous, unpadded shards so each image counts once; twice
+    the training workers, as its trainer gives validation (capped by this node's CPUs per rank)."""
     from ultralytics.data import build_dataloader
 
     rank = topo.local_rank if topo.distributed else -1  # only a switch: the sampler asks the process group
-    return build_dataloader(dataset, local_batch, workers, shuffle=False, rank=rank, device=device)
+    cap = (os.cpu_count() or 1) // max(topo.local_world_size, 1)
+    return build_dataloader(dataset, local_batch, min(workers * 2, cap), shuffle=False, rank=rank, device=device)

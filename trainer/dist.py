@@ -23,6 +23,8 @@ class Topology:
     """Number of processes in the job (WORLD_SIZE)."""
     launched: bool = False
     """True when started by torchrun (RANK is set), even with a single process."""
+    local_world_size: int = 1
+    """Processes on this node (LOCAL_WORLD_SIZE): the loader workers share its CPUs."""
 
     @classmethod
     def from_env(cls) -> Topology:
@@ -34,6 +36,7 @@ class Topology:
             local_rank=int(os.environ.get("LOCAL_RANK", "0")),
             world_size=int(os.environ.get("WORLD_SIZE", "1")),
             launched=True,
+            local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
         )
 
     @property
@@ -48,25 +51,33 @@ class Topology:
 
 
 def select_device(requested: str, topo: Topology) -> torch.device:
-    """Pick this rank's device: ``cuda:LOCAL_RANK`` when CUDA is asked for (or auto and present).
+    """Pick this rank's device: ``cuda:LOCAL_RANK`` when CUDA is asked for (or auto and present),
+    or the LOCAL_RANK-th GPU of a ``cuda:0,1,2,3`` list (indices as CUDA_VISIBLE_DEVICES shows them).
 
     Raises:
-        ValueError: CUDA requested but not available, or fewer GPUs than local ranks.
+        ValueError: CUDA requested but not available, or a GPU index this node does not have.
     """
-    want_cuda = requested == "cuda" or (requested == "auto" and torch.cuda.is_available())
+    want_cuda = requested.startswith("cuda") or (requested == "auto" and torch.cuda.is_available())
     if not want_cuda:
         return torch.device("cpu")
     count = torch.cuda.device_count()
+    visible = f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}"
     if count == 0:
-        raise ValueError("--device cuda but torch sees no GPU (check CUDA_VISIBLE_DEVICES and the driver)")
-    if topo.local_rank >= count:
-        raise ValueError(
-            f"LOCAL_RANK {topo.local_rank} has no GPU: this node shows {count} "
-            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); "
-            "--nproc-per-node must not exceed the visible GPUs"
-        )
-    torch.cuda.set_device(topo.local_rank)
-    return torch.device("cuda", topo.local_rank)
+        raise ValueError(f"--device {requested.removeprefix('cuda:')} but torch sees no GPU (check {visible} and the driver)")
+    if requested.startswith("cuda:"):
+        ids = [int(x) for x in requested[5:].split(",")]
+        index = ids[topo.local_rank] if topo.local_rank < len(ids) else ids[-1]
+        if index >= count:
+            raise ValueError(f"--device {requested[5:]}: GPU {index} does not exist, this node shows {count} ({visible})")
+    else:
+        index = topo.local_rank
+        if index >= count:
+            raise ValueError(
+                f"LOCAL_RANK {index} has no GPU: this node shows {count} ({visible}); "
+                "--nproc-per-node must not exceed the visible GPUs"
+            )
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
 
 
 def init(topo: Topology, device: torch.device, timeout_min: float) -> None:
@@ -89,14 +100,23 @@ def barrier() -> None:
         dist.barrier()
 
 
-def gather_rows(row: list[float], device: torch.device) -> list[list[float]]:
-    """All-gather one row of floats from every rank, in rank order."""
+def gather_rows(row: torch.Tensor) -> list[list[float]]:
+    """All-gather one row of numbers from every rank, in rank order, read to the host once."""
     if not dist.is_initialized():
-        return [row]
-    local = torch.tensor(row, dtype=torch.float64, device=device)
-    rows = [torch.empty_like(local) for _ in range(dist.get_world_size())]
-    dist.all_gather(rows, local)
-    return [r.tolist() for r in rows]
+        return [row.tolist()]
+    rows = [torch.empty_like(row) for _ in range(dist.get_world_size())]
+    dist.all_gather(rows, row)
+    return torch.stack(rows).tolist()
+
+
+def any_rank(flag: bool) -> bool:
+    """Whether ``flag`` is true on at least one rank (the same answer on every rank)."""
+    if not dist.is_initialized():
+        return flag
+    box = [flag]
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, box[0])
+    return any(everyone)
 
 
 def broadcast_object(obj: Any) -> Any:

@@ -44,7 +44,7 @@ def encode(names: list[str], variant: str, weights: str | None, device: str) -> 
         model = build_text_model(variant, device=torch.device(device))
     finally:
         os.chdir(cwd)
-    feats = [model.encode_text(tokens) for tokens in model.tokenize(names).split(80)]
+    feats = [model.encode_text(tokens, torch.float32) for tokens in model.tokenize(names).split(80)]
     return torch.cat(feats).float().cpu()
 
 

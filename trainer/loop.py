@@ -2,15 +2,15 @@
 
 Reads like nanoGPT's train.py: the DDP idiom is a handful of lines (``no_sync`` on all but the
 last micro-step, rank 0 logs and saves, every rank validates its shard). What ultralytics already
-does well (model, loss, datasets and augmentation, validator, EMA, optimizer parameter groups) is
-called, not copied.
+does well (model, loss, datasets and augmentation, validator, EMA, optimizer parameter groups,
+early stopping) is called, not copied; its trainer's recipe (loss scale, accumulation, warmup,
+schedule, weight-decay scaling, ``optimizer=auto``) is followed step for step, so the same
+settings learn the same way at any number of ranks.
 """
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import inspect
 import json
 import math
 import os
@@ -25,17 +25,25 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import yaml
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainer import checkpoint, models
+from trainer import checkpoint, models, output, schedule
 from trainer import data as tdata
 from trainer import dist as tdist
-from trainer.config import NOMINAL_BATCH, TrainConfig, effective_lr, effective_lr_text
+from trainer.config import TrainConfig, accumulation
 from trainer.dist import Topology
 from trainer.errors import TrainerError
-from trainer.logs import StepMeter, say, throughput_table
+from trainer.logs import (
+    StepMeter,
+    done_line,
+    epoch_line,
+    final_line,
+    say,
+    step_line,
+    throughput_table,
+    val_line,
+)
 from trainer.validate import make_validator, run_validation
 
 
@@ -55,75 +63,83 @@ class Inputs:
     """This rank's device."""
     data: dict[str, Any]
     """The checked data YAML."""
-    arch: str | dict[str, Any]
-    """Architecture to build (YAML name or the checkpoint's YAML dict)."""
-    task: str
-    """detect or segment."""
+    arch: models.Arch
+    """The architecture, task and family to train."""
     amp: str
     """Resolved precision: off, fp16 or bf16."""
     hyp: SimpleNamespace
-    """ultralytics hyperparameters (loss gains, augmentation) as its own namespace."""
-    weights_model: nn.Module | None = None
+    """ultralytics settings (loss gains, augmentation, validator) as its own namespace."""
+    weights_model: models.YoloModel | None = None
     """The ``--weights`` model, if any."""
     text_pe: torch.Tensor | None = None
     """YOLOE raw text embeddings (1, nc, D), if any."""
-    resume: dict[str, Any] | None = None
-    """The checkpoint to continue from, if any."""
 
 
 def prepare(cfg: TrainConfig, topo: Topology, device: torch.device) -> Inputs:
-    """Read and check data YAML, weights, text embeddings and resume checkpoint.
+    """Read and check data YAML, weights and text embeddings; resolve architecture and precision.
 
     Raises:
         TrainerError: any input a run cannot use, with the fix in the message.
     """
     data = tdata.load_data_yaml(cfg.data)
     weights_model = models.load_weights(cfg.weights)[0] if cfg.weights else None
-    arch = models.architecture(cfg.model, weights_model)
-    name = arch if isinstance(arch, str) else str(arch.get("yaml_file", "checkpoint"))
-    yoloe = models.is_yoloe(name)
-    if cfg.text_embeddings and not yoloe:
-        raise TrainerError(f"--text-embeddings is for YOLOE models; --model {name} is not one")
+    arch = models.resolve_architecture(cfg.model, weights_model, cfg.weights)
+    if cfg.task and cfg.task != arch.task:
+        raise TrainerError(f"task={cfg.task} but {arch.source} is a {arch.task} model ({arch.name})")
+    if cfg.text_embeddings and not arch.yoloe:
+        raise TrainerError(f"--text-embeddings is for YOLOE models; {arch.source} is {arch.name}")
     names = list(data["names"].values())
     text_pe = models.load_text_embeddings(cfg.text_embeddings, names) if cfg.text_embeddings else None
-    amp = cfg.amp if cfg.amp != "auto" else ("fp16" if device.type == "cuda" else "off")
-    if amp == "fp16" and device.type != "cuda":
-        raise TrainerError("--amp fp16 needs CUDA (GradScaler); on CPU use --amp off or --amp bf16")
-    resume = None
-    if cfg.resume is not None:
-        resume = checkpoint.load_for_resume(Path(cfg.resume) if cfg.resume else cfg.out_dir / "weights" / "last.pt")
-    elif (cfg.out_dir / "weights" / "last.pt").exists():
-        raise TrainerError(f"--out {cfg.out} already holds a run (weights/last.pt): add --resume, or pick another --out")
-    task = models.task_of(name)
-    hyp = ultralytics_hyp(cfg, name, task, amp)
-    return Inputs(cfg, topo, device, data, arch, task, amp, hyp, weights_model, text_pe, resume)
+    amp = resolve_amp(cfg.amp, device)
+    if cfg.sync_bn and topo.distributed and device.type != "cuda":
+        raise TrainerError("--sync-bn needs CUDA: torch's SyncBatchNorm has no CPU implementation (drop --sync-bn on CPU)")
+    hyp = ultralytics_hyp(cfg, arch, amp)
+    return Inputs(cfg, topo, device, data, arch, amp, hyp, weights_model, text_pe)
 
 
-def ultralytics_hyp(cfg: TrainConfig, model_name: str, task: str, amp: str) -> SimpleNamespace:
-    """ultralytics' config namespace (loss gains, augmentation) with our flags and ``--cfg`` overrides.
+def resolve_amp(requested: str, device: torch.device) -> str:
+    """off, fp16 or bf16 from ``--amp``: auto is fp16 on CUDA and off elsewhere; on and fp16 need CUDA.
 
     Raises:
-        TrainerError: an unknown ``--cfg`` key or a value of the wrong type.
+        TrainerError: fp16 asked for on a CPU.
+    """
+    if requested == "auto":
+        return "fp16" if device.type == "cuda" else "off"
+    if requested in ("on", "fp16"):
+        if device.type != "cuda":
+            raise TrainerError(f"--amp {requested}: fp16 mixed precision needs CUDA (GradScaler); on CPU use "
+                               "--amp off or --amp bf16")
+        return "fp16"
+    return requested
+
+
+def ultralytics_hyp(cfg: TrainConfig, arch: models.Arch, amp: str) -> SimpleNamespace:
+    """ultralytics' settings namespace: our flags in its names, plus the honoured ``key=value`` ones.
+
+    Raises:
+        TrainerError: a value of the wrong type or range (ultralytics' own check).
     """
     from ultralytics.cfg import get_cfg
     from ultralytics.utils import DEFAULT_CFG_DICT
 
     overrides: dict[str, Any] = {
-        "model": model_name, "data": cfg.data, "task": task, "epochs": cfg.epochs, "batch": cfg.batch,
-        "imgsz": cfg.imgsz, "lr0": cfg.lr, "lrf": cfg.lrf, "momentum": cfg.momentum,
-        "weight_decay": cfg.weight_decay, "warmup_epochs": cfg.warmup_epochs, "workers": cfg.workers,
-        "seed": cfg.seed, "nbs": NOMINAL_BATCH, "amp": amp != "off", "save_period": cfg.save_period or -1,
-        "optimizer": "SGD", "plots": False, "val": cfg.val_period > 0, "project": str(cfg.out_dir.parent),
-        "name": cfg.out_dir.name, "exist_ok": True, "verbose": False,
+        "model": cfg.weights or arch.name, "data": cfg.data, "task": arch.task, "epochs": cfg.epochs,
+        "batch": cfg.batch, "imgsz": cfg.imgsz, "lr0": 0.01 if cfg.lr is None else cfg.lr, "lrf": cfg.lrf,
+        "momentum": 0.937 if cfg.momentum is None else cfg.momentum, "weight_decay": cfg.weight_decay,
+        "warmup_epochs": cfg.warmup_epochs, "workers": cfg.workers, "seed": cfg.seed, "nbs": cfg.nbs,
+        "amp": {"off": False, "fp16": True}.get(amp, amp), "save_period": cfg.save_period or -1,
+        "optimizer": cfg.optimizer, "cos_lr": cfg.cos_lr, "close_mosaic": cfg.close_mosaic, "patience": cfg.patience,
+        "cache": cfg.cache or False, "fraction": cfg.fraction,
+        "freeze": list(cfg.freeze) if isinstance(cfg.freeze, tuple) else cfg.freeze, "multi_scale": cfg.multi_scale,
+        "deterministic": cfg.deterministic, "channels_last": cfg.channels_last, "cls_remap": cfg.cls_remap,
+        "plots": False, "val": cfg.val_period > 0, "device": output.ultralytics_device(cfg), "exist_ok": cfg.exist_ok,
+        "project": cfg.project, "name": cfg.name, "verbose": False, "resume": cfg.resume is not None,
+        **cfg.hyp,
     }
-    for key, value in cfg.extra.items():
-        if key not in DEFAULT_CFG_DICT:
-            raise TrainerError(f"--cfg {key}={value}: unknown ultralytics setting")
-        overrides[key] = yaml.safe_load(value)
     try:
         return get_cfg(DEFAULT_CFG_DICT, overrides)
     except (TypeError, ValueError, SyntaxError) as e:
-        raise TrainerError(f"--cfg: {str(e).splitlines()[0]}") from None
+        raise TrainerError(f"settings: {str(e).splitlines()[0]}") from None
 
 
 @dataclass
@@ -136,125 +152,290 @@ class State:
     """Best validation fitness (mAP50-95) so far."""
     metrics: dict[str, float] = field(default_factory=dict)
     """Last validation metrics, repeated in results.csv rows of epochs without validation."""
+    buffers: dict[int, list[int]] = field(default_factory=dict)
+    """This rank's mosaic buffers: loader worker id (-1: this process) -> buffered image indices."""
     seen: dict[int, list[str]] = field(default_factory=dict)
     """Debug: image files this rank trained on, per epoch."""
 
 
+@dataclass
+class Parts:
+    """The objects one run trains with."""
+
+    model: models.YoloModel
+    ddp: models.YoloModel
+    ema: Any
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler | None
+    stopper: Any
+    nominal_accumulate: int
+    lf: Any
+    hyp: SimpleNamespace
+    unused: list[str]
+    """Trainable parameters the probe step left without a gradient (DDP then finds unused ones)."""
+    stride: int
+    """The model's largest stride (at least 32), read from the device once."""
+
+
+def open_run(inp: Inputs) -> tuple[Path, dict[str, Any] | None]:
+    """The run directory and the checkpoint to resume from, both decided by rank 0 and sent to every rank.
+
+    The checkpoint is read once, by rank 0, and broadcast: ``--out`` need not be storage every
+    node shares. A problem rank 0 finds stops every rank with the same message.
+
+    Raises:
+        TrainerError: what ``output.resolve`` or ``checkpoint.load_for_resume`` raised on rank 0.
+    """
+    payload: tuple[str | None, dict[str, Any] | None, str | None] = (None, None, None)
+    if inp.topo.is_main:
+        try:
+            out, path = output.resolve(inp.cfg)
+            resume = checkpoint.load_for_resume(path) if path is not None else None
+            out.mkdir(parents=True, exist_ok=True)
+            payload = (str(out), resume, None)
+        except TrainerError as e:
+            payload = (None, None, str(e))
+    payload = tdist.broadcast_object(payload)
+    if payload[2] is not None:
+        raise TrainerError(payload[2])
+    return Path(str(payload[0])), payload[1]
+
+
 def fit(inp: Inputs) -> None:
-    """Train for ``cfg.epochs`` epochs (continuing a resumed run), validate, checkpoint, log."""
-    cfg, topo, device = inp.cfg, inp.topo, inp.device
-    from ultralytics.utils.torch_utils import ModelEMA
-
-    torch.manual_seed(cfg.seed)  # identical initial weights on every rank and at every world size
-    model = build_network(inp).to(device)
-    if cfg.sync_bn and device.type == "cuda" and topo.distributed:
-        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    elif cfg.sync_bn:
-        say("warning: --sync-bn ignored (needs CUDA and more than one rank)")
-    ema = ModelEMA(model)
-    optimizer = build_optimizer(model, inp)
-    scaler = torch.amp.GradScaler("cuda") if inp.amp == "fp16" else None
-    ddp = wrap_ddp(model, device) if topo.distributed else model
-
+    """Train for ``cfg.epochs`` epochs (continuing a resumed run), validate, checkpoint, log; then
+    validate the final best.pt and strip last.pt and best.pt."""
+    cfg, topo = inp.cfg, inp.topo
+    out, resume = open_run(inp)
     local_batch = cfg.batch // topo.world_size
-    stride = max(int(model.stride.max()), 32)
-    with tdata.one_writer_first(topo):
-        train_set = tdata.build_dataset(inp.hyp, inp.data, "train", local_batch, stride)
-        val_set = tdata.build_dataset(inp.hyp, inp.data, "val", local_batch * 2, stride) if cfg.val_period else None
-    loader = tdata.train_loader(train_set, local_batch, cfg.workers, cfg.seed, topo, device)
+    parts, train_set, val_set = build_parts(inp, local_batch)
     validator = None
     if val_set is not None:
-        vloader = tdata.val_loader(val_set, local_batch * 2, cfg.workers, topo, device)
-        validator = make_validator(inp.task, vloader, cfg.out_dir, inp.hyp)
-
+        vloader = tdata.val_loader(val_set, local_batch * 2, cfg.workers, topo, inp.device)
+        validator = make_validator(inp.arch.task, vloader, out, inp.hyp)
     state = State()
-    if inp.resume is not None:
-        state = restore(inp.resume, model, ema, optimizer, scaler, topo)
-        if state.epoch >= cfg.epochs:
-            say(f"nothing to do: the checkpoint already finished epoch {state.epoch} of {cfg.epochs}")
-            return
+    if resume is not None:
+        state = restore(resume, parts, topo)
     else:
         # Augmentation streams differ per rank (like ultralytics' seed + 1 + RANK); sampler order does not.
         seed_everything(cfg.seed + 1 + topo.rank)
-    if topo.is_main:
-        write_args(cfg, inp.hyp)
-        say(f"training {cfg.model or 'checkpoint'} on {topo.world_size} rank(s), {device.type}, global batch "
-            f"{cfg.batch} ({local_batch} per rank) x accumulate {cfg.accumulate}, "
-            f"lr {effective_lr_text(cfg)}, amp {inp.amp}, epochs {state.epoch + 1}..{cfg.epochs}")
 
-    mosaic_closed = False
+    closes_at = cfg.epochs - cfg.close_mosaic if cfg.close_mosaic else cfg.epochs + 1
+    mosaic_closed = state.epoch > closes_at  # closed before the checkpoint: the first loader is built closed
+    if mosaic_closed:
+        train_set.close_mosaic(parts.hyp)
+    loader = make_loader(train_set, local_batch, inp, restore=state.buffers if resume is not None else None)
+    if cfg.accumulate is None:  # ultralytics: never accumulate over more batches than the run has
+        parts.nominal_accumulate = min(parts.nominal_accumulate, len(loader) * cfg.epochs)
+    scalars = None
+    if topo.is_main:
+        output.write_args(out, cfg, parts.hyp)
+        scalars = output.Scalars(out)
+        for line in startup_lines(inp, parts, state.epoch):
+            say(line)
+
     train_start = time.time()
     for epoch in range(state.epoch, cfg.epochs):
-        if not mosaic_closed and epoch >= cfg.epochs - inp.hyp.close_mosaic:
+        if not mosaic_closed and epoch >= closes_at:
             mosaic_closed = True
-            train_set.close_mosaic(inp.hyp)
-            loader = tdata.train_loader(train_set, local_batch, cfg.workers, cfg.seed, topo, device)  # fresh workers see it
-        loss_means = train_epoch(epoch, ddp, model, ema, optimizer, scaler, loader, inp, state)
-        if validator is not None and not state.metrics:  # fixed results.csv columns from the first row on
-            state.metrics = {**dict.fromkeys(validator.metrics.keys, 0.0), **{f"val/{k}": 0.0 for k in loss_means}}
-        ema.update_attr(model, include=["yaml", "nc", "args", "names", "stride", "class_weights"])
-        fitness = None
-        if validator is not None and (((epoch + 1) % cfg.val_period == 0) or epoch + 1 == cfg.epochs):
-            tdist.broadcast_buffers(ema.ema)
-            results = run_validation(validator, ema, device, inp.data, inp.amp != "off", tuple(loss_means),
-                                     epoch, cfg.epochs, topo.world_size)
-            results = tdist.broadcast_object(results)
-            fitness = float(results.pop("fitness", results.get("metrics/mAP50-95(B)", 0.0)))
-            state.metrics = results
-            say_metrics(epoch, cfg.epochs, results)
-        end_epoch(epoch, fitness, loss_means, model, ema, optimizer, scaler, inp, state, train_start)
+            train_set.close_mosaic(parts.hyp)
+            loader = make_loader(train_set, local_batch, inp, restore=None)  # fresh workers see it
+            state.buffers.clear()
+        loss_means, throughput = train_epoch(epoch, loader, parts, inp, state)
+        state.epoch = epoch + 1
+        if isinstance(loader.dataset, tdata.EpochSeeded):
+            loader.dataset.restore = None  # a worker started after this epoch starts like one never resumed
+        if topo.is_main:
+            say(throughput_table(epoch + 1, throughput, cfg.ref_ips))
+            say(epoch_line(epoch + 1, cfg.epochs, loss_means, learning_rates(parts.optimizer)))
+        fitness = validate_epoch(validator, epoch, loss_means, parts, inp, state)
+        stop = parts.stopper(epoch + 1, fitness)
+        end_epoch(epoch, fitness, loss_means, throughput, parts, inp, state, out, scalars, train_start)
         if cfg.debug_exit_after and epoch + 1 == cfg.debug_exit_after:
             tdist.barrier()
             say(f"debug: exiting abruptly after epoch {epoch + 1} (--debug-exit-after)")
             os._exit(3)
+        if stop:
+            if topo.is_main:
+                say(f"early stop after epoch {epoch + 1}: no better mAP50-95 for {cfg.patience} epochs (best at "
+                    f"epoch {parts.stopper.best_epoch}; --patience)")
+            break
     if cfg.debug_dir:
-        write_debug(Path(cfg.debug_dir), topo, model, state)
+        write_debug(Path(cfg.debug_dir), topo, parts.model, state)
     tdist.barrier()
+    loss_names = tuple(k[4:] for k in state.metrics if k.startswith("val/"))
+    finish(validator, parts.ema, inp, out, scalars, loss_names, state.epoch, time.time() - train_start)
+
+
+def build_parts(inp: Inputs, local_batch: int) -> tuple[Parts, Any, Any]:
+    """Model, EMA, datasets, optimizer, scaler, DDP wrapper and early stopping, in the order that
+    matters: the EMA copies the model before SyncBatchNorm replaces its BatchNorm (checkpoints hold
+    plain BatchNorm), and a probe step decides ``find_unused_parameters`` before DDP wraps it."""
+    from ultralytics.utils.torch_utils import EarlyStopping, init_seeds
+
+    cfg, topo, device = inp.cfg, inp.topo, inp.device
+    init_seeds(cfg.seed, deterministic=cfg.deterministic)  # identical initial weights on every rank
+    model = build_network(inp).to(device)
+    if device.type == "cuda" and cfg.channels_last is not False:
+        model = model.to(memory_format=torch.channels_last)
+    stride = max(int(model.stride.max()), 32)
+    with tdata.one_writer_first(topo):
+        train_set = tdata.build_dataset(inp.hyp, inp.data, "train", local_batch, stride)
+        val_set = tdata.build_dataset(inp.hyp, inp.data, "val", local_batch * 2, stride) if cfg.val_period else None
+        probe_set = val_set or tdata.build_dataset(inp.hyp, inp.data, "val", 2, stride)
+    unused = unused_parameters(model, probe_set, device)
+    find_unused = tdist.any_rank(bool(unused))
+    model, ema = ema_then_sync_bn(model, cfg.sync_bn and topo.distributed)
+    nominal = accumulation(cfg)
+    optimizer = build_optimizer(model, inp, nominal, len(train_set))
+    parts = Parts(model=model, ddp=wrap_ddp(model, device, find_unused) if topo.distributed else model, ema=ema,
+                  optimizer=optimizer, scaler=torch.amp.GradScaler("cuda") if inp.amp == "fp16" else None,
+                  stopper=EarlyStopping(patience=cfg.patience), nominal_accumulate=nominal,
+                  lf=schedule.lr_factor(cfg.epochs, cfg.lrf, cfg.cos_lr), hyp=inp.hyp, unused=unused, stride=stride)
+    return parts, train_set, val_set
+
+
+def ema_then_sync_bn(model: models.YoloModel, sync_bn: bool) -> tuple[models.YoloModel, Any]:
+    """The EMA, copied from the model while it still has plain BatchNorm (so every checkpoint does:
+    ``YOLO(last.pt)`` then runs anywhere, without a process group), then the model converted to
+    SyncBatchNorm when asked for."""
+    from ultralytics.utils.torch_utils import ModelEMA
+
+    ema = ModelEMA(model)
+    if sync_bn:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    return model, ema
+
+
+def validate_epoch(validator: Any, epoch: int, loss_means: dict[str, float], parts: Parts, inp: Inputs,
+                   state: State) -> float | None:
+    """Validate after ``epoch`` when it is due (every ``--val-period``, the last epoch, or when early
+    stopping may trigger); return the fitness (mAP50-95), or None without validation."""
+    cfg = inp.cfg
+    if validator is not None and not state.metrics:  # fixed results.csv columns from the first row on
+        state.metrics = {**dict.fromkeys(validator.metrics.keys, 0.0), **{f"val/{k}": 0.0 for k in loss_means}}
+    parts.ema.update_attr(parts.model, include=["yaml", "nc", "args", "names", "stride", "class_weights"])
+    due = (epoch + 1) % max(cfg.val_period, 1) == 0 or epoch + 1 == cfg.epochs or parts.stopper.possible_stop
+    if validator is None or not due:
+        return None
+    results = validate(validator, parts.ema, inp, tuple(loss_means), epoch)
+    fitness = float(results.pop("fitness", results.get("metrics/mAP50-95(B)", 0.0)))
+    state.metrics = results
+    if inp.topo.is_main:
+        say(val_line(epoch + 1, cfg.epochs, results))
+    return fitness
+
+
+def finish(validator: Any, ema: Any, inp: Inputs, out: Path, scalars: output.Scalars | None,
+           loss_names: tuple[str, ...], epochs: int, seconds: float) -> None:
+    """Validate best.pt as it will be shipped (fp16 weights) on every rank, then strip last.pt and
+    best.pt into ultralytics' final form (rank 0)."""
+    topo, weights = inp.topo, out / "weights"
+    if validator is not None:
+        best = None
+        if topo.is_main and (weights / "best.pt").exists():
+            ckpt = torch.load(weights / "best.pt", map_location="cpu", weights_only=False)
+            best = ({k: v.float() if v.is_floating_point() else v for k, v in ckpt["ema"].state_dict().items()},
+                    ckpt["epoch"] + 1)
+        best = tdist.broadcast_object(best)
+        if best is not None:
+            ema.ema.load_state_dict(best[0])
+            results = run_validation(validator, ema, inp.device, inp.data, inp.amp != "off", loss_names,
+                                     best[1] - 1, inp.cfg.epochs, topo.world_size)
+            results = tdist.broadcast_object(results)
+            results.pop("fitness", None)
+            if topo.is_main:
+                say(final_line("best.pt", best[1], results))
+                if scalars is not None:
+                    scalars.add({k: v for k, v in results.items() if k.startswith("metrics/")}, inp.cfg.epochs + 1)
     if topo.is_main:
-        out = cfg.out_dir.resolve()  # absolute, so `orch report` can fetch results.csv from this node
-        say(f"done: {cfg.epochs} epochs in {time.time() - train_start:.1f} s; weights in {out / 'weights'}, "
-            f"results in {out / 'results.csv'}")
+        checkpoint.finalize(weights)
+        if scalars is not None:
+            scalars.close()
+        full = out.resolve()  # absolute, so `orch report` can fetch results.csv from this node
+        say(done_line(epochs, seconds, str(full / "weights"), str(full / "results.csv")))
+    tdist.barrier()
 
 
-def wrap_ddp(model: nn.Module, device: torch.device) -> DDP:
-    """DDP as ultralytics configures it: rank-local BatchNorm buffers, unused parameters allowed.
+def startup_lines(inp: Inputs, parts: Parts, start: int) -> list[str]:
+    """Rank 0's opening lines: what trains, where, how; every choice made for the user, said."""
+    cfg, topo = inp.cfg, inp.topo
+    group = parts.optimizer.param_groups[0]
+    lines = [
+        f"training {inp.arch.name} ({inp.arch.task}{', YOLOE ' + cfg.prompt_mode if inp.arch.yoloe else ''}"
+        f"{', from ' + cfg.weights if cfg.weights else ''}) on {topo.world_size} rank(s), {inp.device.type}, "
+        f"global batch {cfg.batch} ({cfg.batch // topo.world_size} per rank) x accumulate {parts.nominal_accumulate}, "
+        f"{type(parts.optimizer).__name__} lr0 {group['initial_lr']:.6g} ({'cosine' if cfg.cos_lr else 'linear'} to "
+        f"x{cfg.lrf:g}), amp {inp.amp}, epochs {start + 1}..{cfg.epochs}",
+        *cfg.notes,
+    ]
+    if parts.unused and topo.distributed:
+        lines.append(f"{len(parts.unused)} trainable parameter(s) got no gradient in a probe step (e.g. "
+                     f"{parts.unused[0]}): DDP runs with find_unused_parameters")
+    return lines
 
-    find_unused_parameters: a scale with no target in a batch leaves head parameters without a
-    gradient, and without it DDP waits for them forever (ultralytics #24536). Buffers are not
-    synced on every forward (ultralytics' broadcast_buffers=False); the EMA's are broadcast
-    before validation instead.
+
+def wrap_ddp(model: nn.Module, device: torch.device, find_unused: bool) -> DDP:
+    """DDP as ultralytics configures it: rank-local BatchNorm buffers, and ``find_unused_parameters``
+    only when a probe step left a trainable parameter without a gradient (it costs a graph traversal
+    per step, and torch warns when it finds nothing).
+
+    Buffers are not synced on every forward (ultralytics' broadcast_buffers=False); the EMA's are
+    broadcast before validation instead.
     """
+    import inspect
+
     buffers = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
                else {"broadcast_buffers": False})  # the new name since torch 2.14; same behaviour
-    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-               find_unused_parameters=True, **buffers)
+    options: dict[str, Any] = {"device_ids": [device.index] if device.type == "cuda" else None,
+                               "find_unused_parameters": find_unused, **buffers}
+    return DDP(model, **options)
 
 
-def build_network(inp: Inputs) -> nn.Module:
-    """The model with its classes, pretrained weights and (YOLOE) prompt head set up."""
-    model = models.build_model(inp.arch, inp.data["names"], inp.hyp, inp.weights_model)
-    name = inp.arch if isinstance(inp.arch, str) else str(inp.arch.get("yaml_file", ""))
-    if models.is_yoloe(name):
-        models.setup_yoloe_prompts(model, inp.data["names"], inp.text_pe, inp.weights_model, inp.cfg.prompt_mode)
-    models.freeze_dfl(model)
+def unused_parameters(model: models.YoloModel, probe_set: Any, device: torch.device) -> list[str]:
+    """Trainable parameters that get no gradient from one forward/backward on two labelled
+    validation images, run on a copy of the model (nothing of the real one, nor any RNG, moves)."""
+    items = [i for i, label in enumerate(probe_set.labels) if len(label["cls"])][:2] or [0]
+    batch = preprocess(probe_set.collate_fn([probe_set[i] for i in items]), device)
+    probe = _deepcopy(model)
+    probe.train()
+    loss, _ = probe(batch)
+    loss.sum().backward()
+    return [name for name, p in probe.named_parameters() if p.requires_grad and p.grad is None]
+
+
+def _deepcopy(model: nn.Module) -> nn.Module:
+    from copy import deepcopy
+
+    return deepcopy(model)
+
+
+def build_network(inp: Inputs) -> models.YoloModel:
+    """The model with its classes, pretrained weights, (YOLOE) prompt head and frozen layers set up."""
+    cfg = inp.cfg
+    model = models.build_model(inp.arch, inp.data["names"], inp.hyp, inp.weights_model, inp.data["channels"],
+                               cfg.cls_remap)
+    if inp.arch.yoloe:
+        models.setup_yoloe_prompts(model, inp.data["names"], inp.text_pe, inp.weights_model, cfg.prompt_mode)
+    elif cfg.prompt_mode != "linear" or cfg.text_embeddings:
+        raise TrainerError(f"--prompt-mode is for YOLOE models; {inp.arch.source} is {inp.arch.name}")
+    models.apply_freeze(model, cfg.freeze)
     return model
 
 
-def build_optimizer(model: nn.Module, inp: Inputs) -> torch.optim.Optimizer:
-    """SGD over ultralytics' three parameter groups (weights with decay, norm weights, biases).
-
-    The loss is kept on ultralytics' scale (summed over a nominal batch of 64; its gains and lr0
-    are tuned for that) and averaged over the images of the step, so ``--lr`` means what lr0
-    means there and the linear scaling rule is applied here, visibly, to the rate.
-    """
+def build_optimizer(model: nn.Module, inp: Inputs, nominal: int, train_images: int) -> torch.optim.Optimizer:
+    """ultralytics' optimizer: its three parameter groups, its ``auto`` rule, weight decay scaled
+    by global batch x accumulate / nbs. ``auto`` records its choice in ``inp.hyp`` (as ultralytics
+    does in its args), so args.yaml and checkpoints say what trained."""
     from ultralytics.engine.trainer import BaseTrainer
 
-    shim = SimpleNamespace(args=inp.hyp, data=inp.data)  # only read for optimizer="auto", which we never use
-    lr = effective_lr(inp.cfg)
-    optimizer = BaseTrainer.build_optimizer(shim, model, name="SGD", lr=lr, momentum=inp.cfg.momentum,
-                                            decay=inp.cfg.weight_decay)
+    cfg, hyp = inp.cfg, inp.hyp
+    decay = cfg.weight_decay * cfg.batch * nominal / cfg.nbs
+    iterations = math.ceil(train_images / max(cfg.batch, cfg.nbs)) * cfg.epochs
+    shim: Any = SimpleNamespace(args=hyp, data=inp.data)  # the two attributes build_optimizer reads
+    optimizer = BaseTrainer.build_optimizer(shim, model, name=cfg.optimizer, lr=hyp.lr0, momentum=hyp.momentum,
+                                            decay=decay, iterations=iterations)
     for group in optimizer.param_groups:
-        group["initial_lr"] = lr
+        group["initial_lr"] = group["lr"]
     return optimizer
 
 
@@ -265,162 +446,177 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def lr_at(step: float, epoch: int, steps_per_epoch: int, inp: Inputs, group: dict[str, Any]) -> tuple[float, float | None]:
-    """Learning rate and momentum of a parameter group at optimizer step ``step``.
-
-    Linear decay per epoch to ``lrf``; during warmup, biases fall from ``warmup_bias_lr`` and
-    everything else rises from 0, while momentum rises from ``warmup_momentum`` (ultralytics' recipe).
-    """
-    cfg, hyp = inp.cfg, inp.hyp
-    target = group["initial_lr"] * ((1 - epoch / cfg.epochs) * (1.0 - cfg.lrf) + cfg.lrf)
-    warmup = round(cfg.warmup_epochs * steps_per_epoch) if cfg.warmup_epochs > 0 else 0
-    if step >= warmup:
-        return target, cfg.momentum
-    start = hyp.warmup_bias_lr * cfg.batch * cfg.accumulate / NOMINAL_BATCH if group.get("param_group") == "bias" else 0.0
-    lr = float(np.interp(step, [0, warmup], [start, target]))
-    return lr, float(np.interp(step, [0, warmup], [hyp.warmup_momentum, cfg.momentum]))
+def make_loader(train_set: Any, local_batch: int, inp: Inputs, restore: dict[int, list[int]] | None) -> Any:
+    """The training loader; ``restore``: the mosaic buffers of a resumed run, put back in its first epoch."""
+    cfg = inp.cfg
+    workers_restore = None
+    if restore:
+        if -1 in restore:  # the buffer lived in this process (no workers)
+            tdata.restore_buffer(train_set, restore[-1])
+        elif cfg.persistent_workers:  # without persistent workers every epoch starts with empty buffers
+            workers_restore = restore
+    return tdata.train_loader(train_set, local_batch, cfg.workers, cfg.seed, inp.topo, inp.device,
+                              pin_memory=cfg.pin_memory, persistent=cfg.persistent_workers, restore=workers_restore)
 
 
-def preprocess(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    """Move a collated batch to the device; images to float in [0, 1]."""
+def preprocess(batch: dict[str, Any], device: torch.device, hyp: SimpleNamespace | None = None,
+               stride: int = 32) -> dict[str, Any]:
+    """Move a collated batch to the device; images to float in [0, 1]; with ``multi_scale``, resize
+    the batch to a random stride multiple within imgsz +/- that fraction (ultralytics' recipe)."""
     for k, v in batch.items():
         if isinstance(v, torch.Tensor):
-            batch[k] = v.to(device, non_blocking=True)
+            batch[k] = v.to(device, non_blocking=device.type == "cuda")
     batch["img"] = batch["img"].float() / 255
+    if hyp is not None and hyp.multi_scale > 0.0:
+        imgs = batch["img"]
+        size = random.randrange(max(stride, int(hyp.imgsz * (1.0 - hyp.multi_scale))),
+                                int(hyp.imgsz * (1.0 + hyp.multi_scale) + stride)) // stride * stride
+        factor = size / max(imgs.shape[2:])
+        if factor != 1:
+            shape = [math.ceil(x * factor / stride) * stride for x in imgs.shape[2:]]
+            batch["img"] = nn.functional.interpolate(imgs, size=shape, mode="bilinear", align_corners=False)
     return batch
 
 
-def train_epoch(epoch: int, ddp: nn.Module, model: nn.Module, ema: Any, optimizer: torch.optim.Optimizer,
-                scaler: torch.amp.GradScaler | None, loader: Any, inp: Inputs, state: State) -> dict[str, float]:
-    """One pass over this rank's shard; returns the epoch's mean loss components over all ranks."""
-    cfg, topo, device = inp.cfg, inp.topo, inp.device
+def train_epoch(epoch: int, loader: Any, parts: Parts, inp: Inputs,
+                state: State) -> tuple[dict[str, float], list[list[float]]]:
+    """One pass over this rank's shard.
+
+    Returns the epoch's mean loss components over all ranks' images, and every rank's
+    ``[images, data-wait s, total s]``. Nothing here waits for the device between micro-steps:
+    the loss components are summed on the device and read once, at a progress line or the end.
+    """
+    cfg, topo, device, hyp = inp.cfg, inp.topo, inp.device, parts.hyp
     loader.sampler.set_epoch(epoch)  # a new order each epoch, the same on every rank
-    model.train()
-    criterion = getattr(model, "criterion", None)
-    if criterion is not None and hasattr(criterion, "update"):
-        criterion.update()
+    models.set_train_mode(parts.model)
     nb = len(loader)
-    steps_per_epoch = math.ceil(nb / cfg.accumulate)
+    nw = schedule.warmup_iterations(cfg.warmup_epochs, cfg.epochs, nb)
+    schedule.start_epoch(parts.optimizer, epoch, parts.lf)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16 if inp.amp == "bf16" else torch.float16,
                               enabled=inp.amp != "off")
-    sums: dict[str, float] = {}
+    names: list[str] = []
+    sums: torch.Tensor | None = None
+    images, steps, pending = 0, 0, 0
     epoch_meter, window = StepMeter(), StepMeter()
     seen = state.seen.setdefault(epoch + 1, []) if cfg.debug_dir else None
     t_prev = time.perf_counter()
     for i, batch in enumerate(loader):
         t_batch = time.perf_counter()
-        step = epoch * steps_per_epoch + i // cfg.accumulate
-        first_micro, last_micro = i % cfg.accumulate == 0, (i + 1) % cfg.accumulate == 0 or i + 1 == nb
-        if first_micro:
-            for group in optimizer.param_groups:
-                group["lr"], momentum = lr_at(step, epoch, steps_per_epoch, inp, group)
-                if momentum is not None and "momentum" in group:
-                    group["momentum"] = momentum
+        worker, buffer = batch.pop(tdata.MOSAIC_KEY, (-1, None))
+        if buffer is not None:
+            state.buffers[worker] = buffer
+        accumulate = schedule.micro_step(parts.optimizer, i + nb * epoch, nw, epoch, parts.lf, parts.nominal_accumulate,
+                                         hyp.warmup_bias_lr, hyp.warmup_momentum, hyp.momentum)
+        pending += 1
+        step_now = pending >= accumulate or i + 1 == nb  # an epoch ends on a step: no gradient outlives a checkpoint
         if seen is not None:
             seen.extend(Path(f).name for f in batch["im_file"])
-        batch = preprocess(batch, device)
-        micro = min(cfg.accumulate, nb - (i // cfg.accumulate) * cfg.accumulate)  # micro-steps in this step
+        batch = preprocess(batch, device, hyp, parts.stride)
         n_local = batch["img"].shape[0]
-        # In DDP only the last micro-step of an optimizer step needs to all-reduce gradients.
-        sync = nullcontext() if (last_micro or not topo.distributed) else ddp.no_sync()
-        with sync:
+        # In DDP only the micro-step that ends an optimizer step all-reduces gradients.
+        with nullcontext() if (step_now or not topo.distributed) else parts.ddp.no_sync():
             with autocast:
-                loss, items = ddp(batch)
-            # criterion returns (component means) x local batch; scale to "summed over the nominal batch,
-            # averaged over the step's images". DDP averages over ranks.
-            (scaler.scale(loss.sum() * NOMINAL_BATCH / (n_local * micro)) if scaler
-             else loss.sum() * NOMINAL_BATCH / (n_local * micro)).backward()
-        if last_micro:
-            optimizer_step(model, optimizer, scaler, cfg.clip)
-            ema.update(model)
-        for k, v in items.items():
-            sums[k] = sums.get(k, 0.0) + float(v) * n_local
-        sums["_images"] = sums.get("_images", 0.0) + n_local
+                loss, items = parts.ddp(batch)
+            # ultralytics' scale: the criterion returns per-image means x local batch; x world size
+            # makes DDP's average a sum over the global batch, the rate lr0 is tuned for.
+            loss = loss.sum() * topo.world_size
+            (parts.scaler.scale(loss) if parts.scaler else loss).backward()
+        if step_now:
+            optimizer_step(parts, cfg.clip)
+            pending, steps = 0, steps + 1
+        if sums is None:
+            names = list(items)
+            sums = torch.zeros(len(names), dtype=torch.float64, device=device)
+        sums += torch.stack([items[k].detach() for k in names]).double() * n_local
+        images += n_local
         t_end = time.perf_counter()
         if i > 0:  # the first step of an epoch waits for workers to start: not throughput
             epoch_meter.add(n_local, t_batch - t_prev, t_end - t_prev)
         window.add(n_local, t_batch - t_prev, t_end - t_prev)
-        if last_micro and topo.is_main and ((step + 1) % cfg.log_every == 0 or i + 1 == nb):
-            say(step_line(epoch, cfg.epochs, step % steps_per_epoch + 1, steps_per_epoch, items,
-                          optimizer, window, topo.world_size))
+        if step_now and topo.is_main and (steps % cfg.log_every == 0 or i + 1 == nb):
+            means = (sums / images).tolist()  # the one device read between progress lines: this rank's epoch means
+            say(step_line(epoch + 1, cfg.epochs, i + 1, nb, dict(zip(names, means)),
+                          parts.optimizer.param_groups[0]["lr"], window.ips * topo.world_size, window.wait_share))
             window = StepMeter()
         t_prev = time.perf_counter()
-    return epoch_summary(epoch, sums, epoch_meter, inp)
+    assert sums is not None, "an epoch without batches"
+    if loader.num_workers == 0:  # the mosaic buffer lives in this process
+        state.buffers[-1] = list(loader.dataset.buffer)
+    return epoch_summary(epoch, names, sums, images, epoch_meter, inp)
 
 
-def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None,
-                   clip: float) -> None:
-    """Unscale, clip, step, zero: the order AMP needs (unscale before measuring the norm)."""
-    if scaler is not None:
-        scaler.unscale_(optimizer)
+def optimizer_step(parts: Parts, clip: float) -> None:
+    """Unscale, clip, step, zero, EMA: the order AMP needs (unscale before measuring the norm)."""
+    if parts.scaler is not None:
+        parts.scaler.unscale_(parts.optimizer)
     if clip > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=clip)
-    if scaler is not None:
-        scaler.step(optimizer)
-        scaler.update()
+        torch.nn.utils.clip_grad_norm_(parts.model.parameters(), max_norm=clip)
+    if parts.scaler is not None:
+        parts.scaler.step(parts.optimizer)
+        parts.scaler.update()
     else:
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+        parts.optimizer.step()
+    parts.optimizer.zero_grad(set_to_none=True)
+    parts.ema.update(parts.model)
 
 
-def step_line(epoch: int, epochs: int, step: int, steps: int, items: dict[str, Any],
-              optimizer: torch.optim.Optimizer, window: StepMeter, world_size: int) -> str:
-    """Rank 0's progress line: epoch, step, loss components, lr, global images/s, data wait."""
-    losses = " ".join(f"{k} {float(v):.4f}" for k, v in items.items())
-    lr = optimizer.param_groups[0]["lr"]
-    return (f"epoch {epoch + 1}/{epochs} step {step}/{steps} {losses} lr {lr:.6f} "
-            f"images/s {window.ips * world_size:.1f} data {window.wait_share:.0%}")
+def epoch_summary(epoch: int, names: list[str], sums: torch.Tensor, images: int, meter: StepMeter,
+                  inp: Inputs) -> tuple[dict[str, float], list[list[float]]]:
+    """Gather every rank's loss sums and throughput (one collective, one device read)."""
+    row = torch.cat([sums, torch.tensor([images, meter.images, meter.wait_s, meter.total_s],
+                                        dtype=torch.float64, device=sums.device)])
+    rows = tdist.gather_rows(row)
+    total_images = sum(r[len(names)] for r in rows)
+    means = {k: sum(r[j] for r in rows) / max(total_images, 1.0) for j, k in enumerate(names)}
+    return means, [r[len(names) + 1:] for r in rows]
 
 
-def epoch_summary(epoch: int, sums: dict[str, float], meter: StepMeter, inp: Inputs) -> dict[str, float]:
-    """Gather every rank's losses and throughput; rank 0 prints the throughput table."""
-    keys = [k for k in sums if k != "_images"]
-    rows = tdist.gather_rows([*(sums[k] for k in keys), sums.get("_images", 0.0),
-                              meter.images, meter.wait_s, meter.total_s], inp.device)
-    images = sum(r[len(keys)] for r in rows)
-    means = {k: sum(r[j] for r in rows) / max(images, 1.0) for j, k in enumerate(keys)}
-    if inp.topo.is_main:
-        say(throughput_table(epoch + 1, [r[len(keys) + 1:] for r in rows], inp.cfg.ref_ips))
-    return means
+def validate(validator: Any, ema: Any, inp: Inputs, loss_names: tuple[str, ...], epoch: int) -> dict[str, float]:
+    """Validate the EMA model on every rank's shard; every rank gets rank 0's merged results."""
+    tdist.broadcast_buffers(ema.ema)
+    results = run_validation(validator, ema, inp.device, inp.data, inp.amp != "off", loss_names, epoch,
+                             inp.cfg.epochs, inp.topo.world_size)
+    return dict(tdist.broadcast_object(results))
 
 
-def say_metrics(epoch: int, epochs: int, results: dict[str, float]) -> None:
-    """One validation line on rank 0."""
-    if dist.is_initialized() and dist.get_rank() != 0:
-        return
-    m50, m = results.get("metrics/mAP50(B)", 0.0), results.get("metrics/mAP50-95(B)", 0.0)
-    extra = " ".join(f"{k.split('/')[-1]} {v:.4f}" for k, v in results.items() if k.startswith("val/"))
-    say(f"val epoch {epoch + 1}/{epochs} mAP50 {m50:.4f} mAP50-95 {m:.4f} {extra}")
-
-
-def end_epoch(epoch: int, fitness: float | None, loss_means: dict[str, float], model: nn.Module, ema: Any,
-              optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None, inp: Inputs, state: State,
+def end_epoch(epoch: int, fitness: float | None, loss_means: dict[str, float], throughput: list[list[float]],
+              parts: Parts, inp: Inputs, state: State, out: Path, scalars: output.Scalars | None,
               train_start: float) -> None:
-    """results.csv row and checkpoints (rank 0), then a barrier so no rank runs ahead of the files."""
+    """Rank 0: progress lines, results.csv row, TensorBoard, and one checkpoint write (best.pt and
+    epochN.pt are links to it); then a barrier so no rank runs ahead of the files."""
     cfg, topo = inp.cfg, inp.topo
-    rng = gather_rng(topo)
+    ranks = gather_rank_states(topo, state)
     if topo.is_main:
         improved = fitness is not None and fitness > state.best_fitness
-        if improved:
+        if fitness is not None and improved:
             state.best_fitness = fitness
-        lrs = {f"lr/pg{j}": g["lr"] for j, g in enumerate(optimizer.param_groups)}
+        lrs = learning_rates(parts.optimizer)
         row = {**{f"train/{k}": v for k, v in loss_means.items()}, **state.metrics, **lrs}
-        append_results(cfg.out_dir / "results.csv", epoch, time.time() - train_start, row)
-        ckpt = checkpoint.build(epoch=epoch, best_fitness=state.best_fitness, model=model, ema=ema,
-                                optimizer=optimizer, scaler=scaler, train_args=vars(inp.hyp), metrics=row,
-                                config=asdict(cfg), rng=rng)
-        weights = cfg.out_dir / "weights"
-        checkpoint.save_atomic(ckpt, weights / "last.pt")
+        output.append_results(out / "results.csv", epoch, time.time() - train_start, row)
+        if scalars is not None:
+            ips = {f"throughput/rank{r}": (x[0] / x[2] if x[2] > 0 else 0.0) for r, x in enumerate(throughput)}
+            scalars.add({**row, **ips, "throughput/total": sum(ips.values())}, epoch + 1)
+        stopper = {"best_fitness": parts.stopper.best_fitness, "best_epoch": parts.stopper.best_epoch}
+        ckpt = checkpoint.build(epoch=epoch, best_fitness=state.best_fitness, stopper=stopper, model=parts.model,
+                                ema=parts.ema, optimizer=parts.optimizer, scaler=parts.scaler,
+                                train_args=dict(vars(parts.hyp)), metrics=row, config=asdict(cfg), ranks=ranks)
+        weights = out / "weights"
+        checkpoint.write_atomic(checkpoint.serialize(ckpt), weights / "last.pt")
         if improved:
-            checkpoint.save_atomic(ckpt, weights / "best.pt")
+            checkpoint.link_atomic(weights / "last.pt", weights / "best.pt")
         if cfg.save_period and (epoch + 1) % cfg.save_period == 0:
-            checkpoint.save_atomic(ckpt, weights / f"epoch{epoch + 1}.pt")
+            checkpoint.link_atomic(weights / "last.pt", weights / f"epoch{epoch + 1}.pt")
     tdist.barrier()
 
 
-def gather_rng(topo: Topology) -> list[dict[str, Any]]:
-    """Every rank's RNG state, in rank order, on rank 0 (others get an empty list)."""
-    mine = checkpoint.rng_state()
+def learning_rates(optimizer: torch.optim.Optimizer) -> dict[str, float]:
+    """Each parameter group's current rate, under results.csv's names."""
+    return {f"lr/pg{j}": g["lr"] for j, g in enumerate(optimizer.param_groups)}
+
+
+def gather_rank_states(topo: Topology, state: State) -> list[dict[str, Any]]:
+    """Every rank's RNG state and mosaic buffers, in rank order, on rank 0 (others get an empty list)."""
+    mine = {"rng": checkpoint.rng_state(), "buffers": {k: list(v) for k, v in state.buffers.items()}}
     if not topo.distributed:
         return [mine]
     out: list[Any] = [None] * topo.world_size if topo.is_main else []
@@ -428,45 +624,31 @@ def gather_rng(topo: Topology) -> list[dict[str, Any]]:
     return out
 
 
-def restore(ckpt: dict[str, Any], model: nn.Module, ema: Any, optimizer: torch.optim.Optimizer,
-            scaler: torch.amp.GradScaler | None, topo: Topology) -> State:
-    """Load model, EMA, optimizer, scaler and RNG state; return where to continue."""
+def restore(ckpt: dict[str, Any], parts: Parts, topo: Topology) -> State:
+    """Load model, EMA, optimizer, scaler, early stopping, RNG and mosaic buffers; return where to continue."""
     saved = ckpt["trainer"]
-    model.load_state_dict(saved["model"])
-    ema.ema.load_state_dict(saved["ema"])
-    ema.updates = ckpt["updates"]
-    optimizer.load_state_dict(saved["optimizer"])
-    if scaler is not None and saved.get("scaler"):
-        scaler.load_state_dict(saved["scaler"])
+    parts.model.load_state_dict(saved["model"])
+    parts.ema.ema.load_state_dict(saved["ema"])
+    parts.ema.updates = ckpt["updates"]
+    parts.optimizer.load_state_dict(saved["optimizer"])
+    if parts.scaler is not None and saved.get("scaler"):
+        parts.scaler.load_state_dict(saved["scaler"])
+    parts.stopper.__dict__.update(saved.get("stopper") or {})
+    buffers: dict[int, list[int]] = {}
     if saved["world_size"] == topo.world_size:
-        checkpoint.set_rng_state(saved["rng"][topo.rank])
+        mine = saved["ranks"][topo.rank]
+        checkpoint.set_rng_state(mine["rng"])
+        buffers = {int(k): list(v) for k, v in mine["buffers"].items()}
     else:
-        say(f"warning: resuming on {topo.world_size} ranks, saved on {saved['world_size']}: RNG streams reseeded")
+        say(f"warning: resuming on {topo.world_size} ranks, saved on {saved['world_size']}: RNG streams reseeded, "
+            "mosaic buffers start empty (the run continues, not bit for bit)")
         seed_everything(saved["config"]["seed"] + 1 + topo.rank + ckpt["epoch"])
-    state = State(epoch=ckpt["epoch"] + 1, best_fitness=ckpt["best_fitness"],
+    state = State(epoch=ckpt["epoch"] + 1, best_fitness=ckpt["best_fitness"], buffers=buffers,
                   metrics={k: v for k, v in ckpt["train_metrics"].items() if not k.startswith(("train/", "lr/"))})
     if topo.is_main:
         say(f"resuming at epoch {state.epoch + 1} (checkpoint finished epoch {ckpt['epoch'] + 1}, "
-            f"{ema.updates} optimizer steps, best fitness {state.best_fitness:.4f})")
+            f"{parts.ema.updates} optimizer steps, best fitness {state.best_fitness:.4f})")
     return state
-
-
-def append_results(path: Path, epoch: int, elapsed: float, row: dict[str, float]) -> None:
-    """Append one row to results.csv with ultralytics' column names (header on first write)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    new = not path.exists()
-    with open(path, "a", newline="") as f:
-        w = csv.writer(f)
-        if new:
-            w.writerow(["epoch", "time", *row])
-        w.writerow([epoch + 1, f"{elapsed:.6g}", *(f"{float(v):.6g}" for v in row.values())])
-
-
-def write_args(cfg: TrainConfig, hyp: SimpleNamespace) -> None:
-    """``args.yaml``: ultralytics' settings as used, plus this trainer's own flags under ``trainer``."""
-    cfg.out_dir.mkdir(parents=True, exist_ok=True)
-    doc = {**{k: v for k, v in vars(hyp).items()}, "trainer": {**asdict(cfg), "cfg": list(cfg.cfg)}}
-    (cfg.out_dir / "args.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
 
 
 def param_checksum(model: nn.Module) -> str:

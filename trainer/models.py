@@ -1,7 +1,11 @@
-"""Build the network: YOLO12 or YOLOE, from a YAML or a checkpoint, with YOLOE text prompts from a file."""
+"""Build the network: YOLO12 or YOLOE, detect or segment, from a YAML or a checkpoint, with YOLOE
+text prompts from a file; and decide what trains (freeze, linear probe) and how (frozen BatchNorm).
+"""
 
 from __future__ import annotations
 
+from copy import deepcopy
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -11,18 +15,31 @@ from torch import nn
 
 from trainer.errors import TrainerError
 
+YoloModel = Any
+"""An ultralytics DetectionModel / SegmentationModel / YOLOE model: its attributes (``model``,
+``names``, ``set_classes``...) are dynamic, so it is typed as Any."""
 
-def task_of(model_name: str) -> str:
-    """``segment`` for ``*-seg`` architectures, else ``detect``."""
-    return "segment" if Path(model_name).stem.endswith("-seg") else "detect"
-
-
-def is_yoloe(model_name: str) -> bool:
-    """Whether the architecture is a YOLOE (prompted) one."""
-    return Path(model_name).name.startswith("yoloe")
+DEFAULT_MODEL = "yolo12n.yaml"
+TASKS = ("detect", "segment")
 
 
-def load_weights(path: str) -> tuple[nn.Module, dict[str, Any]]:
+@dataclass(frozen=True)
+class Arch:
+    """The architecture a run trains."""
+
+    yaml: dict[str, Any]
+    """ultralytics' model dictionary (backbone, head, scale...)."""
+    name: str
+    """Its YAML file name (yolo12n.yaml, yoloe-v8l-seg.yaml), or the checkpoint's."""
+    task: str
+    """detect or segment."""
+    yoloe: bool
+    """A YOLOE (prompted) head."""
+    source: str
+    """Where it came from, for messages: ``--model X`` or ``the checkpoint W``."""
+
+
+def load_weights(path: str) -> tuple[YoloModel, dict[str, Any]]:
     """Load a checkpoint: its (EMA) model in fp32 and the raw dict.
 
     Raises:
@@ -34,41 +51,93 @@ def load_weights(path: str) -> tuple[nn.Module, dict[str, Any]]:
         raise TrainerError(f"--weights {path}: no such file (the trainer never downloads weights; copy it to every node)")
     try:
         return load_checkpoint(path)
-    except (TypeError, RuntimeError, KeyError, AttributeError) as e:
+    except (TypeError, RuntimeError, KeyError, AttributeError, ValueError) as e:
         raise TrainerError(f"--weights {path}: not an ultralytics checkpoint ({str(e).splitlines()[0]})") from None
 
 
-def architecture(model: str | None, weights_model: nn.Module | None) -> str | dict[str, Any]:
-    """The YAML (file name or dict) to build: ``--model`` if given, else the checkpoint's own."""
-    if model:
-        return model
-    if weights_model is not None:
-        return weights_model.yaml
-    return "yolo12n.yaml"
+def _yaml_of(name: str) -> dict[str, Any]:
+    """ultralytics' dictionary for a model YAML (the scale is read from the file name)."""
+    from ultralytics.nn.tasks import yaml_model_load
+
+    try:
+        return dict(yaml_model_load(name))
+    except (FileNotFoundError, OSError):
+        raise TrainerError(f"--model {name}: unknown architecture (e.g. yolo12s.yaml, yolo12n-seg.yaml, "
+                           "yoloe-11m.yaml, yoloe-v8l-seg.yaml; the scale letter is part of the name)") from None
 
 
-def build_model(arch: str | dict[str, Any], names: dict[int, str], hyp: SimpleNamespace,
-                weights_model: nn.Module | None) -> nn.Module:
-    """The ultralytics model for ``arch`` with ``len(names)`` classes, pretrained weights transferred.
+def _describe(d: dict[str, Any], source: str) -> Arch:
+    """Task and family of a model dictionary."""
+    from ultralytics.nn.tasks import guess_model_task
 
-    The scale (n/s/m/l/x) is read from the YAML file name, so pass ``yolo12s.yaml``, not ``yolo12.yaml``.
+    task = guess_model_task(d)
+    name = Path(str(d.get("yaml_file", "checkpoint"))).name
+    if task not in TASKS:
+        raise TrainerError(f"{source}: a {task} model ({name}); this trainer trains detect and segment models")
+    head = str(d["head"][-1][-2])
+    return Arch(yaml=d, name=name, task=task, yoloe=head.startswith("YOLOE"), source=source)
+
+
+def _scale(d: dict[str, Any]) -> str | None:
+    scale = d.get("scale")
+    if not scale and isinstance(d.get("scales"), dict):
+        scale = next(iter(d["scales"]))  # ultralytics' fallback when the name has no scale letter
+    return scale
+
+
+def same_architecture(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two model dictionaries build the same network (the class count aside)."""
+    return a.get("backbone") == b.get("backbone") and a.get("head") == b.get("head") and _scale(a) == _scale(b)
+
+
+def resolve_architecture(model: str | None, weights_model: YoloModel | None, weights: str | None) -> Arch:
+    """What to train: the checkpoint's architecture and task when ``--weights`` is given, the
+    ``--model`` YAML otherwise (yolo12n.yaml by default).
 
     Raises:
-        TrainerError: an architecture ultralytics does not know.
+        TrainerError: ``--model`` and ``--weights`` name different architectures, an unknown YAML, or
+            a task other than detect and segment.
+    """
+    if weights_model is not None:
+        ckpt = _describe(dict(weights_model.yaml), f"--weights {weights}")
+        ckpt = Arch(ckpt.yaml, ckpt.name, ckpt.task, ckpt.yoloe, f"the checkpoint {weights}")
+        if model is None:
+            return ckpt
+        wanted = _describe(_yaml_of(model), f"--model {model}")
+        if not same_architecture(wanted.yaml, ckpt.yaml):
+            raise TrainerError(
+                f"--model {model} contradicts --weights {weights}, a {ckpt.name} {ckpt.task} model: drop --model to "
+                f"fine-tune the checkpoint's architecture, or drop --weights to train {model} from scratch"
+            )
+        return ckpt
+    name = model or DEFAULT_MODEL
+    return _describe(_yaml_of(name), f"--model {name}")
+
+
+def build_model(arch: Arch, names: dict[int, str], hyp: SimpleNamespace, weights_model: YoloModel | None,
+                channels: int = 3, cls_remap: bool = True) -> YoloModel:
+    """The ultralytics model for ``arch`` with ``len(names)`` classes, pretrained weights transferred.
+
+    ``names`` is set before the weights are loaded, so ultralytics matches the checkpoint's class
+    rows to the data's classes by name (a fine-tune whose classes are reordered or a subset keeps
+    what each class learnt), as its own trainer does with ``cls_remap``.
     """
     from ultralytics.nn.tasks import DetectionModel, SegmentationModel, YOLOEModel, YOLOESegModel
 
-    name = arch if isinstance(arch, str) else str(arch.get("yaml_file", ""))
-    yoloe, seg = is_yoloe(name), task_of(name) == "segment"
-    cls = (YOLOESegModel if seg else YOLOEModel) if yoloe else (SegmentationModel if seg else DetectionModel)
-    try:
-        model = cls(arch, ch=3, nc=len(names), verbose=False)
-    except FileNotFoundError:
-        raise TrainerError(f"--model {name}: unknown architecture (e.g. yolo12s.yaml, yoloe-11m.yaml, yoloe-v8l-seg.yaml)") from None
-    if weights_model is not None and not (yoloe and getattr(weights_model.model[-1], "is_fused", False)):
+    seg = arch.task == "segment"
+    cls = (YOLOESegModel if seg else YOLOEModel) if arch.yoloe else (SegmentationModel if seg else DetectionModel)
+    model: YoloModel = cls(deepcopy(arch.yaml), ch=channels, nc=len(names), verbose=False)
+    if weights_model is not None and not (arch.yoloe and is_fused(weights_model)):
+        if cls_remap:
+            model.names = dict(names)
         model.load(weights_model, verbose=False)
-    model.nc, model.names, model.args = len(names), names, hyp
+    model.nc, model.names, model.args = len(names), dict(names), hyp
     return model
+
+
+def is_fused(model: YoloModel) -> bool:
+    """Whether a YOLOE model's text prompts are already folded into its classification convs."""
+    return bool(getattr(model.model[-1], "is_fused", False))
 
 
 def load_text_embeddings(path: str, names: list[str]) -> torch.Tensor:
@@ -99,15 +168,22 @@ def load_text_embeddings(path: str, names: list[str]) -> torch.Tensor:
     return vectors.unsqueeze(0)
 
 
-def setup_yoloe_prompts(model: nn.Module, names: dict[int, str], raw_pe: torch.Tensor | None,
-                        weights_model: nn.Module | None, mode: str) -> None:
+def prompt_convs(model: YoloModel) -> list[tuple[str, int]]:
+    """(branch, scale) of each class-prompt conv, ``cv3[i][2]`` (and ``one2one_cv3[i][2]``)."""
+    head = model.model[-1]
+    return [(branch, i) for branch in ("cv3", "one2one_cv3") for i in range(len(getattr(head, branch, None) or []))]
+
+
+def setup_yoloe_prompts(model: YoloModel, names: dict[int, str], raw_pe: torch.Tensor | None,
+                        weights_model: YoloModel | None, mode: str) -> None:
     """Turn a YOLOE model into a closed-set detector for ``names`` and choose what trains.
 
     The offline form of ultralytics' YOLOEPETrainer: text embeddings come from a file instead of
     the CLIP model; they pass through the head's own text projection (``get_tpe``) and are folded
-    into the classification convs (``fuse``). The visual-prompt branch (``savpe``) is dropped: it
-    gets no gradient, which would stall DDP. ``linear`` trains only the last classification conv
-    of each scale (YOLOE train_pe); ``full`` trains everything (train_pe_all).
+    into the class-prompt convs ``cv3[i][2]`` (``fuse``), which then train in both modes, as in
+    YOLOEPETrainer (``fuse`` builds them without gradients). The visual-prompt branch (``savpe``)
+    is dropped: it gets no gradient. ``linear`` trains only the prompt convs (YOLOE's train_pe);
+    ``full`` trains everything (train_pe_all).
 
     Raises:
         TrainerError: no embeddings given for a model whose head is not already fused.
@@ -117,7 +193,7 @@ def setup_yoloe_prompts(model: nn.Module, names: dict[int, str], raw_pe: torch.T
         del head.savpe
     class_names = list(names.values())
     model.eval()
-    if weights_model is not None and getattr(weights_model.model[-1], "is_fused", False):
+    if weights_model is not None and is_fused(weights_model):
         # A YOLOE checkpoint we trained before: rebuild the fused head shape, then load into it.
         model.set_classes(class_names, torch.zeros(1, len(class_names), head.embed))
         head.fuse(model.pe)
@@ -136,13 +212,42 @@ def setup_yoloe_prompts(model: nn.Module, names: dict[int, str], raw_pe: torch.T
     model.train()
     if mode == "linear":
         model.requires_grad_(False)
-        for branch in ("cv3", "one2one_cv3"):
-            for seq in getattr(head, branch, None) or []:
-                seq[-1].requires_grad_(True)
+    for branch, i in prompt_convs(model):
+        seq = getattr(head, branch)[i]
+        seq[-1] = deepcopy(seq[-1]).requires_grad_(True)  # fused without gradients; the prompt convs always train
 
 
-def freeze_dfl(model: nn.Module) -> None:
-    """The DFL conv is a fixed projection; ultralytics never trains it."""
+def apply_freeze(model: nn.Module, freeze: int | tuple[int | str, ...] | None) -> list[str]:
+    """Freeze the layers ultralytics' ``freeze`` names, and the DFL projection (never trained).
+
+    ``freeze=N`` is the first N layers; a list names layer indices or module paths (``23.cv2``).
+    Returns the frozen parameter names.
+
+    Raises:
+        TrainerError: nothing would be left to train.
+    """
+    layers = list(range(freeze)) if isinstance(freeze, int) else list(freeze or [])
+    prefixes = [f"model.{x}." for x in layers] + [".dfl"]
+    frozen = []
     for name, p in model.named_parameters():
-        if ".dfl" in name:
+        if any(x in name for x in prefixes):
             p.requires_grad_(False)
+            frozen.append(name)
+    if not any(p.requires_grad for p in model.parameters()):
+        raise TrainerError(f"--freeze {freeze} freezes the whole model: nothing would train")
+    return frozen
+
+
+def is_frozen_norm(module: nn.Module) -> bool:
+    """A BatchNorm whose weights do not train: its running statistics must not move either."""
+    params = list(module.parameters(recurse=False))
+    return isinstance(module, nn.modules.batchnorm._BatchNorm) and bool(params) and not any(p.requires_grad for p in params)
+
+
+def set_train_mode(model: nn.Module) -> None:
+    """Training mode, except BatchNorm in frozen parts, which stays in eval mode (running statistics
+    unchanged), as ultralytics does for frozen layers and YOLOE linear probing needs."""
+    model.train()
+    for module in model.modules():
+        if is_frozen_norm(module):
+            module.eval()

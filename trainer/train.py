@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     logs.set_rank(topo.rank)
     try:
         cfg = parse_config(argv)
-        check_topology(cfg, topo.world_size, topo.launched)
+        check_topology(cfg, topo.world_size, topo.launched, topo.local_world_size)
         try:
             device = tdist.select_device(cfg.device, topo)
         except ValueError as e:

@@ -1,13 +1,24 @@
-"""Flag parsing and the checks made before any file or process group is touched."""
+"""Flag parsing, ultralytics key=value settings, and the checks made before any file or process group is touched."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import yaml
 
-from trainer.config import build_parser, check_topology, effective_lr_text, parse_config
+from trainer.config import (
+    accumulation,
+    build_parser,
+    check_topology,
+    parse_config,
+    ultralytics_defaults,
+)
 from trainer.errors import TrainerError
+
+
+def cfg_of(*argv: str):  # noqa: ANN201
+    return parse_config(["--data", "/d.yaml", *argv])
 
 
 def test_help_documents_every_flag_with_examples() -> None:
@@ -17,34 +28,184 @@ def test_help_documents_every_flag_with_examples() -> None:
     assert "examples:" in text and "torchrun" in text and "python -m trainer.embed" in text
 
 
-def test_defaults_and_overrides() -> None:
-    cfg = parse_config(["--data", "/d.yaml", "--cfg", "mosaic=0.5", "--cfg", "fliplr=0"])
-    assert cfg.batch == 16 and cfg.lr == 0.01 and cfg.amp == "auto"
-    assert cfg.extra == {"mosaic": "0.5", "fliplr": "0"}
-    assert cfg.out == str(Path("runs/train/exp"))
-    assert parse_config(["--data", "/d.yaml", "--project", "/p", "--name", "n"]).out == "/p/n"
-    assert parse_config(["--data", "/d.yaml", "--resume"]).resume == ""
-    assert parse_config(["--data", "/d.yaml", "--resume", "/r/last.pt"]).resume == "/r/last.pt"
+def test_defaults_are_ultralytics_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ORCH_RUN_ID", raising=False)
+    cfg = cfg_of()
+    d = ultralytics_defaults()
+    assert (cfg.epochs, cfg.batch, cfg.imgsz, cfg.lrf, cfg.weight_decay, cfg.warmup_epochs, cfg.close_mosaic,
+            cfg.patience, cfg.nbs, cfg.workers, cfg.optimizer, cfg.cos_lr) == (
+        d["epochs"], d["batch"], d["imgsz"], d["lrf"], d["weight_decay"], d["warmup_epochs"], d["close_mosaic"],
+        d["patience"], d["nbs"], d["workers"], d["optimizer"], d["cos_lr"])
+    assert cfg.model is None and cfg.weights is None and cfg.amp == "auto" and cfg.lr is None
+    assert accumulation(cfg) == 4  # round(nbs 64 / batch 16), as ultralytics
+    assert (cfg.out, cfg.project, cfg.name) == (None, "runs/train", "exp")
 
 
-@pytest.mark.parametrize("argv", [["--batch", "0"], ["--epochs", "0"], ["--accumulate", "0"], ["--cfg", "mosaic"]])
-def test_unusable_values_are_refused(argv: list[str]) -> None:
-    with pytest.raises(TrainerError):
-        parse_config(["--data", "/d.yaml", *argv])
+def test_resume_forms() -> None:
+    assert cfg_of("--resume").resume == ""
+    assert cfg_of("--resume", "/r/last.pt").resume == "/r/last.pt"
+    assert cfg_of("resume=True").resume == ""
+    assert cfg_of("resume=/r/last.pt").resume == "/r/last.pt"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--batch", "0"], "--batch must be >= 1"),
+    (["--epochs", "0"], "--epochs must be >= 1"),
+    (["--accumulate", "0"], "--accumulate must be >= 1"),
+    (["--cfg", "mosaic"], "expected KEY=VALUE"),
+    (["--fraction", "1.5"], "--fraction must be in"),
+    (["batch=-1"], "no auto-batch"),
+    (["--device", "0,0"], "listed twice"),
+    (["--optimizer", "Lion"], "unknown optimizer"),
+])
+def test_unusable_values_are_refused(argv: list[str], message: str) -> None:
+    with pytest.raises(TrainerError, match=message):
+        cfg_of(*argv)
+
+
+def test_data_is_required_with_a_clear_line() -> None:
+    with pytest.raises(TrainerError, match="--data is required"):
+        parse_config(["--epochs", "3"])
+
+
+def test_ultralytics_key_value_arguments_mean_the_same_as_flags() -> None:
+    a = parse_config(["model=yolo12s.yaml", "data=/d.yaml", "epochs=5", "batch=32", "imgsz=320", "lr0=0.02",
+                      "lrf=0.1", "momentum=0.9", "weight_decay=0.001", "warmup_epochs=1", "workers=2", "seed=3",
+                      "device=0,1", "amp=False", "cos_lr=True", "close_mosaic=2", "optimizer=AdamW", "patience=7",
+                      "cache=disk", "fraction=0.5", "freeze=[0,1]", "multi_scale=0.25", "nbs=128", "project=/p",
+                      "name=n", "exist_ok=True", "save_period=3", "deterministic=False"])
+    b = parse_config(["--model", "yolo12s.yaml", "--data", "/d.yaml", "--epochs", "5", "--batch", "32", "--imgsz",
+                      "320", "--lr", "0.02", "--lrf", "0.1", "--momentum", "0.9", "--weight-decay", "0.001",
+                      "--warmup-epochs", "1", "--workers", "2", "--seed", "3", "--device", "0,1", "--amp", "off",
+                      "--cos-lr", "--close-mosaic", "2", "--optimizer", "adamw", "--patience", "7", "--cache", "disk",
+                      "--fraction", "0.5", "--freeze", "0,1", "--multi-scale", "0.25", "--nbs", "128", "--project",
+                      "/p", "--name", "n", "--exist-ok", "--save-period", "3", "--deterministic", "false"])
+    assert a == b
+    assert a.device_ids == (0, 1) and a.freeze == (0, 1) and a.optimizer == "AdamW" and a.cache == "disk"
+
+
+def test_settings_pasted_from_yolo_train_with_task_and_mode_words() -> None:
+    cfg = parse_config(["segment", "train", "data=/d.yaml", "model=/w/yolo12n-seg.pt", "epochs=3"])
+    assert cfg.task == "segment" and cfg.weights == "/w/yolo12n-seg.pt" and cfg.model is None and cfg.epochs == 3
+    with pytest.raises(TrainerError, match="unexpected argument 'predict'"):
+        parse_config(["predict", "data=/d.yaml"])
+
+
+def test_a_bare_optional_flag_does_not_swallow_the_next_setting() -> None:
+    cfg = cfg_of("--amp", "epochs=7", "--cache", "--resume", "fraction=0.5")
+    assert cfg.amp == "on" and cfg.epochs == 7 and cfg.cache == "ram" and cfg.resume == "" and cfg.fraction == 0.5
+
+
+@pytest.mark.parametrize("argv", [
+    ["--epochs", "5", "epochs=10"],
+    ["--batch", "16", "--batch-size", "32"],
+    ["--accumulate", "2", "--gradient-accumulation", "4"],
+    ["--lr", "0.01", "lr0=0.02"],
+    ["--model", "yolo12n.yaml", "--cfg", "yolo12s.yaml"],
+    ["--cfg", "mosaic=0", "mosaic=0.5"],
+])
+def test_one_setting_given_twice_differently_is_refused(argv: list[str]) -> None:
+    with pytest.raises(TrainerError, match="given twice"):
+        cfg_of(*argv)
+
+
+def test_the_same_value_twice_is_fine() -> None:
+    assert cfg_of("--epochs", "5", "epochs=5").epochs == 5
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("rect=True", "not honoured"),
+    ("single_cls=True", "not honoured"),
+    ("plots=True", "not honoured"),
+    ("compile=True", "not honoured"),
+    ("time=2", "not honoured"),
+    ("cls_pw=0.5", "not honoured"),
+    ("source=/x.jpg", "not a training setting"),
+    ("format=onnx", "not a training setting"),
+    ("mosaicc=1", "unknown ultralytics setting 'mosaicc'"),
+    ("mode=val", "only trains"),
+])
+def test_settings_the_loop_does_not_honour_are_refused_never_ignored(setting: str, message: str) -> None:
+    with pytest.raises(TrainerError, match=message):
+        cfg_of(setting)
+    with pytest.raises(TrainerError, match=message):
+        cfg_of("--cfg", setting)
+
+
+def test_honoured_ultralytics_settings_reach_its_namespace() -> None:
+    cfg = cfg_of("mosaic=0.5", "--cfg", "fliplr=0", "box=5.0", "overlap_mask=False", "conf=0.01",
+                 "warmup_bias_lr=0.05", "plots=False", "verbose=True", "rect=False")
+    assert cfg.hyp == {"mosaic": 0.5, "fliplr": 0, "box": 5.0, "overlap_mask": False, "conf": 0.01,
+                       "warmup_bias_lr": 0.05}
+
+
+def test_cfg_file_of_settings_or_a_model_yaml(tmp_path: Path) -> None:
+    settings = tmp_path / "hyp.yaml"
+    settings.write_text(yaml.safe_dump({"epochs": 12, "mosaic": 0.3, "cos_lr": True}))
+    cfg = cfg_of("--cfg", str(settings))
+    assert cfg.epochs == 12 and cfg.cos_lr and cfg.hyp == {"mosaic": 0.3}
+    assert cfg_of(f"cfg={settings}").epochs == 12
+    assert cfg_of("--cfg", "yoloe-v8l-seg.yaml").model == "yoloe-v8l-seg.yaml"
+    arch = tmp_path / "custom.yaml"
+    arch.write_text(yaml.safe_dump({"nc": 3, "backbone": [[-1, 1, "Conv", [16, 3, 2]]], "head": [[-1, 1, "Detect", ["nc"]]]}))
+    assert cfg_of("--cfg", str(arch)).model == str(arch)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rect: true\n")
+    with pytest.raises(TrainerError, match="not honoured"):
+        cfg_of("--cfg", str(bad))
+
+
+def test_a_checkpoint_given_as_model_means_weights() -> None:
+    cfg = cfg_of("--model", "/m/yolo12s.pt")
+    assert cfg.weights == "/m/yolo12s.pt" and cfg.model is None
+    assert cfg_of("pretrained=/m/a.pt").weights == "/m/a.pt"
+    with pytest.raises(TrainerError, match="pretrained=False contradicts"):
+        cfg_of("--weights", "/m/a.pt", "pretrained=False")
+
+
+def test_amp_forms() -> None:
+    assert cfg_of("--amp").amp == "on"  # a bare --amp asks for mixed precision
+    assert cfg_of("--amp", "bf16").amp == "bf16"
+    assert cfg_of("--amp", "off").amp == "off"
+    assert cfg_of("amp=True").amp == "auto"  # ultralytics' default: where the device supports it
+    assert cfg_of("amp=False").amp == "off"
+
+
+def test_giving_a_rate_selects_sgd_unless_auto_was_asked_for() -> None:
+    cfg = cfg_of("--lr", "0.02")
+    assert cfg.optimizer == "SGD" and cfg.lr == 0.02 and any("optimizer SGD" in n for n in cfg.notes)
+    assert cfg_of("--lr", "0.02", "--optimizer", "AdamW").optimizer == "AdamW"
+    with pytest.raises(TrainerError, match="auto picks its own lr"):
+        cfg_of("--lr", "0.02", "optimizer=auto")
+
+
+def test_val_false_validates_only_after_the_last_epoch() -> None:
+    assert cfg_of("epochs=7", "val=False").val_period == 7
+    assert cfg_of("val=True").val_period == 1
 
 
 def test_batch_must_divide_by_world_size_and_says_alternatives() -> None:
-    cfg = parse_config(["--data", "/d.yaml", "--batch", "30"])
     with pytest.raises(TrainerError, match=r"--batch 30 is not divisible by WORLD_SIZE 8: use 24 or 32"):
-        check_topology(cfg, world_size=8, launched=True)
-    check_topology(parse_config(["--data", "/d.yaml", "--batch", "32"]), world_size=8, launched=True)
+        check_topology(cfg_of("--batch", "30"), world_size=8, launched=True, local_world_size=8)
+    check_topology(cfg_of("--batch", "32"), world_size=8, launched=True, local_world_size=8)
 
 
-def test_relative_paths_refused_under_torchrun_with_absolute_suggestion(tmp_path: Path, monkeypatch) -> None:
+def test_device_list_must_match_the_processes_of_this_node() -> None:
+    cfg = cfg_of("--device", "cuda:0,1,2,3", "--batch", "8")
+    assert cfg.device == "cuda:0,1,2,3" and cfg.device_ids == (0, 1, 2, 3)
+    check_topology(cfg, world_size=8, launched=True, local_world_size=4)
+    with pytest.raises(TrainerError, match=r"names 4 GPUs but torchrun started 2 process\(es\).*--nproc-per-node 4"):
+        check_topology(cfg, world_size=4, launched=True, local_world_size=2)
+    with pytest.raises(TrainerError, match="this is one process: start it with torchrun --nproc-per-node 4"):
+        check_topology(cfg, world_size=1, launched=False, local_world_size=1)
+    check_topology(cfg_of("--device", "0"), world_size=1, launched=False)
+
+
+def test_relative_paths_refused_under_torchrun_with_absolute_suggestion(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
     monkeypatch.chdir(tmp_path)
     cfg = parse_config(["--data", "data/coco.yaml", "--weights", "/abs/w.pt"])
     with pytest.raises(TrainerError) as e:
-        check_topology(cfg, world_size=2, launched=True)
+        check_topology(cfg, world_size=2, launched=True, local_world_size=2)
     assert str(tmp_path / "data" / "coco.yaml") in str(e.value)
     check_topology(cfg, world_size=1, launched=False)  # a plain process resolves them itself
     cfg = parse_config(["--data", "/abs/d.yaml", "--weights", "w.pt"])
@@ -52,15 +213,8 @@ def test_relative_paths_refused_under_torchrun_with_absolute_suggestion(tmp_path
         check_topology(cfg, world_size=1, launched=True)
 
 
-def test_learning_rate_scales_linearly_with_global_batch() -> None:
-    assert effective_lr_text(parse_config(["--data", "/d", "--batch", "64"])) == "0.01 @ 64 -> 0.01"
-    assert effective_lr_text(parse_config(["--data", "/d", "--batch", "256", "--accumulate", "2"])) == "0.01 @ 64 -> 0.08"
-
-
 def test_leading_tilde_is_this_nodes_home(monkeypatch) -> None:  # noqa: ANN001
     """orch quotes every argument, so no shell expands `~/`; the trainer does, on each node."""
-    from trainer.config import check_topology, parse_config
-
     monkeypatch.setenv("HOME", "/home/alice")
     cfg = parse_config(["--data", "~/.orch/demo/data/data.yaml", "--out", "~/runs/a", "--resume", "~/runs/a/last.pt"])
     assert cfg.data == "/home/alice/.orch/demo/data/data.yaml"
@@ -68,12 +222,10 @@ def test_leading_tilde_is_this_nodes_home(monkeypatch) -> None:  # noqa: ANN001
     check_topology(cfg, world_size=1, launched=True)  # absolute now: accepted under torchrun
 
 
-def test_each_orch_run_gets_its_own_run_directory(monkeypatch) -> None:  # noqa: ANN001
-    from trainer.config import parse_config
-
+def test_each_orch_run_gets_its_own_run_directory_name(monkeypatch) -> None:  # noqa: ANN001
     monkeypatch.delenv("ORCH_RUN_ID", raising=False)
-    assert parse_config(["--data", "/d.yaml"]).out == "runs/train/exp"
+    assert parse_config(["--data", "/d.yaml"]).name == "exp"
     monkeypatch.setenv("ORCH_RUN_ID", "20261130-103558-local")
-    assert parse_config(["--data", "/d.yaml"]).out == "runs/train/20261130-103558-local"
-    assert parse_config(["--data", "/d.yaml", "--name", "mine"]).out == "runs/train/mine"
+    assert parse_config(["--data", "/d.yaml"]).name == "20261130-103558-local"
+    assert parse_config(["--data", "/d.yaml", "--name", "mine"]).name == "mine"
     assert parse_config(["--data", "/d.yaml", "--out", "/o"]).out == "/o"

@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from trainer import checkpoint, logs
+from trainer import checkpoint
 from trainer.data import load_data_yaml
 from trainer.errors import TrainerError
 from trainer.synth import write_dataset
@@ -59,21 +59,6 @@ def test_missing_data_yaml(tmp_path: Path) -> None:
         load_data_yaml(str(tmp_path / "nope.yaml"))
 
 
-def test_throughput_table_reports_efficiency() -> None:
-    table = logs.throughput_table(2, [[100, 1.0, 10.0], [90, 2.0, 10.0]], ref_ips=10.0)
-    assert "total 19.0 images/s over 2 ranks, scaling efficiency 95.0%" in table
-    assert "   1       9.0     20.0%" in table
-
-
-def test_every_line_gets_the_rank_prefix(capsys) -> None:
-    logs.set_rank(3)
-    try:
-        logs.say("a\nb")
-    finally:
-        logs.set_rank(0)
-    assert capsys.readouterr().out == "[rank 3] a\n[rank 3] b\n"
-
-
 def test_checkpoint_write_is_atomic_and_rng_round_trips(tmp_path: Path) -> None:
     path = tmp_path / "w" / "last.pt"
     checkpoint.save_atomic({"epoch": 1}, path)
@@ -85,19 +70,35 @@ def test_checkpoint_write_is_atomic_and_rng_round_trips(tmp_path: Path) -> None:
     assert torch.equal(torch.rand(3), a)
     with pytest.raises(TrainerError, match="not written by this trainer"):
         checkpoint.load_for_resume(path)
+    checkpoint.save_atomic({"epoch": -1, "model": None}, path)
+    with pytest.raises(TrainerError, match="that run finished.*--weights"):
+        checkpoint.load_for_resume(path)
 
 
-def test_warmup_then_linear_decay() -> None:
-    from trainer.loop import lr_at
+def test_warmup_then_linear_or_cosine_decay_as_ultralytics() -> None:
+    from ultralytics.utils.torch_utils import one_cycle
 
-    cfg = SimpleNamespace(epochs=10, lrf=0.1, warmup_epochs=1.0, momentum=0.9, batch=64, accumulate=1)
-    inp = SimpleNamespace(cfg=cfg, hyp=SimpleNamespace(warmup_bias_lr=0.1, warmup_momentum=0.8))
-    weights, bias = {"initial_lr": 0.01}, {"initial_lr": 0.01, "param_group": "bias"}
-    assert lr_at(0, 0, 10, inp, weights) == (0.0, 0.8)
-    assert lr_at(0, 0, 10, inp, bias)[0] == pytest.approx(0.1)
-    assert lr_at(5, 0, 10, inp, weights)[0] == pytest.approx(0.005)
-    assert lr_at(10, 1, 10, inp, weights) == (pytest.approx(0.01 * (0.9 * 0.9 + 0.1)), 0.9)
-    assert lr_at(95, 9, 10, inp, weights)[0] == pytest.approx(0.01 * (0.1 * 0.9 + 0.1))
+    from trainer import schedule
+
+    lf = schedule.lr_factor(10, 0.1, cos=False)
+    assert [round(lf(e), 6) for e in (0, 5, 9)] == [1.0, 0.55, round(0.1 * 0.9 + 0.1, 6)]
+    cos, ref = schedule.lr_factor(10, 0.1, cos=True), one_cycle(1, 0.1, 10)
+    assert [cos(e) for e in range(10)] == pytest.approx([ref(e) for e in range(10)])
+    assert schedule.warmup_iterations(3.0, 10, 25) == 75
+    assert schedule.warmup_iterations(3.0, 2, 25) == 25  # leaves the final epoch out of warmup
+    assert schedule.warmup_iterations(0.0, 10, 25) == 0
+    opt = SimpleNamespace(param_groups=[{"initial_lr": 0.01, "param_group": "weight", "momentum": 0.9},
+                                        {"initial_lr": 0.01, "param_group": "bias", "momentum": 0.9}])
+    acc = schedule.micro_step(opt, 0, 10, 0, lf, 4, warmup_bias_lr=0.1, warmup_momentum=0.8, momentum=0.937)
+    assert acc == 1 and opt.param_groups[0]["lr"] == 0.0 and opt.param_groups[1]["lr"] == pytest.approx(0.1)
+    assert opt.param_groups[0]["momentum"] == pytest.approx(0.8)
+    acc = schedule.micro_step(opt, 5, 10, 0, lf, 4, warmup_bias_lr=0.1, warmup_momentum=0.8, momentum=0.937)
+    assert acc == 2 and opt.param_groups[0]["lr"] == pytest.approx(0.005)  # np.round(2.5) == 2, as ultralytics
+    acc = schedule.micro_step(opt, 10, 10, 0, lf, 4, warmup_bias_lr=0.1, warmup_momentum=0.8, momentum=0.937)
+    assert acc == 4 and opt.param_groups[1]["lr"] == pytest.approx(0.01) and opt.param_groups[0]["momentum"] == 0.937
+    schedule.start_epoch(opt, 5, lf)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.0055)
+    assert schedule.micro_step(opt, 11, 10, 1, lf, 4, 0.1, 0.8, 0.937) == 4 and opt.param_groups[0]["lr"] == pytest.approx(0.0055)
 
 
 def test_main_prints_one_line_and_exits_2(tmp_path: Path, capsys, monkeypatch) -> None:

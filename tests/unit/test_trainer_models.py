@@ -1,0 +1,195 @@
+"""What the trainer builds: the checkpoint's architecture and task, class rows matched by name,
+YOLOE prompt convs that train, frozen BatchNorm that stays frozen, an EMA without SyncBatchNorm,
+the optimizer and DDP settings ultralytics would use (CPU, no process group)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer.offline import set_offline_env
+
+set_offline_env()  # before ultralytics is imported
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ holds the shared trainer helpers
+from trainer_helpers import make_dataset, save_checkpoint  # noqa: E402
+
+from trainer import loop, models  # noqa: E402
+from trainer.config import parse_config  # noqa: E402
+from trainer.dist import Topology  # noqa: E402
+from trainer.errors import TrainerError  # noqa: E402
+
+CPU = torch.device("cpu")
+NAMES = ["square", "disc", "triangle"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_dataset(tmp_path_factory.mktemp("ds"), images=8, classes=3, imgsz=64, segments=True)
+
+
+@pytest.fixture(scope="module")
+def embeddings(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("pe") / "pe.pt"
+    g = torch.Generator().manual_seed(0)
+    torch.save({n: torch.randn(512, generator=g) for n in NAMES}, path)
+    return path
+
+
+def inputs(data: Path, *argv: str) -> loop.Inputs:
+    return loop.prepare(parse_config(["--data", str(data), "--imgsz", "64", "--batch", "2", *argv]), Topology(), CPU)
+
+
+@pytest.mark.parametrize("arch, task, yoloe", [("yolo12n-seg.yaml", "segment", False), ("yolo12n.yaml", "detect", False),
+                                               ("yoloe-11s-seg.yaml", "segment", True)])
+def test_weights_without_model_train_the_checkpoints_architecture_and_task(
+        tmp_path: Path, data: Path, arch: str, task: str, yoloe: bool) -> None:
+    ckpt = tmp_path / "pretrained.pt"
+    save_checkpoint(ckpt, arch, NAMES)
+    inp = inputs(data, "--weights", str(ckpt))
+    assert (inp.arch.name, inp.arch.task, inp.arch.yoloe) == (arch, task, yoloe)
+    if not yoloe:
+        model = loop.build_network(inp)
+        assert type(model).__name__ == ("SegmentationModel" if task == "segment" else "DetectionModel")
+        assert inp.hyp.task == task
+
+
+def test_contradictory_model_and_weights_are_refused_in_one_line(tmp_path: Path, data: Path) -> None:
+    ckpt = tmp_path / "seg.pt"
+    save_checkpoint(ckpt, "yolo12n-seg.yaml", NAMES)
+    with pytest.raises(TrainerError) as e:
+        inputs(data, "--model", "yolo12n.yaml", "--weights", str(ckpt))
+    message = str(e.value)
+    assert "--model yolo12n.yaml contradicts --weights" in message and "yolo12n-seg.yaml segment" in message
+    assert "\n" not in message
+    with pytest.raises(TrainerError, match="contradicts"):
+        inputs(data, "--model", "yolo12s-seg.yaml", "--weights", str(ckpt))  # another scale
+    assert inputs(data, "--model", "yolo12n-seg.yaml", "--weights", str(ckpt)).arch.task == "segment"  # the same one
+    with pytest.raises(TrainerError, match="task=detect but the checkpoint"):
+        inputs(data, "--weights", str(ckpt), "task=detect")
+
+
+def test_class_rows_are_matched_by_name_when_fine_tuning(tmp_path: Path, data: Path) -> None:
+    """The data lists the classes in another order than the checkpoint: each class keeps its row."""
+    ckpt = tmp_path / "det.pt"
+    source = save_checkpoint(ckpt, "yolo12n.yaml", ["triangle", "square", "disc"])
+    inp = inputs(data, "--weights", str(ckpt))  # data names: square, disc, triangle
+    model = loop.build_network(inp)
+    head, src = model.model[-1], source.model[-1]
+    for i in range(len(head.cv3)):
+        got, want = head.cv3[i][-1].weight, src.cv3[i][-1].weight.half().float()  # saved in fp16
+        assert torch.equal(got[0], want[1]) and torch.equal(got[1], want[2]) and torch.equal(got[2], want[0])
+    assert model.names == dict(enumerate(NAMES))
+    plain = loop.build_network(inputs(data, "--weights", str(ckpt), "cls_remap=False"))
+    assert torch.equal(plain.model[-1].cv3[0][-1].weight[0], src.cv3[0][-1].weight[0].half().float())
+
+
+@pytest.mark.parametrize("mode", ["linear", "full"])
+def test_yoloe_prompt_convs_receive_gradients_and_change(data: Path, embeddings: Path, mode: str) -> None:
+    inp = inputs(data, "--model", "yoloe-11s-seg.yaml", "--text-embeddings", str(embeddings), "--prompt-mode", mode)
+    model = loop.build_network(inp)
+    head = model.model[-1]
+    convs = [head.cv3[i][2] for i in range(len(head.cv3))]
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    prompt = {f"model.{len(model.model) - 1}.cv3.{i}.2.{w}" for i in range(len(convs)) for w in ("weight", "bias")}
+    assert prompt <= trainable
+    if mode == "linear":
+        assert trainable == prompt
+    else:
+        assert len(trainable) > 10 * len(prompt)
+    before = [c.weight.detach().clone() for c in convs]
+    # Adam: a from-scratch head's gradients are tiny (bias -10), its step is not
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    models.set_train_mode(model)
+    batch = loop.preprocess(next(iter(_loader(inp, model))), CPU)
+    loss, _ = model(batch)
+    loss.sum().backward()
+    assert all(c.weight.grad is not None and c.weight.grad.abs().sum() > 0 for c in convs)
+    optimizer.step()
+    assert all(not torch.equal(c.weight, b) for c, b in zip(convs, before))
+
+
+def _loader(inp: loop.Inputs, model: torch.nn.Module) -> list:
+    from trainer import data as tdata
+
+    ds = tdata.build_dataset(inp.hyp, inp.data, "val", 2, 32)
+    return [ds.collate_fn([ds[0], ds[1]])]
+
+
+def test_linear_probe_keeps_frozen_batchnorm_statistics(data: Path, embeddings: Path) -> None:
+    inp = inputs(data, "--model", "yoloe-11s.yaml", "--text-embeddings", str(embeddings))
+    model = loop.build_network(inp)
+    models.set_train_mode(model)
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert norms and all(not m.training for m in norms)  # linear: only the prompt convs train, none is a norm
+    stats = [(m.running_mean.clone(), m.running_var.clone()) for m in norms]
+    model(loop.preprocess(_loader(inp, model)[0], CPU))
+    assert all(torch.equal(m.running_mean, a) and torch.equal(m.running_var, b) for m, (a, b) in zip(norms, stats))
+
+
+def test_freeze_freezes_those_layers_and_their_batchnorm(data: Path) -> None:
+    model = loop.build_network(inputs(data, "--freeze", "3"))
+    models.set_train_mode(model)
+    for name, p in model.named_parameters():
+        assert p.requires_grad == (not name.startswith(("model.0.", "model.1.", "model.2.")) and ".dfl" not in name), name
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            assert m.training == (not name.startswith(("model.0.", "model.1.", "model.2."))), name
+    with pytest.raises(TrainerError, match="freezes the whole model"):
+        loop.build_network(inputs(data, "--freeze", "99"))
+
+
+def test_the_ema_is_taken_before_syncbatchnorm_so_checkpoints_hold_batchnorm(data: Path) -> None:
+    from trainer import checkpoint
+
+    model, ema = loop.ema_then_sync_bn(loop.build_network(inputs(data)), sync_bn=True)
+    assert any(isinstance(m, torch.nn.SyncBatchNorm) for m in model.modules())
+    saved = checkpoint.half_model(ema.ema)
+    assert not any(isinstance(m, torch.nn.SyncBatchNorm) for m in saved.modules())
+    assert any(type(m) is torch.nn.BatchNorm2d for m in saved.modules())
+
+
+def test_probe_finds_parameters_without_gradient(data: Path, embeddings: Path) -> None:
+    from trainer import data as tdata
+
+    inp = inputs(data)
+    model = loop.build_network(inp)
+    probe = tdata.build_dataset(inp.hyp, inp.data, "val", 2, 32)
+    assert loop.unused_parameters(model, probe, CPU) == []
+    model.extra = torch.nn.Parameter(torch.zeros(3))  # trainable, outside the graph
+    assert loop.unused_parameters(model, probe, CPU) == ["extra"]
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())  # the probe ran on a copy
+
+
+@pytest.mark.parametrize("argv, kind, lr", [
+    ([], "AdamW", round(0.002 * 5 / (4 + 3), 6)),  # ultralytics' auto rule for 3 classes, few iterations
+    (["--optimizer", "SGD"], "SGD", 0.01),
+    (["--lr", "0.02"], "SGD", 0.02),
+    (["optimizer=AdamW", "lr0=0.003"], "AdamW", 0.003),
+])
+def test_optimizer_as_ultralytics_builds_it(data: Path, argv: list[str], kind: str, lr: float) -> None:
+    inp = inputs(data, *argv, "--batch", "8", "--weight-decay", "0.001", "--patience", "7")
+    parts, train_set, _ = loop.build_parts(inp, 8)
+    assert type(parts.optimizer).__name__ == kind
+    groups = {g["param_group"]: g for g in parts.optimizer.param_groups}
+    assert groups["weight"]["initial_lr"] == pytest.approx(lr)
+    assert groups["weight"]["weight_decay"] == pytest.approx(0.001 * 8 * 8 / 64)  # x batch x accumulate / nbs
+    assert groups["bias"]["weight_decay"] == 0 and groups["bn"]["weight_decay"] == 0
+    assert parts.nominal_accumulate == 8 and parts.stopper.patience == 7
+    assert inp.hyp.optimizer == kind and inp.hyp.lr0 == pytest.approx(lr)  # args.yaml says what trained
+
+
+def test_cache_fraction_and_multi_scale_reach_the_data(tmp_path: Path) -> None:
+    from trainer import data as tdata
+
+    ds = make_dataset(tmp_path / "ds", images=16, imgsz=64)
+    inp = inputs(ds, "--cache", "ram", "--fraction", "0.5", "--multi-scale", "0.5")
+    train = tdata.build_dataset(inp.hyp, inp.data, "train", 2, 32)
+    assert train.cache == "ram" and len(train) == 6  # half of the 12 training images
+    sizes = {loop.preprocess({"img": torch.zeros(1, 3, 64, 64, dtype=torch.uint8)}, CPU, inp.hyp, 32)["img"].shape[-1]
+             for _ in range(40)}
+    assert len(sizes) > 1 and all(s % 32 == 0 and 32 <= s <= 96 for s in sizes)

@@ -1,0 +1,124 @@
+"""The run directory, as ``yolo train`` lays it out: ``runs/train/exp`` (``exp2``, ``exp3``... when it
+exists), ``weights/{last,best}.pt``, ``results.csv``, ``args.yaml`` (which ``yolo cfg=`` accepts)
+and TensorBoard scalars."""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import asdict
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import yaml
+
+from trainer.config import TrainConfig
+from trainer.errors import TrainerError
+from trainer.logs import say
+
+
+def numbered(base: Path) -> Path:
+    """``base`` if it does not exist, else the first free ``base2``, ``base3``... (ultralytics' increment_path)."""
+    if not base.exists():
+        return base
+    n = 2
+    while base.with_name(f"{base.name}{n}").exists():
+        n += 1
+    return base.with_name(f"{base.name}{n}")
+
+
+def latest_run(project: Path) -> Path | None:
+    """The run under ``project`` whose weights/last.pt was written last."""
+    found = sorted(project.glob("*/weights/last.pt"), key=lambda p: p.stat().st_mtime)
+    return found[-1].parent.parent if found else None
+
+
+def resolve(cfg: TrainConfig) -> tuple[Path, Path | None]:
+    """The run directory and, with ``--resume``, the checkpoint to continue from (decided on rank 0).
+
+    ``--out`` is used as is. Otherwise PROJECT/NAME, numbered when it exists (``exist_ok`` reuses
+    it); a bare ``--resume`` continues the run under PROJECT whose last.pt is the newest, and
+    ``--resume PATH`` continues in PATH's run directory.
+
+    Raises:
+        TrainerError: the directory already holds a run and ``--resume`` was not given, or there is
+            nothing to resume.
+    """
+    if cfg.out:
+        out = Path(cfg.out)
+        if cfg.resume is None and (out / "weights" / "last.pt").exists():
+            raise TrainerError(f"--out {cfg.out} already holds a run (weights/last.pt): add --resume, or pick another --out")
+        if cfg.resume is None:
+            return out, None
+        return out, Path(cfg.resume) if cfg.resume else out / "weights" / "last.pt"
+    base = Path(cfg.project) / cfg.name
+    if cfg.resume == "":
+        run = latest_run(Path(cfg.project))
+        if run is None:
+            raise TrainerError(f"--resume: no run with weights/last.pt under {Path(cfg.project).absolute()}; "
+                               "give --resume PATH or the run's --out")
+        return run, run / "weights" / "last.pt"
+    if cfg.resume:
+        path = Path(cfg.resume)
+        return (path.parent.parent if path.parent.name == "weights" else numbered(base)), path
+    if cfg.exist_ok:
+        if (base / "weights" / "last.pt").exists():
+            raise TrainerError(f"{base} already holds a run (weights/last.pt): add --resume, or drop exist_ok")
+        return base, None
+    return numbered(base), None
+
+
+def ultralytics_device(cfg: TrainConfig) -> str:
+    """``device`` as ultralytics writes it (``0,1``, ``cpu``, or empty for auto)."""
+    if cfg.device_ids is not None:
+        return ",".join(map(str, cfg.device_ids))
+    return {"auto": "", "cuda": "0"}.get(cfg.device, cfg.device)
+
+
+def write_args(out: Path, cfg: TrainConfig, hyp: SimpleNamespace) -> None:
+    """``args.yaml``: ultralytics' settings as used (only its own keys, so ``yolo cfg=args.yaml``
+    accepts it), and ``trainer.yaml``: this trainer's whole configuration."""
+    from ultralytics.utils import DEFAULT_CFG_KEYS
+
+    out.mkdir(parents=True, exist_ok=True)
+    args = {k: v for k, v in vars(hyp).items() if k in DEFAULT_CFG_KEYS}
+    (out / "args.yaml").write_text(yaml.safe_dump(args, sort_keys=False))
+    doc = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(cfg).items()}
+    (out / "trainer.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+def append_results(path: Path, epoch: int, elapsed: float, row: dict[str, float]) -> None:
+    """Append one row to results.csv with ultralytics' column names (header on first write)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = not path.exists()
+    with open(path, "a", newline="") as f:
+        w = csv.writer(f)
+        if new:
+            w.writerow(["epoch", "time", *row])
+        w.writerow([epoch + 1, f"{elapsed:.6g}", *(f"{float(v):.6g}" for v in row.values())])
+
+
+class Scalars:
+    """TensorBoard scalars in the run directory, as ``yolo train`` writes them when tensorboard is
+    installed (rank 0 only; a no-op without tensorboard)."""
+
+    def __init__(self, out: Path) -> None:
+        self.writer: Any = None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            say("note: tensorboard is not installed: no TensorBoard scalars (pip install tensorboard)")
+            return
+        self.writer = SummaryWriter(str(out))
+
+    def add(self, values: dict[str, float], step: int) -> None:
+        """One point per scalar at ``step`` (the 1-based epoch)."""
+        if self.writer is not None:
+            for key, value in values.items():
+                self.writer.add_scalar(key, float(value), step)
+            self.writer.flush()
+
+    def close(self) -> None:
+        """Flush and close the event file."""
+        if self.writer is not None:
+            self.writer.close()

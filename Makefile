@@ -11,6 +11,7 @@ RUN ?=
 PYTEST_ARGS ?=
 STAMP := $(VENV)/.installed
 DEMO_DIR ?= $(HOME)/.orch/demo
+DEMO_DATA := $(DEMO_DIR)/shapes-200-64
 
 .PHONY: help install up demo-data check logs status down report test test-fast lint typecheck bench clean
 
@@ -25,7 +26,7 @@ $(STAMP): setup.cfg pyproject.toml setup.py orchestrator/_fastmerge.c
 	touch $(STAMP)
 
 demo-data: install  ## the synthetic YOLO dataset the local demo trains on
-	@test -f $(DEMO_DIR)/data/data.yaml || $(PY) -m trainer.synth $(DEMO_DIR)/data --images 64 --classes 3 --imgsz 96
+	@test -f $(DEMO_DATA)/data.yaml || $(PY) -m trainer.synth $(DEMO_DATA) --images 200 --classes 3 --imgsz 64
 
 up: install demo-data  ## run a real 2-node training on this machine (or INVENTORY=...), then its report
 	$(ORCH) up $(INVENTORY)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -92,6 +93,20 @@ def close() -> None:
     """Leave the process group if we joined one."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+EXIT_LINGER_S = 1.0
+"""How long rank 0 outlives the other ranks at the end of a job (see ``leave_last``)."""
+
+
+def leave_last(topo: Topology) -> None:
+    """Rank 0 exits a moment after the others, so the master node's torchrun, which hosts the
+    rendezvous store, is the last to reach torchrun's exit barrier: when another node's agent is
+    the last, the master may close the store while that agent still waits on it, and the agent
+    prints a DistNetworkError traceback at the end of a successful run (pytorch#69520).
+    """
+    if topo.distributed and topo.is_main:
+        time.sleep(EXIT_LINGER_S)
 
 
 def barrier() -> None:

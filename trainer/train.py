@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> None:
             fit(inputs)
         finally:
             tdist.close()
+            tdist.leave_last(topo)
     except TrainerError as e:
         logs.say(f"error: {e}", sys.stderr)
         sys.exit(e.exit_code)

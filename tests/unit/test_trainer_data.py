@@ -112,3 +112,13 @@ def test_main_prints_one_line_and_exits_2(tmp_path: Path, capsys, monkeypatch) -
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("[rank 0] error: --data ") and "no such file" in err[0]
 
+
+
+def test_loader_workers_share_the_nodes_cpus_between_its_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainer import data
+
+    monkeypatch.setattr(data.os, "cpu_count", lambda: 16)
+    assert data.worker_count(8, local_world_size=4, batches=100) == 4
+    assert data.worker_count(2, local_world_size=4, batches=100) == 2
+    assert data.worker_count(8, local_world_size=1, batches=3) == 3  # no more workers than batches
+    assert data.worker_count(8, local_world_size=1, batches=1) == 0  # one batch: in the process

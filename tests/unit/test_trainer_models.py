@@ -193,3 +193,21 @@ def test_cache_fraction_and_multi_scale_reach_the_data(tmp_path: Path) -> None:
     sizes = {loop.preprocess({"img": torch.zeros(1, 3, 64, 64, dtype=torch.uint8)}, CPU, inp.hyp, 32)["img"].shape[-1]
              for _ in range(40)}
     assert len(sizes) > 1 and all(s % 32 == 0 and 32 <= s <= 96 for s in sizes)
+
+
+def test_one_checkpoint_write_per_epoch_and_best_pt_is_the_same_bytes(tmp_path: Path, data: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainer import checkpoint
+
+    inp = inputs(data, "--batch", "2")
+    parts, _, _ = loop.build_parts(inp, 2)
+    writes = []
+    real = checkpoint.serialize
+    monkeypatch.setattr(checkpoint, "serialize", lambda ckpt: writes.append(ckpt["epoch"]) or real(ckpt))
+    state, weights = loop.State(), tmp_path / "weights"
+    loop.end_epoch(0, 0.5, {"box_loss": 1.0}, [[4, 0.1, 1.0]], parts, inp, state, tmp_path, None, 0.0)
+    assert writes == [0] and (weights / "best.pt").samefile(weights / "last.pt")
+    loop.end_epoch(1, 0.4, {"box_loss": 1.0}, [[4, 0.1, 1.0]], parts, inp, state, tmp_path, None, 0.0)
+    assert writes == [0, 1] and not (weights / "best.pt").samefile(weights / "last.pt")
+    assert torch.load(weights / "best.pt", weights_only=False)["epoch"] == 0
+    assert torch.load(weights / "last.pt", weights_only=False)["epoch"] == 1

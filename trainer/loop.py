@@ -489,6 +489,7 @@ def train_epoch(epoch: int, loader: Any, parts: Parts, inp: Inputs,
     cfg, topo, device, hyp = inp.cfg, inp.topo, inp.device, parts.hyp
     loader.sampler.set_epoch(epoch)  # a new order each epoch, the same on every rank
     models.set_train_mode(parts.model)
+    advance_criterion(parts.model, epoch)
     nb = len(loader)
     nw = schedule.warmup_iterations(cfg.warmup_epochs, cfg.epochs, nb)
     schedule.start_epoch(parts.optimizer, epoch, parts.lf)
@@ -543,6 +544,21 @@ def train_epoch(epoch: int, loader: Any, parts: Parts, inp: Inputs,
     if loader.num_workers == 0:  # the mosaic buffer lives in this process
         state.buffers[-1] = list(loader.dataset.buffer)
     return epoch_summary(epoch, names, sums, images, epoch_meter, inp)
+
+
+def advance_criterion(model: models.YoloModel, epoch: int) -> None:
+    """Bring the loss's per-epoch schedule to ``epoch``: ultralytics calls ``criterion.update()``
+    after every epoch (end-to-end heads shift weight from one-to-many to one-to-one); counting the
+    calls makes the schedule a function of the epoch, so a resumed run continues it exactly."""
+    if getattr(model, "criterion", None) is None:
+        model.criterion = model.init_criterion()
+    criterion = model.criterion
+    if not hasattr(criterion, "update"):
+        return
+    done = getattr(criterion, "trainer_epochs", 0)
+    for _ in range(done, epoch):
+        criterion.update()
+    criterion.trainer_epochs = max(done, epoch)
 
 
 def optimizer_step(parts: Parts, clip: float) -> None:

@@ -211,3 +211,20 @@ def test_one_checkpoint_write_per_epoch_and_best_pt_is_the_same_bytes(tmp_path: 
     assert writes == [0, 1] and not (weights / "best.pt").samefile(weights / "last.pt")
     assert torch.load(weights / "best.pt", weights_only=False)["epoch"] == 0
     assert torch.load(weights / "last.pt", weights_only=False)["epoch"] == 1
+
+
+def test_the_loss_schedule_of_end_to_end_heads_follows_the_epoch(data: Path) -> None:
+    """yolo26's loss moves weight from one-to-many to one-to-one after every epoch (ultralytics'
+    criterion.update()); the schedule depends on the epoch only, so a resumed run continues it."""
+    inp = inputs(data, "--model", "yolo26n.yaml", "--epochs", "5")
+    straight, resumed = loop.build_network(inp), loop.build_network(inp)
+    for epoch in range(4):
+        loop.advance_criterion(straight, epoch)
+    loop.advance_criterion(resumed, 3)  # a run resumed at epoch 4 (0-based 3)
+    reference = loop.build_network(inp)
+    reference.criterion = reference.init_criterion()
+    for _ in range(3):
+        reference.criterion.update()  # what ultralytics' trainer has done after epochs 1..3
+    for model in (straight, resumed):
+        assert (model.criterion.o2m, model.criterion.o2o) == (reference.criterion.o2m, reference.criterion.o2o)
+    assert reference.criterion.o2m != loop.build_network(inp).init_criterion().o2m

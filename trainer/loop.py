@@ -368,6 +368,10 @@ def startup_lines(inp: Inputs, parts: Parts, start: int) -> list[str]:
         f"x{cfg.lrf:g}), amp {inp.amp}, epochs {start + 1}..{cfg.epochs}",
         *cfg.notes,
     ]
+    if cfg.lr is not None and topo.distributed and isinstance(parts.optimizer, torch.optim.SGD):
+        lines.append(f"note: lr0 {cfg.lr:g} is ultralytics' rate: with SGD the step already grows with the global batch "
+                     f"x accumulate ({cfg.batch} x {parts.nominal_accumulate} images, the loss is summed), so a rate "
+                     f"multiplied by the GPU count by hand is scaled twice")
     if parts.unused and topo.distributed:
         lines.append(f"{len(parts.unused)} trainable parameter(s) got no gradient in a probe step (e.g. "
                      f"{parts.unused[0]}): DDP runs with find_unused_parameters")

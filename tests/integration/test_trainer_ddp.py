@@ -185,6 +185,12 @@ def test_segmentation_two_ranks_with_accumulation(tmp_path: Path) -> None:
             assert parsed[key] == [row[key] for row in rows], key
     tp = parse_throughput(r.stdout.splitlines())
     assert tp.epoch == 3 and sorted(tp.ips) == [0, 1] and tp.total == pytest.approx(sum(tp.ips.values()), abs=0.11)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(out))  # the same figures, as the trainer wrote them to TensorBoard
+    events.Reload()
+    for rank, ips in tp.ips.items():
+        assert events.Scalars(f"throughput/rank{rank}")[-1].value == pytest.approx(ips, abs=0.051)
 
     image = next((tmp_path / "ds" / "images" / "val").iterdir())
     masks = predict(out / "weights" / "last.pt", image, 96, "print(type(m.model).__name__, r.masks is not None)")

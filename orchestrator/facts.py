@@ -1,6 +1,6 @@
 """Facts: one probe per node per preflight, sent over the transport; parsers for what tools print.
 
-The probe (`orchestrator/probe.py`, stdlib only) travels compressed inside `python -c`, run by
+The probe (`orchestrator/node/probe.py`, stdlib only) travels compressed inside `python -c`, run by
 the node's `python` (falling back to `python3` when that interpreter does not exist, which the
 `software` check then reports). It runs with the job's environment (`node.env` on top of the
 login environment) so it sees exactly what a job would see.
@@ -20,23 +20,20 @@ Parsing (CSV, nvidia-smi tables, sysfs strings) is pure and lives here, tested o
 
 from __future__ import annotations
 
-import base64
-import functools
 import json
 import math
 import re
 import secrets
 import threading
 import time
-import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from . import probe
 from .errors import TransportError
 from .inventory import Inventory, Node
+from .node import probe
+from .node import program as node_program
 from .transport import Cluster, Process, Transport
 
 Progress = Callable[[str, int, int], None]
@@ -298,28 +295,10 @@ def path_args(inv: Inventory) -> dict[str, str]:
 # ----------------------------------------------------------------------------- probing
 
 
-@functools.lru_cache(maxsize=1)
-def probe_bootstrap() -> str:
-    """The `python -c` program that runs the probe: its bytecode when the node's Python has this
-    Python's bytecode magic number (compiling the probe is a fifth of its CPU on a node), else
-    its source. Built once per process, not once per node."""
-    import importlib.util
-    import marshal
-
-    source = Path(probe.__file__).read_bytes()
-    src = base64.b64encode(zlib.compress(source, 9)).decode()
-    code = base64.b64encode(zlib.compress(marshal.dumps(compile(source, "orch-probe", "exec")), 9)).decode()
-    magic = importlib.util.MAGIC_NUMBER
-    return ("import sys,zlib,base64 as b\n"
-            f"if getattr(sys.modules.get('_frozen_importlib_external'),'MAGIC_NUMBER',None)=={magic!r}:\n"
-            f" import marshal;exec(marshal.loads(zlib.decompress(b.b64decode('{code}'))))\n"
-            f"else:exec(zlib.decompress(b.b64decode('{src}')))")
-
-
 def probe_command(python: str, args: dict[str, Any]) -> list[str]:
-    """`python -c <bootstrap> <json args>`: the probe rides compressed in argv (its stdin carries
-    the controller's commands)."""
-    return [python, "-c", probe_bootstrap(), json.dumps(args, sort_keys=True)]
+    """`python -c <program> <json args>`: the probe rides compressed in argv, as bytecode where the
+    node's Python can load this one's (its stdin carries the controller's commands)."""
+    return [python, "-c", node_program("probe"), json.dumps(args, sort_keys=True)]
 
 
 def probe_args(inv: Inventory, node: Node, want: Sequence[str], token: str, n_peers: int) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 supervise it, and stop it by the process groups the agents recorded.
 
 On each node the run lives in `runs.remote_dir()` (`<job.run_root>/<run-id>/<node>/`): the agent
-(`orchestrator/agent.py`, shipped with every run so nodes need not run the same orch version),
+(`orchestrator/node/agent.py`, shipped with every run so nodes need not run the same orch version),
 `launch.json` (argv, env, cwd: private, never on a command line), `node.log`, `state.json`.
 On the controller, `$ORCH_HOME/runs/<run-id>/` keeps the inventory snapshot, `plan.json`,
 `check.json`, `run.json` (run and per-node state) and the merged log.
@@ -26,7 +26,6 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -36,6 +35,7 @@ from rich.table import Table
 from . import ui
 from .errors import OrchError, TransportError
 from .inventory import Inventory
+from .node import source as node_source
 from .plan import NodePlan, Plan, make_plan
 from .runs import RunDir, RunStore, orch_home, remote_dir, write_private
 from .supervise import (
@@ -51,27 +51,7 @@ from .supervise import (
 )
 from .transport import Cluster, Result, Transport
 
-AGENT = Path(__file__).with_name("agent.py")
 START_WAIT_S = 60.0
-
-# Runs on the node (python -c DIR ARGS...): write the files it reads on stdin ({name: text}, JSON)
-# privately into the run directory DIR, then run the agent from there with ARGS, in this same
-# interpreter. Shipping and starting cost one SSH exec (a login shell) instead of one per file.
-BOOT = r"""
-import json, os, runpy, sys
-d = os.path.expanduser(sys.argv[1])
-login_umask = os.umask(0o077)
-os.makedirs(d, exist_ok=True)
-for name, text in json.loads(sys.stdin.buffer.read().decode("ascii")).items():
-    tmp = os.path.join(d, "%s.tmp.%d" % (name, os.getpid()))
-    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as h:
-        h.write(text)
-    os.replace(tmp, os.path.join(d, name))
-os.umask(login_umask)  # the agent hands the login's umask to the job
-os.chdir(d)
-sys.argv = ["agent.py"] + sys.argv[2:]
-runpy.run_path("agent.py", run_name="__main__")
-"""
 
 
 def env_seconds(name: str, default: float) -> float:
@@ -125,12 +105,12 @@ def parse_agent(res: Result, python: str) -> dict[str, Any]:
 def start_node(t: Transport, plan: Plan, np_: NodePlan, rdir: str) -> dict[str, Any]:
     """Ship the agent and launch.json, start the job detached; return state.json once it runs.
 
-    One SSH exec: `BOOT` writes both files (sent on stdin, so no env value is ever on a command
-    line) and runs `agent.py start` in the run directory."""
+    One SSH exec: `node/boot.py` writes both files (sent on stdin, so no env value is ever on a
+    command line) and runs `agent.py start` in the run directory."""
     t.connect()
-    files = {"agent.py": AGENT.read_text(encoding="utf-8"), "launch.json": json.dumps(launch_spec(plan, np_))}
+    files = {"agent.py": node_source("agent"), "launch.json": json.dumps(launch_spec(plan, np_))}
     python = np_.node.python
-    res = t.run([python, "-c", BOOT, rdir, "start", ".", "--wait", str(START_WAIT_S)],
+    res = t.run([python, "-c", node_source("boot"), rdir, "start", ".", "--wait", str(START_WAIT_S)],
                 stdin=json.dumps(files).encode("ascii"), timeout=START_WAIT_S + 30)
     state = parse_agent(res, python)
     if state.get("_exit") != 0 or not state.get("pid"):

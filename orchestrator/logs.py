@@ -3,10 +3,10 @@
 The pure parts (parsing, k-way merge, filters, formatting) live in `logmerge` and are
 re-exported here. This module adds the side effects:
 
-- A stdlib-only reader (`READER`) runs on each node with the node's python and streams
-  `node.log` from a byte offset in frames (`D <n>` + n bytes, `H <state>` heartbeats while idle,
-  `S <json>` the node's status when it changes, if asked for, `E <state> <node time>` when the node's
-  state.json is final and the log is drained).
+- A stdlib-only reader (`orchestrator/node/reader.py`) runs on each node with the node's python
+  and streams `node.log` from a byte offset in frames (`D <n>` + n bytes, `H <state>` heartbeats
+  while idle, `S <json>` the node's status when it changes, if asked for, `E <state> <node time>`
+  when the node's state.json is final and the log is drained).
 - The controller appends only whole lines to `<run dir>/nodes/<node>.log` and counts the bytes it
   appended, so a reconnect resumes at exactly the next unseen line: nothing lost, nothing twice.
 - `Follower` runs one reader per node in a thread and releases lines in timestamp order, holding
@@ -52,6 +52,7 @@ from .logmerge import (
     read_node_lines,
     to_json,
 )
+from .node import program as node_program
 from .runs import RunDir, RunStore, orch_home, remote_dir, write_private
 from .transport import Cluster, Process, Transport, fan_out
 
@@ -64,93 +65,6 @@ FINAL_STATES = ("succeeded", "failed", "stopped")
 CREDIT_LINES = 1000
 """Lines of one node that may wait in the live merge; a node's reader blocks beyond that, so
 catching up on 32 long logs stays within a few tens of MB on the controller."""
-
-# Runs on the node (python -c): stream node.log from byte OFFSET as frames, stdlib only, any
-# Python >= 3.6. An idle poll sends a heartbeat with the node's time: it lets the other nodes'
-# lines out before the watermark, shows a dead connection, and makes this reader die (broken
-# pipe) within a poll of the controller going away, so no reader outlives its follower.
-# With REPORT=1 it also sends the node's status (`S <json>`: what `orch up`'s supervisor judges,
-# the fields of `agent.py status`) whenever it changes, so a healthy run needs no status polls.
-# Order within a poll: the state is read first, then the log is drained, then S, then E/H: a
-# final S or an E means every line written before the state was final has been sent.
-READER = r"""
-import json, os, sys, time
-d, off, poll, once = os.path.expanduser(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4] == "1"
-report = sys.argv[5:6] == ["1"]
-out = sys.stdout.buffer
-log, st = os.path.join(d, "node.log"), os.path.join(d, "state.json")
-FINAL = ("succeeded", "failed", "stopped")
-KEYS = ("state", "exit_code", "signal", "reason", "started_at", "finished_at", "pid", "pgid", "agent_pid")
-def load():
-    try:
-        with open(st) as h:
-            j = json.load(h)
-        return j if isinstance(j, dict) else {}
-    except Exception:
-        return {}
-def stat(pid):
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as h:
-            raw = h.read().decode("ascii", "replace")
-    except (OSError, TypeError, ValueError):
-        return []
-    f = raw[raw.rfind(")") + 2:].split()
-    return [] if not f or f[0] == "Z" else f
-def alive(pid, start=None):
-    # agent.py's alive(): this exact process (pid and start time), not a zombie
-    f = stat(pid) if isinstance(pid, int) and pid > 0 else []
-    return len(f) > 19 and (start is None or int(f[19]) == start)
-def job_alive(j):
-    # agent.py's status(): a live process of the job's group, or of the agent's last snapshot
-    if any(alive(p, s) for p, s in j.get("procs") or []):
-        return True
-    g = str(j.get("pgid") or "")
-    for n in os.listdir("/proc") if g else ():
-        f = stat(int(n)) if n.isdigit() else []
-        if len(f) > 2 and f[2] == g:
-            return True
-    return False
-def status(j):
-    s = dict((k, j.get(k)) for k in KEYS)
-    s["exists"] = bool(j)
-    if s["state"] not in FINAL:
-        s["agent_alive"] = alive(j.get("agent_pid"), j.get("agent_start"))
-        if not s["agent_alive"]:
-            s["job_alive"] = job_alive(j)
-    return s
-f, told = None, None
-while True:
-    j = load()
-    s = j.get("state") or "-"
-    if f is None:
-        try:
-            f = open(log, "rb")
-            f.seek(off)
-        except OSError:
-            f = None
-    sent, t = False, time.time()  # every line stamped before t is in the file now, or being written
-    while f is not None:
-        b = f.read(1 << 16)
-        if not b:
-            break
-        out.write(b"D %d\n" % len(b) + b)
-        sent = True
-    if report:
-        now = status(j)
-        if now != told:
-            told = now
-            out.write(b"S " + json.dumps(dict(now, now=time.time())).encode() + b"\n")
-            sent = True
-    if once or s in FINAL:
-        out.write(b"E %s %.6f\n" % (s.encode(), t))
-        out.flush()
-        break
-    if not sent:
-        out.write(b"H %s %.6f\n" % (s.encode(), time.time()))
-    out.flush()
-    time.sleep(poll)
-"""
-
 
 class ProtocolError(Exception):
     """The node's reader sent something that is not a frame (e.g. a Python traceback)."""
@@ -293,8 +207,13 @@ class LocalCopy:
         self.fh.close()
 
 
+def reader_program() -> str:
+    """The `python -c` text of the node's log reader, with the agent whose liveness rules it uses."""
+    return node_program("reader", ("agent",))
+
+
 def reader_argv(src: NodeSource, offset: int, poll_s: float, once: bool, report: bool = False) -> list[str]:
-    return [src.python, "-c", READER, src.remote_dir, str(offset), f"{poll_s:g}", "1" if once else "0",
+    return [src.python, "-c", reader_program(), src.remote_dir, str(offset), f"{poll_s:g}", "1" if once else "0",
             "1" if report else "0"]
 
 

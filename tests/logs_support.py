@@ -16,7 +16,7 @@ import yaml
 
 from orchestrator.inventory import Inventory, load
 from orchestrator.logmerge import PlainNode, format_line, merge, read_node_lines
-from orchestrator.logs import READER
+from orchestrator.logs import reader_program
 from orchestrator.runs import RunDir, RunStore, remote_dir
 
 # Writes COUNT worker lines `[default<lr>]:[rank <r>] <node> seq=<i>` (every 7th without the
@@ -123,7 +123,7 @@ def reader_pids(node_dir: str) -> list[int]:
             argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if READER.encode() in argv and node_dir.encode() in argv:
+        if reader_program().encode() in argv and node_dir.encode() in argv:
             out.append(int(entry))
     return out
 

@@ -14,9 +14,11 @@ from typing import Any
 
 import pytest
 
-from orchestrator import agent
-from orchestrator.launch import BOOT
-from orchestrator.logs import READER, read_frames
+from orchestrator.logs import read_frames, reader_program
+from orchestrator.node import agent, source
+
+BOOT = source("boot")
+READER = reader_program()
 
 AGENT = str(Path(agent.__file__))
 
@@ -218,22 +220,3 @@ def test_torchrun_log_dir_is_inserted_after_the_module(tmp_path: Path) -> None:
     m = agent.Monitor(str(tmp_path), {"argv": ["py", "-m", "torch.distributed.run", "--nnodes=2", "x.py"],
                                       "torchrun_log_dir": True})
     assert m.argv() == ["py", "-m", "torch.distributed.run", f"--log-dir={tmp_path}/torchrun", "--nnodes=2", "x.py"]
-
-
-def test_the_agent_is_stdlib_only() -> None:
-    import ast
-
-    tree = ast.parse(Path(AGENT).read_text())
-    mods = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    mods |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-    assert mods <= set(sys.stdlib_module_names) | {"__future__"}, mods
-
-
-@pytest.mark.parametrize("source", [READER, BOOT], ids=["log reader", "boot"])
-def test_the_snippets_sent_to_nodes_are_stdlib_only_python36(source: str) -> None:
-    import ast
-
-    tree = ast.parse(source, feature_version=(3, 6))
-    mods = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    mods |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-    assert mods and mods <= set(sys.stdlib_module_names), mods

@@ -237,7 +237,7 @@ def test_ib_hca_missing() -> None:
 def _fixture_ib(name: str) -> dict[str, Any]:
     import os
 
-    from orchestrator import probe
+    from orchestrator.node import probe
     old = os.environ.get("ORCH_PROBE_FIXTURES")
     os.environ["ORCH_PROBE_FIXTURES"] = str(FIX / name)
     try:

@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """orch node agent: runs one node's share of a run, detached from the SSH session that started it.
 
-Shipped with every run (copied into the node's run directory), so it must stay stdlib-only and
-runnable by any Python >= 3.8 the node has. One run directory per node and run holds:
+Shipped with every run (copied into the node's run directory by `boot.py`), so it must stay
+stdlib-only and runnable by any Python >= 3.8 the node has. The log reader (`reader.py`) runs this
+module's liveness functions too, so its top-level imports stay cheap: the modules only the daemon
+or the command line needs are imported where they are used. One run directory per node and run
+holds:
 
   launch.json   what to run (argv, env, cwd, stop grace), written privately by the controller
   agent.py      this file
@@ -27,25 +30,26 @@ in state.json, and it kills whatever is left of the tree when torchrun exits.
 
 from __future__ import annotations
 
-import argparse
-import ctypes
 import json
 import os
 import signal
-import socket
-import subprocess
 import sys
-import threading
 import time
-import traceback
-from datetime import datetime, timezone
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import subprocess
 
 LAUNCH = "launch.json"
 STATE = "state.json"
 LOG = "node.log"
 STOP_REQUEST = "stop.request"
-FINAL_STATES = ("succeeded", "failed", "stopped")
+# A run's states as state.json records them (orchestrator.contract.RunState on the controller)
+STARTING, RUNNING, SUCCEEDED, FAILED, STOPPED = "starting", "running", "succeeded", "failed", "stopped"
+STATES = (STARTING, RUNNING, SUCCEEDED, FAILED, STOPPED)
+FINAL_STATES = (SUCCEEDED, FAILED, STOPPED)
+STATUS_KEYS = ("state", "exit_code", "signal", "reason", "started_at", "finished_at", "pid", "pgid", "agent_pid")
+"""The fields of state.json a status reports as they are (the log reader's `S` frames: these)."""
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -54,6 +58,8 @@ PR_SET_CHILD_SUBREAPER = 36
 
 def utc_now() -> str:
     """Node-side UTC time with microseconds: `2026-11-30T09:32:05.123456Z`."""
+    from datetime import datetime, timezone
+
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
@@ -204,6 +210,8 @@ class NodeLog:
     """node.log: one timestamped line per output line, written by several threads."""
 
     def __init__(self, path: str) -> None:
+        import threading
+
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self.fh = os.fdopen(fd, "ab", buffering=0)
         self.lock = threading.Lock()
@@ -253,6 +261,11 @@ class Monitor:
         return argv
 
     def run(self) -> int:
+        import ctypes
+        import socket
+        import subprocess
+        import threading
+
         try:
             libc = ctypes.CDLL(None, use_errno=True)
             libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
@@ -274,9 +287,9 @@ class Monitor:
         except OSError as exc:
             reason = f"cannot start {argv[0]}: {exc.strerror or exc}"
             self.log.write("orch", reason)
-            self.save(state="failed", exit_code=127, reason=reason, finished_at=time.time())
+            self.save(state=FAILED, exit_code=127, reason=reason, finished_at=time.time())
             return 127
-        self.save(state="running", pid=proc.pid, pgid=proc.pid, started_at=time.time())
+        self.save(state=RUNNING, pid=proc.pid, pgid=proc.pid, started_at=time.time())
         self.log.write("orch", f"started pid {proc.pid} (process group {proc.pid})")
         pumps = [threading.Thread(target=self.log.pump, args=(s, n), daemon=True)
                  for s, n in ((proc.stdout, "out"), (proc.stderr, "err"))]
@@ -290,13 +303,13 @@ class Monitor:
             # a pipe still open is held by something outside the job: do not wait on it for long
             t.join(timeout=2)
         stopped = self.stop_at is not None or os.path.exists(os.path.join(self.dir, STOP_REQUEST))
-        state = "stopped" if stopped else ("succeeded" if code == 0 else "failed")
+        state = STOPPED if stopped else (SUCCEEDED if code == 0 else FAILED)
         sig = signal_name(code)
         self.log.write("orch", f"torchrun exited with code {code}{f' ({sig})' if sig else ''}: {state}")
         self.save(state=state, exit_code=code, signal=sig, finished_at=ended, procs=[])
         return code
 
-    def watch(self, proc: subprocess.Popen) -> int:
+    def watch(self, proc: subprocess.Popen[bytes]) -> int:
         """Reap children (we are their subreaper) until torchrun exits; escalate a stop."""
         last_snapshot = 0.0
         while True:
@@ -382,17 +395,19 @@ def cmd_start(run_dir: str, wait: float) -> int:
     """Validate, daemonize, and report once torchrun runs (or why it could not start)."""
     launch = read_json(os.path.join(run_dir, LAUNCH))
     if not launch.get("argv"):
-        return emit({"state": "failed", "reason": f"{run_dir}/{LAUNCH} is missing or has no argv"}, 2)
+        return emit({"state": FAILED, "reason": f"{run_dir}/{LAUNCH} is missing or has no argv"}, 2)
     state_path = os.path.join(run_dir, STATE)
     old = read_json(state_path)
     if old and (old.get("state") not in FINAL_STATES and alive(old.get("agent_pid"))):
         return emit(dict(old, reason="already started here (agent {})".format(old.get("agent_pid"))), 3)
     cwd = expand(launch.get("cwd"))
     if cwd and not os.path.isdir(cwd):
-        return emit({"state": "failed", "reason": f"workdir {cwd} does not exist on this node"}, 2)
+        return emit({"state": FAILED, "reason": f"workdir {cwd} does not exist on this node"}, 2)
+    import socket
+
     write_json(state_path, {"run": launch.get("run"), "node": launch.get("node"), "agent_pid": None,
                             "pid": None, "pgid": None, "host": socket.gethostname(), "started_at": None,
-                            "finished_at": None, "exit_code": None, "signal": None, "state": "starting"})
+                            "finished_at": None, "exit_code": None, "signal": None, "state": STARTING})
     if os.fork() == 0:
         daemon(run_dir, launch)
     return wait_started(state_path, wait)
@@ -417,9 +432,11 @@ def daemon(run_dir: str, launch: dict[str, Any]) -> None:
         code = monitor.run()
     except BaseException:  # the agent's own crash must still end up in node.log and state.json
         try:
+            import traceback
+
             NodeLog(os.path.join(run_dir, LOG)).write("orch", "agent crashed: " + traceback.format_exc())
             state = read_json(os.path.join(run_dir, STATE))
-            state.update(state="failed", finished_at=time.time(), reason="agent crashed")
+            state.update(state=FAILED, finished_at=time.time(), reason="agent crashed")
             write_json(os.path.join(run_dir, STATE), state)
         except BaseException:
             pass
@@ -431,7 +448,7 @@ def wait_started(state_path: str, wait: float) -> int:
     while time.monotonic() < deadline:
         state = read_json(state_path)
         # started = torchrun was spawned; if it already ended, supervision reports how, with its log
-        if state.get("state") == "running" or state.get("state") in FINAL_STATES and state.get("pid"):
+        if state.get("state") == RUNNING or state.get("state") in FINAL_STATES and state.get("pid"):
             return emit(state, 0)
         if state.get("state") in FINAL_STATES:
             return emit(state, 1)
@@ -445,8 +462,8 @@ def status(run_dir: str, tail: int = 0) -> dict[str, Any]:
     log = os.path.join(run_dir, LOG)
     out = dict(state)
     out["exists"] = bool(state)
-    out["agent_alive"] = alive(state.get("agent_pid"), state.get("agent_start"))
-    out["job_alive"] = group_alive(state.get("pgid")) or any(alive(p, s) for p, s in state.get("procs") or [])
+    out["agent_alive"] = agent_alive(state)
+    out["job_alive"] = job_alive(state)
     out["now"] = time.time()
     try:
         st = os.stat(log)
@@ -456,6 +473,17 @@ def status(run_dir: str, tail: int = 0) -> dict[str, Any]:
     if tail:
         out["tail"] = tail_lines(log, tail)
     return out
+
+
+def agent_alive(state: dict[str, Any]) -> bool:
+    """Is the agent that state.json names (pid and start time) still running?"""
+    return alive(state.get("agent_pid"), state.get("agent_start"))
+
+
+def job_alive(state: dict[str, Any]) -> bool:
+    """Does any process of the job state.json records remain (its process group, or one of the
+    processes of the agent's last snapshot, which outlive the group: torchrun's workers)?"""
+    return group_alive(state.get("pgid")) or any(alive(p, s) for p, s in state.get("procs") or [])
 
 
 def tail_lines(path: str, n: int) -> list[str]:
@@ -522,7 +550,7 @@ def cmd_stop(run_dir: str, grace: float) -> int:
     state = read_json(state_path)
     if state.get("state") not in FINAL_STATES and not alive(state.get("agent_pid"), state.get("agent_start")):
         # the agent was gone (killed): record the end ourselves so the run does not look alive
-        state.update(state="stopped", finished_at=time.time(), procs=[])
+        state.update(state=STOPPED, finished_at=time.time(), procs=[])
         write_json(state_path, state)
     out = dict(state, stopped=pids, killed=left, remaining=remaining)
     return emit(out, 0 if not remaining else 1)
@@ -535,6 +563,8 @@ def emit(data: dict[str, Any], code: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import argparse
+
     parser = argparse.ArgumentParser(prog="agent.py", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="cmd")
     p = sub.add_parser("start", help="start the job detached; return once it runs")

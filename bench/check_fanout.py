@@ -106,7 +106,8 @@ class NodeCpu:
 def phases(inv_path: Path, node_cpu: NodeCpu, reps: int) -> dict[str, Any]:
     """One in-process `orch check` (all checks) per rep, timed phase by phase; medians."""
     from orchestrator import checks, facts
-    from orchestrator.inventory import CHECK_NAMES, load
+    from orchestrator.contract import CHECK_NAMES
+    from orchestrator.inventory import load
     from orchestrator.transport import Cluster
 
     rows: list[dict[str, float | None]] = []

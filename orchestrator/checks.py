@@ -17,10 +17,10 @@ from typing import Any
 
 import yaml
 
+from .contract import CHECK_NAMES, CHECK_STATUSES
 from .facts import GpuFacts, IbDevice, NodeFacts, path_args
-from .inventory import CHECK_NAMES, Inventory, Node
+from .inventory import Inventory, Node
 
-STATUSES = ("ok", "warn", "fail", "skip")
 _RANK = {"skip": 0, "ok": 1, "warn": 2, "fail": 3}
 Facts = Mapping[str, NodeFacts]
 UTC_ALIASES = {"UTC", "UCT", "UNIVERSAL", "ZULU", "GMT", "GMT0", "GREENWICH", "ETC/UTC", "ETC/UCT",
@@ -60,7 +60,7 @@ class Findings:
         if not self.items:
             return CheckResult(self.check, self.node, "ok", self.value, default_detail)
         worst = max(_RANK[s] for s, _, _ in self.items)
-        status = next(s for s in STATUSES if _RANK[s] == worst)
+        status = next(s for s in CHECK_STATUSES if _RANK[s] == worst)
         ordered = sorted(self.items, key=lambda i: -_RANK[i[0]])
         detail = "; ".join(d for _, d, _ in ordered if d)
         hints = list(dict.fromkeys(h for s, _, h in ordered if h and _RANK[s] == worst))

@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from . import __version__
+from .contract import CHECK_NAMES, ExitCode
 from .errors import OrchError, UsageError
 from .inventory import Inventory
 from .inventory import load as load_inventory
@@ -78,14 +79,14 @@ def cli(ctx: click.Context, verbose: bool) -> None:
 CHECK_HELP = """Preflight every node in parallel; one table, or JSON with --json.
 
 \b
-Checks: ssh, clock, timezone, nccl_env, rdma, gpus, software, job, ports.
+Checks: {checks}.
 Exit code: 0 no failure (warnings allowed), 1 a check failed, 2 bad inventory.
 
 \b
 Examples:
   orch check inventory/v100.yaml
   orch check inventory/v100.yaml --only ssh,clock --json | jq .
-"""
+""".format(checks=", ".join(CHECK_NAMES))
 
 
 @cli.command(help=CHECK_HELP, context_settings=CONTEXT)
@@ -261,10 +262,10 @@ def main(argv: list[str] | None = None) -> None:
         cli.main(args=argv, prog_name="orch", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("interrupted", err=True)
-        sys.exit(130)
+        sys.exit(ExitCode.INTERRUPTED)
     except click.ClickException as exc:
         exc.show()
-        sys.exit(2 if exc.exit_code == 2 else exc.exit_code)
+        sys.exit(exc.exit_code)
     except OrchError as exc:
         if verbose:
             traceback.print_exc()
@@ -274,15 +275,15 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
-        sys.exit(130)
+        sys.exit(ExitCode.INTERRUPTED)
     except SystemExit:
         raise
     except Exception as exc:  # the last line of defence: one line unless --verbose
         if verbose:
             traceback.print_exc()
         click.echo(f"orch: internal error: {type(exc).__name__}: {exc} (run with -v for the traceback)", err=True)
-        sys.exit(1)
-    sys.exit(0)
+        sys.exit(ExitCode.FAILED)
+    sys.exit(ExitCode.OK)
 
 
 if __name__ == "__main__":

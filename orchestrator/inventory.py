@@ -29,6 +29,7 @@ from typing import (
 )
 
 from . import yamlines
+from .contract import CHECK_NAMES
 from .errors import InventoryError, InventoryIssue
 
 if TYPE_CHECKING:
@@ -44,7 +45,6 @@ PLAIN_HOST = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 # What would change meaning if a value ever met a shell. Values are quoted once in the transport
 # anyway; refusing these in the inventory catches copy-paste accidents before anything runs.
 SHELL_UNSAFE = ("\n", "\r", "\x00", "`", "$(", "${", ";", "&", "|", "<", ">")
-CHECK_NAMES = ("ssh", "clock", "timezone", "nccl_env", "rdma", "gpus", "software", "job", "ports")
 DEFAULT_RUN_ROOT = "~/.orch/nodes"
 
 Scalar = str | int | float | bool

@@ -33,13 +33,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from . import ui
+from .contract import FINAL_STATES, NodeState, RunState
 from .errors import OrchError, TransportError
 from .inventory import Inventory
 from .node import source as node_source
 from .plan import NodePlan, Plan, make_plan
 from .runs import RunDir, RunStore, orch_home, remote_dir, write_private
 from .supervise import (
-    FINAL,
     NodeSpec,
     Outcome,
     Pushed,
@@ -142,7 +142,7 @@ def status_node(t: Transport, python: str, rdir: str, tail: int = 0, timeout: fl
     except TransportError:
         raise
     except OrchError as exc:
-        return {"state": "unknown", "agent_alive": False, "job_alive": False, "error": exc.message}
+        return {"state": NodeState.UNKNOWN, "agent_alive": False, "job_alive": False, "error": exc.message}
 
 
 # ----------------------------------------------------------------------------- run records
@@ -154,7 +154,7 @@ def node_records(plan: Plan) -> list[dict[str, Any]]:
     return [{"node": p.node.name, "host": p.node.host, "addr": p.node.addr, "node_rank": p.node_rank,
              "base_rank": p.global_ranks.start, "nproc": p.node.nproc_per_node,
              "remote_dir": remote_dir(inv, p.node, plan.run_id), "python": p.node.python,
-             "state": "pending", "exit_code": None, "pid": None, "pgid": None,
+             "state": NodeState.PENDING, "exit_code": None, "pid": None, "pgid": None,
              "started_at": None, "finished_at": None} for p in plan.nodes]
 
 
@@ -283,7 +283,7 @@ def up_command(inv: Inventory, *, detach: bool = False, skip_checks: bool = Fals
     run.write(plan.to_json(), "plan.json")
     save_check(run, inv, report)
     record = RunRecord(run)
-    run.update(nodes=node_records(plan), state="starting")
+    run.update(nodes=node_records(plan), state=RunState.STARTING)
     con.print(f"run [bold]{run.run_id}[/]: starting {len(plan.nodes)} nodes × {plan.nodes[0].node.nproc_per_node} "
               f"processes (world size {plan.world_size}, master {plan.master_addr}:{plan.master_port})")
     with Cluster(inv) as cluster, sigterm_as_interrupt():
@@ -292,7 +292,7 @@ def up_command(inv: Inventory, *, detach: bool = False, skip_checks: bool = Fals
         except KeyboardInterrupt:
             with sigint_shielded():
                 stop_all(cluster, record.nodes(), inv.job.stop_grace_s)
-            record.update_nodes({}, state="stopped")
+            record.update_nodes({}, state=RunState.STOPPED)
             con.print("interrupted: every node stopped")
             return 130
 
@@ -307,7 +307,7 @@ def launch_and_supervise(con: Console, run: RunDir, record: RunRecord, plan: Pla
     if failed:
         return start_failed(con, cluster, record, failed, inv)
     startup_s = time.monotonic() - t_launch
-    record.update_nodes({}, state="running", startup_s=round(startup_s, 3))
+    record.update_nodes({}, state=RunState.RUNNING, startup_s=round(startup_s, 3))
     con.print(f"all {len(plan.nodes)} nodes running after {startup_s:.1f} s")
     if detach:
         con.print(f"detached. Follow: orch logs --follow {run.run_id} · state: orch status {run.run_id} "
@@ -328,7 +328,7 @@ def start_failed(con: Console, cluster: Cluster, record: RunRecord, failed: Mapp
     t = time.monotonic()
     results = stop_all(cluster, record.nodes(), inv.job.stop_grace_s)
     left = {n: r for n, r in results.items() if isinstance(r, Exception) or (isinstance(r, dict) and r.get("remaining"))}
-    record.update_nodes({n: r for n, r in results.items() if isinstance(r, dict)}, state="failed",
+    record.update_nodes({n: r for n, r in results.items() if isinstance(r, dict)}, state=RunState.FAILED,
                         start_failures={n: str(e) for n, e in failed.items()})
     con.print(f"stopped every node that had started ({time.monotonic() - t:.1f} s); nothing was left running"
               if not left else f"[bold red]could not confirm the stop on: {', '.join(left)}[/] (run: orch down "
@@ -383,7 +383,7 @@ def attached(con: Console, run: RunDir, record: RunRecord, plan: Plan, cluster: 
         logs.join(timeout=2.0)
     wall = time.monotonic() - t0
     if outcome is None:
-        record.update_nodes(dict(sup.nodes), state="stopped", wall_s=round(wall, 3),
+        record.update_nodes(dict(sup.nodes), state=RunState.STOPPED, wall_s=round(wall, 3),
                             teardown_s=sup.teardown_s)
         con.print(f"interrupted: stopped every node in {sup.teardown_s or 0:.1f} s" if not sup.not_stopped
                   else f"[bold red]interrupted; could not confirm the stop on {', '.join(sup.not_stopped)}[/]")
@@ -397,7 +397,7 @@ def report_outcome(con: Console, record: RunRecord, outcome: Outcome, sup: Super
     if outcome.failure is not None:
         fields["first_failure"] = outcome.failure.to_json()
     record.update_nodes(dict(sup.nodes), **fields)
-    if outcome.state == "succeeded":
+    if outcome.state == RunState.SUCCEEDED:
         con.print(f"[green]run {record.run.run_id} succeeded on every node[/] in {wall:.1f} s")
         return 0
     f = outcome.failure
@@ -462,15 +462,15 @@ def status_command(run_id: str | None, *, as_json: bool = False) -> int:
         answers = status_all(cluster, records)
         statuses: dict[str, dict[str, Any]] = {}
         for name, ans in answers.items():
-            statuses[name] = ({"state": "unreachable", "error": str(ans)} if isinstance(ans, Exception)
+            statuses[name] = ({"state": NodeState.UNREACHABLE, "error": str(ans)} if isinstance(ans, Exception)
                               else dict(ans))
         data = run.read()
-        state = run_state([s.get("state", "unknown") for s in statuses.values()], data.get("state", "starting"))
+        state = run_state([s.get("state", NodeState.UNKNOWN) for s in statuses.values()], data.get("state", RunState.STARTING))
         fields: dict[str, Any] = {"state": state}
-        if state == "failed" and not data.get("first_failure"):
+        if state == RunState.FAILED and not data.get("first_failure"):
             # a detached run failed with nobody watching: name its first failure now
             fields["first_failure"] = detached_failure(cluster, records, statuses, offsets_s(run, inv))
-    RunRecord(run).update_nodes({n: s for n, s in statuses.items() if s.get("state") != "unreachable"}, **fields)
+    RunRecord(run).update_nodes({n: s for n, s in statuses.items() if s.get("state") != NodeState.UNREACHABLE}, **fields)
     out = status_json(run.read(), statuses)
     if as_json:
         print(json.dumps(out, indent=2))
@@ -493,7 +493,7 @@ def detached_failure(cluster: Cluster, records: list[dict[str, Any]],
     the fact."""
     specs = {r["node"]: NodeSpec(r["node"], r["node_rank"], r.get("base_rank", 0), r.get("nproc", 1))
              for r in records}
-    failures = [f for n, s in statuses.items() if n in specs and s.get("state") == "failed"
+    failures = [f for n, s in statuses.items() if n in specs and s.get("state") == NodeState.FAILED
                 for f in [corrected(Supervisor.node_failure(specs[n], s), offsets or {})] if f is not None]
     if not failures:
         return None
@@ -565,7 +565,7 @@ def down_command(run_id: str | None) -> int:
     # a node that had already failed makes the run failed, whoever stopped the rest
     state = run_state([str(r.get("state")) for r in results.values() if isinstance(r, dict) and r.get("state")],
                       str(data.get("state")))
-    state = state if state in FINAL else "stopped"
+    state = state if state in FINAL_STATES else RunState.STOPPED
     record.update_nodes({n: r for n, r in results.items() if isinstance(r, dict) and r.get("state")}, state=state)
     for name, res in results.items():
         if isinstance(res, Exception):

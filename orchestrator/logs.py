@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from . import ui
+from .contract import FINAL_STATES
 from .errors import TransportError, UsageError
 from .inventory import Inventory
 from .logmerge import (
@@ -61,7 +62,6 @@ __all__ = [
     "fetch_all", "node_sources", "load_offsets", "NodeSource",
 ]
 
-FINAL_STATES = ("succeeded", "failed", "stopped")
 CREDIT_LINES = 1000
 """Lines of one node that may wait in the live merge; a node's reader blocks beyond that, so
 catching up on 32 long logs stays within a few tens of MB on the controller."""

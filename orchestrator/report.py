@@ -20,10 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .contract import NodeState
 from .runs import RunDir, write_private
 
-STATE_COLOURS = {"running": "#1f77b4", "succeeded": "#2ca02c", "failed": "#d62728", "stopped": "#ff7f0e",
-                 "starting": "#9467bd", "unreachable": "#8c564b", "unknown": "#7f7f7f", "pending": "#7f7f7f"}
+STATE_COLOURS = {NodeState.RUNNING: "#1f77b4", NodeState.SUCCEEDED: "#2ca02c", NodeState.FAILED: "#d62728",
+                 NodeState.STOPPED: "#ff7f0e", NodeState.STARTING: "#9467bd", NodeState.UNREACHABLE: "#8c564b",
+                 NodeState.UNKNOWN: "#7f7f7f", NodeState.PENDING: "#7f7f7f"}
 # `[rank 0] throughput epoch 3:    1     41.2     12.5%` (the trainer's end-of-epoch table)
 THROUGHPUT_ROW = re.compile(r"throughput epoch (\d+):\s+(\d+)\s+([\d.]+)\s+([\d.]+)%")
 THROUGHPUT_TOTAL = re.compile(r"throughput epoch (\d+): total ([\d.]+) images/s over (\d+) ranks"
@@ -101,7 +103,7 @@ def plot_timeline(run: dict[str, Any]) -> bytes:
     for i, n in enumerate(nodes):
         start = (n.get("started_at") or t0) - t0
         end = (n.get("finished_at") or now) - t0
-        state = n.get("state", "unknown")
+        state = n.get("state", NodeState.UNKNOWN)
         ax.barh(i, max(end - start, 0.05), left=start, color=STATE_COLOURS.get(state, "#7f7f7f"))
         ax.text(end, i, f" {state}" + (f" ({n['exit_code']})" if n.get("exit_code") not in (None, 0) else ""),
                 va="center", fontsize=8)

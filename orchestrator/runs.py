@@ -18,11 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .contract import RunState
 from .errors import UsageError
 from .inventory import Inventory, Node
-
-RUN_STATES = ("starting", "running", "succeeded", "failed", "stopped")
-NODE_STATES = ("pending", "starting", "running", "succeeded", "failed", "stopped", "unreachable", "unknown")
 
 
 def orch_home() -> Path:
@@ -118,7 +116,7 @@ class RunStore:
         run = RunDir(path)
         write_private(run.inventory_path, inv.source)
         run.write({"run": run_id, "inventory": inv.path, "name": inv.name, "created": time.time(),
-                   "state": "starting", "nodes": []})
+                   "state": RunState.STARTING, "nodes": []})
         write_private(self.home / "latest", run_id + "\n")
         return run
 

@@ -29,7 +29,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-FINAL = ("succeeded", "failed", "stopped")
+from .contract import FINAL_STATES, NodeState, RunState
+
 ROOT_CAUSE = "Root Cause (first observed failure):"
 RANK_LINE = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
 EXCERPT_LINES = 20
@@ -71,7 +72,7 @@ class Failure:
 class Outcome:
     """How a supervised run ended."""
 
-    state: str
+    state: RunState
     wall_s: float
     failure: Failure | None = None
     teardown_s: float | None = None
@@ -142,19 +143,19 @@ def select_excerpt(raw_lines: Sequence[str], n: int = EXCERPT_LINES) -> tuple[li
     return out, rank, local
 
 
-def run_state(node_states: Sequence[str], recorded: str) -> str:
+def run_state(node_states: Sequence[str], recorded: str) -> RunState:
     """A run's state from its nodes' (for `orch status` of a detached run). Final states stick."""
-    if recorded in FINAL:
-        return recorded
-    if node_states and all(s == "succeeded" for s in node_states):
-        return "succeeded"
-    if any(s == "failed" for s in node_states):
-        return "failed"
-    if any(s in ("running", "starting") for s in node_states):
-        return "running"
-    if node_states and all(s in FINAL for s in node_states):
-        return "stopped"
-    return recorded
+    if recorded in FINAL_STATES:
+        return RunState(recorded)
+    if node_states and all(s == NodeState.SUCCEEDED for s in node_states):
+        return RunState.SUCCEEDED
+    if any(s == NodeState.FAILED for s in node_states):
+        return RunState.FAILED
+    if any(s in (NodeState.RUNNING, NodeState.STARTING) for s in node_states):
+        return RunState.RUNNING
+    if node_states and all(s in FINAL_STATES for s in node_states):
+        return RunState.STOPPED
+    return RunState(recorded)
 
 
 def corrected(failure: Failure | None, offsets_s: Mapping[str, float]) -> Failure | None:
@@ -319,7 +320,7 @@ class Pushed:
         """Is this node's stream silent (and its state not final)? Then it is polled."""
         with self.lock:
             pushed = self.pushed.get(name)
-            if pushed is not None and pushed[1].get("state") in FINAL:
+            if pushed is not None and pushed[1].get("state") in FINAL_STATES:
                 return False
             return self._quiet(name, self.clock())
 
@@ -336,7 +337,7 @@ class Pushed:
             for name in self.names:
                 at, pushed = self.pushed.get(name, (-math.inf, None))
                 heard = self.heard[name]
-                if pushed is not None and (pushed.get("state") in FINAL or not self._quiet(name, now)):
+                if pushed is not None and (pushed.get("state") in FINAL_STATES or not self._quiet(name, now)):
                     out[name] = pushed
                     continue
                 # the stream is silent: a poll decides, once it has answered since
@@ -408,7 +409,7 @@ class Supervisor:
         self.clock = clock
         self.sleep = sleep
         self.on_update = on_update
-        self.nodes: dict[str, dict[str, Any]] = {n: {"state": "starting"} for n in self.specs}
+        self.nodes: dict[str, dict[str, Any]] = {n: {"state": NodeState.STARTING} for n in self.specs}
         self.unreachable_since: dict[str, float] = {}
         self.failure: Failure | None = None
         self.teardown_s: float | None = None
@@ -421,19 +422,19 @@ class Supervisor:
         try:
             while True:
                 verdict = self.judge(self.observe(), self.clock())
-                if verdict == "succeeded":
+                if verdict == RunState.SUCCEEDED:
                     self.torn_down = True  # every agent has exited and cleaned up after its job
-                    return Outcome("succeeded", self.clock() - start)
-                if verdict == "failed":
+                    return Outcome(RunState.SUCCEEDED, self.clock() - start)
+                if verdict == RunState.FAILED:
                     self.teardown()
                     self.attach_excerpt()
-                    return Outcome("failed", self.clock() - start, self.failure, self.teardown_s, self.not_stopped)
+                    return Outcome(RunState.FAILED, self.clock() - start, self.failure, self.teardown_s, self.not_stopped)
                 self.sleep(self.interval)
         finally:
             if not self.torn_down:
                 self.teardown()
 
-    def judge(self, observations: Mapping[str, Observation], now: float) -> str:
+    def judge(self, observations: Mapping[str, Observation], now: float) -> RunState:
         """Fold one round of observations into node states; return running|succeeded|failed."""
         candidates: list[Failure] = []
         changed = False
@@ -443,7 +444,7 @@ class Supervisor:
                 continue  # no answer yet from its first poll
             if isinstance(obs, Exception):
                 since = self.unreachable_since.setdefault(name, getattr(obs, "since", now))
-                changed |= self._set(name, {"state": "unreachable", "error": str(obs)})
+                changed |= self._set(name, {"state": NodeState.UNREACHABLE, "error": str(obs)})
                 if now - since >= self.grace:
                     candidates.append(Failure(name, spec.node_rank, f"unreachable for {now - since:.0f} s: {obs}",
                                               order=time.time() - (now - since)))
@@ -458,10 +459,10 @@ class Supervisor:
         if candidates:
             candidates += self.confirmed(observations)
             self.failure = min(candidates, key=lambda f: f.order)
-            return "failed"
-        if all(n.get("state") == "succeeded" for n in self.nodes.values()):
-            return "succeeded"
-        return "running"
+            return RunState.FAILED
+        if all(n.get("state") == NodeState.SUCCEEDED for n in self.nodes.values()):
+            return RunState.SUCCEEDED
+        return RunState.RUNNING
 
     def _set(self, name: str, value: dict[str, Any]) -> bool:
         old = self.nodes.get(name, {})
@@ -497,15 +498,15 @@ class Supervisor:
         """Is this node's report a failure? A non-zero exit, an outside stop, or a vanished agent."""
         state, code = obs.get("state"), obs.get("exit_code")
         when = float(obs.get("finished_at") or obs.get("now") or math.inf)
-        if state == "failed":
+        if state == NodeState.FAILED:
             why = f"exited with code {code}" + (f" ({obs['signal']})" if obs.get("signal") else "")
             if obs.get("reason"):
                 why += f": {obs['reason']}"
             return Failure(spec.name, spec.node_rank, why, code, order=when)
-        if state == "stopped":
+        if state == NodeState.STOPPED:
             return Failure(spec.name, spec.node_rank, "was stopped from outside this `orch up` (orch down?)",
                            code, order=when)
-        if state not in FINAL and not obs.get("agent_alive", True):
+        if state not in FINAL_STATES and not obs.get("agent_alive", True):
             gone = "its job is gone too" if not obs.get("job_alive") else "its job is still running"
             return Failure(spec.name, spec.node_rank,
                            f"the node agent (pid {obs.get('agent_pid')}) disappeared; {gone}", order=when)

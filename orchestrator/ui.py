@@ -10,6 +10,8 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from .contract import NodeState
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -46,8 +48,9 @@ def console(stderr: bool = True) -> Console:
 
 
 STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim",
-                "running": "cyan", "succeeded": "green", "failed": "bold red", "stopped": "yellow",
-                "starting": "cyan", "unreachable": "bold red", "unknown": "dim", "pending": "dim"}
+                NodeState.RUNNING: "cyan", NodeState.SUCCEEDED: "green", NodeState.FAILED: "bold red",
+                NodeState.STOPPED: "yellow", NodeState.STARTING: "cyan", NodeState.UNREACHABLE: "bold red",
+                NodeState.UNKNOWN: "dim", NodeState.PENDING: "dim"}
 
 
 def styled(status: str) -> str:

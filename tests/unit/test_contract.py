@@ -10,7 +10,7 @@ from orchestrator.node import agent
 
 def test_the_agent_writes_exactly_the_run_states() -> None:
     """The agent (which imports nothing of orch) spells out what state.json may say."""
-    assert agent.STATES == tuple(RunState)
+    assert tuple(RunState) == agent.STATES
     assert set(agent.FINAL_STATES) == FINAL_STATES
     assert {s.value for s in RunState} <= {s.value for s in NodeState}
 

@@ -32,7 +32,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from . import ui
+from .cli import ui
 from .contract import FINAL_STATES, NodeState, RunState
 from .errors import OrchError, TransportError
 from .inventory import Inventory

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from . import ui
+from .cli import ui
 from .contract import FINAL_STATES
 from .errors import TransportError, UsageError
 from .inventory import Inventory

@@ -134,7 +134,7 @@ def render_report(report: CheckReport, console: Console) -> None:
     """One table grouped by check, a row per node: status, value, detail, hint."""
     from rich.table import Table
 
-    from .ui import styled
+    from .cli.ui import styled
 
     table = Table(show_lines=False, pad_edge=False, expand=False)
     for col, kw in (("check", {"no_wrap": True}), ("node", {"no_wrap": True}), ("status", {"no_wrap": True}),
@@ -163,7 +163,7 @@ def _escape(text: str) -> str:
 
 def check_command(inv: Inventory, only: Sequence[str] | None, skip: Sequence[str] | None, as_json: bool) -> int:
     """`orch check`: progress on stderr (a terminal only), then the table or the JSON; 0 / 1."""
-    from .ui import console, may_be_terminal
+    from .cli.ui import console, may_be_terminal
 
     selected = select_checks(only, skip)
     err = console(stderr=True) if may_be_terminal(sys.stderr) else None

@@ -277,9 +277,9 @@ def announced(run: RunDir, *patterns: re.Pattern[str]) -> list[str | None]:
 
 def report_command(run_id: str | None) -> int:
     """Write the report of a run (the latest by default); say where it, the weights and results are."""
+    from .cli.ui import console
     from .errors import OrchError, TransportError
     from .runs import RunStore
-    from .ui import console
 
     con = console()
     run = RunStore().get(run_id)

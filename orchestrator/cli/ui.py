@@ -10,7 +10,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from .contract import NodeState
+from ..contract import NodeState
 
 if TYPE_CHECKING:
     from rich.console import Console

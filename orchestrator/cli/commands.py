@@ -1,7 +1,8 @@
-"""`orch` command line: the only module that knows click, prints for people, or picks exit codes.
+"""`orch`'s commands: parse the options (click), call the library, hand what it returns to
+`render`, and exit with the code docs/CONTRACT.md gives that outcome.
 
-Exit codes (see CONTRACT.md): 0 ok · 1 failure (a check failed / the job failed) · 2 bad usage or
-inventory · 3 preflight failed, nothing launched · 130 interrupted (after teardown).
+Exit codes (`contract.ExitCode`): 0 ok · 1 failure (a check failed / the job failed) · 2 bad usage
+or inventory · 3 preflight failed, nothing launched · 130 interrupted (after teardown).
 """
 
 from __future__ import annotations
@@ -11,15 +12,15 @@ import logging
 import os
 import sys
 import traceback
-from typing import Any
 
 import click
 
-from . import __version__
-from .contract import CHECK_NAMES, ExitCode
-from .errors import OrchError, UsageError
-from .inventory import Inventory
-from .inventory import load as load_inventory
+from .. import __version__
+from ..contract import CHECK_NAMES, ExitCode
+from ..errors import OrchError, UsageError
+from ..inventory import Inventory
+from ..inventory import load as load_inventory
+from . import render
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -39,7 +40,7 @@ def resolve_inventory(path: str | None) -> Inventory:
     path = path or os.environ.get("ORCH_INVENTORY")
     if path:
         return load_inventory(path)
-    from .runs import RunStore
+    from ..runs import RunStore
 
     try:
         return RunStore().get().inventory()
@@ -97,7 +98,7 @@ Examples:
 @pass_state
 def check(state: State, inventory: str | None, as_json: bool, only: str | None, skip: str | None) -> None:
     inv = resolve_inventory(inventory)
-    from .preflight import check_command
+    from ..preflight import check_command
 
     raise SystemExit(check_command(inv, only=split_names(only), skip=split_names(skip), as_json=as_json))
 
@@ -129,41 +130,18 @@ def up(state: State, inventory: str | None, dry_run: bool, detach: bool, skip_ch
        run_id: str | None, as_json: bool) -> None:
     inv = resolve_inventory(inventory)
     if dry_run:
-        from .plan import make_plan
+        from ..plan import make_plan
 
         plan = make_plan(inv, run_id or "dry-run")
         if as_json:
             click.echo(json.dumps(plan.to_json(), indent=2))
         else:
-            print_plan(plan)
-        raise SystemExit(0)
-    from .launch import up_command
+            render.plan_table(plan)
+        raise SystemExit(ExitCode.OK)
+    from ..launch import up_command
 
     raise SystemExit(up_command(inv, detach=detach, skip_checks=skip_checks, run_id=run_id,
                                 verbose=state.verbose))
-
-
-def print_plan(plan: Any) -> None:
-    """The dry-run table: node, address, node rank, global ranks, the exact remote command."""
-    import shlex
-
-    from rich.table import Table
-
-    from .ui import console
-
-    out = console(stderr=False)
-    table = Table(title=f"plan for {plan.inventory.path}: {len(plan.nodes)} nodes, world size "
-                        f"{plan.world_size}, master {plan.master_addr}:{plan.master_port}",
-                  show_lines=True)
-    for col in ("node", "address", "node rank", "global ranks", "command"):
-        table.add_column(col, overflow="fold")
-    for p in plan.nodes:
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in p.env.items() if not k.startswith("ORCH_"))
-        cmd = (f"cd {p.workdir} && " if p.workdir else "") + (env + " " if env else "") + shlex.join(p.argv)
-        ranks = f"{p.global_ranks.start}-{p.global_ranks.stop - 1}" if len(p.global_ranks) > 1 else str(p.global_ranks.start)
-        table.add_row(p.node.name, f"{p.node.host}" + (f" ({p.node.addr})" if p.node.addr != p.node.host else ""),
-                      str(p.node_rank), ranks, cmd)
-    out.print(table)
 
 
 LOGS_HELP = """Merged, time-ordered logs of a run (the latest when RUN is omitted).
@@ -197,7 +175,7 @@ Examples:
 def logs(state: State, run: str | None, follow: bool, node_filter: str | None, rank_filter: str | None,
          grep: str | None, since: str | None, tail: int | None, as_json: bool,
          skew_correct: bool | None, watermark: float) -> None:
-    from .logs import logs_command
+    from ..logs import logs_command
 
     raise SystemExit(logs_command(run, follow=follow, node=node_filter, rank=rank_filter, grep=grep,
                                   since=since, tail=tail, as_json=as_json, skew_correct=skew_correct,
@@ -215,7 +193,7 @@ def status(state: State, run: str | None, as_json: bool) -> None:
     Example:
       orch status --json | jq '.nodes[] | select(.state != "running")'
     """
-    from .launch import status_command
+    from ..launch import status_command
 
     raise SystemExit(status_command(run, as_json=as_json))
 
@@ -232,7 +210,7 @@ def down(state: State, run: str | None) -> None:
     Example:
       orch down                # the latest run
     """
-    from .launch import down_command
+    from ..launch import down_command
 
     raise SystemExit(down_command(run))
 
@@ -250,7 +228,7 @@ def report(state: State, run: str | None) -> None:
     Example:
       orch report && xdg-open .orch/runs/*/report/index.html
     """
-    from .report import report_command
+    from ..report import report_command
 
     raise SystemExit(report_command(run))
 

@@ -60,7 +60,7 @@ def run(argv: list[str], env: dict[str, str] | None = None) -> None:
 
 def floor(inventory: str) -> None:
     """Python start, inventory, connect and one `true` per node over orch's transport, in parallel."""
-    from orchestrator.inventory import load
+    from orchestrator.config.inventory import load
     from orchestrator.transport import Cluster
 
     inv = load(inventory)
@@ -106,8 +106,8 @@ class NodeCpu:
 def phases(inv_path: Path, node_cpu: NodeCpu, reps: int) -> dict[str, Any]:
     """One in-process `orch check` (all checks) per rep, timed phase by phase; medians."""
     from orchestrator import checks, facts
+    from orchestrator.config.inventory import load
     from orchestrator.contract import CHECK_NAMES
-    from orchestrator.inventory import load
     from orchestrator.transport import Cluster
 
     rows: list[dict[str, float | None]] = []

@@ -240,7 +240,7 @@ for d in dirs:
 def follow_memory(base: Path, nodes: int, live_s: float, catchup_lines: int) -> dict[str, object]:
     """Peak RSS while following `nodes` local nodes: live appends, then catching up on big logs."""
     os.environ["ORCH_HOME"] = str(base / "home")
-    from orchestrator.inventory import parse
+    from orchestrator.config.inventory import parse
     from orchestrator.logs import Follower, fetch_all
     from orchestrator.runs import RunStore, remote_dir
     from orchestrator.transport import Cluster

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import write
-from orchestrator import inventory
-from orchestrator.plan import make_plan
+from orchestrator.config import inventory
+from orchestrator.config.plan import make_plan
 
 SIZES = (4, 64, 512)
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import yaml
 
+from .config.inventory import Inventory, Node
 from .contract import CHECK_NAMES, CHECK_STATUSES
 from .facts import GpuFacts, IbDevice, NodeFacts, path_args
-from .inventory import Inventory, Node
 
 _RANK = {"skip": 0, "ok": 1, "warn": 2, "fail": 3}
 Facts = Mapping[str, NodeFacts]

@@ -30,8 +30,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .config.inventory import Inventory, Node
 from .errors import TransportError
-from .inventory import Inventory, Node
 from .node import probe
 from .node import program as node_program
 from .transport import Cluster, Process, Transport

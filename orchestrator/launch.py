@@ -33,11 +33,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from .cli import ui
+from .config.inventory import Inventory
+from .config.plan import NodePlan, Plan, make_plan
 from .contract import FINAL_STATES, NodeState, RunState
 from .errors import OrchError, TransportError
-from .inventory import Inventory
 from .node import source as node_source
-from .plan import NodePlan, Plan, make_plan
 from .runs import RunDir, RunStore, orch_home, remote_dir, write_private
 from .supervise import (
     NodeSpec,

@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from .cli import ui
+from .config.inventory import Inventory
 from .contract import FINAL_STATES
 from .errors import TransportError, UsageError
-from .inventory import Inventory
 from .logmerge import (
     LineFilter,
     LiveMerge,

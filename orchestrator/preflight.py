@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .config.inventory import Inventory
 from .contract import CHECK_NAMES
 from .errors import UsageError
 from .facts import collect
-from .inventory import Inventory
 from .runs import orch_home, write_private
 from .transport import Cluster
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .config.inventory import Inventory, Node
 from .contract import RunState
 from .errors import UsageError
-from .inventory import Inventory, Node
 
 
 def orch_home() -> Path:
@@ -84,7 +84,7 @@ class RunDir:
         return data
 
     def inventory(self) -> Inventory:
-        from .inventory import parse
+        from .config.inventory import parse
 
         return parse(self.inventory_path.read_text(), str(self.read().get("inventory") or self.inventory_path))
 

@@ -30,8 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO, Any, TypeVar
 
+from .config.inventory import Inventory, Node
 from .errors import RemoteCommandFailed, TransportError
-from .inventory import Inventory, Node
 
 log = logging.getLogger("orch.transport")
 T = TypeVar("T")

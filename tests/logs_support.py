@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from orchestrator.inventory import Inventory, load
+from orchestrator.config.inventory import Inventory, load
 from orchestrator.logmerge import PlainNode, format_line, merge, read_node_lines
 from orchestrator.logs import reader_program
 from orchestrator.runs import RunDir, RunStore, remote_dir

@@ -16,10 +16,10 @@ import traceback
 import click
 
 from .. import __version__
+from ..config.inventory import Inventory
+from ..config.inventory import load as load_inventory
 from ..contract import CHECK_NAMES, ExitCode
 from ..errors import OrchError, UsageError
-from ..inventory import Inventory
-from ..inventory import load as load_inventory
 from . import render
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -130,7 +130,7 @@ def up(state: State, inventory: str | None, dry_run: bool, detach: bool, skip_ch
        run_id: str | None, as_json: bool) -> None:
     inv = resolve_inventory(inventory)
     if dry_run:
-        from ..plan import make_plan
+        from ..config.plan import make_plan
 
         plan = make_plan(inv, run_id or "dry-run")
         if as_json:

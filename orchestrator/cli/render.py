@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from .ui import console
 
 if TYPE_CHECKING:
-    from ..plan import Plan
+    from ..config.plan import Plan
 
 
 def plan_table(plan: Plan) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.inventory import load
+from orchestrator.config.inventory import load
 from orchestrator.preflight import CheckReport, run_preflight
 from tests.cluster import NetemUnsupported, TestCluster, free_port, is_root
 

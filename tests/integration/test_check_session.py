@@ -10,9 +10,9 @@ from pathlib import Path
 
 import yaml
 
+from orchestrator.config.inventory import load
 from orchestrator.contract import CHECK_NAMES
 from orchestrator.facts import collect
-from orchestrator.inventory import load
 from orchestrator.preflight import run_preflight
 from orchestrator.transport import Cluster
 from tests.cluster import TestCluster, free_port

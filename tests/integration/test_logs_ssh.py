@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from orchestrator.cli import cli
-from orchestrator.inventory import Inventory, load
+from orchestrator.config.inventory import Inventory, load
 from orchestrator.logmerge import LiveMerge
 from orchestrator.logs import Follower, node_sources
 from orchestrator.runs import RunDir, RunStore, remote_dir

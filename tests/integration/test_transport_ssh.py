@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator import inventory
+from orchestrator.config import inventory
 from orchestrator.errors import TransportError
 from orchestrator.transport import Cluster, LocalTransport, SSHTransport, Transport
 from tests.cluster import KeyStore, TestCluster
@@ -109,7 +109,7 @@ def test_a_direct_connection_sends_without_nagle(shared):
 
 PROBE_TWO = """
 import sys
-from orchestrator import inventory
+from orchestrator.config import inventory
 from orchestrator.transport import SSHTransport
 for path, name in ((sys.argv[1], "node1"), (sys.argv[2], "node2")):
     with SSHTransport(inventory.load(path).node(name)) as t:

@@ -13,9 +13,9 @@ from rich.console import Console
 
 from orchestrator import checks
 from orchestrator.checks import CheckResult, IfSpec
+from orchestrator.config.inventory import Inventory, parse
 from orchestrator.errors import UsageError
 from orchestrator.facts import NodeFacts
-from orchestrator.inventory import Inventory, parse
 from orchestrator.preflight import CheckReport, render_report, select_checks
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "probe"

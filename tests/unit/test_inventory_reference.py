@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from orchestrator import inventory as inv_mod
+from orchestrator.config import schema as inv_mod
 from orchestrator.contract import CHECK_NAMES
 
 DOC = (Path(__file__).resolve().parents[2] / "inventory" / "README.md").read_text()

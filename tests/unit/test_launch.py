@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from orchestrator import inventory, launch
+from orchestrator import launch
+from orchestrator.config import inventory
+from orchestrator.config.plan import make_plan
 from orchestrator.errors import OrchError
-from orchestrator.plan import make_plan
 from orchestrator.transport import Result
 
 REPO = Path(__file__).resolve().parents[2]

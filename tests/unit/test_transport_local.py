@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator import inventory
+from orchestrator.config import inventory
 from orchestrator.errors import RemoteCommandFailed, TransportError
 from orchestrator.transport import Cluster, LocalTransport, command_line, fan_out
 

@@ -66,7 +66,7 @@ def floor(inventory: str) -> None:
     inv = load(inventory)
     with Cluster(inv) as cluster:
         done = cluster.fan_out(lambda t: t.run(["true"]).check())
-    bad = [f"{k}: {v}" for k, v in done.items() if isinstance(v, Exception)]
+    bad = [f"{k}: {v}" for k, v in done.failed.items()]
     if bad:
         raise SystemExit("floor: " + "; ".join(bad))
 
@@ -159,7 +159,7 @@ def startup() -> dict[str, float]:
     as the transport imports it; a plainly typed inventory, no ssh config file and --json in a pipe need
     no pydantic, Fabric or rich), the checks included although they are imported while the nodes are probed."""
     argv = [sys.executable, "-c", "import orchestrator.cli, orchestrator.preflight, orchestrator.checks; "
-                                  "from orchestrator.transport import _paramiko; _paramiko()"]
+                                  "from orchestrator.transport.ssh import _paramiko; _paramiko()"]
     walls, cpus = [], []
     for _ in range(5):
         t0 = time.perf_counter()

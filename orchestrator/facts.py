@@ -499,12 +499,12 @@ def collect(inv: Inventory, cluster: Cluster, want: Sequence[str],
     if progress:
         progress("probing", 0, n)
     started = cluster.fan_out(phase1)
+    ok, failed = started.succeeded, started.failed
     probes = {}
-    for node in inv.nodes:
-        value = started[node.name]
-        if isinstance(value, Exception):
-            value = _Probe(NodeFacts(node, error=f"{node.name}: {type(value).__name__}: {value}", error_kind="error"))
-        probes[node.name] = value
+    for node in inv.nodes:  # in inventory order, as the facts are returned
+        exc = failed.get(node.name)
+        probes[node.name] = ok[node.name] if exc is None else _Probe(
+            NodeFacts(node, error=f"{node.name}: {type(exc).__name__}: {exc}", error_kind="error"))
     try:
         targets = _targets(inv, probes)
         if any(targets.values()):

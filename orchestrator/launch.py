@@ -49,7 +49,7 @@ from .supervise import (
     select_excerpt,
     sigint_shielded,
 )
-from .transport import Cluster, Result, Transport
+from .transport import Cluster, GroupResult, Result, Transport
 
 START_WAIT_S = 60.0
 
@@ -202,22 +202,22 @@ def save_check(run: RunDir, inv: Inventory, report: Any) -> None:
 # ----------------------------------------------------------------------------- fan-out
 
 
-def start_all(cluster: Cluster, plan: Plan) -> dict[str, dict[str, Any] | Exception]:
+def start_all(cluster: Cluster, plan: Plan) -> GroupResult[dict[str, Any]]:
     """Start every node in parallel; every node's answer (state or exception) is collected."""
     rdirs = {p.node.name: remote_dir(plan.inventory, p.node, plan.run_id) for p in plan.nodes}
     return cluster.fan_out(lambda t: start_node(t, plan, plan.for_node(t.node.name), rdirs[t.node.name]))
 
 
-def stop_all(cluster: Cluster, records: list[dict[str, Any]], grace: float) -> dict[str, Any]:
-    """Stop every node in parallel (idempotent); {node: agent answer | exception}."""
+def stop_all(cluster: Cluster, records: list[dict[str, Any]], grace: float) -> GroupResult[dict[str, Any]]:
+    """Stop every node in parallel (idempotent): every agent's answer, or why there is none."""
     by_name = {r["node"]: r for r in records}
     nodes = [n for n in cluster.inv.nodes if n.name in by_name]
     return cluster.fan_out(lambda t: stop_node(t, by_name[t.node.name]["python"],
                                                by_name[t.node.name]["remote_dir"], grace), nodes)
 
 
-def status_all(cluster: Cluster, records: list[dict[str, Any]], timeout: float = 15) -> dict[str, Any]:
-    """Every node's agent status in parallel; {node: status | exception}."""
+def status_all(cluster: Cluster, records: list[dict[str, Any]], timeout: float = 15) -> GroupResult[dict[str, Any]]:
+    """Every node's agent status in parallel, or why there is none."""
     by_name = {r["node"]: r for r in records}
     nodes = [n for n in cluster.inv.nodes if n.name in by_name]
     return cluster.fan_out(lambda t: status_node(t, by_name[t.node.name]["python"],
@@ -302,10 +302,9 @@ def launch_and_supervise(con: Console, run: RunDir, record: RunRecord, plan: Pla
     """Start every node; stop them all if one cannot start; then return (detach) or supervise."""
     inv = plan.inventory
     started = start_all(cluster, plan)
-    failed = {n: r for n, r in started.items() if isinstance(r, Exception)}
-    record.update_nodes({n: r for n, r in started.items() if isinstance(r, dict)})
-    if failed:
-        return start_failed(con, cluster, record, failed, inv)
+    record.update_nodes(started.succeeded)
+    if started.failed:
+        return start_failed(con, cluster, record, started.failed, inv)
     startup_s = time.monotonic() - t_launch
     record.update_nodes({}, state=RunState.RUNNING, startup_s=round(startup_s, 3))
     con.print(f"all {len(plan.nodes)} nodes running after {startup_s:.1f} s")
@@ -327,8 +326,9 @@ def start_failed(con: Console, cluster: Cluster, record: RunRecord, failed: Mapp
             con.print(f"  hint: {escape(hint)}")
     t = time.monotonic()
     results = stop_all(cluster, record.nodes(), inv.job.stop_grace_s)
-    left = {n: r for n, r in results.items() if isinstance(r, Exception) or (isinstance(r, dict) and r.get("remaining"))}
-    record.update_nodes({n: r for n, r in results.items() if isinstance(r, dict)}, state=RunState.FAILED,
+    failed, done = results.failed, results.succeeded
+    left = [n for n in results if n in failed or done[n].get("remaining")]
+    record.update_nodes(results.succeeded, state=RunState.FAILED,
                         start_failures={n: str(e) for n, e in failed.items()})
     con.print(f"stopped every node that had started ({time.monotonic() - t:.1f} s); nothing was left running"
               if not left else f"[bold red]could not confirm the stop on: {', '.join(left)}[/] (run: orch down "
@@ -460,10 +460,9 @@ def status_command(run_id: str | None, *, as_json: bool = False) -> int:
     inv, records = _cluster_for(run)
     with Cluster(inv) as cluster:
         answers = status_all(cluster, records)
-        statuses: dict[str, dict[str, Any]] = {}
-        for name, ans in answers.items():
-            statuses[name] = ({"state": NodeState.UNREACHABLE, "error": str(ans)} if isinstance(ans, Exception)
-                              else dict(ans))
+        ok, failed = answers.succeeded, answers.failed
+        statuses = {n: dict(ok[n]) if n in ok else {"state": NodeState.UNREACHABLE, "error": str(failed[n])}
+                    for n in answers}
         data = run.read()
         state = run_state([s.get("state", NodeState.UNKNOWN) for s in statuses.values()], data.get("state", RunState.STARTING))
         fields: dict[str, Any] = {"state": state}
@@ -560,16 +559,17 @@ def down_command(run_id: str | None) -> int:
     with Cluster(inv) as cluster:
         results = stop_all(cluster, records, inv.job.stop_grace_s)
     record = RunRecord(run)
-    ok = {n: r for n, r in results.items() if isinstance(r, dict) and not r.get("remaining")}
+    done, failed = results.succeeded, results.failed
+    ok = {n: r for n, r in done.items() if not r.get("remaining")}
     data = run.read()
     # a node that had already failed makes the run failed, whoever stopped the rest
-    state = run_state([str(r.get("state")) for r in results.values() if isinstance(r, dict) and r.get("state")],
-                      str(data.get("state")))
+    state = run_state([str(r["state"]) for r in done.values() if r.get("state")], data.get("state"))
     state = state if state in FINAL_STATES else RunState.STOPPED
-    record.update_nodes({n: r for n, r in results.items() if isinstance(r, dict) and r.get("state")}, state=state)
-    for name, res in results.items():
-        if isinstance(res, Exception):
-            con.print(f"[bold red]{escape(name)}: not stopped[/]: {escape(str(res))}")
+    record.update_nodes({n: r for n, r in done.items() if r.get("state")}, state=state)
+    for name in results:
+        res = done.get(name)
+        if res is None:
+            con.print(f"[bold red]{escape(name)}: not stopped[/]: {escape(str(failed[name]))}")
         elif res.get("remaining"):
             con.print(f"[bold red]{escape(name)}: processes still running[/]: {res['remaining']}")
         else:

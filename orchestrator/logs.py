@@ -55,7 +55,7 @@ from .logmerge import (
 )
 from .node import program as node_program
 from .runs import RunDir, RunStore, orch_home, remote_dir, write_private
-from .transport import Cluster, Process, Transport, fan_out
+from .transport import Cluster, GroupResult, Process, Transport, fan_out
 
 __all__ = [
     "LogLine", "parse_node_line", "merge", "Follower", "format_line", "to_json", "logs_command",
@@ -253,8 +253,8 @@ def drained_at(src: NodeSource) -> float | None:
 
 
 def fetch_all(run: RunDir, inv: Inventory, cluster: Cluster,
-              sources: list[NodeSource] | None = None) -> dict[str, str | Exception]:
-    """Update every node's local copy in parallel; {node: state | the exception}."""
+              sources: list[NodeSource] | None = None) -> GroupResult[str]:
+    """Update every node's local copy in parallel: each node's state, or why it could not be read."""
     sources = sources if sources is not None else node_sources(run, inv)
     by_name = {s.node: s for s in sources}
     nodes = [inv.node(s.node) for s in sources]
@@ -809,10 +809,9 @@ def logs_command(run: str | None, *, follow: bool, node: str | None, rank: str |
 
 def _fetch_and_warn(run: RunDir, inv: Inventory, cluster: Cluster, sources: list[NodeSource],
                     console: Any) -> None:
-    for name, result in fetch_all(run, inv, cluster, sources).items():
-        if isinstance(result, Exception):
-            console.print(f"orch: {name}: cannot fetch its log ({result}); showing the copy fetched "
-                          "earlier", markup=False, style="yellow")
+    for name, exc in fetch_all(run, inv, cluster, sources).failed.items():
+        console.print(f"orch: {name}: cannot fetch its log ({exc}); showing the copy fetched "
+                      "earlier", markup=False, style="yellow")
 
 
 def _print_stored(run: RunDir, sources: list[NodeSource], offsets: Mapping[str, float], opts: _Options) -> None:

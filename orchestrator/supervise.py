@@ -143,8 +143,10 @@ def select_excerpt(raw_lines: Sequence[str], n: int = EXCERPT_LINES) -> tuple[li
     return out, rank, local
 
 
-def run_state(node_states: Sequence[str], recorded: str) -> RunState:
-    """A run's state from its nodes' (for `orch status` of a detached run). Final states stick."""
+def run_state(node_states: Sequence[str], recorded: str | None) -> RunState:
+    """A run's state from its nodes' (for `orch status` of a detached run). Final states stick; a
+    run.json without a state it knows reads as starting."""
+    recorded = recorded if recorded in set(RunState) else RunState.STARTING
     if recorded in FINAL_STATES:
         return RunState(recorded)
     if node_states and all(s == NodeState.SUCCEEDED for s in node_states):

@@ -79,6 +79,8 @@ def test_fan_out_collects_every_node_even_when_some_fail() -> None:
     assert list(results) == ["n0", "n1", "n2"]
     assert results["n0"] == "N0" and results["n2"] == "N2"
     assert isinstance(results["n1"], TransportError)
+    assert results.succeeded == {"n0": "N0", "n2": "N2"}
+    assert list(results.failed) == ["n1"] and results.failed["n1"] is results["n1"]
 
 
 def test_cluster_fan_out_runs_on_every_node() -> None:

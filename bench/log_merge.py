@@ -242,7 +242,7 @@ def follow_memory(base: Path, nodes: int, live_s: float, catchup_lines: int) -> 
     os.environ["ORCH_HOME"] = str(base / "home")
     from orchestrator.config.inventory import parse
     from orchestrator.logs import Follower, fetch_all
-    from orchestrator.runs import RunStore, remote_dir
+    from orchestrator.store import RunStore, remote_dir
     from orchestrator.transport import Cluster
 
     out: dict[str, object] = {"nodes": nodes, "rss_before_mb": round(rss_mb(), 1)}

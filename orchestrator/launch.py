@@ -37,8 +37,16 @@ from .config.inventory import Inventory
 from .config.plan import NodePlan, Plan, make_plan
 from .contract import FINAL_STATES, NodeState, RunState
 from .errors import OrchError, TransportError
+from .node import script as node_script
 from .node import source as node_source
-from .runs import RunDir, RunStore, orch_home, remote_dir, write_private
+from .store import (
+    RunDir,
+    RunStore,
+    checks_path,
+    clock_offsets,
+    remote_dir,
+    write_private,
+)
 from .supervise import (
     NodeSpec,
     Outcome,
@@ -110,7 +118,7 @@ def start_node(t: Transport, plan: Plan, np_: NodePlan, rdir: str) -> dict[str, 
     t.connect()
     files = {"agent.py": node_source("agent"), "launch.json": json.dumps(launch_spec(plan, np_))}
     python = np_.node.python
-    res = t.run([python, "-c", node_source("boot"), rdir, "start", ".", "--wait", str(START_WAIT_S)],
+    res = t.run([python, "-c", node_script("boot"), rdir, "start", ".", "--wait", str(START_WAIT_S)],
                 stdin=json.dumps(files).encode("ascii"), timeout=START_WAIT_S + 30)
     state = parse_agent(res, python)
     if state.get("_exit") != 0 or not state.get("pid"):
@@ -194,7 +202,7 @@ def save_check(run: RunDir, inv: Inventory, report: Any) -> None:
         data.setdefault("offsets_ms", dict(getattr(report, "offsets_ms", {}) or {}))
         run.write(data, "check.json")
         return
-    saved = orch_home() / "checks" / f"{inv.name}.json"
+    saved = checks_path(inv.name)
     if saved.exists():
         write_private(run.path / "check.json", saved.read_bytes())
 
@@ -424,7 +432,7 @@ def stream_logs(run: RunDir, inv: Inventory, cluster: Cluster, stop: threading.E
     import sys
 
     from .logmerge import column_widths
-    from .logs import Follower, format_line, load_offsets
+    from .logs import Follower, format_line
 
     color = ui.color_enabled(sys.stdout)
     con = ui.console()
@@ -435,7 +443,7 @@ def stream_logs(run: RunDir, inv: Inventory, cluster: Cluster, stop: threading.E
         con.print(f"[dim]{escape(node)}: {escape(msg)}[/]")
 
     try:
-        offsets, _origin = load_offsets(run, inv)
+        offsets, _origin = clock_offsets(run, inv.name)
         follower = Follower(run, inv, cluster, offsets_ms=offsets, on_event=event,
                             on_status=None if pushed is None else pushed.status,
                             on_frame=None if pushed is None else pushed.frame)
@@ -480,9 +488,7 @@ def status_command(run_id: str | None, *, as_json: bool = False) -> int:
 
 def offsets_s(run: RunDir, inv: Inventory) -> dict[str, float]:
     """The clock offsets (s) the run's preflight (else the last `orch check`) measured."""
-    from .logs import load_offsets
-
-    return {node: ms / 1000.0 for node, ms in load_offsets(run, inv)[0].items()}
+    return {node: ms / 1000.0 for node, ms in clock_offsets(run, inv.name)[0].items()}
 
 
 def detached_failure(cluster: Cluster, records: list[dict[str, Any]],

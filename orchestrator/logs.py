@@ -53,13 +53,14 @@ from .logmerge import (
     read_node_lines,
     to_json,
 )
+from .node import FROM_STDIN
 from .node import program as node_program
-from .runs import RunDir, RunStore, orch_home, remote_dir, write_private
+from .store import RunDir, RunStore, clock_offsets, remote_dir, write_private
 from .transport import Cluster, GroupResult, Process, Transport, fan_out
 
 __all__ = [
     "LogLine", "parse_node_line", "merge", "Follower", "format_line", "to_json", "logs_command",
-    "fetch_all", "node_sources", "load_offsets", "NodeSource",
+    "fetch_all", "node_sources", "NodeSource",
 ]
 
 CREDIT_LINES = 1000
@@ -212,15 +213,24 @@ def reader_program() -> str:
     return node_program("reader", ("agent",))
 
 
-def reader_argv(src: NodeSource, offset: int, poll_s: float, once: bool, report: bool = False) -> list[str]:
-    return [src.python, "-c", reader_program(), src.remote_dir, str(offset), f"{poll_s:g}", "1" if once else "0",
-            "1" if report else "0"]
+def start_reader(transport: Transport, src: NodeSource, offset: int, poll_s: float, once: bool,
+                 report: bool = False) -> Process:
+    """Start the node's log reader from byte `offset`. Its program goes on its stdin, so for as
+    long as it runs its command line (what `ps` shows on the node) is a few words, not its code.
+    A reader that cannot start (a missing python) says why on its output, which the frame
+    parser reports: a failed write here is left to it."""
+    proc = transport.popen([src.python, "-c", FROM_STDIN, src.remote_dir, str(offset), f"{poll_s:g}",
+                            "1" if once else "0", "1" if report else "0"], keep_stdin=True)
+    with contextlib.suppress(OSError, EOFError):
+        proc.write(reader_program().encode("ascii"))
+        proc.close_stdin()
+    return proc
 
 
 def fetch_node(transport: Transport, src: NodeSource, timeout: float = 120.0) -> str:
     """Bring the local copy of one node up to date (one shot); returns the node's state."""
     copy = LocalCopy(src.copy)
-    proc = transport.popen(reader_argv(src, copy.offset, 0.2, once=True))
+    proc = start_reader(transport, src, copy.offset, 0.2, once=True)
     watchdog = threading.Timer(timeout, proc.close)
     watchdog.start()
     try:
@@ -271,23 +281,6 @@ def copy_lines(src: NodeSource) -> Iterator[LogLine]:
 def _copy_lines(src: NodeSource) -> Iterator[LogLine]:
     with open(src.copy, encoding="utf-8", errors="replace", newline="\n") as fh:
         yield from read_node_lines(fh, src.node, src.node_rank, src.base_rank)
-
-
-# ----------------------------------------------------------------------------- clock offsets
-
-
-def load_offsets(run: RunDir, inv: Inventory) -> tuple[dict[str, float], str | None]:
-    """Clock offsets (ms, node minus reference) from the run's check.json, else from the last
-    `orch check` of this inventory; with the file they came from."""
-    for path in (run.path / "check.json", orch_home() / "checks" / f"{inv.name}.json"):
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        offsets = data.get("offsets_ms") if isinstance(data, dict) else None
-        if isinstance(offsets, dict) and offsets:
-            return {str(k): float(v) for k, v in offsets.items() if isinstance(v, (int, float))}, str(path)
-    return {}, None
 
 
 # ----------------------------------------------------------------------------- live follow
@@ -396,8 +389,8 @@ class Follower:
             reason = "the log stream ended"
             try:
                 st.last_frame = time.monotonic()
-                st.proc = transport.popen(reader_argv(st.src, copy.offset, self.poll_s, once=False,
-                                                      report=self.on_status is not None))
+                st.proc = start_reader(transport, st.src, copy.offset, self.poll_s, once=False,
+                                       report=self.on_status is not None)
                 for kind, payload in read_frames(st.proc.stdout):
                     st.last_frame = time.monotonic()
                     st.failing_since = None
@@ -777,7 +770,7 @@ def logs_command(run: str | None, *, follow: bool, node: str | None, rank: str |
     inv = rundir.inventory()
     console = ui.console()
     sources = node_sources(rundir, inv)
-    offsets, origin = load_offsets(rundir, inv)
+    offsets, origin = clock_offsets(rundir, inv.name)
     if skew_correct is False or not any(offsets.values()):
         offsets = {}
     elif offsets:

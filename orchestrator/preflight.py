@@ -20,7 +20,7 @@ from .config.inventory import Inventory
 from .contract import CHECK_NAMES
 from .errors import UsageError
 from .facts import collect
-from .runs import orch_home, write_private
+from .store import checks_path, write_private
 from .transport import Cluster
 
 if TYPE_CHECKING:
@@ -109,25 +109,11 @@ def _import_judging(render: bool) -> None:
         import rich.table  # noqa: F401
 
 
-def report_path(inv: Inventory) -> Path:
-    return orch_home() / "checks" / f"{inv.name}.json"
-
-
 def save_report(inv: Inventory, report: CheckReport, path: Path | None = None) -> Path:
     """Write the JSON report (0600) where `orch up` / `orch logs` look for offsets."""
-    target = path or report_path(inv)
+    target = path or checks_path(inv.name)
     write_private(target, json.dumps(report.to_json(inv.path), indent=2) + "\n")
     return target
-
-
-def load_offsets(path: Path) -> dict[str, float] | None:
-    """offsets_ms from a saved report (run dir check.json or $ORCH_HOME/checks/...), if any."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    raw = data.get("offsets_ms")
-    return {str(k): float(v) for k, v in raw.items()} if isinstance(raw, dict) else None
 
 
 def render_report(report: CheckReport, console: Console) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .contract import NodeState
-from .runs import RunDir, write_private
+from .store import RunDir, write_private
 
 STATE_COLOURS = {NodeState.RUNNING: "#1f77b4", NodeState.SUCCEEDED: "#2ca02c", NodeState.FAILED: "#d62728",
                  NodeState.STOPPED: "#ff7f0e", NodeState.STARTING: "#9467bd", NodeState.UNREACHABLE: "#8c564b",
@@ -279,7 +279,7 @@ def report_command(run_id: str | None) -> int:
     """Write the report of a run (the latest by default); say where it, the weights and results are."""
     from .cli.ui import console
     from .errors import OrchError, TransportError
-    from .runs import RunStore
+    from .store import RunStore
 
     con = console()
     run = RunStore().get(run_id)

@@ -16,8 +16,8 @@ import yaml
 
 from orchestrator.config.inventory import Inventory, load
 from orchestrator.logmerge import PlainNode, format_line, merge, read_node_lines
-from orchestrator.logs import reader_program
-from orchestrator.runs import RunDir, RunStore, remote_dir
+from orchestrator.node import FROM_STDIN
+from orchestrator.store import RunDir, RunStore, remote_dir
 
 # Writes COUNT worker lines `[default<lr>]:[rank <r>] <node> seq=<i>` (every 7th without the
 # trainer prefix, every 5th torn in two writes, like a pipe delivering half a line), then an
@@ -123,7 +123,7 @@ def reader_pids(node_dir: str) -> list[int]:
             argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if reader_program().encode() in argv and node_dir.encode() in argv:
+        if FROM_STDIN.encode() in argv and node_dir.encode() in argv:
             out.append(int(entry))
     return out
 

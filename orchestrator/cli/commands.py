@@ -40,7 +40,7 @@ def resolve_inventory(path: str | None) -> Inventory:
     path = path or os.environ.get("ORCH_INVENTORY")
     if path:
         return load_inventory(path)
-    from ..runs import RunStore
+    from ..store import RunStore
 
     try:
         return RunStore().get().inventory()

@@ -12,12 +12,14 @@ A node may run another orch version, or none: what a program needs travels with 
               it judges liveness with the agent's own functions (shipped along with it).
 
 This file is the controller's side: `source(name)` is a program's text, and `program(main,
-deps)` the `python -c` text that runs it with the sibling modules it imports (`from . import
-agent`) registered as a package around it.
+deps)` the text that runs it with the sibling modules it imports (`from . import agent`)
+registered as a package around it: as `python -c TEXT` (the probe), or sent on the stdin of
+`python -c FROM_STDIN` (the log reader).
 """
 
 from __future__ import annotations
 
+import ast
 import base64
 import functools
 import importlib.util
@@ -26,6 +28,9 @@ import zlib
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+FROM_STDIN = "import sys;exec(sys.stdin.buffer.read())"
+"""`python -c` text that runs the program sent on its stdin. A long-lived program (the log reader)
+then shows a command line of a few words in `ps` for its whole life, not its 40 KB of code."""
 PACKAGE = "orch_node"
 """The package name the node programs run under on a node (`from . import agent` resolves there)."""
 
@@ -33,6 +38,17 @@ PACKAGE = "orch_node"
 def source(name: str) -> str:
     """The text of the node program `name` (`agent`, `boot`, `probe`, `reader`)."""
     return (HERE / f"{name}.py").read_text(encoding="utf-8")
+
+
+def script(name: str) -> str:
+    """The source of node program `name` without its module docstring: the `python -c` text of a
+    short program (boot), which stays on the command line of the agent it turns into."""
+    text = source(name)
+    tree = ast.parse(text)
+    first = tree.body[0] if tree.body else None
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        text = "\n".join(text.splitlines()[first.end_lineno:]).lstrip("\n") + "\n"
+    return text
 
 
 def _blob(data: bytes) -> str:

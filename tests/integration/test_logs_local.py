@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from orchestrator.cli import cli
 from orchestrator.logmerge import LiveMerge, LogLine, parse_ts
 from orchestrator.logs import Follower, fetch_all, node_sources
-from orchestrator.runs import remote_dir
+from orchestrator.store import remote_dir
 from orchestrator.transport import Cluster
 from tests.logs_support import (
     late_inversions,

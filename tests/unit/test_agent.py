@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from orchestrator.logs import read_frames, reader_program
-from orchestrator.node import agent, source
+from orchestrator.node import FROM_STDIN, agent, script
 
-BOOT = source("boot")
+BOOT = script("boot")
 READER = reader_program()
 
 AGENT = str(Path(agent.__file__))
@@ -115,8 +115,11 @@ def test_stop_without_the_agent_still_finds_the_job(tmp_path: Path) -> None:
 
 def reader(d: Path) -> tuple[subprocess.Popen[bytes], Iterator[tuple[str, bytes]]]:
     """The log reader `orch up` runs on a node, asked for status frames, polling every 50 ms."""
-    proc = subprocess.Popen([sys.executable, "-c", READER, str(d), "0", "0.05", "0", "1"], stdout=subprocess.PIPE)
-    assert proc.stdout is not None
+    proc = subprocess.Popen([sys.executable, "-c", FROM_STDIN, str(d), "0", "0.05", "0", "1"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(READER.encode())
+    proc.stdin.close()
     return proc, read_frames(proc.stdout)
 
 

@@ -427,17 +427,19 @@ def test_verbs_ring_failure_names_the_tool() -> None:
 
 
 def test_saved_report_carries_offsets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator.preflight import load_offsets, report_path, save_report
+    from orchestrator.preflight import save_report
+    from orchestrator.store import RunDir, checks_path, clock_offsets
 
     monkeypatch.setenv("ORCH_HOME", str(tmp_path))
     inv = inventory()
     facts = make_facts(inv, {"n2": lambda raw, nf: raw["ntp"].update(offset_ms=-12.5)})
     offsets, _, ref = checks.clock_offsets(inv, facts)
     path = save_report(inv, CheckReport(run(inv, facts), offsets, ref))
-    assert path == report_path(inv) == tmp_path / "checks" / "t.json"
+    assert path == checks_path(inv.name) == tmp_path / "checks" / "t.json"
     assert (path.stat().st_mode & 0o777) == 0o600
-    assert load_offsets(path) == {"n1": 1.5, "n2": -12.5, "n3": 1.5, "n4": 1.5}
-    assert load_offsets(tmp_path / "missing.json") is None
+    assert clock_offsets(None, inv.name) == ({"n1": 1.5, "n2": -12.5, "n3": 1.5, "n4": 1.5}, str(path))
+    assert clock_offsets(RunDir(tmp_path / "runs" / "r1"), inv.name)[1] == str(path)  # the run has none of its own
+    assert clock_offsets(None, "other") == ({}, None)
 
 
 def test_addr_that_is_not_the_nodes_own_fails_ports() -> None:

@@ -120,7 +120,7 @@ def test_down_of_an_unknown_run_is_a_usage_error(monkeypatch: pytest.MonkeyPatch
 
 def test_check_json_is_this_launchs_preflight_not_an_older_check(monkeypatch: pytest.MonkeyPatch,
                                                                   tmp_path: Path) -> None:
-    from orchestrator.runs import RunStore
+    from orchestrator.store import RunStore
 
     monkeypatch.setenv("ORCH_HOME", str(tmp_path))
     inv = inventory.load(V100)

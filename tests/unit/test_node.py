@@ -63,8 +63,8 @@ def test_a_program_runs_with_the_siblings_it_imports(which: str, tmp_path: Path)
     Python, source on 3.8. A finished run: its log, its final status, the end."""
     (tmp_path / "node.log").write_bytes(b"2026-11-30T09:32:05.000001Z out hello\n")
     (tmp_path / "state.json").write_text(json.dumps({"state": "succeeded", "exit_code": 0, "pid": 1}))
-    proc = subprocess.run([python(which), "-c", node.program("reader", ("agent",)), str(tmp_path), "0", "0.05",
-                           "0", "1"], capture_output=True, timeout=60)
+    proc = subprocess.run([python(which), "-c", node.FROM_STDIN, str(tmp_path), "0", "0.05", "0", "1"],
+                          input=node.program("reader", ("agent",)).encode(), capture_output=True, timeout=60)
     assert proc.returncode == 0, proc.stderr.decode()
     frames = list(read_frames(io.BytesIO(proc.stdout)))
     assert [k for k, _ in frames] == ["D", "S", "E"]
@@ -73,3 +73,11 @@ def test_a_program_runs_with_the_siblings_it_imports(which: str, tmp_path: Path)
     assert status["state"] == "succeeded" and status["exit_code"] == 0 and "agent_alive" not in status
     assert frames[2][1].startswith(b"succeeded ")
 
+
+
+def test_a_short_program_is_sent_without_its_docstring() -> None:
+    """boot.py's text stays the command line of the agent it turns into: its code only."""
+    text = node.script("boot")
+    assert not text.lstrip().startswith('"""') and "def main(" in text
+    ast.parse(text, feature_version=(3, 8))
+    assert node.source("boot").endswith(text)

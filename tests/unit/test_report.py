@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.report import build_report, parse_throughput, read_results_csv
-from orchestrator.runs import RunDir
+from orchestrator.store import RunDir
 
 RESULTS = """                  epoch,         train/box_loss,         train/cls_loss,         train/dfl_loss,   metrics/precision(B),      metrics/recall(B),       metrics/mAP50(B),    metrics/mAP50-95(B),           val/box_loss,           val/cls_loss,           val/dfl_loss,                 lr/pg0
                       1,                 3.1,                 4.2,                 2.9,                 0.01,                 0.02,                 0.003,                 0.001,                 3.0,                 4.0,                 2.8,                 0.0001

@@ -1,10 +1,17 @@
-"""Run records on the controller: `$ORCH_HOME/runs/<run-id>/` (default `./.orch`).
+"""The controller's state directory, `$ORCH_HOME` (default `./.orch`), and where a run lives.
 
-A run directory holds `inventory.yaml` (the snapshot the run was planned from), `plan.json`,
-`run.json` (run and per-node state, rewritten atomically), `check.json` (the preflight), and
-`merged.log`. Files are created private (0600/0700): they can hold environment values.
-On each node the run lives in `<job.run_root>/<run-id>/<node-name>/` (see `remote_dir`), so nodes
-that share one filesystem never write the same file.
+    latest                        the id of the latest run
+    checks/<inventory name>.json  the last `orch check` of that inventory: results, clock offsets
+    runs/<run-id>/                one run: `inventory.yaml` (the snapshot it was planned from),
+                                  `plan.json`, `run.json` (run and per-node state, rewritten
+                                  atomically), `check.json` (its preflight), `merged.log`,
+                                  `nodes/<node>.log` (the copies of the node logs), `report/`
+
+Files are created private (0600/0700): they can hold environment values. On each node the run
+lives in `<job.run_root>/<run-id>/<node-name>/` (see `remote_dir`), so nodes that share one
+filesystem never write the same file. Every package that reads or writes these (preflight
+saves its reports, logs keeps its copies, run its records, the HTML report reads them) sits
+above this module.
 """
 
 from __future__ import annotations
@@ -87,6 +94,27 @@ class RunDir:
         from .config.inventory import parse
 
         return parse(self.inventory_path.read_text(), str(self.read().get("inventory") or self.inventory_path))
+
+
+def checks_path(inventory_name: str) -> Path:
+    """Where `orch check` saves its last report of an inventory."""
+    return orch_home() / "checks" / f"{inventory_name}.json"
+
+
+def clock_offsets(run: RunDir | None, inventory_name: str) -> tuple[dict[str, float], str | None]:
+    """Clock offsets (ms, node minus reference) from the run's check.json, else from the last
+    `orch check` of this inventory, with the file they came from; ({}, None) when neither has any.
+    The one reader of the saved check reports' offsets (`orch logs`, `orch up`, `orch status`)."""
+    paths = [run.path / "check.json"] if run is not None else []
+    for path in [*paths, checks_path(inventory_name)]:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        offsets = data.get("offsets_ms") if isinstance(data, dict) else None
+        if isinstance(offsets, dict) and offsets:
+            return {str(k): float(v) for k, v in offsets.items() if isinstance(v, (int, float))}, str(path)
+    return {}, None
 
 
 class RunStore:

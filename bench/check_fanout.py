@@ -105,9 +105,9 @@ class NodeCpu:
 
 def phases(inv_path: Path, node_cpu: NodeCpu, reps: int) -> dict[str, Any]:
     """One in-process `orch check` (all checks) per rep, timed phase by phase; medians."""
-    from orchestrator import checks, facts
     from orchestrator.config.inventory import load
     from orchestrator.contract import CHECK_NAMES
+    from orchestrator.preflight import checks, facts
     from orchestrator.transport import Cluster
 
     rows: list[dict[str, float | None]] = []
@@ -158,7 +158,7 @@ def startup() -> dict[str, float]:
     """What the controller's start-up costs: Python plus every module `orch check --json` imports (paramiko
     as the transport imports it; a plainly typed inventory, no ssh config file and --json in a pipe need
     no pydantic, Fabric or rich), the checks included although they are imported while the nodes are probed."""
-    argv = [sys.executable, "-c", "import orchestrator.cli, orchestrator.preflight, orchestrator.checks; "
+    argv = [sys.executable, "-c", "import orchestrator.cli, orchestrator.preflight.report, orchestrator.preflight.checks; "
                                   "from orchestrator.transport.ssh import _paramiko; _paramiko()"]
     walls, cpus = [], []
     for _ in range(5):

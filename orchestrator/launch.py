@@ -39,13 +39,12 @@ from .contract import FINAL_STATES, NodeState, RunState
 from .errors import OrchError, TransportError
 from .node import script as node_script
 from .node import source as node_source
+from .preflight.report import save_to_run
 from .store import (
     RunDir,
     RunStore,
-    checks_path,
     clock_offsets,
     remote_dir,
-    write_private,
 )
 from .supervise import (
     NodeSpec,
@@ -194,19 +193,6 @@ class RunRecord:
             self.run.write(data)
 
 
-def save_check(run: RunDir, inv: Inventory, report: Any) -> None:
-    """check.json in the run dir (log skew correction reads its offsets): this launch's preflight,
-    or with --skip-checks the last `orch check` of this inventory, if there was one."""
-    if report is not None:
-        data = report.to_json(inv.path)
-        data.setdefault("offsets_ms", dict(getattr(report, "offsets_ms", {}) or {}))
-        run.write(data, "check.json")
-        return
-    saved = checks_path(inv.name)
-    if saved.exists():
-        write_private(run.path / "check.json", saved.read_bytes())
-
-
 # ----------------------------------------------------------------------------- fan-out
 
 
@@ -237,16 +223,13 @@ def status_all(cluster: Cluster, records: list[dict[str, Any]], timeout: float =
 
 def preflight(inv: Inventory, con: Console) -> tuple[int, Any]:
     """Run the checks; (3, report) when any fails, (0, report) otherwise."""
-    try:
-        from .preflight import render_report, run_preflight
-    except ImportError:
-        con.print("[yellow]warning:[/] the preflight is not available in this build; launching without it")
-        return 0, None
+    from .cli.render import check_table
+    from .preflight.report import run_preflight
 
     report = run_preflight(inv)
     warnings = [r for r in report.results if r.status == "warn"]
     if not report.ok or warnings:
-        render_report(report, con)
+        check_table(report, con)
     if not report.ok:
         con.print("[bold red]preflight failed: nothing was launched[/] (fix the failures above, "
                   "or pass --skip-checks to launch anyway)")
@@ -289,7 +272,7 @@ def up_command(inv: Inventory, *, detach: bool = False, skip_checks: bool = Fals
     run = RunStore().create(inv, run_id)
     plan = make_plan(inv, run.run_id)
     run.write(plan.to_json(), "plan.json")
-    save_check(run, inv, report)
+    save_to_run(run, inv, report)
     record = RunRecord(run)
     run.update(nodes=node_records(plan), state=RunState.STARTING)
     con.print(f"run [bold]{run.run_id}[/]: starting {len(plan.nodes)} nodes × {plan.nodes[0].node.nproc_per_node} "

@@ -98,9 +98,17 @@ Examples:
 @pass_state
 def check(state: State, inventory: str | None, as_json: bool, only: str | None, skip: str | None) -> None:
     inv = resolve_inventory(inventory)
-    from ..preflight import check_command
+    from ..preflight.report import run_preflight, select_checks
 
-    raise SystemExit(check_command(inv, only=split_names(only), skip=split_names(skip), as_json=as_json))
+    selected = select_checks(split_names(only), split_names(skip))
+    with render.probe_progress(len(inv.nodes)) as progress:
+        report = run_preflight(inv, only=selected, progress=progress,
+                               warm_up=None if as_json else render.preload_check_table)
+    if as_json:
+        render.json_out(report.to_json(inv.path))
+    else:
+        render.check_table(report)
+    raise SystemExit(ExitCode.OK if report.ok else ExitCode.FAILED)
 
 
 UP_HELP = """Check, assign ranks, launch torchrun on every node, stream the merged log, supervise.

@@ -7,13 +7,21 @@ them, so a command that draws nothing (`orch check --json` in a pipe) never load
 
 from __future__ import annotations
 
+import contextlib
+import json
 import shlex
-from typing import TYPE_CHECKING
+import sys
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
-from .ui import console
+from ..contract import CHECK_STATUSES
+from .ui import console, may_be_terminal, styled
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from ..config.plan import Plan
+    from ..preflight.report import CheckReport, Progress
 
 
 def plan_table(plan: Plan) -> None:
@@ -33,3 +41,53 @@ def plan_table(plan: Plan) -> None:
         table.add_row(p.node.name, f"{p.node.host}" + (f" ({p.node.addr})" if p.node.addr != p.node.host else ""),
                       str(p.node_rank), ranks, cmd)
     out.print(table)
+
+
+def check_table(report: CheckReport, out: Console | None = None) -> None:
+    """One table grouped by check, a row per node: status, value, detail, hint; then the verdict."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    out = out or console(stderr=False)
+    table = Table(show_lines=False, pad_edge=False, expand=False)
+    for col, kw in (("check", {"no_wrap": True}), ("node", {"no_wrap": True}), ("status", {"no_wrap": True}),
+                    ("value", {"overflow": "fold", "max_width": 28}), ("detail", {"overflow": "fold"}),
+                    ("hint", {"overflow": "fold"})):
+        table.add_column(col, **kw)
+    last = None
+    for r in report.results:
+        if last is not None and r.check != last:
+            table.add_section()
+        table.add_row(r.check if r.check != last else "", r.node, styled(r.status), r.value,
+                      escape(r.detail), escape(r.hint))
+        last = r.check
+    out.print(table)
+    counts = {s: sum(1 for r in report.results if r.status == s) for s in CHECK_STATUSES}
+    summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+    verdict = "[bold red]preflight failed[/]" if not report.ok else "[green]preflight passed[/]"
+    out.print(f"{verdict}: {summary} ({report.elapsed_s:.1f} s)")
+
+
+def preload_check_table() -> None:
+    """Import what `check_table` draws with (run beside the probe, see `run_preflight`)."""
+    import rich.table  # noqa: F401
+
+
+@contextlib.contextmanager
+def probe_progress(nodes: int) -> Iterator[Progress | None]:
+    """A spinner on stderr while the nodes are probed, updated by the preflight's progress calls;
+    None (and rich never imported) where stderr is not a terminal."""
+    err = console(stderr=True) if may_be_terminal(sys.stderr) else None
+    if err is None or not err.is_terminal:
+        yield None
+        return
+    with err.status(f"probing {nodes} nodes...") as status:
+        def progress(label: str, done: int, total: int) -> None:
+            status.update(f"{label} ({done}/{total})")
+        yield progress
+
+
+def json_out(data: Any) -> None:
+    """`--json`: the document alone on stdout."""
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    sys.stdout.flush()

@@ -5,18 +5,20 @@ from __future__ import annotations
 import copy
 import io
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from rich.console import Console
 
-from orchestrator import checks
-from orchestrator.checks import CheckResult, IfSpec
+from orchestrator.cli.render import check_table
 from orchestrator.config.inventory import Inventory, parse
 from orchestrator.errors import UsageError
-from orchestrator.facts import NodeFacts
-from orchestrator.preflight import CheckReport, render_report, select_checks
+from orchestrator.preflight import checks
+from orchestrator.preflight.checks import CheckResult, IfSpec
+from orchestrator.preflight.facts import NodeFacts
+from orchestrator.preflight.report import CheckReport, select_checks
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "probe"
 NODES = ["n1", "n2", "n3", "n4"]
@@ -372,16 +374,31 @@ def test_report_json_shape_exit_code_and_table() -> None:
     results = run(inv, facts)
     offsets, _, ref = checks.clock_offsets(inv, facts)
     report = CheckReport(results, offsets, ref)
-    assert not report.ok and report.exit_code == 1
+    assert not report.ok
     data = json.loads(json.dumps(report.to_json("inventory/t.yaml")))
     assert data["inventory"] == "inventory/t.yaml" and data["ok"] is False
     assert set(data["results"][0]) == {"check", "node", "status", "value", "detail", "hint"}
     assert data["offsets_ms"]["n2"] == 2034.0
     buf = io.StringIO()
-    render_report(report, Console(file=buf, width=200, no_color=True))
+    check_table(report, Console(file=buf, width=200, no_color=True))
     text = buf.getvalue()
     assert "+2034 ms" in text and "preflight failed" in text and "1 fail" in text
-    assert CheckReport([r for r in results if r.status != "fail"]).exit_code == 0
+    assert CheckReport([r for r in results if r.status != "fail"]).ok
+
+
+def test_cli_exits_1_when_a_check_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.cli import main
+
+    monkeypatch.setenv("ORCH_HOME", str(tmp_path / "home"))
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(f"transport: local\nnodes:\n  - host: a\njob:\n  workdir: {tmp_path / 'missing'}\n"
+                   f"  python: {sys.executable}\n")
+    with pytest.raises(SystemExit) as exc:
+        main(["check", str(inv), "--only", "job", "--json"])
+    assert exc.value.code == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is False and report["results"][0]["status"] == "fail"
 
 
 def test_cli_unknown_check_name_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -427,7 +444,7 @@ def test_verbs_ring_failure_names_the_tool() -> None:
 
 
 def test_saved_report_carries_offsets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator.preflight import save_report
+    from orchestrator.preflight.report import save_report
     from orchestrator.store import RunDir, checks_path, clock_offsets
 
     monkeypatch.setenv("ORCH_HOME", str(tmp_path))

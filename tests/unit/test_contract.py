@@ -25,7 +25,7 @@ def test_a_state_reads_as_its_string_in_json_messages_and_lookups() -> None:
 
 
 def test_the_checks_are_the_ones_the_contract_names() -> None:
-    from orchestrator import checks
+    from orchestrator.preflight import checks
 
     assert tuple(checks.CHECKS) == CHECK_NAMES
     assert CHECK_NAMES == ("ssh", "clock", "timezone", "nccl_env", "rdma", "gpus", "software", "job", "ports")

@@ -62,7 +62,8 @@ def test_missing_run_dir_reads_as_unknown_state() -> None:
 
 
 def test_failed_preflight_launches_nothing_and_exits_3(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import orchestrator.preflight as preflight
+    from orchestrator.cli import render
+    from orchestrator.preflight import report as preflight
 
     class Report:
         ok = False
@@ -72,7 +73,7 @@ def test_failed_preflight_launches_nothing_and_exits_3(monkeypatch: pytest.Monke
 
     shown: list[object] = []
     monkeypatch.setattr(preflight, "run_preflight", lambda inv, **kw: Report())
-    monkeypatch.setattr(preflight, "render_report", lambda report, con: shown.append(report))
+    monkeypatch.setattr(render, "check_table", lambda report, con: shown.append(report))
     monkeypatch.setenv("ORCH_HOME", str(tmp_path / "home"))
     code = launch.up_command(inventory.load(V100))
     assert code == 3 and len(shown) == 1
@@ -120,6 +121,7 @@ def test_down_of_an_unknown_run_is_a_usage_error(monkeypatch: pytest.MonkeyPatch
 
 def test_check_json_is_this_launchs_preflight_not_an_older_check(monkeypatch: pytest.MonkeyPatch,
                                                                   tmp_path: Path) -> None:
+    from orchestrator.preflight.report import CheckReport, save_to_run
     from orchestrator.store import RunStore
 
     monkeypatch.setenv("ORCH_HOME", str(tmp_path))
@@ -127,15 +129,9 @@ def test_check_json_is_this_launchs_preflight_not_an_older_check(monkeypatch: py
     (tmp_path / "checks").mkdir()
     (tmp_path / "checks" / "v100.json").write_text(json.dumps({"ok": True, "offsets_ms": {"v100-2": 999.0}}))
 
-    class Report:
-        offsets_ms = {"v100-2": 1.5}
-
-        def to_json(self, path: str) -> dict[str, Any]:
-            return {"inventory": path, "ok": True, "results": []}
-
     fresh = RunStore().create(inv, "fresh")
-    launch.save_check(fresh, inv, Report())
+    save_to_run(fresh, inv, CheckReport([], {"v100-2": 1.5}))
     assert fresh.read("check.json")["offsets_ms"] == {"v100-2": 1.5}
     skipped = RunStore().create(inv, "skipped")
-    launch.save_check(skipped, inv, None)  # --skip-checks: the last `orch check` is all there is
+    save_to_run(skipped, inv, None)  # --skip-checks: the last `orch check` is all there is
     assert skipped.read("check.json")["offsets_ms"] == {"v100-2": 999.0}

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import facts
 from orchestrator.node import probe
+from orchestrator.preflight import facts
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "probe"
 

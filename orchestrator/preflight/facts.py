@@ -30,11 +30,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config.inventory import Inventory, Node
-from .errors import TransportError
-from .node import probe
-from .node import program as node_program
-from .transport import Cluster, Process, Transport
+from ..config.inventory import Inventory, Node
+from ..errors import TransportError
+from ..node import probe
+from ..node import program as node_program
+from ..transport import Cluster, Process, Transport
 
 Progress = Callable[[str, int, int], None]
 # args whose value is a file the job reads: checked for absolute path, existence, same content

@@ -17,8 +17,8 @@ from typing import Any
 
 import yaml
 
-from .config.inventory import Inventory, Node
-from .contract import CHECK_NAMES, CHECK_STATUSES
+from ..config.inventory import Inventory, Node
+from ..contract import CHECK_NAMES, CHECK_STATUSES
 from .facts import GpuFacts, IbDevice, NodeFacts, path_args
 
 _RANK = {"skip": 0, "ok": 1, "warn": 2, "fail": 3}

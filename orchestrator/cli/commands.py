@@ -241,6 +241,81 @@ def report(state: State, run: str | None) -> None:
     raise SystemExit(report_command(run))
 
 
+class _CommandAfterDashes(click.Command):
+    """A command whose words after the first `--` are not its own: they are the command to run
+    on the nodes (`ctx.meta["orch.command"]`, None without `--`), options and all."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            cut = args.index("--")
+            ctx.meta["orch.command"] = args[cut + 1:]
+            args = args[:cut]
+        else:
+            ctx.meta["orch.command"] = None
+        return super().parse_args(ctx, args)
+
+    def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
+        return [*super().collect_usage_pieces(ctx), "-- CMD ..."]
+
+
+EXEC_HELP = """Run a command on every node in parallel; the output grouped by identical answer.
+
+\b
+The command goes after `--`. One argument is a line for each node's login shell, as
+pdsh and ssh send it (quote it: pipes and globs run on the node); several arguments are
+an argv, each word reaching the node as it is. It runs in the node's login environment
+(the inventory's `env` is not applied) with an empty stdin, over the same SSH settings
+and host-key rules as every orch command.
+
+\b
+Nodes that print the same stdout and stderr and exit alike are shown once, under their
+folded names (node[1-3,5]), like `pdsh | dshbak -c`; control characters in node output
+are shown escaped (\\x1b), never sent to the terminal.
+
+\b
+Exit code: the worst node's: the largest exit code, where a node that could not be
+reached (or whose command ended without an exit status) counts 255 and one that timed
+out 124; 0 when every node exited 0. 2: bad usage or inventory (nothing ran).
+
+\b
+Examples:
+  orch exec inventory/v100.yaml -- nvidia-smi
+  orch exec -- 'pip freeze | grep torch'
+  orch exec --nodes v100-[2-4] -- df -h /data
+  orch exec --timeout 10 --json -- nproc | jq -r '.nodes[] | "\\(.node) \\(.stdout)"'
+"""
+
+
+@cli.command("exec", cls=_CommandAfterDashes, help=EXEC_HELP, context_settings={**CONTEXT, "allow_extra_args": True})
+@click.argument("inventory", required=False)
+@click.option("--nodes", "node_set", metavar="SET", help="Only these nodes: names or ranges, e.g. v100-[1-2],v100-4.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="Give up on a node whose command runs longer than SECONDS (it counts exit 124).")
+@click.option("--json", "as_json", is_flag=True, help="Print every node's answer as JSON on stdout.")
+@click.pass_context
+def exec_(ctx: click.Context, inventory: str | None, node_set: str | None, timeout: float | None,
+          as_json: bool) -> None:
+    command = ctx.meta.get("orch.command")
+    if not command:
+        stray = f" (got: {' '.join(ctx.args)})" if ctx.args else ""
+        raise UsageError("no command given" if command is not None else f"put the command after --{stray}",
+                         "orch exec [INVENTORY] [--nodes SET] -- CMD ...   e.g. orch exec -- nvidia-smi")
+    inv = resolve_inventory(inventory)
+    from ..config.nodeset import select
+    from ..remote.exec import run_everywhere
+
+    nodes = select(node_set, inv.nodes)
+    with render.exec_progress(len(nodes)) as progress:
+        report = run_everywhere(inv, nodes, command, timeout=timeout, progress=progress)
+    if as_json:
+        render.json_out(report.to_json())
+    else:
+        from .ui import color_enabled
+
+        render.exec_output(report, color_enabled(sys.stdout))
+    raise SystemExit(report.exit_code)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: renders OrchError as one line (+ hint) and maps it to its exit code."""
     verbose = "-v" in (argv or sys.argv[1:]) or "--verbose" in (argv or sys.argv[1:])

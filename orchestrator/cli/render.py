@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shlex
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..contract import CHECK_STATUSES
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 
     from ..config.plan import Plan
     from ..preflight.report import CheckReport, Progress
+    from ..remote.exec import ExecReport
 
 
 def plan_table(plan: Plan) -> None:
@@ -91,3 +93,68 @@ def json_out(data: Any) -> None:
     """`--json`: the document alone on stdout."""
     sys.stdout.write(json.dumps(data, indent=2) + "\n")
     sys.stdout.flush()
+
+
+# Control characters a node's output must not send to the terminal raw: C0 but TAB and newline
+# (ESC starts escape sequences that retitle a window, move the cursor, or worse), DEL, C1, and the
+# bidirectional overrides that make text read otherwise than it is.
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """Text from a node, safe for a terminal: every control character but TAB and newline shown as
+    its escape (`\\x1b`, `\\r`, `\\u202e`), so output can neither hide itself nor drive the terminal."""
+    return _UNSAFE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def exec_output(report: ExecReport, color: bool) -> None:
+    """`orch exec`'s output on stdout, grouped like `dshbak -c`: one block per distinct answer
+    under the folded set of the nodes that gave it, its exit code when not 0; then, on stderr,
+    which nodes failed."""
+    from ..config.nodeset import fold
+
+    bold, red, reset = ("\033[1m", "\033[1;31m", "\033[0m") if color else ("", "", "")
+    rule = "-" * 16
+    out = []
+    for group in report.groups():
+        answer = group.answer
+        status = ""
+        if answer.error:
+            status = f": {answer.error} (exit {answer.exit_code})"
+        elif answer.exit_code:
+            status = f": exit {answer.exit_code}"
+        head = f"{fold(group.nodes)} ({len(group.nodes)})"
+        out.append(f"{rule}\n{bold}{head}{reset}{red}{printable(status)}{reset}\n{rule}\n")
+        for text in (answer.stdout, answer.stderr):
+            if text:
+                out.append(printable(text) + ("" if text.endswith("\n") else "\n"))
+        if answer.hint:
+            out.append(f"hint: {printable(answer.hint)}\n")
+    sys.stdout.write("".join(out))
+    sys.stdout.flush()
+    failed = report.failed()
+    if failed:
+        by_code: dict[int, list[str]] = {}
+        for n in failed:
+            by_code.setdefault(n.exit_code, []).append(n.node)
+        detail = "; ".join(f"exit {code}: {fold(names)}" for code, names in sorted(by_code.items(), reverse=True))
+        sys.stderr.write(f"orch exec: {len(failed)} of {len(report.nodes)} nodes failed ({detail})\n")
+
+
+@contextlib.contextmanager
+def exec_progress(nodes: int) -> Iterator[Callable[[int, int], None] | None]:
+    """`done/total` on stderr while nodes answer, erased at the end; None where stderr is no terminal."""
+    if not may_be_terminal(sys.stderr) or not sys.stderr.isatty():
+        yield None
+        return
+
+    def progress(done: int, total: int) -> None:
+        sys.stderr.write(f"\r{done}/{total} nodes done")
+        sys.stderr.flush()
+
+    try:
+        yield progress
+    finally:
+        sys.stderr.write("\r\033[K")
+        sys.stderr.flush()
+

@@ -316,6 +316,52 @@ def exec_(ctx: click.Context, inventory: str | None, node_set: str | None, timeo
     raise SystemExit(report.exit_code)
 
 
+SYNC_HELP = """Copy the inventory's `job.sync` paths to the same absolute paths on every node.
+
+\b
+rsync over SSH with the inventory's SSH settings (user, port, identity, known_hosts,
+host-key policy, gateway), one rsync per node, `fanout` nodes at once; only what changed
+is sent (size and modification time, or --checksum). A directory /data/coco lands at
+/data/coco, its missing parents created. Files on a node that the controller does not
+have are kept unless --delete. `orch up` runs this before its preflight when job.sync
+lists anything. rsync must be installed here and on every node.
+
+\b
+Exit code: 0 every node in sync, 1 some node failed (named, with the reason), 2 bad
+usage or inventory (job.sync empty, a path missing here).
+
+\b
+Examples:
+  orch sync inventory/v100.yaml               # job: {sync: [/srv/yolo, /data/coco]}
+  orch sync --dry-run                         # what would change on each node
+  orch sync --nodes v100-[3-4] --json | jq '.nodes[] | {node, files, bytes}'
+"""
+
+
+@cli.command(help=SYNC_HELP, context_settings=CONTEXT)
+@click.argument("inventory", required=False)
+@click.option("--nodes", "node_set", metavar="SET", help="Only these nodes: names or ranges, e.g. v100-[1-2],v100-4.")
+@click.option("-n", "--dry-run", is_flag=True, help="Show what would change on each node; change nothing.")
+@click.option("--delete", is_flag=True, help="Also remove files inside synced directories that the controller does not have.")
+@click.option("--checksum", is_flag=True, help="Compare files by checksum, not size and time (reads every file).")
+@click.option("--json", "as_json", is_flag=True, help="Print every node's outcome as JSON on stdout.")
+def sync(inventory: str | None, node_set: str | None, dry_run: bool, delete: bool, checksum: bool,
+         as_json: bool) -> None:
+    inv = resolve_inventory(inventory)
+    from ..config.nodeset import select
+    from ..remote.rsync import SyncOptions
+    from ..remote.sync import sync_nodes
+
+    nodes = select(node_set, inv.nodes)
+    with render.exec_progress(len(nodes)) as progress:
+        report = sync_nodes(inv, nodes, SyncOptions(dry_run=dry_run, delete=delete, checksum=checksum), progress)
+    if as_json:
+        render.json_out(report.to_json())
+    else:
+        render.sync_report(report)
+    raise SystemExit(ExitCode.OK if report.ok else ExitCode.FAILED)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: renders OrchError as one line (+ hint) and maps it to its exit code."""
     verbose = "-v" in (argv or sys.argv[1:]) or "--verbose" in (argv or sys.argv[1:])

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from ..config.plan import Plan
     from ..preflight.report import CheckReport, Progress
     from ..remote.exec import ExecReport
+    from ..remote.rsync import Transfer
+    from ..remote.sync import SyncReport
 
 
 def plan_table(plan: Plan) -> None:
@@ -158,3 +160,59 @@ def exec_progress(nodes: int) -> Iterator[Callable[[int, int], None] | None]:
         sys.stderr.write("\r\033[K")
         sys.stderr.flush()
 
+
+def human_bytes(n: int) -> str:
+    """1234567 → `1.2 MB` (powers of 1000, as rsync -h and df -H)."""
+    size = float(n)
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if size < 1000 or unit == "TB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    raise AssertionError("unreachable")
+
+
+def describe_transfer(t: Transfer, dry: bool) -> str:
+    """`copied 12 file(s), 3.4 MB, deleted 2` / `up to date` (`would copy ...` with --dry-run)."""
+    if t.up_to_date:
+        return "up to date"
+    parts = []
+    if t.files:
+        parts.append(f"{'would copy' if dry else 'copied'} {t.files} file(s), {human_bytes(t.bytes)}")
+    if t.deleted:
+        parts.append(f"{'would delete' if dry else 'deleted'} {t.deleted}")
+    others = len(t.changes) - t.deleted - t.files
+    if others > 0:
+        parts.append(f"{'would update' if dry else 'updated'} {others} other item(s) (directories, links, times)")
+    return ", ".join(parts)
+
+
+def sync_report(report: SyncReport, stream: Any = None) -> None:
+    """`orch sync`'s outcome, nodes with the same outcome on one line under their folded names;
+    with --dry-run, the changes rsync would make. Failures name the reason and the fix."""
+    from ..config.nodeset import fold
+
+    stream = stream or sys.stdout
+    dry = report.options.dry_run
+    lines = [f"{'would sync' if dry else 'sync'} {', '.join(report.paths)} → {len(report.nodes)} node(s)"]
+    if report.skipped:
+        lines.append(f"nothing copied: {report.skipped}")
+    else:
+        groups: dict[tuple[Any, ...], list[str]] = {}
+        for n in report.nodes:
+            what = (describe_transfer(n.transfer, dry), n.transfer.changes if dry else ()) if n.transfer else None
+            groups.setdefault((n.error, n.hint, what), []).append(n.node)
+        for (error, hint, what), names in groups.items():
+            head = f"  {fold(names)} ({len(names)}): "
+            if error:
+                lines.append(head + "FAILED: " + printable(error))
+                if hint:
+                    lines.append(f"    hint: {printable(hint)}")
+                continue
+            lines.append(head + what[0])
+            lines.extend(f"    {printable(c)}" for c in what[1])
+    stream.write("\n".join(lines) + "\n")
+    stream.flush()
+    failed = report.failed()
+    if failed:
+        sys.stderr.write(f"orch sync: failed on {len(failed)} of {len(report.nodes)} nodes: "
+                         f"{fold(n.node for n in failed)}\n")

@@ -414,8 +414,8 @@ def stream_logs(run: RunDir, inv: Inventory, cluster: Cluster, stop: threading.E
     the node status the streams carry goes to `pushed` (the supervisor's observations)."""
     import sys
 
-    from .logmerge import column_widths
-    from .logs import Follower, format_line
+    from .logs.follow import Follower
+    from .logs.lines import column_widths, format_line
 
     color = ui.color_enabled(sys.stdout)
     con = ui.console()

@@ -7,6 +7,7 @@ or inventory · 3 preflight failed, nothing launched · 130 interrupted (after t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -183,11 +184,33 @@ Examples:
 def logs(state: State, run: str | None, follow: bool, node_filter: str | None, rank_filter: str | None,
          grep: str | None, since: str | None, tail: int | None, as_json: bool,
          skew_correct: bool | None, watermark: float) -> None:
-    from ..logs import logs_command
+    from ..logs.view import RunLogs
 
-    raise SystemExit(logs_command(run, follow=follow, node=node_filter, rank=rank_filter, grep=grep,
-                                  since=since, tail=tail, as_json=as_json, skew_correct=skew_correct,
-                                  watermark=watermark))
+    view = RunLogs.open(run, skew_correct)
+    if view.offsets_ms:
+        render.skew_note(view.offsets_ms, view.offsets_origin)
+    keep = view.line_filter(node_filter, rank_filter, grep, since)
+    if tail is not None and tail < 0:
+        raise UsageError(f"--tail {tail}: must be 0 or more", "e.g. --tail 50: the last 50 lines of each node")
+    out = render.LogPrinter(view.widths, as_json=as_json)
+    try:
+        with view.cluster() as cluster:
+            for name, exc in view.fetch(cluster).failed.items():
+                render.fetch_failed(name, exc)
+            if not follow or tail is not None:
+                if keep.empty and tail is None and out.plain:  # stdout gets exactly merged.log's text
+                    out.chunks(view.plain())
+                else:
+                    out.lines(view.lines(keep, tail))
+            if follow:
+                with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends a follow; exit code 0
+                    with contextlib.closing(view.follow(cluster, watermark=watermark, from_start=tail is None,
+                                                        on_event=render.log_event)) as live:
+                        out.lines((line for line in live if keep(line)), flush_each=True)
+                    render.logs_drained(view.run.run_id, view.state())
+    except BrokenPipeError:
+        render.silence_stdout()
+    raise SystemExit(ExitCode.OK)
 
 
 @cli.command(context_settings=CONTEXT)

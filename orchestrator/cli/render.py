@@ -9,18 +9,20 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shlex
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..contract import CHECK_STATUSES
-from .ui import console, may_be_terminal, styled
+from .ui import color_enabled, console, may_be_terminal, styled
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from ..config.plan import Plan
+    from ..logs.lines import LogLine
     from ..preflight.report import CheckReport, Progress
 
 
@@ -91,3 +93,74 @@ def json_out(data: Any) -> None:
     """`--json`: the document alone on stdout."""
     sys.stdout.write(json.dumps(data, indent=2) + "\n")
     sys.stdout.flush()
+
+
+# ----------------------------------------------------------------------------- orch logs
+
+
+class LogPrinter:
+    """Log lines on stdout: `TIME NODE RANK TEXT` in aligned columns (coloured on a terminal), or
+    one JSON object a line with --json."""
+
+    def __init__(self, widths: tuple[int, int], as_json: bool = False) -> None:
+        from ..logs.lines import format_line, to_json
+
+        self.widths = widths
+        self.as_json = as_json
+        self.color = color_enabled(sys.stdout) and not as_json
+        self._format, self._json = format_line, to_json
+
+    @property
+    def plain(self) -> bool:
+        """Plain text: what merged.log holds, so its bytes can be written as they are."""
+        return not (self.as_json or self.color)
+
+    def line(self, line: LogLine) -> str:
+        if self.as_json:
+            return self._json(line)
+        return self._format(line, self.color, node_width=self.widths[0], rank_width=self.widths[1])
+
+    def lines(self, lines: Iterable[LogLine], flush_each: bool = False) -> None:
+        out = sys.stdout
+        for line in lines:
+            out.write(self.line(line) + "\n")
+            if flush_each:
+                out.flush()
+        out.flush()
+
+    def chunks(self, chunks: Iterable[bytes]) -> None:
+        """Plain text already merged into chunks of UTF-8 bytes, written as they are."""
+        from ..logs.stored import binary, write_chunk
+
+        out = sys.stdout
+        raw = binary(out)
+        for chunk in chunks:
+            write_chunk(chunk, out, raw)
+        (raw or out).flush()
+
+
+def skew_note(offsets: Mapping[str, float], origin: str | None) -> None:
+    shown = ", ".join(f"{n} {v:+.1f} ms" for n, v in sorted(offsets.items()))
+    console().print(f"orch: ordering lines by node time minus the clock offsets measured by orch check "
+                    f"({origin}): {shown}; printed times are each node's own clock. "
+                    "--no-skew-correct to turn off", markup=False)
+
+
+def fetch_failed(node: str, exc: Exception) -> None:
+    console().print(f"orch: {node}: cannot fetch its log ({exc}); showing the copy fetched earlier",
+                    markup=False, style="yellow")
+
+
+def log_event(node: str, msg: str) -> None:
+    """What the follower says about a node's stream (reconnects, given up) while following."""
+    console().print(f"orch: {node}: {msg}", markup=False, style="yellow")
+
+
+def logs_drained(run_id: str, state: str) -> None:
+    console().print(f"orch: every node's log is drained (run {run_id}: {state})", markup=False)
+
+
+def silence_stdout() -> None:
+    """The reader of stdout went away (`orch logs | head`): drop what is left quietly."""
+    with contextlib.suppress(OSError):
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the flush at exit

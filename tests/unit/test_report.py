@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.report import build_report, parse_throughput, read_results_csv
+from orchestrator.logs.trainer import parse_throughput
+from orchestrator.report import build_report, read_results_csv
 from orchestrator.store import RunDir
 
 RESULTS = """                  epoch,         train/box_loss,         train/cls_loss,         train/dfl_loss,   metrics/precision(B),      metrics/recall(B),       metrics/mAP50(B),    metrics/mAP50-95(B),           val/box_loss,           val/cls_loss,           val/dfl_loss,                 lr/pg0

@@ -15,6 +15,7 @@ import html
 import io
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -226,25 +227,34 @@ def fetch_results_csv(run: RunDir, found: str | None) -> Path | None:
     return target
 
 
-def report_command(run_id: str | None) -> int:
-    """Write the report of a run (the latest by default); say where it, the weights and results are."""
-    from .cli.ui import console
+@dataclass(frozen=True)
+class ReportOutcome:
+    """Where `orch report` wrote the page, and where the run's weights and results are."""
+
+    page: Path
+    master: str
+    weights: str | None
+    """The weights directory the trainer announced, on the master."""
+    results_csv: str | None
+    """The results.csv the trainer announced, on the master."""
+    local_csv: Path | None
+    """Its copy in the run directory."""
+    fetch_error: str | None = None
+    """Why results.csv could not be fetched from the master."""
+
+
+def make_report(run_id: str | None) -> ReportOutcome:
+    """Write the report of a run (the latest by default)."""
     from .errors import OrchError, TransportError
     from .store import RunStore
 
-    con = console()
     run = RunStore().get(run_id)
     weights, remote_csv = announced(node_log_lines(run))
-    local_csv = None
+    local_csv, error = None, None
     try:
         local_csv = fetch_results_csv(run, remote_csv)
     except (TransportError, OrchError) as exc:
-        con.print(f"[yellow]results.csv not fetched[/]: {exc}")
+        error = str(exc)
     page = build_report(run)
     master = (run.read().get("nodes") or [{}])[0].get("node", "the master")
-    if weights:
-        con.print(f"weights: {weights} (on {master})")
-    if remote_csv:
-        con.print(f"results: {remote_csv} (on {master})" + (f", copy in {local_csv.resolve()}" if local_csv else ""))
-    con.print(f"report:  {page.resolve()}")
-    return 0
+    return ReportOutcome(page, master, weights, remote_csv, local_csv, error)

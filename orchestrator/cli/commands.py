@@ -24,6 +24,10 @@ from ..errors import OrchError, UsageError
 from . import render
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+UP_EXIT = {"succeeded": ExitCode.OK, "detached": ExitCode.OK, "failed": ExitCode.FAILED,
+           "start_failed": ExitCode.FAILED, "preflight_failed": ExitCode.PREFLIGHT_FAILED,
+           "interrupted": ExitCode.INTERRUPTED}
+"""The exit code of each way `orch up` ends (docs/CONTRACT.md)."""
 
 
 class State:
@@ -147,10 +151,11 @@ def up(state: State, inventory: str | None, dry_run: bool, detach: bool, skip_ch
         else:
             render.plan_table(plan)
         raise SystemExit(ExitCode.OK)
-    from ..launch import up_command
+    from ..up import up as run_up
 
-    raise SystemExit(up_command(inv, detach=detach, skip_checks=skip_checks, run_id=run_id,
-                                verbose=state.verbose))
+    outcome = run_up(inv, detach=detach, skip_checks=skip_checks, run_id=run_id, progress=render.UpPrinter())
+    render.up_outcome(outcome)
+    raise SystemExit(UP_EXIT[outcome.result])
 
 
 LOGS_HELP = """Merged, time-ordered logs of a run (the latest when RUN is omitted).
@@ -224,9 +229,14 @@ def status(state: State, run: str | None, as_json: bool) -> None:
     Example:
       orch status --json | jq '.nodes[] | select(.state != "running")'
     """
-    from ..launch import status_command
+    from ..run.control import status as run_status
 
-    raise SystemExit(status_command(run, as_json=as_json))
+    report = run_status(run)
+    if as_json:
+        render.json_out(report.to_json())
+    else:
+        render.status_table(report)
+    raise SystemExit(ExitCode.OK)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -241,9 +251,11 @@ def down(state: State, run: str | None) -> None:
     Example:
       orch down                # the latest run
     """
-    from ..launch import down_command
+    from ..run.control import down as run_down
 
-    raise SystemExit(down_command(run))
+    result = run_down(run)
+    render.down_report(result)
+    raise SystemExit(ExitCode.OK if result.complete else ExitCode.FAILED)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -259,9 +271,10 @@ def report(state: State, run: str | None) -> None:
     Example:
       orch report && xdg-open .orch/runs/*/report/index.html
     """
-    from ..report import report_command
+    from ..report import make_report
 
-    raise SystemExit(report_command(run))
+    render.report_outcome(make_report(run))
+    raise SystemExit(ExitCode.OK)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -13,56 +13,19 @@ import base64
 import csv
 import html
 import io
-import re
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .contract import NodeState
+from .logs.trainer import Throughput, announced, parse_throughput
 from .store import RunDir, write_private
 
 STATE_COLOURS = {NodeState.RUNNING: "#1f77b4", NodeState.SUCCEEDED: "#2ca02c", NodeState.FAILED: "#d62728",
                  NodeState.STOPPED: "#ff7f0e", NodeState.STARTING: "#9467bd", NodeState.UNREACHABLE: "#8c564b",
                  NodeState.UNKNOWN: "#7f7f7f", NodeState.PENDING: "#7f7f7f"}
-# `[rank 0] throughput epoch 3:    1     41.2     12.5%` (the trainer's end-of-epoch table)
-THROUGHPUT_ROW = re.compile(r"throughput epoch (\d+):\s+(\d+)\s+([\d.]+)\s+([\d.]+)%")
-THROUGHPUT_TOTAL = re.compile(r"throughput epoch (\d+): total ([\d.]+) images/s over (\d+) ranks"
-                              r"(?:, scaling efficiency ([\d.]+)%)?")
-RESULTS_PATH = re.compile(r"(/\S+/results\.csv)\b")
-WEIGHTS_DIR = re.compile(r"weights in (\S+?)[;,]?(?:\s|$)")
-
-
-@dataclass
-class Throughput:
-    """The last epoch's per-rank figures the trainer printed."""
-
-    epoch: int = 0
-    ips: dict[int, float] = field(default_factory=dict)
-    wait_share: dict[int, float] = field(default_factory=dict)
-    total: float | None = None
-    efficiency: float | None = None
-
-
-def parse_throughput(lines: Iterable[str]) -> Throughput:
-    """Keep the table of the latest epoch seen in the log."""
-    tp = Throughput()
-    for line in lines:
-        m = THROUGHPUT_ROW.search(line)
-        if m:
-            epoch = int(m.group(1))
-            if epoch > tp.epoch:
-                tp = Throughput(epoch=epoch)
-            if epoch == tp.epoch:
-                tp.ips[int(m.group(2))] = float(m.group(3))
-                tp.wait_share[int(m.group(2))] = float(m.group(4)) / 100
-            continue
-        m = THROUGHPUT_TOTAL.search(line)
-        if m and int(m.group(1)) == tp.epoch:
-            tp.total = float(m.group(2))
-            tp.efficiency = float(m.group(4)) / 100 if m.group(4) else None
-    return tp
 
 
 def read_results_csv(path: Path) -> dict[str, list[float]]:
@@ -264,36 +227,34 @@ def fetch_results_csv(run: RunDir, found: str | None) -> Path | None:
     return target
 
 
-def announced(run: RunDir, *patterns: re.Pattern[str]) -> list[str | None]:
-    """For each pattern, the last path the trainer announced in the log that matches it (group 1)."""
-    found: list[str | None] = [None] * len(patterns)
-    for line in node_log_lines(run):
-        for i, pattern in enumerate(patterns):
-            m = pattern.search(line)
-            if m:
-                found[i] = m.group(1)
-    return found
+@dataclass(frozen=True)
+class ReportOutcome:
+    """Where `orch report` wrote the page, and where the run's weights and results are."""
+
+    page: Path
+    master: str
+    weights: str | None
+    """The weights directory the trainer announced, on the master."""
+    results_csv: str | None
+    """The results.csv the trainer announced, on the master."""
+    local_csv: Path | None
+    """Its copy in the run directory."""
+    fetch_error: str | None = None
+    """Why results.csv could not be fetched from the master."""
 
 
-def report_command(run_id: str | None) -> int:
-    """Write the report of a run (the latest by default); say where it, the weights and results are."""
-    from .cli.ui import console
+def make_report(run_id: str | None) -> ReportOutcome:
+    """Write the report of a run (the latest by default)."""
     from .errors import OrchError, TransportError
     from .store import RunStore
 
-    con = console()
     run = RunStore().get(run_id)
-    weights, remote_csv = announced(run, WEIGHTS_DIR, RESULTS_PATH)
-    local_csv = None
+    weights, remote_csv = announced(node_log_lines(run))
+    local_csv, error = None, None
     try:
         local_csv = fetch_results_csv(run, remote_csv)
     except (TransportError, OrchError) as exc:
-        con.print(f"[yellow]results.csv not fetched[/]: {exc}")
+        error = str(exc)
     page = build_report(run)
     master = (run.read().get("nodes") or [{}])[0].get("node", "the master")
-    if weights:
-        con.print(f"weights: {weights} (on {master})")
-    if remote_csv:
-        con.print(f"results: {remote_csv} (on {master})" + (f", copy in {local_csv.resolve()}" if local_csv else ""))
-    con.print(f"report:  {page.resolve()}")
-    return 0
+    return ReportOutcome(page, master, weights, remote_csv, local_csv, error)

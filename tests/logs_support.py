@@ -15,7 +15,8 @@ from typing import Any
 import yaml
 
 from orchestrator.config.inventory import Inventory, load
-from orchestrator.logmerge import PlainNode, format_line, merge, read_node_lines
+from orchestrator.logs.lines import format_line, read_node_lines
+from orchestrator.logs.merge import PlainNode, merge
 from orchestrator.node import FROM_STDIN
 from orchestrator.store import RunDir, RunStore, remote_dir
 

@@ -7,6 +7,7 @@ or inventory · 3 preflight failed, nothing launched · 130 interrupted (after t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -23,6 +24,10 @@ from ..errors import OrchError, UsageError
 from . import render
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+UP_EXIT = {"succeeded": ExitCode.OK, "detached": ExitCode.OK, "failed": ExitCode.FAILED,
+           "start_failed": ExitCode.FAILED, "preflight_failed": ExitCode.PREFLIGHT_FAILED,
+           "interrupted": ExitCode.INTERRUPTED}
+"""The exit code of each way `orch up` ends (docs/CONTRACT.md)."""
 
 
 class State:
@@ -146,10 +151,11 @@ def up(state: State, inventory: str | None, dry_run: bool, detach: bool, skip_ch
         else:
             render.plan_table(plan)
         raise SystemExit(ExitCode.OK)
-    from ..launch import up_command
+    from ..up import up as run_up
 
-    raise SystemExit(up_command(inv, detach=detach, skip_checks=skip_checks, run_id=run_id,
-                                verbose=state.verbose))
+    outcome = run_up(inv, detach=detach, skip_checks=skip_checks, run_id=run_id, progress=render.UpPrinter())
+    render.up_outcome(outcome)
+    raise SystemExit(UP_EXIT[outcome.result])
 
 
 LOGS_HELP = """Merged, time-ordered logs of a run (the latest when RUN is omitted).
@@ -183,11 +189,33 @@ Examples:
 def logs(state: State, run: str | None, follow: bool, node_filter: str | None, rank_filter: str | None,
          grep: str | None, since: str | None, tail: int | None, as_json: bool,
          skew_correct: bool | None, watermark: float) -> None:
-    from ..logs import logs_command
+    from ..logs.view import RunLogs
 
-    raise SystemExit(logs_command(run, follow=follow, node=node_filter, rank=rank_filter, grep=grep,
-                                  since=since, tail=tail, as_json=as_json, skew_correct=skew_correct,
-                                  watermark=watermark))
+    view = RunLogs.open(run, skew_correct)
+    if view.offsets_ms:
+        render.skew_note(view.offsets_ms, view.offsets_origin)
+    keep = view.line_filter(node_filter, rank_filter, grep, since)
+    if tail is not None and tail < 0:
+        raise UsageError(f"--tail {tail}: must be 0 or more", "e.g. --tail 50: the last 50 lines of each node")
+    out = render.LogPrinter(view.widths, as_json=as_json)
+    try:
+        with view.cluster() as cluster:
+            for name, exc in view.fetch(cluster).failed.items():
+                render.fetch_failed(name, exc)
+            if not follow or tail is not None:
+                if keep.empty and tail is None and out.plain:  # stdout gets exactly merged.log's text
+                    out.chunks(view.plain())
+                else:
+                    out.lines(view.lines(keep, tail))
+            if follow:
+                with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends a follow; exit code 0
+                    with contextlib.closing(view.follow(cluster, watermark=watermark, from_start=tail is None,
+                                                        on_event=render.log_event)) as live:
+                        out.lines((line for line in live if keep(line)), flush_each=True)
+                    render.logs_drained(view.run.run_id, view.state())
+    except BrokenPipeError:
+        render.silence_stdout()
+    raise SystemExit(ExitCode.OK)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -201,9 +229,14 @@ def status(state: State, run: str | None, as_json: bool) -> None:
     Example:
       orch status --json | jq '.nodes[] | select(.state != "running")'
     """
-    from ..launch import status_command
+    from ..run.control import status as run_status
 
-    raise SystemExit(status_command(run, as_json=as_json))
+    report = run_status(run)
+    if as_json:
+        render.json_out(report.to_json())
+    else:
+        render.status_table(report)
+    raise SystemExit(ExitCode.OK)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -218,9 +251,11 @@ def down(state: State, run: str | None) -> None:
     Example:
       orch down                # the latest run
     """
-    from ..launch import down_command
+    from ..run.control import down as run_down
 
-    raise SystemExit(down_command(run))
+    result = run_down(run)
+    render.down_report(result)
+    raise SystemExit(ExitCode.OK if result.complete else ExitCode.FAILED)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -236,9 +271,10 @@ def report(state: State, run: str | None) -> None:
     Example:
       orch report && xdg-open .orch/runs/*/report/index.html
     """
-    from ..report import report_command
+    from ..report import make_report
 
-    raise SystemExit(report_command(run))
+    render.report_outcome(make_report(run))
+    raise SystemExit(ExitCode.OK)
 
 
 class _CommandAfterDashes(click.Command):

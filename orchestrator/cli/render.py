@@ -9,23 +9,28 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import shlex
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..contract import CHECK_STATUSES
-from .ui import console, may_be_terminal, styled
+from .ui import color_enabled, console, may_be_terminal, styled
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from ..config.plan import Plan
+    from ..logs.lines import LogLine
     from ..preflight.report import CheckReport, Progress
     from ..remote.exec import ExecReport
     from ..remote.rsync import Transfer
     from ..remote.sync import SyncReport
+    from ..report import ReportOutcome
+    from ..run.control import DownReport, StatusReport
+    from ..up import UpOutcome
 
 
 def plan_table(plan: Plan) -> None:
@@ -96,6 +101,223 @@ def json_out(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2) + "\n")
     sys.stdout.flush()
 
+
+# ----------------------------------------------------------------------------- orch logs
+
+
+class LogPrinter:
+    """Log lines on stdout: `TIME NODE RANK TEXT` in aligned columns (coloured on a terminal), or
+    one JSON object a line with --json."""
+
+    def __init__(self, widths: tuple[int, int], as_json: bool = False) -> None:
+        from ..logs.lines import format_line, to_json
+
+        self.widths = widths
+        self.as_json = as_json
+        self.color = color_enabled(sys.stdout) and not as_json
+        self._format, self._json = format_line, to_json
+
+    @property
+    def plain(self) -> bool:
+        """Plain text: what merged.log holds, so its bytes can be written as they are."""
+        return not (self.as_json or self.color)
+
+    def line(self, line: LogLine) -> str:
+        if self.as_json:
+            return self._json(line)
+        return self._format(line, self.color, node_width=self.widths[0], rank_width=self.widths[1])
+
+    def lines(self, lines: Iterable[LogLine], flush_each: bool = False) -> None:
+        out = sys.stdout
+        for line in lines:
+            out.write(self.line(line) + "\n")
+            if flush_each:
+                out.flush()
+        out.flush()
+
+    def chunks(self, chunks: Iterable[bytes]) -> None:
+        """Plain text already merged into chunks of UTF-8 bytes, written as they are."""
+        from ..logs.stored import binary, write_chunk
+
+        out = sys.stdout
+        raw = binary(out)
+        for chunk in chunks:
+            write_chunk(chunk, out, raw)
+        (raw or out).flush()
+
+
+def skew_note(offsets: Mapping[str, float], origin: str | None) -> None:
+    shown = ", ".join(f"{n} {v:+.1f} ms" for n, v in sorted(offsets.items()))
+    console().print(f"orch: ordering lines by node time minus the clock offsets measured by orch check "
+                    f"({origin}): {shown}; printed times are each node's own clock. "
+                    "--no-skew-correct to turn off", markup=False)
+
+
+def fetch_failed(node: str, exc: Exception) -> None:
+    console().print(f"orch: {node}: cannot fetch its log ({exc}); showing the copy fetched earlier",
+                    markup=False, style="yellow")
+
+
+def log_event(node: str, msg: str) -> None:
+    """What the follower says about a node's stream (reconnects, given up) while following."""
+    console().print(f"orch: {node}: {msg}", markup=False, style="yellow")
+
+
+def logs_drained(run_id: str, state: str) -> None:
+    console().print(f"orch: every node's log is drained (run {run_id}: {state})", markup=False)
+
+
+def silence_stdout() -> None:
+    """The reader of stdout went away (`orch logs | head`): drop what is left quietly."""
+    with contextlib.suppress(OSError):
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the flush at exit
+
+
+# ----------------------------------------------------------------------------- orch up
+
+
+class UpPrinter:
+    """`orch up` as it goes (an `up.UpProgress`): messages on stderr, the merged log on stdout."""
+
+    def __init__(self) -> None:
+        self.err = console()
+        self.log: LogPrinter | None = None
+
+    def preflight_done(self, report: CheckReport, elapsed_s: float) -> None:
+        if not report.ok or any(r.status == "warn" for r in report.results):
+            check_table(report, self.err)
+        if report.ok:
+            self.err.print(f"preflight passed in {elapsed_s:.1f} s")
+
+    def starting(self, plan: Plan) -> None:
+        from ..logs.lines import column_widths
+
+        self.log = LogPrinter(column_widths([p.node.name for p in plan.nodes], plan.world_size))
+        self.err.print(f"run [bold]{plan.run_id}[/]: starting {len(plan.nodes)} nodes × "
+                       f"{plan.nodes[0].node.nproc_per_node} processes (world size {plan.world_size}, "
+                       f"master {plan.master_addr}:{plan.master_port})")
+
+    def start_failed(self, failures: Mapping[str, Exception]) -> None:
+        from rich.markup import escape
+
+        from ..errors import OrchError
+
+        for name, exc in failures.items():
+            msg = exc.message if isinstance(exc, OrchError) else f"{type(exc).__name__}: {exc}"
+            self.err.print(f"[bold red]{escape(name)}: could not start[/]: {escape(msg)}")
+            hint = getattr(exc, "hint", None)
+            if hint:
+                self.err.print(f"  hint: {escape(hint)}")
+
+    def running(self, plan: Plan, startup_s: float) -> None:
+        self.err.print(f"all {len(plan.nodes)} nodes running after {startup_s:.1f} s")
+
+    def line(self, line: LogLine) -> None:
+        assert self.log is not None
+        sys.stdout.write(self.log.line(line) + "\n")
+        sys.stdout.flush()
+
+    def log_event(self, node: str, message: str) -> None:
+        from rich.markup import escape
+
+        self.err.print(f"[dim]{escape(node)}: {escape(message)}[/]")
+
+    def log_stopped(self, exc: Exception) -> None:
+        from rich.markup import escape
+
+        self.err.print(f"[yellow]log streaming stopped: {escape(str(exc))}[/]")
+
+
+def up_outcome(outcome: UpOutcome) -> None:
+    """How `orch up` ended: success, the first failure with its excerpt, or what was left."""
+    from rich.markup import escape
+
+    out = console()
+    run = outcome.run_id
+    unconfirmed = ", ".join(outcome.not_stopped)
+    if outcome.result == "preflight_failed":
+        out.print("[bold red]preflight failed: nothing was launched[/] (fix the failures above, "
+                  "or pass --skip-checks to launch anyway)")
+    elif outcome.result == "start_failed":
+        out.print(f"stopped every node that had started ({outcome.teardown_s or 0:.1f} s); nothing was left running"
+                  if not unconfirmed else f"[bold red]could not confirm the stop on: {unconfirmed}[/] "
+                  f"(run: orch down {run})")
+    elif outcome.result == "detached":
+        out.print(f"detached. Follow: orch logs --follow {run} · state: orch status {run} · stop: orch down {run}")
+    elif outcome.result == "interrupted":
+        out.print(f"interrupted: stopped every node in {outcome.teardown_s or 0:.1f} s" if not unconfirmed
+                  else f"[bold red]interrupted; could not confirm the stop on {unconfirmed}[/]")
+    elif outcome.result == "succeeded":
+        out.print(f"[green]run {run} succeeded on every node[/] in {outcome.wall_s or 0:.1f} s")
+    else:
+        f = outcome.failure
+        assert f is not None
+        rank = f"rank {f.rank}" if f.rank is not None else "rank unknown"
+        out.print(f"\n[bold red]run {run} failed[/]: first failure on [bold]{escape(f.node)}[/] "
+                  f"(node rank {f.node_rank}, {rank}, exit code {f.exit_code}): {escape(f.reason)}")
+        for line in f.excerpt:
+            out.print(f"  {escape(line)}", soft_wrap=True)
+        out.print(f"stopped every other node in {outcome.teardown_s or 0:.1f} s" if not unconfirmed else
+                  f"[bold red]could not confirm the stop on {unconfirmed}[/]: run `orch down {run}` once they "
+                  "are reachable")
+
+
+# ----------------------------------------------------------------------------- orch status, down, report
+
+
+def status_table(report: StatusReport) -> None:
+    """One row per node: state, exit code, pid, uptime, last log; then the first failure."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    out = console(stderr=False)
+    table = Table(title=f"run {report.run}: {styled(str(report.state))}")
+    for col in ("node", "rank", "state", "exit", "pid", "uptime", "last log"):
+        table.add_column(col)
+    for n in report.nodes:
+        up = "" if n.uptime_s is None else f"{n.uptime_s:.0f} s"
+        last = "" if n.last_log_age_s is None else f"{n.last_log_age_s:.0f} s ago"
+        table.add_row(n.node, str(n.node_rank), styled(str(n.state)), "" if n.exit_code is None else str(n.exit_code),
+                      str(n.pid or ""), up, last if not n.error else escape(str(n.error))[:80])
+    out.print(table)
+    ff = report.first_failure
+    if ff:
+        out.print(f"first failure: {ff['node']} (rank {ff.get('rank')}, exit code {ff.get('exit_code')}): "
+                  f"{escape(str(ff.get('reason', '')))}")
+
+
+def down_report(result: DownReport) -> None:
+    """Per node: what was stopped, or why not; then whether anything is left."""
+    from rich.markup import escape
+
+    out = console()
+    done, failed = result.results.succeeded, result.results.failed
+    for name in result.results:
+        res = done.get(name)
+        if res is None:
+            out.print(f"[bold red]{escape(name)}: not stopped[/]: {escape(str(failed[name]))}")
+        elif res.remaining:
+            out.print(f"[bold red]{escape(name)}: processes still running[/]: {list(res.remaining)}")
+        else:
+            n = len(res.stopped)
+            out.print(f"{escape(name)}: {'stopped ' + str(n) + ' processes' if n else 'nothing running'}")
+    if not result.complete:
+        out.print(f"run {result.run}: some nodes could not be stopped; run `orch down {result.run}` again "
+                  "when they are reachable")
+    else:
+        out.print(f"run {result.run}: nothing left running on {len(done)} nodes ({result.elapsed_s:.1f} s)")
+
+
+def report_outcome(outcome: ReportOutcome) -> None:
+    out = console()
+    if outcome.fetch_error:
+        out.print(f"[yellow]results.csv not fetched[/]: {outcome.fetch_error}")
+    if outcome.weights:
+        out.print(f"weights: {outcome.weights} (on {outcome.master})")
+    if outcome.results_csv:
+        copy = f", copy in {outcome.local_csv.resolve()}" if outcome.local_csv else ""
+        out.print(f"results: {outcome.results_csv} (on {outcome.master})" + copy)
+    out.print(f"report:  {outcome.page.resolve()}")
 
 # Control characters a node's output must not send to the terminal raw: C0 but TAB and newline
 # (ESC starts escape sequences that retitle a window, move the cursor, or worse), DEL, C1, and the

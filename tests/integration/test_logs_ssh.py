@@ -17,8 +17,9 @@ from click.testing import CliRunner
 
 from orchestrator.cli import cli
 from orchestrator.config.inventory import Inventory, load
-from orchestrator.logmerge import LiveMerge
-from orchestrator.logs import Follower, node_sources
+from orchestrator.logs.fetch import node_sources
+from orchestrator.logs.follow import Follower
+from orchestrator.logs.merge import LiveMerge
 from orchestrator.store import RunDir, RunStore, remote_dir
 from orchestrator.transport import Cluster
 from tests.cluster import TestCluster

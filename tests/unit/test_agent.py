@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.logs import read_frames, reader_program
+from orchestrator.logs.fetch import read_frames, reader_program
 from orchestrator.node import FROM_STDIN, agent, script
 
 BOOT = script("boot")

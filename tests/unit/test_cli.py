@@ -78,12 +78,12 @@ def test_shell_completion_script_is_generated() -> None:
 
 def test_internal_errors_are_one_line_unless_verbose(monkeypatch: pytest.MonkeyPatch,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    import orchestrator.launch
+    import orchestrator.run.control
 
     def boom(*args: object, **kwargs: object) -> int:
         raise RuntimeError("something unexpected")
 
-    monkeypatch.setattr(orchestrator.launch, "status_command", boom)
+    monkeypatch.setattr(orchestrator.run.control, "status", boom)
     with pytest.raises(SystemExit) as info:
         main(["status"])
     err = capsys.readouterr().err

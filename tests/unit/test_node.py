@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import node
-from orchestrator.logs import read_frames
+from orchestrator.logs.fetch import read_frames
 
 NODE_FILES = sorted(Path(node.__file__).parent.glob("*.py"))
 PY38 = Path("/root/.pyenv/versions/3.8.18/bin/python")

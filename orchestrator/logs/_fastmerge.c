@@ -1,8 +1,8 @@
-/* orchestrator._fastmerge: the plain-text merge of node logs (`orch logs RUN > file`,
+/* orchestrator.logs._fastmerge: the plain-text merge of node logs (`orch logs RUN > file`,
  * merged.log) in C.
  *
- * It produces byte for byte what orchestrator.logmerge.merge_plain produces (and so what
- * format_line(merge(...), False) prints), from the same node.log copies; the hypothesis test in
+ * It produces byte for byte what orchestrator.logs.merge.merge_plain produces (and so what
+ * lines.format_line(merge(...), False) prints), from the same node.log copies; the hypothesis test in
  * tests/unit/test_logs_plain.py holds the three to that. The rules, as the Python code states them:
  *
  *  - a line is `<stamp> <stream> [<role><local rank>]:[rank <R>] <text>`, both prefixes optional;
@@ -588,7 +588,7 @@ static int PlainMerge_init(PlainMerge *self, PyObject *args, PyObject *kwds) {
 
 static PyTypeObject PlainMergeType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "orchestrator._fastmerge.PlainMerge",
+    .tp_name = "orchestrator.logs._fastmerge.PlainMerge",
     .tp_basicsize = sizeof(PlainMerge),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = PyDoc_STR(
@@ -607,7 +607,7 @@ static PyTypeObject PlainMergeType = {
 
 static struct PyModuleDef moduledef = {
     PyModuleDef_HEAD_INIT, "_fastmerge",
-    "The plain-text merge of node logs in C (see orchestrator.logmerge.merge_plain).", -1, NULL,
+    "The plain-text merge of node logs in C (see orchestrator.logs.merge.merge_plain).", -1, NULL,
 };
 
 PyMODINIT_FUNC PyInit__fastmerge(void) {

@@ -10,7 +10,7 @@ A run is a small state machine (torch elastic's `SimpleElasticAgent.run` is the 
 
 Teardown (stop every node's process group, in parallel) runs in `finally`, so no path out of
 `Supervisor.run` leaves ranks hanging on the other nodes. The side effects (`observe`, `stop_all`,
-`excerpt`) are injected: the launch module binds them to real transports, unit tests to scripts.
+`excerpt`) are injected: `orchestrator/up.py` binds them to real transports, unit tests to scripts.
 
 Where observations come from: an attached `orch up` takes them from the node status its log
 streams push (`Pushed`), and polls a node's agent over SSH (`Poller`) only while that node's
@@ -29,13 +29,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from .contract import FINAL_STATES, NodeState, RunState
+from ..contract import FINAL_STATES, NodeState, RunState
+from .agent import NodeStatus, StopResult
 
 ROOT_CAUSE = "Root Cause (first observed failure):"
 RANK_LINE = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
 EXCERPT_LINES = 20
 
-Observation = Mapping[str, Any] | Exception
+Observation = NodeStatus | Exception
 
 
 @dataclass(frozen=True)
@@ -177,7 +178,7 @@ class Poller:
     been in flight longer than `stale_after` is reported as a TimeoutError. With `wanted`, a
     node is polled only while `wanted(name)` is true (checked every `interval`, at most 0.2 s)."""
 
-    def __init__(self, names: Sequence[str], poll_one: Callable[[str], Mapping[str, Any]], *,
+    def __init__(self, names: Sequence[str], poll_one: Callable[[str], NodeStatus], *,
                  interval: float = 1.0, stale_after: float = 3.0,
                  clock: Callable[[], float] = time.monotonic,
                  wanted: Callable[[str], bool] | None = None) -> None:
@@ -279,7 +280,7 @@ class Pushed:
     after it), so it is never polled. A stream's first frame may take `first_frame_s` (a login
     shell and a python start on a node busy starting its job) before its node counts as silent."""
 
-    def __init__(self, names: Sequence[str], poll_one: Callable[[str], Mapping[str, Any]], *,
+    def __init__(self, names: Sequence[str], poll_one: Callable[[str], NodeStatus], *,
                  silent_after: float = 3.0, first_frame_s: float = 0.0, interval: float = 1.0,
                  stale_after: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.names = list(names)
@@ -289,7 +290,7 @@ class Pushed:
         now = clock()
         self.heard: dict[str, float] = {n: now for n in self.names}  # silence counts from the start
         self.unheard = set(self.names)
-        self.pushed: dict[str, tuple[float, Mapping[str, Any]]] = {}
+        self.pushed: dict[str, tuple[float, NodeStatus]] = {}
         self.lock = threading.Lock()
         self.news = threading.Event()
         self.poller = Poller(self.names, poll_one, interval=interval, stale_after=stale_after, clock=clock,
@@ -307,13 +308,13 @@ class Pushed:
             self.heard[name] = self.clock()
             self.unheard.discard(name)
 
-    def status(self, name: str, status: Mapping[str, Any]) -> None:
+    def status(self, name: str, status: NodeStatus) -> None:
         """The node's status, as its reader sent it."""
         with self.lock:
             now = self.clock()
             self.heard[name] = now
             self.unheard.discard(name)
-            self.pushed[name] = (now, dict(status))
+            self.pushed[name] = (now, status)
         self.news.set()
 
     # -- read by the supervisor
@@ -322,7 +323,7 @@ class Pushed:
         """Is this node's stream silent (and its state not final)? Then it is polled."""
         with self.lock:
             pushed = self.pushed.get(name)
-            if pushed is not None and pushed[1].get("state") in FINAL_STATES:
+            if pushed is not None and pushed[1].state in FINAL_STATES:
                 return False
             return self._quiet(name, self.clock())
 
@@ -339,7 +340,7 @@ class Pushed:
             for name in self.names:
                 at, pushed = self.pushed.get(name, (-math.inf, None))
                 heard = self.heard[name]
-                if pushed is not None and (pushed.get("state") in FINAL_STATES or not self._quiet(name, now)):
+                if pushed is not None and (pushed.state in FINAL_STATES or not self._quiet(name, now)):
                     out[name] = pushed
                     continue
                 # the stream is silent: a poll decides, once it has answered since
@@ -350,7 +351,7 @@ class Pushed:
                     out[name] = Unanswered(now - alive_at, alive_at)
                 elif isinstance(poll, Exception) and poll_at > heard:
                     out[name] = Silent(poll, alive_at)
-                elif isinstance(poll, Mapping) and poll_at > at:
+                elif isinstance(poll, NodeStatus) and poll_at > at:
                     out[name] = poll
                 elif pushed is not None:
                     out[name] = pushed
@@ -391,12 +392,12 @@ class Supervisor:
 
     def __init__(self, specs: Sequence[NodeSpec], *,
                  observe: Callable[[], Mapping[str, Observation]],
-                 stop_all: Callable[[], Mapping[str, Any]],
+                 stop_all: Callable[[], Mapping[str, StopResult | Exception]],
                  excerpt: Callable[[str], Sequence[str]] | None = None,
                  confirm: Callable[[Sequence[str]], Mapping[str, Observation]] | None = None,
                  interval: float = 1.0, unreachable_grace: float = 10.0,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                 on_update: Callable[[Mapping[str, Mapping[str, Any]]], None] | None = None,
+                 on_update: Callable[[Mapping[str, NodeStatus]], None] | None = None,
                  offsets_s: Mapping[str, float] | None = None) -> None:
         self.specs = {s.name: s for s in specs}
         self.offsets_s = dict(offsets_s or {})
@@ -411,7 +412,7 @@ class Supervisor:
         self.clock = clock
         self.sleep = sleep
         self.on_update = on_update
-        self.nodes: dict[str, dict[str, Any]] = {n: {"state": NodeState.STARTING} for n in self.specs}
+        self.nodes: dict[str, NodeStatus] = {n: NodeStatus(NodeState.STARTING) for n in self.specs}
         self.unreachable_since: dict[str, float] = {}
         self.failure: Failure | None = None
         self.teardown_s: float | None = None
@@ -446,13 +447,13 @@ class Supervisor:
                 continue  # no answer yet from its first poll
             if isinstance(obs, Exception):
                 since = self.unreachable_since.setdefault(name, getattr(obs, "since", now))
-                changed |= self._set(name, {"state": NodeState.UNREACHABLE, "error": str(obs)})
+                changed |= self._set(name, NodeStatus(NodeState.UNREACHABLE, error=str(obs)))
                 if now - since >= self.grace:
                     candidates.append(Failure(name, spec.node_rank, f"unreachable for {now - since:.0f} s: {obs}",
                                               order=time.time() - (now - since)))
                 continue
             self.unreachable_since.pop(name, None)
-            changed |= self._set(name, dict(obs))
+            changed |= self._set(name, obs)
             failure = self.failure_of(spec, obs)
             if failure is not None:
                 candidates.append(failure)
@@ -462,14 +463,14 @@ class Supervisor:
             candidates += self.confirmed(observations)
             self.failure = min(candidates, key=lambda f: f.order)
             return RunState.FAILED
-        if all(n.get("state") == NodeState.SUCCEEDED for n in self.nodes.values()):
+        if all(n.state == NodeState.SUCCEEDED for n in self.nodes.values()):
             return RunState.SUCCEEDED
         return RunState.RUNNING
 
-    def _set(self, name: str, value: dict[str, Any]) -> bool:
-        old = self.nodes.get(name, {})
+    def _set(self, name: str, value: NodeStatus) -> bool:
+        old = self.nodes.get(name)
         self.nodes[name] = value
-        return bool(old.get("state") != value.get("state") or old.get("exit_code") != value.get("exit_code"))
+        return old is None or old.state != value.state or old.exit_code != value.exit_code
 
     def confirmed(self, seen: Mapping[str, Observation]) -> list[Failure]:
         """Failures a fresh poll finds on the nodes that looked healthy in this round.
@@ -478,40 +479,40 @@ class Supervisor:
         did, while a later victim was asked just after. One more look orders them by exit time."""
         if self.confirm is None:
             return []
-        healthy = [n for n, o in seen.items() if isinstance(o, Mapping) and n in self.specs
+        healthy = [n for n, o in seen.items() if isinstance(o, NodeStatus) and n in self.specs
                    and self.node_failure(self.specs[n], o) is None]
         if not healthy:
             return []
         out = []
         for name, obs in self.confirm(healthy).items():
-            if name in healthy and isinstance(obs, Mapping):
+            if name in healthy and isinstance(obs, NodeStatus):
                 failure = self.failure_of(self.specs[name], obs)
                 if failure is not None:
                     out.append(failure)
-                    self.nodes[name] = dict(obs)
+                    self.nodes[name] = obs
         return out
 
-    def failure_of(self, spec: NodeSpec, obs: Mapping[str, Any]) -> Failure | None:
+    def failure_of(self, spec: NodeSpec, obs: NodeStatus) -> Failure | None:
         """`node_failure`, ordered on the reference clock (the node's offset taken out)."""
         return corrected(self.node_failure(spec, obs), self.offsets_s)
 
     @staticmethod
-    def node_failure(spec: NodeSpec, obs: Mapping[str, Any]) -> Failure | None:
+    def node_failure(spec: NodeSpec, obs: NodeStatus) -> Failure | None:
         """Is this node's report a failure? A non-zero exit, an outside stop, or a vanished agent."""
-        state, code = obs.get("state"), obs.get("exit_code")
-        when = float(obs.get("finished_at") or obs.get("now") or math.inf)
+        state, code = obs.state, obs.exit_code
+        when = float(obs.finished_at or obs.now or math.inf)
         if state == NodeState.FAILED:
-            why = f"exited with code {code}" + (f" ({obs['signal']})" if obs.get("signal") else "")
-            if obs.get("reason"):
-                why += f": {obs['reason']}"
+            why = f"exited with code {code}" + (f" ({obs.signal})" if obs.signal else "")
+            if obs.reason:
+                why += f": {obs.reason}"
             return Failure(spec.name, spec.node_rank, why, code, order=when)
         if state == NodeState.STOPPED:
             return Failure(spec.name, spec.node_rank, "was stopped from outside this `orch up` (orch down?)",
                            code, order=when)
-        if state not in FINAL_STATES and not obs.get("agent_alive", True):
-            gone = "its job is gone too" if not obs.get("job_alive") else "its job is still running"
+        if state not in FINAL_STATES and obs.agent_alive is False:
+            gone = "its job is gone too" if not obs.job_alive else "its job is still running"
             return Failure(spec.name, spec.node_rank,
-                           f"the node agent (pid {obs.get('agent_pid')}) disappeared; {gone}", order=when)
+                           f"the node agent (pid {obs.agent_pid}) disappeared; {gone}", order=when)
         return None
 
     def teardown(self) -> None:
@@ -526,8 +527,8 @@ class Supervisor:
         for name, res in results.items():
             if isinstance(res, Exception):
                 self.not_stopped[name] = str(res)
-            elif isinstance(res, Mapping) and res.get("remaining"):
-                self.not_stopped[name] = f"processes still running: {res['remaining']}"
+            elif res.remaining:
+                self.not_stopped[name] = f"processes still running: {list(res.remaining)}"
 
     def attach_excerpt(self) -> None:
         if self.failure is None or self.excerpt is None or self.failure.node in self.not_stopped:

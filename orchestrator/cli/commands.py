@@ -26,6 +26,7 @@ from . import render
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 UP_EXIT = {"succeeded": ExitCode.OK, "detached": ExitCode.OK, "failed": ExitCode.FAILED,
            "start_failed": ExitCode.FAILED, "preflight_failed": ExitCode.PREFLIGHT_FAILED,
+           "sync_failed": ExitCode.PREFLIGHT_FAILED,
            "interrupted": ExitCode.INTERRUPTED}
 """The exit code of each way `orch up` ends (docs/CONTRACT.md)."""
 
@@ -120,8 +121,9 @@ UP_HELP = """Check, assign ranks, launch torchrun on every node, stream the merg
 
 \b
 Node ranks follow the inventory (the master is node rank 0). One node failing stops all.
-Exit code: 0 success everywhere, 1 the job failed, 2 bad inventory, 3 preflight failed
-(nothing launched), 130 interrupted (every node stopped first).
+When job.sync lists paths, they are copied to every node first (orch sync), then checked.
+Exit code: 0 success everywhere, 1 the job failed, 2 bad inventory, 3 preflight or sync
+failed (nothing launched), 130 interrupted (every node stopped first).
 
 \b
 Examples:
@@ -136,10 +138,11 @@ Examples:
 @click.option("--dry-run", is_flag=True, help="Print the plan (node, address, ranks, command); touch no node.")
 @click.option("--detach", is_flag=True, help="Return once every node has started; the job keeps running.")
 @click.option("--skip-checks", is_flag=True, help="Launch without the preflight.")
+@click.option("--skip-sync", is_flag=True, help="Do not copy job.sync to the nodes first.")
 @click.option("--run-id", help="Name the run (default: DATE-TIME-CLUSTER).")
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: print the plan as JSON.")
 @pass_state
-def up(state: State, inventory: str | None, dry_run: bool, detach: bool, skip_checks: bool,
+def up(state: State, inventory: str | None, dry_run: bool, detach: bool, skip_checks: bool, skip_sync: bool,
        run_id: str | None, as_json: bool) -> None:
     inv = resolve_inventory(inventory)
     if dry_run:
@@ -153,7 +156,8 @@ def up(state: State, inventory: str | None, dry_run: bool, detach: bool, skip_ch
         raise SystemExit(ExitCode.OK)
     from ..up import up as run_up
 
-    outcome = run_up(inv, detach=detach, skip_checks=skip_checks, run_id=run_id, progress=render.UpPrinter())
+    outcome = run_up(inv, detach=detach, skip_checks=skip_checks, run_id=run_id, skip_sync=skip_sync,
+                     progress=render.UpPrinter())
     render.up_outcome(outcome)
     raise SystemExit(UP_EXIT[outcome.result])
 

@@ -22,6 +22,7 @@ from .ui import color_enabled, console, may_be_terminal, styled
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from ..config.inventory import Inventory
     from ..config.plan import Plan
     from ..logs.lines import LogLine
     from ..preflight.report import CheckReport, Progress
@@ -183,6 +184,14 @@ class UpPrinter:
         self.err = console()
         self.log: LogPrinter | None = None
 
+    def syncing(self, inv: Inventory) -> None:
+        self.err.print(f"syncing {len(inv.job.sync)} path(s) of job.sync to {len(inv.nodes)} nodes...")
+
+    def synced(self, report: SyncReport, elapsed_s: float) -> None:
+        sync_report(report, sys.stderr)
+        if report.ok:
+            self.err.print(f"sync done in {elapsed_s:.1f} s")
+
     def preflight_done(self, report: CheckReport, elapsed_s: float) -> None:
         if not report.ok or any(r.status == "warn" for r in report.results):
             check_table(report, self.err)
@@ -235,7 +244,14 @@ def up_outcome(outcome: UpOutcome) -> None:
     out = console()
     run = outcome.run_id
     unconfirmed = ", ".join(outcome.not_stopped)
-    if outcome.result == "preflight_failed":
+    if outcome.result == "sync_failed":
+        if outcome.sync_error is not None:
+            out.print(f"orch: {escape(outcome.sync_error.message)}")
+            if outcome.sync_error.hint:
+                out.print(f"  hint: {escape(outcome.sync_error.hint)}")
+        out.print("[bold red]job.sync could not be copied to every node: nothing was launched[/] (fix it, "
+                  "or pass --skip-sync to launch with what the nodes have)")
+    elif outcome.result == "preflight_failed":
         out.print("[bold red]preflight failed: nothing was launched[/] (fix the failures above, "
                   "or pass --skip-checks to launch anyway)")
     elif outcome.result == "start_failed":
@@ -404,7 +420,7 @@ def describe_transfer(t: Transfer, dry: bool) -> str:
         parts.append(f"{'would delete' if dry else 'deleted'} {t.deleted}")
     others = len(t.changes) - t.deleted - t.files
     if others > 0:
-        parts.append(f"{'would update' if dry else 'updated'} {others} other item(s) (directories, links, times)")
+        parts.append(f"{'would make' if dry else 'made'} {others} other change(s) (directories, links, modes)")
     return ", ".join(parts)
 
 

@@ -13,8 +13,10 @@ only).
 
 rsync copies every path in one run per node with `--relative` and `--no-implied-dirs`, so
 `/data/coco` lands at `/data/coco` (never `/data/coco/coco`), missing parents are created, and the
-attributes of the parents that exist (`/data`, `/home/me`) are left alone. `-a` keeps times, so a
-second run sends nothing that did not change (rsync's quick check: size and time).
+attributes of the parents that exist (`/data`, `/home/me`) are left alone. `-a` keeps file times,
+so a second run sends nothing that did not change (rsync's quick check: size and time);
+`--omit-dir-times` leaves directory times alone, so files a job writes beside the synced ones
+(a label cache, `__pycache__`) do not make the next sync report changed directories.
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ def rsync_argv(node: Node, paths: Sequence[str], options: SyncOptions = SyncOpti
         if not p.startswith("/") or p == "/" or p.endswith("/"):
             raise ValueError(f"sync path {p!r} must be absolute, without a trailing slash, and not /")
     e = " ".join(rsync_shell_word(a) for a in ssh_argv(node.ssh, config_file))
-    argv = ["rsync", "--archive", "--relative", "--no-implied-dirs", "--itemize-changes", "--stats",
+    argv = ["rsync", "--archive", "--omit-dir-times", "--relative", "--no-implied-dirs", "--itemize-changes", "--stats",
             "--rsh", e, "--rsync-path", REMOTE_RSYNC]
     if options.dry_run:
         argv.append("--dry-run")

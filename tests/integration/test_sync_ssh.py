@@ -110,10 +110,10 @@ def test_delete_removes_only_what_the_controller_lacks_inside_synced_dirs(cluste
     inv = str(cluster.write_inventory(job={"sync": [str(job), str(data)]}))
     sync_json(orch, inv, "--nodes", "node2")
     on_node(cluster, "node2", f"touch {job}/stale.py {job.parent}/beside.txt {cluster.NODE_LOCAL}/mine")
-    kept = sync_json(orch, inv, "--nodes", "node2")["node2"]  # without --delete: only the dir's time reset
-    assert (kept["files"], kept["changes"]) == (0, [f".d..t...... {job}/"])
+    kept = sync_json(orch, inv, "--nodes", "node2")["node2"]  # kept without --delete
+    assert (kept["files"], kept["changes"]) == (0, [])
     got = sync_json(orch, inv, "--nodes", "node2", "--delete")["node2"]["changes"]
-    assert got[0] == f"*deleting {job}/stale.py" and not any("beside" in c or "mine" in c for c in got)
+    assert got == [f"*deleting {job}/stale.py"]
     left = on_node(cluster, "node2", f"ls {job.parent} {cluster.NODE_LOCAL}")
     assert "beside.txt" in left and "mine" in left and "stale.py" not in on_node(cluster, "node2", f"ls {job}")
 
@@ -128,6 +128,11 @@ def test_rsync_missing_on_a_node_is_named_and_the_others_still_sync(cluster: Tes
     assert "hint: install it there: apt-get install rsync" in r.stdout
     assert "node[1,3-4] (3): copied 4 file(s)" in r.stdout
     assert "orch sync: failed on 1 of 4 nodes: node2" in r.stderr
+    up = orch.run("up", inv, "--skip-checks")  # orch up syncs first: it launches nothing
+    assert up.returncode == 3
+    assert "node2 (1): FAILED: rsync is not installed on this node" in up.stderr
+    assert "job.sync could not be copied to every node: nothing was launched" in up.stderr
+    assert not (orch.home / "latest").exists()
 
 
 def test_host_keys_follow_the_inventory_policy(cluster: TestCluster, orch: Orch, tmp_path: Path) -> None:
@@ -159,3 +164,45 @@ def test_a_gateway_hop_is_honoured(make_cluster, orch: Orch) -> None:
     assert got["node2"]["files"] == 4
     assert f"from {hop} port" in cluster.sshd_log("node2")
     assert on_node(cluster, "node2", f"cat {data}") == "names: [a, b]\n"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_orch_up_syncs_first_and_nodes_with_empty_dirs_train(make_cluster, orch: Orch) -> None:
+    """No shared storage: the dataset and the workdir exist on the controller only. `orch up` copies
+    them, its preflight sees identical files, both nodes train; a second sync sends nothing."""
+    from tests.trainer_helpers import make_dataset
+
+    cluster = make_cluster(2)
+    try:
+        root = cluster.controller_dir("yolo")
+    except ClusterError as exc:
+        pytest.skip(str(exc))
+    data = make_dataset(root / "data", images=12, classes=2, imgsz=64)
+    work = root / "work"
+    work.mkdir()
+    (work / "NOTES.txt").write_text("the job's working directory\n")
+    inv = str(cluster.write_inventory(
+        job={"module": "trainer", "workdir": str(work), "nproc_per_node": 1, "sync": [str(root / "data"), str(work)],
+             "args": {"model": "yolo12n.yaml", "data": str(data), "epochs": 1, "batch": 4, "imgsz": 64,
+                      "workers": 0, "val-period": 0}},
+        env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"},
+        master={"port": free_port(cluster.nodes[0].addr)}))
+    for node in cluster.nodes:
+        assert on_node(cluster, node.name, f"ls -A {cluster.NODE_LOCAL}") == ""
+    files = sum(1 for p in root.rglob("*") if p.is_file())
+
+    up = orch.run("up", inv, timeout=540)
+    assert up.returncode == 0, up.stderr[-4000:]
+    assert "syncing 2 path(s) of job.sync to 2 nodes" in up.stderr
+    assert f"node[1-2] (2): copied {files} file(s)" in up.stderr, up.stderr[:3000]
+    assert "preflight passed" in up.stderr and "succeeded on every node" in up.stderr
+    run_id = (orch.home / "latest").read_text().strip()
+    assert {n["node"]: n["files"] for n in json.loads((orch.run_dir(run_id) / "sync.json").read_text())["nodes"]} \
+        == {"node1": files, "node2": files}
+    # rank 0 wrote its weights into the workdir (runs/train/<run id>), on node1 only
+    assert "last.pt" in on_node(cluster, "node1", f"ls {work}/runs/train/{run_id}/weights").split()
+
+    again = sync_json(orch, inv)  # what the job wrote beside the synced files is neither sent nor reported
+    assert {n: (v["files"], v["bytes"], v["changes"]) for n, v in again.items()} == \
+        {"node1": (0, 0, []), "node2": (0, 0, [])}

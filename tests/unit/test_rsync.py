@@ -72,7 +72,7 @@ def test_rsync_argv_golden() -> None:
     n = node("user: train, identity: /keys/id, known_hosts: /kh, host_key_policy: accept-new")
     argv = rsync_argv(n, ["/srv/yolo", "/data/coco.yaml"], SyncOptions(dry_run=True, delete=True))
     assert argv == [
-        "rsync", "--archive", "--relative", "--no-implied-dirs", "--itemize-changes", "--stats",
+        "rsync", "--archive", "--omit-dir-times", "--relative", "--no-implied-dirs", "--itemize-changes", "--stats",
         "--rsh", "ssh -F none -p 22 -l train -i /keys/id -o UserKnownHostsFile=/kh "
                  "-o GlobalKnownHostsFile=/dev/null -o StrictHostKeyChecking=accept-new -o BatchMode=yes "
                  "-o ConnectTimeout=10 -o ServerAliveInterval=10 -o ServerAliveCountMax=6 -o LogLevel=ERROR",
@@ -165,7 +165,7 @@ def test_parse_output_of_a_real_local_rsync(tmp_path: Path) -> None:
     (src / "sub").mkdir(parents=True)
     (src / "a.py").write_text("a" * 100)
     (src / "sub" / "b c.txt").write_text("b")
-    cmd = ["rsync", "--archive", "--relative", "--no-implied-dirs", "--itemize-changes", "--stats", str(src),
+    cmd = ["rsync", "--archive", "--omit-dir-times", "--relative", "--no-implied-dirs", "--itemize-changes", "--stats", str(src),
            f"{dest}/"]
     first = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "LC_ALL": "C"}, check=True)
     t = parse_output(first.stdout)
@@ -238,3 +238,14 @@ def test_local_transport_copies_nothing_and_says_so(tmp_path: Path, capsys: pyte
     code, out, _ = run(["sync", str(inv_file(tmp_path, "local", [str(tmp_path)])), "--json"], capsys)
     doc = json.loads(out)
     assert doc["ok"] and doc["skipped"].startswith("transport: local") and len(doc["nodes"]) == 2
+
+
+def test_orch_up_without_rsync_here_launches_nothing_and_exits_3(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORCH_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(sync.shutil, "which", lambda name, *a, **k: None if name == "rsync" else "/usr/bin/" + name)
+    code, _, err = run(["up", str(inv_file(tmp_path, paths=[str(tmp_path)]))], capsys)
+    assert code == 3
+    assert "rsync is not installed on this machine (the controller)" in err
+    assert "job.sync could not be copied to every node: nothing was launched" in err
+    assert not (tmp_path / "home").exists()

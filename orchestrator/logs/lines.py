@@ -214,7 +214,7 @@ def format_line(line: LogLine, color: bool, *, node_width: int = 0, rank_width: 
 
 
 def to_json(line: LogLine) -> str:
-    """One CONTRACT.md logs object (plus `stream`)."""
+    """One docs/CONTRACT.md logs object (plus `stream`)."""
     return json.dumps({"ts": line.stamp or format_ts(line.ts), "node": line.node, "node_rank": line.node_rank,
                        "rank": line.rank, "local_rank": line.local_rank, "line": line.text,
                        "stream": line.stream}, ensure_ascii=False)

@@ -48,7 +48,7 @@ class CheckReport:
         return [r for r in self.results if r.status == "fail"]
 
     def to_json(self, inventory_path: str) -> dict[str, Any]:
-        """The CONTRACT.md shape, plus offsets_ms (node clock minus reference) for log skew."""
+        """docs/CONTRACT.md's check JSON, plus offsets_ms (node clock minus reference) for log skew."""
         return {"inventory": inventory_path, "ok": self.ok,
                 "results": [r.to_json() for r in self.results],
                 "offsets_ms": {k: round(v, 3) for k, v in self.offsets_ms.items()},

@@ -154,18 +154,31 @@ def _sync_one(node: Node, paths: Sequence[str], options: SyncOptions, procs: dic
     return NodeSync(node.name, transfer, exit_code=0, elapsed_s=elapsed)
 
 
-# What OpenSSH prints when it cannot get in, and what fixes it.
-_SSH_HINTS = (
-    ("Host key verification failed", "the node's host key is not in known_hosts (strict) or changed: verify it, "
-                                     "then ssh-keyscan -p {port} {host} >> {known_hosts}"),
-    ("REMOTE HOST IDENTIFICATION HAS CHANGED", "if the node was reinstalled: ssh-keygen -R '{name}' -f {known_hosts}, "
-                                               "then add the new key; otherwise treat it as an attack"),
-    ("host key is known for", "verify it, then ssh-keyscan -p {port} {host} >> {known_hosts} "
-                              "(or ssh.host_key_policy: accept-new)"),
-    ("Permission denied", "check the key (ssh.identity) and that it is in the node's ~/.ssh/authorized_keys"),
-    ("Connection refused", "is sshd running on that port? (systemctl status ssh)"),
-    ("timed out", "is the node up and the port open? check firewalls and ssh.connect_timeout"),
-    ("Could not resolve hostname", "check the node's host in the inventory"),
+# What OpenSSH prints when it cannot get in (checked in this order): the message orch says for
+# it (in the words the transport uses for the same failure), and what fixes it.
+_SSH_FAILURES = (
+    ("has changed and you have requested strict checking",
+     "host key of {host} CHANGED: known_hosts has another key for {name}",
+     "if the node was reinstalled: ssh-keygen -R '{name}' -f {known_hosts}, then add the new key; "
+     "otherwise treat it as an attack"),
+    ("host key is known for",
+     "host key of {name} is not in {known_hosts}",
+     "verify it, then: ssh-keyscan -p {port} {host} >> {known_hosts} (or set ssh.host_key_policy: accept-new)"),
+    ("Host key verification failed",
+     "host key of {name} could not be verified against {known_hosts}",
+     "verify it, then: ssh-keyscan -p {port} {host} >> {known_hosts}"),
+    ("Permission denied",
+     "authentication refused for {target}",
+     "check the key (ssh.identity) and that it is in the node's ~/.ssh/authorized_keys"),
+    ("Connection refused",
+     "connection to {target} refused",
+     "is sshd running on that port? (systemctl status ssh)"),
+    ("timed out",
+     "{target} did not answer",
+     "is the node up and the port open? check firewalls and ssh.connect_timeout"),
+    ("Could not resolve hostname",
+     "cannot resolve {host}",
+     "check the node's host in the inventory"),
 )
 _RSYNC_NOISE = ("rsync: connection unexpectedly closed", "rsync error:", "rsync: [sender] write error",
                 "rsync: [Receiver] write error")
@@ -180,13 +193,14 @@ def explain_failure(node: Node, code: int, stderr: str) -> tuple[str, str | None
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
     said = [ln for ln in lines if not ln.startswith(_RSYNC_NOISE)] or lines
     opts = node.ssh
-    name = node.host if opts.port == 22 else f"[{node.host}]:{opts.port}"
+    where = {"host": node.host, "port": opts.port, "known_hosts": opts.known_hosts,
+             "name": node.host if opts.port == 22 else f"[{node.host}]:{opts.port}",
+             "target": f"{opts.user + '@' if opts.user else ''}{node.host}:{opts.port}"}
     from_ssh = [ln for ln in said if not ln.startswith("rsync")]  # rsync's own say "rsync: ..." / "rsync error"
-    for needle, hint in _SSH_HINTS:
-        if any(needle in ln for ln in from_ssh):
-            line = next(ln for ln in from_ssh if needle in ln)
-            return (f"ssh to {node.host}:{opts.port} failed: {line}",
-                    hint.format(port=opts.port, host=node.host, known_hosts=opts.known_hosts, name=name))
+    for needle, message, hint in _SSH_FAILURES:
+        line = next((ln for ln in from_ssh if needle in ln), None)
+        if line is not None:
+            return f"ssh: {message.format(**where)} ({line.rstrip('.')})", hint.format(**where)
     detail = said[0] if said else "(no message)"
     more = f" (+{len(said) - 1} more lines)" if len(said) > 1 else ""
     return f"rsync exited {code}: {detail}{more}", None

@@ -142,8 +142,10 @@ def test_host_keys_follow_the_inventory_policy(cluster: TestCluster, orch: Orch,
     strict = str(cluster.write_inventory(tmp_path / "strict.yaml", job={"sync": [str(job)]},
                                          ssh={"known_hosts": str(known)}))
     r = orch.run("sync", strict, "--nodes", "node1")
-    assert r.returncode == 1 and "node1 (1): FAILED: ssh to 127.0.1.1" in r.stdout
-    assert "host key" in r.stdout.lower() and "ssh-keyscan" in r.stdout
+    port = cluster.node("node1").port
+    assert r.returncode == 1
+    assert f"node1 (1): FAILED: ssh: host key of [127.0.1.1]:{port} is not in {known}" in r.stdout
+    assert f"hint: verify it, then: ssh-keyscan -p {port} 127.0.1.1 >> {known}" in r.stdout
     assert known.read_text() == ""
     accept = str(cluster.write_inventory(tmp_path / "accept.yaml", job={"sync": [str(job)]},
                                          ssh={"known_hosts": str(known), "host_key_policy": "accept-new"}))

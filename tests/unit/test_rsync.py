@@ -180,9 +180,15 @@ def test_parse_output_of_a_real_local_rsync(tmp_path: Path) -> None:
     (f"{NOT_INSTALLED}\nrsync: connection unexpectedly closed (0 bytes received so far) [sender]\n"
      "rsync error: remote command not found (code 127) at io.c(232) [sender=3.2.7]\n",
      "rsync is not installed on this node", "apt-get install rsync"),
-    ("Host key verification failed.\nrsync: connection unexpectedly closed (0 bytes received so far) [sender]\n",
-     "ssh to gpu01:22 failed: Host key verification failed.", "ssh-keyscan -p 22 gpu01 >> ~/.ssh/known_hosts"),
-    ("root@gpu01: Permission denied (publickey).\n", "Permission denied (publickey).", "authorized_keys"),
+    ("No ED25519 host key is known for gpu01 and you have requested strict checking.\n"
+     "Host key verification failed.\nrsync: connection unexpectedly closed (0 bytes received so far) [sender]\n",
+     "ssh: host key of gpu01 is not in ~/.ssh/known_hosts (No ED25519 host key is known for gpu01",
+     "ssh-keyscan -p 22 gpu01 >> ~/.ssh/known_hosts (or set ssh.host_key_policy: accept-new)"),
+    ("@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @\n"
+     "Host key for gpu01 has changed and you have requested strict checking.\nHost key verification failed.\n",
+     "ssh: host key of gpu01 CHANGED", "ssh-keygen -R 'gpu01' -f ~/.ssh/known_hosts"),
+    ("root@gpu01: Permission denied (publickey).\n", "authentication refused for gpu01:22 (root@gpu01: Permission "
+     "denied (publickey))", "authorized_keys"),
     ("rsync: [Receiver] mkdir \"/srv/yolo\" failed: Permission denied (13)\nrsync error: error in file IO (code 11)\n",
      "mkdir \"/srv/yolo\" failed", None),
 ])

@@ -8,7 +8,6 @@ or inventory · 3 preflight failed, nothing launched · 130 interrupted (after t
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import sys
@@ -150,7 +149,7 @@ def up(state: State, inventory: str | None, dry_run: bool, detach: bool, skip_ch
 
         plan = make_plan(inv, run_id or "dry-run")
         if as_json:
-            click.echo(json.dumps(plan.to_json(), indent=2))
+            render.json_out(plan.to_json())
         else:
             render.plan_table(plan)
         raise SystemExit(ExitCode.OK)

@@ -35,6 +35,7 @@ import os
 import signal
 import sys
 import time
+from datetime import datetime, timezone
 from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -58,8 +59,6 @@ PR_SET_CHILD_SUBREAPER = 36
 
 def utc_now() -> str:
     """Node-side UTC time with microseconds: `2026-11-30T09:32:05.123456Z`."""
-    from datetime import datetime, timezone
-
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 

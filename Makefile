@@ -20,7 +20,7 @@ help:  ## list the targets
 
 install: $(STAMP)  ## create .venv with orch, the trainer (torch, ultralytics) and the test tools
 
-$(STAMP): setup.cfg pyproject.toml setup.py orchestrator/_fastmerge.c
+$(STAMP): setup.cfg pyproject.toml setup.py orchestrator/logs/_fastmerge.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -e '.[trainer,test,report]'
 	touch $(STAMP)
@@ -64,4 +64,4 @@ bench: install  ## benchmarks against pdsh, sort -m and ultralytics' trainer (be
 	$(PY) -m bench $(BENCH_ARGS)
 
 clean:  ## remove the venv and local state
-	rm -rf $(VENV) .orch .pytest_cache .mypy_cache .ruff_cache build orchestrator/_fastmerge.*.so
+	rm -rf $(VENV) .orch .pytest_cache .mypy_cache .ruff_cache build orchestrator/logs/_fastmerge.*.so

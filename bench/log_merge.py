@@ -14,8 +14,8 @@ depths, each after a warm-up, median of `--reps`:
   path of `--json`, filters and the live follow);
 - `orch_logs_general`: that, plus formatting the aligned text and writing it (what `orch logs`
   did for every output before the block merge);
-- `orch_logs`: what `orch logs RUN > file` runs now: `orchestrator.logs.plain_merged_bytes`,
-  the C merge (`orchestrator._fastmerge`: reads each copy in blocks, renders each line's columns
+- `orch_logs`: what `orch logs RUN > file` runs now: `orchestrator.logs.stored.plain_merged_bytes`,
+  the C merge (`orchestrator.logs._fastmerge`: reads each copy in blocks, renders each line's columns
   from its text, heap-merges, writes chunks of bytes);
 - `orch_logs_python`: the pure-Python block merge (`plain_merged`) that runs where the C merge
   could not be built: blocks, columns per prefix, one sort per batch.
@@ -47,14 +47,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import machine, write  # noqa: E402
-from orchestrator.logmerge import (  # noqa: E402
-    LogLine,
-    column_widths,
-    format_line,
-    format_ts,
-    merge,
-    read_node_lines,
-)
+from orchestrator.logs.lines import LogLine, column_widths, format_line, format_ts, read_node_lines  # noqa: E402
+from orchestrator.logs.merge import merge  # noqa: E402
 
 TEXTS = (
     "epoch {e}/100 it {i}/2000 box_loss=1.{i:04d} cls_loss=0.{e:03d} dfl_loss=1.02 lr=0.0{i:03d}",
@@ -134,7 +128,7 @@ def merge_parsed(files: list[Path]) -> int:
 
 
 def _sources(files: list[Path]) -> tuple[list[Any], tuple[int, int]]:
-    from orchestrator.logs import NodeSource
+    from orchestrator.logs.fetch import NodeSource
 
     sources = [NodeSource(f"node{i:02d}", i, i * 8, "", "", f) for i, f in enumerate(files)]
     return sources, column_widths([s.node for s in sources], 8 * len(files))
@@ -142,7 +136,7 @@ def _sources(files: list[Path]) -> tuple[list[Any], tuple[int, int]]:
 
 def orch_logs(files: list[Path]) -> int:
     """What `orch logs RUN > file` runs: the merged bytes (the C merge where it is built)."""
-    from orchestrator.logs import plain_merged_bytes
+    from orchestrator.logs.stored import plain_merged_bytes
 
     sources, widths = _sources(files)
     return _write_all(plain_merged_bytes(sources, {}, widths), "wb", b"\n")
@@ -150,7 +144,7 @@ def orch_logs(files: list[Path]) -> int:
 
 def orch_logs_python(files: list[Path]) -> int:
     """The pure-Python block merge: what runs where the C merge could not be built."""
-    from orchestrator.logs import plain_merged
+    from orchestrator.logs.stored import plain_merged
 
     sources, widths = _sources(files)
     return _write_all(plain_merged(sources, {}, widths), "w", "\n")
@@ -240,9 +234,10 @@ for d in dirs:
 def follow_memory(base: Path, nodes: int, live_s: float, catchup_lines: int) -> dict[str, object]:
     """Peak RSS while following `nodes` local nodes: live appends, then catching up on big logs."""
     os.environ["ORCH_HOME"] = str(base / "home")
-    from orchestrator.inventory import parse
-    from orchestrator.logs import Follower, fetch_all
-    from orchestrator.runs import RunStore, remote_dir
+    from orchestrator.config.inventory import parse
+    from orchestrator.logs.fetch import fetch_all
+    from orchestrator.logs.follow import Follower
+    from orchestrator.store import RunStore, remote_dir
     from orchestrator.transport import Cluster
 
     out: dict[str, object] = {"nodes": nodes, "rss_before_mb": round(rss_mb(), 1)}

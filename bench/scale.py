@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import write
-from orchestrator import inventory
-from orchestrator.plan import make_plan
+from orchestrator.config import inventory
+from orchestrator.config.plan import make_plan
 
 SIZES = (4, 64, 512)
 
@@ -42,7 +42,8 @@ def plan_seconds(n: int, reps: int) -> float:
 
 def merge_seconds(n: int, lines_per_node: int, reps: int) -> float | None:
     try:
-        from orchestrator.logs import LogLine, merge
+        from orchestrator.logs.lines import LogLine
+        from orchestrator.logs.merge import merge
     except ImportError:
         return None
 
@@ -62,14 +63,15 @@ def merge_seconds(n: int, lines_per_node: int, reps: int) -> float | None:
 
 def node_lines(node: int, count: int) -> list[str]:
     """One node's node.log lines for the plain merges: 8 workers, 10 ms apart, nodes 1 µs apart."""
-    from orchestrator.logmerge import format_ts
+    from orchestrator.logs.lines import format_ts
 
     return [f"{format_ts(1_764_495_125.0 + i * 0.01 + node * 1e-6)} out [default{i % 8}]:[rank {node * 8 + i % 8}] "
             f"step {i}\n" for i in range(count)]
 
 
 def plain_merge_seconds(n: int, lines_per_node: int, reps: int, block_lines: int = 500) -> float:
-    from orchestrator.logmerge import PlainNode, column_widths, merge_plain
+    from orchestrator.logs.lines import column_widths
+    from orchestrator.logs.merge import PlainNode, merge_plain
 
     texts = []
     for node in range(n):
@@ -88,8 +90,9 @@ def plain_merge_seconds(n: int, lines_per_node: int, reps: int, block_lines: int
 
 def c_merge_seconds(n: int, lines_per_node: int, reps: int) -> float | None:
     """The C merge (what `orch logs` runs where it is built) over n node files; None if not built."""
-    from orchestrator.logmerge import column_widths
-    from orchestrator.logs import NodeSource, fast_merge_available, plain_merged_bytes
+    from orchestrator.logs.fetch import NodeSource
+    from orchestrator.logs.lines import column_widths
+    from orchestrator.logs.stored import fast_merge_available, plain_merged_bytes
 
     if not fast_merge_available():
         return None

@@ -1,15 +1,17 @@
-"""Exceptions that carry data; `cli.py` is the one place that renders them and picks exit codes."""
+"""Exceptions that carry data; the CLI is the one place that renders them and exits with their code."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from .contract import ExitCode
+
 
 class OrchError(Exception):
     """Base of every error orch raises on purpose. `hint` tells the user what to do next."""
 
-    exit_code = 1
+    exit_code: ExitCode = ExitCode.FAILED
 
     def __init__(self, message: str, hint: str | None = None) -> None:
         super().__init__(message)
@@ -38,7 +40,7 @@ class InventoryIssue:
 class InventoryError(OrchError):
     """The inventory is invalid. Raised before any connection is made; exit code 2."""
 
-    exit_code = 2
+    exit_code = ExitCode.USAGE
 
     def __init__(self, issues: Sequence[InventoryIssue]) -> None:
         self.issues = list(issues)
@@ -48,7 +50,7 @@ class InventoryError(OrchError):
 class UsageError(OrchError):
     """Bad command-line usage (unknown run, missing inventory...); exit code 2."""
 
-    exit_code = 2
+    exit_code = ExitCode.USAGE
 
 
 class TransportError(OrchError):

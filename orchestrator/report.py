@@ -14,20 +14,19 @@ import base64
 import csv
 import html
 import io
-import re
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# The trainer's lines this report reads (throughput table, epoch and validation lines, where the
-# weights and results.csv are) are written and parsed in one place, trainer/logs.py (torch-free).
-from trainer.logs import RESULTS_PATH, WEIGHTS_DIR, Throughput, parse_results, parse_throughput
+from .contract import NodeState
+from .logs.trainer import Throughput, announced, parse_results, parse_throughput
+from .store import RunDir, write_private
 
-from .runs import RunDir, write_private
-
-STATE_COLOURS = {"running": "#1f77b4", "succeeded": "#2ca02c", "failed": "#d62728", "stopped": "#ff7f0e",
-                 "starting": "#9467bd", "unreachable": "#8c564b", "unknown": "#7f7f7f", "pending": "#7f7f7f"}
+STATE_COLOURS = {NodeState.RUNNING: "#1f77b4", NodeState.SUCCEEDED: "#2ca02c", NodeState.FAILED: "#d62728",
+                 NodeState.STOPPED: "#ff7f0e", NodeState.STARTING: "#9467bd", NodeState.UNREACHABLE: "#8c564b",
+                 NodeState.UNKNOWN: "#7f7f7f", NodeState.PENDING: "#7f7f7f"}
 
 
 def read_results_csv(path: Path) -> dict[str, list[float]]:
@@ -68,7 +67,7 @@ def plot_timeline(run: dict[str, Any]) -> bytes:
     for i, n in enumerate(nodes):
         start = (n.get("started_at") or t0) - t0
         end = (n.get("finished_at") or now) - t0
-        state = n.get("state", "unknown")
+        state = n.get("state", NodeState.UNKNOWN)
         ax.barh(i, max(end - start, 0.05), left=start, color=STATE_COLOURS.get(state, "#7f7f7f"))
         ax.text(end, i, f" {state}" + (f" ({n['exit_code']})" if n.get("exit_code") not in (None, 0) else ""),
                 va="center", fontsize=8)
@@ -230,36 +229,34 @@ def fetch_results_csv(run: RunDir, found: str | None) -> Path | None:
     return target
 
 
-def announced(run: RunDir, *patterns: re.Pattern[str]) -> list[str | None]:
-    """For each pattern, the last path the trainer announced in the log that matches it (group 1)."""
-    found: list[str | None] = [None] * len(patterns)
-    for line in node_log_lines(run):
-        for i, pattern in enumerate(patterns):
-            m = pattern.search(line)
-            if m:
-                found[i] = m.group(1)
-    return found
+@dataclass(frozen=True)
+class ReportOutcome:
+    """Where `orch report` wrote the page, and where the run's weights and results are."""
+
+    page: Path
+    master: str
+    weights: str | None
+    """The weights directory the trainer announced, on the master."""
+    results_csv: str | None
+    """The results.csv the trainer announced, on the master."""
+    local_csv: Path | None
+    """Its copy in the run directory."""
+    fetch_error: str | None = None
+    """Why results.csv could not be fetched from the master."""
 
 
-def report_command(run_id: str | None) -> int:
-    """Write the report of a run (the latest by default); say where it, the weights and results are."""
+def make_report(run_id: str | None) -> ReportOutcome:
+    """Write the report of a run (the latest by default)."""
     from .errors import OrchError, TransportError
-    from .runs import RunStore
-    from .ui import console
+    from .store import RunStore
 
-    con = console()
     run = RunStore().get(run_id)
-    weights, remote_csv = announced(run, WEIGHTS_DIR, RESULTS_PATH)
-    local_csv = None
+    weights, remote_csv = announced(node_log_lines(run))
+    local_csv, error = None, None
     try:
         local_csv = fetch_results_csv(run, remote_csv)
     except (TransportError, OrchError) as exc:
-        con.print(f"[yellow]results.csv not fetched[/]: {exc}")
+        error = str(exc)
     page = build_report(run)
     master = (run.read().get("nodes") or [{}])[0].get("node", "the master")
-    if weights:
-        con.print(f"weights: {weights} (on {master})")
-    if remote_csv:
-        con.print(f"results: {remote_csv} (on {master})" + (f", copy in {local_csv.resolve()}" if local_csv else ""))
-    con.print(f"report:  {page.resolve()}")
-    return 0
+    return ReportOutcome(page, master, weights, remote_csv, local_csv, error)

@@ -14,10 +14,11 @@ from typing import Any
 
 import yaml
 
-from orchestrator.inventory import Inventory, load
-from orchestrator.logmerge import PlainNode, format_line, merge, read_node_lines
-from orchestrator.logs import READER
-from orchestrator.runs import RunDir, RunStore, remote_dir
+from orchestrator.config.inventory import Inventory, load
+from orchestrator.logs.lines import format_line, read_node_lines
+from orchestrator.logs.merge import PlainNode, merge
+from orchestrator.node import FROM_STDIN
+from orchestrator.store import RunDir, RunStore, remote_dir
 
 # Writes COUNT worker lines `[default<lr>]:[rank <r>] <node> seq=<i>` (every 7th without the
 # trainer prefix, every 5th torn in two writes, like a pipe delivering half a line), then an
@@ -123,7 +124,7 @@ def reader_pids(node_dir: str) -> list[int]:
             argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if READER.encode() in argv and node_dir.encode() in argv:
+        if FROM_STDIN.encode() in argv and node_dir.encode() in argv:
             out.append(int(entry))
     return out
 

@@ -21,13 +21,22 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TextIO
 
-_PREFIX = "[rank 0] "
+RANK_PREFIX = r"\[rank (\d+)\] "
+"""The prefix :func:`rank_prefix` writes, as a regex: group 1 is the global rank."""
+
+
+def rank_prefix(rank: int) -> str:
+    """The prefix of every line rank ``rank`` prints."""
+    return f"[rank {rank}] "
+
+
+_PREFIX = rank_prefix(0)
 
 
 def set_rank(rank: int) -> None:
     """Set the prefix for every later line of this process."""
     global _PREFIX
-    _PREFIX = f"[rank {rank}] "
+    _PREFIX = rank_prefix(rank)
 
 
 def prefixed(text: str) -> str:
@@ -219,6 +228,19 @@ def parse_throughput(lines: Iterable[str]) -> Throughput:
             tp.total = float(m.group(2))
             tp.efficiency = float(m.group(4)) / 100 if m.group(4) else None
     return tp
+
+
+def announced(lines: Iterable[str]) -> tuple[str | None, str | None]:
+    """(weights directory, results.csv path): the last of each a :func:`done_line` announced."""
+    weights = results = None
+    for line in lines:
+        m = WEIGHTS_DIR.search(line)
+        if m:
+            weights = m.group(1)
+        m = RESULTS_PATH.search(line)
+        if m:
+            results = m.group(1)
+    return weights, results
 
 
 def _read_pairs(text: str) -> list[tuple[str, float]]:

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.inventory import load
-from orchestrator.preflight import CheckReport, run_preflight
+from orchestrator.config.inventory import load
+from orchestrator.preflight.report import CheckReport, run_preflight
 from tests.cluster import NetemUnsupported, TestCluster, free_port, is_root
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "probe"

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator.facts import collect
-from orchestrator.inventory import CHECK_NAMES, load
-from orchestrator.preflight import run_preflight
+from orchestrator.config.inventory import load
+from orchestrator.contract import CHECK_NAMES
+from orchestrator.preflight.facts import collect
+from orchestrator.preflight.report import run_preflight
 from orchestrator.transport import Cluster
 from tests.cluster import TestCluster, free_port
 from tests.integration.test_check import MakeCluster, write_inventory

@@ -10,7 +10,7 @@ from pathlib import Path
 import ntplib
 import pytest
 
-from orchestrator import inventory
+from orchestrator.config import inventory
 from orchestrator.errors import TransportError
 from orchestrator.transport import Cluster, SSHTransport
 from tests.cluster import TestCluster, cluster_pids, leftovers

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.logmerge import LiveMerge, LogLine, parse_ts
+from orchestrator.logs.lines import LogLine, parse_ts
+from orchestrator.logs.merge import LiveMerge
 from tests.cluster import TestCluster, free_port
 from tests.logs_support import late_inversions
 

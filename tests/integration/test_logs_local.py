@@ -15,9 +15,11 @@ import pytest
 from click.testing import CliRunner
 
 from orchestrator.cli import cli
-from orchestrator.logmerge import LiveMerge, LogLine, parse_ts
-from orchestrator.logs import Follower, fetch_all, node_sources
-from orchestrator.runs import remote_dir
+from orchestrator.logs.fetch import fetch_all, node_sources
+from orchestrator.logs.follow import Follower, NodeStream
+from orchestrator.logs.lines import LogLine, parse_ts
+from orchestrator.logs.merge import LiveMerge
+from orchestrator.store import remote_dir
 from orchestrator.transport import Cluster
 from tests.logs_support import (
     late_inversions,
@@ -263,8 +265,8 @@ def test_catch_up_merges_the_copies_in_one_pass_up_to_where_every_copy_is_comple
     """`orch logs -f` of a long run: the lines every copy is known to hold (up to the earliest
     `.drained` stamp, from the fetch) come out of one k-way merge; only the lines after it, and
     the live stream, go through the watermark merge. Nothing lost, nothing twice, in order."""
-    from orchestrator.logmerge import format_ts
-    from orchestrator.logs import drained_path
+    from orchestrator.logs.fetch import drained_path
+    from orchestrator.logs.lines import format_ts
 
     names = ["a", "b", "c"]
     inv, run = make_run(tmp_path, names)
@@ -280,13 +282,13 @@ def test_catch_up_merges_the_copies_in_one_pass_up_to_where_every_copy_is_comple
     # b's copy is known complete only up to line 2000 (as if fetched earlier than the others)
     drained_path(sources["b"]).write_text(f"{t0 + 20.0 + 0.001 + LiveMerge.HEARTBEAT_MARGIN:.6f}")
     pushed: list[str] = []
-    real_push = Follower._push
+    real_push = NodeStream._push
 
-    def counting_push(self: Follower, st: object, line: LogLine) -> None:
+    def counting_push(self: NodeStream, line: LogLine) -> None:
         pushed.append(line.text)
-        real_push(self, st, line)  # type: ignore[arg-type]
+        real_push(self, line)
 
-    monkeypatch.setattr(Follower, "_push", counting_push)
+    monkeypatch.setattr(NodeStream, "_push", counting_push)
     out = [ln for _, ln in follow_all(Follower(run, inv, Cluster(inv), watermark=0.5, poll_s=0.1))]
     assert seqs_by_node([(ln.node, ln.text) for ln in out]) == {n: list(range(3000)) for n in names}
     keys = [(ln.ts, ln.node_rank) for ln in out]
@@ -298,8 +300,8 @@ def test_catch_up_merges_the_copies_in_one_pass_up_to_where_every_copy_is_comple
 
 def test_without_drain_stamps_catch_up_goes_through_the_live_merge(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator.logmerge import format_ts
-    from orchestrator.logs import drained_path
+    from orchestrator.logs.fetch import drained_path
+    from orchestrator.logs.lines import format_ts
 
     inv, run = make_run(tmp_path, ["a", "b"])
     for i, name in enumerate(["a", "b"]):
@@ -309,7 +311,7 @@ def test_without_drain_stamps_catch_up_goes_through_the_live_merge(tmp_path: Pat
     fetch_all(run, inv, Cluster(inv))
     drained_path(node_sources(run, inv)[1]).unlink()  # one node's completeness is unknown
     pushed: list[str] = []
-    real_push = Follower._push
-    monkeypatch.setattr(Follower, "_push", lambda self, st, line: (pushed.append(line.text), real_push(self, st, line)))
+    real_push = NodeStream._push
+    monkeypatch.setattr(NodeStream, "_push", lambda self, line: (pushed.append(line.text), real_push(self, line)))
     out = [ln.text for _, ln in follow_all(Follower(run, inv, Cluster(inv), watermark=0.2, poll_s=0.1))]
     assert len(out) == 100 and len(pushed) == 100

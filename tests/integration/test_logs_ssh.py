@@ -16,10 +16,11 @@ import pytest
 from click.testing import CliRunner
 
 from orchestrator.cli import cli
-from orchestrator.inventory import Inventory, load
-from orchestrator.logmerge import LiveMerge
-from orchestrator.logs import Follower, node_sources
-from orchestrator.runs import RunDir, RunStore, remote_dir
+from orchestrator.config.inventory import Inventory, load
+from orchestrator.logs.fetch import node_sources
+from orchestrator.logs.follow import Follower
+from orchestrator.logs.merge import LiveMerge
+from orchestrator.store import RunDir, RunStore, remote_dir
 from orchestrator.transport import Cluster
 from tests.cluster import TestCluster
 from tests.logs_support import late_inversions, reader_pids, seqs_by_node, start_writer, write_state

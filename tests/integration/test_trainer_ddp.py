@@ -164,7 +164,7 @@ def test_segmentation_two_ranks_with_accumulation(tmp_path: Path) -> None:
     """A -seg model on polygon labels, 2 ranks, --accumulate 2: mask mAP on the log line and in
     results.csv, and what `orch report` parses from the log is what results.csv holds; last.pt
     loads with YOLO() and predicts masks."""
-    from orchestrator.report import parse_results, parse_throughput
+    from orchestrator.logs.trainer import announced, parse_final, parse_results, parse_throughput
 
     data = make_dataset(tmp_path / "ds", images=24, imgsz=96, segments=True)
     out = tmp_path / "run"
@@ -183,6 +183,9 @@ def test_segmentation_two_ranks_with_accumulation(tmp_path: Path) -> None:
     for key in rows[0]:
         if key != "time":
             assert parsed[key] == [row[key] for row in rows], key
+    final = parse_final(r.stdout.splitlines())
+    assert final is not None and final[0] == "best.pt" and "metrics/mAP50-95(M)" in final[2]
+    assert announced(r.stdout.splitlines()) == (str(out.resolve() / "weights"), str(out.resolve() / "results.csv"))
     tp = parse_throughput(r.stdout.splitlines())
     assert tp.epoch == 3 and sorted(tp.ips) == [0, 1] and tp.total == pytest.approx(sum(tp.ips.values()), abs=0.11)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

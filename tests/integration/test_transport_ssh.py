@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator import inventory
+from orchestrator.config import inventory
 from orchestrator.errors import TransportError
 from orchestrator.transport import Cluster, LocalTransport, SSHTransport, Transport
 from tests.cluster import KeyStore, TestCluster
@@ -109,7 +109,7 @@ def test_a_direct_connection_sends_without_nagle(shared):
 
 PROBE_TWO = """
 import sys
-from orchestrator import inventory
+from orchestrator.config import inventory
 from orchestrator.transport import SSHTransport
 for path, name in ((sys.argv[1], "node1"), (sys.argv[2], "node2")):
     with SSHTransport(inventory.load(path).node(name)) as t:
@@ -210,7 +210,7 @@ def test_accept_new_records_the_key_then_strict_connects(shared, tmp_path):
 def test_hashed_known_hosts_and_one_parse_for_all_nodes(shared, tmp_path, monkeypatch):
     """known_hosts hashed by `ssh-keygen -H` (HashKnownHosts yes) verifies every node, and is read
     once for the whole fan-out, not once per node."""
-    from orchestrator import transport
+    from orchestrator.transport import hostkeys
 
     kh = tmp_path / "known_hosts"
     kh.write_text(shared.known_hosts.read_text())
@@ -226,7 +226,7 @@ def test_hashed_known_hosts_and_one_parse_for_all_nodes(shared, tmp_path, monkey
             super().load(filename)
 
     monkeypatch.setattr(paramiko, "HostKeys", Counting)
-    monkeypatch.setattr(transport, "_KNOWN_HOSTS", {})
+    monkeypatch.setattr(hostkeys, "_KNOWN_HOSTS", {})
     with Cluster(_inv(shared, known_hosts=str(kh))) as cl:
         got = cl.fan_out(lambda t: t.run(["sh", "-c", "echo $ORCH_TEST_NODE"]).check().stdout.strip())
     assert got == {f"node{i}": f"node{i}" for i in range(1, 5)}

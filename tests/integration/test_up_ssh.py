@@ -18,8 +18,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator import launch
-from orchestrator.logs import READER
+from orchestrator.node import FROM_STDIN, script
 from tests.cluster import TestCluster, free_port
 from tests.logs_support import reader_pids
 from tests.up_helpers import DDP_JOB, REPO, Orch, ddp_job, leftover, node_log, node_state, wait_for
@@ -106,8 +105,8 @@ def test_a_healthy_run_is_supervised_without_a_single_status_exec(cluster: TestC
     assert status_execs(err) == []
     # and each node cost one exec to ship and start the agent, and one log stream
     nodes = ["node1", "node2", "node3", "node4"]
-    assert sorted(execs(err, launch.BOOT)) == nodes
-    assert sorted(execs(err, READER)) == nodes
+    assert sorted(execs(err, script("boot"))) == nodes
+    assert sorted(execs(err, FROM_STDIN)) == nodes
     assert leftover(cluster, run_id) == {}
 
 

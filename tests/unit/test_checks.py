@@ -5,18 +5,20 @@ from __future__ import annotations
 import copy
 import io
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from rich.console import Console
 
-from orchestrator import checks
-from orchestrator.checks import CheckResult, IfSpec
+from orchestrator.cli.render import check_table
+from orchestrator.config.inventory import Inventory, parse
 from orchestrator.errors import UsageError
-from orchestrator.facts import NodeFacts
-from orchestrator.inventory import Inventory, parse
-from orchestrator.preflight import CheckReport, render_report, select_checks
+from orchestrator.preflight import checks
+from orchestrator.preflight.checks import CheckResult, IfSpec
+from orchestrator.preflight.facts import NodeFacts, job_files
+from orchestrator.preflight.report import CheckReport, select_checks
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "probe"
 NODES = ["n1", "n2", "n3", "n4"]
@@ -237,7 +239,7 @@ def test_ib_hca_missing() -> None:
 def _fixture_ib(name: str) -> dict[str, Any]:
     import os
 
-    from orchestrator import probe
+    from orchestrator.node import probe
     old = os.environ.get("ORCH_PROBE_FIXTURES")
     os.environ["ORCH_PROBE_FIXTURES"] = str(FIX / name)
     try:
@@ -342,6 +344,47 @@ def test_job_data_missing_differs_or_without_names_on_one_node() -> None:
     assert "workdir /work does not exist" in r["n4"].detail
 
 
+def test_job_files_add_an_absolute_script_and_the_sync_entries_once() -> None:
+    inv = parse(inventory().source.replace("  workdir: /work\n", "  workdir: /work\n  script: /work/train.py\n"
+                                           "  sync: [/work, /data/coco.yaml, /data/extra.yaml]\n"), "t.yaml")
+    assert job_files(inv) == {"model": "yolo12n.yaml", "data": "/data/coco.yaml", "script": "/work/train.py",
+                                    "sync[0]": "/work", "sync[2]": "/data/extra.yaml"}
+    relative = parse(inventory().source.replace("  workdir: /work\n", "  workdir: /work\n  script: train.py\n"),
+                     "t.yaml")
+    assert "script" not in job_files(relative)  # torchrun resolves it against the same workdir
+
+
+def test_job_synced_files_are_compared_and_the_hint_is_orch_sync() -> None:
+    inv = parse(inventory().source.replace("  workdir: /work\n", "  workdir: /work\n  script: /work/train.py\n"
+                                           "  sync: [/work, /data/coco.yaml]\n"), "t.yaml")
+    script = {"path": "/work/train.py", "exists": True, "is_file": True, "size": 9, "sha256": "cc" * 32}
+    work = {"path": "/work", "exists": True, "is_file": False, "is_dir": True}
+
+    def healthy(raw: dict[str, Any], nf: NodeFacts) -> None:
+        raw["paths"].update({"script": dict(script), "sync[0]": dict(work)})
+
+    def edit(fault: Any) -> Any:
+        return lambda raw, nf: (healthy(raw, nf), fault(raw))
+
+    edits = {n: healthy for n in NODES}
+    edits.update({
+        "n2": edit(lambda raw: raw["paths"]["script"].update(sha256="dd" * 32)),
+        "n3": edit(lambda raw: (raw["paths"]["sync[0]"].update(exists=False, is_dir=False),
+                                raw["workdir"].update(exists=False, is_dir=False),
+                                raw["paths"]["script"].update(exists=False, is_file=False))),
+        "n4": edit(lambda raw: raw["paths"]["data"].update(sha256="bb" * 32)),
+    })
+    res = checks.run_checks(inv, make_facts(inv, edits), ["job"])
+    assert only_failure(res) == {("job", "n2"), ("job", "n3"), ("job", "n4")}
+    r = by(res, "job")
+    assert "script: /work/train.py differs from the majority" in r["n2"].detail
+    assert "sync[0]: /work does not exist on this node" in r["n3"].detail
+    assert "workdir /work does not exist" in r["n3"].detail
+    assert "data: /data/coco.yaml differs from the majority" in r["n4"].detail
+    for node in ("n2", "n3", "n4"):
+        assert "orch sync copies it to every node" in r[node].hint, node
+
+
 def test_ports_taken_on_master_and_unreachable_from_one_node() -> None:
     inv = inventory()
     facts = make_facts(inv, {"n1": lambda raw, nf: nf.listen.update(master_port={
@@ -372,16 +415,31 @@ def test_report_json_shape_exit_code_and_table() -> None:
     results = run(inv, facts)
     offsets, _, ref = checks.clock_offsets(inv, facts)
     report = CheckReport(results, offsets, ref)
-    assert not report.ok and report.exit_code == 1
+    assert not report.ok
     data = json.loads(json.dumps(report.to_json("inventory/t.yaml")))
     assert data["inventory"] == "inventory/t.yaml" and data["ok"] is False
     assert set(data["results"][0]) == {"check", "node", "status", "value", "detail", "hint"}
     assert data["offsets_ms"]["n2"] == 2034.0
     buf = io.StringIO()
-    render_report(report, Console(file=buf, width=200, no_color=True))
+    check_table(report, Console(file=buf, width=200, no_color=True))
     text = buf.getvalue()
     assert "+2034 ms" in text and "preflight failed" in text and "1 fail" in text
-    assert CheckReport([r for r in results if r.status != "fail"]).exit_code == 0
+    assert CheckReport([r for r in results if r.status != "fail"]).ok
+
+
+def test_cli_exits_1_when_a_check_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.cli import main
+
+    monkeypatch.setenv("ORCH_HOME", str(tmp_path / "home"))
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(f"transport: local\nnodes:\n  - host: a\njob:\n  workdir: {tmp_path / 'missing'}\n"
+                   f"  python: {sys.executable}\n")
+    with pytest.raises(SystemExit) as exc:
+        main(["check", str(inv), "--only", "job", "--json"])
+    assert exc.value.code == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is False and report["results"][0]["status"] == "fail"
 
 
 def test_cli_unknown_check_name_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -427,17 +485,19 @@ def test_verbs_ring_failure_names_the_tool() -> None:
 
 
 def test_saved_report_carries_offsets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator.preflight import load_offsets, report_path, save_report
+    from orchestrator.preflight.report import save_report
+    from orchestrator.store import RunDir, checks_path, clock_offsets
 
     monkeypatch.setenv("ORCH_HOME", str(tmp_path))
     inv = inventory()
     facts = make_facts(inv, {"n2": lambda raw, nf: raw["ntp"].update(offset_ms=-12.5)})
     offsets, _, ref = checks.clock_offsets(inv, facts)
     path = save_report(inv, CheckReport(run(inv, facts), offsets, ref))
-    assert path == report_path(inv) == tmp_path / "checks" / "t.json"
+    assert path == checks_path(inv.name) == tmp_path / "checks" / "t.json"
     assert (path.stat().st_mode & 0o777) == 0o600
-    assert load_offsets(path) == {"n1": 1.5, "n2": -12.5, "n3": 1.5, "n4": 1.5}
-    assert load_offsets(tmp_path / "missing.json") is None
+    assert clock_offsets(None, inv.name) == ({"n1": 1.5, "n2": -12.5, "n3": 1.5, "n4": 1.5}, str(path))
+    assert clock_offsets(RunDir(tmp_path / "runs" / "r1"), inv.name)[1] == str(path)  # the run has none of its own
+    assert clock_offsets(None, "other") == ({}, None)
 
 
 def test_addr_that_is_not_the_nodes_own_fails_ports() -> None:

@@ -56,7 +56,7 @@ def test_bad_usage_is_exit_2() -> None:
 
 
 def test_no_color_and_pipes_get_plain_text(monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator.ui import color_enabled
+    from orchestrator.cli.ui import color_enabled
 
     class Tty:
         def isatty(self) -> bool:
@@ -78,12 +78,12 @@ def test_shell_completion_script_is_generated() -> None:
 
 def test_internal_errors_are_one_line_unless_verbose(monkeypatch: pytest.MonkeyPatch,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    import orchestrator.launch
+    import orchestrator.run.control
 
     def boom(*args: object, **kwargs: object) -> int:
         raise RuntimeError("something unexpected")
 
-    monkeypatch.setattr(orchestrator.launch, "status_command", boom)
+    monkeypatch.setattr(orchestrator.run.control, "status", boom)
     with pytest.raises(SystemExit) as info:
         main(["status"])
     err = capsys.readouterr().err
@@ -97,7 +97,7 @@ def test_internal_errors_are_one_line_unless_verbose(monkeypatch: pytest.MonkeyP
 def test_rich_is_imported_only_where_it_may_draw(monkeypatch: pytest.MonkeyPatch) -> None:
     """`may_be_terminal` is False only where rich would not see a terminal either: a tty, or any
     variable that makes rich treat a pipe as one, says True."""
-    from orchestrator.ui import console, may_be_terminal
+    from orchestrator.cli.ui import console, may_be_terminal
 
     class Tty:
         def isatty(self) -> bool:

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator import inventory
 from orchestrator.cli import main
+from orchestrator.config import inventory, schema
 from orchestrator.errors import InventoryError
 
 BAD = sorted((Path(__file__).parent / "bad_inventories").glob("*.yaml"))
@@ -124,6 +124,12 @@ job: {python: /usr/bin/python3}
     assert a.nproc_per_node == 4
 
 
+def test_job_sync_paths_are_normalised_and_default_to_none() -> None:
+    inv = inventory.parse("nodes:\n  - host: a\njob:\n  sync: [/srv/yolo/, /data/coco.yaml, /srv/yolo2]\n", "t.yaml")
+    assert inv.job.sync == ("/srv/yolo", "/data/coco.yaml", "/srv/yolo2")  # /srv/yolo2 is not inside /srv/yolo
+    assert inventory.parse("nodes:\n  - host: a\n", "t.yaml").job.sync == ()
+
+
 def test_master_moves_to_rank_zero_others_keep_file_order() -> None:
     inv = inventory.parse("nodes:\n  - host: n[1-4]\nmaster:\n  node: n3\n", "t.yaml")
     assert [n.name for n in inv.nodes] == ["n3", "n1", "n2", "n4"]
@@ -144,16 +150,16 @@ def test_job_args_render_as_flags() -> None:
 
 # ----------------------------------------------------------------------------- one schema, two validators
 
-SCHEMAS = [inventory.SSHModel, inventory.NodeModel, inventory.MasterModel, inventory.ClockModel,
-           inventory.RdmaModel, inventory.SSHCheckModel, inventory.ChecksModel, inventory.JobModel,
-           inventory.InventoryModel]
+SCHEMAS = [schema.SSHModel, schema.NodeModel, schema.MasterModel, schema.ClockModel,
+           schema.RdmaModel, schema.SSHCheckModel, schema.ChecksModel, schema.JobModel,
+           schema.InventoryModel]
 
 
 def as_data(value: object) -> object:
     """A validated model (the plain schema object or pydantic's) as nested plain data."""
-    if isinstance(value, inventory._Schema) or hasattr(type(value), "model_fields"):
-        schema = next(s for s in SCHEMAS if s.__name__ == type(value).__name__)
-        return {"__model__": schema.__name__, **{k: as_data(getattr(value, k)) for k in inventory.fields_of(schema)}}
+    if isinstance(value, schema._Schema) or hasattr(type(value), "model_fields"):
+        klass = next(s for s in SCHEMAS if s.__name__ == type(value).__name__)
+        return {"__model__": klass.__name__, **{k: as_data(getattr(value, k)) for k in schema.fields_of(klass)}}
     if isinstance(value, dict):
         return {k: as_data(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -161,33 +167,33 @@ def as_data(value: object) -> object:
     return (type(value).__name__, value)
 
 
-@pytest.mark.parametrize("schema", SCHEMAS, ids=[s.__name__ for s in SCHEMAS])
-def test_the_pydantic_model_is_the_schema(schema: type) -> None:
+@pytest.mark.parametrize("klass", SCHEMAS, ids=[s.__name__ for s in SCHEMAS])
+def test_the_pydantic_model_is_the_schema(klass: type) -> None:
     """Same keys in the same order, same required keys, same defaults."""
-    model = inventory.pydantic_model(schema)
-    assert list(model.model_fields) == list(inventory.fields_of(schema))
+    model = schema.pydantic_model(klass)
+    assert list(model.model_fields) == list(schema.fields_of(klass))
     for name, info in model.model_fields.items():
-        assert info.is_required() == (not hasattr(schema, name)), name
+        assert info.is_required() == (not hasattr(klass, name)), name
         if not info.is_required():
-            assert as_data(info.default) == as_data(getattr(schema, name)), name
+            assert as_data(info.default) == as_data(getattr(klass, name)), name
 
 
 def _pydantic_only(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(tp: object, value: object) -> object:
-        raise inventory._NotPlain
+        raise schema._NotPlain
 
-    monkeypatch.setattr(inventory, "_plain", refuse)
+    monkeypatch.setattr(schema, "_plain", refuse)
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "inventory").glob("*.yaml")), ids=lambda p: p.stem)
 def test_plain_yaml_resolves_without_pydantic_and_as_pydantic_would(path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    data, _ = inventory.yamlines.load(path.read_text())
-    plain = inventory.validate(data)
-    assert isinstance(plain, inventory.InventoryModel)  # no coercion needed: the plain validator took it
+    data, _ = schema.yamlines.load(path.read_text())
+    plain = schema.validate(data)
+    assert isinstance(plain, schema.InventoryModel)  # no coercion needed: the plain validator took it
     fast = inventory.load(path)
     _pydantic_only(monkeypatch)
-    assert as_data(inventory.validate(data)) == as_data(plain)
+    assert as_data(schema.validate(data)) == as_data(plain)
     assert inventory.load(path) == fast
 
 
@@ -222,7 +228,8 @@ TYPED = {  # mostly the declared type, sometimes not: both validators see both
         "args": st.one_of(st.dictionaries(st.text(max_size=3), st.one_of(SCALARS, st.lists(SCALARS)), max_size=2),
                           st.lists(SCALARS, max_size=3)),
         "rdzv": st.sampled_from(["static", "c10d", "x"]), "max_restarts": SCALARS,
-        "torchrun_args": st.lists(st.text(max_size=3), max_size=2), "stop_grace_s": SCALARS}),
+        "torchrun_args": st.lists(st.text(max_size=3), max_size=2), "stop_grace_s": SCALARS,
+        "sync": st.one_of(st.lists(st.one_of(st.text(max_size=3), SCALARS), max_size=2), SCALARS)}),
 }
 
 
@@ -243,10 +250,10 @@ def test_the_plain_validator_agrees_with_pydantic(node: dict[str, object], top: 
     """Whatever the plain validator takes, pydantic takes too and makes the same values of."""
     data = {**top, "nodes": [{"host": "h1", **node}]}
     try:
-        plain = inventory._plain(inventory.InventoryModel, data)
-    except inventory._NotPlain:
+        plain = schema._plain(schema.InventoryModel, data)
+    except schema._NotPlain:
         return
-    assert as_data(inventory.pydantic_model(inventory.InventoryModel).model_validate(data)) == as_data(plain)
+    assert as_data(schema.pydantic_model(schema.InventoryModel).model_validate(data)) == as_data(plain)
 
 
 @settings(max_examples=500, deadline=None)

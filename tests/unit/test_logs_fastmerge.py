@@ -1,4 +1,4 @@
-"""The C merge (`orchestrator._fastmerge`, what `orch logs RUN > file` and merged.log run when the
+"""The C merge (`orchestrator.stored._fastmerge`, what `orch logs RUN > file` and merged.log run when the
 install could build it) prints exactly the bytes of the general path (parse every line into a
 LogLine, k-way merge, `format_line`), for any bytes a node.log copy can hold."""
 
@@ -14,14 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator import logs
-from orchestrator.logmerge import (
-    PlainNode,
-    column_widths,
-    format_ts,
-    merge_plain,
-)
-from orchestrator.logs import NodeSource, plain_merged, plain_merged_bytes
+from orchestrator.logs import stored
+from orchestrator.logs.fetch import NodeSource
+from orchestrator.logs.lines import column_widths, format_ts
+from orchestrator.logs.merge import PlainNode, merge_plain
+from orchestrator.logs.stored import plain_merged, plain_merged_bytes
 from tests.logs_support import general_merge
 
 T0 = 1_796_031_125.0  # 2026-11-30T09:32:05Z
@@ -33,21 +30,21 @@ def test_the_extension_is_built_where_a_compiler_is() -> None:
     headers = os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
     if compiler is None or not headers:
         pytest.skip("no C compiler or Python headers: orch runs the pure-Python merge (test_logs_plain)")
-    assert logs._fastmerge is not None, "setup.py did not build orchestrator._fastmerge"
+    assert stored._fastmerge is not None, "setup.py did not build orchestrator.stored._fastmerge"
 
 
-fast = pytest.mark.skipif(logs._fastmerge is None, reason="orchestrator._fastmerge is not built")
+fast = pytest.mark.skipif(stored._fastmerge is None, reason="orchestrator.stored._fastmerge is not built")
 
 
 def c_merge(texts: list[bytes], nodes: list[PlainNode], widths: tuple[int, int], block: int, chunk: int) -> bytes:
-    assert logs._fastmerge is not None
+    assert stored._fastmerge is not None
     with tempfile.TemporaryDirectory() as d:
         handles = []
         for i, t in enumerate(texts):
             Path(d, f"{i}.log").write_bytes(t)
             handles.append(open(Path(d, f"{i}.log"), "rb"))  # noqa: SIM115
         try:
-            return b"".join(logs._fastmerge.PlainMerge(
+            return b"".join(stored._fastmerge.PlainMerge(
                 handles, [f" {n.node.ljust(widths[0])} ".encode() for n in nodes], [n.base_rank for n in nodes],
                 [n.offset_ms for n in nodes], widths[1], block=block, chunk=chunk))
         finally:
@@ -113,9 +110,9 @@ def test_ties_go_to_the_node_given_first_and_chunks_hold_whole_lines() -> None:
     lines = got.decode().splitlines()
     assert lines[:3] == [f"{format_ts(T0)} b - b0", f"{format_ts(T0)} b - b1", f"{format_ts(T0)} b - b2"]
     assert lines[-1].endswith(" a - a1") and len(lines) == 3001
-    assert logs._fastmerge is not None
+    assert stored._fastmerge is not None
     with open(os.devnull, "rb") as empty:
-        assert list(logs._fastmerge.PlainMerge([empty], [b" x "], [0], [0.0], 1)) == []
+        assert list(stored._fastmerge.PlainMerge([empty], [b" x "], [0], [0.0], 1)) == []
 
 
 def copies(tmp_path: Path, texts: list[bytes]) -> list[NodeSource]:
@@ -139,6 +136,6 @@ def test_plain_merged_bytes_is_the_python_merge_with_or_without_the_extension(tm
         assert python.count(b"\n") == 15000 and "\ufffd".encode() in python
         assert b"".join(plain_merged_bytes(sources, offsets, widths)) == python
         monkeypatch.setenv("ORCH_PURE_PYTHON", "1")
-        assert not logs.fast_merge_available()
+        assert not stored.fast_merge_available()
         assert b"".join(plain_merged_bytes(sources, offsets, widths)) == python
         monkeypatch.delenv("ORCH_PURE_PYTHON")

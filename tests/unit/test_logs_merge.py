@@ -12,21 +12,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.errors import UsageError
-from orchestrator.logmerge import (
-    LineFilter,
-    LiveMerge,
+from orchestrator.logs.filters import LineFilter, last_n, parse_nodes, parse_ranks, parse_since
+from orchestrator.logs.lines import (
     LogLine,
     column_widths,
     format_line,
-    last_n,
-    merge,
     node_color,
-    parse_nodes,
-    parse_ranks,
-    parse_since,
     parse_ts,
     to_json,
 )
+from orchestrator.logs.merge import LiveMerge, merge
 
 T0 = 1_796_031_125.0  # 2026-11-30T09:32:05Z
 

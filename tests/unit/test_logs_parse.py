@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.logmerge import format_ts, parse_node_line, parse_ts, read_node_lines
+from orchestrator.logs.lines import format_ts, parse_node_line, parse_ts, read_node_lines
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TS = "2026-11-30T09:32:05.123456Z"
@@ -137,7 +137,7 @@ class TestFrames:
     def frames(raw: bytes) -> list[tuple[str, bytes]]:
         import io
 
-        from orchestrator.logs import read_frames
+        from orchestrator.logs.fetch import read_frames
 
         return list(read_frames(io.BytesIO(raw)))
 
@@ -150,7 +150,7 @@ class TestFrames:
     def test_noise_without_any_frame_is_an_error_that_shows_it(self) -> None:
         import pytest
 
-        from orchestrator.logs import ProtocolError
+        from orchestrator.logs.fetch import ProtocolError
 
         with pytest.raises(ProtocolError, match="python3: not found"):
             self.frames(b"bash: line 1: python3: not found\n")
@@ -158,7 +158,7 @@ class TestFrames:
     def test_a_traceback_or_garbage_after_frames_is_an_error(self) -> None:
         import pytest
 
-        from orchestrator.logs import ProtocolError
+        from orchestrator.logs.fetch import ProtocolError
 
         with pytest.raises(ProtocolError, match="ZeroDivisionError"):
             self.frames(b"Traceback (most recent call last):\n  File x\nZeroDivisionError: division by zero\n")

@@ -6,12 +6,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.logmerge import (
-    PlainNode,
-    column_widths,
-    format_ts,
-    merge_plain,
-)
+from orchestrator.logs.lines import column_widths, format_ts
+from orchestrator.logs.merge import PlainNode, merge_plain
 from tests.logs_support import general_merge
 
 T0 = 1_796_031_125.0  # 2026-11-30T09:32:05Z

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import inventory
 from orchestrator.cli import main
-from orchestrator.plan import make_plan
+from orchestrator.config import inventory
+from orchestrator.config.plan import make_plan
 
 REPO = Path(__file__).resolve().parents[2]
 V100 = REPO / "inventory" / "v100.yaml"

@@ -2,26 +2,18 @@
 
 from __future__ import annotations
 
-import ast
 import base64
 import hashlib
+import re
 import zlib
 from pathlib import Path
 
 import pytest
 
-from orchestrator import facts, probe
+from orchestrator.node import probe
+from orchestrator.preflight import facts
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "probe"
-
-
-def test_probe_is_stdlib_only_and_python38_syntax() -> None:
-    source = Path(probe.__file__).read_text()
-    tree = ast.parse(source, feature_version=(3, 8))
-    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-    assert imported <= {"__future__", "hashlib", "json", "os", "re", "select", "shutil", "socket", "struct",
-                        "subprocess", "sys", "threading", "time", "fcntl", "importlib"}, imported
 
 
 def test_probe_command_carries_the_probe_source() -> None:
@@ -30,10 +22,11 @@ def test_probe_command_carries_the_probe_source() -> None:
 
     argv = facts.probe_command("/opt/py/bin/python", {"mode": "facts", "node": "n1"})
     assert argv[0] == "/opt/py/bin/python" and argv[1] == "-c"
-    code_blob, src_blob = [part.split("'")[0] for part in argv[2].split("b64decode('")[1:]]
+    code_blob = re.search(r"marshal\.loads\(zlib\.decompress\(b\.b64decode\('([^']+)'", argv[2]).group(1)  # type: ignore[union-attr]
+    (src_blob,) = re.findall(r"'([^']+)'", argv[2].split("zip(N,(")[1].split(")")[0])
     assert zlib.decompress(base64.b64decode(src_blob)) == Path(probe.__file__).read_bytes()
     # the bytecode rides along for a Python with this one's magic number, the source for any other
-    code = marshal.loads(zlib.decompress(base64.b64decode(code_blob)))
+    (code,) = marshal.loads(zlib.decompress(base64.b64decode(code_blob)))
     assert code.co_filename == "orch-probe" and "facts_mode" in code.co_names
     assert repr(importlib.util.MAGIC_NUMBER) in argv[2]
     assert '"node": "n1"' in argv[3]
@@ -209,7 +202,7 @@ def test_software_versions_from_files_match_what_import_torch_reports() -> None:
         assert fast[key] == imported[key], key
     assert fast["torch"]
     # ORCH_PROBE_IMPORT_TORCH forces the child
-    forced = subprocess.run([sys.executable, "-c", "import json, sys; from orchestrator import probe; "
+    forced = subprocess.run([sys.executable, "-c", "import json, sys; from orchestrator.node import probe; "
                              "print(json.dumps(probe.gather_software({})))"], capture_output=True, text=True,
                             env={**os.environ, "ORCH_PROBE_IMPORT_TORCH": "1"}, timeout=120, check=True).stdout
     assert json.loads(forced)["source"] == "import"

@@ -23,7 +23,7 @@ def test_documents_every_trainer_flag() -> None:
 
 
 def test_has_a_row_for_every_check() -> None:
-    from orchestrator.inventory import CHECK_NAMES
+    from orchestrator.contract import CHECK_NAMES
 
     missing = [c for c in CHECK_NAMES if not re.search(rf"^\| `{c}` \|", README, re.M)]
     assert not missing, f"checks without a row in the README's check table: {missing}"

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.report import build_report, parse_throughput, read_results_csv
-from orchestrator.runs import RunDir
+from orchestrator.logs.trainer import parse_throughput
+from orchestrator.report import build_report, read_results_csv
+from orchestrator.store import RunDir
 
 RESULTS = """                  epoch,         train/box_loss,         train/cls_loss,         train/dfl_loss,   metrics/precision(B),      metrics/recall(B),       metrics/mAP50(B),    metrics/mAP50-95(B),           val/box_loss,           val/cls_loss,           val/dfl_loss,                 lr/pg0
                       1,                 3.1,                 4.2,                 2.9,                 0.01,                 0.02,                 0.003,                 0.001,                 3.0,                 4.0,                 2.8,                 0.0001
@@ -123,7 +124,7 @@ def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
 
 def test_report_command_fetches_results_and_says_where_everything_is(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from orchestrator.report import report_command
+    from orchestrator.cli import main
 
     home = tmp_path / "home"
     run = make_run(home / "runs")
@@ -137,7 +138,9 @@ def test_report_command_fetches_results_and_says_where_everything_is(
         fh.write(f"2026-11-30T09:33:00.000000Z out [default0]:[rank 0] done: 3 epochs in 9.0 s; weights in "
                  f"{out_dir}/weights, results in {out_dir}/results.csv\n")
     monkeypatch.setenv("ORCH_HOME", str(home))
-    assert report_command(None) == 0
+    with pytest.raises(SystemExit) as exc:
+        main(["report"])
+    assert exc.value.code == 0
     err = capsys.readouterr().err
     assert f"weights: {out_dir}/weights (on node0)" in err
     assert f"results: {out_dir}/results.csv (on node0)" in err

@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 
-from orchestrator.supervise import (
+from orchestrator.contract import NodeState
+from orchestrator.run.agent import NodeStatus, StopResult
+from orchestrator.run.supervise import (
     NodeSpec,
     Poller,
     Pushed,
@@ -27,9 +29,12 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SPECS = [NodeSpec("n1", 0, 0, 2), NodeSpec("n2", 1, 2, 2), NodeSpec("n3", 2, 4, 2)]
 
 
-def ok(state: str = "running", **kw: Any) -> dict[str, Any]:
-    return {"state": state, "agent_alive": state == "running", "job_alive": state == "running",
-            "exit_code": 0 if state == "succeeded" else None, **kw}
+def ok(state: str = "running", polled: bool = False, **kw: Any) -> NodeStatus:
+    """A node's status as its agent reports it; `polled` marks an answer to a status poll."""
+    fields: dict[str, Any] = {"agent_alive": state == "running", "job_alive": state == "running",
+                              "exit_code": 0 if state == "succeeded" else None,
+                              "reason": "polled" if polled else None, **kw}
+    return NodeStatus(NodeState(state), **fields)
 
 
 class Clock:
@@ -59,7 +64,7 @@ def supervisor(rounds: list[Mapping[str, Any]], *, grace: float = 10.0, excerpt:
 
     def stop_all() -> dict[str, Any]:
         stops.append(1)
-        return {s.name: {"remaining": []} for s in SPECS}
+        return {s.name: StopResult(None) for s in SPECS}
 
     sup = Supervisor(SPECS, observe=observe, stop_all=stop_all, excerpt=excerpt, interval=1.0,
                      unreachable_grace=grace, clock=clock, sleep=clock.sleep)
@@ -127,8 +132,8 @@ def test_an_unanswered_poll_counts_from_when_it_began() -> None:
 
 
 def test_vanished_agent_is_a_failure() -> None:
-    sup, _ = supervisor([{"n1": ok(), "n2": ok(), "n3": {"state": "running", "agent_alive": False,
-                                                           "job_alive": True, "agent_pid": 42}}])
+    sup, _ = supervisor([{"n1": ok(), "n2": ok(), "n3": NodeStatus(NodeState.RUNNING, agent_alive=False,
+                                                                     job_alive=True, agent_pid=42)}])
     out = sup.run()
     assert out.failure is not None and out.failure.node == "n3"
     assert "agent (pid 42) disappeared" in out.failure.reason and "still running" in out.failure.reason
@@ -143,8 +148,8 @@ def test_interrupt_tears_down_then_propagates() -> None:
 
 def test_teardown_reports_nodes_it_could_not_stop() -> None:
     sup = Supervisor(SPECS, observe=lambda: {"n1": ok("failed", exit_code=2)},
-                     stop_all=lambda: {"n1": {"remaining": []}, "n2": TimeoutError("unreachable"),
-                                       "n3": {"remaining": [77]}}, sleep=lambda s: None)
+                     stop_all=lambda: {"n1": StopResult(None), "n2": TimeoutError("unreachable"),
+                                       "n3": StopResult(None, remaining=(77,))}, sleep=lambda s: None)
     out = sup.run()
     assert set(out.not_stopped) == {"n2", "n3"} and "77" in out.not_stopped["n3"]
 
@@ -245,12 +250,12 @@ class Polls:
         self.asked: list[str] = []
         self.answer = answer or (lambda name: ok(polled=True))
 
-    def __call__(self, name: str) -> Mapping[str, Any]:
+    def __call__(self, name: str) -> NodeStatus:
         self.asked.append(name)
         result = self.answer(name)
         if isinstance(result, BaseException):
             raise result
-        return dict(result)
+        return result  # type: ignore[no-any-return]
 
 
 def wait_until(pred: Any, timeout: float = 5.0) -> None:
@@ -379,7 +384,7 @@ def test_a_final_pushed_state_is_never_polled() -> None:
         time.sleep(0.1)
         assert set(polls.asked) == {"n3"}
         obs = pushed.observe()
-        assert obs["n1"] == ok("succeeded") and obs["n2"]["exit_code"] == 3 and obs["n3"] == ok(polled=True)
+        assert obs["n1"] == ok("succeeded") and obs["n2"].exit_code == 3 and obs["n3"] == ok(polled=True)
     finally:
         pushed.close(wait=1.0)
 
@@ -426,7 +431,8 @@ def test_failures_are_ordered_on_the_reference_clock_not_each_nodes_own() -> Non
 
 
 def test_detached_failure_uses_the_offsets_too() -> None:
-    from orchestrator import launch
+    from orchestrator.errors import OrchError
+    from orchestrator.run import control
 
     records = [{"node": "n1", "node_rank": 0, "python": "python3", "remote_dir": "/r"},
                {"node": "n2", "node_rank": 1, "python": "python3", "remote_dir": "/r"}]
@@ -434,8 +440,8 @@ def test_detached_failure_uses_the_offsets_too() -> None:
 
     class NoCluster:
         def __getitem__(self, name: str) -> Any:
-            raise launch.OrchError(f"{name}: not reachable in this test")
+            raise OrchError(f"{name}: not reachable in this test")
 
-    first = launch.detached_failure(NoCluster(), records, statuses, {"n1": 5.0})  # type: ignore[arg-type]
+    first = control.detached_failure(NoCluster(), records, statuses, {"n1": 5.0})  # type: ignore[arg-type]
     assert first is not None and first["node"] == "n1"
-    assert launch.detached_failure(NoCluster(), records, statuses)["node"] == "n2"  # type: ignore[arg-type, index]
+    assert control.detached_failure(NoCluster(), records, statuses)["node"] == "n2"  # type: ignore[arg-type, index]

@@ -50,6 +50,15 @@ def test_done_line_names_weights_and_results() -> None:
     line = logs.done_line(3, 9.0, "/r/exp/weights", "/r/exp/results.csv")
     assert logs.WEIGHTS_DIR.search(line).group(1) == "/r/exp/weights"  # type: ignore[union-attr]
     assert logs.RESULTS_PATH.search(line).group(1) == "/r/exp/results.csv"  # type: ignore[union-attr]
+    assert logs.announced(["a", logs.prefixed(line), "b"]) == ("/r/exp/weights", "/r/exp/results.csv")
+
+
+def test_the_rank_prefix_regex_reads_what_the_trainer_writes() -> None:
+    import re
+
+    for rank in (0, 7, 123):
+        m = re.match(logs.RANK_PREFIX, logs.rank_prefix(rank) + "text")
+        assert m is not None and m.group(1) == str(rank) and m.end() == len(logs.rank_prefix(rank))
 
 
 def test_every_line_gets_the_rank_prefix(capsys) -> None:  # noqa: ANN001
@@ -62,9 +71,10 @@ def test_every_line_gets_the_rank_prefix(capsys) -> None:  # noqa: ANN001
 
 
 def test_the_report_reads_the_trainers_lines_without_torch() -> None:
-    """`orch report` runs on the controller: importing the parsers must not import torch."""
-    code = ("import sys; import orchestrator.report, trainer.logs; "
+    """`orch` runs on the controller: importing it and the trainer's parsers must not import torch."""
+    code = ("import sys; import orchestrator.cli, orchestrator.report, orchestrator.logs.lines, trainer.logs; "
             "assert orchestrator.report.parse_results is trainer.logs.parse_results; "
+            "assert orchestrator.logs.lines.RANK_PREFIX is trainer.logs.RANK_PREFIX; "
             "print('torch' in sys.modules, 'ultralytics' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

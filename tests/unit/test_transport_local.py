@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator import inventory
+from orchestrator.config import inventory
 from orchestrator.errors import RemoteCommandFailed, TransportError
 from orchestrator.transport import Cluster, LocalTransport, command_line, fan_out
 
@@ -79,9 +79,32 @@ def test_fan_out_collects_every_node_even_when_some_fail() -> None:
     assert list(results) == ["n0", "n1", "n2"]
     assert results["n0"] == "N0" and results["n2"] == "N2"
     assert isinstance(results["n1"], TransportError)
+    assert results.succeeded == {"n0": "N0", "n2": "N2"}
+    assert list(results.failed) == ["n1"] and results.failed["n1"] is results["n1"]
 
 
 def test_cluster_fan_out_runs_on_every_node() -> None:
     with Cluster(INV) as cluster:
         results = cluster.fan_out(lambda t: t.run(["sh", "-c", "echo $0", t.node.name]).stdout.strip())
     assert results == {"n0": "n0", "n1": "n1", "n2": "n2"}
+
+
+def test_run_shell_sends_the_line_as_it_is() -> None:
+    r = LocalTransport(INV.nodes[0]).run_shell("echo a | tr a b; echo $((1 + 2))")
+    assert (r.exit_code, r.stdout, r.argv) == (0, "b\n3\n", ("echo a | tr a b; echo $((1 + 2))",))
+
+
+def test_close_ends_a_command_run_still_waits_for() -> None:
+    """As closing an SSH connection ends its sessions: Ctrl-C in `orch exec` must not wait for them."""
+    import threading
+
+    t = LocalTransport(INV.nodes[0])
+    got: list[object] = []
+    worker = threading.Thread(target=lambda: got.append(t.run(["sleep", "60"])))
+    worker.start()
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    t.close()
+    worker.join(30)
+    assert not worker.is_alive() and time.monotonic() - t0 < 30
+    assert got[0].exit_code == -9  # type: ignore[attr-defined]

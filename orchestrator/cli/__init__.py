@@ -1,0 +1,9 @@
+"""`orch`, the command line: the only package that prints, and the one that picks exit codes.
+
+`commands.py` parses (click) and calls the library; `render.py` shows what it returns; `ui.py`
+is the console (colour only on a terminal, never with NO_COLOR).
+"""
+
+from .commands import cli, main
+
+__all__ = ["cli", "main"]

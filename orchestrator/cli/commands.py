@@ -1,0 +1,436 @@
+"""`orch`'s commands: parse the options (click), call the library, hand what it returns to
+`render`, and exit with the code docs/CONTRACT.md gives that outcome.
+
+Exit codes (`contract.ExitCode`): 0 ok · 1 failure (a check failed / the job failed) · 2 bad usage
+or inventory · 3 preflight failed, nothing launched · 130 interrupted (after teardown).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import traceback
+
+import click
+
+from .. import __version__
+from ..config.inventory import Inventory
+from ..config.inventory import load as load_inventory
+from ..contract import CHECK_NAMES, ExitCode
+from ..errors import OrchError, UsageError
+from . import render
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+UP_EXIT = {"succeeded": ExitCode.OK, "detached": ExitCode.OK, "failed": ExitCode.FAILED,
+           "start_failed": ExitCode.FAILED, "preflight_failed": ExitCode.PREFLIGHT_FAILED,
+           "sync_failed": ExitCode.PREFLIGHT_FAILED,
+           "interrupted": ExitCode.INTERRUPTED}
+"""The exit code of each way `orch up` ends (docs/CONTRACT.md)."""
+
+
+class State:
+    """Options shared by every command."""
+
+    def __init__(self, verbose: bool) -> None:
+        self.verbose = verbose
+
+
+pass_state = click.make_pass_decorator(State)
+
+
+def resolve_inventory(path: str | None) -> Inventory:
+    """INVENTORY, else $ORCH_INVENTORY, else the latest run's snapshot, else exit 2."""
+    path = path or os.environ.get("ORCH_INVENTORY")
+    if path:
+        return load_inventory(path)
+    from ..store import RunStore
+
+    try:
+        return RunStore().get().inventory()
+    except UsageError:
+        raise UsageError("no INVENTORY given", "pass one (orch check inventory/v100.yaml) or set ORCH_INVENTORY") from None
+
+
+def split_names(value: str | None) -> list[str] | None:
+    return [v.strip() for v in value.split(",") if v.strip()] if value else None
+
+
+@click.group(context_settings=CONTEXT)
+@click.version_option(__version__, "-V", "--version", prog_name="orch")
+@click.option("-v", "--verbose", is_flag=True, help="Show every remote command and full tracebacks.")
+@click.pass_context
+def cli(ctx: click.Context, verbose: bool) -> None:
+    """orch: turn GPU servers reachable over SSH into one training cluster.
+
+    \b
+    Typical session:
+      orch check inventory/v100.yaml     # preflight every node
+      orch up inventory/v100.yaml        # launch torchrun everywhere, follow, fail fast
+      orch logs --follow                 # from any shell, for the latest run
+      orch status                        # per-node state
+      orch down                          # stop every process of the run
+
+    State lives in $ORCH_HOME (default ./.orch). Shell completion (bash):
+    eval "$(_ORCH_COMPLETE=bash_source orch)"
+    """
+    ctx.obj = State(verbose)
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
+                        format="%(name)s: %(message)s", stream=sys.stderr)
+    if not verbose:
+        logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+
+
+CHECK_HELP = """Preflight every node in parallel; one table, or JSON with --json.
+
+\b
+Checks: {checks}.
+Exit code: 0 no failure (warnings allowed), 1 a check failed, 2 bad inventory.
+
+\b
+Examples:
+  orch check inventory/v100.yaml
+  orch check inventory/v100.yaml --only ssh,clock --json | jq .
+""".format(checks=", ".join(CHECK_NAMES))
+
+
+@cli.command(help=CHECK_HELP, context_settings=CONTEXT)
+@click.argument("inventory", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON on stdout.")
+@click.option("--only", help="Run only these checks (comma separated).")
+@click.option("--skip", help="Skip these checks (comma separated).")
+@pass_state
+def check(state: State, inventory: str | None, as_json: bool, only: str | None, skip: str | None) -> None:
+    inv = resolve_inventory(inventory)
+    from ..preflight.report import run_preflight, select_checks
+
+    selected = select_checks(split_names(only), split_names(skip))
+    with render.probe_progress(len(inv.nodes)) as progress:
+        report = run_preflight(inv, only=selected, progress=progress,
+                               warm_up=None if as_json else render.preload_check_table)
+    if as_json:
+        render.json_out(report.to_json(inv.path))
+    else:
+        render.check_table(report)
+    raise SystemExit(ExitCode.OK if report.ok else ExitCode.FAILED)
+
+
+UP_HELP = """Check, assign ranks, launch torchrun on every node, stream the merged log, supervise.
+
+\b
+Node ranks follow the inventory (the master is node rank 0). One node failing stops all.
+When job.sync lists paths, they are copied to every node first (orch sync), then checked.
+Exit code: 0 success everywhere, 1 the job failed, 2 bad inventory, 3 preflight or sync
+failed (nothing launched), 130 interrupted (every node stopped first).
+
+\b
+Examples:
+  orch up inventory/v100.yaml --dry-run     # the plan: ranks and exact commands
+  orch up inventory/v100.yaml               # launch and follow
+  orch up inventory/v100.yaml --detach      # launch, return; then orch logs -f
+"""
+
+
+@cli.command(help=UP_HELP, context_settings=CONTEXT)
+@click.argument("inventory", required=False)
+@click.option("--dry-run", is_flag=True, help="Print the plan (node, address, ranks, command); touch no node.")
+@click.option("--detach", is_flag=True, help="Return once every node has started; the job keeps running.")
+@click.option("--skip-checks", is_flag=True, help="Launch without the preflight.")
+@click.option("--skip-sync", is_flag=True, help="Do not copy job.sync to the nodes first.")
+@click.option("--run-id", help="Name the run (default: DATE-TIME-CLUSTER).")
+@click.option("--json", "as_json", is_flag=True, help="With --dry-run: print the plan as JSON.")
+@pass_state
+def up(state: State, inventory: str | None, dry_run: bool, detach: bool, skip_checks: bool, skip_sync: bool,
+       run_id: str | None, as_json: bool) -> None:
+    inv = resolve_inventory(inventory)
+    if dry_run:
+        from ..config.plan import make_plan
+
+        plan = make_plan(inv, run_id or "dry-run")
+        if as_json:
+            render.json_out(plan.to_json())
+        else:
+            render.plan_table(plan)
+        raise SystemExit(ExitCode.OK)
+    from ..up import up as run_up
+
+    outcome = run_up(inv, detach=detach, skip_checks=skip_checks, run_id=run_id, skip_sync=skip_sync,
+                     progress=render.UpPrinter())
+    render.up_outcome(outcome)
+    raise SystemExit(UP_EXIT[outcome.result])
+
+
+LOGS_HELP = """Merged, time-ordered logs of a run (the latest when RUN is omitted).
+
+\b
+Every line: node UTC time, node, rank, text. Lines are ordered by the time the node wrote
+them, corrected by the clock offsets the last `orch check` measured.
+
+\b
+Examples:
+  orch logs --follow
+  orch logs 20261130-093205-v100 --node v100-[2-3] --grep 'loss|Error'
+  orch logs --rank 0 --tail 50 --json
+"""
+
+
+@cli.command(help=LOGS_HELP, context_settings=CONTEXT)
+@click.argument("run", required=False)
+@click.option("-f", "--follow", is_flag=True, help="Keep following every node live until the run ends or Ctrl-C.")
+@click.option("--node", "node_filter", help="Only these nodes (name or range, e.g. gpu[01-02]).")
+@click.option("--rank", "rank_filter", help="Only these global ranks (e.g. 0 or 0,8-15).")
+@click.option("--grep", help="Only lines matching this regular expression.")
+@click.option("--since", help="Only lines newer than this (e.g. 10m, 2h, or 2026-11-30T09:30:00).")
+@click.option("--tail", type=int, help="Only the last N lines of each node.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line on stdout.")
+@click.option("--skew-correct/--no-skew-correct", default=None,
+              help="Subtract measured clock offsets before ordering (default: on when known).")
+@click.option("--watermark", type=float, default=1.0, show_default=True,
+              help="Seconds a live line may be held back to order it among nodes.")
+@pass_state
+def logs(state: State, run: str | None, follow: bool, node_filter: str | None, rank_filter: str | None,
+         grep: str | None, since: str | None, tail: int | None, as_json: bool,
+         skew_correct: bool | None, watermark: float) -> None:
+    from ..logs.view import RunLogs
+
+    view = RunLogs.open(run, skew_correct)
+    if view.offsets_ms:
+        render.skew_note(view.offsets_ms, view.offsets_origin)
+    keep = view.line_filter(node_filter, rank_filter, grep, since)
+    if tail is not None and tail < 0:
+        raise UsageError(f"--tail {tail}: must be 0 or more", "e.g. --tail 50: the last 50 lines of each node")
+    out = render.LogPrinter(view.widths, as_json=as_json)
+    try:
+        with view.cluster() as cluster:
+            for name, exc in view.fetch(cluster).failed.items():
+                render.fetch_failed(name, exc)
+            if not follow or tail is not None:
+                if keep.empty and tail is None and out.plain:  # stdout gets exactly merged.log's text
+                    out.chunks(view.plain())
+                else:
+                    out.lines(view.lines(keep, tail))
+            if follow:
+                with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends a follow; exit code 0
+                    with contextlib.closing(view.follow(cluster, watermark=watermark, from_start=tail is None,
+                                                        on_event=render.log_event)) as live:
+                        out.lines((line for line in live if keep(line)), flush_each=True)
+                    render.logs_drained(view.run.run_id, view.state())
+    except BrokenPipeError:
+        render.silence_stdout()
+    raise SystemExit(ExitCode.OK)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("run", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print the state as JSON on stdout.")
+@pass_state
+def status(state: State, run: str | None, as_json: bool) -> None:
+    """Per-node state of a run: state, exit code, pid, uptime, last log time.
+
+    \b
+    Example:
+      orch status --json | jq '.nodes[] | select(.state != "running")'
+    """
+    from ..run.control import status as run_status
+
+    report = run_status(run)
+    if as_json:
+        render.json_out(report.to_json())
+    else:
+        render.status_table(report)
+    raise SystemExit(ExitCode.OK)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("run", required=False)
+@pass_state
+def down(state: State, run: str | None) -> None:
+    """Stop every process of a run on every node (by its recorded process group) and wait.
+
+    Idempotent: safe on a run that already ended.
+
+    \b
+    Example:
+      orch down                # the latest run
+    """
+    from ..run.control import down as run_down
+
+    result = run_down(run)
+    render.down_report(result)
+    raise SystemExit(ExitCode.OK if result.complete else ExitCode.FAILED)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("run", required=False)
+@pass_state
+def report(state: State, run: str | None) -> None:
+    """Write a self-contained HTML report of a run into its directory.
+
+    Node timeline, loss and mAP curves (the trainer's results.csv), per-rank throughput with
+    scaling efficiency, the preflight table and the first failure. Opens offline.
+
+    \b
+    Example:
+      orch report && xdg-open .orch/runs/*/report/index.html
+    """
+    from ..report import make_report
+
+    render.report_outcome(make_report(run))
+    raise SystemExit(ExitCode.OK)
+
+
+class _CommandAfterDashes(click.Command):
+    """A command whose words after the first `--` are not its own: they are the command to run
+    on the nodes (`ctx.meta["orch.command"]`, None without `--`), options and all."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            cut = args.index("--")
+            ctx.meta["orch.command"] = args[cut + 1:]
+            args = args[:cut]
+        else:
+            ctx.meta["orch.command"] = None
+        return super().parse_args(ctx, args)
+
+    def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
+        return [*super().collect_usage_pieces(ctx), "-- CMD ..."]
+
+
+EXEC_HELP = """Run a command on every node in parallel; the output grouped by identical answer.
+
+\b
+The command goes after `--`. One argument is a line for each node's login shell, as
+pdsh and ssh send it (quote it: pipes and globs run on the node); several arguments are
+an argv, each word reaching the node as it is. It runs in the node's login environment
+(the inventory's `env` is not applied) with an empty stdin, over the same SSH settings
+and host-key rules as every orch command.
+
+\b
+Nodes that print the same stdout and stderr and exit alike are shown once, under their
+folded names (node[1-3,5]), like `pdsh | dshbak -c`; control characters in node output
+are shown escaped (\\x1b), never sent to the terminal.
+
+\b
+Exit code: the worst node's: the largest exit code, where a node that could not be
+reached (or whose command ended without an exit status) counts 255 and one that timed
+out 124; 0 when every node exited 0. 2: bad usage or inventory (nothing ran).
+
+\b
+Examples:
+  orch exec inventory/v100.yaml -- nvidia-smi
+  orch exec -- 'pip freeze | grep torch'
+  orch exec --nodes v100-[2-4] -- df -h /data
+  orch exec --timeout 10 --json -- nproc | jq -r '.nodes[] | "\\(.node) \\(.stdout)"'
+"""
+
+
+@cli.command("exec", cls=_CommandAfterDashes, help=EXEC_HELP, context_settings={**CONTEXT, "allow_extra_args": True})
+@click.argument("inventory", required=False)
+@click.option("--nodes", "node_set", metavar="SET", help="Only these nodes: names or ranges, e.g. v100-[1-2],v100-4.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="Give up on a node whose command runs longer than SECONDS (it counts exit 124).")
+@click.option("--json", "as_json", is_flag=True, help="Print every node's answer as JSON on stdout.")
+@click.pass_context
+def exec_(ctx: click.Context, inventory: str | None, node_set: str | None, timeout: float | None,
+          as_json: bool) -> None:
+    command = ctx.meta.get("orch.command")
+    if not command:
+        stray = f" (got: {' '.join(ctx.args)})" if ctx.args else ""
+        raise UsageError("no command given" if command is not None else f"put the command after --{stray}",
+                         "orch exec [INVENTORY] [--nodes SET] -- CMD ...   e.g. orch exec -- nvidia-smi")
+    inv = resolve_inventory(inventory)
+    from ..config.nodeset import select
+    from ..remote.exec import run_everywhere
+
+    nodes = select(node_set, inv.nodes)
+    with render.exec_progress(len(nodes)) as progress:
+        report = run_everywhere(inv, nodes, command, timeout=timeout, progress=progress)
+    if as_json:
+        render.json_out(report.to_json())
+    else:
+        from .ui import color_enabled
+
+        render.exec_output(report, color_enabled(sys.stdout))
+    raise SystemExit(report.exit_code)
+
+
+SYNC_HELP = """Copy the inventory's `job.sync` paths to the same absolute paths on every node.
+
+\b
+rsync over SSH with the inventory's SSH settings (user, port, identity, known_hosts,
+host-key policy, gateway), one rsync per node, `fanout` nodes at once; only what changed
+is sent (size and modification time, or --checksum). A directory /data/coco lands at
+/data/coco, its missing parents created. Files on a node that the controller does not
+have are kept unless --delete. `orch up` runs this before its preflight when job.sync
+lists anything. rsync must be installed here and on every node.
+
+\b
+Exit code: 0 every node in sync, 1 some node failed (named, with the reason), 2 bad
+usage or inventory (job.sync empty, a path missing here).
+
+\b
+Examples:
+  orch sync inventory/v100.yaml               # job: {sync: [/srv/yolo, /data/coco]}
+  orch sync --dry-run                         # what would change on each node
+  orch sync --nodes v100-[3-4] --json | jq '.nodes[] | {node, files, bytes}'
+"""
+
+
+@cli.command(help=SYNC_HELP, context_settings=CONTEXT)
+@click.argument("inventory", required=False)
+@click.option("--nodes", "node_set", metavar="SET", help="Only these nodes: names or ranges, e.g. v100-[1-2],v100-4.")
+@click.option("-n", "--dry-run", is_flag=True, help="Show what would change on each node; change nothing.")
+@click.option("--delete", is_flag=True, help="Also remove files inside synced directories that the controller does not have.")
+@click.option("--checksum", is_flag=True, help="Compare files by checksum, not size and time (reads every file).")
+@click.option("--json", "as_json", is_flag=True, help="Print every node's outcome as JSON on stdout.")
+def sync(inventory: str | None, node_set: str | None, dry_run: bool, delete: bool, checksum: bool,
+         as_json: bool) -> None:
+    inv = resolve_inventory(inventory)
+    from ..config.nodeset import select
+    from ..remote.rsync import SyncOptions
+    from ..remote.sync import sync_nodes
+
+    nodes = select(node_set, inv.nodes)
+    with render.exec_progress(len(nodes)) as progress:
+        report = sync_nodes(inv, nodes, SyncOptions(dry_run=dry_run, delete=delete, checksum=checksum), progress)
+    if as_json:
+        render.json_out(report.to_json())
+    else:
+        render.sync_report(report)
+    raise SystemExit(ExitCode.OK if report.ok else ExitCode.FAILED)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: renders OrchError as one line (+ hint) and maps it to its exit code."""
+    verbose = "-v" in (argv or sys.argv[1:]) or "--verbose" in (argv or sys.argv[1:])
+    try:
+        cli.main(args=argv, prog_name="orch", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("interrupted", err=True)
+        sys.exit(ExitCode.INTERRUPTED)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except OrchError as exc:
+        if verbose:
+            traceback.print_exc()
+        click.echo(f"orch: {exc.message}" if "\n" not in exc.message else f"orch:\n{exc.message}", err=True)
+        if exc.hint:
+            click.echo(f"  hint: {exc.hint}", err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(ExitCode.INTERRUPTED)
+    except SystemExit:
+        raise
+    except Exception as exc:  # the last line of defence: one line unless --verbose
+        if verbose:
+            traceback.print_exc()
+        click.echo(f"orch: internal error: {type(exc).__name__}: {exc} (run with -v for the traceback)", err=True)
+        sys.exit(ExitCode.FAILED)
+    sys.exit(ExitCode.OK)
+
+
+if __name__ == "__main__":
+    main()

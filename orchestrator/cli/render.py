@@ -1,0 +1,456 @@
+"""Everything orch shows people: tables and progress on the terminal, `--json` alone on stdout.
+
+The library never prints: commands return outcome objects (a CheckReport, an up outcome, a status
+report...) or yield what to show, and the functions here render them. rich is imported inside
+them, so a command that draws nothing (`orch check --json` in a pipe) never loads it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shlex
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..contract import CHECK_STATUSES
+from .ui import color_enabled, console, may_be_terminal, styled
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from ..config.inventory import Inventory
+    from ..config.plan import Plan
+    from ..logs.lines import LogLine
+    from ..preflight.report import CheckReport, Progress
+    from ..remote.exec import ExecReport
+    from ..remote.rsync import Transfer
+    from ..remote.sync import SyncReport
+    from ..report import ReportOutcome
+    from ..run.control import DownReport, StatusReport
+    from ..up import UpOutcome
+
+
+def plan_table(plan: Plan) -> None:
+    """The dry-run table: node, address, node rank, global ranks, the exact remote command."""
+    from rich.table import Table
+
+    out = console(stderr=False)
+    table = Table(title=f"plan for {plan.inventory.path}: {len(plan.nodes)} nodes, world size "
+                        f"{plan.world_size}, master {plan.master_addr}:{plan.master_port}",
+                  show_lines=True)
+    for col in ("node", "address", "node rank", "global ranks", "command"):
+        table.add_column(col, overflow="fold")
+    for p in plan.nodes:
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in p.env.items() if not k.startswith("ORCH_"))
+        cmd = (f"cd {p.workdir} && " if p.workdir else "") + (env + " " if env else "") + shlex.join(p.argv)
+        ranks = f"{p.global_ranks.start}-{p.global_ranks.stop - 1}" if len(p.global_ranks) > 1 else str(p.global_ranks.start)
+        table.add_row(p.node.name, f"{p.node.host}" + (f" ({p.node.addr})" if p.node.addr != p.node.host else ""),
+                      str(p.node_rank), ranks, cmd)
+    out.print(table)
+
+
+def check_table(report: CheckReport, out: Console | None = None) -> None:
+    """One table grouped by check, a row per node: status, value, detail, hint; then the verdict."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    out = out or console(stderr=False)
+    table = Table(show_lines=False, pad_edge=False, expand=False)
+    for col, kw in (("check", {"no_wrap": True}), ("node", {"no_wrap": True}), ("status", {"no_wrap": True}),
+                    ("value", {"overflow": "fold", "max_width": 28}), ("detail", {"overflow": "fold"}),
+                    ("hint", {"overflow": "fold"})):
+        table.add_column(col, **kw)
+    last = None
+    for r in report.results:
+        if last is not None and r.check != last:
+            table.add_section()
+        table.add_row(r.check if r.check != last else "", r.node, styled(r.status), r.value,
+                      escape(r.detail), escape(r.hint))
+        last = r.check
+    out.print(table)
+    counts = {s: sum(1 for r in report.results if r.status == s) for s in CHECK_STATUSES}
+    summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+    verdict = "[bold red]preflight failed[/]" if not report.ok else "[green]preflight passed[/]"
+    out.print(f"{verdict}: {summary} ({report.elapsed_s:.1f} s)")
+
+
+def preload_check_table() -> None:
+    """Import what `check_table` draws with (run beside the probe, see `run_preflight`)."""
+    import rich.table  # noqa: F401
+
+
+@contextlib.contextmanager
+def probe_progress(nodes: int) -> Iterator[Progress | None]:
+    """A spinner on stderr while the nodes are probed, updated by the preflight's progress calls;
+    None (and rich never imported) where stderr is not a terminal."""
+    err = console(stderr=True) if may_be_terminal(sys.stderr) else None
+    if err is None or not err.is_terminal:
+        yield None
+        return
+    with err.status(f"probing {nodes} nodes...") as status:
+        def progress(label: str, done: int, total: int) -> None:
+            status.update(f"{label} ({done}/{total})")
+        yield progress
+
+
+def json_out(data: Any) -> None:
+    """`--json`: the document alone on stdout."""
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    sys.stdout.flush()
+
+
+# ----------------------------------------------------------------------------- orch logs
+
+
+class LogPrinter:
+    """Log lines on stdout: `TIME NODE RANK TEXT` in aligned columns (coloured on a terminal), or
+    one JSON object a line with --json."""
+
+    def __init__(self, widths: tuple[int, int], as_json: bool = False) -> None:
+        from ..logs.lines import format_line, to_json
+
+        self.widths = widths
+        self.as_json = as_json
+        self.color = color_enabled(sys.stdout) and not as_json
+        self._format, self._json = format_line, to_json
+
+    @property
+    def plain(self) -> bool:
+        """Plain text: what merged.log holds, so its bytes can be written as they are."""
+        return not (self.as_json or self.color)
+
+    def line(self, line: LogLine) -> str:
+        if self.as_json:
+            return self._json(line)
+        return self._format(line, self.color, node_width=self.widths[0], rank_width=self.widths[1])
+
+    def lines(self, lines: Iterable[LogLine], flush_each: bool = False) -> None:
+        out = sys.stdout
+        for line in lines:
+            out.write(self.line(line) + "\n")
+            if flush_each:
+                out.flush()
+        out.flush()
+
+    def chunks(self, chunks: Iterable[bytes]) -> None:
+        """Plain text already merged into chunks of UTF-8 bytes, written as they are."""
+        from ..logs.stored import binary, write_chunk
+
+        out = sys.stdout
+        raw = binary(out)
+        for chunk in chunks:
+            write_chunk(chunk, out, raw)
+        (raw or out).flush()
+
+
+def skew_note(offsets: Mapping[str, float], origin: str | None) -> None:
+    shown = ", ".join(f"{n} {v:+.1f} ms" for n, v in sorted(offsets.items()))
+    console().print(f"orch: ordering lines by node time minus the clock offsets measured by orch check "
+                    f"({origin}): {shown}; printed times are each node's own clock. "
+                    "--no-skew-correct to turn off", markup=False)
+
+
+def fetch_failed(node: str, exc: Exception) -> None:
+    console().print(f"orch: {node}: cannot fetch its log ({exc}); showing the copy fetched earlier",
+                    markup=False, style="yellow")
+
+
+def log_event(node: str, msg: str) -> None:
+    """What the follower says about a node's stream (reconnects, given up) while following."""
+    console().print(f"orch: {node}: {msg}", markup=False, style="yellow")
+
+
+def logs_drained(run_id: str, state: str) -> None:
+    console().print(f"orch: every node's log is drained (run {run_id}: {state})", markup=False)
+
+
+def silence_stdout() -> None:
+    """The reader of stdout went away (`orch logs | head`): drop what is left quietly."""
+    with contextlib.suppress(OSError):
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the flush at exit
+
+
+# ----------------------------------------------------------------------------- orch up
+
+
+class UpPrinter:
+    """`orch up` as it goes (an `up.UpProgress`): messages on stderr, the merged log on stdout."""
+
+    def __init__(self) -> None:
+        self.err = console()
+        self.log: LogPrinter | None = None
+
+    def syncing(self, inv: Inventory) -> None:
+        self.err.print(f"syncing {len(inv.job.sync)} path(s) of job.sync to {len(inv.nodes)} nodes...")
+
+    def synced(self, report: SyncReport, elapsed_s: float) -> None:
+        sync_report(report, sys.stderr)
+        if report.ok:
+            self.err.print(f"sync done in {elapsed_s:.1f} s")
+
+    def preflight_done(self, report: CheckReport, elapsed_s: float) -> None:
+        if not report.ok or any(r.status == "warn" for r in report.results):
+            check_table(report, self.err)
+        if report.ok:
+            self.err.print(f"preflight passed in {elapsed_s:.1f} s")
+
+    def starting(self, plan: Plan) -> None:
+        from ..logs.lines import column_widths
+
+        self.log = LogPrinter(column_widths([p.node.name for p in plan.nodes], plan.world_size))
+        self.err.print(f"run [bold]{plan.run_id}[/]: starting {len(plan.nodes)} nodes × "
+                       f"{plan.nodes[0].node.nproc_per_node} processes (world size {plan.world_size}, "
+                       f"master {plan.master_addr}:{plan.master_port})")
+
+    def start_failed(self, failures: Mapping[str, Exception]) -> None:
+        from rich.markup import escape
+
+        from ..errors import OrchError
+
+        for name, exc in failures.items():
+            msg = exc.message if isinstance(exc, OrchError) else f"{type(exc).__name__}: {exc}"
+            self.err.print(f"[bold red]{escape(name)}: could not start[/]: {escape(msg)}")
+            hint = getattr(exc, "hint", None)
+            if hint:
+                self.err.print(f"  hint: {escape(hint)}")
+
+    def running(self, plan: Plan, startup_s: float) -> None:
+        self.err.print(f"all {len(plan.nodes)} nodes running after {startup_s:.1f} s")
+
+    def line(self, line: LogLine) -> None:
+        assert self.log is not None
+        sys.stdout.write(self.log.line(line) + "\n")
+        sys.stdout.flush()
+
+    def log_event(self, node: str, message: str) -> None:
+        from rich.markup import escape
+
+        self.err.print(f"[dim]{escape(node)}: {escape(message)}[/]")
+
+    def log_stopped(self, exc: Exception) -> None:
+        from rich.markup import escape
+
+        self.err.print(f"[yellow]log streaming stopped: {escape(str(exc))}[/]")
+
+
+def up_outcome(outcome: UpOutcome) -> None:
+    """How `orch up` ended: success, the first failure with its excerpt, or what was left."""
+    from rich.markup import escape
+
+    out = console()
+    run = outcome.run_id
+    unconfirmed = ", ".join(outcome.not_stopped)
+    if outcome.result == "sync_failed":
+        if outcome.sync_error is not None:
+            out.print(f"orch: {escape(outcome.sync_error.message)}")
+            if outcome.sync_error.hint:
+                out.print(f"  hint: {escape(outcome.sync_error.hint)}")
+        out.print("[bold red]job.sync could not be copied to every node: nothing was launched[/] (fix it, "
+                  "or pass --skip-sync to launch with what the nodes have)")
+    elif outcome.result == "preflight_failed":
+        out.print("[bold red]preflight failed: nothing was launched[/] (fix the failures above, "
+                  "or pass --skip-checks to launch anyway)")
+    elif outcome.result == "start_failed":
+        out.print(f"stopped every node that had started ({outcome.teardown_s or 0:.1f} s); nothing was left running"
+                  if not unconfirmed else f"[bold red]could not confirm the stop on: {unconfirmed}[/] "
+                  f"(run: orch down {run})")
+    elif outcome.result == "detached":
+        out.print(f"detached. Follow: orch logs --follow {run} · state: orch status {run} · stop: orch down {run}")
+    elif outcome.result == "interrupted":
+        out.print(f"interrupted: stopped every node in {outcome.teardown_s or 0:.1f} s" if not unconfirmed
+                  else f"[bold red]interrupted; could not confirm the stop on {unconfirmed}[/]")
+    elif outcome.result == "succeeded":
+        out.print(f"[green]run {run} succeeded on every node[/] in {outcome.wall_s or 0:.1f} s")
+    else:
+        f = outcome.failure
+        assert f is not None
+        rank = f"rank {f.rank}" if f.rank is not None else "rank unknown"
+        out.print(f"\n[bold red]run {run} failed[/]: first failure on [bold]{escape(f.node)}[/] "
+                  f"(node rank {f.node_rank}, {rank}, exit code {f.exit_code}): {escape(f.reason)}")
+        for line in f.excerpt:
+            out.print(f"  {escape(line)}", soft_wrap=True)
+        out.print(f"stopped every other node in {outcome.teardown_s or 0:.1f} s" if not unconfirmed else
+                  f"[bold red]could not confirm the stop on {unconfirmed}[/]: run `orch down {run}` once they "
+                  "are reachable")
+
+
+# ----------------------------------------------------------------------------- orch status, down, report
+
+
+def status_table(report: StatusReport) -> None:
+    """One row per node: state, exit code, pid, uptime, last log; then the first failure."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    out = console(stderr=False)
+    table = Table(title=f"run {report.run}: {styled(str(report.state))}")
+    for col in ("node", "rank", "state", "exit", "pid", "uptime", "last log"):
+        table.add_column(col)
+    for n in report.nodes:
+        up = "" if n.uptime_s is None else f"{n.uptime_s:.0f} s"
+        last = "" if n.last_log_age_s is None else f"{n.last_log_age_s:.0f} s ago"
+        table.add_row(n.node, str(n.node_rank), styled(str(n.state)), "" if n.exit_code is None else str(n.exit_code),
+                      str(n.pid or ""), up, last if not n.error else escape(str(n.error))[:80])
+    out.print(table)
+    ff = report.first_failure
+    if ff:
+        out.print(f"first failure: {ff['node']} (rank {ff.get('rank')}, exit code {ff.get('exit_code')}): "
+                  f"{escape(str(ff.get('reason', '')))}")
+
+
+def down_report(result: DownReport) -> None:
+    """Per node: what was stopped, or why not; then whether anything is left."""
+    from rich.markup import escape
+
+    out = console()
+    done, failed = result.results.succeeded, result.results.failed
+    for name in result.results:
+        res = done.get(name)
+        if res is None:
+            out.print(f"[bold red]{escape(name)}: not stopped[/]: {escape(str(failed[name]))}")
+        elif res.remaining:
+            out.print(f"[bold red]{escape(name)}: processes still running[/]: {list(res.remaining)}")
+        else:
+            n = len(res.stopped)
+            out.print(f"{escape(name)}: {'stopped ' + str(n) + ' processes' if n else 'nothing running'}")
+    if not result.complete:
+        out.print(f"run {result.run}: some nodes could not be stopped; run `orch down {result.run}` again "
+                  "when they are reachable")
+    else:
+        out.print(f"run {result.run}: nothing left running on {len(done)} nodes ({result.elapsed_s:.1f} s)")
+
+
+def report_outcome(outcome: ReportOutcome) -> None:
+    out = console()
+    if outcome.fetch_error:
+        out.print(f"[yellow]results.csv not fetched[/]: {outcome.fetch_error}")
+    if outcome.weights:
+        out.print(f"weights: {outcome.weights} (on {outcome.master})")
+    if outcome.results_csv:
+        copy = f", copy in {outcome.local_csv.resolve()}" if outcome.local_csv else ""
+        out.print(f"results: {outcome.results_csv} (on {outcome.master})" + copy)
+    out.print(f"report:  {outcome.page.resolve()}")
+
+# Control characters a node's output must not send to the terminal raw: C0 but TAB and newline
+# (ESC starts escape sequences that retitle a window, move the cursor, or worse), DEL, C1, and the
+# bidirectional overrides that make text read otherwise than it is.
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """Text from a node, safe for a terminal: every control character but TAB and newline shown as
+    its escape (`\\x1b`, `\\r`, `\\u202e`), so output can neither hide itself nor drive the terminal."""
+    return _UNSAFE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def exec_output(report: ExecReport, color: bool) -> None:
+    """`orch exec`'s output on stdout, grouped like `dshbak -c`: one block per distinct answer
+    under the folded set of the nodes that gave it, its exit code when not 0; then, on stderr,
+    which nodes failed."""
+    from ..config.nodeset import fold
+
+    bold, red, reset = ("\033[1m", "\033[1;31m", "\033[0m") if color else ("", "", "")
+    rule = "-" * 16
+    out = []
+    for group in report.groups():
+        answer = group.answer
+        status = ""
+        if answer.error:
+            status = f": {answer.error} (exit {answer.exit_code})"
+        elif answer.exit_code:
+            status = f": exit {answer.exit_code}"
+        head = f"{fold(group.nodes)} ({len(group.nodes)})"
+        out.append(f"{rule}\n{bold}{head}{reset}{red}{printable(status)}{reset}\n{rule}\n")
+        for text in (answer.stdout, answer.stderr):
+            if text:
+                out.append(printable(text) + ("" if text.endswith("\n") else "\n"))
+        if answer.hint:
+            out.append(f"hint: {printable(answer.hint)}\n")
+    sys.stdout.write("".join(out))
+    sys.stdout.flush()
+    failed = report.failed()
+    if failed:
+        by_code: dict[int, list[str]] = {}
+        for n in failed:
+            by_code.setdefault(n.exit_code, []).append(n.node)
+        detail = "; ".join(f"exit {code}: {fold(names)}" for code, names in sorted(by_code.items(), reverse=True))
+        sys.stderr.write(f"orch exec: {len(failed)} of {len(report.nodes)} nodes failed ({detail})\n")
+
+
+@contextlib.contextmanager
+def exec_progress(nodes: int) -> Iterator[Callable[[int, int], None] | None]:
+    """`done/total` on stderr while nodes answer, erased at the end; None where stderr is no terminal."""
+    if not may_be_terminal(sys.stderr) or not sys.stderr.isatty():
+        yield None
+        return
+
+    def progress(done: int, total: int) -> None:
+        sys.stderr.write(f"\r{done}/{total} nodes done")
+        sys.stderr.flush()
+
+    try:
+        yield progress
+    finally:
+        sys.stderr.write("\r\033[K")
+        sys.stderr.flush()
+
+
+def human_bytes(n: int) -> str:
+    """1234567 → `1.2 MB` (powers of 1000, as rsync -h and df -H)."""
+    size = float(n)
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if size < 1000 or unit == "TB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    raise AssertionError("unreachable")
+
+
+def describe_transfer(t: Transfer, dry: bool) -> str:
+    """`copied 12 file(s), 3.4 MB, deleted 2` / `up to date` (`would copy ...` with --dry-run)."""
+    if t.up_to_date:
+        return "up to date"
+    parts = []
+    if t.files:
+        parts.append(f"{'would copy' if dry else 'copied'} {t.files} file(s), {human_bytes(t.bytes)}")
+    if t.deleted:
+        parts.append(f"{'would delete' if dry else 'deleted'} {t.deleted}")
+    others = len(t.changes) - t.deleted - t.files
+    if others > 0:
+        parts.append(f"{'would make' if dry else 'made'} {others} other change(s) (directories, links, modes)")
+    return ", ".join(parts)
+
+
+def sync_report(report: SyncReport, stream: Any = None) -> None:
+    """`orch sync`'s outcome, nodes with the same outcome on one line under their folded names;
+    with --dry-run, the changes rsync would make. Failures name the reason and the fix."""
+    from ..config.nodeset import fold
+
+    stream = stream or sys.stdout
+    dry = report.options.dry_run
+    lines = [f"{'would sync' if dry else 'sync'} {', '.join(report.paths)} → {len(report.nodes)} node(s)"]
+    if report.skipped:
+        lines.append(f"nothing copied: {report.skipped}")
+    else:
+        groups: dict[tuple[Any, ...], list[str]] = {}
+        for n in report.nodes:
+            what = (describe_transfer(n.transfer, dry), n.transfer.changes if dry else ()) if n.transfer else None
+            groups.setdefault((n.error, n.hint, what), []).append(n.node)
+        for (error, hint, what), names in groups.items():
+            head = f"  {fold(names)} ({len(names)}): "
+            if error:
+                lines.append(head + "FAILED: " + printable(error))
+                if hint:
+                    lines.append(f"    hint: {printable(hint)}")
+                continue
+            lines.append(head + what[0])
+            lines.extend(f"    {printable(c)}" for c in what[1])
+    stream.write("\n".join(lines) + "\n")
+    stream.flush()
+    failed = report.failed()
+    if failed:
+        sys.stderr.write(f"orch sync: failed on {len(failed)} of {len(report.nodes)} nodes: "
+                         f"{fold(n.node for n in failed)}\n")

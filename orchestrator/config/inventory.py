@@ -1,0 +1,473 @@
+"""Inventory: YAML → validated, frozen dataclasses. Pure: no connection is ever made here.
+
+Two stages. The schema (`schema.py`) catches wrong types and unknown keys; the resolution here
+expands host ranges (ClusterShell's NodeSet: `gpu[01-04]`, `10.0.0.[10-13]`) into nodes, merges
+defaults into them, and checks what needs the whole cluster (duplicates, the master,
+rendezvous). Every problem becomes an `InventoryIssue` with file, line and key; all are
+reported at once.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from ..contract import CHECK_NAMES
+from ..errors import InventoryError, InventoryIssue
+from . import yamlines
+from .schema import NodeModel, SSHModel, fields_of, suggest, validate
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+HOST = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]*$")
+HOST_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:\[\],-]*$")
+NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
+# A host or name NodeSet would give back unchanged (no range, list, group or IPv6 colon): it is
+# taken as it is, and ClusterShell (~8 ms to import) is loaded only for the others.
+PLAIN_HOST = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+# What would change meaning if a value ever met a shell. Values are quoted once in the transport
+# anyway; refusing these in the inventory catches copy-paste accidents before anything runs.
+SHELL_UNSAFE = ("\n", "\r", "\x00", "`", "$(", "${", ";", "&", "|", "<", ">")
+
+
+# ----------------------------------------------------------------------------- resolved (frozen)
+
+
+@dataclass(frozen=True)
+class SSHOptions:
+    """How to reach one node over SSH (inventory `ssh:` defaults merged with the node's own)."""
+
+    user: str | None = None
+    port: int = 22
+    identity: str | None = None
+    known_hosts: str = "~/.ssh/known_hosts"
+    host_key_policy: str = "strict"
+    connect_timeout: float = 10.0
+    gateway: str | None = None
+    ssh_config: str | None = "~/.ssh/config"
+
+
+@dataclass(frozen=True)
+class Node:
+    """One server of the cluster, after range expansion and defaults."""
+
+    name: str
+    """Display name, unique; also names the node's run directory."""
+    host: str
+    """SSH address: name, IP or ~/.ssh/config alias."""
+    addr: str
+    """Data-plane address used for rendezvous (the master's) and reachability checks."""
+    gpus: int | None
+    """GPUs the node is declared to have; None for CPU-only nodes (GPU checks are skipped)."""
+    nproc_per_node: int
+    """Worker processes torchrun starts here."""
+    python: str
+    """Interpreter for the probe, the agent and torchrun on this node."""
+    env: Mapping[str, str]
+    """The job's environment on this node: inventory `env` overlaid with the node's `env`."""
+    ssh: SSHOptions
+    index: int
+    """Position in the inventory after expansion (0-based)."""
+
+
+@dataclass(frozen=True)
+class ClockCheck:
+    ntp_server: str | None
+    max_offset_ms: float
+
+
+@dataclass(frozen=True)
+class Checks:
+    clock: ClockCheck
+    timezone: str | None
+    rdma_devices: tuple[str, ...]
+    ssh_warn_ms: float
+    skip: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Job:
+    """What runs on every node: `python -m torch.distributed.run ... (-m module | script) args`."""
+
+    workdir: str | None
+    python: str
+    rdzv: str
+    max_restarts: int
+    module: str | None
+    script: str | None
+    args: tuple[str, ...]
+    """The job's argv after the module/script, rendered from the YAML mapping or list."""
+    raw_args: Mapping[str, Any]
+    """The YAML mapping as written (empty when `args` was a list), for checks on paths and batch."""
+    torchrun_args: tuple[str, ...]
+    run_root: str
+    stop_grace_s: float
+    sync: tuple[str, ...] = ()
+    """Controller paths `orch sync` (and `orch up` before its preflight) copies to the same absolute
+    path on every node: absolute, normalised (no trailing slash), each listed once."""
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """A validated cluster description. Build it with `load()` or `parse()`."""
+
+    path: str
+    name: str
+    transport: str
+    nodes: tuple[Node, ...]
+    """In node-rank order: the master first, then the others in file order."""
+    master: Node
+    master_port: int
+    env: Mapping[str, str]
+    checks: Checks
+    job: Job
+    fanout: int
+    source: str = field(default="", repr=False)
+    """The YAML text, kept for the run's snapshot."""
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if name in (n.name, n.host):
+                return n
+        raise KeyError(name)
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def load(path: str | os.PathLike[str]) -> Inventory:
+    """Read and validate an inventory file. Raises InventoryError (exit 2) listing every problem."""
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise InventoryError([InventoryIssue(f"cannot read inventory: {exc.strerror}", path)]) from None
+    return parse(text, path)
+
+
+def parse(text: str, path: str = "<inventory>") -> Inventory:
+    """Validate inventory YAML text; `path` is only used in messages and the snapshot."""
+    try:
+        data, lines = yamlines.load(text)
+    except yamlines.YamlError as exc:
+        raise InventoryError([InventoryIssue(exc.message, path, exc.line, exc.key)]) from None
+    if not isinstance(data, dict):
+        raise InventoryError(
+            [InventoryIssue("the inventory must be a YAML mapping with at least `nodes:`", path, 1)]
+        )
+    if not data.get("nodes"):
+        line = lines.get(("nodes",), 1)
+        msg = "`nodes` is missing" if "nodes" not in data else "`nodes` is empty"
+        issues = [InventoryIssue(f"{msg}: list at least one node (- host: ...)", path, line, "nodes")]
+        try:  # still report unknown keys: `nodez:` is the likely reason `nodes` is missing
+            validate({**data, "nodes": [{"host": "placeholder"}]}, path, lines)
+        except InventoryError as exc:
+            issues = exc.issues + issues
+        raise InventoryError(issues)
+    return _Resolver(validate(data, path, lines), path, lines, text).resolve()
+
+
+def _env_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    return "" if v is None else str(v)
+
+
+def render_args(args: Mapping[str, Any] | list[Any]) -> tuple[str, ...]:
+    """`{model: x, amp: true, lr: 0.01, off: false}` → `--model x --amp --lr 0.01`. Lists pass as is."""
+    if isinstance(args, list):
+        return tuple(_env_value(a) for a in args)
+    out: list[str] = []
+    for key, value in args.items():
+        if value is None or value is False:
+            continue
+        out.append(f"--{key}")
+        if value is True:
+            continue
+        if isinstance(value, list):
+            out.extend(_env_value(v) for v in value)
+        else:
+            out.append(_env_value(value))
+    return tuple(out)
+
+
+class _Resolver:
+    """Turns the schema model into an Inventory, collecting every cross-field problem."""
+
+    def __init__(self, model: Any, path: str, lines: dict[yamlines.Path, int], text: str):
+        self.m = model
+        self.path = path
+        self.lines = lines
+        self.text = text
+        self.issues: list[InventoryIssue] = []
+
+    def issue(self, msg: str, *loc: str | int) -> None:
+        self.issues.append(InventoryIssue(msg, self.path, yamlines.line_of(self.lines, loc), yamlines.dotted(loc)))
+
+    def resolve(self) -> Inventory:
+        m = self.m
+        env = self.env_map(m.env, ("env",))
+        nodes = _NodeExpander(self).nodes(env)
+        checks = self.checks()
+        job = self.job()
+        if not 1 <= m.master.port <= 65535:
+            self.issue(f"port {m.master.port} is out of range 1-65535", "master", "port")
+        if m.fanout < 1:
+            self.issue(f"fanout must be at least 1, got {m.fanout}", "fanout")
+        master = self.master(nodes)
+        self.rendezvous(nodes, job)
+        if self.issues:
+            raise InventoryError(self.issues)
+        assert master is not None
+        ordered = (master,) + tuple(n for n in nodes if n is not master)
+        name = m.name or os.path.splitext(os.path.basename(self.path))[0] or "cluster"
+        if not NODE_NAME.match(name):
+            raise InventoryError([InventoryIssue(f"cluster name {name!r} may only use letters, digits, '_', '.', '-'", self.path, self.lines.get(("name",)), "name")])
+        return Inventory(
+            path=self.path, name=name, transport=m.transport, nodes=ordered, master=master,
+            master_port=m.master.port, env=MappingProxyType(env), checks=checks, job=job,
+            fanout=m.fanout, source=self.text,
+        )
+
+    # -- pieces
+
+    def local_path(self, value: str) -> str:
+        """With `transport: local`, a relative path (`../.venv/bin/python`, `..`) means relative to
+        the inventory file, so a checked-in inventory works from any clone; a bare command name
+        (`python3`) is left for PATH. Over SSH paths are the node's and stay as written."""
+        if (self.m.transport != "local" or os.path.isabs(value) or value.startswith("~")
+                or ("/" not in value and value not in (".", ".."))):
+            return value
+        return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(self.path)), value))
+
+    def env_map(self, raw: Mapping[str, Any], loc: tuple[str | int, ...]) -> dict[str, str]:
+        out = {}
+        for key, value in raw.items():
+            if not ENV_NAME.match(key):
+                self.issue(f"'{key}' is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)", *loc, key)
+                continue
+            text = _env_value(value)
+            self.safe(text, f"value of {key}", *loc, key)
+            out[key] = text
+        return out
+
+    def safe(self, text: str | None, what: str, *loc: str | int) -> None:
+        if text is None:
+            return
+        bad = [c for c in SHELL_UNSAFE if c in text]
+        if bad:
+            shown = ", ".join(repr(c) for c in bad)
+            self.issue(f"{what} contains {shown}, which would need a shell to be safe: {text!r}", *loc)
+
+    def master(self, nodes: list[Node]) -> Node | None:
+        if not nodes:
+            return None
+        wanted = self.m.master.node
+        if wanted is None:
+            return nodes[0]
+        for n in nodes:
+            if wanted in (n.name, n.host):
+                return n
+        names = [n.name for n in nodes]
+        self.issue(f"master '{wanted}' is not one of the nodes{suggest(wanted, names)}: "
+                   f"nodes are {', '.join(names[:8])}{'...' if len(names) > 8 else ''}", "master", "node")
+        return None
+
+    def checks(self) -> Checks:
+        c = self.m.checks
+        if c.clock.max_offset_ms <= 0:
+            self.issue("max_offset_ms must be positive", "checks", "clock", "max_offset_ms")
+        server = c.clock.ntp_server
+        if server is not None:
+            host, _, port = server.rpartition(":") if server.count(":") == 1 else (server, "", "")
+            if not HOST.match(host or server) or (port and not (port.isdigit() and 1 <= int(port) <= 65535)):
+                self.issue(f"ntp_server {server!r} must be host or host:port", "checks", "clock", "ntp_server")
+        for i, name in enumerate(c.skip):
+            if name not in CHECK_NAMES:
+                self.issue(f"unknown check '{name}'{suggest(name, CHECK_NAMES)}; checks are {', '.join(CHECK_NAMES)}",
+                           "checks", "skip", i)
+        for i, dev in enumerate(c.rdma.devices):
+            if not re.match(r"^[A-Za-z0-9_.-]+$", dev):
+                self.issue(f"bad RDMA device name {dev!r}", "checks", "rdma", "devices", i)
+        self.safe(c.timezone, "timezone", "checks", "timezone")
+        return Checks(
+            clock=ClockCheck(server, c.clock.max_offset_ms), timezone=c.timezone,
+            rdma_devices=tuple(c.rdma.devices), ssh_warn_ms=c.ssh.warn_ms, skip=tuple(c.skip),
+        )
+
+    def job(self) -> Job:
+        j = self.m.job
+        if j.module and j.script:
+            self.issue("give either `module` or `script`, not both", "job", "script")
+        if j.max_restarts < 0:
+            self.issue("max_restarts must be 0 or more", "job", "max_restarts")
+        if j.nproc_per_node is not None and j.nproc_per_node < 1:
+            self.issue(f"nproc_per_node must be a positive integer, got {j.nproc_per_node}", "job", "nproc_per_node")
+        if j.stop_grace_s <= 0:
+            self.issue("stop_grace_s must be positive", "job", "stop_grace_s")
+        for key in ("workdir", "python", "module", "script", "run_root"):
+            self.safe(getattr(j, key), key, "job", key)
+        if j.module and not re.match(r"^[A-Za-z_][A-Za-z0-9_.]*$", j.module):
+            self.issue(f"module {j.module!r} is not a Python module name", "job", "module")
+        args = render_args(j.args)
+        if isinstance(j.args, dict):
+            for key, value in j.args.items():
+                if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", key):
+                    self.issue(f"argument name {key!r} is not a plain flag name", "job", "args", key)
+                for v in value if isinstance(value, list) else [value]:
+                    self.safe(_env_value(v), f"argument {key}", "job", "args", key)
+        else:
+            for i, v in enumerate(args):
+                self.safe(v, "argument", "job", "args", i)
+        for i, v in enumerate(j.torchrun_args):
+            self.safe(v, "torchrun argument", "job", "torchrun_args", i)
+        return Job(
+            workdir=self.local_path(j.workdir) if j.workdir else None, python=self.local_path(j.python), rdzv=j.rdzv, max_restarts=j.max_restarts,
+            module=j.module if (j.module or j.script) else "trainer", script=j.script, args=args,
+            raw_args=MappingProxyType(dict(j.args) if isinstance(j.args, dict) else {}),
+            torchrun_args=tuple(j.torchrun_args), run_root=j.run_root, stop_grace_s=j.stop_grace_s,
+            sync=self.sync_paths(j.sync),
+        )
+
+    def sync_paths(self, paths: list[str]) -> tuple[str, ...]:
+        """`job.sync`: absolute paths, the same on the controller and on every node."""
+        out: list[str] = []
+        for i, raw in enumerate(paths):
+            path = raw.rstrip("/")
+            if not raw.startswith("/"):
+                hint = "~ is the controller's home here and the node's there" if raw.startswith("~") else \
+                    f"e.g. {os.path.join('/path/to', raw)}"
+                self.issue(f"sync path {raw!r} is not absolute: it is copied to the same absolute path on every "
+                           f"node ({hint})", "job", "sync", i)
+            elif not path:
+                self.issue("sync path '/' would copy the whole filesystem: list the directories to copy",
+                           "job", "sync", i)
+            elif any(part in (".", "..") for part in path.split("/")):
+                self.issue(f"sync path {raw!r} has '.' or '..' components: write it as {os.path.normpath(raw)}",
+                           "job", "sync", i)
+            elif path in out:
+                self.issue(f"sync path {raw!r} is listed twice", "job", "sync", i)
+            elif any(path.startswith(o + "/") or o.startswith(path + "/") for o in out):
+                other = next(o for o in out if path.startswith(o + "/") or o.startswith(path + "/"))
+                self.issue(f"sync paths {other} and {path} overlap: list only the outer one", "job", "sync", i)
+            else:
+                self.safe(path, "sync path", "job", "sync", i)
+                out.append(path)
+        return tuple(out)
+
+    def rendezvous(self, nodes: list[Node], job: Job) -> None:
+        nprocs = {n.nproc_per_node for n in nodes}
+        if job.rdzv == "static" and len(nprocs) > 1:
+            detail = ", ".join(f"{n.name}={n.nproc_per_node}" for n in nodes)
+            self.issue(f"nodes run different numbers of processes ({detail}); static rendezvous needs the same "
+                       f"nproc_per_node everywhere: set job.rdzv: c10d", "job", "rdzv")
+
+
+class _NodeExpander:
+    """`nodes:` → Nodes: each entry's host/name/addr ranges expanded in step, the entry's settings
+    (processes, python, env, SSH options) given to every node it names, and no node twice.
+    Problems go to the resolver's list, with the entry's line."""
+
+    def __init__(self, resolver: _Resolver) -> None:
+        self.r = resolver
+        self.m = resolver.m
+
+    def nodes(self, env: dict[str, str]) -> list[Node]:
+        out: list[Node] = []
+        seen_names: dict[str, int] = {}
+        seen_hosts: dict[tuple[str, int], int] = {}
+        for i, nm in enumerate(self.m.nodes):
+            triples = self.expand_entry(nm, i)
+            if not triples:
+                continue
+            shared = self.settings(nm, i, env)
+            for host, name, addr in triples:
+                if not NODE_NAME.match(name):
+                    self.r.issue(f"node name {name!r} may only use letters, digits, '_', '.', ':', '-'",
+                                 "nodes", i, "name")
+                if name in seen_names:
+                    self.r.issue(f"duplicate node '{name}' (also nodes[{seen_names[name]}]): every node must be "
+                                 "listed once", "nodes", i, "name" if nm.name else "host")
+                    continue
+                hk = (host, shared["ssh"].port)
+                if self.m.transport == "ssh" and hk in seen_hosts:
+                    self.r.issue(f"duplicate node: {host}:{hk[1]} is already nodes[{seen_hosts[hk]}]",
+                                 "nodes", i, "host")
+                    continue
+                seen_names[name] = i
+                seen_hosts[hk] = i
+                out.append(Node(name=name, host=host, addr=addr, index=len(out), **shared))
+        return out
+
+    def settings(self, nm: NodeModel, i: int, env: dict[str, str]) -> dict[str, Any]:
+        """What every node of one `nodes[i]` entry shares: GPUs, processes, python, env, SSH options."""
+        for key, value in (("gpus", nm.gpus), ("nproc_per_node", nm.nproc_per_node)):
+            if value is not None and value < 1:
+                self.r.issue(f"{key} must be a positive integer, got {value}", "nodes", i, key)
+        node_env = dict(env)
+        node_env.update(self.r.env_map(nm.env, ("nodes", i, "env")))
+        python = self.r.local_path(nm.python or self.m.job.python)
+        self.r.safe(python, "python", "nodes", i, "python")
+        nproc = nm.nproc_per_node or self.m.job.nproc_per_node or (nm.gpus if nm.gpus and nm.gpus > 0 else 1)
+        if nm.gpus is not None and nm.gpus > 0 and nproc > nm.gpus:
+            where = ("nodes", i, "nproc_per_node") if nm.nproc_per_node else ("job", "nproc_per_node")
+            self.r.issue(f"nproc_per_node {nproc} is larger than the {nm.gpus} gpus of nodes[{i}] ({nm.host}): "
+                         f"a process needs its own GPU", *where)
+        return {"gpus": nm.gpus, "nproc_per_node": nproc, "python": python, "env": MappingProxyType(node_env),
+                "ssh": self.ssh_options(nm, i)}
+
+    def expand_entry(self, nm: NodeModel, i: int) -> list[tuple[str, str, str]]:
+        """(host, name, addr) of every node the entry names: its ranges expanded in step."""
+        hosts = self.expand(nm.host, i, "host")
+        names = self.expand(nm.name, i, "name") if nm.name else hosts
+        addrs = self.expand(nm.addr, i, "addr") if nm.addr else hosts
+        if not hosts:
+            return []
+        if len(hosts) == 1 and len(names) > 1:  # `host: localhost, name: node[0-1]`: one host, many nodes
+            hosts = hosts * len(names)
+        if len(addrs) == 1 and len(hosts) > 1 and not nm.addr:
+            addrs = addrs * len(hosts)
+        for key, values in (("name", names), ("addr", addrs)):
+            if len(values) != len(hosts):
+                self.r.issue(
+                    f"host expands to {len(hosts)} nodes but {key} to {len(values)}: "
+                    f"give {key} a range of the same length, or omit it", "nodes", i, key)
+                names = addrs = hosts
+        return list(zip(hosts, names, addrs))
+
+    def expand(self, pattern: str, i: int, key: str) -> list[str]:
+        if not HOST_PATTERN.match(pattern):
+            self.r.issue(f"{key} {pattern!r} has characters a host name cannot have", "nodes", i, key)
+            return []
+        if PLAIN_HOST.match(pattern):
+            return [pattern]
+        from ClusterShell.NodeSet import NodeSet, NodeSetException
+
+        try:
+            return list(NodeSet(pattern))
+        except NodeSetException as exc:
+            self.r.issue(f"bad range in {key} {pattern!r}: {exc}", "nodes", i, key)
+            return []
+
+    def ssh_options(self, node: NodeModel, i: int) -> SSHOptions:
+        """The inventory's `ssh:` defaults, then the entry's `ssh:`, then its own keys."""
+        merged: dict[str, Any] = {}
+        for layer in (self.m.ssh, node.ssh, node):
+            if layer is None:
+                continue
+            for key in fields_of(SSHModel):
+                value = getattr(layer, key)
+                if value is not None:
+                    merged[key] = value
+        opts = SSHOptions(**merged)
+        if not 1 <= opts.port <= 65535:
+            self.r.issue(f"port {opts.port} is out of range 1-65535", "nodes", i, "port")
+        if opts.connect_timeout <= 0:
+            self.r.issue("connect_timeout must be positive", "nodes", i, "connect_timeout")
+        for key in ("user", "identity", "known_hosts", "gateway", "ssh_config"):
+            self.r.safe(getattr(opts, key), key, "nodes", i, key)
+        return opts

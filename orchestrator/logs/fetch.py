@@ -1,0 +1,243 @@
+"""Bringing a node's log to the controller: the node's reader, its frames, the local copy.
+
+The reader (`orchestrator/node/reader.py`) runs on each node with the node's python and streams
+`node.log` from a byte offset in frames (`D <n>` + n bytes, `H <state> <node time>` heartbeats
+while idle, `S <json>` the node's status when it changes, if asked for, `E <state> <node time>`
+when the node's state.json is final and the log is drained). The controller appends only whole
+lines to its copy, `<run dir>/nodes/<node>.log`, and counts the bytes it appended, so a
+reconnect resumes at exactly the next unseen line: nothing lost, nothing twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from ..config.inventory import Inventory
+from ..errors import TransportError
+from ..node import FROM_STDIN
+from ..node import program as node_program
+from ..store import RunDir, remote_dir, write_private
+from ..transport import Cluster, GroupResult, Process, Transport, fan_out
+
+
+class ProtocolError(Exception):
+    """The node's reader sent something that is not a frame (e.g. a Python traceback)."""
+
+
+def read_frames(stream: IO[bytes]) -> Iterator[tuple[str, bytes]]:
+    """Frames from a reader's output: ("D", data), ("H", b"state node-time"), ("S", b"status JSON"),
+    ("E", b"state node-time"). Ends at EOF.
+
+    Lines before the first frame are the node's login shell talking (a `~/.bashrc` that echoes,
+    `pyenv: cannot rehash` when several logins race): skipped, unless no frame ever follows or
+    they are a Python traceback (the reader itself failed), which raise ProtocolError."""
+    preamble: list[bytes] = []
+    framed = False
+    while True:
+        header = stream.readline()
+        if not header:
+            if preamble and not framed:
+                raise ProtocolError(b"".join(preamble).decode("utf-8", "replace").strip()[-500:])
+            return
+        kind, _, arg = header.rstrip(b"\n").partition(b" ")
+        if kind == b"D" and arg.isdigit():
+            size = int(arg)
+            data = stream.read(size)
+            if len(data) < size:  # the connection died mid-frame: resume from the offset
+                return
+            framed = True
+            yield "D", data
+        elif kind in (b"H", b"E", b"S"):
+            framed = True
+            yield kind.decode(), arg
+        elif not framed and not kind.startswith(b"Traceback") and len(preamble) < 100:
+            preamble.append(header)
+        else:
+            rest = stream.read(2000) if kind.startswith(b"Traceback") else b""
+            raise ProtocolError((b"".join(preamble[-5:]) + header + rest).decode("utf-8", "replace").strip()[-500:])
+
+
+def status_frame(payload: bytes) -> dict[str, Any]:
+    """The JSON object of an S frame."""
+    try:
+        data = json.loads(payload)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        raise ProtocolError(f"bad status frame: {payload[:200]!r}")
+    return data
+
+
+# ----------------------------------------------------------------------------- per-node sources
+
+
+@dataclass(frozen=True)
+class NodeSource:
+    """Where one node's log lives and how its lines are ranked."""
+
+    node: str
+    node_rank: int
+    base_rank: int | None
+    """First global rank of this node (static rendezvous); None when only the trainer knows."""
+    remote_dir: str
+    python: str
+    copy: Path
+    """The controller's copy, `<run dir>/nodes/<node>.log`."""
+
+
+def node_sources(run: RunDir, inv: Inventory) -> list[NodeSource]:
+    """Every node of a run in node-rank order, with ranks from run.json (else the static plan)."""
+    recorded = {n.get("node"): n for n in run.read().get("nodes") or [] if isinstance(n, dict)}
+    sources, base = [], 0
+    for rank, node in enumerate(inv.nodes):
+        rec = recorded.get(node.name, {})
+        node_rank = int(rec.get("node_rank", rank))
+        base_rank: int | None = rec.get("base_rank", base if inv.job.rdzv == "static" else None)
+        sources.append(NodeSource(node.name, node_rank, base_rank,
+                                  str(rec.get("remote_dir") or remote_dir(inv, node, run.run_id)),
+                                  node.python, run.path / "nodes" / f"{node.name}.log"))
+        base += node.nproc_per_node
+    return sorted(sources, key=lambda s: s.node_rank)
+
+
+class LocalCopy:
+    """The controller's copy of one node's log. Holds only whole lines, so its size is the byte
+    offset to resume from. One process writes it at a time (flock); another process following
+    the same run reads the node without writing the copy."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        self.fh = os.fdopen(fd, "r+b", buffering=0)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self.writer = True
+        except BlockingIOError:
+            self.writer = False
+        self.path = path
+        self.offset = self._whole_lines_size()
+        self.partial = b""
+
+    def _whole_lines_size(self) -> int:
+        """Size up to the last newline; a torn tail (a crash mid-write) is cut off when writing."""
+        size = self.fh.seek(0, os.SEEK_END)
+        if size == 0:
+            return 0
+        pos = size
+        while pos > 0:
+            step = min(65536, pos)
+            self.fh.seek(pos - step)
+            chunk = self.fh.read(step)
+            nl = chunk.rfind(b"\n")
+            if nl >= 0:
+                pos = pos - step + nl + 1
+                break
+            pos -= step
+        if pos != size and self.writer:
+            self.fh.truncate(pos)
+        self.fh.seek(0, os.SEEK_END)
+        return pos
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """Add fetched bytes; append and return the lines they complete."""
+        buf = self.partial + data
+        cut = buf.rfind(b"\n") + 1
+        self.partial = buf[cut:]
+        if not cut:
+            return []
+        whole = buf[:cut]
+        if self.writer:
+            self.fh.seek(0, os.SEEK_END)
+            self.fh.write(whole)
+        self.offset += cut
+        return whole.splitlines()
+
+    def drop_partial(self) -> None:
+        """Forget a half-received line; it is fetched again from `offset` after a reconnect."""
+        self.partial = b""
+
+    def existing(self, start: int = 0) -> Iterator[bytes]:
+        """The lines already in the copy from byte `start` (up to the offset when this copy was
+        opened)."""
+        end = self.offset
+        with open(self.path, "rb") as fh:
+            fh.seek(start)
+            while fh.tell() < end:
+                line = fh.readline()
+                if not line:
+                    return
+                yield line
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+def reader_program() -> str:
+    """The `python -c` text of the node's log reader, with the agent whose liveness rules it uses."""
+    return node_program("reader", ("agent",))
+
+
+def start_reader(transport: Transport, src: NodeSource, offset: int, poll_s: float, once: bool,
+                 report: bool = False) -> Process:
+    """Start the node's log reader from byte `offset`. Its program goes on its stdin, so for as
+    long as it runs its command line (what `ps` shows on the node) is a few words, not its code.
+    A reader that cannot start (a missing python) says why on its output, which the frame
+    parser reports: a failed write here is left to it."""
+    proc = transport.popen([src.python, "-c", FROM_STDIN, src.remote_dir, str(offset), f"{poll_s:g}",
+                            "1" if once else "0", "1" if report else "0"], keep_stdin=True)
+    with contextlib.suppress(OSError, EOFError):
+        proc.write(reader_program().encode("ascii"))
+        proc.close_stdin()
+    return proc
+
+
+def fetch_node(transport: Transport, src: NodeSource, timeout: float = 120.0) -> str:
+    """Bring the local copy of one node up to date (one shot); returns the node's state."""
+    copy = LocalCopy(src.copy)
+    proc = start_reader(transport, src, copy.offset, 0.2, once=True)
+    watchdog = threading.Timer(timeout, proc.close)
+    watchdog.start()
+    try:
+        for kind, payload in read_frames(proc.stdout):
+            if kind == "D":
+                copy.feed(payload)
+            elif kind == "E":
+                state, _, drained = payload.decode().partition(" ")
+                if drained and copy.writer:
+                    write_private(drained_path(src), drained)
+                return state
+        raise TransportError(src.node, "unreachable", "the log stream ended before the log was read to its end")
+    finally:
+        watchdog.cancel()
+        proc.close()
+        copy.close()
+
+
+def drained_path(src: NodeSource) -> Path:
+    """`<copy>.drained`: the node time at which the copy last held every line the node had
+    written (its reader's final drain), so lines stamped before it (less a margin) are all in."""
+    return src.copy.with_name(src.copy.name + ".drained")
+
+
+def drained_at(src: NodeSource) -> float | None:
+    try:
+        return float(drained_path(src).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def fetch_all(run: RunDir, inv: Inventory, cluster: Cluster,
+              sources: list[NodeSource] | None = None) -> GroupResult[str]:
+    """Update every node's local copy in parallel: each node's state, or why it could not be read."""
+    sources = sources if sources is not None else node_sources(run, inv)
+    by_name = {s.node: s for s in sources}
+    nodes = [inv.node(s.node) for s in sources]
+    return fan_out(nodes, lambda n: fetch_node(cluster[n.name], by_name[n.name]), inv.fanout)

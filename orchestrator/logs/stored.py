@@ -1,0 +1,175 @@
+"""The run's stored copies of the node logs, read back and merged: what `orch logs` prints of
+a run and what `<run dir>/merged.log` holds.
+
+Plain text of everything (`orch logs RUN > file`, merged.log) goes through the C merge
+(`_fastmerge.c`, built by setup.py where a compiler is) or, without it, the Python block merge
+(`merge.merge_plain`): the same bytes. Filters, `--json` and colours take the general path:
+a LogLine per line and the k-way merge.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator, Mapping
+from typing import IO
+
+from ..config.inventory import Inventory
+from ..store import RunDir
+from .fetch import NodeSource
+from .lines import LogLine, read_node_lines
+from .merge import PlainNode, merge_plain
+
+
+def copy_lines(src: NodeSource) -> Iterator[LogLine]:
+    """Parse a node's local copy, streaming."""
+    if not src.copy.exists():
+        return iter(())
+    return _copy_lines(src)
+
+
+def _copy_lines(src: NodeSource) -> Iterator[LogLine]:
+    with open(src.copy, encoding="utf-8", errors="replace", newline="\n") as fh:
+        yield from read_node_lines(fh, src.node, src.node_rank, src.base_rank)
+
+
+def world_size(run: RunDir, inv: Inventory) -> int:
+    """The run's number of ranks (run.json, else the inventory): the width of the rank column."""
+    nodes = run.read().get("nodes") or []
+    total = sum(int(n.get("nproc") or 0) for n in nodes if isinstance(n, dict))
+    return total or sum(n.nproc_per_node for n in inv.nodes)
+
+
+def lock_merged(run: RunDir) -> IO[str] | None:
+    """merged.log opened for appending and locked, or None while another orch process (an
+    attached `orch up`, another `orch logs -f`) is writing it: that one keeps it whole."""
+    fd = os.open(run.merged_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
+@contextlib.contextmanager
+def merged_log_writer(run: RunDir) -> Iterator[IO[str] | None]:
+    """`<run dir>/merged.log`, rewritten atomically (private) once the writing completes; None
+    (left alone) while a follower in another process is appending to it."""
+    held = lock_merged(run)
+    if held is None:
+        yield None
+        return
+    tmp = run.merged_log.with_name(f".merged.log.{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            os.chmod(tmp, 0o600)
+            yield fh
+        os.replace(tmp, run.merged_log)
+    finally:
+        held.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def write_merged_log(run: RunDir, sources: list[NodeSource], offsets_ms: Mapping[str, float],
+                     widths: tuple[int, int]) -> None:
+    """`<run dir>/merged.log`: every node's copy, merged, as plain text."""
+    with merged_log_writer(run) as fh:
+        if fh is None:
+            return
+        raw = binary(fh)
+        for chunk in plain_merged_bytes(sources, offsets_ms, widths):
+            write_chunk(chunk, fh, raw)
+
+
+BLOCK_BYTES = 4 << 20
+"""Bytes of node logs the plain merge reads at once, split between the nodes (at least 32 KiB
+each). Rendered lines, keys and the batch take a few times that in memory."""
+
+
+def block_size(nodes: int) -> int:
+    """Bytes each node's copy is read in by the plain merges (Python and C): BLOCK_BYTES split."""
+    return max(32 << 10, BLOCK_BYTES // max(1, nodes))
+
+
+def copy_blocks(src: NodeSource, size: int) -> Iterator[str]:
+    """A node's local copy in blocks of whole lines (about `size` bytes each), decoded as
+    `copy_lines` decodes it; a torn last line gets its newline."""
+    try:
+        fh = open(src.copy, "rb")  # noqa: SIM115 - closed below, also when abandoned early
+    except FileNotFoundError:
+        return
+    with fh:
+        rest = b""
+        while True:
+            chunk = fh.read(size)
+            if not chunk:
+                if rest:
+                    yield (rest + b"\n").decode("utf-8", "replace")
+                return
+            buf = rest + chunk if rest else chunk
+            cut = buf.rfind(b"\n") + 1
+            rest = buf[cut:]
+            if cut:
+                yield buf[:cut].decode("utf-8", "replace")
+
+
+def plain_merged(sources: list[NodeSource], offsets_ms: Mapping[str, float],
+                  widths: tuple[int, int]) -> Iterator[str]:
+    """Every node's copy, merged, as chunks of plain `TIME NODE RANK TEXT` lines (the fast path
+    for what `format_line(merge(...))` prints when nothing is filtered)."""
+    size = block_size(len(sources))
+    return merge_plain([copy_blocks(s, size) for s in sources],
+                       [PlainNode(s.node, s.base_rank, offsets_ms.get(s.node, 0.0)) for s in sources], widths)
+
+
+try:  # the C merge, when the install could build it (setup.py); else the Python one, same bytes
+    from . import _fastmerge
+except ImportError:  # pragma: no cover - a machine without a C compiler
+    _fastmerge = None  # type: ignore[assignment, unused-ignore]
+
+
+def fast_merge_available() -> bool:
+    """Whether `plain_merged_bytes` runs the C merge (ORCH_PURE_PYTHON=1 turns it off)."""
+    return _fastmerge is not None and not os.environ.get("ORCH_PURE_PYTHON")
+
+
+def plain_merged_bytes(sources: list[NodeSource], offsets_ms: Mapping[str, float],
+                       widths: tuple[int, int]) -> Iterator[bytes]:
+    """`plain_merged` as UTF-8 chunks of whole lines: the same bytes, by the C merge when it is
+    built (several times faster; the same block of memory per node), else the Python one."""
+    if not fast_merge_available():
+        for text in plain_merged(sources, offsets_ms, widths):
+            yield text.encode("utf-8")
+        return
+    with contextlib.ExitStack() as stack:
+        present, handles = [], []
+        for s in sources:
+            try:
+                handles.append(stack.enter_context(open(s.copy, "rb")))
+            except FileNotFoundError:  # never fetched: no lines, as copy_blocks
+                continue
+            present.append(s)
+        yield from _fastmerge.PlainMerge(
+            handles, [f" {s.node.ljust(widths[0])} ".encode() for s in present],
+            [s.base_rank for s in present], [offsets_ms.get(s.node, 0.0) for s in present], widths[1],
+            float_keys=any(offsets_ms.get(s.node, 0.0) for s in sources), block=block_size(len(sources)))
+
+
+def binary(out: IO[str]) -> IO[bytes] | None:
+    """The byte stream under a UTF-8 text stream (flushed), to write merged bytes to as they
+    are; None when there is none (a test's StringIO) or it encodes otherwise."""
+    raw = getattr(out, "buffer", None)
+    if raw is None or (getattr(out, "encoding", None) or "").lower().replace("-", "") != "utf8":
+        return None
+    out.flush()
+    return raw
+
+
+def write_chunk(chunk: bytes, out: IO[str], raw: IO[bytes] | None) -> None:
+    if raw is not None:
+        raw.write(chunk)
+    else:
+        out.write(chunk.decode("utf-8"))

@@ -1,0 +1,28 @@
+"""What orch reads of the trainer's output (`python -m trainer`): the rank prefix of every line,
+the end-of-epoch throughput table, the epoch and validation lines (results.csv's columns), the
+final validation of best.pt, and where the run's weights and results.csv were saved.
+
+Those lines are defined once, in `trainer/logs.py`, which both writes and parses them, so the
+trainer and orch cannot drift apart; it is stdlib-only (no torch, no ultralytics), so importing it
+on the controller costs nothing. This module is orch's one door to it: `lines.py` takes the rank
+prefix from here, `orchestrator/report.py` the rest. (The C merge, `_fastmerge.c`, reads the rank
+prefix too.)
+"""
+
+from __future__ import annotations
+
+from trainer.logs import (
+    RANK_PREFIX,
+    RESULTS_PATH,
+    THROUGHPUT_ROW,
+    THROUGHPUT_TOTAL,
+    WEIGHTS_DIR,
+    Throughput,
+    announced,
+    parse_final,
+    parse_results,
+    parse_throughput,
+)
+
+__all__ = ["RANK_PREFIX", "RESULTS_PATH", "THROUGHPUT_ROW", "THROUGHPUT_TOTAL", "WEIGHTS_DIR", "Throughput",
+           "announced", "parse_final", "parse_results", "parse_throughput"]

@@ -1,0 +1,113 @@
+"""What `orch logs` shows of a run: its stored copies merged (filtered, or as plain text exactly
+as merged.log holds them), or the run followed live. The CLI prints what this yields; the copies
+and merged.log in the run directory are brought up to date on the way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass
+
+from ..config.inventory import Inventory
+from ..store import RunDir, RunStore, clock_offsets
+from ..transport import Cluster, GroupResult
+from .fetch import NodeSource, fetch_all, node_sources
+from .filters import LineFilter, apply, compile_grep, last_n, parse_nodes, parse_ranks, parse_since
+from .follow import Follower
+from .lines import LogLine, column_widths, format_line
+from .merge import merge
+from .stored import (
+    binary,
+    copy_lines,
+    merged_log_writer,
+    plain_merged_bytes,
+    world_size,
+    write_chunk,
+    write_merged_log,
+)
+
+
+@dataclass
+class RunLogs:
+    """One run's logs on the controller: its nodes in node-rank order, the clock offsets lines are
+    ordered by (empty: none known, or --no-skew-correct), the columns' widths."""
+
+    run: RunDir
+    inv: Inventory
+    sources: list[NodeSource]
+    offsets_ms: dict[str, float]
+    offsets_origin: str | None
+    """The saved check report the offsets come from."""
+    widths: tuple[int, int]
+
+    @classmethod
+    def open(cls, run_id: str | None, skew_correct: bool | None = None) -> RunLogs:
+        """The named run, else the latest; UsageError (exit 2) when there is none."""
+        run = RunStore().get(run_id)
+        inv = run.inventory()
+        sources = node_sources(run, inv)
+        offsets, origin = clock_offsets(run, inv.name)
+        if skew_correct is False or not any(offsets.values()):
+            offsets, origin = {}, None
+        return cls(run, inv, sources, offsets, origin,
+                   column_widths([s.node for s in sources], world_size(run, inv)))
+
+    def line_filter(self, node: str | None = None, rank: str | None = None, grep: str | None = None,
+                    since: str | None = None) -> LineFilter:
+        """`--node/--rank/--grep/--since` parsed; UsageError naming what is wrong with one."""
+        return LineFilter(
+            nodes=parse_nodes(node, [s.node for s in self.sources]) if node else None,
+            ranks=parse_ranks(rank) if rank else None,
+            pattern=compile_grep(grep) if grep else None,
+            since=parse_since(since) if since else None,
+            offsets_ms=self.offsets_ms,
+        )
+
+    def cluster(self) -> Cluster:
+        return Cluster(self.inv)
+
+    def fetch(self, cluster: Cluster) -> GroupResult[str]:
+        """Bring every node's copy up to date: each node's state, or why it could not be read
+        (the copy fetched earlier is then what is shown)."""
+        return fetch_all(self.run, self.inv, cluster, self.sources)
+
+    def plain(self) -> Iterator[bytes]:
+        """Every line of every copy, merged, as plain text in chunks of UTF-8 bytes: what
+        merged.log holds, and it is rewritten in the same pass."""
+        with merged_log_writer(self.run) as merged:
+            raw = binary(merged) if merged is not None else None
+            for chunk in plain_merged_bytes(self.sources, self.offsets_ms, self.widths):
+                yield chunk
+                if merged is not None:
+                    write_chunk(chunk, merged, raw)
+
+    def lines(self, keep: LineFilter, tail: int | None = None) -> Iterator[LogLine]:
+        """The copies' lines that `keep` keeps (the last `tail` of each node), merged. merged.log
+        is rewritten too: in the same pass when nothing is left out, else once they are out."""
+        streams: list[Iterator[LogLine]] = [copy_lines(s) for s in self.sources if keep.wants_node(s.node)]
+        if not keep.empty:
+            streams = apply(streams, keep)
+        if tail is not None:
+            streams = [last_n(s, tail) for s in streams]
+        if keep.empty and tail is None:
+            with merged_log_writer(self.run) as merged:
+                for line in merge(streams, self.offsets_ms):
+                    if merged is not None:
+                        merged.write(format_line(line, False, node_width=self.widths[0],
+                                                 rank_width=self.widths[1]) + "\n")
+                    yield line
+            return
+        yield from merge(streams, self.offsets_ms)
+        write_merged_log(self.run, self.sources, self.offsets_ms, self.widths)
+
+    def follow(self, cluster: Cluster, *, watermark: float, from_start: bool,
+               on_event: Callable[[str, str], None]) -> Generator[LogLine, None, None]:
+        """Every node live, in order, until the run ends and every log is drained. Close the
+        generator to stop (it stops the readers on every node at once)."""
+        follower = Follower(self.run, self.inv, cluster, watermark=watermark, offsets_ms=self.offsets_ms,
+                            from_start=from_start, on_event=on_event)
+        return follower.lines()
+
+    def state(self) -> str:
+        """The run's state as run.json says it now."""
+        return str(self.run.read().get("state", "unknown"))

@@ -1,0 +1,89 @@
+"""The programs that run ON the nodes, and how the controller ships them.
+
+Every other module of this package is a node-side program: stdlib only, Python >= 3.8, and it
+imports nothing from orch (a test holds them to that; `ruff.toml` here lints them as py38).
+A node may run another orch version, or none: what a program needs travels with it.
+
+- `agent.py`  the node agent of a run: starts torchrun detached, records its state, stops it.
+              Copied into the node's run directory (by `boot.py`) and run from there.
+- `boot.py`   writes the files it reads on stdin into a run directory, then runs the agent.
+- `probe.py`  `orch check`'s probe: gathers a node's facts, answers pings and connect tests.
+- `reader.py` streams a node's log from a byte offset as frames, with the node's status;
+              it judges liveness with the agent's own functions (shipped along with it).
+
+This file is the controller's side: `source(name)` is a program's text, and `program(main,
+deps)` the text that runs it with the sibling modules it imports (`from . import agent`)
+registered as a package around it: as `python -c TEXT` (the probe), or sent on the stdin of
+`python -c FROM_STDIN` (the log reader).
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import importlib.util
+import marshal
+import threading
+import zlib
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+_BUILD = threading.Lock()
+_PROGRAMS: dict[tuple[str, tuple[str, ...]], str] = {}
+FROM_STDIN = "import sys;exec(sys.stdin.buffer.read())"
+"""`python -c` text that runs the program sent on its stdin. A long-lived program (the log reader)
+then shows a command line of a few words in `ps` for its whole life, not its 40 KB of code."""
+PACKAGE = "orch_node"
+"""The package name the node programs run under on a node (`from . import agent` resolves there)."""
+
+
+def source(name: str) -> str:
+    """The text of the node program `name` (`agent`, `boot`, `probe`, `reader`)."""
+    return (HERE / f"{name}.py").read_text(encoding="utf-8")
+
+
+def script(name: str) -> str:
+    """The source of node program `name` without its module docstring: the `python -c` text of a
+    short program (boot), which stays on the command line of the agent it turns into."""
+    text = source(name)
+    tree = ast.parse(text)
+    first = tree.body[0] if tree.body else None
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        text = "\n".join(text.splitlines()[first.end_lineno:]).lstrip("\n") + "\n"
+    return text
+
+
+def _blob(data: bytes) -> str:
+    return base64.b64encode(zlib.compress(data, 9)).decode("ascii")
+
+
+def program(main: str, deps: tuple[str, ...] = ()) -> str:
+    """The text that runs node program `main` as `__main__`, its sibling modules `deps`
+    importable by `from . import NAME`. It carries the bytecode for a node whose Python has this
+    Python's bytecode magic number (compiling is a fifth of the probe's CPU on a node), and the
+    compressed source for any other. Built once per process, by the first of the threads that
+    ask at once (one per node); the others wait for it rather than compile it again each."""
+    key = (main, tuple(deps))
+    with _BUILD:
+        text = _PROGRAMS.get(key)
+        if text is None:
+            text = _PROGRAMS[key] = _build(main, tuple(deps))
+    return text
+
+
+def _build(main: str, deps: tuple[str, ...]) -> str:
+    names = (*deps, main)
+    texts = [source(n) for n in names]
+    code = _blob(marshal.dumps(tuple(compile(t, f"orch-{n}", "exec") for n, t in zip(names, texts))))
+    srcs = ",".join(f"'{_blob(t.encode('utf-8'))}'" for t in texts)
+    return (
+        "import sys,types,zlib,base64 as b\n"
+        f"N={names!r}\n"
+        f"if getattr(sys.modules.get('_frozen_importlib_external'),'MAGIC_NUMBER',None)=={importlib.util.MAGIC_NUMBER!r}:\n"
+        f" import marshal;C=marshal.loads(zlib.decompress(b.b64decode('{code}')))\n"
+        f"else:C=[compile(zlib.decompress(b.b64decode(s)),'orch-'+n,'exec') for n,s in zip(N,({srcs},))]\n"
+        f"p=types.ModuleType('{PACKAGE}');p.__path__=[];sys.modules['{PACKAGE}']=p\n"
+        "for n,c in zip(N[:-1],C):\n"
+        f" m=types.ModuleType('{PACKAGE}.'+n);m.__package__='{PACKAGE}';sys.modules[m.__name__]=m;setattr(p,n,m);exec(c,m.__dict__)\n"
+        f"exec(C[-1],{{'__name__':'__main__','__package__':'{PACKAGE}'}})"
+    )

@@ -1,0 +1,591 @@
+#!/usr/bin/env python3
+"""orch node agent: runs one node's share of a run, detached from the SSH session that started it.
+
+Shipped with every run (copied into the node's run directory by `boot.py`), so it must stay
+stdlib-only and runnable by any Python >= 3.8 the node has. The log reader (`reader.py`) runs this
+module's liveness functions too, so its top-level imports stay cheap: the modules only the daemon
+or the command line needs are imported where they are used. One run directory per node and run
+holds:
+
+  launch.json   what to run (argv, env, cwd, stop grace), written privately by the controller
+  agent.py      this file
+  node.log      `<UTC ISO time with µs>Z <out|err|orch> <text>` for every line torchrun or the agent writes
+  state.json    run, node, agent_pid, pid, pgid, host, started_at, finished_at, exit_code, signal,
+                state (starting|running|succeeded|failed|stopped), rewritten atomically
+  torchrun/     torchrun's --log-dir
+
+Subcommands (each prints one JSON object on stdout):
+
+  start DIR          daemonize (double fork + setsid, stdio on /dev/null) and start torchrun in its
+                     own process group; return once state.json says running, non-zero if it cannot
+  status DIR [--tail N]   state.json plus liveness (is the agent / the job alive), log size and time
+  stop DIR [--grace S]    SIGTERM the job's process group, SIGKILL after S seconds, wait until every
+                     process of the job is gone. Idempotent.
+
+torchrun puts every worker in a session of its own, so killing torchrun's group alone would
+orphan the workers (a `kill -9` of torchrun leaves them running). The agent therefore makes itself
+a child subreaper: orphaned descendants are re-parented to it, it records them (pid + start time)
+in state.json, and it kills whatever is left of the tree when torchrun exits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from datetime import datetime, timezone
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import subprocess
+
+LAUNCH = "launch.json"
+STATE = "state.json"
+LOG = "node.log"
+STOP_REQUEST = "stop.request"
+# A run's states as state.json records them (orchestrator.contract.RunState on the controller)
+STARTING, RUNNING, SUCCEEDED, FAILED, STOPPED = "starting", "running", "succeeded", "failed", "stopped"
+STATES = (STARTING, RUNNING, SUCCEEDED, FAILED, STOPPED)
+FINAL_STATES = (SUCCEEDED, FAILED, STOPPED)
+STATUS_KEYS = ("state", "exit_code", "signal", "reason", "started_at", "finished_at", "pid", "pgid", "agent_pid")
+"""The fields of state.json a status reports as they are (the log reader's `S` frames: these)."""
+PR_SET_CHILD_SUBREAPER = 36
+
+
+# ----------------------------------------------------------------------------- small helpers
+
+
+def utc_now() -> str:
+    """Node-side UTC time with microseconds: `2026-11-30T09:32:05.123456Z`."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def read_json(path: str) -> dict[str, Any]:
+    """The JSON object in `path`, or {} when the file is missing or half-written."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def write_json(path: str, data: dict[str, Any]) -> None:
+    """Atomic, private rewrite: readers never see a torn state.json."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, sort_keys=False)
+        fh.write("\n")
+    os.replace(tmp, path)
+
+
+def proc_start_time(pid: int) -> int | None:
+    """Field 22 of /proc/PID/stat (start time in clock ticks); None when the process is gone.
+
+    A pid plus its start time names one process for good, so a recycled pid is never killed."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            raw = fh.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    fields = raw[raw.rfind(")") + 2:].split()
+    if fields and fields[0] == "Z":  # a zombie has exited already
+        return None
+    return int(fields[19]) if len(fields) > 19 else None
+
+
+def alive(pid: int | None, start: int | None = None) -> bool:
+    """Is this exact process (pid, and start time when known) still running?"""
+    if not pid:
+        return False
+    st = proc_start_time(pid)
+    return st is not None and (start is None or st == start)
+
+
+def group_alive(pgid: int | None) -> bool:
+    """Does any process remain in process group `pgid`?"""
+    if not pgid:
+        return False
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # killpg(…, 0) also succeeds for zombies; look for a live member.
+    return any(alive(pid) for pid, _pp, pg in _proc_table() if pg == pgid)
+
+
+def _proc_table() -> list[tuple]:
+    """(pid, ppid, pgid) of every process visible in /proc."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                raw = fh.read().decode("ascii", "replace")
+        except OSError:
+            continue
+        fields = raw[raw.rfind(")") + 2:].split()
+        if len(fields) > 2 and fields[0] != "Z":
+            out.append((int(name), int(fields[1]), int(fields[2])))
+    return out
+
+
+def descendants(root: int) -> list[int]:
+    """Every live process below `root` in the process tree (children first, then theirs)."""
+    children: dict[int, list[int]] = {}
+    for pid, ppid, _pg in _proc_table():
+        children.setdefault(ppid, []).append(pid)
+    out, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop(0)
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def marked(run: str, node: str) -> list[int]:
+    """Processes whose environment carries this run's identity (ORCH_RUN_ID and ORCH_NODE exactly).
+
+    The last sweep of `stop`: catches a worker started after the agent's last snapshot when the agent
+    itself was killed. It matches the run's unique id, never a command-line pattern."""
+    want = {("ORCH_RUN_ID=" + run).encode(), ("ORCH_NODE=" + node).encode()}
+    me = os.getpid()
+    out = []
+    for pid, _pp, _pg in _proc_table():
+        if pid == me:
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                env = set(fh.read().split(b"\0"))
+        except OSError:
+            continue
+        if want <= env:
+            out.append(pid)
+    return out
+
+
+def kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def killpg(pgid: int | None, sig: int) -> None:
+    if not pgid:
+        return
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def exit_code_of(status: int) -> int:
+    """waitpid status → Popen-style code: the exit status, or -N for death by signal N."""
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+def signal_name(code: int | None) -> str | None:
+    if code is None or code >= 0:
+        return None
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"SIG{-code}"
+
+
+# ----------------------------------------------------------------------------- the daemon
+
+
+class NodeLog:
+    """node.log: one timestamped line per output line, written by several threads."""
+
+    def __init__(self, path: str) -> None:
+        import threading
+
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self.fh = os.fdopen(fd, "ab", buffering=0)
+        self.lock = threading.Lock()
+
+    def write(self, stream: str, text: str) -> None:
+        line = ("{} {} {}\n".format(utc_now(), stream, text.rstrip("\r\n"))).encode("utf-8", "replace")
+        with self.lock:
+            self.fh.write(line)
+
+    def pump(self, src: IO[bytes], stream: str) -> None:
+        """Copy `src` line by line, stamping each line when it arrives."""
+        for raw in iter(src.readline, b""):
+            self.write(stream, raw.decode("utf-8", "replace"))
+        src.close()
+
+
+class Monitor:
+    """The detached agent: starts torchrun, stamps its output, watches it, stops it on SIGTERM."""
+
+    def __init__(self, run_dir: str, launch: dict[str, Any]) -> None:
+        self.dir = run_dir
+        self.launch = launch
+        self.grace = float(launch.get("grace", 10.0))
+        self.log = NodeLog(os.path.join(run_dir, LOG))
+        self.state: dict[str, Any] = read_json(os.path.join(run_dir, STATE))
+        self.stop_at: float | None = None
+        self.stop_signal = 0
+        self.term_sent: float | None = None
+        self.kill_sent = False
+
+    def save(self, **fields: Any) -> None:
+        self.state.update(fields)
+        write_json(os.path.join(self.dir, STATE), self.state)
+
+    def on_signal(self, signum: int, _frame: Any) -> None:
+        # only set a flag: writing the log here could deadlock on its lock
+        if self.stop_at is None:
+            self.stop_at = time.monotonic()
+            self.stop_signal = signum
+
+    def argv(self) -> list[str]:
+        """The plan's argv, with torchrun's --log-dir pointed into this run directory."""
+        argv = [str(a) for a in self.launch["argv"]]
+        if self.launch.get("torchrun_log_dir") and "torch.distributed.run" in argv:
+            i = argv.index("torch.distributed.run") + 1
+            argv.insert(i, "--log-dir=" + os.path.join(self.dir, "torchrun"))
+        return argv
+
+    def run(self) -> int:
+        import ctypes
+        import socket
+        import subprocess
+        import threading
+
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        except (OSError, AttributeError):
+            self.log.write("orch", "cannot become a child subreaper; orphaned workers may escape")
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, self.on_signal)
+        env = dict(os.environ)
+        env.update({str(k): str(v) for k, v in self.launch.get("env", {}).items()})
+        argv = self.argv()
+        cwd = expand(self.launch.get("cwd")) or os.path.expanduser("~")
+        self.log.write("orch", f"agent {os.getpid()} on {socket.gethostname()} starting: "
+                                f"{' '.join(argv)} (cwd {cwd})")
+        try:
+            umask = self.launch.get("login_umask")
+            proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, start_new_session=True,
+                                    preexec_fn=None if umask is None else (lambda: os.umask(umask)))
+        except OSError as exc:
+            reason = f"cannot start {argv[0]}: {exc.strerror or exc}"
+            self.log.write("orch", reason)
+            self.save(state=FAILED, exit_code=127, reason=reason, finished_at=time.time())
+            return 127
+        self.save(state=RUNNING, pid=proc.pid, pgid=proc.pid, started_at=time.time())
+        self.log.write("orch", f"started pid {proc.pid} (process group {proc.pid})")
+        pumps = [threading.Thread(target=self.log.pump, args=(s, n), daemon=True)
+                 for s, n in ((proc.stdout, "out"), (proc.stderr, "err"))]
+        for t in pumps:
+            t.start()
+        code = self.watch(proc)
+        ended = time.time()  # when torchrun exited: the first-failure order, not when cleanup ended
+        self.cleanup(proc.pid)
+        for t in pumps:
+            # EOF comes as soon as no writer is left; every process of the job is gone by now, so
+            # a pipe still open is held by something outside the job: do not wait on it for long
+            t.join(timeout=2)
+        stopped = self.stop_at is not None or os.path.exists(os.path.join(self.dir, STOP_REQUEST))
+        state = STOPPED if stopped else (SUCCEEDED if code == 0 else FAILED)
+        sig = signal_name(code)
+        self.log.write("orch", f"torchrun exited with code {code}{f' ({sig})' if sig else ''}: {state}")
+        self.save(state=state, exit_code=code, signal=sig, finished_at=ended, procs=[])
+        return code
+
+    def watch(self, proc: subprocess.Popen[bytes]) -> int:
+        """Reap children (we are their subreaper) until torchrun exits; escalate a stop."""
+        last_snapshot = 0.0
+        while True:
+            code = self.reap(proc.pid)
+            if code is not None:
+                proc.returncode = code
+                return code
+            now = time.monotonic()
+            if self.stop_at is not None and self.term_sent is None:
+                self.term_sent = now
+                killpg(proc.pid, signal.SIGTERM)
+                self.log.write("orch", f"agent received {signal.Signals(self.stop_signal).name}: "
+                               f"sent SIGTERM to process group {proc.pid}")
+            if self.term_sent is not None and not self.kill_sent and now - self.term_sent > self.grace:
+                self.kill_sent = True
+                self.log.write("orch", f"still running {self.grace:.0f} s after SIGTERM: SIGKILL")
+                self.kill_tree(signal.SIGKILL)
+            if now - last_snapshot >= 1.0:
+                last_snapshot = now
+                self.snapshot()
+            time.sleep(0.1)
+
+    def reap(self, main_pid: int) -> int | None:
+        """Collect every exited child; return torchrun's exit code once it is among them."""
+        result = None
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return result
+            if pid == 0:
+                return result
+            if pid == main_pid:
+                result = exit_code_of(status)
+
+    def snapshot(self) -> None:
+        """Record the job's processes (pid, start time) so `stop` can find them without us."""
+        procs = []
+        for pid in descendants(os.getpid()):
+            st = proc_start_time(pid)
+            if st is not None:
+                procs.append([pid, st])
+        if procs != self.state.get("procs"):
+            self.save(procs=procs)
+
+    def kill_tree(self, sig: int) -> int:
+        pids = descendants(os.getpid())
+        for pid in pids:
+            kill(pid, sig)
+        return len(pids)
+
+    def cleanup(self, main_pid: int) -> None:
+        """Leave nothing behind: whatever torchrun left (orphaned workers) gets TERM, then KILL."""
+        if not descendants(os.getpid()):
+            return
+        n = self.kill_tree(signal.SIGTERM)
+        self.log.write("orch", f"torchrun exited, {n} of its processes remain: SIGTERM")
+        deadline = time.monotonic() + min(self.grace, 5.0)
+        while descendants(os.getpid()) and time.monotonic() < deadline:
+            self.reap(main_pid)
+            time.sleep(0.1)
+        n = self.kill_tree(signal.SIGKILL)
+        if n:
+            self.log.write("orch", f"SIGKILL to {n} remaining processes")
+        deadline = time.monotonic() + 5.0
+        while descendants(os.getpid()) and time.monotonic() < deadline:
+            self.reap(main_pid)
+            time.sleep(0.05)
+        self.reap(main_pid)
+
+
+def expand(path: str | None) -> str | None:
+    """A leading `~/` means this login's home (no shell expands it for us)."""
+    if path and (path == "~" or path.startswith("~/")):
+        return os.path.expanduser(path)
+    return path
+
+
+# ----------------------------------------------------------------------------- subcommands
+
+
+def cmd_start(run_dir: str, wait: float) -> int:
+    """Validate, daemonize, and report once torchrun runs (or why it could not start)."""
+    launch = read_json(os.path.join(run_dir, LAUNCH))
+    if not launch.get("argv"):
+        return emit({"state": FAILED, "reason": f"{run_dir}/{LAUNCH} is missing or has no argv"}, 2)
+    state_path = os.path.join(run_dir, STATE)
+    old = read_json(state_path)
+    if old and (old.get("state") not in FINAL_STATES and alive(old.get("agent_pid"))):
+        return emit(dict(old, reason="already started here (agent {})".format(old.get("agent_pid"))), 3)
+    cwd = expand(launch.get("cwd"))
+    if cwd and not os.path.isdir(cwd):
+        return emit({"state": FAILED, "reason": f"workdir {cwd} does not exist on this node"}, 2)
+    import socket
+
+    write_json(state_path, {"run": launch.get("run"), "node": launch.get("node"), "agent_pid": None,
+                            "pid": None, "pgid": None, "host": socket.gethostname(), "started_at": None,
+                            "finished_at": None, "exit_code": None, "signal": None, "state": STARTING})
+    if os.fork() == 0:
+        daemon(run_dir, launch)
+    return wait_started(state_path, wait)
+
+
+def daemon(run_dir: str, launch: dict[str, Any]) -> None:
+    """Second half of the double fork: a session of our own, no tty, stdio on /dev/null."""
+    os.setsid()
+    if os.fork() > 0:
+        os._exit(0)
+    os.chdir("/")
+    # the run directory's files are private; the job itself keeps the login's umask
+    launch = dict(launch, login_umask=os.umask(0o077))
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.closerange(3, 65536)
+    code = 1
+    try:
+        monitor = Monitor(run_dir, launch)
+        monitor.save(agent_pid=os.getpid(), agent_start=proc_start_time(os.getpid()))
+        code = monitor.run()
+    except BaseException:  # the agent's own crash must still end up in node.log and state.json
+        try:
+            import traceback
+
+            NodeLog(os.path.join(run_dir, LOG)).write("orch", "agent crashed: " + traceback.format_exc())
+            state = read_json(os.path.join(run_dir, STATE))
+            state.update(state=FAILED, finished_at=time.time(), reason="agent crashed")
+            write_json(os.path.join(run_dir, STATE), state)
+        except BaseException:
+            pass
+    os._exit(0 if code == 0 else 1)
+
+
+def wait_started(state_path: str, wait: float) -> int:
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        state = read_json(state_path)
+        # started = torchrun was spawned; if it already ended, supervision reports how, with its log
+        if state.get("state") == RUNNING or state.get("state") in FINAL_STATES and state.get("pid"):
+            return emit(state, 0)
+        if state.get("state") in FINAL_STATES:
+            return emit(state, 1)
+        time.sleep(0.05)
+    return emit(dict(read_json(state_path), reason=f"the agent did not report running within {wait:.0f} s"), 1)
+
+
+def status(run_dir: str, tail: int = 0) -> dict[str, Any]:
+    """state.json plus what only the node can tell: liveness, log size and time, the log's tail."""
+    state = read_json(os.path.join(run_dir, STATE))
+    log = os.path.join(run_dir, LOG)
+    out = dict(state)
+    out["exists"] = bool(state)
+    out["agent_alive"] = agent_alive(state)
+    out["job_alive"] = job_alive(state)
+    out["now"] = time.time()
+    try:
+        st = os.stat(log)
+        out["log_size"], out["log_mtime"] = st.st_size, st.st_mtime
+    except OSError:
+        out["log_size"], out["log_mtime"] = 0, None
+    if tail:
+        out["tail"] = tail_lines(log, tail)
+    return out
+
+
+def agent_alive(state: dict[str, Any]) -> bool:
+    """Is the agent that state.json names (pid and start time) still running?"""
+    return alive(state.get("agent_pid"), state.get("agent_start"))
+
+
+def job_alive(state: dict[str, Any]) -> bool:
+    """Does any process of the job state.json records remain (its process group, or one of the
+    processes of the agent's last snapshot, which outlive the group: torchrun's workers)?"""
+    return group_alive(state.get("pgid")) or any(alive(p, s) for p, s in state.get("procs") or [])
+
+
+def tail_lines(path: str, n: int) -> list[str]:
+    """The last n lines of a file, reading at most a few hundred KB from its end."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 256 * 1024))
+            data = fh.read()
+    except OSError:
+        return []
+    return [line.decode("utf-8", "replace") for line in data.splitlines()[-n:]]
+
+
+def pids_in_group(pgid: int | None) -> list[int]:
+    return [pid for pid, _pp, pg in _proc_table() if pgid and pg == pgid]
+
+
+def job_pids(run_dir: str, state: dict[str, Any]) -> list[int]:
+    """Every live process of the job this directory records: torchrun's group and the snapshot."""
+    pids = set(pids_in_group(state.get("pgid")))
+    for pid, start in state.get("procs") or []:
+        if alive(pid, start):
+            pids.add(pid)
+    if state.get("run") and state.get("node"):
+        pids.update(marked(str(state["run"]), str(state["node"])))
+    pids.discard(os.getpid())
+    return sorted(pids)
+
+
+def cmd_stop(run_dir: str, grace: float) -> int:
+    """SIGTERM the job, SIGKILL it after `grace`, wait until nothing of it is left. Idempotent."""
+    state_path = os.path.join(run_dir, STATE)
+    state = read_json(state_path)
+    if not state:
+        return emit({"state": None, "stopped": [], "remaining": [], "note": "nothing was started here"}, 0)
+    if state.get("state") not in FINAL_STATES:
+        with open(os.path.join(run_dir, STOP_REQUEST), "w") as fh:
+            fh.write(utc_now() + "\n")
+    agent_pid = state.get("agent_pid") if alive(state.get("agent_pid"), state.get("agent_start")) else None
+    pids = job_pids(run_dir, state)
+    if agent_pid:
+        # One SIGTERM, through the agent (which forwards it and records the exit code): torchrun
+        # turns each SIGTERM into an exception, and a second one in the middle of its shutdown
+        # leaves it hanging until SIGKILL.
+        kill(agent_pid, signal.SIGTERM)
+    else:
+        group = set(pids_in_group(state.get("pgid")))
+        killpg(state.get("pgid"), signal.SIGTERM)
+        for pid in pids:
+            if pid not in group:
+                kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while job_pids(run_dir, state) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = job_pids(run_dir, state)
+    for pid in left:
+        kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5.0
+    while (job_pids(run_dir, state) or alive(agent_pid, state.get("agent_start"))) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    remaining = job_pids(run_dir, state)
+    state = read_json(state_path)
+    if state.get("state") not in FINAL_STATES and not alive(state.get("agent_pid"), state.get("agent_start")):
+        # the agent was gone (killed): record the end ourselves so the run does not look alive
+        state.update(state=STOPPED, finished_at=time.time(), procs=[])
+        write_json(state_path, state)
+    out = dict(state, stopped=pids, killed=left, remaining=remaining)
+    return emit(out, 0 if not remaining else 1)
+
+
+def emit(data: dict[str, Any], code: int) -> int:
+    sys.stdout.write(json.dumps(data) + "\n")
+    sys.stdout.flush()
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="agent.py", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="cmd")
+    p = sub.add_parser("start", help="start the job detached; return once it runs")
+    p.add_argument("dir")
+    p.add_argument("--wait", type=float, default=30.0, help="seconds to wait for the job to run")
+    p = sub.add_parser("status", help="state.json plus liveness")
+    p.add_argument("dir")
+    p.add_argument("--tail", type=int, default=0, help="also return the last N lines of node.log")
+    p = sub.add_parser("stop", help="stop the job (TERM, then KILL after --grace) and wait")
+    p.add_argument("dir")
+    p.add_argument("--grace", type=float, default=10.0)
+    args = parser.parse_args(argv)
+    run_dir = os.path.abspath(expand(args.dir) or ".") if getattr(args, "dir", None) else ""
+    if args.cmd == "start":
+        return cmd_start(run_dir, args.wait)
+    if args.cmd == "status":
+        return emit(status(run_dir, args.tail), 0)
+    if args.cmd == "stop":
+        return cmd_stop(run_dir, args.grace)
+    parser.print_help(sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""The node log reader: streams a run's `node.log` on this node from a byte offset, as frames.
+
+Runs on the node (`python -c`, built by `orchestrator.node.program("reader", ("agent",))`), stdlib
+only, any Python >= 3.8. The controller's side (reading the frames, the local copy, reconnects)
+is `orchestrator.logs.fetch`.
+
+    argv: RUN_DIR OFFSET POLL_S ONCE [REPORT]
+
+Frames on stdout, each a header line:
+
+    D <n>\\n + n bytes          the log's bytes from where the last frame ended
+    H <state> <node time>      a heartbeat while idle: the log had nothing more at that time
+    S <json>                   with REPORT=1: the node's status, whenever it changes
+    E <state> <node time>      the end: state.json is final (or ONCE) and the log is drained
+
+`<state>` is state.json's `state`, `-` when there is none. An idle poll's heartbeat lets the
+other nodes' lines out before the watermark, shows a dead connection, and makes this reader die
+(broken pipe) within a poll of the controller going away, so no reader outlives its follower.
+The status (`S`) is what `orch up`'s supervisor judges: the fields of `agent.py status` that
+change, with liveness judged by the agent's own functions, so a healthy run needs no status polls.
+Order within a poll: the state is read first, then the log is drained, then S, then E/H: a
+final S or an E means every line written before the state was final has been sent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from . import agent
+
+
+def status(state: dict) -> dict:
+    """What the reader reports of state.json: the agent's status fields that change, and,
+    while the run is not final, whether the agent (and, without it, the job) is alive."""
+    out = {key: state.get(key) for key in agent.STATUS_KEYS}
+    out["exists"] = bool(state)
+    if out["state"] not in agent.FINAL_STATES:
+        out["agent_alive"] = agent.agent_alive(state)
+        if not out["agent_alive"]:  # listing /proc costs: only once the agent is gone
+            out["job_alive"] = agent.job_alive(state)
+    return out
+
+
+def stream(run_dir: str, offset: int, poll: float, once: bool, report: bool) -> None:
+    out = sys.stdout.buffer
+    log, state_path = os.path.join(run_dir, agent.LOG), os.path.join(run_dir, agent.STATE)
+    fh, told = None, None
+    while True:
+        state = agent.read_json(state_path)
+        name = state.get("state") or "-"
+        if fh is None:
+            try:
+                fh = open(log, "rb")  # noqa: SIM115 - held across polls, for as long as the stream
+                fh.seek(offset)
+            except OSError:
+                fh = None
+        sent, t = False, time.time()  # every line stamped before t is in the file now, or being written
+        while fh is not None:
+            data = fh.read(1 << 16)
+            if not data:
+                break
+            out.write(b"D %d\n" % len(data) + data)
+            sent = True
+        if report:
+            now = status(state)
+            if now != told:
+                told = now
+                out.write(b"S " + json.dumps(dict(now, now=time.time())).encode() + b"\n")
+                sent = True
+        if once or name in agent.FINAL_STATES:
+            out.write(b"E %s %.6f\n" % (name.encode(), t))
+            out.flush()
+            return
+        if not sent:
+            out.write(b"H %s %.6f\n" % (name.encode(), time.time()))
+        out.flush()
+        time.sleep(poll)
+
+
+def main(argv: list) -> int:
+    run_dir = os.path.expanduser(argv[1])
+    stream(run_dir, int(argv[2]), float(argv[3]), argv[4] == "1", argv[5:6] == ["1"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

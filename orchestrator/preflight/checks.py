@@ -1,0 +1,729 @@
+"""Checks: pure functions of (inventory, facts of every node) → one result per (check, node).
+
+Every pitfall of the field guides becomes a finding with the measured value and a hint that
+fixes it. A node that could not be probed fails `ssh` and is `skip` everywhere else, with the
+reason. Checks that compare nodes (versions, env, file contents) report on each node that differs
+from the majority and name the majority value.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from ..config.inventory import Inventory, Node
+from ..contract import CHECK_NAMES, CHECK_STATUSES
+from .facts import GpuFacts, IbDevice, NodeFacts, job_files, path_args
+
+_RANK = {"skip": 0, "ok": 1, "warn": 2, "fail": 3}
+Facts = Mapping[str, NodeFacts]
+UTC_ALIASES = {"UTC", "UCT", "UNIVERSAL", "ZULU", "GMT", "GMT0", "GREENWICH", "ETC/UTC", "ETC/UCT",
+               "ETC/UNIVERSAL", "ETC/ZULU", "ETC/GMT", "ETC/GMT0", "ETC/GREENWICH", "ETC/GMT+0", "ETC/GMT-0"}
+NCCL_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_")
+BUSY_MIB = 1024
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One row of the report: a check's verdict on one node."""
+
+    check: str
+    node: str
+    status: str
+    value: str = ""
+    detail: str = ""
+    hint: str = ""
+
+    def to_json(self) -> dict[str, str]:
+        return {"check": self.check, "node": self.node, "status": self.status, "value": self.value,
+                "detail": self.detail, "hint": self.hint}
+
+
+class Findings:
+    """Collects findings for one (check, node); the worst status wins, details accumulate."""
+
+    def __init__(self, check: str, node: str) -> None:
+        self.check, self.node = check, node
+        self.items: list[tuple[str, str, str]] = []
+        self.value = ""
+
+    def add(self, status: str, detail: str, hint: str = "") -> None:
+        self.items.append((status, detail, hint))
+
+    def result(self, default_detail: str = "") -> CheckResult:
+        if not self.items:
+            return CheckResult(self.check, self.node, "ok", self.value, default_detail)
+        worst = max(_RANK[s] for s, _, _ in self.items)
+        status = next(s for s in CHECK_STATUSES if _RANK[s] == worst)
+        ordered = sorted(self.items, key=lambda i: -_RANK[i[0]])
+        detail = "; ".join(d for _, d, _ in ordered if d)
+        hints = list(dict.fromkeys(h for s, _, h in ordered if h and _RANK[s] == worst))
+        return CheckResult(self.check, self.node, status, self.value, detail, "; ".join(hints))
+
+
+def majority(values: Mapping[str, Hashable]) -> tuple[Hashable, int, bool]:
+    """(most common value, how many nodes have it, whether it is the only most common value).
+
+    Nodes are judged against it only when it is unique: with 2 against 2 nobody is "the odd one"."""
+    counts = Counter(values.values())
+    ranked = counts.most_common()
+    unique = len(ranked) == 1 or ranked[0][1] > ranked[1][1]
+    return ranked[0][0], ranked[0][1], unique
+
+
+def odd_one_out(values: Mapping[str, Hashable], mine: Hashable) -> tuple[Hashable, int] | None:
+    """(majority value, its count) when `mine` differs from a unique majority of two or more nodes."""
+    if len(values) < 2:
+        return None
+    common, count, unique = majority(values)
+    return (common, count) if mine != common and unique else None
+
+
+def _show(v: Any) -> str:
+    return "unset" if v is None else str(v)
+
+
+def probed(inv: Inventory, facts: Facts) -> list[tuple[Node, NodeFacts]]:
+    return [(n, facts[n.name]) for n in inv.nodes if n.name in facts and facts[n.name].ok]
+
+
+# ----------------------------------------------------------------------------- ssh
+
+
+def check_ssh(inv: Inventory, facts: Facts) -> list[CheckResult]:
+    out = []
+    for node in inv.nodes:
+        nf = facts[node.name]
+        if not nf.ok:
+            detail = (nf.error or "").removeprefix(f"{node.name}: ")
+            kind = f"{nf.error_kind}: " if nf.error_kind and nf.error_kind != "error" else ""
+            out.append(CheckResult("ssh", node.name, "fail", "", kind + detail, nf.hint or _ssh_hint(nf.error_kind)))
+            continue
+        total = (nf.connect_ms or 0) + (nf.rtt_ms or 0)
+        target = ("local process (transport: local)" if inv.transport == "local" else
+                  f"{node.ssh.user + '@' if node.ssh.user else ''}{node.host}:{node.ssh.port}")
+        detail = f"{target}: connect {nf.connect_ms or 0:.0f} ms + round trip {nf.rtt_ms or 0:.0f} ms on the session"
+        if total > inv.checks.ssh_warn_ms:
+            out.append(CheckResult("ssh", node.name, "warn", f"{total:.0f} ms",
+                                   f"{detail} (slower than {inv.checks.ssh_warn_ms:.0f} ms)",
+                                   "a slow control link delays launch and teardown: check latency/DNS "
+                                   "(UseDNS no in sshd_config)"))
+        else:
+            out.append(CheckResult("ssh", node.name, "ok", f"{total:.0f} ms", detail))
+    return out
+
+
+def _ssh_hint(kind: str | None) -> str:
+    return {"probe": "the probe needs Python >= 3.8 on the node (job.python or python3)",
+            "timeout": "the node answered too slowly; check its load and network"}.get(kind or "", "")
+
+
+# ----------------------------------------------------------------------------- clock
+
+
+def clock_offsets(inv: Inventory, facts: Facts) -> tuple[dict[str, float], dict[str, float], str]:
+    """(offset ms per node, uncertainty ms per node, reference) — node clock minus reference.
+
+    With `checks.clock.ntp_server` the reference is that server, measured from the node (SNTP).
+    Without, each node's clock (the probe answering a ping on its SSH channel) is compared with
+    the controller's at the midpoint of that round trip (± rtt/2), and the reference is the median
+    of the nodes (the cluster's consensus)."""
+    server = inv.checks.clock.ntp_server
+    offsets: dict[str, float] = {}
+    unc: dict[str, float] = {}
+    if server:
+        for node, nf in probed(inv, facts):
+            ntp = nf.raw.get("ntp") or {}
+            if ntp.get("offset_ms") is not None:
+                offsets[node.name] = float(ntp["offset_ms"])
+                unc[node.name] = float(ntp.get("delay_ms") or 0) / 2
+        return offsets, unc, f"NTP server {server}"
+    raw = {n.name: nf.ssh_offset_ms for n, nf in probed(inv, facts) if nf.ssh_offset_ms is not None}
+    if not raw:
+        return {}, {}, "controller"
+    mid = statistics.median(raw.values())
+    # the median is itself an estimate: its error is of the order of a typical node's rtt/2
+    mid_unc = statistics.median((nf.rtt_ms or 0) / 2 for n, nf in probed(inv, facts) if n.name in raw)
+    for node, nf in probed(inv, facts):
+        if node.name in raw:
+            offsets[node.name] = raw[node.name] - mid
+            unc[node.name] = (nf.rtt_ms or 0) / 2 + mid_unc
+    return offsets, unc, "median of the nodes (SSH round-trip estimate)"
+
+
+def check_clock(inv: Inventory, facts: Facts) -> list[CheckResult]:
+    limit = inv.checks.clock.max_offset_ms
+    offsets, unc, ref = clock_offsets(inv, facts)
+    server = inv.checks.clock.ntp_server
+    out = []
+    for node, nf in probed(inv, facts):
+        f = Findings("clock", node.name)
+        if node.name not in offsets and not server:
+            f.add("warn", "not measured: the probe did not answer the clock ping on its SSH channel",
+                  "set checks.clock.ntp_server so every node measures itself against one server")
+            out.append(f.result())
+            continue
+        if node.name not in offsets:
+            ntp = nf.raw.get("ntp") or {}
+            errs = "; ".join(ntp.get("errors") or []) or "no answer"
+            f.add("fail", f"cannot query NTP server {server} from this node: {errs}",
+                  f"is an NTP server (chronyd/ntpd) serving on {server}, and UDP reachable from the node?")
+            out.append(f.result())
+            continue
+        off = offsets[node.name]
+        f.value = f"{round(off) or 0:+d} ms"  # never "-0 ms"
+        what = f"offset to {ref} is {off:+.1f} ms (±{unc[node.name]:.1f})"
+        if not server and nf.ssh_offset_ms is not None:
+            what += f"; {nf.ssh_offset_ms:+.1f} ms vs the controller"
+        hint = (f"sync the clock: chronyc makestep, or fix its NTP source (server {server.split(':')[0]} iburst "
+                "in chrony.conf)" if server else
+                "sync the clock: chronyc makestep, or point every node's chrony at one NTP server "
+                "(and set checks.clock.ntp_server to measure against it)")
+        # the measurement's own uncertainty must not turn a good clock into a failure
+        excess = abs(off) - unc[node.name]
+        if excess > limit:
+            f.add("fail", f"{what} (limit {limit:g} ms)", hint)
+        elif excess > limit / 2:
+            f.add("warn", f"{what} (over half the {limit:g} ms limit)", hint)
+        else:
+            f.add("ok", f"{what} (limit {limit:g} ms)")
+        _judge_chrony(nf, limit, f)
+        out.append(f.result())
+    return out
+
+
+def _judge_chrony(nf: NodeFacts, limit: float, f: Findings) -> None:
+    """What the node's own chrony says (when chronyc answers): unsynchronised is a warning."""
+    ch = nf.chrony
+    if ch is None:
+        return
+    hint = "check chrony's sources: chronyc sources -v; then chronyc makestep"
+    if ch.local_reference:
+        # normal on the node that serves the cluster's time (`local stratum N`); anywhere else the
+        # offset measured above is what matters today, and this note explains tomorrow's drift
+        f.add("ok", f"chrony here follows its own local clock (Reference ID {ch.reference}), not a server")
+    elif ch.leap_status and ch.leap_status.lower() != "normal":
+        f.add("warn", f"chrony here is not synchronised (Leap status: {ch.leap_status})", hint)
+    elif ch.system_offset_ms is not None and abs(ch.system_offset_ms) > limit:
+        f.add("warn", f"chrony says this clock is {ch.system_offset_ms:+.0f} ms off its source "
+                      f"({ch.reference}) and still converging", hint)
+    else:
+        f.add("ok", f"chrony: synchronised to {ch.reference}, stratum {ch.stratum}")
+
+
+# ----------------------------------------------------------------------------- timezone
+
+
+def zone_of(tz: Mapping[str, Any]) -> tuple[str, str]:
+    """(zone name as a job sees it, display) from the probe's TZ / /etc/timezone / /etc/localtime."""
+    name = None
+    if tz.get("TZ"):
+        name = str(tz["TZ"]).lstrip(":")
+        if "zoneinfo/" in name:
+            name = name.split("zoneinfo/", 1)[1]
+    elif tz.get("etc_timezone"):
+        name = str(tz["etc_timezone"]).strip()
+    elif tz.get("localtime") and "zoneinfo/" in str(tz["localtime"]):
+        name = str(tz["localtime"]).split("zoneinfo/", 1)[1]
+    elif tz.get("localtime") is None and not tz.get("etc_timezone"):
+        name = "UTC"  # glibc's default when neither TZ nor /etc/localtime exists
+    name = name or f"{tz.get('abbr')}{tz.get('utcoffset')}"
+    return name, f"{name} ({tz.get('abbr')} {tz.get('utcoffset')})"
+
+
+def same_zone(a: str, b: str) -> bool:
+    return a == b or (a.upper() in UTC_ALIASES and b.upper() in UTC_ALIASES)
+
+
+def check_timezone(inv: Inventory, facts: Facts) -> list[CheckResult]:
+    zones = {n.name: zone_of(nf.raw.get("tz") or {}) for n, nf in probed(inv, facts)}
+    if not zones:
+        return []
+    expected = inv.checks.timezone
+    want, count, _ = (expected, 0, True) if expected else majority({k: v[0] for k, v in zones.items()})
+    out = []
+    for node, nf in probed(inv, facts):
+        name, shown = zones[node.name]
+        f = Findings("timezone", node.name)
+        f.value = shown
+        tz_env = (nf.raw.get("tz") or {}).get("TZ")
+        src = ("TZ in the inventory env" if "TZ" in node.env else "TZ in the login environment") if tz_env \
+            else "/etc/localtime"
+        if same_zone(name, str(want)):
+            f.add("ok", f"{name} from {src}")
+        else:
+            wanted = f"checks.timezone is {want}" if expected else f"the majority ({count} nodes) is in {want}"
+            hint = f"sudo timedatectl set-timezone {want}"
+            if tz_env:
+                hint += f"; and fix TZ={tz_env} ({src})"
+            f.add("fail", f"a job here sees {name} (from {src}); {wanted}: timestamps in logs and "
+                          "TensorBoard would disagree", hint)
+        out.append(f.result())
+    return out
+
+
+# ----------------------------------------------------------------------------- nccl_env
+
+
+@dataclass(frozen=True)
+class IfSpec:
+    """NCCL_SOCKET_IFNAME syntax: `^` excludes, `=` matches exactly, else prefixes; comma list."""
+
+    exclude: bool
+    exact: bool
+    names: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, text: str, exact_default: bool = False) -> IfSpec:
+        s = text.strip()
+        exclude = s.startswith("^")
+        s = s[1:] if exclude else s
+        exact = s.startswith("=")
+        s = s[1:] if exact else s
+        return cls(exclude, exact or exact_default, tuple(p.strip() for p in s.split(",") if p.strip()))
+
+    def matches(self, entry: str, name: str) -> bool:
+        return name == entry if self.exact else name.startswith(entry)
+
+
+def _ifaces(nf: NodeFacts) -> list[dict[str, Any]]:
+    return list(nf.raw.get("ifaces") or [])
+
+
+def _describe_if(i: Mapping[str, Any]) -> str:
+    state = "up" if i.get("up") else "DOWN"
+    return f"{i['name']} ({state}, {', '.join(i.get('ipv4') or []) or 'no IPv4'})"
+
+
+def judge_ifname(var: str, value: str, ifaces: Sequence[Mapping[str, Any]], f: Findings) -> None:
+    """Would NCCL/Gloo find a usable interface (up, with IPv4) for this setting here?"""
+    spec = IfSpec.parse(value, exact_default=var.startswith("GLOO_"))
+    usable = [i for i in ifaces if i.get("up") and i.get("ipv4")]
+    have = ", ".join(_describe_if(i) for i in ifaces) or "none"
+    hint = f"set {var} to an interface that exists and is up with an IPv4 address on every node (ip -br addr)"
+    if spec.exclude:
+        left = [i for i in usable if not any(spec.matches(e, i["name"]) for e in spec.names)]
+        if not [i for i in left if i["name"] != "lo"]:
+            f.add("fail", f"{var}={value} excludes every usable interface here (have: {have})", hint)
+        return
+    matched = [i for i in ifaces if any(spec.matches(e, i["name"]) for e in spec.names)]
+    good = [i for i in matched if i.get("up") and i.get("ipv4")]
+    if not matched:
+        f.add("fail", f"{var}={value}: no such interface on this node (have: {have})", hint)
+    elif not good:
+        f.add("fail", f"{var}={value}: {', '.join(_describe_if(i) for i in matched)} is not up with an IPv4 address",
+              f"bring it up: ip link set {matched[0]['name']} up, and give it an address")
+    else:
+        missing = [e for e in spec.names if not any(spec.matches(e, i["name"]) for i in ifaces)]
+        if missing:
+            f.add("warn", f"{var}={value}: {', '.join(missing)} not found; NCCL will use "
+                          f"{', '.join(i['name'] for i in good)}", hint)
+        else:
+            f.add("ok", f"{var}={value} → {', '.join(_describe_if(i) for i in good)}")
+
+
+def judge_ib_hca(value: str, ib: Mapping[str, IbDevice], f: Findings) -> None:
+    """NCCL_IB_HCA entries (`[^][=]mlx5_0[:port],...`) must name devices this node has."""
+    spec = IfSpec.parse(value)
+    if spec.exclude:
+        return
+    have = ", ".join(sorted(ib)) or "none"
+    missing = [e for e in spec.names if not any(spec.matches(e.split(":")[0], d) for d in ib)]
+    if missing:
+        f.add("fail", f"NCCL_IB_HCA={value}: {', '.join(missing)} not under /sys/class/infiniband (have: {have})",
+              "name HCAs that exist on every node (ibv_devices / ls /sys/class/infiniband), or unset NCCL_IB_HCA")
+    else:
+        f.add("ok", f"NCCL_IB_HCA={value} present")
+
+
+def nccl_vars(nf: NodeFacts) -> dict[str, str]:
+    return {k: v for k, v in nf.env.items() if k.startswith(NCCL_PREFIXES)}
+
+
+def check_nccl_env(inv: Inventory, facts: Facts) -> list[CheckResult]:
+    nodes = probed(inv, facts)
+    envs = {n.name: nccl_vars(nf) for n, nf in nodes}
+    names = sorted({k for e in envs.values() for k in e})
+    out = []
+    for node, nf in nodes:
+        env = envs[node.name]
+        f = Findings("nccl_env", node.name)
+        f.value = ", ".join(f"{k}={v}" for k, v in env.items() if k.endswith(("IFNAME", "IB_HCA", "IB_DISABLE"))) \
+            or (f"{len(env)} set" if env else "none set")
+        for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
+            if env.get(var):
+                judge_ifname(var, env[var], _ifaces(nf), f)
+        if env.get("NCCL_IB_HCA"):
+            judge_ib_hca(env["NCCL_IB_HCA"], nf.ib, f)
+        if env.get("NCCL_IB_DISABLE", "").strip() == "1" and inv.checks.rdma_devices:
+            src = "the inventory env" if "NCCL_IB_DISABLE" in node.env else "the login environment"
+            f.add("fail", f"NCCL_IB_DISABLE=1 (from {src}) while checks.rdma.devices lists "
+                          f"{', '.join(inv.checks.rdma_devices)}: NCCL would silently fall back to TCP sockets",
+                  "unset NCCL_IB_DISABLE (or set it to 0) on this node" +
+                  ("" if "NCCL_IB_DISABLE" in node.env else " (check ~/.bashrc, /etc/environment)"))
+        for var in names:
+            others = {n: e.get(var) for n, e in envs.items()}
+            odd = odd_one_out(others, env.get(var))
+            if odd:
+                common, count = odd
+                f.add("warn", f"{var}={_show(env.get(var))} here, but {count} of {len(others)} nodes have "
+                              f"{var}={_show(common)}",
+                      f"set {var} in the inventory `env` so every node gets the same value")
+        out.append(f.result(f"{len(env)} NCCL/Gloo variables, none needs attention"))
+    return out
+
+
+# ----------------------------------------------------------------------------- rdma
+
+
+def check_rdma(inv: Inventory, facts: Facts) -> list[CheckResult]:
+    wanted = inv.checks.rdma_devices
+    out = []
+    for node, nf in probed(inv, facts):
+        f = Findings("rdma", node.name)
+        ib = nf.ib
+        if not wanted:
+            out.append(CheckResult("rdma", node.name, "skip", f"{len(ib)} HCAs seen",
+                                   "RDMA not required (checks.rdma.devices is empty); TCP reachability between "
+                                   "nodes is reported under `ports`"))
+            continue
+        shown = []
+        for dev in wanted:
+            d = ib.get(dev)
+            if d is None:
+                f.add("fail", f"{dev} missing (have: {', '.join(sorted(ib)) or 'no HCAs'})",
+                      "load the driver (modprobe mlx5_ib) / install MLNX_OFED, or fix checks.rdma.devices")
+                continue
+            active = [p for p in d.ports if p.active]
+            ports = ", ".join(f"port {p.port} {p.state}/{p.phys_state}" for p in d.ports) or "no ports"
+            if not active:
+                f.add("fail", f"{dev}: no ACTIVE LinkUp port ({ports})",
+                      f"check the cable and switch port; ibstat {dev}; the subnet manager (opensm) must be running")
+                continue
+            p = active[0]
+            shown.append(f"{dev} {p.rate or '?'} {p.link_layer or '?'}")
+            if not p.rate or not p.link_layer:
+                f.add("warn", f"{dev} port {p.port}: rate or link layer not reported")
+            else:
+                f.add("ok", f"{dev} port {p.port} ACTIVE, {p.rate}, {p.link_layer}")
+        f.value = "; ".join(shown)
+        _ring_reach(nf, f, verbs=True)
+        out.append(f.result())
+    return out
+
+
+def _ring_reach(nf: NodeFacts, f: Findings, verbs: bool = False) -> None:
+    """This node → its ring successor: over verbs (ibv_rc_pingpong) when `verbs` and the tool ran,
+    else over TCP to a port the successor's probe opened."""
+    if nf.reach_error:
+        f.add("fail", f"reachability test failed: {nf.reach_error}")
+        return
+    ring = [r for r in nf.reach if r.get("kind") == "verbs"] if verbs else []
+    method = "verbs (ibv_rc_pingpong)" if ring else "TCP to a port the peer's probe opened"
+    if verbs and not ring:
+        tools = (nf.raw.get("ib") or {}).get("tools") or {}
+        method += (" (ibv_rc_pingpong is installed here, but the peer ran no verbs server)"
+                   if tools.get("ibv_rc_pingpong") else " (ibv_rc_pingpong not installed, so no verbs test)")
+    for r in ring or [r for r in nf.reach if r.get("kind") == "ring"]:
+        if r.get("ok"):
+            extra = f": {r['result']}" if r.get("result") else ""
+            f.add("ok", f"reaches {r['node']} ({r['addr']}) in {r.get('ms', 0):.1f} ms over {method}{extra}")
+        else:
+            f.add("fail", f"cannot reach {r['node']} at {r['addr']}:{r['port']} over {method}: {r.get('error')}",
+                  "check routing and firewalls between the nodes' data-plane addresses (addr:)" if not ring else
+                  f"ibv_rc_pingpong -d {r.get('device')} {r['addr']} by hand; check the HCA port, the subnet "
+                  "manager and (RoCE) the GID index")
+
+
+# ----------------------------------------------------------------------------- gpus
+
+
+def check_gpus(inv: Inventory, facts: Facts) -> list[CheckResult]:
+    nodes = probed(inv, facts)
+    if not any(n.gpus for n in inv.nodes):
+        return [CheckResult("gpus", n.name, "skip", "", "no node declares `gpus`: GPU checks not applicable")
+                for n, _ in nodes]
+    gf = {n.name: nf.gpus for n, nf in nodes if n.gpus}
+    seen = {k: g for k, g in gf.items() if g.gpus}
+    models = {k: _models(g) for k, g in seen.items()}
+    drivers = {k: g.driver for k, g in seen.items()}
+    out = []
+    for node, _ in nodes:
+        if not node.gpus:
+            out.append(CheckResult("gpus", node.name, "skip", "", "this node declares no `gpus`"))
+            continue
+        out.append(_judge_gpus(node, gf[node.name], models, drivers))
+    return out
+
+
+def _models(g: GpuFacts) -> str:
+    return " + ".join(sorted({x.name for x in g.gpus}))
+
+
+def _judge_gpus(node: Node, g: GpuFacts, models: Mapping[str, str], drivers: Mapping[str, str | None]) -> CheckResult:
+    f = Findings("gpus", node.name)
+    if g.error or not g.gpus:
+        f.add("fail", f"no GPU visible: {g.error or 'nvidia-smi lists none'} ({g.source})",
+              "install the NVIDIA driver and check that nvidia-smi works on this node")
+        return f.result()
+    n = len(g.gpus)
+    f.value = f"{n} × {_models(g)}, driver {g.driver}"
+    if n < node.nproc_per_node:
+        f.add("fail", f"{n} GPUs visible but nproc_per_node is {node.nproc_per_node}",
+              "a worker needs its own GPU: fix the failed GPU (nvidia-smi -q) or lower nproc_per_node")
+    elif node.gpus and n < node.gpus:
+        f.add("warn", f"{n} GPUs visible, the inventory declares {node.gpus}")
+    if " + " in _models(g):
+        f.add("warn", f"mixed GPU models on one node: {_models(g)}")
+    for label, values, mine in (("model", models, _models(g)), ("driver", drivers, g.driver)):
+        odd = odd_one_out(values, mine)
+        if odd:
+            common, count = odd
+            f.add("fail", f"GPU {label} {mine} differs from the majority ({count} nodes: {common})",
+                  "install the same driver on every node (mismatched drivers/CUDA fail silently in NCCL)")
+    busy = sorted({p.gpu for p in g.processes} | {x.index for x in g.gpus if (x.memory_used_mib or 0) >= BUSY_MIB})
+    if busy:
+        procs = ", ".join(f"pid {p.pid} {p.name} on GPU {p.gpu} ({p.memory})" for p in g.processes[:4])
+        f.add("warn", f"GPUs {','.join(map(str, busy))} already in use" + (f": {procs}" if procs else ""),
+              "stop the other job first (nvidia-smi shows its pids) or the run will OOM")
+    if not f.items:
+        f.add("ok", f"{n} GPUs ≥ nproc_per_node {node.nproc_per_node}, idle ({g.source})")
+    return f.result()
+
+
+# ----------------------------------------------------------------------------- software
+
+
+SOFTWARE_KEYS = ("python", "torch", "cuda", "nccl", "ultralytics")
+
+
+def check_software(inv: Inventory, facts: Facts) -> list[CheckResult]:
+    nodes = probed(inv, facts)
+    sw = {n.name: dict(nf.raw.get("software") or {}) for n, nf in nodes}
+    out = []
+    for node, nf in nodes:
+        s = sw[node.name]
+        f = Findings("software", node.name)
+        f.value = " ".join(f"{k} {s.get(k) or '-'}" for k in SOFTWARE_KEYS)
+        if nf.python_fallback:
+            f.add("fail", f"job.python {node.python} does not work here ({nf.python_fallback}); the probe "
+                          "ran with python3 instead, but `orch up` would fail",
+                  f"install the environment at {node.python} on this node, or fix python: in the inventory")
+        if s.get("error"):
+            f.add("fail", str(s["error"]))
+        elif not s.get("torch"):
+            f.add("fail", f"torch is not importable by {node.python}: {s.get('torch_error', 'not installed')}",
+                  f"{node.python} -m pip install torch (the same version as the other nodes)")
+        if not s.get("ultralytics") and not s.get("error"):
+            status = "fail" if (inv.job.module or "") .startswith("trainer") else "warn"
+            f.add(status, f"ultralytics is not installed for {node.python}",
+                  f"{node.python} -m pip install ultralytics (the same version as the other nodes)")
+        for key in SOFTWARE_KEYS:
+            odd = odd_one_out({k: v.get(key) for k, v in sw.items()}, s.get(key))
+            if odd:
+                common, count = odd
+                f.add("fail", f"{key} {_show(s.get(key))} differs from the majority ({count} nodes: {_show(common)})",
+                      "install identical versions everywhere (mismatched torch/CUDA/NCCL hang or fail silently)")
+        out.append(f.result("versions agree with every other node"))
+    return out
+
+
+# ----------------------------------------------------------------------------- job
+
+
+def world_size(inv: Inventory) -> int:
+    return sum(n.nproc_per_node for n in inv.nodes)
+
+
+def cluster_job_findings(inv: Inventory) -> list[tuple[str, str, str]]:
+    """Problems of the job itself (not of a node), reported on the master's row."""
+    out = []
+    ws = world_size(inv)
+    batch = inv.job.raw_args.get("batch")
+    if isinstance(batch, int) and not isinstance(batch, bool) and batch > 0 and batch % ws:
+        lower, upper = (batch // ws) * ws, (batch // ws + 1) * ws
+        out.append(("fail", f"cluster-wide: global batch {batch} does not divide by world size {ws} "
+                            f"({len(inv.nodes)} nodes × {inv.nodes[0].nproc_per_node})",
+                    f"use a multiple of {ws}: {lower or upper} or {upper}"))
+    elif isinstance(batch, int) and batch < 0:
+        out.append(("fail", f"cluster-wide: batch {batch} (auto-batch) does not work with DDP",
+                    f"give a global batch that divides by {ws}"))
+    base = inv.job.workdir or "<workdir>"
+    for key, value in path_args(inv).items():
+        if _is_absolute(value) or _builtin_model(key, value):
+            continue
+        out.append(("fail", f"cluster-wide: {key}: {value!r} is a relative path; torchrun workers resolve it "
+                            "against their own working directory, which differs per node",
+                    f"use an absolute path, e.g. {key}: {os.path.normpath(os.path.join(base, value))}"))
+    return out
+
+
+def _is_absolute(path: str) -> bool:
+    return path.startswith(("/", "~/"))
+
+
+def _builtin_model(key: str, value: str) -> bool:
+    """`model: yolo12m.yaml` names a model config shipped with ultralytics, not a file."""
+    return key == "model" and "/" not in value and value.endswith((".yaml", ".yml"))
+
+
+def check_job(inv: Inventory, facts: Facts) -> list[CheckResult]:
+    nodes = probed(inv, facts)
+    paths = {k: v for k, v in job_files(inv).items() if _is_absolute(v)}
+    digests = {key: {n.name: _digest((nf.raw.get("paths") or {}).get(key) or {}) for n, nf in nodes} for key in paths}
+    out = []
+    for node, nf in nodes:
+        f = Findings("job", node.name)
+        if node.name == inv.master.name:
+            for item in cluster_job_findings(inv):
+                f.add(*item)
+        wd = nf.raw.get("workdir")
+        if inv.job.workdir and wd is not None and not wd.get("is_dir"):
+            f.add("fail", f"workdir {inv.job.workdir} does not exist" if not wd.get("exists") else
+                  f"workdir {inv.job.workdir} is not a directory",
+                  _SYNC_HINT if synced(inv, inv.job.workdir) else "create it or mount the shared filesystem on this node")
+        for key, path in paths.items():
+            _judge_path(key, path, (nf.raw.get("paths") or {}).get(key) or {}, digests[key], node, f,
+                        synced(inv, path))
+        f.value = f"world size {world_size(inv)}, {len(paths)} file(s)"
+        out.append(f.result("workdir and every file argument are in place and identical"))
+    return out
+
+
+def _digest(p: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (p.get("exists"), p.get("size"), p.get("sha256"))
+
+
+_SYNC_HINT = "it is under job.sync: orch sync copies it to every node (orch up does before its preflight)"
+
+
+def synced(inv: Inventory, path: str) -> bool:
+    """`path` is one of `job.sync` or inside one of its directories."""
+    return any(path == s or path.startswith(s + "/") for s in inv.job.sync)
+
+
+def _judge_path(key: str, path: str, p: Mapping[str, Any], digests: Mapping[str, tuple[Any, ...]],
+                node: Node, f: Findings, in_sync: bool = False) -> None:
+    if not p.get("exists"):
+        f.add("fail", f"{key}: {path} does not exist on this node",
+              _SYNC_HINT if in_sync else "copy it there (scp/rsync) or put it on a filesystem every node mounts")
+        return
+    if not p.get("is_file"):
+        if key.replace("-", "_") in ("weights", "data", "script"):
+            f.add("fail", f"{key}: {path} is not a file")
+        return
+    common_any, count, unique = majority(digests)
+    common: tuple[Any, ...] = tuple(common_any)  # type: ignore[arg-type]
+    mine = _digest(p)
+    if len(digests) > 1 and mine != common and unique:
+        f.add("fail", f"{key}: {path} differs from the majority ({count} nodes): size {p.get('size')} vs "
+                      f"{common[1]}, sha256 {str(p.get('sha256'))[:12]} vs {str(common[2])[:12]}",
+              _SYNC_HINT if in_sync else "sync the file so every node reads the same bytes (rsync -c)")
+    if key.replace("-", "_") == "data":
+        _judge_data_yaml(path, p, f)
+
+
+def _judge_data_yaml(path: str, p: Mapping[str, Any], f: Findings) -> None:
+    text = p.get("text")
+    if text is None:
+        return
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        f.add("fail", f"data: {path} is not valid YAML: {str(exc).splitlines()[0]}")
+        return
+    names = doc.get("names") if isinstance(doc, dict) else None
+    if not names:
+        f.add("fail", f"data: {path} has no `names` (class names)",
+              "add names: {0: person, 1: car, ...} (ultralytics refuses a dataset without them)")
+        return
+    nc = doc.get("nc")
+    if isinstance(nc, int) and nc != len(names):
+        f.add("fail", f"data: {path} says nc: {nc} but lists {len(names)} names")
+
+
+# ----------------------------------------------------------------------------- ports
+
+
+def check_ports(inv: Inventory, facts: Facts) -> list[CheckResult]:
+    master = facts.get(inv.master.name)
+    mp = (master.listen.get("master_port") if master and master.ok else None) or {}
+    out = []
+    for node, nf in probed(inv, facts):
+        f = Findings("ports", node.name)
+        f.value = str(inv.master_port)
+        ring = nf.listen.get("ring") or {}
+        if ring.get("error"):
+            f.add("fail", f"cannot listen on this node's addr {node.addr}: {ring['error']}",
+                  "addr: must be an IP of this node on the data-plane network (ip -br addr); "
+                  "rendezvous and NCCL use it")
+        if node.name == inv.master.name:
+            if mp.get("bound"):
+                f.add("ok", f"port {inv.master_port} is free on the master (bound 0.0.0.0:{inv.master_port})")
+            else:
+                holder = f" by {mp['holder']}" if mp.get("holder") else ""
+                f.add("fail", f"master port {inv.master_port} is taken{holder}: {mp.get('error') or 'not tested'}",
+                      f"stop what listens there (ss -ltnp 'sport = :{inv.master_port}') or pick another master.port")
+        else:
+            _master_reach(inv, nf, mp, master, f)
+        _ring_reach(nf, f)
+        out.append(f.result())
+    return out
+
+
+def _master_reach(inv: Inventory, nf: NodeFacts, mp: Mapping[str, Any], master: NodeFacts | None,
+                  f: Findings) -> None:
+    target = f"{inv.master.addr}:{inv.master_port}"
+    if master is None or not master.ok:
+        f.add("skip", f"master {inv.master.name} was not probed; {target} not tested")
+        return
+    if not mp.get("bound"):
+        f.add("skip", f"the master port is not free on the master, so reaching {target} was not tested")
+        return
+    if nf.reach_error:
+        f.add("fail", f"reachability test failed: {nf.reach_error}")
+        return
+    for r in nf.reach:
+        if r.get("kind") == "master":
+            if r.get("ok"):
+                f.add("ok", f"reaches the master at {target} in {r.get('ms', 0):.1f} ms (the probe listened there)")
+            else:
+                f.add("fail", f"cannot connect to the master at {target}: {r.get('error')}",
+                      f"open TCP {inv.master_port} on the master's firewall (ufw allow {inv.master_port}/tcp) "
+                      "and check the route to its addr")
+
+
+# ----------------------------------------------------------------------------- all
+
+
+CHECKS: dict[str, Callable[[Inventory, Facts], list[CheckResult]]] = {
+    "ssh": check_ssh, "clock": check_clock, "timezone": check_timezone, "nccl_env": check_nccl_env,
+    "rdma": check_rdma, "gpus": check_gpus, "software": check_software, "job": check_job, "ports": check_ports,
+}
+assert tuple(CHECKS) == CHECK_NAMES
+
+
+def run_checks(inv: Inventory, facts: Facts, selected: Iterable[str]) -> list[CheckResult]:
+    """Every selected check in contract order; unprobed nodes `skip` (except on `ssh`);
+    checks listed in the inventory's checks.skip become `skip` rows."""
+    results = []
+    for name in [c for c in CHECK_NAMES if c in set(selected)]:
+        if name in inv.checks.skip:
+            results += [CheckResult(name, n.name, "skip", "", "skipped by checks.skip in the inventory")
+                        for n in inv.nodes]
+            continue
+        got = {r.node: r for r in CHECKS[name](inv, facts)}
+        for node in inv.nodes:
+            nf = facts[node.name]
+            if node.name in got:
+                results.append(got[node.name])
+            elif not nf.ok:
+                reason = (nf.error or "").removeprefix(f"{node.name}: ")
+                results.append(CheckResult(name, node.name, "skip", "", f"node not probed: {reason}"))
+    return results

@@ -1,0 +1,122 @@
+"""A preflight: probe every node, run the checks, and the report they make (`orch check`, and
+the gate of `orch up`).
+
+`run_preflight` returns a `CheckReport`; the CLI renders it (a table, or the contract's JSON).
+Every report is also saved, with the measured clock offsets, to
+`$ORCH_HOME/checks/<inventory name>.json`, where `orch up` (copying it into the run as
+check.json) and `orch logs` (ordering lines across nodes) find it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..config.inventory import Inventory
+from ..contract import CHECK_NAMES
+from ..errors import UsageError
+from ..store import checks_path, write_private
+from ..transport import Cluster
+from .facts import collect
+
+if TYPE_CHECKING:
+    from ..store import RunDir
+    from .checks import CheckResult
+
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass
+class CheckReport:
+    """Every (check, node) result of one preflight, plus the measured clock offsets."""
+
+    results: list[CheckResult]
+    offsets_ms: dict[str, float] = field(default_factory=dict)
+    offset_reference: str = ""
+    elapsed_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not any(r.status == "fail" for r in self.results)
+
+    def failed(self) -> list[CheckResult]:
+        return [r for r in self.results if r.status == "fail"]
+
+    def to_json(self, inventory_path: str) -> dict[str, Any]:
+        """docs/CONTRACT.md's check JSON, plus offsets_ms (node clock minus reference) for log skew."""
+        return {"inventory": inventory_path, "ok": self.ok,
+                "results": [r.to_json() for r in self.results],
+                "offsets_ms": {k: round(v, 3) for k, v in self.offsets_ms.items()},
+                "offset_reference": self.offset_reference, "checked_at": time.time(),
+                "elapsed_s": round(self.elapsed_s, 2)}
+
+
+def select_checks(only: Iterable[str] | None, skip: Iterable[str] | None) -> list[str]:
+    """The checks to run, in contract order. Raises UsageError (exit 2) for an unknown name."""
+    only, skip = list(only or []), list(skip or [])
+    for name in only + skip:
+        if name not in CHECK_NAMES:
+            raise UsageError(f"unknown check '{name}'", f"checks are: {', '.join(CHECK_NAMES)}")
+    return [c for c in CHECK_NAMES if (not only or c in only) and c not in skip]
+
+
+def run_preflight(inv: Inventory, cluster: Cluster | None = None, only: Iterable[str] | None = None,
+                  skip: Iterable[str] | None = None, progress: Progress | None = None,
+                  save: bool = True, warm_up: Callable[[], None] | None = None) -> CheckReport:
+    """Probe every node in parallel and judge; never raises for a node that is down.
+
+    With `save` (the default) the report also goes to `$ORCH_HOME/checks/<inventory name>.json`,
+    where `orch up` (copying it into the run) and `orch logs` (clock offsets) read it. `warm_up`
+    runs beside the probe, with the import of the checks: what the caller needs afterwards (the
+    CLI's table) is imported while the controller mostly waits, not before the first connection."""
+    selected = select_checks(only, skip)
+    start = time.monotonic()
+    own = cluster is None
+    cluster = cluster or Cluster(inv)
+    warm = threading.Thread(target=_import_judging, args=(warm_up,), daemon=True, name="orch-import")
+    warm.start()
+    try:
+        facts = collect(inv, cluster, selected, progress)
+    finally:
+        if own:
+            cluster.close()
+    warm.join()
+    from . import checks as checks_mod
+
+    results = checks_mod.run_checks(inv, facts, selected)
+    offsets, _, ref = checks_mod.clock_offsets(inv, facts)
+    report = CheckReport(results, offsets, ref, time.monotonic() - start)
+    if save:
+        save_report(inv, report)
+    return report
+
+
+def _import_judging(warm_up: Callable[[], None] | None) -> None:
+    """Import the checks, and what the caller asked for, ahead of use."""
+    from . import checks  # noqa: F401
+
+    if warm_up is not None:
+        warm_up()
+
+
+def save_report(inv: Inventory, report: CheckReport, path: Path | None = None) -> Path:
+    """Write the JSON report (0600) where `orch up` / `orch logs` look for offsets."""
+    target = path or checks_path(inv.name)
+    write_private(target, json.dumps(report.to_json(inv.path), indent=2) + "\n")
+    return target
+
+
+def save_to_run(run: RunDir, inv: Inventory, report: CheckReport | None) -> None:
+    """check.json in a run's directory (log skew correction reads its offsets): this launch's
+    preflight, or with --skip-checks the last `orch check` of this inventory, if there was one."""
+    if report is not None:
+        run.write(report.to_json(inv.path), "check.json")
+        return
+    saved = checks_path(inv.name)
+    if saved.exists():
+        write_private(run.path / "check.json", saved.read_bytes())

@@ -1,0 +1,11 @@
+"""A launched run: the node agents' client, its record, supervision, and `orch status` / `down`.
+
+- `agent.py`     ship, start, ask and stop the node agent on every node; `NodeStatus` is what
+                 an agent says of its node
+- `records.py`   run.json's per-node records, updated from several threads
+- `supervise.py` the run's state machine: judge every node, fail fast, teardown in `finally`;
+                 node states pushed on the log streams, polled only when a stream goes silent
+- `control.py`   `orch status` (StatusReport) and `orch down` (DownReport) of a launched run
+
+`orchestrator/up.py` composes these with the preflight and the log streams into `orch up`.
+"""

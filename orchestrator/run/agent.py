@@ -1,0 +1,207 @@
+"""The node agent's client: ship it with a run, then start, ask and stop it on every node.
+
+On each node the run lives in `store.remote_dir()` (`<job.run_root>/<run-id>/<node>/`): the agent
+(`orchestrator/node/agent.py`, shipped with every run so nodes need not run the same orch
+version), `launch.json` (argv, env, cwd: private, never on a command line), `node.log`,
+`state.json`. What an agent says of its node is typed here: a `NodeStatus`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from ..config.plan import NodePlan, Plan
+from ..contract import NodeState
+from ..errors import OrchError, TransportError
+from ..node import script as node_script
+from ..node import source as node_source
+from ..store import remote_dir
+from ..transport import Cluster, GroupResult, Result, Transport
+
+START_WAIT_S = 60.0
+RECORDED = ("state", "exit_code", "pid", "pgid", "agent_pid", "started_at", "finished_at", "signal", "error")
+"""The fields of a NodeStatus that run.json keeps for each node."""
+
+
+def _number(value: Any) -> Any:
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """What a node's agent says of its share of a run: state.json, plus what only the node can
+    tell (liveness, the log's size and time, its last lines). The answer of `agent.py start`,
+    `agent.py status` and `stop`, and of the log reader's status frames."""
+
+    state: NodeState | None
+    """None where the node has no state.json yet (nothing started there, or not yet)."""
+    exit_code: int | None = None
+    signal: str | None = None
+    reason: str | None = None
+    pid: int | None = None
+    pgid: int | None = None
+    agent_pid: int | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    agent_alive: bool | None = None
+    """None when not asked (a final state, or an answer that does not say)."""
+    job_alive: bool | None = None
+    now: float | None = None
+    """The node's clock when it answered."""
+    log_size: int | None = None
+    log_mtime: float | None = None
+    tail: tuple[str, ...] = ()
+    error: str | None = None
+    """Why the controller could not ask the agent (with state unreachable or unknown)."""
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> NodeStatus:
+        """The agent's JSON. A state this orch does not know reads as unknown."""
+        raw = data.get("state")
+        state = None if raw is None else NodeState(raw) if raw in set(NodeState) else NodeState.UNKNOWN
+        alive = {k: data.get(k) if isinstance(data.get(k), bool) else None for k in ("agent_alive", "job_alive")}
+        return cls(state=state, exit_code=_number(data.get("exit_code")), signal=_text(data.get("signal")),
+                   reason=_text(data.get("reason")), pid=_number(data.get("pid")), pgid=_number(data.get("pgid")),
+                   agent_pid=_number(data.get("agent_pid")), started_at=_number(data.get("started_at")),
+                   finished_at=_number(data.get("finished_at")), now=_number(data.get("now")),
+                   log_size=_number(data.get("log_size")), log_mtime=_number(data.get("log_mtime")),
+                   tail=tuple(str(x) for x in data.get("tail") or ()), error=_text(data.get("error")), **alive)
+
+    def recorded(self) -> dict[str, Any]:
+        """The fields run.json keeps of it, where it says anything."""
+        return {k: getattr(self, k) for k in RECORDED if getattr(self, k) is not None}
+
+    def to_json(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["tail"] = list(self.tail)
+        return out
+
+
+@dataclass(frozen=True)
+class StopResult:
+    """What `agent.py stop` left on a node: the processes it stopped and any still running."""
+
+    status: NodeStatus | None
+    """state.json after the stop; None where nothing was ever started."""
+    stopped: tuple[int, ...] = ()
+    remaining: tuple[int, ...] = ()
+    note: str | None = None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StopResult:
+        return cls(NodeStatus.from_json(data) if data.get("state") else None,
+                   tuple(int(p) for p in data.get("stopped") or ()),
+                   tuple(int(p) for p in data.get("remaining") or ()), _text(data.get("note")))
+
+
+# ----------------------------------------------------------------------------- one node
+
+
+def launch_spec(plan: Plan, np_: NodePlan) -> dict[str, Any]:
+    """launch.json: everything the agent needs, so no env value ever appears on a command line."""
+    return {"run": plan.run_id, "node": np_.node.name, "node_rank": np_.node_rank,
+            "argv": list(np_.argv), "env": dict(np_.env), "cwd": np_.workdir,
+            "grace": plan.inventory.job.stop_grace_s, "torchrun_log_dir": True}
+
+
+def agent_call(t: Transport, python: str, rdir: str, args: list[str], timeout: float) -> dict[str, Any]:
+    """Run `python agent.py ARGS` in the node's run directory and parse the JSON it prints.
+
+    Raises:
+        TransportError: the node could not be reached.
+        OrchError: the agent could not run (missing python, missing run directory...).
+    """
+    res = t.run([python, "agent.py", *args], cwd=rdir, timeout=timeout)
+    return parse_agent(res, python)
+
+
+def parse_agent(res: Result, python: str) -> dict[str, Any]:
+    """The agent's JSON answer (its last line); a clear OrchError when the agent never ran."""
+    line = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
+    try:
+        data = json.loads(line) if line else None
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        return data
+    err = res.stderr.strip().splitlines()
+    detail = err[-1] if err else f"exit code {res.exit_code}, no output"
+    if res.exit_code == 127 or "not found" in detail or "No such file" in detail:
+        raise OrchError(f"{res.node}: cannot run the node agent with python {python!r}: {detail}",
+                        "set job.python (or the node's python:) to an interpreter that exists on that node")
+    raise OrchError(f"{res.node}: the node agent failed: {detail}")
+
+
+def start_node(t: Transport, plan: Plan, np_: NodePlan, rdir: str) -> NodeStatus:
+    """Ship the agent and launch.json, start the job detached; its status once it runs.
+
+    One SSH exec: `node/boot.py` writes both files (sent on stdin, so no env value is ever on a
+    command line) and runs `agent.py start` in the run directory."""
+    t.connect()
+    files = {"agent.py": node_source("agent"), "launch.json": json.dumps(launch_spec(plan, np_))}
+    python = np_.node.python
+    res = t.run([python, "-c", node_script("boot"), rdir, "start", ".", "--wait", str(START_WAIT_S)],
+                stdin=json.dumps(files).encode("ascii"), timeout=START_WAIT_S + 30)
+    state = parse_agent(res, python)
+    if res.exit_code != 0 or not state.get("pid"):
+        raise OrchError(f"{np_.node.name}: the job did not start: {state.get('reason') or state.get('state')}")
+    return NodeStatus.from_json(state)
+
+
+def stop_node(t: Transport, python: str, rdir: str, grace: float) -> StopResult:
+    """Stop one node's job (TERM, KILL after grace) and wait; idempotent.
+
+    A node where the run never got as far as its run directory, or whose python cannot start the
+    agent (so it never started the job either), has nothing to stop."""
+    try:
+        return StopResult.from_json(agent_call(t, python, rdir, ["stop", ".", "--grace", f"{grace:g}"], grace + 30))
+    except TransportError:
+        raise
+    except OrchError as exc:
+        if not t.run(["true"], cwd=rdir, timeout=30).ok:
+            return StopResult(None, note="no run directory on this node")
+        if "cannot run the node agent" in exc.message:
+            return StopResult(None, note=exc.message)
+        raise
+
+
+def status_node(t: Transport, python: str, rdir: str, tail: int = 0, timeout: float = 15) -> NodeStatus:
+    """One node's state.json plus liveness; a missing run directory reads as state `unknown`."""
+    try:
+        return NodeStatus.from_json(agent_call(t, python, rdir, ["status", ".", "--tail", str(tail)], timeout))
+    except TransportError:
+        raise
+    except OrchError as exc:
+        return NodeStatus(NodeState.UNKNOWN, agent_alive=False, job_alive=False, error=exc.message)
+
+
+# ----------------------------------------------------------------------------- every node
+
+
+def start_all(cluster: Cluster, plan: Plan) -> GroupResult[NodeStatus]:
+    """Start every node in parallel; every node's answer (its status, or why not) is collected."""
+    rdirs = {p.node.name: remote_dir(plan.inventory, p.node, plan.run_id) for p in plan.nodes}
+    return cluster.fan_out(lambda t: start_node(t, plan, plan.for_node(t.node.name), rdirs[t.node.name]))
+
+
+def stop_all(cluster: Cluster, records: Sequence[Mapping[str, Any]], grace: float) -> GroupResult[StopResult]:
+    """Stop every node in parallel (idempotent): every agent's answer, or why there is none."""
+    by_name = {r["node"]: r for r in records}
+    nodes = [n for n in cluster.inv.nodes if n.name in by_name]
+    return cluster.fan_out(lambda t: stop_node(t, by_name[t.node.name]["python"],
+                                               by_name[t.node.name]["remote_dir"], grace), nodes)
+
+
+def status_all(cluster: Cluster, records: Sequence[Mapping[str, Any]], timeout: float = 15) -> GroupResult[NodeStatus]:
+    """Every node's agent status in parallel, or why there is none."""
+    by_name = {r["node"]: r for r in records}
+    nodes = [n for n in cluster.inv.nodes if n.name in by_name]
+    return cluster.fan_out(lambda t: status_node(t, by_name[t.node.name]["python"],
+                                                 by_name[t.node.name]["remote_dir"], timeout=timeout), nodes)

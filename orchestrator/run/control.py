@@ -1,0 +1,168 @@
+"""`orch status` and `orch down` of a run that is already launched (attached or detached).
+
+Both ask every node's agent now (never trust run.json alone), bring run.json up to date, and
+return what they found for the CLI to show: a `StatusReport` (the contract's status JSON) and a
+`DownReport`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..config.inventory import Inventory
+from ..contract import FINAL_STATES, NodeState, RunState
+from ..errors import OrchError
+from ..store import RunDir, RunStore, clock_offsets
+from ..transport import Cluster, GroupResult
+from .agent import NodeStatus, StopResult, status_all, status_node, stop_all
+from .records import RunRecord
+from .supervise import NodeSpec, Supervisor, corrected, run_state, select_excerpt
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    """One node's line of `orch status`."""
+
+    node: str
+    node_rank: int
+    host: str | None
+    state: str
+    exit_code: int | None
+    pid: int | None
+    pgid: int | None
+    uptime_s: float | None
+    last_log: str | None
+    """When the node's log was last written (UTC, ISO 8601)."""
+    last_log_age_s: float | None
+    agent_alive: bool | None
+    error: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    """`orch status`: the run's state and every node's, with the first failure of a failed run."""
+
+    run: str
+    state: str
+    nodes: list[NodeReport]
+    first_failure: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """docs/CONTRACT.md's status JSON, with pid, uptime and last log time per node."""
+        out: dict[str, Any] = {"run": self.run, "state": self.state, "nodes": [n.to_json() for n in self.nodes]}
+        if self.first_failure:
+            out["first_failure"] = self.first_failure
+        return out
+
+
+@dataclass(frozen=True)
+class DownReport:
+    """`orch down`: what each node's agent stopped, or why a node could not be stopped."""
+
+    run: str
+    state: str
+    results: GroupResult[StopResult]
+    """Each node's stop (in node order), or why it could not be asked."""
+    elapsed_s: float
+
+    @property
+    def complete(self) -> bool:
+        """Every node answered and nothing of the run is left running."""
+        return not self.results.failed and not any(r.remaining for r in self.results.succeeded.values())
+
+
+def _cluster_for(run: RunDir) -> tuple[Inventory, list[dict[str, Any]]]:
+    data = run.read()
+    return run.inventory(), list(data.get("nodes") or [])
+
+
+def offsets_s(run: RunDir, inv: Inventory) -> dict[str, float]:
+    """The clock offsets (s) the run's preflight (else the last `orch check`) measured."""
+    return {node: ms / 1000.0 for node, ms in clock_offsets(run, inv.name)[0].items()}
+
+
+def status(run_id: str | None) -> StatusReport:
+    """Per-node state of a run, asked of every node's agent now; run.json is brought up to date."""
+    run = RunStore().get(run_id)
+    inv, records = _cluster_for(run)
+    with Cluster(inv) as cluster:
+        answers = status_all(cluster, records)
+        ok, failed = answers.succeeded, answers.failed
+        statuses = {n: ok[n] if n in ok else NodeStatus(NodeState.UNREACHABLE, error=str(failed[n]))
+                    for n in answers}
+        data = run.read()
+        state = run_state([s.state or NodeState.UNKNOWN for s in statuses.values()],
+                          data.get("state", RunState.STARTING))
+        fields: dict[str, Any] = {"state": state}
+        if state == RunState.FAILED and not data.get("first_failure"):
+            # a detached run failed with nobody watching: name its first failure now
+            fields["first_failure"] = detached_failure(cluster, records, statuses, offsets_s(run, inv))
+    RunRecord(run).update_nodes(ok, **fields)
+    return status_report(run.read(), statuses)
+
+
+def detached_failure(cluster: Cluster, records: list[dict[str, Any]], statuses: Mapping[str, NodeStatus],
+                     offsets: Mapping[str, float] | None = None) -> dict[str, Any] | None:
+    """The earliest failed node of a run (on the reference clock), with its excerpt, judged after
+    the fact."""
+    specs = {r["node"]: NodeSpec(r["node"], r["node_rank"], r.get("base_rank", 0), r.get("nproc", 1))
+             for r in records}
+    failures = [f for n, s in statuses.items() if n in specs and s.state == NodeState.FAILED
+                for f in [corrected(Supervisor.node_failure(specs[n], s), offsets or {})] if f is not None]
+    if not failures:
+        return None
+    first = min(failures, key=lambda f: f.order)
+    rec = next(r for r in records if r["node"] == first.node)
+    try:
+        tail = list(status_node(cluster[first.node], rec["python"], rec["remote_dir"], tail=200).tail)
+    except OrchError:
+        tail = []
+    first.excerpt, first.rank, first.local_rank = select_excerpt(tail)
+    return first.to_json()
+
+
+def status_report(data: Mapping[str, Any], statuses: Mapping[str, NodeStatus]) -> StatusReport:
+    """run.json's nodes with what their agents just said (pid, uptime, last log time)."""
+    nodes = []
+    for r in data.get("nodes") or []:
+        s = statuses.get(r["node"], NodeStatus(NodeState.UNKNOWN))
+        now = s.now or time.time()
+        started, finished = s.started_at or r.get("started_at"), s.finished_at or r.get("finished_at")
+        uptime = None if not started else round((finished or now) - started, 1)
+        nodes.append(NodeReport(
+            node=r["node"], node_rank=r["node_rank"], host=r.get("host"),
+            state=s.state or r.get("state"),
+            exit_code=s.exit_code if r["node"] in statuses and s.exit_code is not None else r.get("exit_code"),
+            pid=s.pid or r.get("pid"), pgid=s.pgid or r.get("pgid"), uptime_s=uptime,
+            last_log=_iso(s.log_mtime), last_log_age_s=None if not s.log_mtime else round(now - s.log_mtime, 1),
+            agent_alive=s.agent_alive, error=s.error))
+    return StatusReport(data.get("run") or "", data.get("state") or RunState.STARTING, nodes,
+                        data.get("first_failure") or None)
+
+
+def _iso(ts: float | None) -> str | None:
+    if not ts:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+def down(run_id: str | None) -> DownReport:
+    """Stop every process of a run on every node by its recorded process group; idempotent."""
+    run = RunStore().get(run_id)
+    inv, records = _cluster_for(run)
+    t = time.monotonic()
+    with Cluster(inv) as cluster:
+        results = stop_all(cluster, records, inv.job.stop_grace_s)
+    done = results.succeeded
+    after = {n: r.status for n, r in done.items() if r.status is not None}
+    # a node that had already failed makes the run failed, whoever stopped the rest
+    state = run_state([s.state for s in after.values() if s.state], run.read().get("state"))
+    state = state if state in FINAL_STATES else RunState.STOPPED
+    RunRecord(run).update_nodes(after, state=state)
+    return DownReport(run.run_id, state, results, time.monotonic() - t)

@@ -1,0 +1,544 @@
+"""Supervise a launched run: watch every node's agent, fail fast, tear down in `finally`.
+
+A run is a small state machine (torch elastic's `SimpleElasticAgent.run` is the model):
+
+    running ──(every node succeeded)──────────────────────────▶ succeeded
+       │
+       ├──(a node exited non-zero / its agent vanished /
+       │   it stayed unreachable longer than the grace)──▶ teardown ─▶ failed
+       └──(Ctrl-C, or any exception)──────────────────────▶ teardown ─▶ re-raised
+
+Teardown (stop every node's process group, in parallel) runs in `finally`, so no path out of
+`Supervisor.run` leaves ranks hanging on the other nodes. The side effects (`observe`, `stop_all`,
+`excerpt`) are injected: `orchestrator/up.py` binds them to real transports, unit tests to scripts.
+
+Where observations come from: an attached `orch up` takes them from the node status its log
+streams push (`Pushed`), and polls a node's agent over SSH (`Poller`) only while that node's
+stream is silent; `orch status` of a detached run asks every agent once.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..contract import FINAL_STATES, NodeState, RunState
+from .agent import NodeStatus, StopResult
+
+ROOT_CAUSE = "Root Cause (first observed failure):"
+RANK_LINE = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
+EXCERPT_LINES = 20
+
+Observation = NodeStatus | Exception
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """What the supervisor needs to know about one node of the plan."""
+
+    name: str
+    node_rank: int
+    base_rank: int
+    nproc: int
+
+
+@dataclass
+class Failure:
+    """The first failure of a run: which node, why, and the lines that show it."""
+
+    node: str
+    node_rank: int
+    reason: str
+    exit_code: int | None = None
+    rank: int | None = None
+    local_rank: int | None = None
+    excerpt: list[str] = field(default_factory=list)
+    order: float = math.inf
+    """When it happened (node epoch seconds); the earliest candidate is the first failure."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node": self.node, "node_rank": self.node_rank, "rank": self.rank,
+                "local_rank": self.local_rank, "exit_code": self.exit_code, "reason": self.reason,
+                "excerpt": list(self.excerpt)}
+
+
+@dataclass
+class Outcome:
+    """How a supervised run ended."""
+
+    state: RunState
+    wall_s: float
+    failure: Failure | None = None
+    teardown_s: float | None = None
+    not_stopped: dict[str, str] = field(default_factory=dict)
+    """Nodes teardown could not confirm as stopped, with the reason (e.g. unreachable)."""
+
+
+# ----------------------------------------------------------------------------- pure helpers
+
+
+def log_text(raw: str) -> str:
+    """The text of a node.log line (`<ts> <stream> <text>`), or the line itself if it is not one."""
+    parts = raw.split(" ", 2)
+    if len(parts) == 3 and parts[0].endswith("Z") and parts[1] in ("out", "err", "orch"):
+        return parts[2]
+    return raw
+
+
+def root_cause(texts: Sequence[str]) -> tuple[int, int, int, int] | None:
+    """torchrun's last "Root Cause" block: (first line, last line, rank, local_rank), or None."""
+    starts = [i for i, t in enumerate(texts) if ROOT_CAUSE in t]
+    if not starts:
+        return None
+    i = starts[-1]
+    first = i - 1 if i > 0 and set(_untee(texts[i - 1]).strip()) == {"-"} else i
+    last, rank, local = len(texts) - 1, -1, -1
+    for j in range(i + 1, len(texts)):
+        body = _untee(texts[j])
+        m = RANK_LINE.match(body)
+        if m and rank < 0:
+            rank, local = int(m.group(1)), int(m.group(2))
+        if body.startswith("===="):
+            last = j
+            break
+    return first, last, rank, local
+
+
+def _untee(text: str) -> str:
+    """torchrun's own lines have no prefix, but be tolerant of an `[defaultN]:` one."""
+    return re.sub(r"^\[[A-Za-z_-]*\d+\]:", "", text)
+
+
+def select_excerpt(raw_lines: Sequence[str], n: int = EXCERPT_LINES) -> tuple[list[str], int | None, int | None]:
+    """The failure excerpt of a node log, and the (rank, local rank) torchrun blames, if any.
+
+    The last `n` lines, plus torchrun's whole Root Cause block and the blamed worker's last lines
+    when they fall outside them: torchrun prints its own traceback after the worker's, so the
+    worker's exception is often 30 lines above the end."""
+    texts = [log_text(r) for r in raw_lines]
+    keep = set(range(max(0, len(texts) - n), len(texts)))
+    rank = local = None
+    rc = root_cause(texts)
+    if rc is not None:
+        first, last, r, lr = rc
+        keep.update(range(first, last + 1))
+        if r >= 0:
+            rank, local = r, lr
+            prefix = f"[default{lr}]:"
+            mine = [i for i, t in enumerate(texts[:first]) if t.startswith(prefix)]
+            keep.update(mine[-8:])
+    out: list[str] = []
+    prev = None
+    for i in sorted(keep):
+        if prev is not None and i != prev + 1:
+            out.append("…")
+        out.append(texts[i])
+        prev = i
+    return out, rank, local
+
+
+def run_state(node_states: Sequence[str], recorded: str | None) -> RunState:
+    """A run's state from its nodes' (for `orch status` of a detached run). Final states stick; a
+    run.json without a state it knows reads as starting."""
+    recorded = recorded if recorded in set(RunState) else RunState.STARTING
+    if recorded in FINAL_STATES:
+        return RunState(recorded)
+    if node_states and all(s == NodeState.SUCCEEDED for s in node_states):
+        return RunState.SUCCEEDED
+    if any(s == NodeState.FAILED for s in node_states):
+        return RunState.FAILED
+    if any(s in (NodeState.RUNNING, NodeState.STARTING) for s in node_states):
+        return RunState.RUNNING
+    if node_states and all(s in FINAL_STATES for s in node_states):
+        return RunState.STOPPED
+    return RunState(recorded)
+
+
+def corrected(failure: Failure | None, offsets_s: Mapping[str, float]) -> Failure | None:
+    """A failure whose `order` (the node's clock) is moved to the reference clock."""
+    if failure is not None and failure.order != math.inf:
+        failure.order -= offsets_s.get(failure.node, 0.0)
+    return failure
+
+
+# ----------------------------------------------------------------------------- polling
+
+
+class Poller:
+    """One thread per node calls `poll_one(name)` every `interval`; `observe()` reads the latest.
+
+    Threads keep a slow or dead node from delaying the verdict on the others. A call that has
+    been in flight longer than `stale_after` is reported as a TimeoutError. With `wanted`, a
+    node is polled only while `wanted(name)` is true (checked every `interval`, at most 0.2 s)."""
+
+    def __init__(self, names: Sequence[str], poll_one: Callable[[str], NodeStatus], *,
+                 interval: float = 1.0, stale_after: float = 3.0,
+                 clock: Callable[[], float] = time.monotonic,
+                 wanted: Callable[[str], bool] | None = None) -> None:
+        self.names = list(names)
+        self.poll_one = poll_one
+        self.interval = interval
+        self.stale_after = stale_after
+        self.clock = clock
+        self.wanted = wanted
+        self.latest: dict[str, Observation] = {}
+        self.answered: dict[str, float] = {}
+        """When each node's latest answer (or exception) came, on `clock`."""
+        self.answered_ok: dict[str, float] = {}
+        """When each node last answered with a status (it was reachable then)."""
+        self.calls = 0
+        self.inflight: dict[str, float] = {}
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._loop, args=(n,), daemon=True, name=f"poll-{n}")
+                        for n in self.names]
+
+    def start(self) -> Poller:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def _loop(self, name: str) -> None:
+        while not self.stop.is_set():
+            if self.wanted is not None and not self.wanted(name):
+                self.stop.wait(min(self.interval, 0.2))
+                continue
+            with self.lock:
+                self.inflight[name] = self.clock()
+                self.calls += 1
+            try:
+                result: Observation = self.poll_one(name)
+            except Exception as exc:  # judged by the supervisor: unreachable for how long
+                result = exc
+            with self.lock:
+                self.inflight.pop(name, None)
+                self.latest[name] = result
+                self.answered[name] = self.clock()
+                if not isinstance(result, Exception):
+                    self.answered_ok[name] = self.answered[name]
+            self.stop.wait(self.interval)
+
+    def observe(self) -> dict[str, Observation]:
+        now = self.clock()
+        with self.lock:
+            out = dict(self.latest)
+            for name, since in self.inflight.items():
+                if now - since > self.stale_after:
+                    out[name] = Unanswered(now - since, since)
+        return out
+
+    def snapshot(self) -> tuple[dict[str, Observation], dict[str, float], dict[str, float], dict[str, float]]:
+        """(latest answers, when they came, when each node last answered a status, calls in flight)."""
+        with self.lock:
+            return dict(self.latest), dict(self.answered), dict(self.answered_ok), dict(self.inflight)
+
+    def close(self, wait: float = 0.0) -> None:
+        """Stop polling; wait up to `wait` s for calls in flight, so none outlives the controller."""
+        self.stop.set()
+        deadline = time.monotonic() + wait
+        with self.lock:
+            hung = {n for n, since in self.inflight.items() if self.clock() - since > self.stale_after}
+        for name, t in zip(self.names, self.threads):
+            if t.is_alive() and name not in hung:  # a call to an unreachable node ends on its own
+                t.join(max(0.0, deadline - time.monotonic()))
+
+
+class Unanswered(TimeoutError):
+    """A poll still in flight after `stale_after`: the node counts as unreachable since it began."""
+
+    def __init__(self, waited: float, since: float) -> None:
+        super().__init__(f"no answer for {waited:.0f} s")
+        self.since = since
+
+
+class Silent(ConnectionError):
+    """A node whose log stream went silent and whose agent cannot be asked either: unreachable
+    since it was last heard from (a stream frame or a status answer)."""
+
+    def __init__(self, cause: Exception, since: float) -> None:
+        super().__init__(str(cause))
+        self.since = since
+
+
+class Pushed:
+    """Observations pushed by the nodes' log streams; an SSH poll only for a silent node.
+
+    Each node's log reader sends the node's status when it changes (`status`) and some frame at
+    least every 0.2 s (`frame`). A node heard from within `silent_after` is judged on what it
+    pushed, so a healthy run costs no status exec at all. A node whose stream is silent (down,
+    reconnecting, stalled behind a slow merge, never up) is polled by a `Poller` as before, and
+    whichever is newer, the pushed status or the poll's answer, is its observation. If the poll
+    fails or hangs, the node is unreachable since it was last heard from: the supervisor's grace
+    then means "silent that long". A final pushed state is the node's last word (its stream ends
+    after it), so it is never polled. A stream's first frame may take `first_frame_s` (a login
+    shell and a python start on a node busy starting its job) before its node counts as silent."""
+
+    def __init__(self, names: Sequence[str], poll_one: Callable[[str], NodeStatus], *,
+                 silent_after: float = 3.0, first_frame_s: float = 0.0, interval: float = 1.0,
+                 stale_after: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.names = list(names)
+        self.silent_after = silent_after
+        self.first_frame_s = max(silent_after, first_frame_s)
+        self.clock = clock
+        now = clock()
+        self.heard: dict[str, float] = {n: now for n in self.names}  # silence counts from the start
+        self.unheard = set(self.names)
+        self.pushed: dict[str, tuple[float, NodeStatus]] = {}
+        self.lock = threading.Lock()
+        self.news = threading.Event()
+        self.poller = Poller(self.names, poll_one, interval=interval, stale_after=stale_after, clock=clock,
+                             wanted=self.silent)
+
+    def start(self) -> Pushed:
+        self.poller.start()
+        return self
+
+    # -- fed by the log streams (reader threads)
+
+    def frame(self, name: str) -> None:
+        """Any frame from the node's stream: it is alive."""
+        with self.lock:
+            self.heard[name] = self.clock()
+            self.unheard.discard(name)
+
+    def status(self, name: str, status: NodeStatus) -> None:
+        """The node's status, as its reader sent it."""
+        with self.lock:
+            now = self.clock()
+            self.heard[name] = now
+            self.unheard.discard(name)
+            self.pushed[name] = (now, status)
+        self.news.set()
+
+    # -- read by the supervisor
+
+    def silent(self, name: str) -> bool:
+        """Is this node's stream silent (and its state not final)? Then it is polled."""
+        with self.lock:
+            pushed = self.pushed.get(name)
+            if pushed is not None and pushed[1].state in FINAL_STATES:
+                return False
+            return self._quiet(name, self.clock())
+
+    def _quiet(self, name: str, now: float) -> bool:
+        """Silent longer than its stream may be (under the lock)."""
+        allowed = self.first_frame_s if name in self.unheard else self.silent_after
+        return now - self.heard[name] >= allowed
+
+    def observe(self) -> dict[str, Observation]:
+        latest, answered, answered_ok, inflight = self.poller.snapshot()
+        now = self.clock()
+        out: dict[str, Observation] = {}
+        with self.lock:
+            for name in self.names:
+                at, pushed = self.pushed.get(name, (-math.inf, None))
+                heard = self.heard[name]
+                if pushed is not None and (pushed.state in FINAL_STATES or not self._quiet(name, now)):
+                    out[name] = pushed
+                    continue
+                # the stream is silent: a poll decides, once it has answered since
+                poll, poll_at = latest.get(name), answered.get(name, -math.inf)
+                alive_at = max(heard, answered_ok.get(name, -math.inf))
+                asked = inflight.get(name)
+                if asked is not None and now - asked > self.poller.stale_after:
+                    out[name] = Unanswered(now - alive_at, alive_at)
+                elif isinstance(poll, Exception) and poll_at > heard:
+                    out[name] = Silent(poll, alive_at)
+                elif isinstance(poll, NodeStatus) and poll_at > at:
+                    out[name] = poll
+                elif pushed is not None:
+                    out[name] = pushed
+        return out
+
+    def wait(self, timeout: float) -> None:
+        """The supervisor's sleep: over early when a node pushes a new status."""
+        self.news.wait(timeout)
+        self.news.clear()
+
+    @property
+    def polls(self) -> int:
+        """Status polls made so far (each an SSH exec)."""
+        return self.poller.calls
+
+    def close(self, wait: float = 0.0) -> None:
+        self.poller.close(wait)
+
+
+@contextmanager
+def sigint_shielded() -> Iterator[None]:
+    """Ignore Ctrl-C while tearing down: a second Ctrl-C must not leave nodes half-stopped."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+# ----------------------------------------------------------------------------- the state machine
+
+
+class Supervisor:
+    """Poll, judge, and stop everything on the first failure (or any exit path)."""
+
+    def __init__(self, specs: Sequence[NodeSpec], *,
+                 observe: Callable[[], Mapping[str, Observation]],
+                 stop_all: Callable[[], Mapping[str, StopResult | Exception]],
+                 excerpt: Callable[[str], Sequence[str]] | None = None,
+                 confirm: Callable[[Sequence[str]], Mapping[str, Observation]] | None = None,
+                 interval: float = 1.0, unreachable_grace: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                 on_update: Callable[[Mapping[str, NodeStatus]], None] | None = None,
+                 offsets_s: Mapping[str, float] | None = None) -> None:
+        self.specs = {s.name: s for s in specs}
+        self.offsets_s = dict(offsets_s or {})
+        """Each node's clock offset (s, node minus reference) as `orch check` measured it: a node
+        reports when it failed on its own clock, so failures are ordered on the reference clock."""
+        self.observe = observe
+        self.stop_all = stop_all
+        self.excerpt = excerpt
+        self.confirm = confirm
+        self.interval = interval
+        self.grace = unreachable_grace
+        self.clock = clock
+        self.sleep = sleep
+        self.on_update = on_update
+        self.nodes: dict[str, NodeStatus] = {n: NodeStatus(NodeState.STARTING) for n in self.specs}
+        self.unreachable_since: dict[str, float] = {}
+        self.failure: Failure | None = None
+        self.teardown_s: float | None = None
+        self.not_stopped: dict[str, str] = {}
+        self.torn_down = False
+
+    def run(self) -> Outcome:
+        """Supervise until success or the first failure; teardown is guaranteed on every path."""
+        start = self.clock()
+        try:
+            while True:
+                verdict = self.judge(self.observe(), self.clock())
+                if verdict == RunState.SUCCEEDED:
+                    self.torn_down = True  # every agent has exited and cleaned up after its job
+                    return Outcome(RunState.SUCCEEDED, self.clock() - start)
+                if verdict == RunState.FAILED:
+                    self.teardown()
+                    self.attach_excerpt()
+                    return Outcome(RunState.FAILED, self.clock() - start, self.failure, self.teardown_s, self.not_stopped)
+                self.sleep(self.interval)
+        finally:
+            if not self.torn_down:
+                self.teardown()
+
+    def judge(self, observations: Mapping[str, Observation], now: float) -> RunState:
+        """Fold one round of observations into node states; return running|succeeded|failed."""
+        candidates: list[Failure] = []
+        changed = False
+        for name, spec in self.specs.items():
+            obs = observations.get(name)
+            if obs is None:
+                continue  # no answer yet from its first poll
+            if isinstance(obs, Exception):
+                since = self.unreachable_since.setdefault(name, getattr(obs, "since", now))
+                changed |= self._set(name, NodeStatus(NodeState.UNREACHABLE, error=str(obs)))
+                if now - since >= self.grace:
+                    candidates.append(Failure(name, spec.node_rank, f"unreachable for {now - since:.0f} s: {obs}",
+                                              order=time.time() - (now - since)))
+                continue
+            self.unreachable_since.pop(name, None)
+            changed |= self._set(name, obs)
+            failure = self.failure_of(spec, obs)
+            if failure is not None:
+                candidates.append(failure)
+        if changed and self.on_update is not None:
+            self.on_update(self.nodes)
+        if candidates:
+            candidates += self.confirmed(observations)
+            self.failure = min(candidates, key=lambda f: f.order)
+            return RunState.FAILED
+        if all(n.state == NodeState.SUCCEEDED for n in self.nodes.values()):
+            return RunState.SUCCEEDED
+        return RunState.RUNNING
+
+    def _set(self, name: str, value: NodeStatus) -> bool:
+        old = self.nodes.get(name)
+        self.nodes[name] = value
+        return old is None or old.state != value.state or old.exit_code != value.exit_code
+
+    def confirmed(self, seen: Mapping[str, Observation]) -> list[Failure]:
+        """Failures a fresh poll finds on the nodes that looked healthy in this round.
+
+        Polls are not simultaneous: a node that failed first may have been asked just before it
+        did, while a later victim was asked just after. One more look orders them by exit time."""
+        if self.confirm is None:
+            return []
+        healthy = [n for n, o in seen.items() if isinstance(o, NodeStatus) and n in self.specs
+                   and self.node_failure(self.specs[n], o) is None]
+        if not healthy:
+            return []
+        out = []
+        for name, obs in self.confirm(healthy).items():
+            if name in healthy and isinstance(obs, NodeStatus):
+                failure = self.failure_of(self.specs[name], obs)
+                if failure is not None:
+                    out.append(failure)
+                    self.nodes[name] = obs
+        return out
+
+    def failure_of(self, spec: NodeSpec, obs: NodeStatus) -> Failure | None:
+        """`node_failure`, ordered on the reference clock (the node's offset taken out)."""
+        return corrected(self.node_failure(spec, obs), self.offsets_s)
+
+    @staticmethod
+    def node_failure(spec: NodeSpec, obs: NodeStatus) -> Failure | None:
+        """Is this node's report a failure? A non-zero exit, an outside stop, or a vanished agent."""
+        state, code = obs.state, obs.exit_code
+        when = float(obs.finished_at or obs.now or math.inf)
+        if state == NodeState.FAILED:
+            why = f"exited with code {code}" + (f" ({obs.signal})" if obs.signal else "")
+            if obs.reason:
+                why += f": {obs.reason}"
+            return Failure(spec.name, spec.node_rank, why, code, order=when)
+        if state == NodeState.STOPPED:
+            return Failure(spec.name, spec.node_rank, "was stopped from outside this `orch up` (orch down?)",
+                           code, order=when)
+        if state not in FINAL_STATES and obs.agent_alive is False:
+            gone = "its job is gone too" if not obs.job_alive else "its job is still running"
+            return Failure(spec.name, spec.node_rank,
+                           f"the node agent (pid {obs.agent_pid}) disappeared; {gone}", order=when)
+        return None
+
+    def teardown(self) -> None:
+        """Stop every node (in parallel, idempotent) and remember which could not be confirmed."""
+        if self.torn_down:
+            return
+        self.torn_down = True
+        t0 = self.clock()
+        with sigint_shielded():
+            results = self.stop_all()
+        self.teardown_s = self.clock() - t0
+        for name, res in results.items():
+            if isinstance(res, Exception):
+                self.not_stopped[name] = str(res)
+            elif res.remaining:
+                self.not_stopped[name] = f"processes still running: {list(res.remaining)}"
+
+    def attach_excerpt(self) -> None:
+        if self.failure is None or self.excerpt is None or self.failure.node in self.not_stopped:
+            return  # an unreachable node cannot show its log now
+        try:
+            raw = list(self.excerpt(self.failure.node))
+        except Exception as exc:  # the failure is reported even when its log cannot be read
+            self.failure.excerpt = [f"(cannot read the node's log: {exc})"]
+            return
+        lines, rank, local = select_excerpt(raw)
+        self.failure.excerpt = lines
+        if rank is not None:
+            self.failure.rank, self.failure.local_rank = rank, local

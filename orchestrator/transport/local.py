@@ -1,0 +1,107 @@
+"""`transport: local`: nodes that are processes on this machine.
+
+Commands go through `/bin/sh -c` with the same command line SSH would send, so both transports
+exercise the same quoting; each starts in $HOME, like an SSH login.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+from collections.abc import Mapping, Sequence
+
+from ..config.inventory import Node
+from ..errors import TransportError
+from .base import Process, Transport, command_line, log
+
+
+class _LocalProcess(Process):
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        assert proc.stdout is not None
+        self.stdout = proc.stdout
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def write(self, data: bytes) -> None:
+        if self.proc.stdin is None:
+            raise ValueError("stdin was not kept open (popen keep_stdin=False)")
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+
+    def close_stdin(self) -> None:
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()
+            except BrokenPipeError:
+                pass
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            _kill_group(self.proc)
+            self.proc.wait()
+        self.close_stdin()
+        self.stdout.close()
+
+
+class LocalTransport(Transport):
+    """Nodes that are processes on this machine (`transport: local`). Commands start in $HOME,
+    like an SSH login, through `/bin/sh -c` with the same command line SSH would send."""
+
+    def __init__(self, node: Node) -> None:
+        super().__init__(node)
+        self._running: set[subprocess.Popen[bytes]] = set()
+        self._lock = threading.Lock()
+
+    def connect(self) -> float:
+        return 0.0
+
+    def _exec(self, line: str, stdin: bytes | None, timeout: float | None) -> tuple[int, bytes, bytes]:
+        proc = subprocess.Popen(["/bin/sh", "-c", line], cwd=os.path.expanduser("~"),
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True)
+        with self._lock:
+            self._running.add(proc)
+        try:
+            out, err = proc.communicate(stdin or b"", timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            proc.communicate()
+            raise TransportError(self.node.name, "timeout", f"command timed out after {timeout:.0f} s") from None
+        finally:
+            with self._lock:
+                self._running.discard(proc)
+        return proc.returncode, out, err
+
+    def close(self) -> None:
+        """End the commands `run` still waits for, as closing an SSH connection ends its sessions
+        (`popen` processes are the caller's to close)."""
+        with self._lock:
+            running = list(self._running)
+        for proc in running:
+            _kill_group(proc)
+
+    def popen(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+              cwd: str | None = None, keep_stdin: bool = False) -> Process:
+        line = command_line(argv, env, cwd)
+        log.debug("%s$ %s", self.node.name, line)
+        proc = subprocess.Popen(["/bin/sh", "-c", line], cwd=os.path.expanduser("~"),
+                                stdin=subprocess.PIPE if keep_stdin else subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        return _LocalProcess(proc)
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the process group a command started (`start_new_session`), if it is still there."""
+    try:
+        os.killpg(proc.pid, 9)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,332 @@
+"""`transport: ssh`: one SSH connection per node (never a shared ThreadingGroup).
+
+Fabric's `Connection` where an ssh config file applies (aliases, ProxyJump, Match), else the same
+on bare paramiko (`_Direct`): Fabric and invoke cost ~35 ms of start-up. With hostkeys.py, the
+only code that imports paramiko or fabric; their failures become one `TransportError`
+vocabulary (`_translate`), each with a hint that fixes it.
+"""
+
+from __future__ import annotations
+
+import errno
+import getpass
+import os
+import select
+import socket
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..config.inventory import Node
+from ..errors import TransportError
+from .base import Process, Transport, command_line, log
+from .hostkeys import UnknownHostKey, install_host_key_policy, known_hosts_name
+
+
+class _SSHProcess(Process):
+    def __init__(self, chan: Any) -> None:
+        self.chan = chan
+        self.stdout = chan.makefile("rb")
+
+    def poll(self) -> int | None:
+        return int(self.chan.recv_exit_status()) if self.chan.exit_status_ready() else None
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        if self.chan.status_event.wait(timeout):
+            return int(self.chan.recv_exit_status())
+        return None
+
+    def write(self, data: bytes) -> None:
+        self.chan.sendall(data)
+
+    def close_stdin(self) -> None:
+        self.chan.shutdown_write()
+
+    def close(self) -> None:
+        self.chan.close()
+
+
+class SSHTransport(Transport):
+    """One SSH connection to one node; safe to use from one thread at a time for `run`,
+    while `popen` streams may run beside it (paramiko multiplexes channels)."""
+
+    def __init__(self, node: Node) -> None:
+        super().__init__(node)
+        self._conn: Any = None
+        self._lock = threading.Lock()
+
+    def _connection(self, host: str, for_gateway: bool = False) -> Any:
+        """A Connection (not yet open) to `host` with this node's SSH options: Fabric's where an
+        ssh config file applies (aliases, ProxyJump, Match), else `_Direct` on bare paramiko."""
+        opts = self.node.ssh
+        cfg_path = os.path.expanduser(opts.ssh_config) if opts.ssh_config else None
+        kwargs: dict[str, Any] = {"banner_timeout": opts.connect_timeout, "auth_timeout": opts.connect_timeout}
+        if opts.identity:
+            kwargs["key_filename"] = [os.path.expanduser(opts.identity)]
+        gateway = None
+        if opts.gateway and not for_gateway:
+            gateway = self._connection(opts.gateway, for_gateway=True)
+        timeout = max(1, int(round(opts.connect_timeout)))
+        conn: Any
+        if cfg_path and os.path.exists(cfg_path):
+            from fabric import Config, Connection
+
+            _paramiko_with_invoke()
+            conn = Connection(host, user=opts.user, port=opts.port, config=Config(runtime_ssh_path=cfg_path),
+                              connect_timeout=timeout, connect_kwargs=kwargs, gateway=gateway)
+            install_host_key_policy(conn.client, opts.known_hosts, opts.host_key_policy)
+        else:
+            conn = _Direct(host, opts.user, opts.port, timeout, kwargs, gateway)
+            install_host_key_policy(conn.client, opts.known_hosts, opts.host_key_policy,
+                                     known_hosts_name(host, opts.port))
+        return conn
+
+    def _open(self, conn: Any) -> None:
+        """conn.open() over a socket of ours with TCP_NODELAY when the connection is direct (no
+        gateway or ProxyCommand from the ssh config): paramiko's own socket leaves Nagle on, and each
+        of the handshake's three round trips (key exchange, auth, session) then waits ~40 ms for the
+        server's delayed ACK."""
+        if conn.gateway is None:
+            conn.connect_kwargs["sock"] = _tcp_connect(conn.host, int(conn.port), conn.connect_timeout)
+        elif not isinstance(conn.gateway, str) and not conn.gateway.is_connected:
+            if not isinstance(conn.gateway, _Direct):  # a ProxyJump hop Fabric made from the ssh config
+                install_host_key_policy(conn.gateway.client, self.node.ssh.known_hosts,
+                                         self.node.ssh.host_key_policy)
+            self._open(conn.gateway)  # the jump host's own connection, then the channel through it
+        conn.open()
+
+    def connect(self) -> float:
+        with self._lock:
+            if self._conn is not None and self._conn.is_connected:
+                return 0.0
+            start = time.monotonic()
+            conn = self._connection(self.node.host)
+            try:
+                self._open(conn)
+            except Exception as exc:  # translated into one error vocabulary below
+                conn.close()
+                raise _translate(self.node, exc) from None
+            self._conn = conn
+            return (time.monotonic() - start) * 1000
+
+    def _channel(self) -> Any:
+        self.connect()
+        try:
+            transport = self._conn.client.get_transport()
+            chan = transport.open_session(timeout=self.node.ssh.connect_timeout)
+        except Exception as exc:
+            self.close()
+            raise _translate(self.node, exc) from None
+        return chan
+
+    def _exec(self, line: str, stdin: bytes | None, timeout: float | None) -> tuple[int, bytes, bytes]:
+        chan = self._channel()
+        try:
+            chan.exec_command(line)
+            if stdin:
+                chan.sendall(stdin)
+            chan.shutdown_write()
+            out, err = bytearray(), bytearray()
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while True:
+                if chan.recv_ready():
+                    out += chan.recv(65536)
+                    continue
+                if chan.recv_stderr_ready():
+                    err += chan.recv_stderr(65536)
+                    continue
+                if chan.exit_status_ready() and chan.eof_received:
+                    break
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TransportError(self.node.name, "timeout", f"command timed out after {timeout:.0f} s")
+                if not self._conn.client.get_transport().is_active():
+                    raise TransportError(self.node.name, "unreachable", "connection lost while running a command")
+                select.select([chan], [], [], 0.2)
+            while chan.recv_stderr_ready():
+                err += chan.recv_stderr(65536)
+            return chan.recv_exit_status(), bytes(out), bytes(err)
+        except (OSError, EOFError) as exc:
+            self.close()
+            raise _translate(self.node, exc) from None
+        finally:
+            chan.close()
+
+    def popen(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+              cwd: str | None = None, keep_stdin: bool = False) -> Process:
+        line = command_line(argv, env, cwd)
+        log.debug("%s$ %s", self.node.name, line)
+        chan = self._channel()
+        chan.set_combine_stderr(True)
+        chan.exec_command(line)
+        if not keep_stdin:
+            chan.shutdown_write()
+        return _SSHProcess(chan)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                try:
+                    self._conn.close()
+                except Exception:  # closing a broken connection must not mask the real error
+                    pass
+                self._conn = None
+
+
+class _QuickAckSocket(socket.socket):
+    """A TCP socket that acknowledges what it receives at once (TCP_QUICKACK after every recv;
+    Linux clears it on its own). sshd does not set TCP_NODELAY for a non-interactive session, so
+    each of its small writes that follows one we have not acknowledged yet (the debug and
+    hostkeys messages after auth, then the channel confirmation; a probe's lines) would otherwise
+    wait for our delayed ACK, up to 40 ms."""
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        data = super().recv(bufsize, flags)
+        if QUICKACK is not None:
+            try:
+                self.setsockopt(socket.IPPROTO_TCP, QUICKACK, 1)
+            except OSError:
+                pass
+        return data
+
+
+QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
+
+
+class _Direct:
+    """What SSHTransport uses of Fabric's Connection, on bare paramiko, for a node without an ssh
+    config file: Fabric (with invoke, which paramiko.config would import for `Match exec` only)
+    costs ~35 ms of start-up and a Config per node. Same parameters as Fabric passes to
+    SSHClient.connect; a gateway is another _Direct, reached through a direct-tcpip channel."""
+
+    def __init__(self, host: str, user: str | None, port: int, connect_timeout: int,
+                 connect_kwargs: dict[str, Any], gateway: _Direct | None) -> None:
+        paramiko = _paramiko()
+        self.host, self.user, self.port = host, user or getpass.getuser(), port
+        self.connect_timeout, self.connect_kwargs, self.gateway = connect_timeout, connect_kwargs, gateway
+        self.client = paramiko.SSHClient()
+        self.transport: Any = None
+
+    @property
+    def is_connected(self) -> bool:
+        return bool(self.transport.active) if self.transport is not None else False
+
+    def open(self) -> None:
+        if self.is_connected:
+            return
+        kwargs = dict(self.connect_kwargs)
+        if self.gateway is not None:
+            self.gateway.open()
+            kwargs["sock"] = self.gateway.transport.open_channel(
+                kind="direct-tcpip", dest_addr=(self.host, int(self.port)), src_addr=("", 0))
+        self.client.connect(hostname=self.host, port=self.port, username=self.user,
+                            timeout=self.connect_timeout, **kwargs)
+        self.transport = self.client.get_transport()
+
+    def close(self) -> None:
+        if self.is_connected:
+            self.client.close()
+        if self.gateway is not None:
+            self.gateway.close()
+
+
+_IMPORT_LOCK = threading.Lock()
+
+
+def _paramiko() -> Any:
+    """paramiko, imported without invoke: paramiko.config imports it only to run an ssh config's
+    `Match exec`, and it costs ~30 ms (unittest.mock, asyncio). `_paramiko_with_invoke` adds it
+    back before Fabric parses an ssh config."""
+    with _IMPORT_LOCK:
+        if "paramiko" not in sys.modules and "invoke" not in sys.modules:
+            sys.modules["invoke"] = None  # type: ignore[assignment]
+            try:
+                import paramiko
+            finally:
+                if sys.modules.get("invoke", 0) is None:
+                    del sys.modules["invoke"]
+        import paramiko
+    return paramiko
+
+
+def _paramiko_with_invoke() -> None:
+    """Give paramiko.config the invoke it did not import (see `_paramiko`), for `Match exec`."""
+    import paramiko.config
+
+    if getattr(paramiko.config, "invoke", True) is None:
+        import invoke
+
+        paramiko.config.invoke = invoke  # type: ignore[attr-defined]
+        paramiko.config.invoke_import_error = None
+
+
+def _tcp_connect(host: str, port: int, timeout: float | None) -> socket.socket:
+    """A connected TCP socket with TCP_NODELAY, tried over every address of `host` the way
+    paramiko's SSHClient.connect does (the same NoValidConnectionsError when all refuse)."""
+    NoValidConnectionsError = _paramiko().ssh_exception.NoValidConnectionsError  # noqa: N806
+
+    errors: dict[tuple[str, int] | tuple[str, int, int, int], Exception] = {}
+    infos = [i for i in socket.getaddrinfo(host, port, socket.AF_UNSPEC, socket.SOCK_STREAM)
+             if i[1] == socket.SOCK_STREAM]
+    for family, _, _, _, addr in infos:
+        sock = _QuickAckSocket(family, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(addr)
+        except OSError as exc:
+            sock.close()
+            if exc.errno not in (errno.ECONNREFUSED, errno.EHOSTUNREACH):
+                raise
+            errors[(str(addr[0]), int(addr[1]))] = exc
+            continue
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+    raise NoValidConnectionsError(errors)
+
+
+def _translate(node: Node, exc: BaseException) -> TransportError:
+    """Map paramiko/socket failures to a TransportError with a kind and a hint that fixes it."""
+    paramiko = _paramiko()
+
+    opts = node.ssh
+    target = f"{opts.user + '@' if opts.user else ''}{node.host}:{opts.port}"
+    name = known_hosts_name(node.host, opts.port)
+    if isinstance(exc, TransportError):
+        return exc
+    if isinstance(exc, UnknownHostKey):
+        return TransportError(
+            node.name, "host_key_unknown",
+            f"host key of {exc.hostname} ({exc.fingerprint}) is not in {exc.known_hosts}",
+            f"verify it, then: ssh-keyscan -p {opts.port} {node.host} >> {opts.known_hosts} "
+            f"(or set ssh.host_key_policy: accept-new)")
+    if isinstance(exc, paramiko.BadHostKeyException):
+        return TransportError(
+            node.name, "host_key_changed",
+            f"host key of {node.host} CHANGED: known_hosts has {exc.expected_key.get_name()} "
+            f"{exc.expected_key.fingerprint}, the server sent {exc.key.fingerprint}",
+            f"if the server was reinstalled: ssh-keygen -R '{name}' -f {opts.known_hosts}, "
+            "then add the new key; otherwise treat it as an attack")
+    if isinstance(exc, paramiko.AuthenticationException):
+        return TransportError(node.name, "auth", f"authentication refused for {target}: {exc}",
+                              f"check the key (ssh.identity) and that it is in ~{opts.user or ''}/.ssh/authorized_keys")
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return TransportError(node.name, "unreachable", f"{target} did not answer within {opts.connect_timeout:g} s",
+                              "is the node up and port open? ping it; check firewalls and ssh.connect_timeout")
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        return TransportError(node.name, "unreachable", f"connection to {target} refused",
+                              "is sshd running on that port? (systemctl status ssh)")
+    if isinstance(exc, FileNotFoundError) and exc.filename:
+        # paramiko opening a missing ssh.identity: a credential problem, not a network one
+        return TransportError(node.name, "auth", f"cannot read identity file {exc.filename}: {exc.strerror}",
+                              "check ssh.identity: the private key must exist on this (the controller) machine")
+    if isinstance(exc, OSError):
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        kind = "unreachable" if exc.errno in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH,
+                                              errno.ETIMEDOUT, None) else "error"
+        return TransportError(node.name, kind, f"cannot reach {target}: {reason}",
+                              "check the address, routing and that sshd listens there")
+    if isinstance(exc, (paramiko.SSHException, EOFError)):
+        return TransportError(node.name, "unreachable", f"SSH to {target} failed: {exc or type(exc).__name__}",
+                              "check sshd's logs on the node")
+    return TransportError(node.name, "error", f"{type(exc).__name__}: {exc}")

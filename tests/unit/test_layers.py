@@ -1,0 +1,103 @@
+"""The architecture holds (docs/ARCHITECTURE.md): imports go down the layers, only the CLI prints
+or exits, and the node programs import nothing of orch (tests/unit/test_node.py)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "orchestrator"
+LAYERS = {
+    "contract": 0, "errors": 1, "config": 2, "node": 2, "store": 3, "transport": 3, "run": 4,
+    "preflight": 5, "logs": 5, "remote": 5, "report": 6, "up": 6, "cli": 7, "__main__": 8, "__init__": 0,
+}
+"""Each part of the package and its layer, as docs/ARCHITECTURE.md draws them: a module may import
+from its own part and from lower layers only."""
+SOURCES = sorted(PACKAGE.rglob("*.py"))
+
+
+def part(path: Path) -> str:
+    """The top-level part of the package a file belongs to (`logs` for logs/merge.py)."""
+    rel = path.relative_to(PACKAGE)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def imported_parts(path: Path) -> set[str]:
+    """The parts of the package a module imports, at module level or inside functions."""
+    tree = ast.parse(path.read_text())
+    package = path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1]  # ("orchestrator", "logs")
+    out = set()
+    for node in ast.walk(tree):
+        names: list[tuple[str, ...]] = []
+        if isinstance(node, ast.Import):
+            names = [tuple(a.name.split(".")) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else ()
+            module = tuple(node.module.split(".")) if node.module else ()
+            full = base + module
+            names = [full + (a.name,) for a in node.names] if full == ("orchestrator",) else [full]
+        for name in names:
+            if name[:1] == ("orchestrator",) and len(name) > 1:
+                submodule = (PACKAGE / name[1]).is_dir() or (PACKAGE / f"{name[1]}.py").exists()
+                out.add(name[1] if submodule else "__init__")  # `from .. import __version__`
+    return out
+
+
+def test_every_part_has_a_layer() -> None:
+    assert {part(p) for p in SOURCES} <= set(LAYERS), {part(p) for p in SOURCES} - set(LAYERS)
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_imports_go_down_the_layers(path: Path) -> None:
+    mine = part(path)
+    upward = {p for p in imported_parts(path) if p != mine and LAYERS[p] >= LAYERS[mine]}
+    assert not upward, f"{path.relative_to(PACKAGE)} ({mine}, layer {LAYERS[mine]}) imports {upward}"
+
+
+def printing(path: Path) -> list[str]:
+    """What in a module writes to the terminal or ends the process."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print":
+            found.append(f"print() at line {node.lineno}")
+        elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "sys"
+              and node.attr in ("exit", "stdout", "stderr")):
+            found.append(f"sys.{node.attr} at line {node.lineno}")
+        elif isinstance(node, ast.Name) and node.id == "SystemExit":
+            found.append(f"SystemExit at line {node.lineno}")
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            found += [f"import {m} at line {node.lineno}" for m in mods if m.split(".")[0] in ("click", "rich")]
+    return found
+
+
+@pytest.mark.parametrize("path", [p for p in SOURCES if part(p) not in ("cli", "node")],
+                         ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_only_the_cli_prints_or_exits(path: Path) -> None:
+    """The library returns outcomes or raises OrchError; cli/ shows them and picks the exit code.
+    (The node programs print their protocol on the node's stdout: that is their job.)"""
+    assert printing(path) == []
+
+
+def test_the_guard_sees_printing() -> None:
+    cli = PACKAGE / "cli" / "render.py"
+    assert any(f.startswith("import rich") for f in printing(cli)) and any("sys.stdout" in f for f in printing(cli))
+
+
+def trainer_imports(path: Path) -> set[str]:
+    """The modules of the `trainer` package a module imports, at module level or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "trainer"}
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "trainer":
+            found.add(node.module or "")
+    return found
+
+
+def test_orch_reaches_the_trainer_only_through_its_torch_free_log_lines() -> None:
+    """trainer/logs.py defines the lines orch reads (stdlib only); logs/trainer.py is the one door to it."""
+    importers = {str(p.relative_to(PACKAGE)): trainer_imports(p) for p in SOURCES if trainer_imports(p)}
+    assert importers == {"logs/trainer.py": {"trainer.logs"}}, importers

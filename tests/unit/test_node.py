@@ -1,0 +1,108 @@
+"""The programs that run on the nodes: stdlib only, Python 3.8, nothing of orch; shipped whole."""
+
+from __future__ import annotations
+
+import ast
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator import node
+from orchestrator.logs.fetch import read_frames
+
+NODE_FILES = sorted(Path(node.__file__).parent.glob("*.py"))
+PY38 = Path("/root/.pyenv/versions/3.8.18/bin/python")
+"""The oldest Python the README promises on a node, where this machine has it (CI may not)."""
+PYTHONS = ["this", "3.8"]
+
+
+def python(which: str) -> str:
+    if which == "this":
+        return sys.executable
+    if not PY38.exists():
+        pytest.skip("no Python 3.8 on this machine")
+    return str(PY38)
+
+
+def imports(tree: ast.AST) -> tuple[set[str], set[str]]:
+    """(absolute top-level modules, sibling modules imported relatively) of a module."""
+    absolute = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    absolute |= {n.module.split(".")[0] for n in ast.walk(tree)
+                 if isinstance(n, ast.ImportFrom) and n.level == 0 and n.module}
+    relative = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level for a in n.names}
+    return absolute, relative
+
+
+def test_the_package_holds_the_four_programs() -> None:
+    assert {p.stem for p in NODE_FILES} == {"__init__", "agent", "boot", "probe", "reader"}
+
+
+@pytest.mark.parametrize("path", NODE_FILES, ids=lambda p: p.name)
+def test_python38_syntax_stdlib_only_and_nothing_of_orch(path: Path) -> None:
+    tree = ast.parse(path.read_text(), feature_version=(3, 8))
+    absolute, relative = imports(tree)
+    assert absolute <= set(sys.stdlib_module_names) | {"__future__"}, absolute
+    assert "orchestrator" not in absolute
+    assert relative <= {p.stem for p in NODE_FILES if p.stem != "__init__"}, relative
+
+
+@pytest.mark.parametrize("path", NODE_FILES, ids=lambda p: p.name)
+def test_compiles_under_python38(path: Path, tmp_path: Path) -> None:
+    out = subprocess.run([python("3.8"), "-m", "py_compile", str(path)], capture_output=True, text=True,
+                         timeout=60, env={"PYTHONPYCACHEPREFIX": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize("which", PYTHONS)
+def test_a_program_runs_with_the_siblings_it_imports(which: str, tmp_path: Path) -> None:
+    """The log reader as the controller ships it (with the agent it imports): bytecode on this
+    Python, source on 3.8. A finished run: its log, its final status, the end."""
+    (tmp_path / "node.log").write_bytes(b"2026-11-30T09:32:05.000001Z out hello\n")
+    (tmp_path / "state.json").write_text(json.dumps({"state": "succeeded", "exit_code": 0, "pid": 1}))
+    proc = subprocess.run([python(which), "-c", node.FROM_STDIN, str(tmp_path), "0", "0.05", "0", "1"],
+                          input=node.program("reader", ("agent",)).encode(), capture_output=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr.decode()
+    frames = list(read_frames(io.BytesIO(proc.stdout)))
+    assert [k for k, _ in frames] == ["D", "S", "E"]
+    assert frames[0][1] == b"2026-11-30T09:32:05.000001Z out hello\n"
+    status = json.loads(frames[1][1])
+    assert status["state"] == "succeeded" and status["exit_code"] == 0 and "agent_alive" not in status
+    assert frames[2][1].startswith(b"succeeded ")
+
+
+
+def test_a_short_program_is_sent_without_its_docstring() -> None:
+    """boot.py's text stays the command line of the agent it turns into: its code only."""
+    text = node.script("boot")
+    assert not text.lstrip().startswith('"""') and "def main(" in text
+    ast.parse(text, feature_version=(3, 8))
+    assert node.source("boot").endswith(text)
+
+
+def test_threads_asking_at_once_build_a_program_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One thread per node asks for the reader when a follow starts: compiling it once each would
+    cost every thread the compile and the controller its memory (8 MB more following 8 nodes)."""
+    import threading
+    import time
+
+    built: list[str] = []
+    real = node._build
+
+    def slow_build(main: str, deps: tuple[str, ...]) -> str:
+        built.append(main)
+        time.sleep(0.2)  # every other thread asks while this one builds
+        return real(main, deps)
+
+    monkeypatch.setattr(node, "_build", slow_build)
+    monkeypatch.setattr(node, "_PROGRAMS", {})
+    texts: list[str] = []
+    threads = [threading.Thread(target=lambda: texts.append(node.program("reader", ("agent",)))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert built == ["reader"] and len(texts) == 8 and len(set(texts)) == 1

@@ -1,0 +1,152 @@
+"""The run glue without any node: launch.json, agent answers, the preflight gate, status JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator import up
+from orchestrator.config import inventory
+from orchestrator.config.plan import make_plan
+from orchestrator.contract import NodeState
+from orchestrator.errors import OrchError
+from orchestrator.run import agent, control, records
+from orchestrator.run.agent import NodeStatus
+from orchestrator.transport import Result
+
+REPO = Path(__file__).resolve().parents[2]
+V100 = REPO / "inventory" / "v100.yaml"
+
+
+def test_launch_spec_carries_env_apart_from_argv() -> None:
+    plan = make_plan(inventory.load(V100), "r1")
+    spec = agent.launch_spec(plan, plan.nodes[2])
+    assert spec["node"] == "v100-3" and spec["node_rank"] == 2 and spec["run"] == "r1"
+    assert spec["argv"] == list(plan.nodes[2].argv)
+    assert spec["env"]["NCCL_SOCKET_IFNAME"] == "ens2f1" and spec["env"]["ORCH_RUN_ID"] == "r1"
+    assert not any("NCCL_SOCKET_IFNAME" in a for a in spec["argv"])
+    assert spec["cwd"] == "/mnt/nfs/yolov12" and spec["grace"] == 10.0 and spec["torchrun_log_dir"] is True
+    json.dumps(spec)  # it must travel as JSON
+
+
+def test_node_records_point_at_per_node_run_dirs() -> None:
+    plan = make_plan(inventory.load(V100), "r1")
+    recs = records.node_records(plan)
+    assert [r["remote_dir"] for r in recs] == [f"~/.orch/nodes/r1/v100-{i}" for i in range(1, 5)]
+    assert [r["base_rank"] for r in recs] == [0, 8, 16, 24]
+
+
+def res(code: int, out: str = "", err: str = "") -> Result:
+    return Result("n2", ("py", "agent.py"), code, out, err, 1.0)
+
+
+def test_parse_agent_reads_the_last_json_line() -> None:
+    data = agent.parse_agent(res(1, 'noise\n{"state": "failed", "reason": "x"}\n'), "py")
+    assert data == {"state": "failed", "reason": "x"}
+    status = NodeStatus.from_json(data)
+    assert status.state is NodeState.FAILED and status.reason == "x" and status.exit_code is None
+    assert NodeStatus.from_json({"state": "dancing"}).state is NodeState.UNKNOWN
+    assert NodeStatus.from_json({"exists": False}).state is None  # no state.json there (yet)
+
+
+def test_missing_python_gets_a_clear_message_and_hint() -> None:
+    with pytest.raises(OrchError) as exc:
+        agent.parse_agent(res(127, err="sh: 1: exec: /opt/bad/python: not found"), "/opt/bad/python")
+    assert "n2: cannot run the node agent with python '/opt/bad/python'" in exc.value.message
+    assert exc.value.hint and "job.python" in exc.value.hint
+
+
+def test_missing_run_dir_reads_as_unknown_state() -> None:
+    class T:
+        def run(self, *a: Any, **k: Any) -> Result:
+            return res(2, err="sh: 1: cd: can't cd to /x")
+
+    st = agent.status_node(T(), "py", "/x")  # type: ignore[arg-type]
+    assert st.state == "unknown" and st.agent_alive is False and st.error and "can't cd" in st.error
+
+
+def test_failed_preflight_launches_nothing_and_exits_3(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.cli import main
+    from orchestrator.preflight.checks import CheckResult
+    from orchestrator.preflight.report import CheckReport
+
+    failed = CheckReport([CheckResult("ssh", "v100-1", "fail", detail="connection refused")])
+    shown: list[object] = []
+
+    class Progress(up.Quiet):
+        def preflight_done(self, report: CheckReport, elapsed_s: float) -> None:
+            shown.append(report)
+
+    monkeypatch.setattr(up, "run_preflight", lambda inv, **kw: failed)
+    monkeypatch.setenv("ORCH_HOME", str(tmp_path / "home"))
+    outcome = up.up(inventory.load(V100), progress=Progress())
+    assert outcome.result == "preflight_failed" and outcome.run_id is None and shown == [failed]
+    assert not (tmp_path / "home" / "runs").exists()
+    with pytest.raises(SystemExit) as exc:  # the CLI: the table, the verdict, exit 3
+        main(["up", str(V100)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 3 and "connection refused" in err and "nothing was launched" in err
+    assert not (tmp_path / "home" / "runs").exists()
+
+
+def test_status_json_follows_the_contract() -> None:
+    data = {"run": "r1", "state": "running", "nodes": [
+        {"node": "a", "node_rank": 0, "host": "h", "state": "running", "exit_code": None, "pid": 1},
+        {"node": "b", "node_rank": 1, "host": "h2", "state": "running", "exit_code": None, "pid": 2}]}
+    statuses = {"a": NodeStatus(NodeState.RUNNING, pid=11, started_at=100.0, now=160.0, log_mtime=158.0,
+                                agent_alive=True),
+                "b": NodeStatus(NodeState.UNREACHABLE, error="timed out")}
+    out = control.status_report(data, statuses).to_json()
+    assert out["run"] == "r1" and out["state"] == "running"
+    a, b = out["nodes"]
+    assert {"node", "node_rank", "state", "exit_code"} <= set(a)
+    assert a["pid"] == 11 and a["uptime_s"] == 60.0 and a["last_log_age_s"] == 2.0
+    assert b["state"] == "unreachable" and b["error"] == "timed out" and b["pid"] == 2
+    assert "first_failure" not in out
+    out = control.status_report({**data, "first_failure": {"node": "a", "rank": 3, "exit_code": 1, "excerpt": []}},
+                                {}).to_json()
+    assert out["first_failure"]["rank"] == 3
+
+
+def test_merge_status_keeps_the_record_and_takes_the_agents_facts() -> None:
+    rec = {"node": "a", "remote_dir": "/r", "python": "py", "state": "pending", "pid": None}
+    out = records.merge_status(rec, NodeStatus(NodeState.RUNNING, pid=5, pgid=5, agent_alive=True, now=1.0))
+    assert out == {**rec, "state": "running", "pid": 5, "pgid": 5}
+    assert records.merge_status(rec, NodeStatus(None, agent_alive=False)) == rec  # no state.json: nothing new
+
+
+def test_local_inventory_resolves_python_against_its_directory() -> None:
+    inv = inventory.load(REPO / "inventory" / "local.yaml")
+    assert inv.transport == "local" and [n.name for n in inv.nodes] == ["node0", "node1"]
+    assert inv.nodes[0].python == str(REPO / ".venv" / "bin" / "python")
+    assert inv.job.workdir == str(REPO)
+
+
+def test_down_of_an_unknown_run_is_a_usage_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from orchestrator.errors import UsageError
+
+    monkeypatch.setenv("ORCH_HOME", str(tmp_path))
+    with pytest.raises(UsageError):
+        control.down("nope")
+
+
+def test_check_json_is_this_launchs_preflight_not_an_older_check(monkeypatch: pytest.MonkeyPatch,
+                                                                  tmp_path: Path) -> None:
+    from orchestrator.preflight.report import CheckReport, save_to_run
+    from orchestrator.store import RunStore
+
+    monkeypatch.setenv("ORCH_HOME", str(tmp_path))
+    inv = inventory.load(V100)
+    (tmp_path / "checks").mkdir()
+    (tmp_path / "checks" / "v100.json").write_text(json.dumps({"ok": True, "offsets_ms": {"v100-2": 999.0}}))
+
+    fresh = RunStore().create(inv, "fresh")
+    save_to_run(fresh, inv, CheckReport([], {"v100-2": 1.5}))
+    assert fresh.read("check.json")["offsets_ms"] == {"v100-2": 1.5}
+    skipped = RunStore().create(inv, "skipped")
+    save_to_run(skipped, inv, None)  # --skip-checks: the last `orch check` is all there is
+    assert skipped.read("check.json")["offsets_ms"] == {"v100-2": 999.0}

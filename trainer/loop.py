@@ -223,6 +223,7 @@ def fit(inp: Inputs) -> None:
     mosaic_closed = state.epoch > closes_at  # closed before the checkpoint: the first loader is built closed
     if mosaic_closed:
         train_set.close_mosaic(parts.hyp)
+        mosaic_note(inp, max(closes_at, 0))
     loader = make_loader(train_set, local_batch, inp, restore=state.buffers if resume is not None else None)
     if cfg.accumulate is None:  # ultralytics: never accumulate over more batches than the run has
         parts.nominal_accumulate = min(parts.nominal_accumulate, len(loader) * cfg.epochs)
@@ -238,6 +239,7 @@ def fit(inp: Inputs) -> None:
         if not mosaic_closed and epoch >= closes_at:
             mosaic_closed = True
             train_set.close_mosaic(parts.hyp)
+            mosaic_note(inp, epoch)
             loader = make_loader(train_set, local_batch, inp, restore=None)  # fresh workers see it
             state.buffers.clear()
         loss_means, throughput = train_epoch(epoch, loader, parts, inp, state)
@@ -264,6 +266,13 @@ def fit(inp: Inputs) -> None:
     tdist.barrier()
     loss_names = tuple(k[4:] for k in state.metrics if k.startswith("val/"))
     finish(validator, parts.ema, inp, out, scalars, loss_names, state.epoch, time.time() - train_start)
+
+
+def mosaic_note(inp: Inputs, epoch: int) -> None:
+    """Rank 0 says that mosaic is off from ``epoch`` (0-based) on, as ultralytics' trainer does."""
+    if inp.topo.is_main:
+        say(f"closing mosaic: epochs {epoch + 1}..{inp.cfg.epochs} train without it (--close-mosaic "
+            f"{inp.cfg.close_mosaic})")
 
 
 def build_parts(inp: Inputs, local_batch: int) -> tuple[Parts, Any, Any]:
@@ -360,9 +369,10 @@ def startup_lines(inp: Inputs, parts: Parts, start: int) -> list[str]:
     """Rank 0's opening lines: what trains, where, how; every choice made for the user, said."""
     cfg, topo = inp.cfg, inp.topo
     group = parts.optimizer.param_groups[0]
+    where = f"cpu ({torch.get_num_threads()} threads)" if inp.device.type == "cpu" else inp.device.type
     lines = [
         f"training {inp.arch.name} ({inp.arch.task}{', YOLOE ' + cfg.prompt_mode if inp.arch.yoloe else ''}"
-        f"{', from ' + cfg.weights if cfg.weights else ''}) on {topo.world_size} rank(s), {inp.device.type}, "
+        f"{', from ' + cfg.weights if cfg.weights else ''}) on {topo.world_size} rank(s), {where}, "
         f"global batch {cfg.batch} ({cfg.batch // topo.world_size} per rank) x accumulate {parts.nominal_accumulate}, "
         f"{type(parts.optimizer).__name__} lr0 {group['initial_lr']:.6g} ({'cosine' if cfg.cos_lr else 'linear'} to "
         f"x{cfg.lrf:g}), amp {inp.amp}, epochs {start + 1}..{cfg.epochs}",

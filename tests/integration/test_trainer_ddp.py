@@ -111,14 +111,15 @@ def test_one_rank_and_two_ranks_agree(tmp_path: Path) -> None:
     assert s2 == pytest.approx(s1, rel=1e-3)
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_resume_with_mosaic_continues_exactly(tmp_path: Path, workers: int) -> None:
-    """Killed after epoch 2 of 3 with mosaic on all the way (close_mosaic=0) and resumed: the same
-    weights, bit for bit, as the uninterrupted run; augmentation in the process or in (persistent)
-    loader workers, whose mosaic buffers are saved and put back."""
+@pytest.mark.parametrize("workers, close", [(0, 0), (2, 0), (2, 1)])
+def test_resume_with_mosaic_continues_exactly(tmp_path: Path, workers: int, close: int) -> None:
+    """Killed after epoch 2 of 3 with mosaic on (close_mosaic=0: all the way; close_mosaic=1: it
+    closes only after the kill, in the resumed part) and resumed: the same weights, bit for bit, as
+    the uninterrupted run; augmentation in the process or in (persistent) loader workers, whose
+    mosaic buffers are saved and put back."""
     data = make_dataset(tmp_path / "ds", images=20)
     flags = ["--workers", str(workers), "--val-period", "0", "--lr", "0.05", "--accumulate", "1",
-             "--cfg", "close_mosaic=0"]
+             "--cfg", f"close_mosaic={close}"]
     full = run_trainer([*common(data, tmp_path / "full", 3, 4), *flags, "--debug-dir", str(tmp_path / "df")], nproc=2)
     assert full.returncode == 0, full.explain()
 
@@ -130,6 +131,9 @@ def test_resume_with_mosaic_continues_exactly(tmp_path: Path, workers: int) -> N
     assert resumed.returncode == 0, resumed.explain()
     assert any("resuming at epoch 3 (checkpoint finished epoch 2, " in ln for ln in resumed.rank_lines())
     assert not any("epoch 1/3" in ln or "epoch 2/3" in ln for ln in resumed.rank_lines())
+    closing = "[rank 0] closing mosaic: epochs 3..3 train without it (--close-mosaic 1)"
+    assert (closing in full.rank_lines()) == (closing in resumed.rank_lines()) == bool(close)
+    assert not any("closing mosaic" in ln for ln in killed.rank_lines())
 
     a, b = read_results(tmp_path / "full"), read_results(tmp_path / "cut")
     assert len(b) == 3

@@ -51,6 +51,16 @@ class Topology:
         return self.rank == 0
 
 
+def cpu_threads(topo: Topology) -> int | None:
+    """Intra-op threads for training on CPU, as ultralytics' trainer sets them (``min(8, CPUs - 1)``,
+    leaving a core to the data pipeline), here shared by this node's ranks; None when
+    OMP_NUM_THREADS is set (by the user, or by torchrun, which sets 1 for several processes per
+    node): that count stands."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return None
+    return max(1, min(8, (os.cpu_count() or 1) // max(topo.local_world_size, 1) - 1))
+
+
 def select_device(requested: str, topo: Topology) -> torch.device:
     """Pick this rank's device: ``cuda:LOCAL_RANK`` when CUDA is asked for (or auto and present),
     or the LOCAL_RANK-th GPU of a ``cuda:0,1,2,3`` list (indices as CUDA_VISIBLE_DEVICES shows them).
@@ -60,6 +70,9 @@ def select_device(requested: str, topo: Topology) -> torch.device:
     """
     want_cuda = requested.startswith("cuda") or (requested == "auto" and torch.cuda.is_available())
     if not want_cuda:
+        threads = cpu_threads(topo)
+        if threads is not None:
+            torch.set_num_threads(threads)
         return torch.device("cpu")
     count = torch.cuda.device_count()
     visible = f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}"

@@ -369,7 +369,8 @@ def startup_lines(inp: Inputs, parts: Parts, start: int) -> list[str]:
     """Rank 0's opening lines: what trains, where, how; every choice made for the user, said."""
     cfg, topo = inp.cfg, inp.topo
     group = parts.optimizer.param_groups[0]
-    where = f"cpu ({torch.get_num_threads()} threads)" if inp.device.type == "cpu" else inp.device.type
+    threads = torch.get_num_threads()
+    where = f"cpu ({threads} thread{'s' if threads != 1 else ''})" if inp.device.type == "cpu" else inp.device.type
     lines = [
         f"training {inp.arch.name} ({inp.arch.task}{', YOLOE ' + cfg.prompt_mode if inp.arch.yoloe else ''}"
         f"{', from ' + cfg.weights if cfg.weights else ''}) on {topo.world_size} rank(s), {where}, "

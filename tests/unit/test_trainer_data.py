@@ -122,3 +122,29 @@ def test_loader_workers_share_the_nodes_cpus_between_its_ranks(monkeypatch: pyte
     assert data.worker_count(2, local_world_size=4, batches=100) == 2
     assert data.worker_count(8, local_world_size=1, batches=3) == 3  # no more workers than batches
     assert data.worker_count(8, local_world_size=1, batches=1) == 0  # one batch: in the process
+
+
+def test_cpu_training_threads_as_ultralytics_sets_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """min(8, CPUs - 1) intra-op threads, shared by the node's ranks; an OMP_NUM_THREADS given stands."""
+    import torch
+
+    from trainer import dist
+
+    monkeypatch.setattr(dist.os, "cpu_count", lambda: 2)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert dist.cpu_threads(dist.Topology()) == 1  # ultralytics on this 2-core machine: 1
+    monkeypatch.setattr(dist.os, "cpu_count", lambda: 64)
+    assert dist.cpu_threads(dist.Topology()) == 8
+    assert dist.cpu_threads(dist.Topology(world_size=4, local_world_size=4)) == 8
+    assert dist.cpu_threads(dist.Topology(world_size=16, local_world_size=16)) == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")
+    assert dist.cpu_threads(dist.Topology()) is None
+    before = torch.get_num_threads()
+    try:
+        dist.select_device("cpu", dist.Topology())
+        assert torch.get_num_threads() == before  # the user's count stands
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        dist.select_device("cpu", dist.Topology())
+        assert torch.get_num_threads() == 8
+    finally:
+        torch.set_num_threads(before)

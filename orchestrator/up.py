@@ -30,6 +30,7 @@ from typing import Any, Literal, Protocol
 from .config.inventory import Inventory
 from .config.plan import Plan, make_plan
 from .contract import RunState
+from .errors import UsageError
 from .logs.lines import LogLine
 from .preflight.report import CheckReport, run_preflight, save_to_run
 from .run.agent import NodeStatus, StopResult, start_all, status_all, status_node, stop_all
@@ -138,13 +139,18 @@ def not_stopped(results: GroupResult[StopResult]) -> dict[str, str]:
 
 
 def up(inv: Inventory, *, detach: bool = False, skip_checks: bool = False, run_id: str | None = None,
-       progress: UpProgress | None = None) -> UpOutcome:
-    """Check, launch on every node, then supervise (or return once every node runs, with detach)."""
+       progress: UpProgress | None = None, fabric: bool = False) -> UpOutcome:
+    """Check, launch on every node, then supervise (or return once every node runs, with detach).
+    `fabric`: the preflight also runs the fabric check (a short job on every node), as
+    `checks.fabric` in the inventory does."""
     say = progress or Quiet()
     t0 = time.monotonic()
     report = None
+    if skip_checks and fabric:
+        raise UsageError("--fabric is a check: it cannot run with --skip-checks",
+                         "drop --skip-checks, or --fabric")
     if not skip_checks:
-        report = run_preflight(inv)
+        report = run_preflight(inv, fabric=fabric)
         say.preflight_done(report, time.monotonic() - t0)
         if not report.ok:
             return UpOutcome("preflight_failed", preflight=report)

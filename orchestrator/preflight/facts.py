@@ -28,13 +28,16 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config.inventory import Inventory, Node
 from ..errors import TransportError
 from ..node import probe
 from ..node import program as node_program
 from ..transport import Cluster, Process, Transport
+
+if TYPE_CHECKING:
+    from .fabric import FabricFacts
 
 Progress = Callable[[str, int, int], None]
 # args whose value is a file the job reads: checked for absolute path, existence, same content
@@ -122,6 +125,9 @@ class NodeFacts:
     listen: dict[str, Any] = field(default_factory=dict)
     reach: list[dict[str, Any]] = field(default_factory=list)
     reach_error: str | None = None
+    fabric: FabricFacts | None = None
+    """What the fabric job measured (`preflight/fabric.py`), the same object on every node; None
+    where the fabric check was not selected."""
 
     @property
     def ok(self) -> bool:

@@ -103,10 +103,10 @@ def test_clean_cluster_passes_and_hardware_checks_skip() -> None:
     inv = inventory()
     results = run(inv, make_facts(inv))
     assert only_failure(results) == set()
-    assert len(results) == 9 * 4  # one result per (check, node)
-    assert {r.status for r in results if r.check in ("gpus", "rdma")} == {"skip"}
-    assert all(r.status == "ok" for r in results if r.check not in ("gpus", "rdma")), \
-        [r for r in results if r.status != "ok" and r.check not in ("gpus", "rdma")]
+    assert len(results) == 10 * 4  # one result per (check, node)
+    assert {r.status for r in results if r.check in ("gpus", "rdma", "fabric")} == {"skip"}  # fabric: opt-in
+    assert all(r.status == "ok" for r in results if r.check not in ("gpus", "rdma", "fabric")), \
+        [r for r in results if r.status != "ok" and r.check not in ("gpus", "rdma", "fabric")]
 
 
 def test_unreachable_node_fails_ssh_and_skips_the_rest() -> None:
@@ -121,7 +121,7 @@ def test_unreachable_node_fails_ssh_and_skips_the_rest() -> None:
     ssh = by(results, "ssh")["n3"]
     assert "refused" in ssh.detail and ssh.hint
     others = [r for r in results if r.node == "n3" and r.check != "ssh"]
-    assert len(others) == 8 and all(r.status == "skip" and "not probed" in r.detail for r in others)
+    assert len(others) == 9 and all(r.status == "skip" and "not probed" in r.detail for r in others)
 
 
 def test_clock_over_limit_on_one_node_via_ntp() -> None:

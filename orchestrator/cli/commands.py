@@ -109,9 +109,9 @@ def check(state: State, inventory: str | None, as_json: bool, only: str | None, 
     inv = resolve_inventory(inventory)
     from ..preflight.report import run_preflight, select_checks
 
-    selected = select_checks(split_names(only), split_names(skip))
+    select_checks(split_names(only), split_names(skip))  # an unknown name: exit 2 before any connection
     with render.probe_progress(len(inv.nodes)) as progress:
-        report = run_preflight(inv, only=selected, progress=progress,
+        report = run_preflight(inv, only=split_names(only), skip=split_names(skip), progress=progress,
                                warm_up=None if as_json else render.preload_check_table)
     if as_json:
         render.json_out(report.to_json(inv.path))

@@ -416,3 +416,21 @@ def _plain_run(tmp_path: Path) -> Path:
     run.path.mkdir(parents=True)
     run.write({"run": run.run_id, "state": "succeeded", "nodes": []})
     return run.path
+
+
+def test_a_plain_orch_check_lists_fabric_as_opt_in_and_does_not_run_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI validates --only/--skip itself; the full selection it gets back must not read as
+    "fabric was asked for" (it did: a plain `orch check` ran the job)."""
+    import json
+
+    from orchestrator.cli.commands import main
+
+    monkeypatch.setenv("ORCH_HOME", str(tmp_path / "home"))
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("transport: local\nnodes:\n  - host: a\n")
+    with pytest.raises(SystemExit):
+        main(["check", str(inv), "--skip", "software", "--json"])
+    fab = [r for r in json.loads(capsys.readouterr().out)["results"] if r["check"] == "fabric"]
+    assert [(r["node"], r["status"]) for r in fab] == [("a", "skip")]
+    assert fab[0]["detail"].startswith("opt-in:")

@@ -770,7 +770,7 @@ def check_fabric(inv: Inventory, facts: Facts) -> list[CheckResult]:
     out = []
     for node, _ in nodes:
         f = Findings("fabric", node.name)
-        if ff.result is None:
+        if ff.result is None or node.name in s["errors"] or node.name in ff.not_stopped:
             _fabric_failed(inv, ff, s, node.name, f)
         else:
             _fabric_rates(inv, s, node.name, f)
@@ -789,14 +789,15 @@ def _fabric_failed(inv: Inventory, ff: FabricFacts, s: Mapping[str, Any], name: 
         f.add("fail", f"no result within timeout_s {inv.checks.fabric.timeout_s:g} s" + (f": {own}" if own else ""),
               "a node that hangs in a collective: look at its network (pulled cable, firewall between the "
               "nodes' addr) or raise checks.fabric.timeout_s for large max_bytes on slow links")
+    log = f"the whole log: {ff.nodes[name].remote_dir}/node.log on {name}"
     if said:
         f.add("fail", f"the fabric job failed here in its {said.get('phase')} phase: {said.get('error')}",
-              _fabric_error_hint(str(said.get("error"))))
+              f"{_fabric_error_hint(str(said.get('error')))}; {log}")
     elif own:
-        f.add("fail", own, "the node's log: orch -v check --only fabric shows every remote command")
+        f.add("fail", own, log)
     else:
         first = ", ".join(culprits) or "another node"
-        f.add("fail", f"no result: stopped after the job failed on {first}")
+        f.add("fail", f"no result: stopped after the job failed on {first}", f"{first}: see its row; {log}")
     if name in ff.not_stopped:
         f.add("fail", f"could not confirm the fabric job stopped here: {ff.not_stopped[name]}",
               "ssh to the node and stop what runs under the check's run directory")

@@ -7,8 +7,8 @@ training run, torchrun's argv and env built the same way (the inventory's `env`,
 `torchrun_args`, rendezvous). Only the script and its arguments differ, plus, with NCCL,
 `NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET` so the log says which transport NCCL picked.
 
-`measure` returns `FabricFacts`: every node's final status and log (read back, then the node's run
-directory is removed), the job's result (rank 0's `ORCH_FABRIC_RESULT` line), and what went wrong
+`measure` returns `FabricFacts`: every node's final status and log (read back; the node's run
+directory is then removed, unless the job failed somewhere: then it stays for a person), the job's result (rank 0's `ORCH_FABRIC_RESULT` line), and what went wrong
 (a node that could not start, an `ORCH_FABRIC_ERROR`, a job that overran `timeout_s`). It never
 raises for a node; the judging is `checks.check_fabric`, a pure function of these facts.
 
@@ -42,7 +42,11 @@ Progress = Callable[[str, int, int], None]
 JOB_FILE = "fabric_job.py"
 """The job's name in each node's run directory (torchrun's script)."""
 MB = 1 << 20
-POLL_S = 1.0
+POLL_S = 0.5
+"""The first status poll comes this soon after the start (a node that cannot run the job fails
+within a second or two); each later one 1.5 x later, up to POLL_MAX_S: every poll is an SSH
+command and a Python start on every node, which would take CPU from the measurement."""
+POLL_MAX_S = 4.0
 STOP_GRACE_S = 5.0
 LOG_LIMIT = 8 << 20
 """At most this many bytes of each node's log are read back (the end of it)."""
@@ -94,6 +98,9 @@ class FabricNode:
     """One node's share of the fabric job."""
 
     name: str
+    remote_dir: str = ""
+    """The check's run directory on the node; removed after a clean run, kept (with node.log)
+    when anything went wrong there."""
     status: NodeStatus | None = None
     """The agent's last answer (None: the node never started or could not be asked)."""
     log: str = ""
@@ -178,7 +185,7 @@ def measure(inv: Inventory, cluster: Cluster, progress: Progress | None = None,
     run_id = f"fabric-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     plan = fabric_plan(inv, run_id, backend)
     records = node_records(plan)
-    facts = FabricFacts(backend, run_id, {p.node.name: FabricNode(p.node.name) for p in plan.nodes})
+    facts = FabricFacts(backend, run_id, {r["node"]: FabricNode(r["node"], r["remote_dir"]) for r in records})
     say = progress or (lambda label, done, total: None)
     start = time.monotonic()
     final: set[str] = set()
@@ -225,8 +232,10 @@ def _wait(inv: Inventory, cluster: Cluster, plan: Plan, records: list[dict[str, 
     master = plan.nodes[0].node.name
     by_name = {r["node"]: r for r in records}
     deadline = start + inv.checks.fabric.timeout_s
+    interval = poll_s
     while True:
-        time.sleep(poll_s)
+        time.sleep(max(0.0, min(interval, deadline - time.monotonic() + 0.1)))
+        interval = min(interval * 1.5, max(poll_s, POLL_MAX_S))
 
         def ask(t: Transport) -> NodeStatus:
             r = by_name[t.node.name]
@@ -278,12 +287,14 @@ def _progress_step(info: Mapping[str, Any]) -> tuple[int, int]:
 
 
 def _read_back(cluster: Cluster, plan: Plan, records: list[dict[str, Any]], facts: FabricFacts) -> None:
-    """Every node's log; then its run directory goes, unless something may still run there."""
+    """Every node's log; then the run directories go when the job ended well everywhere (after
+    a failure they stay, node.log with them, for a person to read)."""
     by_name = {r["node"]: r for r in records}
+    clean = not facts.timed_out and not facts.not_stopped and not any(fn.error for fn in facts.nodes.values())
 
     def read(t: Transport) -> str:
         r = by_name[t.node.name]
-        remove = "0" if t.node.name in facts.not_stopped else "1"
+        remove = "1" if clean else "0"
         res = t.run([r["python"], "-c", _COLLECT, str(LOG_LIMIT), remove], cwd=r["remote_dir"], timeout=60)
         if res.exit_code != 0 and not res.stdout:
             raise RuntimeError(res.stderr.strip().splitlines()[-1] if res.stderr.strip() else

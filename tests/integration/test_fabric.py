@@ -123,7 +123,9 @@ def test_a_failing_node_fails_the_check_and_nothing_is_left_running(make_cluster
     assert "sweep" not in data["fabric"] and set(data["fabric"]["errors"]) == {"node2"}  # nothing measured
     assert data["fabric"]["job_errors"]["node2"]["phase"] == "init"
     assert took < 90, f"{took:.1f} s: node1 waited for its timeout instead of being stopped"
-    assert run_dirs(c) == [] and leftover(c, "fabric-") == {}
+    assert leftover(c, "fabric-") == {}
+    kept = [p for p in run_dirs(c) if p.name == "node.log"]  # a failed check keeps its logs for a person
+    assert len(kept) == 2 and all(f"{p.parent}/node.log" in fab[p.parent.name]["hint"] for p in kept), fab
 
 
 def test_a_hung_node_is_stopped_at_timeout_s(make_cluster: MakeCluster, tmp_path: Path) -> None:
@@ -143,13 +145,15 @@ def test_a_hung_node_is_stopped_at_timeout_s(make_cluster: MakeCluster, tmp_path
     assert {n: r["status"] for n, r in fab.items()} == {"node1": "fail", "node2": "fail"}
     assert all(r["detail"].startswith("no result within timeout_s 20 s") for r in fab.values()), fab
     assert took < 80, f"{took:.1f} s for a 20 s timeout"
-    assert run_dirs(c) == [] and leftover(c, "fabric-") == {}
+    assert leftover(c, "fabric-") == {}
+    kept = [p for p in run_dirs(c) if p.name == "node.log"]  # a failed check keeps its logs for a person
+    assert len(kept) == 2 and all(f"{p.parent}/node.log" in fab[p.parent.name]["hint"] for p in kept), fab
 
 
 def test_orch_up_fabric_failing_launches_nothing(make_cluster: MakeCluster, tmp_path: Path) -> None:
     c = make_cluster(2)
     inv = c.write_inventory(master={"port": free_port("0.0.0.0")}, env={"GLOO_SOCKET_IFNAME": "lo"},
-                            checks={"fabric": {"enabled": False, "max_bytes": "1M", "min_busbw_gbps": 1000}},
+                            checks={"fabric": {"enabled": False, "max_bytes": "1M", "min_busbw_gbps": 1000, "timeout_s": 90}},
                             job={"script": str(REPO / "tests" / "ddp_job.py"), "nproc_per_node": 1})
     orch = Orch(tmp_path / "home")
     proc = orch.run("up", str(inv), "--fabric", timeout=300)

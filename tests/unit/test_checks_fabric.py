@@ -434,3 +434,12 @@ def test_a_plain_orch_check_lists_fabric_as_opt_in_and_does_not_run_it(
     fab = [r for r in json.loads(capsys.readouterr().out)["results"] if r["check"] == "fabric"]
     assert [(r["node"], r["status"]) for r in fab] == [("a", "skip")]
     assert fab[0]["detail"].startswith("opt-in:")
+
+
+def test_a_node_that_fails_after_the_result_still_fails() -> None:
+    """Rank 0 printed its result, but node n4's torchrun then exited non-zero: the measurement is
+    shown for the others, n4 fails with why."""
+    inv = inventory()
+    got = judged(inv, measured(inv, job_result(inv), errors={"n4": "the job failed (exit code 1)"}))
+    assert statuses(got) == {"n1": "ok", "n2": "ok", "n3": "ok", "n4": "fail"}
+    assert got["n4"].detail.startswith("the job failed (exit code 1)")

@@ -143,6 +143,7 @@ class JobModel(_Schema):
     torchrun_args: list[str] = []
     run_root: str = DEFAULT_RUN_ROOT
     stop_grace_s: float = 10.0
+    sync: list[str] = []
 
 
 class InventoryModel(_Schema):

@@ -1,5 +1,5 @@
 """The fabric job's pure helpers (orchestrator/node/jobs/fabric.py): sizes, arguments, the pair
-schedule, the gloo interface guard. Its runs under torchrun: tests/integration/test_fabric_job.py."""
+schedule, the gloo interface guard. Its runs under torchrun: tests/integration/test_fabric_job_torchrun.py."""
 
 from __future__ import annotations
 

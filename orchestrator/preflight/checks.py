@@ -20,7 +20,7 @@ import yaml
 from ..config.inventory import Inventory, Node
 from ..contract import CHECK_NAMES, CHECK_STATUSES
 from . import busbw, nccl_log
-from .facts import GpuFacts, IbDevice, NodeFacts, job_files, path_args
+from .facts import GpuFacts, IbDevice, NodeFacts, is_output_key, job_files, path_args
 
 if TYPE_CHECKING:
     from .fabric import FabricFacts
@@ -614,6 +614,9 @@ def synced(inv: Inventory, path: str) -> bool:
 
 def _judge_path(key: str, path: str, p: Mapping[str, Any], digests: Mapping[str, tuple[Any, ...]],
                 node: Node, f: Findings, in_sync: bool = False) -> None:
+    if is_output_key(key):
+        _judge_output(key, path, p, node, f)
+        return
     if not p.get("exists"):
         f.add("fail", f"{key}: {path} does not exist on this node",
               _SYNC_HINT if in_sync else "copy it there (scp/rsync) or put it on a filesystem every node mounts")
@@ -631,6 +634,20 @@ def _judge_path(key: str, path: str, p: Mapping[str, Any], digests: Mapping[str,
               _SYNC_HINT if in_sync else "sync the file so every node reads the same bytes (rsync -c)")
     if key.replace("-", "_") == "data":
         _judge_data_yaml(path, p, f)
+
+
+def _judge_output(key: str, path: str, p: Mapping[str, Any], node: Node, f: Findings) -> None:
+    """An output directory is fine when it is a writable directory or can be created."""
+    who = node.ssh.user or "the ssh user"
+    if p.get("exists") and not p.get("is_dir"):
+        f.add("fail", f"{key}: {path} exists and is not a directory", "point it at a directory, or remove the file")
+    elif p.get("is_dir") and p.get("writable") is False:
+        f.add("fail", f"{key}: {path} is not writable by {who}", f"chown/chmod it, or pick a directory {who} owns")
+    elif not p.get("exists") and p.get("ancestor_writable") is False:
+        anc = p.get("ancestor") or "/"
+        why = f"{anc} is not writable by {who}" if p.get("ancestor_is_dir", True) else f"{anc} is a file"
+        f.add("fail", f"{key}: {path} cannot be created: {why}",
+              f"create {path} on this node with the right owner, or write under a directory {who} owns")
 
 
 def _judge_data_yaml(path: str, p: Mapping[str, Any], f: Findings) -> None:

@@ -42,6 +42,13 @@ if TYPE_CHECKING:
 Progress = Callable[[str, int, int], None]
 # args whose value is a file the job reads: checked for absolute path, existence, same content
 PATH_KEYS = ("weights", "data", "model", "cfg", "resume", "pretrained", "hyp", "tracker")
+# args whose value is a directory the job writes: it need not exist yet, only be creatable
+OUTPUT_KEYS = ("out", "project", "save_dir", "output", "output_dir", "log_dir", "logdir", "runs_dir",
+               "debug_dir", "checkpoint_dir", "ckpt_dir")
+
+
+def is_output_key(key: str) -> bool:
+    return key.replace("-", "_") in OUTPUT_KEYS
 PHASE1_TIMEOUT_S = 150.0    # a cold `import torch` on a loaded node is the slow part
 CONNECT_TIMEOUT_S = 5.0
 REACH_TIMEOUT_S = CONNECT_TIMEOUT_S * 6 + 30
@@ -330,6 +337,7 @@ def probe_args(inv: Inventory, node: Node, want: Sequence[str], token: str, n_pe
         "inventory_env": sorted(node.env),
         "ntp_server": inv.checks.clock.ntp_server if "clock" in want else None,
         "paths": paths, "text_for": [k for k in paths if k.replace("-", "_") == "data"],
+        "outputs": [k for k in paths if is_output_key(k)],
         "workdir": inv.job.workdir if "job" in want else None,
         "master_port": inv.master_port if is_master and "ports" in want else None,
         "ring_addr": node.addr if net and n_peers > 1 else None,

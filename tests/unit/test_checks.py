@@ -17,7 +17,7 @@ from orchestrator.config.inventory import Inventory, parse
 from orchestrator.errors import UsageError
 from orchestrator.preflight import checks
 from orchestrator.preflight.checks import CheckResult, IfSpec
-from orchestrator.preflight.facts import NodeFacts, job_files
+from orchestrator.preflight.facts import NodeFacts, job_files, probe_args
 from orchestrator.preflight.report import CheckReport, select_checks
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "probe"
@@ -517,3 +517,44 @@ def test_slow_ssh_is_a_warning_over_the_threshold() -> None:
     s = by(checks.check_ssh(inv, make_facts(inv, {"n4": slow})), "ssh")
     assert s["n4"].status == "warn" and s["n4"].value == "1200 ms" and "slower than 1000 ms" in s["n4"].detail
     assert s["n1"].status == "ok" and s["n1"].value == "24 ms"
+
+
+def test_job_output_directories_need_only_be_creatable() -> None:
+    """`project: /runs/exp` names a directory the job creates: missing is fine, a file or an
+    unwritable place is not (an input path must exist; an output path must not have to)."""
+    inv = parse(inventory().source.replace("    batch: 64\n", "    batch: 64\n    project: /runs/yolo\n"
+                                           "    out: /scratch/exp1\n"), "t.yaml")
+
+    def outputs(project: dict[str, Any], out: dict[str, Any]) -> Any:
+        def edit(raw: dict[str, Any], nf: NodeFacts) -> None:
+            raw["paths"]["project"] = {"path": "/runs/yolo", "output": True, **project}
+            raw["paths"]["out"] = {"path": "/scratch/exp1", "output": True, **out}
+        return edit
+    missing_ok = {"exists": False, "is_file": False, "is_dir": False, "ancestor": "/",
+                  "ancestor_is_dir": True, "ancestor_writable": True}
+    edits = {n: outputs(missing_ok, {"exists": True, "is_file": False, "is_dir": True, "writable": True})
+             for n in ("n1", "n2")}
+    edits["n3"] = outputs({**missing_ok, "ancestor_writable": False},
+                          {"exists": True, "is_file": True, "is_dir": False})
+    edits["n4"] = outputs({"exists": True, "is_file": False, "is_dir": True, "writable": False},
+                          {**missing_ok, "ancestor": "/scratch", "ancestor_is_dir": False,
+                           "ancestor_writable": False})
+    res = checks.run_checks(inv, make_facts(inv, edits), ["job"])
+    assert only_failure(res) == {("job", "n3"), ("job", "n4")}
+    r = by(res, "job")
+    assert "project: /runs/yolo cannot be created: / is not writable" in r["n3"].detail
+    assert "out: /scratch/exp1 exists and is not a directory" in r["n3"].detail
+    assert "project: /runs/yolo is not writable" in r["n4"].detail
+    assert "out: /scratch/exp1 cannot be created: /scratch is a file" in r["n4"].detail
+    assert set(probe_args(inv, inv.nodes[0], ["job"], "tok", 4)["outputs"]) == {"project", "out"}
+
+
+def test_probe_output_facts_on_a_real_filesystem(tmp_path: Any) -> None:
+    from orchestrator.node.probe import output_facts
+    (tmp_path / "file").write_text("x")
+    deep = output_facts(str(tmp_path / "a" / "b" / "c"))
+    assert deep["exists"] is False and deep["ancestor"] == str(tmp_path) and deep["ancestor_writable"] is True
+    under_file = output_facts(str(tmp_path / "file" / "runs"))
+    assert under_file["ancestor"] == str(tmp_path / "file") and under_file["ancestor_is_dir"] is False
+    assert output_facts(str(tmp_path))["writable"] is True
+    assert output_facts(str(tmp_path / "file"))["is_file"] is True

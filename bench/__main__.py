@@ -11,7 +11,8 @@ import argparse
 import importlib
 import traceback
 
-BENCHMARKS = ("check_fanout", "launch_latency", "log_merge", "trainer_throughput", "trainer_accuracy", "scale")
+BENCHMARKS = ("check_fanout", "launch_latency", "log_merge", "trainer_throughput", "trainer_accuracy", "scale",
+              "fabric")
 
 
 def main() -> int:

@@ -157,9 +157,14 @@ def not_stopped(results: GroupResult[StopResult]) -> dict[str, str]:
 
 
 def up(inv: Inventory, *, detach: bool = False, skip_checks: bool = False, run_id: str | None = None,
-       skip_sync: bool = False, progress: UpProgress | None = None) -> UpOutcome:
+       skip_sync: bool = False, progress: UpProgress | None = None, fabric: bool = False) -> UpOutcome:
     """Copy `job.sync` (unless skip_sync), check, launch on every node, then supervise (or return
-    once every node runs, with detach). A `job.sync` path missing here raises UsageError."""
+    once every node runs, with detach). A `job.sync` path missing here raises UsageError.
+    `fabric`: the preflight also runs the fabric check (a short job on every node), as
+    `checks.fabric` in the inventory does."""
+    if skip_checks and fabric:
+        raise UsageError("--fabric is a check: it cannot run with --skip-checks",
+                         "drop --skip-checks, or --fabric")
     say = progress or Quiet()
     t0 = time.monotonic()
     synced = None
@@ -177,7 +182,7 @@ def up(inv: Inventory, *, detach: bool = False, skip_checks: bool = False, run_i
     report = None
     if not skip_checks:
         t_check = time.monotonic()
-        report = run_preflight(inv)
+        report = run_preflight(inv, fabric=fabric)
         say.preflight_done(report, time.monotonic() - t_check)
         if not report.ok:
             return UpOutcome("preflight_failed", preflight=report, sync=synced)

@@ -22,24 +22,33 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
-from .config.inventory import Inventory
+from .config.inventory import Inventory, with_replacements
 from .config.plan import Plan, make_plan
 from .contract import RunState
+from .errors import OrchError
 from .logs.lines import LogLine
 from .preflight.report import CheckReport, run_preflight, save_to_run
+from .run import resume
 from .run.agent import NodeStatus, StopResult, start_all, status_all, status_node, stop_all
 from .run.control import offsets_s
 from .run.records import RunRecord, node_records
-from .run.supervise import Failure, NodeSpec, Pushed, Supervisor, sigint_shielded
+from .run.stacks import StacksReport, take_stacks
+from .run.stacks import save as save_stacks
+from .run.supervise import Failure, NodeSpec, Pushed, Supervisor, select_excerpt, sigint_shielded
+from .run.watchdog import Watchdog, hang_failure
 from .store import RunDir, RunStore, clock_offsets
-from .transport import Cluster, GroupResult
+from .transport import Cluster, GroupResult, open_transport
 
-Result = Literal["succeeded", "failed", "start_failed", "preflight_failed", "interrupted", "detached"]
+Result = Literal["succeeded", "failed", "start_failed", "preflight_failed", "retry_preflight_failed", "interrupted",
+                 "detached"]
+RETRIED = ("failed", "start_failed")
+"""The ends of an attempt that `job.retries` relaunches: the job failed (a rank, a node, a hang
+stopped by the watchdog) or a node could not start. A failed preflight never is."""
 
 
 class UpProgress(Protocol):
@@ -62,6 +71,24 @@ class UpProgress(Protocol):
 
     def log_stopped(self, exc: Exception) -> None:
         """Log streaming broke; supervision goes on without it."""
+
+    def stalled(self, silent_s: float, timeout_s: float) -> None:
+        """No rank wrote a line for `silent_s`: every rank's stack is being taken."""
+
+    def stacks(self, report: StacksReport | None, problem: str | None, stop: bool) -> None:
+        """The stacks of a hang (grouped), or why there are none; `stop`: the run is torn down now,
+        else it goes on (`job.on_stall: warn`)."""
+
+    def retrying(self, attempt: int, attempts: int, why: str, excerpt: Sequence[str] = ()) -> None:
+        """The run failed (why, and the failing node's last lines) and is relaunched as attempt
+        `attempt` of at most `attempts`."""
+
+    def replacing(self, node: str, spare: str, why: str) -> None:
+        """A node failed the retry's preflight; `spare` takes its place."""
+
+    def resuming(self, path: str, node: str, found: bool | None, why: str | None = None) -> None:
+        """The trainer's checkpoint on the master: found (relaunched with --resume), not there
+        (started over), or None: it could not be asked (`why`)."""
 
 
 class Quiet:
@@ -88,6 +115,21 @@ class Quiet:
     def log_stopped(self, exc: Exception) -> None:
         pass
 
+    def stalled(self, silent_s: float, timeout_s: float) -> None:
+        pass
+
+    def stacks(self, report: StacksReport | None, problem: str | None, stop: bool) -> None:
+        pass
+
+    def retrying(self, attempt: int, attempts: int, why: str, excerpt: Sequence[str] = ()) -> None:
+        pass
+
+    def replacing(self, node: str, spare: str, why: str) -> None:
+        pass
+
+    def resuming(self, path: str, node: str, found: bool | None, why: str | None = None) -> None:
+        pass
+
 
 @dataclass
 class UpOutcome:
@@ -102,6 +144,16 @@ class UpOutcome:
     teardown_s: float | None = None
     not_stopped: dict[str, str] = field(default_factory=dict)
     """Nodes whose stop could not be confirmed, with the reason: run `orch down` once reachable."""
+    attempt: int = 1
+    """The attempt that ended this way (1, then 2, 3... after automatic retries)."""
+    attempts: int = 1
+    """At most this many (`job.retries` + 1; 1 for a detached run: nobody is there to relaunch it)."""
+    earlier: list[dict[str, Any]] = field(default_factory=list)
+    """How the earlier attempts ended (run.json `attempts`)."""
+    retry_failed: dict[str, str] = field(default_factory=dict)
+    """With `retry_preflight_failed`: the nodes that failed the retry's preflight (no spare left), with why."""
+    no_retry: str | None = None
+    """Why a failure that retries were left for was not retried (a node whose stop is unconfirmed)."""
 
 
 def env_seconds(name: str, default: float) -> float:
@@ -137,10 +189,28 @@ def not_stopped(results: GroupResult[StopResult]) -> dict[str, str]:
             for n in results if n in failed or done[n].remaining}
 
 
+def with_overrides(inv: Inventory, retries: int | None = None, stall_timeout_s: float | None = None) -> Inventory:
+    """The inventory with `orch up`'s --retries / --stall-timeout in place of job.retries /
+    job.stall_timeout_s (None: the inventory's own)."""
+    job = inv.job
+    if retries is not None:
+        job = replace(job, retries=retries)
+    if stall_timeout_s is not None:
+        job = replace(job, stall_timeout_s=stall_timeout_s)
+    return replace(inv, job=job) if job is not inv.job else inv
+
+
 def up(inv: Inventory, *, detach: bool = False, skip_checks: bool = False, run_id: str | None = None,
-       progress: UpProgress | None = None) -> UpOutcome:
-    """Check, launch on every node, then supervise (or return once every node runs, with detach)."""
+       progress: UpProgress | None = None, retries: int | None = None,
+       stall_timeout_s: float | None = None) -> UpOutcome:
+    """Check, launch on every node, then supervise (or return once every node runs, with detach).
+
+    An attached run that fails (not its preflight) is torn down and relaunched under the same run
+    id up to `job.retries` times (`retries` overrides it): the preflight again (a node that fails
+    it is replaced by a healthy `spare:` node), then the same job, with `--resume` for the trainer
+    once its master holds `weights/last.pt`."""
     say = progress or Quiet()
+    inv = with_overrides(inv, retries, stall_timeout_s)
     t0 = time.monotonic()
     report = None
     if not skip_checks:
@@ -148,17 +218,125 @@ def up(inv: Inventory, *, detach: bool = False, skip_checks: bool = False, run_i
         say.preflight_done(report, time.monotonic() - t0)
         if not report.ok:
             return UpOutcome("preflight_failed", preflight=report)
-    t_launch = time.monotonic()
     run = RunStore().create(inv, run_id)
-    plan = make_plan(inv, run.run_id)
+    attempts = 1 if detach else 1 + inv.job.retries
+    run.update(attempt=1, max_attempts=attempts, attempts=[], stall_timeout_s=inv.job.stall_timeout_s,
+               on_stall=inv.job.on_stall)
+    with sigterm_as_interrupt():
+        return _attempts(say, run, inv, report, detach, skip_checks, t0, attempts)
+
+
+def _attempts(say: UpProgress, run: RunDir, inv: Inventory, report: CheckReport | None, detach: bool,
+              skip_checks: bool, t0: float, attempts: int) -> UpOutcome:
+    """Attempt after attempt until one succeeds, is interrupted, or no retry is left."""
+    current = inv
+    replaced: dict[str, str] = {}
+    earlier: list[dict[str, Any]] = []
+    attempt, t_launch = 1, time.monotonic()
+    while True:
+        outcome = _attempt(say, run, current, report, detach, t0, t_launch, attempt)
+        outcome.attempt, outcome.attempts, outcome.earlier = attempt, attempts, list(earlier)
+        if outcome.result not in RETRIED or attempt >= attempts:
+            return outcome
+        if outcome.not_stopped:
+            outcome.no_retry = (f"not relaunched: the stop of {', '.join(outcome.not_stopped)} is unconfirmed, and a "
+                                "second copy of the job must not start beside the first")
+            return outcome
+        earlier.append(_attempt_record(attempt, outcome))
+        attempt += 1
+        say.retrying(attempt, attempts, _why(outcome), outcome.failure.excerpt if outcome.failure else ())
+        run.update(attempt=attempt, attempts=earlier, state=RunState.STARTING, first_failure=None)
+        try:
+            prepared = _prepare_retry(say, run, inv, replaced, skip_checks)
+        except KeyboardInterrupt:
+            run.update(state=RunState.STOPPED)
+            return UpOutcome("interrupted", run.run_id, report, time.monotonic() - t0, attempt=attempt,
+                             attempts=attempts, earlier=list(earlier))
+        if isinstance(prepared, UpOutcome):
+            prepared.attempt, prepared.attempts, prepared.earlier = attempt, attempts, list(earlier)
+            prepared.failure, prepared.wall_s = outcome.failure, time.monotonic() - t0
+            run.update(state=RunState.FAILED, first_failure=outcome.failure.to_json() if outcome.failure else None,
+                       retry_failed=prepared.retry_failed)
+            return prepared
+        current, report = prepared
+        t_launch = time.monotonic()
+
+
+def _attempt_record(attempt: int, outcome: UpOutcome) -> dict[str, Any]:
+    """run.json `attempts[]`: how one attempt ended."""
+    return {"attempt": attempt, "result": outcome.result, "ended": time.time(),
+            "first_failure": outcome.failure.to_json() if outcome.failure else None}
+
+
+def _why(outcome: UpOutcome) -> str:
+    """One line: why an attempt ended (for the retry message)."""
+    f = outcome.failure
+    if f is not None:
+        rank = f" rank {f.rank}" if f.rank is not None else ""
+        return f"{f.node}{rank}: {f.reason}"
+    return "a node could not start" if outcome.result == "start_failed" else outcome.result
+
+
+def _prepare_retry(say: UpProgress, run: RunDir, inv: Inventory, replaced: dict[str, str],
+                   skip_checks: bool) -> tuple[Inventory, CheckReport | None] | UpOutcome:
+    """The inventory of the next attempt: the preflight again (unless --skip-checks), a spare for
+    each node that now fails it (`replaced` grows, run.json `replaced` follows), and the trainer's
+    `--resume` once its master holds the checkpoint. An UpOutcome when no attempt can be made."""
+    current = with_replacements(inv, replaced)
+    report = None
+    while not skip_checks:
+        t = time.monotonic()
+        report = run_preflight(current)
+        say.preflight_done(report, time.monotonic() - t)
+        if report.ok:
+            break
+        why: dict[str, str] = {}
+        for r in report.failed():
+            why.setdefault(r.node, f"{r.check}: {r.detail or r.value}")
+        bad = [n.name for n in current.nodes if n.name in why] or list(why)
+        if len(bad) > len(current.spares) or any(b not in {n.name for n in current.nodes} for b in bad):
+            left = f"{len(current.spares)} spare(s) left" if current.spares else "no spare left"
+            return UpOutcome("retry_preflight_failed", run.run_id, report,
+                             retry_failed={b: why[b] for b in bad}, no_retry=left)
+        for name, spare in zip(bad, current.spares):
+            replaced[name] = spare.name
+            say.replacing(name, spare.name, why[name])
+        run.update(replaced=dict(replaced))
+        current = with_replacements(inv, replaced)
+    if resume.is_trainer(current.job):
+        current = _with_resume(say, run, current)
+    return current, report
+
+
+def _with_resume(say: UpProgress, run: RunDir, inv: Inventory) -> Inventory:
+    """The trainer's args with `--resume` when its master (rank 0 writes it) holds this run's
+    `weights/last.pt`; as they are when it does not (the trainer starts over) or cannot tell."""
+    path = resume.checkpoint_path(inv.job, run.run_id)
+    master = inv.master
+    try:
+        with open_transport(inv, master) as t:
+            found = resume.has_checkpoint(t, master, path)
+    except OrchError as exc:
+        say.resuming(path, master.name, None, exc.message)
+        return inv
+    say.resuming(path, master.name, found)
+    if not found:
+        return inv
+    return replace(inv, job=replace(inv.job, args=resume.with_resume(inv.job.args)))
+
+
+def _attempt(say: UpProgress, run: RunDir, inv: Inventory, report: CheckReport | None, detach: bool, t0: float,
+             t_launch: float, attempt: int) -> UpOutcome:
+    """One launch of the run on the inventory's nodes: plan, start, supervise (or detach)."""
+    plan = make_plan(inv, run.run_id, attempt)
     run.write(plan.to_json(), "plan.json")
     save_to_run(run, inv, report)
     record = RunRecord(run)
     run.update(nodes=node_records(plan), state=RunState.STARTING)
     say.starting(plan)
-    with Cluster(inv) as cluster, sigterm_as_interrupt():
+    with Cluster(inv) as cluster:
         try:
-            return _launch(say, run, record, plan, cluster, detach, t0, t_launch, report)
+            return _launch(say, run, record, plan, cluster, detach, t0, t_launch, report, attempt)
         except KeyboardInterrupt:
             t = time.monotonic()
             with sigint_shielded():
@@ -169,7 +347,7 @@ def up(inv: Inventory, *, detach: bool = False, skip_checks: bool = False, run_i
 
 
 def _launch(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, cluster: Cluster, detach: bool,
-            t0: float, t_launch: float, report: CheckReport | None) -> UpOutcome:
+            t0: float, t_launch: float, report: CheckReport | None, attempt: int = 1) -> UpOutcome:
     """Start every node; stop them all if one cannot start; then return (detach) or supervise."""
     inv = plan.inventory
     started = start_all(cluster, plan)
@@ -187,11 +365,11 @@ def _launch(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, cluster
     say.running(plan, startup_s)
     if detach:
         return UpOutcome("detached", run.run_id, report)
-    return _attached(say, run, record, plan, cluster, t0, report)
+    return _attached(say, run, record, plan, cluster, t0, report, attempt)
 
 
 def _attached(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, cluster: Cluster, t0: float,
-              report: CheckReport | None) -> UpOutcome:
+              report: CheckReport | None, attempt: int = 1) -> UpOutcome:
     """Stream the merged log and supervise until the run ends; record how it ended."""
     inv = plan.inventory
     records = record.nodes()
@@ -211,17 +389,45 @@ def _attached(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, clust
 
     pushed = Pushed([p.node.name for p in plan.nodes], poll_one, silent_after=silent_after,
                     first_frame_s=grace / 2, interval=interval, stale_after=grace / 2)
-    sup = Supervisor([NodeSpec(p.node.name, p.node_rank, p.global_ranks.start, p.node.nproc_per_node)
-                      for p in plan.nodes],
+    specs = [NodeSpec(p.node.name, p.node_rank, p.global_ranks.start, p.node.nproc_per_node) for p in plan.nodes]
+    dog = Watchdog(inv.job.stall_timeout_s)
+
+    def watch() -> Failure | None:
+        """A hang: no rank wrote for stall_timeout_s. Every rank's stack into the run directory and
+        on the terminal; with on_stall stop, the run's first failure (the odd rank named)."""
+        silent = dog.stalled()
+        if silent is None:
+            return None
+        say.stalled(silent, inv.job.stall_timeout_s)
+        stacks: StacksReport | None = None
+        problem = None
+        try:
+            stacks = take_stacks(cluster, run.run_id, records)
+            save_stacks(run, stacks, tag="hang")
+        except (OrchError, OSError) as exc:
+            problem = str(exc)
+        stop = inv.job.on_stall == "stop"
+        say.stacks(stacks, problem, stop)
+        if not stop:
+            return None
+        failure = hang_failure(silent, inv.job.stall_timeout_s, stacks, specs, problem)
+        try:  # the node's last lines before the silence (after the teardown they are the stop's)
+            failure.excerpt = select_excerpt(excerpt(failure.node))[0]
+        except OrchError as exc:
+            failure.excerpt = [f"(cannot read the node's log: {exc.message})"]
+        return failure
+
+    sup = Supervisor(specs,
                      observe=pushed.observe,
                      stop_all=lambda: stop_all(cluster, records, inv.job.stop_grace_s),
                      excerpt=excerpt,
                      confirm=lambda names: status_all(cluster, [r for r in records if r["node"] in names], timeout=3.0),
                      interval=min(interval, 0.5), unreachable_grace=grace, sleep=pushed.wait,
-                     on_update=lambda nodes: record.update_nodes(nodes), offsets_s=offsets_s(run, inv))
+                     on_update=lambda nodes: record.update_nodes(nodes), offsets_s=offsets_s(run, inv),
+                     watch=watch if inv.job.stall_timeout_s > 0 else None)
     stop_logs = threading.Event()
-    logs = threading.Thread(target=_stream_logs, args=(say, run, inv, cluster, stop_logs, pushed), daemon=True,
-                            name="logs")
+    logs = threading.Thread(target=_stream_logs, args=(say, run, inv, cluster, stop_logs, pushed, dog, attempt == 1),
+                            daemon=True, name="logs")
     logs.start()
     pushed.start()
     interrupted = False
@@ -252,17 +458,23 @@ def _attached(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, clust
 
 
 def _stream_logs(say: UpProgress, run: RunDir, inv: Inventory, cluster: Cluster, stop: threading.Event,
-                 pushed: Pushed) -> None:
+                 pushed: Pushed, dog: Watchdog | None = None, from_start: bool = True) -> None:
     """The merged log (host and rank on every line) to `say.line` until the run ends or `stop`
-    is set; the node status the streams carry goes to `pushed` (the supervisor's observations)."""
+    is set; the node status the streams carry goes to `pushed` (the supervisor's observations),
+    every rank's line to the hang watchdog. A relaunch (`from_start` False) follows each node
+    from where the last attempt's copy ends, appending to merged.log."""
     from .logs.follow import Follower
 
     try:
         offsets, _origin = clock_offsets(run, inv.name)
-        follower = Follower(run, inv, cluster, offsets_ms=offsets, on_event=say.log_event,
+        follower = Follower(run, inv, cluster, offsets_ms=offsets, on_event=say.log_event, from_start=from_start,
                             on_status=lambda node, status: pushed.status(node, NodeStatus.from_json(status)),
                             on_frame=pushed.frame)
         for line in follower.lines(stop):
+            if dog is not None and line.rank is not None:
+                dog.progress()
             say.line(line)
     except Exception as exc:  # log streaming must never take supervision down with it
+        if dog is not None:
+            dog.off(f"log streaming stopped: {exc}")
         say.log_stopped(exc)

@@ -81,3 +81,28 @@ def test_a_short_program_is_sent_without_its_docstring() -> None:
     assert not text.lstrip().startswith('"""') and "def main(" in text
     ast.parse(text, feature_version=(3, 8))
     assert node.source("boot").endswith(text)
+
+
+def test_threads_asking_at_once_build_a_program_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One thread per node asks for the reader when a follow starts: compiling it once each would
+    cost every thread the compile and the controller its memory (8 MB more following 8 nodes)."""
+    import threading
+    import time
+
+    built: list[str] = []
+    real = node._build
+
+    def slow_build(main: str, deps: tuple[str, ...]) -> str:
+        built.append(main)
+        time.sleep(0.2)  # every other thread asks while this one builds
+        return real(main, deps)
+
+    monkeypatch.setattr(node, "_build", slow_build)
+    monkeypatch.setattr(node, "_PROGRAMS", {})
+    texts: list[str] = []
+    threads = [threading.Thread(target=lambda: texts.append(node.program("reader", ("agent",)))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert built == ["reader"] and len(texts) == 8 and len(set(texts)) == 1

@@ -404,8 +404,8 @@ def _attached(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, clust
         try:
             stacks = take_stacks(cluster, run.run_id, records)
             save_stacks(run, stacks, tag="hang")
-        except (OrchError, OSError) as exc:
-            problem = str(exc)
+        except Exception as exc:  # a hang is still reported (and stopped) without its stacks
+            problem = f"{type(exc).__name__}: {exc}" if not isinstance(exc, OrchError) else exc.message
         stop = inv.job.on_stall == "stop"
         say.stacks(stacks, problem, stop)
         if not stop:

@@ -218,12 +218,29 @@ def group_stacks(ranks: Sequence[RankStack]) -> list[StackGroup]:
     return sorted(groups, key=lambda g: (-len(g.ranks), g.ranks))
 
 
+def waiting(frames: Sequence[Frame]) -> bool:
+    """Does this stack stand inside torch.distributed (a collective, a barrier, the store), below
+    the job's own innermost frame: waiting for the others rather than holding them up?"""
+    for f in frames:
+        if not f.library:
+            return False
+        if f.short_file.startswith("torch/distributed/"):
+            return True
+    return False
+
+
 def odd_ranks(groups: Sequence[StackGroup]) -> tuple[int, ...]:
-    """The ranks whose stack differs from the majority: the smallest group's, when there is more
-    than one group (ties: the group with the lowest rank); () when every rank stands in one place."""
+    """The ranks whose stack differs from the majority's: of the groups other than the largest
+    (all of them when no group is largest), the one not waiting in torch.distributed, else the
+    smallest, else the one with the lowest rank; () when every rank stands in one place. Two
+    ranks in two places: the one that is not in the collective."""
     if len(groups) < 2:
         return ()
-    return min(groups, key=lambda g: (len(g.ranks), g.ranks)).ranks
+    top = max(len(g.ranks) for g in groups)
+    others = [g for g in groups if len(g.ranks) < top]
+    tied = [g for g in groups if len(g.ranks) == top]
+    pool = others if len(tied) == 1 else groups
+    return min(pool, key=lambda g: (waiting(g.frames), len(g.ranks), g.ranks)).ranks
 
 
 def grouped_text(report: StacksReport, detail: bool = False) -> list[str]:
@@ -284,7 +301,7 @@ def node_stacks(node: str, node_rank: int, answer: Mapping[str, Any]) -> tuple[l
 def ask_node(t: Transport, python: str, rdir: str, timeout: float = DUMP_TIMEOUT_S) -> dict[str, Any]:
     """`agent.py stacks` on one node: the current agent's code on stdin, run against the run directory."""
     res = t.run([python, "-c", FROM_STDIN, "stacks", rdir, "--timeout", f"{timeout:g}"],
-                stdin=node_program("agent").encode("ascii"), timeout=timeout + 60)
+                stdin=node_program("agent").encode("ascii"), timeout=timeout + 20)
     return parse_agent(res, python)
 
 

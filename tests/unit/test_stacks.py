@@ -114,6 +114,28 @@ def test_the_odd_rank_stands_apart() -> None:
     assert "== rank 2 on n3 (pid 1002)" in detail and "    sleep_forever (ddp_job.py:50)" in detail
 
 
+def test_of_two_ranks_in_two_places_the_odd_one_is_not_in_the_collective() -> None:
+    groups = group_stacks([rank(0, ALLREDUCE), rank(1, SLEEP)])
+    assert [g.ranks for g in groups] == [(0,), (1,)] and odd_ranks(groups) == (1,)
+    groups = group_stacks([rank(0, SLEEP), rank(1, ALLREDUCE)])
+    assert odd_ranks(groups) == (0,)
+
+
+def test_the_odd_group_is_never_the_majority() -> None:
+    # seven ranks stuck outside any collective, one already waiting in all_reduce: that one differs
+    groups = group_stacks([rank(r, SLEEP) for r in range(7)] + [rank(7, ALLREDUCE)])
+    assert odd_ranks(groups) == (7,)
+    # among smaller groups, the one not waiting in torch.distributed, then the smallest
+    loader = ('Thread 9 (idle): "MainThread"\n    __next__ (/v/lib/python3.11/site-packages/torch/utils/data/'
+              'dataloader.py:733)\n    train_epoch (/app/loop.py:322)\n')
+    barrier = ('Thread 9 (idle): "MainThread"\n    barrier (/v/lib/python3.11/site-packages/torch/distributed/'
+               'distributed_c10d.py:4800)\n    main (/app/loop.py:400)\n')
+    groups = group_stacks([rank(r, ALLREDUCE) for r in range(4)] + [rank(4, barrier), rank(5, loader),
+                                                                    rank(6, loader)])
+    assert [g.ranks for g in groups] == [(0, 1, 2, 3), (5, 6), (4,)] and odd_ranks(groups) == (5, 6)
+    assert grouped_text(StacksReport("r", 0.0, [])) == []
+
+
 def test_one_place_for_everyone_has_no_odd_rank() -> None:
     groups = group_stacks([rank(r, ALLREDUCE) for r in range(4)])
     assert len(groups) == 1 and groups[0].label == "ranks 0-3" and odd_ranks(groups) == ()

@@ -123,8 +123,9 @@ Exit code: 0 success everywhere, 1 the job failed, 2 bad inventory, 3 preflight 
 (nothing launched), 130 interrupted (every node stopped first).
 
 \b
-Hang watchdog: when no rank writes a line for job.stall_timeout_s (600; --stall-timeout),
-every rank's stack is taken (orch stacks) and the run stops (job.on_stall: stop) or goes on (warn).
+Hang watchdog: when no rank writes a line for job.stall_timeout_s (600; --stall-timeout;
+counted from the first line of any rank), every rank's stack is taken (orch stacks) and the
+run stops (job.on_stall: stop) or goes on (warn).
 Retries: after a failure (not a preflight failure) the run is torn down, checked again and
 relaunched under the same run id, up to job.retries times (--retries); the trainer resumes
 from its last.pt; a node that now fails the preflight is replaced by a `spare:` node.

@@ -1,10 +1,11 @@
-"""`orch up`: preflight, launch the plan on every node under the node agent, supervise it while
-streaming the merged log, stop everything on the first failure. The one use case that composes
+"""`orch up`: copy `job.sync` to every node, preflight, launch the plan on every node under the
+node agent, supervise it while streaming the merged log, stop everything on the first failure. The one use case that composes
 the packages (preflight/, run/, logs/); it says what happens through `UpProgress` and returns an
 `UpOutcome`, and the CLI shows both.
 
 On the controller, `$ORCH_HOME/runs/<run-id>/` keeps the inventory snapshot, `plan.json`,
-`check.json`, `run.json` (run and per-node state) and the merged log.
+`check.json`, `sync.json` (what `job.sync` changed on each node), `run.json` (run and per-node
+state) and the merged log.
 
 An attached `orch up` supervises through the log streams: each node's log reader also pushes
 the node's status when it changes, so a healthy run costs no SSH exec after the start. A node
@@ -30,9 +31,10 @@ from typing import Any, Literal, Protocol
 from .config.inventory import Inventory, with_replacements
 from .config.plan import Plan, make_plan
 from .contract import RunState
-from .errors import OrchError
+from .errors import OrchError, UsageError
 from .logs.lines import LogLine
 from .preflight.report import CheckReport, run_preflight, save_to_run
+from .remote.sync import SyncReport, sync_nodes
 from .run import resume
 from .run.agent import NodeStatus, StopResult, start_all, status_all, status_node, stop_all
 from .run.control import offsets_s
@@ -44,16 +46,21 @@ from .run.watchdog import Watchdog, hang_failure
 from .store import RunDir, RunStore, clock_offsets
 from .transport import Cluster, GroupResult, open_transport
 
-Result = Literal["succeeded", "failed", "start_failed", "preflight_failed", "retry_preflight_failed", "interrupted",
-                 "detached"]
+Result = Literal["succeeded", "failed", "start_failed", "sync_failed", "preflight_failed", "retry_preflight_failed",
+                 "interrupted", "detached"]
 RETRIED = ("failed", "start_failed")
 """The ends of an attempt that `job.retries` relaunches: the job failed (a rank, a node, a hang
-stopped by the watchdog) or a node could not start. A failed preflight never is."""
+stopped by the watchdog) or a node could not start. A failed sync or preflight never is."""
 
 
 class UpProgress(Protocol):
     """What `up` tells as it goes, for the CLI to show; called from the main thread, except
     `line`, `log_event` and `log_stopped`, which come from the log streaming thread."""
+
+    def syncing(self, inv: Inventory) -> None:
+        """`job.sync` is being copied to every node (before the preflight)."""
+
+    def synced(self, report: SyncReport, elapsed_s: float) -> None: ...
 
     def preflight_done(self, report: CheckReport, elapsed_s: float) -> None: ...
 
@@ -93,6 +100,12 @@ class UpProgress(Protocol):
 
 class Quiet:
     """An UpProgress that says nothing."""
+
+    def syncing(self, inv: Inventory) -> None:
+        pass
+
+    def synced(self, report: SyncReport, elapsed_s: float) -> None:
+        pass
 
     def preflight_done(self, report: CheckReport, elapsed_s: float) -> None:
         pass
@@ -154,6 +167,10 @@ class UpOutcome:
     """With `retry_preflight_failed`: the nodes that failed the retry's preflight (no spare left), with why."""
     no_retry: str | None = None
     """Why a failure that retries were left for was not retried (a node whose stop is unconfirmed)."""
+    sync: SyncReport | None = None
+    """What copying `job.sync` did on each node (None: nothing to sync, or --skip-sync)."""
+    sync_error: OrchError | None = None
+    """Why `job.sync` could not be copied to any node (no rsync or ssh on the controller)."""
 
 
 def env_seconds(name: str, default: float) -> float:
@@ -201,41 +218,60 @@ def with_overrides(inv: Inventory, retries: int | None = None, stall_timeout_s: 
 
 
 def up(inv: Inventory, *, detach: bool = False, skip_checks: bool = False, run_id: str | None = None,
-       progress: UpProgress | None = None, retries: int | None = None,
+       skip_sync: bool = False, progress: UpProgress | None = None, retries: int | None = None,
        stall_timeout_s: float | None = None) -> UpOutcome:
-    """Check, launch on every node, then supervise (or return once every node runs, with detach).
+    """Copy `job.sync` (unless skip_sync), check, launch on every node, then supervise (or return
+    once every node runs, with detach). A `job.sync` path missing here raises UsageError.
 
-    An attached run that fails (not its preflight) is torn down and relaunched under the same run
-    id up to `job.retries` times (`retries` overrides it): the preflight again (a node that fails
-    it is replaced by a healthy `spare:` node), then the same job, with `--resume` for the trainer
-    once its master holds `weights/last.pt`."""
+    An attached run that fails (not its sync or preflight) is torn down and relaunched under the
+    same run id up to `job.retries` times (`retries` overrides it): `job.sync` and the preflight
+    again (a node that fails either is replaced by a healthy `spare:` node), then the same job,
+    with `--resume` for the trainer once its master holds `weights/last.pt`."""
     say = progress or Quiet()
     inv = with_overrides(inv, retries, stall_timeout_s)
     t0 = time.monotonic()
+    synced = None
+    if inv.job.sync and not skip_sync:
+        say.syncing(inv)
+        try:
+            synced = sync_nodes(inv, inv.nodes)
+        except UsageError:
+            raise
+        except OrchError as exc:  # nothing to copy with on the controller: nothing is launched
+            return UpOutcome("sync_failed", sync_error=exc)
+        say.synced(synced, time.monotonic() - t0)
+        if not synced.ok:
+            return UpOutcome("sync_failed", sync=synced)
     report = None
     if not skip_checks:
+        t_check = time.monotonic()
         report = run_preflight(inv)
-        say.preflight_done(report, time.monotonic() - t0)
+        say.preflight_done(report, time.monotonic() - t_check)
         if not report.ok:
-            return UpOutcome("preflight_failed", preflight=report)
+            return UpOutcome("preflight_failed", preflight=report, sync=synced)
     run = RunStore().create(inv, run_id)
+    if synced is not None:
+        run.write(synced.to_json(), "sync.json")
     attempts = 1 if detach else 1 + inv.job.retries
     run.update(attempt=1, max_attempts=attempts, attempts=[], stall_timeout_s=inv.job.stall_timeout_s,
                on_stall=inv.job.on_stall)
     with sigterm_as_interrupt():
-        return _attempts(say, run, inv, report, detach, skip_checks, t0, attempts)
+        outcome = _attempts(say, run, inv, report, detach, skip_checks, skip_sync, t0, attempts)
+    outcome.sync = outcome.sync or synced
+    return outcome
 
 
 def _attempts(say: UpProgress, run: RunDir, inv: Inventory, report: CheckReport | None, detach: bool,
-              skip_checks: bool, t0: float, attempts: int) -> UpOutcome:
+              skip_checks: bool, skip_sync: bool, t0: float, attempts: int) -> UpOutcome:
     """Attempt after attempt until one succeeds, is interrupted, or no retry is left."""
     current = inv
     replaced: dict[str, str] = {}
     earlier: list[dict[str, Any]] = []
+    synced: SyncReport | None = None
     attempt, t_launch = 1, time.monotonic()
     while True:
         outcome = _attempt(say, run, current, report, detach, t0, t_launch, attempt)
-        outcome.attempt, outcome.attempts, outcome.earlier = attempt, attempts, list(earlier)
+        outcome.attempt, outcome.attempts, outcome.earlier, outcome.sync = attempt, attempts, list(earlier), synced
         if outcome.result not in RETRIED or attempt >= attempts:
             return outcome
         if outcome.not_stopped:
@@ -247,7 +283,7 @@ def _attempts(say: UpProgress, run: RunDir, inv: Inventory, report: CheckReport 
         say.retrying(attempt, attempts, _why(outcome), outcome.failure.excerpt if outcome.failure else ())
         run.update(attempt=attempt, attempts=earlier, state=RunState.STARTING, first_failure=None)
         try:
-            prepared = _prepare_retry(say, run, inv, replaced, skip_checks)
+            prepared = _prepare_retry(say, run, inv, replaced, skip_checks, skip_sync)
         except KeyboardInterrupt:
             run.update(state=RunState.STOPPED)
             return UpOutcome("interrupted", run.run_id, report, time.monotonic() - t0, attempt=attempt,
@@ -258,7 +294,7 @@ def _attempts(say: UpProgress, run: RunDir, inv: Inventory, report: CheckReport 
             run.update(state=RunState.FAILED, first_failure=outcome.failure.to_json() if outcome.failure else None,
                        retry_failed=prepared.retry_failed)
             return prepared
-        current, report = prepared
+        current, report, synced = prepared
         t_launch = time.monotonic()
 
 
@@ -277,22 +313,35 @@ def _why(outcome: UpOutcome) -> str:
     return "a node could not start" if outcome.result == "start_failed" else outcome.result
 
 
-def _prepare_retry(say: UpProgress, run: RunDir, inv: Inventory, replaced: dict[str, str],
-                   skip_checks: bool) -> tuple[Inventory, CheckReport | None] | UpOutcome:
-    """The inventory of the next attempt: the preflight again (unless --skip-checks), a spare for
-    each node that now fails it (`replaced` grows, run.json `replaced` follows), and the trainer's
-    `--resume` once its master holds the checkpoint. An UpOutcome when no attempt can be made."""
+def _prepare_retry(say: UpProgress, run: RunDir, inv: Inventory, replaced: dict[str, str], skip_checks: bool,
+                   skip_sync: bool) -> tuple[Inventory, CheckReport | None, SyncReport | None] | UpOutcome:
+    """The inventory of the next attempt: `job.sync` and the preflight again (unless skipped), a
+    spare for each node that now fails either (`replaced` grows, run.json `replaced` follows), and
+    the trainer's `--resume` once its master holds the checkpoint. An UpOutcome when no attempt
+    can be made."""
     current = with_replacements(inv, replaced)
-    report = None
-    while not skip_checks:
-        t = time.monotonic()
-        report = run_preflight(current)
-        say.preflight_done(report, time.monotonic() - t)
-        if report.ok:
-            break
+    report = synced = None
+    while True:
         why: dict[str, str] = {}
-        for r in report.failed():
-            why.setdefault(r.node, f"{r.check}: {r.detail or r.value}")
+        if current.job.sync and not skip_sync:
+            t = time.monotonic()
+            say.syncing(current)
+            try:
+                synced = sync_nodes(current, current.nodes)
+            except OrchError as exc:  # the controller cannot copy any more (a job.sync path gone)
+                return UpOutcome("retry_preflight_failed", run.run_id, sync_error=exc, no_retry="job.sync failed",
+                                 retry_failed={n.name: f"sync: {exc.message}" for n in current.nodes})
+            say.synced(synced, time.monotonic() - t)
+            run.write(synced.to_json(), "sync.json")
+            why = {n.node: f"sync: {n.error}" for n in synced.failed()}
+        if not why and not skip_checks:
+            t = time.monotonic()
+            report = run_preflight(current)
+            say.preflight_done(report, time.monotonic() - t)
+            for r in report.failed():
+                why.setdefault(r.node, f"{r.check}: {r.detail or r.value}")
+        if not why:
+            break
         bad = [n.name for n in current.nodes if n.name in why] or list(why)
         if len(bad) > len(current.spares) or any(b not in {n.name for n in current.nodes} for b in bad):
             left = f"{len(current.spares)} spare(s) left" if current.spares else "no spare left"
@@ -305,7 +354,7 @@ def _prepare_retry(say: UpProgress, run: RunDir, inv: Inventory, replaced: dict[
         current = with_replacements(inv, replaced)
     if resume.is_trainer(current.job):
         current = _with_resume(say, run, current)
-    return current, report
+    return current, report, synced
 
 
 def _with_resume(say: UpProgress, run: RunDir, inv: Inventory) -> Inventory:

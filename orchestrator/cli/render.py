@@ -10,9 +10,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shlex
 import sys
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..contract import CHECK_STATUSES
@@ -21,9 +22,13 @@ from .ui import color_enabled, console, may_be_terminal, styled
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from ..config.inventory import Inventory
     from ..config.plan import Plan
     from ..logs.lines import LogLine
     from ..preflight.report import CheckReport, Progress
+    from ..remote.exec import ExecReport
+    from ..remote.rsync import Transfer
+    from ..remote.sync import SyncReport
     from ..report import ReportOutcome
     from ..run.control import DownReport, StatusReport
     from ..run.stacks import StacksReport
@@ -180,6 +185,14 @@ class UpPrinter:
         self.err = console()
         self.log: LogPrinter | None = None
 
+    def syncing(self, inv: Inventory) -> None:
+        self.err.print(f"syncing {len(inv.job.sync)} path(s) of job.sync to {len(inv.nodes)} nodes...")
+
+    def synced(self, report: SyncReport, elapsed_s: float) -> None:
+        sync_report(report, sys.stderr)
+        if report.ok:
+            self.err.print(f"sync done in {elapsed_s:.1f} s")
+
     def preflight_done(self, report: CheckReport, elapsed_s: float) -> None:
         if not report.ok or any(r.status == "warn" for r in report.results):
             check_table(report, self.err)
@@ -300,14 +313,24 @@ def up_outcome(outcome: UpOutcome) -> None:
     attempt = f" (attempt {outcome.attempt} of {outcome.attempts})" if outcome.attempts > 1 else ""
     if outcome.result == "retry_preflight_failed":
         nodes = "; ".join(f"{n}: {why}" for n, why in outcome.retry_failed.items())
+        step = "the sync" if any(why.startswith("sync: ") for why in outcome.retry_failed.values()) else "the preflight"
         out.print(f"\n[bold red]run {run} failed[/]: attempt {outcome.attempt} of {outcome.attempts} was not "
-                  f"launched: the preflight failed on {escape(nodes)} ({escape(outcome.no_retry or '')})")
+                  f"launched: {step} failed on {escape(nodes)} ({escape(outcome.no_retry or '')})")
+        if outcome.sync_error is not None and outcome.sync_error.hint:
+            out.print(f"  hint: {escape(outcome.sync_error.hint)}")
         f = outcome.failure
         if f is not None:
             out.print(f"the failure it was to retry: {escape(f.node)} (node rank {f.node_rank}, rank "
                       f"{f.rank if f.rank is not None else 'unknown'}): {escape(f.reason)}")
         return
-    if outcome.result == "preflight_failed":
+    if outcome.result == "sync_failed":
+        if outcome.sync_error is not None:
+            out.print(f"orch: {escape(outcome.sync_error.message)}")
+            if outcome.sync_error.hint:
+                out.print(f"  hint: {escape(outcome.sync_error.hint)}")
+        out.print("[bold red]job.sync could not be copied to every node: nothing was launched[/] (fix it, "
+                  "or pass --skip-sync to launch with what the nodes have)")
+    elif outcome.result == "preflight_failed":
         out.print("[bold red]preflight failed: nothing was launched[/] (fix the failures above, "
                   "or pass --skip-checks to launch anyway)")
     elif outcome.result == "start_failed":
@@ -393,3 +416,123 @@ def report_outcome(outcome: ReportOutcome) -> None:
         copy = f", copy in {outcome.local_csv.resolve()}" if outcome.local_csv else ""
         out.print(f"results: {outcome.results_csv} (on {outcome.master})" + copy)
     out.print(f"report:  {outcome.page.resolve()}")
+
+# Control characters a node's output must not send to the terminal raw: C0 but TAB and newline
+# (ESC starts escape sequences that retitle a window, move the cursor, or worse), DEL, C1, and the
+# bidirectional overrides that make text read otherwise than it is.
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """Text from a node, safe for a terminal: every control character but TAB and newline shown as
+    its escape (`\\x1b`, `\\r`, `\\u202e`), so output can neither hide itself nor drive the terminal."""
+    return _UNSAFE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def exec_output(report: ExecReport, color: bool) -> None:
+    """`orch exec`'s output on stdout, grouped like `dshbak -c`: one block per distinct answer
+    under the folded set of the nodes that gave it, its exit code when not 0; then, on stderr,
+    which nodes failed."""
+    from ..config.nodeset import fold
+
+    bold, red, reset = ("\033[1m", "\033[1;31m", "\033[0m") if color else ("", "", "")
+    rule = "-" * 16
+    out = []
+    for group in report.groups():
+        answer = group.answer
+        status = ""
+        if answer.error:
+            status = f": {answer.error} (exit {answer.exit_code})"
+        elif answer.exit_code:
+            status = f": exit {answer.exit_code}"
+        head = f"{fold(group.nodes)} ({len(group.nodes)})"
+        out.append(f"{rule}\n{bold}{head}{reset}{red}{printable(status)}{reset}\n{rule}\n")
+        for text in (answer.stdout, answer.stderr):
+            if text:
+                out.append(printable(text) + ("" if text.endswith("\n") else "\n"))
+        if answer.hint:
+            out.append(f"hint: {printable(answer.hint)}\n")
+    sys.stdout.write("".join(out))
+    sys.stdout.flush()
+    failed = report.failed()
+    if failed:
+        by_code: dict[int, list[str]] = {}
+        for n in failed:
+            by_code.setdefault(n.exit_code, []).append(n.node)
+        detail = "; ".join(f"exit {code}: {fold(names)}" for code, names in sorted(by_code.items(), reverse=True))
+        sys.stderr.write(f"orch exec: {len(failed)} of {len(report.nodes)} nodes failed ({detail})\n")
+
+
+@contextlib.contextmanager
+def exec_progress(nodes: int) -> Iterator[Callable[[int, int], None] | None]:
+    """`done/total` on stderr while nodes answer, erased at the end; None where stderr is no terminal."""
+    if not may_be_terminal(sys.stderr) or not sys.stderr.isatty():
+        yield None
+        return
+
+    def progress(done: int, total: int) -> None:
+        sys.stderr.write(f"\r{done}/{total} nodes done")
+        sys.stderr.flush()
+
+    try:
+        yield progress
+    finally:
+        sys.stderr.write("\r\033[K")
+        sys.stderr.flush()
+
+
+def human_bytes(n: int) -> str:
+    """1234567 → `1.2 MB` (powers of 1000, as rsync -h and df -H)."""
+    size = float(n)
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if size < 1000 or unit == "TB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    raise AssertionError("unreachable")
+
+
+def describe_transfer(t: Transfer, dry: bool) -> str:
+    """`copied 12 file(s), 3.4 MB, deleted 2` / `up to date` (`would copy ...` with --dry-run)."""
+    if t.up_to_date:
+        return "up to date"
+    parts = []
+    if t.files:
+        parts.append(f"{'would copy' if dry else 'copied'} {t.files} file(s), {human_bytes(t.bytes)}")
+    if t.deleted:
+        parts.append(f"{'would delete' if dry else 'deleted'} {t.deleted}")
+    others = len(t.changes) - t.deleted - t.files
+    if others > 0:
+        parts.append(f"{'would make' if dry else 'made'} {others} other change(s) (directories, links, modes)")
+    return ", ".join(parts)
+
+
+def sync_report(report: SyncReport, stream: Any = None) -> None:
+    """`orch sync`'s outcome, nodes with the same outcome on one line under their folded names;
+    with --dry-run, the changes rsync would make. Failures name the reason and the fix."""
+    from ..config.nodeset import fold
+
+    stream = stream or sys.stdout
+    dry = report.options.dry_run
+    lines = [f"{'would sync' if dry else 'sync'} {', '.join(report.paths)} → {len(report.nodes)} node(s)"]
+    if report.skipped:
+        lines.append(f"nothing copied: {report.skipped}")
+    else:
+        groups: dict[tuple[Any, ...], list[str]] = {}
+        for n in report.nodes:
+            what = (describe_transfer(n.transfer, dry), n.transfer.changes if dry else ()) if n.transfer else None
+            groups.setdefault((n.error, n.hint, what), []).append(n.node)
+        for (error, hint, what), names in groups.items():
+            head = f"  {fold(names)} ({len(names)}): "
+            if error:
+                lines.append(head + "FAILED: " + printable(error))
+                if hint:
+                    lines.append(f"    hint: {printable(hint)}")
+                continue
+            lines.append(head + what[0])
+            lines.extend(f"    {printable(c)}" for c in what[1])
+    stream.write("\n".join(lines) + "\n")
+    stream.flush()
+    failed = report.failed()
+    if failed:
+        sys.stderr.write(f"orch sync: failed on {len(failed)} of {len(report.nodes)} nodes: "
+                         f"{fold(n.node for n in failed)}\n")

@@ -111,6 +111,9 @@ class Job:
     """What a hang does: `stop` (stacks, teardown, exit 1) or `warn` (stacks, keep running)."""
     retries: int = 0
     """Relaunches of the same run after a failure that is not a preflight failure."""
+    sync: tuple[str, ...] = ()
+    """Controller paths `orch sync` (and `orch up` before its preflight) copies to the same absolute
+    path on every node: absolute, normalised (no trailing slash), each listed once."""
 
 
 @dataclass(frozen=True)
@@ -343,7 +346,34 @@ class _Resolver:
             raw_args=MappingProxyType(dict(j.args) if isinstance(j.args, dict) else {}),
             torchrun_args=tuple(j.torchrun_args), run_root=j.run_root, stop_grace_s=j.stop_grace_s,
             stall_timeout_s=float(j.stall_timeout_s), on_stall=j.on_stall, retries=j.retries,
+            sync=self.sync_paths(j.sync),
         )
+
+    def sync_paths(self, paths: list[str]) -> tuple[str, ...]:
+        """`job.sync`: absolute paths, the same on the controller and on every node."""
+        out: list[str] = []
+        for i, raw in enumerate(paths):
+            path = raw.rstrip("/")
+            if not raw.startswith("/"):
+                hint = "~ is the controller's home here and the node's there" if raw.startswith("~") else \
+                    f"e.g. {os.path.join('/path/to', raw)}"
+                self.issue(f"sync path {raw!r} is not absolute: it is copied to the same absolute path on every "
+                           f"node ({hint})", "job", "sync", i)
+            elif not path:
+                self.issue("sync path '/' would copy the whole filesystem: list the directories to copy",
+                           "job", "sync", i)
+            elif any(part in (".", "..") for part in path.split("/")):
+                self.issue(f"sync path {raw!r} has '.' or '..' components: write it as {os.path.normpath(raw)}",
+                           "job", "sync", i)
+            elif path in out:
+                self.issue(f"sync path {raw!r} is listed twice", "job", "sync", i)
+            elif any(path.startswith(o + "/") or o.startswith(path + "/") for o in out):
+                other = next(o for o in out if path.startswith(o + "/") or o.startswith(path + "/"))
+                self.issue(f"sync paths {other} and {path} overlap: list only the outer one", "job", "sync", i)
+            else:
+                self.safe(path, "sync path", "job", "sync", i)
+                out.append(path)
+        return tuple(out)
 
     def rendezvous(self, nodes: list[Node], job: Job) -> None:
         nprocs = {n.nproc_per_node for n in nodes}

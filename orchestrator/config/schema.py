@@ -136,6 +136,7 @@ class JobModel(_Schema):
     stall_timeout_s: float = 600.0
     on_stall: Literal["warn", "stop"] = "stop"
     retries: int = 0
+    sync: list[str] = []
 
 
 class InventoryModel(_Schema):

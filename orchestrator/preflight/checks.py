@@ -19,7 +19,7 @@ import yaml
 
 from ..config.inventory import Inventory, Node
 from ..contract import CHECK_NAMES, CHECK_STATUSES
-from .facts import GpuFacts, IbDevice, NodeFacts, path_args
+from .facts import GpuFacts, IbDevice, NodeFacts, job_files, path_args
 
 _RANK = {"skip": 0, "ok": 1, "warn": 2, "fail": 3}
 Facts = Mapping[str, NodeFacts]
@@ -575,7 +575,7 @@ def _builtin_model(key: str, value: str) -> bool:
 
 def check_job(inv: Inventory, facts: Facts) -> list[CheckResult]:
     nodes = probed(inv, facts)
-    paths = {k: v for k, v in path_args(inv).items() if _is_absolute(v)}
+    paths = {k: v for k, v in job_files(inv).items() if _is_absolute(v)}
     digests = {key: {n.name: _digest((nf.raw.get("paths") or {}).get(key) or {}) for n, nf in nodes} for key in paths}
     out = []
     for node, nf in nodes:
@@ -587,9 +587,10 @@ def check_job(inv: Inventory, facts: Facts) -> list[CheckResult]:
         if inv.job.workdir and wd is not None and not wd.get("is_dir"):
             f.add("fail", f"workdir {inv.job.workdir} does not exist" if not wd.get("exists") else
                   f"workdir {inv.job.workdir} is not a directory",
-                  "create it or mount the shared filesystem on this node")
+                  _SYNC_HINT if synced(inv, inv.job.workdir) else "create it or mount the shared filesystem on this node")
         for key, path in paths.items():
-            _judge_path(key, path, (nf.raw.get("paths") or {}).get(key) or {}, digests[key], node, f)
+            _judge_path(key, path, (nf.raw.get("paths") or {}).get(key) or {}, digests[key], node, f,
+                        synced(inv, path))
         f.value = f"world size {world_size(inv)}, {len(paths)} file(s)"
         out.append(f.result("workdir and every file argument are in place and identical"))
     return out
@@ -599,14 +600,22 @@ def _digest(p: Mapping[str, Any]) -> tuple[Any, ...]:
     return (p.get("exists"), p.get("size"), p.get("sha256"))
 
 
+_SYNC_HINT = "it is under job.sync: orch sync copies it to every node (orch up does before its preflight)"
+
+
+def synced(inv: Inventory, path: str) -> bool:
+    """`path` is one of `job.sync` or inside one of its directories."""
+    return any(path == s or path.startswith(s + "/") for s in inv.job.sync)
+
+
 def _judge_path(key: str, path: str, p: Mapping[str, Any], digests: Mapping[str, tuple[Any, ...]],
-                node: Node, f: Findings) -> None:
+                node: Node, f: Findings, in_sync: bool = False) -> None:
     if not p.get("exists"):
         f.add("fail", f"{key}: {path} does not exist on this node",
-              "copy it there (scp/rsync) or put it on a filesystem every node mounts")
+              _SYNC_HINT if in_sync else "copy it there (scp/rsync) or put it on a filesystem every node mounts")
         return
     if not p.get("is_file"):
-        if key.replace("-", "_") in ("weights", "data"):
+        if key.replace("-", "_") in ("weights", "data", "script"):
             f.add("fail", f"{key}: {path} is not a file")
         return
     common_any, count, unique = majority(digests)
@@ -615,7 +624,7 @@ def _judge_path(key: str, path: str, p: Mapping[str, Any], digests: Mapping[str,
     if len(digests) > 1 and mine != common and unique:
         f.add("fail", f"{key}: {path} differs from the majority ({count} nodes): size {p.get('size')} vs "
                       f"{common[1]}, sha256 {str(p.get('sha256'))[:12]} vs {str(common[2])[:12]}",
-              "sync the file so every node reads the same bytes (rsync -c)")
+              _SYNC_HINT if in_sync else "sync the file so every node reads the same bytes (rsync -c)")
     if key.replace("-", "_") == "data":
         _judge_data_yaml(path, p, f)
 

@@ -292,6 +292,19 @@ def path_args(inv: Inventory) -> dict[str, str]:
     return out
 
 
+def job_files(inv: Inventory) -> dict[str, str]:
+    """Every path the `job` check looks at on each node: the path-like args, an absolute
+    `job.script`, and each `job.sync` entry (files by size and sha256, directories by existence),
+    each path once."""
+    out = path_args(inv)
+    extra = [("script", inv.job.script)] if inv.job.script and inv.job.script.startswith(("/", "~/")) else []
+    extra += [(f"sync[{i}]", p) for i, p in enumerate(inv.job.sync)]
+    for key, path in extra:
+        if path not in out.values() and key not in out:
+            out[key] = path
+    return out
+
+
 # ----------------------------------------------------------------------------- probing
 
 
@@ -303,7 +316,7 @@ def probe_command(python: str, args: dict[str, Any]) -> list[str]:
 
 def probe_args(inv: Inventory, node: Node, want: Sequence[str], token: str, n_peers: int) -> dict[str, Any]:
     """The JSON the probe gets: what to gather and which listeners to open."""
-    paths = path_args(inv) if "job" in want else {}
+    paths = job_files(inv) if "job" in want else {}
     is_master = node.name == inv.master.name
     net = "ports" in want or "rdma" in want
     return {

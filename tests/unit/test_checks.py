@@ -17,7 +17,7 @@ from orchestrator.config.inventory import Inventory, parse
 from orchestrator.errors import UsageError
 from orchestrator.preflight import checks
 from orchestrator.preflight.checks import CheckResult, IfSpec
-from orchestrator.preflight.facts import NodeFacts
+from orchestrator.preflight.facts import NodeFacts, job_files
 from orchestrator.preflight.report import CheckReport, select_checks
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "probe"
@@ -342,6 +342,47 @@ def test_job_data_missing_differs_or_without_names_on_one_node() -> None:
     assert "/data/coco.yaml does not exist on this node" in r["n2"].detail
     assert "differs from the majority" in r["n3"].detail and "has no `names`" in r["n3"].detail
     assert "workdir /work does not exist" in r["n4"].detail
+
+
+def test_job_files_add_an_absolute_script_and_the_sync_entries_once() -> None:
+    inv = parse(inventory().source.replace("  workdir: /work\n", "  workdir: /work\n  script: /work/train.py\n"
+                                           "  sync: [/work, /data/coco.yaml, /data/extra.yaml]\n"), "t.yaml")
+    assert job_files(inv) == {"model": "yolo12n.yaml", "data": "/data/coco.yaml", "script": "/work/train.py",
+                                    "sync[0]": "/work", "sync[2]": "/data/extra.yaml"}
+    relative = parse(inventory().source.replace("  workdir: /work\n", "  workdir: /work\n  script: train.py\n"),
+                     "t.yaml")
+    assert "script" not in job_files(relative)  # torchrun resolves it against the same workdir
+
+
+def test_job_synced_files_are_compared_and_the_hint_is_orch_sync() -> None:
+    inv = parse(inventory().source.replace("  workdir: /work\n", "  workdir: /work\n  script: /work/train.py\n"
+                                           "  sync: [/work, /data/coco.yaml]\n"), "t.yaml")
+    script = {"path": "/work/train.py", "exists": True, "is_file": True, "size": 9, "sha256": "cc" * 32}
+    work = {"path": "/work", "exists": True, "is_file": False, "is_dir": True}
+
+    def healthy(raw: dict[str, Any], nf: NodeFacts) -> None:
+        raw["paths"].update({"script": dict(script), "sync[0]": dict(work)})
+
+    def edit(fault: Any) -> Any:
+        return lambda raw, nf: (healthy(raw, nf), fault(raw))
+
+    edits = {n: healthy for n in NODES}
+    edits.update({
+        "n2": edit(lambda raw: raw["paths"]["script"].update(sha256="dd" * 32)),
+        "n3": edit(lambda raw: (raw["paths"]["sync[0]"].update(exists=False, is_dir=False),
+                                raw["workdir"].update(exists=False, is_dir=False),
+                                raw["paths"]["script"].update(exists=False, is_file=False))),
+        "n4": edit(lambda raw: raw["paths"]["data"].update(sha256="bb" * 32)),
+    })
+    res = checks.run_checks(inv, make_facts(inv, edits), ["job"])
+    assert only_failure(res) == {("job", "n2"), ("job", "n3"), ("job", "n4")}
+    r = by(res, "job")
+    assert "script: /work/train.py differs from the majority" in r["n2"].detail
+    assert "sync[0]: /work does not exist on this node" in r["n3"].detail
+    assert "workdir /work does not exist" in r["n3"].detail
+    assert "data: /data/coco.yaml differs from the majority" in r["n4"].detail
+    for node in ("n2", "n3", "n4"):
+        assert "orch sync copies it to every node" in r[node].hint, node
 
 
 def test_ports_taken_on_master_and_unreachable_from_one_node() -> None:

@@ -124,6 +124,12 @@ job: {python: /usr/bin/python3}
     assert a.nproc_per_node == 4
 
 
+def test_job_sync_paths_are_normalised_and_default_to_none() -> None:
+    inv = inventory.parse("nodes:\n  - host: a\njob:\n  sync: [/srv/yolo/, /data/coco.yaml, /srv/yolo2]\n", "t.yaml")
+    assert inv.job.sync == ("/srv/yolo", "/data/coco.yaml", "/srv/yolo2")  # /srv/yolo2 is not inside /srv/yolo
+    assert inventory.parse("nodes:\n  - host: a\n", "t.yaml").job.sync == ()
+
+
 def test_master_moves_to_rank_zero_others_keep_file_order() -> None:
     inv = inventory.parse("nodes:\n  - host: n[1-4]\nmaster:\n  node: n3\n", "t.yaml")
     assert [n.name for n in inv.nodes] == ["n3", "n1", "n2", "n4"]
@@ -223,7 +229,8 @@ TYPED = {  # mostly the declared type, sometimes not: both validators see both
                           st.lists(SCALARS, max_size=3)),
         "rdzv": st.sampled_from(["static", "c10d", "x"]), "max_restarts": SCALARS,
         "torchrun_args": st.lists(st.text(max_size=3), max_size=2), "stop_grace_s": SCALARS,
-        "stall_timeout_s": SCALARS, "on_stall": st.sampled_from(["warn", "stop", "kill"]), "retries": SCALARS}),
+        "stall_timeout_s": SCALARS, "on_stall": st.sampled_from(["warn", "stop", "kill"]), "retries": SCALARS,
+        "sync": st.one_of(st.lists(st.one_of(st.text(max_size=3), SCALARS), max_size=2), SCALARS)}),
     "spare": st.lists(st.fixed_dictionaries({"host": st.text(max_size=3)}, optional={"port": SCALARS, "gpus": SCALARS}),
                       max_size=2),
 }

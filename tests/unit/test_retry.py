@@ -257,6 +257,79 @@ def test_a_node_failing_the_retry_preflight_is_replaced_by_the_next_healthy_spar
     assert [n.name for n in RunStore().get("r1").inventory().nodes] == ["gpu01", "gpu09", "gpu03"]
 
 
+def test_a_retry_syncs_again_and_a_spare_is_synced_before_its_preflight(monkeypatch: pytest.MonkeyPatch,
+                                                                      home: Path, tmp_path: Path) -> None:
+    from orchestrator.remote import sync as remote_sync
+
+    code = tmp_path / "code"
+    code.mkdir()
+    launched = fake_attempts(monkeypatch, ["failed", "succeeded"])
+    events: list[tuple[str, list[str]]] = []
+    checks = reports(monkeypatch, [{}, {}])
+    real_preflight = up.run_preflight
+
+    def preflight(i: inventory.Inventory, **kw: Any) -> CheckReport:
+        events.append(("preflight", [n.name for n in i.nodes]))
+        return real_preflight(i, **kw)
+
+    # the first sync reaches every node; the retry's cannot write on gpu02, then reaches its spare
+    failing = iter([set(), {"gpu02"}, set()])
+
+    def sync_nodes(i: inventory.Inventory, nodes: Any, *a: Any, **kw: Any) -> remote_sync.SyncReport:
+        names = [n.name for n in nodes]
+        events.append(("sync", names))
+        bad = next(failing)
+        return remote_sync.SyncReport(i.job.sync, remote_sync.SyncOptions(), tuple(
+            remote_sync.NodeSync(n, None, error="rsync: Permission denied") if n in bad
+            else remote_sync.NodeSync(n, remote_sync.Transfer(0, 0, 0, ())) for n in names))
+
+    monkeypatch.setattr(up, "run_preflight", preflight)
+    monkeypatch.setattr(up, "sync_nodes", sync_nodes)
+    checkpoint(monkeypatch, False)
+    say = Say()
+    out = up.up(inv(sync=(str(code),)), run_id="r1", progress=say)
+    assert out.result == "succeeded" and len(launched) == 2
+    assert events == [("sync", ["gpu01", "gpu02", "gpu03"]), ("preflight", ["gpu01", "gpu02", "gpu03"]),
+                      ("sync", ["gpu01", "gpu02", "gpu03"]),
+                      ("sync", ["gpu01", "gpu08", "gpu03"]), ("preflight", ["gpu01", "gpu08", "gpu03"])]
+    assert len(checks) == 2
+    assert ("replacing", "gpu02", "gpu08", "sync: rsync: Permission denied") in say.said
+    assert launched[1]["nodes"] == ["gpu01", "gpu08", "gpu03"]
+    assert RunStore().get("r1").read()["replaced"] == {"gpu02": "gpu08"}
+    assert out.sync is not None and [n.node for n in out.sync.nodes] == ["gpu01", "gpu08", "gpu03"]
+
+
+def test_a_retry_whose_sync_cannot_run_here_is_not_launched(monkeypatch: pytest.MonkeyPatch, home: Path,
+                                                            tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.errors import OrchError
+    from orchestrator.remote import sync as remote_sync
+
+    code = tmp_path / "code"
+    code.mkdir()
+    launched = fake_attempts(monkeypatch, ["failed"])
+    reports(monkeypatch, [{}])
+    calls = iter([None, OrchError("rsync is not installed on this machine", "apt install rsync")])
+
+    def sync_nodes(i: inventory.Inventory, nodes: Any, *a: Any, **kw: Any) -> remote_sync.SyncReport:
+        exc = next(calls)
+        if exc is not None:
+            raise exc
+        return remote_sync.SyncReport(i.job.sync, remote_sync.SyncOptions(), tuple(
+            remote_sync.NodeSync(n.name, remote_sync.Transfer(0, 0, 0, ())) for n in nodes))
+
+    monkeypatch.setattr(up, "sync_nodes", sync_nodes)
+    out = up.up(inv(sync=(str(code),)), run_id="r1", progress=Say())
+    assert out.result == "retry_preflight_failed" and len(launched) == 1
+    assert out.sync_error is not None and out.failure is not None and out.failure.node == "gpu02"
+    assert RunStore().get("r1").read()["state"] == "failed"
+    from orchestrator.cli import render
+
+    render.up_outcome(out)
+    err = capsys.readouterr().err
+    assert "attempt 2 of 3 was not launched: the sync failed on gpu01: sync: rsync is not installed" in err
+    assert "hint: apt install rsync" in err
+
+
 def test_without_a_spare_the_node_is_named_and_nothing_is_relaunched(monkeypatch: pytest.MonkeyPatch, home: Path,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
     launched = fake_attempts(monkeypatch, ["failed"])

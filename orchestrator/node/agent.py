@@ -277,8 +277,9 @@ class Monitor:
         env.update({str(k): str(v) for k, v in self.launch.get("env", {}).items()})
         argv = self.argv()
         cwd = expand(self.launch.get("cwd")) or os.path.expanduser("~")
-        self.log.write("orch", f"agent {os.getpid()} on {socket.gethostname()} starting: "
-                                f"{' '.join(argv)} (cwd {cwd})")
+        attempt = str(self.launch.get("env", {}).get("ORCH_ATTEMPT", "1"))
+        self.log.write("orch", f"agent {os.getpid()} on {socket.gethostname()} starting"
+                                f"{'' if attempt == '1' else f' attempt {attempt}'}: {' '.join(argv)} (cwd {cwd})")
         try:
             umask = self.launch.get("login_umask")
             proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

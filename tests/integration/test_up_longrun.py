@@ -141,6 +141,7 @@ def test_a_node_that_breaks_is_replaced_by_a_spare_on_retry(make_cluster: Any, o
     assert re.search(r"\bnode5\s+r2\s+.*done steps=8 allreduce_ok=True", up.out), up.out[-2000:]
     merged = (orch.run_dir(run_id) / "merged.log").read_text()
     assert "injected failure on rank 2 at step 4" in merged and re.search(r"\bnode5\s+r2\s+.*done steps=8", merged)
+    assert re.search(r"\bnode5\s.*starting attempt 2: ", merged), merged[-3000:]  # where the relaunch begins
     status = orch.run("status", run_id, "--json")
     st = json.loads(status.stdout)
     assert st["attempt"] == 2 and st["max_attempts"] == 2 and st["replaced"] == {"node3": "node5"}

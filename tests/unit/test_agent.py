@@ -234,11 +234,17 @@ def test_a_job_started_again_in_its_directory_is_not_judged_by_the_last_stop(tmp
     assert call("stop", str(d), "--grace", "1")[1]["state"] == "stopped"
     assert (d / agent.STOP_REQUEST).exists()
     spec = json.loads((d / "launch.json").read_text())
-    (d / "launch.json").write_text(json.dumps(dict(spec, argv=["sh", "-c", "echo second attempt"])))
+    (d / "launch.json").write_text(json.dumps(dict(spec, argv=["sh", "-c", "echo second attempt"],
+                                                    env=dict(spec["env"], ORCH_ATTEMPT="2"))))
     assert call("start", str(d))[0] == 0
     final = wait_state(d, "succeeded", "stopped", "failed")
     assert final["state"] == "succeeded" and final["exit_code"] == 0
-    assert "second attempt" in (d / "node.log").read_text()
+    log = (d / "node.log").read_text()
+    assert "second attempt" in log
+    # the node's log (and so the merged log) says where each attempt starts; the first says none
+    starts = [ln.split(" orch ", 1)[1] for ln in log.splitlines() if " starting" in ln]
+    assert len(starts) == 2 and " starting: sh -c sleep 30" in starts[0], starts
+    assert " starting attempt 2: sh -c echo second attempt" in starts[1], starts
 
 
 RANKS = """

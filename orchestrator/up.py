@@ -218,15 +218,21 @@ def with_overrides(inv: Inventory, retries: int | None = None, stall_timeout_s: 
 
 
 def up(inv: Inventory, *, detach: bool = False, skip_checks: bool = False, run_id: str | None = None,
-       skip_sync: bool = False, progress: UpProgress | None = None, retries: int | None = None,
-       stall_timeout_s: float | None = None) -> UpOutcome:
+       skip_sync: bool = False, progress: UpProgress | None = None, fabric: bool = False,
+       retries: int | None = None, stall_timeout_s: float | None = None) -> UpOutcome:
     """Copy `job.sync` (unless skip_sync), check, launch on every node, then supervise (or return
     once every node runs, with detach). A `job.sync` path missing here raises UsageError.
+    `fabric`: the preflight also runs the fabric check (a short job on every node), as
+    `checks.fabric` in the inventory does.
 
     An attached run that fails (not its sync or preflight) is torn down and relaunched under the
     same run id up to `job.retries` times (`retries` overrides it): `job.sync` and the preflight
-    again (a node that fails either is replaced by a healthy `spare:` node), then the same job,
-    with `--resume` for the trainer once its master holds `weights/last.pt`."""
+    again (the fabric check too with `fabric`; a node that fails either is replaced by a healthy
+    `spare:` node), then the same job, with `--resume` for the trainer once its master holds
+    `weights/last.pt`."""
+    if skip_checks and fabric:
+        raise UsageError("--fabric is a check: it cannot run with --skip-checks",
+                         "drop --skip-checks, or --fabric")
     say = progress or Quiet()
     inv = with_overrides(inv, retries, stall_timeout_s)
     t0 = time.monotonic()
@@ -245,7 +251,7 @@ def up(inv: Inventory, *, detach: bool = False, skip_checks: bool = False, run_i
     report = None
     if not skip_checks:
         t_check = time.monotonic()
-        report = run_preflight(inv)
+        report = run_preflight(inv, fabric=fabric)
         say.preflight_done(report, time.monotonic() - t_check)
         if not report.ok:
             return UpOutcome("preflight_failed", preflight=report, sync=synced)
@@ -256,13 +262,22 @@ def up(inv: Inventory, *, detach: bool = False, skip_checks: bool = False, run_i
     run.update(attempt=1, max_attempts=attempts, attempts=[], stall_timeout_s=inv.job.stall_timeout_s,
                on_stall=inv.job.on_stall)
     with sigterm_as_interrupt():
-        outcome = _attempts(say, run, inv, report, detach, skip_checks, skip_sync, t0, attempts)
+        outcome = _attempts(say, run, inv, report, detach, Prepare(skip_checks, skip_sync, fabric), t0, attempts)
     outcome.sync = outcome.sync or synced
     return outcome
 
 
+@dataclass(frozen=True)
+class Prepare:
+    """What each retry does again before its launch: as the first attempt did (`orch up`'s flags)."""
+
+    skip_checks: bool = False
+    skip_sync: bool = False
+    fabric: bool = False
+
+
 def _attempts(say: UpProgress, run: RunDir, inv: Inventory, report: CheckReport | None, detach: bool,
-              skip_checks: bool, skip_sync: bool, t0: float, attempts: int) -> UpOutcome:
+              prepare: Prepare, t0: float, attempts: int) -> UpOutcome:
     """Attempt after attempt until one succeeds, is interrupted, or no retry is left."""
     current = inv
     replaced: dict[str, str] = {}
@@ -283,7 +298,7 @@ def _attempts(say: UpProgress, run: RunDir, inv: Inventory, report: CheckReport 
         say.retrying(attempt, attempts, _why(outcome), outcome.failure.excerpt if outcome.failure else ())
         run.update(attempt=attempt, attempts=earlier, state=RunState.STARTING, first_failure=None)
         try:
-            prepared = _prepare_retry(say, run, inv, replaced, skip_checks, skip_sync)
+            prepared = _prepare_retry(say, run, inv, replaced, prepare)
         except KeyboardInterrupt:
             run.update(state=RunState.STOPPED)
             return UpOutcome("interrupted", run.run_id, report, time.monotonic() - t0, attempt=attempt,
@@ -313,8 +328,8 @@ def _why(outcome: UpOutcome) -> str:
     return "a node could not start" if outcome.result == "start_failed" else outcome.result
 
 
-def _prepare_retry(say: UpProgress, run: RunDir, inv: Inventory, replaced: dict[str, str], skip_checks: bool,
-                   skip_sync: bool) -> tuple[Inventory, CheckReport | None, SyncReport | None] | UpOutcome:
+def _prepare_retry(say: UpProgress, run: RunDir, inv: Inventory, replaced: dict[str, str],
+                   prepare: Prepare) -> tuple[Inventory, CheckReport | None, SyncReport | None] | UpOutcome:
     """The inventory of the next attempt: `job.sync` and the preflight again (unless skipped), a
     spare for each node that now fails either (`replaced` grows, run.json `replaced` follows), and
     the trainer's `--resume` once its master holds the checkpoint. An UpOutcome when no attempt
@@ -323,7 +338,7 @@ def _prepare_retry(say: UpProgress, run: RunDir, inv: Inventory, replaced: dict[
     report = synced = None
     while True:
         why: dict[str, str] = {}
-        if current.job.sync and not skip_sync:
+        if current.job.sync and not prepare.skip_sync:
             t = time.monotonic()
             say.syncing(current)
             try:
@@ -334,9 +349,9 @@ def _prepare_retry(say: UpProgress, run: RunDir, inv: Inventory, replaced: dict[
             say.synced(synced, time.monotonic() - t)
             run.write(synced.to_json(), "sync.json")
             why = {n.node: f"sync: {n.error}" for n in synced.failed()}
-        if not why and not skip_checks:
+        if not why and not prepare.skip_checks:
             t = time.monotonic()
-            report = run_preflight(current)
+            report = run_preflight(current, fabric=prepare.fabric)
             say.preflight_done(report, time.monotonic() - t)
             for r in report.failed():
                 why.setdefault(r.node, f"{r.check}: {r.detail or r.value}")

@@ -693,6 +693,19 @@ SetEnv {setenv}
                 raise NetemUnsupported(f"this kernel has no tc netem qdisc (CONFIG_NET_SCH_NETEM): {proc.stderr.strip()}")
             raise ClusterError(f"netem {spec!r} on {node}: {proc.stderr.strip()}")
 
+    def tbf(self, node: str, rate: str) -> None:
+        """Limit what the node receives to `rate` (e.g. "50mbit"): a token bucket on the bridge side
+        of its veth (`tc qdisc replace dev <host veth> root tbf rate RATE burst 64kb latency 50ms`;
+        tbf works in kernels without netem). "" removes it."""
+        n = self.node(node)
+        if n.host_veth is None:
+            self._need_netns("tbf")
+        if not rate:
+            _sh(["tc", "qdisc", "del", "dev", str(n.host_veth), "root"], check=False)
+            return
+        _sh(["tc", "qdisc", "replace", "dev", str(n.host_veth), "root", "tbf", "rate", rate, "burst", "64kb",
+             "latency", "50ms"])
+
     def add_interface(self, node: str, ifname: str, ipv4_cidr: str, up: bool = True) -> None:
         """Give the node one more NIC named ifname (a dummy, or a veth whose peer stays outside)."""
         n = self.node(node)

@@ -89,9 +89,14 @@ Checks: {checks}.
 Exit code: 0 no failure (warnings allowed), 1 a check failed, 2 bad inventory.
 
 \b
+The fabric check is opt-in (it launches a short torchrun job on every node: an all_reduce size
+sweep and node-to-node rates, nccl-tests' busbw): --only fabric, or checks.fabric in the inventory.
+
+\b
 Examples:
   orch check inventory/v100.yaml
   orch check inventory/v100.yaml --only ssh,clock --json | jq .
+  orch check inventory/v100.yaml --only fabric      # busbw per size, send/recv per node
 """.format(checks=", ".join(CHECK_NAMES))
 
 
@@ -105,14 +110,16 @@ def check(state: State, inventory: str | None, as_json: bool, only: str | None, 
     inv = resolve_inventory(inventory)
     from ..preflight.report import run_preflight, select_checks
 
-    selected = select_checks(split_names(only), split_names(skip))
+    select_checks(split_names(only), split_names(skip))  # an unknown name: exit 2 before any connection
     with render.probe_progress(len(inv.nodes)) as progress:
-        report = run_preflight(inv, only=selected, progress=progress,
+        report = run_preflight(inv, only=split_names(only), skip=split_names(skip), progress=progress,
                                warm_up=None if as_json else render.preload_check_table)
     if as_json:
         render.json_out(report.to_json(inv.path))
     else:
         render.check_table(report)
+        if report.fabric is not None:
+            render.fabric_report(report.fabric)
     raise SystemExit(ExitCode.OK if report.ok else ExitCode.FAILED)
 
 
@@ -138,6 +145,7 @@ Examples:
   orch up inventory/v100.yaml --dry-run     # the plan: ranks and exact commands
   orch up inventory/v100.yaml               # launch and follow
   orch up inventory/v100.yaml --detach      # launch, return; then orch logs -f
+  orch up inventory/v100.yaml --fabric      # measure the fabric in the preflight first
   orch up inventory/v100.yaml --retries 2 --stall-timeout 900
 """
 
@@ -150,6 +158,9 @@ Examples:
 @click.option("--skip-sync", is_flag=True, help="Do not copy job.sync to the nodes first.")
 @click.option("--run-id", help="Name the run (default: DATE-TIME-CLUSTER).")
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: print the plan as JSON.")
+@click.option("--fabric", is_flag=True,
+              help="Also run the fabric check in the preflight (a short all_reduce job on every node); "
+                   "a failure stops the launch (exit 3).")
 @click.option("--retries", type=click.IntRange(min=0), metavar="N",
               help="Relaunch the run up to N times after a failure (default: job.retries, 0).")
 @click.option("--stall-timeout", type=click.FloatRange(min=0), metavar="SECONDS",
@@ -157,7 +168,7 @@ Examples:
                    "(default: job.stall_timeout_s, 600).")
 @pass_state
 def up(state: State, inventory: str | None, dry_run: bool, detach: bool, skip_checks: bool, skip_sync: bool,
-       run_id: str | None, as_json: bool, retries: int | None, stall_timeout: float | None) -> None:
+       run_id: str | None, as_json: bool, fabric: bool, retries: int | None, stall_timeout: float | None) -> None:
     if detach and (retries or stall_timeout):
         raise UsageError("--retries and --stall-timeout need an attached orch up: a detached run has nobody "
                          "watching it", "drop --detach, or drop those flags")
@@ -174,7 +185,7 @@ def up(state: State, inventory: str | None, dry_run: bool, detach: bool, skip_ch
     from ..up import up as run_up
 
     outcome = run_up(inv, detach=detach, skip_checks=skip_checks, run_id=run_id, skip_sync=skip_sync,
-                     progress=render.UpPrinter(), retries=retries, stall_timeout_s=stall_timeout)
+                     progress=render.UpPrinter(), fabric=fabric, retries=retries, stall_timeout_s=stall_timeout)
     render.up_outcome(outcome)
     raise SystemExit(UP_EXIT[outcome.result])
 

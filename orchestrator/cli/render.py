@@ -79,6 +79,40 @@ def check_table(report: CheckReport, out: Console | None = None) -> None:
     out.print(f"{verdict}: {summary} ({report.elapsed_s:.1f} s)")
 
 
+def fabric_report(fabric: Mapping[str, Any], out: Console | None = None) -> None:
+    """The fabric check's measurements: the all_reduce sweep as all_reduce_perf prints it (same
+    columns and units), then each node's send/recv rate and what is slow."""
+    from ..preflight.busbw import sweep_table
+
+    shown = out or console(stderr=False)
+
+    def say(text: str) -> None:
+        shown.print(text, markup=False, highlight=False, soft_wrap=True)
+
+    if not fabric.get("sweep"):
+        say(f"fabric: no measurement ({fabric.get('backend')}, run {fabric.get('run')})")
+        return
+    say(f"\nfabric: {fabric['backend']} on {fabric['device']}, {fabric['world_size']} ranks on "
+        f"{fabric['nnodes']} nodes (job {fabric.get('job_s', 0):.1f} s, with launch and teardown "
+        f"{fabric.get('wall_s', 0):.1f} s)")
+    say(sweep_table(fabric))
+    for skipped in fabric.get("skipped") or []:
+        say(f"# size {skipped['size_bytes']} left out: {skipped['reason']}")
+    per_node = fabric.get("per_node") or []
+    if per_node:
+        width = max(len(p["node"]) for p in per_node)
+        say(f"{'node':<{width}}  send GB/s  recv GB/s   (best pair; medians over its pairs)")
+        slow = {(p["node"], p["direction"]) for p in fabric.get("slow_nodes") or []}
+        for p in per_node:
+            marks = [d for d in ("send", "recv") if (p["node"], d) in slow]
+            note = f"   slow {'/'.join(marks)}" if marks else ""
+            say(f"{p['node']:<{width}}  {p['send_gbps']:9.3f}  {p['recv_gbps']:9.3f}   "
+                f"({p['send_median_gbps']:.3f} / {p['recv_median_gbps']:.3f}){note}")
+    for link in fabric.get("slow_links") or []:
+        say(f"slow link {link['src']}->{link['dst']}: {link['gbps']:.3f} GB/s, its ends reach "
+            f"{link['expected_gbps']:.3f} GB/s")
+
+
 def preload_check_table() -> None:
     """Import what `check_table` draws with (run beside the probe, see `run_preflight`)."""
     import rich.table  # noqa: F401
@@ -196,6 +230,8 @@ class UpPrinter:
     def preflight_done(self, report: CheckReport, elapsed_s: float) -> None:
         if not report.ok or any(r.status == "warn" for r in report.results):
             check_table(report, self.err)
+        if report.fabric is not None:
+            fabric_report(report.fabric, self.err)
         if report.ok:
             self.err.print(f"preflight passed in {elapsed_s:.1f} s")
 

@@ -113,12 +113,22 @@ class SSHCheckModel(_Schema):
     warn_ms: float = 1000.0
 
 
+class FabricCheckModel(_Schema):
+    enabled: bool = True
+    max_bytes: int | str = "256M"
+    min_busbw_gbps: float | None = None
+    share: float = 0.7
+    timeout_s: float = 180.0
+    budget_s: float = 30.0
+
+
 class ChecksModel(_Schema):
     clock: ClockModel = ClockModel()
     timezone: str | None = None
     rdma: RdmaModel = RdmaModel()
     ssh: SSHCheckModel = SSHCheckModel()
     skip: list[str] = []
+    fabric: bool | FabricCheckModel = False
 
 
 class JobModel(_Schema):
@@ -263,7 +273,8 @@ def validate(data: dict[str, Any], path: str = "<inventory>",
 def _schema_issues(exc: ValidationError, path: str, lines: dict[yamlines.Path, int]) -> list[InventoryIssue]:
     issues = []
     for err in exc.errors():
-        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in _UNION_TAGS)))
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in _UNION_TAGS
+                                                                         or p in _model_names())))
         key = yamlines.dotted(loc)
         line = yamlines.line_of(lines, loc)
         if err["type"] == "extra_forbidden":
@@ -287,6 +298,12 @@ def _schema_issues(exc: ValidationError, path: str, lines: dict[yamlines.Path, i
 
 
 _UNION_TAGS = {"str", "int", "float", "bool", "none", "list[union[str,int,float,bool]]", "dict[str,any]"}
+
+
+def _model_names() -> set[str]:
+    """The names pydantic puts in an error's location for a union member that is a schema
+    (`checks.fabric.FabricCheckModel.share`): not keys of the file."""
+    return {klass.__name__ for klass in _PYDANTIC}
 
 
 def _is_schema(tp: Any) -> bool:

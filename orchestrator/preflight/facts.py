@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config.inventory import Inventory, Node
 from ..errors import TransportError
@@ -36,9 +36,19 @@ from ..node import probe
 from ..node import program as node_program
 from ..transport import Cluster, Process, Transport
 
+if TYPE_CHECKING:
+    from .fabric import FabricFacts
+
 Progress = Callable[[str, int, int], None]
 # args whose value is a file the job reads: checked for absolute path, existence, same content
 PATH_KEYS = ("weights", "data", "model", "cfg", "resume", "pretrained", "hyp", "tracker")
+# args whose value is a directory the job writes: it need not exist yet, only be creatable
+OUTPUT_KEYS = ("out", "project", "save_dir", "output", "output_dir", "log_dir", "logdir", "runs_dir",
+               "debug_dir", "checkpoint_dir", "ckpt_dir")
+
+
+def is_output_key(key: str) -> bool:
+    return key.replace("-", "_") in OUTPUT_KEYS
 PHASE1_TIMEOUT_S = 150.0    # a cold `import torch` on a loaded node is the slow part
 CONNECT_TIMEOUT_S = 5.0
 REACH_TIMEOUT_S = CONNECT_TIMEOUT_S * 6 + 30
@@ -122,6 +132,9 @@ class NodeFacts:
     listen: dict[str, Any] = field(default_factory=dict)
     reach: list[dict[str, Any]] = field(default_factory=list)
     reach_error: str | None = None
+    fabric: FabricFacts | None = None
+    """What the fabric job measured (`preflight/fabric.py`), the same object on every node; None
+    where the fabric check was not selected."""
 
     @property
     def ok(self) -> bool:
@@ -324,6 +337,7 @@ def probe_args(inv: Inventory, node: Node, want: Sequence[str], token: str, n_pe
         "inventory_env": sorted(node.env),
         "ntp_server": inv.checks.clock.ntp_server if "clock" in want else None,
         "paths": paths, "text_for": [k for k in paths if k.replace("-", "_") == "data"],
+        "outputs": [k for k in paths if is_output_key(k)],
         "workdir": inv.job.workdir if "job" in want else None,
         "master_port": inv.master_port if is_master and "ports" in want else None,
         "ring_addr": node.addr if net and n_peers > 1 else None,

@@ -151,7 +151,7 @@ def test_job_args_render_as_flags() -> None:
 # ----------------------------------------------------------------------------- one schema, two validators
 
 SCHEMAS = [schema.SSHModel, schema.NodeModel, schema.MasterModel, schema.ClockModel,
-           schema.RdmaModel, schema.SSHCheckModel, schema.ChecksModel, schema.JobModel,
+           schema.RdmaModel, schema.SSHCheckModel, schema.FabricCheckModel, schema.ChecksModel, schema.JobModel,
            schema.InventoryModel]
 
 
@@ -223,7 +223,10 @@ TYPED = {  # mostly the declared type, sometimes not: both validators see both
     "master": st.fixed_dictionaries({}, optional={"node": st.text(max_size=2), "port": st.integers(0, 9)}),
     "checks": st.fixed_dictionaries({}, optional={
         "clock": st.fixed_dictionaries({}, optional={"ntp_server": SCALARS, "max_offset_ms": SCALARS}),
-        "skip": st.lists(st.text(max_size=3), max_size=2), "rdma": st.just({"devices": ["mlx5_0"]})}),
+        "skip": st.lists(st.text(max_size=3), max_size=2), "rdma": st.just({"devices": ["mlx5_0"]}),
+        "fabric": st.one_of(SCALARS, st.fixed_dictionaries({}, optional={
+            "enabled": SCALARS, "max_bytes": st.one_of(SCALARS, st.sampled_from(["256M", "1G", "x"])),
+            "min_busbw_gbps": SCALARS, "share": SCALARS, "timeout_s": SCALARS}))}),
     "job": st.fixed_dictionaries({}, optional={
         "args": st.one_of(st.dictionaries(st.text(max_size=3), st.one_of(SCALARS, st.lists(SCALARS)), max_size=2),
                           st.lists(SCALARS, max_size=3)),

@@ -257,6 +257,21 @@ def test_a_node_failing_the_retry_preflight_is_replaced_by_the_next_healthy_spar
     assert [n.name for n in RunStore().get("r1").inventory().nodes] == ["gpu01", "gpu09", "gpu03"]
 
 
+def test_a_retry_runs_the_same_preflight_as_the_first_attempt_fabric_included(monkeypatch: pytest.MonkeyPatch,
+                                                                             home: Path) -> None:
+    fake_attempts(monkeypatch, ["failed", "succeeded"])
+    asked: list[bool] = []
+
+    def preflight(i: inventory.Inventory, **kw: Any) -> CheckReport:
+        asked.append(kw.get("fabric", False))
+        return CheckReport([CheckResult("ssh", n.name, "ok") for n in i.nodes])
+
+    monkeypatch.setattr(up, "run_preflight", preflight)
+    checkpoint(monkeypatch, False)
+    assert up.up(inv(), run_id="r1", progress=Say(), fabric=True).result == "succeeded"
+    assert asked == [True, True]
+
+
 def test_a_retry_syncs_again_and_a_spare_is_synced_before_its_preflight(monkeypatch: pytest.MonkeyPatch,
                                                                       home: Path, tmp_path: Path) -> None:
     from orchestrator.remote import sync as remote_sync

@@ -187,6 +187,8 @@ def up(state: State, inventory: str | None, dry_run: bool, detach: bool, skip_ch
     outcome = run_up(inv, detach=detach, skip_checks=skip_checks, run_id=run_id, skip_sync=skip_sync,
                      progress=render.UpPrinter(), fabric=fabric, retries=retries, stall_timeout_s=stall_timeout)
     render.up_outcome(outcome)
+    if outcome.result == "detached" and inv.job.retries:
+        render.not_retried_detached(inv.job.retries)
     raise SystemExit(UP_EXIT[outcome.result])
 
 

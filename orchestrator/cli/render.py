@@ -395,6 +395,12 @@ def up_outcome(outcome: UpOutcome) -> None:
             out.print(f"[bold red]{escape(outcome.no_retry)}[/]")
 
 
+def not_retried_detached(retries: int) -> None:
+    """The inventory asks for retries, but a detached run has nobody to relaunch it (or to watch for a hang)."""
+    console().print(f"[yellow]note:[/] job.retries ({retries}) and the hang watchdog apply to an attached orch up "
+                    "only: this detached run is not relaunched when it fails, nor stopped when it hangs")
+
+
 # ----------------------------------------------------------------------------- orch status, down, report
 
 

@@ -396,6 +396,16 @@ def test_a_detached_run_is_never_retried_and_the_flags_say_so(monkeypatch: pytes
     with pytest.raises(SystemExit) as exc:
         main(["up", "--retries", "-1", "x.yaml"])
     assert exc.value.code == 2
+    # job.retries in the inventory is not applied to a detached run: said, not silently dropped
+    monkeypatch.setattr(up, "up", lambda i, **kw: up.UpOutcome("detached", "r9"))
+    path = home.parent / "c.yaml"
+    for retries, said in ((2, True), (0, False)):
+        path.write_text(SPARES.replace("retries: 2", f"retries: {retries}"))
+        with pytest.raises(SystemExit) as exc:
+            main(["up", "--detach", str(path)])
+        assert exc.value.code == 0
+        err = capsys.readouterr().err
+        assert ("job.retries (2) and the hang watchdog apply to an attached orch up only" in err) is said, err
 
 
 def test_the_command_line_overrides_the_inventory(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:

@@ -5,6 +5,7 @@ and TensorBoard scalars."""
 from __future__ import annotations
 
 import csv
+import os
 from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
@@ -37,8 +38,9 @@ def resolve(cfg: TrainConfig) -> tuple[Path, Path | None]:
     """The run directory and, with ``--resume``, the checkpoint to continue from (decided on rank 0).
 
     ``--out`` is used as is. Otherwise PROJECT/NAME, numbered when it exists (``exist_ok`` reuses
-    it); a bare ``--resume`` continues the run under PROJECT whose last.pt is the newest, and
-    ``--resume PATH`` continues in PATH's run directory.
+    it); a bare ``--resume`` continues PROJECT/NAME when a name was given (``--name``, or the run
+    id under ``orch up``), else the run under PROJECT whose last.pt is the newest (as ``yolo
+    train resume``); ``--resume PATH`` continues in PATH's run directory.
 
     Raises:
         TrainerError: the directory already holds a run and ``--resume`` was not given, or there is
@@ -52,6 +54,15 @@ def resolve(cfg: TrainConfig) -> tuple[Path, Path | None]:
             return out, None
         return out, Path(cfg.resume) if cfg.resume else out / "weights" / "last.pt"
     base = Path(cfg.project) / cfg.name
+    if cfg.resume == "" and cfg.name != TrainConfig.name:
+        # A named run (by --name, or by orch up's run id, whose retries pass a bare --resume):
+        # that run, never another one under the project that happens to be newer. A new `orch up`
+        # (a new run id) with `resume: true` continues the newest run, as documented.
+        if (base / "weights" / "last.pt").exists():
+            return base, base / "weights" / "last.pt"
+        if cfg.name != os.environ.get("ORCH_RUN_ID"):
+            raise TrainerError(f"--resume: {base.absolute()} has no weights/last.pt; give --resume PATH, or the "
+                               "--name of a run that has one")
     if cfg.resume == "":
         run = latest_run(Path(cfg.project))
         if run is None:
@@ -61,9 +72,11 @@ def resolve(cfg: TrainConfig) -> tuple[Path, Path | None]:
     if cfg.resume:
         path = Path(cfg.resume)
         return (path.parent.parent if path.parent.name == "weights" else numbered(base)), path
-    if cfg.exist_ok:
+    if cfg.exist_ok or cfg.name == os.environ.get("ORCH_RUN_ID"):
+        # orch up's run id names one directory per run: a retry relaunched before the first
+        # checkpoint starts again in it (numbering would move it away from where orch looks).
         if (base / "weights" / "last.pt").exists():
-            raise TrainerError(f"{base} already holds a run (weights/last.pt): add --resume, or drop exist_ok")
+            raise TrainerError(f"{base} already holds a run (weights/last.pt): add --resume, or pick another --name")
         return base, None
     return numbered(base), None
 

@@ -30,7 +30,7 @@ def trainer_inventory(cluster: TestCluster, tmp: Path, data: Path, name: str, no
     args: dict[str, Any] = {
         "model": "yolo12n.yaml", "data": str(data), "epochs": EPOCHS, "batch": BATCH, "imgsz": 64,
         "project": str(tmp / "runs"), "log-every": 1, "seed": 1, "warmup-epochs": 1, "workers": 0,
-        "val-period": 0, "lr": 0.05, "debug-dir": str(tmp / f"debug-{name}")}
+        "val-period": 0, "lr": 0.05, "accumulate": 1, "debug-dir": str(tmp / f"debug-{name}")}
     return cluster.write_inventory(
         tmp / f"{name}.yaml",
         job={"module": "trainer", "nproc_per_node": 1, "workdir": str(REPO), "stop_grace_s": 5, "args": args,

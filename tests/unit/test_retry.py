@@ -100,13 +100,15 @@ def test_the_checkpoint_path_is_where_the_trainer_puts_it(args: list[str], monke
                                                           tmp_path: Path) -> None:
     """The trainer's own argument parsing decides; orch must land on the same directory."""
     from trainer.config import parse_config
+    from trainer.output import resolve
 
     monkeypatch.setenv("ORCH_RUN_ID", "20261130-093205-c")
     monkeypatch.setenv("HOME", str(tmp_path))
     cfg = parse_config([*args, "--data", "/data/coco.yaml"])
     job = dataclasses.replace(inv().job, args=tuple(args))
     ours = resume.trainer_out_dir(job, "20261130-093205-c")
-    theirs = cfg.out if cfg.out.startswith("/") else posixpath.join("/work", cfg.out)
+    out = str(resolve(cfg)[0])  # --out, else PROJECT/NAME (NAME: the run id)
+    theirs = out if out.startswith("/") else posixpath.join("/work", out)
     assert posixpath.expanduser(ours).replace("~", str(tmp_path)) == theirs
     assert resume.checkpoint_path(job, "20261130-093205-c") == ours + "/weights/last.pt"
 

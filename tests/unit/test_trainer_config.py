@@ -229,3 +229,43 @@ def test_each_orch_run_gets_its_own_run_directory_name(monkeypatch) -> None:  # 
     assert parse_config(["--data", "/d.yaml"]).name == "20261130-103558-local"
     assert parse_config(["--data", "/d.yaml", "--name", "mine"]).name == "mine"
     assert parse_config(["--data", "/d.yaml", "--out", "/o"]).out == "/o"
+
+
+def test_a_bare_resume_of_a_named_run_continues_that_run_not_the_newest(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """orch up's retry passes a bare --resume to a run named by its run id: another run under the
+    same project that wrote a checkpoint since must not be the one continued."""
+    import os
+
+    from trainer.output import resolve
+
+    for name, mtime in (("20261201-100000-a", 1000), ("20261201-110000-b", 2000), ("exp", 3000)):
+        last = tmp_path / name / "weights" / "last.pt"
+        last.parent.mkdir(parents=True)
+        last.write_bytes(b"x")
+        os.utime(last, (mtime, mtime))
+    monkeypatch.setenv("ORCH_RUN_ID", "20261201-100000-a")
+    cfg = parse_config(["--data", "/d/data.yaml", "--project", str(tmp_path), "--resume"])
+    assert resolve(cfg) == (tmp_path / "20261201-100000-a", tmp_path / "20261201-100000-a" / "weights" / "last.pt")
+    monkeypatch.delenv("ORCH_RUN_ID")
+    cfg = parse_config(["--data", "/d/data.yaml", "--project", str(tmp_path), "--name", "20261201-110000-b", "--resume"])
+    assert resolve(cfg)[0] == tmp_path / "20261201-110000-b"
+    cfg = parse_config(["--data", "/d/data.yaml", "--project", str(tmp_path), "--resume"])  # unnamed: the newest, as yolo
+    assert resolve(cfg)[0] == tmp_path / "exp"
+    cfg = parse_config(["--data", "/d/data.yaml", "--project", str(tmp_path), "--name", "nothere", "--resume"])
+    with pytest.raises(TrainerError, match=r"nothere has no weights/last.pt"):
+        resolve(cfg)
+    monkeypatch.setenv("ORCH_RUN_ID", "20261201-120000-c")  # a new orch up with resume: true: the newest run
+    cfg = parse_config(["--data", "/d/data.yaml", "--project", str(tmp_path), "--resume"])
+    assert resolve(cfg)[0] == tmp_path / "exp"
+
+
+def test_an_orch_run_relaunched_before_its_first_checkpoint_keeps_its_directory(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """orch looks for the checkpoint in PROJECT/<run id>: a retry must not move to <run id>2."""
+    from trainer.output import resolve
+
+    (tmp_path / "20261201-100000-a" / "weights").mkdir(parents=True)  # the first attempt died before epoch 1 ended
+    (tmp_path / "n" / "weights").mkdir(parents=True)
+    monkeypatch.setenv("ORCH_RUN_ID", "20261201-100000-a")
+    assert resolve(parse_config(["--data", "/d/data.yaml", "--project", str(tmp_path)]))[0] == tmp_path / "20261201-100000-a"
+    monkeypatch.delenv("ORCH_RUN_ID")
+    assert resolve(parse_config(["--data", "/d/data.yaml", "--project", str(tmp_path), "--name", "n"]))[0] == tmp_path / "n2"

@@ -269,6 +269,8 @@ def up_outcome(outcome: UpOutcome) -> None:
                   else f"[bold red]interrupted; could not confirm the stop on {unconfirmed}[/]")
     elif outcome.result == "succeeded":
         out.print(f"[green]run {run} succeeded on every node[/] in {outcome.wall_s or 0:.1f} s")
+        for node, why in outcome.not_stopped.items():
+            out.print(f"[bold yellow]{markup(node)}: {markup(why)}[/] (run: orch down {run})")
     else:
         f = outcome.failure
         assert f is not None
@@ -317,7 +319,10 @@ def down_report(result: DownReport) -> None:
             out.print(f"[bold red]{markup(name)}: processes still running[/]: {list(res.remaining)}")
         else:
             n = len(res.stopped)
-            out.print(f"{markup(name)}: {'stopped ' + str(n) + ' processes' if n else 'nothing running'}")
+            out.print(f"{markup(name)}: " + (f"stopped {n} processes (none is left)" if n else "nothing running"))
+        if res is not None and res.strangers:
+            out.print(f"[yellow]{markup(name)}: left alone {len(res.strangers)} processes that hold ids the run "
+                      f"recorded but are not the job's (pid reuse): {list(res.strangers)}[/]")
     if not result.complete:
         out.print(f"run {result.run}: some nodes could not be stopped; run `orch down {result.run}` again "
                   "when they are reachable")

@@ -140,6 +140,10 @@ Examples:
 @pass_state
 def up(state: State, inventory: str | None, dry_run: bool, detach: bool, skip_checks: bool,
        run_id: str | None, as_json: bool) -> None:
+    if run_id is not None:
+        from ..store import check_run_id
+
+        check_run_id(run_id, "--run-id")
     inv = resolve_inventory(inventory)
     if dry_run:
         from ..config.plan import make_plan

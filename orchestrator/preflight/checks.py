@@ -109,7 +109,13 @@ def check_ssh(inv: Inventory, facts: Facts) -> list[CheckResult]:
         target = ("local process (transport: local)" if inv.transport == "local" else
                   f"{node.ssh.user + '@' if node.ssh.user else ''}{node.host}:{node.ssh.port}")
         detail = f"{target}: connect {nf.connect_ms or 0:.0f} ms + round trip {nf.rtt_ms or 0:.0f} ms on the session"
-        if total > inv.checks.ssh_warn_ms:
+        if nf.malformed:
+            shown = "; ".join(nf.malformed[:3]) + (f" (and {len(nf.malformed) - 3} more)" if len(nf.malformed) > 3 else "")
+            out.append(CheckResult("ssh", node.name, "fail", f"{total:.0f} ms",
+                                   f"{detail}; the probe's answer is not what orch's probe writes: {shown}",
+                                   "the checks that rest on those facts cannot be trusted: is something on the node "
+                                   "(a login script, a wrapper around python) changing the probe's output?"))
+        elif total > inv.checks.ssh_warn_ms:
             out.append(CheckResult("ssh", node.name, "warn", f"{total:.0f} ms",
                                    f"{detail} (slower than {inv.checks.ssh_warn_ms:.0f} ms)",
                                    "a slow control link delays launch and teardown: check latency/DNS "
@@ -709,7 +715,11 @@ def run_checks(inv: Inventory, facts: Facts, selected: Iterable[str]) -> list[Ch
             results += [CheckResult(name, n.name, "skip", "", "skipped by checks.skip in the inventory")
                         for n in inv.nodes]
             continue
-        got = {r.node: r for r in CHECKS[name](inv, facts)}
+        try:
+            got = {r.node: r for r in CHECKS[name](inv, facts)}
+        except Exception as exc:  # the last line of defence: a check that cannot judge fails, loudly
+            got = {n.name: CheckResult(name, n.name, "fail", "", f"could not judge the facts the nodes sent: "
+                                       f"{type(exc).__name__}: {exc}") for n in inv.nodes if facts[n.name].ok}
         for node in inv.nodes:
             nf = facts[node.name]
             if node.name in got:

@@ -3,7 +3,8 @@
 The probe (`orchestrator/node/probe.py`, stdlib only) travels compressed inside `python -c`, run by
 the node's `python` (falling back to `python3` when that interpreter does not exist, which the
 `software` check then reports). It runs with the job's environment (`node.env` on top of the
-login environment) so it sees exactly what a job would see.
+login environment, sent as the first line on its stdin, never in argv) so it sees exactly what a
+job would see.
 
 One SSH connection and one exec per node; two phases, both bounded:
 1. per node, in parallel: connect (timed), start the probe with its stdin kept open: it opens
@@ -407,7 +408,7 @@ def probe_args(inv: Inventory, node: Node, want: Sequence[str], token: str, n_pe
     net = "ports" in want or "rdma" in want
     return {
         "node": node.name, "token": token, "want": list(want),
-        "inventory_env": sorted(node.env),
+        "inventory_env": sorted(node.env), "env_on_stdin": True,
         "ntp_server": inv.checks.clock.ntp_server if "clock" in want else None,
         "paths": paths, "text_for": [k for k in paths if k.replace("-", "_") == "data"],
         "workdir": inv.job.workdir if "job" in want else None,
@@ -528,10 +529,16 @@ def _start_probe(inv: Inventory, t: Transport, want: Sequence[str], token: str, 
     pings = 3 if "clock" in want and not inv.checks.clock.ntp_server else 1
     for python in dict.fromkeys([node.python, "python3"]):
         try:
-            stream = _Stream(t.popen(probe_command(python, args), env=dict(node.env), keep_stdin=True))
+            # the job's environment goes first on stdin: on the command line `ps` (and -v) would show its values
+            proc = t.popen(probe_command(python, args), keep_stdin=True)
         except TransportError as exc:
             nf.error, nf.error_kind, nf.hint = exc.message, exc.kind, exc.hint
             return _Probe(nf)
+        try:
+            proc.write((json.dumps(dict(node.env)) + "\n").encode())
+        except OSError:
+            pass  # the probe is already gone: what it said (or its silence) is read below
+        stream = _Stream(proc)
         facts = stream.wait_for("ORCH-FACTS", PHASE1_TIMEOUT_S)
         if facts is not None:
             nf.raw, nf.malformed = read_answer(facts, FACTS_SHAPE, "facts")

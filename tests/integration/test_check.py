@@ -323,3 +323,38 @@ def test_v100_inventory_fails_cleanly(tmp_path: Path) -> None:
     assert {r["status"] for r in results if r["check"] != "ssh"} == {"skip"}
     assert all("192.168.1." in r["detail"] for r in results if r["check"] == "ssh")
     assert "Traceback" not in proc.stderr
+
+
+def test_no_env_value_is_on_any_remote_command_line(make_cluster: MakeCluster, monkeypatch: pytest.MonkeyPatch,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """The inventory's env reaches the probe (it reports the values), yet no command line sent to
+    sshd (what `ps` on the node and `orch -v` show) carries a value."""
+    import logging
+    import secrets
+
+    import paramiko
+
+    from orchestrator.preflight.facts import collect
+    from orchestrator.transport import Cluster
+
+    c = make_cluster(2)
+    secret = "s3cr3t-" + secrets.token_hex(8)
+    inv = load(write_inventory(c, env={"NCCL_ORCH_TOKEN": secret, "TZ": "Asia/Tokyo"}))
+    sent: list[str] = []
+    real = paramiko.Channel.exec_command
+
+    def spy(self: paramiko.Channel, command: str | bytes) -> None:
+        sent.append(command.decode() if isinstance(command, bytes) else command)
+        real(self, command)
+
+    monkeypatch.setattr(paramiko.Channel, "exec_command", spy)
+    caplog.set_level(logging.DEBUG)
+    with Cluster(inv) as cluster:
+        got = collect(inv, cluster, ["ssh", "nccl_env", "timezone", "software"])
+    assert len(sent) >= 2 and all("probe" in line or "python" in line for line in sent)
+    assert not [line for line in sent if secret in line or "Asia/Tokyo" in line], sent
+    assert secret not in caplog.text and "Asia/Tokyo" not in caplog.text
+    for n in inv.nodes:
+        nf = got[n.name]
+        assert nf.ok and not nf.malformed, nf.error
+        assert nf.env.get("NCCL_ORCH_TOKEN") == secret and nf.raw["tz"]["TZ"] == "Asia/Tokyo"

@@ -191,3 +191,22 @@ def test_orch_up_with_a_bad_run_id_is_exit_2_before_anything(tmp_path: Path) -> 
         assert r.stderr.startswith("orch: --run-id '../x': a run id may only use") and "Traceback" not in r.stderr
         assert r.stdout == "" and not (tmp_path / "home").exists()
 
+
+# ----------------------------------------------------------------------------- no silent downgrade
+
+
+def test_orch_up_whose_preflight_cannot_import_exits_3_and_launches_nothing(tmp_path: Path) -> None:
+    """A broken install (the checks do not import) stops `orch up` with exit 3 and why, in one
+    line: never a launch without checks, never a traceback."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['orchestrator.preflight.checks'] = None\n"
+            "from orchestrator.cli.commands import main\n"
+            f"main(['up', {str(REPO / 'inventory' / 'local.yaml')!r}, '--detach'])")
+    env = {"ORCH_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "NO_COLOR": "1"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    assert r.returncode == 3, r.stderr
+    assert "Traceback" not in r.stderr and "orch: the preflight cannot run: importing its checks failed" in r.stderr
+    assert "--skip-checks" in r.stderr
+    assert not (tmp_path / "home" / "runs").exists()

@@ -19,6 +19,7 @@ from orchestrator.logs.fetch import NodeSource
 from orchestrator.logs.lines import _UNSAFE, column_widths, format_ts
 from orchestrator.logs.merge import PlainNode, merge_plain
 from orchestrator.logs.stored import plain_merged, plain_merged_bytes
+from tests.cluster import missing
 from tests.logs_support import general_merge
 
 T0 = 1_796_031_125.0  # 2026-11-30T09:32:05Z
@@ -29,7 +30,7 @@ def test_the_extension_is_built_where_a_compiler_is() -> None:
     compiler = shutil.which((sysconfig.get_config_var("CC") or "cc").split()[0])
     headers = os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
     if compiler is None or not headers:
-        pytest.skip("no C compiler or Python headers: orch runs the pure-Python merge (test_logs_plain)")
+        missing("no C compiler or Python headers: orch runs the pure-Python merge (test_logs_plain)")
     assert stored._fastmerge is not None, "setup.py did not build orchestrator.stored._fastmerge"
 
 

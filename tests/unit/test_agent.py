@@ -363,3 +363,29 @@ def test_agent_files_are_never_written_through_a_planted_link(tmp_path: Path) ->
         time.sleep(0.05)
     assert target.read_text() == "precious\n"
     assert state(d)["state"] == "failed" and "Too many levels of symbolic links" in state(d)["reason"]
+
+
+def test_stop_asks_python3_where_the_runs_python_is_gone_and_reports_the_job_gone(tmp_path: Path) -> None:
+    """The run's python was removed while its job ran: the stop is still done and confirmed (by
+    python3, the agent needs only the standard library), never reported as a node with nothing."""
+    import shutil
+
+    from orchestrator.config.inventory import parse
+    from orchestrator.run.agent import stop_node
+    from orchestrator.transport.local import LocalTransport
+
+    d = prepare(tmp_path, "sleep 60")
+    assert call("start", str(d))[0] == 0
+    pid = wait_state(d, "running")["pid"]
+    shutil.copy(AGENT, d / "agent.py")
+    node = parse("transport: local\nnodes:\n  - host: localhost\n    name: n1\n", "t.yaml").nodes[0]
+    try:
+        res = stop_node(LocalTransport(node), str(tmp_path / "gone" / "bin" / "python"), str(d), 1.0)
+        assert res.status is not None and res.status.state == "stopped", res
+        assert pid in res.stopped and res.remaining == ()
+        assert state(d)["state"] == "stopped"
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)

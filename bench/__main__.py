@@ -11,7 +11,7 @@ import argparse
 import importlib
 import traceback
 
-BENCHMARKS = ("check_fanout", "launch_latency", "log_merge", "trainer_throughput", "scale")
+BENCHMARKS = ("check_fanout", "launch_latency", "log_merge", "trainer_throughput", "scale", "fabric")
 
 
 def main() -> int:

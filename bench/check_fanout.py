@@ -1,7 +1,9 @@
-"""Check fan-out: `orch check` against pdsh and a serial ssh loop, on N real sshd nodes (loopback).
+"""Check fan-out: `orch check` and `orch exec` against pdsh and a serial ssh loop, on N real sshd
+nodes (loopback).
 
 Sides, run alternately in one invocation for N in {1, 4, 16, 32}:
 - `orch check` (every check) and `orch check --only ssh,clock,timezone`, as the CLI a user runs;
+- `orch exec -- date`: the same command as pdsh's, through orch's transport, answers grouped;
 - `pdsh` (Debian's package, fanout 32 as orch) running a bare `date`, and running the equivalent
   probe commands (clock, zone, NCCL env, interfaces, python and torch versions) over OpenSSH;
 - a serial `ssh` loop running `date` (how the field guide's launch script reaches its nodes);
@@ -11,12 +13,14 @@ Then one in-process `orch check` per N, timed phase by phase (connect, command s
 clock ping back, reachability, close), with the controller's CPU and, where cgroup v1 cpuacct is
 writable (root), the CPU every node spent (sshd, login shell, probe) — on a machine whose cores
 the nodes share, that CPU is the wall time.
-Goals: full `orch check` at N = 32 no slower than pdsh's bare `date`; orch(32) / orch(1) <= 3.
+Goals: full `orch check` at N = 32 no slower than pdsh's bare `date`; orch(32) / orch(1) <= 3;
+`orch exec -- date` at N = 32 no slower than `pdsh date`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import shutil
@@ -33,8 +37,8 @@ from bench.common import REPO, side_by_side, write
 sys.path.insert(0, str(REPO))
 
 ORCH = [sys.executable, "-m", "orchestrator"]
-SIDES = ("orch_check_full", "orch_check_ssh_clock_tz", "pdsh_date", "pdsh_probe_equivalent", "ssh_loop_date",
-         "orch_transport_true")
+SIDES = ("orch_check_full", "orch_check_ssh_clock_tz", "orch_exec_date", "pdsh_date", "pdsh_probe_equivalent",
+         "ssh_loop_date", "orch_transport_true")
 # The facts of a full `orch check`, gathered the cheapest way a shell one-liner can (versions from
 # package metadata, as orch's probe does, not `import torch`).
 PROBE_EQUIVALENT = ("date +%s.%N; date '+%Z %z'; cat /etc/timezone 2>/dev/null; env | grep -E '^(NCCL|GLOO|TORCH_NCCL)_';"
@@ -56,6 +60,17 @@ def ssh_config(cluster: Any, path: Path) -> Path:
 
 def run(argv: list[str], env: dict[str, str] | None = None) -> None:
     subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, timeout=300, check=False)
+
+
+def exec_answers(inv: Path, n: int, env: dict[str, str]) -> None:
+    """`orch exec -- date` must reach every node, or its time means nothing."""
+    proc = subprocess.run([*ORCH, "exec", str(inv), "--json", "--", "date"], env=env, capture_output=True,
+                          text=True, timeout=300)
+    nodes = json.loads(proc.stdout)["nodes"] if proc.stdout else []
+    ok = [x for x in nodes if x["exit_code"] == 0 and x["stdout"].strip()]
+    if proc.returncode != 0 or len(ok) != n:
+        raise SystemExit(f"check_fanout: orch exec -- date answered on {len(ok)} of {n} nodes "
+                         f"(exit {proc.returncode}): {proc.stderr[-500:]}")
 
 
 def floor(inventory: str) -> None:
@@ -182,6 +197,7 @@ def measure(n: int, keys: Any, reps: int, workdir: Path, only: set[str] | None =
         sides = {
             "orch_check_full": lambda: run([*ORCH, "check", str(inv), "--json"], env),
             "orch_check_ssh_clock_tz": lambda: run([*ORCH, "check", str(inv), "--json", "--only", "ssh,clock,timezone"], env),
+            "orch_exec_date": lambda: run([*ORCH, "exec", str(inv), "--", "date"], env),
             "pdsh_date": lambda: run(["pdsh", "-f", "32", "-w", hosts, "date"], env),
             "pdsh_probe_equivalent": lambda: run(["pdsh", "-f", "32", "-w", hosts, PROBE_EQUIVALENT], env),
             "ssh_loop_date": lambda: run(["sh", "-c", f"for h in {' '.join(x.name for x in cluster.nodes)}; "
@@ -190,6 +206,8 @@ def measure(n: int, keys: Any, reps: int, workdir: Path, only: set[str] | None =
         }
         if only is not None:
             sides = {k: v for k, v in sides.items() if k in only}
+        if "orch_exec_date" in sides:
+            exec_answers(inv, n, env)
         node_cpu = NodeCpu(cluster)
         try:
             cpu: dict[str, float | None] = {}
@@ -248,6 +266,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 ratios = [a / b for a, b in zip(by_n[n]["orch_check_full"]["samples_s"], by_n[n]["pdsh_date"]["samples_s"])]
                 print(f"check_fanout N={n:3d}: orch_check_full / pdsh_date {by_n[n]['orch_check_full']['median_s'] / by_n[n]['pdsh_date']['median_s']:.3f}"
                       f" (per round: {' '.join(f'{r:.2f}' for r in ratios)})", flush=True)
+            if "orch_exec_date" in by_n[n] and "pdsh_date" in by_n[n]:
+                ratios = [a / b for a, b in zip(by_n[n]["orch_exec_date"]["samples_s"], by_n[n]["pdsh_date"]["samples_s"])]
+                print(f"check_fanout N={n:3d}: orch_exec_date / pdsh_date {by_n[n]['orch_exec_date']['median_s'] / by_n[n]['pdsh_date']['median_s']:.3f}"
+                      f" (per round: {' '.join(f'{r:.2f}' for r in ratios)})", flush=True)
             if "phases" in by_n[n]:
                 print(f"check_fanout N={n:3d} phases: " + "  ".join(
                     f"{k} {v:.3g}" for k, v in by_n[n]["phases"].items() if v is not None), flush=True)
@@ -273,6 +295,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         {"what": f"orch check N={big} / N={one}", "orch": full_big, "peer": by_n[one]["orch_check_full"]["median_s"],
          "ratio": growth, "goal": "<= 3", "met": growth <= 3},
     ]
+    exec_big = by_n[big]["orch_exec_date"]["median_s"]
+    summary.append({"what": f"orch exec -- date vs pdsh date, N={big}", "orch": exec_big, "peer": pdsh_big,
+                    "ratio": exec_big / pdsh_big, "goal": "<= 1.0", "met": exec_big <= pdsh_big})
     floor_big = by_n[big]["orch_transport_true"]["median_s"]
     floor_growth = floor_big / by_n[one]["orch_transport_true"]["median_s"]
     pdsh_growth = pdsh_big / by_n[one]["pdsh_date"]["median_s"]

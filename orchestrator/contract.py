@@ -53,8 +53,12 @@ class NodeState(Name):
 FINAL_STATES: frozenset[str] = frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.STOPPED})
 """States a run or node never leaves. Holds the enums' strings: `"failed" in FINAL_STATES`."""
 
-CHECK_NAMES = ("ssh", "clock", "timezone", "nccl_env", "rdma", "gpus", "software", "job", "ports")
+CHECK_NAMES = ("ssh", "clock", "timezone", "nccl_env", "rdma", "gpus", "software", "job", "ports", "fabric")
 """Every check of `orch check`, in the order they are run and reported."""
+
+OPT_IN_CHECKS = ("fabric",)
+"""Checks that run only when asked for (`--only`, the inventory's `checks.<name>`, `orch up --fabric`);
+otherwise each node gets a `skip` row that says how to turn them on."""
 
 CHECK_STATUSES = ("ok", "warn", "fail", "skip")
 """A check result's status; `skip` means the check said nothing about that node (and why)."""

@@ -13,6 +13,7 @@ import base64
 import csv
 import html
 import io
+import statistics
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -130,6 +131,80 @@ def plot_throughput(tp: Throughput) -> bytes | None:
     return _png(fig)
 
 
+def plot_fabric_nodes(fabric: dict[str, Any]) -> bytes | None:
+    """The fabric check's rate per node: send and recv (best pair) side by side, slow ones red,
+    the warn line (share × the median) dashed."""
+    per_node = fabric.get("per_node") or []
+    if not per_node:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    slow = {(p["node"], p["direction"]) for p in fabric.get("slow_nodes") or []}
+    names = [p["node"] for p in per_node]
+    fig, ax = plt.subplots(figsize=(max(4, 0.9 * len(names) + 2), 3))
+    width = 0.4
+    for k, (direction, colour) in enumerate((("send", "#1f77b4"), ("recv", "#2ca02c"))):
+        values = [p[f"{direction}_gbps"] or 0 for p in per_node]
+        xs = [i + (k - 0.5) * width for i in range(len(names))]
+        colours = ["#d62728" if (n, direction) in slow else colour for n in names]
+        ax.bar(xs, values, width, color=colours, label=direction)
+        for x, v in zip(xs, values):
+            ax.text(x, v, f"{v:.3g}", ha="center", va="bottom", fontsize=7)
+        ax.axhline(fabric.get("share", 0.7) * statistics.median(values), color=colour, lw=0.8, ls="--")
+    ax.set_xticks(range(len(names)), names)
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.25)
+    ax.set_ylabel("GB/s (best pair)")
+    ax.set_title(f"fabric: send / recv per node (red: below {fabric.get('share', 0.7):g} x the median, dashed)",
+                 fontsize=9)
+    ax.legend(fontsize=8, ncol=2, loc="upper left")
+    return _png(fig)
+
+
+def plot_fabric_sweep(fabric: dict[str, Any]) -> bytes | None:
+    """The fabric check's all_reduce sweep: busbw and algbw against the message size."""
+    sweep = fabric.get("sweep") or []
+    if not sweep:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = [row["size_bytes"] for row in sweep]
+    fig, ax = plt.subplots(figsize=(6, 3))
+    ax.plot(sizes, [row["busbw_gbps"] for row in sweep], marker="o", label="busbw")
+    ax.plot(sizes, [row["algbw_gbps"] for row in sweep], marker=".", ls=":", label="algbw")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [f"{s / (1 << 20):g} MiB" for s in sizes], fontsize=8)
+    ax.set_ylim(bottom=0)
+    ax.set_ylabel("GB/s")
+    ax.set_title(f"all_reduce, {fabric.get('backend')} on {fabric.get('device')}, {fabric.get('world_size')} ranks "
+                 f"on {fabric.get('nnodes')} nodes", fontsize=9)
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def _fabric_section(fabric: dict[str, Any], out: Path) -> list[str]:
+    """The fabric check's part of the page: the sweep as a curve and a table, a bar per node."""
+    nodes, sweep = plot_fabric_nodes(fabric), plot_fabric_sweep(fabric)
+    for name, png in (("fabric_nodes.png", nodes), ("fabric_sweep.png", sweep)):
+        if png is not None:
+            write_private(out / name, png)
+    parts = ["<h2>fabric</h2>", _img("fabric: rate per node", nodes), _img("fabric: all_reduce sweep", sweep)]
+    parts.append(_table(["size (B)", "count (elements)", "type", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "#wrong"],
+                        [[r["size_bytes"], r["count"], r["type"], f"{r['time_us']:.1f}", f"{r['algbw_gbps']:.2f}",
+                          f"{r['busbw_gbps']:.2f}", r["wrong"]] for r in fabric.get("sweep") or []]))
+    slow = {p["node"] for p in fabric.get("slow_nodes") or []}
+    parts.append(_table(["node", "send GB/s", "recv GB/s", "send median", "recv median", "status"],
+                        [[p["node"], f"{p['send_gbps']:.3f}", f"{p['recv_gbps']:.3f}", f"{p['send_median_gbps']:.3f}",
+                          f"{p['recv_median_gbps']:.3f}", "warn" if p["node"] in slow else "ok"]
+                         for p in fabric.get("per_node") or []], status_col=5))
+    return parts
+
+
 def _img(name: str, png: bytes | None) -> str:
     if png is None:
         return f'<p class="none">no data for {html.escape(name)}</p>'
@@ -198,6 +273,8 @@ def build_report(run: RunDir, results_csv: Path | None = None) -> Path:
     parts.append(_table(["node", "node rank", "host", "state", "exit code", "pid"],
                         [[n.get("node"), n.get("node_rank"), n.get("host"), n.get("state"), n.get("exit_code"),
                           n.get("pid")] for n in info.get("nodes", [])], status_col=3))
+    if checks.get("fabric"):
+        parts += _fabric_section(checks["fabric"], out)
     parts.append("<h2>preflight</h2>")
     if checks.get("results"):
         parts.append(_table(["check", "node", "status", "value", "detail", "hint"],

@@ -1,10 +1,11 @@
-"""`orch up`: preflight, launch the plan on every node under the node agent, supervise it while
-streaming the merged log, stop everything on the first failure. The one use case that composes
+"""`orch up`: copy `job.sync` to every node, preflight, launch the plan on every node under the
+node agent, supervise it while streaming the merged log, stop everything on the first failure. The one use case that composes
 the packages (preflight/, run/, logs/); it says what happens through `UpProgress` and returns an
 `UpOutcome`, and the CLI shows both.
 
 On the controller, `$ORCH_HOME/runs/<run-id>/` keeps the inventory snapshot, `plan.json`,
-`check.json`, `run.json` (run and per-node state) and the merged log.
+`check.json`, `sync.json` (what `job.sync` changed on each node), `run.json` (run and per-node
+state) and the merged log.
 
 An attached `orch up` supervises through the log streams: each node's log reader also pushes
 the node's status when it changes, so a healthy run costs no SSH exec after the start. A node
@@ -30,8 +31,10 @@ from typing import Any, Literal, Protocol
 from .config.inventory import Inventory
 from .config.plan import Plan, make_plan
 from .contract import RunState
+from .errors import OrchError, UsageError
 from .logs.lines import LogLine
 from .preflight.report import CheckReport, run_preflight, save_to_run
+from .remote.sync import SyncReport, sync_nodes
 from .run.agent import NodeStatus, StopResult, start_all, status_all, status_node, stop_all
 from .run.control import offsets_s
 from .run.records import RunRecord, node_records
@@ -39,12 +42,18 @@ from .run.supervise import Failure, NodeSpec, Pushed, Supervisor, sigint_shielde
 from .store import RunDir, RunStore, clock_offsets
 from .transport import Cluster, GroupResult
 
-Result = Literal["succeeded", "failed", "start_failed", "preflight_failed", "interrupted", "detached"]
+Result = Literal["succeeded", "failed", "start_failed", "sync_failed", "preflight_failed", "interrupted",
+                 "detached"]
 
 
 class UpProgress(Protocol):
     """What `up` tells as it goes, for the CLI to show; called from the main thread, except
     `line`, `log_event` and `log_stopped`, which come from the log streaming thread."""
+
+    def syncing(self, inv: Inventory) -> None:
+        """`job.sync` is being copied to every node (before the preflight)."""
+
+    def synced(self, report: SyncReport, elapsed_s: float) -> None: ...
 
     def preflight_done(self, report: CheckReport, elapsed_s: float) -> None: ...
 
@@ -66,6 +75,12 @@ class UpProgress(Protocol):
 
 class Quiet:
     """An UpProgress that says nothing."""
+
+    def syncing(self, inv: Inventory) -> None:
+        pass
+
+    def synced(self, report: SyncReport, elapsed_s: float) -> None:
+        pass
 
     def preflight_done(self, report: CheckReport, elapsed_s: float) -> None:
         pass
@@ -102,6 +117,10 @@ class UpOutcome:
     teardown_s: float | None = None
     not_stopped: dict[str, str] = field(default_factory=dict)
     """Nodes whose stop could not be confirmed, with the reason: run `orch down` once reachable."""
+    sync: SyncReport | None = None
+    """What copying `job.sync` did on each node (None: nothing to sync, or --skip-sync)."""
+    sync_error: OrchError | None = None
+    """Why `job.sync` could not be copied to any node (no rsync or ssh on the controller)."""
 
 
 def env_seconds(name: str, default: float) -> float:
@@ -138,34 +157,57 @@ def not_stopped(results: GroupResult[StopResult]) -> dict[str, str]:
 
 
 def up(inv: Inventory, *, detach: bool = False, skip_checks: bool = False, run_id: str | None = None,
-       progress: UpProgress | None = None) -> UpOutcome:
-    """Check, launch on every node, then supervise (or return once every node runs, with detach)."""
+       skip_sync: bool = False, progress: UpProgress | None = None, fabric: bool = False) -> UpOutcome:
+    """Copy `job.sync` (unless skip_sync), check, launch on every node, then supervise (or return
+    once every node runs, with detach). A `job.sync` path missing here raises UsageError.
+    `fabric`: the preflight also runs the fabric check (a short job on every node), as
+    `checks.fabric` in the inventory does."""
+    if skip_checks and fabric:
+        raise UsageError("--fabric is a check: it cannot run with --skip-checks",
+                         "drop --skip-checks, or --fabric")
     say = progress or Quiet()
     t0 = time.monotonic()
+    synced = None
+    if inv.job.sync and not skip_sync:
+        say.syncing(inv)
+        try:
+            synced = sync_nodes(inv, inv.nodes)
+        except UsageError:
+            raise
+        except OrchError as exc:  # nothing to copy with on the controller: nothing is launched
+            return UpOutcome("sync_failed", sync_error=exc)
+        say.synced(synced, time.monotonic() - t0)
+        if not synced.ok:
+            return UpOutcome("sync_failed", sync=synced)
     report = None
     if not skip_checks:
-        report = run_preflight(inv)
-        say.preflight_done(report, time.monotonic() - t0)
+        t_check = time.monotonic()
+        report = run_preflight(inv, fabric=fabric)
+        say.preflight_done(report, time.monotonic() - t_check)
         if not report.ok:
-            return UpOutcome("preflight_failed", preflight=report)
+            return UpOutcome("preflight_failed", preflight=report, sync=synced)
     t_launch = time.monotonic()
     run = RunStore().create(inv, run_id)
     plan = make_plan(inv, run.run_id)
     run.write(plan.to_json(), "plan.json")
     save_to_run(run, inv, report)
+    if synced is not None:
+        run.write(synced.to_json(), "sync.json")
     record = RunRecord(run)
     run.update(nodes=node_records(plan), state=RunState.STARTING)
     say.starting(plan)
     with Cluster(inv) as cluster, sigterm_as_interrupt():
         try:
-            return _launch(say, run, record, plan, cluster, detach, t0, t_launch, report)
+            outcome = _launch(say, run, record, plan, cluster, detach, t0, t_launch, report)
         except KeyboardInterrupt:
             t = time.monotonic()
             with sigint_shielded():
                 results = stop_all(cluster, record.nodes(), inv.job.stop_grace_s)
             record.update_nodes({}, state=RunState.STOPPED)
-            return UpOutcome("interrupted", run.run_id, report, teardown_s=time.monotonic() - t,
-                             not_stopped=not_stopped(results))
+            outcome = UpOutcome("interrupted", run.run_id, report, teardown_s=time.monotonic() - t,
+                                not_stopped=not_stopped(results))
+    outcome.sync = synced
+    return outcome
 
 
 def _launch(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, cluster: Cluster, detach: bool,

@@ -11,6 +11,8 @@ Two modes:
 
 In both modes every node has its own mount namespace in which ``NODE_LOCAL`` is bind-mounted
 from the node's private ``local_dir``: a file there exists on that node only (when root).
+`controller_dir()` makes a directory under ``NODE_LOCAL`` as this machine (the controller) sees
+it, which every node sees empty: a cluster without shared storage.
 
 A "holder" process (``sleep``) keeps each node's namespaces alive, so sshd can be stopped and
 started again and `exec` works while sshd is down. Every process the cluster starts carries
@@ -332,6 +334,7 @@ class TestCluster:
         self._n = n
         self._node_env = {k: dict(v) for k, v in (node_env or {}).items()}
         self._private_fs = is_root() and shutil.which("unshare") is not None
+        self._controller_dirs: list[Path] = []
 
     # -- lifecycle
 
@@ -372,6 +375,8 @@ class TestCluster:
         kill_pids([p for p in cluster_pids(self.id) if p not in holders])
         for node in self.nodes:
             _stop_popen(node.holder)
+        for path in self._controller_dirs:
+            shutil.rmtree(path, ignore_errors=True)
         if self.mode == "netns":
             for node in self.nodes:
                 if node.netns:
@@ -593,6 +598,17 @@ SetEnv {setenv}
 
     # -- API used by tests
 
+    def controller_dir(self, name: str) -> Path:
+        """A new empty directory `NODE_LOCAL/<cluster id>-<name>` on this machine (the controller)
+        that no node can see: each node's NODE_LOCAL is its own private directory, empty at start.
+        Removed at `stop`. Raises ClusterError where nodes cannot have private directories (not root)."""
+        if not self._private_fs:
+            raise ClusterError("private node directories need root and unshare (mount namespaces)")
+        path = Path(self.NODE_LOCAL) / f"{self.id}-{name}"
+        path.mkdir(parents=True)
+        self._controller_dirs.append(path)
+        return path
+
     def node(self, name: str) -> TestNode:
         for n in self.nodes:
             if n.name == name:
@@ -698,6 +714,19 @@ SetEnv {setenv}
             if "unknown" in proc.stderr.lower() or "not supported" in proc.stderr.lower():
                 raise NetemUnsupported(f"this kernel has no tc netem qdisc (CONFIG_NET_SCH_NETEM): {proc.stderr.strip()}")
             raise ClusterError(f"netem {spec!r} on {node}: {proc.stderr.strip()}")
+
+    def tbf(self, node: str, rate: str) -> None:
+        """Limit what the node receives to `rate` (e.g. "50mbit"): a token bucket on the bridge side
+        of its veth (`tc qdisc replace dev <host veth> root tbf rate RATE burst 64kb latency 50ms`;
+        tbf works in kernels without netem). "" removes it."""
+        n = self.node(node)
+        if n.host_veth is None:
+            self._need_netns("tbf")
+        if not rate:
+            _sh(["tc", "qdisc", "del", "dev", str(n.host_veth), "root"], check=False)
+            return
+        _sh(["tc", "qdisc", "replace", "dev", str(n.host_veth), "root", "tbf", "rate", rate, "burst", "64kb",
+             "latency", "50ms"])
 
     def add_interface(self, node: str, ifname: str, ipv4_cidr: str, up: bool = True) -> None:
         """Give the node one more NIC named ifname (a dummy, or a veth whose peer stays outside)."""

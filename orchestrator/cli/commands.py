@@ -25,6 +25,7 @@ from . import render
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 UP_EXIT = {"succeeded": ExitCode.OK, "detached": ExitCode.OK, "failed": ExitCode.FAILED,
            "start_failed": ExitCode.FAILED, "preflight_failed": ExitCode.PREFLIGHT_FAILED,
+           "sync_failed": ExitCode.PREFLIGHT_FAILED,
            "interrupted": ExitCode.INTERRUPTED}
 """The exit code of each way `orch up` ends (docs/CONTRACT.md)."""
 
@@ -88,9 +89,14 @@ Checks: {checks}.
 Exit code: 0 no failure (warnings allowed), 1 a check failed, 2 bad inventory.
 
 \b
+The fabric check is opt-in (it launches a short torchrun job on every node: an all_reduce size
+sweep and node-to-node rates, nccl-tests' busbw): --only fabric, or checks.fabric in the inventory.
+
+\b
 Examples:
   orch check inventory/v100.yaml
   orch check inventory/v100.yaml --only ssh,clock --json | jq .
+  orch check inventory/v100.yaml --only fabric      # busbw per size, send/recv per node
 """.format(checks=", ".join(CHECK_NAMES))
 
 
@@ -104,14 +110,16 @@ def check(state: State, inventory: str | None, as_json: bool, only: str | None, 
     inv = resolve_inventory(inventory)
     from ..preflight.report import run_preflight, select_checks
 
-    selected = select_checks(split_names(only), split_names(skip))
+    select_checks(split_names(only), split_names(skip))  # an unknown name: exit 2 before any connection
     with render.probe_progress(len(inv.nodes)) as progress:
-        report = run_preflight(inv, only=selected, progress=progress,
+        report = run_preflight(inv, only=split_names(only), skip=split_names(skip), progress=progress,
                                warm_up=None if as_json else render.preload_check_table)
     if as_json:
         render.json_out(report.to_json(inv.path))
     else:
         render.check_table(report)
+        if report.fabric is not None:
+            render.fabric_report(report.fabric)
     raise SystemExit(ExitCode.OK if report.ok else ExitCode.FAILED)
 
 
@@ -119,14 +127,16 @@ UP_HELP = """Check, assign ranks, launch torchrun on every node, stream the merg
 
 \b
 Node ranks follow the inventory (the master is node rank 0). One node failing stops all.
-Exit code: 0 success everywhere, 1 the job failed, 2 bad inventory, 3 preflight failed
-(nothing launched), 130 interrupted (every node stopped first).
+When job.sync lists paths, they are copied to every node first (orch sync), then checked.
+Exit code: 0 success everywhere, 1 the job failed, 2 bad inventory, 3 preflight or sync
+failed (nothing launched), 130 interrupted (every node stopped first).
 
 \b
 Examples:
   orch up inventory/v100.yaml --dry-run     # the plan: ranks and exact commands
   orch up inventory/v100.yaml               # launch and follow
   orch up inventory/v100.yaml --detach      # launch, return; then orch logs -f
+  orch up inventory/v100.yaml --fabric      # measure the fabric in the preflight first
 """
 
 
@@ -135,11 +145,15 @@ Examples:
 @click.option("--dry-run", is_flag=True, help="Print the plan (node, address, ranks, command); touch no node.")
 @click.option("--detach", is_flag=True, help="Return once every node has started; the job keeps running.")
 @click.option("--skip-checks", is_flag=True, help="Launch without the preflight.")
+@click.option("--skip-sync", is_flag=True, help="Do not copy job.sync to the nodes first.")
 @click.option("--run-id", help="Name the run (default: DATE-TIME-CLUSTER).")
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: print the plan as JSON.")
+@click.option("--fabric", is_flag=True,
+              help="Also run the fabric check in the preflight (a short all_reduce job on every node); "
+                   "a failure stops the launch (exit 3).")
 @pass_state
-def up(state: State, inventory: str | None, dry_run: bool, detach: bool, skip_checks: bool,
-       run_id: str | None, as_json: bool) -> None:
+def up(state: State, inventory: str | None, dry_run: bool, detach: bool, skip_checks: bool, skip_sync: bool,
+       run_id: str | None, as_json: bool, fabric: bool) -> None:
     if run_id is not None:
         from ..store import check_run_id
 
@@ -156,7 +170,8 @@ def up(state: State, inventory: str | None, dry_run: bool, detach: bool, skip_ch
         raise SystemExit(ExitCode.OK)
     from ..up import up as run_up
 
-    outcome = run_up(inv, detach=detach, skip_checks=skip_checks, run_id=run_id, progress=render.UpPrinter())
+    outcome = run_up(inv, detach=detach, skip_checks=skip_checks, run_id=run_id, skip_sync=skip_sync,
+                     progress=render.UpPrinter(), fabric=fabric)
     render.up_outcome(outcome)
     raise SystemExit(UP_EXIT[outcome.result])
 
@@ -285,6 +300,127 @@ def report(state: State, run: str | None) -> None:
 
     render.report_outcome(make_report(run))
     raise SystemExit(ExitCode.OK)
+
+
+class _CommandAfterDashes(click.Command):
+    """A command whose words after the first `--` are not its own: they are the command to run
+    on the nodes (`ctx.meta["orch.command"]`, None without `--`), options and all."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            cut = args.index("--")
+            ctx.meta["orch.command"] = args[cut + 1:]
+            args = args[:cut]
+        else:
+            ctx.meta["orch.command"] = None
+        return super().parse_args(ctx, args)
+
+    def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
+        return [*super().collect_usage_pieces(ctx), "-- CMD ..."]
+
+
+EXEC_HELP = """Run a command on every node in parallel; the output grouped by identical answer.
+
+\b
+The command goes after `--`. One argument is a line for each node's login shell, as
+pdsh and ssh send it (quote it: pipes and globs run on the node); several arguments are
+an argv, each word reaching the node as it is. It runs in the node's login environment
+(the inventory's `env` is not applied) with an empty stdin, over the same SSH settings
+and host-key rules as every orch command.
+
+\b
+Nodes that print the same stdout and stderr and exit alike are shown once, under their
+folded names (node[1-3,5]), like `pdsh | dshbak -c`; control characters in node output
+are shown escaped (\\x1b), never sent to the terminal.
+
+\b
+Exit code: the worst node's: the largest exit code, where a node that could not be
+reached (or whose command ended without an exit status) counts 255 and one that timed
+out 124; 0 when every node exited 0. 2: bad usage or inventory (nothing ran).
+
+\b
+Examples:
+  orch exec inventory/v100.yaml -- nvidia-smi
+  orch exec -- 'pip freeze | grep torch'
+  orch exec --nodes v100-[2-4] -- df -h /data
+  orch exec --timeout 10 --json -- nproc | jq -r '.nodes[] | "\\(.node) \\(.stdout)"'
+"""
+
+
+@cli.command("exec", cls=_CommandAfterDashes, help=EXEC_HELP, context_settings={**CONTEXT, "allow_extra_args": True})
+@click.argument("inventory", required=False)
+@click.option("--nodes", "node_set", metavar="SET", help="Only these nodes: names or ranges, e.g. v100-[1-2],v100-4.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="Give up on a node whose command runs longer than SECONDS (it counts exit 124).")
+@click.option("--json", "as_json", is_flag=True, help="Print every node's answer as JSON on stdout.")
+@click.pass_context
+def exec_(ctx: click.Context, inventory: str | None, node_set: str | None, timeout: float | None,
+          as_json: bool) -> None:
+    command = ctx.meta.get("orch.command")
+    if not command:
+        stray = f" (got: {' '.join(ctx.args)})" if ctx.args else ""
+        raise UsageError("no command given" if command is not None else f"put the command after --{stray}",
+                         "orch exec [INVENTORY] [--nodes SET] -- CMD ...   e.g. orch exec -- nvidia-smi")
+    inv = resolve_inventory(inventory)
+    from ..config.nodeset import select
+    from ..remote.exec import run_everywhere
+
+    nodes = select(node_set, inv.nodes)
+    with render.exec_progress(len(nodes)) as progress:
+        report = run_everywhere(inv, nodes, command, timeout=timeout, progress=progress)
+    if as_json:
+        render.json_out(report.to_json())
+    else:
+        from .ui import color_enabled
+
+        render.exec_output(report, color_enabled(sys.stdout))
+    raise SystemExit(report.exit_code)
+
+
+SYNC_HELP = """Copy the inventory's `job.sync` paths to the same absolute paths on every node.
+
+\b
+rsync over SSH with the inventory's SSH settings (user, port, identity, known_hosts,
+host-key policy, gateway), one rsync per node, `fanout` nodes at once; only what changed
+is sent (size and modification time, or --checksum). A directory /data/coco lands at
+/data/coco, its missing parents created. Files on a node that the controller does not
+have are kept unless --delete. `orch up` runs this before its preflight when job.sync
+lists anything. rsync must be installed here and on every node.
+
+\b
+Exit code: 0 every node in sync, 1 some node failed (named, with the reason), 2 bad
+usage or inventory (job.sync empty, a path missing here).
+
+\b
+Examples:
+  orch sync inventory/v100.yaml               # job: {sync: [/srv/yolo, /data/coco]}
+  orch sync --dry-run                         # what would change on each node
+  orch sync --nodes v100-[3-4] --json | jq '.nodes[] | {node, files, bytes}'
+"""
+
+
+@cli.command(help=SYNC_HELP, context_settings=CONTEXT)
+@click.argument("inventory", required=False)
+@click.option("--nodes", "node_set", metavar="SET", help="Only these nodes: names or ranges, e.g. v100-[1-2],v100-4.")
+@click.option("-n", "--dry-run", is_flag=True, help="Show what would change on each node; change nothing.")
+@click.option("--delete", is_flag=True, help="Also remove files inside synced directories that the controller does not have.")
+@click.option("--checksum", is_flag=True, help="Compare files by checksum, not size and time (reads every file).")
+@click.option("--json", "as_json", is_flag=True, help="Print every node's outcome as JSON on stdout.")
+def sync(inventory: str | None, node_set: str | None, dry_run: bool, delete: bool, checksum: bool,
+         as_json: bool) -> None:
+    inv = resolve_inventory(inventory)
+    from ..config.nodeset import select
+    from ..remote.rsync import SyncOptions
+    from ..remote.sync import sync_nodes
+
+    nodes = select(node_set, inv.nodes)
+    with render.exec_progress(len(nodes)) as progress:
+        report = sync_nodes(inv, nodes, SyncOptions(dry_run=dry_run, delete=delete, checksum=checksum), progress)
+    if as_json:
+        render.json_out(report.to_json())
+    else:
+        render.sync_report(report)
+    raise SystemExit(ExitCode.OK if report.ok else ExitCode.FAILED)
 
 
 def main(argv: list[str] | None = None) -> None:

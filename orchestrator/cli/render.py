@@ -16,7 +16,7 @@ import json
 import os
 import shlex
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..contract import CHECK_STATUSES
@@ -25,9 +25,13 @@ from .ui import color_enabled, console, may_be_terminal, styled
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from ..config.inventory import Inventory
     from ..config.plan import Plan
     from ..logs.lines import LogLine
     from ..preflight.report import CheckReport, Progress
+    from ..remote.exec import ExecReport
+    from ..remote.rsync import Transfer
+    from ..remote.sync import SyncReport
     from ..report import ReportOutcome
     from ..run.control import DownReport, StatusReport
     from ..up import UpOutcome
@@ -101,6 +105,40 @@ def check_table(report: CheckReport, out: Console | None = None) -> None:
     summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
     verdict = "[bold red]preflight failed[/]" if not report.ok else "[green]preflight passed[/]"
     out.print(f"{verdict}: {summary} ({report.elapsed_s:.1f} s)")
+
+
+def fabric_report(fabric: Mapping[str, Any], out: Console | None = None) -> None:
+    """The fabric check's measurements: the all_reduce sweep as all_reduce_perf prints it (same
+    columns and units), then each node's send/recv rate and what is slow."""
+    from ..preflight.busbw import sweep_table
+
+    shown = out or console(stderr=False)
+
+    def say(text: str) -> None:
+        shown.print(text, markup=False, highlight=False, soft_wrap=True)
+
+    if not fabric.get("sweep"):
+        say(f"fabric: no measurement ({fabric.get('backend')}, run {fabric.get('run')})")
+        return
+    say(f"\nfabric: {fabric['backend']} on {fabric['device']}, {fabric['world_size']} ranks on "
+        f"{fabric['nnodes']} nodes (job {fabric.get('job_s', 0):.1f} s, with launch and teardown "
+        f"{fabric.get('wall_s', 0):.1f} s)")
+    say(sweep_table(fabric))
+    for skipped in fabric.get("skipped") or []:
+        say(f"# size {skipped['size_bytes']} left out: {skipped['reason']}")
+    per_node = fabric.get("per_node") or []
+    if per_node:
+        width = max(len(p["node"]) for p in per_node)
+        say(f"{'node':<{width}}  send GB/s  recv GB/s   (best pair; medians over its pairs)")
+        slow = {(p["node"], p["direction"]) for p in fabric.get("slow_nodes") or []}
+        for p in per_node:
+            marks = [d for d in ("send", "recv") if (p["node"], d) in slow]
+            note = f"   slow {'/'.join(marks)}" if marks else ""
+            say(f"{p['node']:<{width}}  {p['send_gbps']:9.3f}  {p['recv_gbps']:9.3f}   "
+                f"({p['send_median_gbps']:.3f} / {p['recv_median_gbps']:.3f}){note}")
+    for link in fabric.get("slow_links") or []:
+        say(f"slow link {link['src']}->{link['dst']}: {link['gbps']:.3f} GB/s, its ends reach "
+            f"{link['expected_gbps']:.3f} GB/s")
 
 
 def preload_check_table() -> None:
@@ -211,9 +249,19 @@ class UpPrinter:
         self.err = console()
         self.log: LogPrinter | None = None
 
+    def syncing(self, inv: Inventory) -> None:
+        self.err.print(f"syncing {len(inv.job.sync)} path(s) of job.sync to {len(inv.nodes)} nodes...")
+
+    def synced(self, report: SyncReport, elapsed_s: float) -> None:
+        sync_report(report, sys.stderr)
+        if report.ok:
+            self.err.print(f"sync done in {elapsed_s:.1f} s")
+
     def preflight_done(self, report: CheckReport, elapsed_s: float) -> None:
         if not report.ok or any(r.status == "warn" for r in report.results):
             check_table(report, self.err)
+        if report.fabric is not None:
+            fabric_report(report.fabric, self.err)
         if report.ok:
             self.err.print(f"preflight passed in {elapsed_s:.1f} s")
 
@@ -255,7 +303,14 @@ def up_outcome(outcome: UpOutcome) -> None:
     out = console()
     run = outcome.run_id
     unconfirmed = markup(", ".join(outcome.not_stopped))
-    if outcome.result == "preflight_failed":
+    if outcome.result == "sync_failed":
+        if outcome.sync_error is not None:
+            out.print(f"orch: {markup(outcome.sync_error.message)}")
+            if outcome.sync_error.hint:
+                out.print(f"  hint: {markup(outcome.sync_error.hint)}")
+        out.print("[bold red]job.sync could not be copied to every node: nothing was launched[/] (fix it, "
+                  "or pass --skip-sync to launch with what the nodes have)")
+    elif outcome.result == "preflight_failed":
         out.print("[bold red]preflight failed: nothing was launched[/] (fix the failures above, "
                   "or pass --skip-checks to launch anyway)")
     elif outcome.result == "start_failed":
@@ -340,3 +395,116 @@ def report_outcome(outcome: ReportOutcome) -> None:
         copy = f", copy in {outcome.local_csv.resolve()}" if outcome.local_csv else ""
         out.print(f"results: {markup(outcome.results_csv)} (on {outcome.master})" + markup(copy))
     out.print(f"report:  {outcome.page.resolve()}")
+
+def printable(text: str) -> str:
+    """Text from a node, safe for a terminal: the one `logs.lines.printable` every output uses."""
+    return safe(text)
+
+
+def exec_output(report: ExecReport, color: bool) -> None:
+    """`orch exec`'s output on stdout, grouped like `dshbak -c`: one block per distinct answer
+    under the folded set of the nodes that gave it, its exit code when not 0; then, on stderr,
+    which nodes failed."""
+    from ..config.nodeset import fold
+
+    bold, red, reset = ("\033[1m", "\033[1;31m", "\033[0m") if color else ("", "", "")
+    rule = "-" * 16
+    out = []
+    for group in report.groups():
+        answer = group.answer
+        status = ""
+        if answer.error:
+            status = f": {answer.error} (exit {answer.exit_code})"
+        elif answer.exit_code:
+            status = f": exit {answer.exit_code}"
+        head = f"{fold(group.nodes)} ({len(group.nodes)})"
+        out.append(f"{rule}\n{bold}{head}{reset}{red}{printable(status)}{reset}\n{rule}\n")
+        for text in (answer.stdout, answer.stderr):
+            if text:
+                out.append(printable(text) + ("" if text.endswith("\n") else "\n"))
+        if answer.hint:
+            out.append(f"hint: {printable(answer.hint)}\n")
+    sys.stdout.write("".join(out))
+    sys.stdout.flush()
+    failed = report.failed()
+    if failed:
+        by_code: dict[int, list[str]] = {}
+        for n in failed:
+            by_code.setdefault(n.exit_code, []).append(n.node)
+        detail = "; ".join(f"exit {code}: {fold(names)}" for code, names in sorted(by_code.items(), reverse=True))
+        sys.stderr.write(f"orch exec: {len(failed)} of {len(report.nodes)} nodes failed ({detail})\n")
+
+
+@contextlib.contextmanager
+def exec_progress(nodes: int) -> Iterator[Callable[[int, int], None] | None]:
+    """`done/total` on stderr while nodes answer, erased at the end; None where stderr is no terminal."""
+    if not may_be_terminal(sys.stderr) or not sys.stderr.isatty():
+        yield None
+        return
+
+    def progress(done: int, total: int) -> None:
+        sys.stderr.write(f"\r{done}/{total} nodes done")
+        sys.stderr.flush()
+
+    try:
+        yield progress
+    finally:
+        sys.stderr.write("\r\033[K")
+        sys.stderr.flush()
+
+
+def human_bytes(n: int) -> str:
+    """1234567 → `1.2 MB` (powers of 1000, as rsync -h and df -H)."""
+    size = float(n)
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if size < 1000 or unit == "TB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    raise AssertionError("unreachable")
+
+
+def describe_transfer(t: Transfer, dry: bool) -> str:
+    """`copied 12 file(s), 3.4 MB, deleted 2` / `up to date` (`would copy ...` with --dry-run)."""
+    if t.up_to_date:
+        return "up to date"
+    parts = []
+    if t.files:
+        parts.append(f"{'would copy' if dry else 'copied'} {t.files} file(s), {human_bytes(t.bytes)}")
+    if t.deleted:
+        parts.append(f"{'would delete' if dry else 'deleted'} {t.deleted}")
+    others = len(t.changes) - t.deleted - t.files
+    if others > 0:
+        parts.append(f"{'would make' if dry else 'made'} {others} other change(s) (directories, links, modes)")
+    return ", ".join(parts)
+
+
+def sync_report(report: SyncReport, stream: Any = None) -> None:
+    """`orch sync`'s outcome, nodes with the same outcome on one line under their folded names;
+    with --dry-run, the changes rsync would make. Failures name the reason and the fix."""
+    from ..config.nodeset import fold
+
+    stream = stream or sys.stdout
+    dry = report.options.dry_run
+    lines = [f"{'would sync' if dry else 'sync'} {', '.join(report.paths)} → {len(report.nodes)} node(s)"]
+    if report.skipped:
+        lines.append(f"nothing copied: {report.skipped}")
+    else:
+        groups: dict[tuple[Any, ...], list[str]] = {}
+        for n in report.nodes:
+            what = (describe_transfer(n.transfer, dry), n.transfer.changes if dry else ()) if n.transfer else None
+            groups.setdefault((n.error, n.hint, what), []).append(n.node)
+        for (error, hint, what), names in groups.items():
+            head = f"  {fold(names)} ({len(names)}): "
+            if error:
+                lines.append(head + "FAILED: " + printable(error))
+                if hint:
+                    lines.append(f"    hint: {printable(hint)}")
+                continue
+            lines.append(head + what[0])
+            lines.extend(f"    {printable(c)}" for c in what[1])
+    stream.write("\n".join(lines) + "\n")
+    stream.flush()
+    failed = report.failed()
+    if failed:
+        sys.stderr.write(f"orch sync: failed on {len(failed)} of {len(report.nodes)} nodes: "
+                         f"{fold(n.node for n in failed)}\n")

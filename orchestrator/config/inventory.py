@@ -95,12 +95,31 @@ class ClockCheck:
 
 
 @dataclass(frozen=True)
+class FabricCheck:
+    """`checks.fabric`: the collective-path measurement (opt-in; `true` or a mapping)."""
+
+    enabled: bool = False
+    """Run it with every `orch check` / `orch up` of this inventory (else only when asked)."""
+    max_bytes: int = 256 << 20
+    """The largest all_reduce of the sweep (1 MiB, ×4, up to this), bytes."""
+    min_busbw_gbps: float | None = None
+    """`fail` when the sweep's busbw at its largest size is below this (GB/s); None: no floor."""
+    share: float = 0.7
+    """`warn` on a node (or link) below this share of the median node."""
+    timeout_s: float = 180.0
+    """The whole job must end within this; a collective gives up after it."""
+    budget_s: float = 30.0
+    """Sweep sizes that would end the sweep after this many seconds are skipped (and reported)."""
+
+
+@dataclass(frozen=True)
 class Checks:
     clock: ClockCheck
     timezone: str | None
     rdma_devices: tuple[str, ...]
     ssh_warn_ms: float
     skip: tuple[str, ...]
+    fabric: FabricCheck = FabricCheck()
 
 
 @dataclass(frozen=True)
@@ -120,6 +139,9 @@ class Job:
     torchrun_args: tuple[str, ...]
     run_root: str
     stop_grace_s: float
+    sync: tuple[str, ...] = ()
+    """Controller paths `orch sync` (and `orch up` before its preflight) copies to the same absolute
+    path on every node: absolute, normalised (no trailing slash), each listed once."""
 
 
 @dataclass(frozen=True)
@@ -207,6 +229,24 @@ def range_size(pattern: str) -> int:
         else:
             part += ch
     return total
+
+
+SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMG]?)i?B?\s*$", re.I)
+
+
+def parse_size(value: int | str) -> int:
+    """Bytes from `268435456`, `"256M"`, `"1G"`, `"512K"` (powers of 1024, as nccl-tests' -b/-e);
+    at least 4 bytes (one float). Raises ValueError with an example."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    else:
+        m = SIZE.match(str(value))
+        if not m:
+            raise ValueError(f"max_bytes {value!r} is not a size (examples: 268435456, 64M, 1G)")
+        number = int(float(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2).upper()])
+    if number < 4:
+        raise ValueError(f"max_bytes {value!r} is below 4 bytes (one float32 element)")
+    return number
 
 
 def _env_value(v: Any) -> str:
@@ -337,7 +377,28 @@ class _Resolver:
         return Checks(
             clock=ClockCheck(server, c.clock.max_offset_ms), timezone=c.timezone,
             rdma_devices=tuple(c.rdma.devices), ssh_warn_ms=c.ssh.warn_ms, skip=tuple(c.skip),
+            fabric=self.fabric(c.fabric),
         )
+
+    def fabric(self, f: Any) -> FabricCheck:
+        """`checks.fabric: true|false` or a mapping of settings (enabled unless it says otherwise)."""
+        if isinstance(f, bool):
+            return FabricCheck(enabled=f)
+        where = ("checks", "fabric")
+        try:
+            max_bytes = parse_size(f.max_bytes)
+        except ValueError as exc:
+            self.issue(str(exc), *where, "max_bytes")
+            max_bytes = FabricCheck.max_bytes
+        if f.min_busbw_gbps is not None and f.min_busbw_gbps < 0:
+            self.issue(f"min_busbw_gbps must be 0 or more, got {f.min_busbw_gbps:g}", *where, "min_busbw_gbps")
+        if not 0 < f.share <= 1:
+            self.issue(f"share must be in (0, 1] (a share of the median node), got {f.share:g}", *where, "share")
+        for key in ("timeout_s", "budget_s"):
+            if getattr(f, key) <= 0:
+                self.issue(f"{key} must be positive, got {getattr(f, key):g}", *where, key)
+        return FabricCheck(enabled=f.enabled, max_bytes=max_bytes, min_busbw_gbps=f.min_busbw_gbps, share=f.share,
+                           timeout_s=f.timeout_s, budget_s=f.budget_s)
 
     def job(self) -> Job:
         j = self.m.job
@@ -370,7 +431,34 @@ class _Resolver:
             module=j.module if (j.module or j.script) else "trainer", script=j.script, args=args,
             raw_args=MappingProxyType(dict(j.args) if isinstance(j.args, dict) else {}),
             torchrun_args=tuple(j.torchrun_args), run_root=j.run_root, stop_grace_s=j.stop_grace_s,
+            sync=self.sync_paths(j.sync),
         )
+
+    def sync_paths(self, paths: list[str]) -> tuple[str, ...]:
+        """`job.sync`: absolute paths, the same on the controller and on every node."""
+        out: list[str] = []
+        for i, raw in enumerate(paths):
+            path = raw.rstrip("/")
+            if not raw.startswith("/"):
+                hint = "~ is the controller's home here and the node's there" if raw.startswith("~") else \
+                    f"e.g. {os.path.join('/path/to', raw)}"
+                self.issue(f"sync path {raw!r} is not absolute: it is copied to the same absolute path on every "
+                           f"node ({hint})", "job", "sync", i)
+            elif not path:
+                self.issue("sync path '/' would copy the whole filesystem: list the directories to copy",
+                           "job", "sync", i)
+            elif any(part in (".", "..") for part in path.split("/")):
+                self.issue(f"sync path {raw!r} has '.' or '..' components: write it as {os.path.normpath(raw)}",
+                           "job", "sync", i)
+            elif path in out:
+                self.issue(f"sync path {raw!r} is listed twice", "job", "sync", i)
+            elif any(path.startswith(o + "/") or o.startswith(path + "/") for o in out):
+                other = next(o for o in out if path.startswith(o + "/") or o.startswith(path + "/"))
+                self.issue(f"sync paths {other} and {path} overlap: list only the outer one", "job", "sync", i)
+            else:
+                self.safe(path, "sync path", "job", "sync", i)
+                out.append(path)
+        return tuple(out)
 
     def rendezvous(self, nodes: list[Node], job: Job) -> None:
         nprocs = {n.nproc_per_node for n in nodes}

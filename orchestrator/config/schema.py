@@ -113,12 +113,22 @@ class SSHCheckModel(_Schema):
     warn_ms: float = 1000.0
 
 
+class FabricCheckModel(_Schema):
+    enabled: bool = True
+    max_bytes: int | str = "256M"
+    min_busbw_gbps: float | None = None
+    share: float = 0.7
+    timeout_s: float = 180.0
+    budget_s: float = 30.0
+
+
 class ChecksModel(_Schema):
     clock: ClockModel = ClockModel()
     timezone: str | None = None
     rdma: RdmaModel = RdmaModel()
     ssh: SSHCheckModel = SSHCheckModel()
     skip: list[str] = []
+    fabric: bool | FabricCheckModel = False
 
 
 class JobModel(_Schema):
@@ -133,6 +143,7 @@ class JobModel(_Schema):
     torchrun_args: list[str] = []
     run_root: str = DEFAULT_RUN_ROOT
     stop_grace_s: float = 10.0
+    sync: list[str] = []
 
 
 class InventoryModel(_Schema):
@@ -258,7 +269,8 @@ def validate(data: dict[str, Any], path: str = "<inventory>",
 def _schema_issues(exc: ValidationError, path: str, lines: dict[yamlines.Path, int]) -> list[InventoryIssue]:
     issues = []
     for err in exc.errors():
-        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in _UNION_TAGS)))
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in _UNION_TAGS
+                                                                         or p in _model_names())))
         key = yamlines.dotted(loc)
         line = yamlines.line_of(lines, loc)
         if err["type"] == "extra_forbidden":
@@ -282,6 +294,12 @@ def _schema_issues(exc: ValidationError, path: str, lines: dict[yamlines.Path, i
 
 
 _UNION_TAGS = {"str", "int", "float", "bool", "none", "list[union[str,int,float,bool]]", "dict[str,any]"}
+
+
+def _model_names() -> set[str]:
+    """The names pydantic puts in an error's location for a union member that is a schema
+    (`checks.fabric.FabricCheckModel.share`): not keys of the file."""
+    return {klass.__name__ for klass in _PYDANTIC}
 
 
 def _is_schema(tp: Any) -> bool:

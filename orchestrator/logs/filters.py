@@ -11,8 +11,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from ClusterShell.NodeSet import NodeSet, NodeSetException
-
+from ..config.nodeset import expand
 from ..errors import UsageError
 from .lines import LogLine, merge_key
 
@@ -35,10 +34,7 @@ def parse_ranks(spec: str) -> frozenset[int]:
 
 def parse_nodes(spec: str, known: Iterable[str]) -> frozenset[str]:
     """Node names or ClusterShell ranges (`node[1-2],node4`) → the matching known node names."""
-    try:
-        wanted = set(NodeSet(spec))
-    except NodeSetException as exc:
-        raise UsageError(f"bad --node '{spec}': {exc}", "use a name or a range, e.g. gpu[01-04]") from None
+    wanted = set(expand(spec, "--node"))
     known = list(known)
     unknown = sorted(wanted - set(known))
     if unknown:

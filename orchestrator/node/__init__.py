@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import ast
 import base64
-import functools
 import importlib.util
 import marshal
+import threading
 import zlib
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+_BUILD = threading.Lock()
+_PROGRAMS: dict[tuple[str, tuple[str, ...]], str] = {}
 FROM_STDIN = "import sys;exec(sys.stdin.buffer.read())"
 """`python -c` text that runs the program sent on its stdin. A long-lived program (the log reader)
 then shows a command line of a few words in `ps` for its whole life, not its 40 KB of code."""
@@ -55,12 +57,21 @@ def _blob(data: bytes) -> str:
     return base64.b64encode(zlib.compress(data, 9)).decode("ascii")
 
 
-@functools.lru_cache(maxsize=None)
 def program(main: str, deps: tuple[str, ...] = ()) -> str:
-    """The `python -c` text that runs node program `main` as `__main__`, its sibling modules
-    `deps` importable by `from . import NAME`. It carries the bytecode for a node whose Python has
-    this Python's bytecode magic number (compiling is a fifth of the probe's CPU on a node), and
-    the compressed source for any other. Built once per process."""
+    """The text that runs node program `main` as `__main__`, its sibling modules `deps`
+    importable by `from . import NAME`. It carries the bytecode for a node whose Python has this
+    Python's bytecode magic number (compiling is a fifth of the probe's CPU on a node), and the
+    compressed source for any other. Built once per process, by the first of the threads that
+    ask at once (one per node); the others wait for it rather than compile it again each."""
+    key = (main, tuple(deps))
+    with _BUILD:
+        text = _PROGRAMS.get(key)
+        if text is None:
+            text = _PROGRAMS[key] = _build(main, tuple(deps))
+    return text
+
+
+def _build(main: str, deps: tuple[str, ...]) -> str:
     names = (*deps, main)
     texts = [source(n) for n in names]
     code = _blob(marshal.dumps(tuple(compile(t, f"orch-{n}", "exec") for n, t in zip(names, texts))))

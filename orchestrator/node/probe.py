@@ -381,8 +381,30 @@ def file_facts(path: str, want_text: bool) -> dict:
     return out
 
 
+def output_facts(path: str) -> dict:
+    """A directory the job will write: whether it exists (and is writable), else the nearest
+    existing ancestor and whether this user can create entries there."""
+    p = os.path.abspath(expand(path))
+    out: dict = {"path": path, "output": True, "exists": os.path.exists(p), "is_file": os.path.isfile(p),
+                 "is_dir": os.path.isdir(p)}
+    if out["is_dir"]:
+        out["writable"] = os.access(p, os.W_OK | os.X_OK)
+        return out
+    if out["exists"]:
+        return out
+    parent = os.path.dirname(p)
+    while parent != os.path.dirname(parent) and not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    out["ancestor"] = parent
+    out["ancestor_is_dir"] = os.path.isdir(parent)
+    out["ancestor_writable"] = os.path.isdir(parent) and os.access(parent, os.W_OK | os.X_OK)
+    return out
+
+
 def gather_paths(args: dict) -> dict:
-    return {key: file_facts(path, key in args.get("text_for", ())) for key, path in args.get("paths", {}).items()}
+    outputs = set(args.get("outputs", ()))
+    return {key: output_facts(path) if key in outputs else file_facts(path, key in args.get("text_for", ()))
+            for key, path in args.get("paths", {}).items()}
 
 
 def sntp(server: str, timeout: float = 2.0) -> dict:

@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config.inventory import Inventory, Node
 from ..errors import TransportError
@@ -37,9 +37,19 @@ from ..node import probe
 from ..node import program as node_program
 from ..transport import Cluster, Process, Transport
 
+if TYPE_CHECKING:
+    from .fabric import FabricFacts
+
 Progress = Callable[[str, int, int], None]
 # args whose value is a file the job reads: checked for absolute path, existence, same content
 PATH_KEYS = ("weights", "data", "model", "cfg", "resume", "pretrained", "hyp", "tracker")
+# args whose value is a directory the job writes: it need not exist yet, only be creatable
+OUTPUT_KEYS = ("out", "project", "save_dir", "output", "output_dir", "log_dir", "logdir", "runs_dir",
+               "debug_dir", "checkpoint_dir", "ckpt_dir")
+
+
+def is_output_key(key: str) -> bool:
+    return key.replace("-", "_") in OUTPUT_KEYS
 PHASE1_TIMEOUT_S = 150.0    # a cold `import torch` on a loaded node is the slow part
 CONNECT_TIMEOUT_S = 5.0
 REACH_TIMEOUT_S = CONNECT_TIMEOUT_S * 6 + 30
@@ -126,6 +136,9 @@ class NodeFacts:
     malformed: list[str] = field(default_factory=list)
     """Parts of the probe's answer that were not of the shape the probe writes (dropped): a
     mismatched or tampered probe; the `ssh` check fails on it."""
+    fabric: FabricFacts | None = None
+    """What the fabric job measured (`preflight/fabric.py`), the same object on every node; None
+    where the fabric check was not selected."""
 
     @property
     def ok(self) -> bool:
@@ -296,6 +309,19 @@ def path_args(inv: Inventory) -> dict[str, str]:
     return out
 
 
+def job_files(inv: Inventory) -> dict[str, str]:
+    """Every path the `job` check looks at on each node: the path-like args, an absolute
+    `job.script`, and each `job.sync` entry (files by size and sha256, directories by existence),
+    each path once."""
+    out = path_args(inv)
+    extra = [("script", inv.job.script)] if inv.job.script and inv.job.script.startswith(("/", "~/")) else []
+    extra += [(f"sync[{i}]", p) for i, p in enumerate(inv.job.sync)]
+    for key, path in extra:
+        if path not in out.values() and key not in out:
+            out[key] = path
+    return out
+
+
 # ----------------------------------------------------------------------------- the probe's answer, checked
 
 
@@ -322,7 +348,8 @@ NUMBER, INT = "number", "int"  # JSON numbers (finite; never a bool), integers a
 _BAD = object()
 _RUN = {"rc": _Opt(INT), "out": str, "err": str, "error": str}
 _FILE = {"path": str, "exists": bool, "is_file": bool, "is_dir": bool, "size": INT, "sha256": str,
-         "text": _Opt(str), "error": str}
+         "text": _Opt(str), "error": str, "output": bool, "writable": bool, "ancestor": str,
+         "ancestor_is_dir": bool, "ancestor_writable": bool}
 LISTEN_SHAPE = {"master_port": {"port": INT, "bound": bool, "error": _Opt(str), "holder": _Opt(str)},
                 "ring": {"addr": str, "port": _Opt(INT), "error": _Opt(str)},
                 "verbs": _Opt({"port": INT, "device": str, "tool": str})}
@@ -403,7 +430,7 @@ def probe_command(python: str, args: dict[str, Any]) -> list[str]:
 
 def probe_args(inv: Inventory, node: Node, want: Sequence[str], token: str, n_peers: int) -> dict[str, Any]:
     """The JSON the probe gets: what to gather and which listeners to open."""
-    paths = path_args(inv) if "job" in want else {}
+    paths = job_files(inv) if "job" in want else {}
     is_master = node.name == inv.master.name
     net = "ports" in want or "rdma" in want
     return {
@@ -411,6 +438,7 @@ def probe_args(inv: Inventory, node: Node, want: Sequence[str], token: str, n_pe
         "inventory_env": sorted(node.env), "env_on_stdin": True,
         "ntp_server": inv.checks.clock.ntp_server if "clock" in want else None,
         "paths": paths, "text_for": [k for k in paths if k.replace("-", "_") == "data"],
+        "outputs": [k for k in paths if is_output_key(k)],
         "workdir": inv.job.workdir if "job" in want else None,
         "master_port": inv.master_port if is_master and "ports" in want else None,
         "ring_addr": node.addr if net and n_peers > 1 else None,

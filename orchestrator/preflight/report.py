@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -28,6 +28,8 @@ from .facts import collect
 if TYPE_CHECKING:
     from ..store import RunDir
     from .checks import CheckResult
+    from .fabric import FabricFacts
+    from .facts import NodeFacts
 
 Progress = Callable[[str, int, int], None]
 
@@ -40,6 +42,8 @@ class CheckReport:
     offsets_ms: dict[str, float] = field(default_factory=dict)
     offset_reference: str = ""
     elapsed_s: float = 0.0
+    fabric: dict[str, Any] | None = None
+    """What the fabric job measured (`checks.fabric_summary`), when it ran."""
 
     @property
     def ok(self) -> bool:
@@ -50,11 +54,14 @@ class CheckReport:
 
     def to_json(self, inventory_path: str) -> dict[str, Any]:
         """docs/CONTRACT.md's check JSON, plus offsets_ms (node clock minus reference) for log skew."""
-        return {"inventory": inventory_path, "ok": self.ok,
-                "results": [r.to_json() for r in self.results],
-                "offsets_ms": {k: round(v, 3) for k, v in self.offsets_ms.items()},
-                "offset_reference": self.offset_reference, "checked_at": time.time(),
-                "elapsed_s": round(self.elapsed_s, 2)}
+        out = {"inventory": inventory_path, "ok": self.ok,
+               "results": [r.to_json() for r in self.results],
+               "offsets_ms": {k: round(v, 3) for k, v in self.offsets_ms.items()},
+               "offset_reference": self.offset_reference, "checked_at": time.time(),
+               "elapsed_s": round(self.elapsed_s, 2)}
+        if self.fabric is not None:
+            out["fabric"] = self.fabric
+        return out
 
 
 def select_checks(only: Iterable[str] | None, skip: Iterable[str] | None) -> list[str]:
@@ -68,21 +75,32 @@ def select_checks(only: Iterable[str] | None, skip: Iterable[str] | None) -> lis
 
 def run_preflight(inv: Inventory, cluster: Cluster | None = None, only: Iterable[str] | None = None,
                   skip: Iterable[str] | None = None, progress: Progress | None = None,
-                  save: bool = True, warm_up: Callable[[], None] | None = None) -> CheckReport:
+                  save: bool = True, warm_up: Callable[[], None] | None = None,
+                  fabric: bool = False) -> CheckReport:
     """Probe every node in parallel and judge; never raises for a node that is down.
 
     With `save` (the default) the report also goes to `$ORCH_HOME/checks/<inventory name>.json`,
     where `orch up` (copying it into the run) and `orch logs` (clock offsets) read it. `warm_up`
     runs beside the probe, with the import of the checks: what the caller needs afterwards (the
-    CLI's table) is imported while the controller mostly waits, not before the first connection."""
+    CLI's table) is imported while the controller mostly waits, not before the first connection.
+
+    The opt-in checks (`contract.OPT_IN_CHECKS`: the fabric job) run when named in `only`, turned
+    on in the inventory (`checks.fabric`), or asked for with `fabric` (`orch up --fabric`);
+    otherwise every node gets a `skip` row saying so. The fabric job runs after the probe, and only
+    when every node was probed (it needs them all)."""
     selected = select_checks(only, skip)
     start = time.monotonic()
     own = cluster is None
     cluster = cluster or Cluster(inv)
     warm = threading.Thread(target=_import_judging, args=(warm_up,), daemon=True, name="orch-import")
     warm.start()
+    ff = None
     try:
         facts = collect(inv, cluster, selected, progress)
+        if "fabric" in selected and "fabric" not in inv.checks.skip:
+            ff = _fabric_facts(inv, cluster, facts, fabric or "fabric" in (only or ()), progress)
+            for nf in facts.values():
+                nf.fabric = ff
     finally:
         if own:
             cluster.close()
@@ -91,9 +109,25 @@ def run_preflight(inv: Inventory, cluster: Cluster | None = None, only: Iterable
     results = checks_mod.run_checks(inv, facts, selected)
     offsets, _, ref = checks_mod.clock_offsets(inv, facts)
     report = CheckReport(results, offsets, ref, time.monotonic() - start)
+    if ff is not None and ff.not_run is None:
+        report.fabric = checks_mod.fabric_summary(inv, ff)
     if save:
         save_report(inv, report)
     return report
+
+
+def _fabric_facts(inv: Inventory, cluster: Cluster, facts: Mapping[str, NodeFacts], asked: bool,
+                  progress: Progress | None) -> FabricFacts:
+    """Run the fabric job, or say why not (opt-in and not asked; a node that was not probed)."""
+    from . import fabric as fabric_mod
+
+    if not (asked or inv.checks.fabric.enabled):
+        return fabric_mod.FabricFacts.skipped(inv, _checks().FABRIC_OPT_IN)
+    down = [name for name, nf in facts.items() if not nf.ok]
+    if down:
+        return fabric_mod.FabricFacts.skipped(
+            inv, f"not run: the job needs every node, and {', '.join(down)} could not be probed (see ssh)")
+    return fabric_mod.measure(inv, cluster, progress)
 
 
 def _import_judging(warm_up: Callable[[], None] | None) -> None:

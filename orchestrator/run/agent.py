@@ -164,13 +164,16 @@ def parse_agent(res: Result, python: str) -> dict[str, Any]:
     raise OrchError(f"{res.node}: the node agent failed: {detail}")
 
 
-def start_node(t: Transport, plan: Plan, np_: NodePlan, rdir: str) -> NodeStatus:
+def start_node(t: Transport, plan: Plan, np_: NodePlan, rdir: str,
+               extra: Mapping[str, str] | None = None) -> NodeStatus:
     """Ship the agent and launch.json, start the job detached; its status once it runs.
 
     One SSH exec: `node/boot.py` writes both files (sent on stdin, so no env value is ever on a
-    command line) and runs `agent.py start` in the run directory."""
+    command line) and runs `agent.py start` in the run directory. `extra` ({name: text}) are more
+    files for the run directory, shipped in the same exec (a job orch brings, like the fabric
+    check's)."""
     t.connect()
-    files = {"agent.py": node_source("agent"), "launch.json": json.dumps(launch_spec(plan, np_))}
+    files = {**(extra or {}), "agent.py": node_source("agent"), "launch.json": json.dumps(launch_spec(plan, np_))}
     python = np_.node.python
     res = t.run([python, "-c", node_script("boot"), rdir, "start", ".", "--wait", str(START_WAIT_S)],
                 stdin=json.dumps(files).encode("ascii"), timeout=START_WAIT_S + 30)
@@ -215,10 +218,11 @@ def status_node(t: Transport, python: str, rdir: str, tail: int = 0, timeout: fl
 # ----------------------------------------------------------------------------- every node
 
 
-def start_all(cluster: Cluster, plan: Plan) -> GroupResult[NodeStatus]:
-    """Start every node in parallel; every node's answer (its status, or why not) is collected."""
+def start_all(cluster: Cluster, plan: Plan, extra: Mapping[str, str] | None = None) -> GroupResult[NodeStatus]:
+    """Start every node in parallel; every node's answer (its status, or why not) is collected.
+    `extra`: more files for every node's run directory (see `start_node`)."""
     rdirs = {p.node.name: remote_dir(plan.inventory, p.node, plan.run_id) for p in plan.nodes}
-    return cluster.fan_out(lambda t: start_node(t, plan, plan.for_node(t.node.name), rdirs[t.node.name]))
+    return cluster.fan_out(lambda t: start_node(t, plan, plan.for_node(t.node.name), rdirs[t.node.name], extra))
 
 
 def stop_all(cluster: Cluster, records: Sequence[Mapping[str, Any]], grace: float) -> GroupResult[StopResult]:

@@ -109,12 +109,19 @@ class Transport:
     def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
             stdin: bytes | None = None, timeout: float | None = None) -> Result:
         """Run argv to completion; never raises for a non-zero exit (see `Result.check`)."""
-        line = command_line(argv, env, cwd)
+        return self._run_line(command_line(argv, env, cwd), tuple(argv), stdin, timeout)
+
+    def run_shell(self, line: str, *, stdin: bytes | None = None, timeout: float | None = None) -> Result:
+        """Run a line a person wrote for the node's login shell, sent as it is, the way ssh and pdsh
+        send one (`orch exec -- 'pip freeze | grep torch'`). orch's own commands are argv (`run`)."""
+        return self._run_line(line, (line,), stdin, timeout)
+
+    def _run_line(self, line: str, argv: tuple[str, ...], stdin: bytes | None, timeout: float | None) -> Result:
         log.debug("%s$ %s", self.node.name, line)
         start = time.monotonic()
         code, out, err = self._exec(line, stdin, timeout)
         elapsed = (time.monotonic() - start) * 1000
-        return Result(self.node.name, tuple(argv), code, out.decode("utf-8", "replace"),
+        return Result(self.node.name, argv, code, out.decode("utf-8", "replace"),
                       err.decode("utf-8", "replace"), elapsed)
 
     def popen(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 from collections.abc import Mapping, Sequence
 
+from ..config.inventory import Node
 from ..errors import TransportError
 from .base import Process, Transport, command_line, log
 
@@ -44,10 +46,7 @@ class _LocalProcess(Process):
 
     def close(self) -> None:
         if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, 9)
-            except ProcessLookupError:
-                pass
+            _kill_group(self.proc)
             self.proc.wait()
         self.close_stdin()
         self.stdout.close()
@@ -57,6 +56,11 @@ class LocalTransport(Transport):
     """Nodes that are processes on this machine (`transport: local`). Commands start in $HOME,
     like an SSH login, through `/bin/sh -c` with the same command line SSH would send."""
 
+    def __init__(self, node: Node) -> None:
+        super().__init__(node)
+        self._running: set[subprocess.Popen[bytes]] = set()
+        self._lock = threading.Lock()
+
     def connect(self) -> float:
         return 0.0
 
@@ -64,13 +68,26 @@ class LocalTransport(Transport):
         proc = subprocess.Popen(["/bin/sh", "-c", line], cwd=os.path.expanduser("~"),
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 start_new_session=True)
+        with self._lock:
+            self._running.add(proc)
         try:
             out, err = proc.communicate(stdin or b"", timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
+            _kill_group(proc)
             proc.communicate()
             raise TransportError(self.node.name, "timeout", f"command timed out after {timeout:.0f} s") from None
+        finally:
+            with self._lock:
+                self._running.discard(proc)
         return proc.returncode, out, err
+
+    def close(self) -> None:
+        """End the commands `run` still waits for, as closing an SSH connection ends its sessions
+        (`popen` processes are the caller's to close)."""
+        with self._lock:
+            running = list(self._running)
+        for proc in running:
+            _kill_group(proc)
 
     def popen(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
               cwd: str | None = None, keep_stdin: bool = False) -> Process:
@@ -80,3 +97,11 @@ class LocalTransport(Transport):
                                 stdin=subprocess.PIPE if keep_stdin else subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         return _LocalProcess(proc)
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the process group a command started (`start_new_session`), if it is still there."""
+    try:
+        os.killpg(proc.pid, 9)
+    except ProcessLookupError:
+        pass

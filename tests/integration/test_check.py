@@ -77,11 +77,13 @@ def test_clean_cluster_passes_and_hardware_checks_skip(cluster: TestCluster, tmp
     code, data, err = orch_check_json(inv, tmp_path)
     assert code == 0, (err, data)
     results = data["results"]
-    assert isinstance(results, list) and len(results) == 9 * 4
+    assert isinstance(results, list) and len(results) == 10 * 4
     bad = [r for r in results if r["status"] == "fail"]
     assert not bad, bad
     for r in results:
-        if r["check"] in ("gpus", "rdma"):
+        if r["check"] == "fabric":  # opt-in: a plain check says how to turn it on, never a silent ok
+            assert r["status"] == "skip" and r["detail"].startswith("opt-in:"), r
+        elif r["check"] in ("gpus", "rdma"):
             assert r["status"] == "skip" and r["detail"], r
         elif r["check"] != "ssh":  # ssh may warn when this shared 2-core machine is loaded
             assert r["status"] == "ok", r

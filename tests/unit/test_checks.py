@@ -17,7 +17,7 @@ from orchestrator.config.inventory import Inventory, parse
 from orchestrator.errors import UsageError
 from orchestrator.preflight import checks
 from orchestrator.preflight.checks import CheckResult, IfSpec
-from orchestrator.preflight.facts import NodeFacts
+from orchestrator.preflight.facts import NodeFacts, job_files, probe_args
 from orchestrator.preflight.report import CheckReport, select_checks
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "probe"
@@ -103,10 +103,10 @@ def test_clean_cluster_passes_and_hardware_checks_skip() -> None:
     inv = inventory()
     results = run(inv, make_facts(inv))
     assert only_failure(results) == set()
-    assert len(results) == 9 * 4  # one result per (check, node)
-    assert {r.status for r in results if r.check in ("gpus", "rdma")} == {"skip"}
-    assert all(r.status == "ok" for r in results if r.check not in ("gpus", "rdma")), \
-        [r for r in results if r.status != "ok" and r.check not in ("gpus", "rdma")]
+    assert len(results) == 10 * 4  # one result per (check, node)
+    assert {r.status for r in results if r.check in ("gpus", "rdma", "fabric")} == {"skip"}  # fabric: opt-in
+    assert all(r.status == "ok" for r in results if r.check not in ("gpus", "rdma", "fabric")), \
+        [r for r in results if r.status != "ok" and r.check not in ("gpus", "rdma", "fabric")]
 
 
 def test_unreachable_node_fails_ssh_and_skips_the_rest() -> None:
@@ -121,7 +121,7 @@ def test_unreachable_node_fails_ssh_and_skips_the_rest() -> None:
     ssh = by(results, "ssh")["n3"]
     assert "refused" in ssh.detail and ssh.hint
     others = [r for r in results if r.node == "n3" and r.check != "ssh"]
-    assert len(others) == 8 and all(r.status == "skip" and "not probed" in r.detail for r in others)
+    assert len(others) == 9 and all(r.status == "skip" and "not probed" in r.detail for r in others)
 
 
 def test_clock_over_limit_on_one_node_via_ntp() -> None:
@@ -360,6 +360,47 @@ def test_job_data_missing_differs_or_without_names_on_one_node() -> None:
     assert "workdir /work does not exist" in r["n4"].detail
 
 
+def test_job_files_add_an_absolute_script_and_the_sync_entries_once() -> None:
+    inv = parse(inventory().source.replace("  workdir: /work\n", "  workdir: /work\n  script: /work/train.py\n"
+                                           "  sync: [/work, /data/coco.yaml, /data/extra.yaml]\n"), "t.yaml")
+    assert job_files(inv) == {"model": "yolo12n.yaml", "data": "/data/coco.yaml", "script": "/work/train.py",
+                                    "sync[0]": "/work", "sync[2]": "/data/extra.yaml"}
+    relative = parse(inventory().source.replace("  workdir: /work\n", "  workdir: /work\n  script: train.py\n"),
+                     "t.yaml")
+    assert "script" not in job_files(relative)  # torchrun resolves it against the same workdir
+
+
+def test_job_synced_files_are_compared_and_the_hint_is_orch_sync() -> None:
+    inv = parse(inventory().source.replace("  workdir: /work\n", "  workdir: /work\n  script: /work/train.py\n"
+                                           "  sync: [/work, /data/coco.yaml]\n"), "t.yaml")
+    script = {"path": "/work/train.py", "exists": True, "is_file": True, "size": 9, "sha256": "cc" * 32}
+    work = {"path": "/work", "exists": True, "is_file": False, "is_dir": True}
+
+    def healthy(raw: dict[str, Any], nf: NodeFacts) -> None:
+        raw["paths"].update({"script": dict(script), "sync[0]": dict(work)})
+
+    def edit(fault: Any) -> Any:
+        return lambda raw, nf: (healthy(raw, nf), fault(raw))
+
+    edits = {n: healthy for n in NODES}
+    edits.update({
+        "n2": edit(lambda raw: raw["paths"]["script"].update(sha256="dd" * 32)),
+        "n3": edit(lambda raw: (raw["paths"]["sync[0]"].update(exists=False, is_dir=False),
+                                raw["workdir"].update(exists=False, is_dir=False),
+                                raw["paths"]["script"].update(exists=False, is_file=False))),
+        "n4": edit(lambda raw: raw["paths"]["data"].update(sha256="bb" * 32)),
+    })
+    res = checks.run_checks(inv, make_facts(inv, edits), ["job"])
+    assert only_failure(res) == {("job", "n2"), ("job", "n3"), ("job", "n4")}
+    r = by(res, "job")
+    assert "script: /work/train.py differs from the majority" in r["n2"].detail
+    assert "sync[0]: /work does not exist on this node" in r["n3"].detail
+    assert "workdir /work does not exist" in r["n3"].detail
+    assert "data: /data/coco.yaml differs from the majority" in r["n4"].detail
+    for node in ("n2", "n3", "n4"):
+        assert "orch sync copies it to every node" in r[node].hint, node
+
+
 def test_ports_taken_on_master_and_unreachable_from_one_node() -> None:
     inv = inventory()
     facts = make_facts(inv, {"n1": lambda raw, nf: nf.listen.update(master_port={
@@ -492,3 +533,44 @@ def test_slow_ssh_is_a_warning_over_the_threshold() -> None:
     s = by(checks.check_ssh(inv, make_facts(inv, {"n4": slow})), "ssh")
     assert s["n4"].status == "warn" and s["n4"].value == "1200 ms" and "slower than 1000 ms" in s["n4"].detail
     assert s["n1"].status == "ok" and s["n1"].value == "24 ms"
+
+
+def test_job_output_directories_need_only_be_creatable() -> None:
+    """`project: /runs/exp` names a directory the job creates: missing is fine, a file or an
+    unwritable place is not (an input path must exist; an output path must not have to)."""
+    inv = parse(inventory().source.replace("    batch: 64\n", "    batch: 64\n    project: /runs/yolo\n"
+                                           "    out: /scratch/exp1\n"), "t.yaml")
+
+    def outputs(project: dict[str, Any], out: dict[str, Any]) -> Any:
+        def edit(raw: dict[str, Any], nf: NodeFacts) -> None:
+            raw["paths"]["project"] = {"path": "/runs/yolo", "output": True, **project}
+            raw["paths"]["out"] = {"path": "/scratch/exp1", "output": True, **out}
+        return edit
+    missing_ok = {"exists": False, "is_file": False, "is_dir": False, "ancestor": "/",
+                  "ancestor_is_dir": True, "ancestor_writable": True}
+    edits = {n: outputs(missing_ok, {"exists": True, "is_file": False, "is_dir": True, "writable": True})
+             for n in ("n1", "n2")}
+    edits["n3"] = outputs({**missing_ok, "ancestor_writable": False},
+                          {"exists": True, "is_file": True, "is_dir": False})
+    edits["n4"] = outputs({"exists": True, "is_file": False, "is_dir": True, "writable": False},
+                          {**missing_ok, "ancestor": "/scratch", "ancestor_is_dir": False,
+                           "ancestor_writable": False})
+    res = checks.run_checks(inv, make_facts(inv, edits), ["job"])
+    assert only_failure(res) == {("job", "n3"), ("job", "n4")}
+    r = by(res, "job")
+    assert "project: /runs/yolo cannot be created: / is not writable" in r["n3"].detail
+    assert "out: /scratch/exp1 exists and is not a directory" in r["n3"].detail
+    assert "project: /runs/yolo is not writable" in r["n4"].detail
+    assert "out: /scratch/exp1 cannot be created: /scratch is a file" in r["n4"].detail
+    assert set(probe_args(inv, inv.nodes[0], ["job"], "tok", 4)["outputs"]) == {"project", "out"}
+
+
+def test_probe_output_facts_on_a_real_filesystem(tmp_path: Any) -> None:
+    from orchestrator.node.probe import output_facts
+    (tmp_path / "file").write_text("x")
+    deep = output_facts(str(tmp_path / "a" / "b" / "c"))
+    assert deep["exists"] is False and deep["ancestor"] == str(tmp_path) and deep["ancestor_writable"] is True
+    under_file = output_facts(str(tmp_path / "file" / "runs"))
+    assert under_file["ancestor"] == str(tmp_path / "file") and under_file["ancestor_is_dir"] is False
+    assert output_facts(str(tmp_path))["writable"] is True
+    assert output_facts(str(tmp_path / "file"))["is_file"] is True

@@ -28,4 +28,5 @@ def test_the_checks_are_the_ones_the_contract_names() -> None:
     from orchestrator.preflight import checks
 
     assert tuple(checks.CHECKS) == CHECK_NAMES
-    assert CHECK_NAMES == ("ssh", "clock", "timezone", "nccl_env", "rdma", "gpus", "software", "job", "ports")
+    assert CHECK_NAMES == ("ssh", "clock", "timezone", "nccl_env", "rdma", "gpus", "software", "job", "ports",
+                           "fabric")

@@ -124,6 +124,12 @@ job: {python: /usr/bin/python3}
     assert a.nproc_per_node == 4
 
 
+def test_job_sync_paths_are_normalised_and_default_to_none() -> None:
+    inv = inventory.parse("nodes:\n  - host: a\njob:\n  sync: [/srv/yolo/, /data/coco.yaml, /srv/yolo2]\n", "t.yaml")
+    assert inv.job.sync == ("/srv/yolo", "/data/coco.yaml", "/srv/yolo2")  # /srv/yolo2 is not inside /srv/yolo
+    assert inventory.parse("nodes:\n  - host: a\n", "t.yaml").job.sync == ()
+
+
 def test_master_moves_to_rank_zero_others_keep_file_order() -> None:
     inv = inventory.parse("nodes:\n  - host: n[1-4]\nmaster:\n  node: n3\n", "t.yaml")
     assert [n.name for n in inv.nodes] == ["n3", "n1", "n2", "n4"]
@@ -145,7 +151,7 @@ def test_job_args_render_as_flags() -> None:
 # ----------------------------------------------------------------------------- one schema, two validators
 
 SCHEMAS = [schema.SSHModel, schema.NodeModel, schema.MasterModel, schema.ClockModel,
-           schema.RdmaModel, schema.SSHCheckModel, schema.ChecksModel, schema.JobModel,
+           schema.RdmaModel, schema.SSHCheckModel, schema.FabricCheckModel, schema.ChecksModel, schema.JobModel,
            schema.InventoryModel]
 
 
@@ -217,12 +223,16 @@ TYPED = {  # mostly the declared type, sometimes not: both validators see both
     "master": st.fixed_dictionaries({}, optional={"node": st.text(max_size=2), "port": st.integers(0, 9)}),
     "checks": st.fixed_dictionaries({}, optional={
         "clock": st.fixed_dictionaries({}, optional={"ntp_server": SCALARS, "max_offset_ms": SCALARS}),
-        "skip": st.lists(st.text(max_size=3), max_size=2), "rdma": st.just({"devices": ["mlx5_0"]})}),
+        "skip": st.lists(st.text(max_size=3), max_size=2), "rdma": st.just({"devices": ["mlx5_0"]}),
+        "fabric": st.one_of(SCALARS, st.fixed_dictionaries({}, optional={
+            "enabled": SCALARS, "max_bytes": st.one_of(SCALARS, st.sampled_from(["256M", "1G", "x"])),
+            "min_busbw_gbps": SCALARS, "share": SCALARS, "timeout_s": SCALARS}))}),
     "job": st.fixed_dictionaries({}, optional={
         "args": st.one_of(st.dictionaries(st.text(max_size=3), st.one_of(SCALARS, st.lists(SCALARS)), max_size=2),
                           st.lists(SCALARS, max_size=3)),
         "rdzv": st.sampled_from(["static", "c10d", "x"]), "max_restarts": SCALARS,
-        "torchrun_args": st.lists(st.text(max_size=3), max_size=2), "stop_grace_s": SCALARS}),
+        "torchrun_args": st.lists(st.text(max_size=3), max_size=2), "stop_grace_s": SCALARS,
+        "sync": st.one_of(st.lists(st.one_of(st.text(max_size=3), SCALARS), max_size=2), SCALARS)}),
 }
 
 

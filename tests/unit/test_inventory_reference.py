@@ -15,8 +15,11 @@ def check_keys() -> set[str]:
     """`clock.ntp_server`-style dotted keys of the `checks:` mapping."""
     keys = set()
     for name, sub in inv_mod.fields_of(inv_mod.ChecksModel).items():
-        if isinstance(sub, type) and issubclass(sub, inv_mod._Schema):
-            keys |= {f"{name}.{k}" for k in inv_mod.fields_of(sub)}
+        schema = inv_mod._unwrap(sub)  # `fabric: true` or a mapping: both the key and its settings
+        if inv_mod._is_schema(schema):
+            keys |= {f"{name}.{k}" for k in inv_mod.fields_of(schema)}
+            if schema is not sub:
+                keys.add(name)
         else:
             keys.add(name)
     return keys

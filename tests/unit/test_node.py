@@ -37,6 +37,10 @@ def imports(tree: ast.AST) -> tuple[set[str], set[str]]:
     return absolute, relative
 
 
+JOB_FILES = sorted((Path(node.__file__).parent / "jobs").glob("*.py"))
+"""Jobs orch runs under torchrun (node/jobs/): like the programs, but they may import torch."""
+
+
 def test_the_package_holds_the_four_programs() -> None:
     assert {p.stem for p in NODE_FILES} == {"__init__", "agent", "boot", "probe", "reader"}
 
@@ -81,3 +85,48 @@ def test_a_short_program_is_sent_without_its_docstring() -> None:
     assert not text.lstrip().startswith('"""') and "def main(" in text
     ast.parse(text, feature_version=(3, 8))
     assert node.source("boot").endswith(text)
+
+
+def test_threads_asking_at_once_build_a_program_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One thread per node asks for the reader when a follow starts: compiling it once each would
+    cost every thread the compile and the controller its memory (8 MB more following 8 nodes)."""
+    import threading
+    import time
+
+    built: list[str] = []
+    real = node._build
+
+    def slow_build(main: str, deps: tuple[str, ...]) -> str:
+        built.append(main)
+        time.sleep(0.2)  # every other thread asks while this one builds
+        return real(main, deps)
+
+    monkeypatch.setattr(node, "_build", slow_build)
+    monkeypatch.setattr(node, "_PROGRAMS", {})
+    texts: list[str] = []
+    threads = [threading.Thread(target=lambda: texts.append(node.program("reader", ("agent",)))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert built == ["reader"] and len(texts) == 8 and len(set(texts)) == 1
+
+
+def test_the_jobs_folder_holds_the_fabric_job() -> None:
+    assert {p.stem for p in JOB_FILES} == {"__init__", "fabric"}
+
+
+@pytest.mark.parametrize("path", JOB_FILES, ids=lambda p: p.name)
+def test_a_job_is_python38_stdlib_and_torch_and_nothing_of_orch(path: Path, tmp_path: Path) -> None:
+    """A job runs in the training's environment (torch is there) on any Python the nodes have; the
+    controller imports it for its constants and helpers, so torch is imported inside functions."""
+    tree = ast.parse(path.read_text(), feature_version=(3, 8))
+    absolute, relative = imports(tree)
+    assert absolute <= set(sys.stdlib_module_names) | {"__future__", "torch"}, absolute
+    assert not relative
+    top = {a.name.split(".")[0] for n in tree.body if isinstance(n, ast.Import) for a in n.names}
+    top |= {n.module.split(".")[0] for n in tree.body if isinstance(n, ast.ImportFrom) and n.module}
+    assert "torch" not in top
+    out = subprocess.run([python("3.8"), "-m", "py_compile", str(path)], capture_output=True, text=True,
+                         timeout=60, env={"PYTHONPYCACHEPREFIX": str(tmp_path)})
+    assert out.returncode == 0, out.stderr

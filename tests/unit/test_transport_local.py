@@ -87,3 +87,24 @@ def test_cluster_fan_out_runs_on_every_node() -> None:
     with Cluster(INV) as cluster:
         results = cluster.fan_out(lambda t: t.run(["sh", "-c", "echo $0", t.node.name]).stdout.strip())
     assert results == {"n0": "n0", "n1": "n1", "n2": "n2"}
+
+
+def test_run_shell_sends_the_line_as_it_is() -> None:
+    r = LocalTransport(INV.nodes[0]).run_shell("echo a | tr a b; echo $((1 + 2))")
+    assert (r.exit_code, r.stdout, r.argv) == (0, "b\n3\n", ("echo a | tr a b; echo $((1 + 2))",))
+
+
+def test_close_ends_a_command_run_still_waits_for() -> None:
+    """As closing an SSH connection ends its sessions: Ctrl-C in `orch exec` must not wait for them."""
+    import threading
+
+    t = LocalTransport(INV.nodes[0])
+    got: list[object] = []
+    worker = threading.Thread(target=lambda: got.append(t.run(["sleep", "60"])))
+    worker.start()
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    t.close()
+    worker.join(30)
+    assert not worker.is_alive() and time.monotonic() - t0 < 30
+    assert got[0].exit_code == -9  # type: ignore[attr-defined]

@@ -1,0 +1,159 @@
+"""`orch exec`: one command on every node in parallel, each node's exit code and output collected.
+
+The command goes over the inventory's transport with its host-key rules: several words are an
+argv, quoted once by the transport so each word reaches the node as it is; one word is a line for
+the node's login shell, sent as it is (`orch exec -- 'pip freeze | grep torch'`, as with pdsh and
+ssh). It runs in the node's login environment: the inventory's `env` is not applied (and no
+value of it ever travels on a command line). Its stdin is empty.
+
+Every node gets an exit code, so the worst is well defined: the command's own; 255 when it could
+not be run there or ended without one (unreachable, auth or host key refused, killed by a
+signal: ssh's and pdsh's code); 124 when it outlived `--timeout` (timeout(1)'s). The worst is
+the largest.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..config.inventory import Inventory, Node
+from ..errors import TransportError
+from ..transport import Cluster, Result, Transport
+
+UNREACHABLE = 255
+"""A node where the command could not run, or ended without an exit status."""
+TIMED_OUT = 124
+"""A node where the command outlived `--timeout`."""
+
+Progress = Callable[[int, int], None]
+"""progress(nodes done, nodes in all), called as each node answers."""
+
+
+@dataclass(frozen=True)
+class NodeOutput:
+    """One node's answer: what the command printed and its exit code, or why it has none."""
+
+    node: str
+    exit_code: int
+    stdout: str
+    stderr: str
+    error: str | None = None
+    """Why the command has no exit code of its own (unreachable, timed out, killed); None when it has."""
+    hint: str | None = None
+    elapsed_ms: float | None = None
+
+    @property
+    def key(self) -> tuple[str, str, int, str | None]:
+        """What makes two nodes' answers the same (dshbak -c): output, exit code, error."""
+        return (self.stdout, self.stderr, self.exit_code, self.error)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node": self.node, "exit_code": self.exit_code, "stdout": self.stdout, "stderr": self.stderr,
+                "error": self.error, "hint": self.hint,
+                "elapsed_ms": None if self.elapsed_ms is None else round(self.elapsed_ms, 1)}
+
+
+@dataclass(frozen=True)
+class Group:
+    """Nodes that answered exactly alike, in inventory order."""
+
+    nodes: tuple[str, ...]
+    answer: NodeOutput
+    """The first node's answer (the others' are the same)."""
+
+
+@dataclass(frozen=True)
+class ExecReport:
+    """Every selected node's answer to one command, in inventory order."""
+
+    command: tuple[str, ...]
+    shell: bool
+    """True when the command was one line for the login shell, False for an argv."""
+    nodes: tuple[NodeOutput, ...]
+
+    @property
+    def exit_code(self) -> int:
+        """The worst node's exit code: the largest (255 unreachable, 124 timed out, else the command's)."""
+        return max((n.exit_code for n in self.nodes), default=0)
+
+    def groups(self) -> list[Group]:
+        """Nodes with identical stdout, stderr, exit code and error together, ordered by their first node."""
+        by_key: dict[tuple[str, str, int, str | None], list[NodeOutput]] = {}
+        for n in self.nodes:
+            by_key.setdefault(n.key, []).append(n)
+        return [Group(tuple(n.node for n in members), members[0]) for members in by_key.values()]
+
+    def failed(self) -> list[NodeOutput]:
+        return [n for n in self.nodes if n.exit_code != 0]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"command": list(self.command), "shell": self.shell, "exit_code": self.exit_code,
+                "nodes": [n.to_json() for n in self.nodes]}
+
+
+def node_output(node: str, answer: Result | BaseException) -> NodeOutput:
+    """A transport's Result, or the exception it raised, as a node's answer with an exit code."""
+    if isinstance(answer, Result):
+        code = answer.exit_code
+        if code >= 0:
+            return NodeOutput(node, code, answer.stdout, answer.stderr, elapsed_ms=answer.elapsed_ms)
+        if code == -1:  # SSH: the channel closed without an exit-status (an exit-signal instead)
+            error = "ended without an exit status (killed by a signal?)"
+            return NodeOutput(node, UNREACHABLE, answer.stdout, answer.stderr, error, elapsed_ms=answer.elapsed_ms)
+        # a local process killed by signal N: the 128 + N a shell reports
+        return NodeOutput(node, 128 - code, answer.stdout, answer.stderr, f"killed by signal {-code}",
+                          elapsed_ms=answer.elapsed_ms)
+    if isinstance(answer, TransportError):
+        message = answer.message.removeprefix(f"{node}: ")
+        code = TIMED_OUT if answer.kind == "timeout" else UNREACHABLE
+        return NodeOutput(node, code, "", "", message, answer.hint)
+    return NodeOutput(node, UNREACHABLE, "", "", f"{type(answer).__name__}: {answer}")
+
+
+def run_everywhere(inv: Inventory, nodes: Sequence[Node], command: Sequence[str], *,
+                   timeout: float | None = None, progress: Progress | None = None) -> ExecReport:
+    """Run `command` on every node of `nodes` in parallel (at most `inv.fanout` at once) and collect
+    every answer; never raises for a node. One word is a login-shell line, several an argv.
+    Ctrl-C (KeyboardInterrupt) closes every connection before it propagates."""
+    if not command:
+        raise ValueError("empty command")
+    shell = len(command) == 1
+    done = [0]
+    lock = threading.Lock()
+
+    def one(t: Transport) -> Result:
+        try:
+            if shell:
+                return t.run_shell(command[0], timeout=timeout)
+            return t.run(command, timeout=timeout)
+        finally:
+            if progress is not None:
+                with lock:
+                    done[0] += 1
+                    progress(done[0], len(nodes))
+
+    with Cluster(inv) as cluster:
+        answers = _interruptible(lambda: cluster.fan_out(one, nodes))
+    return ExecReport(tuple(command), shell, tuple(node_output(n.name, answers[n.name]) for n in nodes))
+
+
+def _interruptible(fn: Callable[[], Any]) -> Any:
+    """fn() in a thread the main thread waits for, so Ctrl-C reaches the main thread at once (a
+    thread pool's shutdown would wait for every command) and the caller can close the connections."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # handed to the waiting thread
+            box["error"] = exc
+
+    worker = threading.Thread(target=target, name="orch-exec", daemon=True)
+    worker.start()
+    worker.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]

@@ -1,0 +1,170 @@
+"""Pure builders for `orch sync`: the OpenSSH command that reaches a node exactly as orch's own
+transport does, the rsync argv that copies `job.sync` to the same absolute paths there, and the
+reading of what rsync says it did. Golden-tested (tests/unit/test_rsync.py).
+
+The ssh command honours the node's inventory settings and nothing else: `-F` the inventory's
+`ssh_config` (`none` when it names no file, as the transport then reads none either), the port,
+user and identity, `known_hosts` as the only host-key file (`GlobalKnownHostsFile=/dev/null`), the
+host-key policy as OpenSSH spells it (strict → `StrictHostKeyChecking=yes`, accept-new →
+`accept-new`; there is no `no`), `BatchMode=yes` (a missing key fails, never prompts),
+`ConnectTimeout`, and the gateway as a `ProxyCommand` running the same ssh to it (`ProxyJump`
+would drop these options for the hop, as OpenSSH applies command-line options to the last host
+only).
+
+rsync copies every path in one run per node with `--relative` and `--no-implied-dirs`, so
+`/data/coco` lands at `/data/coco` (never `/data/coco/coco`), missing parents are created, and the
+attributes of the parents that exist (`/data`, `/home/me`) are left alone. `-a` keeps file times,
+so a second run sends nothing that did not change (rsync's quick check: size and time);
+`--omit-dir-times` leaves directory times alone, so files a job writes beside the synced ones
+(a label cache, `__pycache__`) do not make the next sync report changed directories.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from ..config.inventory import Node, SSHOptions
+
+NOT_INSTALLED = "orch: rsync is not installed on this node"
+"""What the node side prints (and exits 127) when it has no rsync: the rsync-path below says it."""
+
+REMOTE_RSYNC = ("/bin/sh -c 'command -v rsync >/dev/null 2>&1 || { echo \"" + NOT_INSTALLED + "\" >&2; exit 127; }; "
+                "exec rsync \"$@\"' rsync")
+"""`--rsync-path`: the node's login shell runs this followed by rsync's server arguments. It
+names a missing rsync in words instead of leaving rsync's "connection unexpectedly closed"."""
+
+
+def ssh_config_file(opts: SSHOptions) -> str | None:
+    """The ssh config the transport reads for this node: `ssh_config` expanded, when that file exists."""
+    if not opts.ssh_config:
+        return None
+    path = os.path.expanduser(opts.ssh_config)
+    return path if os.path.exists(path) else None
+
+
+def ssh_argv(opts: SSHOptions, config_file: str | None) -> list[str]:
+    """The OpenSSH client argv (without the host) that reaches a node with these options."""
+    argv = ["ssh", "-F", config_file or "none", "-p", str(opts.port)]
+    if opts.user:
+        argv += ["-l", opts.user]
+    if opts.identity:
+        argv += ["-i", os.path.expanduser(opts.identity)]
+    policy = "yes" if opts.host_key_policy == "strict" else "accept-new"
+    argv += ["-o", f"UserKnownHostsFile={os.path.expanduser(opts.known_hosts)}",
+             "-o", "GlobalKnownHostsFile=/dev/null",
+             "-o", f"StrictHostKeyChecking={policy}",
+             "-o", "BatchMode=yes",
+             "-o", f"ConnectTimeout={max(1, math.ceil(opts.connect_timeout))}",
+             "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=6",  # a node gone mid-copy: ~1 min
+             "-o", "LogLevel=ERROR"]
+    if opts.gateway:
+        hop = ssh_argv(replace(opts, gateway=None), config_file)
+        # ssh expands %-tokens in ProxyCommand: every literal % of the hop doubled, then its target
+        hop = [a.replace("%", "%%") for a in hop]
+        argv += ["-o", "ProxyCommand=" + shlex.join([*hop, "-W", "%h:%p", opts.gateway.replace("%", "%%")])]
+    return argv
+
+
+def rsync_shell_word(arg: str) -> str:
+    """One word of rsync's `-e` command: rsync splits it on spaces, and inside '…' or "…" a doubled
+    quote is a literal one (no backslashes)."""
+    if arg and not re.search(r"[ '\"]", arg):
+        return arg
+    return "'" + arg.replace("'", "''") + "'"
+
+
+def remote_target(node: Node) -> str:
+    """`host:/` as rsync takes it (an IPv6 address in brackets)."""
+    host = f"[{node.host}]" if ":" in node.host else node.host
+    return f"{host}:/"
+
+
+@dataclass(frozen=True)
+class SyncOptions:
+    """How `orch sync` runs rsync (its flags)."""
+
+    dry_run: bool = False
+    """rsync -n: report what would change, change nothing."""
+    delete: bool = False
+    """Remove files on the node that are not in a synced directory on the controller."""
+    checksum: bool = False
+    """Compare files by checksum instead of size and time (slower: reads every file on both sides)."""
+
+
+def rsync_argv(node: Node, paths: Sequence[str], options: SyncOptions = SyncOptions(),
+               config_file: str | None = None) -> list[str]:
+    """The rsync command that copies `paths` (absolute, on the controller) to the same paths on `node`."""
+    if not paths:
+        raise ValueError("nothing to sync")
+    for p in paths:
+        if not p.startswith("/") or p == "/" or p.endswith("/"):
+            raise ValueError(f"sync path {p!r} must be absolute, without a trailing slash, and not /")
+    e = " ".join(rsync_shell_word(a) for a in ssh_argv(node.ssh, config_file))
+    argv = ["rsync", "--archive", "--omit-dir-times", "--relative", "--no-implied-dirs", "--itemize-changes", "--stats",
+            "--rsh", e, "--rsync-path", REMOTE_RSYNC]
+    if options.dry_run:
+        argv.append("--dry-run")
+    if options.delete:
+        argv.append("--delete")
+    if options.checksum:
+        argv.append("--checksum")
+    return [*argv, *paths, remote_target(node)]
+
+
+# ----------------------------------------------------------------------------- what rsync said
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """What one rsync run changed (or, with --dry-run, would change) on a node."""
+
+    files: int
+    """Regular files sent (new or changed)."""
+    bytes: int
+    """Their total size."""
+    sent: int
+    """Bytes rsync sent over the connection (deltas, file list, protocol)."""
+    changes: tuple[str, ...]
+    """Every itemized change, `<f+++++++++ /abs/path` (sent), `*deleting /abs/path`..."""
+
+    @property
+    def deleted(self) -> int:
+        """Items removed on the node (--delete)."""
+        return sum(1 for c in self.changes if c.startswith("*deleting"))
+
+    @property
+    def up_to_date(self) -> bool:
+        """Nothing was (or would be) sent, deleted or changed."""
+        return self.files == 0 and not self.changes
+
+
+_ITEM = re.compile(r"^(?:[<>ch.][fdLDS][.+?a-z]{9,}|\*deleting) +(.*)$")
+_STAT_KEYS = ("Number of regular files transferred", "Total transferred file size", "Total bytes sent")
+_STAT = re.compile(rf"^({'|'.join(_STAT_KEYS)}): ([\d,.]+)", re.M)
+
+
+def parse_output(text: str) -> Transfer:
+    """rsync's `--itemize-changes --stats` output (LC_ALL=C) → Transfer. Names are printed relative
+    to `/` under --relative: they come back absolute. ValueError when the statistics are missing
+    (an rsync that printed none must not read as "nothing changed")."""
+    changes = []
+    for line in text.splitlines():
+        m = _ITEM.match(line)
+        if m:
+            changes.append(f"{line.split(' ', 1)[0]} /{m.group(1).lstrip('/')}")
+    stats = {k: int(v.replace(",", "").replace(".", "")) for k, v in _STAT.findall(text)}
+    missing = [k for k in _STAT_KEYS if k not in stats]
+    if missing:
+        raise ValueError(f"rsync printed no {missing[0]!r} (--stats)")
+    return Transfer(files=stats[_STAT_KEYS[0]], bytes=stats[_STAT_KEYS[1]], sent=stats[_STAT_KEYS[2]],
+                    changes=tuple(changes))
+
+
+def missing_rsync(stderr: str) -> bool:
+    """The node has no rsync (our rsync-path said so)."""
+    return NOT_INSTALLED in stderr

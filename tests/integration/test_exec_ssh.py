@@ -1,0 +1,99 @@
+"""`orch exec` over real sshd nodes: grouping, the worst exit code, unreachable and timed-out
+nodes, argv quoting, host-key rules, hostile output, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.cluster import TestCluster
+from tests.up_helpers import REPO, Orch
+
+
+@pytest.fixture
+def orch(tmp_path: Path) -> Orch:
+    return Orch(tmp_path / "home")
+
+
+def test_groups_identical_answers_and_exits_with_the_worst(cluster: TestCluster, orch: Orch) -> None:
+    inv = str(cluster.write_inventory())
+    cluster.stop_node("node4")
+    line = ('echo same; if [ "$ORCH_TEST_NODE" = node3 ]; then echo "only on node3" >&2; exit 3; fi; '
+            "printf '\\033]0;pwned\\007\\n'")
+    r = orch.run("exec", inv, "--", line)
+    assert r.returncode == 255, r.stderr  # node4 unreachable outranks node3's 3
+    out = r.stdout
+    assert "\x1b" not in out and "\x07" not in out
+    assert "----------------\nnode[1-2] (2)\n----------------\nsame\n\\x1b]0;pwned\\x07\n" in out
+    assert "----------------\nnode3 (1): exit 3\n----------------\nsame\nonly on node3\n" in out
+    assert "node4 (1): connection to root@" in out and "refused (exit 255)" in out
+    assert "hint: is sshd running on that port?" in out
+    assert "orch exec: 2 of 4 nodes failed (exit 255: node4; exit 3: node3)" in r.stderr
+
+    j = orch.run("exec", inv, "--json", "--nodes", "node[3-4],node1", "--", line)
+    doc = json.loads(j.stdout)
+    assert j.returncode == 255 and doc["exit_code"] == 255 and doc["shell"] is True
+    by_node = {n["node"]: n for n in doc["nodes"]}
+    assert list(by_node) == ["node1", "node3", "node4"]  # inventory order
+    assert by_node["node1"]["stdout"] == "same\n\x1b]0;pwned\x07\n"  # JSON carries it as it came
+    assert by_node["node3"]["exit_code"] == 3 and by_node["node3"]["stderr"] == "only on node3\n"
+    assert by_node["node3"]["stdout"] == "same\n"
+    assert by_node["node4"]["exit_code"] == 255 and "refused" in by_node["node4"]["error"]
+
+    cluster.start_node("node4")
+    ok = orch.run("exec", inv, "--", "true")
+    assert ok.returncode == 0 and ok.stdout == "----------------\nnode[1-4] (4)\n----------------\n"
+
+
+def test_argv_words_reach_the_node_as_they_are(cluster: TestCluster, orch: Orch) -> None:
+    inv = str(cluster.write_inventory())
+    words = ["a b", "$HOME", "`id`", ";", "*", "'", '"', "--json"]
+    r = orch.run("exec", inv, "--json", "--nodes", "node2", "--", sys.executable, "-c",
+                 "import json, sys; print(json.dumps(sys.argv[1:]))", *words)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(json.loads(r.stdout)["nodes"][0]["stdout"]) == words
+
+
+def test_a_node_over_the_timeout_counts_124_and_the_others_answer(cluster: TestCluster, orch: Orch) -> None:
+    inv = str(cluster.write_inventory())
+    line = 'if [ "$ORCH_TEST_NODE" = node2 ]; then sleep 60; fi; echo done'
+    t0 = time.monotonic()
+    r = orch.run("exec", inv, "--timeout", "3", "--json", "--", line)
+    assert time.monotonic() - t0 < 50
+    doc = json.loads(r.stdout)
+    assert r.returncode == 124
+    codes = {n["node"]: (n["exit_code"], n["stdout"]) for n in doc["nodes"]}
+    assert codes == {"node1": (0, "done\n"), "node2": (124, ""), "node3": (0, "done\n"), "node4": (0, "done\n")}
+    assert "timed out after 3 s" in doc["nodes"][1]["error"]
+
+
+def test_host_keys_are_verified_as_for_every_command(cluster: TestCluster, orch: Orch, tmp_path: Path) -> None:
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    strict = str(cluster.write_inventory(tmp_path / "strict.yaml", ssh={"known_hosts": str(empty)}))
+    r = orch.run("exec", strict, "--nodes", "node1", "--", "echo reached")
+    assert r.returncode == 255 and "reached" not in r.stdout
+    assert "is not in" in r.stdout and "hint: verify it, then: ssh-keyscan" in r.stdout
+    assert empty.read_text() == ""
+    accept = str(cluster.write_inventory(tmp_path / "accept.yaml",
+                                         ssh={"known_hosts": str(empty), "host_key_policy": "accept-new"}))
+    r = orch.run("exec", accept, "--nodes", "node1", "--", "echo reached")
+    assert r.returncode == 0 and "reached" in r.stdout
+    assert cluster.node("node1").host in empty.read_text()
+
+
+def test_ctrl_c_closes_every_connection_and_exits_130(cluster: TestCluster, orch: Orch) -> None:
+    inv = str(cluster.write_inventory())
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "exec", inv, "--", "sleep 120; echo late"],
+                            cwd=REPO, env=orch.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(3)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)  # far less than the command's 120 s
+    assert proc.returncode == 130, err
+    assert "late" not in out

@@ -1,0 +1,189 @@
+"""`orch exec`: each node's answer and exit code, grouping, the worst code, safe rendering, the CLI.
+
+The command line runs against `transport: local` nodes (processes on this machine); over real
+sshd nodes: tests/integration/test_exec_ssh.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.cli import main, render
+from orchestrator.errors import TransportError
+from orchestrator.remote.exec import TIMED_OUT, UNREACHABLE, ExecReport, NodeOutput, node_output
+from orchestrator.transport import Result
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def result(code: int, out: str = "", err: str = "") -> Result:
+    return Result("n1", ("x",), code, out, err, 12.0)
+
+
+# ----------------------------------------------------------------------------- exit codes
+
+
+def test_a_command_keeps_its_own_exit_code_and_output() -> None:
+    got = node_output("n1", result(3, "out\n", "err\n"))
+    assert (got.exit_code, got.stdout, got.stderr, got.error) == (3, "out\n", "err\n", None)
+
+
+def test_no_exit_status_over_ssh_counts_as_255() -> None:
+    got = node_output("n1", result(-1, "partial"))
+    assert got.exit_code == UNREACHABLE == 255
+    assert got.stdout == "partial" and got.error and "without an exit status" in got.error
+
+
+def test_a_local_process_killed_by_a_signal_counts_128_plus_n() -> None:
+    got = node_output("n1", result(-9))
+    assert got.exit_code == 137 and got.error == "killed by signal 9"
+
+
+def test_unreachable_is_255_with_the_transport_hint_and_timeout_124() -> None:
+    down = node_output("n1", TransportError("n1", "unreachable", "connection to root@h:22 refused", "start sshd"))
+    assert (down.exit_code, down.error, down.hint) == (255, "connection to root@h:22 refused", "start sshd")
+    slow = node_output("n1", TransportError("n1", "timeout", "command timed out after 2 s"))
+    assert (slow.exit_code, slow.error) == (TIMED_OUT, "command timed out after 2 s")
+    odd = node_output("n1", RuntimeError("boom"))
+    assert (odd.exit_code, odd.error) == (255, "RuntimeError: boom")
+
+
+def report(*answers: tuple[str, int, str]) -> ExecReport:
+    return ExecReport(("date",), True, tuple(NodeOutput(n, code, out, "") for n, code, out in answers))
+
+
+def test_worst_is_the_largest_exit_code() -> None:
+    assert report(("a", 0, ""), ("b", 0, "")).exit_code == 0
+    assert report(("a", 2, ""), ("b", 1, ""), ("c", 0, "")).exit_code == 2
+    assert report(("a", 124, ""), ("b", 255, ""), ("c", 1, "")).exit_code == 255
+
+
+def test_identical_answers_group_in_order_of_their_first_node() -> None:
+    r = report(("n1", 0, "x\n"), ("n2", 1, "x\n"), ("n3", 0, "x\n"), ("n4", 0, "y\n"), ("n5", 0, "x\n"))
+    assert [(g.nodes, g.answer.exit_code, g.answer.stdout) for g in r.groups()] == [
+        (("n1", "n3", "n5"), 0, "x\n"), (("n2",), 1, "x\n"), (("n4",), 0, "y\n")]
+    assert [n.node for n in r.failed()] == ["n2"]
+
+
+def test_json_has_every_node_with_its_code_streams_and_error() -> None:
+    r = ExecReport(("df", "-h"), False, (NodeOutput("n1", 0, "ok\n", "", elapsed_ms=3.14159),
+                                         NodeOutput("n2", 255, "", "", "refused", "start sshd")))
+    assert r.to_json() == {
+        "command": ["df", "-h"], "shell": False, "exit_code": 255,
+        "nodes": [{"node": "n1", "exit_code": 0, "stdout": "ok\n", "stderr": "", "error": None, "hint": None,
+                   "elapsed_ms": 3.1},
+                  {"node": "n2", "exit_code": 255, "stdout": "", "stderr": "", "error": "refused",
+                   "hint": "start sshd", "elapsed_ms": None}]}
+
+
+# ----------------------------------------------------------------------------- rendering
+
+
+@pytest.mark.parametrize(("raw", "shown"), [
+    ("\x1b]0;pwned\x07", "\\x1b]0;pwned\\x07"),
+    ("\x1b[2J\x1b[H", "\\x1b[2J\\x1b[H"),
+    ("100%\rdone", "100%\\rdone"),
+    ("a\x00b\x7fc\x9bd", "a\\x00b\\x7fc\\x9bd"),
+    ("user\u202egnp.exe", "user\\u202egnp.exe"),
+    ("tab\tand\nnewline, é, 中文", "tab\tand\nnewline, é, 中文"),
+])
+def test_printable_escapes_control_characters_but_tab_and_newline(raw: str, shown: str) -> None:
+    assert render.printable(raw) == shown
+
+
+def test_output_is_grouped_like_dshbak_with_failures_named(capsys: pytest.CaptureFixture[str]) -> None:
+    r = ExecReport(("x",), True, (
+        NodeOutput("node1", 0, "same\n", ""), NodeOutput("node2", 0, "same\n", ""),
+        NodeOutput("node3", 2, "", "ls: no such file\n"), NodeOutput("node5", 0, "same\n", ""),
+        NodeOutput("node4", 255, "", "", "connection refused", "start sshd"),
+        NodeOutput("node6", 0, "\x1b]0;pwned\x07no newline", "")))
+    render.exec_output(r, color=False)
+    out, err = capsys.readouterr()
+    assert out == ("----------------\nnode[1-2,5] (3)\n----------------\nsame\n"
+                   "----------------\nnode3 (1): exit 2\n----------------\nls: no such file\n"
+                   "----------------\nnode4 (1): connection refused (exit 255)\n----------------\n"
+                   "hint: start sshd\n"
+                   "----------------\nnode6 (1)\n----------------\n\\x1b]0;pwned\\x07no newline\n")
+    assert err == "orch exec: 2 of 6 nodes failed (exit 255: node4; exit 2: node3)\n"
+
+
+# ----------------------------------------------------------------------------- the command line
+
+
+@pytest.fixture
+def local_inv(tmp_path: Path) -> Path:
+    inv = tmp_path / "local.yaml"
+    inv.write_text(yaml.safe_dump({"name": "lx", "transport": "local",
+                                   "nodes": [{"host": "localhost", "name": "n[0-2]"}]}))
+    return inv
+
+
+def orch(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    out, err = capsys.readouterr()
+    code = info.value.code
+    assert isinstance(code, int)
+    return code, out, err
+
+
+def test_the_command_goes_after_dashes(local_inv: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = orch(["exec", str(local_inv), "date"], capsys)
+    assert code == 2 and out == ""
+    assert "orch: put the command after --" in err and "orch exec [INVENTORY]" in err
+    code, _, err = orch(["exec", str(local_inv), "--"], capsys)
+    assert code == 2 and "orch: no command given" in err
+
+
+def test_an_unknown_node_runs_nothing(local_inv: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    code, _, err = orch(["exec", str(local_inv), "--nodes", "n[2-3]", "--", "touch", str(marker)], capsys)
+    assert code == 2 and "no node named n3" in err and "n[0-2]" in err
+    assert not marker.exists()
+
+
+def test_words_after_dashes_are_the_command_options_included(local_inv: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = orch(["exec", str(local_inv), "--json", "--nodes", "n[0-1]", "--",
+                         "printf", "%s|", "--json", "a b", "$HOME", ";"], capsys)
+    doc = json.loads(out)
+    assert code == 0 and doc["shell"] is False
+    assert [(n["node"], n["stdout"], n["exit_code"]) for n in doc["nodes"]] == [
+        ("n0", "--json|a b|$HOME|;|", 0), ("n1", "--json|a b|$HOME|;|", 0)]
+
+
+def test_one_word_is_a_shell_line_and_the_exit_code_is_the_worst(local_inv: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    line = 'echo "$(echo piped | tr a-z A-Z)"; case $ORCH_EXEC_T in *) exit 3;; esac'
+    code, out, err = orch(["exec", str(local_inv), "--", line], capsys)
+    assert code == 3
+    assert out == "----------------\nn[0-2] (3): exit 3\n----------------\nPIPED\n"
+    assert "3 of 3 nodes failed (exit 3: n[0-2])" in err
+
+
+def test_timeout_counts_124(local_inv: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = orch(["exec", str(local_inv), "--timeout", "0.5", "--json", "--", "sleep 30"], capsys)
+    doc = json.loads(out)
+    assert code == 124
+    assert {n["exit_code"] for n in doc["nodes"]} == {124}
+    assert all("timed out" in n["error"] for n in doc["nodes"])
+
+
+def test_ctrl_c_stops_waiting_and_exits_130(local_inv: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "ORCH_HOME": str(tmp_path / "home")}
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "exec", str(local_inv), "--", "sleep 120"],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)  # far less than the command's 120 s
+    assert proc.returncode == 130, err
+    assert "interrupted" in err

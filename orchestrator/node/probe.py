@@ -629,8 +629,16 @@ def verbs_ping(target: dict, timeout: float) -> dict:
         out.update(ok=False, error="ibv_rc_pingpong not installed here")
         return out
     t0 = time.time()
-    rc, so, se = run_capture(verbs_argv(tool, target["device"], int(target["port"]), target["addr"]), timeout)
-    lines = [ln.strip() for ln in (so + se).decode("utf-8", "replace").splitlines() if ln.strip()]
+    deadline = t0 + timeout
+    while True:
+        rc, so, se = run_capture(verbs_argv(tool, target["device"], int(target["port"]), target["addr"]),
+                                 max(1.0, deadline - time.time()))
+        lines = [ln.strip() for ln in (so + se).decode("utf-8", "replace").splitlines() if ln.strip()]
+        # the successor's server may still be starting (a loaded node, a slow device open): the
+        # tool's "Couldn't connect to HOST:PORT" is retried until the deadline
+        if rc == 0 or not any("couldn't connect" in ln.lower() for ln in lines) or time.time() + 0.5 >= deadline:
+            break
+        pause(0.5)
     out["ms"] = (time.time() - t0) * 1000
     result = [ln for ln in lines if "bytes in" in ln]
     out.update(ok=rc == 0 and bool(result), result=result[0] if result else None,

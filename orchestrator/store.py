@@ -90,10 +90,21 @@ class RunDir:
         self.write(data)
         return data
 
-    def inventory(self) -> Inventory:
-        from .config.inventory import parse
+    def inventory(self, as_run: bool = True) -> Inventory:
+        """The run's inventory snapshot; `as_run`: with the spares that replaced nodes on an
+        automatic retry (run.json `replaced`) in those nodes' places, as the run last ran."""
+        from .config.inventory import parse, with_replacements
 
-        return parse(self.inventory_path.read_text(), str(self.read().get("inventory") or self.inventory_path))
+        data = self.read()
+        inv = parse(self.inventory_path.read_text(), str(data.get("inventory") or self.inventory_path))
+        replaced = data.get("replaced") if as_run else None
+        if not replaced:
+            return inv
+        try:
+            return with_replacements(inv, replaced)
+        except KeyError as exc:
+            raise UsageError(f"run {self.run_id}: run.json `replaced` does not match its inventory: {exc.args[0]}",
+                             f"the snapshot is {self.inventory_path}") from None
 
 
 def checks_path(inventory_name: str) -> Path:

@@ -23,27 +23,34 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
-from .config.inventory import Inventory
+from .config.inventory import Inventory, with_replacements
 from .config.plan import Plan, make_plan
 from .contract import RunState
 from .errors import OrchError, UsageError
 from .logs.lines import LogLine
 from .preflight.report import CheckReport, run_preflight, save_to_run
 from .remote.sync import SyncReport, sync_nodes
+from .run import resume
 from .run.agent import NodeStatus, StopResult, start_all, status_all, status_node, stop_all
 from .run.control import offsets_s
 from .run.records import RunRecord, node_records
-from .run.supervise import Failure, NodeSpec, Pushed, Supervisor, sigint_shielded
+from .run.stacks import StacksReport, take_stacks
+from .run.stacks import save as save_stacks
+from .run.supervise import Failure, NodeSpec, Pushed, Supervisor, select_excerpt, sigint_shielded
+from .run.watchdog import Watchdog, hang_failure
 from .store import RunDir, RunStore, clock_offsets
-from .transport import Cluster, GroupResult
+from .transport import Cluster, GroupResult, open_transport
 
-Result = Literal["succeeded", "failed", "start_failed", "sync_failed", "preflight_failed", "interrupted",
-                 "detached"]
+Result = Literal["succeeded", "failed", "start_failed", "sync_failed", "preflight_failed", "retry_preflight_failed",
+                 "interrupted", "detached"]
+RETRIED = ("failed", "start_failed")
+"""The ends of an attempt that `job.retries` relaunches: the job failed (a rank, a node, a hang
+stopped by the watchdog) or a node could not start. A failed sync or preflight never is."""
 
 
 class UpProgress(Protocol):
@@ -71,6 +78,24 @@ class UpProgress(Protocol):
 
     def log_stopped(self, exc: Exception) -> None:
         """Log streaming broke; supervision goes on without it."""
+
+    def stalled(self, silent_s: float, timeout_s: float) -> None:
+        """No rank wrote a line for `silent_s`: every rank's stack is being taken."""
+
+    def stacks(self, report: StacksReport | None, problem: str | None, stop: bool) -> None:
+        """The stacks of a hang (grouped), or why there are none; `stop`: the run is torn down now,
+        else it goes on (`job.on_stall: warn`)."""
+
+    def retrying(self, attempt: int, attempts: int, why: str, excerpt: Sequence[str] = ()) -> None:
+        """The run failed (why, and the failing node's last lines) and is relaunched as attempt
+        `attempt` of at most `attempts`."""
+
+    def replacing(self, node: str, spare: str, why: str) -> None:
+        """A node failed the retry's preflight; `spare` takes its place."""
+
+    def resuming(self, path: str, node: str, found: bool | None, why: str | None = None) -> None:
+        """The trainer's checkpoint on the master: found (relaunched with --resume), not there
+        (started over), or None: it could not be asked (`why`)."""
 
 
 class Quiet:
@@ -103,6 +128,21 @@ class Quiet:
     def log_stopped(self, exc: Exception) -> None:
         pass
 
+    def stalled(self, silent_s: float, timeout_s: float) -> None:
+        pass
+
+    def stacks(self, report: StacksReport | None, problem: str | None, stop: bool) -> None:
+        pass
+
+    def retrying(self, attempt: int, attempts: int, why: str, excerpt: Sequence[str] = ()) -> None:
+        pass
+
+    def replacing(self, node: str, spare: str, why: str) -> None:
+        pass
+
+    def resuming(self, path: str, node: str, found: bool | None, why: str | None = None) -> None:
+        pass
+
 
 @dataclass
 class UpOutcome:
@@ -117,6 +157,16 @@ class UpOutcome:
     teardown_s: float | None = None
     not_stopped: dict[str, str] = field(default_factory=dict)
     """Nodes whose stop could not be confirmed, with the reason: run `orch down` once reachable."""
+    attempt: int = 1
+    """The attempt that ended this way (1, then 2, 3... after automatic retries)."""
+    attempts: int = 1
+    """At most this many (`job.retries` + 1; 1 for a detached run: nobody is there to relaunch it)."""
+    earlier: list[dict[str, Any]] = field(default_factory=list)
+    """How the earlier attempts ended (run.json `attempts`)."""
+    retry_failed: dict[str, str] = field(default_factory=dict)
+    """With `retry_preflight_failed`: the nodes that failed the retry's preflight (no spare left), with why."""
+    no_retry: str | None = None
+    """Why a failure that retries were left for was not retried (a node whose stop is unconfirmed)."""
     sync: SyncReport | None = None
     """What copying `job.sync` did on each node (None: nothing to sync, or --skip-sync)."""
     sync_error: OrchError | None = None
@@ -156,16 +206,35 @@ def not_stopped(results: GroupResult[StopResult]) -> dict[str, str]:
             for n in results if n in failed or done[n].remaining}
 
 
+def with_overrides(inv: Inventory, retries: int | None = None, stall_timeout_s: float | None = None) -> Inventory:
+    """The inventory with `orch up`'s --retries / --stall-timeout in place of job.retries /
+    job.stall_timeout_s (None: the inventory's own)."""
+    job = inv.job
+    if retries is not None:
+        job = replace(job, retries=retries)
+    if stall_timeout_s is not None:
+        job = replace(job, stall_timeout_s=stall_timeout_s)
+    return replace(inv, job=job) if job is not inv.job else inv
+
+
 def up(inv: Inventory, *, detach: bool = False, skip_checks: bool = False, run_id: str | None = None,
-       skip_sync: bool = False, progress: UpProgress | None = None, fabric: bool = False) -> UpOutcome:
+       skip_sync: bool = False, progress: UpProgress | None = None, fabric: bool = False,
+       retries: int | None = None, stall_timeout_s: float | None = None) -> UpOutcome:
     """Copy `job.sync` (unless skip_sync), check, launch on every node, then supervise (or return
     once every node runs, with detach). A `job.sync` path missing here raises UsageError.
     `fabric`: the preflight also runs the fabric check (a short job on every node), as
-    `checks.fabric` in the inventory does."""
+    `checks.fabric` in the inventory does.
+
+    An attached run that fails (not its sync or preflight) is torn down and relaunched under the
+    same run id up to `job.retries` times (`retries` overrides it): `job.sync` and the preflight
+    again (the fabric check too with `fabric`; a node that fails either is replaced by a healthy
+    `spare:` node), then the same job, with `--resume` for the trainer once its master holds
+    `weights/last.pt`."""
     if skip_checks and fabric:
         raise UsageError("--fabric is a check: it cannot run with --skip-checks",
                          "drop --skip-checks, or --fabric")
     say = progress or Quiet()
+    inv = with_overrides(inv, retries, stall_timeout_s)
     t0 = time.monotonic()
     synced = None
     if inv.job.sync and not skip_sync:
@@ -186,32 +255,163 @@ def up(inv: Inventory, *, detach: bool = False, skip_checks: bool = False, run_i
         say.preflight_done(report, time.monotonic() - t_check)
         if not report.ok:
             return UpOutcome("preflight_failed", preflight=report, sync=synced)
-    t_launch = time.monotonic()
     run = RunStore().create(inv, run_id)
-    plan = make_plan(inv, run.run_id)
-    run.write(plan.to_json(), "plan.json")
-    save_to_run(run, inv, report)
     if synced is not None:
         run.write(synced.to_json(), "sync.json")
+    attempts = 1 if detach else 1 + inv.job.retries
+    run.update(attempt=1, max_attempts=attempts, attempts=[], stall_timeout_s=inv.job.stall_timeout_s,
+               on_stall=inv.job.on_stall)
+    with sigterm_as_interrupt():
+        outcome = _attempts(say, run, inv, report, detach, Prepare(skip_checks, skip_sync, fabric), t0, attempts)
+    outcome.sync = outcome.sync or synced
+    return outcome
+
+
+@dataclass(frozen=True)
+class Prepare:
+    """What each retry does again before its launch: as the first attempt did (`orch up`'s flags)."""
+
+    skip_checks: bool = False
+    skip_sync: bool = False
+    fabric: bool = False
+
+
+def _attempts(say: UpProgress, run: RunDir, inv: Inventory, report: CheckReport | None, detach: bool,
+              prepare: Prepare, t0: float, attempts: int) -> UpOutcome:
+    """Attempt after attempt until one succeeds, is interrupted, or no retry is left."""
+    current = inv
+    replaced: dict[str, str] = {}
+    earlier: list[dict[str, Any]] = []
+    synced: SyncReport | None = None
+    attempt, t_launch = 1, time.monotonic()
+    while True:
+        outcome = _attempt(say, run, current, report, detach, t0, t_launch, attempt)
+        outcome.attempt, outcome.attempts, outcome.earlier, outcome.sync = attempt, attempts, list(earlier), synced
+        if outcome.result not in RETRIED or attempt >= attempts:
+            return outcome
+        if outcome.not_stopped:
+            outcome.no_retry = (f"not relaunched: the stop of {', '.join(outcome.not_stopped)} is unconfirmed, and a "
+                                "second copy of the job must not start beside the first")
+            return outcome
+        earlier.append(_attempt_record(attempt, outcome))
+        attempt += 1
+        say.retrying(attempt, attempts, _why(outcome), outcome.failure.excerpt if outcome.failure else ())
+        run.update(attempt=attempt, attempts=earlier, state=RunState.STARTING, first_failure=None)
+        try:
+            prepared = _prepare_retry(say, run, inv, replaced, prepare)
+        except KeyboardInterrupt:
+            run.update(state=RunState.STOPPED)
+            return UpOutcome("interrupted", run.run_id, report, time.monotonic() - t0, attempt=attempt,
+                             attempts=attempts, earlier=list(earlier))
+        if isinstance(prepared, UpOutcome):
+            prepared.attempt, prepared.attempts, prepared.earlier = attempt, attempts, list(earlier)
+            prepared.failure, prepared.wall_s = outcome.failure, time.monotonic() - t0
+            run.update(state=RunState.FAILED, first_failure=outcome.failure.to_json() if outcome.failure else None,
+                       retry_failed=prepared.retry_failed)
+            return prepared
+        current, report, synced = prepared
+        t_launch = time.monotonic()
+
+
+def _attempt_record(attempt: int, outcome: UpOutcome) -> dict[str, Any]:
+    """run.json `attempts[]`: how one attempt ended."""
+    return {"attempt": attempt, "result": outcome.result, "ended": time.time(),
+            "first_failure": outcome.failure.to_json() if outcome.failure else None}
+
+
+def _why(outcome: UpOutcome) -> str:
+    """One line: why an attempt ended (for the retry message)."""
+    f = outcome.failure
+    if f is not None:
+        rank = f" rank {f.rank}" if f.rank is not None else ""
+        return f"{f.node}{rank}: {f.reason}"
+    return "a node could not start" if outcome.result == "start_failed" else outcome.result
+
+
+def _prepare_retry(say: UpProgress, run: RunDir, inv: Inventory, replaced: dict[str, str],
+                   prepare: Prepare) -> tuple[Inventory, CheckReport | None, SyncReport | None] | UpOutcome:
+    """The inventory of the next attempt: `job.sync` and the preflight again (unless skipped), a
+    spare for each node that now fails either (`replaced` grows, run.json `replaced` follows), and
+    the trainer's `--resume` once its master holds the checkpoint. An UpOutcome when no attempt
+    can be made."""
+    current = with_replacements(inv, replaced)
+    report = synced = None
+    while True:
+        why: dict[str, str] = {}
+        if current.job.sync and not prepare.skip_sync:
+            t = time.monotonic()
+            say.syncing(current)
+            try:
+                synced = sync_nodes(current, current.nodes)
+            except OrchError as exc:  # the controller cannot copy any more (a job.sync path gone)
+                return UpOutcome("retry_preflight_failed", run.run_id, sync_error=exc, no_retry="job.sync failed",
+                                 retry_failed={n.name: f"sync: {exc.message}" for n in current.nodes})
+            say.synced(synced, time.monotonic() - t)
+            run.write(synced.to_json(), "sync.json")
+            why = {n.node: f"sync: {n.error}" for n in synced.failed()}
+        if not why and not prepare.skip_checks:
+            t = time.monotonic()
+            report = run_preflight(current, fabric=prepare.fabric)
+            say.preflight_done(report, time.monotonic() - t)
+            for r in report.failed():
+                why.setdefault(r.node, f"{r.check}: {r.detail or r.value}")
+        if not why:
+            break
+        bad = [n.name for n in current.nodes if n.name in why] or list(why)
+        if len(bad) > len(current.spares) or any(b not in {n.name for n in current.nodes} for b in bad):
+            left = f"{len(current.spares)} spare(s) left" if current.spares else "no spare left"
+            return UpOutcome("retry_preflight_failed", run.run_id, report,
+                             retry_failed={b: why[b] for b in bad}, no_retry=left)
+        for name, spare in zip(bad, current.spares):
+            replaced[name] = spare.name
+            say.replacing(name, spare.name, why[name])
+        run.update(replaced=dict(replaced))
+        current = with_replacements(inv, replaced)
+    if resume.is_trainer(current.job):
+        current = _with_resume(say, run, current)
+    return current, report, synced
+
+
+def _with_resume(say: UpProgress, run: RunDir, inv: Inventory) -> Inventory:
+    """The trainer's args with `--resume` when its master (rank 0 writes it) holds this run's
+    `weights/last.pt`; as they are when it does not (the trainer starts over) or cannot tell."""
+    path = resume.checkpoint_path(inv.job, run.run_id)
+    master = inv.master
+    try:
+        with open_transport(inv, master) as t:
+            found = resume.has_checkpoint(t, master, path)
+    except OrchError as exc:
+        say.resuming(path, master.name, None, exc.message)
+        return inv
+    say.resuming(path, master.name, found)
+    if not found:
+        return inv
+    return replace(inv, job=replace(inv.job, args=resume.with_resume(inv.job.args)))
+
+
+def _attempt(say: UpProgress, run: RunDir, inv: Inventory, report: CheckReport | None, detach: bool, t0: float,
+             t_launch: float, attempt: int) -> UpOutcome:
+    """One launch of the run on the inventory's nodes: plan, start, supervise (or detach)."""
+    plan = make_plan(inv, run.run_id, attempt)
+    run.write(plan.to_json(), "plan.json")
+    save_to_run(run, inv, report)
     record = RunRecord(run)
     run.update(nodes=node_records(plan), state=RunState.STARTING)
     say.starting(plan)
-    with Cluster(inv) as cluster, sigterm_as_interrupt():
+    with Cluster(inv) as cluster:
         try:
-            outcome = _launch(say, run, record, plan, cluster, detach, t0, t_launch, report)
+            return _launch(say, run, record, plan, cluster, detach, t0, t_launch, report, attempt)
         except KeyboardInterrupt:
             t = time.monotonic()
             with sigint_shielded():
                 results = stop_all(cluster, record.nodes(), inv.job.stop_grace_s)
             record.update_nodes({}, state=RunState.STOPPED)
-            outcome = UpOutcome("interrupted", run.run_id, report, teardown_s=time.monotonic() - t,
-                                not_stopped=not_stopped(results))
-    outcome.sync = synced
-    return outcome
+            return UpOutcome("interrupted", run.run_id, report, teardown_s=time.monotonic() - t,
+                             not_stopped=not_stopped(results))
 
 
 def _launch(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, cluster: Cluster, detach: bool,
-            t0: float, t_launch: float, report: CheckReport | None) -> UpOutcome:
+            t0: float, t_launch: float, report: CheckReport | None, attempt: int = 1) -> UpOutcome:
     """Start every node; stop them all if one cannot start; then return (detach) or supervise."""
     inv = plan.inventory
     started = start_all(cluster, plan)
@@ -229,11 +429,11 @@ def _launch(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, cluster
     say.running(plan, startup_s)
     if detach:
         return UpOutcome("detached", run.run_id, report)
-    return _attached(say, run, record, plan, cluster, t0, report)
+    return _attached(say, run, record, plan, cluster, t0, report, attempt)
 
 
 def _attached(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, cluster: Cluster, t0: float,
-              report: CheckReport | None) -> UpOutcome:
+              report: CheckReport | None, attempt: int = 1) -> UpOutcome:
     """Stream the merged log and supervise until the run ends; record how it ended."""
     inv = plan.inventory
     records = record.nodes()
@@ -253,17 +453,45 @@ def _attached(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, clust
 
     pushed = Pushed([p.node.name for p in plan.nodes], poll_one, silent_after=silent_after,
                     first_frame_s=grace / 2, interval=interval, stale_after=grace / 2)
-    sup = Supervisor([NodeSpec(p.node.name, p.node_rank, p.global_ranks.start, p.node.nproc_per_node)
-                      for p in plan.nodes],
+    specs = [NodeSpec(p.node.name, p.node_rank, p.global_ranks.start, p.node.nproc_per_node) for p in plan.nodes]
+    dog = Watchdog(inv.job.stall_timeout_s)
+
+    def watch() -> Failure | None:
+        """A hang: no rank wrote for stall_timeout_s. Every rank's stack into the run directory and
+        on the terminal; with on_stall stop, the run's first failure (the odd rank named)."""
+        silent = dog.stalled()
+        if silent is None:
+            return None
+        say.stalled(silent, inv.job.stall_timeout_s)
+        stacks: StacksReport | None = None
+        problem = None
+        try:
+            stacks = take_stacks(cluster, run.run_id, records)
+            save_stacks(run, stacks, tag="hang")
+        except Exception as exc:  # a hang is still reported (and stopped) without its stacks
+            problem = f"{type(exc).__name__}: {exc}" if not isinstance(exc, OrchError) else exc.message
+        stop = inv.job.on_stall == "stop"
+        say.stacks(stacks, problem, stop)
+        if not stop:
+            return None
+        failure = hang_failure(silent, inv.job.stall_timeout_s, stacks, specs, problem)
+        try:  # the node's last lines before the silence (after the teardown they are the stop's)
+            failure.excerpt = select_excerpt(excerpt(failure.node))[0]
+        except OrchError as exc:
+            failure.excerpt = [f"(cannot read the node's log: {exc.message})"]
+        return failure
+
+    sup = Supervisor(specs,
                      observe=pushed.observe,
                      stop_all=lambda: stop_all(cluster, records, inv.job.stop_grace_s),
                      excerpt=excerpt,
                      confirm=lambda names: status_all(cluster, [r for r in records if r["node"] in names], timeout=3.0),
                      interval=min(interval, 0.5), unreachable_grace=grace, sleep=pushed.wait,
-                     on_update=lambda nodes: record.update_nodes(nodes), offsets_s=offsets_s(run, inv))
+                     on_update=lambda nodes: record.update_nodes(nodes), offsets_s=offsets_s(run, inv),
+                     watch=watch if inv.job.stall_timeout_s > 0 else None)
     stop_logs = threading.Event()
-    logs = threading.Thread(target=_stream_logs, args=(say, run, inv, cluster, stop_logs, pushed), daemon=True,
-                            name="logs")
+    logs = threading.Thread(target=_stream_logs, args=(say, run, inv, cluster, stop_logs, pushed, dog, attempt == 1),
+                            daemon=True, name="logs")
     logs.start()
     pushed.start()
     interrupted = False
@@ -294,17 +522,23 @@ def _attached(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, clust
 
 
 def _stream_logs(say: UpProgress, run: RunDir, inv: Inventory, cluster: Cluster, stop: threading.Event,
-                 pushed: Pushed) -> None:
+                 pushed: Pushed, dog: Watchdog | None = None, from_start: bool = True) -> None:
     """The merged log (host and rank on every line) to `say.line` until the run ends or `stop`
-    is set; the node status the streams carry goes to `pushed` (the supervisor's observations)."""
+    is set; the node status the streams carry goes to `pushed` (the supervisor's observations),
+    every rank's line to the hang watchdog. A relaunch (`from_start` False) follows each node
+    from where the last attempt's copy ends, appending to merged.log."""
     from .logs.follow import Follower
 
     try:
         offsets, _origin = clock_offsets(run, inv.name)
-        follower = Follower(run, inv, cluster, offsets_ms=offsets, on_event=say.log_event,
+        follower = Follower(run, inv, cluster, offsets_ms=offsets, on_event=say.log_event, from_start=from_start,
                             on_status=lambda node, status: pushed.status(node, NodeStatus.from_json(status)),
                             on_frame=pushed.frame)
         for line in follower.lines(stop):
+            if dog is not None and line.rank is not None:
+                dog.progress()
             say.line(line)
     except Exception as exc:  # log streaming must never take supervision down with it
+        if dog is not None:
+            dog.off(f"log streaming stopped: {exc}")
         say.log_stopped(exc)

@@ -32,6 +32,7 @@ from tests.cluster import (  # noqa: E402
     netns_supported,
     reap_stale_networks,
 )
+from tests.up_helpers import Orch  # noqa: E402
 
 MakeCluster = Callable[..., TestCluster]
 
@@ -108,3 +109,9 @@ def orch_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("ORCH_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("NO_COLOR", "1")
     return tmp_path / "home"
+
+
+@pytest.fixture
+def orch(tmp_path: Path) -> Orch:
+    """`python -m orchestrator` with a private $ORCH_HOME (tests/up_helpers.py)."""
+    return Orch(tmp_path / "home")

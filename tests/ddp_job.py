@@ -11,6 +11,8 @@ Faults (flags, or the environment variables in brackets, so a test can set them 
   --fail-rank R --fail-step S  [DDP_FAIL_RANK, DDP_FAIL_STEP]  rank R raises RuntimeError at step S
   --hang-rank R --hang-step S  [DDP_HANG_RANK, DDP_HANG_STEP]  rank R sleeps forever at step S
   --exit-rank R --exit-code C  [DDP_EXIT_RANK, DDP_EXIT_CODE]  rank R calls os._exit(C) at --fail-step
+  --break-file PATH            [DDP_BREAK_FILE]  the failing rank deletes PATH first (its node breaks too)
+  --data PATH                  ignored: a path-like argument for the preflight's `job` check to compare
 """
 
 from __future__ import annotations
@@ -36,12 +38,20 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hang-step", type=int, default=int(env("DDP_HANG_STEP", "3")))
     p.add_argument("--exit-rank", type=int, default=int(env("DDP_EXIT_RANK", "-1")))
     p.add_argument("--exit-code", type=int, default=int(env("DDP_EXIT_CODE", "7")))
+    p.add_argument("--break-file", default=env("DDP_BREAK_FILE", ""))
+    p.add_argument("--data", help="ignored")
     return p.parse_args(argv)
 
 
 def expected_sum(world: int, step: int) -> float:
     """Sum over ranks of (rank + 1 + step)."""
     return world * (world + 1) / 2 + world * step
+
+
+def sleep_forever() -> None:
+    """A hang the stack dumps can name: this rank never reaches the next all_reduce."""
+    while True:
+        time.sleep(60)
 
 
 @record
@@ -55,14 +65,15 @@ def main(argv: list[str] | None = None) -> int:
     total = 0.0
     for step in range(args.steps):
         if rank == args.fail_rank and step == args.fail_step:
+            if args.break_file:
+                os.unlink(args.break_file)
             raise RuntimeError(f"injected failure on rank {rank} at step {step}")
         if rank == args.exit_rank and step == args.fail_step:
             print(f"[rank {rank}] exiting with code {args.exit_code} at step {step}", flush=True)
             os._exit(args.exit_code)
         if rank == args.hang_rank and step == args.hang_step:
             print(f"[rank {rank}] hanging at step {step}", flush=True)
-            while True:
-                time.sleep(60)
+            sleep_forever()
         t = torch.tensor([float(rank + 1 + step)])
         dist.all_reduce(t)
         total = float(t.item())

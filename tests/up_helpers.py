@@ -96,6 +96,11 @@ class UpProcess:
             raise AssertionError(f"orch up did not end within {timeout:.0f} s; stderr:\n{self.err}") from None
 
 
+def run_root(cluster: Any) -> Path:
+    """Where the test cluster's nodes keep their run directories (job.run_root)."""
+    return Path(cluster.root) / "runs"
+
+
 def node_state(run_root: Path, run_id: str, node: str) -> dict[str, Any]:
     """A node's state.json, read from the shared filesystem the test nodes live on."""
     try:
@@ -109,6 +114,18 @@ def node_log(run_root: Path, run_id: str, node: str) -> str:
         return (run_root / run_id / node / "node.log").read_text(errors="replace")
     except OSError:
         return ""
+
+
+def ddp_inventory(cluster: Any, *, nproc: int = 1, job_env: dict[str, str] | None = None,
+                  job: Mapping[str, Any] | None = None, **extra: Any) -> Path:
+    """A tests/ddp_job.py inventory for a test cluster: gloo over loopback, a free master port,
+    5 s stop grace; `job` adds or overrides job keys, `extra` top-level ones."""
+    from tests.cluster import free_port
+
+    env = {"GLOO_SOCKET_IFNAME": "lo", **(job_env or ddp_job())}
+    return Path(cluster.write_inventory(
+        job={"script": DDP_JOB, "nproc_per_node": nproc, "workdir": str(REPO), "stop_grace_s": 5, **(job or {})},
+        env=env, master={"port": free_port(cluster.nodes[0].addr)}, **extra))
 
 
 def ddp_job(steps: int = 5, sleep: float = 0.2, **faults: int) -> dict[str, str]:

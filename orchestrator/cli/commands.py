@@ -26,7 +26,7 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 UP_EXIT = {"succeeded": ExitCode.OK, "detached": ExitCode.OK, "failed": ExitCode.FAILED,
            "start_failed": ExitCode.FAILED, "preflight_failed": ExitCode.PREFLIGHT_FAILED,
            "sync_failed": ExitCode.PREFLIGHT_FAILED,
-           "interrupted": ExitCode.INTERRUPTED}
+           "interrupted": ExitCode.INTERRUPTED, "retry_preflight_failed": ExitCode.FAILED}
 """The exit code of each way `orch up` ends (docs/CONTRACT.md)."""
 
 
@@ -48,7 +48,7 @@ def resolve_inventory(path: str | None) -> Inventory:
     from ..store import RunStore
 
     try:
-        return RunStore().get().inventory()
+        return RunStore().get().inventory(as_run=False)
     except UsageError:
         raise UsageError("no INVENTORY given", "pass one (orch check inventory/v100.yaml) or set ORCH_INVENTORY") from None
 
@@ -132,11 +132,21 @@ Exit code: 0 success everywhere, 1 the job failed, 2 bad inventory, 3 preflight 
 failed (nothing launched), 130 interrupted (every node stopped first).
 
 \b
+Hang watchdog: when no rank writes a line for job.stall_timeout_s (600; --stall-timeout;
+counted from the first line of any rank), every rank's stack is taken (orch stacks) and the
+run stops (job.on_stall: stop) or goes on (warn).
+Retries: after a failure (not a sync or preflight failure) the run is torn down, synced and
+checked again and relaunched under the same run id, up to job.retries times (--retries); the
+trainer resumes from its last.pt; a node that now fails the sync or preflight is replaced by
+a `spare:` node.
+
+\b
 Examples:
   orch up inventory/v100.yaml --dry-run     # the plan: ranks and exact commands
   orch up inventory/v100.yaml               # launch and follow
   orch up inventory/v100.yaml --detach      # launch, return; then orch logs -f
   orch up inventory/v100.yaml --fabric      # measure the fabric in the preflight first
+  orch up inventory/v100.yaml --retries 2 --stall-timeout 900
 """
 
 
@@ -151,13 +161,21 @@ Examples:
 @click.option("--fabric", is_flag=True,
               help="Also run the fabric check in the preflight (a short all_reduce job on every node); "
                    "a failure stops the launch (exit 3).")
+@click.option("--retries", type=click.IntRange(min=0), metavar="N",
+              help="Relaunch the run up to N times after a failure (default: job.retries, 0).")
+@click.option("--stall-timeout", type=click.FloatRange(min=0), metavar="SECONDS",
+              help="Call the run hung when no rank writes a line this long; 0 = off "
+                   "(default: job.stall_timeout_s, 600).")
 @pass_state
 def up(state: State, inventory: str | None, dry_run: bool, detach: bool, skip_checks: bool, skip_sync: bool,
-       run_id: str | None, as_json: bool, fabric: bool) -> None:
+       run_id: str | None, as_json: bool, fabric: bool, retries: int | None, stall_timeout: float | None) -> None:
     if run_id is not None:
         from ..store import check_run_id
 
         check_run_id(run_id, "--run-id")
+    if detach and (retries or stall_timeout):
+        raise UsageError("--retries and --stall-timeout need an attached orch up: a detached run has nobody "
+                         "watching it", "drop --detach, or drop those flags")
     inv = resolve_inventory(inventory)
     if dry_run:
         from ..config.plan import make_plan
@@ -171,8 +189,10 @@ def up(state: State, inventory: str | None, dry_run: bool, detach: bool, skip_ch
     from ..up import up as run_up
 
     outcome = run_up(inv, detach=detach, skip_checks=skip_checks, run_id=run_id, skip_sync=skip_sync,
-                     progress=render.UpPrinter(), fabric=fabric)
+                     progress=render.UpPrinter(), fabric=fabric, retries=retries, stall_timeout_s=stall_timeout)
     render.up_outcome(outcome)
+    if outcome.result == "detached" and inv.job.retries:
+        render.not_retried_detached(inv.job.retries)
     raise SystemExit(UP_EXIT[outcome.result])
 
 
@@ -300,6 +320,38 @@ def report(state: State, run: str | None) -> None:
 
     render.report_outcome(make_report(run))
     raise SystemExit(ExitCode.OK)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("run", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Every rank's stack and the groups as JSON on stdout.")
+@click.option("--timeout", type=click.FloatRange(min=1), default=20.0, show_default=True, metavar="SECONDS",
+              help="How long py-spy may take per rank.")
+@pass_state
+def stacks(state: State, run: str | None, as_json: bool, timeout: float) -> None:
+    """The Python stack of every rank on every node of a running run, grouped.
+
+    Ranks whose main threads stand on the same frames share one line, their ranks folded
+    (`ranks 0-6,8-31`); the group that differs from the rest (a hang's culprit) is marked. Taken
+    with py-spy on each node (`pip install py-spy` in job.python's environment; the trainer
+    extra installs it); saved in $ORCH_HOME/runs/RUN/stacks/<time>.json and .txt.
+
+    Exit code: 0 every rank's stack taken, 1 a node or rank gave none (py-spy missing, ptrace
+    refused, unreachable, nothing running: each is named), 2 unknown run.
+
+    \b
+    Examples:
+      orch stacks                      # the latest run
+      orch stacks 20261130-093205-v100 --json | jq '.groups[] | {ranks_text, summary}'
+    """
+    from ..run.stacks import stacks as take
+
+    report = take(run, timeout)
+    if as_json:
+        render.json_out(report.to_json())
+    else:
+        render.stacks_view(report)
+    raise SystemExit(ExitCode.OK if report.complete else ExitCode.FAILED)
 
 
 class _CommandAfterDashes(click.Command):

@@ -16,7 +16,7 @@ import json
 import os
 import shlex
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..contract import CHECK_STATUSES
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from ..remote.sync import SyncReport
     from ..report import ReportOutcome
     from ..run.control import DownReport, StatusReport
+    from ..run.stacks import StacksReport
     from ..up import UpOutcome
 
 
@@ -297,12 +298,85 @@ class UpPrinter:
     def log_stopped(self, exc: Exception) -> None:
         self.err.print(f"[yellow]log streaming stopped: {markup(exc)}[/]")
 
+    def stalled(self, silent_s: float, timeout_s: float) -> None:
+        self.err.print(f"[bold yellow]no rank wrote a line for {silent_s:.0f} s[/] (stall timeout {timeout_s:g} s): "
+                       "taking every rank's stack")
+
+    def stacks(self, report: StacksReport | None, problem: str | None, stop: bool) -> None:
+
+        if report is not None:
+            stacks_view(report, self.err)
+        if problem:
+            self.err.print(f"[yellow]no stacks: {markup(problem)}[/]")
+        if not stop:
+            self.err.print("job.on_stall is warn: the run goes on; a new silence of the stall timeout is reported again")
+
+    def retrying(self, attempt: int, attempts: int, why: str, excerpt: Sequence[str] = ()) -> None:
+
+        for line in excerpt:
+            self.err.print(f"  {markup(line)}", soft_wrap=True)
+        self.err.print(f"\n[bold yellow]attempt {attempt}/{attempts}[/] after {markup(why)}; "
+                       "every node was stopped, checking the nodes again")
+
+    def replacing(self, node: str, spare: str, why: str) -> None:
+
+        self.err.print(f"[yellow]{markup(node)} failed the preflight[/] ({markup(why)}): "
+                       f"spare [bold]{markup(spare)}[/] takes its place, ranks re-planned")
+
+    def resuming(self, path: str, node: str, found: bool | None, why: str | None = None) -> None:
+
+        if found:
+            self.err.print(f"the trainer resumes from {markup(path)} on {markup(node)} (--resume)")
+        elif found is None:
+            self.err.print(f"[yellow]cannot tell whether {markup(path)} exists on {markup(node)}[/] "
+                           f"({markup(why or '')}): relaunching with the same arguments")
+        else:
+            self.err.print(f"no {markup(path)} on {markup(node)} yet: the trainer starts over")
+
+
+def stacks_view(report: StacksReport, out: Console | None = None) -> None:
+    """`orch stacks`: one line per group of ranks on the same frames (ranks folded, dshbak-style),
+    the odd group marked, then every node or rank whose stack could not be taken and why."""
+
+    from ..run.stacks import odd_ranks
+
+    out = out or console(stderr=False)
+    groups = report.groups
+    odd = odd_ranks(groups)
+    width = max((len(g.label) for g in groups), default=0)
+    for g in groups:
+        mark = "[bold red]" if g.ranks == odd else "[bold]"
+        where = f" on {', '.join(g.nodes)}" if len(g.nodes) <= 2 else f" on {len(g.nodes)} nodes"
+        out.print(f"{mark}{markup(g.label):<{width}}[/]  {markup(g.summary)}[dim]{markup(where)}[/]", soft_wrap=True)
+    for where, why in report.problems.items():
+        out.print(f"[yellow]{markup(where)}[/]: {markup(why)}", soft_wrap=True)
+    for r in report.ranks:
+        if r.error is not None:
+            out.print(f"[yellow]rank {r.rank} on {markup(r.node)}[/]: {markup(r.error)}", soft_wrap=True)
+    if not groups and not report.problems:
+        out.print("no rank process found")
+    for path in report.saved[:1]:
+        out.print(f"saved: {markup(str(path))} (and {markup(path.with_suffix('.txt').name)})", soft_wrap=True)
+
 
 def up_outcome(outcome: UpOutcome) -> None:
     """How `orch up` ended: success, the first failure with its excerpt, or what was left."""
     out = console()
     run = outcome.run_id
     unconfirmed = markup(", ".join(outcome.not_stopped))
+    attempt = f" (attempt {outcome.attempt} of {outcome.attempts})" if outcome.attempts > 1 else ""
+    if outcome.result == "retry_preflight_failed":
+        nodes = "; ".join(f"{n}: {why}" for n, why in outcome.retry_failed.items())
+        step = "the sync" if any(why.startswith("sync: ") for why in outcome.retry_failed.values()) else "the preflight"
+        out.print(f"\n[bold red]run {run} failed[/]: attempt {outcome.attempt} of {outcome.attempts} was not "
+                  f"launched: {step} failed on {markup(nodes)} ({markup(outcome.no_retry or '')})")
+        if outcome.sync_error is not None and outcome.sync_error.hint:
+            out.print(f"  hint: {markup(outcome.sync_error.hint)}")
+        f = outcome.failure
+        if f is not None:
+            out.print(f"the failure it was to retry: {markup(f.node)} (node rank {f.node_rank}, rank "
+                      f"{f.rank if f.rank is not None else 'unknown'}): {markup(f.reason)}")
+        return
     if outcome.result == "sync_failed":
         if outcome.sync_error is not None:
             out.print(f"orch: {markup(outcome.sync_error.message)}")
@@ -323,20 +397,28 @@ def up_outcome(outcome: UpOutcome) -> None:
         out.print(f"interrupted: stopped every node in {outcome.teardown_s or 0:.1f} s" if not unconfirmed
                   else f"[bold red]interrupted; could not confirm the stop on {unconfirmed}[/]")
     elif outcome.result == "succeeded":
-        out.print(f"[green]run {run} succeeded on every node[/] in {outcome.wall_s or 0:.1f} s")
+        out.print(f"[green]run {run} succeeded on every node[/] in {outcome.wall_s or 0:.1f} s{attempt}")
         for node, why in outcome.not_stopped.items():
             out.print(f"[bold yellow]{markup(node)}: {markup(why)}[/] (run: orch down {run})")
     else:
         f = outcome.failure
         assert f is not None
         rank = f"rank {f.rank}" if f.rank is not None else "rank unknown"
-        out.print(f"\n[bold red]run {run} failed[/]: first failure on [bold]{markup(f.node)}[/] "
+        out.print(f"\n[bold red]run {run} failed{attempt}[/]: first failure on [bold]{markup(f.node)}[/] "
                   f"(node rank {f.node_rank}, {rank}, exit code {f.exit_code}): {markup(f.reason)}")
         for line in f.excerpt:
             out.print(f"  {markup(line)}", soft_wrap=True)
         out.print(f"stopped every other node in {outcome.teardown_s or 0:.1f} s" if not unconfirmed else
                   f"[bold red]could not confirm the stop on {unconfirmed}[/]: run `orch down {run}` once they "
                   "are reachable")
+        if outcome.no_retry:
+            out.print(f"[bold red]{markup(outcome.no_retry)}[/]")
+
+
+def not_retried_detached(retries: int) -> None:
+    """The inventory asks for retries, but a detached run has nobody to relaunch it (or to watch for a hang)."""
+    console().print(f"[yellow]note:[/] job.retries ({retries}) and the hang watchdog apply to an attached orch up "
+                    "only: this detached run is not relaunched when it fails, nor stopped when it hangs")
 
 
 # ----------------------------------------------------------------------------- orch status, down, report
@@ -347,7 +429,8 @@ def status_table(report: StatusReport) -> None:
     from rich.table import Table
 
     out = console(stderr=False)
-    table = Table(title=f"run {report.run}: {styled(str(report.state))}")
+    attempt = f" (attempt {report.attempt} of {report.max_attempts})" if report.max_attempts > 1 else ""
+    table = Table(title=f"run {report.run}: {styled(str(report.state))}{attempt}")
     for col in ("node", "rank", "state", "exit", "pid", "uptime", "last log"):
         table.add_column(col)
     for n in report.nodes:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -139,6 +139,12 @@ class Job:
     torchrun_args: tuple[str, ...]
     run_root: str
     stop_grace_s: float
+    stall_timeout_s: float = 600.0
+    """Seconds without a line from any rank before `orch up` calls the run hung; 0: never."""
+    on_stall: str = "stop"
+    """What a hang does: `stop` (stacks, teardown, exit 1) or `warn` (stacks, keep running)."""
+    retries: int = 0
+    """Relaunches of the same run after a failure that is not a preflight failure."""
     sync: tuple[str, ...] = ()
     """Controller paths `orch sync` (and `orch up` before its preflight) copies to the same absolute
     path on every node: absolute, normalised (no trailing slash), each listed once."""
@@ -161,6 +167,9 @@ class Inventory:
     fanout: int
     source: str = field(default="", repr=False)
     """The YAML text, kept for the run's snapshot."""
+    spares: tuple[Node, ...] = ()
+    """`spare:` nodes, in file order: never launched unless one replaces a node that fails the
+    preflight of an automatic retry (`job.retries`)."""
 
     def node(self, name: str) -> Node:
         for n in self.nodes:
@@ -289,7 +298,9 @@ class _Resolver:
     def resolve(self) -> Inventory:
         m = self.m
         env = self.env_map(m.env, ("env",))
-        nodes = _NodeExpander(self).nodes(env)
+        expander = _NodeExpander(self)
+        nodes = expander.nodes(env)
+        spares = expander.nodes(env, "spare")
         checks = self.checks()
         job = self.job()
         if not 1 <= m.master.port <= 65535:
@@ -297,7 +308,7 @@ class _Resolver:
         if m.fanout < 1:
             self.issue(f"fanout must be at least 1, got {m.fanout}", "fanout")
         master = self.master(nodes)
-        self.rendezvous(nodes, job)
+        self.rendezvous(nodes + spares, job)
         if self.issues:
             raise InventoryError(self.issues)
         assert master is not None
@@ -310,7 +321,7 @@ class _Resolver:
         return Inventory(
             path=self.path, name=name, transport=m.transport, nodes=ordered, master=master,
             master_port=m.master.port, env=MappingProxyType(env), checks=checks, job=job,
-            fanout=m.fanout, source=self.text,
+            fanout=m.fanout, source=self.text, spares=tuple(spares),
         )
 
     # -- pieces
@@ -410,6 +421,10 @@ class _Resolver:
             self.issue(f"nproc_per_node must be a positive integer, got {j.nproc_per_node}", "job", "nproc_per_node")
         if j.stop_grace_s <= 0:
             self.issue("stop_grace_s must be positive", "job", "stop_grace_s")
+        if j.stall_timeout_s < 0:
+            self.issue(f"stall_timeout_s must be 0 (off) or more, got {j.stall_timeout_s:g}", "job", "stall_timeout_s")
+        if j.retries < 0:
+            self.issue(f"retries must be 0 or more, got {j.retries}", "job", "retries")
         for key in ("workdir", "python", "module", "script", "run_root"):
             self.safe(getattr(j, key), key, "job", key)
         if j.module and not re.match(r"^[A-Za-z_][A-Za-z0-9_.]*\Z", j.module):
@@ -431,6 +446,7 @@ class _Resolver:
             module=j.module if (j.module or j.script) else "trainer", script=j.script, args=args,
             raw_args=MappingProxyType(dict(j.args) if isinstance(j.args, dict) else {}),
             torchrun_args=tuple(j.torchrun_args), run_root=j.run_root, stop_grace_s=j.stop_grace_s,
+            stall_timeout_s=float(j.stall_timeout_s), on_stall=j.on_stall, retries=j.retries,
             sync=self.sync_paths(j.sync),
         )
 
@@ -476,12 +492,18 @@ class _NodeExpander:
     def __init__(self, resolver: _Resolver) -> None:
         self.r = resolver
         self.m = resolver.m
+        self.section = "nodes"
+        # shared by `nodes:` and `spare:`: a spare may not be a node as well
+        self.seen_names: dict[str, str] = {}
+        self.seen_hosts: dict[tuple[str, int], str] = {}
 
-    def nodes(self, env: dict[str, str]) -> list[Node]:
+    def nodes(self, env: dict[str, str], section: str = "nodes") -> list[Node]:
+        """The nodes of `section` (`nodes`, or `spare`: the same entries, launched only to
+        replace a node), no name or host twice across both."""
+        self.section = section
         out: list[Node] = []
-        seen_names: dict[str, int] = {}
-        seen_hosts: dict[tuple[str, int], int] = {}
-        for i, nm in enumerate(self.m.nodes):
+        seen_names, seen_hosts = self.seen_names, self.seen_hosts
+        for i, nm in enumerate(getattr(self.m, section)):
             triples = self.expand_entry(nm, i)
             if not triples:
                 continue
@@ -489,18 +511,17 @@ class _NodeExpander:
             for host, name, addr in triples:
                 problem = name_problem(name)
                 if problem:
-                    self.r.issue(f"node name {name!r} {problem}", "nodes", i, "name")
+                    self.r.issue(f"node name {name!r} {problem}", self.section, i, "name")
                 if name in seen_names:
-                    self.r.issue(f"duplicate node '{name}' (also nodes[{seen_names[name]}]): every node must be "
-                                 "listed once", "nodes", i, "name" if nm.name else "host")
+                    self.r.issue(f"duplicate node '{name}' (also {seen_names[name]}): every node must be "
+                                 "listed once", self.section, i, "name" if nm.name else "host")
                     continue
                 hk = (host, shared["ssh"].port)
                 if self.m.transport == "ssh" and hk in seen_hosts:
-                    self.r.issue(f"duplicate node: {host}:{hk[1]} is already nodes[{seen_hosts[hk]}]",
-                                 "nodes", i, "host")
+                    self.r.issue(f"duplicate node: {host}:{hk[1]} is already {seen_hosts[hk]}",
+                                 self.section, i, "host")
                     continue
-                seen_names[name] = i
-                seen_hosts[hk] = i
+                seen_names[name] = seen_hosts[hk] = f"{self.section}[{i}]"
                 out.append(Node(name=name, host=host, addr=addr, index=len(out), **shared))
         return out
 
@@ -508,15 +529,15 @@ class _NodeExpander:
         """What every node of one `nodes[i]` entry shares: GPUs, processes, python, env, SSH options."""
         for key, value in (("gpus", nm.gpus), ("nproc_per_node", nm.nproc_per_node)):
             if value is not None and value < 1:
-                self.r.issue(f"{key} must be a positive integer, got {value}", "nodes", i, key)
+                self.r.issue(f"{key} must be a positive integer, got {value}", self.section, i, key)
         node_env = dict(env)
-        node_env.update(self.r.env_map(nm.env, ("nodes", i, "env")))
+        node_env.update(self.r.env_map(nm.env, (self.section, i, "env")))
         python = self.r.local_path(nm.python or self.m.job.python)
-        self.r.safe(python, "python", "nodes", i, "python")
+        self.r.safe(python, "python", self.section, i, "python")
         nproc = nm.nproc_per_node or self.m.job.nproc_per_node or (nm.gpus if nm.gpus and nm.gpus > 0 else 1)
         if nm.gpus is not None and nm.gpus > 0 and nproc > nm.gpus:
-            where = ("nodes", i, "nproc_per_node") if nm.nproc_per_node else ("job", "nproc_per_node")
-            self.r.issue(f"nproc_per_node {nproc} is larger than the {nm.gpus} gpus of nodes[{i}] ({nm.host}): "
+            where = (self.section, i, "nproc_per_node") if nm.nproc_per_node else ("job", "nproc_per_node")
+            self.r.issue(f"nproc_per_node {nproc} is larger than the {nm.gpus} gpus of {self.section}[{i}] ({nm.host}): "
                          f"a process needs its own GPU", *where)
         return {"gpus": nm.gpus, "nproc_per_node": nproc, "python": python, "env": MappingProxyType(node_env),
                 "ssh": self.ssh_options(nm, i)}
@@ -536,13 +557,13 @@ class _NodeExpander:
             if len(values) != len(hosts):
                 self.r.issue(
                     f"host expands to {len(hosts)} nodes but {key} to {len(values)}: "
-                    f"give {key} a range of the same length, or omit it", "nodes", i, key)
+                    f"give {key} a range of the same length, or omit it", self.section, i, key)
                 names = addrs = hosts
         return list(zip(hosts, names, addrs))
 
     def expand(self, pattern: str, i: int, key: str) -> list[str]:
         if not HOST_PATTERN.match(pattern):
-            self.r.issue(f"{key} {pattern!r} has characters a host name cannot have", "nodes", i, key)
+            self.r.issue(f"{key} {pattern!r} has characters a host name cannot have", self.section, i, key)
             return []
         if PLAIN_HOST.match(pattern):
             return [pattern]
@@ -556,7 +577,7 @@ class _NodeExpander:
         try:
             return list(NodeSet(pattern))
         except NodeSetException as exc:
-            self.r.issue(f"bad range in {key} {pattern!r}: {exc}", "nodes", i, key)
+            self.r.issue(f"bad range in {key} {pattern!r}: {exc}", self.section, i, key)
             return []
 
     def ssh_options(self, node: NodeModel, i: int) -> SSHOptions:
@@ -571,9 +592,27 @@ class _NodeExpander:
                     merged[key] = value
         opts = SSHOptions(**merged)
         if not 1 <= opts.port <= 65535:
-            self.r.issue(f"port {opts.port} is out of range 1-65535", "nodes", i, "port")
+            self.r.issue(f"port {opts.port} is out of range 1-65535", self.section, i, "port")
         if opts.connect_timeout <= 0:
-            self.r.issue("connect_timeout must be positive", "nodes", i, "connect_timeout")
+            self.r.issue("connect_timeout must be positive", self.section, i, "connect_timeout")
         for key in ("user", "identity", "known_hosts", "gateway", "ssh_config"):
-            self.r.safe(getattr(opts, key), key, "nodes", i, key)
+            self.r.safe(getattr(opts, key), key, self.section, i, key)
         return opts
+
+
+def with_replacements(inv: Inventory, replaced: Mapping[str, str]) -> Inventory:
+    """The inventory as a run ran it once spares took the places of nodes that failed a retry's
+    preflight (`{failed node: spare}`, in the order they were made, so a spare that failed in its
+    turn is replaced too): each spare takes its node's place in the rank order (the master's
+    too) and leaves `spares`. Raises KeyError naming a node or spare this inventory lacks."""
+    nodes, spares = list(inv.nodes), {s.name: s for s in inv.spares}
+    for old, new in replaced.items():
+        at = next((i for i, n in enumerate(nodes) if n.name == old), None)
+        if at is None:
+            raise KeyError(f"node {old!r} is not a node of {inv.path}")
+        if new not in spares:
+            raise KeyError(f"spare {new!r} is not an unused spare of {inv.path}")
+        nodes[at] = replace(spares.pop(new), index=nodes[at].index)
+    if not replaced:
+        return inv
+    return replace(inv, nodes=tuple(nodes), master=nodes[0], spares=tuple(spares.values()))

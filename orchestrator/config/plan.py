@@ -89,8 +89,9 @@ def torchrun_argv(inv: Inventory, node: Node, node_rank: int, run_id: str) -> li
     return argv
 
 
-def node_env(inv: Inventory, node: Node, node_rank: int, run_id: str) -> dict[str, str]:
-    """The job's environment: inventory `env`, then the node's `env`, then what orch itself sets."""
+def node_env(inv: Inventory, node: Node, node_rank: int, run_id: str, attempt: int = 1) -> dict[str, str]:
+    """The job's environment: inventory `env`, then the node's `env`, then what orch itself sets
+    (`ORCH_ATTEMPT`: 1, then 2, 3... when `orch up` relaunches the run after a failure)."""
     env = dict(node.env)
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.update({
@@ -98,11 +99,12 @@ def node_env(inv: Inventory, node: Node, node_rank: int, run_id: str) -> dict[st
         "ORCH_NODE": node.name,
         "ORCH_NODE_RANK": str(node_rank),
         "ORCH_NNODES": str(len(inv.nodes)),
+        "ORCH_ATTEMPT": str(attempt),
     })
     return env
 
 
-def make_plan(inv: Inventory, run_id: str = "dry-run") -> Plan:
+def make_plan(inv: Inventory, run_id: str = "dry-run", attempt: int = 1) -> Plan:
     """Assign node ranks in inventory order (master = 0) and build every node's command."""
     nodes = []
     first = 0
@@ -111,7 +113,7 @@ def make_plan(inv: Inventory, run_id: str = "dry-run") -> Plan:
             node=node, node_rank=rank,
             global_ranks=range(first, first + node.nproc_per_node),
             argv=tuple(torchrun_argv(inv, node, rank, run_id)),
-            env=MappingProxyType(node_env(inv, node, rank, run_id)),
+            env=MappingProxyType(node_env(inv, node, rank, run_id, attempt)),
             workdir=inv.job.workdir,
         ))
         first += node.nproc_per_node

@@ -143,6 +143,9 @@ class JobModel(_Schema):
     torchrun_args: list[str] = []
     run_root: str = DEFAULT_RUN_ROOT
     stop_grace_s: float = 10.0
+    stall_timeout_s: float = 600.0
+    on_stall: Literal["warn", "stop"] = "stop"
+    retries: int = 0
     sync: list[str] = []
 
 
@@ -156,6 +159,7 @@ class InventoryModel(_Schema):
     checks: ChecksModel = ChecksModel()
     job: JobModel = JobModel()
     fanout: int = 32
+    spare: list[NodeModel] = []
 
 
 class _NotPlain(Exception):

@@ -22,6 +22,7 @@ Subcommands (each prints one JSON object on stdout):
   status DIR [--tail N]   state.json plus liveness (is the agent / the job alive), log size and time
   stop DIR [--grace S]    SIGTERM the job's process group, SIGKILL after S seconds, wait until every
                      process of the job is gone. Idempotent.
+  stacks DIR [--timeout S]  the Python stack of every rank of the job (`py-spy dump`), raw, per rank
 
 torchrun puts every worker in a session of its own, so killing torchrun's group alone would
 orphan the workers (a `kill -9` of torchrun leaves them running). The agent therefore makes itself
@@ -411,8 +412,9 @@ class Monitor:
         env.update({str(k): str(v) for k, v in self.launch.get("env", {}).items()})
         argv = self.argv()
         cwd = expand(self.launch.get("cwd")) or os.path.expanduser("~")
-        self.log.write("orch", f"agent {os.getpid()} on {socket.gethostname()} starting: "
-                                f"{' '.join(argv)} (cwd {cwd})")
+        attempt = str(self.launch.get("env", {}).get("ORCH_ATTEMPT", "1"))
+        self.log.write("orch", f"agent {os.getpid()} on {socket.gethostname()} starting"
+                                f"{'' if attempt == '1' else f' attempt {attempt}'}: {' '.join(argv)} (cwd {cwd})")
         try:
             umask = self.launch.get("login_umask")
             proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -545,6 +547,7 @@ def cmd_start(run_dir: str, wait: float) -> int:
         return emit({"state": FAILED, "reason": f"workdir {cwd} does not exist on this node"}, 2)
     import socket
 
+    clear_stop_request(run_dir)
     write_json(state_path, {"run": launch.get("run"), "node": launch.get("node"), "agent_pid": None,
                             "pid": None, "pgid": None, "host": socket.gethostname(), "boot_id": boot_id(),
                             "started_at": None, "finished_at": None, "exit_code": None, "signal": None,
@@ -552,6 +555,15 @@ def cmd_start(run_dir: str, wait: float) -> int:
     if os.fork() == 0:
         daemon(run_dir, launch)
     return wait_started(state_path, wait)
+
+
+def clear_stop_request(run_dir: str) -> None:
+    """A job started again in its run directory (`orch up` retrying the same run) must not end as
+    `stopped` because the last attempt's teardown asked for a stop."""
+    try:
+        os.unlink(os.path.join(run_dir, STOP_REQUEST))
+    except FileNotFoundError:
+        pass
 
 
 def daemon(run_dir: str, launch: dict[str, Any]) -> None:
@@ -693,6 +705,121 @@ def cmd_stop(run_dir: str, grace: float) -> int:
     return emit(out, 0 if not remaining else 1)
 
 
+# ----------------------------------------------------------------------------- stacks
+
+
+def rank_processes(run_dir: str, state: dict[str, Any]) -> list[dict[str, Any]]:
+    """The job's rank processes: live processes of the job whose environment has RANK (torchrun
+    sets it for its workers) and whose parent's has not the same one (a DataLoader worker or any
+    other child of a rank inherits it). With their RANK, LOCAL_RANK, pid and start time."""
+    parents = {pid: ppid for pid, ppid, _pg, _start in _proc_table()}
+    envs = {pid: _rank_env(pid) for pid in sorted(Job(state).processes()[0])}
+    out = []
+    for pid, env in sorted(envs.items()):
+        if "RANK" not in env:
+            continue
+        parent = envs.get(parents.get(pid, 0)) or _rank_env(parents.get(pid, 0))
+        if parent.get("RANK") == env["RANK"]:
+            continue
+        out.append({"pid": pid, "start": proc_start_time(pid), "rank": _int(env.get("RANK")),
+                    "local_rank": _int(env.get("LOCAL_RANK"))})
+    return sorted(out, key=lambda r: (r["rank"] is None, r["rank"], r["pid"]))
+
+
+def _rank_env(pid: int) -> dict[str, str]:
+    """RANK and LOCAL_RANK from a process's environment ({} when unreadable)."""
+    if not pid:
+        return {}
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            items = fh.read().split(b"\0")
+    except OSError:
+        return {}
+    out = {}
+    for item in items:
+        key, sep, value = item.partition(b"=")
+        if sep and key in (b"RANK", b"LOCAL_RANK"):
+            out[key.decode()] = value.decode("ascii", "replace")
+    return out
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def find_py_spy() -> str | None:
+    """py-spy next to this Python (the job's: `pip install py-spy` in its environment puts it
+    there), else on PATH."""
+    import shutil
+
+    here = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    if os.path.isfile(here) and os.access(here, os.X_OK):
+        return here
+    return shutil.which("py-spy")
+
+
+def ptrace_scope() -> int | None:
+    """Yama's ptrace restriction (0: classic, 1: descendants only, 2: admin only, 3: none), or
+    None where the kernel has no Yama."""
+    try:
+        with open("/proc/sys/kernel/yama/ptrace_scope", encoding="ascii") as fh:
+            return int(fh.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def dump_stack(py_spy: str, proc: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """`py-spy dump --full-filenames --pid PID` of one rank: its output and exit code, raw. The
+    process is paused while py-spy reads it (a consistent stack; a hung rank loses nothing)."""
+    import subprocess
+
+    out = dict(proc)
+    if not alive(proc["pid"], proc["start"]):
+        return dict(out, code=None, dump="", error="the process exited before its stack was taken")
+    try:
+        res = subprocess.run([py_spy, "dump", "--full-filenames", "--pid", str(proc["pid"])], stdin=subprocess.DEVNULL,
+                             capture_output=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return dict(out, code=None, dump="", error=f"py-spy did not answer within {timeout:g} s")
+    except OSError as exc:
+        return dict(out, code=None, dump="", error=f"cannot run {py_spy}: {exc.strerror or exc}")
+    text = res.stdout.decode("utf-8", "replace")
+    err = res.stderr.decode("utf-8", "replace").strip()
+    return dict(out, code=res.returncode, dump=text, error=None if res.returncode == 0 else (err or text.strip())[:2000])
+
+
+def cmd_stacks(run_dir: str, timeout: float) -> int:
+    """Every rank's `py-spy dump`, in parallel: one JSON object with the ranks in rank order, the
+    py-spy used (null: none here), this login's uid and the ptrace restriction, so the controller
+    can say why a dump was refused."""
+    import threading
+
+    state = read_json(os.path.join(run_dir, STATE))
+    info: dict[str, Any] = {"state": state.get("state"), "py_spy": find_py_spy(), "python": sys.executable,
+                            "euid": os.geteuid(), "ptrace_scope": ptrace_scope(), "ranks": []}
+    if not state:
+        return emit(dict(info, error="nothing was started here"), 0)
+    procs = rank_processes(run_dir, state)
+    if not procs or info["py_spy"] is None:
+        info["ranks"] = [dict(p, code=None, dump="", error=None) for p in procs]
+        return emit(info, 0)
+    results: list[dict[str, Any]] = [{} for _ in procs]
+
+    def one(i: int) -> None:
+        results[i] = dump_stack(info["py_spy"], procs[i], timeout)
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(procs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 5)
+    info["ranks"] = [r or dict(p, code=None, dump="", error="no answer") for r, p in zip(results, procs)]
+    return emit(info, 0)
+
+
 def emit(data: dict[str, Any], code: int) -> int:
     sys.stdout.write(json.dumps(data) + "\n")
     sys.stdout.flush()
@@ -713,6 +840,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("stop", help="stop the job (TERM, then KILL after --grace) and wait")
     p.add_argument("dir")
     p.add_argument("--grace", type=float, default=10.0)
+    p = sub.add_parser("stacks", help="the Python stack of every rank (py-spy dump)")
+    p.add_argument("dir")
+    p.add_argument("--timeout", type=float, default=20.0, help="seconds py-spy may take per rank")
     args = parser.parse_args(argv)
     run_dir = os.path.abspath(expand(args.dir) or ".") if getattr(args, "dir", None) else ""
     if run_dir:
@@ -726,6 +856,8 @@ def main(argv: list[str] | None = None) -> int:
         return emit(status(run_dir, args.tail), 0)
     if args.cmd == "stop":
         return cmd_stop(run_dir, args.grace)
+    if args.cmd == "stacks":
+        return cmd_stacks(run_dir, args.timeout)
     parser.print_help(sys.stderr)
     return 2
 

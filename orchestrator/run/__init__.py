@@ -6,6 +6,9 @@
 - `supervise.py` the run's state machine: judge every node, fail fast, teardown in `finally`;
                  node states pushed on the log streams, polled only when a stream goes silent
 - `control.py`   `orch status` (StatusReport) and `orch down` (DownReport) of a launched run
+- `stacks.py`    `orch stacks`: every rank's py-spy dump (the agent's `stacks`), parsed and grouped
+- `watchdog.py`  the hang watchdog: no rank wrote a line for `job.stall_timeout_s`; a hang as a Failure
+- `resume.py`    a retry of the trainer: where its last.pt is, `--resume`
 
 `orchestrator/up.py` composes these with the preflight and the log streams into `orch up`.
 """

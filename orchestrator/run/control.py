@@ -52,12 +52,20 @@ class StatusReport:
     state: str
     nodes: list[NodeReport]
     first_failure: dict[str, Any] | None = None
+    attempt: int = 1
+    """Which launch of the run this is: 2, 3... after automatic retries (`job.retries`)."""
+    max_attempts: int = 1
+    replaced: dict[str, str] | None = None
+    """Nodes a spare replaced on a retry ({node: spare})."""
 
     def to_json(self) -> dict[str, Any]:
-        """docs/CONTRACT.md's status JSON, with pid, uptime and last log time per node."""
+        """docs/CONTRACT.md's status JSON, with pid, uptime and last log time per node, and the attempt."""
         out: dict[str, Any] = {"run": self.run, "state": self.state, "nodes": [n.to_json() for n in self.nodes]}
         if self.first_failure:
             out["first_failure"] = self.first_failure
+        out["attempt"], out["max_attempts"] = self.attempt, self.max_attempts
+        if self.replaced:
+            out["replaced"] = dict(self.replaced)
         return out
 
 
@@ -143,7 +151,8 @@ def status_report(data: Mapping[str, Any], statuses: Mapping[str, NodeStatus]) -
             last_log=_iso(s.log_mtime), last_log_age_s=None if not s.log_mtime else round(now - s.log_mtime, 1),
             agent_alive=s.agent_alive, error=s.error))
     return StatusReport(data.get("run") or "", data.get("state") or RunState.STARTING, nodes,
-                        data.get("first_failure") or None)
+                        data.get("first_failure") or None, int(data.get("attempt") or 1),
+                        int(data.get("max_attempts") or 1), dict(data.get("replaced") or {}) or None)
 
 
 def _iso(ts: float | None) -> str | None:

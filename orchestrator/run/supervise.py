@@ -398,7 +398,8 @@ class Supervisor:
                  interval: float = 1.0, unreachable_grace: float = 10.0,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                  on_update: Callable[[Mapping[str, NodeStatus]], None] | None = None,
-                 offsets_s: Mapping[str, float] | None = None) -> None:
+                 offsets_s: Mapping[str, float] | None = None,
+                 watch: Callable[[], Failure | None] | None = None) -> None:
         self.specs = {s.name: s for s in specs}
         self.offsets_s = dict(offsets_s or {})
         """Each node's clock offset (s, node minus reference) as `orch check` measured it: a node
@@ -412,6 +413,9 @@ class Supervisor:
         self.clock = clock
         self.sleep = sleep
         self.on_update = on_update
+        self.watch = watch
+        """Asked once a round while every node runs: a failure nothing a node reports shows (a
+        hang, `watchdog.py`), or None. It may take its time: the nodes are still running."""
         self.nodes: dict[str, NodeStatus] = {n: NodeStatus(NodeState.STARTING) for n in self.specs}
         self.unreachable_since: dict[str, float] = {}
         self.failure: Failure | None = None
@@ -425,6 +429,9 @@ class Supervisor:
         try:
             while True:
                 verdict = self.judge(self.observe(), self.clock())
+                if verdict == RunState.RUNNING and self.watch is not None:
+                    self.failure = self.watch()
+                    verdict = RunState.FAILED if self.failure is not None else verdict
                 if verdict == RunState.SUCCEEDED:
                     # every agent has exited after its cleanup, and says what that cleanup left
                     self.torn_down = True
@@ -539,6 +546,8 @@ class Supervisor:
     def attach_excerpt(self) -> None:
         if self.failure is None or self.excerpt is None or self.failure.node in self.not_stopped:
             return  # an unreachable node cannot show its log now
+        if self.failure.excerpt:
+            return  # taken before the teardown (a hang: the lines before the silence, not the stop's)
         try:
             raw = list(self.excerpt(self.failure.node))
         except Exception as exc:  # the failure is reported even when its log cannot be read
@@ -546,5 +555,5 @@ class Supervisor:
             return
         lines, rank, local = select_excerpt(raw)
         self.failure.excerpt = lines
-        if rank is not None:
+        if rank is not None and self.failure.rank is None:  # a hang names its rank from the stacks
             self.failure.rank, self.failure.local_rank = rank, local

@@ -13,36 +13,28 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
-from typing import Any
 
 import pytest
 
 from orchestrator.node import FROM_STDIN, script
-from tests.cluster import TestCluster, free_port
+from tests.cluster import TestCluster
 from tests.logs_support import reader_pids
-from tests.up_helpers import DDP_JOB, REPO, Orch, ddp_job, leftover, node_log, node_state, wait_for
+from tests.up_helpers import (
+    REPO,
+    Orch,
+    ddp_inventory,
+    ddp_job,
+    leftover,
+    node_log,
+    node_state,
+    run_root,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-def inventory(cluster: TestCluster, *, nproc: int = 1, job_env: dict[str, str] | None = None,
-              **extra: Any) -> Path:
-    """A ddp_job inventory for this cluster: gloo over loopback, a free master port, 5 s stop grace."""
-    master = cluster.nodes[0]
-    env = {"GLOO_SOCKET_IFNAME": "lo", **(job_env or ddp_job())}
-    return cluster.write_inventory(
-        job={"script": DDP_JOB, "nproc_per_node": nproc, "workdir": str(REPO), "stop_grace_s": 5},
-        env=env, master={"port": free_port(master.addr)}, **extra)
-
-
-@pytest.fixture
-def orch(tmp_path: Path) -> Orch:
-    return Orch(tmp_path / "home")
-
-
-def run_root(cluster: TestCluster) -> Path:
-    return cluster.root / "runs"
+inventory = ddp_inventory
 
 
 def execs(err: str, script: str) -> list[str]:

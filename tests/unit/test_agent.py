@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -389,3 +390,77 @@ def test_stop_asks_python3_where_the_runs_python_is_gone_and_reports_the_job_gon
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
+
+
+def test_a_job_started_again_in_its_directory_is_not_judged_by_the_last_stop(tmp_path: Path) -> None:
+    """`orch up` retries a run in the same run directories: the stop that tore the last attempt
+    down must not make the next one end as `stopped`."""
+    d = prepare(tmp_path, "sleep 30")
+    assert call("start", str(d))[0] == 0
+    assert call("stop", str(d), "--grace", "1")[1]["state"] == "stopped"
+    assert (d / agent.STOP_REQUEST).exists()
+    spec = json.loads((d / "launch.json").read_text())
+    (d / "launch.json").write_text(json.dumps(dict(spec, argv=["sh", "-c", "echo second attempt"],
+                                                    env=dict(spec["env"], ORCH_ATTEMPT="2"))))
+    assert call("start", str(d))[0] == 0
+    final = wait_state(d, "succeeded", "stopped", "failed")
+    assert final["state"] == "succeeded" and final["exit_code"] == 0
+    log = (d / "node.log").read_text()
+    assert "second attempt" in log
+    # the node's log (and so the merged log) says where each attempt starts; the first says none
+    starts = [ln.split(" orch ", 1)[1] for ln in log.splitlines() if " starting" in ln]
+    assert len(starts) == 2 and " starting: sh -c sleep 30" in starts[0], starts
+    assert " starting attempt 2: sh -c echo second attempt" in starts[1], starts
+
+
+RANKS = """
+import os, subprocess, sys, time
+def waiting_here():
+    while True:
+        time.sleep(60)
+if os.environ["RANK"] == "0":  # a child of rank 0 (a DataLoader worker) inherits RANK: not a rank of its own
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+print("ready", flush=True)
+waiting_here()
+"""
+
+
+def test_stacks_finds_every_rank_of_the_job_and_dumps_it(tmp_path: Path) -> None:
+    script = tmp_path / "rank.py"
+    script.write_text(RANKS)
+    py = sys.executable
+    d = prepare(tmp_path, f"RANK=0 LOCAL_RANK=0 {py} {script} & RANK=1 LOCAL_RANK=1 {py} {script} & wait")
+    assert call("start", str(d))[0] == 0
+    try:
+        deadline = time.monotonic() + 30
+        while (d / "node.log").read_text().count("ready") < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        code, out = call("stacks", str(d), "--timeout", "20")
+        assert code == 0 and out["state"] == "running"
+        assert out["py_spy"] == str(Path(py).parent / "py-spy") and out["python"] == py
+        ranks = out["ranks"]
+        assert [(r["rank"], r["local_rank"]) for r in ranks] == [(0, 0), (1, 1)], ranks
+        for r in ranks:
+            assert r["code"] == 0 and r["error"] is None, r
+            assert re.search(r"^ {4}waiting_here \(" + re.escape(str(script)) + r":\d+\)$", r["dump"], re.M), r["dump"]
+    finally:
+        call("stop", str(d), "--grace", "1")
+
+
+def test_stacks_says_where_py_spy_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    d = prepare(tmp_path, "RANK=0 LOCAL_RANK=0 sleep 30")
+    assert call("start", str(d))[0] == 0
+    try:
+        deadline = time.monotonic() + 10
+        while not agent.rank_processes(str(d), state(d)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        env = dict(os.environ, PATH="/usr/bin:/bin")
+        lone = tmp_path / "bin" / "python3"  # an interpreter with no py-spy beside it
+        lone.parent.mkdir()
+        lone.symlink_to(Path(sys.base_exec_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}")
+        r = subprocess.run([str(lone), AGENT, "stacks", str(d)], capture_output=True, text=True, timeout=60, env=env)
+        out = json.loads(r.stdout)
+        assert out["py_spy"] is None and out["python"] == str(lone)
+        assert [(x["rank"], x["dump"], x["error"]) for x in out["ranks"]] == [(0, "", None)]
+    finally:
+        call("stop", str(d), "--grace", "1")

@@ -232,7 +232,10 @@ TYPED = {  # mostly the declared type, sometimes not: both validators see both
                           st.lists(SCALARS, max_size=3)),
         "rdzv": st.sampled_from(["static", "c10d", "x"]), "max_restarts": SCALARS,
         "torchrun_args": st.lists(st.text(max_size=3), max_size=2), "stop_grace_s": SCALARS,
+        "stall_timeout_s": SCALARS, "on_stall": st.sampled_from(["warn", "stop", "kill"]), "retries": SCALARS,
         "sync": st.one_of(st.lists(st.one_of(st.text(max_size=3), SCALARS), max_size=2), SCALARS)}),
+    "spare": st.lists(st.fixed_dictionaries({"host": st.text(max_size=3)}, optional={"port": SCALARS, "gpus": SCALARS}),
+                      max_size=2),
 }
 
 
@@ -244,7 +247,7 @@ def keyed(keys: list[str]) -> st.SearchStrategy[dict[str, object]]:
 
 NODE_KEYS = ["host", "name", "port", "gpus", "env", "ssh", "user", "connect_timeout", "host_key_policy",
              "python", "bogus"]
-TOP_KEYS = ["name", "transport", "ssh", "master", "env", "checks", "job", "fanout", "nodez"]
+TOP_KEYS = ["name", "transport", "ssh", "master", "env", "checks", "job", "fanout", "spare", "nodez"]
 
 
 @settings(max_examples=300, deadline=None)

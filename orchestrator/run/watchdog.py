@@ -1,0 +1,93 @@
+"""The hang watchdog of an attached `orch up`: no rank has written a line for `job.stall_timeout_s`.
+
+A hang is the failure nothing else sees: one rank stuck (in a collective, a data loader, a
+deadlock), every other rank waiting for it in a collective, no output, no exit, until NCCL's
+timeout half an hour later, if ever. Progress is what the ranks print: every line of the merged
+log that comes from a worker (torchrun's `--tee` gives it a rank) resets the clock; torchrun's
+and the agent's own lines do not (torchrun keeps talking while its workers hang). Lines are
+timed on the controller as the log streams deliver them, so node clocks do not matter. The clock
+starts with the first line of any rank: start-up (imports, dataset caching, rendezvous) takes
+very different times and has timeouts of its own (torchrun's rendezvous, the process group's).
+
+`Watchdog` only keeps that clock (fed from the log streaming thread, read by the supervisor);
+`hang_failure` turns a stall and the stacks taken at that moment (`stacks.py`) into the run's
+first failure, naming the rank whose stack differs from the others'. `orchestrator/up.py`
+wires both into the `Supervisor` (its `watch` hook) and decides between `warn` and `stop`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from .stacks import StacksReport, odd_ranks
+from .supervise import Failure, NodeSpec
+
+
+class Watchdog:
+    """The time since the last line of any rank, and whether this stall was reported already."""
+
+    def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.timeout_s = timeout_s
+        self.clock = clock
+        self.last: float | None = None
+        """When a rank last wrote a line; None until the first one (start-up is not judged)."""
+        self.reported: float | None = None
+        self.blind: str | None = None
+        """Why the watchdog cannot judge any more (the log streams stopped), or None."""
+        self.lock = threading.Lock()
+
+    def progress(self, at: float | None = None) -> None:
+        """A rank wrote a line (now, or at `at` on this clock)."""
+        with self.lock:
+            now = self.clock() if at is None else at
+            self.last = now if self.last is None else max(self.last, now)
+
+    def off(self, why: str) -> None:
+        """Stop judging: without the log streams silence means nothing."""
+        with self.lock:
+            self.blind = why
+
+    def silent_s(self, now: float | None = None) -> float | None:
+        """Seconds since a rank last wrote a line; None before the first."""
+        with self.lock:
+            return None if self.last is None else (self.clock() if now is None else now) - self.last
+
+    def stalled(self, now: float | None = None) -> float | None:
+        """The seconds of silence when no rank has written for `timeout_s` and this stall has not
+        been reported yet (then it counts as reported); None otherwise. A line from any rank
+        ends the stall, and the next silence of `timeout_s` is a new one."""
+        with self.lock:
+            now = self.clock() if now is None else now
+            if self.blind is not None or self.timeout_s <= 0 or self.last is None or now - self.last < self.timeout_s:
+                return None
+            if self.reported is not None and self.reported >= self.last:
+                return None
+            self.reported = now
+            return now - self.last
+
+
+def hang_failure(silent_s: float, timeout_s: float, report: StacksReport | None, specs: Sequence[NodeSpec],
+                 problem: str | None = None) -> Failure:
+    """A stall as the run's first failure: on the node of the rank whose stack differs from the
+    majority's, with both places named; where every rank stands in the same place, it says so
+    (and names the master). Without stacks, why there are none."""
+    by_name = {s.name: s for s in specs}
+    master = min(specs, key=lambda s: s.node_rank)
+    head = f"hung: no rank wrote a line for {silent_s:.0f} s (stall timeout {timeout_s:g} s)"
+    groups = report.groups if report is not None else []
+    if not groups:
+        why = problem or (", ".join(f"{k}: {v}" for k, v in report.problems.items()) if report else "")
+        return Failure(master.name, master.node_rank, f"{head}; no stack could be taken ({why or 'no rank found'})")
+    odd = odd_ranks(groups)
+    if not odd:
+        return Failure(master.name, master.node_rank,
+                       f"{head}; every rank stands in the same place: {groups[0].summary}")
+    group = next(g for g in groups if g.ranks == odd)
+    rank = next(r for r in report.ranks if r.rank == odd[0]) if report is not None else None
+    spec = by_name.get(rank.node, master) if rank is not None else master
+    majority = groups[0]
+    return Failure(spec.name, spec.node_rank,
+                   f"{head}; {group.label} stands apart: {group.summary}; {majority.label}: {majority.summary}",
+                   rank=odd[0], local_rank=rank.local_rank if rank is not None else None)

@@ -1,0 +1,81 @@
+"""Automatic resume of the trainer over real sshd nodes: a rank killed once in the middle of an
+epoch, `orch up` retries the same run, the trainer resumes from its last.pt, and the weights it
+ends with are an uninterrupted run's, bit for bit (CPU, gloo, 2 nodes x 1 process, 64 px).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster import TestCluster, free_port
+from tests.trainer_helpers import make_dataset
+from tests.up_helpers import REPO, Orch, leftover
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+EPOCHS, BATCH = 3, 4
+KILL_ONCE = REPO / "tests" / "kill_once"
+
+
+def trainer_inventory(cluster: TestCluster, tmp: Path, data: Path, name: str, node2_env: dict[str, str]) -> Path:
+    master = cluster.nodes[0]
+    for d in (tmp / "runs", tmp / f"debug-{name}"):  # the preflight's job check wants path arguments to exist
+        d.mkdir(exist_ok=True)
+    args: dict[str, Any] = {
+        "model": "yolo12n.yaml", "data": str(data), "epochs": EPOCHS, "batch": BATCH, "imgsz": 64,
+        "project": str(tmp / "runs"), "log-every": 1, "seed": 1, "warmup-epochs": 1, "workers": 0,
+        "val-period": 0, "lr": 0.05, "debug-dir": str(tmp / f"debug-{name}")}
+    return cluster.write_inventory(
+        tmp / f"{name}.yaml",
+        job={"module": "trainer", "nproc_per_node": 1, "workdir": str(REPO), "stop_grace_s": 5, "args": args,
+             "retries": 1},
+        env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}, master={"port": free_port(master.addr)},
+        nodes_extra={"node2": {"env": node2_env}})
+
+
+def steps_per_epoch(data_root: Path, world: int) -> int:
+    train = len(list((data_root / "images" / "train").iterdir()))
+    return math.ceil(math.ceil(train / world) / (BATCH // world))
+
+
+def test_a_rank_killed_mid_epoch_is_retried_and_resumes_exactly(make_cluster: Any, tmp_path: Path) -> None:
+    cluster = make_cluster(2)
+    data = make_dataset(tmp_path / "ds", images=20)
+    orch = Orch(tmp_path / "home")
+
+    # the reference: the same run, uninterrupted
+    ref = orch.run("up", str(trainer_inventory(cluster, tmp_path, data, "ref", {})), "--run-id", "ref", timeout=400)
+    assert ref.returncode == 0, ref.stderr[-4000:]
+
+    # rank 1 (node2) is SIGKILLed after the 2nd optimizer step of epoch 3, once: last.pt holds epoch 2
+    at = 2 * steps_per_epoch(tmp_path / "ds", 2) + 2
+    marker = tmp_path / "killed"
+    kill = {"PYTHONPATH": str(KILL_ONCE), "ORCH_TEST_KILL_RANK": "1", "ORCH_TEST_KILL_AT_STEP": str(at),
+            "ORCH_TEST_KILL_MARKER": str(marker)}
+    res = orch.run("up", str(trainer_inventory(cluster, tmp_path, data, "cut", kill)), "--run-id", "cut", timeout=400)
+    err = res.stderr
+    assert res.returncode == 0, err[-4000:]
+    assert marker.read_text() == f"rank 1 killed after optimizer step {at}\n"
+    # which node reports first is a race (rank 0 on node1 loses its peer at once); that one failed is not
+    assert re.search(r"attempt 2/2 after node[12] rank [01]: exited with code", err), err[-3000:]
+    assert f"the trainer resumes from {tmp_path}/runs/cut/weights/last.pt on node1 (--resume)" in err, err[-3000:]
+    assert "succeeded on every node" in err and "(attempt 2 of 2)" in err
+    assert re.search(r"resuming at epoch 3 \(checkpoint finished epoch 2, ", res.stdout), res.stdout[-3000:]
+    run = orch.run_json("cut")
+    assert run["state"] == "succeeded" and run["attempt"] == 2
+    assert run["attempts"][0]["result"] == "failed" and run["attempts"][0]["first_failure"]["node"] in ("node1", "node2")
+    plan = json.loads((orch.run_dir("cut") / "plan.json").read_text())
+    assert plan["nodes"][0]["argv"][-1] == "--resume" and plan["nodes"][0]["env"]["ORCH_ATTEMPT"] == "2"
+
+    # the final weights are the uninterrupted run's
+    for rank in (0, 1):
+        a = json.loads((tmp_path / "debug-ref" / f"rank{rank}.json").read_text())
+        b = json.loads((tmp_path / "debug-cut" / f"rank{rank}.json").read_text())
+        assert b["checksum"] == a["checksum"], (rank, a["param_sum"], b["param_sum"])
+    assert leftover(cluster, "cut") == {} and leftover(cluster, "ref") == {}

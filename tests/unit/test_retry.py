@@ -1,0 +1,432 @@
+"""Automatic retries without any node: spares in the inventory, the trainer's checkpoint path and
+`--resume`, the retry loop of `orch up` (attempts, preflight again, spares, resume) on fakes, and
+the attempt in run.json and `orch status`."""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator import up
+from orchestrator.cli import main
+from orchestrator.config import inventory
+from orchestrator.errors import InventoryError
+from orchestrator.preflight.checks import CheckResult
+from orchestrator.preflight.report import CheckReport
+from orchestrator.run import control, resume
+from orchestrator.run.supervise import Failure
+from orchestrator.store import RunStore
+
+SPARES = """\
+name: c
+nodes:
+  - host: gpu[01-03]
+    gpus: 2
+spare:
+  - host: gpu[08-09]
+    gpus: 2
+job:
+  module: trainer
+  workdir: /work
+  retries: 2
+  args:
+    data: /data/coco.yaml
+"""
+
+
+def inv(text: str = SPARES, **job: Any) -> inventory.Inventory:
+    parsed = inventory.parse(text, "c.yaml")
+    return dataclasses.replace(parsed, job=dataclasses.replace(parsed.job, **job)) if job else parsed
+
+
+# ----------------------------------------------------------------------------- inventory
+
+
+def test_spares_resolve_like_nodes_and_are_not_nodes() -> None:
+    i = inv()
+    assert [n.name for n in i.nodes] == ["gpu01", "gpu02", "gpu03"]
+    assert [(n.name, n.nproc_per_node) for n in i.spares] == [("gpu08", 2), ("gpu09", 2)]
+    assert (i.job.retries, i.job.stall_timeout_s, i.job.on_stall) == (2, 600.0, "stop")
+    assert inventory.parse("nodes:\n  - host: a\n", "t.yaml").spares == ()
+
+
+def test_a_spare_takes_the_place_and_rank_of_the_node_it_replaces() -> None:
+    i = inv()
+    r = inventory.with_replacements(i, {"gpu02": "gpu08"})
+    assert [n.name for n in r.nodes] == ["gpu01", "gpu08", "gpu03"] and [n.name for n in r.spares] == ["gpu09"]
+    assert r.master.name == "gpu01"
+    # the master too, and a spare that fails in its turn
+    r = inventory.with_replacements(i, {"gpu01": "gpu09", "gpu09": "gpu08"})
+    assert [n.name for n in r.nodes] == ["gpu08", "gpu02", "gpu03"] and r.master.name == "gpu08" and r.spares == ()
+    from orchestrator.config.plan import make_plan
+
+    plan = make_plan(r, "x")
+    assert plan.master_addr == "gpu08" and [p.global_ranks for p in plan.nodes] == [range(0, 2), range(2, 4),
+                                                                                      range(4, 6)]
+    assert inventory.with_replacements(i, {}) is i
+    with pytest.raises(KeyError, match="gpu07"):
+        inventory.with_replacements(i, {"gpu02": "gpu07"})
+
+
+def test_negative_retries_and_stall_timeout_are_refused_with_their_line() -> None:
+    with pytest.raises(InventoryError) as info:
+        inventory.parse("nodes:\n  - host: a\njob:\n  retries: -2\n  stall_timeout_s: -1\n", "t.yaml")
+    assert [(i.line, i.key) for i in info.value.issues] == [(5, "job.stall_timeout_s"), (4, "job.retries")]
+
+
+def test_a_run_reads_its_inventory_with_the_spares_in_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORCH_HOME", str(tmp_path))
+    run = RunStore().create(inv(), "r1")
+    run.update(replaced={"gpu03": "gpu09"})
+    assert [n.name for n in run.inventory().nodes] == ["gpu01", "gpu02", "gpu09"]
+    assert [n.name for n in run.inventory(as_run=False).nodes] == ["gpu01", "gpu02", "gpu03"]
+    run.update(replaced={"gpu03": "nope"})
+    with pytest.raises(Exception, match="does not match its inventory"):
+        run.inventory()
+
+
+# ----------------------------------------------------------------------------- the trainer's checkpoint
+
+
+@pytest.mark.parametrize("args", [
+    [], ["--out", "/nfs/runs/y12"], ["--out=/nfs/runs/y12"], ["--project", "/nfs/p"], ["--project", "p", "--name", "n"],
+    ["--name", "n"], ["--out", "~/runs/x"], ["--out", "rel/out", "--project", "ignored"],
+])
+def test_the_checkpoint_path_is_where_the_trainer_puts_it(args: list[str], monkeypatch: pytest.MonkeyPatch,
+                                                          tmp_path: Path) -> None:
+    """The trainer's own argument parsing decides; orch must land on the same directory."""
+    from trainer.config import parse_config
+
+    monkeypatch.setenv("ORCH_RUN_ID", "20261130-093205-c")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cfg = parse_config([*args, "--data", "/data/coco.yaml"])
+    job = dataclasses.replace(inv().job, args=tuple(args))
+    ours = resume.trainer_out_dir(job, "20261130-093205-c")
+    theirs = cfg.out if cfg.out.startswith("/") else posixpath.join("/work", cfg.out)
+    assert posixpath.expanduser(ours).replace("~", str(tmp_path)) == theirs
+    assert resume.checkpoint_path(job, "20261130-093205-c") == ours + "/weights/last.pt"
+
+
+def test_relative_out_without_workdir_is_in_the_login_home() -> None:
+    job = dataclasses.replace(inv().job, workdir=None, args=())
+    assert resume.trainer_out_dir(job, "r1") == "~/runs/train/r1"
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    ((), ("--resume",)),
+    (("--epochs", "3"), ("--epochs", "3", "--resume")),
+    (("--resume", "/old/last.pt", "--epochs", "3"), ("--epochs", "3", "--resume")),
+    (("--resume", "--epochs", "3"), ("--epochs", "3", "--resume")),
+    (("--resume=/old/last.pt",), ("--resume",)),
+    (("--epochs", "3", "--resume"), ("--epochs", "3", "--resume")),
+])
+def test_with_resume_continues_from_this_runs_checkpoint(args: tuple[str, ...], expected: tuple[str, ...]) -> None:
+    assert resume.with_resume(args) == expected
+
+
+def test_only_the_trainer_module_is_the_trainer() -> None:
+    assert resume.is_trainer(inv().job)
+    assert not resume.is_trainer(dataclasses.replace(inv().job, module=None, script="train.py"))
+    assert not resume.is_trainer(dataclasses.replace(inv().job, module="mypkg.train"))
+
+
+# ----------------------------------------------------------------------------- the retry loop, on fakes
+
+
+class Say(up.Quiet):
+    def __init__(self) -> None:
+        self.said: list[tuple[Any, ...]] = []
+
+    def preflight_done(self, report: CheckReport, elapsed_s: float) -> None:
+        self.said.append(("preflight", report.ok))
+
+    def retrying(self, attempt: int, attempts: int, why: str, excerpt: Any = ()) -> None:
+        self.said.append(("retrying", attempt, attempts, why, list(excerpt)))
+
+    def replacing(self, node: str, spare: str, why: str) -> None:
+        self.said.append(("replacing", node, spare, why))
+
+    def resuming(self, path: str, node: str, found: bool | None, why: str | None = None) -> None:
+        self.said.append(("resuming", path, node, found))
+
+
+def fake_attempts(monkeypatch: pytest.MonkeyPatch, results: list[str]) -> list[dict[str, Any]]:
+    """`_attempt` replaced: each call records the inventory it launched and ends as scripted."""
+    launched: list[dict[str, Any]] = []
+    it = iter(results)
+
+    def attempt(say: Any, run: Any, i: inventory.Inventory, report: Any, detach: bool, t0: float, t_launch: float,
+                n: int) -> up.UpOutcome:
+        launched.append({"attempt": n, "nodes": [x.name for x in i.nodes], "args": i.job.args,
+                         "run_json": run.read()})
+        result = next(it)
+        failure = Failure("gpu02", 1, "exited with code 1", 1, rank=3, excerpt=["Traceback", "ValueError: x"]) \
+            if result == "failed" else None
+        return up.UpOutcome(result, run.run_id, report, 1.0, failure)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(up, "_attempt", attempt)
+    return launched
+
+
+def reports(monkeypatch: pytest.MonkeyPatch, script: list[dict[str, str]]) -> list[list[str]]:
+    """run_preflight replaced: each call fails the scripted nodes ({node: check}); records the nodes asked."""
+    asked: list[list[str]] = []
+    it = iter(script)
+
+    def preflight(i: inventory.Inventory, **kw: Any) -> CheckReport:
+        asked.append([n.name for n in i.nodes])
+        bad = next(it)
+        return CheckReport([CheckResult(check, node, "fail", detail=f"{check} broke") for node, check in bad.items()]
+                           + [CheckResult("ssh", n.name, "ok") for n in i.nodes if n.name not in bad])
+
+    monkeypatch.setattr(up, "run_preflight", preflight)
+    return asked
+
+
+def checkpoint(monkeypatch: pytest.MonkeyPatch, found: bool | Exception) -> list[str]:
+    asked: list[str] = []
+
+    class T:
+        def __enter__(self) -> T:
+            return self
+
+        def __exit__(self, *a: Any) -> None:
+            pass
+
+    def has(t: Any, node: Any, path: str, timeout: float = 30) -> bool:
+        asked.append(f"{node.name}:{path}")
+        if isinstance(found, Exception):
+            raise found
+        return found
+
+    monkeypatch.setattr(up, "open_transport", lambda i, n: T())
+    monkeypatch.setattr(resume, "has_checkpoint", has)
+    return asked
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("ORCH_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def test_a_failed_run_is_checked_again_and_relaunched_with_resume(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
+    launched = fake_attempts(monkeypatch, ["failed", "succeeded"])
+    asked = reports(monkeypatch, [{}, {}])
+    ckpt = checkpoint(monkeypatch, True)
+    say = Say()
+    out = up.up(inv(), run_id="r1", progress=say)
+    assert out.result == "succeeded" and (out.attempt, out.attempts) == (2, 3)
+    assert [a["attempt"] for a in launched] == [1, 2] and asked == [["gpu01", "gpu02", "gpu03"]] * 2
+    assert launched[0]["args"] == ("--data", "/data/coco.yaml")
+    assert launched[1]["args"] == ("--data", "/data/coco.yaml", "--resume")
+    assert ckpt == ["gpu01:/work/runs/train/r1/weights/last.pt"]
+    assert ("retrying", 2, 3, "gpu02 rank 3: exited with code 1", ["Traceback", "ValueError: x"]) in say.said
+    assert launched[1]["run_json"]["attempt"] == 2
+    assert launched[1]["run_json"]["attempts"][0]["first_failure"]["node"] == "gpu02"
+    assert out.earlier[0]["result"] == "failed"
+
+
+def test_no_checkpoint_yet_relaunches_as_it_was(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
+    launched = fake_attempts(monkeypatch, ["failed", "failed", "failed"])
+    reports(monkeypatch, [{}, {}, {}])
+    checkpoint(monkeypatch, False)
+    out = up.up(inv(), run_id="r1", progress=Say())
+    assert out.result == "failed" and (out.attempt, out.attempts) == (3, 3) and len(out.earlier) == 2
+    assert [a["args"] for a in launched] == [("--data", "/data/coco.yaml")] * 3
+
+
+def test_a_node_failing_the_retry_preflight_is_replaced_by_the_next_healthy_spare(
+        monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
+    launched = fake_attempts(monkeypatch, ["failed", "succeeded"])
+    # attempt 1's preflight passes; the retry's fails gpu02; the spare gpu08 fails too; gpu09 passes
+    asked = reports(monkeypatch, [{}, {"gpu02": "ssh"}, {"gpu08": "software"}, {}])
+    checkpoint(monkeypatch, False)
+    say = Say()
+    out = up.up(inv(), run_id="r1", progress=say)
+    assert out.result == "succeeded"
+    assert asked[1:] == [["gpu01", "gpu02", "gpu03"], ["gpu01", "gpu08", "gpu03"], ["gpu01", "gpu09", "gpu03"]]
+    assert launched[1]["nodes"] == ["gpu01", "gpu09", "gpu03"]
+    assert ("replacing", "gpu02", "gpu08", "ssh: ssh broke") in say.said
+    assert ("replacing", "gpu08", "gpu09", "software: software broke") in say.said
+    assert RunStore().get("r1").read()["replaced"] == {"gpu02": "gpu08", "gpu08": "gpu09"}
+    assert [n.name for n in RunStore().get("r1").inventory().nodes] == ["gpu01", "gpu09", "gpu03"]
+
+
+def test_a_retry_runs_the_same_preflight_as_the_first_attempt_fabric_included(monkeypatch: pytest.MonkeyPatch,
+                                                                             home: Path) -> None:
+    fake_attempts(monkeypatch, ["failed", "succeeded"])
+    asked: list[bool] = []
+
+    def preflight(i: inventory.Inventory, **kw: Any) -> CheckReport:
+        asked.append(kw.get("fabric", False))
+        return CheckReport([CheckResult("ssh", n.name, "ok") for n in i.nodes])
+
+    monkeypatch.setattr(up, "run_preflight", preflight)
+    checkpoint(monkeypatch, False)
+    assert up.up(inv(), run_id="r1", progress=Say(), fabric=True).result == "succeeded"
+    assert asked == [True, True]
+
+
+def test_a_retry_syncs_again_and_a_spare_is_synced_before_its_preflight(monkeypatch: pytest.MonkeyPatch,
+                                                                      home: Path, tmp_path: Path) -> None:
+    from orchestrator.remote import sync as remote_sync
+
+    code = tmp_path / "code"
+    code.mkdir()
+    launched = fake_attempts(monkeypatch, ["failed", "succeeded"])
+    events: list[tuple[str, list[str]]] = []
+    checks = reports(monkeypatch, [{}, {}])
+    real_preflight = up.run_preflight
+
+    def preflight(i: inventory.Inventory, **kw: Any) -> CheckReport:
+        events.append(("preflight", [n.name for n in i.nodes]))
+        return real_preflight(i, **kw)
+
+    # the first sync reaches every node; the retry's cannot write on gpu02, then reaches its spare
+    failing = iter([set(), {"gpu02"}, set()])
+
+    def sync_nodes(i: inventory.Inventory, nodes: Any, *a: Any, **kw: Any) -> remote_sync.SyncReport:
+        names = [n.name for n in nodes]
+        events.append(("sync", names))
+        bad = next(failing)
+        return remote_sync.SyncReport(i.job.sync, remote_sync.SyncOptions(), tuple(
+            remote_sync.NodeSync(n, None, error="rsync: Permission denied") if n in bad
+            else remote_sync.NodeSync(n, remote_sync.Transfer(0, 0, 0, ())) for n in names))
+
+    monkeypatch.setattr(up, "run_preflight", preflight)
+    monkeypatch.setattr(up, "sync_nodes", sync_nodes)
+    checkpoint(monkeypatch, False)
+    say = Say()
+    out = up.up(inv(sync=(str(code),)), run_id="r1", progress=say)
+    assert out.result == "succeeded" and len(launched) == 2
+    assert events == [("sync", ["gpu01", "gpu02", "gpu03"]), ("preflight", ["gpu01", "gpu02", "gpu03"]),
+                      ("sync", ["gpu01", "gpu02", "gpu03"]),
+                      ("sync", ["gpu01", "gpu08", "gpu03"]), ("preflight", ["gpu01", "gpu08", "gpu03"])]
+    assert len(checks) == 2
+    assert ("replacing", "gpu02", "gpu08", "sync: rsync: Permission denied") in say.said
+    assert launched[1]["nodes"] == ["gpu01", "gpu08", "gpu03"]
+    assert RunStore().get("r1").read()["replaced"] == {"gpu02": "gpu08"}
+    assert out.sync is not None and [n.node for n in out.sync.nodes] == ["gpu01", "gpu08", "gpu03"]
+
+
+def test_a_retry_whose_sync_cannot_run_here_is_not_launched(monkeypatch: pytest.MonkeyPatch, home: Path,
+                                                            tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.errors import OrchError
+    from orchestrator.remote import sync as remote_sync
+
+    code = tmp_path / "code"
+    code.mkdir()
+    launched = fake_attempts(monkeypatch, ["failed"])
+    reports(monkeypatch, [{}])
+    calls = iter([None, OrchError("rsync is not installed on this machine", "apt install rsync")])
+
+    def sync_nodes(i: inventory.Inventory, nodes: Any, *a: Any, **kw: Any) -> remote_sync.SyncReport:
+        exc = next(calls)
+        if exc is not None:
+            raise exc
+        return remote_sync.SyncReport(i.job.sync, remote_sync.SyncOptions(), tuple(
+            remote_sync.NodeSync(n.name, remote_sync.Transfer(0, 0, 0, ())) for n in nodes))
+
+    monkeypatch.setattr(up, "sync_nodes", sync_nodes)
+    out = up.up(inv(sync=(str(code),)), run_id="r1", progress=Say())
+    assert out.result == "retry_preflight_failed" and len(launched) == 1
+    assert out.sync_error is not None and out.failure is not None and out.failure.node == "gpu02"
+    assert RunStore().get("r1").read()["state"] == "failed"
+    from orchestrator.cli import render
+
+    render.up_outcome(out)
+    err = capsys.readouterr().err
+    assert "attempt 2 of 3 was not launched: the sync failed on gpu01: sync: rsync is not installed" in err
+    assert "hint: apt install rsync" in err
+
+
+def test_without_a_spare_the_node_is_named_and_nothing_is_relaunched(monkeypatch: pytest.MonkeyPatch, home: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    launched = fake_attempts(monkeypatch, ["failed"])
+    reports(monkeypatch, [{}, {"gpu03": "job"}])
+    text = SPARES.split("spare:")[0] + "job:" + SPARES.split("job:")[1]
+    out = up.up(inv(text), run_id="r1", progress=Say())
+    assert out.result == "retry_preflight_failed" and len(launched) == 1
+    assert out.retry_failed == {"gpu03": "job: job broke"} and out.no_retry == "no spare left"
+    assert out.failure is not None and out.failure.node == "gpu02"
+    data = RunStore().get("r1").read()
+    assert data["state"] == "failed" and data["first_failure"]["node"] == "gpu02"
+    assert data["retry_failed"] == {"gpu03": "job: job broke"}
+    from orchestrator.cli import render
+
+    render.up_outcome(out)
+    err = capsys.readouterr().err
+    assert "attempt 2 of 3 was not launched: the preflight failed on gpu03: job: job broke (no spare left)" in err
+    assert "the failure it was to retry: gpu02" in err
+
+
+def test_nothing_is_retried_after_ctrl_c_a_preflight_failure_or_an_unconfirmed_stop(
+        monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
+    launched = fake_attempts(monkeypatch, ["interrupted"])
+    reports(monkeypatch, [{}])
+    assert up.up(inv(), run_id="r1", progress=Say()).result == "interrupted" and len(launched) == 1
+    reports(monkeypatch, [{"gpu01": "ssh"}])
+    assert up.up(inv(), run_id="r2", progress=Say()).result == "preflight_failed"
+
+    def unconfirmed(*a: Any) -> up.UpOutcome:
+        return up.UpOutcome("failed", "r3", None, 1.0, Failure("gpu02", 1, "x"), not_stopped={"gpu02": "unreachable"})
+
+    monkeypatch.setattr(up, "_attempt", unconfirmed)
+    reports(monkeypatch, [{}])
+    out = up.up(inv(), run_id="r3", progress=Say())
+    assert out.result == "failed" and out.attempt == 1 and out.no_retry and "gpu02" in out.no_retry
+
+
+def test_a_detached_run_is_never_retried_and_the_flags_say_so(monkeypatch: pytest.MonkeyPatch, home: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    launched = fake_attempts(monkeypatch, ["detached"])
+    reports(monkeypatch, [{}])
+    out = up.up(inv(), run_id="r1", detach=True, progress=Say())
+    assert out.result == "detached" and out.attempts == 1 and len(launched) == 1
+    for flags in (["--retries", "2"], ["--stall-timeout", "60"]):
+        with pytest.raises(SystemExit) as exc:
+            main(["up", "--detach", *flags, str(Path(__file__).parents[2] / "inventory" / "v100.yaml")])
+        assert exc.value.code == 2
+        assert "need an attached orch up" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["up", "--retries", "-1", "x.yaml"])
+    assert exc.value.code == 2
+    # job.retries in the inventory is not applied to a detached run: said, not silently dropped
+    monkeypatch.setattr(up, "up", lambda i, **kw: up.UpOutcome("detached", "r9"))
+    path = home.parent / "c.yaml"
+    for retries, said in ((2, True), (0, False)):
+        path.write_text(SPARES.replace("retries: 2", f"retries: {retries}"))
+        with pytest.raises(SystemExit) as exc:
+            main(["up", "--detach", str(path)])
+        assert exc.value.code == 0
+        err = capsys.readouterr().err
+        assert ("job.retries (2) and the hang watchdog apply to an attached orch up only" in err) is said, err
+
+
+def test_the_command_line_overrides_the_inventory(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
+    seen: list[inventory.Inventory] = []
+
+    def attempt(say: Any, run: Any, i: inventory.Inventory, *a: Any) -> up.UpOutcome:
+        seen.append(i)
+        return up.UpOutcome("succeeded", run.run_id)
+
+    monkeypatch.setattr(up, "_attempt", attempt)
+    reports(monkeypatch, [{}])
+    out = up.up(inv(), run_id="r1", progress=Say(), retries=0, stall_timeout_s=0)
+    assert out.attempts == 1 and (seen[0].job.retries, seen[0].job.stall_timeout_s) == (0, 0)
+    data = RunStore().get("r1").read()
+    assert (data["max_attempts"], data["stall_timeout_s"], data["on_stall"]) == (1, 0, "stop")
+
+
+def test_status_shows_the_attempt() -> None:
+    data = {"run": "r1", "state": "running", "attempt": 2, "max_attempts": 3, "replaced": {"gpu02": "gpu08"},
+            "nodes": []}
+    out = control.status_report(data, {}).to_json()
+    assert (out["attempt"], out["max_attempts"], out["replaced"]) == (2, 3, {"gpu02": "gpu08"})
+    plain = control.status_report({"run": "r0", "state": "running", "nodes": []}, {}).to_json()
+    assert (plain["attempt"], plain["max_attempts"]) == (1, 1) and "replaced" not in plain

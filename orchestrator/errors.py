@@ -53,6 +53,12 @@ class UsageError(OrchError):
     exit_code = ExitCode.USAGE
 
 
+class PreflightUnavailable(OrchError):
+    """The preflight itself cannot run (its code does not import): nothing is launched; exit 3."""
+
+    exit_code = ExitCode.PREFLIGHT_FAILED
+
+
 class TransportError(OrchError):
     """A node could not be reached or refused us. `node` names it; `kind` says why."""
 

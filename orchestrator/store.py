@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config.inventory import Inventory, Node
+from .config.inventory import Inventory, Node, name_problem
 from .contract import RunState
 from .errors import UsageError
 
@@ -128,6 +128,15 @@ def clock_offsets(run: RunDir | None, inventory_name: str) -> tuple[dict[str, fl
     return {}, None
 
 
+def check_run_id(run_id: str, where: str = "run id") -> str:
+    """`run_id` when it can name a run (a directory here and on every node), else UsageError
+    (exit 2): a name like a node's, so `../x` or `a/b` never becomes a path."""
+    problem = name_problem(run_id)
+    if problem:
+        raise UsageError(f"{where} {run_id!r}: a run id {problem}", "run ids look like 20261130-093205-v100 or exp-42")
+    return run_id
+
+
 class RunStore:
     """All runs under `$ORCH_HOME/runs`."""
 
@@ -146,7 +155,7 @@ class RunStore:
 
     def create(self, inv: Inventory, run_id: str | None = None) -> RunDir:
         """Make the run directory with the inventory snapshot; refuses to reuse an existing id."""
-        run_id = run_id or self.new_run_id(inv)
+        run_id = check_run_id(run_id, "--run-id") if run_id else self.new_run_id(inv)
         path = self.root / run_id
         if path.exists():
             raise UsageError(f"run {run_id} already exists in {self.root}", "pick another --run-id")
@@ -170,9 +179,11 @@ class RunStore:
         if run_id is None:
             latest = self.home / "latest"
             if latest.exists():
-                run_id = latest.read_text().strip()
+                run_id = check_run_id(latest.read_text().strip(), f"{latest} names a run")
             else:
                 raise UsageError(f"no runs yet in {self.root}", "start one with: orch up INVENTORY")
+        else:
+            check_run_id(run_id, "run")
         path = self.root / run_id
         if not (path / "run.json").exists():
             known = [r.run_id for r in self.runs()][-5:]

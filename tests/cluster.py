@@ -40,7 +40,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import yaml
 
@@ -69,6 +69,28 @@ class ClusterError(RuntimeError):
 
 def is_root() -> bool:
     return os.geteuid() == 0
+
+
+STRICT = os.environ.get("ORCH_TEST_STRICT") == "1"
+"""Set by .ci/run: a test that would skip for lack of something CI installs (root, network
+namespaces, chromium, a C compiler) fails instead, so a CI machine without them cannot pass."""
+
+
+def missing(reason: str) -> NoReturn:
+    """Skip for lack of `reason` here; fail under ORCH_TEST_STRICT=1. Never returns."""
+    import pytest
+
+    if STRICT:
+        pytest.fail(f"ORCH_TEST_STRICT=1, and this test cannot run: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def kernel_limit(reason: str) -> NoReturn:
+    """Skip for a kernel feature no package installs (tc netem): a skip even under
+    ORCH_TEST_STRICT=1, saying so. Never returns."""
+    import pytest
+
+    pytest.skip(f"kernel limit, skipped even under ORCH_TEST_STRICT: {reason}")
 
 
 def _sh(argv: Sequence[str], check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess[str]:

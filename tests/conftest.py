@@ -28,6 +28,7 @@ from tests.cluster import (  # noqa: E402
     Mode,
     TestCluster,
     leftovers,
+    missing,
     netns_supported,
     reap_stale_networks,
 )
@@ -46,7 +47,7 @@ def _skip_unless_netns(mode: str) -> None:
     if mode == "netns":
         reason = netns_supported()
         if reason:
-            pytest.skip(reason)
+            missing(reason)
 
 
 @pytest.fixture

@@ -129,11 +129,11 @@ def reader_pids(node_dir: str) -> list[int]:
     return out
 
 
-def general_merge(texts: list[str], nodes: list[PlainNode], widths: tuple[int, int]) -> str:
+def general_merge(texts: list[str], nodes: list[PlainNode], widths: tuple[int, int], raw: bool = False) -> str:
     """The reference for the fast plain merges: what `orch logs` printed before any of them
     existed (parse every line into a LogLine, k-way merge, `format_line`)."""
     streams = [read_node_lines(io.StringIO(t, newline="\n"), n.node, i, n.base_rank) for i, (t, n) in
                enumerate(zip(texts, nodes))]
     offsets = {n.node: n.offset_ms for n in nodes}
-    return "".join(format_line(ln, False, node_width=widths[0], rank_width=widths[1]) + "\n"
+    return "".join(format_line(ln, False, node_width=widths[0], rank_width=widths[1], raw=raw) + "\n"
                    for ln in merge(streams, offsets))

@@ -169,6 +169,10 @@ Examples:
 @pass_state
 def up(state: State, inventory: str | None, dry_run: bool, detach: bool, skip_checks: bool, skip_sync: bool,
        run_id: str | None, as_json: bool, fabric: bool, retries: int | None, stall_timeout: float | None) -> None:
+    if run_id is not None:
+        from ..store import check_run_id
+
+        check_run_id(run_id, "--run-id")
     if detach and (retries or stall_timeout):
         raise UsageError("--retries and --stall-timeout need an attached orch up: a detached run has nobody "
                          "watching it", "drop --detach, or drop those flags")
@@ -196,7 +200,9 @@ LOGS_HELP = """Merged, time-ordered logs of a run (the latest when RUN is omitte
 
 \b
 Every line: node UTC time, node, rank, text. Lines are ordered by the time the node wrote
-them, corrected by the clock offsets the last `orch check` measured.
+them, corrected by the clock offsets the last `orch check` measured. Control characters in a
+job's text (escape sequences, CR, C1, bidi overrides) are shown escaped (`\\x1b`); --raw
+writes them as the job wrote them (--json keeps them, escaped by JSON).
 
 \b
 Examples:
@@ -219,26 +225,31 @@ Examples:
               help="Subtract measured clock offsets before ordering (default: on when known).")
 @click.option("--watermark", type=float, default=1.0, show_default=True,
               help="Seconds a live line may be held back to order it among nodes.")
+@click.option("--raw", is_flag=True,
+              help="Write each line's text as the job wrote it, control characters included (for a file; "
+                   "never coloured).")
 @pass_state
 def logs(state: State, run: str | None, follow: bool, node_filter: str | None, rank_filter: str | None,
          grep: str | None, since: str | None, tail: int | None, as_json: bool,
-         skew_correct: bool | None, watermark: float) -> None:
+         skew_correct: bool | None, watermark: float, raw: bool) -> None:
     from ..logs.view import RunLogs
 
+    if raw and as_json:
+        raise UsageError("--raw and --json together", "--json keeps every character already (escaped by JSON)")
     view = RunLogs.open(run, skew_correct)
     if view.offsets_ms:
         render.skew_note(view.offsets_ms, view.offsets_origin)
     keep = view.line_filter(node_filter, rank_filter, grep, since)
     if tail is not None and tail < 0:
         raise UsageError(f"--tail {tail}: must be 0 or more", "e.g. --tail 50: the last 50 lines of each node")
-    out = render.LogPrinter(view.widths, as_json=as_json)
+    out = render.LogPrinter(view.widths, as_json=as_json, raw=raw)
     try:
         with view.cluster() as cluster:
             for name, exc in view.fetch(cluster).failed.items():
                 render.fetch_failed(name, exc)
             if not follow or tail is not None:
                 if keep.empty and tail is None and out.plain:  # stdout gets exactly merged.log's text
-                    out.chunks(view.plain())
+                    out.chunks(view.plain(raw))
                 else:
                     out.lines(view.lines(keep, tail))
             if follow:
@@ -478,9 +489,7 @@ def main(argv: list[str] | None = None) -> None:
     except OrchError as exc:
         if verbose:
             traceback.print_exc()
-        click.echo(f"orch: {exc.message}" if "\n" not in exc.message else f"orch:\n{exc.message}", err=True)
-        if exc.hint:
-            click.echo(f"  hint: {exc.hint}", err=True)
+        render.orch_error(exc.message, exc.hint)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
@@ -490,7 +499,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # the last line of defence: one line unless --verbose
         if verbose:
             traceback.print_exc()
-        click.echo(f"orch: internal error: {type(exc).__name__}: {exc} (run with -v for the traceback)", err=True)
+        render.orch_error(f"internal error: {type(exc).__name__}: {exc} (run with -v for the traceback)")
         sys.exit(ExitCode.FAILED)
     sys.exit(ExitCode.OK)
 

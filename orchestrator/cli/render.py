@@ -3,6 +3,10 @@
 The library never prints: commands return outcome objects (a CheckReport, an up outcome, a status
 report...) or yield what to show, and the functions here render them. rich is imported inside
 them, so a command that draws nothing (`orch check --json` in a pipe) never loads it.
+
+Text that comes from a node (log lines, a check's value, detail and hint, a failure's excerpt and
+reason, errors quoting a node's stderr) is shown through `safe` (`logs.lines.printable`): no
+escape sequence a job prints reaches the terminal. Where rich draws it, it is also markup-escaped.
 """
 
 from __future__ import annotations
@@ -10,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shlex
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -35,12 +38,37 @@ if TYPE_CHECKING:
     from ..up import UpOutcome
 
 
+def safe(text: object) -> str:
+    """Text from a node, made safe for a terminal (`logs.lines.printable`)."""
+    from ..logs.lines import printable
+
+    return printable(str(text))
+
+
+def markup(text: object) -> str:
+    """Text from a node for a rich string with markup: safe, and its `[...]` not taken as markup
+    (rich's `[link=...]` would write a hyperlink escape)."""
+    from rich.markup import escape
+
+    return escape(safe(text))
+
+
+def orch_error(message: str, hint: str | None = None) -> None:
+    """An error orch raised on purpose (or an unexpected one): `orch: MESSAGE` and `  hint: HINT`
+    on stderr. The message may quote a node (its stderr, a path it sent): shown safe."""
+    message, hint = safe(message), safe(hint) if hint else None
+    sys.stderr.write((f"orch: {message}" if "\n" not in message else f"orch:\n{message}") + "\n")
+    if hint:
+        sys.stderr.write(f"  hint: {hint}\n")
+    sys.stderr.flush()
+
+
 def plan_table(plan: Plan) -> None:
     """The dry-run table: node, address, node rank, global ranks, the exact remote command."""
     from rich.table import Table
 
     out = console(stderr=False)
-    table = Table(title=f"plan for {plan.inventory.path}: {len(plan.nodes)} nodes, world size "
+    table = Table(title=f"plan for {markup(plan.inventory.path)}: {len(plan.nodes)} nodes, world size "
                         f"{plan.world_size}, master {plan.master_addr}:{plan.master_port}",
                   show_lines=True)
     for col in ("node", "address", "node rank", "global ranks", "command"):
@@ -49,14 +77,15 @@ def plan_table(plan: Plan) -> None:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in p.env.items() if not k.startswith("ORCH_"))
         cmd = (f"cd {p.workdir} && " if p.workdir else "") + (env + " " if env else "") + shlex.join(p.argv)
         ranks = f"{p.global_ranks.start}-{p.global_ranks.stop - 1}" if len(p.global_ranks) > 1 else str(p.global_ranks.start)
+        # inventory values (env, args, paths) are shown as written, but never as markup or controls
         table.add_row(p.node.name, f"{p.node.host}" + (f" ({p.node.addr})" if p.node.addr != p.node.host else ""),
-                      str(p.node_rank), ranks, cmd)
+                      str(p.node_rank), ranks, markup(cmd))
     out.print(table)
 
 
 def check_table(report: CheckReport, out: Console | None = None) -> None:
-    """One table grouped by check, a row per node: status, value, detail, hint; then the verdict."""
-    from rich.markup import escape
+    """One table grouped by check, a row per node: status, value, detail, hint; then the verdict.
+    Values, details and hints quote what nodes said: all shown `markup` (safe, no markup)."""
     from rich.table import Table
 
     out = out or console(stderr=False)
@@ -69,8 +98,8 @@ def check_table(report: CheckReport, out: Console | None = None) -> None:
     for r in report.results:
         if last is not None and r.check != last:
             table.add_section()
-        table.add_row(r.check if r.check != last else "", r.node, styled(r.status), r.value,
-                      escape(r.detail), escape(r.hint))
+        table.add_row(r.check if r.check != last else "", markup(r.node), styled(r.status), markup(r.value),
+                      markup(r.detail), markup(r.hint))
         last = r.check
     out.print(table)
     counts = {s: sum(1 for r in report.results if r.status == s) for s in CHECK_STATUSES}
@@ -145,12 +174,14 @@ class LogPrinter:
     """Log lines on stdout: `TIME NODE RANK TEXT` in aligned columns (coloured on a terminal), or
     one JSON object a line with --json."""
 
-    def __init__(self, widths: tuple[int, int], as_json: bool = False) -> None:
+    def __init__(self, widths: tuple[int, int], as_json: bool = False, raw: bool = False) -> None:
         from ..logs.lines import format_line, to_json
 
         self.widths = widths
         self.as_json = as_json
-        self.color = color_enabled(sys.stdout) and not as_json
+        self.raw = raw
+        """Each text as the job wrote it (`orch logs --raw`): never coloured, nothing escaped."""
+        self.color = color_enabled(sys.stdout) and not as_json and not raw
         self._format, self._json = format_line, to_json
 
     @property
@@ -161,7 +192,7 @@ class LogPrinter:
     def line(self, line: LogLine) -> str:
         if self.as_json:
             return self._json(line)
-        return self._format(line, self.color, node_width=self.widths[0], rank_width=self.widths[1])
+        return self._format(line, self.color, node_width=self.widths[0], rank_width=self.widths[1], raw=self.raw)
 
     def lines(self, lines: Iterable[LogLine], flush_each: bool = False) -> None:
         out = sys.stdout
@@ -190,13 +221,13 @@ def skew_note(offsets: Mapping[str, float], origin: str | None) -> None:
 
 
 def fetch_failed(node: str, exc: Exception) -> None:
-    console().print(f"orch: {node}: cannot fetch its log ({exc}); showing the copy fetched earlier",
+    console().print(f"orch: {node}: cannot fetch its log ({safe(exc)}); showing the copy fetched earlier",
                     markup=False, style="yellow")
 
 
 def log_event(node: str, msg: str) -> None:
     """What the follower says about a node's stream (reconnects, given up) while following."""
-    console().print(f"orch: {node}: {msg}", markup=False, style="yellow")
+    console().print(f"orch: {node}: {safe(msg)}", markup=False, style="yellow")
 
 
 def logs_drained(run_id: str, state: str) -> None:
@@ -244,16 +275,14 @@ class UpPrinter:
                        f"master {plan.master_addr}:{plan.master_port})")
 
     def start_failed(self, failures: Mapping[str, Exception]) -> None:
-        from rich.markup import escape
-
         from ..errors import OrchError
 
         for name, exc in failures.items():
             msg = exc.message if isinstance(exc, OrchError) else f"{type(exc).__name__}: {exc}"
-            self.err.print(f"[bold red]{escape(name)}: could not start[/]: {escape(msg)}")
+            self.err.print(f"[bold red]{markup(name)}: could not start[/]: {markup(msg)}")
             hint = getattr(exc, "hint", None)
             if hint:
-                self.err.print(f"  hint: {escape(hint)}")
+                self.err.print(f"  hint: {markup(hint)}")
 
     def running(self, plan: Plan, startup_s: float) -> None:
         self.err.print(f"all {len(plan.nodes)} nodes running after {startup_s:.1f} s")
@@ -264,59 +293,50 @@ class UpPrinter:
         sys.stdout.flush()
 
     def log_event(self, node: str, message: str) -> None:
-        from rich.markup import escape
-
-        self.err.print(f"[dim]{escape(node)}: {escape(message)}[/]")
+        self.err.print(f"[dim]{markup(node)}: {markup(message)}[/]")
 
     def log_stopped(self, exc: Exception) -> None:
-        from rich.markup import escape
-
-        self.err.print(f"[yellow]log streaming stopped: {escape(str(exc))}[/]")
+        self.err.print(f"[yellow]log streaming stopped: {markup(exc)}[/]")
 
     def stalled(self, silent_s: float, timeout_s: float) -> None:
         self.err.print(f"[bold yellow]no rank wrote a line for {silent_s:.0f} s[/] (stall timeout {timeout_s:g} s): "
                        "taking every rank's stack")
 
     def stacks(self, report: StacksReport | None, problem: str | None, stop: bool) -> None:
-        from rich.markup import escape
 
         if report is not None:
             stacks_view(report, self.err)
         if problem:
-            self.err.print(f"[yellow]no stacks: {escape(problem)}[/]")
+            self.err.print(f"[yellow]no stacks: {markup(problem)}[/]")
         if not stop:
             self.err.print("job.on_stall is warn: the run goes on; a new silence of the stall timeout is reported again")
 
     def retrying(self, attempt: int, attempts: int, why: str, excerpt: Sequence[str] = ()) -> None:
-        from rich.markup import escape
 
         for line in excerpt:
-            self.err.print(f"  {escape(line)}", soft_wrap=True)
-        self.err.print(f"\n[bold yellow]attempt {attempt}/{attempts}[/] after {escape(why)}; "
+            self.err.print(f"  {markup(line)}", soft_wrap=True)
+        self.err.print(f"\n[bold yellow]attempt {attempt}/{attempts}[/] after {markup(why)}; "
                        "every node was stopped, checking the nodes again")
 
     def replacing(self, node: str, spare: str, why: str) -> None:
-        from rich.markup import escape
 
-        self.err.print(f"[yellow]{escape(node)} failed the preflight[/] ({escape(why)}): "
-                       f"spare [bold]{escape(spare)}[/] takes its place, ranks re-planned")
+        self.err.print(f"[yellow]{markup(node)} failed the preflight[/] ({markup(why)}): "
+                       f"spare [bold]{markup(spare)}[/] takes its place, ranks re-planned")
 
     def resuming(self, path: str, node: str, found: bool | None, why: str | None = None) -> None:
-        from rich.markup import escape
 
         if found:
-            self.err.print(f"the trainer resumes from {escape(path)} on {escape(node)} (--resume)")
+            self.err.print(f"the trainer resumes from {markup(path)} on {markup(node)} (--resume)")
         elif found is None:
-            self.err.print(f"[yellow]cannot tell whether {escape(path)} exists on {escape(node)}[/] "
-                           f"({escape(why or '')}): relaunching with the same arguments")
+            self.err.print(f"[yellow]cannot tell whether {markup(path)} exists on {markup(node)}[/] "
+                           f"({markup(why or '')}): relaunching with the same arguments")
         else:
-            self.err.print(f"no {escape(path)} on {escape(node)} yet: the trainer starts over")
+            self.err.print(f"no {markup(path)} on {markup(node)} yet: the trainer starts over")
 
 
 def stacks_view(report: StacksReport, out: Console | None = None) -> None:
     """`orch stacks`: one line per group of ranks on the same frames (ranks folded, dshbak-style),
     the odd group marked, then every node or rank whose stack could not be taken and why."""
-    from rich.markup import escape
 
     from ..run.stacks import odd_ranks
 
@@ -327,43 +347,41 @@ def stacks_view(report: StacksReport, out: Console | None = None) -> None:
     for g in groups:
         mark = "[bold red]" if g.ranks == odd else "[bold]"
         where = f" on {', '.join(g.nodes)}" if len(g.nodes) <= 2 else f" on {len(g.nodes)} nodes"
-        out.print(f"{mark}{escape(g.label):<{width}}[/]  {escape(g.summary)}[dim]{escape(where)}[/]", soft_wrap=True)
+        out.print(f"{mark}{markup(g.label):<{width}}[/]  {markup(g.summary)}[dim]{markup(where)}[/]", soft_wrap=True)
     for where, why in report.problems.items():
-        out.print(f"[yellow]{escape(where)}[/]: {escape(why)}", soft_wrap=True)
+        out.print(f"[yellow]{markup(where)}[/]: {markup(why)}", soft_wrap=True)
     for r in report.ranks:
         if r.error is not None:
-            out.print(f"[yellow]rank {r.rank} on {escape(r.node)}[/]: {escape(r.error)}", soft_wrap=True)
+            out.print(f"[yellow]rank {r.rank} on {markup(r.node)}[/]: {markup(r.error)}", soft_wrap=True)
     if not groups and not report.problems:
         out.print("no rank process found")
     for path in report.saved[:1]:
-        out.print(f"saved: {escape(str(path))} (and {escape(path.with_suffix('.txt').name)})", soft_wrap=True)
+        out.print(f"saved: {markup(str(path))} (and {markup(path.with_suffix('.txt').name)})", soft_wrap=True)
 
 
 def up_outcome(outcome: UpOutcome) -> None:
     """How `orch up` ended: success, the first failure with its excerpt, or what was left."""
-    from rich.markup import escape
-
     out = console()
     run = outcome.run_id
-    unconfirmed = ", ".join(outcome.not_stopped)
+    unconfirmed = markup(", ".join(outcome.not_stopped))
     attempt = f" (attempt {outcome.attempt} of {outcome.attempts})" if outcome.attempts > 1 else ""
     if outcome.result == "retry_preflight_failed":
         nodes = "; ".join(f"{n}: {why}" for n, why in outcome.retry_failed.items())
         step = "the sync" if any(why.startswith("sync: ") for why in outcome.retry_failed.values()) else "the preflight"
         out.print(f"\n[bold red]run {run} failed[/]: attempt {outcome.attempt} of {outcome.attempts} was not "
-                  f"launched: {step} failed on {escape(nodes)} ({escape(outcome.no_retry or '')})")
+                  f"launched: {step} failed on {markup(nodes)} ({markup(outcome.no_retry or '')})")
         if outcome.sync_error is not None and outcome.sync_error.hint:
-            out.print(f"  hint: {escape(outcome.sync_error.hint)}")
+            out.print(f"  hint: {markup(outcome.sync_error.hint)}")
         f = outcome.failure
         if f is not None:
-            out.print(f"the failure it was to retry: {escape(f.node)} (node rank {f.node_rank}, rank "
-                      f"{f.rank if f.rank is not None else 'unknown'}): {escape(f.reason)}")
+            out.print(f"the failure it was to retry: {markup(f.node)} (node rank {f.node_rank}, rank "
+                      f"{f.rank if f.rank is not None else 'unknown'}): {markup(f.reason)}")
         return
     if outcome.result == "sync_failed":
         if outcome.sync_error is not None:
-            out.print(f"orch: {escape(outcome.sync_error.message)}")
+            out.print(f"orch: {markup(outcome.sync_error.message)}")
             if outcome.sync_error.hint:
-                out.print(f"  hint: {escape(outcome.sync_error.hint)}")
+                out.print(f"  hint: {markup(outcome.sync_error.hint)}")
         out.print("[bold red]job.sync could not be copied to every node: nothing was launched[/] (fix it, "
                   "or pass --skip-sync to launch with what the nodes have)")
     elif outcome.result == "preflight_failed":
@@ -380,19 +398,21 @@ def up_outcome(outcome: UpOutcome) -> None:
                   else f"[bold red]interrupted; could not confirm the stop on {unconfirmed}[/]")
     elif outcome.result == "succeeded":
         out.print(f"[green]run {run} succeeded on every node[/] in {outcome.wall_s or 0:.1f} s{attempt}")
+        for node, why in outcome.not_stopped.items():
+            out.print(f"[bold yellow]{markup(node)}: {markup(why)}[/] (run: orch down {run})")
     else:
         f = outcome.failure
         assert f is not None
         rank = f"rank {f.rank}" if f.rank is not None else "rank unknown"
-        out.print(f"\n[bold red]run {run} failed{attempt}[/]: first failure on [bold]{escape(f.node)}[/] "
-                  f"(node rank {f.node_rank}, {rank}, exit code {f.exit_code}): {escape(f.reason)}")
+        out.print(f"\n[bold red]run {run} failed{attempt}[/]: first failure on [bold]{markup(f.node)}[/] "
+                  f"(node rank {f.node_rank}, {rank}, exit code {f.exit_code}): {markup(f.reason)}")
         for line in f.excerpt:
-            out.print(f"  {escape(line)}", soft_wrap=True)
+            out.print(f"  {markup(line)}", soft_wrap=True)
         out.print(f"stopped every other node in {outcome.teardown_s or 0:.1f} s" if not unconfirmed else
                   f"[bold red]could not confirm the stop on {unconfirmed}[/]: run `orch down {run}` once they "
                   "are reachable")
         if outcome.no_retry:
-            out.print(f"[bold red]{escape(outcome.no_retry)}[/]")
+            out.print(f"[bold red]{markup(outcome.no_retry)}[/]")
 
 
 def not_retried_detached(retries: int) -> None:
@@ -406,7 +426,6 @@ def not_retried_detached(retries: int) -> None:
 
 def status_table(report: StatusReport) -> None:
     """One row per node: state, exit code, pid, uptime, last log; then the first failure."""
-    from rich.markup import escape
     from rich.table import Table
 
     out = console(stderr=False)
@@ -418,29 +437,30 @@ def status_table(report: StatusReport) -> None:
         up = "" if n.uptime_s is None else f"{n.uptime_s:.0f} s"
         last = "" if n.last_log_age_s is None else f"{n.last_log_age_s:.0f} s ago"
         table.add_row(n.node, str(n.node_rank), styled(str(n.state)), "" if n.exit_code is None else str(n.exit_code),
-                      str(n.pid or ""), up, last if not n.error else escape(str(n.error))[:80])
+                      str(n.pid or ""), up, last if not n.error else markup(safe(n.error)[:80]))
     out.print(table)
     ff = report.first_failure
     if ff:
-        out.print(f"first failure: {ff['node']} (rank {ff.get('rank')}, exit code {ff.get('exit_code')}): "
-                  f"{escape(str(ff.get('reason', '')))}")
+        out.print(f"first failure: {markup(ff['node'])} (rank {ff.get('rank')}, exit code {ff.get('exit_code')}): "
+                  f"{markup(ff.get('reason', ''))}")
 
 
 def down_report(result: DownReport) -> None:
     """Per node: what was stopped, or why not; then whether anything is left."""
-    from rich.markup import escape
-
     out = console()
     done, failed = result.results.succeeded, result.results.failed
     for name in result.results:
         res = done.get(name)
         if res is None:
-            out.print(f"[bold red]{escape(name)}: not stopped[/]: {escape(str(failed[name]))}")
+            out.print(f"[bold red]{markup(name)}: not stopped[/]: {markup(failed[name])}")
         elif res.remaining:
-            out.print(f"[bold red]{escape(name)}: processes still running[/]: {list(res.remaining)}")
+            out.print(f"[bold red]{markup(name)}: processes still running[/]: {list(res.remaining)}")
         else:
             n = len(res.stopped)
-            out.print(f"{escape(name)}: {'stopped ' + str(n) + ' processes' if n else 'nothing running'}")
+            out.print(f"{markup(name)}: " + (f"stopped {n} processes (none is left)" if n else "nothing running"))
+        if res is not None and res.strangers:
+            out.print(f"[yellow]{markup(name)}: left alone {len(res.strangers)} processes that hold ids the run "
+                      f"recorded but are not the job's (pid reuse): {list(res.strangers)}[/]")
     if not result.complete:
         out.print(f"run {result.run}: some nodes could not be stopped; run `orch down {result.run}` again "
                   "when they are reachable")
@@ -451,24 +471,17 @@ def down_report(result: DownReport) -> None:
 def report_outcome(outcome: ReportOutcome) -> None:
     out = console()
     if outcome.fetch_error:
-        out.print(f"[yellow]results.csv not fetched[/]: {outcome.fetch_error}")
+        out.print(f"[yellow]results.csv not fetched[/]: {markup(outcome.fetch_error)}")
     if outcome.weights:
-        out.print(f"weights: {outcome.weights} (on {outcome.master})")
+        out.print(f"weights: {markup(outcome.weights)} (on {outcome.master})")
     if outcome.results_csv:
         copy = f", copy in {outcome.local_csv.resolve()}" if outcome.local_csv else ""
-        out.print(f"results: {outcome.results_csv} (on {outcome.master})" + copy)
+        out.print(f"results: {markup(outcome.results_csv)} (on {outcome.master})" + markup(copy))
     out.print(f"report:  {outcome.page.resolve()}")
 
-# Control characters a node's output must not send to the terminal raw: C0 but TAB and newline
-# (ESC starts escape sequences that retitle a window, move the cursor, or worse), DEL, C1, and the
-# bidirectional overrides that make text read otherwise than it is.
-_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-
-
 def printable(text: str) -> str:
-    """Text from a node, safe for a terminal: every control character but TAB and newline shown as
-    its escape (`\\x1b`, `\\r`, `\\u202e`), so output can neither hide itself nor drive the terminal."""
-    return _UNSAFE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+    """Text from a node, safe for a terminal: the one `logs.lines.printable` every output uses."""
+    return safe(text)
 
 
 def exec_output(report: ExecReport, color: bool) -> None:

@@ -21,13 +21,28 @@ from ..errors import InventoryError, InventoryIssue
 from . import yamlines
 from .schema import NodeModel, SSHModel, fields_of, suggest, validate
 
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-HOST = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]*$")
-HOST_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:\[\],-]*$")
-NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+HOST = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]*\Z")
+HOST_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:\[\],-]*\Z")
+NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*\Z")
+NAME_MAX = 100
+
+
+def name_problem(name: str) -> str | None:
+    """Why `name` cannot name a node, a cluster or a run, or None. Each becomes a directory or file
+    name (on every node, in $ORCH_HOME) and a column of every log line: no '/', no '..', nothing
+    a terminal or a shell would act on, and short enough for any filesystem."""
+    if not NODE_NAME.match(name):
+        return "may only use letters, digits, '_', '.', ':' and '-', and must start with a letter or digit"
+    if len(name) > NAME_MAX:
+        return f"is {len(name)} characters long, more than {NAME_MAX}"
+    return None
+
+MAX_NODES = 10_000
+"""The most nodes one range may name: a typo (`gpu[0-99999999]`) is refused, not expanded."""
 # A host or name NodeSet would give back unchanged (no range, list, group or IPv6 colon): it is
 # taken as it is, and ClusterShell (~8 ms to import) is loaded only for the others.
-PLAIN_HOST = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+PLAIN_HOST = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
 # What would change meaning if a value ever met a shell. Values are quoted once in the transport
 # anyway; refusing these in the inventory catches copy-paste accidents before anything runs.
 SHELL_UNSAFE = ("\n", "\r", "\x00", "`", "$(", "${", ";", "&", "|", "<", ">")
@@ -199,6 +214,32 @@ def parse(text: str, path: str = "<inventory>") -> Inventory:
     return _Resolver(validate(data, path, lines), path, lines, text).resolve()
 
 
+def range_size(pattern: str) -> int:
+    """How many names a host pattern can name at most (`h[1-4,7]x[1-2]`: 10): each bracket's
+    ranges counted and multiplied, comma-separated patterns added. 0-padding and steps aside,
+    what NodeSet will expand; an upper bound otherwise."""
+    total, depth, part = 0, 0, ""
+    for ch in pattern + ",":
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            size = 1
+            for group in re.findall(r"\[([^\]]*)\]", part):
+                count = 0
+                for item in group.split(","):
+                    bounds = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?(?:/\s*(\d+)\s*)?", item)
+                    if bounds is None:
+                        count += 1
+                        continue
+                    lo, hi, step = int(bounds[1]), int(bounds[2] or bounds[1]), int(bounds[3] or 1)
+                    count += max(0, hi - lo) // max(1, step) + 1
+                size *= count
+            total += size
+            part = ""
+        else:
+            part += ch
+    return total
+
+
 SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMG]?)i?B?\s*$", re.I)
 
 
@@ -273,8 +314,10 @@ class _Resolver:
         assert master is not None
         ordered = (master,) + tuple(n for n in nodes if n is not master)
         name = m.name or os.path.splitext(os.path.basename(self.path))[0] or "cluster"
-        if not NODE_NAME.match(name):
-            raise InventoryError([InventoryIssue(f"cluster name {name!r} may only use letters, digits, '_', '.', '-'", self.path, self.lines.get(("name",)), "name")])
+        problem = name_problem(name)
+        if problem:
+            raise InventoryError([InventoryIssue(f"cluster name {name!r} {problem}", self.path,
+                                                 self.lines.get(("name",)), "name")])
         return Inventory(
             path=self.path, name=name, transport=m.transport, nodes=ordered, master=master,
             master_port=m.master.port, env=MappingProxyType(env), checks=checks, job=job,
@@ -339,7 +382,7 @@ class _Resolver:
                 self.issue(f"unknown check '{name}'{suggest(name, CHECK_NAMES)}; checks are {', '.join(CHECK_NAMES)}",
                            "checks", "skip", i)
         for i, dev in enumerate(c.rdma.devices):
-            if not re.match(r"^[A-Za-z0-9_.-]+$", dev):
+            if not re.match(r"^[A-Za-z0-9_.-]+\Z", dev):
                 self.issue(f"bad RDMA device name {dev!r}", "checks", "rdma", "devices", i)
         self.safe(c.timezone, "timezone", "checks", "timezone")
         return Checks(
@@ -384,12 +427,12 @@ class _Resolver:
             self.issue(f"retries must be 0 or more, got {j.retries}", "job", "retries")
         for key in ("workdir", "python", "module", "script", "run_root"):
             self.safe(getattr(j, key), key, "job", key)
-        if j.module and not re.match(r"^[A-Za-z_][A-Za-z0-9_.]*$", j.module):
+        if j.module and not re.match(r"^[A-Za-z_][A-Za-z0-9_.]*\Z", j.module):
             self.issue(f"module {j.module!r} is not a Python module name", "job", "module")
         args = render_args(j.args)
         if isinstance(j.args, dict):
             for key, value in j.args.items():
-                if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", key):
+                if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\Z", key):
                     self.issue(f"argument name {key!r} is not a plain flag name", "job", "args", key)
                 for v in value if isinstance(value, list) else [value]:
                     self.safe(_env_value(v), f"argument {key}", "job", "args", key)
@@ -466,9 +509,9 @@ class _NodeExpander:
                 continue
             shared = self.settings(nm, i, env)
             for host, name, addr in triples:
-                if not NODE_NAME.match(name):
-                    self.r.issue(f"node name {name!r} may only use letters, digits, '_', '.', ':', '-'",
-                                 self.section, i, "name")
+                problem = name_problem(name)
+                if problem:
+                    self.r.issue(f"node name {name!r} {problem}", self.section, i, "name")
                 if name in seen_names:
                     self.r.issue(f"duplicate node '{name}' (also {seen_names[name]}): every node must be "
                                  "listed once", self.section, i, "name" if nm.name else "host")
@@ -526,6 +569,11 @@ class _NodeExpander:
             return [pattern]
         from ClusterShell.NodeSet import NodeSet, NodeSetException
 
+        size = range_size(pattern)
+        if size > MAX_NODES:  # counted from the text: ClusterShell would build every name first
+            self.r.issue(f"{key} {pattern!r} expands to {size} nodes, more than {MAX_NODES}: is the range right?",
+                         "nodes", i, key)
+            return []
         try:
             return list(NodeSet(pattern))
         except NodeSetException as exc:

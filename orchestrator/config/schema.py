@@ -280,7 +280,7 @@ def _schema_issues(exc: ValidationError, path: str, lines: dict[yamlines.Path, i
         if err["type"] == "extra_forbidden":
             bad = str(loc[-1])
             allowed = _allowed_keys(loc[:-1])
-            msg = f"unknown key '{bad}'{suggest(bad, allowed)}"
+            msg = f"unknown key {bad!r}{suggest(bad, allowed)}"
         elif err["type"] == "missing":
             msg = f"required key '{loc[-1]}' is missing"
             line = yamlines.line_of(lines, loc[:-1])

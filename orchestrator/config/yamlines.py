@@ -25,10 +25,19 @@ class YamlError(Exception):
 
 
 def load(text: str) -> tuple[Any, dict[Path, int]]:
-    """Parse one YAML document with the safe loader; return (data, {path: line})."""
-    loader = yaml.SafeLoader(text)
+    """Parse one YAML document with the safe loader; return (data, {path: line}). Anything YAML
+    refuses (syntax, a tag it cannot build, a character it cannot hold) is a YamlError."""
+    try:
+        loader = yaml.SafeLoader(text)
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow (a control character)
+        raise _unreadable(text, exc) from None
+    lines: dict[Path, int] = {}
     try:
         root = loader.get_single_node()
+        if root is None:
+            return None, lines
+        lines[()] = root.start_mark.line + 1
+        return _build(loader, root, (), lines), lines
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
@@ -36,13 +45,16 @@ def load(text: str) -> tuple[Any, dict[Path, int]]:
         if exc.context and exc.context_mark is not None:
             context = f" ({exc.context} started at line {exc.context_mark.line + 1})"
         raise YamlError(f"YAML syntax error: {exc.problem or exc}{context}", line) from None
+    except yaml.reader.ReaderError as exc:
+        raise _unreadable(text, exc) from None
     finally:
         loader.dispose()
-    lines: dict[Path, int] = {}
-    if root is None:
-        return None, lines
-    lines[()] = root.start_mark.line + 1
-    return _build(loader, root, (), lines), lines
+
+
+def _unreadable(text: str, exc: yaml.reader.ReaderError) -> YamlError:
+    """A character YAML does not allow (a control character), at its line."""
+    shown = repr(chr(exc.character)) if isinstance(exc.character, int) else repr(exc.character)
+    return YamlError(f"YAML cannot hold the character {shown}: {exc.reason}", text.count("\n", 0, exc.position) + 1)
 
 
 def _build(loader: yaml.SafeLoader, node: yaml.Node, path: Path, lines: dict[Path, int]) -> Any:
@@ -71,6 +83,8 @@ def _build(loader: yaml.SafeLoader, node: yaml.Node, path: Path, lines: dict[Pat
 def _dotted(path: Path) -> str:
     out = ""
     for part in path:
+        if not isinstance(part, int) and not part.isprintable():
+            part = repr(part)  # a key with a newline or a control character stays on one line, visibly
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
     return out
 

@@ -13,6 +13,10 @@
  *  - the rank: the trainer's `[rank R] ` if present, else base rank + local rank, else `-`;
  *  - a line redrawn with carriage returns shows its last state: rstrip("\r"), after the last "\r";
  *  - bytes that are not UTF-8 are decoded with "replace", as Python reads the copies;
+ *  - unless `raw`, the text is made safe for a terminal as lines.printable does it: the C0 controls
+ *    but TAB (and newline, which a line cannot hold), DEL, the C1 controls (U+0080-U+009F) and the
+ *    bidirectional marks and overrides (U+200E/F, U+202A-U+202E, U+2066-U+2069) are written as
+ *    Python's unicode_escape writes them (`\x1b`, `\r`, `\x9b`, `\u202e`);
  *  - order: by the stamp (as text, which for valid stamps is numeric order), or, when any node
  *    has a clock offset, by the epoch float minus the node's offset computed as Python computes
  *    it; a running maximum per node (a node's own order is kept where its clock stepped back);
@@ -46,6 +50,7 @@ typedef struct {
     Py_ssize_t mid_len;
     char stamp[STAMP_LEN]; /* the last valid stamp (the epoch before any) */
     PyObject *fixed;       /* the current line re-encoded after a "replace" decode, or NULL */
+    int unsafe;            /* the current text may hold what escape_text escapes */
     /* order */
     int has_key;
     int64_t ikey;
@@ -73,6 +78,7 @@ typedef struct {
     Py_ssize_t *heap; /* node indices, smallest (key, index) on top */
     Py_ssize_t heap_len;
     int float_keys;
+    int raw; /* the text as written: no escaping */
     int rank_width;
     Py_ssize_t chunk;
     int started;
@@ -117,16 +123,75 @@ static int second_epoch(const unsigned char *s, int64_t *epoch) {
     return 1;
 }
 
-static int has_high_bit(const unsigned char *s, Py_ssize_t n) {
+#define ONES 0x0101010101010101ULL
+#define HIGHS 0x8080808080808080ULL
+#define NON_ASCII 1 /* a byte >= 0x80 */
+#define CONTROL 2   /* a byte < 0x20 or DEL */
+
+/* What a line holds besides printable ASCII, eight bytes at a time: NON_ASCII | CONTROL. A byte
+ * below 0x20 sets the high bit of (w - 0x20 * ONES) & ~w (exactly: a borrow only spreads upwards
+ * from a byte that is below 0x20 itself); DEL is a zero byte of w ^ 0x7f * ONES. */
+static int scan_line(const unsigned char *s, Py_ssize_t n) {
+    int flags = 0;
     Py_ssize_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        uint64_t w;
+        uint64_t w, d;
         memcpy(&w, s + i, 8);
-        if (w & 0x8080808080808080ULL) return 1;
+        d = w ^ (0x7f * ONES);
+        if (w & HIGHS) flags |= NON_ASCII;
+        if ((((w - 0x20 * ONES) & ~w) | ((d - ONES) & ~d)) & HIGHS) flags |= CONTROL;
+        if (flags == (NON_ASCII | CONTROL)) return flags;
     }
-    for (; i < n; i++)
-        if (s[i] & 0x80) return 1;
-    return 0;
+    for (; i < n; i++) {
+        if (s[i] & 0x80) flags |= NON_ASCII;
+        else if (s[i] < 0x20 || s[i] == 0x7f) flags |= CONTROL;
+    }
+    return flags;
+}
+
+/* lines.printable in C: the text (valid UTF-8, starting at a character) into out, every unsafe
+ * character as Python's unicode_escape writes it; at most 4 bytes out per byte in. The length. */
+static Py_ssize_t escape_text(char *out, const unsigned char *t, Py_ssize_t n) {
+    static const char hex[] = "0123456789abcdef";
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char c = t[i];
+        unsigned cp;
+        if (c < 0x20 || c == 0x7f) {
+            if (c == '\t' || c == '\n') { out[k++] = (char)c; continue; }
+            out[k++] = '\\';
+            if (c == '\r') { out[k++] = 'r'; continue; }
+            out[k++] = 'x';
+            out[k++] = hex[c >> 4];
+            out[k++] = hex[c & 15];
+            continue;
+        }
+        if (c == 0xC2 && i + 1 < n && t[i + 1] <= 0x9F) { /* U+0080-U+009F (t[i+1] >= 0x80: valid UTF-8) */
+            c = t[++i];
+            out[k++] = '\\';
+            out[k++] = 'x';
+            out[k++] = hex[c >> 4];
+            out[k++] = hex[c & 15];
+            continue;
+        }
+        if (c == 0xE2 && i + 2 < n) {
+            unsigned char c1 = t[i + 1], c2 = t[i + 2];
+            if ((c1 == 0x80 && (c2 == 0x8E || c2 == 0x8F || (c2 >= 0xAA && c2 <= 0xAE))) ||
+                (c1 == 0x81 && c2 >= 0xA6 && c2 <= 0xA9)) {
+                cp = ((unsigned)(c & 0x0F) << 12) | ((unsigned)(c1 & 0x3F) << 6) | (unsigned)(c2 & 0x3F);
+                out[k++] = '\\';
+                out[k++] = 'u';
+                out[k++] = hex[(cp >> 12) & 15];
+                out[k++] = hex[(cp >> 8) & 15];
+                out[k++] = hex[(cp >> 4) & 15];
+                out[k++] = hex[cp & 15];
+                i += 2;
+                continue;
+            }
+        }
+        out[k++] = (char)c;
+    }
+    return k;
 }
 
 /* Strict UTF-8 (what Python's decoder accepts: no overlongs, no surrogates, up to U+10FFFF). */
@@ -324,7 +389,10 @@ static int advance(PlainMerge *self, Node *nd) {
     int got = next_raw(nd, &raw, &n);
     if (got <= 0) return got;
     const unsigned char *s = (const unsigned char *)raw;
-    if (has_high_bit(s, n) && !valid_utf8(s, n)) { /* as Python decodes it: errors="replace" */
+    int flags = scan_line(s, n);
+    /* the stamp and the columns are printable: only the text can hold what must be escaped */
+    nd->unsafe = flags != 0 && !self->raw;
+    if ((flags & NON_ASCII) && !valid_utf8(s, n)) { /* as Python decodes it: errors="replace" */
         PyObject *u = PyUnicode_DecodeUTF8(raw, n, "replace");
         if (u == NULL) return -1;
         nd->fixed = PyUnicode_AsUTF8String(u);
@@ -463,7 +531,7 @@ static PyObject *PlainMerge_next(PlainMerge *self) {
     if (out == NULL) return PyErr_NoMemory();
     while (self->heap_len > 0 && len < self->chunk) {
         Node *nd = &self->nodes[self->heap[0]];
-        Py_ssize_t need = STAMP_LEN + nd->mid_len + nd->text_len + 1;
+        Py_ssize_t need = STAMP_LEN + nd->mid_len + (nd->unsafe ? 4 * nd->text_len : nd->text_len) + 1;
         if (len + need > cap) {
             cap = (len + need) * 2;
             char *o = PyMem_Realloc(out, (size_t)cap);
@@ -474,8 +542,12 @@ static PyObject *PlainMerge_next(PlainMerge *self) {
         len += STAMP_LEN;
         memcpy(out + len, nd->mid, (size_t)nd->mid_len);
         len += nd->mid_len;
-        memcpy(out + len, nd->text, (size_t)nd->text_len);
-        len += nd->text_len;
+        if (nd->unsafe) {
+            len += escape_text(out + len, (const unsigned char *)nd->text, nd->text_len);
+        } else {
+            memcpy(out + len, nd->text, (size_t)nd->text_len);
+            len += nd->text_len;
+        }
         out[len++] = '\n';
         int got = advance(self, nd);
         if (got < 0) { PyMem_Free(out); return NULL; }
@@ -515,12 +587,12 @@ static void PlainMerge_dealloc(PlainMerge *self) {
 
 static int PlainMerge_init(PlainMerge *self, PyObject *args, PyObject *kwds) {
     static char *kw[] = {"fds", "node_columns", "base_ranks", "offsets", "rank_width", "float_keys", "block",
-                         "chunk", NULL};
+                         "chunk", "raw", NULL};
     PyObject *fds, *cols, *bases, *offsets, *float_keys = Py_None;
-    int rank_width;
+    int rank_width, raw = 0;
     Py_ssize_t block = 1 << 20, chunk = 1 << 20;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOi|Onn", kw, &fds, &cols, &bases, &offsets, &rank_width,
-                                     &float_keys, &block, &chunk))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOi|Onnp", kw, &fds, &cols, &bases, &offsets, &rank_width,
+                                     &float_keys, &block, &chunk, &raw))
         return -1;
     if (self->nodes != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "PlainMerge is initialised once");
@@ -537,6 +609,7 @@ static int PlainMerge_init(PlainMerge *self, PyObject *args, PyObject *kwds) {
     if (block < 16) block = 16;
     if (chunk < 4096) chunk = 4096;
     self->chunk = chunk;
+    self->raw = raw;
     self->rank_width = rank_width < 0 ? 0 : rank_width;
     self->nodes = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Node));
     self->heap = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Py_ssize_t));
@@ -593,11 +666,12 @@ static PyTypeObject PlainMergeType = {
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = PyDoc_STR(
         "PlainMerge(fds, node_columns, base_ranks, offsets, rank_width, float_keys=None, block=1 MiB,\n"
-        "           chunk=1 MiB)\n\n"
+        "           chunk=1 MiB, raw=False)\n\n"
         "Iterate the merged plain lines of node.log files (read from the given open descriptors) as\n"
         "bytes chunks of whole lines. node_columns[i] is b' ' + node.ljust(node_width) + b' '\n"
         "(UTF-8), base_ranks[i] an int or None, offsets[i] the node's clock offset in ms. float_keys:\n"
-        "order by epoch floats minus the offsets (default: when any offset is not 0), else by the stamp."),
+        "order by epoch floats minus the offsets (default: when any offset is not 0), else by the stamp.\n"
+        "raw: each line's text as written, else with its control characters escaped (lines.printable)."),
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)PlainMerge_init,
     .tp_dealloc = (destructor)PlainMerge_dealloc,

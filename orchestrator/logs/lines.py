@@ -194,18 +194,73 @@ def last_state(text: str) -> str:
     return text.rstrip("\r").rsplit("\r", 1)[-1]
 
 
-def format_line(line: LogLine, color: bool, *, node_width: int = 0, rank_width: int = 0) -> str:
+# ----------------------------------------------------------------------------- safe for a terminal
+
+UNSAFE = "\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069"
+"""What text from a node must not send raw to a terminal (a regular-expression class): the C0
+controls but TAB and newline (ESC starts the sequences that retitle a window, clear the screen,
+move the cursor, answer back or write a hyperlink; CR overwrites the row), DEL, the C1 controls
+(U+0080-U+009F: U+009B is an 8-bit CSI), and the marks and overrides that reorder bidirectional
+text (U+200E/F, U+202A-U+202E, U+2066-U+2069), which make a line read otherwise than it is.
+`_fastmerge.c` escapes the same set, byte for byte the same way."""
+_UNSAFE = re.compile(f"[{UNSAFE}]")
+_SGR_OR_UNSAFE = re.compile(f"(\x1b\\[[0-9;]*m)|[{UNSAFE}]")
+"""An SGR sequence exactly (`ESC [ digits and semicolons m`: colours and attributes, nothing
+else), or an unsafe character."""
+
+
+def _escape(m: re.Match[str]) -> str:
+    """An unsafe character as Python would write it in a literal: `\\x1b`, `\\r`, `\\u202e`."""
+    return m.group().encode("unicode_escape").decode("ascii")
+
+
+def _escape_but_sgr(m: re.Match[str]) -> str:
+    return m.group() if m.group(1) else _escape(m)
+
+
+def printable(text: str, *, sgr: bool = False) -> str:
+    """Text from a node (a log line, a check's value or detail, an error quoting its stderr), safe
+    to write to a terminal: every character of `UNSAFE` shown as its escape (`\\x1b`, `\\r`,
+    `\\x9b`, `\\u202e`), TAB and newline kept. With `sgr` (colour on a terminal), the job's own
+    SGR colour sequences are kept when they are exactly SGR. Backslashes are left as they are: the
+    escapes make a control visible, they are not a lossless encoding (the stored copies are)."""
+    if text.isprintable():  # no control, format or separator character at all: the usual line
+        return text
+    if sgr:
+        return _SGR_OR_UNSAFE.sub(_escape_but_sgr, text)
+    return _UNSAFE.sub(_escape, text)
+
+
+_JSON_RAW = re.compile("[\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+"""What json.dumps(ensure_ascii=False) leaves raw of `UNSAFE` (it escapes the C0 controls)."""
+
+
+def json_safe(text: str) -> str:
+    """A JSON document with the unsafe characters json.dumps leaves raw written as `\\uXXXX`
+    escapes: the same document to a JSON reader, safe on a terminal (they occur only in strings)."""
+    if text.isascii() and "\x7f" not in text:
+        return text
+    return _JSON_RAW.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def format_line(line: LogLine, color: bool, *, node_width: int = 0, rank_width: int = 0,
+                raw: bool = False) -> str:
     """`TIME NODE RANK TEXT`, columns padded to the given widths; never wrapped or cut.
     With colour: the node in its own colour, the time dim, stderr text red. JSON keeps the text
-    verbatim; here a line redrawn with carriage returns shows only its last state."""
+    verbatim; here a line redrawn with carriage returns shows only its last state, and the text is
+    `printable` (the job's SGR colours kept only with colour), unless `raw` (`orch logs --raw`)."""
     node = line.node.ljust(node_width)
     rank = rank_label(line).rjust(rank_width)
     stamp = line.stamp or format_ts(line.ts)
     text = line.text
     if "\r" in text:  # a progress bar redrawn in place: show what the terminal would show last
         text = last_state(text)
+    if not raw:
+        text = printable(text, sgr=color)
     if not color:
         return f"{stamp} {node} {rank} {text}"
+    if "\x1b[" in text:  # the job's own colours end with its line
+        text += RESET
     if line.stream == "err":
         text = f"{RED}{text}{RESET}"
     elif line.stream == "orch":
@@ -214,10 +269,11 @@ def format_line(line: LogLine, color: bool, *, node_width: int = 0, rank_width: 
 
 
 def to_json(line: LogLine) -> str:
-    """One docs/CONTRACT.md logs object (plus `stream`)."""
-    return json.dumps({"ts": line.stamp or format_ts(line.ts), "node": line.node, "node_rank": line.node_rank,
-                       "rank": line.rank, "local_rank": line.local_rank, "line": line.text,
-                       "stream": line.stream}, ensure_ascii=False)
+    """One docs/CONTRACT.md logs object (plus `stream`): the text exactly as written, every
+    control character escaped by JSON."""
+    return json_safe(json.dumps({"ts": line.stamp or format_ts(line.ts), "node": line.node,
+                                 "node_rank": line.node_rank, "rank": line.rank, "local_rank": line.local_rank,
+                                 "line": line.text, "stream": line.stream}, ensure_ascii=False))
 
 
 def column_widths(nodes: Iterable[str], world_size: int | None) -> tuple[int, int]:

@@ -16,7 +16,16 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
-from .lines import HEAD, LogLine, global_rank, last_state, merge_key, rank_text, valid_second
+from .lines import (
+    HEAD,
+    LogLine,
+    global_rank,
+    last_state,
+    merge_key,
+    printable,
+    rank_text,
+    valid_second,
+)
 
 
 def merge(streams: Iterable[Iterator[LogLine]],
@@ -270,8 +279,9 @@ _USEC = itemgetter(slice(19, 28))
 
 
 def merge_plain(blocks: Sequence[Iterable[str]], nodes: Sequence[PlainNode],
-                widths: tuple[int, int]) -> Iterator[str]:
-    """Merge node logs into the plain `TIME NODE RANK TEXT` lines, in chunks of text.
+                widths: tuple[int, int], raw: bool = False) -> Iterator[str]:
+    """Merge node logs into the plain `TIME NODE RANK TEXT` lines, in chunks of text: each line's
+    text `printable` (its control characters escaped), or as written with `raw`.
 
     The same lines in the same order as formatting `merge()` of the parsed nodes, without a
     Python object or heap step per line: each node's input comes in blocks of whole lines; the
@@ -327,7 +337,10 @@ def merge_plain(blocks: Sequence[Iterable[str]], nodes: Sequence[PlainNode],
                 pending[i] = lines[cut:]
         batch.sort(key=key)
         batch.append((None, ""))  # a newline after the last line too
-        yield "\n".join(map(_TEXT, batch))
+        chunk = "\n".join(map(_TEXT, batch))
+        # the stamps and the node and rank columns are printable already: the chunk's unsafe
+        # characters are its lines' texts' (newlines are kept)
+        yield chunk if raw else printable(chunk)
 
 
 _TEXT = itemgetter(1)

@@ -5,6 +5,11 @@ Plain text of everything (`orch logs RUN > file`, merged.log) goes through the C
 (`_fastmerge.c`, built by setup.py where a compiler is) or, without it, the Python block merge
 (`merge.merge_plain`): the same bytes. Filters, `--json` and colours take the general path:
 a LogLine per line and the k-way merge.
+
+The copies (`nodes/<node>.log`) keep every byte as the node wrote it. merged.log holds what
+`orch logs RUN` prints: each line's text `printable` (control characters escaped), so that
+`cat merged.log` on a terminal is as safe as `orch logs`; `orch logs --raw` prints the texts as
+written instead (and leaves merged.log as it is).
 """
 
 from __future__ import annotations
@@ -117,12 +122,12 @@ def copy_blocks(src: NodeSource, size: int) -> Iterator[str]:
 
 
 def plain_merged(sources: list[NodeSource], offsets_ms: Mapping[str, float],
-                  widths: tuple[int, int]) -> Iterator[str]:
+                 widths: tuple[int, int], raw: bool = False) -> Iterator[str]:
     """Every node's copy, merged, as chunks of plain `TIME NODE RANK TEXT` lines (the fast path
-    for what `format_line(merge(...))` prints when nothing is filtered)."""
+    for what `format_line(merge(...))` prints when nothing is filtered); `raw`: texts as written."""
     size = block_size(len(sources))
     return merge_plain([copy_blocks(s, size) for s in sources],
-                       [PlainNode(s.node, s.base_rank, offsets_ms.get(s.node, 0.0)) for s in sources], widths)
+                       [PlainNode(s.node, s.base_rank, offsets_ms.get(s.node, 0.0)) for s in sources], widths, raw)
 
 
 try:  # the C merge, when the install could build it (setup.py); else the Python one, same bytes
@@ -137,11 +142,11 @@ def fast_merge_available() -> bool:
 
 
 def plain_merged_bytes(sources: list[NodeSource], offsets_ms: Mapping[str, float],
-                       widths: tuple[int, int]) -> Iterator[bytes]:
+                       widths: tuple[int, int], raw: bool = False) -> Iterator[bytes]:
     """`plain_merged` as UTF-8 chunks of whole lines: the same bytes, by the C merge when it is
     built (several times faster; the same block of memory per node), else the Python one."""
     if not fast_merge_available():
-        for text in plain_merged(sources, offsets_ms, widths):
+        for text in plain_merged(sources, offsets_ms, widths, raw):
             yield text.encode("utf-8")
         return
     with contextlib.ExitStack() as stack:
@@ -155,7 +160,7 @@ def plain_merged_bytes(sources: list[NodeSource], offsets_ms: Mapping[str, float
         yield from _fastmerge.PlainMerge(
             handles, [f" {s.node.ljust(widths[0])} ".encode() for s in present],
             [s.base_rank for s in present], [offsets_ms.get(s.node, 0.0) for s in present], widths[1],
-            float_keys=any(offsets_ms.get(s.node, 0.0) for s in sources), block=block_size(len(sources)))
+            float_keys=any(offsets_ms.get(s.node, 0.0) for s in sources), block=block_size(len(sources)), raw=raw)
 
 
 def binary(out: IO[str]) -> IO[bytes] | None:

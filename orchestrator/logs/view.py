@@ -71,15 +71,19 @@ class RunLogs:
         (the copy fetched earlier is then what is shown)."""
         return fetch_all(self.run, self.inv, cluster, self.sources)
 
-    def plain(self) -> Iterator[bytes]:
+    def plain(self, raw: bool = False) -> Iterator[bytes]:
         """Every line of every copy, merged, as plain text in chunks of UTF-8 bytes: what
-        merged.log holds, and it is rewritten in the same pass."""
+        merged.log holds, and it is rewritten in the same pass. `raw`: each line's text as the
+        node wrote it, control characters and all (merged.log is left as it is)."""
+        if raw:
+            yield from plain_merged_bytes(self.sources, self.offsets_ms, self.widths, raw=True)
+            return
         with merged_log_writer(self.run) as merged:
-            raw = binary(merged) if merged is not None else None
+            under = binary(merged) if merged is not None else None
             for chunk in plain_merged_bytes(self.sources, self.offsets_ms, self.widths):
                 yield chunk
                 if merged is not None:
-                    write_chunk(chunk, merged, raw)
+                    write_chunk(chunk, merged, under)
 
     def lines(self, keep: LineFilter, tail: int | None = None) -> Iterator[LogLine]:
         """The copies' lines that `keep` keeps (the last `tail` of each node), merged. merged.log

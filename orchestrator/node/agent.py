@@ -11,7 +11,8 @@ holds:
   agent.py      this file
   node.log      `<UTC ISO time with µs>Z <out|err|orch> <text>` for every line torchrun or the agent writes
   state.json    run, node, agent_pid, pid, pgid, host, started_at, finished_at, exit_code, signal,
-                state (starting|running|succeeded|failed|stopped), rewritten atomically
+                state (starting|running|succeeded|failed|stopped), rewritten atomically; with every
+                pid its start time (agent_start, pid_start, pgid_start, procs) and the boot_id
   torchrun/     torchrun's --log-dir
 
 Subcommands (each prints one JSON object on stdout):
@@ -27,6 +28,16 @@ torchrun puts every worker in a session of its own, so killing torchrun's group 
 orphan the workers (a `kill -9` of torchrun leaves them running). The agent therefore makes itself
 a child subreaper: orphaned descendants are re-parented to it, it records them (pid + start time)
 in state.json, and it kills whatever is left of the tree when torchrun exits.
+
+Nothing is signalled on the strength of a number alone: a pid is the job's only while the process
+under it has the start time recorded with it (field 22 of /proc/PID/stat, on this boot), and a
+process group only while its leader does, or, the leader gone, for the members that carry the
+run's ORCH_RUN_ID and ORCH_NODE. A process that took a recorded pid or process group since (pid
+reuse) is left alone and reported (`strangers`).
+
+The run directory must be this user's and writable by no one else (`check_run_dir`): state.json
+says what to signal, so a directory others can write to would let them choose. Files in it are
+created with O_NOFOLLOW (and O_EXCL where they are new), so a planted link redirects nothing.
 """
 
 from __future__ import annotations
@@ -50,7 +61,8 @@ STOP_REQUEST = "stop.request"
 STARTING, RUNNING, SUCCEEDED, FAILED, STOPPED = "starting", "running", "succeeded", "failed", "stopped"
 STATES = (STARTING, RUNNING, SUCCEEDED, FAILED, STOPPED)
 FINAL_STATES = (SUCCEEDED, FAILED, STOPPED)
-STATUS_KEYS = ("state", "exit_code", "signal", "reason", "started_at", "finished_at", "pid", "pgid", "agent_pid")
+STATUS_KEYS = ("state", "exit_code", "signal", "reason", "started_at", "finished_at", "pid", "pgid", "agent_pid",
+               "cleanup_left")
 """The fields of state.json a status reports as they are (the log reader's `S` frames: these)."""
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -73,27 +85,94 @@ def read_json(path: str) -> dict[str, Any]:
         return {}
 
 
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def create_private(path: str) -> int:
+    """A new file, private, opened for writing: never an existing file, never through a link."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o600)
+
+
 def write_json(path: str, data: dict[str, Any]) -> None:
     """Atomic, private rewrite: readers never see a torn state.json."""
     tmp = f"{path}.tmp.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+    try:
+        os.unlink(tmp)  # a leftover of a crash of this pid's namesake (never followed: unlink)
+    except FileNotFoundError:
+        pass
+    with os.fdopen(create_private(tmp), "w", encoding="utf-8") as fh:
         json.dump(data, fh, sort_keys=False)
         fh.write("\n")
     os.replace(tmp, path)
 
 
-def proc_start_time(pid: int) -> int | None:
-    """Field 22 of /proc/PID/stat (start time in clock ticks); None when the process is gone.
+class UntrustedDir(Exception):
+    """The run directory is not this user's alone: nothing it says is acted on."""
 
-    A pid plus its start time names one process for good, so a recycled pid is never killed."""
+
+def check_run_dir(path: str) -> None:
+    """Refuse a run directory that only this user may trust: it must be a directory (not a
+    link), this user's, writable by no one else, and so must every directory above it be (this
+    user's or root's, and not writable by others unless sticky, like /tmp), as OpenSSH's
+    StrictModes asks of ~/.ssh. state.json names what `stop` signals and launch.json what `start`
+    runs: whoever can write or rename the directory could choose both. Raises UntrustedDir."""
+    import stat
+
+    path = os.path.abspath(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return  # nothing there: nothing to trust (start creates it, status and stop find nothing)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise UntrustedDir(f"{path} is not a directory (a link or a file): refusing to use it")
+    me = os.geteuid()
+    if st.st_uid != me:
+        raise UntrustedDir(f"{path} belongs to uid {st.st_uid}, not to this user ({me}): refusing to use it")
+    if st.st_mode & 0o022:
+        raise UntrustedDir(f"{path} is writable by others than its owner (mode {stat.S_IMODE(st.st_mode):04o}): "
+                           f"refusing to use it; chmod go-w {path}")
+    parent = os.path.dirname(path)
+    while parent != path:
+        path, st = parent, os.stat(parent)
+        if st.st_uid not in (me, 0) or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
+            raise UntrustedDir(f"{path}, above the run directory, can be changed by others (uid {st.st_uid}, "
+                               f"mode {stat.S_IMODE(st.st_mode):04o}): refusing to use it; chmod go-w {path} "
+                               "or set job.run_root elsewhere")
+        parent = os.path.dirname(path)
+
+
+def boot_id() -> str | None:
+    """This boot's id: a start time (ticks since boot) names a process on this boot only."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            return fh.read().strip() or None
+    except OSError:
+        return None
+
+
+def this_boot(state: dict[str, Any]) -> bool:
+    """Were the pids state.json records taken on this boot (or does it not say)?"""
+    recorded = state.get("boot_id")
+    return not recorded or recorded == boot_id()
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (field 3 first); None when gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             raw = fh.read().decode("ascii", "replace")
     except OSError:
         return None
-    fields = raw[raw.rfind(")") + 2:].split()
-    if fields and fields[0] == "Z":  # a zombie has exited already
+    return raw[raw.rfind(")") + 2:].split()
+
+
+def proc_start_time(pid: int, zombie: bool = False) -> int | None:
+    """Field 22 of /proc/PID/stat (start time in clock ticks); None when the process is gone (or,
+    unless `zombie`, has exited and waits to be reaped).
+
+    A pid plus its start time names one process for good, so a recycled pid is never killed."""
+    fields = _stat_fields(pid)
+    if not fields or (fields[0] == "Z" and not zombie):
         return None
     return int(fields[19]) if len(fields) > 19 else None
 
@@ -106,85 +185,141 @@ def alive(pid: int | None, start: int | None = None) -> bool:
     return st is not None and (start is None or st == start)
 
 
-def group_alive(pgid: int | None) -> bool:
-    """Does any process remain in process group `pgid`?"""
-    if not pgid:
-        return False
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # killpg(…, 0) also succeeds for zombies; look for a live member.
-    return any(alive(pid) for pid, _pp, pg in _proc_table() if pg == pgid)
-
-
 def _proc_table() -> list[tuple]:
-    """(pid, ppid, pgid) of every process visible in /proc."""
+    """(pid, ppid, pgid, start time) of every live process visible in /proc."""
     out = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                raw = fh.read().decode("ascii", "replace")
-        except OSError:
-            continue
-        fields = raw[raw.rfind(")") + 2:].split()
-        if len(fields) > 2 and fields[0] != "Z":
-            out.append((int(name), int(fields[1]), int(fields[2])))
+        fields = _stat_fields(int(name))
+        if fields and len(fields) > 19 and fields[0] != "Z":
+            out.append((int(name), int(fields[1]), int(fields[2]), int(fields[19])))
     return out
 
 
-def descendants(root: int) -> list[int]:
-    """Every live process below `root` in the process tree (children first, then theirs)."""
-    children: dict[int, list[int]] = {}
-    for pid, ppid, _pg in _proc_table():
-        children.setdefault(ppid, []).append(pid)
+def descendants(root: int) -> list[tuple[int, int]]:
+    """Every live process below `root` in the process tree (children first, then theirs), with
+    its start time."""
+    children: dict[int, list[tuple[int, int]]] = {}
+    for pid, ppid, _pg, start in _proc_table():
+        children.setdefault(ppid, []).append((pid, start))
     out, todo = [], list(children.get(root, []))
     while todo:
-        pid = todo.pop(0)
-        out.append(pid)
-        todo.extend(children.get(pid, []))
+        proc = todo.pop(0)
+        out.append(proc)
+        todo.extend(children.get(proc[0], []))
     return out
 
 
-def marked(run: str, node: str) -> list[int]:
-    """Processes whose environment carries this run's identity (ORCH_RUN_ID and ORCH_NODE exactly).
+def tagged(pid: int, run: str, node: str) -> bool:
+    """Does the process's environment carry this run's identity (ORCH_RUN_ID and ORCH_NODE exactly)?"""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            env = set(fh.read().split(b"\0"))
+    except OSError:  # gone, or another user's
+        return False
+    return {("ORCH_RUN_ID=" + run).encode(), ("ORCH_NODE=" + node).encode()} <= env
+
+
+def marked(run: str, node: str) -> dict[int, int]:
+    """Processes whose environment carries this run's identity, with their start times.
 
     The last sweep of `stop`: catches a worker started after the agent's last snapshot when the agent
     itself was killed. It matches the run's unique id, never a command-line pattern."""
-    want = {("ORCH_RUN_ID=" + run).encode(), ("ORCH_NODE=" + node).encode()}
     me = os.getpid()
-    out = []
-    for pid, _pp, _pg in _proc_table():
-        if pid == me:
-            continue
+    return {pid: start for pid, _pp, _pg, start in _proc_table() if pid != me and tagged(pid, run, node)}
+
+
+def send(pid: int | None, start: int | None, sig: int) -> bool:
+    """Signal `pid` only while it is the process that started at `start`; whether it was sent.
+
+    Through a pidfd where there is one (Python >= 3.9, Linux >= 5.3): the start time is checked on
+    the process the pidfd holds, so not even a reuse between the check and the signal can hit a
+    stranger. Elsewhere the check comes right before kill()."""
+    if not pid or start is None:
+        return False
+    fd = None
+    pidfd_open = getattr(os, "pidfd_open", None)
+    if pidfd_open is not None:
         try:
-            with open(f"/proc/{pid}/environ", "rb") as fh:
-                env = set(fh.read().split(b"\0"))
-        except OSError:
-            continue
-        if want <= env:
-            out.append(pid)
-    return out
-
-
-def kill(pid: int, sig: int) -> None:
+            fd = pidfd_open(pid)
+        except ProcessLookupError:
+            return False
+        except OSError:  # ENOSYS (older kernel), EPERM in some sandboxes: check, then kill
+            fd = None
     try:
-        os.kill(pid, sig)
+        if proc_start_time(pid) != start:
+            return False
+        if fd is not None:
+            signal.pidfd_send_signal(fd, sig)
+        else:
+            os.kill(pid, sig)
+        return True
     except (ProcessLookupError, PermissionError):
-        pass
+        return False
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
-def killpg(pgid: int | None, sig: int) -> None:
-    if not pgid:
-        return
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+class Job:
+    """The processes state.json records as the job's, each known by pid and start time, and the
+    strangers found under the recorded ids (to be left alone)."""
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        self.state = state
+        self.run, self.node = str(state.get("run") or ""), str(state.get("node") or "")
+
+    def group(self) -> tuple[dict[int, int], dict[int, int], bool]:
+        """(the group's members that are the job's, the members that are not, whether the group is
+        still the job's as a whole: its leader is the process recorded with it)."""
+        pgid = self.state.get("pgid")
+        if not pgid or not this_boot(self.state):
+            return {}, {}, False
+        members = {pid: start for pid, _pp, pg, start in _proc_table() if pg == pgid}
+        leader_start = self.state.get("pgid_start")
+        if leader_start is not None and members.get(pgid) == leader_start:
+            return members, {}, True  # the leader holds the id: every member is of its session
+        ours = {p: s for p, s in members.items() if self.run and tagged(p, self.run, self.node)}
+        return ours, {p: s for p, s in members.items() if p not in ours}, False
+
+    def processes(self) -> tuple[dict[int, int], dict[int, int]]:
+        """(every live process of the job: pid -> start time; the strangers under its ids)."""
+        ours, strangers, _whole = self.group()
+        if this_boot(self.state):
+            for pid, start in self.state.get("procs") or []:
+                if alive(pid, start):
+                    ours[pid] = start
+            pid, start = self.state.get("pid"), self.state.get("pid_start")
+            if pid and alive(pid, start) and start is not None:
+                ours[pid] = start
+            elif pid and proc_start_time(pid) is not None and pid not in ours:
+                strangers.setdefault(pid, proc_start_time(pid) or 0)
+        if self.run and self.node:
+            ours.update(marked(self.run, self.node))
+        ours.pop(os.getpid(), None)
+        for pid in ours:
+            strangers.pop(pid, None)
+        return ours, strangers
+
+    def signal(self, sig: int) -> list[int]:
+        """Send `sig` once to every process of the job (the group at once while it is still the
+        job's, each other process by pid and start time); the pids it went to."""
+        ours, _strangers = self.processes()
+        members, _others, whole = self.group()
+        sent = []
+        if whole:
+            try:
+                os.killpg(int(self.state["pgid"]), sig)
+                sent = [p for p in members if p in ours]
+            except (ProcessLookupError, PermissionError):
+                pass
+        return sorted(sent + [pid for pid, start in ours.items() if pid not in sent and send(pid, start, sig)])
+
+
+def group_alive(state: dict[str, Any]) -> bool:
+    """Does a process of the job's process group remain (one that is the job's)?"""
+    return bool(Job(state).group()[0])
 
 
 def exit_code_of(status: int) -> int:
@@ -212,7 +347,7 @@ class NodeLog:
     def __init__(self, path: str) -> None:
         import threading
 
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | NOFOLLOW, 0o600)
         self.fh = os.fdopen(fd, "ab", buffering=0)
         self.lock = threading.Lock()
 
@@ -290,7 +425,9 @@ class Monitor:
             self.log.write("orch", reason)
             self.save(state=FAILED, exit_code=127, reason=reason, finished_at=time.time())
             return 127
-        self.save(state=RUNNING, pid=proc.pid, pgid=proc.pid, started_at=time.time())
+        # torchrun leads a session and process group of its own: its start time names both
+        st = proc_start_time(proc.pid, zombie=True)  # a job may be done already: not yet reaped
+        self.save(state=RUNNING, pid=proc.pid, pgid=proc.pid, pid_start=st, pgid_start=st, started_at=time.time())
         self.log.write("orch", f"started pid {proc.pid} (process group {proc.pid})")
         pumps = [threading.Thread(target=self.log.pump, args=(s, n), daemon=True)
                  for s, n in ((proc.stdout, "out"), (proc.stderr, "err"))]
@@ -298,7 +435,7 @@ class Monitor:
             t.start()
         code = self.watch(proc)
         ended = time.time()  # when torchrun exited: the first-failure order, not when cleanup ended
-        self.cleanup(proc.pid)
+        left = self.cleanup(proc.pid)
         for t in pumps:
             # EOF comes as soon as no writer is left; every process of the job is gone by now, so
             # a pipe still open is held by something outside the job: do not wait on it for long
@@ -307,7 +444,8 @@ class Monitor:
         state = STOPPED if stopped else (SUCCEEDED if code == 0 else FAILED)
         sig = signal_name(code)
         self.log.write("orch", f"torchrun exited with code {code}{f' ({sig})' if sig else ''}: {state}")
-        self.save(state=state, exit_code=code, signal=sig, finished_at=ended, procs=[])
+        self.save(state=state, exit_code=code, signal=sig, finished_at=ended, procs=[[p, s] for p, s in left],
+                  cleanup_left=[p for p, _s in left])
         return code
 
     def watch(self, proc: subprocess.Popen[bytes]) -> int:
@@ -321,7 +459,10 @@ class Monitor:
             now = time.monotonic()
             if self.stop_at is not None and self.term_sent is None:
                 self.term_sent = now
-                killpg(proc.pid, signal.SIGTERM)
+                try:  # torchrun is our child, not reaped yet: its group cannot be anyone else's
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except (ProcessLookupError, PermissionError):
+                    pass
                 self.log.write("orch", f"agent received {signal.Signals(self.stop_signal).name}: "
                                f"sent SIGTERM to process group {proc.pid}")
             if self.term_sent is not None and not self.kill_sent and now - self.term_sent > self.grace:
@@ -348,24 +489,19 @@ class Monitor:
 
     def snapshot(self) -> None:
         """Record the job's processes (pid, start time) so `stop` can find them without us."""
-        procs = []
-        for pid in descendants(os.getpid()):
-            st = proc_start_time(pid)
-            if st is not None:
-                procs.append([pid, st])
+        procs = [[pid, st] for pid, st in descendants(os.getpid())]
         if procs != self.state.get("procs"):
             self.save(procs=procs)
 
     def kill_tree(self, sig: int) -> int:
-        pids = descendants(os.getpid())
-        for pid in pids:
-            kill(pid, sig)
-        return len(pids)
+        """Signal every process below the agent (each by pid and start time); how many got it."""
+        return sum(send(pid, st, sig) for pid, st in descendants(os.getpid()))
 
-    def cleanup(self, main_pid: int) -> None:
-        """Leave nothing behind: whatever torchrun left (orphaned workers) gets TERM, then KILL."""
+    def cleanup(self, main_pid: int, kill_wait: float = 5.0) -> list[tuple[int, int]]:
+        """Leave nothing behind: whatever torchrun left (orphaned workers) gets TERM, then KILL.
+        Returns what is still there after that (pid, start time): reported, never assumed gone."""
         if not descendants(os.getpid()):
-            return
+            return []
         n = self.kill_tree(signal.SIGTERM)
         self.log.write("orch", f"torchrun exited, {n} of its processes remain: SIGTERM")
         deadline = time.monotonic() + min(self.grace, 5.0)
@@ -375,11 +511,16 @@ class Monitor:
         n = self.kill_tree(signal.SIGKILL)
         if n:
             self.log.write("orch", f"SIGKILL to {n} remaining processes")
-        deadline = time.monotonic() + 5.0
+        deadline = time.monotonic() + kill_wait
         while descendants(os.getpid()) and time.monotonic() < deadline:
             self.reap(main_pid)
             time.sleep(0.05)
         self.reap(main_pid)
+        left = descendants(os.getpid())
+        if left:
+            self.log.write("orch", f"cleanup timed out: {len(left)} processes of the job survived SIGKILL for "
+                                   f"{kill_wait:.0f} s: {' '.join(str(p) for p, _s in left)}")
+        return left
 
 
 def expand(path: str | None) -> str | None:
@@ -399,7 +540,7 @@ def cmd_start(run_dir: str, wait: float) -> int:
         return emit({"state": FAILED, "reason": f"{run_dir}/{LAUNCH} is missing or has no argv"}, 2)
     state_path = os.path.join(run_dir, STATE)
     old = read_json(state_path)
-    if old and (old.get("state") not in FINAL_STATES and alive(old.get("agent_pid"))):
+    if old and (old.get("state") not in FINAL_STATES and agent_alive(old)):
         return emit(dict(old, reason="already started here (agent {})".format(old.get("agent_pid"))), 3)
     cwd = expand(launch.get("cwd"))
     if cwd and not os.path.isdir(cwd):
@@ -408,8 +549,9 @@ def cmd_start(run_dir: str, wait: float) -> int:
 
     clear_stop_request(run_dir)
     write_json(state_path, {"run": launch.get("run"), "node": launch.get("node"), "agent_pid": None,
-                            "pid": None, "pgid": None, "host": socket.gethostname(), "started_at": None,
-                            "finished_at": None, "exit_code": None, "signal": None, "state": STARTING})
+                            "pid": None, "pgid": None, "host": socket.gethostname(), "boot_id": boot_id(),
+                            "started_at": None, "finished_at": None, "exit_code": None, "signal": None,
+                            "state": STARTING})
     if os.fork() == 0:
         daemon(run_dir, launch)
     return wait_started(state_path, wait)
@@ -441,14 +583,18 @@ def daemon(run_dir: str, launch: dict[str, Any]) -> None:
         monitor = Monitor(run_dir, launch)
         monitor.save(agent_pid=os.getpid(), agent_start=proc_start_time(os.getpid()))
         code = monitor.run()
-    except BaseException:  # the agent's own crash must still end up in node.log and state.json
-        try:
-            import traceback
+    except BaseException as exc:  # the agent's own crash must still end up in state.json and node.log
+        import traceback
 
-            NodeLog(os.path.join(run_dir, LOG)).write("orch", "agent crashed: " + traceback.format_exc())
+        trace = traceback.format_exc()
+        try:  # state.json first: node.log may be what failed (a planted link, a full disk)
             state = read_json(os.path.join(run_dir, STATE))
-            state.update(state=FAILED, finished_at=time.time(), reason="agent crashed")
+            state.update(state=FAILED, finished_at=time.time(), reason=f"agent crashed: {type(exc).__name__}: {exc}")
             write_json(os.path.join(run_dir, STATE), state)
+        except BaseException:
+            pass
+        try:
+            NodeLog(os.path.join(run_dir, LOG)).write("orch", "agent crashed: " + trace)
         except BaseException:
             pass
     os._exit(0 if code == 0 else 1)
@@ -487,14 +633,18 @@ def status(run_dir: str, tail: int = 0) -> dict[str, Any]:
 
 
 def agent_alive(state: dict[str, Any]) -> bool:
-    """Is the agent that state.json names (pid and start time) still running?"""
-    return alive(state.get("agent_pid"), state.get("agent_start"))
+    """Is the agent that state.json names (pid and start time, on this boot) still running?"""
+    start = state.get("agent_start")
+    return start is not None and this_boot(state) and alive(state.get("agent_pid"), start)
 
 
 def job_alive(state: dict[str, Any]) -> bool:
     """Does any process of the job state.json records remain (its process group, or one of the
-    processes of the agent's last snapshot, which outlive the group: torchrun's workers)?"""
-    return group_alive(state.get("pgid")) or any(alive(p, s) for p, s in state.get("procs") or [])
+    processes of the agent's last snapshot, which outlive the group: torchrun's workers), each
+    known by its start time?"""
+    if group_alive(state):
+        return True
+    return this_boot(state) and any(alive(p, s) for p, s in state.get("procs") or [] if s is not None)
 
 
 def tail_lines(path: str, n: int) -> list[str]:
@@ -510,60 +660,48 @@ def tail_lines(path: str, n: int) -> list[str]:
     return [line.decode("utf-8", "replace") for line in data.splitlines()[-n:]]
 
 
-def pids_in_group(pgid: int | None) -> list[int]:
-    return [pid for pid, _pp, pg in _proc_table() if pgid and pg == pgid]
-
-
-def job_pids(run_dir: str, state: dict[str, Any]) -> list[int]:
-    """Every live process of the job this directory records: torchrun's group and the snapshot."""
-    pids = set(pids_in_group(state.get("pgid")))
-    for pid, start in state.get("procs") or []:
-        if alive(pid, start):
-            pids.add(pid)
-    if state.get("run") and state.get("node"):
-        pids.update(marked(str(state["run"]), str(state["node"])))
-    pids.discard(os.getpid())
-    return sorted(pids)
-
-
 def cmd_stop(run_dir: str, grace: float) -> int:
-    """SIGTERM the job, SIGKILL it after `grace`, wait until nothing of it is left. Idempotent."""
+    """SIGTERM the job, SIGKILL it after `grace`, wait until nothing of it is left. Idempotent.
+
+    What it reports is what it saw afterwards, not what it sent: `stopped` (processes of the job
+    found at the start and gone now), `remaining` (still there: the job's, or the agent), and
+    `strangers` (processes under the recorded ids that are not the job's: never signalled)."""
     state_path = os.path.join(run_dir, STATE)
     state = read_json(state_path)
     if not state:
-        return emit({"state": None, "stopped": [], "remaining": [], "note": "nothing was started here"}, 0)
+        return emit({"state": None, "stopped": [], "remaining": [], "strangers": [],
+                     "note": "nothing was started here"}, 0)
     if state.get("state") not in FINAL_STATES:
-        with open(os.path.join(run_dir, STOP_REQUEST), "w") as fh:
+        fd = os.open(os.path.join(run_dir, STOP_REQUEST), os.O_WRONLY | os.O_CREAT | os.O_APPEND | NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as fh:
             fh.write(utc_now() + "\n")
-    agent_pid = state.get("agent_pid") if alive(state.get("agent_pid"), state.get("agent_start")) else None
-    pids = job_pids(run_dir, state)
-    if agent_pid:
+    agent = (state.get("agent_pid"), state.get("agent_start")) if agent_alive(state) else (None, None)
+    job = Job(state)
+    found, strangers = job.processes()
+    if agent[0]:
         # One SIGTERM, through the agent (which forwards it and records the exit code): torchrun
         # turns each SIGTERM into an exception, and a second one in the middle of its shutdown
         # leaves it hanging until SIGKILL.
-        kill(agent_pid, signal.SIGTERM)
+        send(agent[0], agent[1], signal.SIGTERM)
     else:
-        group = set(pids_in_group(state.get("pgid")))
-        killpg(state.get("pgid"), signal.SIGTERM)
-        for pid in pids:
-            if pid not in group:
-                kill(pid, signal.SIGTERM)
+        job.signal(signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while job_pids(run_dir, state) and time.monotonic() < deadline:
+    while job.processes()[0] and time.monotonic() < deadline:
         time.sleep(0.1)
-    left = job_pids(run_dir, state)
-    for pid in left:
-        kill(pid, signal.SIGKILL)
+    killed = job.signal(signal.SIGKILL)
     deadline = time.monotonic() + 5.0
-    while (job_pids(run_dir, state) or alive(agent_pid, state.get("agent_start"))) and time.monotonic() < deadline:
+    while (job.processes()[0] or alive(*agent)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    remaining = job_pids(run_dir, state)
+    left, more_strangers = job.processes()
+    strangers.update(more_strangers)
+    remaining = sorted(left) + ([agent[0]] if agent[0] and alive(*agent) else [])
     state = read_json(state_path)
-    if state.get("state") not in FINAL_STATES and not alive(state.get("agent_pid"), state.get("agent_start")):
+    if state.get("state") not in FINAL_STATES and not agent_alive(state):
         # the agent was gone (killed): record the end ourselves so the run does not look alive
         state.update(state=STOPPED, finished_at=time.time(), procs=[])
         write_json(state_path, state)
-    out = dict(state, stopped=pids, killed=left, remaining=remaining)
+    out = dict(state, stopped=sorted(p for p in found if p not in left), killed=sorted(killed),
+               remaining=remaining, strangers=sorted(strangers))
     return emit(out, 0 if not remaining else 1)
 
 
@@ -574,8 +712,8 @@ def rank_processes(run_dir: str, state: dict[str, Any]) -> list[dict[str, Any]]:
     """The job's rank processes: live processes of the job whose environment has RANK (torchrun
     sets it for its workers) and whose parent's has not the same one (a DataLoader worker or any
     other child of a rank inherits it). With their RANK, LOCAL_RANK, pid and start time."""
-    parents = {pid: ppid for pid, ppid, _pg in _proc_table()}
-    envs = {pid: _rank_env(pid) for pid in job_pids(run_dir, state)}
+    parents = {pid: ppid for pid, ppid, _pg, _start in _proc_table()}
+    envs = {pid: _rank_env(pid) for pid in sorted(Job(state).processes()[0])}
     out = []
     for pid, env in sorted(envs.items()):
         if "RANK" not in env:
@@ -707,6 +845,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=20.0, help="seconds py-spy may take per rank")
     args = parser.parse_args(argv)
     run_dir = os.path.abspath(expand(args.dir) or ".") if getattr(args, "dir", None) else ""
+    if run_dir:
+        try:
+            check_run_dir(run_dir)
+        except UntrustedDir as exc:
+            return emit({"state": None, "error": str(exc), "untrusted": True}, 2)
     if args.cmd == "start":
         return cmd_start(run_dir, args.wait)
     if args.cmd == "status":

@@ -9,32 +9,49 @@ The files are written privately (the run directory too: they can hold environmen
 each atomically, then `agent.py AGENT_ARGS` runs from RUN_DIR in this same interpreter.
 Shipping and starting a node's share of a run cost one SSH exec (one login shell) instead of
 one per file, and no env value ever appears on a command line.
+
+The run directory is used only once the agent's own check says it can be trusted (this user's,
+writable by no one else, nor is anything above it): the agent's text arrives first, is run from
+memory for that check, and only then are the files written, each created anew (O_EXCL) and never
+through a link (O_NOFOLLOW). A refusal is the agent's JSON answer, exit code 2.
 """
 
 import json
 import os
-import runpy
 import sys
+import types
 
 
 def write_files(run_dir: str, files: dict) -> None:
     """Every file of `files` ({name: text}) into `run_dir`, mode 0600, each atomically."""
-    os.makedirs(run_dir, exist_ok=True)
     for name, text in files.items():
         tmp = os.path.join(run_dir, f"{name}.tmp.{os.getpid()}")
-        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as fh:
+        try:
+            os.unlink(tmp)  # a leftover of an earlier boot with this pid (unlink follows no link)
+        except FileNotFoundError:
+            pass
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+        with open(os.open(tmp, flags, 0o600), "w", encoding="utf-8") as fh:
             fh.write(text)
         os.replace(tmp, os.path.join(run_dir, name))
 
 
 def main(argv: list) -> None:
-    run_dir = os.path.expanduser(argv[1])
+    run_dir = os.path.abspath(os.path.expanduser(argv[1]))
+    files = json.loads(sys.stdin.buffer.read().decode("ascii"))
+    agent = types.ModuleType("agent")
+    exec(compile(files["agent.py"], "agent.py", "exec"), agent.__dict__)
     login_umask = os.umask(0o077)
-    write_files(run_dir, json.loads(sys.stdin.buffer.read().decode("ascii")))
+    os.makedirs(run_dir, mode=0o700, exist_ok=True)
+    try:
+        agent.check_run_dir(run_dir)
+    except agent.UntrustedDir as exc:
+        sys.exit(agent.emit({"state": None, "error": str(exc), "untrusted": True}, 2))
+    write_files(run_dir, files)
     os.umask(login_umask)  # the agent hands the login's umask to the job
     os.chdir(run_dir)
     sys.argv = ["agent.py"] + argv[2:]
-    runpy.run_path("agent.py", run_name="__main__")
+    sys.exit(agent.main(sys.argv[1:]))
 
 
 if __name__ == "__main__":

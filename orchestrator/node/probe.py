@@ -5,7 +5,9 @@ Python >= 3.8 with nothing but the standard library: no orch imports, no third-p
 no `X | Y` outside annotations. A missing tool (nvidia-smi, ibv_rc_pingpong) or file is a fact,
 never a crash. The controller side (sending it, parsing what it prints) is `orchestrator.facts`.
 
-One run per node per preflight, one SSH exec (argv[1] is a JSON object of what to do):
+One run per node per preflight, one SSH exec (argv[1] is a JSON object of what to do; with
+`env_on_stdin` the first line on stdin is the job's environment as a JSON object, applied before
+anything else, so no env value is ever on the command line where `ps` shows it):
 
 1. open the listeners first (the master port on the master; an ephemeral "ring" port on every
    node), print `ORCH-LISTEN {...}`, gather facts, print `ORCH-FACTS {...}`. Listening before
@@ -627,8 +629,16 @@ def verbs_ping(target: dict, timeout: float) -> dict:
         out.update(ok=False, error="ibv_rc_pingpong not installed here")
         return out
     t0 = time.time()
-    rc, so, se = run_capture(verbs_argv(tool, target["device"], int(target["port"]), target["addr"]), timeout)
-    lines = [ln.strip() for ln in (so + se).decode("utf-8", "replace").splitlines() if ln.strip()]
+    deadline = t0 + timeout
+    while True:
+        rc, so, se = run_capture(verbs_argv(tool, target["device"], int(target["port"]), target["addr"]),
+                                 max(1.0, deadline - time.time()))
+        lines = [ln.strip() for ln in (so + se).decode("utf-8", "replace").splitlines() if ln.strip()]
+        # the successor's server may still be starting (a loaded node, a slow device open): the
+        # tool's "Couldn't connect to HOST:PORT" is retried until the deadline
+        if rc == 0 or not any("couldn't connect" in ln.lower() for ln in lines) or time.time() + 0.5 >= deadline:
+            break
+        pause(0.5)
     out["ms"] = (time.time() - t0) * 1000
     result = [ln for ln in lines if "bytes in" in ln]
     out.update(ok=rc == 0 and bool(result), result=result[0] if result else None,
@@ -718,8 +728,31 @@ def connect_all(targets: list, token: str, timeout: float) -> list:
     return results
 
 
+def read_env(fd: int, limit: int = 1 << 20) -> dict:
+    """The job's environment, sent as the first line on stdin (`{"K": "V", ...}`), never in argv
+    where `ps` shows it to every user of the node. Read a byte at a time: the controller's later
+    commands stay on the descriptor for `serve`."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = os.read(fd, 1)
+        if not chunk or len(data) >= limit:
+            raise ValueError("the environment line ended early")
+        data += chunk
+    env = json.loads(data.decode("utf-8"))
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise ValueError("the environment line is not a mapping of strings")
+    return env
+
+
 def main(argv: list) -> int:
-    return facts_mode(json.loads(argv[1]) if len(argv) > 1 else {})
+    args = json.loads(argv[1]) if len(argv) > 1 else {}
+    if args.get("env_on_stdin"):
+        try:
+            os.environ.update(read_env(sys.stdin.fileno()))
+        except ValueError as exc:
+            emit("ORCH-ERROR", {"line": "", "error": f"the job's environment: {exc}"})
+            return 2
+    return facts_mode(args)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ from the majority and name the majority value.
 from __future__ import annotations
 
 import os
-import statistics
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -113,7 +112,13 @@ def check_ssh(inv: Inventory, facts: Facts) -> list[CheckResult]:
         target = ("local process (transport: local)" if inv.transport == "local" else
                   f"{node.ssh.user + '@' if node.ssh.user else ''}{node.host}:{node.ssh.port}")
         detail = f"{target}: connect {nf.connect_ms or 0:.0f} ms + round trip {nf.rtt_ms or 0:.0f} ms on the session"
-        if total > inv.checks.ssh_warn_ms:
+        if nf.malformed:
+            shown = "; ".join(nf.malformed[:3]) + (f" (and {len(nf.malformed) - 3} more)" if len(nf.malformed) > 3 else "")
+            out.append(CheckResult("ssh", node.name, "fail", f"{total:.0f} ms",
+                                   f"{detail}; the probe's answer is not what orch's probe writes: {shown}",
+                                   "the checks that rest on those facts cannot be trusted: is something on the node "
+                                   "(a login script, a wrapper around python) changing the probe's output?"))
+        elif total > inv.checks.ssh_warn_ms:
             out.append(CheckResult("ssh", node.name, "warn", f"{total:.0f} ms",
                                    f"{detail} (slower than {inv.checks.ssh_warn_ms:.0f} ms)",
                                    "a slow control link delays launch and teardown: check latency/DNS "
@@ -136,8 +141,8 @@ def clock_offsets(inv: Inventory, facts: Facts) -> tuple[dict[str, float], dict[
 
     With `checks.clock.ntp_server` the reference is that server, measured from the node (SNTP).
     Without, each node's clock (the probe answering a ping on its SSH channel) is compared with
-    the controller's at the midpoint of that round trip (± rtt/2), and the reference is the median
-    of the nodes (the cluster's consensus)."""
+    the controller's at the midpoint of that round trip, ± rtt/2: one fixed reference, so the
+    node that is off is the one blamed (against the nodes' median, two nodes would share it)."""
     server = inv.checks.clock.ntp_server
     offsets: dict[str, float] = {}
     unc: dict[str, float] = {}
@@ -148,17 +153,14 @@ def clock_offsets(inv: Inventory, facts: Facts) -> tuple[dict[str, float], dict[
                 offsets[node.name] = float(ntp["offset_ms"])
                 unc[node.name] = float(ntp.get("delay_ms") or 0) / 2
         return offsets, unc, f"NTP server {server}"
-    raw = {n.name: nf.ssh_offset_ms for n, nf in probed(inv, facts) if nf.ssh_offset_ms is not None}
-    if not raw:
-        return {}, {}, "controller"
-    mid = statistics.median(raw.values())
-    # the median is itself an estimate: its error is of the order of a typical node's rtt/2
-    mid_unc = statistics.median((nf.rtt_ms or 0) / 2 for n, nf in probed(inv, facts) if n.name in raw)
     for node, nf in probed(inv, facts):
-        if node.name in raw:
-            offsets[node.name] = raw[node.name] - mid
-            unc[node.name] = (nf.rtt_ms or 0) / 2 + mid_unc
-    return offsets, unc, "median of the nodes (SSH round-trip estimate)"
+        if nf.ssh_offset_ms is not None:
+            offsets[node.name] = nf.ssh_offset_ms
+            unc[node.name] = (nf.rtt_ms or 0) / 2
+    return offsets, unc, CONTROLLER_REFERENCE
+
+
+CONTROLLER_REFERENCE = "the controller (SSH round-trip estimate)"
 
 
 def check_clock(inv: Inventory, facts: Facts) -> list[CheckResult]:
@@ -183,8 +185,6 @@ def check_clock(inv: Inventory, facts: Facts) -> list[CheckResult]:
         off = offsets[node.name]
         f.value = f"{round(off) or 0:+d} ms"  # never "-0 ms"
         what = f"offset to {ref} is {off:+.1f} ms (±{unc[node.name]:.1f})"
-        if not server and nf.ssh_offset_ms is not None:
-            what += f"; {nf.ssh_offset_ms:+.1f} ms vs the controller"
         hint = (f"sync the clock: chronyc makestep, or fix its NTP source (server {server.split(':')[0]} iburst "
                 "in chrony.conf)" if server else
                 "sync the clock: chronyc makestep, or point every node's chrony at one NTP server "
@@ -944,7 +944,11 @@ def run_checks(inv: Inventory, facts: Facts, selected: Iterable[str]) -> list[Ch
             results += [CheckResult(name, n.name, "skip", "", "skipped by checks.skip in the inventory")
                         for n in inv.nodes]
             continue
-        got = {r.node: r for r in CHECKS[name](inv, facts)}
+        try:
+            got = {r.node: r for r in CHECKS[name](inv, facts)}
+        except Exception as exc:  # the last line of defence: a check that cannot judge fails, loudly
+            got = {n.name: CheckResult(name, n.name, "fail", "", f"could not judge the facts the nodes sent: "
+                                       f"{type(exc).__name__}: {exc}") for n in inv.nodes if facts[n.name].ok}
         for node in inv.nodes:
             nf = facts[node.name]
             if node.name in got:

@@ -3,7 +3,8 @@
 The probe (`orchestrator/node/probe.py`, stdlib only) travels compressed inside `python -c`, run by
 the node's `python` (falling back to `python3` when that interpreter does not exist, which the
 `software` check then reports). It runs with the job's environment (`node.env` on top of the
-login environment) so it sees exactly what a job would see.
+login environment, sent as the first line on its stdin, never in argv) so it sees exactly what a
+job would see.
 
 One SSH connection and one exec per node; two phases, both bounded:
 1. per node, in parallel: connect (timed), start the probe with its stdin kept open: it opens
@@ -132,6 +133,9 @@ class NodeFacts:
     listen: dict[str, Any] = field(default_factory=dict)
     reach: list[dict[str, Any]] = field(default_factory=list)
     reach_error: str | None = None
+    malformed: list[str] = field(default_factory=list)
+    """Parts of the probe's answer that were not of the shape the probe writes (dropped): a
+    mismatched or tampered probe; the `ssh` check fails on it."""
     fabric: FabricFacts | None = None
     """What the fabric job measured (`preflight/fabric.py`), the same object on every node; None
     where the fabric check was not selected."""
@@ -318,6 +322,103 @@ def job_files(inv: Inventory) -> dict[str, str]:
     return out
 
 
+# ----------------------------------------------------------------------------- the probe's answer, checked
+
+
+class _Opt:
+    """A value of `shape`, or null."""
+
+    def __init__(self, shape: Any) -> None:
+        self.shape = shape
+
+
+class _MapOf:
+    """A mapping of any string keys to values of `shape`."""
+
+    def __init__(self, shape: Any) -> None:
+        self.shape = shape
+
+
+class _ListOf:
+    def __init__(self, shape: Any) -> None:
+        self.shape = shape
+
+
+NUMBER, INT = "number", "int"  # JSON numbers (finite; never a bool), integers among them
+_BAD = object()
+_RUN = {"rc": _Opt(INT), "out": str, "err": str, "error": str}
+_FILE = {"path": str, "exists": bool, "is_file": bool, "is_dir": bool, "size": INT, "sha256": str,
+         "text": _Opt(str), "error": str, "output": bool, "writable": bool, "ancestor": str,
+         "ancestor_is_dir": bool, "ancestor_writable": bool}
+LISTEN_SHAPE = {"master_port": {"port": INT, "bound": bool, "error": _Opt(str), "holder": _Opt(str)},
+                "ring": {"addr": str, "port": _Opt(INT), "error": _Opt(str)},
+                "verbs": _Opt({"port": INT, "device": str, "tool": str})}
+REACH_SHAPE = _ListOf({"kind": str, "node": str, "addr": str, "port": INT, "device": str, "ok": bool, "ms": NUMBER,
+                       "error": _Opt(str), "answered_by": str, "result": _Opt(str)})
+FACTS_SHAPE = {
+    "probe": INT, "node": _Opt(str), "host": str, "home": str, "time": NUMBER,
+    "python": {"executable": _Opt(str), "version": str},
+    "env": _MapOf(str), "inventory_env": _ListOf(str),
+    "tz": {"TZ": _Opt(str), "localtime": _Opt(str), "etc_timezone": _Opt(str), "abbr": _Opt(str),
+           "utcoffset": _Opt(str)},
+    "ifaces": _ListOf({"name": str, "up": bool, "ipv4": _ListOf(str)}),
+    "ib": {"root": str, "source": str, "tools": _MapOf(_Opt(str)), "error": str,
+           "devices": _MapOf({"hca_type": _Opt(str), "fw_ver": _Opt(str), "board_id": _Opt(str),
+                              "ports": _MapOf({k: _Opt(str) for k in ("state", "phys_state", "rate", "link_layer")})})},
+    "gpus": {"source": str, "query": _RUN, "table": _RUN, "error": str},
+    "software": {k: _Opt(str) for k in ("python", "executable", "torch", "cuda", "nccl", "source", "ultralytics",
+                                        "error", "torch_error", "nccl_error")},
+    "ntp": _Opt({"server": str, "method": str, "samples": INT, "errors": _ListOf(str), "offset_ms": NUMBER,
+                 "delay_ms": NUMBER, "stratum": INT, "error": str}),
+    "chrony": _Opt(_RUN),
+    "paths": _MapOf(_FILE), "workdir": _Opt(_FILE), "timings_s": _MapOf(NUMBER), "listen": LISTEN_SHAPE,
+}
+"""What the probe (node/probe.py) answers, key by key: what the checks may rely on."""
+
+
+def conform(value: Any, shape: Any, where: str, problems: list[str]) -> Any:
+    """`value` where it has `shape`, else _BAD (noted in `problems`): a mapping keeps its keys of
+    the right shape and drops the others (keys the shape does not name are kept as they are)."""
+    if isinstance(shape, _Opt):
+        return None if value is None else conform(value, shape.shape, where, problems)
+    ok = True
+    if shape in (NUMBER, INT):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        ok = ok and (shape == NUMBER or isinstance(value, int))
+    elif isinstance(shape, type):
+        ok = type(value) is shape
+    elif isinstance(shape, (dict, _MapOf)):
+        if not isinstance(value, dict):
+            ok = False
+        else:
+            out = {}
+            for key, item in value.items():
+                sub = shape.get(key, Any) if isinstance(shape, dict) else shape.shape
+                got = item if sub is Any else conform(item, sub, f"{where}.{key}", problems)
+                if got is not _BAD:
+                    out[key] = got
+            return out
+    elif isinstance(shape, _ListOf):
+        if not isinstance(value, list):
+            ok = False
+        else:
+            items = (conform(item, shape.shape, f"{where}[{i}]", problems) for i, item in enumerate(value))
+            return [item for item in items if item is not _BAD]
+    if not ok:
+        problems.append(f"{where}: {type(value).__name__} {str(value)[:40]!r}")
+        return _BAD
+    return value
+
+
+def read_answer(value: Any, shape: Any, what: str) -> tuple[Any, list[str]]:
+    """A tagged answer of the probe held to its shape: (what conforms, every part that did not)."""
+    problems: list[str] = []
+    got = conform(value, shape, what, problems)
+    if got is _BAD:
+        got = [] if isinstance(shape, _ListOf) else {}
+    return got, problems
+
+
 # ----------------------------------------------------------------------------- probing
 
 
@@ -334,7 +435,7 @@ def probe_args(inv: Inventory, node: Node, want: Sequence[str], token: str, n_pe
     net = "ports" in want or "rdma" in want
     return {
         "node": node.name, "token": token, "want": list(want),
-        "inventory_env": sorted(node.env),
+        "inventory_env": sorted(node.env), "env_on_stdin": True,
         "ntp_server": inv.checks.clock.ntp_server if "clock" in want else None,
         "paths": paths, "text_for": [k for k in paths if k.replace("-", "_") == "data"],
         "outputs": [k for k in paths if is_output_key(k)],
@@ -377,7 +478,10 @@ class _Stream:
                     try:
                         if tag == "ORCH-TIME":
                             pong = json.loads(rest)
-                            self.pongs[str(pong["seq"])] = (float(pong["time"]), now)
+                            node_time = float(pong["time"])
+                            if not math.isfinite(node_time):
+                                raise ValueError(f"not a time: {node_time}")
+                            self.pongs[str(pong["seq"])] = (node_time, now)
                         elif tag in self.TAGS:
                             self.tagged[tag] = json.loads(rest)
                         else:
@@ -453,14 +557,20 @@ def _start_probe(inv: Inventory, t: Transport, want: Sequence[str], token: str, 
     pings = 3 if "clock" in want and not inv.checks.clock.ntp_server else 1
     for python in dict.fromkeys([node.python, "python3"]):
         try:
-            stream = _Stream(t.popen(probe_command(python, args), env=dict(node.env), keep_stdin=True))
+            # the job's environment goes first on stdin: on the command line `ps` (and -v) would show its values
+            proc = t.popen(probe_command(python, args), keep_stdin=True)
         except TransportError as exc:
             nf.error, nf.error_kind, nf.hint = exc.message, exc.kind, exc.hint
             return _Probe(nf)
+        try:
+            proc.write((json.dumps(dict(node.env)) + "\n").encode())
+        except OSError:
+            pass  # the probe is already gone: what it said (or its silence) is read below
+        stream = _Stream(proc)
         facts = stream.wait_for("ORCH-FACTS", PHASE1_TIMEOUT_S)
         if facts is not None:
-            nf.raw = facts
-            nf.listen = facts.get("listen") or {}
+            nf.raw, nf.malformed = read_answer(facts, FACTS_SHAPE, "facts")
+            nf.listen = nf.raw.get("listen") or {}
             try:
                 nf.ssh_offset_ms, nf.rtt_ms = stream.measure_clock(pings)
             except Exception as exc:  # the channel broke right after the facts: still a failed probe
@@ -568,6 +678,7 @@ def _phase2(probes: dict[str, _Probe], targets: dict[str, list[dict[str, Any]]],
             probes[name].facts.reach_error = ("the probe ended before answering" if stream.done else
                                               f"no answer within {REACH_TIMEOUT_S:.0f} s") + (f": {said}" if said else "")
         else:
-            probes[name].facts.reach = list(reach)
+            probes[name].facts.reach, bad = read_answer(reach, REACH_SHAPE, "reach")
+            probes[name].facts.malformed += bad
         if progress:
             progress("testing reachability", i + 1, len(asked))

@@ -15,11 +15,12 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ..config.inventory import Inventory
 from ..contract import CHECK_NAMES
-from ..errors import UsageError
+from ..errors import PreflightUnavailable, UsageError
 from ..store import checks_path, write_private
 from ..transport import Cluster
 from .facts import collect
@@ -104,8 +105,7 @@ def run_preflight(inv: Inventory, cluster: Cluster | None = None, only: Iterable
         if own:
             cluster.close()
     warm.join()
-    from . import checks as checks_mod
-
+    checks_mod = _checks()
     results = checks_mod.run_checks(inv, facts, selected)
     offsets, _, ref = checks_mod.clock_offsets(inv, facts)
     report = CheckReport(results, offsets, ref, time.monotonic() - start)
@@ -120,10 +120,9 @@ def _fabric_facts(inv: Inventory, cluster: Cluster, facts: Mapping[str, NodeFact
                   progress: Progress | None) -> FabricFacts:
     """Run the fabric job, or say why not (opt-in and not asked; a node that was not probed)."""
     from . import fabric as fabric_mod
-    from .checks import FABRIC_OPT_IN
 
     if not (asked or inv.checks.fabric.enabled):
-        return fabric_mod.FabricFacts.skipped(inv, FABRIC_OPT_IN)
+        return fabric_mod.FabricFacts.skipped(inv, _checks().FABRIC_OPT_IN)
     down = [name for name, nf in facts.items() if not nf.ok]
     if down:
         return fabric_mod.FabricFacts.skipped(
@@ -132,11 +131,28 @@ def _fabric_facts(inv: Inventory, cluster: Cluster, facts: Mapping[str, NodeFact
 
 
 def _import_judging(warm_up: Callable[[], None] | None) -> None:
-    """Import the checks, and what the caller asked for, ahead of use."""
-    from . import checks  # noqa: F401
+    """Import the checks, and what the caller asked for, ahead of use. A failure here is only
+    a missed head start: `_checks` imports again and says why."""
+    try:
+        from . import checks  # noqa: F401
 
-    if warm_up is not None:
-        warm_up()
+        if warm_up is not None:
+            warm_up()
+    except Exception:  # noqa: S110 - reported by _checks on the main thread
+        pass
+
+
+def _checks() -> ModuleType:
+    """The checks module, or PreflightUnavailable (exit 3): a preflight that cannot judge must
+    stop the launch, never let it go ahead unchecked."""
+    try:
+        from . import checks
+    except Exception as exc:
+        raise PreflightUnavailable(
+            f"the preflight cannot run: importing its checks failed: {type(exc).__name__}: {exc}",
+            "nothing was launched; repair the installation (make install, or pip install -e .), or launch "
+            "unchecked on purpose with --skip-checks") from exc
+    return checks
 
 
 def save_report(inv: Inventory, report: CheckReport, path: Path | None = None) -> Path:

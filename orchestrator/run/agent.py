@@ -22,7 +22,8 @@ from ..store import remote_dir
 from ..transport import Cluster, GroupResult, Result, Transport
 
 START_WAIT_S = 60.0
-RECORDED = ("state", "exit_code", "pid", "pgid", "agent_pid", "started_at", "finished_at", "signal", "error")
+RECORDED = ("state", "exit_code", "pid", "pgid", "agent_pid", "started_at", "finished_at", "signal", "error",
+            "cleanup_left")
 """The fields of a NodeStatus that run.json keeps for each node."""
 
 
@@ -32,6 +33,12 @@ def _number(value: Any) -> Any:
 
 def _text(value: Any) -> str | None:
     return None if value is None else str(value)
+
+
+def _pids(value: Any) -> tuple[int, ...] | None:
+    if not isinstance(value, list):
+        return None
+    return tuple(int(p) for p in value if isinstance(p, int) and not isinstance(p, bool))
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,9 @@ class NodeStatus:
     tail: tuple[str, ...] = ()
     error: str | None = None
     """Why the controller could not ask the agent (with state unreachable or unknown)."""
+    cleanup_left: tuple[int, ...] | None = None
+    """Processes of the job still there after the agent's cleanup timed out (a final state that
+    left something running); None when the agent does not say."""
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> NodeStatus:
@@ -72,33 +82,44 @@ class NodeStatus:
                    agent_pid=_number(data.get("agent_pid")), started_at=_number(data.get("started_at")),
                    finished_at=_number(data.get("finished_at")), now=_number(data.get("now")),
                    log_size=_number(data.get("log_size")), log_mtime=_number(data.get("log_mtime")),
-                   tail=tuple(str(x) for x in data.get("tail") or ()), error=_text(data.get("error")), **alive)
+                   tail=tuple(str(x) for x in data.get("tail") or ()), error=_text(data.get("error")),
+                   cleanup_left=_pids(data.get("cleanup_left")), **alive)
 
     def recorded(self) -> dict[str, Any]:
         """The fields run.json keeps of it, where it says anything."""
-        return {k: getattr(self, k) for k in RECORDED if getattr(self, k) is not None}
+        out = {k: getattr(self, k) for k in RECORDED if getattr(self, k) is not None}
+        if "cleanup_left" in out:
+            out["cleanup_left"] = list(out["cleanup_left"])
+        return out
 
     def to_json(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["tail"] = list(self.tail)
+        if self.cleanup_left is not None:
+            out["cleanup_left"] = list(self.cleanup_left)
         return out
 
 
 @dataclass(frozen=True)
 class StopResult:
-    """What `agent.py stop` left on a node: the processes it stopped and any still running."""
+    """What `agent.py stop` saw on a node once it was done: the job's processes it found and are
+    gone now, any still running, and the strangers under the recorded ids it left alone."""
 
     status: NodeStatus | None
     """state.json after the stop; None where nothing was ever started."""
     stopped: tuple[int, ...] = ()
     remaining: tuple[int, ...] = ()
     note: str | None = None
+    strangers: tuple[int, ...] = ()
+    """Processes that now hold a pid or process group the run recorded, but are not the job's
+    (pid reuse): never signalled."""
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> StopResult:
         return cls(NodeStatus.from_json(data) if data.get("state") else None,
                    tuple(int(p) for p in data.get("stopped") or ()),
-                   tuple(int(p) for p in data.get("remaining") or ()), _text(data.get("note")))
+                   tuple(int(p) for p in data.get("remaining") or ()), _text(data.get("note")),
+                   tuple(int(p) for p in data.get("strangers") or ()))
 
 
 # ----------------------------------------------------------------------------- one node
@@ -130,6 +151,10 @@ def parse_agent(res: Result, python: str) -> dict[str, Any]:
     except ValueError:
         data = None
     if isinstance(data, dict):
+        if data.get("untrusted"):
+            raise OrchError(f"{res.node}: {data.get('error')}",
+                            "a run directory (and every directory above it) must be writable by its owner only; "
+                            "or set job.run_root to a directory of your own")
         return data
     err = res.stderr.strip().splitlines()
     detail = err[-1] if err else f"exit code {res.exit_code}, no output"
@@ -158,20 +183,25 @@ def start_node(t: Transport, plan: Plan, np_: NodePlan, rdir: str,
     return NodeStatus.from_json(state)
 
 
+FALLBACK_PYTHON = "python3"
+"""What runs the agent where the run's own python no longer can: it needs only the standard library."""
+
+
 def stop_node(t: Transport, python: str, rdir: str, grace: float) -> StopResult:
     """Stop one node's job (TERM, KILL after grace) and wait; idempotent.
 
-    A node where the run never got as far as its run directory, or whose python cannot start the
-    agent (so it never started the job either), has nothing to stop."""
+    What it returns is what the agent saw once done, never an assumption: a node where the run
+    never got as far as its run directory has nothing of it; where the run's python cannot start
+    the agent any more, `python3` asks it; where neither can, the stop is not confirmed (OrchError)."""
     try:
         return StopResult.from_json(agent_call(t, python, rdir, ["stop", ".", "--grace", f"{grace:g}"], grace + 30))
     except TransportError:
         raise
     except OrchError as exc:
         if not t.run(["true"], cwd=rdir, timeout=30).ok:
-            return StopResult(None, note="no run directory on this node")
-        if "cannot run the node agent" in exc.message:
-            return StopResult(None, note=exc.message)
+            return StopResult(None, note="no run directory on this node: nothing of the run was started here")
+        if "cannot run the node agent" in exc.message and python != FALLBACK_PYTHON:
+            return stop_node(t, FALLBACK_PYTHON, rdir, grace)
         raise
 
 

@@ -433,8 +433,9 @@ class Supervisor:
                     self.failure = self.watch()
                     verdict = RunState.FAILED if self.failure is not None else verdict
                 if verdict == RunState.SUCCEEDED:
-                    self.torn_down = True  # every agent has exited and cleaned up after its job
-                    return Outcome(RunState.SUCCEEDED, self.clock() - start)
+                    # every agent has exited after its cleanup, and says what that cleanup left
+                    self.torn_down = True
+                    return Outcome(RunState.SUCCEEDED, self.clock() - start, not_stopped=self.cleanup_left())
                 if verdict == RunState.FAILED:
                     self.teardown()
                     self.attach_excerpt()
@@ -521,6 +522,11 @@ class Supervisor:
             return Failure(spec.name, spec.node_rank,
                            f"the node agent (pid {obs.agent_pid}) disappeared; {gone}", order=when)
         return None
+
+    def cleanup_left(self) -> dict[str, str]:
+        """The nodes whose agent's cleanup timed out at the job's end, with what it left running."""
+        return {name: f"the job's cleanup timed out: processes still running: {list(st.cleanup_left)}"
+                for name, st in self.nodes.items() if st.cleanup_left}
 
     def teardown(self) -> None:
         """Stop every node (in parallel, idempotent) and remember which could not be confirmed."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -222,15 +223,37 @@ def test_add_interface_visible_on_that_node_only(netns_cluster):
 
 @pytest.mark.netns
 def test_netem_adds_latency(netns_cluster):
-    from tests.cluster import NetemUnsupported
+    from tests.cluster import NetemUnsupported, kernel_limit
 
     n1 = netns_cluster.node("node1")
     try:
         netns_cluster.netem("node1", "delay 200ms")
     except NetemUnsupported as exc:
-        pytest.skip(str(exc))
+        kernel_limit(str(exc))
     start = time.monotonic()
     with __import__("socket").create_connection((n1.host, 22), 5):
         pass
     assert time.monotonic() - start >= 0.18
     netns_cluster.netem("node1", "")
+
+
+@pytest.mark.parametrize("strict", ["", "1"])
+def test_what_this_machine_lacks_skips_here_and_fails_under_orch_test_strict(tmp_path, strict):
+    """.ci/run sets ORCH_TEST_STRICT=1: a test that cannot run for lack of netns/root/chromium fails
+    there; a kernel limit (no tc netem) still skips, saying so."""
+    import sys
+
+    (tmp_path / "test_lacks.py").write_text(
+        "from tests.cluster import kernel_limit, missing\n"
+        "def test_needs_chromium():\n    missing('chromium is not installed')\n"
+        "def test_needs_netem():\n    kernel_limit('no sch_netem')\n")
+    env = dict(os.environ, ORCH_TEST_STRICT=strict, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rsf", "-p", "no:cacheprovider", "-c", os.devnull,
+                           str(tmp_path / "test_lacks.py")], capture_output=True, text=True, env=env, cwd=tmp_path,
+                          timeout=120)
+    if strict:
+        assert proc.returncode == 1 and "1 failed, 1 skipped" in proc.stdout, proc.stdout
+        assert "ORCH_TEST_STRICT=1, and this test cannot run: chromium is not installed" in proc.stdout
+    else:
+        assert proc.returncode == 0 and "2 skipped" in proc.stdout, proc.stdout
+    assert "kernel limit, skipped even under ORCH_TEST_STRICT: no sch_netem" in proc.stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -224,6 +225,171 @@ def test_torchrun_log_dir_is_inserted_after_the_module(tmp_path: Path) -> None:
     m = agent.Monitor(str(tmp_path), {"argv": ["py", "-m", "torch.distributed.run", "--nnodes=2", "x.py"],
                                       "torchrun_log_dir": True})
     assert m.argv() == ["py", "-m", "torch.distributed.run", f"--log-dir={tmp_path}/torchrun", "--nnodes=2", "x.py"]
+
+
+# ----------------------------------------------------------------------------- process identity
+
+
+def foreign_group() -> subprocess.Popen[bytes]:
+    """A process group that is nobody's job: what a recycled pid or pgid would now name."""
+    return subprocess.Popen(["sleep", "300"], start_new_session=True)
+
+
+def rewrite_state(d: Path, **fields: Any) -> None:
+    st = state(d)
+    st.update(fields)
+    (d / "state.json").write_text(json.dumps(st))
+
+
+def test_stop_of_an_ended_run_leaves_a_process_group_that_took_the_recorded_pgid_alone(tmp_path: Path) -> None:
+    d = prepare(tmp_path, "exit 0")
+    assert call("start", str(d))[0] == 0
+    done = wait_state(d, "succeeded")
+    assert done["pgid_start"] == done["pid_start"] and done["pid_start"] is not None and done["boot_id"]
+    stranger = foreign_group()
+    try:
+        # the job's pgid and pid now belong to another process (pid reuse, made to happen here)
+        rewrite_state(d, pgid=stranger.pid, pid=stranger.pid, procs=[[stranger.pid, 12345]])
+        code, status = call("status", str(d))
+        assert status["job_alive"] is False
+        code, out = call("stop", str(d), "--grace", "1")
+        assert code == 0 and out["stopped"] == [] and out["remaining"] == []
+        assert out["strangers"] == [stranger.pid]
+        time.sleep(0.3)
+        assert stranger.poll() is None, "stop signalled a process that is not the job's"
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_a_group_whose_leader_exited_is_signalled_only_where_members_carry_the_run(tmp_path: Path) -> None:
+    # torchrun (the leader) gone, one of its group still there: found by the run's tag, stopped
+    d = prepare(tmp_path, "sleep 300 & echo started; exit 0")
+    assert call("start", str(d))[0] == 0
+    wait_state(d, "succeeded")  # the agent's cleanup stopped the child: start one by hand instead
+    st = state(d)
+    env = dict(os.environ, ORCH_RUN_ID=st["run"], ORCH_NODE="n1")
+    leader = subprocess.Popen(["sh", "-c", "sleep 300 & echo $!; exit 0"], start_new_session=True, env=env,
+                              stdout=subprocess.PIPE, text=True)
+    assert leader.stdout is not None
+    member = int(leader.stdout.readline())
+    leader.wait()
+    stranger = foreign_group()
+    try:
+        rewrite_state(d, pgid=leader.pid, pgid_start=12345)  # the leader is gone: the start can't match
+        assert agent.job_alive(state(d))
+        code, out = call("stop", str(d), "--grace", "1")
+        assert code == 0 and out["stopped"] == [member] and out["remaining"] == []
+        assert not agent.alive(member) and stranger.poll() is None
+    finally:
+        stranger.kill()
+        stranger.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(member, signal.SIGKILL)
+
+
+def test_send_signals_only_the_process_that_started_at_the_recorded_time() -> None:
+    p = foreign_group()
+    try:
+        start = agent.proc_start_time(p.pid)
+        assert start is not None
+        assert not agent.send(p.pid, start + 1, signal.SIGTERM) and not agent.send(p.pid, None, signal.SIGTERM)
+        time.sleep(0.2)
+        assert p.poll() is None
+        assert agent.send(p.pid, start, signal.SIGTERM)
+        assert p.wait(5) == -signal.SIGTERM
+        assert not agent.send(p.pid, start, signal.SIGTERM)  # gone: nothing to signal
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_a_cleanup_that_times_out_is_recorded_not_assumed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a process no signal removes (uninterruptible sleep on a dead NFS server) stands in as one
+    # the signals do not reach
+    (tmp_path / "d").mkdir()
+    m = agent.Monitor(str(tmp_path / "d"), {"argv": ["true"]})
+    stuck = subprocess.Popen(["sleep", "30"])
+    monkeypatch.setattr(agent, "send", lambda pid, start, sig: True)
+    try:
+        left = m.cleanup(-1, kill_wait=0.3)
+        assert (stuck.pid, agent.proc_start_time(stuck.pid)) in left
+        assert "cleanup timed out" in (tmp_path / "d" / "node.log").read_text()
+    finally:
+        stuck.kill()
+        stuck.wait()
+
+
+def test_an_untrusted_run_directory_is_refused(tmp_path: Path) -> None:
+    d = prepare(tmp_path, "exit 0")
+    d.chmod(0o777)
+    code, out = call("status", str(d))
+    assert code == 2 and out["untrusted"] and "writable by others" in out["error"]
+    d.chmod(0o700)
+    (tmp_path / "run").chmod(0o777)  # the directory above: others could swap the run directory
+    code, out = call("stop", str(d))
+    assert code == 2 and "above the run directory" in out["error"]
+    (tmp_path / "run").chmod(0o1777)  # sticky like /tmp: others cannot rename what is ours
+    assert call("status", str(d))[0] == 0
+    link = tmp_path / "run" / "link"
+    link.symlink_to(d)
+    code, out = call("status", str(link))
+    assert code == 2 and "not a directory" in out["error"]
+
+
+def test_boot_refuses_a_directory_others_can_write_and_writes_nothing(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    d = shared / "r1" / "n1"
+    spec = {"run": f"boot-{os.getpid()}", "node": "n1", "argv": ["true"], "env": {}, "cwd": str(tmp_path)}
+    files = {"agent.py": Path(AGENT).read_text(), "launch.json": json.dumps(spec)}
+    r = subprocess.run([sys.executable, "-c", BOOT, str(d), "start", ".", "--wait", "20"],
+                       input=json.dumps(files).encode("ascii"), capture_output=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    out = json.loads(r.stdout.decode().splitlines()[-1])
+    assert out["untrusted"] and str(shared) in out["error"]
+    assert not (d / "launch.json").exists() and not (d / "agent.py").exists()
+
+
+def test_agent_files_are_never_written_through_a_planted_link(tmp_path: Path) -> None:
+    d = prepare(tmp_path, "echo hello")
+    target = tmp_path / "victim"
+    target.write_text("precious\n")
+    (d / "node.log").symlink_to(target)
+    call("start", str(d))
+    deadline = time.monotonic() + 10
+    while state(d).get("state") not in ("failed", "succeeded") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert target.read_text() == "precious\n"
+    assert state(d)["state"] == "failed" and "Too many levels of symbolic links" in state(d)["reason"]
+
+
+def test_stop_asks_python3_where_the_runs_python_is_gone_and_reports_the_job_gone(tmp_path: Path) -> None:
+    """The run's python was removed while its job ran: the stop is still done and confirmed (by
+    python3, the agent needs only the standard library), never reported as a node with nothing."""
+    import shutil
+
+    from orchestrator.config.inventory import parse
+    from orchestrator.run.agent import stop_node
+    from orchestrator.transport.local import LocalTransport
+
+    d = prepare(tmp_path, "sleep 60")
+    assert call("start", str(d))[0] == 0
+    pid = wait_state(d, "running")["pid"]
+    shutil.copy(AGENT, d / "agent.py")
+    node = parse("transport: local\nnodes:\n  - host: localhost\n    name: n1\n", "t.yaml").nodes[0]
+    try:
+        res = stop_node(LocalTransport(node), str(tmp_path / "gone" / "bin" / "python"), str(d), 1.0)
+        assert res.status is not None and res.status.state == "stopped", res
+        assert pid in res.stopped and res.remaining == ()
+        assert state(d)["state"] == "stopped"
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
 
 
 def test_a_job_started_again_in_its_directory_is_not_judged_by_the_last_stop(tmp_path: Path) -> None:

@@ -152,10 +152,26 @@ def test_clock_without_ntp_server_judges_spread_from_ssh_estimates() -> None:
         nf.ssh_offset_ms = 2000.0
     facts = make_facts(inv, {"n3": skew})
     c = by(checks.check_clock(inv, facts), "clock")
-    # the median of (0.5, 0.5, 2000, 0.5) is 0.5: n3 is 1999.5 ms off the cluster's consensus
+    # each node against the controller (± rtt/2): n3 is 2000 ms off, the others 0.5 ms
     assert c["n3"].status == "fail" and c["n3"].value == "+2000 ms"
     assert {c[n].status for n in ("n1", "n2", "n4")} == {"ok"}
-    assert "median of the nodes" in c["n1"].detail
+    assert "offset to the controller (SSH round-trip estimate) is +0.5 ms (±2.0)" in c["n1"].detail
+
+
+def test_clock_without_ntp_server_blames_the_node_that_is_off_even_with_two_nodes() -> None:
+    """Against the median of two nodes a 100 ms skew was split in half (50 ms each, a warning on
+    both); against the controller the skewed node fails and the other passes."""
+    inv = parse(inventory(ntp=False).source.replace("10.0.0.[1-4]", "10.0.0.[1-2]").replace("n[1-4]", "n[1-2]"),
+                "t.yaml")
+
+    def skew(raw: dict[str, Any], nf: NodeFacts) -> None:
+        nf.ssh_offset_ms = 100.5
+    facts = make_facts(inv, {"n2": skew})
+    c = by(checks.check_clock(inv, facts), "clock")
+    assert c["n2"].status == "fail" and c["n2"].value == "+100 ms", c["n2"]
+    assert c["n1"].status == "ok" and c["n1"].value == "+0 ms", c["n1"]
+    offsets, unc, ref = checks.clock_offsets(inv, facts)
+    assert offsets == {"n1": 0.5, "n2": 100.5} and unc == {"n1": 2.0, "n2": 2.0} and ref.startswith("the controller")
 
 
 def test_timezone_majority_and_expected() -> None:

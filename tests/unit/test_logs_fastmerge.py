@@ -16,9 +16,10 @@ from hypothesis import strategies as st
 
 from orchestrator.logs import stored
 from orchestrator.logs.fetch import NodeSource
-from orchestrator.logs.lines import column_widths, format_ts
+from orchestrator.logs.lines import _UNSAFE, column_widths, format_ts
 from orchestrator.logs.merge import PlainNode, merge_plain
 from orchestrator.logs.stored import plain_merged, plain_merged_bytes
+from tests.cluster import missing
 from tests.logs_support import general_merge
 
 T0 = 1_796_031_125.0  # 2026-11-30T09:32:05Z
@@ -29,14 +30,15 @@ def test_the_extension_is_built_where_a_compiler_is() -> None:
     compiler = shutil.which((sysconfig.get_config_var("CC") or "cc").split()[0])
     headers = os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
     if compiler is None or not headers:
-        pytest.skip("no C compiler or Python headers: orch runs the pure-Python merge (test_logs_plain)")
+        missing("no C compiler or Python headers: orch runs the pure-Python merge (test_logs_plain)")
     assert stored._fastmerge is not None, "setup.py did not build orchestrator.stored._fastmerge"
 
 
 fast = pytest.mark.skipif(stored._fastmerge is None, reason="orchestrator.stored._fastmerge is not built")
 
 
-def c_merge(texts: list[bytes], nodes: list[PlainNode], widths: tuple[int, int], block: int, chunk: int) -> bytes:
+def c_merge(texts: list[bytes], nodes: list[PlainNode], widths: tuple[int, int], block: int, chunk: int,
+            raw: bool = False) -> bytes:
     assert stored._fastmerge is not None
     with tempfile.TemporaryDirectory() as d:
         handles = []
@@ -46,7 +48,7 @@ def c_merge(texts: list[bytes], nodes: list[PlainNode], widths: tuple[int, int],
         try:
             return b"".join(stored._fastmerge.PlainMerge(
                 handles, [f" {n.node.ljust(widths[0])} ".encode() for n in nodes], [n.base_rank for n in nodes],
-                [n.offset_ms for n in nodes], widths[1], block=block, chunk=chunk))
+                [n.offset_ms for n in nodes], widths[1], block=block, chunk=chunk, raw=raw))
         finally:
             for h in handles:
                 h.close()
@@ -67,9 +69,15 @@ prefix = st.sampled_from([
     "[default7]", "[rank 5]", "[default0]:[rank 12]:", "[a1]:[rank 2] [rank 3] ",
 ])
 stream = st.sampled_from(["out", "err", "orch", "", "weird-stream", "é\x00", "\r"])
-text = st.text(st.sampled_from("ab [] \r\t:é字\x00"), max_size=12)
+# the text: what a terminal must never get raw (ESC and whole sequences, BEL, CR, DEL, C1 as
+# U+0080-U+009F, bidi marks and overrides) beside what it may (TAB, SGR colour, é, 字, U+2028)
+text = st.lists(st.sampled_from(["a", "b", " ", "[", "]", "\r", "\t", ":", "é", "字", "\x00", "\x1b", "\x07", "\x7f",
+                                 "\x80", "\x85", "\x9b", "\x9f", "\xa0", "\u200e", "\u200f", "\u202a", "\u202e",
+                                 "\u2066", "\u2069", "\u2028", "\u206a", "\\", "\x1b[31m", "\x1b]0;title\x07", "\x1b[2J"]),
+                max_size=12).map("".join)
 junk = st.sampled_from([b"\xff", b"\xe2\x82", b"\xed\xa0\x80", b"\xc0\xaf", b"\xf4\x90\x80\x80", b"\xe2\x82\xac",
-                        b"\xf0\x9f\x98\x80", b"\xf0\x9f\x98", b"\x80", b"\xc3"])
+                        b"\xf0\x9f\x98\x80", b"\xf0\x9f\x98", b"\x80", b"\xc3", b"\x9b", b"\xc2", b"\xc2\x1b",
+                        b"\xe2\x80", b"\xe2\x80\xae", b"\x1b", b"\x7f"])
 valid = st.builds(lambda s, m, p, t: f"{s} {m} {p}{t}".encode(), st.one_of(stamp, stamp, stamp, odd_stamp), stream,
                   prefix, text)
 with_junk = st.builds(lambda line, j, at: line[:at] + j + line[at:], valid, junk, st.integers(0, 60))
@@ -85,20 +93,35 @@ node_text = st.tuples(st.lists(st.one_of(valid, valid, valid, with_junk, odd), m
 @given(st.lists(node_text, min_size=1, max_size=5),
        st.lists(st.sampled_from([0.0, 0.0, 0.25, -3.5, 1000.0]), min_size=5, max_size=5),
        st.lists(st.one_of(st.none(), st.integers(0, 64), st.just(10**12)), min_size=5, max_size=5),
-       st.sampled_from([16, 40, 100, 1 << 16]), st.sampled_from([1, 64, 1 << 20]))
+       st.sampled_from([16, 40, 100, 1 << 16]), st.sampled_from([1, 64, 1 << 20]), st.booleans())
 @fast
 def test_c_merge_prints_exactly_what_the_general_path_prints(
         per_node: list[tuple[list[bytes], bool]], offsets: list[float], bases: list[int | None],
-        block: int, chunk: int) -> None:
+        block: int, chunk: int, raw: bool) -> None:
     names = [f"node{i}" if i % 2 else f"n{i}é" for i in range(len(per_node))]
     nodes = [PlainNode(name, bases[i], offsets[i]) for i, name in enumerate(names)]
     texts = [b"\n".join(lines) + (b"\n" if end and lines else b"") for lines, end in per_node]
     widths = column_widths(names, 70)
-    expected = general_merge([t.decode("utf-8", "replace") for t in texts], nodes, widths).encode()
-    assert c_merge(texts, nodes, widths, block, chunk) == expected
+    expected = general_merge([t.decode("utf-8", "replace") for t in texts], nodes, widths, raw).encode()
+    got = c_merge(texts, nodes, widths, block, chunk, raw)
+    assert got == expected
     # and the Python block merge (the fallback) agrees on the same bytes, leap seconds and all
     decoded = [[t.decode("utf-8", "replace") + ("\n" if t and not t.endswith(b"\n") else "")] for t in texts]
-    assert "".join(merge_plain(decoded, nodes, widths)).encode() == expected
+    assert "".join(merge_plain(decoded, nodes, widths, raw)).encode() == expected
+    if not raw:  # nothing a terminal acts on is left: no control byte but TAB and the newlines
+        out = got.decode()
+        assert _UNSAFE.search(out.replace("\n", "")) is None, out
+
+
+@fast
+def test_escape_sequences_from_a_job_reach_neither_the_merged_text_nor_a_terminal() -> None:
+    line = ("2026-11-30T09:32:05.123456Z out [default0]:\x1b]0;owned\x07\x1b[2J\x9b6n"
+            "\u202egnp.exe\tok\x7f\n").encode()
+    nodes = [PlainNode("n0", 0)]
+    safe = "2026-11-30T09:32:05.123456Z n0 r0 \\x1b]0;owned\\x07\\x1b[2J\\x9b6n\\u202egnp.exe\tok\\x7f\n"
+    assert c_merge([line], nodes, (2, 2), 1 << 16, 1 << 20).decode() == safe
+    assert "".join(merge_plain([[line.decode()]], nodes, (2, 2))) == safe
+    assert c_merge([line], nodes, (2, 2), 1 << 16, 1 << 20, raw=True) == b"2026-11-30T09:32:05.123456Z n0 r0 " + line[43:]
 
 
 @fast
@@ -127,15 +150,16 @@ def copies(tmp_path: Path, texts: list[bytes]) -> list[NodeSource]:
 
 def test_plain_merged_bytes_is_the_python_merge_with_or_without_the_extension(tmp_path: Path,
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    texts = [b"".join(b"%s out [default%d]:step %d\xff\n" % (format_ts(T0 + k * 0.003 + i * 0.001).encode(), k % 8, k)
+    texts = [b"".join(b"%s out [default%d]:step %d\xff\x1b[2J\n" % (format_ts(T0 + k * 0.003 + i * 0.001).encode(), k % 8, k)
                       for k in range(5000)) for i in range(3)]
     sources = copies(tmp_path, texts)
     widths = column_widths([s.node for s in sources], 80)
-    for offsets in ({}, {"n1": 2.5, "never-fetched": 1.0}):
-        python = "".join(plain_merged(sources, offsets, widths)).encode()
+    for offsets, raw in (({}, False), ({"n1": 2.5, "never-fetched": 1.0}, False), ({}, True)):
+        python = "".join(plain_merged(sources, offsets, widths, raw)).encode()
         assert python.count(b"\n") == 15000 and "\ufffd".encode() in python
-        assert b"".join(plain_merged_bytes(sources, offsets, widths)) == python
+        assert (b"\x1b" in python) == raw and (b"\\x1b" in python) != raw
+        assert b"".join(plain_merged_bytes(sources, offsets, widths, raw)) == python
         monkeypatch.setenv("ORCH_PURE_PYTHON", "1")
         assert not stored.fast_merge_available()
-        assert b"".join(plain_merged_bytes(sources, offsets, widths)) == python
+        assert b"".join(plain_merged_bytes(sources, offsets, widths, raw)) == python
         monkeypatch.delenv("ORCH_PURE_PYTHON")

@@ -33,7 +33,7 @@ stamp = st.integers(0, 40).map(lambda us10: format_ts(T0 + us10 * 0.25))
 prefix = st.sampled_from(["", "[default0]:", "[default3]:", "[trainer12]:", "[rank 5] ", "[default1]:[rank 9] ",
                           "[default٣]:", "[W1130 warn] ", "[default2]:[rank x] "])
 stream = st.sampled_from(["out", "err", "orch", "", "weird-stream"])
-text = st.text(st.sampled_from("ab [] \r\t:é字"), max_size=12)
+text = st.text(st.sampled_from("ab [] \r\t:é字\x1b\x07\x7f\x85\x9b\u202e\u2066\\"), max_size=12)
 valid = st.builds(lambda s, m, p, t: f"{s} {m} {p}{t}", stamp, stream, prefix, text)
 odd = st.sampled_from(["", "torn line", "2026-13-30T09:32:05.123456Z out bad month",
                        "2026-11-30T09:32:05.12345Z out short µs", "2026-11-30T09:32:05.123456Zout",
@@ -46,15 +46,17 @@ node_text = st.lists(st.one_of(valid, valid, valid, odd), max_size=25).flatmap(
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(node_text, min_size=1, max_size=5), st.lists(st.sampled_from([0.0, 0.0, 0.25, -3.5, 1000.0]),
-       min_size=5, max_size=5), st.lists(st.one_of(st.none(), st.integers(0, 64)), min_size=5, max_size=5))
+       min_size=5, max_size=5), st.lists(st.one_of(st.none(), st.integers(0, 64)), min_size=5, max_size=5),
+       st.booleans())
 def test_block_merge_prints_exactly_what_the_general_path_prints(
-        per_node: list[tuple[list[str], list[int], bool]], offsets: list[float], bases: list[int | None]) -> None:
+        per_node: list[tuple[list[str], list[int], bool]], offsets: list[float], bases: list[int | None],
+        raw: bool) -> None:
     names = [f"node{i}" if i % 2 else f"n{i}" for i in range(len(per_node))]
     nodes = [PlainNode(name, bases[i], offsets[i]) for i, name in enumerate(names)]
     texts = ["\n".join(lines) + ("\n" if newline_at_end and lines else "") for lines, _c, newline_at_end in per_node]
     widths = column_widths(names, 70)
-    expected = general_merge(texts, nodes, widths)
-    got = "".join(merge_plain([blocks(t, cuts) for t, (_l, cuts, _n) in zip(texts, per_node)], nodes, widths))
+    expected = general_merge(texts, nodes, widths, raw)
+    got = "".join(merge_plain([blocks(t, cuts) for t, (_l, cuts, _n) in zip(texts, per_node)], nodes, widths, raw))
     assert got == expected
 
 

@@ -226,3 +226,38 @@ def test_software_without_torch_falls_back_to_the_child(monkeypatch: pytest.Monk
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     assert probe.software_from_files() is None
+
+
+
+def test_the_verbs_client_waits_for_a_server_that_is_still_starting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The successor's ibv_rc_pingpong server may not listen yet when the client starts (a loaded
+    node, a slow device open): "Couldn't connect" is retried until the deadline, not a failed link."""
+    import socket
+    import subprocess
+    import threading
+    import time
+
+    monkeypatch.setenv("ORCH_PROBE_FIXTURES", str(FIX / "verbs"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started = threading.Event()
+
+    def serve_late() -> None:
+        time.sleep(1.5)
+        tool = probe.tool_path("ibv_rc_pingpong")
+        assert tool is not None
+        proc = subprocess.Popen(probe.verbs_argv(tool, "mlx5_0", port), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        started.set()
+        try:
+            proc.wait(30)
+        finally:
+            proc.kill()
+
+    server = threading.Thread(target=serve_late, daemon=True)
+    server.start()
+    out = probe.verbs_ping({"kind": "verbs", "addr": "127.0.0.1", "port": port, "device": "mlx5_0"}, 15)
+    assert started.is_set()
+    assert out["ok"] is True and "bytes in" in out["result"] and out["error"] is None, out
+    server.join(30)

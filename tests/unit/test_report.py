@@ -13,6 +13,7 @@ import pytest
 from orchestrator.logs.trainer import parse_throughput
 from orchestrator.report import build_report, read_results_csv
 from orchestrator.store import RunDir
+from tests.cluster import missing
 
 RESULTS = """                  epoch,         train/box_loss,         train/cls_loss,         train/dfl_loss,   metrics/precision(B),      metrics/recall(B),       metrics/mAP50(B),    metrics/mAP50-95(B),           val/box_loss,           val/cls_loss,           val/dfl_loss,                 lr/pg0
                       1,                 3.1,                 4.2,                 2.9,                 0.01,                 0.02,                 0.003,                 0.001,                 3.0,                 4.0,                 2.8,                 0.0001
@@ -105,8 +106,9 @@ def png_size(data: bytes) -> tuple[int, int]:
     return width, height
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian's chromium package is not installed")
 def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
+    if shutil.which("chromium") is None:
+        missing("Debian's chromium package is not installed")
     run = make_run(tmp_path, failed=True)
     page = build_report(run)
     shot = tmp_path / "shot.png"

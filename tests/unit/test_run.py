@@ -150,3 +150,63 @@ def test_check_json_is_this_launchs_preflight_not_an_older_check(monkeypatch: py
     skipped = RunStore().create(inv, "skipped")
     save_to_run(skipped, inv, None)  # --skip-checks: the last `orch check` is all there is
     assert skipped.read("check.json")["offsets_ms"] == {"v100-2": 999.0}
+
+
+# ----------------------------------------------------------------------------- names that become paths
+
+
+@pytest.mark.parametrize("bad", ["../x", "a/b", "..", ".hidden", "x\n", "run id", "-rf", "r" * 101])
+def test_a_run_id_that_would_leave_its_directory_is_refused(bad: str, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.errors import UsageError
+    from orchestrator.store import RunStore
+
+    monkeypatch.setenv("ORCH_HOME", str(tmp_path / "home"))
+    inv = inventory.load(V100)
+    with pytest.raises(UsageError) as exc:
+        RunStore().create(inv, bad)
+    assert exc.value.exit_code == 2 and "a run id" in exc.value.message and "\n" not in exc.value.message.strip()
+    assert sorted(p.name for p in tmp_path.rglob("*")) == []  # nothing created anywhere
+    # nor is an existing directory outside $ORCH_HOME/runs read as a run
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "run.json").write_text('{"run": "x"}')
+    with pytest.raises(UsageError):
+        RunStore().get("../../elsewhere")
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "latest").write_text("../../elsewhere\n")
+    with pytest.raises(UsageError) as exc:
+        RunStore().get()
+    assert "latest" in exc.value.message
+
+
+def test_orch_up_with_a_bad_run_id_is_exit_2_before_anything(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    env = {"ORCH_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    for extra in ([], ["--dry-run"]):
+        r = subprocess.run([sys.executable, "-m", "orchestrator", "up", str(V100), "--run-id", "../x", *extra],
+                           capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.startswith("orch: --run-id '../x': a run id may only use") and "Traceback" not in r.stderr
+        assert r.stdout == "" and not (tmp_path / "home").exists()
+
+
+# ----------------------------------------------------------------------------- no silent downgrade
+
+
+def test_orch_up_whose_preflight_cannot_import_exits_3_and_launches_nothing(tmp_path: Path) -> None:
+    """A broken install (the checks do not import) stops `orch up` with exit 3 and why, in one
+    line: never a launch without checks, never a traceback."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['orchestrator.preflight.checks'] = None\n"
+            "from orchestrator.cli.commands import main\n"
+            f"main(['up', {str(REPO / 'inventory' / 'local.yaml')!r}, '--detach'])")
+    env = {"ORCH_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "NO_COLOR": "1"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    assert r.returncode == 3, r.stderr
+    assert "Traceback" not in r.stderr and "orch: the preflight cannot run: importing its checks failed" in r.stderr
+    assert "--skip-checks" in r.stderr
+    assert not (tmp_path / "home" / "runs").exists()

@@ -445,3 +445,22 @@ def test_detached_failure_uses_the_offsets_too() -> None:
     first = control.detached_failure(NoCluster(), records, statuses, {"n1": 5.0})  # type: ignore[arg-type]
     assert first is not None and first["node"] == "n1"
     assert control.detached_failure(NoCluster(), records, statuses)["node"] == "n2"  # type: ignore[arg-type, index]
+
+
+def test_a_success_whose_cleanup_timed_out_says_what_is_still_running(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every node succeeded, but n2's agent could not stop what the job left behind: the outcome
+    (and what orch up prints) names it instead of calling the cluster clean."""
+    from orchestrator.cli import render
+    from orchestrator.up import UpOutcome
+
+    sup, stops = supervisor([
+        {"n1": ok(), "n2": ok(), "n3": ok()},
+        {"n1": ok("succeeded"), "n2": ok("succeeded", cleanup_left=(4242,)), "n3": ok("succeeded")},
+    ])
+    out = sup.run()
+    assert out.state == "succeeded" and stops == []
+    assert out.not_stopped == {"n2": "the job's cleanup timed out: processes still running: [4242]"}
+    render.up_outcome(UpOutcome("succeeded", run_id="r1", wall_s=1.0, not_stopped=dict(out.not_stopped)))
+    said = " ".join(capsys.readouterr().err.split())  # as one line, however the console wrapped it
+    assert "run r1 succeeded on every node" in said
+    assert "n2: the job's cleanup timed out: processes still running: [4242] (run: orch down r1)" in said

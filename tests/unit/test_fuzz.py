@@ -1,0 +1,251 @@
+"""Fuzzing the parsers of what orch reads from outside: the inventory (YAML a person wrote), a
+node.log line and the reader's frames (what a job and a node wrote), and the probe's output (what
+a node answered). Whatever the input, the result is a value or one clear error a line per issue,
+never a traceback. Examples are bounded (ORCH_HYPOTHESIS_EXAMPLES) to keep the suite quick."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from orchestrator.config.inventory import Inventory, parse
+from orchestrator.contract import CHECK_NAMES, CHECK_STATUSES
+from orchestrator.errors import InventoryError
+from orchestrator.logs.fetch import ProtocolError, read_frames
+from orchestrator.logs.lines import parse_node_line, read_node_lines
+from orchestrator.preflight import checks, facts
+
+EXAMPLES = int(os.environ.get("ORCH_HYPOTHESIS_EXAMPLES", 300))
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+# ----------------------------------------------------------------------------- the inventory
+
+# what people (and copy-paste) put in YAML values: every type, odd strings, controls, ranges
+odd_text = st.sampled_from(["", " ", "node1", "node1\n", "a/b", "../x", "..", ".", "~", "~/x", "h[1-3]", "h[3-1]",
+                            "h[0-99999999]", "h[1-2,5]", "h[", "[1-2]", "x;rm -rf /", "$(id)", "a b", "\x1b[2J",
+                            "é", "字", "\u202e", "0", "-1", "1e999", "null", "yes", "12:34", "a:b:c", "[::1]",
+                            "192.168.1.10", "localhost", "host:22", "x" * 300, "\x00", "\ud800".encode(
+                                "utf-8", "surrogatepass").decode("utf-8", "replace")])
+scalar = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True),
+                   odd_text, st.text(max_size=20))
+value = st.recursive(scalar, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                     st.dictionaries(st.one_of(odd_text, st.text(max_size=8)),
+                                                                     inner, max_size=4)), max_leaves=12)
+KEYS = {
+    "": ["name", "transport", "ssh", "nodes", "master", "env", "checks", "job", "fanout", "bogus"],
+    "ssh": ["user", "port", "identity", "known_hosts", "host_key_policy", "connect_timeout", "gateway", "ssh_config"],
+    "node": ["host", "name", "addr", "gpus", "env", "nproc_per_node", "python", "port", "user", "ssh", "bogus"],
+    "master": ["node", "port"],
+    "checks": ["clock", "timezone", "rdma", "skip", "ssh"],
+    "job": ["workdir", "python", "nproc_per_node", "rdzv", "max_restarts", "module", "script", "args",
+            "torchrun_args", "run_root", "stop_grace_s"],
+}
+
+
+def section(kind: str) -> st.SearchStrategy[dict[str, Any]]:
+    return st.dictionaries(st.sampled_from(KEYS[kind]), value, max_size=len(KEYS[kind]))
+
+
+node = st.one_of(section("node"), st.fixed_dictionaries({"host": odd_text}, optional={"name": odd_text,
+                                                                                     "addr": odd_text,
+                                                                                     "gpus": value}))
+document = st.fixed_dictionaries(
+    {"nodes": st.one_of(st.lists(node, max_size=4), value)},
+    optional={"name": odd_text, "transport": st.sampled_from(["ssh", "local", "carrier-pigeon"]),
+              "ssh": st.one_of(section("ssh"), value), "master": st.one_of(section("master"), value),
+              "env": st.one_of(st.dictionaries(odd_text, value, max_size=3), value),
+              "checks": st.one_of(section("checks"), value), "job": st.one_of(section("job"), value),
+              "fanout": value})
+
+
+def assert_clear(exc: InventoryError) -> None:
+    """One line per issue, each naming the file."""
+    assert exc.issues
+    for issue in exc.issues:
+        line = issue.render()
+        assert "\n" not in line and line.startswith("inv.yaml"), repr(line)
+
+
+@FUZZ
+@given(document)
+def test_inventory_documents_load_or_fail_with_one_line_per_issue(doc: dict[str, Any]) -> None:
+    text = yaml.safe_dump(doc, allow_unicode=True)
+    try:
+        inv = parse(text, "inv.yaml")
+    except InventoryError as exc:
+        assert_clear(exc)
+        return
+    assert isinstance(inv, Inventory) and inv.nodes and len({n.name for n in inv.nodes}) == len(inv.nodes)
+    for n in inv.nodes:  # what becomes a path on a node or in $ORCH_HOME, and a column of every log line
+        assert "\n" not in n.name and "/" not in n.name and n.name not in (".", "..") and n.name.isprintable()
+
+
+@FUZZ
+@given(st.one_of(st.text(max_size=300),
+                 st.lists(st.sampled_from(["nodes:", "  - host: a", "- host: b", "name: x", "  name: [", "{", "}",
+                                           "&a x", "*a", "<<: *a", "? x", ": y", "'", '"', "\t", "---", "...",
+                                           "!!python/object:os.system", "nodes: !!binary aGk=", "%YAML 1.1",
+                                           "env: {A: 1, A: 2}", "1: 2", "[1,2]: x", "job: {args: [x]}"]),
+                          max_size=12).map("\n".join)))
+def test_inventory_text_loads_or_fails_with_one_line_per_issue(text: str) -> None:
+    try:
+        parse(text, "inv.yaml")
+    except InventoryError as exc:
+        assert_clear(exc)
+
+
+def test_a_huge_range_is_refused_before_it_is_expanded() -> None:
+    with pytest.raises(InventoryError) as exc:
+        parse("nodes:\n  - host: h[0-99999999]\n", "inv.yaml")
+    assert "nodes[0].host" in str(exc.value) and "100000000 nodes" in str(exc.value)
+
+
+@pytest.mark.parametrize("name", ["node1\n", "a\nb", "node\x1b[2J", "n1 ", "n\u202e1"])
+def test_names_that_would_become_paths_or_columns_are_refused(name: str) -> None:
+    text = yaml.safe_dump({"nodes": [{"host": "h1", "name": name}]})
+    with pytest.raises(InventoryError) as exc:
+        parse(text, "inv.yaml")
+    assert_clear(exc.value)
+    env = yaml.safe_dump({"nodes": [{"host": "h1"}], "env": {name.strip() + "\n" if name.strip() else "A\n": "1"}})
+    with pytest.raises(InventoryError):
+        parse(env, "inv.yaml")
+
+
+# ----------------------------------------------------------------------------- node.log lines and frames
+
+line_text = st.one_of(
+    st.text(max_size=80),
+    st.builds(lambda s, rest: s + rest,
+              st.sampled_from(["2026-11-30T09:32:05.123456Z", "2026-13-30T09:32:05.123456Z", "0000-00-00T00:00:00.000000Z",
+                               "9999-12-31T23:59:61.999999Z", "2026-11-30T09:32:05.12345Z", "２０２６-11-30T09:32:05.123456Z",
+                               "2026-11-30T09:32:05.123456Z "]),
+              st.text(alphabet=st.sampled_from(list(" out err [default0]:[rank 99999999999999999999] \r\x1b\x00é")),
+                      max_size=40)))
+
+
+@FUZZ
+@given(st.lists(line_text, max_size=20), st.one_of(st.none(), st.integers(0, 2**64)))
+def test_node_log_lines_always_parse_to_a_line(lines: list[str], base: int | None) -> None:
+    parsed = list(read_node_lines(lines, "n1", 0, base))
+    assert len(parsed) == len(lines)
+    for raw, got in zip(lines, parsed):
+        assert got.text in raw.rstrip("\n") or raw.endswith("\n")
+        try:
+            again = parse_node_line(raw, "n1", 0, base)
+        except ValueError as exc:
+            assert "not a node.log line" in str(exc) and "\n" not in str(exc)
+        else:
+            assert again.ts == got.ts
+
+
+@FUZZ
+@given(st.lists(st.one_of(st.binary(max_size=30), st.sampled_from([b"D 3\nabc", b"D 99\nab", b"H running 1.5\n",
+                                                                   b"S {}\n", b"E succeeded 2.0\n", b"D x\n",
+                                                                   b"Traceback (most recent call last):\n", b"\n",
+                                                                   b"D -1\n", b"S not json\n"])), max_size=10))
+def test_reader_frames_parse_or_raise_a_protocol_error(chunks: list[bytes]) -> None:
+    try:
+        for kind, payload in read_frames(io.BytesIO(b"".join(chunks))):
+            assert kind in ("D", "H", "S", "E") and isinstance(payload, bytes)
+    except ProtocolError as exc:
+        assert str(exc) is not None
+
+
+# ----------------------------------------------------------------------------- the probe's answer
+
+INV = parse(yaml.safe_dump({
+    "name": "fuzz", "nodes": [{"host": "h1", "gpus": 8}, {"host": "h2", "gpus": 8}],
+    "env": {"NCCL_SOCKET_IFNAME": "eth0", "NCCL_IB_HCA": "mlx5_0"},
+    "checks": {"rdma": {"devices": ["mlx5_0"]}, "timezone": "UTC"},
+    "job": {"args": {"data": "/data/coco.yaml", "weights": "/w/yolo.pt", "batch": 64}}}), "fuzz.yaml")
+
+json_value = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-2**40, 2**40), st.floats(allow_nan=False),
+                                    st.text(max_size=12)),
+                          lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                  st.dictionaries(st.text(max_size=8), inner, max_size=3)),
+                          max_leaves=10)
+FACT_KEYS = ["env", "tz", "ifaces", "ib", "gpus", "software", "ntp", "chrony", "paths", "workdir", "python", "listen",
+             "time", "inventory_env", "home"]
+raw_facts = st.dictionaries(st.sampled_from(FACT_KEYS), json_value, max_size=len(FACT_KEYS))
+
+
+class Lines:
+    """A Process whose output is the given lines (what a probe, or something else, printed)."""
+
+    def __init__(self, data: list[bytes]) -> None:
+        self.data = data
+
+    def lines(self) -> Iterator[bytes]:
+        yield from self.data
+
+    def write(self, data: bytes) -> None:
+        pass
+
+
+@FUZZ
+@given(st.lists(st.one_of(
+    st.binary(max_size=40),
+    st.builds(lambda tag, v: f"{tag} {json.dumps(v)}\n".encode(),
+              st.sampled_from(["ORCH-FACTS", "ORCH-LISTEN", "ORCH-REACH", "ORCH-TIME", "ORCH-ERROR"]), json_value),
+    st.sampled_from([b"ORCH-FACTS {\n", b"ORCH-TIME {\"seq\": \"0\"}\n", b"ORCH-TIME {\"seq\": 0, \"time\": \"x\"}\n",
+                     b"\xff\xfe\n"])), max_size=8))
+def test_the_probe_stream_reader_takes_any_output(out: list[bytes]) -> None:
+    stream = facts._Stream(Lines(out))  # type: ignore[arg-type]
+    stream._wait(lambda: False, 5)
+    assert stream.done
+    assert all(isinstance(k, str) for k in stream.tagged) and len(stream.noise) <= 21
+
+
+@FUZZ
+@given(raw_facts, raw_facts, st.one_of(st.none(), st.floats(-1e6, 1e6)), st.one_of(st.none(), st.floats(0, 1e4)),
+       st.one_of(json_value, st.lists(st.dictionaries(st.sampled_from(["kind", "ok", "port", "error", "result"]),
+                                                      json_value, max_size=5), max_size=3)))
+def test_every_check_judges_any_facts_a_probe_can_send(raw1: dict[str, Any], raw2: dict[str, Any],
+                                                       offset: float | None, rtt: float | None, reach: Any) -> None:
+    got = {}
+    for n, raw in zip(INV.nodes, (raw1, raw2)):
+        nf = facts.NodeFacts(n, ssh_offset_ms=offset, rtt_ms=rtt, connect_ms=rtt)
+        nf.raw, nf.malformed = facts.read_answer(raw, facts.FACTS_SHAPE, "facts")  # as _start_probe reads it
+        nf.listen = nf.raw.get("listen") or {}
+        nf.reach, bad = facts.read_answer(reach, facts.REACH_SHAPE, "reach")
+        nf.malformed += bad
+        got[n.name] = nf
+    results = checks.run_checks(INV, got, CHECK_NAMES)
+    assert {(r.check, r.node) for r in results} == {(c, n.name) for c in CHECK_NAMES for n in INV.nodes}
+    assert all(r.status in CHECK_STATUSES and isinstance(r.detail, str) for r in results)
+    # the checks judged the facts themselves: the last line of defence in run_checks never fired
+    assert not [r for r in results if "could not judge" in r.detail], results
+    for n in INV.nodes:  # a malformed answer is a failure, never silently an `ok`
+        ssh = next(r for r in results if r.check == "ssh" and r.node == n.name)
+        assert ssh.status == "fail" if got[n.name].malformed else ssh.status != "fail"
+
+
+def test_a_probe_answer_of_the_wrong_shape_fails_ssh_and_never_passes_a_check() -> None:
+    good = {"tz": {"TZ": "UTC", "localtime": None, "etc_timezone": None, "abbr": "UTC", "utcoffset": "+0000"}}
+    bad = {"tz": {"TZ": ["UTC"]}, "ntp": {"offset_ms": float("nan")}, "env": {"NCCL_IB_HCA": 1}}
+    got = {}
+    for n, raw in zip(INV.nodes, (good, bad)):
+        nf = facts.NodeFacts(n, ssh_offset_ms=0.0, rtt_ms=1.0, connect_ms=1.0)
+        nf.raw, nf.malformed = facts.read_answer(raw, facts.FACTS_SHAPE, "facts")
+        got[n.name] = nf
+    assert got["h2"].malformed == ["facts.tz.TZ: list \"['UTC']\"", "facts.ntp.offset_ms: float 'nan'",
+                                   "facts.env.NCCL_IB_HCA: int '1'"]
+    ssh = {r.node: r for r in checks.check_ssh(INV, got)}
+    assert ssh["h1"].status == "ok" and ssh["h2"].status == "fail" and "facts.tz.TZ" in ssh["h2"].detail
+
+
+def test_the_reader_thread_never_outlives_its_stream() -> None:
+    before = threading.active_count()
+    stream = facts._Stream(Lines([b"ORCH-FACTS {}\n"]))  # type: ignore[arg-type]
+    assert stream.wait_for("ORCH-FACTS", 5) == {}
+    stream._wait(lambda: False, 5)
+    assert threading.active_count() <= before + 1

@@ -1,18 +1,23 @@
 """`make bench`: run every benchmark, then write bench/results/summary.md and summary.png.
 
-Each benchmark module has `main(argv) -> dict` and writes bench/results/<name>.json. A
-benchmark that cannot run here (a missing peer tool, say) is reported as skipped with the reason;
-the others still run.
+Each benchmark module has `main(argv) -> dict` and writes bench/results/<name>.json. Each runs
+in a process of its own, so what one leaves behind (imports such as torch, freed heap, threads)
+does not show in another's memory or time figures. A benchmark that cannot run here (a missing
+peer tool, say) is reported as skipped with the reason; the others still run.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import traceback
+import subprocess
+import sys
+from pathlib import Path
 
 BENCHMARKS = ("check_fanout", "launch_latency", "log_merge", "trainer_throughput", "trainer_accuracy", "scale",
               "fabric")
+
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> int:
@@ -20,17 +25,14 @@ def main() -> int:
     ap.add_argument("names", nargs="*", default=list(BENCHMARKS), help=f"subset of {', '.join(BENCHMARKS)}")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions and sizes (smoke run)")
     args = ap.parse_args()
+    unknown = [n for n in args.names if n not in BENCHMARKS]
+    if unknown:
+        ap.error(f"unknown benchmark {', '.join(unknown)}: choose from {', '.join(BENCHMARKS)}")
     failed = []
     for name in args.names:
         print(f"== bench {name}", flush=True)
-        try:
-            module = importlib.import_module(f"bench.{name}")
-            module.main(["--quick"] if args.quick else [])
-        except SystemExit as exc:
-            if exc.code not in (0, None):
-                failed.append(name)
-        except Exception:
-            traceback.print_exc()
+        argv = [sys.executable, "-m", f"bench.{name}", *(["--quick"] if args.quick else [])]
+        if subprocess.run(argv, cwd=ROOT).returncode != 0:
             failed.append(name)
     from bench.summary import write_summary
 

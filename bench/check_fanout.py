@@ -173,7 +173,7 @@ def startup() -> dict[str, float]:
     """What the controller's start-up costs: Python plus every module `orch check --json` imports (paramiko
     as the transport imports it; a plainly typed inventory, no ssh config file and --json in a pipe need
     no pydantic, Fabric or rich), the checks included although they are imported while the nodes are probed."""
-    argv = [sys.executable, "-c", "import orchestrator.cli, orchestrator.preflight.report, orchestrator.preflight.checks; "
+    argv = [sys.executable, "-c", "import orchestrator.cli, orchestrator.preflight.runner, orchestrator.preflight.checks; "
                                   "from orchestrator.transport.ssh import _paramiko; _paramiko()"]
     walls, cpus = [], []
     for _ in range(5):

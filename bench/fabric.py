@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.quick:
         args.nodes, args.max_bytes, args.reps = 2, "4M", 1
     from orchestrator.config.inventory import load
-    from orchestrator.preflight.report import run_preflight
+    from orchestrator.preflight.runner import run_preflight
     from tests.cluster import KeyStore, TestCluster, free_port
 
     with tempfile.TemporaryDirectory(prefix="orch-bench-") as tmp, \

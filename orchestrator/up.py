@@ -33,10 +33,10 @@ from .config.plan import Plan, make_plan
 from .contract import RunState
 from .errors import OrchError, UsageError
 from .logs.lines import LogLine
-from .preflight.report import CheckReport, run_preflight, save_to_run
+from .preflight.runner import CheckReport, run_preflight, save_to_run
 from .remote.sync import SyncReport, sync_nodes
 from .run import resume
-from .run.agent import NodeStatus, StopResult, start_all, status_all, status_node, stop_all
+from .run.agents import NodeStatus, StopResult, start_all, status_all, status_node, stop_all
 from .run.control import offsets_s
 from .run.records import RunRecord, node_records
 from .run.stacks import StacksReport, take_stacks

@@ -108,7 +108,7 @@ Examples:
 @pass_state
 def check(state: State, inventory: str | None, as_json: bool, only: str | None, skip: str | None) -> None:
     inv = resolve_inventory(inventory)
-    from ..preflight.report import run_preflight, select_checks
+    from ..preflight.runner import run_preflight, select_checks
 
     select_checks(split_names(only), split_names(skip))  # an unknown name: exit 2 before any connection
     with render.probe_progress(len(inv.nodes)) as progress:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ..config.inventory import Inventory
     from ..config.plan import Plan
     from ..logs.lines import LogLine
-    from ..preflight.report import CheckReport, Progress
+    from ..preflight.runner import CheckReport, Progress
     from ..remote.exec import ExecReport
     from ..remote.rsync import Transfer
     from ..remote.sync import SyncReport

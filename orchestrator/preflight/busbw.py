@@ -5,7 +5,7 @@ Definitions (nccl-tests doc/PERFORMANCE.md): ``algbw = size / time`` and ``busbw
 where the factor makes the number comparable to the hardware's link speed regardless of the
 rank count; for all_reduce it is ``2 * (n - 1) / n``. GB/s means 1e9 bytes per second.
 
-The job (`orchestrator/node/jobs/fabric.py`) measures; the controller renders and judges what it
+The job (`orchestrator/node/jobs/allreduce.py`) measures; the controller renders and judges what it
 measured with these functions, using the thresholds of the inventory (`checks.fabric`).
 """
 

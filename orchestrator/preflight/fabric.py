@@ -1,7 +1,7 @@
 """The `fabric` check's facts: a short torchrun job across every node, launched like `orch up`.
 
-The job (`orchestrator/node/jobs/fabric.py`, torch + stdlib) is shipped by source into each node's
-run directory with the node agent and started through `run/agent.py` (`start_all`, `status_all`,
+The job (`orchestrator/node/jobs/allreduce.py`, torch + stdlib) is shipped by source into each node's
+run directory with the node agent and started through `run/agents.py` (`start_all`, `status_all`,
 `stop_all`) with a plan from `config/plan.py`: the same agents, process groups and teardown as a
 training run, torchrun's argv and env built the same way (the inventory's `env`, `nproc_per_node`,
 `torchrun_args`, rendezvous). Only the script and its arguments differ, plus, with NCCL,
@@ -30,16 +30,16 @@ from typing import Any
 from ..config.inventory import Inventory
 from ..config.plan import Plan, make_plan
 from ..contract import FINAL_STATES, NodeState
-from ..node.jobs import fabric as job
-from ..run.agent import NodeStatus, status_node, stop_all
-from ..run.agent import start_all as start_all_nodes
+from ..node.jobs import allreduce as job
+from ..run.agents import NodeStatus, status_node, stop_all
+from ..run.agents import start_all as start_all_nodes
 from ..run.records import node_records
 from ..run.supervise import sigint_shielded
 from ..store import remote_dir
 from ..transport import Cluster, Transport
 
 Progress = Callable[[str, int, int], None]
-JOB_FILE = "fabric_job.py"
+JOB_FILE = "allreduce_job.py"
 """The job's name in each node's run directory (torchrun's script)."""
 MB = 1 << 20
 POLL_S = 0.5

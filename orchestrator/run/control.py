@@ -17,7 +17,7 @@ from ..contract import FINAL_STATES, NodeState, RunState
 from ..errors import OrchError
 from ..store import RunDir, RunStore, clock_offsets
 from ..transport import Cluster, GroupResult
-from .agent import NodeStatus, StopResult, status_all, status_node, stop_all
+from .agents import NodeStatus, StopResult, status_all, status_node, stop_all
 from .records import RunRecord
 from .supervise import NodeSpec, Supervisor, corrected, run_state, select_excerpt
 

@@ -13,7 +13,7 @@ from typing import Any
 from ..config.plan import Plan
 from ..contract import NodeState
 from ..store import RunDir, remote_dir
-from .agent import NodeStatus
+from .agents import NodeStatus
 
 
 def node_records(plan: Plan) -> list[dict[str, Any]]:

@@ -29,7 +29,7 @@ from ..node import FROM_STDIN
 from ..node import program as node_program
 from ..store import RunDir, RunStore, write_private
 from ..transport import Cluster, Transport
-from .agent import parse_agent
+from .agents import parse_agent
 
 DUMP_TIMEOUT_S = 20.0
 THREAD = re.compile(r'^Thread (\S+) \(([^)]*)\)(?:: "(.*)")?\s*$')

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..contract import FINAL_STATES, NodeState, RunState
-from .agent import NodeStatus, StopResult
+from .agents import NodeStatus, StopResult
 
 ROOT_CAUSE = "Root Cause (first observed failure):"
 RANK_LINE = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")

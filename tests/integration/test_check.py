@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from orchestrator.config.inventory import load
-from orchestrator.preflight.report import CheckReport, run_preflight
+from orchestrator.preflight.runner import CheckReport, run_preflight
 from tests.cluster import NetemUnsupported, TestCluster, free_port, is_root, kernel_limit, missing
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "probe"

@@ -13,7 +13,7 @@ import yaml
 from orchestrator.config.inventory import load
 from orchestrator.contract import CHECK_NAMES
 from orchestrator.preflight.facts import collect
-from orchestrator.preflight.report import run_preflight
+from orchestrator.preflight.runner import run_preflight
 from orchestrator.transport import Cluster
 from tests.cluster import TestCluster, free_port
 from tests.integration.test_check import MakeCluster, write_inventory

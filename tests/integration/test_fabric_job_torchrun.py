@@ -1,4 +1,4 @@
-"""The fabric job (orchestrator/node/jobs/fabric.py) under real torchrun, gloo on CPU, without orch
+"""The fabric job (orchestrator/node/jobs/allreduce.py) under real torchrun, gloo on CPU, without orch
 around it: two nodes on loopback, one node, and a peer that dies mid-sweep."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.node.jobs import fabric as job
+from orchestrator.node.jobs import allreduce as job
 from orchestrator.preflight import busbw
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

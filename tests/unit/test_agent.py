@@ -372,7 +372,7 @@ def test_stop_asks_python3_where_the_runs_python_is_gone_and_reports_the_job_gon
     import shutil
 
     from orchestrator.config.inventory import parse
-    from orchestrator.run.agent import stop_node
+    from orchestrator.run.agents import stop_node
     from orchestrator.transport.local import LocalTransport
 
     d = prepare(tmp_path, "sleep 60")

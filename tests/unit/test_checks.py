@@ -18,7 +18,7 @@ from orchestrator.errors import UsageError
 from orchestrator.preflight import checks
 from orchestrator.preflight.checks import CheckResult, IfSpec
 from orchestrator.preflight.facts import NodeFacts, job_files, probe_args
-from orchestrator.preflight.report import CheckReport, select_checks
+from orchestrator.preflight.runner import CheckReport, select_checks
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "probe"
 NODES = ["n1", "n2", "n3", "n4"]
@@ -501,7 +501,7 @@ def test_verbs_ring_failure_names_the_tool() -> None:
 
 
 def test_saved_report_carries_offsets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator.preflight.report import save_report
+    from orchestrator.preflight.runner import save_report
     from orchestrator.store import RunDir, checks_path, clock_offsets
 
     monkeypatch.setenv("ORCH_HOME", str(tmp_path))

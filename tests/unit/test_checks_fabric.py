@@ -13,7 +13,7 @@ from rich.console import Console
 from orchestrator.cli.render import fabric_report
 from orchestrator.config.inventory import Inventory, parse
 from orchestrator.errors import InventoryError
-from orchestrator.node.jobs import fabric as job
+from orchestrator.node.jobs import allreduce as job
 from orchestrator.preflight import checks
 from orchestrator.preflight.fabric import (
     JOB_FILE,
@@ -24,7 +24,7 @@ from orchestrator.preflight.fabric import (
     marked,
 )
 from orchestrator.preflight.facts import NodeFacts
-from orchestrator.preflight.report import CheckReport
+from orchestrator.preflight.runner import CheckReport
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 NCCL = FIXTURES / "nccl"
@@ -359,19 +359,19 @@ def test_bad_fabric_settings_are_refused_with_file_line_key(value: str, message:
 
 
 def test_the_job_runs_only_when_asked_or_enabled(monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator.preflight import fabric, report
+    from orchestrator.preflight import fabric, runner
 
     ran: list[str] = []
     monkeypatch.setattr(fabric, "measure", lambda inv, cluster, progress: ran.append(inv.name) or FabricFacts("gloo"))
     off, on = inventory("false"), inventory("true")
-    ff = report._fabric_facts(off, None, facts_for(off, None), False, None)  # type: ignore[arg-type]
+    ff = runner._fabric_facts(off, None, facts_for(off, None), False, None)  # type: ignore[arg-type]
     assert ff.not_run == checks.FABRIC_OPT_IN and ran == []
-    assert report._fabric_facts(off, None, facts_for(off, None), True, None).not_run is None  # type: ignore[arg-type]
-    assert report._fabric_facts(on, None, facts_for(on, None), False, None).not_run is None  # type: ignore[arg-type]
+    assert runner._fabric_facts(off, None, facts_for(off, None), True, None).not_run is None  # type: ignore[arg-type]
+    assert runner._fabric_facts(on, None, facts_for(on, None), False, None).not_run is None  # type: ignore[arg-type]
     assert len(ran) == 2
     down = facts_for(on, None)
     down["n2"] = NodeFacts(on.node("n2"), error="n2: refused")
-    ff = report._fabric_facts(on, None, down, True, None)  # type: ignore[arg-type]
+    ff = runner._fabric_facts(on, None, down, True, None)  # type: ignore[arg-type]
     assert ff.not_run == "not run: the job needs every node, and n2 could not be probed (see ssh)" and len(ran) == 2
 
 

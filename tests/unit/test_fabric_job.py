@@ -1,4 +1,4 @@
-"""The fabric job's pure helpers (orchestrator/node/jobs/fabric.py): sizes, arguments, the pair
+"""The fabric job's pure helpers (orchestrator/node/jobs/allreduce.py): sizes, arguments, the pair
 schedule, the gloo interface guard. Its runs under torchrun: tests/integration/test_fabric_job_torchrun.py."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from orchestrator.node.jobs import fabric as job
+from orchestrator.node.jobs import allreduce as job
 
 MB = 1 << 20
 

@@ -16,7 +16,7 @@ from orchestrator.cli import main
 from orchestrator.config import inventory
 from orchestrator.errors import InventoryError
 from orchestrator.preflight.checks import CheckResult
-from orchestrator.preflight.report import CheckReport
+from orchestrator.preflight.runner import CheckReport
 from orchestrator.run import control, resume
 from orchestrator.run.supervise import Failure
 from orchestrator.store import RunStore

@@ -13,8 +13,8 @@ from orchestrator.config import inventory
 from orchestrator.config.plan import make_plan
 from orchestrator.contract import NodeState
 from orchestrator.errors import OrchError
-from orchestrator.run import agent, control, records
-from orchestrator.run.agent import NodeStatus
+from orchestrator.run import agents, control, records
+from orchestrator.run.agents import NodeStatus
 from orchestrator.transport import Result
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,7 +23,7 @@ V100 = REPO / "inventory" / "v100.yaml"
 
 def test_launch_spec_carries_env_apart_from_argv() -> None:
     plan = make_plan(inventory.load(V100), "r1")
-    spec = agent.launch_spec(plan, plan.nodes[2])
+    spec = agents.launch_spec(plan, plan.nodes[2])
     assert spec["node"] == "v100-3" and spec["node_rank"] == 2 and spec["run"] == "r1"
     assert spec["argv"] == list(plan.nodes[2].argv)
     assert spec["env"]["NCCL_SOCKET_IFNAME"] == "ens2f1" and spec["env"]["ORCH_RUN_ID"] == "r1"
@@ -44,7 +44,7 @@ def res(code: int, out: str = "", err: str = "") -> Result:
 
 
 def test_parse_agent_reads_the_last_json_line() -> None:
-    data = agent.parse_agent(res(1, 'noise\n{"state": "failed", "reason": "x"}\n'), "py")
+    data = agents.parse_agent(res(1, 'noise\n{"state": "failed", "reason": "x"}\n'), "py")
     assert data == {"state": "failed", "reason": "x"}
     status = NodeStatus.from_json(data)
     assert status.state is NodeState.FAILED and status.reason == "x" and status.exit_code is None
@@ -54,7 +54,7 @@ def test_parse_agent_reads_the_last_json_line() -> None:
 
 def test_missing_python_gets_a_clear_message_and_hint() -> None:
     with pytest.raises(OrchError) as exc:
-        agent.parse_agent(res(127, err="sh: 1: exec: /opt/bad/python: not found"), "/opt/bad/python")
+        agents.parse_agent(res(127, err="sh: 1: exec: /opt/bad/python: not found"), "/opt/bad/python")
     assert "n2: cannot run the node agent with python '/opt/bad/python'" in exc.value.message
     assert exc.value.hint and "job.python" in exc.value.hint
 
@@ -64,7 +64,7 @@ def test_missing_run_dir_reads_as_unknown_state() -> None:
         def run(self, *a: Any, **k: Any) -> Result:
             return res(2, err="sh: 1: cd: can't cd to /x")
 
-    st = agent.status_node(T(), "py", "/x")  # type: ignore[arg-type]
+    st = agents.status_node(T(), "py", "/x")  # type: ignore[arg-type]
     assert st.state == "unknown" and st.agent_alive is False and st.error and "can't cd" in st.error
 
 
@@ -72,7 +72,7 @@ def test_failed_preflight_launches_nothing_and_exits_3(monkeypatch: pytest.Monke
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     from orchestrator.cli import main
     from orchestrator.preflight.checks import CheckResult
-    from orchestrator.preflight.report import CheckReport
+    from orchestrator.preflight.runner import CheckReport
 
     failed = CheckReport([CheckResult("ssh", "v100-1", "fail", detail="connection refused")])
     shown: list[object] = []
@@ -136,7 +136,7 @@ def test_down_of_an_unknown_run_is_a_usage_error(monkeypatch: pytest.MonkeyPatch
 
 def test_check_json_is_this_launchs_preflight_not_an_older_check(monkeypatch: pytest.MonkeyPatch,
                                                                   tmp_path: Path) -> None:
-    from orchestrator.preflight.report import CheckReport, save_to_run
+    from orchestrator.preflight.runner import CheckReport, save_to_run
     from orchestrator.store import RunStore
 
     monkeypatch.setenv("ORCH_HOME", str(tmp_path))

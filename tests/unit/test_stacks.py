@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from orchestrator.contract import NodeState, RunState
-from orchestrator.run.agent import NodeStatus, StopResult
+from orchestrator.run.agents import NodeStatus, StopResult
 from orchestrator.run.stacks import (
     Frame,
     RankStack,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from orchestrator.contract import NodeState
-from orchestrator.run.agent import NodeStatus, StopResult
+from orchestrator.run.agents import NodeStatus, StopResult
 from orchestrator.run.supervise import (
     NodeSpec,
     Poller,

@@ -69,7 +69,7 @@ def test_json_keeps_the_text_and_escapes_every_control() -> None:
 
 def test_check_table_status_outcome_and_errors_show_node_text_escaped(capsys: pytest.CaptureFixture[str]) -> None:
     from orchestrator.preflight.checks import CheckResult
-    from orchestrator.preflight.report import CheckReport
+    from orchestrator.preflight.runner import CheckReport
     from orchestrator.run.control import NodeReport, StatusReport
     from orchestrator.run.supervise import Failure
     from orchestrator.up import UpOutcome

@@ -10,7 +10,7 @@ training run, torchrun's argv and env built the same way (the inventory's `env`,
 `measure` returns `FabricFacts`: every node's final status and log (read back; the node's run
 directory is then removed, unless the job failed somewhere: then it stays for a person), the job's result (rank 0's `ORCH_FABRIC_RESULT` line), and what went wrong
 (a node that could not start, an `ORCH_FABRIC_ERROR`, a job that overran `timeout_s`). It never
-raises for a node; the judging is `checks.check_fabric`, a pure function of these facts.
+raises for a node; the judging is `fabric_judge.check_fabric`, a pure function of these facts.
 
 The job runs as `fabric-<time>-<random>` under `job.run_root`, on `master.port`: the check tests
 the port, the interfaces and the environment the training will use. A node that fails stops the
@@ -39,6 +39,8 @@ from ..store import remote_dir
 from ..transport import Cluster, Transport
 
 Progress = Callable[[str, int, int], None]
+FABRIC_OPT_IN = ("opt-in: it launches a short job on every node, so it runs only when asked: "
+                 "orch check --only fabric, checks.fabric: true in the inventory, or orch up --fabric")
 JOB_FILE = "allreduce_job.py"
 """The job's name in each node's run directory (torchrun's script)."""
 MB = 1 << 20

@@ -43,7 +43,7 @@ class CheckReport:
     offset_reference: str = ""
     elapsed_s: float = 0.0
     fabric: dict[str, Any] | None = None
-    """What the fabric job measured (`checks.fabric_summary`), when it ran."""
+    """What the fabric job measured (`fabric_judge.fabric_summary`), when it ran."""
 
     @property
     def ok(self) -> bool:
@@ -110,7 +110,9 @@ def run_preflight(inv: Inventory, cluster: Cluster | None = None, only: Iterable
     offsets, _, ref = checks_mod.clock_offsets(inv, facts)
     report = CheckReport(results, offsets, ref, time.monotonic() - start)
     if ff is not None and ff.not_run is None:
-        report.fabric = checks_mod.fabric_summary(inv, ff)
+        from .fabric_judge import fabric_summary
+
+        report.fabric = fabric_summary(inv, ff)
     if save:
         save_report(inv, report)
     return report
@@ -122,7 +124,7 @@ def _fabric_facts(inv: Inventory, cluster: Cluster, facts: Mapping[str, NodeFact
     from . import fabric as fabric_mod
 
     if not (asked or inv.checks.fabric.enabled):
-        return fabric_mod.FabricFacts.skipped(inv, _checks().FABRIC_OPT_IN)
+        return fabric_mod.FabricFacts.skipped(inv, fabric_mod.FABRIC_OPT_IN)
     down = [name for name, nf in facts.items() if not nf.ok]
     if down:
         return fabric_mod.FabricFacts.skipped(

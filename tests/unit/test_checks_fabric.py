@@ -1,4 +1,4 @@
-"""The fabric check's judging (`checks.check_fabric`, `checks.fabric_summary`) on fabricated job
+"""The fabric check's judging (`fabric_judge.check_fabric`, `fabric_judge.fabric_summary`) on fabricated job
 results and on real recorded NCCL_DEBUG=INFO logs, its plan, its opt-in, and how it is shown."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from orchestrator.cli.render import fabric_report
 from orchestrator.config.inventory import Inventory, parse
 from orchestrator.errors import InventoryError
 from orchestrator.node.jobs import allreduce as job
-from orchestrator.preflight import checks
+from orchestrator.preflight import checks, fabric_judge
+from orchestrator.preflight import fabric as fabric_mod
 from orchestrator.preflight.fabric import (
     JOB_FILE,
     FabricFacts,
@@ -182,7 +183,7 @@ def test_one_node_has_busbw_only() -> None:
 
 def test_opt_in_and_not_run_are_skip_rows_with_the_reason() -> None:
     inv = inventory("false")
-    got = judged(inv, FabricFacts.skipped(inv, checks.FABRIC_OPT_IN))
+    got = judged(inv, FabricFacts.skipped(inv, fabric_mod.FABRIC_OPT_IN))
     assert statuses(got) == dict.fromkeys(["n1", "n2", "n3", "n4"], "skip")
     assert got["n1"].detail.startswith("opt-in:") and "--only fabric" in got["n1"].detail
     assert statuses(judged(inv, None)) == dict.fromkeys(["n1", "n2", "n3", "n4"], "skip")
@@ -205,7 +206,7 @@ def test_a_failed_job_fails_every_node_and_quotes_the_error() -> None:
     assert "failed here in its init phase: RuntimeError: hostname 'h2'" in got["n2"].detail
     assert "GLOO_SOCKET_IFNAME" in got["n2"].hint
     assert got["n1"].detail == "no result: stopped after the job failed on n2"
-    assert checks.fabric_summary(inv, ff)["job_errors"]["n2"]["phase"] == "init"
+    assert fabric_judge.fabric_summary(inv, ff)["job_errors"]["n2"]["phase"] == "init"
 
 
 def test_a_hung_job_fails_on_timeout() -> None:
@@ -240,7 +241,7 @@ def test_nccl_over_sockets_on_an_rdma_cluster_fails_naming_node_and_lines(fixtur
     assert r.detail.startswith("NCCL used TCP sockets between nodes, not RDMA (mlx5_0)")
     assert "via NET/Socket/" in r.detail  # the NCCL line itself, quoted
     assert "NCCL_IB_HCA" in r.hint
-    s = checks.fabric_summary(inv, ff)
+    s = fabric_judge.fabric_summary(inv, ff)
     assert s["nccl"]["n1"]["socket_findings"]
 
 
@@ -311,7 +312,7 @@ def test_the_report_shows_the_sweep_like_all_reduce_perf_and_the_nodes() -> None
     inv = inventory()
     rates = {(s, d): 2.0 for s in range(4) for d in range(4) if s != d}
     rates.update({(s, 2): 0.006 for s in (0, 1, 3)})
-    summary = checks.fabric_summary(inv, measured(inv, job_result(inv, rates)))
+    summary = fabric_judge.fabric_summary(inv, measured(inv, job_result(inv, rates)))
     buf = io.StringIO()
     fabric_report(summary, Console(file=buf, width=200, color_system=None))
     text = buf.getvalue().splitlines()
@@ -365,7 +366,7 @@ def test_the_job_runs_only_when_asked_or_enabled(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(fabric, "measure", lambda inv, cluster, progress: ran.append(inv.name) or FabricFacts("gloo"))
     off, on = inventory("false"), inventory("true")
     ff = runner._fabric_facts(off, None, facts_for(off, None), False, None)  # type: ignore[arg-type]
-    assert ff.not_run == checks.FABRIC_OPT_IN and ran == []
+    assert ff.not_run == fabric_mod.FABRIC_OPT_IN and ran == []
     assert runner._fabric_facts(off, None, facts_for(off, None), True, None).not_run is None  # type: ignore[arg-type]
     assert runner._fabric_facts(on, None, facts_for(on, None), False, None).not_run is None  # type: ignore[arg-type]
     assert len(ran) == 2
@@ -395,7 +396,7 @@ def test_the_run_report_draws_a_bar_per_node_and_the_sweep(tmp_path: Path) -> No
     inv = inventory()
     rates = {(s, d): 2.0 for s in range(4) for d in range(4) if s != d}
     rates.update({(s, 2): 0.006 for s in (0, 1, 3)})
-    summary = checks.fabric_summary(inv, measured(inv, job_result(inv, rates, sizes=(MB, 4 * MB, 16 * MB))))
+    summary = fabric_judge.fabric_summary(inv, measured(inv, job_result(inv, rates, sizes=(MB, 4 * MB, 16 * MB))))
     run = RunDir(tmp_path / "20261201-100000-t")
     run.path.mkdir(parents=True)
     run.write({"run": run.run_id, "state": "succeeded", "nodes": []})

@@ -22,7 +22,7 @@ from typing import IO, Any
 
 from ..config.inventory import Inventory
 from ..errors import TransportError
-from ..node import FROM_STDIN
+from ..node import AGENT_MODULES, FROM_STDIN
 from ..node import program as node_program
 from ..store import RunDir, remote_dir, write_private
 from ..transport import Cluster, GroupResult, Process, Transport, fan_out
@@ -182,7 +182,7 @@ class LocalCopy:
 
 def reader_program() -> str:
     """The `python -c` text of the node's log reader, with the agent whose liveness rules it uses."""
-    return node_program("reader", ("agent",))
+    return node_program("reader", (*AGENT_MODULES, "agent"))
 
 
 def start_reader(transport: Transport, src: NodeSource, offset: int, poll_s: float, once: bool,

@@ -5,7 +5,11 @@ imports nothing from orch (a test holds them to that; `ruff.toml` here lints the
 A node may run another orch version, or none: what a program needs travels with it.
 
 - `agent.py`  the node agent of a run: starts torchrun detached, records its state, stops it.
-              Copied into the node's run directory (by `boot.py`) and run from there.
+              Copied into the node's run directory (by `boot.py`) with its own modules
+              (`AGENT_MODULES`) and run from there:
+- `procs.py`  process identity: which processes are the run's (pid and start time, boot id),
+              signalled only while they still are; liveness of the agent and the job.
+- `stacks.py` `agent.py stacks`: every rank's Python stack (py-spy dump).
 - `boot.py`   writes the files it reads on stdin into a run directory, then runs the agent.
 - `probe.py`  `orch check`'s probe: gathers a node's facts, answers pings and connect tests.
 - `reader.py` streams a node's log from a byte offset as frames, with the node's status;
@@ -33,6 +37,9 @@ _PROGRAMS: dict[tuple[str, tuple[str, ...]], str] = {}
 FROM_STDIN = "import sys;exec(sys.stdin.buffer.read())"
 """`python -c` text that runs the program sent on its stdin. A long-lived program (the log reader)
 then shows a command line of a few words in `ps` for its whole life, not its 40 KB of code."""
+AGENT_MODULES = ("procs", "stacks")
+"""The agent's own modules (`agent.py` imports them): shipped beside it into every run directory
+(`agent_files`), bundled before it into every program that runs or imports it."""
 PACKAGE = "orch_node"
 """The package name the node programs run under on a node (`from . import agent` resolves there)."""
 
@@ -40,6 +47,11 @@ PACKAGE = "orch_node"
 def source(name: str) -> str:
     """The text of the node program `name` (`agent`, `boot`, `probe`, `reader`)."""
     return (HERE / f"{name}.py").read_text(encoding="utf-8")
+
+
+def agent_files() -> dict[str, str]:
+    """`agent.py` and its modules, as every run directory holds them ({file name: text})."""
+    return {f"{name}.py": source(name) for name in (*AGENT_MODULES, "agent")}
 
 
 def script(name: str) -> str:

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """orch node agent: runs one node's share of a run, detached from the SSH session that started it.
 
-Shipped with every run (copied into the node's run directory by `boot.py`), so it must stay
+Shipped with every run (copied into the node's run directory by `boot.py`, with `procs.py` and
+`stacks.py`), so it must stay
 stdlib-only and runnable by any Python >= 3.8 the node has. The log reader (`reader.py`) runs this
 module's liveness functions too, so its top-level imports stay cheap: the modules only the daemon
 or the command line needs are imported where they are used. One run directory per node and run
@@ -29,11 +30,10 @@ orphan the workers (a `kill -9` of torchrun leaves them running). The agent ther
 a child subreaper: orphaned descendants are re-parented to it, it records them (pid + start time)
 in state.json, and it kills whatever is left of the tree when torchrun exits.
 
-Nothing is signalled on the strength of a number alone: a pid is the job's only while the process
-under it has the start time recorded with it (field 22 of /proc/PID/stat, on this boot), and a
-process group only while its leader does, or, the leader gone, for the members that carry the
-run's ORCH_RUN_ID and ORCH_NODE. A process that took a recorded pid or process group since (pid
-reuse) is left alone and reported (`strangers`).
+Nothing is signalled on the strength of a number alone: which processes are the job's (pid and
+start time, the boot id, the run's tag) is `procs.py`, shipped beside this file with `stacks.py`
+(`agent.py stacks`); the agent imports them as siblings (a package) or by name (run from its
+run directory).
 
 The run directory must be this user's and writable by no one else (`check_run_dir`): state.json
 says what to signal, so a directory others can write to would let them choose. Files in it are
@@ -49,6 +49,33 @@ import sys
 import time
 from datetime import datetime, timezone
 from typing import IO, TYPE_CHECKING, Any
+
+try:  # imported as a package (the log reader, the tests), or run from the run directory beside procs.py
+    from .procs import (
+        Job,
+        agent_alive,
+        alive,
+        boot_id,
+        descendants,
+        exit_code_of,
+        job_alive,
+        proc_start_time,
+        send,
+        signal_name,
+    )
+except ImportError:
+    from procs import (  # type: ignore[no-redef]
+        Job,
+        agent_alive,
+        alive,
+        boot_id,
+        descendants,
+        exit_code_of,
+        job_alive,
+        proc_start_time,
+        send,
+        signal_name,
+    )
 
 if TYPE_CHECKING:
     import subprocess
@@ -139,203 +166,6 @@ def check_run_dir(path: str) -> None:
                                f"mode {stat.S_IMODE(st.st_mode):04o}): refusing to use it; chmod go-w {path} "
                                "or set job.run_root elsewhere")
         parent = os.path.dirname(path)
-
-
-def boot_id() -> str | None:
-    """This boot's id: a start time (ticks since boot) names a process on this boot only."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
-            return fh.read().strip() or None
-    except OSError:
-        return None
-
-
-def this_boot(state: dict[str, Any]) -> bool:
-    """Were the pids state.json records taken on this boot (or does it not say)?"""
-    recorded = state.get("boot_id")
-    return not recorded or recorded == boot_id()
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    """The fields of /proc/PID/stat after the command name (field 3 first); None when gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            raw = fh.read().decode("ascii", "replace")
-    except OSError:
-        return None
-    return raw[raw.rfind(")") + 2:].split()
-
-
-def proc_start_time(pid: int, zombie: bool = False) -> int | None:
-    """Field 22 of /proc/PID/stat (start time in clock ticks); None when the process is gone (or,
-    unless `zombie`, has exited and waits to be reaped).
-
-    A pid plus its start time names one process for good, so a recycled pid is never killed."""
-    fields = _stat_fields(pid)
-    if not fields or (fields[0] == "Z" and not zombie):
-        return None
-    return int(fields[19]) if len(fields) > 19 else None
-
-
-def alive(pid: int | None, start: int | None = None) -> bool:
-    """Is this exact process (pid, and start time when known) still running?"""
-    if not pid:
-        return False
-    st = proc_start_time(pid)
-    return st is not None and (start is None or st == start)
-
-
-def _proc_table() -> list[tuple]:
-    """(pid, ppid, pgid, start time) of every live process visible in /proc."""
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        fields = _stat_fields(int(name))
-        if fields and len(fields) > 19 and fields[0] != "Z":
-            out.append((int(name), int(fields[1]), int(fields[2]), int(fields[19])))
-    return out
-
-
-def descendants(root: int) -> list[tuple[int, int]]:
-    """Every live process below `root` in the process tree (children first, then theirs), with
-    its start time."""
-    children: dict[int, list[tuple[int, int]]] = {}
-    for pid, ppid, _pg, start in _proc_table():
-        children.setdefault(ppid, []).append((pid, start))
-    out, todo = [], list(children.get(root, []))
-    while todo:
-        proc = todo.pop(0)
-        out.append(proc)
-        todo.extend(children.get(proc[0], []))
-    return out
-
-
-def tagged(pid: int, run: str, node: str) -> bool:
-    """Does the process's environment carry this run's identity (ORCH_RUN_ID and ORCH_NODE exactly)?"""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as fh:
-            env = set(fh.read().split(b"\0"))
-    except OSError:  # gone, or another user's
-        return False
-    return {("ORCH_RUN_ID=" + run).encode(), ("ORCH_NODE=" + node).encode()} <= env
-
-
-def marked(run: str, node: str) -> dict[int, int]:
-    """Processes whose environment carries this run's identity, with their start times.
-
-    The last sweep of `stop`: catches a worker started after the agent's last snapshot when the agent
-    itself was killed. It matches the run's unique id, never a command-line pattern."""
-    me = os.getpid()
-    return {pid: start for pid, _pp, _pg, start in _proc_table() if pid != me and tagged(pid, run, node)}
-
-
-def send(pid: int | None, start: int | None, sig: int) -> bool:
-    """Signal `pid` only while it is the process that started at `start`; whether it was sent.
-
-    Through a pidfd where there is one (Python >= 3.9, Linux >= 5.3): the start time is checked on
-    the process the pidfd holds, so not even a reuse between the check and the signal can hit a
-    stranger. Elsewhere the check comes right before kill()."""
-    if not pid or start is None:
-        return False
-    fd = None
-    pidfd_open = getattr(os, "pidfd_open", None)
-    if pidfd_open is not None:
-        try:
-            fd = pidfd_open(pid)
-        except ProcessLookupError:
-            return False
-        except OSError:  # ENOSYS (older kernel), EPERM in some sandboxes: check, then kill
-            fd = None
-    try:
-        if proc_start_time(pid) != start:
-            return False
-        if fd is not None:
-            signal.pidfd_send_signal(fd, sig)
-        else:
-            os.kill(pid, sig)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
-    finally:
-        if fd is not None:
-            os.close(fd)
-
-
-class Job:
-    """The processes state.json records as the job's, each known by pid and start time, and the
-    strangers found under the recorded ids (to be left alone)."""
-
-    def __init__(self, state: dict[str, Any]) -> None:
-        self.state = state
-        self.run, self.node = str(state.get("run") or ""), str(state.get("node") or "")
-
-    def group(self) -> tuple[dict[int, int], dict[int, int], bool]:
-        """(the group's members that are the job's, the members that are not, whether the group is
-        still the job's as a whole: its leader is the process recorded with it)."""
-        pgid = self.state.get("pgid")
-        if not pgid or not this_boot(self.state):
-            return {}, {}, False
-        members = {pid: start for pid, _pp, pg, start in _proc_table() if pg == pgid}
-        leader_start = self.state.get("pgid_start")
-        if leader_start is not None and members.get(pgid) == leader_start:
-            return members, {}, True  # the leader holds the id: every member is of its session
-        ours = {p: s for p, s in members.items() if self.run and tagged(p, self.run, self.node)}
-        return ours, {p: s for p, s in members.items() if p not in ours}, False
-
-    def processes(self) -> tuple[dict[int, int], dict[int, int]]:
-        """(every live process of the job: pid -> start time; the strangers under its ids)."""
-        ours, strangers, _whole = self.group()
-        if this_boot(self.state):
-            for pid, start in self.state.get("procs") or []:
-                if alive(pid, start):
-                    ours[pid] = start
-            pid, start = self.state.get("pid"), self.state.get("pid_start")
-            if pid and alive(pid, start) and start is not None:
-                ours[pid] = start
-            elif pid and proc_start_time(pid) is not None and pid not in ours:
-                strangers.setdefault(pid, proc_start_time(pid) or 0)
-        if self.run and self.node:
-            ours.update(marked(self.run, self.node))
-        ours.pop(os.getpid(), None)
-        for pid in ours:
-            strangers.pop(pid, None)
-        return ours, strangers
-
-    def signal(self, sig: int) -> list[int]:
-        """Send `sig` once to every process of the job (the group at once while it is still the
-        job's, each other process by pid and start time); the pids it went to."""
-        ours, _strangers = self.processes()
-        members, _others, whole = self.group()
-        sent = []
-        if whole:
-            try:
-                os.killpg(int(self.state["pgid"]), sig)
-                sent = [p for p in members if p in ours]
-            except (ProcessLookupError, PermissionError):
-                pass
-        return sorted(sent + [pid for pid, start in ours.items() if pid not in sent and send(pid, start, sig)])
-
-
-def group_alive(state: dict[str, Any]) -> bool:
-    """Does a process of the job's process group remain (one that is the job's)?"""
-    return bool(Job(state).group()[0])
-
-
-def exit_code_of(status: int) -> int:
-    """waitpid status → Popen-style code: the exit status, or -N for death by signal N."""
-    if os.WIFSIGNALED(status):
-        return -os.WTERMSIG(status)
-    return os.WEXITSTATUS(status)
-
-
-def signal_name(code: int | None) -> str | None:
-    if code is None or code >= 0:
-        return None
-    try:
-        return signal.Signals(-code).name
-    except ValueError:
-        return f"SIG{-code}"
 
 
 # ----------------------------------------------------------------------------- the daemon
@@ -632,21 +462,6 @@ def status(run_dir: str, tail: int = 0) -> dict[str, Any]:
     return out
 
 
-def agent_alive(state: dict[str, Any]) -> bool:
-    """Is the agent that state.json names (pid and start time, on this boot) still running?"""
-    start = state.get("agent_start")
-    return start is not None and this_boot(state) and alive(state.get("agent_pid"), start)
-
-
-def job_alive(state: dict[str, Any]) -> bool:
-    """Does any process of the job state.json records remain (its process group, or one of the
-    processes of the agent's last snapshot, which outlive the group: torchrun's workers), each
-    known by its start time?"""
-    if group_alive(state):
-        return True
-    return this_boot(state) and any(alive(p, s) for p, s in state.get("procs") or [] if s is not None)
-
-
 def tail_lines(path: str, n: int) -> list[str]:
     """The last n lines of a file, reading at most a few hundred KB from its end."""
     try:
@@ -705,121 +520,6 @@ def cmd_stop(run_dir: str, grace: float) -> int:
     return emit(out, 0 if not remaining else 1)
 
 
-# ----------------------------------------------------------------------------- stacks
-
-
-def rank_processes(run_dir: str, state: dict[str, Any]) -> list[dict[str, Any]]:
-    """The job's rank processes: live processes of the job whose environment has RANK (torchrun
-    sets it for its workers) and whose parent's has not the same one (a DataLoader worker or any
-    other child of a rank inherits it). With their RANK, LOCAL_RANK, pid and start time."""
-    parents = {pid: ppid for pid, ppid, _pg, _start in _proc_table()}
-    envs = {pid: _rank_env(pid) for pid in sorted(Job(state).processes()[0])}
-    out = []
-    for pid, env in sorted(envs.items()):
-        if "RANK" not in env:
-            continue
-        parent = envs.get(parents.get(pid, 0)) or _rank_env(parents.get(pid, 0))
-        if parent.get("RANK") == env["RANK"]:
-            continue
-        out.append({"pid": pid, "start": proc_start_time(pid), "rank": _int(env.get("RANK")),
-                    "local_rank": _int(env.get("LOCAL_RANK"))})
-    return sorted(out, key=lambda r: (r["rank"] is None, r["rank"], r["pid"]))
-
-
-def _rank_env(pid: int) -> dict[str, str]:
-    """RANK and LOCAL_RANK from a process's environment ({} when unreadable)."""
-    if not pid:
-        return {}
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as fh:
-            items = fh.read().split(b"\0")
-    except OSError:
-        return {}
-    out = {}
-    for item in items:
-        key, sep, value = item.partition(b"=")
-        if sep and key in (b"RANK", b"LOCAL_RANK"):
-            out[key.decode()] = value.decode("ascii", "replace")
-    return out
-
-
-def _int(text: str | None) -> int | None:
-    try:
-        return int(text) if text is not None else None
-    except ValueError:
-        return None
-
-
-def find_py_spy() -> str | None:
-    """py-spy next to this Python (the job's: `pip install py-spy` in its environment puts it
-    there), else on PATH."""
-    import shutil
-
-    here = os.path.join(os.path.dirname(sys.executable), "py-spy")
-    if os.path.isfile(here) and os.access(here, os.X_OK):
-        return here
-    return shutil.which("py-spy")
-
-
-def ptrace_scope() -> int | None:
-    """Yama's ptrace restriction (0: classic, 1: descendants only, 2: admin only, 3: none), or
-    None where the kernel has no Yama."""
-    try:
-        with open("/proc/sys/kernel/yama/ptrace_scope", encoding="ascii") as fh:
-            return int(fh.read().strip())
-    except (OSError, ValueError):
-        return None
-
-
-def dump_stack(py_spy: str, proc: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """`py-spy dump --full-filenames --pid PID` of one rank: its output and exit code, raw. The
-    process is paused while py-spy reads it (a consistent stack; a hung rank loses nothing)."""
-    import subprocess
-
-    out = dict(proc)
-    if not alive(proc["pid"], proc["start"]):
-        return dict(out, code=None, dump="", error="the process exited before its stack was taken")
-    try:
-        res = subprocess.run([py_spy, "dump", "--full-filenames", "--pid", str(proc["pid"])], stdin=subprocess.DEVNULL,
-                             capture_output=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return dict(out, code=None, dump="", error=f"py-spy did not answer within {timeout:g} s")
-    except OSError as exc:
-        return dict(out, code=None, dump="", error=f"cannot run {py_spy}: {exc.strerror or exc}")
-    text = res.stdout.decode("utf-8", "replace")
-    err = res.stderr.decode("utf-8", "replace").strip()
-    return dict(out, code=res.returncode, dump=text, error=None if res.returncode == 0 else (err or text.strip())[:2000])
-
-
-def cmd_stacks(run_dir: str, timeout: float) -> int:
-    """Every rank's `py-spy dump`, in parallel: one JSON object with the ranks in rank order, the
-    py-spy used (null: none here), this login's uid and the ptrace restriction, so the controller
-    can say why a dump was refused."""
-    import threading
-
-    state = read_json(os.path.join(run_dir, STATE))
-    info: dict[str, Any] = {"state": state.get("state"), "py_spy": find_py_spy(), "python": sys.executable,
-                            "euid": os.geteuid(), "ptrace_scope": ptrace_scope(), "ranks": []}
-    if not state:
-        return emit(dict(info, error="nothing was started here"), 0)
-    procs = rank_processes(run_dir, state)
-    if not procs or info["py_spy"] is None:
-        info["ranks"] = [dict(p, code=None, dump="", error=None) for p in procs]
-        return emit(info, 0)
-    results: list[dict[str, Any]] = [{} for _ in procs]
-
-    def one(i: int) -> None:
-        results[i] = dump_stack(info["py_spy"], procs[i], timeout)
-
-    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(procs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout + 5)
-    info["ranks"] = [r or dict(p, code=None, dump="", error="no answer") for r, p in zip(results, procs)]
-    return emit(info, 0)
-
-
 def emit(data: dict[str, Any], code: int) -> int:
     sys.stdout.write(json.dumps(data) + "\n")
     sys.stdout.flush()
@@ -857,7 +557,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "stop":
         return cmd_stop(run_dir, args.grace)
     if args.cmd == "stacks":
-        return cmd_stacks(run_dir, args.timeout)
+        try:
+            from . import stacks
+        except ImportError:
+            import stacks  # type: ignore[no-redef]
+        return emit(stacks.stacks(run_dir, read_json(os.path.join(run_dir, STATE)), args.timeout), 0)
     parser.print_help(sys.stderr)
     return 2
 

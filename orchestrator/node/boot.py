@@ -2,7 +2,7 @@
 
 Runs on the node (`python -c`, the source of this file), stdlib only, any Python >= 3.8:
 
-    stdin: {"agent.py": TEXT, "launch.json": TEXT, ...}  (JSON, ASCII)
+    stdin: {"agent.py": TEXT, "procs.py": TEXT, "launch.json": TEXT, ...}  (JSON, ASCII)
     argv:  RUN_DIR AGENT_ARGS...
 
 The files are written privately (the run directory too: they can hold environment values),
@@ -12,14 +12,37 @@ one per file, and no env value ever appears on a command line.
 
 The run directory is used only once the agent's own check says it can be trusted (this user's,
 writable by no one else, nor is anything above it): the agent's text arrives first, is run from
-memory for that check, and only then are the files written, each created anew (O_EXCL) and never
+memory for that check (the modules it imports, `procs.py`..., from the same files: `Shipped`),
+and only then are the files written, each created anew (O_EXCL) and never
 through a link (O_NOFOLLOW). A refusal is the agent's JSON answer, exit code 2.
 """
 
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import json
 import os
 import sys
 import types
+import typing
+
+
+class Shipped(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports the modules sent on stdin (`NAME.py`) before they are written: the agent's own
+    (`import procs`) come from the same files as the agent, never from the node's sys.path."""
+
+    def __init__(self, files: dict) -> None:
+        self.files = files
+
+    def find_spec(self, fullname: str, path: "typing.Sequence[str] | None",
+                  target: "types.ModuleType | None" = None) -> "importlib.machinery.ModuleSpec | None":
+        if path is None and fullname + ".py" in self.files and fullname != "agent":
+            return importlib.util.spec_from_loader(fullname, self)
+        return None
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        name = module.__name__
+        exec(compile(self.files[name + ".py"], name + ".py", "exec"), module.__dict__)
 
 
 def write_files(run_dir: str, files: dict) -> None:
@@ -39,6 +62,7 @@ def write_files(run_dir: str, files: dict) -> None:
 def main(argv: list) -> None:
     run_dir = os.path.abspath(os.path.expanduser(argv[1]))
     files = json.loads(sys.stdin.buffer.read().decode("ascii"))
+    sys.meta_path.insert(0, Shipped(files))
     agent = types.ModuleType("agent")
     exec(compile(files["agent.py"], "agent.py", "exec"), agent.__dict__)
     login_umask = os.umask(0o077)

@@ -1,6 +1,6 @@
 """The node log reader: streams a run's `node.log` on this node from a byte offset, as frames.
 
-Runs on the node (`python -c`, built by `orchestrator.node.program("reader", ("agent",))`), stdlib
+Runs on the node (`python -c`, built by `orchestrator.node.program("reader", (*AGENT_MODULES, "agent"))`), stdlib
 only, any Python >= 3.8. The controller's side (reading the frames, the local copy, reconnects)
 is `orchestrator.logs.fetch`.
 

@@ -1,7 +1,7 @@
 """The node agent's client: ship it with a run, then start, ask and stop it on every node.
 
 On each node the run lives in `store.remote_dir()` (`<job.run_root>/<run-id>/<node>/`): the agent
-(`orchestrator/node/agent.py`, shipped with every run so nodes need not run the same orch
+(`orchestrator/node/agent.py` and its modules, shipped with every run so nodes need not run the same orch
 version), `launch.json` (argv, env, cwd: private, never on a command line), `node.log`,
 `state.json`. What an agent says of its node is typed here: a `NodeStatus`.
 """
@@ -16,8 +16,8 @@ from typing import Any
 from ..config.plan import NodePlan, Plan
 from ..contract import NodeState
 from ..errors import OrchError, TransportError
+from ..node import agent_files
 from ..node import script as node_script
-from ..node import source as node_source
 from ..store import remote_dir
 from ..transport import Cluster, GroupResult, Result, Transport
 
@@ -173,7 +173,7 @@ def start_node(t: Transport, plan: Plan, np_: NodePlan, rdir: str,
     files for the run directory, shipped in the same exec (a job orch brings, like the fabric
     check's)."""
     t.connect()
-    files = {**(extra or {}), "agent.py": node_source("agent"), "launch.json": json.dumps(launch_spec(plan, np_))}
+    files = {**(extra or {}), **agent_files(), "launch.json": json.dumps(launch_spec(plan, np_))}
     python = np_.node.python
     res = t.run([python, "-c", node_script("boot"), rdir, "start", ".", "--wait", str(START_WAIT_S)],
                 stdin=json.dumps(files).encode("ascii"), timeout=START_WAIT_S + 30)

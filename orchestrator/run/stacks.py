@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import OrchError
-from ..node import FROM_STDIN
+from ..node import AGENT_MODULES, FROM_STDIN
 from ..node import program as node_program
 from ..store import RunDir, RunStore, write_private
 from ..transport import Cluster, Transport
@@ -301,7 +301,7 @@ def node_stacks(node: str, node_rank: int, answer: Mapping[str, Any]) -> tuple[l
 def ask_node(t: Transport, python: str, rdir: str, timeout: float = DUMP_TIMEOUT_S) -> dict[str, Any]:
     """`agent.py stacks` on one node: the current agent's code on stdin, run against the run directory."""
     res = t.run([python, "-c", FROM_STDIN, "stacks", rdir, "--timeout", f"{timeout:g}"],
-                stdin=node_program("agent").encode("ascii"), timeout=timeout + 20)
+                stdin=node_program("agent", AGENT_MODULES).encode("ascii"), timeout=timeout + 20)
     return parse_agent(res, python)
 
 

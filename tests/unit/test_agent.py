@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from orchestrator.logs.fetch import read_frames, reader_program
-from orchestrator.node import FROM_STDIN, agent, script
+from orchestrator.node import FROM_STDIN, agent, agent_files, script, stacks
 
 BOOT = script("boot")
 READER = reader_program()
@@ -173,14 +173,15 @@ def test_boot_ships_the_files_privately_and_starts_the_agent(tmp_path: Path) -> 
     d = tmp_path / "runs" / "r1" / "n1"  # none of it exists yet
     spec = {"run": f"boot-{os.getpid()}", "node": "n1", "argv": ["sh", "-c", 'echo "umask $(umask)"'],
             "env": {}, "cwd": str(tmp_path), "grace": 1.0}
-    files = {"agent.py": Path(AGENT).read_text(), "launch.json": json.dumps(spec)}
+    files = {**agent_files(), "launch.json": json.dumps(spec)}  # the agent and its modules, as run/agents.py ships them
     r = subprocess.run([sys.executable, "-c", BOOT, str(d), "start", ".", "--wait", "20"],
                        input=json.dumps(files).encode("ascii"), capture_output=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.decode().splitlines()[-1])["pid"]
-    assert (d / "agent.py").read_text() == files["agent.py"]
+    for name in agent_files():
+        assert (d / name).read_text() == files[name]
     assert json.loads((d / "launch.json").read_text())["argv"] == spec["argv"]
-    for path in (d, d.parent, d / "agent.py", d / "launch.json"):
+    for path in (d, d.parent, *(d / name for name in files)):
         assert path.stat().st_mode & 0o077 == 0, f"{path} is not private"
     assert not list(d.glob("*.tmp.*"))
     wait_state(d, "succeeded")
@@ -344,7 +345,7 @@ def test_boot_refuses_a_directory_others_can_write_and_writes_nothing(tmp_path: 
     shared.chmod(0o777)
     d = shared / "r1" / "n1"
     spec = {"run": f"boot-{os.getpid()}", "node": "n1", "argv": ["true"], "env": {}, "cwd": str(tmp_path)}
-    files = {"agent.py": Path(AGENT).read_text(), "launch.json": json.dumps(spec)}
+    files = {**agent_files(), "launch.json": json.dumps(spec)}  # the agent and its modules, as run/agents.py ships them
     r = subprocess.run([sys.executable, "-c", BOOT, str(d), "start", ".", "--wait", "20"],
                        input=json.dumps(files).encode("ascii"), capture_output=True, timeout=60)
     assert r.returncode == 2, r.stderr
@@ -369,7 +370,6 @@ def test_agent_files_are_never_written_through_a_planted_link(tmp_path: Path) ->
 def test_stop_asks_python3_where_the_runs_python_is_gone_and_reports_the_job_gone(tmp_path: Path) -> None:
     """The run's python was removed while its job ran: the stop is still done and confirmed (by
     python3, the agent needs only the standard library), never reported as a node with nothing."""
-    import shutil
 
     from orchestrator.config.inventory import parse
     from orchestrator.run.agents import stop_node
@@ -378,7 +378,8 @@ def test_stop_asks_python3_where_the_runs_python_is_gone_and_reports_the_job_gon
     d = prepare(tmp_path, "sleep 60")
     assert call("start", str(d))[0] == 0
     pid = wait_state(d, "running")["pid"]
-    shutil.copy(AGENT, d / "agent.py")
+    for name, text in agent_files().items():  # the run directory as boot left it
+        (d / name).write_text(text)
     node = parse("transport: local\nnodes:\n  - host: localhost\n    name: n1\n", "t.yaml").nodes[0]
     try:
         res = stop_node(LocalTransport(node), str(tmp_path / "gone" / "bin" / "python"), str(d), 1.0)
@@ -452,7 +453,7 @@ def test_stacks_says_where_py_spy_is_missing(tmp_path: Path, monkeypatch: pytest
     assert call("start", str(d))[0] == 0
     try:
         deadline = time.monotonic() + 10
-        while not agent.rank_processes(str(d), state(d)) and time.monotonic() < deadline:
+        while not stacks.rank_processes(str(d), state(d)) and time.monotonic() < deadline:
             time.sleep(0.1)
         env = dict(os.environ, PATH="/usr/bin:/bin")
         lone = tmp_path / "bin" / "python3"  # an interpreter with no py-spy beside it

@@ -33,7 +33,8 @@ def imports(tree: ast.AST) -> tuple[set[str], set[str]]:
     absolute = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     absolute |= {n.module.split(".")[0] for n in ast.walk(tree)
                  if isinstance(n, ast.ImportFrom) and n.level == 0 and n.module}
-    relative = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level for a in n.names}
+    relative = {n.module or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level
+                for a in n.names}
     return absolute, relative
 
 
@@ -41,17 +42,29 @@ JOB_FILES = sorted((Path(node.__file__).parent / "jobs").glob("*.py"))
 """Jobs orch runs under torchrun (node/jobs/): like the programs, but they may import torch."""
 
 
-def test_the_package_holds_the_four_programs() -> None:
-    assert {p.stem for p in NODE_FILES} == {"__init__", "agent", "boot", "probe", "reader"}
+def test_the_package_holds_the_four_programs_and_the_agents_modules() -> None:
+    assert {p.stem for p in NODE_FILES} == {"__init__", "agent", "boot", "probe", "reader", *node.AGENT_MODULES}
+
+
+def test_the_agent_ships_every_module_it_imports() -> None:
+    """agent.py imports its modules relatively (as a package: the reader, the tests) or by name (run
+    from its run directory); either way each must be one that every run directory receives."""
+    tree = ast.parse((Path(node.__file__).parent / "agent.py").read_text())
+    absolute, relative = imports(tree)
+    siblings = {p.stem for p in NODE_FILES} - {"__init__"}
+    assert relative == set(node.AGENT_MODULES) == absolute & siblings
+    assert set(node.agent_files()) == {f"{m}.py" for m in (*node.AGENT_MODULES, "agent")}
 
 
 @pytest.mark.parametrize("path", NODE_FILES, ids=lambda p: p.name)
 def test_python38_syntax_stdlib_only_and_nothing_of_orch(path: Path) -> None:
     tree = ast.parse(path.read_text(), feature_version=(3, 8))
     absolute, relative = imports(tree)
-    assert absolute <= set(sys.stdlib_module_names) | {"__future__"}, absolute
+    siblings = {p.stem for p in NODE_FILES if p.stem != "__init__"}
+    # a sibling may also be imported by its bare name: the fallback of a program run from its directory
+    assert absolute <= set(sys.stdlib_module_names) | {"__future__"} | siblings, absolute
     assert "orchestrator" not in absolute
-    assert relative <= {p.stem for p in NODE_FILES if p.stem != "__init__"}, relative
+    assert relative <= siblings, relative
 
 
 @pytest.mark.parametrize("path", NODE_FILES, ids=lambda p: p.name)
@@ -68,7 +81,7 @@ def test_a_program_runs_with_the_siblings_it_imports(which: str, tmp_path: Path)
     (tmp_path / "node.log").write_bytes(b"2026-11-30T09:32:05.000001Z out hello\n")
     (tmp_path / "state.json").write_text(json.dumps({"state": "succeeded", "exit_code": 0, "pid": 1}))
     proc = subprocess.run([python(which), "-c", node.FROM_STDIN, str(tmp_path), "0", "0.05", "0", "1"],
-                          input=node.program("reader", ("agent",)).encode(), capture_output=True, timeout=60)
+                          input=node.program("reader", (*node.AGENT_MODULES, "agent")).encode(), capture_output=True, timeout=60)
     assert proc.returncode == 0, proc.stderr.decode()
     frames = list(read_frames(io.BytesIO(proc.stdout)))
     assert [k for k, _ in frames] == ["D", "S", "E"]
@@ -104,7 +117,7 @@ def test_threads_asking_at_once_build_a_program_once(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(node, "_build", slow_build)
     monkeypatch.setattr(node, "_PROGRAMS", {})
     texts: list[str] = []
-    threads = [threading.Thread(target=lambda: texts.append(node.program("reader", ("agent",)))) for _ in range(8)]
+    threads = [threading.Thread(target=lambda: texts.append(node.program("reader", (*node.AGENT_MODULES, "agent")))) for _ in range(8)]
     for t in threads:
         t.start()
     for t in threads:
@@ -112,8 +125,8 @@ def test_threads_asking_at_once_build_a_program_once(monkeypatch: pytest.MonkeyP
     assert built == ["reader"] and len(texts) == 8 and len(set(texts)) == 1
 
 
-def test_the_jobs_folder_holds_the_fabric_job() -> None:
-    assert {p.stem for p in JOB_FILES} == {"__init__", "fabric"}
+def test_the_jobs_folder_holds_the_fabric_checks_allreduce_job() -> None:
+    assert {p.stem for p in JOB_FILES} == {"__init__", "allreduce"}
 
 
 @pytest.mark.parametrize("path", JOB_FILES, ids=lambda p: p.name)

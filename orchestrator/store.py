@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config.inventory import Inventory, Node, name_problem
+from .config.inventory import Inventory
+from .config.nodes import Node, name_problem
 from .contract import RunState
 from .errors import UsageError
 

@@ -19,73 +19,21 @@ from typing import Any
 from ..contract import CHECK_NAMES
 from ..errors import InventoryError, InventoryIssue
 from . import yamlines
-from .schema import NodeModel, SSHModel, fields_of, suggest, validate
+from .nodes import (
+    HOST,
+    Node,
+    NodeExpander,
+    name_problem,
+)
+from .schema import suggest, validate
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
-HOST = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]*\Z")
-HOST_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:\[\],-]*\Z")
-NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*\Z")
-NAME_MAX = 100
-
-
-def name_problem(name: str) -> str | None:
-    """Why `name` cannot name a node, a cluster or a run, or None. Each becomes a directory or file
-    name (on every node, in $ORCH_HOME) and a column of every log line: no '/', no '..', nothing
-    a terminal or a shell would act on, and short enough for any filesystem."""
-    if not NODE_NAME.match(name):
-        return "may only use letters, digits, '_', '.', ':' and '-', and must start with a letter or digit"
-    if len(name) > NAME_MAX:
-        return f"is {len(name)} characters long, more than {NAME_MAX}"
-    return None
-
-MAX_NODES = 10_000
-"""The most nodes one range may name: a typo (`gpu[0-99999999]`) is refused, not expanded."""
-# A host or name NodeSet would give back unchanged (no range, list, group or IPv6 colon): it is
-# taken as it is, and ClusterShell (~8 ms to import) is loaded only for the others.
-PLAIN_HOST = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
 # What would change meaning if a value ever met a shell. Values are quoted once in the transport
 # anyway; refusing these in the inventory catches copy-paste accidents before anything runs.
 SHELL_UNSAFE = ("\n", "\r", "\x00", "`", "$(", "${", ";", "&", "|", "<", ">")
 
 
 # ----------------------------------------------------------------------------- resolved (frozen)
-
-
-@dataclass(frozen=True)
-class SSHOptions:
-    """How to reach one node over SSH (inventory `ssh:` defaults merged with the node's own)."""
-
-    user: str | None = None
-    port: int = 22
-    identity: str | None = None
-    known_hosts: str = "~/.ssh/known_hosts"
-    host_key_policy: str = "strict"
-    connect_timeout: float = 10.0
-    gateway: str | None = None
-    ssh_config: str | None = "~/.ssh/config"
-
-
-@dataclass(frozen=True)
-class Node:
-    """One server of the cluster, after range expansion and defaults."""
-
-    name: str
-    """Display name, unique; also names the node's run directory."""
-    host: str
-    """SSH address: name, IP or ~/.ssh/config alias."""
-    addr: str
-    """Data-plane address used for rendezvous (the master's) and reachability checks."""
-    gpus: int | None
-    """GPUs the node is declared to have; None for CPU-only nodes (GPU checks are skipped)."""
-    nproc_per_node: int
-    """Worker processes torchrun starts here."""
-    python: str
-    """Interpreter for the probe, the agent and torchrun on this node."""
-    env: Mapping[str, str]
-    """The job's environment on this node: inventory `env` overlaid with the node's `env`."""
-    ssh: SSHOptions
-    index: int
-    """Position in the inventory after expansion (0-based)."""
 
 
 @dataclass(frozen=True)
@@ -214,32 +162,6 @@ def parse(text: str, path: str = "<inventory>") -> Inventory:
     return _Resolver(validate(data, path, lines), path, lines, text).resolve()
 
 
-def range_size(pattern: str) -> int:
-    """How many names a host pattern can name at most (`h[1-4,7]x[1-2]`: 10): each bracket's
-    ranges counted and multiplied, comma-separated patterns added. 0-padding and steps aside,
-    what NodeSet will expand; an upper bound otherwise."""
-    total, depth, part = 0, 0, ""
-    for ch in pattern + ",":
-        depth += (ch == "[") - (ch == "]")
-        if ch == "," and depth == 0:
-            size = 1
-            for group in re.findall(r"\[([^\]]*)\]", part):
-                count = 0
-                for item in group.split(","):
-                    bounds = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?(?:/\s*(\d+)\s*)?", item)
-                    if bounds is None:
-                        count += 1
-                        continue
-                    lo, hi, step = int(bounds[1]), int(bounds[2] or bounds[1]), int(bounds[3] or 1)
-                    count += max(0, hi - lo) // max(1, step) + 1
-                size *= count
-            total += size
-            part = ""
-        else:
-            part += ch
-    return total
-
-
 SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMG]?)i?B?\s*$", re.I)
 
 
@@ -298,7 +220,7 @@ class _Resolver:
     def resolve(self) -> Inventory:
         m = self.m
         env = self.env_map(m.env, ("env",))
-        expander = _NodeExpander(self)
+        expander = NodeExpander(self)
         nodes = expander.nodes(env)
         spares = expander.nodes(env, "spare")
         checks = self.checks()
@@ -482,122 +404,6 @@ class _Resolver:
             detail = ", ".join(f"{n.name}={n.nproc_per_node}" for n in nodes)
             self.issue(f"nodes run different numbers of processes ({detail}); static rendezvous needs the same "
                        f"nproc_per_node everywhere: set job.rdzv: c10d", "job", "rdzv")
-
-
-class _NodeExpander:
-    """`nodes:` → Nodes: each entry's host/name/addr ranges expanded in step, the entry's settings
-    (processes, python, env, SSH options) given to every node it names, and no node twice.
-    Problems go to the resolver's list, with the entry's line."""
-
-    def __init__(self, resolver: _Resolver) -> None:
-        self.r = resolver
-        self.m = resolver.m
-        self.section = "nodes"
-        # shared by `nodes:` and `spare:`: a spare may not be a node as well
-        self.seen_names: dict[str, str] = {}
-        self.seen_hosts: dict[tuple[str, int], str] = {}
-
-    def nodes(self, env: dict[str, str], section: str = "nodes") -> list[Node]:
-        """The nodes of `section` (`nodes`, or `spare`: the same entries, launched only to
-        replace a node), no name or host twice across both."""
-        self.section = section
-        out: list[Node] = []
-        seen_names, seen_hosts = self.seen_names, self.seen_hosts
-        for i, nm in enumerate(getattr(self.m, section)):
-            triples = self.expand_entry(nm, i)
-            if not triples:
-                continue
-            shared = self.settings(nm, i, env)
-            for host, name, addr in triples:
-                problem = name_problem(name)
-                if problem:
-                    self.r.issue(f"node name {name!r} {problem}", self.section, i, "name")
-                if name in seen_names:
-                    self.r.issue(f"duplicate node '{name}' (also {seen_names[name]}): every node must be "
-                                 "listed once", self.section, i, "name" if nm.name else "host")
-                    continue
-                hk = (host, shared["ssh"].port)
-                if self.m.transport == "ssh" and hk in seen_hosts:
-                    self.r.issue(f"duplicate node: {host}:{hk[1]} is already {seen_hosts[hk]}",
-                                 self.section, i, "host")
-                    continue
-                seen_names[name] = seen_hosts[hk] = f"{self.section}[{i}]"
-                out.append(Node(name=name, host=host, addr=addr, index=len(out), **shared))
-        return out
-
-    def settings(self, nm: NodeModel, i: int, env: dict[str, str]) -> dict[str, Any]:
-        """What every node of one `nodes[i]` entry shares: GPUs, processes, python, env, SSH options."""
-        for key, value in (("gpus", nm.gpus), ("nproc_per_node", nm.nproc_per_node)):
-            if value is not None and value < 1:
-                self.r.issue(f"{key} must be a positive integer, got {value}", self.section, i, key)
-        node_env = dict(env)
-        node_env.update(self.r.env_map(nm.env, (self.section, i, "env")))
-        python = self.r.local_path(nm.python or self.m.job.python)
-        self.r.safe(python, "python", self.section, i, "python")
-        nproc = nm.nproc_per_node or self.m.job.nproc_per_node or (nm.gpus if nm.gpus and nm.gpus > 0 else 1)
-        if nm.gpus is not None and nm.gpus > 0 and nproc > nm.gpus:
-            where = (self.section, i, "nproc_per_node") if nm.nproc_per_node else ("job", "nproc_per_node")
-            self.r.issue(f"nproc_per_node {nproc} is larger than the {nm.gpus} gpus of {self.section}[{i}] ({nm.host}): "
-                         f"a process needs its own GPU", *where)
-        return {"gpus": nm.gpus, "nproc_per_node": nproc, "python": python, "env": MappingProxyType(node_env),
-                "ssh": self.ssh_options(nm, i)}
-
-    def expand_entry(self, nm: NodeModel, i: int) -> list[tuple[str, str, str]]:
-        """(host, name, addr) of every node the entry names: its ranges expanded in step."""
-        hosts = self.expand(nm.host, i, "host")
-        names = self.expand(nm.name, i, "name") if nm.name else hosts
-        addrs = self.expand(nm.addr, i, "addr") if nm.addr else hosts
-        if not hosts:
-            return []
-        if len(hosts) == 1 and len(names) > 1:  # `host: localhost, name: node[0-1]`: one host, many nodes
-            hosts = hosts * len(names)
-        if len(addrs) == 1 and len(hosts) > 1 and not nm.addr:
-            addrs = addrs * len(hosts)
-        for key, values in (("name", names), ("addr", addrs)):
-            if len(values) != len(hosts):
-                self.r.issue(
-                    f"host expands to {len(hosts)} nodes but {key} to {len(values)}: "
-                    f"give {key} a range of the same length, or omit it", self.section, i, key)
-                names = addrs = hosts
-        return list(zip(hosts, names, addrs))
-
-    def expand(self, pattern: str, i: int, key: str) -> list[str]:
-        if not HOST_PATTERN.match(pattern):
-            self.r.issue(f"{key} {pattern!r} has characters a host name cannot have", self.section, i, key)
-            return []
-        if PLAIN_HOST.match(pattern):
-            return [pattern]
-        from ClusterShell.NodeSet import NodeSet, NodeSetException
-
-        size = range_size(pattern)
-        if size > MAX_NODES:  # counted from the text: ClusterShell would build every name first
-            self.r.issue(f"{key} {pattern!r} expands to {size} nodes, more than {MAX_NODES}: is the range right?",
-                         "nodes", i, key)
-            return []
-        try:
-            return list(NodeSet(pattern))
-        except NodeSetException as exc:
-            self.r.issue(f"bad range in {key} {pattern!r}: {exc}", self.section, i, key)
-            return []
-
-    def ssh_options(self, node: NodeModel, i: int) -> SSHOptions:
-        """The inventory's `ssh:` defaults, then the entry's `ssh:`, then its own keys."""
-        merged: dict[str, Any] = {}
-        for layer in (self.m.ssh, node.ssh, node):
-            if layer is None:
-                continue
-            for key in fields_of(SSHModel):
-                value = getattr(layer, key)
-                if value is not None:
-                    merged[key] = value
-        opts = SSHOptions(**merged)
-        if not 1 <= opts.port <= 65535:
-            self.r.issue(f"port {opts.port} is out of range 1-65535", self.section, i, "port")
-        if opts.connect_timeout <= 0:
-            self.r.issue("connect_timeout must be positive", self.section, i, "connect_timeout")
-        for key in ("user", "identity", "known_hosts", "gateway", "ssh_config"):
-            self.r.safe(getattr(opts, key), key, self.section, i, key)
-        return opts
 
 
 def with_replacements(inv: Inventory, replaced: Mapping[str, str]) -> Inventory:

@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterable, Sequence
 
 from ..errors import UsageError
-from .inventory import Node
+from .nodes import Node
 
 _PLAIN_LIST = re.compile(r"^[A-Za-z0-9_.:-]+(,[A-Za-z0-9_.:-]+)*$")
 

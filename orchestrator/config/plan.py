@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from .inventory import Inventory, Node
+from .inventory import Inventory
+from .nodes import Node
 
 TORCHRUN = ("-m", "torch.distributed.run")
 

@@ -16,7 +16,8 @@ from typing import Any
 
 import yaml
 
-from ..config.inventory import Inventory, Node
+from ..config.inventory import Inventory
+from ..config.nodes import Node
 from ..contract import CHECK_NAMES
 from .fabric_judge import check_fabric
 from .facts import GpuFacts, IbDevice, NodeFacts, is_output_key, job_files, path_args

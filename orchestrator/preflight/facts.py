@@ -31,7 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..config.inventory import Inventory, Node
+from ..config.inventory import Inventory
+from ..config.nodes import Node
 from ..errors import TransportError
 from ..node import probe
 from ..node import program as node_program

@@ -9,7 +9,8 @@ from collections import Counter
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 
-from ..config.inventory import Inventory, Node
+from ..config.inventory import Inventory
+from ..config.nodes import Node
 from ..contract import CHECK_STATUSES
 from .facts import NodeFacts
 

@@ -28,7 +28,7 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ..config.inventory import Node, SSHOptions
+from ..config.nodes import Node, SSHOptions
 
 NOT_INSTALLED = "orch: rsync is not installed on this node"
 """What the node side prints (and exits 127) when it has no rsync: the rsync-path below says it."""

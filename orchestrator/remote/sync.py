@@ -19,7 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from ..config.inventory import Inventory, Node
+from ..config.inventory import Inventory
+from ..config.nodes import Node
 from ..errors import OrchError, UsageError
 from .rsync import SyncOptions, Transfer, missing_rsync, parse_output, rsync_argv, ssh_config_file
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 import argparse
 import posixpath
 
-from ..config.inventory import Job, Node
+from ..config.inventory import Job
+from ..config.nodes import Node
 from ..transport import Transport
 
 TRAINER = "trainer"

@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from ..config.inventory import Inventory, Node
+from ..config.inventory import Inventory
+from ..config.nodes import Node
 from .base import GroupResult, Process, Result, Transport, command_line, fan_out, shell_path
 from .local import LocalTransport
 from .ssh import SSHTransport

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO, TypeVar
 
-from ..config.inventory import Node
+from ..config.nodes import Node
 from ..errors import RemoteCommandFailed
 
 log = logging.getLogger("orch.transport")

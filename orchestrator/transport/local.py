@@ -11,7 +11,7 @@ import subprocess
 import threading
 from collections.abc import Mapping, Sequence
 
-from ..config.inventory import Node
+from ..config.nodes import Node
 from ..errors import TransportError
 from .base import Process, Transport, command_line, log
 

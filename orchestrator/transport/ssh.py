@@ -19,7 +19,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..config.inventory import Node
+from ..config.nodes import Node
 from ..errors import TransportError
 from .base import Process, Transport, command_line, log
 from .hostkeys import UnknownHostKey, install_host_key_policy, known_hosts_name

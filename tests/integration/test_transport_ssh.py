@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.config import inventory
+from orchestrator.config import inventory, nodes
 from orchestrator.errors import TransportError
 from orchestrator.transport import Cluster, LocalTransport, SSHTransport, Transport
 from tests.cluster import KeyStore, TestCluster
@@ -44,7 +44,7 @@ def _inv(c: TestCluster, **ssh: object) -> inventory.Inventory:
     return inventory.load(c.write_inventory(path, ssh=ssh) if ssh else c.write_inventory(path))
 
 
-def _connect_error(node: inventory.Node) -> TransportError:
+def _connect_error(node: nodes.Node) -> TransportError:
     with pytest.raises(TransportError) as err, SSHTransport(node) as t:
         t.run(["true"])
     return err.value

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.cli import main
-from orchestrator.config import inventory, schema
+from orchestrator.config import inventory, nodes, schema
 from orchestrator.errors import InventoryError
 
 BAD = sorted((Path(__file__).parent / "bad_inventories").glob("*.yaml"))
@@ -263,7 +263,7 @@ def test_the_plain_validator_agrees_with_pydantic(node: dict[str, object], top: 
 
 
 @settings(max_examples=500, deadline=None)
-@given(st.from_regex(inventory.PLAIN_HOST.pattern.replace("^", r"\A").replace("$", r"\Z")))
+@given(st.from_regex(nodes.PLAIN_HOST.pattern.replace("^", r"\A").replace("$", r"\Z")))
 def test_a_plain_host_is_what_nodeset_makes_of_it(host: str) -> None:
     """Hosts without ranges, lists or colons skip ClusterShell: NodeSet gives them back unchanged."""
     from ClusterShell.NodeSet import NodeSet

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.config import inventory, nodeset
+from orchestrator.config import inventory, nodes, nodeset
 from orchestrator.errors import UsageError
 
 INV = inventory.parse("nodes:\n  - host: 10.0.0.[1-5]\n    name: gpu[01-05]\n  - host: spare\n", "t.yaml")
 
 
-def names(nodes: list[inventory.Node]) -> list[str]:
-    return [n.name for n in nodes]
+def names(found: list[nodes.Node]) -> list[str]:
+    return [n.name for n in found]
 
 
 def test_no_set_selects_every_node_in_inventory_order() -> None:

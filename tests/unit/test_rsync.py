@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from orchestrator.cli import main
-from orchestrator.config import inventory
+from orchestrator.config import inventory, nodes
 from orchestrator.remote import sync
 from orchestrator.remote.rsync import (
     NOT_INSTALLED,
@@ -27,7 +27,7 @@ from orchestrator.remote.rsync import (
 )
 
 
-def node(ssh: str = "", host: str = "gpu01") -> inventory.Node:
+def node(ssh: str = "", host: str = "gpu01") -> nodes.Node:
     return inventory.parse(f"ssh: {{{ssh}}}\nnodes:\n  - host: {host}\n", "t.yaml").nodes[0]
 
 

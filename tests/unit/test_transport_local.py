@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.config import inventory
+from orchestrator.config import inventory, nodes
 from orchestrator.errors import RemoteCommandFailed, TransportError
 from orchestrator.transport import Cluster, LocalTransport, command_line, fan_out
 
@@ -70,7 +70,7 @@ def test_popen_streams_lines_and_close_kills() -> None:
 
 
 def test_fan_out_collects_every_node_even_when_some_fail() -> None:
-    def work(node: inventory.Node) -> str:
+    def work(node: nodes.Node) -> str:
         if node.name == "n1":
             raise TransportError(node.name, "unreachable", "down")
         return node.name.upper()

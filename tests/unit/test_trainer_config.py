@@ -7,14 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainer.config import (
-    accumulation,
-    build_parser,
-    check_topology,
-    parse_config,
-    ultralytics_defaults,
-)
+from trainer.config import accumulation, build_parser, check_topology, parse_config
 from trainer.errors import TrainerError
+from trainer.settings import ultralytics_defaults
 
 
 def cfg_of(*argv: str):  # noqa: ANN201
@@ -26,6 +21,27 @@ def test_help_documents_every_flag_with_examples() -> None:
     for action in build_parser()._actions:
         assert action.help, f"{action.option_strings} has no help"
     assert "examples:" in text and "torchrun" in text and "python -m trainer.embed" in text
+
+
+def test_a_flag_is_written_once_its_help_is_the_fields_docstring() -> None:
+    """build_parser is generated from TrainConfig: each field's docstring is its flag's help, its
+    default is said once (by the field), and every flag but the aliases and --cfg is a field."""
+    from dataclasses import fields
+
+    from trainer.config import ALIASES, TrainConfig, field_docs
+    from trainer.settings import OPTIMIZERS
+
+    by_flag = {a.option_strings[-1]: a for a in build_parser()._actions if a.option_strings}
+    names = {f.name for f in fields(TrainConfig)}
+    for opt, action in by_flag.items():
+        if opt in ("--help", "--cfg") or opt in ALIASES:
+            continue
+        name = opt[2:].replace("-", "_")
+        assert name in names, f"{opt} is not a TrainConfig field"
+        assert action.help.startswith(field_docs()[name]), opt
+    assert by_flag["--epochs"].help.endswith("(default 100)") and by_flag["--imgsz"].type is int
+    assert by_flag["--cos-lr"].metavar == "BOOL" and by_flag["--sync-bn"].nargs == 0
+    assert all(o in by_flag["--optimizer"].help for o in OPTIMIZERS)
 
 
 def test_defaults_are_ultralytics_own(monkeypatch: pytest.MonkeyPatch) -> None:

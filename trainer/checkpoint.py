@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from trainer.errors import TrainerError
+from trainer.interface import BEST, LAST
 
 RESUME_KEYS = ("epoch", "best_fitness", "updates", "train_metrics", "trainer")
 """What rank 0 sends every rank when a run resumes (the half EMA module is not needed)."""
@@ -149,9 +150,9 @@ def strip(ckpt: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def finalize(weights: Path) -> None:
-    """Strip ``last.pt`` and ``best.pt`` in ``weights`` (best.pt stays a link when it was one)."""
-    last, best = weights / "last.pt", weights / "best.pt"
+def finalize(run_dir: Path) -> None:
+    """Strip the run folder's ``last.pt`` and ``best.pt`` (best.pt stays a link when it was one)."""
+    last, best = run_dir / LAST, run_dir / BEST
     same = last.exists() and best.exists() and os.path.samefile(last, best)
     for path in (last,) if same else (last, best):
         if path.exists():

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.errors import TrainerError
+from trainer.interface import DEFAULT_PROJECT, INPUT_FLAGS, OUTPUT_FLAGS, batch_problem
 from trainer.settings import (
     Given,
     convert,
@@ -166,7 +167,7 @@ class TrainConfig:
     """When fine-tuning, match the checkpoint's class rows to the data's classes by name."""
     out: str | None = None
     """run directory, used as is, e.g. /mnt/nfs/runs/y12m (default PROJECT/NAME, numbered if it exists)"""
-    project: str = "runs/train"
+    project: str = DEFAULT_PROJECT
     """parent of the run directory when --out is not given"""
     name: str = "exp"
     """run directory name under --project (default: the orch run id when started by orch up, else exp;
@@ -346,7 +347,7 @@ def resolve(given: Given, hyp: dict[str, Any]) -> TrainConfig:
         raise TrainerError("--data is required: the absolute path of the data YAML (train, val, names)")
     # A leading `~/` means this node's home: no shell expands it (orch quotes every argument),
     # and it is how one inventory names per-node paths that are absolute on every node.
-    for name in ("weights", "data", "out", "project", "text_embeddings", "debug_dir", "resume", "model"):
+    for name in (*INPUT_FLAGS, *OUTPUT_FLAGS):
         if isinstance(v.get(name), str) and v[name].startswith("~"):
             v[name] = os.path.expanduser(v[name])
     if v.pop("pretrained", True) is False and v.get("weights"):
@@ -401,12 +402,9 @@ def check_topology(cfg: TrainConfig, world_size: int, launched: bool, local_worl
             text-embeddings path under torchrun (each node may start in another directory); a
             ``--device`` list whose length is not this node's number of processes.
     """
-    if cfg.batch % world_size:
-        lo = cfg.batch // world_size * world_size
-        raise TrainerError(
-            f"--batch {cfg.batch} is not divisible by WORLD_SIZE {world_size}: "
-            f"use {lo or world_size} or {lo + world_size} ({cfg.batch / world_size:.2f} images per rank is not possible)"
-        )
+    problem = batch_problem(cfg.batch, world_size)
+    if problem:
+        raise TrainerError(f"--batch {cfg.batch}: {problem}")
     if launched:
         for flag, value in (("--data", cfg.data), ("--weights", cfg.weights), ("--text-embeddings", cfg.text_embeddings)):
             if value and not Path(value).is_absolute():

@@ -34,6 +34,7 @@ from trainer import dist as tdist
 from trainer.config import TrainConfig, accumulation
 from trainer.dist import Topology
 from trainer.errors import TrainerError
+from trainer.interface import BEST, LAST
 from trainer.logs import (
     StepMeter,
     done_line,
@@ -338,11 +339,11 @@ def finish(validator: Any, ema: Any, inp: Inputs, out: Path, scalars: output.Sca
            loss_names: tuple[str, ...], epochs: int, seconds: float) -> None:
     """Validate best.pt as it will be shipped (fp16 weights) on every rank, then strip last.pt and
     best.pt into ultralytics' final form (rank 0)."""
-    topo, weights = inp.topo, out / "weights"
+    topo = inp.topo
     if validator is not None:
         best = None
-        if topo.is_main and (weights / "best.pt").exists():
-            ckpt = torch.load(weights / "best.pt", map_location="cpu", weights_only=False)
+        if topo.is_main and (out / BEST).exists():
+            ckpt = torch.load(out / BEST, map_location="cpu", weights_only=False)
             best = ({k: v.float() if v.is_floating_point() else v for k, v in ckpt["ema"].state_dict().items()},
                     ckpt["epoch"] + 1)
         best = tdist.broadcast_object(best)
@@ -357,11 +358,11 @@ def finish(validator: Any, ema: Any, inp: Inputs, out: Path, scalars: output.Sca
                 if scalars is not None:
                     scalars.add({k: v for k, v in results.items() if k.startswith("metrics/")}, inp.cfg.epochs + 1)
     if topo.is_main:
-        checkpoint.finalize(weights)
+        checkpoint.finalize(out)
         if scalars is not None:
             scalars.close()
         full = out.resolve()  # absolute, so `orch report` can fetch results.csv from this node
-        say(done_line(epochs, seconds, str(full / "weights"), str(full / "results.csv")))
+        say(done_line(epochs, seconds, str((full / LAST).parent), str(full / "results.csv")))
     tdist.barrier()
 
 
@@ -631,12 +632,12 @@ def end_epoch(epoch: int, fitness: float | None, loss_means: dict[str, float], t
         ckpt = checkpoint.build(epoch=epoch, best_fitness=state.best_fitness, stopper=stopper, model=parts.model,
                                 ema=parts.ema, optimizer=parts.optimizer, scaler=parts.scaler,
                                 train_args=dict(vars(parts.hyp)), metrics=row, config=asdict(cfg), ranks=ranks)
-        weights = out / "weights"
-        checkpoint.write_atomic(checkpoint.serialize(ckpt), weights / "last.pt")
+        last = out / LAST
+        checkpoint.write_atomic(checkpoint.serialize(ckpt), last)
         if improved:
-            checkpoint.link_atomic(weights / "last.pt", weights / "best.pt")
+            checkpoint.link_atomic(last, out / BEST)
         if cfg.save_period and (epoch + 1) % cfg.save_period == 0:
-            checkpoint.link_atomic(weights / "last.pt", weights / f"epoch{epoch + 1}.pt")
+            checkpoint.link_atomic(last, last.with_name(f"epoch{epoch + 1}.pt"))
     tdist.barrier()
 
 

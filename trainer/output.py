@@ -15,6 +15,7 @@ import yaml
 
 from trainer.config import TrainConfig
 from trainer.errors import TrainerError
+from trainer.interface import LAST
 from trainer.logs import say
 
 
@@ -30,7 +31,7 @@ def numbered(base: Path) -> Path:
 
 def latest_run(project: Path) -> Path | None:
     """The run under ``project`` whose weights/last.pt was written last."""
-    found = sorted(project.glob("*/weights/last.pt"), key=lambda p: p.stat().st_mtime)
+    found = sorted(project.glob(f"*/{LAST}"), key=lambda p: p.stat().st_mtime)
     return found[-1].parent.parent if found else None
 
 
@@ -48,35 +49,35 @@ def resolve(cfg: TrainConfig) -> tuple[Path, Path | None]:
     """
     if cfg.out:
         out = Path(cfg.out)
-        if cfg.resume is None and (out / "weights" / "last.pt").exists():
-            raise TrainerError(f"--out {cfg.out} already holds a run (weights/last.pt): add --resume, or pick another --out")
+        if cfg.resume is None and (out / LAST).exists():
+            raise TrainerError(f"--out {cfg.out} already holds a run ({LAST}): add --resume, or pick another --out")
         if cfg.resume is None:
             return out, None
-        return out, Path(cfg.resume) if cfg.resume else out / "weights" / "last.pt"
+        return out, Path(cfg.resume) if cfg.resume else out / LAST
     base = Path(cfg.project) / cfg.name
     if cfg.resume == "" and cfg.name != TrainConfig.name:
         # A named run (by --name, or by orch up's run id, whose retries pass a bare --resume):
         # that run, never another one under the project that happens to be newer. A new `orch up`
         # (a new run id) with `resume: true` continues the newest run, as documented.
-        if (base / "weights" / "last.pt").exists():
-            return base, base / "weights" / "last.pt"
+        if (base / LAST).exists():
+            return base, base / LAST
         if cfg.name != os.environ.get("ORCH_RUN_ID"):
-            raise TrainerError(f"--resume: {base.absolute()} has no weights/last.pt; give --resume PATH, or the "
+            raise TrainerError(f"--resume: {base.absolute()} has no {LAST}; give --resume PATH, or the "
                                "--name of a run that has one")
     if cfg.resume == "":
         run = latest_run(Path(cfg.project))
         if run is None:
-            raise TrainerError(f"--resume: no run with weights/last.pt under {Path(cfg.project).absolute()}; "
+            raise TrainerError(f"--resume: no run with {LAST} under {Path(cfg.project).absolute()}; "
                                "give --resume PATH or the run's --out")
-        return run, run / "weights" / "last.pt"
+        return run, run / LAST
     if cfg.resume:
         path = Path(cfg.resume)
         return (path.parent.parent if path.parent.name == "weights" else numbered(base)), path
     if cfg.exist_ok or cfg.name == os.environ.get("ORCH_RUN_ID"):
         # orch up's run id names one directory per run: a retry relaunched before the first
         # checkpoint starts again in it (numbering would move it away from where orch looks).
-        if (base / "weights" / "last.pt").exists():
-            raise TrainerError(f"{base} already holds a run (weights/last.pt): add --resume, or pick another --name")
+        if (base / LAST).exists():
+            raise TrainerError(f"{base} already holds a run ({LAST}): add --resume, or pick another --name")
         return base, None
     return numbered(base), None
 

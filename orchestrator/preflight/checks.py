@@ -18,9 +18,12 @@ import yaml
 
 from ..config.inventory import Inventory
 from ..config.nodes import Node
+from ..config.trainer import batch_choices, batch_problem
 from ..contract import CHECK_NAMES
 from .fabric_judge import check_fabric
-from .facts import GpuFacts, IbDevice, NodeFacts, is_output_key, job_files, path_args
+from .facts import NodeFacts
+from .jobargs import is_output_key, job_files, path_args
+from .parsers import GpuFacts, IbDevice
 from .results import CheckResult, Facts, Findings, majority, odd_one_out, probed
 
 __all__ = ["CHECKS", "CheckResult", "Findings", "majority", "odd_one_out", "probed", "run_checks"]
@@ -488,13 +491,13 @@ def cluster_job_findings(inv: Inventory) -> list[tuple[str, str, str]]:
     """Problems of the job itself (not of a node), reported on the master's row."""
     out = []
     ws = world_size(inv)
-    batch = inv.job.raw_args.get("batch")
-    if isinstance(batch, int) and not isinstance(batch, bool) and batch > 0 and batch % ws:
-        lower, upper = (batch // ws) * ws, (batch // ws + 1) * ws
-        out.append(("fail", f"cluster-wide: global batch {batch} does not divide by world size {ws} "
-                            f"({len(inv.nodes)} nodes × {inv.nodes[0].nproc_per_node})",
-                    f"use a multiple of {ws}: {lower or upper} or {upper}"))
-    elif isinstance(batch, int) and batch < 0:
+    raw = inv.job.raw_args.get("batch")
+    batch = raw if isinstance(raw, int) and not isinstance(raw, bool) else None
+    problem = batch_problem(batch, ws) if batch is not None else None
+    if batch is not None and problem:
+        out.append(("fail", f"cluster-wide: {problem} ({len(inv.nodes)} nodes × {inv.nodes[0].nproc_per_node})",
+                    f"use a multiple of {ws}: {' or '.join(map(str, batch_choices(batch, ws)))}"))
+    elif batch is not None and batch < 0:
         out.append(("fail", f"cluster-wide: batch {batch} (auto-batch) does not work with DDP",
                     f"give a global batch that divides by {ws}"))
     base = inv.job.workdir or "<workdir>"

@@ -1,4 +1,4 @@
-"""Facts: one probe per node per preflight, sent over the transport; parsers for what tools print.
+"""Facts: one probe per node per preflight, sent over the transport → `NodeFacts` per node.
 
 The probe (`orchestrator/node/probe.py`, stdlib only) travels compressed inside `python -c`, run by
 the node's `python` (falling back to `python3` when that interpreter does not exist, which the
@@ -16,14 +16,14 @@ One SSH connection and one exec per node; two phases, both bounded:
    port; its successor in a ring of all probed nodes), tries them and answers on the same
    channel. Then the channels are closed, which ends the probes (stdin EOF).
 
-Parsing (CSV, nvidia-smi tables, sysfs strings) is pure and lives here, tested on recorded output.
+What tools print is parsed in `parsers.py`, the answer held to its shape in `shapes.py`, and the
+job's path arguments guessed in `jobargs.py`.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import re
 import secrets
 import threading
 import time
@@ -34,23 +34,16 @@ from typing import TYPE_CHECKING, Any
 from ..config.inventory import Inventory
 from ..config.nodes import Node
 from ..errors import TransportError
-from ..node import probe
 from ..node import program as node_program
 from ..transport import Cluster, Process, Transport
+from .jobargs import is_output_key, job_files
+from .parsers import ChronyTracking, GpuFacts, IbDevice, parse_chrony_tracking, parse_gpus, parse_ib
+from .shapes import FACTS_SHAPE, REACH_SHAPE, read_answer
 
 if TYPE_CHECKING:
     from .fabric import FabricFacts
 
 Progress = Callable[[str, int, int], None]
-# args whose value is a file the job reads: checked for absolute path, existence, same content
-PATH_KEYS = ("weights", "data", "model", "cfg", "resume", "pretrained", "hyp", "tracker")
-# args whose value is a directory the job writes: it need not exist yet, only be creatable
-OUTPUT_KEYS = ("out", "project", "save_dir", "output", "output_dir", "log_dir", "logdir", "runs_dir",
-               "debug_dir", "checkpoint_dir", "ckpt_dir")
-
-
-def is_output_key(key: str) -> bool:
-    return key.replace("-", "_") in OUTPUT_KEYS
 PHASE1_TIMEOUT_S = 150.0    # a cold `import torch` on a loaded node is the slow part
 CONNECT_TIMEOUT_S = 5.0
 REACH_TIMEOUT_S = CONNECT_TIMEOUT_S * 6 + 30
@@ -59,60 +52,6 @@ SERVE_S = 60.0
 
 
 # ----------------------------------------------------------------------------- parsed facts
-
-
-@dataclass(frozen=True)
-class Gpu:
-    """One GPU as nvidia-smi reports it."""
-
-    index: int
-    name: str
-    bus_id: str
-    driver: str | None = None
-    memory_total_mib: int | None = None
-    memory_used_mib: int | None = None
-    util_pct: int | None = None
-
-
-@dataclass(frozen=True)
-class GpuProcess:
-    gpu: int
-    pid: int
-    name: str
-    memory: str
-
-
-@dataclass(frozen=True)
-class GpuFacts:
-    """What the node's nvidia-smi says; `error` when it is absent or failed."""
-
-    source: str
-    gpus: tuple[Gpu, ...] = ()
-    driver: str | None = None
-    cuda: str | None = None
-    processes: tuple[GpuProcess, ...] = ()
-    error: str | None = None
-
-
-@dataclass(frozen=True)
-class IbPort:
-    port: str
-    state: str | None
-    phys_state: str | None
-    rate: str | None
-    link_layer: str | None
-
-    @property
-    def active(self) -> bool:
-        return _sysfs_word(self.state) == "ACTIVE" and _sysfs_word(self.phys_state) == "LINKUP"
-
-
-@dataclass(frozen=True)
-class IbDevice:
-    name: str
-    hca_type: str | None
-    fw_ver: str | None
-    ports: tuple[IbPort, ...]
 
 
 @dataclass
@@ -161,263 +100,6 @@ class NodeFacts:
     def chrony(self) -> ChronyTracking | None:
         res = self.raw.get("chrony") or {}
         return parse_chrony_tracking(res.get("out", "")) if res.get("rc") == 0 else None
-
-
-# ----------------------------------------------------------------------------- parsers (pure)
-
-
-def _sysfs_word(value: str | None) -> str:
-    """`4: ACTIVE` → `ACTIVE`, `5: LinkUp` → `LINKUP` (kernel format `<num>: <name>`)."""
-    if not value:
-        return ""
-    return value.split(":", 1)[-1].strip().upper()
-
-
-def _int(text: str) -> int | None:
-    m = re.search(r"-?\d+", text or "")
-    return int(m.group()) if m else None
-
-
-def parse_gpu_query_csv(text: str) -> list[Gpu]:
-    """`nvidia-smi --query-gpu=<probe.GPU_QUERY> --format=csv,noheader` → one Gpu per bus id.
-
-    Repeated samples of the same GPU (the output of `-l` or a log of several runs) keep the last.
-    A header line, when present, names the columns; otherwise they are probe.GPU_QUERY's."""
-    cols = probe.GPU_QUERY.split(",")
-    by_bus: dict[str, Gpu] = {}
-    for line in text.splitlines():
-        cells = [c.strip() for c in line.split(",")]
-        if len(cells) < 2:
-            continue
-        if cells[0].startswith("timestamp") or "name" in cells:
-            cols = [re.sub(r"\s*\[.*\]$", "", c) for c in cells]
-            continue
-        row = dict(zip(cols, cells))
-        bus = row.get("pci.bus_id") or str(len(by_bus))
-        by_bus[bus] = Gpu(
-            index=0, name=row.get("name", "?"), bus_id=bus, driver=row.get("driver_version"),
-            memory_total_mib=_int(row.get("memory.total", "")), memory_used_mib=_int(row.get("memory.used", "")),
-            util_pct=_int(row.get("utilization.gpu", "")))
-    ordered = sorted(by_bus.values(), key=lambda g: g.bus_id)
-    return [Gpu(i, g.name, g.bus_id, g.driver, g.memory_total_mib, g.memory_used_mib, g.util_pct)
-            for i, g in enumerate(ordered)]
-
-
-_TABLE_GPU = re.compile(r"^\|\s+(\d+)\s+(.+?)\s+(On|Off)\s*\|\s*([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d)\s")
-_TABLE_MEM = re.compile(r"\|\s*(\d+)MiB\s*/\s*(\d+)MiB\s*\|\s*(\d+)%")
-_TABLE_PROC = re.compile(r"^\|\s+(\d+)\s+\S+\s+\S+\s+(\d+)\s+(\S+)\s+(.+?)\s+(\d+MiB|N/A)\s*\|")
-
-
-def parse_nvidia_smi_table(text: str) -> tuple[str | None, str | None, list[Gpu], list[GpuProcess]]:
-    """The plain `nvidia-smi` table → (driver, CUDA version, GPUs, processes)."""
-    driver = re.search(r"Driver Version:\s*([\d.]+)", text)
-    cuda = re.search(r"CUDA Version:\s*([\d.]+)", text)
-    gpus: list[Gpu] = []
-    procs: list[GpuProcess] = []
-    in_procs = False
-    pending: tuple[int, str, str] | None = None
-    for line in text.splitlines():
-        if "Processes:" in line:
-            in_procs = True
-            continue
-        if in_procs:
-            m = _TABLE_PROC.match(line)
-            if m:
-                procs.append(GpuProcess(int(m.group(1)), int(m.group(2)), m.group(4), m.group(5)))
-            continue
-        m = _TABLE_GPU.match(line)
-        if m:
-            pending = (int(m.group(1)), m.group(2).strip(), m.group(4))
-            continue
-        mem = _TABLE_MEM.search(line)
-        if pending and mem:
-            gpus.append(Gpu(pending[0], pending[1], pending[2], driver.group(1) if driver else None,
-                            int(mem.group(2)), int(mem.group(1)), int(mem.group(3))))
-            pending = None
-    return (driver.group(1) if driver else None, cuda.group(1) if cuda else None, gpus, procs)
-
-
-def parse_gpus(raw: dict[str, Any]) -> GpuFacts:
-    """Combine the probe's CSV query (authoritative list) with the table (CUDA, processes)."""
-    source = str(raw.get("source", "nvidia-smi"))
-    if "error" in raw and "query" not in raw:
-        return GpuFacts(source, error=str(raw["error"]))
-    query, table = raw.get("query") or {}, raw.get("table") or {}
-    gpus = parse_gpu_query_csv(query.get("out", "")) if query.get("rc") == 0 else []
-    driver = cuda = None
-    procs: list[GpuProcess] = []
-    if table.get("rc") == 0:
-        driver, cuda, table_gpus, procs = parse_nvidia_smi_table(table.get("out", ""))
-        gpus = gpus or table_gpus
-    if not gpus and query.get("rc") != 0 and table.get("rc") != 0:
-        err = (query.get("err") or table.get("err") or "nvidia-smi failed").strip().splitlines()
-        return GpuFacts(source, error=err[-1] if err else "nvidia-smi failed")
-    drivers = sorted({g.driver for g in gpus if g.driver})
-    return GpuFacts(source, tuple(gpus), driver or (drivers[0] if drivers else None), cuda, tuple(procs))
-
-
-def parse_ib(raw: dict[str, Any]) -> dict[str, IbDevice]:
-    """The probe's raw /sys/class/infiniband attributes → devices with typed ports."""
-    out = {}
-    for name, info in (raw.get("devices") or {}).items():
-        ports = tuple(IbPort(p, a.get("state"), a.get("phys_state"), a.get("rate"), a.get("link_layer"))
-                      for p, a in sorted((info.get("ports") or {}).items()))
-        out[name] = IbDevice(name, info.get("hca_type"), info.get("fw_ver"), ports)
-    return out
-
-
-@dataclass(frozen=True)
-class ChronyTracking:
-    """What `chronyc tracking` says about this node's own synchronisation."""
-
-    reference: str
-    stratum: int | None
-    system_offset_ms: float | None
-    """This clock minus NTP time, as chrony estimates it (`fast` is positive)."""
-    leap_status: str | None
-
-    @property
-    def local_reference(self) -> bool:
-        """Reference ID 7F7F0101 (127.127.1.1): chrony serves its own clock, synced to nothing."""
-        return self.reference.upper().startswith("7F7F0101")
-
-
-def parse_chrony_tracking(text: str) -> ChronyTracking | None:
-    """`chronyc tracking` output → ChronyTracking; None when it is not that output."""
-    fields = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if sep:
-            fields[key.strip().lower()] = value.strip()
-    if "reference id" not in fields:
-        return None
-    offset = None
-    m = re.match(r"([\d.]+) seconds (fast|slow)", fields.get("system time", ""))
-    if m:
-        offset = float(m.group(1)) * 1000 * (1 if m.group(2) == "fast" else -1)
-    return ChronyTracking(fields["reference id"], _int(fields.get("stratum", "")), offset, fields.get("leap status"))
-
-
-def path_args(inv: Inventory) -> dict[str, str]:
-    """The job args that name files (PATH_KEYS, or any value that looks like a path)."""
-    out = {}
-    for key, value in inv.job.raw_args.items():
-        if not isinstance(value, str) or not value:
-            continue
-        norm = key.replace("-", "_")
-        if norm in PATH_KEYS or value.startswith(("/", "~/", "./", "../")):
-            out[key] = value
-    return out
-
-
-def job_files(inv: Inventory) -> dict[str, str]:
-    """Every path the `job` check looks at on each node: the path-like args, an absolute
-    `job.script`, and each `job.sync` entry (files by size and sha256, directories by existence),
-    each path once."""
-    out = path_args(inv)
-    extra = [("script", inv.job.script)] if inv.job.script and inv.job.script.startswith(("/", "~/")) else []
-    extra += [(f"sync[{i}]", p) for i, p in enumerate(inv.job.sync)]
-    for key, path in extra:
-        if path not in out.values() and key not in out:
-            out[key] = path
-    return out
-
-
-# ----------------------------------------------------------------------------- the probe's answer, checked
-
-
-class _Opt:
-    """A value of `shape`, or null."""
-
-    def __init__(self, shape: Any) -> None:
-        self.shape = shape
-
-
-class _MapOf:
-    """A mapping of any string keys to values of `shape`."""
-
-    def __init__(self, shape: Any) -> None:
-        self.shape = shape
-
-
-class _ListOf:
-    def __init__(self, shape: Any) -> None:
-        self.shape = shape
-
-
-NUMBER, INT = "number", "int"  # JSON numbers (finite; never a bool), integers among them
-_BAD = object()
-_RUN = {"rc": _Opt(INT), "out": str, "err": str, "error": str}
-_FILE = {"path": str, "exists": bool, "is_file": bool, "is_dir": bool, "size": INT, "sha256": str,
-         "text": _Opt(str), "error": str, "output": bool, "writable": bool, "ancestor": str,
-         "ancestor_is_dir": bool, "ancestor_writable": bool}
-LISTEN_SHAPE = {"master_port": {"port": INT, "bound": bool, "error": _Opt(str), "holder": _Opt(str)},
-                "ring": {"addr": str, "port": _Opt(INT), "error": _Opt(str)},
-                "verbs": _Opt({"port": INT, "device": str, "tool": str})}
-REACH_SHAPE = _ListOf({"kind": str, "node": str, "addr": str, "port": INT, "device": str, "ok": bool, "ms": NUMBER,
-                       "error": _Opt(str), "answered_by": str, "result": _Opt(str)})
-FACTS_SHAPE = {
-    "probe": INT, "node": _Opt(str), "host": str, "home": str, "time": NUMBER,
-    "python": {"executable": _Opt(str), "version": str},
-    "env": _MapOf(str), "inventory_env": _ListOf(str),
-    "tz": {"TZ": _Opt(str), "localtime": _Opt(str), "etc_timezone": _Opt(str), "abbr": _Opt(str),
-           "utcoffset": _Opt(str)},
-    "ifaces": _ListOf({"name": str, "up": bool, "ipv4": _ListOf(str)}),
-    "ib": {"root": str, "source": str, "tools": _MapOf(_Opt(str)), "error": str,
-           "devices": _MapOf({"hca_type": _Opt(str), "fw_ver": _Opt(str), "board_id": _Opt(str),
-                              "ports": _MapOf({k: _Opt(str) for k in ("state", "phys_state", "rate", "link_layer")})})},
-    "gpus": {"source": str, "query": _RUN, "table": _RUN, "error": str},
-    "software": {k: _Opt(str) for k in ("python", "executable", "torch", "cuda", "nccl", "source", "ultralytics",
-                                        "error", "torch_error", "nccl_error")},
-    "ntp": _Opt({"server": str, "method": str, "samples": INT, "errors": _ListOf(str), "offset_ms": NUMBER,
-                 "delay_ms": NUMBER, "stratum": INT, "error": str}),
-    "chrony": _Opt(_RUN),
-    "paths": _MapOf(_FILE), "workdir": _Opt(_FILE), "timings_s": _MapOf(NUMBER), "listen": LISTEN_SHAPE,
-}
-"""What the probe (node/probe.py) answers, key by key: what the checks may rely on."""
-
-
-def conform(value: Any, shape: Any, where: str, problems: list[str]) -> Any:
-    """`value` where it has `shape`, else _BAD (noted in `problems`): a mapping keeps its keys of
-    the right shape and drops the others (keys the shape does not name are kept as they are)."""
-    if isinstance(shape, _Opt):
-        return None if value is None else conform(value, shape.shape, where, problems)
-    ok = True
-    if shape in (NUMBER, INT):
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        ok = ok and (shape == NUMBER or isinstance(value, int))
-    elif isinstance(shape, type):
-        ok = type(value) is shape
-    elif isinstance(shape, (dict, _MapOf)):
-        if not isinstance(value, dict):
-            ok = False
-        else:
-            out = {}
-            for key, item in value.items():
-                sub = shape.get(key, Any) if isinstance(shape, dict) else shape.shape
-                got = item if sub is Any else conform(item, sub, f"{where}.{key}", problems)
-                if got is not _BAD:
-                    out[key] = got
-            return out
-    elif isinstance(shape, _ListOf):
-        if not isinstance(value, list):
-            ok = False
-        else:
-            items = (conform(item, shape.shape, f"{where}[{i}]", problems) for i, item in enumerate(value))
-            return [item for item in items if item is not _BAD]
-    if not ok:
-        problems.append(f"{where}: {type(value).__name__} {str(value)[:40]!r}")
-        return _BAD
-    return value
-
-
-def read_answer(value: Any, shape: Any, what: str) -> tuple[Any, list[str]]:
-    """A tagged answer of the probe held to its shape: (what conforms, every part that did not)."""
-    problems: list[str] = []
-    got = conform(value, shape, what, problems)
-    if got is _BAD:
-        got = [] if isinstance(shape, _ListOf) else {}
-    return got, problems
 
 
 # ----------------------------------------------------------------------------- probing

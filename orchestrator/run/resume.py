@@ -16,11 +16,10 @@ import posixpath
 
 from ..config.inventory import Job
 from ..config.nodes import Node
+from ..config.trainer import DEFAULT_PROJECT, LAST
 from ..transport import Transport
 
 TRAINER = "trainer"
-LAST = "weights/last.pt"
-PROJECT_DEFAULT = "runs/train"
 
 
 def is_trainer(job: Job) -> bool:
@@ -33,7 +32,7 @@ def trainer_out_dir(job: Job, run_id: str) -> str:
     `--project`/`--name` (`--name` defaults to the run id, which orch passes as ORCH_RUN_ID);
     a relative path is relative to `job.workdir` (the job's cwd; the login's home without one)."""
     ns = _trainer_args(job.args)
-    out = ns.out or posixpath.join(ns.project or PROJECT_DEFAULT, ns.name or run_id)
+    out = ns.out or posixpath.join(ns.project or DEFAULT_PROJECT, ns.name or run_id)
     if out.startswith("/") or out.startswith("~"):
         return out
     return posixpath.join(job.workdir or "~", out)

@@ -286,7 +286,7 @@ def test_bad_input_is_one_line_on_every_rank(tmp_path: Path, case: str) -> None:
     """Each input error: one prefixed line per rank, no traceback from the trainer, non-zero exit."""
     data = make_dataset(tmp_path / "ds", images=6)
     args = ["--data", str(data), "--batch", "4", "--imgsz", "64", "--epochs", "1", "--out", str(tmp_path / "o")]
-    expect = {"batch": "not divisible by WORLD_SIZE 2", "names": "'names' is missing or empty",
+    expect = {"batch": "does not divide by world size 2", "names": "'names' is missing or empty",
               "weights": "no such file", "relative": "is relative", "setting": "rect=True is not honoured"}[case]
     if case == "batch":
         args[3] = "3"

@@ -17,7 +17,8 @@ from orchestrator.config.inventory import Inventory, parse
 from orchestrator.errors import UsageError
 from orchestrator.preflight import checks
 from orchestrator.preflight.checks import CheckResult, IfSpec
-from orchestrator.preflight.facts import NodeFacts, job_files, probe_args
+from orchestrator.preflight.facts import NodeFacts, probe_args
+from orchestrator.preflight.jobargs import job_files
 from orchestrator.preflight.runner import CheckReport, select_checks
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "probe"

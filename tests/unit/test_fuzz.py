@@ -22,7 +22,7 @@ from orchestrator.contract import CHECK_NAMES, CHECK_STATUSES
 from orchestrator.errors import InventoryError
 from orchestrator.logs.fetch import ProtocolError, read_frames
 from orchestrator.logs.lines import parse_node_line, read_node_lines
-from orchestrator.preflight import checks, facts
+from orchestrator.preflight import checks, facts, shapes
 
 EXAMPLES = int(os.environ.get("ORCH_HYPOTHESIS_EXAMPLES", 300))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -214,9 +214,9 @@ def test_every_check_judges_any_facts_a_probe_can_send(raw1: dict[str, Any], raw
     got = {}
     for n, raw in zip(INV.nodes, (raw1, raw2)):
         nf = facts.NodeFacts(n, ssh_offset_ms=offset, rtt_ms=rtt, connect_ms=rtt)
-        nf.raw, nf.malformed = facts.read_answer(raw, facts.FACTS_SHAPE, "facts")  # as _start_probe reads it
+        nf.raw, nf.malformed = shapes.read_answer(raw, shapes.FACTS_SHAPE, "facts")  # as _start_probe reads it
         nf.listen = nf.raw.get("listen") or {}
-        nf.reach, bad = facts.read_answer(reach, facts.REACH_SHAPE, "reach")
+        nf.reach, bad = shapes.read_answer(reach, shapes.REACH_SHAPE, "reach")
         nf.malformed += bad
         got[n.name] = nf
     results = checks.run_checks(INV, got, CHECK_NAMES)
@@ -235,7 +235,7 @@ def test_a_probe_answer_of_the_wrong_shape_fails_ssh_and_never_passes_a_check() 
     got = {}
     for n, raw in zip(INV.nodes, (good, bad)):
         nf = facts.NodeFacts(n, ssh_offset_ms=0.0, rtt_ms=1.0, connect_ms=1.0)
-        nf.raw, nf.malformed = facts.read_answer(raw, facts.FACTS_SHAPE, "facts")
+        nf.raw, nf.malformed = shapes.read_answer(raw, shapes.FACTS_SHAPE, "facts")
         got[n.name] = nf
     assert got["h2"].malformed == ["facts.tz.TZ: list \"['UTC']\"", "facts.ntp.offset_ms: float 'nan'",
                                    "facts.env.NCCL_IB_HCA: int '1'"]

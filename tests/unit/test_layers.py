@@ -4,6 +4,7 @@ or exits, and the node programs import nothing of orch (tests/unit/test_node.py)
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -97,7 +98,18 @@ def trainer_imports(path: Path) -> set[str]:
     return found
 
 
-def test_orch_reaches_the_trainer_only_through_its_torch_free_log_lines() -> None:
-    """trainer/logs.py defines the lines orch reads (stdlib only); logs/trainer.py is the one door to it."""
+def test_orch_reaches_the_trainer_only_through_its_two_torch_free_modules() -> None:
+    """trainer/logs.py defines the lines orch reads, trainer/interface.py the flags, layout and rules
+    orch relies on (both stdlib only); logs/trainer.py and config/trainer.py are the doors to them."""
     importers = {str(p.relative_to(PACKAGE)): trainer_imports(p) for p in SOURCES if trainer_imports(p)}
-    assert importers == {"logs/trainer.py": {"trainer.logs"}}, importers
+    assert importers == {"logs/trainer.py": {"trainer.logs"}, "config/trainer.py": {"trainer.interface"}}, importers
+
+
+@pytest.mark.parametrize("module", ["logs", "interface"])
+def test_the_trainers_doors_import_only_the_standard_library(module: str) -> None:
+    """At module level: what the controller loads by importing them (trainer/logs.py imports
+    ultralytics inside the function only the trainer calls)."""
+    body = ast.parse((PACKAGE.parent / "trainer" / f"{module}.py").read_text()).body
+    found = {a.name.split(".")[0] for n in body if isinstance(n, ast.Import) for a in n.names}
+    found |= {(n.module or "").split(".")[0] for n in body if isinstance(n, ast.ImportFrom) and not n.level}
+    assert found <= set(sys.stdlib_module_names) | {"__future__"}, found

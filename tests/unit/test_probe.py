@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.node import probe
-from orchestrator.preflight import facts
+from orchestrator.preflight import facts, parsers
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "probe"
 
@@ -64,7 +64,7 @@ def test_probe_session_over_stdin(python: str) -> None:
 
 
 def test_a100_query_csv_dedupes_samples_by_bus_id() -> None:
-    gpus = facts.parse_gpu_query_csv((FIX / "a100-csv" / "nvidia-smi-query-gpu.csv").read_text())
+    gpus = parsers.parse_gpu_query_csv((FIX / "a100-csv" / "nvidia-smi-query-gpu.csv").read_text())
     assert [g.bus_id for g in gpus] == ["00000000:0B:00.0", "00000000:3B:00.0", "00000000:8B:00.0"]
     assert {g.name for g in gpus} == {"NVIDIA A100-SXM4-40GB"}
     assert {g.driver for g in gpus} == {"545.23.08"}
@@ -74,7 +74,7 @@ def test_a100_query_csv_dedupes_samples_by_bus_id() -> None:
 
 
 def test_v100_table_gpus_driver_cuda_and_processes() -> None:
-    driver, cuda, gpus, procs = facts.parse_nvidia_smi_table((FIX / "v100" / "nvidia-smi.txt").read_text())
+    driver, cuda, gpus, procs = parsers.parse_nvidia_smi_table((FIX / "v100" / "nvidia-smi.txt").read_text())
     assert (driver, cuda) == ("535.129.03", "12.2")
     assert [g.index for g in gpus] == list(range(8))
     assert gpus[0].name == "Tesla V100-SXM2-16GB" and gpus[0].bus_id == "00000000:00:17.0"
@@ -87,21 +87,21 @@ def test_v100_table_gpus_driver_cuda_and_processes() -> None:
     ("nvidia-smi_table_1gpu_ERR_525.125.06_gpud.txt", 1, "525.125.06", "12.0", "NVIDIA GeForce ..."),
 ])
 def test_other_real_tables(name: str, count: int, driver: str, cuda: str, model: str) -> None:
-    d, c, gpus, procs = facts.parse_nvidia_smi_table((FIX / "tables" / name).read_text())
+    d, c, gpus, procs = parsers.parse_nvidia_smi_table((FIX / "tables" / name).read_text())
     assert (d, c, len(gpus), procs) == (driver, cuda, count, [])
     assert gpus[0].name == model
 
 
 def test_derived_missing_gpu_has_seven() -> None:
-    _, _, gpus, procs = facts.parse_nvidia_smi_table((FIX / "v100-missing-gpu" / "nvidia-smi.txt").read_text())
+    _, _, gpus, procs = parsers.parse_nvidia_smi_table((FIX / "v100-missing-gpu" / "nvidia-smi.txt").read_text())
     assert len(gpus) == 7 and len(procs) == 7
 
 
 def test_probe_reads_fixture_sets(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ORCH_PROBE_FIXTURES", str(FIX / "v100"))
-    g = facts.parse_gpus(probe.gather_gpus())
+    g = parsers.parse_gpus(probe.gather_gpus())
     assert len(g.gpus) == 8 and g.driver == "535.129.03" and g.cuda == "12.2" and "fixture" in g.source
-    ib = facts.parse_ib(probe.gather_ib())
+    ib = parsers.parse_ib(probe.gather_ib())
     assert set(ib) >= {"mlx5_0", "mlx5_bond_0"}
     port = ib["mlx5_0"].ports[0]
     assert port.active and port.rate == "400 Gb/sec (4X NDR)" and port.link_layer == "InfiniBand"
@@ -110,15 +110,15 @@ def test_probe_reads_fixture_sets(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_probe_fixture_port_down_and_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ORCH_PROBE_FIXTURES", str(FIX / "mlx5-port-down"))
-    ib = facts.parse_ib(probe.gather_ib())
+    ib = parsers.parse_ib(probe.gather_ib())
     assert not ib["mlx5_0"].ports[0].active and ib["mlx5_1"].ports[0].active
     monkeypatch.setenv("ORCH_PROBE_FIXTURES", str(FIX / "mlx5-missing"))
-    assert "mlx5_0" not in facts.parse_ib(probe.gather_ib())
+    assert "mlx5_0" not in parsers.parse_ib(probe.gather_ib())
 
 
 def test_absent_tools_are_facts_not_crashes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("ORCH_PROBE_FIXTURES", str(tmp_path))  # an empty set: no nvidia-smi, no HCAs
-    g = facts.parse_gpus(probe.gather_gpus())
+    g = parsers.parse_gpus(probe.gather_gpus())
     assert g.gpus == () and g.error and "not found" in g.error
     assert probe.gather_ib()["devices"] == {}
     monkeypatch.setenv("PATH", str(tmp_path))
@@ -144,10 +144,10 @@ def test_probe_sees_interfaces_and_zone() -> None:
 
 
 def test_sysfs_words() -> None:
-    port = facts.IbPort("1", "4: ACTIVE", "5: LinkUp", "100 Gb/sec (4X EDR)", "InfiniBand")
+    port = parsers.IbPort("1", "4: ACTIVE", "5: LinkUp", "100 Gb/sec (4X EDR)", "InfiniBand")
     assert port.active
-    assert not facts.IbPort("1", "4: ACTIVE", "3: Disabled", None, None).active
-    assert not facts.IbPort("1", None, None, None, None).active
+    assert not parsers.IbPort("1", "4: ACTIVE", "3: Disabled", None, None).active
+    assert not parsers.IbPort("1", None, None, None, None).active
 
 
 @pytest.mark.parametrize("name,offset_ms,leap,local", [
@@ -158,11 +158,11 @@ def test_sysfs_words() -> None:
     ("chronyc_tracking_synced_pingcap-docs.txt", -0.022151, "Normal", False),
 ])
 def test_chronyc_tracking(name: str, offset_ms: float, leap: str | None, local: bool) -> None:
-    ch = facts.parse_chrony_tracking((FIX / "chrony" / name).read_text())
+    ch = parsers.parse_chrony_tracking((FIX / "chrony" / name).read_text())
     assert ch is not None
     assert ch.system_offset_ms == pytest.approx(offset_ms)
     assert ch.leap_status == leap and ch.local_reference is local
-    assert facts.parse_chrony_tracking("506 Cannot talk to daemon") is None
+    assert parsers.parse_chrony_tracking("506 Cannot talk to daemon") is None
 
 
 def test_roce_gid_index(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

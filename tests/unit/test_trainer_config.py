@@ -201,9 +201,13 @@ def test_val_false_validates_only_after_the_last_epoch() -> None:
 
 
 def test_batch_must_divide_by_world_size_and_says_alternatives() -> None:
-    with pytest.raises(TrainerError, match=r"--batch 30 is not divisible by WORLD_SIZE 8: use 24 or 32"):
+    with pytest.raises(TrainerError, match=r"--batch 30: global batch 30 does not divide by world size 8 "
+                                           r"\(3.75 images per rank\): use 24 or 32; for 30 images per GPU use 240"):
         check_topology(cfg_of("--batch", "30"), world_size=8, launched=True, local_world_size=8)
     check_topology(cfg_of("--batch", "32"), world_size=8, launched=True, local_world_size=8)
+    # seed 004: 12 meant per GPU on 32 ranks; one suggestion below the world size, never "32 or 32"
+    with pytest.raises(TrainerError, match=r"\): use 32; for 12 images per GPU use 384$"):
+        check_topology(cfg_of("--batch-size", "12"), world_size=32, launched=True, local_world_size=8)
 
 
 def test_device_list_must_match_the_processes_of_this_node() -> None:

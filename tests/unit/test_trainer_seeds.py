@@ -80,7 +80,7 @@ def test_every_seed_command_parses(key: str) -> None:
     except TrainerError as e:
         # The guides' relative paths are refused under torchrun, as guide 000 §3.3 itself requires,
         # with the absolute path in the message; and 004's 12 images over 32 GPUs does not divide.
-        assert "is relative" in str(e) or (key == "004 §4.1" and "not divisible by WORLD_SIZE 32" in str(e)), str(e)
+        assert "is relative" in str(e) or (key == "004 §4.1" and "does not divide by world size 32" in str(e)), str(e)
 
 
 def test_each_flag_means_what_the_guides_say() -> None:

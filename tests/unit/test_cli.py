@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,18 @@ from click.testing import CliRunner
 from orchestrator import __version__
 from orchestrator.cli import cli, main
 
-COMMANDS = ["check", "up", "logs", "status", "down", "report"]
+COMMANDS = sorted(cli.commands)
+"""Every command of the click group, as `orch --help` lists them: a command added later is tested too."""
+CONTRACT = Path(__file__).resolve().parents[2] / "docs" / "CONTRACT.md"
+
+
+def test_the_group_has_every_command_the_contract_documents_and_no_other() -> None:
+    """The derived list is the contract's commands (a group read wrong would make every test
+    parametrized by it vanish), and `orch --help` lists each."""
+    documented = set(re.findall(r"^\| `orch (?!\[)([a-z]+) ", CONTRACT.read_text(), re.M))
+    assert set(COMMANDS) == documented, (COMMANDS, documented)
+    listed = CliRunner().invoke(cli, ["--help"]).output
+    assert all(re.search(rf"^  {name}\s", listed, re.M) for name in COMMANDS), listed
 
 
 def test_version() -> None:

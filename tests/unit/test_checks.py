@@ -38,7 +38,7 @@ checks:
   rdma: {{devices: {"[mlx5_0]" if rdma else "[]"}}}
 job:
   python: /opt/py/bin/python
-  workdir: /work
+  workdir: /srv/job
   nproc_per_node: {8 if gpus else 2}
   args:
     model: yolo12n.yaml
@@ -64,7 +64,7 @@ def base_raw(name: str) -> dict[str, Any]:
         "ntp": {"server": "10.0.0.1", "offset_ms": 1.5, "delay_ms": 0.4, "errors": []},
         "paths": {"data": {"path": "/data/coco.yaml", "exists": True, "is_file": True, "size": 20,
                            "sha256": "aa" * 32, "text": "path: /data\nnames: {0: person}\n"}},
-        "workdir": {"path": "/work", "exists": True, "is_dir": True},
+        "workdir": {"path": "/srv/job", "exists": True, "is_dir": True},
         "listen": {"ring": {"addr": "x", "port": 40000}},
     }
 
@@ -343,8 +343,8 @@ def test_job_relative_path_and_batch_are_reported_on_the_master() -> None:
     assert only_failure(res) == {("job", "n1")}
     r = by(res, "job")["n1"]
     assert "global batch 18 does not divide by world size 8" in r.detail and "16 or 24" in r.hint
-    assert "'coco.yaml' is a relative path" in r.detail and "data: /work/coco.yaml" in r.hint
-    assert "weights: /work/yolo12n.pt" in r.hint
+    assert "'coco.yaml' is a relative path" in r.detail and "data: /srv/job/coco.yaml" in r.hint
+    assert "weights: /srv/job/yolo12n.pt" in r.hint
     assert "model" not in r.detail  # yolo12n.yaml is a built-in config name
 
 
@@ -358,24 +358,24 @@ def test_job_data_missing_differs_or_without_names_on_one_node() -> None:
     r = by(res, "job")
     assert "/data/coco.yaml does not exist on this node" in r["n2"].detail
     assert "differs from the majority" in r["n3"].detail and "has no `names`" in r["n3"].detail
-    assert "workdir /work does not exist" in r["n4"].detail
+    assert "workdir /srv/job does not exist" in r["n4"].detail
 
 
 def test_job_files_add_an_absolute_script_and_the_sync_entries_once() -> None:
-    inv = parse(inventory().source.replace("  workdir: /work\n", "  workdir: /work\n  script: /work/train.py\n"
-                                           "  sync: [/work, /data/coco.yaml, /data/extra.yaml]\n"), "t.yaml")
-    assert job_files(inv) == {"model": "yolo12n.yaml", "data": "/data/coco.yaml", "script": "/work/train.py",
-                                    "sync[0]": "/work", "sync[2]": "/data/extra.yaml"}
-    relative = parse(inventory().source.replace("  workdir: /work\n", "  workdir: /work\n  script: train.py\n"),
+    inv = parse(inventory().source.replace("  workdir: /srv/job\n", "  workdir: /srv/job\n  script: /srv/job/train.py\n"
+                                           "  sync: [/srv/job, /data/coco.yaml, /data/extra.yaml]\n"), "t.yaml")
+    assert job_files(inv) == {"model": "yolo12n.yaml", "data": "/data/coco.yaml", "script": "/srv/job/train.py",
+                                    "sync[0]": "/srv/job", "sync[2]": "/data/extra.yaml"}
+    relative = parse(inventory().source.replace("  workdir: /srv/job\n", "  workdir: /srv/job\n  script: train.py\n"),
                      "t.yaml")
     assert "script" not in job_files(relative)  # torchrun resolves it against the same workdir
 
 
 def test_job_synced_files_are_compared_and_the_hint_is_orch_sync() -> None:
-    inv = parse(inventory().source.replace("  workdir: /work\n", "  workdir: /work\n  script: /work/train.py\n"
-                                           "  sync: [/work, /data/coco.yaml]\n"), "t.yaml")
-    script = {"path": "/work/train.py", "exists": True, "is_file": True, "size": 9, "sha256": "cc" * 32}
-    work = {"path": "/work", "exists": True, "is_file": False, "is_dir": True}
+    inv = parse(inventory().source.replace("  workdir: /srv/job\n", "  workdir: /srv/job\n  script: /srv/job/train.py\n"
+                                           "  sync: [/srv/job, /data/coco.yaml]\n"), "t.yaml")
+    script = {"path": "/srv/job/train.py", "exists": True, "is_file": True, "size": 9, "sha256": "cc" * 32}
+    work = {"path": "/srv/job", "exists": True, "is_file": False, "is_dir": True}
 
     def healthy(raw: dict[str, Any], nf: NodeFacts) -> None:
         raw["paths"].update({"script": dict(script), "sync[0]": dict(work)})
@@ -394,9 +394,9 @@ def test_job_synced_files_are_compared_and_the_hint_is_orch_sync() -> None:
     res = checks.run_checks(inv, make_facts(inv, edits), ["job"])
     assert only_failure(res) == {("job", "n2"), ("job", "n3"), ("job", "n4")}
     r = by(res, "job")
-    assert "script: /work/train.py differs from the majority" in r["n2"].detail
-    assert "sync[0]: /work does not exist on this node" in r["n3"].detail
-    assert "workdir /work does not exist" in r["n3"].detail
+    assert "script: /srv/job/train.py differs from the majority" in r["n2"].detail
+    assert "sync[0]: /srv/job does not exist on this node" in r["n3"].detail
+    assert "workdir /srv/job does not exist" in r["n3"].detail
     assert "data: /data/coco.yaml differs from the majority" in r["n4"].detail
     for node in ("n2", "n3", "n4"):
         assert "orch sync copies it to every node" in r[node].hint, node

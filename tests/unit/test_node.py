@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,17 +18,35 @@ from orchestrator import node
 from orchestrator.logs.fetch import read_frames
 
 NODE_FILES = sorted(Path(node.__file__).parent.glob("*.py"))
-PY38 = Path("/root/.pyenv/versions/3.8.18/bin/python")
-"""The oldest Python the README promises on a node, where this machine has it (CI may not)."""
 PYTHONS = ["this", "3.8"]
+
+
+@functools.cache
+def python38() -> str | None:
+    """The oldest Python the README promises on a node, where this machine has one (CI may not):
+    $ORCH_TEST_PYTHON38, `python3.8` on PATH, or a pyenv 3.8 ($PYENV_ROOT, default ~/.pyenv);
+    each candidate must run and say it is 3.8 (a pyenv shim without that version selected does not)."""
+    pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
+    candidates = [os.environ.get("ORCH_TEST_PYTHON38"), shutil.which("python3.8"),
+                  *sorted(str(p) for p in pyenv.glob("versions/3.8*/bin/python3.8"))]
+    for exe in filter(None, candidates):
+        try:
+            out = subprocess.run([exe, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True,
+                                 text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if out.returncode == 0 and out.stdout.strip() == "(3, 8)":
+            return exe
+    return None
 
 
 def python(which: str) -> str:
     if which == "this":
         return sys.executable
-    if not PY38.exists():
-        pytest.skip("no Python 3.8 on this machine")
-    return str(PY38)
+    exe = python38()
+    if exe is None:
+        pytest.skip("no Python 3.8 here (set ORCH_TEST_PYTHON38, or put python3.8 on PATH or in pyenv)")
+    return exe
 
 
 def imports(tree: ast.AST) -> tuple[set[str], set[str]]:

@@ -31,7 +31,7 @@ spare:
     gpus: 2
 job:
   module: trainer
-  workdir: /work
+  workdir: /srv/job
   retries: 2
   args:
     data: /data/coco.yaml
@@ -108,7 +108,7 @@ def test_the_checkpoint_path_is_where_the_trainer_puts_it(args: list[str], monke
     job = dataclasses.replace(inv().job, args=tuple(args))
     ours = resume.trainer_out_dir(job, "20261130-093205-c")
     out = str(resolve(cfg)[0])  # --out, else PROJECT/NAME (NAME: the run id)
-    theirs = out if out.startswith("/") else posixpath.join("/work", out)
+    theirs = out if out.startswith("/") else posixpath.join("/srv/job", out)
     assert posixpath.expanduser(ours).replace("~", str(tmp_path)) == theirs
     assert resume.checkpoint_path(job, "20261130-093205-c") == ours + "/weights/last.pt"
 
@@ -226,7 +226,7 @@ def test_a_failed_run_is_checked_again_and_relaunched_with_resume(monkeypatch: p
     assert [a["attempt"] for a in launched] == [1, 2] and asked == [["gpu01", "gpu02", "gpu03"]] * 2
     assert launched[0]["args"] == ("--data", "/data/coco.yaml")
     assert launched[1]["args"] == ("--data", "/data/coco.yaml", "--resume")
-    assert ckpt == ["gpu01:/work/runs/train/r1/weights/last.pt"]
+    assert ckpt == ["gpu01:/srv/job/runs/train/r1/weights/last.pt"]
     assert ("retrying", 2, 3, "gpu02 rank 3: exited with code 1", ["Traceback", "ValueError: x"]) in say.said
     assert launched[1]["run_json"]["attempt"] == 2
     assert launched[1]["run_json"]["attempts"][0]["first_failure"]["node"] == "gpu02"

@@ -109,7 +109,7 @@ def test_the_odd_rank_stands_apart() -> None:
     data = report.to_json()
     assert data["odd_ranks"] == [2] and [g["ranks_text"] for g in data["groups"]] == ["0-1,3", "2"]
     assert data["ranks"][2]["threads"][0]["frames"][0] == {
-        "function": "sleep_forever", "file": "/work/wt-longrun/tests/ddp_job.py", "line": 50}
+        "function": "sleep_forever", "file": "/home/dev/orch/tests/ddp_job.py", "line": 50}
     detail = grouped_text(report, detail=True)
     assert "== rank 2 on n3 (pid 1002)" in detail and "    sleep_forever (ddp_job.py:50)" in detail
 

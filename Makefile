@@ -9,11 +9,12 @@ ORCH := $(VENV)/bin/orch
 INVENTORY ?= inventory/local.yaml
 RUN ?=
 PYTEST_ARGS ?=
+ORCH_TEST_STRICT ?= 1
 STAMP := $(VENV)/.installed
 DEMO_DIR ?= $(HOME)/.orch/demo
 DEMO_DATA := $(DEMO_DIR)/shapes-200-64
 
-.PHONY: help install up demo-data check logs status down report test test-fast lint typecheck bench clean
+.PHONY: help install deps up demo-data check logs status down report test test-fast test-gpu lint typecheck bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -47,11 +48,17 @@ down: install  ## stop every process of RUN on every node
 report: install  ## write the HTML report of RUN
 	$(ORCH) report $(RUN)
 
-test: install  ## the whole suite (real sshd, chronyd, torchrun); netns tests need root
-	$(PY) -m pytest $(PYTEST_ARGS)
+deps:  ## the system packages the tests need (.ci/packages): installs them as root, else names them
+	.ci/deps
 
-test-fast: install  ## unit tests and the quick integration tests
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+test: deps install  ## the whole suite: every tier, a missing prerequisite fails (ORCH_TEST_STRICT=1)
+	ORCH_TEST_STRICT=$(ORCH_TEST_STRICT) $(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: install  ## the inner loop: tests/unit, pure tests only (no sshd, torchrun, daemons), < 1 min
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+test-gpu: install  ## the CUDA-only paths (tests/gpu), on a machine with a GPU; skipped elsewhere
+	$(PY) -m pytest -m gpu tests/gpu $(PYTEST_ARGS)
 
 lint: install  ## ruff and mypy
 	$(VENV)/bin/ruff check orchestrator trainer tests bench

@@ -1,60 +1,14 @@
-"""The run report: built from a run directory, renders offline in headless Chromium."""
+"""The run report, built from a run directory (its rendering in Chromium: tests/local/test_report_chromium.py)."""
 
 from __future__ import annotations
 
-import shutil
-import struct
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from orchestrator.logs.trainer import parse_throughput
 from orchestrator.report import build_report, read_results_csv
-from orchestrator.store import RunDir
-from tests.cluster import missing
-
-RESULTS = """                  epoch,         train/box_loss,         train/cls_loss,         train/dfl_loss,   metrics/precision(B),      metrics/recall(B),       metrics/mAP50(B),    metrics/mAP50-95(B),           val/box_loss,           val/cls_loss,           val/dfl_loss,                 lr/pg0
-                      1,                 3.1,                 4.2,                 2.9,                 0.01,                 0.02,                 0.003,                 0.001,                 3.0,                 4.0,                 2.8,                 0.0001
-                      2,                 2.7,                 3.5,                 2.5,                 0.05,                 0.09,                 0.02,                 0.008,                 2.8,                 3.6,                 2.6,                 0.0002
-                      3,                 2.2,                 2.9,                 2.1,                 0.12,                 0.20,                 0.09,                 0.03,                 2.4,                 3.1,                 2.3,                 0.0003
-"""
-
-
-def node_log(node_rank: int) -> str:
-    ts = "2026-11-30T09:32:0{}.000000Z"
-    lines = [f"{ts.format(node_rank)} orch agent started torchrun pid 123"]
-    for epoch in (1, 2):
-        lines.append(f"{ts.format(node_rank)} out [default0]:[rank {node_rank}] throughput epoch {epoch}: rank  images/s  data-wait")
-        lines.append(f"{ts.format(node_rank)} out [default0]:[rank {node_rank}] throughput epoch {epoch}: "
-                     f"{node_rank:>4}  {10.0 * epoch + node_rank:8.1f}  {12.5:8.1f}%")
-    lines.append(f"{ts.format(node_rank)} out [default0]:[rank 0] throughput epoch 2: total 41.0 images/s over 2 ranks, "
-                 "scaling efficiency 91.1% of 2 x 22.5 images/s")
-    return "\n".join(lines) + "\n"
-
-
-def make_run(tmp_path: Path, failed: bool = False) -> RunDir:
-    run = RunDir(tmp_path / "20261130-093200-demo")
-    run.path.mkdir(parents=True)
-    now = time.time()
-    nodes = [{"node": f"node{i}", "node_rank": i, "host": "localhost", "state": "failed" if failed and i else "succeeded",
-              "exit_code": 1 if failed and i else 0, "pid": 100 + i, "started_at": now - 60, "finished_at": now - 5}
-             for i in range(2)]
-    info = {"run": run.run_id, "inventory": "inventory/local.yaml", "created": now - 62, "finished_at": now - 4,
-            "state": "failed" if failed else "succeeded", "nodes": nodes}
-    if failed:
-        info["first_failure"] = {"node": "node1", "rank": 1, "exit_code": 1,
-                                 "excerpt": ["Traceback (most recent call last):", "RuntimeError: boom <&>"]}
-    run.write(info)
-    run.write({"results": [{"check": "ssh", "node": "node0", "status": "ok", "value": "3 ms", "detail": "", "hint": ""},
-                           {"check": "gpus", "node": "node0", "status": "skip", "value": None,
-                            "detail": "no gpus declared", "hint": ""}]}, "check.json")
-    (run.path / "nodes").mkdir()
-    for i in range(2):
-        (run.path / "nodes" / f"node{i}.log").write_text(node_log(i))
-    (run.path / "results.csv").write_text(RESULTS)
-    return run
+from tests.report_support import RESULTS, make_run, node_log
 
 
 def test_throughput_keeps_the_latest_epoch() -> None:
@@ -99,29 +53,6 @@ def test_report_without_results_or_preflight_says_so(tmp_path: Path) -> None:
     text = build_report(run).read_text()
     assert "no data for loss and mAP curves" in text
     assert "no preflight recorded" in text
-
-
-def png_size(data: bytes) -> tuple[int, int]:
-    width, height = struct.unpack(">II", data[16:24])
-    return width, height
-
-
-def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
-    if shutil.which("chromium") is None:
-        missing("Debian's chromium package is not installed")
-    run = make_run(tmp_path, failed=True)
-    page = build_report(run)
-    shot = tmp_path / "shot.png"
-    proc = subprocess.run(
-        ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-         f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1200,1600", f"--screenshot={shot}",
-         page.as_uri()], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    data = shot.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    assert png_size(data) == (1200, 1600)
-    # a blank page compresses to a few KB; the plots and tables make it far larger
-    assert len(data) > 50_000
 
 
 def test_report_command_fetches_results_and_says_where_everything_is(

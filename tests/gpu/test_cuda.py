@@ -1,0 +1,247 @@
+"""The paths only a CUDA GPU reaches: the trainer's mixed-precision step (fp16 with GradScaler,
+bf16) and channels_last, a one-rank NCCL process group (the trainer's collectives and the fabric
+check's job), the probe's real nvidia-smi output through `parsers.parse_gpus` and the `gpus`
+check, and the torch build's architecture list against this GPU.
+
+Collected everywhere, run where torch sees a GPU (`make test-gpu`, or `pytest -m gpu tests/gpu` on
+a GPU machine); elsewhere each is skipped with the reason, also under ORCH_TEST_STRICT=1 (no
+package installs a GPU). They use GPU 0 and little memory, and take seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests"))  # the shared trainer helpers
+from trainer_helpers import make_dataset  # noqa: E402
+
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300),
+              pytest.mark.skipif(not torch.cuda.is_available(),
+                                 reason="no CUDA device: torch.cuda.is_available() is False")]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """32 synthetic 64 px images (8 steps of 4 per epoch): enough for a GradScaler to settle."""
+    return make_dataset(tmp_path_factory.mktemp("ds"), images=40, classes=3, imgsz=64)
+
+
+def cuda_inputs(data: Path, *argv: str) -> Any:
+    from trainer.offline import set_offline_env
+
+    set_offline_env()  # before ultralytics is imported
+    from trainer import loop
+    from trainer.config import parse_config
+    from trainer.dist import Topology, select_device
+
+    cfg = parse_config(["--data", str(data), "--imgsz", "64", "--batch", "4", "--workers", "0",
+                        "--val-period", "0", "--device", "cuda:0", "--seed", "1", *argv])
+    return loop.prepare(cfg, Topology(), select_device(cfg.device, Topology()))
+
+
+def is_spatial_conv(m: torch.nn.Module) -> bool:
+    """A conv whose weight looks different in channels_last (several channels, a kernel over 1x1)."""
+    return isinstance(m, torch.nn.Conv2d) and m.weight.shape[1] > 1 and m.weight.shape[2] > 1
+
+
+@pytest.mark.parametrize("amp, dtype", [("fp16", torch.float16), ("bf16", torch.bfloat16)])
+def test_an_epoch_under_autocast_computes_in_that_dtype_and_trains(data: Path, amp: str, dtype: torch.dtype) -> None:
+    """The trainer's own train_epoch on CUDA: convs compute in fp16/bf16, the loss stays finite,
+    the weights move; fp16 goes through a GradScaler (unscale before clipping), bf16 needs none."""
+    from trainer import loop
+
+    inp = cuda_inputs(data, "--amp", amp, "--lr", "0.01")
+    assert inp.amp == amp and inp.device.type == "cuda"
+    parts, train_set, _ = loop.build_parts(inp, 4)
+    assert (parts.scaler is not None) == (amp == "fp16")
+    seen: list[torch.dtype] = []
+    convs = [m for m in parts.model.modules() if isinstance(m, torch.nn.Conv2d)]
+    hooks = [c.register_forward_hook(lambda _m, _i, out: seen.append(out.dtype)) for c in convs]
+    before = [p.detach().clone() for p in parts.model.parameters()]
+    loader = loop.make_loader(train_set, 4, inp, restore=None)
+    try:
+        means, throughput = loop.train_epoch(0, loader, parts, inp, loop.State())
+    finally:
+        for h in hooks:
+            h.remove()
+    torch.cuda.synchronize()
+    assert seen and set(seen) == {dtype}, sorted(set(map(str, seen)))
+    assert means and all(math.isfinite(v) and v > 0 for v in means.values()), means
+    assert len(throughput) == 1 and throughput[0][0] > 0  # one rank; its images after the first step
+    moved = [not torch.equal(a, b) for a, b in zip(before, parts.model.parameters())]
+    assert any(moved), "no optimizer step changed a weight"
+    assert all(torch.isfinite(p).all() for p in parts.model.parameters())
+    if parts.scaler is not None:
+        assert 0 < parts.scaler.get_scale() < math.inf
+
+
+def test_the_model_trains_in_channels_last_on_cuda(data: Path) -> None:
+    """On CUDA the trainer converts the model to channels_last (ultralytics does not): every
+    spatial conv's weight is laid out NHWC, and a step keeps it so."""
+    from trainer import loop
+
+    inp = cuda_inputs(data, "--amp", "bf16")
+    parts, train_set, _ = loop.build_parts(inp, 4)
+    convs = [m for m in parts.model.modules() if is_spatial_conv(m)]
+    assert convs
+    assert all(c.weight.is_cuda and c.weight.is_contiguous(memory_format=torch.channels_last) for c in convs)
+    assert not any(c.weight.is_contiguous() for c in convs)  # not merely contiguous both ways
+    loop.train_epoch(0, loop.make_loader(train_set, 4, inp, restore=None), parts, inp, loop.State())
+    assert all(c.weight.is_contiguous(memory_format=torch.channels_last) for c in convs)
+
+
+def test_a_one_rank_nccl_group_reduces_and_the_trainers_collectives_work_on_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """init (as trainer/dist.py does on CUDA: nccl, device_id), all_reduce, the trainer's own
+    collectives on it, and the trainer's close, after which no group is left."""
+    import torch.distributed as dist
+
+    from trainer import dist as tdist
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", rank=0, world_size=1, device_id=device)
+    try:
+        assert dist.get_backend() == "nccl" and dist.get_world_size() == 1
+        t = torch.arange(1024, dtype=torch.float32, device=device)
+        dist.all_reduce(t)
+        torch.cuda.synchronize()
+        assert torch.equal(t.cpu(), torch.arange(1024, dtype=torch.float32))
+        row = torch.tensor([1.0, 2.5, 4.0], dtype=torch.float64, device=device)
+        assert tdist.gather_rows(row) == [[1.0, 2.5, 4.0]]
+        assert tdist.any_rank(True) is True and tdist.any_rank(False) is False
+        assert tdist.broadcast_object({"out": "/runs/x", "epoch": 3}) == {"out": "/runs/x", "epoch": 3}
+        tdist.barrier()
+        assert torch.cuda.nccl.version()  # the NCCL torch was built with, as the fabric check reports it
+    finally:
+        tdist.close()
+    assert not dist.is_initialized()
+
+
+def test_the_fabric_job_runs_over_nccl_on_one_gpu() -> None:
+    """The fabric check's job (orchestrator/node/jobs/allreduce.py) under torchrun, one rank, nccl:
+    the device is CUDA, nothing comes back wrong, and the NCCL version is reported."""
+    from orchestrator.node.jobs import allreduce as job
+
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "1",
+            "--master-addr", "127.0.0.1", "--master-port", str(free_port()), job.__file__,
+            "--backend", "nccl", "--max-bytes", "4M"]
+    env = {**os.environ, "ORCH_NODE": "gpu0", "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0")}
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    (line,) = [x for x in p.stdout.splitlines() if x.startswith(job.MARKER + " ")]
+    r = json.loads(line.split(" ", 1)[1])
+    assert (r["backend"], r["device"], r["world_size"]) == ("nccl", "cuda", 1)
+    assert re.fullmatch(r"\d+\.\d+\.\d+", r["nccl"] or ""), r["nccl"]
+    assert r["sweep"] and all(s["wrong"] == 0 and s["time_us"] > 0 for s in r["sweep"]), r["sweep"]
+
+
+@pytest.fixture
+def nvidia_smi() -> str:
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        pytest.skip("torch sees a GPU but nvidia-smi is not on PATH")
+    return exe
+
+
+def test_the_probes_real_nvidia_smi_output_parses_to_this_machines_gpus(nvidia_smi: str,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.node import probe
+    from orchestrator.preflight.parsers import parse_gpus
+
+    monkeypatch.delenv("ORCH_PROBE_FIXTURES", raising=False)
+    raw = probe.gather_gpus()
+    assert raw["source"] == "nvidia-smi" and raw["query"]["rc"] == 0 and raw["table"]["rc"] == 0, raw
+    facts = parse_gpus(raw)
+    assert facts.error is None and facts.source == "nvidia-smi"
+    assert len(facts.gpus) >= torch.cuda.device_count() >= 1  # nvidia-smi ignores CUDA_VISIBLE_DEVICES
+    assert [g.index for g in facts.gpus] == list(range(len(facts.gpus)))
+    assert all(re.fullmatch(r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]", g.bus_id) for g in facts.gpus)
+    assert facts.driver and re.fullmatch(r"\d+\.\d+(\.\d+)?", facts.driver), facts.driver
+    assert facts.cuda and re.fullmatch(r"\d+\.\d+", facts.cuda), facts.cuda  # from the table's header
+    assert {g.driver for g in facts.gpus} == {facts.driver}
+    props = torch.cuda.get_device_properties(0)
+    if "MIG" in props.name:  # torch sees a MIG slice ("NVIDIA H200 MIG 1g.18gb"); nvidia-smi the whole GPU
+        assert any(g.name in props.name for g in facts.gpus), (props.name, facts.gpus)
+    else:
+        assert props.name in {g.name for g in facts.gpus}, (props.name, facts.gpus)
+        total = props.total_memory / 2**20
+        assert any(g.memory_total_mib and abs(g.memory_total_mib - total) <= 0.03 * total for g in facts.gpus), (
+            total, [g.memory_total_mib for g in facts.gpus])
+    assert all(g.memory_total_mib and g.memory_used_mib is not None for g in facts.gpus), facts.gpus
+
+
+def test_orch_check_gpus_passes_on_this_machine(nvidia_smi: str, tmp_path: Path) -> None:
+    """`orch check --only gpus` on a one-node local inventory declaring this machine's GPUs: the
+    probe runs nvidia-smi, the controller parses and judges it."""
+    import yaml
+
+    listed = listed_gpus(nvidia_smi)
+    count = len(listed)
+    inv = tmp_path / "gpu.yaml"
+    inv.write_text(yaml.safe_dump({
+        "name": "gpu-smoke", "transport": "local",
+        "nodes": [{"host": "localhost", "name": "gpu0", "gpus": count, "nproc_per_node": 1}],
+        "master": {"port": free_port()},
+        "job": {"python": sys.executable, "workdir": str(tmp_path), "run_root": str(tmp_path / "nodes")},
+    }))
+    env = {**os.environ, "ORCH_HOME": str(tmp_path / "home"), "NO_COLOR": "1"}
+    env.pop("ORCH_PROBE_FIXTURES", None)
+    p = subprocess.run([sys.executable, "-m", "orchestrator", "check", str(inv), "--only", "gpus", "--json"],
+                       capture_output=True, text=True, timeout=180, env=env, cwd=REPO)
+    report = json.loads(p.stdout)
+    (row,) = [r for r in report["results"] if r["check"] == "gpus"]
+    assert row["status"] in ("ok", "warn"), row  # warn: another process already uses a GPU
+    assert p.returncode == 0, p.stderr
+    assert row["value"].startswith(f"{count} × ") and listed[0] in row["value"], row
+
+
+def listed_gpus(nvidia_smi: str) -> list[str]:
+    """The GPU names `nvidia-smi -L` lists (`GPU 0: NVIDIA H200 (UUID: ...)`; MIG slices are
+    indented under their GPU): an independent count and name to hold the probe and check to."""
+    out = subprocess.run([nvidia_smi, "-L"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    names = [m.group(1) for m in re.finditer(r"^GPU \d+: (.+?) \(UUID: ", out.stdout, re.M)]
+    assert names, out.stdout
+    return names
+
+
+def test_the_torch_build_has_code_for_this_gpu() -> None:
+    """torch.cuda.get_arch_list(): a kernel image for this GPU's compute capability (sm_XY of the
+    same major, minor at most this one's), or PTX (compute_XY) it can JIT; otherwise every kernel
+    launch fails with `no kernel image is available`."""
+    arch = torch.cuda.get_arch_list()
+    assert arch and all(re.fullmatch(r"(sm|compute)_\d+[a-z]?", a) for a in arch), arch
+    major, minor = torch.cuda.get_device_capability(0)
+    sass = [a for a in arch if a.startswith("sm_")]
+    ptx = [a for a in arch if a.startswith("compute_")]
+
+    def cc(a: str) -> tuple[int, int]:
+        digits = re.sub(r"\D", "", a.split("_")[1])
+        return int(digits[:-1]), int(digits[-1])
+
+    runs = [a for a in sass if cc(a)[0] == major and cc(a)[1] <= minor]
+    jit = [a for a in ptx if cc(a) <= (major, minor)]
+    assert runs or jit, f"compute capability {major}.{minor} but this torch has {arch}"
+    x = torch.ones(4, device="cuda:0") * 2  # a kernel runs
+    assert x.sum().item() == 8

@@ -1,0 +1,56 @@
+"""A run directory as `orch up` leaves it (run.json, check.json, node logs, results.csv), for the
+report tests (tests/unit/test_report.py, tests/local/test_report_chromium.py)."""
+
+from __future__ import annotations
+
+import struct
+import time
+from pathlib import Path
+
+from orchestrator.store import RunDir
+
+RESULTS = """                  epoch,         train/box_loss,         train/cls_loss,         train/dfl_loss,   metrics/precision(B),      metrics/recall(B),       metrics/mAP50(B),    metrics/mAP50-95(B),           val/box_loss,           val/cls_loss,           val/dfl_loss,                 lr/pg0
+                      1,                 3.1,                 4.2,                 2.9,                 0.01,                 0.02,                 0.003,                 0.001,                 3.0,                 4.0,                 2.8,                 0.0001
+                      2,                 2.7,                 3.5,                 2.5,                 0.05,                 0.09,                 0.02,                 0.008,                 2.8,                 3.6,                 2.6,                 0.0002
+                      3,                 2.2,                 2.9,                 2.1,                 0.12,                 0.20,                 0.09,                 0.03,                 2.4,                 3.1,                 2.3,                 0.0003
+"""
+
+
+def node_log(node_rank: int) -> str:
+    ts = "2026-11-30T09:32:0{}.000000Z"
+    lines = [f"{ts.format(node_rank)} orch agent started torchrun pid 123"]
+    for epoch in (1, 2):
+        lines.append(f"{ts.format(node_rank)} out [default0]:[rank {node_rank}] throughput epoch {epoch}: rank  images/s  data-wait")
+        lines.append(f"{ts.format(node_rank)} out [default0]:[rank {node_rank}] throughput epoch {epoch}: "
+                     f"{node_rank:>4}  {10.0 * epoch + node_rank:8.1f}  {12.5:8.1f}%")
+    lines.append(f"{ts.format(node_rank)} out [default0]:[rank 0] throughput epoch 2: total 41.0 images/s over 2 ranks, "
+                 "scaling efficiency 91.1% of 2 x 22.5 images/s")
+    return "\n".join(lines) + "\n"
+
+
+def make_run(tmp_path: Path, failed: bool = False) -> RunDir:
+    run = RunDir(tmp_path / "20261130-093200-demo")
+    run.path.mkdir(parents=True)
+    now = time.time()
+    nodes = [{"node": f"node{i}", "node_rank": i, "host": "localhost", "state": "failed" if failed and i else "succeeded",
+              "exit_code": 1 if failed and i else 0, "pid": 100 + i, "started_at": now - 60, "finished_at": now - 5}
+             for i in range(2)]
+    info = {"run": run.run_id, "inventory": "inventory/local.yaml", "created": now - 62, "finished_at": now - 4,
+            "state": "failed" if failed else "succeeded", "nodes": nodes}
+    if failed:
+        info["first_failure"] = {"node": "node1", "rank": 1, "exit_code": 1,
+                                 "excerpt": ["Traceback (most recent call last):", "RuntimeError: boom <&>"]}
+    run.write(info)
+    run.write({"results": [{"check": "ssh", "node": "node0", "status": "ok", "value": "3 ms", "detail": "", "hint": ""},
+                           {"check": "gpus", "node": "node0", "status": "skip", "value": None,
+                            "detail": "no gpus declared", "hint": ""}]}, "check.json")
+    (run.path / "nodes").mkdir()
+    for i in range(2):
+        (run.path / "nodes" / f"node{i}.log").write_text(node_log(i))
+    (run.path / "results.csv").write_text(RESULTS)
+    return run
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height

@@ -18,6 +18,7 @@ import pytest
 
 from orchestrator.logs.fetch import read_frames, reader_program
 from orchestrator.node import FROM_STDIN, agent, agent_files, script, stacks
+from tests.procs_support import received, stranger
 
 BOOT = script("boot")
 READER = reader_program()
@@ -41,6 +42,25 @@ def prepare(tmp_path: Path, script: str, run: str = "r1", grace: float = 1.0, **
 
 def state(d: Path) -> dict[str, Any]:
     return dict(json.loads((d / "state.json").read_text()))
+
+
+def wait_for(pred: Callable[[], Any], what: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
+        time.sleep(0.05)
+
+
+def snapshot_holds(d: Path, marker: bytes) -> None:
+    """Wait until the agent's snapshot of the job's processes (state.json `procs`) holds the one
+    whose command line has `marker` (the agent takes one about every second)."""
+    def cmdline(pid: int) -> bytes:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return b""
+    wait_for(lambda: any(marker in cmdline(p) for p, _s in state(d).get("procs") or []),
+             f"a snapshot of the job's processes with {marker.decode()}")
 
 
 def wait_state(d: Path, *states: str, timeout: float = 20) -> dict[str, Any]:
@@ -74,7 +94,7 @@ def test_start_runs_detached_stamps_lines_and_records_the_exit(tmp_path: Path) -
 def test_stop_terms_then_kills_the_group_and_is_idempotent(tmp_path: Path) -> None:
     d = prepare(tmp_path, "trap '' TERM; while true; do echo tick; sleep 0.2; done", grace=1.0)
     assert call("start", str(d))[0] == 0
-    time.sleep(0.5)
+    wait_for(lambda: "tick" in (d / "node.log").read_text(), "the job to run past its trap")
     t = time.monotonic()
     code, out = call("stop", str(d), "--grace", "1")
     assert code == 0 and out["remaining"] == [] and out["state"] == "stopped"
@@ -98,14 +118,13 @@ def test_orphans_of_a_killed_job_are_reaped_and_killed(tmp_path: Path) -> None:
     os.kill(state(d)["pid"], signal.SIGKILL)
     final = wait_state(d, "failed")
     assert final["exit_code"] == -9
-    time.sleep(0.2)
-    assert not any(agent.alive(p) for p in sleepers)
+    wait_for(lambda: not any(agent.alive(p) for p in sleepers), "the orphans to be killed")
 
 
 def test_stop_without_the_agent_still_finds_the_job(tmp_path: Path) -> None:
     d = prepare(tmp_path, "setsid sleep 302 & while true; do sleep 0.2; done")
     assert call("start", str(d))[0] == 0
-    time.sleep(1.3)  # one snapshot of the job's processes
+    snapshot_holds(d, b"302")
     st = state(d)
     os.kill(st["agent_pid"], signal.SIGKILL)
     code, status = call("status", str(d))
@@ -140,7 +159,7 @@ SAME = ("state", "exit_code", "signal", "pid", "pgid", "agent_pid", "started_at"
 def test_the_log_readers_status_frames_say_what_agent_status_says(tmp_path: Path) -> None:
     d = prepare(tmp_path, "setsid sleep 303 & while true; do sleep 0.2; done")
     assert call("start", str(d))[0] == 0
-    time.sleep(1.3)  # one snapshot of the job's processes
+    snapshot_holds(d, b"303")
     proc, frames = reader(d)
     try:
         st = next_status(frames, lambda s: True)
@@ -231,9 +250,10 @@ def test_torchrun_log_dir_is_inserted_after_the_module(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- process identity
 
 
-def foreign_group() -> subprocess.Popen[bytes]:
-    """A process group that is nobody's job: what a recycled pid or pgid would now name."""
-    return subprocess.Popen(["sleep", "300"], start_new_session=True)
+def foreign_group() -> subprocess.Popen[str]:
+    """A process group that is nobody's job: what a recycled pid or pgid would now name. It blocks
+    the signals it can (tests/procs_support.py), so one sent to it shows as pending."""
+    return stranger()
 
 
 def rewrite_state(d: Path, **fields: Any) -> None:
@@ -256,8 +276,7 @@ def test_stop_of_an_ended_run_leaves_a_process_group_that_took_the_recorded_pgid
         code, out = call("stop", str(d), "--grace", "1")
         assert code == 0 and out["stopped"] == [] and out["remaining"] == []
         assert out["strangers"] == [stranger.pid]
-        time.sleep(0.3)
-        assert stranger.poll() is None, "stop signalled a process that is not the job's"
+        assert received(stranger.pid) == set(), "stop signalled a process that is not the job's"
     finally:
         stranger.kill()
         stranger.wait()
@@ -281,7 +300,7 @@ def test_a_group_whose_leader_exited_is_signalled_only_where_members_carry_the_r
         assert agent.job_alive(state(d))
         code, out = call("stop", str(d), "--grace", "1")
         assert code == 0 and out["stopped"] == [member] and out["remaining"] == []
-        assert not agent.alive(member) and stranger.poll() is None
+        assert not agent.alive(member) and received(stranger.pid) == set()
     finally:
         stranger.kill()
         stranger.wait()
@@ -295,10 +314,11 @@ def test_send_signals_only_the_process_that_started_at_the_recorded_time() -> No
         start = agent.proc_start_time(p.pid)
         assert start is not None
         assert not agent.send(p.pid, start + 1, signal.SIGTERM) and not agent.send(p.pid, None, signal.SIGTERM)
-        time.sleep(0.2)
-        assert p.poll() is None
+        assert received(p.pid) == set()  # it blocks SIGTERM: one sent would be pending now
         assert agent.send(p.pid, start, signal.SIGTERM)
-        assert p.wait(5) == -signal.SIGTERM
+        assert received(p.pid) == {"SIGTERM"}
+        p.kill()
+        p.wait(5)
         assert not agent.send(p.pid, start, signal.SIGTERM)  # gone: nothing to signal
     finally:
         if p.poll() is None:
@@ -310,7 +330,7 @@ def test_a_cleanup_that_times_out_is_recorded_not_assumed(tmp_path: Path, monkey
     # a process no signal removes (uninterruptible sleep on a dead NFS server) stands in as one
     # the signals do not reach
     (tmp_path / "d").mkdir()
-    m = agent.Monitor(str(tmp_path / "d"), {"argv": ["true"]})
+    m = agent.Monitor(str(tmp_path / "d"), {"argv": ["true"], "grace": 0.3})  # TERM waits 0.3 s, not 5
     stuck = subprocess.Popen(["sleep", "30"])
     monkeypatch.setattr(agent, "send", lambda pid, start, sig: True)
     try:

@@ -90,9 +90,15 @@ def test_host_keys_are_verified_as_for_every_command(cluster: TestCluster, orch:
 
 def test_ctrl_c_closes_every_connection_and_exits_130(cluster: TestCluster, orch: Orch) -> None:
     inv = str(cluster.write_inventory())
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "exec", inv, "--", "sleep 120; echo late"],
+    started = cluster.root / "exec-started"
+    started.mkdir()
+    line = f"mktemp -p {started} >/dev/null && sleep 120; echo late"  # each node says it runs, then waits
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "exec", inv, "--", line],
                             cwd=REPO, env=orch.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(3)
+    deadline = time.monotonic() + 60
+    while len(list(started.iterdir())) < len(cluster.nodes):  # running on every node: Ctrl-C interrupts it
+        assert proc.poll() is None and time.monotonic() < deadline, "orch exec never ran the command everywhere"
+        time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)  # far less than the command's 120 s
     assert proc.returncode == 130, err

@@ -180,9 +180,15 @@ def test_timeout_counts_124(local_inv: Path, capsys: pytest.CaptureFixture[str])
 
 def test_ctrl_c_stops_waiting_and_exits_130(local_inv: Path, tmp_path: Path) -> None:
     env = {**os.environ, "ORCH_HOME": str(tmp_path / "home")}
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "exec", str(local_inv), "--", "sleep 120"],
+    started = tmp_path / "started"
+    started.mkdir()
+    line = f"mktemp -p {started} >/dev/null && exec sleep 120"  # each node says it runs, then waits
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "exec", str(local_inv), "--", line],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(2)
+    deadline = time.monotonic() + 60
+    while len(list(started.iterdir())) < 3:  # the command runs on every node: Ctrl-C now interrupts it
+        assert proc.poll() is None and time.monotonic() < deadline, "orch exec never ran the command everywhere"
+        time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)  # far less than the command's 120 s
     assert proc.returncode == 130, err

@@ -215,7 +215,8 @@ def test_poller_keeps_a_slow_node_from_hiding_the_others() -> None:
 
     p = Poller(["fast", "slow"], poll, interval=0.05, stale_after=0.2).start()
     try:
-        time.sleep(0.5)
+        # the slow node's call outlives stale_after while the fast one keeps answering
+        wait_until(lambda: isinstance(p.observe().get("slow"), Unanswered) and p.observe().get("fast") == ok())
         obs = p.observe()
         assert obs["fast"] == ok()
         assert isinstance(obs["slow"], Unanswered)
@@ -258,16 +259,58 @@ class Polls:
         return result  # type: ignore[no-any-return]
 
 
-def wait_until(pred: Any, timeout: float = 5.0) -> None:
+def wait_until(pred: Any, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not pred():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.01)
 
 
-def pushed_for(polls: Polls, clock: Clock, **kw: Any) -> Pushed:
-    return Pushed(["n1", "n2", "n3"], polls, silent_after=3.0, interval=0.01, stale_after=5.0, clock=clock,
-                  **kw).start()
+NAMES = ("n1", "n2", "n3")
+
+
+class Watched(Pushed):
+    """Pushed, with every look its poller threads take recorded: which node, and whether it was
+    judged silent (then it is polled). "Not polled" then means "looked at, after this point, and
+    found not silent", not "no poll happened to run yet"."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        self.looks: list[tuple[int, str, bool]] = []
+        self.looks_lock = threading.Lock()
+        self.seq = 0
+        super().__init__(*args, **kw)
+
+    def silent(self, name: str) -> bool:
+        with self.looks_lock:
+            self.seq += 1
+            seq = self.seq
+        answer = super().silent(name)
+        with self.looks_lock:
+            self.looks.append((seq, name, answer))
+        return answer
+
+    def mark(self) -> int:
+        """A point in time: a look that starts after it was taken entirely after it."""
+        with self.looks_lock:
+            self.seq += 1
+            return self.seq
+
+    def looked(self, name: str, after: int) -> list[bool]:
+        """The answers of the looks at `name` that started after the mark `after`."""
+        with self.looks_lock:
+            return [answer for seq, n, answer in self.looks if n == name and seq > after]
+
+    def judged_quiet(self, names: Any = NAMES) -> None:
+        """Wait until every node in `names` was looked at from now on, and require that each such
+        look found it not silent (so none was polled for what the test just did)."""
+        mark = self.mark()
+        wait_until(lambda: all(self.looked(n, mark) for n in names))
+        assert not any(a for n in names for a in self.looked(n, mark)), "a node was judged silent"
+
+
+def pushed_for(polls: Polls, clock: Clock, **kw: Any) -> Watched:
+    return Watched(["n1", "n2", "n3"], polls, silent_after=3.0, interval=0.01, stale_after=5.0, clock=clock,
+                   **kw).start()  # type: ignore[return-value]
 
 
 def test_pushed_statuses_need_no_poll_and_a_pushed_failure_ends_the_run() -> None:
@@ -283,7 +326,7 @@ def test_pushed_statuses_need_no_poll_and_a_pushed_failure_ends_the_run() -> Non
             pushed.frame(n)
         if next(rounds) == 5:
             pushed.status("n2", ok("failed", exit_code=1, finished_at=50.0))
-        time.sleep(0.02)  # the poller threads get to look at every silence they could see
+        pushed.judged_quiet()  # every poller thread looked at this round's silences before the next
 
     sup = Supervisor(SPECS, observe=pushed.observe, stop_all=lambda: stops.append(1) or {}, interval=1.0,
                      clock=clock, sleep=sleep)
@@ -305,7 +348,7 @@ def test_a_silent_stream_is_polled_until_its_node_is_heard_again() -> None:
         clock.t += 2.5
         pushed.frame("n1")
         pushed.frame("n3")
-        time.sleep(0.1)
+        pushed.judged_quiet()  # n2 silent 2.5 s: looked at, and not polled
         assert polls.asked == [], "polled within the silence allowed"
         clock.t += 1.0  # n2: 3.5 s without a frame
         pushed.frame("n1")
@@ -315,9 +358,11 @@ def test_a_silent_stream_is_polled_until_its_node_is_heard_again() -> None:
         obs = pushed.observe()
         assert obs["n2"] == ok(polled=True) and obs["n1"] == ok()
         pushed.status("n2", ok(pid=7))  # its stream is back
-        time.sleep(0.05)
+        mark = pushed.mark()
+        wait_until(lambda: pushed.looked("n2", mark))  # n2's thread is past any poll begun before the status
         asked = len(polls.asked)
-        time.sleep(0.2)
+        pushed.judged_quiet(["n2"])
+        pushed.judged_quiet(["n2"])
         assert len(polls.asked) == asked, "still polled once heard again"
         assert pushed.observe()["n2"] == ok(pid=7)
     finally:
@@ -334,7 +379,7 @@ def test_a_silent_node_that_cannot_be_asked_is_unreachable_since_it_was_last_hea
     clock.t += 4.0
     pushed.frame("n1")
     pushed.frame("n3")
-    wait_until(lambda: "n2" in polls.asked)
+    wait_until(lambda: isinstance(pushed.observe()["n2"], Silent))  # asked, and its poll failed
 
     def sleep(s: float) -> None:
         clock.sleep(s)
@@ -381,8 +426,9 @@ def test_a_final_pushed_state_is_never_polled() -> None:
         pushed.status("n2", ok("failed", exit_code=3))
         clock.t += 60.0  # both streams ended after their final word; n3 never said anything
         wait_until(lambda: "n3" in polls.asked)
-        time.sleep(0.1)
+        pushed.judged_quiet(["n1", "n2"])  # looked at 60 s after their last frame: final, not silent
         assert set(polls.asked) == {"n3"}
+        wait_until(lambda: pushed.observe()["n3"] == ok(polled=True))
         obs = pushed.observe()
         assert obs["n1"] == ok("succeeded") and obs["n2"].exit_code == 3 and obs["n3"] == ok(polled=True)
     finally:
@@ -393,8 +439,8 @@ def test_a_pushed_status_wakes_the_supervisor() -> None:
     pushed = Pushed(["n1"], Polls(), clock=time.monotonic)
     threading.Timer(0.1, pushed.status, args=("n1", ok())).start()
     started = time.monotonic()
-    pushed.wait(5.0)
-    assert time.monotonic() - started < 2.0
+    pushed.wait(120.0)
+    assert time.monotonic() - started < 60.0  # woken by the status, long before the timeout
 
 
 def test_a_stream_may_take_longer_for_its_first_frame_than_to_stay_heard() -> None:
@@ -405,13 +451,13 @@ def test_a_stream_may_take_longer_for_its_first_frame_than_to_stay_heard() -> No
         pushed.status("n1", ok())  # n1's stream came up; n2 and n3 are still starting theirs
         clock.t += 3.5  # n1 silent 3.5 s since its last frame; n2, n3 unheard for 4.5 s
         wait_until(lambda: "n1" in polls.asked)
-        time.sleep(0.1)
+        pushed.judged_quiet(["n2", "n3"])  # 4.5 s without a first frame is within first_frame_s
         assert set(polls.asked) == {"n1"}
         pushed.status("n1", ok())
         pushed.frame("n2")
         clock.t += 1.0  # n3: 5.5 s and still no frame
         wait_until(lambda: "n3" in polls.asked)
-        time.sleep(0.1)
+        pushed.judged_quiet(["n2"])
         assert set(polls.asked) == {"n1", "n3"}
     finally:
         pushed.close(wait=1.0)

@@ -109,6 +109,47 @@ def run_trainer(args: list[str], nproc: int = 0, timeout: float = 300, blocked_n
     return Result(p.returncode, p.stdout, p.stderr)
 
 
+RESUME_EPOCHS, RESUME_BATCH = 3, 4
+RESUME_FLAGS = ["--model", "yolo12n.yaml", "--epochs", str(RESUME_EPOCHS), "--batch", str(RESUME_BATCH),
+                "--imgsz", "64", "--log-every", "2", "--seed", "1", "--warmup-epochs", "1", "--workers", "0",
+                "--val-period", "0", "--lr", "0.05", "--accumulate", "1", "--close-mosaic", "0"]
+"""The run every exact-resume test interrupts: 2 ranks, 3 epochs of 64 px, mosaic all the way
+(close_mosaic=0), augmentation in the process (workers 0). What the resumed runs must end with
+is this run uninterrupted (`trainer_reference`)."""
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The uninterrupted run of RESUME_FLAGS on `data`, 2 ranks (torchrun, gloo)."""
+
+    data: Path
+    """The dataset's data YAML (20 synthetic images): resumed runs train on this same file."""
+    out: Path
+    result: Result
+
+    def checksum(self, rank: int) -> str:
+        """The parameter checksum rank `rank` ended with (its --debug-dir record)."""
+        return str(json.loads((self.out.parent / "debug" / f"rank{rank}.json").read_text())["checksum"])
+
+    def rows(self) -> list[dict[str, float]]:
+        return read_results(self.out)
+
+    def args(self, **paths: Any) -> list[str]:
+        """RESUME_FLAGS on this dataset, plus e.g. out=..., debug_dir=... (as --out, --debug-dir)."""
+        extra = [a for k, v in paths.items() for a in (f"--{k.replace('_', '-')}", str(v))]
+        return [*RESUME_FLAGS, "--data", str(self.data), *extra]
+
+
+def make_reference(root: Path) -> Reference:
+    """Train the reference under `root` (its dataset, run and debug records)."""
+    data = make_dataset(root / "ds", images=20)
+    ref = Reference(data, root / "run", Result(0, "", ""))
+    result = run_trainer(ref.args(out=ref.out, debug_dir=root / "debug"), nproc=2)
+    assert result.returncode == 0, result.explain()
+    return Reference(data, ref.out, result)
+
+
+
 def read_results(run_dir: Path) -> list[dict[str, float]]:
     """results.csv rows as floats."""
     with open(run_dir / "results.csv") as f:

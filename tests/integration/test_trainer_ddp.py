@@ -8,15 +8,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ holds the shared trainer helpers
-from trainer_helpers import (  # noqa: E402
+from tests.trainer_helpers import (
     PYTHON,
+    Reference,
     env,
     make_dataset,
     read_debug,
@@ -111,12 +110,12 @@ def test_one_rank_and_two_ranks_agree(tmp_path: Path) -> None:
     assert s2 == pytest.approx(s1, rel=1e-3)
 
 
-@pytest.mark.parametrize("workers, close", [(0, 0), (2, 0), (2, 1)])
+@pytest.mark.parametrize("workers, close", [(2, 0), (2, 1)])
 def test_resume_with_mosaic_continues_exactly(tmp_path: Path, workers: int, close: int) -> None:
     """Killed after epoch 2 of 3 with mosaic on (close_mosaic=0: all the way; close_mosaic=1: it
     closes only after the kill, in the resumed part) and resumed: the same weights, bit for bit, as
-    the uninterrupted run; augmentation in the process or in (persistent) loader workers, whose
-    mosaic buffers are saved and put back."""
+    the uninterrupted run; augmentation in (persistent) loader workers, whose mosaic buffers are
+    saved and put back. Augmentation in the process (workers 0) is the node-local test below."""
     data = make_dataset(tmp_path / "ds", images=20)
     flags = ["--workers", str(workers), "--val-period", "0", "--lr", "0.05", "--accumulate", "1",
              "--cfg", f"close_mosaic={close}"]
@@ -129,8 +128,7 @@ def test_resume_with_mosaic_continues_exactly(tmp_path: Path, workers: int, clos
     resumed = run_trainer([*common(data, tmp_path / "cut", 3, 4), *flags, "--resume",
                            "--debug-dir", str(tmp_path / "dc")], nproc=2)
     assert resumed.returncode == 0, resumed.explain()
-    assert any("resuming at epoch 3 (checkpoint finished epoch 2, " in ln for ln in resumed.rank_lines())
-    assert not any("epoch 1/3" in ln or "epoch 2/3" in ln for ln in resumed.rank_lines())
+    assert_resumed_at_3(resumed.rank_lines())
     closing = "[rank 0] closing mosaic: epochs 3..3 train without it (--close-mosaic 1)"
     assert (closing in full.rank_lines()) == (closing in resumed.rank_lines()) == bool(close)
     assert not any("closing mosaic" in ln for ln in killed.rank_lines())
@@ -143,25 +141,39 @@ def test_resume_with_mosaic_continues_exactly(tmp_path: Path, workers: int, clos
     assert dc[0]["checksum"] == df[0]["checksum"] == dc[1]["checksum"]
 
 
-def test_resume_when_out_is_on_node_local_storage(tmp_path: Path) -> None:
-    """Two nodes that share no storage (each its own HOME, --out ~/run): only rank 0's node has the
-    checkpoint; on --resume rank 0 reads it and sends it, and the run ends where an uninterrupted one does."""
-    data = make_dataset(tmp_path / "ds", images=20)
-    args = ["--data", str(data), "--epochs", "3", "--batch", "4", "--imgsz", "64", "--seed", "1", "--workers", "0",
-            "--val-period", "0", "--lr", "0.05", "--accumulate", "1", "--cfg", "close_mosaic=0", "--out", "~/run",
-            "--debug-dir", "~/debug"]
-    full = run_nodes(args, [tmp_path / "f0", tmp_path / "f1"])
-    assert all(r.returncode == 0 for r in full), full[0].explain() + full[1].explain()
+def assert_resumed_at_3(lines: list[str]) -> None:
+    """A run resumed from its epoch-2 checkpoint trains epoch 3 only."""
+    assert any("resuming at epoch 3 (checkpoint finished epoch 2, " in ln for ln in lines), lines[-20:]
+    assert not any("epoch 1/3" in ln or "epoch 2/3" in ln for ln in lines)
+
+
+def test_resume_when_out_is_on_node_local_storage(trainer_reference: Reference, tmp_path: Path) -> None:
+    """Two nodes that share no storage (each its own HOME, --out ~/run), augmentation in the process
+    (workers 0, its mosaic buffer in the checkpoint), mosaic all the way: killed after epoch 2 of 3,
+    only rank 0's node has the checkpoint; on --resume rank 0 reads it and sends it, and the run ends
+    with the uninterrupted run's weights, losses and rate, bit for bit (the session's reference:
+    the same flags and world size, one node of two ranks)."""
+    ref = trainer_reference
+    args = ref.args(out="~/run", debug_dir="~/debug")
     homes = [tmp_path / "c0", tmp_path / "c1"]
     killed = run_nodes([*args, "--debug-exit-after", "2"], homes)
     assert all(r.returncode != 0 for r in killed)
     assert (homes[0] / "run" / "weights" / "last.pt").is_file() and not (homes[1] / "run").exists()
+    assert len(read_results(homes[0] / "run")) == 2
+    assert not any("closing mosaic" in ln for r in killed for ln in r.rank_lines())
     resumed = run_nodes([*args, "--resume"], homes)
     assert all(r.returncode == 0 for r in resumed), resumed[0].explain() + resumed[1].explain()
     assert not (homes[1] / "run").exists()  # node 1 never needed the file
-    done = [json.loads((h / "debug" / "rank0.json").read_text())["checksum"] for h in (tmp_path / "f0", homes[0])]
-    assert done[0] == done[1]
-    assert json.loads((homes[1] / "debug" / "rank1.json").read_text())["checksum"] == done[1]
+    assert_resumed_at_3(resumed[0].rank_lines())
+    assert not any("closing mosaic" in ln for r in [ref.result, *resumed] for ln in r.rank_lines())
+
+    a, b = ref.rows(), read_results(homes[0] / "run")
+    assert len(b) == 3
+    assert train_loss(b[2]) == train_loss(a[2])
+    assert b[2]["lr/pg0"] == a[2]["lr/pg0"]
+    rank0 = json.loads((homes[0] / "debug" / "rank0.json").read_text())["checksum"]
+    rank1 = json.loads((homes[1] / "debug" / "rank1.json").read_text())["checksum"]
+    assert rank0 == ref.checksum(0) == rank1
 
 
 def test_segmentation_two_ranks_with_accumulation(tmp_path: Path) -> None:

@@ -1,6 +1,8 @@
 """Automatic resume of the trainer over real sshd nodes: a rank killed once in the middle of an
 epoch, `orch up` retries the same run, the trainer resumes from its last.pt, and the weights it
-ends with are an uninterrupted run's, bit for bit (CPU, gloo, 2 nodes x 1 process, 64 px).
+ends with are an uninterrupted run's, bit for bit (CPU, gloo, 2 nodes x 1 process, 64 px). The
+uninterrupted run is the session's `trainer_reference` (tests/integration/conftest.py): the same
+flags and world size, 2 ranks on one node.
 """
 
 from __future__ import annotations
@@ -14,23 +16,21 @@ from typing import Any
 import pytest
 
 from tests.cluster import TestCluster, free_port
-from tests.trainer_helpers import make_dataset
+from tests.trainer_helpers import RESUME_BATCH, RESUME_FLAGS, Reference
 from tests.up_helpers import REPO, Orch, leftover
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-EPOCHS, BATCH = 3, 4
 KILL_ONCE = REPO / "tests" / "kill_once"
 
 
-def trainer_inventory(cluster: TestCluster, tmp: Path, data: Path, name: str, node2_env: dict[str, str]) -> Path:
+def trainer_inventory(cluster: TestCluster, tmp: Path, ref: Reference, name: str, node2_env: dict[str, str]) -> Path:
     master = cluster.nodes[0]
     for d in (tmp / "runs", tmp / f"debug-{name}"):  # the preflight's job check wants path arguments to exist
         d.mkdir(exist_ok=True)
-    args: dict[str, Any] = {
-        "model": "yolo12n.yaml", "data": str(data), "epochs": EPOCHS, "batch": BATCH, "imgsz": 64,
-        "project": str(tmp / "runs"), "log-every": 1, "seed": 1, "warmup-epochs": 1, "workers": 0,
-        "val-period": 0, "lr": 0.05, "accumulate": 1, "debug-dir": str(tmp / f"debug-{name}")}
+    flags = dict(zip(RESUME_FLAGS[::2], RESUME_FLAGS[1::2]))  # the reference's flags, as `job.args`
+    args: dict[str, Any] = {**{k.removeprefix("--"): v for k, v in flags.items()}, "data": str(ref.data),
+                            "project": str(tmp / "runs"), "debug-dir": str(tmp / f"debug-{name}")}
     return cluster.write_inventory(
         tmp / f"{name}.yaml",
         job={"module": "trainer", "nproc_per_node": 1, "workdir": str(REPO), "stop_grace_s": 5, "args": args,
@@ -41,24 +41,21 @@ def trainer_inventory(cluster: TestCluster, tmp: Path, data: Path, name: str, no
 
 def steps_per_epoch(data_root: Path, world: int) -> int:
     train = len(list((data_root / "images" / "train").iterdir()))
-    return math.ceil(math.ceil(train / world) / (BATCH // world))
+    return math.ceil(math.ceil(train / world) / (RESUME_BATCH // world))
 
 
-def test_a_rank_killed_mid_epoch_is_retried_and_resumes_exactly(make_cluster: Any, tmp_path: Path) -> None:
+def test_a_rank_killed_mid_epoch_is_retried_and_resumes_exactly(make_cluster: Any, trainer_reference: Reference,
+                                                               tmp_path: Path) -> None:
     cluster = make_cluster(2)
-    data = make_dataset(tmp_path / "ds", images=20)
+    ref = trainer_reference
     orch = Orch(tmp_path / "home")
 
-    # the reference: the same run, uninterrupted
-    ref = orch.run("up", str(trainer_inventory(cluster, tmp_path, data, "ref", {})), "--run-id", "ref", timeout=400)
-    assert ref.returncode == 0, ref.stderr[-4000:]
-
     # rank 1 (node2) is SIGKILLed after the 2nd optimizer step of epoch 3, once: last.pt holds epoch 2
-    at = 2 * steps_per_epoch(tmp_path / "ds", 2) + 2
+    at = 2 * steps_per_epoch(ref.data.parent, 2) + 2
     marker = tmp_path / "killed"
     kill = {"PYTHONPATH": str(KILL_ONCE), "ORCH_TEST_KILL_RANK": "1", "ORCH_TEST_KILL_AT_STEP": str(at),
             "ORCH_TEST_KILL_MARKER": str(marker)}
-    res = orch.run("up", str(trainer_inventory(cluster, tmp_path, data, "cut", kill)), "--run-id", "cut", timeout=400)
+    res = orch.run("up", str(trainer_inventory(cluster, tmp_path, ref, "cut", kill)), "--run-id", "cut", timeout=400)
     err = res.stderr
     assert res.returncode == 0, err[-4000:]
     assert marker.read_text() == f"rank 1 killed after optimizer step {at}\n"
@@ -75,7 +72,6 @@ def test_a_rank_killed_mid_epoch_is_retried_and_resumes_exactly(make_cluster: An
 
     # the final weights are the uninterrupted run's
     for rank in (0, 1):
-        a = json.loads((tmp_path / "debug-ref" / f"rank{rank}.json").read_text())
         b = json.loads((tmp_path / "debug-cut" / f"rank{rank}.json").read_text())
-        assert b["checksum"] == a["checksum"], (rank, a["param_sum"], b["param_sum"])
-    assert leftover(cluster, "cut") == {} and leftover(cluster, "ref") == {}
+        assert b["checksum"] == ref.checksum(rank), (rank, b["param_sum"])
+    assert leftover(cluster, "cut") == {}

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from tests.cluster import free_port
+from tests.procs_support import received, stranger
 from tests.up_helpers import DDP_JOB, REPO, Orch, ddp_job
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -46,7 +47,10 @@ def local_inventory(tmp_path: Path, job_env: dict[str, str]) -> Path:
     return inv
 
 
-def test_two_local_nodes_succeed_then_status_and_down(tmp_path: Path) -> None:
+def test_two_local_nodes_succeed_then_status_and_down_and_a_recycled_pgid_is_left_alone(tmp_path: Path) -> None:
+    """A run of two local nodes succeeds; status says so; down of the ended run finds nothing
+    running. Then pid reuse, made to happen: each node's recorded pid and process group now name a
+    stranger's process group, and `orch down` reports the strangers and signals neither."""
     inv = local_inventory(tmp_path, ddp_job(steps=4, sleep=0.1))
     orch = Orch(tmp_path / "home")
     up = orch.run("up", str(inv), "--skip-checks", timeout=180)
@@ -69,6 +73,26 @@ def test_two_local_nodes_succeed_then_status_and_down(tmp_path: Path) -> None:
     assert json.loads(orch.run("status", "--json").stdout)["state"] == "succeeded"
     assert marked(run_id) == []
 
+    strangers = {}
+    try:
+        for node in ("n0", "n1"):
+            strangers[node] = stranger()  # its own process group; it keeps any signal sent to it
+            path = tmp_path / "nodes" / run_id / node / "state.json"
+            st = json.loads(path.read_text())
+            assert st["state"] == "succeeded" and st["pgid"] and st["pgid_start"]
+            st.update(pid=strangers[node].pid, pgid=strangers[node].pid, procs=[[strangers[node].pid, st["pid_start"]]])
+            path.write_text(json.dumps(st))
+        down = orch.run("down", run_id)
+        assert down.returncode == 0, down.stderr
+        for node, proc in strangers.items():
+            assert received(proc.pid) == set(), f"orch down signalled {node}'s stranger (pid {proc.pid})"
+            assert f"{node}: left alone 1 processes" in down.stdout + down.stderr, down.stdout + down.stderr
+            assert str(proc.pid) in down.stdout + down.stderr
+    finally:
+        for proc in strangers.values():
+            proc.kill()
+            proc.wait()
+
 
 def test_a_detached_run_that_fails_is_named_by_status(tmp_path: Path) -> None:
     inv = local_inventory(tmp_path, ddp_job(steps=400, sleep=0.1, fail_rank=1, fail_step=2))
@@ -90,37 +114,3 @@ def test_a_detached_run_that_fails_is_named_by_status(tmp_path: Path) -> None:
     assert any("RuntimeError: injected failure on rank 1 at step 2" in x for x in ff["excerpt"]), ff["excerpt"]
     assert orch.run("down").returncode == 0
     assert marked(run_id) == []
-
-
-def test_orch_down_of_an_ended_run_leaves_a_process_that_took_the_recorded_pgid_alone(tmp_path: Path) -> None:
-    """pid reuse, made to happen: after the run ended, each node's recorded pid and process group
-    name a stranger's process group. `orch down` reports the strangers and leaves them running."""
-    import subprocess
-    import time
-
-    inv = local_inventory(tmp_path, ddp_job(steps=1, sleep=0))
-    orch = Orch(tmp_path / "home")
-    up = orch.run("up", str(inv), "--skip-checks", timeout=180)
-    assert up.returncode == 0, up.stderr
-    run_id = (orch.home / "latest").read_text().strip()
-    strangers = {}
-    try:
-        for node in ("n0", "n1"):
-            stranger = subprocess.Popen(["sleep", "300"], start_new_session=True)
-            strangers[node] = stranger
-            path = tmp_path / "nodes" / run_id / node / "state.json"
-            st = json.loads(path.read_text())
-            assert st["state"] == "succeeded" and st["pgid"] and st["pgid_start"]
-            st.update(pid=stranger.pid, pgid=stranger.pid, procs=[[stranger.pid, st["pid_start"]]])
-            path.write_text(json.dumps(st))
-        down = orch.run("down", run_id)
-        assert down.returncode == 0, down.stderr
-        time.sleep(0.5)
-        for node, stranger in strangers.items():
-            assert stranger.poll() is None, f"orch down signalled {node}'s stranger (pid {stranger.pid})"
-            assert f"{node}: left alone 1 processes" in down.stdout + down.stderr, down.stdout + down.stderr
-            assert str(stranger.pid) in down.stdout + down.stderr
-    finally:
-        for stranger in strangers.values():
-            stranger.kill()
-            stranger.wait()

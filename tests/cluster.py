@@ -302,6 +302,8 @@ class TestNode:
     holder: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     sshd: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     extra_links: int = 0
+    ifaces: list[str] = field(default_factory=list)
+    """NICs `add_interface` gave the node (removed by `reset`)."""
 
 
 class TestCluster:
@@ -363,7 +365,50 @@ class TestCluster:
         except BaseException:
             self.stop()
             raise
+        self._start_env = {n.name: dict(n.env) for n in self.nodes}
         return self
+
+    def reset(self) -> list[str]:
+        """Make a started cluster what `start` left, for the next test that shares it: what the
+        last test left on the nodes (login sessions, detached jobs, their children) killed; every
+        node's sshd up with the environment it started with; known_hosts as written at start; the
+        nodes' run root (`job.run_root`) and private directories empty, controller directories
+        gone; in netns mode every cable plugged in, no qdisc, no extra NIC. Returns what it undid."""
+        undone: list[str] = []
+        infra = {p.pid for n in self.nodes for p in (n.sshd, n.holder) if p is not None and p.poll() is None}
+        if self.chronyd is not None:
+            infra.add(self.chronyd.pid)
+        left = [p for p in cluster_pids(self.id) if p not in infra]
+        if left:
+            kill_pids(left)
+            undone.append(f"killed {len(left)} processes")
+        for node in self.nodes:
+            want = self._start_env[node.name]
+            if node.env != want or node.sshd is None or node.sshd.poll() is not None:
+                node.env = dict(want)
+                self._write_sshd_config(node)
+                _stop_popen(node.sshd)
+                self._spawn_sshd(node)
+                self._wait_sshd(node)
+                undone.append(f"{node.name}: sshd restarted as it started")
+        self._write_known_hosts()
+        for path in [self.root / "runs", *self._controller_dirs]:
+            shutil.rmtree(path, ignore_errors=True)
+        self._controller_dirs.clear()
+        for node in self.nodes:
+            for child in node.local_dir.iterdir():
+                shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+            if node.netns is not None:
+                self.link_up(node.name)
+                self.netem(node.name, "")
+                self.tbf(node.name, "")
+                for ifname in node.ifaces:
+                    _sh(["ip", "-n", node.netns, "link", "del", ifname], check=False)
+                node.ifaces.clear()
+        if self.mode == "netns":
+            for link in self._root_links("p"):  # the outside ends of add_interface's veths
+                _sh(["ip", "link", "del", link], check=False)
+        return undone
 
     def stop(self) -> None:
         """Stop everything this cluster started (sshd, sessions, detached jobs, chronyd, namespaces)."""
@@ -745,6 +790,7 @@ SetEnv {setenv}
             _sh(["ip", "link", "set", tmp, "netns", str(n.netns)])
             _sh(ns + ["link", "set", tmp, "name", ifname])
             _sh(["ip", "link", "set", peer, "up"])
+        n.ifaces.append(ifname)
         _sh(ns + ["addr", "add", ipv4_cidr, "dev", ifname])
         if up:
             _sh(ns + ["link", "set", ifname, "up"])
@@ -791,11 +837,13 @@ SetEnv {setenv}
         except OSError:
             return None
 
-    def _root_links(self) -> list[str]:
-        prefix = f"{LINK_PREFIX}{self.number}"
+    def _root_links(self, kinds: str = "bhnpq") -> list[str]:
+        """This cluster's links in the root namespace: its bridge (b), the nodes' veths (h, n) and
+        add_interface's (p, q); cluster 1's prefix is also cluster 12's, so the kind letter must follow."""
+        mine = re.compile(rf"^{re.escape(LINK_PREFIX)}{self.number}[{kinds}]\d*$")
         out = _sh(["ip", "-o", "link", "show"], check=False).stdout
         names = [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if ":" in line]
-        return [nm for nm in names if nm.startswith(prefix)]
+        return [nm for nm in names if mine.match(nm)]
 
 
 class NetemUnsupported(ClusterError):

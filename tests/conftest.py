@@ -2,7 +2,10 @@
 
 - `make_cluster(n=4, mode="loopback"|"netns", node_env=None)`: factory, everything stopped at teardown;
 - `cluster`: a 4-node loopback cluster; `netns_cluster`: a 4-node netns cluster (skipped unless root
-  and `ip netns` works);
+  and `ip netns` works). Each is started once per session and shared: `TestCluster.reset` before
+  and after every test that uses it kills what the test left on the nodes and undoes what it
+  changed (a node's environment or clock, a stopped sshd, known_hosts, run and node directories,
+  a pulled cable, a qdisc, an extra NIC), so a test sees a cluster as good as new;
 - `cluster_keys`: the session's SSH keys (client key, host keys, extra keys for negative tests).
 
 A session-finish hook fails the run if any sshd, chronyd, session process, namespace or link
@@ -70,16 +73,51 @@ def make_cluster(cluster_keys: KeyStore, tmp_path_factory: pytest.TempPathFactor
             c.stop()
 
 
-@pytest.fixture
-def cluster(make_cluster: MakeCluster) -> TestCluster:
-    """Four real sshd nodes on 127.0.1.1-4 with a chronyd on 127.0.0.1."""
-    return make_cluster(4, "loopback")
+def _shared(mode: Mode, keys: KeyStore, factory: pytest.TempPathFactory) -> Iterator[TestCluster]:
+    _skip_unless_netns(mode)
+    c = TestCluster(keys, n=4, mode=mode, root=factory.mktemp(f"cluster-shared-{mode}"))
+    try:
+        yield c.start()
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="session")
+def _shared_loopback(cluster_keys: KeyStore, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestCluster]:
+    yield from _shared("loopback", cluster_keys, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def _shared_netns(cluster_keys: KeyStore, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestCluster]:
+    yield from _shared("netns", cluster_keys, tmp_path_factory)
+
+
+def _reset_around(c: TestCluster) -> Iterator[TestCluster]:
+    c.reset()
+    try:
+        yield c
+    finally:
+        c.reset()
 
 
 @pytest.fixture
-def netns_cluster(make_cluster: MakeCluster) -> TestCluster:
-    """Four nodes, each in its own network/UTS/mount namespace on a bridge (root only)."""
-    return make_cluster(4, "netns")
+def cluster(_shared_loopback: TestCluster) -> Iterator[TestCluster]:
+    """Four real sshd nodes on 127.0.1.1-4 with a chronyd on 127.0.0.1 (the session's, reset)."""
+    yield from _reset_around(_shared_loopback)
+
+
+@pytest.fixture
+def netns_cluster(_shared_netns: TestCluster) -> Iterator[TestCluster]:
+    """Four nodes, each in its own network/UTS/mount namespace on a bridge (root only; the
+    session's, reset)."""
+    yield from _reset_around(_shared_netns)
+
+
+@pytest.fixture
+def cluster_in(request: pytest.FixtureRequest) -> Callable[[Mode], TestCluster]:
+    """`cluster_in(mode)`: the session's shared 4-node cluster of that mode (`cluster` or
+    `netns_cluster`, reset around the test), for tests parametrized by mode."""
+    return lambda mode: request.getfixturevalue("cluster" if mode == "loopback" else "netns_cluster")
 
 
 def _interrupt(signum: int, frame: object) -> None:

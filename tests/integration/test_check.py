@@ -93,8 +93,8 @@ def test_clean_cluster_passes_and_hardware_checks_skip(cluster: TestCluster, tmp
     assert gone(cluster, "b64decode"), "probes left running"
 
 
-def test_clock_skewed_with_faketime_against_chronyd(make_cluster: MakeCluster) -> None:
-    c = make_cluster(4)
+def test_clock_skewed_with_faketime_against_chronyd(cluster: TestCluster) -> None:
+    c = cluster  # the session's, reset after this test (its environment, sshd, known_hosts)
     c.skew_clock("node3", "+2s")
     report = preflight(write_inventory(c))
     assert failures(report) == {("clock", "node3")}
@@ -144,8 +144,8 @@ def test_rdma_ring_over_verbs_when_the_tool_exists(make_cluster: MakeCluster) ->
     assert gone(c, "ibv_rc_pingpong"), "verbs servers left running"
 
 
-def test_unreachable_node(make_cluster: MakeCluster) -> None:
-    c = make_cluster(4)
+def test_unreachable_node(cluster: TestCluster) -> None:
+    c = cluster  # the session's, reset after this test (its environment, sshd, known_hosts)
     c.stop_node("node4")
     report = preflight(write_inventory(c))
     assert failures(report) == {("ssh", "node4")}
@@ -154,8 +154,8 @@ def test_unreachable_node(make_cluster: MakeCluster) -> None:
     assert rest and all(r.status == "skip" and "not probed" in r.detail for r in rest)
 
 
-def test_unknown_host_key(make_cluster: MakeCluster) -> None:
-    c = make_cluster(4)
+def test_unknown_host_key(cluster: TestCluster) -> None:
+    c = cluster  # the session's, reset after this test (its environment, sshd, known_hosts)
     node = c.node("node2")
     lines = c.known_hosts.read_text().splitlines()
     keep = [ln for ln in lines if not ln.startswith((f"[{node.host}]:{node.port} ", f"{node.host} "))]
@@ -167,8 +167,8 @@ def test_unknown_host_key(make_cluster: MakeCluster) -> None:
     assert "host_key_unknown" in r["detail"] and "ssh-keyscan" in r["hint"]
 
 
-def test_changed_host_key(make_cluster: MakeCluster) -> None:
-    c = make_cluster(4)
+def test_changed_host_key(cluster: TestCluster) -> None:
+    c = cluster  # the session's, reset after this test (its environment, sshd, known_hosts)
     node = c.node("node3")
     other = c.keys.new_key("changed-host").with_suffix(".pub").read_text().split()
     name = f"[{node.host}]:{node.port}" if node.port != 22 else node.host
@@ -180,8 +180,8 @@ def test_changed_host_key(make_cluster: MakeCluster) -> None:
     assert "host_key_changed" in r["detail"] and "CHANGED" in r["detail"] and "ssh-keygen -R" in r["hint"]
 
 
-def test_auth_refused(make_cluster: MakeCluster) -> None:
-    c = make_cluster(4)
+def test_auth_refused(cluster: TestCluster) -> None:
+    c = cluster  # the session's, reset after this test (its environment, sshd, known_hosts)
     wrong = c.keys.new_key("wrong-identity")
     report = preflight(write_inventory(c, nodes_extra={"node2": {"identity": str(wrong)}}))
     assert failures(report) == {("ssh", "node2")}

@@ -88,9 +88,9 @@ def test_host_keys_are_verified_as_for_every_command(cluster: TestCluster, orch:
     assert cluster.node("node1").host in empty.read_text()
 
 
-def test_ctrl_c_closes_every_connection_and_exits_130(cluster: TestCluster, orch: Orch) -> None:
+def test_ctrl_c_closes_every_connection_and_exits_130(cluster: TestCluster, orch: Orch, tmp_path: Path) -> None:
     inv = str(cluster.write_inventory())
-    started = cluster.root / "exec-started"
+    started = tmp_path / "exec-started"
     started.mkdir()
     line = f"mktemp -p {started} >/dev/null && sleep 120; echo late"  # each node says it runs, then waits
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "exec", inv, "--", line],

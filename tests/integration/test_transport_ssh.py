@@ -54,8 +54,8 @@ def _connect_error(node: nodes.Node) -> TransportError:
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_fan_out_with_one_sshd_stopped_reports_every_node(make_cluster, mode):
-    c = make_cluster(4, mode)
+def test_fan_out_with_one_sshd_stopped_reports_every_node(cluster_in, mode):
+    c = cluster_in(mode)
     inv = inventory.load(c.write_inventory())
     with Cluster(inv) as cl:
         before = cl.fan_out(lambda t: t.run(["hostname"]).check().stdout.strip())

@@ -58,7 +58,7 @@ def write_private(path: Path, data: str | bytes) -> None:
 
 
 CHECK = "check.json"
-"""A run's copy of its preflight report (the check JSON of CONTRACT.md), in its directory."""
+"""A run's copy of its preflight report (the check JSON of docs/CONTRACT.md), in its directory."""
 
 
 @dataclass

@@ -38,7 +38,7 @@ from .agents import NodeStatus, StopResult
 class Tunables:
     """How an attached `orch up` supervises, in seconds: each read from its environment variable
     (`ENV`; a value that is not a positive number keeps the default). The one definition of these
-    defaults: CONTRACT.md's table is tested against it."""
+    defaults: docs/CONTRACT.md's table is tested against it."""
 
     poll_interval_s: float = 1.0
     """How often a node whose log stream is silent is polled (`agent.py status`)."""

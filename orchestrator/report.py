@@ -23,7 +23,7 @@ from typing import Any
 
 from .contract import NodeState
 from .logs.trainer import Throughput, announced, parse_results, parse_throughput
-from .store import RunDir, write_private
+from .store import CHECK, RunDir, write_private
 
 STATE_COLOURS = {NodeState.RUNNING: "#1f77b4", NodeState.SUCCEEDED: "#2ca02c", NodeState.FAILED: "#d62728",
                  NodeState.STOPPED: "#ff7f0e", NodeState.STARTING: "#9467bd", NodeState.UNREACHABLE: "#8c564b",
@@ -242,7 +242,7 @@ def node_log_lines(run: RunDir) -> Iterable[str]:
 def build_report(run: RunDir, results_csv: Path | None = None) -> Path:
     """Write `report/index.html` and its PNGs into the run directory; return the HTML path."""
     info = run.read()
-    checks = run.read("check.json")
+    checks = run.read(CHECK)
     out = run.path / "report"
     out.mkdir(exist_ok=True, mode=0o700)
     timeline = plot_timeline(info)

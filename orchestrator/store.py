@@ -57,6 +57,10 @@ def write_private(path: Path, data: str | bytes) -> None:
         raise
 
 
+CHECK = "check.json"
+"""A run's copy of its preflight report (the check JSON of docs/CONTRACT.md), in its directory."""
+
+
 @dataclass
 class RunDir:
     """One run's directory on the controller."""
@@ -74,6 +78,12 @@ class RunDir:
     @property
     def merged_log(self) -> Path:
         return self.path / "merged.log"
+
+    @property
+    def check_path(self) -> Path:
+        """check.json: the preflight this run was launched after (the last `orch check` of its
+        inventory when the launch skipped its own), with the clock offsets `orch logs` orders by."""
+        return self.path / CHECK
 
     def read(self, name: str = "run.json") -> dict[str, Any]:
         try:
@@ -117,7 +127,7 @@ def clock_offsets(run: RunDir | None, inventory_name: str) -> tuple[dict[str, fl
     """Clock offsets (ms, node minus reference) from the run's check.json, else from the last
     `orch check` of this inventory, with the file they came from; ({}, None) when neither has any.
     The one reader of the saved check reports' offsets (`orch logs`, `orch up`, `orch status`)."""
-    paths = [run.path / "check.json"] if run is not None else []
+    paths = [run.check_path] if run is not None else []
     for path in [*paths, checks_path(inventory_name)]:
         try:
             data = json.loads(path.read_text())

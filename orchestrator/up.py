@@ -9,17 +9,14 @@ state) and the merged log.
 
 An attached `orch up` supervises through the log streams: each node's log reader also pushes
 the node's status when it changes, so a healthy run costs no SSH exec after the start. A node
-whose stream has been silent for `ORCH_STREAM_SILENT_S` (a stream not yet up: for half the
-unreachable grace) is polled with `agent.py status` until it is heard from again.
+whose stream has been silent for a while (`Tunables.stream_silent_s`; a stream not yet up: for
+half the unreachable grace) is polled with `agent.py status` until it is heard from again.
 
-Tunables for supervision (environment, seconds): `ORCH_POLL_INTERVAL_S` (default 1: the status
-poll of a silent node), `ORCH_STREAM_SILENT_S` (default 3), `ORCH_UNREACHABLE_GRACE_S` (default
-10: a node silent that long fails the run).
+The tunables of supervision (environment variables, seconds) are `run.supervise.Tunables`.
 """
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 import time
@@ -39,10 +36,9 @@ from .run import resume
 from .run.agents import NodeStatus, StopResult, start_all, status_all, status_node, stop_all
 from .run.control import offsets_s
 from .run.records import RunRecord, node_records
-from .run.stacks import StacksReport, take_stacks
-from .run.stacks import save as save_stacks
-from .run.supervise import Failure, NodeSpec, Pushed, Supervisor, select_excerpt, sigint_shielded
-from .run.watchdog import Watchdog, hang_failure
+from .run.stacks import StacksReport
+from .run.supervise import Failure, NodeSpec, Pushed, Supervisor, Tunables, sigint_shielded
+from .run.watchdog import HangWatch, Watchdog
 from .store import RunDir, RunStore, clock_offsets
 from .transport import Cluster, GroupResult, open_transport
 
@@ -171,15 +167,6 @@ class UpOutcome:
     """What copying `job.sync` did on each node (None: nothing to sync, or --skip-sync)."""
     sync_error: OrchError | None = None
     """Why `job.sync` could not be copied to any node (no rsync or ssh on the controller)."""
-
-
-def env_seconds(name: str, default: float) -> float:
-    """A positive number of seconds from the environment, else the default."""
-    try:
-        value = float(os.environ.get(name, ""))
-    except ValueError:
-        return default
-    return value if value > 0 else default
 
 
 @contextmanager
@@ -438,9 +425,8 @@ def _attached(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, clust
     inv = plan.inventory
     records = record.nodes()
     by_name = {r["node"]: r for r in records}
-    interval = env_seconds("ORCH_POLL_INTERVAL_S", 1.0)
-    grace = env_seconds("ORCH_UNREACHABLE_GRACE_S", 10.0)
-    silent_after = min(env_seconds("ORCH_STREAM_SILENT_S", 3.0), grace / 2)
+    tune = Tunables.from_env()
+    interval, grace = tune.poll_interval_s, tune.unreachable_grace_s
 
     def poll_one(name: str) -> NodeStatus:
         r = by_name[name]
@@ -451,36 +437,11 @@ def _attached(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, clust
         r = by_name[name]
         return list(status_node(cluster[name], r["python"], r["remote_dir"], tail=200).tail)
 
-    pushed = Pushed([p.node.name for p in plan.nodes], poll_one, silent_after=silent_after,
+    pushed = Pushed([p.node.name for p in plan.nodes], poll_one, silent_after=tune.silent_after_s,
                     first_frame_s=grace / 2, interval=interval, stale_after=grace / 2)
     specs = [NodeSpec(p.node.name, p.node_rank, p.global_ranks.start, p.node.nproc_per_node) for p in plan.nodes]
     dog = Watchdog(inv.job.stall_timeout_s)
-
-    def watch() -> Failure | None:
-        """A hang: no rank wrote for stall_timeout_s. Every rank's stack into the run directory and
-        on the terminal; with on_stall stop, the run's first failure (the odd rank named)."""
-        silent = dog.stalled()
-        if silent is None:
-            return None
-        say.stalled(silent, inv.job.stall_timeout_s)
-        stacks: StacksReport | None = None
-        problem = None
-        try:
-            stacks = take_stacks(cluster, run.run_id, records)
-            save_stacks(run, stacks, tag="hang")
-        except Exception as exc:  # a hang is still reported (and stopped) without its stacks
-            problem = f"{type(exc).__name__}: {exc}" if not isinstance(exc, OrchError) else exc.message
-        stop = inv.job.on_stall == "stop"
-        say.stacks(stacks, problem, stop)
-        if not stop:
-            return None
-        failure = hang_failure(silent, inv.job.stall_timeout_s, stacks, specs, problem)
-        try:  # the node's last lines before the silence (after the teardown they are the stop's)
-            failure.excerpt = select_excerpt(excerpt(failure.node))[0]
-        except OrchError as exc:
-            failure.excerpt = [f"(cannot read the node's log: {exc.message})"]
-        return failure
-
+    watch = HangWatch(dog, inv.job.on_stall, cluster, run, records, specs, say, excerpt)
     sup = Supervisor(specs,
                      observe=pushed.observe,
                      stop_all=lambda: stop_all(cluster, records, inv.job.stop_grace_s),

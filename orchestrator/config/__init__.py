@@ -4,6 +4,10 @@ Pure: nothing here opens a connection or starts a process.
 
 - `yamlines.py`  YAML with the line of every key, duplicate keys refused
 - `schema.py`    every key of the inventory, its type and default; the plain and pydantic validators
-- `inventory.py` the frozen `Inventory`: ranges expanded, defaults merged, cross-field rules
+- `nodes.py`     a `Node` (and its `SSHOptions`), the names it may have, and how `nodes:` entries
+                 expand into nodes (host/name/addr ranges in step)
+- `inventory.py` the frozen `Inventory`: defaults merged, cross-field rules, every problem at once
+- `nodeset.py`   node sets on the command line (`--nodes gpu[01-04]`) and folded back for output
 - `plan.py`      node ranks, world size, each node's exact torchrun argv and environment
+- `trainer.py`   what orch knows of the trainer's command line (from `trainer/interface.py`)
 """

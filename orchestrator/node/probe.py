@@ -3,7 +3,9 @@
 This file is sent as it is (compressed, in `python -c`) to every node and must run on any
 Python >= 3.8 with nothing but the standard library: no orch imports, no third-party modules,
 no `X | Y` outside annotations. A missing tool (nvidia-smi, ibv_rc_pingpong) or file is a fact,
-never a crash. The controller side (sending it, parsing what it prints) is `orchestrator.facts`.
+never a crash. The controller side is `orchestrator.preflight.facts` (sending it, its protocol),
+`orchestrator.preflight.shapes` (its answer held to its shape) and `orchestrator.preflight.parsers`
+(what the tools it runs print).
 
 One run per node per preflight, one SSH exec (argv[1] is a JSON object of what to do; with
 `env_on_stdin` the first line on stdin is the job's environment as a JSON object, applied before

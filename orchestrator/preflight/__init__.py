@@ -1,12 +1,17 @@
 """`orch check`: gather every node's facts with one probe each, judge them, report.
 
-- `facts.py`  runs `node/probe.py` on every node (two phases, one SSH exec per node) and parses
-              what real tools print (nvidia-smi, sysfs, chronyc) into typed facts
-- `checks.py` one pure function per check: (inventory, facts of every node) → a result per node,
-              with the measured value, what was seen and a hint that fixes it
-- `report.py` `run_preflight` → `CheckReport`; saving it where `orch up` and `orch logs` read it
+- `facts.py`        runs `node/probe.py` on every node (two phases, one SSH exec per node) → `NodeFacts`
+- `shapes.py`       the probe's answer held to its shape, key by key (what is malformed is dropped, named)
+- `parsers.py`      what real tools print (nvidia-smi, sysfs, chronyc), parsed into typed facts
+- `jobargs.py`      which job arguments name files it reads or folders it writes
+- `results.py`      `CheckResult`, `Findings` and the majority rule every check judges with
+- `checks.py`       one pure function per check: (inventory, facts of every node) → a result per
+                    node, with the measured value, what was seen and a hint that fixes it
+- `fabric.py`       the fabric check's job, launched through `run/` → `FabricFacts`
+- `fabric_judge.py` its verdict; `nccl_log.py` and `busbw.py` its parsers and arithmetic
+- `runner.py`       `run_preflight` → `CheckReport`; saving it where `orch up` and `orch logs` read it
 
-A new check: its facts in `node/probe.py` (stdlib only) and `facts.py`, its function in
-`checks.py` (registered in `CHECKS`), its name in `contract.CHECK_NAMES`, its row in README.md
-and docs/checks.md.
+A new check: its function in `checks.py` (registered in `CHECKS`), its name in
+`contract.CHECK_NAMES`, its row in README.md and docs/checks.md; a fact the probe does not gather
+yet goes in `node/probe.py` (stdlib only) and its shape in `shapes.py`.
 """

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ..config.inventory import Inventory
 from ..contract import CHECK_NAMES
 from ..errors import PreflightUnavailable, UsageError
-from ..store import checks_path, write_private
+from ..store import CHECK, checks_path, write_private
 from ..transport import Cluster
 from .facts import collect
 
@@ -168,8 +168,8 @@ def save_to_run(run: RunDir, inv: Inventory, report: CheckReport | None) -> None
     """check.json in a run's directory (log skew correction reads its offsets): this launch's
     preflight, or with --skip-checks the last `orch check` of this inventory, if there was one."""
     if report is not None:
-        run.write(report.to_json(inv.path), "check.json")
+        run.write(report.to_json(inv.path), CHECK)
         return
     saved = checks_path(inv.name)
     if saved.exists():
-        write_private(run.path / "check.json", saved.read_bytes())
+        write_private(run.check_path, saved.read_bytes())

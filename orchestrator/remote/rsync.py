@@ -1,15 +1,7 @@
-"""Pure builders for `orch sync`: the OpenSSH command that reaches a node exactly as orch's own
-transport does, the rsync argv that copies `job.sync` to the same absolute paths there, and the
-reading of what rsync says it did. Golden-tested (tests/unit/test_rsync.py).
-
-The ssh command honours the node's inventory settings and nothing else: `-F` the inventory's
-`ssh_config` (`none` when it names no file, as the transport then reads none either), the port,
-user and identity, `known_hosts` as the only host-key file (`GlobalKnownHostsFile=/dev/null`), the
-host-key policy as OpenSSH spells it (strict → `StrictHostKeyChecking=yes`, accept-new →
-`accept-new`; there is no `no`), `BatchMode=yes` (a missing key fails, never prompts),
-`ConnectTimeout`, and the gateway as a `ProxyCommand` running the same ssh to it (`ProxyJump`
-would drop these options for the hop, as OpenSSH applies command-line options to the last host
-only).
+"""Pure builders for `orch sync`: the rsync argv that copies `job.sync` to the same absolute paths
+on a node, over the OpenSSH command that reaches the node exactly as orch's own transport does
+(`transport/ssh.openssh_argv`: the one definition of how orch reaches a node), and the reading of
+what rsync says it did. Golden-tested (tests/unit/test_rsync.py).
 
 rsync copies every path in one run per node with `--relative` and `--no-implied-dirs`, so
 `/data/coco` lands at `/data/coco` (never `/data/coco/coco`), missing parents are created, and the
@@ -21,14 +13,12 @@ so a second run sends nothing that did not change (rsync's quick check: size and
 
 from __future__ import annotations
 
-import math
-import os
 import re
-import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from ..config.nodes import Node, SSHOptions
+from ..config.nodes import Node
+from ..transport.ssh import openssh_argv
 
 NOT_INSTALLED = "orch: rsync is not installed on this node"
 """What the node side prints (and exits 127) when it has no rsync: the rsync-path below says it."""
@@ -37,37 +27,6 @@ REMOTE_RSYNC = ("/bin/sh -c 'command -v rsync >/dev/null 2>&1 || { echo \"" + NO
                 "exec rsync \"$@\"' rsync")
 """`--rsync-path`: the node's login shell runs this followed by rsync's server arguments. It
 names a missing rsync in words instead of leaving rsync's "connection unexpectedly closed"."""
-
-
-def ssh_config_file(opts: SSHOptions) -> str | None:
-    """The ssh config the transport reads for this node: `ssh_config` expanded, when that file exists."""
-    if not opts.ssh_config:
-        return None
-    path = os.path.expanduser(opts.ssh_config)
-    return path if os.path.exists(path) else None
-
-
-def ssh_argv(opts: SSHOptions, config_file: str | None) -> list[str]:
-    """The OpenSSH client argv (without the host) that reaches a node with these options."""
-    argv = ["ssh", "-F", config_file or "none", "-p", str(opts.port)]
-    if opts.user:
-        argv += ["-l", opts.user]
-    if opts.identity:
-        argv += ["-i", os.path.expanduser(opts.identity)]
-    policy = "yes" if opts.host_key_policy == "strict" else "accept-new"
-    argv += ["-o", f"UserKnownHostsFile={os.path.expanduser(opts.known_hosts)}",
-             "-o", "GlobalKnownHostsFile=/dev/null",
-             "-o", f"StrictHostKeyChecking={policy}",
-             "-o", "BatchMode=yes",
-             "-o", f"ConnectTimeout={max(1, math.ceil(opts.connect_timeout))}",
-             "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=6",  # a node gone mid-copy: ~1 min
-             "-o", "LogLevel=ERROR"]
-    if opts.gateway:
-        hop = ssh_argv(replace(opts, gateway=None), config_file)
-        # ssh expands %-tokens in ProxyCommand: every literal % of the hop doubled, then its target
-        hop = [a.replace("%", "%%") for a in hop]
-        argv += ["-o", "ProxyCommand=" + shlex.join([*hop, "-W", "%h:%p", opts.gateway.replace("%", "%%")])]
-    return argv
 
 
 def rsync_shell_word(arg: str) -> str:
@@ -104,7 +63,7 @@ def rsync_argv(node: Node, paths: Sequence[str], options: SyncOptions = SyncOpti
     for p in paths:
         if not p.startswith("/") or p == "/" or p.endswith("/"):
             raise ValueError(f"sync path {p!r} must be absolute, without a trailing slash, and not /")
-    e = " ".join(rsync_shell_word(a) for a in ssh_argv(node.ssh, config_file))
+    e = " ".join(rsync_shell_word(a) for a in openssh_argv(node.ssh, config_file))
     argv = ["rsync", "--archive", "--omit-dir-times", "--relative", "--no-implied-dirs", "--itemize-changes", "--stats",
             "--rsh", e, "--rsync-path", REMOTE_RSYNC]
     if options.dry_run:

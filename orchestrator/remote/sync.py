@@ -22,7 +22,8 @@ from typing import Any
 from ..config.inventory import Inventory
 from ..config.nodes import Node
 from ..errors import OrchError, UsageError
-from .rsync import SyncOptions, Transfer, missing_rsync, parse_output, rsync_argv, ssh_config_file
+from ..transport.ssh import openssh_config_file
+from .rsync import SyncOptions, Transfer, missing_rsync, parse_output, rsync_argv
 
 Progress = Callable[[int, int], None]
 
@@ -134,7 +135,7 @@ def sync_nodes(inv: Inventory, nodes: Sequence[Node], options: SyncOptions = Syn
 
 def _sync_one(node: Node, paths: Sequence[str], options: SyncOptions, procs: dict[str, subprocess.Popen[bytes]],
               lock: threading.Lock, interrupted: threading.Event) -> NodeSync:
-    argv = rsync_argv(node, paths, options, ssh_config_file(node.ssh))
+    argv = rsync_argv(node, paths, options, openssh_config_file(node.ssh))
     start = time.monotonic()
     with lock:
         if interrupted.is_set():

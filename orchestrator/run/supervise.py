@@ -20,6 +20,7 @@ stream is silent; `orch status` of a detached run asks every agent once.
 from __future__ import annotations
 
 import math
+import os
 import re
 import signal
 import threading
@@ -27,10 +28,47 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from ..contract import FINAL_STATES, NodeState, RunState
 from .agents import NodeStatus, StopResult
+
+
+@dataclass(frozen=True)
+class Tunables:
+    """How an attached `orch up` supervises, in seconds: each read from its environment variable
+    (`ENV`; a value that is not a positive number keeps the default). The one definition of these
+    defaults: docs/CONTRACT.md's table is tested against it."""
+
+    poll_interval_s: float = 1.0
+    """How often a node whose log stream is silent is polled (`agent.py status`)."""
+    stream_silent_s: float = 3.0
+    """How long a node's log stream may be silent before the node is polled (at most half the grace)."""
+    unreachable_grace_s: float = 10.0
+    """How long a node may be unheard before the run fails."""
+
+    ENV: ClassVar[dict[str, str]] = {"poll_interval_s": "ORCH_POLL_INTERVAL_S",
+                                     "stream_silent_s": "ORCH_STREAM_SILENT_S",
+                                     "unreachable_grace_s": "ORCH_UNREACHABLE_GRACE_S"}
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Tunables:
+        env = os.environ if environ is None else environ
+        values = {}
+        for name, var in cls.ENV.items():
+            try:
+                value = float(env.get(var, ""))
+            except ValueError:
+                continue
+            if value > 0 and math.isfinite(value):
+                values[name] = value
+        return cls(**values)
+
+    @property
+    def silent_after_s(self) -> float:
+        """When a silent stream's node is polled: `stream_silent_s`, at most half the grace."""
+        return min(self.stream_silent_s, self.unreachable_grace_s / 2)
+
 
 ROOT_CAUSE = "Root Cause (first observed failure):"
 RANK_LINE = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")

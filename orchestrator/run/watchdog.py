@@ -11,18 +11,23 @@ very different times and has timeouts of its own (torchrun's rendezvous, the pro
 
 `Watchdog` only keeps that clock (fed from the log streaming thread, read by the supervisor);
 `hang_failure` turns a stall and the stacks taken at that moment (`stacks.py`) into the run's
-first failure, naming the rank whose stack differs from the others'. `orchestrator/up.py`
-wires both into the `Supervisor` (its `watch` hook) and decides between `warn` and `stop`.
+first failure, naming the rank whose stack differs from the others'. `HangWatch` is the
+supervisor's `watch` hook that uses both: on a stall it takes and saves every rank's stack,
+reports them, and with `job.on_stall: stop` returns the failure; `orchestrator/up.py` builds it.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
-from .stacks import StacksReport, odd_ranks
-from .supervise import Failure, NodeSpec
+from ..errors import OrchError
+from ..store import RunDir
+from ..transport import Cluster
+from .stacks import StacksReport, odd_ranks, save, take_stacks
+from .supervise import Failure, NodeSpec, select_excerpt
 
 
 class Watchdog:
@@ -91,3 +96,50 @@ def hang_failure(silent_s: float, timeout_s: float, report: StacksReport | None,
     return Failure(spec.name, spec.node_rank,
                    f"{head}; {group.label} stands apart: {group.summary}; {majority.label}: {majority.summary}",
                    rank=odd[0], local_rank=rank.local_rank if rank is not None else None)
+
+
+class HangReporter(Protocol):
+    """Who is told of a hang (`orch up`'s progress)."""
+
+    def stalled(self, silent_s: float, timeout_s: float) -> None:
+        """No rank wrote a line for `silent_s`: every rank's stack is being taken."""
+
+    def stacks(self, report: StacksReport | None, problem: str | None, stop: bool) -> None:
+        """The stacks of a hang (grouped), or why there are none; `stop`: the run is torn down now."""
+
+
+class HangWatch:
+    """The supervisor's `watch` hook of an attached run: None while ranks make progress; on a stall,
+    every rank's stack into the run directory (`stacks/<time>-hang.*`) and to `say`; with
+    `on_stall` stop, the run's first failure (the odd rank named, the last lines of its node
+    before the silence as the excerpt)."""
+
+    def __init__(self, dog: Watchdog, on_stall: str, cluster: Cluster, run: RunDir,
+                 records: Sequence[Mapping[str, Any]], specs: Sequence[NodeSpec], say: HangReporter,
+                 excerpt: Callable[[str], list[str]]) -> None:
+        self.dog, self.on_stall, self.cluster, self.run = dog, on_stall, cluster, run
+        self.records, self.specs, self.say, self.excerpt = records, specs, say, excerpt
+
+    def __call__(self) -> Failure | None:
+        silent = self.dog.stalled()
+        if silent is None:
+            return None
+        timeout = self.dog.timeout_s
+        self.say.stalled(silent, timeout)
+        stacks: StacksReport | None = None
+        problem = None
+        try:
+            stacks = take_stacks(self.cluster, self.run.run_id, self.records)
+            save(self.run, stacks, tag="hang")
+        except Exception as exc:  # a hang is still reported (and stopped) without its stacks
+            problem = f"{type(exc).__name__}: {exc}" if not isinstance(exc, OrchError) else exc.message
+        stop = self.on_stall == "stop"
+        self.say.stacks(stacks, problem, stop)
+        if not stop:
+            return None
+        failure = hang_failure(silent, timeout, stacks, self.specs, problem)
+        try:  # the node's last lines before the silence (after the teardown they are the stop's)
+            failure.excerpt = select_excerpt(self.excerpt(failure.node))[0]
+        except OrchError as exc:
+            failure.excerpt = [f"(cannot read the node's log: {exc.message})"]
+        return failure

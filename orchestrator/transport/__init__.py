@@ -1,6 +1,8 @@
 """How orch reaches a node: run a command, stream one, write a file; over SSH or locally.
 
-The only package that starts processes for a node or imports paramiko/fabric.
+The only package that imports paramiko or fabric, and the one definition of how a node is reached:
+its sessions here, and the OpenSSH client argv (`ssh.openssh_argv`) over which `orch sync` starts
+rsync.
 
 - `base.py`     Transport, Process, Result; `command_line` (argv → one shell line, quoted once);
                 `fan_out` → GroupResult (every node's answer, `.succeeded` / `.failed`)

@@ -4,22 +4,35 @@ Fabric's `Connection` where an ssh config file applies (aliases, ProxyJump, Matc
 on bare paramiko (`_Direct`): Fabric and invoke cost ~35 ms of start-up. With hostkeys.py, the
 only code that imports paramiko or fabric; their failures become one `TransportError`
 vocabulary (`_translate`), each with a hint that fixes it.
+
+Where a node must be reached by the OpenSSH client instead (rsync's `-e` for `orch sync`),
+`openssh_argv` builds the same reach from the same settings, and nothing else: `-F` the
+inventory's `ssh_config` (`none` when it names no file, as the transport then reads none either),
+the port, user and identity, `known_hosts` as the only host-key file
+(`GlobalKnownHostsFile=/dev/null`), the host-key policy as OpenSSH spells it (strict →
+`StrictHostKeyChecking=yes`, accept-new → `accept-new`; there is no `no`), `BatchMode=yes` (a
+missing key fails, never prompts), `ConnectTimeout`, and the gateway as a `ProxyCommand` running
+the same ssh to it (`ProxyJump` would drop these options for the hop, as OpenSSH applies
+command-line options to the last host only).
 """
 
 from __future__ import annotations
 
 import errno
 import getpass
+import math
 import os
 import select
+import shlex
 import socket
 import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
-from ..config.nodes import Node
+from ..config.nodes import Node, SSHOptions
 from ..errors import TransportError
 from .base import Process, Transport, command_line, log
 from .hostkeys import UnknownHostKey, install_host_key_policy, known_hosts_name
@@ -330,3 +343,37 @@ def _translate(node: Node, exc: BaseException) -> TransportError:
         return TransportError(node.name, "unreachable", f"SSH to {target} failed: {exc or type(exc).__name__}",
                               "check sshd's logs on the node")
     return TransportError(node.name, "error", f"{type(exc).__name__}: {exc}")
+
+
+# ----------------------------------------------------------------------------- the OpenSSH client
+
+
+def openssh_config_file(opts: SSHOptions) -> str | None:
+    """The ssh config the transport reads for this node: `ssh_config` expanded, when that file exists."""
+    if not opts.ssh_config:
+        return None
+    path = os.path.expanduser(opts.ssh_config)
+    return path if os.path.exists(path) else None
+
+
+def openssh_argv(opts: SSHOptions, config_file: str | None) -> list[str]:
+    """The OpenSSH client argv (without the host) that reaches a node with these options."""
+    argv = ["ssh", "-F", config_file or "none", "-p", str(opts.port)]
+    if opts.user:
+        argv += ["-l", opts.user]
+    if opts.identity:
+        argv += ["-i", os.path.expanduser(opts.identity)]
+    policy = "yes" if opts.host_key_policy == "strict" else "accept-new"
+    argv += ["-o", f"UserKnownHostsFile={os.path.expanduser(opts.known_hosts)}",
+             "-o", "GlobalKnownHostsFile=/dev/null",
+             "-o", f"StrictHostKeyChecking={policy}",
+             "-o", "BatchMode=yes",
+             "-o", f"ConnectTimeout={max(1, math.ceil(opts.connect_timeout))}",
+             "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=6",  # a node gone mid-copy: ~1 min
+             "-o", "LogLevel=ERROR"]
+    if opts.gateway:
+        hop = openssh_argv(replace(opts, gateway=None), config_file)
+        # ssh expands %-tokens in ProxyCommand: every literal % of the hop doubled, then its target
+        hop = [a.replace("%", "%%") for a in hop]
+        argv += ["-o", "ProxyCommand=" + shlex.join([*hop, "-W", "%h:%p", opts.gateway.replace("%", "%%")])]
+    return argv

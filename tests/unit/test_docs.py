@@ -48,3 +48,25 @@ def test_no_bare_contract_reference_is_left() -> None:
     bare = [f"{p.relative_to(REPO)}" for p in (REPO / "orchestrator").rglob("*.py")
             if re.search(r"(?<!docs/)\bCONTRACT\.md", p.read_text())]
     assert bare == []
+
+
+def test_the_modules_the_code_names_exist() -> None:
+    """A docstring or comment that names `orchestrator.x.y` or a file `part/module.py` points at
+    something real: a module moved or renamed takes its mentions with it."""
+    import importlib.util
+
+    missing = []
+    sources = [*(REPO / "orchestrator").rglob("*.py"), *(REPO / "trainer").rglob("*.py")]
+    for path in sources:
+        text = path.read_text()
+        for dotted in set(re.findall(r"\borchestrator(?:\.[a-z_]+)+", text)):
+            parts = dotted.split(".")
+            while len(parts) > 1 and importlib.util.find_spec(".".join(parts)) is None:
+                parts.pop()  # `orchestrator.node.program`: a module, then an attribute of it
+            if len(parts) == 1 and dotted != "orchestrator":
+                missing.append(f"{path.relative_to(REPO)}: {dotted}")
+        for name in set(re.findall(r"`((?:[a-z_]+/)+[a-z_]+\.py)`", text)):
+            here = [REPO / name, REPO / "orchestrator" / name, path.parent / name, path.parent.parent / name]
+            if not any(p.exists() for p in here):
+                missing.append(f"{path.relative_to(REPO)}: {name}")
+    assert missing == []

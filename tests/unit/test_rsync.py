@@ -23,8 +23,8 @@ from orchestrator.remote.rsync import (
     SyncOptions,
     parse_output,
     rsync_argv,
-    ssh_argv,
 )
+from orchestrator.transport.ssh import openssh_argv
 
 
 def node(ssh: str = "", host: str = "gpu01") -> nodes.Node:
@@ -35,7 +35,7 @@ def test_ssh_argv_strict_with_every_setting(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("HOME", "/home/me")
     n = node("user: train, port: 2222, identity: ~/.ssh/id_ed25519, known_hosts: ~/.ssh/known_hosts, "
              "connect_timeout: 2.5")
-    assert ssh_argv(n.ssh, "/home/me/.ssh/config") == [
+    assert openssh_argv(n.ssh, "/home/me/.ssh/config") == [
         "ssh", "-F", "/home/me/.ssh/config", "-p", "2222", "-l", "train", "-i", "/home/me/.ssh/id_ed25519",
         "-o", "UserKnownHostsFile=/home/me/.ssh/known_hosts", "-o", "GlobalKnownHostsFile=/dev/null",
         "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=3",
@@ -44,7 +44,7 @@ def test_ssh_argv_strict_with_every_setting(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_ssh_argv_accept_new_without_user_identity_or_config() -> None:
     n = node("host_key_policy: accept-new, known_hosts: /etc/orch/known_hosts")
-    assert ssh_argv(n.ssh, None) == [
+    assert openssh_argv(n.ssh, None) == [
         "ssh", "-F", "none", "-p", "22",
         "-o", "UserKnownHostsFile=/etc/orch/known_hosts", "-o", "GlobalKnownHostsFile=/dev/null",
         "-o", "StrictHostKeyChecking=accept-new", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
@@ -53,13 +53,13 @@ def test_ssh_argv_accept_new_without_user_identity_or_config() -> None:
 
 def test_no_policy_ever_turns_host_key_checking_off() -> None:
     for policy in ("strict", "accept-new"):
-        argv = ssh_argv(node(f"host_key_policy: {policy}").ssh, None)
+        argv = openssh_argv(node(f"host_key_policy: {policy}").ssh, None)
         assert "StrictHostKeyChecking=no" not in argv and "UserKnownHostsFile=/dev/null" not in argv
 
 
 def test_a_gateway_is_a_proxy_command_with_the_same_settings() -> None:
     n = node("user: train, port: 2222, identity: /keys/id 50%, known_hosts: /kh, gateway: jump.example")
-    argv = ssh_argv(n.ssh, None)
+    argv = openssh_argv(n.ssh, None)
     proxy = next(a for a in argv if a.startswith("ProxyCommand="))
     assert proxy == ("ProxyCommand=ssh -F none -p 2222 -l train -i '/keys/id 50%%' -o UserKnownHostsFile=/kh "
                      "-o GlobalKnownHostsFile=/dev/null -o StrictHostKeyChecking=yes -o BatchMode=yes "
@@ -108,7 +108,7 @@ def test_rsync_splits_the_rsh_command_into_exactly_our_argv(recording_ssh: Path,
     proc = subprocess.run(rsync_argv(n, [str(src)]), capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
     recorded = json.loads(recording_ssh.read_text())
-    expected = ssh_argv(n.ssh, None)[1:] + ["gpu01", REMOTE_RSYNC]
+    expected = openssh_argv(n.ssh, None)[1:] + ["gpu01", REMOTE_RSYNC]
     assert recorded[:len(expected)] == expected
     assert recorded[len(expected)] == "--server"
 

@@ -276,6 +276,75 @@ def test_the_supervisors_watch_hook_fails_the_run_and_tears_down() -> None:
     assert out.failure is hang and hang.rank == 2 and hang.excerpt == ["[rank 2] hanging at step 3"]
 
 
+class Told:
+    """A HangReporter that records what it is told."""
+
+    def __init__(self) -> None:
+        self.said: list[tuple[Any, ...]] = []
+
+    def stalled(self, silent_s: float, timeout_s: float) -> None:
+        self.said.append(("stalled", silent_s, timeout_s))
+
+    def stacks(self, report: StacksReport | None, problem: str | None, stop: bool) -> None:
+        self.said.append(("stacks", report, problem, stop))
+
+
+@pytest.mark.parametrize("on_stall", ["stop", "warn"])
+def test_the_hang_watch_takes_and_saves_every_stack_then_stops_or_warns(on_stall: str, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.run import watchdog
+    from orchestrator.store import RunDir
+
+    report = StacksReport("r1", 0.0, [rank(0, ALLREDUCE), rank(1, ALLREDUCE), rank(2, SLEEP), rank(3, ALLREDUCE)])
+    taken: list[str] = []
+    monkeypatch.setattr(watchdog, "take_stacks", lambda cluster, run_id, records: taken.append(run_id) or report)
+    clock = Clock()
+    dog = Watchdog(5.0, clock)
+    told = Told()
+    run = RunDir(tmp_path / "r1")
+    watch = watchdog.HangWatch(dog, on_stall, None, run, [], SPECS, told,  # type: ignore[arg-type]
+                               excerpt=lambda node: [f"2026-11-30T09:32:05.000001Z err [rank 2] last words on {node}"])
+    assert watch() is None and taken == []  # no rank has written yet: start-up is not judged
+    dog.progress()
+    clock.t += 4.9
+    assert watch() is None and taken == []
+    clock.t += 0.2
+    got = watch()
+    assert taken == ["r1"] and told.said[0] == ("stalled", pytest.approx(5.1), 5.0)
+    assert told.said[1] == ("stacks", report, None, on_stall == "stop")
+    assert len(list((tmp_path / "r1" / "stacks").glob("*-hang.json"))) == 1
+    if on_stall == "warn":
+        assert got is None
+    else:
+        assert got is not None and (got.node, got.rank) == ("n3", 2) and "sleep_forever" in got.reason
+        assert got.excerpt == ["[rank 2] last words on n3"]
+    assert watch() is None and len(taken) == 1  # one report per silence
+
+
+def test_the_hang_watch_stops_without_stacks_and_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.errors import OrchError
+    from orchestrator.run import watchdog
+    from orchestrator.store import RunDir
+
+    def refuse(*_a: Any) -> StacksReport:
+        raise OrchError("n2: connection refused")
+
+    monkeypatch.setattr(watchdog, "take_stacks", refuse)
+    clock = Clock()
+    dog = Watchdog(5.0, clock)
+    dog.progress()
+    clock.t += 6
+
+    def unreadable(node: str) -> list[str]:
+        raise OrchError(f"{node}: unreachable")
+
+    told = Told()
+    got = watchdog.HangWatch(dog, "stop", None, RunDir(tmp_path / "r1"), [], SPECS, told, unreadable)()  # type: ignore[arg-type]
+    assert told.said[1] == ("stacks", None, "n2: connection refused", True)
+    assert got is not None and got.node == "n1" and got.reason.endswith("(n2: connection refused)")
+    assert got.excerpt == ["(cannot read the node's log: n1: unreachable)"]
+
+
 # ----------------------------------------------------------------------------- the command
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -23,8 +22,9 @@ from orchestrator.errors import InventoryError
 from orchestrator.logs.fetch import ProtocolError, read_frames
 from orchestrator.logs.lines import parse_node_line, read_node_lines
 from orchestrator.preflight import checks, facts, shapes
+from tests.hypothesis_support import examples
 
-EXAMPLES = int(os.environ.get("ORCH_HYPOTHESIS_EXAMPLES", 300))
+EXAMPLES = examples(300)
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # ----------------------------------------------------------------------------- the inventory

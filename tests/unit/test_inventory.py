@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from orchestrator.cli import main
 from orchestrator.config import inventory, nodes, schema
 from orchestrator.errors import InventoryError
+from tests.hypothesis_support import examples
 
 BAD = sorted((Path(__file__).parent / "bad_inventories").glob("*.yaml"))
 REPO = Path(__file__).resolve().parents[2]
@@ -250,7 +251,7 @@ NODE_KEYS = ["host", "name", "port", "gpus", "env", "ssh", "user", "connect_time
 TOP_KEYS = ["name", "transport", "ssh", "master", "env", "checks", "job", "fanout", "spare", "nodez"]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(node=keyed(NODE_KEYS), top=keyed(TOP_KEYS))
 def test_the_plain_validator_agrees_with_pydantic(node: dict[str, object], top: dict[str, object]) -> None:
     """Whatever the plain validator takes, pydantic takes too and makes the same values of."""
@@ -262,7 +263,7 @@ def test_the_plain_validator_agrees_with_pydantic(node: dict[str, object], top: 
     assert as_data(schema.pydantic_model(schema.InventoryModel).model_validate(data)) == as_data(plain)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(st.from_regex(nodes.PLAIN_HOST.pattern.replace("^", r"\A").replace("$", r"\Z")))
 def test_a_plain_host_is_what_nodeset_makes_of_it(host: str) -> None:
     """Hosts without ranges, lists or colons skip ClusterShell: NodeSet gives them back unchanged."""

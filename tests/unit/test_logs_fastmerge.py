@@ -20,6 +20,7 @@ from orchestrator.logs.lines import _UNSAFE, column_widths, format_ts
 from orchestrator.logs.merge import PlainNode, merge_plain
 from orchestrator.logs.stored import plain_merged, plain_merged_bytes
 from tests.cluster import missing
+from tests.hypothesis_support import examples
 from tests.logs_support import general_merge
 
 T0 = 1_796_031_125.0  # 2026-11-30T09:32:05Z
@@ -89,7 +90,7 @@ odd = st.sampled_from([b"", b"torn line", b"2026-11-30T09:32:05.12345Z out short
 node_text = st.tuples(st.lists(st.one_of(valid, valid, valid, with_junk, odd), max_size=25), st.booleans())
 
 
-@settings(max_examples=int(os.environ.get("ORCH_HYPOTHESIS_EXAMPLES", 400)), deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(st.lists(node_text, min_size=1, max_size=5),
        st.lists(st.sampled_from([0.0, 0.0, 0.25, -3.5, 1000.0]), min_size=5, max_size=5),
        st.lists(st.one_of(st.none(), st.integers(0, 64), st.just(10**12)), min_size=5, max_size=5),

@@ -22,6 +22,7 @@ from orchestrator.logs.lines import (
     to_json,
 )
 from orchestrator.logs.merge import LiveMerge, merge
+from tests.hypothesis_support import examples
 
 T0 = 1_796_031_125.0  # 2026-11-30T09:32:05Z
 
@@ -76,7 +77,7 @@ class TestMerge:
         first = list(itertools.islice(merge([endless("a", 1.0), endless("b", 0.5)]), 7))
         assert texts(first) == ["a@0.0", "b@0.0", "b@0.5", "a@1.0", "b@1.0", "b@1.5", "a@2.0"]
 
-    @settings(max_examples=60, deadline=None)
+    @settings(max_examples=examples(60), deadline=None)
     @given(st.lists(st.lists(st.integers(0, 50), max_size=30), min_size=1, max_size=6))
     def test_output_is_sorted_and_a_permutation(self, per_node: list[list[int]]) -> None:
         streams = [[L(f"n{i}", t / 10, f"n{i}#{j}") for j, t in enumerate(sorted(ts))] for i, ts in enumerate(per_node)]
@@ -185,7 +186,7 @@ class TestLiveMerge:
         live.push(0, L("a", 1.0), now=0.0)
         assert texts(live.ready(0.0, flush=True)) == ["a@1.0", "b@1.0"]
 
-    @settings(max_examples=40, deadline=None)
+    @settings(max_examples=examples(40), deadline=None)
     @given(st.lists(st.lists(st.integers(0, 1000), min_size=1, max_size=20), min_size=2, max_size=5),
            st.randoms(use_true_random=False))
     def test_every_line_exactly_once_and_ordered_when_arrivals_are_within_the_watermark(

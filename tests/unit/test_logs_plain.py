@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from orchestrator.logs.lines import column_widths, format_ts
 from orchestrator.logs.merge import PlainNode, merge_plain
+from tests.hypothesis_support import examples
 from tests.logs_support import general_merge
 
 T0 = 1_796_031_125.0  # 2026-11-30T09:32:05Z
@@ -44,7 +45,7 @@ node_text = st.lists(st.one_of(valid, valid, valid, odd), max_size=25).flatmap(
     lambda ls: st.tuples(st.just(ls), st.lists(st.integers(1, 6), max_size=5), st.booleans()))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(node_text, min_size=1, max_size=5), st.lists(st.sampled_from([0.0, 0.0, 0.25, -3.5, 1000.0]),
        min_size=5, max_size=5), st.lists(st.one_of(st.none(), st.integers(0, 64)), min_size=5, max_size=5),
        st.booleans())

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from orchestrator.config import inventory, nodes
 from orchestrator.errors import RemoteCommandFailed, TransportError
 from orchestrator.transport import Cluster, LocalTransport, command_line, fan_out
+from tests.hypothesis_support import examples
 
 INV = inventory.parse("transport: local\nnodes:\n  - host: localhost\n    name: n[0-2]\n", "local.yaml")
 ECHO = [sys.executable, "-c", "import json,os,sys; print(json.dumps([sys.argv[1:], os.environ.get('X')]))"]
@@ -28,7 +29,7 @@ def test_command_line_quotes_once() -> None:
     assert command_line(["ls"], cwd="~/runs") == "cd \"$HOME\"/runs && exec ls"
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(args=st.lists(TEXT, max_size=4), value=TEXT)
 def test_args_and_env_arrive_byte_for_byte(args: list[str], value: str) -> None:
     t = LocalTransport(INV.nodes[0])

@@ -163,7 +163,10 @@ def test_orch_logs_beside_a_live_follower_leaves_its_copies_and_merged_log_whole
     out: list[LogLine] = []
     follow = threading.Thread(target=lambda: out.extend(Follower(run, inv, Cluster(inv), poll_s=0.1).lines()))
     follow.start()
-    time.sleep(1.0)
+    deadline = time.monotonic() + 30
+    while not out:  # the follower streams: its copies are being written now
+        assert time.monotonic() < deadline, "the follower printed nothing"
+        time.sleep(0.02)
     side = CliRunner().invoke(cli, ["logs", "r1", "--json"])  # a second process-like reader, mid-run
     follow.join(timeout=60)
     for w in writers:

@@ -95,6 +95,30 @@ def test_run_shell_sends_the_line_as_it_is() -> None:
     assert (r.exit_code, r.stdout, r.argv) == (0, "b\n3\n", ("echo a | tr a b; echo $((1 + 2))",))
 
 
+def child_runs(cmdline: bytes) -> list[int]:
+    """Pids of this process's children (and theirs) whose command line is `cmdline`."""
+    import os
+
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_bytes() if entry.isdigit() else b""
+        except OSError:
+            continue
+        if stat:
+            parents[int(entry)] = int(stat.rsplit(b")", 1)[1].split()[1])
+    mine, found = {os.getpid()}, []
+    for _ in range(5):  # a few generations deep
+        mine |= {pid for pid, ppid in parents.items() if ppid in mine}
+    for pid in mine - {os.getpid()}:
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes() == cmdline:
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
 def test_close_ends_a_command_run_still_waits_for() -> None:
     """As closing an SSH connection ends its sessions: Ctrl-C in `orch exec` must not wait for them."""
     import threading
@@ -103,7 +127,10 @@ def test_close_ends_a_command_run_still_waits_for() -> None:
     got: list[object] = []
     worker = threading.Thread(target=lambda: got.append(t.run(["sleep", "60"])))
     worker.start()
-    time.sleep(0.5)
+    deadline = time.monotonic() + 30
+    while not any(child_runs(b"sleep\x0060\x00")):  # the command runs: close must end it, not wait
+        assert time.monotonic() < deadline, "the command never started"
+        time.sleep(0.02)
     t0 = time.monotonic()
     t.close()
     worker.join(30)

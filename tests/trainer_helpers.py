@@ -109,6 +109,17 @@ def run_trainer(args: list[str], nproc: int = 0, timeout: float = 300, blocked_n
     return Result(p.returncode, p.stdout, p.stderr)
 
 
+def run_trainers(*runs: tuple[list[str], int]) -> list[Result]:
+    """Independent trainer runs ((args, nproc) each) at the same time, their results in order: a
+    run leaves a core idle while its torchrun starts and while rank 0 alone validates and saves,
+    which the other run fills. For runs whose results do not depend on each other's timing."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(runs)) as pool:
+        futures = [pool.submit(run_trainer, args, nproc) for args, nproc in runs]
+        return [f.result() for f in futures]
+
+
 RESUME_EPOCHS, RESUME_BATCH = 3, 4
 RESUME_FLAGS = ["--model", "yolo12n.yaml", "--epochs", str(RESUME_EPOCHS), "--batch", str(RESUME_BATCH),
                 "--imgsz", "64", "--log-every", "2", "--seed", "1", "--warmup-epochs", "1", "--workers", "0",
@@ -133,6 +144,14 @@ class Reference:
 
     def rows(self) -> list[dict[str, float]]:
         return read_results(self.out)
+
+    def to_json(self) -> str:
+        return json.dumps({"data": str(self.data), "out": str(self.out), "result": vars(self.result)})
+
+    @classmethod
+    def from_json(cls, text: str) -> Reference:
+        doc = json.loads(text)
+        return cls(Path(doc["data"]), Path(doc["out"]), Result(**doc["result"]))
 
     def args(self, **paths: Any) -> list[str]:
         """RESUME_FLAGS on this dataset, plus e.g. out=..., debug_dir=... (as --out, --debug-dir)."""

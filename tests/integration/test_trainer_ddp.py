@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -22,6 +24,7 @@ from tests.trainer_helpers import (
     read_results,
     run_nodes,
     run_trainer,
+    run_trainers,
     save_checkpoint,
     train_loss,
 )
@@ -40,17 +43,71 @@ def common(data: Path, out: Path, epochs: int, batch: int) -> list[str]:
             "--imgsz", "64", "--out", str(out), "--log-every", "2", "--seed", "1", "--warmup-epochs", "1"]
 
 
-def predict(weights: Path, image: Path, imgsz: int, code: str) -> str:
-    """Run ``code`` on ``YOLO(weights).predict(image)`` (as ``r``, ``m``) in a fresh offline process."""
-    script = (f"import sys; from ultralytics import YOLO; m = YOLO(sys.argv[1]); "
-              f"r = m.predict(sys.argv[2], imgsz={imgsz}, conf=0.001, verbose=False)[0]; {code}")
-    p = subprocess.run([PYTHON, "-c", script, str(weights), str(image)], capture_output=True, text=True,
-                       env=env({"YOLO_OFFLINE": "1"}), timeout=120)
-    assert p.returncode == 0, p.stderr[-3000:]
-    return p.stdout
+PREDICT_SERVER = r"""
+import contextlib, io, json, sys
+from ultralytics import YOLO
+print("PREDICT", json.dumps({"ready": sorted(m for m in sys.modules if m == "trainer" or m.startswith("trainer."))}),
+      flush=True)
+for request in sys.stdin:
+    q = json.loads(request)
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            m = YOLO(q["weights"])
+            r = m.predict(q["image"], imgsz=q["imgsz"], conf=0.001, verbose=False)[0]
+            exec(q["code"], {"m": m, "r": r})
+        print("PREDICT", json.dumps({"ok": True, "out": out.getvalue()}), flush=True)
+    except Exception as exc:
+        print("PREDICT", json.dumps({"ok": False, "out": out.getvalue(), "error": repr(exc)}), flush=True)
+"""
 
 
-def test_two_ranks_train_in_lockstep_offline(tmp_path: Path) -> None:
+class Predictor:
+    """`YOLO(weights).predict(image)` in a process of its own: offline (YOLO_OFFLINE=1), without
+    the trainer (it never imports it), a fresh YOLO per question; one process for the module,
+    so ultralytics starts once."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[str] | None = None
+
+    def __call__(self, weights: Path, image: Path, imgsz: int, code: str) -> str:
+        """Run ``code`` on the prediction (as ``r``, the model as ``m``); what it printed."""
+        if self.proc is None:
+            self.proc = subprocess.Popen([PYTHON, "-c", PREDICT_SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=subprocess.DEVNULL, text=True, env=env({"YOLO_OFFLINE": "1"}))
+            assert self.answer() == {"ready": []}  # no trainer module in it
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps({"weights": str(weights), "image": str(image), "imgsz": imgsz,
+                                          "code": code}) + "\n")
+        self.proc.stdin.flush()
+        answer = self.answer()
+        assert answer["ok"], answer
+        return str(answer["out"])
+
+    def answer(self) -> dict[str, Any]:
+        """The next protocol line (what ultralytics itself prints around them is skipped)."""
+        assert self.proc is not None and self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith("PREDICT "):
+                return dict(json.loads(line.split(" ", 1)[1]))
+        return {"ok": False, "error": f"the predictor exited ({self.proc.wait()})"}
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def predict() -> Iterator[Predictor]:
+    p = Predictor()
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+def test_two_ranks_train_in_lockstep_offline(tmp_path: Path, predict: Predictor) -> None:
     """Loss falls, ranks end identical, shards are disjoint, lines are prefixed, no network, no
     find_unused_parameters warning, last.pt predicts."""
     data = make_dataset(tmp_path / "ds", images=48, classes=2, imgsz=128)  # 36 train images: 18 per rank
@@ -95,18 +152,19 @@ def test_one_rank_and_two_ranks_agree(tmp_path: Path) -> None:
 
     Not bit-equal: BatchNorm statistics and the loss's target normalisation are per local batch.
     """
-    data = make_dataset(tmp_path / "ds", images=22, classes=2, imgsz=128)  # 16 train images: 2 steps of 8
-    flags = [*common(data, tmp_path / "x", 2, 8), *NO_AUG, "--imgsz", "128", "--workers", "0", "--val-period", "0",
-             "--lr", "0.04", "--accumulate", "1"]
-    one = run_trainer([*flags, "--out", str(tmp_path / "one"), "--debug-dir", str(tmp_path / "d1")], nproc=1)
-    two = run_trainer([*flags, "--out", str(tmp_path / "two"), "--debug-dir", str(tmp_path / "d2")], nproc=2)
+    def flags(name: str) -> list[str]:  # each run its own copy of the dataset: they run at once
+        data = make_dataset(tmp_path / f"ds-{name}", images=22, classes=2, imgsz=128)  # 16 train images: 2 steps of 8
+        return [*common(data, tmp_path / name, 2, 8), *NO_AUG, "--imgsz", "128", "--workers", "0", "--val-period", "0",
+                "--lr", "0.04", "--accumulate", "1", "--debug-dir", str(tmp_path / f"d-{name}")]
+
+    one, two = run_trainers((flags("one"), 1), (flags("two"), 2))
     assert one.returncode == 0, one.explain()
     assert two.returncode == 0, two.explain()
     r1, r2 = read_results(tmp_path / "one"), read_results(tmp_path / "two")
     for a, b in zip(r1, r2):
         assert train_loss(b) == pytest.approx(train_loss(a), rel=0.05), (r1, r2)
-    s1 = read_debug(tmp_path / "d1", 1)[0]["param_sum"]
-    s2 = read_debug(tmp_path / "d2", 2)[0]["param_sum"]
+    s1 = read_debug(tmp_path / "d-one", 1)[0]["param_sum"]
+    s2 = read_debug(tmp_path / "d-two", 2)[0]["param_sum"]
     assert s2 == pytest.approx(s1, rel=1e-3)
 
 
@@ -117,12 +175,13 @@ def test_resume_with_mosaic_continues_exactly(tmp_path: Path, workers: int, clos
     the uninterrupted run; augmentation in (persistent) loader workers, whose mosaic buffers are
     saved and put back. Augmentation in the process (workers 0) is the node-local test below."""
     data = make_dataset(tmp_path / "ds", images=20)
+    twin = make_dataset(tmp_path / "ds-full", images=20)  # the same images, for the run beside it
     flags = ["--workers", str(workers), "--val-period", "0", "--lr", "0.05", "--accumulate", "1",
              "--cfg", f"close_mosaic={close}"]
-    full = run_trainer([*common(data, tmp_path / "full", 3, 4), *flags, "--debug-dir", str(tmp_path / "df")], nproc=2)
+    full, killed = run_trainers(  # the uninterrupted run and the one killed after epoch 2, side by side
+        ([*common(twin, tmp_path / "full", 3, 4), *flags, "--debug-dir", str(tmp_path / "df")], 2),
+        ([*common(data, tmp_path / "cut", 3, 4), *flags, "--debug-exit-after", "2"], 2))
     assert full.returncode == 0, full.explain()
-
-    killed = run_trainer([*common(data, tmp_path / "cut", 3, 4), *flags, "--debug-exit-after", "2"], nproc=2)
     assert killed.returncode != 0
     assert len(read_results(tmp_path / "cut")) == 2
     resumed = run_trainer([*common(data, tmp_path / "cut", 3, 4), *flags, "--resume",
@@ -176,7 +235,7 @@ def test_resume_when_out_is_on_node_local_storage(trainer_reference: Reference, 
     assert rank0 == ref.checksum(0) == rank1
 
 
-def test_segmentation_two_ranks_with_accumulation(tmp_path: Path) -> None:
+def test_segmentation_two_ranks_with_accumulation(tmp_path: Path, predict: Predictor) -> None:
     """A -seg model on polygon labels, 2 ranks, --accumulate 2: mask mAP on the log line and in
     results.csv, and what `orch report` parses from the log is what results.csv holds; last.pt
     loads with YOLO() and predicts masks."""
@@ -216,17 +275,27 @@ def test_segmentation_two_ranks_with_accumulation(tmp_path: Path) -> None:
     assert masks.split() == ["SegmentationModel", "True"]
 
 
+@pytest.fixture(scope="module")
+def yoloe_start(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A YOLOE-11s-seg checkpoint (random weights and BatchNorm statistics) and class prompts for
+    its three classes, built once for both prompt modes (neither run changes them)."""
+    root = tmp_path_factory.mktemp("yoloe")
+    names = ["square", "disc", "triangle"]
+    ckpt = root / "yoloe-11s-seg.pt"
+    save_checkpoint(ckpt, "yoloe-11s-seg.yaml", names)
+    pe = root / "pe.pt"
+    g = torch.Generator().manual_seed(0)
+    torch.save({n: torch.randn(512, generator=g) for n in names}, pe)
+    return ckpt, pe
+
+
 @pytest.mark.parametrize("mode", ["linear", "full"])
-def test_yoloe_seg_with_an_embeddings_file_two_ranks(tmp_path: Path, mode: str) -> None:
+def test_yoloe_seg_with_an_embeddings_file_two_ranks(tmp_path: Path, mode: str, yoloe_start: tuple[Path, Path],
+                                                    predict: Predictor) -> None:
     """YOLOE-seg fine-tuned from a checkpoint with class prompts from a file: linear keeps every
     frozen BatchNorm's statistics; full trains them; the result predicts masks offline."""
     data = make_dataset(tmp_path / "ds", images=12, segments=True)
-    names = ["square", "disc", "triangle"]
-    ckpt = tmp_path / "yoloe-11s-seg.pt"
-    save_checkpoint(ckpt, "yoloe-11s-seg.yaml", names)
-    pe = tmp_path / "pe.pt"
-    g = torch.Generator().manual_seed(0)
-    torch.save({n: torch.randn(512, generator=g) for n in names}, pe)
+    ckpt, pe = yoloe_start
     out = tmp_path / "run"
     r = run_trainer(["--weights", str(ckpt), "--data", str(data), "--text-embeddings", str(pe), "--prompt-mode", mode,
                      "--epochs", "1", "--batch", "4", "--imgsz", "64", "--workers", "0", "--out", str(out),

@@ -5,25 +5,30 @@ from __future__ import annotations
 
 import re
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ holds the shared trainer helpers
-from trainer_helpers import make_dataset, run_trainer_counting_syncs  # noqa: E402
+from trainer_helpers import Result, make_dataset, run_trainer_counting_syncs  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def test_host_reads_do_not_grow_with_the_number_of_micro_steps(tmp_path: Path) -> None:
-    counts = {}
-    steps = {}
-    for images in (12, 36):  # 9 and 27 training images: 5 and 14 micro-steps of 2 per epoch
+    def run(images: int) -> tuple[Result, dict[str, int]]:
         data = make_dataset(tmp_path / f"ds{images}", images=images, imgsz=64)
-        result, counts[images] = run_trainer_counting_syncs(
+        return run_trainer_counting_syncs(
             ["--data", str(data), "--epochs", "2", "--batch", "2", "--imgsz", "64", "--workers", "0",
              "--accumulate", "2", "--log-every", "1000", "--val-period", "0", "--out", str(tmp_path / f"run{images}")],
             tmp_path / f"syncs{images}.json")
+
+    counts = {}
+    steps = {}
+    with ThreadPoolExecutor(2) as pool:  # two single-process runs, one a core: side by side
+        runs = dict(zip((12, 36), pool.map(run, (12, 36))))  # 9 and 27 training images: 5 and 14 micro-steps of 2
+    for images, (result, counts[images]) in runs.items():
         assert result.returncode == 0, result.explain()
         steps[images] = sum(1 for ln in result.stdout.splitlines() if re.search(r"\] epoch \d+/\d+ batch ", ln))
     assert counts[12] == counts[36], counts  # the same host reads whether an epoch has 5 or 14 micro-steps

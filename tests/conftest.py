@@ -9,15 +9,25 @@
 - `cluster_keys`: the session's SSH keys (client key, host keys, extra keys for negative tests).
 
 A session-finish hook fails the run if any sshd, chronyd, session process, namespace or link
-started by the fixture is still there.
+started by the fixture is still there (under `pytest -n`, each worker's leftovers fail the run).
+
+Under `pytest -n` (pytest-xdist; `make test` runs two workers) a test that bounds a duration or
+runs under orch's liveness limits (`runs_alone`: tests/integration but its ALONGSIDE modules)
+never runs beside another test: it holds an exclusive lock that every other test takes shared.
+Those tests are collected last, so the others run two at a time first. Without -n nothing
+changes but that order.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import signal
 import sys
-from collections.abc import Callable, Iterator, Mapping
+import tempfile
+from collections.abc import Callable, Generator, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -133,11 +143,65 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Fail the run when the cluster fixture left anything behind (processes, namespaces, links)."""
+    """Fail the run when the cluster fixture left anything behind (processes, namespaces, links).
+    An xdist worker hands its leftovers to the controller, which fails the run."""
     left = leftovers()
+    worker_output = getattr(session.config, "workeroutput", None)
+    if worker_output is not None:
+        worker_output["orch_leftovers"] = left
+        return
+    left += session.config.stash.get(_WORKER_LEFTOVERS, [])
     if left:
         sys.stderr.write("\norch test cluster left behind:\n" + "".join(f"  {x}\n" for x in left))
         session.exitstatus = 1
+
+
+_WORKER_LEFTOVERS = pytest.StashKey[list[str]]()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """(xdist controller) Collect what a worker's session left behind."""
+    left = list(getattr(node, "workeroutput", {}).get("orch_leftovers") or [])
+    node.config.stash.setdefault(_WORKER_LEFTOVERS, []).extend(f"{node.gateway.id}: {x}" for x in left)
+
+
+# ----------------------------------------------------------------------------- pytest -n
+
+
+ALONGSIDE = ("test_trainer_ddp.py",)
+"""The integration modules whose tests only compare numbers and files: no time limit in an
+assertion, no orch up under its liveness limits. They may run beside other tests."""
+
+
+def runs_alone(item: pytest.Item) -> bool:
+    """Whether a test must not share the machine with another test of this session: it bounds a
+    duration (a teardown, a watchdog, a fabric check, a connect timeout) or runs `orch up`, whose
+    liveness limits (stream silence, unreachable grace, stall timeout) are not load-aware."""
+    path = Path(str(item.fspath))
+    return path.parent.name == "integration" and path.name not in ALONGSIDE
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The tests that may run alongside others first, then those that run alone, each in
+    collection order (under xdist the first part runs two at a time)."""
+    items[:] = [item for item in items if not runs_alone(item)] + [item for item in items if runs_alone(item)]
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
+    """Under xdist: a test that runs alone holds the session's lock exclusively, any other test
+    holds it shared. Taken outside the test's timeout (waiting for the other worker is not the
+    test's time)."""
+    uid = getattr(item.config, "workerinput", {}).get("testrunuid")
+    if uid is None:
+        yield
+        return
+    path = Path(tempfile.gettempdir()) / f"orch-test-{uid}.lock"
+    with open(path, "a") as fh, contextlib.ExitStack() as held:
+        fcntl.flock(fh, fcntl.LOCK_EX if runs_alone(item) else fcntl.LOCK_SH)
+        held.callback(fcntl.flock, fh, fcntl.LOCK_UN)
+        yield
 
 
 

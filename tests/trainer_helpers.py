@@ -23,6 +23,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 LOOPBACK = {"127.0.0.1", "::1", "localhost", "0.0.0.0", "", None}
+TRAINER_TIMEOUT_S = 540
+"""A trainer run that takes longer hangs (the modules' test timeout is 600 s): runs here take a
+minute or two, but under `pytest -n 2` four of them may share the two cores with other work."""
 
 
 def free_port() -> int:
@@ -91,7 +94,7 @@ def env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return e
 
 
-def run_trainer(args: list[str], nproc: int = 0, timeout: float = 300, blocked_net_log: Path | None = None,
+def run_trainer(args: list[str], nproc: int = 0, timeout: float = TRAINER_TIMEOUT_S, blocked_net_log: Path | None = None,
                 cwd: Path | None = None) -> Result:
     """Run the trainer: plain ``python -m trainer`` (nproc 0) or torchrun with ``nproc`` ranks.
 
@@ -251,14 +254,14 @@ def install_sync_counter(log: Path) -> None:
     atexit.register(lambda: log.write_text(json.dumps(counts)))
 
 
-def run_trainer_counting_syncs(args: list[str], log: Path, timeout: float = 300) -> tuple[Result, dict[str, int]]:
+def run_trainer_counting_syncs(args: list[str], log: Path, timeout: float = TRAINER_TIMEOUT_S) -> tuple[Result, dict[str, int]]:
     """One plain process of the trainer with the host-read counter; returns its result and the counts."""
     p = subprocess.run([PYTHON, str(Path(__file__).resolve()), *args], capture_output=True, text=True,
                        timeout=timeout, env=env({"TRAINER_SYNC_LOG": str(log)}), cwd=REPO)
     return Result(p.returncode, p.stdout, p.stderr), json.loads(log.read_text()) if log.exists() else {}
 
 
-def run_nodes(args: list[str], homes: list[Path], timeout: float = 300) -> list[Result]:
+def run_nodes(args: list[str], homes: list[Path], timeout: float = TRAINER_TIMEOUT_S) -> list[Result]:
     """A job of ``len(homes)`` torchrun "nodes" of one process each on this machine, every node with its
     own HOME: paths under ``~/`` are node-local, as on machines that share no storage."""
     port = free_port()

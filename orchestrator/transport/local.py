@@ -59,17 +59,24 @@ class LocalTransport(Transport):
     def __init__(self, node: Node) -> None:
         super().__init__(node)
         self._running: set[subprocess.Popen[bytes]] = set()
+        self._closes = 0
+        """How often `close` ran: a command that was starting meanwhile is ended like the others."""
         self._lock = threading.Lock()
 
     def connect(self) -> float:
         return 0.0
 
     def _exec(self, line: str, stdin: bytes | None, timeout: float | None) -> tuple[int, bytes, bytes]:
+        with self._lock:
+            closes = self._closes
         proc = subprocess.Popen(["/bin/sh", "-c", line], cwd=os.path.expanduser("~"),
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 start_new_session=True)
         with self._lock:
             self._running.add(proc)
+            closed_meanwhile = self._closes != closes
+        if closed_meanwhile:  # close() ran while it started (Ctrl-C right then): it would outlive it
+            _kill_group(proc)
         try:
             out, err = proc.communicate(stdin or b"", timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -85,6 +92,7 @@ class LocalTransport(Transport):
         """End the commands `run` still waits for, as closing an SSH connection ends its sessions
         (`popen` processes are the caller's to close)."""
         with self._lock:
+            self._closes += 1
             running = list(self._running)
         for proc in running:
             _kill_group(proc)

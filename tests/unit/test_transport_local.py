@@ -136,3 +136,25 @@ def test_close_ends_a_command_run_still_waits_for() -> None:
     worker.join(30)
     assert not worker.is_alive() and time.monotonic() - t0 < 30
     assert got[0].exit_code == -9  # type: ignore[attr-defined]
+
+
+def test_a_close_while_a_command_is_starting_ends_it_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C in `orch exec` right as a node's command starts (the process exists, the transport
+    has not recorded it yet): close must end it too, or the exec waits out the whole command."""
+    import subprocess
+
+    from orchestrator.transport import local
+
+    t = LocalTransport(INV.nodes[0])
+    real = subprocess.Popen
+
+    def popen_then_close(*args: object, **kwargs: object) -> subprocess.Popen[bytes]:
+        proc = real(*args, **kwargs)  # type: ignore[call-overload]
+        t.close()  # lands between the fork and the transport's record of the process
+        return proc  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(local.subprocess, "Popen", popen_then_close)
+    result = t.run(["sleep", "60"])
+    assert result.exit_code == -9  # killed, not run to its end
+    monkeypatch.undo()
+    assert t.run(["true"]).exit_code == 0  # a command started after the close runs as usual

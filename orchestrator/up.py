@@ -75,6 +75,9 @@ class UpProgress(Protocol):
     def log_stopped(self, exc: Exception) -> None:
         """Log streaming broke; supervision goes on without it."""
 
+    def warning(self, message: str) -> None:
+        """Something the run goes on without (a record or log copy the controller's disk refused)."""
+
     def stalled(self, silent_s: float, timeout_s: float) -> None:
         """No rank wrote a line for `silent_s`: every rank's stack is being taken."""
 
@@ -122,6 +125,9 @@ class Quiet:
         pass
 
     def log_stopped(self, exc: Exception) -> None:
+        pass
+
+    def warning(self, message: str) -> None:
         pass
 
     def stalled(self, silent_s: float, timeout_s: float) -> None:
@@ -382,7 +388,7 @@ def _attempt(say: UpProgress, run: RunDir, inv: Inventory, report: CheckReport |
     plan = make_plan(inv, run.run_id, attempt)
     run.write(plan.to_json(), "plan.json")
     save_to_run(run, inv, report)
-    record = RunRecord(run)
+    record = RunRecord(run, warn=say.warning)
     run.update(nodes=node_records(plan), state=RunState.STARTING)
     say.starting(plan)
     with Cluster(inv) as cluster:

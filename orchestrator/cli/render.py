@@ -298,6 +298,9 @@ class UpPrinter:
     def log_stopped(self, exc: Exception) -> None:
         self.err.print(f"[yellow]log streaming stopped: {markup(exc)}[/]")
 
+    def warning(self, message: str) -> None:
+        self.err.print(f"[yellow]warning: {markup(message)}[/]")
+
     def stalled(self, silent_s: float, timeout_s: float) -> None:
         self.err.print(f"[bold yellow]no rank wrote a line for {silent_s:.0f} s[/] (stall timeout {timeout_s:g} s): "
                        "taking every rank's stack")

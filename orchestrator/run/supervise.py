@@ -435,7 +435,7 @@ class Supervisor:
                  confirm: Callable[[Sequence[str]], Mapping[str, Observation]] | None = None,
                  interval: float = 1.0, unreachable_grace: float = 10.0,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                 on_update: Callable[[Mapping[str, NodeStatus]], None] | None = None,
+                 on_update: Callable[[Mapping[str, NodeStatus]], object] | None = None,
                  offsets_s: Mapping[str, float] | None = None,
                  watch: Callable[[], Failure | None] | None = None) -> None:
         self.specs = {s.name: s for s in specs}

@@ -385,7 +385,7 @@ def _with_resume(say: UpProgress, run: RunDir, inv: Inventory) -> Inventory:
 def _attempt(say: UpProgress, run: RunDir, inv: Inventory, report: CheckReport | None, detach: bool, t0: float,
              t_launch: float, attempt: int) -> UpOutcome:
     """One launch of the run on the inventory's nodes: plan, start, supervise (or detach)."""
-    plan = make_plan(inv, run.run_id, attempt)
+    plan = make_plan(inv, run.run_id, attempt, run.nonce or "")
     run.write(plan.to_json(), "plan.json")
     save_to_run(run, inv, report)
     record = RunRecord(run, warn=say.warning)
@@ -437,11 +437,11 @@ def _attached(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, clust
     def poll_one(name: str) -> NodeStatus:
         r = by_name[name]
         # a loaded node answers slowly; only `grace` without an answer makes it unreachable
-        return status_node(cluster[name], r["python"], r["remote_dir"], timeout=grace)
+        return status_node(cluster[name], r["python"], r["remote_dir"], timeout=grace, nonce=r.get("nonce"))
 
     def excerpt(name: str) -> list[str]:
         r = by_name[name]
-        return list(status_node(cluster[name], r["python"], r["remote_dir"], tail=200).tail)
+        return list(status_node(cluster[name], r["python"], r["remote_dir"], tail=200, nonce=r.get("nonce")).tail)
 
     pushed = Pushed([p.node.name for p in plan.nodes], poll_one, silent_after=tune.silent_after_s,
                     first_frame_s=grace / 2, interval=interval, stale_after=grace / 2)

@@ -458,6 +458,8 @@ def down_report(result: DownReport) -> None:
             out.print(f"[bold red]{markup(name)}: not stopped[/]: {markup(failed[name])}")
         elif res.remaining:
             out.print(f"[bold red]{markup(name)}: processes still running[/]: {list(res.remaining)}")
+        elif res.foreign:
+            out.print(f"[yellow]{markup(name)}: {markup(safe(res.note or 'another launch of this run id'))}[/]")
         else:
             n = len(res.stopped)
             out.print(f"{markup(name)}: " + (f"stopped {n} processes (none is left)" if n else "nothing running"))

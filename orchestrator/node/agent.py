@@ -20,9 +20,13 @@ Subcommands (each prints one JSON object on stdout):
 
   start DIR          daemonize (double fork + setsid, stdio on /dev/null) and start torchrun in its
                      own process group; return once state.json says running, non-zero if it cannot
-  status DIR [--tail N]   state.json plus liveness (is the agent / the job alive), log size and time
-  stop DIR [--grace S]    SIGTERM the job's process group, SIGKILL after S seconds, wait until every
-                     process of the job is gone. Idempotent.
+  status DIR [--tail N] [--nonce X]   state.json plus liveness (is the agent / the job alive), log
+                     size and time
+  stop DIR [--grace S] [--nonce X]    SIGTERM the job's process group, SIGKILL after S seconds, wait
+                     until every process of the job is gone. Idempotent.
+
+With --nonce (the launch nonce, launch.json `nonce`), a run directory claimed by another launch
+(`launch.nonce`: another controller's run of the same id) is never stopped nor reported as ours.
   stacks DIR [--timeout S]  the Python stack of every rank of the job (`py-spy dump`), raw, per rank
 
 torchrun puts every worker in a session of its own, so killing torchrun's group alone would
@@ -81,6 +85,9 @@ if TYPE_CHECKING:
     import subprocess
 
 LAUNCH = "launch.json"
+OWNER = "launch.nonce"
+"""The nonce of the launch that claimed this run directory (created once, never rewritten):
+another controller's run of the same id is refused here, and never stopped or read."""
 STATE = "state.json"
 LOG = "node.log"
 STOP_REQUEST = "stop.request"
@@ -166,6 +173,64 @@ def check_run_dir(path: str) -> None:
                                f"mode {stat.S_IMODE(st.st_mode):04o}): refusing to use it; chmod go-w {path} "
                                "or set job.run_root elsewhere")
         parent = os.path.dirname(path)
+
+
+def owner(run_dir: str) -> str | None:
+    """The nonce that claimed the directory (`launch.nonce`); None where there is none."""
+    try:
+        with open(os.path.join(run_dir, OWNER), encoding="ascii") as fh:
+            return fh.read().strip() or None
+    except (OSError, ValueError):
+        return None
+
+
+def foreign(run_dir: str, nonce: str | None) -> str | None:
+    """Why the directory is not the launch `nonce`'s (another controller's run of the same id, or
+    an older run left there), or None: it is, or nothing was started in it, or no nonce is asked."""
+    if not nonce:
+        return None
+    held = owner(run_dir)
+    if held == nonce:
+        return None
+    if held is None:
+        state = read_json(os.path.join(run_dir, STATE))
+        if not state and not os.path.exists(os.path.join(run_dir, LOG)):
+            return None
+        held = state.get("nonce")
+        if held == nonce:
+            return None
+    state = read_json(os.path.join(run_dir, STATE))
+    what = "a run of the same id started by another orch up (another $ORCH_HOME or user)"
+    if state.get("state"):
+        what += f", {state.get('state')}"
+        if state.get("agent_pid") and state.get("state") not in FINAL_STATES:
+            what += f" (agent {state.get('agent_pid')})"
+    return f"{run_dir} holds {what}"
+
+
+def claim(run_dir: str, nonce: str) -> str | None:
+    """Claim the run directory for the launch `nonce` before anything is written in it: the
+    first launch to create `launch.nonce` (atomically, with its content: a hard link) owns it,
+    later attempts of the same launch find their own nonce. None when claimed, else why not."""
+    why = foreign(run_dir, nonce)
+    if why:
+        return why
+    if owner(run_dir) == nonce:
+        return None
+    tmp = os.path.join(run_dir, f"{OWNER}.tmp.{os.getpid()}")
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    with os.fdopen(create_private(tmp), "w", encoding="ascii") as fh:
+        fh.write(nonce + "\n")
+    try:
+        os.link(tmp, os.path.join(run_dir, OWNER))
+    except FileExistsError:
+        pass  # a launch racing this one got there first: whose it is decides below
+    finally:
+        os.unlink(tmp)
+    return foreign(run_dir, nonce)
 
 
 # ----------------------------------------------------------------------------- the daemon
@@ -378,7 +443,8 @@ def cmd_start(run_dir: str, wait: float) -> int:
     import socket
 
     clear_stop_request(run_dir)
-    write_json(state_path, {"run": launch.get("run"), "node": launch.get("node"), "agent_pid": None,
+    write_json(state_path, {"run": launch.get("run"), "node": launch.get("node"), "nonce": launch.get("nonce"),
+                            "agent_pid": None,
                             "pid": None, "pgid": None, "host": socket.gethostname(), "boot_id": boot_id(),
                             "started_at": None, "finished_at": None, "exit_code": None, "signal": None,
                             "state": STARTING})
@@ -443,8 +509,13 @@ def wait_started(state_path: str, wait: float) -> int:
     return emit(dict(read_json(state_path), reason=f"the agent did not report running within {wait:.0f} s"), 1)
 
 
-def status(run_dir: str, tail: int = 0) -> dict[str, Any]:
-    """state.json plus what only the node can tell: liveness, log size and time, the log's tail."""
+def status(run_dir: str, tail: int = 0, nonce: str | None = None) -> dict[str, Any]:
+    """state.json plus what only the node can tell: liveness, log size and time, the log's tail.
+    With `nonce`, a directory another launch claimed says only that (`foreign`)."""
+    why = foreign(run_dir, nonce)
+    if why:
+        return {"state": None, "exists": False, "foreign": True, "error": why, "agent_alive": False,
+                "job_alive": False, "now": time.time()}
     state = read_json(os.path.join(run_dir, STATE))
     log = os.path.join(run_dir, LOG)
     out = dict(state)
@@ -475,12 +546,17 @@ def tail_lines(path: str, n: int) -> list[str]:
     return [line.decode("utf-8", "replace") for line in data.splitlines()[-n:]]
 
 
-def cmd_stop(run_dir: str, grace: float) -> int:
+def cmd_stop(run_dir: str, grace: float, nonce: str | None = None) -> int:
     """SIGTERM the job, SIGKILL it after `grace`, wait until nothing of it is left. Idempotent.
 
     What it reports is what it saw afterwards, not what it sent: `stopped` (processes of the job
     found at the start and gone now), `remaining` (still there: the job's, or the agent), and
-    `strangers` (processes under the recorded ids that are not the job's: never signalled)."""
+    `strangers` (processes under the recorded ids that are not the job's: never signalled).
+    With `nonce`, a directory another launch claimed is left alone (`foreign`)."""
+    why = foreign(run_dir, nonce)
+    if why:
+        return emit({"state": None, "stopped": [], "remaining": [], "strangers": [], "foreign": True,
+                     "note": why + ": left alone"}, 0)
     state_path = os.path.join(run_dir, STATE)
     state = read_json(state_path)
     if not state:
@@ -537,9 +613,11 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("status", help="state.json plus liveness")
     p.add_argument("dir")
     p.add_argument("--tail", type=int, default=0, help="also return the last N lines of node.log")
+    p.add_argument("--nonce", help="the launch's nonce: another launch's directory only says so")
     p = sub.add_parser("stop", help="stop the job (TERM, then KILL after --grace) and wait")
     p.add_argument("dir")
     p.add_argument("--grace", type=float, default=10.0)
+    p.add_argument("--nonce", help="the launch's nonce: another launch's directory is left alone")
     p = sub.add_parser("stacks", help="the Python stack of every rank (py-spy dump)")
     p.add_argument("dir")
     p.add_argument("--timeout", type=float, default=20.0, help="seconds py-spy may take per rank")
@@ -553,9 +631,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "start":
         return cmd_start(run_dir, args.wait)
     if args.cmd == "status":
-        return emit(status(run_dir, args.tail), 0)
+        return emit(status(run_dir, args.tail, args.nonce), 0)
     if args.cmd == "stop":
-        return cmd_stop(run_dir, args.grace)
+        return cmd_stop(run_dir, args.grace, args.nonce)
     if args.cmd == "stacks":
         try:
             from . import stacks

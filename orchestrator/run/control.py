@@ -128,7 +128,8 @@ def detached_failure(cluster: Cluster, records: list[dict[str, Any]], statuses: 
     first = min(failures, key=lambda f: f.order)
     rec = next(r for r in records if r["node"] == first.node)
     try:
-        tail = list(status_node(cluster[first.node], rec["python"], rec["remote_dir"], tail=200).tail)
+        tail = list(status_node(cluster[first.node], rec["python"], rec["remote_dir"], tail=200,
+                                nonce=rec.get("nonce")).tail)
     except OrchError:
         tail = []
     first.excerpt, first.rank, first.local_rank = select_excerpt(tail)

@@ -24,7 +24,8 @@ def node_records(plan: Plan) -> list[dict[str, Any]]:
              "base_rank": p.global_ranks.start, "nproc": p.node.nproc_per_node,
              "remote_dir": remote_dir(inv, p.node, plan.run_id), "python": p.node.python,
              "state": NodeState.PENDING, "exit_code": None, "pid": None, "pgid": None,
-             "started_at": None, "finished_at": None} for p in plan.nodes]
+             "started_at": None, "finished_at": None, **({"nonce": plan.nonce} if plan.nonce else {})}
+            for p in plan.nodes]
 
 
 def merge_status(record: Mapping[str, Any], status: NodeStatus) -> dict[str, Any]:

@@ -91,11 +91,15 @@ class NodeSource:
     python: str
     copy: Path
     """The controller's copy, `<run dir>/nodes/<node>.log`."""
+    nonce: str | None = None
+    """The run's launch nonce: a node directory another launch claimed is read as empty."""
 
 
 def node_sources(run: RunDir, inv: Inventory) -> list[NodeSource]:
     """Every node of a run in node-rank order, with ranks from run.json (else the static plan)."""
-    recorded = {n.get("node"): n for n in run.read().get("nodes") or [] if isinstance(n, dict)}
+    data = run.read()
+    recorded = {n.get("node"): n for n in data.get("nodes") or [] if isinstance(n, dict)}
+    nonce = str(data.get("nonce") or "") or None
     sources, base = [], 0
     for rank, node in enumerate(inv.nodes):
         rec = recorded.get(node.name, {})
@@ -103,7 +107,7 @@ def node_sources(run: RunDir, inv: Inventory) -> list[NodeSource]:
         base_rank: int | None = rec.get("base_rank", base if inv.job.rdzv == "static" else None)
         sources.append(NodeSource(node.name, node_rank, base_rank,
                                   str(rec.get("remote_dir") or remote_dir(inv, node, run.run_id)),
-                                  node.python, run.path / "nodes" / f"{node.name}.log"))
+                                  node.python, run.path / "nodes" / f"{node.name}.log", nonce))
         base += node.nproc_per_node
     return sorted(sources, key=lambda s: s.node_rank)
 
@@ -192,7 +196,8 @@ def start_reader(transport: Transport, src: NodeSource, offset: int, poll_s: flo
     A reader that cannot start (a missing python) says why on its output, which the frame
     parser reports: a failed write here is left to it."""
     proc = transport.popen([src.python, "-c", FROM_STDIN, src.remote_dir, str(offset), f"{poll_s:g}",
-                            "1" if once else "0", "1" if report else "0"], keep_stdin=True)
+                            "1" if once else "0", "1" if report else "0", *([src.nonce] if src.nonce else [])],
+                           keep_stdin=True)
     with contextlib.suppress(OSError, EOFError):
         proc.write(reader_program().encode("ascii"))
         proc.close_stdin()

@@ -4,7 +4,10 @@ Runs on the node (`python -c`, built by `orchestrator.node.program("reader", (*A
 only, any Python >= 3.8. The controller's side (reading the frames, the local copy, reconnects)
 is `orchestrator.logs.fetch`.
 
-    argv: RUN_DIR OFFSET POLL_S ONCE [REPORT]
+    argv: RUN_DIR OFFSET POLL_S ONCE [REPORT [NONCE]]
+
+With NONCE (the launch's), a run directory another launch claimed (another controller's run of
+the same id) sends nothing but `E - <node time>`: none of its lines are this run's.
 
 Frames on stdout, each a header line:
 
@@ -82,6 +85,11 @@ def stream(run_dir: str, offset: int, poll: float, once: bool, report: bool) -> 
 
 def main(argv: list) -> int:
     run_dir = os.path.expanduser(argv[1])
+    nonce = argv[6] if len(argv) > 6 else ""
+    if agent.foreign(run_dir, nonce or None):  # another launch's run of this id: none of its lines
+        sys.stdout.buffer.write(b"E - %.6f\n" % time.time())
+        sys.stdout.flush()
+        return 0
     stream(run_dir, int(argv[2]), float(argv[3]), argv[4] == "1", argv[5:6] == ["1"])
     return 0
 

@@ -54,40 +54,54 @@ def test_a_run_id_taken_by_another_controller_is_refused_and_each_down_stops_onl
     alone; B's other run on the same nodes is untouched by A's `orch down`."""
     inv = local_inventory(tmp_path, ddp_job(steps=600, sleep=0.1))
     a, b = Orch(tmp_path / "homeA"), Orch(tmp_path / "homeB")
-    up_a = a.run("up", str(inv), "--run-id", "collide", "--detach", "--skip-checks", timeout=120)
-    assert up_a.returncode == 0, up_a.stderr
-    nonce_a = a.run_json("collide")["nonce"]
-    assert tagged("collide", nonce_a)
+    collide, other_id = f"collide-{os.getpid()}", f"other-{os.getpid()}"
+    try:
+        _collide(tmp_path, inv, a, b, collide, other_id)
+    finally:  # whatever failed, nothing of either run outlives the test
+        a.run("down", collide, timeout=120)
+        b.run("down", other_id, timeout=120)
 
-    up_b = b.run("up", str(inv), "--run-id", "collide", "--skip-checks", timeout=120)
+
+def _collide(tmp_path: Path, inv: Path, a: Orch, b: Orch, collide: str, other_id: str) -> None:
+    up_a = a.run("up", str(inv), "--run-id", collide, "--detach", "--skip-checks", timeout=120)
+    assert up_a.returncode == 0, up_a.stderr
+    nonce_a = a.run_json(collide)["nonce"]
+    assert tagged(collide, nonce_a)
+
+    up_b = b.run("up", str(inv), "--run-id", collide, "--skip-checks", timeout=120)
     assert up_b.returncode == 1, up_b.stderr
     said = " ".join(up_b.stderr.split())
     assert "holds a run of the same id started by another orch up" in said, said
     assert "pick another --run-id" in said, said
     for node in ("n0", "n1"):
-        state = node_file(tmp_path, "collide", node, "state.json")
+        state = node_file(tmp_path, collide, node, "state.json")
         assert state["state"] == "running" and state["nonce"] == nonce_a, (node, state)
-        launch = node_file(tmp_path, "collide", node, "launch.json")
+        launch = node_file(tmp_path, collide, node, "launch.json")
         assert launch["nonce"] == nonce_a and launch["env"]["ORCH_LAUNCH"] == nonce_a
 
-    down_b = b.run("down", "collide", timeout=120)
+    logs_b = b.run("logs", collide, timeout=120)
+    assert logs_b.returncode == 0, logs_b.stderr
+    assert "started pid" not in logs_b.stdout and "step" not in logs_b.stdout, logs_b.stdout[-2000:]
+    assert "started pid" in a.run("logs", collide, timeout=120).stdout  # A's own lines: A's to read
+
+    down_b = b.run("down", collide, timeout=120)
     assert down_b.returncode == 0, down_b.stderr
     said = " ".join((down_b.stdout + down_b.stderr).split())  # the console wraps long lines
     assert said.count("holds a run of the same id started by another orch up") == 2 and "left alone" in said, said
-    assert all(node_file(tmp_path, "collide", n, "state.json")["state"] == "running" for n in ("n0", "n1"))
-    assert tagged("collide", nonce_a)
+    assert all(node_file(tmp_path, collide, n, "state.json")["state"] == "running" for n in ("n0", "n1"))
+    assert tagged(collide, nonce_a)
 
     other = with_port(inv, "other.yaml")
-    up_b2 = b.run("up", str(other), "--run-id", "other", "--detach", "--skip-checks", timeout=120)
+    up_b2 = b.run("up", str(other), "--run-id", other_id, "--detach", "--skip-checks", timeout=120)
     assert up_b2.returncode == 0, up_b2.stderr
-    down_a = a.run("down", "collide", timeout=120)
+    down_a = a.run("down", collide, timeout=120)
     assert down_a.returncode == 0, down_a.stderr
-    assert tagged("collide") == [], (down_a.stdout + down_a.stderr, [Path(f"/proc/{p}/cmdline").read_bytes()[:200] for p in tagged("collide")])
-    assert all(node_file(tmp_path, "collide", n, "state.json")["state"] == "stopped" for n in ("n0", "n1"))
-    assert all(node_file(tmp_path, "other", n, "state.json")["state"] == "running" for n in ("n0", "n1"))
-    assert json.loads(b.run("status", "other", "--json").stdout)["state"] == "running"
-    assert b.run("down", "other", timeout=120).returncode == 0
-    assert tagged("other") == []
+    assert tagged(collide) == []
+    assert all(node_file(tmp_path, collide, n, "state.json")["state"] == "stopped" for n in ("n0", "n1"))
+    assert all(node_file(tmp_path, other_id, n, "state.json")["state"] == "running" for n in ("n0", "n1"))
+    assert json.loads(b.run("status", other_id, "--json").stdout)["state"] == "running"
+    assert b.run("down", other_id, timeout=120).returncode == 0
+    assert tagged(other_id) == []
 
 
 def test_a_second_run_on_the_same_master_port_never_joins_the_first(tmp_path: Path) -> None:
@@ -108,14 +122,17 @@ def test_a_second_run_on_the_same_master_port_never_joins_the_first(tmp_path: Pa
     doc["nodes"][0]["python"] = str(late)
     inv_b = inv.with_name("b.yaml")
     inv_b.write_text(yaml.safe_dump(doc))
-    up_b = b.run("up", str(inv_b), "--skip-checks", timeout=180)
+    try:
+        up_b = b.run("up", str(inv_b), "--skip-checks", timeout=180)
+    finally:
+        up_a.wait(180)
     run_b = (b.home / "latest").read_text().strip()
     assert up_b.returncode == 1, up_b.stderr
     log_b1 = (tmp_path / "nodes" / run_b / "n1" / "node.log").read_text(errors="replace")
     # torchrun makes its log directory's attempt_N/<local rank>/ as it spawns a worker
     spawned = list((tmp_path / "nodes" / run_b / "n1" / "torchrun").glob("*/attempt_*/*"))
     assert spawned == [], f"B's node1 spawned a worker: {spawned}\n{log_b1[-3000:]}"
-    assert up_a.wait(180) == 0, up_a.err
+    assert up_a.proc.returncode == 0, up_a.err
     for rank in (0, 1):
         assert f"r{rank} done steps=150 allreduce_ok=True" in up_a.out, up_a.out[-3000:]
     assert tagged(run_a) == [] and tagged(run_b) == []

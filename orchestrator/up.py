@@ -43,7 +43,8 @@ from .store import RunDir, RunStore, clock_offsets
 from .transport import Cluster, GroupResult, open_transport
 
 Result = Literal["succeeded", "failed", "start_failed", "sync_failed", "preflight_failed", "retry_preflight_failed",
-                 "interrupted", "detached"]
+                 "interrupted", "stopped", "detached"]
+"""`stopped`: `orch down` (from another shell) stopped the run: final, never retried."""
 RETRIED = ("failed", "start_failed")
 """The ends of an attempt that `job.retries` relaunches: the job failed (a rank, a node, a hang
 stopped by the watchdog) or a node could not start. A failed sync or preflight never is."""
@@ -280,6 +281,8 @@ def _attempts(say: UpProgress, run: RunDir, inv: Inventory, report: CheckReport 
     while True:
         outcome = _attempt(say, run, current, report, detach, t0, t_launch, attempt)
         outcome.attempt, outcome.attempts, outcome.earlier, outcome.sync = attempt, attempts, list(earlier), synced
+        if outcome.result in RETRIED and down_requested(run):
+            return _stopped(run, outcome)
         if outcome.result not in RETRIED or attempt >= attempts:
             return outcome
         if outcome.not_stopped:
@@ -303,7 +306,23 @@ def _attempts(say: UpProgress, run: RunDir, inv: Inventory, report: CheckReport 
                        retry_failed=prepared.retry_failed)
             return prepared
         current, report, synced = prepared
+        if down_requested(run):  # `orch down` while the retry was being prepared: nothing is relaunched
+            return _stopped(run, UpOutcome("stopped", run.run_id, report, time.monotonic() - t0, outcome.failure,
+                                           attempt=attempt, attempts=attempts, earlier=list(earlier)))
         t_launch = time.monotonic()
+
+
+def down_requested(run: RunDir) -> bool:
+    """Has `orch down` been asked to stop this run (run.json `down_requested`, from any shell)?"""
+    return bool(run.read().get("down_requested"))
+
+
+def _stopped(run: RunDir, outcome: UpOutcome) -> UpOutcome:
+    """The run ends `stopped`: `orch down` stopped it, and a stop is final (no retry)."""
+    outcome.result = "stopped"
+    outcome.no_retry = "stopped by orch down"
+    run.update(state=RunState.STOPPED)
+    return outcome
 
 
 def _attempt_record(attempt: int, outcome: UpOutcome) -> dict[str, Any]:
@@ -409,6 +428,13 @@ def _launch(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, cluster
     inv = plan.inventory
     started = start_all(cluster, plan)
     record.update_nodes(started.succeeded)
+    if down_requested(run):  # `orch down` came while the nodes were starting: stop what started
+        t = time.monotonic()
+        results = stop_all(cluster, record.nodes(), inv.job.stop_grace_s)
+        record.update_nodes({n: r.status for n, r in results.succeeded.items() if r.status is not None},
+                            state=RunState.STOPPED)
+        return UpOutcome("stopped", run.run_id, report, teardown_s=time.monotonic() - t,
+                         not_stopped=not_stopped(results))
     if started.failed:
         say.start_failed(started.failed)
         t = time.monotonic()
@@ -480,6 +506,12 @@ def _attached(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, clust
                             teardown_s=sup.teardown_s)
         return UpOutcome("interrupted", run.run_id, report, wall, teardown_s=sup.teardown_s or 0.0,
                          not_stopped=dict(sup.not_stopped))
+    if outcome.state == RunState.FAILED and down_requested(run):
+        # `orch down` from another shell: the nodes it stopped are not a failure of the job
+        record.update_nodes(dict(sup.nodes), state=RunState.STOPPED, wall_s=round(wall, 3),
+                            teardown_s=outcome.teardown_s)
+        return UpOutcome("stopped", run.run_id, report, wall, teardown_s=outcome.teardown_s,
+                         not_stopped=dict(outcome.not_stopped))
     fields: dict[str, Any] = {"state": outcome.state, "wall_s": round(wall, 3), "teardown_s": outcome.teardown_s}
     if outcome.failure is not None:
         fields["first_failure"] = outcome.failure.to_json()

@@ -26,7 +26,8 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 UP_EXIT = {"succeeded": ExitCode.OK, "detached": ExitCode.OK, "failed": ExitCode.FAILED,
            "start_failed": ExitCode.FAILED, "preflight_failed": ExitCode.PREFLIGHT_FAILED,
            "sync_failed": ExitCode.PREFLIGHT_FAILED,
-           "interrupted": ExitCode.INTERRUPTED, "retry_preflight_failed": ExitCode.FAILED}
+           "interrupted": ExitCode.INTERRUPTED, "stopped": ExitCode.INTERRUPTED,
+           "retry_preflight_failed": ExitCode.FAILED}
 """The exit code of each way `orch up` ends (docs/CONTRACT.md)."""
 
 

@@ -399,6 +399,9 @@ def up_outcome(outcome: UpOutcome) -> None:
     elif outcome.result == "interrupted":
         out.print(f"interrupted: stopped every node in {outcome.teardown_s or 0:.1f} s" if not unconfirmed
                   else f"[bold red]interrupted; could not confirm the stop on {unconfirmed}[/]")
+    elif outcome.result == "stopped":
+        out.print(f"run {run} stopped by orch down{attempt}: every node stopped, nothing relaunched" if not unconfirmed
+                  else f"[bold red]run {run} stopped by orch down; could not confirm the stop on {unconfirmed}[/]")
     elif outcome.result == "succeeded":
         out.print(f"[green]run {run} succeeded on every node[/] in {outcome.wall_s or 0:.1f} s{attempt}")
         for node, why in outcome.not_stopped.items():

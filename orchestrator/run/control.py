@@ -163,8 +163,12 @@ def _iso(ts: float | None) -> str | None:
 
 
 def down(run_id: str | None) -> DownReport:
-    """Stop every process of a run on every node by its recorded process group; idempotent."""
+    """Stop every process of a run on every node by its recorded process group; idempotent.
+
+    The request is recorded first (run.json `down_requested`): an `orch up` supervising the run
+    reads it, relaunches nothing (`job.retries` notwithstanding) and ends the run `stopped`."""
     run = RunStore().get(run_id)
+    run.modify(lambda data: data.setdefault("down_requested", time.time()))
     inv, records = _cluster_for(run)
     t = time.monotonic()
     with Cluster(inv) as cluster:

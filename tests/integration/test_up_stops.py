@@ -1,0 +1,83 @@
+"""How an attached `orch up` ends when something outside it stops the run (`transport: local`,
+two nodes on this machine, real torchrun): `orch down` from another shell during retries, SIGTERM
+to `orch up`, a node agent killed. Each ends named, with nothing of the run left running."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_up_local import local_inventory, marked
+from tests.up_helpers import Orch, ddp_job, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+
+def node_state(tmp_path: Path, run_id: str, node: str) -> dict:
+    try:
+        return dict(json.loads((tmp_path / "nodes" / run_id / node / "state.json").read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+def test_orch_down_from_another_shell_is_final_despite_retries(tmp_path: Path) -> None:
+    inv = local_inventory(tmp_path, ddp_job(steps=600, sleep=0.1))
+    orch = Orch(tmp_path / "home")
+    up = orch.start(str(inv), "--skip-checks", "--retries", "1")
+    run_id = up.wait_running()
+    try:
+        down = orch.run("down", run_id, timeout=120)
+        assert down.returncode == 0, down.stderr
+        code = up.wait(120)
+        left = marked(run_id)  # before the cleanup below: what orch up itself left
+    finally:
+        orch.run("down", run_id, timeout=120)
+    assert code == 130, up.err
+    assert "attempt 2" not in up.err and "stopped by orch down" in up.err, up.err
+    doc = orch.run_json(run_id)
+    assert doc["state"] == "stopped" and doc["attempt"] == 1, doc
+    assert json.loads(orch.run("status", run_id, "--json").stdout)["state"] == "stopped"
+    assert left == []
+
+
+def test_sigterm_to_orch_up_tears_the_run_down_with_exit_130(tmp_path: Path) -> None:
+    inv = local_inventory(tmp_path, ddp_job(steps=600, sleep=0.1))
+    orch = Orch(tmp_path / "home")
+    up = orch.start(str(inv), "--skip-checks", "--retries", "1")
+    run_id = up.wait_running()
+    try:
+        up.proc.send_signal(signal.SIGTERM)
+        code = up.wait(120)
+        left = marked(run_id)  # before the cleanup below: what orch up itself left
+    finally:
+        orch.run("down", run_id, timeout=120)
+    assert code == 130, up.err
+    assert "attempt 2" not in up.err, up.err
+    assert orch.run_json(run_id)["state"] == "stopped"
+    assert all(node_state(tmp_path, run_id, n)["state"] == "stopped" for n in ("n0", "n1"))
+    assert left == []
+
+
+def test_a_killed_node_agent_ends_the_run_named_and_nothing_is_left(tmp_path: Path) -> None:
+    """SIGKILL to n1's agent (not torchrun): the run fails on n1, the agent named; teardown stops
+    n1's torchrun and workers (the agent's recorded processes) and n0's job."""
+    inv = local_inventory(tmp_path, ddp_job(steps=600, sleep=0.1))
+    orch = Orch(tmp_path / "home")
+    up = orch.start(str(inv), "--skip-checks")
+    run_id = up.wait_running()
+    try:
+        wait_for(lambda: "step 2 " in up.out, 90, "the ranks to step")
+        agent = node_state(tmp_path, run_id, "n1")["agent_pid"]
+        os.kill(agent, signal.SIGKILL)
+        code = up.wait(120)
+        left = marked(run_id)  # before the cleanup below: what orch up itself left
+    finally:
+        orch.run("down", run_id, timeout=120)
+    assert code == 1, up.err
+    said = " ".join(up.err.split())
+    assert "first failure on n1" in said and f"the node agent (pid {agent}) disappeared" in said, said
+    assert left == []

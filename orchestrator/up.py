@@ -426,7 +426,7 @@ def _launch(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, cluster
             t0: float, t_launch: float, report: CheckReport | None, attempt: int = 1) -> UpOutcome:
     """Start every node; stop them all if one cannot start; then return (detach) or supervise."""
     inv = plan.inventory
-    started = start_all(cluster, plan)
+    started = start_all(cluster, plan, lease_s=None if detach else Tunables.from_env().lease_s)
     record.update_nodes(started.succeeded)
     if down_requested(run):  # `orch down` came while the nodes were starting: stop what started
         t = time.monotonic()
@@ -463,7 +463,8 @@ def _attached(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, clust
     def poll_one(name: str) -> NodeStatus:
         r = by_name[name]
         # a loaded node answers slowly; only `grace` without an answer makes it unreachable
-        return status_node(cluster[name], r["python"], r["remote_dir"], timeout=grace, nonce=r.get("nonce"))
+        return status_node(cluster[name], r["python"], r["remote_dir"], timeout=grace, nonce=r.get("nonce"),
+                           renew=True)
 
     def excerpt(name: str) -> list[str]:
         r = by_name[name]
@@ -532,7 +533,7 @@ def _stream_logs(say: UpProgress, run: RunDir, inv: Inventory, cluster: Cluster,
         offsets, _origin = clock_offsets(run, inv.name)
         follower = Follower(run, inv, cluster, offsets_ms=offsets, on_event=say.log_event, from_start=from_start,
                             on_status=lambda node, status: pushed.status(node, NodeStatus.from_json(status)),
-                            on_frame=pushed.frame)
+                            on_frame=pushed.frame, lease=True)
         for line in follower.lines(stop):
             if dog is not None and line.rank is not None:
                 dog.progress()

@@ -22,7 +22,7 @@ from typing import IO, Any
 
 from ..config.inventory import Inventory
 from ..errors import TransportError
-from ..node import AGENT_MODULES, FROM_STDIN
+from ..node import AGENT_MODULES, FROM_STDIN, FROM_STDIN_OPEN
 from ..node import program as node_program
 from ..store import RunDir, remote_dir, write_private
 from ..transport import Cluster, GroupResult, Process, Transport, fan_out
@@ -129,6 +129,9 @@ class LocalCopy:
         self.path = path
         self.offset = self._whole_lines_size()
         self.partial = b""
+        self.write_error: OSError | None = None
+        """Why the copy stopped being written (the controller's disk full): the lines still flow
+        (the live log, the watchdog), the copy just ends there; the node keeps the whole log."""
 
     def _whole_lines_size(self) -> int:
         """Size up to the last newline; a torn tail (a crash mid-write) is cut off when writing."""
@@ -159,8 +162,13 @@ class LocalCopy:
             return []
         whole = buf[:cut]
         if self.writer:
-            self.fh.seek(0, os.SEEK_END)
-            self.fh.write(whole)
+            try:
+                self.fh.seek(0, os.SEEK_END)
+                self.fh.write(whole)
+            except OSError as exc:
+                self.writer, self.write_error = False, exc
+                with contextlib.suppress(OSError):  # whole lines only, so a later reader resumes right
+                    self.fh.truncate(self._whole_lines_size())
         self.offset += cut
         return whole.splitlines()
 
@@ -190,18 +198,29 @@ def reader_program() -> str:
 
 
 def start_reader(transport: Transport, src: NodeSource, offset: int, poll_s: float, once: bool,
-                 report: bool = False) -> Process:
+                 report: bool = False, lease: bool = False) -> Process:
     """Start the node's log reader from byte `offset`. Its program goes on its stdin, so for as
     long as it runs its command line (what `ps` shows on the node) is a few words, not its code.
     A reader that cannot start (a missing python) says why on its output, which the frame
-    parser reports: a failed write here is left to it."""
-    proc = transport.popen([src.python, "-c", FROM_STDIN, src.remote_dir, str(offset), f"{poll_s:g}",
-                            "1" if once else "0", "1" if report else "0", *([src.nonce] if src.nonce else [])],
-                           keep_stdin=True)
+    parser reports: a failed write here is left to it. With `lease`, stdin stays open after the
+    program: each line written to it (`renew_lease`) renews the run's lease on the node."""
+    extra = [src.nonce or "-", "1"] if lease else [src.nonce] if src.nonce else []
+    proc = transport.popen([src.python, "-c", FROM_STDIN_OPEN if lease else FROM_STDIN, src.remote_dir, str(offset),
+                            f"{poll_s:g}", "1" if once else "0", "1" if report else "0", *extra], keep_stdin=True)
+    program = reader_program().encode("ascii")
     with contextlib.suppress(OSError, EOFError):
-        proc.write(reader_program().encode("ascii"))
-        proc.close_stdin()
+        if lease:
+            proc.write(b"%d\n" % len(program) + program)
+        else:
+            proc.write(program)
+            proc.close_stdin()
     return proc
+
+
+def renew_lease(proc: Process) -> None:
+    """One renewal of the run's lease, through a reader started with `lease`."""
+    with contextlib.suppress(OSError, EOFError, ValueError):
+        proc.write(b"L\n")
 
 
 def fetch_node(transport: Transport, src: NodeSource, timeout: float = 120.0) -> str:

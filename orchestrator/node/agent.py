@@ -8,7 +8,10 @@ module's liveness functions too, so its top-level imports stay cheap: the module
 or the command line needs are imported where they are used. One run directory per node and run
 holds:
 
-  launch.json   what to run (argv, env, cwd, stop grace), written privately by the controller
+  launch.json   what to run (argv, env, cwd, stop grace, an attached run's lease_s), written
+                privately by the controller
+  lease         an attached run's lease: renewed by the controller (touched by its log reader);
+                older than lease_s, the agent stops the job (state stopped, reason, lease_expired)
   agent.py      this file
   node.log      `<UTC ISO time with µs>Z <out|err|orch> <text>` for every line torchrun or the agent writes
   state.json    run, node, agent_pid, pid, pgid, host, started_at, finished_at, exit_code, signal,
@@ -91,6 +94,10 @@ another controller's run of the same id is refused here, and never stopped or re
 STATE = "state.json"
 LOG = "node.log"
 STOP_REQUEST = "stop.request"
+LEASE = "lease"
+"""An attached run's lease (launch.json `lease_s`): its mtime is when the controller was last
+heard from (each renewal through the log reader touches it); once it is older than `lease_s`,
+the agent stops the job and says why. A detached run has no lease: it runs on its own."""
 # A run's states as state.json records them (orchestrator.contract.RunState on the controller)
 STARTING, RUNNING, SUCCEEDED, FAILED, STOPPED = "starting", "running", "succeeded", "failed", "stopped"
 STATES = (STARTING, RUNNING, SUCCEEDED, FAILED, STOPPED)
@@ -271,6 +278,32 @@ class Monitor:
         self.stop_signal = 0
         self.term_sent: float | None = None
         self.kill_sent = False
+        lease = launch.get("lease_s")
+        self.lease_s = float(lease) if isinstance(lease, (int, float)) and lease > 0 else None
+        self.lease_lost: str | None = None
+
+    def start_lease(self) -> None:
+        """A fresh lease file: the controller renews it from now on (its log reader's stdin)."""
+        path = os.path.join(self.dir, LEASE)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        os.close(create_private(path))
+
+    def check_lease(self) -> None:
+        """Stop the job (as SIGTERM would) once the controller has not renewed the lease for `lease_s`."""
+        if self.lease_s is None or self.stop_at is not None:
+            return
+        try:
+            age = time.time() - os.stat(os.path.join(self.dir, LEASE), follow_symlinks=False).st_mtime
+        except OSError:
+            return
+        if age > self.lease_s:
+            self.lease_lost = (f"the controller (orch up) was not heard from for {age:.0f} s (lease {self.lease_s:g} s): "
+                               "a cut link or a dead controller; the job was stopped")
+            self.log.write("orch", self.lease_lost)
+            self.stop_at, self.stop_signal = time.monotonic(), signal.SIGTERM
 
     def save(self, **fields: Any) -> None:
         self.state.update(fields)
@@ -308,6 +341,8 @@ class Monitor:
         argv = self.argv()
         cwd = expand(self.launch.get("cwd")) or os.path.expanduser("~")
         attempt = str(self.launch.get("env", {}).get("ORCH_ATTEMPT", "1"))
+        if self.lease_s is not None:
+            self.start_lease()
         self.log.write("orch", f"agent {os.getpid()} on {socket.gethostname()} starting"
                                 f"{'' if attempt == '1' else f' attempt {attempt}'}: {' '.join(argv)} (cwd {cwd})")
         try:
@@ -339,8 +374,9 @@ class Monitor:
         state = STOPPED if stopped else (SUCCEEDED if code == 0 else FAILED)
         sig = signal_name(code)
         self.log.write("orch", f"torchrun exited with code {code}{f' ({sig})' if sig else ''}: {state}")
+        extra = {"reason": self.lease_lost, "lease_expired": True} if self.lease_lost else {}
         self.save(state=state, exit_code=code, signal=sig, finished_at=ended, procs=[[p, s] for p, s in left],
-                  cleanup_left=[p for p, _s in left])
+                  cleanup_left=[p for p, _s in left], **extra)
         return code
 
     def watch(self, proc: subprocess.Popen[bytes]) -> int:
@@ -358,8 +394,8 @@ class Monitor:
                     os.killpg(proc.pid, signal.SIGTERM)
                 except (ProcessLookupError, PermissionError):
                     pass
-                self.log.write("orch", f"agent received {signal.Signals(self.stop_signal).name}: "
-                               f"sent SIGTERM to process group {proc.pid}")
+                why = "the lease ran out" if self.lease_lost else f"agent received {signal.Signals(self.stop_signal).name}"
+                self.log.write("orch", f"{why}: sent SIGTERM to process group {proc.pid}")
             if self.term_sent is not None and not self.kill_sent and now - self.term_sent > self.grace:
                 self.kill_sent = True
                 self.log.write("orch", f"still running {self.grace:.0f} s after SIGTERM: SIGKILL")
@@ -367,6 +403,7 @@ class Monitor:
             if now - last_snapshot >= 1.0:
                 last_snapshot = now
                 self.snapshot()
+                self.check_lease()
             time.sleep(0.1)
 
     def reap(self, main_pid: int) -> int | None:
@@ -509,13 +546,19 @@ def wait_started(state_path: str, wait: float) -> int:
     return emit(dict(read_json(state_path), reason=f"the agent did not report running within {wait:.0f} s"), 1)
 
 
-def status(run_dir: str, tail: int = 0, nonce: str | None = None) -> dict[str, Any]:
+def status(run_dir: str, tail: int = 0, nonce: str | None = None, renew: bool = False) -> dict[str, Any]:
     """state.json plus what only the node can tell: liveness, log size and time, the log's tail.
-    With `nonce`, a directory another launch claimed says only that (`foreign`)."""
+    With `nonce`, a directory another launch claimed says only that (`foreign`); with `renew`
+    (the supervising `orch up`'s polls), the run's lease is renewed too."""
     why = foreign(run_dir, nonce)
     if why:
         return {"state": None, "exists": False, "foreign": True, "error": why, "agent_alive": False,
                 "job_alive": False, "now": time.time()}
+    if renew:
+        try:
+            os.utime(os.path.join(run_dir, LEASE), follow_symlinks=False)
+        except (OSError, NotImplementedError):
+            pass
     state = read_json(os.path.join(run_dir, STATE))
     log = os.path.join(run_dir, LOG)
     out = dict(state)
@@ -614,6 +657,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("dir")
     p.add_argument("--tail", type=int, default=0, help="also return the last N lines of node.log")
     p.add_argument("--nonce", help="the launch's nonce: another launch's directory only says so")
+    p.add_argument("--renew", action="store_true", help="renew the run's lease (the supervising orch up)")
     p = sub.add_parser("stop", help="stop the job (TERM, then KILL after --grace) and wait")
     p.add_argument("dir")
     p.add_argument("--grace", type=float, default=10.0)
@@ -631,7 +675,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "start":
         return cmd_start(run_dir, args.wait)
     if args.cmd == "status":
-        return emit(status(run_dir, args.tail, args.nonce), 0)
+        return emit(status(run_dir, args.tail, args.nonce, args.renew), 0)
     if args.cmd == "stop":
         return cmd_stop(run_dir, args.grace, args.nonce)
     if args.cmd == "stacks":

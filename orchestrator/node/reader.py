@@ -4,7 +4,10 @@ Runs on the node (`python -c`, built by `orchestrator.node.program("reader", (*A
 only, any Python >= 3.8. The controller's side (reading the frames, the local copy, reconnects)
 is `orchestrator.logs.fetch`.
 
-    argv: RUN_DIR OFFSET POLL_S ONCE [REPORT [NONCE]]
+    argv: RUN_DIR OFFSET POLL_S ONCE [REPORT [NONCE|- [LEASE]]]
+
+With LEASE=1 (started by `python -c FROM_STDIN_OPEN`: stdin stays open), every line on stdin
+renews the run's lease (`renew`).
 
 With NONCE (the launch's), a run directory another launch claimed (another controller's run of
 the same id) sends nothing but `E - <node time>`: none of its lines are this run's.
@@ -83,9 +86,26 @@ def stream(run_dir: str, offset: int, poll: float, once: bool, report: bool) -> 
         time.sleep(poll)
 
 
+def renew(run_dir: str) -> None:
+    """The lease: each line the controller sends on stdin touches `lease` in the run directory
+    (never creating it: only the agent of an attached run does). Bytes that arrive prove the
+    controller still reaches this node; when they stop (a cut link, a dead controller), the agent
+    stops the job once the lease runs out (`agent.Monitor`)."""
+    path = os.path.join(run_dir, agent.LEASE)
+    for _line in iter(sys.stdin.buffer.readline, b""):
+        try:
+            os.utime(path, follow_symlinks=False)
+        except (OSError, NotImplementedError):
+            pass
+
+
 def main(argv: list) -> int:
     run_dir = os.path.expanduser(argv[1])
-    nonce = argv[6] if len(argv) > 6 else ""
+    nonce = argv[6] if len(argv) > 6 and argv[6] != "-" else ""
+    if argv[7:8] == ["1"]:
+        import threading
+
+        threading.Thread(target=renew, args=(run_dir,), daemon=True).start()
     if agent.foreign(run_dir, nonce or None):  # another launch's run of this id: none of its lines
         sys.stdout.buffer.write(b"E - %.6f\n" % time.time())
         sys.stdout.flush()

@@ -128,13 +128,17 @@ class StopResult:
 # ----------------------------------------------------------------------------- one node
 
 
-def launch_spec(plan: Plan, np_: NodePlan) -> dict[str, Any]:
-    """launch.json: everything the agent needs, so no env value ever appears on a command line."""
+def launch_spec(plan: Plan, np_: NodePlan, lease_s: float | None = None) -> dict[str, Any]:
+    """launch.json: everything the agent needs, so no env value ever appears on a command line.
+    `lease_s` (an attached run): the agent stops the job when the controller has not renewed its
+    lease for that long (see `node/agent.py` LEASE)."""
     spec = {"run": plan.run_id, "node": np_.node.name, "node_rank": np_.node_rank,
             "argv": list(np_.argv), "env": dict(np_.env), "cwd": np_.workdir,
             "grace": plan.inventory.job.stop_grace_s, "torchrun_log_dir": True}
     if plan.nonce:
         spec["nonce"] = plan.nonce
+    if lease_s:
+        spec["lease_s"] = lease_s
     return spec
 
 
@@ -171,7 +175,7 @@ def parse_agent(res: Result, python: str) -> dict[str, Any]:
 
 
 def start_node(t: Transport, plan: Plan, np_: NodePlan, rdir: str,
-               extra: Mapping[str, str] | None = None) -> NodeStatus:
+               extra: Mapping[str, str] | None = None, lease_s: float | None = None) -> NodeStatus:
     """Ship the agent and launch.json, start the job detached; its status once it runs.
 
     One SSH exec: `node/boot.py` writes both files (sent on stdin, so no env value is ever on a
@@ -179,7 +183,7 @@ def start_node(t: Transport, plan: Plan, np_: NodePlan, rdir: str,
     files for the run directory, shipped in the same exec (a job orch brings, like the fabric
     check's)."""
     t.connect()
-    files = {**(extra or {}), **agent_files(), "launch.json": json.dumps(launch_spec(plan, np_))}
+    files = {**(extra or {}), **agent_files(), "launch.json": json.dumps(launch_spec(plan, np_, lease_s))}
     python = np_.node.python
     res = t.run([python, "-c", node_script("boot"), rdir, "start", ".", "--wait", str(START_WAIT_S)],
                 stdin=json.dumps(files).encode("ascii"), timeout=START_WAIT_S + 30)
@@ -218,10 +222,11 @@ def stop_node(t: Transport, python: str, rdir: str, grace: float, nonce: str | N
 
 
 def status_node(t: Transport, python: str, rdir: str, tail: int = 0, timeout: float = 15,
-                nonce: str | None = None) -> NodeStatus:
+                nonce: str | None = None, renew: bool = False) -> NodeStatus:
     """One node's state.json plus liveness; a missing run directory reads as state `unknown`, and
-    so does (with `nonce`) one another launch claimed, its `error` saying whose."""
-    args = ["status", ".", "--tail", str(tail), *(["--nonce", nonce] if nonce else [])]
+    so does (with `nonce`) one another launch claimed, its `error` saying whose. `renew`: the
+    supervising `orch up` renews the run's lease with its poll."""
+    args = ["status", ".", "--tail", str(tail), *(["--nonce", nonce] if nonce else []), *(["--renew"] if renew else [])]
     try:
         data = agent_call(t, python, rdir, args, timeout)
         if data.get("foreign"):
@@ -236,11 +241,14 @@ def status_node(t: Transport, python: str, rdir: str, tail: int = 0, timeout: fl
 # ----------------------------------------------------------------------------- every node
 
 
-def start_all(cluster: Cluster, plan: Plan, extra: Mapping[str, str] | None = None) -> GroupResult[NodeStatus]:
+def start_all(cluster: Cluster, plan: Plan, extra: Mapping[str, str] | None = None,
+              lease_s: float | None = None) -> GroupResult[NodeStatus]:
     """Start every node in parallel; every node's answer (its status, or why not) is collected.
-    `extra`: more files for every node's run directory (see `start_node`)."""
+    `extra`: more files for every node's run directory (see `start_node`); `lease_s`: see
+    `launch_spec`."""
     rdirs = {p.node.name: remote_dir(plan.inventory, p.node, plan.run_id) for p in plan.nodes}
-    return cluster.fan_out(lambda t: start_node(t, plan, plan.for_node(t.node.name), rdirs[t.node.name], extra))
+    return cluster.fan_out(lambda t: start_node(t, plan, plan.for_node(t.node.name), rdirs[t.node.name], extra,
+                                                lease_s))
 
 
 def stop_all(cluster: Cluster, records: Sequence[Mapping[str, Any]], grace: float) -> GroupResult[StopResult]:

@@ -65,6 +65,12 @@ class Tunables:
         return cls(**values)
 
     @property
+    def lease_s(self) -> float:
+        """An attached run's lease on each node: 3 × the unreachable grace. A node that has not
+        heard from the controller for that long (a cut link, a dead `orch up`) stops its ranks."""
+        return 3 * self.unreachable_grace_s
+
+    @property
     def silent_after_s(self) -> float:
         """When a silent stream's node is polled: `stream_silent_s`, at most half the grace."""
         return min(self.stream_silent_s, self.unreachable_grace_s / 2)

@@ -81,3 +81,30 @@ def test_a_killed_node_agent_ends_the_run_named_and_nothing_is_left(tmp_path: Pa
     said = " ".join(up.err.split())
     assert "first failure on n1" in said and f"the node agent (pid {agent}) disappeared" in said, said
     assert left == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs (root only)")
+def test_a_full_controller_disk_does_not_stop_supervision_and_the_exit_code_is_the_runs(tmp_path: Path) -> None:
+    """$ORCH_HOME on a 300 KB tmpfs, a job that logs about 1 MB: the local copies and merged.log
+    stop being written (warned), the live log, the watchdog and supervision go on, run.json says
+    how the run ended, and `orch up` exits 0 because both nodes succeeded."""
+    import subprocess
+
+    home = tmp_path / "home"
+    home.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(home)], check=True)
+    try:
+        inv = local_inventory(tmp_path, ddp_job(steps=3000, sleep=0.002))
+        orch = Orch(home)
+        up = orch.start(str(inv), "--skip-checks", "--stall-timeout", "60")
+        code = up.wait(200)
+        run_id = (home / "latest").read_text().strip()
+        said = " ".join(up.err.split())
+        assert code == 0, up.err[-3000:]
+        assert "No space left on device" in said and "internal error" not in said, said[-3000:]
+        assert "r1 done steps=3000 allreduce_ok=True" in up.out and "r0 done steps=3000" in up.out
+        assert "stall" not in said and "log streaming stopped" not in said, said[-3000:]
+        assert orch.run_json(run_id)["state"] == "succeeded"
+        assert marked(run_id) == []
+    finally:
+        subprocess.run(["umount", "-l", str(home)], check=False)

@@ -485,3 +485,48 @@ def test_stacks_says_where_py_spy_is_missing(tmp_path: Path, monkeypatch: pytest
         assert [(x["rank"], x["dump"], x["error"]) for x in out["ranks"]] == [(0, "", None)]
     finally:
         call("stop", str(d), "--grace", "1")
+
+
+def test_an_attached_runs_lease_is_renewed_through_the_reader_and_its_end_stops_the_job(tmp_path: Path) -> None:
+    """lease_s 2: while the controller writes lines to the log reader's stdin the job runs on
+    (well past the lease); once they stop (a cut link), the agent stops the job within the lease
+    plus its stop, recording why in state.json and node.log."""
+    from orchestrator.node import FROM_STDIN_OPEN
+
+    d = prepare(tmp_path, "setsid sleep 304 & while true; do sleep 0.2; done", lease_s=2)
+    assert call("start", str(d))[0] == 0
+    snapshot_holds(d, b"304")
+    proc = subprocess.Popen([sys.executable, "-c", FROM_STDIN_OPEN, str(d), "0", "0.05", "0", "1", "-", "1"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert proc.stdin is not None
+    proc.stdin.write(b"%d\n" % len(READER) + READER.encode())
+    proc.stdin.flush()
+    try:
+        until = time.monotonic() + 5  # 2.5 leases
+        while time.monotonic() < until:
+            proc.stdin.write(b"L\n")
+            proc.stdin.flush()
+            time.sleep(0.5)
+        assert state(d)["state"] == "running", state(d)
+        cut = time.monotonic()  # no more renewals: the controller is gone for the node
+        st = wait_state(d, "stopped", timeout=20)
+        took = time.monotonic() - cut
+        assert st["lease_expired"] is True and "was not heard from" in st["reason"], st
+        assert "lease 2 s" in (d / "node.log").read_text()
+        assert not agent.job_alive(st) and not any(b"304" in Path(f"/proc/{p}/cmdline").read_bytes()
+                                                   for p, _s in st.get("procs") or [] if Path(f"/proc/{p}").exists())
+        print(f"lease 2 s: job stopped {took:.1f} s after the last renewal")
+    finally:
+        proc.kill()
+        proc.wait()
+        call("stop", str(d), "--grace", "1")
+
+
+def test_a_detached_run_has_no_lease(tmp_path: Path) -> None:
+    d = prepare(tmp_path, "while true; do sleep 0.2; done")
+    assert call("start", str(d))[0] == 0
+    try:
+        assert not (d / agent.LEASE).exists()
+        assert state(d)["state"] == "running"
+    finally:
+        call("stop", str(d), "--grace", "1")

@@ -462,16 +462,17 @@ def _attached(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, clust
 
     def poll_one(name: str) -> NodeStatus:
         r = by_name[name]
-        # a loaded node answers slowly; only `grace` without an answer makes it unreachable
-        return status_node(cluster[name], r["python"], r["remote_dir"], timeout=grace, nonce=r.get("nonce"),
-                           renew=True)
+        # a node that was reached but answers slowly (a stalled disk) is not down: it has
+        # `no_answer_s`; one that cannot be reached fails the call, and is judged by `grace`
+        return status_node(cluster[name], r["python"], r["remote_dir"], timeout=tune.no_answer_s,
+                           nonce=r.get("nonce"), renew=True)
 
     def excerpt(name: str) -> list[str]:
         r = by_name[name]
         return list(status_node(cluster[name], r["python"], r["remote_dir"], tail=200, nonce=r.get("nonce")).tail)
 
     pushed = Pushed([p.node.name for p in plan.nodes], poll_one, silent_after=tune.silent_after_s,
-                    first_frame_s=grace / 2, interval=interval, stale_after=grace / 2)
+                    first_frame_s=grace / 2, interval=interval, stale_after=grace / 2, no_answer_s=tune.no_answer_s)
     specs = [NodeSpec(p.node.name, p.node_rank, p.global_ranks.start, p.node.nproc_per_node) for p in plan.nodes]
     dog = Watchdog(inv.job.stall_timeout_s)
     watch = HangWatch(dog, inv.job.on_stall, cluster, run, records, specs, say, excerpt)

@@ -108,3 +108,34 @@ def test_a_full_controller_disk_does_not_stop_supervision_and_the_exit_code_is_t
         assert marked(run_id) == []
     finally:
         subprocess.run(["umount", "-l", str(home)], check=False)
+
+
+def test_a_start_reported_failed_while_its_agent_runs_is_found_and_stopped(tmp_path: Path) -> None:
+    """n1's start answer is lost (as when SSH drops mid-launch): its boot runs and starts the
+    agent, but the controller gets no answer and counts n1 as not started. The teardown of the
+    failed start asks n1 too (guarded by the launch nonce) and stops its agent's job."""
+    import yaml
+
+    inv = local_inventory(tmp_path, ddp_job(steps=600, sleep=0.1))
+    doc = yaml.safe_load(inv.read_text())
+    python = os.path.abspath(inv.parent / doc["job"]["python"])
+    lossy = tmp_path / "lossy-python"
+    lossy.write_text(f'#!/bin/sh\ncase "$*" in *" start . --wait "*) {python} "$@" >/dev/null 2>&1; exit 255;; esac\n'
+                     f'exec {python} "$@"\n')
+    lossy.chmod(0o755)
+    doc["nodes"][1]["python"] = str(lossy)
+    inv.write_text(yaml.safe_dump(doc))
+    orch = Orch(tmp_path / "home")
+    up = orch.start(str(inv), "--skip-checks")
+    run_id = up.run_id()
+    try:
+        code = up.wait(180)
+        left = marked(run_id)
+    finally:
+        orch.run("down", run_id, timeout=120)
+    assert code == 1, up.err
+    said = " ".join(up.err.split())
+    assert "n1: could not start" in said, said
+    st = node_state(tmp_path, run_id, "n1")
+    assert st.get("agent_pid") and st["state"] == "stopped", st  # it had started, and was stopped
+    assert left == []

@@ -530,3 +530,27 @@ def test_a_detached_run_has_no_lease(tmp_path: Path) -> None:
         assert state(d)["state"] == "running"
     finally:
         call("stop", str(d), "--grace", "1")
+
+
+def test_pids_recorded_on_another_boot_are_never_signalled_even_when_start_times_match(tmp_path: Path) -> None:
+    """The boot-id half of process identity: after a reboot, pids and start times (ticks since
+    boot) can name other processes exactly. state.json from another boot, naming a live stranger
+    with its real start time as agent, torchrun, group and snapshot: nothing is signalled, the
+    agent and the job read as gone."""
+    d = prepare(tmp_path, "exit 0")
+    assert call("start", str(d))[0] == 0
+    wait_state(d, "succeeded")
+    stranger = foreign_group()
+    try:
+        start = agent.proc_start_time(stranger.pid)
+        assert start is not None
+        rewrite_state(d, state="running", boot_id="00000000-0000-4000-8000-000000000000", agent_pid=stranger.pid,
+                      agent_start=start, pid=stranger.pid, pid_start=start, pgid=stranger.pid, pgid_start=start,
+                      procs=[[stranger.pid, start]])
+        assert agent.agent_alive(state(d)) is False and agent.job_alive(state(d)) is False
+        code, out = call("stop", str(d), "--grace", "1")
+        assert code == 0 and out["stopped"] == [] and out["remaining"] == [], out
+        assert received(stranger.pid) == set(), "stop signalled a process recorded on another boot"
+    finally:
+        stranger.kill()
+        stranger.wait()

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from orchestrator.node import FROM_STDIN, script
+from orchestrator.node import FROM_STDIN_OPEN, script
 from tests.cluster import TestCluster
 from tests.logs_support import reader_pids
 from tests.up_helpers import (
@@ -92,7 +92,7 @@ def test_success_4_nodes_x_2_processes_supervised_without_a_single_status_exec(c
     # and each node cost one exec to ship and start the agent, and one log stream
     nodes = ["node1", "node2", "node3", "node4"]
     assert sorted(execs(err, script("boot"))) == nodes
-    assert sorted(execs(err, FROM_STDIN)) == nodes
+    assert sorted(execs(err, FROM_STDIN_OPEN)) == nodes  # attached: stdin stays open for the lease
     assert leftover(cluster, run_id) == {}
     print(f"4x2 success: {time.monotonic() - t0:.1f} s wall")
 

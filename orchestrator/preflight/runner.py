@@ -44,6 +44,8 @@ class CheckReport:
     elapsed_s: float = 0.0
     fabric: dict[str, Any] | None = None
     """What the fabric job measured (`fabric_judge.fabric_summary`), when it ran."""
+    not_probed: dict[str, str] = field(default_factory=dict)
+    """Nodes that could not be probed, with why (their `ssh` row fails, every other row skips)."""
 
     @property
     def ok(self) -> bool:
@@ -58,7 +60,7 @@ class CheckReport:
                "results": [r.to_json() for r in self.results],
                "offsets_ms": {k: round(v, 3) for k, v in self.offsets_ms.items()},
                "offset_reference": self.offset_reference, "checked_at": time.time(),
-               "elapsed_s": round(self.elapsed_s, 2)}
+               "elapsed_s": round(self.elapsed_s, 2), "not_probed": dict(self.not_probed)}
         if self.fabric is not None:
             out["fabric"] = self.fabric
         return out
@@ -108,7 +110,8 @@ def run_preflight(inv: Inventory, cluster: Cluster | None = None, only: Iterable
     checks_mod = _checks()
     results = checks_mod.run_checks(inv, facts, selected)
     offsets, _, ref = checks_mod.clock_offsets(inv, facts)
-    report = CheckReport(results, offsets, ref, time.monotonic() - start)
+    report = CheckReport(results, offsets, ref, time.monotonic() - start,
+                         not_probed={n: (nf.error or "").removeprefix(f"{n}: ") for n, nf in facts.items() if not nf.ok})
     if ff is not None and ff.not_run is None:
         from .fabric_judge import fabric_summary
 

@@ -125,6 +125,26 @@ def test_unreachable_node_fails_ssh_and_skips_the_rest() -> None:
     assert len(others) == 9 and all(r.status == "skip" and "not probed" in r.detail for r in others)
 
 
+def test_unreachable_nodes_fill_one_row_each_in_the_table_and_every_row_in_json() -> None:
+    """v100.yaml with its 4 nodes down: 4 ssh rows with their errors and one line for the 36 skipped
+    results, not 40 rows; the JSON keeps one result per (check, node) and names who was not probed."""
+    inv = inventory()
+    facts = {n.name: NodeFacts(n, error=f"{n.name}: cannot resolve the name {n.host}: Name or service not known",
+                               error_kind="unreachable", hint="check host:") for n in inv.nodes}
+    results = run(inv, facts)
+    report = CheckReport(results, not_probed={n: f"cannot resolve the name 10.0.0.{n[-1]}" for n in facts})
+    data = report.to_json("t.yaml")
+    assert len(data["results"]) == 40 and set(data["not_probed"]) == set(NODES)
+    buf = io.StringIO()
+    check_table(report, Console(file=buf, width=250, no_color=True))
+    text = buf.getvalue()
+    rows = [line for line in text.splitlines() if any(f" {n} " in line for n in NODES)]
+    assert len(rows) == 4 and all("ssh" in rows[0] and "cannot resolve the name" in r for r in rows), text
+    assert ("not probed, so 36 other results skipped: 9 checks (clock, timezone, nccl_env, rdma, gpus, software, "
+            "job, ports, fabric) on n[1-4] (why: their ssh rows)") in text
+    assert "preflight failed: 4 fail, 36 skip" in text
+
+
 def test_clock_over_limit_on_one_node_via_ntp() -> None:
     inv = inventory()
     facts = make_facts(inv, {"n2": lambda raw, nf: raw["ntp"].update(offset_ms=2034.0)})

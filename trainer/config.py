@@ -267,7 +267,7 @@ class Parser(argparse.ArgumentParser):
 
     raise_errors = False
 
-    def error(self, message: str) -> typing.NoReturn:  # type: ignore[override]
+    def error(self, message: str) -> typing.NoReturn:
         message += self._suggestion(message)
         if self.raise_errors:
             raise TrainerError(f"{self.prog}: error: {message}")

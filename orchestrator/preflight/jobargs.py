@@ -6,7 +6,7 @@ writes (they need only be creatable).
 from __future__ import annotations
 
 from ..config.inventory import Inventory
-from ..config.trainer import INPUT_FLAGS, OUTPUT_FLAGS
+from ..config.trainer import INPUT_FLAGS, OUTPUT_FLAGS, parse_device
 
 PATH_KEYS = (*INPUT_FLAGS, "hyp", "tracker")
 """Args whose value is a file the job reads: checked for an absolute path, existence, the same
@@ -43,3 +43,24 @@ def job_files(inv: Inventory) -> dict[str, str]:
         if path not in out.values() and key not in out:
             out[key] = path
     return out
+
+
+def device_ids(inv: Inventory) -> tuple[int, ...] | None:
+    """The GPU indices the job's `--device` (or `device=`) names, as the trainer reads them
+    (`parse_device`); None when it names none (auto, cpu, cuda) or is not a device at all (the
+    trainer's own check refuses that one)."""
+    value = inv.job.raw_args.get("device")
+    args = list(inv.job.args)
+    if value is None:
+        for i, arg in enumerate(args):
+            if arg == "--device" and i + 1 < len(args):
+                value = args[i + 1]
+            elif arg.startswith(("--device=", "device=")):
+                value = arg.split("=", 1)[1]
+    if value is None:
+        return None
+    try:
+        device = parse_device(value)
+    except ValueError:
+        return None
+    return tuple(int(x) for x in device[5:].split(",")) if device.startswith("cuda:") else None

@@ -78,7 +78,7 @@ def select_checks(only: Iterable[str] | None, skip: Iterable[str] | None) -> lis
 def run_preflight(inv: Inventory, cluster: Cluster | None = None, only: Iterable[str] | None = None,
                   skip: Iterable[str] | None = None, progress: Progress | None = None,
                   save: bool = True, warm_up: Callable[[], None] | None = None,
-                  fabric: bool = False) -> CheckReport:
+                  fabric: bool = False, run_id: str | None = None) -> CheckReport:
     """Probe every node in parallel and judge; never raises for a node that is down.
 
     With `save` (the default) the report also goes to `$ORCH_HOME/checks/<inventory name>.json`,
@@ -89,7 +89,10 @@ def run_preflight(inv: Inventory, cluster: Cluster | None = None, only: Iterable
     The opt-in checks (`contract.OPT_IN_CHECKS`: the fabric job) run when named in `only`, turned
     on in the inventory (`checks.fabric`), or asked for with `fabric` (`orch up --fabric`);
     otherwise every node gets a `skip` row saying so. The fabric job runs after the probe, and only
-    when every node was probed (it needs them all)."""
+    when every node was probed (it needs them all).
+
+    `run_id`: the run the preflight is for, when there is one already (a retry of `orch up`, or
+    `--run-id`): the job's own check (`python -m trainer --check`) then sees its run directory."""
     selected = select_checks(only, skip)
     start = time.monotonic()
     own = cluster is None
@@ -98,7 +101,7 @@ def run_preflight(inv: Inventory, cluster: Cluster | None = None, only: Iterable
     warm.start()
     ff = None
     try:
-        facts = collect(inv, cluster, selected, progress)
+        facts = collect(inv, cluster, selected, progress, run_id)
         if "fabric" in selected and "fabric" not in inv.checks.skip:
             ff = _fabric_facts(inv, cluster, facts, fabric or "fabric" in (only or ()), progress)
             for nf in facts.values():

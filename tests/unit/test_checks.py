@@ -69,6 +69,15 @@ def base_raw(name: str) -> dict[str, Any]:
     }
 
 
+TRAINER_ACCEPTS = {"kind": "trainer", "rc": 0, "err": "", "seconds": 3.2, "out": json.dumps({
+    "trainer_check": 1, "ok": True, "rank": 0, "world_size": 8, "local_world_size": 2, "launched": True,
+    "device": "cpu", "amp": "off", "model": "yolo12n.yaml", "task": "detect", "yoloe": False, "weights": None,
+    "data": "/data/coco.yaml", "classes": 1, "batch": 64, "epochs": 100, "device_ids": None,
+    "out": "/work/runs/train/preflight-1a2b3c4d", "resume": None, "resume_epoch": None}) + "\n"}
+"""What the probe brings back from `python -m trainer --check` on the master (the JSON line as
+trainer/check.py prints it)."""
+
+
 def make_facts(inv: Inventory, edit: dict[str, Any] | None = None) -> dict[str, NodeFacts]:
     """Healthy facts for every node; `edit[node](raw, nf)` injects one fault."""
     out = {}
@@ -79,6 +88,7 @@ def make_facts(inv: Inventory, edit: dict[str, Any] | None = None) -> dict[str, 
         nf.listen = copy.deepcopy(nf.raw["listen"])
         if node.name == inv.master.name:
             nf.listen["master_port"] = {"port": 29500, "bound": True, "error": None}
+            nf.raw["job_check"] = copy.deepcopy(TRAINER_ACCEPTS)
         else:
             nf.reach.append({"kind": "master", "node": "n1", "addr": "10.0.0.1", "port": 29500, "ok": True, "ms": 0.3})
         nf.reach.append({"kind": "ring", "node": succ, "addr": "10.0.0.9", "port": 40000, "ok": True, "ms": 0.2})
@@ -356,17 +366,95 @@ def test_software_mismatch_missing_torch_and_bad_python() -> None:
     assert s["n4"].status == "fail" and "job.python /opt/py/bin/python does not work here" in s["n4"].detail
 
 
-def test_job_relative_path_and_batch_are_reported_on_the_master() -> None:
-    inv = parse(inventory().source.replace("data: /data/coco.yaml", "data: coco.yaml\n    weights: yolo12n.pt")
-                .replace("batch: 64", "batch: 18"), "t.yaml")
-    res = checks.run_checks(inv, make_facts(inv), ["job"])
+def module_answer(found: bool, module: str = "mytrain") -> dict[str, Any]:
+    """What the probe brings back from jobcheck.IMPORT_CODE for a module job."""
+    out = {"module": module, "found": found, "origin": f"/work/{module}.py" if found else None}
+    return {"kind": "module", "rc": 0, "out": json.dumps(out) + "\n", "err": "", "seconds": 0.1}
+
+
+def trainer_refuses(message: str, stage: str = "topology") -> dict[str, Any]:
+    out = {"trainer_check": 1, "ok": False, "error": message, "stage": stage}
+    return {"kind": "trainer", "rc": 2, "out": json.dumps(out) + "\n", "err": "", "seconds": 0.4}
+
+
+def test_job_relative_path_and_batch_are_reported_once_on_the_master() -> None:
+    """A job-wide problem is said once, on the master's row; the other rows say what they checked
+    and that the relative paths were checked nowhere, never `every file argument in place`."""
+    text = inventory().source.replace("data: /data/coco.yaml", "data: coco.yaml\n    weights: yolo12n.pt")
+    inv = parse(text.replace("batch: 64", "batch: 18").replace("  python:", "  module: mytrain\n  python:"), "t.yaml")
+    facts = make_facts(inv, {"n1": lambda raw, nf: raw.update(job_check=module_answer(True))})
+    res = checks.run_checks(inv, facts, ["job"])
     assert only_failure(res) == {("job", "n1")}
     r = by(res, "job")["n1"]
     assert "global batch 18 does not divide by world size 8" in r.detail and "16 or 24" in r.hint
     assert "'coco.yaml' is a relative path" in r.detail and "data: /work/coco.yaml" in r.hint
     assert "weights: /work/yolo12n.pt" in r.hint
     assert "model" not in r.detail  # yolo12n.yaml is a built-in config name
+    n2 = by(res, "job")["n2"]
+    assert n2.status == "ok" and "in place" not in n2.detail.split(";")[1], n2
+    assert n2.detail == ("workdir /work in place and identical on every node; not checked on any node: data, weights "
+                         "(relative path: cluster-wide, on n1's row); the job's own check runs on n1")
 
+
+def test_the_trainers_refusal_is_the_job_finding_and_not_repeated() -> None:
+    from trainer.config import check_topology, parse_config
+    from trainer.errors import TrainerError
+
+    inv = parse(inventory().source.replace("batch: 64", "batch: 18"), "t.yaml")
+    with pytest.raises(TrainerError) as said:  # what the trainer itself says for this batch on 8 ranks
+        check_topology(parse_config(list(inv.job.args)), 8, True, 2)
+    facts = make_facts(inv, {"n1": lambda raw, nf: raw.update(job_check=trainer_refuses(str(said.value)))})
+    res = checks.run_checks(inv, facts, ["job"])
+    assert only_failure(res) == {("job", "n1")}
+    r = by(res, "job")["n1"]
+    assert r.detail == f"the trainer refuses the arguments: {said.value}"
+    assert r.detail.count("does not divide") == 1 and "use 16 or 24" in r.detail
+    assert "fix job.args in t.yaml" in r.hint
+
+
+def test_a_typo_in_the_trainers_arguments_is_argparses_line() -> None:
+    inv = parse(inventory().source.replace("batch: 64", "batch: 64\n    epocs: 24"), "t.yaml")
+    line = "python -m trainer: error: unrecognized arguments: --epocs (did you mean --epochs?)"
+    facts = make_facts(inv, {"n1": lambda raw, nf: raw.update(job_check=trainer_refuses(line, "arguments"))})
+    r = by(checks.run_checks(inv, facts, ["job"]), "job")["n1"]
+    assert (r.status, r.detail) == ("fail", f"the trainer refuses the arguments: {line}")
+
+
+def test_a_module_that_does_not_import_and_a_trainer_that_cannot_start() -> None:
+    inv = parse(inventory().source.replace("  python:", "  module: trainr\n  python:"), "t.yaml")
+    facts = make_facts(inv, {"n1": lambda raw, nf: raw.update(job_check=module_answer(False, "trainr"))})
+    r = by(checks.run_checks(inv, facts, ["job"]), "job")["n1"]
+    assert r.status == "fail"
+    assert r.detail == "module trainr is not importable by /opt/py/bin/python in /work: No module named 'trainr'"
+    assert r.hint.startswith("did you mean module: trainer?")
+    inv = inventory()
+    crashed = {"kind": "trainer", "rc": 1, "out": "", "seconds": 0.1,
+               "err": "/opt/py/bin/python: No module named trainer\n"}
+    r = by(checks.run_checks(inv, make_facts(inv, {"n1": lambda raw, nf: raw.update(job_check=crashed)}), ["job"]),
+           "job")["n1"]
+    assert r.status == "fail" and r.detail == (
+        "`python -m trainer` cannot start with /opt/py/bin/python in /work: /opt/py/bin/python: No module named trainer")
+    slow = {"kind": "trainer", "rc": None, "out": "", "err": "", "seconds": 90.0, "error": "no answer within 90 s"}
+    r = by(checks.run_checks(inv, make_facts(inv, {"n1": lambda raw, nf: raw.update(job_check=slow)}), ["job"]),
+           "job")["n1"]
+    assert r.status == "warn" and "no answer within 90 s: not verified" in r.detail
+
+
+def test_the_job_check_runs_on_the_master_as_its_first_rank_and_never_carries_env_values() -> None:
+    from orchestrator.preflight import jobcheck
+
+    inv = parse(inventory().source.replace("nodes:", "env: {NCCL_SECRET: s3cr3t}\nnodes:"), "t.yaml")
+    asked = {n.name: jobcheck.request(inv, n, "20261130-093205-t") for n in inv.nodes}
+    assert [n for n, req in asked.items() if req] == ["n1"]
+    req = asked["n1"]
+    assert req is not None and req["argv"][:4] == ["/opt/py/bin/python", "-m", "trainer", "--check"]
+    assert req["argv"][4:] == list(inv.job.args) and req["cwd"] == "/work"
+    assert {k: req["env"][k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "ORCH_RUN_ID")} == {
+        "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "2", "ORCH_RUN_ID": "20261130-093205-t"}
+    assert "s3cr3t" not in json.dumps(req)
+    synced = parse(inv.source.replace("  workdir: /work", "  workdir: /work\n  sync: [/data]"), "t.yaml")
+    ranks = [(jobcheck.request(synced, n, "r") or {}).get("env", {}).get("RANK") for n in synced.nodes]
+    assert ranks == ["0", "2", "4", "6"]  # copies on every node: each node checked as its first rank
 
 def test_job_data_missing_differs_or_without_names_on_one_node() -> None:
     inv = inventory()

@@ -14,7 +14,14 @@ import yaml
 
 from orchestrator.config.inventory import load
 from tests.cluster import TestCluster, free_port
-from tests.integration.test_check import FIX, MakeCluster, failures, orch_check_json, preflight, result
+from tests.integration.test_check import (
+    FIX,
+    MakeCluster,
+    failures,
+    orch_check_json,
+    preflight,
+    result,
+)
 from tests.trainer_helpers import make_dataset
 
 REPO = Path(__file__).resolve().parents[2]

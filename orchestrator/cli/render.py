@@ -225,10 +225,17 @@ class LogPrinter:
         (raw or out).flush()
 
 
-def skew_note(offsets: Mapping[str, float], origin: str | None) -> None:
+def skew_note(offsets: Mapping[str, float], origin: str | None, reference: str | None = None,
+              controller_ms: float | None = None) -> None:
     shown = ", ".join(f"{n} {v:+.1f} ms" for n, v in sorted(offsets.items()))
+    against = ""
+    if reference and controller_ms is not None:
+        against = f" against {reference}, which this controller was {controller_ms:+.1f} ms off"
+    elif reference:
+        against = f" against {reference}" + (
+            "; they are relative to this controller's own clock" if reference.startswith("the controller") else "")
     console().print(f"orch: ordering lines by node time minus the clock offsets measured by orch check "
-                    f"({origin}): {shown}; printed times are each node's own clock. "
+                    f"({origin}){against}: {shown}; printed times are each node's own clock. "
                     "--no-skew-correct to turn off", markup=False)
 
 

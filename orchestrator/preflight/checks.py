@@ -141,8 +141,36 @@ def check_clock(inv: Inventory, facts: Facts) -> list[CheckResult]:
         else:
             f.add("ok", f"{what} (limit {limit:g} ms)")
         _judge_chrony(nf, limit, f)
+        _judge_controller(inv, node, nf, limit, f)
         out.append(f.result())
     return out
+
+
+def _judge_controller(inv: Inventory, node: Node, nf: NodeFacts, limit: float, f: Findings) -> None:
+    """The reference itself: with an NTP server, how far the controller's own clock is off it (on
+    every row: each offset above is against the server, not the controller); without one, that
+    every offset is relative to the controller's clock, said once, on the master's row."""
+    server = inv.checks.clock.ntp_server
+    cc = nf.controller_clock
+    if not server:
+        if node.name == inv.master.name:
+            f.add("ok", "every offset here is relative to the controller's own clock, which nothing measures "
+                        "(set checks.clock.ntp_server to measure every clock, the controller's too, against one server)")
+        return
+    if cc is None:
+        return
+    if cc.offset_ms is None:
+        if node.name == inv.master.name:
+            f.add("warn", f"the controller could not ask {server} for the time ({cc.error}): its own clock is not "
+                          "measured", f"open UDP 123 from this machine to {server}, or run orch where it can reach it")
+        return
+    text = f"the controller is {cc.offset_ms:+.1f} ms off {server}"
+    if abs(cc.offset_ms) - (cc.delay_ms or 0) / 2 > limit and node.name == inv.master.name:
+        f.add("warn", f"{text}: orch logs --since and orch status' log ages are off by as much (nodes are measured "
+                      "against the server, so the merged log's order is not)",
+              f"sync this machine's clock to {server.split(':')[0]} (chronyc makestep; server ... iburst in chrony.conf)")
+    else:
+        f.add("ok", text)
 
 
 def _judge_chrony(nf: NodeFacts, limit: float, f: Findings) -> None:

@@ -42,6 +42,7 @@ from .parsers import ChronyTracking, GpuFacts, IbDevice, parse_chrony_tracking, 
 from .shapes import FACTS_SHAPE, REACH_SHAPE, read_answer
 
 if TYPE_CHECKING:
+    from .controller_clock import ControllerClock
     from .fabric import FabricFacts
 
 Progress = Callable[[str, int, int], None]
@@ -84,6 +85,9 @@ class NodeFacts:
     fabric: FabricFacts | None = None
     """What the fabric job measured (`preflight/fabric.py`), the same object on every node; None
     where the fabric check was not selected."""
+    controller_clock: ControllerClock | None = None
+    """The controller's own offset to `checks.clock.ntp_server` (`controller_clock.measure`), the
+    same object on every node; None where the clock check was not selected."""
 
     @property
     def ok(self) -> bool:

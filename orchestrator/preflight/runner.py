@@ -23,6 +23,8 @@ from ..contract import CHECK_NAMES
 from ..errors import PreflightUnavailable, UsageError
 from ..store import CHECK, checks_path, write_private
 from ..transport import Cluster
+from .controller_clock import ControllerClock
+from .controller_clock import measure as measure_controller
 from .facts import collect
 
 if TYPE_CHECKING:
@@ -46,6 +48,8 @@ class CheckReport:
     """What the fabric job measured (`fabric_judge.fabric_summary`), when it ran."""
     not_probed: dict[str, str] = field(default_factory=dict)
     """Nodes that could not be probed, with why (their `ssh` row fails, every other row skips)."""
+    controller_clock: ControllerClock | None = None
+    """The controller's own offset to `checks.clock.ntp_server`, when the clock check ran."""
 
     @property
     def ok(self) -> bool:
@@ -61,6 +65,8 @@ class CheckReport:
                "offsets_ms": {k: round(v, 3) for k, v in self.offsets_ms.items()},
                "offset_reference": self.offset_reference, "checked_at": time.time(),
                "elapsed_s": round(self.elapsed_s, 2), "not_probed": dict(self.not_probed)}
+        if self.controller_clock is not None:
+            out["controller_clock"] = self.controller_clock.to_json()
         if self.fabric is not None:
             out["fabric"] = self.fabric
         return out
@@ -100,6 +106,12 @@ def run_preflight(inv: Inventory, cluster: Cluster | None = None, only: Iterable
     warm = threading.Thread(target=_import_judging, args=(warm_up,), daemon=True, name="orch-import")
     warm.start()
     ff = None
+    clock: list[ControllerClock] = []
+    timing = None
+    if "clock" in selected and "clock" not in inv.checks.skip:  # the controller's own clock, beside the probe
+        timing = threading.Thread(target=lambda: clock.append(measure_controller(inv.checks.clock.ntp_server)),
+                                  daemon=True, name="orch-ntp")
+        timing.start()
     try:
         facts = collect(inv, cluster, selected, progress, run_id)
         if "fabric" in selected and "fabric" not in inv.checks.skip:
@@ -110,11 +122,16 @@ def run_preflight(inv: Inventory, cluster: Cluster | None = None, only: Iterable
         if own:
             cluster.close()
     warm.join()
+    if timing is not None:
+        timing.join()
+        for nf in facts.values():
+            nf.controller_clock = clock[0] if clock else None
     checks_mod = _checks()
     results = checks_mod.run_checks(inv, facts, selected)
     offsets, _, ref = checks_mod.clock_offsets(inv, facts)
     report = CheckReport(results, offsets, ref, time.monotonic() - start,
-                         not_probed={n: (nf.error or "").removeprefix(f"{n}: ") for n, nf in facts.items() if not nf.ok})
+                         not_probed={n: (nf.error or "").removeprefix(f"{n}: ") for n, nf in facts.items() if not nf.ok},
+                         controller_clock=clock[0] if clock else None)
     if ff is not None and ff.not_run is None:
         from .fabric_judge import fabric_summary
 

@@ -118,6 +118,29 @@ def test_clock_skewed_with_faketime_against_chronyd(make_cluster: MakeCluster) -
     assert 1800 <= report.offsets_ms["node3"] <= 2200 and abs(report.offsets_ms["node1"]) < 200
 
 
+def test_the_controllers_own_clock_is_measured_against_the_ntp_server(cluster: TestCluster) -> None:
+    """With checks.clock.ntp_server (the test cluster's chronyd), the controller asks it too
+    (ntplib): here, on the same machine, it is within a few ms, and every clock row says so. Then
+    the measurement itself, in a controller whose clock libfaketime sets 3 s fast: +3000 ms."""
+    from tests.cluster import FAKETIME_LIB
+
+    report = preflight(write_inventory(cluster), skip=("software", "job", "ports", "rdma", "gpus", "nccl_env"))
+    cc = report.controller_clock
+    assert cc is not None and cc.server == cluster.ntp_server and cc.error is None, cc
+    assert cc.offset_ms is not None and abs(cc.offset_ms) < 100 and cc.delay_ms is not None
+    for node in ("node1", "node2", "node3", "node4"):
+        assert f"the controller is {cc.offset_ms:+.1f} ms off {cluster.ntp_server}" in result(report, "clock", node)["detail"]
+    assert report.to_json("i.yaml")["controller_clock"]["server"] == cluster.ntp_server
+    code = ("import json,sys; from orchestrator.preflight.controller_clock import measure; "
+            "print(json.dumps(measure(sys.argv[1]).to_json()))")
+    env = dict(os.environ, LD_PRELOAD=FAKETIME_LIB, FAKETIME="+3s", FAKETIME_DONT_FAKE_MONOTONIC="1")
+    proc = subprocess.run([sys.executable, "-c", code, cluster.ntp_server], capture_output=True, text=True, env=env,
+                          cwd=REPO, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    skewed = json.loads(proc.stdout)
+    assert 2800 <= skewed["offset_ms"] <= 3200, skewed
+
+
 def test_timezone_differs_on_one_node(make_cluster: MakeCluster) -> None:
     c = make_cluster(4, node_env={"node2": {"TZ": "Asia/Shanghai"}})
     report = preflight(write_inventory(c))

@@ -166,6 +166,38 @@ def test_clock_over_limit_on_one_node_via_ntp() -> None:
     assert offsets["n2"] == 2034.0 and "10.0.0.1" in ref
 
 
+def test_the_controllers_own_clock_is_reported_in_the_clock_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.cli.render import skew_note
+    from orchestrator.preflight.controller_clock import ControllerClock
+    from orchestrator.preflight.runner import save_report
+    from orchestrator.store import clock_reference
+
+    inv = inventory()
+    facts = make_facts(inv)
+    for nf in facts.values():
+        nf.controller_clock = ControllerClock("10.0.0.1", 2034.2, 0.8)
+    rows = by(run(inv, facts), "clock")
+    assert rows["n1"].status == "warn" and "the controller is +2034.2 ms off 10.0.0.1: orch logs --since" in rows["n1"].detail
+    assert rows["n3"].status == "ok" and "the controller is +2034.2 ms off 10.0.0.1" in rows["n3"].detail
+    for nf in facts.values():
+        nf.controller_clock = ControllerClock("10.0.0.1", error="timed out")
+    assert by(run(inv, facts), "clock")["n1"].status == "warn"
+    # without a server: said once that every offset is relative to the controller's own clock
+    plain = inventory(ntp=False)
+    rows = by(run(plain, make_facts(plain)), "clock")
+    assert "relative to the controller's own clock" in rows["n1"].detail
+    assert "relative to the controller" not in rows["n2"].detail
+    # saved with the report, read back for the merged log's notice
+    monkeypatch.setenv("ORCH_HOME", str(tmp_path))
+    facts = make_facts(inv, {"n2": lambda raw, nf: raw["ntp"].update(offset_ms=-12.5)})
+    offsets, _, ref = checks.clock_offsets(inv, facts)
+    save_report(inv, CheckReport(run(inv, facts), offsets, ref, controller_clock=ControllerClock("10.0.0.1", -3.25, 0.5)))
+    assert clock_reference(None, inv.name) == ("NTP server 10.0.0.1", -3.25)
+    skew_note(offsets, "checks/t.json", *clock_reference(None, inv.name))
+    assert "against NTP server 10.0.0.1, which this controller was -3.2 ms off: n1 +1.5 ms" in capsys.readouterr().err
+
+
 def test_clock_warns_over_half_and_fails_without_answer() -> None:
     inv = inventory()
     facts = make_facts(inv, {"n2": lambda raw, nf: raw["ntp"].update(offset_ms=-30.0),

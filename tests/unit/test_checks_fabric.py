@@ -288,14 +288,15 @@ def test_the_plan_is_the_trainings_with_the_job_in_place() -> None:
     assert "--nproc-per-node=8" in argv and "--node-rank=1" in argv and "--monitor-interval=1" in argv
     assert "--max-restarts=0" in argv  # the inventory's 3 restarts would hide a failing node
     assert argv[argv.index("--tee=3") + 2:] == [JOB_FILE, "--backend", "nccl", "--min-bytes", str(MB), "--max-bytes",
-                                                str(256 * MB), "--budget-s", "30", "--timeout", "180"]
+                                                str(256 * MB), "--budget-s", "30", "--timeout", "180",
+                                                "--recheck-share", "0.7"]
     assert p.workdir == "~/.orch/nodes/fabric-x/n2"  # the job file sits in the run directory
     assert p.env["NCCL_DEBUG"] == "INFO" and p.env["NCCL_DEBUG_SUBSYS"] == "INIT,NET"
     assert p.env["NCCL_SOCKET_IFNAME"] == "ens2f1" and p.env["ORCH_NODE"] == "n2"
     gloo = fabric_plan(inventory("{max_bytes: 512K}"), "fabric-x", "gloo").nodes[0]
     assert "NCCL_DEBUG_SUBSYS" not in gloo.env and gloo.env["NCCL_DEBUG"] == "WARN"
-    assert gloo.argv[-8:] == ("--min-bytes", str(512 << 10), "--max-bytes", str(512 << 10), "--budget-s", "30",
-                              "--timeout", "180")
+    assert gloo.argv[-10:] == ("--min-bytes", str(512 << 10), "--max-bytes", str(512 << 10), "--budget-s", "30",
+                               "--timeout", "180", "--recheck-share", "0.7")
 
 
 def test_marked_lines_are_found_behind_any_prefix() -> None:

@@ -93,8 +93,8 @@ def test_netns_the_throttled_node_and_only_it_is_named_every_time(make_cluster: 
     from dataclasses import replace
 
     from orchestrator.preflight import fabric
-    from orchestrator.preflight.facts import NodeFacts
     from orchestrator.preflight.fabric_judge import check_fabric, fabric_summary
+    from orchestrator.preflight.facts import NodeFacts
     from orchestrator.transport import Cluster
 
     c = make_cluster(4, "netns")

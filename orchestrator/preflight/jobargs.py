@@ -5,6 +5,8 @@ writes (they need only be creatable).
 
 from __future__ import annotations
 
+import posixpath
+
 from ..config.inventory import Inventory
 from ..config.trainer import INPUT_FLAGS, OUTPUT_FLAGS, parse_device
 
@@ -33,11 +35,14 @@ def path_args(inv: Inventory) -> dict[str, str]:
 
 
 def job_files(inv: Inventory) -> dict[str, str]:
-    """Every path the `job` check looks at on each node: the path-like args, an absolute
-    `job.script`, and each `job.sync` entry (files by size and sha256, directories by existence),
+    """Every path the `job` check looks at on each node: the path-like args, `job.script`
+    (a relative one under `job.workdir`, where torchrun starts it), and each `job.sync` entry (files by size and sha256, directories by existence),
     each path once."""
     out = path_args(inv)
-    extra = [("script", inv.job.script)] if inv.job.script and inv.job.script.startswith(("/", "~/")) else []
+    script = inv.job.script
+    if script and not script.startswith(("/", "~/")) and inv.job.workdir:
+        script = posixpath.join(inv.job.workdir, script)  # torchrun starts it from job.workdir
+    extra = [("script", script)] if script and script.startswith(("/", "~/")) else []
     extra += [(f"sync[{i}]", p) for i, p in enumerate(inv.job.sync)]
     for key, path in extra:
         if path not in out.values() and key not in out:

@@ -715,3 +715,13 @@ def test_probe_output_facts_on_a_real_filesystem(tmp_path: Any) -> None:
     assert under_file["ancestor"] == str(tmp_path / "file") and under_file["ancestor_is_dir"] is False
     assert output_facts(str(tmp_path))["writable"] is True
     assert output_facts(str(tmp_path / "file"))["is_file"] is True
+
+
+def test_a_relative_script_is_looked_for_under_the_workdir_on_every_node() -> None:
+    inv = parse(inventory().source.replace("  python:", "  script: train.py\n  python:"), "t.yaml")
+    assert job_files(inv)["script"] == "/work/train.py"
+    here = {"path": "/work/train.py", "exists": True, "is_file": True, "is_dir": False, "size": 9, "sha256": "bb" * 32}
+    facts = make_facts(inv, {n: (lambda raw, nf: raw["paths"].update(script=dict(here))) for n in ("n1", "n2", "n4")})
+    res = by(checks.run_checks(inv, facts, ["job"]), "job")
+    assert res["n3"].status == "fail" and res["n3"].detail == "script: /work/train.py does not exist on this node"
+    assert {n for n, r in res.items() if r.status == "fail"} == {"n3"}

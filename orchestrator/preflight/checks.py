@@ -509,9 +509,10 @@ def _judge_visible(node: Node, g: GpuFacts, visible: cudacompat.Visible, ids: tu
         count = visible.count
         beyond = [i for i in ids if i >= count]
         if beyond:
-            seen = (f"{visible.value!r} leaves {count}" if visible.value is not None else f"{count} visible")
-            f.add("fail", f"the job's --device {','.join(map(str, ids))} names GPU {beyond[0]}, but CUDA_VISIBLE_DEVICES="
-                          f"{seen}: --device counts the visible GPUs from 0; {has}",
+            seen = (f"CUDA_VISIBLE_DEVICES={visible.value!r} leaves {count}" if visible.value is not None else
+                    f"only {count} are visible")
+            f.add("fail", f"the job's --device {','.join(map(str, ids))} names GPU {beyond[0]}, but {seen}: "
+                          f"--device counts the visible GPUs from 0; {has}",
                   "list visible GPUs only (with CUDA_VISIBLE_DEVICES=2,3 they are --device 0,1), or drop --device "
                   "(each rank takes its LOCAL_RANK's GPU)")
 

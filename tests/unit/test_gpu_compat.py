@@ -196,3 +196,10 @@ def test_a_device_index_beyond_the_visible_gpus_fails(this_torch: dict[str, Any]
     r = judge(bad, "v100", cu126)["n2"]
     assert r.status == "fail" and "8 is not a GPU of this node (indices 0, 1, 2, 3, 4, 5, 6, 7); CUDA ignores it" in r.detail
     assert only_failure(checks.run_checks(bad, make_facts(bad), ["ssh"])) == set()
+
+
+def test_a_device_list_longer_than_the_node_fails_without_cuda_visible_devices(this_torch: dict[str, Any]) -> None:
+    cu126 = {**this_torch, "torch": "2.11.0+cu126", "cuda": "12.6", "arch_list": RECORDED["2.11.0+cu126"]}
+    inv = gpu_inventory(args=", device: '0,1,2,3,4,5,6,7,8'", nproc=8)
+    r = judge(inv, "v100", cu126)["n4"]
+    assert r.status == "fail" and "the job's --device 0,1,2,3,4,5,6,7,8 names GPU 8, but only 8 are visible" in r.detail

@@ -698,7 +698,10 @@ def check_job(inv: Inventory, facts: Facts) -> list[CheckResult]:
             _judge_path(key, path, (nf.raw.get("paths") or {}).get(key) or {}, digests[key], node, f,
                         synced(inv, path))
         answer = answers.get(node.name)
-        if answer is not None:
+        if answer is not None and nf.python_fallback:  # the software row says why; once is enough
+            f.add("warn", f"the job's own check could not run: job.python {node.python} does not work here (see the "
+                          "software check)")
+        elif answer is not None:
             f.add(answer.status, answer.detail, answer.hint)
         elif jobcheck.checks_on(inv, node) and "job_check" not in nf.raw:
             f.add("warn", "the probe brought back no answer from the job's own check: the job's arguments are not "

@@ -311,7 +311,7 @@ def _why(outcome: UpOutcome) -> str:
     f = outcome.failure
     if f is not None:
         rank = f" rank {f.rank}" if f.rank is not None else ""
-        return f"{f.node}{rank}: {f.reason}"
+        return f"{f.node}{rank}: {f.summary}"
     return "a node could not start" if outcome.result == "start_failed" else outcome.result
 
 

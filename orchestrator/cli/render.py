@@ -374,8 +374,7 @@ def up_outcome(outcome: UpOutcome) -> None:
             out.print(f"  hint: {markup(outcome.sync_error.hint)}")
         f = outcome.failure
         if f is not None:
-            out.print(f"the failure it was to retry: {markup(f.node)} (node rank {f.node_rank}, rank "
-                      f"{f.rank if f.rank is not None else 'unknown'}): {markup(f.reason)}")
+            out.print("the failure it was to retry: " + failure_head(f.to_json()), soft_wrap=True)
         return
     if outcome.result == "sync_failed":
         if outcome.sync_error is not None:
@@ -403,9 +402,10 @@ def up_outcome(outcome: UpOutcome) -> None:
     else:
         f = outcome.failure
         assert f is not None
-        rank = f"rank {f.rank}" if f.rank is not None else "rank unknown"
-        out.print(f"\n[bold red]run {run} failed{attempt}[/]: first failure on [bold]{markup(f.node)}[/] "
-                  f"(node rank {f.node_rank}, {rank}, exit code {f.exit_code}): {markup(f.reason)}")
+        out.print(f"\n[bold red]run {run} failed{attempt}[/]: first failure on " + failure_head(f.to_json()),
+                  soft_wrap=True)
+        if f.hint:
+            out.print(f"  hint: {markup(f.hint)}", soft_wrap=True)
         for line in f.excerpt:
             out.print(f"  {markup(line)}", soft_wrap=True)
         out.print(f"stopped every other node in {outcome.teardown_s or 0:.1f} s" if not unconfirmed else
@@ -413,6 +413,16 @@ def up_outcome(outcome: UpOutcome) -> None:
                   "are reachable")
         if outcome.no_retry:
             out.print(f"[bold red]{markup(outcome.no_retry)}[/]")
+
+
+def failure_head(ff: Mapping[str, Any]) -> str:
+    """`NODE (node rank N, rank R, exit code C): CAUSE` of a first failure (its JSON), as rich markup.
+    A process a signal ended shows the signal as its cause, never torchrun's exit code."""
+    rank = f"rank {ff['rank']}" if ff.get("rank") is not None else "rank unknown"
+    code = f", exit code {ff.get('exit_code')}" if not ff.get("signal") else ""
+    node_rank = f"node rank {ff['node_rank']}, " if ff.get("node_rank") is not None else ""
+    why = ff.get("cause") or ff.get("reason") or ""
+    return f"[bold]{markup(ff.get('node'))}[/] ({node_rank}{rank}{code}): {markup(why)}"
 
 
 def not_retried_detached(retries: int) -> None:
@@ -441,8 +451,10 @@ def status_table(report: StatusReport) -> None:
     out.print(table)
     ff = report.first_failure
     if ff:
-        out.print(f"first failure: {markup(ff['node'])} (rank {ff.get('rank')}, exit code {ff.get('exit_code')}): "
-                  f"{markup(ff.get('reason', ''))}")
+        out.print("first failure: " + failure_head(ff), soft_wrap=True)
+        if ff.get("hint"):
+            out.print(f"  hint: {markup(ff['hint'])}", soft_wrap=True)
+        out.print(f"  its log: orch logs {markup(report.run)} --node {markup(ff.get('node'))}", soft_wrap=True)
 
 
 def down_report(result: DownReport) -> None:

@@ -44,7 +44,8 @@ def make_run(tmp_path: Path, failed: bool = False) -> RunDir:
     info = {"run": run.run_id, "inventory": "inventory/local.yaml", "created": now - 62, "finished_at": now - 4,
             "state": "failed" if failed else "succeeded", "nodes": nodes}
     if failed:
-        info["first_failure"] = {"node": "node1", "rank": 1, "exit_code": 1,
+        info["first_failure"] = {"node": "node1", "rank": 1, "exit_code": 1, "reason": "exited with code 1",
+                                 "cause": "killed by SIGKILL", "signal": "SIGKILL", "hint": "the OOM killer <usually>",
                                  "excerpt": ["Traceback (most recent call last):", "RuntimeError: boom <&>"]}
     run.write(info)
     run.write({"results": [{"check": "ssh", "node": "node0", "status": "ok", "value": "3 ms", "detail": "", "hint": ""},
@@ -85,6 +86,9 @@ def test_report_has_every_section_and_its_pngs(tmp_path: Path) -> None:
         assert f"<h2>{section}</h2>" in text
     assert text.count("data:image/png;base64,") == 3
     assert "RuntimeError: boom &lt;&amp;&gt;" in text  # escaped, not injected
+    # the cause above the excerpt: a killed rank by its signal, not torchrun's exit code
+    assert "node node1, rank 1, signal SIGKILL" in text and "exit code 1</p>" not in text
+    assert text.index("<b>killed by SIGKILL</b>") < text.index("hint: the OOM killer &lt;usually&gt;") < text.index("<pre>")
     assert "http" not in text.replace("http-equiv", "")  # nothing fetched from the network
     for png in ("timeline.png", "curves.png", "throughput.png"):
         data = (page.parent / png).read_bytes()

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from ..config.inventory import Inventory
     from ..config.plan import Plan
     from ..logs.lines import LogLine
+    from ..logs.teardown import NodeStopped
     from ..preflight.runner import CheckReport, Progress
     from ..remote.exec import ExecReport
     from ..remote.rsync import Transfer
@@ -249,6 +250,7 @@ class UpPrinter:
     def __init__(self) -> None:
         self.err = console()
         self.log: LogPrinter | None = None
+        self.run_id = ""
 
     def syncing(self, inv: Inventory) -> None:
         self.err.print(f"syncing {len(inv.job.sync)} path(s) of job.sync to {len(inv.nodes)} nodes...")
@@ -270,6 +272,7 @@ class UpPrinter:
         from ..logs.lines import column_widths
 
         self.log = LogPrinter(column_widths([p.node.name for p in plan.nodes], plan.world_size))
+        self.run_id = plan.run_id
         self.err.print(f"run [bold]{plan.run_id}[/]: starting {len(plan.nodes)} nodes × "
                        f"{plan.nodes[0].node.nproc_per_node} processes (world size {plan.world_size}, "
                        f"master {plan.master_addr}:{plan.master_port})")
@@ -294,6 +297,10 @@ class UpPrinter:
 
     def log_event(self, node: str, message: str) -> None:
         self.err.print(f"[dim]{markup(node)}: {markup(message)}[/]")
+
+    def node_stopped(self, stop: NodeStopped) -> None:
+        """One line per stopped node, instead of the tracebacks its stop made it print."""
+        self.err.print(f"[dim]{node_stopped_text(stop, self.run_id)}[/]", soft_wrap=True)
 
     def log_stopped(self, exc: Exception) -> None:
         self.err.print(f"[yellow]log streaming stopped: {markup(exc)}[/]")
@@ -332,6 +339,24 @@ class UpPrinter:
                            f"({markup(why or '')}): relaunching with the same arguments")
         else:
             self.err.print(f"no {markup(path)} on {markup(node)} yet: the trainer starts over")
+
+
+def node_stopped_text(stop: NodeStopped, run_id: str) -> str:
+    """`n0: stopped 0.4 s after its agent got SIGTERM (torchrun exited with code 1); the 31 lines it
+    printed meanwhile are in its log: orch logs RUN --node n0`, as markup."""
+    node = markup(stop.node)
+    ended = (f"torchrun ended by {markup(stop.exit_signal)}" if stop.exit_signal
+             else f"torchrun exited with code {stop.exit_code}")
+    if stop.exit_code is None:
+        how = "stopping (its end is not in the log yet)"
+    elif stop.received is None:
+        how = f"ended while the run was being stopped ({ended})"
+    else:
+        how = f"stopped {stop.seconds or 0:.1f} s after its agent got {markup(stop.received)} ({ended})"
+    if not stop.held:
+        return f"{node}: {how}"
+    what = "the line it printed meanwhile is" if stop.held == 1 else f"the {stop.held} lines it printed meanwhile are"
+    return f"{node}: {how}; {what} in its log: orch logs {markup(run_id)} --node {node}"
 
 
 def stacks_view(report: StacksReport, out: Console | None = None) -> None:

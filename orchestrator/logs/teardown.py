@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ..node.agent import EXITED_LINE, STOPPING_PREFIX
+from ..node.agent import EXITED_LINE, STARTING_LINE, STOPPING_PREFIX
 from .lines import LogLine
 
 
@@ -54,6 +54,11 @@ class QuietStop:
         self.nodes: dict[str, _Node] = {}
 
     def feed(self, line: LogLine) -> LogLine | NodeStopped | None:
+        if line.stream == "orch" and STARTING_LINE.match(line.text):
+            # a launch (a retry's, after the last attempt's teardown): its lines are news again
+            self.began = None
+            self.nodes.clear()
+            return line
         if line.stream == "orch" and line.text.startswith(STOPPING_PREFIX):
             self.began = self.began or line
             node = self.nodes.setdefault(line.node, _Node())

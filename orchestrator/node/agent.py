@@ -93,6 +93,9 @@ STATUS_KEYS = ("state", "exit_code", "signal", "reason", "started_at", "finished
                "cleanup_left")
 """The fields of state.json a status reports as they are (the log reader's `S` frames: these)."""
 PR_SET_CHILD_SUBREAPER = 36
+STARTING = "agent {pid} on {host} starting{attempt}: {argv} (cwd {cwd})"
+"""The agent's first line of a launch (an attempt of a run: node.log continues across retries)."""
+STARTING_LINE = re.compile(r"^agent \d+ on \S+ starting(?: attempt \d+)?: ")
 STOPPING = "agent received {signal}: stopping the job, SIGTERM to process group {pgid}"
 """The agent's line (stream `orch`) written just before it signals the job on a stop: everything the
 job prints after it is the stop's doing (an attached `orch up` keeps it out of the live log)."""
@@ -251,8 +254,9 @@ class Monitor:
         argv = self.argv()
         cwd = expand(self.launch.get("cwd")) or os.path.expanduser("~")
         attempt = str(self.launch.get("env", {}).get("ORCH_ATTEMPT", "1"))
-        self.log.write("orch", f"agent {os.getpid()} on {socket.gethostname()} starting"
-                                f"{'' if attempt == '1' else f' attempt {attempt}'}: {' '.join(argv)} (cwd {cwd})")
+        self.log.write("orch", STARTING.format(pid=os.getpid(), host=socket.gethostname(),
+                                               attempt="" if attempt == "1" else f" attempt {attempt}",
+                                               argv=" ".join(argv), cwd=cwd))
         try:
             umask = self.launch.get("login_umask")
             proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

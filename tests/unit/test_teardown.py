@@ -10,7 +10,14 @@ import pytest
 from orchestrator.cli import render
 from orchestrator.logs.lines import LogLine, parse_node_line
 from orchestrator.logs.teardown import NodeStopped, QuietStop
-from orchestrator.node.agent import EXITED, EXITED_LINE, STOPPING, STOPPING_PREFIX
+from orchestrator.node.agent import (
+    EXITED,
+    EXITED_LINE,
+    STARTING,
+    STARTING_LINE,
+    STOPPING,
+    STOPPING_PREFIX,
+)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nodelog"
 
@@ -80,7 +87,21 @@ def test_a_run_that_nobody_stopped_is_shown_whole() -> None:
     assert out == recorded and stops == []
 
 
+def test_a_relaunch_after_the_teardown_is_shown_again() -> None:
+    """A retry follows the node logs on from where the last attempt's copy ended: when that tail
+    still holds the last teardown, the next launch's lines are news again from its start line."""
+    first = lines("sigint_stop_node0_torch2.14.log", "n0")
+    start = LogLine(first[-1].ts + 1, "n0", 0, None, None, "orch",
+                    STARTING.format(pid=7, host="vm", attempt=" attempt 2", argv="python -m torch.distributed.run",
+                                    cwd="/w"))
+    step = LogLine(first[-1].ts + 2, "n0", 0, 0, 0, "out", "step 0 sum=10 ok")
+    out, stops = shown(first + [start, step])
+    assert out[-2:] == [start, step] and len(stops) == 1
+
+
 def test_the_agent_writes_the_lines_the_controller_reads() -> None:
+    assert all(STARTING_LINE.match(STARTING.format(pid=1, host="gpu-1", attempt=a, argv="x", cwd="/")) for a in ("", " attempt 3"))
+    assert STARTING_LINE.match(lines("sigint_stop_node0_torch2.14.log", "n0")[0].text)  # as recorded
     line = STOPPING.format(signal="SIGTERM", pgid=4242)
     assert line.startswith(STOPPING_PREFIX)
     m = EXITED_LINE.match(EXITED.format(code=-9, signal=" (SIGKILL)", state="stopped"))

@@ -214,8 +214,15 @@ class LogPrinter:
         (raw or out).flush()
 
 
-def skew_note(offsets: Mapping[str, float], origin: str | None) -> None:
-    shown = ", ".join(f"{n} {v:+.1f} ms" for n, v in sorted(offsets.items()))
+def skew_note(offsets: Mapping[str, float], origin: str | None, every: bool = False) -> None:
+    """How `orch logs` orders lines: each node's offset (`every`, or up to 4 nodes), else the two
+    farthest apart."""
+    ranked = sorted(offsets.items(), key=lambda kv: (kv[1], kv[0]))
+    if every or len(ranked) <= 4:
+        shown = ", ".join(f"{n} {v:+.1f} ms" for n, v in sorted(offsets.items()))
+    else:
+        shown = (f"from {ranked[0][0]} {ranked[0][1]:+.1f} ms to {ranked[-1][0]} {ranked[-1][1]:+.1f} ms "
+                 f"over {len(ranked)} nodes (-v: each)")
     console().print(f"orch: ordering lines by node time minus the clock offsets measured by orch check "
                     f"({origin}): {shown}; printed times are each node's own clock. "
                     "--no-skew-correct to turn off", markup=False)

@@ -13,6 +13,9 @@ It is read from the failing node's log, most trusted first:
 3. torchrun's own lines when it blames no rank (it crashed, or never started one: a rendezvous
    error), or the signal that killed torchrun itself.
 
+Only what the node printed before its agent was told to stop counts (`agent.STOPPING`): after that
+line, tracebacks are the stop's doing, and a node stopped from outside keeps its reason.
+
 A rank killed by a signal is named by the signal (`killed by SIGKILL`), never by torchrun's exit
 code, with who usually sends it. Pure: tested on recorded node logs (tests/fixtures/nodelog).
 """
@@ -23,6 +26,8 @@ import re
 import signal as _signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from ..node.agent import STOPPING_PREFIX
 
 ROOT_CAUSE = "Root Cause (first observed failure):"
 RANK_LINE = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
@@ -176,6 +181,9 @@ def cause(texts: Sequence[str], *, node: str = "", signal: str | None = None) ->
     """The cause of a node's failure from its log's last lines (node.log texts, oldest first).
     `signal`: the one that killed torchrun itself, as the node agent saw it. None: nothing better
     than the agent's `exited with code N` is known."""
+    stop = next((i for i, t in enumerate(texts) if t.startswith(STOPPING_PREFIX)), None)
+    if stop is not None:
+        texts = texts[:stop]  # what a node printed once its agent was told to stop is the stop's doing
     s = summary(texts)
     if s is None or s.rank is None or s.local_rank is None:
         if signal:

@@ -41,7 +41,9 @@ RANK_TAG = re.compile(r"^\[rank ?\d+\](?:: |:| )")
 GLOG = re.compile(r"^\[?[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\]]*\] ")
 """The c10 / torchrun log-line header (`E1201 21:41:11.974000 22219 .../api.py:1002] `)."""
 TRACEBACK = "Traceback (most recent call last):"
-EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(?::(?: .*)?)?$")
+EXCEPTION = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*)(:(?: .*)?)?$")
+"""`module.Name: message`, or a bare `Name` that reads like an exception class (`KeyboardInterrupt`)."""
+BARE_EXCEPTION = re.compile(r"(?:Error|Exception|Interrupt|Exit|Warning|Failure|Timeout)$")
 ARGPARSE = re.compile(r"^(?:[^\s:][^:]*: )?error: \S.*$")
 TERMINATE = re.compile(r"terminate called after throwing an instance of '([^']+)'")
 WHAT = re.compile(r"^\s*what\(\):\s+(.*\S)")
@@ -223,13 +225,17 @@ def exception_line(lines: Sequence[str]) -> str | None:
     starts = [i for i, t in enumerate(lines) if t.strip() == TRACEBACK]
     if not starts:
         return None
+    strangers = 0
     for t in lines[starts[-1] + 1:]:
         if not t.strip() or t[:1] in (" ", "\t"):
             continue  # a frame, its source line, the carets
         text = t.strip()
-        if EXCEPTION.match(text) and not any(w in text for w in WRAPPERS):
-            return text
-        return None
+        m = EXCEPTION.match(text)
+        if m and (m.group(2) is not None or BARE_EXCEPTION.search(m.group(1))):
+            return None if any(w in text for w in WRAPPERS) else text
+        strangers += 1  # a line of another thread, printed in the middle of the traceback
+        if strangers > 3:
+            return None
     return None
 
 

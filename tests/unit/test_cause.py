@@ -139,6 +139,17 @@ def test_hints_follow_the_error_line() -> None:
                                                 "SeqNum=4, OpType=ALLREDUCE) ran for 600011 milliseconds before timing out.")
 
 
+def test_a_line_of_another_thread_inside_the_traceback_does_not_hide_its_exception() -> None:
+    tb = ["Traceback (most recent call last):", '  File "train.py", line 9, in <module>', "    main()",
+          "epoch 3 loss=0.41", '  File "train.py", line 5, in main', "    raise ValueError('bad shard 7')",
+          "ValueError: bad shard 7"]
+    assert exception_line(tb) == "ValueError: bad shard 7"
+    assert exception_line(tb[:-1] + ["KeyboardInterrupt"]) == "KeyboardInterrupt"
+    assert exception_line(tb[:-1] + ["done", "saved", "bye", "exit", "x"]) is None  # words, not exceptions
+    assert exception_line(["Traceback (most recent call last):", "  File 'run.py'",
+                           "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: "]) is None
+
+
 def test_nothing_known_is_none_and_the_reason_stays() -> None:
     assert cause(["some line", "another"]) is None
     f = Failure("n1", 0, "exited with code 1", 1)

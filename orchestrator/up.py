@@ -30,6 +30,7 @@ from .config.plan import Plan, make_plan
 from .contract import RunState
 from .errors import OrchError, UsageError
 from .logs.lines import LogLine
+from .logs.teardown import NodeStopped, QuietStop
 from .preflight.runner import CheckReport, run_preflight, save_to_run
 from .remote.sync import SyncReport, sync_nodes
 from .run import resume
@@ -71,6 +72,10 @@ class UpProgress(Protocol):
         """A line of the merged log (attached runs)."""
 
     def log_event(self, node: str, message: str) -> None: ...
+
+    def node_stopped(self, stop: NodeStopped) -> None:
+        """A node was stopped (orch's teardown, Ctrl-C, orch down): what it printed meanwhile was
+        kept out of `line` (it is in its log); from the log streaming thread."""
 
     def log_stopped(self, exc: Exception) -> None:
         """Log streaming broke; supervision goes on without it."""
@@ -119,6 +124,9 @@ class Quiet:
         pass
 
     def log_event(self, node: str, message: str) -> None:
+        pass
+
+    def node_stopped(self, stop: NodeStopped) -> None:
         pass
 
     def log_stopped(self, exc: Exception) -> None:
@@ -311,7 +319,7 @@ def _why(outcome: UpOutcome) -> str:
     f = outcome.failure
     if f is not None:
         rank = f" rank {f.rank}" if f.rank is not None else ""
-        return f"{f.node}{rank}: {f.reason}"
+        return f"{f.node}{rank}: {f.summary}"
     return "a node could not start" if outcome.result == "start_failed" else outcome.result
 
 
@@ -491,6 +499,7 @@ def _stream_logs(say: UpProgress, run: RunDir, inv: Inventory, cluster: Cluster,
     from where the last attempt's copy ends, appending to merged.log."""
     from .logs.follow import Follower
 
+    quiet = QuietStop()  # what a node prints once stopped stays in its log: one line says it stopped
     try:
         offsets, _origin = clock_offsets(run, inv.name)
         follower = Follower(run, inv, cluster, offsets_ms=offsets, on_event=say.log_event, from_start=from_start,
@@ -499,7 +508,13 @@ def _stream_logs(say: UpProgress, run: RunDir, inv: Inventory, cluster: Cluster,
         for line in follower.lines(stop):
             if dog is not None and line.rank is not None:
                 dog.progress()
-            say.line(line)
+            shown = quiet.feed(line)
+            if isinstance(shown, NodeStopped):
+                say.node_stopped(shown)
+            elif shown is not None:
+                say.line(shown)
+        for pending in quiet.pending():
+            say.node_stopped(pending)
     except Exception as exc:  # log streaming must never take supervision down with it
         if dog is not None:
             dog.off(f"log streaming stopped: {exc}")

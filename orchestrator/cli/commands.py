@@ -200,7 +200,8 @@ LOGS_HELP = """Merged, time-ordered logs of a run (the latest when RUN is omitte
 
 \b
 Every line: node UTC time, node, rank, text. Lines are ordered by the time the node wrote
-them, corrected by the clock offsets the last `orch check` measured. Control characters in a
+them, corrected by the clock offsets the last `orch check` measured (said on stderr when they
+differ by 1 ms or more between nodes; -v: always). Control characters in a
 job's text (escape sequences, CR, C1, bidi overrides) are shown escaped (`\\x1b`); --raw
 writes them as the job wrote them (--json keeps them, escaped by JSON).
 
@@ -237,8 +238,9 @@ def logs(state: State, run: str | None, follow: bool, node_filter: str | None, r
     if raw and as_json:
         raise UsageError("--raw and --json together", "--json keeps every character already (escaped by JSON)")
     view = RunLogs.open(run, skew_correct)
-    if view.offsets_ms:
-        render.skew_note(view.offsets_ms, view.offsets_origin, view.offset_reference, view.controller_offset_ms)
+    if view.offsets_ms and (view.reorders or state.verbose):  # offsets within measurement noise: said with -v only
+        render.skew_note(view.offsets_ms, view.offsets_origin, view.offset_reference, view.controller_offset_ms,
+                         every=state.verbose)
     keep = view.line_filter(node_filter, rank_filter, grep, since)
     if tail is not None and tail < 0:
         raise UsageError(f"--tail {tail}: must be 0 or more", "e.g. --tail 50: the last 50 lines of each node")

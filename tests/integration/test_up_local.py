@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,7 @@ import yaml
 
 from tests.cluster import free_port
 from tests.procs_support import received, stranger
-from tests.up_helpers import DDP_JOB, REPO, Orch, ddp_job
+from tests.up_helpers import DDP_JOB, REPO, Orch, ddp_job, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -105,12 +107,62 @@ def test_a_detached_run_that_fails_is_named_by_status(tmp_path: Path) -> None:
         doc = json.loads(orch.run("status", "--json").stdout)
         return doc if doc["state"] != "running" else None
 
-    from tests.up_helpers import wait_for
-
     doc = wait_for(final, 120, "the detached run to end")
     assert doc["state"] == "failed", doc
     ff = doc["first_failure"]
     assert ff["node"] == "n1" and ff["rank"] == 1 and ff["exit_code"] == 1
+    assert ff["cause"] == "RuntimeError: injected failure on rank 1 at step 2" and ff["signal"] is None
     assert any("RuntimeError: injected failure on rank 1 at step 2" in x for x in ff["excerpt"]), ff["excerpt"]
     assert orch.run("down").returncode == 0
+    assert marked(run_id) == []
+
+
+def node_log(tmp_path: Path, run_id: str, node: str) -> str:
+    return (tmp_path / "nodes" / run_id / node / "node.log").read_text(errors="replace")
+
+
+NOISE = ("SignalException", "Traceback", "death signal", "closing signal")
+"""What torchrun and its ranks print when they are stopped."""
+
+
+def test_a_rank_killed_by_sigkill_is_named_by_its_signal_and_the_stopped_node_is_quiet(tmp_path: Path) -> None:
+    """Rank 1 (n1) is SIGKILLed as the OOM killer would; rank 0 (n0) sleeps outside any collective,
+    so only orch's teardown ends it: its torchrun's SignalException stays in its log."""
+    inv = local_inventory(tmp_path, ddp_job(steps=400, sleep=0.1, kill_rank=1, fail_step=2, hang_rank=0, hang_step=2))
+    orch = Orch(tmp_path / "home")
+    up = orch.run("up", str(inv), "--skip-checks", timeout=200)
+    assert up.returncode == 1, up.stderr
+    err = " ".join(up.stderr.split())
+    assert "first failure on n1 (node rank 1, rank 1): killed by SIGKILL hint: SIGKILL on a training node is " \
+           "usually the kernel's OOM killer" in err, up.stderr
+    assert "exit code 1)" not in err
+    assert err.index("killed by SIGKILL") < err.index("Root Cause (first observed failure)")  # the excerpt stays
+    run_id = (orch.home / "latest").read_text().strip()
+    assert re.search(r"^n0: stopped [\d.]+ s after its agent got SIGTERM \(torchrun ", up.stderr, re.M), up.stderr
+    live_n0 = [ln for ln in up.stdout.splitlines() if ln.split()[1:2] == ["n0"]]
+    assert live_n0 and not [ln for ln in live_n0 if any(x in ln for x in NOISE)], "n0's stop shown live"
+    assert "SignalException" in node_log(tmp_path, run_id, "n0")  # ... but kept in its log
+    assert "SignalException" in (orch.run_dir(run_id) / "merged.log").read_text()
+    ff = json.loads(orch.run("status", "--json").stdout)["first_failure"]
+    assert (ff["cause"], ff["signal"], ff["exit_code"], ff["rank"]) == ("killed by SIGKILL", "SIGKILL", 1, 1)
+    assert "OOM killer" in ff["hint"]
+    assert marked(run_id) == []
+
+
+def test_ctrl_c_prints_one_line_per_node_not_torchruns_tracebacks(tmp_path: Path) -> None:
+    inv = local_inventory(tmp_path, ddp_job(steps=400, sleep=0.2))
+    orch = Orch(tmp_path / "home")
+    up = orch.start(str(inv), "--skip-checks")
+    run_id = up.wait_running()
+    wait_for(lambda: " step 1 " in up.out, 150, "both ranks stepping in the merged log")
+    up.proc.send_signal(signal.SIGINT)
+    assert up.wait(60) == 130, up.err
+    out, err = up.out, up.err
+    noisy = [ln for ln in (out + err).splitlines() if any(x in ln for x in NOISE)]
+    assert noisy == [], "\n".join(noisy[:10])
+    for node in ("n0", "n1"):
+        assert len(re.findall(rf"^{node}: stopped [\d.]+ s after its agent got SIGTERM \(torchrun ", err, re.M)) == 1, err
+        log = node_log(tmp_path, run_id, node)
+        assert "agent received SIGTERM: stopping the job" in log and "SignalException" in log
+    assert "interrupted: stopped every node" in err
     assert marked(run_id) == []

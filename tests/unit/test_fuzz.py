@@ -9,6 +9,7 @@ import io
 import json
 import os
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +18,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from orchestrator.config import yamlines
 from orchestrator.config.inventory import Inventory, parse
 from orchestrator.contract import CHECK_NAMES, CHECK_STATUSES
 from orchestrator.errors import InventoryError
@@ -94,13 +96,66 @@ def test_inventory_documents_load_or_fail_with_one_line_per_issue(doc: dict[str,
                  st.lists(st.sampled_from(["nodes:", "  - host: a", "- host: b", "name: x", "  name: [", "{", "}",
                                            "&a x", "*a", "<<: *a", "? x", ": y", "'", '"', "\t", "---", "...",
                                            "!!python/object:os.system", "nodes: !!binary aGk=", "%YAML 1.1",
-                                           "env: {A: 1, A: 2}", "1: 2", "[1,2]: x", "job: {args: [x]}"]),
+                                           "env: {A: 1, A: 2}", "1: 2", "[1,2]: x", "job: {args: [x]}",
+                                           "args: &a [1, *a]", "ssh: &s {<<: *s}", "x: &b {k: [*b]}",
+                                           "? &k [*k]\n: 1", "a: &x [" + "1," * 9 + "1]", "b: &y [" + "*x," * 9 + "*x]",
+                                           "c: &z [" + "*y," * 9 + "*y]", "d: [" + "*z," * 9 + "*z]",
+                                           "[" * 80 + "]" * 80]),
                           max_size=12).map("\n".join)))
 def test_inventory_text_loads_or_fails_with_one_line_per_issue(text: str) -> None:
     try:
         parse(text, "inv.yaml")
     except InventoryError as exc:
         assert_clear(exc)
+
+
+def alias_bomb(width: int, depth: int) -> str:
+    """`depth` levels of aliases, each a list of `width` aliases of the level below: width**depth values."""
+    lines = [f"l0: &l0 [{', '.join(['x'] * width)}]"]
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * width)}]" for i in range(1, depth)]
+    return "\n".join(["nodes: [{host: h1}]", *lines, f"job: {{args: {{v: *l{depth - 1}}}}}"]) + "\n"
+
+
+@FUZZ
+@given(st.integers(2, 12), st.integers(1, 9))
+def test_aliases_expand_within_a_cap_or_fail_at_the_line_of_the_alias(width: int, depth: int) -> None:
+    text = alias_bomb(width, depth)
+    try:
+        parse(text, "inv.yaml")
+    except InventoryError as exc:
+        assert_clear(exc)
+        if width ** depth > yamlines.MAX_VALUES:
+            [issue] = exc.issues
+            assert issue.line is not None and 2 <= issue.line <= depth + 2
+            assert f"more than {yamlines.MAX_VALUES} values" in issue.render()
+
+
+@FUZZ
+@given(st.sampled_from(["args: &a [1, *a]", "args: &a {k: *a}", "args: &a [[[*a]]]", "args: &a {<<: *a}",
+                        "args: &a [1, {k: [2, *a]}]", "? &a [*a]\n: 1"]), st.integers(0, 3))
+def test_a_recursive_alias_is_refused_at_its_line(shape: str, padding: int) -> None:
+    text = "nodes: [{host: h1}]\n" + "\n" * padding + "job:\n" + "".join(f"  {ln}\n" for ln in shape.split("\n"))
+    with pytest.raises(InventoryError) as exc:
+        parse(text, "inv.yaml")
+    [issue] = exc.value.issues
+    assert issue.render().startswith(f"inv.yaml:{padding + 3}: ") and "recursive alias *a" in issue.render()
+
+
+def test_an_alias_bomb_is_refused_while_composing_before_anything_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    """330 bytes that would name 9**6 = 531441 values: refused before a single value is built (a
+    timed look, not an assertion: tests/unit/test_fuzz.py -s prints it)."""
+    monkeypatch.setattr(yamlines, "_build", lambda *a: pytest.fail("the document was built"))
+    text = alias_bomb(9, 6)
+    assert len(text) < 400
+    start = time.perf_counter()
+    with pytest.raises(yamlines.YamlError) as exc:
+        yamlines.load(text)
+    print(f"alias bomb of {len(text)} bytes refused in {time.perf_counter() - start:.3f} s")
+    assert exc.value.line == 7 and "alias *l4 makes the document expand to more than 100000 values" in exc.value.message
+    # the same aliases, fewer of them, load: a document well under the cap is not refused
+    monkeypatch.undo()
+    data, _ = yamlines.load(alias_bomb(9, 3))
+    assert len(data["job"]["args"]["v"]) == 9
 
 
 def test_a_huge_range_is_refused_before_it_is_expanded() -> None:

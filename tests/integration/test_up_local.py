@@ -124,3 +124,42 @@ def test_orch_down_of_an_ended_run_leaves_a_process_that_took_the_recorded_pgid_
         for stranger in strangers.values():
             stranger.kill()
             stranger.wait()
+
+
+LONG_LINE_JOB = """\
+import sys
+chunk = b"x" * 65536
+for _ in range(512):  # one 32 MB line, in 64 KiB writes, then its newline
+    sys.stdout.buffer.write(chunk)
+    sys.stdout.buffer.flush()
+sys.stdout.buffer.write(b"\\n")
+print("after the long line", flush=True)
+"""
+
+
+def test_a_32_mb_line_is_split_and_the_run_is_reported_as_it_ended(tmp_path: Path) -> None:
+    """A job that writes one 32 MB line and exits 0 succeeded: `orch up` says so (it used to call
+    the agent vanished and exit 1), the line reaches the merged log in marked 1 MiB pieces."""
+    from orchestrator.node.agent import LONG_LINE_MARK
+
+    job = tmp_path / "long_line.py"
+    job.write_text(LONG_LINE_JOB)
+    inv = tmp_path / "long.yaml"
+    inv.write_text(yaml.safe_dump({
+        "name": "long", "transport": "local", "nodes": [{"host": "localhost", "name": "n0"}],
+        "master": {"port": free_port("127.0.0.1")},
+        "job": {"python": str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv" / "bin" / "python").exists()
+                else "python3", "workdir": str(tmp_path), "run_root": str(tmp_path / "nodes"),
+                "script": str(job), "nproc_per_node": 1}}))
+    orch = Orch(tmp_path / "home")
+    up = orch.run("up", str(inv), "--skip-checks", timeout=200)
+    assert up.returncode == 0, up.stderr[-3000:]
+    assert "succeeded on every node" in up.stderr and "disappeared" not in up.stderr
+    pieces = [ln for ln in up.stdout.splitlines() if "xxxx" in ln]
+    assert len(pieces) >= 32 and [ln.endswith(LONG_LINE_MARK) for ln in pieces] == [True] * (len(pieces) - 1) + [False]
+    assert max(len(ln) for ln in pieces) < (1 << 20) + 200
+    assert sum(ln.split(" ", 3)[3].removesuffix(LONG_LINE_MARK).count("x") for ln in pieces) == 32 << 20
+    lines = up.stdout.splitlines()
+    assert "after the long line" in lines[lines.index(pieces[-1]) + 1]
+    run_id = (orch.home / "latest").read_text().strip()
+    assert json.loads((orch.run_dir(run_id) / "run.json").read_text())["state"] == "succeeded"

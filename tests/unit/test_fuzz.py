@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import queue
 import threading
 import time
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ from orchestrator.errors import InventoryError
 from orchestrator.logs.fetch import ProtocolError, read_frames
 from orchestrator.logs.lines import parse_node_line, read_node_lines
 from orchestrator.preflight import checks, facts, shapes
+from orchestrator.transport import Process, Transport
 
 EXAMPLES = int(os.environ.get("ORCH_HYPOTHESIS_EXAMPLES", 300))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -202,17 +204,104 @@ def test_node_log_lines_always_parse_to_a_line(lines: list[str], base: int | Non
             assert again.ts == got.ts
 
 
+HELLO = b"ORCH-LOG-READER f00d\n"
+frame_bytes = st.one_of(
+    st.binary(max_size=30),
+    st.sampled_from([b"D 3\nabc", b"D 99\nab", b"H running 1.5\n", b"S {}\n", b"E succeeded 2.0\n", b"D x\n",
+                     b"Traceback (most recent call last):\n", b"\n", b"D -1\n", b"S not json\n", b"H ello\n",
+                     b"E xpires in 3 days\n", b"D 99999999999999\n", b"D 1048577\n", b"H running nan\n",
+                     b"H \xff 1.0\n", b"S {\"state\": [1]}\n", b"S {\"tail\": 7, \"exit_code\": \"x\"}\n",
+                     b"ORCH-LOG-READER f00d\n", b"ORCH-LOG-READER beef\n", b"2026-11-30T09:32:05.123456Z out hi\n"]),
+    st.builds(lambda d: b"S " + json.dumps(d).encode() + b"\n",
+              st.dictionaries(st.sampled_from(["state", "exit_code", "signal", "reason", "pid", "agent_alive",
+                                               "job_alive", "tail", "cleanup_left", "now", "finished_at"]),
+                              st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=5)),
+                                           lambda i: st.lists(i, max_size=2), max_leaves=4), max_size=5)),
+    st.builds(lambda b: b"D %d\n" % len(b) + b, st.binary(max_size=40)))
+
+
 @FUZZ
-@given(st.lists(st.one_of(st.binary(max_size=30), st.sampled_from([b"D 3\nabc", b"D 99\nab", b"H running 1.5\n",
-                                                                   b"S {}\n", b"E succeeded 2.0\n", b"D x\n",
-                                                                   b"Traceback (most recent call last):\n", b"\n",
-                                                                   b"D -1\n", b"S not json\n"])), max_size=10))
-def test_reader_frames_parse_or_raise_a_protocol_error(chunks: list[bytes]) -> None:
+@given(st.booleans(), st.lists(frame_bytes, max_size=10))
+def test_reader_frames_parse_or_raise_a_protocol_error(hello_first: bool, chunks: list[bytes]) -> None:
     try:
-        for kind, payload in read_frames(io.BytesIO(b"".join(chunks))):
+        for kind, payload in read_frames(io.BytesIO((HELLO if hello_first else b"") + b"".join(chunks)), "f00d"):
             assert kind in ("D", "H", "S", "E") and isinstance(payload, bytes)
+            assert kind == "D" or b"\n" not in payload
     except ProtocolError as exc:
         assert str(exc) is not None
+
+
+class _Session(Process):
+    def __init__(self, data: bytes) -> None:
+        self.stdout = io.BytesIO(data)
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def close_stdin(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _Replay(Transport):
+    """A node whose log reader says, session after session, what the test gives (its login
+    shell's lines, frames, garbage), then ends a clean session; `{hello}` is the reader's first
+    line with the nonce the stream chose."""
+
+    def __init__(self, sessions: list[bytes]) -> None:
+        super().__init__(INV.nodes[0])
+        self.sessions = list(sessions)
+        self.argvs: list[list[str]] = []
+
+    def popen(self, argv: Any, **kw: Any) -> Process:
+        self.argvs.append(list(argv))
+        hello = b"ORCH-LOG-READER " + argv[-1].encode() + b"\n"
+        data = self.sessions.pop(0) if self.sessions else b"{hello}E succeeded 9.0\n"
+        return _Session(data.replace(b"{hello}", hello))
+
+    def close(self) -> None:
+        pass
+
+
+class _NoWait(threading.Event):
+    def wait(self, timeout: float | None = None) -> bool:  # the reconnect backoff, without the waiting
+        return self.is_set()
+
+
+@FUZZ
+@given(st.lists(st.builds(lambda pre, hello, body: pre + (b"{hello}" if hello else b"") + body,
+                          st.lists(st.sampled_from([b"E xpires soon\n", b"H ello\n", b"D 999999999999\n", b"motd\n",
+                                                    b"Last login: Mon\n"]), max_size=3).map(b"".join),
+                          st.booleans(), st.lists(frame_bytes, max_size=8).map(b"".join)), max_size=4))
+def test_a_node_stream_survives_anything_a_node_can_send(tmp_path_factory: pytest.TempPathFactory,
+                                                        sessions: list[bytes]) -> None:
+    """The consumer, not only the parser: whatever a node's login shell and reader send, session
+    after session, its NodeStream keeps reconnecting and never drops the node; the status frames
+    reach the supervisor's NodeStatus, and the stream ends with the node's end."""
+    from orchestrator.logs.fetch import LocalCopy, NodeSource
+    from orchestrator.logs.follow import _DONE, NodeStream, _Heartbeat
+    from orchestrator.logs.lines import LogLine
+    from orchestrator.run.agents import NodeStatus
+
+    copy_path = tmp_path_factory.mktemp("stream") / "n.log"
+    src = NodeSource("h1", 0, 0, "/run/h1", "python3", copy_path)
+    out: queue.Queue[tuple[int, Any]] = queue.Queue()
+    events: list[str] = []
+    statuses: list[NodeStatus] = []
+    transport = _Replay(sessions)
+    stream = NodeStream(src, 0, transport, out, _NoWait(), poll_s=0.1, on_event=lambda n, m: events.append(m),
+                        on_status=lambda n, st: statuses.append(NodeStatus.from_json(st)))
+    stream._run(LocalCopy(copy_path), None, None)
+    assert not [e for e in events if e.startswith("stopped following")], events
+    items = []
+    while not out.empty():
+        items.append(out.get_nowait()[1])
+    assert items[-1] is _DONE and all(isinstance(i, (LogLine, _Heartbeat)) for i in items[:-1])
+    assert stream.remote_state == "succeeded"
+    nonces = [argv[-1] for argv in transport.argvs]
+    assert len(set(nonces)) == len(nonces) == len(transport.argvs)  # a nonce per session
 
 
 # ----------------------------------------------------------------------------- the probe's answer

@@ -115,8 +115,8 @@ def fabric_report(fabric: Mapping[str, Any], out: Console | None = None) -> None
 
     shown = out or console(stderr=False)
 
-    def say(text: str) -> None:
-        shown.print(text, markup=False, highlight=False, soft_wrap=True)
+    def say(text: str) -> None:  # every name and reason in it is the node's: shown safe
+        shown.print(safe(text), markup=False, highlight=False, soft_wrap=True)
 
     if not fabric.get("sweep"):
         say(f"fabric: no measurement ({fabric.get('backend')}, run {fabric.get('run')})")

@@ -104,7 +104,7 @@ def status_frame(payload: bytes) -> dict[str, Any]:
     """The JSON object of an S frame."""
     try:
         data = json.loads(payload)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than json can take
         data = None
     if not isinstance(data, dict):
         raise ProtocolError(f"bad status frame: {payload[:200]!r}")

@@ -151,7 +151,7 @@ def parse_agent(res: Result, python: str) -> dict[str, Any]:
     line = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
     try:
         data = json.loads(line) if line else None
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than json can take
         data = None
     if isinstance(data, dict):
         if data.get("untrusted"):

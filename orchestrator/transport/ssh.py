@@ -89,11 +89,11 @@ class SSHTransport(Transport):
             _paramiko_with_invoke()
             conn = Connection(host, user=opts.user, port=opts.port, config=Config(runtime_ssh_path=cfg_path),
                               connect_timeout=timeout, connect_kwargs=kwargs, gateway=gateway)
-            install_host_key_policy(conn.client, opts.known_hosts, opts.host_key_policy)
+            install_host_key_policy(conn.client, opts.known_hosts, opts.host_key_policy, node_name=self.node.name)
         else:
             conn = _Direct(host, opts.user, opts.port, timeout, kwargs, gateway)
             install_host_key_policy(conn.client, opts.known_hosts, opts.host_key_policy,
-                                     known_hosts_name(host, opts.port))
+                                     known_hosts_name(host, opts.port), node_name=self.node.name)
         return conn
 
     def _open(self, conn: Any) -> None:
@@ -106,7 +106,7 @@ class SSHTransport(Transport):
         elif not isinstance(conn.gateway, str) and not conn.gateway.is_connected:
             if not isinstance(conn.gateway, _Direct):  # a ProxyJump hop Fabric made from the ssh config
                 install_host_key_policy(conn.gateway.client, self.node.ssh.known_hosts,
-                                         self.node.ssh.host_key_policy)
+                                         self.node.ssh.host_key_policy, node_name=self.node.name)
             self._open(conn.gateway)  # the jump host's own connection, then the channel through it
         conn.open()
 

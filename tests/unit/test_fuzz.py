@@ -393,3 +393,26 @@ def test_the_reader_thread_never_outlives_its_stream() -> None:
     assert stream.wait_for("ORCH-FACTS", 5) == {}
     stream._wait(lambda: False, 5)
     assert threading.active_count() <= before + 1
+
+
+# ----------------------------------------------------------------------------- known_hosts
+
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKHxEEqjT5UDO6wSh++aTO/BzQE7TbFd0nD4JyQElu4b"
+
+
+@FUZZ
+@given(st.lists(st.one_of(st.text(max_size=60), st.sampled_from([
+    f"h1 {KEY}", f"@revoked * {KEY}", f"@revoked h1 {KEY}", "@revoked", f"@cert-authority *.example {KEY}",
+    "@cert-authority", "@bogus h1 x y", "h1 ssh-ed25519 not-base64!!", "h1 ssh-rsa AAAA", "h1", "# comment", "",
+    f"|1|c2FsdA==|aGFzaA== {KEY}", f"h1,h2\t{KEY}", f"[h1]:2222 {KEY} comment"])), max_size=8))
+def test_known_hosts_files_are_read_line_by_line_without_an_exception(lines: list[str]) -> None:
+    from orchestrator.transport.hostkeys import parse_known_hosts
+
+    text = "\n".join(lines)
+    lines = text.split("\n")
+    known = parse_known_hosts("kh", text)
+    revoked = any(ln.strip().startswith("@revoked ") and len(ln.split()) >= 4 for ln in lines)
+    assert bool(known.revoked) == revoked
+    if revoked:  # a revoked key is known for no host, whatever other line lists it
+        assert known.keys_for("h1") == {} and known.keys_for("h2") == {}
+    assert all(n <= len(lines) for n in known.skipped)

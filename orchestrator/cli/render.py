@@ -63,18 +63,24 @@ def orch_error(message: str, hint: str | None = None) -> None:
     sys.stderr.flush()
 
 
-def plan_table(plan: Plan) -> None:
-    """The dry-run table: node, address, node rank, global ranks, the exact remote command."""
+def plan_table(plan: Plan, env_values: bool = False) -> None:
+    """The dry-run table: node, address, node rank, global ranks, the exact remote command, the
+    inventory's env values hidden (`***`) unless `env_values` (`--show-env`)."""
     from rich.table import Table
 
+    from ..config.plan import HIDDEN
+
     out = console(stderr=False)
+    hidden = not env_values and any(v == HIDDEN for p in plan.nodes for v in p.shown_env().values())
     table = Table(title=f"plan for {markup(plan.inventory.path)}: {len(plan.nodes)} nodes, world size "
                         f"{plan.world_size}, master {plan.master_addr}:{plan.master_port}",
+                  caption="env values hidden (***): --show-env prints them" if hidden else None,
                   show_lines=True)
     for col in ("node", "address", "node rank", "global ranks", "command"):
         table.add_column(col, overflow="fold")
     for p in plan.nodes:
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in p.env.items() if not k.startswith("ORCH_"))
+        env = " ".join(f"{k}={v if v == HIDDEN and not env_values else shlex.quote(v)}"
+                       for k, v in p.shown_env(env_values).items() if not k.startswith("ORCH_"))
         cmd = (f"cd {p.workdir} && " if p.workdir else "") + (env + " " if env else "") + shlex.join(p.argv)
         ranks = f"{p.global_ranks.start}-{p.global_ranks.stop - 1}" if len(p.global_ranks) > 1 else str(p.global_ranks.start)
         # inventory values (env, args, paths) are shown as written, but never as markup or controls

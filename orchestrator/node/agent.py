@@ -270,6 +270,11 @@ class Monitor:
         env = dict(os.environ)
         env.update({str(k): str(v) for k, v in self.launch.get("env", {}).items()})
         argv = self.argv()
+        if self.launch.get("torchrun_log_dir"):
+            try:  # private like the rest of the run directory (torchrun would make it with the job's umask)
+                os.mkdir(os.path.join(self.dir, "torchrun"), 0o700)
+            except FileExistsError:
+                pass
         cwd = expand(self.launch.get("cwd")) or os.path.expanduser("~")
         attempt = str(self.launch.get("env", {}).get("ORCH_ATTEMPT", "1"))
         self.log.write("orch", f"agent {os.getpid()} on {socket.gethostname()} starting"

@@ -255,3 +255,57 @@ def test_orch_up_without_rsync_here_launches_nothing_and_exits_3(tmp_path: Path,
     assert "rsync is not installed on this machine (the controller)" in err
     assert "job.sync could not be copied to every node: nothing was launched" in err
     assert not (tmp_path / "home").exists()
+
+
+def test_a_symlinked_source_is_refused_naming_it_and_its_target(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """rsync copies a listed link as a link: the node's real directory there would become it."""
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("nothing may run"))
+    real = tmp_path / "big" / "coco"
+    real.mkdir(parents=True)
+    link = tmp_path / "coco"
+    link.symlink_to(real)
+    for flags in ([], ["--delete"]):
+        code, _, err = run(["sync", str(inv_file(tmp_path, paths=[str(tmp_path / "big"), str(link)])), *flags], capsys)
+        assert code == 2, err
+        assert f"job.sync[1]: {link} is a symbolic link (to {real})" in err and f"list what it points to instead ({real})" in err
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    code, _, err = run(["sync", str(inv_file(tmp_path, paths=[str(tmp_path / "dangling")]))], capsys)
+    assert code == 2 and "is a symbolic link" in err
+
+
+def trainer_inv(tmp_path: Path, job: dict[str, object]) -> Path:
+    f = tmp_path / "inv.yaml"
+    f.write_text(yaml.safe_dump({"nodes": [{"host": "192.0.2.1"}], "job": job}))
+    return f
+
+
+@pytest.mark.parametrize(("job", "holds"), [
+    ({"module": "trainer", "args": {"epochs": 1}}, "the trainer's default output folder (under job.workdir) {w}/runs/train"),
+    ({"module": "trainer", "args": {"project": "out/exp"}}, "the job's --project (under job.workdir) {w}/out/exp"),
+    ({"script": "/x/train.py", "args": ["--out", "{w}/keep/run1"]}, "the job's --out {w}/keep/run1"),
+    ({"script": "/x/train.py", "args": {"debug-dir": "dbg"}}, "the job's --debug-dir (under job.workdir) {w}/dbg"),
+    ({"script": "/x/train.py", "run_root": "{w}/.orch-runs"}, "job.run_root {w}/.orch-runs"),
+])
+def test_delete_is_refused_where_a_synced_directory_holds_what_the_run_writes(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        job: dict[str, object], holds: str) -> None:
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("nothing may run"))
+    work = tmp_path / "work"
+    work.mkdir()
+    doc = json.loads(json.dumps(job).replace("{w}", str(work)))
+    inv = trainer_inv(tmp_path, {**doc, "workdir": str(work), "sync": [str(work)]})
+    code, _, err = run(["sync", str(inv), "--delete"], capsys)
+    assert code == 2, err
+    assert f"job.sync[0] {work} holds {holds.format(w=work)}: --delete would remove on every node" in err
+    assert "hint: sync without --delete" in err
+
+
+def test_delete_is_allowed_where_the_output_is_elsewhere(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    inv = inventory.load(trainer_inv(tmp_path, {"module": "trainer", "workdir": str(work), "sync": [str(work / "code")],
+                                                "args": {"project": str(tmp_path / "runs")}}))
+    (work / "code").mkdir()
+    sync.refuse_delete_over_output(inv, inv.job.sync)  # no output under work/code: nothing refused
+    assert [w for w, _ in sync.kept_dirs(inv)] == ["job.run_root", "the job's --project"]

@@ -141,11 +141,16 @@ def fabric_report(fabric: Mapping[str, Any], out: Console | None = None) -> None
         for p in per_node:
             marks = [d for d in ("send", "recv") if (p["node"], d) in slow]
             note = f"   slow {'/'.join(marks)}" if marks else ""
-            say(f"{p['node']:<{width}}  {p['send_gbps']:9.3f}  {p['recv_gbps']:9.3f}   "
-                f"({p['send_median_gbps']:.3f} / {p['recv_median_gbps']:.3f}){note}")
+            say(f"{p['node']:<{width}}  {_rate(p['send_gbps'], 9)}  {_rate(p['recv_gbps'], 9)}   "
+                f"({_rate(p['send_median_gbps'])} / {_rate(p['recv_median_gbps'])}){note}")
     for link in fabric.get("slow_links") or []:
         say(f"slow link {link['src']}->{link['dst']}: {link['gbps']:.3f} GB/s, its ends reach "
             f"{link['expected_gbps']:.3f} GB/s")
+
+
+def _rate(gbps: float | None, width: int = 0) -> str:
+    """A rate in GB/s to 3 decimals, `-` for a direction nothing was measured in."""
+    return f"{gbps:{width}.3f}" if gbps is not None else "-".rjust(width)
 
 
 def preload_check_table() -> None:

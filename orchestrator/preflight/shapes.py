@@ -134,14 +134,18 @@ def read_fabric_result(value: Any) -> tuple[dict[str, Any] | None, list[str]]:
     problems += [f"result.{k}: missing" for k in FABRIC_REQUIRED if k not in got]
     if problems:
         return None, problems
+    for key, needed in (("nodes", ("node", "host")), ("sweep", ("size_bytes", "time_us", "busbw_gbps")),
+                        ("skipped", ("size_bytes", "reason"))):
+        for i, item in enumerate(got.get(key) or []):
+            problems += [f"result.{key}[{i}].{k}: missing" for k in needed if k not in item]
+    if problems:
+        return None, problems
     ids = {n["node"] for n in got["nodes"]}
     if got["world_size"] < 1 or got["nnodes"] != len(ids) or not ids:
         problems.append(f"result: world_size {got['world_size']}, nnodes {got['nnodes']} for {len(ids)} node id(s)")
     for i, row in enumerate(got["sweep"]):
-        if not (row.get("size_bytes", 0) > 0 and row.get("time_us", 0) > 0):
+        if not (row["size_bytes"] > 0 and row["time_us"] > 0):
             problems.append(f"result.sweep[{i}]: size_bytes and time_us must be positive")
-        elif not {"size_bytes", "time_us", "busbw_gbps"} <= row.keys():
-            problems.append(f"result.sweep[{i}]: size_bytes, time_us and busbw_gbps are needed")
     for i, t in enumerate((got.get("links") or {}).get("transfers") or []):
         if not {"src_node", "dst_node", "rail", "gbps"} <= t.keys() or t["src_node"] not in ids \
                 or t["dst_node"] not in ids or t["gbps"] < 0:

@@ -416,3 +416,33 @@ def test_known_hosts_files_are_read_line_by_line_without_an_exception(lines: lis
     if revoked:  # a revoked key is known for no host, whatever other line lists it
         assert known.keys_for("h1") == {} and known.keys_for("h2") == {}
     assert all(n <= len(lines) for n in known.skipped)
+
+
+# ----------------------------------------------------------------------------- the fabric job's result
+
+
+def _mutate(doc: Any, path: list[Any], value: Any) -> Any:
+    """`doc` with the value at `path` (keys and indexes, taken modulo what is there) replaced."""
+    if not path or not isinstance(doc, (dict, list)) or not doc:
+        return value
+    if isinstance(doc, dict):
+        key = sorted(doc)[path[0] % len(doc)] if isinstance(path[0], int) else path[0]
+        return {**doc, key: _mutate(doc.get(key), path[1:], value)}
+    i = path[0] % len(doc) if isinstance(path[0], int) else 0
+    return [*doc[:i], _mutate(doc[i], path[1:], value), *doc[i + 1:]]
+
+
+@FUZZ
+@given(st.lists(st.tuples(st.lists(st.integers(0, 30), min_size=1, max_size=4), json_value), max_size=4))
+def test_any_fabric_result_is_judged_and_shown_or_fails_the_check_never_a_crash(edits: list[Any]) -> None:
+    """Rank 0 prints what it likes after ORCH_FABRIC_RESULT: held to its shape, the check judges
+    it or fails on that node; the verdict, check.json's summary and the table never raise."""
+    from tests.fabric_support import fabric_outputs, fabric_result
+
+    doc: Any = fabric_result(["n1", "n2"])
+    for path, value in edits:
+        doc = _mutate(doc, path, value)
+    results, shown = fabric_outputs(["n1", "n2"], doc)
+    assert set(results) == {"n1", "n2"} and all(r.status in CHECK_STATUSES for r in results.values())
+    if results["n1"].status == "fail" and "not what orch's job writes" in results["n1"].detail:
+        assert "fabric: no measurement" in shown

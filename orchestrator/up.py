@@ -389,7 +389,7 @@ def _attempt(say: UpProgress, run: RunDir, inv: Inventory, report: CheckReport |
              t_launch: float, attempt: int) -> UpOutcome:
     """One launch of the run on the inventory's nodes: plan, start, supervise (or detach)."""
     plan = make_plan(inv, run.run_id, attempt)
-    run.write(plan.to_json(), "plan.json")
+    run.write(plan.to_json(env_values=True), "plan.json")  # private (0600): what was launched, values too
     save_to_run(run, inv, report)
     record = RunRecord(run)
     run.update(nodes=node_records(plan), state=RunState.STARTING)

@@ -64,18 +64,24 @@ def orch_error(message: str, hint: str | None = None) -> None:
     sys.stderr.flush()
 
 
-def plan_table(plan: Plan) -> None:
-    """The dry-run table: node, address, node rank, global ranks, the exact remote command."""
+def plan_table(plan: Plan, env_values: bool = False) -> None:
+    """The dry-run table: node, address, node rank, global ranks, the exact remote command, the
+    inventory's env values hidden (`***`) unless `env_values` (`--show-env`)."""
     from rich.table import Table
 
+    from ..config.plan import HIDDEN
+
     out = console(stderr=False)
+    hidden = not env_values and any(v == HIDDEN for p in plan.nodes for v in p.shown_env().values())
     table = Table(title=f"plan for {markup(plan.inventory.path)}: {len(plan.nodes)} nodes, world size "
                         f"{plan.world_size}, master {plan.master_addr}:{plan.master_port}",
+                  caption="env values hidden (***): --show-env prints them" if hidden else None,
                   show_lines=True)
     for col in ("node", "address", "node rank", "global ranks", "command"):
         table.add_column(col, overflow="fold")
     for p in plan.nodes:
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in p.env.items() if not k.startswith("ORCH_"))
+        env = " ".join(f"{k}={v if v == HIDDEN and not env_values else shlex.quote(v)}"
+                       for k, v in p.shown_env(env_values).items() if not k.startswith("ORCH_"))
         cmd = (f"cd {p.workdir} && " if p.workdir else "") + (env + " " if env else "") + shlex.join(p.argv)
         ranks = f"{p.global_ranks.start}-{p.global_ranks.stop - 1}" if len(p.global_ranks) > 1 else str(p.global_ranks.start)
         # inventory values (env, args, paths) are shown as written, but never as markup or controls
@@ -128,8 +134,8 @@ def fabric_report(fabric: Mapping[str, Any], out: Console | None = None) -> None
 
     shown = out or console(stderr=False)
 
-    def say(text: str) -> None:
-        shown.print(text, markup=False, highlight=False, soft_wrap=True)
+    def say(text: str) -> None:  # every name and reason in it is the node's: shown safe
+        shown.print(safe(text), markup=False, highlight=False, soft_wrap=True)
 
     if not fabric.get("sweep"):
         say(f"fabric: no measurement ({fabric.get('backend')}, run {fabric.get('run')})")
@@ -148,11 +154,16 @@ def fabric_report(fabric: Mapping[str, Any], out: Console | None = None) -> None
         for p in per_node:
             marks = [d for d in ("send", "recv") if (p["node"], d) in slow]
             note = f"   slow {'/'.join(marks)}" if marks else ""
-            say(f"{p['node']:<{width}}  {p['send_gbps']:9.3f}  {p['recv_gbps']:9.3f}   "
-                f"({p['send_median_gbps']:.3f} / {p['recv_median_gbps']:.3f}){note}")
+            say(f"{p['node']:<{width}}  {_rate(p['send_gbps'], 9)}  {_rate(p['recv_gbps'], 9)}   "
+                f"({_rate(p['send_median_gbps'])} / {_rate(p['recv_median_gbps'])}){note}")
     for link in fabric.get("slow_links") or []:
         say(f"slow link {link['src']}->{link['dst']}: {link['gbps']:.3f} GB/s, its ends reach "
             f"{link['expected_gbps']:.3f} GB/s")
+
+
+def _rate(gbps: float | None, width: int = 0) -> str:
+    """A rate in GB/s to 3 decimals, `-` for a direction nothing was measured in."""
+    return f"{gbps:{width}.3f}" if gbps is not None else "-".rjust(width)
 
 
 def preload_check_table() -> None:

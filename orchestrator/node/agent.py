@@ -182,6 +182,13 @@ def check_run_dir(path: str) -> None:
 # ----------------------------------------------------------------------------- the daemon
 
 
+MAX_LINE = 1 << 20
+"""The longest line of output node.log holds whole: a longer one (a job that prints a tensor, a
+progress bar without newlines) is written in pieces of at most this many bytes, each but the last
+ending with LONG_LINE_MARK, so one line never holds up the log or grows without bound."""
+LONG_LINE_MARK = " [orch: line longer than 1 MiB, continued on the next line]"
+
+
 class NodeLog:
     """node.log: one timestamped line per output line, written by several threads."""
 
@@ -198,10 +205,32 @@ class NodeLog:
             self.fh.write(line)
 
     def pump(self, src: IO[bytes], stream: str) -> None:
-        """Copy `src` line by line, stamping each line when it arrives."""
-        for raw in iter(src.readline, b""):
-            self.write(stream, raw.decode("utf-8", "replace"))
+        """Copy `src` line by line, stamping each line when it arrives; a line longer than
+        MAX_LINE bytes in pieces, cut between characters, never inside one."""
+        carry = b""
+        while True:
+            raw = carry + src.readline(MAX_LINE - len(carry))
+            carry = b""
+            if not raw:
+                break
+            if raw.endswith(b"\n") or len(raw) < MAX_LINE:
+                self.write(stream, raw.decode("utf-8", "replace"))
+                continue
+            cut = utf8_boundary(raw)
+            carry = raw[cut:]
+            self.write(stream, raw[:cut].decode("utf-8", "replace") + LONG_LINE_MARK)
         src.close()
+
+
+def utf8_boundary(data: bytes) -> int:
+    """The length of `data` less a UTF-8 character cut off at its end (at most 3 bytes)."""
+    end = len(data)
+    for back in range(1, min(4, end) + 1):
+        byte = data[end - back]
+        if byte & 0xC0 != 0x80:  # not a continuation byte: an ASCII byte, or the lead of a character
+            need = 2 if byte >> 5 == 0b110 else 3 if byte >> 4 == 0b1110 else 4 if byte >> 3 == 0b11110 else 1
+            return end - back if need > back else end
+    return end
 
 
 class Monitor:
@@ -252,6 +281,11 @@ class Monitor:
         env = dict(os.environ)
         env.update({str(k): str(v) for k, v in self.launch.get("env", {}).items()})
         argv = self.argv()
+        if self.launch.get("torchrun_log_dir"):
+            try:  # private like the rest of the run directory (torchrun would make it with the job's umask)
+                os.mkdir(os.path.join(self.dir, "torchrun"), 0o700)
+            except FileExistsError:
+                pass
         cwd = expand(self.launch.get("cwd")) or os.path.expanduser("~")
         attempt = str(self.launch.get("env", {}).get("ORCH_ATTEMPT", "1"))
         self.log.write("orch", STARTING.format(pid=os.getpid(), host=socket.gethostname(),

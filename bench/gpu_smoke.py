@@ -545,8 +545,9 @@ def orch_up_once(ctx: StepContext, inv: Path, extra: Sequence[str]) -> tuple[int
             raise StepTimeout(f"orch up still running at {ctx.limit}: stopped (SIGTERM: it tears the run down)")
         s.procs.live.remove(up)
     finally:
-        if up.poll() is None:
+        if up.poll() is None:  # stopped, not ended: make sure of the nodes too (its teardown may have been cut)
             s.procs.stop(up)
+            ctx.run(orch(s, "down", run_id), "orch-down", env=home, limit_s=60, cleanup=True)
     ctx.figures.update(exit_code=code, wall_s=round(s.clock() - t0, 1), run_id=run_id, stack_tries=tries,
                        tail="\n".join(up_log.read_text(errors="replace").splitlines()[-20:]))
     return code, stacks

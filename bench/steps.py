@@ -217,18 +217,23 @@ class StepContext:
         return self.s.procs.start(argv, log, {**self.s.env, **(env or {})}, cwd or self.s.cwd), log
 
     def run(self, argv: Sequence[str], name: str, env: Mapping[str, str] | None = None, cwd: Path | None = None,
-            limit_s: float | None = None, json_stdout: bool = False) -> Ran:
+            limit_s: float | None = None, json_stdout: bool = False, cleanup: bool = False) -> Ran:
         """Run a command to its end, or stop it at the step's deadline, or after ``limit_s``
-        (then StepTimeout). ``json_stdout``: its stdout goes to a file of its own (``Ran.stdout``)."""
+        (then StepTimeout). ``json_stdout``: its stdout goes to a file of its own (``Ran.stdout``).
+        ``cleanup``: a teardown command (``orch down``) that runs ``limit_s`` even past the deadline."""
+        if cleanup and limit_s is None:
+            raise ValueError("a cleanup command needs its own limit_s")
         t0 = self.s.clock()
         log = self.log_path(name)
         out = log.with_suffix(".json") if json_stdout else None
         p = self.s.procs.start(argv, log, {**self.s.env, **(env or {})}, cwd or self.s.cwd, out=out)
-        deadline = min(self.deadline, t0 + limit_s) if limit_s is not None else self.deadline
+        deadline = (t0 + limit_s if cleanup else min(self.deadline, t0 + limit_s)) if limit_s is not None \
+            else self.deadline
         code = self.s.procs.wait(p, deadline)
         if code is None:
             self.s.procs.stop(p)
-            why = f"after {limit_s:.0f} s" if limit_s is not None and deadline < self.deadline else f"at {self.limit}"
+            why = f"after {limit_s:.0f} s" if limit_s is not None and (cleanup or deadline < self.deadline) \
+                else f"at {self.limit}"
             raise StepTimeout(f"{name} still running {why}: stopped")
         self.s.procs.live.remove(p)
         return Ran(list(argv), code, self.s.clock() - t0, log, out)

@@ -119,13 +119,15 @@ def test_a_step_that_overruns_is_stopped_and_the_next_still_runs(tmp_path: Path)
         "import pytest\n\n\n@pytest.mark.gpu\ndef test_needs_cuda():\n    pytest.importorskip('torch')\n"
         "    import torch\n    if not torch.cuda.is_available():\n        pytest.skip('no CUDA')\n\n\n"
         "def test_not_a_gpu_test():\n    pass\n")
-    p, doc = smoke(tmp_path, "--steps", "syncs,gpu_tests", "--step-budget", "syncs=2", "--gpu-tests", str(tests),
-                   timeout=800)
+    p, doc = smoke(tmp_path, "--steps", "syncs,orch_up,gpu_tests", "--step-budget", "syncs=2", "--step-budget",
+                   "orch_up=15", "--gpu-tests", str(tests), timeout=800)
     assert p.returncode == 1, explain(p)  # a timeout is not ok
     steps = {s["name"]: s for s in doc["steps"]}
-    assert list(steps) == ["data", "environment", "syncs", "gpu_tests"]
-    assert steps["syncs"]["status"] == "timeout" and doc["ok"] is False and doc["counts"]["timeout"] == 1
+    assert list(steps) == ["data", "environment", "syncs", "orch_up", "gpu_tests"]
+    assert steps["syncs"]["status"] == "timeout" and doc["ok"] is False and doc["counts"]["timeout"] == 2
     assert steps["syncs"]["error"] == "gpu-syncs still running at the step's budget (2 s): stopped"
+    # orch up stopped mid-run: SIGTERM tears its run down (smoke() finds no survivor of it)
+    assert steps["orch_up"]["status"] == "timeout" and steps["orch_up"]["error"].startswith("orch up still running")
     assert steps["gpu_tests"]["status"] == "pass", steps["gpu_tests"]["error"]
     assert steps["gpu_tests"]["figures"]["tests"] == 1 and steps["gpu_tests"]["figures"]["skipped"] == 1
     assert any(ln.startswith("syncs ") and " timeout " in ln for ln in p.stdout.splitlines())

@@ -78,6 +78,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+if sys.path and Path(sys.path[0] or ".").resolve() == REPO / "bench":
+    sys.path.pop(0)  # run as bench/gpu_smoke.py: bench/fabric.py must not stand for the Fabric library
 sys.path.insert(0, str(REPO))
 
 from bench.gpu_wheels import RUN_COMMAND, RUN_TIMEOUT_S, WHEEL_DIR, device_site, fetch_wheels  # noqa: E402
@@ -669,7 +671,7 @@ def step_scaling(ctx: StepContext) -> None:
 
 
 STEPS = (
-    Step("data", "synthetic datasets (python -m trainer.synth)", 30, 120, step_data),
+    Step("data", "synthetic datasets (python -m trainer.synth)", 60, 120, step_data),
     Step("environment", "versions, GPU, arch list; orch check of a one-node gpus: 1 inventory", 60, 150,
          step_environment, ("data",)),
     Step("trainer", "python -m trainer --amp fp16/bf16 vs YOLO().train(amp=True); logged mAP vs YOLO(best.pt).val()",

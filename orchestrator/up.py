@@ -17,11 +17,9 @@ The tunables of supervision (environment variables, seconds) are `run.supervise.
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
@@ -38,7 +36,15 @@ from .run.agents import NodeStatus, StopResult, start_all, status_all, status_no
 from .run.control import offsets_s
 from .run.records import RunRecord, node_records
 from .run.stacks import StacksReport
-from .run.supervise import Failure, NodeSpec, Pushed, Supervisor, Tunables, sigint_shielded
+from .run.supervise import (
+    Failure,
+    NodeSpec,
+    Pushed,
+    Supervisor,
+    Tunables,
+    sigint_shielded,
+    sigterm_as_interrupt,
+)
 from .run.watchdog import HangWatch, Watchdog
 from .store import RunDir, RunStore, clock_offsets
 from .transport import Cluster, GroupResult, open_transport
@@ -175,23 +181,6 @@ class UpOutcome:
     """What copying `job.sync` did on each node (None: nothing to sync, or --skip-sync)."""
     sync_error: OrchError | None = None
     """Why `job.sync` could not be copied to any node (no rsync or ssh on the controller)."""
-
-
-@contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM to `orch up` tears the run down like Ctrl-C does (a scheduler's kill, a CI timeout)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 def not_stopped(results: GroupResult[StopResult]) -> dict[str, str]:

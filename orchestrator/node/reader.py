@@ -4,22 +4,24 @@ Runs on the node (`python -c`, built by `orchestrator.node.program("reader", (*A
 only, any Python >= 3.8. The controller's side (reading the frames, the local copy, reconnects)
 is `orchestrator.logs.fetch`.
 
-    argv: RUN_DIR OFFSET POLL_S ONCE [REPORT [NONCE|- [LEASE]]]
+    argv: RUN_DIR OFFSET POLL_S ONCE REPORT NONCE [LAUNCH|- [LEASE]]
 
-With LEASE=1 (started by `python -c FROM_STDIN_OPEN`: stdin stays open), every line on stdin
-renews the run's lease (`renew`).
+With LAUNCH (the run's launch nonce), a run directory another launch claimed (another
+controller's run of the same id) sends nothing but its first line and `E - <node time>`: none of
+its lines are this run's. With LEASE=1 (started by `python -c FROM_STDIN_OPEN`: stdin stays
+open), every line on stdin renews the run's lease (`renew`).
 
-With NONCE (the launch's), a run directory another launch claimed (another controller's run of
-the same id) sends nothing but `E - <node time>`: none of its lines are this run's.
+Its output starts with `ORCH-LOG-READER <NONCE>`, the session's nonce the controller chose: what a
+node's login shell prints before it (a banner, `~/.bashrc` noise) can never be taken for a frame,
+whatever it says. Then frames on stdout, each a header line:
 
-Frames on stdout, each a header line:
-
-    D <n>\\n + n bytes          the log's bytes from where the last frame ended
+    D <n>\\n + n bytes          the log's bytes from where the last frame ended (n <= 65536)
     H <state> <node time>      a heartbeat while idle: the log had nothing more at that time
-    S <json>                   with REPORT=1: the node's status, whenever it changes
+    S <json>                   with REPORT=1: the node's status, whenever it changes (one line)
     E <state> <node time>      the end: state.json is final (or ONCE) and the log is drained
 
-`<state>` is state.json's `state`, `-` when there is none. An idle poll's heartbeat lets the
+`<state>` is state.json's `state` (a lower-case word), `-` when there is none, `unknown` when it
+is not a word. An idle poll's heartbeat lets the
 other nodes' lines out before the watermark, shows a dead connection, and makes this reader die
 (broken pipe) within a poll of the controller going away, so no reader outlives its follower.
 The status (`S`) is what `orch up`'s supervisor judges: the fields of `agent.py status` that
@@ -32,10 +34,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 
 from . import agent
+
+HELLO = b"ORCH-LOG-READER"
+"""The first line's word, before the nonce."""
+CHUNK = 1 << 16
+"""The most bytes of one D frame."""
+_WORD = re.compile(r"[a-z][a-z_-]{0,31}")
 
 
 def status(state: dict) -> dict:
@@ -50,13 +59,22 @@ def status(state: dict) -> dict:
     return out
 
 
-def stream(run_dir: str, offset: int, poll: float, once: bool, report: bool) -> None:
+def state_word(state: dict) -> str:
+    """state.json's state as the frames carry it: one lower-case word, `-` without a state.json."""
+    name = state.get("state")
+    if not state or name is None:
+        return "-"
+    return name if isinstance(name, str) and _WORD.fullmatch(name) else "unknown"
+
+
+def stream(run_dir: str, offset: int, poll: float, once: bool, report: bool, nonce: str = "") -> None:
     out = sys.stdout.buffer
+    out.write(HELLO + b" " + nonce.encode("ascii", "replace") + b"\n")
     log, state_path = os.path.join(run_dir, agent.LOG), os.path.join(run_dir, agent.STATE)
     fh, told = None, None
     while True:
         state = agent.read_json(state_path)
-        name = state.get("state") or "-"
+        name = state_word(state)
         if fh is None:
             try:
                 fh = open(log, "rb")  # noqa: SIM115 - held across polls, for as long as the stream
@@ -65,13 +83,18 @@ def stream(run_dir: str, offset: int, poll: float, once: bool, report: bool) -> 
                 fh = None
         sent, t = False, time.time()  # every line stamped before t is in the file now, or being written
         while fh is not None:
-            data = fh.read(1 << 16)
+            data = fh.read(CHUNK)
             if not data:
                 break
             out.write(b"D %d\n" % len(data) + data)
             sent = True
         if report:
             now = status(state)
+            if now.get("agent_alive") is False and agent.read_json(state_path) != state:
+                # the agent ended while the log drained (a long drain: a slow link, a burst of
+                # output): judged on the state read before, it would look vanished. Read again.
+                out.flush()
+                continue
             if now != told:
                 told = now
                 out.write(b"S " + json.dumps(dict(now, now=time.time())).encode() + b"\n")
@@ -101,17 +124,31 @@ def renew(run_dir: str) -> None:
 
 def main(argv: list) -> int:
     run_dir = os.path.expanduser(argv[1])
-    nonce = argv[6] if len(argv) > 6 and argv[6] != "-" else ""
-    if argv[7:8] == ["1"]:
+    nonce = "".join(argv[6:7])
+    launch = argv[7] if len(argv) > 7 and argv[7] != "-" else ""
+    lease = argv[8:9] == ["1"]
+    if lease:
         import threading
 
         threading.Thread(target=renew, args=(run_dir,), daemon=True).start()
-    if agent.foreign(run_dir, nonce or None):  # another launch's run of this id: none of its lines
-        sys.stdout.buffer.write(b"E - %.6f\n" % time.time())
-        sys.stdout.flush()
-        return 0
-    stream(run_dir, int(argv[2]), float(argv[3]), argv[4] == "1", argv[5:6] == ["1"])
-    return 0
+    code = 1
+    try:
+        if agent.foreign(run_dir, launch or None):  # another launch's run of this id: none of its lines
+            sys.stdout.buffer.write(HELLO + b" " + nonce.encode("ascii", "replace") + b"\n")
+            sys.stdout.buffer.write(b"E - %.6f\n" % time.time())
+        else:
+            stream(run_dir, int(argv[2]), float(argv[3]), argv[4] == "1", argv[5:6] == ["1"], nonce)
+        code = 0
+    finally:
+        if lease:
+            # the renewing thread holds stdin's lock while it waits for a line: an interpreter
+            # shutdown would wait for it (until the controller hangs up); this reader is done
+            try:
+                sys.stdout.flush()
+            except OSError:
+                pass
+            os._exit(code)
+    return code
 
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.logs.fetch import read_frames, reader_program
-from orchestrator.node import FROM_STDIN, agent, agent_files, script, stacks
+from orchestrator.logs.fetch import new_nonce, read_frames, reader_argv, reader_program
+from orchestrator.node import agent, agent_files, script, stacks
 from tests.procs_support import received, stranger
 
 BOOT = script("boot")
@@ -136,12 +136,13 @@ def test_stop_without_the_agent_still_finds_the_job(tmp_path: Path) -> None:
 
 def reader(d: Path) -> tuple[subprocess.Popen[bytes], Iterator[tuple[str, bytes]]]:
     """The log reader `orch up` runs on a node, asked for status frames, polling every 50 ms."""
-    proc = subprocess.Popen([sys.executable, "-c", FROM_STDIN, str(d), "0", "0.05", "0", "1"], stdin=subprocess.PIPE,
+    nonce = new_nonce()
+    proc = subprocess.Popen(reader_argv(sys.executable, str(d), 0, 0.05, False, True, nonce), stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE)
     assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.write(READER.encode())
     proc.stdin.close()
-    return proc, read_frames(proc.stdout)
+    return proc, read_frames(proc.stdout, nonce)
 
 
 def next_status(frames: Iterator[tuple[str, bytes]], until: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
@@ -491,12 +492,10 @@ def test_an_attached_runs_lease_is_renewed_through_the_reader_and_its_end_stops_
     """lease_s 2: while the controller writes lines to the log reader's stdin the job runs on
     (well past the lease); once they stop (a cut link), the agent stops the job within the lease
     plus its stop, recording why in state.json and node.log."""
-    from orchestrator.node import FROM_STDIN_OPEN
-
     d = prepare(tmp_path, "setsid sleep 304 & while true; do sleep 0.2; done", lease_s=2)
     assert call("start", str(d))[0] == 0
     snapshot_holds(d, b"304")
-    proc = subprocess.Popen([sys.executable, "-c", FROM_STDIN_OPEN, str(d), "0", "0.05", "0", "1", "-", "1"],
+    proc = subprocess.Popen(reader_argv(sys.executable, str(d), 0, 0.05, False, True, new_nonce(), lease=True),
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert proc.stdin is not None
     proc.stdin.write(b"%d\n" % len(READER) + READER.encode())

@@ -13,10 +13,12 @@ from orchestrator.logs.teardown import NodeStopped, QuietStop
 from orchestrator.node.agent import (
     EXITED,
     EXITED_LINE,
-    STARTING_TEXT as STARTING,
     STARTING_LINE,
     STOPPING,
     STOPPING_PREFIX,
+)
+from orchestrator.node.agent import (
+    STARTING_TEXT as STARTING,
 )
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nodelog"

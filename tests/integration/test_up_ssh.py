@@ -247,6 +247,9 @@ def _follow_shows_new_lines(orch: Orch, run_id: str) -> None:
 
 
 def test_controller_killed_job_keeps_running_then_down(cluster: TestCluster, orch: Orch) -> None:
+    """orch up killed (SIGKILL): the job runs on, status and logs read it, down stops it. It runs
+    on until its lease runs out (3 x the grace: here 180 s; test_up_netns.py proves the end)."""
+    orch.env.update(ORCH_UNREACHABLE_GRACE_S="60")
     inv = inventory(cluster, nproc=1, job_env=ddp_job(steps=1000, sleep=0.3))
     up = orch.start(str(inv), "--skip-checks")
     run_id = up.wait_running()

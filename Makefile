@@ -71,5 +71,5 @@ typecheck: install
 bench: install  ## benchmarks against pdsh, sort -m and ultralytics' trainer (bench/results/)
 	$(PY) -m bench $(BENCH_ARGS)
 
-clean:  ## remove the venv and local state
-	rm -rf $(VENV) .orch .pytest_cache .mypy_cache .ruff_cache build orchestrator/logs/_fastmerge.*.so
+clean:  ## remove the venv and the build caches (runs stay in $$ORCH_HOME, ~/.orch)
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build orchestrator/logs/_fastmerge.*.so

@@ -1,4 +1,5 @@
-"""The controller's state directory, `$ORCH_HOME` (default `./.orch`), and where a run lives.
+"""The controller's state directory, `$ORCH_HOME` (default `~/.orch`, as SkyPilot keeps `~/.sky`:
+the same runs from any shell and any directory), and where a run lives.
 
     latest                        the id of the latest run
     checks/<inventory name>.json  the last `orch check` of that inventory: results, clock offsets
@@ -31,9 +32,15 @@ from .contract import RunState
 from .errors import UsageError
 
 
+HOME_VARIABLE = "ORCH_HOME"
+DEFAULT_HOME = "~/.orch"
+
+
 def orch_home() -> Path:
-    """The controller's state directory: `$ORCH_HOME`, default `./.orch`."""
-    return Path(os.environ.get("ORCH_HOME") or ".orch")
+    """The controller's state directory: `$ORCH_HOME`, default `~/.orch` (one place per user,
+    whatever the current directory, so `orch logs -f` finds the run from any shell). A leading
+    `~` in the variable is the user's home too."""
+    return Path(os.environ.get(HOME_VARIABLE) or DEFAULT_HOME).expanduser()
 
 
 def remote_dir(inv: Inventory, node: Node, run_id: str) -> str:

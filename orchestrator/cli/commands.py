@@ -72,7 +72,8 @@ def cli(ctx: click.Context, verbose: bool) -> None:
       orch status                        # per-node state
       orch down                          # stop every process of the run
 
-    State lives in $ORCH_HOME (default ./.orch). Shell completion (bash):
+    State lives in $ORCH_HOME (default ~/.orch, the same from any directory); $ORCH_INVENTORY
+    names the inventory when none is given. Shell completion (bash):
     eval "$(_ORCH_COMPLETE=bash_source orch)"
     """
     ctx.obj = State(verbose)
@@ -314,7 +315,7 @@ def report(state: State, run: str | None) -> None:
 
     \b
     Example:
-      orch report && xdg-open .orch/runs/*/report/index.html
+      xdg-open "$(orch report)"        # the path alone goes to stdout
     """
     from ..report import make_report
 

@@ -22,6 +22,8 @@ from ..contract import CHECK_NAMES, ExitCode
 from ..errors import OrchError, UsageError
 from . import render
 
+DEFAULT_RUNS = 20
+"""How many runs `orch runs` lists without --all (run.history.DEFAULT_LIMIT, without importing it)."""
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 UP_EXIT = {"succeeded": ExitCode.OK, "detached": ExitCode.OK, "failed": ExitCode.FAILED,
            "start_failed": ExitCode.FAILED, "preflight_failed": ExitCode.PREFLIGHT_FAILED,
@@ -282,6 +284,36 @@ def status(state: State, run: str | None, as_json: bool) -> None:
         render.json_out(report.to_json())
     else:
         render.status_table(report)
+    raise SystemExit(ExitCode.OK)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option("--json", "as_json", is_flag=True, help="Print the runs as JSON on stdout.")
+@click.option("-a", "--all", "show_all", is_flag=True, help="Every run, not only the newest.")
+@click.option("-n", "--last", "last", type=click.IntRange(min=1), default=DEFAULT_RUNS, show_default=True,
+              metavar="N", help="How many of the newest runs to list.")
+@pass_state
+def runs(state: State, as_json: bool, show_all: bool, last: int) -> None:
+    """Every run in $ORCH_HOME, newest first, as run.json last recorded it (like `sky status`).
+
+    Id, inventory, state, attempt, start, wall time (`running for` while it runs), nodes ×
+    processes, and the first failure in a few words. Any unique prefix of an id names the run
+    wherever a RUN is taken (also without its date: `1933` for the run started at 19:33), and
+    `latest` the latest; `orch status RUN` asks the nodes for the live state.
+
+    \b
+    Examples:
+      orch runs
+      orch runs --all --json | jq -r '.runs[] | select(.state == "failed") | .run'
+      orch logs 20261201-1933 --follow     # a unique prefix of the id
+    """
+    from ..run.history import list_runs
+
+    report = list_runs(None if show_all else last)
+    if as_json:
+        render.json_out(report.to_json())
+    else:
+        render.runs_table(report)
     raise SystemExit(ExitCode.OK)
 
 

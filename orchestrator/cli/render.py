@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from ..remote.sync import SyncReport
     from ..report import ReportOutcome
     from ..run.control import DownReport, StatusReport
+    from ..run.history import RunsReport
     from ..run.stacks import StacksReport
     from ..up import UpOutcome
 
@@ -443,6 +444,42 @@ def status_table(report: StatusReport) -> None:
     if ff:
         out.print(f"first failure: {markup(ff['node'])} (rank {ff.get('rank')}, exit code {ff.get('exit_code')}): "
                   f"{markup(ff.get('reason', ''))}")
+
+
+def duration(seconds: float | None) -> str:
+    """`52.4 s`, `12m05s`, `3h07m`: a wall time for a person."""
+    if seconds is None:
+        return ""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    m, s = divmod(int(round(seconds)), 60)
+    if m < 60:
+        return f"{m}m{s:02d}s"
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m"
+
+
+def runs_table(report: RunsReport) -> None:
+    """`orch runs`: one row per run, newest first; then how many older ones were left out."""
+    import time
+
+    from rich.table import Table
+
+    out = console(stderr=False)
+    if not report.runs:
+        console().print(f"no runs yet in {markup(report.home)}/runs (start one with: orch up INVENTORY)")
+        return
+    table = Table(title=f"runs in {markup(report.home)}", title_justify="left")
+    for col in ("run", "inventory", "state", "attempt", "started", "wall time", "nodes×procs", "first failure"):
+        table.add_column(col)
+    for r in report.runs:
+        started = "" if r.started is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started))
+        wall = ("running for " if r.running else "") + duration(r.wall_s)
+        table.add_row(markup(r.run), markup(r.inventory or ""), styled(r.state), f"{r.attempt}/{r.max_attempts}",
+                      started, wall, r.shape, markup(r.failure or ""))
+    out.print(table)
+    if report.left_out:
+        console().print(f"{report.left_out} older runs not shown (orch runs --all)")
 
 
 def down_report(result: DownReport) -> None:

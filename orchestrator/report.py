@@ -45,6 +45,25 @@ def read_results_csv(path: Path) -> dict[str, list[float]]:
     return cols
 
 
+def run_wall(info: dict[str, Any], now: float) -> tuple[float | None, bool]:
+    """(seconds, running): a finished run's recorded wall time (run.json `wall_s`; else from its
+    creation to its last node's end), or for one still running the time since it was created.
+    Never the time of the report for a finished run: regenerating it must not change the figure."""
+    from .contract import FINAL_STATES
+
+    created = info.get("created")
+    running = str(info.get("state")) not in FINAL_STATES
+    if running:
+        return (max(0.0, now - created) if isinstance(created, (int, float)) else None), True
+    wall = info.get("wall_s")
+    if isinstance(wall, (int, float)):
+        return float(wall), False
+    ends = [n.get("finished_at") for n in info.get("nodes") or [] if isinstance(n.get("finished_at"), (int, float))]
+    if ends and isinstance(created, (int, float)):
+        return max(ends) - created, False
+    return None, False
+
+
 def _png(fig: Any) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
@@ -63,7 +82,9 @@ def plot_timeline(run: dict[str, Any]) -> bytes:
 
     nodes = run.get("nodes", [])
     t0 = min([n.get("started_at") or run.get("created", 0) for n in nodes] + [run.get("created") or 0]) or 0
-    now = run.get("finished_at") or time.time()
+    wall, _running = run_wall(run, time.time())
+    created = run.get("created")
+    now = created + wall if isinstance(created, (int, float)) and wall is not None else time.time()
     fig, ax = plt.subplots(figsize=(8, 0.5 + 0.45 * max(1, len(nodes))))
     for i, n in enumerate(nodes):
         start = (n.get("started_at") or t0) - t0
@@ -254,14 +275,14 @@ def build_report(run: RunDir, results_csv: Path | None = None) -> Path:
     for name, png in (("timeline.png", timeline), ("curves.png", curves), ("throughput.png", bars)):
         if png is not None:
             write_private(out / name, png)
-    created = info.get("created")
-    wall = (info.get("finished_at") or time.time()) - created if created else None
+    wall, running = run_wall(info, time.time())
+    wall_text = "" if wall is None else (f", running for {wall:.1f} s" if running else f", wall time {wall:.1f} s")
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>orch run {html.escape(run.run_id)}</title>"
              f"<style>{CSS}</style></head><body>",
              f"<h1>run {html.escape(run.run_id)} — <span class='{html.escape(str(info.get('state')))}'>"
              f"{html.escape(str(info.get('state')))}</span></h1>",
              f"<p>inventory {html.escape(str(info.get('inventory')))}, {len(info.get('nodes', []))} nodes"
-             + (f", wall time {wall:.1f} s" if wall is not None else "") + "</p>"]
+             + wall_text + "</p>"]
     failure = info.get("first_failure")
     if failure:
         parts.append("<h2>first failure</h2>")

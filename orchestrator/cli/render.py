@@ -515,6 +515,13 @@ def report_outcome(outcome: ReportOutcome) -> None:
         copy = f", copy in {outcome.local_csv.resolve()}" if outcome.local_csv else ""
         out.print(f"results: {markup(outcome.results_csv)} (on {outcome.master})" + markup(copy))
     out.print(f"report:  {outcome.page.resolve()}")
+    click_stdout(str(outcome.page.resolve()))
+
+
+def click_stdout(text: str) -> None:
+    """One line on stdout, alone: what a script captures (`xdg-open "$(orch report)"`)."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
 
 def printable(text: str) -> str:
     """Text from a node, safe for a terminal: the one `logs.lines.printable` every output uses."""

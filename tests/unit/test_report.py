@@ -81,3 +81,35 @@ def test_report_command_fetches_results_and_says_where_everything_is(
     assert (run.path / "results.csv").read_text() == RESULTS  # fetched over the (local) transport
     assert "validation mAP" not in (run.path / "report" / "index.html").read_text()  # plots are images
     assert (run.path / "report" / "curves.png").exists()
+
+
+def test_a_finished_runs_wall_time_is_the_recorded_one_however_late_the_report(tmp_path: Path) -> None:
+    """run.json says 52.4 s; the report said 500.1 s (the time since the run was created) and more
+    each time it was regenerated."""
+    import time
+
+    run = make_run(tmp_path)
+    info = run.read()
+    info.pop("finished_at")
+    run.write({**info, "created": time.time() - 500, "wall_s": 52.4})
+    assert "wall time 52.4 s" in build_report(run).read_text()
+    assert "wall time 52.4 s" in build_report(run).read_text()
+    run.write({**info, "created": time.time() - 30, "state": "running"})
+    text = build_report(run).read_text()
+    assert "running for 3" in text and "wall time" not in text
+
+
+def test_orch_report_prints_only_the_pages_path_on_stdout(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`xdg-open "$(orch report)"`: stdout is the path alone, every other line on stderr."""
+    from orchestrator.cli import main
+
+    home = tmp_path / "home"
+    run = make_run(home / "runs")
+    (home / "latest").write_text(run.run_id + "\n")
+    monkeypatch.setenv("ORCH_HOME", str(home))
+    with pytest.raises(SystemExit) as exc:
+        main(["report", "latest"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert out == f"{(run.path / 'report' / 'index.html').resolve()}\n"

@@ -109,12 +109,17 @@ class RunDir:
         return data
 
     def inventory(self, as_run: bool = True) -> Inventory:
-        """The run's inventory snapshot; `as_run`: with the spares that replaced nodes on an
-        automatic retry (run.json `replaced`) in those nodes' places, as the run last ran."""
+        """The run's inventory snapshot; `as_run`: with the command line's overrides of its launch
+        (run.json `overrides`: nodes chosen, `--env`, args after `--`) and the spares that replaced
+        nodes on an automatic retry (run.json `replaced`) in those nodes' places, as the run last ran."""
         from .config.inventory import parse, with_replacements
 
         data = self.read()
         inv = parse(self.inventory_path.read_text(), str(data.get("inventory") or self.inventory_path))
+        if as_run and isinstance(data.get("overrides"), dict):
+            from .config.overrides import Overrides, apply
+
+            inv = apply(inv, Overrides.from_json(data["overrides"]))
         replaced = data.get("replaced") if as_run else None
         if not replaced:
             return inv

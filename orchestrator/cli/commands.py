@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 import traceback
+from typing import Any
 
 import click
 
@@ -59,6 +60,37 @@ def split_names(value: str | None) -> list[str] | None:
     return [v.strip() for v in value.split(",") if v.strip()] if value else None
 
 
+def node_selection(func: Any) -> Any:
+    """`--include/--exclude/--nodes/--master` (DeepSpeed's launcher's habits) on up and check."""
+    for option in reversed([
+        click.option("--include", metavar="SET", help="Only these nodes: names or ranges, e.g. n1,n[3-4]."),
+        click.option("--exclude", metavar="SET", help="Not these nodes, e.g. n2."),
+        click.option("--nodes", "first", metavar="N|SET",
+                     help="N: the first N nodes in inventory order (after --include/--exclude); a set of names "
+                          "works like --include."),
+        click.option("--master", metavar="NODE",
+                     help="The node that becomes node rank 0 (needed when the inventory's master is left out)."),
+    ]):
+        func = option(func)
+    return func
+
+
+def overrides_from(include: str | None, exclude: str | None, first: str | None, master: str | None,
+                   env: tuple[str, ...] = (), args: list[str] | None = None) -> Any:
+    """The command line's `config.overrides.Overrides` (validated: exit 2 on a bad --env)."""
+    from ..config.overrides import Overrides, parse_env
+
+    count = None
+    if first is not None and first.strip().isdigit():
+        count = int(first)
+    elif first is not None:
+        include = f"{include},{first}" if include else first
+        if include != first:
+            raise UsageError("--nodes SET and --include together", "give the nodes once, with --include")
+    return Overrides(args=tuple(args or ()), env=parse_env(env), include=include, exclude=exclude, first=count,
+                     master=master)
+
+
 @click.group(context_settings=CONTEXT)
 @click.version_option(__version__, "-V", "--version", prog_name="orch")
 @click.option("-v", "--verbose", is_flag=True, help="Show every remote command and full tracebacks.")
@@ -85,6 +117,23 @@ def cli(ctx: click.Context, verbose: bool) -> None:
         logging.getLogger("paramiko").setLevel(logging.CRITICAL)
 
 
+class _CommandAfterDashes(click.Command):
+    """A command whose words after the first `--` are not its own: they are the command to run
+    on the nodes (`ctx.meta["orch.command"]`, None without `--`), options and all."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            cut = args.index("--")
+            ctx.meta["orch.command"] = args[cut + 1:]
+            args = args[:cut]
+        else:
+            ctx.meta["orch.command"] = None
+        return super().parse_args(ctx, args)
+
+    def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
+        return [*super().collect_usage_pieces(ctx), "-- CMD ..."]
+
+
 CHECK_HELP = """Preflight every node in parallel; one table, or JSON with --json.
 
 \b
@@ -100,6 +149,7 @@ Examples:
   orch check inventory/v100.yaml
   orch check inventory/v100.yaml --only ssh,clock --json | jq .
   orch check inventory/v100.yaml --only fabric      # busbw per size, send/recv per node
+  orch check inventory/v100.yaml --exclude v100-2 --master v100-3
 """.format(checks=", ".join(CHECK_NAMES))
 
 
@@ -108,9 +158,13 @@ Examples:
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON on stdout.")
 @click.option("--only", help="Run only these checks (comma separated).")
 @click.option("--skip", help="Skip these checks (comma separated).")
+@node_selection
 @pass_state
-def check(state: State, inventory: str | None, as_json: bool, only: str | None, skip: str | None) -> None:
-    inv = resolve_inventory(inventory)
+def check(state: State, inventory: str | None, as_json: bool, only: str | None, skip: str | None,
+          include: str | None, exclude: str | None, first: str | None, master: str | None) -> None:
+    from ..config.overrides import apply
+
+    inv = apply(resolve_inventory(inventory), overrides_from(include, exclude, first, master))
     from ..preflight.runner import run_preflight, select_checks
 
     select_checks(split_names(only), split_names(skip))  # an unknown name: exit 2 before any connection
@@ -130,6 +184,8 @@ UP_HELP = """Check, assign ranks, launch torchrun on every node, stream the merg
 
 \b
 Node ranks follow the inventory (the master is node rank 0). One node failing stops all.
+Words after `--` are appended to the job's arguments for this run; a trainer setting given
+there replaces the inventory's (every spelling: --batch, --batch-size, batch=).
 When job.sync lists paths, they are copied to every node first (orch sync), then checked.
 Exit code: 0 success everywhere, 1 the job failed, 2 bad inventory, 3 preflight or sync
 failed (nothing launched), 130 interrupted (every node stopped first).
@@ -150,10 +206,13 @@ Examples:
   orch up inventory/v100.yaml --detach      # launch, return; then orch logs -f
   orch up inventory/v100.yaml --fabric      # measure the fabric in the preflight first
   orch up inventory/v100.yaml --retries 2 --stall-timeout 900
+  orch up inventory/v100.yaml -- --epochs 1 --batch 64   # replaces the inventory's batch
+  orch up inventory/v100.yaml --exclude v100-2 --env NCCL_DEBUG=INFO
+  orch up inventory/v100.yaml --nodes 2 --dry-run        # the first two nodes, ranks re-planned
 """
 
 
-@cli.command(help=UP_HELP, context_settings=CONTEXT)
+@cli.command(help=UP_HELP, cls=_CommandAfterDashes, context_settings=CONTEXT)
 @click.argument("inventory", required=False)
 @click.option("--dry-run", is_flag=True, help="Print the plan (node, address, ranks, command); touch no node.")
 @click.option("--detach", is_flag=True, help="Return once every node has started; the job keeps running.")
@@ -169,9 +228,17 @@ Examples:
 @click.option("--stall-timeout", type=click.FloatRange(min=0), metavar="SECONDS",
               help="Call the run hung when no rank writes a line this long; 0 = off "
                    "(default: job.stall_timeout_s, 600).")
-@pass_state
-def up(state: State, inventory: str | None, dry_run: bool, detach: bool, skip_checks: bool, skip_sync: bool,
-       run_id: str | None, as_json: bool, fabric: bool, retries: int | None, stall_timeout: float | None) -> None:
+@node_selection
+@click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
+              help="Add to the job's environment for this run (over the inventory's env); repeatable.")
+@click.pass_context
+def up(ctx: click.Context, inventory: str | None, dry_run: bool, detach: bool, skip_checks: bool, skip_sync: bool,
+       run_id: str | None, as_json: bool, fabric: bool, retries: int | None, stall_timeout: float | None,
+       include: str | None, exclude: str | None, first: str | None, master: str | None,
+       env: tuple[str, ...]) -> None:
+    from ..config.overrides import apply
+
+    overrides = overrides_from(include, exclude, first, master, env, ctx.meta.get("orch.command"))
     if run_id is not None:
         from ..store import check_run_id
 
@@ -179,20 +246,22 @@ def up(state: State, inventory: str | None, dry_run: bool, detach: bool, skip_ch
     if detach and (retries or stall_timeout):
         raise UsageError("--retries and --stall-timeout need an attached orch up: a detached run has nobody "
                          "watching it", "drop --detach, or drop those flags")
-    inv = resolve_inventory(inventory)
+    inv = apply(resolve_inventory(inventory), overrides)
     if dry_run:
         from ..config.plan import make_plan
 
         plan = make_plan(inv, run_id or "dry-run")
         if as_json:
-            render.json_out(plan.to_json())
+            render.json_out({**plan.to_json(), "overrides": overrides.to_json()})
         else:
             render.plan_table(plan)
+            render.overrides_note(overrides)
         raise SystemExit(ExitCode.OK)
     from ..up import up as run_up
 
     outcome = run_up(inv, detach=detach, skip_checks=skip_checks, run_id=run_id, skip_sync=skip_sync,
-                     progress=render.UpPrinter(), fabric=fabric, retries=retries, stall_timeout_s=stall_timeout)
+                     progress=render.UpPrinter(), fabric=fabric, retries=retries, stall_timeout_s=stall_timeout,
+                     overrides=None if overrides.empty else overrides.to_json())
     render.up_outcome(outcome)
     if outcome.result == "detached" and inv.job.retries:
         render.not_retried_detached(inv.job.retries)
@@ -385,23 +454,6 @@ def stacks(state: State, run: str | None, as_json: bool, timeout: float) -> None
     else:
         render.stacks_view(report)
     raise SystemExit(ExitCode.OK if report.complete else ExitCode.FAILED)
-
-
-class _CommandAfterDashes(click.Command):
-    """A command whose words after the first `--` are not its own: they are the command to run
-    on the nodes (`ctx.meta["orch.command"]`, None without `--`), options and all."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if "--" in args:
-            cut = args.index("--")
-            ctx.meta["orch.command"] = args[cut + 1:]
-            args = args[:cut]
-        else:
-            ctx.meta["orch.command"] = None
-        return super().parse_args(ctx, args)
-
-    def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
-        return [*super().collect_usage_pieces(ctx), "-- CMD ..."]
 
 
 EXEC_HELP = """Run a command on every node in parallel; the output grouped by identical answer.

@@ -84,6 +84,22 @@ def plan_table(plan: Plan) -> None:
     out.print(table)
 
 
+def overrides_note(overrides: Any) -> None:
+    """Under the dry-run table: what the command line changed of the inventory for this run."""
+    if overrides.empty:
+        return
+    out = console()
+    picked = [f"{k} {v}" for k, v in (("--include", overrides.include), ("--exclude", overrides.exclude),
+                                      ("--nodes", overrides.first), ("--master", overrides.master)) if v is not None]
+    if picked:
+        out.print("nodes from the command line: " + markup(" ".join(picked)))
+    if overrides.env:
+        out.print("env from the command line: " + markup(", ".join(overrides.env)))
+    if overrides.args:
+        out.print("job args from the command line (each replaces the inventory's same setting): "
+                  + markup(shlex.join(overrides.args)))
+
+
 def check_table(report: CheckReport, out: Console | None = None) -> None:
     """One table grouped by check, a row per node: status, value, detail, hint; then the verdict.
     Values, details and hints quote what nodes said: all shown `markup` (safe, no markup)."""

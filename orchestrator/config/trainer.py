@@ -12,8 +12,13 @@ from trainer.interface import (
     INPUT_FLAGS,
     LAST,
     OUTPUT_FLAGS,
+    SAME_SETTING,
     batch_choices,
     batch_problem,
+    override_args,
+    setting_name,
+    settings_of,
 )
 
-__all__ = ["BEST", "DEFAULT_PROJECT", "INPUT_FLAGS", "LAST", "OUTPUT_FLAGS", "batch_choices", "batch_problem"]
+__all__ = ["BEST", "DEFAULT_PROJECT", "INPUT_FLAGS", "LAST", "OUTPUT_FLAGS", "SAME_SETTING", "batch_choices",
+           "batch_problem", "override_args", "setting_name", "settings_of"]

@@ -151,3 +151,178 @@ def test_latest_cannot_be_a_run_id(orch_home: Path) -> None:
 
     with pytest.raises(UsageError):
         RunStore().create(inventory.load(V100), "latest")
+
+
+# ----------------------------------------------------------------------------- overrides on the command line
+
+
+def _dry(*args: str) -> dict[str, Any]:
+    from click.testing import CliRunner
+
+    from orchestrator.cli import cli
+
+    result = CliRunner().invoke(cli, ["up", str(V100), "--dry-run", "--json", *args])
+    assert result.exit_code == 0, result.output
+    return dict(json.loads(result.stdout))
+
+
+def _job_words(plan: dict[str, Any], node: int = 0) -> list[str]:
+    argv = plan["nodes"][node]["argv"]
+    return list(argv[argv.index("trainer") + 1:])
+
+
+def test_words_after_dashes_reach_the_job_and_replace_the_inventorys_same_setting() -> None:
+    """`orch up INV -- --epochs 1 --batch 64`: the trainer refuses one setting given twice with two
+    values, so the command line's --batch replaces the inventory's instead of following it."""
+    plan = _dry("--", "--epochs", "1", "--batch", "64")
+    words = _job_words(plan)
+    assert words[-4:] == ["--epochs", "1", "--batch", "64"]
+    assert words.count("--batch") == 1 and words.count("--epochs") == 1 and "384" not in words and "100" not in words
+    assert words[:2] == ["--model", "yolo12m.yaml"] and "--save-period" in words  # the rest is kept
+    assert plan["overrides"]["args"] == ["--epochs", "1", "--batch", "64"]
+    assert all(_job_words(plan, i) == words for i in range(4))
+
+
+@pytest.mark.parametrize("spelling", [["--batch-size", "64"], ["batch=64"], ["--batch=64"]])
+def test_every_spelling_of_a_trainer_setting_replaces_the_inventorys(spelling: list[str]) -> None:
+    words = _job_words(_dry("--", *spelling))
+    assert words[-len(spelling):] == spelling
+    assert "--batch" not in words and "384" not in words
+
+
+def test_the_trainer_accepts_the_overridden_arguments() -> None:
+    """What orch builds parses in the trainer itself: one batch, the command line's."""
+    from trainer.config import parse_config
+
+    words = _job_words(_dry("--", "--batch-size", "64", "lr0=0.02", "--epochs", "1"))
+    cfg = parse_config(words)
+    assert (cfg.batch, cfg.lr, cfg.epochs, cfg.imgsz) == (64, 0.02, 1, 640)
+
+
+def test_the_same_setting_table_is_the_trainers() -> None:
+    from trainer.config import ALIASES
+    from trainer.interface import SAME_SETTING
+    from trainer.settings import FIELD_OF_SETTING
+
+    spelled = {alias[2:].replace("-", "_"): name for alias, (name, _t) in ALIASES.items()}
+    spelled.update({k: v for k, v in FIELD_OF_SETTING.items() if k != v and k not in ("model", "pretrained")})
+    assert spelled == SAME_SETTING
+
+
+def test_a_script_job_gets_the_words_appended(tmp_path: Path) -> None:
+    from orchestrator.config import inventory
+    from orchestrator.config.overrides import Overrides, apply
+
+    path = tmp_path / "inv.yaml"
+    path.write_text("nodes:\n  - host: a\n  - host: b\njob:\n  script: /srv/train.py\n  args: [--lr, '0.1']\n")
+    inv = apply(inventory.load(path), Overrides(args=("--lr", "0.2")))
+    assert inv.job.args == ("--lr", "0.1", "--lr", "0.2")  # argparse keeps the last
+
+
+def test_the_preflight_judges_the_overridden_batch() -> None:
+    from orchestrator.config import inventory
+    from orchestrator.config.overrides import Overrides, apply
+    from orchestrator.preflight.checks import cluster_job_findings
+
+    inv = inventory.load(V100)
+    assert not cluster_job_findings(inv)
+    bad = apply(inv, Overrides(args=("--batch", "100")))
+    assert bad.job.raw_args["batch"] == 100
+    assert any("global batch 100" in f[1] for f in cluster_job_findings(bad))
+
+
+def test_include_exclude_and_nodes_replan_ranks_exactly_as_a_smaller_inventory(tmp_path: Path) -> None:
+    from orchestrator.config import inventory
+    from orchestrator.config.overrides import Overrides, apply
+    from orchestrator.config.plan import make_plan
+
+    text = V100.read_text()
+    ranged = ("  - host: 192.168.1.[11-13]         # a range expands to one node per value, in order\n"
+              "    name: v100-[2-4]                # ranges in name/addr expand alongside host\n")
+    assert ranged in text
+    smaller = tmp_path / "v100.yaml"
+    smaller.write_text(text.replace(ranged, "  - host: 192.168.1.[12-13]\n    name: v100-[3-4]\n"))
+    expected = make_plan(inventory.load(smaller)).to_json()
+    assert [n["node"] for n in expected["nodes"]] == ["v100-1", "v100-3", "v100-4"]
+    inv = inventory.load(V100)
+    for ov in (Overrides(include="v100-1,v100-[3-4]"), Overrides(exclude="v100-2"),
+               Overrides(include="v100-[1-4]", exclude="v100-2", first=3)):
+        got = make_plan(apply(inv, ov)).to_json()
+        strip = [{k: v for k, v in n.items() if k != "host"} for n in got["nodes"]]
+        assert strip == [{k: v for k, v in n.items() if k != "host"} for n in expected["nodes"]]
+        assert got["world_size"] == 24 and got["master_addr"] == expected["master_addr"]
+    first = make_plan(apply(inv, Overrides(first=2))).to_json()
+    assert [(n["node"], n["node_rank"], n["global_ranks"]) for n in first["nodes"]] == [
+        ("v100-1", 0, [0, 7]), ("v100-2", 1, [8, 15])]
+    assert "--nnodes=2" in first["nodes"][1]["argv"]
+
+
+def _main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """`orch ARGS` through the console entry point (errors rendered, exit codes as users see them)."""
+    from orchestrator.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(list(args))
+    return int(info.value.code or 0), capsys.readouterr().err
+
+
+def test_leaving_the_master_out_says_which_node_to_make_master(capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = _main(capsys, "up", str(V100), "--dry-run", "--exclude", "v100-1")
+    assert code == 2
+    assert "master v100-1 is not among the chosen nodes" in err and "--master v100-2" in err
+    plan = _dry("--exclude", "v100-1", "--master", "v100-3")
+    assert [(n["node"], n["node_rank"]) for n in plan["nodes"]] == [("v100-3", 0), ("v100-2", 1), ("v100-4", 2)]
+    assert plan["master_addr"] == "192.168.1.12" and "--master-addr=192.168.1.12" in plan["nodes"][1]["argv"]
+    for bad in (["--include", "v100-9"], ["--nodes", "5"], ["--master", "v100-9"], ["--nodes", "0"]):
+        code, err = _main(capsys, "up", str(V100), "--dry-run", *bad)
+        assert code == 2 and bad[0] in err, (bad, err)
+
+
+def test_nodes_takes_a_set_too_like_exec() -> None:
+    plan = _dry("--nodes", "v100-[2-3]", "--master", "v100-2")
+    assert [n["node"] for n in plan["nodes"]] == ["v100-2", "v100-3"]
+
+
+def test_env_is_added_over_the_inventorys_for_this_run_and_validated(capsys: pytest.CaptureFixture[str]) -> None:
+    plan = _dry("--env", "NCCL_DEBUG=INFO", "--env", "EXTRA=1")
+    for node in plan["nodes"]:
+        assert node["env"]["NCCL_DEBUG"] == "INFO" and node["env"]["EXTRA"] == "1"
+        assert node["env"]["NCCL_IB_HCA"] == "mlx5_0"
+    assert plan["overrides"]["env"] == {"NCCL_DEBUG": "INFO", "EXTRA": "1"}
+    for bad in ("NOEQUALS", "1BAD=x", "A=$(reboot)", "A=x;y"):
+        code, err = _main(capsys, "up", str(V100), "--dry-run", "--env", bad)
+        assert code == 2 and "--env" in err, (bad, err)
+
+
+def test_the_run_record_keeps_the_overrides_and_the_run_reads_its_inventory_as_it_ran(orch_home: Path) -> None:
+    from orchestrator.config import inventory
+    from orchestrator.config.overrides import Overrides, apply
+    from orchestrator.store import RunStore
+
+    ov = Overrides(args=("--epochs", "1"), env={"A": "1"}, exclude="v100-1", master="v100-2")
+    inv = apply(inventory.load(V100), ov)
+    run = RunStore().create(inv, "r1")
+    run.update(overrides=ov.to_json())
+    again = RunStore().get("r1").inventory()
+    assert [n.name for n in again.nodes] == ["v100-2", "v100-3", "v100-4"]
+    assert again.job.args == inv.job.args and again.nodes[0].env["A"] == "1"
+    assert [n.name for n in RunStore().get("r1").inventory(as_run=False).nodes][0] == "v100-1"
+
+
+def test_check_takes_the_node_selection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`orch check --exclude` probes only the chosen nodes (the probe itself is stubbed here)."""
+    from click.testing import CliRunner
+
+    from orchestrator.cli import cli
+    from orchestrator.preflight import runner
+
+    seen: list[list[str]] = []
+
+    def fake(inv: Any, **kw: Any) -> Any:
+        seen.append([n.name for n in inv.nodes])
+        return runner.CheckReport([], {})
+
+    monkeypatch.setattr(runner, "run_preflight", fake)
+    result = CliRunner().invoke(cli, ["check", str(V100), "--json", "--exclude", "v100-[3-4]"])
+    assert result.exit_code == 0, result.output
+    assert seen == [["v100-1", "v100-2"]]

@@ -456,7 +456,7 @@ def stacks(state: State, run: str | None, as_json: bool, timeout: float) -> None
     raise SystemExit(ExitCode.OK if report.complete else ExitCode.FAILED)
 
 
-EXEC_HELP = """Run a command on every node in parallel; the output grouped by identical answer.
+EXEC_HELP = """Run a command on every node in parallel; each line shown as it arrives (`node: line`).
 
 \b
 The command goes after `--`. One argument is a line for each node's login shell, as
@@ -466,9 +466,16 @@ an argv, each word reaching the node as it is. It runs in the node's login envir
 and host-key rules as every orch command.
 
 \b
-Nodes that print the same stdout and stderr and exit alike are shown once, under their
-folded names (node[1-3,5]), like `pdsh | dshbak -c`; control characters in node output
-are shown escaped (\\x1b), never sent to the terminal.
+Output is live, as pdsh and clush print it: `node: line` the moment a node's line is
+complete, stdout lines on stdout, stderr lines on stderr. With -b/--gather (clush's flag)
+nodes that print the same stdout and stderr and exit alike are shown once, after all have
+answered, under their folded names (node[1-3,5]), like `pdsh | dshbak -c`. Control
+characters in node output are shown escaped (\\x1b), never sent to the terminal.
+
+\b
+Without an inventory, -w names the hosts (pdsh/clush -w: `gpu[1-4]`, `root@login`): reached
+over SSH with ~/.ssh/config and ~/.ssh/known_hosts, host keys checked strictly, as an
+inventory without an `ssh:` section.
 
 \b
 Exit code: the worst node's: the largest exit code, where a node that could not be
@@ -481,6 +488,9 @@ Examples:
   orch exec -- 'pip freeze | grep torch'
   orch exec --nodes v100-[2-4] -- df -h /data
   orch exec --timeout 10 --json -- nproc | jq -r '.nodes[] | "\\(.node) \\(.stdout)"'
+  orch exec -b -- nvidia-smi -L                # grouped: identical answers once
+  orch exec -w gpu[1-4] -- uptime               # no inventory: hosts from ~/.ssh/config
+  orch exec --env CUDA_VISIBLE_DEVICES=0 -- python -c 'import torch; print(torch.cuda.device_count())'
 """
 
 
@@ -490,27 +500,50 @@ Examples:
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="Give up on a node whose command runs longer than SECONDS (it counts exit 124).")
 @click.option("--json", "as_json", is_flag=True, help="Print every node's answer as JSON on stdout.")
+@click.option("-b", "--gather", is_flag=True,
+              help="Group identical answers once all nodes answered (clush -b, pdsh | dshbak -c).")
+@click.option("-w", "hosts", metavar="HOSTS",
+              help="Hosts to run on without an inventory: names or ranges, e.g. gpu[1-4],root@login.")
+@click.option("-l", "--user", metavar="USER", help="With -w: the login on every host (else ~/.ssh/config's).")
+@click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
+              help="Set this variable for the command (over the node's login environment); repeatable.")
 @click.pass_context
 def exec_(ctx: click.Context, inventory: str | None, node_set: str | None, timeout: float | None,
-          as_json: bool) -> None:
+          as_json: bool, gather: bool, hosts: str | None, user: str | None, env: tuple[str, ...]) -> None:
     command = ctx.meta.get("orch.command")
     if not command:
         stray = f" (got: {' '.join(ctx.args)})" if ctx.args else ""
         raise UsageError("no command given" if command is not None else f"put the command after --{stray}",
-                         "orch exec [INVENTORY] [--nodes SET] -- CMD ...   e.g. orch exec -- nvidia-smi")
-    inv = resolve_inventory(inventory)
+                         "orch exec [INVENTORY] [--nodes SET] -- CMD ...   e.g. orch exec -- nvidia-smi (-w HOSTS: no inventory)")
     from ..config.nodeset import select
+    from ..config.overrides import parse_env
     from ..remote.exec import run_everywhere
 
-    nodes = select(node_set, inv.nodes)
-    with render.exec_progress(len(nodes)) as progress:
-        report = run_everywhere(inv, nodes, command, timeout=timeout, progress=progress)
-    if as_json:
-        render.json_out(report.to_json())
-    else:
-        from .ui import color_enabled
+    extra_env = parse_env(env)
+    if hosts is not None:
+        if inventory is not None:
+            raise UsageError("both an INVENTORY and -w", "give one: the inventory's nodes, or -w HOSTS")
+        from ..config.inventory import adhoc
 
-        render.exec_output(report, color_enabled(sys.stdout))
+        inv = adhoc(hosts, user)
+    elif user is not None:
+        raise UsageError("-l/--user goes with -w", "an inventory sets its login with ssh.user")
+    else:
+        inv = resolve_inventory(inventory)
+    nodes = select(node_set, inv.nodes)
+    from .ui import color_enabled
+
+    if as_json or gather:
+        with render.exec_progress(len(nodes)) as progress:
+            report = run_everywhere(inv, nodes, command, timeout=timeout, progress=progress, env=extra_env)
+        if as_json:
+            render.json_out(report.to_json())
+        else:
+            render.exec_output(report, color_enabled(sys.stdout))
+    else:
+        live = render.ExecLines(color_enabled(sys.stdout))
+        report = run_everywhere(inv, nodes, command, timeout=timeout, on_line=live, env=extra_env)
+        live.ended(report)
     raise SystemExit(report.exit_code)
 
 

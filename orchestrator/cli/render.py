@@ -569,6 +569,45 @@ def exec_output(report: ExecReport, color: bool) -> None:
             out.append(f"hint: {printable(answer.hint)}\n")
     sys.stdout.write("".join(out))
     sys.stdout.flush()
+    exec_failures(report)
+
+
+class ExecLines:
+    """`orch exec`'s live output, as pdsh and clush print it: `node: line` the moment a node's
+    line is complete, stdout lines on stdout and stderr lines on stderr; lines of one node in
+    order, nodes interleaved as they answer. Text from the nodes is made safe for a terminal."""
+
+    def __init__(self, color: bool) -> None:
+        import threading
+
+        self.lock = threading.Lock()
+        self.bold, self.reset = ("\033[1m", "\033[0m") if color else ("", "")
+
+    def __call__(self, node: str, stream: str, line: str) -> None:
+        text = f"{self.bold}{printable(node)}:{self.reset} {printable(line)}\n"
+        with self.lock:
+            out = sys.stdout if stream == "out" else sys.stderr
+            try:
+                out.write(text)
+                out.flush()
+            except BrokenPipeError:
+                silence_stdout()
+
+    def ended(self, report: ExecReport) -> None:
+        """After every node answered: each node whose command has no exit code of its own
+        (unreachable, timed out, killed) with why, on stderr; then which nodes failed."""
+        for n in report.nodes:
+            if n.error:
+                sys.stderr.write(f"{printable(n.node)}: {printable(n.error)} (exit {n.exit_code})\n")
+                if n.hint:
+                    sys.stderr.write(f"{printable(n.node)}: hint: {printable(n.hint)}\n")
+        exec_failures(report)
+
+
+def exec_failures(report: ExecReport) -> None:
+    """On stderr: how many nodes failed, by exit code (nothing when none did)."""
+    from ..config.nodeset import fold
+
     failed = report.failed()
     if failed:
         by_code: dict[int, list[str]] = {}

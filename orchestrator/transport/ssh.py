@@ -34,7 +34,7 @@ from typing import Any
 
 from ..config.nodes import Node, SSHOptions
 from ..errors import TransportError
-from .base import Process, Transport, command_line, log
+from .base import OnOutput, Process, Transport, command_line, log
 from .hostkeys import UnknownHostKey, install_host_key_policy, known_hosts_name
 
 
@@ -59,6 +59,11 @@ class _SSHProcess(Process):
 
     def close(self) -> None:
         self.chan.close()
+
+
+DEFAULT_PORT = 22
+"""ssh's own default port: with an ssh config file, an inventory that leaves `port` at it lets the
+config's `Port` for the host apply (`orch exec -w alias`, aliases with their own ports)."""
 
 
 class SSHTransport(Transport):
@@ -87,7 +92,10 @@ class SSHTransport(Transport):
             from fabric import Config, Connection
 
             _paramiko_with_invoke()
-            conn = Connection(host, user=opts.user, port=opts.port, config=Config(runtime_ssh_path=cfg_path),
+            # port 22 is ssh's default, not a choice: the config's `Port` for this host applies then
+            # (as `ssh alias` would connect), an inventory's other port wins over it
+            port = None if opts.port == DEFAULT_PORT else opts.port
+            conn = Connection(host, user=opts.user, port=port, config=Config(runtime_ssh_path=cfg_path),
                               connect_timeout=timeout, connect_kwargs=kwargs, gateway=gateway)
             install_host_key_policy(conn.client, opts.known_hosts, opts.host_key_policy)
         else:
@@ -134,7 +142,8 @@ class SSHTransport(Transport):
             raise _translate(self.node, exc) from None
         return chan
 
-    def _exec(self, line: str, stdin: bytes | None, timeout: float | None) -> tuple[int, bytes, bytes]:
+    def _exec(self, line: str, stdin: bytes | None, timeout: float | None,
+              on_output: OnOutput | None = None) -> tuple[int, bytes, bytes]:
         chan = self._channel()
         try:
             chan.exec_command(line)
@@ -145,10 +154,16 @@ class SSHTransport(Transport):
             deadline = None if timeout is None else time.monotonic() + timeout
             while True:
                 if chan.recv_ready():
-                    out += chan.recv(65536)
+                    data = chan.recv(65536)
+                    out += data
+                    if on_output is not None and data:
+                        on_output("out", data)
                     continue
                 if chan.recv_stderr_ready():
-                    err += chan.recv_stderr(65536)
+                    data = chan.recv_stderr(65536)
+                    err += data
+                    if on_output is not None and data:
+                        on_output("err", data)
                     continue
                 if chan.exit_status_ready() and chan.eof_received:
                     break
@@ -158,7 +173,10 @@ class SSHTransport(Transport):
                     raise TransportError(self.node.name, "unreachable", "connection lost while running a command")
                 select.select([chan], [], [], 0.2)
             while chan.recv_stderr_ready():
-                err += chan.recv_stderr(65536)
+                data = chan.recv_stderr(65536)
+                err += data
+                if on_output is not None and data:
+                    on_output("err", data)
             return chan.recv_exit_status(), bytes(out), bytes(err)
         except (OSError, EOFError) as exc:
             self.close()
@@ -358,7 +376,9 @@ def openssh_config_file(opts: SSHOptions) -> str | None:
 
 def openssh_argv(opts: SSHOptions, config_file: str | None) -> list[str]:
     """The OpenSSH client argv (without the host) that reaches a node with these options."""
-    argv = ["ssh", "-F", config_file or "none", "-p", str(opts.port)]
+    argv = ["ssh", "-F", config_file or "none"]
+    if config_file is None or opts.port != DEFAULT_PORT:  # else the config's Port for the host, as above
+        argv += ["-p", str(opts.port)]
     if opts.user:
         argv += ["-l", opts.user]
     if opts.identity:

@@ -326,3 +326,14 @@ def test_check_takes_the_node_selection(monkeypatch: pytest.MonkeyPatch) -> None
     result = CliRunner().invoke(cli, ["check", str(V100), "--json", "--exclude", "v100-[3-4]"])
     assert result.exit_code == 0, result.output
     assert seen == [["v100-1", "v100-2"]]
+
+
+def test_an_ssh_config_alias_keeps_its_own_port_unless_the_inventory_gives_another() -> None:
+    """Port 22 is ssh's default, not a choice: with an ssh config file the alias's `Port` applies
+    (`orch exec -w alias`, `orch sync`), as `ssh alias` would; an inventory's other port wins."""
+    from orchestrator.config.nodes import SSHOptions
+    from orchestrator.transport.ssh import openssh_argv
+
+    assert "-p" not in openssh_argv(SSHOptions(), "/home/me/.ssh/config")
+    assert openssh_argv(SSHOptions(port=2222), "/home/me/.ssh/config")[3:5] == ["-p", "2222"]
+    assert openssh_argv(SSHOptions(), None)[1:5] == ["-F", "none", "-p", "22"]

@@ -21,7 +21,7 @@ from ..config.inventory import Inventory
 from ..config.inventory import load as load_inventory
 from ..contract import CHECK_NAMES, ExitCode
 from ..errors import OrchError, UsageError
-from . import render
+from . import complete, render
 
 DEFAULT_RUNS = 20
 """How many runs `orch runs` lists without --all (run.history.DEFAULT_LIMIT, without importing it)."""
@@ -63,12 +63,12 @@ def split_names(value: str | None) -> list[str] | None:
 def node_selection(func: Any) -> Any:
     """`--include/--exclude/--nodes/--master` (DeepSpeed's launcher's habits) on up and check."""
     for option in reversed([
-        click.option("--include", metavar="SET", help="Only these nodes: names or ranges, e.g. n1,n[3-4]."),
-        click.option("--exclude", metavar="SET", help="Not these nodes, e.g. n2."),
-        click.option("--nodes", "first", metavar="N|SET",
+        click.option("--include", metavar="SET", shell_complete=complete.node_names, help="Only these nodes: names or ranges, e.g. n1,n[3-4]."),
+        click.option("--exclude", metavar="SET", shell_complete=complete.node_names, help="Not these nodes, e.g. n2."),
+        click.option("--nodes", "first", metavar="N|SET", shell_complete=complete.node_names,
                      help="N: the first N nodes in inventory order (after --include/--exclude); a set of names "
                           "works like --include."),
-        click.option("--master", metavar="NODE",
+        click.option("--master", metavar="NODE", shell_complete=complete.node_names,
                      help="The node that becomes node rank 0 (needed when the inventory's master is left out)."),
     ]):
         func = option(func)
@@ -107,7 +107,8 @@ def cli(ctx: click.Context, verbose: bool) -> None:
       orch down                          # stop every process of the run
 
     State lives in $ORCH_HOME (default ~/.orch, the same from any directory); $ORCH_INVENTORY
-    names the inventory when none is given. Shell completion (bash):
+    names the inventory when none is given. Shell completion of commands, flags, run ids,
+    node names, check names and inventory files (bash; zsh_source, fish_source alike):
     eval "$(_ORCH_COMPLETE=bash_source orch)"
     """
     ctx.obj = State(verbose)
@@ -117,7 +118,7 @@ def cli(ctx: click.Context, verbose: bool) -> None:
         logging.getLogger("paramiko").setLevel(logging.CRITICAL)
 
 
-class _CommandAfterDashes(click.Command):
+class _CommandAfterDashes(complete.Remembering):
     """A command whose words after the first `--` are not its own: they are the command to run
     on the nodes (`ctx.meta["orch.command"]`, None without `--`), options and all."""
 
@@ -153,11 +154,11 @@ Examples:
 """.format(checks=", ".join(CHECK_NAMES))
 
 
-@cli.command(help=CHECK_HELP, context_settings=CONTEXT)
-@click.argument("inventory", required=False)
+@cli.command(help=CHECK_HELP, cls=complete.Remembering, context_settings=CONTEXT)
+@click.argument("inventory", required=False, shell_complete=complete.inventory_files)
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON on stdout.")
-@click.option("--only", help="Run only these checks (comma separated).")
-@click.option("--skip", help="Skip these checks (comma separated).")
+@click.option("--only", shell_complete=complete.check_names, help="Run only these checks (comma separated).")
+@click.option("--skip", shell_complete=complete.check_names, help="Skip these checks (comma separated).")
 @node_selection
 @pass_state
 def check(state: State, inventory: str | None, as_json: bool, only: str | None, skip: str | None,
@@ -213,7 +214,7 @@ Examples:
 
 
 @cli.command(help=UP_HELP, cls=_CommandAfterDashes, context_settings=CONTEXT)
-@click.argument("inventory", required=False)
+@click.argument("inventory", required=False, shell_complete=complete.inventory_files)
 @click.option("--dry-run", is_flag=True, help="Print the plan (node, address, ranks, command); touch no node.")
 @click.option("--detach", is_flag=True, help="Return once every node has started; the job keeps running.")
 @click.option("--skip-checks", is_flag=True, help="Launch without the preflight.")
@@ -284,10 +285,10 @@ Examples:
 """
 
 
-@cli.command(help=LOGS_HELP, context_settings=CONTEXT)
-@click.argument("run", required=False)
+@cli.command(help=LOGS_HELP, cls=complete.Remembering, context_settings=CONTEXT)
+@click.argument("run", required=False, shell_complete=complete.run_ids)
 @click.option("-f", "--follow", is_flag=True, help="Keep following every node live until the run ends or Ctrl-C.")
-@click.option("--node", "node_filter", help="Only these nodes (name or range, e.g. gpu[01-02]).")
+@click.option("--node", "node_filter", shell_complete=complete.node_names, help="Only these nodes (name or range, e.g. gpu[01-02]).")
 @click.option("--rank", "rank_filter", help="Only these global ranks (e.g. 0 or 0,8-15).")
 @click.option("--grep", help="Only lines matching this regular expression.")
 @click.option("--since", help="Only lines newer than this (e.g. 10m, 2h, or 2026-11-30T09:30:00).")
@@ -336,7 +337,7 @@ def logs(state: State, run: str | None, follow: bool, node_filter: str | None, r
 
 
 @cli.command(context_settings=CONTEXT)
-@click.argument("run", required=False)
+@click.argument("run", required=False, shell_complete=complete.run_ids)
 @click.option("--json", "as_json", is_flag=True, help="Print the state as JSON on stdout.")
 @pass_state
 def status(state: State, run: str | None, as_json: bool) -> None:
@@ -387,7 +388,7 @@ def runs(state: State, as_json: bool, show_all: bool, last: int) -> None:
 
 
 @cli.command(context_settings=CONTEXT)
-@click.argument("run", required=False)
+@click.argument("run", required=False, shell_complete=complete.run_ids)
 @pass_state
 def down(state: State, run: str | None) -> None:
     """Stop every process of a run on every node (by its recorded process group) and wait.
@@ -406,7 +407,7 @@ def down(state: State, run: str | None) -> None:
 
 
 @cli.command(context_settings=CONTEXT)
-@click.argument("run", required=False)
+@click.argument("run", required=False, shell_complete=complete.run_ids)
 @pass_state
 def report(state: State, run: str | None) -> None:
     """Write a self-contained HTML report of a run into its directory.
@@ -425,7 +426,7 @@ def report(state: State, run: str | None) -> None:
 
 
 @cli.command(context_settings=CONTEXT)
-@click.argument("run", required=False)
+@click.argument("run", required=False, shell_complete=complete.run_ids)
 @click.option("--json", "as_json", is_flag=True, help="Every rank's stack and the groups as JSON on stdout.")
 @click.option("--timeout", type=click.FloatRange(min=1), default=20.0, show_default=True, metavar="SECONDS",
               help="How long py-spy may take per rank.")
@@ -495,8 +496,8 @@ Examples:
 
 
 @cli.command("exec", cls=_CommandAfterDashes, help=EXEC_HELP, context_settings={**CONTEXT, "allow_extra_args": True})
-@click.argument("inventory", required=False)
-@click.option("--nodes", "node_set", metavar="SET", help="Only these nodes: names or ranges, e.g. v100-[1-2],v100-4.")
+@click.argument("inventory", required=False, shell_complete=complete.inventory_files)
+@click.option("--nodes", "node_set", metavar="SET", shell_complete=complete.node_names, help="Only these nodes: names or ranges, e.g. v100-[1-2],v100-4.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="Give up on a node whose command runs longer than SECONDS (it counts exit 124).")
 @click.option("--json", "as_json", is_flag=True, help="Print every node's answer as JSON on stdout.")
@@ -569,9 +570,9 @@ Examples:
 """
 
 
-@cli.command(help=SYNC_HELP, context_settings=CONTEXT)
-@click.argument("inventory", required=False)
-@click.option("--nodes", "node_set", metavar="SET", help="Only these nodes: names or ranges, e.g. v100-[1-2],v100-4.")
+@cli.command(help=SYNC_HELP, cls=complete.Remembering, context_settings=CONTEXT)
+@click.argument("inventory", required=False, shell_complete=complete.inventory_files)
+@click.option("--nodes", "node_set", metavar="SET", shell_complete=complete.node_names, help="Only these nodes: names or ranges, e.g. v100-[1-2],v100-4.")
 @click.option("-n", "--dry-run", is_flag=True, help="Show what would change on each node; change nothing.")
 @click.option("--delete", is_flag=True, help="Also remove files inside synced directories that the controller does not have.")
 @click.option("--checksum", is_flag=True, help="Compare files by checksum, not size and time (reads every file).")

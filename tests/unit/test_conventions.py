@@ -337,3 +337,43 @@ def test_an_ssh_config_alias_keeps_its_own_port_unless_the_inventory_gives_anoth
     assert "-p" not in openssh_argv(SSHOptions(), "/home/me/.ssh/config")
     assert openssh_argv(SSHOptions(port=2222), "/home/me/.ssh/config")[3:5] == ["-p", "2222"]
     assert openssh_argv(SSHOptions(), None)[1:5] == ["-F", "none", "-p", "22"]
+
+
+# ----------------------------------------------------------------------------- shell completion
+
+
+def _complete(words: str, env: dict[str, str] | None = None) -> list[str]:
+    """What bash completion offers for the last word of `words` (click's bash_complete protocol)."""
+    from click.testing import CliRunner
+
+    from orchestrator.cli import cli
+
+    parts = words.split(" ")
+    result = CliRunner().invoke(cli, [], prog_name="orch", env={
+        "_ORCH_COMPLETE": "bash_complete", "COMP_WORDS": words, "COMP_CWORD": str(len(parts) - 1), **(env or {})})
+    return [line.split(",", 1)[1] for line in result.output.splitlines() if "," in line]
+
+
+def test_completion_offers_run_ids_newest_first_and_latest(orch_home: Path) -> None:
+    _runs(orch_home)
+    assert _complete("orch status ") == ["latest", "20261201-193300-v100", "20261201-101533-v100",
+                                         "20261201-101500-v100", "20261201-093000-v100"]
+    assert _complete("orch logs 20261201-10") == ["20261201-101533-v100", "20261201-101500-v100"]
+    assert _complete("orch report 2026120") and _complete("orch down l") == ["latest"]
+    assert _complete("orch logs 20261201-093000-v100 --node v100-[") == []
+    assert _complete("orch logs 1933 --node v100-") == ["v100-1", "v100-2", "v100-3", "v100-4"]
+
+
+def test_completion_offers_node_names_check_names_and_inventory_files(
+        orch_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _complete(f"orch check {V100} --only cl") == ["clock"]
+    assert _complete(f"orch check {V100} --skip ssh,r") == ["ssh,rdma"]
+    assert _complete(f"orch up {V100} --exclude v100-") == ["v100-1", "v100-2", "v100-3", "v100-4"]
+    assert _complete(f"orch exec {V100} --nodes v100-1,v100-") == [f"v100-1,v100-{i}" for i in range(1, 5)]
+    monkeypatch.setenv("ORCH_INVENTORY", str(V100))
+    assert _complete("orch up --master v100-4") == ["v100-4"]
+    monkeypatch.chdir(REPO)
+    assert "inventory/" in _complete("orch check inv")
+    files = _complete("orch up inventory/")
+    assert "inventory/v100.yaml" in files and "inventory/local.yaml" in files
+    assert not [f for f in files if not f.endswith((".yaml", ".yml", "/"))]

@@ -341,19 +341,26 @@ def logs(state: State, run: str | None, follow: bool, node_filter: str | None, r
 @click.option("--json", "as_json", is_flag=True, help="Print the state as JSON on stdout.")
 @pass_state
 def status(state: State, run: str | None, as_json: bool) -> None:
-    """Per-node state of a run: state, exit code, pid, uptime, last log time.
+    """Per-node state of a run: state, exit code, pid, uptime, last log time; for a trainer
+    run, its progress (epoch k/N, images/s, last validation mAP, ETA).
 
     \b
     Example:
       orch status --json | jq '.nodes[] | select(.state != "running")'
     """
+    from ..logs.trainer import run_progress
     from ..run.control import status as run_status
+    from ..store import RunStore
 
     report = run_status(run)
+    master = report.master
+    progress = run_progress(RunStore().get(report.run).path, master, report.master_tail) if master else None
     if as_json:
-        render.json_out(report.to_json())
+        render.json_out({**report.to_json(), "progress": progress.to_json() if progress else None})
     else:
         render.status_table(report)
+        if progress is not None:
+            render.progress_note(progress, report.state)
     raise SystemExit(ExitCode.OK)
 
 

@@ -260,12 +260,76 @@ def silence_stdout() -> None:
 # ----------------------------------------------------------------------------- orch up
 
 
+class LiveLine:
+    """One status line kept at the bottom of a terminal's stderr (`orch up`'s training progress):
+    everything else written to stderr through `stream`, and every stdout line through `above`,
+    first erases it, and `show` draws it again. Nothing of it where stderr is no terminal."""
+
+    def __init__(self, real: Any = None) -> None:
+        self.real = real or sys.stderr
+        self.on = may_be_terminal(self.real) and self.real.isatty()
+        self.text = ""
+        self.shown = False
+        self.stream = _ClearingStream(self)
+
+    def clear(self) -> None:
+        if self.shown:
+            self.real.write("\r\033[K")
+            self.real.flush()
+            self.shown = False
+
+    def show(self, text: str | None = None) -> None:
+        if text is not None:
+            self.text = text
+        if self.on and self.text:
+            width = shutil_width()
+            self.real.write("\r\033[K" + self.text[:max(10, width - 1)])
+            self.real.flush()
+            self.shown = True
+
+
+def shutil_width() -> int:
+    import shutil
+
+    return shutil.get_terminal_size((100, 24)).columns
+
+
+class _ClearingStream:
+    """stderr for the console of `orch up`'s messages: the live line is erased before each write."""
+
+    def __init__(self, live: LiveLine) -> None:
+        self.live = live
+
+    def write(self, text: str) -> int:
+        self.live.clear()
+        return int(self.live.real.write(text))
+
+    def flush(self) -> None:
+        self.live.real.flush()
+
+    def isatty(self) -> bool:
+        return bool(self.live.real.isatty())
+
+    def fileno(self) -> int:
+        return int(self.live.real.fileno())
+
+    @property
+    def encoding(self) -> str:
+        return str(getattr(self.live.real, "encoding", "utf-8"))
+
+
 class UpPrinter:
-    """`orch up` as it goes (an `up.UpProgress`): messages on stderr, the merged log on stdout."""
+    """`orch up` as it goes (an `up.UpProgress`): messages on stderr, the merged log on stdout,
+    and on a terminal one live line under them with a trainer run's progress (epoch k/N,
+    images/s, the last validation mAP, ETA), read from rank 0's lines."""
 
     def __init__(self) -> None:
-        self.err = console()
+        from ..logs.trainer import Progress
+
+        self.live = LiveLine()
+        self.err = console(stream=self.live.stream) if self.live.on else console()
         self.log: LogPrinter | None = None
+        self.progress = Progress()
 
     def syncing(self, inv: Inventory) -> None:
         self.err.print(f"syncing {len(inv.job.sync)} path(s) of job.sync to {len(inv.nodes)} nodes...")
@@ -306,8 +370,11 @@ class UpPrinter:
 
     def line(self, line: LogLine) -> None:
         assert self.log is not None
+        changed = line.rank == 0 and self.progress.feed(line.text, line.ts)
+        self.live.clear()
         sys.stdout.write(self.log.line(line) + "\n")
         sys.stdout.flush()
+        self.live.show(progress_text(self.progress) if changed else None)
 
     def log_event(self, node: str, message: str) -> None:
         self.err.print(f"[dim]{markup(node)}: {markup(message)}[/]")
@@ -496,6 +563,34 @@ def runs_table(report: RunsReport) -> None:
     out.print(table)
     if report.left_out:
         console().print(f"{report.left_out} older runs not shown (orch runs --all)")
+
+
+def progress_text(p: Any) -> str:
+    """`epoch 3/10 (batch 40/120) · 512.3 images/s · data 4% · mAP50-95 0.412 (epoch 2) · ETA 14m35s`."""
+    parts = [f"epoch {p.epoch}/{p.epochs}" + (f" (batch {p.batch}/{p.batches})" if p.batches else "")]
+    if p.images_per_s is not None:
+        parts.append(f"{p.images_per_s:.1f} images/s")
+    if p.data_wait is not None:
+        parts.append(f"data {p.data_wait:.0%}")
+    if p.map50_95 is not None:
+        parts.append(f"mAP50-95 {p.map50_95:.3f} (epoch {p.val_epoch})")
+    if p.done:
+        parts.append("done")
+    elif p.eta_s is not None:
+        parts.append(f"ETA {duration(p.eta_s)}")
+    return " · ".join(parts)
+
+
+def progress_note(progress: Any, state: str) -> None:
+    """Under the status table: where the training is (or was, for a run that ended)."""
+    from ..contract import FINAL_STATES
+
+    label = "training" if str(state) not in FINAL_STATES else "training (last seen)"
+    if str(state) in FINAL_STATES and not progress.done:
+        import dataclasses
+
+        progress = dataclasses.replace(progress, eta_s=None)
+    console(stderr=False).print(f"{label}: {markup(progress_text(progress))}")
 
 
 def down_report(result: DownReport) -> None:

@@ -377,3 +377,96 @@ def test_completion_offers_node_names_check_names_and_inventory_files(
     files = _complete("orch up inventory/")
     assert "inventory/v100.yaml" in files and "inventory/local.yaml" in files
     assert not [f for f in files if not f.endswith((".yaml", ".yml", "/"))]
+
+
+# ----------------------------------------------------------------------------- training progress
+
+
+def _trainer_log(path: Path, t0: float = 1_796_000_000.0) -> list[str]:
+    """A master's node.log as the trainer writes it (its own line writers), 2 epochs of 10, rank 0
+    and rank 1 interleaved, one validation."""
+    from orchestrator.logs.lines import format_ts
+    from trainer.logs import done_line, step_line, val_line
+
+    rows = [
+        (0, f"[default0]:[rank 0] {step_line(1, 10, 10, 20, {'box_loss': 1.5}, 0.01, 410.0, 0.12)}"),
+        (1, f"[default1]:[rank 1] {step_line(1, 10, 10, 20, {'box_loss': 9.9}, 0.01, 1.0, 0.99)}"),
+        (50, f"[default0]:[rank 0] {val_line(1, 10, {'metrics/mAP50(B)': 0.25, 'metrics/mAP50-95(B)': 0.125})}"),
+        (100, f"[default0]:[rank 0] {step_line(2, 10, 10, 20, {'box_loss': 1.2}, 0.01, 420.5, 0.04)}"),
+    ]
+    lines = [f"{format_ts(t0 + dt)} out {text}\n" for dt, text in rows]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(lines))
+    del done_line
+    return lines
+
+
+def test_progress_is_read_from_rank_0s_lines_with_an_eta(tmp_path: Path) -> None:
+    from orchestrator.logs.trainer import progress_of
+
+    p = progress_of(_trainer_log(tmp_path / "node0.log"))
+    assert p is not None
+    assert (p.epoch, p.epochs, p.batch, p.batches, p.images_per_s, p.data_wait) == (2, 10, 10, 20, 420.5, 0.04)
+    assert (p.val_epoch, p.map50_95, p.map50) == (1, 0.125, 0.25)
+    # 0.05 -> 0.15 of the run in 100 s: 0.85 left takes 850 s
+    assert p.eta_s == pytest.approx(850.0)
+    assert progress_of(["2026-11-30T09:32:05.123456Z out [default0]:hello\n"]) is None
+
+
+def test_status_json_and_table_show_a_trainer_runs_progress(orch_home: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.run import control
+    from orchestrator.run.control import NodeReport, StatusReport
+    from orchestrator.store import RunStore
+
+    _runs(orch_home)
+    run = RunStore().get("1933")
+    fresh = _trainer_log(run.path / "nodes" / "v100-1.log")
+    (run.path / "nodes" / "v100-1.log").write_text("".join(fresh[:2]))  # the copy lags; the agent's tail has it all
+    report = StatusReport(run.run_id, "running", [NodeReport(node="v100-1", node_rank=0, host="h", state="running",
+                                                             exit_code=None, pid=1, pgid=1, uptime_s=1.0, last_log=None,
+                                                             last_log_age_s=None, agent_alive=True, error=None)],
+                          master_tail=tuple(line.rstrip("\n") for line in fresh))
+    monkeypatch.setattr(control, "status", lambda run_id: report)
+    from orchestrator.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["status", "--json", "1933"])
+    doc = json.loads(capsys.readouterr().out)
+    assert info.value.code == 0
+    assert doc["progress"] == {"epoch": 2, "epochs": 10, "batch": 10, "batches": 20, "images_per_s": 420.5,
+                               "data_wait": 0.04, "val_epoch": 1, "map50_95": 0.125, "map50": 0.25,
+                               "eta_s": 850.0, "done": False}
+    with pytest.raises(SystemExit):
+        main(["status", "1933"])
+    assert ("training: epoch 2/10 (batch 10/20) · 420.5 images/s · data 4% · mAP50-95 0.125 (epoch 1) · ETA 14m10s"
+            in capsys.readouterr().out)
+
+
+def test_up_keeps_one_live_progress_line_under_the_log_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from orchestrator.cli import render
+    from orchestrator.logs.lines import LogLine
+    from trainer.logs import step_line
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    err, out = Tty(), io.StringIO()
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setattr("sys.stderr", err)
+    monkeypatch.setattr("sys.stdout", out)
+    printer = render.UpPrinter()
+    printer.log = render.LogPrinter((5, 2))
+    step = step_line(3, 10, 5, 20, {"box_loss": 1.0}, 0.01, 512.0, 0.04)
+    printer.line(LogLine(1.0, "node0", 0, 0, 0, "out", step))
+    printer.line(LogLine(2.0, "node1", 1, 1, 0, "out", "other rank"))
+    printer.log_event("node1", "reconnected")
+    assert out.getvalue().count("\n") == 2 and "other rank" in out.getvalue()
+    shown = err.getvalue()
+    assert shown.count("epoch 3/10 (batch 5/20) · 512.0 images/s · data 4%") == 2  # drawn, then redrawn after a line
+    after = shown.rsplit("\r\x1b[K", 1)[1]  # a message erases the live line first
+    assert "node1: reconnected" in after and "epoch" not in after
+    assert "\r\x1b[K" in shown

@@ -369,3 +369,59 @@ class Progress:
                 "images_per_s": self.images_per_s, "data_wait": self.data_wait, "val_epoch": self.val_epoch,
                 "map50_95": self.map50_95, "map50": self.map50,
                 "eta_s": None if self.eta_s is None else round(self.eta_s, 1), "done": self.done}
+
+
+def parse_throughput_epochs(lines: Iterable[str]) -> dict[int, Throughput]:
+    """Every epoch's throughput table in the log (a resumed run's repeated epoch: the later one)."""
+    out: dict[int, Throughput] = {}
+    for line in lines:
+        m = THROUGHPUT_ROW.search(line)
+        if m:
+            epoch, rank = int(m.group(1)), int(m.group(2))
+            tp = out.setdefault(epoch, Throughput(epoch=epoch))
+            tp.ips[rank] = float(m.group(3))
+            tp.wait_share[rank] = float(m.group(4)) / 100
+            continue
+        m = THROUGHPUT_TOTAL.search(line)
+        if m and int(m.group(1)) in out:
+            tp = out[int(m.group(1))]
+            tp.total = float(m.group(2))
+            tp.efficiency = float(m.group(4)) / 100 if m.group(4) else None
+    return dict(sorted(out.items()))
+
+
+@dataclass(frozen=True)
+class Phase:
+    """A span of rank 0's time the report marks on the timeline (node clock, epoch seconds)."""
+
+    kind: str
+    """``validation`` (from the epoch's train line to its val line) or ``checkpoint`` (from the val
+    line, or the train line without validation, to rank 0's next line: the epoch's end, where the
+    checkpoint is written)."""
+    epoch: int
+    start: float
+    end: float
+
+
+def parse_phases(lines: Iterable[tuple[float, str]]) -> list[Phase]:
+    """Validation and checkpoint spans from rank 0's ``(time, text)`` lines, oldest first."""
+    phases: list[Phase] = []
+    train_at: dict[int, float] = {}
+    pending: tuple[int, float] | None = None  # an epoch's end, waiting for the next line
+    for ts, text in lines:
+        if pending is not None:
+            phases.append(Phase("checkpoint", pending[0], pending[1], ts))
+            pending = None
+        m = EPOCH_LINE.search(text)
+        if m:
+            train_at[int(m.group(1))] = ts
+            pending = (int(m.group(1)), ts)
+            continue
+        m = VAL_LINE.search(text)
+        if m:
+            epoch = int(m.group(1))
+            if epoch in train_at:
+                phases.append(Phase("validation", epoch, train_at[epoch], ts))
+            phases = [p for p in phases if not (p.kind == "checkpoint" and p.epoch == epoch and p.end == ts)]
+            pending = (epoch, ts)
+    return phases

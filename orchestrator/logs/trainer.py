@@ -21,16 +21,20 @@ from trainer.logs import (
     THROUGHPUT_ROW,
     THROUGHPUT_TOTAL,
     WEIGHTS_DIR,
+    Phase,
     Progress,
     Throughput,
     announced,
     parse_final,
+    parse_phases,
     parse_results,
     parse_throughput,
+    parse_throughput_epochs,
 )
 
-__all__ = ["RANK_PREFIX", "RESULTS_PATH", "THROUGHPUT_ROW", "THROUGHPUT_TOTAL", "WEIGHTS_DIR", "Progress", "Throughput",
-           "announced", "parse_final", "parse_results", "parse_throughput", "progress_of", "run_progress"]
+__all__ = ["RANK_PREFIX", "RESULTS_PATH", "THROUGHPUT_ROW", "THROUGHPUT_TOTAL", "WEIGHTS_DIR", "Phase", "Progress",
+           "Throughput", "announced", "parse_final", "parse_phases", "parse_results", "parse_throughput",
+           "parse_throughput_epochs", "progress_of", "rank0_lines", "run_progress"]
 
 
 def progress_of(raw_lines: Iterable[str]) -> Progress | None:
@@ -58,3 +62,17 @@ def run_progress(run_path: Path, master: str, fresh: Iterable[str] = ()) -> Prog
             return progress_of(itertools.chain(fh, fresh))
     except OSError:
         return progress_of(fresh)
+
+
+def rank0_lines(raw_lines: Iterable[str]) -> list[tuple[float, str]]:
+    """`(time, text)` of rank 0's lines among node.log lines, in file order (what
+    `parse_phases` reads)."""
+    from .lines import parse_node_line
+
+    out, last = [], 0.0
+    for raw in raw_lines:
+        line = parse_node_line(raw, "", 0, 0, fallback_ts=last)
+        last = line.ts
+        if line.rank == 0:
+            out.append((line.ts, line.text))
+    return out

@@ -86,7 +86,8 @@ class LocalTransport(Transport):
                 out, err = _streamed(proc, stdin or b"", timeout, on_output)
         except subprocess.TimeoutExpired:
             _kill_group(proc)
-            proc.communicate()
+            if on_output is None:  # _streamed has drained and closed the pipes itself
+                proc.communicate()
             raise TransportError(self.node.name, "timeout", f"command timed out after {timeout:.0f} s") from None
         finally:
             with self._lock:
@@ -145,9 +146,15 @@ def _streamed(proc: subprocess.Popen[bytes], stdin: bytes, timeout: float | None
         pass
     finally:
         proc.stdin.close()
-    proc.wait(timeout=timeout)
-    for t in readers:
-        t.join()
-    proc.stdout.close()
-    proc.stderr.close()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        proc.wait()
+        raise
+    finally:
+        for t in readers:
+            t.join()
+        proc.stdout.close()
+        proc.stderr.close()
     return bytes(got["out"]), bytes(got["err"])

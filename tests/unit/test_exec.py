@@ -258,3 +258,12 @@ def test_w_names_hosts_without_an_inventory_with_ssh_defaults(capsys: pytest.Cap
     assert code == 2
     code, _, err = orch(["exec", "inv.yaml", "-w", "a", "--", "true"], capsys)
     assert code == 2 and "-w" in err
+
+
+def test_live_output_with_a_timeout_shows_what_came_and_counts_124(local_inv: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = orch(["exec", str(local_inv), "--nodes", "n0", "--timeout", "3", "--",
+                           "echo before; exec sleep 60"], capsys)
+    assert code == 124
+    assert out == "n0: before\n"
+    assert "n0: command timed out after 3 s (exit 124)" in err

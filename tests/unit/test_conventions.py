@@ -470,3 +470,14 @@ def test_up_keeps_one_live_progress_line_under_the_log_on_a_terminal(monkeypatch
     after = shown.rsplit("\r\x1b[K", 1)[1]  # a message erases the live line first
     assert "node1: reconnected" in after and "epoch" not in after
     assert "\r\x1b[K" in shown
+
+
+def test_orch_runs_lists_a_run_whose_record_is_broken_instead_of_failing(orch_home: Path) -> None:
+    from orchestrator.run.history import list_runs
+
+    _runs(orch_home)
+    broken = orch_home / "runs" / "20261201-200000-v100"
+    broken.mkdir()
+    (broken / "run.json").write_text("{not json")
+    runs = {r.run: r for r in list_runs(None).runs}
+    assert runs["20261201-200000-v100"].state == "unknown" and len(runs) == 5

@@ -260,9 +260,13 @@ def up(ctx: click.Context, inventory: str | None, dry_run: bool, detach: bool, s
         raise SystemExit(ExitCode.OK)
     from ..up import up as run_up
 
-    outcome = run_up(inv, detach=detach, skip_checks=skip_checks, run_id=run_id, skip_sync=skip_sync,
-                     progress=render.UpPrinter(), fabric=fabric, retries=retries, stall_timeout_s=stall_timeout,
-                     overrides=None if overrides.empty else overrides.to_json())
+    printer = render.UpPrinter()
+    try:
+        outcome = run_up(inv, detach=detach, skip_checks=skip_checks, run_id=run_id, skip_sync=skip_sync,
+                         progress=printer, fabric=fabric, retries=retries, stall_timeout_s=stall_timeout,
+                         overrides=None if overrides.empty else overrides.to_json())
+    finally:
+        printer.live.clear()  # the outcome (or the interruption) is written where the live line was
     render.up_outcome(outcome)
     if outcome.result == "detached" and inv.job.retries:
         render.not_retried_detached(inv.job.retries)

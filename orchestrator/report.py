@@ -417,21 +417,20 @@ def _cause_banner(failure: dict[str, Any]) -> str:
     """A failed run's root cause, highlighted at the top: the failure's `cause` when the
     supervisor found one (else its reason), where it happened, and the hint."""
     cause = failure.get("cause") or failure.get("reason") or "the job failed"
-    where = f"node {failure.get('node')}, rank {failure.get('rank')}, exit code {failure.get('exit_code')}"
+    ended = f"signal {failure['signal']}" if failure.get("signal") else f"exit code {failure.get('exit_code')}"
+    where = f"node {failure.get('node')}, rank {failure.get('rank')}, {ended}"
     hint = f"<div class='hint'>hint: {html.escape(str(failure['hint']))}</div>" if failure.get("hint") else ""
     return (f"<section id='root-cause' class='cause'><div class='label'>root cause</div>"
             f"<div class='value'>{html.escape(str(cause))}</div><div class='where'>{html.escape(where)}</div>"
             f"{hint}</section>")
 
 
-MASK = "••••"
-"""What an env value is shown as in the report (the names are kept: which variables were set
-matters, their values may be secrets)."""
-
-
 def masked_env(env: dict[str, Any]) -> dict[str, str]:
-    """Env names with their values masked (`MASK`)."""
-    return {str(k): MASK for k in env}
+    """Env names with their values hidden as the plan JSON hides them (`config.plan.HIDDEN`): which
+    variables were set matters, their values may be tokens and keys."""
+    from .config.plan import HIDDEN
+
+    return {str(k): HIDDEN for k in env}
 
 
 def _configuration(run: RunDir, info: dict[str, Any], plan: dict[str, Any]) -> list[str]:
@@ -526,8 +525,10 @@ def build_report(run: RunDir, results_csv: Path | None = None) -> Path:
     parts += ["<h2>summary</h2>", _summary_card(summary)]
     if failure:
         parts.append("<h2>first failure</h2>")
+        ended = (f"signal {failure['signal']}" if failure.get("signal")
+                 else f"exit code {failure.get('exit_code')}")
         parts.append(f"<p class='fail'>node {html.escape(str(failure.get('node')))}, rank "
-                     f"{html.escape(str(failure.get('rank')))}, exit code {html.escape(str(failure.get('exit_code')))}</p>")
+                     f"{html.escape(str(failure.get('rank')))}, {html.escape(ended)}</p>")
         parts.append("<pre>" + html.escape("\n".join(failure.get("excerpt") or [])) + "</pre>")
     parts += ["<h2>timeline</h2>", _img("timeline", timeline),
               "<h2>loss and mAP</h2>", _img("loss and mAP curves", curves),

@@ -53,8 +53,8 @@ def make_run(tmp_path: Path, failed: bool = False) -> RunDir:
             "attempts": [{"attempt": 1, "result": "failed", "ended": now - 40,
                           "first_failure": {"node": "node1", "rank": 1, "exit_code": 3, "reason": "exit code 3"}}]}
     if failed:
-        info["first_failure"] = {"node": "node1", "rank": 1, "exit_code": 1, "reason": "exit code 1",
-                                 "cause": "RuntimeError: boom <&>", "hint": "look at rank 1's traceback",
+        info["first_failure"] = {"node": "node1", "rank": 1, "exit_code": 1, "reason": "exited with code 1",
+                                 "cause": "killed by SIGKILL", "signal": "SIGKILL", "hint": "the OOM killer <usually>",
                                  "excerpt": ["Traceback (most recent call last):", "RuntimeError: boom <&>"]}
     run.write(info)
     run.write({"run": run.run_id, "world_size": 2, "nodes": [

@@ -47,9 +47,14 @@ class Overrides:
     def selects(self) -> bool:
         return bool(self.include or self.exclude or self.first is not None or self.master)
 
-    def to_json(self) -> dict[str, Any]:
-        """run.json `overrides` (env values are kept there, as the inventory snapshot keeps its own)."""
-        return {"args": list(self.args), "env": dict(self.env), "include": self.include, "exclude": self.exclude,
+    def to_json(self, env_values: bool = True) -> dict[str, Any]:
+        """run.json `overrides` (env values kept there, as the private snapshot and plan.json keep
+        theirs); for a person or a script (`--dry-run --json`) the values are `plan.HIDDEN`
+        unless `env_values` (`--show-env`)."""
+        from .plan import HIDDEN
+
+        env = dict(self.env) if env_values else dict.fromkeys(self.env, HIDDEN)
+        return {"args": list(self.args), "env": env, "include": self.include, "exclude": self.exclude,
                 "nodes": self.first, "master": self.master}
 
     @classmethod

@@ -61,4 +61,5 @@ def test_the_rendered_summary_card_holds_results_csv_and_run_json_numbers(tmp_pa
     assert items["attempts"][1] == f"{info['attempt']} of {info['max_attempts']}"
     assert items["state"][1] == info["state"] == "failed"
     assert dom.index('id="root-cause"') < dom.index('id="summary"')
-    assert "RuntimeError: boom &lt;&amp;&gt;" in dom[dom.index('id="root-cause"'):dom.index('id="summary"')]
+    top = dom[dom.index('id="root-cause"'):dom.index('id="summary"')]
+    assert "killed by SIGKILL" in top and info["first_failure"]["cause"] == "killed by SIGKILL"

@@ -284,11 +284,13 @@ def test_nodes_takes_a_set_too_like_exec() -> None:
 
 
 def test_env_is_added_over_the_inventorys_for_this_run_and_validated(capsys: pytest.CaptureFixture[str]) -> None:
-    plan = _dry("--env", "NCCL_DEBUG=INFO", "--env", "EXTRA=1")
+    plan = _dry("--env", "NCCL_DEBUG=INFO", "--env", "EXTRA=1", "--show-env")
     for node in plan["nodes"]:
         assert node["env"]["NCCL_DEBUG"] == "INFO" and node["env"]["EXTRA"] == "1"
         assert node["env"]["NCCL_IB_HCA"] == "mlx5_0"
     assert plan["overrides"]["env"] == {"NCCL_DEBUG": "INFO", "EXTRA": "1"}
+    hidden = _dry("--env", "EXTRA=secret")  # hidden like the inventory's own values without --show-env
+    assert "secret" not in json.dumps(hidden) and hidden["overrides"]["env"] == {"EXTRA": "***"}
     for bad in ("NOEQUALS", "1BAD=x", "A=$(reboot)", "A=x;y"):
         code, err = _main(capsys, "up", str(V100), "--dry-run", "--env", bad)
         assert code == 2 and "--env" in err, (bad, err)

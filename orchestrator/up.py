@@ -210,7 +210,8 @@ def with_overrides(inv: Inventory, retries: int | None = None, stall_timeout_s: 
 
 def up(inv: Inventory, *, detach: bool = False, skip_checks: bool = False, run_id: str | None = None,
        skip_sync: bool = False, progress: UpProgress | None = None, fabric: bool = False,
-       retries: int | None = None, stall_timeout_s: float | None = None) -> UpOutcome:
+       retries: int | None = None, stall_timeout_s: float | None = None,
+       overrides: dict[str, Any] | None = None) -> UpOutcome:
     """Copy `job.sync` (unless skip_sync), check, launch on every node, then supervise (or return
     once every node runs, with detach). A `job.sync` path missing here raises UsageError.
     `fabric`: the preflight also runs the fabric check (a short job on every node), as
@@ -220,7 +221,9 @@ def up(inv: Inventory, *, detach: bool = False, skip_checks: bool = False, run_i
     same run id up to `job.retries` times (`retries` overrides it): `job.sync` and the preflight
     again (the fabric check too with `fabric`; a node that fails either is replaced by a healthy
     `spare:` node), then the same job, with `--resume` for the trainer once its master holds
-    `weights/last.pt`."""
+    `weights/last.pt`. `overrides`: what the command line changed of the inventory file for this
+    run (`config.overrides.Overrides.to_json`; `inv` has them applied already), kept in run.json so
+    every later command reads the run's inventory as it ran."""
     if skip_checks and fabric:
         raise UsageError("--fabric is a check: it cannot run with --skip-checks",
                          "drop --skip-checks, or --fabric")
@@ -247,6 +250,8 @@ def up(inv: Inventory, *, detach: bool = False, skip_checks: bool = False, run_i
         if not report.ok:
             return UpOutcome("preflight_failed", preflight=report, sync=synced)
     run = RunStore().create(inv, run_id)
+    if overrides:
+        run.update(overrides=overrides)
     if synced is not None:
         run.write(synced.to_json(), "sync.json")
     attempts = 1 if detach else 1 + inv.job.retries

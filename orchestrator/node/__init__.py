@@ -10,6 +10,7 @@ A node may run another orch version, or none: what a program needs travels with 
 - `procs.py`  process identity: which processes are the run's (pid and start time, boot id),
               signalled only while they still are; liveness of the agent and the job.
 - `stacks.py` `agent.py stacks`: every rank's Python stack (py-spy dump).
+- `telemetry.py` the agent's samples of GPUs, CPU, memory and ranks (`telemetry ...` lines).
 - `boot.py`   writes the files it reads on stdin into a run directory, then runs the agent.
 - `probe.py`  `orch check`'s probe: gathers a node's facts, answers pings and connect tests.
 - `reader.py` streams a node's log from a byte offset as frames, with the node's status;
@@ -37,7 +38,7 @@ _PROGRAMS: dict[tuple[str, tuple[str, ...]], str] = {}
 FROM_STDIN = "import sys;exec(sys.stdin.buffer.read())"
 """`python -c` text that runs the program sent on its stdin. A long-lived program (the log reader)
 then shows a command line of a few words in `ps` for its whole life, not its 40 KB of code."""
-AGENT_MODULES = ("procs", "stacks")
+AGENT_MODULES = ("procs", "stacks", "telemetry")
 """The agent's own modules (`agent.py` imports them): shipped beside it into every run directory
 (`agent_files`), bundled before it into every program that runs or imports it."""
 PACKAGE = "orch_node"

@@ -129,7 +129,8 @@ def launch_spec(plan: Plan, np_: NodePlan) -> dict[str, Any]:
     """launch.json: everything the agent needs, so no env value ever appears on a command line."""
     return {"run": plan.run_id, "node": np_.node.name, "node_rank": np_.node_rank,
             "argv": list(np_.argv), "env": dict(np_.env), "cwd": np_.workdir,
-            "grace": plan.inventory.job.stop_grace_s, "torchrun_log_dir": True}
+            "grace": plan.inventory.job.stop_grace_s, "torchrun_log_dir": True,
+            "telemetry_s": plan.inventory.job.telemetry_s}
 
 
 def agent_call(t: Transport, python: str, rdir: str, args: list[str], timeout: float) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """What orch reads of the trainer's output (`python -m trainer`): the rank prefix of every line,
-the end-of-epoch throughput table, the epoch and validation lines (results.csv's columns), the
+the end-of-epoch throughput table, every rank's timing windows (the straggler detector's
+input), the epoch and validation lines (results.csv's columns), the
 final validation of best.pt, and where the run's weights and results.csv were saved.
 
 Those lines are defined once, in `trainer/logs.py`, which both writes and parses them, so the
@@ -18,11 +19,13 @@ from trainer.logs import (
     THROUGHPUT_TOTAL,
     WEIGHTS_DIR,
     Throughput,
+    Timing,
     announced,
     parse_final,
     parse_results,
     parse_throughput,
+    parse_timing,
 )
 
 __all__ = ["RANK_PREFIX", "RESULTS_PATH", "THROUGHPUT_ROW", "THROUGHPUT_TOTAL", "WEIGHTS_DIR", "Throughput",
-           "announced", "parse_final", "parse_results", "parse_throughput"]
+           "Timing", "announced", "parse_final", "parse_results", "parse_throughput", "parse_timing"]

@@ -29,9 +29,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainer import checkpoint, models, output, schedule
-from trainer import pace as tpace
 from trainer import data as tdata
 from trainer import dist as tdist
+from trainer import pace as tpace
 from trainer.config import TrainConfig, accumulation
 from trainer.dist import Topology
 from trainer.errors import TrainerError

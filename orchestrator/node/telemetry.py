@@ -7,7 +7,7 @@ of its own and writes what it returns as one line of its node stream:
     <UTC stamp> orch telemetry {"v": 1, "gpus": [...], "cpu_pct": ..., ...}
 
 so the samples travel with the log (the reader ships them, `orch logs` merges them by time) and
-survive a controller restart. The JSON's fields are CONTRACT.md's ("Telemetry lines"); the
+survive a controller restart. The JSON's fields are docs/CONTRACT.md's ("Telemetry lines"); the
 controller reads them back in `orchestrator/logs/telemetry.py`.
 
 GPUs come from `nvidia-smi --query-gpu=FIELDS --format=csv,noheader,nounits` (one short process
@@ -105,8 +105,7 @@ def read_gpus(run: Callable[[list[str]], tuple[int | None, str, str]] | None = N
 
 def _run(argv: list[str], timeout: float = 10.0) -> tuple[int | None, str, str]:
     try:
-        p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           timeout=timeout)
+        p = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
     except (OSError, subprocess.SubprocessError) as exc:
         return None, "", str(exc)
     return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from ..report import ReportOutcome
     from ..run.control import DownReport, StatusReport
     from ..run.stacks import StacksReport
+    from ..run.straggler import Straggler
     from ..top import TopReport
     from ..up import UpOutcome
 
@@ -303,6 +304,12 @@ class UpPrinter:
         self.err.print(f"[bold yellow]no rank wrote a line for {silent_s:.0f} s[/] (stall timeout {timeout_s:g} s): "
                        "taking every rank's stack")
 
+    def straggler(self, found: Straggler, stop: bool) -> None:
+        self.err.print(f"[bold yellow]{markup(found.line())}[/]")
+        if stop:
+            self.err.print("job.straggler.action is stop: the run is stopped, naming "
+                           f"{markup(found.node)} (a retry replaces it with a spare)")
+
     def stacks(self, report: StacksReport | None, problem: str | None, stop: bool) -> None:
 
         if report is not None:
@@ -440,6 +447,8 @@ def status_table(report: StatusReport) -> None:
         table.add_row(n.node, str(n.node_rank), styled(str(n.state)), "" if n.exit_code is None else str(n.exit_code),
                       str(n.pid or ""), up, last if not n.error else markup(safe(n.error)[:80]))
     out.print(table)
+    for found in report.stragglers:
+        out.print(f"[bold yellow]{markup(found.get('line', ''))}[/]")
     ff = report.first_failure
     if ff:
         out.print(f"first failure: {markup(ff['node'])} (rank {ff.get('rank')}, exit code {ff.get('exit_code')}): "

@@ -254,7 +254,7 @@ class StragglerWatch:
     with `action: stop` becomes the run's first failure on that node."""
 
     def __init__(self, detector: Detector, action: str, specs: Sequence[NodeSpec], say: StragglerReporter,
-                 record: Callable[[list[dict[str, Any]]], None]) -> None:
+                 record: Callable[[list[dict[str, Any]]], object]) -> None:
         self.detector, self.action, self.say, self.record = detector, action, say, record
         self.by_name = {s.name: s for s in specs}
         self.all: list[dict[str, Any]] = []

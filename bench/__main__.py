@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 BENCHMARKS = ("check_fanout", "launch_latency", "log_merge", "trainer_throughput", "trainer_accuracy", "scale",
-              "fabric")
+              "fabric", "telemetry")
 
 
 ROOT = Path(__file__).resolve().parents[1]

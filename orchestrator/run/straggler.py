@@ -100,7 +100,7 @@ class Straggler:
     speed: float
     """The median rank's time per step over this rank's (0.45: it takes 2.2 x as long)."""
     since: float
-    """When its first slow window of this streak was written (epoch seconds)."""
+    """When its first slow window of this streak began (its line's time less its wall time)."""
     at: float
     """When the window that made it a straggler was written."""
     windows: int
@@ -220,7 +220,8 @@ class Detector:
                                  node_ranks=[r for r, x in got.items() if x.node == w.node],
                                  slow=slow, others_fine=any(r not in slow for r, x in got.items() if x.node != w.node))
         data_share = sum(x.data_s for x in streak) / max(1e-9, sum(x.wall_s for x in streak))
-        return Straggler(rank=w.rank, node=w.node, speed=median / w.outside_s, since=streak[0].at, at=w.at,
+        return Straggler(rank=w.rank, node=w.node, speed=median / w.outside_s,
+                         since=streak[0].at - streak[0].wall_s, at=w.at,
                          windows=len(streak), data_share=data_share, cpu_pct=cpu, kind=kind, reason=reason)
 
 

@@ -70,7 +70,7 @@ def test_a_node_under_a_cpu_quota_is_named_compute_bound_and_no_other(netns_clus
     then on node3 computes many times slower, and it alone is named, within two minutes."""
     c = netns_cluster
     inv = straggler_inventory(c, tmp_path, "cpu", epochs=50)
-    orch = Orch(tmp_path / "home")
+    orch = Orch(tmp_path / "home", env={"COLUMNS": "150"})
     up = orch.start(str(inv), "--skip-checks", "--run-id", "slowcpu")
     try:
         up.wait_running()
@@ -81,6 +81,11 @@ def test_a_node_under_a_cpu_quota_is_named_compute_bound_and_no_other(netns_clus
         wait_for(lambda: orch.run_json("slowcpu").get("stragglers") or up.proc.poll() is not None, 300,
                  "a straggler named")
         assert up.proc.poll() is None, up.err[-3000:]
+        live = orch.run("top", "slowcpu", "--once")  # while it runs: the screen the README shows
+        assert live.returncode == 0, live.stderr
+        print(live.stdout)
+        assert re.search(r"node3 .*straggler", live.stdout), live.stdout
+        assert "straggler: rank 2 on node3" in live.stdout
     finally:
         up.proc.send_signal(signal.SIGINT)  # enough seen: Ctrl-C tears the run down
         code = up.wait(120)

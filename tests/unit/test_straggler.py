@@ -38,7 +38,7 @@ def test_a_rank_slow_for_the_set_number_of_windows_is_named_once_with_the_comput
     assert [(s.rank, s.node, s.kind) for s in found] == [(2, "n3", "compute")]
     s = found[0]
     assert s.speed == pytest.approx(1.01 / 2.21, rel=1e-3) and s.windows == 3 and s.cpu_pct == 99.0
-    assert s.since == 1060.0 and s.at == 1180.0
+    assert s.since == 1055.0 and s.at == 1180.0  # from the start of its first slow window (wall 5 s)
     assert s.line() == ("straggler: rank 2 on n3 at 0.46× the median for 2 min; data-wait 0 %, CPU 99 %: "
                         "compute-bound on n3")
     assert feed(det, 4, {2: (2.2, 0.01)}) == []  # named once per streak

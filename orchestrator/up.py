@@ -246,7 +246,7 @@ def up(inv: Inventory, *, detach: bool = False, skip_checks: bool = False, run_i
     report = None
     if not skip_checks:
         t_check = time.monotonic()
-        report = run_preflight(inv, fabric=fabric)
+        report = run_preflight(inv, fabric=fabric, run_id=run_id)
         say.preflight_done(report, time.monotonic() - t_check)
         if not report.ok:
             return UpOutcome("preflight_failed", preflight=report, sync=synced)
@@ -340,11 +340,12 @@ def _prepare_retry(say: UpProgress, run: RunDir, inv: Inventory, replaced: dict[
     """The inventory of the next attempt: `job.sync` and the preflight again (unless skipped), a
     spare for each node that now fails either, or was stopped as a straggler (`slow`; `replaced`
     grows, run.json `replaced` follows), and the trainer's `--resume` once its master holds the
-    checkpoint. An UpOutcome when no attempt can be made."""
-    current = with_replacements(inv, replaced)
+    checkpoint, decided before the preflight (run as this run id): the trainer's own check judges
+    the arguments this attempt launches. An UpOutcome when no attempt can be made."""
     report = synced = None
     pending_slow = dict(slow or {})
     while True:
+        current = with_replacements(inv, replaced)
         why: dict[str, str] = {n: w for n, w in pending_slow.items() if n in {x.name for x in current.nodes}}
         pending_slow = {}
         if current.job.sync and not prepare.skip_sync:
@@ -358,9 +359,12 @@ def _prepare_retry(say: UpProgress, run: RunDir, inv: Inventory, replaced: dict[
             say.synced(synced, time.monotonic() - t)
             run.write(synced.to_json(), "sync.json")
             why.update({n.node: f"sync: {n.error}" for n in synced.failed()})
+        if not why and resume.is_trainer(current.job):
+            # before the preflight: the trainer's own check then judges the args this attempt launches
+            current = _with_resume(say, run, current)
         if not why and not prepare.skip_checks:
             t = time.monotonic()
-            report = run_preflight(current, fabric=prepare.fabric)
+            report = run_preflight(current, fabric=prepare.fabric, run_id=run.run_id)
             say.preflight_done(report, time.monotonic() - t)
             for r in report.failed():
                 why.setdefault(r.node, f"{r.check}: {r.detail or r.value}")
@@ -375,9 +379,6 @@ def _prepare_retry(say: UpProgress, run: RunDir, inv: Inventory, replaced: dict[
             replaced[name] = spare.name
             say.replacing(name, spare.name, why[name])
         run.update(replaced=dict(replaced))
-        current = with_replacements(inv, replaced)
-    if resume.is_trainer(current.job):
-        current = _with_resume(say, run, current)
     return current, report, synced
 
 

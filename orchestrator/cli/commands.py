@@ -240,7 +240,7 @@ def logs(state: State, run: str | None, follow: bool, node_filter: str | None, r
         raise UsageError("--raw and --json together", "--json keeps every character already (escaped by JSON)")
     view = RunLogs.open(run, skew_correct)
     if view.offsets_ms:
-        render.skew_note(view.offsets_ms, view.offsets_origin)
+        render.skew_note(view.offsets_ms, view.offsets_origin, view.offset_reference, view.controller_offset_ms)
     keep = view.line_filter(node_filter, rank_filter, grep, since)
     if tail is not None and tail < 0:
         raise UsageError(f"--tail {tail}: must be 0 or more", "e.g. --tail 50: the last 50 lines of each node")

@@ -87,8 +87,12 @@ def plan_table(plan: Plan) -> None:
 
 def check_table(report: CheckReport, out: Console | None = None) -> None:
     """One table grouped by check, a row per node: status, value, detail, hint; then the verdict.
-    Values, details and hints quote what nodes said: all shown `markup` (safe, no markup)."""
+    A node that could not be probed has its `ssh` row (with why) and, instead of a `skip` row in
+    every other check, one line under the table. Values, details and hints quote what nodes said:
+    all shown `markup` (safe, no markup)."""
     from rich.table import Table
+
+    from ..config.nodeset import fold
 
     out = out or console(stderr=False)
     table = Table(show_lines=False, pad_edge=False, expand=False)
@@ -96,14 +100,22 @@ def check_table(report: CheckReport, out: Console | None = None) -> None:
                     ("value", {"overflow": "fold", "max_width": 28}), ("detail", {"overflow": "fold"}),
                     ("hint", {"overflow": "fold"})):
         table.add_column(col, **kw)
+    down = report.not_probed
+    shown = [r for r in report.results if not (r.node in down and r.check != "ssh" and r.status == "skip")]
     last = None
-    for r in report.results:
+    for r in shown:
         if last is not None and r.check != last:
             table.add_section()
         table.add_row(r.check if r.check != last else "", markup(r.node), styled(r.status), markup(r.value),
                       markup(r.detail), markup(r.hint))
         last = r.check
     out.print(table)
+    hidden = [r for r in report.results if r not in shown]
+    if hidden:
+        checks = list(dict.fromkeys(r.check for r in hidden))
+        nodes = list(dict.fromkeys(r.node for r in hidden))
+        out.print(markup(f"not probed, so {len(hidden)} other results skipped: {len(checks)} checks "
+                         f"({', '.join(checks)}) on {fold(nodes)} (why: their ssh rows)"))
     counts = {s: sum(1 for r in report.results if r.status == s) for s in CHECK_STATUSES}
     summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
     verdict = "[bold red]preflight failed[/]" if not report.ok else "[green]preflight passed[/]"
@@ -215,10 +227,17 @@ class LogPrinter:
         (raw or out).flush()
 
 
-def skew_note(offsets: Mapping[str, float], origin: str | None) -> None:
+def skew_note(offsets: Mapping[str, float], origin: str | None, reference: str | None = None,
+              controller_ms: float | None = None) -> None:
     shown = ", ".join(f"{n} {v:+.1f} ms" for n, v in sorted(offsets.items()))
+    against = ""
+    if reference and controller_ms is not None:
+        against = f" against {reference}, which this controller was {controller_ms:+.1f} ms off"
+    elif reference:
+        against = f" against {reference}" + (
+            "; they are relative to this controller's own clock" if reference.startswith("the controller") else "")
     console().print(f"orch: ordering lines by node time minus the clock offsets measured by orch check "
-                    f"({origin}): {shown}; printed times are each node's own clock. "
+                    f"({origin}){against}: {shown}; printed times are each node's own clock. "
                     "--no-skew-correct to turn off", markup=False)
 
 

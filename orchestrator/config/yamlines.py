@@ -7,6 +7,7 @@ builds plain dicts, so we compose the node graph ourselves and keep a side table
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -42,13 +43,53 @@ def load(text: str) -> tuple[Any, dict[Path, int]]:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
         context = ""
-        if exc.context and exc.context_mark is not None:
-            context = f" ({exc.context} started at line {exc.context_mark.line + 1})"
-        raise YamlError(f"YAML syntax error: {exc.problem or exc}{context}", line) from None
+        started = exc.context_mark.line + 1 if exc.context_mark is not None else None
+        if exc.context and started is not None:
+            context = f" ({exc.context} started at line {started})"
+        cause = likely_cause(text, str(exc.problem or exc), line, started)
+        raise YamlError(f"YAML syntax error: {exc.problem or exc}{context}" + (f"; {cause}" if cause else ""),
+                        line) from None
     except yaml.reader.ReaderError as exc:
         raise _unreadable(text, exc) from None
     finally:
         loader.dispose()
+
+
+_NO_SPACE = re.compile(r"^\s*(?:-\s+)?([A-Za-z0-9_.-]+):(?!\s|//)\S")
+"""`key:value`: YAML reads one word, not a key and its value (a URL's `://` is not this)."""
+
+
+def likely_cause(text: str, problem: str, line: int | None, started: int | None) -> str | None:
+    """What usually causes this syntax error, pointing at the line to fix: a tab in the
+    indentation, a missing space after a colon, a line indented off its neighbours, a quote or
+    bracket never closed, a value with `: ` that needs quotes."""
+    lines = text.splitlines()
+    if line is None or not 1 <= line <= len(lines) + 1:
+        return None
+    for n in (line, line - 1):
+        if 1 <= n <= len(lines) and "\t" in lines[n - 1][:len(lines[n - 1]) - len(lines[n - 1].lstrip())]:
+            return f"line {n} is indented with a tab: YAML indents with spaces only"
+    if "'\\t'" in problem or "\t" in problem:
+        return "a tab: YAML indents with spaces only"
+    before = [n for n in range(line, max(0, line - 3), -1) if 1 <= n <= len(lines) and lines[n - 1].strip()]
+    for n in before:
+        m = _NO_SPACE.match(lines[n - 1])
+        if m and ": " not in lines[n - 1].split("#", 1)[0]:
+            word = lines[n - 1].strip().removeprefix("- ").split()[0]
+            return (f"usually a missing space after a colon: line {n} has `{word}`, which YAML reads as one word; "
+                    f"write `{m.group(1)}: {word.split(':', 1)[1]}`")
+    if "quoted scalar" in problem or ("end of stream" in problem and started is not None):
+        return f"usually a quote opened at line {started} that is never closed"
+    if "flow" in problem or problem.startswith("expected ',' or"):
+        return f"usually a {{ or [ opened at line {started} that is not closed, or a ': ' inside it"
+    if problem.startswith("mapping values are not allowed"):
+        return (f"usually line {line} is indented deeper than the key above it, or a value there holds ': ' "
+                "and needs quotes ('a: b')")
+    if "block end" in problem or "expected key" in problem or "expected ':'" in problem:
+        return (f"usually indentation: line {line} does not line up with the keys beside it"
+                + (f" (the block that started at line {started})" if started else "")
+                + "; keys of one mapping start in the same column")
+    return None
 
 
 def _unreadable(text: str, exc: yaml.reader.ReaderError) -> YamlError:

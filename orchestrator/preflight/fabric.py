@@ -77,10 +77,11 @@ def backend_for(inv: Inventory) -> str:
 
 
 def job_args(inv: Inventory, backend: str) -> tuple[str, ...]:
-    """The job's arguments from `checks.fabric`: the backend, the sweep's sizes, the time limits."""
+    """The job's arguments from `checks.fabric`: the backend, the sweep's sizes, the time limits,
+    and the share below which the job measures a node's (or a link's) pairs again before reporting."""
     f = inv.checks.fabric
     return ("--backend", backend, "--min-bytes", str(min(MB, f.max_bytes)), "--max-bytes", str(f.max_bytes),
-            "--budget-s", f"{f.budget_s:g}", "--timeout", f"{f.timeout_s:g}")
+            "--budget-s", f"{f.budget_s:g}", "--timeout", f"{f.timeout_s:g}", "--recheck-share", f"{f.share:g}")
 
 
 def fabric_plan(inv: Inventory, run_id: str, backend: str) -> Plan:
@@ -276,6 +277,8 @@ def _exit_reason(status: NodeStatus) -> str:
 def _progress_label(info: Mapping[str, Any]) -> str:
     if info.get("phase") == "sweep":
         return f"all_reduce of {info.get('size_bytes', 0) / MB:g} MiB"
+    if info.get("phase") == "links" and info.get("recheck"):
+        return f"node pairs again (the slow-looking ones), {info.get('step')} of {info.get('steps')}"
     if info.get("phase") == "links":
         return f"node pairs, pass {info.get('pass')}, round {info.get('round')} of {info.get('of')}"
     return str(info.get("phase", ""))

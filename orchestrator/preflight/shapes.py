@@ -56,6 +56,9 @@ FACTS_SHAPE = {
     "ntp": _Opt({"server": str, "method": str, "samples": INT, "errors": _ListOf(str), "offset_ms": NUMBER,
                  "delay_ms": NUMBER, "stratum": INT, "error": str}),
     "chrony": _Opt(_RUN),
+    "torch_cuda": _Opt({"torch": _Opt(str), "cuda": _Opt(str), "arch_list": _ListOf(str),
+                        "releases": _MapOf(_ListOf(INT)), "error": str}),
+    "job_check": _Opt({"kind": str, "rc": _Opt(INT), "out": str, "err": str, "seconds": NUMBER, "error": str}),
     "paths": _MapOf(_FILE), "workdir": _Opt(_FILE), "timings_s": _MapOf(NUMBER), "listen": LISTEN_SHAPE,
 }
 """What the probe (node/probe.py) answers, key by key: what the checks may rely on."""

@@ -299,7 +299,9 @@ def _tcp_connect(host: str, port: int, timeout: float | None) -> socket.socket:
 
 
 def _translate(node: Node, exc: BaseException) -> TransportError:
-    """Map paramiko/socket failures to a TransportError with a kind and a hint that fixes it."""
+    """Map paramiko/socket failures to a TransportError with a kind and a hint that fixes it: the
+    name does not resolve, the port refuses, there is no route, nothing answers in time, the key is
+    refused (naming the keys offered), the host key is unknown or changed. Never an errno's number."""
     paramiko = _paramiko()
 
     opts = node.ssh
@@ -321,28 +323,113 @@ def _translate(node: Node, exc: BaseException) -> TransportError:
             f"if the server was reinstalled: ssh-keygen -R '{name}' -f {opts.known_hosts}, "
             "then add the new key; otherwise treat it as an attack")
     if isinstance(exc, paramiko.AuthenticationException):
-        return TransportError(node.name, "auth", f"authentication refused for {target}: {exc}",
-                              f"check the key (ssh.identity) and that it is in ~{opts.user or ''}/.ssh/authorized_keys")
+        return TransportError(node.name, "auth", f"authentication refused for {target}: {exc}; offered "
+                                                 f"{offered_keys(opts)}",
+                              f"add the public key to ~{opts.user or ''}/.ssh/authorized_keys on {node.host} "
+                              "(ssh-copy-id), or point ssh.identity at the key that is there")
+    if isinstance(exc, socket.gaierror):
+        return TransportError(node.name, "unreachable",
+                              f"cannot resolve the name {node.host}: {exc.strerror or exc}",
+                              f"check host: in the inventory for a typo; this machine must resolve it "
+                              f"(getent hosts {node.host}: /etc/hosts, DNS, or a Host alias in ssh.ssh_config)")
     if isinstance(exc, (socket.timeout, TimeoutError)):
-        return TransportError(node.name, "unreachable", f"{target} did not answer within {opts.connect_timeout:g} s",
-                              "is the node up and port open? ping it; check firewalls and ssh.connect_timeout")
+        return TransportError(node.name, "unreachable", f"timed out: {target} did not answer within "
+                                                        f"{opts.connect_timeout:g} s",
+                              "is the node up and the port open? ping it; a firewall that drops packets looks "
+                              "like this; raise ssh.connect_timeout for a slow link")
     if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
-        return TransportError(node.name, "unreachable", f"connection to {target} refused",
-                              "is sshd running on that port? (systemctl status ssh)")
+        codes = {getattr(e, "errno", None) for e in exc.errors.values()}
+        if codes == {errno.ECONNREFUSED}:
+            return _errno_error(node, target, errno.ECONNREFUSED, "")
+        if len(codes) == 1:
+            return _errno_error(node, target, codes.pop(), str(next(iter(exc.errors.values()))))
+        tried = "; ".join(f"{a[0]}: {os.strerror(e.errno) if getattr(e, 'errno', None) else e}"
+                          for a, e in exc.errors.items())
+        return TransportError(node.name, "unreachable", f"cannot connect to {target}: {tried}",
+                              "is sshd running on that port, and is the node reachable from here?")
     if isinstance(exc, FileNotFoundError) and exc.filename:
         # paramiko opening a missing ssh.identity: a credential problem, not a network one
         return TransportError(node.name, "auth", f"cannot read identity file {exc.filename}: {exc.strerror}",
                               "check ssh.identity: the private key must exist on this (the controller) machine")
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return _errno_error(node, target, exc.errno, str(exc))
     if isinstance(exc, OSError):
-        reason = os.strerror(exc.errno) if exc.errno else str(exc)
-        kind = "unreachable" if exc.errno in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH,
-                                              errno.ETIMEDOUT, None) else "error"
-        return TransportError(node.name, kind, f"cannot reach {target}: {reason}",
+        return TransportError(node.name, "error", f"cannot reach {target}: {exc or type(exc).__name__}",
                               "check the address, routing and that sshd listens there")
     if isinstance(exc, (paramiko.SSHException, EOFError)):
-        return TransportError(node.name, "unreachable", f"SSH to {target} failed: {exc or type(exc).__name__}",
-                              "check sshd's logs on the node")
+        text = str(exc) or type(exc).__name__
+        hint = "check sshd's logs on the node (journalctl -u ssh)"
+        if "banner" in text.lower():
+            hint = ("something other than sshd answers on that port, or sshd is overloaded (MaxStartups) and "
+                    "did not greet us: check ssh.port and sshd's logs on the node")
+        return TransportError(node.name, "unreachable", f"SSH to {target} failed: {text}", hint)
     return TransportError(node.name, "error", f"{type(exc).__name__}: {exc}")
+
+
+_ERRNO_WORDS = {
+    errno.ECONNREFUSED: ("connection to {target} refused",
+                         "is sshd running on that port? (systemctl status ssh on the node; ssh.port in the inventory)"),
+    errno.EHOSTUNREACH: ("no route to host {host} ({target})",
+                         "is the node up? check the address and the route to it (ip route get {host}), and a "
+                         "firewall that rejects"),
+    errno.ENETUNREACH: ("network unreachable: this machine has no route to {host} ({target})",
+                        "check the address, and this machine's routes (ip route get {host}): is it on that network?"),
+    errno.ECONNRESET: ("connection to {target} reset during the SSH handshake",
+                       "sshd closed the connection: its logs on the node say why (MaxStartups, AllowUsers, "
+                       "tcp wrappers, fail2ban)"),
+}
+
+
+def _errno_error(node: Node, target: str, code: int | None, raw: str) -> TransportError:
+    """A socket error by its errno, in words."""
+    words = _ERRNO_WORDS.get(code) if code is not None else None
+    if words is None:
+        reason = os.strerror(code) if code is not None and code > 0 else (raw or "connection failed")
+        return TransportError(node.name, "error", f"cannot reach {target}: {reason}",
+                              "check the address, routing and that sshd listens there")
+    message, hint = words
+    return TransportError(node.name, "unreachable", message.format(target=target, host=node.host),
+                          hint.format(target=target, host=node.host))
+
+
+DEFAULT_KEYS = ("id_rsa", "id_ecdsa", "id_ed25519", "id_dsa")
+"""The keys paramiko tries from ~/.ssh when none is named (look_for_keys), as OpenSSH does."""
+
+
+def offered_keys(opts: SSHOptions) -> str:
+    """What this client offered the server: ssh.identity, the SSH agent's keys, the default keys
+    in ~/.ssh that exist (and the ssh config's IdentityFile), each with its fingerprint when its
+    public half is there to read, as `ssh-keygen -l` prints it."""
+    offered = []
+    if opts.identity:
+        offered.append(_key_shown(os.path.expanduser(opts.identity)))
+    if os.environ.get("SSH_AUTH_SOCK"):
+        offered.append("the SSH agent's keys (ssh-add -l lists them)")
+    home = os.path.expanduser("~/.ssh")
+    offered += [_key_shown(os.path.join(home, k)) for k in DEFAULT_KEYS if os.path.exists(os.path.join(home, k))]
+    if openssh_config_file(opts):
+        offered.append(f"any IdentityFile of {opts.ssh_config}")
+    return ", ".join(dict.fromkeys(offered)) or "no key at all (no ssh.identity, no agent, no ~/.ssh/id_*)"
+
+
+def _key_shown(path: str) -> str:
+    fp = key_fingerprint(path + ".pub")
+    return f"{path} ({fp})" if fp else path
+
+
+def key_fingerprint(pub_path: str) -> str | None:
+    """`SHA256:...` of an OpenSSH public key file (`TYPE BASE64 [comment]`), or None."""
+    import base64
+    import hashlib
+
+    try:
+        with open(pub_path, encoding="ascii", errors="replace") as fh:
+            parts = fh.read().split()
+        blob = base64.b64decode(parts[1], validate=True)
+    except (OSError, IndexError, ValueError):
+        return None
+    digest = base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+    return f"{parts[0]} SHA256:{digest}"
 
 
 # ----------------------------------------------------------------------------- the OpenSSH client

@@ -73,7 +73,8 @@ def test_a_node_under_a_cpu_quota_is_named_compute_bound_and_no_other(netns_clus
     orch = Orch(tmp_path / "home", env={"COLUMNS": "150"})
     up = orch.start(str(inv), "--skip-checks", "--run-id", "slowcpu")
     try:
-        up.wait_running()
+        up.run_id(180)  # a loaded machine may take a while to bring orch up
+        up.wait_running(180)
         wait_for(lambda: all("timing epoch" in node_log(run_root(c), "slowcpu", n) for n in ("node1", "node2", "node3",
                                                                                              "node4")),
                  300, "every rank's first timing window")

@@ -149,6 +149,7 @@ class Detector:
         self.speeds: list[tuple[tuple[int, int], float, dict[int, float]]] = []
         """Every judged window: (key, when, {rank: median / its time}), for the report's heatmap."""
         self._unread = 0
+        self.last_key: dict[int, tuple[int, int]] = {}
         self.lock = threading.Lock()
 
     def load(self, load: NodeLoad) -> None:
@@ -158,6 +159,10 @@ class Detector:
     def window(self, w: Window) -> list[Straggler]:
         """Account one rank's window; the stragglers named by the windows it completed."""
         with self.lock:
+            before = self.last_key.get(w.rank)
+            if before is not None and w.key <= before:
+                self._restart()  # this rank went back: a relaunch (a retry resumed), judged anew
+            self.last_key[w.rank] = w.key
             self.ranks[w.rank] = w.node
             if self.judged is not None and w.key <= self.judged:
                 return []  # a window already judged without this rank (it came too late)
@@ -176,6 +181,13 @@ class Detector:
                 del self.pending[min(self.pending)]
             self.found += out
             return out
+
+    def _restart(self) -> None:
+        self.pending.clear()
+        self.judged = None
+        self.streak.clear()
+        self.named.clear()
+        self.last_key.clear()
 
     def take(self) -> list[Straggler]:
         """The stragglers named since the last call."""

@@ -146,3 +146,14 @@ def test_replay_orders_loads_and_windows_by_time() -> None:
 
 def test_duration_words() -> None:
     assert [straggler.duration(s) for s in (3, 119.6, 180, 7300)] == ["3 s", "2 min", "3 min", "2 h 1 min"]
+
+
+def test_a_relaunch_that_resumes_an_earlier_epoch_is_judged_anew() -> None:
+    """A retry's ranks start again from the checkpoint's epoch (the node log continues): their
+    windows repeat keys already judged, and are judged again rather than dropped."""
+    det = Detector(share=0.8, windows=2, world_size=4)
+    feed(det, 1, {})
+    feed(det, 2, {})
+    feed(det, 3, {})
+    assert feed(det, 2, {0: (3.0, 0.01)}) == []  # attempt 2, from window 2 again
+    assert [s.rank for s in feed(det, 3, {0: (3.0, 0.01)})] == [0]

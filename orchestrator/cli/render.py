@@ -502,8 +502,8 @@ def top_renderable(report: TopReport, gpus: bool) -> Any:
     if gpus:
         cols = ("node", "gpu", "rank", "util", "mem", "power", "temp", "SM", "CPU", "img/s", "data", "flags")
     else:
-        cols = ("node", "state", "gpus", "util", "mem", "power", "temp", "CPU", "load", "img/s", "data", "last line",
-                "flags")
+        cols = ("node", "state", "gpus", "util", "mem", "power", "temp", "CPU", "load", "rank CPU", "img/s", "data",
+                "last line", "flags")
     for col in cols:
         table.add_column(col, justify="right" if col not in ("node", "state", "flags", "gpus") else "left")
     for n in report.nodes:
@@ -532,12 +532,16 @@ def top_renderable(report: TopReport, gpus: bool) -> Any:
         power = [g["power_w"] for g in gs if g["power_w"] is not None]
         temps = [g["temp_c"] for g in gs if g["temp_c"] is not None]
         what = f"{len(gs)}× {gs[0]['name'] or 'GPU'}" if gs else safe(n["gpu_error"] or "no sample yet")[:32]
+        rank_cpu = [r["cpu_pct"] for r in n["ranks"] if r["cpu_pct"] is not None]
         table.add_row(node, styled(n["state"]), markup(what),
                       f"{min(utils):.0f}-{max(utils):.0f} %" if utils and min(utils) != max(utils)
                       else _num(utils[0] if utils else None, unit=" %"),
                       f"{sum(used) / 1024:.0f}/{sum(total) / 1024:.0f} GiB" if used and total else "",
                       f"{sum(power):.0f} W" if power else "", f"{max(temps):.0f} °C" if temps else "",
-                      cpu, _num(n["load1"], "{:.1f}"), _num(n["images_per_s"], "{:.1f}"),
+                      cpu, _num(n["load1"], "{:.1f}"),
+                      (f"{min(rank_cpu):.0f}-{max(rank_cpu):.0f} %" if min(rank_cpu) != max(rank_cpu)
+                       else f"{rank_cpu[0]:.0f} %") if rank_cpu else "",
+                      _num(n["images_per_s"], "{:.1f}"),
                       _num(n["data_share"], "{:.0%}"), _age(n["last_line_age_s"]), _flags(n["flags"]))
     parts: list[Any] = [table]
     for s in report.stragglers:

@@ -77,6 +77,23 @@ def trainer_ips(data: Path, out: Path, epochs: int, batch: int, imgsz: int, ever
     return middle_ips(out / "results.csv", images)
 
 
+def sampler_cpu(samples: int) -> dict[str, float]:
+    """CPU seconds one sample costs (the sampler and its nvidia-smi child: the fake, a Python
+    process, dearer than the real tool), sampling this process with the 8xH100 stand-in on PATH."""
+    os.environ["PATH"] = f"{FAKE_SMI}{os.pathsep}{os.environ['PATH']}"
+    from orchestrator.node import telemetry
+
+    s = telemetry.Sampler(lambda: [os.getpid()])
+    t0, c0 = time.perf_counter(), os.times()
+    for _ in range(samples):
+        telemetry.line(s.sample())
+    t1, c1 = time.perf_counter(), os.times()
+    cpu = (c1.user - c0.user) + (c1.system - c0.system) + (c1.children_user - c0.children_user) + \
+        (c1.children_system - c0.children_system)
+    return {"cpu_s_per_sample": cpu / samples, "wall_s_per_sample": (t1 - t0) / samples,
+            "share_of_one_core_at_10s": cpu / samples / 10.0}
+
+
 def pace_cost(reps: int) -> dict[str, float]:
     """Seconds per step of Pace's calls (CPU clock path) and per window of its line."""
     import torch
@@ -214,7 +231,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         data = write_dataset(base / "data", images=args.images, classes=3, imgsz=64)
         ips: dict[str, list[float]] = {"without": [], "with": []}
         order = ["without", "with", "with", "without"] * args.reps
-        trainer_ips(data, base / "warmup", 2, 8, 64, None)
+        trainer_ips(data, base / "warmup", 3, 8, 64, None)  # caches, page cache: not measured
         for i, which in enumerate(order):
             v = trainer_ips(data, base / f"r{i}", args.epochs, 8, 64, args.every if which == "with" else None)
             ips[which].append(v)
@@ -222,6 +239,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         med = {k: statistics.median(v) for k, v in ips.items()}
         results["throughput"] = {"images_per_s": ips, "median": med, "ratio": med["with"] / med["without"],
                                  "every_s": args.every}
+        results["sampler"] = sampler_cpu(5 if args.quick else 20)
+        print(f"  sampler: {results['sampler']}", flush=True)
         pace = pace_cost(20000)
         step_s = 8 / med["without"]
         results["pace"] = {**pace, "step_s": step_s, "share_per_step": (pace["per_step_s"] + pace["per_line_s"]) / step_s}
@@ -253,6 +272,8 @@ def summary_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
          "met": tp["ratio"] >= 0.99},
         {"what": "per-rank timing (trainer/pace.py) cost per step, share of a step", "orch": pace["share_per_step"],
          "goal": "report"},
+        {"what": "one telemetry sample's CPU (sampler + fake nvidia-smi), share of one core at telemetry_s 10",
+         "orch": results["sampler"]["share_of_one_core_at_10s"], "goal": "report"},
         {"what": f"controller RSS MB following {follow['nodes']} nodes with telemetry + detector vs without",
          "orch": follow["with"]["peak_rss_mb"], "peer": follow["without"]["peak_rss_mb"],
          "ratio": follow["with"]["peak_rss_mb"] / follow["without"]["peak_rss_mb"], "goal": "<= 50 MB",

@@ -223,7 +223,8 @@ class Sampler:
         the CPU share (100 = one core) of the worker with its own children (data loaders)."""
         now = self.clock()
         groups: dict[int, list[int]] = {}
-        for pid in self.pids():
+        alive = self.pids()
+        for pid in alive:
             if pid not in self.ranks:
                 self.ranks[pid] = rank_of(pid, self.proc)
             rl = self.ranks[pid]
@@ -249,9 +250,8 @@ class Sampler:
                         "cpu_pct": round(100.0 * busy, 1) if known else None,
                         "rss_mb": proc_rss_mb(worker, self.proc)})
         self.last_proc = current
-        self.ranks = {p: r for p, r in self.ranks.items() if p in current or r is None}
-        if len(self.ranks) > 4096:  # pids of short-lived non-workers: forget them now and then
-            self.ranks = {p: r for p, r in self.ranks.items() if r is not None}
+        live = set(alive)
+        self.ranks = {p: r for p, r in self.ranks.items() if p in live}  # a pid gone may come back as another
         return out
 
 

@@ -30,6 +30,7 @@ from .config.plan import Plan, make_plan
 from .contract import RunState
 from .errors import OrchError, UsageError
 from .logs.lines import LogLine
+from .logs.teardown import NodeStopped, QuietStop
 from .preflight.runner import CheckReport, run_preflight, save_to_run
 from .remote.sync import SyncReport, sync_nodes
 from .run import resume
@@ -72,6 +73,10 @@ class UpProgress(Protocol):
         """A line of the merged log (attached runs)."""
 
     def log_event(self, node: str, message: str) -> None: ...
+
+    def node_stopped(self, stop: NodeStopped) -> None:
+        """A node was stopped (orch's teardown, Ctrl-C, orch down): what it printed meanwhile was
+        kept out of `line` (it is in its log); from the log streaming thread."""
 
     def log_stopped(self, exc: Exception) -> None:
         """Log streaming broke; supervision goes on without it."""
@@ -124,6 +129,9 @@ class Quiet:
         pass
 
     def log_event(self, node: str, message: str) -> None:
+        pass
+
+    def node_stopped(self, stop: NodeStopped) -> None:
         pass
 
     def log_stopped(self, exc: Exception) -> None:
@@ -319,7 +327,7 @@ def _why(outcome: UpOutcome) -> str:
     f = outcome.failure
     if f is not None:
         rank = f" rank {f.rank}" if f.rank is not None else ""
-        return f"{f.node}{rank}: {f.reason}"
+        return f"{f.node}{rank}: {f.summary}"
     return "a node could not start" if outcome.result == "start_failed" else outcome.result
 
 
@@ -403,7 +411,7 @@ def _attempt(say: UpProgress, run: RunDir, inv: Inventory, report: CheckReport |
              t_launch: float, attempt: int) -> UpOutcome:
     """One launch of the run on the inventory's nodes: plan, start, supervise (or detach)."""
     plan = make_plan(inv, run.run_id, attempt)
-    run.write(plan.to_json(), "plan.json")
+    run.write(plan.to_json(env_values=True), "plan.json")  # private (0600): what was launched, values too
     save_to_run(run, inv, report)
     record = RunRecord(run)
     run.update(nodes=node_records(plan), state=RunState.STARTING)
@@ -522,6 +530,7 @@ def _stream_logs(say: UpProgress, run: RunDir, inv: Inventory, cluster: Cluster,
     from .logs.follow import Follower
     from .logs.telemetry import parse_sample, timing_window
 
+    quiet = QuietStop()  # what a node prints once stopped stays in its log: one line says it stopped
     try:
         offsets, _origin = clock_offsets(run, inv.name)
         follower = Follower(run, inv, cluster, offsets_ms=offsets, on_event=say.log_event, from_start=from_start,
@@ -542,7 +551,13 @@ def _stream_logs(say: UpProgress, run: RunDir, inv: Inventory, cluster: Cluster,
                     if detector is not None:
                         detector.window(found[0])
                     continue
-            say.line(line)
+            shown = quiet.feed(line)
+            if isinstance(shown, NodeStopped):
+                say.node_stopped(shown)
+            elif shown is not None:
+                say.line(shown)
+        for pending in quiet.pending():
+            say.node_stopped(pending)
     except Exception as exc:  # log streaming must never take supervision down with it
         if dog is not None:
             dog.off(f"log streaming stopped: {exc}")

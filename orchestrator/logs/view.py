@@ -26,6 +26,12 @@ from .stored import (
     write_merged_log,
 )
 
+REORDER_MS = 1.0
+"""Clock offsets that differ by less than this between a run's nodes reorder no lines in a way that
+means anything: the difference is within what one offset measurement can tell (half an SSH round
+trip, an NTP exchange). `orch logs` still orders by them, but says so only from this spread on
+(or with -v)."""
+
 
 @dataclass
 class RunLogs:
@@ -56,6 +62,20 @@ class RunLogs:
         reference, controller = clock_reference(run, inv.name) if offsets else (None, None)
         return cls(run, inv, sources, offsets, origin,
                    column_widths([s.node for s in sources], world_size(run, inv)), reference, controller)
+
+    @property
+    def offsets_spread_ms(self) -> float:
+        """How far apart the nodes' clock offsets are (ms; a node without one counts 0): what can
+        reorder lines between nodes. 0.0 without offsets."""
+        if not self.offsets_ms:
+            return 0.0
+        values = [self.offsets_ms.get(s.node, 0.0) for s in self.sources] or [0.0]
+        return max(values) - min(values)
+
+    @property
+    def reorders(self) -> bool:
+        """Do the offsets change the order of lines enough to say so (`REORDER_MS`)?"""
+        return self.offsets_spread_ms >= REORDER_MS
 
     def line_filter(self, node: str | None = None, rank: str | None = None, grep: str | None = None,
                     since: str | None = None) -> LineFilter:

@@ -37,6 +37,7 @@ from ..run.records import node_records
 from ..run.supervise import sigint_shielded
 from ..store import remote_dir
 from ..transport import Cluster, Transport
+from .shapes import read_fabric_result
 
 Progress = Callable[[str, int, int], None]
 FABRIC_OPT_IN = ("opt-in: it launches a short job on every node, so it runs only when asked: "
@@ -168,7 +169,7 @@ def marked(log: str, marker: str) -> list[dict[str, Any]]:
             continue
         try:
             value = json.loads(line[at + len(marker) + 1:])
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than json can take
             continue
         if isinstance(value, dict):
             out.append(value)
@@ -223,9 +224,19 @@ def measure(inv: Inventory, cluster: Cluster, progress: Progress | None = None,
     t_read = time.monotonic()
     _read_back(cluster, plan, records, facts)
     facts.steps_s["read"] = time.monotonic() - t_read
-    results = marked(facts.nodes[plan.nodes[0].node.name].log, job.MARKER)
-    facts.result = results[-1] if results else None
+    take_result(facts, plan.nodes[0].node.name)
     return facts
+
+
+def take_result(facts: FabricFacts, first: str) -> None:
+    """Rank 0's ORCH_FABRIC_RESULT from the log of its node (`first`), held to the shape orch's job
+    writes: one that is not is no result, and an error of that node (its check fails there)."""
+    node = facts.nodes[first]
+    results = marked(node.log, job.MARKER)
+    facts.result, problems = read_fabric_result(results[-1]) if results else (None, [])
+    if problems:
+        more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
+        node.error = node.error or f"the fabric job's result is not what orch's job writes: {'; '.join(problems[:3])}{more}"
 
 
 def _wait(inv: Inventory, cluster: Cluster, plan: Plan, records: list[dict[str, Any]], facts: FabricFacts,

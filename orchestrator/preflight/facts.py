@@ -182,7 +182,7 @@ class _Stream:
                             self.tagged[tag] = json.loads(rest)
                         else:
                             self.noise = (self.noise + [line])[-20:]
-                    except (ValueError, KeyError, TypeError):
+                    except (ValueError, KeyError, TypeError, RecursionError):
                         self.noise = (self.noise + [line[:300]])[-20:]
                     self.cond.notify_all()
         except Exception as exc:  # a broken stream ends the wait below with what we have

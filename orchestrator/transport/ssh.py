@@ -11,24 +11,29 @@ inventory's `ssh_config` (`none` when it names no file, as the transport then re
 the port, user and identity, `known_hosts` as the only host-key file
 (`GlobalKnownHostsFile=/dev/null`), the host-key policy as OpenSSH spells it (strict →
 `StrictHostKeyChecking=yes`, accept-new → `accept-new`; there is no `no`), `BatchMode=yes` (a
-missing key fails, never prompts), `ConnectTimeout`, and the gateway as a `ProxyCommand` running
-the same ssh to it (`ProxyJump` would drop these options for the hop, as OpenSSH applies
-command-line options to the last host only).
+missing key fails, never prompts), `ConnectTimeout`, `SAFE_OPTIONS` (no forwarding, no
+LocalCommand, no shared master connection, whatever the config says), and every hop (the
+inventory's gateway, or the ssh config's ProxyJump, read with `ssh -G`) as a `ProxyCommand` running
+the same ssh to it: OpenSSH reaches a ProxyJump hop with the config's settings only (command-line
+options apply to the last host), so a config whose jump host says `StrictHostKeyChecking no`
+would otherwise skip verification there.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import getpass
 import math
 import os
 import select
 import shlex
 import socket
+import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -89,11 +94,11 @@ class SSHTransport(Transport):
             _paramiko_with_invoke()
             conn = Connection(host, user=opts.user, port=opts.port, config=Config(runtime_ssh_path=cfg_path),
                               connect_timeout=timeout, connect_kwargs=kwargs, gateway=gateway)
-            install_host_key_policy(conn.client, opts.known_hosts, opts.host_key_policy)
+            install_host_key_policy(conn.client, opts.known_hosts, opts.host_key_policy, node_name=self.node.name)
         else:
             conn = _Direct(host, opts.user, opts.port, timeout, kwargs, gateway)
             install_host_key_policy(conn.client, opts.known_hosts, opts.host_key_policy,
-                                     known_hosts_name(host, opts.port))
+                                     known_hosts_name(host, opts.port), node_name=self.node.name)
         return conn
 
     def _open(self, conn: Any) -> None:
@@ -106,7 +111,7 @@ class SSHTransport(Transport):
         elif not isinstance(conn.gateway, str) and not conn.gateway.is_connected:
             if not isinstance(conn.gateway, _Direct):  # a ProxyJump hop Fabric made from the ssh config
                 install_host_key_policy(conn.gateway.client, self.node.ssh.known_hosts,
-                                         self.node.ssh.host_key_policy)
+                                         self.node.ssh.host_key_policy, node_name=self.node.name)
             self._open(conn.gateway)  # the jump host's own connection, then the channel through it
         conn.open()
 
@@ -443,11 +448,76 @@ def openssh_config_file(opts: SSHOptions) -> str | None:
     return path if os.path.exists(path) else None
 
 
-def openssh_argv(opts: SSHOptions, config_file: str | None) -> list[str]:
-    """The OpenSSH client argv (without the host) that reaches a node with these options."""
-    argv = ["ssh", "-F", config_file or "none", "-p", str(opts.port)]
-    if opts.user:
-        argv += ["-l", opts.user]
+SAFE_OPTIONS = ("ForwardAgent=no", "ForwardX11=no", "ClearAllForwardings=yes", "PermitLocalCommand=no",
+                "ControlMaster=no", "ControlPath=none", "UpdateHostKeys=no", "RequestTTY=no")
+"""What the OpenSSH client is held to whatever the ssh config says, as the paramiko transport
+does: no agent or X11 forwarding, no port forwarding, no LocalCommand run here, no connection
+shared with a master another ssh opened (and verified, or not, its own way), no host keys learned
+behind known_hosts' back, no terminal. Options OpenSSH 7.4 (RHEL 7) already knows."""
+MAX_HOPS = 8
+"""The most jump hosts one node may be behind (a longer chain is a loop in the ssh config)."""
+
+ProxyJumpOf = Callable[[str, str, "str | None", "int | None"], "str | None"]
+"""(config file, host, user, port) -> the ssh config's ProxyJump for that host, or None."""
+
+
+def config_proxy_jump(config_file: str, host: str, user: str | None, port: int | None) -> str | None:
+    """The ProxyJump the ssh config gives `host` (with that user and port, for its Match
+    blocks), as OpenSSH reads it (`ssh -G`); None without one, or when ssh cannot read the config
+    (then the connection fails on the same error)."""
+    return _proxy_jump(config_file, host, user, port)
+
+
+@functools.lru_cache(maxsize=256)
+def _proxy_jump(config_file: str, host: str, user: str | None, port: int | None) -> str | None:
+    argv = ["ssh", "-G", "-F", config_file, *(["-p", str(port)] if port else []), *(["-l", user] if user else []),
+            "--", host]
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
+                             env={**os.environ, "LC_ALL": "C"}).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in out.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "proxyjump" and value.strip() and value.strip().lower() != "none":
+            return value.strip()
+    return None
+
+
+def parse_jump(spec: str) -> tuple[str | None, str, int | None]:
+    """One hop of a ProxyJump (`[user@]host[:port]`, `[v6]:port`, `ssh://user@host:port`) →
+    (user, host, port)."""
+    spec = spec.removeprefix("ssh://")
+    user, _, hostport = spec.rpartition("@")
+    host, port = hostport, None
+    if hostport.startswith("[") and "]" in hostport:
+        host, _, rest = hostport[1:].partition("]")
+        port = int(rest[1:]) if rest.startswith(":") and rest[1:].isdigit() else None
+    elif hostport.count(":") == 1:
+        name, _, number = hostport.partition(":")
+        if number.isdigit():
+            host, port = name, int(number)
+    return user or None, host, port
+
+
+def openssh_argv(opts: SSHOptions, config_file: str | None, host: str | None = None,
+                 proxy_jump: ProxyJumpOf = config_proxy_jump) -> list[str]:
+    """The OpenSSH client argv (without the host) that reaches `host` with these options: the
+    inventory's port, user, identity and host-key policy, SAFE_OPTIONS, and every hop on the way
+    (the inventory's gateway, or the ssh config's ProxyJump for `host`) as a ProxyCommand running
+    this same verified ssh to the hop. OpenSSH would reach a ProxyJump hop with the ssh config's
+    settings alone: the command line's options apply to the last host only."""
+    return _argv(opts, config_file, host, opts.port, opts.user, proxy_jump, 0)
+
+
+def _argv(opts: SSHOptions, config_file: str | None, host: str | None, port: int | None, user: str | None,
+          proxy_jump: ProxyJumpOf, depth: int) -> list[str]:
+    if depth > MAX_HOPS:
+        raise TransportError(host or "?", "error", f"more than {MAX_HOPS} jump hosts on the way to {host}: "
+                             "a ProxyJump loop in the ssh config?", f"check the ProxyJump lines of {config_file}")
+    argv = ["ssh", "-F", config_file or "none", *(["-p", str(port)] if port else [])]
+    if user:
+        argv += ["-l", user]
     if opts.identity:
         argv += ["-i", os.path.expanduser(opts.identity)]
     policy = "yes" if opts.host_key_policy == "strict" else "accept-new"
@@ -455,12 +525,30 @@ def openssh_argv(opts: SSHOptions, config_file: str | None) -> list[str]:
              "-o", "GlobalKnownHostsFile=/dev/null",
              "-o", f"StrictHostKeyChecking={policy}",
              "-o", "BatchMode=yes",
-             "-o", f"ConnectTimeout={max(1, math.ceil(opts.connect_timeout))}",
-             "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=6",  # a node gone mid-copy: ~1 min
+             "-o", f"ConnectTimeout={max(1, math.ceil(opts.connect_timeout))}"]
+    for option in SAFE_OPTIONS:
+        argv += ["-o", option]
+    argv += ["-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=6",  # a node gone mid-copy: ~1 min
              "-o", "LogLevel=ERROR"]
-    if opts.gateway:
-        hop = openssh_argv(replace(opts, gateway=None), config_file)
-        # ssh expands %-tokens in ProxyCommand: every literal % of the hop doubled, then its target
-        hop = [a.replace("%", "%%") for a in hop]
-        argv += ["-o", "ProxyCommand=" + shlex.join([*hop, "-W", "%h:%p", opts.gateway.replace("%", "%%")])]
+    bare = replace(opts, gateway=None)
+    proxy = None
+    if opts.gateway:  # the inventory's gateway, reached with the node's user and port (as the transport does)
+        proxy = _hop(_argv(bare, config_file, opts.gateway, port, user, proxy_jump, depth + 1), opts.gateway, None)
+    elif host and config_file:
+        jump = proxy_jump(config_file, host, user, port)
+        for i, spec in enumerate(jump.split(",") if jump else []):
+            hop_user, hop_host, hop_port = parse_jump(spec.strip())
+            # the first hop's own ProxyJump (from the config) is followed; a later one is reached through the one before
+            hop = _argv(bare, config_file, hop_host if i == 0 else None, hop_port, hop_user, proxy_jump, depth + 1)
+            proxy = _hop(hop, hop_host, proxy)
+    if proxy is not None:
+        argv += ["-o", "ProxyCommand=" + proxy]
     return argv
+
+
+def _hop(argv: list[str], host: str, through: str | None) -> str:
+    """A ProxyCommand that runs `argv` to `host` and forwards the connection (`-W %h:%p`), itself
+    through the ProxyCommand `through`. ssh expands %-tokens in it: every literal % is doubled."""
+    if through is not None:
+        argv = [*argv, "-o", "ProxyCommand=" + through]
+    return shlex.join([*(a.replace("%", "%%") for a in argv), "-W", "%h:%p", host.replace("%", "%%")])

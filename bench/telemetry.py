@@ -259,7 +259,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results["summary"] = summary_rows(results)
     from bench.common import write
 
-    dest = write("telemetry.quick" if args.quick else "telemetry", results)
+    name = "telemetry" if args.every == 1.0 else f"telemetry-every{args.every:g}s"
+    dest = write(f"{name}.quick" if args.quick else name, results)
     print(f"wrote {dest}")
     return results
 

@@ -82,3 +82,15 @@ def test_the_screen_shows_nodes_gpus_and_stragglers(tmp_path: Path, monkeypatch:
     buf.truncate(0)
     render.top_table(view.report(), gpus=True)
     assert text.count("n1") < buf.getvalue().count("n1") and "86 MHz" in buf.getvalue()
+
+
+def test_the_live_view_off_a_terminal_prints_each_refresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rich.console import Console
+
+    from orchestrator.cli import render
+
+    view = view_of(tmp_path, [None, None])
+    buf = io.StringIO()
+    monkeypatch.setattr(render, "console", lambda stderr=True: Console(file=buf, width=160, color_system=None))
+    render.top_live(iter([view.report(), view.report()]), gpus=False)
+    assert buf.getvalue().count("run 20261130-093200-toptest: running") == 2

@@ -1,4 +1,5 @@
-"""The controller's state directory, `$ORCH_HOME` (default `./.orch`), and where a run lives.
+"""The controller's state directory, `$ORCH_HOME` (default `~/.orch`, as SkyPilot keeps `~/.sky`:
+the same runs from any shell and any directory), and where a run lives.
 
     latest                        the id of the latest run
     checks/<inventory name>.json  the last `orch check` of that inventory: results, clock offsets
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import time
 from collections.abc import Iterator
@@ -30,10 +32,15 @@ from .config.nodes import Node, name_problem
 from .contract import RunState
 from .errors import UsageError
 
+HOME_VARIABLE = "ORCH_HOME"
+DEFAULT_HOME = "~/.orch"
+
 
 def orch_home() -> Path:
-    """The controller's state directory: `$ORCH_HOME`, default `./.orch`."""
-    return Path(os.environ.get("ORCH_HOME") or ".orch")
+    """The controller's state directory: `$ORCH_HOME`, default `~/.orch` (one place per user,
+    whatever the current directory, so `orch logs -f` finds the run from any shell). A leading
+    `~` in the variable is the user's home too."""
+    return Path(os.environ.get(HOME_VARIABLE) or DEFAULT_HOME).expanduser()
 
 
 def remote_dir(inv: Inventory, node: Node, run_id: str) -> str:
@@ -102,12 +109,17 @@ class RunDir:
         return data
 
     def inventory(self, as_run: bool = True) -> Inventory:
-        """The run's inventory snapshot; `as_run`: with the spares that replaced nodes on an
-        automatic retry (run.json `replaced`) in those nodes' places, as the run last ran."""
+        """The run's inventory snapshot; `as_run`: with the command line's overrides of its launch
+        (run.json `overrides`: nodes chosen, `--env`, args after `--`) and the spares that replaced
+        nodes on an automatic retry (run.json `replaced`) in those nodes' places, as the run last ran."""
         from .config.inventory import parse, with_replacements
 
         data = self.read()
         inv = parse(self.inventory_path.read_text(), str(data.get("inventory") or self.inventory_path))
+        if as_run and isinstance(data.get("overrides"), dict):
+            from .config.overrides import Overrides, apply
+
+            inv = apply(inv, Overrides.from_json(data["overrides"]))
         replaced = data.get("replaced") if as_run else None
         if not replaced:
             return inv
@@ -186,6 +198,9 @@ class RunStore:
     def create(self, inv: Inventory, run_id: str | None = None) -> RunDir:
         """Make the run directory with the inventory snapshot; refuses to reuse an existing id."""
         run_id = check_run_id(run_id, "--run-id") if run_id else self.new_run_id(inv)
+        if run_id == LATEST:
+            raise UsageError("--run-id latest: `latest` names the latest run wherever a RUN is taken",
+                             "pick another --run-id")
         path = self.root / run_id
         if path.exists():
             raise UsageError(f"run {run_id} already exists in {self.root}", "pick another --run-id")
@@ -199,24 +214,63 @@ class RunStore:
         return run
 
     def runs(self) -> Iterator[RunDir]:
-        """Every run, oldest first."""
+        """Every run, oldest first (by run.json `created`, else the directory's time)."""
         if not self.root.is_dir():
             return iter(())
-        return iter(RunDir(p) for p in sorted(self.root.iterdir(), key=lambda p: p.stat().st_mtime) if p.is_dir())
+        return iter(sorted((RunDir(p) for p in self.root.iterdir() if p.is_dir()), key=_started))
+
+    def latest_id(self) -> str:
+        """The id `latest` names, else UsageError (exit 2): no run yet."""
+        latest = self.home / "latest"
+        if not latest.exists():
+            raise UsageError(f"no runs yet in {self.root}", "start one with: orch up INVENTORY")
+        return check_run_id(latest.read_text().strip(), f"{latest} names a run")
 
     def get(self, run_id: str | None = None) -> RunDir:
-        """The named run, else the latest. Raises UsageError (exit 2) when there is none."""
-        if run_id is None:
-            latest = self.home / "latest"
-            if latest.exists():
-                run_id = check_run_id(latest.read_text().strip(), f"{latest} names a run")
-            else:
-                raise UsageError(f"no runs yet in {self.root}", "start one with: orch up INVENTORY")
+        """The named run, else the latest. RUN may be `latest`, a whole id, or any unique prefix
+        of one (`20261201-1933`), also with the date left out (`1933`: the run started 19:33).
+        Raises UsageError (exit 2) when there is none, or when a prefix fits several (listed)."""
+        if run_id is None or run_id == LATEST:
+            run_id = self.latest_id()
         else:
             check_run_id(run_id, "run")
         path = self.root / run_id
-        if not (path / "run.json").exists():
-            known = [r.run_id for r in self.runs()][-5:]
-            raise UsageError(f"unknown run '{run_id}' in {self.root}",
-                             "recent runs: " + (", ".join(known) if known else "none"))
-        return RunDir(path)
+        if (path / "run.json").exists():
+            return RunDir(path)
+        matches = self.matching(run_id)
+        if len(matches) == 1:
+            return matches[0]
+        if matches:
+            ids = [r.run_id for r in reversed(matches)]
+            shown = ", ".join(ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
+            raise UsageError(f"run '{run_id}' is ambiguous: {len(ids)} runs start so: {shown}",
+                             "give more of the id (orch runs lists them)")
+        known = [r.run_id for r in self.runs()][-5:]
+        raise UsageError(f"unknown run '{run_id}' in {self.root}",
+                         "recent runs: " + (", ".join(known) if known else "none") + " (orch runs --all lists every one)")
+
+    def matching(self, prefix: str) -> list[RunDir]:
+        """The runs whose id starts with `prefix`, oldest first; when none does, those whose id
+        after its date (`YYYYMMDD-`) does."""
+        runs = [r for r in self.runs() if (r.path / "run.json").exists()]
+        whole = [r for r in runs if r.run_id.startswith(prefix)]
+        return whole or [r for r in runs if _DATED.match(r.run_id) and r.run_id[9:].startswith(prefix)]
+
+
+LATEST = "latest"
+"""The RUN that names the latest run (`orch logs latest`), like leaving RUN out."""
+
+_DATED = re.compile(r"\d{8}-")
+
+
+def _started(run: RunDir) -> tuple[float, str]:
+    try:
+        created = run.read().get("created")
+    except (OSError, ValueError):
+        created = None
+    if not isinstance(created, (int, float)):
+        try:
+            created = run.path.stat().st_mtime
+        except OSError:
+            created = 0.0
+    return float(created), run.run_id

@@ -17,11 +17,9 @@ The tunables of supervision (environment variables, seconds) are `run.supervise.
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
@@ -39,7 +37,15 @@ from .run.control import offsets_s
 from .run.records import RunRecord, node_records
 from .run.stacks import StacksReport
 from .run.straggler import Detector, Straggler, StragglerWatch, chain
-from .run.supervise import Failure, NodeSpec, Pushed, Supervisor, Tunables, sigint_shielded
+from .run.supervise import (
+    Failure,
+    NodeSpec,
+    Pushed,
+    Supervisor,
+    Tunables,
+    sigint_shielded,
+    sigterm_as_interrupt,
+)
 from .run.watchdog import HangWatch, Watchdog
 from .store import RunDir, RunStore, clock_offsets
 from .transport import Cluster, GroupResult, open_transport
@@ -185,23 +191,6 @@ class UpOutcome:
     """Why `job.sync` could not be copied to any node (no rsync or ssh on the controller)."""
 
 
-@contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM to `orch up` tears the run down like Ctrl-C does (a scheduler's kill, a CI timeout)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
 def not_stopped(results: GroupResult[StopResult]) -> dict[str, str]:
     """The nodes a stop could not confirm, with why: unreachable, or processes still running."""
     done, failed = results.succeeded, results.failed
@@ -222,7 +211,8 @@ def with_overrides(inv: Inventory, retries: int | None = None, stall_timeout_s: 
 
 def up(inv: Inventory, *, detach: bool = False, skip_checks: bool = False, run_id: str | None = None,
        skip_sync: bool = False, progress: UpProgress | None = None, fabric: bool = False,
-       retries: int | None = None, stall_timeout_s: float | None = None) -> UpOutcome:
+       retries: int | None = None, stall_timeout_s: float | None = None,
+       overrides: dict[str, Any] | None = None) -> UpOutcome:
     """Copy `job.sync` (unless skip_sync), check, launch on every node, then supervise (or return
     once every node runs, with detach). A `job.sync` path missing here raises UsageError.
     `fabric`: the preflight also runs the fabric check (a short job on every node), as
@@ -232,7 +222,9 @@ def up(inv: Inventory, *, detach: bool = False, skip_checks: bool = False, run_i
     same run id up to `job.retries` times (`retries` overrides it): `job.sync` and the preflight
     again (the fabric check too with `fabric`; a node that fails either is replaced by a healthy
     `spare:` node), then the same job, with `--resume` for the trainer once its master holds
-    `weights/last.pt`."""
+    `weights/last.pt`. `overrides`: what the command line changed of the inventory file for this
+    run (`config.overrides.Overrides.to_json`; `inv` has them applied already), kept in run.json so
+    every later command reads the run's inventory as it ran."""
     if skip_checks and fabric:
         raise UsageError("--fabric is a check: it cannot run with --skip-checks",
                          "drop --skip-checks, or --fabric")
@@ -259,6 +251,8 @@ def up(inv: Inventory, *, detach: bool = False, skip_checks: bool = False, run_i
         if not report.ok:
             return UpOutcome("preflight_failed", preflight=report, sync=synced)
     run = RunStore().create(inv, run_id)
+    if overrides:
+        run.update(overrides=overrides)
     if synced is not None:
         run.write(synced.to_json(), "sync.json")
     attempts = 1 if detach else 1 + inv.job.retries

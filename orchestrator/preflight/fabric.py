@@ -34,7 +34,7 @@ from ..node.jobs import allreduce as job
 from ..run.agents import NodeStatus, status_node, stop_all
 from ..run.agents import start_all as start_all_nodes
 from ..run.records import node_records
-from ..run.supervise import sigint_shielded
+from ..run.supervise import sigint_shielded, sigterm_as_interrupt
 from ..store import remote_dir
 from ..transport import Cluster, Transport
 from .shapes import read_fabric_result
@@ -193,6 +193,18 @@ def measure(inv: Inventory, cluster: Cluster, progress: Progress | None = None,
     say = progress or (lambda label, done, total: None)
     start = time.monotonic()
     final: set[str] = set()
+    with sigterm_as_interrupt():  # SIGTERM, like Ctrl-C, ends in the `finally` that stops the job
+        _launch(inv, cluster, plan, records, facts, final, start, say, poll_s)
+    t_read = time.monotonic()
+    _read_back(cluster, plan, records, facts)
+    facts.steps_s["read"] = time.monotonic() - t_read
+    take_result(facts, plan.nodes[0].node.name)
+    return facts
+
+
+def _launch(inv: Inventory, cluster: Cluster, plan: Plan, records: list[dict[str, Any]], facts: FabricFacts,
+            final: set[str], start: float, say: Progress, poll_s: float) -> None:
+    """Start the job on every node and wait for it; whatever still runs is stopped in `finally`."""
     try:
         say("fabric: starting the job", 0, len(plan.nodes))
         started = start_all_nodes(cluster, plan, {JOB_FILE: job_source()})
@@ -221,11 +233,6 @@ def measure(inv: Inventory, cluster: Cluster, progress: Progress | None = None,
         facts.wall_s = time.monotonic() - start
         if running:
             facts.steps_s["stop"] = time.monotonic() - t_stop
-    t_read = time.monotonic()
-    _read_back(cluster, plan, records, facts)
-    facts.steps_s["read"] = time.monotonic() - t_read
-    take_result(facts, plan.nodes[0].node.name)
-    return facts
 
 
 def take_result(facts: FabricFacts, first: str) -> None:

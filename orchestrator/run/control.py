@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..config.inventory import Inventory
@@ -59,6 +59,14 @@ class StatusReport:
     """Nodes a spare replaced on a retry ({node: spare})."""
     stragglers: list[dict[str, Any]] = field(default_factory=list)
     """The ranks the straggler detector of an attached `orch up` named (run.json `stragglers`)."""
+    master_tail: tuple[str, ...] = ()
+    """The last node.log lines of the node holding rank 0, asked now while it runs (not in the
+    JSON: the CLI reads the trainer's progress from them, `logs.trainer.run_progress`)."""
+
+    @property
+    def master(self) -> str | None:
+        """The node of node rank 0."""
+        return next((n.node for n in self.nodes if n.node_rank == 0), None)
 
     def to_json(self) -> dict[str, Any]:
         """docs/CONTRACT.md's status JSON, with pid, uptime and last log time per node, and the attempt."""
@@ -114,8 +122,24 @@ def status(run_id: str | None) -> StatusReport:
         if state == RunState.FAILED and not data.get("first_failure"):
             # a detached run failed with nobody watching: name its first failure now
             fields["first_failure"] = detached_failure(cluster, records, statuses, offsets_s(run, inv))
+        tail = _master_tail(cluster, records, statuses)
     RunRecord(run).update_nodes(ok, **fields)
-    return status_report(run.read(), statuses)
+    return replace(status_report(run.read(), statuses), master_tail=tail)
+
+
+MASTER_TAIL = 400
+"""How many of the rank-0 node's latest log lines `orch status` asks for (the trainer's progress)."""
+
+
+def _master_tail(cluster: Cluster, records: list[dict[str, Any]], statuses: Mapping[str, NodeStatus]) -> tuple[str, ...]:
+    """The rank-0 node's latest lines while it runs (one more agent call), else none."""
+    master = next((r for r in records if r.get("node_rank") == 0), None)
+    if master is None or statuses.get(master["node"], NodeStatus(NodeState.UNKNOWN)).state != NodeState.RUNNING:
+        return ()
+    try:
+        return status_node(cluster[master["node"]], master["python"], master["remote_dir"], tail=MASTER_TAIL).tail
+    except OrchError:
+        return ()
 
 
 def detached_failure(cluster: Cluster, records: list[dict[str, Any]], statuses: Mapping[str, NodeStatus],

@@ -409,15 +409,35 @@ class Pushed:
 
 @contextmanager
 def sigint_shielded() -> Iterator[None]:
-    """Ignore Ctrl-C while tearing down: a second Ctrl-C must not leave nodes half-stopped."""
+    """Ignore Ctrl-C and SIGTERM while tearing down: a second one must not leave nodes half-stopped."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, old)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM tears down what orch started like Ctrl-C does (a scheduler's kill, a CI timeout):
+    it raises KeyboardInterrupt, so the `finally` that stops every node runs (`orch up`'s run,
+    the fabric check's job)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 # ----------------------------------------------------------------------------- the state machine

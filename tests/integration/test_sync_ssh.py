@@ -61,8 +61,9 @@ def sync_json(orch: Orch, *args: str) -> dict[str, dict]:
 def test_empty_private_dirs_get_identical_copies_then_a_second_sync_sends_nothing(cluster: TestCluster,
                                                                                    orch: Orch) -> None:
     job, data = controller_tree(cluster)
+    # the job is the tree's own script: the trainer's --check would refuse this two-line data.yaml
     inv = str(cluster.write_inventory(job={"sync": [str(job), str(data)], "workdir": str(job),
-                                           "args": {"data": str(data)}},
+                                           "script": str(job / "train.py"), "args": {"data": str(data)}},
                                       master={"port": free_port("0.0.0.0")}))
     for node in cluster.nodes:  # no shared storage: nothing of it on any node
         assert on_node(cluster, node.name, f"ls -A {cluster.NODE_LOCAL}") == ""

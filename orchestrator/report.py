@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from .contract import NodeState
+from .logs.lines import read_node_lines
+from .logs.telemetry import parse_sample, timing_window
 from .logs.trainer import (
     Phase,
     Throughput,
@@ -34,7 +36,8 @@ from .logs.trainer import (
     parse_throughput_epochs,
     rank0_lines,
 )
-from .store import CHECK, RunDir, write_private
+from .run.straggler import Detector, NodeLoad, Window, replay
+from .store import CHECK, RunDir, clock_offsets, write_private
 
 STATE_COLOURS = {NodeState.RUNNING: "#1f77b4", NodeState.SUCCEEDED: "#2ca02c", NodeState.FAILED: "#d62728",
                  NodeState.STOPPED: "#ff7f0e", NodeState.STARTING: "#9467bd", NodeState.UNREACHABLE: "#8c564b",
@@ -302,6 +305,85 @@ def _fabric_section(fabric: dict[str, Any], out: Path) -> list[str]:
     return parts
 
 
+def rank_pace(run: RunDir) -> Detector:
+    """The straggler detector replayed over the node log copies: every judged window's speed per
+    rank (the median rank's time per step outside collectives over the rank's own) and the
+    stragglers it names, with the run's `job.straggler` settings (the defaults without an inventory)."""
+    share, windows = 0.8, 3
+    offsets: dict[str, float] = {}
+    try:
+        inv = run.inventory()
+        share, windows = inv.job.straggler.share, inv.job.straggler.windows
+        offsets, _origin = clock_offsets(run, inv.name)
+    except Exception:  # a run directory without its inventory: the defaults, no skew correction
+        pass
+    world = sum(int(n.get("nproc") or 0) for n in run.read().get("nodes") or [] if isinstance(n, dict)) or None
+    wins: list[Window] = []
+    loads: list[tuple[float, NodeLoad]] = []
+    for i, path in enumerate(sorted((run.path / "nodes").glob("*.log"))):
+        node = path.stem
+        offset = offsets.get(node, 0.0) / 1000.0
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            for line in read_node_lines(fh, node, i, None):
+                found = timing_window(line, offset)
+                if found is not None:
+                    wins.append(found[0])
+                    continue
+                sample = parse_sample(line)
+                if sample is not None:
+                    loads.append((line.ts - offset, sample.load()))
+    return replay(wins, loads, share, windows, world)
+
+
+def plot_pace(det: Detector, max_windows: int = 400) -> bytes | None:
+    """A heatmap: one row per rank, one column per timing window, coloured by the rank's speed
+    against the median rank (1 = the median; red below `share`), the stragglers marked."""
+    if not det.speeds:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import TwoSlopeNorm
+
+    speeds = det.speeds
+    step = max(1, len(speeds) // max_windows)  # a long run: every step-th window, still one column each
+    speeds = speeds[::step]
+    ranks = sorted({r for _k, _at, row in speeds for r in row})
+    grid = [[row.get(r, float("nan")) for _k, _at, row in speeds] for r in ranks]
+    fig, ax = plt.subplots(figsize=(min(12, max(5, 0.05 * len(speeds) + 3)), max(2, 0.3 * len(ranks) + 1)))
+    image = ax.imshow(grid, aspect="auto", cmap="RdYlGn", norm=TwoSlopeNorm(vmin=0.0, vcenter=1.0, vmax=1.5),
+                      interpolation="nearest")
+    ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks], fontsize=7)
+    t0 = speeds[0][1]
+    ticks = list(range(0, len(speeds), max(1, len(speeds) // 8)))
+    ax.set_xticks(ticks, [f"{(speeds[i][1] - t0) / 60:.0f}" for i in ticks], fontsize=7)
+    ax.set_xlabel("minutes since the first timing window")
+    for s in det.found:
+        if s.rank in ranks:
+            ax.annotate("straggler", (next((i for i, (_k, at, _r) in enumerate(speeds) if at >= s.at), len(speeds) - 1),
+                                      ranks.index(s.rank)), fontsize=7, color="black", ha="center", va="center")
+    fig.colorbar(image, ax=ax, label="speed vs the median rank")
+    ax.set_title("each rank's speed outside collectives (data wait + forward and loss), window by window", fontsize=9)
+    return _png(fig)
+
+
+def _pace_section(run: RunDir, out: Path) -> list[str]:
+    """`ranks over time`: the heatmap and the stragglers named (the detector replayed on the logs)."""
+    det = rank_pace(run)
+    png = plot_pace(det)
+    if png is not None:
+        write_private(out / "pace.png", png)
+    parts = ["<h2>ranks over time</h2>", _img("per-rank speed heatmap", png)]
+    lines = [s.line() for s in det.found] or [str(s.get("line")) for s in run.read().get("stragglers") or []
+                                              if isinstance(s, dict)]
+    if lines:
+        parts.append("<pre class='fail'>" + html.escape("\n".join(lines)) + "</pre>")
+    elif det.speeds:
+        parts.append("<p>no straggler: no rank stayed slower than the others</p>")
+    return parts
+
+
 def _img(name: str, png: bytes | None) -> str:
     if png is None:
         return f'<p class="none">no data for {html.escape(name)}</p>'
@@ -541,6 +623,7 @@ def build_report(run: RunDir, results_csv: Path | None = None) -> Path:
                             [[a.get("attempt"), time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(a["ended"]))
                               if isinstance(a.get("ended"), (int, float)) else "", a.get("result"),
                               _failure_words(a.get("first_failure"))] for a in earlier]))
+    parts += _pace_section(run, out)
     parts.append("<h2>nodes</h2>")
     parts.append(_table(["node", "node rank", "host", "state", "exit code", "pid"],
                         [[n.get("node"), n.get("node_rank"), n.get("host"), n.get("state"), n.get("exit_code"),

@@ -36,6 +36,7 @@ from .run.agents import NodeStatus, StopResult, start_all, status_all, status_no
 from .run.control import offsets_s
 from .run.records import RunRecord, node_records
 from .run.stacks import StacksReport
+from .run.straggler import Detector, Straggler, StragglerWatch, chain
 from .run.supervise import (
     Failure,
     NodeSpec,
@@ -97,6 +98,10 @@ class UpProgress(Protocol):
         """The stacks of a hang (grouped), or why there are none; `stop`: the run is torn down now,
         else it goes on (`job.on_stall: warn`)."""
 
+    def straggler(self, found: Straggler, stop: bool) -> None:
+        """A rank was named a straggler (`found.line()`); `stop`: the run is torn down for it
+        (`job.straggler.action: stop`)."""
+
     def retrying(self, attempt: int, attempts: int, why: str, excerpt: Sequence[str] = ()) -> None:
         """The run failed (why, and the failing node's last lines) and is relaunched as attempt
         `attempt` of at most `attempts`."""
@@ -149,6 +154,9 @@ class Quiet:
         pass
 
     def stacks(self, report: StacksReport | None, problem: str | None, stop: bool) -> None:
+        pass
+
+    def straggler(self, found: Straggler, stop: bool) -> None:
         pass
 
     def retrying(self, attempt: int, attempts: int, why: str, excerpt: Sequence[str] = ()) -> None:
@@ -296,7 +304,7 @@ def _attempts(say: UpProgress, run: RunDir, inv: Inventory, report: CheckReport 
         say.retrying(attempt, attempts, _why(outcome), outcome.failure.excerpt if outcome.failure else ())
         run.update(attempt=attempt, attempts=earlier, state=RunState.STARTING, first_failure=None)
         try:
-            prepared = _prepare_retry(say, run, inv, replaced, prepare)
+            prepared = _prepare_retry(say, run, inv, replaced, prepare, straggler_of(outcome.failure))
         except KeyboardInterrupt:
             run.update(state=RunState.STOPPED)
             return UpOutcome("interrupted", run.run_id, report, time.monotonic() - t0, attempt=attempt,
@@ -342,17 +350,31 @@ def _why(outcome: UpOutcome) -> str:
     return "a node could not start" if outcome.result == "start_failed" else outcome.result
 
 
+def straggler_of(failure: Failure | None) -> dict[str, str]:
+    """{node: why} when the attempt was stopped for a straggler (`job.straggler.action: stop`):
+    that node is replaced by a spare on the retry, as a node that fails the preflight is."""
+    if failure is None or not failure.reason.startswith(STRAGGLER_PREFIX):
+        return {}
+    return {failure.node: failure.reason}
+
+
+STRAGGLER_PREFIX = "straggler: "
+
+
 def _prepare_retry(say: UpProgress, run: RunDir, inv: Inventory, replaced: dict[str, str],
-                   prepare: Prepare) -> tuple[Inventory, CheckReport | None, SyncReport | None] | UpOutcome:
+                   prepare: Prepare, slow: Mapping[str, str] | None = None,
+                   ) -> tuple[Inventory, CheckReport | None, SyncReport | None] | UpOutcome:
     """The inventory of the next attempt: `job.sync` and the preflight again (unless skipped), a
-    spare for each node that now fails either (`replaced` grows, run.json `replaced` follows), and
-    the trainer's `--resume` once its master holds the checkpoint, decided before the preflight
-    (run as this run id): the trainer's own check judges the arguments this attempt launches. An
-    UpOutcome when no attempt can be made."""
+    spare for each node that now fails either, or was stopped as a straggler (`slow`; `replaced`
+    grows, run.json `replaced` follows), and the trainer's `--resume` once its master holds the
+    checkpoint, decided before the preflight (run as this run id): the trainer's own check judges
+    the arguments this attempt launches. An UpOutcome when no attempt can be made."""
     report = synced = None
+    pending_slow = dict(slow or {})
     while True:
         current = with_replacements(inv, replaced)
-        why: dict[str, str] = {}
+        why: dict[str, str] = {n: w for n, w in pending_slow.items() if n in {x.name for x in current.nodes}}
+        pending_slow = {}
         if current.job.sync and not prepare.skip_sync:
             t = time.monotonic()
             say.syncing(current)
@@ -363,7 +385,7 @@ def _prepare_retry(say: UpProgress, run: RunDir, inv: Inventory, replaced: dict[
                                  retry_failed={n.name: f"sync: {exc.message}" for n in current.nodes})
             say.synced(synced, time.monotonic() - t)
             run.write(synced.to_json(), "sync.json")
-            why = {n.node: f"sync: {n.error}" for n in synced.failed()}
+            why.update({n.node: f"sync: {n.error}" for n in synced.failed()})
         if not why and resume.is_trainer(current.job):
             # before the preflight: the trainer's own check then judges the args this attempt launches
             current = _with_resume(say, run, current)
@@ -478,7 +500,11 @@ def _attached(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, clust
                     first_frame_s=grace / 2, interval=interval, stale_after=grace / 2, no_answer_s=tune.no_answer_s)
     specs = [NodeSpec(p.node.name, p.node_rank, p.global_ranks.start, p.node.nproc_per_node) for p in plan.nodes]
     dog = Watchdog(inv.job.stall_timeout_s)
-    watch = HangWatch(dog, inv.job.on_stall, cluster, run, records, specs, say, excerpt)
+    hang = HangWatch(dog, inv.job.on_stall, cluster, run, records, specs, say, excerpt)
+    st = inv.job.straggler
+    detector = Detector(st.share, st.windows, plan.world_size)
+    slow = StragglerWatch(detector, st.action, specs, say, lambda found: run.update(stragglers=found))
+    watch = chain(hang if inv.job.stall_timeout_s > 0 else None, slow)
     sup = Supervisor(specs,
                      observe=pushed.observe,
                      stop_all=lambda: stop_all(cluster, records, inv.job.stop_grace_s),
@@ -486,9 +512,10 @@ def _attached(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, clust
                      confirm=lambda names: status_all(cluster, [r for r in records if r["node"] in names], timeout=3.0),
                      interval=min(interval, 0.5), unreachable_grace=grace, sleep=pushed.wait,
                      on_update=lambda nodes: record.update_nodes(nodes), offsets_s=offsets_s(run, inv),
-                     watch=watch if inv.job.stall_timeout_s > 0 else None)
+                     watch=watch)
     stop_logs = threading.Event()
-    logs = threading.Thread(target=_stream_logs, args=(say, run, inv, cluster, stop_logs, pushed, dog, attempt == 1),
+    logs = threading.Thread(target=_stream_logs, args=(say, run, inv, cluster, stop_logs, pushed, dog, attempt == 1,
+                                                       detector),
                             daemon=True, name="logs")
     logs.start()
     pushed.start()
@@ -526,12 +553,16 @@ def _attached(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, clust
 
 
 def _stream_logs(say: UpProgress, run: RunDir, inv: Inventory, cluster: Cluster, stop: threading.Event,
-                 pushed: Pushed, dog: Watchdog | None = None, from_start: bool = True) -> None:
+                 pushed: Pushed, dog: Watchdog | None = None, from_start: bool = True,
+                 detector: Detector | None = None) -> None:
     """The merged log (host and rank on every line) to `say.line` until the run ends or `stop`
     is set; the node status the streams carry goes to `pushed` (the supervisor's observations),
-    every rank's line to the hang watchdog. A relaunch (`from_start` False) follows each node
-    from where the last attempt's copy ends, appending to merged.log."""
+    every rank's line to the hang watchdog, the agents' telemetry lines and the ranks' timing
+    lines to the straggler detector (and not to `say.line`: they are merged.log's and `orch
+    logs`', too many for a console). A relaunch (`from_start` False) follows each node from where
+    the last attempt's copy ends, appending to merged.log."""
     from .logs.follow import Follower
+    from .logs.telemetry import parse_sample, timing_window
 
     quiet = QuietStop()  # what a node prints once stopped stays in its log: one line says it stopped
     try:
@@ -542,6 +573,18 @@ def _stream_logs(say: UpProgress, run: RunDir, inv: Inventory, cluster: Cluster,
         for line in follower.lines(stop):
             if dog is not None and line.rank is not None:
                 dog.progress()
+            if line.stream == "orch":
+                sample = parse_sample(line)
+                if sample is not None:
+                    if detector is not None:
+                        detector.load(sample.load())
+                    continue
+            elif line.rank is not None:
+                found = timing_window(line, offsets.get(line.node, 0.0) / 1000.0)
+                if found is not None:
+                    if detector is not None:
+                        detector.window(found[0])
+                    continue
             shown = quiet.feed(line)
             if isinstance(shown, NodeStopped):
                 say.node_stopped(shown)

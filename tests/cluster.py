@@ -337,6 +337,7 @@ class TestCluster:
         self._node_env = {k: dict(v) for k, v in (node_env or {}).items()}
         self._private_fs = is_root() and shutil.which("unshare") is not None
         self._controller_dirs: list[Path] = []
+        self._cpu_cgroups: dict[str, Path] = {}
 
     # -- lifecycle
 
@@ -375,6 +376,7 @@ class TestCluster:
         nodes' run root (`job.run_root`) and private directories empty, controller directories
         gone; in netns mode every cable plugged in, no qdisc, no extra NIC. Returns what it undid."""
         undone: list[str] = []
+        undone += self._undo_cpu_quotas()
         infra = {p.pid for n in self.nodes for p in (n.sshd, n.holder) if p is not None and p.poll() is None}
         if self.chronyd is not None:
             infra.add(self.chronyd.pid)
@@ -412,6 +414,7 @@ class TestCluster:
 
     def stop(self) -> None:
         """Stop everything this cluster started (sshd, sessions, detached jobs, chronyd, namespaces)."""
+        self._undo_cpu_quotas()
         for node in self.nodes:
             _stop_popen(node.sshd)
         _stop_popen(self.chronyd)
@@ -725,6 +728,50 @@ SetEnv {setenv}
             return
         self._spawn_sshd(n)
         self._wait_sshd(n)
+
+    CPU_CGROUP_ROOT = Path("/sys/fs/cgroup/cpu")
+    """The cgroup v1 `cpu` controller (`cpu.cfs_quota_us`) where `cpu_quota` makes a node slow."""
+
+    def cpu_quota(self, node: str, percent: float) -> None:
+        """Make that node slow: its sshd and every process already running on it (a job's agent,
+        torchrun and ranks), and so whatever they start from now on, share `percent` % of one
+        CPU (a cgroup v1 `cpu` group with `cpu.cfs_quota_us`). `reset` (and `stop`) move them
+        back and remove the group. Root only; a kernel without the v1 `cpu` controller skips."""
+        n = self.node(node)
+        if not is_root():
+            missing("a CPU quota needs root (cgroup v1 cpu controller)")
+        if not (self.CPU_CGROUP_ROOT / "cpu.cfs_quota_us").exists():
+            kernel_limit(f"no cgroup v1 cpu controller at {self.CPU_CGROUP_ROOT}")
+        if n.sshd is None or n.sshd.poll() is not None:
+            raise ClusterError(f"{node}: sshd is not running")
+        group = self._cpu_cgroups.get(node) or self.CPU_CGROUP_ROOT / f"{self.id}-{node}"
+        group.mkdir(exist_ok=True)
+        self._cpu_cgroups[node] = group
+        (group / "cpu.cfs_period_us").write_text("100000\n")
+        (group / "cpu.cfs_quota_us").write_text(f"{max(1000, round(percent * 1000))}\n")
+        holder = n.holder.pid if n.holder is not None else None
+        for pid in [n.sshd.pid, *(p for p in self.processes(node, "") if p not in (n.sshd.pid, holder))]:
+            with contextlib.suppress(OSError):  # gone meanwhile
+                (group / "cgroup.procs").write_text(f"{pid}\n")
+
+    def _undo_cpu_quotas(self) -> list[str]:
+        undone = []
+        for node, group in list(self._cpu_cgroups.items()):
+            for _ in range(50):  # tasks may fork while they are moved: until the group is empty
+                try:
+                    pids = (group / "cgroup.procs").read_text().split()
+                except OSError:
+                    break
+                if not pids:
+                    break
+                for pid in pids:
+                    with contextlib.suppress(OSError):
+                        (self.CPU_CGROUP_ROOT / "cgroup.procs").write_text(f"{pid}\n")
+            with contextlib.suppress(OSError):
+                group.rmdir()
+            del self._cpu_cgroups[node]
+            undone.append(f"{node}: CPU quota removed")
+        return undone
 
     def _need_netns(self, what: str) -> TestNode:
         raise ClusterError(f"{what} needs netns mode (this cluster is {self.mode})")

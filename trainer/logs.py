@@ -131,6 +131,21 @@ def step_line(epoch: int, epochs: int, batch: int, batches: int, losses: Mapping
             f"images/s {ips:.1f} data {wait_share:.0%}")
 
 
+def timing_line(epoch: int, batch: int, steps: int, images: int, data_s: float, compute_s: float,
+                wall_s: float) -> str:
+    """Every rank's own timing of the window of steps that ended at ``batch`` of ``epoch``: how
+    many micro-steps and images, and the seconds spent waiting for data, computing outside the
+    gradient collectives (forward and loss) and in all (wall). Every rank ends its windows at the
+    same batches, so orch compares ranks window by window (``orchestrator/run/straggler.py``):
+    in synchronous DDP every rank's wall time is the slowest's, the time outside collectives is
+    its own.
+
+    ``timing epoch 3 batch 40 steps 10 images 80 data_s 0.0123 compute_s 1.52 wall_s 3.1``
+    """
+    return (f"timing epoch {epoch} batch {batch} steps {steps} images {images} data_s {data_s:.4g} "
+            f"compute_s {compute_s:.4g} wall_s {wall_s:.4g}")
+
+
 def epoch_line(epoch: int, epochs: int, losses: Mapping[str, float], lrs: Mapping[str, float]) -> str:
     """The end of a training epoch: mean loss components over all ranks' images and each group's lr.
 
@@ -194,6 +209,9 @@ RESULTS_PATH = re.compile(r"(/\S+/results\.csv)\b")
 """The absolute results.csv path on the done line."""
 WEIGHTS_DIR = re.compile(r"weights in (\S+?)[;,]?(?:\s|$)")
 """The weights directory on the done line."""
+TIMING_LINE = re.compile(r"(?:^|\] )timing epoch (\d+) batch (\d+) steps (\d+) images (\d+) data_s ([\d.e+-]+) "
+                         r"compute_s ([\d.e+-]+) wall_s ([\d.e+-]+)$")
+"""A :func:`timing_line`: epoch, batch, steps, images, data_s, compute_s, wall_s."""
 EPOCH_LINE = re.compile(r"(?:^|\] )train epoch (\d+)/(\d+) (.+)$")
 VAL_LINE = re.compile(r"(?:^|\] )val epoch (\d+)/(\d+) (.+)$")
 FINAL_LINE = re.compile(r"(?:^|\] )final val (\S+) \(epoch (\d+)\) (.+)$")
@@ -228,6 +246,46 @@ def parse_throughput(lines: Iterable[str]) -> Throughput:
             tp.total = float(m.group(2))
             tp.efficiency = float(m.group(4)) / 100 if m.group(4) else None
     return tp
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One rank's timing of one window (a :func:`timing_line` read back)."""
+
+    epoch: int
+    batch: int
+    steps: int
+    images: int
+    data_s: float
+    compute_s: float
+    wall_s: float
+
+    @property
+    def outside_s(self) -> float:
+        """Seconds per step outside the gradient collectives: data wait + forward and loss."""
+        return (self.data_s + self.compute_s) / self.steps if self.steps else 0.0
+
+    @property
+    def ips(self) -> float:
+        """This rank's images per second over the window."""
+        return self.images / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def data_share(self) -> float:
+        """The share of the window's wall time spent waiting for data."""
+        return self.data_s / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def parse_timing(text: str) -> Timing | None:
+    """A :func:`timing_line` (with or without its rank prefix), or None for any other line."""
+    m = TIMING_LINE.search(text.rstrip("\n"))
+    if not m:
+        return None
+    try:
+        return Timing(int(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4)), float(m.group(5)),
+                      float(m.group(6)), float(m.group(7)))
+    except ValueError:
+        return None
 
 
 def announced(lines: Iterable[str]) -> tuple[str | None, str | None]:

@@ -31,6 +31,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from trainer import checkpoint, models, output, schedule
 from trainer import data as tdata
 from trainer import dist as tdist
+from trainer import pace as tpace
 from trainer.config import TrainConfig, accumulation
 from trainer.dist import Topology
 from trainer.errors import TrainerError
@@ -527,10 +528,12 @@ def train_epoch(epoch: int, loader: Any, parts: Parts, inp: Inputs,
     sums: torch.Tensor | None = None
     images, steps, pending = 0, 0, 0
     epoch_meter, window = StepMeter(), StepMeter()
+    pace = tpace.Pace(device)
     seen = state.seen.setdefault(epoch + 1, []) if cfg.debug_dir else None
     t_prev = time.perf_counter()
     for i, batch in enumerate(loader):
         t_batch = time.perf_counter()
+        pace.data(t_batch - t_prev)
         worker, buffer = batch.pop(tdata.MOSAIC_KEY, (-1, None))
         if buffer is not None:
             state.buffers[worker] = buffer
@@ -544,8 +547,10 @@ def train_epoch(epoch: int, loader: Any, parts: Parts, inp: Inputs,
         n_local = batch["img"].shape[0]
         # In DDP only the micro-step that ends an optimizer step all-reduces gradients.
         with nullcontext() if (step_now or not topo.distributed) else parts.ddp.no_sync():
+            pace.forward_begins()
             with autocast:
                 loss, items = parts.ddp(batch)
+            pace.forward_ends(n_local)
             # ultralytics' scale: the criterion returns per-image means x local batch; x world size
             # makes DDP's average a sum over the global batch, the rate lr0 is tuned for.
             loss = loss.sum() * topo.world_size
@@ -562,6 +567,8 @@ def train_epoch(epoch: int, loader: Any, parts: Parts, inp: Inputs,
         if i > 0:  # the first step of an epoch waits for workers to start: not throughput
             epoch_meter.add(n_local, t_batch - t_prev, t_end - t_prev)
         window.add(n_local, t_batch - t_prev, t_end - t_prev)
+        if step_now and (steps % cfg.log_every == 0 or i + 1 == nb):
+            say(pace.line(epoch + 1, i + 1))  # every rank, its own pace: what names a straggler
         if step_now and topo.is_main and (steps % cfg.log_every == 0 or i + 1 == nb):
             means = (sums / images).tolist()  # the one device read between progress lines: this rank's epoch means
             say(step_line(epoch + 1, cfg.epochs, i + 1, nb, dict(zip(names, means)),

@@ -11,7 +11,9 @@ import contextlib
 import logging
 import os
 import sys
+import time
 import traceback
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -476,6 +478,59 @@ def stacks(state: State, run: str | None, as_json: bool, timeout: float) -> None
     else:
         render.stacks_view(report)
     raise SystemExit(ExitCode.OK if report.complete else ExitCode.FAILED)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("run", required=False)
+@click.option("--once", is_flag=True, help="Print one table and exit (no live view).")
+@click.option("--json", "as_json", is_flag=True, help="One look as JSON on stdout (implies --once).")
+@click.option("--gpus", is_flag=True, help="One row per GPU instead of one per node.")
+@click.option("--interval", type=click.FloatRange(min=0.5), default=5.0, show_default=True, metavar="SECONDS",
+              help="How often the live view fetches the node logs again.")
+@pass_state
+def top(state: State, run: str | None, once: bool, as_json: bool, gpus: bool, interval: float) -> None:
+    """The whole cluster while it trains: GPUs, CPU, ranks, stragglers, one row per node.
+
+    Read from the node logs (the agents' telemetry lines every job.telemetry_s, the trainer's
+    timing lines), fetched like `orch logs` does: works for a detached run, from any shell, after
+    the controller restarted. Columns: GPU utilisation, memory, power and temperature (the worst
+    GPU of the node; every GPU with --gpus), the node's CPU, the ranks' images/s and data wait,
+    the age of the node's last line. Flags: `throttle` (a GPU's clocks are held down), `hot`,
+    `idle-gpu` (a GPU idle while its rank runs), `gpu-error`, `straggler` (named by the
+    detector: job.straggler), `stale` (no telemetry for 3 intervals). Ctrl-C leaves the live view.
+
+    Exit code: 0 · 2 unknown run.
+
+    \b
+    Examples:
+      orch top                                  # live, the latest run
+      orch top --once --gpus                    # one table, a row per GPU
+      orch top --json | jq '.nodes[] | select(.flags != []) | {node, flags}'
+    """
+    from ..top import TopReport, TopView
+
+    view = TopView.open(run)
+    if as_json or once:
+        with view.inv_cluster() as cluster:
+            view.fetch(cluster)
+        view.read_copies()
+        report = view.report()
+        if as_json:
+            render.json_out(report.to_json())
+        else:
+            render.top_table(report, gpus)
+        raise SystemExit(ExitCode.OK)
+    def frames() -> Iterator[TopReport]:
+        with view.inv_cluster() as cluster:
+            while True:
+                view.fetch(cluster)
+                view.read_copies()
+                yield view.report()
+                time.sleep(interval)  # the refresh rate of a view, not a wait for anything
+
+    with contextlib.suppress(KeyboardInterrupt):
+        render.top_live(frames(), gpus)
+    raise SystemExit(ExitCode.OK)
 
 
 EXEC_HELP = """Run a command on every node in parallel; each line shown as it arrives (`node: line`).

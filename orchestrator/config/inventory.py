@@ -71,6 +71,18 @@ class Checks:
 
 
 @dataclass(frozen=True)
+class Straggler:
+    """`job.straggler`: when a rank is called slow, and what that does (`run/straggler.py`)."""
+
+    share: float = 0.8
+    """A rank whose step time outside collectives is above median / share is slow (0.8: 1.25x)."""
+    windows: int = 3
+    """For this many consecutive timing windows before it is named."""
+    action: str = "warn"
+    """`warn`: one line, status, top, report · `stop`: also fail the run naming the node."""
+
+
+@dataclass(frozen=True)
 class Job:
     """What runs on every node: `python -m torch.distributed.run ... (-m module | script) args`."""
 
@@ -96,6 +108,9 @@ class Job:
     sync: tuple[str, ...] = ()
     """Controller paths `orch sync` (and `orch up` before its preflight) copies to the same absolute
     path on every node: absolute, normalised (no trailing slash), each listed once."""
+    telemetry_s: float = 10.0
+    """Seconds between the node agent's telemetry samples; 0: none."""
+    straggler: Straggler = Straggler()
 
 
 @dataclass(frozen=True)
@@ -347,6 +362,14 @@ class _Resolver:
             self.issue(f"stall_timeout_s must be 0 (off) or more, got {j.stall_timeout_s:g}", "job", "stall_timeout_s")
         if j.retries < 0:
             self.issue(f"retries must be 0 or more, got {j.retries}", "job", "retries")
+        if j.telemetry_s < 0 or 0 < j.telemetry_s < 1:
+            self.issue(f"telemetry_s must be 0 (off) or at least 1 second, got {j.telemetry_s:g}", "job", "telemetry_s")
+        st = j.straggler
+        if not 0 < st.share < 1:
+            self.issue(f"share must be between 0 and 1 (0.8: a rank slower than 1/0.8 x the median), got {st.share:g}",
+                       "job", "straggler", "share")
+        if st.windows < 1:
+            self.issue(f"windows must be 1 or more, got {st.windows}", "job", "straggler", "windows")
         for key in ("workdir", "python", "module", "script", "run_root"):
             self.safe(getattr(j, key), key, "job", key)
         if j.module and not re.match(r"^[A-Za-z_][A-Za-z0-9_.]*\Z", j.module):
@@ -369,7 +392,8 @@ class _Resolver:
             raw_args=MappingProxyType(dict(j.args) if isinstance(j.args, dict) else {}),
             torchrun_args=tuple(j.torchrun_args), run_root=j.run_root, stop_grace_s=j.stop_grace_s,
             stall_timeout_s=float(j.stall_timeout_s), on_stall=j.on_stall, retries=j.retries,
-            sync=self.sync_paths(j.sync),
+            sync=self.sync_paths(j.sync), telemetry_s=float(j.telemetry_s),
+            straggler=Straggler(share=float(st.share), windows=st.windows, action=st.action),
         )
 
     def sync_paths(self, paths: list[str]) -> tuple[str, ...]:

@@ -132,6 +132,12 @@ class ChecksModel(_Schema):
     fabric: bool | FabricCheckModel = False
 
 
+class StragglerModel(_Schema):
+    share: float = 0.8
+    windows: int = 3
+    action: Literal["warn", "stop"] = "warn"
+
+
 class JobModel(_Schema):
     workdir: str | None = None
     python: str = "python3"
@@ -148,6 +154,8 @@ class JobModel(_Schema):
     on_stall: Literal["warn", "stop"] = "stop"
     retries: int = 0
     sync: list[str] = []
+    telemetry_s: float = 10.0
+    straggler: StragglerModel = StragglerModel()
 
 
 class InventoryModel(_Schema):

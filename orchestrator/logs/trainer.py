@@ -1,5 +1,6 @@
 """What orch reads of the trainer's output (`python -m trainer`): the rank prefix of every line,
-the end-of-epoch throughput table, the epoch and validation lines (results.csv's columns), the
+the end-of-epoch throughput table, every rank's timing windows (the straggler detector's
+input), the epoch and validation lines (results.csv's columns), the
 final validation of best.pt, and where the run's weights and results.csv were saved.
 
 Those lines are defined once, in `trainer/logs.py`, which both writes and parses them, so the
@@ -24,17 +25,20 @@ from trainer.logs import (
     Phase,
     Progress,
     Throughput,
+    Timing,
     announced,
     parse_final,
     parse_phases,
     parse_results,
     parse_throughput,
     parse_throughput_epochs,
+    parse_timing,
 )
 
 __all__ = ["RANK_PREFIX", "RESULTS_PATH", "THROUGHPUT_ROW", "THROUGHPUT_TOTAL", "WEIGHTS_DIR", "Phase", "Progress",
-           "Throughput", "announced", "parse_final", "parse_phases", "parse_results", "parse_throughput",
-           "parse_throughput_epochs", "progress_of", "rank0_lines", "run_progress"]
+           "Throughput", "Timing", "announced", "parse_final", "parse_phases", "parse_results", "parse_throughput",
+           "parse_throughput_epochs", "parse_timing", "progress_of", "rank0_lines",
+           "run_progress"]
 
 
 def progress_of(raw_lines: Iterable[str]) -> Progress | None:

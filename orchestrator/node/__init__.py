@@ -10,6 +10,7 @@ A node may run another orch version, or none: what a program needs travels with 
 - `procs.py`  process identity: which processes are the run's (pid and start time, boot id),
               signalled only while they still are; liveness of the agent and the job.
 - `stacks.py` `agent.py stacks`: every rank's Python stack (py-spy dump).
+- `telemetry.py` the agent's samples of GPUs, CPU, memory and ranks (`telemetry ...` lines).
 - `boot.py`   writes the files it reads on stdin into a run directory, then runs the agent.
 - `probe.py`  `orch check`'s probe: gathers a node's facts, answers pings and connect tests.
 - `reader.py` streams a node's log from a byte offset as frames, with the node's status;
@@ -40,7 +41,7 @@ then shows a command line of a few words in `ps` for its whole life, not its 40 
 FROM_STDIN_OPEN = "import sys;b=sys.stdin.buffer;exec(b.read(int(b.readline())))"
 """Like FROM_STDIN, but the program comes after a line with its length, and stdin stays open
 for the program to read (the log reader's lease renewals, `reader.py`)."""
-AGENT_MODULES = ("procs", "stacks")
+AGENT_MODULES = ("procs", "stacks", "telemetry")
 """The agent's own modules (`agent.py` imports them): shipped beside it into every run directory
 (`agent_files`), bundled before it into every program that runs or imports it."""
 PACKAGE = "orch_node"

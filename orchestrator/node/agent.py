@@ -87,6 +87,7 @@ except ImportError:
 
 if TYPE_CHECKING:
     import subprocess
+    import threading
 
 LAUNCH = "launch.json"
 OWNER = "launch.nonce"
@@ -411,7 +412,10 @@ class Monitor:
                  for s, n in ((proc.stdout, "out"), (proc.stderr, "err"))]
         for t in pumps:
             t.start()
+        sampling = self.start_telemetry()
         code = self.watch(proc)
+        if sampling is not None:
+            sampling.set()
         ended = time.time()  # when torchrun exited: the first-failure order, not when cleanup ended
         left = self.cleanup(proc.pid)
         for t in pumps:
@@ -426,6 +430,39 @@ class Monitor:
         self.save(state=state, exit_code=code, signal=sig, finished_at=ended, procs=[[p, s] for p, s in left],
                   cleanup_left=[p for p, _s in left], **extra)
         return code
+
+    def start_telemetry(self) -> threading.Event | None:
+        """Every `telemetry_s` seconds (launch.json; 0 or missing: never) a telemetry line of the
+        node's GPUs, CPU, memory and ranks (`telemetry.py`), in a thread of its own: a slow
+        nvidia-smi delays only the next sample. Returns the event that ends it."""
+        import threading
+
+        every = float(self.launch.get("telemetry_s") or 0)
+        if every <= 0:
+            return None
+        try:
+            from . import telemetry
+        except ImportError:
+            import telemetry  # type: ignore[no-redef]
+        done = threading.Event()
+        me = os.getpid()
+        sampler = telemetry.Sampler(lambda: [pid for pid, _st in descendants(me)])
+
+        def loop() -> None:
+            failures = 0
+            wait = min(every, 2.0)  # the first soon after the start (its CPU shares are still null)
+            while not done.wait(wait):
+                wait = every
+                try:
+                    self.log.write("orch", telemetry.line(sampler.sample()))
+                    failures = 0
+                except Exception as exc:  # telemetry never takes the agent down; said once in a row
+                    if failures == 0:
+                        self.log.write("orch", f"telemetry sample failed: {type(exc).__name__}: {exc}")
+                    failures += 1
+
+        threading.Thread(target=loop, name="telemetry", daemon=True).start()
+        return done
 
     def watch(self, proc: subprocess.Popen[bytes]) -> int:
         """Reap children (we are their subreaper) until torchrun exits; escalate a stop."""

@@ -137,7 +137,8 @@ def launch_spec(plan: Plan, np_: NodePlan, lease_s: float | None = None) -> dict
     lease for that long (see `node/agent.py` LEASE)."""
     spec = {"run": plan.run_id, "node": np_.node.name, "node_rank": np_.node_rank,
             "argv": list(np_.argv), "env": dict(np_.env), "cwd": np_.workdir,
-            "grace": plan.inventory.job.stop_grace_s, "torchrun_log_dir": True}
+            "grace": plan.inventory.job.stop_grace_s, "torchrun_log_dir": True,
+            "telemetry_s": plan.inventory.job.telemetry_s}
     if plan.nonce:
         spec["nonce"] = plan.nonce
     if lease_s:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..config.inventory import Inventory
@@ -57,6 +57,8 @@ class StatusReport:
     max_attempts: int = 1
     replaced: dict[str, str] | None = None
     """Nodes a spare replaced on a retry ({node: spare})."""
+    stragglers: list[dict[str, Any]] = field(default_factory=list)
+    """The ranks the straggler detector of an attached `orch up` named (run.json `stragglers`)."""
     master_tail: tuple[str, ...] = ()
     """The last node.log lines of the node holding rank 0, asked now while it runs (not in the
     JSON: the CLI reads the trainer's progress from them, `logs.trainer.run_progress`)."""
@@ -74,6 +76,7 @@ class StatusReport:
         out["attempt"], out["max_attempts"] = self.attempt, self.max_attempts
         if self.replaced:
             out["replaced"] = dict(self.replaced)
+        out["stragglers"] = list(self.stragglers)
         return out
 
 
@@ -177,7 +180,8 @@ def status_report(data: Mapping[str, Any], statuses: Mapping[str, NodeStatus]) -
             agent_alive=s.agent_alive, error=s.error))
     return StatusReport(data.get("run") or "", data.get("state") or RunState.STARTING, nodes,
                         data.get("first_failure") or None, int(data.get("attempt") or 1),
-                        int(data.get("max_attempts") or 1), dict(data.get("replaced") or {}) or None)
+                        int(data.get("max_attempts") or 1), dict(data.get("replaced") or {}) or None,
+                        [s for s in data.get("stragglers") or [] if isinstance(s, dict)])
 
 
 def _iso(ts: float | None) -> str | None:

@@ -553,3 +553,63 @@ def test_pids_recorded_on_another_boot_are_never_signalled_even_when_start_times
     finally:
         stranger.kill()
         stranger.wait()
+
+
+def telemetry_samples(d: Path) -> list[Any]:
+    from orchestrator.logs.lines import read_node_lines
+    from orchestrator.logs.telemetry import parse_sample
+
+    text = (d / "node.log").read_text().splitlines(keepends=True)
+    return [s for s in (parse_sample(line) for line in read_node_lines(text, "n1", 0, 0)) if s is not None]
+
+
+RANKS_JOB = ("export TORCHELASTIC_RUN_ID=t; "
+             "for r in 0 1; do RANK=$r LOCAL_RANK=$r python3 -c 'import time\n"
+             "t = time.monotonic()\nwhile time.monotonic() - t < 30: pass' & done; wait")
+"""torchrun's shape: two workers with RANK/LOCAL_RANK/TORCHELASTIC_RUN_ID, busy on a core each."""
+
+
+def test_the_agent_samples_gpus_cpu_memory_and_each_rank_into_the_node_log(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = Path(__file__).resolve().parents[1] / "fixtures" / "telemetry" / "h100x8" / "bin"
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
+    d = prepare(tmp_path, RANKS_JOB, telemetry_s=1)
+    code, _st = call("start", str(d))
+    assert code == 0
+    try:
+        wait_for(lambda: any(s.ranks and all(r.cpu_pct is not None for r in s.ranks) and len(s.ranks) == 2
+                             for s in telemetry_samples(d)), "a sample with both ranks' CPU shares", timeout=30)
+    finally:
+        call("stop", str(d), "--grace", "1")
+    samples = telemetry_samples(d)
+    s = next(x for x in samples if len(x.ranks) == 2 and all(r.cpu_pct is not None for r in x.ranks))
+    assert len(s.gpus) == 8 and s.gpu_error is None
+    g = s.gpus[0]
+    assert (g.index, g.name, g.util_pct, g.mem_total_mb, g.temp_c, g.power_w, g.sm_mhz) == \
+        (0, "NVIDIA H100 80GB HBM3", 0.0, 81559, 29.0, 67.74, 86)
+    assert g.throttle == ("hw_slowdown", "hw_power_brake") and g.error is None
+    assert [r.rank for r in s.ranks] == [0, 1] and [r.local_rank for r in s.ranks] == [0, 1]
+    assert all(r.cpu_pct is not None and r.cpu_pct > 0 for r in s.ranks), s.ranks  # each spins (a shared core)
+    assert all(r.rss_mb is not None and r.rss_mb > 1 for r in s.ranks)
+    assert s.mem_total_mb and s.mem_used_mb and s.load1 is not None and s.ncpu
+    assert samples[0].cpu_pct is None and s.cpu_pct is not None  # the first sample has no delta yet
+
+
+def test_no_nvidia_smi_is_said_in_the_sample_and_telemetry_0_writes_none(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    for tool in ("sh", "python3", "sleep"):
+        (bare / tool).symlink_to(subprocess.run(["sh", "-c", f"command -v {tool}"], capture_output=True,
+                                                text=True).stdout.strip())
+    monkeypatch.setenv("PATH", str(bare))
+    d = prepare(tmp_path, "sleep 4", telemetry_s=1)
+    assert call("start", str(d))[0] == 0
+    wait_for(lambda: telemetry_samples(d), "a telemetry sample")
+    call("stop", str(d), "--grace", "1")
+    s = telemetry_samples(d)[0]
+    assert s.gpus == () and s.gpu_error == "nvidia-smi: not found in PATH"
+    off = prepare(tmp_path / "off", "sleep 3", telemetry_s=0)
+    assert call("start", str(off))[0] == 0
+    wait_state(off, "succeeded")
+    assert telemetry_samples(off) == [] and "telemetry" not in (off / "node.log").read_text()

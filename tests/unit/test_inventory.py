@@ -6,6 +6,7 @@ import re
 import socket
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 
 from orchestrator.cli import main
 from orchestrator.config import inventory, nodes, schema
+from orchestrator.config.inventory import load
 from orchestrator.errors import InventoryError
 from tests.hypothesis_support import examples
 
@@ -152,7 +154,7 @@ def test_job_args_render_as_flags() -> None:
 # ----------------------------------------------------------------------------- one schema, two validators
 
 SCHEMAS = [schema.SSHModel, schema.NodeModel, schema.MasterModel, schema.ClockModel,
-           schema.RdmaModel, schema.SSHCheckModel, schema.FabricCheckModel, schema.ChecksModel, schema.JobModel,
+           schema.RdmaModel, schema.SSHCheckModel, schema.FabricCheckModel, schema.ChecksModel, schema.StragglerModel, schema.JobModel,
            schema.InventoryModel]
 
 
@@ -272,3 +274,37 @@ def test_a_plain_host_is_what_nodeset_makes_of_it(host: str) -> None:
     assert list(NodeSet(host)) == [host]
     inv = inventory.parse(f"nodes:\n  - host: '{host}'\n    name: n1\n", "t.yaml")
     assert inv.nodes[0].host == host
+
+
+@pytest.mark.parametrize(("job", "key", "words"), [
+    ({"telemetry_s": -1}, "job.telemetry_s", "0 (off) or at least 1"),
+    ({"telemetry_s": 0.5}, "job.telemetry_s", "at least 1 second"),
+    ({"straggler": {"share": 1.25}}, "job.straggler.share", "between 0 and 1"),
+    ({"straggler": {"windows": 0}}, "job.straggler.windows", "1 or more"),
+    ({"straggler": {"action": "kill"}}, "job.straggler.action", "warn"),
+    ({"straggler": {"window": 3}}, "job.straggler.window", "windows"),
+])
+def test_telemetry_and_straggler_keys_are_checked_with_their_line(tmp_path: Path, job: dict[str, Any], key: str,
+                                                                   words: str) -> None:
+    """A bad `job.telemetry_s` or `job.straggler.*` is refused naming file, line and key."""
+    import yaml
+
+    path = tmp_path / "inv.yaml"
+    path.write_text(yaml.safe_dump({"nodes": [{"host": "a"}], "job": job}, sort_keys=False))
+    with pytest.raises(InventoryError) as exc:
+        load(path)
+    text = str(exc.value)
+    assert f"{path}:" in text and key in text and words in text, text
+
+
+def test_telemetry_and_straggler_defaults_and_values(tmp_path: Path) -> None:
+    import yaml
+
+    path = tmp_path / "inv.yaml"
+    path.write_text(yaml.safe_dump({"nodes": [{"host": "a"}]}))
+    job = load(path).job
+    assert (job.telemetry_s, job.straggler.share, job.straggler.windows, job.straggler.action) == (10.0, 0.8, 3, "warn")
+    path.write_text(yaml.safe_dump({"nodes": [{"host": "a"}],
+                                    "job": {"telemetry_s": 0, "straggler": {"share": 0.5, "windows": 2, "action": "stop"}}}))
+    job = load(path).job
+    assert (job.telemetry_s, job.straggler.share, job.straggler.windows, job.straggler.action) == (0.0, 0.5, 2, "stop")

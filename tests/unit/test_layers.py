@@ -12,7 +12,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "orchestrator"
 LAYERS = {
     "contract": 0, "errors": 1, "config": 2, "node": 2, "store": 3, "transport": 3, "run": 4,
-    "preflight": 5, "logs": 5, "remote": 5, "report": 6, "up": 6, "cli": 7, "__main__": 8, "__init__": 0,
+    "preflight": 5, "logs": 5, "remote": 5, "report": 6, "up": 6, "top": 6, "cli": 7, "__main__": 8, "__init__": 0,
 }
 """Each part of the package and its layer, as docs/ARCHITECTURE.md draws them: a module may import
 from its own part and from lower layers only."""

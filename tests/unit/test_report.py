@@ -90,6 +90,31 @@ def test_report_command_fetches_results_and_says_where_everything_is(
     assert (run.path / "report" / "curves.png").exists()
 
 
+def test_report_shows_each_ranks_speed_over_time_and_the_straggler(tmp_path: Path) -> None:
+    """The detector replayed on the node logs: a heatmap of every rank window by window, and the
+    straggler's line (rank 2 on n3 computes 2.5 x as long as the others)."""
+    from orchestrator.report import rank_pace
+    from tests.telemetry_support import make_top_run
+
+    run = make_top_run(tmp_path, [None, None, "h100x8", None], slow={2: (2.5, 0.01)})
+    det = rank_pace(run)
+    assert [(s.rank, s.node) for s in det.found] == [(2, "n3")]
+    assert det.found[0].kind == "gpu"  # n3's recorded H100s throttle (HW slowdown, power brake)
+    assert len(det.speeds) == 4 and det.speeds[0][2][2] == pytest.approx(1.01 / 2.51, rel=1e-3)
+    text = build_report(run).read_text()
+    assert "<h2>ranks over time</h2>" in text
+    assert "straggler: rank 2 on n3 at 0.40× the median" in text and "GPU 0 on n3 throttles" in text
+    data = (run.path / "report" / "pace.png").read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_without_timing_lines_says_there_is_no_heatmap(tmp_path: Path) -> None:
+    run = make_run(tmp_path)
+    text = build_report(run).read_text()
+    assert "<h2>ranks over time</h2>" in text and "no data for per-rank speed heatmap" in text
+    assert not (run.path / "report" / "pace.png").exists()
+
+
 def test_a_finished_runs_wall_time_is_the_recorded_one_however_late_the_report(tmp_path: Path) -> None:
     """run.json says 52.4 s; the report said 500.1 s (the time since the run was created) and more
     each time it was regenerated."""

@@ -276,6 +276,33 @@ def test_a_node_failing_the_retry_preflight_is_replaced_by_the_next_healthy_spar
     assert [n.name for n in RunStore().get("r1").inventory().nodes] == ["gpu01", "gpu09", "gpu03"]
 
 
+def test_a_node_stopped_as_a_straggler_is_replaced_by_a_spare_on_the_retry(monkeypatch: pytest.MonkeyPatch,
+                                                                            home: Path) -> None:
+    """`job.straggler.action: stop` fails the run on the slow node; the retry puts a spare in its
+    place before its preflight, even though the slow node itself passes every check."""
+    launched: list[list[str]] = []
+    results = iter(["failed", "succeeded"])
+
+    def attempt(say: Any, run: Any, i: inventory.Inventory, *a: Any) -> up.UpOutcome:
+        launched.append([x.name for x in i.nodes])
+        failure = Failure("gpu03", 2, "straggler: rank 2 on gpu03 at 0.45× the median for 3 min; data-wait 4 %, "
+                                      "CPU 100 %: compute-bound on gpu03", rank=2, local_rank=0)
+        result = next(results)
+        return up.UpOutcome(result, run.run_id, None, 1.0, failure if result == "failed" else None)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(up, "_attempt", attempt)
+    asked = reports(monkeypatch, [{}, {}])
+    checkpoint(monkeypatch, False)
+    say = Say()
+    out = up.up(inv(), run_id="r1", progress=say)
+    assert out.result == "succeeded"
+    assert launched == [["gpu01", "gpu02", "gpu03"], ["gpu01", "gpu02", "gpu08"]]
+    assert asked[1] == ["gpu01", "gpu02", "gpu08"]
+    assert ("replacing", "gpu03", "gpu08", "straggler: rank 2 on gpu03 at 0.45× the median for 3 min; data-wait 4 %, "
+                                           "CPU 100 %: compute-bound on gpu03") in say.said
+    assert up.straggler_of(Failure("gpu02", 1, "exited with code 1")) == {}
+
+
 def test_a_retry_runs_the_same_preflight_as_the_first_attempt_fabric_included(monkeypatch: pytest.MonkeyPatch,
                                                                              home: Path) -> None:
     fake_attempts(monkeypatch, ["failed", "succeeded"])

@@ -110,6 +110,9 @@ def test_status_json_follows_the_contract() -> None:
     out = control.status_report({**data, "first_failure": {"node": "a", "rank": 3, "exit_code": 1, "excerpt": []}},
                                 {}).to_json()
     assert out["first_failure"]["rank"] == 3
+    assert out["stragglers"] == []
+    named = {"rank": 2, "node": "b", "kind": "compute", "line": "straggler: rank 2 on b at 0.45× the median ..."}
+    assert control.status_report({**data, "stragglers": [named]}, {}).to_json()["stragglers"] == [named]
 
 
 def test_merge_status_keeps_the_record_and_takes_the_agents_facts() -> None:

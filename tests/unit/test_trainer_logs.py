@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from trainer import logs
 
 
@@ -79,3 +81,18 @@ def test_the_report_reads_the_trainers_lines_without_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_timing_line_round_trips_with_and_without_the_rank_prefix() -> None:
+    from trainer.logs import parse_timing, rank_prefix, timing_line
+
+    text = timing_line(3, 40, 10, 80, 0.0123456, 1.5234, 3.1)
+    t = parse_timing(rank_prefix(2) + text)
+    assert t is not None and parse_timing(text) == t
+    assert (t.epoch, t.batch, t.steps, t.images) == (3, 40, 10, 80)
+    assert t.data_s == pytest.approx(0.01235) and t.compute_s == pytest.approx(1.523) and t.wall_s == pytest.approx(3.1)
+    assert t.outside_s == pytest.approx((0.01235 + 1.523) / 10)
+    assert t.ips == pytest.approx(80 / 3.1) and t.data_share == pytest.approx(0.01235 / 3.1)
+    tiny = parse_timing(timing_line(1, 2, 1, 8, 1.5e-06, 2e-7, 0.5))
+    assert tiny is not None and tiny.data_s == pytest.approx(1.5e-06)
+    assert parse_timing("[rank 0] epoch 1/3 batch 4/8 box_loss 1 lr 0.01 images/s 3.0 data 2%") is None

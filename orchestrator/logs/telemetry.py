@@ -1,0 +1,119 @@
+"""The node agents' telemetry lines and the trainer's timing lines, read back from node log lines. Pure.
+
+A telemetry line is the agent's own (`orch` stream) `telemetry {json}` (`node/telemetry.py` writes
+it; its fields are docs/CONTRACT.md's). A timing line is a rank's `timing epoch E batch B ...`
+(`trainer/logs.py`, through `logs/trainer.py`). Both become what the straggler detector
+(`run/straggler.py`) and `orch top` use.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..node.telemetry import PREFIX
+from ..run.straggler import GpuLoad, NodeLoad, Window
+from .lines import LogLine
+from .trainer import Timing, parse_timing
+
+__all__ = ["PREFIX", "Sample", "parse_sample", "timing_window"]
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _int(value: Any) -> int | None:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int | None
+    uuid: str | None
+    name: str | None
+    util_pct: float | None
+    mem_used_mb: int | None
+    mem_total_mb: int | None
+    temp_c: float | None
+    power_w: float | None
+    sm_mhz: int | None
+    throttle: tuple[str, ...] | None
+    """The slowing throttle reasons active; None when nvidia-smi does not report them."""
+    fan_pct: float | None
+    error: str | None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Gpu:
+        throttle = d.get("throttle")
+        return cls(_int(d.get("index")), _text(d.get("uuid")), _text(d.get("name")), _num(d.get("util_pct")),
+                   _int(d.get("mem_used_mb")), _int(d.get("mem_total_mb")), _num(d.get("temp_c")),
+                   _num(d.get("power_w")), _int(d.get("sm_mhz")),
+                   tuple(str(t) for t in throttle) if isinstance(throttle, list) else None,
+                   _num(d.get("fan_pct")), _text(d.get("error")))
+
+
+@dataclass(frozen=True)
+class RankSample:
+    rank: int
+    local_rank: int | None
+    pid: int | None
+    cpu_pct: float | None
+    rss_mb: float | None
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One node's telemetry at one moment."""
+
+    node: str
+    ts: float
+    gpus: tuple[Gpu, ...]
+    gpu_error: str | None
+    cpu_pct: float | None
+    load1: float | None
+    ncpu: int | None
+    mem_used_mb: int | None
+    mem_total_mb: int | None
+    ranks: tuple[RankSample, ...] = field(default=())
+
+    def load(self) -> NodeLoad:
+        """What the straggler detector's attribution needs of it."""
+        return NodeLoad(self.node, self.cpu_pct, {r.rank: r.cpu_pct for r in self.ranks},
+                        tuple(GpuLoad(g.index, g.util_pct, g.temp_c, g.throttle or ()) for g in self.gpus))
+
+
+def parse_sample(line: LogLine) -> Sample | None:
+    """The sample a node's telemetry line carries; None for any other line (or a broken one)."""
+    if line.stream != "orch" or not line.text.startswith(PREFIX):
+        return None
+    try:
+        d = json.loads(line.text[len(PREFIX):])
+    except ValueError:
+        return None
+    if not isinstance(d, dict):
+        return None
+    gpus = tuple(Gpu.from_json(g) for g in d.get("gpus") or [] if isinstance(g, dict))
+    ranks = tuple(RankSample(int(r["rank"]), _int(r.get("local_rank")), _int(r.get("pid")), _num(r.get("cpu_pct")),
+                             _num(r.get("rss_mb")))
+                  for r in d.get("ranks") or [] if isinstance(r, dict) and _int(r.get("rank")) is not None)
+    return Sample(line.node, line.ts, gpus, _text(d.get("gpu_error")), _num(d.get("cpu_pct")), _num(d.get("load1")),
+                  _int(d.get("ncpu")), _int(d.get("mem_used_mb")), _int(d.get("mem_total_mb")), ranks)
+
+
+def timing_window(line: LogLine, offset_s: float = 0.0) -> tuple[Window, Timing] | None:
+    """A rank's timing line as the detector's window (its time on the reference clock: the
+    node's minus `offset_s`), with the timing itself; None for any other line."""
+    if line.rank is None or "timing epoch" not in line.text:
+        return None
+    t = parse_timing(line.text)
+    if t is None:
+        return None
+    return Window(line.node, line.rank, line.local_rank, t.epoch, t.batch, t.steps, t.data_s, t.compute_s,
+                  t.wall_s, line.ts - offset_s), t

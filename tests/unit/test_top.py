@@ -1,0 +1,96 @@
+"""`orch top`'s view of a run from its stored node logs (orchestrator/top.py), and its screen."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from orchestrator.top import TopView
+from tests.telemetry_support import make_top_run
+
+TS0 = 1_796_000_000.0
+
+
+def view_of(tmp_path: Path, sets: list[str | None], **kw: object) -> TopView:
+    run = make_top_run(tmp_path, sets, ts0=TS0, **kw)  # type: ignore[arg-type]
+    view = TopView(run, run.inventory(), clock=lambda: TS0 + 250)
+    view.read_copies()
+    return view
+
+
+def test_rows_flags_and_the_bad_gpu_from_the_recorded_sets(tmp_path: Path) -> None:
+    report = view_of(tmp_path, ["h100x8", "v100x8", "a100", "err"]).report().to_json()
+    nodes = {n["node"]: n for n in report["nodes"]}
+    assert [len(n["gpus"]) for n in report["nodes"]] == [8, 8, 3, 1]
+    h100 = nodes["n1"]
+    assert h100["flags"] == ["throttle", "idle-gpu", "stale"]  # 86 MHz, power brake; 0 % busy while rank 0 runs on GPU 0
+    assert h100["gpus"][0]["throttle"] == ["hw_slowdown", "hw_power_brake"] and h100["gpus"][0]["sm_mhz"] == 86
+    assert h100["gpus"][0]["flags"] == ["throttle", "idle"] and h100["gpus"][0]["rank"] == 0
+    assert h100["gpus"][1]["flags"] == ["throttle"] and h100["gpus"][1]["rank"] is None
+    v100 = nodes["n2"]
+    assert v100["flags"] == ["stale"] and v100["gpus"][0]["util_pct"] == 100.0 and v100["gpus"][0]["throttle"] is None
+    assert (v100["gpus"][0]["mem_used_mb"], v100["gpus"][0]["mem_total_mb"], v100["gpus"][0]["power_w"]) == (3087, 16384, 80.0)
+    assert nodes["n3"]["gpus"][0]["power_w"] is None and nodes["n3"]["gpus"][0]["name"] == "NVIDIA A100-SXM4-40GB"
+    err = nodes["n4"]
+    assert err["gpus"][0]["error"] == "fan.speed ERR!" and "gpu-error" in err["flags"]
+    for n in report["nodes"]:
+        assert n["ranks"][0]["images_per_s"] == pytest.approx(16.0) and n["ranks"][0]["cpu_pct"] == 98.0
+        assert n["last_line_age_s"] == pytest.approx(250 - 240, abs=0.1) and n["sample_age_s"] == pytest.approx(249)
+        assert "stale" in n["flags"]  # 249 s since the last sample at 10 s intervals
+    assert report["stragglers"] == []
+
+
+def test_a_slow_rank_is_named_in_the_report_and_on_its_node(tmp_path: Path) -> None:
+    view = view_of(tmp_path, [None, None, None, None], slow={2: (2.5, 0.01)})
+    report = view.report()
+    data = report.to_json()
+    assert [s["node"] for s in data["stragglers"]] == ["n3"] and data["stragglers"][0]["kind"] == "compute"
+    flagged = [n["node"] for n in data["nodes"] if "straggler" in n["flags"]]
+    assert flagged == ["n3"]
+    assert data["nodes"][2]["ranks"][0]["flags"] == ["straggler"]
+    assert data["nodes"][2]["ranks"][0]["speed"] == pytest.approx(1.01 / 2.51, rel=1e-3)
+    assert data["nodes"][0]["gpu_error"] == "nvidia-smi: not found in PATH" and data["nodes"][0]["gpus"] == []
+    assert len(report.speeds) == 4
+
+
+def test_reading_again_reads_only_what_the_copies_gained(tmp_path: Path) -> None:
+    view = view_of(tmp_path, [None, None], slow={})
+    before = len(view.detector.speeds)
+    view.read_copies()
+    assert len(view.detector.speeds) == before == 4
+    copy = view.run.path / "nodes" / "n1.log"
+    with open(copy, "a") as fh:
+        fh.write("2026-12-01T00:00:00.000000Z out [default0]:[rank 0] timing epoch 2 batch 10 steps 10 ")  # torn
+    view.read_copies()
+    assert len(view.detector.speeds) == before
+
+
+def test_the_screen_shows_nodes_gpus_and_stragglers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rich.console import Console
+
+    from orchestrator.cli import render
+
+    view = view_of(tmp_path, ["h100x8", "v100x8", "a100", "err"], slow={1: (3.0, 0.01)})
+    buf = io.StringIO()
+    monkeypatch.setattr(render, "console", lambda stderr=True: Console(file=buf, width=200, color_system=None))
+    render.top_table(view.report(), gpus=False)
+    text = buf.getvalue()
+    assert "8× NVIDIA H100 80GB HBM3" in text and "throttle" in text and "gpu-error" in text
+    assert "straggler: rank 1 on n2 at 0.34× the median" in text
+    buf.truncate(0)
+    render.top_table(view.report(), gpus=True)
+    assert text.count("n1") < buf.getvalue().count("n1") and "86 MHz" in buf.getvalue()
+
+
+def test_the_live_view_off_a_terminal_prints_each_refresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rich.console import Console
+
+    from orchestrator.cli import render
+
+    view = view_of(tmp_path, [None, None])
+    buf = io.StringIO()
+    monkeypatch.setattr(render, "console", lambda stderr=True: Console(file=buf, width=160, color_system=None))
+    render.top_live(iter([view.report(), view.report()]), gpus=False)
+    assert buf.getvalue().count("run 20261130-093200-toptest: running") == 2

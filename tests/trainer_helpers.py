@@ -95,19 +95,23 @@ def env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def run_trainer(args: list[str], nproc: int = 0, timeout: float = TRAINER_TIMEOUT_S, blocked_net_log: Path | None = None,
-                cwd: Path | None = None) -> Result:
+                cwd: Path | None = None, slow_build_s: float = 0.0) -> Result:
     """Run the trainer: plain ``python -m trainer`` (nproc 0) or torchrun with ``nproc`` ranks.
 
     With ``blocked_net_log`` the run goes through this file as a script, so every rank runs
-    with the network blocked in-process and attempts are logged there.
+    with the network blocked in-process and attempts are logged there; with ``slow_build_s``
+    too, and rank 0's first dataset build takes that many seconds longer (a slow file system).
     """
-    entry = [str(Path(__file__).resolve())] if blocked_net_log else ["-m", "trainer"]
+    script = blocked_net_log is not None or slow_build_s > 0
+    entry = [str(Path(__file__).resolve())] if script else ["-m", "trainer"]
     if nproc:
         cmd = [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
                "--master-port", str(free_port()), *entry, *args]
     else:
         cmd = [PYTHON, *entry, *args]
     extra = {"TRAINER_NET_LOG": str(blocked_net_log)} if blocked_net_log else {}
+    if slow_build_s:
+        extra["TRAINER_SLOW_BUILD_S"] = str(slow_build_s)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env(extra), cwd=cwd or REPO)
     return Result(p.returncode, p.stdout, p.stderr)
 
@@ -261,9 +265,11 @@ def run_trainer_counting_syncs(args: list[str], log: Path, timeout: float = TRAI
     return Result(p.returncode, p.stdout, p.stderr), json.loads(log.read_text()) if log.exists() else {}
 
 
-def run_nodes(args: list[str], homes: list[Path], timeout: float = TRAINER_TIMEOUT_S) -> list[Result]:
+def run_nodes(args: list[str], homes: list[Path], timeout: float = TRAINER_TIMEOUT_S,
+              extra_env: dict[str, str] | None = None) -> list[Result]:
     """A job of ``len(homes)`` torchrun "nodes" of one process each on this machine, every node with its
-    own HOME: paths under ``~/`` are node-local, as on machines that share no storage."""
+    own HOME: paths under ``~/`` are node-local, as on machines that share no storage. A node still
+    running after ``timeout`` seconds is killed and raises ``subprocess.TimeoutExpired``."""
     port = free_port()
     procs = []
     for rank, home in enumerate(homes):
@@ -272,7 +278,8 @@ def run_nodes(args: list[str], homes: list[Path], timeout: float = TRAINER_TIMEO
                "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "trainer",
                *args]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                      env=env({"HOME": str(home)}), cwd=REPO, start_new_session=True))
+                                      env=env({**(extra_env or {}), "HOME": str(home)}), cwd=REPO,
+                                      start_new_session=True))
     results = []
     try:
         for p in procs:
@@ -286,12 +293,33 @@ def run_nodes(args: list[str], homes: list[Path], timeout: float = TRAINER_TIMEO
     return results
 
 
+def install_slow_build(seconds: float) -> None:
+    """Make this process's first dataset build take ``seconds`` longer (the fault a test injects:
+    a label scan or image cache on a slow file system)."""
+    import time
+
+    import trainer.data as tdata
+
+    build = tdata.build_dataset
+    slowed = [False]
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        if not slowed[0]:
+            slowed[0] = True
+            time.sleep(seconds)  # the injected slowness itself, not a wait for anything
+        return build(*args, **kwargs)
+
+    tdata.build_dataset = slow
+
+
 if __name__ == "__main__":
     if os.environ.get("TRAINER_SYNC_LOG"):
         install_sync_counter(Path(os.environ["TRAINER_SYNC_LOG"]))
     if os.environ.get("TRAINER_NET_LOG"):
         install_network_block(Path(os.environ["TRAINER_NET_LOG"]))
     sys.path.insert(0, str(REPO))
+    if os.environ.get("TRAINER_SLOW_BUILD_S") and os.environ.get("RANK", "0") == "0":
+        install_slow_build(float(os.environ["TRAINER_SLOW_BUILD_S"]))
     from trainer.train import main
 
     main(sys.argv[1:])

@@ -195,6 +195,12 @@ class TrainConfig:
     timeout_min: float = 30.0
     """collective timeout in minutes: how long a collective may wait before the process group gives up
     (a lost node ends the job)"""
+    startup_timeout_min: float = 120.0
+    """how long a rank waits for the others at start-up (datasets built and cached; --cache ram at COCO
+    scale takes minutes per rank), on a gloo group of its own; at least --timeout-min"""
+    progress_every_s: float = 30.0
+    """start-up: each node's first rank says what it is building every N seconds (feeds orch's stall
+    watchdog), e.g. 60"""
     debug_dir: str | None = None
     """testing: each rank writes DIR/rank{R}.json with samples seen per epoch and a parameter checksum"""
     debug_exit_after: int = field(default=0, metadata=flag(metavar="EPOCH"))
@@ -378,6 +384,9 @@ def resolve(given: Given, hyp: dict[str, Any]) -> TrainConfig:
             raise TrainerError(f"--{name.replace('_', '-')} must be >= 1{extra}, got {getattr(cfg, name)}")
     if cfg.accumulate is not None and cfg.accumulate < 1:
         raise TrainerError(f"--accumulate must be >= 1, got {cfg.accumulate}")
+    for name in ("timeout_min", "startup_timeout_min", "progress_every_s"):
+        if getattr(cfg, name) <= 0:
+            raise TrainerError(f"--{name.replace('_', '-')} must be > 0, got {getattr(cfg, name):g}")
     if cfg.workers < 0:
         raise TrainerError(f"--workers must be >= 0, got {cfg.workers}")
     if not 0 < cfg.fraction <= 1:

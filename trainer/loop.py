@@ -288,10 +288,15 @@ def build_parts(inp: Inputs, local_batch: int) -> tuple[Parts, Any, Any]:
     if device.type == "cuda" and cfg.channels_last is not False:
         model = model.to(memory_format=torch.channels_last)
     stride = max(int(model.stride.max()), 32)
-    with tdata.one_writer_first(topo):
+    cached = f", caching images in {cfg.cache}" if cfg.cache else ""
+    with tdata.Heartbeat(f"building the datasets{cached}", topo, cfg.progress_every_s):
+        with tdata.one_writer_first(topo):  # only the labels.cache writes take turns
+            if topo.local_rank == 0:  # after this node's first rank the cache is there: the others only read it
+                tdata.write_label_caches(inp.hyp, inp.data, ("train", "val"), stride)
         train_set = tdata.build_dataset(inp.hyp, inp.data, "train", local_batch, stride)
         val_set = tdata.build_dataset(inp.hyp, inp.data, "val", local_batch * 2, stride) if cfg.val_period else None
         probe_set = val_set or tdata.build_dataset(inp.hyp, inp.data, "val", 2, stride)
+        tdist.startup_barrier()  # every rank built (and cached) before the first collective of the job's group
     unused = unused_parameters(model, probe_set, device)
     find_unused = tdist.any_rank(bool(unused))
     model, ema = ema_then_sync_bn(model, cfg.sync_bn and topo.distributed)

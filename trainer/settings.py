@@ -270,6 +270,7 @@ _CONVERTERS: dict[str, Any] = {
     "warmup_epochs": float, "workers": int, "seed": int, "close_mosaic": int, "patience": int, "fraction": float,
     "multi_scale": float, "nbs": int, "save_period": int, "accumulate": int, "clip": float, "log_every": int,
     "val_period": int, "debug_exit_after": int, "timeout_min": float, "ref_ips": float,
+    "startup_timeout_min": float, "progress_every_s": float,
     "cos_lr": parse_bool, "exist_ok": parse_bool, "deterministic": parse_bool, "cls_remap": parse_bool,
     "pin_memory": parse_bool, "persistent_workers": parse_bool, "sync_bn": parse_bool,
     "device": parse_device, "cache": parse_cache, "freeze": parse_freeze,

@@ -95,14 +95,15 @@ def env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def run_trainer(args: list[str], nproc: int = 0, timeout: float = TRAINER_TIMEOUT_S, blocked_net_log: Path | None = None,
-                cwd: Path | None = None, slow_build_s: float = 0.0) -> Result:
+                cwd: Path | None = None, slow_build_s: float = 0.0, inf_loss_at: int = 0) -> Result:
     """Run the trainer: plain ``python -m trainer`` (nproc 0) or torchrun with ``nproc`` ranks.
 
     With ``blocked_net_log`` the run goes through this file as a script, so every rank runs
     with the network blocked in-process and attempts are logged there; with ``slow_build_s``
-    too, and rank 0's first dataset build takes that many seconds longer (a slow file system).
+    too, and rank 0's first dataset build takes that many seconds longer (a slow file system);
+    with ``inf_loss_at``, every rank's loss of that criterion call (1-based) is infinite, once.
     """
-    script = blocked_net_log is not None or slow_build_s > 0
+    script = blocked_net_log is not None or slow_build_s > 0 or inf_loss_at > 0
     entry = [str(Path(__file__).resolve())] if script else ["-m", "trainer"]
     if nproc:
         cmd = [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
@@ -112,6 +113,8 @@ def run_trainer(args: list[str], nproc: int = 0, timeout: float = TRAINER_TIMEOU
     extra = {"TRAINER_NET_LOG": str(blocked_net_log)} if blocked_net_log else {}
     if slow_build_s:
         extra["TRAINER_SLOW_BUILD_S"] = str(slow_build_s)
+    if inf_loss_at:
+        extra["TRAINER_INF_LOSS_AT"] = str(inf_loss_at)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env(extra), cwd=cwd or REPO)
     return Result(p.returncode, p.stdout, p.stderr)
 
@@ -312,6 +315,36 @@ def install_slow_build(seconds: float) -> None:
     tdata.build_dataset = slow
 
 
+def install_inf_loss(at: int) -> None:
+    """Make the training loss of this process's ``at``-th criterion call (1-based, counted over the
+    run) infinite, once: the fault a test injects, as an fp16 overflow or a bad label would."""
+    import trainer.loop as tloop
+
+    advance = tloop.advance_criterion
+    calls = [0]
+
+    def patched(model: Any, epoch: int) -> None:
+        advance(model, epoch)
+        criterion = model.criterion
+        if getattr(criterion, "inf_at", None) is not None:
+            return
+        original = type(criterion).__call__
+
+        class InfOnce(type(criterion)):  # type: ignore[misc]
+            def __call__(self, preds: Any, batch: Any) -> Any:
+                loss, items = original(self, preds, batch)
+                calls[0] += 1
+                if calls[0] == at:
+                    print(f"[test] criterion call {at}: loss made infinite", file=sys.stderr, flush=True)
+                    loss = loss * float("inf")
+                return loss, items
+
+        criterion.__class__ = InfOnce
+        criterion.inf_at = at
+
+    tloop.advance_criterion = patched
+
+
 if __name__ == "__main__":
     if os.environ.get("TRAINER_SYNC_LOG"):
         install_sync_counter(Path(os.environ["TRAINER_SYNC_LOG"]))
@@ -320,6 +353,8 @@ if __name__ == "__main__":
     sys.path.insert(0, str(REPO))
     if os.environ.get("TRAINER_SLOW_BUILD_S") and os.environ.get("RANK", "0") == "0":
         install_slow_build(float(os.environ["TRAINER_SLOW_BUILD_S"]))
+    if os.environ.get("TRAINER_INF_LOSS_AT"):
+        install_inf_loss(int(os.environ["TRAINER_INF_LOSS_AT"]))
     from trainer.train import main
 
     main(sys.argv[1:])

@@ -178,6 +178,39 @@ class Parts:
     """The model's largest stride (at least 32), read from the device once."""
 
 
+@dataclass(frozen=True)
+class Health:
+    """An epoch's troubled steps over all ranks, and whether training can go on from it."""
+
+    nonfinite: int = 0
+    """Micro-steps whose loss was inf or NaN (every rank's)."""
+    skipped: int = 0
+    """Optimizer steps the fp16 GradScaler skipped (their gradients overflowed)."""
+    steps: int = 0
+    """Optimizer steps of the epoch."""
+    finite: bool = True
+    """Whether every rank's weights are finite after the epoch."""
+
+    @property
+    def broken(self) -> bool:
+        """Weights no longer finite, or an epoch in which no optimizer step changed anything."""
+        return not self.finite or (self.steps > 0 and self.skipped == self.steps)
+
+    def why(self) -> str:
+        """What went wrong, for the recovery line and the error."""
+        if not self.finite:
+            return f"the weights are no longer finite after {self.nonfinite} non-finite loss(es)"
+        return f"all {self.steps} optimizer steps were skipped (fp16 gradients overflowed; {self.nonfinite} non-finite loss(es))"
+
+    def counts(self) -> dict[str, float]:
+        """results.csv's ``steps/*`` columns."""
+        return {"steps/nonfinite": float(self.nonfinite), "steps/skipped": float(self.skipped)}
+
+
+MAX_RECOVERIES = 3
+"""Recoveries from last.pt in a row before a diverging run stops (ultralytics' limit too)."""
+
+
 def open_run(inp: Inputs) -> tuple[Path, dict[str, Any] | None]:
     """The run directory and the checkpoint to resume from, both decided by rank 0 and sent to every rank.
 
@@ -243,16 +276,24 @@ def fit(inp: Inputs) -> None:
             mosaic_note(inp, epoch)
             loader = make_loader(train_set, local_batch, inp, restore=None)  # fresh workers see it
             state.buffers.clear()
-        loss_means, throughput = train_epoch(epoch, loader, parts, inp, state)
+        attempt = 0
+        while True:
+            loss_means, throughput, health = train_epoch(epoch, loader, parts, inp, state)
+            if not health.broken:
+                break
+            attempt += 1
+            recover(epoch, health, attempt, parts, inp, state, out)
+            loader = make_loader(train_set, local_batch, inp, restore=state.buffers)  # the buffers of the checkpoint
         state.epoch = epoch + 1
         if isinstance(loader.dataset, tdata.EpochSeeded):
             loader.dataset.restore = None  # a worker started after this epoch starts like one never resumed
         if topo.is_main:
             say(throughput_table(epoch + 1, throughput, cfg.ref_ips))
-            say(epoch_line(epoch + 1, cfg.epochs, loss_means, learning_rates(parts.optimizer)))
+            say(epoch_line(epoch + 1, cfg.epochs, loss_means, learning_rates(parts.optimizer), health.counts()))
         fitness = validate_epoch(validator, epoch, loss_means, parts, inp, state)
         stop = parts.stopper(epoch + 1, fitness)
-        end_epoch(epoch, fitness, loss_means, throughput, parts, inp, state, out, scalars, train_start)
+        end_epoch(epoch, fitness, {**loss_means, **health.counts()}, throughput, parts, inp, state, out, scalars,
+                  train_start)
         if cfg.debug_exit_after and epoch + 1 == cfg.debug_exit_after:
             tdist.barrier()
             say(f"debug: exiting abruptly after epoch {epoch + 1} (--debug-exit-after)")
@@ -500,11 +541,12 @@ def preprocess(batch: dict[str, Any], device: torch.device, hyp: SimpleNamespace
 
 
 def train_epoch(epoch: int, loader: Any, parts: Parts, inp: Inputs,
-                state: State) -> tuple[dict[str, float], list[list[float]]]:
+                state: State) -> tuple[dict[str, float], list[list[float]], Health]:
     """One pass over this rank's shard.
 
-    Returns the epoch's mean loss components over all ranks' images, and every rank's
-    ``[images, data-wait s, total s]``. Nothing here waits for the device between micro-steps:
+    Returns the epoch's mean loss components over all ranks' images, every rank's
+    ``[images, data-wait s, total s]``, and the epoch's ``Health`` (non-finite losses, skipped
+    steps, finite weights) over all ranks. Nothing here waits for the device between micro-steps:
     the loss components are summed on the device and read once, at a progress line or the end.
     """
     cfg, topo, device, hyp = inp.cfg, inp.topo, inp.device, parts.hyp
@@ -518,6 +560,7 @@ def train_epoch(epoch: int, loader: Any, parts: Parts, inp: Inputs,
                               enabled=inp.amp != "off")
     names: list[str] = []
     sums: torch.Tensor | None = None
+    troubled = torch.zeros(2, dtype=torch.float64, device=device)  # non-finite losses, skipped steps (on the device)
     images, steps, pending = 0, 0, 0
     epoch_meter, window = StepMeter(), StepMeter()
     seen = state.seen.setdefault(epoch + 1, []) if cfg.debug_dir else None
@@ -542,9 +585,12 @@ def train_epoch(epoch: int, loader: Any, parts: Parts, inp: Inputs,
             # ultralytics' scale: the criterion returns per-image means x local batch; x world size
             # makes DDP's average a sum over the global batch, the rate lr0 is tuned for.
             loss = loss.sum() * topo.world_size
+            troubled[0] += (~torch.isfinite(loss.detach())).double()
             (parts.scaler.scale(loss) if parts.scaler else loss).backward()
         if step_now:
-            optimizer_step(parts, cfg.clip)
+            skipped = optimizer_step(parts, cfg.clip)
+            if skipped is not None:
+                troubled[1] += skipped
             pending, steps = 0, steps + 1
         if sums is None:
             names = list(items)
@@ -556,15 +602,18 @@ def train_epoch(epoch: int, loader: Any, parts: Parts, inp: Inputs,
             epoch_meter.add(n_local, t_batch - t_prev, t_end - t_prev)
         window.add(n_local, t_batch - t_prev, t_end - t_prev)
         if step_now and topo.is_main and (steps % cfg.log_every == 0 or i + 1 == nb):
-            means = (sums / images).tolist()  # the one device read between progress lines: this rank's epoch means
+            values = torch.cat([sums / images, troubled]).tolist()  # the one device read between progress lines
+            means, (nonfinite, skipped_steps) = values[:-2], values[-2:]
             say(step_line(epoch + 1, cfg.epochs, i + 1, nb, dict(zip(names, means)),
-                          parts.optimizer.param_groups[0]["lr"], window.ips * topo.world_size, window.wait_share))
+                          parts.optimizer.param_groups[0]["lr"], window.ips * topo.world_size, window.wait_share,
+                          int(nonfinite), int(skipped_steps)))
             window = StepMeter()
         t_prev = time.perf_counter()
     assert sums is not None, "an epoch without batches"
     if loader.num_workers == 0:  # the mosaic buffer lives in this process
         state.buffers[-1] = list(loader.dataset.buffer)
-    return epoch_summary(epoch, names, sums, images, epoch_meter, inp)
+    finite = torch.stack([torch.isfinite(p).all() for p in parts.model.parameters()]).all().double()
+    return epoch_summary(epoch, names, sums, images, epoch_meter, inp, torch.cat([troubled, finite.reshape(1)]), steps)
 
 
 def advance_criterion(model: models.YoloModel, epoch: int) -> None:
@@ -582,30 +631,44 @@ def advance_criterion(model: models.YoloModel, epoch: int) -> None:
     criterion.trainer_epochs = max(done, epoch)
 
 
-def optimizer_step(parts: Parts, clip: float) -> None:
-    """Unscale, clip, step, zero, EMA: the order AMP needs (unscale before measuring the norm)."""
+def optimizer_step(parts: Parts, clip: float) -> torch.Tensor | None:
+    """Unscale, clip, step, zero, EMA: the order AMP needs (unscale before measuring the norm).
+
+    Returns, with the fp16 GradScaler, a device scalar that is 1 when it skipped the step (its
+    gradients overflowed: the scale then shrinks, and only then), without reading it to the host."""
+    skipped = None
     if parts.scaler is not None:
         parts.scaler.unscale_(parts.optimizer)
     if clip > 0:
         torch.nn.utils.clip_grad_norm_(parts.model.parameters(), max_norm=clip)
     if parts.scaler is not None:
+        before = parts.scaler._scale.clone() if parts.scaler._scale is not None else None  # noqa: SLF001
         parts.scaler.step(parts.optimizer)
         parts.scaler.update()
+        after = parts.scaler._scale  # noqa: SLF001
+        if before is not None and after is not None:
+            skipped = (after < before).double().reshape(())
     else:
         parts.optimizer.step()
     parts.optimizer.zero_grad(set_to_none=True)
     parts.ema.update(parts.model)
+    return skipped
 
 
 def epoch_summary(epoch: int, names: list[str], sums: torch.Tensor, images: int, meter: StepMeter,
-                  inp: Inputs) -> tuple[dict[str, float], list[list[float]]]:
-    """Gather every rank's loss sums and throughput (one collective, one device read)."""
-    row = torch.cat([sums, torch.tensor([images, meter.images, meter.wait_s, meter.total_s],
-                                        dtype=torch.float64, device=sums.device)])
+                  inp: Inputs, troubled: torch.Tensor, steps: int) -> tuple[dict[str, float], list[list[float]], Health]:
+    """Gather every rank's loss sums, troubled steps and throughput (one collective, one device read).
+
+    ``troubled``: [non-finite losses, skipped steps, weights finite (1/0)] of this rank."""
+    n = len(names)
+    row = torch.cat([sums, troubled, torch.tensor([images, meter.images, meter.wait_s, meter.total_s],
+                                                   dtype=torch.float64, device=sums.device)])
     rows = tdist.gather_rows(row)
-    total_images = sum(r[len(names)] for r in rows)
+    total_images = sum(r[n + 3] for r in rows)
     means = {k: sum(r[j] for r in rows) / max(total_images, 1.0) for j, k in enumerate(names)}
-    return means, [r[len(names) + 1:] for r in rows]
+    health = Health(nonfinite=int(sum(r[n] for r in rows)), skipped=int(max(r[n + 1] for r in rows)), steps=steps,
+                    finite=all(r[n + 2] == 1.0 for r in rows))
+    return means, [r[n + 4:] for r in rows], health
 
 
 def validate(validator: Any, ema: Any, inp: Inputs, loss_names: tuple[str, ...], epoch: int) -> dict[str, float]:
@@ -614,6 +677,39 @@ def validate(validator: Any, ema: Any, inp: Inputs, loss_names: tuple[str, ...],
     results = run_validation(validator, ema, inp.device, inp.data, inp.amp != "off", loss_names, epoch,
                              inp.cfg.epochs, inp.topo.world_size)
     return dict(tdist.broadcast_object(results))
+
+
+def recover(epoch: int, health: Health, attempt: int, parts: Parts, inp: Inputs, state: State, out: Path) -> None:
+    """ultralytics' NaN recovery: put back the state of ``last.pt`` (model, EMA, optimizer, scaler,
+    RNG, mosaic buffers) and redo ``epoch``; said on one line. The same decision on every rank
+    (``health`` is gathered from all of them).
+
+    Raises:
+        TrainerError: the epoch broke ``MAX_RECOVERIES`` times in a row, or there is no checkpoint
+            yet to go back to (the first epoch of a run): training diverges, with what to change.
+    """
+    cfg, topo = inp.cfg, inp.topo
+    fix = ("lower the learning rate (--lr / lr0), keep --clip on, try --amp bf16 or --amp off, and check the labels "
+           "(boxes outside the image, empty files)")
+    if attempt > MAX_RECOVERIES:
+        raise TrainerError(f"epoch {epoch + 1}: {health.why()}, again after {MAX_RECOVERIES} recoveries from "
+                           f"{LAST}: training diverges; {fix}")
+    last = out / LAST
+    ckpt: dict[str, Any] | None = None
+    if topo.is_main and last.is_file():
+        ckpt = checkpoint.load_for_resume(last)
+    ckpt = tdist.broadcast_object(ckpt)
+    if ckpt is None:
+        raise TrainerError(f"epoch {epoch + 1}: {health.why()}, and there is no {LAST} yet to recover from "
+                           f"(it is written after each epoch); {fix}")
+    if topo.is_main:
+        say(f"warning: epoch {epoch + 1}: {health.why()}; recovering from {last} (epoch {ckpt['epoch'] + 1}) and "
+            f"training epoch {epoch + 1} again, attempt {attempt}/{MAX_RECOVERIES}")
+    parts.optimizer.zero_grad(set_to_none=True)
+    restored = restore(ckpt, parts, topo, announce=False)
+    state.best_fitness, state.metrics, state.buffers = restored.best_fitness, restored.metrics, restored.buffers
+    if cfg.debug_dir:
+        state.seen.pop(epoch + 1, None)
 
 
 def end_epoch(epoch: int, fitness: float | None, loss_means: dict[str, float], throughput: list[list[float]],
@@ -628,7 +724,9 @@ def end_epoch(epoch: int, fitness: float | None, loss_means: dict[str, float], t
         if fitness is not None and improved:
             state.best_fitness = fitness
         lrs = learning_rates(parts.optimizer)
-        row = {**{f"train/{k}": v for k, v in loss_means.items()}, **state.metrics, **lrs}
+        losses = {f"train/{k}": v for k, v in loss_means.items() if not k.startswith("steps/")}
+        counts = {k: v for k, v in loss_means.items() if k.startswith("steps/")}
+        row = {**losses, **state.metrics, **lrs, **counts}
         output.append_results(out / "results.csv", epoch, time.time() - train_start, row)
         if scalars is not None:
             ips = {f"throughput/rank{r}": (x[0] / x[2] if x[2] > 0 else 0.0) for r, x in enumerate(throughput)}
@@ -661,7 +759,7 @@ def gather_rank_states(topo: Topology, state: State) -> list[dict[str, Any]]:
     return out
 
 
-def restore(ckpt: dict[str, Any], parts: Parts, topo: Topology) -> State:
+def restore(ckpt: dict[str, Any], parts: Parts, topo: Topology, announce: bool = True) -> State:
     """Load model, EMA, optimizer, scaler, early stopping, RNG and mosaic buffers; return where to continue."""
     saved = ckpt["trainer"]
     parts.model.load_state_dict(saved["model"])
@@ -681,8 +779,8 @@ def restore(ckpt: dict[str, Any], parts: Parts, topo: Topology) -> State:
             "mosaic buffers start empty (the run continues, not bit for bit)")
         seed_everything(saved["config"]["seed"] + 1 + topo.rank + ckpt["epoch"])
     state = State(epoch=ckpt["epoch"] + 1, best_fitness=ckpt["best_fitness"], buffers=buffers,
-                  metrics={k: v for k, v in ckpt["train_metrics"].items() if not k.startswith(("train/", "lr/"))})
-    if topo.is_main:
+                  metrics={k: v for k, v in ckpt["train_metrics"].items() if not k.startswith(("train/", "lr/", "steps/"))})
+    if topo.is_main and announce:
         say(f"resuming at epoch {state.epoch + 1} (checkpoint finished epoch {ckpt['epoch'] + 1}, "
             f"{parts.ema.updates} optimizer steps, best fitness {state.best_fitness:.4f})")
     return state

@@ -105,11 +105,16 @@ def append_results(path: Path, epoch: int, elapsed: float, row: dict[str, float]
     """Append one row to results.csv with ultralytics' column names (header on first write)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     new = not path.exists()
+    header = ["epoch", "time", *row]
+    if not new:  # the columns are the first row's: a later row is written in their order, never shifted
+        with open(path, newline="") as f:
+            header = next(csv.reader(f), header)
+    values = {"epoch": str(epoch + 1), "time": f"{elapsed:.6g}", **{k: f"{float(v):.6g}" for k, v in row.items()}}
     with open(path, "a", newline="") as f:
         w = csv.writer(f)
         if new:
-            w.writerow(["epoch", "time", *row])
-        w.writerow([epoch + 1, f"{elapsed:.6g}", *(f"{float(v):.6g}" for v in row.values())])
+            w.writerow(header)
+        w.writerow([values.get(k, "") for k in header])
 
 
 class Scalars:

@@ -53,3 +53,36 @@ def test_a_slow_start_up_outlasts_a_short_collective_timeout(tmp_path: Path) -> 
     beats = [ln for ln in r.rank_lines() if ln.startswith("[rank 0] startup: building the datasets, ")]
     assert beats, r.explain()
     assert any(ln.startswith("[rank 0] done: 1 epochs") for ln in r.rank_lines()), r.explain()
+
+
+def test_an_infinite_loss_is_counted_and_recovered_from_last_pt(tmp_path: Path) -> None:
+    """One process, fp32 on CPU: the loss of micro-step 6 (the last of epoch 2, 3 steps an epoch)
+    is infinite, which makes the weights NaN (no GradScaler to skip the step). The progress line
+    counts it, the run says it recovers from last.pt and trains epoch 2 again (exactly as the first
+    time: the state of last.pt, RNG included, is put back), and ends with finite weights and
+    finite losses in results.csv, whose steps/* columns count the troubled steps of each epoch kept."""
+    import torch
+
+    from tests.trainer_helpers import read_results
+
+    data = make_dataset(tmp_path / "ds", images=8, classes=2)
+    out = tmp_path / "run"
+    args = ["--model", "yolo12n.yaml", "--data", str(data), "--epochs", "3", "--batch", "2", "--imgsz", "64",
+            "--workers", "0", "--accumulate", "1", "--val-period", "0", "--log-every", "1", "--out", str(out)]
+    r = run_trainer(args, inf_loss_at=6)
+    assert r.returncode == 0, r.explain()
+    lines = r.rank_lines()
+    assert any(ln.startswith("[rank 0] epoch 2/3 batch 3/3 ") and ln.endswith(" nonfinite 1 skipped 0") for ln in lines), \
+        r.explain()
+    first_tries = [ln.split(" lr ")[0] for ln in lines if ln.startswith("[rank 0] epoch 2/3 batch 1/3 ")]
+    assert len(first_tries) == 2 and first_tries[0] == first_tries[1], r.explain()
+    recovery = [ln for ln in lines if "recovering from" in ln]
+    assert len(recovery) == 1 and recovery[0].startswith(
+        f"[rank 0] warning: epoch 2: the weights are no longer finite after 1 non-finite loss(es); recovering from "
+        f"{out}/weights/last.pt (epoch 1) and training epoch 2 again, attempt 1/3"), r.explain()
+    rows = read_results(out)
+    assert [row["epoch"] for row in rows] == [1, 2, 3]
+    assert all(row["steps/nonfinite"] == 0 and row["steps/skipped"] == 0 for row in rows)  # the kept epochs
+    assert all(torch.isfinite(torch.tensor(v)) for row in rows for k, v in row.items() if k.startswith("train/"))
+    model = torch.load(out / "weights" / "last.pt", map_location="cpu", weights_only=False)["model"]
+    assert all(torch.isfinite(p).all() for p in model.parameters())

@@ -79,3 +79,19 @@ def test_the_report_reads_the_trainers_lines_without_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_progress_line_counts_troubled_steps_and_reads_back() -> None:
+    line = logs.prefixed(logs.step_line(2, 10, 7, 50, {"box_loss": 1.25, "cls_loss": 2.5}, 0.00125, 123.4, 0.05,
+                                        nonfinite=3, skipped=2))
+    assert line.endswith(" nonfinite 3 skipped 2")
+    step = logs.parse_step("2026-11-30T09:32:01.000000Z out [default0]:" + line)
+    assert step == logs.Step(2, 10, 7, 50, {"box_loss": 1.25, "cls_loss": 2.5}, 0.00125, 123.4, 0.05, 3, 2)
+    assert logs.parse_step(logs.epoch_line(1, 1, {"box_loss": 1.0}, {})) is None
+
+
+def test_epoch_line_counts_become_results_csv_steps_columns() -> None:
+    line = logs.epoch_line(1, 2, {"box_loss": 1.5}, {"lr/pg0": 0.01}, {"steps/nonfinite": 4, "steps/skipped": 1})
+    cols = logs.parse_results([logs.prefixed(line)])
+    assert cols["steps/nonfinite"] == [4.0] and cols["steps/skipped"] == [1.0] and cols["train/box_loss"] == [1.5]
+    assert set(logs.STEP_COUNTS) <= set(cols)

@@ -106,6 +106,9 @@ class TrainConfig:
     """training epochs: passes over the training set"""
     batch: int = 16
     """global batch: images per micro-step over all ranks, divisible by WORLD_SIZE, e.g. 256 on 16 GPUs"""
+    batch_per_device: int | None = None
+    """images per GPU (per rank) instead of --batch: the global batch is N x WORLD_SIZE, e.g. 12 on 32 GPUs
+    trains a global batch of 384"""
     imgsz: int = 640
     """square training and validation image size in pixels, a multiple of 32, e.g. 640"""
     lr: float | None = None
@@ -180,7 +183,8 @@ class TrainConfig:
     """validate every N epochs and after the last one, 0 = never"""
     resume: str | None = field(default=None, metadata=flag(nargs="?", const="", metavar="PATH"))
     """continue from PATH, or from the run directory's weights/last.pt (the latest run under --project
-    without --out)"""
+    without --out); auto: this run's own last.pt if it wrote one, else start it over in the same directory
+    (what orch up passes to a retry)"""
     text_embeddings: str | None = None
     """YOLOE: absolute path of the class-name -> vector file from `python -m trainer.embed`"""
     prompt_mode: str = field(default="linear", metadata=flag(choices=("linear", "full")))
@@ -378,6 +382,12 @@ def resolve(given: Given, hyp: dict[str, Any]) -> TrainConfig:
         v["name"] = os.environ["ORCH_RUN_ID"]
     known = {f.name for f in fields(TrainConfig)}
     cfg = replace(TrainConfig(), **{k: val for k, val in v.items() if k in known}, hyp=dict(hyp), notes=tuple(notes))
+    if cfg.batch_per_device is not None:
+        if "batch" in v:
+            raise TrainerError(f"{given.sources['batch']} and {given.sources['batch_per_device']} both set the batch: "
+                               "give the global batch or the batch per GPU, not both")
+        if cfg.batch_per_device < 1:
+            raise TrainerError(f"--batch-per-device must be >= 1, got {cfg.batch_per_device}")
     for name in ("epochs", "batch", "imgsz", "log_every", "nbs"):
         if getattr(cfg, name) < 1:
             extra = " (no auto-batch: give the global batch)" if name == "batch" else ""
@@ -398,6 +408,16 @@ def resolve(given: Given, hyp: dict[str, Any]) -> TrainConfig:
     return cfg
 
 
+def with_world_size(cfg: TrainConfig, world_size: int) -> TrainConfig:
+    """``cfg`` with its global batch for ``world_size`` ranks: ``--batch-per-device N`` is N x
+    world size (said on the start-up line); a config without it is returned as it is."""
+    if cfg.batch_per_device is None:
+        return cfg
+    batch = cfg.batch_per_device * world_size
+    note = f"global batch {batch} = --batch-per-device {cfg.batch_per_device} x {world_size} rank(s)"
+    return replace(cfg, batch=batch, notes=(*cfg.notes, note))
+
+
 def accumulation(cfg: TrainConfig) -> int:
     """Micro-steps per optimizer step: ``--accumulate``, else ultralytics' round(nbs / batch)."""
     return cfg.accumulate if cfg.accumulate is not None else max(round(cfg.nbs / cfg.batch), 1)
@@ -411,6 +431,7 @@ def check_topology(cfg: TrainConfig, world_size: int, launched: bool, local_worl
             text-embeddings path under torchrun (each node may start in another directory); a
             ``--device`` list whose length is not this node's number of processes.
     """
+    cfg = with_world_size(cfg, world_size)
     problem = batch_problem(cfg.batch, world_size)
     if problem:
         raise TrainerError(f"--batch {cfg.batch}: {problem}")

@@ -17,6 +17,10 @@ LAST = "weights/last.pt"
 """A run folder's checkpoint of its last finished epoch (what ``--resume`` continues from)."""
 BEST = "weights/best.pt"
 """A run folder's checkpoint of its best validation fitness."""
+AUTO = "auto"
+"""``--resume auto``: continue this run's own ``weights/last.pt`` when it wrote one, else start it
+over in the same directory. What ``orch up`` passes to a retry of the trainer: where the run
+directory is, the trainer alone decides (``--out``, ``--project``, ``--name``, numbering)."""
 DEFAULT_PROJECT = "runs/train"
 """The folder a run folder is made in when neither ``--out`` nor ``--project`` says where."""
 
@@ -38,4 +42,4 @@ def batch_problem(batch: int, world_size: int) -> str | None:
         return None
     near = " or ".join(str(b) for b in batch_choices(batch, world_size))
     return (f"global batch {batch} does not divide by world size {world_size} ({batch / world_size:.2f} images "
-            f"per rank): use {near}; for {batch} images per GPU use {batch * world_size}")
+            f"per rank): use {near}; for {batch} images per GPU use {batch * world_size} (or --batch-per-device {batch})")

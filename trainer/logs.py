@@ -210,10 +210,12 @@ def throughput_table(epoch: int, rows: list[list[float]], ref_ips: float | None)
     lines = [f"throughput epoch {epoch}: rank  images/s  data-wait"]
     total = 0.0
     for rank, (images, wait_s, total_s) in enumerate(rows):
-        ips = images / total_s if total_s > 0 else 0.0
+        if total_s <= 0:  # nothing measured (no step timed): never a 0.0 that reads as a stalled rank
+            lines.append(f"throughput epoch {epoch}: {rank:>4}  {'n/a':>8}  {'n/a':>8}")
+            continue
+        ips = images / total_s
         total += ips
-        share = wait_s / total_s if total_s > 0 else 0.0
-        lines.append(f"throughput epoch {epoch}: {rank:>4}  {ips:8.1f}  {share:8.1%}")
+        lines.append(f"throughput epoch {epoch}: {rank:>4}  {ips:8.1f}  {wait_s / total_s:8.1%}")
     summary = f"throughput epoch {epoch}: total {total:.1f} images/s over {len(rows)} ranks"
     if ref_ips:
         summary += f", scaling efficiency {total / (len(rows) * ref_ips):.1%} of {len(rows)} x {ref_ips:g} images/s"

@@ -226,6 +226,7 @@ def open_run(inp: Inputs) -> tuple[Path, dict[str, Any] | None]:
             out, path = output.resolve(inp.cfg)
             resume = checkpoint.load_for_resume(path) if path is not None else None
             out.mkdir(parents=True, exist_ok=True)
+            output.mark_run(out)
             payload = (str(out), resume, None)
         except TrainerError as e:
             payload = (None, None, str(e))
@@ -412,6 +413,24 @@ def finish(validator: Any, ema: Any, inp: Inputs, out: Path, scalars: output.Sca
     tdist.barrier()
 
 
+LR_SCALED_BY_HAND = 0.02
+"""An ``--lr`` above this on several ranks is warned about as multiplied by the GPU count:
+ultralytics' rates stay at or below 0.01 (SGD's lr0; AdamW's auto rate is lower)."""
+
+
+def amp_warning(amp: str, device: torch.device, capability: tuple[int, int] | None = None) -> str | None:
+    """The start-up warning for ``--amp bf16`` on a GPU without native bfloat16 (before Ampere,
+    compute capability 8.0: V100, T4): torch emulates it there, slowly. ``capability``: the GPU's,
+    read from the device when not given."""
+    if amp != "bf16" or device.type != "cuda":
+        return None
+    major, minor = capability if capability is not None else torch.cuda.get_device_capability(device)
+    if major >= 8:
+        return None
+    return (f"warning: --amp bf16 on a GPU of compute capability {major}.{minor} (no native bfloat16 before 8.0, "
+            "e.g. V100, T4): it is emulated and slow; use --amp fp16 (GradScaler) on this GPU")
+
+
 def startup_lines(inp: Inputs, parts: Parts, start: int) -> list[str]:
     """Rank 0's opening lines: what trains, where, how; every choice made for the user, said."""
     cfg, topo = inp.cfg, inp.topo
@@ -426,7 +445,15 @@ def startup_lines(inp: Inputs, parts: Parts, start: int) -> list[str]:
         f"x{cfg.lrf:g}), amp {inp.amp}, epochs {start + 1}..{cfg.epochs}",
         *cfg.notes,
     ]
-    if cfg.lr is not None and topo.distributed and isinstance(parts.optimizer, torch.optim.SGD):
+    note = amp_warning(inp.amp, inp.device)
+    if note:
+        lines.append(note)
+    if cfg.lr is not None and topo.distributed and cfg.lr > LR_SCALED_BY_HAND:
+        lines.append(f"warning: lr0 {cfg.lr:g} on {topo.world_size} ranks looks multiplied by the GPU count (the linear-"
+                     f"scaling rule): ultralytics' summed loss already grows the step with the global batch, so this "
+                     f"trains with steps about {topo.world_size}x ultralytics'; the equivalent of ultralytics' recipe is "
+                     f"lr0 {cfg.lr / topo.world_size:g} (--lr {cfg.lr / topo.world_size:g})")
+    elif cfg.lr is not None and topo.distributed and isinstance(parts.optimizer, torch.optim.SGD):
         lines.append(f"note: lr0 {cfg.lr:g} is ultralytics' rate: with SGD the step already grows with the global batch "
                      f"x accumulate ({cfg.batch} x {parts.nominal_accumulate} images, the loss is summed), so a rate "
                      f"multiplied by the GPU count by hand is scaled twice")
@@ -562,7 +589,7 @@ def train_epoch(epoch: int, loader: Any, parts: Parts, inp: Inputs,
     sums: torch.Tensor | None = None
     troubled = torch.zeros(2, dtype=torch.float64, device=device)  # non-finite losses, skipped steps (on the device)
     images, steps, pending = 0, 0, 0
-    epoch_meter, window = StepMeter(), StepMeter()
+    epoch_meter, window, first = StepMeter(), StepMeter(), StepMeter()
     seen = state.seen.setdefault(epoch + 1, []) if cfg.debug_dir else None
     t_prev = time.perf_counter()
     for i, batch in enumerate(loader):
@@ -598,8 +625,8 @@ def train_epoch(epoch: int, loader: Any, parts: Parts, inp: Inputs,
         sums += torch.stack([items[k].detach() for k in names]).double() * n_local
         images += n_local
         t_end = time.perf_counter()
-        if i > 0:  # the first step of an epoch waits for workers to start: not throughput
-            epoch_meter.add(n_local, t_batch - t_prev, t_end - t_prev)
+        # the first step of an epoch waits for workers to start: not throughput, unless it is the only one
+        (epoch_meter if i > 0 else first).add(n_local, t_batch - t_prev, t_end - t_prev)
         window.add(n_local, t_batch - t_prev, t_end - t_prev)
         if step_now and topo.is_main and (steps % cfg.log_every == 0 or i + 1 == nb):
             values = torch.cat([sums / images, troubled]).tolist()  # the one device read between progress lines
@@ -610,6 +637,8 @@ def train_epoch(epoch: int, loader: Any, parts: Parts, inp: Inputs,
             window = StepMeter()
         t_prev = time.perf_counter()
     assert sums is not None, "an epoch without batches"
+    if epoch_meter.images == 0:  # an epoch of one batch: its one step is all there is to measure
+        epoch_meter = first
     if loader.num_workers == 0:  # the mosaic buffer lives in this process
         state.buffers[-1] = list(loader.dataset.buffer)
     finite = torch.stack([torch.isfinite(p).all() for p in parts.model.parameters()]).all().double()

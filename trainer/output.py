@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import csv
 import os
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -15,7 +15,7 @@ import yaml
 
 from trainer.config import TrainConfig
 from trainer.errors import TrainerError
-from trainer.interface import LAST
+from trainer.interface import AUTO, LAST
 from trainer.logs import say
 
 
@@ -35,6 +35,53 @@ def latest_run(project: Path) -> Path | None:
     return found[-1].parent.parent if found else None
 
 
+RUN_ID_FILE = ".orch-run-id"
+"""In a run directory made under ``orch up``: the orch run id that trains in it (rank 0 writes it
+when it opens the directory), so a retry with ``--resume auto`` finds its own directory even when
+it was numbered (``r1`` existed: ``r12``)."""
+
+
+def mark_run(out: Path) -> None:
+    """Record the orch run id (``ORCH_RUN_ID``) that trains in ``out``; nothing outside orch."""
+    run_id = os.environ.get("ORCH_RUN_ID")
+    if run_id:
+        (out / RUN_ID_FILE).write_text(run_id + "\n")
+
+
+def own_run(project: Path, name: str, run_id: str) -> Path | None:
+    """The directory ``name``, ``name2``, ``name3``... under ``project`` that orch run ``run_id``
+    trains in (its ``RUN_ID_FILE``), or None."""
+    import re
+
+    if not project.is_dir():
+        return None
+    numbered_name = re.compile(re.escape(name) + r"\d*")
+    for d in sorted(project.iterdir()):
+        mark = d / RUN_ID_FILE
+        if numbered_name.fullmatch(d.name) and mark.is_file() and mark.read_text().strip() == run_id:
+            return d
+    return None
+
+
+def resolve_auto(cfg: TrainConfig) -> tuple[Path, Path | None] | None:
+    """``--resume auto`` (what ``orch up`` passes to a retry): this run's own directory and its
+    last.pt when it wrote one; the directory alone when it has none yet (the run starts over in
+    it); None when there is no such directory (the run starts as without ``--resume``).
+
+    This run's directory: ``--out``; else, under ``orch up``, the directory under PROJECT named
+    NAME (or NAME2, NAME3...) that records this run id; else PROJECT/NAME."""
+    if cfg.out:
+        out = Path(cfg.out)
+    else:
+        run_id = os.environ.get("ORCH_RUN_ID")
+        base = Path(cfg.project) / cfg.name
+        found = own_run(Path(cfg.project), cfg.name, run_id) if run_id else (base if base.is_dir() else None)
+        if found is None:
+            return None
+        out = found
+    return out, (out / LAST if (out / LAST).is_file() else None)
+
+
 def resolve(cfg: TrainConfig) -> tuple[Path, Path | None]:
     """The run directory and, with ``--resume``, the checkpoint to continue from (decided on rank 0).
 
@@ -43,10 +90,18 @@ def resolve(cfg: TrainConfig) -> tuple[Path, Path | None]:
     id under ``orch up``), else the run under PROJECT whose last.pt is the newest (as ``yolo
     train resume``); ``--resume PATH`` continues in PATH's run directory.
 
+    ``--resume auto`` is ``resolve_auto``: this run's own last.pt if it has one, else a fresh start
+    in the same directory.
+
     Raises:
         TrainerError: the directory already holds a run and ``--resume`` was not given, or there is
             nothing to resume.
     """
+    if cfg.resume == AUTO:
+        found = resolve_auto(cfg)
+        if found is not None:
+            return found
+        cfg = replace(cfg, resume=None)
     if cfg.out:
         out = Path(cfg.out)
         if cfg.resume is None and (out / LAST).exists():

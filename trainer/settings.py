@@ -266,7 +266,7 @@ def put_cfg_value(given: Given, value: str, source: str, hyp: dict[str, Any]) ->
 
 
 _CONVERTERS: dict[str, Any] = {
-    "epochs": int, "batch": int, "imgsz": int, "lr": float, "lrf": float, "momentum": float, "weight_decay": float,
+    "epochs": int, "batch": int, "batch_per_device": int, "imgsz": int, "lr": float, "lrf": float, "momentum": float, "weight_decay": float,
     "warmup_epochs": float, "workers": int, "seed": int, "close_mosaic": int, "patience": int, "fraction": float,
     "multi_scale": float, "nbs": int, "save_period": int, "accumulate": int, "clip": float, "log_every": int,
     "val_period": int, "debug_exit_after": int, "timeout_min": float, "ref_ips": float,

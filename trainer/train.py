@@ -15,7 +15,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from trainer import dist as tdist
 from trainer import logs
-from trainer.config import check_topology, parse_config
+from trainer.config import check_topology, parse_config, with_world_size
 from trainer.errors import TrainerError
 from trainer.offline import set_offline_env
 
@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     logs.set_rank(topo.rank)
     try:
         cfg = parse_config(argv)
+        cfg = with_world_size(cfg, topo.world_size)  # --batch-per-device N: the global batch N x WORLD_SIZE
         check_topology(cfg, topo.world_size, topo.launched, topo.local_world_size)
         try:
             device = tdist.select_device(cfg.device, topo)

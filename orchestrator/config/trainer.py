@@ -7,6 +7,7 @@ the global-batch rule. Defined once, in `trainer/interface.py` (stdlib only, lik
 from __future__ import annotations
 
 from trainer.interface import (
+    AUTO,
     BEST,
     DEFAULT_PROJECT,
     INPUT_FLAGS,
@@ -16,4 +17,4 @@ from trainer.interface import (
     batch_problem,
 )
 
-__all__ = ["BEST", "DEFAULT_PROJECT", "INPUT_FLAGS", "LAST", "OUTPUT_FLAGS", "batch_choices", "batch_problem"]
+__all__ = ["AUTO", "BEST", "DEFAULT_PROJECT", "INPUT_FLAGS", "LAST", "OUTPUT_FLAGS", "batch_choices", "batch_problem"]

@@ -6,7 +6,7 @@ writes (they need only be creatable).
 from __future__ import annotations
 
 from ..config.inventory import Inventory
-from ..config.trainer import INPUT_FLAGS, OUTPUT_FLAGS
+from ..config.trainer import AUTO, INPUT_FLAGS, OUTPUT_FLAGS
 
 PATH_KEYS = (*INPUT_FLAGS, "hyp", "tracker")
 """Args whose value is a file the job reads: checked for an absolute path, existence, the same
@@ -27,6 +27,8 @@ def path_args(inv: Inventory) -> dict[str, str]:
         if not isinstance(value, str) or not value:
             continue
         norm = key.replace("-", "_")
+        if norm == "resume" and value == AUTO:  # the trainer's own rule, not a file
+            continue
         if norm in PATH_KEYS or value.startswith(("/", "~/", "./", "../")):
             out[key] = value
     return out

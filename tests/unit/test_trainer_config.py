@@ -206,8 +206,35 @@ def test_batch_must_divide_by_world_size_and_says_alternatives() -> None:
         check_topology(cfg_of("--batch", "30"), world_size=8, launched=True, local_world_size=8)
     check_topology(cfg_of("--batch", "32"), world_size=8, launched=True, local_world_size=8)
     # seed 004: 12 meant per GPU on 32 ranks; one suggestion below the world size, never "32 or 32"
-    with pytest.raises(TrainerError, match=r"\): use 32; for 12 images per GPU use 384$"):
+    with pytest.raises(TrainerError, match=r"\): use 32; for 12 images per GPU use 384 \(or --batch-per-device 12\)$"):
         check_topology(cfg_of("--batch-size", "12"), world_size=32, launched=True, local_world_size=8)
+
+
+def test_batch_per_device_is_the_global_batch_over_the_world_size() -> None:
+    from trainer.config import with_world_size
+
+    cfg = cfg_of("--batch-per-device", "12")
+    check_topology(cfg, world_size=32, launched=True, local_world_size=8)
+    wide = with_world_size(cfg, 32)
+    assert wide.batch == 384 and "global batch 384 = --batch-per-device 12 x 32 rank(s)" in wide.notes
+    assert with_world_size(cfg_of("--batch", "64"), 32).batch == 64
+    with pytest.raises(TrainerError, match=r"--batch 64 and --batch-per-device 12 both set the batch"):
+        cfg_of("--batch", "64", "--batch-per-device", "12")
+    with pytest.raises(TrainerError, match=r"--batch-per-device must be >= 1"):
+        cfg_of("--batch-per-device", "0")
+
+
+def test_bf16_on_a_gpu_without_native_bfloat16_warns() -> None:
+    import torch
+
+    from trainer.loop import amp_warning
+
+    cuda = torch.device("cuda", 0)
+    assert "compute capability 7.0" in str(amp_warning("bf16", cuda, capability=(7, 0)))  # V100
+    assert "emulated and slow" in str(amp_warning("bf16", cuda, capability=(7, 5)))  # T4
+    assert amp_warning("bf16", cuda, capability=(8, 0)) is None and amp_warning("bf16", cuda, capability=(9, 0)) is None
+    assert amp_warning("fp16", cuda, capability=(7, 0)) is None
+    assert amp_warning("bf16", torch.device("cpu")) is None
 
 
 def test_device_list_must_match_the_processes_of_this_node() -> None:
@@ -289,3 +316,36 @@ def test_an_orch_run_relaunched_before_its_first_checkpoint_keeps_its_directory(
     assert resolve(parse_config(["--data", "/d/data.yaml", "--project", str(tmp_path)]))[0] == tmp_path / "20261201-100000-a"
     monkeypatch.delenv("ORCH_RUN_ID")
     assert resolve(parse_config(["--data", "/d/data.yaml", "--project", str(tmp_path), "--name", "n"]))[0] == tmp_path / "n2"
+
+
+def test_resume_auto_finds_this_runs_own_directory_by_the_trainers_rule(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """`--resume auto` (orch up's retry) with key=value project= and name=: the first attempt found
+    /nfs/p/r1 taken by an older run and trained in r12, which records its run id; the retry
+    continues r12's last.pt, never r1's. Before any checkpoint it starts over in r12 itself; with no
+    directory of its own yet it starts like a first attempt; outside orch, PROJECT/NAME."""
+    from trainer.output import mark_run, resolve
+
+    project = tmp_path / "p"
+    older = project / "r1" / "weights" / "last.pt"
+    older.parent.mkdir(parents=True)
+    older.write_bytes(b"older run")
+    monkeypatch.setenv("ORCH_RUN_ID", "20261201-100000-a")
+    first = parse_config(["data=/d/data.yaml", f"project={project}", "name=r1"])
+    out, ckpt = resolve(first)
+    assert (out, ckpt) == (project / "r12", None)
+    out.mkdir(parents=True)
+    mark_run(out)  # what rank 0 does when it opens the directory
+
+    retry = parse_config(["data=/d/data.yaml", f"project={project}", "name=r1", "--resume", "auto"])
+    assert retry.resume == "auto"
+    assert resolve(retry) == (project / "r12", None)  # killed before its first checkpoint: start over in r12
+    (out / "weights").mkdir()
+    (out / "weights" / "last.pt").write_bytes(b"this run")
+    assert resolve(retry) == (project / "r12", project / "r12" / "weights" / "last.pt")
+
+    monkeypatch.setenv("ORCH_RUN_ID", "20261201-110000-b")  # another run, nothing of its own yet: a fresh start
+    assert resolve(retry) == (project / "r13", None)
+    monkeypatch.delenv("ORCH_RUN_ID")
+    assert resolve(retry) == (project / "r1", project / "r1" / "weights" / "last.pt")  # outside orch: PROJECT/NAME
+    with_out = parse_config(["--data", "/d/data.yaml", "--out", str(tmp_path / "o"), "--resume", "auto"])
+    assert resolve(with_out) == (tmp_path / "o", None)

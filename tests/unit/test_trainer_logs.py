@@ -95,3 +95,10 @@ def test_epoch_line_counts_become_results_csv_steps_columns() -> None:
     cols = logs.parse_results([logs.prefixed(line)])
     assert cols["steps/nonfinite"] == [4.0] and cols["steps/skipped"] == [1.0] and cols["train/box_loss"] == [1.5]
     assert set(logs.STEP_COUNTS) <= set(cols)
+
+
+def test_a_rank_with_nothing_measured_says_n_a_not_zero() -> None:
+    table = logs.throughput_table(1, [[8, 0.1, 0.5], [0, 0.0, 0.0]], ref_ips=None)
+    assert "throughput epoch 1:    1       n/a       n/a" in table
+    tp = logs.parse_throughput(table.splitlines())
+    assert tp.ips == {0: 16.0} and 1 not in tp.ips

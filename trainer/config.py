@@ -187,9 +187,9 @@ class TrainConfig:
     (what orch up passes to a retry)"""
     text_embeddings: str | None = None
     """YOLOE: absolute path of the class-name -> vector file from `python -m trainer.embed`"""
-    prompt_mode: str = field(default="linear", metadata=flag(choices=("linear", "full")))
-    """YOLOE: linear = train the class-prompt convs only (like train_pe), full = train everything (like
-    train_pe_all)"""
+    prompt_mode: str | None = field(default=None, metadata=flag(choices=("linear", "full")))
+    """YOLOE: full = train everything (the YOLOE repo's train_pe_all.py), linear = train the class-prompt
+    convs only (its train_pe.py); default full"""
     task: str | None = field(default=None, metadata=NO_FLAG)
     """Task the user asserted (task=segment); checked against the model's."""
     log_every: int = 10
@@ -213,6 +213,9 @@ class TrainConfig:
     """ultralytics settings for its dataset, loss and validator (augmentation, loss gains...)."""
     notes: tuple[str, ...] = field(default=(), metadata=NO_FLAG)
     """Decisions taken from the command line that the start-up line explains."""
+    given: tuple[str, ...] = field(default=(), metadata=NO_FLAG)
+    """The fields the user set (by flag, key=value or --cfg): defaults chosen later, such as YOLOE's
+    recipe, never override them."""
 
     @property
     def device_ids(self) -> tuple[int, ...] | None:
@@ -381,7 +384,8 @@ def resolve(given: Given, hyp: dict[str, Any]) -> TrainConfig:
         # collides with (or silently resumes) the previous run's weights.
         v["name"] = os.environ["ORCH_RUN_ID"]
     known = {f.name for f in fields(TrainConfig)}
-    cfg = replace(TrainConfig(), **{k: val for k, val in v.items() if k in known}, hyp=dict(hyp), notes=tuple(notes))
+    cfg = replace(TrainConfig(), **{k: val for k, val in v.items() if k in known}, hyp=dict(hyp), notes=tuple(notes),
+                  given=tuple(sorted({*given.values, *hyp})))
     if cfg.batch_per_device is not None:
         if "batch" in v:
             raise TrainerError(f"{given.sources['batch']} and {given.sources['batch_per_device']} both set the batch: "

@@ -17,7 +17,7 @@ import os
 import random
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -85,12 +85,19 @@ def prepare(cfg: TrainConfig, topo: Topology, device: torch.device) -> Inputs:
     data = tdata.load_data_yaml(cfg.data)
     weights_model = models.load_weights(cfg.weights)[0] if cfg.weights else None
     arch = models.resolve_architecture(cfg.model, weights_model, cfg.weights)
+    if arch.yoloe and weights_model is not None:
+        cfg = yoloe_recipe(cfg)
+    elif arch.yoloe:
+        cfg = replace(cfg, notes=(*cfg.notes, f"warning: {arch.name} without --weights trains YOLOE from random weights: "
+                                  "its text projection was never trained, so the class prompts are random directions "
+                                  "(for tests; fine-tune a pretrained YOLOE checkpoint with --weights)"))
     if cfg.task and cfg.task != arch.task:
         raise TrainerError(f"task={cfg.task} but {arch.source} is a {arch.task} model ({arch.name})")
     if cfg.text_embeddings and not arch.yoloe:
         raise TrainerError(f"--text-embeddings is for YOLOE models; {arch.source} is {arch.name}")
     names = list(data["names"].values())
-    text_pe = models.load_text_embeddings(cfg.text_embeddings, names) if cfg.text_embeddings else None
+    text_pe = (models.load_text_embeddings(cfg.text_embeddings, names, models.text_model(arch))
+               if cfg.text_embeddings else None)
     amp = resolve_amp(cfg.amp, device)
     if cfg.sync_bn and topo.distributed and device.type != "cuda":
         raise TrainerError("--sync-bn needs CUDA: torch's SyncBatchNorm has no CPU implementation (drop --sync-bn on CPU)")
@@ -326,7 +333,7 @@ def build_parts(inp: Inputs, local_batch: int) -> tuple[Parts, Any, Any]:
 
     cfg, topo, device = inp.cfg, inp.topo, inp.device
     init_seeds(cfg.seed, deterministic=cfg.deterministic)  # identical initial weights on every rank
-    model = build_network(inp).to(device)
+    model = models.to_device(build_network(inp), device)
     if device.type == "cuda" and cfg.channels_last is not False:
         model = model.to(memory_format=torch.channels_last)
     stride = max(int(model.stride.max()), 32)
@@ -438,7 +445,7 @@ def startup_lines(inp: Inputs, parts: Parts, start: int) -> list[str]:
     threads = torch.get_num_threads()
     where = f"cpu ({threads} thread{'s' if threads != 1 else ''})" if inp.device.type == "cpu" else inp.device.type
     lines = [
-        f"training {inp.arch.name} ({inp.arch.task}{', YOLOE ' + cfg.prompt_mode if inp.arch.yoloe else ''}"
+        f"training {inp.arch.name} ({inp.arch.task}{', YOLOE ' + prompt_mode_text(cfg) if inp.arch.yoloe else ''}"
         f"{', from ' + cfg.weights if cfg.weights else ''}) on {topo.world_size} rank(s), {where}, "
         f"global batch {cfg.batch} ({cfg.batch // topo.world_size} per rank) x accumulate {parts.nominal_accumulate}, "
         f"{type(parts.optimizer).__name__} lr0 {group['initial_lr']:.6g} ({'cosine' if cfg.cos_lr else 'linear'} to "
@@ -498,14 +505,51 @@ def _deepcopy(model: nn.Module) -> nn.Module:
     return deepcopy(model)
 
 
+def prompt_mode_text(cfg: TrainConfig) -> str:
+    """The YOLOE prompt mode as the header line says it, with the YOLOE script it matches."""
+    mode = cfg.prompt_mode or "full"
+    return f"{mode} ({'train_pe_all' if mode == 'full' else 'train_pe'}{'' if cfg.prompt_mode else ', the default'})"
+
+
+YOLOE_RECIPE: dict[str, Any] = {"optimizer": "AdamW", "lr": 1e-3, "weight_decay": 0.025, "momentum": 0.9}
+"""ultralytics' YOLOE prompt-tuning recipe (its train_pe examples): the optimizer settings, taken
+together or not at all."""
+YOLOE_RECIPE_HYP: dict[str, Any] = {"warmup_bias_lr": 0.0}
+YOLOE_RECIPE_EACH: dict[str, Any] = {"close_mosaic": 10}
+"""The rest of it, each taken unless the user set it."""
+
+
+def yoloe_recipe(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` with ultralytics' YOLOE recipe where the user set nothing: the optimizer settings
+    (AdamW, lr0 1e-3, weight decay 0.025, momentum 0.9) unless any of optimizer, lr0, momentum or
+    weight decay was given; warmup_bias_lr 0 and close_mosaic 10 each unless given. Said on the
+    start-up line; what the user gave always wins."""
+    given = set(cfg.given)
+    changes: dict[str, Any] = {}
+    if not given & set(YOLOE_RECIPE):
+        changes.update(YOLOE_RECIPE)
+    changes.update({k: v for k, v in YOLOE_RECIPE_EACH.items() if k not in given})
+    hyp = {**cfg.hyp, **{k: v for k, v in YOLOE_RECIPE_HYP.items() if k not in given}}
+    took = {**changes, **{k: v for k, v in YOLOE_RECIPE_HYP.items() if k not in given}}
+    if not took:
+        return cfg
+    names = {"lr": "lr0"}
+    said = ", ".join(f"{names.get(k, k)} {v:g}" if isinstance(v, float) else f"{names.get(k, k)} {v}"
+                     for k, v in took.items())
+    kept = sorted(given & {*YOLOE_RECIPE, *YOLOE_RECIPE_HYP, *YOLOE_RECIPE_EACH})
+    note = (f"YOLOE recipe (ultralytics' train_pe): {said}" + (f"; yours kept: {', '.join(kept)}" if kept else "")
+            + " (set any of them to override)")
+    return replace(cfg, **changes, hyp=hyp, notes=(*cfg.notes, note))
+
+
 def build_network(inp: Inputs) -> models.YoloModel:
     """The model with its classes, pretrained weights, (YOLOE) prompt head and frozen layers set up."""
     cfg = inp.cfg
     model = models.build_model(inp.arch, inp.data["names"], inp.hyp, inp.weights_model, inp.data["channels"],
                                cfg.cls_remap)
     if inp.arch.yoloe:
-        models.setup_yoloe_prompts(model, inp.data["names"], inp.text_pe, inp.weights_model, cfg.prompt_mode)
-    elif cfg.prompt_mode != "linear" or cfg.text_embeddings:
+        models.setup_yoloe_prompts(model, inp.data["names"], inp.text_pe, inp.weights_model, cfg.prompt_mode or "full")
+    elif cfg.prompt_mode is not None or cfg.text_embeddings:
         raise TrainerError(f"--prompt-mode is for YOLOE models; {inp.arch.source} is {inp.arch.name}")
     models.apply_freeze(model, cfg.freeze)
     return model

@@ -301,7 +301,8 @@ def test_yoloe_seg_with_an_embeddings_file_two_ranks(tmp_path: Path, mode: str, 
                      "--epochs", "1", "--batch", "4", "--imgsz", "64", "--workers", "0", "--out", str(out),
                      "--debug-dir", str(tmp_path / "d")], nproc=2)
     assert r.returncode == 0, r.explain()
-    assert any(f"(segment, YOLOE {mode}, from {ckpt})" in ln for ln in r.rank_lines())
+    assert any(f"(segment, YOLOE {mode} (train_pe{'' if mode == 'linear' else '_all'}), from {ckpt})" in ln
+               for ln in r.rank_lines()), r.explain()
     ranks = read_debug(tmp_path / "d", 2)
     assert ranks[0]["checksum"] == ranks[1]["checksum"]
 

@@ -367,12 +367,20 @@ def resolve(given: Given, hyp: dict[str, Any]) -> TrainConfig:
         raise TrainerError(f"pretrained=False contradicts the weights {v['weights']}: drop one of them")
     optimizer = v.get("optimizer", "auto")
     chosen = [k for k in ("lr", "momentum") if k in v]
-    if chosen and optimizer == "auto":
-        if "optimizer" in v:
-            raise TrainerError(f"--optimizer auto picks its own {' and '.join(chosen)}; {given.sources[chosen[0]]} "
-                               "contradicts it: name an optimizer (e.g. --optimizer SGD) or drop the rate")
+    auto_named = "optimizer" in v and "optimizer" not in given.weak
+    if chosen and optimizer == "auto" and (auto_named or all(k in given.weak for k in chosen)):
+        # ultralytics' rule: optimizer=auto picks its own rate and momentum (every args.yaml has both)
+        unused = " and ".join(f"{'lr0' if k == 'lr' else k} {v.pop(k):g}" for k in chosen)
+        notes.append(f"{unused} unused: optimizer auto picks its own (ultralytics' rule; name an optimizer, "
+                     "e.g. optimizer=SGD, to use them)")
+    elif chosen and optimizer == "auto":
         v["optimizer"] = "SGD"
         notes.append(f"optimizer SGD because {given.sources[chosen[0]]} was given (auto would choose its own rate)")
+    if given.no_effect:
+        keys = list(dict.fromkeys(given.no_effect))
+        notes.append(f"accepted without effect on training (prediction, export, tracking, plots): {', '.join(keys)}")
+    if given.overridden:
+        notes.append(f"the command line overrides the settings file's {', '.join(given.overridden)}")
     if "val" in v:
         val = v.pop("val")
         if not val:

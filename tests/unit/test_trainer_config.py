@@ -132,12 +132,9 @@ def test_the_same_value_twice_is_fine() -> None:
 @pytest.mark.parametrize("setting, message", [
     ("rect=True", "not honoured"),
     ("single_cls=True", "not honoured"),
-    ("plots=True", "not honoured"),
     ("compile=True", "not honoured"),
     ("time=2", "not honoured"),
     ("cls_pw=0.5", "not honoured"),
-    ("source=/x.jpg", "not a training setting"),
-    ("format=onnx", "not a training setting"),
     ("mosaicc=1", "unknown ultralytics setting 'mosaicc'"),
     ("mode=val", "only trains"),
 ])
@@ -191,8 +188,39 @@ def test_giving_a_rate_selects_sgd_unless_auto_was_asked_for() -> None:
     cfg = cfg_of("--lr", "0.02")
     assert cfg.optimizer == "SGD" and cfg.lr == 0.02 and any("optimizer SGD" in n for n in cfg.notes)
     assert cfg_of("--lr", "0.02", "--optimizer", "AdamW").optimizer == "AdamW"
-    with pytest.raises(TrainerError, match="auto picks its own lr"):
-        cfg_of("--lr", "0.02", "optimizer=auto")
+    # ultralytics' rule: optimizer=auto picks its own rate; lr0 is unused, and said so
+    cfg = cfg_of("--lr", "0.02", "optimizer=auto")
+    assert cfg.optimizer == "auto" and cfg.lr is None
+    assert "lr0 0.02 unused: optimizer auto picks its own (ultralytics' rule; name an optimizer" in cfg.notes[0]
+
+
+def test_settings_without_effect_on_training_are_accepted_and_named_once() -> None:
+    cfg = cfg_of("source=/x.jpg", "format=onnx", "plots=True", "--cfg", "show=True", "save_dir=/r/train")
+    assert cfg.notes == ("accepted without effect on training (prediction, export, tracking, plots): source, format, "
+                         "plots, save_dir, show",)
+
+
+def test_an_args_yaml_is_refused_once_with_every_unsupported_key_and_the_command_line_wins(tmp_path: Path) -> None:
+    """A settings file from `yolo train` with several settings this loop cannot train with: one
+    error lists them all. Its other values are ultralytics' `cfg=`: the command line overrides them."""
+    args = tmp_path / "args.yaml"
+    args.write_text(yaml.safe_dump({"epochs": 3, "rect": True, "single_cls": True, "time": 2.0, "source": None,
+                                    "optimizer": "auto", "lr0": 0.01, "momentum": 0.937, "project": None,
+                                    "cfg": None, "mosaic": 1.0}))
+    with pytest.raises(TrainerError) as e:
+        cfg_of("--cfg", str(args))
+    message = str(e.value)
+    assert message.startswith(f"--cfg {args}: 3 setting(s) this trainer cannot train with: rect=True is not honoured")
+    assert "single_cls=True is not honoured" in message and "time=2.0 is not honoured" in message
+    assert "\n" not in message
+    fine = tmp_path / "fine.yaml"
+    fine.write_text(yaml.safe_dump({"epochs": 3, "optimizer": "auto", "lr0": 0.01, "momentum": 0.937, "project": None,
+                                    "cfg": None, "mosaic": 1.0, "plots": True, "save_dir": "/r/train"}))
+    cfg = cfg_of("--epochs", "5", "--cfg", str(fine), "mosaic=0.5")
+    assert cfg.epochs == 5 and cfg.hyp["mosaic"] == 0.5 and cfg.optimizer == "auto" and cfg.lr is None
+    assert cfg.project == parse_config(["--data", "/d.yaml"]).project
+    assert any(n.startswith("lr0 0.01 and momentum 0.937 unused: optimizer auto picks its own") for n in cfg.notes)
+    assert any("overrides the settings file's epochs (by --epochs 5), mosaic (by 0.5)" in n for n in cfg.notes), cfg.notes
 
 
 def test_val_false_validates_only_after_the_last_epoch() -> None:

@@ -15,7 +15,7 @@ STAMP := $(VENV)/.installed
 DEMO_DIR ?= $(HOME)/.orch/demo
 DEMO_DATA := $(DEMO_DIR)/shapes-200-64
 
-.PHONY: help install deps up demo-data check logs status down report test test-fast test-gpu lint typecheck bench clean
+.PHONY: help install deps up demo-data check logs status down report test test-fast test-gpu lint typecheck bench gpu-smoke gpu-wheels clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -70,6 +70,18 @@ typecheck: install
 
 bench: install  ## benchmarks against pdsh, sort -m and ultralytics' trainer (bench/results/)
 	$(PY) -m bench $(BENCH_ARGS)
+
+# The GPU validation runs where there is no .venv (the GPU machine's python3 plus carried wheels):
+# it uses .venv's python when there is one, else python3, and never builds the venv itself.
+SMOKE_PY ?= $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+GPU_SMOKE_OUT ?= $(or $(OUT),.orch/gpu-smoke)
+GPU_SMOKE_ARGS ?=
+
+gpu-smoke:  ## the one-shot GPU validation (bench/gpu_smoke.py) into $OUT (else .orch/gpu-smoke); GPU_SMOKE_ARGS=--cpu-dry-run rehearses it on CPU
+	$(SMOKE_PY) bench/gpu_smoke.py --out $(GPU_SMOKE_OUT) $(GPU_SMOKE_ARGS)
+
+gpu-wheels: install  ## download the wheels the GPU machine lacks into .whl/ (for gpu-smoke there)
+	$(PY) -m bench.gpu_wheels
 
 clean:  ## remove the venv and local state
 	rm -rf $(VENV) .orch .pytest_cache .mypy_cache .ruff_cache build orchestrator/logs/_fastmerge.*.so

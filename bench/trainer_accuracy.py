@@ -43,7 +43,9 @@ EVALUATE = """
 import json, sys
 from ultralytics import YOLO
 weights, data, imgsz = sys.argv[1:4]
-m = YOLO(weights).val(data=data, imgsz=int(imgsz), batch=32, device="cpu", plots=False, verbose=False, workers=0)
+device = sys.argv[4] if len(sys.argv) > 4 else "cpu"
+m = YOLO(weights).val(data=data, imgsz=int(imgsz), batch=32, device=device if device == "cpu" else int(device),
+                      plots=False, verbose=False, workers=0)
 out = {"box": {"map50": float(m.box.map50), "map": float(m.box.map)}}
 if hasattr(m, "seg"):
     out["mask"] = {"map50": float(m.seg.map50), "map": float(m.seg.map)}
@@ -69,11 +71,24 @@ def curves(results_csv: Path) -> dict[str, list[float]]:
     return {k: [float(r[k]) for r in rows] for k in keys}
 
 
+def evaluate_argv(weights: Path, data: Path, imgsz: int, device: str = "cpu") -> list[str]:
+    """The arguments (after the interpreter) of the evaluator: ``YOLO(weights).val()`` on ``device``
+    (cpu or a GPU index), ultralytics' defaults otherwise (fp32, batch 32)."""
+    return ["-c", EVALUATE, str(weights), str(data), str(imgsz), device]
+
+
+def parse_evaluation(stdout: str) -> dict[str, dict[str, float]]:
+    """The evaluator's ``RESULT {json}`` line: ``{"box": {"map50", "map"}[, "mask": ...]}``."""
+    line = next((ln for ln in stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        raise ValueError("the evaluator printed no RESULT line")
+    return dict(json.loads(line[len("RESULT "):]))
+
+
 def evaluate(weights: Path, data: Path, imgsz: int, env: dict[str, str]) -> dict[str, dict[str, float]]:
     """One evaluator for both sides: ultralytics' validator on the run's best.pt, in a fresh process."""
-    _, out = run([sys.executable, "-c", EVALUATE, str(weights), str(data), str(imgsz)], env)
-    line = next(ln for ln in out.splitlines() if ln.startswith("RESULT "))
-    return dict(json.loads(line[len("RESULT "):]))
+    _, out = run([sys.executable, *evaluate_argv(weights, data, imgsz)], env)
+    return parse_evaluation(out)
 
 
 def train(who: str, model: str, data: Path, out: Path, a: argparse.Namespace, seed: int,

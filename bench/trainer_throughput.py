@@ -26,15 +26,64 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+PEER_NOTE = "PEER-NOTE"
+"""Marks a line the ultralytics harness prints about what it changed in the peer's environment."""
 ULTRALYTICS_RUN = """
 import sys
+from pathlib import Path
+from trainer.offline import seed_font
+seed_font()  # ultralytics' trainer calls check_font, which downloads unless the file is there
+try:
+    import polars  # noqa: F401
+except ImportError:  # not on every machine (too big to carry to a GPU lease): read results.csv as polars would
+    import csv
+    from ultralytics.engine.trainer import BaseTrainer
+
+    def _value(text):
+        for kind in (int, float):
+            try:
+                return kind(text)
+            except ValueError:
+                pass
+        return text
+
+    def read_results_csv(self):
+        try:
+            with open(self.csv, newline="") as f:
+                rows = list(csv.DictReader(f))
+        except OSError:
+            return {}
+        return {k: [_value(r[k]) for r in rows] for k in (rows[0] if rows else {})}
+
+    BaseTrainer.read_results_csv = read_results_csv
+    print("PEER-NOTE polars is not installed: BaseTrainer.read_results_csv reads results.csv with the csv module")
 from ultralytics import YOLO
 model, data, imgsz, epochs, batch, workers, out, seed = sys.argv[1:9]
+device, amp = (sys.argv[9], sys.argv[10] == "True") if len(sys.argv) > 10 else ("cpu", False)
 YOLO(model).train(data=data, imgsz=int(imgsz), epochs=int(epochs), batch=int(batch), workers=int(workers),
-                  device="cpu", amp=False, plots=False, val=False, optimizer="SGD", lr0=0.01, close_mosaic=0,
-                  warmup_epochs=1, project=str(__import__("pathlib").Path(out).parent),
-                  name=__import__("pathlib").Path(out).name, exist_ok=True, seed=int(seed), verbose=False)
+                  device=device if device == "cpu" else int(device), amp=amp, plots=False, val=False,
+                  optimizer="SGD", lr0=0.01, close_mosaic=0, warmup_epochs=1, project=str(Path(out).parent),
+                  name=Path(out).name, exist_ok=True, seed=int(seed), verbose=False)
 """
+
+
+def trainer_argv(model: str, data: Path, imgsz: int, epochs: int, batch: int, workers: int, accumulate: int,
+                 out: Path, device: str = "cpu", amp: str | None = None, val_period: int = 0) -> list[str]:
+    """``python -m trainer`` arguments (after the interpreter) of one throughput run: the settings
+    ultralytics' side gets below, validation every ``val_period`` epochs (0: only ultralytics'
+    forced final one runs on its side, none on ours)."""
+    return ["-m", "trainer", "--model", model, "--data", str(data), "--imgsz", str(imgsz), "--epochs", str(epochs),
+            "--batch", str(batch), "--workers", str(workers), "--accumulate", str(accumulate), "--optimizer", "SGD",
+            "--lr", "0.01", "--val-period", str(val_period), "--warmup-epochs", "1", "--cfg", "close_mosaic=0",
+            "--out", str(out), "--log-every", "1000", "--device", device, *(["--amp", amp] if amp else [])]
+
+
+def ultralytics_argv(model: str, data: Path, imgsz: int, epochs: int, batch: int, workers: int, out: Path,
+                     seed: int, device: str = "cpu", amp: bool = False) -> list[str]:
+    """The arguments (after the interpreter) of ultralytics' ``YOLO().train()`` with the same
+    settings: ``device`` cpu or a GPU index, ``amp`` its amp= (fp16 autocast on CUDA)."""
+    return ["-c", ULTRALYTICS_RUN, model, str(data), str(imgsz), str(epochs), str(batch), str(workers), str(out),
+            str(seed), device, str(amp)]
 
 
 def epoch_times(results_csv: Path) -> list[float]:
@@ -77,11 +126,9 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     from trainer.offline import OFFLINE_ENV, set_offline_env
 
     set_offline_env()
-    from trainer.offline import seed_font
     from trainer.synth import write_dataset
 
-    seed_font()  # ultralytics' trainer calls check_font, which downloads unless the file is there
-    env = {**os.environ, **OFFLINE_ENV, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, **OFFLINE_ENV, "PYTHONPATH": str(REPO)}  # the harness seeds ultralytics' font itself
     accumulate = max(round(64 / a.batch), 1)  # what ultralytics derives from nbs=64
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -93,15 +140,11 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
             for who in order if rep % 2 == 0 else order[::-1]:
                 out = root / f"{who}{rep}"
                 if who == "trainer":
-                    run([sys.executable, "-m", "trainer", "--model", a.model, "--data", str(data), "--imgsz",
-                         str(a.imgsz), "--epochs", str(a.epochs), "--batch", str(a.batch), "--workers",
-                         str(a.workers), "--accumulate", str(accumulate), "--optimizer", "SGD", "--lr", "0.01",
-                         "--val-period", "0", "--warmup-epochs",
-                         "1", "--cfg", "close_mosaic=0", "--out", str(out), "--log-every", "1000", "--device", "cpu"],
-                        env)
+                    run([sys.executable, *trainer_argv(a.model, data, a.imgsz, a.epochs, a.batch, a.workers,
+                                                       accumulate, out)], env)
                 else:
-                    run([sys.executable, "-c", ULTRALYTICS_RUN, a.model, str(data), str(a.imgsz), str(a.epochs),
-                         str(a.batch), str(a.workers), str(out), "0"], env)
+                    run([sys.executable, *ultralytics_argv(a.model, data, a.imgsz, a.epochs, a.batch, a.workers,
+                                                           out, 0)], env)
                 ips = middle_ips(out / "results.csv", n_train)
                 results[who].append(ips)
                 print(f"rep {rep} {who:12s} {ips:7.2f} images/s", flush=True)

@@ -65,7 +65,7 @@ class TransportError(OrchError):
     def __init__(self, node: str, kind: str, message: str, hint: str | None = None) -> None:
         super().__init__(f"{node}: {message}", hint)
         self.node = node
-        self.kind = kind  # unreachable | auth | host_key_unknown | host_key_changed | timeout | error
+        self.kind = kind  # unreachable | auth | host_key_unknown | host_key_changed | host_key_revoked | timeout | error
 
 
 @dataclass

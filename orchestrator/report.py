@@ -265,8 +265,15 @@ def build_report(run: RunDir, results_csv: Path | None = None) -> Path:
     failure = info.get("first_failure")
     if failure:
         parts.append("<h2>first failure</h2>")
+        ended = (f"signal {failure['signal']}" if failure.get("signal")
+                 else f"exit code {failure.get('exit_code')}")
         parts.append(f"<p class='fail'>node {html.escape(str(failure.get('node')))}, rank "
-                     f"{html.escape(str(failure.get('rank')))}, exit code {html.escape(str(failure.get('exit_code')))}</p>")
+                     f"{html.escape(str(failure.get('rank')))}, {html.escape(ended)}</p>")
+        why = failure.get("cause") or failure.get("reason")
+        if why:
+            parts.append(f"<p class='cause'><b>{html.escape(str(why))}</b></p>")
+        if failure.get("hint"):
+            parts.append(f"<p class='hint'>hint: {html.escape(str(failure['hint']))}</p>")
         parts.append("<pre>" + html.escape("\n".join(failure.get("excerpt") or [])) + "</pre>")
     parts += ["<h2>timeline</h2>", _img("timeline", timeline),
               "<h2>loss and mAP</h2>", _img("loss and mAP curves", curves),

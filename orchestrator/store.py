@@ -139,6 +139,25 @@ def clock_offsets(run: RunDir | None, inventory_name: str) -> tuple[dict[str, fl
     return {}, None
 
 
+def clock_reference(run: RunDir | None, inventory_name: str) -> tuple[str | None, float | None]:
+    """What the saved offsets (`clock_offsets`, the same file) are against (`offset_reference`:
+    an NTP server, or the controller) and how far the controller itself was off that server
+    (`controller_clock.offset_ms`); (None, None) when the report does not say."""
+    paths = [run.check_path] if run is not None else []
+    for path in [*paths, checks_path(inventory_name)]:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(data, dict) or not data.get("offsets_ms"):
+            continue
+        ref = data.get("offset_reference")
+        cc = data.get("controller_clock")
+        off = cc.get("offset_ms") if isinstance(cc, dict) else None
+        return (str(ref) if ref else None), (float(off) if isinstance(off, (int, float)) else None)
+    return None, None
+
+
 def check_run_id(run_id: str, where: str = "run id") -> str:
     """`run_id` when it can name a run (a directory here and on every node), else UsageError
     (exit 2): a name like a node's, so `../x` or `a/b` never becomes a path."""

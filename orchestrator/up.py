@@ -17,11 +17,9 @@ The tunables of supervision (environment variables, seconds) are `run.supervise.
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
@@ -30,6 +28,7 @@ from .config.plan import Plan, make_plan
 from .contract import RunState
 from .errors import OrchError, UsageError
 from .logs.lines import LogLine
+from .logs.teardown import NodeStopped, QuietStop
 from .preflight.runner import CheckReport, run_preflight, save_to_run
 from .remote.sync import SyncReport, sync_nodes
 from .run import resume
@@ -37,7 +36,15 @@ from .run.agents import NodeStatus, StopResult, start_all, status_all, status_no
 from .run.control import offsets_s
 from .run.records import RunRecord, node_records
 from .run.stacks import StacksReport
-from .run.supervise import Failure, NodeSpec, Pushed, Supervisor, Tunables, sigint_shielded
+from .run.supervise import (
+    Failure,
+    NodeSpec,
+    Pushed,
+    Supervisor,
+    Tunables,
+    sigint_shielded,
+    sigterm_as_interrupt,
+)
 from .run.watchdog import HangWatch, Watchdog
 from .store import RunDir, RunStore, clock_offsets
 from .transport import Cluster, GroupResult
@@ -71,6 +78,10 @@ class UpProgress(Protocol):
         """A line of the merged log (attached runs)."""
 
     def log_event(self, node: str, message: str) -> None: ...
+
+    def node_stopped(self, stop: NodeStopped) -> None:
+        """A node was stopped (orch's teardown, Ctrl-C, orch down): what it printed meanwhile was
+        kept out of `line` (it is in its log); from the log streaming thread."""
 
     def log_stopped(self, exc: Exception) -> None:
         """Log streaming broke; supervision goes on without it."""
@@ -121,6 +132,9 @@ class Quiet:
     def log_event(self, node: str, message: str) -> None:
         pass
 
+    def node_stopped(self, stop: NodeStopped) -> None:
+        pass
+
     def log_stopped(self, exc: Exception) -> None:
         pass
 
@@ -167,23 +181,6 @@ class UpOutcome:
     """What copying `job.sync` did on each node (None: nothing to sync, or --skip-sync)."""
     sync_error: OrchError | None = None
     """Why `job.sync` could not be copied to any node (no rsync or ssh on the controller)."""
-
-
-@contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM to `orch up` tears the run down like Ctrl-C does (a scheduler's kill, a CI timeout)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 def not_stopped(results: GroupResult[StopResult]) -> dict[str, str]:
@@ -238,7 +235,7 @@ def up(inv: Inventory, *, detach: bool = False, skip_checks: bool = False, run_i
     report = None
     if not skip_checks:
         t_check = time.monotonic()
-        report = run_preflight(inv, fabric=fabric)
+        report = run_preflight(inv, fabric=fabric, run_id=run_id)
         say.preflight_done(report, time.monotonic() - t_check)
         if not report.ok:
             return UpOutcome("preflight_failed", preflight=report, sync=synced)
@@ -311,7 +308,7 @@ def _why(outcome: UpOutcome) -> str:
     f = outcome.failure
     if f is not None:
         rank = f" rank {f.rank}" if f.rank is not None else ""
-        return f"{f.node}{rank}: {f.reason}"
+        return f"{f.node}{rank}: {f.summary}"
     return "a node could not start" if outcome.result == "start_failed" else outcome.result
 
 
@@ -319,11 +316,12 @@ def _prepare_retry(say: UpProgress, run: RunDir, inv: Inventory, replaced: dict[
                    prepare: Prepare) -> tuple[Inventory, CheckReport | None, SyncReport | None] | UpOutcome:
     """The inventory of the next attempt: `job.sync` and the preflight again (unless skipped), a
     spare for each node that now fails either (`replaced` grows, run.json `replaced` follows), and
-    the trainer's `--resume` once its master holds the checkpoint. An UpOutcome when no attempt
-    can be made."""
-    current = with_replacements(inv, replaced)
+    the trainer's `--resume` once its master holds the checkpoint, decided before the preflight
+    (run as this run id): the trainer's own check judges the arguments this attempt launches. An
+    UpOutcome when no attempt can be made."""
     report = synced = None
     while True:
+        current = with_replacements(inv, replaced)
         why: dict[str, str] = {}
         if current.job.sync and not prepare.skip_sync:
             t = time.monotonic()
@@ -336,9 +334,12 @@ def _prepare_retry(say: UpProgress, run: RunDir, inv: Inventory, replaced: dict[
             say.synced(synced, time.monotonic() - t)
             run.write(synced.to_json(), "sync.json")
             why = {n.node: f"sync: {n.error}" for n in synced.failed()}
+        if not why and resume.is_trainer(current.job):
+            # before the preflight: the trainer's own check then judges the args this attempt launches
+            current = _with_resume(say, run, current)
         if not why and not prepare.skip_checks:
             t = time.monotonic()
-            report = run_preflight(current, fabric=prepare.fabric)
+            report = run_preflight(current, fabric=prepare.fabric, run_id=run.run_id)
             say.preflight_done(report, time.monotonic() - t)
             for r in report.failed():
                 why.setdefault(r.node, f"{r.check}: {r.detail or r.value}")
@@ -353,9 +354,6 @@ def _prepare_retry(say: UpProgress, run: RunDir, inv: Inventory, replaced: dict[
             replaced[name] = spare.name
             say.replacing(name, spare.name, why[name])
         run.update(replaced=dict(replaced))
-        current = with_replacements(inv, replaced)
-    if resume.is_trainer(current.job):
-        current = _with_resume(say, run, current)
     return current, report, synced
 
 
@@ -371,7 +369,7 @@ def _attempt(say: UpProgress, run: RunDir, inv: Inventory, report: CheckReport |
              t_launch: float, attempt: int) -> UpOutcome:
     """One launch of the run on the inventory's nodes: plan, start, supervise (or detach)."""
     plan = make_plan(inv, run.run_id, attempt)
-    run.write(plan.to_json(), "plan.json")
+    run.write(plan.to_json(env_values=True), "plan.json")  # private (0600): what was launched, values too
     save_to_run(run, inv, report)
     record = RunRecord(run)
     run.update(nodes=node_records(plan), state=RunState.STARTING)
@@ -481,6 +479,7 @@ def _stream_logs(say: UpProgress, run: RunDir, inv: Inventory, cluster: Cluster,
     from where the last attempt's copy ends, appending to merged.log."""
     from .logs.follow import Follower
 
+    quiet = QuietStop()  # what a node prints once stopped stays in its log: one line says it stopped
     try:
         offsets, _origin = clock_offsets(run, inv.name)
         follower = Follower(run, inv, cluster, offsets_ms=offsets, on_event=say.log_event, from_start=from_start,
@@ -489,7 +488,13 @@ def _stream_logs(say: UpProgress, run: RunDir, inv: Inventory, cluster: Cluster,
         for line in follower.lines(stop):
             if dog is not None and line.rank is not None:
                 dog.progress()
-            say.line(line)
+            shown = quiet.feed(line)
+            if isinstance(shown, NodeStopped):
+                say.node_stopped(shown)
+            elif shown is not None:
+                say.line(shown)
+        for pending in quiet.pending():
+            say.node_stopped(pending)
     except Exception as exc:  # log streaming must never take supervision down with it
         if dog is not None:
             dog.off(f"log streaming stopped: {exc}")

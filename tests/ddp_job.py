@@ -11,6 +11,8 @@ Faults (flags, or the environment variables in brackets, so a test can set them 
   --fail-rank R --fail-step S  [DDP_FAIL_RANK, DDP_FAIL_STEP]  rank R raises RuntimeError at step S
   --hang-rank R --hang-step S  [DDP_HANG_RANK, DDP_HANG_STEP]  rank R sleeps forever at step S
   --exit-rank R --exit-code C  [DDP_EXIT_RANK, DDP_EXIT_CODE]  rank R calls os._exit(C) at --fail-step
+  --kill-rank R --kill-signal N [DDP_KILL_RANK, DDP_KILL_SIGNAL]  rank R sends itself signal N (9: what the
+                               kernel's OOM killer sends) at --fail-step
   --break-file PATH            [DDP_BREAK_FILE]  the failing rank deletes PATH first (its node breaks too)
   --data PATH                  ignored: a path-like argument for the preflight's `job` check to compare
 """
@@ -38,6 +40,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hang-step", type=int, default=int(env("DDP_HANG_STEP", "3")))
     p.add_argument("--exit-rank", type=int, default=int(env("DDP_EXIT_RANK", "-1")))
     p.add_argument("--exit-code", type=int, default=int(env("DDP_EXIT_CODE", "7")))
+    p.add_argument("--kill-rank", type=int, default=int(env("DDP_KILL_RANK", "-1")))
+    p.add_argument("--kill-signal", type=int, default=int(env("DDP_KILL_SIGNAL", "9")))
     p.add_argument("--break-file", default=env("DDP_BREAK_FILE", ""))
     p.add_argument("--data", help="ignored")
     return p.parse_args(argv)
@@ -71,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         if rank == args.exit_rank and step == args.fail_step:
             print(f"[rank {rank}] exiting with code {args.exit_code} at step {step}", flush=True)
             os._exit(args.exit_code)
+        if rank == args.kill_rank and step == args.fail_step:
+            print(f"[rank {rank}] sending itself signal {args.kill_signal} at step {step}", flush=True)
+            os.kill(os.getpid(), args.kill_signal)
         if rank == args.hang_rank and step == args.hang_step:
             print(f"[rank {rank}] hanging at step {step}", flush=True)
             sleep_forever()

@@ -38,7 +38,8 @@ def make_run(tmp_path: Path, failed: bool = False) -> RunDir:
     info = {"run": run.run_id, "inventory": "inventory/local.yaml", "created": now - 62, "finished_at": now - 4,
             "state": "failed" if failed else "succeeded", "nodes": nodes}
     if failed:
-        info["first_failure"] = {"node": "node1", "rank": 1, "exit_code": 1,
+        info["first_failure"] = {"node": "node1", "rank": 1, "exit_code": 1, "reason": "exited with code 1",
+                                 "cause": "killed by SIGKILL", "signal": "SIGKILL", "hint": "the OOM killer <usually>",
                                  "excerpt": ["Traceback (most recent call last):", "RuntimeError: boom <&>"]}
     run.write(info)
     run.write({"results": [{"check": "ssh", "node": "node0", "status": "ok", "value": "3 ms", "detail": "", "hint": ""},

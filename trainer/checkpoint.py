@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import os
+import pickle
 import random
 from copy import deepcopy
 from datetime import datetime
@@ -165,12 +166,16 @@ def load_for_resume(path: Path) -> dict[str, Any]:
     """Read a checkpoint written by this trainer; only what resuming needs is returned.
 
     Raises:
-        TrainerError: missing file, a finished run's final (stripped) checkpoint, or a checkpoint
-            without this trainer's resume state.
+        TrainerError: missing file, one that is not a checkpoint, a finished run's final (stripped)
+            checkpoint, or a checkpoint without this trainer's resume state.
     """
     if not path.is_file():
         raise TrainerError(f"--resume {path}: no such file (is --out the directory of the run that stopped?)")
-    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except (OSError, EOFError, RuntimeError, ValueError, pickle.UnpicklingError) as e:
+        raise TrainerError(f"--resume {path}: cannot be read as a checkpoint ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
+                           "a damaged or partial copy? give --resume another checkpoint of the run (weights/epochN.pt)") from None
     if not isinstance(ckpt, dict):
         raise TrainerError(f"--resume {path}: not a checkpoint")
     if "trainer" not in ckpt:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import difflib
 import inspect
 import os
 import typing
@@ -272,10 +273,45 @@ def _flag_kwargs(f: Any, hint: Any) -> dict[str, Any] | None:
 _UNSET = object()
 
 
-def build_parser() -> argparse.ArgumentParser:
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose errors name the flag a typo most likely meant (`--epocs` →
+    `--epochs`); with ``raise_errors`` they are a TrainerError (the message alone, as `--check`
+    answers it) instead of usage text on stderr and exit 2."""
+
+    raise_errors = False
+
+    def error(self, message: str) -> typing.NoReturn:
+        message += self._suggestion(message)
+        if self.raise_errors:
+            raise TrainerError(f"{self.prog}: error: {message}")
+        super().error(message)
+
+    def _suggestion(self, message: str) -> str:
+        if not message.startswith("unrecognized arguments:"):
+            return ""
+        known = [s for act in self._actions for s in act.option_strings if s.startswith("--")]
+        meant = []
+        for word in message.split(":", 1)[1].split():
+            flag = word.split("=", 1)[0]
+            if flag.startswith("--") and flag not in known:
+                close = difflib.get_close_matches(flag, known, n=1, cutoff=0.75)
+                meant += [(close[0], flag)] if close else []
+        if len(meant) == 1:
+            return f" (did you mean {meant[0][0]}?)"
+        return f" (did you mean {', '.join(f'{m} for {f}' for m, f in meant)}?)" if meant else ""
+
+
+CHECK_HELP = ("check the arguments as a start would and answer in one JSON line, without training: parse, the "
+              "topology from torchrun's environment, the data YAML, --weights, the model, the run directory "
+              "(--out / --resume); no process group, nothing written. Exit 0 accepted, 2 refused (the message "
+              "a start would print)")
+
+
+def build_parser() -> Parser:
     """The ``python -m trainer`` argument parser, generated from ``TrainConfig``: a flag per field
-    (``--weight-decay`` for ``weight_decay``), its help the field's docstring, then ``ALIASES``."""
-    p = argparse.ArgumentParser(
+    (``--weight-decay`` for ``weight_decay``), its help the field's docstring, then ``ALIASES``;
+    and ``--check`` (`trainer/check.py`), which is not a setting."""
+    p = Parser(
         prog="python -m trainer",
         description="DDP training of ultralytics YOLO12 / YOLOE models; run it under torchrun on every node. "
                     "Defaults are ultralytics' (yolo train); its key=value arguments are accepted too.",
@@ -297,12 +333,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cfg", action="append", default=[], metavar="KEY=VALUE|FILE",
                    help="an ultralytics setting (repeatable), e.g. --cfg mosaic=0; a settings YAML (like yolo cfg=); "
                         "or a model YAML (--cfg yoloe-v8l-seg.yaml means --model)")
+    p.add_argument("--check", action="store_true", help=CHECK_HELP)
     return p
 
 
 FLAG_FIELD = {alias[2:].replace("-", "_"): name for alias, (name, _text) in ALIASES.items()}
 """Flag destinations that are another flag's field (aliases); every other destination is the field itself."""
-_NOT_FIELDS = ("settings", "cfg")
+_NOT_FIELDS = ("settings", "cfg", "check")
 
 
 def _from_flags(ns: argparse.Namespace, given: Given) -> None:
@@ -322,8 +359,12 @@ def _from_flags(ns: argparse.Namespace, given: Given) -> None:
         given.put(name, value, f"{flag_text} {value}" if not isinstance(value, bool) else flag_text)
 
 
-def parse_config(argv: list[str] | None = None) -> TrainConfig:
+def parse_config(argv: list[str] | None = None, usage_errors: bool = False) -> TrainConfig:
     """Parse the command line into a checked ``TrainConfig``.
+
+    With ``usage_errors`` an argument argparse refuses (an unknown flag, a value of the wrong
+    type) raises a TrainerError with argparse's message, instead of printing the usage and
+    exiting 2.
 
     Raises:
         TrainerError: a value no run could use, an unknown or unhonoured setting, or one setting
@@ -332,6 +373,7 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     import sys
 
     parser = build_parser()
+    parser.raise_errors = usage_errors
     flags, words = split_settings(parser, list(sys.argv[1:] if argv is None else argv))
     ns = parser.parse_intermixed_args(flags)
     given, hyp = Given(), dict[str, Any]()

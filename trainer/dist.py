@@ -61,18 +61,16 @@ def cpu_threads(topo: Topology) -> int | None:
     return max(1, min(8, (os.cpu_count() or 1) // max(topo.local_world_size, 1) - 1))
 
 
-def select_device(requested: str, topo: Topology) -> torch.device:
-    """Pick this rank's device: ``cuda:LOCAL_RANK`` when CUDA is asked for (or auto and present),
-    or the LOCAL_RANK-th GPU of a ``cuda:0,1,2,3`` list (indices as CUDA_VISIBLE_DEVICES shows them).
+def pick_device(requested: str, topo: Topology) -> torch.device:
+    """This rank's device, decided and checked without touching it (what ``--check`` asks):
+    ``cuda:LOCAL_RANK`` when CUDA is asked for (or auto and present), or the LOCAL_RANK-th GPU of a
+    ``cuda:0,1,2,3`` list (indices as CUDA_VISIBLE_DEVICES shows them); else the CPU.
 
     Raises:
         ValueError: CUDA requested but not available, or a GPU index this node does not have.
     """
     want_cuda = requested.startswith("cuda") or (requested == "auto" and torch.cuda.is_available())
     if not want_cuda:
-        threads = cpu_threads(topo)
-        if threads is not None:
-            torch.set_num_threads(threads)
         return torch.device("cpu")
     count = torch.cuda.device_count()
     visible = f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}"
@@ -90,8 +88,24 @@ def select_device(requested: str, topo: Topology) -> torch.device:
                 f"LOCAL_RANK {index} has no GPU: this node shows {count} ({visible}); "
                 "--nproc-per-node must not exceed the visible GPUs"
             )
-    torch.cuda.set_device(index)
     return torch.device("cuda", index)
+
+
+def select_device(requested: str, topo: Topology) -> torch.device:
+    """Pick this rank's device (``pick_device``) and make it current: the CUDA device, or on the
+    CPU ultralytics' thread count (``cpu_threads``).
+
+    Raises:
+        ValueError: CUDA requested but not available, or a GPU index this node does not have.
+    """
+    device = pick_device(requested, topo)
+    if device.type == "cuda":
+        torch.cuda.set_device(device.index)
+        return device
+    threads = cpu_threads(topo)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    return device
 
 
 _STARTUP_GROUP: Any = None

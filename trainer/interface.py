@@ -8,6 +8,9 @@ it, its retries look for the checkpoint), and the trainer itself refuses with th
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 INPUT_FLAGS = ("weights", "data", "model", "cfg", "resume", "pretrained", "text_embeddings")
 """Settings (flags, ``key=value`` keys) whose value is a file the trainer reads: on every node the
 same absolute path (``~/`` is that node's home)."""
@@ -43,3 +46,28 @@ def batch_problem(batch: int, world_size: int) -> str | None:
     near = " or ".join(str(b) for b in batch_choices(batch, world_size))
     return (f"global batch {batch} does not divide by world size {world_size} ({batch / world_size:.2f} images "
             f"per rank): use {near}; for {batch} images per GPU use {batch * world_size} (or --batch-per-device {batch})")
+
+
+def parse_device(value: Any) -> str:
+    """``0`` / ``0,1,2,3`` / ``cuda:0,1`` / ``[0, 1]`` / cpu / cuda / auto → ``cuda:0,1`` / cpu / cuda / auto.
+
+    The trainer's ``--device`` (and ``device=``); orch's `gpus` check reads the indices with it too
+    (they count the GPUs CUDA_VISIBLE_DEVICES leaves visible, from 0).
+
+    Raises:
+        ValueError: not a device, or a GPU listed twice.
+    """
+    if isinstance(value, (list, tuple)):
+        value = ",".join(str(v) for v in value)
+    text = str(value).strip().lower().replace(" ", "")
+    if text in ("", "none", "auto", "-1"):
+        return "auto"
+    if text in ("cpu", "cuda"):
+        return text
+    ids = text.removeprefix("cuda:").strip("[]")
+    if not re.fullmatch(r"\d+(,\d+)*", ids):
+        raise ValueError(f"expected auto, cpu, cuda or GPU indices like 0,1,2,3, got {value!r}")
+    numbers = [int(x) for x in ids.split(",")]
+    if len(set(numbers)) != len(numbers):
+        raise ValueError(f"GPU {max(numbers, key=numbers.count)} is listed twice in {value!r}")
+    return "cuda:" + ",".join(map(str, numbers))

@@ -95,6 +95,8 @@ def prepare(cfg: TrainConfig, topo: Topology, device: torch.device) -> Inputs:
         raise TrainerError(f"task={cfg.task} but {arch.source} is a {arch.task} model ({arch.name})")
     if cfg.text_embeddings and not arch.yoloe:
         raise TrainerError(f"--text-embeddings is for YOLOE models; {arch.source} is {arch.name}")
+    if not arch.yoloe and cfg.prompt_mode is not None:
+        raise TrainerError(f"--prompt-mode is for YOLOE models; {arch.source} is {arch.name}")
     names = list(data["names"].values())
     text_pe = (models.load_text_embeddings(cfg.text_embeddings, names, models.text_model(arch))
                if cfg.text_embeddings else None)
@@ -230,8 +232,7 @@ def open_run(inp: Inputs) -> tuple[Path, dict[str, Any] | None]:
     payload: tuple[str | None, dict[str, Any] | None, str | None] = (None, None, None)
     if inp.topo.is_main:
         try:
-            out, path = output.resolve(inp.cfg)
-            resume = checkpoint.load_for_resume(path) if path is not None else None
+            out, resume = decide_run(inp.cfg)
             out.mkdir(parents=True, exist_ok=True)
             output.mark_run(out)
             payload = (str(out), resume, None)
@@ -241,6 +242,19 @@ def open_run(inp: Inputs) -> tuple[Path, dict[str, Any] | None]:
     if payload[2] is not None:
         raise TrainerError(payload[2])
     return Path(str(payload[0])), payload[1]
+
+
+def decide_run(cfg: TrainConfig) -> tuple[Path, dict[str, Any] | None]:
+    """Rank 0's decision before the run starts (``open_run``; ``--check`` makes it too, writing
+    nothing): the run directory (``output.resolve``) and, with ``--resume``, the checkpoint's
+    resume state, read and checked.
+
+    Raises:
+        TrainerError: the directory already holds a run without ``--resume``, nothing to resume,
+            or a checkpoint that cannot be resumed.
+    """
+    out, path = output.resolve(cfg)
+    return out, checkpoint.load_for_resume(path) if path is not None else None
 
 
 def fit(inp: Inputs) -> None:
@@ -549,8 +563,6 @@ def build_network(inp: Inputs) -> models.YoloModel:
                                cfg.cls_remap)
     if inp.arch.yoloe:
         models.setup_yoloe_prompts(model, inp.data["names"], inp.text_pe, inp.weights_model, cfg.prompt_mode or "full")
-    elif cfg.prompt_mode is not None or cfg.text_embeddings:
-        raise TrainerError(f"--prompt-mode is for YOLOE models; {inp.arch.source} is {inp.arch.name}")
     models.apply_freeze(model, cfg.freeze)
     return model
 

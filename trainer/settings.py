@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from trainer.errors import TrainerError
+from trainer.interface import parse_device
 
 FIELD_OF_SETTING = {
     "model": "model", "data": "data", "epochs": "epochs", "batch": "batch", "imgsz": "imgsz", "lr0": "lr",
@@ -84,24 +85,6 @@ def parse_bool(text: str | bool) -> bool:
     if low in ("0", "false", "no", "off", "n"):
         return False
     raise ValueError(f"expected true or false, got {text!r}")
-
-
-def parse_device(value: Any) -> str:
-    """``0`` / ``0,1,2,3`` / ``cuda:0,1`` / ``[0, 1]`` / cpu / cuda / auto → ``cuda:0,1`` / cpu / cuda / auto."""
-    if isinstance(value, (list, tuple)):
-        value = ",".join(str(v) for v in value)
-    text = str(value).strip().lower().replace(" ", "")
-    if text in ("", "none", "auto", "-1"):
-        return "auto"
-    if text in ("cpu", "cuda"):
-        return text
-    ids = text.removeprefix("cuda:").strip("[]")
-    if not re.fullmatch(r"\d+(,\d+)*", ids):
-        raise ValueError(f"expected auto, cpu, cuda or GPU indices like 0,1,2,3, got {value!r}")
-    numbers = [int(x) for x in ids.split(",")]
-    if len(set(numbers)) != len(numbers):
-        raise ValueError(f"GPU {max(numbers, key=numbers.count)} is listed twice in {value!r}")
-    return "cuda:" + ",".join(map(str, numbers))
 
 
 def parse_amp(value: Any, from_flag: bool) -> str:

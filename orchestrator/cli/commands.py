@@ -142,7 +142,8 @@ a `spare:` node.
 
 \b
 Examples:
-  orch up inventory/v100.yaml --dry-run     # the plan: ranks and exact commands
+  orch up inventory/v100.yaml --dry-run     # the plan: ranks and exact commands (env values as ***)
+  orch up inventory/v100.yaml --dry-run --json --show-env   # the plan JSON, env values included
   orch up inventory/v100.yaml               # launch and follow
   orch up inventory/v100.yaml --detach      # launch, return; then orch logs -f
   orch up inventory/v100.yaml --fabric      # measure the fabric in the preflight first
@@ -158,6 +159,9 @@ Examples:
 @click.option("--skip-sync", is_flag=True, help="Do not copy job.sync to the nodes first.")
 @click.option("--run-id", help="Name the run (default: DATE-TIME-CLUSTER).")
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: print the plan as JSON.")
+@click.option("--show-env", is_flag=True,
+              help="With --dry-run: print the inventory's env values (hidden as *** by default: they are often "
+                   "tokens and keys).")
 @click.option("--fabric", is_flag=True,
               help="Also run the fabric check in the preflight (a short all_reduce job on every node); "
                    "a failure stops the launch (exit 3).")
@@ -168,7 +172,8 @@ Examples:
                    "(default: job.stall_timeout_s, 600).")
 @pass_state
 def up(state: State, inventory: str | None, dry_run: bool, detach: bool, skip_checks: bool, skip_sync: bool,
-       run_id: str | None, as_json: bool, fabric: bool, retries: int | None, stall_timeout: float | None) -> None:
+       run_id: str | None, as_json: bool, show_env: bool, fabric: bool, retries: int | None,
+       stall_timeout: float | None) -> None:
     if run_id is not None:
         from ..store import check_run_id
 
@@ -176,15 +181,18 @@ def up(state: State, inventory: str | None, dry_run: bool, detach: bool, skip_ch
     if detach and (retries or stall_timeout):
         raise UsageError("--retries and --stall-timeout need an attached orch up: a detached run has nobody "
                          "watching it", "drop --detach, or drop those flags")
+    if show_env and not dry_run:
+        raise UsageError("--show-env goes with --dry-run: it prints the plan's env values",
+                         "orch up INVENTORY --dry-run --show-env")
     inv = resolve_inventory(inventory)
     if dry_run:
         from ..config.plan import make_plan
 
         plan = make_plan(inv, run_id or "dry-run")
         if as_json:
-            render.json_out(plan.to_json())
+            render.json_out(plan.to_json(env_values=show_env))
         else:
-            render.plan_table(plan)
+            render.plan_table(plan, env_values=show_env)
         raise SystemExit(ExitCode.OK)
     from ..up import up as run_up
 
@@ -200,7 +208,8 @@ LOGS_HELP = """Merged, time-ordered logs of a run (the latest when RUN is omitte
 
 \b
 Every line: node UTC time, node, rank, text. Lines are ordered by the time the node wrote
-them, corrected by the clock offsets the last `orch check` measured. Control characters in a
+them, corrected by the clock offsets the last `orch check` measured (said on stderr when they
+differ by 1 ms or more between nodes; -v: always). Control characters in a
 job's text (escape sequences, CR, C1, bidi overrides) are shown escaped (`\\x1b`); --raw
 writes them as the job wrote them (--json keeps them, escaped by JSON).
 
@@ -237,8 +246,9 @@ def logs(state: State, run: str | None, follow: bool, node_filter: str | None, r
     if raw and as_json:
         raise UsageError("--raw and --json together", "--json keeps every character already (escaped by JSON)")
     view = RunLogs.open(run, skew_correct)
-    if view.offsets_ms:
-        render.skew_note(view.offsets_ms, view.offsets_origin)
+    if view.offsets_ms and (view.reorders or state.verbose):  # offsets within measurement noise: said with -v only
+        render.skew_note(view.offsets_ms, view.offsets_origin, view.offset_reference, view.controller_offset_ms,
+                         every=state.verbose)
     keep = view.line_filter(node_filter, rank_filter, grep, since)
     if tail is not None and tail < 0:
         raise UsageError(f"--tail {tail}: must be 0 or more", "e.g. --tail 50: the last 50 lines of each node")

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from ..config.inventory import Inventory
     from ..config.plan import Plan
     from ..logs.lines import LogLine
+    from ..logs.teardown import NodeStopped
     from ..preflight.runner import CheckReport, Progress
     from ..remote.exec import ExecReport
     from ..remote.rsync import Transfer
@@ -63,18 +64,24 @@ def orch_error(message: str, hint: str | None = None) -> None:
     sys.stderr.flush()
 
 
-def plan_table(plan: Plan) -> None:
-    """The dry-run table: node, address, node rank, global ranks, the exact remote command."""
+def plan_table(plan: Plan, env_values: bool = False) -> None:
+    """The dry-run table: node, address, node rank, global ranks, the exact remote command, the
+    inventory's env values hidden (`***`) unless `env_values` (`--show-env`)."""
     from rich.table import Table
 
+    from ..config.plan import HIDDEN
+
     out = console(stderr=False)
+    hidden = not env_values and any(v == HIDDEN for p in plan.nodes for v in p.shown_env().values())
     table = Table(title=f"plan for {markup(plan.inventory.path)}: {len(plan.nodes)} nodes, world size "
                         f"{plan.world_size}, master {plan.master_addr}:{plan.master_port}",
+                  caption="env values hidden (***): --show-env prints them" if hidden else None,
                   show_lines=True)
     for col in ("node", "address", "node rank", "global ranks", "command"):
         table.add_column(col, overflow="fold")
     for p in plan.nodes:
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in p.env.items() if not k.startswith("ORCH_"))
+        env = " ".join(f"{k}={v if v == HIDDEN and not env_values else shlex.quote(v)}"
+                       for k, v in p.shown_env(env_values).items() if not k.startswith("ORCH_"))
         cmd = (f"cd {p.workdir} && " if p.workdir else "") + (env + " " if env else "") + shlex.join(p.argv)
         ranks = f"{p.global_ranks.start}-{p.global_ranks.stop - 1}" if len(p.global_ranks) > 1 else str(p.global_ranks.start)
         # inventory values (env, args, paths) are shown as written, but never as markup or controls
@@ -85,8 +92,12 @@ def plan_table(plan: Plan) -> None:
 
 def check_table(report: CheckReport, out: Console | None = None) -> None:
     """One table grouped by check, a row per node: status, value, detail, hint; then the verdict.
-    Values, details and hints quote what nodes said: all shown `markup` (safe, no markup)."""
+    A node that could not be probed has its `ssh` row (with why) and, instead of a `skip` row in
+    every other check, one line under the table. Values, details and hints quote what nodes said:
+    all shown `markup` (safe, no markup)."""
     from rich.table import Table
+
+    from ..config.nodeset import fold
 
     out = out or console(stderr=False)
     table = Table(show_lines=False, pad_edge=False, expand=False)
@@ -94,14 +105,22 @@ def check_table(report: CheckReport, out: Console | None = None) -> None:
                     ("value", {"overflow": "fold", "max_width": 28}), ("detail", {"overflow": "fold"}),
                     ("hint", {"overflow": "fold"})):
         table.add_column(col, **kw)
+    down = report.not_probed
+    shown = [r for r in report.results if not (r.node in down and r.check != "ssh" and r.status == "skip")]
     last = None
-    for r in report.results:
+    for r in shown:
         if last is not None and r.check != last:
             table.add_section()
         table.add_row(r.check if r.check != last else "", markup(r.node), styled(r.status), markup(r.value),
                       markup(r.detail), markup(r.hint))
         last = r.check
     out.print(table)
+    hidden = [r for r in report.results if r not in shown]
+    if hidden:
+        checks = list(dict.fromkeys(r.check for r in hidden))
+        nodes = list(dict.fromkeys(r.node for r in hidden))
+        out.print(markup(f"not probed, so {len(hidden)} other results skipped: {len(checks)} checks "
+                         f"({', '.join(checks)}) on {fold(nodes)} (why: their ssh rows)"))
     counts = {s: sum(1 for r in report.results if r.status == s) for s in CHECK_STATUSES}
     summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
     verdict = "[bold red]preflight failed[/]" if not report.ok else "[green]preflight passed[/]"
@@ -115,8 +134,8 @@ def fabric_report(fabric: Mapping[str, Any], out: Console | None = None) -> None
 
     shown = out or console(stderr=False)
 
-    def say(text: str) -> None:
-        shown.print(text, markup=False, highlight=False, soft_wrap=True)
+    def say(text: str) -> None:  # every name and reason in it is the node's: shown safe
+        shown.print(safe(text), markup=False, highlight=False, soft_wrap=True)
 
     if not fabric.get("sweep"):
         say(f"fabric: no measurement ({fabric.get('backend')}, run {fabric.get('run')})")
@@ -135,11 +154,16 @@ def fabric_report(fabric: Mapping[str, Any], out: Console | None = None) -> None
         for p in per_node:
             marks = [d for d in ("send", "recv") if (p["node"], d) in slow]
             note = f"   slow {'/'.join(marks)}" if marks else ""
-            say(f"{p['node']:<{width}}  {p['send_gbps']:9.3f}  {p['recv_gbps']:9.3f}   "
-                f"({p['send_median_gbps']:.3f} / {p['recv_median_gbps']:.3f}){note}")
+            say(f"{p['node']:<{width}}  {_rate(p['send_gbps'], 9)}  {_rate(p['recv_gbps'], 9)}   "
+                f"({_rate(p['send_median_gbps'])} / {_rate(p['recv_median_gbps'])}){note}")
     for link in fabric.get("slow_links") or []:
         say(f"slow link {link['src']}->{link['dst']}: {link['gbps']:.3f} GB/s, its ends reach "
             f"{link['expected_gbps']:.3f} GB/s")
+
+
+def _rate(gbps: float | None, width: int = 0) -> str:
+    """A rate in GB/s to 3 decimals, `-` for a direction nothing was measured in."""
+    return f"{gbps:{width}.3f}" if gbps is not None else "-".rjust(width)
 
 
 def preload_check_table() -> None:
@@ -213,10 +237,24 @@ class LogPrinter:
         (raw or out).flush()
 
 
-def skew_note(offsets: Mapping[str, float], origin: str | None) -> None:
-    shown = ", ".join(f"{n} {v:+.1f} ms" for n, v in sorted(offsets.items()))
+def skew_note(offsets: Mapping[str, float], origin: str | None, reference: str | None = None,
+              controller_ms: float | None = None, every: bool = False) -> None:
+    """How `orch logs` orders lines: each node's offset (`every`, or up to 4 nodes), else the two
+    farthest apart; and what they were measured against."""
+    ranked = sorted(offsets.items(), key=lambda kv: (kv[1], kv[0]))
+    if every or len(ranked) <= 4:
+        shown = ", ".join(f"{n} {v:+.1f} ms" for n, v in sorted(offsets.items()))
+    else:
+        shown = (f"from {ranked[0][0]} {ranked[0][1]:+.1f} ms to {ranked[-1][0]} {ranked[-1][1]:+.1f} ms "
+                 f"over {len(ranked)} nodes (-v: each)")
+    against = ""
+    if reference and controller_ms is not None:
+        against = f" against {reference}, which this controller was {controller_ms:+.1f} ms off"
+    elif reference:
+        against = f" against {reference}" + (
+            "; they are relative to this controller's own clock" if reference.startswith("the controller") else "")
     console().print(f"orch: ordering lines by node time minus the clock offsets measured by orch check "
-                    f"({origin}): {shown}; printed times are each node's own clock. "
+                    f"({origin}){against}: {shown}; printed times are each node's own clock. "
                     "--no-skew-correct to turn off", markup=False)
 
 
@@ -249,6 +287,7 @@ class UpPrinter:
     def __init__(self) -> None:
         self.err = console()
         self.log: LogPrinter | None = None
+        self.run_id = ""
 
     def syncing(self, inv: Inventory) -> None:
         self.err.print(f"syncing {len(inv.job.sync)} path(s) of job.sync to {len(inv.nodes)} nodes...")
@@ -270,6 +309,7 @@ class UpPrinter:
         from ..logs.lines import column_widths
 
         self.log = LogPrinter(column_widths([p.node.name for p in plan.nodes], plan.world_size))
+        self.run_id = plan.run_id
         self.err.print(f"run [bold]{plan.run_id}[/]: starting {len(plan.nodes)} nodes × "
                        f"{plan.nodes[0].node.nproc_per_node} processes (world size {plan.world_size}, "
                        f"master {plan.master_addr}:{plan.master_port})")
@@ -294,6 +334,10 @@ class UpPrinter:
 
     def log_event(self, node: str, message: str) -> None:
         self.err.print(f"[dim]{markup(node)}: {markup(message)}[/]")
+
+    def node_stopped(self, stop: NodeStopped) -> None:
+        """One line per stopped node, instead of the tracebacks its stop made it print."""
+        self.err.print(f"[dim]{node_stopped_text(stop, self.run_id)}[/]", soft_wrap=True)
 
     def log_stopped(self, exc: Exception) -> None:
         self.err.print(f"[yellow]log streaming stopped: {markup(exc)}[/]")
@@ -327,6 +371,24 @@ class UpPrinter:
 
         self.err.print(f"the trainer is relaunched with {markup(how)}: it continues its own last.pt if it wrote one, "
                        "else starts over in the same run directory")
+
+
+def node_stopped_text(stop: NodeStopped, run_id: str) -> str:
+    """`n0: stopped 0.4 s after its agent got SIGTERM (torchrun exited with code 1); the 31 lines it
+    printed meanwhile are in its log: orch logs RUN --node n0`, as markup."""
+    node = markup(stop.node)
+    ended = (f"torchrun ended by {markup(stop.exit_signal)}" if stop.exit_signal
+             else f"torchrun exited with code {stop.exit_code}")
+    if stop.exit_code is None:
+        how = "stopping (its end is not in the log yet)"
+    elif stop.received is None:
+        how = f"ended while the run was being stopped ({ended})"
+    else:
+        how = f"stopped {stop.seconds or 0:.1f} s after its agent got {markup(stop.received)} ({ended})"
+    if not stop.held:
+        return f"{node}: {how}"
+    what = "the line it printed meanwhile is" if stop.held == 1 else f"the {stop.held} lines it printed meanwhile are"
+    return f"{node}: {how}; {what} in its log: orch logs {markup(run_id)} --node {node}"
 
 
 def stacks_view(report: StacksReport, out: Console | None = None) -> None:
@@ -369,8 +431,7 @@ def up_outcome(outcome: UpOutcome) -> None:
             out.print(f"  hint: {markup(outcome.sync_error.hint)}")
         f = outcome.failure
         if f is not None:
-            out.print(f"the failure it was to retry: {markup(f.node)} (node rank {f.node_rank}, rank "
-                      f"{f.rank if f.rank is not None else 'unknown'}): {markup(f.reason)}")
+            out.print("the failure it was to retry: " + failure_head(f.to_json()), soft_wrap=True)
         return
     if outcome.result == "sync_failed":
         if outcome.sync_error is not None:
@@ -398,9 +459,10 @@ def up_outcome(outcome: UpOutcome) -> None:
     else:
         f = outcome.failure
         assert f is not None
-        rank = f"rank {f.rank}" if f.rank is not None else "rank unknown"
-        out.print(f"\n[bold red]run {run} failed{attempt}[/]: first failure on [bold]{markup(f.node)}[/] "
-                  f"(node rank {f.node_rank}, {rank}, exit code {f.exit_code}): {markup(f.reason)}")
+        out.print(f"\n[bold red]run {run} failed{attempt}[/]: first failure on " + failure_head(f.to_json()),
+                  soft_wrap=True)
+        if f.hint:
+            out.print(f"  hint: {markup(f.hint)}", soft_wrap=True)
         for line in f.excerpt:
             out.print(f"  {markup(line)}", soft_wrap=True)
         out.print(f"stopped every other node in {outcome.teardown_s or 0:.1f} s" if not unconfirmed else
@@ -408,6 +470,16 @@ def up_outcome(outcome: UpOutcome) -> None:
                   "are reachable")
         if outcome.no_retry:
             out.print(f"[bold red]{markup(outcome.no_retry)}[/]")
+
+
+def failure_head(ff: Mapping[str, Any]) -> str:
+    """`NODE (node rank N, rank R, exit code C): CAUSE` of a first failure (its JSON), as rich markup.
+    A process a signal ended shows the signal as its cause, never torchrun's exit code."""
+    rank = f"rank {ff['rank']}" if ff.get("rank") is not None else "rank unknown"
+    code = f", exit code {ff.get('exit_code')}" if not ff.get("signal") else ""
+    node_rank = f"node rank {ff['node_rank']}, " if ff.get("node_rank") is not None else ""
+    why = ff.get("cause") or ff.get("reason") or ""
+    return f"[bold]{markup(ff.get('node'))}[/] ({node_rank}{rank}{code}): {markup(why)}"
 
 
 def not_retried_detached(retries: int) -> None:
@@ -436,8 +508,10 @@ def status_table(report: StatusReport) -> None:
     out.print(table)
     ff = report.first_failure
     if ff:
-        out.print(f"first failure: {markup(ff['node'])} (rank {ff.get('rank')}, exit code {ff.get('exit_code')}): "
-                  f"{markup(ff.get('reason', ''))}")
+        out.print("first failure: " + failure_head(ff), soft_wrap=True)
+        if ff.get("hint"):
+            out.print(f"  hint: {markup(ff['hint'])}", soft_wrap=True)
+        out.print(f"  its log: orch logs {markup(report.run)} --node {markup(ff.get('node'))}", soft_wrap=True)
 
 
 def down_report(result: DownReport) -> None:

@@ -17,6 +17,10 @@ from .schema import NodeModel, SSHModel, fields_of
 HOST = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]*\Z")
 HOST_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:\[\],-]*\Z")
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*\Z")
+GATEWAY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]*\Z")
+"""What `gateway` may be: a host name, an IPv4 or IPv6 address, or an ssh config alias. Never a
+word starting with `-`, which ssh (the gateway is the last word of its ProxyCommand) would take
+for an option (`-oProxyCommand=...` runs a command on the controller)."""
 NAME_MAX = 100
 
 
@@ -130,6 +134,7 @@ class NodeExpander:
         # shared by `nodes:` and `spare:`: a spare may not be a node as well
         self.seen_names: dict[str, str] = {}
         self.seen_hosts: dict[tuple[str, int], str] = {}
+        self.reported: set[tuple[str | int, ...]] = set()  # where a bad value shared by many nodes was named
 
     def nodes(self, env: dict[str, str], section: str = "nodes") -> list[Node]:
         """The nodes of `section` (`nodes`, or `spare`: the same entries, launched only to
@@ -231,4 +236,13 @@ class NodeExpander:
             self.r.issue("connect_timeout must be positive", self.section, i, "connect_timeout")
         for key in ("user", "identity", "known_hosts", "gateway", "ssh_config"):
             self.r.safe(getattr(opts, key), key, self.section, i, key)
+        if opts.gateway is not None and not GATEWAY.match(opts.gateway):
+            origin: tuple[str | int, ...] = (self.section, i)  # where the value was written: the entry, or ssh:
+            if node.gateway is None:
+                origin = (self.section, i, "ssh") if node.ssh is not None and node.ssh.gateway is not None else ("ssh",)
+            if origin + ("gateway",) not in self.reported:
+                self.reported.add(origin + ("gateway",))
+                why = ": it starts with '-', which ssh would take for an option" if opts.gateway.startswith("-") else ""
+                self.r.issue(f"gateway {opts.gateway!r} is not a host name, address or ssh config alias{why}",
+                             *origin, "gateway")
         return opts

@@ -14,6 +14,8 @@ from .inventory import Inventory
 from .nodes import Node
 
 TORCHRUN = ("-m", "torch.distributed.run")
+HIDDEN = "***"
+"""What an env value the inventory gave is shown as, unless asked for (`orch up --dry-run --show-env`)."""
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,14 @@ class NodePlan:
     argv: tuple[str, ...]
     env: Mapping[str, str]
     workdir: str | None
+
+    def shown_env(self, values: bool = False) -> dict[str, str]:
+        """The job's environment for a person or a script: every name, and the values orch sets
+        itself (`ORCH_*`, `PYTHONUNBUFFERED` when the inventory does not); the inventory's values
+        (tokens, keys, passwords as often as interface names) are HIDDEN unless `values`."""
+        if values:
+            return dict(self.env)
+        return {k: HIDDEN if k in self.node.env else v for k, v in self.env.items()}
 
 
 @dataclass(frozen=True)
@@ -46,7 +56,9 @@ class Plan:
                 return np_
         raise KeyError(name)
 
-    def to_json(self) -> dict[str, object]:
+    def to_json(self, env_values: bool = False) -> dict[str, object]:
+        """The plan JSON (docs/CONTRACT.md). The inventory's env values are HIDDEN unless
+        `env_values` (`--show-env`; plan.json in the private run directory keeps them)."""
         return {
             "run": self.run_id,
             "inventory": self.inventory.path,
@@ -58,10 +70,11 @@ class Plan:
                     "node": p.node.name, "host": p.node.host, "addr": p.node.addr,
                     "node_rank": p.node_rank, "nproc_per_node": p.node.nproc_per_node,
                     "global_ranks": [p.global_ranks.start, p.global_ranks.stop - 1],
-                    "argv": list(p.argv), "env": dict(p.env), "workdir": p.workdir,
+                    "argv": list(p.argv), "env": p.shown_env(env_values), "workdir": p.workdir,
                 }
                 for p in self.nodes
             ],
+            "env_values": "shown" if env_values else "hidden",
         }
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import difflib
 import functools
+import reprlib
 import types
 from typing import (
     TYPE_CHECKING,
@@ -285,7 +286,7 @@ def _schema_issues(exc: ValidationError, path: str, lines: dict[yamlines.Path, i
             msg = f"required key '{loc[-1]}' is missing"
             line = yamlines.line_of(lines, loc[:-1])
         else:
-            msg = f"{err['msg'].removeprefix('Value error, ')} (got {err.get('input')!r})"
+            msg = f"{err['msg'].removeprefix('Value error, ')} (got {shown(err.get('input'))})"
         issues.append(InventoryIssue(msg, path, line, key))
     # pydantic reports one error per union member for scalar unions; keep the first per key
     seen: set[tuple[int | None, str | None]] = set()
@@ -295,6 +296,18 @@ def _schema_issues(exc: ValidationError, path: str, lines: dict[yamlines.Path, i
             seen.add((i.line, i.key))
             unique.append(i)
     return unique
+
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = _SHOWN.maxother = 120
+_SHOWN.maxlist = _SHOWN.maxdict = _SHOWN.maxtuple = 8
+_SHOWN.maxlevel = 3
+
+
+def shown(value: Any) -> str:
+    """A value as an error quotes it: its repr, cut short (`...`) when long or deep, so one bad
+    value is one readable line."""
+    return _SHOWN.repr(value)
 
 
 _UNION_TAGS = {"str", "int", "float", "bool", "none", "list[union[str,int,float,bool]]", "dict[str,any]"}

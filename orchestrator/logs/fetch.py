@@ -14,6 +14,8 @@ import contextlib
 import fcntl
 import json
 import os
+import re
+import secrets
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,44 +34,77 @@ class ProtocolError(Exception):
     """The node's reader sent something that is not a frame (e.g. a Python traceback)."""
 
 
-def read_frames(stream: IO[bytes]) -> Iterator[tuple[str, bytes]]:
+HELLO = b"ORCH-LOG-READER"
+"""The reader's first line is this word and the session's nonce (node/reader.py's HELLO)."""
+MAX_DATA = 1 << 20
+"""The most bytes a D frame may announce (the reader sends at most 64 KiB)."""
+MAX_HEADER = 1 << 16
+"""The longest header line (an S frame's JSON is a few hundred bytes)."""
+MAX_PREAMBLE = 1 << 16
+"""The most the node's login shell may print before the reader's first line."""
+_DATA = re.compile(rb"D ([1-9][0-9]{0,6})\n")
+_BEAT = re.compile(rb"([HE]) (-|[a-z][a-z_-]{0,31}) ([0-9]{1,12}(?:\.[0-9]{1,9})?)\n")
+_STATUS = re.compile(rb"S (\{[^\n]*\})\n")
+
+
+def new_nonce() -> str:
+    """A reader session's nonce: what the login shell prints before it cannot guess it."""
+    return secrets.token_hex(12)
+
+
+def read_frames(stream: IO[bytes], nonce: str) -> Iterator[tuple[str, bytes]]:
     """Frames from a reader's output: ("D", data), ("H", b"state node-time"), ("S", b"status JSON"),
     ("E", b"state node-time"). Ends at EOF.
 
-    Lines before the first frame are the node's login shell talking (a `~/.bashrc` that echoes,
-    `pyenv: cannot rehash` when several logins race): skipped, unless no frame ever follows or
-    they are a Python traceback (the reader itself failed), which raise ProtocolError."""
-    preamble: list[bytes] = []
-    framed = False
+    Whatever comes before the reader's `ORCH-LOG-READER <nonce>` line is the node's login shell
+    talking (a banner, a `~/.bashrc` that echoes, `pyenv: cannot rehash`): skipped, up to
+    MAX_PREAMBLE bytes; the stream ending before that line (the reader could not start: no
+    python, a traceback) raises ProtocolError showing what was said. After it, every line must be
+    a frame of exactly its shape and within its size, or ProtocolError."""
+    hello = HELLO + b" " + nonce.encode("ascii") + b"\n"
+    preamble = bytearray()
     while True:
-        header = stream.readline()
+        line = stream.readline(MAX_HEADER)
+        if line == hello:
+            break
+        if not line:
+            said = preamble.decode("utf-8", "replace").strip()[-500:]
+            raise ProtocolError(said or "the log reader printed nothing before it ended")
+        preamble += line
+        if len(preamble) > MAX_PREAMBLE:
+            raise ProtocolError(f"the node printed more than {MAX_PREAMBLE} bytes and no frame: "
+                                + preamble.decode("utf-8", "replace").strip()[-300:])
+    while True:
+        header = stream.readline(MAX_HEADER)
         if not header:
-            if preamble and not framed:
-                raise ProtocolError(b"".join(preamble).decode("utf-8", "replace").strip()[-500:])
             return
-        kind, _, arg = header.rstrip(b"\n").partition(b" ")
-        if kind == b"D" and arg.isdigit():
-            size = int(arg)
+        m = _DATA.fullmatch(header)
+        if m is not None and int(m.group(1)) <= MAX_DATA:
+            size = int(m.group(1))
             data = stream.read(size)
             if len(data) < size:  # the connection died mid-frame: resume from the offset
                 return
-            framed = True
             yield "D", data
-        elif kind in (b"H", b"E", b"S"):
-            framed = True
-            yield kind.decode(), arg
-        elif not framed and not kind.startswith(b"Traceback") and len(preamble) < 100:
-            preamble.append(header)
-        else:
-            rest = stream.read(2000) if kind.startswith(b"Traceback") else b""
-            raise ProtocolError((b"".join(preamble[-5:]) + header + rest).decode("utf-8", "replace").strip()[-500:])
+            continue
+        m = _BEAT.fullmatch(header)
+        if m is not None:
+            yield m.group(1).decode(), header[2:-1]
+            continue
+        m = _STATUS.fullmatch(header)
+        if m is not None:
+            yield "S", m.group(1)
+            continue
+        if not header.endswith(b"\n") and len(header) < MAX_HEADER:  # the connection died mid-line
+            return
+        rest = stream.read(2000) if header.startswith(b"Traceback") else b""
+        raise ProtocolError("not a frame of the log reader: " + (header[:300] + rest).decode("utf-8", "replace").strip()[-500:])
 
 
 def status_frame(payload: bytes) -> dict[str, Any]:
     """The JSON object of an S frame."""
     try:
         data = json.loads(payload)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than json can take
         data = None
     if not isinstance(data, dict):
         raise ProtocolError(f"bad status frame: {payload[:200]!r}")
@@ -108,6 +143,12 @@ def node_sources(run: RunDir, inv: Inventory) -> list[NodeSource]:
     return sorted(sources, key=lambda s: s.node_rank)
 
 
+MAX_LINE = 2 << 20
+"""The longest line the controller holds whole: the node agent splits a job's lines at 1 MiB
+(node/agent.py MAX_LINE), so only a node.log orch did not write has longer ones."""
+LONG_LINE_MARK = b" [orch: a line longer than 2 MiB, continued on the next line]"
+
+
 class LocalCopy:
     """The controller's copy of one node's log. Holds only whole lines, so its size is the byte
     offset to resume from. One process writes it at a time (flock); another process following
@@ -124,7 +165,7 @@ class LocalCopy:
             self.writer = False
         self.path = path
         self.offset = self._whole_lines_size()
-        self.partial = b""
+        self.partial = bytearray()
 
     def _whole_lines_size(self) -> int:
         """Size up to the last newline; a torn tail (a crash mid-write) is cut off when writing."""
@@ -147,22 +188,31 @@ class LocalCopy:
         return pos
 
     def feed(self, data: bytes) -> list[bytes]:
-        """Add fetched bytes; append and return the lines they complete."""
-        buf = self.partial + data
-        cut = buf.rfind(b"\n") + 1
-        self.partial = buf[cut:]
-        if not cut:
-            return []
-        whole = buf[:cut]
+        """Add fetched bytes; append and return the lines they complete. Linear in what arrives:
+        the unfinished line grows in place, and one longer than MAX_LINE (which the node agent,
+        splitting at 1 MiB, never writes) is passed on in pieces of that size, each marked."""
+        nl = data.rfind(b"\n")
+        if nl < 0:
+            self.partial += data
+            if len(self.partial) <= MAX_LINE:
+                return []
+            piece, self.partial = bytes(self.partial), bytearray()
+            self._append(piece)
+            return [piece + LONG_LINE_MARK]
+        whole = bytes(self.partial) + data[:nl + 1] if self.partial else data[:nl + 1]
+        self.partial = bytearray(data[nl + 1:])
+        self._append(whole)
+        return whole.split(b"\n")[:-1]
+
+    def _append(self, data: bytes) -> None:
         if self.writer:
             self.fh.seek(0, os.SEEK_END)
-            self.fh.write(whole)
-        self.offset += cut
-        return whole.splitlines()
+            self.fh.write(data)
+        self.offset += len(data)
 
     def drop_partial(self) -> None:
         """Forget a half-received line; it is fetched again from `offset` after a reconnect."""
-        self.partial = b""
+        self.partial = bytearray()
 
     def existing(self, start: int = 0) -> Iterator[bytes]:
         """The lines already in the copy from byte `start` (up to the offset when this copy was
@@ -185,28 +235,50 @@ def reader_program() -> str:
     return node_program("reader", (*AGENT_MODULES, "agent"))
 
 
+def reader_argv(python: str, remote_dir: str, offset: int, poll_s: float, once: bool, report: bool,
+                nonce: str) -> list[str]:
+    """The command that runs the log reader (its program on stdin): node/reader.py's argv."""
+    return [python, "-c", FROM_STDIN, remote_dir, str(offset), f"{poll_s:g}", "1" if once else "0",
+            "1" if report else "0", nonce]
+
+
+@dataclass
+class ReaderSession:
+    """One run of a node's log reader: its process and the nonce its frames start after."""
+
+    proc: Process
+    nonce: str
+
+    def frames(self) -> Iterator[tuple[str, bytes]]:
+        return read_frames(self.proc.stdout, self.nonce)
+
+    def close(self) -> None:
+        self.proc.close()
+
+
 def start_reader(transport: Transport, src: NodeSource, offset: int, poll_s: float, once: bool,
-                 report: bool = False) -> Process:
-    """Start the node's log reader from byte `offset`. Its program goes on its stdin, so for as
-    long as it runs its command line (what `ps` shows on the node) is a few words, not its code.
-    A reader that cannot start (a missing python) says why on its output, which the frame
-    parser reports: a failed write here is left to it."""
-    proc = transport.popen([src.python, "-c", FROM_STDIN, src.remote_dir, str(offset), f"{poll_s:g}",
-                            "1" if once else "0", "1" if report else "0"], keep_stdin=True)
+                 report: bool = False) -> ReaderSession:
+    """Start the node's log reader from byte `offset`, with a nonce of its own. Its program goes on
+    its stdin, so for as long as it runs its command line (what `ps` shows on the node) is a few
+    words, not its code. A reader that cannot start (a missing python) says why on its output,
+    which the frame parser reports: a failed write here is left to it."""
+    nonce = new_nonce()
+    proc = transport.popen(reader_argv(src.python, src.remote_dir, offset, poll_s, once, report, nonce),
+                           keep_stdin=True)
     with contextlib.suppress(OSError, EOFError):
         proc.write(reader_program().encode("ascii"))
         proc.close_stdin()
-    return proc
+    return ReaderSession(proc, nonce)
 
 
 def fetch_node(transport: Transport, src: NodeSource, timeout: float = 120.0) -> str:
     """Bring the local copy of one node up to date (one shot); returns the node's state."""
     copy = LocalCopy(src.copy)
-    proc = start_reader(transport, src, copy.offset, 0.2, once=True)
-    watchdog = threading.Timer(timeout, proc.close)
+    reader = start_reader(transport, src, copy.offset, 0.2, once=True)
+    watchdog = threading.Timer(timeout, reader.close)
     watchdog.start()
     try:
-        for kind, payload in read_frames(proc.stdout):
+        for kind, payload in reader.frames():
             if kind == "D":
                 copy.feed(payload)
             elif kind == "E":
@@ -217,7 +289,7 @@ def fetch_node(transport: Transport, src: NodeSource, timeout: float = 120.0) ->
         raise TransportError(src.node, "unreachable", "the log stream ended before the log was read to its end")
     finally:
         watchdog.cancel()
-        proc.close()
+        reader.close()
         copy.close()
 
 

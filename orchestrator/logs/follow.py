@@ -20,14 +20,14 @@ from ..config.inventory import Inventory
 from ..contract import FINAL_STATES
 from ..errors import TransportError
 from ..store import RunDir
-from ..transport import Cluster, Process, Transport
+from ..transport import Cluster, Transport
 from .fetch import (
     LocalCopy,
     NodeSource,
     ProtocolError,
+    ReaderSession,
     drained_at,
     node_sources,
-    read_frames,
     start_reader,
     status_frame,
 )
@@ -71,7 +71,7 @@ class NodeStream:
         self.failing_since: float | None = None
         self.abandoned = False
         self.last_frame = time.monotonic()
-        self.proc: Process | None = None
+        self.reader: ReaderSession | None = None
         self.credit = threading.Semaphore(CREDIT_LINES)
         self.reconnects = 0
         self.thread: threading.Thread | None = None
@@ -98,17 +98,17 @@ class NodeStream:
     def restart_if_stalled(self, now: float, stall_s: float) -> None:
         """Close a stream that sent no frame (not even a heartbeat) for `stall_s`: its connection is
         dead without having said so (a pulled cable), and the thread reconnects."""
-        proc = self.proc
-        if proc is not None and now - self.last_frame > stall_s:
+        reader = self.reader
+        if reader is not None and now - self.last_frame > stall_s:
             self.on_event(self.src.node, f"no data or heartbeat for {stall_s:g} s: reconnecting")
             self.last_frame = now
-            proc.close()
+            reader.close()
             self.transport.close()
 
     def close(self) -> None:
-        proc = self.proc
-        if proc is not None:
-            proc.close()
+        reader = self.reader
+        if reader is not None:
+            reader.close()
 
     def _push(self, line: LogLine) -> None:
         while not self.credit.acquire(timeout=0.2):  # backpressure: bounded lines held per node
@@ -136,9 +136,9 @@ class NodeStream:
             reason = "the log stream ended"
             try:
                 self.last_frame = time.monotonic()
-                self.proc = start_reader(self.transport, self.src, copy.offset, self.poll_s, once=False,
-                                         report=self.on_status is not None)
-                for kind, payload in read_frames(self.proc.stdout):
+                self.reader = start_reader(self.transport, self.src, copy.offset, self.poll_s, once=False,
+                                           report=self.on_status is not None)
+                for kind, payload in self.reader.frames():
                     self.last_frame = time.monotonic()
                     self.failing_since = None
                     backoff = 0.5
@@ -150,22 +150,23 @@ class NodeStream:
                         for raw in copy.feed(payload):
                             prev = line = self.parse(raw, prev)
                             self._push(line)
-                    elif kind == "H":
-                        state, _, node_time = payload.decode().partition(" ")
+                    elif kind == "H":  # `state time`, both checked by read_frames
+                        state, _, node_time = payload.decode("ascii").partition(" ")
                         self.remote_state = state
-                        self.out.put((self.index, _Heartbeat(float(node_time or "nan"))))
+                        self.out.put((self.index, _Heartbeat(float(node_time))))
                     elif kind == "S":
                         if self.on_status is not None:
                             self.on_status(self.src.node, status_frame(payload))
                     else:
-                        self.remote_state = payload.decode().partition(" ")[0]
+                        self.remote_state = payload.decode("ascii").partition(" ")[0]
                         return
-            except (TransportError, ProtocolError, OSError, EOFError) as exc:
+            except (TransportError, ProtocolError, OSError, EOFError, ValueError) as exc:
+                # whatever the node sent, the stream reconnects: a node is never dropped from the log
                 reason = str(exc) or type(exc).__name__
             finally:
-                if self.proc is not None:
-                    self.proc.close()
-                    self.proc = None
+                if self.reader is not None:
+                    self.reader.close()
+                    self.reader = None
             if self.halt.is_set() or self.abandoned:
                 return
             if self.failing_since is None:

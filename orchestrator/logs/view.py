@@ -9,7 +9,7 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 
 from ..config.inventory import Inventory
-from ..store import RunDir, RunStore, clock_offsets
+from ..store import RunDir, RunStore, clock_offsets, clock_reference
 from ..transport import Cluster, GroupResult
 from .fetch import NodeSource, fetch_all, node_sources
 from .filters import LineFilter, apply, compile_grep, last_n, parse_nodes, parse_ranks, parse_since
@@ -26,6 +26,12 @@ from .stored import (
     write_merged_log,
 )
 
+REORDER_MS = 1.0
+"""Clock offsets that differ by less than this between a run's nodes reorder no lines in a way that
+means anything: the difference is within what one offset measurement can tell (half an SSH round
+trip, an NTP exchange). `orch logs` still orders by them, but says so only from this spread on
+(or with -v)."""
+
 
 @dataclass
 class RunLogs:
@@ -39,6 +45,10 @@ class RunLogs:
     offsets_origin: str | None
     """The saved check report the offsets come from."""
     widths: tuple[int, int]
+    offset_reference: str | None = None
+    """What the offsets are against: an NTP server, or the controller (its own clock unmeasured)."""
+    controller_offset_ms: float | None = None
+    """How far the controller's clock was off the NTP server when the offsets were measured."""
 
     @classmethod
     def open(cls, run_id: str | None, skew_correct: bool | None = None) -> RunLogs:
@@ -49,8 +59,23 @@ class RunLogs:
         offsets, origin = clock_offsets(run, inv.name)
         if skew_correct is False or not any(offsets.values()):
             offsets, origin = {}, None
+        reference, controller = clock_reference(run, inv.name) if offsets else (None, None)
         return cls(run, inv, sources, offsets, origin,
-                   column_widths([s.node for s in sources], world_size(run, inv)))
+                   column_widths([s.node for s in sources], world_size(run, inv)), reference, controller)
+
+    @property
+    def offsets_spread_ms(self) -> float:
+        """How far apart the nodes' clock offsets are (ms; a node without one counts 0): what can
+        reorder lines between nodes. 0.0 without offsets."""
+        if not self.offsets_ms:
+            return 0.0
+        values = [self.offsets_ms.get(s.node, 0.0) for s in self.sources] or [0.0]
+        return max(values) - min(values)
+
+    @property
+    def reorders(self) -> bool:
+        """Do the offsets change the order of lines enough to say so (`REORDER_MS`)?"""
+        return self.offsets_spread_ms >= REORDER_MS
 
     def line_filter(self, node: str | None = None, rank: str | None = None, grep: str | None = None,
                     since: str | None = None) -> LineFilter:

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -92,6 +93,16 @@ STATUS_KEYS = ("state", "exit_code", "signal", "reason", "started_at", "finished
                "cleanup_left")
 """The fields of state.json a status reports as they are (the log reader's `S` frames: these)."""
 PR_SET_CHILD_SUBREAPER = 36
+STARTING = "agent {pid} on {host} starting{attempt}: {argv} (cwd {cwd})"
+"""The agent's first line of a launch (an attempt of a run: node.log continues across retries)."""
+STARTING_LINE = re.compile(r"^agent \d+ on \S+ starting(?: attempt \d+)?: ")
+STOPPING = "agent received {signal}: stopping the job, SIGTERM to process group {pgid}"
+"""The agent's line (stream `orch`) written just before it signals the job on a stop: everything the
+job prints after it is the stop's doing (an attached `orch up` keeps it out of the live log)."""
+STOPPING_PREFIX = "agent received "
+EXITED = "torchrun exited with code {code}{signal}: {state}"
+"""The agent's last line about the job: how torchrun ended and the state that makes the run."""
+EXITED_LINE = re.compile(r"^torchrun exited with code (-?\d+)(?: \((SIG[A-Z0-9]+)\))?: ([a-z]+)$")
 
 
 # ----------------------------------------------------------------------------- small helpers
@@ -171,6 +182,13 @@ def check_run_dir(path: str) -> None:
 # ----------------------------------------------------------------------------- the daemon
 
 
+MAX_LINE = 1 << 20
+"""The longest line of output node.log holds whole: a longer one (a job that prints a tensor, a
+progress bar without newlines) is written in pieces of at most this many bytes, each but the last
+ending with LONG_LINE_MARK, so one line never holds up the log or grows without bound."""
+LONG_LINE_MARK = " [orch: line longer than 1 MiB, continued on the next line]"
+
+
 class NodeLog:
     """node.log: one timestamped line per output line, written by several threads."""
 
@@ -187,10 +205,32 @@ class NodeLog:
             self.fh.write(line)
 
     def pump(self, src: IO[bytes], stream: str) -> None:
-        """Copy `src` line by line, stamping each line when it arrives."""
-        for raw in iter(src.readline, b""):
-            self.write(stream, raw.decode("utf-8", "replace"))
+        """Copy `src` line by line, stamping each line when it arrives; a line longer than
+        MAX_LINE bytes in pieces, cut between characters, never inside one."""
+        carry = b""
+        while True:
+            raw = carry + src.readline(MAX_LINE - len(carry))
+            carry = b""
+            if not raw:
+                break
+            if raw.endswith(b"\n") or len(raw) < MAX_LINE:
+                self.write(stream, raw.decode("utf-8", "replace"))
+                continue
+            cut = utf8_boundary(raw)
+            carry = raw[cut:]
+            self.write(stream, raw[:cut].decode("utf-8", "replace") + LONG_LINE_MARK)
         src.close()
+
+
+def utf8_boundary(data: bytes) -> int:
+    """The length of `data` less a UTF-8 character cut off at its end (at most 3 bytes)."""
+    end = len(data)
+    for back in range(1, min(4, end) + 1):
+        byte = data[end - back]
+        if byte & 0xC0 != 0x80:  # not a continuation byte: an ASCII byte, or the lead of a character
+            need = 2 if byte >> 5 == 0b110 else 3 if byte >> 4 == 0b1110 else 4 if byte >> 3 == 0b11110 else 1
+            return end - back if need > back else end
+    return end
 
 
 class Monitor:
@@ -241,10 +281,16 @@ class Monitor:
         env = dict(os.environ)
         env.update({str(k): str(v) for k, v in self.launch.get("env", {}).items()})
         argv = self.argv()
+        if self.launch.get("torchrun_log_dir"):
+            try:  # private like the rest of the run directory (torchrun would make it with the job's umask)
+                os.mkdir(os.path.join(self.dir, "torchrun"), 0o700)
+            except FileExistsError:
+                pass
         cwd = expand(self.launch.get("cwd")) or os.path.expanduser("~")
         attempt = str(self.launch.get("env", {}).get("ORCH_ATTEMPT", "1"))
-        self.log.write("orch", f"agent {os.getpid()} on {socket.gethostname()} starting"
-                                f"{'' if attempt == '1' else f' attempt {attempt}'}: {' '.join(argv)} (cwd {cwd})")
+        self.log.write("orch", STARTING.format(pid=os.getpid(), host=socket.gethostname(),
+                                               attempt="" if attempt == "1" else f" attempt {attempt}",
+                                               argv=" ".join(argv), cwd=cwd))
         try:
             umask = self.launch.get("login_umask")
             proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -273,7 +319,7 @@ class Monitor:
         stopped = self.stop_at is not None or os.path.exists(os.path.join(self.dir, STOP_REQUEST))
         state = STOPPED if stopped else (SUCCEEDED if code == 0 else FAILED)
         sig = signal_name(code)
-        self.log.write("orch", f"torchrun exited with code {code}{f' ({sig})' if sig else ''}: {state}")
+        self.log.write("orch", EXITED.format(code=code, signal=f" ({sig})" if sig else "", state=state))
         self.save(state=state, exit_code=code, signal=sig, finished_at=ended, procs=[[p, s] for p, s in left],
                   cleanup_left=[p for p, _s in left])
         return code
@@ -289,12 +335,12 @@ class Monitor:
             now = time.monotonic()
             if self.stop_at is not None and self.term_sent is None:
                 self.term_sent = now
+                # the line first: what the job prints once signalled comes after it in node.log
+                self.log.write("orch", STOPPING.format(signal=signal.Signals(self.stop_signal).name, pgid=proc.pid))
                 try:  # torchrun is our child, not reaped yet: its group cannot be anyone else's
                     os.killpg(proc.pid, signal.SIGTERM)
                 except (ProcessLookupError, PermissionError):
                     pass
-                self.log.write("orch", f"agent received {signal.Signals(self.stop_signal).name}: "
-                               f"sent SIGTERM to process group {proc.pid}")
             if self.term_sent is not None and not self.kill_sent and now - self.term_sent > self.grace:
                 self.kill_sent = True
                 self.log.write("orch", f"still running {self.grace:.0f} s after SIGTERM: SIGKILL")

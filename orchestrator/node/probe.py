@@ -44,9 +44,34 @@ import time
 
 PROBE_VERSION = 1
 # The exact field list of the one real multi-GPU CSV we have on record (OmniOpt A100 sample), so
-# the recorded output is parsed exactly as the live tool prints it.
+# the recorded output is parsed exactly as the live tool prints it (without a header: these columns).
 GPU_QUERY = ("timestamp,name,pci.bus_id,driver_version,pstate,pcie.link.gen.max,pcie.link.gen.current,"
              "temperature.gpu,utilization.gpu,utilization.memory,memory.total,memory.free,memory.used")
+# Asked for too (the header then names every column): the index and UUID CUDA_VISIBLE_DEVICES
+# names GPUs by, and the compute capability torch's kernels must match. A driver whose nvidia-smi
+# lacks a field (compute_cap came with R510) refuses the whole query: then GPU_QUERY alone.
+GPU_QUERY_EXTRA = "index,uuid,compute_cap"
+# Run in a child on nodes that declare GPUs: what CUDA the node's torch was built for, and the
+# GPU architectures it carries kernels (sm_XY) and PTX (compute_XY) for. The list is compiled into
+# torch (torch._C._cuda_getArchFlags), so only torch can say it; importing torch is the cost, and a
+# child makes a crash or a hang a fact. Nothing here initialises CUDA or touches a GPU.
+TORCH_CUDA_CODE = r"""
+import json, platform
+out = {}
+try:
+    import torch
+    out["torch"] = torch.__version__
+    out["cuda"] = getattr(torch.version, "cuda", None)
+    flags = torch._C._cuda_getArchFlags() if hasattr(torch._C, "_cuda_getArchFlags") else None
+    out["arch_list"] = flags.split() if flags else []
+    releases = getattr(torch.cuda, "PYTORCH_RELEASES_CODE_CC", None)
+    if isinstance(releases, dict):
+        host = "aarch64" if platform.machine().lower() == "aarch64" else "x86_64"
+        out["releases"] = {str(k): sorted(int(c) for c in v.get(host, ())) for k, v in releases.items()}
+except Exception as exc:
+    out["error"] = "%s: %s" % (type(exc).__name__, exc)
+print(json.dumps(out))
+"""
 ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "TORCH_DISTRIBUTED_", "CUDA_VISIBLE_DEVICES", "TZ",
                 "ORCH_PROBE_FIXTURES")
 MAX_TEXT = 1 << 20          # data YAML texts sent back for parsing on the controller
@@ -108,12 +133,13 @@ def which(name: str) -> str | None:
     return None
 
 
-def run_capture(argv: list, timeout: float) -> tuple:
+def run_capture(argv: list, timeout: float, env: dict | None = None, cwd: str | None = None) -> tuple:
     """(returncode, stdout bytes, stderr bytes); returncode None on timeout.
 
     A watchdog timer kills the child instead of `communicate(timeout=)`, whose polling wait
     sleeps with time.sleep (see `pause`)."""
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=env, cwd=cwd)
     killed = []
 
     def kill() -> None:
@@ -254,9 +280,49 @@ def gather_gpus() -> dict:
             return {"rc": 0, "out": text + "\n", "err": ""}
         return {"source": "fixture " + fx, "query": fixture("nvidia-smi-query-gpu.csv"),
                 "table": fixture("nvidia-smi.txt")}
-    query = run_tool(["nvidia-smi", "--query-gpu=" + GPU_QUERY, "--format=csv,noheader"])
+    query = run_tool(["nvidia-smi", "--query-gpu=" + GPU_QUERY + "," + GPU_QUERY_EXTRA, "--format=csv"])
+    if query["rc"] not in (0, None):  # an older nvidia-smi that lacks a field: the fields it has
+        query = run_tool(["nvidia-smi", "--query-gpu=" + GPU_QUERY, "--format=csv"])
     table = run_tool(["nvidia-smi"]) if query["rc"] is not None else {"rc": None, "out": "", "err": query["err"]}
     return {"source": "nvidia-smi", "query": query, "table": table}
+
+
+def gather_torch_cuda(args: dict) -> dict:
+    """The node's torch: its CUDA version and the GPU architectures it has kernels for
+    (`TORCH_CUDA_CODE` in a child, with a timeout); an error or silence is the answer."""
+    timeout = float(args.get("software_timeout", 120))
+    rc, so, err = run_capture([sys.executable, "-c", TORCH_CUDA_CODE], timeout)
+    if rc is None:
+        return {"error": f"importing torch took over {timeout:.0f}s"}
+    try:
+        return json.loads(so.decode("utf-8", "replace").strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"error": "python could not tell torch's CUDA build: " + err.decode("utf-8", "replace")[-500:].strip()}
+
+
+def gather_job_check(args: dict) -> dict | None:
+    """The job's own check, run as the job would be (its python, workdir and environment, plus
+    the torchrun variables of this node's first rank): `python -m trainer --check ARGS`, or
+    whether `job.module` imports. The controller reads its answer (preflight/jobcheck.py)."""
+    req = args.get("job_check")
+    if not req:
+        return None
+    cwd = expand(req["cwd"]) if req.get("cwd") else None
+    if cwd and not os.path.isdir(cwd):
+        return {"kind": req.get("kind", ""), "error": f"not run: workdir {req['cwd']} is not a directory here"}
+    env = dict(os.environ)
+    env.update(req.get("env") or {})
+    timeout = float(req.get("timeout", 90))
+    t0 = time.time()
+    try:
+        rc, so, err = run_capture(list(req["argv"]), timeout, env=env, cwd=cwd)
+    except OSError as exc:
+        return {"kind": req.get("kind", ""), "error": f"cannot run {req['argv'][0]}: {exc.strerror or exc}"}
+    out = {"kind": req.get("kind", ""), "rc": rc, "out": so.decode("utf-8", "replace")[-20000:],
+           "err": err.decode("utf-8", "replace")[-4000:], "seconds": round(time.time() - t0, 2)}
+    if rc is None:
+        out["error"] = f"no answer within {timeout:.0f} s"
+    return out
 
 
 def norm_dist(name: str) -> str:
@@ -471,6 +537,10 @@ def gather(args: dict) -> dict:
     slow: dict = {"paths": lambda: gather_paths(args)}
     if "gpus" in want or not want:  # nvidia-smi runs twice, ~0.1-1 s each on a GPU node
         slow["gpus"] = gather_gpus
+        if args.get("torch_cuda"):  # a node that declares GPUs: which of them the node's torch can drive
+            slow["torch_cuda"] = lambda: gather_torch_cuda(args)
+    if args.get("job_check"):
+        slow["job_check"] = lambda: gather_job_check(args)
     if args.get("software", True):
         slow["software"] = lambda: gather_software(args)
     if "clock" in want or not want:

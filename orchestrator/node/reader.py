@@ -4,16 +4,19 @@ Runs on the node (`python -c`, built by `orchestrator.node.program("reader", (*A
 only, any Python >= 3.8. The controller's side (reading the frames, the local copy, reconnects)
 is `orchestrator.logs.fetch`.
 
-    argv: RUN_DIR OFFSET POLL_S ONCE [REPORT]
+    argv: RUN_DIR OFFSET POLL_S ONCE REPORT NONCE
 
-Frames on stdout, each a header line:
+Its output starts with `ORCH-LOG-READER <NONCE>`, the session's nonce the controller chose: what a
+node's login shell prints before it (a banner, `~/.bashrc` noise) can never be taken for a frame,
+whatever it says. Then frames on stdout, each a header line:
 
-    D <n>\\n + n bytes          the log's bytes from where the last frame ended
+    D <n>\\n + n bytes          the log's bytes from where the last frame ended (n <= 65536)
     H <state> <node time>      a heartbeat while idle: the log had nothing more at that time
-    S <json>                   with REPORT=1: the node's status, whenever it changes
+    S <json>                   with REPORT=1: the node's status, whenever it changes (one line)
     E <state> <node time>      the end: state.json is final (or ONCE) and the log is drained
 
-`<state>` is state.json's `state`, `-` when there is none. An idle poll's heartbeat lets the
+`<state>` is state.json's `state` (a lower-case word), `-` when there is none, `unknown` when it
+is not a word. An idle poll's heartbeat lets the
 other nodes' lines out before the watermark, shows a dead connection, and makes this reader die
 (broken pipe) within a poll of the controller going away, so no reader outlives its follower.
 The status (`S`) is what `orch up`'s supervisor judges: the fields of `agent.py status` that
@@ -26,10 +29,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 
 from . import agent
+
+HELLO = b"ORCH-LOG-READER"
+"""The first line's word, before the nonce."""
+CHUNK = 1 << 16
+"""The most bytes of one D frame."""
+_WORD = re.compile(r"[a-z][a-z_-]{0,31}")
 
 
 def status(state: dict) -> dict:
@@ -44,13 +54,22 @@ def status(state: dict) -> dict:
     return out
 
 
-def stream(run_dir: str, offset: int, poll: float, once: bool, report: bool) -> None:
+def state_word(state: dict) -> str:
+    """state.json's state as the frames carry it: one lower-case word, `-` without a state.json."""
+    name = state.get("state")
+    if not state or name is None:
+        return "-"
+    return name if isinstance(name, str) and _WORD.fullmatch(name) else "unknown"
+
+
+def stream(run_dir: str, offset: int, poll: float, once: bool, report: bool, nonce: str = "") -> None:
     out = sys.stdout.buffer
+    out.write(HELLO + b" " + nonce.encode("ascii", "replace") + b"\n")
     log, state_path = os.path.join(run_dir, agent.LOG), os.path.join(run_dir, agent.STATE)
     fh, told = None, None
     while True:
         state = agent.read_json(state_path)
-        name = state.get("state") or "-"
+        name = state_word(state)
         if fh is None:
             try:
                 fh = open(log, "rb")  # noqa: SIM115 - held across polls, for as long as the stream
@@ -59,13 +78,18 @@ def stream(run_dir: str, offset: int, poll: float, once: bool, report: bool) -> 
                 fh = None
         sent, t = False, time.time()  # every line stamped before t is in the file now, or being written
         while fh is not None:
-            data = fh.read(1 << 16)
+            data = fh.read(CHUNK)
             if not data:
                 break
             out.write(b"D %d\n" % len(data) + data)
             sent = True
         if report:
             now = status(state)
+            if now.get("agent_alive") is False and agent.read_json(state_path) != state:
+                # the agent ended while the log drained (a long drain: a slow link, a burst of
+                # output): judged on the state read before, it would look vanished. Read again.
+                out.flush()
+                continue
             if now != told:
                 told = now
                 out.write(b"S " + json.dumps(dict(now, now=time.time())).encode() + b"\n")
@@ -82,7 +106,7 @@ def stream(run_dir: str, offset: int, poll: float, once: bool, report: bool) -> 
 
 def main(argv: list) -> int:
     run_dir = os.path.expanduser(argv[1])
-    stream(run_dir, int(argv[2]), float(argv[3]), argv[4] == "1", argv[5:6] == ["1"])
+    stream(run_dir, int(argv[2]), float(argv[3]), argv[4] == "1", argv[5:6] == ["1"], "".join(argv[6:7]))
     return 0
 
 

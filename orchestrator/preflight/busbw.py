@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..node.jobs import allreduce as job
+
 # Bus bandwidth factors per collective, as nccl-tests applies them (n = number of ranks).
 _FACTORS: dict[str, Callable[[int], float]] = {
     "all_reduce": lambda n: 2.0 * (n - 1) / n,
@@ -229,50 +231,20 @@ def link_summary(records: Sequence[dict[str, Any]], nodes: Sequence[int], share:
                  ) -> dict[str, Any]:
     """Per-node send/recv rates and the slow nodes and links, from the receivers' records.
 
-    `records` hold src_node, dst_node, rail and gbps (the best sized transfer of that rail). A
-    direction's rate is the sum over rails. A node's send capacity is its best outgoing pair
-    (recv: best incoming): one healthy peer is enough to show what the node can do, so a node is
-    slow only when all its pairs are. Slow: capacity < share x the median capacity over nodes.
-    A link (direction) is slow when it is below share x what both its ends reach elsewhere; links
-    from a node slow at sending, or to one slow at receiving, are that node's finding, not theirs.
+    `records` hold src_node, dst_node, rail and gbps (every transfer, or `best_passes` of them: a
+    direction's rate is each rail's best, summed over rails). The verdict is the job's own
+    `link_verdict` (node/jobs/allreduce.py), the rule it also picks what to measure again by: a
+    node's capacity is its best pair, slow below share x the median node; a link is slow below
+    share x what both its ends reach elsewhere.
     """
-    pair: dict[tuple[int, int], float] = {}
-    for r in records:
-        key = (int(r["src_node"]), int(r["dst_node"]))
-        pair[key] = pair.get(key, 0.0) + float(r["gbps"])
+    pair = job.pair_rates(records)
+    caps, slow_nodes, slow_links = job.link_verdict(pair, nodes, share)
     outgoing = {n: [v for (s, _), v in pair.items() if s == n] for n in nodes}
     incoming = {n: [v for (_, d), v in pair.items() if d == n] for n in nodes}
-    best = {"send": {n: max(v) for n, v in outgoing.items() if v},
-            "recv": {n: max(v) for n, v in incoming.items() if v}}
     per_node = [{"node": n,
-                 "send_gbps": best["send"].get(n), "recv_gbps": best["recv"].get(n),
+                 "send_gbps": caps["send"].get(n), "recv_gbps": caps["recv"].get(n),
                  "send_median_gbps": statistics.median(outgoing[n]) if outgoing[n] else None,
                  "recv_median_gbps": statistics.median(incoming[n]) if incoming[n] else None}
                 for n in nodes]
-    slow_nodes: list[dict[str, Any]] = []
-    slow_links: list[dict[str, Any]] = []
-    if len(nodes) >= 3:
-        for direction, caps in best.items():
-            if not caps:
-                continue
-            median = statistics.median(caps.values())
-            for n, value in caps.items():
-                if value < share * median:
-                    slow_nodes.append({"node": n, "direction": direction, "gbps": value, "median_gbps": median})
-        slow_send = {x["node"] for x in slow_nodes if x["direction"] == "send"}
-        slow_recv = {x["node"] for x in slow_nodes if x["direction"] == "recv"}
-        for (s, d), v in sorted(pair.items()):
-            if s in slow_send or d in slow_recv:
-                continue  # explained by a slow end: its pairs vary with the bucket, not the link
-            bound = min(best["send"][s], best["recv"][d])
-            if v < share * bound:
-                slow_links.append({"src_node": s, "dst_node": d, "gbps": v, "expected_gbps": bound})
-    elif len(nodes) == 2:
-        a, b = nodes
-        ab, ba = pair.get((a, b)), pair.get((b, a))
-        if ab is not None and ba is not None:
-            for (s, d), v, other in (((a, b), ab, ba), ((b, a), ba, ab)):
-                if v < share * other:
-                    slow_links.append({"src_node": s, "dst_node": d, "gbps": v, "expected_gbps": other})
     return {"pairs": [{"src_node": s, "dst_node": d, "gbps": v} for (s, d), v in sorted(pair.items())],
             "per_node": per_node, "slow_nodes": slow_nodes, "slow_links": slow_links, "share": share}

@@ -20,10 +20,11 @@ from ..config.inventory import Inventory
 from ..config.nodes import Node
 from ..config.trainer import batch_choices, batch_problem
 from ..contract import CHECK_NAMES
+from . import cudacompat, jobcheck
 from .fabric_judge import check_fabric
 from .facts import NodeFacts
-from .jobargs import is_output_key, job_files, path_args
-from .parsers import GpuFacts, IbDevice
+from .jobargs import device_ids, is_output_key, job_files, path_args
+from .parsers import Gpu, GpuFacts, IbDevice
 from .results import CheckResult, Facts, Findings, majority, odd_one_out, probed
 
 __all__ = ["CHECKS", "CheckResult", "Findings", "majority", "odd_one_out", "probed", "run_checks"]
@@ -140,8 +141,36 @@ def check_clock(inv: Inventory, facts: Facts) -> list[CheckResult]:
         else:
             f.add("ok", f"{what} (limit {limit:g} ms)")
         _judge_chrony(nf, limit, f)
+        _judge_controller(inv, node, nf, limit, f)
         out.append(f.result())
     return out
+
+
+def _judge_controller(inv: Inventory, node: Node, nf: NodeFacts, limit: float, f: Findings) -> None:
+    """The reference itself: with an NTP server, how far the controller's own clock is off it (on
+    every row: each offset above is against the server, not the controller); without one, that
+    every offset is relative to the controller's clock, said once, on the master's row."""
+    server = inv.checks.clock.ntp_server
+    cc = nf.controller_clock
+    if not server:
+        if node.name == inv.master.name:
+            f.add("ok", "every offset here is relative to the controller's own clock, which nothing measures "
+                        "(set checks.clock.ntp_server to measure every clock, the controller's too, against one server)")
+        return
+    if cc is None:
+        return
+    if cc.offset_ms is None:
+        if node.name == inv.master.name:
+            f.add("warn", f"the controller could not ask {server} for the time ({cc.error}): its own clock is not "
+                          "measured", f"open UDP 123 from this machine to {server}, or run orch where it can reach it")
+        return
+    text = f"the controller is {cc.offset_ms:+.1f} ms off {server}"
+    if abs(cc.offset_ms) - (cc.delay_ms or 0) / 2 > limit and node.name == inv.master.name:
+        f.add("warn", f"{text}: orch logs --since and orch status' log ages are off by as much (nodes are measured "
+                      "against the server, so the merged log's order is not)",
+              f"sync this machine's clock to {server.split(':')[0]} (chronyc makestep; server ... iburst in chrony.conf)")
+    else:
+        f.add("ok", text)
 
 
 def _judge_chrony(nf: NodeFacts, limit: float, f: Findings) -> None:
@@ -399,12 +428,13 @@ def check_gpus(inv: Inventory, facts: Facts) -> list[CheckResult]:
     seen = {k: g for k, g in gf.items() if g.gpus}
     models = {k: _models(g) for k, g in seen.items()}
     drivers = {k: g.driver for k, g in seen.items()}
+    ids = device_ids(inv)
     out = []
-    for node, _ in nodes:
+    for node, nf in nodes:
         if not node.gpus:
             out.append(CheckResult("gpus", node.name, "skip", "", "this node declares no `gpus`"))
             continue
-        out.append(_judge_gpus(node, gf[node.name], models, drivers))
+        out.append(_judge_gpus(node, nf, gf[node.name], models, drivers, ids))
     return out
 
 
@@ -412,7 +442,8 @@ def _models(g: GpuFacts) -> str:
     return " + ".join(sorted({x.name for x in g.gpus}))
 
 
-def _judge_gpus(node: Node, g: GpuFacts, models: Mapping[str, str], drivers: Mapping[str, str | None]) -> CheckResult:
+def _judge_gpus(node: Node, nf: NodeFacts, g: GpuFacts, models: Mapping[str, str],
+                drivers: Mapping[str, str | None], ids: tuple[int, ...] | None) -> CheckResult:
     f = Findings("gpus", node.name)
     if g.error or not g.gpus:
         f.add("fail", f"no GPU visible: {g.error or 'nvidia-smi lists none'} ({g.source})",
@@ -420,7 +451,9 @@ def _judge_gpus(node: Node, g: GpuFacts, models: Mapping[str, str], drivers: Map
         return f.result()
     n = len(g.gpus)
     f.value = f"{n} × {_models(g)}, driver {g.driver}"
-    if n < node.nproc_per_node:
+    visible = cudacompat.visible_devices(nf.env.get("CUDA_VISIBLE_DEVICES"), g.gpus)
+    _judge_visible(node, g, visible, ids, f)
+    if visible.value is None and n < node.nproc_per_node:
         f.add("fail", f"{n} GPUs visible but nproc_per_node is {node.nproc_per_node}",
               "a worker needs its own GPU: fix the failed GPU (nvidia-smi -q) or lower nproc_per_node")
     elif node.gpus and n < node.gpus:
@@ -433,6 +466,7 @@ def _judge_gpus(node: Node, g: GpuFacts, models: Mapping[str, str], drivers: Map
             common, count = odd
             f.add("fail", f"GPU {label} {mine} differs from the majority ({count} nodes: {common})",
                   "install the same driver on every node (mismatched drivers/CUDA fail silently in NCCL)")
+    _judge_torch_cuda(node, nf, g, visible.gpus or g.gpus, f)
     busy = sorted({p.gpu for p in g.processes} | {x.index for x in g.gpus if (x.memory_used_mib or 0) >= BUSY_MIB})
     if busy:
         procs = ", ".join(f"pid {p.pid} {p.name} on GPU {p.gpu} ({p.memory})" for p in g.processes[:4])
@@ -441,6 +475,118 @@ def _judge_gpus(node: Node, g: GpuFacts, models: Mapping[str, str], drivers: Map
     if not f.items:
         f.add("ok", f"{n} GPUs ≥ nproc_per_node {node.nproc_per_node}, idle ({g.source})")
     return f.result()
+
+
+def _indices(gpus: Sequence[Gpu]) -> str:
+    """GPU indices folded: `0-7`, `0,2,5`."""
+    nums = sorted(g.index for g in gpus)
+    if nums and nums == list(range(nums[0], nums[-1] + 1)) and len(nums) > 2:
+        return f"{nums[0]}-{nums[-1]}"
+    return ",".join(map(str, nums))
+
+
+def _judge_visible(node: Node, g: GpuFacts, visible: cudacompat.Visible, ids: tuple[int, ...] | None,
+                   f: Findings) -> None:
+    """CUDA_VISIBLE_DEVICES against nvidia-smi's list and nproc_per_node; the job's --device inside it."""
+    has = f"this node has GPUs {_indices(g.gpus)} ({len(g.gpus)} × {_models(g)})"
+    if visible.value is not None:
+        src = "the inventory env" if "CUDA_VISIBLE_DEVICES" in node.env else "the login environment"
+        var = f"CUDA_VISIBLE_DEVICES={visible.value!r} (from {src})"
+        fix = ("fix CUDA_VISIBLE_DEVICES in the inventory env" if "CUDA_VISIBLE_DEVICES" in node.env else
+               "remove CUDA_VISIBLE_DEVICES from the login environment (~/.bashrc, /etc/environment) or set it in "
+               "the inventory env")
+        for problem in visible.problems:
+            f.add("fail", f"{var}: {problem}; {has}", f"{fix}: indices or UUIDs nvidia-smi -L lists")
+        unchecked = f", {visible.unverified} not checked (MIG or UUIDs nvidia-smi did not list)" \
+            if visible.unverified else ""
+        if visible.count < node.nproc_per_node:
+            f.add("fail", f"{var} leaves {visible.count} GPU(s) visible{unchecked}, nproc_per_node is "
+                          f"{node.nproc_per_node}: ranks {visible.count}-{node.nproc_per_node - 1} would have no GPU; "
+                          f"{has}", f"{fix}, or lower nproc_per_node to {visible.count}")
+        elif not visible.problems:
+            f.add("ok", f"{var}: GPUs {_indices(visible.gpus) or '-'} visible{unchecked}")
+    if ids is not None:
+        count = visible.count
+        beyond = [i for i in ids if i >= count]
+        if beyond:
+            seen = (f"CUDA_VISIBLE_DEVICES={visible.value!r} leaves {count}" if visible.value is not None else
+                    f"only {count} are visible")
+            f.add("fail", f"the job's --device {','.join(map(str, ids))} names GPU {beyond[0]}, but {seen}: "
+                          f"--device counts the visible GPUs from 0; {has}",
+                  "list visible GPUs only (with CUDA_VISIBLE_DEVICES=2,3 they are --device 0,1), or drop --device "
+                  "(each rank takes its LOCAL_RANK's GPU)")
+
+
+def _judge_torch_cuda(node: Node, nf: NodeFacts, g: GpuFacts, gpus: Sequence[Gpu], f: Findings) -> None:
+    """The node's torch against its GPUs (kernels for their compute capability) and its driver
+    (new enough for torch's CUDA); see `cudacompat`."""
+    tc = nf.raw.get("torch_cuda")
+    if tc is None:
+        return
+    torch_v, cuda = tc.get("torch"), tc.get("cuda")
+    if tc.get("error") or not torch_v:
+        f.add("warn", f"could not ask {node.python}'s torch which GPUs it supports: {tc.get('error') or 'no answer'}; "
+                      "architecture and driver not checked", "the software check says whether torch imports")
+        return
+    if not cuda:
+        f.add("fail", f"torch {torch_v} of {node.python} is a CPU-only build: the job would not use the GPUs",
+              "install a CUDA build of torch in that environment (pip install torch --index-url "
+              "https://download.pytorch.org/whl/cu126, or the CUDA version the driver supports)")
+        return
+    arch_list = list(tc.get("arch_list") or [])
+    shown = " ".join(arch_list) or "none"
+    by_cc: dict[tuple[int, int], list[Gpu]] = {}
+    unknown = [x for x in gpus if x.compute_cap is None]
+    for x in gpus:
+        if x.compute_cap is not None:
+            by_cc.setdefault(x.compute_cap, []).append(x)
+    for cc, group in sorted(by_cc.items()):
+        fit = cudacompat.kernel_fit(arch_list, cc)
+        which = f"GPU {_indices(group)} {group[0].name} ({cudacompat.sm(cc)}, compute capability {cc[0]}.{cc[1]})"
+        if not arch_list:
+            f.add("warn", f"torch {torch_v} reports no architecture list: kernels for {which} not checked")
+        elif not fit.ok:
+            f.add("fail", f"{which}: torch {torch_v} has kernels for {shown} and no PTX this GPU can compile: "
+                          "the job would die at its first CUDA kernel ('no kernel image is available for execution "
+                          "on the device')", _arch_hint(node, torch_v, cc, tc.get("releases") or {}, g.driver))
+        elif fit.ptx_only and g.cuda and cudacompat.version(g.cuda) < cudacompat.version(cuda):
+            f.add("fail", f"{which}: torch {torch_v} has no kernels for it, only PTX, which needs a driver for CUDA "
+                          f"{cuda} to compile; this driver is for CUDA {g.cuda} ({cudacompat.PTX_NOTE})",
+                  f"install a driver for CUDA >= {cuda}, or a torch build with {cudacompat.sm(cc)} kernels")
+        else:
+            how = "PTX compiled when the job starts" if fit.ptx_only else "kernels"
+            f.add("ok", f"torch {torch_v} (CUDA {cuda}) has {how} for {which}")
+    need = cudacompat.min_driver(cuda)
+    have = cudacompat.version(g.driver)
+    if need is not None and have and have < need:
+        f.add("fail", f"driver {g.driver} is too old for torch {torch_v} (CUDA {cuda} needs driver >= "
+                      f"{cudacompat.dotted(need)}; NVIDIA's minor-version compatibility table): torch sees no GPU "
+                      "here, 'CUDA driver version is insufficient'",
+              f"install an NVIDIA driver >= {cudacompat.dotted(need)} on this node, or a torch built for the CUDA this "
+              f"driver supports{f' (nvidia-smi: CUDA {g.cuda})' if g.cuda else ''}")
+    if unknown:
+        f.add("warn", f"nvidia-smi does not report the compute capability of GPU {_indices(unknown)} (a driver older "
+                      f"than R510?): whether torch {torch_v} has kernels for them is not checked (it has {shown})",
+              "a newer driver reports it (nvidia-smi --query-gpu=compute_cap --format=csv)")
+
+
+def _arch_hint(node: Node, torch_v: str, cc: tuple[int, int], releases: Mapping[str, Any], driver: str | None) -> str:
+    """The torch to install instead: a build of the same release for a CUDA that still has
+    kernels for this GPU, from the node's torch's own table where it has one."""
+    base = torch_v.split("+")[0]
+    fits = cudacompat.builds_for({k: list(v) for k, v in releases.items()}, cc)
+    where = f"in {node.python}'s environment on every node (the same on all)"
+    if fits:
+        cu = "cu" + fits[-1].replace(".", "")
+        need = cudacompat.min_driver(fits[-1])
+        runs = (f" (it needs driver >= {cudacompat.dotted(need)}: this one, {driver}, will do)"
+                if need and driver and cudacompat.version(driver) >= need else "")
+        return (f"install torch {base} built for CUDA {fits[-1]}, which has {cudacompat.sm(cc)} kernels{runs}, {where}: "
+                f"{node.python} -m pip install torch=={base} --index-url https://download.pytorch.org/whl/{cu} "
+                "(torchvision from the same index); see the README's GPU generations")
+    return (f"install a torch build for a CUDA version that still has {cudacompat.sm(cc)} kernels {where} "
+            f"(check with python -c 'import torch; print(torch.cuda.get_arch_list())'); see the README's GPU "
+            "generations")
 
 
 # ----------------------------------------------------------------------------- software
@@ -487,27 +633,33 @@ def world_size(inv: Inventory) -> int:
     return sum(n.nproc_per_node for n in inv.nodes)
 
 
-def cluster_job_findings(inv: Inventory) -> list[tuple[str, str, str]]:
-    """Problems of the job itself (not of a node), reported on the master's row."""
+def cluster_job_findings(inv: Inventory, said: str = "") -> list[tuple[str, str, str]]:
+    """Problems of the job itself (not of a node), reported once, on the master's row; one the
+    job's own check already `said` (the trainer's refusal, made with the same rule) is not
+    repeated."""
     out = []
     ws = world_size(inv)
     raw = inv.job.raw_args.get("batch")
     batch = raw if isinstance(raw, int) and not isinstance(raw, bool) else None
     problem = batch_problem(batch, ws) if batch is not None else None
-    if batch is not None and problem:
+    if batch is not None and problem and problem not in said:
         out.append(("fail", f"cluster-wide: {problem} ({len(inv.nodes)} nodes × {inv.nodes[0].nproc_per_node})",
                     f"use a multiple of {ws}: {' or '.join(map(str, batch_choices(batch, ws)))}"))
-    elif batch is not None and batch < 0:
+    elif batch is not None and batch < 0 and "batch" not in said:
         out.append(("fail", f"cluster-wide: batch {batch} (auto-batch) does not work with DDP",
                     f"give a global batch that divides by {ws}"))
     base = inv.job.workdir or "<workdir>"
-    for key, value in path_args(inv).items():
-        if _is_absolute(value) or _builtin_model(key, value):
-            continue
+    for key, value in relative_args(inv).items():
         out.append(("fail", f"cluster-wide: {key}: {value!r} is a relative path; torchrun workers resolve it "
                             "against their own working directory, which differs per node",
                     f"use an absolute path, e.g. {key}: {os.path.normpath(os.path.join(base, value))}"))
     return out
+
+
+def relative_args(inv: Inventory) -> dict[str, str]:
+    """The path-like job arguments that are relative (so no node's copy is checked)."""
+    return {key: value for key, value in path_args(inv).items()
+            if not (_is_absolute(value) or _builtin_model(key, value))}
 
 
 def _is_absolute(path: str) -> bool:
@@ -520,14 +672,22 @@ def _builtin_model(key: str, value: str) -> bool:
 
 
 def check_job(inv: Inventory, facts: Facts) -> list[CheckResult]:
+    """Workdir and the job's files on every node; the job's own verdict on its arguments
+    (`jobcheck`: the trainer's `--check` on the master, or whether `job.module` imports); what is
+    wrong with the job as a whole once, on the master's row, and every other row says what it
+    checked, never more."""
     nodes = probed(inv, facts)
     paths = {k: v for k, v in job_files(inv).items() if _is_absolute(v)}
     digests = {key: {n.name: _digest((nf.raw.get("paths") or {}).get(key) or {}) for n, nf in nodes} for key in paths}
+    answers = {n.name: jobcheck.read(inv, n, nf.raw.get("job_check")) for n, nf in nodes}
+    master_answer = answers.get(inv.master.name)
+    said = master_answer.detail if master_answer is not None and master_answer.status == "fail" else ""
+    relative = relative_args(inv)
     out = []
     for node, nf in nodes:
         f = Findings("job", node.name)
         if node.name == inv.master.name:
-            for item in cluster_job_findings(inv):
+            for item in cluster_job_findings(inv, said):
                 f.add(*item)
         wd = nf.raw.get("workdir")
         if inv.job.workdir and wd is not None and not wd.get("is_dir"):
@@ -537,9 +697,32 @@ def check_job(inv: Inventory, facts: Facts) -> list[CheckResult]:
         for key, path in paths.items():
             _judge_path(key, path, (nf.raw.get("paths") or {}).get(key) or {}, digests[key], node, f,
                         synced(inv, path))
+        answer = answers.get(node.name)
+        if answer is not None and nf.python_fallback:  # the software row says why; once is enough
+            f.add("warn", f"the job's own check could not run: job.python {node.python} does not work here (see the "
+                          "software check)")
+        elif answer is not None:
+            f.add(answer.status, answer.detail, answer.hint)
+        elif jobcheck.checks_on(inv, node) and "job_check" not in nf.raw:
+            f.add("warn", "the probe brought back no answer from the job's own check: the job's arguments are not "
+                          "verified", "run orch check -v to see the probe's command")
         f.value = f"world size {world_size(inv)}, {len(paths)} file(s)"
-        out.append(f.result("workdir and every file argument are in place and identical"))
+        out.append(f.result(_job_checked(inv, node, paths, relative, answer)))
     return out
+
+
+def _job_checked(inv: Inventory, node: Node, paths: Mapping[str, str], relative: Mapping[str, str],
+                 answer: jobcheck.JobAnswer | None) -> str:
+    """What an `ok` job row verified on this node, and what it did not."""
+    what = ([f"workdir {inv.job.workdir}"] if inv.job.workdir else []) + (
+        [f"{len(paths)} file(s) ({', '.join(paths)})"] if paths else [])
+    text = (" and ".join(what) + " in place and identical on every node") if what else "no file arguments to check"
+    if relative and node.name != inv.master.name:
+        text += (f"; not checked on any node: {', '.join(relative)} (relative path: cluster-wide, on "
+                 f"{inv.master.name}'s row)")
+    if answer is None and jobcheck.kind(inv) is not None and node.name != inv.master.name:
+        text += f"; the job's own check runs on {inv.master.name}"
+    return text
 
 
 def _digest(p: Mapping[str, Any]) -> tuple[Any, ...]:

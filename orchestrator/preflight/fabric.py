@@ -34,9 +34,10 @@ from ..node.jobs import allreduce as job
 from ..run.agents import NodeStatus, status_node, stop_all
 from ..run.agents import start_all as start_all_nodes
 from ..run.records import node_records
-from ..run.supervise import sigint_shielded
+from ..run.supervise import sigint_shielded, sigterm_as_interrupt
 from ..store import remote_dir
 from ..transport import Cluster, Transport
+from .shapes import read_fabric_result
 
 Progress = Callable[[str, int, int], None]
 FABRIC_OPT_IN = ("opt-in: it launches a short job on every node, so it runs only when asked: "
@@ -77,10 +78,11 @@ def backend_for(inv: Inventory) -> str:
 
 
 def job_args(inv: Inventory, backend: str) -> tuple[str, ...]:
-    """The job's arguments from `checks.fabric`: the backend, the sweep's sizes, the time limits."""
+    """The job's arguments from `checks.fabric`: the backend, the sweep's sizes, the time limits,
+    and the share below which the job measures a node's (or a link's) pairs again before reporting."""
     f = inv.checks.fabric
     return ("--backend", backend, "--min-bytes", str(min(MB, f.max_bytes)), "--max-bytes", str(f.max_bytes),
-            "--budget-s", f"{f.budget_s:g}", "--timeout", f"{f.timeout_s:g}")
+            "--budget-s", f"{f.budget_s:g}", "--timeout", f"{f.timeout_s:g}", "--recheck-share", f"{f.share:g}")
 
 
 def fabric_plan(inv: Inventory, run_id: str, backend: str) -> Plan:
@@ -167,7 +169,7 @@ def marked(log: str, marker: str) -> list[dict[str, Any]]:
             continue
         try:
             value = json.loads(line[at + len(marker) + 1:])
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than json can take
             continue
         if isinstance(value, dict):
             out.append(value)
@@ -191,6 +193,18 @@ def measure(inv: Inventory, cluster: Cluster, progress: Progress | None = None,
     say = progress or (lambda label, done, total: None)
     start = time.monotonic()
     final: set[str] = set()
+    with sigterm_as_interrupt():  # SIGTERM, like Ctrl-C, ends in the `finally` that stops the job
+        _launch(inv, cluster, plan, records, facts, final, start, say, poll_s)
+    t_read = time.monotonic()
+    _read_back(cluster, plan, records, facts)
+    facts.steps_s["read"] = time.monotonic() - t_read
+    take_result(facts, plan.nodes[0].node.name)
+    return facts
+
+
+def _launch(inv: Inventory, cluster: Cluster, plan: Plan, records: list[dict[str, Any]], facts: FabricFacts,
+            final: set[str], start: float, say: Progress, poll_s: float) -> None:
+    """Start the job on every node and wait for it; whatever still runs is stopped in `finally`."""
     try:
         say("fabric: starting the job", 0, len(plan.nodes))
         started = start_all_nodes(cluster, plan, {JOB_FILE: job_source()})
@@ -219,12 +233,17 @@ def measure(inv: Inventory, cluster: Cluster, progress: Progress | None = None,
         facts.wall_s = time.monotonic() - start
         if running:
             facts.steps_s["stop"] = time.monotonic() - t_stop
-    t_read = time.monotonic()
-    _read_back(cluster, plan, records, facts)
-    facts.steps_s["read"] = time.monotonic() - t_read
-    results = marked(facts.nodes[plan.nodes[0].node.name].log, job.MARKER)
-    facts.result = results[-1] if results else None
-    return facts
+
+
+def take_result(facts: FabricFacts, first: str) -> None:
+    """Rank 0's ORCH_FABRIC_RESULT from the log of its node (`first`), held to the shape orch's job
+    writes: one that is not is no result, and an error of that node (its check fails there)."""
+    node = facts.nodes[first]
+    results = marked(node.log, job.MARKER)
+    facts.result, problems = read_fabric_result(results[-1]) if results else (None, [])
+    if problems:
+        more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
+        node.error = node.error or f"the fabric job's result is not what orch's job writes: {'; '.join(problems[:3])}{more}"
 
 
 def _wait(inv: Inventory, cluster: Cluster, plan: Plan, records: list[dict[str, Any]], facts: FabricFacts,
@@ -276,6 +295,8 @@ def _exit_reason(status: NodeStatus) -> str:
 def _progress_label(info: Mapping[str, Any]) -> str:
     if info.get("phase") == "sweep":
         return f"all_reduce of {info.get('size_bytes', 0) / MB:g} MiB"
+    if info.get("phase") == "links" and info.get("recheck"):
+        return f"node pairs again (the slow-looking ones), {info.get('step')} of {info.get('steps')}"
     if info.get("phase") == "links":
         return f"node pairs, pass {info.get('pass')}, round {info.get('round')} of {info.get('of')}"
     return str(info.get("phase", ""))

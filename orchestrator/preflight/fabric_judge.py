@@ -57,7 +57,10 @@ def fabric_summary(inv: Inventory, ff: FabricFacts) -> dict[str, Any]:
     out["busbw_size_bytes"] = last["size_bytes"] if last else None
     links = r.get("links") or {}
     out["links"] = {k: links.get(k) for k in ("method", "rounds", "passes", "rails", "pairs_at_once", "pairs_why",
-                                              "skipped") if links.get(k) is not None}
+                                              "skipped", "rechecks", "recheck_share") if links.get(k) is not None}
+    if out["links"].get("rechecks"):  # node ids of the job become node names, in a copy: r is judged again
+        out["links"]["rechecks"] = [{**rc, "pairs": [[names.get(int(a), str(a)), names.get(int(b), str(b))]
+                                                     for a, b in rc["pairs"]]} for rc in out["links"]["rechecks"]]
     ids = sorted(names)
     s = busbw.link_summary(busbw.best_passes(links.get("transfers") or []), ids, f.share) if len(ids) > 1 else {
         "pairs": [], "per_node": [], "slow_nodes": [], "slow_links": []}

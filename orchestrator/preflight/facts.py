@@ -36,11 +36,13 @@ from ..config.nodes import Node
 from ..errors import TransportError
 from ..node import program as node_program
 from ..transport import Cluster, Process, Transport
+from . import jobcheck
 from .jobargs import is_output_key, job_files
 from .parsers import ChronyTracking, GpuFacts, IbDevice, parse_chrony_tracking, parse_gpus, parse_ib
 from .shapes import FACTS_SHAPE, REACH_SHAPE, read_answer
 
 if TYPE_CHECKING:
+    from .controller_clock import ControllerClock
     from .fabric import FabricFacts
 
 Progress = Callable[[str, int, int], None]
@@ -49,6 +51,10 @@ CONNECT_TIMEOUT_S = 5.0
 REACH_TIMEOUT_S = CONNECT_TIMEOUT_S * 6 + 30
 PING_TIMEOUT_S = 15.0
 SERVE_S = 60.0
+CHECK_RUN_ID = "preflight"
+"""The run id the job's own check runs as when the preflight has none yet (`orch check`, the
+first preflight of `orch up`): the trainer then names its run directory after it, a directory no
+run has (the real run id is new too)."""
 
 
 # ----------------------------------------------------------------------------- parsed facts
@@ -79,6 +85,9 @@ class NodeFacts:
     fabric: FabricFacts | None = None
     """What the fabric job measured (`preflight/fabric.py`), the same object on every node; None
     where the fabric check was not selected."""
+    controller_clock: ControllerClock | None = None
+    """The controller's own offset to `checks.clock.ntp_server` (`controller_clock.measure`), the
+    same object on every node; None where the clock check was not selected."""
 
     @property
     def ok(self) -> bool:
@@ -111,8 +120,10 @@ def probe_command(python: str, args: dict[str, Any]) -> list[str]:
     return [python, "-c", node_program("probe"), json.dumps(args, sort_keys=True)]
 
 
-def probe_args(inv: Inventory, node: Node, want: Sequence[str], token: str, n_peers: int) -> dict[str, Any]:
-    """The JSON the probe gets: what to gather and which listeners to open."""
+def probe_args(inv: Inventory, node: Node, want: Sequence[str], token: str, n_peers: int,
+               run_id: str = CHECK_RUN_ID) -> dict[str, Any]:
+    """The JSON the probe gets: what to gather, which listeners to open, and the job's own check
+    to run (`jobcheck.request`, as run `run_id`)."""
     paths = job_files(inv) if "job" in want else {}
     is_master = node.name == inv.master.name
     net = "ports" in want or "rdma" in want
@@ -130,6 +141,8 @@ def probe_args(inv: Inventory, node: Node, want: Sequence[str], token: str, n_pe
         # probe as soon as the controller hangs up, so a long deadline costs nothing
         "serve_s": SERVE_S + PHASE1_TIMEOUT_S * (math.ceil(len(inv.nodes) / inv.fanout) - 1),
         "software": "software" in want,
+        "torch_cuda": bool(node.gpus) and "gpus" in want,
+        "job_check": jobcheck.request(inv, node, run_id) if "job" in want else None,
         "verbs_device": inv.checks.rdma_devices[0] if "rdma" in want and inv.checks.rdma_devices and n_peers > 1
         else None,
     }
@@ -169,7 +182,7 @@ class _Stream:
                             self.tagged[tag] = json.loads(rest)
                         else:
                             self.noise = (self.noise + [line])[-20:]
-                    except (ValueError, KeyError, TypeError):
+                    except (ValueError, KeyError, TypeError, RecursionError):
                         self.noise = (self.noise + [line[:300]])[-20:]
                     self.cond.notify_all()
         except Exception as exc:  # a broken stream ends the wait below with what we have
@@ -226,7 +239,8 @@ class _Probe:
     python: str = ""
 
 
-def _start_probe(inv: Inventory, t: Transport, want: Sequence[str], token: str, n: int) -> _Probe:
+def _start_probe(inv: Inventory, t: Transport, want: Sequence[str], token: str, n: int,
+                 run_id: str = CHECK_RUN_ID) -> _Probe:
     node = t.node
     nf = NodeFacts(node)
     try:
@@ -234,7 +248,7 @@ def _start_probe(inv: Inventory, t: Transport, want: Sequence[str], token: str, 
     except TransportError as exc:
         nf.error, nf.error_kind, nf.hint = exc.message, exc.kind, exc.hint
         return _Probe(nf)
-    args = probe_args(inv, node, want, token, n)
+    args = probe_args(inv, node, want, token, n, run_id)
     # Best of three pings only when the clock check rests on this estimate; with an NTP server (or
     # no clock check) one round trip gives the `ssh` value.
     pings = 3 if "clock" in want and not inv.checks.clock.ntp_server else 1
@@ -298,8 +312,10 @@ def _targets(inv: Inventory, probes: dict[str, _Probe]) -> dict[str, list[dict[s
 
 
 def collect(inv: Inventory, cluster: Cluster, want: Sequence[str],
-            progress: Progress | None = None) -> dict[str, NodeFacts]:
-    """Probe every node (two bounded phases, see the module docstring); never raises for a node."""
+            progress: Progress | None = None, run_id: str | None = None) -> dict[str, NodeFacts]:
+    """Probe every node (two bounded phases, see the module docstring); never raises for a node.
+    `run_id`: the run the job's own check speaks for (a retry's); none yet: a fresh placeholder."""
+    run_id = run_id or f"{CHECK_RUN_ID}-{secrets.token_hex(4)}"
     token = secrets.token_hex(8)
     n = len(inv.nodes)
     done = [0]
@@ -312,7 +328,7 @@ def collect(inv: Inventory, cluster: Cluster, want: Sequence[str],
                 progress(label, done[0], n)
 
     def phase1(t: Transport) -> _Probe:
-        p = _start_probe(inv, t, want, token, n)
+        p = _start_probe(inv, t, want, token, n, run_id)
         tick(f"probed {t.node.name}")
         return p
 

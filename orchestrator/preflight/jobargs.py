@@ -5,8 +5,10 @@ writes (they need only be creatable).
 
 from __future__ import annotations
 
+import posixpath
+
 from ..config.inventory import Inventory
-from ..config.trainer import AUTO, INPUT_FLAGS, OUTPUT_FLAGS
+from ..config.trainer import AUTO, INPUT_FLAGS, OUTPUT_FLAGS, parse_device
 
 PATH_KEYS = (*INPUT_FLAGS, "hyp", "tracker")
 """Args whose value is a file the job reads: checked for an absolute path, existence, the same
@@ -35,13 +37,37 @@ def path_args(inv: Inventory) -> dict[str, str]:
 
 
 def job_files(inv: Inventory) -> dict[str, str]:
-    """Every path the `job` check looks at on each node: the path-like args, an absolute
-    `job.script`, and each `job.sync` entry (files by size and sha256, directories by existence),
+    """Every path the `job` check looks at on each node: the path-like args, `job.script`
+    (a relative one under `job.workdir`, where torchrun starts it), and each `job.sync` entry (files by size and sha256, directories by existence),
     each path once."""
     out = path_args(inv)
-    extra = [("script", inv.job.script)] if inv.job.script and inv.job.script.startswith(("/", "~/")) else []
+    script = inv.job.script
+    if script and not script.startswith(("/", "~/")) and inv.job.workdir:
+        script = posixpath.join(inv.job.workdir, script)  # torchrun starts it from job.workdir
+    extra = [("script", script)] if script and script.startswith(("/", "~/")) else []
     extra += [(f"sync[{i}]", p) for i, p in enumerate(inv.job.sync)]
     for key, path in extra:
         if path not in out.values() and key not in out:
             out[key] = path
     return out
+
+
+def device_ids(inv: Inventory) -> tuple[int, ...] | None:
+    """The GPU indices the job's `--device` (or `device=`) names, as the trainer reads them
+    (`parse_device`); None when it names none (auto, cpu, cuda) or is not a device at all (the
+    trainer's own check refuses that one)."""
+    value = inv.job.raw_args.get("device")
+    args = list(inv.job.args)
+    if value is None:
+        for i, arg in enumerate(args):
+            if arg == "--device" and i + 1 < len(args):
+                value = args[i + 1]
+            elif arg.startswith(("--device=", "device=")):
+                value = arg.split("=", 1)[1]
+    if value is None:
+        return None
+    try:
+        device = parse_device(value)
+    except ValueError:
+        return None
+    return tuple(int(x) for x in device[5:].split(",")) if device.startswith("cuda:") else None

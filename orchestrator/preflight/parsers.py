@@ -6,7 +6,7 @@ real machines (tests/fixtures); the probe (`node/probe.py`) only gathers the raw
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..node import probe
@@ -23,6 +23,10 @@ class Gpu:
     memory_total_mib: int | None = None
     memory_used_mib: int | None = None
     util_pct: int | None = None
+    uuid: str | None = None
+    """`GPU-8932f937-...`, as CUDA_VISIBLE_DEVICES may name it (the query's `uuid`)."""
+    compute_cap: tuple[int, int] | None = None
+    """(major, minor) from the query's `compute_cap` (`7.0` on a V100); None where not reported."""
 
 
 @dataclass(frozen=True)
@@ -78,13 +82,26 @@ def _int(text: str) -> int | None:
     return int(m.group()) if m else None
 
 
+def _compute_cap(text: str | None) -> tuple[int, int] | None:
+    m = re.fullmatch(r"(\d+)\.(\d+)", (text or "").strip())
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def _known(text: str | None) -> str | None:
+    """A cell's value; None for nvidia-smi's `[N/A]`, `[Not Supported]`, `N/A` or an empty cell."""
+    value = (text or "").strip()
+    return None if not value or value.startswith("[") or value == "N/A" else value
+
+
 def parse_gpu_query_csv(text: str) -> list[Gpu]:
-    """`nvidia-smi --query-gpu=<probe.GPU_QUERY> --format=csv,noheader` → one Gpu per bus id.
+    """`nvidia-smi --query-gpu=... --format=csv[,noheader]` → one Gpu per bus id.
 
     Repeated samples of the same GPU (the output of `-l` or a log of several runs) keep the last.
-    A header line, when present, names the columns; otherwise they are probe.GPU_QUERY's."""
+    A header line, when present, names the columns (the probe asks with one); without it they are
+    probe.GPU_QUERY's, the columns of the recording such output comes from. A GPU's index is the
+    `index` column where there is one, else its place in bus-id order (nvidia-smi's own order)."""
     cols = probe.GPU_QUERY.split(",")
-    by_bus: dict[str, Gpu] = {}
+    by_bus: dict[str, tuple[int | None, Gpu]] = {}
     for line in text.splitlines():
         cells = [c.strip() for c in line.split(",")]
         if len(cells) < 2:
@@ -94,13 +111,14 @@ def parse_gpu_query_csv(text: str) -> list[Gpu]:
             continue
         row = dict(zip(cols, cells))
         bus = row.get("pci.bus_id") or str(len(by_bus))
-        by_bus[bus] = Gpu(
+        index = _known(row.get("index"))
+        by_bus[bus] = (int(index) if index and index.isdigit() else None, Gpu(
             index=0, name=row.get("name", "?"), bus_id=bus, driver=row.get("driver_version"),
             memory_total_mib=_int(row.get("memory.total", "")), memory_used_mib=_int(row.get("memory.used", "")),
-            util_pct=_int(row.get("utilization.gpu", "")))
-    ordered = sorted(by_bus.values(), key=lambda g: g.bus_id)
-    return [Gpu(i, g.name, g.bus_id, g.driver, g.memory_total_mib, g.memory_used_mib, g.util_pct)
-            for i, g in enumerate(ordered)]
+            util_pct=_int(row.get("utilization.gpu", "")), uuid=_known(row.get("uuid")),
+            compute_cap=_compute_cap(row.get("compute_cap"))))
+    ordered = sorted(by_bus.values(), key=lambda ig: ig[1].bus_id)
+    return [replace(g, index=i if index is None else index) for i, (index, g) in enumerate(ordered)]
 
 
 _TABLE_GPU = re.compile(r"^\|\s+(\d+)\s+(.+?)\s+(On|Off)\s*\|\s*([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d)\s")

@@ -23,6 +23,8 @@ from ..contract import CHECK_NAMES
 from ..errors import PreflightUnavailable, UsageError
 from ..store import CHECK, checks_path, write_private
 from ..transport import Cluster
+from .controller_clock import ControllerClock
+from .controller_clock import measure as measure_controller
 from .facts import collect
 
 if TYPE_CHECKING:
@@ -44,6 +46,10 @@ class CheckReport:
     elapsed_s: float = 0.0
     fabric: dict[str, Any] | None = None
     """What the fabric job measured (`fabric_judge.fabric_summary`), when it ran."""
+    not_probed: dict[str, str] = field(default_factory=dict)
+    """Nodes that could not be probed, with why (their `ssh` row fails, every other row skips)."""
+    controller_clock: ControllerClock | None = None
+    """The controller's own offset to `checks.clock.ntp_server`, when the clock check ran."""
 
     @property
     def ok(self) -> bool:
@@ -58,7 +64,9 @@ class CheckReport:
                "results": [r.to_json() for r in self.results],
                "offsets_ms": {k: round(v, 3) for k, v in self.offsets_ms.items()},
                "offset_reference": self.offset_reference, "checked_at": time.time(),
-               "elapsed_s": round(self.elapsed_s, 2)}
+               "elapsed_s": round(self.elapsed_s, 2), "not_probed": dict(self.not_probed)}
+        if self.controller_clock is not None:
+            out["controller_clock"] = self.controller_clock.to_json()
         if self.fabric is not None:
             out["fabric"] = self.fabric
         return out
@@ -76,7 +84,7 @@ def select_checks(only: Iterable[str] | None, skip: Iterable[str] | None) -> lis
 def run_preflight(inv: Inventory, cluster: Cluster | None = None, only: Iterable[str] | None = None,
                   skip: Iterable[str] | None = None, progress: Progress | None = None,
                   save: bool = True, warm_up: Callable[[], None] | None = None,
-                  fabric: bool = False) -> CheckReport:
+                  fabric: bool = False, run_id: str | None = None) -> CheckReport:
     """Probe every node in parallel and judge; never raises for a node that is down.
 
     With `save` (the default) the report also goes to `$ORCH_HOME/checks/<inventory name>.json`,
@@ -87,7 +95,10 @@ def run_preflight(inv: Inventory, cluster: Cluster | None = None, only: Iterable
     The opt-in checks (`contract.OPT_IN_CHECKS`: the fabric job) run when named in `only`, turned
     on in the inventory (`checks.fabric`), or asked for with `fabric` (`orch up --fabric`);
     otherwise every node gets a `skip` row saying so. The fabric job runs after the probe, and only
-    when every node was probed (it needs them all)."""
+    when every node was probed (it needs them all).
+
+    `run_id`: the run the preflight is for, when there is one already (a retry of `orch up`, or
+    `--run-id`): the job's own check (`python -m trainer --check`) then sees its run directory."""
     selected = select_checks(only, skip)
     start = time.monotonic()
     own = cluster is None
@@ -95,8 +106,14 @@ def run_preflight(inv: Inventory, cluster: Cluster | None = None, only: Iterable
     warm = threading.Thread(target=_import_judging, args=(warm_up,), daemon=True, name="orch-import")
     warm.start()
     ff = None
+    clock: list[ControllerClock] = []
+    timing = None
+    if "clock" in selected and "clock" not in inv.checks.skip:  # the controller's own clock, beside the probe
+        timing = threading.Thread(target=lambda: clock.append(measure_controller(inv.checks.clock.ntp_server)),
+                                  daemon=True, name="orch-ntp")
+        timing.start()
     try:
-        facts = collect(inv, cluster, selected, progress)
+        facts = collect(inv, cluster, selected, progress, run_id)
         if "fabric" in selected and "fabric" not in inv.checks.skip:
             ff = _fabric_facts(inv, cluster, facts, fabric or "fabric" in (only or ()), progress)
             for nf in facts.values():
@@ -105,10 +122,16 @@ def run_preflight(inv: Inventory, cluster: Cluster | None = None, only: Iterable
         if own:
             cluster.close()
     warm.join()
+    if timing is not None:
+        timing.join()
+        for nf in facts.values():
+            nf.controller_clock = clock[0] if clock else None
     checks_mod = _checks()
     results = checks_mod.run_checks(inv, facts, selected)
     offsets, _, ref = checks_mod.clock_offsets(inv, facts)
-    report = CheckReport(results, offsets, ref, time.monotonic() - start)
+    report = CheckReport(results, offsets, ref, time.monotonic() - start,
+                         not_probed={n: (nf.error or "").removeprefix(f"{n}: ") for n, nf in facts.items() if not nf.ok},
+                         controller_clock=clock[0] if clock else None)
     if ff is not None and ff.not_run is None:
         from .fabric_judge import fabric_summary
 

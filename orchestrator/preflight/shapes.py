@@ -56,6 +56,9 @@ FACTS_SHAPE = {
     "ntp": _Opt({"server": str, "method": str, "samples": INT, "errors": _ListOf(str), "offset_ms": NUMBER,
                  "delay_ms": NUMBER, "stratum": INT, "error": str}),
     "chrony": _Opt(_RUN),
+    "torch_cuda": _Opt({"torch": _Opt(str), "cuda": _Opt(str), "arch_list": _ListOf(str),
+                        "releases": _MapOf(_ListOf(INT)), "error": str}),
+    "job_check": _Opt({"kind": str, "rc": _Opt(INT), "out": str, "err": str, "seconds": NUMBER, "error": str}),
     "paths": _MapOf(_FILE), "workdir": _Opt(_FILE), "timings_s": _MapOf(NUMBER), "listen": LISTEN_SHAPE,
 }
 """What the probe (node/probe.py) answers, key by key: what the checks may rely on."""
@@ -102,3 +105,53 @@ def read_answer(value: Any, shape: Any, what: str) -> tuple[Any, list[str]]:
     if got is _BAD:
         got = [] if isinstance(shape, _ListOf) else {}
     return got, problems
+
+
+_SWEEP_ROW = {"size_bytes": INT, "count": INT, "type": str, "redop": str, "root": INT, "iters": INT,
+              "time_us": NUMBER, "algbw_gbps": NUMBER, "busbw_gbps": NUMBER, "wrong": _Opt(INT)}
+FABRIC_RESULT_SHAPE = {
+    "schema": INT, "backend": str, "device": str, "torch": str, "nccl": _Opt(str), "world_size": INT, "nnodes": INT,
+    "nodes": _ListOf({"node": INT, "host": str, "hostname": str, "ranks": _ListOf(INT), "boot_id": _Opt(str)}),
+    "ranks": _ListOf({"rank": INT, "host": str, "label": str, "node": INT, "local_rank": INT}),
+    "op": str, "dtype": str, "bus_factor": NUMBER, "sweep": _ListOf(_SWEEP_ROW),
+    "skipped": _ListOf({"size_bytes": INT, "reason": str}),
+    "links": {"method": str, "rounds": INT, "passes": INT, "rails": INT, "pairs_at_once": str, "pairs_why": str,
+              "skipped": str, "transfers": _ListOf({"pass": INT, "round": INT, "src_node": INT, "dst_node": INT,
+                                                     "rail": INT, "bytes": INT, "seconds": NUMBER, "gbps": NUMBER,
+                                                     "probe_gbps": NUMBER, "all_seconds": _ListOf(NUMBER)})},
+    "elapsed_s": NUMBER, "phase_s": _MapOf(NUMBER),
+}
+"""What the fabric job (node/jobs/allreduce.py) prints after `ORCH_FABRIC_RESULT`, key by key."""
+FABRIC_REQUIRED = ("backend", "device", "world_size", "nnodes", "nodes", "sweep")
+
+
+def read_fabric_result(value: Any) -> tuple[dict[str, Any] | None, list[str]]:
+    """The fabric job's result held to its shape, whole or not at all: (the result, []) when every
+    part conforms and its numbers agree (sizes and times positive, every link between nodes it
+    lists), else (None, what is wrong). A node can print any line; a result that is not what
+    orch's job writes fails the check instead of crashing its verdict or its table."""
+    problems: list[str] = []
+    got = conform(value, FABRIC_RESULT_SHAPE, "result", problems)
+    if got is _BAD or problems:
+        return None, problems or ["result: not an object"]
+    problems += [f"result.{k}: missing" for k in FABRIC_REQUIRED if k not in got]
+    if problems:
+        return None, problems
+    for key, needed in (("nodes", ("node", "host")), ("sweep", ("size_bytes", "time_us", "busbw_gbps")),
+                        ("skipped", ("size_bytes", "reason"))):
+        for i, item in enumerate(got.get(key) or []):
+            problems += [f"result.{key}[{i}].{k}: missing" for k in needed if k not in item]
+    if problems:
+        return None, problems
+    ids = {n["node"] for n in got["nodes"]}
+    if got["world_size"] < 1 or got["nnodes"] != len(ids) or not ids:
+        problems.append(f"result: world_size {got['world_size']}, nnodes {got['nnodes']} for {len(ids)} node id(s)")
+    for i, row in enumerate(got["sweep"]):
+        if not (row["size_bytes"] > 0 and row["time_us"] > 0):
+            problems.append(f"result.sweep[{i}]: size_bytes and time_us must be positive")
+    for i, t in enumerate((got.get("links") or {}).get("transfers") or []):
+        if not {"src_node", "dst_node", "rail", "gbps"} <= t.keys() or t["src_node"] not in ids \
+                or t["dst_node"] not in ids or t["gbps"] < 0:
+            problems.append(f"result.links.transfers[{i}]: not a transfer between two of its nodes")
+    return (None, problems) if problems else (got, [])
+

@@ -10,10 +10,16 @@ Every node gets an exit code, so the worst is well defined: the command's own; 2
 not be run there or ended without one (unreachable, auth or host key refused, killed by a
 signal: ssh's and pdsh's code); 124 when it outlived `--timeout` (timeout(1)'s). The worst is
 the largest.
+
+With `--timeout` the command runs under the node's timeout(1) (`timed_line`): past it, the node
+itself stops the command's whole process group (SIGTERM, SIGKILL 5 s later), so nothing of it
+is left running there, whatever happens to the connection; what it printed until then is kept.
+The controller gives up on a node that has not answered `KILL_AFTER_S` + `SLACK_S` later.
 """
 
 from __future__ import annotations
 
+import shlex
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,6 +37,21 @@ TIMED_OUT = 124
 
 Progress = Callable[[int, int], None]
 """progress(nodes done, nodes in all), called as each node answers."""
+KILL_AFTER_S = 5
+"""Seconds between timeout(1)'s SIGTERM to the command's process group and its SIGKILL."""
+SLACK_S = 10
+"""How much longer than that the controller waits for a node's answer before it closes the session."""
+NO_TIMEOUT = "orch: timeout(1) is not on this node's PATH: orch exec --timeout needs it to stop the command here"
+
+
+def timed_line(command: Sequence[str], shell: bool, timeout: float) -> str:
+    """The login-shell line that runs `command` under timeout(1) on the node: in a process group of
+    its own, which timeout signals whole when the time is up (exit 124, 137 after the SIGKILL). A
+    one-word command is a line for the node's login shell (`$SHELL -c`), as without --timeout;
+    several words are an argv, each word as it is. Without timeout(1) there: exit 127, saying so."""
+    run = f'"${{SHELL:-/bin/sh}}" -c {shlex.quote(command[0])}' if shell else shlex.join(command)
+    return (f"command -v timeout >/dev/null 2>&1 || {{ echo {shlex.quote(NO_TIMEOUT)} >&2; exit 127; }}; "
+            f"exec timeout -k {KILL_AFTER_S} {timeout:g} {run}")
 
 
 @dataclass(frozen=True)
@@ -95,10 +116,17 @@ class ExecReport:
                 "nodes": [n.to_json() for n in self.nodes]}
 
 
-def node_output(node: str, answer: Result | BaseException) -> NodeOutput:
-    """A transport's Result, or the exception it raised, as a node's answer with an exit code."""
+def node_output(node: str, answer: Result | BaseException, timeout: float | None = None) -> NodeOutput:
+    """A transport's Result, or the exception it raised, as a node's answer with an exit code.
+    With `timeout`, a 124 (or timeout(1)'s 137 after its SIGKILL) that came no sooner than the
+    timeout is the node's timeout(1) stopping the command, said in `error`."""
     if isinstance(answer, Result):
         code = answer.exit_code
+        if timeout is not None and code in (TIMED_OUT, 128 + 9) and answer.elapsed_ms >= timeout * 1000:
+            how = "SIGTERM" if code == TIMED_OUT else f"SIGKILL, {KILL_AFTER_S} s after SIGTERM"
+            return NodeOutput(node, TIMED_OUT, answer.stdout, answer.stderr,
+                              f"timed out after {timeout:g} s: its process group on the node was stopped ({how})",
+                              elapsed_ms=answer.elapsed_ms)
         if code >= 0:
             return NodeOutput(node, code, answer.stdout, answer.stderr, elapsed_ms=answer.elapsed_ms)
         if code == -1:  # SSH: the channel closed without an exit-status (an exit-signal instead)
@@ -109,6 +137,10 @@ def node_output(node: str, answer: Result | BaseException) -> NodeOutput:
                           elapsed_ms=answer.elapsed_ms)
     if isinstance(answer, TransportError):
         message = answer.message.removeprefix(f"{node}: ")
+        if answer.kind == "timeout" and timeout is not None:  # the controller's backstop, not the node's timeout(1)
+            return NodeOutput(node, TIMED_OUT, "", "", f"timed out after {timeout:g} s, and the node did not answer "
+                              f"{KILL_AFTER_S + SLACK_S} s later: the session was closed, the command may still run there",
+                              "look on the node: orch exec --nodes NODE -- 'ps -eo pid,pgid,etime,args'")
         code = TIMED_OUT if answer.kind == "timeout" else UNREACHABLE
         return NodeOutput(node, code, "", "", message, answer.hint)
     return NodeOutput(node, UNREACHABLE, "", "", f"{type(answer).__name__}: {answer}")
@@ -127,9 +159,12 @@ def run_everywhere(inv: Inventory, nodes: Sequence[Node], command: Sequence[str]
 
     def one(t: Transport) -> Result:
         try:
+            if timeout is not None:
+                res = t.run_shell(timed_line(command, shell, timeout), timeout=timeout + KILL_AFTER_S + SLACK_S)
+                return Result(res.node, tuple(command), res.exit_code, res.stdout, res.stderr, res.elapsed_ms)
             if shell:
-                return t.run_shell(command[0], timeout=timeout)
-            return t.run(command, timeout=timeout)
+                return t.run_shell(command[0])
+            return t.run(command)
         finally:
             if progress is not None:
                 with lock:
@@ -138,7 +173,7 @@ def run_everywhere(inv: Inventory, nodes: Sequence[Node], command: Sequence[str]
 
     with Cluster(inv) as cluster:
         answers = _interruptible(lambda: cluster.fan_out(one, nodes))
-    return ExecReport(tuple(command), shell, tuple(node_output(n.name, answers[n.name]) for n in nodes))
+    return ExecReport(tuple(command), shell, tuple(node_output(n.name, answers[n.name], timeout) for n in nodes))
 
 
 def _interruptible(fn: Callable[[], Any]) -> Any:

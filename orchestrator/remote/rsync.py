@@ -63,7 +63,7 @@ def rsync_argv(node: Node, paths: Sequence[str], options: SyncOptions = SyncOpti
     for p in paths:
         if not p.startswith("/") or p == "/" or p.endswith("/"):
             raise ValueError(f"sync path {p!r} must be absolute, without a trailing slash, and not /")
-    e = " ".join(rsync_shell_word(a) for a in openssh_argv(node.ssh, config_file))
+    e = " ".join(rsync_shell_word(a) for a in openssh_argv(node.ssh, config_file, node.host))
     argv = ["rsync", "--archive", "--omit-dir-times", "--relative", "--no-implied-dirs", "--itemize-changes", "--stats",
             "--rsh", e, "--rsync-path", REMOTE_RSYNC]
     if options.dry_run:

@@ -10,6 +10,7 @@ nothing is copied, and the report says so.
 from __future__ import annotations
 
 import os
+import posixpath
 import shutil
 import subprocess
 import threading
@@ -21,7 +22,9 @@ from typing import Any
 
 from ..config.inventory import Inventory
 from ..config.nodes import Node
+from ..config.trainer import DEFAULT_PROJECT, OUTPUT_FLAGS
 from ..errors import OrchError, UsageError
+from ..run.resume import is_trainer
 from ..transport.ssh import openssh_config_file
 from .rsync import SyncOptions, Transfer, missing_rsync, parse_output, rsync_argv
 
@@ -75,15 +78,77 @@ class SyncReport:
 
 
 def sources(inv: Inventory) -> tuple[str, ...]:
-    """`job.sync`, each path checked to exist here (the controller); UsageError otherwise."""
+    """`job.sync`, each path checked to exist here (the controller) and not to be a symbolic link;
+    UsageError otherwise. rsync would copy a listed link as a link: the node's real directory at
+    that path would be replaced by it (and, with --delete, emptied first)."""
     if not inv.job.sync:
         raise UsageError(f"{inv.path}: job.sync is empty: nothing to sync",
                          "list the files and directories to copy to every node: job: {sync: [/abs/code, /abs/data.yaml]}")
     for i, path in enumerate(inv.job.sync):
-        if not os.path.lexists(path):
+        if os.path.islink(path):
+            target = os.readlink(path)
+            real = os.path.realpath(path)
+            raise UsageError(f"{inv.path}: job.sync[{i}]: {path} is a symbolic link (to {target}) on this machine: "
+                             "rsync would put the link itself on every node, in place of what is there",
+                             f"list what it points to instead ({real}), or make {path} a real directory or file")
+        if not os.path.exists(path):
             raise UsageError(f"{inv.path}: job.sync[{i}]: {path} does not exist on this machine (the controller)",
                              "orch sync copies paths from here to the same paths on every node")
     return inv.job.sync
+
+
+def kept_dirs(inv: Inventory) -> list[tuple[str, str]]:
+    """The directories the job's run writes on the nodes, as (what, absolute path): `job.run_root`
+    and the trainer's output folders (its OUTPUT_FLAGS in `job.args`; for the trainer, its default
+    project `runs/train` unless `--out`/`--project` say otherwise), a relative one under
+    `job.workdir`. A `~` is expanded with this machine's home, as for the node's same account."""
+    job = inv.job
+    out = [("job.run_root", job.run_root)]
+    given = {key.replace("-", "_"): value for key, value in job.raw_args.items() if isinstance(value, str) and value}
+    flags = _flags(job.args)
+    for flag in OUTPUT_FLAGS:
+        value = given.get(flag) or flags.get(flag)
+        if value:
+            out.append((f"the job's --{flag.replace('_', '-')}", value))
+    if is_trainer(job) and not ({"out", "project"} & ({*given, *flags})):
+        out.append(("the trainer's default output folder", DEFAULT_PROJECT))
+    resolved = []
+    for what, path in out:
+        if not path.startswith(("/", "~")):
+            path = posixpath.join(job.workdir or "~", path)
+            what += " (under job.workdir)" if job.workdir else " (under the login's home)"
+        resolved.append((what, posixpath.normpath(os.path.expanduser(path))))
+    return resolved
+
+
+def _flags(args: Sequence[str]) -> dict[str, str]:
+    """`--flag value` and `--flag=value` of an argv (the job's args given as a list), by flag name."""
+    out: dict[str, str] = {}
+    for i, arg in enumerate(args):
+        if not arg.startswith("--"):
+            continue
+        name, eq, value = arg[2:].partition("=")
+        if not eq and i + 1 < len(args) and not args[i + 1].startswith("-"):
+            value = args[i + 1]
+        if value:
+            out[name.replace("-", "_")] = value
+    return out
+
+
+def refuse_delete_over_output(inv: Inventory, paths: Sequence[str]) -> None:
+    """--delete removes on the nodes what a synced directory there holds and the controller's does
+    not: everything a run wrote inside it. UsageError when a directory the run writes (`kept_dirs`)
+    lies inside a synced directory, or holds one."""
+    for i, path in enumerate(paths):
+        if not os.path.isdir(path):
+            continue
+        for what, kept in kept_dirs(inv):
+            if kept == path or kept.startswith(path + "/") or path.startswith(kept + "/"):
+                raise UsageError(
+                    f"{inv.path}: orch sync --delete: job.sync[{i}] {path} holds {what} {kept}: --delete would "
+                    "remove on every node what the job wrote there (checkpoints, logs)",
+                    "sync without --delete, or write the output outside the synced directories "
+                    "(e.g. job.args.project: /data/runs), or sync the subdirectories that hold code only")
 
 
 def require_local_tools() -> None:
@@ -100,6 +165,8 @@ def sync_nodes(inv: Inventory, nodes: Sequence[Node], options: SyncOptions = Syn
     Raises (UsageError/OrchError) only for what stops every node alike: no or missing sources, no
     rsync or ssh here. Ctrl-C stops every rsync before it propagates."""
     paths = sources(inv)
+    if options.delete:
+        refuse_delete_over_output(inv, paths)
     if inv.transport == "local":
         return SyncReport(paths, options, tuple(NodeSync(n.name, Transfer(0, 0, 0, ())) for n in nodes),
                           skipped="transport: local: every node reads this machine's files, nothing to copy")

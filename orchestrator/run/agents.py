@@ -73,16 +73,19 @@ class NodeStatus:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> NodeStatus:
-        """The agent's JSON. A state this orch does not know reads as unknown."""
+        """The agent's JSON. A state this orch does not know reads as unknown; a field of the wrong
+        type (what a node sends is not trusted) as not said."""
         raw = data.get("state")
-        state = None if raw is None else NodeState(raw) if raw in set(NodeState) else NodeState.UNKNOWN
+        state = None if raw is None else NodeState(raw) if isinstance(raw, str) and raw in set(NodeState) \
+            else NodeState.UNKNOWN
+        tail = data.get("tail")
         alive = {k: data.get(k) if isinstance(data.get(k), bool) else None for k in ("agent_alive", "job_alive")}
         return cls(state=state, exit_code=_number(data.get("exit_code")), signal=_text(data.get("signal")),
                    reason=_text(data.get("reason")), pid=_number(data.get("pid")), pgid=_number(data.get("pgid")),
                    agent_pid=_number(data.get("agent_pid")), started_at=_number(data.get("started_at")),
                    finished_at=_number(data.get("finished_at")), now=_number(data.get("now")),
                    log_size=_number(data.get("log_size")), log_mtime=_number(data.get("log_mtime")),
-                   tail=tuple(str(x) for x in data.get("tail") or ()), error=_text(data.get("error")),
+                   tail=tuple(str(x) for x in tail) if isinstance(tail, list) else (), error=_text(data.get("error")),
                    cleanup_left=_pids(data.get("cleanup_left")), **alive)
 
     def recorded(self) -> dict[str, Any]:
@@ -148,7 +151,7 @@ def parse_agent(res: Result, python: str) -> dict[str, Any]:
     line = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
     try:
         data = json.loads(line) if line else None
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than json can take
         data = None
     if isinstance(data, dict):
         if data.get("untrusted"):

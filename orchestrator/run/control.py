@@ -19,7 +19,7 @@ from ..store import RunDir, RunStore, clock_offsets
 from ..transport import Cluster, GroupResult
 from .agents import NodeStatus, StopResult, status_all, status_node, stop_all
 from .records import RunRecord
-from .supervise import NodeSpec, Supervisor, corrected, run_state, select_excerpt
+from .supervise import NodeSpec, Supervisor, corrected, run_state
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ def detached_failure(cluster: Cluster, records: list[dict[str, Any]], statuses: 
         tail = list(status_node(cluster[first.node], rec["python"], rec["remote_dir"], tail=200).tail)
     except OrchError:
         tail = []
-    first.excerpt, first.rank, first.local_rank = select_excerpt(tail)
+    first.explain(tail)
     return first.to_json()
 
 

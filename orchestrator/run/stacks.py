@@ -274,9 +274,15 @@ def dump_problem(answer: Mapping[str, Any], rank: Mapping[str, Any]) -> str:
     return error.strip().splitlines()[0] if error.strip() else "py-spy failed without a message"
 
 
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def node_stacks(node: str, node_rank: int, answer: Mapping[str, Any]) -> tuple[list[RankStack], str | None]:
-    """One node's answer as rank stacks, and the node's problem (py-spy missing, nothing running)."""
-    procs = list(answer.get("ranks") or [])
+    """One node's answer as rank stacks, and the node's problem (py-spy missing, nothing running).
+    A rank entry that is not an object is left out; a number that is not an integer reads as none."""
+    ranks = answer.get("ranks")
+    procs = [p for p in ranks if isinstance(p, dict)] if isinstance(ranks, list) else []
     if answer.get("error"):
         return [], str(answer["error"])
     if not procs:
@@ -289,7 +295,7 @@ def node_stacks(node: str, node_rank: int, answer: Mapping[str, Any]) -> tuple[l
     out = []
     for p in procs:
         error = None if p.get("code") == 0 and p.get("dump") else dump_problem(answer, p)
-        out.append(RankStack(node, node_rank, p.get("rank"), p.get("local_rank"), p.get("pid"),
+        out.append(RankStack(node, node_rank, _int(p.get("rank")), _int(p.get("local_rank")), _int(p.get("pid")),
                              parse_dump(str(p.get("dump") or "")) if error is None else (), error,
                              str(p.get("dump") or "")))
     return out, None

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import signal
 import threading
 import time
@@ -32,6 +31,7 @@ from typing import Any, ClassVar
 
 from ..contract import FINAL_STATES, NodeState, RunState
 from .agents import NodeStatus, StopResult
+from .cause import cause, root_cause
 
 
 @dataclass(frozen=True)
@@ -70,8 +70,6 @@ class Tunables:
         return min(self.stream_silent_s, self.unreachable_grace_s / 2)
 
 
-ROOT_CAUSE = "Root Cause (first observed failure):"
-RANK_LINE = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
 EXCERPT_LINES = 20
 
 Observation = NodeStatus | Exception
@@ -100,11 +98,35 @@ class Failure:
     excerpt: list[str] = field(default_factory=list)
     order: float = math.inf
     """When it happened (node epoch seconds); the earliest candidate is the first failure."""
+    cause: str | None = None
+    """What ended the failing rank (or torchrun), in one line, read from the node's log (`cause.py`);
+    None: nothing more than `reason` is known."""
+    hint: str | None = None
+    """What usually fixes that cause."""
+    signal: str | None = None
+    """The signal that ended the failing process: the rank torchrun blames, else torchrun itself."""
+
+    @property
+    def summary(self) -> str:
+        """The one line that says why: the cause, else the reason."""
+        return self.cause or self.reason
 
     def to_json(self) -> dict[str, Any]:
         return {"node": self.node, "node_rank": self.node_rank, "rank": self.rank,
                 "local_rank": self.local_rank, "exit_code": self.exit_code, "reason": self.reason,
-                "excerpt": list(self.excerpt)}
+                "cause": self.summary, "hint": self.hint, "signal": self.signal, "excerpt": list(self.excerpt)}
+
+    def explain(self, raw_lines: Sequence[str]) -> None:
+        """Read the excerpt, the rank torchrun blames and the cause from the node's last log lines
+        (node.log lines, oldest first; none when the log could not be read)."""
+        texts = [log_text(r) for r in raw_lines]
+        if raw_lines:
+            self.excerpt, rank, local = select_excerpt(raw_lines)
+            if rank is not None and self.rank is None:  # a hang names its rank from the stacks
+                self.rank, self.local_rank = rank, local
+        found = cause(texts, node=self.node, signal=self.signal)
+        if found is not None:
+            self.cause, self.hint, self.signal = found.text, found.hint, found.signal or self.signal
 
 
 @dataclass
@@ -128,30 +150,6 @@ def log_text(raw: str) -> str:
     if len(parts) == 3 and parts[0].endswith("Z") and parts[1] in ("out", "err", "orch"):
         return parts[2]
     return raw
-
-
-def root_cause(texts: Sequence[str]) -> tuple[int, int, int, int] | None:
-    """torchrun's last "Root Cause" block: (first line, last line, rank, local_rank), or None."""
-    starts = [i for i, t in enumerate(texts) if ROOT_CAUSE in t]
-    if not starts:
-        return None
-    i = starts[-1]
-    first = i - 1 if i > 0 and set(_untee(texts[i - 1]).strip()) == {"-"} else i
-    last, rank, local = len(texts) - 1, -1, -1
-    for j in range(i + 1, len(texts)):
-        body = _untee(texts[j])
-        m = RANK_LINE.match(body)
-        if m and rank < 0:
-            rank, local = int(m.group(1)), int(m.group(2))
-        if body.startswith("===="):
-            last = j
-            break
-    return first, last, rank, local
-
-
-def _untee(text: str) -> str:
-    """torchrun's own lines have no prefix, but be tolerant of an `[defaultN]:` one."""
-    return re.sub(r"^\[[A-Za-z_-]*\d+\]:", "", text)
 
 
 def select_excerpt(raw_lines: Sequence[str], n: int = EXCERPT_LINES) -> tuple[list[str], int | None, int | None]:
@@ -411,15 +409,35 @@ class Pushed:
 
 @contextmanager
 def sigint_shielded() -> Iterator[None]:
-    """Ignore Ctrl-C while tearing down: a second Ctrl-C must not leave nodes half-stopped."""
+    """Ignore Ctrl-C and SIGTERM while tearing down: a second one must not leave nodes half-stopped."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, old)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM tears down what orch started like Ctrl-C does (a scheduler's kill, a CI timeout):
+    it raises KeyboardInterrupt, so the `finally` that stops every node runs (`orch up`'s run,
+    the fabric check's job)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 # ----------------------------------------------------------------------------- the state machine
@@ -551,7 +569,7 @@ class Supervisor:
             why = f"exited with code {code}" + (f" ({obs.signal})" if obs.signal else "")
             if obs.reason:
                 why += f": {obs.reason}"
-            return Failure(spec.name, spec.node_rank, why, code, order=when)
+            return Failure(spec.name, spec.node_rank, why, code, order=when, signal=obs.signal)
         if state == NodeState.STOPPED:
             return Failure(spec.name, spec.node_rank, "was stopped from outside this `orch up` (orch down?)",
                            code, order=when)
@@ -582,16 +600,17 @@ class Supervisor:
                 self.not_stopped[name] = f"processes still running: {list(res.remaining)}"
 
     def attach_excerpt(self) -> None:
-        if self.failure is None or self.excerpt is None or self.failure.node in self.not_stopped:
-            return  # an unreachable node cannot show its log now
-        if self.failure.excerpt:
+        """The first failure's excerpt and cause, from its node's log read after the teardown."""
+        f = self.failure
+        if f is None or f.excerpt:
             return  # taken before the teardown (a hang: the lines before the silence, not the stop's)
-        try:
-            raw = list(self.excerpt(self.failure.node))
-        except Exception as exc:  # the failure is reported even when its log cannot be read
-            self.failure.excerpt = [f"(cannot read the node's log: {exc})"]
+        if self.excerpt is None or f.node in self.not_stopped:
+            f.explain([])  # an unreachable node cannot show its log now
             return
-        lines, rank, local = select_excerpt(raw)
-        self.failure.excerpt = lines
-        if rank is not None and self.failure.rank is None:  # a hang names its rank from the stacks
-            self.failure.rank, self.failure.local_rank = rank, local
+        try:
+            raw = list(self.excerpt(f.node))
+        except Exception as exc:  # the failure is reported even when its log cannot be read
+            f.explain([])
+            f.excerpt = [f"(cannot read the node's log: {exc})"]
+            return
+        f.explain(raw)

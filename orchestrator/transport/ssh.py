@@ -11,24 +11,29 @@ inventory's `ssh_config` (`none` when it names no file, as the transport then re
 the port, user and identity, `known_hosts` as the only host-key file
 (`GlobalKnownHostsFile=/dev/null`), the host-key policy as OpenSSH spells it (strict →
 `StrictHostKeyChecking=yes`, accept-new → `accept-new`; there is no `no`), `BatchMode=yes` (a
-missing key fails, never prompts), `ConnectTimeout`, and the gateway as a `ProxyCommand` running
-the same ssh to it (`ProxyJump` would drop these options for the hop, as OpenSSH applies
-command-line options to the last host only).
+missing key fails, never prompts), `ConnectTimeout`, `SAFE_OPTIONS` (no forwarding, no
+LocalCommand, no shared master connection, whatever the config says), and every hop (the
+inventory's gateway, or the ssh config's ProxyJump, read with `ssh -G`) as a `ProxyCommand` running
+the same ssh to it: OpenSSH reaches a ProxyJump hop with the config's settings only (command-line
+options apply to the last host), so a config whose jump host says `StrictHostKeyChecking no`
+would otherwise skip verification there.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import getpass
 import math
 import os
 import select
 import shlex
 import socket
+import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -89,11 +94,11 @@ class SSHTransport(Transport):
             _paramiko_with_invoke()
             conn = Connection(host, user=opts.user, port=opts.port, config=Config(runtime_ssh_path=cfg_path),
                               connect_timeout=timeout, connect_kwargs=kwargs, gateway=gateway)
-            install_host_key_policy(conn.client, opts.known_hosts, opts.host_key_policy)
+            install_host_key_policy(conn.client, opts.known_hosts, opts.host_key_policy, node_name=self.node.name)
         else:
             conn = _Direct(host, opts.user, opts.port, timeout, kwargs, gateway)
             install_host_key_policy(conn.client, opts.known_hosts, opts.host_key_policy,
-                                     known_hosts_name(host, opts.port))
+                                     known_hosts_name(host, opts.port), node_name=self.node.name)
         return conn
 
     def _open(self, conn: Any) -> None:
@@ -106,7 +111,7 @@ class SSHTransport(Transport):
         elif not isinstance(conn.gateway, str) and not conn.gateway.is_connected:
             if not isinstance(conn.gateway, _Direct):  # a ProxyJump hop Fabric made from the ssh config
                 install_host_key_policy(conn.gateway.client, self.node.ssh.known_hosts,
-                                         self.node.ssh.host_key_policy)
+                                         self.node.ssh.host_key_policy, node_name=self.node.name)
             self._open(conn.gateway)  # the jump host's own connection, then the channel through it
         conn.open()
 
@@ -299,7 +304,9 @@ def _tcp_connect(host: str, port: int, timeout: float | None) -> socket.socket:
 
 
 def _translate(node: Node, exc: BaseException) -> TransportError:
-    """Map paramiko/socket failures to a TransportError with a kind and a hint that fixes it."""
+    """Map paramiko/socket failures to a TransportError with a kind and a hint that fixes it: the
+    name does not resolve, the port refuses, there is no route, nothing answers in time, the key is
+    refused (naming the keys offered), the host key is unknown or changed. Never an errno's number."""
     paramiko = _paramiko()
 
     opts = node.ssh
@@ -321,28 +328,113 @@ def _translate(node: Node, exc: BaseException) -> TransportError:
             f"if the server was reinstalled: ssh-keygen -R '{name}' -f {opts.known_hosts}, "
             "then add the new key; otherwise treat it as an attack")
     if isinstance(exc, paramiko.AuthenticationException):
-        return TransportError(node.name, "auth", f"authentication refused for {target}: {exc}",
-                              f"check the key (ssh.identity) and that it is in ~{opts.user or ''}/.ssh/authorized_keys")
+        return TransportError(node.name, "auth", f"authentication refused for {target}: {exc}; offered "
+                                                 f"{offered_keys(opts)}",
+                              f"add the public key to ~{opts.user or ''}/.ssh/authorized_keys on {node.host} "
+                              "(ssh-copy-id), or point ssh.identity at the key that is there")
+    if isinstance(exc, socket.gaierror):
+        return TransportError(node.name, "unreachable",
+                              f"cannot resolve the name {node.host}: {exc.strerror or exc}",
+                              f"check host: in the inventory for a typo; this machine must resolve it "
+                              f"(getent hosts {node.host}: /etc/hosts, DNS, or a Host alias in ssh.ssh_config)")
     if isinstance(exc, (socket.timeout, TimeoutError)):
-        return TransportError(node.name, "unreachable", f"{target} did not answer within {opts.connect_timeout:g} s",
-                              "is the node up and port open? ping it; check firewalls and ssh.connect_timeout")
+        return TransportError(node.name, "unreachable", f"timed out: {target} did not answer within "
+                                                        f"{opts.connect_timeout:g} s",
+                              "is the node up and the port open? ping it; a firewall that drops packets looks "
+                              "like this; raise ssh.connect_timeout for a slow link")
     if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
-        return TransportError(node.name, "unreachable", f"connection to {target} refused",
-                              "is sshd running on that port? (systemctl status ssh)")
+        codes = {getattr(e, "errno", None) for e in exc.errors.values()}
+        if codes == {errno.ECONNREFUSED}:
+            return _errno_error(node, target, errno.ECONNREFUSED, "")
+        if len(codes) == 1:
+            return _errno_error(node, target, codes.pop(), str(next(iter(exc.errors.values()))))
+        tried = "; ".join(f"{a[0]}: {os.strerror(e.errno) if getattr(e, 'errno', None) else e}"
+                          for a, e in exc.errors.items())
+        return TransportError(node.name, "unreachable", f"cannot connect to {target}: {tried}",
+                              "is sshd running on that port, and is the node reachable from here?")
     if isinstance(exc, FileNotFoundError) and exc.filename:
         # paramiko opening a missing ssh.identity: a credential problem, not a network one
         return TransportError(node.name, "auth", f"cannot read identity file {exc.filename}: {exc.strerror}",
                               "check ssh.identity: the private key must exist on this (the controller) machine")
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return _errno_error(node, target, exc.errno, str(exc))
     if isinstance(exc, OSError):
-        reason = os.strerror(exc.errno) if exc.errno else str(exc)
-        kind = "unreachable" if exc.errno in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH,
-                                              errno.ETIMEDOUT, None) else "error"
-        return TransportError(node.name, kind, f"cannot reach {target}: {reason}",
+        return TransportError(node.name, "error", f"cannot reach {target}: {exc or type(exc).__name__}",
                               "check the address, routing and that sshd listens there")
     if isinstance(exc, (paramiko.SSHException, EOFError)):
-        return TransportError(node.name, "unreachable", f"SSH to {target} failed: {exc or type(exc).__name__}",
-                              "check sshd's logs on the node")
+        text = str(exc) or type(exc).__name__
+        hint = "check sshd's logs on the node (journalctl -u ssh)"
+        if "banner" in text.lower():
+            hint = ("something other than sshd answers on that port, or sshd is overloaded (MaxStartups) and "
+                    "did not greet us: check ssh.port and sshd's logs on the node")
+        return TransportError(node.name, "unreachable", f"SSH to {target} failed: {text}", hint)
     return TransportError(node.name, "error", f"{type(exc).__name__}: {exc}")
+
+
+_ERRNO_WORDS = {
+    errno.ECONNREFUSED: ("connection to {target} refused",
+                         "is sshd running on that port? (systemctl status ssh on the node; ssh.port in the inventory)"),
+    errno.EHOSTUNREACH: ("no route to host {host} ({target})",
+                         "is the node up? check the address and the route to it (ip route get {host}), and a "
+                         "firewall that rejects"),
+    errno.ENETUNREACH: ("network unreachable: this machine has no route to {host} ({target})",
+                        "check the address, and this machine's routes (ip route get {host}): is it on that network?"),
+    errno.ECONNRESET: ("connection to {target} reset during the SSH handshake",
+                       "sshd closed the connection: its logs on the node say why (MaxStartups, AllowUsers, "
+                       "tcp wrappers, fail2ban)"),
+}
+
+
+def _errno_error(node: Node, target: str, code: int | None, raw: str) -> TransportError:
+    """A socket error by its errno, in words."""
+    words = _ERRNO_WORDS.get(code) if code is not None else None
+    if words is None:
+        reason = os.strerror(code) if code is not None and code > 0 else (raw or "connection failed")
+        return TransportError(node.name, "error", f"cannot reach {target}: {reason}",
+                              "check the address, routing and that sshd listens there")
+    message, hint = words
+    return TransportError(node.name, "unreachable", message.format(target=target, host=node.host),
+                          hint.format(target=target, host=node.host))
+
+
+DEFAULT_KEYS = ("id_rsa", "id_ecdsa", "id_ed25519", "id_dsa")
+"""The keys paramiko tries from ~/.ssh when none is named (look_for_keys), as OpenSSH does."""
+
+
+def offered_keys(opts: SSHOptions) -> str:
+    """What this client offered the server: ssh.identity, the SSH agent's keys, the default keys
+    in ~/.ssh that exist (and the ssh config's IdentityFile), each with its fingerprint when its
+    public half is there to read, as `ssh-keygen -l` prints it."""
+    offered = []
+    if opts.identity:
+        offered.append(_key_shown(os.path.expanduser(opts.identity)))
+    if os.environ.get("SSH_AUTH_SOCK"):
+        offered.append("the SSH agent's keys (ssh-add -l lists them)")
+    home = os.path.expanduser("~/.ssh")
+    offered += [_key_shown(os.path.join(home, k)) for k in DEFAULT_KEYS if os.path.exists(os.path.join(home, k))]
+    if openssh_config_file(opts):
+        offered.append(f"any IdentityFile of {opts.ssh_config}")
+    return ", ".join(dict.fromkeys(offered)) or "no key at all (no ssh.identity, no agent, no ~/.ssh/id_*)"
+
+
+def _key_shown(path: str) -> str:
+    fp = key_fingerprint(path + ".pub")
+    return f"{path} ({fp})" if fp else path
+
+
+def key_fingerprint(pub_path: str) -> str | None:
+    """`SHA256:...` of an OpenSSH public key file (`TYPE BASE64 [comment]`), or None."""
+    import base64
+    import hashlib
+
+    try:
+        with open(pub_path, encoding="ascii", errors="replace") as fh:
+            parts = fh.read().split()
+        blob = base64.b64decode(parts[1], validate=True)
+    except (OSError, IndexError, ValueError):
+        return None
+    digest = base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+    return f"{parts[0]} SHA256:{digest}"
 
 
 # ----------------------------------------------------------------------------- the OpenSSH client
@@ -356,11 +448,76 @@ def openssh_config_file(opts: SSHOptions) -> str | None:
     return path if os.path.exists(path) else None
 
 
-def openssh_argv(opts: SSHOptions, config_file: str | None) -> list[str]:
-    """The OpenSSH client argv (without the host) that reaches a node with these options."""
-    argv = ["ssh", "-F", config_file or "none", "-p", str(opts.port)]
-    if opts.user:
-        argv += ["-l", opts.user]
+SAFE_OPTIONS = ("ForwardAgent=no", "ForwardX11=no", "ClearAllForwardings=yes", "PermitLocalCommand=no",
+                "ControlMaster=no", "ControlPath=none", "UpdateHostKeys=no", "RequestTTY=no")
+"""What the OpenSSH client is held to whatever the ssh config says, as the paramiko transport
+does: no agent or X11 forwarding, no port forwarding, no LocalCommand run here, no connection
+shared with a master another ssh opened (and verified, or not, its own way), no host keys learned
+behind known_hosts' back, no terminal. Options OpenSSH 7.4 (RHEL 7) already knows."""
+MAX_HOPS = 8
+"""The most jump hosts one node may be behind (a longer chain is a loop in the ssh config)."""
+
+ProxyJumpOf = Callable[[str, str, "str | None", "int | None"], "str | None"]
+"""(config file, host, user, port) -> the ssh config's ProxyJump for that host, or None."""
+
+
+def config_proxy_jump(config_file: str, host: str, user: str | None, port: int | None) -> str | None:
+    """The ProxyJump the ssh config gives `host` (with that user and port, for its Match
+    blocks), as OpenSSH reads it (`ssh -G`); None without one, or when ssh cannot read the config
+    (then the connection fails on the same error)."""
+    return _proxy_jump(config_file, host, user, port)
+
+
+@functools.lru_cache(maxsize=256)
+def _proxy_jump(config_file: str, host: str, user: str | None, port: int | None) -> str | None:
+    argv = ["ssh", "-G", "-F", config_file, *(["-p", str(port)] if port else []), *(["-l", user] if user else []),
+            "--", host]
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
+                             env={**os.environ, "LC_ALL": "C"}).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in out.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "proxyjump" and value.strip() and value.strip().lower() != "none":
+            return value.strip()
+    return None
+
+
+def parse_jump(spec: str) -> tuple[str | None, str, int | None]:
+    """One hop of a ProxyJump (`[user@]host[:port]`, `[v6]:port`, `ssh://user@host:port`) →
+    (user, host, port)."""
+    spec = spec.removeprefix("ssh://")
+    user, _, hostport = spec.rpartition("@")
+    host, port = hostport, None
+    if hostport.startswith("[") and "]" in hostport:
+        host, _, rest = hostport[1:].partition("]")
+        port = int(rest[1:]) if rest.startswith(":") and rest[1:].isdigit() else None
+    elif hostport.count(":") == 1:
+        name, _, number = hostport.partition(":")
+        if number.isdigit():
+            host, port = name, int(number)
+    return user or None, host, port
+
+
+def openssh_argv(opts: SSHOptions, config_file: str | None, host: str | None = None,
+                 proxy_jump: ProxyJumpOf = config_proxy_jump) -> list[str]:
+    """The OpenSSH client argv (without the host) that reaches `host` with these options: the
+    inventory's port, user, identity and host-key policy, SAFE_OPTIONS, and every hop on the way
+    (the inventory's gateway, or the ssh config's ProxyJump for `host`) as a ProxyCommand running
+    this same verified ssh to the hop. OpenSSH would reach a ProxyJump hop with the ssh config's
+    settings alone: the command line's options apply to the last host only."""
+    return _argv(opts, config_file, host, opts.port, opts.user, proxy_jump, 0)
+
+
+def _argv(opts: SSHOptions, config_file: str | None, host: str | None, port: int | None, user: str | None,
+          proxy_jump: ProxyJumpOf, depth: int) -> list[str]:
+    if depth > MAX_HOPS:
+        raise TransportError(host or "?", "error", f"more than {MAX_HOPS} jump hosts on the way to {host}: "
+                             "a ProxyJump loop in the ssh config?", f"check the ProxyJump lines of {config_file}")
+    argv = ["ssh", "-F", config_file or "none", *(["-p", str(port)] if port else [])]
+    if user:
+        argv += ["-l", user]
     if opts.identity:
         argv += ["-i", os.path.expanduser(opts.identity)]
     policy = "yes" if opts.host_key_policy == "strict" else "accept-new"
@@ -368,12 +525,30 @@ def openssh_argv(opts: SSHOptions, config_file: str | None) -> list[str]:
              "-o", "GlobalKnownHostsFile=/dev/null",
              "-o", f"StrictHostKeyChecking={policy}",
              "-o", "BatchMode=yes",
-             "-o", f"ConnectTimeout={max(1, math.ceil(opts.connect_timeout))}",
-             "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=6",  # a node gone mid-copy: ~1 min
+             "-o", f"ConnectTimeout={max(1, math.ceil(opts.connect_timeout))}"]
+    for option in SAFE_OPTIONS:
+        argv += ["-o", option]
+    argv += ["-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=6",  # a node gone mid-copy: ~1 min
              "-o", "LogLevel=ERROR"]
-    if opts.gateway:
-        hop = openssh_argv(replace(opts, gateway=None), config_file)
-        # ssh expands %-tokens in ProxyCommand: every literal % of the hop doubled, then its target
-        hop = [a.replace("%", "%%") for a in hop]
-        argv += ["-o", "ProxyCommand=" + shlex.join([*hop, "-W", "%h:%p", opts.gateway.replace("%", "%%")])]
+    bare = replace(opts, gateway=None)
+    proxy = None
+    if opts.gateway:  # the inventory's gateway, reached with the node's user and port (as the transport does)
+        proxy = _hop(_argv(bare, config_file, opts.gateway, port, user, proxy_jump, depth + 1), opts.gateway, None)
+    elif host and config_file:
+        jump = proxy_jump(config_file, host, user, port)
+        for i, spec in enumerate(jump.split(",") if jump else []):
+            hop_user, hop_host, hop_port = parse_jump(spec.strip())
+            # the first hop's own ProxyJump (from the config) is followed; a later one is reached through the one before
+            hop = _argv(bare, config_file, hop_host if i == 0 else None, hop_port, hop_user, proxy_jump, depth + 1)
+            proxy = _hop(hop, hop_host, proxy)
+    if proxy is not None:
+        argv += ["-o", "ProxyCommand=" + proxy]
     return argv
+
+
+def _hop(argv: list[str], host: str, through: str | None) -> str:
+    """A ProxyCommand that runs `argv` to `host` and forwards the connection (`-W %h:%p`), itself
+    through the ProxyCommand `through`. ssh expands %-tokens in it: every literal % is doubled."""
+    if through is not None:
+        argv = [*argv, "-o", "ProxyCommand=" + through]
+    return shlex.join([*(a.replace("%", "%%") for a in argv), "-W", "%h:%p", host.replace("%", "%%")])

@@ -31,11 +31,21 @@ MakeCluster = Callable[..., TestCluster]
 FAST = ("software",)
 
 
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT_JOB = {"script": str(REPO / "tests" / "ddp_job.py")}
+"""The job of the tests that are about the checks, not the job: a script (its file is checked on
+every node); the trainer's own check has its tests (test_check_job.py)."""
+
+
 def write_inventory(c: TestCluster, **kw: Any) -> Path:
-    """The cluster's inventory on a free master port: in loopback mode every node (and every other
-    test on this machine) shares one network namespace, so the default 29500 may be in use."""
+    """The cluster's inventory on a free master port (in loopback mode every node, and every other
+    test on this machine, shares one network namespace, so the default 29500 may be in use), with
+    a script job unless the test names one."""
     kw.setdefault("master", {"port": free_port("0.0.0.0")})
-    return c.write_inventory(**kw)
+    job = dict(kw.pop("job", None) or {})
+    if "module" not in job and "script" not in job:
+        job.update(SCRIPT_JOB)
+    return c.write_inventory(job=job, **kw)
 
 
 def preflight(inv_path: Path, skip: Iterable[str] = FAST) -> CheckReport:
@@ -106,6 +116,29 @@ def test_clock_skewed_with_faketime_against_chronyd(cluster: TestCluster) -> Non
     assert failures(report) == {("clock", "node3")}, [r for r in report.results if r.check == "clock"]
     assert "offset to the controller" in result(report, "clock", "node3")["detail"]
     assert 1800 <= report.offsets_ms["node3"] <= 2200 and abs(report.offsets_ms["node1"]) < 200
+
+
+def test_the_controllers_own_clock_is_measured_against_the_ntp_server(cluster: TestCluster) -> None:
+    """With checks.clock.ntp_server (the test cluster's chronyd), the controller asks it too
+    (ntplib): here, on the same machine, it is within a few ms, and every clock row says so. Then
+    the measurement itself, in a controller whose clock libfaketime sets 3 s fast: +3000 ms."""
+    from tests.cluster import FAKETIME_LIB
+
+    report = preflight(write_inventory(cluster), skip=("software", "job", "ports", "rdma", "gpus", "nccl_env"))
+    cc = report.controller_clock
+    assert cc is not None and cc.server == cluster.ntp_server and cc.error is None, cc
+    assert cc.offset_ms is not None and abs(cc.offset_ms) < 100 and cc.delay_ms is not None
+    for node in ("node1", "node2", "node3", "node4"):
+        assert f"the controller is {cc.offset_ms:+.1f} ms off {cluster.ntp_server}" in result(report, "clock", node)["detail"]
+    assert report.to_json("i.yaml")["controller_clock"]["server"] == cluster.ntp_server
+    code = ("import json,sys; from orchestrator.preflight.controller_clock import measure; "
+            "print(json.dumps(measure(sys.argv[1]).to_json()))")
+    env = dict(os.environ, LD_PRELOAD=FAKETIME_LIB, FAKETIME="+3s", FAKETIME_DONT_FAKE_MONOTONIC="1")
+    proc = subprocess.run([sys.executable, "-c", code, cluster.ntp_server], capture_output=True, text=True, env=env,
+                          cwd=REPO, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    skewed = json.loads(proc.stdout)
+    assert 2800 <= skewed["offset_ms"] <= 3200, skewed
 
 
 def test_timezone_differs_on_one_node(make_cluster: MakeCluster) -> None:
@@ -253,19 +286,24 @@ def test_bad_python_path_is_a_software_failure(cluster: TestCluster) -> None:
 
 
 def test_gpu_and_rdma_faults_from_recorded_output(make_cluster: MakeCluster) -> None:
+    """Recorded V100 nodes (driver 535) with this machine's torch (a CUDA 13 build): every node
+    also fails on the driver torch needs, which is true of such a node, and the fault each set
+    carries is named on its node."""
     sets = {"node1": "v100", "node2": "v100-missing-gpu", "node3": "v100-driver-mismatch",
             "node4": "mlx5-port-down", "node5": "mlx5-missing"}
     c = make_cluster(5, node_env={n: {"ORCH_PROBE_FIXTURES": str(FIX / s)} for n, s in sets.items()})
     inv = write_inventory(c, nodes_extra={n: {"gpus": 8} for n in sets}, job={"nproc_per_node": 8},
                             checks={"rdma": {"devices": ["mlx5_0"]}})
     report = preflight(inv, skip=("software", "clock", "timezone"))
-    assert failures(report) == {("gpus", "node2"), ("gpus", "node3"), ("rdma", "node4"), ("rdma", "node5")}
+    assert failures(report) == {("gpus", n) for n in sets} | {("rdma", "node4"), ("rdma", "node5")}
+    for node in sets:
+        assert "is too old for torch" in result(report, "gpus", node)["detail"], result(report, "gpus", node)
     assert "7 GPUs visible but nproc_per_node is 8" in result(report, "gpus", "node2")["detail"]
     assert "535.104.05 differs from the majority" in result(report, "gpus", "node3")["detail"]
     assert "1: DOWN" in result(report, "rdma", "node4")["detail"]
     assert "mlx5_0 missing" in result(report, "rdma", "node5")["detail"]
-    busy = result(report, "gpus", "node1")  # the recorded V100 node runs 8 python ranks
-    assert busy["status"] == "warn" and "already in use" in busy["detail"]
+    busy = result(report, "gpus", "node1")  # the recorded V100 node runs 8 python ranks: a warning besides
+    assert "GPUs 0,1,2,3,4,5,6,7 already in use" in busy["detail"] and "no kernel image" in busy["detail"]
 
 
 @pytest.mark.slow
@@ -318,19 +356,40 @@ def test_netns_link_down_node_is_unreachable(netns_cluster: TestCluster) -> None
 
 def test_v100_inventory_fails_cleanly(tmp_path: Path) -> None:
     """The field guide's inventory names 192.168.1.x, which must never be contacted from here: the
-    command runs in a fresh network namespace that has no route at all, so every node fails fast."""
+    command runs in a fresh network namespace that has no route at all, so every node fails fast,
+    each saying why in words; the table has one row per node and one line for the rest."""
     if not is_root() or not shutil.which("unshare"):
         missing("needs root and unshare for an isolated network namespace")
     repo = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, ORCH_HOME=str(tmp_path), NO_COLOR="1")
-    proc = subprocess.run(["unshare", "--net", ORCH, "check", str(repo / "inventory" / "v100.yaml"), "--json"],
+    env = dict(os.environ, ORCH_HOME=str(tmp_path), NO_COLOR="1", COLUMNS="250")
+    v100 = str(repo / "inventory" / "v100.yaml")
+    proc = subprocess.run(["unshare", "--net", ORCH, "check", v100, "--json"],
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 1, proc.stderr
-    results = json.loads(proc.stdout)["results"]
+    data = json.loads(proc.stdout)
+    results = data["results"]
     assert {r["status"] for r in results if r["check"] == "ssh"} == {"fail"}
-    assert {r["status"] for r in results if r["check"] != "ssh"} == {"skip"}
-    assert all("192.168.1." in r["detail"] for r in results if r["check"] == "ssh")
+    assert {r["status"] for r in results if r["check"] != "ssh"} == {"skip"} and len(results) == 40
+    for r in (r for r in results if r["check"] == "ssh"):
+        assert r["detail"].startswith("unreachable: network unreachable: this machine has no route to 192.168.1."), r
+        assert "Unknown error" not in r["detail"] and "ip route get 192.168.1." in r["hint"]
+    assert set(data["not_probed"]) == {"v100-1", "v100-2", "v100-3", "v100-4"}
     assert "Traceback" not in proc.stderr
+    table = subprocess.run(["unshare", "--net", ORCH, "check", v100], capture_output=True, text=True, env=env,
+                           timeout=120)
+    rows = [line for line in table.stdout.splitlines() if " v100-" in line and (" fail " in line or " skip " in line)]
+    assert len(rows) == 4 and all(" fail " in line for line in rows), table.stdout
+    assert ("not probed, so 36 other results skipped: 9 checks (clock, timezone, nccl_env, rdma, gpus, software, "
+            "job, ports, fabric) on v100-[1-4]") in table.stdout
+    # a name no resolver knows (RFC 6761 .invalid): said so, never `Unknown error -2`
+    text = (repo / "inventory" / "v100.yaml").read_text().replace("192.168.1.[11-13]", "gpu-node-[02-04].invalid")
+    odd = tmp_path / "names.yaml"
+    odd.write_text(text)
+    proc = subprocess.run(["unshare", "--net", ORCH, "check", str(odd), "--json", "--only", "ssh"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    ssh = {r["node"]: r for r in json.loads(proc.stdout)["results"]}
+    assert ssh["v100-2"]["detail"].startswith("unreachable: cannot resolve the name gpu-node-02.invalid: "), ssh
+    assert "getent hosts gpu-node-02.invalid" in ssh["v100-2"]["hint"]
 
 
 def test_no_env_value_is_on_any_remote_command_line(make_cluster: MakeCluster, monkeypatch: pytest.MonkeyPatch,

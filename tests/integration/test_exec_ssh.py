@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster import TestCluster
-from tests.up_helpers import REPO, Orch
+from tests.up_helpers import REPO, Orch, wait_for
 
 
 @pytest.fixture
@@ -71,6 +71,29 @@ def test_a_node_over_the_timeout_counts_124_and_the_others_answer(cluster: TestC
     codes = {n["node"]: (n["exit_code"], n["stdout"]) for n in doc["nodes"]}
     assert codes == {"node1": (0, "done\n"), "node2": (124, ""), "node3": (0, "done\n"), "node4": (0, "done\n")}
     assert "timed out after 3 s" in doc["nodes"][1]["error"]
+
+
+@pytest.mark.parametrize("command", [["sleep", "30"], ["sleep 30 & sleep 30; wait"]], ids=["argv", "shell-line"])
+def test_the_timeout_stops_the_command_and_its_process_group_on_the_node(cluster: TestCluster, orch: Orch,
+                                                                       command: list[str]) -> None:
+    """Past --timeout, closing the SSH channel left `sleep 30` running on the node: the command
+    now runs under timeout(1) there, which stops its process group (a backgrounded child too)."""
+    inv = str(cluster.write_inventory())
+    r = orch.run("exec", inv, "--nodes", "node1", "--timeout", "2", "--json", "--", *command)
+    assert r.returncode == 124, r.stdout + r.stderr
+    [node] = json.loads(r.stdout)["nodes"]
+    assert node["exit_code"] == 124 and node["error"].startswith("timed out after 2 s"), node
+    wait_for(lambda: not cluster.processes("node1", "sleep\x0030"), 10, "no sleep left on node1")
+    assert cluster.processes("node1", "sleep\x0030") == []
+
+
+def test_a_command_that_ends_in_time_keeps_its_own_exit_code_and_output(cluster: TestCluster, orch: Orch) -> None:
+    inv = str(cluster.write_inventory())
+    r = orch.run("exec", inv, "--nodes", "node1", "--timeout", "20", "--json", "--", "echo out; echo err >&2; exit 124")
+    [node] = json.loads(r.stdout)["nodes"]
+    assert (node["exit_code"], node["stdout"], node["stderr"], node["error"]) == (124, "out\n", "err\n", None)
+    r = orch.run("exec", inv, "--nodes", "node1", "--timeout", "20", "--", "sh", "-c", "echo \"$0\" \"$@\"", "a b", "c")
+    assert r.returncode == 0 and "a b c" in r.stdout
 
 
 def test_host_keys_are_verified_as_for_every_command(cluster: TestCluster, orch: Orch, tmp_path: Path) -> None:

@@ -254,6 +254,15 @@ class TestCommand:
         assert [ln.split()[1] for ln in result.stdout.splitlines()][:12] != ["gpu02"] * 12
         assert "clock offsets" not in result.stderr
 
+    def test_offsets_within_measurement_noise_are_not_announced_unless_verbose(self, finished: Path) -> None:
+        # what `orch check` measures between loopback nodes: each "+0.0 ms"
+        (finished / "check.json").write_text(json.dumps({"offsets_ms": {"gpu01": 0.04, "gpu02": -0.03, "gpu03": 0.0}}))
+        result = CliRunner().invoke(cli, ["logs", "r1"])
+        assert result.exit_code == 0 and len(result.stdout.splitlines()) == 36
+        assert "clock offsets" not in result.stderr and result.stderr == "", result.stderr
+        result = CliRunner().invoke(cli, ["-v", "logs", "r1"])
+        assert result.stderr.count("clock offsets") == 1 and "gpu02 -0.0 ms" in result.stderr
+
     def test_bad_usage_exits_2(self, finished: Path) -> None:
         from orchestrator.cli import main
 

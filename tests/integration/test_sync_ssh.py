@@ -61,8 +61,9 @@ def sync_json(orch: Orch, *args: str) -> dict[str, dict]:
 def test_empty_private_dirs_get_identical_copies_then_a_second_sync_sends_nothing(cluster: TestCluster,
                                                                                    orch: Orch) -> None:
     job, data = controller_tree(cluster)
+    # the job is the tree's own script: the trainer's --check would refuse this two-line data.yaml
     inv = str(cluster.write_inventory(job={"sync": [str(job), str(data)], "workdir": str(job),
-                                           "args": {"data": str(data)}},
+                                           "script": str(job / "train.py"), "args": {"data": str(data)}},
                                       master={"port": free_port("0.0.0.0")}))
     for node in cluster.nodes:  # no shared storage: nothing of it on any node
         assert on_node(cluster, node.name, f"ls -A {cluster.NODE_LOCAL}") == ""
@@ -116,6 +117,35 @@ def test_delete_removes_only_what_the_controller_lacks_inside_synced_dirs(cluste
     assert got == [f"*deleting {job}/stale.py"]
     left = on_node(cluster, "node2", f"ls {job.parent} {cluster.NODE_LOCAL}")
     assert "beside.txt" in left and "mine" in left and "stale.py" not in on_node(cluster, "node2", f"ls {job}")
+
+
+def test_a_symlinked_source_or_output_inside_a_synced_dir_leaves_the_node_intact(cluster: TestCluster,
+                                                                                 orch: Orch) -> None:
+    """With the controller's data/coco a link and the node's a real directory, --delete gave
+    `*deleting data/coco/weights.pt` and put the link in its place; with the trainer's runs/ under
+    a synced workdir, --delete would remove every checkpoint. Both refused (exit 2), nothing run."""
+    job, data = controller_tree(cluster)
+    root = job.parent
+    (root / "big" / "coco").mkdir(parents=True)
+    (root / "big" / "coco" / "train.txt").write_text("a.jpg\n")
+    (root / "data").mkdir()
+    (root / "data" / "coco").symlink_to(root / "big" / "coco")
+    on_node(cluster, "node2", f"mkdir -p {root}/data/coco {job}/runs/train/r1/weights && "
+                              f"echo w > {root}/data/coco/weights.pt && echo ckpt > {job}/runs/train/r1/weights/last.pt")
+    linked = str(cluster.write_inventory(cluster.root / "linked.yaml", job={"sync": [str(root / "data" / "coco")]}))
+    for flags in (["--delete"], []):
+        r = orch.run("sync", linked, "--nodes", "node2", *flags)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert f"{root}/data/coco is a symbolic link (to {root}/big/coco)" in r.stderr
+    trained = str(cluster.write_inventory(cluster.root / "trained.yaml",
+                                          job={"module": "trainer", "workdir": str(job), "sync": [str(job)]}))
+    r = orch.run("sync", trained, "--nodes", "node2", "--delete")
+    assert r.returncode == 2 and f"holds the trainer's default output folder (under job.workdir) {job}/runs/train" \
+        in r.stderr, r.stderr
+    left = on_node(cluster, "node2", f"test -d {root}/data/coco && ! test -L {root}/data/coco && "
+                                     f"cat {root}/data/coco/weights.pt {job}/runs/train/r1/weights/last.pt")
+    assert left == "w\nckpt\n"
+    assert on_node(cluster, "node2", f"ls -A {job}") == "runs\n"  # nothing was copied either
 
 
 def test_rsync_missing_on_a_node_is_named_and_the_others_still_sync(cluster: TestCluster, orch: Orch) -> None:

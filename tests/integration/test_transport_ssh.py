@@ -216,21 +216,59 @@ def test_hashed_known_hosts_and_one_parse_for_all_nodes(shared, tmp_path, monkey
     kh.write_text(shared.known_hosts.read_text())
     subprocess.run(["ssh-keygen", "-H", "-f", str(kh)], check=True, capture_output=True, timeout=30)
     assert "|1|" in kh.read_text() and shared.node("node1").host not in kh.read_text()
-    import paramiko
-
     parsed: list[str] = []
+    parse = hostkeys.parse_known_hosts
 
-    class Counting(paramiko.HostKeys):
-        def load(self, filename: str) -> None:
-            parsed.append(filename)
-            super().load(filename)
+    def counting(path: str, text: str) -> hostkeys.KnownHosts:
+        parsed.append(path)
+        return parse(path, text)
 
-    monkeypatch.setattr(paramiko, "HostKeys", Counting)
+    monkeypatch.setattr(hostkeys, "parse_known_hosts", counting)
     monkeypatch.setattr(hostkeys, "_KNOWN_HOSTS", {})
     with Cluster(_inv(shared, known_hosts=str(kh))) as cl:
         got = cl.fan_out(lambda t: t.run(["sh", "-c", "echo $ORCH_TEST_NODE"]).check().stdout.strip())
     assert got == {f"node{i}": f"node{i}" for i in range(1, 5)}
     assert parsed == [str(kh)]
+
+
+@pytest.mark.parametrize("ssh_config", [False, True], ids=["paramiko", "fabric"])
+def test_a_revoked_host_key_is_refused_under_either_policy_and_never_recorded(shared, tmp_path, ssh_config):
+    """An `@revoked` line made every connection fail with paramiko's `InvalidHostKey ... Incorrect
+    padding`. Now the node offering that key is refused (named, with the fix), the others connect."""
+    n1 = shared.node("node1")
+    lines = shared.known_hosts.read_text().splitlines()
+    mine = next(ln for ln in lines if ln.startswith(f"[{n1.host}]:{n1.port} "))
+    kh = tmp_path / "known_hosts"
+    kh.write_text("\n".join(["# keys of the test cluster", f"@revoked * {mine.split(' ', 1)[1]}", *lines,
+                             "[10.9.9.9]:22 ssh-ed25519 not-base64!!", "@unknown-marker x y z"]) + "\n")
+    before = kh.read_text()
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text("Host *\n  ServerAliveInterval 9\n")
+    extra = {"ssh_config": str(cfg)} if ssh_config else {}
+    for policy in ("strict", "accept-new"):
+        inv = _inv(shared, known_hosts=str(kh), host_key_policy=policy, **extra)
+        err = _connect_error(inv.node("node1"))
+        assert err.kind == "host_key_revoked", (policy, err)
+        assert f"{kh} line 2 marks it @revoked" in err.message and err.message.startswith("node1: ")
+        assert err.hint and "new host key" in err.hint
+        with SSHTransport(inv.node("node2")) as t:
+            assert t.run(["sh", "-c", "echo $ORCH_TEST_NODE"]).check().stdout == "node2\n"
+    assert kh.read_text() == before  # accept-new never records a revoked key
+
+
+def test_cert_authority_lines_are_skipped_and_said_when_a_node_is_unknown(shared, tmp_path):
+    n1 = shared.node("node1")
+    others = [ln for ln in shared.known_hosts.read_text().splitlines() if not ln.startswith(f"[{n1.host}]:{n1.port} ")]
+    ca = Path(str(shared.client_key) + ".pub").read_text().split()
+    kh = tmp_path / "known_hosts"
+    kh.write_text("\n".join([f"@cert-authority *.example,{n1.host} {ca[0]} {ca[1]}", *others]) + "\n")
+    inv = _inv(shared, known_hosts=str(kh))
+    err = _connect_error(inv.node("node1"))
+    assert err.kind == "host_key_unknown" and "@cert-authority line(s) (1) are not used" in err.message, err
+    assert err.hint and "ssh-keyscan" in err.hint
+    with Cluster(inv) as cl:
+        got = cl.fan_out(lambda t: t.run(["true"]).exit_code, [n for n in inv.nodes if n.name != "node1"])
+    assert got == {"node2": 0, "node3": 0, "node4": 0}
 
 
 def test_wrong_identity_is_an_auth_error(shared, cluster_keys):

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,7 +15,7 @@ import yaml
 
 from tests.cluster import free_port
 from tests.procs_support import received, stranger
-from tests.up_helpers import DDP_JOB, REPO, Orch, ddp_job
+from tests.up_helpers import DDP_JOB, REPO, Orch, ddp_job, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -105,12 +109,158 @@ def test_a_detached_run_that_fails_is_named_by_status(tmp_path: Path) -> None:
         doc = json.loads(orch.run("status", "--json").stdout)
         return doc if doc["state"] != "running" else None
 
-    from tests.up_helpers import wait_for
-
     doc = wait_for(final, 120, "the detached run to end")
     assert doc["state"] == "failed", doc
     ff = doc["first_failure"]
     assert ff["node"] == "n1" and ff["rank"] == 1 and ff["exit_code"] == 1
+    assert ff["cause"] == "RuntimeError: injected failure on rank 1 at step 2" and ff["signal"] is None
     assert any("RuntimeError: injected failure on rank 1 at step 2" in x for x in ff["excerpt"]), ff["excerpt"]
     assert orch.run("down").returncode == 0
     assert marked(run_id) == []
+
+
+def node_log(tmp_path: Path, run_id: str, node: str) -> str:
+    return (tmp_path / "nodes" / run_id / node / "node.log").read_text(errors="replace")
+
+
+NOISE = ("SignalException", "Traceback", "death signal", "closing signal")
+"""What torchrun and its ranks print when they are stopped."""
+
+
+def test_a_rank_killed_by_sigkill_is_named_by_its_signal_and_the_stopped_node_is_quiet(tmp_path: Path) -> None:
+    """Rank 1 (n1) is SIGKILLed as the OOM killer would; rank 0 (n0) sleeps outside any collective,
+    so only orch's teardown ends it: its torchrun's SignalException stays in its log."""
+    inv = local_inventory(tmp_path, ddp_job(steps=400, sleep=0.1, kill_rank=1, fail_step=2, hang_rank=0, hang_step=2))
+    orch = Orch(tmp_path / "home")
+    up = orch.run("up", str(inv), "--skip-checks", timeout=200)
+    assert up.returncode == 1, up.stderr
+    err = " ".join(up.stderr.split())
+    assert "first failure on n1 (node rank 1, rank 1): killed by SIGKILL hint: SIGKILL on a training node is " \
+           "usually the kernel's OOM killer" in err, up.stderr
+    assert "exit code 1)" not in err
+    assert err.index("killed by SIGKILL") < err.index("Root Cause (first observed failure)")  # the excerpt stays
+    run_id = (orch.home / "latest").read_text().strip()
+    assert re.search(r"^n0: stopped [\d.]+ s after its agent got SIGTERM \(torchrun ", up.stderr, re.M), up.stderr
+    live_n0 = [ln for ln in up.stdout.splitlines() if ln.split()[1:2] == ["n0"]]
+    assert live_n0 and not [ln for ln in live_n0 if any(x in ln for x in NOISE)], "n0's stop shown live"
+    assert "SignalException" in node_log(tmp_path, run_id, "n0")  # ... but kept in its log
+    assert "SignalException" in (orch.run_dir(run_id) / "merged.log").read_text()
+    ff = json.loads(orch.run("status", "--json").stdout)["first_failure"]
+    assert (ff["cause"], ff["signal"], ff["exit_code"], ff["rank"]) == ("killed by SIGKILL", "SIGKILL", 1, 1)
+    assert "OOM killer" in ff["hint"]
+    assert marked(run_id) == []
+
+
+def test_ctrl_c_prints_one_line_per_node_not_torchruns_tracebacks(tmp_path: Path) -> None:
+    inv = local_inventory(tmp_path, ddp_job(steps=400, sleep=0.2))
+    orch = Orch(tmp_path / "home")
+    up = orch.start(str(inv), "--skip-checks")
+    run_id = up.wait_running()
+    wait_for(lambda: " step 1 " in up.out, 150, "both ranks stepping in the merged log")
+    up.proc.send_signal(signal.SIGINT)
+    assert up.wait(60) == 130, up.err
+    out, err = up.out, up.err
+    noisy = [ln for ln in (out + err).splitlines() if any(x in ln for x in NOISE)]
+    assert noisy == [], "\n".join(noisy[:10])
+    for node in ("n0", "n1"):
+        assert len(re.findall(rf"^{node}: stopped [\d.]+ s after its agent got SIGTERM \(torchrun ", err, re.M)) == 1, err
+        log = node_log(tmp_path, run_id, node)
+        assert "agent received SIGTERM: stopping the job" in log and "SignalException" in log
+    assert "interrupted: stopped every node" in err
+    assert marked(run_id) == []
+
+
+LONG_LINE_JOB = """\
+import sys
+chunk = b"x" * 65536
+for _ in range(512):  # one 32 MB line, in 64 KiB writes, then its newline
+    sys.stdout.buffer.write(chunk)
+    sys.stdout.buffer.flush()
+sys.stdout.buffer.write(b"\\n")
+print("after the long line", flush=True)
+"""
+
+
+def test_a_32_mb_line_is_split_and_the_run_is_reported_as_it_ended(tmp_path: Path) -> None:
+    """A job that writes one 32 MB line and exits 0 succeeded: `orch up` says so (it used to call
+    the agent vanished and exit 1), the line reaches the merged log in marked 1 MiB pieces."""
+    from orchestrator.node.agent import LONG_LINE_MARK
+
+    job = tmp_path / "long_line.py"
+    job.write_text(LONG_LINE_JOB)
+    inv = tmp_path / "long.yaml"
+    inv.write_text(yaml.safe_dump({
+        "name": "long", "transport": "local", "nodes": [{"host": "localhost", "name": "n0"}],
+        "master": {"port": free_port("127.0.0.1")},
+        "job": {"python": str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv" / "bin" / "python").exists()
+                else "python3", "workdir": str(tmp_path), "run_root": str(tmp_path / "nodes"),
+                "script": str(job), "nproc_per_node": 1}}))
+    orch = Orch(tmp_path / "home")
+    up = orch.run("up", str(inv), "--skip-checks", timeout=200)
+    assert up.returncode == 0, up.stderr[-3000:]
+    assert "succeeded on every node" in up.stderr and "disappeared" not in up.stderr
+    pieces = [ln for ln in up.stdout.splitlines() if "xxxx" in ln]
+    assert len(pieces) >= 32 and [ln.endswith(LONG_LINE_MARK) for ln in pieces] == [True] * (len(pieces) - 1) + [False]
+    assert max(len(ln) for ln in pieces) < (1 << 20) + 200
+    assert sum(ln.split(" ", 3)[3].removesuffix(LONG_LINE_MARK).count("x") for ln in pieces) == 32 << 20
+    lines = up.stdout.splitlines()
+    assert "after the long line" in lines[lines.index(pieces[-1]) + 1]
+    run_id = (orch.home / "latest").read_text().strip()
+    assert json.loads((orch.run_dir(run_id) / "run.json").read_text())["state"] == "succeeded"
+
+
+def modes(root: Path) -> dict[str, str]:
+    """`{relative path: octal mode}` of root and everything under it."""
+    return {str(p.relative_to(root)) or ".": format(p.stat().st_mode & 0o777, "03o")
+            for p in [root, *sorted(root.rglob("*"))] if not p.is_symlink()}
+
+
+def test_files_are_private_whatever_the_umask_and_env_values_stay_off_screen(tmp_path: Path) -> None:
+    """docs/SECURITY.md's claims, checked: every file orch writes on the controller (run.json,
+    plan.json, merged.log, the node copies, the check reports, the report) is 0600 and every
+    directory 0700, and on the node the agent's files and directories too, under umask 000. The
+    inventory's env values reach the job but never the screen: not in `orch -v up` (every remote
+    command shown), not in the report."""
+    secret = "s3cr3t-token-do-not-show"
+    job = tmp_path / "env_job.py"
+    job.write_text("import os\nprint('token length', len(os.environ['API_TOKEN']))\n")
+    inv = tmp_path / "sec.yaml"
+    inv.write_text(yaml.safe_dump({
+        "name": "sec", "transport": "local", "master": {"port": free_port("127.0.0.1")},
+        "nodes": [{"host": "localhost", "name": "n0", "env": {"NODE_SECRET": secret + "-node"}},
+                  {"host": "localhost", "name": "n1"}],
+        "env": {"API_TOKEN": secret, "GLOO_SOCKET_IFNAME": "lo"},
+        "job": {"python": str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv" / "bin" / "python").exists()
+                else "python3", "workdir": str(tmp_path), "run_root": str(tmp_path / "nodes"),
+                "script": str(job), "nproc_per_node": 1}}))
+    orch = Orch(tmp_path / "home")
+    up = subprocess.run([sys.executable, "-c", "import os, runpy, sys; os.umask(0); sys.argv[0] = 'orch'; "
+                         "runpy.run_module('orchestrator', run_name='__main__')", "-v", "up", str(inv)],
+                        cwd=REPO, env=orch.env, capture_output=True, text=True, timeout=200)
+    assert up.returncode == 0, up.stderr[-3000:]
+    assert f"token length {len(secret)}" in up.stdout  # the job had it
+    assert secret not in up.stdout + up.stderr and "$ " in up.stderr  # -v showed the remote commands, not it
+    report = orch.run("report")
+    assert report.returncode == 0, report.stderr
+    run_id = (orch.home / "latest").read_text().strip()
+    run_dir = orch.run_dir(run_id)
+    assert not [p for p in (run_dir / "report").rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+    assert secret in (run_dir / "plan.json").read_text()  # kept, in a private file, for what was launched
+
+    home = modes(orch.home)
+    for want in ("runs", f"runs/{run_id}", f"runs/{run_id}/nodes", f"runs/{run_id}/report", "checks"):
+        assert home.pop(want) == "700", want
+    home.pop(".")  # $ORCH_HOME itself is the user's to make (./.orch by default)
+    for name in ("run.json", "plan.json", "merged.log", "check.json", "inventory.yaml", "nodes/n0.log",
+                 "nodes/n1.log", "report/index.html"):
+        assert f"runs/{run_id}/{name}" in home, name
+    assert "checks/sec.json" in home
+    assert {p: m for p, m in home.items() if m != "600"} == {}
+
+    for node in ("n0", "n1"):
+        node_dir = tmp_path / "nodes" / run_id / node
+        got = modes(node_dir)
+        for name in ("agent.py", "procs.py", "stacks.py", "launch.json", "node.log", "state.json"):
+            assert got[name] == "600", (node, name)
+        assert got["."] == got["torchrun"] == "700", node
+    assert modes(tmp_path / "nodes" / run_id)["."] == "700" and modes(tmp_path / "nodes")["."] == "700"

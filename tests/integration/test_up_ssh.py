@@ -150,10 +150,11 @@ def test_kill9_torchrun_on_one_node_fails_fast_and_cleans_every_node(cluster: Te
     assert leftover(cluster, run_id) == {}
     assert elapsed < 15, f"every node stopped only {elapsed:.1f} s after the kill"
     assert re.search(r"first failure on node3 \(node rank 2", up.err), up.err
-    assert "exit code -9" in up.err and "SIGKILL" in up.err, up.err
+    assert "torchrun was killed by SIGKILL" in up.err, up.err
     assert leftover(cluster, run_id) == {}
     ff = orch.run_json(run_id)["first_failure"]
     assert ff["node"] == "node3" and ff["exit_code"] == -9
+    assert (ff["cause"], ff["signal"]) == ("torchrun was killed by SIGKILL", "SIGKILL")
     # node3's failure came pushed: it was asked only for its log excerpt; the others once, to
     # order failures that could have happened at the same time
     execs = status_execs(up.err)
@@ -168,8 +169,8 @@ def test_one_rank_raises_excerpt_shows_the_exception(cluster: TestCluster, orch:
     up = orch.start(str(inv), "--skip-checks")
     code = up.wait(180)
     assert code == 1, up.err
-    assert re.search(r"first failure on node3 \(node rank 2, rank 5, exit code 1\)", up.err), up.err
-    assert "RuntimeError: injected failure on rank 5 at step 3" in up.err, up.err
+    assert re.search(r"first failure on node3 \(node rank 2, rank 5, exit code 1\): RuntimeError: injected failure on "
+                     r"rank 5 at step 3\n", up.err), up.err
     assert "Root Cause (first observed failure)" in up.err
     run_id = up.run_id()
     assert orch.run_json(run_id)["first_failure"]["rank"] == 5
@@ -185,6 +186,10 @@ def test_sigint_stops_every_node_and_exits_130(cluster: TestCluster, orch: Orch)
     t = time.monotonic()
     assert up.wait(60) == 130, up.err
     print(f"SIGINT -> exit 130 after {time.monotonic() - t:.1f} s")
+    # torchrun's SignalException tracebacks stay in the node logs: one line per node says it stopped
+    assert "SignalException" not in up.out + up.err and "Traceback" not in up.out + up.err
+    assert sorted(re.findall(r"^(node\d): stopped [\d.]+ s after its agent got SIGTERM", up.err, re.M)) == \
+        [f"node{i}" for i in range(1, 5)], up.err
     assert leftover(cluster, run_id) == {}
     data = orch.run_json(run_id)
     assert data["state"] == "stopped"

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.logs.fetch import read_frames, reader_program
-from orchestrator.node import FROM_STDIN, agent, agent_files, script, stacks
+from orchestrator.logs.fetch import new_nonce, read_frames, reader_argv, reader_program
+from orchestrator.node import agent, agent_files, script, stacks
 from tests.procs_support import received, stranger
 
 BOOT = script("boot")
@@ -136,12 +136,13 @@ def test_stop_without_the_agent_still_finds_the_job(tmp_path: Path) -> None:
 
 def reader(d: Path) -> tuple[subprocess.Popen[bytes], Iterator[tuple[str, bytes]]]:
     """The log reader `orch up` runs on a node, asked for status frames, polling every 50 ms."""
-    proc = subprocess.Popen([sys.executable, "-c", FROM_STDIN, str(d), "0", "0.05", "0", "1"], stdin=subprocess.PIPE,
+    nonce = new_nonce()
+    proc = subprocess.Popen(reader_argv(sys.executable, str(d), 0, 0.05, False, True, nonce), stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE)
     assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.write(READER.encode())
     proc.stdin.close()
-    return proc, read_frames(proc.stdout)
+    return proc, read_frames(proc.stdout, nonce)
 
 
 def next_status(frames: Iterator[tuple[str, bytes]], until: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:

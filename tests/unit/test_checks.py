@@ -69,6 +69,15 @@ def base_raw(name: str) -> dict[str, Any]:
     }
 
 
+TRAINER_ACCEPTS = {"kind": "trainer", "rc": 0, "err": "", "seconds": 3.2, "out": json.dumps({
+    "trainer_check": 1, "ok": True, "rank": 0, "world_size": 8, "local_world_size": 2, "launched": True,
+    "device": "cpu", "amp": "off", "model": "yolo12n.yaml", "task": "detect", "yoloe": False, "weights": None,
+    "data": "/data/coco.yaml", "classes": 1, "batch": 64, "epochs": 100, "device_ids": None,
+    "out": "/srv/job/runs/train/preflight-1a2b3c4d", "resume": None, "resume_epoch": None}) + "\n"}
+"""What the probe brings back from `python -m trainer --check` on the master (the JSON line as
+trainer/check.py prints it)."""
+
+
 def make_facts(inv: Inventory, edit: dict[str, Any] | None = None) -> dict[str, NodeFacts]:
     """Healthy facts for every node; `edit[node](raw, nf)` injects one fault."""
     out = {}
@@ -79,6 +88,7 @@ def make_facts(inv: Inventory, edit: dict[str, Any] | None = None) -> dict[str, 
         nf.listen = copy.deepcopy(nf.raw["listen"])
         if node.name == inv.master.name:
             nf.listen["master_port"] = {"port": 29500, "bound": True, "error": None}
+            nf.raw["job_check"] = copy.deepcopy(TRAINER_ACCEPTS)
         else:
             nf.reach.append({"kind": "master", "node": "n1", "addr": "10.0.0.1", "port": 29500, "ok": True, "ms": 0.3})
         nf.reach.append({"kind": "ring", "node": succ, "addr": "10.0.0.9", "port": 40000, "ok": True, "ms": 0.2})
@@ -125,6 +135,26 @@ def test_unreachable_node_fails_ssh_and_skips_the_rest() -> None:
     assert len(others) == 9 and all(r.status == "skip" and "not probed" in r.detail for r in others)
 
 
+def test_unreachable_nodes_fill_one_row_each_in_the_table_and_every_row_in_json() -> None:
+    """v100.yaml with its 4 nodes down: 4 ssh rows with their errors and one line for the 36 skipped
+    results, not 40 rows; the JSON keeps one result per (check, node) and names who was not probed."""
+    inv = inventory()
+    facts = {n.name: NodeFacts(n, error=f"{n.name}: cannot resolve the name {n.host}: Name or service not known",
+                               error_kind="unreachable", hint="check host:") for n in inv.nodes}
+    results = run(inv, facts)
+    report = CheckReport(results, not_probed={n: f"cannot resolve the name 10.0.0.{n[-1]}" for n in facts})
+    data = report.to_json("t.yaml")
+    assert len(data["results"]) == 40 and set(data["not_probed"]) == set(NODES)
+    buf = io.StringIO()
+    check_table(report, Console(file=buf, width=250, no_color=True))
+    text = buf.getvalue()
+    rows = [line for line in text.splitlines() if any(f" {n} " in line for n in NODES)]
+    assert len(rows) == 4 and all("ssh" in rows[0] and "cannot resolve the name" in r for r in rows), text
+    assert ("not probed, so 36 other results skipped: 9 checks (clock, timezone, nccl_env, rdma, gpus, software, "
+            "job, ports, fabric) on n[1-4] (why: their ssh rows)") in text
+    assert "preflight failed: 4 fail, 36 skip" in text
+
+
 def test_clock_over_limit_on_one_node_via_ntp() -> None:
     inv = inventory()
     facts = make_facts(inv, {"n2": lambda raw, nf: raw["ntp"].update(offset_ms=2034.0)})
@@ -134,6 +164,38 @@ def test_clock_over_limit_on_one_node_via_ntp() -> None:
     assert r.value == "+2034 ms" and "limit 50 ms" in r.detail and "chronyc makestep" in r.hint
     offsets, _, ref = checks.clock_offsets(inv, facts)
     assert offsets["n2"] == 2034.0 and "10.0.0.1" in ref
+
+
+def test_the_controllers_own_clock_is_reported_in_the_clock_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.cli.render import skew_note
+    from orchestrator.preflight.controller_clock import ControllerClock
+    from orchestrator.preflight.runner import save_report
+    from orchestrator.store import clock_reference
+
+    inv = inventory()
+    facts = make_facts(inv)
+    for nf in facts.values():
+        nf.controller_clock = ControllerClock("10.0.0.1", 2034.2, 0.8)
+    rows = by(run(inv, facts), "clock")
+    assert rows["n1"].status == "warn" and "the controller is +2034.2 ms off 10.0.0.1: orch logs --since" in rows["n1"].detail
+    assert rows["n3"].status == "ok" and "the controller is +2034.2 ms off 10.0.0.1" in rows["n3"].detail
+    for nf in facts.values():
+        nf.controller_clock = ControllerClock("10.0.0.1", error="timed out")
+    assert by(run(inv, facts), "clock")["n1"].status == "warn"
+    # without a server: said once that every offset is relative to the controller's own clock
+    plain = inventory(ntp=False)
+    rows = by(run(plain, make_facts(plain)), "clock")
+    assert "relative to the controller's own clock" in rows["n1"].detail
+    assert "relative to the controller" not in rows["n2"].detail
+    # saved with the report, read back for the merged log's notice
+    monkeypatch.setenv("ORCH_HOME", str(tmp_path))
+    facts = make_facts(inv, {"n2": lambda raw, nf: raw["ntp"].update(offset_ms=-12.5)})
+    offsets, _, ref = checks.clock_offsets(inv, facts)
+    save_report(inv, CheckReport(run(inv, facts), offsets, ref, controller_clock=ControllerClock("10.0.0.1", -3.25, 0.5)))
+    assert clock_reference(None, inv.name) == ("NTP server 10.0.0.1", -3.25)
+    skew_note(offsets, "checks/t.json", *clock_reference(None, inv.name))
+    assert "against NTP server 10.0.0.1, which this controller was -3.2 ms off: n1 +1.5 ms" in capsys.readouterr().err
 
 
 def test_clock_warns_over_half_and_fails_without_answer() -> None:
@@ -336,17 +398,95 @@ def test_software_mismatch_missing_torch_and_bad_python() -> None:
     assert s["n4"].status == "fail" and "job.python /opt/py/bin/python does not work here" in s["n4"].detail
 
 
-def test_job_relative_path_and_batch_are_reported_on_the_master() -> None:
-    inv = parse(inventory().source.replace("data: /data/coco.yaml", "data: coco.yaml\n    weights: yolo12n.pt")
-                .replace("batch: 64", "batch: 18"), "t.yaml")
-    res = checks.run_checks(inv, make_facts(inv), ["job"])
+def module_answer(found: bool, module: str = "mytrain") -> dict[str, Any]:
+    """What the probe brings back from jobcheck.IMPORT_CODE for a module job."""
+    out = {"module": module, "found": found, "origin": f"/srv/job/{module}.py" if found else None}
+    return {"kind": "module", "rc": 0, "out": json.dumps(out) + "\n", "err": "", "seconds": 0.1}
+
+
+def trainer_refuses(message: str, stage: str = "topology") -> dict[str, Any]:
+    out = {"trainer_check": 1, "ok": False, "error": message, "stage": stage}
+    return {"kind": "trainer", "rc": 2, "out": json.dumps(out) + "\n", "err": "", "seconds": 0.4}
+
+
+def test_job_relative_path_and_batch_are_reported_once_on_the_master() -> None:
+    """A job-wide problem is said once, on the master's row; the other rows say what they checked
+    and that the relative paths were checked nowhere, never `every file argument in place`."""
+    text = inventory().source.replace("data: /data/coco.yaml", "data: coco.yaml\n    weights: yolo12n.pt")
+    inv = parse(text.replace("batch: 64", "batch: 18").replace("  python:", "  module: mytrain\n  python:"), "t.yaml")
+    facts = make_facts(inv, {"n1": lambda raw, nf: raw.update(job_check=module_answer(True))})
+    res = checks.run_checks(inv, facts, ["job"])
     assert only_failure(res) == {("job", "n1")}
     r = by(res, "job")["n1"]
     assert "global batch 18 does not divide by world size 8" in r.detail and "16 or 24" in r.hint
     assert "'coco.yaml' is a relative path" in r.detail and "data: /srv/job/coco.yaml" in r.hint
     assert "weights: /srv/job/yolo12n.pt" in r.hint
     assert "model" not in r.detail  # yolo12n.yaml is a built-in config name
+    n2 = by(res, "job")["n2"]
+    assert n2.status == "ok" and "in place" not in n2.detail.split(";")[1], n2
+    assert n2.detail == ("workdir /srv/job in place and identical on every node; not checked on any node: data, weights "
+                         "(relative path: cluster-wide, on n1's row); the job's own check runs on n1")
 
+
+def test_the_trainers_refusal_is_the_job_finding_and_not_repeated() -> None:
+    from trainer.config import check_topology, parse_config
+    from trainer.errors import TrainerError
+
+    inv = parse(inventory().source.replace("batch: 64", "batch: 18"), "t.yaml")
+    with pytest.raises(TrainerError) as said:  # what the trainer itself says for this batch on 8 ranks
+        check_topology(parse_config(list(inv.job.args)), 8, True, 2)
+    facts = make_facts(inv, {"n1": lambda raw, nf: raw.update(job_check=trainer_refuses(str(said.value)))})
+    res = checks.run_checks(inv, facts, ["job"])
+    assert only_failure(res) == {("job", "n1")}
+    r = by(res, "job")["n1"]
+    assert r.detail == f"the trainer refuses the arguments: {said.value}"
+    assert r.detail.count("does not divide") == 1 and "use 16 or 24" in r.detail
+    assert "fix job.args in t.yaml" in r.hint
+
+
+def test_a_typo_in_the_trainers_arguments_is_argparses_line() -> None:
+    inv = parse(inventory().source.replace("batch: 64", "batch: 64\n    epocs: 24"), "t.yaml")
+    line = "python -m trainer: error: unrecognized arguments: --epocs (did you mean --epochs?)"
+    facts = make_facts(inv, {"n1": lambda raw, nf: raw.update(job_check=trainer_refuses(line, "arguments"))})
+    r = by(checks.run_checks(inv, facts, ["job"]), "job")["n1"]
+    assert (r.status, r.detail) == ("fail", f"the trainer refuses the arguments: {line}")
+
+
+def test_a_module_that_does_not_import_and_a_trainer_that_cannot_start() -> None:
+    inv = parse(inventory().source.replace("  python:", "  module: trainr\n  python:"), "t.yaml")
+    facts = make_facts(inv, {"n1": lambda raw, nf: raw.update(job_check=module_answer(False, "trainr"))})
+    r = by(checks.run_checks(inv, facts, ["job"]), "job")["n1"]
+    assert r.status == "fail"
+    assert r.detail == "module trainr is not importable by /opt/py/bin/python in /srv/job: No module named 'trainr'"
+    assert r.hint.startswith("did you mean module: trainer?")
+    inv = inventory()
+    crashed = {"kind": "trainer", "rc": 1, "out": "", "seconds": 0.1,
+               "err": "/opt/py/bin/python: No module named trainer\n"}
+    r = by(checks.run_checks(inv, make_facts(inv, {"n1": lambda raw, nf: raw.update(job_check=crashed)}), ["job"]),
+           "job")["n1"]
+    assert r.status == "fail" and r.detail == (
+        "`python -m trainer` cannot start with /opt/py/bin/python in /srv/job: /opt/py/bin/python: No module named trainer")
+    slow = {"kind": "trainer", "rc": None, "out": "", "err": "", "seconds": 90.0, "error": "no answer within 90 s"}
+    r = by(checks.run_checks(inv, make_facts(inv, {"n1": lambda raw, nf: raw.update(job_check=slow)}), ["job"]),
+           "job")["n1"]
+    assert r.status == "warn" and "no answer within 90 s: not verified" in r.detail
+
+
+def test_the_job_check_runs_on_the_master_as_its_first_rank_and_never_carries_env_values() -> None:
+    from orchestrator.preflight import jobcheck
+
+    inv = parse(inventory().source.replace("nodes:", "env: {NCCL_SECRET: s3cr3t}\nnodes:"), "t.yaml")
+    asked = {n.name: jobcheck.request(inv, n, "20261130-093205-t") for n in inv.nodes}
+    assert [n for n, req in asked.items() if req] == ["n1"]
+    req = asked["n1"]
+    assert req is not None and req["argv"][:4] == ["/opt/py/bin/python", "-m", "trainer", "--check"]
+    assert req["argv"][4:] == list(inv.job.args) and req["cwd"] == "/srv/job"
+    assert {k: req["env"][k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "ORCH_RUN_ID")} == {
+        "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "2", "ORCH_RUN_ID": "20261130-093205-t"}
+    assert "s3cr3t" not in json.dumps(req)
+    synced = parse(inv.source.replace("  workdir: /srv/job", "  workdir: /srv/job\n  sync: [/data]"), "t.yaml")
+    ranks = [(jobcheck.request(synced, n, "r") or {}).get("env", {}).get("RANK") for n in synced.nodes]
+    assert ranks == ["0", "2", "4", "6"]  # copies on every node: each node checked as its first rank
 
 def test_job_data_missing_differs_or_without_names_on_one_node() -> None:
     inv = inventory()
@@ -368,7 +508,7 @@ def test_job_files_add_an_absolute_script_and_the_sync_entries_once() -> None:
                                     "sync[0]": "/srv/job", "sync[2]": "/data/extra.yaml"}
     relative = parse(inventory().source.replace("  workdir: /srv/job\n", "  workdir: /srv/job\n  script: train.py\n"),
                      "t.yaml")
-    assert "script" not in job_files(relative)  # torchrun resolves it against the same workdir
+    assert job_files(relative)["script"] == "/srv/job/train.py"  # where torchrun, started in the workdir, finds it
 
 
 def test_job_synced_files_are_compared_and_the_hint_is_orch_sync() -> None:
@@ -575,3 +715,13 @@ def test_probe_output_facts_on_a_real_filesystem(tmp_path: Any) -> None:
     assert under_file["ancestor"] == str(tmp_path / "file") and under_file["ancestor_is_dir"] is False
     assert output_facts(str(tmp_path))["writable"] is True
     assert output_facts(str(tmp_path / "file"))["is_file"] is True
+
+
+def test_a_relative_script_is_looked_for_under_the_workdir_on_every_node() -> None:
+    inv = parse(inventory().source.replace("  python:", "  script: train.py\n  python:"), "t.yaml")
+    assert job_files(inv)["script"] == "/srv/job/train.py"
+    here = {"path": "/srv/job/train.py", "exists": True, "is_file": True, "is_dir": False, "size": 9, "sha256": "bb" * 32}
+    facts = make_facts(inv, {n: (lambda raw, nf: raw["paths"].update(script=dict(here))) for n in ("n1", "n2", "n4")})
+    res = by(checks.run_checks(inv, facts, ["job"]), "job")
+    assert res["n3"].status == "fail" and res["n3"].detail == "script: /srv/job/train.py does not exist on this node"
+    assert {n for n, r in res.items() if r.status == "fail"} == {"n3"}

@@ -4,6 +4,7 @@ results and on real recorded NCCL_DEBUG=INFO logs, its plan, its opt-in, and how
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -288,14 +289,15 @@ def test_the_plan_is_the_trainings_with_the_job_in_place() -> None:
     assert "--nproc-per-node=8" in argv and "--node-rank=1" in argv and "--monitor-interval=1" in argv
     assert "--max-restarts=0" in argv  # the inventory's 3 restarts would hide a failing node
     assert argv[argv.index("--tee=3") + 2:] == [JOB_FILE, "--backend", "nccl", "--min-bytes", str(MB), "--max-bytes",
-                                                str(256 * MB), "--budget-s", "30", "--timeout", "180"]
+                                                str(256 * MB), "--budget-s", "30", "--timeout", "180",
+                                                "--recheck-share", "0.7"]
     assert p.workdir == "~/.orch/nodes/fabric-x/n2"  # the job file sits in the run directory
     assert p.env["NCCL_DEBUG"] == "INFO" and p.env["NCCL_DEBUG_SUBSYS"] == "INIT,NET"
     assert p.env["NCCL_SOCKET_IFNAME"] == "ens2f1" and p.env["ORCH_NODE"] == "n2"
     gloo = fabric_plan(inventory("{max_bytes: 512K}"), "fabric-x", "gloo").nodes[0]
     assert "NCCL_DEBUG_SUBSYS" not in gloo.env and gloo.env["NCCL_DEBUG"] == "WARN"
-    assert gloo.argv[-8:] == ("--min-bytes", str(512 << 10), "--max-bytes", str(512 << 10), "--budget-s", "30",
-                              "--timeout", "180")
+    assert gloo.argv[-10:] == ("--min-bytes", str(512 << 10), "--max-bytes", str(512 << 10), "--budget-s", "30",
+                               "--timeout", "180", "--recheck-share", "0.7")
 
 
 def test_marked_lines_are_found_behind_any_prefix() -> None:
@@ -444,3 +446,17 @@ def test_a_node_that_fails_after_the_result_still_fails() -> None:
     got = judged(inv, measured(inv, job_result(inv), errors={"n4": "the job failed (exit code 1)"}))
     assert statuses(got) == {"n1": "ok", "n2": "ok", "n3": "ok", "n4": "fail"}
     assert got["n4"].detail.startswith("the job failed (exit code 1)")
+
+
+def test_summarizing_a_result_twice_gives_the_same_names_and_leaves_the_result_alone() -> None:
+    """The check and `orch check --json` both summarize the job's result; naming the re-measured
+    pairs must not rewrite the result itself (a second summary crashed on int('n1'))."""
+    inv = inventory()
+    ff = measured(inv, job_result(inv))
+    assert ff.result is not None
+    ff.result["links"]["rechecks"] = [{"pairs": [[0, 2], [1, 2]], "gbps": [0.01, 0.01]}]
+    before = json.dumps(ff.result, sort_keys=True)
+    first = fabric_judge.fabric_summary(inv, ff)
+    second = fabric_judge.fabric_summary(inv, ff)
+    assert first["links"]["rechecks"][0]["pairs"] == [["n1", "n3"], ["n2", "n3"]]
+    assert second["links"] == first["links"] and json.dumps(ff.result, sort_keys=True) == before

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -19,7 +20,15 @@ import yaml
 
 from orchestrator.cli import main, render
 from orchestrator.errors import TransportError
-from orchestrator.remote.exec import TIMED_OUT, UNREACHABLE, ExecReport, NodeOutput, node_output
+from orchestrator.remote.exec import (
+    NO_TIMEOUT,
+    TIMED_OUT,
+    UNREACHABLE,
+    ExecReport,
+    NodeOutput,
+    node_output,
+    timed_line,
+)
 from orchestrator.transport import Result
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,6 +68,30 @@ def test_unreachable_is_255_with_the_transport_hint_and_timeout_124() -> None:
 
 def report(*answers: tuple[str, int, str]) -> ExecReport:
     return ExecReport(("date",), True, tuple(NodeOutput(n, code, out, "") for n, code, out in answers))
+
+
+def test_with_a_timeout_the_node_runs_the_command_under_timeout_1() -> None:
+    assert timed_line(["sleep", "30"], False, 2) == (
+        f"command -v timeout >/dev/null 2>&1 || {{ echo {shlex.quote(NO_TIMEOUT)} >&2; exit 127; }}; "
+        "exec timeout -k 5 2 sleep 30")
+    assert timed_line(["df -h | grep '/data'"], True, 2.5).endswith(
+        """exec timeout -k 5 2.5 "${SHELL:-/bin/sh}" -c 'df -h | grep '"'"'/data'"'"''""")
+    assert timed_line(["echo", "$HOME", "a b"], False, 1).endswith("exec timeout -k 5 1 echo '$HOME' 'a b'")
+
+
+def test_timeout_1_stopping_the_command_is_124_with_the_output_so_far() -> None:
+    late = Result("n1", ("x",), 124, "partial\n", "", 2001.0)
+    got = node_output("n1", late, timeout=2)
+    assert (got.exit_code, got.stdout) == (124, "partial\n")
+    assert got.error == "timed out after 2 s: its process group on the node was stopped (SIGTERM)"
+    killed = node_output("n1", Result("n1", ("x",), 137, "", "", 7100.0), timeout=2)
+    assert killed.exit_code == 124 and "SIGKILL, 5 s after SIGTERM" in (killed.error or "")
+    # the command's own 124 (or 137), in time, is its own
+    assert node_output("n1", Result("n1", ("x",), 124, "", "", 50.0), timeout=2).error is None
+    assert node_output("n1", Result("n1", ("x",), 137, "", "", 50.0), timeout=2).exit_code == 137
+    # the controller's backstop: the node did not answer long after its timeout(1) should have
+    gone = node_output("n1", TransportError("n1", "timeout", "command timed out after 17 s"), timeout=2)
+    assert gone.exit_code == 124 and "the command may still run there" in (gone.error or "") and gone.hint
 
 
 def test_worst_is_the_largest_exit_code() -> None:

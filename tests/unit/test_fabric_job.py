@@ -30,7 +30,8 @@ def test_parse_size(text: str, value: int) -> None:
 def test_bad_arguments_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     for argv, message in ((["--max-bytes", "lots"], "not a size: 'lots'"),
                           (["--min-bytes", "4M", "--max-bytes", "1M"], "--max-bytes 1048576 is below --min-bytes 4194304"),
-                          (["--link-passes", "0"], "--link-passes and --link-reps must be at least 1")):
+                          (["--link-passes", "0"], "--link-passes, --link-reps and --link-trials must be at least 1"),
+                          (["--recheck-passes", "-1"], "--recheck-passes at least 0")):
         with pytest.raises(SystemExit) as exc:
             job.parse_args(argv)
         assert exc.value.code == 2

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import io
 import json
+import queue
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,12 +18,14 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from orchestrator.config import yamlines
 from orchestrator.config.inventory import Inventory, parse
 from orchestrator.contract import CHECK_NAMES, CHECK_STATUSES
 from orchestrator.errors import InventoryError
 from orchestrator.logs.fetch import ProtocolError, read_frames
 from orchestrator.logs.lines import parse_node_line, read_node_lines
 from orchestrator.preflight import checks, facts, shapes
+from orchestrator.transport import Process, Transport
 from tests.hypothesis_support import examples
 
 EXAMPLES = examples(300)
@@ -94,13 +98,66 @@ def test_inventory_documents_load_or_fail_with_one_line_per_issue(doc: dict[str,
                  st.lists(st.sampled_from(["nodes:", "  - host: a", "- host: b", "name: x", "  name: [", "{", "}",
                                            "&a x", "*a", "<<: *a", "? x", ": y", "'", '"', "\t", "---", "...",
                                            "!!python/object:os.system", "nodes: !!binary aGk=", "%YAML 1.1",
-                                           "env: {A: 1, A: 2}", "1: 2", "[1,2]: x", "job: {args: [x]}"]),
+                                           "env: {A: 1, A: 2}", "1: 2", "[1,2]: x", "job: {args: [x]}",
+                                           "args: &a [1, *a]", "ssh: &s {<<: *s}", "x: &b {k: [*b]}",
+                                           "? &k [*k]\n: 1", "a: &x [" + "1," * 9 + "1]", "b: &y [" + "*x," * 9 + "*x]",
+                                           "c: &z [" + "*y," * 9 + "*y]", "d: [" + "*z," * 9 + "*z]",
+                                           "[" * 80 + "]" * 80]),
                           max_size=12).map("\n".join)))
 def test_inventory_text_loads_or_fails_with_one_line_per_issue(text: str) -> None:
     try:
         parse(text, "inv.yaml")
     except InventoryError as exc:
         assert_clear(exc)
+
+
+def alias_bomb(width: int, depth: int) -> str:
+    """`depth` levels of aliases, each a list of `width` aliases of the level below: width**depth values."""
+    lines = [f"l0: &l0 [{', '.join(['x'] * width)}]"]
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * width)}]" for i in range(1, depth)]
+    return "\n".join(["nodes: [{host: h1}]", *lines, f"job: {{args: {{v: *l{depth - 1}}}}}"]) + "\n"
+
+
+@FUZZ
+@given(st.integers(2, 12), st.integers(1, 9))
+def test_aliases_expand_within_a_cap_or_fail_at_the_line_of_the_alias(width: int, depth: int) -> None:
+    text = alias_bomb(width, depth)
+    try:
+        parse(text, "inv.yaml")
+    except InventoryError as exc:
+        assert_clear(exc)
+        if width ** depth > yamlines.MAX_VALUES:
+            [issue] = exc.issues
+            assert issue.line is not None and 2 <= issue.line <= depth + 2
+            assert f"more than {yamlines.MAX_VALUES} values" in issue.render()
+
+
+@FUZZ
+@given(st.sampled_from(["args: &a [1, *a]", "args: &a {k: *a}", "args: &a [[[*a]]]", "args: &a {<<: *a}",
+                        "args: &a [1, {k: [2, *a]}]", "? &a [*a]\n: 1"]), st.integers(0, 3))
+def test_a_recursive_alias_is_refused_at_its_line(shape: str, padding: int) -> None:
+    text = "nodes: [{host: h1}]\n" + "\n" * padding + "job:\n" + "".join(f"  {ln}\n" for ln in shape.split("\n"))
+    with pytest.raises(InventoryError) as exc:
+        parse(text, "inv.yaml")
+    [issue] = exc.value.issues
+    assert issue.render().startswith(f"inv.yaml:{padding + 3}: ") and "recursive alias *a" in issue.render()
+
+
+def test_an_alias_bomb_is_refused_while_composing_before_anything_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    """330 bytes that would name 9**6 = 531441 values: refused before a single value is built (a
+    timed look, not an assertion: tests/unit/test_fuzz.py -s prints it)."""
+    monkeypatch.setattr(yamlines, "_build", lambda *a: pytest.fail("the document was built"))
+    text = alias_bomb(9, 6)
+    assert len(text) < 400
+    start = time.perf_counter()
+    with pytest.raises(yamlines.YamlError) as exc:
+        yamlines.load(text)
+    print(f"alias bomb of {len(text)} bytes refused in {time.perf_counter() - start:.3f} s")
+    assert exc.value.line == 7 and "alias *l4 makes the document expand to more than 100000 values" in exc.value.message
+    # the same aliases, fewer of them, load: a document well under the cap is not refused
+    monkeypatch.undo()
+    data, _ = yamlines.load(alias_bomb(9, 3))
+    assert len(data["job"]["args"]["v"]) == 9
 
 
 def test_a_huge_range_is_refused_before_it_is_expanded() -> None:
@@ -147,17 +204,104 @@ def test_node_log_lines_always_parse_to_a_line(lines: list[str], base: int | Non
             assert again.ts == got.ts
 
 
+HELLO = b"ORCH-LOG-READER f00d\n"
+frame_bytes = st.one_of(
+    st.binary(max_size=30),
+    st.sampled_from([b"D 3\nabc", b"D 99\nab", b"H running 1.5\n", b"S {}\n", b"E succeeded 2.0\n", b"D x\n",
+                     b"Traceback (most recent call last):\n", b"\n", b"D -1\n", b"S not json\n", b"H ello\n",
+                     b"E xpires in 3 days\n", b"D 99999999999999\n", b"D 1048577\n", b"H running nan\n",
+                     b"H \xff 1.0\n", b"S {\"state\": [1]}\n", b"S {\"tail\": 7, \"exit_code\": \"x\"}\n",
+                     b"ORCH-LOG-READER f00d\n", b"ORCH-LOG-READER beef\n", b"2026-11-30T09:32:05.123456Z out hi\n"]),
+    st.builds(lambda d: b"S " + json.dumps(d).encode() + b"\n",
+              st.dictionaries(st.sampled_from(["state", "exit_code", "signal", "reason", "pid", "agent_alive",
+                                               "job_alive", "tail", "cleanup_left", "now", "finished_at"]),
+                              st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=5)),
+                                           lambda i: st.lists(i, max_size=2), max_leaves=4), max_size=5)),
+    st.builds(lambda b: b"D %d\n" % len(b) + b, st.binary(max_size=40)))
+
+
 @FUZZ
-@given(st.lists(st.one_of(st.binary(max_size=30), st.sampled_from([b"D 3\nabc", b"D 99\nab", b"H running 1.5\n",
-                                                                   b"S {}\n", b"E succeeded 2.0\n", b"D x\n",
-                                                                   b"Traceback (most recent call last):\n", b"\n",
-                                                                   b"D -1\n", b"S not json\n"])), max_size=10))
-def test_reader_frames_parse_or_raise_a_protocol_error(chunks: list[bytes]) -> None:
+@given(st.booleans(), st.lists(frame_bytes, max_size=10))
+def test_reader_frames_parse_or_raise_a_protocol_error(hello_first: bool, chunks: list[bytes]) -> None:
     try:
-        for kind, payload in read_frames(io.BytesIO(b"".join(chunks))):
+        for kind, payload in read_frames(io.BytesIO((HELLO if hello_first else b"") + b"".join(chunks)), "f00d"):
             assert kind in ("D", "H", "S", "E") and isinstance(payload, bytes)
+            assert kind == "D" or b"\n" not in payload
     except ProtocolError as exc:
         assert str(exc) is not None
+
+
+class _Session(Process):
+    def __init__(self, data: bytes) -> None:
+        self.stdout = io.BytesIO(data)
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def close_stdin(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _Replay(Transport):
+    """A node whose log reader says, session after session, what the test gives (its login
+    shell's lines, frames, garbage), then ends a clean session; `{hello}` is the reader's first
+    line with the nonce the stream chose."""
+
+    def __init__(self, sessions: list[bytes]) -> None:
+        super().__init__(INV.nodes[0])
+        self.sessions = list(sessions)
+        self.argvs: list[list[str]] = []
+
+    def popen(self, argv: Any, **kw: Any) -> Process:
+        self.argvs.append(list(argv))
+        hello = b"ORCH-LOG-READER " + argv[-1].encode() + b"\n"
+        data = self.sessions.pop(0) if self.sessions else b"{hello}E succeeded 9.0\n"
+        return _Session(data.replace(b"{hello}", hello))
+
+    def close(self) -> None:
+        pass
+
+
+class _NoWait(threading.Event):
+    def wait(self, timeout: float | None = None) -> bool:  # the reconnect backoff, without the waiting
+        return self.is_set()
+
+
+@FUZZ
+@given(st.lists(st.builds(lambda pre, hello, body: pre + (b"{hello}" if hello else b"") + body,
+                          st.lists(st.sampled_from([b"E xpires soon\n", b"H ello\n", b"D 999999999999\n", b"motd\n",
+                                                    b"Last login: Mon\n"]), max_size=3).map(b"".join),
+                          st.booleans(), st.lists(frame_bytes, max_size=8).map(b"".join)), max_size=4))
+def test_a_node_stream_survives_anything_a_node_can_send(tmp_path_factory: pytest.TempPathFactory,
+                                                        sessions: list[bytes]) -> None:
+    """The consumer, not only the parser: whatever a node's login shell and reader send, session
+    after session, its NodeStream keeps reconnecting and never drops the node; the status frames
+    reach the supervisor's NodeStatus, and the stream ends with the node's end."""
+    from orchestrator.logs.fetch import LocalCopy, NodeSource
+    from orchestrator.logs.follow import _DONE, NodeStream, _Heartbeat
+    from orchestrator.logs.lines import LogLine
+    from orchestrator.run.agents import NodeStatus
+
+    copy_path = tmp_path_factory.mktemp("stream") / "n.log"
+    src = NodeSource("h1", 0, 0, "/run/h1", "python3", copy_path)
+    out: queue.Queue[tuple[int, Any]] = queue.Queue()
+    events: list[str] = []
+    statuses: list[NodeStatus] = []
+    transport = _Replay(sessions)
+    stream = NodeStream(src, 0, transport, out, _NoWait(), poll_s=0.1, on_event=lambda n, m: events.append(m),
+                        on_status=lambda n, st: statuses.append(NodeStatus.from_json(st)))
+    stream._run(LocalCopy(copy_path), None, None)
+    assert not [e for e in events if e.startswith("stopped following")], events
+    items = []
+    while not out.empty():
+        items.append(out.get_nowait()[1])
+    assert items[-1] is _DONE and all(isinstance(i, (LogLine, _Heartbeat)) for i in items[:-1])
+    assert stream.remote_state == "succeeded"
+    nonces = [argv[-1] for argv in transport.argvs]
+    assert len(set(nonces)) == len(nonces) == len(transport.argvs)  # a nonce per session
 
 
 # ----------------------------------------------------------------------------- the probe's answer
@@ -249,3 +393,56 @@ def test_the_reader_thread_never_outlives_its_stream() -> None:
     assert stream.wait_for("ORCH-FACTS", 5) == {}
     stream._wait(lambda: False, 5)
     assert threading.active_count() <= before + 1
+
+
+# ----------------------------------------------------------------------------- known_hosts
+
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKHxEEqjT5UDO6wSh++aTO/BzQE7TbFd0nD4JyQElu4b"
+
+
+@FUZZ
+@given(st.lists(st.one_of(st.text(max_size=60), st.sampled_from([
+    f"h1 {KEY}", f"@revoked * {KEY}", f"@revoked h1 {KEY}", "@revoked", f"@cert-authority *.example {KEY}",
+    "@cert-authority", "@bogus h1 x y", "h1 ssh-ed25519 not-base64!!", "h1 ssh-rsa AAAA", "h1", "# comment", "",
+    f"|1|c2FsdA==|aGFzaA== {KEY}", f"h1,h2\t{KEY}", f"[h1]:2222 {KEY} comment"])), max_size=8))
+def test_known_hosts_files_are_read_line_by_line_without_an_exception(lines: list[str]) -> None:
+    from orchestrator.transport.hostkeys import parse_known_hosts
+
+    text = "\n".join(lines)
+    lines = text.split("\n")
+    known = parse_known_hosts("kh", text)
+    revoked = any(ln.strip().startswith("@revoked ") and len(ln.split()) >= 4 for ln in lines)
+    assert bool(known.revoked) == revoked
+    if revoked:  # a revoked key is known for no host, whatever other line lists it
+        assert known.keys_for("h1") == {} and known.keys_for("h2") == {}
+    assert all(n <= len(lines) for n in known.skipped)
+
+
+# ----------------------------------------------------------------------------- the fabric job's result
+
+
+def _mutate(doc: Any, path: list[Any], value: Any) -> Any:
+    """`doc` with the value at `path` (keys and indexes, taken modulo what is there) replaced."""
+    if not path or not isinstance(doc, (dict, list)) or not doc:
+        return value
+    if isinstance(doc, dict):
+        key = sorted(doc)[path[0] % len(doc)] if isinstance(path[0], int) else path[0]
+        return {**doc, key: _mutate(doc.get(key), path[1:], value)}
+    i = path[0] % len(doc) if isinstance(path[0], int) else 0
+    return [*doc[:i], _mutate(doc[i], path[1:], value), *doc[i + 1:]]
+
+
+@FUZZ
+@given(st.lists(st.tuples(st.lists(st.integers(0, 30), min_size=1, max_size=4), json_value), max_size=4))
+def test_any_fabric_result_is_judged_and_shown_or_fails_the_check_never_a_crash(edits: list[Any]) -> None:
+    """Rank 0 prints what it likes after ORCH_FABRIC_RESULT: held to its shape, the check judges
+    it or fails on that node; the verdict, check.json's summary and the table never raise."""
+    from tests.fabric_support import fabric_outputs, fabric_result
+
+    doc: Any = fabric_result(["n1", "n2"])
+    for path, value in edits:
+        doc = _mutate(doc, path, value)
+    results, shown = fabric_outputs(["n1", "n2"], doc)
+    assert set(results) == {"n1", "n2"} and all(r.status in CHECK_STATUSES for r in results.values())
+    if results["n1"].status == "fail" and "not what orch's job writes" in results["n1"].detail:
+        assert "fabric: no measurement" in shown

@@ -131,7 +131,10 @@ class TestLineShapes:
 
 
 class TestFrames:
-    """The node reader's stream arrives with the login shell's stderr merged in front of it."""
+    """The node reader's stream arrives with the login shell's output merged in front of it; its
+    frames start after its line with the session's nonce."""
+
+    HELLO = b"ORCH-LOG-READER s3ss10n\n"
 
     @staticmethod
     def frames(raw: bytes) -> list[tuple[str, bytes]]:
@@ -139,13 +142,20 @@ class TestFrames:
 
         from orchestrator.logs.fetch import read_frames
 
-        return list(read_frames(io.BytesIO(raw)))
+        return list(read_frames(io.BytesIO(raw), "s3ss10n"))
 
     def test_login_shell_noise_before_the_first_frame_is_skipped(self) -> None:
         raw = (b"rm: cannot remove '/root/.pyenv/shims/tmp.X': No such file or directory\n"
-               b"pyenv: cannot rehash: /root/.pyenv/shims isn't writable\n"
+               b"pyenv: cannot rehash: /root/.pyenv/shims isn't writable\n" + self.HELLO +
                b"D 6\nabc\nd\nH running 1.5\nE succeeded 2.0\n")
         assert self.frames(raw) == [("D", b"abc\nd\n"), ("H", b"running 1.5"), ("E", b"succeeded 2.0")]
+
+    def test_a_banner_that_looks_like_frames_is_never_taken_for_one(self) -> None:
+        """`E xpires` ended the stream before its first line, `H ello` raised, `D <huge>` allocated."""
+        banner = (b"E xpires in 3 days: change your password\nH ello from the cluster team\nD 99999999999999\n"
+                  b"S {\"state\": \"succeeded\"}\nORCH-LOG-READER 000000000000\nORCH-LOG-READER s3ss10n (not quite)\n")
+        assert self.frames(banner + self.HELLO + b"D 3\nok\nE succeeded 2.0\n") == [("D", b"ok\n"),
+                                                                                     ("E", b"succeeded 2.0")]
 
     def test_noise_without_any_frame_is_an_error_that_shows_it(self) -> None:
         import pytest
@@ -154,6 +164,10 @@ class TestFrames:
 
         with pytest.raises(ProtocolError, match="python3: not found"):
             self.frames(b"bash: line 1: python3: not found\n")
+        with pytest.raises(ProtocolError, match="printed nothing"):
+            self.frames(b"")
+        with pytest.raises(ProtocolError, match="more than 65536 bytes and no frame"):
+            self.frames(b"motd\n" * 20000)
 
     def test_a_traceback_or_garbage_after_frames_is_an_error(self) -> None:
         import pytest
@@ -161,8 +175,15 @@ class TestFrames:
         from orchestrator.logs.fetch import ProtocolError
 
         with pytest.raises(ProtocolError, match="ZeroDivisionError"):
-            self.frames(b"Traceback (most recent call last):\n  File x\nZeroDivisionError: division by zero\n")
+            self.frames(self.HELLO + b"Traceback (most recent call last):\n  File x\nZeroDivisionError: division by zero\n")
         with pytest.raises(ProtocolError, match="garbage"):
-            self.frames(b"H running 1.0\ngarbage\n")
-        with pytest.raises(ProtocolError, match="D oops"):
-            self.frames(b"H running 1.0\nD oops\n")
+            self.frames(self.HELLO + b"H running 1.0\ngarbage\n")
+        for bad in (b"D oops\n", b"D 0\n", b"D -1\n", b"D 01\n", b"D 2097152\n", b"H running\n", b"H ello\n",
+                    b"H running 1.0 extra\n", b"E Succeeded 2.0\n", b"H running 1e9\n", b"S not json\n", b"S {\n",
+                    b"X\n", b"\n", b"H running \xff\n"):
+            with pytest.raises(ProtocolError, match="not a frame"):
+                self.frames(self.HELLO + bad)
+
+    def test_a_stream_cut_mid_frame_ends_for_a_resume(self) -> None:
+        assert self.frames(self.HELLO + b"D 10\nabc") == []
+        assert self.frames(self.HELLO + b"H running 1.0\nH runn") == [("H", b"running 1.0")]

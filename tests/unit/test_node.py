@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import node
-from orchestrator.logs.fetch import read_frames
+from orchestrator.logs.fetch import read_frames, reader_argv
 
 NODE_FILES = sorted(Path(node.__file__).parent.glob("*.py"))
 PYTHONS = ["this", "3.8"]
@@ -101,10 +101,11 @@ def test_a_program_runs_with_the_siblings_it_imports(which: str, tmp_path: Path)
     Python, source on 3.8. A finished run: its log, its final status, the end."""
     (tmp_path / "node.log").write_bytes(b"2026-11-30T09:32:05.000001Z out hello\n")
     (tmp_path / "state.json").write_text(json.dumps({"state": "succeeded", "exit_code": 0, "pid": 1}))
-    proc = subprocess.run([python(which), "-c", node.FROM_STDIN, str(tmp_path), "0", "0.05", "0", "1"],
+    proc = subprocess.run(reader_argv(python(which), str(tmp_path), 0, 0.05, False, True, "n0nce"),
                           input=node.program("reader", (*node.AGENT_MODULES, "agent")).encode(), capture_output=True, timeout=60)
     assert proc.returncode == 0, proc.stderr.decode()
-    frames = list(read_frames(io.BytesIO(proc.stdout)))
+    assert proc.stdout.startswith(b"ORCH-LOG-READER n0nce\n")
+    frames = list(read_frames(io.BytesIO(proc.stdout), "n0nce"))
     assert [k for k, _ in frames] == ["D", "S", "E"]
     assert frames[0][1] == b"2026-11-30T09:32:05.000001Z out hello\n"
     status = json.loads(frames[1][1])

@@ -95,3 +95,50 @@ def test_dry_run_json(refuse_network: None, capsys: pytest.CaptureFixture[str]) 
     assert [n["node_rank"] for n in plan["nodes"]] == [0, 1, 2, 3]
     assert plan["nodes"][3]["argv"] == golden(3)
     assert plan["nodes"][3]["global_ranks"] == [24, 31]
+
+
+SECRETS = """\
+name: sec
+nodes:
+  - {host: 10.0.0.1, name: a, env: {NODE_TOKEN: node-secret-123}}
+  - {host: 10.0.0.2, name: b}
+env: {WANDB_API_KEY: wandb-secret-456, NCCL_SOCKET_IFNAME: ens2f1}
+job: {python: /opt/py, script: /w/train.py}
+"""
+
+
+def dry_run(tmp_path: Path, capsys: pytest.CaptureFixture[str], *flags: str) -> tuple[int, str, str]:
+    inv = tmp_path / "sec.yaml"
+    inv.write_text(SECRETS)
+    with pytest.raises(SystemExit) as info:
+        main(["up", str(inv), *flags])
+    out, err = capsys.readouterr()
+    return int(info.value.code or 0), out, err
+
+
+def test_dry_run_shows_env_names_and_hides_the_inventorys_values(refuse_network: None, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    code, table, _ = dry_run(tmp_path, capsys, "--dry-run")
+    assert code == 0 and "secret" not in table
+    assert "WANDB_API_KEY=*** NCCL_SOCKET_IFNAME=*** NODE_TOKEN=***" in table and "--show-env prints them" in table
+    code, out, _ = dry_run(tmp_path, capsys, "--dry-run", "--json")
+    doc = json.loads(out)
+    assert code == 0 and "secret" not in out and doc["env_values"] == "hidden"
+    a, b = (n["env"] for n in doc["nodes"])
+    assert a == {"WANDB_API_KEY": "***", "NCCL_SOCKET_IFNAME": "***", "NODE_TOKEN": "***", "PYTHONUNBUFFERED": "1",
+                 "ORCH_RUN_ID": "dry-run", "ORCH_NODE": "a", "ORCH_NODE_RANK": "0", "ORCH_NNODES": "2",
+                 "ORCH_ATTEMPT": "1"}
+    assert "NODE_TOKEN" not in b and b["WANDB_API_KEY"] == "***"
+
+
+def test_show_env_prints_the_values_and_only_with_dry_run(refuse_network: None, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = dry_run(tmp_path, capsys, "--dry-run", "--json", "--show-env")
+    doc = json.loads(out)
+    assert code == 0 and doc["env_values"] == "shown"
+    assert doc["nodes"][0]["env"]["NODE_TOKEN"] == "node-secret-123"
+    assert doc["nodes"][1]["env"]["WANDB_API_KEY"] == "wandb-secret-456"
+    code, table, _ = dry_run(tmp_path, capsys, "--dry-run", "--show-env")
+    assert code == 0 and "WANDB_API_KEY=wandb-secret-456" in table and "***" not in table
+    code, _, err = dry_run(tmp_path, capsys, "--show-env")
+    assert code == 2 and "--show-env goes with --dry-run" in err

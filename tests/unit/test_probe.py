@@ -125,6 +125,52 @@ def test_absent_tools_are_facts_not_crashes(monkeypatch: pytest.MonkeyPatch, tmp
     assert probe.run_tool(["nvidia-smi"])["rc"] is None
 
 
+def test_the_probe_asks_for_compute_cap_and_falls_back_on_an_nvidia_smi_without_it(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A stand-in nvidia-smi that, like one older than R510, refuses the `compute_cap` field: the
+    probe asks again without the fields it added and still gets the GPUs (their capability unknown)."""
+    recorded = (FIX / "a100-csv" / "nvidia-smi-query-gpu.csv").read_text()
+    header = ", ".join(probe.GPU_QUERY.split(","))
+    tool = tmp_path / "nvidia-smi"
+    tool.write_text("#!/bin/sh\n"
+                    'case "$*" in *compute_cap*) echo \'Field "compute_cap" is not a valid field to query.\'; exit 2;; esac\n'
+                    'case "$*" in *--query-gpu*) cat "$(dirname "$0")/query.csv"; exit 0;; esac\n'
+                    "exit 0\n")
+    tool.chmod(0o755)
+    (tmp_path / "query.csv").write_text(header + "\n" + recorded)
+    monkeypatch.delenv("ORCH_PROBE_FIXTURES", raising=False)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    got = probe.gather_gpus()
+    assert got["query"]["rc"] == 0
+    g = parsers.parse_gpus(got)
+    assert len(g.gpus) == 3 and {x.compute_cap for x in g.gpus} == {None} and g.driver == "545.23.08"
+    # the recorded V100 set has the query as the probe asks for it (with its header): capability 7.0
+    monkeypatch.setenv("ORCH_PROBE_FIXTURES", str(FIX / "v100"))
+    g = parsers.parse_gpus(probe.gather_gpus())
+    assert [(x.index, x.compute_cap) for x in g.gpus] == [(i, (7, 0)) for i in range(8)]
+    assert g.gpus[3].uuid == "GPU-00000000-0000-0000-0000-000000000003" and g.cuda == "12.2"
+
+
+def test_the_jobs_own_check_runs_with_its_workdir_and_environment(tmp_path: Path) -> None:
+    import json
+    import sys
+
+    from orchestrator.preflight import jobcheck
+
+    (tmp_path / "mytrain.py").write_text("")
+    req = {"kind": "module", "argv": [sys.executable, "-c", jobcheck.IMPORT_CODE, "mytrain"], "cwd": str(tmp_path),
+           "env": {"RANK": "0"}, "timeout": 60}
+    got = probe.gather_job_check({"job_check": req})
+    assert got is not None and got["rc"] == 0, got
+    assert json.loads(got["out"]) == {"module": "mytrain", "found": True, "origin": str(tmp_path / "mytrain.py")}
+    gone = probe.gather_job_check({"job_check": {**req, "cwd": str(tmp_path / "nope")}})
+    assert gone == {"kind": "module", "error": f"not run: workdir {tmp_path / 'nope'} is not a directory here"}
+    slow = probe.gather_job_check({"job_check": {**req, "argv": [sys.executable, "-c", "import time; time.sleep(30)"],
+                                                 "timeout": 1}})
+    assert slow is not None and slow["rc"] is None and slow["error"] == "no answer within 1 s"
+    assert probe.gather_job_check({}) is None
+
+
 def test_file_facts_hash_and_text(tmp_path: Path) -> None:
     f = tmp_path / "data.yaml"
     f.write_text("names: {0: a}\n")

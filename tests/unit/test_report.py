@@ -39,6 +39,12 @@ def test_report_has_every_section_and_its_pngs(tmp_path: Path) -> None:
         assert f"<h2>{section}</h2>" in text
     assert text.count("data:image/png;base64,") == 3
     assert "RuntimeError: boom &lt;&amp;&gt;" in text  # escaped, not injected
+    # the cause above the excerpt: a killed rank by its signal, not torchrun's exit code
+    assert "node node1, rank 1, signal SIGKILL" in text and "exit code 1</p>" not in text
+    assert text.index("<b>killed by SIGKILL</b>") < text.index("hint: the OOM killer &lt;usually&gt;") < text.index("<pre>")
+    # the cause above the excerpt: a killed rank by its signal, not torchrun's exit code
+    assert "node node1, rank 1, signal SIGKILL" in text and "exit code 1</p>" not in text
+    assert text.index("<b>killed by SIGKILL</b>") < text.index("hint: the OOM killer &lt;usually&gt;") < text.index("<pre>")
     assert "http" not in text.replace("http-equiv", "")  # nothing fetched from the network
     for png in ("timeline.png", "curves.png", "throughput.png"):
         data = (page.parent / png).read_bytes()

@@ -192,6 +192,22 @@ def test_a_failed_run_is_checked_again_and_relaunched_with_resume(monkeypatch: p
     assert out.earlier[0]["result"] == "failed"
 
 
+def test_the_retry_preflight_judges_the_args_it_launches_as_this_run(monkeypatch: pytest.MonkeyPatch,
+                                                                     home: Path) -> None:
+    """The trainer's own check (in the preflight) must see `--resume auto` and the run id: without them
+    an `--out` holding attempt 1's checkpoint would be refused, and the retry would never start."""
+    fake_attempts(monkeypatch, ["failed", "succeeded"])
+    seen: list[tuple[tuple[str, ...], Any]] = []
+
+    def preflight(i: inventory.Inventory, **kw: Any) -> CheckReport:
+        seen.append((i.job.args, kw.get("run_id")))
+        return CheckReport([CheckResult("ssh", n.name, "ok") for n in i.nodes])
+
+    monkeypatch.setattr(up, "run_preflight", preflight)
+    assert up.up(inv(), run_id="r1", progress=Say()).result == "succeeded"
+    assert seen == [(("--data", "/data/coco.yaml"), "r1"), (("--data", "/data/coco.yaml", "--resume", "auto"), "r1")]
+
+
 def test_every_retry_passes_resume_auto_once(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
     """The first attempt runs the args as written; each retry adds `--resume auto` once (whether a
     checkpoint exists is the trainer's question: it starts over in the same directory without one)."""

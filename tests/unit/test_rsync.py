@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import stat
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import yaml
 
 from orchestrator.cli import main
 from orchestrator.config import inventory, nodes
+from orchestrator.errors import TransportError
 from orchestrator.remote import sync
 from orchestrator.remote.rsync import (
     NOT_INSTALLED,
@@ -39,6 +41,8 @@ def test_ssh_argv_strict_with_every_setting(monkeypatch: pytest.MonkeyPatch) -> 
         "ssh", "-F", "/home/me/.ssh/config", "-p", "2222", "-l", "train", "-i", "/home/me/.ssh/id_ed25519",
         "-o", "UserKnownHostsFile=/home/me/.ssh/known_hosts", "-o", "GlobalKnownHostsFile=/dev/null",
         "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=3",
+        "-o", "ForwardAgent=no", "-o", "ForwardX11=no", "-o", "ClearAllForwardings=yes", "-o", "PermitLocalCommand=no",
+        "-o", "ControlMaster=no", "-o", "ControlPath=none", "-o", "UpdateHostKeys=no", "-o", "RequestTTY=no",
         "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=6", "-o", "LogLevel=ERROR"]
 
 
@@ -48,6 +52,8 @@ def test_ssh_argv_accept_new_without_user_identity_or_config() -> None:
         "ssh", "-F", "none", "-p", "22",
         "-o", "UserKnownHostsFile=/etc/orch/known_hosts", "-o", "GlobalKnownHostsFile=/dev/null",
         "-o", "StrictHostKeyChecking=accept-new", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
+        "-o", "ForwardAgent=no", "-o", "ForwardX11=no", "-o", "ClearAllForwardings=yes", "-o", "PermitLocalCommand=no",
+        "-o", "ControlMaster=no", "-o", "ControlPath=none", "-o", "UpdateHostKeys=no", "-o", "RequestTTY=no",
         "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=6", "-o", "LogLevel=ERROR"]
 
 
@@ -63,8 +69,8 @@ def test_a_gateway_is_a_proxy_command_with_the_same_settings() -> None:
     proxy = next(a for a in argv if a.startswith("ProxyCommand="))
     assert proxy == ("ProxyCommand=ssh -F none -p 2222 -l train -i '/keys/id 50%%' -o UserKnownHostsFile=/kh "
                      "-o GlobalKnownHostsFile=/dev/null -o StrictHostKeyChecking=yes -o BatchMode=yes "
-                     "-o ConnectTimeout=10 -o ServerAliveInterval=10 -o ServerAliveCountMax=6 -o LogLevel=ERROR "
-                     "-W %h:%p jump.example")
+                     "-o ConnectTimeout=10 -o ForwardAgent=no -o ForwardX11=no -o ClearAllForwardings=yes -o PermitLocalCommand=no -o ControlMaster=no -o ControlPath=none -o UpdateHostKeys=no -o RequestTTY=no -o ServerAliveInterval=10 -o ServerAliveCountMax=6 "
+                     "-o LogLevel=ERROR -W %h:%p jump.example")
     assert argv[:argv.index("-o")] == ["ssh", "-F", "none", "-p", "2222", "-l", "train", "-i", "/keys/id 50%"]
 
 
@@ -75,7 +81,8 @@ def test_rsync_argv_golden() -> None:
         "rsync", "--archive", "--omit-dir-times", "--relative", "--no-implied-dirs", "--itemize-changes", "--stats",
         "--rsh", "ssh -F none -p 22 -l train -i /keys/id -o UserKnownHostsFile=/kh "
                  "-o GlobalKnownHostsFile=/dev/null -o StrictHostKeyChecking=accept-new -o BatchMode=yes "
-                 "-o ConnectTimeout=10 -o ServerAliveInterval=10 -o ServerAliveCountMax=6 -o LogLevel=ERROR",
+                 "-o ConnectTimeout=10 -o ForwardAgent=no -o ForwardX11=no -o ClearAllForwardings=yes -o PermitLocalCommand=no -o ControlMaster=no -o ControlPath=none -o UpdateHostKeys=no -o RequestTTY=no -o ServerAliveInterval=10 -o ServerAliveCountMax=6 "
+                 "-o LogLevel=ERROR",
         "--rsync-path", REMOTE_RSYNC, "--dry-run", "--delete", "/srv/yolo", "/data/coco.yaml", "gpu01:/"]
     assert rsync_argv(n, ["/a"], SyncOptions(checksum=True))[-3:] == ["--checksum", "/a", "gpu01:/"]
     assert rsync_argv(node(host="fd00::7"), ["/a"])[-1] == "[fd00::7]:/"
@@ -255,3 +262,163 @@ def test_orch_up_without_rsync_here_launches_nothing_and_exits_3(tmp_path: Path,
     assert "rsync is not installed on this machine (the controller)" in err
     assert "job.sync could not be copied to every node: nothing was launched" in err
     assert not (tmp_path / "home").exists()
+
+
+def test_a_symlinked_source_is_refused_naming_it_and_its_target(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """rsync copies a listed link as a link: the node's real directory there would become it."""
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("nothing may run"))
+    real = tmp_path / "big" / "coco"
+    real.mkdir(parents=True)
+    link = tmp_path / "coco"
+    link.symlink_to(real)
+    for flags in ([], ["--delete"]):
+        code, _, err = run(["sync", str(inv_file(tmp_path, paths=[str(tmp_path / "big"), str(link)])), *flags], capsys)
+        assert code == 2, err
+        assert f"job.sync[1]: {link} is a symbolic link (to {real})" in err and f"list what it points to instead ({real})" in err
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    code, _, err = run(["sync", str(inv_file(tmp_path, paths=[str(tmp_path / "dangling")]))], capsys)
+    assert code == 2 and "is a symbolic link" in err
+
+
+def trainer_inv(tmp_path: Path, job: dict[str, object]) -> Path:
+    f = tmp_path / "inv.yaml"
+    f.write_text(yaml.safe_dump({"nodes": [{"host": "192.0.2.1"}], "job": job}))
+    return f
+
+
+@pytest.mark.parametrize(("job", "holds"), [
+    ({"module": "trainer", "args": {"epochs": 1}}, "the trainer's default output folder (under job.workdir) {w}/runs/train"),
+    ({"module": "trainer", "args": {"project": "out/exp"}}, "the job's --project (under job.workdir) {w}/out/exp"),
+    ({"script": "/x/train.py", "args": ["--out", "{w}/keep/run1"]}, "the job's --out {w}/keep/run1"),
+    ({"script": "/x/train.py", "args": {"debug-dir": "dbg"}}, "the job's --debug-dir (under job.workdir) {w}/dbg"),
+    ({"script": "/x/train.py", "run_root": "{w}/.orch-runs"}, "job.run_root {w}/.orch-runs"),
+])
+def test_delete_is_refused_where_a_synced_directory_holds_what_the_run_writes(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        job: dict[str, object], holds: str) -> None:
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("nothing may run"))
+    work = tmp_path / "work"
+    work.mkdir()
+    doc = json.loads(json.dumps(job).replace("{w}", str(work)))
+    inv = trainer_inv(tmp_path, {**doc, "workdir": str(work), "sync": [str(work)]})
+    code, _, err = run(["sync", str(inv), "--delete"], capsys)
+    assert code == 2, err
+    assert f"job.sync[0] {work} holds {holds.format(w=work)}: --delete would remove on every node" in err
+    assert "hint: sync without --delete" in err
+
+
+def test_delete_is_allowed_where_the_output_is_elsewhere(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    inv = inventory.load(trainer_inv(tmp_path, {"module": "trainer", "workdir": str(work), "sync": [str(work / "code")],
+                                                "args": {"project": str(tmp_path / "runs")}}))
+    (work / "code").mkdir()
+    sync.refuse_delete_over_output(inv, inv.job.sync)  # no output under work/code: nothing refused
+    assert [w for w, _ in sync.kept_dirs(inv)] == ["job.run_root", "the job's --project"]
+
+
+# ----------------------------------------------------------------------------- what the ssh config may not change
+
+HOSTILE_CONFIG = """\
+Host jumpbox
+  HostName 192.0.2.9
+  StrictHostKeyChecking no
+  UserKnownHostsFile /dev/null
+  ForwardAgent yes
+Host gpu*
+  ForwardAgent yes
+  ForwardX11 yes
+  PermitLocalCommand yes
+  LocalCommand touch /tmp/orch-local-command
+  ControlMaster auto
+  ControlPath /tmp/orch-master-%r@%h:%p
+  LocalForward 8888 localhost:8888
+  ProxyJump jumpbox
+Host chained
+  ProxyJump hop1,admin@hop2:2200
+Host hop1
+  ProxyJump bastion
+Host loop1
+  ProxyJump loop2
+Host loop2
+  ProxyJump loop1
+"""
+
+
+def ssh_G(argv: list[str], host: str) -> dict[str, str]:
+    """What OpenSSH makes of an argv for `host` (`ssh -G`: the configuration it would use)."""
+    out = subprocess.run([argv[0], "-G", *argv[1:], host], capture_output=True, text=True, timeout=30, check=True,
+                         env={**os.environ, "LC_ALL": "C"}).stdout
+    return {k: v for k, _, v in (line.partition(" ") for line in out.splitlines())}
+
+
+def proxy_argv(proxy_command: str) -> tuple[list[str], str]:
+    """A ProxyCommand of ours, as the ssh that runs it sees it: (the hop's argv, its host)."""
+    words = [w.replace("%%", "%") for w in shlex.split(proxy_command)]
+    assert words[-3:-1] == ["-W", "%h:%p"], words
+    return words[:-3], words[-1]
+
+
+@pytest.fixture
+def hostile(tmp_path: Path) -> tuple[nodes.SSHOptions, str]:
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(HOSTILE_CONFIG)
+    kh = tmp_path / "known_hosts"
+    return node(f"known_hosts: {kh}, user: train", host="gpu1").ssh, str(cfg)
+
+
+def test_the_config_forwards_nothing_and_its_proxyjump_hop_is_verified(hostile: tuple[nodes.SSHOptions, str],
+                                                                      tmp_path: Path) -> None:
+    """`ssh -G` over orch's argv with a config that forwards the agent, X11 and a port, runs a
+    LocalCommand, shares a master connection and jumps through a host it does not verify."""
+    opts, cfg = hostile
+    kh = str(tmp_path / "known_hosts")
+    argv = openssh_argv(opts, cfg, "gpu1")
+    got = ssh_G(argv, "gpu1")
+    assert (got["forwardagent"], got["forwardx11"], got["clearallforwardings"], got["permitlocalcommand"]) == \
+        ("no", "no", "yes", "no")
+    assert got["controlmaster"] == "false" and "controlpath" not in got and "localforward" not in got
+    assert (got["stricthostkeychecking"], got["userknownhostsfile"], got["globalknownhostsfile"]) == \
+        ("true", kh, "/dev/null")
+    assert "proxyjump" not in got  # ours prevails: the hop is reached by the ssh below, verified
+    hop, host = proxy_argv(got["proxycommand"])
+    assert host == "jumpbox"
+    # the same options as for the node (the hop's user and port are the config's: ProxyJump names none)
+    assert hop == ["ssh", "-F", cfg, *argv[argv.index("-o"):-2]] and argv[-2:] == ["-o", "ProxyCommand=" + got["proxycommand"]]
+    jump = ssh_G(hop, host)
+    assert (jump["hostname"], jump["stricthostkeychecking"], jump["userknownhostsfile"]) == ("192.0.2.9", "true", kh)
+    assert (jump["forwardagent"], jump["batchmode"]) == ("no", "yes")
+
+
+def test_a_chain_of_jumps_is_verified_hop_by_hop_and_a_loop_is_refused(hostile: tuple[nodes.SSHOptions, str]) -> None:
+    opts, cfg = hostile
+    got = ssh_G(openssh_argv(opts, cfg, "chained"), "chained")
+    second, host2 = proxy_argv(got["proxycommand"])  # chained <- admin@hop2:2200 <- hop1 <- bastion
+    assert host2 == "hop2" and second[second.index("-p") + 1] == "2200" and second[second.index("-l") + 1] == "admin"
+    first, host1 = proxy_argv(ssh_G(second, host2)["proxycommand"])
+    assert host1 == "hop1"
+    bastion, host0 = proxy_argv(ssh_G(first, host1)["proxycommand"])
+    assert host0 == "bastion" and "proxycommand" not in ssh_G(bastion, host0)
+    for argv, h in ((second, host2), (first, host1), (bastion, host0)):
+        assert ssh_G(argv, h)["stricthostkeychecking"] == "true"
+    with pytest.raises(TransportError, match="ProxyJump loop"):
+        openssh_argv(opts, cfg, "loop1")
+
+
+def test_without_a_config_file_no_ssh_config_is_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[str] = []
+    argv = openssh_argv(node().ssh, None, "gpu01", lambda *a: asked.append(a[1]) or "x")
+    assert asked == [] and not any(a.startswith("ProxyCommand=") for a in argv)
+
+
+def test_an_inventory_gateway_behind_a_config_proxyjump_is_verified_both_hops(hostile: tuple[nodes.SSHOptions, str],
+                                                                           tmp_path: Path) -> None:
+    opts, cfg = hostile
+    from dataclasses import replace
+
+    argv = openssh_argv(replace(opts, gateway="gpu-gw"), cfg, "10.0.0.5")  # gpu-gw matches `Host gpu*`: jumpbox
+    gw, host = proxy_argv(ssh_G(argv, "10.0.0.5")["proxycommand"])
+    assert host == "gpu-gw" and gw[gw.index("-p") + 1] == "22" and gw[gw.index("-l") + 1] == "train"
+    jump, host = proxy_argv(ssh_G(gw, "gpu-gw")["proxycommand"])
+    assert host == "jumpbox" and ssh_G(jump, host)["userknownhostsfile"] == str(tmp_path / "known_hosts")

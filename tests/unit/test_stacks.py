@@ -193,6 +193,18 @@ def test_a_dump_is_parsed_with_its_rank() -> None:
     assert got.main[0].function == "sleep_forever" and got.raw == SLEEP
 
 
+@pytest.mark.parametrize("ranks", [7, "x", [1, None, "r"], [{"rank": "0", "local_rank": True, "pid": 1.5, "code": 0,
+                                                              "dump": SLEEP}]])
+def test_an_answer_of_the_wrong_shape_is_no_stack_not_a_crash(ranks: Any) -> None:
+    """What a node answers is not trusted: entries that are not objects are left out, a rank that
+    is not an integer is no rank (and is grouped with none)."""
+    got, problem = node_stacks("n3", 2, answer(ranks=ranks))
+    assert all(r.rank is None and r.local_rank is None and r.pid is None for r in got)
+    assert problem is None or problem.startswith("no rank process")
+    report = StacksReport("r", 0.0, got)
+    assert report.groups == [] and report.to_json()["odd_ranks"] == []
+
+
 # ----------------------------------------------------------------------------- the watchdog
 
 

@@ -16,6 +16,7 @@ import pytest
 from orchestrator.cli import render
 from orchestrator.logs.lines import LogLine, format_line, format_ts, printable, to_json
 from orchestrator.store import remote_dir
+from tests.fabric_support import fabric_outputs, fabric_result
 from tests.logs_support import make_run
 
 T0 = 1_796_031_125.0
@@ -133,3 +134,136 @@ def test_orch_logs_escapes_by_default_raw_writes_the_bytes_json_keeps_them(tmp_p
     assert both.returncode == 2 and b"--raw and --json" in both.stderr
     # the node's copy keeps every byte as written
     assert (run.path / "nodes" / "n1.log").read_text() == text
+
+
+# ----------------------------------------------------------------------------- the fabric check's output
+
+
+SGR = __import__("re").compile("\x1b\\[[0-9;]*m")
+
+
+def acting_but_sgr(text: str) -> list[str]:
+    """What a terminal would act on, less exact SGR colour sequences (what orch's own tables use)."""
+    return terminal_acting(SGR.sub("", text))
+
+
+def test_fabric_names_devices_and_reasons_from_the_node_are_shown_escaped() -> None:
+    """`\\x1b]0;PWNED\\x1b[2J` as the job's backend, device, a node's host and a skip reason went
+    out as bytes: it retitled the window and cleared the screen."""
+    pwned = "\x1b]0;PWNED\x1b[2J"
+    _, shown = fabric_outputs(["n1", "n2"], fabric_result(["n1" + pwned, "n2"], "gloo" + pwned, "cpu" + pwned,
+                                                          "slow" + pwned))
+    assert acting_but_sgr(shown) == [] and "\x1b]0;" not in shown
+    assert shown.count("\\x1b]0;PWNED\\x1b[2J") >= 4, shown
+
+
+BROKEN = {
+    "a sweep that is not a list": lambda r: r.update(sweep="rows"),
+    "a world size as text": lambda r: r.update(world_size="8"),
+    "a list": lambda r: r.clear() or r.update(x=[]),
+    "a node id as text": lambda r: r["nodes"][0].update(node="0"),
+    "a zero time (divides by zero)": lambda r: r["sweep"][0].update(time_us=0),
+    "no ranks": lambda r: r.update(world_size=0),
+    "a transfer from a node it does not list": lambda r: r["links"]["transfers"][0].update(src_node=7),
+    "no sweep": lambda r: r.pop("sweep"),
+    "a NaN rate": lambda r: r["sweep"][0].update(busbw_gbps=float("nan")),
+}
+
+
+@pytest.mark.parametrize("what", list(BROKEN))
+def test_a_fabric_result_of_the_wrong_shape_fails_the_check_on_rank_0s_node(what: str) -> None:
+    result = fabric_result(["n1", "n2"])
+    BROKEN[what](result)
+    results, shown = fabric_outputs(["n1", "n2"], result)
+    assert results["n1"].status == "fail"
+    assert results["n1"].detail.startswith("the fabric job's result is not what orch's job writes: result")
+    assert results["n2"].status == "fail" and "stopped after the job failed on n1" in results["n2"].detail
+    assert "preflight failed" in SGR.sub("", shown) and "fabric: no measurement" in shown
+
+
+# ----------------------------------------------------------------------------- any bytes a node can send
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+EXAMPLES = int(os.environ.get("ORCH_HYPOTHESIS_EXAMPLES", 300))
+NODE_BYTES = st.one_of(
+    st.binary(max_size=40),
+    st.text(alphabet=st.sampled_from(list("\x1b\x07\x9b\x9d\x85\x00\x08\r\n\t\x7f\u202e\u2066\u200f[]]m;0123 abc字")),
+            max_size=40).map(lambda s: s.encode("utf-8", "surrogatepass")),
+    st.sampled_from([EVIL.encode(), RED.encode(), b"\x1b]0;PWNED\x1b[2J", b"\x1b]8;;http://x\x1b\\click\x1b]8;;\x1b\\",
+                     b"\xc2\x9b31m", b"\x1bP+q\x1b\\"]))
+TEXT = NODE_BYTES.map(lambda b: b.decode("utf-8", "replace"))
+
+
+@settings(max_examples=max(20, EXAMPLES // 5), deadline=None,  # each example draws five kinds of table
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(line=TEXT, dump=TEXT, words=st.lists(TEXT, min_size=8, max_size=8), out=NODE_BYTES, err=NODE_BYTES)
+def test_node_output_is_data_never_terminal_control(capsys: pytest.CaptureFixture[str], line: str, dump: str,
+                                                    words: list[str], out: bytes, err: bytes) -> None:
+    """Log lines, probe answers, the fabric job's JSON, py-spy's dumps and `orch exec` output, each
+    whatever bytes a node sends: what reaches a person has no ESC, BEL or C1 control of the node's
+    (a colour terminal: no control but orch's own exact SGR colours)."""
+    from rich.console import Console
+
+    from orchestrator.config.inventory import parse
+    from orchestrator.logs.lines import parse_node_line
+    from orchestrator.preflight import checks, facts, shapes
+    from orchestrator.preflight.runner import CheckReport
+    from orchestrator.remote.exec import ExecReport, NodeOutput
+    from orchestrator.run.stacks import StacksReport, node_stacks
+    from orchestrator.run.supervise import Failure
+    from orchestrator.up import UpOutcome
+
+    shown: list[str] = []
+    coloured: list[str] = []
+    # a log line, as written to node.log (a stamp, or a torn line), plain and on a colour terminal
+    for raw in (line, f"2026-11-30T09:32:05.123456Z err {line}"):
+        ln = parse_node_line(raw, "n1", 0, 0, fallback_ts=T0)
+        shown.append(format_line(ln, False))
+        coloured.append(format_line(ln, True))
+    # the probe's answer: every check judges it, the table shows it
+    inv = parse("nodes: [{host: h1, gpus: 1}, {host: h2, gpus: 1}]\nchecks: {timezone: UTC}\n"
+                "env: {NCCL_SOCKET_IFNAME: eth0}\n", "t.yaml")
+    got = {}
+    raws = [{"tz": {"TZ": words[0], "abbr": words[1], "utcoffset": words[2]}, "env": {"NCCL_SOCKET_IFNAME": words[3]},
+             "software": {"torch": words[4], "python": words[5]}, "host": words[6],
+             "gpus": {"source": "nvidia-smi", "query": {"rc": 0, "out": words[7] + "\n" + dump, "err": line}},
+             "python": {"executable": words[0], "version": words[1]}}, {"tz": words[2]}]
+    for n, raw in zip(inv.nodes, raws):
+        nf = facts.NodeFacts(n, ssh_offset_ms=0.0, rtt_ms=1.0, connect_ms=1.0)
+        nf.raw, nf.malformed = shapes.read_answer(raw, shapes.FACTS_SHAPE, "facts")
+        got[n.name] = nf
+    report = CheckReport(checks.run_checks(inv, got, [c for c in checks.CHECKS if c != "fabric"]))
+    buf = io.StringIO()
+    render.check_table(report, Console(file=buf, force_terminal=True, width=200))
+    coloured.append(buf.getvalue())
+    # the fabric job's JSON and its log
+    coloured.append(fabric_outputs(["n1", "n2"], fabric_result(["n1", words[0]], words[1], words[2], words[3]),
+                                   log=f"2026-11-30T09:32:05.123456Z err ORCH_FABRIC_ERROR "
+                                       f"{json.dumps({'phase': words[4], 'error': words[5]})}\n{line}\n")[1])
+    # py-spy's dumps and the agent's errors
+    ranks, problem = node_stacks("n1", 0, {"py_spy": "/bin/py-spy", "python": words[0], "ranks": [
+        {"rank": 0, "local_rank": 0, "pid": 1, "code": 0,
+         "dump": f'Thread 1 (idle): "{words[1]}"\n    {words[2]} ({words[3]}:7)\n{dump}'},
+        {"rank": 1, "local_rank": 1, "pid": 2, "code": 1, "error": words[4]}]})
+    buf = io.StringIO()
+    render.stacks_view(StacksReport("r1", T0, ranks, {"n2": words[5], **({"n1": problem} if problem else {})}),
+                       Console(file=buf, force_terminal=True, width=200))
+    coloured.append(buf.getvalue())
+    # orch exec: the command's own output, and an error that quotes the node
+    report_exec = ExecReport(("x",), False, (NodeOutput("n1", 3, out.decode("utf-8", "replace"),
+                                                        err.decode("utf-8", "replace")),
+                                             NodeOutput("n2", 255, "", "", "ssh: " + words[6], "hint " + words[7])))
+    capsys.readouterr()
+    render.exec_output(report_exec, False)
+    render.up_outcome(UpOutcome("failed", "r1", failure=Failure("n1", 0, "exit " + words[0], 1, 0, 0, [line, dump])))
+    plain = capsys.readouterr()
+    shown += [plain.out, plain.err]
+    render.exec_output(report_exec, True)
+    both = capsys.readouterr()
+    coloured += [both.out, both.err]
+    for text in shown:
+        assert terminal_acting(text) == [], repr(text)
+    for text in coloured:
+        assert acting_but_sgr(text) == [], repr(text)

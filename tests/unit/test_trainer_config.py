@@ -25,16 +25,17 @@ def test_help_documents_every_flag_with_examples() -> None:
 
 def test_a_flag_is_written_once_its_help_is_the_fields_docstring() -> None:
     """build_parser is generated from TrainConfig: each field's docstring is its flag's help, its
-    default is said once (by the field), and every flag but the aliases and --cfg is a field."""
+    default is said once (by the field), and every flag but the aliases, --cfg and --check (a
+    mode, not a setting) is a field."""
     from dataclasses import fields
 
-    from trainer.config import ALIASES, TrainConfig, field_docs
+    from trainer.config import ALIASES, CHECK_HELP, TrainConfig, field_docs
     from trainer.settings import OPTIMIZERS
 
     by_flag = {a.option_strings[-1]: a for a in build_parser()._actions if a.option_strings}
     names = {f.name for f in fields(TrainConfig)}
     for opt, action in by_flag.items():
-        if opt in ("--help", "--cfg") or opt in ALIASES:
+        if opt in ("--help", "--cfg", "--check") or opt in ALIASES:
             continue
         name = opt[2:].replace("-", "_")
         assert name in names, f"{opt} is not a TrainConfig field"
@@ -42,6 +43,7 @@ def test_a_flag_is_written_once_its_help_is_the_fields_docstring() -> None:
     assert by_flag["--epochs"].help.endswith("(default 100)") and by_flag["--imgsz"].type is int
     assert by_flag["--cos-lr"].metavar == "BOOL" and by_flag["--sync-bn"].nargs == 0
     assert all(o in by_flag["--optimizer"].help for o in OPTIMIZERS)
+    assert by_flag["--check"].help == CHECK_HELP and "check" not in names
 
 
 def test_defaults_are_ultralytics_own(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,9 +15,14 @@ auto: nccl when CUDA is available. Phases:
    skipped (and reported as skipped), so a slow link cannot stretch the job without bound.
 2. links: nodes are paired in round-robin rounds of disjoint pairs (every pair once per pass, two
    passes by default); in each pair data goes one way, then the other, timed by the receiver;
-   local rank i of one node talks to local rank i of the other ("rails", all at once). Every
-   transfer is reported; the controller turns them into per-node rates and names the slow node
-   or link (orchestrator/preflight/busbw.py), with the thresholds of the inventory.
+   local rank i of one node talks to local rank i of the other ("rails", all at once). Then,
+   with --recheck-share, every pair of a node that looks slow (and the pair of a link that
+   does), by the verdict's own rule (`link_verdict`), is measured again, one pair at a time, up to
+   --recheck-passes times or until nothing looks slow: a host busy for a moment does not make a
+   healthy node look slow. Every transfer is reported; the controller turns them into per-node
+   rates (each direction's best) and names the slow node or link (orchestrator/preflight/busbw.py,
+   with `link_verdict`), with the thresholds of the inventory. --link-trials N repeats this whole
+   phase N times, each trial reported on its own (how the tests hold the verdict to being stable).
 3. output: rank 0 prints one line ``ORCH_FABRIC_RESULT {json}`` on stdout (and, as it goes,
    ``ORCH_FABRIC_PROGRESS {json}`` lines on stderr: phase, size or round). Any failure prints
    ``ORCH_FABRIC_ERROR {json}`` (rank, host, node, phase, error) on stderr and exits 1;
@@ -89,6 +94,75 @@ def round_robin(n: int) -> list[list[tuple[int, int]]]:
     return rounds
 
 
+def pair_rates(records: Sequence[Mapping[str, Any]]) -> dict[tuple[int, int], float]:
+    """GB/s of each direction (src node, dst node): every rail's best transfer over all passes,
+    summed over the rails (the rails of a pair run at once)."""
+    best: dict[tuple[int, int, int], float] = {}
+    for r in records:
+        key = (int(r["src_node"]), int(r["dst_node"]), int(r["rail"]))
+        best[key] = max(best.get(key, 0.0), float(r["gbps"]))
+    pair: dict[tuple[int, int], float] = {}
+    for (src, dst, _rail), value in sorted(best.items()):
+        pair[(src, dst)] = pair.get((src, dst), 0.0) + value
+    return pair
+
+
+def link_verdict(pair: Mapping[tuple[int, int], float], nodes: Sequence[int], share: float
+                 ) -> tuple[dict[str, dict[int, float]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(capacities, slow nodes, slow links) of the pairwise rates: the fabric check's verdict,
+    which the job also uses to choose what to measure again.
+
+    A node's send (recv) capacity is its best outgoing (incoming) pair: one healthy peer shows what
+    the node can do, so a node is slow only when every one of its pairs is. Slow: capacity below
+    share x the median capacity over nodes (3 nodes or more). A link (one direction) is slow when it
+    is below share x what both its ends reach elsewhere; links from a node slow at sending, or to
+    one slow at receiving, are that node's finding. With 2 nodes only a direction can be named.
+    """
+    outgoing = {n: [v for (s, _), v in pair.items() if s == n] for n in nodes}
+    incoming = {n: [v for (_, d), v in pair.items() if d == n] for n in nodes}
+    caps = {"send": {n: max(v) for n, v in outgoing.items() if v},
+            "recv": {n: max(v) for n, v in incoming.items() if v}}
+    slow_nodes: list[dict[str, Any]] = []
+    slow_links: list[dict[str, Any]] = []
+    if len(nodes) >= 3:
+        for direction, by_node in caps.items():
+            if not by_node:
+                continue
+            ordered = sorted(by_node.values())
+            mid = len(ordered) // 2
+            median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+            for n, value in by_node.items():
+                if value < share * median:
+                    slow_nodes.append({"node": n, "direction": direction, "gbps": value, "median_gbps": median})
+        slow_send = {x["node"] for x in slow_nodes if x["direction"] == "send"}
+        slow_recv = {x["node"] for x in slow_nodes if x["direction"] == "recv"}
+        for (s, d), v in sorted(pair.items()):
+            if s in slow_send or d in slow_recv:
+                continue  # explained by a slow end: its pairs vary with the bucket, not the link
+            bound = min(caps["send"][s], caps["recv"][d])
+            if v < share * bound:
+                slow_links.append({"src_node": s, "dst_node": d, "gbps": v, "expected_gbps": bound})
+    elif len(nodes) == 2:
+        a, b = nodes
+        ab, ba = pair.get((a, b)), pair.get((b, a))
+        if ab is not None and ba is not None:
+            for (s, d), v, other in (((a, b), ab, ba), ((b, a), ba, ab)):
+                if v < share * other:
+                    slow_links.append({"src_node": s, "dst_node": d, "gbps": v, "expected_gbps": other})
+    return caps, slow_nodes, slow_links
+
+
+def recheck_pairs(records: Sequence[Mapping[str, Any]], nodes: Sequence[int], share: float) -> list[tuple[int, int]]:
+    """The node pairs to measure again before a verdict: every pair of a node the rates so far
+    call slow, and the pair of every slow link. A node or link that is slow only for a moment (a
+    busy host) gets better numbers; one that is slow stays slow."""
+    _caps, slow_nodes, slow_links = link_verdict(pair_rates(records), nodes, share)
+    pairs = {(min(x["src_node"], x["dst_node"]), max(x["src_node"], x["dst_node"])) for x in slow_links}
+    for x in slow_nodes:
+        pairs |= {(min(x["node"], n), max(x["node"], n)) for n in nodes if n != x["node"]}
+    return sorted(pairs)
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The job's options (defaults keep 4 CPU nodes well under 20 s at --max-bytes 64 MB)."""
     p = argparse.ArgumentParser(
@@ -115,6 +189,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--link-reps", type=int, default=2, help="timed transfers per direction and pass")
     p.add_argument("--link-passes", type=int, default=2,
                    help="times the whole pair schedule runs; each direction keeps its best (default 2)")
+    p.add_argument("--recheck-share", type=float, default=0.0,
+                   help="before reporting, measure again every pair of a node (and every link) below this share "
+                        "of the median, as the controller will judge it (0: never; orch passes checks.fabric.share)")
+    p.add_argument("--recheck-passes", type=int, default=2,
+                   help="at most this many re-measurements of the suspects, each until none is left (default 2)")
+    p.add_argument("--link-trials", type=int, default=1,
+                   help="run the whole pairwise phase (passes and rechecks) this many times, each reported on its "
+                        "own in link_trials (a test of the verdict's stability; default 1)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds before a collective gives up")
     p.add_argument("--pairs", choices=("auto", "concurrent", "serial"), default="auto",
                    help="link pairs of a round at once or one by one (auto: one by one only when "
@@ -123,8 +205,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.max_bytes < args.min_bytes:
         p.error(f"--max-bytes {args.max_bytes} is below --min-bytes {args.min_bytes}")
-    if args.link_passes < 1 or args.link_reps < 1:
-        p.error("--link-passes and --link-reps must be at least 1")
+    if args.link_passes < 1 or args.link_reps < 1 or args.link_trials < 1 or args.recheck_passes < 0:
+        p.error("--link-passes, --link-reps and --link-trials must be at least 1, --recheck-passes at least 0")
     return args
 
 
@@ -342,15 +424,16 @@ class Job:
         return int(t.item())
 
     def links(self) -> dict[str, Any]:
-        """Phase 2: one-way transfers between every pair of nodes, rail by rail."""
+        """Phase 2: one-way transfers between every pair of nodes, rail by rail; then the pairs of
+        what looks slow, measured again (`recheck_pairs`), until nothing does or the rechecks are
+        used up."""
         self.phase = "links"
-        args, torch, dist = self.args, self.torch, self.dist
+        args, torch = self.args, self.torch
         node_ids = [n["node"] for n in self.nodes]
         if len(node_ids) < 2:
             return {"method": "pairwise", "skipped": "one node: no links between nodes", "transfers": []}
         rails = min(len(n["ranks"]) for n in self.nodes)
-        link_max = args.link_bytes
-        buf = torch.zeros(link_max, dtype=torch.uint8, device=self.device)
+        buf = torch.zeros(args.link_bytes, dtype=torch.uint8, device=self.device)
         ctrl = torch.zeros(1, dtype=torch.int64, device=self.device)
         serial, why = self._serial_pairs()
         records: list[dict[str, Any]] = []
@@ -364,27 +447,55 @@ class Job:
             # concurrent: every pair of the round at once; serial: one pair after the other
             batches = [[pair] for pair in pairs] if serial else [pairs]
             for batch in batches:
-                partner = None
-                for a, b in batch:
-                    if node_ids[a] == self.node:
-                        partner = node_ids[b]
-                    elif node_ids[b] == self.node:
-                        partner = node_ids[a]
-                if partner is not None and self.local_rank < rails:
-                    peer = self.rank_of[(partner, self.local_rank)]
-                    for sender in sorted((self.node, partner)):
-                        if sender == self.node:
-                            self._serve(peer, buf, ctrl)
-                        else:
-                            rec = self._measure(peer, buf, ctrl, link_max)
-                            records.append({"pass": pass_no, "round": number, "src_node": partner,
-                                            "dst_node": self.node, "rail": self.local_rank, **rec})
-                dist.barrier()  # rounds (and serial pairs) stay disjoint in time
-        gathered: list[Any] = [None] * self.world
-        dist.all_gather_object(gathered, records)
-        every = [r for part in gathered for r in part]
+                records += self._run_pairs([(node_ids[a], node_ids[b]) for a, b in batch], pass_no, number, rails,
+                                           buf, ctrl)
+        every = self._gather(records)
+        rechecks: list[dict[str, Any]] = []
+        sizes = {(r["src_node"], r["dst_node"], r["rail"]): int(r["bytes"]) for r in every}
+        for extra in range(args.recheck_passes if args.recheck_share > 0 else 0):
+            again = recheck_pairs(every, node_ids, args.recheck_share)
+            if not again:
+                break
+            pass_no = args.link_passes + extra
+            rechecks.append({"pass": pass_no, "pairs": [list(p) for p in again]})
+            mine: list[dict[str, Any]] = []
+            for i, (a, b) in enumerate(again, 1):  # one pair at a time: the suspect is in all of them
+                self.progress(recheck=extra + 1, of=args.recheck_passes, step=i, steps=len(again), pairs=[[a, b]])
+                mine += self._run_pairs([(a, b)], pass_no, -1, rails, buf, ctrl, sizes)
+            every += self._gather(mine)
         return {"method": "pairwise", "rounds": len(rounds), "passes": args.link_passes, "rails": rails,
-                "pairs_at_once": "one" if serial else "all of a round", "pairs_why": why, "transfers": every}
+                "pairs_at_once": "one" if serial else "all of a round", "pairs_why": why, "rechecks": rechecks,
+                "recheck_share": args.recheck_share, "transfers": every}
+
+    def _gather(self, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Every rank's records, in rank order (the same list on every rank)."""
+        gathered: list[Any] = [None] * self.world
+        self.dist.all_gather_object(gathered, records)
+        return [r for part in gathered for r in part]
+
+    def _run_pairs(self, batch: Sequence[tuple[int, int]], pass_no: int, number: int, rails: int, buf: Any,
+                   ctrl: Any, sizes: Mapping[tuple[int, int, int], int] | None = None) -> list[dict[str, Any]]:
+        """The pairs of `batch` (disjoint) at once: each direction one after the other, local rank
+        i with local rank i; this rank's receiver records. A barrier ends it on every rank."""
+        records: list[dict[str, Any]] = []
+        partner = None
+        for a, b in batch:
+            if a == self.node:
+                partner = b
+            elif b == self.node:
+                partner = a
+        if partner is not None and self.local_rank < rails:
+            peer = self.rank_of[(partner, self.local_rank)]
+            for sender in sorted((self.node, partner)):
+                if sender == self.node:
+                    self._serve(peer, buf, ctrl)
+                else:
+                    size = (sizes or {}).get((partner, self.node, self.local_rank))
+                    rec = self._measure(peer, buf, ctrl, self.args.link_bytes, size)
+                    records.append({"pass": pass_no, "round": number, "src_node": partner, "dst_node": self.node,
+                                    "rail": self.local_rank, **rec})
+        self.dist.barrier()  # rounds (and serial pairs) stay disjoint in time
+        return records
 
     def _serial_pairs(self) -> tuple[bool, str]:
         """Whether to run the pairs of a round one at a time, and why.
@@ -412,10 +523,11 @@ class Job:
             dist.send(buf[:n], dst=peer)
             self.sync()
 
-    def _measure(self, peer: int, buf: Any, ctrl: Any, link_max: int) -> dict[str, Any]:
-        """Receiver side: a probe, then transfers sized to --link-seconds; returns the best rate."""
+    def _measure(self, peer: int, buf: Any, ctrl: Any, link_max: int, size: int | None = None) -> dict[str, Any]:
+        """Receiver side: a probe, then transfers sized to --link-seconds (or `size`, the one an
+        earlier pass found, when measuring again); returns the best rate."""
         dist, args = self.dist, self.args
-        nbytes = min(256 * 1024, link_max)
+        nbytes = min(size or 256 * 1024, link_max)
 
         def transfer(n: int) -> float:
             ctrl.fill_(n)
@@ -429,7 +541,7 @@ class Job:
         probe = seconds = transfer(nbytes)
         # Grow the transfer until it takes about --link-seconds (or hits link_max): small ones
         # measure latency and scheduling, not the link.
-        for _ in range(6):
+        for _ in range(0 if size else 6):
             if seconds >= args.link_seconds / 2 or nbytes >= link_max:
                 break
             nbytes = int(min(link_max, max(2 * nbytes, nbytes / seconds * args.link_seconds)))
@@ -439,7 +551,8 @@ class Job:
         dist.send(ctrl, dst=peer)
         best = min(times)
         return {"bytes": nbytes, "seconds": best, "gbps": nbytes / best / 1e9,
-                "probe_gbps": min(256 * 1024, link_max) / probe / 1e9, "all_seconds": times}
+                "probe_gbps": nbytes / probe / 1e9 if size else min(256 * 1024, link_max) / probe / 1e9,
+                "all_seconds": times}
 
     def result(self, sweep: list[dict[str, Any]], skipped: list[dict[str, Any]], links: dict[str, Any]
                ) -> dict[str, Any]:
@@ -468,11 +581,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         job.lap("init")
         sweep, skipped = job.sweep()
         job.lap("sweep")
-        links = {} if args.skip_links else job.links()
+        trials = [] if args.skip_links else [job.links() for _ in range(args.link_trials)]
+        links = trials[0] if trials else {}
         job.lap("links")
         job.phase = "report"
         if job.rank == 0:
-            print(f"{MARKER} {json.dumps(job.result(sweep, skipped, links), separators=(',', ':'))}", flush=True)
+            result = job.result(sweep, skipped, links)
+            if len(trials) > 1:
+                result["link_trials"] = trials
+            print(f"{MARKER} {json.dumps(result, separators=(',', ':'))}", flush=True)
         job.dist.barrier()
         job.dist.destroy_process_group()
         return 0

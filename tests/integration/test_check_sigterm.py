@@ -1,0 +1,82 @@
+"""SIGTERM to `orch check` while the fabric check's job runs (a scheduler's kill, a CI timeout, a
+script stopping its step) tears the job down as Ctrl-C does: nothing of it is left running on the
+node, and orch exits 130. One `transport: local` node: real agent, torchrun and job (gloo)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.cluster import free_port
+from tests.up_helpers import REPO
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+def marked(marker: str) -> list[str]:
+    """Processes whose environment or command line carries ``marker``: the job's, and its agent's."""
+    want = marker.encode()
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                env = fh.read()
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmd = fh.read()
+        except OSError:
+            continue
+        if want in env or want in cmd:
+            out.append(pid + " " + cmd.replace(b"\0", b" ").decode(errors="replace")[:200])
+    return out
+
+
+def wait_for(cond, timeout: float, what: str):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.2)
+    raise AssertionError(f"not within {timeout:.0f} s: {what}")
+
+
+def test_sigterm_during_the_fabric_job_stops_the_job_and_exits_130(tmp_path: Path) -> None:
+    marker = f"fabric-sigterm-{uuid.uuid4().hex}"
+    run_root = tmp_path / marker  # in every agent's command line
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(yaml.safe_dump({
+        "name": "sigterm", "transport": "local", "nodes": [{"host": "localhost", "name": "n0"}],
+        "master": {"port": free_port("127.0.0.1")},
+        "env": {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "SIGTERM_TEST_MARK": marker},
+        "checks": {"fabric": {"max_bytes": "4M", "budget_s": 5, "timeout_s": 200}},
+        "job": {"python": sys.executable, "workdir": str(REPO), "run_root": str(run_root), "script": "train.py",
+                "nproc_per_node": 1, "stop_grace_s": 5},
+    }))
+    env = dict(os.environ, ORCH_HOME=str(tmp_path / "home"), NO_COLOR="1")
+    env.pop("ORCH_INVENTORY", None)
+    p = subprocess.Popen([sys.executable, "-m", "orchestrator", "check", str(inv), "--only", "fabric"], cwd=REPO,
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wait_for(lambda: [ln for ln in marked(marker) if "allreduce_job.py" in ln], 150, "the fabric job running")
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    left = marked(marker)
+    for line in left:  # never leave them behind, whatever the outcome
+        os.kill(int(line.split()[0]), signal.SIGKILL)
+    assert left == [], f"still running after orch check exited {p.returncode}: {left}\n{err[-2000:]}"
+    assert p.returncode == 130, (p.returncode, err[-2000:])
+    assert "interrupted" in err

@@ -1,0 +1,135 @@
+"""bench/gpu_smoke.py --cpu-dry-run end to end, on this CPU machine: every step that can run without
+a GPU runs (real trainer, ultralytics, orch check, orch up and orch stacks, the fabric job over
+gloo, resume, pytest), the GPU-only parts are skipped with the reason, the JSON and the table say
+so, a step that overruns its budget is stopped and recorded while the next still runs, and nothing
+the script started outlives it. The children see only the GPU machine's packages and the carried
+wheels (the dry run's module block), as they would there."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.gpu_smoke import STEP_NAMES
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def survivors(marker: str) -> list[int]:
+    """Pids of this machine whose environment mentions ``marker`` (the run's own scratch dir)."""
+    want = marker.encode()
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != os.getpid():
+            try:
+                with open(f"/proc/{name}/environ", "rb") as fh:
+                    if want in fh.read():
+                        out.append(int(name))
+            except OSError:
+                continue
+    return out
+
+
+def smoke(tmp_path: Path, *args: str, timeout: float) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = {k: v for k, v in os.environ.items() if k != "OUT"}
+    p = subprocess.run([sys.executable, "bench/gpu_smoke.py", "--cpu-dry-run", "--out", str(out), "--work", str(work),
+                        "--keep-work", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
+    doc = json.loads((out / "gpu_smoke.json").read_text())
+    assert survivors(str(work)) == [], "a process the script started outlived it"
+    return p, doc
+
+
+def explain(p: subprocess.CompletedProcess[str]) -> str:
+    return f"exit {p.returncode}\n--- stdout\n{p.stdout[-8000:]}\n--- stderr\n{p.stderr[-3000:]}"
+
+
+@pytest.mark.timeout(2400)
+def test_the_cpu_dry_run_runs_every_step_that_needs_no_gpu(tmp_path: Path) -> None:
+    p, doc = smoke(tmp_path, timeout=2300)
+    assert p.returncode == 0, explain(p)
+    assert doc["mode"] == "cpu-dry-run" and doc["ok"] is True and doc["summary"] == []
+    steps = {s["name"]: s for s in doc["steps"]}
+    assert list(steps) == list(STEP_NAMES)
+    for name in ("data", "environment", "trainer", "syncs", "yoloe", "orch_up", "fabric", "resume"):
+        assert steps[name]["status"] == "pass", (name, steps[name]["error"])
+        assert 0 < steps[name]["seconds"] <= steps[name]["budget_s"]
+    assert steps["gpu_tests"]["status"] in ("pass", "skip"), steps["gpu_tests"]["error"]
+    for name in ("sync_bn", "scaling"):
+        assert steps[name]["status"] == "skip" and "needs >= 2 GPUs" in steps[name]["reason"]
+
+    # the GPU-only parts are named, each with its reason
+    assert steps["environment"]["skipped"]["real nvidia-smi"].startswith("no GPU: the gpus check reads recorded")
+    assert "CUDA only" in next(iter(steps["trainer"]["skipped"].values()))
+    assert steps["syncs"]["skipped"]["sync debug mode"].startswith("no CUDA")
+    assert steps["fabric"]["skipped"]["NCCL_DEBUG=INFO lines"].startswith("no GPU")
+
+    env = steps["environment"]["figures"]
+    assert env["versions"]["cuda_available"] is False and env["versions"]["torch"]
+    gpus = env["orch_check"]["results"]["gpus@gpu0"]
+    assert gpus["status"] in ("ok", "warn") and "Tesla V100-SXM2-16GB" in gpus["value"]  # the recorded nvidia-smi
+    assert env["orch_check"]["results"]["software@gpu0"]["status"] == "ok"
+
+    tr = steps["trainer"]["figures"]
+    assert tr["runs"]["trainer-off"]["ips"] > 0 and tr["runs"]["ultralytics"]["ips"] > 0
+    assert tr["runs"]["trainer-off"]["ratio"] == pytest.approx(tr["runs"]["trainer-off"]["ips"] / tr["runs"]["ultralytics"]["ips"])
+    # polars is not on the GPU machine, and the dry run's children could not import it either
+    assert tr["runs"]["ultralytics"]["notes"] == [
+        "polars is not installed: BaseTrainer.read_results_csv reads results.csv with the csv module"]
+    assert tr["map"]["difference"] == pytest.approx(abs(tr["map"]["logged"] - tr["map"]["val"]))
+    assert [g["goal"] for g in steps["trainer"]["goals"]] == ["report", "<= 0.002"]
+
+    assert steps["syncs"]["figures"]["micro_steps"] > 0 and steps["syncs"]["figures"]["cuda"] is False
+    assert "metrics/mAP50-95(M)" in steps["yoloe"]["figures"]["final"]
+    up = steps["orch_up"]["figures"]
+    assert up["exit_code"] == 0 and up["state"] == "succeeded" and up["stacks"]["ranks"] == [0]
+    assert up["stacks"]["summary"] and up["stacks"]["frames"]
+    fab = steps["fabric"]["figures"]
+    assert fab["backend"] == "gloo" and fab["world_size"] == 1 and fab["status"] == "ok"
+    res = steps["resume"]["figures"]
+    assert res["stopped_exit_code"] == 3 and res["epochs"] == [1.0, 2.0] and res["resumed"].startswith("resuming at epoch 2")
+
+    # the table is printed last, and kept beside the JSON
+    table = (tmp_path / "out" / "gpu_smoke.txt").read_text().rstrip("\n")
+    assert p.stdout.rstrip("\n").endswith(table + f"\nJSON: {tmp_path / 'out' / 'gpu_smoke.json'}")
+    rows = {ln.split()[0]: ln.split()[1] for ln in table.splitlines()[2:] if ln and ln.split()[0] in steps}
+    assert rows == {name: s["status"] for name, s in steps.items()}
+    assert table.splitlines()[0].startswith("gpu_smoke (cpu-dry-run): 11 steps, ")
+
+    with tarfile.open(tmp_path / "out" / "gpu_smoke_logs.tar.gz") as tar:
+        logged = {Path(n).parts[1] for n in tar.getnames()}
+    assert logged >= {"data", "environment", "trainer", "syncs", "yoloe", "orch_up", "fabric", "resume"}
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["gpu_smoke.json", "gpu_smoke.txt",
+                                                                    "gpu_smoke_logs.tar.gz"]
+
+
+@pytest.mark.timeout(900)
+def test_a_step_that_overruns_is_stopped_and_the_next_still_runs(tmp_path: Path) -> None:
+    tests = tmp_path / "gpu_tests"
+    tests.mkdir()
+    (tests / "test_cuda.py").write_text(
+        "import pytest\n\n\n@pytest.mark.gpu\ndef test_needs_cuda():\n    pytest.importorskip('torch')\n"
+        "    import torch\n    if not torch.cuda.is_available():\n        pytest.skip('no CUDA')\n\n\n"
+        "def test_not_a_gpu_test():\n    pass\n")
+    p, doc = smoke(tmp_path, "--steps", "syncs,orch_up,gpu_tests", "--step-budget", "syncs=2", "--step-budget",
+                   "orch_up=15", "--gpu-tests", str(tests), timeout=800)
+    assert p.returncode == 1, explain(p)  # a timeout is not ok
+    steps = {s["name"]: s for s in doc["steps"]}
+    assert list(steps) == ["data", "environment", "syncs", "orch_up", "gpu_tests"]
+    assert steps["syncs"]["status"] == "timeout" and doc["ok"] is False and doc["counts"]["timeout"] == 2
+    assert steps["syncs"]["error"] == "gpu-syncs still running at the step's budget (2 s): stopped"
+    # stopped mid-run (in orch up, or in an orch stacks of it): SIGTERM tears the run down, orch down makes sure
+    # (smoke() finds no survivor of it)
+    assert steps["orch_up"]["status"] == "timeout"
+    assert "still running at the step's budget (15 s): stopped" in steps["orch_up"]["error"]
+    assert steps["gpu_tests"]["status"] == "pass", steps["gpu_tests"]["error"]
+    assert steps["gpu_tests"]["figures"]["tests"] == 1 and steps["gpu_tests"]["figures"]["skipped"] == 1
+    assert any(ln.startswith("syncs ") and " timeout " in ln for ln in p.stdout.splitlines())

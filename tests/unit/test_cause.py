@@ -1,0 +1,205 @@
+"""The first failure's cause line, read from recorded node logs and torchrun failure summaries
+(tests/fixtures/nodelog: real `orch up` runs on this machine; tests/fixtures/torchrun_*: real
+torchrun output, provenance in tests/fixtures/README.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cli import render
+from orchestrator.run.cause import (
+    cause,
+    exception_line,
+    gpu_error,
+    rank_lines,
+    summary,
+    terminated,
+)
+from orchestrator.run.supervise import Failure, log_text
+from orchestrator.up import UpOutcome
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+def texts(name: str) -> list[str]:
+    return [log_text(r) for r in (FIXTURES / name).read_text().splitlines()]
+
+
+def raw(name: str) -> list[str]:
+    return (FIXTURES / name).read_text().splitlines()
+
+
+def test_a_rank_that_raises_is_named_by_its_exception_line() -> None:
+    found = cause(texts("nodelog/raise_rank3_failing-node_torch2.14.log"), node="n1")
+    assert found is not None and found.text == "RuntimeError: injected failure on rank 3 at step 2"
+    assert found.signal is None
+
+
+def test_the_blamed_rank_wins_over_a_later_traceback_of_another_rank() -> None:
+    """n1's rank 2 printed its own traceback (a lost peer) after rank 3 raised; torchrun blames 3."""
+    lines = texts("nodelog/raise_rank3_failing-node_torch2.14.log")
+    assert any("Connection closed by peer" in t for t in lines)
+    s = summary(lines)
+    assert s is not None and (s.rank, s.local_rank, s.exit_code, s.signal) == (3, 1, 1, None)
+    assert exception_line(s.traceback) == "RuntimeError: injected failure on rank 3 at step 2"
+
+
+def test_without_the_summary_traceback_the_ranks_own_lines_say_it() -> None:
+    lines = texts("nodelog/raise_rank3_failing-node_torch2.14.log")
+    s = summary(lines)
+    assert s is not None
+    mine = rank_lines(lines[:s.first], 1)
+    assert mine[0].startswith("up world=4") and all(not t.startswith("[") for t in mine)
+    assert exception_line(mine) == "RuntimeError: injected failure on rank 3 at step 2"
+
+
+def test_a_sigkilled_rank_is_a_signal_with_the_oom_hint_never_exit_code_1() -> None:
+    found = cause(texts("nodelog/sigkill_rank3_failing-node_torch2.14.log"), node="n1")
+    assert found is not None and found.text == "killed by SIGKILL" and found.signal == "SIGKILL"
+    assert found.hint is not None and "OOM killer" in found.hint and "orch exec --nodes n1" in found.hint
+
+
+def test_argparse_error_of_the_trainer_is_the_cause_not_its_usage_text() -> None:
+    found = cause(texts("nodelog/trainer_argparse-typo_torch2.14.log"))
+    assert found is not None and found.text == "python -m trainer: error: unrecognized arguments: --epocs"
+    assert found.hint is not None and "job.args" in found.hint
+
+
+def test_the_trainers_own_error_line_is_the_cause() -> None:
+    found = cause(texts("nodelog/trainer_error_epochs0_torch2.14.log"))
+    assert found is not None and found.text == "error: --epochs must be >= 1, got 0"
+
+
+@pytest.mark.parametrize("name, text, sig", [
+    ("torchrun_failure_summary_SIGKILL_CPPO-6.txt", "killed by SIGKILL", "SIGKILL"),
+    ("torchrun_failure_summary_8rank_SIGABRT_tail_picotron-6.txt", "killed by SIGABRT", "SIGABRT"),
+    ("torchrun_failure_summary_exitcode1_unsloth-4.txt", "exited with code 1", None),
+    ("torchrun_tee3_2proc_exit3_stderr_torch2.14.txt", "exited with code 3", None),
+])
+def test_recorded_torchrun_summaries_of_other_torch_versions(name: str, text: str, sig: str | None) -> None:
+    found = cause(texts(name), node="gpu7")
+    assert found is not None and (found.text, found.signal) == (text, sig)
+    if sig:
+        assert found.hint
+
+
+def test_a_cpp_exception_that_aborted_a_rank_names_its_type_and_what() -> None:
+    lines = rank_lines(texts("torchrun_tee3_default3_CUDAError_crash_bloom176b.txt"), 3)
+    assert terminated(lines) == "c10::CUDAError: CUDA error: unknown error"
+    assert gpu_error(lines) == "what():  CUDA error: unknown error"
+    # as torchrun reports that rank: killed by SIGABRT, with the C++ exception as the reason
+    block = ["------------------------------------------------------------", "Root Cause (first observed failure):",
+             "[0]:", "  time      : 2022-07-03_10:00:00", "  host      : jean-zay-iam01", "  rank      : 3 (local_rank: 3)",
+             "  exitcode  : -6 (pid: 1234)", "  error_file: <N/A>",
+             "  traceback : Signal 6 (SIGABRT) received by PID 1234",
+             "============================================================"]
+    found = cause(texts("torchrun_tee3_default3_CUDAError_crash_bloom176b.txt") + block)
+    assert found is not None and found.text == "c10::CUDAError: CUDA error: unknown error (killed by SIGABRT)"
+
+
+def test_torchrun_killed_itself_and_torchrun_signalled_from_outside() -> None:
+    found = cause(["started pid 42 (process group 42)"], node="n2", signal="SIGKILL")
+    assert found is not None and found.text == "torchrun was killed by SIGKILL" and "orch exec --nodes n2" in (found.hint or "")
+    # the recorded Ctrl-C log without its agent's stop line: torchrun's SignalException from a kill
+    # that did not come through orch
+    stopped = texts("nodelog/sigint_stop_node0_torch2.14.log")
+    outside = [t for t in stopped if not t.startswith("agent received SIGTERM")]
+    found = cause(outside, node="n0")
+    assert found is not None and found.text == "torchrun got SIGTERM" and "outside orch on n0" in (found.hint or "")
+    # ... and with it: what the node printed once its agent was told to stop is no cause (orch down
+    # from another terminal: the failure keeps its reason)
+    assert cause(stopped, node="n0") is None
+    f = Failure("n0", 0, "was stopped from outside this `orch up` (orch down?)")
+    f.explain(raw("nodelog/sigint_stop_node0_torch2.14.log"))
+    assert f.to_json()["cause"] == "was stopped from outside this `orch up` (orch down?)"
+
+
+def test_a_shells_exit_code_for_a_signal_is_read_as_the_signal() -> None:
+    block = ["Root Cause (first observed failure):", "[0]:", "  rank      : 0 (local_rank: 0)",
+             "  exitcode  : 137 (pid: 9)", "  traceback : To enable traceback see: https://pytorch.org/docs/",
+             "===="]
+    found = cause(block)
+    assert found is not None and found.signal == "SIGKILL" and "137 (128 + 9" in found.text
+
+
+def test_hints_follow_the_error_line() -> None:
+    oom = ["Root Cause (first observed failure):", "[0]:", "  rank      : 1 (local_rank: 1)", "  exitcode  : 1 (pid: 9)",
+           "  traceback : Traceback (most recent call last):", "    File \"train.py\", line 3, in <module>",
+           "  torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "===="]
+    found = cause(oom)
+    assert found is not None and found.text.startswith("torch.OutOfMemoryError: CUDA out of memory")
+    assert "smaller batch" in (found.hint or "")
+    # a glog/c10 header is not part of the cause
+    line = ("[default0]:[rank0]:[E1201 11:12:35.123456 1234 torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:632] "
+            "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=4, OpType=ALLREDUCE) ran for "
+            "600011 milliseconds before timing out.")  # written for this test in c10's format: no GPU here
+    assert gpu_error(rank_lines([line], 0)) == ("[Rank 0] Watchdog caught collective operation timeout: WorkNCCL("
+                                                "SeqNum=4, OpType=ALLREDUCE) ran for 600011 milliseconds before timing out.")
+
+
+def test_a_line_of_another_thread_inside_the_traceback_does_not_hide_its_exception() -> None:
+    tb = ["Traceback (most recent call last):", '  File "train.py", line 9, in <module>', "    main()",
+          "epoch 3 loss=0.41", '  File "train.py", line 5, in main', "    raise ValueError('bad shard 7')",
+          "ValueError: bad shard 7"]
+    assert exception_line(tb) == "ValueError: bad shard 7"
+    assert exception_line(tb[:-1] + ["KeyboardInterrupt"]) == "KeyboardInterrupt"
+    assert exception_line(tb[:-1] + ["done", "saved", "bye", "exit", "x"]) is None  # words, not exceptions
+    assert exception_line(["Traceback (most recent call last):", "  File 'run.py'",
+                           "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: "]) is None
+
+
+def test_nothing_known_is_none_and_the_reason_stays() -> None:
+    assert cause(["some line", "another"]) is None
+    f = Failure("n1", 0, "exited with code 1", 1)
+    f.explain(["2026-11-30T09:32:05.000000Z out some line"])
+    assert f.to_json()["cause"] == "exited with code 1" and f.to_json()["hint"] is None
+
+
+def test_explain_fills_the_failure_and_its_json() -> None:
+    f = Failure("n1", 1, "exited with code 1", 1)
+    f.explain(raw("nodelog/sigkill_rank3_failing-node_torch2.14.log"))
+    doc = f.to_json()
+    assert (doc["rank"], doc["local_rank"], doc["signal"], doc["cause"]) == (3, 1, "SIGKILL", "killed by SIGKILL")
+    assert doc["exit_code"] == 1 and doc["reason"] == "exited with code 1"  # the node's, as before
+    assert any("Root Cause" in x for x in doc["excerpt"])
+
+
+def said(capsys: pytest.CaptureFixture[str]) -> str:
+    return " ".join(capsys.readouterr().err.split())
+
+
+def test_orch_up_names_the_cause_above_the_excerpt(capsys: pytest.CaptureFixture[str]) -> None:
+    f = Failure("n1", 1, "exited with code 1", 1)
+    f.explain(raw("nodelog/raise_rank3_failing-node_torch2.14.log"))
+    render.up_outcome(UpOutcome("failed", run_id="r1", failure=f, teardown_s=1.0))
+    err = said(capsys)
+    head = "first failure on n1 (node rank 1, rank 3, exit code 1): RuntimeError: injected failure on rank 3 at step 2"
+    assert head in err and "exited with code 1" not in err.split("Root Cause")[0]
+    assert err.index(head) < err.index("Root Cause")  # the excerpt stays, below the cause
+
+
+def test_orch_up_names_a_killed_rank_by_its_signal(capsys: pytest.CaptureFixture[str]) -> None:
+    f = Failure("n1", 1, "exited with code 1", 1)
+    f.explain(raw("nodelog/sigkill_rank3_failing-node_torch2.14.log"))
+    render.up_outcome(UpOutcome("failed", run_id="r1", failure=f, teardown_s=1.0))
+    err = said(capsys)
+    assert "first failure on n1 (node rank 1, rank 3): killed by SIGKILL hint: SIGKILL on a training node" in err
+    assert "exit code 1" not in err
+
+
+def test_orch_status_shows_cause_and_hint_and_reads_an_older_run_json(capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.run import control
+
+    f = Failure("n1", 1, "exited with code 1", 1)
+    f.explain(raw("nodelog/trainer_argparse-typo_torch2.14.log"))
+    data = {"run": "r1", "state": "failed", "nodes": [], "first_failure": f.to_json()}
+    render.status_table(control.status_report(data, {}))
+    out = " ".join(capsys.readouterr().out.split())
+    assert "first failure: n1 (node rank 1, rank 1, exit code 1): python -m trainer: error: unrecognized " \
+           "arguments: --epocs" in out and "hint: the job's arguments" in out and "orch logs r1 --node n1" in out
+    old = {"run": "r0", "state": "failed", "nodes": [],  # run.json written before causes existed
+           "first_failure": {"node": "n1", "rank": 3, "exit_code": 1, "reason": "exited with code 1", "excerpt": []}}
+    render.status_table(control.status_report(old, {}))
+    assert "first failure: n1 (rank 3, exit code 1): exited with code 1" in " ".join(capsys.readouterr().out.split())

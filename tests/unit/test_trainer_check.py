@@ -1,0 +1,116 @@
+"""`python -m trainer --check`: what a start refuses is refused (with the start's own message),
+what a start accepts is accepted, and nothing is trained or written. In process, on a tiny
+synthetic dataset; the `python -m trainer --check` process itself is run once."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.trainer_helpers import make_dataset
+from trainer import check, output
+from trainer.config import check_topology, parse_config
+from trainer.errors import TrainerError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_dataset(tmp_path_factory.mktemp("check-data"), images=8, imgsz=32)
+
+
+@pytest.fixture(autouse=True)
+def single_process(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "ORCH_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+
+
+def refused(argv: list[str]) -> TrainerError:
+    with pytest.raises(TrainerError) as info:
+        check.check(argv)
+    return info.value
+
+
+def test_a_typo_is_the_argparse_error_line_with_the_flag_it_meant() -> None:
+    err = refused(["--data", "/d.yaml", "--epocs", "24"])
+    assert str(err) == "python -m trainer: error: unrecognized arguments: --epocs (did you mean --epochs?)"
+    assert err.stage == "arguments"  # type: ignore[attr-defined]
+
+
+def test_what_a_start_accepts_is_accepted_and_nothing_is_written(data: Path, tmp_path: Path) -> None:
+    answer = check.check(["--data", str(data), "--batch", "4", "--epochs", "2", "--imgsz", "32"])
+    assert answer["ok"] is True and answer["trainer_check"] == check.SCHEMA
+    assert (answer["model"], answer["task"], answer["classes"], answer["device"]) == ("yolo12n.yaml", "detect", 3, "cpu")
+    assert answer["out"] == str(tmp_path / "runs" / "train" / "exp")
+    assert list(tmp_path.iterdir()) == [], "the check wrote something"
+    assert "model build (--freeze layer names)" in answer["not_verified"]
+
+
+def test_the_world_comes_from_torchruns_environment_as_at_start(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "32")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    err = refused(["--data", str(data), "--batch", "100"])
+    with pytest.raises(TrainerError) as start:  # the start's own rule, word for word
+        check_topology(parse_config(["--data", str(data), "--batch", "100"]), 32, True, 8)
+    assert str(err) == str(start.value) and "use 96 or 128" in str(err)
+    assert err.stage == "topology"  # type: ignore[attr-defined]
+    err = refused(["--data", str(data), "--batch", "64", "--device", "0,1,2,3"])
+    assert "--device 0,1,2,3 names 4 GPUs but torchrun started 8 process(es) on this node" in str(err)
+
+
+def test_an_out_that_holds_a_run_is_the_trainers_message(data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    (out / "weights").mkdir(parents=True)
+    (out / "weights" / "last.pt").write_bytes(b"")
+    err = refused(["--data", str(data), "--batch", "4", "--out", str(out)])
+    with pytest.raises(TrainerError) as start:
+        output.resolve(parse_config(["--data", str(data), "--batch", "4", "--out", str(out)]))
+    assert str(err) == str(start.value) == (f"--out {out} already holds a run (weights/last.pt): add --resume, "
+                                            "or pick another --out")
+    # with --resume the checkpoint is read as the start reads it: an empty file is refused, in words
+    err = refused(["--data", str(data), "--batch", "4", "--out", str(out), "--resume"])
+    assert str(err).startswith(f"--resume {out}/weights/last.pt: cannot be read as a checkpoint")
+    assert err.stage == "run directory"  # type: ignore[attr-defined]
+
+
+def test_only_rank_0_decides_the_run_directory(data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "run"
+    (out / "weights").mkdir(parents=True)
+    (out / "weights" / "last.pt").write_bytes(b"")
+    monkeypatch.setenv("RANK", "8")
+    monkeypatch.setenv("WORLD_SIZE", "16")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    answer = check.check(["--data", str(data), "--batch", "16", "--out", str(out)])
+    assert answer["ok"] and "out" not in answer and answer["rank"] == 8
+
+
+def test_inputs_are_checked_as_at_start(data: Path, tmp_path: Path) -> None:
+    assert "no such file" in str(refused(["--data", str(tmp_path / "nope.yaml")]))
+    assert str(refused(["--data", str(data), "--weights", str(tmp_path / "w.pt")])).startswith(
+        f"--weights {tmp_path}/w.pt: no such file")
+    assert str(refused(["--data", str(data), "--model", "yolo12q.yaml"])).startswith("--model yolo12q.yaml: unknown")
+    # a rule the start used to apply only after building the model
+    assert str(refused(["--data", str(data), "--prompt-mode", "full"])) == (
+        "--prompt-mode is for YOLOE models; --model yolo12n.yaml is yolo12n.yaml")
+    assert "needs CUDA" in str(refused(["--data", str(data), "--amp"]))
+
+
+def test_the_command_answers_one_json_line_and_exits_2_when_refused(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")}
+    proc = subprocess.run([sys.executable, "-m", "trainer", "--check", "--data", "/nowhere/d.yaml", "--epocs", "2"],
+                          cwd=tmp_path, env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 1 and json.loads(lines[0]) == {
+        "trainer_check": 1, "ok": False, "stage": "arguments",
+        "error": "python -m trainer: error: unrecognized arguments: --epocs (did you mean --epochs?)"}
+    assert "usage:" not in proc.stderr

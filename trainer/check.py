@@ -69,7 +69,7 @@ def check(argv: list[str]) -> dict[str, Any]:
         }
         if topo.is_main:
             stage = "run directory"
-            out, resume = decide_run(cfg)
+            out, resume = decide_run(inputs.cfg)  # the model's task places the run directory
             answer.update(out=str(out.absolute()), resume=cfg.resume,
                           resume_epoch=resume.get("epoch") if resume else None)
     except TrainerError as e:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.errors import TrainerError
-from trainer.interface import DEFAULT_PROJECT, INPUT_FLAGS, OUTPUT_FLAGS, batch_problem
+from trainer.interface import DEFAULT_NAME, INPUT_FLAGS, OUTPUT_FLAGS, batch_problem
 from trainer.settings import (
     Given,
     convert,
@@ -171,13 +171,14 @@ class TrainConfig:
     """When fine-tuning, match the checkpoint's class rows to the data's classes by name."""
     out: str | None = None
     """run directory, used as is, e.g. /mnt/nfs/runs/y12m (default PROJECT/NAME, numbered if it exists)"""
-    project: str = DEFAULT_PROJECT
-    """parent of the run directory when --out is not given"""
-    name: str = "exp"
-    """run directory name under --project (default: the orch run id when started by orch up, else exp;
-    exp2, exp3... when it exists)"""
+    project: str = ""
+    """parent of the run directory when --out is not given: an absolute path is used as is, a relative one
+    (or none) lies under runs/TASK, as ultralytics 8.4 lays it out (default: runs/detect, runs/segment)"""
+    name: str = DEFAULT_NAME
+    """run directory name under the project (default: the orch run id when started by orch up, else train;
+    train2, train3... when it exists)"""
     exist_ok: bool = False
-    """reuse PROJECT/NAME instead of numbering a new one (exp2, exp3...)"""
+    """reuse PROJECT/NAME instead of numbering a new one (train2, train3...)"""
     save_period: int = 0
     """also keep weights/epochN.pt every N epochs, e.g. 10 (0 = never)"""
     val_period: int = 1

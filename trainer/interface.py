@@ -24,8 +24,13 @@ AUTO = "auto"
 """``--resume auto``: continue this run's own ``weights/last.pt`` when it wrote one, else start it
 over in the same directory. What ``orch up`` passes to a retry of the trainer: where the run
 directory is, the trainer alone decides (``--out``, ``--project``, ``--name``, numbering)."""
-DEFAULT_PROJECT = "runs/train"
-"""The folder a run folder is made in when neither ``--out`` nor ``--project`` says where."""
+DEFAULT_PROJECT = "runs"
+"""Where run folders go when ``--project`` is not absolute (ultralytics 8.4's ``get_save_dir``):
+``runs/<task>/<project>/<name>``, e.g. ``runs/detect/train``, ``runs/segment/train2``; an absolute
+``--project`` holds ``<name>`` itself."""
+DEFAULT_NAME = "train"
+"""The run folder's name when ``--name`` is not given (ultralytics': the mode), numbered
+``train2``, ``train3``... when it exists."""
 
 
 def batch_choices(batch: int, world_size: int) -> tuple[int, ...]:

@@ -85,14 +85,15 @@ def prepare(cfg: TrainConfig, topo: Topology, device: torch.device) -> Inputs:
     data = tdata.load_data_yaml(cfg.data)
     weights_model = models.load_weights(cfg.weights)[0] if cfg.weights else None
     arch = models.resolve_architecture(cfg.model, weights_model, cfg.weights)
+    if cfg.task and cfg.task != arch.task:
+        raise TrainerError(f"task={cfg.task} but {arch.source} is a {arch.task} model ({arch.name})")
+    cfg = replace(cfg, task=arch.task)  # the run directory lies under runs/<task> (output.project_dir)
     if arch.yoloe and weights_model is not None:
         cfg = yoloe_recipe(cfg)
     elif arch.yoloe:
         cfg = replace(cfg, notes=(*cfg.notes, f"warning: {arch.name} without --weights trains YOLOE from random weights: "
                                   "its text projection was never trained, so the class prompts are random directions "
                                   "(for tests; fine-tune a pretrained YOLOE checkpoint with --weights)"))
-    if cfg.task and cfg.task != arch.task:
-        raise TrainerError(f"task={cfg.task} but {arch.source} is a {arch.task} model ({arch.name})")
     if cfg.text_embeddings and not arch.yoloe:
         raise TrainerError(f"--text-embeddings is for YOLOE models; {arch.source} is {arch.name}")
     if not arch.yoloe and cfg.prompt_mode is not None:
@@ -143,7 +144,7 @@ def ultralytics_hyp(cfg: TrainConfig, arch: models.Arch, amp: str) -> SimpleName
         "freeze": list(cfg.freeze) if isinstance(cfg.freeze, tuple) else cfg.freeze, "multi_scale": cfg.multi_scale,
         "deterministic": cfg.deterministic, "channels_last": cfg.channels_last, "cls_remap": cfg.cls_remap,
         "plots": False, "val": cfg.val_period > 0, "device": output.ultralytics_device(cfg), "exist_ok": cfg.exist_ok,
-        "project": cfg.project, "name": cfg.name, "verbose": False, "resume": cfg.resume is not None,
+        "project": cfg.project or None, "name": cfg.name, "verbose": False, "resume": cfg.resume is not None,
         **cfg.hyp,
     }
     try:

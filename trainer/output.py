@@ -1,5 +1,5 @@
-"""The run directory, as ``yolo train`` lays it out: ``runs/train/exp`` (``exp2``, ``exp3``... when it
-exists), ``weights/{last,best}.pt``, ``results.csv``, ``args.yaml`` (which ``yolo cfg=`` accepts)
+"""The run directory, as ``yolo train`` (ultralytics 8.4) lays it out: ``runs/<task>/train``
+(``train2``, ``train3``... when it exists; an absolute ``--project`` holds the run itself), ``weights/{last,best}.pt``, ``results.csv``, ``args.yaml`` (which ``yolo cfg=`` accepts)
 and TensorBoard scalars."""
 
 from __future__ import annotations
@@ -63,6 +63,17 @@ def own_run(project: Path, name: str, run_id: str) -> Path | None:
     return None
 
 
+def project_dir(cfg: TrainConfig) -> Path:
+    """Where run directories are made, ultralytics 8.4's ``get_save_dir`` rule: an absolute
+    ``--project`` as it is, else ``runs/<task>/<project>`` (the task: ``cfg.task``, the model's
+    once ``prepare`` has read it; detect before)."""
+    from trainer.interface import DEFAULT_PROJECT
+
+    if cfg.project and Path(cfg.project).is_absolute():
+        return Path(cfg.project)
+    return Path(DEFAULT_PROJECT) / (cfg.task or "detect") / cfg.project
+
+
 def resolve_auto(cfg: TrainConfig) -> tuple[Path, Path | None] | None:
     """``--resume auto`` (what ``orch up`` passes to a retry): this run's own directory and its
     last.pt when it wrote one; the directory alone when it has none yet (the run starts over in
@@ -74,8 +85,8 @@ def resolve_auto(cfg: TrainConfig) -> tuple[Path, Path | None] | None:
         out = Path(cfg.out)
     else:
         run_id = os.environ.get("ORCH_RUN_ID")
-        base = Path(cfg.project) / cfg.name
-        found = own_run(Path(cfg.project), cfg.name, run_id) if run_id else (base if base.is_dir() else None)
+        base = project_dir(cfg) / cfg.name
+        found = own_run(project_dir(cfg), cfg.name, run_id) if run_id else (base if base.is_dir() else None)
         if found is None:
             return None
         out = found
@@ -109,7 +120,7 @@ def resolve(cfg: TrainConfig) -> tuple[Path, Path | None]:
         if cfg.resume is None:
             return out, None
         return out, Path(cfg.resume) if cfg.resume else out / LAST
-    base = Path(cfg.project) / cfg.name
+    base = project_dir(cfg) / cfg.name
     if cfg.resume == "" and cfg.name != TrainConfig.name:
         # A named run (by --name, or by orch up's run id, whose retries pass a bare --resume):
         # that run, never another one under the project that happens to be newer. A new `orch up`
@@ -120,9 +131,9 @@ def resolve(cfg: TrainConfig) -> tuple[Path, Path | None]:
             raise TrainerError(f"--resume: {base.absolute()} has no {LAST}; give --resume PATH, or the "
                                "--name of a run that has one")
     if cfg.resume == "":
-        run = latest_run(Path(cfg.project))
+        run = latest_run(project_dir(cfg))
         if run is None:
-            raise TrainerError(f"--resume: no run with {LAST} under {Path(cfg.project).absolute()}; "
+            raise TrainerError(f"--resume: no run with {LAST} under {project_dir(cfg).absolute()}; "
                                "give --resume PATH or the run's --out")
         return run, run / LAST
     if cfg.resume:

@@ -319,7 +319,7 @@ def test_yoloe_seg_with_an_embeddings_file_two_ranks(tmp_path: Path, mode: str, 
 
 
 def test_output_like_yolo_train(tmp_path: Path) -> None:
-    """runs/train/exp, then exp2; last.pt and best.pt stripped like ultralytics' final files; best.pt
+    """An absolute --project holds train, then train2 (ultralytics 8.4's get_save_dir); last.pt and best.pt stripped like ultralytics' final files; best.pt
     validated at the end; args.yaml that `yolo cfg=` accepts; TensorBoard scalars. The second run
     fine-tunes a -seg checkpoint given alone: it trains a segmentation model."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -336,11 +336,11 @@ def test_output_like_yolo_train(tmp_path: Path) -> None:
     save_checkpoint(ckpt, "yolo12n-seg.yaml", ["square", "disc", "triangle"])
     second = run_trainer([*args, "--weights", str(ckpt)])
     assert second.returncode == 0, second.explain()
-    assert sorted(p.name for p in project.iterdir()) == ["exp", "exp2"]
+    assert sorted(p.name for p in project.iterdir()) == ["train", "train2"]
     assert any("training yolo12n-seg.yaml (segment, from " in ln for ln in second.rank_lines())
-    assert "metrics/mAP50-95(M)" in read_results(project / "exp2")[0]
+    assert "metrics/mAP50-95(M)" in read_results(project / "train2")[0]
 
-    run = project / "exp"
+    run = project / "train"
     for name in ("last.pt", "best.pt"):
         ckpt_dict = torch.load(run / "weights" / name, map_location="cpu", weights_only=False)
         assert "trainer" not in ckpt_dict and ckpt_dict["optimizer"] is None and ckpt_dict["ema"] is None

@@ -56,7 +56,7 @@ def test_defaults_are_ultralytics_own(monkeypatch: pytest.MonkeyPatch) -> None:
         d["patience"], d["nbs"], d["workers"], d["optimizer"], d["cos_lr"])
     assert cfg.model is None and cfg.weights is None and cfg.amp == "auto" and cfg.lr is None
     assert accumulation(cfg) == 4  # round(nbs 64 / batch 16), as ultralytics
-    assert (cfg.out, cfg.project, cfg.name) == (None, "runs/train", "exp")
+    assert (cfg.out, cfg.project, cfg.name) == (None, "", "train")  # runs/<task>/train, as ultralytics 8.4
 
 
 def test_resume_forms() -> None:
@@ -301,7 +301,7 @@ def test_leading_tilde_is_this_nodes_home(monkeypatch) -> None:  # noqa: ANN001
 
 def test_each_orch_run_gets_its_own_run_directory_name(monkeypatch) -> None:  # noqa: ANN001
     monkeypatch.delenv("ORCH_RUN_ID", raising=False)
-    assert parse_config(["--data", "/d.yaml"]).name == "exp"
+    assert parse_config(["--data", "/d.yaml"]).name == "train"
     monkeypatch.setenv("ORCH_RUN_ID", "20261130-103558-local")
     assert parse_config(["--data", "/d.yaml"]).name == "20261130-103558-local"
     assert parse_config(["--data", "/d.yaml", "--name", "mine"]).name == "mine"
@@ -379,3 +379,23 @@ def test_resume_auto_finds_this_runs_own_directory_by_the_trainers_rule(tmp_path
     assert resolve(retry) == (project / "r1", project / "r1" / "weights" / "last.pt")  # outside orch: PROJECT/NAME
     with_out = parse_config(["--data", "/d/data.yaml", "--out", str(tmp_path / "o"), "--resume", "auto"])
     assert resolve(with_out) == (tmp_path / "o", None)
+
+
+def test_the_run_directory_is_where_ultralytics_8_4_puts_it(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """get_save_dir: runs/<task>/train, train2...; a relative --project under runs/<task>; an
+    absolute one as it is."""
+    from dataclasses import replace
+
+    from trainer.output import resolve
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ORCH_RUN_ID", raising=False)
+    cfg = parse_config(["--data", "/d/data.yaml"])
+    assert resolve(replace(cfg, task="detect"))[0] == Path("runs/detect/train")
+    assert resolve(replace(cfg, task="segment"))[0] == Path("runs/segment/train")
+    (tmp_path / "runs" / "segment" / "train").mkdir(parents=True)
+    assert resolve(replace(cfg, task="segment"))[0] == Path("runs/segment/train2")
+    mine = parse_config(["--data", "/d/data.yaml", "project=p", "name=r1"])
+    assert resolve(replace(mine, task="detect"))[0] == Path("runs/detect/p/r1")
+    absolute = parse_config(["--data", "/d/data.yaml", "--project", str(tmp_path / "nfs")])
+    assert resolve(replace(absolute, task="segment"))[0] == tmp_path / "nfs" / "train"

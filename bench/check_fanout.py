@@ -3,7 +3,7 @@ nodes (loopback).
 
 Sides, run alternately in one invocation for N in {1, 4, 16, 32}:
 - `orch check` (every check) and `orch check --only ssh,clock,timezone`, as the CLI a user runs;
-- `orch exec -- date`: the same command as pdsh's, through orch's transport, answers grouped;
+- `orch exec -- date`: the same command as pdsh's, through orch's transport, output live as `node: line`, as pdsh prints it;
 - `pdsh` (Debian's package, fanout 32 as orch) running a bare `date`, and running the equivalent
   probe commands (clock, zone, NCCL env, interfaces, python and torch versions) over OpenSSH;
 - a serial `ssh` loop running `date` (how the field guide's launch script reaches its nodes);

@@ -31,7 +31,7 @@ twice in a 15-minute device lease, start-up included). Steps:
 
 ``--cpu-dry-run`` runs the same steps on this CPU machine, tiny sizes, fp32, gloo, the GPU-only
 parts skipped with the reason (each step lists them under ``skipped``), with the GPU's
-``nvidia-smi`` replaced by a recorded one (``tests/fixtures/probe/v100``) for step 1, and with
+``nvidia-smi`` replaced by a recorded one (``tests/fixtures/probe/h100-capture``) for step 1, and with
 every Python module the GPU machine would lack made unimportable in the children (its package
 list plus the carried wheels, below): the plumbing (steps, budgets, JSON, table, error capture)
 and the package closure are proven here before any device time is spent.
@@ -107,8 +107,9 @@ DEFAULT_BUDGET_S = 420.0
 """The whole script on the GPU machine: 7 minutes, so that a second run fits in the lease."""
 DRY_BUDGET_S = 1800.0
 """The dry run on a 2-core machine shared with other work."""
-DRY_FIXTURE = REPO / "tests" / "fixtures" / "probe" / "v100"
-"""Recorded nvidia-smi output step 1 reads in the dry run (8 x V100, driver 535.129.03)."""
+DRY_FIXTURE = REPO / "tests" / "fixtures" / "probe" / "h100-capture"
+"""Recorded nvidia-smi output step 1 reads in the dry run (1 x H100 80GB, driver 590.48.01: this torch has kernels for it
+and its CUDA 13 runtime this driver; the V100 recording would fail the gpus check, rightly)."""
 EMBED_DIM = 512
 """Width of YOLOE's raw text embeddings (mobileclip:blt), which its head projects."""
 

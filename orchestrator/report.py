@@ -14,6 +14,7 @@ import base64
 import csv
 import html
 import io
+import shlex
 import statistics
 import time
 from collections.abc import Iterable
@@ -22,7 +23,17 @@ from pathlib import Path
 from typing import Any
 
 from .contract import NodeState
-from .logs.trainer import Throughput, announced, parse_results, parse_throughput
+from .logs.trainer import (
+    Phase,
+    Throughput,
+    announced,
+    parse_final,
+    parse_phases,
+    parse_results,
+    parse_throughput,
+    parse_throughput_epochs,
+    rank0_lines,
+)
 from .store import CHECK, RunDir, write_private
 
 STATE_COLOURS = {NodeState.RUNNING: "#1f77b4", NodeState.SUCCEEDED: "#2ca02c", NodeState.FAILED: "#d62728",
@@ -45,6 +56,25 @@ def read_results_csv(path: Path) -> dict[str, list[float]]:
     return cols
 
 
+def run_wall(info: dict[str, Any], now: float) -> tuple[float | None, bool]:
+    """(seconds, running): a finished run's recorded wall time (run.json `wall_s`; else from its
+    creation to its last node's end), or for one still running the time since it was created.
+    Never the time of the report for a finished run: regenerating it must not change the figure."""
+    from .contract import FINAL_STATES
+
+    created = info.get("created")
+    running = str(info.get("state")) not in FINAL_STATES
+    if running:
+        return (max(0.0, now - created) if isinstance(created, (int, float)) else None), True
+    wall = info.get("wall_s")
+    if isinstance(wall, (int, float)):
+        return float(wall), False
+    ends = [n.get("finished_at") for n in info.get("nodes") or [] if isinstance(n.get("finished_at"), (int, float))]
+    if ends and isinstance(created, (int, float)):
+        return max(ends) - created, False
+    return None, False
+
+
 def _png(fig: Any) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
@@ -54,17 +84,22 @@ def _png(fig: Any) -> bytes:
     return buf.getvalue()
 
 
-def plot_timeline(run: dict[str, Any]) -> bytes:
-    """One bar per node from start to end, coloured by its final state; the failure marked."""
+def plot_timeline(run: dict[str, Any], phases: list[Phase] | None = None) -> bytes:
+    """One bar per node from start to end, coloured by its final state; under them rank 0's
+    validation and checkpoint phases, and a line where each earlier attempt ended (retries)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     nodes = run.get("nodes", [])
+    phases = phases or []
     t0 = min([n.get("started_at") or run.get("created", 0) for n in nodes] + [run.get("created") or 0]) or 0
-    now = run.get("finished_at") or time.time()
-    fig, ax = plt.subplots(figsize=(8, 0.5 + 0.45 * max(1, len(nodes))))
+    wall, _running = run_wall(run, time.time())
+    created = run.get("created")
+    now = created + wall if isinstance(created, (int, float)) and wall is not None else time.time()
+    rows = len(nodes) + (1 if phases else 0)
+    fig, ax = plt.subplots(figsize=(8, 0.7 + 0.45 * max(1, rows)))
     for i, n in enumerate(nodes):
         start = (n.get("started_at") or t0) - t0
         end = (n.get("finished_at") or now) - t0
@@ -72,7 +107,21 @@ def plot_timeline(run: dict[str, Any]) -> bytes:
         ax.barh(i, max(end - start, 0.05), left=start, color=STATE_COLOURS.get(state, "#7f7f7f"))
         ax.text(end, i, f" {state}" + (f" ({n['exit_code']})" if n.get("exit_code") not in (None, 0) else ""),
                 va="center", fontsize=8)
-    ax.set_yticks(range(len(nodes)), [f"{n['node']} (rank {n.get('node_rank', '?')})" for n in nodes])
+    labels = [f"{n['node']} (rank {n.get('node_rank', '?')})" for n in nodes]
+    if phases:
+        y = len(nodes)
+        for kind, colour in PHASE_COLOURS.items():
+            spans = [(p.start - t0, max(p.end - p.start, 0.05)) for p in phases if p.kind == kind]
+            if spans:
+                ax.broken_barh(spans, (y - 0.4, 0.8), color=colour, label=kind)
+        labels.append("rank 0 phases")
+        ax.legend(fontsize=7, loc="lower right")
+    for a in run.get("attempts") or []:
+        if isinstance(a.get("ended"), (int, float)):
+            ax.axvline(a["ended"] - t0, color="#d62728", ls="--", lw=1)
+            ax.text(a["ended"] - t0, -0.6, f" attempt {a.get('attempt')} ended: {a.get('result')}", fontsize=7,
+                    color="#d62728")
+    ax.set_yticks(range(len(labels)), labels)
     ax.invert_yaxis()
     ax.set_xlabel("seconds since the run started")
     ax.set_title("node timeline")
@@ -80,30 +129,77 @@ def plot_timeline(run: dict[str, Any]) -> bytes:
     return _png(fig)
 
 
+PHASE_COLOURS = {"validation": "#9467bd", "checkpoint": "#bcbd22"}
+
+
 def plot_curves(results: dict[str, list[float]]) -> bytes | None:
-    """Training losses and mAP per epoch from results.csv."""
+    """Per epoch from results.csv: training losses, validation losses, mAP, learning rates."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     epochs = results.get("epoch")
-    losses = [k for k in results if k.startswith("train/") and k.endswith("loss")]
-    maps = [k for k in ("metrics/mAP50(B)", "metrics/mAP50-95(B)") if k in results]
-    if not epochs or not (losses or maps):
+    panels = [("training loss", [k for k in results if k.startswith("train/") and k.endswith("loss")], "train/"),
+              ("validation loss", [k for k in results if k.startswith("val/") and k.endswith("loss")], "val/"),
+              ("validation mAP", [k for k in results if k.startswith("metrics/mAP")], "metrics/"),
+              ("learning rate", [k for k in results if k.startswith("lr/")], "")]
+    if not epochs or not any(keys for _t, keys, _p in panels):
         return None
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))
-    for k in losses:
-        left.plot(epochs, results[k], marker="o", label=k.removeprefix("train/"))
-    left.set_title("training loss")
-    left.set_xlabel("epoch")
-    left.legend(fontsize=8)
-    for k in maps:
-        right.plot(epochs, results[k], marker="o", label=k.removeprefix("metrics/"))
-    right.set_title("validation mAP")
-    right.set_xlabel("epoch")
-    if maps:
-        right.legend(fontsize=8)
+    fig, axes = plt.subplots(1, 4, figsize=(14, 3.3))
+    for ax, (title, keys, prefix) in zip(axes, panels):
+        for k in keys:
+            ax.plot(epochs, results[k], marker="o", ms=3, label=k.removeprefix(prefix))
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("epoch")
+        if keys:
+            ax.legend(fontsize=7)
+        else:
+            ax.text(0.5, 0.5, "not in results.csv", ha="center", va="center", transform=ax.transAxes, color="#888")
+    fig.tight_layout()
+    return _png(fig)
+
+
+def node_throughput(epochs: dict[int, Throughput], nodes: list[dict[str, Any]]) -> dict[str, dict[int, tuple[float, float]]]:
+    """Per node and epoch: (images/s of its ranks together, their mean data-wait share), from each
+    epoch's throughput table and the ranks run.json gives each node (`base_rank`, `nproc`)."""
+    owner: dict[int, str] = {}
+    for n in nodes:
+        base, nproc = n.get("base_rank"), n.get("nproc")
+        if isinstance(base, int) and isinstance(nproc, int):
+            owner.update({r: n["node"] for r in range(base, base + nproc)})
+    out: dict[str, dict[int, tuple[float, float]]] = {}
+    for epoch, tp in epochs.items():
+        by_node: dict[str, list[int]] = {}
+        for rank in tp.ips:
+            by_node.setdefault(owner.get(rank, f"rank {rank}"), []).append(rank)
+        for node, ranks in by_node.items():
+            out.setdefault(node, {})[epoch] = (sum(tp.ips[r] for r in ranks),
+                                               statistics.fmean(tp.wait_share.get(r, 0.0) for r in ranks))
+    return out
+
+
+def plot_node_throughput(per_node: dict[str, dict[int, tuple[float, float]]]) -> bytes | None:
+    """Images/s and data-wait share of every node over the epochs."""
+    if not per_node:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.3))
+    for node, series in per_node.items():
+        epochs = sorted(series)
+        left.plot(epochs, [series[e][0] for e in epochs], marker="o", ms=3, label=node)
+        right.plot(epochs, [100 * series[e][1] for e in epochs], marker="o", ms=3, label=node)
+    left.set_title("images/s per node", fontsize=10)
+    right.set_title("data wait per node (% of its time)", fontsize=10)
+    for ax in (left, right):
+        ax.set_xlabel("epoch")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
     return _png(fig)
 
 
@@ -229,7 +325,12 @@ h1{font-size:1.4em}h2{font-size:1.1em;margin-top:1.6em;border-bottom:1px solid #
 table{border-collapse:collapse;font-size:.85em}td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}
 .ok,.succeeded{color:#2ca02c}.warn,.stopped{color:#ff7f0e}.fail,.failed{color:#d62728;font-weight:bold}
 .skip{color:#888}.none{color:#888;font-style:italic}pre{background:#f6f6f6;padding:8px;overflow-x:auto;font-size:.8em}
-img{max-width:100%}"""
+img{max-width:100%}
+.card{display:flex;flex-wrap:wrap;gap:8px}.card .item{border:1px solid #ddd;border-radius:6px;padding:6px 10px;min-width:150px}
+.label{font-size:.75em;color:#666}.value{font-size:1.05em}
+.cause{border:2px solid #d62728;background:#fdecea;border-radius:6px;padding:8px 12px;margin:1em 0}
+.cause .value{font-weight:bold;color:#a00}.cause .where,.cause .hint{font-size:.85em}
+details summary{cursor:pointer;color:#2ca02c;font-size:.85em;margin:.4em 0}"""
 
 
 def node_log_lines(run: RunDir) -> Iterable[str]:
@@ -239,62 +340,226 @@ def node_log_lines(run: RunDir) -> Iterable[str]:
             yield from fh
 
 
+@dataclass(frozen=True)
+class Summary:
+    """The report's summary card: what a person looks for first."""
+
+    state: str
+    wall_s: float | None
+    running: bool
+    world_size: int | None
+    nodes: int
+    attempt: int
+    max_attempts: int
+    best_map50_95: float | None
+    best_epoch: int | None
+    final: tuple[str, int, dict[str, float]] | None
+    """The final validation (`final val` line): checkpoint, its epoch, its metrics."""
+    weights: str | None
+    master: str | None
+
+    def items(self) -> list[tuple[str, str, str, Any]]:
+        """(key, label, text, raw value) per field, in the card's order."""
+        final = self.final
+        final_text = "—"
+        if final is not None:
+            name, epoch, metrics = final
+            shown = ", ".join(f"{k.removeprefix('metrics/')} {v:.4g}" for k, v in metrics.items()
+                              if k.startswith("metrics/mAP"))
+            final_text = f"{name} (epoch {epoch}): {shown or 'no mAP'}"
+        wall = "—" if self.wall_s is None else ("running for " if self.running else "") + f"{self.wall_s:.1f} s"
+        best = "—" if self.best_map50_95 is None else f"{self.best_map50_95:.4g} (epoch {self.best_epoch})"
+        return [
+            ("state", "state", self.state, self.state),
+            ("best_map50_95", "best mAP50-95", best, self.best_map50_95),
+            ("best_epoch", "best epoch", "—" if self.best_epoch is None else str(self.best_epoch), self.best_epoch),
+            ("final_val", "final validation", final_text,
+             None if final is None else final[2].get("metrics/mAP50-95(B)")),
+            ("weights", "weights", "—" if not self.weights else f"{self.weights} (on {self.master})", self.weights),
+            ("wall_s", "wall time", wall, self.wall_s),
+            ("world_size", "world size",
+             "—" if self.world_size is None else f"{self.world_size} ({self.nodes} nodes)", self.world_size),
+            ("attempts", "attempts", f"{self.attempt} of {self.max_attempts}", self.attempt),
+        ]
+
+
+def summarize(info: dict[str, Any], results: dict[str, list[float]], lines: list[str],
+              plan: dict[str, Any], now: float) -> Summary:
+    """The summary card from run.json (`info`), results.csv's columns, the node logs and plan.json."""
+    wall, running = run_wall(info, now)
+    maps, epochs = results.get("metrics/mAP50-95(B)") or [], results.get("epoch") or []
+    best = best_epoch = None
+    if maps and len(epochs) == len(maps):
+        i = max(range(len(maps)), key=lambda k: (maps[k], -k))  # the first epoch that reached the best
+        best, best_epoch = maps[i], int(epochs[i])
+    nodes = [n for n in info.get("nodes") or [] if isinstance(n, dict)]
+    world = plan.get("world_size") if isinstance(plan.get("world_size"), int) else None
+    if world is None and nodes and all(isinstance(n.get("nproc"), int) for n in nodes):
+        world = sum(n["nproc"] for n in nodes)
+    weights, _csv = announced(lines)
+    master = next((n.get("node") for n in nodes if n.get("node_rank") == 0), None)
+    attempt = int(info.get("attempt") or 1)
+    return Summary(str(info.get("state")), wall, running, world, len(nodes), attempt,
+                   int(info.get("max_attempts") or attempt), best, best_epoch, parse_final(lines), weights, master)
+
+
+def _summary_card(summary: Summary) -> str:
+    cells = []
+    for key, label, text, raw in summary.items():
+        value = "" if raw is None else html.escape(str(raw), quote=True)
+        cls = f" {html.escape(summary.state)}" if key == "state" else ""
+        cells.append(f"<div class='item' data-key='{key}' data-value='{value}'><div class='label'>"
+                     f"{html.escape(label)}</div><div class='value{cls}'>{html.escape(text)}</div></div>")
+    return "<section id='summary' class='card'>" + "".join(cells) + "</section>"
+
+
+def _cause_banner(failure: dict[str, Any]) -> str:
+    """A failed run's root cause, highlighted at the top: the failure's `cause` when the
+    supervisor found one (else its reason), where it happened, and the hint."""
+    cause = failure.get("cause") or failure.get("reason") or "the job failed"
+    ended = f"signal {failure['signal']}" if failure.get("signal") else f"exit code {failure.get('exit_code')}"
+    where = f"node {failure.get('node')}, rank {failure.get('rank')}, {ended}"
+    hint = f"<div class='hint'>hint: {html.escape(str(failure['hint']))}</div>" if failure.get("hint") else ""
+    return (f"<section id='root-cause' class='cause'><div class='label'>root cause</div>"
+            f"<div class='value'>{html.escape(str(cause))}</div><div class='where'>{html.escape(where)}</div>"
+            f"{hint}</section>")
+
+
+def masked_env(env: dict[str, Any]) -> dict[str, str]:
+    """Env names with their values hidden as the plan JSON hides them (`config.plan.HIDDEN`): which
+    variables were set matters, their values may be tokens and keys."""
+    from .config.plan import HIDDEN
+
+    return {str(k): HIDDEN for k in env}
+
+
+def _configuration(run: RunDir, info: dict[str, Any], plan: dict[str, Any]) -> list[str]:
+    """The resolved inventory (nodes, master, job; with the command line's overrides and any spare
+    in place) and the job's arguments as launched; env values masked."""
+    parts = ["<h2>configuration</h2>"]
+    try:
+        inv = run.inventory()
+    except Exception as exc:  # a snapshot that no longer parses: say so, show the rest
+        parts.append(f"<p class='none'>inventory snapshot unreadable: {html.escape(str(exc))}</p>")
+        inv = None
+    if inv is not None:
+        job = inv.job
+        rows: list[list[Any]] = [["inventory", inv.path], ["transport", inv.transport],
+                ["master", f"{inv.master.name} ({inv.master.addr}:{inv.master_port})"], ["rendezvous", job.rdzv],
+                ["entry", f"-m {job.module}" if job.module and not job.script else job.script],
+                ["workdir", job.workdir], ["python", job.python],
+                ["job arguments", " ".join(job.args) or "—"],
+                ["torchrun args", " ".join(job.torchrun_args) or "—"],
+                ["env", ", ".join(f"{k}={v}" for k, v in masked_env(dict(inv.env)).items()) or "—"]]
+        if info.get("overrides"):
+            ov = info["overrides"]
+            rows.append(["from the command line",
+                         "; ".join(f"{k} {' '.join(v) if isinstance(v, list) else v}" for k, v in
+                                   {**ov, "env": ", ".join(masked_env(ov.get("env") or {}))}.items() if v)])
+        parts.append(_table(["key", "value"], rows))
+        parts.append(_table(["node", "node rank", "host", "addr", "procs", "gpus"],
+                            [[n.name, i, n.host, n.addr, n.nproc_per_node, n.gpus] for i, n in enumerate(inv.nodes)]))
+    argv = ((plan.get("nodes") or [{}])[0] or {}).get("argv") or []
+    if argv:
+        parts.append("<p>command as launched on node rank 0:</p><pre id='command'>"
+                     + html.escape(shlex.join(str(a) for a in argv)) + "</pre>")
+    return parts
+
+
+def _preflight(checks: dict[str, Any]) -> list[str]:
+    """The preflight table: rows that are not `ok` in view, the `ok` rows folded."""
+    parts = ["<h2>preflight</h2>"]
+    results = checks.get("results") or []
+    if not results:
+        return [*parts, "<p class='none'>no preflight recorded (launched with --skip-checks)</p>"]
+    header = ["check", "node", "status", "value", "detail", "hint"]
+
+    def rows(rs: list[dict[str, Any]]) -> list[list[Any]]:
+        return [[r.get("check"), r.get("node"), r.get("status"), r.get("value"), r.get("detail"), r.get("hint")]
+                for r in rs]
+
+    shown = [r for r in results if r.get("status") != "ok"]
+    ok = [r for r in results if r.get("status") == "ok"]
+    parts.append(_table(header, rows(shown), status_col=2) if shown else "<p class='ok'>every check passed</p>")
+    if ok:
+        parts.append(f"<details id='preflight-ok'><summary>{len(ok)} ok rows</summary>"
+                     + _table(header, rows(ok), status_col=2) + "</details>")
+    return parts
+
+
 def build_report(run: RunDir, results_csv: Path | None = None) -> Path:
     """Write `report/index.html` and its PNGs into the run directory; return the HTML path."""
     info = run.read()
     checks = run.read(CHECK)
+    plan = run.read("plan.json")
     out = run.path / "report"
     out.mkdir(exist_ok=True, mode=0o700)
-    timeline = plot_timeline(info)
+    lines = list(node_log_lines(run))
+    master = next((n.get("node") for n in info.get("nodes") or [] if n.get("node_rank") == 0), None)
+    master_log = run.path / "nodes" / f"{master}.log"
+    phases = parse_phases(rank0_lines(master_log.read_text(errors="replace").splitlines())) if (
+        master and master_log.exists()) else []
+    timeline = plot_timeline(info, phases)
     results_csv = results_csv or (run.path / "results.csv")
     # results.csv when it could be fetched, else the same columns from the trainer's log lines
-    curves = plot_curves(read_results_csv(results_csv) if results_csv.exists() else parse_results(node_log_lines(run)))
-    tp = parse_throughput(node_log_lines(run))
-    bars = plot_throughput(tp)
-    for name, png in (("timeline.png", timeline), ("curves.png", curves), ("throughput.png", bars)):
+    results = read_results_csv(results_csv) if results_csv.exists() else parse_results(lines)
+    curves = plot_curves(results)
+    bars = plot_throughput(parse_throughput(lines))
+    per_node = plot_node_throughput(node_throughput(parse_throughput_epochs(lines), info.get("nodes") or []))
+    for name, png in (("timeline.png", timeline), ("curves.png", curves), ("throughput.png", bars),
+                      ("throughput_nodes.png", per_node)):
         if png is not None:
             write_private(out / name, png)
-    created = info.get("created")
-    wall = (info.get("finished_at") or time.time()) - created if created else None
+    summary = summarize(info, results, lines, plan, time.time())
+    wall_text = "" if summary.wall_s is None else (
+        f", running for {summary.wall_s:.1f} s" if summary.running else f", wall time {summary.wall_s:.1f} s")
+    state = html.escape(str(info.get("state")))
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>orch run {html.escape(run.run_id)}</title>"
              f"<style>{CSS}</style></head><body>",
-             f"<h1>run {html.escape(run.run_id)} — <span class='{html.escape(str(info.get('state')))}'>"
-             f"{html.escape(str(info.get('state')))}</span></h1>",
-             f"<p>inventory {html.escape(str(info.get('inventory')))}, {len(info.get('nodes', []))} nodes"
-             + (f", wall time {wall:.1f} s" if wall is not None else "") + "</p>"]
+             f"<h1>run {html.escape(run.run_id)} — <span class='{state}'>{state}</span></h1>"]
     failure = info.get("first_failure")
+    if failure:
+        parts.append(_cause_banner(failure))
+    parts.append(f"<p>inventory {html.escape(str(info.get('inventory')))}, {len(info.get('nodes', []))} nodes"
+                 + wall_text + "</p>")
+    parts += ["<h2>summary</h2>", _summary_card(summary)]
     if failure:
         parts.append("<h2>first failure</h2>")
         ended = (f"signal {failure['signal']}" if failure.get("signal")
                  else f"exit code {failure.get('exit_code')}")
         parts.append(f"<p class='fail'>node {html.escape(str(failure.get('node')))}, rank "
                      f"{html.escape(str(failure.get('rank')))}, {html.escape(ended)}</p>")
-        why = failure.get("cause") or failure.get("reason")
-        if why:
-            parts.append(f"<p class='cause'><b>{html.escape(str(why))}</b></p>")
-        if failure.get("hint"):
-            parts.append(f"<p class='hint'>hint: {html.escape(str(failure['hint']))}</p>")
         parts.append("<pre>" + html.escape("\n".join(failure.get("excerpt") or [])) + "</pre>")
     parts += ["<h2>timeline</h2>", _img("timeline", timeline),
               "<h2>loss and mAP</h2>", _img("loss and mAP curves", curves),
-              "<h2>throughput</h2>", _img("throughput per rank", bars)]
+              "<h2>throughput</h2>", _img("throughput per node over the epochs", per_node),
+              _img("throughput per rank", bars)]
+    earlier = info.get("attempts") or []
+    if earlier:
+        parts.append("<h2>attempts</h2>")
+        parts.append(_table(["attempt", "ended", "result", "first failure"],
+                            [[a.get("attempt"), time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(a["ended"]))
+                              if isinstance(a.get("ended"), (int, float)) else "", a.get("result"),
+                              _failure_words(a.get("first_failure"))] for a in earlier]))
     parts.append("<h2>nodes</h2>")
     parts.append(_table(["node", "node rank", "host", "state", "exit code", "pid"],
                         [[n.get("node"), n.get("node_rank"), n.get("host"), n.get("state"), n.get("exit_code"),
                           n.get("pid")] for n in info.get("nodes", [])], status_col=3))
+    parts += _configuration(run, info, plan)
     if checks.get("fabric"):
         parts += _fabric_section(checks["fabric"], out)
-    parts.append("<h2>preflight</h2>")
-    if checks.get("results"):
-        parts.append(_table(["check", "node", "status", "value", "detail", "hint"],
-                            [[r.get("check"), r.get("node"), r.get("status"), r.get("value"), r.get("detail"),
-                              r.get("hint")] for r in checks["results"]], status_col=2))
-    else:
-        parts.append("<p class='none'>no preflight recorded (launched with --skip-checks)</p>")
+    parts += _preflight(checks)
     parts.append("</body></html>")
     page = out / "index.html"
     write_private(page, "\n".join(parts))
     return page
+
+
+def _failure_words(first: Any) -> str:
+    if not isinstance(first, dict):
+        return ""
+    cause = first.get("cause") or first.get("reason") or f"exit {first.get('exit_code')}"
+    return f"{first.get('node')} rank {first.get('rank')}: {cause}"
 
 
 def fetch_results_csv(run: RunDir, found: str | None) -> Path | None:

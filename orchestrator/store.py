@@ -1,4 +1,5 @@
-"""The controller's state directory, `$ORCH_HOME` (default `./.orch`), and where a run lives.
+"""The controller's state directory, `$ORCH_HOME` (default `~/.orch`, as SkyPilot keeps `~/.sky`:
+the same runs from any shell and any directory), and where a run lives.
 
     latest                        the id of the latest run
     checks/<inventory name>.json  the last `orch check` of that inventory: results, clock offsets
@@ -16,11 +17,17 @@ above this module.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import json
+import logging
 import os
+import re
+import secrets
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,10 +37,15 @@ from .config.nodes import Node, name_problem
 from .contract import RunState
 from .errors import UsageError
 
+HOME_VARIABLE = "ORCH_HOME"
+DEFAULT_HOME = "~/.orch"
+
 
 def orch_home() -> Path:
-    """The controller's state directory: `$ORCH_HOME`, default `./.orch`."""
-    return Path(os.environ.get("ORCH_HOME") or ".orch")
+    """The controller's state directory: `$ORCH_HOME`, default `~/.orch` (one place per user,
+    whatever the current directory, so `orch logs -f` finds the run from any shell). A leading
+    `~` in the variable is the user's home too."""
+    return Path(os.environ.get(HOME_VARIABLE) or DEFAULT_HOME).expanduser()
 
 
 def remote_dir(inv: Inventory, node: Node, run_id: str) -> str:
@@ -55,6 +67,21 @@ def write_private(path: Path, data: str | bytes) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+FULL = (errno.ENOSPC, errno.EDQUOT)
+"""A write refused because the controller's disk (or quota) is full."""
+RESERVE = 4096
+"""run.json is padded (JSON allows trailing whitespace) to hold this much more in the blocks it
+already has, so that on a full disk it can still be rewritten in place (`RunDir.write`)."""
+ID_ALPHABET = "0123456789abcdefghijkmnpqrstuvwxyz"
+"""The random suffix of a run id: lower case and digits, without `l` and `o` (read as 1 and 0)."""
+
+
+def warn(message: str) -> None:
+    """A warning through logging (`orch.store`): a record that could not be written, the run goes
+    on. `orch up` passes its own (`UpProgress.warning`) where it has one."""
+    logging.getLogger("orch.store").warning("orch: warning: %s", message)
 
 
 CHECK = "check.json"
@@ -85,6 +112,13 @@ class RunDir:
         inventory when the launch skipped its own), with the clock offsets `orch logs` orders by."""
         return self.path / CHECK
 
+    @property
+    def nonce(self) -> str | None:
+        """The run's launch nonce (run.json `nonce`): what its node run directories are claimed
+        with, so another controller's run of the same id is never started over, stopped or read."""
+        value = self.read().get("nonce")
+        return str(value) if value else None
+
     def read(self, name: str = "run.json") -> dict[str, Any]:
         try:
             return dict(json.loads((self.path / name).read_text()))
@@ -92,22 +126,71 @@ class RunDir:
             return {}
 
     def write(self, data: dict[str, Any], name: str = "run.json") -> None:
-        write_private(self.path / name, json.dumps(data, indent=2, sort_keys=False) + "\n")
+        """Rewrite atomically. run.json is padded to keep `RESERVE` bytes in hand: when the disk is
+        full, it is rewritten in place in the blocks it has (OSError if even that cannot be done)."""
+        text = json.dumps(data, indent=2, sort_keys=False) + "\n"
+        if name != "run.json":
+            write_private(self.path / name, text)
+            return
+        raw = text.encode()
+        padded = raw + b" " * (-(len(raw) + RESERVE) % RESERVE + RESERVE - 1) + b"\n"
+        try:
+            write_private(self.path / name, padded)
+        except OSError as exc:
+            if exc.errno not in FULL:
+                raise
+            self._rewrite_in_place(raw, exc)
+
+    def _rewrite_in_place(self, raw: bytes, exc: OSError) -> None:
+        """run.json over its own blocks (no new block needed while it fits the old size)."""
+        path = self.path / "run.json"
+        try:
+            size = path.stat().st_size
+        except OSError:
+            raise exc from None
+        if len(raw) + 1 > size:
+            raise exc
+        fd = os.open(path, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0))
+        try:
+            os.pwrite(fd, raw + b" " * (size - len(raw) - 1) + b"\n", 0)
+        finally:
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold run.json's lock (flock on `run.lock`): every read-modify-write of run.json, by any
+        process (`orch up`, `orch status`, `orch down` beside it), is done under it."""
+        fd = os.open(self.path / "run.lock", os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def modify(self, change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+        """Read run.json, `change` it, write it back, all under the lock; returns the new content."""
+        with self.locked():
+            data = self.read()
+            change(data)
+            self.write(data)
+            return data
 
     def update(self, **fields: Any) -> dict[str, Any]:
-        """Read run.json, set fields, write it back; returns the new content."""
-        data = self.read()
-        data.update(fields)
-        self.write(data)
-        return data
+        """Read run.json, set fields, write it back (under the lock); returns the new content."""
+        return self.modify(lambda data: data.update(fields))
 
     def inventory(self, as_run: bool = True) -> Inventory:
-        """The run's inventory snapshot; `as_run`: with the spares that replaced nodes on an
-        automatic retry (run.json `replaced`) in those nodes' places, as the run last ran."""
+        """The run's inventory snapshot; `as_run`: with the command line's overrides of its launch
+        (run.json `overrides`: nodes chosen, `--env`, args after `--`) and the spares that replaced
+        nodes on an automatic retry (run.json `replaced`) in those nodes' places, as the run last ran."""
         from .config.inventory import parse, with_replacements
 
         data = self.read()
         inv = parse(self.inventory_path.read_text(), str(data.get("inventory") or self.inventory_path))
+        if as_run and isinstance(data.get("overrides"), dict):
+            from .config.overrides import Overrides, apply
+
+            inv = apply(inv, Overrides.from_json(data["overrides"]))
         replaced = data.get("replaced") if as_run else None
         if not replaced:
             return inv
@@ -163,7 +246,7 @@ def check_run_id(run_id: str, where: str = "run id") -> str:
     (exit 2): a name like a node's, so `../x` or `a/b` never becomes a path."""
     problem = name_problem(run_id)
     if problem:
-        raise UsageError(f"{where} {run_id!r}: a run id {problem}", "run ids look like 20261130-093205-v100 or exp-42")
+        raise UsageError(f"{where} {run_id!r}: a run id {problem}", "run ids look like 20261130-093205-v100-k3f9 or exp-42")
     return run_id
 
 
@@ -175,48 +258,92 @@ class RunStore:
         self.root = self.home / "runs"
 
     def new_run_id(self, inv: Inventory, now: float | None = None) -> str:
-        """`20261130-093205-v100`, with `-2`, `-3`... if that second is already taken."""
+        """`20261130-093205-v100-k3f9`: local time, the inventory's name and 4 random characters,
+        so two controllers (two users, two `$ORCH_HOME`s) starting runs of one inventory in the
+        same second never pick the same id (1 in 34^4 = 1.3 million; drawn again if taken here)."""
         base = time.strftime("%Y%m%d-%H%M%S", time.localtime(now)) + f"-{inv.name}"
-        run_id, n = base, 1
-        while (self.root / run_id).exists():
-            n += 1
-            run_id = f"{base}-{n}"
-        return run_id
+        while True:
+            run_id = f"{base}-{''.join(secrets.choice(ID_ALPHABET) for _ in range(4))}"
+            if not (self.root / run_id).exists():
+                return run_id
 
     def create(self, inv: Inventory, run_id: str | None = None) -> RunDir:
         """Make the run directory with the inventory snapshot; refuses to reuse an existing id."""
         run_id = check_run_id(run_id, "--run-id") if run_id else self.new_run_id(inv)
+        if run_id == LATEST:
+            raise UsageError("--run-id latest: `latest` names the latest run wherever a RUN is taken",
+                             "pick another --run-id")
         path = self.root / run_id
-        if path.exists():
-            raise UsageError(f"run {run_id} already exists in {self.root}", "pick another --run-id")
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        path.mkdir(mode=0o700)
+        try:
+            path.mkdir(mode=0o700)  # exclusive: of two `orch up --run-id X` here, one gets it
+        except FileExistsError:
+            raise UsageError(f"run {run_id} already exists in {self.root}", "pick another --run-id") from None
         run = RunDir(path)
         write_private(run.inventory_path, inv.source)
         run.write({"run": run_id, "inventory": inv.path, "name": inv.name, "created": time.time(),
-                   "state": RunState.STARTING, "nodes": []})
+                   "nonce": secrets.token_hex(6), "state": RunState.STARTING, "nodes": []})
         write_private(self.home / "latest", run_id + "\n")
         return run
 
     def runs(self) -> Iterator[RunDir]:
-        """Every run, oldest first."""
+        """Every run, oldest first (by run.json `created`, else the directory's time)."""
         if not self.root.is_dir():
             return iter(())
-        return iter(RunDir(p) for p in sorted(self.root.iterdir(), key=lambda p: p.stat().st_mtime) if p.is_dir())
+        return iter(sorted((RunDir(p) for p in self.root.iterdir() if p.is_dir()), key=_started))
+
+    def latest_id(self) -> str:
+        """The id `latest` names, else UsageError (exit 2): no run yet."""
+        latest = self.home / "latest"
+        if not latest.exists():
+            raise UsageError(f"no runs yet in {self.root}", "start one with: orch up INVENTORY")
+        return check_run_id(latest.read_text().strip(), f"{latest} names a run")
 
     def get(self, run_id: str | None = None) -> RunDir:
-        """The named run, else the latest. Raises UsageError (exit 2) when there is none."""
-        if run_id is None:
-            latest = self.home / "latest"
-            if latest.exists():
-                run_id = check_run_id(latest.read_text().strip(), f"{latest} names a run")
-            else:
-                raise UsageError(f"no runs yet in {self.root}", "start one with: orch up INVENTORY")
+        """The named run, else the latest. RUN may be `latest`, a whole id, or any unique prefix
+        of one (`20261201-1933`), also with the date left out (`1933`: the run started 19:33).
+        Raises UsageError (exit 2) when there is none, or when a prefix fits several (listed)."""
+        if run_id is None or run_id == LATEST:
+            run_id = self.latest_id()
         else:
             check_run_id(run_id, "run")
         path = self.root / run_id
-        if not (path / "run.json").exists():
-            known = [r.run_id for r in self.runs()][-5:]
-            raise UsageError(f"unknown run '{run_id}' in {self.root}",
-                             "recent runs: " + (", ".join(known) if known else "none"))
-        return RunDir(path)
+        if (path / "run.json").exists():
+            return RunDir(path)
+        matches = self.matching(run_id)
+        if len(matches) == 1:
+            return matches[0]
+        if matches:
+            ids = [r.run_id for r in reversed(matches)]
+            shown = ", ".join(ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
+            raise UsageError(f"run '{run_id}' is ambiguous: {len(ids)} runs start so: {shown}",
+                             "give more of the id (orch runs lists them)")
+        known = [r.run_id for r in self.runs()][-5:]
+        raise UsageError(f"unknown run '{run_id}' in {self.root}",
+                         "recent runs: " + (", ".join(known) if known else "none") + " (orch runs --all lists every one)")
+
+    def matching(self, prefix: str) -> list[RunDir]:
+        """The runs whose id starts with `prefix`, oldest first; when none does, those whose id
+        after its date (`YYYYMMDD-`) does."""
+        runs = [r for r in self.runs() if (r.path / "run.json").exists()]
+        whole = [r for r in runs if r.run_id.startswith(prefix)]
+        return whole or [r for r in runs if _DATED.match(r.run_id) and r.run_id[9:].startswith(prefix)]
+
+
+LATEST = "latest"
+"""The RUN that names the latest run (`orch logs latest`), like leaving RUN out."""
+
+_DATED = re.compile(r"\d{8}-")
+
+
+def _started(run: RunDir) -> tuple[float, str]:
+    try:
+        created = run.read().get("created")
+    except (OSError, ValueError):
+        created = None
+    if not isinstance(created, (int, float)):
+        try:
+            created = run.path.stat().st_mtime
+        except OSError:
+            created = 0.0
+    return float(created), run.run_id

@@ -50,7 +50,8 @@ from .store import RunDir, RunStore, clock_offsets
 from .transport import Cluster, GroupResult
 
 Result = Literal["succeeded", "failed", "start_failed", "sync_failed", "preflight_failed", "retry_preflight_failed",
-                 "interrupted", "detached"]
+                 "interrupted", "stopped", "detached"]
+"""`stopped`: `orch down` (from another shell) stopped the run: final, never retried."""
 RETRIED = ("failed", "start_failed")
 """The ends of an attempt that `job.retries` relaunches: the job failed (a rank, a node, a hang
 stopped by the watchdog) or a node could not start. A failed sync or preflight never is."""
@@ -85,6 +86,9 @@ class UpProgress(Protocol):
 
     def log_stopped(self, exc: Exception) -> None:
         """Log streaming broke; supervision goes on without it."""
+
+    def warning(self, message: str) -> None:
+        """Something the run goes on without (a record or log copy the controller's disk refused)."""
 
     def stalled(self, silent_s: float, timeout_s: float) -> None:
         """No rank wrote a line for `silent_s`: every rank's stack is being taken."""
@@ -136,6 +140,9 @@ class Quiet:
         pass
 
     def log_stopped(self, exc: Exception) -> None:
+        pass
+
+    def warning(self, message: str) -> None:
         pass
 
     def stalled(self, silent_s: float, timeout_s: float) -> None:
@@ -203,7 +210,8 @@ def with_overrides(inv: Inventory, retries: int | None = None, stall_timeout_s: 
 
 def up(inv: Inventory, *, detach: bool = False, skip_checks: bool = False, run_id: str | None = None,
        skip_sync: bool = False, progress: UpProgress | None = None, fabric: bool = False,
-       retries: int | None = None, stall_timeout_s: float | None = None) -> UpOutcome:
+       retries: int | None = None, stall_timeout_s: float | None = None,
+       overrides: dict[str, Any] | None = None) -> UpOutcome:
     """Copy `job.sync` (unless skip_sync), check, launch on every node, then supervise (or return
     once every node runs, with detach). A `job.sync` path missing here raises UsageError.
     `fabric`: the preflight also runs the fabric check (a short job on every node), as
@@ -213,7 +221,9 @@ def up(inv: Inventory, *, detach: bool = False, skip_checks: bool = False, run_i
     same run id up to `job.retries` times (`retries` overrides it): `job.sync` and the preflight
     again (the fabric check too with `fabric`; a node that fails either is replaced by a healthy
     `spare:` node), then the same job, with `--resume` for the trainer once its master holds
-    `weights/last.pt`."""
+    `weights/last.pt`. `overrides`: what the command line changed of the inventory file for this
+    run (`config.overrides.Overrides.to_json`; `inv` has them applied already), kept in run.json so
+    every later command reads the run's inventory as it ran."""
     if skip_checks and fabric:
         raise UsageError("--fabric is a check: it cannot run with --skip-checks",
                          "drop --skip-checks, or --fabric")
@@ -240,6 +250,8 @@ def up(inv: Inventory, *, detach: bool = False, skip_checks: bool = False, run_i
         if not report.ok:
             return UpOutcome("preflight_failed", preflight=report, sync=synced)
     run = RunStore().create(inv, run_id)
+    if overrides:
+        run.update(overrides=overrides)
     if synced is not None:
         run.write(synced.to_json(), "sync.json")
     attempts = 1 if detach else 1 + inv.job.retries
@@ -271,6 +283,8 @@ def _attempts(say: UpProgress, run: RunDir, inv: Inventory, report: CheckReport 
     while True:
         outcome = _attempt(say, run, current, report, detach, t0, t_launch, attempt)
         outcome.attempt, outcome.attempts, outcome.earlier, outcome.sync = attempt, attempts, list(earlier), synced
+        if outcome.result in RETRIED and down_requested(run):
+            return _stopped(run, outcome)
         if outcome.result not in RETRIED or attempt >= attempts:
             return outcome
         if outcome.not_stopped:
@@ -294,7 +308,23 @@ def _attempts(say: UpProgress, run: RunDir, inv: Inventory, report: CheckReport 
                        retry_failed=prepared.retry_failed)
             return prepared
         current, report, synced = prepared
+        if down_requested(run):  # `orch down` while the retry was being prepared: nothing is relaunched
+            return _stopped(run, UpOutcome("stopped", run.run_id, report, time.monotonic() - t0, outcome.failure,
+                                           attempt=attempt, attempts=attempts, earlier=list(earlier)))
         t_launch = time.monotonic()
+
+
+def down_requested(run: RunDir) -> bool:
+    """Has `orch down` been asked to stop this run (run.json `down_requested`, from any shell)?"""
+    return bool(run.read().get("down_requested"))
+
+
+def _stopped(run: RunDir, outcome: UpOutcome) -> UpOutcome:
+    """The run ends `stopped`: `orch down` stopped it, and a stop is final (no retry)."""
+    outcome.result = "stopped"
+    outcome.no_retry = "stopped by orch down"
+    run.update(state=RunState.STOPPED)
+    return outcome
 
 
 def _attempt_record(attempt: int, outcome: UpOutcome) -> dict[str, Any]:
@@ -368,10 +398,10 @@ def _with_resume(say: UpProgress, run: RunDir, inv: Inventory) -> Inventory:
 def _attempt(say: UpProgress, run: RunDir, inv: Inventory, report: CheckReport | None, detach: bool, t0: float,
              t_launch: float, attempt: int) -> UpOutcome:
     """One launch of the run on the inventory's nodes: plan, start, supervise (or detach)."""
-    plan = make_plan(inv, run.run_id, attempt)
+    plan = make_plan(inv, run.run_id, attempt, run.nonce or "")
     run.write(plan.to_json(env_values=True), "plan.json")  # private (0600): what was launched, values too
     save_to_run(run, inv, report)
-    record = RunRecord(run)
+    record = RunRecord(run, warn=say.warning)
     run.update(nodes=node_records(plan), state=RunState.STARTING)
     say.starting(plan)
     with Cluster(inv) as cluster:
@@ -390,8 +420,15 @@ def _launch(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, cluster
             t0: float, t_launch: float, report: CheckReport | None, attempt: int = 1) -> UpOutcome:
     """Start every node; stop them all if one cannot start; then return (detach) or supervise."""
     inv = plan.inventory
-    started = start_all(cluster, plan)
+    started = start_all(cluster, plan, lease_s=None if detach else Tunables.from_env().lease_s)
     record.update_nodes(started.succeeded)
+    if down_requested(run):  # `orch down` came while the nodes were starting: stop what started
+        t = time.monotonic()
+        results = stop_all(cluster, record.nodes(), inv.job.stop_grace_s)
+        record.update_nodes({n: r.status for n, r in results.succeeded.items() if r.status is not None},
+                            state=RunState.STOPPED)
+        return UpOutcome("stopped", run.run_id, report, teardown_s=time.monotonic() - t,
+                         not_stopped=not_stopped(results))
     if started.failed:
         say.start_failed(started.failed)
         t = time.monotonic()
@@ -419,15 +456,17 @@ def _attached(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, clust
 
     def poll_one(name: str) -> NodeStatus:
         r = by_name[name]
-        # a loaded node answers slowly; only `grace` without an answer makes it unreachable
-        return status_node(cluster[name], r["python"], r["remote_dir"], timeout=grace)
+        # a node that was reached but answers slowly (a stalled disk) is not down: it has
+        # `no_answer_s`; one that cannot be reached fails the call, and is judged by `grace`
+        return status_node(cluster[name], r["python"], r["remote_dir"], timeout=tune.no_answer_s,
+                           nonce=r.get("nonce"), renew=True)
 
     def excerpt(name: str) -> list[str]:
         r = by_name[name]
-        return list(status_node(cluster[name], r["python"], r["remote_dir"], tail=200).tail)
+        return list(status_node(cluster[name], r["python"], r["remote_dir"], tail=200, nonce=r.get("nonce")).tail)
 
     pushed = Pushed([p.node.name for p in plan.nodes], poll_one, silent_after=tune.silent_after_s,
-                    first_frame_s=grace / 2, interval=interval, stale_after=grace / 2)
+                    first_frame_s=grace / 2, interval=interval, stale_after=grace / 2, no_answer_s=tune.no_answer_s)
     specs = [NodeSpec(p.node.name, p.node_rank, p.global_ranks.start, p.node.nproc_per_node) for p in plan.nodes]
     dog = Watchdog(inv.job.stall_timeout_s)
     watch = HangWatch(dog, inv.job.on_stall, cluster, run, records, specs, say, excerpt)
@@ -463,6 +502,12 @@ def _attached(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, clust
                             teardown_s=sup.teardown_s)
         return UpOutcome("interrupted", run.run_id, report, wall, teardown_s=sup.teardown_s or 0.0,
                          not_stopped=dict(sup.not_stopped))
+    if outcome.state == RunState.FAILED and down_requested(run):
+        # `orch down` from another shell: the nodes it stopped are not a failure of the job
+        record.update_nodes(dict(sup.nodes), state=RunState.STOPPED, wall_s=round(wall, 3),
+                            teardown_s=outcome.teardown_s)
+        return UpOutcome("stopped", run.run_id, report, wall, teardown_s=outcome.teardown_s,
+                         not_stopped=dict(outcome.not_stopped))
     fields: dict[str, Any] = {"state": outcome.state, "wall_s": round(wall, 3), "teardown_s": outcome.teardown_s}
     if outcome.failure is not None:
         fields["first_failure"] = outcome.failure.to_json()
@@ -484,7 +529,7 @@ def _stream_logs(say: UpProgress, run: RunDir, inv: Inventory, cluster: Cluster,
         offsets, _origin = clock_offsets(run, inv.name)
         follower = Follower(run, inv, cluster, offsets_ms=offsets, on_event=say.log_event, from_start=from_start,
                             on_status=lambda node, status: pushed.status(node, NodeStatus.from_json(status)),
-                            on_frame=pushed.frame)
+                            on_frame=pushed.frame, lease=True)
         for line in follower.lines(stop):
             if dog is not None and line.rank is not None:
                 dog.progress()

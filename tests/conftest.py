@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -134,6 +136,26 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+_GUARD_HOME = Path(tempfile.mkdtemp(prefix="orch-test-home-"))
+"""Where $ORCH_HOME points for the whole session, before any fixture or subprocess: `orch` run by
+a test that asks for no home of its own never writes to the real `~/.orch`."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """$ORCH_HOME defaults to `~/.orch`, the user's real runs: point it at the session's own
+    directory (whatever the environment set), for session fixtures and every subprocess."""
+    os.environ["ORCH_HOME"] = str(_GUARD_HOME / "session")
+
+
+@pytest.fixture(autouse=True)
+def _private_orch_home(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test sees a $ORCH_HOME of its own (created only when something writes there), so a
+    test that forgets the `orch_home` fixture shares no runs with another and never touches
+    `~/.orch`; `orch_home` and the tests that set the variable themselves override it."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in request.node.nodeid)[-120:]
+    monkeypatch.setenv("ORCH_HOME", str(_GUARD_HOME / safe))
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Remove namespaces/links that a killed earlier session could not tear down; turn SIGTERM
     (CI or `timeout` stopping the run) into an interrupt, so fixtures still stop their daemons."""
@@ -145,6 +167,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the run when the cluster fixture left anything behind (processes, namespaces, links).
     An xdist worker hands its leftovers to the controller, which fails the run."""
+    shutil.rmtree(_GUARD_HOME, ignore_errors=True)
     left = leftovers()
     worker_output = getattr(session.config, "workeroutput", None)
     if worker_output is not None:

@@ -17,7 +17,7 @@ import yaml
 from orchestrator.config.inventory import Inventory, load
 from orchestrator.logs.lines import format_line, read_node_lines
 from orchestrator.logs.merge import PlainNode, merge
-from orchestrator.node import FROM_STDIN
+from orchestrator.node import FROM_STDIN, FROM_STDIN_OPEN
 from orchestrator.store import RunDir, RunStore, remote_dir
 
 # Writes COUNT worker lines `[default<lr>]:[rank <r>] <node> seq=<i>` (every 7th without the
@@ -124,7 +124,7 @@ def reader_pids(node_dir: str) -> list[int]:
             argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if FROM_STDIN.encode() in argv and node_dir.encode() in argv:
+        if (FROM_STDIN.encode() in argv or FROM_STDIN_OPEN.encode() in argv) and node_dir.encode() in argv:
             out.append(int(entry))
     return out
 

@@ -53,6 +53,51 @@ def batch_problem(batch: int, world_size: int) -> str | None:
             f"per rank): use {near}; for {batch} images per GPU use {batch * world_size} (or --batch-per-device {batch})")
 
 
+SAME_SETTING = {"batch_size": "batch", "lr0": "lr", "gradient_accumulation": "accumulate"}
+"""Second spellings of one setting (flags `--batch-size`, `--lr0`, `--gradient-accumulation`;
+ultralytics' `lr0=`), by the name with dashes as underscores: `--batch`, `--batch-size` and
+`batch=` are one setting. `trainer/config.py`'s ALIASES and `trainer/settings.py`'s
+FIELD_OF_SETTING define them; a test holds this table to both."""
+
+
+def setting_name(word: str) -> str | None:
+    """The setting a command-line word starts (`--batch-size` / `--batch=64` / `batch=64` ->
+    `batch`), or None for a word that starts none (a value, `detect`, `train`)."""
+    if word.startswith("--") and len(word) > 2:
+        name = word[2:].split("=", 1)[0].replace("-", "_")
+    elif "=" in word and not word.startswith("-") and word.split("=", 1)[0].isidentifier():
+        name = word.split("=", 1)[0]
+    else:
+        return None
+    return SAME_SETTING.get(name, name)
+
+
+def settings_of(words: list[str] | tuple[str, ...]) -> list[tuple[str | None, list[str]]]:
+    """The words cut into settings: `(name, words)` for each flag with its value (a flag takes
+    the next word unless that word starts a setting itself, so `--amp --batch 8` is two) and
+    each `key=value`; `(None, [word])` for a word that belongs to none."""
+    out: list[tuple[str | None, list[str]]] = []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        name = setting_name(word)
+        takes = (name is not None and word.startswith("--") and "=" not in word and i + 1 < len(words)
+                 and setting_name(words[i + 1]) is None and words[i + 1] not in ("detect", "segment", "train"))
+        out.append((name, list(words[i:i + 2]) if takes else [word]))
+        i += 2 if takes else 1
+    return out
+
+
+def override_args(base: tuple[str, ...], extra: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """`base` (the inventory's job args) with `extra` (the command line's) after them, where a
+    setting `extra` gives replaces every spelling of it in `base`: the command line wins, as
+    argparse's last value does, and the trainer, which refuses one setting given twice with two
+    values, sees it once."""
+    given = {name for name, _ in settings_of(list(extra)) if name is not None}
+    kept = [w for name, ws in settings_of(list(base)) if name not in given for w in ws]
+    return (*kept, *extra)
+
+
 def parse_device(value: Any) -> str:
     """``0`` / ``0,1,2,3`` / ``cuda:0,1`` / ``[0, 1]`` / cpu / cuda / auto → ``cuda:0,1`` / cpu / cuda / auto.
 

@@ -337,3 +337,131 @@ def parse_final(lines: Iterable[str]) -> tuple[str, int, dict[str, float]] | Non
         if m:
             found = (m.group(1), int(m.group(2)), _val_columns(m.group(3)))
     return found
+
+
+STEP_LINE = re.compile(r"(?:^|\] )epoch (\d+)/(\d+) batch (\d+)/(\d+) .*?images/s ([\d.]+) data (\d+)%")
+"""Rank 0's progress line (:func:`step_line`): epoch, epochs, batch, batches, images/s, data-wait %."""
+DONE_LINE = re.compile(r"(?:^|\] )done: (\d+) epochs in ")
+"""The last line of a run (:func:`done_line`)."""
+
+
+@dataclass
+class Progress:
+    """Where a training run is, read from rank 0's lines as they come (``orch up``'s live line,
+    ``orch status``): the epoch and batch, the latest images/s, the last validation, an ETA."""
+
+    epoch: int = 0
+    """The epoch in progress (1-based); 0 before the first progress line."""
+    epochs: int = 0
+    batch: int = 0
+    batches: int = 0
+    images_per_s: float | None = None
+    data_wait: float | None = None
+    """Share of the time rank 0 waited for data since the last progress line (0..1)."""
+    val_epoch: int | None = None
+    """The epoch of the last validation."""
+    map50_95: float | None = None
+    map50: float | None = None
+    eta_s: float | None = None
+    """Seconds left at the rate since the first progress line seen; None until it can tell."""
+    done: bool = False
+    """The done line was seen: training ended."""
+    _first: tuple[float, float] | None = field(default=None, repr=False)
+    """(fraction done, time) of the first progress line seen: the rate's start."""
+
+    def fraction(self) -> float:
+        """How much of the run is done (0..1) by epochs and batches."""
+        if not self.epochs or not self.batches:
+            return 0.0
+        return min(1.0, ((self.epoch - 1) + self.batch / self.batches) / self.epochs)
+
+    def feed(self, text: str, ts: float) -> bool:
+        """Take one line (its text, and when it was written); True when it changed the progress."""
+        m = STEP_LINE.search(text)
+        if m:
+            self.epoch, self.epochs, self.batch, self.batches = (int(m.group(i)) for i in range(1, 5))
+            self.images_per_s, self.data_wait = float(m.group(5)), int(m.group(6)) / 100
+            now = self.fraction()
+            if self._first is None or now < self._first[0]:  # a retry that resumed earlier starts over
+                self._first = (now, ts)
+            else:
+                done_since, elapsed = now - self._first[0], ts - self._first[1]
+                self.eta_s = (1.0 - now) * elapsed / done_since if done_since > 0 and elapsed > 0 else self.eta_s
+            return True
+        m = VAL_LINE.search(text)
+        if m:
+            values = dict(_read_pairs(m.group(3)))
+            self.val_epoch, self.epochs = int(m.group(1)), int(m.group(2))
+            self.map50_95, self.map50 = values.get("mAP50-95"), values.get("mAP50")
+            return True
+        if DONE_LINE.search(text):
+            self.done, self.eta_s = True, 0.0
+            return True
+        return False
+
+    @property
+    def known(self) -> bool:
+        """A progress or validation line was seen."""
+        return bool(self.epochs)
+
+    def to_json(self) -> dict[str, object]:
+        return {"epoch": self.epoch, "epochs": self.epochs, "batch": self.batch, "batches": self.batches,
+                "images_per_s": self.images_per_s, "data_wait": self.data_wait, "val_epoch": self.val_epoch,
+                "map50_95": self.map50_95, "map50": self.map50,
+                "eta_s": None if self.eta_s is None else round(self.eta_s, 1), "done": self.done}
+
+
+def parse_throughput_epochs(lines: Iterable[str]) -> dict[int, Throughput]:
+    """Every epoch's throughput table in the log (a resumed run's repeated epoch: the later one)."""
+    out: dict[int, Throughput] = {}
+    for line in lines:
+        m = THROUGHPUT_ROW.search(line)
+        if m:
+            epoch, rank = int(m.group(1)), int(m.group(2))
+            tp = out.setdefault(epoch, Throughput(epoch=epoch))
+            tp.ips[rank] = float(m.group(3))
+            tp.wait_share[rank] = float(m.group(4)) / 100
+            continue
+        m = THROUGHPUT_TOTAL.search(line)
+        if m and int(m.group(1)) in out:
+            tp = out[int(m.group(1))]
+            tp.total = float(m.group(2))
+            tp.efficiency = float(m.group(4)) / 100 if m.group(4) else None
+    return dict(sorted(out.items()))
+
+
+@dataclass(frozen=True)
+class Phase:
+    """A span of rank 0's time the report marks on the timeline (node clock, epoch seconds)."""
+
+    kind: str
+    """``validation`` (from the epoch's train line to its val line) or ``checkpoint`` (from the val
+    line, or the train line without validation, to rank 0's next line: the epoch's end, where the
+    checkpoint is written)."""
+    epoch: int
+    start: float
+    end: float
+
+
+def parse_phases(lines: Iterable[tuple[float, str]]) -> list[Phase]:
+    """Validation and checkpoint spans from rank 0's ``(time, text)`` lines, oldest first."""
+    phases: list[Phase] = []
+    train_at: dict[int, float] = {}
+    pending: tuple[int, float] | None = None  # an epoch's end, waiting for the next line
+    for ts, text in lines:
+        if pending is not None:
+            phases.append(Phase("checkpoint", pending[0], pending[1], ts))
+            pending = None
+        m = EPOCH_LINE.search(text)
+        if m:
+            train_at[int(m.group(1))] = ts
+            pending = (int(m.group(1)), ts)
+            continue
+        m = VAL_LINE.search(text)
+        if m:
+            epoch = int(m.group(1))
+            if epoch in train_at:
+                phases.append(Phase("validation", epoch, train_at[epoch], ts))
+            phases = [p for p in phases if not (p.kind == "checkpoint" and p.epoch == epoch and p.end == ts)]
+            pending = (epoch, ts)
+    return phases

@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 import traceback
+from typing import Any
 
 import click
 
@@ -20,13 +21,16 @@ from ..config.inventory import Inventory
 from ..config.inventory import load as load_inventory
 from ..contract import CHECK_NAMES, ExitCode
 from ..errors import OrchError, UsageError
-from . import render
+from . import complete, render
 
+DEFAULT_RUNS = 20
+"""How many runs `orch runs` lists without --all (run.history.DEFAULT_LIMIT, without importing it)."""
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 UP_EXIT = {"succeeded": ExitCode.OK, "detached": ExitCode.OK, "failed": ExitCode.FAILED,
            "start_failed": ExitCode.FAILED, "preflight_failed": ExitCode.PREFLIGHT_FAILED,
            "sync_failed": ExitCode.PREFLIGHT_FAILED,
-           "interrupted": ExitCode.INTERRUPTED, "retry_preflight_failed": ExitCode.FAILED}
+           "interrupted": ExitCode.INTERRUPTED, "stopped": ExitCode.INTERRUPTED,
+           "retry_preflight_failed": ExitCode.FAILED}
 """The exit code of each way `orch up` ends (docs/CONTRACT.md)."""
 
 
@@ -57,6 +61,37 @@ def split_names(value: str | None) -> list[str] | None:
     return [v.strip() for v in value.split(",") if v.strip()] if value else None
 
 
+def node_selection(func: Any) -> Any:
+    """`--include/--exclude/--nodes/--master` (DeepSpeed's launcher's habits) on up and check."""
+    for option in reversed([
+        click.option("--include", metavar="SET", shell_complete=complete.node_names, help="Only these nodes: names or ranges, e.g. n1,n[3-4]."),
+        click.option("--exclude", metavar="SET", shell_complete=complete.node_names, help="Not these nodes, e.g. n2."),
+        click.option("--nodes", "first", metavar="N|SET", shell_complete=complete.node_names,
+                     help="N: the first N nodes in inventory order (after --include/--exclude); a set of names "
+                          "works like --include."),
+        click.option("--master", metavar="NODE", shell_complete=complete.node_names,
+                     help="The node that becomes node rank 0 (needed when the inventory's master is left out)."),
+    ]):
+        func = option(func)
+    return func
+
+
+def overrides_from(include: str | None, exclude: str | None, first: str | None, master: str | None,
+                   env: tuple[str, ...] = (), args: list[str] | None = None) -> Any:
+    """The command line's `config.overrides.Overrides` (validated: exit 2 on a bad --env)."""
+    from ..config.overrides import Overrides, parse_env
+
+    count = None
+    if first is not None and first.strip().isdigit():
+        count = int(first)
+    elif first is not None:
+        include = f"{include},{first}" if include else first
+        if include != first:
+            raise UsageError("--nodes SET and --include together", "give the nodes once, with --include")
+    return Overrides(args=tuple(args or ()), env=parse_env(env), include=include, exclude=exclude, first=count,
+                     master=master)
+
+
 @click.group(context_settings=CONTEXT)
 @click.version_option(__version__, "-V", "--version", prog_name="orch")
 @click.option("-v", "--verbose", is_flag=True, help="Show every remote command and full tracebacks.")
@@ -72,7 +107,9 @@ def cli(ctx: click.Context, verbose: bool) -> None:
       orch status                        # per-node state
       orch down                          # stop every process of the run
 
-    State lives in $ORCH_HOME (default ./.orch). Shell completion (bash):
+    State lives in $ORCH_HOME (default ~/.orch, the same from any directory); $ORCH_INVENTORY
+    names the inventory when none is given. Shell completion of commands, flags, run ids,
+    node names, check names and inventory files (bash; zsh_source, fish_source alike):
     eval "$(_ORCH_COMPLETE=bash_source orch)"
     """
     ctx.obj = State(verbose)
@@ -80,6 +117,23 @@ def cli(ctx: click.Context, verbose: bool) -> None:
                         format="%(name)s: %(message)s", stream=sys.stderr)
     if not verbose:
         logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+
+
+class _CommandAfterDashes(complete.Remembering):
+    """A command whose words after the first `--` are not its own: they are the command to run
+    on the nodes (`ctx.meta["orch.command"]`, None without `--`), options and all."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            cut = args.index("--")
+            ctx.meta["orch.command"] = args[cut + 1:]
+            args = args[:cut]
+        else:
+            ctx.meta["orch.command"] = None
+        return super().parse_args(ctx, args)
+
+    def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
+        return [*super().collect_usage_pieces(ctx), "-- CMD ..."]
 
 
 CHECK_HELP = """Preflight every node in parallel; one table, or JSON with --json.
@@ -97,17 +151,22 @@ Examples:
   orch check inventory/v100.yaml
   orch check inventory/v100.yaml --only ssh,clock --json | jq .
   orch check inventory/v100.yaml --only fabric      # busbw per size, send/recv per node
+  orch check inventory/v100.yaml --exclude v100-2 --master v100-3
 """.format(checks=", ".join(CHECK_NAMES))
 
 
-@cli.command(help=CHECK_HELP, context_settings=CONTEXT)
-@click.argument("inventory", required=False)
+@cli.command(help=CHECK_HELP, cls=complete.Remembering, context_settings=CONTEXT)
+@click.argument("inventory", required=False, shell_complete=complete.inventory_files)
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON on stdout.")
-@click.option("--only", help="Run only these checks (comma separated).")
-@click.option("--skip", help="Skip these checks (comma separated).")
+@click.option("--only", shell_complete=complete.check_names, help="Run only these checks (comma separated).")
+@click.option("--skip", shell_complete=complete.check_names, help="Skip these checks (comma separated).")
+@node_selection
 @pass_state
-def check(state: State, inventory: str | None, as_json: bool, only: str | None, skip: str | None) -> None:
-    inv = resolve_inventory(inventory)
+def check(state: State, inventory: str | None, as_json: bool, only: str | None, skip: str | None,
+          include: str | None, exclude: str | None, first: str | None, master: str | None) -> None:
+    from ..config.overrides import apply
+
+    inv = apply(resolve_inventory(inventory), overrides_from(include, exclude, first, master))
     from ..preflight.runner import run_preflight, select_checks
 
     select_checks(split_names(only), split_names(skip))  # an unknown name: exit 2 before any connection
@@ -127,6 +186,8 @@ UP_HELP = """Check, assign ranks, launch torchrun on every node, stream the merg
 
 \b
 Node ranks follow the inventory (the master is node rank 0). One node failing stops all.
+Words after `--` are appended to the job's arguments for this run; a trainer setting given
+there replaces the inventory's (every spelling: --batch, --batch-size, batch=).
 When job.sync lists paths, they are copied to every node first (orch sync), then checked.
 Exit code: 0 success everywhere, 1 the job failed, 2 bad inventory, 3 preflight or sync
 failed (nothing launched), 130 interrupted (every node stopped first).
@@ -148,11 +209,14 @@ Examples:
   orch up inventory/v100.yaml --detach      # launch, return; then orch logs -f
   orch up inventory/v100.yaml --fabric      # measure the fabric in the preflight first
   orch up inventory/v100.yaml --retries 2 --stall-timeout 900
+  orch up inventory/v100.yaml -- --epochs 1 --batch 64   # replaces the inventory's batch
+  orch up inventory/v100.yaml --exclude v100-2 --env NCCL_DEBUG=INFO
+  orch up inventory/v100.yaml --nodes 2 --dry-run        # the first two nodes, ranks re-planned
 """
 
 
-@cli.command(help=UP_HELP, context_settings=CONTEXT)
-@click.argument("inventory", required=False)
+@cli.command(help=UP_HELP, cls=_CommandAfterDashes, context_settings=CONTEXT)
+@click.argument("inventory", required=False, shell_complete=complete.inventory_files)
 @click.option("--dry-run", is_flag=True, help="Print the plan (node, address, ranks, command); touch no node.")
 @click.option("--detach", is_flag=True, help="Return once every node has started; the job keeps running.")
 @click.option("--skip-checks", is_flag=True, help="Launch without the preflight.")
@@ -170,10 +234,17 @@ Examples:
 @click.option("--stall-timeout", type=click.FloatRange(min=0), metavar="SECONDS",
               help="Call the run hung when no rank writes a line this long; 0 = off "
                    "(default: job.stall_timeout_s, 600).")
-@pass_state
-def up(state: State, inventory: str | None, dry_run: bool, detach: bool, skip_checks: bool, skip_sync: bool,
-       run_id: str | None, as_json: bool, show_env: bool, fabric: bool, retries: int | None,
-       stall_timeout: float | None) -> None:
+@node_selection
+@click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
+              help="Add to the job's environment for this run (over the inventory's env); repeatable.")
+@click.pass_context
+def up(ctx: click.Context, inventory: str | None, dry_run: bool, detach: bool, skip_checks: bool, skip_sync: bool,
+       run_id: str | None, as_json: bool, fabric: bool, retries: int | None, stall_timeout: float | None, show_env: bool,
+       include: str | None, exclude: str | None, first: str | None, master: str | None,
+       env: tuple[str, ...]) -> None:
+    from ..config.overrides import apply
+
+    overrides = overrides_from(include, exclude, first, master, env, ctx.meta.get("orch.command"))
     if run_id is not None:
         from ..store import check_run_id
 
@@ -184,20 +255,26 @@ def up(state: State, inventory: str | None, dry_run: bool, detach: bool, skip_ch
     if show_env and not dry_run:
         raise UsageError("--show-env goes with --dry-run: it prints the plan's env values",
                          "orch up INVENTORY --dry-run --show-env")
-    inv = resolve_inventory(inventory)
+    inv = apply(resolve_inventory(inventory), overrides)
     if dry_run:
         from ..config.plan import make_plan
 
         plan = make_plan(inv, run_id or "dry-run")
         if as_json:
-            render.json_out(plan.to_json(env_values=show_env))
+            render.json_out({**plan.to_json(env_values=show_env), "overrides": overrides.to_json(env_values=show_env)})
         else:
             render.plan_table(plan, env_values=show_env)
+            render.overrides_note(overrides)
         raise SystemExit(ExitCode.OK)
     from ..up import up as run_up
 
-    outcome = run_up(inv, detach=detach, skip_checks=skip_checks, run_id=run_id, skip_sync=skip_sync,
-                     progress=render.UpPrinter(), fabric=fabric, retries=retries, stall_timeout_s=stall_timeout)
+    printer = render.UpPrinter()
+    try:
+        outcome = run_up(inv, detach=detach, skip_checks=skip_checks, run_id=run_id, skip_sync=skip_sync,
+                         progress=printer, fabric=fabric, retries=retries, stall_timeout_s=stall_timeout,
+                         overrides=None if overrides.empty else overrides.to_json())
+    finally:
+        printer.live.clear()  # the outcome (or the interruption) is written where the live line was
     render.up_outcome(outcome)
     if outcome.result == "detached" and inv.job.retries:
         render.not_retried_detached(inv.job.retries)
@@ -221,10 +298,10 @@ Examples:
 """
 
 
-@cli.command(help=LOGS_HELP, context_settings=CONTEXT)
-@click.argument("run", required=False)
+@cli.command(help=LOGS_HELP, cls=complete.Remembering, context_settings=CONTEXT)
+@click.argument("run", required=False, shell_complete=complete.run_ids)
 @click.option("-f", "--follow", is_flag=True, help="Keep following every node live until the run ends or Ctrl-C.")
-@click.option("--node", "node_filter", help="Only these nodes (name or range, e.g. gpu[01-02]).")
+@click.option("--node", "node_filter", shell_complete=complete.node_names, help="Only these nodes (name or range, e.g. gpu[01-02]).")
 @click.option("--rank", "rank_filter", help="Only these global ranks (e.g. 0 or 0,8-15).")
 @click.option("--grep", help="Only lines matching this regular expression.")
 @click.option("--since", help="Only lines newer than this (e.g. 10m, 2h, or 2026-11-30T09:30:00).")
@@ -274,28 +351,65 @@ def logs(state: State, run: str | None, follow: bool, node_filter: str | None, r
 
 
 @cli.command(context_settings=CONTEXT)
-@click.argument("run", required=False)
+@click.argument("run", required=False, shell_complete=complete.run_ids)
 @click.option("--json", "as_json", is_flag=True, help="Print the state as JSON on stdout.")
 @pass_state
 def status(state: State, run: str | None, as_json: bool) -> None:
-    """Per-node state of a run: state, exit code, pid, uptime, last log time.
+    """Per-node state of a run: state, exit code, pid, uptime, last log time; for a trainer
+    run, its progress (epoch k/N, images/s, last validation mAP, ETA).
 
     \b
     Example:
       orch status --json | jq '.nodes[] | select(.state != "running")'
     """
+    from ..logs.trainer import run_progress
     from ..run.control import status as run_status
+    from ..store import RunStore
 
     report = run_status(run)
+    master = report.master
+    progress = run_progress(RunStore().get(report.run).path, master, report.master_tail) if master else None
     if as_json:
-        render.json_out(report.to_json())
+        render.json_out({**report.to_json(), "progress": progress.to_json() if progress else None})
     else:
         render.status_table(report)
+        if progress is not None:
+            render.progress_note(progress, report.state)
     raise SystemExit(ExitCode.OK)
 
 
 @cli.command(context_settings=CONTEXT)
-@click.argument("run", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print the runs as JSON on stdout.")
+@click.option("-a", "--all", "show_all", is_flag=True, help="Every run, not only the newest.")
+@click.option("-n", "--last", "last", type=click.IntRange(min=1), default=DEFAULT_RUNS, show_default=True,
+              metavar="N", help="How many of the newest runs to list.")
+@pass_state
+def runs(state: State, as_json: bool, show_all: bool, last: int) -> None:
+    """Every run in $ORCH_HOME, newest first, as run.json last recorded it (like `sky status`).
+
+    Id, inventory, state, attempt, start, wall time (`running for` while it runs), nodes ×
+    processes, and the first failure in a few words. Any unique prefix of an id names the run
+    wherever a RUN is taken (also without its date: `1933` for the run started at 19:33), and
+    `latest` the latest; `orch status RUN` asks the nodes for the live state.
+
+    \b
+    Examples:
+      orch runs
+      orch runs --all --json | jq -r '.runs[] | select(.state == "failed") | .run'
+      orch logs 20261201-1933 --follow     # a unique prefix of the id
+    """
+    from ..run.history import list_runs
+
+    report = list_runs(None if show_all else last)
+    if as_json:
+        render.json_out(report.to_json())
+    else:
+        render.runs_table(report)
+    raise SystemExit(ExitCode.OK)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("run", required=False, shell_complete=complete.run_ids)
 @pass_state
 def down(state: State, run: str | None) -> None:
     """Stop every process of a run on every node (by its recorded process group) and wait.
@@ -314,7 +428,7 @@ def down(state: State, run: str | None) -> None:
 
 
 @cli.command(context_settings=CONTEXT)
-@click.argument("run", required=False)
+@click.argument("run", required=False, shell_complete=complete.run_ids)
 @pass_state
 def report(state: State, run: str | None) -> None:
     """Write a self-contained HTML report of a run into its directory.
@@ -324,7 +438,7 @@ def report(state: State, run: str | None) -> None:
 
     \b
     Example:
-      orch report && xdg-open .orch/runs/*/report/index.html
+      xdg-open "$(orch report)"        # the path alone goes to stdout
     """
     from ..report import make_report
 
@@ -333,7 +447,7 @@ def report(state: State, run: str | None) -> None:
 
 
 @cli.command(context_settings=CONTEXT)
-@click.argument("run", required=False)
+@click.argument("run", required=False, shell_complete=complete.run_ids)
 @click.option("--json", "as_json", is_flag=True, help="Every rank's stack and the groups as JSON on stdout.")
 @click.option("--timeout", type=click.FloatRange(min=1), default=20.0, show_default=True, metavar="SECONDS",
               help="How long py-spy may take per rank.")
@@ -364,24 +478,7 @@ def stacks(state: State, run: str | None, as_json: bool, timeout: float) -> None
     raise SystemExit(ExitCode.OK if report.complete else ExitCode.FAILED)
 
 
-class _CommandAfterDashes(click.Command):
-    """A command whose words after the first `--` are not its own: they are the command to run
-    on the nodes (`ctx.meta["orch.command"]`, None without `--`), options and all."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if "--" in args:
-            cut = args.index("--")
-            ctx.meta["orch.command"] = args[cut + 1:]
-            args = args[:cut]
-        else:
-            ctx.meta["orch.command"] = None
-        return super().parse_args(ctx, args)
-
-    def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
-        return [*super().collect_usage_pieces(ctx), "-- CMD ..."]
-
-
-EXEC_HELP = """Run a command on every node in parallel; the output grouped by identical answer.
+EXEC_HELP = """Run a command on every node in parallel; each line shown as it arrives (`node: line`).
 
 \b
 The command goes after `--`. One argument is a line for each node's login shell, as
@@ -391,9 +488,16 @@ an argv, each word reaching the node as it is. It runs in the node's login envir
 and host-key rules as every orch command.
 
 \b
-Nodes that print the same stdout and stderr and exit alike are shown once, under their
-folded names (node[1-3,5]), like `pdsh | dshbak -c`; control characters in node output
-are shown escaped (\\x1b), never sent to the terminal.
+Output is live, as pdsh and clush print it: `node: line` the moment a node's line is
+complete, stdout lines on stdout, stderr lines on stderr. With -b/--gather (clush's flag)
+nodes that print the same stdout and stderr and exit alike are shown once, after all have
+answered, under their folded names (node[1-3,5]), like `pdsh | dshbak -c`. Control
+characters in node output are shown escaped (\\x1b), never sent to the terminal.
+
+\b
+Without an inventory, -w names the hosts (pdsh/clush -w: `gpu[1-4]`, `root@login`): reached
+over SSH with ~/.ssh/config and ~/.ssh/known_hosts, host keys checked strictly, as an
+inventory without an `ssh:` section.
 
 \b
 Exit code: the worst node's: the largest exit code, where a node that could not be
@@ -406,36 +510,62 @@ Examples:
   orch exec -- 'pip freeze | grep torch'
   orch exec --nodes v100-[2-4] -- df -h /data
   orch exec --timeout 10 --json -- nproc | jq -r '.nodes[] | "\\(.node) \\(.stdout)"'
+  orch exec -b -- nvidia-smi -L                # grouped: identical answers once
+  orch exec -w gpu[1-4] -- uptime               # no inventory: hosts from ~/.ssh/config
+  orch exec --env CUDA_VISIBLE_DEVICES=0 -- python -c 'import torch; print(torch.cuda.device_count())'
 """
 
 
 @cli.command("exec", cls=_CommandAfterDashes, help=EXEC_HELP, context_settings={**CONTEXT, "allow_extra_args": True})
-@click.argument("inventory", required=False)
-@click.option("--nodes", "node_set", metavar="SET", help="Only these nodes: names or ranges, e.g. v100-[1-2],v100-4.")
+@click.argument("inventory", required=False, shell_complete=complete.inventory_files)
+@click.option("--nodes", "node_set", metavar="SET", shell_complete=complete.node_names, help="Only these nodes: names or ranges, e.g. v100-[1-2],v100-4.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="Give up on a node whose command runs longer than SECONDS (it counts exit 124).")
 @click.option("--json", "as_json", is_flag=True, help="Print every node's answer as JSON on stdout.")
+@click.option("-b", "--gather", is_flag=True,
+              help="Group identical answers once all nodes answered (clush -b, pdsh | dshbak -c).")
+@click.option("-w", "hosts", metavar="HOSTS",
+              help="Hosts to run on without an inventory: names or ranges, e.g. gpu[1-4],root@login.")
+@click.option("-l", "--user", metavar="USER", help="With -w: the login on every host (else ~/.ssh/config's).")
+@click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
+              help="Set this variable for the command (over the node's login environment); repeatable.")
 @click.pass_context
 def exec_(ctx: click.Context, inventory: str | None, node_set: str | None, timeout: float | None,
-          as_json: bool) -> None:
+          as_json: bool, gather: bool, hosts: str | None, user: str | None, env: tuple[str, ...]) -> None:
     command = ctx.meta.get("orch.command")
     if not command:
         stray = f" (got: {' '.join(ctx.args)})" if ctx.args else ""
         raise UsageError("no command given" if command is not None else f"put the command after --{stray}",
-                         "orch exec [INVENTORY] [--nodes SET] -- CMD ...   e.g. orch exec -- nvidia-smi")
-    inv = resolve_inventory(inventory)
+                         "orch exec [INVENTORY] [--nodes SET] -- CMD ...   e.g. orch exec -- nvidia-smi (-w HOSTS: no inventory)")
     from ..config.nodeset import select
+    from ..config.overrides import parse_env
     from ..remote.exec import run_everywhere
 
-    nodes = select(node_set, inv.nodes)
-    with render.exec_progress(len(nodes)) as progress:
-        report = run_everywhere(inv, nodes, command, timeout=timeout, progress=progress)
-    if as_json:
-        render.json_out(report.to_json())
-    else:
-        from .ui import color_enabled
+    extra_env = parse_env(env)
+    if hosts is not None:
+        if inventory is not None:
+            raise UsageError("both an INVENTORY and -w", "give one: the inventory's nodes, or -w HOSTS")
+        from ..config.inventory import adhoc
 
-        render.exec_output(report, color_enabled(sys.stdout))
+        inv = adhoc(hosts, user)
+    elif user is not None:
+        raise UsageError("-l/--user goes with -w", "an inventory sets its login with ssh.user")
+    else:
+        inv = resolve_inventory(inventory)
+    nodes = select(node_set, inv.nodes)
+    from .ui import color_enabled
+
+    if as_json or gather:
+        with render.exec_progress(len(nodes)) as progress:
+            report = run_everywhere(inv, nodes, command, timeout=timeout, progress=progress, env=extra_env)
+        if as_json:
+            render.json_out(report.to_json())
+        else:
+            render.exec_output(report, color_enabled(sys.stdout))
+    else:
+        live = render.ExecLines(color_enabled(sys.stdout))
+        report = run_everywhere(inv, nodes, command, timeout=timeout, on_line=live, env=extra_env)
+        live.ended(report)
     raise SystemExit(report.exit_code)
 
 
@@ -461,9 +591,9 @@ Examples:
 """
 
 
-@cli.command(help=SYNC_HELP, context_settings=CONTEXT)
-@click.argument("inventory", required=False)
-@click.option("--nodes", "node_set", metavar="SET", help="Only these nodes: names or ranges, e.g. v100-[1-2],v100-4.")
+@cli.command(help=SYNC_HELP, cls=complete.Remembering, context_settings=CONTEXT)
+@click.argument("inventory", required=False, shell_complete=complete.inventory_files)
+@click.option("--nodes", "node_set", metavar="SET", shell_complete=complete.node_names, help="Only these nodes: names or ranges, e.g. v100-[1-2],v100-4.")
 @click.option("-n", "--dry-run", is_flag=True, help="Show what would change on each node; change nothing.")
 @click.option("--delete", is_flag=True, help="Also remove files inside synced directories that the controller does not have.")
 @click.option("--checksum", is_flag=True, help="Compare files by checksum, not size and time (reads every file).")

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from ..remote.sync import SyncReport
     from ..report import ReportOutcome
     from ..run.control import DownReport, StatusReport
+    from ..run.history import RunsReport
     from ..run.stacks import StacksReport
     from ..up import UpOutcome
 
@@ -88,6 +89,22 @@ def plan_table(plan: Plan, env_values: bool = False) -> None:
         table.add_row(p.node.name, f"{p.node.host}" + (f" ({p.node.addr})" if p.node.addr != p.node.host else ""),
                       str(p.node_rank), ranks, markup(cmd))
     out.print(table)
+
+
+def overrides_note(overrides: Any) -> None:
+    """Under the dry-run table: what the command line changed of the inventory for this run."""
+    if overrides.empty:
+        return
+    out = console()
+    picked = [f"{k} {v}" for k, v in (("--include", overrides.include), ("--exclude", overrides.exclude),
+                                      ("--nodes", overrides.first), ("--master", overrides.master)) if v is not None]
+    if picked:
+        out.print("nodes from the command line: " + markup(" ".join(picked)))
+    if overrides.env:
+        out.print("env from the command line: " + markup(", ".join(overrides.env)))
+    if overrides.args:
+        out.print("job args from the command line (each replaces the inventory's same setting): "
+                  + markup(shlex.join(overrides.args)))
 
 
 def check_table(report: CheckReport, out: Console | None = None) -> None:
@@ -281,12 +298,76 @@ def silence_stdout() -> None:
 # ----------------------------------------------------------------------------- orch up
 
 
+class LiveLine:
+    """One status line kept at the bottom of a terminal's stderr (`orch up`'s training progress):
+    everything else written to stderr through `stream`, and every stdout line through `above`,
+    first erases it, and `show` draws it again. Nothing of it where stderr is no terminal."""
+
+    def __init__(self, real: Any = None) -> None:
+        self.real = real or sys.stderr
+        self.on = may_be_terminal(self.real) and self.real.isatty()
+        self.text = ""
+        self.shown = False
+        self.stream = _ClearingStream(self)
+
+    def clear(self) -> None:
+        if self.shown:
+            self.real.write("\r\033[K")
+            self.real.flush()
+            self.shown = False
+
+    def show(self, text: str | None = None) -> None:
+        if text is not None:
+            self.text = text
+        if self.on and self.text:
+            width = shutil_width()
+            self.real.write("\r\033[K" + self.text[:max(10, width - 1)])
+            self.real.flush()
+            self.shown = True
+
+
+def shutil_width() -> int:
+    import shutil
+
+    return shutil.get_terminal_size((100, 24)).columns
+
+
+class _ClearingStream:
+    """stderr for the console of `orch up`'s messages: the live line is erased before each write."""
+
+    def __init__(self, live: LiveLine) -> None:
+        self.live = live
+
+    def write(self, text: str) -> int:
+        self.live.clear()
+        return int(self.live.real.write(text))
+
+    def flush(self) -> None:
+        self.live.real.flush()
+
+    def isatty(self) -> bool:
+        return bool(self.live.real.isatty())
+
+    def fileno(self) -> int:
+        return int(self.live.real.fileno())
+
+    @property
+    def encoding(self) -> str:
+        return str(getattr(self.live.real, "encoding", "utf-8"))
+
+
 class UpPrinter:
-    """`orch up` as it goes (an `up.UpProgress`): messages on stderr, the merged log on stdout."""
+    """`orch up` as it goes (an `up.UpProgress`): messages on stderr, the merged log on stdout,
+    and on a terminal one live line under them with a trainer run's progress (epoch k/N,
+    images/s, the last validation mAP, ETA), read from rank 0's lines."""
 
     def __init__(self) -> None:
-        self.err = console()
+        from ..logs.trainer import Progress
+
+        self.live = LiveLine()
+        self.err = console(stream=self.live.stream) if self.live.on else console()
         self.log: LogPrinter | None = None
+        self.progress = Progress()
         self.run_id = ""
 
     def syncing(self, inv: Inventory) -> None:
@@ -329,8 +410,11 @@ class UpPrinter:
 
     def line(self, line: LogLine) -> None:
         assert self.log is not None
+        changed = line.rank == 0 and self.progress.feed(line.text, line.ts)
+        self.live.clear()
         sys.stdout.write(self.log.line(line) + "\n")
         sys.stdout.flush()
+        self.live.show(progress_text(self.progress) if changed else None)
 
     def log_event(self, node: str, message: str) -> None:
         self.err.print(f"[dim]{markup(node)}: {markup(message)}[/]")
@@ -341,6 +425,9 @@ class UpPrinter:
 
     def log_stopped(self, exc: Exception) -> None:
         self.err.print(f"[yellow]log streaming stopped: {markup(exc)}[/]")
+
+    def warning(self, message: str) -> None:
+        self.err.print(f"[yellow]warning: {markup(message)}[/]")
 
     def stalled(self, silent_s: float, timeout_s: float) -> None:
         self.err.print(f"[bold yellow]no rank wrote a line for {silent_s:.0f} s[/] (stall timeout {timeout_s:g} s): "
@@ -452,6 +539,9 @@ def up_outcome(outcome: UpOutcome) -> None:
     elif outcome.result == "interrupted":
         out.print(f"interrupted: stopped every node in {outcome.teardown_s or 0:.1f} s" if not unconfirmed
                   else f"[bold red]interrupted; could not confirm the stop on {unconfirmed}[/]")
+    elif outcome.result == "stopped":
+        out.print(f"run {run} stopped by orch down{attempt}: every node stopped, nothing relaunched" if not unconfirmed
+                  else f"[bold red]run {run} stopped by orch down; could not confirm the stop on {unconfirmed}[/]")
     elif outcome.result == "succeeded":
         out.print(f"[green]run {run} succeeded on every node[/] in {outcome.wall_s or 0:.1f} s{attempt}")
         for node, why in outcome.not_stopped.items():
@@ -514,6 +604,70 @@ def status_table(report: StatusReport) -> None:
         out.print(f"  its log: orch logs {markup(report.run)} --node {markup(ff.get('node'))}", soft_wrap=True)
 
 
+def duration(seconds: float | None) -> str:
+    """`52.4 s`, `12m05s`, `3h07m`: a wall time for a person."""
+    if seconds is None:
+        return ""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    m, s = divmod(int(round(seconds)), 60)
+    if m < 60:
+        return f"{m}m{s:02d}s"
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m"
+
+
+def runs_table(report: RunsReport) -> None:
+    """`orch runs`: one row per run, newest first; then how many older ones were left out."""
+    import time
+
+    from rich.table import Table
+
+    out = console(stderr=False)
+    if not report.runs:
+        console().print(f"no runs yet in {markup(report.home)}/runs (start one with: orch up INVENTORY)")
+        return
+    table = Table(title=f"runs in {markup(report.home)}", title_justify="left")
+    for col in ("run", "inventory", "state", "attempt", "started", "wall time", "nodes×procs", "first failure"):
+        table.add_column(col)
+    for r in report.runs:
+        started = "" if r.started is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started))
+        wall = ("running for " if r.running else "") + duration(r.wall_s)
+        table.add_row(markup(r.run), markup(r.inventory or ""), styled(r.state), f"{r.attempt}/{r.max_attempts}",
+                      started, wall, r.shape, markup(r.failure or ""))
+    out.print(table)
+    if report.left_out:
+        console().print(f"{report.left_out} older runs not shown (orch runs --all)")
+
+
+def progress_text(p: Any) -> str:
+    """`epoch 3/10 (batch 40/120) · 512.3 images/s · data 4% · mAP50-95 0.412 (epoch 2) · ETA 14m35s`."""
+    parts = [f"epoch {p.epoch}/{p.epochs}" + (f" (batch {p.batch}/{p.batches})" if p.batches else "")]
+    if p.images_per_s is not None:
+        parts.append(f"{p.images_per_s:.1f} images/s")
+    if p.data_wait is not None:
+        parts.append(f"data {p.data_wait:.0%}")
+    if p.map50_95 is not None:
+        parts.append(f"mAP50-95 {p.map50_95:.3f} (epoch {p.val_epoch})")
+    if p.done:
+        parts.append("done")
+    elif p.eta_s is not None:
+        parts.append(f"ETA {duration(p.eta_s)}")
+    return " · ".join(parts)
+
+
+def progress_note(progress: Any, state: str) -> None:
+    """Under the status table: where the training is (or was, for a run that ended)."""
+    from ..contract import FINAL_STATES
+
+    label = "training" if str(state) not in FINAL_STATES else "training (last seen)"
+    if str(state) in FINAL_STATES and not progress.done:
+        import dataclasses
+
+        progress = dataclasses.replace(progress, eta_s=None)
+    console(stderr=False).print(f"{label}: {markup(progress_text(progress))}")
+
+
 def down_report(result: DownReport) -> None:
     """Per node: what was stopped, or why not; then whether anything is left."""
     out = console()
@@ -524,6 +678,8 @@ def down_report(result: DownReport) -> None:
             out.print(f"[bold red]{markup(name)}: not stopped[/]: {markup(failed[name])}")
         elif res.remaining:
             out.print(f"[bold red]{markup(name)}: processes still running[/]: {list(res.remaining)}")
+        elif res.foreign:
+            out.print(f"[yellow]{markup(name)}: {markup(safe(res.note or 'another launch of this run id'))}[/]")
         else:
             n = len(res.stopped)
             out.print(f"{markup(name)}: " + (f"stopped {n} processes (none is left)" if n else "nothing running"))
@@ -547,6 +703,13 @@ def report_outcome(outcome: ReportOutcome) -> None:
         copy = f", copy in {outcome.local_csv.resolve()}" if outcome.local_csv else ""
         out.print(f"results: {markup(outcome.results_csv)} (on {outcome.master})" + markup(copy))
     out.print(f"report:  {outcome.page.resolve()}")
+    click_stdout(str(outcome.page.resolve()))
+
+
+def click_stdout(text: str) -> None:
+    """One line on stdout, alone: what a script captures (`xdg-open "$(orch report)"`)."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
 
 def printable(text: str) -> str:
     """Text from a node, safe for a terminal: the one `logs.lines.printable` every output uses."""
@@ -578,6 +741,45 @@ def exec_output(report: ExecReport, color: bool) -> None:
             out.append(f"hint: {printable(answer.hint)}\n")
     sys.stdout.write("".join(out))
     sys.stdout.flush()
+    exec_failures(report)
+
+
+class ExecLines:
+    """`orch exec`'s live output, as pdsh and clush print it: `node: line` the moment a node's
+    line is complete, stdout lines on stdout and stderr lines on stderr; lines of one node in
+    order, nodes interleaved as they answer. Text from the nodes is made safe for a terminal."""
+
+    def __init__(self, color: bool) -> None:
+        import threading
+
+        self.lock = threading.Lock()
+        self.bold, self.reset = ("\033[1m", "\033[0m") if color else ("", "")
+
+    def __call__(self, node: str, stream: str, line: str) -> None:
+        text = f"{self.bold}{printable(node)}:{self.reset} {printable(line)}\n"
+        with self.lock:
+            out = sys.stdout if stream == "out" else sys.stderr
+            try:
+                out.write(text)
+                out.flush()
+            except BrokenPipeError:
+                silence_stdout()
+
+    def ended(self, report: ExecReport) -> None:
+        """After every node answered: each node whose command has no exit code of its own
+        (unreachable, timed out, killed) with why, on stderr; then which nodes failed."""
+        for n in report.nodes:
+            if n.error:
+                sys.stderr.write(f"{printable(n.node)}: {printable(n.error)} (exit {n.exit_code})\n")
+                if n.hint:
+                    sys.stderr.write(f"{printable(n.node)}: hint: {printable(n.hint)}\n")
+        exec_failures(report)
+
+
+def exec_failures(report: ExecReport) -> None:
+    """On stderr: how many nodes failed, by exit code (nothing when none did)."""
+    from ..config.nodeset import fold
+
     failed = report.failed()
     if failed:
         by_code: dict[int, list[str]] = {}

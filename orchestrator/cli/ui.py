@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..contract import NodeState
 
@@ -36,11 +36,12 @@ def may_be_terminal(stream: object) -> bool:
         return False
 
 
-def console(stderr: bool = True) -> Console:
-    """A rich console on stderr (for people) or stdout (tables that are the command's output)."""
+def console(stderr: bool = True, stream: Any = None) -> Console:
+    """A rich console on stderr (for people) or stdout (tables that are the command's output), or
+    on `stream` (stderr through a wrapper: `render.LiveLine`)."""
     from rich.console import Console
 
-    stream = sys.stderr if stderr else sys.stdout
+    stream = stream if stream is not None else (sys.stderr if stderr else sys.stdout)
     color = color_enabled(stream)
     return Console(file=stream, no_color=not color, highlight=False, soft_wrap=False,
                    force_terminal=color or None, emoji=False,

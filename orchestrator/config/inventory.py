@@ -422,3 +422,22 @@ def with_replacements(inv: Inventory, replaced: Mapping[str, str]) -> Inventory:
     if not replaced:
         return inv
     return replace(inv, nodes=tuple(nodes), master=nodes[0], spares=tuple(spares.values()))
+
+
+def adhoc(spec: str, user: str | None = None) -> Inventory:
+    """An inventory of the hosts `spec` names (pdsh/clush `-w`: `gpu[1-4],login`, `root@gpu[1-2]`)
+    for `orch exec -w` without a file: `transport: ssh`, every default as in an inventory that
+    gives no `ssh:` (user, keys and ProxyJump from ~/.ssh/config, host keys checked against
+    ~/.ssh/known_hosts, strictly). Validated like a file (a host that would need a shell: exit 2)."""
+    import json
+
+    from .nodeset import expand
+
+    nodes = []
+    for word in expand(spec, "-w"):
+        login, _, host = word.rpartition("@")
+        node: dict[str, str] = {"host": host}
+        if login or user:
+            node["user"] = login or str(user)
+        nodes.append(node)
+    return parse(json.dumps({"name": "adhoc", "transport": "ssh", "nodes": nodes}), f"-w {spec}")

@@ -49,6 +49,9 @@ class Plan:
     world_size: int
     master_addr: str
     master_port: int
+    nonce: str = ""
+    """The launch's nonce (run.json `nonce`; empty for a dry run): it claims the nodes' run
+    directories, tags the job's processes (`ORCH_LAUNCH`) and names its rendezvous."""
 
     def for_node(self, name: str) -> NodePlan:
         for np_ in self.nodes:
@@ -78,7 +81,19 @@ class Plan:
         }
 
 
-def torchrun_argv(inv: Inventory, node: Node, node_rank: int, run_id: str) -> list[str]:
+def rdzv_id(run_id: str, nonce: str = "", attempt: int = 1) -> str:
+    """torchrun's `--rdzv-id`: the run id, and with a launch nonce `RUN-NONCE-aATTEMPT`.
+
+    torchrun's static rendezvous keeps every key of its agents under this prefix in the master's
+    TCPStore (`PrefixStore(run_id, store)` in `static_tcp_rendezvous.py`; c10d's rendezvous is
+    named by it): a node of another run, or of this run's earlier attempt, that reaches the same
+    address and port waits under its own prefix for a rank assignment that never comes, and
+    never spawns a worker in this run's world (torch's default id, `none`, is everyone's)."""
+    return f"{run_id}-{nonce}-a{attempt}" if nonce else run_id
+
+
+def torchrun_argv(inv: Inventory, node: Node, node_rank: int, run_id: str, nonce: str = "",
+                  attempt: int = 1) -> list[str]:
     """The full command for one node: `<python> -m torch.distributed.run <flags> <entry> <args>`."""
     nnodes = len(inv.nodes)
     argv = [node.python, *TORCHRUN, f"--nnodes={nnodes}", f"--nproc-per-node={node.nproc_per_node}"]
@@ -88,11 +103,13 @@ def torchrun_argv(inv: Inventory, node: Node, node_rank: int, run_id: str) -> li
             f"--master-addr={inv.master.addr}",
             f"--master-port={inv.master_port}",
         ]
+        if nonce:
+            argv.append(f"--rdzv-id={rdzv_id(run_id, nonce, attempt)}")
     else:
         argv += [
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={inv.master.addr}:{inv.master_port}",
-            f"--rdzv-id={run_id}",
+            f"--rdzv-id={rdzv_id(run_id, nonce, attempt)}",
         ]
     argv += [f"--max-restarts={inv.job.max_restarts}", "--tee=3", *inv.job.torchrun_args]
     if inv.job.script:
@@ -103,9 +120,11 @@ def torchrun_argv(inv: Inventory, node: Node, node_rank: int, run_id: str) -> li
     return argv
 
 
-def node_env(inv: Inventory, node: Node, node_rank: int, run_id: str, attempt: int = 1) -> dict[str, str]:
+def node_env(inv: Inventory, node: Node, node_rank: int, run_id: str, attempt: int = 1,
+             nonce: str = "") -> dict[str, str]:
     """The job's environment: inventory `env`, then the node's `env`, then what orch itself sets
-    (`ORCH_ATTEMPT`: 1, then 2, 3... when `orch up` relaunches the run after a failure)."""
+    (`ORCH_ATTEMPT`: 1, then 2, 3... when `orch up` relaunches the run after a failure;
+    `ORCH_LAUNCH`: the launch nonce, part of the tag the agent knows the job's processes by)."""
     env = dict(node.env)
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.update({
@@ -115,23 +134,26 @@ def node_env(inv: Inventory, node: Node, node_rank: int, run_id: str, attempt: i
         "ORCH_NNODES": str(len(inv.nodes)),
         "ORCH_ATTEMPT": str(attempt),
     })
+    if nonce:
+        env["ORCH_LAUNCH"] = nonce
     return env
 
 
-def make_plan(inv: Inventory, run_id: str = "dry-run", attempt: int = 1) -> Plan:
-    """Assign node ranks in inventory order (master = 0) and build every node's command."""
+def make_plan(inv: Inventory, run_id: str = "dry-run", attempt: int = 1, nonce: str = "") -> Plan:
+    """Assign node ranks in inventory order (master = 0) and build every node's command
+    (`nonce`: the launch's, see `Plan.nonce`)."""
     nodes = []
     first = 0
     for rank, node in enumerate(inv.nodes):
         nodes.append(NodePlan(
             node=node, node_rank=rank,
             global_ranks=range(first, first + node.nproc_per_node),
-            argv=tuple(torchrun_argv(inv, node, rank, run_id)),
-            env=MappingProxyType(node_env(inv, node, rank, run_id, attempt)),
+            argv=tuple(torchrun_argv(inv, node, rank, run_id, nonce, attempt)),
+            env=MappingProxyType(node_env(inv, node, rank, run_id, attempt, nonce)),
             workdir=inv.job.workdir,
         ))
         first += node.nproc_per_node
     return Plan(
         inventory=inv, run_id=run_id, nodes=tuple(nodes), world_size=first,
-        master_addr=inv.master.addr, master_port=inv.master_port,
+        master_addr=inv.master.addr, master_port=inv.master_port, nonce=nonce,
     )

@@ -13,10 +13,14 @@ from trainer.interface import (
     INPUT_FLAGS,
     LAST,
     OUTPUT_FLAGS,
+    SAME_SETTING,
     batch_choices,
     batch_problem,
+    override_args,
     parse_device,
+    setting_name,
+    settings_of,
 )
 
-__all__ = ["AUTO", "BEST", "DEFAULT_PROJECT", "INPUT_FLAGS", "LAST", "OUTPUT_FLAGS", "batch_choices",
-           "batch_problem", "parse_device"]
+__all__ = ["AUTO", "BEST", "DEFAULT_PROJECT", "INPUT_FLAGS", "LAST", "OUTPUT_FLAGS", "SAME_SETTING",
+           "batch_choices", "batch_problem", "override_args", "parse_device", "setting_name", "settings_of"]

@@ -24,7 +24,7 @@ from typing import IO, Any
 
 from ..config.inventory import Inventory
 from ..errors import TransportError
-from ..node import AGENT_MODULES, FROM_STDIN
+from ..node import AGENT_MODULES, FROM_STDIN, FROM_STDIN_OPEN
 from ..node import program as node_program
 from ..store import RunDir, remote_dir, write_private
 from ..transport import Cluster, GroupResult, Process, Transport, fan_out
@@ -126,11 +126,15 @@ class NodeSource:
     python: str
     copy: Path
     """The controller's copy, `<run dir>/nodes/<node>.log`."""
+    nonce: str | None = None
+    """The run's launch nonce: a node directory another launch claimed is read as empty."""
 
 
 def node_sources(run: RunDir, inv: Inventory) -> list[NodeSource]:
     """Every node of a run in node-rank order, with ranks from run.json (else the static plan)."""
-    recorded = {n.get("node"): n for n in run.read().get("nodes") or [] if isinstance(n, dict)}
+    data = run.read()
+    recorded = {n.get("node"): n for n in data.get("nodes") or [] if isinstance(n, dict)}
+    nonce = str(data.get("nonce") or "") or None
     sources, base = [], 0
     for rank, node in enumerate(inv.nodes):
         rec = recorded.get(node.name, {})
@@ -138,7 +142,7 @@ def node_sources(run: RunDir, inv: Inventory) -> list[NodeSource]:
         base_rank: int | None = rec.get("base_rank", base if inv.job.rdzv == "static" else None)
         sources.append(NodeSource(node.name, node_rank, base_rank,
                                   str(rec.get("remote_dir") or remote_dir(inv, node, run.run_id)),
-                                  node.python, run.path / "nodes" / f"{node.name}.log"))
+                                  node.python, run.path / "nodes" / f"{node.name}.log", nonce))
         base += node.nproc_per_node
     return sorted(sources, key=lambda s: s.node_rank)
 
@@ -166,6 +170,9 @@ class LocalCopy:
         self.path = path
         self.offset = self._whole_lines_size()
         self.partial = bytearray()
+        self.write_error: OSError | None = None
+        """Why the copy stopped being written (the controller's disk full): the lines still flow
+        (the live log, the watchdog), the copy just ends there; the node keeps the whole log."""
 
     def _whole_lines_size(self) -> int:
         """Size up to the last newline; a torn tail (a crash mid-write) is cut off when writing."""
@@ -206,8 +213,13 @@ class LocalCopy:
 
     def _append(self, data: bytes) -> None:
         if self.writer:
-            self.fh.seek(0, os.SEEK_END)
-            self.fh.write(data)
+            try:
+                self.fh.seek(0, os.SEEK_END)
+                self.fh.write(data)
+            except OSError as exc:
+                self.writer, self.write_error = False, exc
+                with contextlib.suppress(OSError):  # whole lines only, so a later reader resumes right
+                    self.fh.truncate(self._whole_lines_size())
         self.offset += len(data)
 
     def drop_partial(self) -> None:
@@ -236,10 +248,13 @@ def reader_program() -> str:
 
 
 def reader_argv(python: str, remote_dir: str, offset: int, poll_s: float, once: bool, report: bool,
-                nonce: str) -> list[str]:
-    """The command that runs the log reader (its program on stdin): node/reader.py's argv."""
-    return [python, "-c", FROM_STDIN, remote_dir, str(offset), f"{poll_s:g}", "1" if once else "0",
-            "1" if report else "0", nonce]
+                nonce: str, launch: str | None = None, lease: bool = False) -> list[str]:
+    """The command that runs the log reader (its program on stdin): node/reader.py's argv.
+    `launch`: the run's launch nonce (another launch's directory reads as empty); `lease`: stdin
+    stays open (FROM_STDIN_OPEN) for the lease's renewals."""
+    extra = [launch or "-", "1"] if lease else [launch] if launch else []
+    return [python, "-c", FROM_STDIN_OPEN if lease else FROM_STDIN, remote_dir, str(offset), f"{poll_s:g}",
+            "1" if once else "0", "1" if report else "0", nonce, *extra]
 
 
 @dataclass
@@ -257,18 +272,29 @@ class ReaderSession:
 
 
 def start_reader(transport: Transport, src: NodeSource, offset: int, poll_s: float, once: bool,
-                 report: bool = False) -> ReaderSession:
+                 report: bool = False, lease: bool = False) -> ReaderSession:
     """Start the node's log reader from byte `offset`, with a nonce of its own. Its program goes on
     its stdin, so for as long as it runs its command line (what `ps` shows on the node) is a few
     words, not its code. A reader that cannot start (a missing python) says why on its output,
-    which the frame parser reports: a failed write here is left to it."""
+    which the frame parser reports: a failed write here is left to it. With `lease`, stdin stays
+    open after the program: each line written to it (`renew_lease`) renews the run's lease."""
     nonce = new_nonce()
-    proc = transport.popen(reader_argv(src.python, src.remote_dir, offset, poll_s, once, report, nonce),
-                           keep_stdin=True)
+    proc = transport.popen(reader_argv(src.python, src.remote_dir, offset, poll_s, once, report, nonce,
+                                       src.nonce, lease), keep_stdin=True)
+    program = reader_program().encode("ascii")
     with contextlib.suppress(OSError, EOFError):
-        proc.write(reader_program().encode("ascii"))
-        proc.close_stdin()
+        if lease:
+            proc.write(b"%d\n" % len(program) + program)
+        else:
+            proc.write(program)
+            proc.close_stdin()
     return ReaderSession(proc, nonce)
+
+
+def renew_lease(proc: Process) -> None:
+    """One renewal of the run's lease, through a reader started with `lease`."""
+    with contextlib.suppress(OSError, EOFError, ValueError):
+        proc.write(b"L\n")
 
 
 def fetch_node(transport: Transport, src: NodeSource, timeout: float = 120.0) -> str:

@@ -9,6 +9,7 @@ never longer than the watermark: a silent node delays the others by at most that
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -28,6 +29,7 @@ from .fetch import (
     ReaderSession,
     drained_at,
     node_sources,
+    renew_lease,
     start_reader,
     status_frame,
 )
@@ -35,6 +37,10 @@ from .lines import LogLine, column_widths, format_line, merge_key, parse_node_li
 from .merge import LiveMerge, merge
 from .stored import lock_merged, world_size
 
+LEASE_RENEW_S = 1.0
+"""How often an attached `orch up` renews each node's lease (on a frame from its reader).
+
+A frame comes at least every 0.2 s; a renewal is one line written back to the reader."""
 CREDIT_LINES = 1000
 """Lines of one node that may wait in the live merge; a node's reader blocks beyond that, so
 catching up on 32 long logs stays within a few tens of MB on the controller."""
@@ -60,8 +66,11 @@ class NodeStream:
     def __init__(self, src: NodeSource, index: int, transport: Transport, out: queue.Queue[tuple[int, Any]],
                  halt: threading.Event, *, poll_s: float, on_event: Callable[[str, str], None],
                  on_status: Callable[[str, dict[str, Any]], None] | None = None,
-                 on_frame: Callable[[str], None] | None = None) -> None:
+                 on_frame: Callable[[str], None] | None = None, lease: bool = False) -> None:
         self.src, self.index, self.transport = src, index, transport
+        self.lease = lease
+        """Renew the run's lease on the node through the reader (an attached `orch up`)."""
+        self.renewed = 0.0
         self.out, self.halt = out, halt
         self.poll_s = poll_s
         self.on_event, self.on_status, self.on_frame = on_event, on_status, on_frame
@@ -137,9 +146,12 @@ class NodeStream:
             try:
                 self.last_frame = time.monotonic()
                 self.reader = start_reader(self.transport, self.src, copy.offset, self.poll_s, once=False,
-                                           report=self.on_status is not None)
+                                           report=self.on_status is not None, lease=self.lease)
                 for kind, payload in self.reader.frames():
                     self.last_frame = time.monotonic()
+                    if self.lease and self.last_frame - self.renewed >= LEASE_RENEW_S:
+                        self.renewed = self.last_frame
+                        renew_lease(self.reader.proc)
                     self.failing_since = None
                     backoff = 0.5
                     if self.abandoned:
@@ -147,9 +159,14 @@ class NodeStream:
                     if self.on_frame is not None:
                         self.on_frame(self.src.node)
                     if kind == "D":
+                        failed = copy.write_error
                         for raw in copy.feed(payload):
                             prev = line = self.parse(raw, prev)
                             self._push(line)
+                        if copy.write_error is not None and failed is None:
+                            self.on_event(self.src.node, f"cannot write {copy.path}: "
+                                          f"{copy.write_error.strerror or copy.write_error}; the log goes on "
+                                          "without its local copy (the node keeps the whole log)")
                     elif kind == "H":  # `state time`, both checked by read_frames
                         state, _, node_time = payload.decode("ascii").partition(" ")
                         self.remote_state = state
@@ -193,7 +210,7 @@ class Follower:
                  on_event: Callable[[str, str], None] | None = None, poll_s: float = 0.2,
                  stall_s: float = 10.0, write_merged: bool = True, startup_grace: float = 5.0,
                  giveup_s: float = 30.0, on_status: Callable[[str, dict[str, Any]], None] | None = None,
-                 on_frame: Callable[[str], None] | None = None) -> None:
+                 on_frame: Callable[[str], None] | None = None, lease: bool = False) -> None:
         self.run, self.inv, self.cluster = run, inv, cluster
         self.watermark = watermark
         self.offsets_ms = dict(offsets_ms or {})
@@ -203,8 +220,9 @@ class Follower:
         self._queue: queue.Queue[tuple[int, Any]] = queue.Queue()
         self._halt = threading.Event()
         events = on_event or (lambda node, msg: None)
+        self.on_event = events
         self.nodes = [NodeStream(src, i, cluster[src.node], self._queue, self._halt, poll_s=poll_s,
-                                 on_event=events, on_status=on_status, on_frame=on_frame)
+                                 on_event=events, on_status=on_status, on_frame=on_frame, lease=lease)
                       for i, src in enumerate(node_sources(run, inv))]
 
     @property
@@ -262,7 +280,8 @@ class Follower:
                 for copy in copies:
                     copy.close()
             if merged is not None:
-                merged.close()
+                with contextlib.suppress(OSError, ValueError):  # a full disk: warned about as it was written
+                    merged.close()
 
     def _horizon(self) -> float | None:
         """The merge key up to which every node's copy is complete; None when a node's is unknown."""
@@ -295,12 +314,13 @@ class Follower:
         streams = [upto(st, copy) for st, copy in zip(self.nodes, copies)]
         for n, line in enumerate(merge(streams, self.offsets_ms)):
             if merged is not None:
-                merged.write(format_line(line, False, node_width=widths[0], rank_width=widths[1]) + "\n")
+                merged = self._write_merged(merged, format_line(line, False, node_width=widths[0],
+                                                                rank_width=widths[1]) + "\n")
             yield line
             if not n % 1024 and stop.is_set():
                 return
         if merged is not None:
-            merged.flush()
+            self._write_merged(merged, "")
 
     def _order(self, stop: threading.Event, merged: IO[str] | None,
                widths: tuple[int, int]) -> Iterator[LogLine]:
@@ -313,10 +333,11 @@ class Follower:
             for line in live.ready(now, flush=stop.is_set()):
                 self.nodes[index_of[line.node]].credit.release()
                 if merged is not None:
-                    merged.write(format_line(line, False, node_width=widths[0], rank_width=widths[1]) + "\n")
+                    merged = self._write_merged(merged, format_line(line, False, node_width=widths[0],
+                                                                    rank_width=widths[1]) + "\n")
                 yield line
             if merged is not None:
-                merged.flush()
+                merged = self._write_merged(merged, "")
             if stop.is_set() or live.finished:
                 return
             if now >= next_watch:
@@ -341,6 +362,24 @@ class Follower:
                     index, item = self._queue.get_nowait()
                 except queue.Empty:
                     break
+
+    def _write_merged(self, merged: IO[str], text: str) -> IO[str] | None:
+        """Append to merged.log (flush with no text); a write the disk refuses ends merged.log
+        there, with a warning, and the merge goes on (None: write no more)."""
+        try:
+            if text:
+                merged.write(text)
+            else:
+                merged.flush()
+            return merged
+        except (OSError, ValueError) as exc:  # ValueError: closed after an earlier refusal
+            if merged.closed:
+                return None
+            self.on_event("controller", f"cannot write {self.run.merged_log}: {getattr(exc, 'strerror', None) or exc}; the merged "
+                          "log goes on without it (`orch logs` merges the nodes' logs again later)")
+            with contextlib.suppress(OSError):
+                merged.close()
+            return None
 
     def _open_merged(self) -> IO[str] | None:
         """merged.log is rewritten from the start, or appended to when resuming, by one follower."""

@@ -37,6 +37,9 @@ _PROGRAMS: dict[tuple[str, tuple[str, ...]], str] = {}
 FROM_STDIN = "import sys;exec(sys.stdin.buffer.read())"
 """`python -c` text that runs the program sent on its stdin. A long-lived program (the log reader)
 then shows a command line of a few words in `ps` for its whole life, not its 40 KB of code."""
+FROM_STDIN_OPEN = "import sys;b=sys.stdin.buffer;exec(b.read(int(b.readline())))"
+"""Like FROM_STDIN, but the program comes after a line with its length, and stdin stays open
+for the program to read (the log reader's lease renewals, `reader.py`)."""
 AGENT_MODULES = ("procs", "stacks")
 """The agent's own modules (`agent.py` imports them): shipped beside it into every run directory
 (`agent_files`), bundled before it into every program that runs or imports it."""

@@ -8,7 +8,10 @@ module's liveness functions too, so its top-level imports stay cheap: the module
 or the command line needs are imported where they are used. One run directory per node and run
 holds:
 
-  launch.json   what to run (argv, env, cwd, stop grace), written privately by the controller
+  launch.json   what to run (argv, env, cwd, stop grace, an attached run's lease_s), written
+                privately by the controller
+  lease         an attached run's lease: renewed by the controller (touched by its log reader);
+                older than lease_s, the agent stops the job (state stopped, reason, lease_expired)
   agent.py      this file
   node.log      `<UTC ISO time with µs>Z <out|err|orch> <text>` for every line torchrun or the agent writes
   state.json    run, node, agent_pid, pid, pgid, host, started_at, finished_at, exit_code, signal,
@@ -20,9 +23,13 @@ Subcommands (each prints one JSON object on stdout):
 
   start DIR          daemonize (double fork + setsid, stdio on /dev/null) and start torchrun in its
                      own process group; return once state.json says running, non-zero if it cannot
-  status DIR [--tail N]   state.json plus liveness (is the agent / the job alive), log size and time
-  stop DIR [--grace S]    SIGTERM the job's process group, SIGKILL after S seconds, wait until every
-                     process of the job is gone. Idempotent.
+  status DIR [--tail N] [--nonce X]   state.json plus liveness (is the agent / the job alive), log
+                     size and time
+  stop DIR [--grace S] [--nonce X]    SIGTERM the job's process group, SIGKILL after S seconds, wait
+                     until every process of the job is gone. Idempotent.
+
+With --nonce (the launch nonce, launch.json `nonce`), a run directory claimed by another launch
+(`launch.nonce`: another controller's run of the same id) is never stopped nor reported as ours.
   stacks DIR [--timeout S]  the Python stack of every rank of the job (`py-spy dump`), raw, per rank
 
 torchrun puts every worker in a session of its own, so killing torchrun's group alone would
@@ -82,9 +89,16 @@ if TYPE_CHECKING:
     import subprocess
 
 LAUNCH = "launch.json"
+OWNER = "launch.nonce"
+"""The nonce of the launch that claimed this run directory (created once, never rewritten):
+another controller's run of the same id is refused here, and never stopped or read."""
 STATE = "state.json"
 LOG = "node.log"
 STOP_REQUEST = "stop.request"
+LEASE = "lease"
+"""An attached run's lease (launch.json `lease_s`): its mtime is when the controller was last
+heard from (each renewal through the log reader touches it); once it is older than `lease_s`,
+the agent stops the job and says why. A detached run has no lease: it runs on its own."""
 # A run's states as state.json records them (orchestrator.contract.RunState on the controller)
 STARTING, RUNNING, SUCCEEDED, FAILED, STOPPED = "starting", "running", "succeeded", "failed", "stopped"
 STATES = (STARTING, RUNNING, SUCCEEDED, FAILED, STOPPED)
@@ -93,7 +107,7 @@ STATUS_KEYS = ("state", "exit_code", "signal", "reason", "started_at", "finished
                "cleanup_left")
 """The fields of state.json a status reports as they are (the log reader's `S` frames: these)."""
 PR_SET_CHILD_SUBREAPER = 36
-STARTING = "agent {pid} on {host} starting{attempt}: {argv} (cwd {cwd})"
+STARTING_TEXT = "agent {pid} on {host} starting{attempt}: {argv} (cwd {cwd})"
 """The agent's first line of a launch (an attempt of a run: node.log continues across retries)."""
 STARTING_LINE = re.compile(r"^agent \d+ on \S+ starting(?: attempt \d+)?: ")
 STOPPING = "agent received {signal}: stopping the job, SIGTERM to process group {pgid}"
@@ -179,6 +193,66 @@ def check_run_dir(path: str) -> None:
         parent = os.path.dirname(path)
 
 
+def owner(run_dir: str) -> str | None:
+    """The nonce that claimed the directory (`launch.nonce`); None where there is none."""
+    try:
+        with open(os.path.join(run_dir, OWNER), encoding="ascii") as fh:
+            return fh.read().strip() or None
+    except (OSError, ValueError):
+        return None
+
+
+def foreign(run_dir: str, nonce: str | None, strict: bool = False) -> str | None:
+    """Why the directory is not the launch `nonce`'s (another controller's run of the same id), or
+    None: it is, or nothing was started in it, or no nonce is asked. Without `launch.nonce`, a
+    state.json's `nonce` decides; `strict` (a launch about to write there) also refuses a
+    directory that holds a run but says no nonce at all (an older orch's run of this id)."""
+    if not nonce:
+        return None
+    held = owner(run_dir)
+    if held == nonce:
+        return None
+    if held is None:
+        state = read_json(os.path.join(run_dir, STATE))
+        if not state and not os.path.exists(os.path.join(run_dir, LOG)):
+            return None
+        held = state.get("nonce")
+        if held == nonce or (held is None and not strict):
+            return None
+    state = read_json(os.path.join(run_dir, STATE))
+    what = "a run of the same id started by another orch up (another $ORCH_HOME or user)"
+    if state.get("state"):
+        what += f", {state.get('state')}"
+        if state.get("agent_pid") and state.get("state") not in FINAL_STATES:
+            what += f" (agent {state.get('agent_pid')})"
+    return f"{run_dir} holds {what}"
+
+
+def claim(run_dir: str, nonce: str) -> str | None:
+    """Claim the run directory for the launch `nonce` before anything is written in it: the
+    first launch to create `launch.nonce` (atomically, with its content: a hard link) owns it,
+    later attempts of the same launch find their own nonce. None when claimed, else why not."""
+    why = foreign(run_dir, nonce, strict=True)
+    if why:
+        return why
+    if owner(run_dir) == nonce:
+        return None
+    tmp = os.path.join(run_dir, f"{OWNER}.tmp.{os.getpid()}")
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    with os.fdopen(create_private(tmp), "w", encoding="ascii") as fh:
+        fh.write(nonce + "\n")
+    try:
+        os.link(tmp, os.path.join(run_dir, OWNER))
+    except FileExistsError:
+        pass  # a launch racing this one got there first: whose it is decides below
+    finally:
+        os.unlink(tmp)
+    return foreign(run_dir, nonce, strict=True)
+
+
 # ----------------------------------------------------------------------------- the daemon
 
 
@@ -246,6 +320,32 @@ class Monitor:
         self.stop_signal = 0
         self.term_sent: float | None = None
         self.kill_sent = False
+        lease = launch.get("lease_s")
+        self.lease_s = float(lease) if isinstance(lease, (int, float)) and lease > 0 else None
+        self.lease_lost: str | None = None
+
+    def start_lease(self) -> None:
+        """A fresh lease file: the controller renews it from now on (its log reader's stdin)."""
+        path = os.path.join(self.dir, LEASE)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        os.close(create_private(path))
+
+    def check_lease(self) -> None:
+        """Stop the job (as SIGTERM would) once the controller has not renewed the lease for `lease_s`."""
+        if self.lease_s is None or self.stop_at is not None:
+            return
+        try:
+            age = time.time() - os.stat(os.path.join(self.dir, LEASE), follow_symlinks=False).st_mtime
+        except OSError:
+            return
+        if age > self.lease_s:
+            self.lease_lost = (f"the controller (orch up) was not heard from for {age:.0f} s (lease {self.lease_s:g} s): "
+                               "a cut link or a dead controller; the job was stopped")
+            self.log.write("orch", self.lease_lost)
+            self.stop_at, self.stop_signal = time.monotonic(), signal.SIGTERM
 
     def save(self, **fields: Any) -> None:
         self.state.update(fields)
@@ -288,9 +388,11 @@ class Monitor:
                 pass
         cwd = expand(self.launch.get("cwd")) or os.path.expanduser("~")
         attempt = str(self.launch.get("env", {}).get("ORCH_ATTEMPT", "1"))
-        self.log.write("orch", STARTING.format(pid=os.getpid(), host=socket.gethostname(),
-                                               attempt="" if attempt == "1" else f" attempt {attempt}",
-                                               argv=" ".join(argv), cwd=cwd))
+        if self.lease_s is not None:
+            self.start_lease()
+        self.log.write("orch", STARTING_TEXT.format(pid=os.getpid(), host=socket.gethostname(),
+                                                    attempt="" if attempt == "1" else f" attempt {attempt}",
+                                                    argv=" ".join(argv), cwd=cwd))
         try:
             umask = self.launch.get("login_umask")
             proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -320,8 +422,9 @@ class Monitor:
         state = STOPPED if stopped else (SUCCEEDED if code == 0 else FAILED)
         sig = signal_name(code)
         self.log.write("orch", EXITED.format(code=code, signal=f" ({sig})" if sig else "", state=state))
+        extra = {"reason": self.lease_lost, "lease_expired": True} if self.lease_lost else {}
         self.save(state=state, exit_code=code, signal=sig, finished_at=ended, procs=[[p, s] for p, s in left],
-                  cleanup_left=[p for p, _s in left])
+                  cleanup_left=[p for p, _s in left], **extra)
         return code
 
     def watch(self, proc: subprocess.Popen[bytes]) -> int:
@@ -348,6 +451,7 @@ class Monitor:
             if now - last_snapshot >= 1.0:
                 last_snapshot = now
                 self.snapshot()
+                self.check_lease()
             time.sleep(0.1)
 
     def reap(self, main_pid: int) -> int | None:
@@ -424,7 +528,8 @@ def cmd_start(run_dir: str, wait: float) -> int:
     import socket
 
     clear_stop_request(run_dir)
-    write_json(state_path, {"run": launch.get("run"), "node": launch.get("node"), "agent_pid": None,
+    write_json(state_path, {"run": launch.get("run"), "node": launch.get("node"), "nonce": launch.get("nonce"),
+                            "agent_pid": None,
                             "pid": None, "pgid": None, "host": socket.gethostname(), "boot_id": boot_id(),
                             "started_at": None, "finished_at": None, "exit_code": None, "signal": None,
                             "state": STARTING})
@@ -489,8 +594,19 @@ def wait_started(state_path: str, wait: float) -> int:
     return emit(dict(read_json(state_path), reason=f"the agent did not report running within {wait:.0f} s"), 1)
 
 
-def status(run_dir: str, tail: int = 0) -> dict[str, Any]:
-    """state.json plus what only the node can tell: liveness, log size and time, the log's tail."""
+def status(run_dir: str, tail: int = 0, nonce: str | None = None, renew: bool = False) -> dict[str, Any]:
+    """state.json plus what only the node can tell: liveness, log size and time, the log's tail.
+    With `nonce`, a directory another launch claimed says only that (`foreign`); with `renew`
+    (the supervising `orch up`'s polls), the run's lease is renewed too."""
+    why = foreign(run_dir, nonce)
+    if why:
+        return {"state": None, "exists": False, "foreign": True, "error": why, "agent_alive": False,
+                "job_alive": False, "now": time.time()}
+    if renew:
+        try:
+            os.utime(os.path.join(run_dir, LEASE), follow_symlinks=False)
+        except (OSError, NotImplementedError):
+            pass
     state = read_json(os.path.join(run_dir, STATE))
     log = os.path.join(run_dir, LOG)
     out = dict(state)
@@ -521,12 +637,17 @@ def tail_lines(path: str, n: int) -> list[str]:
     return [line.decode("utf-8", "replace") for line in data.splitlines()[-n:]]
 
 
-def cmd_stop(run_dir: str, grace: float) -> int:
+def cmd_stop(run_dir: str, grace: float, nonce: str | None = None) -> int:
     """SIGTERM the job, SIGKILL it after `grace`, wait until nothing of it is left. Idempotent.
 
     What it reports is what it saw afterwards, not what it sent: `stopped` (processes of the job
     found at the start and gone now), `remaining` (still there: the job's, or the agent), and
-    `strangers` (processes under the recorded ids that are not the job's: never signalled)."""
+    `strangers` (processes under the recorded ids that are not the job's: never signalled).
+    With `nonce`, a directory another launch claimed is left alone (`foreign`)."""
+    why = foreign(run_dir, nonce)
+    if why:
+        return emit({"state": None, "stopped": [], "remaining": [], "strangers": [], "foreign": True,
+                     "note": why + ": left alone"}, 0)
     state_path = os.path.join(run_dir, STATE)
     state = read_json(state_path)
     if not state:
@@ -583,9 +704,12 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("status", help="state.json plus liveness")
     p.add_argument("dir")
     p.add_argument("--tail", type=int, default=0, help="also return the last N lines of node.log")
+    p.add_argument("--nonce", help="the launch's nonce: another launch's directory only says so")
+    p.add_argument("--renew", action="store_true", help="renew the run's lease (the supervising orch up)")
     p = sub.add_parser("stop", help="stop the job (TERM, then KILL after --grace) and wait")
     p.add_argument("dir")
     p.add_argument("--grace", type=float, default=10.0)
+    p.add_argument("--nonce", help="the launch's nonce: another launch's directory is left alone")
     p = sub.add_parser("stacks", help="the Python stack of every rank (py-spy dump)")
     p.add_argument("dir")
     p.add_argument("--timeout", type=float, default=20.0, help="seconds py-spy may take per rank")
@@ -599,9 +723,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "start":
         return cmd_start(run_dir, args.wait)
     if args.cmd == "status":
-        return emit(status(run_dir, args.tail), 0)
+        return emit(status(run_dir, args.tail, args.nonce, args.renew), 0)
     if args.cmd == "stop":
-        return cmd_stop(run_dir, args.grace)
+        return cmd_stop(run_dir, args.grace, args.nonce)
     if args.cmd == "stacks":
         try:
             from . import stacks

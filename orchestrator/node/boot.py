@@ -14,7 +14,9 @@ The run directory is used only once the agent's own check says it can be trusted
 writable by no one else, nor is anything above it): the agent's text arrives first, is run from
 memory for that check (the modules it imports, `procs.py`..., from the same files: `Shipped`),
 and only then are the files written, each created anew (O_EXCL) and never
-through a link (O_NOFOLLOW). A refusal is the agent's JSON answer, exit code 2.
+through a link (O_NOFOLLOW). A refusal is the agent's JSON answer, exit code 2. A launch with a
+nonce (launch.json `nonce`) first claims the directory (`agent.claim`): one another launch holds
+(another controller's run of the same id) is refused before anything is written, exit code 3.
 """
 
 import importlib.abc
@@ -71,6 +73,14 @@ def main(argv: list) -> None:
         agent.check_run_dir(run_dir)
     except agent.UntrustedDir as exc:
         sys.exit(agent.emit({"state": None, "error": str(exc), "untrusted": True}, 2))
+    nonce = json.loads(files.get("launch.json") or "{}").get("nonce")
+    if nonce:  # nothing is written in a directory another launch holds
+        refused = agent.claim(run_dir, nonce)
+        if refused:
+            sys.exit(agent.emit({"state": None, "reason": refused, "foreign": True}, 3))
+    old = agent.read_json(os.path.join(run_dir, agent.STATE))
+    if old and old.get("state") not in agent.FINAL_STATES and agent.agent_alive(old):
+        sys.exit(agent.emit(dict(old, reason="already started here (agent {})".format(old.get("agent_pid"))), 3))
     write_files(run_dir, files)
     os.umask(login_umask)  # the agent hands the login's umask to the job
     os.chdir(run_dir)

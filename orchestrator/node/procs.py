@@ -5,7 +5,7 @@ into every run directory and imported by the agent (`agent.py`), the log reader 
 the stacks dump. Nothing is signalled on the strength of a number alone: a pid is the job's only
 while the process under it has the start time recorded with it (field 22 of /proc/PID/stat, on
 this boot: state.json's `boot_id`), and a process group only while its leader does, or, the
-leader gone, for the members that carry the run's ORCH_RUN_ID and ORCH_NODE. A process that took
+leader gone, for the members that carry the run's ORCH_RUN_ID, ORCH_NODE and ORCH_LAUNCH. A process that took
 a recorded pid or process group since (pid reuse) is left alone and reported as a stranger.
 """
 
@@ -86,23 +86,28 @@ def descendants(root: int) -> list[tuple[int, int]]:
     return out
 
 
-def tagged(pid: int, run: str, node: str) -> bool:
-    """Does the process's environment carry this run's identity (ORCH_RUN_ID and ORCH_NODE exactly)?"""
+def tagged(pid: int, run: str, node: str, nonce: str | None = None) -> bool:
+    """Does the process's environment carry this run's identity (ORCH_RUN_ID and ORCH_NODE
+    exactly, and with `nonce` ORCH_LAUNCH: a run of the same id started by another controller is
+    not this one)?"""
     try:
         with open(f"/proc/{pid}/environ", "rb") as fh:
             env = set(fh.read().split(b"\0"))
     except OSError:  # gone, or another user's
         return False
-    return {("ORCH_RUN_ID=" + run).encode(), ("ORCH_NODE=" + node).encode()} <= env
+    want = {("ORCH_RUN_ID=" + run).encode(), ("ORCH_NODE=" + node).encode()}
+    if nonce:
+        want.add(("ORCH_LAUNCH=" + nonce).encode())
+    return want <= env
 
 
-def marked(run: str, node: str) -> dict[int, int]:
+def marked(run: str, node: str, nonce: str | None = None) -> dict[int, int]:
     """Processes whose environment carries this run's identity, with their start times.
 
     The last sweep of `stop`: catches a worker started after the agent's last snapshot when the agent
-    itself was killed. It matches the run's unique id, never a command-line pattern."""
+    itself was killed. It matches the run's unique id and launch nonce, never a command-line pattern."""
     me = os.getpid()
-    return {pid: start for pid, _pp, _pg, start in _proc_table() if pid != me and tagged(pid, run, node)}
+    return {pid: start for pid, _pp, _pg, start in _proc_table() if pid != me and tagged(pid, run, node, nonce)}
 
 
 def send(pid: int | None, start: int | None, sig: int) -> bool:
@@ -144,6 +149,7 @@ class Job:
     def __init__(self, state: dict[str, Any]) -> None:
         self.state = state
         self.run, self.node = str(state.get("run") or ""), str(state.get("node") or "")
+        self.nonce = str(state.get("nonce") or "") or None
 
     def group(self) -> tuple[dict[int, int], dict[int, int], bool]:
         """(the group's members that are the job's, the members that are not, whether the group is
@@ -155,7 +161,7 @@ class Job:
         leader_start = self.state.get("pgid_start")
         if leader_start is not None and members.get(pgid) == leader_start:
             return members, {}, True  # the leader holds the id: every member is of its session
-        ours = {p: s for p, s in members.items() if self.run and tagged(p, self.run, self.node)}
+        ours = {p: s for p, s in members.items() if self.run and tagged(p, self.run, self.node, self.nonce)}
         return ours, {p: s for p, s in members.items() if p not in ours}, False
 
     def processes(self) -> tuple[dict[int, int], dict[int, int]]:
@@ -171,7 +177,7 @@ class Job:
             elif pid and proc_start_time(pid) is not None and pid not in ours:
                 strangers.setdefault(pid, proc_start_time(pid) or 0)
         if self.run and self.node:
-            ours.update(marked(self.run, self.node))
+            ours.update(marked(self.run, self.node, self.nonce))
         ours.pop(os.getpid(), None)
         for pid in ours:
             strangers.pop(pid, None)

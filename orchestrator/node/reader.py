@@ -4,7 +4,12 @@ Runs on the node (`python -c`, built by `orchestrator.node.program("reader", (*A
 only, any Python >= 3.8. The controller's side (reading the frames, the local copy, reconnects)
 is `orchestrator.logs.fetch`.
 
-    argv: RUN_DIR OFFSET POLL_S ONCE REPORT NONCE
+    argv: RUN_DIR OFFSET POLL_S ONCE REPORT NONCE [LAUNCH|- [LEASE]]
+
+With LAUNCH (the run's launch nonce), a run directory another launch claimed (another
+controller's run of the same id) sends nothing but its first line and `E - <node time>`: none of
+its lines are this run's. With LEASE=1 (started by `python -c FROM_STDIN_OPEN`: stdin stays
+open), every line on stdin renews the run's lease (`renew`).
 
 Its output starts with `ORCH-LOG-READER <NONCE>`, the session's nonce the controller chose: what a
 node's login shell prints before it (a banner, `~/.bashrc` noise) can never be taken for a frame,
@@ -104,10 +109,46 @@ def stream(run_dir: str, offset: int, poll: float, once: bool, report: bool, non
         time.sleep(poll)
 
 
+def renew(run_dir: str) -> None:
+    """The lease: each line the controller sends on stdin touches `lease` in the run directory
+    (never creating it: only the agent of an attached run does). Bytes that arrive prove the
+    controller still reaches this node; when they stop (a cut link, a dead controller), the agent
+    stops the job once the lease runs out (`agent.Monitor`)."""
+    path = os.path.join(run_dir, agent.LEASE)
+    for _line in iter(sys.stdin.buffer.readline, b""):
+        try:
+            os.utime(path, follow_symlinks=False)
+        except (OSError, NotImplementedError):
+            pass
+
+
 def main(argv: list) -> int:
     run_dir = os.path.expanduser(argv[1])
-    stream(run_dir, int(argv[2]), float(argv[3]), argv[4] == "1", argv[5:6] == ["1"], "".join(argv[6:7]))
-    return 0
+    nonce = "".join(argv[6:7])
+    launch = argv[7] if len(argv) > 7 and argv[7] != "-" else ""
+    lease = argv[8:9] == ["1"]
+    if lease:
+        import threading
+
+        threading.Thread(target=renew, args=(run_dir,), daemon=True).start()
+    code = 1
+    try:
+        if agent.foreign(run_dir, launch or None):  # another launch's run of this id: none of its lines
+            sys.stdout.buffer.write(HELLO + b" " + nonce.encode("ascii", "replace") + b"\n")
+            sys.stdout.buffer.write(b"E - %.6f\n" % time.time())
+        else:
+            stream(run_dir, int(argv[2]), float(argv[3]), argv[4] == "1", argv[5:6] == ["1"], nonce)
+        code = 0
+    finally:
+        if lease:
+            # the renewing thread holds stdin's lock while it waits for a line: an interpreter
+            # shutdown would wait for it (until the controller hangs up); this reader is done
+            try:
+                sys.stdout.flush()
+            except OSError:
+                pass
+            os._exit(code)
+    return code
 
 
 if __name__ == "__main__":

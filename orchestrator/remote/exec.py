@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import shlex
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,26 +146,72 @@ def node_output(node: str, answer: Result | BaseException, timeout: float | None
     return NodeOutput(node, UNREACHABLE, "", "", f"{type(answer).__name__}: {answer}")
 
 
+OnLine = Callable[[str, str, str], None]
+"""on_line(node, stream, line): one whole line of a node's output (`out` or `err`, without its
+newline) as soon as it is complete; a last line without a newline comes when the command ends.
+Called from the node's thread: one node's lines in order, nodes interleaved as they arrive."""
+
+
+class LineSplitter:
+    """Bytes of one node's two streams as they arrive -> whole lines to `on_line` (UTF-8, bad
+    bytes replaced); `finish()` hands over what is left without a newline."""
+
+    def __init__(self, node: str, on_line: OnLine) -> None:
+        self.node, self.on_line = node, on_line
+        self.pending = {"out": b"", "err": b""}
+
+    def feed(self, stream: str, data: bytes) -> None:
+        *whole, rest = (self.pending[stream] + data).split(b"\n")
+        self.pending[stream] = rest
+        for line in whole:
+            self.on_line(self.node, stream, line.decode("utf-8", "replace"))
+
+    def finish(self) -> None:
+        for stream, rest in self.pending.items():
+            if rest:
+                self.on_line(self.node, stream, rest.decode("utf-8", "replace"))
+        self.pending = {"out": b"", "err": b""}
+
+
+def with_env(command: Sequence[str], env: Mapping[str, str] | None) -> tuple[str, ...]:
+    """The command with `--env` variables set for it: an argv becomes `env -- K=V ... argv`
+    (quoted by the transport), a shell line gets `export K=V ...;` in front (values quoted)."""
+    if not env:
+        return tuple(command)
+    if len(command) == 1:
+        return ("export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + "; " + command[0],)
+    return ("env", "--", *(f"{k}={v}" for k, v in env.items()), *command)
+
+
 def run_everywhere(inv: Inventory, nodes: Sequence[Node], command: Sequence[str], *,
-                   timeout: float | None = None, progress: Progress | None = None) -> ExecReport:
+                   timeout: float | None = None, progress: Progress | None = None,
+                   on_line: OnLine | None = None, env: Mapping[str, str] | None = None) -> ExecReport:
     """Run `command` on every node of `nodes` in parallel (at most `inv.fanout` at once) and collect
     every answer; never raises for a node. One word is a login-shell line, several an argv.
+    `on_line`: each output line as it arrives (pdsh's live `node: line`), besides the report.
+    `env`: variables set for the command (`--env`; the login environment stays under them).
     Ctrl-C (KeyboardInterrupt) closes every connection before it propagates."""
     if not command:
         raise ValueError("empty command")
     shell = len(command) == 1
+    sent = with_env(command, env)
     done = [0]
     lock = threading.Lock()
 
     def one(t: Transport) -> Result:
+        splitter = LineSplitter(t.node.name, on_line) if on_line is not None else None
+        feed = splitter.feed if splitter is not None else None
         try:
             if timeout is not None:
-                res = t.run_shell(timed_line(command, shell, timeout), timeout=timeout + KILL_AFTER_S + SLACK_S)
+                res = t.run_shell(timed_line(sent, shell, timeout), timeout=timeout + KILL_AFTER_S + SLACK_S,
+                                  on_output=feed)
                 return Result(res.node, tuple(command), res.exit_code, res.stdout, res.stderr, res.elapsed_ms)
             if shell:
-                return t.run_shell(command[0])
-            return t.run(command)
+                return t.run_shell(sent[0], on_output=feed)
+            return t.run(sent, on_output=feed)
         finally:
+            if splitter is not None:
+                splitter.finish()
             if progress is not None:
                 with lock:
                     done[0] += 1

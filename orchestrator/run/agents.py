@@ -116,23 +116,33 @@ class StopResult:
     strangers: tuple[int, ...] = ()
     """Processes that now hold a pid or process group the run recorded, but are not the job's
     (pid reuse): never signalled."""
+    foreign: bool = False
+    """The node's run directory holds another launch's run of this id (another controller's):
+    left alone, nothing of it signalled (`note` says whose)."""
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> StopResult:
         return cls(NodeStatus.from_json(data) if data.get("state") else None,
                    tuple(int(p) for p in data.get("stopped") or ()),
                    tuple(int(p) for p in data.get("remaining") or ()), _text(data.get("note")),
-                   tuple(int(p) for p in data.get("strangers") or ()))
+                   tuple(int(p) for p in data.get("strangers") or ()), data.get("foreign") is True)
 
 
 # ----------------------------------------------------------------------------- one node
 
 
-def launch_spec(plan: Plan, np_: NodePlan) -> dict[str, Any]:
-    """launch.json: everything the agent needs, so no env value ever appears on a command line."""
-    return {"run": plan.run_id, "node": np_.node.name, "node_rank": np_.node_rank,
+def launch_spec(plan: Plan, np_: NodePlan, lease_s: float | None = None) -> dict[str, Any]:
+    """launch.json: everything the agent needs, so no env value ever appears on a command line.
+    `lease_s` (an attached run): the agent stops the job when the controller has not renewed its
+    lease for that long (see `node/agent.py` LEASE)."""
+    spec = {"run": plan.run_id, "node": np_.node.name, "node_rank": np_.node_rank,
             "argv": list(np_.argv), "env": dict(np_.env), "cwd": np_.workdir,
             "grace": plan.inventory.job.stop_grace_s, "torchrun_log_dir": True}
+    if plan.nonce:
+        spec["nonce"] = plan.nonce
+    if lease_s:
+        spec["lease_s"] = lease_s
+    return spec
 
 
 def agent_call(t: Transport, python: str, rdir: str, args: list[str], timeout: float) -> dict[str, Any]:
@@ -168,7 +178,7 @@ def parse_agent(res: Result, python: str) -> dict[str, Any]:
 
 
 def start_node(t: Transport, plan: Plan, np_: NodePlan, rdir: str,
-               extra: Mapping[str, str] | None = None) -> NodeStatus:
+               extra: Mapping[str, str] | None = None, lease_s: float | None = None) -> NodeStatus:
     """Ship the agent and launch.json, start the job detached; its status once it runs.
 
     One SSH exec: `node/boot.py` writes both files (sent on stdin, so no env value is ever on a
@@ -176,11 +186,15 @@ def start_node(t: Transport, plan: Plan, np_: NodePlan, rdir: str,
     files for the run directory, shipped in the same exec (a job orch brings, like the fabric
     check's)."""
     t.connect()
-    files = {**(extra or {}), **agent_files(), "launch.json": json.dumps(launch_spec(plan, np_))}
+    files = {**(extra or {}), **agent_files(), "launch.json": json.dumps(launch_spec(plan, np_, lease_s))}
     python = np_.node.python
     res = t.run([python, "-c", node_script("boot"), rdir, "start", ".", "--wait", str(START_WAIT_S)],
                 stdin=json.dumps(files).encode("ascii"), timeout=START_WAIT_S + 30)
     state = parse_agent(res, python)
+    if state.get("foreign"):
+        raise OrchError(f"{np_.node.name}: the job did not start: {state.get('reason')}; nothing of it was touched",
+                        "run ids are unique per controller only when orch picks them: pick another --run-id, or "
+                        "remove that directory once that run is over")
     if res.exit_code != 0 or not state.get("pid"):
         raise OrchError(f"{np_.node.name}: the job did not start: {state.get('reason') or state.get('state')}")
     return NodeStatus.from_json(state)
@@ -190,28 +204,37 @@ FALLBACK_PYTHON = "python3"
 """What runs the agent where the run's own python no longer can: it needs only the standard library."""
 
 
-def stop_node(t: Transport, python: str, rdir: str, grace: float) -> StopResult:
+def stop_node(t: Transport, python: str, rdir: str, grace: float, nonce: str | None = None) -> StopResult:
     """Stop one node's job (TERM, KILL after grace) and wait; idempotent.
 
     What it returns is what the agent saw once done, never an assumption: a node where the run
     never got as far as its run directory has nothing of it; where the run's python cannot start
-    the agent any more, `python3` asks it; where neither can, the stop is not confirmed (OrchError)."""
+    the agent any more, `python3` asks it; where neither can, the stop is not confirmed (OrchError).
+    With the launch's `nonce`, a run directory another launch claimed is left alone (`foreign`)."""
+    args = ["stop", ".", "--grace", f"{grace:g}", *(["--nonce", nonce] if nonce else [])]
     try:
-        return StopResult.from_json(agent_call(t, python, rdir, ["stop", ".", "--grace", f"{grace:g}"], grace + 30))
+        return StopResult.from_json(agent_call(t, python, rdir, args, grace + 30))
     except TransportError:
         raise
     except OrchError as exc:
         if not t.run(["true"], cwd=rdir, timeout=30).ok:
             return StopResult(None, note="no run directory on this node: nothing of the run was started here")
         if "cannot run the node agent" in exc.message and python != FALLBACK_PYTHON:
-            return stop_node(t, FALLBACK_PYTHON, rdir, grace)
+            return stop_node(t, FALLBACK_PYTHON, rdir, grace, nonce)
         raise
 
 
-def status_node(t: Transport, python: str, rdir: str, tail: int = 0, timeout: float = 15) -> NodeStatus:
-    """One node's state.json plus liveness; a missing run directory reads as state `unknown`."""
+def status_node(t: Transport, python: str, rdir: str, tail: int = 0, timeout: float = 15,
+                nonce: str | None = None, renew: bool = False) -> NodeStatus:
+    """One node's state.json plus liveness; a missing run directory reads as state `unknown`, and
+    so does (with `nonce`) one another launch claimed, its `error` saying whose. `renew`: the
+    supervising `orch up` renews the run's lease with its poll."""
+    args = ["status", ".", "--tail", str(tail), *(["--nonce", nonce] if nonce else []), *(["--renew"] if renew else [])]
     try:
-        return NodeStatus.from_json(agent_call(t, python, rdir, ["status", ".", "--tail", str(tail)], timeout))
+        data = agent_call(t, python, rdir, args, timeout)
+        if data.get("foreign"):
+            return NodeStatus(NodeState.UNKNOWN, agent_alive=False, job_alive=False, error=_text(data.get("error")))
+        return NodeStatus.from_json(data)
     except TransportError:
         raise
     except OrchError as exc:
@@ -221,19 +244,25 @@ def status_node(t: Transport, python: str, rdir: str, tail: int = 0, timeout: fl
 # ----------------------------------------------------------------------------- every node
 
 
-def start_all(cluster: Cluster, plan: Plan, extra: Mapping[str, str] | None = None) -> GroupResult[NodeStatus]:
+def start_all(cluster: Cluster, plan: Plan, extra: Mapping[str, str] | None = None,
+              lease_s: float | None = None) -> GroupResult[NodeStatus]:
     """Start every node in parallel; every node's answer (its status, or why not) is collected.
-    `extra`: more files for every node's run directory (see `start_node`)."""
+    `extra`: more files for every node's run directory (see `start_node`); `lease_s`: see
+    `launch_spec`."""
     rdirs = {p.node.name: remote_dir(plan.inventory, p.node, plan.run_id) for p in plan.nodes}
-    return cluster.fan_out(lambda t: start_node(t, plan, plan.for_node(t.node.name), rdirs[t.node.name], extra))
+    return cluster.fan_out(lambda t: start_node(t, plan, plan.for_node(t.node.name), rdirs[t.node.name], extra,
+                                                lease_s))
 
 
 def stop_all(cluster: Cluster, records: Sequence[Mapping[str, Any]], grace: float) -> GroupResult[StopResult]:
-    """Stop every node in parallel (idempotent): every agent's answer, or why there is none."""
+    """Stop every node in parallel (idempotent): every agent's answer, or why there is none. Each
+    record's `nonce` (run.json) guards its stop: another launch's run of the same id is left alone,
+    so a node whose start answer was lost is asked too, and stopped only if it is this launch's."""
     by_name = {r["node"]: r for r in records}
     nodes = [n for n in cluster.inv.nodes if n.name in by_name]
     return cluster.fan_out(lambda t: stop_node(t, by_name[t.node.name]["python"],
-                                               by_name[t.node.name]["remote_dir"], grace), nodes)
+                                               by_name[t.node.name]["remote_dir"], grace,
+                                               by_name[t.node.name].get("nonce")), nodes)
 
 
 def status_all(cluster: Cluster, records: Sequence[Mapping[str, Any]], timeout: float = 15) -> GroupResult[NodeStatus]:
@@ -241,4 +270,5 @@ def status_all(cluster: Cluster, records: Sequence[Mapping[str, Any]], timeout: 
     by_name = {r["node"]: r for r in records}
     nodes = [n for n in cluster.inv.nodes if n.name in by_name]
     return cluster.fan_out(lambda t: status_node(t, by_name[t.node.name]["python"],
-                                                 by_name[t.node.name]["remote_dir"], timeout=timeout), nodes)
+                                                 by_name[t.node.name]["remote_dir"], timeout=timeout,
+                                                 nonce=by_name[t.node.name].get("nonce")), nodes)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..config.inventory import Inventory
@@ -57,6 +57,14 @@ class StatusReport:
     max_attempts: int = 1
     replaced: dict[str, str] | None = None
     """Nodes a spare replaced on a retry ({node: spare})."""
+    master_tail: tuple[str, ...] = ()
+    """The last node.log lines of the node holding rank 0, asked now while it runs (not in the
+    JSON: the CLI reads the trainer's progress from them, `logs.trainer.run_progress`)."""
+
+    @property
+    def master(self) -> str | None:
+        """The node of node rank 0."""
+        return next((n.node for n in self.nodes if n.node_rank == 0), None)
 
     def to_json(self) -> dict[str, Any]:
         """docs/CONTRACT.md's status JSON, with pid, uptime and last log time per node, and the attempt."""
@@ -111,8 +119,24 @@ def status(run_id: str | None) -> StatusReport:
         if state == RunState.FAILED and not data.get("first_failure"):
             # a detached run failed with nobody watching: name its first failure now
             fields["first_failure"] = detached_failure(cluster, records, statuses, offsets_s(run, inv))
+        tail = _master_tail(cluster, records, statuses)
     RunRecord(run).update_nodes(ok, **fields)
-    return status_report(run.read(), statuses)
+    return replace(status_report(run.read(), statuses), master_tail=tail)
+
+
+MASTER_TAIL = 400
+"""How many of the rank-0 node's latest log lines `orch status` asks for (the trainer's progress)."""
+
+
+def _master_tail(cluster: Cluster, records: list[dict[str, Any]], statuses: Mapping[str, NodeStatus]) -> tuple[str, ...]:
+    """The rank-0 node's latest lines while it runs (one more agent call), else none."""
+    master = next((r for r in records if r.get("node_rank") == 0), None)
+    if master is None or statuses.get(master["node"], NodeStatus(NodeState.UNKNOWN)).state != NodeState.RUNNING:
+        return ()
+    try:
+        return status_node(cluster[master["node"]], master["python"], master["remote_dir"], tail=MASTER_TAIL).tail
+    except OrchError:
+        return ()
 
 
 def detached_failure(cluster: Cluster, records: list[dict[str, Any]], statuses: Mapping[str, NodeStatus],
@@ -128,7 +152,8 @@ def detached_failure(cluster: Cluster, records: list[dict[str, Any]], statuses: 
     first = min(failures, key=lambda f: f.order)
     rec = next(r for r in records if r["node"] == first.node)
     try:
-        tail = list(status_node(cluster[first.node], rec["python"], rec["remote_dir"], tail=200).tail)
+        tail = list(status_node(cluster[first.node], rec["python"], rec["remote_dir"], tail=200,
+                                nonce=rec.get("nonce")).tail)
     except OrchError:
         tail = []
     first.explain(tail)
@@ -162,8 +187,12 @@ def _iso(ts: float | None) -> str | None:
 
 
 def down(run_id: str | None) -> DownReport:
-    """Stop every process of a run on every node by its recorded process group; idempotent."""
+    """Stop every process of a run on every node by its recorded process group; idempotent.
+
+    The request is recorded first (run.json `down_requested`): an `orch up` supervising the run
+    reads it, relaunches nothing (`job.retries` notwithstanding) and ends the run `stopped`."""
     run = RunStore().get(run_id)
+    run.modify(lambda data: data.setdefault("down_requested", time.time()))
     inv, records = _cluster_for(run)
     t = time.monotonic()
     with Cluster(inv) as cluster:

@@ -7,12 +7,13 @@ and how to reach its agent later (`node_records`), with the agent's latest facts
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..config.plan import Plan
 from ..contract import NodeState
 from ..store import RunDir, remote_dir
+from ..store import warn as store_warn
 from .agents import NodeStatus
 
 
@@ -23,7 +24,8 @@ def node_records(plan: Plan) -> list[dict[str, Any]]:
              "base_rank": p.global_ranks.start, "nproc": p.node.nproc_per_node,
              "remote_dir": remote_dir(inv, p.node, plan.run_id), "python": p.node.python,
              "state": NodeState.PENDING, "exit_code": None, "pid": None, "pgid": None,
-             "started_at": None, "finished_at": None} for p in plan.nodes]
+             "started_at": None, "finished_at": None, **({"nonce": plan.nonce} if plan.nonce else {})}
+            for p in plan.nodes]
 
 
 def merge_status(record: Mapping[str, Any], status: NodeStatus) -> dict[str, Any]:
@@ -32,20 +34,46 @@ def merge_status(record: Mapping[str, Any], status: NodeStatus) -> dict[str, Any
 
 
 class RunRecord:
-    """run.json updates from several threads (poller callbacks, teardown), serialized."""
+    """run.json updates from several threads (poller callbacks, teardown) and processes (`orch
+    status`, `orch down` beside `orch up`), serialized: a thread lock here, run.json's flock
+    (`RunDir.locked`) across processes.
 
-    def __init__(self, run: RunDir) -> None:
+    A write that fails (the controller's disk full) never stops what is being recorded: it is
+    warned about once, and the record is written again, whole, with the next update."""
+
+    def __init__(self, run: RunDir, warn: Callable[[str], None] = store_warn) -> None:
         self.run = run
         self.lock = threading.Lock()
+        self.warn = warn
+        self.failed: str | None = None
+        self.pending: tuple[dict[str, NodeStatus], dict[str, Any]] = ({}, {})
+        """What failed writes did not get into run.json yet (merged into the next update)."""
 
     def nodes(self) -> list[dict[str, Any]]:
         return list(self.run.read().get("nodes") or [])
 
-    def update_nodes(self, statuses: Mapping[str, NodeStatus], **fields: Any) -> None:
-        """Merge each node's status into its record, set the run's `fields`, write run.json."""
+    def update_nodes(self, statuses: Mapping[str, NodeStatus], **fields: Any) -> bool:
+        """Merge each node's status into its record, set the run's `fields`, write run.json;
+        whether it was written."""
         with self.lock:
-            data = self.run.read()
-            data["nodes"] = [merge_status(r, statuses[r["node"]]) if r["node"] in statuses else r
-                             for r in data.get("nodes") or []]
-            data.update(fields)
-            self.run.write(data)
+            statuses = {**self.pending[0], **statuses}
+            fields = {**self.pending[1], **fields}
+
+            def change(data: dict[str, Any]) -> None:
+                data["nodes"] = [merge_status(r, statuses[r["node"]]) if r["node"] in statuses else r
+                                 for r in data.get("nodes") or []]
+                data.update(fields)
+
+            try:
+                self.run.modify(change)
+            except OSError as exc:
+                self.pending = (statuses, fields)
+                if self.failed is None:
+                    self.warn(f"cannot write {self.run.path / 'run.json'}: {exc.strerror or exc}; the run goes on, "
+                              "its record is written again once it can be")
+                self.failed = str(exc)
+                return False
+            if self.failed is not None:
+                self.warn(f"{self.run.path / 'run.json'} is written again")
+            self.pending, self.failed = ({}, {}), None
+            return True

@@ -45,11 +45,16 @@ class Tunables:
     stream_silent_s: float = 3.0
     """How long a node's log stream may be silent before the node is polled (at most half the grace)."""
     unreachable_grace_s: float = 10.0
-    """How long a node may be unheard before the run fails."""
+    """How long a node may be unreachable (its stream silent and a poll of it failed to connect)
+    before the run fails."""
+    no_answer_s: float = 120.0
+    """How long a status poll that reached its node may take to answer (a `run_root` on a
+    stalled NFS server) before the node counts as unreachable: no answer yet is not down."""
 
     ENV: ClassVar[dict[str, str]] = {"poll_interval_s": "ORCH_POLL_INTERVAL_S",
                                      "stream_silent_s": "ORCH_STREAM_SILENT_S",
-                                     "unreachable_grace_s": "ORCH_UNREACHABLE_GRACE_S"}
+                                     "unreachable_grace_s": "ORCH_UNREACHABLE_GRACE_S",
+                                     "no_answer_s": "ORCH_NO_ANSWER_S"}
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Tunables:
@@ -63,6 +68,12 @@ class Tunables:
             if value > 0 and math.isfinite(value):
                 values[name] = value
         return cls(**values)
+
+    @property
+    def lease_s(self) -> float:
+        """An attached run's lease on each node: 3 × the unreachable grace. A node that has not
+        heard from the controller for that long (a cut link, a dead `orch up`) stops its ranks."""
+        return 3 * self.unreachable_grace_s
 
     @property
     def silent_after_s(self) -> float:
@@ -314,12 +325,18 @@ class Pushed:
     fails or hangs, the node is unreachable since it was last heard from: the supervisor's grace
     then means "silent that long". A final pushed state is the node's last word (its stream ends
     after it), so it is never polled. A stream's first frame may take `first_frame_s` (a login
-    shell and a python start on a node busy starting its job) before its node counts as silent."""
+    shell and a python start on a node busy starting its job) before its node counts as silent.
+
+    No answer yet is not down: a poll still in flight (it reached the node: a connection that
+    fails raises, and that is judged as above) leaves the node judged on what it last said, for
+    up to `no_answer_s` (a slow disk under `run_root`); past that it is unreachable since last heard."""
 
     def __init__(self, names: Sequence[str], poll_one: Callable[[str], NodeStatus], *,
                  silent_after: float = 3.0, first_frame_s: float = 0.0, interval: float = 1.0,
-                 stale_after: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 stale_after: float = 5.0, clock: Callable[[], float] = time.monotonic,
+                 no_answer_s: float = 120.0) -> None:
         self.names = list(names)
+        self.no_answer_s = max(no_answer_s, stale_after)
         self.silent_after = silent_after
         self.first_frame_s = max(silent_after, first_frame_s)
         self.clock = clock
@@ -383,7 +400,7 @@ class Pushed:
                 poll, poll_at = latest.get(name), answered.get(name, -math.inf)
                 alive_at = max(heard, answered_ok.get(name, -math.inf))
                 asked = inflight.get(name)
-                if asked is not None and now - asked > self.poller.stale_after:
+                if asked is not None and now - asked > self.no_answer_s:
                     out[name] = Unanswered(now - alive_at, alive_at)
                 elif isinstance(poll, Exception) and poll_at > heard:
                     out[name] = Silent(poll, alive_at)
@@ -453,7 +470,7 @@ class Supervisor:
                  confirm: Callable[[Sequence[str]], Mapping[str, Observation]] | None = None,
                  interval: float = 1.0, unreachable_grace: float = 10.0,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                 on_update: Callable[[Mapping[str, NodeStatus]], None] | None = None,
+                 on_update: Callable[[Mapping[str, NodeStatus]], object] | None = None,
                  offsets_s: Mapping[str, float] | None = None,
                  watch: Callable[[], Failure | None] | None = None) -> None:
         self.specs = {s.name: s for s in specs}

@@ -22,6 +22,9 @@ from ..errors import RemoteCommandFailed
 log = logging.getLogger("orch.transport")
 T = TypeVar("T")
 
+OnOutput = Callable[[str, bytes], None]
+"""on_output(stream, data): a piece of a running command's output, `out` or `err`, as it arrives."""
+
 
 @dataclass(frozen=True)
 class Result:
@@ -107,19 +110,23 @@ class Transport:
         raise NotImplementedError
 
     def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
-            stdin: bytes | None = None, timeout: float | None = None) -> Result:
-        """Run argv to completion; never raises for a non-zero exit (see `Result.check`)."""
-        return self._run_line(command_line(argv, env, cwd), tuple(argv), stdin, timeout)
+            stdin: bytes | None = None, timeout: float | None = None, on_output: OnOutput | None = None) -> Result:
+        """Run argv to completion; never raises for a non-zero exit (see `Result.check`).
+        `on_output(stream, data)`: each piece of output as it arrives (`out` or `err`), besides
+        the whole of it in the Result."""
+        return self._run_line(command_line(argv, env, cwd), tuple(argv), stdin, timeout, on_output)
 
-    def run_shell(self, line: str, *, stdin: bytes | None = None, timeout: float | None = None) -> Result:
+    def run_shell(self, line: str, *, stdin: bytes | None = None, timeout: float | None = None,
+                  on_output: OnOutput | None = None) -> Result:
         """Run a line a person wrote for the node's login shell, sent as it is, the way ssh and pdsh
         send one (`orch exec -- 'pip freeze | grep torch'`). orch's own commands are argv (`run`)."""
-        return self._run_line(line, (line,), stdin, timeout)
+        return self._run_line(line, (line,), stdin, timeout, on_output)
 
-    def _run_line(self, line: str, argv: tuple[str, ...], stdin: bytes | None, timeout: float | None) -> Result:
+    def _run_line(self, line: str, argv: tuple[str, ...], stdin: bytes | None, timeout: float | None,
+                  on_output: OnOutput | None = None) -> Result:
         log.debug("%s$ %s", self.node.name, line)
         start = time.monotonic()
-        code, out, err = self._exec(line, stdin, timeout)
+        code, out, err = self._exec(line, stdin, timeout, on_output)
         elapsed = (time.monotonic() - start) * 1000
         return Result(self.node.name, argv, code, out.decode("utf-8", "replace"),
                       err.decode("utf-8", "replace"), elapsed)
@@ -140,7 +147,8 @@ class Transport:
     def close(self) -> None:
         pass
 
-    def _exec(self, line: str, stdin: bytes | None, timeout: float | None) -> tuple[int, bytes, bytes]:
+    def _exec(self, line: str, stdin: bytes | None, timeout: float | None,
+              on_output: OnOutput | None = None) -> tuple[int, bytes, bytes]:
         raise NotImplementedError
 
     def __enter__(self) -> Transport:

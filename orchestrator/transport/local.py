@@ -10,10 +10,11 @@ import os
 import subprocess
 import threading
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ..config.nodes import Node
 from ..errors import TransportError
-from .base import Process, Transport, command_line, log
+from .base import OnOutput, Process, Transport, command_line, log
 
 
 class _LocalProcess(Process):
@@ -66,7 +67,8 @@ class LocalTransport(Transport):
     def connect(self) -> float:
         return 0.0
 
-    def _exec(self, line: str, stdin: bytes | None, timeout: float | None) -> tuple[int, bytes, bytes]:
+    def _exec(self, line: str, stdin: bytes | None, timeout: float | None,
+              on_output: OnOutput | None = None) -> tuple[int, bytes, bytes]:
         with self._lock:
             closes = self._closes
         proc = subprocess.Popen(["/bin/sh", "-c", line], cwd=os.path.expanduser("~"),
@@ -78,10 +80,14 @@ class LocalTransport(Transport):
         if closed_meanwhile:  # close() ran while it started (Ctrl-C right then): it would outlive it
             _kill_group(proc)
         try:
-            out, err = proc.communicate(stdin or b"", timeout=timeout)
+            if on_output is None:
+                out, err = proc.communicate(stdin or b"", timeout=timeout)
+            else:
+                out, err = _streamed(proc, stdin or b"", timeout, on_output)
         except subprocess.TimeoutExpired:
             _kill_group(proc)
-            proc.communicate()
+            if on_output is None:  # _streamed has drained and closed the pipes itself
+                proc.communicate()
             raise TransportError(self.node.name, "timeout", f"command timed out after {timeout:.0f} s") from None
         finally:
             with self._lock:
@@ -113,3 +119,42 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         os.killpg(proc.pid, 9)
     except ProcessLookupError:
         pass
+
+
+def _streamed(proc: subprocess.Popen[bytes], stdin: bytes, timeout: float | None,
+              on_output: OnOutput) -> tuple[bytes, bytes]:
+    """`communicate()` that hands each piece of output to `on_output` as it arrives. Raises
+    subprocess.TimeoutExpired past `timeout` (the caller kills the process group)."""
+    got: dict[str, bytearray] = {"out": bytearray(), "err": bytearray()}
+
+    def pump(stream: str, fh: Any) -> None:
+        while True:
+            data = os.read(fh.fileno(), 65536)
+            if not data:
+                return
+            got[stream] += data
+            on_output(stream, data)
+
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    readers = [threading.Thread(target=pump, args=(name, fh), daemon=True, name=f"orch-local-{name}")
+               for name, fh in (("out", proc.stdout), ("err", proc.stderr))]
+    for t in readers:
+        t.start()
+    try:
+        proc.stdin.write(stdin)
+    except BrokenPipeError:
+        pass
+    finally:
+        proc.stdin.close()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        proc.wait()
+        raise
+    finally:
+        for t in readers:
+            t.join()
+        proc.stdout.close()
+        proc.stderr.close()
+    return bytes(got["out"]), bytes(got["err"])

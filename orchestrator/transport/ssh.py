@@ -39,7 +39,7 @@ from typing import Any
 
 from ..config.nodes import Node, SSHOptions
 from ..errors import TransportError
-from .base import Process, Transport, command_line, log
+from .base import OnOutput, Process, Transport, command_line, log
 from .hostkeys import UnknownHostKey, install_host_key_policy, known_hosts_name
 
 
@@ -64,6 +64,11 @@ class _SSHProcess(Process):
 
     def close(self) -> None:
         self.chan.close()
+
+
+DEFAULT_PORT = 22
+"""ssh's own default port: with an ssh config file, an inventory that leaves `port` at it lets the
+config's `Port` for the host apply (`orch exec -w alias`, aliases with their own ports)."""
 
 
 class SSHTransport(Transport):
@@ -92,7 +97,10 @@ class SSHTransport(Transport):
             from fabric import Config, Connection
 
             _paramiko_with_invoke()
-            conn = Connection(host, user=opts.user, port=opts.port, config=Config(runtime_ssh_path=cfg_path),
+            # port 22 is ssh's default, not a choice: the config's `Port` for this host applies then
+            # (as `ssh alias` would connect), an inventory's other port wins over it
+            port = None if opts.port == DEFAULT_PORT else opts.port
+            conn = Connection(host, user=opts.user, port=port, config=Config(runtime_ssh_path=cfg_path),
                               connect_timeout=timeout, connect_kwargs=kwargs, gateway=gateway)
             install_host_key_policy(conn.client, opts.known_hosts, opts.host_key_policy, node_name=self.node.name)
         else:
@@ -139,7 +147,8 @@ class SSHTransport(Transport):
             raise _translate(self.node, exc) from None
         return chan
 
-    def _exec(self, line: str, stdin: bytes | None, timeout: float | None) -> tuple[int, bytes, bytes]:
+    def _exec(self, line: str, stdin: bytes | None, timeout: float | None,
+              on_output: OnOutput | None = None) -> tuple[int, bytes, bytes]:
         chan = self._channel()
         try:
             chan.exec_command(line)
@@ -150,10 +159,16 @@ class SSHTransport(Transport):
             deadline = None if timeout is None else time.monotonic() + timeout
             while True:
                 if chan.recv_ready():
-                    out += chan.recv(65536)
+                    data = chan.recv(65536)
+                    out += data
+                    if on_output is not None and data:
+                        on_output("out", data)
                     continue
                 if chan.recv_stderr_ready():
-                    err += chan.recv_stderr(65536)
+                    data = chan.recv_stderr(65536)
+                    err += data
+                    if on_output is not None and data:
+                        on_output("err", data)
                     continue
                 if chan.exit_status_ready() and chan.eof_received:
                     break
@@ -163,7 +178,10 @@ class SSHTransport(Transport):
                     raise TransportError(self.node.name, "unreachable", "connection lost while running a command")
                 select.select([chan], [], [], 0.2)
             while chan.recv_stderr_ready():
-                err += chan.recv_stderr(65536)
+                data = chan.recv_stderr(65536)
+                err += data
+                if on_output is not None and data:
+                    on_output("err", data)
             return chan.recv_exit_status(), bytes(out), bytes(err)
         except (OSError, EOFError) as exc:
             self.close()
@@ -515,7 +533,10 @@ def _argv(opts: SSHOptions, config_file: str | None, host: str | None, port: int
     if depth > MAX_HOPS:
         raise TransportError(host or "?", "error", f"more than {MAX_HOPS} jump hosts on the way to {host}: "
                              "a ProxyJump loop in the ssh config?", f"check the ProxyJump lines of {config_file}")
-    argv = ["ssh", "-F", config_file or "none", *(["-p", str(port)] if port else [])]
+    # the node itself at port 22 with an ssh config: the config's Port for its host applies, as
+    # `ssh alias` would (`orch exec -w alias`); hops keep the port they were given
+    shown_port = port if port and (config_file is None or port != DEFAULT_PORT or depth > 0) else None
+    argv = ["ssh", "-F", config_file or "none", *(["-p", str(shown_port)] if shown_port else [])]
     if user:
         argv += ["-l", user]
     if opts.identity:

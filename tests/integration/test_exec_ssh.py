@@ -1,4 +1,4 @@
-"""`orch exec` over real sshd nodes: grouping, the worst exit code, unreachable and timed-out
+"""`orch exec` over real sshd nodes: live `node: line` output and -b grouping, -w without an inventory, the worst exit code, unreachable and timed-out
 nodes, argv quoting, host-key rules, hostile output, Ctrl-C."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def test_groups_identical_answers_and_exits_with_the_worst(cluster: TestCluster,
     cluster.stop_node("node4")
     line = ('echo same; if [ "$ORCH_TEST_NODE" = node3 ]; then echo "only on node3" >&2; exit 3; fi; '
             "printf '\\033]0;pwned\\007\\n'")
-    r = orch.run("exec", inv, "--", line)
+    r = orch.run("exec", inv, "-b", "--", line)
     assert r.returncode == 255, r.stderr  # node4 unreachable outranks node3's 3
     out = r.stdout
     assert "\x1b" not in out and "\x07" not in out
@@ -47,8 +47,41 @@ def test_groups_identical_answers_and_exits_with_the_worst(cluster: TestCluster,
     assert by_node["node4"]["exit_code"] == 255 and "refused" in by_node["node4"]["error"]
 
     cluster.start_node("node4")
-    ok = orch.run("exec", inv, "--", "true")
+    ok = orch.run("exec", inv, "--gather", "--", "true")
     assert ok.returncode == 0 and ok.stdout == "----------------\nnode[1-4] (4)\n----------------\n"
+
+
+def test_live_output_is_node_colon_line_with_the_worst_exit_code(cluster: TestCluster, orch: Orch) -> None:
+    """pdsh's and clush's default: each line as `node: line` on its own stream; an unreachable node
+    named on stderr with why; the exit code the worst node's, as with -b."""
+    inv = str(cluster.write_inventory())
+    cluster.stop_node("node4")
+    line = 'echo "hello from $ORCH_TEST_NODE"; [ "$ORCH_TEST_NODE" = node3 ] && echo oops >&2 && exit 3; exit 0'
+    r = orch.run("exec", inv, "--", line)
+    assert r.returncode == 255, r.stderr
+    assert sorted(r.stdout.splitlines()) == [f"node{i}: hello from node{i}" for i in (1, 2, 3)]
+    err = r.stderr.splitlines()
+    assert "node3: oops" in err
+    assert any(e.startswith("node4: connection to ") and e.endswith("(exit 255)") for e in err), err
+    assert "orch exec: 2 of 4 nodes failed (exit 255: node4; exit 3: node3)" in err
+
+
+def test_w_reaches_hosts_through_ssh_config_without_an_inventory(cluster: TestCluster, tmp_path: Path) -> None:
+    """`orch exec -w node[1-2] -- cmd`: the hosts are ~/.ssh/config aliases (its HostName, Port,
+    User and IdentityFile), their keys checked against ~/.ssh/known_hosts, as pdsh -w over ssh."""
+    home = tmp_path / "user"
+    (home / ".ssh").mkdir(parents=True)
+    config = "".join(f"Host {n.name}\n  HostName {n.host}\n  Port {n.port}\n  User {cluster.user}\n"
+                     f"  IdentityFile {cluster.client_key}\n" for n in cluster.nodes)
+    (home / ".ssh" / "config").write_text(config)
+    (home / ".ssh" / "known_hosts").write_text(cluster.known_hosts.read_text())
+    orch = Orch(tmp_path / "orch-home", env={"HOME": str(home)})
+    r = orch.run("exec", "-w", "node[1-2]", "--", "echo $ORCH_TEST_NODE")
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.splitlines()) == ["node1: node1", "node2: node2"]
+    (home / ".ssh" / "known_hosts").write_text("")  # strict, as an inventory's default: an unknown key refused
+    r = orch.run("exec", "-w", "node1", "--", "true")
+    assert r.returncode == 255 and "node1" in r.stderr
 
 
 def test_argv_words_reach_the_node_as_they_are(cluster: TestCluster, orch: Orch) -> None:
@@ -102,7 +135,7 @@ def test_host_keys_are_verified_as_for_every_command(cluster: TestCluster, orch:
     strict = str(cluster.write_inventory(tmp_path / "strict.yaml", ssh={"known_hosts": str(empty)}))
     r = orch.run("exec", strict, "--nodes", "node1", "--", "echo reached")
     assert r.returncode == 255 and "reached" not in r.stdout
-    assert "is not in" in r.stdout and "hint: verify it, then: ssh-keyscan" in r.stdout
+    assert "is not in" in r.stderr and "hint: verify it, then: ssh-keyscan" in r.stderr  # live: errors on stderr
     assert empty.read_text() == ""
     accept = str(cluster.write_inventory(tmp_path / "accept.yaml",
                                          ssh={"known_hosts": str(empty), "host_key_policy": "accept-new"}))

@@ -75,7 +75,7 @@ def test_the_cpu_dry_run_runs_every_step_that_needs_no_gpu(tmp_path: Path) -> No
     env = steps["environment"]["figures"]
     assert env["versions"]["cuda_available"] is False and env["versions"]["torch"]
     gpus = env["orch_check"]["results"]["gpus@gpu0"]
-    assert gpus["status"] in ("ok", "warn") and "Tesla V100-SXM2-16GB" in gpus["value"]  # the recorded nvidia-smi
+    assert gpus["status"] in ("ok", "warn") and "NVIDIA H100 80GB HBM3" in gpus["value"]  # the recorded nvidia-smi
     assert env["orch_check"]["results"]["software@gpu0"]["status"] == "ok"
 
     tr = steps["trainer"]["figures"]

@@ -264,3 +264,34 @@ def test_files_are_private_whatever_the_umask_and_env_values_stay_off_screen(tmp
             assert got[name] == "600", (node, name)
         assert got["."] == got["torchrun"] == "700", node
     assert modes(tmp_path / "nodes" / run_id)["."] == "700" and modes(tmp_path / "nodes")["."] == "700"
+
+
+def test_overrides_on_the_command_line_run_and_every_later_command_sees_the_run_as_it_ran(tmp_path: Path) -> None:
+    """`orch up INV --exclude n1 --env K=V -- ARGS` on three local nodes: two ranks run, re-planned
+    as for a two-node inventory, with the command line's args and env; run.json keeps the
+    overrides, and `orch status`, `orch runs` and `orch logs` (by a prefix of the id) see two nodes."""
+    inv = local_inventory(tmp_path, ddp_job(steps=6, sleep=0.05))
+    doc = yaml.safe_load(inv.read_text())
+    doc["nodes"].append({"host": "localhost", "name": "n2"})
+    inv.write_text(yaml.safe_dump(doc))
+    orch = Orch(tmp_path / "home")
+    up = orch.run("up", str(inv), "--skip-checks", "--exclude", "n1", "--env", "DDP_SLEEP=0.01", "--run-id",
+                  "over-1", "--", "--steps", "3", timeout=180)
+    assert up.returncode == 0, up.stderr
+    assert sorted(ln.split()[1] for ln in up.stdout.splitlines() if "done steps=3 allreduce_ok=True" in ln) == ["n0", "n2"]
+    record = orch.run_json("over-1")
+    assert record["overrides"] == {"args": ["--steps", "3"], "env": {"DDP_SLEEP": "0.01"}, "include": None,
+                                   "exclude": "n1", "nodes": None, "master": None}
+    plan = json.loads((orch.run_dir("over-1") / "plan.json").read_text())
+    assert [(n["node"], n["node_rank"]) for n in plan["nodes"]] == [("n0", 0), ("n2", 1)]
+    assert all("DDP_SLEEP" in n["env"] and n["argv"][-2:] == ["--steps", "3"] for n in plan["nodes"])
+    for node in ("n0", "n2"):  # what each node was given to run (plan.json may mask env values)
+        launch = json.loads((tmp_path / "nodes" / "over-1" / node / "launch.json").read_text())
+        assert launch["env"]["DDP_SLEEP"] == "0.01" and launch["env"]["DDP_STEPS"] == "6"
+    assert not (tmp_path / "nodes" / "over-1" / "n1").exists()
+    status = json.loads(orch.run("status", "--json", "over").stdout)
+    assert [n["node"] for n in status["nodes"]] == ["n0", "n2"] and status["state"] == "succeeded"
+    runs = json.loads(orch.run("runs", "--json").stdout)["runs"]
+    assert (runs[0]["run"], runs[0]["nodes"], runs[0]["procs"], runs[0]["state"]) == ("over-1", 2, 2, "succeeded")
+    logs = orch.run("logs", "over")
+    assert logs.returncode == 0 and " n1 " not in logs.stdout and " n2 " in logs.stdout

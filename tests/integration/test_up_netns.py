@@ -1,4 +1,5 @@
-"""`orch up` when a node's cable is pulled mid-run (network namespaces, root only)."""
+"""`orch up` when a node's cable is pulled mid-run (network namespaces, root only): the run ends
+naming the node, the others are stopped, and the node cut off stops its own ranks (its lease)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 import pytest
 
 from tests.cluster import TestCluster
-from tests.up_helpers import DDP_JOB, REPO, Orch, ddp_job, leftover, node_log, wait_for
+from tests.up_helpers import DDP_JOB, REPO, Orch, ddp_job, leftover, node_log, node_state, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.timeout(300)]
 
@@ -34,6 +35,18 @@ def test_link_down_mid_run_is_detected_and_the_others_are_stopped(netns_cluster:
         assert leftover(c, run_id, ["node1", "node2", "node3"]) == {}
         assert "could not confirm the stop on node4" in up.err, up.err
         print(f"link down -> orch up exit after {elapsed:.1f} s")
+        # node4, cut off, stops its own ranks once its lease (3 x the grace: 24 s) runs out: SIGTERM,
+        # SIGKILL after stop_grace_s (5 s), the cleanup of what is left: the README's bound,
+        # 3 x grace + stop_grace_s + 10 s
+        bound = 3 * 8 + 5 + 10
+        wait_for(lambda: leftover(c, run_id, ["node4"]) == {}, bound + 30, "node4 to stop its ranks on its own")
+        stopped = time.monotonic() - t
+        state = wait_for(lambda: (st := node_state(runs, run_id, "node4")).get("lease_expired") and st, 15,
+                         "node4's state.json to say why")
+        assert state["state"] == "stopped" and "was not heard from" in state["reason"], state
+        assert stopped <= bound, f"node4's ranks outlived the cut by {stopped:.1f} s (bound {bound} s)"
+        assert "lease 24 s" in node_log(runs, run_id, "node4")
+        print(f"link down -> every rank on node4 stopped after {stopped:.1f} s (bound {bound} s)")
     finally:
         c.link_up("node4")
     down = orch.run("down", run_id, timeout=120)

@@ -7,6 +7,7 @@ flags and world size, 2 ranks on one node.
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import re
@@ -70,6 +71,19 @@ def test_a_rank_killed_mid_epoch_is_retried_and_resumes_exactly(make_cluster: An
     assert run["attempts"][0]["result"] == "failed" and run["attempts"][0]["first_failure"]["node"] in ("node1", "node2")
     plan = json.loads((orch.run_dir("cut") / "plan.json").read_text())
     assert plan["nodes"][0]["argv"][-2:] == ["--resume", "auto"] and plan["nodes"][0]["env"]["ORCH_ATTEMPT"] == "2"
+
+    # orch status and orch report read the trainer's own lines: done, and the card holds results.csv's best
+    status = json.loads(orch.run("status", "--json", "cut").stdout)
+    assert status["progress"]["done"] is True and status["progress"]["epochs"] > 0, status
+    report = orch.run("report", "cut", timeout=240)
+    assert report.returncode == 0, report.stderr
+    page = Path(report.stdout.strip())
+    card = dict(re.findall(r"data-key='([a-z_0-9]+)' data-value='([^']*)'", page.read_text()))
+    rows = list(csv.DictReader(line.replace(" ", "") for line in
+                               (orch.run_dir("cut") / "results.csv").read_text().splitlines()))
+    assert len(rows) == 3 and "metrics/mAP50-95(B)" not in rows[0]  # --val-period 0: no validation, no mAP
+    assert card["best_map50_95"] == "" and card["attempts"] == "2" and card["state"] == "succeeded"
+    assert card["world_size"] == "2" and float(card["wall_s"]) == run["wall_s"]
 
     # the final weights are the uninterrupted run's
     for rank in (0, 1):

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from orchestrator.node import FROM_STDIN, script
+from orchestrator.node import FROM_STDIN_OPEN, script
 from tests.cluster import TestCluster
 from tests.logs_support import reader_pids
 from tests.up_helpers import (
@@ -92,7 +92,7 @@ def test_success_4_nodes_x_2_processes_supervised_without_a_single_status_exec(c
     # and each node cost one exec to ship and start the agent, and one log stream
     nodes = ["node1", "node2", "node3", "node4"]
     assert sorted(execs(err, script("boot"))) == nodes
-    assert sorted(execs(err, FROM_STDIN)) == nodes
+    assert sorted(execs(err, FROM_STDIN_OPEN)) == nodes  # attached: stdin stays open for the lease
     assert leftover(cluster, run_id) == {}
     print(f"4x2 success: {time.monotonic() - t0:.1f} s wall")
 
@@ -247,6 +247,9 @@ def _follow_shows_new_lines(orch: Orch, run_id: str) -> None:
 
 
 def test_controller_killed_job_keeps_running_then_down(cluster: TestCluster, orch: Orch) -> None:
+    """orch up killed (SIGKILL): the job runs on, status and logs read it, down stops it. It runs
+    on until its lease runs out (3 x the grace: here 180 s; test_up_netns.py proves the end)."""
+    orch.env.update(ORCH_UNREACHABLE_GRACE_S="60")
     inv = inventory(cluster, nproc=1, job_env=ddp_job(steps=1000, sleep=0.3))
     up = orch.start(str(inv), "--skip-checks")
     run_id = up.wait_running()

@@ -486,3 +486,70 @@ def test_stacks_says_where_py_spy_is_missing(tmp_path: Path, monkeypatch: pytest
         assert [(x["rank"], x["dump"], x["error"]) for x in out["ranks"]] == [(0, "", None)]
     finally:
         call("stop", str(d), "--grace", "1")
+
+
+def test_an_attached_runs_lease_is_renewed_through_the_reader_and_its_end_stops_the_job(tmp_path: Path) -> None:
+    """lease_s 2: while the controller writes lines to the log reader's stdin the job runs on
+    (well past the lease); once they stop (a cut link), the agent stops the job within the lease
+    plus its stop, recording why in state.json and node.log."""
+    d = prepare(tmp_path, "setsid sleep 304 & while true; do sleep 0.2; done", lease_s=2)
+    assert call("start", str(d))[0] == 0
+    snapshot_holds(d, b"304")
+    proc = subprocess.Popen(reader_argv(sys.executable, str(d), 0, 0.05, False, True, new_nonce(), lease=True),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert proc.stdin is not None
+    proc.stdin.write(b"%d\n" % len(READER) + READER.encode())
+    proc.stdin.flush()
+    try:
+        until = time.monotonic() + 5  # 2.5 leases
+        while time.monotonic() < until:
+            proc.stdin.write(b"L\n")
+            proc.stdin.flush()
+            time.sleep(0.5)
+        assert state(d)["state"] == "running", state(d)
+        cut = time.monotonic()  # no more renewals: the controller is gone for the node
+        st = wait_state(d, "stopped", timeout=20)
+        took = time.monotonic() - cut
+        assert st["lease_expired"] is True and "was not heard from" in st["reason"], st
+        assert "lease 2 s" in (d / "node.log").read_text()
+        assert not agent.job_alive(st) and not any(b"304" in Path(f"/proc/{p}/cmdline").read_bytes()
+                                                   for p, _s in st.get("procs") or [] if Path(f"/proc/{p}").exists())
+        print(f"lease 2 s: job stopped {took:.1f} s after the last renewal")
+    finally:
+        proc.kill()
+        proc.wait()
+        call("stop", str(d), "--grace", "1")
+
+
+def test_a_detached_run_has_no_lease(tmp_path: Path) -> None:
+    d = prepare(tmp_path, "while true; do sleep 0.2; done")
+    assert call("start", str(d))[0] == 0
+    try:
+        assert not (d / agent.LEASE).exists()
+        assert state(d)["state"] == "running"
+    finally:
+        call("stop", str(d), "--grace", "1")
+
+
+def test_pids_recorded_on_another_boot_are_never_signalled_even_when_start_times_match(tmp_path: Path) -> None:
+    """The boot-id half of process identity: after a reboot, pids and start times (ticks since
+    boot) can name other processes exactly. state.json from another boot, naming a live stranger
+    with its real start time as agent, torchrun, group and snapshot: nothing is signalled, the
+    agent and the job read as gone."""
+    d = prepare(tmp_path, "exit 0")
+    assert call("start", str(d))[0] == 0
+    wait_state(d, "succeeded")
+    stranger = foreign_group()
+    try:
+        start = agent.proc_start_time(stranger.pid)
+        assert start is not None
+        rewrite_state(d, state="running", boot_id="00000000-0000-4000-8000-000000000000", agent_pid=stranger.pid,
+                      agent_start=start, pid=stranger.pid, pid_start=start, pgid=stranger.pid, pgid_start=start,
+                      procs=[[stranger.pid, start]])
+        assert agent.agent_alive(state(d)) is False and agent.job_alive(state(d)) is False
+        code, out = call("stop", str(d), "--grace", "1")
+        assert code == 0 and out["stopped"] == [] and out["remaining"] == [], out
+        assert received(stranger.pid) == set(), "stop signalled a process recorded on another boot"
+    finally:
+        stranger.kill()
+        stranger.wait()

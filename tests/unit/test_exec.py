@@ -197,7 +197,7 @@ def test_words_after_dashes_are_the_command_options_included(local_inv: Path,
 def test_one_word_is_a_shell_line_and_the_exit_code_is_the_worst(local_inv: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     line = 'echo "$(echo piped | tr a-z A-Z)"; case $ORCH_EXEC_T in *) exit 3;; esac'
-    code, out, err = orch(["exec", str(local_inv), "--", line], capsys)
+    code, out, err = orch(["exec", str(local_inv), "-b", "--", line], capsys)
     assert code == 3
     assert out == "----------------\nn[0-2] (3): exit 3\n----------------\nPIPED\n"
     assert "3 of 3 nodes failed (exit 3: n[0-2])" in err
@@ -226,3 +226,77 @@ def test_ctrl_c_stops_waiting_and_exits_130(local_inv: Path, tmp_path: Path) -> 
     _, err = proc.communicate(timeout=60)  # far less than the command's 120 s
     assert proc.returncode == 130, err
     assert "interrupted" in err
+
+
+# ----------------------------------------------------------------------------- live output (pdsh, clush)
+
+
+def test_each_line_is_shown_as_it_arrives_not_once_every_node_finished(local_inv: Path, tmp_path: Path) -> None:
+    """Each node's command waits for a file that is only made once its first line was seen: with
+    output held back until the end, no command could finish (and the run would time out)."""
+    from orchestrator.config import inventory
+    from orchestrator.remote.exec import run_everywhere
+
+    inv = inventory.load(local_inv)
+    seen: list[tuple[str, str, str]] = []
+
+    def on_line(node: str, stream: str, line: str) -> None:
+        seen.append((node, stream, line))
+        if line == "ready":
+            (tmp_path / f"go-{node}").touch()
+
+    names = [n.name for n in inv.nodes]
+    for node in inv.nodes:  # local nodes are all this machine: one at a time, each its own file
+        line = f"echo ready; while [ ! -e {tmp_path}/go-{node.name} ]; do sleep 0.02; done; echo gone >&2; printf tail"
+        report = run_everywhere(inv, [node], [line], timeout=30, on_line=on_line)
+        assert report.exit_code == 0, report.to_json()
+        assert report.nodes[0].stdout == "ready\ntail" and report.nodes[0].stderr == "gone\n"
+    assert seen == [x for n in names for x in ((n, "out", "ready"), (n, "err", "gone"), (n, "out", "tail"))]
+
+
+def test_live_output_is_node_colon_line_on_the_stream_it_came_from(local_inv: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = orch(["exec", str(local_inv), "--", "echo one; echo two >&2; printf '\\033[2Jthree'; exit 4"],
+                          capsys)
+    assert code == 4
+    assert sorted(out.splitlines()) == sorted([f"n{i}: {t}" for i in range(3) for t in ("one", "\\x1b[2Jthree")])
+    for i in range(3):  # one node's lines in order
+        mine = [line for line in out.splitlines() if line.startswith(f"n{i}: ")]
+        assert mine == [f"n{i}: one", f"n{i}: \\x1b[2Jthree"]
+    assert sorted(line for line in err.splitlines() if line.startswith("n")) == ["n0: two", "n1: two", "n2: two"]
+    assert "3 of 3 nodes failed (exit 4: n[0-2])" in err
+
+
+def test_env_is_set_for_the_command_argv_or_shell_line(local_inv: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = orch(["exec", str(local_inv), "--json", "--nodes", "n0", "--env", "A=x y", "--env", "B=2", "--",
+                         "sh", "-c", 'echo "$A|$B"'], capsys)
+    assert code == 0 and json.loads(out)["nodes"][0]["stdout"] == "x y|2\n"
+    code, out, _ = orch(["exec", str(local_inv), "--json", "--nodes", "n0", "--env", "A=x y", "--",
+                         'echo "$A"'], capsys)
+    assert code == 0 and json.loads(out)["nodes"][0]["stdout"] == "x y\n"
+    code, _, err = orch(["exec", str(local_inv), "--env", "A=$(id)", "--", "true"], capsys)
+    assert code == 2 and "--env A" in err
+
+
+def test_w_names_hosts_without_an_inventory_with_ssh_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.config.inventory import adhoc
+
+    inv = adhoc("gpu[1-3],root@login")
+    assert [(n.name, n.host, n.ssh.user) for n in inv.nodes] == [
+        ("gpu1", "gpu1", None), ("gpu2", "gpu2", None), ("gpu3", "gpu3", None), ("login", "login", "root")]
+    assert inv.transport == "ssh" and {n.ssh.host_key_policy for n in inv.nodes} == {"strict"}
+    assert {n.ssh.ssh_config for n in inv.nodes} == {"~/.ssh/config"}
+    assert adhoc("a,b", user="me").nodes[1].ssh.user == "me"
+    code, _, err = orch(["exec", "-w", "bad;host", "--", "true"], capsys)
+    assert code == 2
+    code, _, err = orch(["exec", "inv.yaml", "-w", "a", "--", "true"], capsys)
+    assert code == 2 and "-w" in err
+
+
+def test_live_output_with_a_timeout_shows_what_came_and_counts_124(local_inv: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = orch(["exec", str(local_inv), "--nodes", "n0", "--timeout", "3", "--",
+                           "echo before; exec sleep 60"], capsys)
+    assert code == 124
+    assert out == "n0: before\n"
+    assert "n0: timed out after 3 s" in err and "(exit 124)" in err

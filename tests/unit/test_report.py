@@ -35,18 +35,17 @@ def test_report_has_every_section_and_its_pngs(tmp_path: Path) -> None:
     run = make_run(tmp_path, failed=True)
     page = build_report(run)
     text = page.read_text()
-    for section in ("timeline", "loss and mAP", "throughput", "nodes", "preflight", "first failure"):
+    for section in ("summary", "timeline", "loss and mAP", "throughput", "attempts", "nodes", "configuration",
+                    "preflight", "first failure"):
         assert f"<h2>{section}</h2>" in text
-    assert text.count("data:image/png;base64,") == 3
+    assert text.count("data:image/png;base64,") == 4
     assert "RuntimeError: boom &lt;&amp;&gt;" in text  # escaped, not injected
-    # the cause above the excerpt: a killed rank by its signal, not torchrun's exit code
-    assert "node node1, rank 1, signal SIGKILL" in text and "exit code 1</p>" not in text
-    assert text.index("<b>killed by SIGKILL</b>") < text.index("hint: the OOM killer &lt;usually&gt;") < text.index("<pre>")
-    # the cause above the excerpt: a killed rank by its signal, not torchrun's exit code
-    assert "node node1, rank 1, signal SIGKILL" in text and "exit code 1</p>" not in text
-    assert text.index("<b>killed by SIGKILL</b>") < text.index("hint: the OOM killer &lt;usually&gt;") < text.index("<pre>")
+    # the cause above the excerpt (in the root-cause box at the top): a killed rank by its signal,
+    # not torchrun's exit code
+    assert "node node1, rank 1, signal SIGKILL" in text and "exit code 1</" not in text
+    assert text.index(">killed by SIGKILL<") < text.index("hint: the OOM killer &lt;usually&gt;") < text.index("<pre>")
     assert "http" not in text.replace("http-equiv", "")  # nothing fetched from the network
-    for png in ("timeline.png", "curves.png", "throughput.png"):
+    for png in ("timeline.png", "curves.png", "throughput.png", "throughput_nodes.png"):
         data = (page.parent / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 2000
     assert page.stat().st_mode & 0o777 == 0o600
@@ -56,6 +55,8 @@ def test_report_without_results_or_preflight_says_so(tmp_path: Path) -> None:
     run = make_run(tmp_path)
     (run.path / "results.csv").unlink()
     (run.path / "check.json").unlink()
+    for log in (run.path / "nodes").glob("*.log"):  # no trainer lines either: nothing to draw curves from
+        log.write_text(log.read_text().splitlines()[0] + "\n")
     text = build_report(run).read_text()
     assert "no data for loss and mAP curves" in text
     assert "no preflight recorded" in text
@@ -87,3 +88,96 @@ def test_report_command_fetches_results_and_says_where_everything_is(
     assert (run.path / "results.csv").read_text() == RESULTS  # fetched over the (local) transport
     assert "validation mAP" not in (run.path / "report" / "index.html").read_text()  # plots are images
     assert (run.path / "report" / "curves.png").exists()
+
+
+def test_a_finished_runs_wall_time_is_the_recorded_one_however_late_the_report(tmp_path: Path) -> None:
+    """run.json says 52.4 s; the report said 500.1 s (the time since the run was created) and more
+    each time it was regenerated."""
+    import time
+
+    run = make_run(tmp_path)
+    info = run.read()
+    info.pop("finished_at")
+    run.write({**info, "created": time.time() - 500, "wall_s": 52.4})
+    assert "wall time 52.4 s" in build_report(run).read_text()
+    assert "wall time 52.4 s" in build_report(run).read_text()
+    from orchestrator.report import run_wall
+
+    now = time.time()
+    assert run_wall({**info, "created": now - 30, "state": "running", "wall_s": 5.0}, now) == (30.0, True)
+
+
+def test_orch_report_prints_only_the_pages_path_on_stdout(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`xdg-open "$(orch report)"`: stdout is the path alone, every other line on stderr."""
+    from orchestrator.cli import main
+
+    home = tmp_path / "home"
+    run = make_run(home / "runs")
+    (home / "latest").write_text(run.run_id + "\n")
+    monkeypatch.setenv("ORCH_HOME", str(home))
+    with pytest.raises(SystemExit) as exc:
+        main(["report", "latest"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert out == f"{(run.path / 'report' / 'index.html').resolve()}\n"
+
+
+def card(text: str) -> dict[str, str]:
+    """The summary card's fields: data-key -> data-value (the raw number or text)."""
+    import re
+
+    section = text[text.index("<section id='summary'"):]
+    section = section[:section.index("</section>")]
+    return dict(re.findall(r"data-key='([a-z_0-9]+)' data-value='([^']*)'", section))
+
+
+def test_the_summary_card_holds_what_results_csv_and_run_json_say(tmp_path: Path) -> None:
+    run = make_run(tmp_path)
+    text = build_report(run).read_text()
+    values = card(text)
+    cols = read_results_csv(run.path / "results.csv")
+    best = max(range(len(cols["epoch"])), key=lambda i: cols["metrics/mAP50-95(B)"][i])
+    info = run.read()
+    assert float(values["best_map50_95"]) == cols["metrics/mAP50-95(B)"][best]
+    assert int(values["best_epoch"]) == cols["epoch"][best] == 3
+    assert float(values["wall_s"]) == info["wall_s"]
+    assert int(values["world_size"]) == sum(n["nproc"] for n in info["nodes"]) == 2
+    assert int(values["attempts"]) == info["attempt"] and "2 of 3" in text
+    assert values["state"] == "succeeded"
+    assert float(values["final_val"]) == 0.0301  # the final validation line of best.pt
+    assert values["weights"] == "/srv/runs/train/exp/weights"
+
+
+def test_a_failed_run_shows_its_root_cause_at_the_top(tmp_path: Path) -> None:
+    text = build_report(make_run(tmp_path, failed=True)).read_text()
+    banner = text.index("<section id='root-cause'")
+    assert banner < text.index("<h2>summary</h2>") < text.index("<h2>timeline</h2>")
+    top = text[banner:text.index("</section>", banner)]
+    assert ">killed by SIGKILL<" in top and "node node1, rank 1, signal SIGKILL" in top
+    assert "hint: the OOM killer &lt;usually&gt;" in top
+
+
+def test_configuration_masks_env_values_and_preflight_folds_ok_rows(tmp_path: Path) -> None:
+    text = build_report(make_run(tmp_path)).read_text()
+    config = text[text.index("<h2>configuration</h2>"):text.index("<h2>preflight</h2>")]
+    assert "hunter2" not in text and "SECRET_TOKEN=***" in config
+    assert "--epochs 3 --batch 16" in config and "node0" in config and "node1" in config
+    pre = text[text.index("<h2>preflight</h2>"):]
+    folded = pre[pre.index("<details id='preflight-ok'>"):pre.index("</details>")]
+    assert "1 ok rows" in folded and ">ssh<" in folded
+    assert ">gpus<" in pre[:pre.index("<details")]  # not ok: in view
+
+
+def test_timeline_phases_and_throughput_per_node_over_the_epochs() -> None:
+    from orchestrator.logs.trainer import parse_phases, parse_throughput_epochs, rank0_lines
+    from orchestrator.report import node_throughput
+
+    phases = parse_phases(rank0_lines(node_log(0).splitlines()))
+    vals = [(p.epoch, p.end - p.start) for p in phases if p.kind == "validation"]
+    assert vals == [(1, 4.0), (2, 4.0), (3, 4.0)]
+    ckpt = [(p.epoch, p.end - p.start) for p in phases if p.kind == "checkpoint"]
+    assert ckpt == [(1, 6.0), (2, 6.0), (3, 11.0)]  # to rank 0's next line (the next epoch, the final val)
+    per_node = node_throughput(parse_throughput_epochs(node_log(0).splitlines() + node_log(1).splitlines()),
+                               [{"node": "node0", "base_rank": 0, "nproc": 1}, {"node": "node1", "base_rank": 1, "nproc": 1}])
+    assert per_node == {"node0": {1: (10.0, 0.125), 2: (20.0, 0.125)}, "node1": {1: (11.0, 0.125), 2: (21.0, 0.125)}}

@@ -406,3 +406,40 @@ def test_status_shows_the_attempt() -> None:
     assert (out["attempt"], out["max_attempts"], out["replaced"]) == (2, 3, {"gpu02": "gpu08"})
     plain = control.status_report({"run": "r0", "state": "running", "nodes": []}, {}).to_json()
     assert (plain["attempt"], plain["max_attempts"]) == (1, 1) and "replaced" not in plain
+
+
+def test_orch_down_during_an_attempt_is_final_no_retry(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
+    """`orch down` from another shell (run.json `down_requested`) while attempt 1 runs: its nodes
+    read as stopped from outside, and that is not retried: the run ends `stopped` (exit 130)."""
+    launched: list[int] = []
+
+    def attempt(say: Any, run: Any, i: Any, report: Any, detach: bool, t0: float, t_launch: float,
+                n: int) -> up.UpOutcome:
+        launched.append(n)
+        run.update(down_requested=1.0)  # what control.down records before it stops the nodes
+        return up.UpOutcome("failed", run.run_id, report, 1.0, Failure("gpu02", 1, "was stopped from outside"))
+
+    monkeypatch.setattr(up, "_attempt", attempt)
+    reports(monkeypatch, [{}, {}])
+    out = up.up(inv(), run_id="r1", progress=Say())
+    assert out.result == "stopped" and launched == [1]
+    assert RunStore().get("r1").read()["state"] == "stopped"
+    from orchestrator.cli.commands import UP_EXIT
+
+    assert UP_EXIT["stopped"] == 130
+
+
+def test_orch_down_while_a_retry_is_prepared_relaunches_nothing(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
+    launched = fake_attempts(monkeypatch, ["failed", "succeeded"])
+    calls = iter([{}, {}])
+
+    def preflight(i: inventory.Inventory, **kw: Any) -> CheckReport:
+        bad = next(calls)
+        if len(launched) == 1:  # the retry's preflight: someone runs `orch down` meanwhile
+            RunStore().get("r1").update(down_requested=2.0)
+        return CheckReport([CheckResult("ssh", n.name, "ok") for n in i.nodes if n.name not in bad])
+
+    monkeypatch.setattr(up, "run_preflight", preflight)
+    out = up.up(inv(), run_id="r1", progress=Say())
+    assert out.result == "stopped" and [a["attempt"] for a in launched] == [1]
+    assert RunStore().get("r1").read()["state"] == "stopped"

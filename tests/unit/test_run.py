@@ -210,3 +210,65 @@ def test_orch_up_whose_preflight_cannot_import_exits_3_and_launches_nothing(tmp_
     assert "Traceback" not in r.stderr and "orch: the preflight cannot run: importing its checks failed" in r.stderr
     assert "--skip-checks" in r.stderr
     assert not (tmp_path / "home" / "runs").exists()
+
+
+def test_new_run_ids_are_readable_and_differ_within_one_second(tmp_path: Path) -> None:
+    """Two controllers (two ORCH_HOMEs) starting a run of one inventory in the same second get
+    different ids: time, inventory name, 4 random characters."""
+    import re
+
+    from orchestrator.store import RunStore
+
+    inv = inventory.load(V100)
+    ids = {RunStore(tmp_path / f"home{i}").new_run_id(inv, now=1796031125.0) for i in range(50)}
+    assert len(ids) == 50
+    assert all(re.fullmatch(r"\d{8}-\d{6}-v100-[0-9a-km-np-z]{4}", i) for i in ids), ids
+
+
+def test_run_json_is_written_in_place_when_the_disk_is_full(monkeypatch: pytest.MonkeyPatch,
+                                                            tmp_path: Path) -> None:
+    """ENOSPC on the atomic rewrite: run.json is rewritten in the blocks it has (it keeps a
+    reserve), so a run that ends on a full disk still records how it ended."""
+    import errno
+
+    from orchestrator import store
+    from orchestrator.store import RunDir
+
+    run = RunDir(tmp_path / "r")
+    run.path.mkdir()
+    run.write({"run": "r", "state": "running", "nodes": [{"node": "n0", "state": "running"}]})
+
+    def full(path: Path, data: str | bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store, "write_private", full)
+    run.update(state="succeeded", wall_s=12.5, teardown_s=0.1)
+    assert run.read()["state"] == "succeeded" and run.read()["wall_s"] == 12.5
+
+
+def test_a_record_the_disk_refuses_warns_once_and_is_written_later(monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Path) -> None:
+    import errno
+
+    from orchestrator.store import RunDir
+
+    run = RunDir(tmp_path / "r")
+    run.path.mkdir()
+    run.write({"run": "r", "state": "running", "nodes": [{"node": "n0", "state": "running"}]})
+    warned: list[str] = []
+    rec = records.RunRecord(run, warn=warned.append)
+    real = RunDir.write
+
+    def refuse(self: RunDir, data: dict[str, Any], name: str = "run.json") -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(RunDir, "write", refuse)
+    assert rec.update_nodes({"n0": NodeStatus(NodeState.SUCCEEDED, exit_code=0)}, state="succeeded") is False
+    assert rec.update_nodes({}, wall_s=3.0) is False
+    assert len(warned) == 1 and "No space left on device" in warned[0]
+    monkeypatch.setattr(RunDir, "write", real)
+    assert rec.update_nodes({}, teardown_s=0.5) is True
+    data = run.read()
+    assert data["state"] == "succeeded" and data["wall_s"] == 3.0 and data["teardown_s"] == 0.5
+    assert data["nodes"][0]["state"] == "succeeded" and data["nodes"][0]["exit_code"] == 0
+    assert "written again" in warned[-1]

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.contract import NodeState
+from orchestrator.contract import NodeState, RunState
 from orchestrator.run.agents import NodeStatus, StopResult
 from orchestrator.run.supervise import (
     NodeSpec,
@@ -400,9 +400,12 @@ def test_a_silent_node_that_cannot_be_asked_is_unreachable_since_it_was_last_hea
     assert set(polls.asked) == {"n2"}
 
 
-def test_a_hung_poll_of_a_silent_node_counts_from_when_it_was_last_heard() -> None:
+def test_a_hung_poll_of_a_silent_node_is_no_answer_yet_until_no_answer_s() -> None:
+    """A poll that reached its node and has not answered (a stalled NFS under run_root) is not a
+    node down: the node is judged on its last word until `no_answer_s`, then it is unreachable
+    since it was last heard."""
     clock, release = Clock(), threading.Event()
-    pushed = pushed_for(Polls(lambda name: release.wait(5) and ok()), clock)
+    pushed = pushed_for(Polls(lambda name: release.wait(5) and ok()), clock, no_answer_s=60.0)
     try:
         for n in ("n1", "n2", "n3"):
             pushed.status(n, ok())
@@ -410,12 +413,43 @@ def test_a_hung_poll_of_a_silent_node_counts_from_when_it_was_last_heard() -> No
         clock.t += 3.5
         wait_until(lambda: pushed.polls >= 3)  # every node is silent now: each is asked, none answers
         assert pushed.observe()["n2"] == ok()  # asked just now: no verdict yet, the last word stands
-        clock.t += 6.0
+        clock.t += 30.0  # past the grace, past stale_after: still no answer yet
+        assert pushed.observe()["n2"] == ok()
+        clock.t += 31.0
         obs = pushed.observe()["n2"]
         assert isinstance(obs, Unanswered) and obs.since == heard
     finally:
         release.set()
         pushed.close(wait=1.0)
+
+
+def test_a_slow_disk_is_not_a_dead_node_the_run_goes_on() -> None:
+    """Every stream silent and every poll answering only after 15 s (grace 10): the run is not
+    failed; the late answers are the nodes' word, and the run ends when they say it did."""
+    clock = Clock()
+    answers = iter([ok()] * 3 + [ok("succeeded", exit_code=0)] * 3)
+    lock = threading.Lock()
+
+    def slow(name: str) -> NodeStatus:
+        deadline = clock.t + 15.0
+        while clock.t < deadline:
+            time.sleep(0.001)
+        with lock:
+            return next(answers)
+
+    pushed = pushed_for(Polls(slow), clock)
+
+    def sleep(s: float) -> None:
+        clock.sleep(s)
+        time.sleep(0.01)  # the pollers run meanwhile: about 10 ms of this machine's time per fake second
+
+    sup = Supervisor(SPECS, observe=pushed.observe, stop_all=lambda: {}, interval=1.0, unreachable_grace=10.0,
+                     clock=clock, sleep=sleep)
+    try:
+        out = sup.run()
+    finally:
+        pushed.close(wait=1.0)
+    assert out.state == RunState.SUCCEEDED and out.failure is None, out.failure
 
 
 def test_a_final_pushed_state_is_never_polled() -> None:

@@ -13,10 +13,12 @@ from orchestrator.logs.teardown import NodeStopped, QuietStop
 from orchestrator.node.agent import (
     EXITED,
     EXITED_LINE,
-    STARTING,
     STARTING_LINE,
     STOPPING,
     STOPPING_PREFIX,
+)
+from orchestrator.node.agent import (
+    STARTING_TEXT as STARTING,
 )
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nodelog"
@@ -100,6 +102,9 @@ def test_a_relaunch_after_the_teardown_is_shown_again() -> None:
 
 
 def test_the_agent_writes_the_lines_the_controller_reads() -> None:
+    from orchestrator.node import agent
+
+    assert agent.STARTING == "starting"  # the state state.json starts in, not the line's format
     assert all(STARTING_LINE.match(STARTING.format(pid=1, host="gpu-1", attempt=a, argv="x", cwd="/")) for a in ("", " attempt 3"))
     assert STARTING_LINE.match(lines("sigint_stop_node0_torch2.14.log", "n0")[0].text)  # as recorded
     line = STOPPING.format(signal="SIGTERM", pgid=4242)

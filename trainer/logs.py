@@ -138,8 +138,10 @@ def step_line(epoch: int, epochs: int, batch: int, batches: int, losses: Mapping
             f"images/s {ips:.1f} data {wait_share:.0%} nonfinite {nonfinite} skipped {skipped}")
 
 
-STEP_LINE = re.compile(r"(?:^|\] )epoch (\d+)/(\d+) batch (\d+)/(\d+) (.+?) lr (\S+) images/s (\S+) data (\d+)% "
-                       r"nonfinite (\d+) skipped (\d+)$")
+STEP_FIELDS = re.compile(r"(?:^|\] )epoch (\d+)/(\d+) batch (\d+)/(\d+) (.+?) lr (\S+) images/s (\S+) data (\d+)% "
+                         r"nonfinite (\d+) skipped (\d+)$")
+"""Every field of a progress line (:func:`parse_step`); ``STEP_LINE`` below is the lenient match
+orch's live progress reads."""
 
 
 @dataclass(frozen=True)
@@ -160,7 +162,7 @@ class Step:
 
 def parse_step(line: str) -> Step | None:
     """A :func:`step_line` read back (None for any other line)."""
-    m = STEP_LINE.search(line.rstrip("\n"))
+    m = STEP_FIELDS.search(line.rstrip("\n"))
     if not m:
         return None
     return Step(int(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4)), dict(_read_pairs(m.group(5))),

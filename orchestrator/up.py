@@ -48,7 +48,7 @@ from .run.supervise import (
 )
 from .run.watchdog import HangWatch, Watchdog
 from .store import RunDir, RunStore, clock_offsets
-from .transport import Cluster, GroupResult, open_transport
+from .transport import Cluster, GroupResult
 
 Result = Literal["succeeded", "failed", "start_failed", "sync_failed", "preflight_failed", "retry_preflight_failed",
                  "interrupted", "stopped", "detached"]
@@ -109,9 +109,9 @@ class UpProgress(Protocol):
     def replacing(self, node: str, spare: str, why: str) -> None:
         """A node failed the retry's preflight; `spare` takes its place."""
 
-    def resuming(self, path: str, node: str, found: bool | None, why: str | None = None) -> None:
-        """The trainer's checkpoint on the master: found (relaunched with --resume), not there
-        (started over), or None: it could not be asked (`why`)."""
+    def resuming(self, how: str) -> None:
+        """The trainer is relaunched with `how` (`--resume auto`, or the user's `--resume PATH`): it
+        continues its own checkpoint if it wrote one."""
 
 
 class Quiet:
@@ -165,7 +165,7 @@ class Quiet:
     def replacing(self, node: str, spare: str, why: str) -> None:
         pass
 
-    def resuming(self, path: str, node: str, found: bool | None, why: str | None = None) -> None:
+    def resuming(self, how: str) -> None:
         pass
 
 
@@ -410,20 +410,11 @@ def _prepare_retry(say: UpProgress, run: RunDir, inv: Inventory, replaced: dict[
 
 
 def _with_resume(say: UpProgress, run: RunDir, inv: Inventory) -> Inventory:
-    """The trainer's args with `--resume` when its master (rank 0 writes it) holds this run's
-    `weights/last.pt`; as they are when it does not (the trainer starts over) or cannot tell."""
-    path = resume.checkpoint_path(inv.job, run.run_id)
-    master = inv.master
-    try:
-        with open_transport(inv, master) as t:
-            found = resume.has_checkpoint(t, master, path)
-    except OrchError as exc:
-        say.resuming(path, master.name, None, exc.message)
-        return inv
-    say.resuming(path, master.name, found)
-    if not found:
-        return inv
-    return replace(inv, job=replace(inv.job, args=resume.with_resume(inv.job.args)))
+    """The trainer's args for a retry: `--resume auto` (the trainer continues this run's own
+    last.pt if it wrote one, else starts over in the same directory; where that is, it decides)."""
+    args = resume.with_resume(inv.job.args)
+    say.resuming("--resume auto" if args[-2:] == ("--resume", "auto") else "its own --resume / resume= argument")
+    return replace(inv, job=replace(inv.job, args=args))
 
 
 def _attempt(say: UpProgress, run: RunDir, inv: Inventory, report: CheckReport | None, detach: bool, t0: float,

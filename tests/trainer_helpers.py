@@ -95,19 +95,26 @@ def env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def run_trainer(args: list[str], nproc: int = 0, timeout: float = TRAINER_TIMEOUT_S, blocked_net_log: Path | None = None,
-                cwd: Path | None = None) -> Result:
+                cwd: Path | None = None, slow_build_s: float = 0.0, inf_loss_at: int = 0) -> Result:
     """Run the trainer: plain ``python -m trainer`` (nproc 0) or torchrun with ``nproc`` ranks.
 
     With ``blocked_net_log`` the run goes through this file as a script, so every rank runs
-    with the network blocked in-process and attempts are logged there.
+    with the network blocked in-process and attempts are logged there; with ``slow_build_s``
+    too, and rank 0's first dataset build takes that many seconds longer (a slow file system);
+    with ``inf_loss_at``, every rank's loss of that criterion call (1-based) is infinite, once.
     """
-    entry = [str(Path(__file__).resolve())] if blocked_net_log else ["-m", "trainer"]
+    script = blocked_net_log is not None or slow_build_s > 0 or inf_loss_at > 0
+    entry = [str(Path(__file__).resolve())] if script else ["-m", "trainer"]
     if nproc:
         cmd = [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
                "--master-port", str(free_port()), *entry, *args]
     else:
         cmd = [PYTHON, *entry, *args]
     extra = {"TRAINER_NET_LOG": str(blocked_net_log)} if blocked_net_log else {}
+    if slow_build_s:
+        extra["TRAINER_SLOW_BUILD_S"] = str(slow_build_s)
+    if inf_loss_at:
+        extra["TRAINER_INF_LOSS_AT"] = str(inf_loss_at)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env(extra), cwd=cwd or REPO)
     return Result(p.returncode, p.stdout, p.stderr)
 
@@ -261,9 +268,11 @@ def run_trainer_counting_syncs(args: list[str], log: Path, timeout: float = TRAI
     return Result(p.returncode, p.stdout, p.stderr), json.loads(log.read_text()) if log.exists() else {}
 
 
-def run_nodes(args: list[str], homes: list[Path], timeout: float = TRAINER_TIMEOUT_S) -> list[Result]:
+def run_nodes(args: list[str], homes: list[Path], timeout: float = TRAINER_TIMEOUT_S,
+              extra_env: dict[str, str] | None = None) -> list[Result]:
     """A job of ``len(homes)`` torchrun "nodes" of one process each on this machine, every node with its
-    own HOME: paths under ``~/`` are node-local, as on machines that share no storage."""
+    own HOME: paths under ``~/`` are node-local, as on machines that share no storage. A node still
+    running after ``timeout`` seconds is killed and raises ``subprocess.TimeoutExpired``."""
     port = free_port()
     procs = []
     for rank, home in enumerate(homes):
@@ -272,7 +281,8 @@ def run_nodes(args: list[str], homes: list[Path], timeout: float = TRAINER_TIMEO
                "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "trainer",
                *args]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                      env=env({"HOME": str(home)}), cwd=REPO, start_new_session=True))
+                                      env=env({**(extra_env or {}), "HOME": str(home)}), cwd=REPO,
+                                      start_new_session=True))
     results = []
     try:
         for p in procs:
@@ -286,12 +296,65 @@ def run_nodes(args: list[str], homes: list[Path], timeout: float = TRAINER_TIMEO
     return results
 
 
+def install_slow_build(seconds: float) -> None:
+    """Make this process's first dataset build take ``seconds`` longer (the fault a test injects:
+    a label scan or image cache on a slow file system)."""
+    import time
+
+    import trainer.data as tdata
+
+    build = tdata.build_dataset
+    slowed = [False]
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        if not slowed[0]:
+            slowed[0] = True
+            time.sleep(seconds)  # the injected slowness itself, not a wait for anything
+        return build(*args, **kwargs)
+
+    tdata.build_dataset = slow
+
+
+def install_inf_loss(at: int) -> None:
+    """Make the training loss of this process's ``at``-th criterion call (1-based, counted over the
+    run) infinite, once: the fault a test injects, as an fp16 overflow or a bad label would."""
+    import trainer.loop as tloop
+
+    advance = tloop.advance_criterion
+    calls = [0]
+
+    def patched(model: Any, epoch: int) -> None:
+        advance(model, epoch)
+        criterion = model.criterion
+        if getattr(criterion, "inf_at", None) is not None:
+            return
+        original = type(criterion).__call__
+
+        class InfOnce(type(criterion)):  # type: ignore[misc]
+            def __call__(self, preds: Any, batch: Any) -> Any:
+                loss, items = original(self, preds, batch)
+                calls[0] += 1
+                if calls[0] == at:
+                    print(f"[test] criterion call {at}: loss made infinite", file=sys.stderr, flush=True)
+                    loss = loss * float("inf")
+                return loss, items
+
+        criterion.__class__ = InfOnce
+        criterion.inf_at = at
+
+    tloop.advance_criterion = patched
+
+
 if __name__ == "__main__":
     if os.environ.get("TRAINER_SYNC_LOG"):
         install_sync_counter(Path(os.environ["TRAINER_SYNC_LOG"]))
     if os.environ.get("TRAINER_NET_LOG"):
         install_network_block(Path(os.environ["TRAINER_NET_LOG"]))
     sys.path.insert(0, str(REPO))
+    if os.environ.get("TRAINER_SLOW_BUILD_S") and os.environ.get("RANK", "0") == "0":
+        install_slow_build(float(os.environ["TRAINER_SLOW_BUILD_S"]))
+    if os.environ.get("TRAINER_INF_LOSS_AT"):
+        install_inf_loss(int(os.environ["TRAINER_INF_LOSS_AT"]))
     from trainer.train import main
 
     main(sys.argv[1:])

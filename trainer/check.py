@@ -26,7 +26,7 @@ import json
 import sys
 from typing import Any
 
-from trainer.config import check_topology, parse_config
+from trainer.config import check_topology, parse_config, with_world_size
 from trainer.errors import TrainerError
 from trainer.offline import set_offline_env
 
@@ -49,6 +49,7 @@ def check(argv: list[str]) -> dict[str, Any]:
         from trainer import dist as tdist  # torch: after the cheap refusals
 
         topo = tdist.Topology.from_env()
+        cfg = with_world_size(cfg, topo.world_size)  # --batch-per-device N: the global batch, as a start makes it
         check_topology(cfg, topo.world_size, topo.launched, topo.local_world_size)
         stage = "device"
         try:
@@ -68,7 +69,7 @@ def check(argv: list[str]) -> dict[str, Any]:
         }
         if topo.is_main:
             stage = "run directory"
-            out, resume = decide_run(cfg)
+            out, resume = decide_run(inputs.cfg)  # the model's task places the run directory
             answer.update(out=str(out.absolute()), resume=cfg.resume,
                           resume_epoch=resume.get("epoch") if resume else None)
     except TrainerError as e:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.errors import TrainerError
-from trainer.interface import DEFAULT_PROJECT, INPUT_FLAGS, OUTPUT_FLAGS, batch_problem
+from trainer.interface import DEFAULT_NAME, INPUT_FLAGS, OUTPUT_FLAGS, batch_problem
 from trainer.settings import (
     Given,
     convert,
@@ -107,6 +107,9 @@ class TrainConfig:
     """training epochs: passes over the training set"""
     batch: int = 16
     """global batch: images per micro-step over all ranks, divisible by WORLD_SIZE, e.g. 256 on 16 GPUs"""
+    batch_per_device: int | None = None
+    """images per GPU (per rank) instead of --batch: the global batch is N x WORLD_SIZE, e.g. 12 on 32 GPUs
+    trains a global batch of 384"""
     imgsz: int = 640
     """square training and validation image size in pixels, a multiple of 32, e.g. 640"""
     lr: float | None = None
@@ -168,25 +171,27 @@ class TrainConfig:
     """When fine-tuning, match the checkpoint's class rows to the data's classes by name."""
     out: str | None = None
     """run directory, used as is, e.g. /mnt/nfs/runs/y12m (default PROJECT/NAME, numbered if it exists)"""
-    project: str = DEFAULT_PROJECT
-    """parent of the run directory when --out is not given"""
-    name: str = "exp"
-    """run directory name under --project (default: the orch run id when started by orch up, else exp;
-    exp2, exp3... when it exists)"""
+    project: str = ""
+    """parent of the run directory when --out is not given: an absolute path is used as is, a relative one
+    (or none) lies under runs/TASK, as ultralytics 8.4 lays it out (default: runs/detect, runs/segment)"""
+    name: str = DEFAULT_NAME
+    """run directory name under the project (default: the orch run id when started by orch up, else train;
+    train2, train3... when it exists)"""
     exist_ok: bool = False
-    """reuse PROJECT/NAME instead of numbering a new one (exp2, exp3...)"""
+    """reuse PROJECT/NAME instead of numbering a new one (train2, train3...)"""
     save_period: int = 0
     """also keep weights/epochN.pt every N epochs, e.g. 10 (0 = never)"""
     val_period: int = 1
     """validate every N epochs and after the last one, 0 = never"""
     resume: str | None = field(default=None, metadata=flag(nargs="?", const="", metavar="PATH"))
     """continue from PATH, or from the run directory's weights/last.pt (the latest run under --project
-    without --out)"""
+    without --out); auto: this run's own last.pt if it wrote one, else start it over in the same directory
+    (what orch up passes to a retry)"""
     text_embeddings: str | None = None
     """YOLOE: absolute path of the class-name -> vector file from `python -m trainer.embed`"""
-    prompt_mode: str = field(default="linear", metadata=flag(choices=("linear", "full")))
-    """YOLOE: linear = train the class-prompt convs only (like train_pe), full = train everything (like
-    train_pe_all)"""
+    prompt_mode: str | None = field(default=None, metadata=flag(choices=("linear", "full")))
+    """YOLOE: full = train everything (the YOLOE repo's train_pe_all.py), linear = train the class-prompt
+    convs only (its train_pe.py); default full"""
     task: str | None = field(default=None, metadata=NO_FLAG)
     """Task the user asserted (task=segment); checked against the model's."""
     log_every: int = 10
@@ -196,6 +201,12 @@ class TrainConfig:
     timeout_min: float = 30.0
     """collective timeout in minutes: how long a collective may wait before the process group gives up
     (a lost node ends the job)"""
+    startup_timeout_min: float = 120.0
+    """how long a rank waits for the others at start-up (datasets built and cached; --cache ram at COCO
+    scale takes minutes per rank), on a gloo group of its own; at least --timeout-min"""
+    progress_every_s: float = 30.0
+    """start-up: each node's first rank says what it is building every N seconds (feeds orch's stall
+    watchdog), e.g. 60"""
     debug_dir: str | None = None
     """testing: each rank writes DIR/rank{R}.json with samples seen per epoch and a parameter checksum"""
     debug_exit_after: int = field(default=0, metadata=flag(metavar="EPOCH"))
@@ -204,6 +215,9 @@ class TrainConfig:
     """ultralytics settings for its dataset, loss and validator (augmentation, loss gains...)."""
     notes: tuple[str, ...] = field(default=(), metadata=NO_FLAG)
     """Decisions taken from the command line that the start-up line explains."""
+    given: tuple[str, ...] = field(default=(), metadata=NO_FLAG)
+    """The fields the user set (by flag, key=value or --cfg): defaults chosen later, such as YOLOE's
+    recipe, never override them."""
 
     @property
     def device_ids(self) -> tuple[int, ...] | None:
@@ -396,12 +410,20 @@ def resolve(given: Given, hyp: dict[str, Any]) -> TrainConfig:
         raise TrainerError(f"pretrained=False contradicts the weights {v['weights']}: drop one of them")
     optimizer = v.get("optimizer", "auto")
     chosen = [k for k in ("lr", "momentum") if k in v]
-    if chosen and optimizer == "auto":
-        if "optimizer" in v:
-            raise TrainerError(f"--optimizer auto picks its own {' and '.join(chosen)}; {given.sources[chosen[0]]} "
-                               "contradicts it: name an optimizer (e.g. --optimizer SGD) or drop the rate")
+    auto_named = "optimizer" in v and "optimizer" not in given.weak
+    if chosen and optimizer == "auto" and (auto_named or all(k in given.weak for k in chosen)):
+        # ultralytics' rule: optimizer=auto picks its own rate and momentum (every args.yaml has both)
+        unused = " and ".join(f"{'lr0' if k == 'lr' else k} {v.pop(k):g}" for k in chosen)
+        notes.append(f"{unused} unused: optimizer auto picks its own (ultralytics' rule; name an optimizer, "
+                     "e.g. optimizer=SGD, to use them)")
+    elif chosen and optimizer == "auto":
         v["optimizer"] = "SGD"
         notes.append(f"optimizer SGD because {given.sources[chosen[0]]} was given (auto would choose its own rate)")
+    if given.no_effect:
+        keys = list(dict.fromkeys(given.no_effect))
+        notes.append(f"accepted without effect on training (prediction, export, tracking, plots): {', '.join(keys)}")
+    if given.overridden:
+        notes.append(f"the command line overrides the settings file's {', '.join(given.overridden)}")
     if "val" in v:
         val = v.pop("val")
         if not val:
@@ -413,13 +435,23 @@ def resolve(given: Given, hyp: dict[str, Any]) -> TrainConfig:
         # collides with (or silently resumes) the previous run's weights.
         v["name"] = os.environ["ORCH_RUN_ID"]
     known = {f.name for f in fields(TrainConfig)}
-    cfg = replace(TrainConfig(), **{k: val for k, val in v.items() if k in known}, hyp=dict(hyp), notes=tuple(notes))
+    cfg = replace(TrainConfig(), **{k: val for k, val in v.items() if k in known}, hyp=dict(hyp), notes=tuple(notes),
+                  given=tuple(sorted({*given.values, *hyp})))
+    if cfg.batch_per_device is not None:
+        if "batch" in v:
+            raise TrainerError(f"{given.sources['batch']} and {given.sources['batch_per_device']} both set the batch: "
+                               "give the global batch or the batch per GPU, not both")
+        if cfg.batch_per_device < 1:
+            raise TrainerError(f"--batch-per-device must be >= 1, got {cfg.batch_per_device}")
     for name in ("epochs", "batch", "imgsz", "log_every", "nbs"):
         if getattr(cfg, name) < 1:
             extra = " (no auto-batch: give the global batch)" if name == "batch" else ""
             raise TrainerError(f"--{name.replace('_', '-')} must be >= 1{extra}, got {getattr(cfg, name)}")
     if cfg.accumulate is not None and cfg.accumulate < 1:
         raise TrainerError(f"--accumulate must be >= 1, got {cfg.accumulate}")
+    for name in ("timeout_min", "startup_timeout_min", "progress_every_s"):
+        if getattr(cfg, name) <= 0:
+            raise TrainerError(f"--{name.replace('_', '-')} must be > 0, got {getattr(cfg, name):g}")
     if cfg.workers < 0:
         raise TrainerError(f"--workers must be >= 0, got {cfg.workers}")
     if not 0 < cfg.fraction <= 1:
@@ -429,6 +461,16 @@ def resolve(given: Given, hyp: dict[str, Any]) -> TrainConfig:
     if cfg.task is not None and cfg.task not in ("detect", "segment"):
         raise TrainerError(f"task={cfg.task}: this trainer trains detect and segment models")
     return cfg
+
+
+def with_world_size(cfg: TrainConfig, world_size: int) -> TrainConfig:
+    """``cfg`` with its global batch for ``world_size`` ranks: ``--batch-per-device N`` is N x
+    world size (said on the start-up line); a config without it is returned as it is."""
+    if cfg.batch_per_device is None:
+        return cfg
+    batch = cfg.batch_per_device * world_size
+    note = f"global batch {batch} = --batch-per-device {cfg.batch_per_device} x {world_size} rank(s)"
+    return replace(cfg, batch=batch, notes=(*cfg.notes, note))
 
 
 def accumulation(cfg: TrainConfig) -> int:
@@ -444,6 +486,7 @@ def check_topology(cfg: TrainConfig, world_size: int, launched: bool, local_worl
             text-embeddings path under torchrun (each node may start in another directory); a
             ``--device`` list whose length is not this node's number of processes.
     """
+    cfg = with_world_size(cfg, world_size)
     problem = batch_problem(cfg.batch, world_size)
     if problem:
         raise TrainerError(f"--batch {cfg.batch}: {problem}")

@@ -80,13 +80,59 @@ def one_writer_first(topo: Topology) -> Iterator[None]:
 
     Building a dataset writes ``labels.cache`` next to the labels. Rank 0 writes it once (on a
     shared file system everyone then reads it); on node-local storage each node's first rank
-    writes its own. Never two writers of the same file at once.
+    writes its own. Never two writers of the same file at once. The barriers are the start-up's
+    (a gloo group with the long start-up timeout): a label scan at COCO scale takes minutes.
     """
     phase = 0 if topo.rank == 0 else 1 if topo.local_rank == 0 else 2
     for turn in range(3):
         if turn == phase:
             yield
-        tdist.barrier()
+        tdist.startup_barrier()
+
+
+def write_label_caches(hyp: Any, data: dict[str, Any], splits: tuple[str, ...], stride: int) -> None:
+    """Scan the labels of ``splits`` so that ultralytics writes (or validates) each ``labels.cache``,
+    without caching any image: the only part of a dataset build that writes a file, the part
+    ``one_writer_first`` serializes. The builds that follow, image caching included, then run on
+    every rank at once and only read the cache."""
+    from types import SimpleNamespace
+
+    scan = SimpleNamespace(**{**vars(hyp), "cache": False})
+    for split in splits:
+        build_dataset(scan, data, split, 1, stride)
+
+
+class Heartbeat:
+    """While a long start-up step runs, this node's first rank says so every ``every_s`` seconds
+    (``startup: building datasets, 90 s so far``): the user sees it work, and orch's stall
+    watchdog, which counts silence, sees a line. A daemon thread; ``with Heartbeat(...):``."""
+
+    def __init__(self, what: str, topo: Topology, every_s: float) -> None:
+        import threading
+
+        self.what, self.every_s = what, every_s
+        self.on = topo.local_rank == 0 and every_s > 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="trainer-heartbeat", daemon=True)
+
+    def _run(self) -> None:
+        import time
+
+        from trainer.logs import say
+
+        start = time.monotonic()
+        while not self.stop.wait(self.every_s):
+            say(f"startup: {self.what}, {time.monotonic() - start:.0f} s so far")
+
+    def __enter__(self) -> Heartbeat:
+        if self.on:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        if self.on:
+            self.thread.join()
 
 
 def build_dataset(hyp: Any, data: dict[str, Any], split: str, local_batch: int, stride: int) -> Any:

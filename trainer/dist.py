@@ -108,18 +108,48 @@ def select_device(requested: str, topo: Topology) -> torch.device:
     return device
 
 
-def init(topo: Topology, device: torch.device, timeout_min: float) -> None:
-    """Join the process group (nccl on CUDA, gloo on CPU); a single process joins none."""
+_STARTUP_GROUP: Any = None
+"""The gloo group of the start-up barriers (``startup_barrier``), made by ``init``."""
+
+
+def init(topo: Topology, device: torch.device, timeout_min: float, startup_timeout_min: float | None = None) -> None:
+    """Join the process group (nccl on CUDA, gloo on CPU); a single process joins none.
+
+    Also a gloo group of every rank with ``startup_timeout_min`` as its timeout, for the barriers
+    of the start-up only (datasets built and cached, at COCO scale minutes per rank): the job's
+    collective timeout, which catches a lost rank in training, stays short."""
+    global _STARTUP_GROUP
     if topo.distributed:
         backend = "nccl" if device.type == "cuda" else "gloo"
         kwargs: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
         dist.init_process_group(backend, timeout=timedelta(minutes=timeout_min), **kwargs)
+        startup = max(startup_timeout_min if startup_timeout_min is not None else timeout_min, timeout_min)
+        _STARTUP_GROUP = dist.new_group(backend="gloo", timeout=timedelta(minutes=startup))
 
 
 def close() -> None:
-    """Leave the process group if we joined one."""
+    """Leave the process group if we joined one (after a run that ended normally)."""
+    global _STARTUP_GROUP
+    _STARTUP_GROUP = None
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def abort() -> bool:
+    """Abort the process group after an exception, instead of leaving it gracefully.
+
+    ``destroy_process_group`` finalizes NCCL communicators gracefully, which waits for the peers;
+    a rank that raised would then sit in it while the others sit in their collective until the
+    timeout. Aborting drops the communicators at once, so the rank exits and torchrun (and orch)
+    see the failure now. Returns whether there was a group to abort."""
+    global _STARTUP_GROUP
+    _STARTUP_GROUP = None
+    if not (dist.is_available() and dist.is_initialized()):
+        return False
+    from torch.distributed.distributed_c10d import _abort_process_group
+
+    _abort_process_group()  # every group, the default one included (torch >= 2.6)
+    return True
 
 
 EXIT_LINGER_S = 1.0
@@ -140,6 +170,13 @@ def barrier() -> None:
     """Wait for every rank (no-op without a process group)."""
     if dist.is_initialized():
         dist.barrier()
+
+
+def startup_barrier() -> None:
+    """Wait for every rank at start-up, on the gloo group with the long start-up timeout (the
+    default group's barrier when ``init`` made none); no-op without a process group."""
+    if dist.is_initialized():
+        dist.barrier(group=_STARTUP_GROUP) if _STARTUP_GROUP is not None else dist.barrier()
 
 
 def gather_rows(row: torch.Tensor) -> list[list[float]]:

@@ -20,8 +20,17 @@ LAST = "weights/last.pt"
 """A run folder's checkpoint of its last finished epoch (what ``--resume`` continues from)."""
 BEST = "weights/best.pt"
 """A run folder's checkpoint of its best validation fitness."""
-DEFAULT_PROJECT = "runs/train"
-"""The folder a run folder is made in when neither ``--out`` nor ``--project`` says where."""
+AUTO = "auto"
+"""``--resume auto``: continue this run's own ``weights/last.pt`` when it wrote one, else start it
+over in the same directory. What ``orch up`` passes to a retry of the trainer: where the run
+directory is, the trainer alone decides (``--out``, ``--project``, ``--name``, numbering)."""
+DEFAULT_PROJECT = "runs"
+"""Where run folders go when ``--project`` is not absolute (ultralytics 8.4's ``get_save_dir``):
+``runs/<task>/<project>/<name>``, e.g. ``runs/detect/train``, ``runs/segment/train2``; an absolute
+``--project`` holds ``<name>`` itself."""
+DEFAULT_NAME = "train"
+"""The run folder's name when ``--name`` is not given (ultralytics': the mode), numbered
+``train2``, ``train3``... when it exists."""
 
 
 def batch_choices(batch: int, world_size: int) -> tuple[int, ...]:
@@ -41,7 +50,7 @@ def batch_problem(batch: int, world_size: int) -> str | None:
         return None
     near = " or ".join(str(b) for b in batch_choices(batch, world_size))
     return (f"global batch {batch} does not divide by world size {world_size} ({batch / world_size:.2f} images "
-            f"per rank): use {near}; for {batch} images per GPU use {batch * world_size}")
+            f"per rank): use {near}; for {batch} images per GPU use {batch * world_size} (or --batch-per-device {batch})")
 
 
 SAME_SETTING = {"batch_size": "batch", "lr0": "lr", "gradient_accumulation": "accumulate"}

@@ -123,12 +123,19 @@ def _pairs(items: Iterable[tuple[str, float]]) -> str:
     return " ".join(f"{name} {number(value)}" for name, value in items)
 
 
+STEP_COUNTS = ("steps/nonfinite", "steps/skipped")
+"""results.csv's counts of an epoch's troubled steps, on every progress line and epoch line too:
+micro-steps whose loss was not finite (inf or NaN), and optimizer steps that changed nothing (the
+fp16 GradScaler skips a step whose gradients overflowed)."""
+
+
 def step_line(epoch: int, epochs: int, batch: int, batches: int, losses: Mapping[str, float], lr: float,
-              ips: float, wait_share: float) -> str:
+              ips: float, wait_share: float, nonfinite: int = 0, skipped: int = 0) -> str:
     """Rank 0's progress line: epoch, batch, the epoch's mean loss components so far, lr, global
-    images/s and data-wait share since the last line."""
+    images/s and data-wait share since the last line, then rank 0's non-finite losses and skipped
+    steps so far in the epoch (``nonfinite 0 skipped 0`` on a healthy run)."""
     return (f"epoch {epoch}/{epochs} batch {batch}/{batches} {_pairs(losses.items())} lr {lr:.6g} "
-            f"images/s {ips:.1f} data {wait_share:.0%}")
+            f"images/s {ips:.1f} data {wait_share:.0%} nonfinite {nonfinite} skipped {skipped}")
 
 
 def timing_line(epoch: int, batch: int, steps: int, images: int, data_s: float, compute_s: float,
@@ -146,13 +153,46 @@ def timing_line(epoch: int, batch: int, steps: int, images: int, data_s: float, 
             f"compute_s {compute_s:.4g} wall_s {wall_s:.4g}")
 
 
-def epoch_line(epoch: int, epochs: int, losses: Mapping[str, float], lrs: Mapping[str, float]) -> str:
-    """The end of a training epoch: mean loss components over all ranks' images and each group's lr.
+STEP_FIELDS = re.compile(r"(?:^|\] )epoch (\d+)/(\d+) batch (\d+)/(\d+) (.+?) lr (\S+) images/s (\S+) data (\d+)% "
+                         r"nonfinite (\d+) skipped (\d+)$")
+"""Every field of a progress line (:func:`parse_step`); ``STEP_LINE`` below is the lenient match
+orch's live progress reads."""
 
-    ``train epoch 3/10 box_loss 1.23456 cls_loss 2.5 dfl_loss 1.1 lr/pg0 0.00123 lr/pg1 ...``: the
-    ``train/*`` and ``lr/*`` columns of results.csv.
+
+@dataclass(frozen=True)
+class Step:
+    """A progress line read back."""
+
+    epoch: int
+    epochs: int
+    batch: int
+    batches: int
+    losses: dict[str, float]
+    lr: float
+    ips: float
+    wait_share: float
+    nonfinite: int
+    skipped: int
+
+
+def parse_step(line: str) -> Step | None:
+    """A :func:`step_line` read back (None for any other line)."""
+    m = STEP_FIELDS.search(line.rstrip("\n"))
+    if not m:
+        return None
+    return Step(int(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4)), dict(_read_pairs(m.group(5))),
+                float(m.group(6)), float(m.group(7)), int(m.group(8)) / 100, int(m.group(9)), int(m.group(10)))
+
+
+def epoch_line(epoch: int, epochs: int, losses: Mapping[str, float], lrs: Mapping[str, float],
+               counts: Mapping[str, float] | None = None) -> str:
+    """The end of a training epoch: mean loss components over all ranks' images, each group's lr,
+    and the epoch's troubled steps over all ranks (``STEP_COUNTS``).
+
+    ``train epoch 3/10 box_loss 1.23456 cls_loss 2.5 dfl_loss 1.1 lr/pg0 0.00123 ... steps/nonfinite 0
+    steps/skipped 0``: the ``train/*``, ``lr/*`` and ``steps/*`` columns of results.csv.
     """
-    return f"train epoch {epoch}/{epochs} {_pairs([*losses.items(), *lrs.items()])}"
+    return f"train epoch {epoch}/{epochs} {_pairs([*losses.items(), *lrs.items(), *(counts or {}).items()])}"
 
 
 def _metric_items(results: Mapping[str, float]) -> list[tuple[str, float]]:
@@ -187,10 +227,12 @@ def throughput_table(epoch: int, rows: list[list[float]], ref_ips: float | None)
     lines = [f"throughput epoch {epoch}: rank  images/s  data-wait"]
     total = 0.0
     for rank, (images, wait_s, total_s) in enumerate(rows):
-        ips = images / total_s if total_s > 0 else 0.0
+        if total_s <= 0:  # nothing measured (no step timed): never a 0.0 that reads as a stalled rank
+            lines.append(f"throughput epoch {epoch}: {rank:>4}  {'n/a':>8}  {'n/a':>8}")
+            continue
+        ips = images / total_s
         total += ips
-        share = wait_s / total_s if total_s > 0 else 0.0
-        lines.append(f"throughput epoch {epoch}: {rank:>4}  {ips:8.1f}  {share:8.1%}")
+        lines.append(f"throughput epoch {epoch}: {rank:>4}  {ips:8.1f}  {wait_s / total_s:8.1%}")
     summary = f"throughput epoch {epoch}: total {total:.1f} images/s over {len(rows)} ranks"
     if ref_ips:
         summary += f", scaling efficiency {total / (len(rows) * ref_ips):.1%} of {len(rows)} x {ref_ips:g} images/s"
@@ -318,7 +360,7 @@ def _val_columns(text: str) -> dict[str, float]:
 
 
 def parse_results(lines: Iterable[str]) -> dict[str, list[float]]:
-    """results.csv's columns (``epoch``, ``train/*``, ``lr/*``, ``metrics/*``, ``val/*``) from the log.
+    """results.csv's columns (``epoch``, ``train/*``, ``lr/*``, ``steps/*``, ``metrics/*``, ``val/*``) from the log.
 
     One row per ``train epoch`` line; the metrics of the ``val epoch`` line of the same epoch
     join its row (epochs without validation repeat the last metrics, as results.csv does). A
@@ -333,7 +375,7 @@ def parse_results(lines: Iterable[str]) -> dict[str, list[float]]:
             epoch = int(m.group(1))
             row = {"epoch": float(epoch)}
             for name, value in _read_pairs(m.group(3)):
-                row[name if name.startswith("lr/") else f"train/{name}"] = value
+                row[name if name.startswith(("lr/", "steps/")) else f"train/{name}"] = value
             rows[epoch] = {**row, **last_val}
             continue
         m = VAL_LINE.search(line)

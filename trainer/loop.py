@@ -17,7 +17,7 @@ import os
 import random
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -88,12 +88,20 @@ def prepare(cfg: TrainConfig, topo: Topology, device: torch.device) -> Inputs:
     arch = models.resolve_architecture(cfg.model, weights_model, cfg.weights)
     if cfg.task and cfg.task != arch.task:
         raise TrainerError(f"task={cfg.task} but {arch.source} is a {arch.task} model ({arch.name})")
+    cfg = replace(cfg, task=arch.task)  # the run directory lies under runs/<task> (output.project_dir)
+    if arch.yoloe and weights_model is not None:
+        cfg = yoloe_recipe(cfg)
+    elif arch.yoloe:
+        cfg = replace(cfg, notes=(*cfg.notes, f"warning: {arch.name} without --weights trains YOLOE from random weights: "
+                                  "its text projection was never trained, so the class prompts are random directions "
+                                  "(for tests; fine-tune a pretrained YOLOE checkpoint with --weights)"))
     if cfg.text_embeddings and not arch.yoloe:
         raise TrainerError(f"--text-embeddings is for YOLOE models; {arch.source} is {arch.name}")
-    if not arch.yoloe and cfg.prompt_mode != "linear":
+    if not arch.yoloe and cfg.prompt_mode is not None:
         raise TrainerError(f"--prompt-mode is for YOLOE models; {arch.source} is {arch.name}")
     names = list(data["names"].values())
-    text_pe = models.load_text_embeddings(cfg.text_embeddings, names) if cfg.text_embeddings else None
+    text_pe = (models.load_text_embeddings(cfg.text_embeddings, names, models.text_model(arch))
+               if cfg.text_embeddings else None)
     amp = resolve_amp(cfg.amp, device)
     if cfg.sync_bn and topo.distributed and device.type != "cuda":
         raise TrainerError("--sync-bn needs CUDA: torch's SyncBatchNorm has no CPU implementation (drop --sync-bn on CPU)")
@@ -137,7 +145,7 @@ def ultralytics_hyp(cfg: TrainConfig, arch: models.Arch, amp: str) -> SimpleName
         "freeze": list(cfg.freeze) if isinstance(cfg.freeze, tuple) else cfg.freeze, "multi_scale": cfg.multi_scale,
         "deterministic": cfg.deterministic, "channels_last": cfg.channels_last, "cls_remap": cfg.cls_remap,
         "plots": False, "val": cfg.val_period > 0, "device": output.ultralytics_device(cfg), "exist_ok": cfg.exist_ok,
-        "project": cfg.project, "name": cfg.name, "verbose": False, "resume": cfg.resume is not None,
+        "project": cfg.project or None, "name": cfg.name, "verbose": False, "resume": cfg.resume is not None,
         **cfg.hyp,
     }
     try:
@@ -181,6 +189,39 @@ class Parts:
     """The model's largest stride (at least 32), read from the device once."""
 
 
+@dataclass(frozen=True)
+class Health:
+    """An epoch's troubled steps over all ranks, and whether training can go on from it."""
+
+    nonfinite: int = 0
+    """Micro-steps whose loss was inf or NaN (every rank's)."""
+    skipped: int = 0
+    """Optimizer steps the fp16 GradScaler skipped (their gradients overflowed)."""
+    steps: int = 0
+    """Optimizer steps of the epoch."""
+    finite: bool = True
+    """Whether every rank's weights are finite after the epoch."""
+
+    @property
+    def broken(self) -> bool:
+        """Weights no longer finite, or an epoch in which no optimizer step changed anything."""
+        return not self.finite or (self.steps > 0 and self.skipped == self.steps)
+
+    def why(self) -> str:
+        """What went wrong, for the recovery line and the error."""
+        if not self.finite:
+            return f"the weights are no longer finite after {self.nonfinite} non-finite loss(es)"
+        return f"all {self.steps} optimizer steps were skipped (fp16 gradients overflowed; {self.nonfinite} non-finite loss(es))"
+
+    def counts(self) -> dict[str, float]:
+        """results.csv's ``steps/*`` columns."""
+        return {"steps/nonfinite": float(self.nonfinite), "steps/skipped": float(self.skipped)}
+
+
+MAX_RECOVERIES = 3
+"""Recoveries from last.pt in a row before a diverging run stops (ultralytics' limit too)."""
+
+
 def open_run(inp: Inputs) -> tuple[Path, dict[str, Any] | None]:
     """The run directory and the checkpoint to resume from, both decided by rank 0 and sent to every rank.
 
@@ -195,6 +236,7 @@ def open_run(inp: Inputs) -> tuple[Path, dict[str, Any] | None]:
         try:
             out, resume = decide_run(inp.cfg)
             out.mkdir(parents=True, exist_ok=True)
+            output.mark_run(out)
             payload = (str(out), resume, None)
         except TrainerError as e:
             payload = (None, None, str(e))
@@ -258,16 +300,24 @@ def fit(inp: Inputs) -> None:
             mosaic_note(inp, epoch)
             loader = make_loader(train_set, local_batch, inp, restore=None)  # fresh workers see it
             state.buffers.clear()
-        loss_means, throughput = train_epoch(epoch, loader, parts, inp, state)
+        attempt = 0
+        while True:
+            loss_means, throughput, health = train_epoch(epoch, loader, parts, inp, state)
+            if not health.broken:
+                break
+            attempt += 1
+            recover(epoch, health, attempt, parts, inp, state, out)
+            loader = make_loader(train_set, local_batch, inp, restore=state.buffers)  # the buffers of the checkpoint
         state.epoch = epoch + 1
         if isinstance(loader.dataset, tdata.EpochSeeded):
             loader.dataset.restore = None  # a worker started after this epoch starts like one never resumed
         if topo.is_main:
             say(throughput_table(epoch + 1, throughput, cfg.ref_ips))
-            say(epoch_line(epoch + 1, cfg.epochs, loss_means, learning_rates(parts.optimizer)))
+            say(epoch_line(epoch + 1, cfg.epochs, loss_means, learning_rates(parts.optimizer), health.counts()))
         fitness = validate_epoch(validator, epoch, loss_means, parts, inp, state)
         stop = parts.stopper(epoch + 1, fitness)
-        end_epoch(epoch, fitness, loss_means, throughput, parts, inp, state, out, scalars, train_start)
+        end_epoch(epoch, fitness, {**loss_means, **health.counts()}, throughput, parts, inp, state, out, scalars,
+                  train_start)
         if cfg.debug_exit_after and epoch + 1 == cfg.debug_exit_after:
             tdist.barrier()
             say(f"debug: exiting abruptly after epoch {epoch + 1} (--debug-exit-after)")
@@ -299,14 +349,19 @@ def build_parts(inp: Inputs, local_batch: int) -> tuple[Parts, Any, Any]:
 
     cfg, topo, device = inp.cfg, inp.topo, inp.device
     init_seeds(cfg.seed, deterministic=cfg.deterministic)  # identical initial weights on every rank
-    model = build_network(inp).to(device)
+    model = models.to_device(build_network(inp), device)
     if device.type == "cuda" and cfg.channels_last is not False:
         model = model.to(memory_format=torch.channels_last)
     stride = max(int(model.stride.max()), 32)
-    with tdata.one_writer_first(topo):
+    cached = f", caching images in {cfg.cache}" if cfg.cache else ""
+    with tdata.Heartbeat(f"building the datasets{cached}", topo, cfg.progress_every_s):
+        with tdata.one_writer_first(topo):  # only the labels.cache writes take turns
+            if topo.local_rank == 0:  # after this node's first rank the cache is there: the others only read it
+                tdata.write_label_caches(inp.hyp, inp.data, ("train", "val"), stride)
         train_set = tdata.build_dataset(inp.hyp, inp.data, "train", local_batch, stride)
         val_set = tdata.build_dataset(inp.hyp, inp.data, "val", local_batch * 2, stride) if cfg.val_period else None
         probe_set = val_set or tdata.build_dataset(inp.hyp, inp.data, "val", 2, stride)
+        tdist.startup_barrier()  # every rank built (and cached) before the first collective of the job's group
     unused = unused_parameters(model, probe_set, device)
     find_unused = tdist.any_rank(bool(unused))
     model, ema = ema_then_sync_bn(model, cfg.sync_bn and topo.distributed)
@@ -381,6 +436,24 @@ def finish(validator: Any, ema: Any, inp: Inputs, out: Path, scalars: output.Sca
     tdist.barrier()
 
 
+LR_SCALED_BY_HAND = 0.02
+"""An ``--lr`` above this on several ranks is warned about as multiplied by the GPU count:
+ultralytics' rates stay at or below 0.01 (SGD's lr0; AdamW's auto rate is lower)."""
+
+
+def amp_warning(amp: str, device: torch.device, capability: tuple[int, int] | None = None) -> str | None:
+    """The start-up warning for ``--amp bf16`` on a GPU without native bfloat16 (before Ampere,
+    compute capability 8.0: V100, T4): torch emulates it there, slowly. ``capability``: the GPU's,
+    read from the device when not given."""
+    if amp != "bf16" or device.type != "cuda":
+        return None
+    major, minor = capability if capability is not None else torch.cuda.get_device_capability(device)
+    if major >= 8:
+        return None
+    return (f"warning: --amp bf16 on a GPU of compute capability {major}.{minor} (no native bfloat16 before 8.0, "
+            "e.g. V100, T4): it is emulated and slow; use --amp fp16 (GradScaler) on this GPU")
+
+
 def startup_lines(inp: Inputs, parts: Parts, start: int) -> list[str]:
     """Rank 0's opening lines: what trains, where, how; every choice made for the user, said."""
     cfg, topo = inp.cfg, inp.topo
@@ -388,14 +461,22 @@ def startup_lines(inp: Inputs, parts: Parts, start: int) -> list[str]:
     threads = torch.get_num_threads()
     where = f"cpu ({threads} thread{'s' if threads != 1 else ''})" if inp.device.type == "cpu" else inp.device.type
     lines = [
-        f"training {inp.arch.name} ({inp.arch.task}{', YOLOE ' + cfg.prompt_mode if inp.arch.yoloe else ''}"
+        f"training {inp.arch.name} ({inp.arch.task}{', YOLOE ' + prompt_mode_text(cfg) if inp.arch.yoloe else ''}"
         f"{', from ' + cfg.weights if cfg.weights else ''}) on {topo.world_size} rank(s), {where}, "
         f"global batch {cfg.batch} ({cfg.batch // topo.world_size} per rank) x accumulate {parts.nominal_accumulate}, "
         f"{type(parts.optimizer).__name__} lr0 {group['initial_lr']:.6g} ({'cosine' if cfg.cos_lr else 'linear'} to "
         f"x{cfg.lrf:g}), amp {inp.amp}, epochs {start + 1}..{cfg.epochs}",
         *cfg.notes,
     ]
-    if cfg.lr is not None and topo.distributed and isinstance(parts.optimizer, torch.optim.SGD):
+    note = amp_warning(inp.amp, inp.device)
+    if note:
+        lines.append(note)
+    if cfg.lr is not None and topo.distributed and cfg.lr > LR_SCALED_BY_HAND:
+        lines.append(f"warning: lr0 {cfg.lr:g} on {topo.world_size} ranks looks multiplied by the GPU count (the linear-"
+                     f"scaling rule): ultralytics' summed loss already grows the step with the global batch, so this "
+                     f"trains with steps about {topo.world_size}x ultralytics'; the equivalent of ultralytics' recipe is "
+                     f"lr0 {cfg.lr / topo.world_size:g} (--lr {cfg.lr / topo.world_size:g})")
+    elif cfg.lr is not None and topo.distributed and isinstance(parts.optimizer, torch.optim.SGD):
         lines.append(f"note: lr0 {cfg.lr:g} is ultralytics' rate: with SGD the step already grows with the global batch "
                      f"x accumulate ({cfg.batch} x {parts.nominal_accumulate} images, the loss is summed), so a rate "
                      f"multiplied by the GPU count by hand is scaled twice")
@@ -440,13 +521,50 @@ def _deepcopy(model: nn.Module) -> nn.Module:
     return deepcopy(model)
 
 
+def prompt_mode_text(cfg: TrainConfig) -> str:
+    """The YOLOE prompt mode as the header line says it, with the YOLOE script it matches."""
+    mode = cfg.prompt_mode or "full"
+    return f"{mode} ({'train_pe_all' if mode == 'full' else 'train_pe'}{'' if cfg.prompt_mode else ', the default'})"
+
+
+YOLOE_RECIPE: dict[str, Any] = {"optimizer": "AdamW", "lr": 1e-3, "weight_decay": 0.025, "momentum": 0.9}
+"""ultralytics' YOLOE prompt-tuning recipe (its train_pe examples): the optimizer settings, taken
+together or not at all."""
+YOLOE_RECIPE_HYP: dict[str, Any] = {"warmup_bias_lr": 0.0}
+YOLOE_RECIPE_EACH: dict[str, Any] = {"close_mosaic": 10}
+"""The rest of it, each taken unless the user set it."""
+
+
+def yoloe_recipe(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` with ultralytics' YOLOE recipe where the user set nothing: the optimizer settings
+    (AdamW, lr0 1e-3, weight decay 0.025, momentum 0.9) unless any of optimizer, lr0, momentum or
+    weight decay was given; warmup_bias_lr 0 and close_mosaic 10 each unless given. Said on the
+    start-up line; what the user gave always wins."""
+    given = set(cfg.given)
+    changes: dict[str, Any] = {}
+    if not given & set(YOLOE_RECIPE):
+        changes.update(YOLOE_RECIPE)
+    changes.update({k: v for k, v in YOLOE_RECIPE_EACH.items() if k not in given})
+    hyp = {**cfg.hyp, **{k: v for k, v in YOLOE_RECIPE_HYP.items() if k not in given}}
+    took = {**changes, **{k: v for k, v in YOLOE_RECIPE_HYP.items() if k not in given}}
+    if not took:
+        return cfg
+    names = {"lr": "lr0"}
+    said = ", ".join(f"{names.get(k, k)} {v:g}" if isinstance(v, float) else f"{names.get(k, k)} {v}"
+                     for k, v in took.items())
+    kept = sorted(given & {*YOLOE_RECIPE, *YOLOE_RECIPE_HYP, *YOLOE_RECIPE_EACH})
+    note = (f"YOLOE recipe (ultralytics' train_pe): {said}" + (f"; yours kept: {', '.join(kept)}" if kept else "")
+            + " (set any of them to override)")
+    return replace(cfg, **changes, hyp=hyp, notes=(*cfg.notes, note))
+
+
 def build_network(inp: Inputs) -> models.YoloModel:
     """The model with its classes, pretrained weights, (YOLOE) prompt head and frozen layers set up."""
     cfg = inp.cfg
     model = models.build_model(inp.arch, inp.data["names"], inp.hyp, inp.weights_model, inp.data["channels"],
                                cfg.cls_remap)
     if inp.arch.yoloe:
-        models.setup_yoloe_prompts(model, inp.data["names"], inp.text_pe, inp.weights_model, cfg.prompt_mode)
+        models.setup_yoloe_prompts(model, inp.data["names"], inp.text_pe, inp.weights_model, cfg.prompt_mode or "full")
     models.apply_freeze(model, cfg.freeze)
     return model
 
@@ -508,11 +626,12 @@ def preprocess(batch: dict[str, Any], device: torch.device, hyp: SimpleNamespace
 
 
 def train_epoch(epoch: int, loader: Any, parts: Parts, inp: Inputs,
-                state: State) -> tuple[dict[str, float], list[list[float]]]:
+                state: State) -> tuple[dict[str, float], list[list[float]], Health]:
     """One pass over this rank's shard.
 
-    Returns the epoch's mean loss components over all ranks' images, and every rank's
-    ``[images, data-wait s, total s]``. Nothing here waits for the device between micro-steps:
+    Returns the epoch's mean loss components over all ranks' images, every rank's
+    ``[images, data-wait s, total s]``, and the epoch's ``Health`` (non-finite losses, skipped
+    steps, finite weights) over all ranks. Nothing here waits for the device between micro-steps:
     the loss components are summed on the device and read once, at a progress line or the end.
     """
     cfg, topo, device, hyp = inp.cfg, inp.topo, inp.device, parts.hyp
@@ -526,8 +645,9 @@ def train_epoch(epoch: int, loader: Any, parts: Parts, inp: Inputs,
                               enabled=inp.amp != "off")
     names: list[str] = []
     sums: torch.Tensor | None = None
+    troubled = torch.zeros(2, dtype=torch.float64, device=device)  # non-finite losses, skipped steps (on the device)
     images, steps, pending = 0, 0, 0
-    epoch_meter, window = StepMeter(), StepMeter()
+    epoch_meter, window, first = StepMeter(), StepMeter(), StepMeter()
     pace = tpace.Pace(device)
     seen = state.seen.setdefault(epoch + 1, []) if cfg.debug_dir else None
     t_prev = time.perf_counter()
@@ -554,9 +674,12 @@ def train_epoch(epoch: int, loader: Any, parts: Parts, inp: Inputs,
             # ultralytics' scale: the criterion returns per-image means x local batch; x world size
             # makes DDP's average a sum over the global batch, the rate lr0 is tuned for.
             loss = loss.sum() * topo.world_size
+            troubled[0] += (~torch.isfinite(loss.detach())).double()
             (parts.scaler.scale(loss) if parts.scaler else loss).backward()
         if step_now:
-            optimizer_step(parts, cfg.clip)
+            skipped = optimizer_step(parts, cfg.clip)
+            if skipped is not None:
+                troubled[1] += skipped
             pending, steps = 0, steps + 1
         if sums is None:
             names = list(items)
@@ -564,21 +687,26 @@ def train_epoch(epoch: int, loader: Any, parts: Parts, inp: Inputs,
         sums += torch.stack([items[k].detach() for k in names]).double() * n_local
         images += n_local
         t_end = time.perf_counter()
-        if i > 0:  # the first step of an epoch waits for workers to start: not throughput
-            epoch_meter.add(n_local, t_batch - t_prev, t_end - t_prev)
+        # the first step of an epoch waits for workers to start: not throughput, unless it is the only one
+        (epoch_meter if i > 0 else first).add(n_local, t_batch - t_prev, t_end - t_prev)
         window.add(n_local, t_batch - t_prev, t_end - t_prev)
         if step_now and (steps % cfg.log_every == 0 or i + 1 == nb):
             say(pace.line(epoch + 1, i + 1))  # every rank, its own pace: what names a straggler
         if step_now and topo.is_main and (steps % cfg.log_every == 0 or i + 1 == nb):
-            means = (sums / images).tolist()  # the one device read between progress lines: this rank's epoch means
+            values = torch.cat([sums / images, troubled]).tolist()  # the one device read between progress lines
+            means, (nonfinite, skipped_steps) = values[:-2], values[-2:]
             say(step_line(epoch + 1, cfg.epochs, i + 1, nb, dict(zip(names, means)),
-                          parts.optimizer.param_groups[0]["lr"], window.ips * topo.world_size, window.wait_share))
+                          parts.optimizer.param_groups[0]["lr"], window.ips * topo.world_size, window.wait_share,
+                          int(nonfinite), int(skipped_steps)))
             window = StepMeter()
         t_prev = time.perf_counter()
     assert sums is not None, "an epoch without batches"
+    if epoch_meter.images == 0:  # an epoch of one batch: its one step is all there is to measure
+        epoch_meter = first
     if loader.num_workers == 0:  # the mosaic buffer lives in this process
         state.buffers[-1] = list(loader.dataset.buffer)
-    return epoch_summary(epoch, names, sums, images, epoch_meter, inp)
+    finite = torch.stack([torch.isfinite(p).all() for p in parts.model.parameters()]).all().double()
+    return epoch_summary(epoch, names, sums, images, epoch_meter, inp, torch.cat([troubled, finite.reshape(1)]), steps)
 
 
 def advance_criterion(model: models.YoloModel, epoch: int) -> None:
@@ -596,30 +724,44 @@ def advance_criterion(model: models.YoloModel, epoch: int) -> None:
     criterion.trainer_epochs = max(done, epoch)
 
 
-def optimizer_step(parts: Parts, clip: float) -> None:
-    """Unscale, clip, step, zero, EMA: the order AMP needs (unscale before measuring the norm)."""
+def optimizer_step(parts: Parts, clip: float) -> torch.Tensor | None:
+    """Unscale, clip, step, zero, EMA: the order AMP needs (unscale before measuring the norm).
+
+    Returns, with the fp16 GradScaler, a device scalar that is 1 when it skipped the step (its
+    gradients overflowed: the scale then shrinks, and only then), without reading it to the host."""
+    skipped = None
     if parts.scaler is not None:
         parts.scaler.unscale_(parts.optimizer)
     if clip > 0:
         torch.nn.utils.clip_grad_norm_(parts.model.parameters(), max_norm=clip)
     if parts.scaler is not None:
+        before = parts.scaler._scale.clone() if parts.scaler._scale is not None else None  # noqa: SLF001
         parts.scaler.step(parts.optimizer)
         parts.scaler.update()
+        after = parts.scaler._scale  # noqa: SLF001
+        if before is not None and after is not None:
+            skipped = (after < before).double().reshape(())
     else:
         parts.optimizer.step()
     parts.optimizer.zero_grad(set_to_none=True)
     parts.ema.update(parts.model)
+    return skipped
 
 
 def epoch_summary(epoch: int, names: list[str], sums: torch.Tensor, images: int, meter: StepMeter,
-                  inp: Inputs) -> tuple[dict[str, float], list[list[float]]]:
-    """Gather every rank's loss sums and throughput (one collective, one device read)."""
-    row = torch.cat([sums, torch.tensor([images, meter.images, meter.wait_s, meter.total_s],
-                                        dtype=torch.float64, device=sums.device)])
+                  inp: Inputs, troubled: torch.Tensor, steps: int) -> tuple[dict[str, float], list[list[float]], Health]:
+    """Gather every rank's loss sums, troubled steps and throughput (one collective, one device read).
+
+    ``troubled``: [non-finite losses, skipped steps, weights finite (1/0)] of this rank."""
+    n = len(names)
+    row = torch.cat([sums, troubled, torch.tensor([images, meter.images, meter.wait_s, meter.total_s],
+                                                   dtype=torch.float64, device=sums.device)])
     rows = tdist.gather_rows(row)
-    total_images = sum(r[len(names)] for r in rows)
+    total_images = sum(r[n + 3] for r in rows)
     means = {k: sum(r[j] for r in rows) / max(total_images, 1.0) for j, k in enumerate(names)}
-    return means, [r[len(names) + 1:] for r in rows]
+    health = Health(nonfinite=int(sum(r[n] for r in rows)), skipped=int(max(r[n + 1] for r in rows)), steps=steps,
+                    finite=all(r[n + 2] == 1.0 for r in rows))
+    return means, [r[n + 4:] for r in rows], health
 
 
 def validate(validator: Any, ema: Any, inp: Inputs, loss_names: tuple[str, ...], epoch: int) -> dict[str, float]:
@@ -628,6 +770,39 @@ def validate(validator: Any, ema: Any, inp: Inputs, loss_names: tuple[str, ...],
     results = run_validation(validator, ema, inp.device, inp.data, inp.amp != "off", loss_names, epoch,
                              inp.cfg.epochs, inp.topo.world_size)
     return dict(tdist.broadcast_object(results))
+
+
+def recover(epoch: int, health: Health, attempt: int, parts: Parts, inp: Inputs, state: State, out: Path) -> None:
+    """ultralytics' NaN recovery: put back the state of ``last.pt`` (model, EMA, optimizer, scaler,
+    RNG, mosaic buffers) and redo ``epoch``; said on one line. The same decision on every rank
+    (``health`` is gathered from all of them).
+
+    Raises:
+        TrainerError: the epoch broke ``MAX_RECOVERIES`` times in a row, or there is no checkpoint
+            yet to go back to (the first epoch of a run): training diverges, with what to change.
+    """
+    cfg, topo = inp.cfg, inp.topo
+    fix = ("lower the learning rate (--lr / lr0), keep --clip on, try --amp bf16 or --amp off, and check the labels "
+           "(boxes outside the image, empty files)")
+    if attempt > MAX_RECOVERIES:
+        raise TrainerError(f"epoch {epoch + 1}: {health.why()}, again after {MAX_RECOVERIES} recoveries from "
+                           f"{LAST}: training diverges; {fix}")
+    last = out / LAST
+    ckpt: dict[str, Any] | None = None
+    if topo.is_main and last.is_file():
+        ckpt = checkpoint.load_for_resume(last)
+    ckpt = tdist.broadcast_object(ckpt)
+    if ckpt is None:
+        raise TrainerError(f"epoch {epoch + 1}: {health.why()}, and there is no {LAST} yet to recover from "
+                           f"(it is written after each epoch); {fix}")
+    if topo.is_main:
+        say(f"warning: epoch {epoch + 1}: {health.why()}; recovering from {last} (epoch {ckpt['epoch'] + 1}) and "
+            f"training epoch {epoch + 1} again, attempt {attempt}/{MAX_RECOVERIES}")
+    parts.optimizer.zero_grad(set_to_none=True)
+    restored = restore(ckpt, parts, topo, announce=False)
+    state.best_fitness, state.metrics, state.buffers = restored.best_fitness, restored.metrics, restored.buffers
+    if cfg.debug_dir:
+        state.seen.pop(epoch + 1, None)
 
 
 def end_epoch(epoch: int, fitness: float | None, loss_means: dict[str, float], throughput: list[list[float]],
@@ -642,7 +817,9 @@ def end_epoch(epoch: int, fitness: float | None, loss_means: dict[str, float], t
         if fitness is not None and improved:
             state.best_fitness = fitness
         lrs = learning_rates(parts.optimizer)
-        row = {**{f"train/{k}": v for k, v in loss_means.items()}, **state.metrics, **lrs}
+        losses = {f"train/{k}": v for k, v in loss_means.items() if not k.startswith("steps/")}
+        counts = {k: v for k, v in loss_means.items() if k.startswith("steps/")}
+        row = {**losses, **state.metrics, **lrs, **counts}
         output.append_results(out / "results.csv", epoch, time.time() - train_start, row)
         if scalars is not None:
             ips = {f"throughput/rank{r}": (x[0] / x[2] if x[2] > 0 else 0.0) for r, x in enumerate(throughput)}
@@ -675,7 +852,7 @@ def gather_rank_states(topo: Topology, state: State) -> list[dict[str, Any]]:
     return out
 
 
-def restore(ckpt: dict[str, Any], parts: Parts, topo: Topology) -> State:
+def restore(ckpt: dict[str, Any], parts: Parts, topo: Topology, announce: bool = True) -> State:
     """Load model, EMA, optimizer, scaler, early stopping, RNG and mosaic buffers; return where to continue."""
     saved = ckpt["trainer"]
     parts.model.load_state_dict(saved["model"])
@@ -695,8 +872,8 @@ def restore(ckpt: dict[str, Any], parts: Parts, topo: Topology) -> State:
             "mosaic buffers start empty (the run continues, not bit for bit)")
         seed_everything(saved["config"]["seed"] + 1 + topo.rank + ckpt["epoch"])
     state = State(epoch=ckpt["epoch"] + 1, best_fitness=ckpt["best_fitness"], buffers=buffers,
-                  metrics={k: v for k, v in ckpt["train_metrics"].items() if not k.startswith(("train/", "lr/"))})
-    if topo.is_main:
+                  metrics={k: v for k, v in ckpt["train_metrics"].items() if not k.startswith(("train/", "lr/", "steps/"))})
+    if topo.is_main and announce:
         say(f"resuming at epoch {state.epoch + 1} (checkpoint finished epoch {ckpt['epoch'] + 1}, "
             f"{parts.ema.updates} optimizer steps, best fitness {state.best_fitness:.4f})")
     return state

@@ -140,21 +140,39 @@ def is_fused(model: YoloModel) -> bool:
     return bool(getattr(model.model[-1], "is_fused", False))
 
 
-def load_text_embeddings(path: str, names: list[str]) -> torch.Tensor:
+DEFAULT_TEXT_MODEL = "mobileclip:blt"
+"""The text model of a YOLOE whose YAML names none (v8, 11); YOLOE-26's says mobileclip2:b."""
+
+
+def text_model(arch: Arch) -> str:
+    """The text model whose embeddings ``arch``'s prompt head was trained on (ultralytics'
+    ``YOLOEModel.text_model``: the YAML's ``text_model``, else mobileclip:blt)."""
+    return str(arch.yaml.get("text_model") or DEFAULT_TEXT_MODEL)
+
+
+def load_text_embeddings(path: str, names: list[str], expected_text_model: str | None = None) -> torch.Tensor:
     """The raw text embeddings of ``names`` (in order) from a ``python -m trainer.embed`` file.
 
-    Accepted formats: ``{name: vector}``, or ``{"names": [...], "embeddings": (N, D)}``.
+    Accepted formats: ``{"names": [...], "embeddings": (N, D), "text_model": "mobileclip:blt"}``
+    (what ``trainer.embed`` writes), or a plain ``{name: vector}``.
 
     Returns:
         A (1, N, D) float tensor.
 
     Raises:
-        TrainerError: missing file, unreadable content, or a class with no vector.
+        TrainerError: missing file, unreadable content, a class with no vector, or a file made
+            with another text model than ``expected_text_model`` (the vectors would be the same
+            size and silently wrong prompts).
     """
     if not Path(path).is_file():
         raise TrainerError(f"--text-embeddings {path}: no such file (make it with: python -m trainer.embed --data DATA --out {path})")
     obj = torch.load(path, map_location="cpu", weights_only=True)
     if isinstance(obj, dict) and "names" in obj and "embeddings" in obj:
+        made_with = obj.get("text_model")
+        if expected_text_model and made_with and made_with != expected_text_model:
+            raise TrainerError(f"--text-embeddings {path} was made with the text model {made_with}, but this model's "
+                               f"prompts come from {expected_text_model}: remake it with python -m trainer.embed "
+                               f"--variant {expected_text_model} --text-encoder FILE")
         obj = dict(zip(obj["names"], obj["embeddings"]))
     if not isinstance(obj, dict):
         raise TrainerError(f"--text-embeddings {path}: expected a mapping of class name -> vector")
@@ -166,6 +184,15 @@ def load_text_embeddings(path: str, names: list[str]) -> torch.Tensor:
         )
     vectors = torch.stack([torch.as_tensor(obj[n], dtype=torch.float32).reshape(-1) for n in names])
     return vectors.unsqueeze(0)
+
+
+def to_device(model: YoloModel, device: torch.device) -> YoloModel:
+    """``model.to(device)``, its YOLOE prompt embeddings ``model.pe`` too: a plain attribute, not a
+    buffer, which ``.to`` leaves on the host (one blocking copy to the device per forward)."""
+    model = model.to(device)
+    if isinstance(getattr(model, "pe", None), torch.Tensor):
+        model.pe = model.pe.to(device)
+    return model
 
 
 def prompt_convs(model: YoloModel) -> list[tuple[str, int]]:

@@ -1,12 +1,12 @@
-"""The run directory, as ``yolo train`` lays it out: ``runs/train/exp`` (``exp2``, ``exp3``... when it
-exists), ``weights/{last,best}.pt``, ``results.csv``, ``args.yaml`` (which ``yolo cfg=`` accepts)
+"""The run directory, as ``yolo train`` (ultralytics 8.4) lays it out: ``runs/<task>/train``
+(``train2``, ``train3``... when it exists; an absolute ``--project`` holds the run itself), ``weights/{last,best}.pt``, ``results.csv``, ``args.yaml`` (which ``yolo cfg=`` accepts)
 and TensorBoard scalars."""
 
 from __future__ import annotations
 
 import csv
 import os
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -15,7 +15,7 @@ import yaml
 
 from trainer.config import TrainConfig
 from trainer.errors import TrainerError
-from trainer.interface import LAST
+from trainer.interface import AUTO, LAST
 from trainer.logs import say
 
 
@@ -35,6 +35,64 @@ def latest_run(project: Path) -> Path | None:
     return found[-1].parent.parent if found else None
 
 
+RUN_ID_FILE = ".orch-run-id"
+"""In a run directory made under ``orch up``: the orch run id that trains in it (rank 0 writes it
+when it opens the directory), so a retry with ``--resume auto`` finds its own directory even when
+it was numbered (``r1`` existed: ``r12``)."""
+
+
+def mark_run(out: Path) -> None:
+    """Record the orch run id (``ORCH_RUN_ID``) that trains in ``out``; nothing outside orch."""
+    run_id = os.environ.get("ORCH_RUN_ID")
+    if run_id:
+        (out / RUN_ID_FILE).write_text(run_id + "\n")
+
+
+def own_run(project: Path, name: str, run_id: str) -> Path | None:
+    """The directory ``name``, ``name2``, ``name3``... under ``project`` that orch run ``run_id``
+    trains in (its ``RUN_ID_FILE``), or None."""
+    import re
+
+    if not project.is_dir():
+        return None
+    numbered_name = re.compile(re.escape(name) + r"\d*")
+    for d in sorted(project.iterdir()):
+        mark = d / RUN_ID_FILE
+        if numbered_name.fullmatch(d.name) and mark.is_file() and mark.read_text().strip() == run_id:
+            return d
+    return None
+
+
+def project_dir(cfg: TrainConfig) -> Path:
+    """Where run directories are made, ultralytics 8.4's ``get_save_dir`` rule: an absolute
+    ``--project`` as it is, else ``runs/<task>/<project>`` (the task: ``cfg.task``, the model's
+    once ``prepare`` has read it; detect before)."""
+    from trainer.interface import DEFAULT_PROJECT
+
+    if cfg.project and Path(cfg.project).is_absolute():
+        return Path(cfg.project)
+    return Path(DEFAULT_PROJECT) / (cfg.task or "detect") / cfg.project
+
+
+def resolve_auto(cfg: TrainConfig) -> tuple[Path, Path | None] | None:
+    """``--resume auto`` (what ``orch up`` passes to a retry): this run's own directory and its
+    last.pt when it wrote one; the directory alone when it has none yet (the run starts over in
+    it); None when there is no such directory (the run starts as without ``--resume``).
+
+    This run's directory: ``--out``; else, under ``orch up``, the directory under PROJECT named
+    NAME (or NAME2, NAME3...) that records this run id; else PROJECT/NAME."""
+    if cfg.out:
+        out = Path(cfg.out)
+    else:
+        run_id = os.environ.get("ORCH_RUN_ID")
+        base = project_dir(cfg) / cfg.name
+        found = own_run(project_dir(cfg), cfg.name, run_id) if run_id else (base if base.is_dir() else None)
+        if found is None:
+            return None
+        out = found
+    return out, (out / LAST if (out / LAST).is_file() else None)
+
+
 def resolve(cfg: TrainConfig) -> tuple[Path, Path | None]:
     """The run directory and, with ``--resume``, the checkpoint to continue from (decided on rank 0).
 
@@ -43,10 +101,18 @@ def resolve(cfg: TrainConfig) -> tuple[Path, Path | None]:
     id under ``orch up``), else the run under PROJECT whose last.pt is the newest (as ``yolo
     train resume``); ``--resume PATH`` continues in PATH's run directory.
 
+    ``--resume auto`` is ``resolve_auto``: this run's own last.pt if it has one, else a fresh start
+    in the same directory.
+
     Raises:
         TrainerError: the directory already holds a run and ``--resume`` was not given, or there is
             nothing to resume.
     """
+    if cfg.resume == AUTO:
+        found = resolve_auto(cfg)
+        if found is not None:
+            return found
+        cfg = replace(cfg, resume=None)
     if cfg.out:
         out = Path(cfg.out)
         if cfg.resume is None and (out / LAST).exists():
@@ -54,7 +120,7 @@ def resolve(cfg: TrainConfig) -> tuple[Path, Path | None]:
         if cfg.resume is None:
             return out, None
         return out, Path(cfg.resume) if cfg.resume else out / LAST
-    base = Path(cfg.project) / cfg.name
+    base = project_dir(cfg) / cfg.name
     if cfg.resume == "" and cfg.name != TrainConfig.name:
         # A named run (by --name, or by orch up's run id, whose retries pass a bare --resume):
         # that run, never another one under the project that happens to be newer. A new `orch up`
@@ -65,9 +131,9 @@ def resolve(cfg: TrainConfig) -> tuple[Path, Path | None]:
             raise TrainerError(f"--resume: {base.absolute()} has no {LAST}; give --resume PATH, or the "
                                "--name of a run that has one")
     if cfg.resume == "":
-        run = latest_run(Path(cfg.project))
+        run = latest_run(project_dir(cfg))
         if run is None:
-            raise TrainerError(f"--resume: no run with {LAST} under {Path(cfg.project).absolute()}; "
+            raise TrainerError(f"--resume: no run with {LAST} under {project_dir(cfg).absolute()}; "
                                "give --resume PATH or the run's --out")
         return run, run / LAST
     if cfg.resume:
@@ -105,11 +171,16 @@ def append_results(path: Path, epoch: int, elapsed: float, row: dict[str, float]
     """Append one row to results.csv with ultralytics' column names (header on first write)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     new = not path.exists()
+    header = ["epoch", "time", *row]
+    if not new:  # the columns are the first row's: a later row is written in their order, never shifted
+        with open(path, newline="") as f:
+            header = next(csv.reader(f), header)
+    values = {"epoch": str(epoch + 1), "time": f"{elapsed:.6g}", **{k: f"{float(v):.6g}" for k, v in row.items()}}
     with open(path, "a", newline="") as f:
         w = csv.writer(f)
         if new:
-            w.writerow(["epoch", "time", *row])
-        w.writerow([epoch + 1, f"{elapsed:.6g}", *(f"{float(v):.6g}" for v in row.values())])
+            w.writerow(header)
+        w.writerow([values.get(k, "") for k in header])
 
 
 class Scalars:

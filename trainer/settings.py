@@ -43,10 +43,20 @@ HYP_SETTINGS = frozenset({
 })
 """ultralytics settings passed through to its own dataset, loss and validator, which honour them."""
 
+NO_EFFECT_SETTINGS = frozenset({
+    "save", "plots", "verbose", "profile", "save_dir", "dnn", "nms", "source", "vid_stride", "stream_buffer",
+    "visualize", "augment", "agnostic_nms", "retina_masks", "embed", "show", "save_frames", "save_conf", "save_crop",
+    "show_labels", "show_conf", "show_boxes", "line_width", "format", "optimize", "dynamic", "simplify", "opset",
+    "workspace", "tracker", "half", "keras", "int8",
+})
+"""Settings without effect on training (prediction, export, tracking, plots, where ultralytics
+saved): accepted at any value, named once on the start-up line, so an ``args.yaml`` that
+``yolo train`` wrote trains as it is."""
+
 NEUTRAL_SETTINGS: dict[str, tuple[Any, ...] | None] = {
-    "save": (True,), "plots": (False,), "verbose": None, "rect": (False,), "single_cls": (False,),
+    "rect": (False,), "single_cls": (False,),
     "dropout": (0.0,), "cls_pw": (0.0,), "compile": (False,), "time": (None,), "split": ("val",),
-    "quantize": (None,), "profile": (False,), "distill_model": (None,), "save_json": (False,), "save_txt": (False,),
+    "quantize": (None,), "distill_model": (None,), "save_json": (False,), "save_txt": (False,),
     "classes": (None,), "dis": (6.0,), "pose": (12.0,), "kobj": (1.0,), "rle": (1.0,), "angle": (1.0,),
     "dlog": (1.0,), "dgrad": (0.5,), "dlam": (1.0,), "auto_augment": ("randaugment",), "erasing": (0.4,),
 }
@@ -156,11 +166,25 @@ class Given:
     def __init__(self) -> None:
         self.values: dict[str, Any] = {}
         self.sources: dict[str, str] = {}
+        self.weak: set[str] = set()
+        """Settings that came from a settings file (``--cfg args.yaml``): a flag or key=value wins."""
+        self.no_effect: list[str] = []
+        """Settings accepted without effect on training, for the one line that names them."""
+        self.overridden: list[str] = []
+        """A settings file's values the command line replaced."""
+        self.file: str | None = None
+        """The settings file being read (its values are weak), if any."""
 
     def put(self, name: str, value: Any, source: str) -> None:
+        weak = self.file is not None
         if name in self.values and self.values[name] != value:
+            if weak:  # like `yolo cfg=args.yaml data=...`: the command line overrides the file
+                self.overridden.append(f"{source.split(': ', 1)[-1]} (by {self.sources[name]})")
+                return
             raise TrainerError(f"{name.replace('_', '-')} is given twice with different values: "
                                f"{self.sources[name]} and {source}")
+        if name not in self.values and weak:
+            self.weak.add(name)
         self.values[name] = value
         self.sources.setdefault(name, source)
 
@@ -180,15 +204,22 @@ def put_setting(given: Given, key: str, raw: Any, source: str, hyp: dict[str, An
     if key == "cfg":
         put_cfg_value(given, str(raw), source, hyp)
         return
-    if key not in defaults:
+    if key not in defaults and key not in NO_EFFECT_SETTINGS:
         raise TrainerError(f"{source}: unknown ultralytics setting {key!r}")
+    if raw is None and key in FIELD_OF_SETTING:  # `project: null` in an args.yaml: unset, the default
+        return
     try:
         if key in FIELD_OF_SETTING:
             _put_field_setting(given, key, raw, source)
         elif key in HYP_SETTINGS:
             if key in hyp and hyp[key] != raw:
+                if given.file is not None:
+                    given.overridden.append(f"{key} (by {hyp[key]!r})")
+                    return
                 raise TrainerError(f"{key} is given twice with different values ({hyp[key]!r} and {raw!r})")
             hyp[key] = raw
+        elif key in NO_EFFECT_SETTINGS:
+            given.no_effect.append(key)
         elif key in NEUTRAL_SETTINGS:
             allowed = NEUTRAL_SETTINGS[key]
             if allowed is not None and raw not in allowed:
@@ -244,15 +275,29 @@ def put_cfg_value(given: Given, value: str, source: str, hyp: dict[str, Any]) ->
     doc = yaml.safe_load(file.read_text()) or {}
     if not isinstance(doc, dict):
         raise TrainerError(f"{source}: expected a mapping of ultralytics settings in {value}")
-    for k, v in doc.items():
-        put_setting(given, str(k), v, f"{value}: {k}", hyp)
+    problems = []
+    given.file = value
+    try:
+        for k, v in doc.items():
+            try:
+                if str(k) == "cfg" and v is None:
+                    continue
+                put_setting(given, str(k), v, f"{value}: {k}", hyp)
+            except TrainerError as e:
+                problems.append(str(e).removeprefix(f"{value}: {k}: ").removeprefix(f"{value}: "))
+    finally:
+        given.file = None
+    if problems:  # every one at once: an args.yaml is fixed in one edit, not one rerun per key
+        raise TrainerError(f"--cfg {value}: {len(problems)} setting(s) this trainer cannot train with: "
+                           + "; ".join(problems))
 
 
 _CONVERTERS: dict[str, Any] = {
-    "epochs": int, "batch": int, "imgsz": int, "lr": float, "lrf": float, "momentum": float, "weight_decay": float,
+    "epochs": int, "batch": int, "batch_per_device": int, "imgsz": int, "lr": float, "lrf": float, "momentum": float, "weight_decay": float,
     "warmup_epochs": float, "workers": int, "seed": int, "close_mosaic": int, "patience": int, "fraction": float,
     "multi_scale": float, "nbs": int, "save_period": int, "accumulate": int, "clip": float, "log_every": int,
     "val_period": int, "debug_exit_after": int, "timeout_min": float, "ref_ips": float,
+    "startup_timeout_min": float, "progress_every_s": float,
     "cos_lr": parse_bool, "exist_ok": parse_bool, "deterministic": parse_bool, "cls_remap": parse_bool,
     "pin_memory": parse_bool, "persistent_workers": parse_bool, "sync_bn": parse_bool,
     "device": parse_device, "cache": parse_cache, "freeze": parse_freeze,

@@ -2,7 +2,9 @@
 
 Like torchtitan's train.py, this file only wires the pieces together. Every input problem becomes
 one line on stderr (``[rank R] error: ...``) and exit code 2 on every rank; anything else is a bug
-and keeps its traceback, which the ``record`` decorator reports as torchrun's root cause.
+and keeps its traceback, which the ``record`` decorator reports as torchrun's root cause. A rank
+that fails after joining the process group aborts it (never a graceful leave, which waits for
+the peers) and exits at once.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from trainer import dist as tdist
 from trainer import logs
-from trainer.config import check_topology, parse_config
+from trainer.config import check_topology, parse_config, with_world_size
 from trainer.errors import TrainerError
 from trainer.offline import set_offline_env
 
@@ -26,6 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     logs.set_rank(topo.rank)
     try:
         cfg = parse_config(argv)
+        cfg = with_world_size(cfg, topo.world_size)  # --batch-per-device N: the global batch N x WORLD_SIZE
         check_topology(cfg, topo.world_size, topo.launched, topo.local_world_size)
         try:
             device = tdist.select_device(cfg.device, topo)
@@ -37,12 +40,17 @@ def main(argv: list[str] | None = None) -> None:
         logs.route_library_output()
         seed_font()
         inputs = prepare(cfg, topo, device)  # every rank reads and checks every file before it waits on another
-        tdist.init(topo, device, cfg.timeout_min)
+        tdist.init(topo, device, cfg.timeout_min, cfg.startup_timeout_min)
         try:
             fit(inputs)
-        finally:
-            tdist.close()
-            tdist.leave_last(topo)
+        except BaseException as e:
+            # Never a graceful leave after a failure: it waits for peers that wait for us.
+            if tdist.abort() and not isinstance(e, TrainerError):
+                logs.say(f"error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
+                         "(process group aborted; traceback follows)", sys.stderr)
+            raise
+        tdist.close()
+        tdist.leave_last(topo)
     except TrainerError as e:
         logs.say(f"error: {e}", sys.stderr)
         sys.exit(e.exit_code)

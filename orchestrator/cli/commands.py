@@ -200,7 +200,7 @@ counted from the first line of any rank), every rank's stack is taken (orch stac
 run stops (job.on_stall: stop) or goes on (warn).
 Retries: after a failure (not a sync or preflight failure) the run is torn down, synced and
 checked again and relaunched under the same run id, up to job.retries times (--retries); the
-trainer resumes from its last.pt; a node that now fails the sync or preflight is replaced by
+trainer gets --resume auto and continues its own last.pt; a node that now fails the sync or preflight is replaced by
 a `spare:` node.
 
 \b

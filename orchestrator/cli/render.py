@@ -462,15 +462,10 @@ class UpPrinter:
         self.err.print(f"[yellow]{markup(node)} failed the preflight[/] ({markup(why)}): "
                        f"spare [bold]{markup(spare)}[/] takes its place, ranks re-planned")
 
-    def resuming(self, path: str, node: str, found: bool | None, why: str | None = None) -> None:
+    def resuming(self, how: str) -> None:
 
-        if found:
-            self.err.print(f"the trainer resumes from {markup(path)} on {markup(node)} (--resume)")
-        elif found is None:
-            self.err.print(f"[yellow]cannot tell whether {markup(path)} exists on {markup(node)}[/] "
-                           f"({markup(why or '')}): relaunching with the same arguments")
-        else:
-            self.err.print(f"no {markup(path)} on {markup(node)} yet: the trainer starts over")
+        self.err.print(f"the trainer is relaunched with {markup(how)}: it continues its own last.pt if it wrote one, "
+                       "else starts over in the same run directory")
 
 
 def node_stopped_text(stop: NodeStopped, run_id: str) -> str:

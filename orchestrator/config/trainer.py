@@ -7,6 +7,7 @@ global-batch rule and how `--device` names GPUs. Defined once, in `trainer/inter
 from __future__ import annotations
 
 from trainer.interface import (
+    AUTO,
     BEST,
     DEFAULT_PROJECT,
     INPUT_FLAGS,
@@ -21,5 +22,5 @@ from trainer.interface import (
     settings_of,
 )
 
-__all__ = ["BEST", "DEFAULT_PROJECT", "INPUT_FLAGS", "LAST", "OUTPUT_FLAGS", "SAME_SETTING", "batch_choices",
-           "batch_problem", "override_args", "parse_device", "setting_name", "settings_of"]
+__all__ = ["AUTO", "BEST", "DEFAULT_PROJECT", "INPUT_FLAGS", "LAST", "OUTPUT_FLAGS", "SAME_SETTING",
+           "batch_choices", "batch_problem", "override_args", "parse_device", "setting_name", "settings_of"]

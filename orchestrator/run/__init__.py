@@ -10,7 +10,7 @@
 - `stacks.py`    `orch stacks`: every rank's py-spy dump (the agent's `stacks`), parsed and grouped
 - `watchdog.py`  the hang watchdog: no rank wrote a line for `job.stall_timeout_s`; a hang as a
                  Failure; `HangWatch`, the supervisor's hook that takes the stacks and stops or warns
-- `resume.py`    a retry of the trainer: where its last.pt is, `--resume`
+- `resume.py`    a retry of the trainer: `--resume auto` (the trainer finds its own last.pt)
 
 `orchestrator/up.py` composes these with the preflight and the log streams into `orch up`.
 """

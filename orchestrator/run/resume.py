@@ -1,25 +1,23 @@
 """Relaunching a run after a failure: what the trainer needs to continue where it stopped.
 
 `orch up` retries a failed run under the same run id (`job.retries`); a job that is this
-repository's trainer (`job.module: trainer`) then gets `--resume` when its rank 0 has written
-`weights/last.pt`, so it continues from its last finished epoch instead of starting again (and
-instead of refusing an `--out` that already holds a run). Where the trainer writes is derived here
-exactly as `trainer/config.py` derives it: `--out`, else `--project`/`--name`, with `--name`
-defaulting to the orch run id, which a retry keeps. Pure, but for `has_checkpoint`, which asks the
-master node over its transport.
+repository's trainer (`job.module: trainer`) then gets `--resume auto`: the trainer continues
+this run's own `weights/last.pt` when it wrote one, and otherwise starts the run over in the same
+directory. Where that directory is (`--out`, `--project`/`--name` as flags or `key=value`, the
+numbering of an existing name, the run id as the default name) is the trainer's rule alone
+(`trainer/output.py`); orch keeps no copy of it. Pure.
 """
 
 from __future__ import annotations
 
-import argparse
-import posixpath
+import re
 
 from ..config.inventory import Job
-from ..config.nodes import Node
-from ..config.trainer import DEFAULT_PROJECT, LAST
-from ..transport import Transport
+from ..config.trainer import AUTO
 
 TRAINER = "trainer"
+
+_SETTING = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
 
 def is_trainer(job: Job) -> bool:
@@ -27,55 +25,41 @@ def is_trainer(job: Job) -> bool:
     return job.script is None and job.module == TRAINER
 
 
-def trainer_out_dir(job: Job, run_id: str) -> str:
-    """The trainer's run directory on the nodes as its argv makes it: `--out`, else
-    `--project`/`--name` (`--name` defaults to the run id, which orch passes as ORCH_RUN_ID);
-    a relative path is relative to `job.workdir` (the job's cwd; the login's home without one)."""
-    ns = _trainer_args(job.args)
-    out = ns.out or posixpath.join(ns.project or DEFAULT_PROJECT, ns.name or run_id)
-    if out.startswith("/") or out.startswith("~"):
-        return out
-    return posixpath.join(job.workdir or "~", out)
-
-
-def checkpoint_path(job: Job, run_id: str) -> str:
-    """Where the trainer's rank 0 keeps `last.pt` for this run."""
-    return posixpath.join(trainer_out_dir(job, run_id), LAST)
-
-
 def with_resume(args: tuple[str, ...]) -> tuple[str, ...]:
-    """The job's args with a bare `--resume` (OUT/weights/last.pt) instead of any `--resume [PATH]`
-    they had: a retry continues from the checkpoint this run wrote, not from the one it began with."""
+    """The job's args for a retry: `--resume auto` instead of a bare `--resume` (or `resume=True`,
+    `--resume=`), so the trainer continues this run's own checkpoint, whatever its directory.
+
+    An explicit checkpoint (`--resume PATH`, `resume=PATH`) stays as it is: the run trains in
+    PATH's run directory, and `PATH/../last.pt` is then this run's own checkpoint too."""
     out: list[str] = []
-    skip = False
-    for i, arg in enumerate(args):
-        if skip:
-            skip = False
-            continue
+    explicit = False
+    i = 0
+    while i < len(args):
+        arg = args[i]
         if arg == "--resume":
-            skip = i + 1 < len(args) and not args[i + 1].startswith("-")
+            value = args[i + 1] if i + 1 < len(args) else None
+            if value is not None and not value.startswith("-") and not _SETTING.match(value):
+                if value != AUTO:
+                    explicit = True
+                    out += [arg, value]
+                i += 2
+                continue
+            i += 1
             continue
         if arg.startswith("--resume="):
+            value = arg.split("=", 1)[1]
+            if value not in ("", AUTO):
+                explicit = True
+                out.append(arg)
+            i += 1
+            continue
+        if arg.startswith("resume="):
+            value = arg.split("=", 1)[1]
+            if value.lower() not in ("", "true", "false", "yes", "no", "1", "0", "on", "off", AUTO):
+                explicit = True
+                out.append(arg)
+            i += 1
             continue
         out.append(arg)
-    return (*out, "--resume")
-
-
-def has_checkpoint(t: Transport, node: Node, path: str, timeout: float = 30.0) -> bool:
-    """Does `path` (a leading `~` is the login's home there) exist as a file on the node?
-
-    Raises:
-        OrchError / TransportError: the node could not be asked (a retry then cannot know).
-    """
-    res = t.run([node.python, "-c", "import os,sys;print(os.path.isfile(os.path.expanduser(sys.argv[1])))", path],
-                timeout=timeout).check()
-    return res.stdout.strip().splitlines()[-1:] == ["True"]
-
-
-def _trainer_args(args: tuple[str, ...]) -> argparse.Namespace:
-    """The flags of the trainer's argv that place its run directory (the others are ignored)."""
-    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    for flag in ("--out", "--project", "--name"):
-        p.add_argument(flag)
-    ns, _rest = p.parse_known_args(list(args))
-    return ns
+        i += 1
+    return tuple(out) if explicit else (*out, "--resume", AUTO)

@@ -245,3 +245,27 @@ def test_the_torch_build_has_code_for_this_gpu() -> None:
     assert runs or jit, f"compute capability {major}.{minor} but this torch has {arch}"
     x = torch.ones(4, device="cuda:0") * 2  # a kernel runs
     assert x.sum().item() == 8
+
+
+def test_bf16_warning_follows_this_gpus_capability() -> None:
+    """`--amp bf16` warns exactly on a GPU without native bfloat16 (compute capability < 8.0)."""
+    from trainer.loop import amp_warning
+
+    device = torch.device("cuda", 0)
+    major, _minor = torch.cuda.get_device_capability(device)
+    warning = amp_warning("bf16", device)
+    assert (warning is not None) == (major < 8), (major, warning)
+
+
+def test_yoloe_prompt_embeddings_move_with_the_model() -> None:
+    """`model.pe` is a plain attribute that `.to()` leaves on the host; `models.to_device` moves it."""
+    from trainer import models
+    from trainer.offline import set_offline_env
+
+    set_offline_env()
+    from ultralytics.nn.tasks import YOLOEModel
+
+    model = YOLOEModel("yoloe-11s.yaml", nc=2, verbose=False)
+    model.set_classes(["a", "b"], torch.zeros(1, 2, model.model[-1].embed))
+    moved = models.to_device(model, torch.device("cuda", 0))
+    assert moved.pe.device.type == "cuda" and next(moved.parameters()).device.type == "cuda"

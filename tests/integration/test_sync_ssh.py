@@ -140,7 +140,7 @@ def test_a_symlinked_source_or_output_inside_a_synced_dir_leaves_the_node_intact
     trained = str(cluster.write_inventory(cluster.root / "trained.yaml",
                                           job={"module": "trainer", "workdir": str(job), "sync": [str(job)]}))
     r = orch.run("sync", trained, "--nodes", "node2", "--delete")
-    assert r.returncode == 2 and f"holds the trainer's default output folder (under job.workdir) {job}/runs/train" \
+    assert r.returncode == 2 and f"holds the trainer's default output folder (under job.workdir) {job}/runs:" \
         in r.stderr, r.stderr
     left = on_node(cluster, "node2", f"test -d {root}/data/coco && ! test -L {root}/data/coco && "
                                      f"cat {root}/data/coco/weights.pt {job}/runs/train/r1/weights/last.pt")
@@ -232,8 +232,8 @@ def test_orch_up_syncs_first_and_nodes_with_empty_dirs_train(make_cluster, orch:
     run_id = (orch.home / "latest").read_text().strip()
     assert {n["node"]: n["files"] for n in json.loads((orch.run_dir(run_id) / "sync.json").read_text())["nodes"]} \
         == {"node1": files, "node2": files}
-    # rank 0 wrote its weights into the workdir (runs/train/<run id>), on node1 only
-    assert "last.pt" in on_node(cluster, "node1", f"ls {work}/runs/train/{run_id}/weights").split()
+    # rank 0 wrote its weights into the workdir (runs/<task>/<run id>, as ultralytics 8.4), on node1 only
+    assert "last.pt" in on_node(cluster, "node1", f"ls {work}/runs/detect/{run_id}/weights").split()
 
     again = sync_json(orch, inv)  # what the job wrote beside the synced files is neither sent nor reported
     assert {n: (v["files"], v["bytes"], v["changes"]) for n, v in again.items()} == \

@@ -301,7 +301,8 @@ def test_yoloe_seg_with_an_embeddings_file_two_ranks(tmp_path: Path, mode: str, 
                      "--epochs", "1", "--batch", "4", "--imgsz", "64", "--workers", "0", "--out", str(out),
                      "--debug-dir", str(tmp_path / "d")], nproc=2)
     assert r.returncode == 0, r.explain()
-    assert any(f"(segment, YOLOE {mode}, from {ckpt})" in ln for ln in r.rank_lines())
+    assert any(f"(segment, YOLOE {mode} (train_pe{'' if mode == 'linear' else '_all'}), from {ckpt})" in ln
+               for ln in r.rank_lines()), r.explain()
     ranks = read_debug(tmp_path / "d", 2)
     assert ranks[0]["checksum"] == ranks[1]["checksum"]
 
@@ -318,7 +319,7 @@ def test_yoloe_seg_with_an_embeddings_file_two_ranks(tmp_path: Path, mode: str, 
 
 
 def test_output_like_yolo_train(tmp_path: Path) -> None:
-    """runs/train/exp, then exp2; last.pt and best.pt stripped like ultralytics' final files; best.pt
+    """An absolute --project holds train, then train2 (ultralytics 8.4's get_save_dir); last.pt and best.pt stripped like ultralytics' final files; best.pt
     validated at the end; args.yaml that `yolo cfg=` accepts; TensorBoard scalars. The second run
     fine-tunes a -seg checkpoint given alone: it trains a segmentation model."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -335,11 +336,11 @@ def test_output_like_yolo_train(tmp_path: Path) -> None:
     save_checkpoint(ckpt, "yolo12n-seg.yaml", ["square", "disc", "triangle"])
     second = run_trainer([*args, "--weights", str(ckpt)])
     assert second.returncode == 0, second.explain()
-    assert sorted(p.name for p in project.iterdir()) == ["exp", "exp2"]
+    assert sorted(p.name for p in project.iterdir()) == ["train", "train2"]
     assert any("training yolo12n-seg.yaml (segment, from " in ln for ln in second.rank_lines())
-    assert "metrics/mAP50-95(M)" in read_results(project / "exp2")[0]
+    assert "metrics/mAP50-95(M)" in read_results(project / "train2")[0]
 
-    run = project / "exp"
+    run = project / "train"
     for name in ("last.pt", "best.pt"):
         ckpt_dict = torch.load(run / "weights" / name, map_location="cpu", weights_only=False)
         assert "trainer" not in ckpt_dict and ckpt_dict["optimizer"] is None and ckpt_dict["ema"] is None
@@ -390,3 +391,37 @@ def test_bad_input_is_one_line_on_every_rank(tmp_path: Path, case: str) -> None:
     assert "Traceback" not in worker_part, r.explain()
     if case == "relative":
         assert str(data) in errors[0]  # says what the absolute path would be
+
+
+ULTRALYTICS_TRAIN = r"""
+import sys
+from trainer.offline import seed_font, set_offline_env
+set_offline_env()
+seed_font()
+from ultralytics import YOLO
+YOLO("yolo12n.yaml").train(data=sys.argv[1], epochs=1, imgsz=64, batch=4, workers=0, device="cpu",
+                           project=sys.argv[2], verbose=False)
+"""
+
+
+def test_an_args_yaml_from_yolo_train_trains_as_it_is(tmp_path: Path) -> None:
+    """`yolo train` writes args.yaml with every ultralytics key (predict, export and tracking ones,
+    plots, save_dir, optimizer auto beside lr0); the trainer trains from it given as --cfg: the keys
+    without effect are named in one line, lr0 and momentum are said to be unused (auto picks its
+    own, as in ultralytics), and the run lands beside ultralytics' own (train2)."""
+    data = make_dataset(tmp_path / "ds", images=8, classes=2)
+    runs = tmp_path / "runs"
+    made = subprocess.run([PYTHON, "-c", ULTRALYTICS_TRAIN, str(data), str(runs)], capture_output=True, text=True,
+                          timeout=400, env=env(), cwd=tmp_path)
+    assert made.returncode == 0, made.stderr[-3000:]
+    args_yaml = runs / "train" / "args.yaml"
+    assert "save_dir" in args_yaml.read_text() and "optimizer: auto" in args_yaml.read_text()
+    r = run_trainer(["--cfg", str(args_yaml)])
+    assert r.returncode == 0, r.explain()
+    lines = r.rank_lines()
+    named = [ln for ln in lines if "accepted without effect on training" in ln]
+    assert len(named) == 1 and all(k in named[0] for k in ("plots", "save_dir", "source", "format", "tracker")), lines
+    assert any("lr0 0.01 and momentum 0.937 unused: optimizer auto picks its own" in ln for ln in lines), lines
+    assert any(ln.startswith("[rank 0] training yolo12n.yaml (detect) on 1 rank(s)") and "epochs 1..1" in ln
+               for ln in lines), lines
+    assert read_results(runs / "train2")[0]["epoch"] == 1

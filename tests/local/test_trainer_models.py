@@ -120,7 +120,7 @@ def _loader(inp: loop.Inputs, model: torch.nn.Module) -> list:
 
 
 def test_linear_probe_keeps_frozen_batchnorm_statistics(data: Path, embeddings: Path) -> None:
-    inp = inputs(data, "--model", "yoloe-11s.yaml", "--text-embeddings", str(embeddings))
+    inp = inputs(data, "--model", "yoloe-11s.yaml", "--text-embeddings", str(embeddings), "--prompt-mode", "linear")
     model = loop.build_network(inp)
     models.set_train_mode(model)
     norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
@@ -228,3 +228,28 @@ def test_the_loss_schedule_of_end_to_end_heads_follows_the_epoch(data: Path) -> 
     for model in (straight, resumed):
         assert (model.criterion.o2m, model.criterion.o2o) == (reference.criterion.o2m, reference.criterion.o2o)
     assert reference.criterion.o2m != loop.build_network(inp).init_criterion().o2m
+
+
+def test_yoloe_weights_train_in_full_mode_with_ultralytics_recipe_unless_told(tmp_path: Path, data: Path,
+                                                                          embeddings: Path) -> None:
+    """The field guides run train_pe_all.py: YOLOE weights without --prompt-mode train everything,
+    with ultralytics' YOLOE recipe where nothing was given; what the user gives wins; the prompt
+    embeddings move with the model."""
+    ckpt = tmp_path / "yoloe.pt"
+    save_checkpoint(ckpt, "yoloe-11s-seg.yaml", NAMES)
+    inp = inputs(data, "--weights", str(ckpt), "--text-embeddings", str(embeddings))
+    cfg = inp.cfg
+    assert (cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.momentum, cfg.close_mosaic) == ("AdamW", 1e-3, 0.025, 0.9, 10)
+    assert inp.hyp.warmup_bias_lr == 0.0 and inp.hyp.lr0 == 1e-3 and inp.hyp.optimizer == "AdamW"
+    assert any(n.startswith("YOLOE recipe (ultralytics' train_pe): optimizer AdamW, lr0 0.001, weight_decay 0.025, "
+                            "momentum 0.9, close_mosaic 10, warmup_bias_lr 0") for n in cfg.notes), cfg.notes
+    model = loop.build_network(inp)
+    trainable = sum(p.requires_grad for p in model.parameters())
+    assert trainable > 100  # full: everything trains
+    assert loop.prompt_mode_text(cfg) == "full (train_pe_all, the default)"
+    mine = inputs(data, "--weights", str(ckpt), "--text-embeddings", str(embeddings), "--lr", "0.005",
+                  "close_mosaic=2", "--prompt-mode", "linear").cfg
+    assert (mine.optimizer, mine.lr, mine.weight_decay, mine.close_mosaic) == ("SGD", 0.005, 5e-4, 2)
+    assert any("yours kept: close_mosaic, lr" in n for n in mine.notes) and loop.prompt_mode_text(mine) == "linear (train_pe)"
+    moved = models.to_device(model, CPU)
+    assert isinstance(moved.pe, torch.Tensor) and moved.pe.device == CPU

@@ -5,7 +5,6 @@ the attempt in run.json and `orch status`."""
 from __future__ import annotations
 
 import dataclasses
-import posixpath
 from pathlib import Path
 from typing import Any
 
@@ -92,41 +91,23 @@ def test_a_run_reads_its_inventory_with_the_spares_in_place(tmp_path: Path, monk
 # ----------------------------------------------------------------------------- the trainer's checkpoint
 
 
-@pytest.mark.parametrize("args", [
-    [], ["--out", "/nfs/runs/y12"], ["--out=/nfs/runs/y12"], ["--project", "/nfs/p"], ["--project", "p", "--name", "n"],
-    ["--name", "n"], ["--out", "~/runs/x"], ["--out", "rel/out", "--project", "ignored"],
-])
-def test_the_checkpoint_path_is_where_the_trainer_puts_it(args: list[str], monkeypatch: pytest.MonkeyPatch,
-                                                          tmp_path: Path) -> None:
-    """The trainer's own argument parsing decides; orch must land on the same directory."""
-    from trainer.config import parse_config
-    from trainer.output import resolve
-
-    monkeypatch.setenv("ORCH_RUN_ID", "20261130-093205-c")
-    monkeypatch.setenv("HOME", str(tmp_path))
-    cfg = parse_config([*args, "--data", "/data/coco.yaml"])
-    job = dataclasses.replace(inv().job, args=tuple(args))
-    ours = resume.trainer_out_dir(job, "20261130-093205-c")
-    out = str(resolve(cfg)[0])  # --out, else PROJECT/NAME (NAME: the run id)
-    theirs = out if out.startswith("/") else posixpath.join("/srv/job", out)
-    assert posixpath.expanduser(ours).replace("~", str(tmp_path)) == theirs
-    assert resume.checkpoint_path(job, "20261130-093205-c") == ours + "/weights/last.pt"
-
-
-def test_relative_out_without_workdir_is_in_the_login_home() -> None:
-    job = dataclasses.replace(inv().job, workdir=None, args=())
-    assert resume.trainer_out_dir(job, "r1") == "~/runs/train/r1"
-
-
 @pytest.mark.parametrize(("args", "expected"), [
-    ((), ("--resume",)),
-    (("--epochs", "3"), ("--epochs", "3", "--resume")),
-    (("--resume", "/old/last.pt", "--epochs", "3"), ("--epochs", "3", "--resume")),
-    (("--resume", "--epochs", "3"), ("--epochs", "3", "--resume")),
-    (("--resume=/old/last.pt",), ("--resume",)),
-    (("--epochs", "3", "--resume"), ("--epochs", "3", "--resume")),
+    ((), ("--resume", "auto")),
+    (("--epochs", "3"), ("--epochs", "3", "--resume", "auto")),
+    (("--resume", "--epochs", "3"), ("--epochs", "3", "--resume", "auto")),
+    (("--resume", "epochs=3"), ("epochs=3", "--resume", "auto")),
+    (("--resume=",), ("--resume", "auto")),
+    (("resume=True", "project=/nfs/p", "name=r1"), ("project=/nfs/p", "name=r1", "--resume", "auto")),
+    (("--resume", "auto"), ("--resume", "auto")),
+    (("--epochs", "3", "--resume"), ("--epochs", "3", "--resume", "auto")),
+    # an explicit checkpoint: the run trains in its run directory, whose last.pt is this run's own
+    (("--resume", "/old/weights/last.pt", "--epochs", "3"), ("--resume", "/old/weights/last.pt", "--epochs", "3")),
+    (("--resume=/old/weights/last.pt",), ("--resume=/old/weights/last.pt",)),
+    (("resume=/old/weights/last.pt",), ("resume=/old/weights/last.pt",)),
 ])
-def test_with_resume_continues_from_this_runs_checkpoint(args: tuple[str, ...], expected: tuple[str, ...]) -> None:
+def test_a_retry_lets_the_trainer_find_its_own_checkpoint(args: tuple[str, ...], expected: tuple[str, ...]) -> None:
+    """orch keeps no copy of where the trainer writes: a retry passes `--resume auto`, and the
+    trainer (trainer/output.py resolve_auto) finds its run directory by its own rule."""
     assert resume.with_resume(args) == expected
 
 
@@ -152,8 +133,8 @@ class Say(up.Quiet):
     def replacing(self, node: str, spare: str, why: str) -> None:
         self.said.append(("replacing", node, spare, why))
 
-    def resuming(self, path: str, node: str, found: bool | None, why: str | None = None) -> None:
-        self.said.append(("resuming", path, node, found))
+    def resuming(self, how: str) -> None:
+        self.said.append(("resuming", how))
 
 
 def fake_attempts(monkeypatch: pytest.MonkeyPatch, results: list[str]) -> list[dict[str, Any]]:
@@ -189,27 +170,6 @@ def reports(monkeypatch: pytest.MonkeyPatch, script: list[dict[str, str]]) -> li
     return asked
 
 
-def checkpoint(monkeypatch: pytest.MonkeyPatch, found: bool | Exception) -> list[str]:
-    asked: list[str] = []
-
-    class T:
-        def __enter__(self) -> T:
-            return self
-
-        def __exit__(self, *a: Any) -> None:
-            pass
-
-    def has(t: Any, node: Any, path: str, timeout: float = 30) -> bool:
-        asked.append(f"{node.name}:{path}")
-        if isinstance(found, Exception):
-            raise found
-        return found
-
-    monkeypatch.setattr(up, "open_transport", lambda i, n: T())
-    monkeypatch.setattr(resume, "has_checkpoint", has)
-    return asked
-
-
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("ORCH_HOME", str(tmp_path / "home"))
@@ -219,14 +179,13 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_a_failed_run_is_checked_again_and_relaunched_with_resume(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
     launched = fake_attempts(monkeypatch, ["failed", "succeeded"])
     asked = reports(monkeypatch, [{}, {}])
-    ckpt = checkpoint(monkeypatch, True)
     say = Say()
     out = up.up(inv(), run_id="r1", progress=say)
     assert out.result == "succeeded" and (out.attempt, out.attempts) == (2, 3)
     assert [a["attempt"] for a in launched] == [1, 2] and asked == [["gpu01", "gpu02", "gpu03"]] * 2
     assert launched[0]["args"] == ("--data", "/data/coco.yaml")
-    assert launched[1]["args"] == ("--data", "/data/coco.yaml", "--resume")
-    assert ckpt == ["gpu01:/srv/job/runs/train/r1/weights/last.pt"]
+    assert launched[1]["args"] == ("--data", "/data/coco.yaml", "--resume", "auto")
+    assert ("resuming", "--resume auto") in say.said
     assert ("retrying", 2, 3, "gpu02 rank 3: exited with code 1", ["Traceback", "ValueError: x"]) in say.said
     assert launched[1]["run_json"]["attempt"] == 2
     assert launched[1]["run_json"]["attempts"][0]["first_failure"]["node"] == "gpu02"
@@ -235,7 +194,7 @@ def test_a_failed_run_is_checked_again_and_relaunched_with_resume(monkeypatch: p
 
 def test_the_retry_preflight_judges_the_args_it_launches_as_this_run(monkeypatch: pytest.MonkeyPatch,
                                                                      home: Path) -> None:
-    """The trainer's own check (in the preflight) must see `--resume` and the run id: without them
+    """The trainer's own check (in the preflight) must see `--resume auto` and the run id: without them
     an `--out` holding attempt 1's checkpoint would be refused, and the retry would never start."""
     fake_attempts(monkeypatch, ["failed", "succeeded"])
     seen: list[tuple[tuple[str, ...], Any]] = []
@@ -245,18 +204,19 @@ def test_the_retry_preflight_judges_the_args_it_launches_as_this_run(monkeypatch
         return CheckReport([CheckResult("ssh", n.name, "ok") for n in i.nodes])
 
     monkeypatch.setattr(up, "run_preflight", preflight)
-    checkpoint(monkeypatch, True)
     assert up.up(inv(), run_id="r1", progress=Say()).result == "succeeded"
-    assert seen == [(("--data", "/data/coco.yaml"), "r1"), (("--data", "/data/coco.yaml", "--resume"), "r1")]
+    assert seen == [(("--data", "/data/coco.yaml"), "r1"), (("--data", "/data/coco.yaml", "--resume", "auto"), "r1")]
 
 
-def test_no_checkpoint_yet_relaunches_as_it_was(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
+def test_every_retry_passes_resume_auto_once(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
+    """The first attempt runs the args as written; each retry adds `--resume auto` once (whether a
+    checkpoint exists is the trainer's question: it starts over in the same directory without one)."""
     launched = fake_attempts(monkeypatch, ["failed", "failed", "failed"])
     reports(monkeypatch, [{}, {}, {}])
-    checkpoint(monkeypatch, False)
     out = up.up(inv(), run_id="r1", progress=Say())
     assert out.result == "failed" and (out.attempt, out.attempts) == (3, 3) and len(out.earlier) == 2
-    assert [a["args"] for a in launched] == [("--data", "/data/coco.yaml")] * 3
+    assert [a["args"] for a in launched] == [("--data", "/data/coco.yaml"),
+                                             *[("--data", "/data/coco.yaml", "--resume", "auto")] * 2]
 
 
 def test_a_node_failing_the_retry_preflight_is_replaced_by_the_next_healthy_spare(
@@ -264,7 +224,6 @@ def test_a_node_failing_the_retry_preflight_is_replaced_by_the_next_healthy_spar
     launched = fake_attempts(monkeypatch, ["failed", "succeeded"])
     # attempt 1's preflight passes; the retry's fails gpu02; the spare gpu08 fails too; gpu09 passes
     asked = reports(monkeypatch, [{}, {"gpu02": "ssh"}, {"gpu08": "software"}, {}])
-    checkpoint(monkeypatch, False)
     say = Say()
     out = up.up(inv(), run_id="r1", progress=say)
     assert out.result == "succeeded"
@@ -292,7 +251,6 @@ def test_a_node_stopped_as_a_straggler_is_replaced_by_a_spare_on_the_retry(monke
 
     monkeypatch.setattr(up, "_attempt", attempt)
     asked = reports(monkeypatch, [{}, {}])
-    checkpoint(monkeypatch, False)
     say = Say()
     out = up.up(inv(), run_id="r1", progress=say)
     assert out.result == "succeeded"
@@ -313,7 +271,6 @@ def test_a_retry_runs_the_same_preflight_as_the_first_attempt_fabric_included(mo
         return CheckReport([CheckResult("ssh", n.name, "ok") for n in i.nodes])
 
     monkeypatch.setattr(up, "run_preflight", preflight)
-    checkpoint(monkeypatch, False)
     assert up.up(inv(), run_id="r1", progress=Say(), fabric=True).result == "succeeded"
     assert asked == [True, True]
 
@@ -346,7 +303,6 @@ def test_a_retry_syncs_again_and_a_spare_is_synced_before_its_preflight(monkeypa
 
     monkeypatch.setattr(up, "run_preflight", preflight)
     monkeypatch.setattr(up, "sync_nodes", sync_nodes)
-    checkpoint(monkeypatch, False)
     say = Say()
     out = up.up(inv(sync=(str(code),)), run_id="r1", progress=say)
     assert out.result == "succeeded" and len(launched) == 2
@@ -510,7 +466,6 @@ def test_orch_down_while_a_retry_is_prepared_relaunches_nothing(monkeypatch: pyt
         return CheckReport([CheckResult("ssh", n.name, "ok") for n in i.nodes if n.name not in bad])
 
     monkeypatch.setattr(up, "run_preflight", preflight)
-    checkpoint(monkeypatch, False)
     out = up.up(inv(), run_id="r1", progress=Say())
     assert out.result == "stopped" and [a["attempt"] for a in launched] == [1]
     assert RunStore().get("r1").read()["state"] == "stopped"

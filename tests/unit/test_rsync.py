@@ -288,8 +288,10 @@ def trainer_inv(tmp_path: Path, job: dict[str, object]) -> Path:
 
 
 @pytest.mark.parametrize(("job", "holds"), [
-    ({"module": "trainer", "args": {"epochs": 1}}, "the trainer's default output folder (under job.workdir) {w}/runs/train"),
-    ({"module": "trainer", "args": {"project": "out/exp"}}, "the job's --project (under job.workdir) {w}/out/exp"),
+    ({"module": "trainer", "args": {"epochs": 1}}, "the trainer's default output folder (under job.workdir) {w}/runs"),
+    # the trainer puts a relative project under runs/<task>/ (ultralytics 8.4): runs is what it writes
+    ({"module": "trainer", "args": {"project": "out/exp"}}, "the job's --project (under job.workdir) {w}/runs"),
+    ({"module": "trainer", "args": {"project": "{w}/out"}}, "the job's --project {w}/out"),
     ({"script": "/x/train.py", "args": ["--out", "{w}/keep/run1"]}, "the job's --out {w}/keep/run1"),
     ({"script": "/x/train.py", "args": {"debug-dir": "dbg"}}, "the job's --debug-dir (under job.workdir) {w}/dbg"),
     ({"script": "/x/train.py", "run_root": "{w}/.orch-runs"}, "job.run_root {w}/.orch-runs"),

@@ -48,7 +48,7 @@ def test_what_a_start_accepts_is_accepted_and_nothing_is_written(data: Path, tmp
     answer = check.check(["--data", str(data), "--batch", "4", "--epochs", "2", "--imgsz", "32"])
     assert answer["ok"] is True and answer["trainer_check"] == check.SCHEMA
     assert (answer["model"], answer["task"], answer["classes"], answer["device"]) == ("yolo12n.yaml", "detect", 3, "cpu")
-    assert answer["out"] == str(tmp_path / "runs" / "train" / "exp")
+    assert answer["out"] == str(tmp_path / "runs" / "detect" / "train")  # runs/<task>/train, as ultralytics 8.4
     assert list(tmp_path.iterdir()) == [], "the check wrote something"
     assert "model build (--freeze layer names)" in answer["not_verified"]
 

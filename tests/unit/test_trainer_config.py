@@ -56,7 +56,7 @@ def test_defaults_are_ultralytics_own(monkeypatch: pytest.MonkeyPatch) -> None:
         d["patience"], d["nbs"], d["workers"], d["optimizer"], d["cos_lr"])
     assert cfg.model is None and cfg.weights is None and cfg.amp == "auto" and cfg.lr is None
     assert accumulation(cfg) == 4  # round(nbs 64 / batch 16), as ultralytics
-    assert (cfg.out, cfg.project, cfg.name) == (None, "runs/train", "exp")
+    assert (cfg.out, cfg.project, cfg.name) == (None, "", "train")  # runs/<task>/train, as ultralytics 8.4
 
 
 def test_resume_forms() -> None:
@@ -134,12 +134,9 @@ def test_the_same_value_twice_is_fine() -> None:
 @pytest.mark.parametrize("setting, message", [
     ("rect=True", "not honoured"),
     ("single_cls=True", "not honoured"),
-    ("plots=True", "not honoured"),
     ("compile=True", "not honoured"),
     ("time=2", "not honoured"),
     ("cls_pw=0.5", "not honoured"),
-    ("source=/x.jpg", "not a training setting"),
-    ("format=onnx", "not a training setting"),
     ("mosaicc=1", "unknown ultralytics setting 'mosaicc'"),
     ("mode=val", "only trains"),
 ])
@@ -193,8 +190,39 @@ def test_giving_a_rate_selects_sgd_unless_auto_was_asked_for() -> None:
     cfg = cfg_of("--lr", "0.02")
     assert cfg.optimizer == "SGD" and cfg.lr == 0.02 and any("optimizer SGD" in n for n in cfg.notes)
     assert cfg_of("--lr", "0.02", "--optimizer", "AdamW").optimizer == "AdamW"
-    with pytest.raises(TrainerError, match="auto picks its own lr"):
-        cfg_of("--lr", "0.02", "optimizer=auto")
+    # ultralytics' rule: optimizer=auto picks its own rate; lr0 is unused, and said so
+    cfg = cfg_of("--lr", "0.02", "optimizer=auto")
+    assert cfg.optimizer == "auto" and cfg.lr is None
+    assert "lr0 0.02 unused: optimizer auto picks its own (ultralytics' rule; name an optimizer" in cfg.notes[0]
+
+
+def test_settings_without_effect_on_training_are_accepted_and_named_once() -> None:
+    cfg = cfg_of("source=/x.jpg", "format=onnx", "plots=True", "--cfg", "show=True", "save_dir=/r/train")
+    assert cfg.notes == ("accepted without effect on training (prediction, export, tracking, plots): source, format, "
+                         "plots, save_dir, show",)
+
+
+def test_an_args_yaml_is_refused_once_with_every_unsupported_key_and_the_command_line_wins(tmp_path: Path) -> None:
+    """A settings file from `yolo train` with several settings this loop cannot train with: one
+    error lists them all. Its other values are ultralytics' `cfg=`: the command line overrides them."""
+    args = tmp_path / "args.yaml"
+    args.write_text(yaml.safe_dump({"epochs": 3, "rect": True, "single_cls": True, "time": 2.0, "source": None,
+                                    "optimizer": "auto", "lr0": 0.01, "momentum": 0.937, "project": None,
+                                    "cfg": None, "mosaic": 1.0}))
+    with pytest.raises(TrainerError) as e:
+        cfg_of("--cfg", str(args))
+    message = str(e.value)
+    assert message.startswith(f"--cfg {args}: 3 setting(s) this trainer cannot train with: rect=True is not honoured")
+    assert "single_cls=True is not honoured" in message and "time=2.0 is not honoured" in message
+    assert "\n" not in message
+    fine = tmp_path / "fine.yaml"
+    fine.write_text(yaml.safe_dump({"epochs": 3, "optimizer": "auto", "lr0": 0.01, "momentum": 0.937, "project": None,
+                                    "cfg": None, "mosaic": 1.0, "plots": True, "save_dir": "/r/train"}))
+    cfg = cfg_of("--epochs", "5", "--cfg", str(fine), "mosaic=0.5")
+    assert cfg.epochs == 5 and cfg.hyp["mosaic"] == 0.5 and cfg.optimizer == "auto" and cfg.lr is None
+    assert cfg.project == parse_config(["--data", "/d.yaml"]).project
+    assert any(n.startswith("lr0 0.01 and momentum 0.937 unused: optimizer auto picks its own") for n in cfg.notes)
+    assert any("overrides the settings file's epochs (by --epochs 5), mosaic (by 0.5)" in n for n in cfg.notes), cfg.notes
 
 
 def test_val_false_validates_only_after_the_last_epoch() -> None:
@@ -208,8 +236,35 @@ def test_batch_must_divide_by_world_size_and_says_alternatives() -> None:
         check_topology(cfg_of("--batch", "30"), world_size=8, launched=True, local_world_size=8)
     check_topology(cfg_of("--batch", "32"), world_size=8, launched=True, local_world_size=8)
     # seed 004: 12 meant per GPU on 32 ranks; one suggestion below the world size, never "32 or 32"
-    with pytest.raises(TrainerError, match=r"\): use 32; for 12 images per GPU use 384$"):
+    with pytest.raises(TrainerError, match=r"\): use 32; for 12 images per GPU use 384 \(or --batch-per-device 12\)$"):
         check_topology(cfg_of("--batch-size", "12"), world_size=32, launched=True, local_world_size=8)
+
+
+def test_batch_per_device_is_the_global_batch_over_the_world_size() -> None:
+    from trainer.config import with_world_size
+
+    cfg = cfg_of("--batch-per-device", "12")
+    check_topology(cfg, world_size=32, launched=True, local_world_size=8)
+    wide = with_world_size(cfg, 32)
+    assert wide.batch == 384 and "global batch 384 = --batch-per-device 12 x 32 rank(s)" in wide.notes
+    assert with_world_size(cfg_of("--batch", "64"), 32).batch == 64
+    with pytest.raises(TrainerError, match=r"--batch 64 and --batch-per-device 12 both set the batch"):
+        cfg_of("--batch", "64", "--batch-per-device", "12")
+    with pytest.raises(TrainerError, match=r"--batch-per-device must be >= 1"):
+        cfg_of("--batch-per-device", "0")
+
+
+def test_bf16_on_a_gpu_without_native_bfloat16_warns() -> None:
+    import torch
+
+    from trainer.loop import amp_warning
+
+    cuda = torch.device("cuda", 0)
+    assert "compute capability 7.0" in str(amp_warning("bf16", cuda, capability=(7, 0)))  # V100
+    assert "emulated and slow" in str(amp_warning("bf16", cuda, capability=(7, 5)))  # T4
+    assert amp_warning("bf16", cuda, capability=(8, 0)) is None and amp_warning("bf16", cuda, capability=(9, 0)) is None
+    assert amp_warning("fp16", cuda, capability=(7, 0)) is None
+    assert amp_warning("bf16", torch.device("cpu")) is None
 
 
 def test_device_list_must_match_the_processes_of_this_node() -> None:
@@ -246,7 +301,7 @@ def test_leading_tilde_is_this_nodes_home(monkeypatch) -> None:  # noqa: ANN001
 
 def test_each_orch_run_gets_its_own_run_directory_name(monkeypatch) -> None:  # noqa: ANN001
     monkeypatch.delenv("ORCH_RUN_ID", raising=False)
-    assert parse_config(["--data", "/d.yaml"]).name == "exp"
+    assert parse_config(["--data", "/d.yaml"]).name == "train"
     monkeypatch.setenv("ORCH_RUN_ID", "20261130-103558-local")
     assert parse_config(["--data", "/d.yaml"]).name == "20261130-103558-local"
     assert parse_config(["--data", "/d.yaml", "--name", "mine"]).name == "mine"
@@ -291,3 +346,56 @@ def test_an_orch_run_relaunched_before_its_first_checkpoint_keeps_its_directory(
     assert resolve(parse_config(["--data", "/d/data.yaml", "--project", str(tmp_path)]))[0] == tmp_path / "20261201-100000-a"
     monkeypatch.delenv("ORCH_RUN_ID")
     assert resolve(parse_config(["--data", "/d/data.yaml", "--project", str(tmp_path), "--name", "n"]))[0] == tmp_path / "n2"
+
+
+def test_resume_auto_finds_this_runs_own_directory_by_the_trainers_rule(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """`--resume auto` (orch up's retry) with key=value project= and name=: the first attempt found
+    /nfs/p/r1 taken by an older run and trained in r12, which records its run id; the retry
+    continues r12's last.pt, never r1's. Before any checkpoint it starts over in r12 itself; with no
+    directory of its own yet it starts like a first attempt; outside orch, PROJECT/NAME."""
+    from trainer.output import mark_run, resolve
+
+    project = tmp_path / "p"
+    older = project / "r1" / "weights" / "last.pt"
+    older.parent.mkdir(parents=True)
+    older.write_bytes(b"older run")
+    monkeypatch.setenv("ORCH_RUN_ID", "20261201-100000-a")
+    first = parse_config(["data=/d/data.yaml", f"project={project}", "name=r1"])
+    out, ckpt = resolve(first)
+    assert (out, ckpt) == (project / "r12", None)
+    out.mkdir(parents=True)
+    mark_run(out)  # what rank 0 does when it opens the directory
+
+    retry = parse_config(["data=/d/data.yaml", f"project={project}", "name=r1", "--resume", "auto"])
+    assert retry.resume == "auto"
+    assert resolve(retry) == (project / "r12", None)  # killed before its first checkpoint: start over in r12
+    (out / "weights").mkdir()
+    (out / "weights" / "last.pt").write_bytes(b"this run")
+    assert resolve(retry) == (project / "r12", project / "r12" / "weights" / "last.pt")
+
+    monkeypatch.setenv("ORCH_RUN_ID", "20261201-110000-b")  # another run, nothing of its own yet: a fresh start
+    assert resolve(retry) == (project / "r13", None)
+    monkeypatch.delenv("ORCH_RUN_ID")
+    assert resolve(retry) == (project / "r1", project / "r1" / "weights" / "last.pt")  # outside orch: PROJECT/NAME
+    with_out = parse_config(["--data", "/d/data.yaml", "--out", str(tmp_path / "o"), "--resume", "auto"])
+    assert resolve(with_out) == (tmp_path / "o", None)
+
+
+def test_the_run_directory_is_where_ultralytics_8_4_puts_it(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """get_save_dir: runs/<task>/train, train2...; a relative --project under runs/<task>; an
+    absolute one as it is."""
+    from dataclasses import replace
+
+    from trainer.output import resolve
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ORCH_RUN_ID", raising=False)
+    cfg = parse_config(["--data", "/d/data.yaml"])
+    assert resolve(replace(cfg, task="detect"))[0] == Path("runs/detect/train")
+    assert resolve(replace(cfg, task="segment"))[0] == Path("runs/segment/train")
+    (tmp_path / "runs" / "segment" / "train").mkdir(parents=True)
+    assert resolve(replace(cfg, task="segment"))[0] == Path("runs/segment/train2")
+    mine = parse_config(["--data", "/d/data.yaml", "project=p", "name=r1"])
+    assert resolve(replace(mine, task="detect"))[0] == Path("runs/detect/p/r1")
+    absolute = parse_config(["--data", "/d/data.yaml", "--project", str(tmp_path / "nfs")])
+    assert resolve(replace(absolute, task="segment"))[0] == tmp_path / "nfs" / "train"

@@ -20,9 +20,47 @@ def test_embed_file_round_trips_in_data_yaml_order(tmp_path: Path, monkeypatch) 
     out = tmp_path / "pe.pt"
     embed.main(["--data", str(data), "--out", str(out)])
     saved = torch.load(out)
-    assert list(saved) == ["square", "disc", "triangle"]
-    pe = load_text_embeddings(str(out), ["triangle", "square"])
+    assert saved["names"] == ["square", "disc", "triangle"] and saved["text_model"] == "mobileclip:blt"
+    pe = load_text_embeddings(str(out), ["triangle", "square"], "mobileclip:blt")
     assert pe.shape == (1, 2, 4) and pe[0, 0].tolist() == [8.0, 9.0, 10.0, 11.0]
+
+
+def test_embeddings_of_another_text_model_are_refused(tmp_path: Path) -> None:
+    """YOLOE-26's prompts come from mobileclip2:b, v8/11's from mobileclip:blt: both 512-d, so a
+    file of the other model would load and train silently wrong prompts."""
+    f = tmp_path / "pe.pt"
+    torch.save({"names": ["square"], "embeddings": torch.zeros(1, 512), "text_model": "mobileclip:blt"}, f)
+    with pytest.raises(TrainerError, match=r"made with the text model mobileclip:blt, but this model's prompts come "
+                                           r"from mobileclip2:b: remake it with python -m trainer.embed --variant "
+                                           r"mobileclip2:b"):
+        load_text_embeddings(str(f), ["square"], "mobileclip2:b")
+    assert load_text_embeddings(str(f), ["square"], "mobileclip:blt").shape == (1, 1, 512)
+
+
+def test_the_yoloe_text_model_is_the_yamls(tmp_path: Path) -> None:
+    from trainer.models import Arch, text_model
+
+    assert text_model(Arch({"text_model": "mobileclip2:b"}, "yoloe-26s.yaml", "detect", True, "")) == "mobileclip2:b"
+    assert text_model(Arch({}, "yoloe-11s.yaml", "detect", True, "")) == "mobileclip:blt"
+
+
+def test_without_the_tokenizer_or_the_encoder_file_one_line_says_what_is_needed(tmp_path: Path, monkeypatch,
+                                                                                capsys) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "clip" else real(name, *a))
+    with pytest.raises(SystemExit) as e:
+        embed.main(["--names", "person,forklift", "--out", str(tmp_path / "pe.pt"), "--text-encoder", "/m/x.ts"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "\n" not in err and "Traceback" not in err
+    assert err.startswith("python -m trainer.embed: error: the CLIP tokenizer is not installed (`import clip`): "
+                          "pip install clip-anytorch")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "clip" else real(name, *a))
+    with pytest.raises(SystemExit):
+        embed.main(["--names", "person", "--out", str(tmp_path / "pe.pt")])
+    assert "--variant mobileclip:blt needs its text encoder's weights: --text-encoder PATH" in capsys.readouterr().err
+    assert not (tmp_path / "pe.pt").exists()
 
 
 def test_missing_class_or_file_is_a_clear_error(tmp_path: Path) -> None:

@@ -96,3 +96,26 @@ def test_timing_line_round_trips_with_and_without_the_rank_prefix() -> None:
     tiny = parse_timing(timing_line(1, 2, 1, 8, 1.5e-06, 2e-7, 0.5))
     assert tiny is not None and tiny.data_s == pytest.approx(1.5e-06)
     assert parse_timing("[rank 0] epoch 1/3 batch 4/8 box_loss 1 lr 0.01 images/s 3.0 data 2%") is None
+
+
+def test_progress_line_counts_troubled_steps_and_reads_back() -> None:
+    line = logs.prefixed(logs.step_line(2, 10, 7, 50, {"box_loss": 1.25, "cls_loss": 2.5}, 0.00125, 123.4, 0.05,
+                                        nonfinite=3, skipped=2))
+    assert line.endswith(" nonfinite 3 skipped 2")
+    step = logs.parse_step("2026-11-30T09:32:01.000000Z out [default0]:" + line)
+    assert step == logs.Step(2, 10, 7, 50, {"box_loss": 1.25, "cls_loss": 2.5}, 0.00125, 123.4, 0.05, 3, 2)
+    assert logs.parse_step(logs.epoch_line(1, 1, {"box_loss": 1.0}, {})) is None
+
+
+def test_epoch_line_counts_become_results_csv_steps_columns() -> None:
+    line = logs.epoch_line(1, 2, {"box_loss": 1.5}, {"lr/pg0": 0.01}, {"steps/nonfinite": 4, "steps/skipped": 1})
+    cols = logs.parse_results([logs.prefixed(line)])
+    assert cols["steps/nonfinite"] == [4.0] and cols["steps/skipped"] == [1.0] and cols["train/box_loss"] == [1.5]
+    assert set(logs.STEP_COUNTS) <= set(cols)
+
+
+def test_a_rank_with_nothing_measured_says_n_a_not_zero() -> None:
+    table = logs.throughput_table(1, [[8, 0.1, 0.5], [0, 0.0, 0.0]], ref_ips=None)
+    assert "throughput epoch 1:    1       n/a       n/a" in table
+    tp = logs.parse_throughput(table.splitlines())
+    assert tp.ips == {0: 16.0} and 1 not in tp.ips

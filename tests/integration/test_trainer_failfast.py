@@ -1,0 +1,88 @@
+"""The trainer fails fast and never stalls: a rank that raises takes the job down at once, and a
+slow start-up (datasets built and cached at COCO scale) waits on its own long timeout, not on the
+job's collective timeout. Real torchrun, gloo on CPU, 2 ranks, 64 px, n-scale.
+
+These bound a duration (a deadline on the processes, never a timed assertion), so they run alone.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.trainer_helpers import REPO, make_dataset, run_nodes, run_trainer
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+KILL_ONCE = REPO / "tests" / "kill_once"
+
+
+def test_a_rank_that_raises_aborts_and_every_rank_exits(tmp_path: Path) -> None:
+    """Rank 1 (its own torchrun, as on a second node) raises after optimizer step 3. It aborts the
+    process group instead of leaving it gracefully, says so in one line, and exits non-zero; rank 0,
+    in a collective with it, errors out too. Both end long before the 5 min collective timeout:
+    a rank left waiting until then fails the deadline (TimeoutExpired)."""
+    data = make_dataset(tmp_path / "ds", images=16, classes=2)
+    args = ["--model", "yolo12n.yaml", "--data", str(data), "--epochs", "3", "--batch", "2", "--imgsz", "64",
+            "--workers", "0", "--accumulate", "1", "--val-period", "0", "--timeout-min", "5",
+            "--out", str(tmp_path / "run")]
+    hook = {"PYTHONPATH": f"{KILL_ONCE}:{REPO}", "ORCH_TEST_KILL_RANK": "1", "ORCH_TEST_KILL_AT_STEP": "3",
+            "ORCH_TEST_KILL_HOW": "raise", "ORCH_TEST_KILL_MARKER": str(tmp_path / "raised")}
+    try:
+        node0, node1 = run_nodes(args, [tmp_path / "h0", tmp_path / "h1"], timeout=240, extra_env=hook)
+    except subprocess.TimeoutExpired as e:  # pragma: no cover - the failure this test exists for
+        pytest.fail(f"a rank was still running {e.timeout:.0f} s after rank 1 raised (collective timeout 5 min)")
+    assert (tmp_path / "raised").exists(), node1.stderr[-3000:]
+    assert node1.returncode != 0 and node0.returncode != 0, (node0.explain(), node1.explain())
+    abort_lines = [ln for ln in node1.rank_lines("stderr") if "process group aborted" in ln]
+    assert abort_lines and abort_lines[0].startswith("[rank 1] error: RuntimeError: test: rank 1 fails"), node1.explain()
+    assert "RuntimeError: test: rank 1 fails after optimizer step 3" in node1.stderr  # the traceback is kept
+
+
+def test_a_slow_start_up_outlasts_a_short_collective_timeout(tmp_path: Path) -> None:
+    """Rank 0's first dataset build takes 15 s longer than rank 1's, with a collective timeout of
+    6 s: the start-up barriers are on the gloo group with the long start-up timeout, so rank 1
+    waits there and the run trains; meanwhile rank 0 says every 4 s what it is building."""
+    data = make_dataset(tmp_path / "ds", images=8, classes=2)
+    args = ["--model", "yolo12n.yaml", "--data", str(data), "--epochs", "1", "--batch", "4", "--imgsz", "64",
+            "--workers", "0", "--timeout-min", "0.1", "--progress-every-s", "4", "--out", str(tmp_path / "run")]
+    r = run_trainer(args, nproc=2, slow_build_s=15)
+    assert r.returncode == 0, r.explain()
+    beats = [ln for ln in r.rank_lines() if ln.startswith("[rank 0] startup: building the datasets, ")]
+    assert beats, r.explain()
+    assert any(ln.startswith("[rank 0] done: 1 epochs") for ln in r.rank_lines()), r.explain()
+
+
+def test_an_infinite_loss_is_counted_and_recovered_from_last_pt(tmp_path: Path) -> None:
+    """One process, fp32 on CPU: the loss of micro-step 6 (the last of epoch 2, 3 steps an epoch)
+    is infinite, which makes the weights NaN (no GradScaler to skip the step). The progress line
+    counts it, the run says it recovers from last.pt and trains epoch 2 again (exactly as the first
+    time: the state of last.pt, RNG included, is put back), and ends with finite weights and
+    finite losses in results.csv, whose steps/* columns count the troubled steps of each epoch kept."""
+    import torch
+
+    from tests.trainer_helpers import read_results
+
+    data = make_dataset(tmp_path / "ds", images=8, classes=2)
+    out = tmp_path / "run"
+    args = ["--model", "yolo12n.yaml", "--data", str(data), "--epochs", "3", "--batch", "2", "--imgsz", "64",
+            "--workers", "0", "--accumulate", "1", "--val-period", "0", "--log-every", "1", "--out", str(out)]
+    r = run_trainer(args, inf_loss_at=6)
+    assert r.returncode == 0, r.explain()
+    lines = r.rank_lines()
+    assert any(ln.startswith("[rank 0] epoch 2/3 batch 3/3 ") and ln.endswith(" nonfinite 1 skipped 0") for ln in lines), \
+        r.explain()
+    first_tries = [ln.split(" lr ")[0] for ln in lines if ln.startswith("[rank 0] epoch 2/3 batch 1/3 ")]
+    assert len(first_tries) == 2 and first_tries[0] == first_tries[1], r.explain()
+    recovery = [ln for ln in lines if "recovering from" in ln]
+    assert len(recovery) == 1 and recovery[0].startswith(
+        f"[rank 0] warning: epoch 2: the weights are no longer finite after 1 non-finite loss(es); recovering from "
+        f"{out}/weights/last.pt (epoch 1) and training epoch 2 again, attempt 1/3"), r.explain()
+    rows = read_results(out)
+    assert [row["epoch"] for row in rows] == [1, 2, 3]
+    assert all(row["steps/nonfinite"] == 0 and row["steps/skipped"] == 0 for row in rows)  # the kept epochs
+    assert all(torch.isfinite(torch.tensor(v)) for row in rows for k, v in row.items() if k.startswith("train/"))
+    model = torch.load(out / "weights" / "last.pt", map_location="cpu", weights_only=False)["model"]
+    assert all(torch.isfinite(p).all() for p in model.parameters())

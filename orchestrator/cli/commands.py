@@ -333,7 +333,10 @@ def logs(state: State, run: str | None, follow: bool, node_filter: str | None, r
         raise UsageError(f"--tail {tail}: must be 0 or more", "e.g. --tail 50: the last 50 lines of each node")
     out = render.LogPrinter(view.widths, as_json=as_json, raw=raw)
     try:
-        with view.cluster() as cluster:
+        # Ctrl-C ends a follow with exit code 0 wherever it comes: while --tail's lines are
+        # printed as well as once the live ones flow (tail -f's and kubectl logs -f's way out)
+        with view.cluster() as cluster, (contextlib.suppress(KeyboardInterrupt) if follow
+                                         else contextlib.nullcontext()):
             for name, exc in view.fetch(cluster).failed.items():
                 render.fetch_failed(name, exc)
             if not follow or tail is not None:
@@ -342,11 +345,10 @@ def logs(state: State, run: str | None, follow: bool, node_filter: str | None, r
                 else:
                     out.lines(view.lines(keep, tail))
             if follow:
-                with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends a follow; exit code 0
-                    with contextlib.closing(view.follow(cluster, watermark=watermark, from_start=tail is None,
-                                                        on_event=render.log_event)) as live:
-                        out.lines((line for line in live if keep(line)), flush_each=True)
-                    render.logs_drained(view.run.run_id, view.state())
+                with contextlib.closing(view.follow(cluster, watermark=watermark, from_start=tail is None,
+                                                    on_event=render.log_event)) as live:
+                    out.lines((line for line in live if keep(line)), flush_each=True)
+                render.logs_drained(view.run.run_id, view.state())
     except BrokenPipeError:
         render.silence_stdout()
     raise SystemExit(ExitCode.OK)

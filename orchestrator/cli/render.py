@@ -595,7 +595,10 @@ def status_table(report: StatusReport) -> None:
 
     out = console(stderr=False)
     attempt = f" (attempt {report.attempt} of {report.max_attempts})" if report.max_attempts > 1 else ""
-    table = Table(title=f"run {report.run}: {styled(str(report.state))}{attempt}")
+    # the headline on a line of its own, never wrapped: as a table title it wrapped to the table's
+    # width once run ids carried the controller's name, and `orch status | head -1` lost the attempt
+    out.print(f"run {markup(report.run)}: {styled(str(report.state))}{attempt}", soft_wrap=True)
+    table = Table()
     for col in ("node", "rank", "state", "exit", "pid", "uptime", "last log"):
         table.add_column(col)
     for n in report.nodes:

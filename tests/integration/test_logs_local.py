@@ -144,7 +144,8 @@ def test_ctrl_c_ends_orch_logs_follow_with_0_and_stops_the_readers(tmp_path: Pat
         first = proc.stdout.readline()  # something is being followed
         assert " a " in first
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=15) == 0
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err[-3000:]
     finally:
         proc.kill()
         writer.kill()
@@ -155,6 +156,30 @@ def test_ctrl_c_ends_orch_logs_follow_with_0_and_stops_the_readers(tmp_path: Pat
         while reader_pids(node_dir) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert reader_pids(node_dir) == [], node
+
+
+def test_ctrl_c_while_orch_logs_follow_tail_prints_the_backlog_exits_0(tmp_path: Path, orch_home: Path) -> None:
+    """Ctrl-C during the first part of `--follow --tail N` (the last N lines, before the live ones)
+    ended it as interrupted (130). The backlog outgrows the pipe and the test reads one line, so
+    the command is held writing the backlog when the signal comes."""
+    import subprocess
+    import sys
+
+    inv, run = make_run(tmp_path, ["a"])
+    assert start_writer(inv, run, "a", 4000, 0, state="running").wait(timeout=60) == 0
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "logs", "r1", "--follow", "--tail", "4000"],
+                            cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ, ORCH_HOME=str(orch_home)))
+    try:
+        assert proc.stdout is not None
+        assert " a " in proc.stdout.readline()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err[-2000:]
+        assert "Traceback" not in err and "Aborted" not in err, err[-2000:]
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_orch_logs_beside_a_live_follower_leaves_its_copies_and_merged_log_whole(tmp_path: Path) -> None:

@@ -203,3 +203,15 @@ def test_orch_status_shows_cause_and_hint_and_reads_an_older_run_json(capsys: py
            "first_failure": {"node": "n1", "rank": 3, "exit_code": 1, "reason": "exited with code 1", "excerpt": []}}
     render.status_table(control.status_report(old, {}))
     assert "first failure: n1 (rank 3, exit code 1): exited with code 1" in " ".join(capsys.readouterr().out.split())
+
+
+def test_orch_status_headline_is_one_line_whatever_the_run_id_length(capsys: pytest.CaptureFixture[str]) -> None:
+    """Run ids carry the controller's host: as a table title the headline wrapped to the table's
+    width and split "(attempt 2 of 2)" across two lines."""
+    from orchestrator.run.control import NodeReport, StatusReport
+
+    run = "20261202-033827-tc14-a-rather-long-controller-hostname-0xtp"
+    nodes = [NodeReport("n1", 0, "h", "succeeded", 0, 1, 1, 5.0, None, 1.0, None, None)]
+    render.status_table(StatusReport(run, "succeeded", nodes, attempt=2, max_attempts=2))
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == f"run {run}: succeeded (attempt 2 of 2)", first

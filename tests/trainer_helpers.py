@@ -28,6 +28,15 @@ TRAINER_TIMEOUT_S = 540
 minute or two, but under `pytest -n 2` four of them may share the two cores with other work."""
 
 
+def unplotted(args: list[str]) -> list[str]:
+    """``args`` with ``--plots false`` unless they say how to plot: ultralytics' end-of-training
+    plots cost about 10 s of CPU per run (matplotlib), which only tests/local/test_trainer_plots.py
+    needs to spend; every other run here trains exactly as it would, without drawing."""
+    if any(a.startswith(("--plots", "plots=")) for a in args):
+        return args
+    return [*args, "--plots", "false"]
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nobody listens on right now."""
     with socket.socket() as s:
@@ -95,15 +104,22 @@ def env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def run_trainer(args: list[str], nproc: int = 0, timeout: float = TRAINER_TIMEOUT_S, blocked_net_log: Path | None = None,
-                cwd: Path | None = None, slow_build_s: float = 0.0, inf_loss_at: int = 0) -> Result:
+                cwd: Path | None = None, slow_build_s: float = 0.0, inf_loss_at: int = 0,
+                confusion_log: Path | None = None, extra_env: dict[str, str] | None = None,
+                default_plots: bool = False) -> Result:
     """Run the trainer: plain ``python -m trainer`` (nproc 0) or torchrun with ``nproc`` ranks.
 
     With ``blocked_net_log`` the run goes through this file as a script, so every rank runs
     with the network blocked in-process and attempts are logged there; with ``slow_build_s``
     too, and rank 0's first dataset build takes that many seconds longer (a slow file system);
-    with ``inf_loss_at``, every rank's loss of that criterion call (1-based) is infinite, once.
+    with ``inf_loss_at``, every rank's loss of that criterion call (1-based) is infinite, once;
+    with ``confusion_log``, every confusion matrix ultralytics plots is appended there as a JSON
+    line (``{"rank", "normalize", "matrix"}``). ``extra_env``: more environment for the run.
+    The run draws no plots unless ``args`` ask for them (``unplotted``) or ``default_plots`` leaves
+    the trainer's default (ultralytics' plots=True) in place.
     """
-    script = blocked_net_log is not None or slow_build_s > 0 or inf_loss_at > 0
+    args = args if default_plots else unplotted(args)
+    script = blocked_net_log is not None or slow_build_s > 0 or inf_loss_at > 0 or confusion_log is not None
     entry = [str(Path(__file__).resolve())] if script else ["-m", "trainer"]
     if nproc:
         cmd = [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
@@ -115,6 +131,9 @@ def run_trainer(args: list[str], nproc: int = 0, timeout: float = TRAINER_TIMEOU
         extra["TRAINER_SLOW_BUILD_S"] = str(slow_build_s)
     if inf_loss_at:
         extra["TRAINER_INF_LOSS_AT"] = str(inf_loss_at)
+    if confusion_log is not None:
+        extra["TRAINER_CONFUSION_LOG"] = str(confusion_log)
+    extra.update(extra_env or {})
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env(extra), cwd=cwd or REPO)
     return Result(p.returncode, p.stdout, p.stderr)
 
@@ -263,7 +282,7 @@ def install_sync_counter(log: Path) -> None:
 
 def run_trainer_counting_syncs(args: list[str], log: Path, timeout: float = TRAINER_TIMEOUT_S) -> tuple[Result, dict[str, int]]:
     """One plain process of the trainer with the host-read counter; returns its result and the counts."""
-    p = subprocess.run([PYTHON, str(Path(__file__).resolve()), *args], capture_output=True, text=True,
+    p = subprocess.run([PYTHON, str(Path(__file__).resolve()), *unplotted(args)], capture_output=True, text=True,
                        timeout=timeout, env=env({"TRAINER_SYNC_LOG": str(log)}), cwd=REPO)
     return Result(p.returncode, p.stdout, p.stderr), json.loads(log.read_text()) if log.exists() else {}
 
@@ -279,7 +298,7 @@ def run_nodes(args: list[str], homes: list[Path], timeout: float = TRAINER_TIMEO
         home.mkdir(parents=True, exist_ok=True)
         cmd = [PYTHON, "-m", "torch.distributed.run", "--nnodes", str(len(homes)), "--node-rank", str(rank),
                "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "trainer",
-               *args]
+               *unplotted(args)]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                       env=env({**(extra_env or {}), "HOME": str(home)}), cwd=REPO,
                                       start_new_session=True))
@@ -345,6 +364,22 @@ def install_inf_loss(at: int) -> None:
     tloop.advance_criterion = patched
 
 
+def install_confusion_record(log: Path) -> None:
+    """Append every confusion matrix ultralytics plots in this process to ``log`` (one JSON line
+    each, before it is drawn): what the plot shows, as numbers a test can count."""
+    from ultralytics.utils.metrics import ConfusionMatrix
+
+    plot = ConfusionMatrix.plot
+
+    def recorded(self: Any, normalize: bool = True, *args: Any, **kwargs: Any) -> Any:
+        with open(log, "a") as f:
+            f.write(json.dumps({"rank": int(os.environ.get("RANK", "-1")), "normalize": normalize,
+                                "matrix": self.matrix.tolist()}) + "\n")
+        return plot(self, normalize, *args, **kwargs)
+
+    ConfusionMatrix.plot = recorded  # type: ignore[method-assign]
+
+
 if __name__ == "__main__":
     if os.environ.get("TRAINER_SYNC_LOG"):
         install_sync_counter(Path(os.environ["TRAINER_SYNC_LOG"]))
@@ -355,6 +390,11 @@ if __name__ == "__main__":
         install_slow_build(float(os.environ["TRAINER_SLOW_BUILD_S"]))
     if os.environ.get("TRAINER_INF_LOSS_AT"):
         install_inf_loss(int(os.environ["TRAINER_INF_LOSS_AT"]))
+    if os.environ.get("TRAINER_CONFUSION_LOG"):
+        from trainer.offline import set_offline_env
+
+        set_offline_env()  # before ultralytics is imported, as trainer.train does
+        install_confusion_record(Path(os.environ["TRAINER_CONFUSION_LOG"]))
     from trainer.train import main
 
     main(sys.argv[1:])

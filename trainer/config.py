@@ -183,6 +183,9 @@ class TrainConfig:
     """also keep weights/epochN.pt every N epochs, e.g. 10 (0 = never)"""
     val_period: int = 1
     """validate every N epochs and after the last one, 0 = never"""
+    plots: bool = True
+    """rank 0 writes ultralytics' plots into the run directory at the end: results.png, the confusion
+    matrices and the PR/F1/P/R curves of the final validation (over every rank's shard), val_batch*.jpg"""
     resume: str | None = field(default=None, metadata=flag(nargs="?", const="", metavar="PATH"))
     """continue from PATH, or from the run directory's weights/last.pt (the latest run under --project
     without --out); auto: this run's own last.pt if it wrote one, else start it over in the same directory
@@ -421,7 +424,7 @@ def resolve(given: Given, hyp: dict[str, Any]) -> TrainConfig:
         notes.append(f"optimizer SGD because {given.sources[chosen[0]]} was given (auto would choose its own rate)")
     if given.no_effect:
         keys = list(dict.fromkeys(given.no_effect))
-        notes.append(f"accepted without effect on training (prediction, export, tracking, plots): {', '.join(keys)}")
+        notes.append(f"accepted without effect on training (prediction, export, tracking): {', '.join(keys)}")
     if given.overridden:
         notes.append(f"the command line overrides the settings file's {', '.join(given.overridden)}")
     if "val" in v:

@@ -32,6 +32,7 @@ from trainer import checkpoint, models, output, schedule
 from trainer import data as tdata
 from trainer import dist as tdist
 from trainer import pace as tpace
+from trainer import plots as tplots
 from trainer.config import TrainConfig, accumulation
 from trainer.dist import Topology
 from trainer.errors import TrainerError
@@ -144,7 +145,7 @@ def ultralytics_hyp(cfg: TrainConfig, arch: models.Arch, amp: str) -> SimpleName
         "cache": cfg.cache or False, "fraction": cfg.fraction,
         "freeze": list(cfg.freeze) if isinstance(cfg.freeze, tuple) else cfg.freeze, "multi_scale": cfg.multi_scale,
         "deterministic": cfg.deterministic, "channels_last": cfg.channels_last, "cls_remap": cfg.cls_remap,
-        "plots": False, "val": cfg.val_period > 0, "device": output.ultralytics_device(cfg), "exist_ok": cfg.exist_ok,
+        "plots": cfg.plots, "val": cfg.val_period > 0, "device": output.ultralytics_device(cfg), "exist_ok": cfg.exist_ok,
         "project": cfg.project or None, "name": cfg.name, "verbose": False, "resume": cfg.resume is not None,
         **cfg.hyp,
     }
@@ -407,8 +408,9 @@ def validate_epoch(validator: Any, epoch: int, loss_means: dict[str, float], par
 
 def finish(validator: Any, ema: Any, inp: Inputs, out: Path, scalars: output.Scalars | None,
            loss_names: tuple[str, ...], epochs: int, seconds: float) -> None:
-    """Validate best.pt as it will be shipped (fp16 weights) on every rank, then strip last.pt and
-    best.pt into ultralytics' final form (rank 0)."""
+    """Validate best.pt as it will be shipped (fp16 weights) on every rank, with ultralytics' plots
+    when ``plots`` is on, and print the per-class table (rank 0); then strip last.pt and best.pt into
+    ultralytics' final form and draw results.png (rank 0)."""
     topo = inp.topo
     if validator is not None:
         best = None
@@ -420,17 +422,21 @@ def finish(validator: Any, ema: Any, inp: Inputs, out: Path, scalars: output.Sca
         if best is not None:
             ema.ema.load_state_dict(best[0])
             results = run_validation(validator, ema, inp.device, inp.data, inp.amp != "off", loss_names,
-                                     best[1] - 1, inp.cfg.epochs, topo.world_size)
+                                     best[1] - 1, inp.cfg.epochs, topo.world_size, plots=inp.cfg.plots)
             results = tdist.broadcast_object(results)
             results.pop("fitness", None)
             if topo.is_main:
                 say(final_line("best.pt", best[1], results))
+                for line in tplots.class_table(validator):  # rank 0's validator holds every shard's statistics
+                    say(line)
                 if scalars is not None:
                     scalars.add({k: v for k, v in results.items() if k.startswith("metrics/")}, inp.cfg.epochs + 1)
     if topo.is_main:
         checkpoint.finalize(out)
         if scalars is not None:
             scalars.close()
+        if inp.cfg.plots:
+            tplots.results_png(out)  # after the final validation, as ultralytics' trainer draws it
         full = out.resolve()  # absolute, so `orch report` can fetch results.csv from this node
         say(done_line(epochs, seconds, str((full / LAST).parent), str(full / "results.csv")))
     tdist.barrier()

@@ -29,7 +29,7 @@ FIELD_OF_SETTING = {
     "fraction": "fraction", "freeze": "freeze", "multi_scale": "multi_scale", "nbs": "nbs", "project": "project",
     "name": "name", "exist_ok": "exist_ok", "save_period": "save_period", "resume": "resume", "val": "val",
     "deterministic": "deterministic", "channels_last": "channels_last", "cls_remap": "cls_remap",
-    "pretrained": "pretrained", "task": "task", "mode": "mode",
+    "pretrained": "pretrained", "task": "task", "mode": "mode", "plots": "plots",
 }
 """ultralytics settings that map to a field of ``TrainConfig`` (lr0 is ``--lr``)."""
 
@@ -44,12 +44,12 @@ HYP_SETTINGS = frozenset({
 """ultralytics settings passed through to its own dataset, loss and validator, which honour them."""
 
 NO_EFFECT_SETTINGS = frozenset({
-    "save", "plots", "verbose", "profile", "save_dir", "dnn", "nms", "source", "vid_stride", "stream_buffer",
+    "save", "verbose", "profile", "save_dir", "dnn", "nms", "source", "vid_stride", "stream_buffer",
     "visualize", "augment", "agnostic_nms", "retina_masks", "embed", "show", "save_frames", "save_conf", "save_crop",
     "show_labels", "show_conf", "show_boxes", "line_width", "format", "optimize", "dynamic", "simplify", "opset",
     "workspace", "tracker", "half", "keras", "int8",
 })
-"""Settings without effect on training (prediction, export, tracking, plots, where ultralytics
+"""Settings without effect on training (prediction, export, tracking, where ultralytics
 saved): accepted at any value, named once on the start-up line, so an ``args.yaml`` that
 ``yolo train`` wrote trains as it is."""
 
@@ -298,7 +298,7 @@ _CONVERTERS: dict[str, Any] = {
     "multi_scale": float, "nbs": int, "save_period": int, "accumulate": int, "clip": float, "log_every": int,
     "val_period": int, "debug_exit_after": int, "timeout_min": float, "ref_ips": float,
     "startup_timeout_min": float, "progress_every_s": float,
-    "cos_lr": parse_bool, "exist_ok": parse_bool, "deterministic": parse_bool, "cls_remap": parse_bool,
+    "cos_lr": parse_bool, "exist_ok": parse_bool, "plots": parse_bool, "deterministic": parse_bool, "cls_remap": parse_bool,
     "pin_memory": parse_bool, "persistent_workers": parse_bool, "sync_bn": parse_bool,
     "device": parse_device, "cache": parse_cache, "freeze": parse_freeze,
     "channels_last": lambda v: None if v is None else parse_bool(v),

@@ -14,11 +14,13 @@ class _TrainerView:
     """The few attributes ultralytics' validator reads from its trainer when validating in training mode."""
 
     def __init__(self, ema: Any, device: torch.device, data: dict[str, Any], amp: bool,
-                 loss_names: tuple[str, ...], epoch: int, epochs: int, world_size: int) -> None:
-        """Capture what ``BaseValidator.__call__(trainer=...)`` touches."""
+                 loss_names: tuple[str, ...], epoch: int, epochs: int, world_size: int, final: bool = False) -> None:
+        """Capture what ``BaseValidator.__call__(trainer=...)`` touches. ``final``: the validation
+        that may plot (the validator keeps ``plots`` only when the stopper may stop or at the last
+        epoch; the final validation of best.pt runs at best.pt's epoch)."""
         self.ema, self.device, self.data, self.amp = ema, device, data, amp
         self.loss_items = {k: torch.zeros((), device=device) for k in loss_names}
-        self.stopper = SimpleNamespace(possible_stop=False)
+        self.stopper = SimpleNamespace(possible_stop=final)
         self.epoch, self.epochs, self.world_size = epoch, epochs, world_size
 
     @staticmethod
@@ -28,7 +30,8 @@ class _TrainerView:
 
 
 def make_validator(task: str, loader: Any, save_dir: Path, hyp: SimpleNamespace) -> Any:
-    """ultralytics' Detection- or SegmentationValidator over ``loader``, with plots and JSON off."""
+    """ultralytics' Detection- or SegmentationValidator over ``loader``, with plots and JSON off
+    (``run_validation(..., plots=True)`` turns plots on for one validation)."""
     from ultralytics.models.yolo.detect import DetectionValidator
     from ultralytics.models.yolo.segment import SegmentationValidator
 
@@ -39,10 +42,23 @@ def make_validator(task: str, loader: Any, save_dir: Path, hyp: SimpleNamespace)
 
 
 def run_validation(validator: Any, ema: Any, device: torch.device, data: dict[str, Any], amp: bool,
-                   loss_names: tuple[str, ...], epoch: int, epochs: int, world_size: int) -> dict[str, float] | None:
+                   loss_names: tuple[str, ...], epoch: int, epochs: int, world_size: int,
+                   plots: bool = False) -> dict[str, float] | None:
     """Validate the EMA model on every rank; rank 0 gets the merged metrics, the others None.
 
-    Every rank must call this: the validator gathers per-rank statistics to rank 0.
+    Every rank must call this (with the same ``plots``): the validator gathers per-rank statistics
+    to rank 0. With ``plots``, rank 0 writes ultralytics' plots into the validator's save_dir: the
+    confusion matrices (summed over every rank's shard by the validator's own reduce), the PR, F1,
+    P and R curves (from the gathered statistics), and val_batch0-2 images of its own shard, these
+    only where their PIL font is local (never a download).
     """
-    view = _TrainerView(ema, device, data, amp, loss_names, epoch, epochs, world_size)
-    return validator(trainer=view)
+    from trainer.plots import pil_fonts_local, without_pil_plots
+
+    view = _TrainerView(ema, device, data, amp, loss_names, epoch, epochs, world_size, final=plots)
+    validator.args.plots = plots
+    if plots and not pil_fonts_local():
+        without_pil_plots(validator)
+    try:
+        return validator(trainer=view)
+    finally:
+        validator.args.plots = False

@@ -198,8 +198,20 @@ def test_giving_a_rate_selects_sgd_unless_auto_was_asked_for() -> None:
 
 def test_settings_without_effect_on_training_are_accepted_and_named_once() -> None:
     cfg = cfg_of("source=/x.jpg", "format=onnx", "plots=True", "--cfg", "show=True", "save_dir=/r/train")
-    assert cfg.notes == ("accepted without effect on training (prediction, export, tracking, plots): source, format, "
-                         "plots, save_dir, show",)
+    assert cfg.notes == ("accepted without effect on training (prediction, export, tracking): source, format, "
+                         "save_dir, show",)
+
+
+def test_plots_are_on_by_default_and_every_spelling_turns_them_off(tmp_path: Path) -> None:
+    """ultralytics' plots=True default; --plots false, plots=False and an args.yaml's `plots: false`
+    each turn them off (honoured, never named as without effect)."""
+    args = tmp_path / "args.yaml"
+    args.write_text(yaml.safe_dump({"plots": False, "epochs": 3}))
+    assert cfg_of().plots is True and cfg_of("plots=True").plots is True
+    for argv in (["--plots", "false"], ["plots=False"], ["--cfg", "plots=false"], ["--cfg", str(args)]):
+        cfg = cfg_of(*argv)
+        assert cfg.plots is False and not any("without effect" in n for n in cfg.notes), argv
+    assert cfg_of("--cfg", str(args), "--plots").plots is True  # the command line wins over the file
 
 
 def test_an_args_yaml_is_refused_once_with_every_unsupported_key_and_the_command_line_wins(tmp_path: Path) -> None:

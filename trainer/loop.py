@@ -460,6 +460,23 @@ def amp_warning(amp: str, device: torch.device, capability: tuple[int, int] | No
             "e.g. V100, T4): it is emulated and slow; use --amp fp16 (GradScaler) on this GPU")
 
 
+def lr_scaling_warning(lr: float | None, world_size: int, optimizer: torch.optim.Optimizer) -> str | None:
+    """The start-up warning for an ``--lr`` multiplied by the GPU count by hand (the linear-scaling
+    rule of the field guides: 0.01 x 8 = 0.08 on 8 GPUs): above ``LR_SCALED_BY_HAND``, or exactly
+    ultralytics' SGD rate 0.01 x the ranks. ultralytics trains every GPU count with one lr0; with
+    SGD its summed loss already grows the step with the global batch. The warning gives the
+    equivalent lr0, lr / ranks. None on one rank, or for a rate that looks like ultralytics' own."""
+    if lr is None or world_size < 2:
+        return None
+    if not (lr > LR_SCALED_BY_HAND or math.isclose(lr, 0.01 * world_size)):
+        return None
+    why = ("ultralytics' summed loss already grows the step with the global batch" if isinstance(optimizer, torch.optim.SGD)
+           else f"ultralytics uses one lr0 at any GPU count ({type(optimizer).__name__}'s step follows lr0, not the batch)")
+    return (f"warning: lr0 {lr:g} on {world_size} ranks looks multiplied by the GPU count (the linear-scaling rule): "
+            f"{why}, so this trains with steps about {world_size}x ultralytics'; the equivalent of ultralytics' "
+            f"recipe is lr0 {lr / world_size:g} (--lr {lr / world_size:g})")
+
+
 def startup_lines(inp: Inputs, parts: Parts, start: int) -> list[str]:
     """Rank 0's opening lines: what trains, where, how; every choice made for the user, said."""
     cfg, topo = inp.cfg, inp.topo
@@ -477,11 +494,9 @@ def startup_lines(inp: Inputs, parts: Parts, start: int) -> list[str]:
     note = amp_warning(inp.amp, inp.device)
     if note:
         lines.append(note)
-    if cfg.lr is not None and topo.distributed and cfg.lr > LR_SCALED_BY_HAND:
-        lines.append(f"warning: lr0 {cfg.lr:g} on {topo.world_size} ranks looks multiplied by the GPU count (the linear-"
-                     f"scaling rule): ultralytics' summed loss already grows the step with the global batch, so this "
-                     f"trains with steps about {topo.world_size}x ultralytics'; the equivalent of ultralytics' recipe is "
-                     f"lr0 {cfg.lr / topo.world_size:g} (--lr {cfg.lr / topo.world_size:g})")
+    warning = lr_scaling_warning(cfg.lr, topo.world_size, parts.optimizer)
+    if warning:
+        lines.append(warning)
     elif cfg.lr is not None and topo.distributed and isinstance(parts.optimizer, torch.optim.SGD):
         lines.append(f"note: lr0 {cfg.lr:g} is ultralytics' rate: with SGD the step already grows with the global batch "
                      f"x accumulate ({cfg.batch} x {parts.nominal_accumulate} images, the loss is summed), so a rate "

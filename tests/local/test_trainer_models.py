@@ -253,3 +253,35 @@ def test_yoloe_weights_train_in_full_mode_with_ultralytics_recipe_unless_told(tm
     assert any("yours kept: close_mosaic, lr" in n for n in mine.notes) and loop.prompt_mode_text(mine) == "linear (train_pe)"
     moved = models.to_device(model, CPU)
     assert isinstance(moved.pe, torch.Tensor) and moved.pe.device == CPU
+
+
+@pytest.mark.parametrize("argv, ranks, equivalent", [
+    (["--lr", "0.08"], 8, "0.01"),  # seed 001: 0.01 x 8 GPUs
+    (["--lr", "0.02"], 2, "0.01"),  # its two-GPU line: exactly ultralytics' rate x the ranks
+    (["--lr", "0.04", "--optimizer", "AdamW"], 4, "0.01"),
+    (["--lr", "0.01"], 8, None),  # ultralytics' own rate: the note only
+    (["--lr", "0.08"], 1, None),  # one rank: nothing was multiplied
+    ([], 8, None),  # optimizer auto picks its own rate
+])
+def test_an_lr_multiplied_by_the_gpu_count_is_warned_with_the_equivalent_lr0(
+        data: Path, argv: list[str], ranks: int, equivalent: str | None) -> None:
+    from types import SimpleNamespace
+
+    from trainer.config import with_world_size
+
+    topo = Topology(world_size=ranks, launched=ranks > 1, local_world_size=ranks)
+    cfg = with_world_size(parse_config(["--data", str(data), "--imgsz", "64", "--batch", str(2 * ranks), *argv]), ranks)
+    inp = loop.prepare(cfg, topo, CPU)
+    kind = torch.optim.AdamW if "AdamW" in argv else torch.optim.SGD
+    optimizer = kind([torch.nn.Parameter(torch.zeros(1))], lr=cfg.lr or 0.01)
+    optimizer.param_groups[0]["initial_lr"] = cfg.lr or 0.01
+    lines = loop.startup_lines(inp, SimpleNamespace(optimizer=optimizer, nominal_accumulate=1, unused=[]), 0)
+    assert lines[0].startswith("training ")
+    warned = [ln for ln in lines if "looks multiplied by the GPU count" in ln]
+    if equivalent is None:
+        assert not warned, lines
+        return
+    assert len(warned) == 1 and warned[0].startswith(f"warning: lr0 {cfg.lr:g} on {ranks} ranks"), lines
+    assert f"steps about {ranks}x ultralytics'" in warned[0]
+    assert warned[0].endswith(f"the equivalent of ultralytics' recipe is lr0 {equivalent} (--lr {equivalent})")
+    assert ("summed loss" in warned[0]) == (kind is torch.optim.SGD)

@@ -185,7 +185,8 @@ class TrainConfig:
     """validate every N epochs and after the last one, 0 = never"""
     plots: bool = True
     """rank 0 writes ultralytics' plots into the run directory at the end: results.png, the confusion
-    matrices and the PR/F1/P/R curves of the final validation (over every rank's shard), val_batch*.jpg"""
+    matrices and the PR/F1/P/R curves of the final validation (over every rank's shard), val_batch*.jpg
+    (not train_batch*.jpg or labels.jpg)"""
     resume: str | None = field(default=None, metadata=flag(nargs="?", const="", metavar="PATH"))
     """continue from PATH, or from the run directory's weights/last.pt (the latest run under --project
     without --out); auto: this run's own last.pt if it wrote one, else start it over in the same directory

@@ -97,7 +97,7 @@ def train(who: str, model: str, data: Path, out: Path, a: argparse.Namespace, se
     if who == "trainer":
         cmd = [sys.executable, "-m", "trainer", "--model", model, "--data", str(data), "--imgsz", str(a.imgsz),
                "--epochs", str(a.epochs), "--batch", str(a.batch), "--workers", str(a.workers), "--device", "cpu",
-               "--seed", str(seed), "--out", str(out), "--log-every", "1000"]
+               "--seed", str(seed), "--out", str(out), "--log-every", "1000", "--plots", "false"]  # as the peer's
     else:
         cmd = [sys.executable, "-c", ULTRALYTICS_RUN, model, str(data), str(a.imgsz), str(a.epochs), str(a.batch),
                str(a.workers), str(out), str(seed)]

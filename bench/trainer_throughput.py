@@ -75,7 +75,8 @@ def trainer_argv(model: str, data: Path, imgsz: int, epochs: int, batch: int, wo
     return ["-m", "trainer", "--model", model, "--data", str(data), "--imgsz", str(imgsz), "--epochs", str(epochs),
             "--batch", str(batch), "--workers", str(workers), "--accumulate", str(accumulate), "--optimizer", "SGD",
             "--lr", "0.01", "--val-period", str(val_period), "--warmup-epochs", "1", "--cfg", "close_mosaic=0",
-            "--out", str(out), "--log-every", "1000", "--device", device, *(["--amp", amp] if amp else [])]
+            "--out", str(out), "--log-every", "1000", "--device", device, "--plots", "false",  # as the peer's plots=False
+            *(["--amp", amp] if amp else [])]
 
 
 def ultralytics_argv(model: str, data: Path, imgsz: int, epochs: int, batch: int, workers: int, out: Path,

@@ -30,6 +30,8 @@ from typing import Any, Callable
 PREFIX = "telemetry "
 """What the text of a telemetry line starts with (then one JSON object)."""
 VERSION = 1
+NOT_FOUND = "nvidia-smi: not found in PATH"
+"""`gpu_error` of a node without nvidia-smi: taken as a node without GPUs (its ranks compute on the CPU)."""
 GPU_FIELDS = ("index", "uuid", "name", "utilization.gpu", "memory.used", "memory.total", "temperature.gpu",
               "power.draw", "clocks.sm", "clocks_throttle_reasons.active", "fan.speed")
 """The `--query-gpu` fields sampled, in this order (`clocks_throttle_reasons.active`: the old
@@ -94,7 +96,7 @@ def read_gpus(run: Callable[[list[str]], tuple[int | None, str, str]] | None = N
     """(every GPU, why there are none or None)."""
     exe = shutil.which("nvidia-smi")
     if exe is None:
-        return [], "nvidia-smi: not found in PATH"
+        return [], NOT_FOUND
     argv = [exe, "--query-gpu=" + ",".join(GPU_FIELDS), "--format=csv,noheader,nounits"]
     rc, out, err = (run or _run)(argv)
     if rc != 0:

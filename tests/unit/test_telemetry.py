@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -84,3 +85,23 @@ def test_a_missing_or_failing_nvidia_smi_is_a_fact(monkeypatch: pytest.MonkeyPat
                                                                 "communicate with the NVIDIA driver.\n"))
     assert gpus == [] and why == "nvidia-smi exit 9: NVIDIA-SMI has failed because it couldn't communicate with " \
                                  "the NVIDIA driver."
+
+
+def test_the_detectors_view_of_a_sample_tells_a_node_without_gpus_from_unreadable_gpus() -> None:
+    """No nvidia-smi: a CPU node (its ranks compute there); nvidia-smi failing: GPUs unknown."""
+    from orchestrator.logs.lines import LogLine
+    from orchestrator.logs.telemetry import parse_sample
+    from orchestrator.run.straggler import NodeLoad
+
+    def load(gpu_error: str | None, gpus: str = "[]") -> NodeLoad:
+        text = f'telemetry {{"v": 1, "gpus": {gpus}, "gpu_error": {json.dumps(gpu_error)}, "cpu_pct": 50.0}}'
+        sample = parse_sample(LogLine(1.0, "n1", 0, None, None, "orch", text))
+        assert sample is not None
+        return sample.load()
+
+    cpu = load(telemetry.NOT_FOUND)
+    assert cpu.no_gpu and cpu.gpu_error == telemetry.NOT_FOUND
+    failed = load("nvidia-smi exit 9: NVIDIA-SMI has failed")
+    assert not failed.no_gpu and failed.gpu_error == "nvidia-smi exit 9: NVIDIA-SMI has failed"
+    gpu = load(None, '[{"index": 0, "util_pct": 12.0}]')
+    assert not gpu.no_gpu and gpu.gpus[0].util_pct == 12.0

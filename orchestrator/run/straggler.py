@@ -123,6 +123,8 @@ class Straggler:
     kind: str
     """`gpu`, `data`, `node`, `waiting`, `compute` or `unknown` (`KINDS`)."""
     reason: str
+    named_at: float | None = None
+    """When the last rank's line of the window that named it was written: when it could be named."""
 
     def line(self) -> str:
         """`straggler: rank 2 on n3 at 0.45× the median for 3 min; data-wait 4 %, CPU 100 %: compute-bound on n3`."""
@@ -131,6 +133,12 @@ class Straggler:
             facts.append(f"CPU {self.cpu_pct:.0f} %")
         return (f"straggler: rank {self.rank} on {self.node} at {self.speed:.2f}× the median for "
                 f"{duration(self.at - self.since)}; {', '.join(facts)}: {self.reason}")
+
+    @property
+    def log_ts(self) -> float:
+        """Its line's time in the merged log: 1 µs after the line that completed the window that
+        named it (the stamp's precision), so the merge puts it right after that line."""
+        return (self.at if self.named_at is None else self.named_at) + 1e-6
 
     def to_json(self) -> dict[str, Any]:
         return {"rank": self.rank, "node": self.node, "speed": round(self.speed, 3), "since": round(self.since, 3),
@@ -248,7 +256,8 @@ class Detector:
         data_share = sum(x.data_s for x in streak) / max(1e-9, sum(x.wall_s for x in streak))
         return Straggler(rank=w.rank, node=w.node, speed=median / w.outside_s,
                          since=streak[0].at - streak[0].wall_s, at=w.at,
-                         windows=len(streak), data_share=data_share, cpu_pct=cpu, kind=kind, reason=reason)
+                         windows=len(streak), data_share=data_share, cpu_pct=cpu, kind=kind, reason=reason,
+                         named_at=max(x.at for x in got.values()))
 
 
 KINDS = {"gpu": "the GPU", "data": "input pipeline", "node": "the node", "waiting": "waiting on others",

@@ -212,10 +212,9 @@ def checks_path(inventory_name: str) -> Path:
     return orch_home() / "checks" / f"{inventory_name}.json"
 
 
-def clock_offsets(run: RunDir | None, inventory_name: str) -> tuple[dict[str, float], str | None]:
-    """Clock offsets (ms, node minus reference) from the run's check.json, else from the last
-    `orch check` of this inventory, with the file they came from; ({}, None) when neither has any.
-    The one reader of the saved check reports' offsets (`orch logs`, `orch up`, `orch status`)."""
+def _offsets_report(run: RunDir | None, inventory_name: str) -> tuple[dict[str, Any], Path] | None:
+    """The saved check report the clock offsets come from, with its path: the run's check.json,
+    else the inventory's last `orch check`; the first with a non-empty mapping of offsets."""
     paths = [run.check_path] if run is not None else []
     for path in [*paths, checks_path(inventory_name)]:
         try:
@@ -224,27 +223,33 @@ def clock_offsets(run: RunDir | None, inventory_name: str) -> tuple[dict[str, fl
             continue
         offsets = data.get("offsets_ms") if isinstance(data, dict) else None
         if isinstance(offsets, dict) and offsets:
-            return {str(k): float(v) for k, v in offsets.items() if isinstance(v, (int, float))}, str(path)
-    return {}, None
+            return data, path
+    return None
+
+
+def clock_offsets(run: RunDir | None, inventory_name: str) -> tuple[dict[str, float], str | None]:
+    """Clock offsets (ms, node minus reference) from the run's check.json, else from the last
+    `orch check` of this inventory, with the file they came from; ({}, None) when neither has any.
+    The one reader of the saved check reports' offsets (`orch logs`, `orch up`, `orch status`)."""
+    found = _offsets_report(run, inventory_name)
+    if found is None:
+        return {}, None
+    data, path = found
+    return {str(k): float(v) for k, v in data["offsets_ms"].items() if isinstance(v, (int, float))}, str(path)
 
 
 def clock_reference(run: RunDir | None, inventory_name: str) -> tuple[str | None, float | None]:
     """What the saved offsets (`clock_offsets`, the same file) are against (`offset_reference`:
     an NTP server, or the controller) and how far the controller itself was off that server
     (`controller_clock.offset_ms`); (None, None) when the report does not say."""
-    paths = [run.check_path] if run is not None else []
-    for path in [*paths, checks_path(inventory_name)]:
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if not isinstance(data, dict) or not data.get("offsets_ms"):
-            continue
-        ref = data.get("offset_reference")
-        cc = data.get("controller_clock")
-        off = cc.get("offset_ms") if isinstance(cc, dict) else None
-        return (str(ref) if ref else None), (float(off) if isinstance(off, (int, float)) else None)
-    return None, None
+    found = _offsets_report(run, inventory_name)
+    if found is None:
+        return None, None
+    data, _path = found
+    ref = data.get("offset_reference")
+    cc = data.get("controller_clock")
+    off = cc.get("offset_ms") if isinstance(cc, dict) else None
+    return (str(ref) if ref else None), (float(off) if isinstance(off, (int, float)) else None)
 
 
 def check_run_id(run_id: str, where: str = "run id") -> str:

@@ -257,6 +257,9 @@ def up(ctx: click.Context, inventory: str | None, dry_run: bool, detach: bool, s
     if show_env and not dry_run:
         raise UsageError("--show-env goes with --dry-run: it prints the plan's env values",
                          "orch up INVENTORY --dry-run --show-env")
+    if as_json and not dry_run:  # accepted and ignored, a launch would print the human output
+        raise UsageError("--json goes with --dry-run: it prints the plan as JSON, a launch has no JSON output",
+                         "orch up INVENTORY --dry-run --json for the plan; orch status RUN --json for a run's state")
     inv = apply(resolve_inventory(inventory), overrides)
     if dry_run:
         from ..config.plan import make_plan

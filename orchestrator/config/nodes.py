@@ -56,6 +56,9 @@ class SSHOptions:
     connect_timeout: float = 10.0
     gateway: str | None = None
     ssh_config: str | None = "~/.ssh/config"
+    port_given: bool = False
+    """Whether the inventory wrote `port` (in `ssh:` or on the node). Port 22 left unsaid lets an ssh
+    config's `Port` for the host apply, as `ssh alias` would; a port written down always wins."""
 
 
 @dataclass(frozen=True)
@@ -229,7 +232,7 @@ class NodeExpander:
                 value = getattr(layer, key)
                 if value is not None:
                     merged[key] = value
-        opts = SSHOptions(**merged)
+        opts = SSHOptions(**merged, port_given="port" in merged)
         if not 1 <= opts.port <= 65535:
             self.r.issue(f"port {opts.port} is out of range 1-65535", self.section, i, "port")
         if opts.connect_timeout <= 0:

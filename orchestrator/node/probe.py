@@ -816,11 +816,42 @@ def read_env(fd: int, limit: int = 1 << 20) -> dict:
     return env
 
 
+PATH_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE", "PYTHONUSERBASE", "PYTHONSAFEPATH")
+"""The variables that decide an interpreter's sys.path when it starts: the probe is already running
+when it reads the job's environment, so it asks a fresh interpreter for the path they make."""
+
+
+def apply_env(env: dict) -> None:
+    """Take the job's environment, and the sys.path a job started with it would have: the probe's
+    own was made from the login environment, and its file-reading software facts (`dist_versions`,
+    `find_spec("torch")`) must see the packages an inventory's PYTHONPATH brings, as the job will."""
+    os.environ.update(env)
+    if not any(k in env for k in PATH_ENV):
+        return
+    rc, so, _err = run_capture([sys.executable, "-c", "import json, sys; print(json.dumps(sys.path[1:]))"], 30)
+    if rc == 0:
+        try:
+            path = json.loads(so.decode().strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return
+        if isinstance(path, list) and all(isinstance(p, str) for p in path):
+            sys.path[1:] = path  # sys.path[0] stays this process's own (-c: the working directory)
+            importlib_caches_clear()
+
+
+def importlib_caches_clear() -> None:
+    import importlib
+
+    importlib.invalidate_caches()
+    for name in [m for m in sys.modules if m == "torch" or m.startswith("torch.")]:
+        del sys.modules[name]  # never imported by the probe itself; a stale entry would hide the job's
+
+
 def main(argv: list) -> int:
     args = json.loads(argv[1]) if len(argv) > 1 else {}
     if args.get("env_on_stdin"):
         try:
-            os.environ.update(read_env(sys.stdin.fileno()))
+            apply_env(read_env(sys.stdin.fileno()))
         except ValueError as exc:
             emit("ORCH-ERROR", {"line": "", "error": f"the job's environment: {exc}"})
             return 2

@@ -587,9 +587,10 @@ class Supervisor:
             if obs.reason:
                 why += f": {obs.reason}"
             return Failure(spec.name, spec.node_rank, why, code, order=when, signal=obs.signal)
-        if state == NodeState.STOPPED:
-            return Failure(spec.name, spec.node_rank, "was stopped from outside this `orch up` (orch down?)",
-                           code, order=when)
+        if state == NodeState.STOPPED:  # the agent's own reason when it stopped the job itself (its lease ran out)
+            why = f"was stopped on its node: {obs.reason}" if obs.reason else \
+                "was stopped from outside this `orch up` (orch down?)"
+            return Failure(spec.name, spec.node_rank, why, code, order=when)
         if state not in FINAL_STATES and obs.agent_alive is False:
             gone = "its job is gone too" if not obs.job_alive else "its job is still running"
             return Failure(spec.name, spec.node_rank,

@@ -97,9 +97,9 @@ class SSHTransport(Transport):
             from fabric import Config, Connection
 
             _paramiko_with_invoke()
-            # port 22 is ssh's default, not a choice: the config's `Port` for this host applies then
-            # (as `ssh alias` would connect), an inventory's other port wins over it
-            port = None if opts.port == DEFAULT_PORT else opts.port
+            # port 22 left unsaid is ssh's default, not a choice: the config's `Port` for this host
+            # applies then (as `ssh alias` would connect); a port the inventory wrote wins over it
+            port = opts.port if opts.port_given or opts.port != DEFAULT_PORT else None
             conn = Connection(host, user=opts.user, port=port, config=Config(runtime_ssh_path=cfg_path),
                               connect_timeout=timeout, connect_kwargs=kwargs, gateway=gateway)
             install_host_key_policy(conn.client, opts.known_hosts, opts.host_key_policy, node_name=self.node.name)
@@ -533,9 +533,10 @@ def _argv(opts: SSHOptions, config_file: str | None, host: str | None, port: int
     if depth > MAX_HOPS:
         raise TransportError(host or "?", "error", f"more than {MAX_HOPS} jump hosts on the way to {host}: "
                              "a ProxyJump loop in the ssh config?", f"check the ProxyJump lines of {config_file}")
-    # the node itself at port 22 with an ssh config: the config's Port for its host applies, as
-    # `ssh alias` would (`orch exec -w alias`); hops keep the port they were given
-    shown_port = port if port and (config_file is None or port != DEFAULT_PORT or depth > 0) else None
+    # the node itself at port 22 left unsaid, with an ssh config: the config's Port for its host
+    # applies, as `ssh alias` would (`orch exec -w alias`); hops keep the port they were given
+    shown_port = port if port and (config_file is None or port != DEFAULT_PORT or depth > 0
+                                   or (opts.port_given and port == opts.port)) else None
     argv = ["ssh", "-F", config_file or "none", *(["-p", str(shown_port)] if shown_port else [])]
     if user:
         argv += ["-l", user]

@@ -70,3 +70,29 @@ def test_the_verbs_client_waits_for_a_server_that_is_still_starting(monkeypatch:
     assert started.is_set()
     assert out["ok"] is True and "bytes in" in out["result"] and out["error"] is None, out
     server.join(30)
+
+
+def test_software_facts_see_the_packages_the_inventorys_pythonpath_brings(tmp_path: Path) -> None:
+    """The probe read versions from its own sys.path, made from the login environment before the
+    job's env (with an inventory's PYTHONPATH) reached it: a torch that only PYTHONPATH brings was
+    missed (or one PYTHONPATH shadows was reported). The job's interpreter is who decides."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    fake = tmp_path / "extra" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "version.py").write_text("__version__ = '9.9.9+shadow'\ncuda: Optional[str] = None\n")
+    code = ("import json, sys; from orchestrator.node import probe; probe.apply_env(json.loads(sys.argv[1])); "
+            "print(json.dumps(probe.gather_software({})))")
+    repo = str(Path(__file__).resolve().parents[2])
+
+    def software(env: dict[str, str]) -> dict:
+        out = subprocess.run([sys.executable, "-c", code, json.dumps(env)], capture_output=True, text=True, cwd=repo,
+                             env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, timeout=60, check=True)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    assert software({"PYTHONPATH": str(tmp_path / "extra")})["torch"] == "9.9.9+shadow"
+    assert software({"OTHER": "1"})["torch"] != "9.9.9+shadow"

@@ -725,3 +725,28 @@ def test_a_relative_script_is_looked_for_under_the_workdir_on_every_node() -> No
     res = by(checks.run_checks(inv, facts, ["job"]), "job")
     assert res["n3"].status == "fail" and res["n3"].detail == "script: /srv/job/train.py does not exist on this node"
     assert {n for n, r in res.items() if r.status == "fail"} == {"n3"}
+
+
+def test_the_offsets_and_their_reference_come_from_the_same_report(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run's check.json whose offsets are not a mapping: `clock_offsets` passed over it to the
+    inventory's last check, `clock_reference` (its own read loop) took that run file's reference,
+    so the notice named the wrong server for the offsets it showed."""
+    import json
+
+    from orchestrator.store import RunStore, checks_path, clock_offsets, clock_reference
+
+    monkeypatch.setenv("ORCH_HOME", str(tmp_path))
+    inv = inventory()
+    run = RunStore().create(inv, "r1")
+    run.check_path.write_text(json.dumps({"offsets_ms": [1.0, 2.0], "offset_reference": "NTP server bad",
+                                          "controller_clock": {"offset_ms": 99.0}}))
+    saved = checks_path(inv.name)
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps({"offsets_ms": {"n1": 1.5}, "offset_reference": "NTP server good",
+                                 "controller_clock": {"offset_ms": -3.0}}))
+    assert clock_offsets(run, inv.name) == ({"n1": 1.5}, str(saved))
+    assert clock_reference(run, inv.name) == ("NTP server good", -3.0)
+    run.check_path.write_text(json.dumps({"offsets_ms": {"n2": 4.0}, "offset_reference": "controller"}))
+    assert clock_offsets(run, inv.name) == ({"n2": 4.0}, str(run.check_path))
+    assert clock_reference(run, inv.name) == ("controller", None)

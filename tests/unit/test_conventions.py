@@ -341,6 +341,21 @@ def test_an_ssh_config_alias_keeps_its_own_port_unless_the_inventory_gives_anoth
     assert openssh_argv(SSHOptions(), None)[1:5] == ["-F", "none", "-p", "22"]
 
 
+def test_a_port_22_the_inventory_writes_wins_over_the_ssh_configs_port(tmp_path: Path) -> None:
+    """`port: 22` written in the inventory lost to the ssh config's `Port` for that host (22 was
+    taken for "unsaid"): the inventory's word must win, and only an unsaid port defers."""
+    from orchestrator.config.inventory import parse
+    from orchestrator.transport.ssh import openssh_argv
+
+    def argv(doc: str) -> list[str]:
+        return openssh_argv(parse(doc, "inv.yaml").nodes[0].ssh, "/home/me/.ssh/config", "gpu1")
+
+    assert "-p" not in argv("name: x\nnodes: [{host: gpu1}]\n")
+    assert argv("name: x\nnodes: [{host: gpu1, port: 22}]\n")[3:5] == ["-p", "22"]
+    assert argv("name: x\nssh: {port: 22}\nnodes: [{host: gpu1}]\n")[3:5] == ["-p", "22"]
+    assert argv("name: x\nnodes: [{host: gpu1, port: 2222}]\n")[3:5] == ["-p", "2222"]
+
+
 # ----------------------------------------------------------------------------- shell completion
 
 

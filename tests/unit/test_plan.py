@@ -142,3 +142,10 @@ def test_show_env_prints_the_values_and_only_with_dry_run(refuse_network: None, 
     assert code == 0 and "WANDB_API_KEY=wandb-secret-456" in table and "***" not in table
     code, _, err = dry_run(tmp_path, capsys, "--show-env")
     assert code == 2 and "--show-env goes with --dry-run" in err
+
+
+def test_json_without_dry_run_is_refused_before_anything_is_launched(refuse_network: None, tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """`orch up INV --json` was accepted and ignored: a launch printed its human output."""
+    code, out, err = dry_run(tmp_path, capsys, "--json")
+    assert code == 2 and out == "" and "--json goes with --dry-run" in err and "orch status RUN --json" in err

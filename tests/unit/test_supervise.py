@@ -544,3 +544,13 @@ def test_a_success_whose_cleanup_timed_out_says_what_is_still_running(capsys: py
     said = " ".join(capsys.readouterr().err.split())  # as one line, however the console wrapped it
     assert "run r1 succeeded on every node" in said
     assert "n2: the job's cleanup timed out: processes still running: [4242] (run: orch down r1)" in said
+
+
+def test_a_node_whose_agent_stopped_the_job_itself_keeps_the_agents_reason() -> None:
+    """A lease that ran out (the controller unheard from) was reported as "stopped from outside
+    this `orch up` (orch down?)": the agent's own reason, in state.json, is the one to give."""
+    lease = "the controller (orch up) was not heard from for 181 s (lease 180 s): stopping the job"
+    f = Supervisor.node_failure(SPECS[1], NodeStatus(NodeState.STOPPED, exit_code=-15, reason=lease, finished_at=5.0))
+    assert f is not None and f.node == "n2" and f.reason == f"was stopped on its node: {lease}"
+    outside = Supervisor.node_failure(SPECS[1], NodeStatus(NodeState.STOPPED, exit_code=-15, finished_at=5.0))
+    assert outside is not None and outside.reason == "was stopped from outside this `orch up` (orch down?)"

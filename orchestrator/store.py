@@ -107,6 +107,12 @@ class RunDir:
         return self.path / "merged.log"
 
     @property
+    def controller_log(self) -> Path:
+        """controller.log: the lines the controller itself adds to the merged log (a straggler
+        named), in node.log's format, merged with the nodes' copies as a node of its own."""
+        return self.path / "controller.log"
+
+    @property
     def check_path(self) -> Path:
         """check.json: the preflight this run was launched after (the last `orch check` of its
         inventory when the launch skipped its own), with the clock offsets `orch logs` orders by."""

@@ -550,8 +550,10 @@ def _stream_logs(say: UpProgress, run: RunDir, inv: Inventory, cluster: Cluster,
     is set; the node status the streams carry goes to `pushed` (the supervisor's observations),
     every rank's line to the hang watchdog, the agents' telemetry lines and the ranks' timing
     lines to the straggler detector (and not to `say.line`: they are merged.log's and `orch
-    logs`', too many for a console). A relaunch (`from_start` False) follows each node from where
-    the last attempt's copy ends, appending to merged.log."""
+    logs`', too many for a console). A straggler the detector names becomes a line of the merged
+    log (`Follower.say`: controller.log, merged.log), right after the line that completed its
+    window. A relaunch (`from_start` False) follows each node from where the last attempt's copy
+    ends, appending to merged.log."""
     from .logs.follow import Follower
     from .logs.telemetry import parse_sample, timing_window
 
@@ -564,6 +566,8 @@ def _stream_logs(say: UpProgress, run: RunDir, inv: Inventory, cluster: Cluster,
         for line in follower.lines(stop):
             if dog is not None and line.rank is not None:
                 dog.progress()
+            if line.node == follower.controller:
+                continue  # the controller's own line (a straggler named): said already, on stderr
             if line.stream == "orch":
                 sample = parse_sample(line)
                 if sample is not None:
@@ -574,7 +578,8 @@ def _stream_logs(say: UpProgress, run: RunDir, inv: Inventory, cluster: Cluster,
                 found = timing_window(line, offsets.get(line.node, 0.0) / 1000.0)
                 if found is not None:
                     if detector is not None:
-                        detector.window(found[0])
+                        for named in detector.window(found[0]):  # a line of the merged log (said on stderr)
+                            follower.say(named.log_ts, named.line())
                     continue
             shown = quiet.feed(line)
             if isinstance(shown, NodeStopped):

@@ -625,9 +625,21 @@ def _age(seconds: Any) -> str:
     return "" if seconds is None else f"{seconds:.0f} s"
 
 
-def _flags(flags: Sequence[str]) -> str:
-    return " ".join(f"[bold red]{f}[/]" if f in ("straggler", "gpu-error", "error") else f"[yellow]{f}[/]"
-                    for f in flags)
+def _flags(flags: Sequence[str], why: str | None = None) -> str:
+    """The flags as markup; `why`: the words of the straggler's kind (`straggler (waiting on others)`)."""
+    return " ".join((f"[bold red]{f} ({markup(why)})[/]" if f == "straggler" and why else f"[bold red]{f}[/]")
+                    if f in ("straggler", "gpu-error", "error") else f"[yellow]{f}[/]" for f in flags)
+
+
+def _straggler_words(report: TopReport) -> tuple[dict[str, str], dict[int, str]]:
+    """What each node's and each rank's latest straggler was named for (`straggler.KINDS`)."""
+    from ..run.straggler import KINDS
+
+    by_node: dict[str, str] = {}
+    by_rank: dict[int, str] = {}
+    for s in report.stragglers:
+        by_node[s.node] = by_rank[s.rank] = KINDS.get(s.kind, s.kind)
+    return by_node, by_rank
 
 
 def top_renderable(report: TopReport, gpus: bool) -> Any:
@@ -649,6 +661,7 @@ def top_renderable(report: TopReport, gpus: bool) -> Any:
                 "last line", "flags")
     for col in cols:
         table.add_column(col, justify="right" if col not in ("node", "state", "flags", "gpus") else "left")
+    node_why, rank_why = _straggler_words(report)
     for n in report.nodes:
         node = markup(n["node"])
         cpu = _num(n["cpu_pct"], unit=" %")
@@ -657,7 +670,7 @@ def top_renderable(report: TopReport, gpus: bool) -> Any:
             if not n["gpus"]:
                 table.add_row(node, "-", "", markup(safe(n["gpu_error"] or "no GPU sample")[:40]), "", "", "", "",
                               cpu, _num(n["images_per_s"], "{:.1f}"), _num(n["data_share"], "{:.0%}"),
-                              _flags(n["flags"]))
+                              _flags(n["flags"], node_why.get(n["node"])))
             for g in n["gpus"]:
                 r = ranks.get(g["rank"]) if g["rank"] is not None else None
                 table.add_row(node, _num(g["index"], "{}"), "" if g["rank"] is None else str(g["rank"]),
@@ -666,7 +679,7 @@ def top_renderable(report: TopReport, gpus: bool) -> Any:
                               _num(g["power_w"], unit=" W"), _num(g["temp_c"], unit=" °C"), _num(g["sm_mhz"], unit=" MHz"),
                               _num(r["cpu_pct"], unit=" %") if r else "", _num(r["images_per_s"], "{:.1f}") if r else "",
                               _num(r["data_share"], "{:.0%}") if r and r["data_share"] is not None else "",
-                              _flags(g["flags"] + (r["flags"] if r else [])))
+                              _flags(g["flags"] + (r["flags"] if r else []), rank_why.get(g["rank"])))
             continue
         gs = n["gpus"]
         utils = [g["util_pct"] for g in gs if g["util_pct"] is not None]
@@ -685,7 +698,7 @@ def top_renderable(report: TopReport, gpus: bool) -> Any:
                       (f"{min(rank_cpu):.0f}-{max(rank_cpu):.0f} %" if min(rank_cpu) != max(rank_cpu)
                        else f"{rank_cpu[0]:.0f} %") if rank_cpu else "",
                       _num(n["images_per_s"], "{:.1f}"),
-                      _num(n["data_share"], "{:.0%}"), _age(n["last_line_age_s"]), _flags(n["flags"]))
+                      _num(n["data_share"], "{:.0%}"), _age(n["last_line_age_s"]), _flags(n["flags"], node_why.get(n["node"])))
     parts: list[Any] = [table]
     for s in report.stragglers:
         parts.append(Text(s.line(), style="bold red"))

@@ -35,7 +35,15 @@ from .fetch import (
 )
 from .lines import LogLine, column_widths, format_line, merge_key, parse_node_line
 from .merge import LiveMerge, merge
-from .stored import lock_merged, world_size
+from .stored import (
+    append_controller_line,
+    controller_line,
+    controller_name,
+    copy_lines,
+    lock_merged,
+    merge_sources,
+    world_size,
+)
 
 LEASE_RENEW_S = 1.0
 """How often an attached `orch up` renews each node's lease (on a frame from its reader).
@@ -221,9 +229,15 @@ class Follower:
         self._halt = threading.Event()
         events = on_event or (lambda node, msg: None)
         self.on_event = events
+        sources = node_sources(run, inv)
         self.nodes = [NodeStream(src, i, cluster[src.node], self._queue, self._halt, poll_s=poll_s,
                                  on_event=events, on_status=on_status, on_frame=on_frame, lease=lease)
-                      for i, src in enumerate(node_sources(run, inv))]
+                      for i, src in enumerate(sources)]
+        self.controller = controller_name(src.node for src in sources)
+        """The node column of the controller's own lines (controller.log), merged after the nodes."""
+        self._said: list[LogLine] = []
+        self._stored: list[LogLine] = []
+        """controller.log's lines still to merge, in file order."""
 
     @property
     def reconnects(self) -> dict[str, int]:
@@ -256,7 +270,12 @@ class Follower:
         copies = [LocalCopy(st.src.copy) for st in self.nodes]
         started = False
         merged = self._open_merged()
-        widths = column_widths([st.src.node for st in self.nodes], world_size(self.run, self.inv))
+        names = [st.src.node for st in self.nodes]
+        if self.from_start:  # what controller.log holds (a relaunch appends to merged.log: it is there already)
+            stored = merge_sources(self.run, [st.src for st in self.nodes])[len(self.nodes):]
+            self._stored = [line for src in stored for line in copy_lines(src)]
+            names += [self.controller] if stored else []
+        widths = column_widths(names, world_size(self.run, self.inv))
         starts: list[int | None] = [0 if self.from_start else None] * len(self.nodes)
         prevs: list[LogLine | None] = [None] * len(self.nodes)
         try:
@@ -311,12 +330,19 @@ class Follower:
             finally:
                 starts[st.index], prevs[st.index] = pos, last
 
-        streams = [upto(st, copy) for st, copy in zip(self.nodes, copies)]
+        upto_horizon = [line for line in self._stored if merge_key(line, self.offsets_ms) <= horizon]
+        self._stored = self._stored[len(upto_horizon):]
+        streams = [upto(st, copy) for st, copy in zip(self.nodes, copies)] + [iter(upto_horizon)]
         for n, line in enumerate(merge(streams, self.offsets_ms)):
             if merged is not None:
                 merged = self._write_merged(merged, format_line(line, False, node_width=widths[0],
                                                                 rank_width=widths[1]) + "\n")
             yield line
+            for said in self._take_said():  # said on seeing `line`: right after it, as the merge is ordered here
+                if merged is not None:
+                    merged = self._write_merged(merged, format_line(said, False, node_width=widths[0],
+                                                                    rank_width=widths[1]) + "\n")
+                yield said
             if not n % 1024 and stop.is_set():
                 return
         if merged is not None:
@@ -324,18 +350,24 @@ class Follower:
 
     def _order(self, stop: threading.Event, merged: IO[str] | None,
                widths: tuple[int, int]) -> Iterator[LogLine]:
-        live = LiveMerge([st.src.node for st in self.nodes], self.watermark, self.offsets_ms,
+        live = LiveMerge([st.src.node for st in self.nodes] + [self.controller], self.watermark, self.offsets_ms,
                          start=time.monotonic(), startup_grace=self.startup_grace)
+        ctl = len(self.nodes)
+        live.finish(ctl)  # the controller's lines are pushed as they are known: they hold no node back
         index_of = {st.src.node: st.index for st in self.nodes}
         next_watch = time.monotonic() + 1.0
         while True:
             now = time.monotonic()
+            self._push_stored(live, ctl, now)
             for line in live.ready(now, flush=stop.is_set()):
-                self.nodes[index_of[line.node]].credit.release()
+                if line.node in index_of:
+                    self.nodes[index_of[line.node]].credit.release()
                 if merged is not None:
                     merged = self._write_merged(merged, format_line(line, False, node_width=widths[0],
                                                                     rank_width=widths[1]) + "\n")
                 yield line
+                for said in self._take_said():  # in order with the lines still held: through the merge
+                    live.push(ctl, said, time.monotonic())
             if merged is not None:
                 merged = self._write_merged(merged, "")
             if stop.is_set() or live.finished:
@@ -362,6 +394,28 @@ class Follower:
                     index, item = self._queue.get_nowait()
                 except queue.Empty:
                     break
+
+    def say(self, ts: float, text: str) -> None:
+        """A line of the controller's own (`orch up` naming a straggler) at `ts` on the reference
+        clock: appended to controller.log, where `orch logs` merges it from, and merged into this
+        follow's lines (and merged.log) in order. Call it from the thread consuming `lines()`."""
+        try:
+            append_controller_line(self.run, ts, text)
+        except OSError as exc:
+            self.on_event("controller", f"cannot write {self.run.controller_log}: {exc.strerror or exc}")
+        self._said.append(parse_node_line(controller_line(ts, text), self.controller, -1, None))
+
+    def _take_said(self) -> list[LogLine]:
+        said, self._said = self._said, []
+        return said
+
+    def _push_stored(self, live: LiveMerge, ctl: int, now: float) -> None:
+        """Move controller.log's lines into the merge once every live node is past them (or done)."""
+        while self._stored:
+            key = merge_key(self._stored[0], self.offsets_ms)
+            if not all(live.done[i] or live.seen[i] >= key for i in range(ctl)):
+                return
+            live.push(ctl, self._stored.pop(0), now)
 
     def _write_merged(self, merged: IO[str], text: str) -> IO[str] | None:
         """Append to merged.log (flush with no text); a write the disk refuses ends merged.log

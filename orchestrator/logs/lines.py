@@ -270,9 +270,9 @@ def format_line(line: LogLine, color: bool, *, node_width: int = 0, rank_width: 
 
 def to_json(line: LogLine) -> str:
     """One docs/CONTRACT.md logs object (plus `stream`): the text exactly as written, every
-    control character escaped by JSON."""
+    control character escaped by JSON; `node_rank` null for the controller's own lines (-1)."""
     return json_safe(json.dumps({"ts": line.stamp or format_ts(line.ts), "node": line.node,
-                                 "node_rank": line.node_rank, "rank": line.rank, "local_rank": line.local_rank,
+                                 "node_rank": line.node_rank if line.node_rank >= 0 else None, "rank": line.rank, "local_rank": line.local_rank,
                                  "line": line.text, "stream": line.stream}, ensure_ascii=False))
 
 

@@ -6,7 +6,9 @@ Plain text of everything (`orch logs RUN > file`, merged.log) goes through the C
 (`merge.merge_plain`): the same bytes. Filters, `--json` and colours take the general path:
 a LogLine per line and the k-way merge.
 
-The copies (`nodes/<node>.log`) keep every byte as the node wrote it. merged.log holds what
+The copies (`nodes/<node>.log`) keep every byte as the node wrote it. The controller's own lines
+(a straggler named by an attached `orch up`) are in `controller.log`, node.log's format stamped on
+the reference clock, merged after the nodes as a node called `orch` (`merge_sources`). merged.log holds what
 `orch logs RUN` prints: each line's text `printable` (control characters escaped), so that
 `cat merged.log` on a terminal is as safe as `orch logs`; `orch logs --raw` prints the texts as
 written instead (and leaves merged.log as it is).
@@ -17,13 +19,13 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import IO
 
 from ..config.inventory import Inventory
 from ..store import RunDir
 from .fetch import NodeSource
-from .lines import LogLine, read_node_lines
+from .lines import LogLine, format_ts, read_node_lines
 from .merge import PlainNode, merge_plain
 
 
@@ -37,6 +39,40 @@ def copy_lines(src: NodeSource) -> Iterator[LogLine]:
 def _copy_lines(src: NodeSource) -> Iterator[LogLine]:
     with open(src.copy, encoding="utf-8", errors="replace", newline="\n") as fh:
         yield from read_node_lines(fh, src.node, src.node_rank, src.base_rank)
+
+
+CONTROLLER = "orch"
+"""The node column of the controller's own lines in the merged log (controller.log)."""
+
+
+def controller_name(nodes: Iterable[str]) -> str:
+    """`orch`, or `[orch]` where a node of the inventory is called orch (a node name cannot start with `[`)."""
+    return CONTROLLER if CONTROLLER not in set(nodes) else f"[{CONTROLLER}]"
+
+
+def controller_source(run: RunDir, nodes: Sequence[NodeSource]) -> NodeSource:
+    """The controller's lines (`<run dir>/controller.log`) as a source the merges take after the nodes."""
+    return NodeSource(controller_name(s.node for s in nodes), -1, None, "", "", run.controller_log)
+
+
+def merge_sources(run: RunDir, nodes: Sequence[NodeSource]) -> list[NodeSource]:
+    """What the merged log merges: the nodes' copies, and controller.log when the controller wrote one."""
+    out = list(nodes)
+    if run.controller_log.exists():
+        out.append(controller_source(run, nodes))
+    return out
+
+
+def controller_line(ts: float, text: str) -> str:
+    """A line of controller.log: node.log's format, stream `orch`, stamped `ts` (the reference clock)."""
+    return f"{format_ts(ts)} orch {text}\n"
+
+
+def append_controller_line(run: RunDir, ts: float, text: str) -> None:
+    """Add a line to controller.log (private, created on first use)."""
+    fd = os.open(run.controller_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "a", encoding="utf-8") as fh:
+        fh.write(controller_line(ts, text))
 
 
 def world_size(run: RunDir, inv: Inventory) -> int:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..node.telemetry import PREFIX
+from ..node.telemetry import NOT_FOUND, PREFIX
 from ..run.straggler import GpuLoad, NodeLoad, Window
 from .lines import LogLine
 from .trainer import Timing, parse_timing
@@ -84,9 +84,11 @@ class Sample:
     ranks: tuple[RankSample, ...] = field(default=())
 
     def load(self) -> NodeLoad:
-        """What the straggler detector's attribution needs of it."""
+        """What the straggler detector's attribution needs of it (no nvidia-smi: no GPU, the ranks
+        compute on the CPU)."""
         return NodeLoad(self.node, self.cpu_pct, {r.rank: r.cpu_pct for r in self.ranks},
-                        tuple(GpuLoad(g.index, g.util_pct, g.temp_c, g.throttle or ()) for g in self.gpus))
+                        tuple(GpuLoad(g.index, g.util_pct, g.temp_c, g.throttle or ()) for g in self.gpus),
+                        no_gpu=not self.gpus and self.gpu_error == NOT_FOUND, gpu_error=self.gpu_error)
 
 
 def parse_sample(line: LogLine) -> Sample | None:

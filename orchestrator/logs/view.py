@@ -19,6 +19,7 @@ from .merge import merge
 from .stored import (
     binary,
     copy_lines,
+    merge_sources,
     merged_log_writer,
     plain_merged_bytes,
     world_size,
@@ -61,7 +62,13 @@ class RunLogs:
             offsets, origin = {}, None
         reference, controller = clock_reference(run, inv.name) if offsets else (None, None)
         return cls(run, inv, sources, offsets, origin,
-                   column_widths([s.node for s in sources], world_size(run, inv)), reference, controller)
+                   column_widths([s.node for s in merge_sources(run, sources)], world_size(run, inv)), reference,
+                   controller)
+
+    @property
+    def merged(self) -> list[NodeSource]:
+        """What the merged log merges: the nodes' copies, then the controller's own lines (controller.log)."""
+        return merge_sources(self.run, self.sources)
 
     @property
     def offsets_spread_ms(self) -> float:
@@ -101,11 +108,11 @@ class RunLogs:
         merged.log holds, and it is rewritten in the same pass. `raw`: each line's text as the
         node wrote it, control characters and all (merged.log is left as it is)."""
         if raw:
-            yield from plain_merged_bytes(self.sources, self.offsets_ms, self.widths, raw=True)
+            yield from plain_merged_bytes(self.merged, self.offsets_ms, self.widths, raw=True)
             return
         with merged_log_writer(self.run) as merged:
             under = binary(merged) if merged is not None else None
-            for chunk in plain_merged_bytes(self.sources, self.offsets_ms, self.widths):
+            for chunk in plain_merged_bytes(self.merged, self.offsets_ms, self.widths):
                 yield chunk
                 if merged is not None:
                     write_chunk(chunk, merged, under)
@@ -113,7 +120,7 @@ class RunLogs:
     def lines(self, keep: LineFilter, tail: int | None = None) -> Iterator[LogLine]:
         """The copies' lines that `keep` keeps (the last `tail` of each node), merged. merged.log
         is rewritten too: in the same pass when nothing is left out, else once they are out."""
-        streams: list[Iterator[LogLine]] = [copy_lines(s) for s in self.sources if keep.wants_node(s.node)]
+        streams: list[Iterator[LogLine]] = [copy_lines(s) for s in self.merged if keep.wants_node(s.node)]
         if not keep.empty:
             streams = apply(streams, keep)
         if tail is not None:
@@ -127,7 +134,7 @@ class RunLogs:
                     yield line
             return
         yield from merge(streams, self.offsets_ms)
-        write_merged_log(self.run, self.sources, self.offsets_ms, self.widths)
+        write_merged_log(self.run, self.merged, self.offsets_ms, self.widths)
 
     def follow(self, cluster: Cluster, *, watermark: float, from_start: bool,
                on_event: Callable[[str, str], None]) -> Generator[LogLine, None, None]:

@@ -10,8 +10,11 @@ so the samples travel with the log (the reader ships them, `orch logs` merges th
 survive a controller restart. The JSON's fields are docs/CONTRACT.md's ("Telemetry lines"); the
 controller reads them back in `orchestrator/logs/telemetry.py`.
 
-GPUs come from `nvidia-smi --query-gpu=FIELDS --format=csv,noheader,nounits` (one short process
-per sample; a missing nvidia-smi is a fact, `gpus` is then empty and `gpu_error` says why). A field
+GPUs come from NVML through `pynvml` (nvidia-ml-py) where it is installed for the agent's python
+and NVML starts (optional: nothing else of the agent needs more than the standard library), else
+from `nvidia-smi --query-gpu=FIELDS --format=csv,noheader,nounits` (one short process per sample;
+a missing nvidia-smi is a fact, `gpus` is then empty and `gpu_error` says why). Both give the same
+record for the same GPUs. A field
 nvidia-smi cannot read (`[N/A]`, `[Not Supported]`) is null; one it reports as broken (`ERR!`,
 `[Unknown Error]`, `[GPU is lost]`, `[GPU requires reset]`) makes the GPU's `error` name it.
 The node's CPU share and each rank's CPU share come from /proc deltas between two samples (the
@@ -30,6 +33,8 @@ from typing import Any, Callable
 PREFIX = "telemetry "
 """What the text of a telemetry line starts with (then one JSON object)."""
 VERSION = 1
+NOT_FOUND = "nvidia-smi: not found in PATH"
+"""`gpu_error` of a node without nvidia-smi: taken as a node without GPUs (its ranks compute on the CPU)."""
 GPU_FIELDS = ("index", "uuid", "name", "utilization.gpu", "memory.used", "memory.total", "temperature.gpu",
               "power.draw", "clocks.sm", "clocks_throttle_reasons.active", "fan.speed")
 """The `--query-gpu` fields sampled, in this order (`clocks_throttle_reasons.active`: the old
@@ -94,13 +99,99 @@ def read_gpus(run: Callable[[list[str]], tuple[int | None, str, str]] | None = N
     """(every GPU, why there are none or None)."""
     exe = shutil.which("nvidia-smi")
     if exe is None:
-        return [], "nvidia-smi: not found in PATH"
+        return [], NOT_FOUND
     argv = [exe, "--query-gpu=" + ",".join(GPU_FIELDS), "--format=csv,noheader,nounits"]
     rc, out, err = (run or _run)(argv)
     if rc != 0:
         why = (err or out).strip().splitlines()
         return [], f"nvidia-smi exit {rc}: {why[-1] if why else 'no output'}"[:300]
     return parse_gpu_csv(out), None
+
+
+NVML_LOST = {15: "[GPU is lost]", 16: "[GPU requires reset]"}
+"""NVML errors (NVML_ERROR_GPU_IS_LOST, _RESET_REQUIRED) named as nvidia-smi names them; any other
+error but the not-there ones (`NVML_ABSENT`) is `ERR!`, as nvidia-smi shows it."""
+NVML_ABSENT = (3, 6, 21)
+"""NOT_SUPPORTED, NOT_FOUND, NO_DATA: a value the GPU does not have (nvidia-smi's `[N/A]`): null."""
+
+
+def read_gpus_nvml(nvml: Any) -> list[dict[str, Any]]:
+    """Every GPU through NVML (the `pynvml` module of `nvidia-ml-py`, initialised): the same dicts
+    as `parse_gpu_csv` gives for nvidia-smi's answer about the same GPUs. Raises nvml.NVMLError
+    when the GPUs cannot even be counted."""
+    return [_nvml_gpu(nvml, i) for i in range(nvml.nvmlDeviceGetCount())]
+
+
+def _nvml_gpu(nvml: Any, i: int) -> dict[str, Any]:
+    """GPU `i` through NVML, as `parse_gpu_csv` gives it."""
+    handle = nvml.nvmlDeviceGetHandleByIndex(i)
+    broken: list[str] = []
+
+    def value(field: str, get: Callable[[], Any]) -> Any:
+        try:
+            return get()
+        except nvml.NVMLError as exc:
+            code = getattr(exc, "value", None)
+            if code not in NVML_ABSENT:
+                broken.append(f"{field} {NVML_LOST.get(code, 'ERR!')}")  # type: ignore[arg-type]
+            return None
+
+    def text(raw: Any) -> str | None:
+        return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+
+    # in nvidia-smi's column order, so `error` names the broken fields in the same order
+    uuid = text(value("uuid", lambda: nvml.nvmlDeviceGetUUID(handle)))
+    name = text(value("name", lambda: nvml.nvmlDeviceGetName(handle)))
+    util = value("utilization.gpu", lambda: nvml.nvmlDeviceGetUtilizationRates(handle))
+    mem = value("memory.used", lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
+    if mem is None and broken and broken[-1].startswith("memory.used "):  # one call answers both columns
+        broken.append("memory.total " + broken[-1].split(" ", 1)[1])
+    temp = value("temperature.gpu", lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))
+    power = value("power.draw", lambda: nvml.nvmlDeviceGetPowerUsage(handle))
+    sm = value("clocks.sm", lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))
+    mask = value("clocks_throttle_reasons.active", lambda: nvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
+    fan = value("fan.speed", lambda: nvml.nvmlDeviceGetFanSpeed(handle))
+    return {"index": i, "uuid": uuid, "name": name,
+            "util_pct": float(util.gpu) if util is not None else None,
+            "mem_used_mb": int(mem.used) // 2**20 if mem is not None else None,
+            "mem_total_mb": int(mem.total) // 2**20 if mem is not None else None,
+            "temp_c": float(temp) if temp is not None else None,
+            "power_w": power / 1000 if power is not None else None,
+            "sm_mhz": int(sm) if sm is not None else None,
+            "throttle": throttle_names(int(mask)) if mask is not None else None,
+            "fan_pct": float(fan) if fan is not None else None,
+            "error": "; ".join(broken) or None}
+
+
+_nvml_state: dict[str, Any] = {}
+
+
+def nvml_module() -> Any:
+    """`pynvml` initialised once, where nvidia-ml-py is installed and NVML starts; else None
+    (nvidia-smi is asked instead). Optional: the agent needs nothing but the standard library."""
+    if "module" not in _nvml_state:
+        _nvml_state["module"] = None
+        try:
+            import pynvml  # type: ignore[import-not-found, unused-ignore]
+
+            pynvml.nvmlInit()
+            _nvml_state["module"] = pynvml
+        except Exception:  # not installed, no driver, a library that does not load: nvidia-smi decides
+            pass
+    return _nvml_state["module"]
+
+
+def read_gpus_any(nvml: Callable[[], Any] = nvml_module,
+                  smi: Callable[[], tuple[list[dict[str, Any]], str | None]] | None = None) -> tuple[list[dict[str, Any]], str | None]:
+    """(every GPU, why there are none or None): through NVML where `pynvml` is installed and works,
+    else (and when NVML fails to list the GPUs) through nvidia-smi."""
+    module = nvml()
+    if module is not None:
+        try:
+            return read_gpus_nvml(module), None
+        except Exception:  # NVML stopped answering: nvidia-smi says what it can
+            pass
+    return (smi or read_gpus)()
 
 
 def _run(argv: list[str], timeout: float = 10.0) -> tuple[int | None, str, str]:
@@ -193,7 +284,7 @@ class Sampler:
 
     def __init__(self, pids: Callable[[], list[int]], proc: str = "/proc",
                  clock: Callable[[], float] | None = None,
-                 gpus: Callable[[], tuple[list[dict[str, Any]], str | None]] = read_gpus) -> None:
+                 gpus: Callable[[], tuple[list[dict[str, Any]], str | None]] = read_gpus_any) -> None:
         import time
 
         self.pids, self.proc, self.gpus = pids, proc, gpus

@@ -13,8 +13,16 @@ The reason comes from what that rank's window and its node's latest telemetry sa
 
 - a throttling or hot GPU of that rank (`throttle` reasons, or 85 °C and above) → the GPU itself;
 - most of its excess time waiting for data → the input pipeline on that node;
-- otherwise it computes slowly: compute-bound on that node, and "the whole node" when every rank
-  of that node is slow while ranks elsewhere are not.
+- every rank of that node slow while ranks elsewhere are not → the whole node;
+- its GPU (the one whose index is its LOCAL_RANK) busy under `LOW_UTIL_PCT` with little data
+  wait → waiting on others: its time outside the gradient collectives is spent waiting all the
+  same (a collective inside forward: SyncBatchNorm, FSDP's gathers), the slow one is elsewhere;
+- its GPU busy → compute-bound on that node; a node without GPUs (its telemetry found no
+  nvidia-smi: the ranks compute on the CPU) → compute-bound too (a CPU share cannot tell waiting
+  from being starved: a CPU quota lowers it as much as waiting does);
+- no telemetry of that node, or none of that rank's GPU (nvidia-smi failed, the GPU missing or
+  its utilisation unreadable, the rank's local rank unknown) → `unknown`: compute-bound or
+  waiting on others cannot be told, and the reason says which telemetry is missing. Never a guess.
 
 Pure: `Detector` is fed windows and node loads (the log streams' timing and telemetry lines, parsed
 above this layer) with the time they were written, and returns what it found; nothing here reads
@@ -35,6 +43,8 @@ from .supervise import Failure, NodeSpec
 
 HOT_C = 85.0
 """A GPU at or above this temperature counts as hot (datacentre GPUs slow down from ~85-90 °C)."""
+LOW_UTIL_PCT = 50.0
+"""A slow rank's GPU busy less than this (per cent), with little data wait, is waiting on others."""
 KEEP_PENDING = 64
 """Windows kept waiting for their last rank; older ones are dropped (a rank that stopped reporting)."""
 
@@ -89,6 +99,10 @@ class NodeLoad:
     cpu_pct: float | None
     rank_cpu_pct: Mapping[int, float | None] = field(default_factory=dict)
     gpus: tuple[GpuLoad, ...] = ()
+    no_gpu: bool = False
+    """The node has no GPU to judge by (its telemetry found no nvidia-smi): its ranks compute on the CPU."""
+    gpu_error: str | None = None
+    """Why the telemetry lists no GPU (`gpu_error` of the telemetry line)."""
 
 
 @dataclass(frozen=True)
@@ -107,8 +121,10 @@ class Straggler:
     data_share: float
     cpu_pct: float | None
     kind: str
-    """`gpu`, `data`, `node` or `compute`."""
+    """`gpu`, `data`, `node`, `waiting`, `compute` or `unknown` (`KINDS`)."""
     reason: str
+    named_at: float | None = None
+    """When the last rank's line of the window that named it was written: when it could be named."""
 
     def line(self) -> str:
         """`straggler: rank 2 on n3 at 0.45× the median for 3 min; data-wait 4 %, CPU 100 %: compute-bound on n3`."""
@@ -117,6 +133,12 @@ class Straggler:
             facts.append(f"CPU {self.cpu_pct:.0f} %")
         return (f"straggler: rank {self.rank} on {self.node} at {self.speed:.2f}× the median for "
                 f"{duration(self.at - self.since)}; {', '.join(facts)}: {self.reason}")
+
+    @property
+    def log_ts(self) -> float:
+        """Its line's time in the merged log: 1 µs after the line that completed the window that
+        named it (the stamp's precision), so the merge puts it right after that line."""
+        return (self.at if self.named_at is None else self.named_at) + 1e-6
 
     def to_json(self) -> dict[str, Any]:
         return {"rank": self.rank, "node": self.node, "speed": round(self.speed, 3), "since": round(self.since, 3),
@@ -234,12 +256,19 @@ class Detector:
         data_share = sum(x.data_s for x in streak) / max(1e-9, sum(x.wall_s for x in streak))
         return Straggler(rank=w.rank, node=w.node, speed=median / w.outside_s,
                          since=streak[0].at - streak[0].wall_s, at=w.at,
-                         windows=len(streak), data_share=data_share, cpu_pct=cpu, kind=kind, reason=reason)
+                         windows=len(streak), data_share=data_share, cpu_pct=cpu, kind=kind, reason=reason,
+                         named_at=max(x.at for x in got.values()))
+
+
+KINDS = {"gpu": "the GPU", "data": "input pipeline", "node": "the node", "waiting": "waiting on others",
+         "compute": "compute-bound", "unknown": "reason unknown"}
+"""Each attribution's kind, and the words `orch top` shows it by beside a straggler flag."""
 
 
 def attribute(w: Window, median: float, median_data: float, load: NodeLoad | None, *, node_ranks: Sequence[int],
               slow: set[int], others_fine: bool) -> tuple[str, str]:
-    """(kind, reason) of a slow window: the GPU itself, the input pipeline, the whole node, compute."""
+    """(kind, reason) of a slow window: the GPU itself, the input pipeline, the whole node, waiting
+    on others, compute, or `unknown` where the telemetry cannot tell compute from waiting."""
     gpu = None
     if load is not None and w.local_rank is not None:
         gpu = next((g for g in load.gpus if g.index == w.local_rank), None)
@@ -252,7 +281,32 @@ def attribute(w: Window, median: float, median_data: float, load: NodeLoad | Non
         return "data", f"input pipeline on {w.node} (waits for data {w.data_share:.0%} of the time)"
     if len(node_ranks) > 1 and all(r in slow for r in node_ranks) and others_fine:
         return "node", f"compute-bound on {w.node}: every rank of {w.node} is slow, the node itself"
+    if load is not None and load.no_gpu:
+        return "compute", f"compute-bound on {w.node}"
+    missing = _no_gpu_telemetry(w, load, gpu)
+    if missing is not None:
+        return "unknown", (f"slow outside collectives on {w.node}, compute-bound or waiting on others cannot be "
+                           f"told ({missing})")
+    assert gpu is not None and gpu.util_pct is not None
+    if gpu.util_pct < LOW_UTIL_PCT:
+        return "waiting", (f"waiting on others: GPU {gpu.index} on {w.node} is {gpu.util_pct:.0f} % busy and data "
+                           f"wait is low, the slow one is elsewhere")
     return "compute", f"compute-bound on {w.node}"
+
+
+def _no_gpu_telemetry(w: Window, load: NodeLoad | None, gpu: GpuLoad | None) -> str | None:
+    """What is missing to judge rank `w.rank` by its GPU's utilisation; None when nothing is."""
+    if load is None:
+        return f"no telemetry from {w.node}"
+    if w.local_rank is None:
+        return f"the GPU of rank {w.rank} is not known: no local rank"
+    if gpu is None:
+        if not load.gpus:
+            return f"no GPU telemetry from {w.node}: {load.gpu_error}" if load.gpu_error else f"no GPU telemetry from {w.node}"
+        return f"no GPU {w.local_rank} in the telemetry of {w.node}"
+    if gpu.util_pct is None:
+        return f"the utilisation of GPU {gpu.index} on {w.node} is unreadable"
+    return None
 
 
 class StragglerReporter(Protocol):

@@ -45,3 +45,20 @@ def test_pace_times_the_forward_with_cuda_events() -> None:
     assert t is not None and t.steps == 5 and t.images == 40
     assert t.compute_s > 0 and t.compute_s <= t.wall_s
     assert t.data_s == pytest.approx(0.005)
+
+
+def test_nvml_and_nvidia_smi_describe_the_same_gpus() -> None:
+    """Where nvidia-ml-py is installed (torch's CUDA wheels bring it), the agent samples through
+    NVML: the same GPUs, in the same order, with the same fixed facts as nvidia-smi gives."""
+    pynvml = pytest.importorskip("pynvml")
+    pynvml.nvmlInit()
+    try:
+        nvml = telemetry.read_gpus_nvml(pynvml)
+    finally:
+        pynvml.nvmlShutdown()
+    smi, why = telemetry.read_gpus()
+    assert why is None, why
+    fixed = ("index", "uuid", "name", "mem_total_mb", "error")
+    assert [{k: g[k] for k in fixed} for g in nvml] == [{k: g[k] for k in fixed} for g in smi]
+    for g in nvml:
+        assert g["util_pct"] is not None and g["temp_c"] is not None and isinstance(g["throttle"], list), g

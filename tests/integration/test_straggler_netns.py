@@ -58,6 +58,14 @@ def check_everywhere(orch: Orch, run_id: str, node: str, reason: str) -> None:
     assert [s["node"] for s in report["stragglers"]] == [node], report["stragglers"]
     assert [n["node"] for n in report["nodes"] if "straggler" in n["flags"]] == [node]
     assert all(n["ranks"] and n["ranks"][0]["images_per_s"] for n in report["nodes"])
+    merged = (orch.run_dir(run_id) / "merged.log").read_text()  # as the attached orch up wrote it, live
+    said = run["stragglers"][0]["line"]
+    assert [ln.split()[1:3] for ln in merged.splitlines() if said in ln] == [["orch", "-"]], merged[-3000:]
+    logs = orch.run("logs", run_id)  # rewrites merged.log from the copies and controller.log
+    assert logs.returncode == 0, logs.stderr
+    assert [ln for ln in logs.stdout.splitlines() if said in ln] == [ln for ln in merged.splitlines() if said in ln]
+    assert said in (orch.run_dir(run_id) / "merged.log").read_text()
+    assert said in orch.run("status", run_id).stdout
     rep = orch.run("report", run_id)
     assert rep.returncode == 0, rep.stderr
     page = (orch.run_dir(run_id) / "report" / "index.html").read_text()
@@ -66,8 +74,13 @@ def check_everywhere(orch: Orch, run_id: str, node: str, reason: str) -> None:
 
 def test_a_node_under_a_cpu_quota_is_named_compute_bound_and_no_other(netns_cluster: TestCluster,
                                                                      tmp_path: Path) -> None:
-    """The quota comes once every rank trains (start-up at 5 % of a core would take minutes): from
-    then on node3 computes many times slower, and it alone is named, within two minutes."""
+    """The issue's 20 % of a core, once every rank trains: node3 then computes at about half the
+    others' speed on this 2-core machine (measured 0.54x the median at load 3, 0.48x at load 7: the
+    others share what the load leaves them, node3 never more than its fifth of a core), under the
+    1.25x threshold by far, and it alone is named, a few seconds after its first slow window.
+    After start-up rather than from it: the ranks' imports and model build at a fifth of a core
+    would add a minute or more to a test the suite already waits long for, and prove nothing more
+    (the detector judges training windows only)."""
     c = netns_cluster
     inv = straggler_inventory(c, tmp_path, "cpu", epochs=50)
     orch = Orch(tmp_path / "home", env={"COLUMNS": "150"})
@@ -78,7 +91,7 @@ def test_a_node_under_a_cpu_quota_is_named_compute_bound_and_no_other(netns_clus
         wait_for(lambda: all("timing epoch" in node_log(run_root(c), "slowcpu", n) for n in ("node1", "node2", "node3",
                                                                                              "node4")),
                  300, "every rank's first timing window")
-        c.cpu_quota("node3", 5)
+        c.cpu_quota("node3", 20)
         wait_for(lambda: orch.run_json("slowcpu").get("stragglers") or up.proc.poll() is not None, 300,
                  "a straggler named")
         assert up.proc.poll() is None, up.err[-3000:]

@@ -168,42 +168,43 @@ def test_one_rank_and_two_ranks_agree(tmp_path: Path) -> None:
     assert s2 == pytest.approx(s1, rel=1e-3)
 
 
-@pytest.mark.parametrize("workers, close", [(2, 0), (2, 1)])
-def test_resume_with_mosaic_continues_exactly(tmp_path: Path, workers: int, close: int) -> None:
-    """Killed after epoch 2 of 3 with mosaic on (close_mosaic=0: all the way; close_mosaic=1: it
-    closes only after the kill, in the resumed part) and resumed: the same weights, bit for bit, as
-    the uninterrupted run; augmentation in (persistent) loader workers, whose mosaic buffers are
-    saved and put back. Augmentation in the process (workers 0) is the node-local test below."""
+def test_resume_with_mosaic_continues_exactly(tmp_path: Path) -> None:
+    """Killed after epoch 2 of 4 and resumed, augmentation in (persistent) loader workers: epoch 3
+    trains with mosaic, from the mosaic buffers the checkpoint saved and put back, and mosaic closes
+    for epoch 4 only (close_mosaic=1), in the resumed part; the run ends with the same weights, bit
+    for bit, as the uninterrupted run beside it. Augmentation in the process (workers 0) is the
+    node-local test below. (One scenario for what were two: mosaic all the way, and closing after
+    the kill; each cost three 2-rank launches.)"""
     data = make_dataset(tmp_path / "ds", images=20)
     twin = make_dataset(tmp_path / "ds-full", images=20)  # the same images, for the run beside it
-    flags = ["--workers", str(workers), "--val-period", "0", "--lr", "0.05", "--accumulate", "1",
-             "--cfg", f"close_mosaic={close}"]
+    flags = ["--workers", "2", "--val-period", "0", "--lr", "0.05", "--accumulate", "1", "--cfg", "close_mosaic=1"]
     full, killed = run_trainers(  # the uninterrupted run and the one killed after epoch 2, side by side
-        ([*common(twin, tmp_path / "full", 3, 4), *flags, "--debug-dir", str(tmp_path / "df")], 2),
-        ([*common(data, tmp_path / "cut", 3, 4), *flags, "--debug-exit-after", "2"], 2))
+        ([*common(twin, tmp_path / "full", 4, 4), *flags, "--debug-dir", str(tmp_path / "df")], 2),
+        ([*common(data, tmp_path / "cut", 4, 4), *flags, "--debug-exit-after", "2"], 2))
     assert full.returncode == 0, full.explain()
     assert killed.returncode != 0
     assert len(read_results(tmp_path / "cut")) == 2
-    resumed = run_trainer([*common(data, tmp_path / "cut", 3, 4), *flags, "--resume",
+    resumed = run_trainer([*common(data, tmp_path / "cut", 4, 4), *flags, "--resume",
                            "--debug-dir", str(tmp_path / "dc")], nproc=2)
     assert resumed.returncode == 0, resumed.explain()
-    assert_resumed_at_3(resumed.rank_lines())
-    closing = "[rank 0] closing mosaic: epochs 3..3 train without it (--close-mosaic 1)"
-    assert (closing in full.rank_lines()) == (closing in resumed.rank_lines()) == bool(close)
+    assert_resumed_at_3(resumed.rank_lines(), 4)
+    closing = "[rank 0] closing mosaic: epochs 4..4 train without it (--close-mosaic 1)"
+    assert closing in full.rank_lines() and closing in resumed.rank_lines()
     assert not any("closing mosaic" in ln for ln in killed.rank_lines())
 
     a, b = read_results(tmp_path / "full"), read_results(tmp_path / "cut")
-    assert len(b) == 3
-    assert train_loss(b[2]) == train_loss(a[2])
-    assert b[2]["lr/pg0"] == a[2]["lr/pg0"]
+    assert len(b) == 4
+    for epoch in (2, 3):  # epoch 3 with mosaic from the restored buffers, epoch 4 without
+        assert train_loss(b[epoch]) == train_loss(a[epoch]), epoch + 1
+        assert b[epoch]["lr/pg0"] == a[epoch]["lr/pg0"], epoch + 1
     df, dc = read_debug(tmp_path / "df", 2), read_debug(tmp_path / "dc", 2)
     assert dc[0]["checksum"] == df[0]["checksum"] == dc[1]["checksum"]
 
 
-def assert_resumed_at_3(lines: list[str]) -> None:
-    """A run resumed from its epoch-2 checkpoint trains epoch 3 only."""
+def assert_resumed_at_3(lines: list[str], epochs: int = 3) -> None:
+    """A run resumed from its epoch-2 checkpoint trains from epoch 3 on only."""
     assert any("resuming at epoch 3 (checkpoint finished epoch 2, " in ln for ln in lines), lines[-20:]
-    assert not any("epoch 1/3" in ln or "epoch 2/3" in ln for ln in lines)
+    assert not any(f"epoch 1/{epochs}" in ln or f"epoch 2/{epochs}" in ln for ln in lines)
 
 
 def test_resume_when_out_is_on_node_local_storage(trainer_reference: Reference, tmp_path: Path) -> None:

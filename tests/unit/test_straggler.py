@@ -31,7 +31,7 @@ def feed(det: Detector, k: int, slow: Mapping[int, tuple[float, float]], ranks: 
 
 def test_a_rank_slow_for_the_set_number_of_windows_is_named_once_with_the_compute_reason() -> None:
     det = Detector(share=0.8, windows=3, world_size=4)
-    det.load(NodeLoad("n3", cpu_pct=100.0, rank_cpu_pct={2: 99.0}))
+    det.load(NodeLoad("n3", cpu_pct=100.0, rank_cpu_pct={2: 99.0}, no_gpu=True))  # a CPU node: its ranks compute there
     assert feed(det, 1, {2: (2.2, 0.01)}) == []
     assert feed(det, 2, {2: (2.2, 0.01)}) == []
     found = feed(det, 3, {2: (2.2, 0.01)})
@@ -105,6 +105,80 @@ def test_every_rank_of_one_node_slow_is_the_node() -> None:
     assert sorted((s.rank, s.node, s.kind) for s in found) == [(2, "n2", "node"), (3, "n2", "node")]
 
 
+def one_slow(load: NodeLoad | None, local_rank: int | None = 0) -> straggler.Straggler:
+    """Rank 2 (on n3, GPU `local_rank`) slow outside collectives, little data wait; n3's telemetry `load`."""
+    det = Detector(share=0.8, windows=1, world_size=4)
+    if load is not None:
+        det.load(load)
+    for r in range(4):
+        w = window(1, r, 2.2 if r == 2 else 1.0)
+        det.window(Window(w.node, w.rank, local_rank if r == 2 else 0, w.epoch, w.batch, w.steps, w.data_s,
+                          w.compute_s, w.wall_s, w.at))
+    found = det.take()
+    assert [s.rank for s in found] == [2]
+    return found[0]
+
+
+def test_a_slow_rank_whose_gpu_is_barely_busy_and_data_wait_low_is_waiting_on_others() -> None:
+    """Its time outside the collectives goes to waiting all the same (a collective in forward): the
+    slow one is elsewhere."""
+    s = one_slow(NodeLoad("n3", 40.0, {2: 100.0}, (GpuLoad(0, 23.0, 55.0, ()),)))
+    assert s.kind == "waiting"
+    assert s.reason == "waiting on others: GPU 0 on n3 is 23 % busy and data wait is low, the slow one is elsewhere"
+    assert s.line().endswith(": " + s.reason)
+
+
+def test_a_slow_rank_whose_gpu_is_busy_is_compute_bound() -> None:
+    s = one_slow(NodeLoad("n3", 40.0, {2: 100.0}, (GpuLoad(0, 98.0, 60.0, ()),)))
+    assert (s.kind, s.reason) == ("compute", "compute-bound on n3")
+    at_threshold = one_slow(NodeLoad("n3", 40.0, {}, (GpuLoad(0, straggler.LOW_UTIL_PCT, 60.0, ()),)))
+    assert at_threshold.kind == "compute"
+
+
+def test_the_rank_is_judged_by_its_own_gpu_the_one_of_its_local_rank() -> None:
+    gpus = (GpuLoad(0, 99.0, 60.0, ()), GpuLoad(1, 12.0, 60.0, ()))
+    assert one_slow(NodeLoad("n3", 40.0, {}, gpus), local_rank=1).kind == "waiting"
+    assert one_slow(NodeLoad("n3", 40.0, {}, gpus), local_rank=0).kind == "compute"
+
+
+@pytest.mark.parametrize(("load", "local_rank", "missing"), [
+    (None, 0, "no telemetry from n3"),
+    (NodeLoad("n3", 40.0, {}, (), gpu_error="nvidia-smi exit 9: NVIDIA-SMI has failed"), 0,
+     "no GPU telemetry from n3: nvidia-smi exit 9: NVIDIA-SMI has failed"),
+    (NodeLoad("n3", 40.0, {}, (GpuLoad(1, 10.0, 50.0, ()),)), 0, "no GPU 0 in the telemetry of n3"),
+    (NodeLoad("n3", 40.0, {}, (GpuLoad(0, None, 50.0, ()),)), 0, "the utilisation of GPU 0 on n3 is unreadable"),
+    (NodeLoad("n3", 40.0, {}, (GpuLoad(0, 10.0, 50.0, ()),)), None, "the GPU of rank 2 is not known: no local rank"),
+])
+def test_without_the_ranks_gpu_telemetry_compute_or_waiting_cannot_be_told(load: NodeLoad | None,
+                                                                           local_rank: int | None,
+                                                                           missing: str) -> None:
+    """Never a guess: the reason says it cannot tell, and which telemetry is missing."""
+    s = one_slow(load, local_rank)
+    assert s.kind == "unknown"
+    assert s.reason == f"slow outside collectives on n3, compute-bound or waiting on others cannot be told ({missing})"
+
+
+def test_a_node_without_nvidia_smi_computes_on_the_cpu_compute_bound() -> None:
+    """No GPU there: its ranks' compute is the CPU's (a CPU share cannot tell waiting from a quota)."""
+    s = one_slow(NodeLoad("n3", 100.0, {2: 5.0}, (), no_gpu=True, gpu_error="nvidia-smi: not found in PATH"))
+    assert (s.kind, s.reason) == ("compute", "compute-bound on n3")
+
+
+def test_throttling_data_wait_and_a_whole_node_come_before_the_utilisation() -> None:
+    idle = (GpuLoad(0, 5.0, 60.0, ("sw_thermal",)),)
+    assert one_slow(NodeLoad("n3", 40.0, {}, idle)).kind == "gpu"
+    det = Detector(share=0.8, windows=1, world_size=4)
+    det.load(NodeLoad("n2", 40.0, {}, (GpuLoad(0, 5.0, 60.0, ()),)))
+    assert [s.kind for s in feed(det, 1, {1: (1.0, 1.5)})] == ["data"]
+    det = Detector(share=0.8, windows=1, world_size=8)
+    det.load(NodeLoad("n2", 40.0, {}, (GpuLoad(0, 5.0, 60.0, ()), GpuLoad(1, 5.0, 60.0, ()))))
+    assert [s.kind for s in feed(det, 1, {2: (2.0, 0.01), 3: (2.0, 0.01)}, ranks=8, per_node=2)] == ["node", "node"]
+
+
+def test_every_kind_has_words_for_orch_top() -> None:
+    assert set(straggler.KINDS) == {"gpu", "data", "node", "waiting", "compute", "unknown"}
+
+
 def test_watch_says_records_and_with_stop_fails_the_run_on_that_node() -> None:
     said: list[tuple[str, bool]] = []
     recorded: list[list[dict[str, object]]] = []
@@ -121,7 +195,7 @@ def test_watch_says_records_and_with_stop_fails_the_run_on_that_node() -> None:
         feed(det, 1, {2: (3.0, 0.01)})
         failure = watch()
         assert (failure is not None) == fails
-        assert recorded[-1][0]["node"] == "n3" and recorded[-1][0]["kind"] == "compute"
+        assert recorded[-1][0]["node"] == "n3" and recorded[-1][0]["kind"] == "unknown"  # no telemetry fed
         if failure is not None:
             assert (failure.node, failure.node_rank, failure.rank, failure.local_rank) == ("n3", 2, 2, 0)
             assert failure.reason.startswith("straggler: rank 2 on n3")

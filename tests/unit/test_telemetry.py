@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -84,3 +85,116 @@ def test_a_missing_or_failing_nvidia_smi_is_a_fact(monkeypatch: pytest.MonkeyPat
                                                                 "communicate with the NVIDIA driver.\n"))
     assert gpus == [] and why == "nvidia-smi exit 9: NVIDIA-SMI has failed because it couldn't communicate with " \
                                  "the NVIDIA driver."
+
+
+def test_the_detectors_view_of_a_sample_tells_a_node_without_gpus_from_unreadable_gpus() -> None:
+    """No nvidia-smi: a CPU node (its ranks compute there); nvidia-smi failing: GPUs unknown."""
+    from orchestrator.logs.lines import LogLine
+    from orchestrator.logs.telemetry import parse_sample
+    from orchestrator.run.straggler import NodeLoad
+
+    def load(gpu_error: str | None, gpus: str = "[]") -> NodeLoad:
+        text = f'telemetry {{"v": 1, "gpus": {gpus}, "gpu_error": {json.dumps(gpu_error)}, "cpu_pct": 50.0}}'
+        sample = parse_sample(LogLine(1.0, "n1", 0, None, None, "orch", text))
+        assert sample is not None
+        return sample.load()
+
+    cpu = load(telemetry.NOT_FOUND)
+    assert cpu.no_gpu and cpu.gpu_error == telemetry.NOT_FOUND
+    failed = load("nvidia-smi exit 9: NVIDIA-SMI has failed")
+    assert not failed.no_gpu and failed.gpu_error == "nvidia-smi exit 9: NVIDIA-SMI has failed"
+    gpu = load(None, '[{"index": 0, "util_pct": 12.0}]')
+    assert not gpu.no_gpu and gpu.gpus[0].util_pct == 12.0
+
+
+class FakeNvml:
+    """A `pynvml` whose answers are the recorded nvidia-smi rows of a set (tests/fixtures/telemetry):
+    a value nvidia-smi could not read (`[N/A]`) is NVML's NOT_SUPPORTED, `ERR!` its UNKNOWN error."""
+
+    NVML_TEMPERATURE_GPU = 0
+    NVML_CLOCK_SM = 1
+
+    class NVMLError(Exception):
+        def __init__(self, value: int) -> None:
+            super().__init__(value)
+            self.value = value
+
+    def __init__(self, gpu_set: str) -> None:
+        import csv
+
+        from tests.telemetry_support import FIX
+
+        with open(FIX / gpu_set / "gpus.csv", newline="") as fh:
+            self.rows = list(csv.DictReader(fh))
+
+    def _raw(self, i: int, field: str) -> str:
+        raw = self.rows[i][field].strip()
+        if raw in telemetry.MISSING:
+            raise self.NVMLError(3)
+        if raw in telemetry.BROKEN:
+            raise self.NVMLError(15 if raw == "[GPU is lost]" else 999)
+        return raw
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.rows)
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+
+    def nvmlDeviceGetUUID(self, h: int) -> str:
+        return self._raw(h, "uuid")
+
+    def nvmlDeviceGetName(self, h: int) -> bytes:
+        return self._raw(h, "name").encode()  # older nvidia-ml-py answers bytes
+
+    def nvmlDeviceGetUtilizationRates(self, h: int) -> object:
+        return type("Util", (), {"gpu": int(self._raw(h, "utilization.gpu")), "memory": 0})()
+
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> object:
+        used, total = (int(self._raw(h, f)) * 2**20 for f in ("memory.used", "memory.total"))
+        return type("Mem", (), {"used": used, "total": total, "free": total - used})()
+
+    def nvmlDeviceGetTemperature(self, h: int, sensor: int) -> int:
+        assert sensor == self.NVML_TEMPERATURE_GPU
+        return int(self._raw(h, "temperature.gpu"))
+
+    def nvmlDeviceGetPowerUsage(self, h: int) -> int:
+        return round(float(self._raw(h, "power.draw")) * 1000)  # milliwatts
+
+    def nvmlDeviceGetClockInfo(self, h: int, clock: int) -> int:
+        assert clock == self.NVML_CLOCK_SM
+        return int(self._raw(h, "clocks.sm"))
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h: int) -> int:
+        return int(self._raw(h, "clocks_throttle_reasons.active"), 16)
+
+    def nvmlDeviceGetFanSpeed(self, h: int) -> int:
+        return int(self._raw(h, "fan.speed"))
+
+
+@pytest.mark.parametrize("gpu_set", ["h100x8", "v100x8", "a100", "err"])
+def test_nvml_gives_the_same_record_as_nvidia_smi_for_the_same_gpus(gpu_set: str) -> None:
+    assert telemetry.read_gpus_nvml(FakeNvml(gpu_set)) == recorded_gpus(gpu_set)
+
+
+def test_nvml_is_used_where_it_works_else_nvidia_smi() -> None:
+    smi = ([{"index": 0}], None)
+    nvml = FakeNvml("v100x8")
+    assert telemetry.read_gpus_any(lambda: nvml, lambda: smi) == (recorded_gpus("v100x8"), None)
+    assert telemetry.read_gpus_any(lambda: None, lambda: smi) == smi  # not installed, or NVML did not start
+
+    class Failing(FakeNvml):
+        def nvmlDeviceGetCount(self) -> int:
+            raise self.NVMLError(999)
+
+    assert telemetry.read_gpus_any(lambda: Failing("v100x8"), lambda: smi) == smi
+
+
+def test_a_lost_gpu_through_nvml_is_named_as_nvidia_smi_names_it() -> None:
+    class Lost(FakeNvml):
+        def nvmlDeviceGetMemoryInfo(self, h: int) -> object:
+            raise self.NVMLError(15)
+
+    gpu = telemetry.read_gpus_nvml(Lost("err"))[0]
+    assert gpu["mem_used_mb"] is None and gpu["mem_total_mb"] is None
+    assert gpu["error"] == "memory.used [GPU is lost]; memory.total [GPU is lost]; fan.speed ERR!"

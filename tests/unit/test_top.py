@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import pytest
@@ -79,9 +80,39 @@ def test_the_screen_shows_nodes_gpus_and_stragglers(tmp_path: Path, monkeypatch:
     text = buf.getvalue()
     assert "8× NVIDIA H100 80GB HBM3" in text and "throttle" in text and "gpu-error" in text
     assert "straggler: rank 1 on n2 at 0.34× the median" in text
+    assert "straggler (compute-bound)" in text  # the flag says what it was named for: V100 0 is 100 % busy
     buf.truncate(0)
     render.top_table(view.report(), gpus=True)
     assert text.count("n1") < buf.getvalue().count("n1") and "86 MHz" in buf.getvalue()
+    assert "straggler (compute-bound)" in buf.getvalue()
+
+
+def test_the_flag_of_a_rank_waiting_on_others_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rich.console import Console
+
+    from orchestrator.cli import render
+
+    view = view_of(tmp_path, ["v100x8", "v100x8"], slow={1: (3.0, 0.01)})
+    # n2's GPU 0 barely busy: the recorded V100 row at 7 % (a rank whose forward waits in a collective)
+    copy = view.run.path / "nodes" / "n2.log"
+    lines = []
+    for line in copy.read_text().splitlines():
+        head, sep, body = line.partition(" orch telemetry ")
+        if sep:
+            sample = json.loads(body)
+            sample["gpus"][0]["util_pct"] = 7.0
+            line = head + sep + json.dumps(sample)
+        lines.append(line + "\n")
+    copy.write_text("".join(lines))
+    view = TopView(view.run, view.run.inventory(), clock=lambda: TS0 + 250)
+    view.read_copies()
+    report = view.report()
+    assert [s.kind for s in report.stragglers] == ["waiting"]
+    buf = io.StringIO()
+    monkeypatch.setattr(render, "console", lambda stderr=True: Console(file=buf, width=200, color_system=None))
+    render.top_table(report, gpus=False)
+    assert "straggler (waiting on others)" in buf.getvalue()
+    assert "waiting on others: GPU 0 on n2 is 7 % busy" in buf.getvalue()
 
 
 def test_the_live_view_off_a_terminal_prints_each_refresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -436,7 +436,9 @@ def finish(validator: Any, ema: Any, inp: Inputs, out: Path, scalars: output.Sca
         if scalars is not None:
             scalars.close()
         if inp.cfg.plots:
-            tplots.results_png(out)  # after the final validation, as ultralytics' trainer draws it
+            _png, why = tplots.results_png(out)  # after the final validation, as ultralytics' trainer draws it
+            if why:
+                say(f"warning: {why} (the run's figures are all in results.csv)")
         full = out.resolve()  # absolute, so `orch report` can fetch results.csv from this node
         say(done_line(epochs, seconds, str((full / LAST).parent), str(full / "results.csv")))
     tdist.barrier()

@@ -33,17 +33,23 @@ def without_pil_plots(validator: Any) -> None:
     validator.plot_predictions = lambda *args, **kwargs: None
 
 
-def results_png(out: Path) -> Path | None:
+def results_png(out: Path) -> tuple[Path | None, str | None]:
     """``out/results.png`` from ``out/results.csv``, as ultralytics' trainer draws it at the end of
-    training (``plot_results``); None when there is no results.csv (no epoch finished)."""
+    training (``plot_results``), and why it was not drawn: (None, None) when there is no
+    results.csv (no epoch finished). A plot that cannot be drawn (``plot_results`` imports polars,
+    which an ultralytics install may lack) never fails a run whose training is done: the reason
+    comes back for one warning line, and results.csv holds every figure."""
     from ultralytics.utils.plotting import plot_results
 
     csv = out / "results.csv"
     if not csv.is_file():
-        return None
-    plot_results(file=csv)
+        return None, None
+    try:
+        plot_results(file=csv)
+    except Exception as exc:  # ImportError (polars), a matplotlib backend error: the figures are in results.csv
+        return None, f"results.png not drawn: {type(exc).__name__}: {exc}"
     png = out / "results.png"
-    return png if png.is_file() else None
+    return (png, None) if png.is_file() else (None, "results.png not drawn: plot_results wrote nothing")
 
 
 def class_table(validator: Any) -> list[str]:

@@ -88,3 +88,16 @@ def test_plots_and_class_table_from_every_shard_offline_and_none_with_plots_off(
     # plots off: none of the files; the table is printed all the same.
     assert not [p.name for p in off.iterdir() if p.suffix in (".png", ".jpg")]
     assert (off / "results.csv").is_file() and table(second.rank_lines())[0][0] == "all"
+
+
+def test_a_plot_that_cannot_be_drawn_is_a_warning_not_a_failed_run(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """ultralytics' plot_results imports polars, which an install may lack (the GPU machine's
+    does): the finished run failed on it at its very end. The reason comes back for a warning."""
+    from trainer.plots import results_png
+
+    assert results_png(tmp_path) == (None, None)  # no epoch finished: nothing to draw, nothing to say
+    (tmp_path / "results.csv").write_text("epoch,train/box_loss,metrics/mAP50(B)\n1,1.5,0.1\n2,1.2,0.2\n")
+    monkeypatch.setitem(sys.modules, "polars", None)  # `import polars` raises ImportError
+    png, why = results_png(tmp_path)
+    assert png is None and why is not None and why.startswith("results.png not drawn: ") and "polars" in why, why

@@ -55,7 +55,7 @@ deps:  ## the system packages the tests need (.ci/packages): installs them as ro
 test: deps install  ## the whole suite: every tier, a missing prerequisite fails (ORCH_TEST_STRICT=1)
 	ORCH_TEST_STRICT=$(ORCH_TEST_STRICT) $(PY) -m pytest -n $(PYTEST_WORKERS) --maxschedchunk 1 $(PYTEST_ARGS)
 
-test-fast: install  ## the inner loop: tests/unit, pure tests only (no sshd, torchrun, daemons), < 1 min
+test-fast: install  ## the inner loop: tests/unit, pure tests only (no sshd, torchrun, daemons), about a minute
 	ORCH_HYPOTHESIS_EXAMPLES=$${ORCH_HYPOTHESIS_EXAMPLES:-50} $(PY) -m pytest tests/unit -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 test-gpu: install  ## the CUDA-only paths (tests/gpu), on a machine with a GPU; skipped elsewhere

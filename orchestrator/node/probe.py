@@ -836,15 +836,9 @@ def apply_env(env: dict) -> None:
             return
         if isinstance(path, list) and all(isinstance(p, str) for p in path):
             sys.path[1:] = path  # sys.path[0] stays this process's own (-c: the working directory)
-            importlib_caches_clear()
+            import importlib
 
-
-def importlib_caches_clear() -> None:
-    import importlib
-
-    importlib.invalidate_caches()
-    for name in [m for m in sys.modules if m == "torch" or m.startswith("torch.")]:
-        del sys.modules[name]  # never imported by the probe itself; a stale entry would hide the job's
+            importlib.invalidate_caches()
 
 
 def main(argv: list) -> int:

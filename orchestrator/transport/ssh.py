@@ -535,8 +535,8 @@ def _argv(opts: SSHOptions, config_file: str | None, host: str | None, port: int
                              "a ProxyJump loop in the ssh config?", f"check the ProxyJump lines of {config_file}")
     # the node itself at port 22 left unsaid, with an ssh config: the config's Port for its host
     # applies, as `ssh alias` would (`orch exec -w alias`); hops keep the port they were given
-    shown_port = port if port and (config_file is None or port != DEFAULT_PORT or depth > 0
-                                   or (opts.port_given and port == opts.port)) else None
+    shown_port = port if port and (config_file is None or port != DEFAULT_PORT or depth > 0 or opts.port_given) \
+        else None
     argv = ["ssh", "-F", config_file or "none", *(["-p", str(shown_port)] if shown_port else [])]
     if user:
         argv += ["-l", user]

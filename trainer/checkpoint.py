@@ -14,7 +14,6 @@ final files: the EMA as ``model`` in half precision, no optimizer, no resume sta
 
 from __future__ import annotations
 
-import io
 import os
 import pickle
 import random
@@ -62,18 +61,65 @@ def half_model(module: Any) -> Any:
     return copy
 
 
+_MODULE_INTERNALS = frozenset(vars(torch.nn.Module())) - {"training"}
+"""A module's own bookkeeping (parameters, buffers, children, hooks): never taken attribute by attribute."""
+
+
+class HalfCopy:
+    """``half_model`` of the same module epoch after epoch, without its cost: the first call makes
+    the copy; later calls write the module's current weights into it and take its other
+    attributes again (``names``, ``args``, a head's anchors...), then convert as ``half_model``
+    does, so the file holds what a fresh ``half_model`` would. The deepcopy of the whole module was
+    most of an epoch-end checkpoint's time. Another module, or one of another structure (other
+    names or shapes), gets a new copy.
+
+    The copy shares the module's non-tensor attributes until the next call: serialize it before
+    the module changes again (``end_epoch`` writes the checkpoint at once)."""
+
+    def __init__(self) -> None:
+        self._source: Any = None
+        self._copy: Any = None
+
+    def __call__(self, module: Any) -> Any:
+        theirs = module.state_dict()
+        ours = self._copy.state_dict() if self._copy is not None and module is self._source else None
+        if ours is None or list(ours) != list(theirs) or any(ours[k].shape != v.shape for k, v in theirs.items()):
+            self._source, self._copy = module, half_model(module)
+            return self._copy
+        with torch.no_grad():
+            for k, v in theirs.items():
+                ours[k].copy_(v)
+        for (_, src), (_, dst) in zip(module.named_modules(), self._copy.named_modules()):
+            for k in [k for k in vars(dst) if k not in _MODULE_INTERNALS and k not in vars(src)]:
+                del dst.__dict__[k]
+            for k, v in vars(src).items():
+                if k not in _MODULE_INTERNALS:
+                    dst.__dict__[k] = v
+        self._copy.half().to(memory_format=torch.contiguous_format)  # a model's own _apply converts its extra tensors
+        if hasattr(self._copy, "criterion"):
+            self._copy.criterion = None
+        for v in self._copy.state_dict().values():
+            if v.is_floating_point():
+                torch.nan_to_num_(v)
+        return self._copy
+
+
 def build(*, epoch: int, best_fitness: float, stopper: dict[str, Any], model: torch.nn.Module, ema: Any,
           optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None, train_args: dict[str, Any],
-          metrics: dict[str, float], config: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str, Any]:
+          metrics: dict[str, float], config: dict[str, Any], ranks: list[dict[str, Any]],
+          half: HalfCopy | None = None) -> dict[str, Any]:
     """The checkpoint dict after ``epoch`` (0-based, completed); ``ranks`` holds each rank's RNG and
-    mosaic-buffer state, in rank order."""
+    mosaic-buffer state, in rank order; ``half`` makes the file's fp16 EMA (a fresh copy when None).
+
+    The fp32 weights and the optimizer state are the live tensors, not copies: serialize the
+    dict before the next training step."""
     import ultralytics
 
     return {
         "epoch": epoch,
         "best_fitness": best_fitness,
         "model": None,
-        "ema": half_model(ema.ema),
+        "ema": (half or half_model)(ema.ema),
         "updates": ema.updates,
         "optimizer": None,
         "scaler": None,
@@ -83,8 +129,8 @@ def build(*, epoch: int, best_fitness: float, stopper: dict[str, Any], model: to
         "version": ultralytics.__version__,
         "trainer": {
             "config": config,
-            "model": {k: v.detach().clone() for k, v in model.state_dict().items()},
-            "ema": {k: v.detach().clone() for k, v in ema.ema.state_dict().items()},
+            "model": {k: v.detach() for k, v in model.state_dict().items()},
+            "ema": {k: v.detach() for k, v in ema.ema.state_dict().items()},
             "optimizer": optimizer.state_dict(),
             "scaler": scaler.state_dict() if scaler is not None else None,
             "stopper": stopper,
@@ -94,27 +140,18 @@ def build(*, epoch: int, best_fitness: float, stopper: dict[str, Any], model: to
     }
 
 
-def serialize(ckpt: dict[str, Any]) -> bytes:
-    """The checkpoint as the bytes ``torch.save`` writes."""
-    buffer = io.BytesIO()
-    torch.save(ckpt, buffer)
-    return buffer.getvalue()
-
-
-def write_atomic(data: bytes, path: Path) -> None:
-    """Write ``data`` to ``path`` through a temporary file and a rename.
-
-    A reader (or a resume after a crash) sees the old file or the new one, never half of one.
-    """
+def save_atomic(ckpt: dict[str, Any], path: Path) -> None:
+    """Serialize ``ckpt`` straight into a temporary file beside ``path`` and rename it over
+    ``path``: a reader (or a resume after a crash) sees the old file or the new one, never half
+    of one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
+    try:
+        torch.save(ckpt, tmp)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
-
-
-def save_atomic(ckpt: dict[str, Any], path: Path) -> None:
-    """Serialize ``ckpt`` and write it atomically."""
-    write_atomic(serialize(ckpt), path)
 
 
 def link_atomic(source: Path, path: Path) -> None:

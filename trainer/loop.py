@@ -169,6 +169,8 @@ class State:
     """This rank's mosaic buffers: loader worker id (-1: this process) -> buffered image indices."""
     seen: dict[int, list[str]] = field(default_factory=dict)
     """Debug: image files this rank trained on, per epoch."""
+    half: checkpoint.HalfCopy = field(default_factory=checkpoint.HalfCopy)
+    """Rank 0: the checkpoints' fp16 EMA, made once and refreshed each epoch."""
 
 
 @dataclass
@@ -850,9 +852,10 @@ def end_epoch(epoch: int, fitness: float | None, loss_means: dict[str, float], t
         stopper = {"best_fitness": parts.stopper.best_fitness, "best_epoch": parts.stopper.best_epoch}
         ckpt = checkpoint.build(epoch=epoch, best_fitness=state.best_fitness, stopper=stopper, model=parts.model,
                                 ema=parts.ema, optimizer=parts.optimizer, scaler=parts.scaler,
-                                train_args=dict(vars(parts.hyp)), metrics=row, config=asdict(cfg), ranks=ranks)
+                                train_args=dict(vars(parts.hyp)), metrics=row, config=asdict(cfg), ranks=ranks,
+                                half=state.half)
         last = out / LAST
-        checkpoint.write_atomic(checkpoint.serialize(ckpt), last)
+        checkpoint.save_atomic(ckpt, last)
         if improved:
             checkpoint.link_atomic(last, out / BEST)
         if cfg.save_period and (epoch + 1) % cfg.save_period == 0:

@@ -152,6 +152,43 @@ def test_the_ema_is_taken_before_syncbatchnorm_so_checkpoints_hold_batchnorm(dat
     assert any(type(m) is torch.nn.BatchNorm2d for m in saved.modules())
 
 
+def test_the_checkpoints_half_ema_refreshed_in_place_is_what_a_fresh_copy_would_be(data: Path) -> None:
+    """HalfCopy skips the per-epoch deepcopy; after the EMA trains on, validates (the head's
+    anchors) and gets new attributes, its copy holds what half_model makes from scratch."""
+    from trainer import checkpoint
+
+    _, ema = loop.ema_then_sync_bn(loop.build_network(inputs(data)), sync_bn=False)
+    half = checkpoint.HalfCopy()
+    first = half(ema.ema)
+    with torch.no_grad():
+        for p in ema.ema.parameters():
+            p.add_(0.5)
+        next(iter(ema.ema.parameters())).view(-1)[0] = float("inf")  # clamped like a fresh copy's
+        ema.ema.eval()(torch.zeros(1, 3, 64, 64))  # inference sets the head's anchors and strides
+    ema.ema.names = {0: "a", 1: "b", 2: "c"}
+    ema.ema.criterion = ema.ema.init_criterion()  # the loss is never in the file
+    again, fresh = half(ema.ema), checkpoint.half_model(ema.ema)
+    assert again is first and again is not ema.ema
+    assert list(again.state_dict()) == list(fresh.state_dict())
+    assert all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(again.state_dict().values(),
+                                                                       fresh.state_dict().values()))
+    for (name, a), (_, b) in zip(again.named_modules(), fresh.named_modules()):
+        extra = sorted(k for k in vars(b) if k not in checkpoint._MODULE_INTERNALS)  # noqa: SLF001
+        assert sorted(k for k in vars(a) if k not in checkpoint._MODULE_INTERNALS) == extra, name  # noqa: SLF001
+        for k in extra:
+            x, y = vars(a)[k], vars(b)[k]
+            if isinstance(y, torch.Tensor):
+                assert x.dtype == y.dtype and torch.equal(x, y), f"{name}.{k}"
+            elif not isinstance(y, torch.nn.Module):
+                assert x == y, f"{name}.{k}"
+    head = again.model[-1]
+    assert head.anchors.numel() > 0 and head.anchors.dtype == torch.float16
+    assert again.criterion is None and again.names == {0: "a", 1: "b", 2: "c"}
+    assert ema.ema.state_dict()["model.0.conv.weight"].dtype == torch.float32  # the EMA itself untouched
+    other = loop.build_network(inputs(data, "--model", "yolo12s.yaml"))
+    assert half(other) is not first  # another module: a new copy
+
+
 def test_probe_finds_parameters_without_gradient(data: Path, embeddings: Path) -> None:
     from trainer import data as tdata
 
@@ -202,8 +239,8 @@ def test_one_checkpoint_write_per_epoch_and_best_pt_is_the_same_bytes(tmp_path: 
     inp = inputs(data, "--batch", "2")
     parts, _, _ = loop.build_parts(inp, 2)
     writes = []
-    real = checkpoint.serialize
-    monkeypatch.setattr(checkpoint, "serialize", lambda ckpt: writes.append(ckpt["epoch"]) or real(ckpt))
+    real = checkpoint.save_atomic
+    monkeypatch.setattr(checkpoint, "save_atomic", lambda ckpt, path: writes.append(ckpt["epoch"]) or real(ckpt, path))
     state, weights = loop.State(), tmp_path / "weights"
     loop.end_epoch(0, 0.5, {"box_loss": 1.0}, [[4, 0.1, 1.0]], parts, inp, state, tmp_path, None, 0.0)
     assert writes == [0] and (weights / "best.pt").samefile(weights / "last.pt")

@@ -300,6 +300,7 @@ Examples:
   orch logs --follow
   orch logs 20261130-093205-v100 --node v100-[2-3] --grep 'loss|Error'
   orch logs --rank 0 --tail 50 --json
+  orch logs --follow --no-telemetry           # the job's own lines only
 """
 
 
@@ -311,6 +312,8 @@ Examples:
 @click.option("--grep", help="Only lines matching this regular expression.")
 @click.option("--since", help="Only lines newer than this (e.g. 10m, 2h, or 2026-11-30T09:30:00).")
 @click.option("--tail", type=int, help="Only the last N lines of each node.")
+@click.option("--no-telemetry", "no_telemetry", is_flag=True,
+              help="Leave out the node agents' telemetry lines and the ranks' timing lines (what orch top reads).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line on stdout.")
 @click.option("--skew-correct/--no-skew-correct", default=None,
               help="Subtract measured clock offsets before ordering (default: on when known).")
@@ -321,7 +324,7 @@ Examples:
                    "never coloured).")
 @pass_state
 def logs(state: State, run: str | None, follow: bool, node_filter: str | None, rank_filter: str | None,
-         grep: str | None, since: str | None, tail: int | None, as_json: bool,
+         grep: str | None, since: str | None, tail: int | None, no_telemetry: bool, as_json: bool,
          skew_correct: bool | None, watermark: float, raw: bool) -> None:
     from ..logs.view import RunLogs
 
@@ -331,7 +334,7 @@ def logs(state: State, run: str | None, follow: bool, node_filter: str | None, r
     if view.offsets_ms and (view.reorders or state.verbose):  # offsets within measurement noise: said with -v only
         render.skew_note(view.offsets_ms, view.offsets_origin, view.offset_reference, view.controller_offset_ms,
                          every=state.verbose)
-    keep = view.line_filter(node_filter, rank_filter, grep, since)
+    keep = view.line_filter(node_filter, rank_filter, grep, since, metrics=not no_telemetry)
     if tail is not None and tail < 0:
         raise UsageError(f"--tail {tail}: must be 0 or more", "e.g. --tail 50: the last 50 lines of each node")
     out = render.LogPrinter(view.widths, as_json=as_json, raw=raw)

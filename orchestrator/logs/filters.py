@@ -1,4 +1,4 @@
-"""What `orch logs --node/--rank/--grep/--since/--tail` keep: the options parsed (a clear
+"""What `orch logs --node/--rank/--grep/--since/--tail/--no-telemetry` keep: the options parsed (a clear
 UsageError for a bad one) and the filter applied to streams of lines. Pure.
 """
 
@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from ..config.nodeset import expand
 from ..errors import UsageError
 from .lines import LogLine, merge_key
+from .telemetry import is_metrics
 
 
 def parse_ranks(spec: str) -> frozenset[int]:
@@ -66,13 +67,15 @@ def parse_since(spec: str, now: float | None = None) -> float:
 
 @dataclass(frozen=True)
 class LineFilter:
-    """What `--node/--rank/--grep/--since` keep. Empty fields keep everything."""
+    """What `--node/--rank/--grep/--since/--no-telemetry` keep. Empty fields keep everything."""
 
     nodes: frozenset[str] | None = None
     ranks: frozenset[int] | None = None
     pattern: re.Pattern[str] | None = None
     since: float | None = None
     offsets_ms: Mapping[str, float] | None = None
+    metrics: bool = True
+    """False: leave out the agents' telemetry lines and the ranks' timing lines (`is_metrics`)."""
 
     def wants_node(self, node: str) -> bool:
         return self.nodes is None or node in self.nodes
@@ -84,11 +87,14 @@ class LineFilter:
             return False
         if self.since is not None and merge_key(line, self.offsets_ms) < self.since:
             return False
+        if not self.metrics and is_metrics(line):
+            return False
         return self.pattern is None or self.pattern.search(line.text) is not None
 
     @property
     def empty(self) -> bool:
-        return self.nodes is None and self.ranks is None and self.pattern is None and self.since is None
+        return (self.nodes is None and self.ranks is None and self.pattern is None and self.since is None
+                and self.metrics)
 
 
 def compile_grep(pattern: str) -> re.Pattern[str]:

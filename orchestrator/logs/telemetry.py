@@ -18,7 +18,7 @@ from ..run.straggler import GpuLoad, NodeLoad, Window
 from .lines import LogLine
 from .trainer import Timing, parse_timing
 
-__all__ = ["PREFIX", "Sample", "parse_sample", "timing_window"]
+__all__ = ["PREFIX", "Sample", "is_metrics", "parse_sample", "timing_window"]
 
 
 def _num(value: Any) -> float | None:
@@ -107,6 +107,14 @@ def parse_sample(line: LogLine) -> Sample | None:
                   for r in d.get("ranks") or [] if isinstance(r, dict) and _int(r.get("rank")) is not None)
     return Sample(line.node, line.ts, gpus, _text(d.get("gpu_error")), _num(d.get("cpu_pct")), _num(d.get("load1")),
                   _int(d.get("ncpu")), _int(d.get("mem_used_mb")), _int(d.get("mem_total_mb")), ranks)
+
+
+def is_metrics(line: LogLine) -> bool:
+    """A node agent's telemetry line or a rank's timing line: what `orch top` and the straggler
+    detector read, and `orch logs --no-telemetry` leaves out."""
+    if line.stream == "orch":
+        return line.text.startswith(PREFIX)
+    return line.rank is not None and "timing epoch" in line.text and parse_timing(line.text) is not None
 
 
 def timing_window(line: LogLine, offset_s: float = 0.0) -> tuple[Window, Timing] | None:

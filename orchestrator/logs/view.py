@@ -85,14 +85,15 @@ class RunLogs:
         return self.offsets_spread_ms >= REORDER_MS
 
     def line_filter(self, node: str | None = None, rank: str | None = None, grep: str | None = None,
-                    since: str | None = None) -> LineFilter:
-        """`--node/--rank/--grep/--since` parsed; UsageError naming what is wrong with one."""
+                    since: str | None = None, metrics: bool = True) -> LineFilter:
+        """`--node/--rank/--grep/--since/--no-telemetry` parsed; UsageError naming what is wrong with one."""
         return LineFilter(
             nodes=parse_nodes(node, [s.node for s in self.sources]) if node else None,
             ranks=parse_ranks(rank) if rank else None,
             pattern=compile_grep(grep) if grep else None,
             since=parse_since(since) if since else None,
             offsets_ms=self.offsets_ms,
+            metrics=metrics,
         )
 
     def cluster(self) -> Cluster:

@@ -252,6 +252,21 @@ class TestFilters:
         assert not keep(L("a", 0.5, "loss=1", rank=1))
         assert LineFilter().empty and not keep.empty
 
+    def test_no_telemetry_leaves_out_the_agents_samples_and_the_ranks_timing_lines_only(self) -> None:
+        from dataclasses import replace
+
+        sample = replace(L("a", 1, 'telemetry {"v": 1, "gpus": []}'), stream="orch")
+        timing = L("a", 2, "timing epoch 3 batch 40 steps 10 images 80 data_s 0.0123 compute_s 1.52 wall_s 3.1", rank=0)
+        job = [L("a", 3, "epoch 3/10 batch 40/120 box_loss 1.2", rank=0),
+               L("a", 4, "a rank's own line that says timing epoch in passing", rank=1),
+               replace(L("a", 5, "straggler: rank 2 on n3 at 0.45x the median"), stream="orch"),
+               replace(L("a", 6, "telemetry is what orch top reads"), stream="out")]
+        keep = LineFilter(metrics=False)
+        assert not keep.empty and LineFilter().empty
+        assert [ln for ln in [sample, timing, *job] if keep(ln)] == job
+        assert all(LineFilter()(ln) for ln in [sample, timing, *job])
+        assert not LineFilter(metrics=False, pattern=re.compile("timing"))(timing)
+
     def test_since_uses_the_corrected_time(self) -> None:
         keep = LineFilter(since=T0 + 1, offsets_ms={"b": 2000.0})
         assert not keep(L("b", 2.5))  # 0.5 on the reference clock

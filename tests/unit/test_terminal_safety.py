@@ -126,6 +126,7 @@ def test_orch_logs_escapes_by_default_raw_writes_the_bytes_json_keeps_them(tmp_p
     raw = logs("--raw").stdout.decode()
     assert EVIL in raw and RED in raw
     assert logs("--raw", "--node", "n1").stdout.decode() == raw  # the general path agrees
+    assert logs("--no-telemetry").stdout.decode() == shown  # no telemetry lines here: the same lines
     filtered = logs("--grep", "owned").stdout.decode()
     assert terminal_acting(filtered) == [] and "owned" in filtered
     js = logs("--json").stdout.decode()

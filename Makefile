@@ -2,6 +2,10 @@
 # INVENTORY selects the cluster (default: the two-node local demo); RUN selects a run (default: latest).
 
 SHELL := /bin/bash
+# Python may write its bytecode caches (__pycache__/, ignored by git) for what make runs, whatever the
+# calling shell says: with PYTHONDONTWRITEBYTECODE set, every test module was assertion-rewritten and
+# every orch module compiled again on each run (half of make test-fast's collection time).
+unexport PYTHONDONTWRITEBYTECODE
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python

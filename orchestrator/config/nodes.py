@@ -60,6 +60,13 @@ class SSHOptions:
     """Whether the inventory wrote `port` (in `ssh:` or on the node). Port 22 left unsaid lets an ssh
     config's `Port` for the host apply, as `ssh alias` would; a port written down always wins."""
 
+    @property
+    def chosen_port(self) -> int | None:
+        """The port to connect to whatever an ssh config says, or None where the config's `Port`
+        for the host may apply (22 left unsaid). Both ways of reaching a node (paramiko, OpenSSH's
+        argv) read it."""
+        return self.port if self.port_given or self.port != 22 else None
+
 
 @dataclass(frozen=True)
 class Node:

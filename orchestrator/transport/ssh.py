@@ -66,11 +66,6 @@ class _SSHProcess(Process):
         self.chan.close()
 
 
-DEFAULT_PORT = 22
-"""ssh's own default port: with an ssh config file, an inventory that leaves `port` at it lets the
-config's `Port` for the host apply (`orch exec -w alias`, aliases with their own ports)."""
-
-
 class SSHTransport(Transport):
     """One SSH connection to one node; safe to use from one thread at a time for `run`,
     while `popen` streams may run beside it (paramiko multiplexes channels)."""
@@ -99,8 +94,7 @@ class SSHTransport(Transport):
             _paramiko_with_invoke()
             # port 22 left unsaid is ssh's default, not a choice: the config's `Port` for this host
             # applies then (as `ssh alias` would connect); a port the inventory wrote wins over it
-            port = opts.port if opts.port_given or opts.port != DEFAULT_PORT else None
-            conn = Connection(host, user=opts.user, port=port, config=Config(runtime_ssh_path=cfg_path),
+            conn = Connection(host, user=opts.user, port=opts.chosen_port, config=Config(runtime_ssh_path=cfg_path),
                               connect_timeout=timeout, connect_kwargs=kwargs, gateway=gateway)
             install_host_key_policy(conn.client, opts.known_hosts, opts.host_key_policy, node_name=self.node.name)
         else:
@@ -535,8 +529,7 @@ def _argv(opts: SSHOptions, config_file: str | None, host: str | None, port: int
                              "a ProxyJump loop in the ssh config?", f"check the ProxyJump lines of {config_file}")
     # the node itself at port 22 left unsaid, with an ssh config: the config's Port for its host
     # applies, as `ssh alias` would (`orch exec -w alias`); hops keep the port they were given
-    shown_port = port if port and (config_file is None or port != DEFAULT_PORT or depth > 0 or opts.port_given) \
-        else None
+    shown_port = port if depth > 0 or config_file is None else opts.chosen_port
     argv = ["ssh", "-F", config_file or "none", *(["-p", str(shown_port)] if shown_port else [])]
     if user:
         argv += ["-l", user]

@@ -52,7 +52,12 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def half_model(module: Any) -> Any:
     """A detached fp16 NCHW copy for the file, as ultralytics saves its EMA (channels_last would
     break older ultralytics' fusing, NaN/Inf from the fp16 cast clamped)."""
-    copy = deepcopy(module).half().to(memory_format=torch.contiguous_format)
+    return _as_saved(deepcopy(module))
+
+
+def _as_saved(copy: Any) -> Any:
+    """A copy of the EMA made what the file holds: fp16, NCHW, no loss, NaN/Inf clamped."""
+    copy.half().to(memory_format=torch.contiguous_format)  # a model's own _apply converts its extra tensors
     if hasattr(copy, "criterion"):
         copy.criterion = None  # the loss holds device tensors and is rebuilt lazily
     for v in copy.state_dict().values():
@@ -95,13 +100,7 @@ class HalfCopy:
             for k, v in vars(src).items():
                 if k not in _MODULE_INTERNALS:
                     dst.__dict__[k] = v
-        self._copy.half().to(memory_format=torch.contiguous_format)  # a model's own _apply converts its extra tensors
-        if hasattr(self._copy, "criterion"):
-            self._copy.criterion = None
-        for v in self._copy.state_dict().values():
-            if v.is_floating_point():
-                torch.nan_to_num_(v)
-        return self._copy
+        return _as_saved(self._copy)
 
 
 def build(*, epoch: int, best_fitness: float, stopper: dict[str, Any], model: torch.nn.Module, ema: Any,

@@ -114,7 +114,7 @@ def is_metrics(line: LogLine) -> bool:
     detector read, and `orch logs --no-telemetry` leaves out."""
     if line.stream == "orch":
         return line.text.startswith(PREFIX)
-    return line.rank is not None and "timing epoch" in line.text and parse_timing(line.text) is not None
+    return timing_window(line) is not None
 
 
 def timing_window(line: LogLine, offset_s: float = 0.0) -> tuple[Window, Timing] | None:

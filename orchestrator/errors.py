@@ -32,9 +32,19 @@ class InventoryIssue:
     key: str | None = None
 
     def render(self) -> str:
+        """One line whatever the file held: a newline, an escape sequence or a bidi override in a
+        key or a value quoted by the message is shown escaped (`\\n`, `\\x1b`, `\\u202e`)."""
         where = self.path if self.line is None else f"{self.path}:{self.line}"
         key = f" [{self.key}]" if self.key else ""
-        return f"{where}:{key} {self.message}"
+        return visible(f"{where}:{key} {self.message}")
+
+
+def visible(text: str) -> str:
+    """`text` with every character that is not printable (line breaks, control and format
+    characters) written as its Python escape, so that it prints as one honest line."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 class InventoryError(OrchError):

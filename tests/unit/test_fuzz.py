@@ -173,8 +173,9 @@ def test_names_that_would_become_paths_or_columns_are_refused(name: str) -> None
         parse(text, "inv.yaml")
     assert_clear(exc.value)
     env = yaml.safe_dump({"nodes": [{"host": "h1"}], "env": {name.strip() + "\n" if name.strip() else "A\n": "1"}})
-    with pytest.raises(InventoryError):
+    with pytest.raises(InventoryError) as exc:
         parse(env, "inv.yaml")
+    assert_clear(exc.value)
 
 
 # ----------------------------------------------------------------------------- node.log lines and frames

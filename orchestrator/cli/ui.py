@@ -43,7 +43,9 @@ def console(stderr: bool = True, stream: Any = None) -> Console:
 
     stream = stream if stream is not None else (sys.stderr if stderr else sys.stdout)
     color = color_enabled(stream)
-    return Console(file=stream, no_color=not color, highlight=False, soft_wrap=False,
+    # soft_wrap: a printed line is never broken at a column by rich (a terminal folds it on the
+    # screen; a pipe or log file keeps one line, as grep expects); tables still lay out to width
+    return Console(file=stream, no_color=not color, highlight=False, soft_wrap=True,
                    force_terminal=color or None, emoji=False,
                    width=None if color else 200)
 

@@ -146,3 +146,16 @@ def test_check_json_in_a_pipe_does_not_import_rich(tmp_path: Path) -> None:
     table = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=120)
     assert table.stderr.strip().splitlines()[-1] == "exit 0 True", table.stderr
     assert "preflight passed" in table.stdout and "software" in table.stdout
+
+
+def test_a_long_message_to_a_pipe_stays_one_line(capsys: pytest.CaptureFixture[str],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """What orch says on stderr is grepped from logs and CI output: a message longer than any
+    width (a deep run directory, many nodes) is one line there, never wrapped at a column."""
+    from orchestrator.cli import render
+
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    origin = "/tmp/" + "deep/" * 40 + "check.json"
+    render.skew_note({f"gpu{i:02d}": 0.0 for i in range(1, 4)}, origin)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and len(err) > 250 and "gpu02 +0.0 ms" in err, err

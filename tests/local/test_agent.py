@@ -124,13 +124,17 @@ def test_orphans_of_a_killed_job_are_reaped_and_killed(tmp_path: Path) -> None:
 def test_stop_without_the_agent_still_finds_the_job(tmp_path: Path) -> None:
     d = prepare(tmp_path, "setsid sleep 302 & while true; do sleep 0.2; done")
     assert call("start", str(d))[0] == 0
-    snapshot_holds(d, b"302")
+    # the sleeper itself, not the job's shell (whose command line holds "302" too)
+    snapshot_holds(d, b"sleep\x00302\x00")
     st = state(d)
+    sleeper = next(p for p, _s in st["procs"] if Path(f"/proc/{p}/cmdline").read_bytes() == b"sleep\x00302\x00")
     os.kill(st["agent_pid"], signal.SIGKILL)
     code, status = call("status", str(d))
     assert status["agent_alive"] is False and status["job_alive"] is True
     code, out = call("stop", str(d), "--grace", "1")
-    assert code == 0 and out["remaining"] == [] and len(out["stopped"]) >= 2
+    # the job's shell (its process group) and the sleeper in a session of its own are both found and stopped
+    assert code == 0 and out["remaining"] == [] and {st["pid"], sleeper} <= set(out["stopped"]), out
+    assert not agent.alive(sleeper) and not agent.alive(st["pid"])
     assert state(d)["state"] == "stopped"
 
 

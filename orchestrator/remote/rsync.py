@@ -9,6 +9,9 @@ attributes of the parents that exist (`/data`, `/home/me`) are left alone. `-a` 
 so a second run sends nothing that did not change (rsync's quick check: size and time);
 `--omit-dir-times` leaves directory times alone, so files a job writes beside the synced ones
 (a label cache, `__pycache__`) do not make the next sync report changed directories.
+`__pycache__/` directories are excluded (`EXCLUDED`): bytecode belongs to the interpreter and the
+paths of the machine that wrote it, the node writes its own, and excluded names are also safe from
+`--delete` there.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ from ..transport.ssh import openssh_argv
 
 NOT_INSTALLED = "orch: rsync is not installed on this node"
 """What the node side prints (and exits 127) when it has no rsync: the rsync-path below says it."""
+
+EXCLUDED = ("__pycache__/",)
+"""rsync `--exclude` patterns of every sync: Python's bytecode caches, at any depth."""
 
 REMOTE_RSYNC = ("/bin/sh -c 'command -v rsync >/dev/null 2>&1 || { echo \"" + NOT_INSTALLED + "\" >&2; exit 127; }; "
                 "exec rsync \"$@\"' rsync")
@@ -65,7 +71,7 @@ def rsync_argv(node: Node, paths: Sequence[str], options: SyncOptions = SyncOpti
             raise ValueError(f"sync path {p!r} must be absolute, without a trailing slash, and not /")
     e = " ".join(rsync_shell_word(a) for a in openssh_argv(node.ssh, config_file, node.host))
     argv = ["rsync", "--archive", "--omit-dir-times", "--relative", "--no-implied-dirs", "--itemize-changes", "--stats",
-            "--rsh", e, "--rsync-path", REMOTE_RSYNC]
+            *(f"--exclude={pattern}" for pattern in EXCLUDED), "--rsh", e, "--rsync-path", REMOTE_RSYNC]
     if options.dry_run:
         argv.append("--dry-run")
     if options.delete:

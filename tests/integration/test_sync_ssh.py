@@ -108,15 +108,23 @@ def test_empty_private_dirs_get_identical_copies_then_a_second_sync_sends_nothin
 def test_delete_removes_only_what_the_controller_lacks_inside_synced_dirs(cluster: TestCluster,
                                                                          orch: Orch) -> None:
     job, data = controller_tree(cluster)
+    # Python's bytecode caches are the machine's own (its interpreter's, its paths'): the
+    # controller's are not copied, and --delete leaves the node's alone
+    (job / "__pycache__").mkdir()
+    (job / "__pycache__" / "train.cpython-311.pyc").write_bytes(b"controller's")
     inv = str(cluster.write_inventory(job={"sync": [str(job), str(data)]}))
-    sync_json(orch, inv, "--nodes", "node2")
-    on_node(cluster, "node2", f"touch {job}/stale.py {job.parent}/beside.txt {cluster.NODE_LOCAL}/mine")
+    first = sync_json(orch, inv, "--nodes", "node2")["node2"]
+    assert first["files"] == 4 and not any("__pycache__" in c for c in first["changes"]), first["changes"]
+    on_node(cluster, "node2", f"touch {job}/stale.py {job.parent}/beside.txt {cluster.NODE_LOCAL}/mine && "
+                              f"mkdir -p {job}/pkg/__pycache__ && touch {job}/pkg/__pycache__/node.cpython-312.pyc")
     kept = sync_json(orch, inv, "--nodes", "node2")["node2"]  # kept without --delete
     assert (kept["files"], kept["changes"]) == (0, [])
     got = sync_json(orch, inv, "--nodes", "node2", "--delete")["node2"]["changes"]
     assert got == [f"*deleting {job}/stale.py"]
     left = on_node(cluster, "node2", f"ls {job.parent} {cluster.NODE_LOCAL}")
     assert "beside.txt" in left and "mine" in left and "stale.py" not in on_node(cluster, "node2", f"ls {job}")
+    assert on_node(cluster, "node2", f"ls -A {job}/pkg/__pycache__; ls -A {job}") == \
+        "node.cpython-312.pyc\nlink\npkg\nrun.sh\ntrain.py\n"
 
 
 def test_a_symlinked_source_or_output_inside_a_synced_dir_leaves_the_node_intact(cluster: TestCluster,

@@ -79,7 +79,7 @@ def test_rsync_argv_golden() -> None:
     argv = rsync_argv(n, ["/srv/yolo", "/data/coco.yaml"], SyncOptions(dry_run=True, delete=True))
     assert argv == [
         "rsync", "--archive", "--omit-dir-times", "--relative", "--no-implied-dirs", "--itemize-changes", "--stats",
-        "--rsh", "ssh -F none -p 22 -l train -i /keys/id -o UserKnownHostsFile=/kh "
+        "--exclude=__pycache__/", "--rsh", "ssh -F none -p 22 -l train -i /keys/id -o UserKnownHostsFile=/kh "
                  "-o GlobalKnownHostsFile=/dev/null -o StrictHostKeyChecking=accept-new -o BatchMode=yes "
                  "-o ConnectTimeout=10 -o ForwardAgent=no -o ForwardX11=no -o ClearAllForwardings=yes -o PermitLocalCommand=no -o ControlMaster=no -o ControlPath=none -o UpdateHostKeys=no -o RequestTTY=no -o ServerAliveInterval=10 -o ServerAliveCountMax=6 "
                  "-o LogLevel=ERROR",

@@ -15,6 +15,8 @@ A node may run another orch version, or none: what a program needs travels with 
 - `probe.py`  `orch check`'s probe: gathers a node's facts, answers pings and connect tests.
 - `reader.py` streams a node's log from a byte offset as frames, with the node's status;
               it judges liveness with the agent's own functions (shipped along with it).
+- `tether.py` runs `orch exec`'s command in a process group of its own, stopped when the SSH
+              session that started it goes away (`python -c`, before the command's words).
 
 This file is the controller's side: `source(name)` is a program's text, and `program(main,
 deps)` the text that runs it with the sibling modules it imports (`from . import agent`)

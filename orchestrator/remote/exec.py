@@ -11,6 +11,14 @@ not be run there or ended without one (unreachable, auth or host key refused, ki
 signal: ssh's and pdsh's code); 124 when it outlived `--timeout` (timeout(1)'s). The worst is
 the largest.
 
+On the node the command is tethered to its SSH session (`node/tether.py`, a watcher the login
+shell starts in the background with the node's `python`): when sshd's session process goes
+away, the login shell's process group (the command and what it started) gets SIGTERM, SIGKILL
+5 s later. So Ctrl-C on `orch exec` (which closes every connection) stops the command on every
+node, as closing a terminal would; a plain `ssh host cmd` or pdsh leaves it running there. The
+command itself runs as without it (the same login shell, environment and exit status). A node
+without that python runs it untethered, as ssh would.
+
 With `--timeout` the command runs under the node's timeout(1) (`timed_line`): past it, the node
 itself stops the command's whole process group (SIGTERM, SIGKILL 5 s later), so nothing of it
 is left running there, whatever happens to the connection; what it printed until then is kept.
@@ -28,6 +36,7 @@ from typing import Any
 from ..config.inventory import Inventory
 from ..config.nodes import Node
 from ..errors import TransportError
+from ..node import script
 from ..transport import Cluster, Result, Transport
 
 UNREACHABLE = 255
@@ -44,14 +53,37 @@ SLACK_S = 10
 NO_TIMEOUT = "orch: timeout(1) is not on this node's PATH: orch exec --timeout needs it to stop the command here"
 
 
-def timed_line(command: Sequence[str], shell: bool, timeout: float) -> str:
+def _words(command: Sequence[str], shell: bool) -> str:
+    """`command` as shell words: one word is a line for the node's login shell (`$SHELL -c`),
+    several are an argv, each word as it is."""
+    return f'"${{SHELL:-/bin/sh}}" -c {shlex.quote(command[0])}' if shell else shlex.join(command)
+
+
+def tether(python: str | None) -> str:
+    """The login-shell line that starts `node/tether.py` in the background with the node's
+    `python`, watching this shell (`$$`) and its parent (`$PPID`); nothing where there is no such python (the command then
+    runs untethered, as ssh alone runs it) or `python` is None (a transport whose close stops the
+    command itself)."""
+    if python is None:
+        return ""
+    py = shlex.quote(python)
+    return (f"if command -v {py} >/dev/null 2>&1; then {py} -I -S -c {shlex.quote(script('tether'))} $$ $PPID "
+            "</dev/null >/dev/null 2>&1 & fi\n")
+
+
+def command_line(command: Sequence[str], shell: bool, python: str | None = "python3") -> str:
+    """The login-shell line of `orch exec` without --timeout: the tether, then the command as the
+    login shell would run it alone (one word: that line itself; several: `exec` of the argv)."""
+    return tether(python) + (command[0] if shell else "exec " + shlex.join(command))
+
+
+def timed_line(command: Sequence[str], shell: bool, timeout: float, python: str | None = "python3") -> str:
     """The login-shell line that runs `command` under timeout(1) on the node: in a process group of
-    its own, which timeout signals whole when the time is up (exit 124, 137 after the SIGKILL). A
-    one-word command is a line for the node's login shell (`$SHELL -c`), as without --timeout;
-    several words are an argv, each word as it is. Without timeout(1) there: exit 127, saying so."""
-    run = f'"${{SHELL:-/bin/sh}}" -c {shlex.quote(command[0])}' if shell else shlex.join(command)
+    its own, which timeout signals whole when the time is up (exit 124, 137 after the SIGKILL),
+    tethered as without --timeout. A one-word command is a line for the node's login shell
+    (`$SHELL -c`); several words are an argv. Without timeout(1) there: exit 127, saying so."""
     return (f"command -v timeout >/dev/null 2>&1 || {{ echo {shlex.quote(NO_TIMEOUT)} >&2; exit 127; }}; "
-            f"exec timeout -k {KILL_AFTER_S} {timeout:g} {run}")
+            + tether(python) + f"exec timeout -k {KILL_AFTER_S} {timeout:g} {_words(command, shell)}")
 
 
 @dataclass(frozen=True)
@@ -202,13 +234,13 @@ def run_everywhere(inv: Inventory, nodes: Sequence[Node], command: Sequence[str]
         splitter = LineSplitter(t.node.name, on_line) if on_line is not None else None
         feed = splitter.feed if splitter is not None else None
         try:
+            python = None if t.close_stops_commands else t.node.python  # closing the connection stops it there
             if timeout is not None:
-                res = t.run_shell(timed_line(sent, shell, timeout), timeout=timeout + KILL_AFTER_S + SLACK_S,
-                                  on_output=feed)
-                return Result(res.node, tuple(command), res.exit_code, res.stdout, res.stderr, res.elapsed_ms)
-            if shell:
-                return t.run_shell(sent[0], on_output=feed)
-            return t.run(sent, on_output=feed)
+                res = t.run_shell(timed_line(sent, shell, timeout, python),
+                                  timeout=timeout + KILL_AFTER_S + SLACK_S, on_output=feed)
+            else:
+                res = t.run_shell(command_line(sent, shell, python), on_output=feed)
+            return Result(res.node, tuple(command), res.exit_code, res.stdout, res.stderr, res.elapsed_ms)
         finally:
             if splitter is not None:
                 splitter.finish()

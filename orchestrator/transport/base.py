@@ -102,6 +102,11 @@ class Process:
 class Transport:
     """Run commands on one node. Subclasses implement `connect`, `_exec`, `popen`, `close`."""
 
+    close_stops_commands = False
+    """Whether `close` ends the commands `run` still waits for, whatever they started (the local
+    transport kills their process groups). Over SSH it does not: a command without a terminal
+    outlives its connection, unless it runs tethered (`node/tether.py`, as `orch exec` runs it)."""
+
     def __init__(self, node: Node) -> None:
         self.node = node
 

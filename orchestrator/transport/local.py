@@ -57,6 +57,8 @@ class LocalTransport(Transport):
     """Nodes that are processes on this machine (`transport: local`). Commands start in $HOME,
     like an SSH login, through `/bin/sh -c` with the same command line SSH would send."""
 
+    close_stops_commands = True
+
     def __init__(self, node: Node) -> None:
         super().__init__(node)
         self._running: set[subprocess.Popen[bytes]] = set()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster import TestCluster
-from tests.up_helpers import REPO, Orch, wait_for
+from tests.up_helpers import REPO, Orch, leftover, wait_for
 
 
 @pytest.fixture
@@ -144,12 +144,20 @@ def test_host_keys_are_verified_as_for_every_command(cluster: TestCluster, orch:
     assert cluster.node("node1").host in empty.read_text()
 
 
-def test_ctrl_c_closes_every_connection_and_exits_130(cluster: TestCluster, orch: Orch, tmp_path: Path) -> None:
+@pytest.mark.parametrize("timeout", [None, 300])
+def test_ctrl_c_closes_every_connection_exits_130_and_stops_the_command_everywhere(
+        cluster: TestCluster, orch: Orch, tmp_path: Path, timeout: int | None) -> None:
+    """Closing an SSH connection leaves a command without a terminal running on the node (ssh's and
+    pdsh's behaviour): orch's tether stops its whole process group there, background children too,
+    with or without --timeout."""
     inv = str(cluster.write_inventory())
     started = tmp_path / "exec-started"
     started.mkdir()
-    line = f"mktemp -p {started} >/dev/null && sleep 120; echo late"  # each node says it runs, then waits
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "exec", inv, "--", line],
+    marker = f"orch-exec-ctrl-c-{time.monotonic_ns()}"
+    # each node says it runs, then waits, with a child in the background
+    line = f"export EXEC_MARK={marker}; sleep 130 & mktemp -p {started} >/dev/null && sleep 120; echo late"
+    limit = ["--timeout", str(timeout)] if timeout else []
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "exec", inv, *limit, "--", line],
                             cwd=REPO, env=orch.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while len(list(started.iterdir())) < len(cluster.nodes):  # running on every node: Ctrl-C interrupts it
@@ -159,3 +167,5 @@ def test_ctrl_c_closes_every_connection_and_exits_130(cluster: TestCluster, orch
     out, err = proc.communicate(timeout=60)  # far less than the command's 120 s
     assert proc.returncode == 130, err
     assert "late" not in out
+    # SIGTERM to the group once sshd's session process is gone (SIGKILL 5 s later)
+    wait_for(lambda: leftover(cluster, marker) == {}, 30, "the command and its child to stop on every node")

@@ -63,8 +63,9 @@ JOB_FILES = sorted((Path(node.__file__).parent / "jobs").glob("*.py"))
 """Jobs orch runs under torchrun (node/jobs/): like the programs, but they may import torch."""
 
 
-def test_the_package_holds_the_four_programs_and_the_agents_modules() -> None:
-    assert {p.stem for p in NODE_FILES} == {"__init__", "agent", "boot", "probe", "reader", *node.AGENT_MODULES}
+def test_the_package_holds_the_five_programs_and_the_agents_modules() -> None:
+    assert {p.stem for p in NODE_FILES} == {"__init__", "agent", "boot", "probe", "reader", "tether",
+                                            *node.AGENT_MODULES}
 
 
 def test_the_agent_ships_every_module_it_imports() -> None:

@@ -36,12 +36,11 @@ from .fetch import (
 from .lines import LogLine, column_widths, format_line, merge_key, parse_node_line
 from .merge import LiveMerge, merge
 from .stored import (
+    ControllerTail,
     append_controller_line,
     controller_line,
     controller_name,
-    copy_lines,
     lock_merged,
-    merge_sources,
     world_size,
 )
 
@@ -238,6 +237,8 @@ class Follower:
         self._said: list[LogLine] = []
         self._stored: list[LogLine] = []
         """controller.log's lines still to merge, in file order."""
+        self._tail = ControllerTail(run, self.controller)
+        """controller.log as it grows: another shell's `orch up` may add to it while this follows."""
 
     @property
     def reconnects(self) -> dict[str, int]:
@@ -272,9 +273,10 @@ class Follower:
         merged = self._open_merged()
         names = [st.src.node for st in self.nodes]
         if self.from_start:  # what controller.log holds (a relaunch appends to merged.log: it is there already)
-            stored = merge_sources(self.run, [st.src for st in self.nodes])[len(self.nodes):]
-            self._stored = [line for src in stored for line in copy_lines(src)]
-            names += [self.controller] if stored else []
+            self._stored = self._tail.read()
+            names += [self.controller] if self.run.controller_log.exists() else []
+        else:
+            self._tail.read()  # what it holds already is in merged.log; read on from its end
         widths = column_widths(names, world_size(self.run, self.inv))
         starts: list[int | None] = [0 if self.from_start else None] * len(self.nodes)
         prevs: list[LogLine | None] = [None] * len(self.nodes)
@@ -374,6 +376,7 @@ class Follower:
                 return
             if now >= next_watch:
                 self._watch()
+                self._stored.extend(self._tail.read())
                 next_watch = now + 1.0
             deadline = live.deadline()
             wait = 0.5 if deadline is None else min(0.5, deadline - now)
@@ -401,6 +404,7 @@ class Follower:
         follow's lines (and merged.log) in order. Call it from the thread consuming `lines()`."""
         try:
             append_controller_line(self.run, ts, text)
+            self._tail.wrote(controller_line(ts, text))
         except OSError as exc:
             self.on_event("controller", f"cannot write {self.run.controller_log}: {exc.strerror or exc}")
         self._said.append(parse_node_line(controller_line(ts, text), self.controller, -1, None))

@@ -75,6 +75,40 @@ def append_controller_line(run: RunDir, ts: float, text: str) -> None:
         fh.write(controller_line(ts, text))
 
 
+class ControllerTail:
+    """controller.log read on from where it was last read, complete lines only: how a follower
+    merges the lines an attached `orch up` in another shell adds while it follows. Lines this
+    process wrote itself (`own`) are skipped: its follower merged them as it said them."""
+
+    def __init__(self, run: RunDir, node: str) -> None:
+        self.path, self.node = run.controller_log, node
+        self.pos = 0
+        self.own: dict[str, int] = {}
+
+    def wrote(self, raw: str) -> None:
+        """`raw` (a controller_line) was appended by this process: not to be read back."""
+        self.own[raw] = self.own.get(raw, 0) + 1
+
+    def read(self) -> list[LogLine]:
+        """The complete lines added since the last read (none while the file does not exist)."""
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.pos)
+                data = fh.read()
+        except FileNotFoundError:
+            return []
+        end = data.rfind(b"\n") + 1
+        self.pos += end
+        raws = []
+        for raw in data[:end].decode("utf-8", errors="replace").split("\n")[:-1]:
+            raw += "\n"
+            if self.own.get(raw):
+                self.own[raw] -= 1
+                continue
+            raws.append(raw)
+        return list(read_node_lines(raws, self.node, -1, None))
+
+
 def world_size(run: RunDir, inv: Inventory) -> int:
     """The run's number of ranks (run.json, else the inventory): the width of the rank column."""
     nodes = run.read().get("nodes") or []

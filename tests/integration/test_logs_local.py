@@ -74,6 +74,32 @@ def test_follow_orders_nodes_writing_at_different_rates_and_a_silent_one(tmp_pat
     assert len(run.merged_log.read_text().splitlines()) == len(lines)
 
 
+def test_a_second_follower_gets_the_controllers_lines_said_while_it_follows(tmp_path: Path) -> None:
+    """`orch up` names a straggler in controller.log while another shell runs `orch logs -f`: that
+    follower merges the line too (it reads controller.log on as it grows), and the one that said
+    it has it once, not again from the file."""
+    inv, run = make_run(tmp_path, ["a", "b"])
+    writers = [start_writer(inv, run, "a", 80, 0.05), start_writer(inv, run, "b", 80, 0.05)]
+    second: list[tuple[float, LogLine]] = []
+    other = threading.Thread(target=lambda: second.extend(follow_all(Follower(run, inv, Cluster(inv), poll_s=0.1))))
+    other.start()
+    said = "straggler: rank 1 on b at 0.45x the median for 3 min"
+    first = []
+    controller = Follower(run, inv, Cluster(inv), poll_s=0.1, write_merged=False)
+    for line in controller.lines():
+        first.append(line)
+        if line.node == "a" and "seq=20 " in line.text + " ":
+            controller.say(time.time(), said)
+    other.join(timeout=60)
+    for w in writers:
+        w.wait(timeout=30)
+    assert [ln.text for ln in first].count(said) == 1
+    got = [ln for _, ln in second if ln.text == said]
+    assert len(got) == 1 and got[0].node == "orch" and got[0].stream == "orch", [ln.text for _, ln in second][-5:]
+    seqs = seqs_by_node([(ln.node, ln.text) for _, ln in second])
+    assert seqs["a"] == list(range(80)) and seqs["b"] == list(range(80))  # nothing lost around it
+
+
 def test_reader_killed_mid_stream_resumes_at_the_byte_offset(tmp_path: Path) -> None:
     inv, run = make_run(tmp_path, ["a", "b"])
     writers = [start_writer(inv, run, "a", 150, 0.02), start_writer(inv, run, "b", 60, 0.05)]

@@ -1,17 +1,19 @@
 """Ties `orch exec`'s command on a node to the SSH session that started it.
 
-    PYTHON -I -S -c "$(this file)" $$ $PPID </dev/null >/dev/null 2>&1 &
-    COMMAND
+    /bin/sh -c '... PYTHON -I -S -c "<this file>" "$PPID" </dev/null >/dev/null 2>&1 & '; COMMAND
 
 The node's login shell (sshd runs `$SHELL -c LINE`, as a session leader) starts this watcher in
-the background, then runs the command as it would without it: same shell, same `.bashrc`, same
-exit status. The watcher looks at the shell (`$$`, which may have become the command by `exec`)
-every `POLL_S`: when the shell is gone, the command ended and the watcher exits. When the shell's
-parent is no longer the one it started with (`$PPID`) instead (sshd's session process exited: the controller closed the connection,
-Ctrl-C on `orch exec`, or the controller died), the watcher sends SIGTERM to the shell's
-process group, which holds the command and what it started (background children included), and
-SIGKILL `KILL_AFTER_S` later to what is left of it, itself last. Without it, a command without a
-terminal outlives its SSH connection, as with every `ssh host cmd` and pdsh.
+the background through sh (whose `$PPID` is the login shell), then runs the command as it would
+without it: same shell, same `.bashrc`, same exit status. The watcher reads the shell's parent
+(sshd's session process) once, then looks at the shell (which may have become the command by
+`exec`) every `POLL_S`: when the shell is gone, the command ended and the watcher exits. When the
+shell's parent changes instead (sshd's session process exited: the controller closed the
+connection, Ctrl-C on `orch exec`, or the controller died), the watcher sends SIGTERM to the
+shell's process group, which holds the command and what it started (background children
+included), and SIGKILL `KILL_AFTER_S` later to what is left of it, itself last. Without it, a
+command without a terminal outlives its SSH connection, as with every `ssh host cmd` and pdsh.
+A connection closed in the few milliseconds before the watcher has read the shell's parent is
+not seen (the command then outlives it, as without the watcher).
 
 It ignores SIGTERM, SIGINT and SIGHUP (timeout(1) signals the whole group), and its stdio are
 /dev/null, so it never holds the session's output open. Stdlib only, Python >= 3.8, Linux /proc.
@@ -55,21 +57,22 @@ def main(argv: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     try:
-        shell, session = int(argv[0]), int(argv[1])  # $$ and $PPID: the shell's parent when it started
+        shell = int(argv[0])  # the login shell (sh's $PPID)
     except (IndexError, ValueError):
         return 2
     first = stat(shell)
     group = os.getpgrp()
     if first is None or first[1] != group:  # ended already, or not our shell's group: nothing to stop
         return 0
-    start, parent = first[2], first[0]
+    session, _group, start = first
+    parent = session if session != 1 else -1  # already orphaned: its session was gone before we looked
     while parent == session:
         time.sleep(POLL_S)
         now = stat(shell)
         if now is None or now[2] != start:
             return 0  # the command ended
         parent = now[0]
-    # sshd's session process is gone (perhaps before this watcher started) and the command is not.
+    # sshd's session process is gone and the command is not.
     # The group id cannot be reused while this process, one of its members, is alive.
     os.killpg(group, signal.SIGTERM)
     deadline = time.monotonic() + KILL_AFTER_S

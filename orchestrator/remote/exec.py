@@ -27,8 +27,10 @@ The controller gives up on a node that has not answered `KILL_AFTER_S` + `SLACK_
 
 from __future__ import annotations
 
+import base64
 import shlex
 import threading
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -60,15 +62,20 @@ def _words(command: Sequence[str], shell: bool) -> str:
 
 
 def tether(python: str | None) -> str:
-    """The login-shell line that starts `node/tether.py` in the background with the node's
-    `python`, watching this shell (`$$`) and its parent (`$PPID`); nothing where there is no such python (the command then
-    runs untethered, as ssh alone runs it) or `python` is None (a transport whose close stops the
-    command itself)."""
+    """The start of the login-shell line that starts `node/tether.py` in the background with the
+    node's `python`, watching the login shell; nothing where there is no such python (the command
+    then runs untethered, as ssh alone runs it) or `python` is None (a transport whose close stops
+    the command itself). It is one `/bin/sh -c '...'` word and `;`, which sh, bash, zsh, fish and
+    tcsh all parse alike (the program is one base64 line: no newline, quote or `!` in it), so the
+    command after it is still a line for whatever the login shell is. sh's `$PPID` is that shell."""
     if python is None:
         return ""
+    program = base64.b64encode(zlib.compress(script("tether").encode("utf-8"), 9)).decode("ascii")
     py = shlex.quote(python)
-    return (f"if command -v {py} >/dev/null 2>&1; then {py} -I -S -c {shlex.quote(script('tether'))} $$ $PPID "
-            "</dev/null >/dev/null 2>&1 & fi\n")
+    starter = (f"command -v {py} >/dev/null 2>&1 && {{ {py} -I -S -c "
+               f"\"import base64,zlib;exec(zlib.decompress(base64.b64decode('{program}')))\" \"$PPID\" "
+               "</dev/null >/dev/null 2>&1 & }")
+    return f"/bin/sh -c {shlex.quote(starter)}; "
 
 
 def command_line(command: Sequence[str], shell: bool, python: str | None = "python3") -> str:

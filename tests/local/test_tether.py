@@ -34,6 +34,13 @@ def marked(marker: str) -> list[int]:
     return out
 
 
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # gone
+        return b""
+
+
 def wait_for(pred: Callable[[], Any], what: str, timeout: float = 20) -> Any:
     deadline = time.monotonic() + timeout
     while not (value := pred()):
@@ -97,3 +104,31 @@ def test_a_connection_that_stays_leaves_a_long_command_alone(tmp_path: Path) -> 
     marker = f"tether-stays-{time.monotonic_ns()}"
     p = login_shell(command_line(["sleep 1.5; echo done"], True, sys.executable), marker, timeout=30)
     assert (p.returncode, p.stdout) == (0, "done\n")
+
+
+@pytest.mark.parametrize("shell", ["/bin/sh", "/bin/bash", "/usr/bin/fish", "/usr/bin/tcsh"])
+def test_any_login_shell_parses_the_line_and_the_tether_works_there(shell: str, tmp_path: Path) -> None:
+    """sshd runs the line with the user's login shell, whatever it is: the watcher's start is one
+    `/bin/sh -c` word every shell parses alike, and the command after it stays that shell's line."""
+    marker = f"tether-shell-{time.monotonic_ns()}"
+    env = {**os.environ, "SHELL": shell, "TETHER_MARK": marker}
+    line = subprocess.run([shell, "-c", command_line(["echo hi; exit 3"], True, sys.executable)], capture_output=True,
+                          text=True, env=env, start_new_session=True)
+    assert (line.returncode, line.stdout, line.stderr) == (3, "hi\n", "")
+    argv = subprocess.run([shell, "-c", command_line(["echo", "a b", "$HOME"], False, sys.executable)],
+                          capture_output=True, text=True, env=env, start_new_session=True)
+    assert (argv.returncode, argv.stdout, argv.stderr) == (0, "a b $HOME\n", "")
+    ready = tmp_path / "ready"
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen(sys.argv[1:], "
+                               "start_new_session=True); time.sleep(600)", shell, "-c",
+                               command_line([f"touch {ready}; sleep 300"], True, sys.executable)], env=env)
+    try:
+        wait_for(ready.exists, "the command to start")
+        wait_for(lambda: any(b"\0-I\0-S\0-c\0" in cmdline(p) for p in marked(marker)), "the watcher to start")
+        parent.kill()
+        parent.wait(timeout=10)
+        wait_for(lambda: marked(marker) == [], f"the watcher to stop the command under {shell}", timeout=30)
+    finally:
+        parent.kill()
+        for pid in marked(marker):
+            os.kill(pid, signal.SIGKILL)

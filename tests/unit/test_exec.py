@@ -20,14 +20,15 @@ import yaml
 
 from orchestrator.cli import main, render
 from orchestrator.errors import TransportError
-from orchestrator.node import script
 from orchestrator.remote.exec import (
     NO_TIMEOUT,
     TIMED_OUT,
     UNREACHABLE,
     ExecReport,
     NodeOutput,
+    command_line,
     node_output,
+    tether,
     timed_line,
 )
 from orchestrator.transport import Result
@@ -72,13 +73,15 @@ def report(*answers: tuple[str, int, str]) -> ExecReport:
 
 
 def test_with_a_timeout_the_node_runs_the_command_under_timeout_1() -> None:
-    watcher = (f"if command -v python3 >/dev/null 2>&1; then python3 -I -S -c {shlex.quote(script('tether'))} $$ $PPID "
-               "</dev/null >/dev/null 2>&1 & fi\n")
+    watcher = tether("python3")
+    assert watcher.startswith("/bin/sh -c 'command -v python3 >/dev/null 2>&1 && { python3 -I -S -c ") and \
+        watcher.endswith(" \"$PPID\" </dev/null >/dev/null 2>&1 & }'; ") and "\n" not in watcher
     assert timed_line(["sleep", "30"], False, 2) == (
         f"command -v timeout >/dev/null 2>&1 || {{ echo {shlex.quote(NO_TIMEOUT)} >&2; exit 127; }}; "
         f"{watcher}exec timeout -k 5 2 sleep 30")
-    assert "then /opt/venv/bin/python -I -S -c " in timed_line(["sleep", "30"], False, 2, "/opt/venv/bin/python")
+    assert "{ /opt/venv/bin/python -I -S -c " in timed_line(["sleep", "30"], False, 2, "/opt/venv/bin/python")
     assert timed_line(["sleep", "30"], False, 2, None).endswith("; exec timeout -k 5 2 sleep 30")  # untethered
+    assert command_line(["df -h | grep x"], True, "python3") == watcher + "df -h | grep x"
     assert timed_line(["df -h | grep '/data'"], True, 2.5).endswith(
         """exec timeout -k 5 2.5 "${SHELL:-/bin/sh}" -c 'df -h | grep '"'"'/data'"'"''""")
     assert timed_line(["echo", "$HOME", "a b"], False, 1).endswith("exec timeout -k 5 1 echo '$HOME' 'a b'")

@@ -120,7 +120,7 @@ def test_a_step_that_overruns_is_stopped_and_the_next_still_runs(tmp_path: Path)
         "    import torch\n    if not torch.cuda.is_available():\n        pytest.skip('no CUDA')\n\n\n"
         "def test_not_a_gpu_test():\n    pass\n")
     p, doc = smoke(tmp_path, "--steps", "syncs,orch_up,gpu_tests", "--step-budget", "syncs=2", "--step-budget",
-                   "orch_up=15", "--gpu-tests", str(tests), timeout=800)
+                   "orch_up=6", "--gpu-tests", str(tests), timeout=800)
     assert p.returncode == 1, explain(p)  # a timeout is not ok
     steps = {s["name"]: s for s in doc["steps"]}
     assert list(steps) == ["data", "environment", "syncs", "orch_up", "gpu_tests"]
@@ -129,7 +129,7 @@ def test_a_step_that_overruns_is_stopped_and_the_next_still_runs(tmp_path: Path)
     # stopped mid-run (in orch up, or in an orch stacks of it): SIGTERM tears the run down, orch down makes sure
     # (smoke() finds no survivor of it)
     assert steps["orch_up"]["status"] == "timeout"
-    assert "still running at the step's budget (15 s): stopped" in steps["orch_up"]["error"]
+    assert "still running at the step's budget (6 s): stopped" in steps["orch_up"]["error"]
     assert steps["gpu_tests"]["status"] == "pass", steps["gpu_tests"]["error"]
     assert steps["gpu_tests"]["figures"]["tests"] == 1 and steps["gpu_tests"]["figures"]["skipped"] == 1
     assert any(ln.startswith("syncs ") and " timeout " in ln for ln in p.stdout.splitlines())

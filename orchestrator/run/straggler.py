@@ -36,7 +36,7 @@ from __future__ import annotations
 import statistics
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from .supervise import Failure, NodeSpec
@@ -250,7 +250,11 @@ class Detector:
             cpu = load.rank_cpu_pct.get(w.rank)
             if cpu is None:
                 cpu = load.cpu_pct
-        kind, reason = attribute(w, median, statistics.median(x.data_per_step for x in got.values()), load,
+        # the data rule is judged on the whole streak, as the line reports its data wait: one window
+        # of a CPU-starved node can wait for data as much as it computes, the streak does not
+        whole = replace(w, steps=sum(x.steps for x in streak), data_s=sum(x.data_s for x in streak),
+                        compute_s=sum(x.compute_s for x in streak), wall_s=sum(x.wall_s for x in streak))
+        kind, reason = attribute(whole, median, statistics.median(x.data_per_step for x in got.values()), load,
                                  node_ranks=[r for r, x in got.items() if x.node == w.node],
                                  slow=slow, others_fine=any(r not in slow for r, x in got.items() if x.node != w.node))
         data_share = sum(x.data_s for x in streak) / max(1e-9, sum(x.wall_s for x in streak))

@@ -231,3 +231,15 @@ def test_a_relaunch_that_resumes_an_earlier_epoch_is_judged_anew() -> None:
     feed(det, 3, {})
     assert feed(det, 2, {0: (3.0, 0.01)}) == []  # attempt 2, from window 2 again
     assert [s.rank for s in feed(det, 3, {0: (3.0, 0.01)})] == [0]
+
+
+def test_a_cpu_starved_rank_whose_last_window_waited_for_data_is_still_compute_bound() -> None:
+    """A CPU quota starves the node's loader workers too: one window may wait for data as long as
+    it computes. The reason is judged on the streak, whose data wait the line reports (4 % here)."""
+    det = Detector(share=0.8, windows=3, world_size=4)
+    det.load(NodeLoad("n3", cpu_pct=40.0, rank_cpu_pct={2: 36.0}, no_gpu=True))
+    feed(det, 1, {2: (3.0, 0.01)})
+    feed(det, 2, {2: (3.0, 0.01)})
+    found = feed(det, 3, {2: (1.6, 0.7)})  # this window: 0.7 s of its 1.3 s excess waiting for data
+    assert [(s.rank, s.node, s.kind) for s in found] == [(2, "n3", "compute")], [s.reason for s in found]
+    assert "compute-bound on n3" in found[0].line()

@@ -402,12 +402,13 @@ class Follower:
         """A line of the controller's own (`orch up` naming a straggler) at `ts` on the reference
         clock: appended to controller.log, where `orch logs` merges it from, and merged into this
         follow's lines (and merged.log) in order. Call it from the thread consuming `lines()`."""
+        raw = controller_line(ts, text)
         try:
             append_controller_line(self.run, ts, text)
-            self._tail.wrote(controller_line(ts, text))
+            self._tail.wrote(raw)
         except OSError as exc:
             self.on_event("controller", f"cannot write {self.run.controller_log}: {exc.strerror or exc}")
-        self._said.append(parse_node_line(controller_line(ts, text), self.controller, -1, None))
+        self._said.append(parse_node_line(raw, self.controller, -1, None))
 
     def _take_said(self) -> list[LogLine]:
         said, self._said = self._said, []

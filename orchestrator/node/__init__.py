@@ -15,8 +15,9 @@ A node may run another orch version, or none: what a program needs travels with 
 - `probe.py`  `orch check`'s probe: gathers a node's facts, answers pings and connect tests.
 - `reader.py` streams a node's log from a byte offset as frames, with the node's status;
               it judges liveness with the agent's own functions (shipped along with it).
-- `tether.py` runs `orch exec`'s command in a process group of its own, stopped when the SSH
-              session that started it goes away (`python -c`, before the command's words).
+- `tether.py` a watcher the login shell starts beside `orch exec`'s command: it stops the
+              shell's process group when the SSH session that started it goes away
+              (`python -c` of its `packed` text, in the background).
 
 This file is the controller's side: `source(name)` is a program's text, and `program(main,
 deps)` the text that runs it with the sibling modules it imports (`from . import agent`)
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import ast
 import base64
+import functools
 import importlib.util
 import marshal
 import threading
@@ -73,6 +75,13 @@ def script(name: str) -> str:
 
 def _blob(data: bytes) -> str:
     return base64.b64encode(zlib.compress(data, 9)).decode("ascii")
+
+
+@functools.lru_cache(maxsize=None)
+def packed(name: str) -> str:
+    """`script(name)` compressed and base64-encoded: one line without quotes, newlines or `!`,
+    which any login shell passes through inside quotes (`orch exec`'s tether). Made once per process."""
+    return _blob(script(name).encode("utf-8"))
 
 
 def program(main: str, deps: tuple[str, ...] = ()) -> str:

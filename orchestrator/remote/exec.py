@@ -27,10 +27,8 @@ The controller gives up on a node that has not answered `KILL_AFTER_S` + `SLACK_
 
 from __future__ import annotations
 
-import base64
 import shlex
 import threading
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,7 +36,7 @@ from typing import Any
 from ..config.inventory import Inventory
 from ..config.nodes import Node
 from ..errors import TransportError
-from ..node import script
+from ..node import packed
 from ..transport import Cluster, Result, Transport
 
 UNREACHABLE = 255
@@ -65,15 +63,14 @@ def tether(python: str | None) -> str:
     """The start of the login-shell line that starts `node/tether.py` in the background with the
     node's `python`, watching the login shell; nothing where there is no such python (the command
     then runs untethered, as ssh alone runs it) or `python` is None (a transport whose close stops
-    the command itself). It is one `/bin/sh -c '...'` word and `;`, which sh, bash, zsh, fish and
-    tcsh all parse alike (the program is one base64 line: no newline, quote or `!` in it), so the
+    the command itself). It is one `/bin/sh -c '...'` word and `;`, which sh, bash, fish and tcsh
+    parse alike (tested; the program is one base64 line: no newline, quote or `!` in it), so the
     command after it is still a line for whatever the login shell is. sh's `$PPID` is that shell."""
     if python is None:
         return ""
-    program = base64.b64encode(zlib.compress(script("tether").encode("utf-8"), 9)).decode("ascii")
     py = shlex.quote(python)
     starter = (f"command -v {py} >/dev/null 2>&1 && {{ {py} -I -S -c "
-               f"\"import base64,zlib;exec(zlib.decompress(base64.b64decode('{program}')))\" \"$PPID\" "
+               f"\"import base64,zlib;exec(zlib.decompress(base64.b64decode('{packed('tether')}')))\" \"$PPID\" "
                "</dev/null >/dev/null 2>&1 & }")
     return f"/bin/sh -c {shlex.quote(starter)}; "
 

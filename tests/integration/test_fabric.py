@@ -20,8 +20,7 @@ from orchestrator.config.inventory import load
 from tests.cluster import TestCluster, free_port
 from tests.up_helpers import REPO, Orch, leftover
 
-# alone: a throttled link is named by measured bandwidth, and a hung node by its timeout
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(400), pytest.mark.alone]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 MakeCluster = Callable[..., TestCluster]
 ORCH = [sys.executable, "-m", "orchestrator"]
 

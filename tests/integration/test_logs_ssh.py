@@ -159,7 +159,6 @@ def test_an_unreachable_node_is_given_up_after_the_run_ended(cluster: TestCluste
     assert any("reconnecting" in m for m in msgs) and "unreachable for 2 s" in msgs[-1], msgs
 
 
-@pytest.mark.alone  # a 2 s heartbeat timeout
 @pytest.mark.netns
 def test_pulled_cable_is_detected_by_the_missing_heartbeat_and_resumed(netns_cluster: TestCluster) -> None:
     """node2's link goes down for 6 s while it writes: no EOF arrives, only silence. The follower

@@ -14,8 +14,7 @@ import pytest
 
 from tests.trainer_helpers import REPO, make_dataset, run_nodes, run_trainer
 
-# alone: each bounds a duration against a collective timeout of a few seconds
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.alone]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 KILL_ONCE = REPO / "tests" / "kill_once"
 

@@ -75,7 +75,6 @@ def test_fan_out_with_one_sshd_stopped_reports_every_node(cluster_in, mode):
     assert elapsed < inv.node("node3").ssh.connect_timeout  # refused fast, not after a timeout
 
 
-@pytest.mark.alone  # bounds a fan-out to 3.5 s
 @pytest.mark.netns
 def test_fan_out_with_one_link_down_waits_connect_timeout_not_more(netns_cluster):
     inv = inventory.load(netns_cluster.write_inventory(ssh={"connect_timeout": 2}))

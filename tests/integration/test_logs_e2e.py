@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,9 +19,22 @@ from orchestrator.logs.lines import LogLine, parse_ts
 from orchestrator.logs.merge import LiveMerge
 from tests.cluster import TestCluster, free_port
 from tests.logs_support import late_inversions
+from tests.up_helpers import node_log, run_root
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 REPO = Path(__file__).resolve().parents[2]
+
+
+def lost(cluster: TestCluster, rank: int, count: int, seqs: list[int], objs: list[dict[str, Any]]) -> str:
+    """What a failed count shows: the missing seqs, where the node's own log has them, and this
+    rank's lines that `orch logs` printed but that do not start with `seq=` (a torn or merged line)."""
+    gone = sorted(set(range(count)) - set(seqs))
+    doubled = sorted({s for s in seqs if seqs.count(s) > 1})
+    log = node_log(run_root(cluster), "e2e", f"node{rank // 2 + 1}").splitlines()
+    there = [ln for ln in log if f"[rank {rank}] " in ln and any(f" seq={m} " in ln for m in gone)]
+    odd = [o["line"] for o in objs if o["rank"] == rank and not o["line"].startswith("seq=")]
+    return (f"rank {rank}: missing {gone[:10]}, doubled {doubled[:10]}; in node.log: {there[:5]}; "
+            f"its other lines: {odd[:5]}")
 
 
 def test_logs_follow_on_a_running_4_node_job(cluster: TestCluster, tmp_path: Path) -> None:
@@ -51,7 +65,7 @@ def test_logs_follow_on_a_running_4_node_job(cluster: TestCluster, tmp_path: Pat
         mine = [o for o in objs if o["rank"] == rank and o["line"].startswith("seq=")]
         count = int(mine[0]["line"].rsplit(" ", 1)[1])
         seqs = [int(o["line"].split()[0][4:]) for o in mine]
-        assert sorted(seqs) == list(range(count)), f"rank {rank}: lines lost or doubled"
+        assert sorted(seqs) == list(range(count)), lost(cluster, rank, count, seqs, objs)
         # stdout and stderr reach the agent through two pipes, so only each stream keeps its order
         for stream in ("out", "err"):
             own = [s for s, o in zip(seqs, mine) if o["stream"] == stream]

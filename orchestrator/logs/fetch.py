@@ -26,6 +26,7 @@ from ..config.inventory import Inventory
 from ..errors import TransportError
 from ..node import AGENT_MODULES, FROM_STDIN, FROM_STDIN_OPEN
 from ..node import program as node_program
+from ..node.agent import write_all
 from ..store import RunDir, remote_dir, write_private
 from ..transport import Cluster, GroupResult, Process, Transport, fan_out
 
@@ -215,7 +216,7 @@ class LocalCopy:
         if self.writer:
             try:
                 self.fh.seek(0, os.SEEK_END)
-                self.fh.write(data)
+                write_all(self.fh, data)
             except OSError as exc:
                 self.writer, self.write_error = False, exc
                 with contextlib.suppress(OSError):  # whole lines only, so a later reader resumes right

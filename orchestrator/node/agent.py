@@ -277,7 +277,7 @@ class NodeLog:
     def write(self, stream: str, text: str) -> None:
         line = ("{} {} {}\n".format(utc_now(), stream, text.rstrip("\r\n"))).encode("utf-8", "replace")
         with self.lock:
-            self.fh.write(line)
+            write_all(self.fh, line)
 
     def pump(self, src: IO[bytes], stream: str) -> None:
         """Copy `src` line by line, stamping each line when it arrives; a line longer than
@@ -295,6 +295,14 @@ class NodeLog:
             carry = raw[cut:]
             self.write(stream, raw[:cut].decode("utf-8", "replace") + LONG_LINE_MARK)
         src.close()
+
+
+def write_all(fh: Any, data: bytes) -> None:
+    """Write all of `data` to an unbuffered file: write(2) may take fewer bytes than asked (a
+    signal, a nearly full disk), and the rest must not be lost without a word."""
+    view = memoryview(data)
+    while view:
+        view = view[fh.write(view):]
 
 
 def utf8_boundary(data: bytes) -> int:

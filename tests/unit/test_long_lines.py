@@ -105,3 +105,30 @@ def test_the_reader_does_not_call_an_agent_vanished_that_ended_while_the_log_dra
     statuses = [json.loads(p) for k, p in frames if k == "S"]
     assert [s.get("agent_alive") for s in statuses if s["state"] == "running"] == []
     assert statuses[-1]["state"] == "succeeded" and frames[-1][0] == "E"
+
+
+class ShortWrites:
+    """A raw file whose write() takes at most 7 bytes a call, as write(2) may (a signal, a nearly
+    full disk): the caller must write the rest."""
+
+    def __init__(self, fh: Any) -> None:
+        self.fh = fh
+
+    def write(self, data: Any) -> int:
+        return self.fh.write(bytes(data[:7]))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.fh, name)
+
+
+def test_a_short_write_loses_nothing_in_node_log_or_the_local_copy(tmp_path: Path) -> None:
+    log = agent.NodeLog(str(tmp_path / "node.log"))
+    log.fh = ShortWrites(log.fh)
+    log.write("out", "[rank 2] seq=62 of 80")
+    assert (tmp_path / "node.log").read_bytes().endswith(b" out [rank 2] seq=62 of 80\n")
+    copy = LocalCopy(tmp_path / "n.log")
+    copy.fh = ShortWrites(copy.fh)
+    assert copy.feed(b"first line\nsecond line\n") == [b"first line", b"second line"]
+    copy.close()
+    assert (tmp_path / "n.log").read_bytes() == b"first line\nsecond line\n"
+    assert LocalCopy(tmp_path / "n.log").offset == 23

@@ -275,9 +275,9 @@ class NodeLog:
         self.lock = threading.Lock()
 
     def write(self, stream: str, text: str) -> None:
-        line = ("{} {} {}\n".format(utc_now(), stream, text.rstrip("\r\n"))).encode("utf-8", "replace")
-        with self.lock:
-            write_all(self.fh, line)
+        body = " {} {}\n".format(stream, text.rstrip("\r\n")).encode("utf-8", "replace")
+        with self.lock:  # stamp under the lock: the file's order is then the stamps' order
+            write_all(self.fh, utc_now().encode() + body)
 
     def pump(self, src: IO[bytes], stream: str) -> None:
         """Copy `src` line by line, stamping each line when it arrives; a line longer than

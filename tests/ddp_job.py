@@ -14,6 +14,9 @@ Faults (flags, or the environment variables in brackets, so a test can set them 
   --kill-rank R --kill-signal N [DDP_KILL_RANK, DDP_KILL_SIGNAL]  rank R sends itself signal N (9: what the
                                kernel's OOM killer sends) at --fail-step
   --break-file PATH            [DDP_BREAK_FILE]  the failing rank deletes PATH first (its node breaks too)
+  --stop-file PATH             [DDP_STOP_FILE]  every rank ends after the step at which any rank sees PATH
+                               (agreed through that step's all_reduce), before --steps: a test ends a
+                               long run once what it waits for has happened
   --data PATH                  ignored: a path-like argument for the preflight's `job` check to compare
 """
 
@@ -43,6 +46,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kill-rank", type=int, default=int(env("DDP_KILL_RANK", "-1")))
     p.add_argument("--kill-signal", type=int, default=int(env("DDP_KILL_SIGNAL", "9")))
     p.add_argument("--break-file", default=env("DDP_BREAK_FILE", ""))
+    p.add_argument("--stop-file", default=env("DDP_STOP_FILE", ""))
     p.add_argument("--data", help="ignored")
     return p.parse_args(argv)
 
@@ -67,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     ok = True
     total = 0.0
+    done = 0
     for step in range(args.steps):
         if rank == args.fail_rank and step == args.fail_step:
             if args.break_file:
@@ -81,15 +86,20 @@ def main(argv: list[str] | None = None) -> int:
         if rank == args.hang_rank and step == args.hang_step:
             print(f"[rank {rank}] hanging at step {step}", flush=True)
             sleep_forever()
-        t = torch.tensor([float(rank + 1 + step)])
+        stop = bool(args.stop_file) and os.path.exists(args.stop_file)
+        t = torch.tensor([float(rank + 1 + step), float(stop)])
         dist.all_reduce(t)
-        total = float(t.item())
+        total = float(t[0].item())
         good = total == expected_sum(world, step)
         ok &= good
+        done = step + 1
         print(f"[rank {rank}] step {step} sum={total:g} {'ok' if good else 'WRONG'}", flush=True)
+        if t[1].item() > 0:
+            print(f"[rank {rank}] stop file seen: ending after step {step}", flush=True)
+            break
         time.sleep(args.sleep)
-    expected = expected_sum(world, args.steps - 1)
-    print(f"[rank {rank}] done steps={args.steps} allreduce_ok={ok} final_sum={total:g} expected={expected:g}",
+    expected = expected_sum(world, done - 1)
+    print(f"[rank {rank}] done steps={done} allreduce_ok={ok} final_sum={total:g} expected={expected:g}",
           flush=True)
     dist.barrier()
     dist.destroy_process_group()

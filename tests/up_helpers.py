@@ -128,7 +128,7 @@ def ddp_inventory(cluster: Any, *, nproc: int = 1, job_env: dict[str, str] | Non
         env=env, master={"port": free_port(cluster.nodes[0].addr)}, **extra))
 
 
-def ddp_job(steps: int = 5, sleep: float = 0.2, **faults: int) -> dict[str, str]:
+def ddp_job(steps: int = 5, sleep: float = 0.2, **faults: int | str) -> dict[str, str]:
     """The env that configures tests/ddp_job.py (faults: fail_rank=, fail_step=, hang_rank=...)."""
     env = {"DDP_STEPS": str(steps), "DDP_SLEEP": str(sleep), "OMP_NUM_THREADS": "1"}
     env.update({f"DDP_{k.upper()}": str(v) for k, v in faults.items()})

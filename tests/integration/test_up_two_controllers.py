@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -107,7 +108,8 @@ def _collide(tmp_path: Path, inv: Path, a: Orch, b: Orch, collide: str, other_id
 def test_a_second_run_on_the_same_master_port_never_joins_the_first(tmp_path: Path) -> None:
     """B on A's master port: B's master cannot bind it and fails; B's node1 reaches A's TCPStore
     but waits under its own rendezvous id and never spawns a worker; A ends correctly."""
-    inv = local_inventory(tmp_path, ddp_job(steps=150, sleep=0.2))
+    stop = tmp_path / "stop-a"  # A runs until B has failed (at most 150 steps), then ends at its next step
+    inv = local_inventory(tmp_path, ddp_job(steps=150, sleep=0.2, stop_file=str(stop)))
     a, b = Orch(tmp_path / "homeA"), Orch(tmp_path / "homeB")
     up_a = a.start(str(inv), "--skip-checks")
     run_a = up_a.wait_running()
@@ -125,6 +127,7 @@ def test_a_second_run_on_the_same_master_port_never_joins_the_first(tmp_path: Pa
     try:
         up_b = b.run("up", str(inv_b), "--skip-checks", timeout=180)
     finally:
+        stop.touch()
         up_a.wait(180)
     run_b = (b.home / "latest").read_text().strip()
     assert up_b.returncode == 1, up_b.stderr
@@ -133,6 +136,7 @@ def test_a_second_run_on_the_same_master_port_never_joins_the_first(tmp_path: Pa
     spawned = list((tmp_path / "nodes" / run_b / "n1" / "torchrun").glob("*/attempt_*/*"))
     assert spawned == [], f"B's node1 spawned a worker: {spawned}\n{log_b1[-3000:]}"
     assert up_a.proc.returncode == 0, up_a.err
+    assert "stop file seen" in up_a.out, "A ended before B had failed: " + up_a.out[-3000:]
     for rank in (0, 1):
-        assert f"r{rank} done steps=150 allreduce_ok=True" in up_a.out, up_a.out[-3000:]
+        assert re.search(rf"r{rank} done steps=\d+ allreduce_ok=True", up_a.out), up_a.out[-3000:]
     assert tagged(run_a) == [] and tagged(run_b) == []

@@ -11,11 +11,14 @@
 A session-finish hook fails the run if any sshd, chronyd, session process, namespace or link
 started by the fixture is still there (under `pytest -n`, each worker's leftovers fail the run).
 
-Under `pytest -n` (pytest-xdist; `make test` runs two workers) a test that bounds a duration or
-runs under orch's liveness limits (`runs_alone`: tests/integration but its ALONGSIDE modules)
-never runs beside another test: it holds an exclusive lock that every other test takes shared.
-Those tests are collected last, so the others run two at a time first. Without -n nothing
-changes but that order.
+Under `pytest -n` (pytest-xdist; `make test` runs two workers) a test marked `alone` never runs
+beside another test: it holds an exclusive lock that every other test takes shared. `alone` is for
+a test whose proof is a duration or a count that load changes: a bound of a few seconds, a
+watchdog or heartbeat of a few seconds, a relative speed (a straggler, a throttled link), an exact
+number of status polls (a stream silent for 3 s is polled). Every other test, orch up scenarios
+under the default liveness limits included, runs two at a time: their bounds leave a loaded
+machine room. The `alone` tests are collected last, so the others run two at a time first.
+Without -n nothing changes but that order.
 """
 
 from __future__ import annotations
@@ -192,27 +195,17 @@ def pytest_testnodedown(node: Any, error: object) -> None:
 # ----------------------------------------------------------------------------- pytest -n
 
 
-ALONGSIDE = ("test_trainer_ddp.py",)
-"""The integration modules whose tests only compare numbers and files: no time limit in an
-assertion, no orch up under its liveness limits. They may run beside other tests."""
-
-
 def runs_alone(item: pytest.Item) -> bool:
-    """Whether a test must not share the machine with another test of this session: it bounds a
-    duration (a teardown, a watchdog, a fabric check, a connect timeout) or runs `orch up`, whose
-    liveness limits (stream silence, unreachable grace, stall timeout) are not load-aware.
-    Running all but a few of them two at a time was tried and measured: no faster (21 min 37 s
-    against 21 min 58 s), the suite being CPU-bound (about 1900 core-seconds on 2 cores: the tests
-    beside each other just slowed in proportion), and one line was lost under that load
-    (test_logs_e2e). A shorter suite needs fewer core-seconds, not more overlap."""
-    path = Path(str(item.fspath))
-    return path.parent.name == "integration" and path.name not in ALONGSIDE
+    """Whether a test must not share the machine with another test of this session: it is marked
+    `alone` (its module's `pytestmark` or the test itself; setup.cfg says what the mark means)."""
+    return item.get_closest_marker("alone") is not None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The tests that may run alongside others first, then those that run alone, each in
-    collection order (under xdist the first part runs two at a time)."""
-    items[:] = [item for item in items if not runs_alone(item)] + [item for item in items if runs_alone(item)]
+    """The tests that may run alongside others first, the `slow` ones of them first (under xdist
+    two long tests side by side, then the short ones fill in, rather than one long test left at
+    the end with the other worker idle), then those that run alone; otherwise in collection order."""
+    items.sort(key=lambda item: (runs_alone(item), item.get_closest_marker("slow") is None))
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

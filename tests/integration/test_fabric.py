@@ -20,7 +20,8 @@ from orchestrator.config.inventory import load
 from tests.cluster import TestCluster, free_port
 from tests.up_helpers import REPO, Orch, leftover
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+# alone: a throttled link is named by measured bandwidth, and a hung node by its timeout
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400), pytest.mark.alone]
 MakeCluster = Callable[..., TestCluster]
 ORCH = [sys.executable, "-m", "orchestrator"]
 

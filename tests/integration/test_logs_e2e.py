@@ -21,7 +21,8 @@ from tests.cluster import TestCluster, free_port
 from tests.logs_support import late_inversions
 from tests.up_helpers import node_log, run_root
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+# alone: bounds the follow's lag (median 1.5 s, max 5 s)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.alone]
 REPO = Path(__file__).resolve().parents[2]
 
 

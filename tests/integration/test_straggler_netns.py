@@ -21,7 +21,8 @@ from tests.cluster import TestCluster
 from tests.trainer_helpers import make_dataset
 from tests.up_helpers import REPO, Orch, leftover, node_log, run_root, wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.timeout(900)]
+# alone: a straggler is a relative speed: another test's load would slow nodes unevenly
+pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.timeout(900), pytest.mark.alone]
 
 SLOW_DATA = REPO / "tests" / "slow_data"
 

@@ -14,7 +14,8 @@ import pytest
 
 from tests.trainer_helpers import REPO, make_dataset, run_nodes, run_trainer
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+# alone: each bounds a duration against a collective timeout of a few seconds
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.alone]
 
 KILL_ONCE = REPO / "tests" / "kill_once"
 

@@ -19,7 +19,8 @@ import yaml
 from tests.cluster import TestCluster
 from tests.up_helpers import Orch, ddp_inventory, ddp_job, leftover, node_log, run_root, wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+# alone: a watchdog of 5 s: a loaded machine could starve a healthy rank that long
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.alone]
 
 STALL_S = 5.0
 

@@ -11,7 +11,8 @@ import pytest
 from tests.cluster import TestCluster
 from tests.up_helpers import DDP_JOB, REPO, Orch, ddp_job, leftover, node_log, node_state, wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.timeout(300)]
+# alone: a pulled cable must end the run within 45 s under an 8 s grace
+pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.timeout(300), pytest.mark.alone]
 
 
 def test_link_down_mid_run_is_detected_and_the_others_are_stopped(netns_cluster: TestCluster, tmp_path) -> None:

@@ -106,6 +106,7 @@ def step_of(out: str, node: str) -> int:
 STEPS = 150
 
 
+@pytest.mark.alone  # counts the status polls: a stream slowed 3 s by load is polled
 def test_a_node_whose_log_stream_goes_silent_is_polled_until_heard_again(cluster: TestCluster, orch: Orch) -> None:
     inv = inventory(cluster, nproc=1, job_env=ddp_job(steps=STEPS, sleep=0.1))
     up = orch.start(str(inv), "--skip-checks", verbose=True)
@@ -135,6 +136,7 @@ def test_a_node_whose_log_stream_goes_silent_is_polled_until_heard_again(cluster
     assert leftover(cluster, run_id) == {}
 
 
+@pytest.mark.alone  # bounds the teardown to 15 s and counts the polls
 def test_kill9_torchrun_on_one_node_fails_fast_and_cleans_every_node(cluster: TestCluster, orch: Orch) -> None:
     inv = inventory(cluster, nproc=2, job_env=ddp_job(steps=400, sleep=0.2))
     up = orch.start(str(inv), "--skip-checks", verbose=True)

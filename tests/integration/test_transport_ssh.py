@@ -20,6 +20,12 @@ from orchestrator.transport import Cluster, LocalTransport, SSHTransport, Transp
 from tests.cluster import KeyStore, TestCluster
 
 MODES = [pytest.param("loopback"), pytest.param("netns", marks=pytest.mark.netns)]
+# alone: compares what commands print over SSH byte for byte, and bash on a test node sources
+# the login's ~/.bashrc: where that runs `pyenv init` (pyenv installed for the user running the tests), logins
+# of another test at the same moment race its `pyenv rehash`, which then writes "pyenv: cannot
+# rehash: ... isn't writable" into the command's output (seen once in two paired full runs)
+pytestmark = pytest.mark.alone
+
 ECHO = [sys.executable, "-S", "-c", "import json,os,sys; print(json.dumps([sys.argv[1:], os.environ.get('X')]))"]
 # Anything a shell might interpret (quotes, newlines, $(), backticks, spaces) plus unicode;
 # NUL cannot exist in argv or environ at all, lone surrogates cannot be encoded.
@@ -75,7 +81,7 @@ def test_fan_out_with_one_sshd_stopped_reports_every_node(cluster_in, mode):
     assert elapsed < inv.node("node3").ssh.connect_timeout  # refused fast, not after a timeout
 
 
-@pytest.mark.alone  # bounds a fan-out to 3.5 s
+# (alone, as the module) bounds a fan-out to 3.5 s
 @pytest.mark.netns
 def test_fan_out_with_one_link_down_waits_connect_timeout_not_more(netns_cluster):
     inv = inventory.load(netns_cluster.write_inventory(ssh={"connect_timeout": 2}))
@@ -294,7 +300,7 @@ def test_nonzero_exit_and_both_streams(shared):
     assert (r.exit_code, r.stdout, r.stderr) == (7, "out\n", "err\n")
 
 
-@pytest.mark.alone  # bounds a 0.5 s timeout to 3 s
+# (alone, as the module) bounds a 0.5 s timeout to 3 s
 def test_timeout_is_a_timeout_error_and_the_transport_stays_usable(shared):
     with SSHTransport(_inv(shared).node("node2")) as t:
         start = time.monotonic()

@@ -15,10 +15,11 @@ import pytest
 from tests.cluster import TestCluster
 from tests.up_helpers import REPO, Orch, leftover, wait_for
 
-# alone: compares what commands print over SSH byte for byte, and bash on a test node sources
-# the login's ~/.bashrc: where that runs `pyenv init` (pyenv installed for the user running the tests), logins
-# of another test at the same moment race its `pyenv rehash`, which then writes "pyenv: cannot
-# rehash: ... isn't writable" into the command's output (seen once in two paired full runs)
+# alone: compares what commands print over SSH byte for byte, and bash on a test node
+# sources the login's ~/.bashrc: where that runs `pyenv init` (pyenv installed for the user
+# running the tests), another test's logins at the same moment race its `pyenv rehash`,
+# which then writes "pyenv: cannot rehash: ... isn't writable" into the command's output
+# (seen once in two full runs with these tests two at a time)
 pytestmark = pytest.mark.alone
 
 

@@ -15,7 +15,8 @@ Under `pytest -n` (pytest-xdist; `make test` runs two workers) a test marked `al
 beside another test: it holds an exclusive lock that every other test takes shared. `alone` is for
 a test whose proof is a duration or a count that load changes: a bound of a few seconds, a
 watchdog or heartbeat of a few seconds, a relative speed (a straggler, a throttled link), an exact
-number of status polls (a stream silent for 3 s is polled). Every other test, orch up scenarios
+number of status polls (a stream silent for 3 s is polled), a follow's lag, or output compared byte
+for byte over SSH (a login shell's noise under concurrent logins). Every other test, orch up scenarios
 under the default liveness limits included, runs two at a time: their bounds leave a loaded
 machine room. The `alone` tests are collected last, so the others run two at a time first.
 Without -n nothing changes but that order.

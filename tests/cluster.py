@@ -180,9 +180,24 @@ def cluster_pids(cluster_id: str | None = None) -> list[int]:
     for pid in _pids():
         if not _alive(pid):
             continue
-        if _environ(pid).get(key) == tag or tag in _read_proc(pid, "cmdline") or tag in _fd_target(pid, 2):
+        if _environ(pid).get(key) == tag or names_tag(_read_proc(pid, "cmdline"), tag) \
+                or names_tag(_fd_target(pid, 2), tag):
             out.append(pid)
     return sorted(out)
+
+
+def names_tag(text: bytes, tag: bytes) -> bool:
+    """Whether `text` (a command line, a file path) names `tag`: an occurrence not followed by a
+    digit. Cluster 1's tag `orchtest<pid>c1` is a prefix of cluster 12's, and a session's
+    `orchtest<pid>` of a session whose pid extends it: a plain substring test made cluster 1's
+    reset kill cluster 12's sshds (test_transport_ssh's module cluster, refused mid-module)."""
+    at = text.find(tag)
+    while at >= 0:
+        end = at + len(tag)
+        if end == len(text) or not text[end:end + 1].isdigit():
+            return True
+        at = text.find(tag, at + 1)
+    return False
 
 
 def kill_pids(pids: Sequence[int], grace: float = 3.0) -> None:

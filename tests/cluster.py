@@ -189,15 +189,9 @@ def cluster_pids(cluster_id: str | None = None) -> list[int]:
 def names_tag(text: bytes, tag: bytes) -> bool:
     """Whether `text` (a command line, a file path) names `tag`: an occurrence not followed by a
     digit. Cluster 1's tag `orchtest<pid>c1` is a prefix of cluster 12's, and a session's
-    `orchtest<pid>` of a session whose pid extends it: a plain substring test made cluster 1's
-    reset kill cluster 12's sshds (test_transport_ssh's module cluster, refused mid-module)."""
-    at = text.find(tag)
-    while at >= 0:
-        end = at + len(tag)
-        if end == len(text) or not text[end:end + 1].isdigit():
-            return True
-        at = text.find(tag, at + 1)
-    return False
+    `orchtest<pid>` of a session whose pid extends it (the same care as `_root_links`): a plain
+    substring test made cluster 1's reset kill cluster 12's sshds."""
+    return re.search(re.escape(tag) + rb"(?!\d)", text) is not None
 
 
 def kill_pids(pids: Sequence[int], grace: float = 3.0) -> None:

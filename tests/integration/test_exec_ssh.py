@@ -15,11 +15,7 @@ import pytest
 from tests.cluster import TestCluster
 from tests.up_helpers import REPO, Orch, leftover, wait_for
 
-# alone: compares what commands print over SSH byte for byte, and bash on a test node
-# sources the login's ~/.bashrc: where that runs `pyenv init` (pyenv installed for the user
-# running the tests), another test's logins at the same moment race its `pyenv rehash`,
-# which then writes "pyenv: cannot rehash: ... isn't writable" into the command's output
-# (seen once in two full runs with these tests two at a time)
+# alone: compares command output over SSH byte for byte (tests/conftest.py: a login shell's noise)
 pytestmark = pytest.mark.alone
 
 

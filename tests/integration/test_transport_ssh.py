@@ -20,11 +20,7 @@ from orchestrator.transport import Cluster, LocalTransport, SSHTransport, Transp
 from tests.cluster import KeyStore, TestCluster
 
 MODES = [pytest.param("loopback"), pytest.param("netns", marks=pytest.mark.netns)]
-# alone: compares what commands print over SSH byte for byte, and bash on a test node
-# sources the login's ~/.bashrc: where that runs `pyenv init` (pyenv installed for the user
-# running the tests), another test's logins at the same moment race its `pyenv rehash`,
-# which then writes "pyenv: cannot rehash: ... isn't writable" into the command's output
-# (seen once in two full runs with these tests two at a time)
+# alone: compares command output over SSH byte for byte (tests/conftest.py: a login shell's noise)
 pytestmark = pytest.mark.alone
 
 ECHO = [sys.executable, "-S", "-c", "import json,os,sys; print(json.dumps([sys.argv[1:], os.environ.get('X')]))"]

@@ -74,6 +74,9 @@ class SSHTransport(Transport):
         super().__init__(node)
         self._conn: Any = None
         self._lock = threading.Lock()
+        self._attempt: _Attempt | None = None
+        self._closes = 0
+        """How many times `close()` ran: an attempt that began before the latest is not kept."""
 
     def _connection(self, host: str, for_gateway: bool = False) -> Any:
         """A Connection (not yet open) to `host` with this node's SSH options: Fabric's where an
@@ -118,32 +121,62 @@ class SSHTransport(Transport):
         conn.open()
 
     def connect(self) -> float:
-        with self._lock:
-            if self._conn is not None and self._conn.is_connected:
-                return 0.0
-            start = time.monotonic()
-            conn = self._connection(self.node.host)
-            try:
-                self._open(conn)
-            except Exception as exc:  # translated into one error vocabulary below
-                conn.close()
-                raise _translate(self.node, exc) from None
-            self._conn = conn
-            return (time.monotonic() - start) * 1000
+        """Open the connection unless it is open; how long that took in ms (0 when it was open).
 
-    def _channel(self) -> Any:
-        self.connect()
+        One attempt at a time, made outside the lock: a caller that finds one in flight waits for
+        it and shares its outcome, so a node that does not answer costs every caller (the status
+        poll, the log stream, the teardown's stop) one connect timeout together, not one each in
+        turn; and `close()` never waits for it."""
+        return self._connected()[1]
+
+    def _connected(self) -> tuple[Any, float]:
+        while True:
+            with self._lock:
+                if self._conn is not None and self._conn.is_connected:
+                    return self._conn, 0.0
+                attempt = self._attempt
+                if attempt is None:
+                    attempt = self._attempt = _Attempt(self._closes)
+                    break
+            attempt.done.wait()
+            if attempt.error is not None:
+                raise attempt.error
+        start = time.monotonic()
+        conn, opened = None, False
         try:
-            transport = self._conn.client.get_transport()
-            chan = transport.open_session(timeout=self.node.ssh.connect_timeout)
+            conn = self._connection(self.node.host)
+            self._open(conn)
+            opened = True
+        except Exception as exc:  # translated into one error vocabulary below
+            attempt.error = _translate(self.node, exc)
+        finally:  # whatever ended the attempt (an interrupt too), its waiters are let go
+            with self._lock:
+                self._attempt = None
+                kept = opened and attempt.closes == self._closes
+                if kept:
+                    self._conn = conn
+            if not kept:
+                _close_quietly(conn)
+                if opened:
+                    attempt.error = TransportError(self.node.name, "error", "the connection was closed as it opened")
+            attempt.done.set()
+        if attempt.error is not None:
+            raise attempt.error from None
+        return conn, (time.monotonic() - start) * 1000
+
+    def _channel(self) -> tuple[Any, Any]:
+        """A new session channel, with the connection it is on."""
+        conn, _ms = self._connected()
+        try:
+            chan = conn.client.get_transport().open_session(timeout=self.node.ssh.connect_timeout)
         except Exception as exc:
-            self.close()
+            self._drop(conn)
             raise _translate(self.node, exc) from None
-        return chan
+        return conn, chan
 
     def _exec(self, line: str, stdin: bytes | None, timeout: float | None,
               on_output: OnOutput | None = None) -> tuple[int, bytes, bytes]:
-        chan = self._channel()
+        conn, chan = self._channel()
         try:
             chan.exec_command(line)
             if stdin:
@@ -168,7 +201,7 @@ class SSHTransport(Transport):
                     break
                 if deadline is not None and time.monotonic() > deadline:
                     raise TransportError(self.node.name, "timeout", f"command timed out after {timeout:.0f} s")
-                if not self._conn.client.get_transport().is_active():
+                if not chan.get_transport().is_active():
                     raise TransportError(self.node.name, "unreachable", "connection lost while running a command")
                 select.select([chan], [], [], 0.2)
             while chan.recv_stderr_ready():
@@ -178,7 +211,7 @@ class SSHTransport(Transport):
                     on_output("err", data)
             return chan.recv_exit_status(), bytes(out), bytes(err)
         except (OSError, EOFError) as exc:
-            self.close()
+            self._drop(conn)
             raise _translate(self.node, exc) from None
         finally:
             chan.close()
@@ -187,7 +220,7 @@ class SSHTransport(Transport):
               cwd: str | None = None, keep_stdin: bool = False) -> Process:
         line = command_line(argv, env, cwd)
         log.debug("%s$ %s", self.node.name, line)
-        chan = self._channel()
+        _conn, chan = self._channel()
         chan.set_combine_stderr(True)
         chan.exec_command(line)
         if not keep_stdin:
@@ -195,13 +228,35 @@ class SSHTransport(Transport):
         return _SSHProcess(chan)
 
     def close(self) -> None:
+        """Close the connection; one being opened right now is closed once it opens."""
         with self._lock:
-            if self._conn is not None:
-                try:
-                    self._conn.close()
-                except Exception:  # closing a broken connection must not mask the real error
-                    pass
+            conn, self._conn = self._conn, None
+            self._closes += 1
+        _close_quietly(conn)
+
+    def _drop(self, conn: Any) -> None:
+        """Forget and close `conn`, broken: a newer connection another thread opened stays."""
+        with self._lock:
+            if self._conn is conn:
                 self._conn = None
+        _close_quietly(conn)
+
+
+class _Attempt:
+    """One connection attempt in flight; its callers wait on `done`, then share `error`."""
+
+    def __init__(self, closes: int) -> None:
+        self.closes = closes
+        self.done = threading.Event()
+        self.error: TransportError | None = None
+
+
+def _close_quietly(conn: Any) -> None:
+    if conn is not None:
+        try:
+            conn.close()
+        except Exception:  # closing a broken connection must not mask the real error
+            pass
 
 
 class _QuickAckSocket(socket.socket):

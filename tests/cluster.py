@@ -14,6 +14,12 @@ from the node's private ``local_dir``: a file there exists on that node only (wh
 `controller_dir()` makes a directory under ``NODE_LOCAL`` as this machine (the controller) sees
 it, which every node sees empty: a cluster without shared storage.
 
+Every node's login has the cluster's own ``home`` (``HOME``, by ``SetEnv``), shared by its nodes
+as an NFS home is, empty but for what a test writes there: a node never runs this machine's user
+dotfiles (a ``~/.bashrc`` that runs ``pyenv init`` costs about 100 ms of CPU per SSH command, and
+its ``pyenv rehash`` prints a warning when logins race). A test that wants a chatty login shell
+gives its nodes a ``HOME`` of its own (``node_env``).
+
 A "holder" process (``sleep``) keeps each node's namespaces alive, so sshd can be stopped and
 started again and `exec` works while sshd is down. Every process the cluster starts carries
 ``ORCH_TEST_SESSION`` / ``ORCH_TEST_CLUSTER`` / ``ORCH_TEST_NODE`` in its environment (sshd's own
@@ -335,6 +341,8 @@ class TestCluster:
         self.root = root or Path(tempfile.mkdtemp(prefix=f"{self.id}-"))
         self.client_key = keys.client_key
         self.known_hosts = self.root / "known_hosts"
+        self.home = self.root / "home"
+        """The nodes' ``HOME`` unless ``node_env`` gives one (see the module docstring)."""
         self.python = sys.executable
         self.user = "root" if is_root() else getpass.getuser()
         self.ntp_server = ""
@@ -383,7 +391,7 @@ class TestCluster:
         last test left on the nodes (login sessions, detached jobs, their children) killed; every
         node's sshd up with the environment it started with; known_hosts as written at start; the
         nodes' run root (`job.run_root`) and private directories empty, controller directories
-        gone; in netns mode every cable plugged in, no qdisc, no extra NIC. Returns what it undid."""
+        gone, the nodes' home empty; in netns mode every cable plugged in, no qdisc, no extra NIC. Returns what it undid."""
         undone: list[str] = []
         undone += self._undo_cpu_quotas()
         infra = {p.pid for n in self.nodes for p in (n.sshd, n.holder) if p is not None and p.poll() is None}
@@ -406,6 +414,9 @@ class TestCluster:
         for path in [self.root / "runs", *self._controller_dirs]:
             shutil.rmtree(path, ignore_errors=True)
         self._controller_dirs.clear()
+        if self.home.is_dir():
+            for child in self.home.iterdir():
+                shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
         for node in self.nodes:
             for child in node.local_dir.iterdir():
                 shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
@@ -459,7 +470,9 @@ class TestCluster:
         else:
             host = f"127.0.1.{i}"
             host, port, netns = host, free_port(host), None
-        env = {"ORCH_TEST_SESSION": SESSION_TAG, "ORCH_TEST_CLUSTER": self.id, "ORCH_TEST_NODE": name}
+        self.home.mkdir(exist_ok=True)
+        env = {"ORCH_TEST_SESSION": SESSION_TAG, "ORCH_TEST_CLUSTER": self.id, "ORCH_TEST_NODE": name,
+               "HOME": str(self.home)}
         env.update(self._node_env.get(name, {}))
         node = TestNode(name=name, host=host, port=port, addr=host, netns=netns, local_dir=local,
                         index=i, dir=ndir, env=env)

@@ -15,12 +15,11 @@ Under `pytest -n` (pytest-xdist; `make test` runs two workers) a test marked `al
 beside another test: it holds an exclusive lock that every other test takes shared. `alone` is for
 a test whose proof is a duration or a count that load changes: a bound of a few seconds, a
 watchdog or heartbeat of a few seconds, a relative speed (a straggler, a throttled link), an exact
-number of status polls (a stream silent for 3 s is polled), a follow's lag, or output compared
-byte for byte over SSH: bash on a test node sources the login's ~/.bashrc, and where that runs
-`pyenv init`, another test's logins at the same moment race its `pyenv rehash`, which writes
-"pyenv: cannot rehash: ... isn't writable" into the command's output. Every other test, orch up
-scenarios under the default liveness limits included, runs two at a time: their bounds leave a
-loaded machine room. The `alone` tests are collected last, so the others run two at a time first.
+number of status polls (a stream silent for 3 s is polled) or a follow's lag. Output compared byte
+for byte over SSH needs no mark: a test node's login runs no dotfiles of this machine (its cluster
+has a home of its own, tests/cluster.py), so no login shell's noise (a `pyenv rehash` racing
+another test's logins) reaches it. Every other test, orch up scenarios under the default liveness
+limits included, runs two at a time: their bounds leave a loaded machine room. The `alone` tests are collected last, so the others run two at a time first.
 Without -n nothing changes but that order.
 """
 

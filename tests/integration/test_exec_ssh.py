@@ -15,9 +15,6 @@ import pytest
 from tests.cluster import TestCluster
 from tests.up_helpers import REPO, Orch, leftover, wait_for
 
-# alone: compares command output over SSH byte for byte (tests/conftest.py: a login shell's noise)
-pytestmark = pytest.mark.alone
-
 
 @pytest.fixture
 def orch(tmp_path: Path) -> Orch:

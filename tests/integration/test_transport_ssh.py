@@ -20,8 +20,6 @@ from orchestrator.transport import Cluster, LocalTransport, SSHTransport, Transp
 from tests.cluster import KeyStore, TestCluster
 
 MODES = [pytest.param("loopback"), pytest.param("netns", marks=pytest.mark.netns)]
-# alone: compares command output over SSH byte for byte (tests/conftest.py: a login shell's noise)
-pytestmark = pytest.mark.alone
 
 ECHO = [sys.executable, "-S", "-c", "import json,os,sys; print(json.dumps([sys.argv[1:], os.environ.get('X')]))"]
 # Anything a shell might interpret (quotes, newlines, $(), backticks, spaces) plus unicode;
@@ -78,7 +76,7 @@ def test_fan_out_with_one_sshd_stopped_reports_every_node(cluster_in, mode):
     assert elapsed < inv.node("node3").ssh.connect_timeout  # refused fast, not after a timeout
 
 
-# (alone, as the module) bounds a fan-out to 3.5 s
+@pytest.mark.alone  # bounds a fan-out to 3.5 s
 @pytest.mark.netns
 def test_fan_out_with_one_link_down_waits_connect_timeout_not_more(netns_cluster):
     inv = inventory.load(netns_cluster.write_inventory(ssh={"connect_timeout": 2}))
@@ -297,7 +295,7 @@ def test_nonzero_exit_and_both_streams(shared):
     assert (r.exit_code, r.stdout, r.stderr) == (7, "out\n", "err\n")
 
 
-# (alone, as the module) bounds a 0.5 s timeout to 3 s
+@pytest.mark.alone  # bounds a 0.5 s timeout to 3 s
 def test_timeout_is_a_timeout_error_and_the_transport_stays_usable(shared):
     with SSHTransport(_inv(shared).node("node2")) as t:
         start = time.monotonic()
@@ -317,14 +315,10 @@ def test_put_then_cat_roundtrip(shared):
         assert os.stat(target).st_mode & 0o777 == 0o600
         t.put(b"#!/bin/sh\necho hi\n", target + ".sh", mode=0o755)
         assert t.run([target + ".sh"]).check().stdout == "hi\n"
-        # ~/ means the login's home on the node
-        rel = f".orch-test-{shared.id}/x.txt"
-        t.put(b"home\n", f"~/{rel}")
-        try:
-            assert t.run(["cat", f"{os.path.expanduser('~')}/{rel}"]).check().stdout == "home\n"
-            assert t.run(["cat", "x.txt"], cwd=f"~/.orch-test-{shared.id}").check().stdout == "home\n"
-        finally:
-            t.run(["rm", "-rf", f"{os.path.expanduser('~')}/.orch-test-{shared.id}"])
+        # ~/ means the login's home on the node (the test cluster's own, shared.home)
+        t.put(b"home\n", "~/put-home/x.txt")
+        assert (shared.home / "put-home" / "x.txt").read_text() == "home\n"
+        assert t.run(["cat", "x.txt"], cwd="~/put-home").check().stdout == "home\n"
 
 
 def test_popen_streams_lines_as_they_come(shared):

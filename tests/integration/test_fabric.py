@@ -20,8 +20,7 @@ from orchestrator.config.inventory import load
 from tests.cluster import TestCluster, free_port
 from tests.up_helpers import REPO, Orch, leftover
 
-# alone: a throttled link is named by measured bandwidth, and a hung node by its timeout
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(400), pytest.mark.alone]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 MakeCluster = Callable[..., TestCluster]
 ORCH = [sys.executable, "-m", "orchestrator"]
 
@@ -80,6 +79,7 @@ def test_loopback_two_nodes_pass_and_check_json_holds_the_sweep(make_cluster: Ma
 TRIALS = 3
 
 
+@pytest.mark.alone  # a throttled link is named by measured bandwidth: load would slow nodes unevenly
 @pytest.mark.netns
 def test_netns_the_throttled_node_and_only_it_is_named_every_time(netns_cluster: TestCluster,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:

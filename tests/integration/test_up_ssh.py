@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -103,12 +104,11 @@ def step_of(out: str, node: str) -> int:
     return max(steps, default=-1)
 
 
-STEPS = 150
-
-
 @pytest.mark.alone  # counts the status polls: a stream slowed 3 s by load is polled
-def test_a_node_whose_log_stream_goes_silent_is_polled_until_heard_again(cluster: TestCluster, orch: Orch) -> None:
-    inv = inventory(cluster, nproc=1, job_env=ddp_job(steps=STEPS, sleep=0.1))
+def test_a_node_whose_log_stream_goes_silent_is_polled_until_heard_again(cluster: TestCluster, orch: Orch,
+                                                                         tmp_path: Path) -> None:
+    stop = tmp_path / "stop"  # the job runs until the test has seen what it waits for (tests/ddp_job.py)
+    inv = inventory(cluster, nproc=1, job_env=ddp_job(steps=1000, sleep=0.1, stop_file=str(stop)))
     up = orch.start(str(inv), "--skip-checks", verbose=True)
     run_id = up.wait_running()
     wait_for(lambda: "step 2 " in node_log(run_root(cluster), run_id, "node2"), 90, "node2 to step")
@@ -124,12 +124,17 @@ def test_a_node_whose_log_stream_goes_silent_is_polled_until_heard_again(cluster
     # heard again: node2's lines written a second after the stream resumed reach orch up (a poll
     # already under way has finished by then; from here on, any poll of node2 would be logged)
     resumed_at = int(re.findall(r" step (\d+) ", node_log(run_root(cluster), run_id, "node2"))[-1])
-    target = min(resumed_at + 10, STEPS - 1)
+    target = resumed_at + 10
     wait_for(lambda: step_of(up.out, "node2") >= target, 60, "node2's stream to be heard again")
     polled = status_execs(up.err)
+    # then heard for longer than a silence that is polled (ORCH_STREAM_SILENT_S, 3 s): 40 steps of
+    # 0.1 s at least, and the job ends
+    wait_for(lambda: step_of(up.out, "node2") >= target + 40, 60, "40 more steps of node2 heard")
+    stop.touch()
     code = up.wait(180)
     err = up.err
     assert code == 0, err[-3000:]
+    assert "stop file seen" in node_log(run_root(cluster), run_id, "node2")
     assert {n for n, _tail in polled} == {"node2"}
     assert status_execs(err) == polled, "still polled after its stream was heard again"
     assert orch.run_json(run_id)["state"] == "succeeded"

@@ -94,10 +94,11 @@ class NodeStream:
 
     def start(self, copy: LocalCopy, start: int | None, prev: LogLine | None) -> threading.Thread:
         """Run in a thread: the copy from byte `start` (None: none of it), then the live stream."""
-        self.thread = threading.Thread(target=self._run, args=(copy, start, prev), daemon=True,
-                                       name=f"orch-logs-{self.src.node}")
-        self.thread.start()
-        return self.thread
+        thread = threading.Thread(target=self._run, args=(copy, start, prev), daemon=True,
+                                  name=f"orch-logs-{self.src.node}")
+        thread.start()
+        self.thread = thread  # only once started: a Ctrl-C before that leaves nothing to join
+        return thread
 
     def parse(self, raw: bytes, prev: LogLine | None) -> LogLine:
         """A line of the node's log; a torn one takes the time and stamp of `prev` (the line before)."""

@@ -200,6 +200,12 @@ def names_tag(text: bytes, tag: bytes) -> bool:
     return re.search(re.escape(tag) + rb"(?!\d)", text) is not None
 
 
+def _empty(directory: Path) -> None:
+    """Remove what `directory` holds (a link itself, never what it points to); keep the directory."""
+    for child in directory.iterdir():
+        shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+
+
 def kill_pids(pids: Sequence[int], grace: float = 3.0) -> None:
     """SIGTERM the given pids, SIGKILL whatever is still there after `grace` seconds."""
     for pid in pids:
@@ -370,6 +376,7 @@ class TestCluster:
                 os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege separation dir
             if self._private_fs:
                 os.makedirs(self.NODE_LOCAL, exist_ok=True)  # the mount point in the root namespace
+            self.home.mkdir(exist_ok=True)
             for i in range(1, self._n + 1):
                 self.nodes.append(self._make_node(i))
             self._write_known_hosts()
@@ -390,8 +397,9 @@ class TestCluster:
         """Make a started cluster what `start` left, for the next test that shares it: what the
         last test left on the nodes (login sessions, detached jobs, their children) killed; every
         node's sshd up with the environment it started with; known_hosts as written at start; the
-        nodes' run root (`job.run_root`) and private directories empty, controller directories
-        gone, the nodes' home empty; in netns mode every cable plugged in, no qdisc, no extra NIC. Returns what it undid."""
+        nodes' run root (`job.run_root`), private directories and home empty, controller
+        directories gone; in netns mode every cable plugged in, no qdisc, no extra NIC. Returns
+        what it undid."""
         undone: list[str] = []
         undone += self._undo_cpu_quotas()
         infra = {p.pid for n in self.nodes for p in (n.sshd, n.holder) if p is not None and p.poll() is None}
@@ -414,12 +422,9 @@ class TestCluster:
         for path in [self.root / "runs", *self._controller_dirs]:
             shutil.rmtree(path, ignore_errors=True)
         self._controller_dirs.clear()
-        if self.home.is_dir():
-            for child in self.home.iterdir():
-                shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+        _empty(self.home)
         for node in self.nodes:
-            for child in node.local_dir.iterdir():
-                shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+            _empty(node.local_dir)
             if node.netns is not None:
                 self.link_up(node.name)
                 self.netem(node.name, "")
@@ -470,7 +475,6 @@ class TestCluster:
         else:
             host = f"127.0.1.{i}"
             host, port, netns = host, free_port(host), None
-        self.home.mkdir(exist_ok=True)
         env = {"ORCH_TEST_SESSION": SESSION_TAG, "ORCH_TEST_CLUSTER": self.id, "ORCH_TEST_NODE": name,
                "HOME": str(self.home)}
         env.update(self._node_env.get(name, {}))

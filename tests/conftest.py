@@ -19,8 +19,9 @@ number of status polls (a stream silent for 3 s is polled) or a follow's lag. Ou
 for byte over SSH needs no mark: a test node's login runs no dotfiles of this machine (its cluster
 has a home of its own, tests/cluster.py), so no login shell's noise (a `pyenv rehash` racing
 another test's logins) reaches it. Every other test, orch up scenarios under the default liveness
-limits included, runs two at a time: their bounds leave a loaded machine room. The `alone` tests are collected last, so the others run two at a time first.
-Without -n nothing changes but that order.
+limits included, runs two at a time: their bounds leave a loaded machine room. The `alone` tests
+are collected last, so the others run two at a time first. Without -n nothing changes but that
+order.
 """
 
 from __future__ import annotations

@@ -94,6 +94,7 @@ def waiting_on(t: SSHTransport) -> int:
 
 
 def wait_until(cond: Any, what: str) -> None:
+    """Wait for `cond` (the unit tier may not import tests/up_helpers.py's wait_for)."""
     ev = threading.Event()
     for _ in range(int(DEADLINE_S / 0.01)):
         if cond():
@@ -102,13 +103,20 @@ def wait_until(cond: Any, what: str) -> None:
     pytest.fail(f"timed out waiting for {what}")
 
 
-def test_a_node_that_does_not_answer_costs_the_callers_one_attempt_together() -> None:
-    gate = Gate()
-    t = transport(gate)
+def two_callers(t: SSHTransport, gate: Gate) -> tuple[threading.Thread, dict[str, Any], threading.Thread,
+                                                        dict[str, Any]]:
+    """A first connect() blocked in its attempt, and a second one waiting for that attempt."""
     first, a = in_thread(t.connect)
     assert gate.entered.wait(DEADLINE_S)
     second, b = in_thread(t.connect)
     wait_until(lambda: waiting_on(t) == 1, "the second caller to wait for the first attempt")
+    return first, a, second, b
+
+
+def test_a_node_that_does_not_answer_costs_the_callers_one_attempt_together() -> None:
+    gate = Gate()
+    t = transport(gate)
+    first, a, second, b = two_callers(t, gate)
     gate.release(TimeoutError("timed out"))
     first.join(DEADLINE_S), second.join(DEADLINE_S)
     assert gate.calls == 1  # before: the second caller waited for the lock, then timed out on its own
@@ -121,10 +129,7 @@ def test_a_node_that_does_not_answer_costs_the_callers_one_attempt_together() ->
 def test_a_shared_success_is_one_connection() -> None:
     gate = Gate()
     t = transport(gate)
-    first, a = in_thread(t.connect)
-    assert gate.entered.wait(DEADLINE_S)
-    second, b = in_thread(t.connect)
-    wait_until(lambda: waiting_on(t) == 1, "the second caller to wait for the first attempt")
+    first, a, second, b = two_callers(t, gate)
     gate.release()
     first.join(DEADLINE_S), second.join(DEADLINE_S)
     assert gate.calls == 1 and len(gate.conns) == 1 and gate.conns[0].is_connected
@@ -170,12 +175,8 @@ def test_a_broken_channel_drops_its_own_connection_not_a_newer_one() -> None:
 def test_an_interrupted_attempt_lets_its_waiters_try_again() -> None:
     gate = Gate()
     t = transport(gate)
-    first, a = in_thread(t.connect)
-    assert gate.entered.wait(DEADLINE_S)
-    second, b = in_thread(t.connect)
-    wait_until(lambda: waiting_on(t) == 1, "the second caller to wait for the first attempt")
+    first, a, second, b = two_callers(t, gate)
     gate.only_first = KeyboardInterrupt()
-    gate.entered.clear()
     gate.release()  # the first attempt ends by an interrupt, not an error the others could share
     first.join(DEADLINE_S), second.join(DEADLINE_S)
     assert isinstance(a["error"], KeyboardInterrupt)

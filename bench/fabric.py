@@ -72,11 +72,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args.nodes, args.max_bytes, args.reps = 2, "4M", 1
     from orchestrator.config.inventory import load
     from orchestrator.preflight.runner import run_preflight
-    from tests.cluster import KeyStore, TestCluster, free_port
+    from tests.cluster import KeyStore, TestCluster
+    from tests.ports import job_port
 
     with tempfile.TemporaryDirectory(prefix="orch-bench-") as tmp, \
             TestCluster(KeyStore(Path(tmp) / "keys"), n=args.nodes, mode="loopback", root=Path(tmp) / "c") as cluster:
-        port = free_port("0.0.0.0")
+        port = job_port()
         inv = load(cluster.write_inventory(env=ENV, master={"port": port},
                                            checks={"fabric": {"max_bytes": args.max_bytes, "budget_s": 120}}))
         script = Path(tmp) / "plain_allreduce.py"

@@ -66,7 +66,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -100,6 +99,7 @@ from bench.steps import (  # noqa: E402
 )
 from bench.trainer_accuracy import evaluate_argv, parse_evaluation  # noqa: E402
 from bench.trainer_throughput import PEER_NOTE, middle_ips, trainer_argv, ultralytics_argv  # noqa: E402
+from tests.ports import job_port  # noqa: E402
 
 NAME = "gpu_smoke"
 SCHEMA = 1
@@ -161,12 +161,6 @@ def child_env(base: Mapping[str, str], repo: Path, python: str, extra_front: Seq
 def orch(s: Session, *args: str) -> list[str]:
     """``orch ARGS`` from the working tree, with the session's python."""
     return [s.python, "-m", "orchestrator", *args]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def inventory(session: Session, name: str, gpus: bool, args: Mapping[str, Any], port: int,
@@ -310,7 +304,7 @@ def step_environment(ctx: StepContext) -> None:
             ctx.require(ok, f"torch {env['torch']} was built for {env['arch_list']}, which does not run "
                             f"{gpu['name']} (compute capability {gpu['capability']})")
     # orch check of a one-node inventory declaring one GPU
-    port = free_port()
+    port = job_port()
     ctx.s.facts["port"] = port
     args = trainer_job_args(ctx.s, epochs=1, project=ctx.s.work / "up-runs")
     inv = write_yaml(ctx.s.work / "inventory-gpu.yaml", inventory(ctx.s, "gpu-smoke", True, args, port))
@@ -486,7 +480,7 @@ def step_orch_up(ctx: StepContext) -> None:
     --skip-checks first, so that one run on the device still measures the launch and the stacks."""
     s = ctx.s
     args = trainer_job_args(s, epochs=1, project=s.work / "up-runs")
-    inv = write_yaml(s.work / "inventory-up.yaml", inventory(s, "gpu-smoke-up", not ctx.dry, args, free_port()))
+    inv = write_yaml(s.work / "inventory-up.yaml", inventory(s, "gpu-smoke-up", not ctx.dry, args, job_port()))
     if ctx.dry:
         ctx.skip_part("NCCL", "no GPU: the dry run's node declares no gpus, the trainer runs on CPU")
     ctx.figures["process_group"] = "none: one rank joins no process group (NCCL is step 6's)"
@@ -562,7 +556,7 @@ def step_fabric(ctx: StepContext) -> None:
     fabric = {"max_bytes": "4M", "budget_s": 5, "timeout_s": 150} if ctx.dry else {"timeout_s": 120}
     args = trainer_job_args(s, epochs=1, project=s.work / "fabric-runs")
     inv = write_yaml(s.work / "inventory-fabric.yaml",
-                     inventory(s, "gpu-smoke-fabric", not ctx.dry, args, free_port(), fabric=fabric))
+                     inventory(s, "gpu-smoke-fabric", not ctx.dry, args, job_port(), fabric=fabric))
     ran = ctx.run(orch(s, "check", str(inv), "--only", "fabric", "--json"), "orch-check-fabric",
                   env={"ORCH_HOME": str(s.work / "orch-home")}, json_stdout=True)
     ctx.ok(ran, "orch check --only fabric", codes=(0, 1))

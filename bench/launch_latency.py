@@ -45,11 +45,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if shutil.which("pdsh") is None:
         raise SystemExit("launch_latency: pdsh is not installed (apt-get install pdsh)")
     from bench.check_fanout import ssh_config
-    from tests.cluster import KeyStore, TestCluster, free_port
+    from tests.cluster import KeyStore, TestCluster
+    from tests.ports import job_port
 
     with tempfile.TemporaryDirectory(prefix="orch-bench-") as tmp, \
             TestCluster(KeyStore(Path(tmp) / "keys"), n=args.nodes, mode="loopback", root=Path(tmp) / "c") as cluster:
-        port = free_port("127.0.1.1")
+        port = job_port()
         inv = cluster.write_inventory(
             env=ENV, master={"port": port},
             job={"workdir": "/tmp", "nproc_per_node": args.nproc, "module": None, "script": JOB,

@@ -50,6 +50,8 @@ from typing import Any, Literal, NoReturn
 
 import yaml
 
+from tests.ports import free_port
+
 SSHD = shutil.which("sshd", path="/usr/sbin:/usr/bin:/sbin:/bin") or "/usr/sbin/sshd"
 CHRONYD = shutil.which("chronyd", path="/usr/sbin:/usr/bin:/sbin:/bin") or "/usr/sbin/chronyd"
 FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
@@ -105,13 +107,6 @@ def _sh(argv: Sequence[str], check: bool = True, timeout: float = 30) -> subproc
     if check and proc.returncode != 0:
         raise ClusterError(f"`{' '.join(argv)}` exited {proc.returncode}: {proc.stderr.strip()}")
     return proc
-
-
-def free_port(host: str, kind: int = socket.SOCK_STREAM) -> int:
-    """A port the kernel says is free on host right now (tiny race; ports are per address here)."""
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def wait_port(host: str, port: int, timeout: float, alive: Any = None) -> None:

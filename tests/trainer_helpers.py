@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.ports import job_port
+
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 LOOPBACK = {"127.0.0.1", "::1", "localhost", "0.0.0.0", "", None}
@@ -36,12 +38,6 @@ def unplotted(args: list[str]) -> list[str]:
         return args
     return [*args, "--plots", "false"]
 
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def make_dataset(root: Path, images: int = 24, classes: int = 3, imgsz: int = 64, segments: bool = False) -> Path:
@@ -123,7 +119,7 @@ def run_trainer(args: list[str], nproc: int = 0, timeout: float = TRAINER_TIMEOU
     entry = [str(Path(__file__).resolve())] if script else ["-m", "trainer"]
     if nproc:
         cmd = [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
-               "--master-port", str(free_port()), *entry, *args]
+               "--master-port", str(job_port()), *entry, *args]
     else:
         cmd = [PYTHON, *entry, *args]
     extra = {"TRAINER_NET_LOG": str(blocked_net_log)} if blocked_net_log else {}
@@ -292,7 +288,7 @@ def run_nodes(args: list[str], homes: list[Path], timeout: float = TRAINER_TIMEO
     """A job of ``len(homes)`` torchrun "nodes" of one process each on this machine, every node with its
     own HOME: paths under ``~/`` are node-local, as on machines that share no storage. A node still
     running after ``timeout`` seconds is killed and raises ``subprocess.TimeoutExpired``."""
-    port = free_port()
+    port = job_port()
     procs = []
     for rank, home in enumerate(homes):
         home.mkdir(parents=True, exist_ok=True)

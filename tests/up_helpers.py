@@ -120,12 +120,12 @@ def ddp_inventory(cluster: Any, *, nproc: int = 1, job_env: dict[str, str] | Non
                   job: Mapping[str, Any] | None = None, **extra: Any) -> Path:
     """A tests/ddp_job.py inventory for a test cluster: gloo over loopback, a free master port,
     5 s stop grace; `job` adds or overrides job keys, `extra` top-level ones."""
-    from tests.cluster import free_port
+    from tests.ports import job_port
 
     env = {"GLOO_SOCKET_IFNAME": "lo", **(job_env or ddp_job())}
     return Path(cluster.write_inventory(
         job={"script": DDP_JOB, "nproc_per_node": nproc, "workdir": str(REPO), "stop_grace_s": 5, **(job or {})},
-        env=env, master={"port": free_port(cluster.nodes[0].addr)}, **extra))
+        env=env, master={"port": job_port()}, **extra))
 
 
 def ddp_job(steps: int = 5, sleep: float = 0.2, **faults: int | str) -> dict[str, str]:

@@ -15,7 +15,6 @@ import math
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -25,18 +24,14 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests"))  # the shared trainer helpers
-from trainer_helpers import make_dataset  # noqa: E402
+sys.path.insert(0, str(REPO))  # the shared test helpers
+from tests.ports import job_port  # noqa: E402
+from tests.trainer_helpers import make_dataset  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300),
               pytest.mark.skipif(not torch.cuda.is_available(),
                                  reason="no CUDA device: torch.cuda.is_available() is False")]
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +112,7 @@ def test_a_one_rank_nccl_group_reduces_and_the_trainers_collectives_work_on_it(m
     from trainer import dist as tdist
 
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    monkeypatch.setenv("MASTER_PORT", str(job_port()))
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
     dist.init_process_group("nccl", rank=0, world_size=1, device_id=device)
@@ -144,7 +139,7 @@ def test_the_fabric_job_runs_over_nccl_on_one_gpu() -> None:
     from orchestrator.node.jobs import allreduce as job
 
     argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "1",
-            "--master-addr", "127.0.0.1", "--master-port", str(free_port()), job.__file__,
+            "--master-addr", "127.0.0.1", "--master-port", str(job_port()), job.__file__,
             "--backend", "nccl", "--max-bytes", "4M"]
     env = {**os.environ, "ORCH_NODE": "gpu0", "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0")}
     p = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=env)
@@ -202,7 +197,7 @@ def test_orch_check_gpus_passes_on_this_machine(nvidia_smi: str, tmp_path: Path)
     inv.write_text(yaml.safe_dump({
         "name": "gpu-smoke", "transport": "local",
         "nodes": [{"host": "localhost", "name": "gpu0", "gpus": count, "nproc_per_node": 1}],
-        "master": {"port": free_port()},
+        "master": {"port": job_port()},
         "job": {"python": sys.executable, "workdir": str(tmp_path), "run_root": str(tmp_path / "nodes")},
     }))
     env = {**os.environ, "ORCH_HOME": str(tmp_path / "home"), "NO_COLOR": "1"}

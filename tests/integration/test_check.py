@@ -22,7 +22,8 @@ import pytest
 
 from orchestrator.config.inventory import load
 from orchestrator.preflight.runner import CheckReport, run_preflight
-from tests.cluster import NetemUnsupported, TestCluster, free_port, is_root, kernel_limit, missing
+from tests.cluster import NetemUnsupported, TestCluster, is_root, kernel_limit, missing
+from tests.ports import job_port
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "probe"
 ORCH = str(Path(sys.executable).with_name("orch"))
@@ -41,7 +42,7 @@ def write_inventory(c: TestCluster, **kw: Any) -> Path:
     """The cluster's inventory on a free master port (in loopback mode every node, and every other
     test on this machine, shares one network namespace, so the default 29500 may be in use), with
     a script job unless the test names one."""
-    kw.setdefault("master", {"port": free_port("0.0.0.0")})
+    kw.setdefault("master", {"port": job_port()})
     job = dict(kw.pop("job", None) or {})
     if "module" not in job and "script" not in job:
         job.update(SCRIPT_JOB)

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from orchestrator.config.inventory import load
-from tests.cluster import TestCluster, free_port
+from tests.cluster import TestCluster
 from tests.integration.test_check import (
     FIX,
     MakeCluster,
@@ -22,6 +22,7 @@ from tests.integration.test_check import (
     preflight,
     result,
 )
+from tests.ports import job_port
 from tests.trainer_helpers import make_dataset
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,7 +35,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def trainer_inventory(c: TestCluster, workdir: Path, **args: Any) -> Path:
-    return c.write_inventory(master={"port": free_port("0.0.0.0")},
+    return c.write_inventory(master={"port": job_port()},
                              job={"module": "trainer", "workdir": str(workdir), "args": args})
 
 
@@ -55,7 +56,7 @@ def test_a_typo_in_the_trainers_arguments_fails_orch_check_with_the_trainers_lin
 def test_a_misspelled_module_and_an_out_that_holds_a_run_fail_before_launch(
         make_cluster: MakeCluster, data: Path, tmp_path: Path) -> None:
     c = make_cluster(2)
-    inv = c.write_inventory(master={"port": free_port("0.0.0.0")},
+    inv = c.write_inventory(master={"port": job_port()},
                             job={"module": "trainr", "workdir": str(tmp_path), "args": {"data": str(data)}})
     report = preflight(inv, skip=ONLY_JOB)
     assert failures(report) == {("job", "node1")}
@@ -83,7 +84,7 @@ def v100_inventory_for(c: TestCluster, data: Path, workdir: Path) -> Path:
     nodes' addresses and SSH, the NTP server, the interface, python, workdir and data; and TZ in the
     env (the example's zone), since these test nodes run in this machine's zone."""
     doc = yaml.safe_load((REPO / "inventory" / "v100.yaml").read_text())
-    mine = yaml.safe_load(c.write_inventory(master={"port": free_port("0.0.0.0")}).read_text())
+    mine = yaml.safe_load(c.write_inventory(master={"port": job_port()}).read_text())
     doc["ssh"] = mine["ssh"]
     doc["nodes"] = [{**n, "gpus": 8} for n in mine["nodes"]]
     doc["master"] = {"node": mine["nodes"][0]["name"], "port": mine["master"]["port"]}

@@ -15,8 +15,9 @@ from orchestrator.contract import CHECK_NAMES
 from orchestrator.preflight.facts import collect
 from orchestrator.preflight.runner import run_preflight
 from orchestrator.transport import Cluster
-from tests.cluster import TestCluster, free_port
+from tests.cluster import TestCluster
 from tests.integration.test_check import MakeCluster, write_inventory
+from tests.ports import job_port
 
 # bash sources ~/.bashrc once for each command sshd starts it for (and not for the scripts it
 # runs); the test nodes get a HOME (sshd's SetEnv) whose .bashrc counts those shells per node.
@@ -89,7 +90,7 @@ def test_local_transport_session(tmp_path: Path) -> None:
         "name": "ls", "transport": "local", "env": {"ORCH_SESSION_TEST": marker},
         "nodes": [{"host": "localhost", "name": "n0", "addr": "127.0.0.1"},
                   {"host": "localhost", "name": "n1", "addr": "127.0.0.1"}],
-        "master": {"port": free_port("0.0.0.0")},
+        "master": {"port": job_port()},
         "checks": {"clock": {"ntp_server": None}},
         "job": {"python": sys.executable, "workdir": str(tmp_path)},
     }))

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.cluster import free_port
+from tests.ports import job_port
 from tests.up_helpers import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -56,7 +56,7 @@ def test_sigterm_during_the_fabric_job_stops_the_job_and_exits_130(tmp_path: Pat
     inv = tmp_path / "inv.yaml"
     inv.write_text(yaml.safe_dump({
         "name": "sigterm", "transport": "local", "nodes": [{"host": "localhost", "name": "n0"}],
-        "master": {"port": free_port("127.0.0.1")},
+        "master": {"port": job_port()},
         "env": {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "SIGTERM_TEST_MARK": marker},
         "checks": {"fabric": {"max_bytes": "4M", "budget_s": 5, "timeout_s": 200}},
         "job": {"python": sys.executable, "workdir": str(REPO), "run_root": str(run_root), "script": "train.py",

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from orchestrator.config.inventory import load
-from tests.cluster import TestCluster, free_port
+from tests.cluster import TestCluster
+from tests.ports import job_port
 from tests.up_helpers import REPO, Orch, leftover
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
@@ -47,7 +48,7 @@ def run_dirs(c: TestCluster) -> list[Path]:
 
 def test_loopback_two_nodes_pass_and_check_json_holds_the_sweep(make_cluster: MakeCluster, tmp_path: Path) -> None:
     c = make_cluster(2)
-    inv = c.write_inventory(master={"port": free_port("0.0.0.0")}, env={"GLOO_SOCKET_IFNAME": "lo"},
+    inv = c.write_inventory(master={"port": job_port()}, env={"GLOO_SOCKET_IFNAME": "lo"},
                             checks={"fabric": {"max_bytes": "4M"}})
     code, data, err, took = orch_json(tmp_path / "home", "check", str(inv), "--only", "fabric")
     assert code == 0, (err, data)
@@ -135,7 +136,7 @@ def test_a_failing_node_fails_the_check_and_nothing_is_left_running(make_cluster
     """node2's gloo is told to use an interface it does not have: it fails at once; node1, which
     would wait for it in the process group until timeout_s, is stopped as soon as node2 failed."""
     c = make_cluster(2)
-    inv = c.write_inventory(master={"port": free_port("0.0.0.0")}, env={"GLOO_SOCKET_IFNAME": "lo"},
+    inv = c.write_inventory(master={"port": job_port()}, env={"GLOO_SOCKET_IFNAME": "lo"},
                             nodes_extra={"node2": {"env": {"GLOO_SOCKET_IFNAME": "nosuch0"}}},
                             checks={"fabric": {"max_bytes": "1M", "timeout_s": 120}})
     code, data, err, took = orch_json(tmp_path / "home", "check", str(inv), "--only", "fabric")
@@ -165,7 +166,7 @@ def test_a_hung_node_is_stopped_at_timeout_s(make_cluster: MakeCluster, tmp_path
     hang.write_text(f'#!/bin/sh\ncase "$*" in *torch.distributed.run*) exec sleep 600;; esac\n'
                     f'exec {sys.executable} "$@"\n')
     hang.chmod(0o755)
-    inv = c.write_inventory(master={"port": free_port("0.0.0.0")}, env={"GLOO_SOCKET_IFNAME": "lo"},
+    inv = c.write_inventory(master={"port": job_port()}, env={"GLOO_SOCKET_IFNAME": "lo"},
                             nodes_extra={"node2": {"python": str(hang)}},
                             checks={"fabric": {"max_bytes": "1M", "timeout_s": HUNG_TIMEOUT_S}})
     code, data, err, took = orch_json(tmp_path / "home", "check", str(inv), "--only", "fabric")
@@ -181,7 +182,7 @@ def test_a_hung_node_is_stopped_at_timeout_s(make_cluster: MakeCluster, tmp_path
 
 def test_orch_up_fabric_failing_launches_nothing(make_cluster: MakeCluster, tmp_path: Path) -> None:
     c = make_cluster(2)
-    inv = c.write_inventory(master={"port": free_port("0.0.0.0")}, env={"GLOO_SOCKET_IFNAME": "lo"},
+    inv = c.write_inventory(master={"port": job_port()}, env={"GLOO_SOCKET_IFNAME": "lo"},
                             checks={"fabric": {"enabled": False, "max_bytes": "1M", "min_busbw_gbps": 1000, "timeout_s": 90}},
                             job={"script": str(REPO / "tests" / "ddp_job.py"), "nproc_per_node": 1})
     orch = Orch(tmp_path / "home")

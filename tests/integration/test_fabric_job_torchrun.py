@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,16 +16,12 @@ import pytest
 
 from orchestrator.node.jobs import allreduce as job
 from orchestrator.preflight import busbw
+from tests.ports import job_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 JOB = Path(job.__file__)
 MB = 1 << 20
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _torchrun(nnodes: int, node_rank: int, nproc: int, port: int, *args: str,
@@ -58,7 +53,7 @@ def _result(stdout: str) -> dict[str, Any]:
 
 
 def test_two_nodes_on_loopback() -> None:
-    port = _free_port()
+    port = job_port()
     procs = [_torchrun(2, n, 2, port, "--max-bytes", "4M") for n in (0, 1)]
     (rc0, out0, err0), (rc1, out1, err1) = _finish(procs, timeout=180)
     assert (rc0, rc1) == (0, 0), err0[-2000:] + err1[-2000:]
@@ -97,7 +92,7 @@ def test_two_nodes_on_loopback() -> None:
 
 
 def test_one_node_has_no_link_phase() -> None:
-    (rc, out, err), = _finish([_torchrun(1, 0, 2, _free_port(), "--max-bytes", "1M")], timeout=120)
+    (rc, out, err), = _finish([_torchrun(1, 0, 2, job_port(), "--max-bytes", "1M")], timeout=120)
     assert rc == 0, err[-2000:]
     r = _result(out)
     assert r["nnodes"] == 1 and len(r["sweep"]) == 1
@@ -106,7 +101,7 @@ def test_one_node_has_no_link_phase() -> None:
 
 @pytest.mark.alone  # bounds the survivor's give-up
 def test_a_dead_peer_ends_the_job_with_an_error_line(tmp_path: Path) -> None:
-    port = _free_port()
+    port = job_port()
     args = ("--max-bytes", "256M", "--seconds-per-size", "5", "--timeout", "20")
     err0 = tmp_path / "node0.err"
     procs = [_torchrun(2, 0, 1, port, *args, stderr=err0), _torchrun(2, 1, 1, port, *args)]

@@ -17,8 +17,9 @@ import pytest
 
 from orchestrator.logs.lines import LogLine, parse_ts
 from orchestrator.logs.merge import LiveMerge
-from tests.cluster import TestCluster, free_port
+from tests.cluster import TestCluster
 from tests.logs_support import late_inversions
+from tests.ports import job_port
 from tests.up_helpers import node_log, run_root
 
 # alone: bounds the follow's lag (median 1.5 s, max 5 s)
@@ -43,7 +44,7 @@ def test_logs_follow_on_a_running_4_node_job(cluster: TestCluster, tmp_path: Pat
         job={"script": str(REPO / "tests" / "logs_job.py"), "nproc_per_node": 2, "workdir": str(REPO),
              "stop_grace_s": 5},
         env={"LOGS_JOB_SECONDS": "8", "GLOO_SOCKET_IFNAME": "lo"},
-        master={"port": free_port(cluster.nodes[0].addr)})
+        master={"port": job_port()})
     env = dict(os.environ, ORCH_HOME=str(tmp_path / "home"), NO_COLOR="1")
     env.pop("ORCH_INVENTORY", None)
     orch = [sys.executable, "-m", "orchestrator"]

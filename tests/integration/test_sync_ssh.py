@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster import ClusterError, TestCluster, free_port
+from tests.cluster import ClusterError, TestCluster
+from tests.ports import job_port
 from tests.up_helpers import Orch
 
 pytestmark = pytest.mark.timeout(300)
@@ -64,7 +65,7 @@ def test_empty_private_dirs_get_identical_copies_then_a_second_sync_sends_nothin
     # the job is the tree's own script: the trainer's --check would refuse this two-line data.yaml
     inv = str(cluster.write_inventory(job={"sync": [str(job), str(data)], "workdir": str(job),
                                            "script": str(job / "train.py"), "args": {"data": str(data)}},
-                                      master={"port": free_port("0.0.0.0")}))
+                                      master={"port": job_port()}))
     for node in cluster.nodes:  # no shared storage: nothing of it on any node
         assert on_node(cluster, node.name, f"ls -A {cluster.NODE_LOCAL}") == ""
 
@@ -227,7 +228,7 @@ def test_orch_up_syncs_first_and_nodes_with_empty_dirs_train(make_cluster, orch:
              "args": {"model": "yolo12n.yaml", "data": str(data), "epochs": 1, "batch": 4, "imgsz": 64,
                       "workers": 0, "val-period": 0}},
         env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"},
-        master={"port": free_port(cluster.nodes[0].addr)}))
+        master={"port": job_port()}))
     for node in cluster.nodes:
         assert on_node(cluster, node.name, f"ls -A {cluster.NODE_LOCAL}") == ""
     files = sum(1 for p in root.rglob("*") if p.is_file())

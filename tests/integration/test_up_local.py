@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.cluster import free_port
+from tests.ports import job_port
 from tests.procs_support import received, stranger
 from tests.up_helpers import DDP_JOB, REPO, Orch, ddp_job, wait_for
 
@@ -41,7 +41,7 @@ def local_inventory(tmp_path: Path, job_env: dict[str, str]) -> Path:
     inv.write_text(yaml.safe_dump({
         "name": "lt", "transport": "local",
         "nodes": [{"host": "localhost", "name": "n0"}, {"host": "localhost", "name": "n1"}],
-        "master": {"port": free_port("127.0.0.1")},
+        "master": {"port": job_port()},
         "env": {"GLOO_SOCKET_IFNAME": "lo", **job_env},
         "job": {"python": os.path.relpath(REPO / ".venv" / "bin" / "python", tmp_path)
                 if (REPO / ".venv" / "bin" / "python").exists() else "python3",
@@ -191,7 +191,7 @@ def test_a_32_mb_line_is_split_and_the_run_is_reported_as_it_ended(tmp_path: Pat
     inv = tmp_path / "long.yaml"
     inv.write_text(yaml.safe_dump({
         "name": "long", "transport": "local", "nodes": [{"host": "localhost", "name": "n0"}],
-        "master": {"port": free_port("127.0.0.1")},
+        "master": {"port": job_port()},
         "job": {"python": str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv" / "bin" / "python").exists()
                 else "python3", "workdir": str(tmp_path), "run_root": str(tmp_path / "nodes"),
                 "script": str(job), "nproc_per_node": 1}}))
@@ -226,7 +226,7 @@ def test_files_are_private_whatever_the_umask_and_env_values_stay_off_screen(tmp
     job.write_text("import os\nprint('token length', len(os.environ['API_TOKEN']))\n")
     inv = tmp_path / "sec.yaml"
     inv.write_text(yaml.safe_dump({
-        "name": "sec", "transport": "local", "master": {"port": free_port("127.0.0.1")},
+        "name": "sec", "transport": "local", "master": {"port": job_port()},
         "nodes": [{"host": "localhost", "name": "n0", "env": {"NODE_SECRET": secret + "-node"}},
                   {"host": "localhost", "name": "n1"}],
         "env": {"API_TOKEN": secret, "GLOO_SOCKET_IFNAME": "lo"},

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from tests.cluster import TestCluster, free_port
+from tests.cluster import TestCluster
+from tests.ports import job_port
 from tests.trainer_helpers import RESUME_BATCH, RESUME_FLAGS, Reference
 from tests.up_helpers import REPO, Orch, leftover
 
@@ -26,7 +27,6 @@ KILL_ONCE = REPO / "tests" / "kill_once"
 
 
 def trainer_inventory(cluster: TestCluster, tmp: Path, ref: Reference, name: str, node2_env: dict[str, str]) -> Path:
-    master = cluster.nodes[0]
     for d in (tmp / "runs", tmp / f"debug-{name}"):  # the preflight's job check wants path arguments to exist
         d.mkdir(exist_ok=True)
     flags = dict(zip(RESUME_FLAGS[::2], RESUME_FLAGS[1::2]))  # the reference's flags, as `job.args`
@@ -36,7 +36,7 @@ def trainer_inventory(cluster: TestCluster, tmp: Path, ref: Reference, name: str
         tmp / f"{name}.yaml",
         job={"module": "trainer", "nproc_per_node": 1, "workdir": str(REPO), "stop_grace_s": 5, "args": args,
              "retries": 1},
-        env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}, master={"port": free_port(master.addr)},
+        env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}, master={"port": job_port()},
         nodes_extra={"node2": {"env": node2_env}})
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.cluster import free_port
+from tests.ports import job_port
 from tests.trainer_helpers import RESUME_BATCH, RESUME_FLAGS, Reference
 from tests.up_helpers import REPO, Orch
 
@@ -45,7 +45,7 @@ def test_a_retry_resumes_with_key_value_project_and_name(trainer_reference: Refe
                   {"host": "localhost", "name": "n1",
                    "env": {"PYTHONPATH": str(KILL_ONCE), "ORCH_TEST_KILL_RANK": "1",
                            "ORCH_TEST_KILL_AT_STEP": str(at), "ORCH_TEST_KILL_MARKER": str(marker)}}],
-        "master": {"port": free_port("127.0.0.1")},
+        "master": {"port": job_port()},
         "env": {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"},
         "job": {"python": str(python) if python.exists() else "python3", "workdir": str(REPO),
                 "run_root": str(tmp_path / "nodes"), "module": "trainer", "nproc_per_node": 1, "stop_grace_s": 5,

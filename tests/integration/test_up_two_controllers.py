@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.cluster import free_port
 from tests.integration.test_up_local import local_inventory
+from tests.ports import job_port
 from tests.up_helpers import Orch, ddp_job, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -43,7 +43,7 @@ def node_file(tmp_path: Path, run_id: str, node: str, name: str) -> dict:
 def with_port(inv: Path, name: str) -> Path:
     """A copy of the inventory on a master port of its own."""
     doc = yaml.safe_load(inv.read_text())
-    doc["master"]["port"] = free_port("127.0.0.1")
+    doc["master"]["port"] = job_port()
     out = inv.with_name(name)
     out.write_text(yaml.safe_dump(doc))
     return out

@@ -140,10 +140,33 @@ def check_table(report: CheckReport, out: Console | None = None) -> None:
         nodes = list(dict.fromkeys(r.node for r in hidden))
         out.print(markup(f"not probed, so {len(hidden)} other results skipped: {len(checks)} checks "
                          f"({', '.join(checks)}) on {fold(nodes)} (why: their ssh rows)"))
+    failures_recap(report, out)
     counts = {s: sum(1 for r in report.results if r.status == s) for s in CHECK_STATUSES}
     summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
     verdict = "[bold red]preflight failed[/]" if not report.ok else "[green]preflight passed[/]"
     out.print(f"{verdict}: {summary} ({report.elapsed_s:.1f} s)")
+
+
+RECAP_LINES = 10
+"""At most this many failure lines under the check table; the rest are counted."""
+
+
+def failures_recap(report: CheckReport, out: Console) -> None:
+    """The failures again, under the table, one line per check and reason with its nodes folded
+    (clubak -b style): on a big cluster the table is hundreds of rows and a failure scrolls away."""
+    from ..config.nodeset import fold
+
+    groups: dict[tuple[str, str], list[str]] = {}
+    for r in report.results:
+        if r.status == "fail":
+            groups.setdefault((r.check, r.detail), []).append(r.node)
+    if not groups:
+        return
+    out.print("[bold red]failed:[/]")
+    for (check, detail), nodes in list(groups.items())[:RECAP_LINES]:
+        out.print(f"  {markup(check)} on {markup(fold(nodes))}: {markup(detail)}", soft_wrap=True)
+    if len(groups) > RECAP_LINES:
+        out.print(f"  and {len(groups) - RECAP_LINES} more (in the table above)")
 
 
 def fabric_report(fabric: Mapping[str, Any], out: Console | None = None) -> None:

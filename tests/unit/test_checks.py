@@ -750,3 +750,33 @@ def test_the_offsets_and_their_reference_come_from_the_same_report(tmp_path: Pat
     run.check_path.write_text(json.dumps({"offsets_ms": {"n2": 4.0}, "offset_reference": "controller"}))
     assert clock_offsets(run, inv.name) == ({"n2": 4.0}, str(run.check_path))
     assert clock_reference(run, inv.name) == ("controller", None)
+
+
+def test_failures_are_recapped_under_the_table_folded_by_reason() -> None:
+    """On a big cluster the table runs to hundreds of rows: the failures come again just above the
+    verdict, one line per check and reason with its nodes folded, so the reason stays on screen."""
+    inv = inventory()
+    facts = make_facts(inv, {n: (lambda raw, nf: raw["ntp"].update(offset_ms=2034.0)) for n in ("n2", "n3", "n4")})
+    facts["n1"].listen["master_port"] = {"port": 29500, "bound": False, "error": "Address already in use (errno 98)",
+                                         "holder": "python3 pid 99"}
+    report = CheckReport(run(inv, facts), *checks.clock_offsets(inv, facts)[::2])
+    buf = io.StringIO()
+    check_table(report, Console(file=buf, width=200, no_color=True))
+    lines = buf.getvalue().splitlines()
+    recap = lines[lines.index("failed:") + 1:-1]
+    assert lines[-1].startswith("preflight failed:"), lines[-3:]
+    assert any(line.startswith("  clock on n[2-4]: ") for line in recap), recap
+    assert any(line.startswith("  ports on n1: master port 29500 is taken by python3 pid 99") for line in recap), recap
+    fails = {(r.check, r.node) for r in report.results if r.status == "fail"}
+    assert len(recap) == len({(r.check, r.detail) for r in report.results if r.status == "fail"}) and fails
+
+
+def test_the_failure_recap_is_capped() -> None:
+    from orchestrator.cli import render
+
+    results = [CheckResult("job", f"n{i}", "fail", "", f"reason {i}", "") for i in range(render.RECAP_LINES + 3)]
+    buf = io.StringIO()
+    check_table(CheckReport(results), Console(file=buf, width=200, no_color=True))
+    lines = buf.getvalue().splitlines()
+    recap = lines[lines.index("failed:") + 1:-1]
+    assert len(recap) == render.RECAP_LINES + 1 and recap[-1] == "  and 3 more (in the table above)", recap

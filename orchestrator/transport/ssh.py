@@ -43,6 +43,18 @@ from .base import OnOutput, Process, Transport, command_line, log
 from .hostkeys import UnknownHostKey, install_host_key_policy, known_hosts_name
 
 
+def _send_stdin(chan: Any, data: bytes) -> None:
+    """Write a command's stdin. A command that ends without reading it all (a shell that finds no
+    such program and exits 127, `head -1`) closes the channel under the write: that is not a lost
+    connection but the command's answer, read next (its exit status and stderr), as a local pipe's
+    EPIPE is. Only a write that fails on an open channel is the connection's failure."""
+    try:
+        chan.sendall(data)
+    except OSError:
+        if not chan.closed:
+            raise
+
+
 class _SSHProcess(Process):
     def __init__(self, chan: Any) -> None:
         self.chan = chan
@@ -180,7 +192,7 @@ class SSHTransport(Transport):
         try:
             chan.exec_command(line)
             if stdin:
-                chan.sendall(stdin)
+                _send_stdin(chan, stdin)
             chan.shutdown_write()
             out, err = bytearray(), bytearray()
             deadline = None if timeout is None else time.monotonic() + timeout
@@ -197,8 +209,8 @@ class SSHTransport(Transport):
                     if on_output is not None and data:
                         on_output("err", data)
                     continue
-                if chan.exit_status_ready() and chan.eof_received:
-                    break
+                if chan.exit_status_ready() and (chan.eof_received or chan.closed):
+                    break  # closed: drained above, nothing more can come
                 if deadline is not None and time.monotonic() > deadline:
                     raise TransportError(self.node.name, "timeout", f"command timed out after {timeout:.0f} s")
                 if not chan.get_transport().is_active():
@@ -209,7 +221,10 @@ class SSHTransport(Transport):
                 err += data
                 if on_output is not None and data:
                     on_output("err", data)
-            return chan.recv_exit_status(), bytes(out), bytes(err)
+            code = chan.recv_exit_status()
+            if code == -1 and not chan.get_transport().is_active():
+                raise TransportError(self.node.name, "unreachable", "connection lost while running a command")
+            return code, bytes(out), bytes(err)
         except (OSError, EOFError) as exc:
             self._drop(conn)
             raise _translate(self.node, exc) from None

@@ -295,6 +295,18 @@ def test_nonzero_exit_and_both_streams(shared):
     assert (r.exit_code, r.stdout, r.stderr) == (7, "out\n", "err\n")
 
 
+def test_a_command_that_exits_before_reading_its_stdin_is_its_exit_and_stderr(shared):
+    """`orch up` on a node whose `python:` does not exist: the shell exits 127 before reading the
+    agent's spec on stdin. With stdin larger than the channel's window the write is still going when
+    the channel closes: that is the command's answer (127 and the shell's line), not "cannot reach
+    ...: Socket is closed", and the connection stays usable (one full run saw this race)."""
+    with SSHTransport(_inv(shared).node("node3")) as t:
+        for _ in range(3):
+            r = t.run(["/nonexistent/bin/python3", "-c", "pass"], stdin=b"x" * (8 << 20), timeout=30)
+            assert r.exit_code == 127 and "/nonexistent/bin/python3" in r.stderr, r
+        assert t.run(["echo", "again"]).check().stdout == "again\n"
+
+
 @pytest.mark.alone  # bounds a 0.5 s timeout to 3 s
 def test_timeout_is_a_timeout_error_and_the_transport_stays_usable(shared):
     with SSHTransport(_inv(shared).node("node2")) as t:

@@ -181,3 +181,78 @@ def test_an_interrupted_attempt_lets_its_waiters_try_again() -> None:
     first.join(DEADLINE_S), second.join(DEADLINE_S)
     assert isinstance(a["error"], KeyboardInterrupt)
     assert "error" not in b and gate.calls == 2 and t._conn is gate.conns[1]  # the waiter made its own attempt
+
+
+# ----------------------------------------------------------------------------- a command's stdin
+
+
+class FakeChannel:
+    """A session channel whose command ends (exit 127, one stderr line) before it reads its stdin:
+    the write fails as paramiko's does once the channel is closed, or, with `broken`, on a channel
+    still open (the connection failing under the write)."""
+
+    def __init__(self, broken: bool = False) -> None:
+        self.closed = False
+        self.broken = broken
+        self.eof_received = False
+        self.stderr = [b"sh: 1: /nonexistent/bin/python3: not found\n"]
+        self.active = True
+
+    def exec_command(self, line: str) -> None:
+        if not self.broken:  # the command exits at once: EOF, its status, the close
+            self.eof_received = self.closed = True
+
+    def sendall(self, data: bytes) -> None:
+        if self.closed or self.broken:
+            raise OSError("Socket is closed")
+
+    def shutdown_write(self) -> None:
+        pass
+
+    def recv_ready(self) -> bool:
+        return False
+
+    def recv_stderr_ready(self) -> bool:
+        return bool(self.stderr)
+
+    def recv_stderr(self, n: int) -> bytes:
+        return self.stderr.pop(0)
+
+    def exit_status_ready(self) -> bool:
+        return self.closed
+
+    def recv_exit_status(self) -> int:
+        return 127
+
+    def get_transport(self) -> Any:
+        return self
+
+    def is_active(self) -> bool:
+        return self.active
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def exec_transport(chan: FakeChannel) -> tuple[SSHTransport, FakeConn]:
+    gate = Gate()
+    gate.release()
+    t = transport(gate)
+    t.connect()
+    conn = gate.conns[0]
+    t._channel = lambda: (conn, chan)  # type: ignore[method-assign]
+    return t, conn
+
+
+def test_a_command_that_exits_before_reading_its_stdin_gives_its_exit_status_and_stderr() -> None:
+    t, conn = exec_transport(FakeChannel())
+    r = t.run(["/nonexistent/bin/python3", "-m", "orchestrator.node.agent"], stdin=b"{}" * 100_000, timeout=5)
+    assert (r.exit_code, r.stderr) == (127, "sh: 1: /nonexistent/bin/python3: not found\n")
+    assert t._conn is conn and not conn.closed  # the connection is fine: kept
+
+
+def test_a_write_that_fails_on_an_open_channel_is_the_connections_failure() -> None:
+    t, conn = exec_transport(FakeChannel(broken=True))
+    with pytest.raises(TransportError, match="Socket is closed"):
+        t.run(["cat"], stdin=b"data", timeout=5)
+    assert t._conn is None and conn.closed  # dropped: the next command opens a new one

@@ -214,7 +214,7 @@ class SSHTransport(Transport):
                 if deadline is not None and time.monotonic() > deadline:
                     raise TransportError(self.node.name, "timeout", f"command timed out after {timeout:.0f} s")
                 if not chan.get_transport().is_active():
-                    raise TransportError(self.node.name, "unreachable", "connection lost while running a command")
+                    raise self._lost()
                 select.select([chan], [], [], 0.2)
             while chan.recv_stderr_ready():
                 data = chan.recv_stderr(65536)
@@ -223,7 +223,7 @@ class SSHTransport(Transport):
                     on_output("err", data)
             code = chan.recv_exit_status()
             if code == -1 and not chan.get_transport().is_active():
-                raise TransportError(self.node.name, "unreachable", "connection lost while running a command")
+                raise self._lost()
             return code, bytes(out), bytes(err)
         except (OSError, EOFError) as exc:
             self._drop(conn)
@@ -248,6 +248,10 @@ class SSHTransport(Transport):
             conn, self._conn = self._conn, None
             self._closes += 1
         _close_quietly(conn)
+
+    def _lost(self) -> TransportError:
+        """The connection died under a running command: its exit status never came."""
+        return TransportError(self.node.name, "unreachable", "connection lost while running a command")
 
     def _drop(self, conn: Any) -> None:
         """Forget and close `conn`, broken: a newer connection another thread opened stays."""

@@ -189,17 +189,21 @@ def test_an_interrupted_attempt_lets_its_waiters_try_again() -> None:
 class FakeChannel:
     """A session channel whose command ends (exit 127, one stderr line) before it reads its stdin:
     the write fails as paramiko's does once the channel is closed, or, with `broken`, on a channel
-    still open (the connection failing under the write)."""
+    still open (the connection failing under the write). With `dies`, the connection dies under the
+    write: paramiko closes the channel, with no EOF and no exit status."""
 
-    def __init__(self, broken: bool = False) -> None:
+    def __init__(self, broken: bool = False, dies: bool = False) -> None:
         self.closed = False
         self.broken = broken
+        self.dies = dies
         self.eof_received = False
         self.stderr = [b"sh: 1: /nonexistent/bin/python3: not found\n"]
         self.active = True
 
     def exec_command(self, line: str) -> None:
-        if not self.broken:  # the command exits at once: EOF, its status, the close
+        if self.dies:
+            self.closed, self.active, self.stderr = True, False, []
+        elif not self.broken:  # the command exits at once: EOF, its status, the close
             self.eof_received = self.closed = True
 
     def sendall(self, data: bytes) -> None:
@@ -222,7 +226,7 @@ class FakeChannel:
         return self.closed
 
     def recv_exit_status(self) -> int:
-        return 127
+        return -1 if self.dies else 127
 
     def get_transport(self) -> Any:
         return self
@@ -256,3 +260,9 @@ def test_a_write_that_fails_on_an_open_channel_is_the_connections_failure() -> N
     with pytest.raises(TransportError, match="Socket is closed"):
         t.run(["cat"], stdin=b"data", timeout=5)
     assert t._conn is None and conn.closed  # dropped: the next command opens a new one
+
+
+def test_a_connection_that_dies_under_the_write_is_lost_not_an_exit_status() -> None:
+    t, _conn = exec_transport(FakeChannel(dies=True))
+    with pytest.raises(TransportError, match="connection lost while running a command"):
+        t.run(["cat"], stdin=b"data", timeout=5)

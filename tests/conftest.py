@@ -39,6 +39,17 @@ from typing import Any
 
 import pytest
 
+# One intra-op thread per process of the session unless the caller says otherwise: set before
+# anything imports torch (OpenMP reads it once, when its library loads), here in the controller, so
+# every xdist worker and every child inherits it. Two workers on two cores that each start an
+# OpenMP team of two spin-wait on each other: tests/local/test_trainer_models.py took 113 core-s
+# (57 s) that way and 16 core-s (9 s) with one thread each. What the trainer itself decides is
+# unchanged: it picks min(8, CPUs / local ranks - 1) threads, 1 on this machine, and keeps a count
+# OMP_NUM_THREADS gives (tests/unit/test_trainer_data.py covers both). A test node's SSH login
+# gets only the environment its sshd config sets, so jobs orch launches over SSH see no change; a
+# `transport: local` node inherits it with the rest of the caller's environment.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # `tests.cluster` must import however pytest was started (python -m pytest, .venv/bin/pytest, an IDE)
 _REPO = str(Path(__file__).resolve().parent.parent)
 if _REPO not in sys.path:

@@ -50,6 +50,7 @@ from typing import Any, Literal, NoReturn
 
 import yaml
 
+from tests.lanes import lane_of
 from tests.ports import free_port
 
 SSHD = shutil.which("sshd", path="/usr/sbin:/usr/bin:/sbin:/bin") or "/usr/sbin/sshd"
@@ -64,6 +65,8 @@ LINK_PREFIX = f"o{os.getpid()}x"  # + cluster number + role: stays within IFNAMS
 SUBNET_LOCK = "/tmp/orch-test-netns.lock"
 
 _cluster_ids = itertools.count(1)
+_started: dict[int, TestCluster] = {}
+"""The clusters of this process that are started and not stopped (by number): `daemon_pids`."""
 
 Mode = Literal["loopback", "netns"]
 
@@ -386,6 +389,7 @@ class TestCluster:
             self.stop()
             raise
         self._start_env = {n.name: dict(n.env) for n in self.nodes}
+        _started[self.number] = self
         return self
 
     def reset(self) -> list[str]:
@@ -434,6 +438,7 @@ class TestCluster:
 
     def stop(self) -> None:
         """Stop everything this cluster started (sshd, sessions, detached jobs, chronyd, namespaces)."""
+        _started.pop(self.number, None)
         self._undo_cpu_quotas()
         for node in self.nodes:
             _stop_popen(node.sshd)
@@ -451,6 +456,12 @@ class TestCluster:
                     _sh(["ip", "netns", "del", node.netns], check=False)
             for link in self._root_links():
                 _sh(["ip", "link", "del", link], check=False)
+
+    def daemons(self) -> list[int]:
+        """The pids of the daemons that outlive a test (every sshd and namespace holder, chronyd):
+        whatever a test's logins start descends from them."""
+        procs = [p for n in self.nodes for p in (n.sshd, n.holder)] + [self.chronyd]
+        return [p.pid for p in procs if p is not None and p.poll() is None]
 
     def __enter__(self) -> TestCluster:
         return self.start()
@@ -765,7 +776,9 @@ SetEnv {setenv}
             kernel_limit(f"no cgroup v1 cpu controller at {self.CPU_CGROUP_ROOT}")
         if n.sshd is None or n.sshd.poll() is not None:
             raise ClusterError(f"{node}: sshd is not running")
-        group = self._cpu_cgroups.get(node) or self.CPU_CGROUP_ROOT / f"{self.id}-{node}"
+        # inside the group the node is in now (the session's CPU lane, tests/lanes.py), so the quota
+        # caps a node that otherwise competes as its lane does
+        group = self._cpu_cgroups.get(node) or (lane_of(n.sshd.pid) or self.CPU_CGROUP_ROOT) / f"{self.id}-{node}"
         group.mkdir(exist_ok=True)
         self._cpu_cgroups[node] = group
         (group / "cpu.cfs_period_us").write_text("100000\n")
@@ -787,7 +800,7 @@ SetEnv {setenv}
                     break
                 for pid in pids:
                     with contextlib.suppress(OSError):
-                        (self.CPU_CGROUP_ROOT / "cgroup.procs").write_text(f"{pid}\n")
+                        (group.parent / "cgroup.procs").write_text(f"{pid}\n")
             with contextlib.suppress(OSError):
                 group.rmdir()
             del self._cpu_cgroups[node]
@@ -926,6 +939,11 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def daemon_pids() -> list[int]:
+    """The daemons of every cluster this process has started and not stopped (`TestCluster.daemons`)."""
+    return [pid for c in list(_started.values()) for pid in c.daemons()]
 
 
 def reap_stale_networks() -> list[str]:

@@ -11,17 +11,25 @@
 A session-finish hook fails the run if any sshd, chronyd, session process, namespace or link
 started by the fixture is still there (under `pytest -n`, each worker's leftovers fail the run).
 
-Under `pytest -n` (pytest-xdist; `make test` runs two workers) a test marked `alone` never runs
-beside another test: it holds an exclusive lock that every other test takes shared. `alone` is for
-a test whose proof is a duration or a count that load changes: a bound of a few seconds, a
-watchdog or heartbeat of a few seconds, a relative speed (a straggler, a throttled link), an exact
-number of status polls (a stream silent for 3 s is polled) or a follow's lag. Output compared byte
-for byte over SSH needs no mark: a test node's login runs no dotfiles of this machine (its cluster
-has a home of its own, tests/cluster.py), so no login shell's noise (a `pyenv rehash` racing
-another test's logins) reaches it. Every other test, orch up scenarios under the default liveness
-limits included, runs two at a time: their bounds leave a loaded machine room. The `alone` tests
-are collected last, so the others run two at a time first. Without -n nothing changes but that
-order.
+Under `pytest -n` (pytest-xdist; `make test` runs two workers, `--dist loadgroup`) a test shares
+the machine by its mark (setup.cfg says what each mark means; `lane_kind`):
+
+- `alone`: no other test beside it. It holds an exclusive lock that every other test takes shared.
+  For a proof that any other load changes: a relative speed (a straggler, a throttled link), or a
+  short bound on work that keeps both cores busy (two ranks starting under a 6 s collective
+  timeout). Collected last.
+- `foreground`: a short duration or a count on processes that mostly wait (a watchdog or heartbeat
+  of a few seconds, a follow's lag, a connect bound, an exact number of status polls). Where this
+  session has CPU lanes (root and the cgroup v1 cpu controller, tests/lanes.py) it runs in the
+  foreground lane, first in line for the CPU, while the other tests go on beside it in the
+  background lane; the foreground tests are one xdist group, so one worker runs them one after the
+  other from the start while the others work through the rest. Without lanes it runs alone.
+- everything else, orch up scenarios under the default liveness limits included, runs two at a
+  time (in the background lane where there are lanes): their bounds leave a loaded machine room.
+
+Output compared byte for byte over SSH needs no mark: a test node's login runs no dotfiles of this
+machine (its cluster has a home of its own, tests/cluster.py), so no login shell's noise (a `pyenv
+rehash` racing another test's logins) reaches it. Without -n nothing changes but the order.
 """
 
 from __future__ import annotations
@@ -59,11 +67,13 @@ from tests.cluster import (  # noqa: E402
     KeyStore,
     Mode,
     TestCluster,
+    daemon_pids,
     leftovers,
     missing,
     netns_supported,
     reap_stale_networks,
 )
+from tests.lanes import Lanes, reap_stale, unusable  # noqa: E402
 from tests.up_helpers import Orch  # noqa: E402
 
 MakeCluster = Callable[..., TestCluster]
@@ -160,8 +170,19 @@ a test that asks for no home of its own never writes to the real `~/.orch`."""
 
 def pytest_configure(config: pytest.Config) -> None:
     """$ORCH_HOME defaults to `~/.orch`, the user's real runs: point it at the session's own
-    directory (whatever the environment set), for session fixtures and every subprocess."""
+    directory (whatever the environment set), for session fixtures and every subprocess. The xdist
+    controller makes the session's CPU lanes where it can (tests/lanes.py)."""
     os.environ["ORCH_HOME"] = str(_GUARD_HOME / "session")
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        return
+    for stale in reap_stale():
+        sys.stderr.write(f"removed stale {stale} of an earlier test session\n")
+    why = unusable()
+    if os.environ.get("ORCH_TEST_LANES", "1") == "0":
+        why = "ORCH_TEST_LANES=0"
+    config.stash[_LANES] = None if why else Lanes.create(os.getpid())
+    if why:
+        sys.stderr.write(f"no CPU lanes ({why}): tests marked foreground run alone\n")
 
 
 @pytest.fixture(autouse=True)
@@ -191,6 +212,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         worker_output["orch_leftovers"] = left
         return
     left += session.config.stash.get(_WORKER_LEFTOVERS, [])
+    lanes = session.config.stash.get(_LANES, None)
+    if lanes is not None:
+        lanes.remove()
+        if lanes.path.exists():
+            left.append(f"cgroup {lanes.path}")
     if left:
         sys.stderr.write("\norch test cluster left behind:\n" + "".join(f"  {x}\n" for x in left))
         session.exitstatus = 1
@@ -209,34 +235,85 @@ def pytest_testnodedown(node: Any, error: object) -> None:
 # ----------------------------------------------------------------------------- pytest -n
 
 
-def runs_alone(item: pytest.Item) -> bool:
-    """Whether a test must not share the machine with another test of this session: it is marked
-    `alone` (its module's `pytestmark` or the test itself; setup.cfg says what the mark means)."""
-    return item.get_closest_marker("alone") is not None
+def lane_kind(item: pytest.Item) -> str:
+    """How a test shares the machine under pytest -n (setup.cfg says what the marks mean):
+    `alone` (marked alone: no other test beside it), `foreground` (marked foreground: first in line
+    for the CPU, the others beside it in the background lane) or `shared` (everything else). The
+    mark may be the test's own or its module's `pytestmark`."""
+    if item.get_closest_marker("alone") is not None:
+        return "alone"
+    if item.get_closest_marker("foreground") is not None:
+        return "foreground"
+    return "shared"
 
 
+def _lanes(config: pytest.Config) -> Lanes | None:
+    """The session's CPU lanes (tests/lanes.py), as the controller handed them to this worker."""
+    path = getattr(config, "workerinput", {}).get("orch_lanes")
+    return Lanes(Path(path)) if path else None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks it adds
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The tests that may run alongside others first, the `slow` ones of them first (under xdist
-    two long tests side by side, then the short ones fill in, rather than one long test left at
-    the end with the other worker idle), then those that run alone; otherwise in collection order."""
-    items.sort(key=lambda item: (runs_alone(item), item.get_closest_marker("slow") is None))
+    """The order tests are handed out in. With CPU lanes (root, under pytest -n): the foreground
+    tests first, as one xdist group (`make test` runs --dist loadgroup), so one worker runs them one
+    after the other while the others work through the rest beside them in the background lane;
+    then the shared tests, the `slow` ones first (two long tests side by side, then the short ones
+    fill in, rather than one long test left at the end with the other workers idle); the `alone`
+    ones last. Without lanes a foreground test runs alone, so it goes last with those."""
+    lanes = _lanes(config) is not None
+    rank = {"foreground": 0, "shared": 1, "alone": 2} if lanes else {"foreground": 1, "shared": 0, "alone": 1}
+    items.sort(key=lambda item: (rank[lane_kind(item)], item.get_closest_marker("slow") is None))
+    if lanes:
+        for item in items:
+            if lane_kind(item) == "foreground":
+                item.add_marker(pytest.mark.xdist_group("foreground"))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """(xdist controller) Hand every worker the session's CPU lanes."""
+    lanes = node.config.stash.get(_LANES, None)
+    if lanes is not None:
+        node.workerinput["orch_lanes"] = str(lanes.path)
+
+
+_LANES = pytest.StashKey["Lanes | None"]()
+
+
+def _lock(fh: Any, how: int, held: contextlib.ExitStack) -> None:
+    fcntl.flock(fh, how)
+    held.callback(fcntl.flock, fh, fcntl.LOCK_UN)
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
-    """Under xdist: a test that runs alone holds the session's lock exclusively, any other test
-    holds it shared. Taken outside the test's timeout (waiting for the other worker is not the
-    test's time)."""
+    """Under xdist, by `lane_kind`: an `alone` test holds the session's lock exclusively, every
+    other test holds it shared; whoever wants it exclusively first closes a gate the shared takers
+    pass through, so a stream of shared tests on the other workers cannot keep it out. A
+    `foreground` test also holds the foreground lock (one at a time) and runs in the foreground
+    lane, the others in the background lane: the worker and its clusters' daemons are moved there
+    first. Without lanes a foreground test is an alone test. The locks are taken outside the test's
+    timeout (waiting for another worker is not the test's time)."""
     uid = getattr(item.config, "workerinput", {}).get("testrunuid")
     if uid is None:
         yield
         return
-    path = Path(tempfile.gettempdir()) / f"orch-test-{uid}.lock"
-    with open(path, "a") as fh, contextlib.ExitStack() as held:
-        fcntl.flock(fh, fcntl.LOCK_EX if runs_alone(item) else fcntl.LOCK_SH)
-        held.callback(fcntl.flock, fh, fcntl.LOCK_UN)
+    lanes = _lanes(item.config)
+    kind = lane_kind(item)
+    if kind == "foreground" and lanes is None:
+        kind = "alone"
+    base = Path(tempfile.gettempdir()) / f"orch-test-{uid}"
+    with open(f"{base}.lock", "a") as main, open(f"{base}.gate", "a") as gate, \
+            open(f"{base}.fg", "a") as fg, contextlib.ExitStack() as held:
+        if kind == "foreground":
+            _lock(fg, fcntl.LOCK_EX, held)
+        with contextlib.ExitStack() as passing:
+            _lock(gate, fcntl.LOCK_EX if kind == "alone" else fcntl.LOCK_SH, passing)
+            _lock(main, fcntl.LOCK_EX if kind == "alone" else fcntl.LOCK_SH, held)
+        if lanes is not None:
+            lanes.enter("bg" if kind == "shared" else "fg", [os.getpid(), *daemon_pids()])
         yield
-
 
 
 @pytest.fixture

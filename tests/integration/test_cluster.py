@@ -185,7 +185,7 @@ def test_leftovers_reports_what_a_cluster_did_not_stop(make_cluster):
 # ----------------------------------------------------------------------------- netns only
 
 
-@pytest.mark.alone  # bounds a connect to 3.5 s
+@pytest.mark.foreground  # bounds a connect to 3.5 s
 @pytest.mark.netns
 def test_link_down_makes_node_unreachable_within_connect_timeout(netns_cluster):
     inv = inventory.load(netns_cluster.write_inventory(ssh={"connect_timeout": 2}))

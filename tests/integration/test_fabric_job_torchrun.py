@@ -99,7 +99,7 @@ def test_one_node_has_no_link_phase() -> None:
     assert r["links"] == {"method": "pairwise", "skipped": "one node: no links between nodes", "transfers": []}
 
 
-@pytest.mark.alone  # bounds the survivor's give-up
+@pytest.mark.foreground  # bounds the survivor's give-up
 def test_a_dead_peer_ends_the_job_with_an_error_line(tmp_path: Path) -> None:
     port = job_port()
     args = ("--max-bytes", "256M", "--seconds-per-size", "5", "--timeout", "20")

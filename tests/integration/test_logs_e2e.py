@@ -22,8 +22,8 @@ from tests.logs_support import late_inversions
 from tests.ports import job_port
 from tests.up_helpers import node_log, run_root
 
-# alone: bounds the follow's lag (median 1.5 s, max 5 s)
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.alone]
+# foreground: bounds the follow's lag (median 1.5 s, max 5 s)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.foreground]
 REPO = Path(__file__).resolve().parents[2]
 
 

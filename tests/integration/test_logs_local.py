@@ -39,7 +39,7 @@ def follow_all(follower: Follower, stop: threading.Event | None = None) -> list[
 
 
 
-@pytest.mark.alone  # bounds the lag: median 1.6 s, max 5 s
+@pytest.mark.foreground  # bounds the lag: median 1.6 s, max 5 s
 def test_follow_orders_nodes_writing_at_different_rates_and_a_silent_one(tmp_path: Path) -> None:
     names = ["n1", "n2", "n3", "quiet"]
     inv, run = make_run(tmp_path, names)
@@ -129,7 +129,7 @@ def test_reader_killed_mid_stream_resumes_at_the_byte_offset(tmp_path: Path) -> 
     assert seqs["a"] == list(range(150)) and seqs["b"] == list(range(60))
 
 
-@pytest.mark.alone  # bounds the stop to 8 s
+@pytest.mark.foreground  # bounds the stop to 8 s
 def test_stop_event_ends_follow_and_leaves_no_reader_behind(tmp_path: Path) -> None:
     inv, run = make_run(tmp_path, ["a"])
     write_state(inv, run, "a", "running")
@@ -145,7 +145,7 @@ def test_stop_event_ends_follow_and_leaves_no_reader_behind(tmp_path: Path) -> N
     assert reader_pids(node_dir) == []
 
 
-@pytest.mark.alone  # bounds the give-up to 10 s
+@pytest.mark.foreground  # bounds the give-up to 10 s
 def test_a_node_that_never_started_is_given_up_once_the_run_has_ended(tmp_path: Path) -> None:
     inv, run = make_run(tmp_path, ["a", "never"])
     assert start_writer(inv, run, "a", 5, 0.001).wait(timeout=30) == 0

@@ -54,7 +54,7 @@ def make_run(cluster: TestCluster, run_id: str = "r1") -> tuple[Inventory, RunDi
     return inv, RunStore().create(inv, run_id)
 
 
-@pytest.mark.alone  # bounds the lag: median 1.6 s, max 5 s
+@pytest.mark.foreground  # bounds the lag: median 1.6 s, max 5 s
 def test_follow_four_ssh_nodes_ordered_within_about_a_second(cluster: TestCluster) -> None:
     inv, run = make_run(cluster)
     rates = {"node1": (250, 0.02), "node2": (125, 0.04), "node3": (50, 0.1), "node4": (20, 0.25)}
@@ -160,7 +160,7 @@ def test_an_unreachable_node_is_given_up_after_the_run_ended(cluster: TestCluste
     assert any("reconnecting" in m for m in msgs) and "unreachable for 2 s" in msgs[-1], msgs
 
 
-@pytest.mark.alone  # a 2 s heartbeat timeout
+@pytest.mark.foreground  # a 2 s heartbeat timeout
 @pytest.mark.netns
 def test_pulled_cable_is_detected_by_the_missing_heartbeat_and_resumed(netns_cluster: TestCluster) -> None:
     """node2's link goes down for 6 s while it writes: no EOF arrives, only silence. The follower

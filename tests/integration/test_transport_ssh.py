@@ -76,7 +76,7 @@ def test_fan_out_with_one_sshd_stopped_reports_every_node(cluster_in, mode):
     assert elapsed < inv.node("node3").ssh.connect_timeout  # refused fast, not after a timeout
 
 
-@pytest.mark.alone  # bounds a fan-out to 3.5 s
+@pytest.mark.foreground  # bounds a fan-out to 3.5 s
 @pytest.mark.netns
 def test_fan_out_with_one_link_down_waits_connect_timeout_not_more(netns_cluster):
     inv = inventory.load(netns_cluster.write_inventory(ssh={"connect_timeout": 2}))
@@ -307,7 +307,7 @@ def test_a_command_that_exits_before_reading_its_stdin_is_its_exit_and_stderr(sh
         assert t.run(["echo", "again"]).check().stdout == "again\n"
 
 
-@pytest.mark.alone  # bounds a 0.5 s timeout to 3 s
+@pytest.mark.foreground  # bounds a 0.5 s timeout to 3 s
 def test_timeout_is_a_timeout_error_and_the_transport_stays_usable(shared):
     with SSHTransport(_inv(shared).node("node2")) as t:
         start = time.monotonic()

@@ -34,7 +34,7 @@ def group_line(err: str, label: str) -> str:
     return m.group(1)
 
 
-@pytest.mark.alone  # a watchdog of 5 s: a loaded machine could starve a healthy rank that long
+@pytest.mark.foreground  # a watchdog of 5 s: a loaded machine could starve a healthy rank that long
 def test_a_hung_rank_fires_the_watchdog_names_its_stack_and_nothing_is_left(cluster: TestCluster,
                                                                               orch: Orch) -> None:
     # rank 2 (node3) stops at step 3 inside sleep_forever; ranks 0, 1 and 3 block in all_reduce waiting for it
@@ -68,7 +68,7 @@ def test_a_hung_rank_fires_the_watchdog_names_its_stack_and_nothing_is_left(clus
     print(f"watchdog fired {fired:.1f} s after the hung rank's last line (stall timeout {STALL_S:g} s)")
 
 
-@pytest.mark.alone  # a watchdog of 5 s: a loaded machine could starve a healthy rank that long
+@pytest.mark.foreground  # a watchdog of 5 s: a loaded machine could starve a healthy rank that long
 def test_warn_keeps_the_run_and_orch_stacks_shows_the_hang(cluster: TestCluster, orch: Orch) -> None:
     inv = inventory(cluster, job_env=ddp_job(steps=400, sleep=0.2, hang_rank=1, hang_step=2),
                     job={"on_stall": "warn", "stall_timeout_s": STALL_S})

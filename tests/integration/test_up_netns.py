@@ -16,8 +16,8 @@ from tests.up_helpers import DDP_JOB, REPO, Orch, ddp_job, leftover, node_log, n
 GRACE_S = 5
 """ORCH_UNREACHABLE_GRACE_S here (the lease is 3 x this: `Tunables.lease_s`)."""
 
-# alone: a pulled cable must end the run within a bound of a few seconds
-pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.timeout(300), pytest.mark.alone]
+# foreground: a pulled cable must end the run within a bound of a few seconds
+pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.timeout(300), pytest.mark.foreground]
 
 
 def test_link_down_mid_run_is_detected_and_the_others_are_stopped(netns_cluster: TestCluster, tmp_path) -> None:

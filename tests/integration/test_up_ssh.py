@@ -104,7 +104,7 @@ def step_of(out: str, node: str) -> int:
     return max(steps, default=-1)
 
 
-@pytest.mark.alone  # counts the status polls: a stream slowed 3 s by load is polled
+@pytest.mark.foreground  # counts the status polls: a stream slowed 3 s by load is polled
 def test_a_node_whose_log_stream_goes_silent_is_polled_until_heard_again(cluster: TestCluster, orch: Orch,
                                                                          tmp_path: Path) -> None:
     stop = tmp_path / "stop"  # the job runs until the test has seen what it waits for (tests/ddp_job.py)
@@ -141,7 +141,7 @@ def test_a_node_whose_log_stream_goes_silent_is_polled_until_heard_again(cluster
     assert leftover(cluster, run_id) == {}
 
 
-@pytest.mark.alone  # bounds the teardown to 15 s and counts the polls
+@pytest.mark.foreground  # bounds the teardown to 15 s and counts the polls
 def test_kill9_torchrun_on_one_node_fails_fast_and_cleans_every_node(cluster: TestCluster, orch: Orch) -> None:
     inv = inventory(cluster, nproc=2, job_env=ddp_job(steps=400, sleep=0.2))
     up = orch.start(str(inv), "--skip-checks", verbose=True)

@@ -57,7 +57,7 @@ deps:  ## the system packages the tests need (.ci/packages): installs them as ro
 	.ci/deps
 
 test: deps install  ## the whole suite: every tier, a missing prerequisite fails (ORCH_TEST_STRICT=1)
-	ORCH_TEST_STRICT=$(ORCH_TEST_STRICT) $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	ORCH_TEST_STRICT=$(ORCH_TEST_STRICT) $(PY) -m pytest -n $(PYTEST_WORKERS) --maxschedchunk 1 $(PYTEST_ARGS)
 
 test-fast: install  ## the inner loop: tests/unit, pure tests only (no sshd, torchrun, daemons), about a minute
 	ORCH_HYPOTHESIS_EXAMPLES=$${ORCH_HYPOTHESIS_EXAMPLES:-50} $(PY) -m pytest tests/unit -n $(PYTEST_WORKERS) $(PYTEST_ARGS)

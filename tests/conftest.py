@@ -253,21 +253,48 @@ def _lanes(config: pytest.Config) -> Lanes | None:
     return Lanes(Path(path)) if path else None
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks it adds
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The order tests are handed out in. With CPU lanes (root, under pytest -n): the foreground
-    tests first, as one xdist group (`make test` runs --dist loadgroup), so one worker runs them one
-    after the other while the others work through the rest beside them in the background lane;
-    then the shared tests, the `slow` ones first (two long tests side by side, then the short ones
-    fill in, rather than one long test left at the end with the other workers idle); the `alone`
-    ones last. Without lanes a foreground test runs alone, so it goes last with those."""
-    lanes = _lanes(config) is not None
+    tests first, as one unit of work (`_ForegroundFirst`: one worker runs them one after the other
+    while the others work through the rest beside them in the background lane); then the shared
+    tests, the `slow` ones first (two long tests side by side, then the short ones fill in, rather
+    than one long test left at the end with the other workers idle); the `alone` ones last.
+    Without lanes a foreground test runs alone, so it goes last with those."""
+    lanes = _lanes(config)
     rank = {"foreground": 0, "shared": 1, "alone": 2} if lanes else {"foreground": 1, "shared": 0, "alone": 1}
     items.sort(key=lambda item: (rank[lane_kind(item)], item.get_closest_marker("slow") is None))
-    if lanes:
-        for item in items:
-            if lane_kind(item) == "foreground":
-                item.add_marker(pytest.mark.xdist_group("foreground"))
+    if lanes is not None:  # for the controller's scheduler, before this worker reports its collection
+        listed = lanes.foreground_list()
+        tmp = listed.with_name(f"{listed.name}.{os.getpid()}")
+        tmp.write_text("".join(f"{item.nodeid}\n" for item in items if lane_kind(item) == "foreground"))
+        tmp.replace(listed)
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)  # before xdist's own, which always answers
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """(xdist controller) With CPU lanes: `_ForegroundFirst`; otherwise xdist's own for --dist."""
+    lanes = config.stash.get(_LANES, None)
+    return None if lanes is None else _foreground_first(config, log, lanes)
+
+
+def _foreground_first(config: pytest.Config, log: Any, lanes: Lanes) -> Any:
+    """xdist's load-by-scope scheduler where every foreground test (as the workers listed them,
+    `Lanes.foreground_list`) is one scope and every other test a scope of its own: the largest
+    scope goes out first, so one worker takes the foreground tests from the start, and a worker
+    is given one more test whenever it has two or fewer left. (xdist's --dist loadgroup would do
+    this with xdist_group marks, but xdist 3.8 renames an item through `item._nodeid`, which
+    pytest 9 no longer reads, so its groups never form.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ForegroundFirst(LoadScopeScheduling):  # type: ignore[misc]
+        foreground: frozenset[str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.foreground is None:  # read once every worker has collected
+                self.foreground = frozenset(lanes.foreground_list().read_text().splitlines())
+            return "foreground" if nodeid in self.foreground else nodeid
+
+    return ForegroundFirst(config, log)
 
 
 @pytest.hookimpl(optionalhook=True)

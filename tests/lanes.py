@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -113,6 +114,11 @@ class Lanes:
             (lanes.path / name / "cpu.shares").write_text(f"{shares}\n")
         return lanes
 
+    def foreground_list(self) -> Path:
+        """Where the workers list the session's foreground tests for the controller's scheduler (a
+        file in the temporary directory, named after the lanes)."""
+        return Path(tempfile.gettempdir()) / f"{self.path.name}.foreground"
+
     def enter(self, lane: str, pids: Iterable[int]) -> None:
         """Move ``pids`` (each with all its threads) into ``lane``; a pid already gone is skipped."""
         if lane not in LANES:
@@ -120,8 +126,10 @@ class Lanes:
         _move(self.path / lane, pids)
 
     def remove(self) -> None:
-        """Move whatever is still in the lanes back to the root cgroup and remove them."""
+        """Move whatever is still in the lanes back to the root cgroup and remove them (and the
+        list of foreground tests)."""
         _remove_tree(self.path)
+        self.foreground_list().unlink(missing_ok=True)
 
 
 def lane_of(pid: int) -> Path | None:

@@ -335,12 +335,32 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
             open(f"{base}.fg", "a") as fg, contextlib.ExitStack() as held:
         if kind == "foreground":
             _lock(fg, fcntl.LOCK_EX, held)
+        elif kind == "shared":
+            _take_a_slot(base, held)
         with contextlib.ExitStack() as passing:
             _lock(gate, fcntl.LOCK_EX if kind == "alone" else fcntl.LOCK_SH, passing)
             _lock(main, fcntl.LOCK_EX if kind == "alone" else fcntl.LOCK_SH, held)
         if lanes is not None:
             lanes.enter("bg" if kind == "shared" else "fg", [os.getpid(), *daemon_pids()])
         yield
+
+
+def _take_a_slot(base: Path, held: contextlib.ExitStack) -> None:
+    """Hold one of the session's shared-test slots, one per core: more workers than cores (`make
+    test` runs three on two cores, so that one can run the foreground tests while two work through
+    the rest) never run more shared tests at once than there are cores. A free slot is taken at
+    once; when none is, wait for this worker's own."""
+    count = max(1, os.cpu_count() or 1)
+    for i in range(count):
+        fh = held.enter_context(open(f"{base}.slot{i}", "a"))  # noqa: SIM115 (closed with the test)
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue
+        held.callback(fcntl.flock, fh, fcntl.LOCK_UN)
+        return
+    fh = held.enter_context(open(f"{base}.slot{os.getpid() % count}", "a"))  # noqa: SIM115
+    _lock(fh, fcntl.LOCK_EX, held)
 
 
 @pytest.fixture

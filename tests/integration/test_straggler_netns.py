@@ -21,8 +21,10 @@ from tests.cluster import TestCluster
 from tests.trainer_helpers import make_dataset
 from tests.up_helpers import REPO, Orch, leftover, node_log, run_root, wait_for
 
-# alone: a straggler is a relative speed: another test's load would slow nodes unevenly
-pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.timeout(900), pytest.mark.alone]
+# A straggler is a relative speed: another test's load would slow nodes unevenly. The CPU-bound
+# one (every rank computes, one under a quota) runs alone; the one whose node waits on late data
+# mostly waits, and runs in the foreground lane (tests/conftest.py).
+pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.timeout(900)]
 
 SLOW_DATA = REPO / "tests" / "slow_data"
 
@@ -73,6 +75,7 @@ def check_everywhere(orch: Orch, run_id: str, node: str, reason: str) -> None:
     assert "ranks over time" in page and f"on {node} at" in page
 
 
+@pytest.mark.alone
 def test_a_node_under_a_cpu_quota_is_named_compute_bound_and_no_other(netns_cluster: TestCluster,
                                                                      tmp_path: Path) -> None:
     """The issue's 20 % of a core, once every rank trains: node3 then computes at about half the
@@ -113,6 +116,7 @@ def test_a_node_under_a_cpu_quota_is_named_compute_bound_and_no_other(netns_clus
     assert leftover(c, "slowcpu") == {}
 
 
+@pytest.mark.foreground
 def test_a_node_whose_data_comes_late_is_named_for_its_input_pipeline(netns_cluster: TestCluster,
                                                                      tmp_path: Path) -> None:
     c = netns_cluster

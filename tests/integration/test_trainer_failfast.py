@@ -3,7 +3,8 @@ slow start-up (datasets built and cached at COCO scale) waits on its own long ti
 job's collective timeout. Real torchrun, gloo on CPU, 2 ranks, 64 px, n-scale.
 
 These bound a duration by a deadline on the processes, never a timed assertion. Only the 6 s
-collective timeout runs alone; the others' deadlines leave a loaded machine room.
+collective timeout runs in the foreground lane (first in line for the CPU, tests/conftest.py);
+the others' deadlines leave a loaded machine room.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def test_a_rank_that_raises_aborts_and_every_rank_exits(tmp_path: Path) -> None:
     assert "RuntimeError: test: rank 1 fails after optimizer step 3" in node1.stderr  # the traceback is kept
 
 
-@pytest.mark.alone  # a collective timeout of 6 s: load could starve a healthy rank that long
+@pytest.mark.foreground  # a collective timeout of 6 s: load could starve a healthy rank that long
 def test_a_slow_start_up_outlasts_a_short_collective_timeout(tmp_path: Path) -> None:
     """Rank 0's first dataset build takes 15 s longer than rank 1's, with a collective timeout of
     6 s: the start-up barriers are on the gloo group with the long start-up timeout, so rank 1

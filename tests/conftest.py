@@ -11,8 +11,8 @@
 A session-finish hook fails the run if any sshd, chronyd, session process, namespace or link
 started by the fixture is still there (under `pytest -n`, each worker's leftovers fail the run).
 
-Under `pytest -n` (pytest-xdist; `make test` runs two workers, `--dist loadgroup`) a test shares
-the machine by its mark (setup.cfg says what each mark means; `lane_kind`):
+Under `pytest -n` (pytest-xdist; `make test` runs three workers on this 2-core machine) a test
+shares the machine by its mark (setup.cfg says what each mark means; `lane_kind`):
 
 - `alone`: no other test beside it. It holds an exclusive lock that every other test takes shared.
   For a proof that any other load changes: a relative speed (a straggler, a throttled link), or a
@@ -24,8 +24,9 @@ the machine by its mark (setup.cfg says what each mark means; `lane_kind`):
   foreground lane, first in line for the CPU, while the other tests go on beside it in the
   background lane; the foreground tests are one xdist group, so one worker runs them one after the
   other from the start while the others work through the rest. Without lanes it runs alone.
-- everything else, orch up scenarios under the default liveness limits included, runs two at a
-  time (in the background lane where there are lanes): their bounds leave a loaded machine room.
+- everything else, orch up scenarios under the default liveness limits included, runs at most one
+  per core (a slot each, `_take_a_slot`; in the background lane where there are lanes): their
+  bounds leave a machine loaded that much room.
 
 Output compared byte for byte over SSH needs no mark: a test node's login runs no dotfiles of this
 machine (its cluster has a home of its own, tests/cluster.py), so no login shell's noise (a `pyenv
@@ -255,18 +256,19 @@ def _lanes(config: pytest.Config) -> Lanes | None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The order tests are handed out in. With CPU lanes (root, under pytest -n): the foreground
-    tests first, as one unit of work (`_ForegroundFirst`: one worker runs them one after the other
+    tests first, as one unit of work (`_foreground_first`: one worker runs them one after the other
     while the others work through the rest beside them in the background lane); then the shared
     tests, the `slow` ones first (two long tests side by side, then the short ones fill in, rather
-    than one long test left at the end with the other workers idle); the `alone` ones last.
+    than one long test left at the end with the other workers idle); the `alone` ones last, as one
+    unit of work too.
     Without lanes a foreground test runs alone, so it goes last with those."""
     lanes = _lanes(config)
     rank = {"foreground": 0, "shared": 1, "alone": 2} if lanes else {"foreground": 1, "shared": 0, "alone": 1}
     items.sort(key=lambda item: (rank[lane_kind(item)], item.get_closest_marker("slow") is None))
     if lanes is not None:  # for the controller's scheduler, before this worker reports its collection
-        listed = lanes.foreground_list()
+        listed = lanes.kinds_list()
         tmp = listed.with_name(f"{listed.name}.{os.getpid()}")
-        tmp.write_text("".join(f"{item.nodeid}\n" for item in items if lane_kind(item) == "foreground"))
+        tmp.write_text("".join(f"{lane_kind(item)} {item.nodeid}\n" for item in items if lane_kind(item) != "shared"))
         tmp.replace(listed)
 
 
@@ -278,21 +280,27 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 def _foreground_first(config: pytest.Config, log: Any, lanes: Lanes) -> Any:
-    """xdist's load-by-scope scheduler where every foreground test (as the workers listed them,
-    `Lanes.foreground_list`) is one scope and every other test a scope of its own: the largest
-    scope goes out first, so one worker takes the foreground tests from the start, and a worker
-    is given one more test whenever it has two or fewer left. (xdist's --dist loadgroup would do
-    this with xdist_group marks, but xdist 3.8 renames an item through `item._nodeid`, which
-    pytest 9 no longer reads, so its groups never form.)"""
+    """xdist's load-by-scope scheduler, in the order `pytest_collection_modifyitems` left the tests
+    (no reordering by scope size), where the foreground tests are one scope, the alone tests
+    another and every other test a scope of its own (as the workers listed them,
+    `Lanes.kinds_list`): the foreground scope goes out first, so one worker takes the foreground
+    tests from the start; the alone scope goes out last, to one worker, which holds the machine
+    from the first of them to the last (`_EXCLUSIVE`); a worker is given one more test whenever it
+    has two or fewer left. (xdist's --dist loadgroup would group with xdist_group marks, but xdist
+    3.8 renames an item through `item._nodeid`, which pytest 9 no longer reads, so its groups never
+    form.)"""
     from xdist.scheduler import LoadScopeScheduling
 
+    config.option.loadscopereorder = False
+
     class ForegroundFirst(LoadScopeScheduling):  # type: ignore[misc]
-        foreground: frozenset[str] | None = None
+        kinds: dict[str, str] | None = None
 
         def _split_scope(self, nodeid: str) -> str:
-            if self.foreground is None:  # read once every worker has collected
-                self.foreground = frozenset(lanes.foreground_list().read_text().splitlines())
-            return "foreground" if nodeid in self.foreground else nodeid
+            if self.kinds is None:  # read once every worker has collected
+                lines = lanes.kinds_list().read_text().splitlines()
+                self.kinds = {nid: kind for kind, nid in (ln.split(" ", 1) for ln in lines)}
+            return self.kinds.get(nodeid, nodeid)
 
     return ForegroundFirst(config, log)
 
@@ -313,36 +321,53 @@ def _lock(fh: Any, how: int, held: contextlib.ExitStack) -> None:
     held.callback(fcntl.flock, fh, fcntl.LOCK_UN)
 
 
+_EXCLUSIVE: list[contextlib.ExitStack] = []
+"""The exclusive lock this worker still holds from its last test: an `alone` test followed by
+another on the same worker keeps it, so no shared test slips in between and the next one need not
+wait for the machine to drain again."""
+
+
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
     """Under xdist, by `lane_kind`: an `alone` test holds the session's lock exclusively, every
     other test holds it shared; whoever wants it exclusively first closes a gate the shared takers
-    pass through, so a stream of shared tests on the other workers cannot keep it out. A
-    `foreground` test also holds the foreground lock (one at a time) and runs in the foreground
-    lane, the others in the background lane: the worker and its clusters' daemons are moved there
-    first. Without lanes a foreground test is an alone test. The locks are taken outside the test's
-    timeout (waiting for another worker is not the test's time)."""
+    pass through, so a stream of shared tests on the other workers cannot keep it out, and keeps
+    it while its worker's next test is alone too. A `foreground` test also holds the foreground
+    lock (one at a time) and runs in the foreground lane, the others in the background lane: the
+    worker and its clusters' daemons are moved there first. Without lanes a foreground test is an
+    alone test. The locks are taken outside the test's timeout (waiting for another worker is not
+    the test's time)."""
     uid = getattr(item.config, "workerinput", {}).get("testrunuid")
     if uid is None:
         yield
         return
     lanes = _lanes(item.config)
-    kind = lane_kind(item)
-    if kind == "foreground" and lanes is None:
-        kind = "alone"
+    kind = _effective_kind(item, lanes)
     base = Path(tempfile.gettempdir()) / f"orch-test-{uid}"
-    with open(f"{base}.lock", "a") as main, open(f"{base}.gate", "a") as gate, \
-            open(f"{base}.fg", "a") as fg, contextlib.ExitStack() as held:
-        if kind == "foreground":
-            _lock(fg, fcntl.LOCK_EX, held)
-        elif kind == "shared":
-            _take_a_slot(base, held)
-        with contextlib.ExitStack() as passing:
-            _lock(gate, fcntl.LOCK_EX if kind == "alone" else fcntl.LOCK_SH, passing)
-            _lock(main, fcntl.LOCK_EX if kind == "alone" else fcntl.LOCK_SH, held)
+    with contextlib.ExitStack() as held:
+        if _EXCLUSIVE:  # the alone test before this one on this worker kept the lock for it
+            held.enter_context(_EXCLUSIVE.pop())
+        else:
+            if kind == "foreground":
+                _lock(held.enter_context(open(f"{base}.fg", "a")), fcntl.LOCK_EX, held)  # noqa: SIM115
+            elif kind == "shared":
+                _take_a_slot(base, held)
+            how = fcntl.LOCK_EX if kind == "alone" else fcntl.LOCK_SH
+            main = held.enter_context(open(f"{base}.lock", "a"))  # noqa: SIM115 (closed with the test)
+            with open(f"{base}.gate", "a") as gate, contextlib.ExitStack() as passing:
+                _lock(gate, how, passing)
+                _lock(main, how, held)
         if lanes is not None:
             lanes.enter("bg" if kind == "shared" else "fg", [os.getpid(), *daemon_pids()])
         yield
+        if kind == "alone" and nextitem is not None and _effective_kind(nextitem, lanes) == "alone":
+            _EXCLUSIVE.append(held.pop_all())
+
+
+def _effective_kind(item: pytest.Item, lanes: Lanes | None) -> str:
+    """`lane_kind`, where a foreground test without lanes is an alone test."""
+    kind = lane_kind(item)
+    return "alone" if kind == "foreground" and lanes is None else kind
 
 
 def _take_a_slot(base: Path, held: contextlib.ExitStack) -> None:

@@ -114,10 +114,10 @@ class Lanes:
             (lanes.path / name / "cpu.shares").write_text(f"{shares}\n")
         return lanes
 
-    def foreground_list(self) -> Path:
-        """Where the workers list the session's foreground tests for the controller's scheduler (a
-        file in the temporary directory, named after the lanes)."""
-        return Path(tempfile.gettempdir()) / f"{self.path.name}.foreground"
+    def kinds_list(self) -> Path:
+        """Where the workers list the session's foreground and alone tests (``KIND NODEID`` a line)
+        for the controller's scheduler: a file in the temporary directory, named after the lanes."""
+        return Path(tempfile.gettempdir()) / f"{self.path.name}.kinds"
 
     def enter(self, lane: str, pids: Iterable[int]) -> None:
         """Move ``pids`` (each with all its threads) into ``lane``; a pid already gone is skipped."""
@@ -127,9 +127,9 @@ class Lanes:
 
     def remove(self) -> None:
         """Move whatever is still in the lanes back to the root cgroup and remove them (and the
-        list of foreground tests)."""
+        list of the foreground and alone tests)."""
         _remove_tree(self.path)
-        self.foreground_list().unlink(missing_ok=True)
+        self.kinds_list().unlink(missing_ok=True)
 
 
 def lane_of(pid: int) -> Path | None:

@@ -24,9 +24,9 @@ shares the machine by its mark (setup.cfg says what each mark means; `lane_kind`
   foreground lane, first in line for the CPU, while the other tests go on beside it in the
   background lane; the foreground tests are one xdist group, so one worker runs them one after the
   other from the start while the others work through the rest. Without lanes it runs alone.
-- everything else, orch up scenarios under the default liveness limits included, runs at most one
-  per core (a slot each, `_take_a_slot`; in the background lane where there are lanes): their
-  bounds leave a machine loaded that much room.
+- everything else, orch up scenarios under the default liveness limits included, runs in the
+  background lane where there are lanes, the `slow` ones at most one per core (a slot each,
+  `_take_a_slot`): their bounds leave a machine loaded that much room.
 
 Output compared byte for byte over SSH needs no mark: a test node's login runs no dotfiles of this
 machine (its cluster has a home of its own, tests/cluster.py), so no login shell's noise (a `pyenv
@@ -350,7 +350,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         else:
             if kind == "foreground":
                 _lock(held.enter_context(open(f"{base}.fg", "a")), fcntl.LOCK_EX, held)  # noqa: SIM115
-            elif kind == "shared":
+            elif kind == "shared" and item.get_closest_marker("slow") is not None:
                 _take_a_slot(base, held)
             how = fcntl.LOCK_EX if kind == "alone" else fcntl.LOCK_SH
             main = held.enter_context(open(f"{base}.lock", "a"))  # noqa: SIM115 (closed with the test)
@@ -371,10 +371,13 @@ def _effective_kind(item: pytest.Item, lanes: Lanes | None) -> str:
 
 
 def _take_a_slot(base: Path, held: contextlib.ExitStack) -> None:
-    """Hold one of the session's shared-test slots, one per core: more workers than cores (`make
-    test` runs three on two cores, so that one can run the foreground tests while two work through
-    the rest) never run more shared tests at once than there are cores. A free slot is taken at
-    once; when none is, wait for this worker's own."""
+    """Hold one of the session's slots for slow shared tests (trainer runs, orch up scenarios: the
+    ones that keep a core busy), one per core: more workers than cores (`make test` runs three on
+    two cores, so that one can run the foreground tests while two work through the rest) never run
+    more of them at once than there are cores. The short shared tests take no slot: they mostly
+    wait (an SSH round trip, a timeout, a child's exit), and a third beside two slow ones fills the
+    CPU they leave (with a slot each, 120 s of the last full run ran at 40 to 75 % CPU). A free slot
+    is taken at once; when none is, wait for this worker's own."""
     count = max(1, os.cpu_count() or 1)
     for i in range(count):
         fh = held.enter_context(open(f"{base}.slot{i}", "a"))  # noqa: SIM115 (closed with the test)

@@ -3,14 +3,19 @@ moved between them, and what a killed session left behind removed. Root only."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.cluster import missing
 from tests.lanes import BG_SHARES, CPU_ROOT, FG_SHARES, PREFIX, Lanes, lane_of, reap_stale, unusable
+from tests.up_helpers import REPO
 
 
 @pytest.fixture
@@ -75,3 +80,83 @@ def test_the_lanes_of_a_session_whose_controller_is_gone_are_reaped_and_a_live_o
         assert all(p.name.startswith(PREFIX) for p in [lanes.path, live.path])
     finally:
         live.remove()
+
+
+SYNTHETIC = '''
+import json, os, time
+from pathlib import Path
+
+import pytest
+
+LOG = Path(os.environ["LANES_LOG"])
+
+
+def record(kind):
+    start = time.monotonic()
+    time.sleep(0.4)  # the test's work: something for the others to overlap with, or not
+    lane = next(ln.split(":", 2)[2] for ln in Path("/proc/self/cgroup").read_text().splitlines()
+                if "cpu" in ln.split(":")[1].split(","))
+    with open(LOG, "a") as fh:
+        fh.write(json.dumps({"kind": kind, "start": start, "end": time.monotonic(), "lane": lane,
+                             "worker": os.environ["PYTEST_XDIST_WORKER"]}) + "\\n")
+
+
+@pytest.mark.parametrize("i", range(8))
+def test_shared(i):
+    record("shared")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("i", range(6))
+def test_slow(i):
+    record("slow")
+
+
+@pytest.mark.foreground
+@pytest.mark.parametrize("i", range(4))
+def test_foreground(i):
+    record("foreground")
+
+
+@pytest.mark.alone
+@pytest.mark.parametrize("i", range(3))
+def test_alone(i):
+    record("alone")
+'''
+
+
+def overlaps(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return a["start"] < b["end"] and b["start"] < a["end"]
+
+
+def test_under_three_workers_alone_tests_overlap_nothing_and_foreground_ones_run_first_in_their_lane(
+        tmp_path: Path) -> None:
+    """A synthetic suite under the session's own hooks (tests/conftest.py as a plugin), three
+    workers as `make test` runs them: what each test saw is logged, and the rules hold."""
+    why = unusable()
+    if why:
+        missing(f"CPU lanes: {why}")
+    (tmp_path / "test_synthetic.py").write_text(SYNTHETIC)
+    (tmp_path / "setup.cfg").write_text("[tool:pytest]\nmarkers =\n    slow: s\n    alone: a\n    foreground: f\n"
+                                        "    netns: n\n    gpu: g\n")
+    log = tmp_path / "log.jsonl"
+    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.conftest", "-n", "3", "-q", "-p", "no:cacheprovider",
+                        str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "LANES_LOG": str(log), "PYTHONPATH": str(REPO)})
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    runs = [json.loads(ln) for ln in log.read_text().splitlines()]
+    assert sorted(r["kind"] for r in runs) == sorted(["shared"] * 8 + ["slow"] * 6 + ["foreground"] * 4 + ["alone"] * 3)
+    by = {k: [r for r in runs if r["kind"] == k] for k in ("shared", "slow", "foreground", "alone")}
+    for a in by["alone"]:  # nothing beside an alone test
+        assert not [r for r in runs if r is not a and overlaps(a, r)], a
+    assert len({r["worker"] for r in by["alone"]}) == 1  # one unit of work
+    assert len({r["worker"] for r in by["foreground"]}) == 1
+    for a in by["foreground"]:  # one foreground test at a time, in the foreground lane
+        assert not [r for r in by["foreground"] if r is not a and overlaps(a, r)]
+        assert a["lane"].endswith("/fg"), a
+    assert all(r["lane"].endswith("/bg") for r in by["shared"] + by["slow"])
+    assert any(overlaps(f, r) for f in by["foreground"] for r in by["shared"] + by["slow"])  # others went on beside
+    events = sorted([(r["start"], 1) for r in by["slow"]] + [(r["end"], -1) for r in by["slow"]])
+    running = [sum(step for _t, step in events[:i + 1]) for i in range(len(events))]
+    assert max(running) <= max(1, os.cpu_count() or 1), running  # at most one slow shared test per core
+    assert "no CPU lanes" not in p.stderr, p.stderr[-2000:]

@@ -37,11 +37,13 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 import signal
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Generator, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -259,17 +261,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     tests first, as one unit of work (`_foreground_first`: one worker runs them one after the other
     while the others work through the rest beside them in the background lane); then the shared
     tests, the `slow` ones first (two long tests side by side, then the short ones fill in, rather
-    than one long test left at the end with the other workers idle); the `alone` ones last, as one
+    than one long test left at the end with the other workers idle), the longest first by
+    tests/durations.json (the tail of the run is then short tests); the `alone` ones last, as one
     unit of work too.
     Without lanes a foreground test runs alone, so it goes last with those."""
     lanes = _lanes(config)
     rank = {"foreground": 0, "shared": 1, "alone": 2} if lanes else {"foreground": 1, "shared": 0, "alone": 1}
-    items.sort(key=lambda item: (rank[lane_kind(item)], item.get_closest_marker("slow") is None))
+    took = _durations()
+    items.sort(key=lambda item: (rank[lane_kind(item)], item.get_closest_marker("slow") is None,
+                                 -took.get(item.nodeid, 0.0)))
     if lanes is not None:  # for the controller's scheduler, before this worker reports its collection
         listed = lanes.kinds_list()
         tmp = listed.with_name(f"{listed.name}.{os.getpid()}")
         tmp.write_text("".join(f"{lane_kind(item)} {item.nodeid}\n" for item in items if lane_kind(item) != "shared"))
         tmp.replace(listed)
+
+
+def _durations() -> dict[str, float]:
+    """Seconds each test of 2 s or more took in a full run (tests/durations.json, node id to
+    seconds; refresh it from a JUnit file when tests change much): only the order tests are handed
+    out in depends on it, so a stale or missing entry costs time, never a result."""
+    path = Path(__file__).with_name("durations.json")
+    try:
+        return {str(k): float(v) for k, v in json.loads(path.read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)  # before xdist's own, which always answers
@@ -359,9 +375,22 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
                 _lock(main, how, held)
         if lanes is not None:
             lanes.enter("bg" if kind == "shared" else "fg", [os.getpid(), *daemon_pids()])
+        started = time.time()
         yield
+        _timeline(item, kind, started)
         if kind == "alone" and nextitem is not None and _effective_kind(nextitem, lanes) == "alone":
             _EXCLUSIVE.append(held.pop_all())
+
+
+def _timeline(item: pytest.Item, kind: str, started: float) -> None:
+    """With $ORCH_TEST_TIMELINE (a file): one JSON line per test, when it ran on which worker and
+    how it shared the machine, to see where a run's time goes (the locks' waits are outside)."""
+    path = os.environ.get("ORCH_TEST_TIMELINE")
+    if path:
+        worker = getattr(item.config, "workerinput", {}).get("workerid", "")
+        line = {"test": item.nodeid, "worker": worker, "kind": kind, "start": started, "end": time.time()}
+        with open(path, "a") as fh:
+            fh.write(json.dumps(line) + "\n")
 
 
 def _effective_kind(item: pytest.Item, lanes: Lanes | None) -> str:

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 CPU_ROOT = Path("/sys/fs/cgroup/cpu")
@@ -145,14 +146,25 @@ def lane_of(pid: int) -> Path | None:
     return None
 
 
-def reap_stale(root: Path = CPU_ROOT) -> list[str]:
-    """Remove the lanes of earlier sessions whose controller is gone (killed before teardown)."""
+@contextlib.contextmanager
+def reaping() -> Iterator[None]:
+    """The lock every reap holds: two sessions starting at once (a test may start one) never
+    remove the same group, and a test can make a stale group and reap it before anyone else."""
+    with open(Path(tempfile.gettempdir()) / f"{PREFIX}reap.lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
+def reap_stale(root: Path = CPU_ROOT, *, locked: bool = False) -> list[str]:
+    """Remove the lanes of earlier sessions whose controller is gone (killed before teardown).
+    ``locked``: the caller holds `reaping` already."""
     if unusable(root):
         return []
     removed = []
-    for group in root.glob(f"{PREFIX}*"):
-        owner = group.name[len(PREFIX):]
-        if group.is_dir() and owner.isdigit() and not _pid_alive(int(owner)):
-            _remove_tree(group)
-            removed.append(f"cgroup {group}")
+    with contextlib.nullcontext() if locked else reaping():
+        for group in root.glob(f"{PREFIX}*"):
+            owner = group.name[len(PREFIX):]
+            if group.is_dir() and owner.isdigit() and not _pid_alive(int(owner)):
+                _remove_tree(group)
+                removed.append(f"cgroup {group}")
     return removed

@@ -14,7 +14,17 @@ from typing import Any
 import pytest
 
 from tests.cluster import missing
-from tests.lanes import BG_SHARES, CPU_ROOT, FG_SHARES, PREFIX, Lanes, lane_of, reap_stale, unusable
+from tests.lanes import (
+    BG_SHARES,
+    CPU_ROOT,
+    FG_SHARES,
+    PREFIX,
+    Lanes,
+    lane_of,
+    reap_stale,
+    reaping,
+    unusable,
+)
 from tests.up_helpers import REPO
 
 
@@ -40,7 +50,7 @@ def lanes() -> Iterator[Lanes]:
     why = unusable()
     if why:
         missing(f"CPU lanes: {why}")
-    made = Lanes.create(dead_pid())
+    made = Lanes.create(os.getpid())  # a live owner: another session's reap leaves it alone
     try:
         yield made
     finally:
@@ -72,12 +82,15 @@ def test_the_lanes_of_a_session_whose_controller_is_gone_are_reaped_and_a_live_o
         lanes: Lanes, sleeper: subprocess.Popen[bytes]) -> None:
     live = Lanes.create(sleeper.pid)  # its "controller" is alive
     try:
-        lanes.enter("bg", [sleeper.pid])
-        removed = reap_stale()
-        assert f"cgroup {lanes.path}" in removed and not lanes.path.exists()
+        with reaping():  # no other session reaps it first
+            stale = Lanes.create(dead_pid())
+            stale.enter("bg", [sleeper.pid])
+            removed = reap_stale(locked=True)
+        assert f"cgroup {stale.path}" in removed and not stale.path.exists()
         assert lane_of(sleeper.pid) == CPU_ROOT  # moved out before its lane was removed
         assert live.path.exists() and f"cgroup {live.path}" not in removed
-        assert all(p.name.startswith(PREFIX) for p in [lanes.path, live.path])
+        assert lanes.path.exists() and f"cgroup {lanes.path}" not in removed
+        assert all(p.name.startswith(PREFIX) for p in [stale.path, live.path])
     finally:
         live.remove()
 
@@ -142,7 +155,8 @@ def test_under_three_workers_alone_tests_overlap_nothing_and_foreground_ones_run
     log = tmp_path / "log.jsonl"
     p = subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.conftest", "-n", "3", "-q", "-p", "no:cacheprovider",
                         str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "LANES_LOG": str(log), "PYTHONPATH": str(REPO)})
+                       env={**{k: v for k, v in os.environ.items() if k != "ORCH_TEST_TIMELINE"},
+                            "LANES_LOG": str(log), "PYTHONPATH": str(REPO)})
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     runs = [json.loads(ln) for ln in log.read_text().splitlines()]
     assert sorted(r["kind"] for r in runs) == sorted(["shared"] * 8 + ["slow"] * 6 + ["foreground"] * 4 + ["alone"] * 3)

@@ -50,7 +50,7 @@ from typing import Any, Literal, NoReturn
 
 import yaml
 
-from tests.lanes import lane_of
+from tests.lanes import lane_of, pid_alive
 from tests.ports import free_port
 
 SSHD = shutil.which("sshd", path="/usr/sbin:/usr/bin:/sbin:/bin") or "/usr/sbin/sshd"
@@ -931,16 +931,6 @@ class NetemUnsupported(ClusterError):
     """The kernel cannot emulate delay/loss (no sch_netem)."""
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def daemon_pids() -> list[int]:
     """The daemons of every cluster this process has started and not stopped (`TestCluster.daemons`)."""
     return [pid for c in list(_started.values()) for pid in c.daemons()]
@@ -955,7 +945,7 @@ def reap_stale_networks() -> list[str]:
     for line in _sh(["ip", "netns", "list"], check=False).stdout.splitlines():
         name = line.split()[0] if line.split() else ""
         parts = name.split("-")
-        if len(parts) > 2 and parts[0] == "orch" and parts[1].isdigit() and not _pid_alive(int(parts[1])):
+        if len(parts) > 2 and parts[0] == "orch" and parts[1].isdigit() and not pid_alive(int(parts[1])):
             _sh(["ip", "netns", "del", name], check=False)
             removed.append(f"network namespace {name}")
     for line in _sh(["ip", "-o", "link", "show"], check=False).stdout.splitlines():
@@ -963,7 +953,7 @@ def reap_stale_networks() -> list[str]:
             continue
         name = line.split(":")[1].strip().split("@")[0]
         m = re.match(r"^o(\d+)x\d+[bhnpq]\d*$", name)
-        if m and not _pid_alive(int(m.group(1))) and _sh(["ip", "link", "del", name], check=False).returncode == 0:
+        if m and not pid_alive(int(m.group(1))) and _sh(["ip", "link", "del", name], check=False).returncode == 0:
             removed.append(f"link {name}")
     return removed
 

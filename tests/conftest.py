@@ -180,9 +180,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     for stale in reap_stale():
         sys.stderr.write(f"removed stale {stale} of an earlier test session\n")
-    why = unusable()
-    if os.environ.get("ORCH_TEST_LANES", "1") == "0":
-        why = "ORCH_TEST_LANES=0"
+    why = "ORCH_TEST_LANES=0" if os.environ.get("ORCH_TEST_LANES", "1") == "0" else unusable()
     config.stash[_LANES] = None if why else Lanes.create(os.getpid())
     if why:
         sys.stderr.write(f"no CPU lanes ({why}): tests marked foreground run alone\n")

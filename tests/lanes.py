@@ -49,7 +49,8 @@ def unusable(root: Path = CPU_ROOT) -> str | None:
     return None
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process of that pid exists (one of another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -77,22 +78,15 @@ def _tasks(group: Path) -> list[int]:
 
 def _remove_tree(group: Path) -> None:
     """Move every task of ``group`` and its sub-groups to the cgroup above it, then remove them."""
-    parent = group.parent
-    for sub in sorted((p for p in group.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+    subs = sorted((p for p in group.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
+    for each in [*subs, group]:  # the deepest first: a cgroup with a sub-group cannot be removed
         for _ in range(50):  # tasks may fork while they are moved: until the group is empty
-            pids = _tasks(sub)
+            pids = _tasks(each)
             if not pids:
                 break
-            _move(parent, pids)
+            _move(group.parent, pids)
         with contextlib.suppress(OSError):
-            sub.rmdir()
-    for _ in range(50):
-        pids = _tasks(group)
-        if not pids:
-            break
-        _move(parent, pids)
-    with contextlib.suppress(OSError):
-        group.rmdir()
+            each.rmdir()
 
 
 class Lanes:
@@ -164,7 +158,7 @@ def reap_stale(root: Path = CPU_ROOT, *, locked: bool = False) -> list[str]:
     with contextlib.nullcontext() if locked else reaping():
         for group in root.glob(f"{PREFIX}*"):
             owner = group.name[len(PREFIX):]
-            if group.is_dir() and owner.isdigit() and not _pid_alive(int(owner)):
+            if group.is_dir() and owner.isdigit() and not pid_alive(int(owner)):
                 _remove_tree(group)
                 removed.append(f"cgroup {group}")
     return removed

@@ -15,11 +15,11 @@ Under `pytest -n` (pytest-xdist; `make test` runs three workers on this 2-core m
 shares the machine by its mark (setup.cfg says what each mark means; `lane_kind`):
 
 - `alone`: no other test beside it. It holds an exclusive lock that every other test takes shared.
-  For a proof that any other load changes: a relative speed (a straggler, a throttled link), or a
-  short bound on work that keeps both cores busy (two ranks starting under a 6 s collective
-  timeout). Collected last.
+  For a proof that even the background lane's load would change (no test needs it now: the
+  relative speeds moved to the foreground lane). Collected last.
 - `foreground`: a short duration or a count on processes that mostly wait (a watchdog or heartbeat
-  of a few seconds, a follow's lag, a connect bound, an exact number of status polls). Where this
+  of a few seconds, a follow's lag, a connect bound, an exact number of status polls), or a
+  relative speed between nodes (a straggler, a throttled link), which other load would skew. Where this
   session has CPU lanes (root and the cgroup v1 cpu controller, tests/lanes.py) it runs in the
   foreground lane, first in line for the CPU, while the other tests go on beside it in the
   background lane; the foreground tests are one xdist group, so one worker runs them one after the

@@ -80,7 +80,7 @@ def test_loopback_two_nodes_pass_and_check_json_holds_the_sweep(make_cluster: Ma
 TRIALS = 3
 
 
-@pytest.mark.alone  # a throttled link is named by measured bandwidth: load would slow nodes unevenly
+@pytest.mark.foreground  # a throttled link is named by measured bandwidth: load would slow nodes unevenly
 @pytest.mark.netns
 def test_netns_the_throttled_node_and_only_it_is_named_every_time(netns_cluster: TestCluster,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:

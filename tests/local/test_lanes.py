@@ -155,7 +155,7 @@ def test_under_three_workers_alone_tests_overlap_nothing_and_foreground_ones_run
     log = tmp_path / "log.jsonl"
     p = subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.conftest", "-n", "3", "-q", "-p", "no:cacheprovider",
                         str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300,
-                       env={**{k: v for k, v in os.environ.items() if k != "ORCH_TEST_TIMELINE"},
+                       env={**{k: v for k, v in os.environ.items() if k not in ("ORCH_TEST_TIMELINE", "ORCH_TEST_LANES")},
                             "LANES_LOG": str(log), "PYTHONPATH": str(REPO)})
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     runs = [json.loads(ln) for ln in log.read_text().splitlines()]

@@ -106,5 +106,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if ok else 3
 
 
+def leave(code: int) -> None:
+    """End the process with ``code`` once everything printed is flushed, without the interpreter's
+    teardown of torch's module graph (about 0.4 s of CPU per rank, and the suite starts hundreds of
+    ranks): nothing orch observes (exit code, output, the processes gone) depends on it."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())

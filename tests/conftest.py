@@ -26,7 +26,9 @@ shares the machine by its mark (setup.cfg says what each mark means; `lane_kind`
   other from the start while the others work through the rest. Without lanes it runs alone.
 - everything else, orch up scenarios under the default liveness limits included, runs in the
   background lane where there are lanes, the `slow` ones at most one per core (a slot each,
-  `_take_a_slot`): their bounds leave a machine loaded that much room.
+  `_take_a_slot`): their bounds leave a machine loaded that much room. A shared test marked
+  `waits` (it mostly waits: a timeout, a reconnect, a child's exit) is handed to the foreground
+  tests' worker, after them, so its waiting overlaps the slow tests rather than the run's tail.
 
 Output compared byte for byte over SSH needs no mark: a test node's login runs no dotfiles of this
 machine (its cluster has a home of its own, tests/cluster.py), so no login shell's noise (a `pyenv
@@ -257,8 +259,8 @@ def _lanes(config: pytest.Config) -> Lanes | None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The order tests are handed out in. With CPU lanes (root, under pytest -n): the foreground
     tests first, as one unit of work (`_foreground_first`: one worker runs them one after the other
-    while the others work through the rest beside them in the background lane); then the shared
-    tests, the `slow` ones first (two long tests side by side, then the short ones fill in, rather
+    while the others work through the rest beside them in the background lane), the `waits` tests
+    after them on that worker (shared tests otherwise); then the shared tests, the `slow` ones first (two long tests side by side, then the short ones fill in, rather
     than one long test left at the end with the other workers idle), the longest first by
     tests/durations.json (the tail of the run is then short tests); the `alone` ones last, as one
     unit of work too.
@@ -266,13 +268,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     lanes = _lanes(config)
     rank = {"foreground": 0, "shared": 1, "alone": 2} if lanes else {"foreground": 1, "shared": 0, "alone": 1}
     took = _durations()
-    items.sort(key=lambda item: (rank[lane_kind(item)], item.get_closest_marker("slow") is None,
+    items.sort(key=lambda item: (rank[lane_kind(item)], not _waits(item), item.get_closest_marker("slow") is None,
                                  -took.get(item.nodeid, 0.0)))
     if lanes is not None:  # for the controller's scheduler, before this worker reports its collection
         listed = lanes.kinds_list()
         tmp = listed.with_name(f"{listed.name}.{os.getpid()}")
-        tmp.write_text("".join(f"{lane_kind(item)} {item.nodeid}\n" for item in items if lane_kind(item) != "shared"))
+        tmp.write_text("".join(f"{_scope_kind(item)} {item.nodeid}\n" for item in items
+                               if _scope_kind(item) != "shared"))
         tmp.replace(listed)
+
+
+def _waits(item: pytest.Item) -> bool:
+    """Marked `waits` (and shared): a test that mostly waits, a few % of a core over seconds."""
+    return lane_kind(item) == "shared" and item.get_closest_marker("waits") is not None
+
+
+def _scope_kind(item: pytest.Item) -> str:
+    """What the scheduler reads from the kinds list: `lane_kind`, or `waits` for a shared test
+    marked so (it goes to the foreground tests' worker, after them, and runs as a shared test)."""
+    return "waits" if _waits(item) else lane_kind(item)
 
 
 def _durations() -> dict[str, float]:
@@ -298,7 +312,9 @@ def _foreground_first(config: pytest.Config, log: Any, lanes: Lanes) -> Any:
     (no reordering by scope size), where the foreground tests are one scope, the alone tests
     another and every other test a scope of its own (as the workers listed them,
     `Lanes.kinds_list`): the foreground scope goes out first, so one worker takes the foreground
-    tests from the start; the alone scope goes out last, to one worker, which holds the machine
+    tests from the start, and after them the `waits` tests (shared tests that mostly wait: they
+    wait while the other workers keep the CPU busy with slow tests, not in the run's tail, where
+    they left a core idle); the alone scope goes out last, to one worker, which holds the machine
     from the first of them to the last (`_EXCLUSIVE`); a worker is given one more test whenever it
     has two or fewer left. (xdist's --dist loadgroup would group with xdist_group marks, but xdist
     3.8 renames an item through `item._nodeid`, which pytest 9 no longer reads, so its groups never
@@ -314,7 +330,8 @@ def _foreground_first(config: pytest.Config, log: Any, lanes: Lanes) -> Any:
             if self.kinds is None:  # read once every worker has collected
                 lines = lanes.kinds_list().read_text().splitlines()
                 self.kinds = {nid: kind for kind, nid in (ln.split(" ", 1) for ln in lines)}
-            return self.kinds.get(nodeid, nodeid)
+            kind = self.kinds.get(nodeid, nodeid)
+            return "foreground" if kind == "waits" else kind
 
     return ForegroundFirst(config, log)
 
@@ -364,7 +381,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         else:
             if kind == "foreground":
                 _lock(held.enter_context(open(f"{base}.fg", "a")), fcntl.LOCK_EX, held)  # noqa: SIM115
-            elif kind == "shared" and item.get_closest_marker("slow") is not None:
+            elif kind == "shared" and item.get_closest_marker("slow") is not None and not _waits(item):
                 _take_a_slot(base, held)
             how = fcntl.LOCK_EX if kind == "alone" else fcntl.LOCK_SH
             main = held.enter_context(open(f"{base}.lock", "a"))  # noqa: SIM115 (closed with the test)

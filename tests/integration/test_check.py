@@ -340,6 +340,7 @@ def test_netns_slow_link_is_an_ssh_warning(netns_cluster: TestCluster) -> None:
     assert int(slow["value"].split()[0]) >= 600
 
 
+@pytest.mark.waits  # mostly waits: runs beside the slow tests (tests/conftest.py)
 @pytest.mark.netns
 def test_netns_link_down_node_is_unreachable(netns_cluster: TestCluster) -> None:
     """The cable is pulled, sshd on the node still runs: packets are lost (a connect timeout),

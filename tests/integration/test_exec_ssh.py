@@ -93,6 +93,7 @@ def test_argv_words_reach_the_node_as_they_are(cluster: TestCluster, orch: Orch)
     assert json.loads(json.loads(r.stdout)["nodes"][0]["stdout"]) == words
 
 
+@pytest.mark.waits  # mostly waits: runs beside the slow tests (tests/conftest.py)
 def test_a_node_over_the_timeout_counts_124_and_the_others_answer(cluster: TestCluster, orch: Orch) -> None:
     inv = str(cluster.write_inventory())
     line = 'if [ "$ORCH_TEST_NODE" = node2 ]; then sleep 60; fi; echo done'
@@ -106,6 +107,7 @@ def test_a_node_over_the_timeout_counts_124_and_the_others_answer(cluster: TestC
     assert "timed out after 3 s" in doc["nodes"][1]["error"]
 
 
+@pytest.mark.waits  # mostly waits: runs beside the slow tests (tests/conftest.py)
 @pytest.mark.parametrize("command", [["sleep", "30"], ["sleep 30 & sleep 30; wait"]], ids=["argv", "shell-line"])
 def test_the_timeout_stops_the_command_and_its_process_group_on_the_node(cluster: TestCluster, orch: Orch,
                                                                        command: list[str]) -> None:

@@ -75,6 +75,7 @@ def test_follow_orders_nodes_writing_at_different_rates_and_a_silent_one(tmp_pat
     assert len(run.merged_log.read_text().splitlines()) == len(lines)
 
 
+@pytest.mark.waits  # mostly waits: runs beside the slow tests (tests/conftest.py)
 def test_a_second_follower_gets_the_controllers_lines_said_while_it_follows(tmp_path: Path) -> None:
     """`orch up` names a straggler in controller.log while another shell runs `orch logs -f`: that
     follower merges the line too (it reads controller.log on as it grows), and the one that said
@@ -101,6 +102,7 @@ def test_a_second_follower_gets_the_controllers_lines_said_while_it_follows(tmp_
     assert seqs["a"] == list(range(80)) and seqs["b"] == list(range(80))  # nothing lost around it
 
 
+@pytest.mark.waits  # mostly waits: runs beside the slow tests (tests/conftest.py)
 def test_reader_killed_mid_stream_resumes_at_the_byte_offset(tmp_path: Path) -> None:
     inv, run = make_run(tmp_path, ["a", "b"])
     writers = [start_writer(inv, run, "a", 150, 0.02), start_writer(inv, run, "b", 60, 0.05)]
@@ -211,6 +213,7 @@ def test_ctrl_c_while_orch_logs_follow_tail_prints_the_backlog_exits_0(tmp_path:
         proc.wait()
 
 
+@pytest.mark.waits  # mostly waits: runs beside the slow tests (tests/conftest.py)
 def test_orch_logs_beside_a_live_follower_leaves_its_copies_and_merged_log_whole(tmp_path: Path) -> None:
     inv, run = make_run(tmp_path, ["a", "b"])
     writers = [start_writer(inv, run, "a", 100, 0.02), start_writer(inv, run, "b", 50, 0.04)]

@@ -77,6 +77,7 @@ def test_follow_four_ssh_nodes_ordered_within_about_a_second(cluster: TestCluste
     assert statistics.median(lag) < 1.6 and max(lag) < 5.0
 
 
+@pytest.mark.waits  # mostly waits: runs beside the slow tests (tests/conftest.py)
 def test_reconnect_after_the_ssh_connection_is_killed_server_side(cluster: TestCluster) -> None:
     inv, run = make_run(cluster)
     writers = [start_writer(inv, run, "node2", 400, 0.02), start_writer(inv, run, "node1", 80, 0.1)]
@@ -138,6 +139,7 @@ def test_unreachable_node_is_reported_and_its_earlier_copy_shown(cluster: TestCl
     assert per_node.count("node1") == 7 + 5 and per_node.count("node3") == 7
 
 
+@pytest.mark.waits  # mostly waits: runs beside the slow tests (tests/conftest.py)
 def test_an_unreachable_node_is_given_up_after_the_run_ended(cluster: TestCluster) -> None:
     inv, run = make_run(cluster)
     for n in ("node1", "node2", "node3"):

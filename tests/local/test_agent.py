@@ -492,6 +492,7 @@ def test_stacks_says_where_py_spy_is_missing(tmp_path: Path, monkeypatch: pytest
         call("stop", str(d), "--grace", "1")
 
 
+@pytest.mark.waits  # mostly waits: runs beside the slow tests (tests/conftest.py)
 def test_an_attached_runs_lease_is_renewed_through_the_reader_and_its_end_stops_the_job(tmp_path: Path) -> None:
     """lease_s 2: while the controller writes lines to the log reader's stdin the job runs on
     (well past the lease); once they stop (a cut link), the agent stops the job within the lease
@@ -599,6 +600,7 @@ def test_the_agent_samples_gpus_cpu_memory_and_each_rank_into_the_node_log(
     assert samples[0].cpu_pct is None and s.cpu_pct is not None  # the first sample has no delta yet
 
 
+@pytest.mark.waits  # mostly waits: runs beside the slow tests (tests/conftest.py)
 def test_no_nvidia_smi_is_said_in_the_sample_and_telemetry_0_writes_none(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     bare = tmp_path / "bin"

@@ -135,6 +135,12 @@ def test_foreground(i):
 @pytest.mark.parametrize("i", range(3))
 def test_alone(i):
     record("alone")
+
+
+@pytest.mark.waits
+@pytest.mark.parametrize("i", range(3))
+def test_waits(i):
+    record("waits")
 '''
 
 
@@ -151,7 +157,7 @@ def test_under_three_workers_alone_tests_overlap_nothing_and_foreground_ones_run
         missing(f"CPU lanes: {why}")
     (tmp_path / "test_synthetic.py").write_text(SYNTHETIC)
     (tmp_path / "setup.cfg").write_text("[tool:pytest]\nmarkers =\n    slow: s\n    alone: a\n    foreground: f\n"
-                                        "    netns: n\n    gpu: g\n")
+                                        "    netns: n\n    gpu: g\n    waits: w\n")
     log = tmp_path / "log.jsonl"
     p = subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.conftest", "-n", "3", "-q", "-p", "no:cacheprovider",
                         str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300,
@@ -159,8 +165,9 @@ def test_under_three_workers_alone_tests_overlap_nothing_and_foreground_ones_run
                             "LANES_LOG": str(log), "PYTHONPATH": str(REPO)})
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     runs = [json.loads(ln) for ln in log.read_text().splitlines()]
-    assert sorted(r["kind"] for r in runs) == sorted(["shared"] * 8 + ["slow"] * 6 + ["foreground"] * 4 + ["alone"] * 3)
-    by = {k: [r for r in runs if r["kind"] == k] for k in ("shared", "slow", "foreground", "alone")}
+    assert sorted(r["kind"] for r in runs) == sorted(["shared"] * 8 + ["slow"] * 6 + ["foreground"] * 4 + ["alone"] * 3
+                                                     + ["waits"] * 3)
+    by = {k: [r for r in runs if r["kind"] == k] for k in ("shared", "slow", "foreground", "alone", "waits")}
     for a in by["alone"]:  # nothing beside an alone test
         assert not [r for r in runs if r is not a and overlaps(a, r)], a
     assert len({r["worker"] for r in by["alone"]}) == 1  # one unit of work
@@ -168,7 +175,10 @@ def test_under_three_workers_alone_tests_overlap_nothing_and_foreground_ones_run
     for a in by["foreground"]:  # one foreground test at a time, in the foreground lane
         assert not [r for r in by["foreground"] if r is not a and overlaps(a, r)]
         assert a["lane"].endswith("/fg"), a
-    assert all(r["lane"].endswith("/bg") for r in by["shared"] + by["slow"])
+    assert all(r["lane"].endswith("/bg") for r in by["shared"] + by["slow"] + by["waits"])
+    # the waits tests: on the foreground tests' worker, after them
+    assert {r["worker"] for r in by["waits"]} == {by["foreground"][0]["worker"]}
+    assert min(r["start"] for r in by["waits"]) >= max(r["end"] for r in by["foreground"])
     assert any(overlaps(f, r) for f in by["foreground"] for r in by["shared"] + by["slow"])  # others went on beside
     events = sorted([(r["start"], 1) for r in by["slow"]] + [(r["end"], -1) for r in by["slow"]])
     running = [sum(step for _t, step in events[:i + 1]) for i in range(len(events))]

@@ -38,6 +38,7 @@ def test_software_versions_from_files_match_what_import_torch_reports() -> None:
     assert json.loads(forced)["source"] == "import"
 
 
+@pytest.mark.waits  # mostly waits: runs beside the slow tests (tests/conftest.py)
 def test_the_verbs_client_waits_for_a_server_that_is_still_starting(monkeypatch: pytest.MonkeyPatch) -> None:
     """The successor's ibv_rc_pingpong server may not listen yet when the client starts (a loaded
     node, a slow device open): "Couldn't connect" is retried until the deadline, not a failed link."""

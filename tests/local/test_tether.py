@@ -72,6 +72,7 @@ def test_the_command_runs_in_the_login_shell_as_without_the_tether() -> None:
     wait_for(lambda: marked(marker) == [], "the watchers to end with their commands")
 
 
+@pytest.mark.waits  # mostly waits: runs beside the slow tests (tests/conftest.py)
 @pytest.mark.parametrize("ignores_term", [False, True])
 def test_when_the_sessions_process_goes_nothing_of_the_command_is_left(tmp_path: Path, ignores_term: bool) -> None:
     """`parent` stands for sshd's session process, which exits when the controller closes the
@@ -99,6 +100,7 @@ def test_when_the_sessions_process_goes_nothing_of_the_command_is_left(tmp_path:
             os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.waits  # mostly waits: runs beside the slow tests (tests/conftest.py)
 def test_a_connection_that_stays_leaves_a_long_command_alone(tmp_path: Path) -> None:
     """While the session's process lives, the watcher only watches: the command runs to its end."""
     marker = f"tether-stays-{time.monotonic_ns()}"

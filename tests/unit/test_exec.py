@@ -301,6 +301,7 @@ def test_w_names_hosts_without_an_inventory_with_ssh_defaults(capsys: pytest.Cap
     assert code == 2 and "-w" in err
 
 
+@pytest.mark.waits  # mostly waits: runs beside the slow tests (tests/conftest.py)
 def test_live_output_with_a_timeout_shows_what_came_and_counts_124(local_inv: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = orch(["exec", str(local_inv), "--nodes", "n0", "--timeout", "3", "--",

@@ -29,7 +29,6 @@ from typing import Any
 from trainer.config import check_topology, parse_config, with_world_size
 from trainer.errors import TrainerError
 from trainer.offline import set_offline_env
-from trainer.topology import Topology
 
 SCHEMA = 1
 VERIFIED = ("arguments", "topology", "device", "data", "weights", "model", "settings", "run directory")
@@ -47,12 +46,12 @@ def check(argv: list[str]) -> dict[str, Any]:
     try:
         cfg = parse_config([a for a in argv if a != "--check"], usage_errors=True)
         stage = "topology"
-        topo = Topology.from_env()
+        from trainer import dist as tdist  # torch: after the cheap refusals
+
+        topo = tdist.Topology.from_env()
         cfg = with_world_size(cfg, topo.world_size)  # --batch-per-device N: the global batch, as a start makes it
         check_topology(cfg, topo.world_size, topo.launched, topo.local_world_size)
         stage = "device"
-        from trainer import dist as tdist  # torch: after the cheap refusals
-
         try:
             device = tdist.pick_device(cfg.device, topo)
         except ValueError as e:

@@ -16,8 +16,8 @@ import yaml
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, get_worker_info
 
 from trainer import dist as tdist
+from trainer.dist import Topology
 from trainer.errors import TrainerError
-from trainer.topology import Topology
 
 
 def load_data_yaml(path: str) -> dict[str, Any]:

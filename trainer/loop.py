@@ -34,6 +34,7 @@ from trainer import dist as tdist
 from trainer import pace as tpace
 from trainer import plots as tplots
 from trainer.config import TrainConfig, accumulation
+from trainer.dist import Topology
 from trainer.errors import TrainerError
 from trainer.interface import BEST, LAST
 from trainer.logs import (
@@ -46,7 +47,6 @@ from trainer.logs import (
     throughput_table,
     val_line,
 )
-from trainer.topology import Topology
 from trainer.validate import make_validator, run_validation
 
 

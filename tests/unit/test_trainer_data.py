@@ -113,48 +113,6 @@ def test_main_prints_one_line_and_exits_2(tmp_path: Path, capsys, monkeypatch) -
     assert len(err) == 1 and err[0].startswith("[rank 0] error: --data ") and "no such file" in err[0]
 
 
-REFUSE_AND_SAY_IF_TORCH = """
-import sys
-try:
-    if "--check" in sys.argv:
-        from trainer.check import main as check_main
-        sys.exit(check_main())
-    from trainer.train import main
-    main()
-finally:
-    print("TORCH IMPORTED" if "torch" in sys.modules else "NO TORCH", file=sys.stderr)
-"""
-
-
-@pytest.mark.parametrize("args, says", [
-    (["--batch", "3"], "global batch 3 does not divide by world size 2"),
-    (["--data", "ds/data.yaml"], "--data ds/data.yaml is relative"),
-    (["rect=True"], "rect=True is not honoured"),
-    (["--batch", "3", "--check"], "global batch 3 does not divide by world size 2"),
-])
-def test_an_argument_the_world_refuses_fails_before_torch_is_imported(tmp_path: Path, args: list[str],
-                                                                     says: str) -> None:
-    """Rank 1 of 2 as torchrun starts it (`python -m trainer` and `--check`): a batch the ranks
-    cannot share, a relative path, a setting the trainer does not honour: the one line and exit 2,
-    and torch never imported (seconds per rank, minutes from a busy network filesystem)."""
-    import os
-    import subprocess
-    import sys
-
-    argv = ["--data", str(tmp_path / "data.yaml"), "--batch", "4", "--epochs", "1", *args]
-    env = {**os.environ, "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
-           "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    p = subprocess.run([sys.executable, "-c", REFUSE_AND_SAY_IF_TORCH, *argv], capture_output=True, text=True,
-                       env=env, cwd=tmp_path, timeout=120)
-    assert p.returncode == 2, p.stderr
-    lines = p.stderr.strip().splitlines()
-    assert lines[-1] == "NO TORCH", p.stderr
-    if "--check" in args:
-        assert '"stage": "topology"' in p.stdout and says in p.stdout, p.stdout
-    else:
-        assert len(lines) == 2 and lines[0].startswith("[rank 1] error: ") and says in lines[0], p.stderr
-
-
 
 def test_loader_workers_share_the_nodes_cpus_between_its_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     from trainer import data

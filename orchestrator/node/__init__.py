@@ -39,6 +39,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 _BUILD = threading.Lock()
 _PROGRAMS: dict[tuple[str, tuple[str, ...]], str] = {}
+_SCRIPTS: dict[str, str] = {}
 FROM_STDIN = "import sys;exec(sys.stdin.buffer.read())"
 """`python -c` text that runs the program sent on its stdin. A long-lived program (the log reader)
 then shows a command line of a few words in `ps` for its whole life, not its 40 KB of code."""
@@ -64,8 +65,18 @@ def agent_files() -> dict[str, str]:
 
 def script(name: str) -> str:
     """The source of node program `name` without its module docstring: the `python -c` text of a
-    short program (boot), which stays on the command line of the agent it turns into."""
-    text = source(name)
+    short program (boot), which stays on the command line of the agent it turns into. Made once
+    per process, under the lock: the threads that start the nodes ask at once, and CPython 3.11
+    fails `ast.parse` run in several threads at once now and then ("SystemError: AST constructor
+    recursion depth mismatch", seen on 3.11.7 as a node that could not start)."""
+    with _BUILD:
+        text = _SCRIPTS.get(name)
+        if text is None:
+            text = _SCRIPTS[name] = _without_docstring(source(name))
+    return text
+
+
+def _without_docstring(text: str) -> str:
     tree = ast.parse(text)
     first = tree.body[0] if tree.body else None
     if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):

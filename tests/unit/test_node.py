@@ -150,6 +150,47 @@ def test_threads_asking_at_once_build_a_program_once(monkeypatch: pytest.MonkeyP
     assert built == ["reader"] and len(texts) == 8 and len(set(texts)) == 1
 
 
+def test_threads_starting_nodes_at_once_parse_a_script_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every node's start asks for boot.py's text from its own thread: `ast.parse` in several
+    threads at once fails now and then on CPython 3.11 ("SystemError: AST constructor recursion
+    depth mismatch": a node that could not start), so it runs once, in one thread. The fake parse
+    waits up to 1 s for a second thread to come in beside it; none may."""
+    import threading
+
+    lock, second = threading.Lock(), threading.Event()
+    inside: list[int] = []
+    calls: list[str] = []
+    real = ast.parse
+
+    def parse(text: str, *args: object, **kwargs: object) -> ast.Module:
+        with lock:
+            calls.append(text)
+            inside.append(1)
+            if len(inside) > 1:
+                second.set()
+        second.wait(1.0)
+        with lock:
+            inside.pop()
+        return real(text)
+
+    monkeypatch.setattr(node.ast, "parse", parse)
+    monkeypatch.setattr(node, "_SCRIPTS", {}, raising=False)  # the cache under test
+    start = threading.Barrier(8)
+    texts: list[str] = []
+
+    def ask() -> None:
+        start.wait()
+        texts.append(node.script("boot"))
+
+    threads = [threading.Thread(target=ask) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not second.is_set(), "two threads parsed at once"
+    assert len(calls) == 1 and len(texts) == 8 and len(set(texts)) == 1
+
+
 def test_the_jobs_folder_holds_the_fabric_checks_allreduce_job() -> None:
     assert {p.stem for p in JOB_FILES} == {"__init__", "allreduce"}
 

@@ -34,7 +34,9 @@ import importlib.util
 import marshal
 import threading
 import zlib
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 _BUILD = threading.Lock()
@@ -69,10 +71,16 @@ def script(name: str) -> str:
     per process, under the lock: the threads that start the nodes ask at once, and CPython 3.11
     fails `ast.parse` run in several threads at once now and then ("SystemError: AST constructor
     recursion depth mismatch", seen on 3.11.7 as a node that could not start)."""
+    return _once(_SCRIPTS, name, lambda: _without_docstring(source(name)))
+
+
+def _once(cache: dict[Any, str], key: Any, make: Callable[[], str]) -> str:
+    """``cache[key]``, made by ``make`` the first time: under the build lock, so of the threads
+    that ask at once (one per node) the first makes it and the others wait for it."""
     with _BUILD:
-        text = _SCRIPTS.get(name)
+        text = cache.get(key)
         if text is None:
-            text = _SCRIPTS[name] = _without_docstring(source(name))
+            text = cache[key] = make()
     return text
 
 
@@ -101,12 +109,7 @@ def program(main: str, deps: tuple[str, ...] = ()) -> str:
     Python's bytecode magic number (compiling is a fifth of the probe's CPU on a node), and the
     compressed source for any other. Built once per process, by the first of the threads that
     ask at once (one per node); the others wait for it rather than compile it again each."""
-    key = (main, tuple(deps))
-    with _BUILD:
-        text = _PROGRAMS.get(key)
-        if text is None:
-            text = _PROGRAMS[key] = _build(main, tuple(deps))
-    return text
+    return _once(_PROGRAMS, (main, tuple(deps)), lambda: _build(main, tuple(deps)))
 
 
 def _build(main: str, deps: tuple[str, ...]) -> str:

@@ -174,7 +174,7 @@ def test_threads_starting_nodes_at_once_parse_a_script_once(monkeypatch: pytest.
         return real(text)
 
     monkeypatch.setattr(node.ast, "parse", parse)
-    monkeypatch.setattr(node, "_SCRIPTS", {}, raising=False)  # the cache under test
+    monkeypatch.setattr(node, "_SCRIPTS", {})
     start = threading.Barrier(8)
     texts: list[str] = []
 

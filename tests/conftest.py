@@ -260,8 +260,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """The order tests are handed out in. With CPU lanes (root, under pytest -n): the foreground
     tests first, as one unit of work (`_foreground_first`: one worker runs them one after the other
     while the others work through the rest beside them in the background lane), the `waits` tests
-    after them on that worker (shared tests otherwise); then the shared tests, the `slow` ones first (two long tests side by side, then the short ones fill in, rather
-    than one long test left at the end with the other workers idle), the longest first by
+    after them on that worker (shared tests otherwise); then the shared tests, the `slow` ones
+    first (two long tests side by side, then the short ones fill in, rather than one long test
+    left at the end with the other workers idle), the longest first by
     tests/durations.json (the tail of the run is then short tests); the `alone` ones last, as one
     unit of work too.
     Without lanes a foreground test runs alone, so it goes last with those."""
@@ -273,8 +274,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if lanes is not None:  # for the controller's scheduler, before this worker reports its collection
         listed = lanes.kinds_list()
         tmp = listed.with_name(f"{listed.name}.{os.getpid()}")
-        tmp.write_text("".join(f"{_scope_kind(item)} {item.nodeid}\n" for item in items
-                               if _scope_kind(item) != "shared"))
+        kinds = ((_scope_kind(item), item.nodeid) for item in items)
+        tmp.write_text("".join(f"{kind} {nodeid}\n" for kind, nodeid in kinds if kind != "shared"))
         tmp.replace(listed)
 
 

@@ -14,7 +14,8 @@ holds:
                 older than lease_s, the agent stops the job (state stopped, reason, lease_expired)
   agent.py      this file
   node.log      `<UTC ISO time with µs>Z <out|err|orch> <text>` for every line torchrun or the agent writes
-  state.json    run, node, agent_pid, pid, pgid, host, started_at, finished_at, exit_code, signal,
+  state.json    run, node, agent_pid, pid, pgid, host, started_at, finished_at, failed_at (when
+                torchrun first said a worker failed: the order of a run's failures), exit_code, signal,
                 state (starting|running|succeeded|failed|stopped), rewritten atomically; with every
                 pid its start time (agent_start, pid_start, pgid_start, procs) and the boot_id
   torchrun/     torchrun's --log-dir
@@ -104,8 +105,8 @@ the agent stops the job and says why. A detached run has no lease: it runs on it
 STARTING, RUNNING, SUCCEEDED, FAILED, STOPPED = "starting", "running", "succeeded", "failed", "stopped"
 STATES = (STARTING, RUNNING, SUCCEEDED, FAILED, STOPPED)
 FINAL_STATES = (SUCCEEDED, FAILED, STOPPED)
-STATUS_KEYS = ("state", "exit_code", "signal", "reason", "started_at", "finished_at", "pid", "pgid", "agent_pid",
-               "cleanup_left")
+STATUS_KEYS = ("state", "exit_code", "signal", "reason", "started_at", "finished_at", "failed_at", "pid", "pgid",
+               "agent_pid", "cleanup_left")
 """The fields of state.json a status reports as they are (the log reader's `S` frames: these)."""
 PR_SET_CHILD_SUBREAPER = 36
 STARTING_TEXT = "agent {pid} on {host} starting{attempt}: {argv} (cwd {cwd})"
@@ -118,14 +119,23 @@ STOPPING_PREFIX = "agent received "
 EXITED = "torchrun exited with code {code}{signal}: {state}"
 """The agent's last line about the job: how torchrun ended and the state that makes the run."""
 EXITED_LINE = re.compile(r"^torchrun exited with code (-?\d+)(?: \((SIG[A-Z0-9]+)\))?: ([a-z]+)$")
+WORKER_FAILED = re.compile(r"\bfailed \(exitcode: -?\d+\) local_rank: \d+ \(pid: \d+\)")
+"""torchrun's own log line (stderr, no rank prefix) when it sees a worker exit non-zero, in every
+torch 2.x: `E1130 10:02:37.403000 6342 .../api.py:1002] failed (exitcode: 3) local_rank: 1 (pid: 6482)
+of binary: ...` (older: `ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1) ...`).
+When the first one came is state.json `failed_at`: the order of a run's failures. A victim rank (its
+collective broke when the first rank died) fails later than the rank it died of, but its torchrun
+may well exit first: torchrun's own exit, after its summary and its interpreter's teardown, is the
+noisier clock."""
 
 
 # ----------------------------------------------------------------------------- small helpers
 
 
-def utc_now() -> str:
-    """Node-side UTC time with microseconds: `2026-11-30T09:32:05.123456Z`."""
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+def utc_now(when: float | None = None) -> str:
+    """Node-side UTC time with microseconds, now or at `when` (epoch s): `2026-11-30T09:32:05.123456Z`."""
+    at = datetime.now(timezone.utc) if when is None else datetime.fromtimestamp(when, timezone.utc)
+    return at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def read_json(path: str) -> dict[str, Any]:
@@ -273,11 +283,17 @@ class NodeLog:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | NOFOLLOW, 0o600)
         self.fh = os.fdopen(fd, "ab", buffering=0)
         self.lock = threading.Lock()
+        self.failed_at: float | None = None
+        """When torchrun first said a worker failed (`WORKER_FAILED`, on stderr): this line's stamp."""
 
     def write(self, stream: str, text: str) -> None:
-        body = " {} {}\n".format(stream, text.rstrip("\r\n")).encode("utf-8", "replace")
+        text = text.rstrip("\r\n")
+        body = f" {stream} {text}\n".encode("utf-8", "replace")
         with self.lock:  # stamp under the lock: the file's order is then the stamps' order
-            write_all(self.fh, utc_now().encode() + body)
+            now = time.time()
+            write_all(self.fh, utc_now(now).encode() + body)
+            if self.failed_at is None and stream == "err" and not text.startswith("[") and WORKER_FAILED.search(text):
+                self.failed_at = now  # a rank's own lines carry torchrun's `[default0]:` prefix
 
     def pump(self, src: IO[bytes], stream: str) -> None:
         """Copy `src` line by line, stamping each line when it arrives; a line longer than
@@ -435,6 +451,8 @@ class Monitor:
         sig = signal_name(code)
         self.log.write("orch", EXITED.format(code=code, signal=f" ({sig})" if sig else "", state=state))
         extra = {"reason": self.lease_lost, "lease_expired": True} if self.lease_lost else {}
+        if self.log.failed_at is not None:
+            extra["failed_at"] = self.log.failed_at
         self.save(state=state, exit_code=code, signal=sig, finished_at=ended, procs=[[p, s] for p, s in left],
                   cleanup_left=[p for p, _s in left], **extra)
         return code

@@ -22,8 +22,8 @@ from ..store import remote_dir
 from ..transport import Cluster, GroupResult, Result, Transport
 
 START_WAIT_S = 60.0
-RECORDED = ("state", "exit_code", "pid", "pgid", "agent_pid", "started_at", "finished_at", "signal", "error",
-            "cleanup_left")
+RECORDED = ("state", "exit_code", "pid", "pgid", "agent_pid", "started_at", "finished_at", "failed_at", "signal",
+            "error", "cleanup_left")
 """The fields of a NodeStatus that run.json keeps for each node."""
 
 
@@ -57,6 +57,8 @@ class NodeStatus:
     agent_pid: int | None = None
     started_at: float | None = None
     finished_at: float | None = None
+    failed_at: float | None = None
+    """When torchrun first said one of its workers failed (the node's clock); None when it did not."""
     agent_alive: bool | None = None
     """None when not asked (a final state, or an answer that does not say)."""
     job_alive: bool | None = None
@@ -83,7 +85,7 @@ class NodeStatus:
         return cls(state=state, exit_code=_number(data.get("exit_code")), signal=_text(data.get("signal")),
                    reason=_text(data.get("reason")), pid=_number(data.get("pid")), pgid=_number(data.get("pgid")),
                    agent_pid=_number(data.get("agent_pid")), started_at=_number(data.get("started_at")),
-                   finished_at=_number(data.get("finished_at")), now=_number(data.get("now")),
+                   finished_at=_number(data.get("finished_at")), failed_at=_number(data.get("failed_at")), now=_number(data.get("now")),
                    log_size=_number(data.get("log_size")), log_mtime=_number(data.get("log_mtime")),
                    tail=tuple(str(x) for x in tail) if isinstance(tail, list) else (), error=_text(data.get("error")),
                    cleanup_left=_pids(data.get("cleanup_left")), **alive)

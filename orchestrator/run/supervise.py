@@ -583,6 +583,9 @@ class Supervisor:
         state, code = obs.state, obs.exit_code
         when = float(obs.finished_at or obs.now or math.inf)
         if state == NodeState.FAILED:
+            # when torchrun saw its first worker fail, where it said: a victim of that failure
+            # elsewhere fails later, though its torchrun may exit sooner than this one
+            when = min(when, obs.failed_at or math.inf)
             why = f"exited with code {code}" + (f" ({obs.signal})" if obs.signal else "")
             if obs.reason:
                 why += f": {obs.reason}"

@@ -137,7 +137,7 @@ def test_a_node_that_breaks_is_replaced_by_a_spare_on_retry(make_cluster: Any, o
     assert code == 0, err[-4000:]
     run_id = up.run_id()
     assert re.search(r"attempt 2/2 after node3 rank 2: RuntimeError: injected failure on rank 2 at step 4", err), \
-        [ln for ln in err.splitlines() if not ln.startswith(("│", "┌", "└", "├", "┃", "┏", "┗", "┡"))]
+        "\n".join(ln for ln in err.splitlines() if not ln.startswith(("│", "┌", "└", "├", "┃", "┏", "┗", "┡")))
     assert re.search(r"node3 failed the preflight \(job: [^)]*does not exist on this node\): spare node5 takes its "
                      r"place", err), err[-3000:]
     assert "succeeded on every node" in err and "(attempt 2 of 2)" in err

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,37 @@ def test_start_runs_detached_stamps_lines_and_records_the_exit(tmp_path: Path) -
     assert any(ln.endswith(f" out umask {mine:04o}") for ln in log), log  # the job keeps the login's umask
     assert all(len(ln.split(" ", 2)[0]) == 27 and ln.split(" ", 2)[0].endswith("Z") for ln in log)
     assert (d / "state.json").stat().st_mode & 0o077 == 0 and (d / "node.log").stat().st_mode & 0o077 == 0
+
+
+TORCHRUN_FAILED = (Path(__file__).resolve().parents[1] / "fixtures" / "torchrun_tee3_2proc_exit3_stderr_torch2.14.txt"
+                   ).read_text().splitlines()[10]  # torchrun's line when a worker exits non-zero (torch 2.14)
+
+
+def test_when_torchrun_first_says_a_worker_failed_is_recorded_apart_from_its_exit(tmp_path: Path) -> None:
+    assert "] failed (exitcode: 3) local_rank: 1 (pid: 6482)" in TORCHRUN_FAILED
+    older = "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1) local_rank: 0 (pid: 77) of binary: x"
+    # a rank's line (torchrun's `[default0]:` prefix) and stdout are not torchrun saying so; the job then
+    # stays until the test has seen the line, as torchrun writes its summary and exits later
+    job = (f"echo '[default0]:failed (exitcode: 9) local_rank: 0 (pid: 5)' >&2; echo '{TORCHRUN_FAILED}'; "
+           f"echo '{TORCHRUN_FAILED}' >&2; echo '{older}' >&2; "
+           "while [ ! -e release ]; do sleep 0.05; done; exit 3")
+    d = prepare(tmp_path, job)
+    assert call("start", str(d))[0] == 0
+    log = d / "node.log"
+    wait_for(lambda: " err ERROR:torch" in log.read_text(), "torchrun's failure lines in node.log")
+    assert "failed_at" not in state(d)  # said once the job ends, with its exit
+    (tmp_path / "release").touch()
+    final = wait_state(d, "failed")
+    stamp = next(ln.split(" ", 1)[0] for ln in log.read_text().splitlines() if ln.endswith(" err " + TORCHRUN_FAILED))
+    when = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    assert final["failed_at"] == pytest.approx(when, abs=1e-6) and final["failed_at"] < final["finished_at"]
+    assert final["exit_code"] == 3
+    _code, st = call("status", str(d))
+    assert st["failed_at"] == final["failed_at"]
+    # a job that fails without torchrun's line (torchrun itself, or no torchrun) has none
+    d2 = prepare(tmp_path / "b", "echo '[default0]:failed (exitcode: 9) local_rank: 0 (pid: 5)' >&2; exit 1")
+    assert call("start", str(d2))[0] == 0
+    assert "failed_at" not in wait_state(d2, "failed")
 
 
 def test_stop_terms_then_kills_the_group_and_is_idempotent(tmp_path: Path) -> None:

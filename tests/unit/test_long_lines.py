@@ -144,9 +144,9 @@ def test_node_log_stamps_each_line_under_the_lock_that_orders_the_writes(tmp_pat
     held: list[bool] = []
     real = agent.utc_now
 
-    def stamp() -> str:
+    def stamp(when: float | None = None) -> str:
         held.append(log.lock.locked())
-        return real()
+        return real(when)
 
     monkeypatch.setattr(agent, "utc_now", stamp)
     log.write("out", "a")

@@ -109,6 +109,21 @@ def test_earliest_failure_wins_when_several_nodes_fail_in_one_round() -> None:
     assert "code -9 (SIGKILL)" in out.failure.reason
 
 
+def test_the_first_failure_is_the_first_rank_torchrun_saw_fail_not_the_first_torchrun_to_exit() -> None:
+    # n3's rank failed first (torchrun logged it at 20.0) but its torchrun took 0.9 s to exit; n1's
+    # rank died of n3's (gloo: connection closed by peer) at 20.6 and its torchrun exited at 20.8
+    rounds = [{"n1": ok("failed", exit_code=1, failed_at=20.6, finished_at=20.8), "n2": ok(),
+               "n3": ok("failed", exit_code=1, failed_at=20.0, finished_at=20.9)}]
+    sup, _ = supervisor(list(rounds))
+    out = sup.run()
+    assert out.failure is not None and out.failure.node == "n3" and out.failure.order == 20.0
+    # a node that says nothing of its ranks (torchrun killed, an older agent) is ordered by its exit
+    rounds = [{"n1": ok("failed", exit_code=-9, signal="SIGKILL", finished_at=19.9), "n2": ok(),
+               "n3": ok("failed", exit_code=1, failed_at=20.0, finished_at=20.9)}]
+    sup, _ = supervisor(list(rounds))
+    assert sup.run().failure.node == "n1"  # type: ignore[union-attr]
+
+
 def test_unreachable_longer_than_grace_fails_but_a_blip_does_not() -> None:
     down = ConnectionError("no route")
     rounds: list[Mapping[str, Any]] = [{"n1": ok(), "n2": ok(), "n3": ok()}]

@@ -698,10 +698,17 @@ SetEnv {setenv}
     def write_inventory(self, path: str | os.PathLike[str] | None = None, *, job: Mapping[str, Any] | None = None,
                         env: Mapping[str, Any] | None = None, checks: Mapping[str, Any] | None = None,
                         master: Mapping[str, Any] | None = None,
-                        nodes_extra: Mapping[str, Mapping[str, Any]] | None = None, **top: Any) -> Path:
-        """Write a valid inventory for this cluster, deep-merging the overrides (None deletes a key)."""
+                        nodes_extra: Mapping[str, Mapping[str, Any]] | None = None,
+                        only: Sequence[str] | None = None, **top: Any) -> Path:
+        """Write a valid inventory for this cluster, deep-merging the overrides (None deletes a key);
+        with `only`, of those nodes alone (a scenario that needs no more: each node is a torchrun
+        and its ranks, seconds of CPU on this 2-core machine)."""
+        unknown = set(only or ()) - {n.name for n in self.nodes}
+        assert not unknown, f"no node {sorted(unknown)} in this cluster"
         nodes = []
         for n in self.nodes:
+            if only is not None and n.name not in only:
+                continue
             entry: dict[str, Any] = {"host": n.host, "name": n.name, "addr": n.addr}
             if n.port != 22:
                 entry["port"] = n.port

@@ -374,7 +374,7 @@ class TestCluster:
                 os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege separation dir
             if self._private_fs:
                 os.makedirs(self.NODE_LOCAL, exist_ok=True)  # the mount point in the root namespace
-            self.home.mkdir(exist_ok=True)
+            self.home.mkdir(parents=True, exist_ok=True)  # a given root may not exist yet (the benchmarks')
             for i in range(1, self._n + 1):
                 self.nodes.append(self._make_node(i))
             self._write_known_hosts()

@@ -116,6 +116,18 @@ def test_inventory_matches_cluster_and_merges_overrides(cluster, tmp_path):
                           ).checks.clock.ntp_server is None
 
 
+def test_a_root_that_does_not_exist_yet_is_made(cluster_keys, tmp_path):
+    """What the benchmarks do (bench/launch_latency.py, fabric.py, check_fanout.py): a cluster
+    rooted in a directory of their temporary one, not made yet."""
+    with TestCluster(cluster_keys, n=2, mode="loopback", root=tmp_path / "bench" / "c") as c:
+        inv = inventory.load(c.write_inventory(only=["node2"]))
+        assert [n.name for n in inv.nodes] == ["node2"]
+        with SSHTransport(inv.node("node2")) as t:
+            assert t.run(["true"]).ok
+        with pytest.raises(AssertionError, match=r"no node \['node9'\]"):
+            c.write_inventory(only=["node9"])
+
+
 def test_stop_and_start_node(cluster):
     cluster.stop_node("node2")
     inv = inventory.load(cluster.write_inventory())

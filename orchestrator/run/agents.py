@@ -85,7 +85,8 @@ class NodeStatus:
         return cls(state=state, exit_code=_number(data.get("exit_code")), signal=_text(data.get("signal")),
                    reason=_text(data.get("reason")), pid=_number(data.get("pid")), pgid=_number(data.get("pgid")),
                    agent_pid=_number(data.get("agent_pid")), started_at=_number(data.get("started_at")),
-                   finished_at=_number(data.get("finished_at")), failed_at=_number(data.get("failed_at")), now=_number(data.get("now")),
+                   finished_at=_number(data.get("finished_at")), failed_at=_number(data.get("failed_at")),
+                   now=_number(data.get("now")),
                    log_size=_number(data.get("log_size")), log_mtime=_number(data.get("log_mtime")),
                    tail=tuple(str(x) for x in tail) if isinstance(tail, list) else (), error=_text(data.get("error")),
                    cleanup_left=_pids(data.get("cleanup_left")), **alive)

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -128,7 +129,6 @@ def test_a_short_program_is_sent_without_its_docstring() -> None:
 def test_threads_asking_at_once_build_a_program_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """One thread per node asks for the reader when a follow starts: compiling it once each would
     cost every thread the compile and the controller its memory (8 MB more following 8 nodes)."""
-    import threading
     import time
 
     built: list[str] = []
@@ -141,13 +141,27 @@ def test_threads_asking_at_once_build_a_program_once(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(node, "_build", slow_build)
     monkeypatch.setattr(node, "_PROGRAMS", {})
+    texts = at_once(lambda: node.program("reader", (*node.AGENT_MODULES, "agent")))
+    assert built == ["reader"] and len(texts) == 8 and len(set(texts)) == 1
+
+
+def at_once(ask: Callable[[], str], n: int = 8) -> list[str]:
+    """What `ask` returns in each of `n` threads let go together (one per node starting)."""
+    import threading
+
+    start = threading.Barrier(n)
     texts: list[str] = []
-    threads = [threading.Thread(target=lambda: texts.append(node.program("reader", (*node.AGENT_MODULES, "agent")))) for _ in range(8)]
+
+    def one() -> None:
+        start.wait()
+        texts.append(ask())
+
+    threads = [threading.Thread(target=one) for _ in range(n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert built == ["reader"] and len(texts) == 8 and len(set(texts)) == 1
+    return texts
 
 
 def test_threads_starting_nodes_at_once_parse_a_script_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -175,18 +189,7 @@ def test_threads_starting_nodes_at_once_parse_a_script_once(monkeypatch: pytest.
 
     monkeypatch.setattr(node.ast, "parse", parse)
     monkeypatch.setattr(node, "_SCRIPTS", {})
-    start = threading.Barrier(8)
-    texts: list[str] = []
-
-    def ask() -> None:
-        start.wait()
-        texts.append(node.script("boot"))
-
-    threads = [threading.Thread(target=ask) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    texts = at_once(lambda: node.script("boot"))
     assert not second.is_set(), "two threads parsed at once"
     assert len(calls) == 1 and len(texts) == 8 and len(set(texts)) == 1
 

@@ -204,22 +204,40 @@ class Health:
     """Optimizer steps of the epoch."""
     finite: bool = True
     """Whether every rank's weights are finite after the epoch."""
+    scale: float | None = None
+    """The fp16 GradScaler's scale after the epoch (None without it)."""
 
     @property
     def broken(self) -> bool:
-        """Weights no longer finite, or an epoch in which no optimizer step changed anything."""
-        return not self.finite or (self.steps > 0 and self.skipped == self.steps)
+        """Weights no longer finite, or an epoch in which no optimizer step changed anything while
+        the losses were not finite or the GradScaler's scale had already fallen below
+        ``DIVERGED_SCALE``. Skipped steps while the scale still falls from its initial 2^16 are
+        fp16's warm-up (about 11 + log2(ranks) for YOLO from scratch), not divergence: an epoch of
+        fewer steps than that is skipped whole and training goes on (ultralytics never stops there)."""
+        if not self.finite:
+            return True
+        if self.steps == 0 or self.skipped < self.steps:
+            return False
+        return self.nonfinite > 0 or self.scale is None or self.scale < DIVERGED_SCALE
 
     def why(self) -> str:
         """What went wrong, for the recovery line and the error."""
         if not self.finite:
             return f"the weights are no longer finite after {self.nonfinite} non-finite loss(es)"
-        return f"all {self.steps} optimizer steps were skipped (fp16 gradients overflowed; {self.nonfinite} non-finite loss(es))"
+        scale = f", GradScaler scale {self.scale:g}" if self.scale is not None else ""
+        return (f"all {self.steps} optimizer steps were skipped (fp16 gradients overflowed{scale}; "
+                f"{self.nonfinite} non-finite loss(es))")
 
     def counts(self) -> dict[str, float]:
         """results.csv's ``steps/*`` columns."""
         return {"steps/nonfinite": float(self.nonfinite), "steps/skipped": float(self.skipped)}
 
+
+DIVERGED_SCALE = 2.0 ** -10
+"""A GradScaler scale below which a whole epoch of skipped steps is divergence, not warm-up. fp16
+overflows above 65504: warm-up settles near 2^16 / (max |grad| x ranks), the loss being multiplied
+by the world size (about 2^0 for YOLO from scratch, max |grad| 2e3, on 32 ranks); gradients that
+still overflow 1000 times below that are no longer finite in any precision."""
 
 MAX_RECOVERIES = 3
 """Recoveries from last.pt in a row before a diverging run stops (ultralytics' limit too)."""
@@ -731,7 +749,9 @@ def train_epoch(epoch: int, loader: Any, parts: Parts, inp: Inputs,
     if loader.num_workers == 0:  # the mosaic buffer lives in this process
         state.buffers[-1] = list(loader.dataset.buffer)
     finite = torch.stack([torch.isfinite(p).all() for p in parts.model.parameters()]).all().double()
-    return epoch_summary(epoch, names, sums, images, epoch_meter, inp, torch.cat([troubled, finite.reshape(1)]), steps)
+    scale = parts.scaler.get_scale() if parts.scaler is not None else None  # the same on every rank
+    return epoch_summary(epoch, names, sums, images, epoch_meter, inp, torch.cat([troubled, finite.reshape(1)]), steps,
+                         scale)
 
 
 def advance_criterion(model: models.YoloModel, epoch: int) -> None:
@@ -774,7 +794,8 @@ def optimizer_step(parts: Parts, clip: float) -> torch.Tensor | None:
 
 
 def epoch_summary(epoch: int, names: list[str], sums: torch.Tensor, images: int, meter: StepMeter,
-                  inp: Inputs, troubled: torch.Tensor, steps: int) -> tuple[dict[str, float], list[list[float]], Health]:
+                  inp: Inputs, troubled: torch.Tensor, steps: int,
+                  scale: float | None = None) -> tuple[dict[str, float], list[list[float]], Health]:
     """Gather every rank's loss sums, troubled steps and throughput (one collective, one device read).
 
     ``troubled``: [non-finite losses, skipped steps, weights finite (1/0)] of this rank."""
@@ -785,7 +806,7 @@ def epoch_summary(epoch: int, names: list[str], sums: torch.Tensor, images: int,
     total_images = sum(r[n + 3] for r in rows)
     means = {k: sum(r[j] for r in rows) / max(total_images, 1.0) for j, k in enumerate(names)}
     health = Health(nonfinite=int(sum(r[n] for r in rows)), skipped=int(max(r[n + 1] for r in rows)), steps=steps,
-                    finite=all(r[n + 2] == 1.0 for r in rows))
+                    finite=all(r[n + 2] == 1.0 for r in rows), scale=scale)
     return means, [r[n + 4:] for r in rows], health
 
 

@@ -547,10 +547,12 @@ def wrap_ddp(model: nn.Module, device: torch.device, find_unused: bool) -> DDP:
 
 
 def unused_parameters(model: models.YoloModel, probe_set: Any, device: torch.device) -> list[str]:
-    """Trainable parameters that get no gradient from one forward/backward on two labelled
-    validation images, run on a copy of the model (nothing of the real one, nor any RNG, moves)."""
-    items = [i for i, label in enumerate(probe_set.labels) if len(label["cls"])][:2] or [0]
-    batch = preprocess(probe_set.collate_fn([probe_set[i] for i in items]), device)
+    """Trainable parameters that get no gradient from one forward/backward on the first labelled
+    validation image, twice (a batch of two for BatchNorm), run on a copy of the model (nothing of
+    the real one, nor any RNG, moves). One image, loaded twice: validation's rect batches give
+    images of different shapes, which no batch can stack."""
+    first = next((i for i, label in enumerate(probe_set.labels) if len(label["cls"])), 0)
+    batch = preprocess(probe_set.collate_fn([probe_set[first], probe_set[first]]), device)
     probe = _deepcopy(model)
     probe.train()
     loss, _ = probe(batch)

@@ -62,3 +62,48 @@ def test_skips_at_a_small_scale_or_with_non_finite_losses_are_divergence() -> No
     assert nan.skipped == 2 and nan.nonfinite == 2 and nan.broken
     assert loop.Health(nonfinite=1, skipped=0, steps=4, finite=False).broken  # without a scaler: weights not finite
     assert not loop.Health(skipped=4, steps=5, scale=2.0 ** -20).broken  # a step went through
+
+
+def write_wide_first_dataset(root: Any) -> str:
+    """A YOLO dataset whose validation set sorts into rect batches of different shapes: two wide
+    images (the first unlabelled) before square ones."""
+    import numpy as np
+    from PIL import Image
+
+    for split in ("train", "val"):
+        (root / split / "images").mkdir(parents=True)
+        (root / split / "labels").mkdir(parents=True)
+        shapes = [(64, 96), (64, 96), (96, 96), (96, 96), (96, 96)]  # (h, w)
+        for i, (h, w) in enumerate(shapes):
+            Image.fromarray(np.full((h, w, 3), 40 * i, dtype=np.uint8)).save(root / split / "images" / f"im{i}.jpg")
+            label = "" if i == 0 else "0 0.5 0.5 0.25 0.25\n"
+            (root / split / "labels" / f"im{i}.txt").write_text(label)
+    (root / "data.yaml").write_text(f"path: {root}\ntrain: train/images\nval: val/images\nnames: {{0: a}}\n")
+    return str(root / "data.yaml")
+
+
+class ProbeNet(torch.nn.Module):
+    """Returns ultralytics' (loss, items) from a batch; one layer never used."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 2, 1)
+        self.unused = torch.nn.Linear(1, 1)
+
+    def forward(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        assert len(batch["cls"]) > 0, "the probe batch has no labels"
+        loss = self.conv(batch["img"]).mean().reshape(1)
+        return loss, loss.detach()
+
+
+def test_the_unused_parameter_probe_survives_rect_batches_of_different_shapes(tmp_path: Any) -> None:
+    from ultralytics.cfg import get_cfg
+
+    from trainer import data as tdata
+
+    data = tdata.load_data_yaml(write_wide_first_dataset(tmp_path))
+    hyp = get_cfg(overrides={"imgsz": 96, "task": "detect"})
+    val_set = tdata.build_dataset(hyp, data, "val", 2, 32)  # --batch 1: validation batches of 2
+    shapes = {tuple(val_set[i]["img"].shape) for i in range(len(val_set))}
+    assert len(shapes) == 2, shapes  # the case: labelled images of the first two rect batches differ in shape
+    assert loop.unused_parameters(ProbeNet(), val_set, torch.device("cpu")) == ["unused.weight", "unused.bias"]

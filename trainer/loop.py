@@ -110,11 +110,14 @@ def prepare(cfg: TrainConfig, topo: Topology, device: torch.device) -> Inputs:
     return Inputs(cfg, topo, device, data, arch, amp, hyp, weights_model, text_pe)
 
 
-def resolve_amp(requested: str, device: torch.device) -> str:
-    """off, fp16 or bf16 from ``--amp``: auto is fp16 on CUDA and off elsewhere; on and fp16 need CUDA.
+def resolve_amp(requested: str, device: torch.device, capability: tuple[int, int] | None = None) -> str:
+    """off, fp16 or bf16 from ``--amp``: auto is fp16 on CUDA and off elsewhere; on and fp16 need
+    CUDA; bf16 on a GPU needs native bfloat16 (compute capability 8.0, Ampere). ``capability``: the
+    GPU's, read from the device when not given.
 
     Raises:
-        TrainerError: fp16 asked for on a CPU.
+        TrainerError: fp16 asked for on a CPU; bf16 on a GPU before Ampere (V100, T4), where torch
+            emulates it, several times slower than fp16.
     """
     if requested == "auto":
         return "fp16" if device.type == "cuda" else "off"
@@ -123,6 +126,12 @@ def resolve_amp(requested: str, device: torch.device) -> str:
             raise TrainerError(f"--amp {requested}: fp16 mixed precision needs CUDA (GradScaler); on CPU use "
                                "--amp off or --amp bf16")
         return "fp16"
+    if requested == "bf16" and device.type == "cuda":
+        major, minor = capability if capability is not None else torch.cuda.get_device_capability(device)
+        if major < 8:
+            raise TrainerError(f"--amp bf16: {device} has compute capability {major}.{minor}, without native bfloat16 "
+                               "(8.0 and later: A100, H100): torch would emulate it, several times slower than fp16; "
+                               "use --amp fp16 (GradScaler, the default on CUDA) or --amp off")
     return requested
 
 
@@ -293,7 +302,7 @@ def fit(inp: Inputs) -> None:
         validator = make_validator(inp.arch.task, vloader, out, inp.hyp)
     state = State()
     if resume is not None:
-        state = restore(resume, parts, topo)
+        state = restore(resume, parts, topo, epochs=cfg.epochs)
     else:
         # Augmentation streams differ per rank (like ultralytics' seed + 1 + RANK); sampler order does not.
         seed_everything(cfg.seed + 1 + topo.rank)
@@ -301,7 +310,7 @@ def fit(inp: Inputs) -> None:
     closes_at = cfg.epochs - cfg.close_mosaic if cfg.close_mosaic else cfg.epochs + 1
     mosaic_closed = state.epoch > closes_at  # closed before the checkpoint: the first loader is built closed
     if mosaic_closed:
-        train_set.close_mosaic(parts.hyp)
+        close_mosaic(train_set, parts.hyp)
         mosaic_note(inp, max(closes_at, 0))
     loader = make_loader(train_set, local_batch, inp, restore=state.buffers if resume is not None else None)
     if cfg.accumulate is None:  # ultralytics: never accumulate over more batches than the run has
@@ -317,7 +326,7 @@ def fit(inp: Inputs) -> None:
     for epoch in range(state.epoch, cfg.epochs):
         if not mosaic_closed and epoch >= closes_at:
             mosaic_closed = True
-            train_set.close_mosaic(parts.hyp)
+            close_mosaic(train_set, parts.hyp)
             mosaic_note(inp, epoch)
             loader = make_loader(train_set, local_batch, inp, restore=None)  # fresh workers see it
             state.buffers.clear()
@@ -353,6 +362,14 @@ def fit(inp: Inputs) -> None:
     tdist.barrier()
     loss_names = tuple(k[4:] for k in state.metrics if k.startswith("val/"))
     finish(validator, parts.ema, inp, out, scalars, loss_names, state.epoch, time.time() - train_start)
+
+
+def close_mosaic(train_set: Any, hyp: SimpleNamespace) -> None:
+    """Turn mosaic (and mixup, copy-paste) off in ``train_set``, on a copy of the settings as
+    ultralytics' trainer does: ``hyp`` stays the run's, which every checkpoint's train_args record."""
+    from copy import copy
+
+    train_set.close_mosaic(copy(hyp))
 
 
 def mosaic_note(inp: Inputs, epoch: int) -> None:
@@ -469,19 +486,6 @@ LR_SCALED_BY_HAND = 0.02
 ultralytics' rates stay at or below 0.01 (SGD's lr0; AdamW's auto rate is lower)."""
 
 
-def amp_warning(amp: str, device: torch.device, capability: tuple[int, int] | None = None) -> str | None:
-    """The start-up warning for ``--amp bf16`` on a GPU without native bfloat16 (before Ampere,
-    compute capability 8.0: V100, T4): torch emulates it there, slowly. ``capability``: the GPU's,
-    read from the device when not given."""
-    if amp != "bf16" or device.type != "cuda":
-        return None
-    major, minor = capability if capability is not None else torch.cuda.get_device_capability(device)
-    if major >= 8:
-        return None
-    return (f"warning: --amp bf16 on a GPU of compute capability {major}.{minor} (no native bfloat16 before 8.0, "
-            "e.g. V100, T4): it is emulated and slow; use --amp fp16 (GradScaler) on this GPU")
-
-
 def lr_scaling_warning(lr: float | None, world_size: int, optimizer: torch.optim.Optimizer) -> str | None:
     """The start-up warning for an ``--lr`` multiplied by the GPU count by hand (the linear-scaling
     rule of the field guides: 0.01 x 8 = 0.08 on 8 GPUs): above ``LR_SCALED_BY_HAND``, or exactly
@@ -510,12 +514,9 @@ def startup_lines(inp: Inputs, parts: Parts, start: int) -> list[str]:
         f"{', from ' + cfg.weights if cfg.weights else ''}) on {topo.world_size} rank(s), {where}, "
         f"global batch {cfg.batch} ({cfg.batch // topo.world_size} per rank) x accumulate {parts.nominal_accumulate}, "
         f"{type(parts.optimizer).__name__} lr0 {group['initial_lr']:.6g} ({'cosine' if cfg.cos_lr else 'linear'} to "
-        f"x{cfg.lrf:g}), amp {inp.amp}, epochs {start + 1}..{cfg.epochs}",
+        f"x{cfg.lrf:g}), amp {inp.amp}, {epochs_left(start, cfg.epochs)}",
         *cfg.notes,
     ]
-    note = amp_warning(inp.amp, inp.device)
-    if note:
-        lines.append(note)
     warning = lr_scaling_warning(cfg.lr, topo.world_size, parts.optimizer)
     if warning:
         lines.append(warning)
@@ -815,6 +816,8 @@ def epoch_summary(epoch: int, names: list[str], sums: torch.Tensor, images: int,
 def validate(validator: Any, ema: Any, inp: Inputs, loss_names: tuple[str, ...], epoch: int) -> dict[str, float]:
     """Validate the EMA model on every rank's shard; every rank gets rank 0's merged results."""
     tdist.broadcast_buffers(ema.ema)
+    if inp.device.type == "cuda":  # validation's batches are twice training's: give back what training cached
+        torch.cuda.empty_cache()
     results = run_validation(validator, ema, inp.device, inp.data, inp.amp != "off", loss_names, epoch,
                              inp.cfg.epochs, inp.topo.world_size)
     return dict(tdist.broadcast_object(results))
@@ -901,7 +904,22 @@ def gather_rank_states(topo: Topology, state: State) -> list[dict[str, Any]]:
     return out
 
 
-def restore(ckpt: dict[str, Any], parts: Parts, topo: Topology, announce: bool = True) -> State:
+def epochs_left(done: int, epochs: int) -> str:
+    """The epochs a run trains after ``done`` of them, as the start-up and resume lines say it."""
+    return f"epochs {done + 1}..{epochs}" if done < epochs else f"no epoch left ({done} of {epochs} done)"
+
+
+def resume_line(done: int, epochs: int, updates: int, best_fitness: float) -> str:
+    """What rank 0 says on resuming a checkpoint that finished ``done`` epochs of ``epochs``."""
+    where = f"at epoch {done + 1}" if done < epochs else f"after epoch {done}"
+    left = f"epochs {done + 1}..{epochs} left of {epochs}" if done < epochs else (
+        f"no epoch left of {epochs}: only the final validation runs (a longer run: --epochs)")
+    return (f"resuming {where} (checkpoint finished epoch {done}, {updates} optimizer steps, best fitness "
+            f"{best_fitness:.4f}): {left}")
+
+
+def restore(ckpt: dict[str, Any], parts: Parts, topo: Topology, announce: bool = True,
+            epochs: int | None = None) -> State:
     """Load model, EMA, optimizer, scaler, early stopping, RNG and mosaic buffers; return where to continue."""
     saved = ckpt["trainer"]
     parts.model.load_state_dict(saved["model"])
@@ -923,8 +941,8 @@ def restore(ckpt: dict[str, Any], parts: Parts, topo: Topology, announce: bool =
     state = State(epoch=ckpt["epoch"] + 1, best_fitness=ckpt["best_fitness"], buffers=buffers,
                   metrics={k: v for k, v in ckpt["train_metrics"].items() if not k.startswith(("train/", "lr/", "steps/"))})
     if topo.is_main and announce:
-        say(f"resuming at epoch {state.epoch + 1} (checkpoint finished epoch {ckpt['epoch'] + 1}, "
-            f"{parts.ema.updates} optimizer steps, best fitness {state.best_fitness:.4f})")
+        say(resume_line(state.epoch, epochs if epochs is not None else saved["config"]["epochs"], parts.ema.updates,
+                        state.best_fitness))
     return state
 
 

@@ -266,17 +266,19 @@ def test_batch_per_device_is_the_global_batch_over_the_world_size() -> None:
         cfg_of("--batch-per-device", "0")
 
 
-def test_bf16_on_a_gpu_without_native_bfloat16_warns() -> None:
+def test_bf16_on_a_gpu_without_native_bfloat16_is_refused() -> None:
     import torch
 
-    from trainer.loop import amp_warning
+    from trainer.loop import resolve_amp
 
     cuda = torch.device("cuda", 0)
-    assert "compute capability 7.0" in str(amp_warning("bf16", cuda, capability=(7, 0)))  # V100
-    assert "emulated and slow" in str(amp_warning("bf16", cuda, capability=(7, 5)))  # T4
-    assert amp_warning("bf16", cuda, capability=(8, 0)) is None and amp_warning("bf16", cuda, capability=(9, 0)) is None
-    assert amp_warning("fp16", cuda, capability=(7, 0)) is None
-    assert amp_warning("bf16", torch.device("cpu")) is None
+    with pytest.raises(TrainerError, match=r"--amp bf16: .*compute capability 7\.0.*emulate.*--amp fp16"):
+        resolve_amp("bf16", cuda, capability=(7, 0))  # V100
+    with pytest.raises(TrainerError, match=r"compute capability 7\.5"):
+        resolve_amp("bf16", cuda, capability=(7, 5))  # T4
+    assert resolve_amp("bf16", cuda, capability=(8, 0)) == resolve_amp("bf16", cuda, capability=(9, 0)) == "bf16"
+    assert resolve_amp("fp16", cuda, capability=(7, 0)) == resolve_amp("auto", cuda, capability=(7, 0)) == "fp16"
+    assert resolve_amp("bf16", torch.device("cpu")) == "bf16"
 
 
 def test_device_list_must_match_the_processes_of_this_node() -> None:

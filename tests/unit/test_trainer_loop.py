@@ -107,3 +107,50 @@ def test_the_unused_parameter_probe_survives_rect_batches_of_different_shapes(tm
     shapes = {tuple(val_set[i]["img"].shape) for i in range(len(val_set))}
     assert len(shapes) == 2, shapes  # the case: labelled images of the first two rect batches differ in shape
     assert loop.unused_parameters(ProbeNet(), val_set, torch.device("cpu")) == ["unused.weight", "unused.bias"]
+
+
+def mosaic_p(dataset: Any) -> float:
+    """The probability of the mosaic step in ``dataset``'s transforms."""
+    from ultralytics.data.augment import Mosaic
+
+    def walk(t: Any) -> Any:
+        if isinstance(t, Mosaic):
+            return t
+        return next((m for m in map(walk, getattr(t, "transforms", [])) if m is not None), None)
+
+    return float(walk(dataset.transforms).p)
+
+
+def test_closing_mosaic_leaves_the_runs_settings_as_they_were(tmp_path: Any) -> None:
+    from ultralytics.cfg import get_cfg
+
+    from trainer import data as tdata
+
+    data = tdata.load_data_yaml(write_wide_first_dataset(tmp_path))
+    hyp = get_cfg(overrides={"imgsz": 64, "task": "detect", "mosaic": 1.0, "mixup": 0.1})
+    train_set = tdata.build_dataset(hyp, data, "train", 2, 32)
+    assert mosaic_p(train_set) == 1.0
+    loop.close_mosaic(train_set, hyp)
+    assert mosaic_p(train_set) == 0.0  # the dataset did close it
+    assert (hyp.mosaic, hyp.mixup) == (1.0, 0.1)  # what last.pt's train_args record: the run's settings
+
+
+def test_validation_on_cuda_frees_the_cache_first(monkeypatch: Any) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    monkeypatch.setattr(loop, "run_validation", lambda *a, **k: calls.append("validate") or {"fitness": 0.5})
+    for device, expected in ((torch.device("cuda", 0), ["empty_cache", "validate"]), (torch.device("cpu"), ["validate"])):
+        calls.clear()
+        inp: Any = SimpleNamespace(device=device, data={}, amp="off", cfg=SimpleNamespace(epochs=3),
+                                   topo=SimpleNamespace(world_size=1))
+        assert loop.validate(None, SimpleNamespace(ema=torch.nn.Linear(1, 1)), inp, (), 0) == {"fitness": 0.5}
+        assert calls == expected, device
+
+
+def test_the_resume_line_says_which_epochs_are_left() -> None:
+    assert loop.resume_line(2, 10, updates=40, best_fitness=0.25) == (
+        "resuming at epoch 3 (checkpoint finished epoch 2, 40 optimizer steps, best fitness 0.2500): epochs 3..10 "
+        "left of 10")
+    done = loop.resume_line(10, 10, updates=200, best_fitness=0.5)
+    assert done.startswith("resuming after epoch 10 (checkpoint finished epoch 10, ") and "no epoch left of 10" in done
+    assert "epochs 1..0" not in done and "epoch 11" not in done

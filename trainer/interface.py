@@ -53,6 +53,29 @@ def batch_problem(batch: int, world_size: int) -> str | None:
             f"per rank): use {near}; for {batch} images per GPU use {batch * world_size} (or --batch-per-device {batch})")
 
 
+SMALL_RANK_BATCH = 4
+"""Images per rank below which BatchNorm statistics from one rank's batch are too few to train on
+(without SyncBatchNorm, each rank normalises over its own images only)."""
+
+
+def small_batch_warning(batch: int, world_size: int, sync_bn: bool, cuda: bool = True,
+                        per_device: bool = False) -> str | None:
+    """The warning for a global batch that leaves each rank fewer than ``SMALL_RANK_BATCH`` images
+    without SyncBatchNorm (a per-GPU number read as the global batch: ``--batch-size 32`` on 32
+    GPUs is 1 image per GPU), with both fixes; None when it is not the case. ``cuda``: whether
+    ``--sync-bn`` is a fix (torch's SyncBatchNorm needs CUDA); ``per_device``: the batch came from
+    ``--batch-per-device`` (so it was not a per-GPU number misread)."""
+    per_rank = batch // world_size if world_size > 0 else batch
+    if world_size < 2 or sync_bn or batch < 1 or per_rank >= SMALL_RANK_BATCH:
+        return None
+    meant = "" if per_device else f" (--batch-per-device {batch}: {batch} per GPU, global {batch * world_size})"
+    fixes = f"--batch-per-device N for N images per GPU, N >= {SMALL_RANK_BATCH}{meant}"
+    if cuda:
+        fixes += f", or --sync-bn (BatchNorm statistics over the {batch} images of all {world_size} ranks)"
+    return (f"warning: global batch {batch} on {world_size} ranks is {per_rank} image(s) per rank without SyncBN: "
+            f"each GPU's BatchNorm normalises over {per_rank} image(s) (--batch is global); use {fixes}")
+
+
 SAME_SETTING = {"batch_size": "batch", "lr0": "lr", "gradient_accumulation": "accumulate"}
 """Second spellings of one setting (flags `--batch-size`, `--lr0`, `--gradient-accumulation`;
 ultralytics' `lr0=`), by the name with dashes as underscores: `--batch`, `--batch-size` and

@@ -36,7 +36,7 @@ from trainer import plots as tplots
 from trainer.config import TrainConfig, accumulation
 from trainer.dist import Topology
 from trainer.errors import TrainerError
-from trainer.interface import BEST, LAST
+from trainer.interface import BEST, LAST, small_batch_warning
 from trainer.logs import (
     StepMeter,
     done_line,
@@ -517,6 +517,10 @@ def startup_lines(inp: Inputs, parts: Parts, start: int) -> list[str]:
         f"x{cfg.lrf:g}), amp {inp.amp}, {epochs_left(start, cfg.epochs)}",
         *cfg.notes,
     ]
+    small = small_batch_warning(cfg.batch, topo.world_size, cfg.sync_bn, cuda=inp.device.type == "cuda",
+                                per_device=cfg.batch_per_device is not None)
+    if small:
+        lines.append(small)
     warning = lr_scaling_warning(cfg.lr, topo.world_size, parts.optimizer)
     if warning:
         lines.append(warning)

@@ -91,6 +91,8 @@ def plan_table(plan: Plan, env_values: bool = False) -> None:
         table.add_row(p.node.name, f"{p.node.host}" + (f" ({p.node.addr})" if p.node.addr != p.node.host else ""),
                       str(p.node_rank), ranks, markup(cmd))
     out.print(table)
+    for warning in plan.warnings:
+        out.print(f"[yellow]{markup(warning)}[/]", soft_wrap=True)
 
 
 def overrides_note(overrides: Any) -> None:
@@ -419,6 +421,8 @@ class UpPrinter:
         self.err.print(f"run [bold]{plan.run_id}[/]: starting {len(plan.nodes)} nodes × "
                        f"{plan.nodes[0].node.nproc_per_node} processes (world size {plan.world_size}, "
                        f"master {plan.master_addr}:{plan.master_port})")
+        for warning in plan.warnings:
+            self.err.print(f"[yellow]{markup(warning)}[/]", soft_wrap=True)
 
     def start_failed(self, failures: Mapping[str, Exception]) -> None:
         from ..errors import OrchError

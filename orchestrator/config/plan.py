@@ -12,6 +12,7 @@ from types import MappingProxyType
 
 from .inventory import Inventory
 from .nodes import Node
+from .trainer import settings_of, small_batch_warning
 
 TORCHRUN = ("-m", "torch.distributed.run")
 HIDDEN = "***"
@@ -52,6 +53,9 @@ class Plan:
     nonce: str = ""
     """The launch's nonce (run.json `nonce`; empty for a dry run): it claims the nodes' run
     directories, tags the job's processes (`ORCH_LAUNCH`) and names its rendezvous."""
+    warnings: tuple[str, ...] = ()
+    """What the plan shows under its table (and `warnings` in its JSON): the job's settings that
+    would train badly on this cluster (`job_warnings`)."""
 
     def for_node(self, name: str) -> NodePlan:
         for np_ in self.nodes:
@@ -78,7 +82,36 @@ class Plan:
                 for p in self.nodes
             ],
             "env_values": "shown" if env_values else "hidden",
+            "warnings": list(self.warnings),
         }
+
+
+def trainer_settings(inv: Inventory) -> dict[str, str | bool]:
+    """The trainer's settings in the job's argv, by name (`--batch-size 32`, `batch=32` -> `batch`:
+    "32"; a bare flag -> True); empty for any other job."""
+    if inv.job.script is not None or inv.job.module != "trainer":
+        return {}
+    out: dict[str, str | bool] = {}
+    for name, words in settings_of(list(inv.job.args)):
+        if name is not None:
+            out[name] = words[0].split("=", 1)[1] if "=" in words[0] else (words[1] if len(words) > 1 else True)
+    return out
+
+
+def job_warnings(inv: Inventory, world_size: int) -> tuple[str, ...]:
+    """The trainer's start-up warnings that the plan can tell already: fewer than 4 images per rank
+    without `--sync-bn` (trainer/interface.py's rule, the trainer's own start-up line)."""
+    given = trainer_settings(inv)
+    sync_bn = str(given.get("sync_bn", False)).lower() not in ("false", "0", "no")
+    try:
+        per_device = int(given["batch_per_device"]) if "batch_per_device" in given else None
+        batch = per_device * world_size if per_device is not None else int(given["batch"]) if "batch" in given else None
+    except ValueError:
+        return ()  # the trainer refuses it, with its reason
+    if batch is None:
+        return ()
+    warning = small_batch_warning(batch, world_size, sync_bn, per_device=per_device is not None)
+    return (warning,) if warning else ()
 
 
 def rdzv_id(run_id: str, nonce: str = "", attempt: int = 1) -> str:
@@ -155,5 +188,5 @@ def make_plan(inv: Inventory, run_id: str = "dry-run", attempt: int = 1, nonce: 
         first += node.nproc_per_node
     return Plan(
         inventory=inv, run_id=run_id, nodes=tuple(nodes), world_size=first,
-        master_addr=inv.master.addr, master_port=inv.master_port, nonce=nonce,
+        master_addr=inv.master.addr, master_port=inv.master_port, nonce=nonce, warnings=job_warnings(inv, first),
     )

@@ -1,6 +1,6 @@
 """What orch knows of this repository's trainer (`python -m trainer`) without starting it: the
 flags that name its input files and output folders, where its run keeps `weights/last.pt`, the
-global-batch rule and how `--device` names GPUs. Defined once, in `trainer/interface.py` (stdlib only, like the log lines
+global-batch rule, the small per-rank batch warning and how `--device` names GPUs. Defined once, in `trainer/interface.py` (stdlib only, like the log lines
 `logs/trainer.py` reads); this module is the config layer's door to it.
 """
 
@@ -20,7 +20,9 @@ from trainer.interface import (
     parse_device,
     setting_name,
     settings_of,
+    small_batch_warning,
 )
 
 __all__ = ["AUTO", "BEST", "DEFAULT_PROJECT", "INPUT_FLAGS", "LAST", "OUTPUT_FLAGS", "SAME_SETTING",
-           "batch_choices", "batch_problem", "override_args", "parse_device", "setting_name", "settings_of"]
+           "batch_choices", "batch_problem", "override_args", "parse_device", "setting_name", "settings_of",
+           "small_batch_warning"]

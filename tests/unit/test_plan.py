@@ -149,3 +149,24 @@ def test_json_without_dry_run_is_refused_before_anything_is_launched(refuse_netw
     """`orch up INV --json` was accepted and ignored: a launch printed its human output."""
     code, out, err = dry_run(tmp_path, capsys, "--json")
     assert code == 2 and out == "" and "--json goes with --dry-run" in err and "orch status RUN --json" in err
+
+
+def test_a_per_rank_batch_below_4_without_sync_bn_is_warned_in_the_plan(refuse_network: None,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """Field guide 004's `--batch-size 32` on 4 x 8 V100: the global batch, 1 image per GPU."""
+    with pytest.raises(SystemExit):
+        main(["up", str(V100), "--dry-run", "--", "--batch-size", "32"])
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if "warning: global batch 32 on 32 ranks" in ln)
+    assert "1 image(s) per rank without SyncBN" in line and "--batch-per-device 32" in line and "--sync-bn" in line
+    with pytest.raises(SystemExit):
+        main(["up", str(V100), "--dry-run", "--json", "--", "--batch-size", "32"])
+    warnings = json.loads(capsys.readouterr().out)["warnings"]
+    assert len(warnings) == 1 and warnings[0].startswith("warning: global batch 32 on 32 ranks is 1 image(s)")
+    for extra in ([], ["--batch-size", "32", "--sync-bn"], ["batch=128"]):  # 12 per rank; SyncBN; 4 per rank
+        with pytest.raises(SystemExit):
+            main(["up", str(V100), "--dry-run", "--json", *(["--", *extra] if extra else [])])
+        assert json.loads(capsys.readouterr().out)["warnings"] == [], extra
+    with pytest.raises(SystemExit):
+        main(["up", str(V100), "--dry-run", "--json", "--", "--batch-per-device", "2"])
+    assert "2 image(s) per rank" in json.loads(capsys.readouterr().out)["warnings"][0]

@@ -154,3 +154,30 @@ def test_the_resume_line_says_which_epochs_are_left() -> None:
     done = loop.resume_line(10, 10, updates=200, best_fitness=0.5)
     assert done.startswith("resuming after epoch 10 (checkpoint finished epoch 10, ") and "no epoch left of 10" in done
     assert "epochs 1..0" not in done and "epoch 11" not in done
+
+
+def startup(batch: int, world_size: int, device: str, sync_bn: bool = False) -> list[str]:
+    from trainer.config import parse_config, with_world_size
+    from trainer.dist import Topology
+
+    cfg = with_world_size(parse_config(["--data", "/d/data.yaml", "--batch", str(batch), *(["--sync-bn"] if sync_bn else [])]), world_size)
+    model = torch.nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    optimizer.param_groups[0]["initial_lr"] = 0.01
+    inp: Any = SimpleNamespace(cfg=cfg, topo=Topology(rank=0, world_size=world_size, launched=True),
+                               arch=SimpleNamespace(name="yolo12n.yaml", task="detect", yoloe=False),
+                               device=torch.device(device), amp="off")
+    parts: Any = SimpleNamespace(optimizer=optimizer, nominal_accumulate=1, unused=[])
+    return loop.startup_lines(inp, parts, 0)
+
+
+def test_the_start_up_warns_of_fewer_than_4_images_per_rank_without_sync_bn() -> None:
+    lines = [ln for ln in startup(32, 32, "cuda") if ln.startswith("warning: global batch")]
+    assert lines == ["warning: global batch 32 on 32 ranks is 1 image(s) per rank without SyncBN: each GPU's "
+                     "BatchNorm normalises over 1 image(s) (--batch is global); use --batch-per-device N for N "
+                     "images per GPU, N >= 4 (--batch-per-device 32: 32 per GPU, global 1024), or --sync-bn "
+                     "(BatchNorm statistics over the 32 images of all 32 ranks)"]
+    assert not [ln for ln in startup(32, 32, "cuda", sync_bn=True) if "per rank without SyncBN" in ln]
+    assert not [ln for ln in startup(128, 32, "cuda") if "per rank without SyncBN" in ln]
+    cpu = [ln for ln in startup(4, 2, "cpu") if "per rank without SyncBN" in ln]
+    assert len(cpu) == 1 and "--sync-bn" not in cpu[0]  # SyncBatchNorm needs CUDA: not offered on CPU

@@ -108,29 +108,33 @@ def select_device(requested: str, topo: Topology) -> torch.device:
     return device
 
 
-_STARTUP_GROUP: Any = None
-"""The gloo group of the start-up barriers (``startup_barrier``), made by ``init``."""
+_STARTUP_TIMEOUT: timedelta | None = None
+"""The start-up barriers' timeout (``startup_barrier``), set by ``init``."""
+_STARTUP_BARRIERS = 0
+"""Start-up barriers this process has passed: each one's keys in the store are its own."""
 
 
 def init(topo: Topology, device: torch.device, timeout_min: float, startup_timeout_min: float | None = None) -> None:
     """Join the process group (nccl on CUDA, gloo on CPU); a single process joins none.
 
-    Also a gloo group of every rank with ``startup_timeout_min`` as its timeout, for the barriers
-    of the start-up only (datasets built and cached, at COCO scale minutes per rank): the job's
-    collective timeout, which catches a lost rank in training, stays short."""
-    global _STARTUP_GROUP
+    The barriers of the start-up only (datasets built and cached, at COCO scale minutes per rank)
+    wait ``startup_timeout_min`` on the rendezvous store torchrun already serves, not on a Gloo
+    group: a Gloo group binds the address the hostname resolves to (loopback on stock Ubuntu's
+    127.0.1.1, or when it resolves to nothing) and would need GLOO_SOCKET_IFNAME on an NCCL run.
+    The job's collective timeout, which catches a lost rank in training, stays short."""
+    global _STARTUP_TIMEOUT
     if topo.distributed:
         backend = "nccl" if device.type == "cuda" else "gloo"
         kwargs: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
         dist.init_process_group(backend, timeout=timedelta(minutes=timeout_min), **kwargs)
         startup = max(startup_timeout_min if startup_timeout_min is not None else timeout_min, timeout_min)
-        _STARTUP_GROUP = dist.new_group(backend="gloo", timeout=timedelta(minutes=startup))
+        _STARTUP_TIMEOUT = timedelta(minutes=startup)
 
 
 def close() -> None:
     """Leave the process group if we joined one (after a run that ended normally)."""
-    global _STARTUP_GROUP
-    _STARTUP_GROUP = None
+    global _STARTUP_TIMEOUT
+    _STARTUP_TIMEOUT = None
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
@@ -142,8 +146,8 @@ def abort() -> bool:
     a rank that raised would then sit in it while the others sit in their collective until the
     timeout. Aborting drops the communicators at once, so the rank exits and torchrun (and orch)
     see the failure now. Returns whether there was a group to abort."""
-    global _STARTUP_GROUP
-    _STARTUP_GROUP = None
+    global _STARTUP_TIMEOUT
+    _STARTUP_TIMEOUT = None
     if not (dist.is_available() and dist.is_initialized()):
         return False
     from torch.distributed.distributed_c10d import _abort_process_group
@@ -173,10 +177,28 @@ def barrier() -> None:
 
 
 def startup_barrier() -> None:
-    """Wait for every rank at start-up, on the gloo group with the long start-up timeout (the
-    default group's barrier when ``init`` made none); no-op without a process group."""
-    if dist.is_initialized():
-        dist.barrier(group=_STARTUP_GROUP) if _STARTUP_GROUP is not None else dist.barrier()
+    """Wait for every rank at start-up, on the rendezvous store with the long start-up timeout
+    (``store_barrier``); no-op without a process group."""
+    global _STARTUP_BARRIERS
+    if not dist.is_initialized():
+        return
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    _STARTUP_BARRIERS += 1
+    store_barrier(_get_default_store(), f"orch/startup/{_STARTUP_BARRIERS}", dist.get_world_size(),
+                  _STARTUP_TIMEOUT or timedelta(minutes=30))
+
+
+def store_barrier(store: Any, key: str, world_size: int, timeout: timedelta) -> None:
+    """Wait until ``world_size`` processes reached the barrier ``key`` of ``store`` (a c10d Store:
+    torchrun's TCPStore): each adds one; the last to arrive opens it.
+
+    Raises:
+        torch.distributed.DistStoreError: not every process arrived within ``timeout``.
+    """
+    if store.add(key, 1) == world_size:
+        store.set(f"{key}/open", b"1")
+    store.wait([f"{key}/open"], timeout)
 
 
 def gather_rows(row: torch.Tensor) -> list[list[float]]:

@@ -249,6 +249,32 @@ def gather_ifaces() -> list:
     return [{"name": n, "up": iface_up(n), "ipv4": ipv4_of(n)} for n in names]
 
 
+def gather_gloo_host() -> dict:
+    """Where Gloo listens here without GLOO_SOCKET_IFNAME (torch's default Gloo device): the first
+    address the hostname resolves to that a socket can bind, else loopback. `addrs`: every address
+    the hostname resolves to, in order; `usable`: those a socket bound."""
+    host = socket.gethostname()
+    addrs, usable = [], []  # type: list, list
+    try:
+        infos = socket.getaddrinfo(host, None, 0, socket.SOCK_STREAM)
+    except OSError as exc:
+        return {"hostname": host, "addrs": addrs, "usable": usable, "error": f"{type(exc).__name__}: {exc}"}
+    for family, kind, proto, _, sockaddr in infos:
+        addr = str(sockaddr[0])
+        if addr in addrs:
+            continue
+        addrs.append(addr)
+        s = socket.socket(family, kind, proto)
+        try:
+            s.bind((addr, 0) + tuple(sockaddr[2:]))
+            usable.append(addr)
+        except OSError:
+            pass
+        finally:
+            s.close()
+    return {"hostname": host, "addrs": addrs, "usable": usable, "error": None}
+
+
 def gather_ib() -> dict:
     """Every device and port attribute under /sys/class/infiniband (or the fixture tree), raw."""
     root = ib_root()
@@ -532,7 +558,8 @@ def gather(args: dict) -> dict:
     facts = {"probe": PROBE_VERSION, "node": args.get("node"), "host": socket.gethostname(),
              "python": {"executable": sys.executable, "version": sys.version.split()[0]},
              "env": gather_env(args), "inventory_env": sorted(args.get("inventory_env", [])),
-             "tz": gather_tz(), "ifaces": gather_ifaces(), "ib": gather_ib(), "home": os.path.expanduser("~")}
+             "tz": gather_tz(), "ifaces": gather_ifaces(), "ib": gather_ib(), "home": os.path.expanduser("~"),
+             "gloo_host": gather_gloo_host()}
     want = args.get("want") or ()
     slow: dict = {"paths": lambda: gather_paths(args)}
     if "gpus" in want or not want:  # nvidia-smi runs twice, ~0.1-1 s each on a GPU node

@@ -317,6 +317,49 @@ def judge_ib_hca(value: str, ib: Mapping[str, IbDevice], f: Findings) -> None:
         f.add("ok", f"NCCL_IB_HCA={value} present")
 
 
+def _is_loopback(addr: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(addr.split("%")[0]).is_loopback
+    except ValueError:
+        return addr == "localhost"
+
+
+def gloo_needed(inv: Inventory, node: Node) -> bool:
+    """Whether the job makes a Gloo group on `node`: any job but this repository's trainer on a node
+    with GPUs (its NCCL runs keep their start-up barriers on torchrun's store, not on Gloo)."""
+    return not (inv.job.script is None and inv.job.module == "trainer" and (node.gpus or 0) > 0)
+
+
+def judge_gloo_listen(inv: Inventory, node: Node, nf: NodeFacts, env: Mapping[str, str], f: Findings) -> None:
+    """Where Gloo would listen on this node without GLOO_SOCKET_IFNAME (the probe's `gloo_host`:
+    the hostname's first bindable address, else loopback): loopback while the other nodes are
+    other machines means every Gloo group of the job times out in connectFullMesh."""
+    gh = nf.raw.get("gloo_host")
+    if env.get("GLOO_SOCKET_IFNAME") or not gh or len(inv.nodes) < 2 or _is_loopback(inv.master.addr):
+        return
+    usable = list(gh.get("usable") or [])
+    host = gh.get("hostname", "?")
+    if usable and not _is_loopback(usable[0]):
+        f.add("ok", f"Gloo would listen on {usable[0]} (hostname {host})")
+        return
+    found = ", ".join(gh.get("addrs") or []) or "nothing"
+    mine = next((i["name"] for i in _ifaces(nf) if node.addr in (i.get("ipv4") or [])), None)
+    nccl = env.get("NCCL_SOCKET_IFNAME", "").lstrip("=")
+    iface = mine or (nccl if nccl and not any(c in nccl for c in "^,") else None)
+    fix = (f"set GLOO_SOCKET_IFNAME={iface} in the inventory env" + (f" (the interface of this node's addr {node.addr})"
+           if mine else " (the NCCL interface)") if iface else
+           f"set GLOO_SOCKET_IFNAME in the inventory env to the interface of this node's addr {node.addr}")
+    said = (f"GLOO_SOCKET_IFNAME is not set and hostname {host!r} resolves to {found}: Gloo would listen on "
+            f"{usable[0] if usable else '127.0.0.1'} (loopback), so the other nodes cannot connect (connectFullMesh "
+            "times out)")
+    if gloo_needed(inv, node):
+        f.add("fail", said, fix)
+    else:
+        f.add("warn", said + "; the trainer's NCCL runs do not use Gloo, a job that makes a Gloo group would", fix)
+
+
 def nccl_vars(nf: NodeFacts) -> dict[str, str]:
     return {k: v for k, v in nf.env.items() if k.startswith(NCCL_PREFIXES)}
 
@@ -334,6 +377,7 @@ def check_nccl_env(inv: Inventory, facts: Facts) -> list[CheckResult]:
         for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
             if env.get(var):
                 judge_ifname(var, env[var], _ifaces(nf), f)
+        judge_gloo_listen(inv, node, nf, env, f)
         if env.get("NCCL_IB_HCA"):
             judge_ib_hca(env["NCCL_IB_HCA"], nf.ib, f)
         if env.get("NCCL_IB_DISABLE", "").strip() == "1" and inv.checks.rdma_devices:

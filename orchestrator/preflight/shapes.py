@@ -47,6 +47,7 @@ FACTS_SHAPE = {
     "tz": {"TZ": _Opt(str), "localtime": _Opt(str), "etc_timezone": _Opt(str), "abbr": _Opt(str),
            "utcoffset": _Opt(str)},
     "ifaces": _ListOf({"name": str, "up": bool, "ipv4": _ListOf(str)}),
+    "gloo_host": {"hostname": str, "addrs": _ListOf(str), "usable": _ListOf(str), "error": _Opt(str)},
     "ib": {"root": str, "source": str, "tools": _MapOf(_Opt(str)), "error": str,
            "devices": _MapOf({"hca_type": _Opt(str), "fw_ver": _Opt(str), "board_id": _Opt(str),
                               "ports": _MapOf({k: _Opt(str) for k in ("state", "phys_state", "rate", "link_layer")})})},

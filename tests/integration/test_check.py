@@ -315,7 +315,7 @@ def test_netns_three_faults_reported_exactly(netns_cluster: TestCluster, tmp_pat
         c.add_interface(node, "ens2f1", f"10.77.0.{i}/24")
     c.set_env("node2", TZ="Asia/Shanghai")
     c.skew_clock("node3", "+2s")
-    inv = write_inventory(c, env={"NCCL_SOCKET_IFNAME": "ens2f1"})
+    inv = write_inventory(c, env={"NCCL_SOCKET_IFNAME": "ens2f1", "GLOO_SOCKET_IFNAME": "eth0"})
     code, data, err = orch_check_json(inv, tmp_path)
     assert code == 1, err
     results = data["results"]
@@ -324,6 +324,24 @@ def test_netns_three_faults_reported_exactly(netns_cluster: TestCluster, tmp_pat
     assert got == {("nccl_env", "node4"), ("timezone", "node2"), ("clock", "node3")}, results
     nccl = next(r for r in results if r["check"] == "nccl_env" and r["node"] == "node4")
     assert "no such interface" in nccl["detail"] and "eth0" in nccl["detail"]
+
+
+@pytest.mark.netns
+def test_netns_an_inventory_setting_only_nccl_socket_ifname_is_told_where_gloo_listens(netns_cluster: TestCluster) -> None:
+    """inventory/v100.yaml's env on nodes whose hostname resolves to nothing: every Gloo group would
+    listen on loopback and time out in connectFullMesh; the default preflight says so on every
+    node, naming the key, and passes once it is set."""
+    c = netns_cluster
+    for i, node in enumerate(("node1", "node2", "node3", "node4"), start=1):
+        c.add_interface(node, "ens2f1", f"10.77.0.{i}/24")
+    report = preflight(write_inventory(c, env={"NCCL_SOCKET_IFNAME": "ens2f1"}), skip=("software", "job"))
+    assert failures(report) == {("nccl_env", f"node{i}") for i in range(1, 5)}, report.results
+    row = result(report, "nccl_env", "node2")
+    assert "hostname 'node2' resolves to nothing: Gloo would listen on 127.0.0.1 (loopback)" in row["detail"], row
+    assert "GLOO_SOCKET_IFNAME=eth0 in the inventory env (the interface of this node's addr" in row["hint"], row
+    fixed = preflight(write_inventory(c, env={"NCCL_SOCKET_IFNAME": "ens2f1", "GLOO_SOCKET_IFNAME": "eth0"}),
+                      skip=("software", "job"))
+    assert failures(fixed) == set(), [r for r in fixed.results if r.status == "fail"]
 
 
 @pytest.mark.netns

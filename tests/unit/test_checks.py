@@ -308,6 +308,33 @@ def test_env_differing_from_majority_is_a_warning_naming_both() -> None:
     assert "NCCL_DEBUG=unset" in r["n2"].detail and r["n1"].status == "ok"
 
 
+def gloo_host(addrs: list[str], usable: list[str] | None = None) -> Any:
+    """The probe's `gloo_host` fact: the hostname resolves to `addrs`, of which `usable` bind."""
+    return lambda raw, nf: raw.update(gloo_host={"hostname": nf.node.name, "addrs": addrs,
+                                                 "usable": addrs if usable is None else usable, "error": None})
+
+
+def test_gloo_listening_on_loopback_fails_every_node_of_a_cpu_job_naming_the_key() -> None:
+    """inventory/v100.yaml's env: NCCL_SOCKET_IFNAME only. A hostname that resolves to nothing (the
+    netns test bed) or to Ubuntu's 127.0.1.1: Gloo listens on loopback on every node."""
+    inv = inventory("env:\n  NCCL_SOCKET_IFNAME: ens2f1")
+    nowhere = {n: gloo_host([]) for n in NODES} | {"n2": gloo_host(["127.0.1.1"])}
+    res = by(checks.check_nccl_env(inv, make_facts(inv, nowhere)), "nccl_env")
+    assert {n: r.status for n, r in res.items()} == dict.fromkeys(NODES, "fail")
+    assert "hostname 'n1' resolves to nothing: Gloo would listen on 127.0.0.1 (loopback)" in res["n1"].detail
+    assert "resolves to 127.0.1.1: Gloo would listen on 127.0.1.1 (loopback)" in res["n2"].detail
+    assert "GLOO_SOCKET_IFNAME=ens2f1 in the inventory env (the interface of this node's addr 10.0.0.3)" in res["n3"].hint
+    gpus = inventory("env:\n  NCCL_SOCKET_IFNAME: ens2f1", gpus=True)  # the trainer on GPUs: NCCL, no Gloo group
+    res = by(checks.check_nccl_env(gpus, make_facts(gpus, nowhere)), "nccl_env")
+    assert {r.status for r in res.values()} == {"warn"} and "GLOO_SOCKET_IFNAME=ens2f1" in res["n1"].hint
+    fixed = inventory("env:\n  NCCL_SOCKET_IFNAME: ens2f1\n  GLOO_SOCKET_IFNAME: ens2f1")
+    edits = {n: (lambda raw, nf: (gloo_host([])(raw, nf), raw["env"].update(GLOO_SOCKET_IFNAME="ens2f1"))) for n in NODES}
+    assert {r.status for r in checks.check_nccl_env(fixed, make_facts(fixed, edits))} == {"ok"}
+    routed = {n: gloo_host([f"10.0.0.{n[-1]}"]) for n in NODES}
+    res = by(checks.check_nccl_env(inv, make_facts(inv, routed)), "nccl_env")
+    assert res["n4"].status == "ok" and "Gloo would listen on 10.0.0.4 (hostname n4)" in res["n4"].detail
+
+
 def test_ib_hca_missing() -> None:
     inv = inventory()
     facts = make_facts(inv, {"n1": lambda raw, nf: raw["env"].update(NCCL_IB_HCA="=mlx5_0:1")})

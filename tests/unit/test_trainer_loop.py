@@ -34,8 +34,11 @@ def fp16_epoch(scaler: torch.amp.GradScaler, steps: int, max_grad: float, nonfin
             nonfinite += 1
         scaler.scale(loss).backward()
         if max_grad * scaler.get_scale() > FP16_MAX:
+            assert model.weight.grad is not None
             model.weight.grad[0, 0] = float("inf")  # what the fp16 backward makes of it
-        skipped += loop.optimizer_step(parts, clip=10.0)
+        step = loop.optimizer_step(parts, clip=10.0)
+        assert step is not None  # with a scaler: whether it skipped
+        skipped += step
     troubled = torch.tensor([float(nonfinite), float(skipped), 1.0], dtype=torch.float64)
     _, _, health = loop.epoch_summary(0, ["box"], torch.zeros(1, dtype=torch.float64), 2 * steps, loop.StepMeter(),
                                       None, troubled, steps, scaler.get_scale())  # type: ignore[arg-type]
@@ -138,7 +141,11 @@ def test_closing_mosaic_leaves_the_runs_settings_as_they_were(tmp_path: Any) -> 
 def test_validation_on_cuda_frees_the_cache_first(monkeypatch: Any) -> None:
     calls: list[str] = []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
-    monkeypatch.setattr(loop, "run_validation", lambda *a, **k: calls.append("validate") or {"fitness": 0.5})
+    def run_validation(*args: Any, **kwargs: Any) -> dict[str, float]:
+        calls.append("validate")
+        return {"fitness": 0.5}
+
+    monkeypatch.setattr(loop, "run_validation", run_validation)
     for device, expected in ((torch.device("cuda", 0), ["empty_cache", "validate"]), (torch.device("cpu"), ["validate"])):
         calls.clear()
         inp: Any = SimpleNamespace(device=device, data={}, amp="off", cfg=SimpleNamespace(epochs=3),
@@ -181,3 +188,48 @@ def test_the_start_up_warns_of_fewer_than_4_images_per_rank_without_sync_bn() ->
     assert not [ln for ln in startup(128, 32, "cuda") if "per rank without SyncBN" in ln]
     cpu = [ln for ln in startup(4, 2, "cpu") if "per rank without SyncBN" in ln]
     assert len(cpu) == 1 and "--sync-bn" not in cpu[0]  # SyncBatchNorm needs CUDA: not offered on CPU
+
+
+def test_start_up_barriers_wait_on_the_rendezvous_store_not_on_a_gloo_group(monkeypatch: Any) -> None:
+    """A Gloo group binds what the hostname resolves to (loopback on Ubuntu's 127.0.1.1): the
+    start-up barriers of an NCCL run live on torchrun's TCPStore instead, which every rank reaches."""
+    import threading
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from trainer import dist as tdist
+
+    made: list[Any] = []
+
+    def new_group(*args: Any, **kwargs: Any) -> object:
+        made.append(kwargs)
+        return object()
+
+    monkeypatch.setattr(dist, "new_group", new_group)
+    monkeypatch.setattr(dist, "init_process_group", lambda *a, **k: None)
+    tdist.init(tdist.Topology(rank=0, world_size=4, launched=True), torch.device("cpu"), 1.0, 30.0)
+    assert made == []
+    assert timedelta(minutes=30) == tdist._STARTUP_TIMEOUT  # noqa: SLF001
+    tdist.close()
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    passed: list[int] = []
+
+    def rank(r: int, key: str, world: int) -> None:
+        client = dist.TCPStore("127.0.0.1", server.port, is_master=False)
+        tdist.store_barrier(client, key, world, timedelta(seconds=60))
+        passed.append(r)
+
+    threads = [threading.Thread(target=rank, args=(r, "b1", 3)) for r in range(2)]
+    for t in threads:
+        t.start()
+    assert not server.check(["b1/open"]) and passed == []  # two of three: nobody passes
+    rank(2, "b1", 3)  # the last one opens it
+    for t in threads:
+        t.join(timeout=60)
+    assert sorted(passed) == [0, 1, 2]
+    import pytest
+
+    with pytest.raises(dist.DistStoreError):
+        tdist.store_barrier(server, "b2", 2, timedelta(seconds=0.2))  # a rank that never comes: the timeout

@@ -1,7 +1,11 @@
 """The paths only a CUDA GPU reaches: the trainer's mixed-precision step (fp16 with GradScaler,
-bf16) and channels_last, a one-rank NCCL process group (the trainer's collectives and the fabric
-check's job), the probe's real nvidia-smi output through `parsers.parse_gpus` and the `gpus`
-check, and the torch build's architecture list against this GPU.
+bf16) and channels_last, fp16's warm-up against divergence and the NaN guard, exact resume and the
+throughput table, SyncBatchNorm under DDP on two GPUs, a one-rank NCCL process group (the trainer's
+collectives and the fabric check's job), the probe's real nvidia-smi output through
+`parsers.parse_gpus` and the `gpus` check, and the torch build's architecture list against this GPU.
+
+tests/unit/test_gpu_tier.py holds every call here to the current signatures (a GPU run is rare:
+the tier must not drift between them).
 
 Collected everywhere, run where torch sees a GPU (`make test-gpu`, or `pytest -m gpu tests/gpu` on
 a GPU machine); elsewhere each is skipped with the reason, also under ORCH_TEST_STRICT=1 (no
@@ -26,7 +30,7 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # the shared test helpers
 from tests.ports import job_port  # noqa: E402
-from tests.trainer_helpers import make_dataset  # noqa: E402
+from tests.trainer_helpers import make_dataset, read_debug, read_results, run_trainer, train_loss  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300),
               pytest.mark.skipif(not torch.cuda.is_available(),
@@ -53,6 +57,12 @@ def cuda_inputs(data: Path, *argv: str) -> Any:
     return loop.prepare(cfg, Topology(), select_device(cfg.device, Topology()))
 
 
+def native_bf16() -> str | None:
+    """Why bf16 cannot run here (the trainer refuses it before compute capability 8.0), or None."""
+    major, minor = torch.cuda.get_device_capability(0)
+    return None if major >= 8 else f"GPU 0 has compute capability {major}.{minor}: no native bfloat16, --amp bf16 is refused"
+
+
 def is_spatial_conv(m: torch.nn.Module) -> bool:
     """A conv whose weight looks different in channels_last (several channels, a kernel over 1x1)."""
     return isinstance(m, torch.nn.Conv2d) and m.weight.shape[1] > 1 and m.weight.shape[2] > 1
@@ -64,6 +74,8 @@ def test_an_epoch_under_autocast_computes_in_that_dtype_and_trains(data: Path, a
     the weights move; fp16 goes through a GradScaler (unscale before clipping), bf16 needs none."""
     from trainer import loop
 
+    if amp == "bf16" and native_bf16():
+        pytest.skip(str(native_bf16()))
     inp = cuda_inputs(data, "--amp", amp, "--lr", "0.01")
     assert inp.amp == amp and inp.device.type == "cuda"
     parts, train_set, _ = loop.build_parts(inp, 4)
@@ -74,7 +86,11 @@ def test_an_epoch_under_autocast_computes_in_that_dtype_and_trains(data: Path, a
     before = [p.detach().clone() for p in parts.model.parameters()]
     loader = loop.make_loader(train_set, 4, inp, restore=None)
     try:
-        means, throughput = loop.train_epoch(0, loader, parts, inp, loop.State())
+        for epoch in range(3):  # fp16 skips steps while its scale falls from 2^16: an epoch of 8 may skip them all
+            means, throughput, health = loop.train_epoch(epoch, loader, parts, inp, loop.State())
+            assert not health.broken, health.why()
+            if health.skipped < health.steps:
+                break
     finally:
         for h in hooks:
             h.remove()
@@ -82,11 +98,78 @@ def test_an_epoch_under_autocast_computes_in_that_dtype_and_trains(data: Path, a
     assert seen and set(seen) == {dtype}, sorted(set(map(str, seen)))
     assert means and all(math.isfinite(v) and v > 0 for v in means.values()), means
     assert len(throughput) == 1 and throughput[0][0] > 0  # one rank; its images after the first step
+    assert health.nonfinite == 0 and health.skipped < health.steps, health
     moved = [not torch.equal(a, b) for a, b in zip(before, parts.model.parameters())]
     assert any(moved), "no optimizer step changed a weight"
     assert all(torch.isfinite(p).all() for p in parts.model.parameters())
     if parts.scaler is not None:
         assert 0 < parts.scaler.get_scale() < math.inf
+    else:
+        assert health.skipped == 0
+
+
+def test_fp16_warm_up_that_skips_a_whole_epoch_is_not_divergence(data: Path) -> None:
+    """A GradScaler that starts far too high (2^40: every step of the first epoch overflows, as a
+    short first epoch does from 2^16 on 32 GPUs) skips every step of an epoch; the epoch is not
+    broken, the scale halved once per step, and training goes on to change the weights."""
+    from trainer import loop
+
+    inp = cuda_inputs(data, "--amp", "fp16", "--lr", "0.01", "--accumulate", "1")  # a step per batch: 8 an epoch
+    parts, train_set, _ = loop.build_parts(inp, 4)
+    parts.scaler = torch.amp.GradScaler("cuda", init_scale=2.0 ** 40)
+    loader = loop.make_loader(train_set, 4, inp, restore=None)
+    before = [p.detach().clone() for p in parts.model.parameters()]
+    _, _, first = loop.train_epoch(0, loader, parts, inp, loop.State())
+    assert first.steps > 0 and first.skipped == first.steps and first.nonfinite == 0, first
+    assert first.scale == 2.0 ** (40 - first.steps) and not first.broken, first.why()
+    assert all(torch.equal(a, b) for a, b in zip(before, parts.model.parameters()))  # skipped: nothing moved
+    for epoch in range(1, 8):  # from 2^32 down to where fp16 fits: about 20 more skipped steps
+        _, _, health = loop.train_epoch(epoch, loader, parts, inp, loop.State())
+        assert not health.broken, health.why()
+        if health.skipped < health.steps:
+            break
+    assert health.skipped < health.steps, f"the scale never fitted: {health}"
+    assert any(not torch.equal(a, b) for a, b in zip(before, parts.model.parameters()))
+
+
+def make_loss_infinite(model: Any, every: int) -> list[int]:
+    """Make every ``every``-th call of ``model``'s criterion return an infinite loss (the fault an
+    fp16 overflow or a bad label makes); returns the calls made to it, counted."""
+    if getattr(model, "criterion", None) is None:
+        model.criterion = model.init_criterion()
+    criterion, calls = model.criterion, [0]
+    original = type(criterion).__call__
+
+    class Infinite(type(criterion)):  # type: ignore[misc]
+        def __call__(self, preds: Any, batch: Any) -> Any:
+            loss, items = original(self, preds, batch)
+            calls[0] += 1
+            return (loss * float("inf"), items) if calls[0] % every == 0 else (loss, items)
+
+    criterion.__class__ = Infinite
+    return calls
+
+
+@pytest.mark.parametrize("amp", ["fp16", "bf16"])
+def test_the_nan_guard_on_cuda(data: Path, amp: str) -> None:
+    """An infinite loss on CUDA: under fp16 the GradScaler skips that step, the guard counts it and
+    the weights stay finite (not broken); under bf16 (no scaler) every loss infinite makes the
+    weights non-finite, and the guard calls the epoch broken (recovery from last.pt)."""
+    from trainer import loop
+
+    if amp == "bf16" and native_bf16():
+        pytest.skip(str(native_bf16()))
+    inp = cuda_inputs(data, "--amp", amp, "--lr", "0.01", "--accumulate", "1")  # a step per batch
+    parts, train_set, _ = loop.build_parts(inp, 4)
+    loop.advance_criterion(parts.model, 0)
+    calls = make_loss_infinite(parts.model, every=3 if amp == "fp16" else 1)
+    _, _, health = loop.train_epoch(0, loop.make_loader(train_set, 4, inp, restore=None), parts, inp, loop.State())
+    assert calls[0] == 8 and health.nonfinite == (2 if amp == "fp16" else 8), (calls, health)
+    if amp == "fp16":
+        assert health.skipped >= 2 and health.finite and not health.broken, health
+        assert all(torch.isfinite(p).all() for p in parts.model.parameters())
+    else:
+        assert not health.finite and health.broken and "no longer finite" in health.why(), health
 
 
 def test_the_model_trains_in_channels_last_on_cuda(data: Path) -> None:
@@ -242,14 +325,70 @@ def test_the_torch_build_has_code_for_this_gpu() -> None:
     assert x.sum().item() == 8
 
 
-def test_bf16_warning_follows_this_gpus_capability() -> None:
-    """`--amp bf16` warns exactly on a GPU without native bfloat16 (compute capability < 8.0)."""
-    from trainer.loop import amp_warning
+def test_bf16_is_refused_exactly_on_a_gpu_without_native_bfloat16() -> None:
+    """`--amp bf16` is refused exactly on a GPU without native bfloat16 (compute capability < 8.0),
+    read from the device itself."""
+    from trainer.errors import TrainerError
+    from trainer.loop import resolve_amp
 
     device = torch.device("cuda", 0)
-    major, _minor = torch.cuda.get_device_capability(device)
-    warning = amp_warning("bf16", device)
-    assert (warning is not None) == (major < 8), (major, warning)
+    if native_bf16():
+        with pytest.raises(TrainerError, match="without native bfloat16"):
+            resolve_amp("bf16", device)
+    else:
+        assert resolve_amp("bf16", device) == "bf16"
+    assert resolve_amp("auto", device) == "fp16"
+
+
+def test_resume_on_cuda_continues_exactly_and_the_throughput_table_is_logged(tmp_path: Path) -> None:
+    """Killed after epoch 1 of 2 and resumed on GPU 0 (fp16, deterministic algorithms: the default), beside the
+    uninterrupted run: the resumed run trains epoch 2 only and ends where the uninterrupted one does,
+    bit for bit when epoch 1 itself was (the same code from the same seed: if epoch 1 differs, this
+    GPU's kernels are not deterministic and only closeness can be asked). The uninterrupted run's
+    throughput table: one row for its one rank, a total, as `orch report` reads it."""
+    from trainer.logs import parse_throughput
+
+    data = make_dataset(tmp_path / "ds", images=40, classes=3, imgsz=64)
+    flags = ["--model", "yolo12n.yaml", "--data", str(data), "--epochs", "2", "--batch", "8", "--imgsz", "64",
+             "--device", "0", "--amp", "fp16", "--seed", "1", "--workers", "0", "--val-period", "0",
+             "--warmup-epochs", "0", "--log-every", "2"]
+    full = run_trainer([*flags, "--out", str(tmp_path / "full"), "--debug-dir", str(tmp_path / "df")])
+    assert full.returncode == 0, full.explain()
+    cut = run_trainer([*flags, "--out", str(tmp_path / "cut"), "--debug-exit-after", "1"])
+    assert cut.returncode != 0 and len(read_results(tmp_path / "cut")) == 1, cut.explain()
+    resumed = run_trainer([*flags, "--out", str(tmp_path / "cut"), "--resume", "--debug-dir", str(tmp_path / "dc")])
+    assert resumed.returncode == 0, resumed.explain()
+    assert any("resuming at epoch 2 (checkpoint finished epoch 1, " in ln for ln in resumed.rank_lines())
+    assert not any(" epoch 1/2 " in ln for ln in resumed.rank_lines())
+    a, b = read_results(tmp_path / "full"), read_results(tmp_path / "cut")
+    assert len(a) == len(b) == 2
+    df, dc = read_debug(tmp_path / "df", 1)[0], read_debug(tmp_path / "dc", 1)[0]
+    if train_loss(a[0]) == train_loss(b[0]):
+        assert train_loss(b[1]) == train_loss(a[1]) and dc["checksum"] == df["checksum"], (a, b)
+    else:
+        assert train_loss(b[1]) == pytest.approx(train_loss(a[1]), rel=1e-2), (a, b)
+    table = parse_throughput(full.rank_lines())
+    assert table.epoch == 2 and list(table.ips) == [0] and table.ips[0] > 0 and table.total is not None
+    assert table.total > 0, full.rank_lines()[-10:]
+
+
+def test_sync_bn_under_ddp_on_two_gpus(tmp_path: Path) -> None:
+    """torchrun, 2 ranks on GPUs 0 and 1, --sync-bn, 2 images per rank: the model trains with
+    SyncBatchNorm (no small-batch warning then), the ranks end with identical weights, and last.pt
+    holds plain BatchNorm (it loads without a process group)."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"SyncBatchNorm under DDP needs 2 GPUs; torch sees {torch.cuda.device_count()}")
+    data = make_dataset(tmp_path / "ds", images=24, classes=3, imgsz=64)
+    r = run_trainer(["--model", "yolo12n.yaml", "--data", str(data), "--epochs", "1", "--batch", "4", "--imgsz", "64",
+                     "--device", "0,1", "--sync-bn", "--workers", "0", "--val-period", "0", "--seed", "1",
+                     "--out", str(tmp_path / "run"), "--debug-dir", str(tmp_path / "d")], nproc=2)
+    assert r.returncode == 0, r.explain()
+    assert not any("without SyncBN" in ln for ln in r.rank_lines()), r.rank_lines()[:8]
+    ranks = read_debug(tmp_path / "d", 2)
+    assert ranks[0]["checksum"] == ranks[1]["checksum"]
+    ckpt = torch.load(tmp_path / "run" / "weights" / "last.pt", map_location="cpu", weights_only=False)
+    kinds = {type(m).__name__ for m in ckpt["model"].modules()}
+    assert "BatchNorm2d" in kinds and "SyncBatchNorm" not in kinds, kinds
 
 
 def test_yoloe_prompt_embeddings_move_with_the_model() -> None:

@@ -41,8 +41,12 @@ every node); the trainer's own check has its tests (test_check_job.py)."""
 def write_inventory(c: TestCluster, **kw: Any) -> Path:
     """The cluster's inventory on a free master port (in loopback mode every node, and every other
     test on this machine, shares one network namespace, so the default 29500 may be in use), with
-    a script job unless the test names one."""
+    a script job unless the test names one; in netns mode with GLOO_SOCKET_IFNAME=eth0 unless the
+    test sets it (None: unset), as a cluster whose hostnames resolve to nothing needs."""
     kw.setdefault("master", {"port": job_port()})
+    env = {"GLOO_SOCKET_IFNAME": "eth0"} if c.mode == "netns" else {}
+    env.update(kw.pop("env", None) or {})
+    kw["env"] = {k: v for k, v in env.items() if v is not None} or None
     job = dict(kw.pop("job", None) or {})
     if "module" not in job and "script" not in job:
         job.update(SCRIPT_JOB)
@@ -315,7 +319,7 @@ def test_netns_three_faults_reported_exactly(netns_cluster: TestCluster, tmp_pat
         c.add_interface(node, "ens2f1", f"10.77.0.{i}/24")
     c.set_env("node2", TZ="Asia/Shanghai")
     c.skew_clock("node3", "+2s")
-    inv = write_inventory(c, env={"NCCL_SOCKET_IFNAME": "ens2f1", "GLOO_SOCKET_IFNAME": "eth0"})
+    inv = write_inventory(c, env={"NCCL_SOCKET_IFNAME": "ens2f1"})
     code, data, err = orch_check_json(inv, tmp_path)
     assert code == 1, err
     results = data["results"]
@@ -334,13 +338,13 @@ def test_netns_an_inventory_setting_only_nccl_socket_ifname_is_told_where_gloo_l
     c = netns_cluster
     for i, node in enumerate(("node1", "node2", "node3", "node4"), start=1):
         c.add_interface(node, "ens2f1", f"10.77.0.{i}/24")
-    report = preflight(write_inventory(c, env={"NCCL_SOCKET_IFNAME": "ens2f1"}), skip=("software", "job"))
+    report = preflight(write_inventory(c, env={"NCCL_SOCKET_IFNAME": "ens2f1", "GLOO_SOCKET_IFNAME": None}),
+                       skip=("software", "job"))
     assert failures(report) == {("nccl_env", f"node{i}") for i in range(1, 5)}, report.results
     row = result(report, "nccl_env", "node2")
     assert "hostname 'node2' resolves to nothing: Gloo would listen on 127.0.0.1 (loopback)" in row["detail"], row
     assert "GLOO_SOCKET_IFNAME=eth0 in the inventory env (the interface of this node's addr" in row["hint"], row
-    fixed = preflight(write_inventory(c, env={"NCCL_SOCKET_IFNAME": "ens2f1", "GLOO_SOCKET_IFNAME": "eth0"}),
-                      skip=("software", "job"))
+    fixed = preflight(write_inventory(c, env={"NCCL_SOCKET_IFNAME": "ens2f1"}), skip=("software", "job"))
     assert failures(fixed) == set(), [r for r in fixed.results if r.status == "fail"]
 
 

@@ -102,7 +102,7 @@ def env(extra: dict[str, str] | None = None) -> dict[str, str]:
 def run_trainer(args: list[str], nproc: int = 0, timeout: float = TRAINER_TIMEOUT_S, blocked_net_log: Path | None = None,
                 cwd: Path | None = None, slow_build_s: float = 0.0, inf_loss_at: int = 0,
                 confusion_log: Path | None = None, extra_env: dict[str, str] | None = None,
-                default_plots: bool = False) -> Result:
+                default_plots: bool = False, overflow_steps: int = 0) -> Result:
     """Run the trainer: plain ``python -m trainer`` (nproc 0) or torchrun with ``nproc`` ranks.
 
     With ``blocked_net_log`` the run goes through this file as a script, so every rank runs
@@ -110,12 +110,14 @@ def run_trainer(args: list[str], nproc: int = 0, timeout: float = TRAINER_TIMEOU
     too, and rank 0's first dataset build takes that many seconds longer (a slow file system);
     with ``inf_loss_at``, every rank's loss of that criterion call (1-based) is infinite, once;
     with ``confusion_log``, every confusion matrix ultralytics plots is appended there as a JSON
-    line (``{"rank", "normalize", "matrix"}``). ``extra_env``: more environment for the run.
+    line (``{"rank", "normalize", "matrix"}``); with ``overflow_steps``, a GradScaler on the CPU whose
+    first that many optimizer steps overflow. ``extra_env``: more environment for the run.
     The run draws no plots unless ``args`` ask for them (``unplotted``) or ``default_plots`` leaves
     the trainer's default (ultralytics' plots=True) in place.
     """
     args = args if default_plots else unplotted(args)
-    script = blocked_net_log is not None or slow_build_s > 0 or inf_loss_at > 0 or confusion_log is not None
+    script = (blocked_net_log is not None or slow_build_s > 0 or inf_loss_at > 0 or confusion_log is not None
+              or overflow_steps > 0)
     entry = [str(Path(__file__).resolve())] if script else ["-m", "trainer"]
     if nproc:
         cmd = [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
@@ -129,6 +131,8 @@ def run_trainer(args: list[str], nproc: int = 0, timeout: float = TRAINER_TIMEOU
         extra["TRAINER_INF_LOSS_AT"] = str(inf_loss_at)
     if confusion_log is not None:
         extra["TRAINER_CONFUSION_LOG"] = str(confusion_log)
+    if overflow_steps:
+        extra["TRAINER_OVERFLOW_STEPS"] = str(overflow_steps)
     extra.update(extra_env or {})
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env(extra), cwd=cwd or REPO)
     return Result(p.returncode, p.stdout, p.stderr)
@@ -360,6 +364,34 @@ def install_inf_loss(at: int) -> None:
     tloop.advance_criterion = patched
 
 
+def install_overflowing_scaler(steps: int) -> None:
+    """Train with a real GradScaler on the CPU whose first ``steps`` optimizer steps overflow (a
+    gradient made infinite before unscaling, as an fp16 backward makes it while the scale is too
+    high): fp16's warm-up, which a CPU cannot run itself."""
+    import torch
+
+    import trainer.loop as tloop
+
+    build = tloop.build_parts
+
+    class Overflowing(torch.amp.GradScaler):
+        seen = 0
+
+        def unscale_(self, optimizer: Any) -> None:
+            if Overflowing.seen < steps:
+                grad = next(p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None)
+                grad.view(-1)[0] = float("inf")
+            Overflowing.seen += 1
+            super().unscale_(optimizer)
+
+    def with_scaler(*args: Any, **kwargs: Any) -> Any:
+        parts, train_set, val_set = build(*args, **kwargs)
+        parts.scaler = Overflowing("cpu")
+        return parts, train_set, val_set
+
+    tloop.build_parts = with_scaler
+
+
 def install_confusion_record(log: Path) -> None:
     """Append every confusion matrix ultralytics plots in this process to ``log`` (one JSON line
     each, before it is drawn): what the plot shows, as numbers a test can count."""
@@ -386,6 +418,8 @@ if __name__ == "__main__":
         install_slow_build(float(os.environ["TRAINER_SLOW_BUILD_S"]))
     if os.environ.get("TRAINER_INF_LOSS_AT"):
         install_inf_loss(int(os.environ["TRAINER_INF_LOSS_AT"]))
+    if os.environ.get("TRAINER_OVERFLOW_STEPS"):
+        install_overflowing_scaler(int(os.environ["TRAINER_OVERFLOW_STEPS"]))
     if os.environ.get("TRAINER_CONFUSION_LOG"):
         from trainer.offline import set_offline_env
 

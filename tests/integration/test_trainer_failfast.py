@@ -89,3 +89,23 @@ def test_an_infinite_loss_is_counted_and_recovered_from_last_pt(tmp_path: Path) 
     assert all(torch.isfinite(torch.tensor(v)) for row in rows for k, v in row.items() if k.startswith("train/"))
     model = torch.load(out / "weights" / "last.pt", map_location="cpu", weights_only=False)["model"]
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_fp16_warm_up_skipping_a_whole_first_epoch_trains_on(tmp_path: Path) -> None:
+    """A GradScaler whose first 5 steps overflow (fp16's warm-up while its scale falls from 2^16;
+    forced on the CPU), 3 steps an epoch: epoch 1 skips all of its steps, which is warm-up and not
+    divergence (ultralytics never stops on skipped steps): the run goes on, without recovering,
+    and results.csv counts the skipped steps of each epoch."""
+    from tests.trainer_helpers import read_results
+
+    data = make_dataset(tmp_path / "ds", images=8, classes=2)
+    out = tmp_path / "run"
+    args = ["--model", "yolo12n.yaml", "--data", str(data), "--epochs", "2", "--batch", "2", "--imgsz", "64",
+            "--workers", "0", "--accumulate", "1", "--val-period", "0", "--log-every", "1", "--out", str(out)]
+    r = run_trainer(args, overflow_steps=5)
+    assert r.returncode == 0, r.explain()
+    lines = r.rank_lines()
+    assert any(ln.startswith("[rank 0] epoch 1/2 batch 3/3 ") and ln.endswith(" nonfinite 0 skipped 3") for ln in lines), \
+        r.explain()
+    assert not any("recovering from" in ln or "diverges" in ln for ln in lines), r.explain()
+    assert [(row["epoch"], row["steps/skipped"]) for row in read_results(out)] == [(1, 3), (2, 2)]

@@ -328,8 +328,10 @@ def _is_loopback(addr: str) -> bool:
 
 def gloo_needed(inv: Inventory, node: Node) -> bool:
     """Whether the job makes a Gloo group on `node`: any job but this repository's trainer on a node
-    with GPUs (its NCCL runs keep their start-up barriers on torchrun's store, not on Gloo)."""
-    return not (inv.job.script is None and inv.job.module == "trainer" and (node.gpus or 0) > 0)
+    with GPUs (its NCCL runs keep their start-up barriers on torchrun's store, not on Gloo), and
+    the trainer told `device: cpu`."""
+    on_cpu = str(inv.job.raw_args.get("device", "")).strip().lower() == "cpu"
+    return not (inv.job.script is None and inv.job.module == "trainer" and (node.gpus or 0) > 0) or on_cpu
 
 
 def judge_gloo_listen(inv: Inventory, node: Node, nf: NodeFacts, env: Mapping[str, str], f: Findings) -> None:

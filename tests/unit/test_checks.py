@@ -6,6 +6,7 @@ import copy
 import io
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -327,6 +328,8 @@ def test_gloo_listening_on_loopback_fails_every_node_of_a_cpu_job_naming_the_key
     gpus = inventory("env:\n  NCCL_SOCKET_IFNAME: ens2f1", gpus=True)  # the trainer on GPUs: NCCL, no Gloo group
     res = by(checks.check_nccl_env(gpus, make_facts(gpus, nowhere)), "nccl_env")
     assert {r.status for r in res.values()} == {"warn"} and "GLOO_SOCKET_IFNAME=ens2f1" in res["n1"].hint
+    gpus_cpu = replace(gpus, job=replace(gpus.job, raw_args={**gpus.job.raw_args, "device": "cpu"}))  # Gloo again
+    assert {r.status for r in checks.check_nccl_env(gpus_cpu, make_facts(gpus_cpu, nowhere))} == {"fail"}
     fixed = inventory("env:\n  NCCL_SOCKET_IFNAME: ens2f1\n  GLOO_SOCKET_IFNAME: ens2f1")
     edits = {n: (lambda raw, nf: (gloo_host([])(raw, nf), raw["env"].update(GLOO_SOCKET_IFNAME="ens2f1"))) for n in NODES}
     assert {r.status for r in checks.check_nccl_env(fixed, make_facts(fixed, edits))} == {"ok"}

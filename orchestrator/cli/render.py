@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shlex
 import sys
@@ -227,9 +228,20 @@ def probe_progress(nodes: int) -> Iterator[Progress | None]:
         yield progress
 
 
+def strict(data: Any) -> Any:
+    """`data` with every float that is not finite made null: JSON has no NaN or Infinity."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: strict(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [strict(v) for v in data]
+    return data
+
+
 def json_out(data: Any) -> None:
-    """`--json`: the document alone on stdout."""
-    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    """`--json`: the document alone on stdout, strict JSON (RFC 8259: no NaN, no Infinity)."""
+    sys.stdout.write(json.dumps(strict(data), indent=2, allow_nan=False) + "\n")
     sys.stdout.flush()
 
 

@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 
 from ..contract import FINAL_STATES, NodeState, RunState
 from .agents import NodeStatus, StopResult
-from .cause import cause, root_cause
+from .cause import AFTER_S, BEFORE_S, cause, consequence, hint_of, raised, root_cause
 
 
 @dataclass(frozen=True)
@@ -163,24 +163,28 @@ def log_text(raw: str) -> str:
     return raw
 
 
-def select_excerpt(raw_lines: Sequence[str], n: int = EXCERPT_LINES) -> tuple[list[str], int | None, int | None]:
+def select_excerpt(raw_lines: Sequence[str], n: int = EXCERPT_LINES,
+                   worker: int | None = None) -> tuple[list[str], int | None, int | None]:
     """The failure excerpt of a node log, and the (rank, local rank) torchrun blames, if any.
 
     The last `n` lines, plus torchrun's whole Root Cause block and the blamed worker's last lines
-    when they fall outside them: torchrun prints its own traceback after the worker's, so the
-    worker's exception is often 30 lines above the end."""
+    (`worker`: that local rank's instead) when they fall outside them: torchrun prints its own
+    traceback after the worker's, so the worker's exception is often 30 lines above the end."""
     texts = [log_text(r) for r in raw_lines]
     keep = set(range(max(0, len(texts) - n), len(texts)))
     rank = local = None
     rc = root_cause(texts)
+    end = len(texts)
     if rc is not None:
         first, last, r, lr = rc
         keep.update(range(first, last + 1))
+        end = first
         if r >= 0:
             rank, local = r, lr
-            prefix = f"[default{lr}]:"
-            mine = [i for i, t in enumerate(texts[:first]) if t.startswith(prefix)]
-            keep.update(mine[-8:])
+    if worker is not None or local is not None:
+        prefix = f"[default{worker if worker is not None else local}]:"
+        mine = [i for i, t in enumerate(texts[:end]) if t.startswith(prefix)]
+        keep.update(mine[-8:])
     out: list[str] = []
     prev = None
     for i in sorted(keep):
@@ -189,6 +193,38 @@ def select_excerpt(raw_lines: Sequence[str], n: int = EXCERPT_LINES) -> tuple[li
         out.append(texts[i])
         prev = i
     return out, rank, local
+
+
+def blame(first: Failure, logs: Mapping[str, Sequence[str]], specs: Mapping[str, NodeSpec],
+          offsets_s: Mapping[str, float] | None = None) -> Failure:
+    """The failure to name: `first`, unless its cause is a lost peer (a consequence) and a rank
+    raised a real exception from `BEFORE_S` before to `AFTER_S` after it, on any node (`logs`:
+    node.log lines of the nodes that could be read, `first.node`'s among them): then the earliest
+    such exception, on its node and rank."""
+    if not consequence(first.cause) or first.node not in logs:
+        return first
+    offsets = offsets_s or {}
+    mine = [r for r in raised(logs[first.node]) if consequence(r.text)
+            and (first.local_rank is None or r.local_rank == first.local_rank)]
+    when = mine[0].at - offsets.get(first.node, 0.0) if mine else first.order
+    if when == math.inf:
+        return first
+    found = [(r.at - offsets.get(node, 0.0), node, r) for node, lines in logs.items() if node in specs
+             for r in raised(lines) if not consequence(r.text)]
+    found = [f for f in found if when - BEFORE_S <= f[0] <= when + AFTER_S]
+    if not found:
+        return first
+    at, node, r = min(found, key=lambda f: f[0])
+    spec = specs[node]
+    lost = f"rank {first.rank}" if first.rank is not None else "a rank"
+    note = (f"{lost} on {first.node} failed {abs(when - at):.3f} s {'after' if when >= at else 'before'} it "
+            f"with a lost peer ({first.cause}): a consequence of this")
+    hint = hint_of(r.text)
+    real = Failure(node, spec.node_rank, first.reason if node == first.node else f"a rank raised: {r.text}",
+                   first.exit_code if node == first.node else None, spec.base_rank + r.local_rank, r.local_rank,
+                   order=min(first.order, at), cause=r.text, hint=f"{hint}; {note}" if hint else note)
+    real.excerpt = select_excerpt(logs[node], worker=r.local_rank)[0]
+    return real
 
 
 def run_state(node_states: Sequence[str], recorded: str | None) -> RunState:
@@ -635,3 +671,12 @@ class Supervisor:
             f.excerpt = [f"(cannot read the node's log: {exc})"]
             return
         f.explain(raw)
+        if consequence(f.cause):  # a lost peer: the rank that raised is named instead
+            logs = {f.node: raw}
+            for name in self.specs:
+                if name != f.node and name not in self.not_stopped:
+                    try:
+                        logs[name] = list(self.excerpt(name))
+                    except Exception:  # a node whose log cannot be read now cannot be blamed
+                        continue
+            self.failure = blame(f, logs, self.specs, self.offsets_s)

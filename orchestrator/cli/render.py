@@ -590,12 +590,12 @@ def up_outcome(outcome: UpOutcome) -> None:
         for node, why in outcome.not_stopped.items():
             out.print(f"[bold yellow]{markup(node)}: {markup(why)}[/] (run: orch down {run})")
     else:
+        # the excerpt first, the cause last: the last lines on the screen say why
         f = outcome.failure
         assert f is not None
-        out.print(f"\n[bold red]run {run} failed{attempt}[/]: first failure on " + failure_head(f.to_json()),
-                  soft_wrap=True)
-        if f.hint:
-            out.print(f"  hint: {markup(f.hint)}", soft_wrap=True)
+        if f.excerpt:
+            out.print(f"\n[bold red]run {run} failed{attempt}[/]; the last lines of {markup(f.node)} "
+                      f"(all of them: orch logs {run} --node {markup(f.node)}):", soft_wrap=True)
         for line in f.excerpt:
             out.print(f"  {markup(line)}", soft_wrap=True)
         out.print(f"stopped every other node in {outcome.teardown_s or 0:.1f} s" if not unconfirmed else
@@ -603,6 +603,10 @@ def up_outcome(outcome: UpOutcome) -> None:
                   "are reachable")
         if outcome.no_retry:
             out.print(f"[bold red]{markup(outcome.no_retry)}[/]")
+        out.print(f"[bold red]run {run} failed{attempt}[/]: first failure on " + failure_head(f.to_json()),
+                  soft_wrap=True)
+        if f.hint:
+            out.print(f"  hint: {markup(f.hint)}", soft_wrap=True)
 
 
 def failure_head(ff: Mapping[str, Any]) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import threading
 import time
@@ -30,8 +31,21 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from ..contract import FINAL_STATES, NodeState, RunState
+from ..node.telemetry import PREFIX as TELEMETRY_PREFIX
 from .agents import NodeStatus, StopResult
-from .cause import AFTER_S, BEFORE_S, cause, consequence, hint_of, raised, root_cause
+from .cause import (
+    AFTER_S,
+    BEFORE_S,
+    EXCEPTION,
+    TEE,
+    TRACEBACK,
+    WRAPPERS,
+    cause,
+    consequence,
+    hint_of,
+    raised,
+    root_cause,
+)
 
 
 @dataclass(frozen=True)
@@ -163,6 +177,35 @@ def log_text(raw: str) -> str:
     return raw
 
 
+SUMMARY_LINE = re.compile(r"^(?:\[\d+\]:|  |-{8,}|={8,}|Failures:|Root Cause)")
+"""A line of torchrun's failure summary: an entry's number, a field, its traceback, a rule, a heading."""
+
+
+def boilerplate(texts: Sequence[str]) -> set[int]:
+    """The lines of a node log (texts) an excerpt leaves out; they stay in the log: the agent's
+    telemetry lines, torchrun's failure summary (`==== ... FAILED`, `Failures:`, `Root Cause (first
+    observed failure)`, `error_file`, to its closing `====`), its note of the error file it copies,
+    and its own traceback ending in its `ChildFailedError`: the worker's exception above them says it, `cause` names it."""
+    hidden = {i for i, t in enumerate(texts) if t.startswith(TELEMETRY_PREFIX + "{")
+              or ("error_handler.py" in t and "error file" in t)}
+    own = [i for i, t in enumerate(texts) if not TEE.match(t)]  # not a worker's (--tee) line
+    for k, i in enumerate(own):
+        t = texts[i]
+        if any(w in t for w in WRAPPERS) and EXCEPTION.match(t.strip()):
+            start = next((j for j in reversed(own[:k]) if texts[j].strip() == TRACEBACK), i)
+            hidden.update(j for j in own if start <= j <= i)
+        elif t.startswith("====") and k + 1 < len(own) and texts[own[k + 1]].rstrip().endswith(" FAILED"):
+            close = next((j for j in own[k + 2:] if texts[j].startswith("====")), own[-1])
+            hidden.update(j for j in own if i <= j <= close)
+    rc = root_cause(texts)
+    if rc is not None and rc[0] not in hidden:  # a summary whose head was cut off: back to its first entry
+        first, last = rc[0], rc[1]
+        while first > 0 and first - 1 not in hidden and SUMMARY_LINE.match(texts[first - 1]):
+            first -= 1
+        hidden.update(range(first, last + 1))
+    return hidden
+
+
 def select_excerpt(raw_lines: Sequence[str], n: int = EXCERPT_LINES,
                    worker: int | None = None) -> tuple[list[str], int | None, int | None]:
     """The failure excerpt of a node log, and the (rank, local rank) torchrun blames, if any.
@@ -171,13 +214,14 @@ def select_excerpt(raw_lines: Sequence[str], n: int = EXCERPT_LINES,
     (`worker`: that local rank's instead) when they fall outside them: torchrun prints its own
     traceback after the worker's, so the worker's exception is often 30 lines above the end."""
     texts = [log_text(r) for r in raw_lines]
-    keep = set(range(max(0, len(texts) - n), len(texts)))
+    hidden = boilerplate(texts)
+    shown = [i for i in range(len(texts)) if i not in hidden]
+    keep = set(shown[-n:])
     rank = local = None
     rc = root_cause(texts)
     end = len(texts)
     if rc is not None:
-        first, last, r, lr = rc
-        keep.update(range(first, last + 1))
+        first, _last, r, lr = rc
         end = first
         if r >= 0:
             rank, local = r, lr

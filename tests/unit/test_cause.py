@@ -163,21 +163,47 @@ def test_explain_fills_the_failure_and_its_json() -> None:
     doc = f.to_json()
     assert (doc["rank"], doc["local_rank"], doc["signal"], doc["cause"]) == (3, 1, "SIGKILL", "killed by SIGKILL")
     assert doc["exit_code"] == 1 and doc["reason"] == "exited with code 1"  # the node's, as before
-    assert any("Root Cause" in x for x in doc["excerpt"])
+    assert not any("Root Cause" in x for x in doc["excerpt"])  # torchrun's summary stays in the log only
 
 
 def said(capsys: pytest.CaptureFixture[str]) -> str:
     return " ".join(capsys.readouterr().err.split())
 
 
-def test_orch_up_names_the_cause_above_the_excerpt(capsys: pytest.CaptureFixture[str]) -> None:
+def test_orch_up_ends_with_the_cause_and_its_hint_after_the_excerpt(capsys: pytest.CaptureFixture[str]) -> None:
+    """The last lines a user reads say why; torchrun's summary and telemetry are left to the log."""
     f = Failure("n1", 1, "exited with code 1", 1)
-    f.explain(raw("nodelog/raise_rank3_failing-node_torch2.14.log"))
+    lines = raw("nodelog/raise_rank3_failing-node_torch2.14.log")
+    lines.insert(-1, '2026-12-01T21:41:12.000000Z orch telemetry {"v":1,"gpus":[],"cpu_pct":1.0}')
+    f.explain(lines)
     render.up_outcome(UpOutcome("failed", run_id="r1", failure=f, teardown_s=1.0))
-    err = said(capsys)
-    head = "first failure on n1 (node rank 1, rank 3, exit code 1): RuntimeError: injected failure on rank 3 at step 2"
-    assert head in err and "exited with code 1" not in err.split("Root Cause")[0]
-    assert err.index(head) < err.index("Root Cause")  # the excerpt stays, below the cause
+    out = capsys.readouterr().err.rstrip("\n").splitlines()
+    head = "run r1 failed: first failure on n1 (node rank 1, rank 3, exit code 1): RuntimeError: injected failure on rank 3 at step 2"
+    assert out[-1] == head, out[-3:]
+    assert out[-2] == "stopped every other node in 1.0 s"
+    err = " ".join(out)
+    assert "[default1]:[rank3]: RuntimeError: injected failure on rank 3 at step 2" in err  # the excerpt stays
+    for boilerplate in ("Root Cause", "ChildFailedError", "error_file", "Failures:", "telemetry {", "FAILED"):
+        assert boilerplate not in err, boilerplate
+    f.hint = "a hint"
+    render.up_outcome(UpOutcome("failed", run_id="r1", failure=f, teardown_s=1.0))
+    assert capsys.readouterr().err.rstrip("\n").splitlines()[-2:] == [head, "  hint: a hint"]
+
+
+@pytest.mark.parametrize("name", ["torchrun_failure_summary_exitcode1_unsloth-4.txt",
+                                  "torchrun_failure_summary_SIGKILL_CPPO-6.txt",
+                                  "torchrun_failure_summary_8rank_SIGABRT_tail_picotron-6.txt",
+                                  "torchrun_tee3_2proc_exit3_stderr_torch2.14.txt"])
+def test_torchruns_recorded_summaries_are_left_out_of_the_excerpt(name: str) -> None:
+    from orchestrator.run.supervise import select_excerpt
+
+    lines = (FIXTURES / name).read_text().splitlines()
+    excerpt, _rank, _local = select_excerpt(lines)
+    for boilerplate in ("Root Cause (first observed failure)", "ChildFailedError", "error_file", "Failures:"):
+        assert not any(boilerplate in x for x in excerpt), (boilerplate, excerpt)
+    f = Failure("n1", 0, "exited with code 1", 1)
+    f.explain(lines)  # the summary still names the rank and the cause
+    assert f.cause is not None
 
 
 def test_orch_up_names_a_killed_rank_by_its_signal(capsys: pytest.CaptureFixture[str]) -> None:

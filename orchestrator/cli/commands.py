@@ -35,6 +35,9 @@ UP_EXIT = {"succeeded": ExitCode.OK, "detached": ExitCode.OK, "failed": ExitCode
            "interrupted": ExitCode.INTERRUPTED, "stopped": ExitCode.INTERRUPTED,
            "retry_preflight_failed": ExitCode.FAILED}
 """The exit code of each way `orch up` ends (docs/CONTRACT.md)."""
+FOLLOW_EXIT = {"succeeded": ExitCode.OK, "failed": ExitCode.FAILED, "stopped": ExitCode.INTERRUPTED}
+"""`orch logs --follow` that saw the run end: orch up's code for that end; an end it could not
+tell (a node given up on) is 1."""
 
 
 class Number(click.FloatRange):
@@ -366,7 +369,9 @@ def logs(state: State, run: str | None, follow: bool, node_filter: str | None, r
                 with contextlib.closing(view.follow(cluster, watermark=watermark, from_start=tail is None,
                                                     on_event=render.log_event)) as live:
                     out.lines((line for line in live if keep(line)), flush_each=True)
-                render.logs_drained(view.run.run_id, view.state())
+                ended = view.state()
+                render.logs_drained(view.run.run_id, ended)
+                raise SystemExit(FOLLOW_EXIT.get(ended, ExitCode.FAILED))
     except BrokenPipeError:
         render.silence_stdout()
     raise SystemExit(ExitCode.OK)

@@ -571,12 +571,27 @@ def up_outcome(outcome: UpOutcome) -> None:
         out.print("[bold red]job.sync could not be copied to every node: nothing was launched[/] (fix it, "
                   "or pass --skip-sync to launch with what the nodes have)")
     elif outcome.result == "preflight_failed":
-        out.print("[bold red]preflight failed: nothing was launched[/] (fix the failures above, "
-                  "or pass --skip-checks to launch anyway)")
+        # a node that cannot be reached is left out with --exclude: --skip-checks cannot launch there
+        from ..config.nodeset import fold
+
+        failed = outcome.preflight.failed() if outcome.preflight is not None else []
+        down = sorted({r.node for r in failed if r.check == "ssh"})
+        rest = [r for r in failed if r.node not in down]
+        if down:
+            names = markup(fold(down))
+            out.print(f"[bold red]preflight failed: nothing was launched[/]; {names} cannot be reached: leave "
+                      f"{'them' if len(down) > 1 else 'it'} out with --exclude {names}"
+                      + (" (and fix the other failures above, or pass --skip-checks to launch anyway)" if rest else ""))
+        else:
+            out.print("[bold red]preflight failed: nothing was launched[/] (fix the failures above, "
+                      "or pass --skip-checks to launch anyway)")
     elif outcome.result == "start_failed":
         out.print(f"stopped every node that had started ({outcome.teardown_s or 0:.1f} s); nothing was left running"
                   if not unconfirmed else f"[bold red]could not confirm the stop on: {unconfirmed}[/] "
                   f"(run: orch down {run})")
+        for node, why in outcome.never_started.items():
+            out.print(f"{markup(node)} never started ({markup(why)}): launch without it with --exclude {markup(node)}",
+                      soft_wrap=True)
     elif outcome.result == "detached":
         out.print(f"detached. Follow: orch logs --follow {run} · state: orch status {run} · stop: orch down {run}")
     elif outcome.result == "interrupted":

@@ -411,3 +411,13 @@ def test_the_run_directory_is_where_ultralytics_8_4_puts_it(tmp_path: Path, monk
     assert resolve(replace(mine, task="detect"))[0] == Path("runs/detect/p/r1")
     absolute = parse_config(["--data", "/d/data.yaml", "--project", str(tmp_path / "nfs")])
     assert resolve(replace(absolute, task="segment"))[0] == tmp_path / "nfs" / "train"
+
+
+def test_under_orch_the_process_count_hint_names_the_inventory_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun's `--nproc-per-node` is orch's `job.nproc_per_node`: the hint says what to edit."""
+    cfg = cfg_of("--device", "cuda:0,1,2,3", "--batch", "8")
+    monkeypatch.setenv("ORCH_RUN_ID", "r1")
+    with pytest.raises(TrainerError) as info:
+        check_topology(cfg, world_size=4, launched=True, local_world_size=2)
+    assert "set job.nproc_per_node: 4 in the inventory" in str(info.value)
+    assert "--nproc-per-node" not in str(info.value)

@@ -494,7 +494,11 @@ class UpPrinter:
 
     def replacing(self, node: str, spare: str, why: str) -> None:
 
-        self.err.print(f"[yellow]{markup(node)} failed the preflight[/] ({markup(why)}): "
+        # `why` says which: a straggler stopped, job.sync failed, else a check of the preflight
+        what, detail = ("was stopped as a straggler", why.removeprefix("straggler: ")) if why.startswith("straggler: ") \
+            else ("could not receive job.sync", why.removeprefix("sync: ")) if why.startswith("sync: ") \
+            else ("failed the preflight", why)
+        self.err.print(f"[yellow]{markup(node)} {what}[/] ({markup(detail)}): "
                        f"spare [bold]{markup(spare)}[/] takes its place, ranks re-planned")
 
     def resuming(self, how: str) -> None:

@@ -309,3 +309,17 @@ def test_a_node_that_never_started_is_said_so_not_an_unconfirmed_stop(capsys: py
     err = " ".join(capsys.readouterr().err.split())
     assert "could not confirm the stop" not in err
     assert "gpu4 never started (gpu4: timed out: gpu4:22 did not answer): launch without it with --exclude gpu4" in err
+
+
+@pytest.mark.parametrize(("why", "said"), [
+    ("straggler: rank 2 on gpu03 at 0.45× the median for 3 min",
+     "gpu03 was stopped as a straggler (rank 2 on gpu03 at 0.45× the median for 3 min): spare gpu08 takes its place"),
+    ("sync: rsync: Permission denied", "gpu03 could not receive job.sync (rsync: Permission denied): spare gpu08"),
+    ("ssh: timed out", "gpu03 failed the preflight (ssh: timed out): spare gpu08 takes its place"),
+])
+def test_a_spare_replacing_a_node_says_why_the_node_was_replaced(why: str, said: str,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.cli import render
+
+    render.UpPrinter().replacing("gpu03", "gpu08", why)
+    assert said in " ".join(capsys.readouterr().err.split())

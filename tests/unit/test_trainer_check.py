@@ -126,3 +126,11 @@ def test_a_segment_model_on_a_detection_dataset_is_refused_before_launch(data: P
     seg = make_dataset(tmp_path / "seg", images=4, imgsz=32, segments=True)
     assert check.check(["--data", str(seg), "--model", "yolo12n-seg.yaml", "--imgsz", "32"])["task"] == "segment"
     assert check.check(["--data", str(seg), "--imgsz", "32"])["task"] == "detect"  # boxes from polygons: fine
+
+
+def test_an_architecture_spelled_with_a_v_is_refused_with_the_name_it_meant(data: Path) -> None:
+    """Field guide 004 writes `yolov12s.yaml`; ultralytics names it `yolo12s.yaml`."""
+    err = str(refused(["--data", str(data), "--model", "yolov12s.yaml"]))
+    assert err.startswith("--model yolov12s.yaml: unknown architecture (did you mean yolo12s.yaml?)"), err
+    assert "did you mean yoloe-v8l-seg.yaml?" in str(refused(["--data", str(data), "--model", "yoloe-v8l-sge.yaml"]))
+    assert "did you mean" not in str(refused(["--data", str(data), "--model", "resnet50.yaml"]))

@@ -36,6 +36,7 @@ from .agents import NodeStatus, StopResult
 from .cause import (
     AFTER_S,
     BEFORE_S,
+    CONSEQUENCE,
     EXCEPTION,
     TEE,
     TRACEBACK,
@@ -261,8 +262,9 @@ def blame(first: Failure, logs: Mapping[str, Sequence[str]], specs: Mapping[str,
     at, node, r = min(found, key=lambda f: f[0])
     spec = specs[node]
     lost = f"rank {first.rank}" if first.rank is not None else "a rank"
-    note = (f"{lost} on {first.node} failed {abs(when - at):.3f} s {'after' if when >= at else 'before'} it "
-            f"with a lost peer ({first.cause}): a consequence of this")
+    said = CONSEQUENCE.search(first.cause or "")
+    note = (f"{lost} on {first.node} lost its peer {abs(when - at):.3f} s {'after' if when >= at else 'before'} "
+            f"this ({said.group() if said else first.cause}): a consequence of it")
     hint = hint_of(r.text)
     real = Failure(node, spec.node_rank, first.reason if node == first.node else f"a rank raised: {r.text}",
                    first.exit_code if node == first.node else None, spec.base_rank + r.local_rank, r.local_rank,

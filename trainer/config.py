@@ -33,6 +33,7 @@ from trainer.interface import DEFAULT_NAME, INPUT_FLAGS, OUTPUT_FLAGS, batch_pro
 from trainer.settings import (
     Given,
     convert,
+    finite_float,
     parse_amp,
     parse_bool,
     put_cfg_value,
@@ -262,7 +263,7 @@ def _flag_kwargs(f: Any, hint: Any) -> dict[str, Any] | None:
     if kinds == {bool}:
         kw = {"nargs": "?", "const": True, "type": parse_bool, "metavar": "BOOL"}
     elif kinds in ({int}, {float}):
-        kw = {"type": next(iter(kinds))}
+        kw = {"type": int if kinds == {int} else finite_float}
     kw.update(override)
     if kw.get("type", _UNSET) is None:
         del kw["type"]

@@ -421,3 +421,12 @@ def test_under_orch_the_process_count_hint_names_the_inventory_key(monkeypatch: 
         check_topology(cfg, world_size=4, launched=True, local_world_size=2)
     assert "set job.nproc_per_node: 4 in the inventory" in str(info.value)
     assert "--nproc-per-node" not in str(info.value)
+
+
+@pytest.mark.parametrize("args", [["--lr0", "nan"], ["--momentum", "1e999"], ["--time", "inf"], ["--warmup-epochs", "nan"],
+                                  ["lr0=.nan"], ["lr0=inf"], ["degrees=.inf"], ["--cfg", "hsv_h=.nan"]])
+def test_a_number_that_is_not_finite_is_refused(args: list[str]) -> None:
+    """A flag's or a setting's number the user gives: `nan` was a learning rate, `inf` a time limit."""
+    with pytest.raises((TrainerError, SystemExit)) as info:
+        parse_config(["--data", "/d.yaml", *args], usage_errors=True)
+    assert "not a finite number" in str(info.value), str(info.value)

@@ -467,8 +467,8 @@ def test_a_job_started_again_in_its_directory_is_not_judged_by_the_last_stop(tmp
     assert "second attempt" in log
     # the node's log (and so the merged log) says where each attempt starts; the first says none
     starts = [ln.split(" orch ", 1)[1] for ln in log.splitlines() if " starting" in ln]
-    assert len(starts) == 2 and " starting: sh -c sleep 30" in starts[0], starts
-    assert " starting attempt 2: sh -c echo second attempt" in starts[1], starts
+    assert len(starts) == 2 and " starting: sh -c 'sleep 30'" in starts[0], starts  # the argv quoted, as a shell reads it
+    assert " starting attempt 2: sh -c 'echo second attempt'" in starts[1], starts
 
 
 RANKS = """

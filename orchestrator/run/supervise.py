@@ -26,6 +26,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -718,11 +719,15 @@ class Supervisor:
             return
         f.explain(raw)
         if consequence(f.cause):  # a lost peer: the rank that raised is named instead
-            logs = {f.node: raw}
-            for name in self.specs:
-                if name != f.node and name not in self.not_stopped:
-                    try:
-                        logs[name] = list(self.excerpt(name))
-                    except Exception:  # a node whose log cannot be read now cannot be blamed
-                        continue
+            read = self.excerpt
+
+            def tail(name: str) -> list[str]:
+                try:
+                    return list(read(name))
+                except Exception:  # a node whose log cannot be read now cannot be blamed
+                    return []
+
+            others = [n for n in self.specs if n != f.node and n not in self.not_stopped]
+            with ThreadPoolExecutor(max_workers=max(1, min(16, len(others)))) as pool:
+                logs = {f.node: raw, **dict(zip(others, pool.map(tail, others)))}
             self.failure = blame(f, logs, self.specs, self.offsets_s)

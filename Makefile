@@ -87,5 +87,5 @@ gpu-smoke:  ## the one-shot GPU validation (bench/gpu_smoke.py) into $OUT (else 
 gpu-wheels: install  ## download the wheels the GPU machine lacks into .whl/ (for gpu-smoke there)
 	$(PY) -m bench.gpu_wheels
 
-clean:  ## remove the venv and the build caches (runs stay in $$ORCH_HOME, ~/.orch)
+clean:  ## remove the venv and the build caches (runs stay in $ORCH_HOME, ~/.orch)
 	rm -rf $(VENV) .orch/gpu-smoke .pytest_cache .mypy_cache .ruff_cache build orchestrator/logs/_fastmerge.*.so

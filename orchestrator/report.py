@@ -335,6 +335,23 @@ def rank_pace(run: RunDir) -> Detector:
     return replay(wins, loads, share, windows, world)
 
 
+def time_ticks(times: list[float], most: int = 8) -> tuple[list[int], list[str], str]:
+    """Ticks for columns stamped `times` (seconds, ascending): (column indices, labels, unit). The
+    unit fits the span (seconds under 2 minutes, minutes under 3 hours, else hours) and the labels
+    carry the decimals that tell them apart: a 40 s run reads `0 5 10 ...`, never `0 0 0`."""
+    if not times:
+        return [], [], "seconds"
+    ticks = list(range(0, len(times), max(1, len(times) // most)))
+    span = times[-1] - times[0]
+    unit, scale = ("seconds", 1.0) if span < 120 else ("minutes", 60.0) if span < 3 * 3600 else ("hours", 3600.0)
+    values = [(times[i] - times[0]) / scale for i in ticks]
+    for digits in range(4):
+        labels = [f"{v:.{digits}f}" for v in values]
+        if len(set(labels)) == len(labels):
+            break
+    return ticks, labels, unit
+
+
 def plot_pace(det: Detector, max_windows: int = 400) -> bytes | None:
     """A heatmap: one row per rank, one column per timing window, coloured by the rank's speed
     against the median rank (1 = the median; red below `share`), the stragglers marked."""
@@ -355,10 +372,9 @@ def plot_pace(det: Detector, max_windows: int = 400) -> bytes | None:
     image = ax.imshow(grid, aspect="auto", cmap="RdYlGn", norm=TwoSlopeNorm(vmin=0.0, vcenter=1.0, vmax=1.5),
                       interpolation="nearest")
     ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks], fontsize=7)
-    t0 = speeds[0][1]
-    ticks = list(range(0, len(speeds), max(1, len(speeds) // 8)))
-    ax.set_xticks(ticks, [f"{(speeds[i][1] - t0) / 60:.0f}" for i in ticks], fontsize=7)
-    ax.set_xlabel("minutes since the first timing window")
+    ticks, labels, unit = time_ticks([at for _k, at, _r in speeds])
+    ax.set_xticks(ticks, labels, fontsize=7)
+    ax.set_xlabel(f"{unit} since the first timing window")
     for s in det.found:
         if s.rank in ranks:
             ax.annotate("straggler", (next((i for i, (_k, at, _r) in enumerate(speeds) if at >= s.at), len(speeds) - 1),

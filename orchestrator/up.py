@@ -26,7 +26,7 @@ from typing import Any, Literal, Protocol
 from .config.inventory import Inventory, with_replacements
 from .config.plan import Plan, make_plan
 from .contract import RunState
-from .errors import OrchError, UsageError
+from .errors import OrchError, TransportError, UsageError
 from .logs.lines import LogLine
 from .logs.teardown import NodeStopped, QuietStop
 from .preflight.runner import CheckReport, run_preflight, save_to_run
@@ -49,6 +49,7 @@ from .run.supervise import (
 from .run.watchdog import HangWatch, Watchdog
 from .store import RunDir, RunStore, clock_offsets
 from .transport import Cluster, GroupResult
+from .transport.ssh import LOST
 
 Result = Literal["succeeded", "failed", "start_failed", "sync_failed", "preflight_failed", "retry_preflight_failed",
                  "interrupted", "stopped", "detached"]
@@ -196,6 +197,19 @@ class UpOutcome:
     """What copying `job.sync` did on each node (None: nothing to sync, or --skip-sync)."""
     sync_error: OrchError | None = None
     """Why `job.sync` could not be copied to any node (no rsync or ssh on the controller)."""
+    never_started: dict[str, str] = field(default_factory=dict)
+    """With `start_failed`: the nodes that could not even be reached to start, with why (nothing
+    of the run is on them; their stop is not asked for)."""
+
+
+NEVER_STARTED_KINDS = ("unreachable", "auth", "host_key_unknown", "host_key_changed", "host_key_revoked")
+
+
+def never_started(failures: Mapping[str, Exception]) -> dict[str, str]:
+    """The start failures that prove the node never started: no connection could be made (never
+    one that broke under the start command: that start may have run)."""
+    return {n: str(e) for n, e in failures.items()
+            if isinstance(e, TransportError) and e.kind in NEVER_STARTED_KINDS and LOST not in str(e)}
 
 
 def not_stopped(results: GroupResult[StopResult]) -> dict[str, str]:
@@ -457,8 +471,10 @@ def _launch(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, cluster
         results = stop_all(cluster, record.nodes(), inv.job.stop_grace_s)
         record.update_nodes({n: r.status for n, r in results.succeeded.items() if r.status is not None},
                             state=RunState.FAILED, start_failures={n: str(e) for n, e in started.failed.items()})
+        never = never_started(started.failed)
         return UpOutcome("start_failed", run.run_id, report, teardown_s=time.monotonic() - t,
-                         not_stopped=not_stopped(results))
+                         not_stopped={n: why for n, why in not_stopped(results).items() if n not in never},
+                         never_started=never)
     startup_s = time.monotonic() - t_launch
     record.update_nodes({}, state=RunState.RUNNING, startup_s=round(startup_s, 3))
     say.running(plan, startup_s)

@@ -5,7 +5,8 @@ The same functions a start runs, in the same order, up to the process group: ``p
 ``LOCAL_WORLD_SIZE``), the device this rank would pick (``dist.pick_device``, without making it
 current), ``loop.prepare`` (the data YAML and its train/val paths, ``--weights`` loaded as an
 ultralytics checkpoint, the architecture against ``--model``, ``--task``, ``--text-embeddings``,
-precision, ``--sync-bn``, ultralytics' own check of its settings) and, on rank 0, ``loop.decide_run``
+precision, ``--sync-bn``, ultralytics' own check of its settings; a segment or OBB model against the
+first label files of each split: boxes only are refused) and, on rank 0, ``loop.decide_run``
 (the run directory: ``--out`` that already holds a run, ``--resume`` and the checkpoint it
 continues, read and checked). A refusal is the message the start would print.
 

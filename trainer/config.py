@@ -33,6 +33,7 @@ from trainer.interface import DEFAULT_NAME, INPUT_FLAGS, OUTPUT_FLAGS, batch_pro
 from trainer.settings import (
     Given,
     convert,
+    finite_float,
     parse_amp,
     parse_bool,
     put_cfg_value,
@@ -262,7 +263,7 @@ def _flag_kwargs(f: Any, hint: Any) -> dict[str, Any] | None:
     if kinds == {bool}:
         kw = {"nargs": "?", "const": True, "type": parse_bool, "metavar": "BOOL"}
     elif kinds in ({int}, {float}):
-        kw = {"type": next(iter(kinds))}
+        kw = {"type": int if kinds == {int} else finite_float}
     kw.update(override)
     if kw.get("type", _UNSET) is None:
         del kw["type"]
@@ -482,6 +483,14 @@ def accumulation(cfg: TrainConfig) -> int:
     return cfg.accumulate if cfg.accumulate is not None else max(round(cfg.nbs / cfg.batch), 1)
 
 
+def nproc_fix(n: int) -> str:
+    """How to start `n` processes per node, in the words of what launched this one: orch's
+    inventory key under orch (`ORCH_RUN_ID` is set), else torchrun's flag."""
+    if os.environ.get("ORCH_RUN_ID"):
+        return f"set job.nproc_per_node: {n} in the inventory"
+    return f"use --nproc-per-node {n}"
+
+
 def check_topology(cfg: TrainConfig, world_size: int, launched: bool, local_world_size: int = 1) -> None:
     """Checks that depend on the job's shape, made identically on every rank.
 
@@ -508,4 +517,4 @@ def check_topology(cfg: TrainConfig, world_size: int, launched: bool, local_worl
             raise TrainerError(f"--device {listed} names {len(ids)} GPUs but this is one process: start it with "
                                f"torchrun --nproc-per-node {len(ids)} -m trainer ...")
         raise TrainerError(f"--device {listed} names {len(ids)} GPUs but torchrun started {local_world_size} "
-                           f"process(es) on this node: use --nproc-per-node {len(ids)}, or list {local_world_size} GPU(s)")
+                           f"process(es) on this node: {nproc_fix(len(ids))}, or list {local_world_size} GPU(s)")

@@ -74,6 +74,65 @@ def _resolve_split(path: str, raw: dict[str, Any], split: str, root: Path) -> li
     return out
 
 
+IMAGE_SUFFIXES = frozenset({".bmp", ".dng", ".jpeg", ".jpg", ".mpo", ".png", ".tif", ".tiff", ".webp", ".pfm",
+                            ".heic"})
+LABEL_SAMPLE = 64
+"""How many label files of each split `check_labels_fit` reads (the first, in path order)."""
+
+
+def _images(split: str, limit: int) -> list[Path]:
+    """The first `limit` images of a split entry: a directory (walked in name order) or a list file."""
+    p = Path(split)
+    if p.is_file() and p.suffix == ".txt":
+        lines = [t.strip() for t in p.read_text(errors="replace").splitlines()[:limit] if t.strip()]
+        return [Path(t) if Path(t).is_absolute() else p.parent / t for t in lines]
+    out: list[Path] = []
+    for folder, dirs, files in os.walk(p):
+        dirs.sort()
+        out += [Path(folder) / f for f in sorted(files) if Path(f).suffix.lower() in IMAGE_SUFFIXES]
+        if len(out) >= limit:
+            break
+    return out[:limit]
+
+
+def label_of(image: Path) -> Path:
+    """ultralytics' label file of an image: the last `images` folder of its path made `labels`, `.txt`."""
+    parts = list(image.parts)
+    for i in range(len(parts) - 2, -1, -1):
+        if parts[i] == "images":
+            parts[i] = "labels"
+            break
+    return Path(*parts).with_suffix(".txt")
+
+
+def check_labels_fit(data: dict[str, Any], task: str, path: str, model: str) -> None:
+    """Refuse a segment (or OBB) model on a dataset whose labels are boxes only, before any rank
+    starts: ultralytics would raise on one rank at the first batch, after the start-up. Reads the
+    first `LABEL_SAMPLE` label files of each split.
+
+    Raises:
+        TrainerError: a label line of 5 values (class and box) where the task needs a polygon.
+    """
+    if task not in ("segment", "obb"):
+        return
+    for split in ("train", "val"):
+        for entry in data[split]:
+            for image in _images(entry, LABEL_SAMPLE):
+                label = label_of(image)
+                try:
+                    lines = label.read_text(errors="replace").splitlines()
+                except OSError:
+                    continue
+                for n, line in enumerate(lines, 1):
+                    if len(line.split()) == 5:
+                        wants = "an oriented box (class x1 y1 ... x4 y4)" if task == "obb" else \
+                            "a polygon (class x1 y1 x2 y2 ...)"
+                        raise TrainerError(
+                            f"--data {path}: {label}:{n} is a box (class x y w h), but {model} is a {task} model "
+                            f"whose labels need {wants}: use a detection model (e.g. without -seg), or a "
+                            f"{task} dataset")
+
+
 @contextmanager
 def one_writer_first(topo: Topology) -> Iterator[None]:
     """Let rank 0 go first, then each node's local rank 0, then everyone else.

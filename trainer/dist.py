@@ -86,7 +86,8 @@ def pick_device(requested: str, topo: Topology) -> torch.device:
         if index >= count:
             raise ValueError(
                 f"LOCAL_RANK {index} has no GPU: this node shows {count} ({visible}); "
-                "--nproc-per-node must not exceed the visible GPUs"
+                + ("job.nproc_per_node in the inventory" if os.environ.get("ORCH_RUN_ID") else "--nproc-per-node")
+                + " must not exceed the visible GPUs"
             )
     return torch.device("cuda", index)
 

@@ -51,12 +51,28 @@ def say(text: str, stream: TextIO | None = None) -> None:
     out.flush()
 
 
+SGR = re.compile(r"\x1b\[[0-9;]*m")
+"""An SGR sequence (colours and attributes), as ultralytics' ``colorstr`` writes them."""
+
+
 class _PrefixFormatter(logging.Formatter):
-    """Formats ultralytics' records with the rank prefix on every line."""
+    """Formats ultralytics' records with the rank prefix on every line; without ``color`` (its
+    stream is no terminal: torchrun's pipe) ultralytics' colour sequences are left out."""
+
+    def __init__(self, fmt: str, color: bool = True) -> None:
+        super().__init__(fmt)
+        self.color = color
 
     def format(self, record: logging.LogRecord) -> str:
         """Prefix each line of the formatted record."""
-        return prefixed(super().format(record))
+        text = super().format(record)
+        return prefixed(text if self.color else SGR.sub("", text))
+
+
+def library_formatter(stream: object) -> logging.Formatter:
+    """The formatter of a handler of ultralytics' logger writing to ``stream``."""
+    isatty = getattr(stream, "isatty", None)
+    return _PrefixFormatter("%(message)s", color=bool(isatty and isatty()))
 
 
 def route_library_output() -> None:
@@ -65,7 +81,7 @@ def route_library_output() -> None:
 
     logger = logging.getLogger("ultralytics")
     for handler in logger.handlers:
-        handler.setFormatter(_PrefixFormatter("%(message)s"))
+        handler.setFormatter(library_formatter(getattr(handler, "stream", None)))
 
     def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
              file: TextIO | None = None, line: str | None = None) -> None:

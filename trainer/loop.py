@@ -90,6 +90,7 @@ def prepare(cfg: TrainConfig, topo: Topology, device: torch.device) -> Inputs:
     if cfg.task and cfg.task != arch.task:
         raise TrainerError(f"task={cfg.task} but {arch.source} is a {arch.task} model ({arch.name})")
     cfg = replace(cfg, task=arch.task)  # the run directory lies under runs/<task> (output.project_dir)
+    tdata.check_labels_fit(data, arch.task, cfg.data, arch.source)
     if arch.yoloe and weights_model is not None:
         cfg = yoloe_recipe(cfg)
     elif arch.yoloe:

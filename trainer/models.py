@@ -4,6 +4,8 @@ text prompts from a file; and decide what trains (freeze, linear probe) and how 
 
 from __future__ import annotations
 
+import difflib
+import re
 from copy import deepcopy
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,8 +64,25 @@ def _yaml_of(name: str) -> dict[str, Any]:
     try:
         return dict(yaml_model_load(name))
     except (FileNotFoundError, OSError):
-        raise TrainerError(f"--model {name}: unknown architecture (e.g. yolo12s.yaml, yolo12n-seg.yaml, "
+        close = difflib.get_close_matches(Path(name).name, known_architectures(), n=1, cutoff=0.8)
+        meant = f" (did you mean {close[0]}?)" if close else ""
+        raise TrainerError(f"--model {name}: unknown architecture{meant} (e.g. yolo12s.yaml, yolo12n-seg.yaml, "
                            "yoloe-11m.yaml, yoloe-v8l-seg.yaml; the scale letter is part of the name)") from None
+
+
+def known_architectures() -> list[str]:
+    """Every model YAML name ultralytics builds, each with every scale letter (`yolo12s.yaml` from
+    its `yolo12.yaml`, `yoloe-v8l-seg.yaml` from `yoloe-v8-seg.yaml`): what `--model` may name."""
+    import ultralytics
+
+    root = Path(ultralytics.__file__).parent / "cfg" / "models"
+    out = []
+    for f in sorted(root.rglob("*.yaml")):
+        out.append(f.name)
+        m = re.match(r"^(.*\d)(\D.*)$", f.name)
+        if m:
+            out += [f"{m.group(1)}{scale}{m.group(2)}" for scale in "nsmlx"]
+    return out
 
 
 def _describe(d: dict[str, Any], source: str) -> Arch:

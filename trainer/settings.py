@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import re
 from functools import cache
 from pathlib import Path
@@ -130,6 +131,19 @@ def parse_cache(value: Any) -> str | None:
     return "ram" if parse_bool(value) else None
 
 
+class NotFinite(argparse.ArgumentTypeError, ValueError):
+    """A number that is not one: argparse shows its message (`argument --lr0: 'nan' is not a finite
+    number`), the settings' converters catch it as the ValueError it also is."""
+
+
+def finite_float(value: Any) -> float:
+    """A float flag's or setting's value: `nan`, `inf` and `1e999` are refused (NotFinite)."""
+    number = float(value)
+    if not math.isfinite(number):
+        raise NotFinite(f"{value!r} is not a finite number")
+    return number
+
+
 def yaml_value(text: str) -> Any:
     """A ``key=value`` value as ultralytics reads it (numbers, booleans, lists, None)."""
     try:
@@ -208,6 +222,8 @@ def put_setting(given: Given, key: str, raw: Any, source: str, hyp: dict[str, An
         raise TrainerError(f"{source}: unknown ultralytics setting {key!r}")
     if raw is None and key in FIELD_OF_SETTING:  # `project: null` in an args.yaml: unset, the default
         return
+    if isinstance(raw, float) and not math.isfinite(raw):
+        raise TrainerError(f"{source}: {key}={raw!r} is not a finite number")
     try:
         if key in FIELD_OF_SETTING:
             _put_field_setting(given, key, raw, source)
@@ -293,11 +309,11 @@ def put_cfg_value(given: Given, value: str, source: str, hyp: dict[str, Any]) ->
 
 
 _CONVERTERS: dict[str, Any] = {
-    "epochs": int, "batch": int, "batch_per_device": int, "imgsz": int, "lr": float, "lrf": float, "momentum": float, "weight_decay": float,
-    "warmup_epochs": float, "workers": int, "seed": int, "close_mosaic": int, "patience": int, "fraction": float,
-    "multi_scale": float, "nbs": int, "save_period": int, "accumulate": int, "clip": float, "log_every": int,
-    "val_period": int, "debug_exit_after": int, "timeout_min": float, "ref_ips": float,
-    "startup_timeout_min": float, "progress_every_s": float,
+    "epochs": int, "batch": int, "batch_per_device": int, "imgsz": int, "lr": finite_float, "lrf": finite_float, "momentum": finite_float, "weight_decay": finite_float,
+    "warmup_epochs": finite_float, "workers": int, "seed": int, "close_mosaic": int, "patience": int, "fraction": finite_float,
+    "multi_scale": finite_float, "nbs": int, "save_period": int, "accumulate": int, "clip": finite_float, "log_every": int,
+    "val_period": int, "debug_exit_after": int, "timeout_min": finite_float, "ref_ips": finite_float,
+    "startup_timeout_min": finite_float, "progress_every_s": finite_float,
     "cos_lr": parse_bool, "exist_ok": parse_bool, "plots": parse_bool, "deterministic": parse_bool, "cls_remap": parse_bool,
     "pin_memory": parse_bool, "persistent_workers": parse_bool, "sync_bn": parse_bool,
     "device": parse_device, "cache": parse_cache, "freeze": parse_freeze,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import sys
 import time
@@ -34,6 +35,20 @@ UP_EXIT = {"succeeded": ExitCode.OK, "detached": ExitCode.OK, "failed": ExitCode
            "interrupted": ExitCode.INTERRUPTED, "stopped": ExitCode.INTERRUPTED,
            "retry_preflight_failed": ExitCode.FAILED}
 """The exit code of each way `orch up` ends (docs/CONTRACT.md)."""
+FOLLOW_EXIT = {"succeeded": ExitCode.OK, "failed": ExitCode.FAILED, "stopped": ExitCode.INTERRUPTED}
+"""`orch logs --follow` that saw the run end: orch up's code for that end; an end it could not
+tell (a node given up on) is 1."""
+
+
+class Number(click.FloatRange):
+    """A float option's type: `nan`, `inf` and `1e999` are refused (exit 2) like a value out of
+    range; click's FloatRange takes them (`--stall-timeout nan` would turn the watchdog off)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return super().convert(number, param, ctx)
 
 
 class State:
@@ -233,7 +248,7 @@ Examples:
                    "a failure stops the launch (exit 3).")
 @click.option("--retries", type=click.IntRange(min=0), metavar="N",
               help="Relaunch the run up to N times after a failure (default: job.retries, 0).")
-@click.option("--stall-timeout", type=click.FloatRange(min=0), metavar="SECONDS",
+@click.option("--stall-timeout", type=Number(min=0), metavar="SECONDS",
               help="Call the run hung when no rank writes a line this long; 0 = off "
                    "(default: job.stall_timeout_s, 600).")
 @node_selection
@@ -317,7 +332,7 @@ Examples:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line on stdout.")
 @click.option("--skew-correct/--no-skew-correct", default=None,
               help="Subtract measured clock offsets before ordering (default: on when known).")
-@click.option("--watermark", type=float, default=1.0, show_default=True,
+@click.option("--watermark", type=Number(), default=1.0, show_default=True,
               help="Seconds a live line may be held back to order it among nodes.")
 @click.option("--raw", is_flag=True,
               help="Write each line's text as the job wrote it, control characters included (for a file; "
@@ -354,7 +369,9 @@ def logs(state: State, run: str | None, follow: bool, node_filter: str | None, r
                 with contextlib.closing(view.follow(cluster, watermark=watermark, from_start=tail is None,
                                                     on_event=render.log_event)) as live:
                     out.lines((line for line in live if keep(line)), flush_each=True)
-                render.logs_drained(view.run.run_id, view.state())
+                ended = view.state()
+                render.logs_drained(view.run.run_id, ended)
+                raise SystemExit(FOLLOW_EXIT.get(ended, ExitCode.FAILED))
     except BrokenPipeError:
         render.silence_stdout()
     raise SystemExit(ExitCode.OK)
@@ -459,7 +476,7 @@ def report(state: State, run: str | None) -> None:
 @cli.command(context_settings=CONTEXT)
 @click.argument("run", required=False, shell_complete=complete.run_ids)
 @click.option("--json", "as_json", is_flag=True, help="Every rank's stack and the groups as JSON on stdout.")
-@click.option("--timeout", type=click.FloatRange(min=1), default=20.0, show_default=True, metavar="SECONDS",
+@click.option("--timeout", type=Number(min=1), default=20.0, show_default=True, metavar="SECONDS",
               help="How long py-spy may take per rank.")
 @pass_state
 def stacks(state: State, run: str | None, as_json: bool, timeout: float) -> None:
@@ -493,7 +510,7 @@ def stacks(state: State, run: str | None, as_json: bool, timeout: float) -> None
 @click.option("--once", is_flag=True, help="Print one table and exit (no live view).")
 @click.option("--json", "as_json", is_flag=True, help="One look as JSON on stdout (implies --once).")
 @click.option("--gpus", is_flag=True, help="One row per GPU instead of one per node.")
-@click.option("--interval", type=click.FloatRange(min=0.5), default=5.0, show_default=True, metavar="SECONDS",
+@click.option("--interval", type=Number(min=0.5), default=5.0, show_default=True, metavar="SECONDS",
               help="How often the live view fetches the node logs again.")
 @pass_state
 def top(state: State, run: str | None, once: bool, as_json: bool, gpus: bool, interval: float) -> None:
@@ -582,7 +599,7 @@ Examples:
 @cli.command("exec", cls=_CommandAfterDashes, help=EXEC_HELP, context_settings={**CONTEXT, "allow_extra_args": True})
 @click.argument("inventory", required=False, shell_complete=complete.inventory_files)
 @click.option("--nodes", "node_set", metavar="SET", shell_complete=complete.node_names, help="Only these nodes: names or ranges, e.g. v100-[1-2],v100-4.")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+@click.option("--timeout", type=Number(min=0, min_open=True), metavar="SECONDS",
               help="Give up on a node whose command runs longer than SECONDS (it counts exit 124).")
 @click.option("--json", "as_json", is_flag=True, help="Print every node's answer as JSON on stdout.")
 @click.option("-b", "--gather", is_flag=True,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shlex
 import sys
@@ -229,9 +230,20 @@ def probe_progress(nodes: int) -> Iterator[Progress | None]:
         yield progress
 
 
+def strict(data: Any) -> Any:
+    """`data` with every float that is not finite made null: JSON has no NaN or Infinity."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: strict(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [strict(v) for v in data]
+    return data
+
+
 def json_out(data: Any) -> None:
-    """`--json`: the document alone on stdout."""
-    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    """`--json`: the document alone on stdout, strict JSON (RFC 8259: no NaN, no Infinity)."""
+    sys.stdout.write(json.dumps(strict(data), indent=2, allow_nan=False) + "\n")
     sys.stdout.flush()
 
 
@@ -486,7 +498,11 @@ class UpPrinter:
 
     def replacing(self, node: str, spare: str, why: str) -> None:
 
-        self.err.print(f"[yellow]{markup(node)} failed the preflight[/] ({markup(why)}): "
+        # `why` says which: a straggler stopped, job.sync failed, else a check of the preflight
+        what, detail = ("was stopped as a straggler", why.removeprefix("straggler: ")) if why.startswith("straggler: ") \
+            else ("could not receive job.sync", why.removeprefix("sync: ")) if why.startswith("sync: ") \
+            else ("failed the preflight", why)
+        self.err.print(f"[yellow]{markup(node)} {what}[/] ({markup(detail)}): "
                        f"spare [bold]{markup(spare)}[/] takes its place, ranks re-planned")
 
     def resuming(self, how: str) -> None:
@@ -563,12 +579,27 @@ def up_outcome(outcome: UpOutcome) -> None:
         out.print("[bold red]job.sync could not be copied to every node: nothing was launched[/] (fix it, "
                   "or pass --skip-sync to launch with what the nodes have)")
     elif outcome.result == "preflight_failed":
-        out.print("[bold red]preflight failed: nothing was launched[/] (fix the failures above, "
-                  "or pass --skip-checks to launch anyway)")
+        # a node that cannot be reached is left out with --exclude: --skip-checks cannot launch there
+        from ..config.nodeset import fold
+
+        failed = outcome.preflight.failed() if outcome.preflight is not None else []
+        down = sorted({r.node for r in failed if r.check == "ssh"})
+        rest = [r for r in failed if r.node not in down]
+        if down:
+            names = markup(fold(down))
+            out.print(f"[bold red]preflight failed: nothing was launched[/]; {names} cannot be reached: leave "
+                      f"{'them' if len(down) > 1 else 'it'} out with --exclude {names}"
+                      + (" (and fix the other failures above, or pass --skip-checks to launch anyway)" if rest else ""))
+        else:
+            out.print("[bold red]preflight failed: nothing was launched[/] (fix the failures above, "
+                      "or pass --skip-checks to launch anyway)")
     elif outcome.result == "start_failed":
         out.print(f"stopped every node that had started ({outcome.teardown_s or 0:.1f} s); nothing was left running"
                   if not unconfirmed else f"[bold red]could not confirm the stop on: {unconfirmed}[/] "
                   f"(run: orch down {run})")
+        for node, why in outcome.never_started.items():
+            out.print(f"{markup(node)} never started ({markup(why)}): launch without it with --exclude {markup(node)}",
+                      soft_wrap=True)
     elif outcome.result == "detached":
         out.print(f"detached. Follow: orch logs --follow {run} · state: orch status {run} · stop: orch down {run}")
     elif outcome.result == "interrupted":
@@ -582,12 +613,12 @@ def up_outcome(outcome: UpOutcome) -> None:
         for node, why in outcome.not_stopped.items():
             out.print(f"[bold yellow]{markup(node)}: {markup(why)}[/] (run: orch down {run})")
     else:
+        # the excerpt first, the cause last: the last lines on the screen say why
         f = outcome.failure
         assert f is not None
-        out.print(f"\n[bold red]run {run} failed{attempt}[/]: first failure on " + failure_head(f.to_json()),
-                  soft_wrap=True)
-        if f.hint:
-            out.print(f"  hint: {markup(f.hint)}", soft_wrap=True)
+        if f.excerpt:
+            out.print(f"\n[bold red]run {run} failed{attempt}[/]; the last lines of {markup(f.node)} "
+                      f"(all of them: orch logs {run} --node {markup(f.node)}):", soft_wrap=True)
         for line in f.excerpt:
             out.print(f"  {markup(line)}", soft_wrap=True)
         out.print(f"stopped every other node in {outcome.teardown_s or 0:.1f} s" if not unconfirmed else
@@ -595,6 +626,10 @@ def up_outcome(outcome: UpOutcome) -> None:
                   "are reachable")
         if outcome.no_retry:
             out.print(f"[bold red]{markup(outcome.no_retry)}[/]")
+        out.print(f"[bold red]run {run} failed{attempt}[/]: first failure on " + failure_head(f.to_json()),
+                  soft_wrap=True)
+        if f.hint:
+            out.print(f"  hint: {markup(f.hint)}", soft_wrap=True)
 
 
 def failure_head(ff: Mapping[str, Any]) -> str:

@@ -9,6 +9,7 @@ reported at once.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -187,7 +188,7 @@ def parse_size(value: int | str) -> int:
         number = value
     else:
         m = SIZE.match(str(value))
-        if not m:
+        if not m or not math.isfinite(float(m.group(1))):
             raise ValueError(f"max_bytes {value!r} is not a size (examples: 268435456, 64M, 1G)")
         number = int(float(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2).upper()])
     if number < 4:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import difflib
 import functools
+import math
 import reprlib
 import types
 from typing import (
@@ -179,6 +180,8 @@ def _plain(tp: Any, value: Any) -> Any:
     """`value` validated against `tp` when it already has that type exactly, as pydantic's lax mode
     returns it then (an int where a float is declared becomes that float); else _NotPlain."""
     if tp is Any:
+        if not all_finite(value):
+            raise _NotPlain
         return value
     if isinstance(tp, type) and issubclass(tp, _Schema):
         if type(value) is not dict:
@@ -190,7 +193,7 @@ def _plain(tp: Any, value: Any) -> Any:
             raise _NotPlain  # a required key is missing
         return tp(**{key: _plain(declared[key], v) for key, v in value.items()})
     if tp is float:
-        if type(value) is float:
+        if type(value) is float and math.isfinite(value):
             return value
         if type(value) is int:
             return float(value)
@@ -225,10 +228,39 @@ def _plain(tp: Any, value: Any) -> Any:
     raise _NotPlain
 
 
+def all_finite(value: Any) -> bool:
+    """No float in `value` (a scalar, or lists and mappings of them) is NaN or infinite: `.nan`,
+    `.inf` and `1e999` are not a duration, a size or a setting anyone means."""
+    if type(value) is float:
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(all_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return all(all_finite(v) for v in value)
+    return True
+
+
+def _finite_anywhere(value: Any) -> Any:
+    if not all_finite(value):
+        raise ValueError("Input should be a finite number")
+    return value
+
+
 def _pydantic_type(tp: Any) -> Any:
-    """`tp` with every schema class replaced by its pydantic model."""
+    """`tp` with every schema class replaced by its pydantic model, and every number finite
+    (pydantic's float takes NaN and infinities; a free value of type Any is held to the same)."""
     if isinstance(tp, type) and issubclass(tp, _Schema):
         return pydantic_model(tp)
+    if tp is float:
+        from pydantic import FiniteFloat
+
+        return FiniteFloat
+    if tp is Any:
+        from typing import Annotated
+
+        from pydantic import AfterValidator
+
+        return Annotated[Any, AfterValidator(_finite_anywhere)]
     origin, args = get_origin(tp), get_args(tp)
     if origin is list:
         return list[_pydantic_type(args[0])]  # type: ignore[misc]
@@ -296,14 +328,17 @@ def _schema_issues(exc: ValidationError, path: str, lines: dict[yamlines.Path, i
         else:
             msg = f"{err['msg'].removeprefix('Value error, ')} (got {shown(err.get('input'))})"
         issues.append(InventoryIssue(msg, path, line, key))
-    # pydantic reports one error per union member for scalar unions; keep the first per key
-    seen: set[tuple[int | None, str | None]] = set()
-    unique = []
+    # pydantic reports one error per union member for scalar unions; keep the first per key (a
+    # value that is not finite: that one), and none for a key whose member (`job.args.lr0`) has one
+    keys = {i.key for i in issues if i.key}
+    unique: dict[tuple[int | None, str | None], InventoryIssue] = {}
     for i in issues:
-        if (i.line, i.key) not in seen:
-            seen.add((i.line, i.key))
-            unique.append(i)
-    return unique
+        if i.key is not None and any(k.startswith((i.key + ".", i.key + "[")) for k in keys):
+            continue
+        if (i.line, i.key) not in unique or ("finite" in i.message
+                                             and "finite" not in unique[i.line, i.key].message):
+            unique[i.line, i.key] = i
+    return list(unique.values())
 
 
 _SHOWN = reprlib.Repr()

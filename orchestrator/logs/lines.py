@@ -273,7 +273,7 @@ def to_json(line: LogLine) -> str:
     control character escaped by JSON; `node_rank` null for the controller's own lines (-1)."""
     return json_safe(json.dumps({"ts": line.stamp or format_ts(line.ts), "node": line.node,
                                  "node_rank": line.node_rank if line.node_rank >= 0 else None, "rank": line.rank, "local_rank": line.local_rank,
-                                 "line": line.text, "stream": line.stream}, ensure_ascii=False))
+                                 "line": line.text, "stream": line.stream}, ensure_ascii=False, allow_nan=False))
 
 
 def column_widths(nodes: Iterable[str], world_size: int | None) -> tuple[int, int]:

@@ -9,6 +9,7 @@ it; its fields are docs/CONTRACT.md's). A timing line is a rank's `timing epoch 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +23,10 @@ __all__ = ["PREFIX", "Sample", "is_metrics", "parse_sample", "timing_window"]
 
 
 def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    """A reading; None when missing or not a finite number (an older agent wrote `NaN`)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
 
 
 def _int(value: Any) -> int | None:

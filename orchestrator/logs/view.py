@@ -9,6 +9,7 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 
 from ..config.inventory import Inventory
+from ..run.supervise import run_state
 from ..store import RunDir, RunStore, clock_offsets, clock_reference
 from ..transport import Cluster, GroupResult
 from .fetch import NodeSource, fetch_all, node_sources
@@ -143,8 +144,16 @@ class RunLogs:
         generator to stop (it stops the readers on every node at once)."""
         follower = Follower(self.run, self.inv, cluster, watermark=watermark, offsets_ms=self.offsets_ms,
                             from_start=from_start, on_event=on_event)
+        self.node_states = lambda: [st.remote_state for st in follower.nodes]
         return follower.lines()
 
+    node_states: Callable[[], list[str]] | None = None
+    """After `follow`: each node's state as its reader last said it ("-": no state.json)."""
+
     def state(self) -> str:
-        """The run's state as run.json says it now."""
-        return str(self.run.read().get("state", "unknown"))
+        """The run's state: run.json's once final, else what the followed nodes' final states make
+        it (a detached run's run.json says `running` until someone asks its nodes)."""
+        recorded = self.run.read().get("state")
+        if self.node_states is None:
+            return str(recorded or "unknown")
+        return str(run_state(self.node_states(), recorded))

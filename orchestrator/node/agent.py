@@ -53,6 +53,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import sys
 import time
@@ -127,6 +128,13 @@ When the first one came is state.json `failed_at`: the order of a run's failures
 collective broke when the first rank died) fails later than the rank it died of, but its torchrun
 may well exit first: torchrun's own exit, after its summary and its interpreter's teardown, is the
 noisier clock."""
+
+
+def shown(argv: list[str]) -> str:
+    """An argv as one line a shell would read back: each word quoted when it needs it, and a word
+    holding a newline or another control character as `$'...'` with it escaped (one log line)."""
+    return " ".join(shlex.quote(a) if a.isprintable()
+                    else "$'" + a.encode("unicode_escape").decode("ascii").replace("'", "\\'") + "'" for a in argv)
 
 
 # ----------------------------------------------------------------------------- small helpers
@@ -417,7 +425,7 @@ class Monitor:
             self.start_lease()
         self.log.write("orch", STARTING_TEXT.format(pid=os.getpid(), host=socket.gethostname(),
                                                     attempt="" if attempt == "1" else f" attempt {attempt}",
-                                                    argv=" ".join(argv), cwd=cwd))
+                                                    argv=shown(argv), cwd=shown([cwd])))
         try:
             umask = self.launch.get("login_umask")
             proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

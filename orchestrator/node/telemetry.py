@@ -25,6 +25,7 @@ A rank is a process below the agent whose environment has torchrun's `RANK` and 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -87,6 +88,9 @@ def parse_gpu_csv(text: str) -> list[dict[str, Any]]:
                 try:
                     number = float(raw.split()[0])
                 except (ValueError, IndexError):
+                    gpu[key] = None
+                    continue
+                if not math.isfinite(number):  # `nan`, `inf`, `1e999`: no reading
                     gpu[key] = None
                     continue
                 gpu[key] = int(number) if key in ("index", "mem_used_mb", "mem_total_mb", "sm_mhz") else number
@@ -354,6 +358,18 @@ def parent_of(pid: int, proc: str = "/proc") -> int | None:
         return None
 
 
+def finite(value: Any) -> Any:
+    """`value` with every float that is not finite (a NaN or an infinity read from a tool) made
+    None: a reading that is not a number is a missing one, and the line stays strict JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
 def line(sample: dict[str, Any]) -> str:
-    """The text of a telemetry line (the agent stamps it)."""
-    return PREFIX + json.dumps(sample, separators=(",", ":"), sort_keys=False)
+    """The text of a telemetry line (the agent stamps it): strict JSON."""
+    return PREFIX + json.dumps(finite(sample), separators=(",", ":"), sort_keys=False, allow_nan=False)

@@ -26,6 +26,7 @@ import re
 import signal as _signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from ..node.agent import STOPPING_PREFIX
 
@@ -101,6 +102,71 @@ HINTS = (
     (re.compile(r"Expected all tensors to be on the same device"),
      "a tensor and the model are on different devices: move both to cuda:LOCAL_RANK"),
 )
+
+
+CONSEQUENCE = re.compile(
+    r"Connection (?:closed|reset) by peer|remote worker (?:crashing|hanging)|ncclRemoteError|"
+    r"remote process exited or there was a network error|NCCL communicator was aborted|Broken pipe")
+"""A rank's error that says it lost a peer (gloo's, NCCL's): a consequence of another rank's failure."""
+BEFORE_S, AFTER_S = 60.0, 10.0
+"""How far before and after a lost peer another rank's exception is taken as its cause: a rank
+that raised is gone from its peers once its process exits (seconds later: its torchrun stops it),
+and the first rank to notice may print its own error before the cause's reaches the log."""
+
+
+@dataclass(frozen=True)
+class Raised:
+    """An exception a worker raised: the last line of a traceback it printed."""
+
+    at: float
+    """When its node wrote that line (the node's clock, epoch seconds)."""
+    local_rank: int
+    text: str
+
+
+def consequence(text: str | None) -> bool:
+    """Is this failure a lost peer, which another rank's failure caused?"""
+    return bool(text) and CONSEQUENCE.search(text or "") is not None
+
+
+def raised(raw_lines: Sequence[str]) -> list[Raised]:
+    """Every exception the node's workers raised (node.log lines, oldest first), up to its agent's
+    stop, in the order written."""
+    out: list[Raised] = []
+    open_tb: dict[int, bool] = {}
+    for raw in raw_lines:
+        parts = raw.split(" ", 2)
+        if len(parts) < 3 or parts[1] not in ("out", "err", "orch"):
+            continue
+        if parts[2].startswith(STOPPING_PREFIX):
+            break
+        m = TEE.match(parts[2])
+        if not m:
+            continue
+        local = int(m.group(1))
+        body = parts[2][m.end():]
+        tag = RANK_TAG.match(body)
+        body = body[tag.end():] if tag else body
+        if body.strip() == TRACEBACK:
+            open_tb[local] = True
+            continue
+        if not open_tb.get(local) or not body.strip() or body[:1] in (" ", "\t"):
+            continue
+        e = EXCEPTION.match(body.strip())
+        if e and (e.group(2) is not None or BARE_EXCEPTION.search(e.group(1))):
+            open_tb[local] = False
+            at = _epoch(parts[0])
+            if at is not None and not any(w in body for w in WRAPPERS):
+                out.append(Raised(at, local, body.strip()))
+    return out
+
+
+def _epoch(stamp: str) -> float | None:
+    """A node.log stamp (`2026-11-30T09:32:05.123456Z`) as epoch seconds."""
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -196,11 +262,11 @@ def cause(texts: Sequence[str], *, node: str = "", signal: str | None = None) ->
         # the OOM killer leaves nothing in the rank's output; an abort or a crash may have said why
         found = None if s.signal == "SIGKILL" else (terminated(mine) or gpu_error(mine) or exception_line(mine))
         text = f"{found} (killed by {s.signal})" if found else f"killed by {s.signal}"
-        return Cause(text, s.signal, _hint(found or "") or _signal_hint(s.signal, node))
+        return Cause(text, s.signal, hint_of(found or "") or _signal_hint(s.signal, node))
     found = (exception_line(s.traceback) or exception_line(mine) or argparse_error(mine) or gpu_error(mine)
              or terminated(mine))
     if found:
-        return Cause(found, None, _hint(found))
+        return Cause(found, None, hint_of(found))
     if s.exit_code is not None and 128 < s.exit_code < 160 and signal_name(s.exit_code - 128):
         sig = signal_name(s.exit_code - 128)
         return Cause(f"exited with code {s.exit_code} (128 + {s.exit_code - 128}: a shell's way of saying killed "
@@ -288,10 +354,11 @@ def _torchrun_cause(own: Sequence[str], node: str) -> Cause | None:
             sig = signal_name(int(m.group(1))) or f"signal {m.group(1)}"
             return Cause(f"torchrun got {sig}", sig, _signal_hint(sig, node))
     found = exception_line(own) or argparse_error(own) or gpu_error(own)
-    return Cause(found, None, _hint(found)) if found else None
+    return Cause(found, None, hint_of(found)) if found else None
 
 
-def _hint(text: str) -> str | None:
+def hint_of(text: str) -> str | None:
+    """What usually fixes the error this line names, or None."""
     for pattern, hint in HINTS:
         if pattern.search(text):
             return hint

@@ -18,8 +18,9 @@ from ..errors import OrchError
 from ..store import RunDir, RunStore, clock_offsets
 from ..transport import Cluster, GroupResult
 from .agents import NodeStatus, StopResult, status_all, status_node, stop_all
+from .cause import consequence
 from .records import RunRecord
-from .supervise import NodeSpec, Supervisor, corrected, run_state
+from .supervise import NodeSpec, Supervisor, blame, corrected, run_state
 
 
 @dataclass(frozen=True)
@@ -153,13 +154,20 @@ def detached_failure(cluster: Cluster, records: list[dict[str, Any]], statuses: 
     if not failures:
         return None
     first = min(failures, key=lambda f: f.order)
-    rec = next(r for r in records if r["node"] == first.node)
-    try:
-        tail = list(status_node(cluster[first.node], rec["python"], rec["remote_dir"], tail=200,
-                                nonce=rec.get("nonce")).tail)
-    except OrchError:
-        tail = []
+
+    def tail_of(node: str) -> list[str]:
+        rec = next(r for r in records if r["node"] == node)
+        try:
+            return list(status_node(cluster[node], rec["python"], rec["remote_dir"], tail=200,
+                                    nonce=rec.get("nonce")).tail)
+        except OrchError:
+            return []
+
+    tail = tail_of(first.node)
     first.explain(tail)
+    if consequence(first.cause):  # a lost peer: the rank that raised is named instead
+        logs = {first.node: tail, **{n: tail_of(n) for n in specs if n != first.node}}
+        first = blame(first, logs, specs, offsets)
     return first.to_json()
 
 

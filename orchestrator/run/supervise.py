@@ -21,17 +21,33 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from ..contract import FINAL_STATES, NodeState, RunState
+from ..node.telemetry import PREFIX as TELEMETRY_PREFIX
 from .agents import NodeStatus, StopResult
-from .cause import cause, root_cause
+from .cause import (
+    AFTER_S,
+    BEFORE_S,
+    CONSEQUENCE,
+    EXCEPTION,
+    TEE,
+    TRACEBACK,
+    WRAPPERS,
+    cause,
+    consequence,
+    hint_of,
+    raised,
+    root_cause,
+)
 
 
 @dataclass(frozen=True)
@@ -163,24 +179,58 @@ def log_text(raw: str) -> str:
     return raw
 
 
-def select_excerpt(raw_lines: Sequence[str], n: int = EXCERPT_LINES) -> tuple[list[str], int | None, int | None]:
+SUMMARY_LINE = re.compile(r"^(?:\[\d+\]:|  |-{8,}|={8,}|Failures:|Root Cause)")
+"""A line of torchrun's failure summary: an entry's number, a field, its traceback, a rule, a heading."""
+
+
+def boilerplate(texts: Sequence[str]) -> set[int]:
+    """The lines of a node log (texts) an excerpt leaves out; they stay in the log: the agent's
+    telemetry lines, torchrun's failure summary (`==== ... FAILED`, `Failures:`, `Root Cause (first
+    observed failure)`, `error_file`, to its closing `====`), its note of the error file it copies,
+    and its own traceback ending in its `ChildFailedError`: the worker's exception above them says it, `cause` names it."""
+    hidden = {i for i, t in enumerate(texts) if t.startswith(TELEMETRY_PREFIX + "{")
+              or ("error_handler.py" in t and "error file" in t)}
+    own = [i for i, t in enumerate(texts) if not TEE.match(t)]  # not a worker's (--tee) line
+    for k, i in enumerate(own):
+        t = texts[i]
+        if any(w in t for w in WRAPPERS) and EXCEPTION.match(t.strip()):
+            start = next((j for j in reversed(own[:k]) if texts[j].strip() == TRACEBACK), i)
+            hidden.update(j for j in own if start <= j <= i)
+        elif t.startswith("====") and k + 1 < len(own) and texts[own[k + 1]].rstrip().endswith(" FAILED"):
+            close = next((j for j in own[k + 2:] if texts[j].startswith("====")), own[-1])
+            hidden.update(j for j in own if i <= j <= close)
+    rc = root_cause(texts)
+    if rc is not None and rc[0] not in hidden:  # a summary whose head was cut off: back to its first entry
+        first, last = rc[0], rc[1]
+        while first > 0 and first - 1 not in hidden and SUMMARY_LINE.match(texts[first - 1]):
+            first -= 1
+        hidden.update(range(first, last + 1))
+    return hidden
+
+
+def select_excerpt(raw_lines: Sequence[str], n: int = EXCERPT_LINES,
+                   worker: int | None = None) -> tuple[list[str], int | None, int | None]:
     """The failure excerpt of a node log, and the (rank, local rank) torchrun blames, if any.
 
     The last `n` lines, plus torchrun's whole Root Cause block and the blamed worker's last lines
-    when they fall outside them: torchrun prints its own traceback after the worker's, so the
-    worker's exception is often 30 lines above the end."""
+    (`worker`: that local rank's instead) when they fall outside them: torchrun prints its own
+    traceback after the worker's, so the worker's exception is often 30 lines above the end."""
     texts = [log_text(r) for r in raw_lines]
-    keep = set(range(max(0, len(texts) - n), len(texts)))
+    hidden = boilerplate(texts)
+    shown = [i for i in range(len(texts)) if i not in hidden]
+    keep = set(shown[-n:])
     rank = local = None
     rc = root_cause(texts)
+    end = len(texts)
     if rc is not None:
-        first, last, r, lr = rc
-        keep.update(range(first, last + 1))
+        first, _last, r, lr = rc
+        end = first
         if r >= 0:
             rank, local = r, lr
-            prefix = f"[default{lr}]:"
-            mine = [i for i, t in enumerate(texts[:first]) if t.startswith(prefix)]
-            keep.update(mine[-8:])
+    if worker is not None or local is not None:
+        prefix = f"[default{worker if worker is not None else local}]:"
+        mine = [i for i, t in enumerate(texts[:end]) if t.startswith(prefix)]
+        keep.update(mine[-8:])
     out: list[str] = []
     prev = None
     for i in sorted(keep):
@@ -189,6 +239,39 @@ def select_excerpt(raw_lines: Sequence[str], n: int = EXCERPT_LINES) -> tuple[li
         out.append(texts[i])
         prev = i
     return out, rank, local
+
+
+def blame(first: Failure, logs: Mapping[str, Sequence[str]], specs: Mapping[str, NodeSpec],
+          offsets_s: Mapping[str, float] | None = None) -> Failure:
+    """The failure to name: `first`, unless its cause is a lost peer (a consequence) and a rank
+    raised a real exception from `BEFORE_S` before to `AFTER_S` after it, on any node (`logs`:
+    node.log lines of the nodes that could be read, `first.node`'s among them): then the earliest
+    such exception, on its node and rank."""
+    if not consequence(first.cause) or first.node not in logs:
+        return first
+    offsets = offsets_s or {}
+    mine = [r for r in raised(logs[first.node]) if consequence(r.text)
+            and (first.local_rank is None or r.local_rank == first.local_rank)]
+    when = mine[0].at - offsets.get(first.node, 0.0) if mine else first.order
+    if when == math.inf:
+        return first
+    found = [(r.at - offsets.get(node, 0.0), node, r) for node, lines in logs.items() if node in specs
+             for r in raised(lines) if not consequence(r.text)]
+    found = [f for f in found if when - BEFORE_S <= f[0] <= when + AFTER_S]
+    if not found:
+        return first
+    at, node, r = min(found, key=lambda f: f[0])
+    spec = specs[node]
+    lost = f"rank {first.rank}" if first.rank is not None else "a rank"
+    said = CONSEQUENCE.search(first.cause or "")
+    note = (f"{lost} on {first.node} lost its peer {abs(when - at):.3f} s {'after' if when >= at else 'before'} "
+            f"this ({said.group() if said else first.cause}): a consequence of it")
+    hint = hint_of(r.text)
+    real = Failure(node, spec.node_rank, first.reason if node == first.node else f"a rank raised: {r.text}",
+                   first.exit_code if node == first.node else None, spec.base_rank + r.local_rank, r.local_rank,
+                   order=min(first.order, at), cause=r.text, hint=f"{hint}; {note}" if hint else note)
+    real.excerpt = select_excerpt(logs[node], worker=r.local_rank)[0]
+    return real
 
 
 def run_state(node_states: Sequence[str], recorded: str | None) -> RunState:
@@ -635,3 +718,16 @@ class Supervisor:
             f.excerpt = [f"(cannot read the node's log: {exc})"]
             return
         f.explain(raw)
+        if consequence(f.cause):  # a lost peer: the rank that raised is named instead
+            read = self.excerpt
+
+            def tail(name: str) -> list[str]:
+                try:
+                    return list(read(name))
+                except Exception:  # a node whose log cannot be read now cannot be blamed
+                    return []
+
+            others = [n for n in self.specs if n != f.node and n not in self.not_stopped]
+            with ThreadPoolExecutor(max_workers=max(1, min(16, len(others)))) as pool:
+                logs = {f.node: raw, **dict(zip(others, pool.map(tail, others)))}
+            self.failure = blame(f, logs, self.specs, self.offsets_s)

@@ -251,7 +251,7 @@ class SSHTransport(Transport):
 
     def _lost(self) -> TransportError:
         """The connection died under a running command: its exit status never came."""
-        return TransportError(self.node.name, "unreachable", "connection lost while running a command")
+        return TransportError(self.node.name, "unreachable", LOST)
 
     def _drop(self, conn: Any) -> None:
         """Forget and close `conn`, broken: a newer connection another thread opened stays."""
@@ -268,6 +268,10 @@ class _Attempt:
         self.closes = closes
         self.done = threading.Event()
         self.error: TransportError | None = None
+
+
+LOST = "connection lost while running a command"
+"""A connection that broke under a running command (the command may have run)."""
 
 
 def _close_quietly(conn: Any) -> None:

@@ -385,3 +385,23 @@ def test_without_drain_stamps_catch_up_goes_through_the_live_merge(tmp_path: Pat
     monkeypatch.setattr(NodeStream, "_push", lambda self, line: (pushed.append(line.text), real_push(self, line)))
     out = [ln.text for _, ln in follow_all(Follower(run, inv, Cluster(inv), watermark=0.2, poll_s=0.1))]
     assert len(out) == 100 and len(pushed) == 100
+
+
+@pytest.mark.parametrize(("states", "ended", "code"), [
+    (("succeeded", "succeeded"), "succeeded", 0),
+    (("succeeded", "failed"), "failed", 1),
+    (("stopped", "stopped"), "stopped", 130),
+])
+def test_follow_ends_with_the_state_the_run_ended_in_and_its_exit_code(
+        tmp_path: Path, states: tuple[str, str], ended: str, code: int) -> None:
+    """run.json still says `running` (a detached run nobody asked about): the nodes' own final
+    states say how it ended, and the exit code is orch up's for that end."""
+    inv, run = make_run(tmp_path, ["a", "b"])
+    run.update(state="running")
+    writers = [start_writer(inv, run, n, 5, 0.01, state=s) for n, s in zip(("a", "b"), states)]
+    for w in writers:
+        assert w.wait(timeout=30) == 0
+    result = CliRunner().invoke(cli, ["logs", "r1", "--follow"], catch_exceptions=False)
+    assert result.stderr.strip().splitlines()[-1] == f"orch: every node's log is drained (run r1: {ended})", \
+        result.stderr
+    assert result.exit_code == code

@@ -467,8 +467,8 @@ def test_a_job_started_again_in_its_directory_is_not_judged_by_the_last_stop(tmp
     assert "second attempt" in log
     # the node's log (and so the merged log) says where each attempt starts; the first says none
     starts = [ln.split(" orch ", 1)[1] for ln in log.splitlines() if " starting" in ln]
-    assert len(starts) == 2 and " starting: sh -c sleep 30" in starts[0], starts
-    assert " starting attempt 2: sh -c echo second attempt" in starts[1], starts
+    assert len(starts) == 2 and " starting: sh -c 'sleep 30'" in starts[0], starts  # the argv quoted, as a shell reads it
+    assert " starting attempt 2: sh -c 'echo second attempt'" in starts[1], starts
 
 
 RANKS = """
@@ -651,3 +651,21 @@ def test_no_nvidia_smi_is_said_in_the_sample_and_telemetry_0_writes_none(
     assert call("start", str(off))[0] == 0
     wait_state(off, "succeeded")
     assert telemetry_samples(off) == [] and "telemetry" not in (off / "node.log").read_text()
+
+
+def test_the_starting_line_quotes_the_argv_so_a_newline_stays_on_it(tmp_path: Path) -> None:
+    """An argument holding a newline left an unstamped line in node.log; quoted, the line reads
+    back as the argv a shell would run."""
+    import shlex
+
+    d = prepare(tmp_path, "echo 'two\nlines' 'a b'; exit 0")
+    code, _st = call("start", str(d))
+    assert code == 0
+    wait_state(d, "succeeded")
+    log = (d / "node.log").read_text().splitlines()
+    assert all(re.match(r"^\d{4}-\d\d-\d\dT[\d:.]+Z (out|err|orch) ", ln) for ln in log), log
+    start = next(ln for ln in log if " starting: " in ln)
+    argv = start.split(" starting: ", 1)[1].rsplit(" (cwd ", 1)[0]
+    assert argv == "sh -c $'echo \\'two\\nlines\\' \\'a b\\'; exit 0'", argv
+    assert agent.shown(["python", "-m", "trainer", "--name", "a b"]) == "python -m trainer --name 'a b'"
+    assert shlex.split(agent.shown(["x", "it's"])) == ["x", "it's"]

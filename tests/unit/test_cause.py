@@ -163,21 +163,47 @@ def test_explain_fills_the_failure_and_its_json() -> None:
     doc = f.to_json()
     assert (doc["rank"], doc["local_rank"], doc["signal"], doc["cause"]) == (3, 1, "SIGKILL", "killed by SIGKILL")
     assert doc["exit_code"] == 1 and doc["reason"] == "exited with code 1"  # the node's, as before
-    assert any("Root Cause" in x for x in doc["excerpt"])
+    assert not any("Root Cause" in x for x in doc["excerpt"])  # torchrun's summary stays in the log only
 
 
 def said(capsys: pytest.CaptureFixture[str]) -> str:
     return " ".join(capsys.readouterr().err.split())
 
 
-def test_orch_up_names_the_cause_above_the_excerpt(capsys: pytest.CaptureFixture[str]) -> None:
+def test_orch_up_ends_with_the_cause_and_its_hint_after_the_excerpt(capsys: pytest.CaptureFixture[str]) -> None:
+    """The last lines a user reads say why; torchrun's summary and telemetry are left to the log."""
     f = Failure("n1", 1, "exited with code 1", 1)
-    f.explain(raw("nodelog/raise_rank3_failing-node_torch2.14.log"))
+    lines = raw("nodelog/raise_rank3_failing-node_torch2.14.log")
+    lines.insert(-1, '2026-12-01T21:41:12.000000Z orch telemetry {"v":1,"gpus":[],"cpu_pct":1.0}')
+    f.explain(lines)
     render.up_outcome(UpOutcome("failed", run_id="r1", failure=f, teardown_s=1.0))
-    err = said(capsys)
-    head = "first failure on n1 (node rank 1, rank 3, exit code 1): RuntimeError: injected failure on rank 3 at step 2"
-    assert head in err and "exited with code 1" not in err.split("Root Cause")[0]
-    assert err.index(head) < err.index("Root Cause")  # the excerpt stays, below the cause
+    out = capsys.readouterr().err.rstrip("\n").splitlines()
+    head = "run r1 failed: first failure on n1 (node rank 1, rank 3, exit code 1): RuntimeError: injected failure on rank 3 at step 2"
+    assert out[-1] == head, out[-3:]
+    assert out[-2] == "stopped every other node in 1.0 s"
+    err = " ".join(out)
+    assert "[default1]:[rank3]: RuntimeError: injected failure on rank 3 at step 2" in err  # the excerpt stays
+    for boilerplate in ("Root Cause", "ChildFailedError", "error_file", "Failures:", "telemetry {", "FAILED"):
+        assert boilerplate not in err, boilerplate
+    f.hint = "a hint"
+    render.up_outcome(UpOutcome("failed", run_id="r1", failure=f, teardown_s=1.0))
+    assert capsys.readouterr().err.rstrip("\n").splitlines()[-2:] == [head, "  hint: a hint"]
+
+
+@pytest.mark.parametrize("name", ["torchrun_failure_summary_exitcode1_unsloth-4.txt",
+                                  "torchrun_failure_summary_SIGKILL_CPPO-6.txt",
+                                  "torchrun_failure_summary_8rank_SIGABRT_tail_picotron-6.txt",
+                                  "torchrun_tee3_2proc_exit3_stderr_torch2.14.txt"])
+def test_torchruns_recorded_summaries_are_left_out_of_the_excerpt(name: str) -> None:
+    from orchestrator.run.supervise import select_excerpt
+
+    lines = (FIXTURES / name).read_text().splitlines()
+    excerpt, _rank, _local = select_excerpt(lines)
+    for boilerplate in ("Root Cause (first observed failure)", "ChildFailedError", "error_file", "Failures:"):
+        assert not any(boilerplate in x for x in excerpt), (boilerplate, excerpt)
+    f = Failure("n1", 0, "exited with code 1", 1)
+    f.explain(lines)  # the summary still names the rank and the cause
+    assert f.cause is not None
 
 
 def test_orch_up_names_a_killed_rank_by_its_signal(capsys: pytest.CaptureFixture[str]) -> None:
@@ -215,3 +241,60 @@ def test_orch_status_headline_is_one_line_whatever_the_run_id_length(capsys: pyt
     render.status_table(StatusReport(run, "succeeded", nodes, attempt=2, max_attempts=2))
     first = capsys.readouterr().out.splitlines()[0]
     assert first == f"run {run}: succeeded (attempt 2 of 2)", first
+
+
+def test_a_lost_peer_first_is_a_consequence_and_the_rank_that_raised_is_named() -> None:
+    """Rank 1 lost its peer 13 ms before rank 0 raised on the same node; torchrun names rank 1."""
+    from orchestrator.run.supervise import NodeSpec, blame
+
+    lines = raw("nodelog/seg-on-detect_peer-lost-first_derived.log")
+    f = Failure("gpu1", 0, "exited with code 1", 1, order=1.0)
+    f.explain(lines)
+    assert (f.rank, f.cause) == (1, f.cause) and f.cause is not None and "Connection closed by peer" in f.cause
+    real = blame(f, {"gpu1": lines}, {"gpu1": NodeSpec("gpu1", 0, 0, 2)})
+    assert (real.node, real.node_rank, real.rank, real.local_rank) == ("gpu1", 0, 0, 0)
+    assert real.cause == "ValueError: Segment dataset requires equal numbers of boxes and segments"
+    assert real.hint is not None and real.hint == ("rank 1 on gpu1 lost its peer 0.013 s before this (Connection closed by peer): a "
+                                        "consequence of it")
+    assert real.exit_code == 1 and real.reason == "exited with code 1"
+    assert any("ValueError: Segment dataset" in x for x in real.excerpt)
+
+
+def test_a_lost_peer_on_the_first_node_blames_the_rank_that_raised_on_another() -> None:
+    """n0's rank 1 lost its peer (first to fail, by its node's clock); n1's rank 3 raised 7.4 s before."""
+    from orchestrator.run.supervise import NodeSpec, blame
+
+    n0, n1 = raw("nodelog/raise_rank3_other-node_torch2.14.log"), raw("nodelog/raise_rank3_failing-node_torch2.14.log")
+    f = Failure("n0", 0, "exited with code 1", 1, order=1.0)
+    f.explain(n0)
+    assert f.cause is not None and "Connection closed by peer" in f.cause and f.rank == 1
+    specs = {"n0": NodeSpec("n0", 0, 0, 2), "n1": NodeSpec("n1", 1, 2, 2)}
+    real = blame(f, {"n0": n0, "n1": n1}, specs)
+    assert (real.node, real.node_rank, real.rank, real.local_rank) == ("n1", 1, 3, 1)
+    assert real.cause == "RuntimeError: injected failure on rank 3 at step 2"
+    assert real.to_json()["cause"] == real.cause
+    assert real.hint == "rank 1 on n0 lost its peer 7.430 s after this (Connection closed by peer): a consequence of it"
+    # too far apart on the reference clock (a node's offset): not its cause, the first failure stays
+    assert blame(f, {"n0": n0, "n1": n1}, specs, {"n1": -120.0}) is f
+    # a real exception first is never replaced
+    g = Failure("n1", 1, "exited with code 1", 1)
+    g.explain(n1)
+    assert blame(g, {"n0": n0, "n1": n1}, specs) is g
+
+
+def test_the_supervisor_names_the_real_exception_for_runs_and_status() -> None:
+    """`orch up`'s outcome (and so run.json's first_failure, `orch runs`, `orch status`)."""
+    from orchestrator.contract import NodeState
+    from orchestrator.run.agents import NodeStatus, StopResult
+    from orchestrator.run.supervise import NodeSpec, Supervisor
+
+    n0, n1 = raw("nodelog/raise_rank3_other-node_torch2.14.log"), raw("nodelog/raise_rank3_failing-node_torch2.14.log")
+    rounds = iter([{"n0": NodeStatus(NodeState.FAILED, exit_code=1, finished_at=50.0),
+                    "n1": NodeStatus(NodeState.RUNNING, agent_alive=True, job_alive=True)}])
+    specs = [NodeSpec("n0", 0, 0, 2), NodeSpec("n1", 1, 2, 2)]
+    sup = Supervisor(specs, observe=lambda: next(rounds), stop_all=lambda: {s.name: StopResult(None) for s in specs},
+                     excerpt=lambda node: n0 if node == "n0" else n1, interval=1.0, unreachable_grace=10.0,
+                     clock=lambda: 0.0, sleep=lambda s: None)
+    out = sup.run()
+    assert out.failure is not None and (out.failure.node, out.failure.rank) == ("n1", 3)
+    assert out.failure.cause == "RuntimeError: injected failure on rank 3 at step 2"

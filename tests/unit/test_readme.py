@@ -38,3 +38,17 @@ def test_documents_every_make_target() -> None:
 
 def test_no_placeholder_left() -> None:
     assert not re.search(r"^[A-Z_]{6,}$", README, re.M), "a section placeholder is still in the README"
+
+
+def test_make_help_prints_each_target_as_written() -> None:
+    """`make help` greps the `## ` comments: make never expands them, so `$$` there stays `$$`."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+    out = subprocess.run(["make", "-s", "help"], cwd=REPO, capture_output=True, text=True, timeout=30).stdout
+    assert "make clean" in out and "$ORCH_HOME" in out
+    assert "$$" not in out, out

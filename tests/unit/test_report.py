@@ -206,3 +206,16 @@ def test_timeline_phases_and_throughput_per_node_over_the_epochs() -> None:
     per_node = node_throughput(parse_throughput_epochs(node_log(0).splitlines() + node_log(1).splitlines()),
                                [{"node": "node0", "base_rank": 0, "nproc": 1}, {"node": "node1", "base_rank": 1, "nproc": 1}])
     assert per_node == {"node0": {1: (10.0, 0.125), 2: (20.0, 0.125)}, "node1": {1: (11.0, 0.125), 2: (21.0, 0.125)}}
+
+
+def test_the_heatmaps_time_axis_tells_its_ticks_apart() -> None:
+    """A run of under a minute read `0 0 0` in minutes."""
+    from orchestrator.report import time_ticks
+
+    ticks, labels, unit = time_ticks([1000.0 + 5 * i for i in range(9)])
+    assert unit == "seconds" and labels == ["0", "5", "10", "15", "20", "25", "30", "35", "40"] and ticks == list(range(9))
+    _, labels, unit = time_ticks([1000.0 + 0.5 * i for i in range(4)])
+    assert labels == ["0.0", "0.5", "1.0", "1.5"]
+    _, labels, unit = time_ticks([60.0 * i for i in range(100)])
+    assert unit == "minutes" and len(set(labels)) == len(labels) and labels[0] == "0"
+    assert time_ticks([])[0] == []

@@ -275,3 +275,51 @@ def test_a_record_the_disk_refuses_warns_once_and_is_written_later(monkeypatch: 
     assert data["state"] == "succeeded" and data["wall_s"] == 3.0 and data["teardown_s"] == 0.5
     assert data["nodes"][0]["state"] == "succeeded" and data["nodes"][0]["exit_code"] == 0
     assert "written again" in warned[-1]
+
+
+def test_a_preflight_failed_by_nodes_that_cannot_be_reached_hints_exclude_not_skip_checks(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """--skip-checks cannot launch on a node that is down; --exclude NODE can launch without it."""
+    from orchestrator.cli import render
+    from orchestrator.preflight.checks import CheckResult
+    from orchestrator.preflight.runner import CheckReport
+
+    down = CheckReport([CheckResult("ssh", "gpu4", "fail", detail="timed out"),
+                        CheckResult("ssh", "gpu3", "fail", detail="connection refused"),
+                        CheckResult("ssh", "gpu1", "ok")])
+    render.up_outcome(up.UpOutcome("preflight_failed", preflight=down))
+    err = " ".join(capsys.readouterr().err.split())
+    assert "gpu[3-4] cannot be reached: leave them out with --exclude gpu[3-4]" in err, err
+    assert "--skip-checks" not in err
+    both = CheckReport([*down.results, CheckResult("clock", "gpu1", "fail", detail="off by 2 s")])
+    render.up_outcome(up.UpOutcome("preflight_failed", preflight=both))
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--exclude gpu[3-4]" in err and "--skip-checks" in err
+
+
+def test_a_node_that_never_started_is_said_so_not_an_unconfirmed_stop(capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.cli import render
+    from orchestrator.errors import TransportError
+
+    reached = up.never_started({"gpu4": TransportError("gpu4", "unreachable", "timed out: gpu4:22 did not answer"),
+                                "gpu2": TransportError("gpu2", "unreachable", "connection lost while running a command"),
+                                "gpu3": TransportError("gpu3", "timeout", "command timed out after 60 s")})
+    assert reached == {"gpu4": "gpu4: timed out: gpu4:22 did not answer"}
+    render.up_outcome(up.UpOutcome("start_failed", run_id="r1", teardown_s=0.5, never_started=reached))
+    err = " ".join(capsys.readouterr().err.split())
+    assert "could not confirm the stop" not in err
+    assert "gpu4 never started (gpu4: timed out: gpu4:22 did not answer): launch without it with --exclude gpu4" in err
+
+
+@pytest.mark.parametrize(("why", "said"), [
+    ("straggler: rank 2 on gpu03 at 0.45× the median for 3 min",
+     "gpu03 was stopped as a straggler (rank 2 on gpu03 at 0.45× the median for 3 min): spare gpu08 takes its place"),
+    ("sync: rsync: Permission denied", "gpu03 could not receive job.sync (rsync: Permission denied): spare gpu08"),
+    ("ssh: timed out", "gpu03 failed the preflight (ssh: timed out): spare gpu08 takes its place"),
+])
+def test_a_spare_replacing_a_node_says_why_the_node_was_replaced(why: str, said: str,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.cli import render
+
+    render.UpPrinter().replacing("gpu03", "gpu08", why)
+    assert said in " ".join(capsys.readouterr().err.split())

@@ -95,8 +95,8 @@ def test_first_failure_stops_everything_once_and_names_the_node() -> None:
     f = out.failure
     assert f is not None and (f.node, f.node_rank, f.exit_code) == ("n2", 1, 1)
     assert f.rank == 1 and f.local_rank == 1  # from torchrun's Root Cause block
-    assert any("Root Cause (first observed failure):" in x for x in f.excerpt)
-    assert f.excerpt[-1].startswith("====")
+    assert not any("Root Cause (first observed failure):" in x for x in f.excerpt)  # in the log, not the excerpt
+    assert any("failed (exitcode: 3) local_rank: 1" in x for x in f.excerpt)
     assert all(not x.startswith("2026-") for x in f.excerpt)  # timestamps and streams stripped
 
 
@@ -186,7 +186,7 @@ def test_excerpt_keeps_the_failing_workers_exception_far_above_the_end() -> None
     assert (rank, local) == (5, 1)
     assert "[default1]:RuntimeError: injected failure on rank 5 at step 3" in lines
     assert "…" in lines
-    assert lines[-len(block):] == block
+    assert lines[-1] == "  torchrun frame 29" and not set(block) & set(lines)  # the summary: in the log only
 
 
 def test_excerpt_without_root_cause_is_the_last_20_lines() -> None:

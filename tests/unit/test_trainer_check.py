@@ -114,3 +114,23 @@ def test_the_command_answers_one_json_line_and_exits_2_when_refused(tmp_path: Pa
         "trainer_check": 1, "ok": False, "stage": "arguments",
         "error": "python -m trainer: error: unrecognized arguments: --epocs (did you mean --epochs?)"}
     assert "usage:" not in proc.stderr
+
+
+def test_a_segment_model_on_a_detection_dataset_is_refused_before_launch(data: Path, tmp_path: Path) -> None:
+    """The run of issue 43 failed on one rank after start-up with ultralytics' `Segment dataset
+    requires equal numbers of boxes and segments`; the check names the label file and the fix."""
+    err = refused(["--data", str(data), "--model", "yolo12n-seg.yaml", "--imgsz", "32"])
+    assert err.stage == "inputs"  # type: ignore[attr-defined]
+    assert "is a box (class x y w h), but --model yolo12n-seg.yaml is a segment model" in str(err), str(err)
+    assert "/labels/" in str(err) and "use a detection model" in str(err)
+    seg = make_dataset(tmp_path / "seg", images=4, imgsz=32, segments=True)
+    assert check.check(["--data", str(seg), "--model", "yolo12n-seg.yaml", "--imgsz", "32"])["task"] == "segment"
+    assert check.check(["--data", str(seg), "--imgsz", "32"])["task"] == "detect"  # boxes from polygons: fine
+
+
+def test_an_architecture_spelled_with_a_v_is_refused_with_the_name_it_meant(data: Path) -> None:
+    """Field guide 004 writes `yolov12s.yaml`; ultralytics names it `yolo12s.yaml`."""
+    err = str(refused(["--data", str(data), "--model", "yolov12s.yaml"]))
+    assert err.startswith("--model yolov12s.yaml: unknown architecture (did you mean yolo12s.yaml?)"), err
+    assert "did you mean yoloe-v8l-seg.yaml?" in str(refused(["--data", str(data), "--model", "yoloe-v8l-sge.yaml"]))
+    assert "did you mean" not in str(refused(["--data", str(data), "--model", "resnet50.yaml"]))

@@ -413,3 +413,22 @@ def test_the_run_directory_is_where_ultralytics_8_4_puts_it(tmp_path: Path, monk
     assert resolve(replace(mine, task="detect"))[0] == Path("runs/detect/p/r1")
     absolute = parse_config(["--data", "/d/data.yaml", "--project", str(tmp_path / "nfs")])
     assert resolve(replace(absolute, task="segment"))[0] == tmp_path / "nfs" / "train"
+
+
+def test_under_orch_the_process_count_hint_names_the_inventory_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun's `--nproc-per-node` is orch's `job.nproc_per_node`: the hint says what to edit."""
+    cfg = cfg_of("--device", "cuda:0,1,2,3", "--batch", "8")
+    monkeypatch.setenv("ORCH_RUN_ID", "r1")
+    with pytest.raises(TrainerError) as info:
+        check_topology(cfg, world_size=4, launched=True, local_world_size=2)
+    assert "set job.nproc_per_node: 4 in the inventory" in str(info.value)
+    assert "--nproc-per-node" not in str(info.value)
+
+
+@pytest.mark.parametrize("args", [["--lr0", "nan"], ["--momentum", "1e999"], ["--time", "inf"], ["--warmup-epochs", "nan"],
+                                  ["lr0=.nan"], ["lr0=inf"], ["degrees=.inf"], ["--cfg", "hsv_h=.nan"]])
+def test_a_number_that_is_not_finite_is_refused(args: list[str]) -> None:
+    """A flag's or a setting's number the user gives: `nan` was a learning rate, `inf` a time limit."""
+    with pytest.raises((TrainerError, SystemExit)) as info:
+        parse_config(["--data", "/d.yaml", *args], usage_errors=True)
+    assert "not a finite number" in str(info.value), str(info.value)

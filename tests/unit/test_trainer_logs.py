@@ -119,3 +119,21 @@ def test_a_rank_with_nothing_measured_says_n_a_not_zero() -> None:
     assert "throughput epoch 1:    1       n/a       n/a" in table
     tp = logs.parse_throughput(table.splitlines())
     assert tp.ips == {0: 16.0} and 1 not in tp.ips
+
+
+def test_ultralytics_colours_are_left_out_off_a_terminal() -> None:
+    """ultralytics colours its lines whatever its stream; under torchrun (a pipe) they reached the
+    node log as `\\x1b[34m` and the live view showed them escaped."""
+    import io
+    import logging
+
+    record = logging.LogRecord("ultralytics", logging.INFO, __file__, 1,
+                               "\x1b[34m\x1b[1mtrain: \x1b[0mScanning /data/labels... 8 images", None, None)
+    pipe = logs.library_formatter(io.StringIO())
+    assert pipe.format(record) == logs.prefixed("train: Scanning /data/labels... 8 images")
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    assert "\x1b[34m" in logs.library_formatter(Tty()).format(record)  # a terminal keeps them

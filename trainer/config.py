@@ -141,7 +141,7 @@ class TrainConfig:
     """stop after N epochs without a better validation fitness (mAP50-95)"""
     amp: str = field(default="auto", metadata=flag(nargs="?", const="on", metavar="MODE"))
     """mixed precision: bare --amp = on (fp16, CUDA only); off, fp16, bf16, auto = fp16 on CUDA and off on CPU"""
-    sync_bn: bool = field(default=False, metadata=flag(action="store_true"))
+    sync_bn: bool = False
     """SyncBatchNorm across ranks (CUDA, several ranks), e.g. for <= 8 images per GPU"""
     device: str = "auto"
     """auto (cuda:LOCAL_RANK if CUDA is there), cpu, cuda, or this node's GPU indices, one per process,
@@ -350,7 +350,7 @@ _NOT_FIELDS = ("settings", "cfg", "check")
 def _from_flags(ns: argparse.Namespace, given: Given) -> None:
     """The flags the user typed (argparse's None means not typed)."""
     for dest, value in vars(ns).items():
-        if dest in _NOT_FIELDS or value is None or (dest == "sync_bn" and value is False):
+        if dest in _NOT_FIELDS or value is None:
             continue
         name = FLAG_FIELD.get(dest, dest)
         flag_text = "--" + dest.replace("_", "-")

@@ -60,6 +60,17 @@ ultralytics' `lr0=`), by the name with dashes as underscores: `--batch`, `--batc
 FIELD_OF_SETTING define them; a test holds this table to both."""
 
 
+OFF_WORD = {
+    "amp": "off", "sync_bn": "false", "cos_lr": "false", "pin_memory": "false", "persistent_workers": "false",
+    "deterministic": "false", "exist_ok": "false", "plots": "false", "cache": "false", "multi_scale": "0",
+    "freeze": "none",
+}
+"""The word after a flag (dashes as underscores) that turns its setting off (`--amp off`,
+`--plots false`): how an inventory's `amp: false` reaches the trainer. A flag not listed has no
+off (`--resume`, `--epochs`): `false` there is refused, `null` leaves the flag out. A test holds
+the table to the trainer's parser (each word parses to off; every boolean flag is listed)."""
+
+
 def setting_name(word: str) -> str | None:
     """The setting a command-line word starts (`--batch-size` / `--batch=64` / `batch=64` ->
     `batch`), or None for a word that starts none (a value, `detect`, `train`)."""

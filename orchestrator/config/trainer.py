@@ -12,6 +12,7 @@ from trainer.interface import (
     DEFAULT_PROJECT,
     INPUT_FLAGS,
     LAST,
+    OFF_WORD,
     OUTPUT_FLAGS,
     SAME_SETTING,
     batch_choices,
@@ -22,5 +23,5 @@ from trainer.interface import (
     settings_of,
 )
 
-__all__ = ["AUTO", "BEST", "DEFAULT_PROJECT", "INPUT_FLAGS", "LAST", "OUTPUT_FLAGS", "SAME_SETTING",
+__all__ = ["AUTO", "BEST", "DEFAULT_PROJECT", "INPUT_FLAGS", "LAST", "OFF_WORD", "OUTPUT_FLAGS", "SAME_SETTING",
            "batch_choices", "batch_problem", "override_args", "parse_device", "setting_name", "settings_of"]

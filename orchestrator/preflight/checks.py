@@ -18,7 +18,7 @@ import yaml
 
 from ..config.inventory import Inventory
 from ..config.nodes import Node
-from ..config.trainer import batch_choices, batch_problem
+from ..config.trainer import batch_choices, batch_problem, is_builtin_model
 from ..contract import CHECK_NAMES
 from . import cudacompat, jobcheck
 from .fabric_judge import check_fabric
@@ -667,8 +667,9 @@ def _is_absolute(path: str) -> bool:
 
 
 def _builtin_model(key: str, value: str) -> bool:
-    """`model: yolo12m.yaml` names a model config shipped with ultralytics, not a file."""
-    return key == "model" and "/" not in value and value.endswith((".yaml", ".yml"))
+    """`model: yolo12m.yaml`, `cfg: yoloe-v8l-seg.yaml` name a model config shipped with ultralytics,
+    not a file (the trainer's rule, `config/trainer.is_builtin_model`)."""
+    return is_builtin_model(key.replace("-", "_"), value)
 
 
 def check_job(inv: Inventory, facts: Facts) -> list[CheckResult]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import posixpath
 
 from ..config.inventory import Inventory
-from ..config.trainer import AUTO, INPUT_FLAGS, OUTPUT_FLAGS, parse_device
+from ..config.trainer import AUTO, INPUT_FLAGS, OUTPUT_FLAGS, file_setting, parse_device
 
 PATH_KEYS = (*INPUT_FLAGS, "hyp", "tracker")
 """Args whose value is a file the job reads: checked for an absolute path, existence, the same
@@ -30,6 +30,8 @@ def path_args(inv: Inventory) -> dict[str, str]:
             continue
         norm = key.replace("-", "_")
         if norm == "resume" and value == AUTO:  # the trainer's own rule, not a file
+            continue
+        if norm == "cfg" and not file_setting(norm, value):  # --cfg KEY=VALUE: a setting, not a file
             continue
         if norm in PATH_KEYS or value.startswith(("/", "~/", "./", "../")):
             out[key] = value

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import inventory
+from orchestrator.config.overrides import Overrides, apply
 from orchestrator.config.plan import make_plan
 from orchestrator.errors import InventoryError
 
@@ -90,3 +91,72 @@ def test_every_trainer_flag_that_takes_a_boolean_has_an_off_word() -> None:
     for name, word in OFF_WORD.items():
         cfg = parsed(["--data", "/d.yaml", "--" + name.replace("_", "-"), word])
         assert getattr(cfg, name) == off.get(name, False), name
+
+
+# ----------------------------------------------------------------------------- overrides after --
+
+
+TRAINER_JOB = "  args:\n    data: /d/data.yaml\n    model: yolo12n.yaml\n    batch: 8\n    epochs: 3\n"
+
+
+def overridden(tmp_path: Path, *extra: str) -> inventory.Inventory:
+    return apply(load(tmp_path, TRAINER_JOB), Overrides(args=extra))
+
+
+def test_batch_per_device_replaces_the_inventorys_global_batch(tmp_path: Path) -> None:
+    """orch's own hint recommends --batch-per-device: over `batch: 8` both reached the trainer,
+    which refused ("both set the batch")."""
+    inv = overridden(tmp_path, "--batch-per-device", "2")
+    words = job_words(inv)
+    assert "--batch" not in words and words[-2:] == ["--batch-per-device", "2"]
+    cfg = parsed(words)
+    assert cfg.batch_per_device == 2 and "batch" not in cfg.given
+    assert "batch" not in inv.job.raw_args and inv.job.raw_args["batch_per_device"] == 2
+    back = overridden(tmp_path, "--batch", "4")  # and the other way round
+    assert "--batch-per-device" not in job_words(apply(inv, Overrides(args=("--batch", "4"))))
+    assert parsed(job_words(back)).batch == 4
+
+
+@pytest.mark.parametrize("spelling", [["--cfg", "yolo12s.yaml"], ["--cfg=yolo12s.yaml"], ["cfg=yolo12s.yaml"],
+                                      ["--cfg", "model=yolo12s.yaml"], ["model=yolo12s.yaml"]])
+def test_cfg_naming_a_model_replaces_the_inventorys_model(tmp_path: Path, spelling: list[str]) -> None:
+    """`-- --cfg yolo12s.yaml` over `model:` gave "model is given twice"."""
+    inv = overridden(tmp_path, *spelling)
+    words = job_words(inv)
+    assert "yolo12n.yaml" not in words and words[-len(spelling):] == spelling
+    assert parsed(words).model == "yolo12s.yaml"
+    assert inv.job.raw_args.get("model") in (None, "yolo12s.yaml") and "yolo12n.yaml" not in inv.job.raw_args.values()
+
+
+def test_cfg_key_value_replaces_that_setting(tmp_path: Path) -> None:
+    words = job_words(overridden(tmp_path, "--cfg", "epochs=5", "--cfg", "lr0=0.02"))
+    assert "--epochs" not in words and "3" not in words
+    cfg = parsed(words)
+    assert (cfg.epochs, cfg.lr, cfg.batch) == (5, 0.02, 8)
+
+
+def test_a_model_given_as_a_checkpoint_replaces_the_inventorys_weights(tmp_path: Path) -> None:
+    """`--model x.pt` means --weights (the trainer's rule), so it replaces `weights:`."""
+    inv = apply(load(tmp_path, "  args:\n    data: /d/data.yaml\n    weights: /m/a.pt\n"),
+                Overrides(args=("--model", "/m/b.pt")))
+    words = job_words(inv)
+    assert "/m/a.pt" not in words
+    assert parsed(words).weights == "/m/b.pt"
+
+
+@pytest.mark.parametrize("where", ["inventory", "override"])
+def test_the_job_check_takes_a_model_named_by_cfg_for_the_builtin_it_is(tmp_path: Path, where: str) -> None:
+    """`--cfg yoloe-v8l-seg.yaml` (the README lists it) was "a relative path" to the job check."""
+    from orchestrator.preflight.checks import cluster_job_findings, relative_args
+
+    if where == "inventory":
+        inv = load(tmp_path, "  args:\n    data: /d/data.yaml\n    cfg: yoloe-v8l-seg.yaml\n")
+    else:
+        inv = apply(load(tmp_path, "  args:\n    data: /d/data.yaml\n"), Overrides(args=("--cfg", "yoloe-v8l-seg.yaml")))
+    assert relative_args(inv) == {}
+    assert not [f for f in cluster_job_findings(inv) if "relative" in f[1]]
+    assert parsed(job_words(inv)).model == "yoloe-v8l-seg.yaml"
+    settings = load(tmp_path, "  args:\n    data: /d/data.yaml\n    cfg: mosaic=0\n")  # a setting, not a file
+    assert relative_args(settings) == {}
+    own = load(tmp_path, "  args:\n    data: /d/data.yaml\n    cfg: my-args.yaml\n")  # a settings file: a path
+    assert list(relative_args(own)) == ["cfg"]

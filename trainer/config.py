@@ -28,7 +28,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from trainer.errors import TrainerError
+from trainer.errors import TrainerError, refusal
 from trainer.interface import DEFAULT_NAME, INPUT_FLAGS, OUTPUT_FLAGS, batch_problem
 from trainer.settings import (
     Given,
@@ -441,29 +441,32 @@ def resolve(given: Given, hyp: dict[str, Any]) -> TrainConfig:
     known = {f.name for f in fields(TrainConfig)}
     cfg = replace(TrainConfig(), **{k: val for k, val in v.items() if k in known}, hyp=dict(hyp), notes=tuple(notes),
                   given=tuple(sorted({*given.values, *hyp})))
+    problems = []
     if cfg.batch_per_device is not None:
         if "batch" in v:
-            raise TrainerError(f"{given.sources['batch']} and {given.sources['batch_per_device']} both set the batch: "
-                               "give the global batch or the batch per GPU, not both")
+            problems.append(f"{given.sources['batch']} and {given.sources['batch_per_device']} both set the batch: "
+                            "give the global batch or the batch per GPU, not both")
         if cfg.batch_per_device < 1:
-            raise TrainerError(f"--batch-per-device must be >= 1, got {cfg.batch_per_device}")
+            problems.append(f"--batch-per-device must be >= 1, got {cfg.batch_per_device}")
     for name in ("epochs", "batch", "imgsz", "log_every", "nbs"):
         if getattr(cfg, name) < 1:
             extra = " (no auto-batch: give the global batch)" if name == "batch" else ""
-            raise TrainerError(f"--{name.replace('_', '-')} must be >= 1{extra}, got {getattr(cfg, name)}")
+            problems.append(f"--{name.replace('_', '-')} must be >= 1{extra}, got {getattr(cfg, name)}")
     if cfg.accumulate is not None and cfg.accumulate < 1:
-        raise TrainerError(f"--accumulate must be >= 1, got {cfg.accumulate}")
+        problems.append(f"--accumulate must be >= 1, got {cfg.accumulate}")
     for name in ("timeout_min", "startup_timeout_min", "progress_every_s"):
         if getattr(cfg, name) <= 0:
-            raise TrainerError(f"--{name.replace('_', '-')} must be > 0, got {getattr(cfg, name):g}")
+            problems.append(f"--{name.replace('_', '-')} must be > 0, got {getattr(cfg, name):g}")
     if cfg.workers < 0:
-        raise TrainerError(f"--workers must be >= 0, got {cfg.workers}")
+        problems.append(f"--workers must be >= 0, got {cfg.workers}")
     if not 0 < cfg.fraction <= 1:
-        raise TrainerError(f"--fraction must be in (0, 1], got {cfg.fraction:g}")
+        problems.append(f"--fraction must be in (0, 1], got {cfg.fraction:g}")
     if not 0 <= cfg.multi_scale < 1:
-        raise TrainerError(f"--multi-scale must be in [0, 1), got {cfg.multi_scale:g}")
+        problems.append(f"--multi-scale must be in [0, 1), got {cfg.multi_scale:g}")
     if cfg.task is not None and cfg.task not in ("detect", "segment"):
-        raise TrainerError(f"task={cfg.task}: this trainer trains detect and segment models")
+        problems.append(f"task={cfg.task}: this trainer trains detect and segment models")
+    if problems:  # every one at once: one edit, not one launch per problem
+        raise refusal(problems)
     return cfg
 
 
@@ -486,18 +489,26 @@ def check_topology(cfg: TrainConfig, world_size: int, launched: bool, local_worl
     """Checks that depend on the job's shape, made identically on every rank.
 
     Raises:
-        TrainerError: global batch not divisible by the world size; a relative weights, data or
-            text-embeddings path under torchrun (each node may start in another directory); a
-            ``--device`` list whose length is not this node's number of processes.
+        TrainerError: every problem of ``topology_problems`` at once.
     """
+    problems = topology_problems(cfg, world_size, launched, local_world_size)
+    if problems:
+        raise refusal(problems)
+
+
+def topology_problems(cfg: TrainConfig, world_size: int, launched: bool, local_world_size: int = 1) -> list[str]:
+    """Global batch not divisible by the world size; a relative weights, data or text-embeddings
+    path under torchrun (each node may start in another directory); a ``--device`` list whose
+    length is not this node's number of processes."""
     cfg = with_world_size(cfg, world_size)
+    problems = []
     problem = batch_problem(cfg.batch, world_size)
     if problem:
-        raise TrainerError(f"--batch {cfg.batch}: {problem}")
+        problems.append(f"--batch {cfg.batch}: {problem}")
     if launched:
         for flag, value in (("--data", cfg.data), ("--weights", cfg.weights), ("--text-embeddings", cfg.text_embeddings)):
             if value and not Path(value).is_absolute():
-                raise TrainerError(
+                problems.append(
                     f"{flag} {value} is relative; under torchrun every node must see the same absolute path "
                     f"(here it would be {Path(value).absolute()})"
                 )
@@ -505,7 +516,21 @@ def check_topology(cfg: TrainConfig, world_size: int, launched: bool, local_worl
     if ids is not None and len(ids) != local_world_size:
         listed = ",".join(map(str, ids))
         if not launched and len(ids) > 1:
-            raise TrainerError(f"--device {listed} names {len(ids)} GPUs but this is one process: start it with "
-                               f"torchrun --nproc-per-node {len(ids)} -m trainer ...")
-        raise TrainerError(f"--device {listed} names {len(ids)} GPUs but torchrun started {local_world_size} "
-                           f"process(es) on this node: use --nproc-per-node {len(ids)}, or list {local_world_size} GPU(s)")
+            problems.append(f"--device {listed} names {len(ids)} GPUs but this is one process: start it with "
+                            f"torchrun --nproc-per-node {len(ids)} -m trainer ...")
+        else:
+            problems.append(f"--device {listed} names {len(ids)} GPUs but torchrun started {local_world_size} "
+                            f"process(es) on this node: use --nproc-per-node {len(ids)}, or list {local_world_size} "
+                            "GPU(s)")
+    return problems
+
+
+def precision_problems(cfg: TrainConfig, device_type: str, distributed: bool) -> list[str]:
+    """What ``--amp`` and ``--sync-bn`` cannot do on this rank's device (``cpu``/``cuda``)."""
+    problems = []
+    if cfg.amp in ("on", "fp16") and device_type != "cuda":
+        problems.append(f"--amp {cfg.amp}: fp16 mixed precision needs CUDA (GradScaler); on CPU use --amp off or "
+                        "--amp bf16")
+    if cfg.sync_bn and distributed and device_type != "cuda":
+        problems.append("--sync-bn needs CUDA: torch's SyncBatchNorm has no CPU implementation (drop --sync-bn on CPU)")
+    return problems

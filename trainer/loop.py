@@ -33,9 +33,9 @@ from trainer import data as tdata
 from trainer import dist as tdist
 from trainer import pace as tpace
 from trainer import plots as tplots
-from trainer.config import TrainConfig, accumulation
+from trainer.config import TrainConfig, accumulation, precision_problems
 from trainer.dist import Topology
-from trainer.errors import TrainerError
+from trainer.errors import TrainerError, refusal
 from trainer.interface import BEST, LAST
 from trainer.logs import (
     StepMeter,
@@ -103,9 +103,10 @@ def prepare(cfg: TrainConfig, topo: Topology, device: torch.device) -> Inputs:
     names = list(data["names"].values())
     text_pe = (models.load_text_embeddings(cfg.text_embeddings, names, models.text_model(arch))
                if cfg.text_embeddings else None)
+    problems = precision_problems(cfg, device.type, topo.distributed)
+    if problems:
+        raise refusal(problems)
     amp = resolve_amp(cfg.amp, device)
-    if cfg.sync_bn and topo.distributed and device.type != "cuda":
-        raise TrainerError("--sync-bn needs CUDA: torch's SyncBatchNorm has no CPU implementation (drop --sync-bn on CPU)")
     hyp = ultralytics_hyp(cfg, arch, amp)
     return Inputs(cfg, topo, device, data, arch, amp, hyp, weights_model, text_pe)
 
@@ -120,8 +121,7 @@ def resolve_amp(requested: str, device: torch.device) -> str:
         return "fp16" if device.type == "cuda" else "off"
     if requested in ("on", "fp16"):
         if device.type != "cuda":
-            raise TrainerError(f"--amp {requested}: fp16 mixed precision needs CUDA (GradScaler); on CPU use "
-                               "--amp off or --amp bf16")
+            raise TrainerError(precision_problems(replace(TrainConfig(), amp=requested), device.type, False)[0])
         return "fp16"
     return requested
 

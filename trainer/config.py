@@ -147,9 +147,10 @@ class TrainConfig:
     """auto (cuda:LOCAL_RANK if CUDA is there), cpu, cuda, or this node's GPU indices, one per process,
     e.g. 0,1,2,3 with --nproc-per-node 4"""
     workers: int = 8
-    """data loader worker processes per rank, at most the node's CPUs / its ranks, e.g. 8"""
+    """data loader worker processes per rank, at most the node's CPUs / its ranks (a larger number is lowered,
+    said at start-up), e.g. 8"""
     pin_memory: bool = True
-    """page-locked host memory for the batches (CUDA only)"""
+    """page-locked host memory for the batches (CUDA only: off on a CPU, said at start-up when given)"""
     persistent_workers: bool = True
     """keep the loader workers between epochs"""
     cache: str | None = field(default=None, metadata=flag(nargs="?", const="ram", metavar="WHERE"))
@@ -478,6 +479,25 @@ def with_world_size(cfg: TrainConfig, world_size: int) -> TrainConfig:
     batch = cfg.batch_per_device * world_size
     note = f"global batch {batch} = --batch-per-device {cfg.batch_per_device} x {world_size} rank(s)"
     return replace(cfg, batch=batch, notes=(*cfg.notes, note))
+
+
+def for_node(cfg: TrainConfig, device_type: str, cpus: int, local_world_size: int) -> TrainConfig:
+    """``cfg`` as this rank will use it on its node: the loader workers at most the node's CPUs
+    shared by its ranks, page-locked memory only on CUDA. Each change is a note (said once, on
+    rank 0's start-up lines) and the run records the value used (trainer.yaml, args.yaml);
+    ``--pin-memory`` on a CPU is said only when it was given (its default is on)."""
+    notes = []
+    cap = max(cpus // max(local_world_size, 1), 0)
+    workers = min(cfg.workers, cap)
+    if workers != cfg.workers:
+        notes.append(f"--workers {cfg.workers} -> {workers}: this node's {cpus} CPUs shared by its {local_world_size} "
+                     "rank(s)")
+    pin = cfg.pin_memory and device_type == "cuda"
+    if cfg.pin_memory and not pin and "pin_memory" in cfg.given:
+        notes.append("--pin-memory off: page-locked memory is for copies to a GPU, and this rank trains on the CPU")
+    if workers == cfg.workers and pin == cfg.pin_memory:
+        return cfg
+    return replace(cfg, workers=workers, pin_memory=pin, notes=(*cfg.notes, *notes))
 
 
 def accumulation(cfg: TrainConfig) -> int:

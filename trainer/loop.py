@@ -33,7 +33,7 @@ from trainer import data as tdata
 from trainer import dist as tdist
 from trainer import pace as tpace
 from trainer import plots as tplots
-from trainer.config import TrainConfig, accumulation, precision_problems
+from trainer.config import TrainConfig, accumulation, for_node, precision_problems
 from trainer.dist import Topology
 from trainer.errors import TrainerError, refusal
 from trainer.interface import BEST, LAST
@@ -107,6 +107,7 @@ def prepare(cfg: TrainConfig, topo: Topology, device: torch.device) -> Inputs:
     if problems:
         raise refusal(problems)
     amp = resolve_amp(cfg.amp, device)
+    cfg = for_node(cfg, device.type, os.cpu_count() or 1, topo.local_world_size)  # said, and recorded as used
     hyp = ultralytics_hyp(cfg, arch, amp)
     return Inputs(cfg, topo, device, data, arch, amp, hyp, weights_model, text_pe)
 

@@ -23,7 +23,7 @@ from ..contract import CHECK_NAMES
 from . import cudacompat, jobcheck
 from .fabric_judge import check_fabric
 from .facts import NodeFacts
-from .jobargs import device_ids, is_output_key, job_files, path_args
+from .jobargs import device_ids, is_output_key, job_files, path_args, raw_setting
 from .parsers import Gpu, GpuFacts, IbDevice
 from .results import CheckResult, Facts, Findings, majority, odd_one_out, probed
 
@@ -639,7 +639,7 @@ def cluster_job_findings(inv: Inventory, said: str = "") -> list[tuple[str, str,
     repeated."""
     out = []
     ws = world_size(inv)
-    raw = inv.job.raw_args.get("batch")
+    raw = raw_setting(inv, "batch")
     batch = raw if isinstance(raw, int) and not isinstance(raw, bool) else None
     problem = batch_problem(batch, ws) if batch is not None else None
     if batch is not None and problem and problem not in said:

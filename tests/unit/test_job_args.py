@@ -160,3 +160,15 @@ def test_the_job_check_takes_a_model_named_by_cfg_for_the_builtin_it_is(tmp_path
     assert relative_args(settings) == {}
     own = load(tmp_path, "  args:\n    data: /d/data.yaml\n    cfg: my-args.yaml\n")  # a settings file: a path
     assert list(relative_args(own)) == ["cfg"]
+
+
+@pytest.mark.parametrize("spelling", ["batch-size: 100", "batch_size: 100", "batch: 100"])
+def test_the_job_check_reads_the_batch_by_any_of_its_spellings(tmp_path: Path, spelling: str) -> None:
+    """The same table names the settings the job check judges: `batch-size: 100` is the batch."""
+    from orchestrator.preflight.checks import cluster_job_findings
+
+    path = tmp_path / "inv.yaml"
+    path.write_text("transport: local\nnodes:\n  - host: localhost\n    name: n[0-2]\njob:\n"
+                    f"  args:\n    data: /d/data.yaml\n    {spelling}\n")
+    inv = inventory.load(path)
+    assert any("global batch 100 does not divide by world size 3" in f[1] for f in cluster_job_findings(inv))

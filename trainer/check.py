@@ -44,12 +44,14 @@ def check(argv: list[str]) -> dict[str, Any]:
     """
     stage = "arguments"
     try:
-        cfg = parse_config([a for a in argv if a != "--check"], usage_errors=True)
+        found: list[str] = []
+        cfg = parse_config([a for a in argv if a != "--check"], usage_errors=True, problems=found)
         stage = "topology"
-        from trainer import dist as tdist  # torch: after the cheap refusals
+        from trainer import dist as tdist  # torch: after argparse's refusals
 
         topo = tdist.Topology.from_env()
-        cfg, device = tdist.start_device(cfg, topo, select=False)  # topology, device, precision: all at once
+        # the arguments' rules, topology, device, precision: all at once
+        cfg, device = tdist.start_device(cfg, topo, select=False, found=found)
         stage = "inputs"
         from trainer.loop import decide_run, prepare
 

@@ -365,12 +365,15 @@ def _from_flags(ns: argparse.Namespace, given: Given) -> None:
         given.put(name, value, f"{flag_text} {value}" if not isinstance(value, bool) else flag_text)
 
 
-def parse_config(argv: list[str] | None = None, usage_errors: bool = False) -> TrainConfig:
+def parse_config(argv: list[str] | None = None, usage_errors: bool = False,
+                 problems: list[str] | None = None) -> TrainConfig:
     """Parse the command line into a checked ``TrainConfig``.
 
     With ``usage_errors`` an argument argparse refuses (an unknown flag, a value of the wrong
     type) raises a TrainerError with argparse's message, instead of printing the usage and
-    exiting 2.
+    exiting 2. With ``problems`` the rules that tie settings together (ranges, both batches)
+    are appended there instead of raised, so the start can name them with what the topology and
+    the device refuse (``dist.start_device``), all at once.
 
     Raises:
         TrainerError: a value no run could use, an unknown or unhonoured setting, or one setting
@@ -397,10 +400,10 @@ def parse_config(argv: list[str] | None = None, usage_errors: bool = False) -> T
         put_setting(given, key, yaml_value(raw), word, hyp)
     for item in ns.cfg:
         put_cfg_value(given, item, f"--cfg {item}", hyp)
-    return resolve(given, hyp)
+    return resolve(given, hyp, problems)
 
 
-def resolve(given: Given, hyp: dict[str, Any]) -> TrainConfig:
+def resolve(given: Given, hyp: dict[str, Any], found: list[str] | None = None) -> TrainConfig:
     """Defaults, home expansion and the rules that tie settings together."""
     v = dict(given.values)
     notes: list[str] = []
@@ -466,7 +469,9 @@ def resolve(given: Given, hyp: dict[str, Any]) -> TrainConfig:
         problems.append(f"--multi-scale must be in [0, 1), got {cfg.multi_scale:g}")
     if cfg.task is not None and cfg.task not in ("detect", "segment"):
         problems.append(f"task={cfg.task}: this trainer trains detect and segment models")
-    if problems:  # every one at once: one edit, not one launch per problem
+    if found is not None:
+        found += problems
+    elif problems:  # every one at once: one edit, not one launch per problem
         raise refusal(problems)
     return cfg
 

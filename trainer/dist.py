@@ -111,20 +111,24 @@ def select_device(requested: str, topo: Topology) -> torch.device:
     return device
 
 
-def start_device(cfg: TrainConfig, topo: Topology, select: bool = True) -> tuple[TrainConfig, torch.device]:
+def start_device(cfg: TrainConfig, topo: Topology, select: bool = True,
+                 found: list[str] | None = None) -> tuple[TrainConfig, torch.device]:
     """What a start (and ``--check``) decides before reading any file: the global batch of
     ``--batch-per-device``, the topology's rules, this rank's device (made current with
     ``select``), and what ``--amp`` and ``--sync-bn`` need of it. Every problem in one refusal:
     a device that is not there still gets its precision judged, on the device the rank would
-    have (the CPU when torch sees no GPU).
+    have (the CPU when torch sees no GPU). ``found``: the arguments' own problems
+    (``parse_config(problems=...)``), named first.
 
     Raises:
-        TrainerError: all the problems at once; ``.stage`` is ``topology`` when the topology
-            has one, else ``device``.
+        TrainerError: all the problems at once; ``.stage`` is where the first was found:
+            ``arguments``, ``topology`` or ``device``.
     """
     cfg = with_world_size(cfg, topo.world_size)
-    problems = topology_problems(cfg, topo.world_size, topo.launched, topo.local_world_size)
-    stage = "topology" if problems else "device"
+    problems = list(found or [])
+    stage = "arguments" if problems else "topology"
+    problems += topology_problems(cfg, topo.world_size, topo.launched, topo.local_world_size)
+    stage = stage if problems else "device"
     device = None
     try:
         device = (select_device if select else pick_device)(cfg.device, topo)

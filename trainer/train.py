@@ -27,10 +27,11 @@ def main(argv: list[str] | None = None) -> None:
     topo = tdist.Topology.from_env()
     logs.set_rank(topo.rank)
     try:
-        cfg = parse_config(argv)
-        # --batch-per-device N as the global batch N x WORLD_SIZE; topology, device and precision
-        # problems all in one refusal
-        cfg, device = tdist.start_device(cfg, topo)
+        found: list[str] = []
+        cfg = parse_config(argv, problems=found)
+        # --batch-per-device N as the global batch N x WORLD_SIZE; the arguments' rules, topology,
+        # device and precision problems all in one refusal
+        cfg, device = tdist.start_device(cfg, topo, found=found)
         from trainer.loop import fit, prepare  # heavy imports (ultralytics) after the cheap checks
         from trainer.offline import seed_font
 

@@ -149,3 +149,14 @@ def test_every_range_problem_of_the_arguments_comes_at_once() -> None:
     with pytest.raises(TrainerError) as one:  # one problem reads as before
         parse_config(["--data", "/d.yaml", "--epochs", "0"])
     assert str(one.value) == "--epochs must be >= 1, got 0"
+
+
+def test_argument_and_device_refusals_come_together(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A range rule of the arguments and the device's problems are one answer, not two launches."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    err = refused(["--data", str(data), "--epochs", "0", "--amp"])
+    assert str(err).startswith("2 problems: 1) --epochs must be >= 1, got 0; 2) --amp on: fp16"), str(err)
+    assert err.stage == "arguments"  # type: ignore[attr-defined]

@@ -139,7 +139,8 @@ def setting_value(words: list[str]) -> str | bool:
 
 def settings_of(words: list[str] | tuple[str, ...]) -> list[tuple[str | None, list[str]]]:
     """The words cut into settings: `(name, words)` for each flag with its value (a flag takes
-    the next word unless that word starts a setting itself, so `--amp --batch 8` is two) and
+    the next word unless that word starts a setting itself, so `--amp --batch 8` is two; `--cfg`
+    always takes it, `--cfg mosaic=0` is one) and
     each `key=value`, named by what they set (`--cfg yolo12s.yaml` is `model`, `--cfg lr0=0.1`
     `lr`, `--model x.pt` `weights`: `value_setting`); `(None, [word])` for a word that belongs
     to none."""
@@ -149,7 +150,8 @@ def settings_of(words: list[str] | tuple[str, ...]) -> list[tuple[str | None, li
         word = words[i]
         name = setting_name(word)
         takes = (name is not None and word.startswith("--") and "=" not in word and i + 1 < len(words)
-                 and setting_name(words[i + 1]) is None and words[i + 1] not in ("detect", "segment", "train"))
+                 and (name == "cfg" and not words[i + 1].startswith("-")  # --cfg KEY=VALUE: one setting
+                      or setting_name(words[i + 1]) is None and words[i + 1] not in ("detect", "segment", "train")))
         ws = list(words[i:i + 2]) if takes else [word]
         out.append((value_setting(name, setting_value(ws)) if name is not None else None, ws))
         i += 2 if takes else 1

@@ -172,3 +172,17 @@ def test_the_job_check_reads_the_batch_by_any_of_its_spellings(tmp_path: Path, s
                     f"  args:\n    data: /d/data.yaml\n    {spelling}\n")
     inv = inventory.load(path)
     assert any("global batch 100 does not divide by world size 3" in f[1] for f in cluster_job_findings(inv))
+
+
+def test_cfg_takes_its_key_value_word_and_replaces_that_setting_only(tmp_path: Path) -> None:
+    from orchestrator.config.trainer import override_args, settings_of
+
+    base = ("--data", "/d.yaml", "--cfg", "mosaic=0", "--cfg", "lr0=0.01", "--epochs", "3")
+    assert [n for n, _ in settings_of(list(base))] == ["data", "mosaic", "lr", "epochs"]
+    assert override_args(base, ("--cfg", "mosaic=0.5")) == (
+        "--data", "/d.yaml", "--cfg", "lr0=0.01", "--epochs", "3", "--cfg", "mosaic=0.5")
+    assert override_args(base, ("--cfg", "yolo12s.yaml")) == (*base, "--cfg", "yolo12s.yaml")
+    assert override_args(base, ("--lr", "0.02"))[:6] == ("--data", "/d.yaml", "--cfg", "mosaic=0", "--epochs", "3")
+    assert override_args(("mosaic=0",), ("--cfg", "mosaic=0.5")) == ("--cfg", "mosaic=0.5")
+    hyp = parsed(["--data", "/d.yaml", *override_args(base, ("--cfg", "mosaic=0.5"))]).hyp
+    assert hyp["mosaic"] == 0.5

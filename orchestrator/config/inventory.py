@@ -26,6 +26,7 @@ from .nodes import (
     name_problem,
 )
 from .schema import suggest, validate
+from .trainer import OFF_WORD, setting_name
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 # What would change meaning if a value ever met a shell. Values are quoted once in the transport
@@ -230,8 +231,6 @@ def render_args(args: Mapping[str, Any] | list[Any],
 
 def trainer_off(key: str) -> str | None:
     """This repository's trainer's word for off after `--key` (`trainer/interface.py` OFF_WORD)."""
-    from .trainer import OFF_WORD, setting_name
-
     name = setting_name(f"--{key}")
     return OFF_WORD.get(name) if name is not None else None
 
@@ -395,7 +394,7 @@ class _Resolver:
         off = trainer_off if trainer else None
         if isinstance(j.args, dict):
             for key in [k for k, v in j.args.items() if v is False and (off is None or off(k) is None)]:
-                self.issue(self.no_off(key, j), "job", "args", key)
+                self.issue(self.no_off(key, j, trainer), "job", "args", key)
         try:
             args = render_args(j.args, off)
         except ValueError:  # each said above, with its line
@@ -422,9 +421,9 @@ class _Resolver:
         )
 
     @staticmethod
-    def no_off(key: str, j: Any) -> str:
+    def no_off(key: str, j: Any, trainer: bool) -> str:
         """Why `KEY: false` cannot reach the job (see `render_args`), and the fix."""
-        if not j.script and (j.module or "trainer") == "trainer":
+        if trainer:
             return (f"{key}: false: the trainer's --{key} has no off (python -m trainer --help says what it "
                     f"takes); write null to leave --{key} out, or the value you mean")
         job = f"script {j.script}" if j.script else f"module {j.module}"

@@ -502,17 +502,26 @@ def data_splits(text: str) -> dict:
 
 def _walk(top: str, deadline: float, entries: list) -> bool:
     """(relative name, size) of every file under `top`, in name order, into `entries`; False when
-    LIST_MAX_FILES or the deadline stopped it."""
+    LIST_MAX_FILES or the deadline stopped it. Symbolic links are followed, each directory walked
+    once (a link back up the tree ends there, as the deadline would)."""
     stack = [""]
+    seen: set = set()
     while stack:
+        if time.time() > deadline:
+            return False
         rel = stack.pop()
+        here = os.path.join(top, rel) if rel else top
         try:
-            with os.scandir(os.path.join(top, rel) if rel else top) as it:
-                found = sorted(it, key=lambda e: e.name, reverse=True)
+            st = os.stat(here)
+            if (st.st_dev, st.st_ino) in seen:
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            with os.scandir(here) as it:
+                found = sorted(it, key=lambda e: e.name)
         except OSError:
             continue
         dirs = []
-        for entry in reversed(found):
+        for entry in found:
             name = rel + "/" + entry.name if rel else entry.name
             try:
                 if entry.is_dir():

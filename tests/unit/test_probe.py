@@ -295,8 +295,19 @@ def test_a_listing_past_its_budget_says_so(tmp_path: Path, monkeypatch: pytest.M
     yaml_path = write_dataset(tmp_path / "d", images=12, classes=2, imgsz=32)
     monkeypatch.setattr(probe, "LIST_BUDGET_S", -1.0)
     got = probe.dataset_facts(str(yaml_path), yaml_path.read_text())
-    assert "listing stopped after 1 files" in got["train"]["error"]
+    assert "listing stopped after 0 files" in got["train"]["error"]
     monkeypatch.setattr(probe, "LIST_BUDGET_S", 60.0)
     monkeypatch.setattr(probe, "LIST_MAX_FILES", 4)
     capped = probe.dataset_facts(str(yaml_path), yaml_path.read_text())["train"]
     assert capped["files"] == 4 and capped["capped"] and "error" not in capped
+
+
+def test_a_link_back_up_the_dataset_is_walked_once(tmp_path: Path) -> None:
+    split = tmp_path / "images" / "train"
+    (split / "sub").mkdir(parents=True)
+    (split / "a.jpg").write_bytes(b"a")
+    (split / "sub" / "b.jpg").write_bytes(b"bb")
+    (split / "sub" / "loop").symlink_to(split)  # a cycle: the walk must end, each folder once
+    (tmp_path / "data.yaml").write_text("train: images/train\n")
+    got = probe.dataset_facts(str(tmp_path / "data.yaml"), "train: images/train\n")["train"]
+    assert (got["files"], got["bytes"]) == (2, 3) and "error" not in got

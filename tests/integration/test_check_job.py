@@ -143,3 +143,20 @@ def test_a_stale_dataset_copy_on_one_node_fails_the_job_check_naming_the_node_an
     assert "rsync" in bad["hint"]
     ok = result(report, "job", "node2")
     assert ok["status"] == "ok" and "(train 12 files" in ok["detail"] and "the same on every node" in ok["detail"], ok
+
+
+def test_field_guide_001s_line_on_cpu_nodes_is_refused_once_with_every_problem(
+        make_cluster: MakeCluster, data: Path, tmp_path: Path) -> None:
+    """`--amp --sync-bn --gradient-accumulation 2 --device 0,1,2,3` on CPU nodes took three launches
+    (one refusal each): one `orch check` names --device, --amp and --sync-bn together."""
+    c = make_cluster(2)
+    inv = trainer_inventory(c, tmp_path, data=str(data), batch=4, amp=True, **{
+        "sync-bn": True, "gradient-accumulation": 2, "device": "0,1,2,3"})
+    report = preflight(inv, skip=ONLY_JOB)
+    assert ("job", "node1") in failures(report)
+    detail = result(report, "job", "node1")["detail"]
+    assert "the trainer refuses the arguments: 4 problems: " in detail, detail
+    for said in ("--device 0,1,2,3 names 4 GPUs but torchrun started 1 process(es)", "--device 0,1,2,3 but torch "
+                 "sees no GPU", "--amp on: fp16",
+                 "--sync-bn needs CUDA"):
+        assert said in detail, detail

@@ -69,9 +69,9 @@ what `--cfg NAME` means when no file of that name is there (`--cfg` then is `--m
 def cfg_setting(value: str) -> str:
     """The setting `--cfg VALUE` (or `cfg=VALUE`) gives: `KEY=VALUE` -> KEY's setting, a shipped
     model's name -> `model`, anything else (a settings YAML) -> `cfg`."""
-    key, eq, _ = value.partition("=")
+    key, eq, raw = value.partition("=")
     if eq and key.strip():
-        return SAME_SETTING.get(key.strip(), key.strip())
+        return value_setting(SAME_SETTING.get(key.strip(), key.strip()), raw.strip())
     return "model" if MODEL_NAME.match(value) else "cfg"
 
 

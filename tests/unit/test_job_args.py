@@ -137,11 +137,11 @@ def test_cfg_key_value_replaces_that_setting(tmp_path: Path) -> None:
 
 def test_a_model_given_as_a_checkpoint_replaces_the_inventorys_weights(tmp_path: Path) -> None:
     """`--model x.pt` means --weights (the trainer's rule), so it replaces `weights:`."""
-    inv = apply(load(tmp_path, "  args:\n    data: /d/data.yaml\n    weights: /m/a.pt\n"),
-                Overrides(args=("--model", "/m/b.pt")))
-    words = job_words(inv)
-    assert "/m/a.pt" not in words
-    assert parsed(words).weights == "/m/b.pt"
+    for extra in (("--model", "/m/b.pt"), ("model=/m/b.pt",), ("--cfg", "model=/m/b.pt")):
+        inv = apply(load(tmp_path, "  args:\n    data: /d/data.yaml\n    weights: /m/a.pt\n"), Overrides(args=extra))
+        words = job_words(inv)
+        assert "/m/a.pt" not in words, extra
+        assert parsed(words).weights == "/m/b.pt"
 
 
 @pytest.mark.parametrize("where", ["inventory", "override"])

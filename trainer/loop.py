@@ -287,6 +287,11 @@ def fit(inp: Inputs) -> None:
         train_set.close_mosaic(parts.hyp)
         mosaic_note(inp, max(closes_at, 0))
     loader = make_loader(train_set, local_batch, inp, restore=state.buffers if resume is not None else None)
+    if loader.num_workers != cfg.workers:  # no more workers than batches (data.worker_count): said, recorded as used
+        note = (f"--workers {cfg.workers} -> {loader.num_workers}: {len(loader)} batch(es) per epoch on each rank"
+                + (", loaded in the process" if loader.num_workers == 0 else ""))
+        cfg = inp.cfg = replace(cfg, workers=loader.num_workers, notes=(*cfg.notes, note))
+        parts.hyp.workers = loader.num_workers
     if cfg.accumulate is None:  # ultralytics: never accumulate over more batches than the run has
         parts.nominal_accumulate = min(parts.nominal_accumulate, len(loader) * cfg.epochs)
     scalars = None

@@ -76,6 +76,9 @@ class Inputs:
     """The ``--weights`` model, if any."""
     text_pe: torch.Tensor | None = None
     """YOLOE raw text embeddings (1, nc, D), if any."""
+    node_notes: tuple[str, ...] = ()
+    """What this node's CPUs and device changed of the command line (``config.for_node``): rank 0
+    says it among its start-up lines, every other node's first rank on its own."""
 
 
 def prepare(cfg: TrainConfig, topo: Topology, device: torch.device) -> Inputs:
@@ -107,9 +110,10 @@ def prepare(cfg: TrainConfig, topo: Topology, device: torch.device) -> Inputs:
     if problems:
         raise refusal(problems)
     amp = resolve_amp(cfg.amp, device)
-    cfg = for_node(cfg, device.type, os.cpu_count() or 1, topo.local_world_size)  # said, and recorded as used
+    adjusted = for_node(cfg, device.type, os.cpu_count() or 1, topo.local_world_size)  # said, and recorded as used
+    node_notes, cfg = adjusted.notes[len(cfg.notes):], adjusted
     hyp = ultralytics_hyp(cfg, arch, amp)
-    return Inputs(cfg, topo, device, data, arch, amp, hyp, weights_model, text_pe)
+    return Inputs(cfg, topo, device, data, arch, amp, hyp, weights_model, text_pe, node_notes)
 
 
 def resolve_amp(requested: str, device: torch.device) -> str:
@@ -299,6 +303,9 @@ def fit(inp: Inputs) -> None:
         output.write_args(out, cfg, parts.hyp)
         scalars = output.Scalars(out)
         for line in startup_lines(inp, parts, state.epoch):
+            say(line)
+    elif topo.local_rank == 0:  # another node's own adjustments, said once there
+        for line in inp.node_notes:
             say(line)
 
     train_start = time.time()

@@ -176,3 +176,4 @@ def test_a_node_adjustment_is_said_once_and_recorded_as_used(tmp_path: Path, mon
                          torch.device("cpu"))
     assert not [n for n in quiet.cfg.notes if "workers" in n or "pin-memory" in n]  # nothing adjusted, nothing said
     assert (quiet.cfg.workers, quiet.cfg.pin_memory) == (1, False)  # the default pin-memory, recorded as used
+    assert inp.node_notes == tuple(said) and quiet.node_notes == ()  # what another node's first rank says itself

@@ -27,7 +27,7 @@ import json
 import sys
 from typing import Any
 
-from trainer.config import check_topology, parse_config, with_world_size
+from trainer.config import parse_config
 from trainer.errors import TrainerError
 from trainer.offline import set_offline_env
 
@@ -45,18 +45,14 @@ def check(argv: list[str]) -> dict[str, Any]:
     """
     stage = "arguments"
     try:
-        cfg = parse_config([a for a in argv if a != "--check"], usage_errors=True)
+        found: list[str] = []
+        cfg = parse_config([a for a in argv if a != "--check"], usage_errors=True, problems=found)
         stage = "topology"
-        from trainer import dist as tdist  # torch: after the cheap refusals
+        from trainer import dist as tdist  # torch: after argparse's refusals
 
         topo = tdist.Topology.from_env()
-        cfg = with_world_size(cfg, topo.world_size)  # --batch-per-device N: the global batch, as a start makes it
-        check_topology(cfg, topo.world_size, topo.launched, topo.local_world_size)
-        stage = "device"
-        try:
-            device = tdist.pick_device(cfg.device, topo)
-        except ValueError as e:
-            raise TrainerError(str(e)) from None
+        # the arguments' rules, topology, device, precision: all at once
+        cfg, device = tdist.start_device(cfg, topo, select=False, found=found)
         stage = "inputs"
         from trainer.loop import decide_run, prepare
 
@@ -74,7 +70,8 @@ def check(argv: list[str]) -> dict[str, Any]:
             answer.update(out=str(out.absolute()), resume=cfg.resume,
                           resume_epoch=resume.get("epoch") if resume else None)
     except TrainerError as e:
-        e.stage = stage  # type: ignore[attr-defined]
+        if not hasattr(e, "stage"):
+            e.stage = stage  # type: ignore[attr-defined]
         raise
     return {"trainer_check": SCHEMA, "ok": True, **answer, "verified": list(VERIFIED),
             "not_verified": list(NOT_VERIFIED)}

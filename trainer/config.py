@@ -28,7 +28,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from trainer.errors import TrainerError
+from trainer.errors import TrainerError, refusal
 from trainer.interface import DEFAULT_NAME, INPUT_FLAGS, OUTPUT_FLAGS, batch_problem
 from trainer.settings import (
     Given,
@@ -142,15 +142,16 @@ class TrainConfig:
     """stop after N epochs without a better validation fitness (mAP50-95)"""
     amp: str = field(default="auto", metadata=flag(nargs="?", const="on", metavar="MODE"))
     """mixed precision: bare --amp = on (fp16, CUDA only); off, fp16, bf16, auto = fp16 on CUDA and off on CPU"""
-    sync_bn: bool = field(default=False, metadata=flag(action="store_true"))
+    sync_bn: bool = False
     """SyncBatchNorm across ranks (CUDA, several ranks), e.g. for <= 8 images per GPU"""
     device: str = "auto"
     """auto (cuda:LOCAL_RANK if CUDA is there), cpu, cuda, or this node's GPU indices, one per process,
     e.g. 0,1,2,3 with --nproc-per-node 4"""
     workers: int = 8
-    """data loader worker processes per rank, at most the node's CPUs / its ranks, e.g. 8"""
+    """data loader worker processes per rank, at most the node's CPUs / its ranks (a larger number is lowered,
+    said at start-up), e.g. 8"""
     pin_memory: bool = True
-    """page-locked host memory for the batches (CUDA only)"""
+    """page-locked host memory for the batches (CUDA only: off on a CPU, said at start-up when given)"""
     persistent_workers: bool = True
     """keep the loader workers between epochs"""
     cache: str | None = field(default=None, metadata=flag(nargs="?", const="ram", metavar="WHERE"))
@@ -351,7 +352,7 @@ _NOT_FIELDS = ("settings", "cfg", "check")
 def _from_flags(ns: argparse.Namespace, given: Given) -> None:
     """The flags the user typed (argparse's None means not typed)."""
     for dest, value in vars(ns).items():
-        if dest in _NOT_FIELDS or value is None or (dest == "sync_bn" and value is False):
+        if dest in _NOT_FIELDS or value is None:
             continue
         name = FLAG_FIELD.get(dest, dest)
         flag_text = "--" + dest.replace("_", "-")
@@ -365,12 +366,15 @@ def _from_flags(ns: argparse.Namespace, given: Given) -> None:
         given.put(name, value, f"{flag_text} {value}" if not isinstance(value, bool) else flag_text)
 
 
-def parse_config(argv: list[str] | None = None, usage_errors: bool = False) -> TrainConfig:
+def parse_config(argv: list[str] | None = None, usage_errors: bool = False,
+                 problems: list[str] | None = None) -> TrainConfig:
     """Parse the command line into a checked ``TrainConfig``.
 
     With ``usage_errors`` an argument argparse refuses (an unknown flag, a value of the wrong
     type) raises a TrainerError with argparse's message, instead of printing the usage and
-    exiting 2.
+    exiting 2. With ``problems`` the rules that tie settings together (ranges, both batches)
+    are appended there instead of raised, so the start can name them with what the topology and
+    the device refuse (``dist.start_device``), all at once.
 
     Raises:
         TrainerError: a value no run could use, an unknown or unhonoured setting, or one setting
@@ -397,10 +401,10 @@ def parse_config(argv: list[str] | None = None, usage_errors: bool = False) -> T
         put_setting(given, key, yaml_value(raw), word, hyp)
     for item in ns.cfg:
         put_cfg_value(given, item, f"--cfg {item}", hyp)
-    return resolve(given, hyp)
+    return resolve(given, hyp, problems)
 
 
-def resolve(given: Given, hyp: dict[str, Any]) -> TrainConfig:
+def resolve(given: Given, hyp: dict[str, Any], found: list[str] | None = None) -> TrainConfig:
     """Defaults, home expansion and the rules that tie settings together."""
     v = dict(given.values)
     notes: list[str] = []
@@ -442,29 +446,34 @@ def resolve(given: Given, hyp: dict[str, Any]) -> TrainConfig:
     known = {f.name for f in fields(TrainConfig)}
     cfg = replace(TrainConfig(), **{k: val for k, val in v.items() if k in known}, hyp=dict(hyp), notes=tuple(notes),
                   given=tuple(sorted({*given.values, *hyp})))
+    problems = []
     if cfg.batch_per_device is not None:
         if "batch" in v:
-            raise TrainerError(f"{given.sources['batch']} and {given.sources['batch_per_device']} both set the batch: "
-                               "give the global batch or the batch per GPU, not both")
+            problems.append(f"{given.sources['batch']} and {given.sources['batch_per_device']} both set the batch: "
+                            "give the global batch or the batch per GPU, not both")
         if cfg.batch_per_device < 1:
-            raise TrainerError(f"--batch-per-device must be >= 1, got {cfg.batch_per_device}")
+            problems.append(f"--batch-per-device must be >= 1, got {cfg.batch_per_device}")
     for name in ("epochs", "batch", "imgsz", "log_every", "nbs"):
         if getattr(cfg, name) < 1:
             extra = " (no auto-batch: give the global batch)" if name == "batch" else ""
-            raise TrainerError(f"--{name.replace('_', '-')} must be >= 1{extra}, got {getattr(cfg, name)}")
+            problems.append(f"--{name.replace('_', '-')} must be >= 1{extra}, got {getattr(cfg, name)}")
     if cfg.accumulate is not None and cfg.accumulate < 1:
-        raise TrainerError(f"--accumulate must be >= 1, got {cfg.accumulate}")
+        problems.append(f"--accumulate must be >= 1, got {cfg.accumulate}")
     for name in ("timeout_min", "startup_timeout_min", "progress_every_s"):
         if getattr(cfg, name) <= 0:
-            raise TrainerError(f"--{name.replace('_', '-')} must be > 0, got {getattr(cfg, name):g}")
+            problems.append(f"--{name.replace('_', '-')} must be > 0, got {getattr(cfg, name):g}")
     if cfg.workers < 0:
-        raise TrainerError(f"--workers must be >= 0, got {cfg.workers}")
+        problems.append(f"--workers must be >= 0, got {cfg.workers}")
     if not 0 < cfg.fraction <= 1:
-        raise TrainerError(f"--fraction must be in (0, 1], got {cfg.fraction:g}")
+        problems.append(f"--fraction must be in (0, 1], got {cfg.fraction:g}")
     if not 0 <= cfg.multi_scale < 1:
-        raise TrainerError(f"--multi-scale must be in [0, 1), got {cfg.multi_scale:g}")
+        problems.append(f"--multi-scale must be in [0, 1), got {cfg.multi_scale:g}")
     if cfg.task is not None and cfg.task not in ("detect", "segment"):
-        raise TrainerError(f"task={cfg.task}: this trainer trains detect and segment models")
+        problems.append(f"task={cfg.task}: this trainer trains detect and segment models")
+    if found is not None:
+        found += problems
+    elif problems:  # every one at once: one edit, not one launch per problem
+        raise refusal(problems)
     return cfg
 
 
@@ -476,6 +485,25 @@ def with_world_size(cfg: TrainConfig, world_size: int) -> TrainConfig:
     batch = cfg.batch_per_device * world_size
     note = f"global batch {batch} = --batch-per-device {cfg.batch_per_device} x {world_size} rank(s)"
     return replace(cfg, batch=batch, notes=(*cfg.notes, note))
+
+
+def for_node(cfg: TrainConfig, device_type: str, cpus: int, local_world_size: int) -> TrainConfig:
+    """``cfg`` as this rank will use it on its node: the loader workers at most the node's CPUs
+    shared by its ranks, page-locked memory only on CUDA. Each change is a note (said once, on
+    rank 0's start-up lines) and the run records the value used (trainer.yaml, args.yaml);
+    ``--pin-memory`` on a CPU is said only when it was given (its default is on)."""
+    notes = []
+    cap = max(cpus // max(local_world_size, 1), 0)
+    workers = min(cfg.workers, cap)
+    if workers != cfg.workers:
+        notes.append(f"--workers {cfg.workers} -> {workers}: this node's {cpus} CPUs shared by its {local_world_size} "
+                     "rank(s)")
+    pin = cfg.pin_memory and device_type == "cuda"
+    if cfg.pin_memory and not pin and "pin_memory" in cfg.given:
+        notes.append("--pin-memory off: page-locked memory is for copies to a GPU, and this rank trains on the CPU")
+    if workers == cfg.workers and pin == cfg.pin_memory:
+        return cfg
+    return replace(cfg, workers=workers, pin_memory=pin, notes=(*cfg.notes, *notes))
 
 
 def accumulation(cfg: TrainConfig) -> int:
@@ -495,18 +523,26 @@ def check_topology(cfg: TrainConfig, world_size: int, launched: bool, local_worl
     """Checks that depend on the job's shape, made identically on every rank.
 
     Raises:
-        TrainerError: global batch not divisible by the world size; a relative weights, data or
-            text-embeddings path under torchrun (each node may start in another directory); a
-            ``--device`` list whose length is not this node's number of processes.
+        TrainerError: every problem of ``topology_problems`` at once.
     """
+    problems = topology_problems(cfg, world_size, launched, local_world_size)
+    if problems:
+        raise refusal(problems)
+
+
+def topology_problems(cfg: TrainConfig, world_size: int, launched: bool, local_world_size: int = 1) -> list[str]:
+    """Global batch not divisible by the world size; a relative weights, data or text-embeddings
+    path under torchrun (each node may start in another directory); a ``--device`` list whose
+    length is not this node's number of processes."""
     cfg = with_world_size(cfg, world_size)
+    problems = []
     problem = batch_problem(cfg.batch, world_size)
     if problem:
-        raise TrainerError(f"--batch {cfg.batch}: {problem}")
+        problems.append(f"--batch {cfg.batch}: {problem}")
     if launched:
         for flag, value in (("--data", cfg.data), ("--weights", cfg.weights), ("--text-embeddings", cfg.text_embeddings)):
             if value and not Path(value).is_absolute():
-                raise TrainerError(
+                problems.append(
                     f"{flag} {value} is relative; under torchrun every node must see the same absolute path "
                     f"(here it would be {Path(value).absolute()})"
                 )
@@ -514,7 +550,20 @@ def check_topology(cfg: TrainConfig, world_size: int, launched: bool, local_worl
     if ids is not None and len(ids) != local_world_size:
         listed = ",".join(map(str, ids))
         if not launched and len(ids) > 1:
-            raise TrainerError(f"--device {listed} names {len(ids)} GPUs but this is one process: start it with "
-                               f"torchrun --nproc-per-node {len(ids)} -m trainer ...")
-        raise TrainerError(f"--device {listed} names {len(ids)} GPUs but torchrun started {local_world_size} "
-                           f"process(es) on this node: {nproc_fix(len(ids))}, or list {local_world_size} GPU(s)")
+            problems.append(f"--device {listed} names {len(ids)} GPUs but this is one process: start it with "
+                            f"torchrun --nproc-per-node {len(ids)} -m trainer ...")
+        else:
+            problems.append(f"--device {listed} names {len(ids)} GPUs but torchrun started {local_world_size} "
+                            f"process(es) on this node: {nproc_fix(len(ids))}, or list {local_world_size} GPU(s)")
+    return problems
+
+
+def precision_problems(cfg: TrainConfig, device_type: str, distributed: bool) -> list[str]:
+    """What ``--amp`` and ``--sync-bn`` cannot do on this rank's device (``cpu``/``cuda``)."""
+    problems = []
+    if cfg.amp in ("on", "fp16") and device_type != "cuda":
+        problems.append(f"--amp {cfg.amp}: fp16 mixed precision needs CUDA (GradScaler); on CPU use --amp off or "
+                        "--amp bf16")
+    if cfg.sync_bn and distributed and device_type != "cuda":
+        problems.append("--sync-bn needs CUDA: torch's SyncBatchNorm has no CPU implementation (drop --sync-bn on CPU)")
+    return problems

@@ -11,6 +11,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from trainer.config import TrainConfig, precision_problems, topology_problems, with_world_size
+from trainer.errors import refusal
+
 
 @dataclass(frozen=True)
 class Topology:
@@ -107,6 +110,39 @@ def select_device(requested: str, topo: Topology) -> torch.device:
     if threads is not None:
         torch.set_num_threads(threads)
     return device
+
+
+def start_device(cfg: TrainConfig, topo: Topology, select: bool = True,
+                 found: list[str] | None = None) -> tuple[TrainConfig, torch.device]:
+    """What a start (and ``--check``) decides before reading any file: the global batch of
+    ``--batch-per-device``, the topology's rules, this rank's device (made current with
+    ``select``), and what ``--amp`` and ``--sync-bn`` need of it. Every problem in one refusal:
+    a device that is not there still gets its precision judged, on the device the rank would
+    have (the CPU when torch sees no GPU). ``found``: the arguments' own problems
+    (``parse_config(problems=...)``), named first.
+
+    Raises:
+        TrainerError: all the problems at once; ``.stage`` is where the first was found:
+            ``arguments``, ``topology`` or ``device``.
+    """
+    cfg = with_world_size(cfg, topo.world_size)
+    problems = list(found or [])
+    stage = "arguments" if problems else "topology"
+    problems += topology_problems(cfg, topo.world_size, topo.launched, topo.local_world_size)
+    stage = stage if problems else "device"
+    device = None
+    try:
+        device = (select_device if select else pick_device)(cfg.device, topo)
+        kind = device.type
+    except ValueError as e:
+        problems.append(str(e))
+        kind = "cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu"
+    problems += precision_problems(cfg, kind, topo.distributed)
+    if problems or device is None:
+        err = refusal(problems)
+        err.stage = stage  # type: ignore[attr-defined]
+        raise err
+    return cfg, device
 
 
 _STARTUP_TIMEOUT: timedelta | None = None

@@ -9,3 +9,11 @@ class TrainerError(Exception):
     """
 
     exit_code = 2
+
+
+def refusal(problems: list[str]) -> TrainerError:
+    """Every problem of one command in one error: a start (and ``--check``) names them all at
+    once, never one per launch. One problem reads as itself."""
+    if len(problems) == 1:
+        return TrainerError(problems[0])
+    return TrainerError(f"{len(problems)} problems: " + "; ".join(f"{i}) {p}" for i, p in enumerate(problems, 1)))

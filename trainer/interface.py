@@ -81,6 +81,63 @@ SAME_SETTING = {"batch_size": "batch", "lr0": "lr", "gradient_accumulation": "ac
 ultralytics' `lr0=`), by the name with dashes as underscores: `--batch`, `--batch-size` and
 `batch=` are one setting. `trainer/config.py`'s ALIASES and `trainer/settings.py`'s
 FIELD_OF_SETTING define them; a test holds this table to both."""
+ONE_OF = (frozenset({"batch", "batch_per_device"}),)
+"""Settings that set one thing two ways, which the trainer refuses together (`--batch` and
+`--batch-per-device` both set the batch): one given replaces the others."""
+MODEL_NAME = re.compile(r"^(yolo|yoloe|yolov|rtdetr)[\w.-]*\.ya?ml$")
+"""A model YAML that ultralytics ships, by its bare name (`yolo12s.yaml`, `yoloe-v8l-seg.yaml`):
+what `--cfg NAME` means when no file of that name is there (`--cfg` then is `--model`)."""
+
+
+def cfg_setting(value: str) -> str:
+    """The setting `--cfg VALUE` (or `cfg=VALUE`) gives: `KEY=VALUE` -> KEY's setting, a shipped
+    model's name -> `model`, anything else (a settings YAML) -> `cfg`."""
+    key, eq, raw = value.partition("=")
+    if eq and key.strip():
+        return value_setting(SAME_SETTING.get(key.strip(), key.strip()), raw.strip())
+    return "model" if MODEL_NAME.match(value) else "cfg"
+
+
+def value_setting(name: str, value: object) -> str:
+    """The setting a flag (or key) `name` with `value` sets: `--cfg` per `cfg_setting`, a
+    `--model`/`model=` that names a checkpoint (`.pt`) is the weights (the trainer's rule)."""
+    if name == "cfg" and isinstance(value, str):
+        return cfg_setting(value)
+    if name == "model" and isinstance(value, str) and value.endswith(".pt"):
+        return "weights"
+    return name
+
+
+def replaced(name: str) -> frozenset[str]:
+    """Every setting that `name`, given on the command line, replaces: itself and those of `ONE_OF`."""
+    return next((group for group in ONE_OF if name in group), frozenset({name}))
+
+
+def is_builtin_model(name: str, value: str) -> bool:
+    """`model: yolo12m.yaml` / `cfg: yoloe-v8l-seg.yaml` name a model config shipped with
+    ultralytics, not a file: no node's copy to check, never "a relative path"."""
+    if "/" in value:
+        return False
+    return value.endswith((".yaml", ".yml")) if name == "model" else name == "cfg" and bool(MODEL_NAME.match(value))
+
+
+def file_setting(name: str, value: str) -> bool:
+    """Whether a setting's value names a file the trainer reads (INPUT_FLAGS), as opposed to a
+    shipped model's name or `--cfg KEY=VALUE`."""
+    if name == "cfg" and "=" in value:
+        return False
+    return name in INPUT_FLAGS and not is_builtin_model(name, value)
+
+
+OFF_WORD = {
+    "amp": "off", "sync_bn": "false", "cos_lr": "false", "pin_memory": "false", "persistent_workers": "false",
+    "deterministic": "false", "exist_ok": "false", "plots": "false", "cache": "false", "multi_scale": "0",
+    "freeze": "none",
+}
+"""The word after a flag (dashes as underscores) that turns its setting off (`--amp off`,
+`--plots false`): how an inventory's `amp: false` reaches the trainer. A flag not listed has no
+off (`--resume`, `--epochs`): `false` there is refused, `null` leaves the flag out. A test holds
+the table to the trainer's parser (each word parses to off; every boolean flag is listed)."""
 
 
 def setting_name(word: str) -> str | None:
@@ -95,29 +152,42 @@ def setting_name(word: str) -> str | None:
     return SAME_SETTING.get(name, name)
 
 
+def setting_value(words: list[str]) -> str | bool:
+    """The value of one setting's words from `settings_of` (`--batch 8`, `--batch=8`, `batch=8`:
+    `8`; a bare `--amp`: True)."""
+    if "=" in words[0]:
+        return words[0].split("=", 1)[1]
+    return words[1] if len(words) > 1 else True
+
+
 def settings_of(words: list[str] | tuple[str, ...]) -> list[tuple[str | None, list[str]]]:
     """The words cut into settings: `(name, words)` for each flag with its value (a flag takes
-    the next word unless that word starts a setting itself, so `--amp --batch 8` is two) and
-    each `key=value`; `(None, [word])` for a word that belongs to none."""
+    the next word unless that word starts a setting itself, so `--amp --batch 8` is two; `--cfg`
+    always takes it, `--cfg mosaic=0` is one) and
+    each `key=value`, named by what they set (`--cfg yolo12s.yaml` is `model`, `--cfg lr0=0.1`
+    `lr`, `--model x.pt` `weights`: `value_setting`); `(None, [word])` for a word that belongs
+    to none."""
     out: list[tuple[str | None, list[str]]] = []
     i = 0
     while i < len(words):
         word = words[i]
         name = setting_name(word)
         takes = (name is not None and word.startswith("--") and "=" not in word and i + 1 < len(words)
-                 and setting_name(words[i + 1]) is None and words[i + 1] not in ("detect", "segment", "train"))
-        out.append((name, list(words[i:i + 2]) if takes else [word]))
+                 and (name == "cfg" and not words[i + 1].startswith("-")  # --cfg KEY=VALUE: one setting
+                      or setting_name(words[i + 1]) is None and words[i + 1] not in ("detect", "segment", "train")))
+        ws = list(words[i:i + 2]) if takes else [word]
+        out.append((value_setting(name, setting_value(ws)) if name is not None else None, ws))
         i += 2 if takes else 1
     return out
 
 
 def override_args(base: tuple[str, ...], extra: list[str] | tuple[str, ...]) -> tuple[str, ...]:
     """`base` (the inventory's job args) with `extra` (the command line's) after them, where a
-    setting `extra` gives replaces every spelling of it in `base`: the command line wins, as
-    argparse's last value does, and the trainer, which refuses one setting given twice with two
-    values, sees it once."""
-    given = {name for name, _ in settings_of(list(extra)) if name is not None}
-    kept = [w for name, ws in settings_of(list(base)) if name not in given for w in ws]
+    setting `extra` gives replaces every spelling of it in `base` (and the settings of `ONE_OF`
+    that set the same thing): the command line wins, as argparse's last value does, and the
+    trainer, which refuses one setting given twice with two values, sees it once."""
+    gone = {other for name, _ in settings_of(list(extra)) if name is not None for other in replaced(name)}
+    kept = [w for name, ws in settings_of(list(base)) if name not in gone for w in ws]
     return (*kept, *extra)
 
 

@@ -33,9 +33,9 @@ from trainer import data as tdata
 from trainer import dist as tdist
 from trainer import pace as tpace
 from trainer import plots as tplots
-from trainer.config import TrainConfig, accumulation
+from trainer.config import TrainConfig, accumulation, for_node, precision_problems
 from trainer.dist import Topology
-from trainer.errors import TrainerError
+from trainer.errors import TrainerError, refusal
 from trainer.interface import BEST, LAST, small_batch_warning
 from trainer.logs import (
     StepMeter,
@@ -76,6 +76,9 @@ class Inputs:
     """The ``--weights`` model, if any."""
     text_pe: torch.Tensor | None = None
     """YOLOE raw text embeddings (1, nc, D), if any."""
+    node_notes: tuple[str, ...] = ()
+    """What this node's CPUs and device changed of the command line (``config.for_node``): rank 0
+    says it among its start-up lines, every other node's first rank on its own."""
 
 
 def prepare(cfg: TrainConfig, topo: Topology, device: torch.device) -> Inputs:
@@ -104,11 +107,14 @@ def prepare(cfg: TrainConfig, topo: Topology, device: torch.device) -> Inputs:
     names = list(data["names"].values())
     text_pe = (models.load_text_embeddings(cfg.text_embeddings, names, models.text_model(arch))
                if cfg.text_embeddings else None)
+    problems = precision_problems(cfg, device.type, topo.distributed)
+    if problems:
+        raise refusal(problems)
     amp = resolve_amp(cfg.amp, device)
-    if cfg.sync_bn and topo.distributed and device.type != "cuda":
-        raise TrainerError("--sync-bn needs CUDA: torch's SyncBatchNorm has no CPU implementation (drop --sync-bn on CPU)")
+    adjusted = for_node(cfg, device.type, os.cpu_count() or 1, topo.local_world_size)  # said, and recorded as used
+    node_notes, cfg = adjusted.notes[len(cfg.notes):], adjusted
     hyp = ultralytics_hyp(cfg, arch, amp)
-    return Inputs(cfg, topo, device, data, arch, amp, hyp, weights_model, text_pe)
+    return Inputs(cfg, topo, device, data, arch, amp, hyp, weights_model, text_pe, node_notes)
 
 
 def resolve_amp(requested: str, device: torch.device, capability: tuple[int, int] | None = None) -> str:
@@ -124,8 +130,7 @@ def resolve_amp(requested: str, device: torch.device, capability: tuple[int, int
         return "fp16" if device.type == "cuda" else "off"
     if requested in ("on", "fp16"):
         if device.type != "cuda":
-            raise TrainerError(f"--amp {requested}: fp16 mixed precision needs CUDA (GradScaler); on CPU use "
-                               "--amp off or --amp bf16")
+            raise TrainerError(precision_problems(replace(TrainConfig(), amp=requested), device.type, False)[0])
         return "fp16"
     if requested == "bf16" and device.type == "cuda":
         major, minor = capability if capability is not None else torch.cuda.get_device_capability(device)
@@ -314,6 +319,11 @@ def fit(inp: Inputs) -> None:
         close_mosaic(train_set, parts.hyp)
         mosaic_note(inp, max(closes_at, 0))
     loader = make_loader(train_set, local_batch, inp, restore=state.buffers if resume is not None else None)
+    if loader.num_workers != cfg.workers:  # no more workers than batches (data.worker_count): said, recorded as used
+        note = (f"--workers {cfg.workers} -> {loader.num_workers}: {len(loader)} batch(es) per epoch on each rank"
+                + (", loaded in the process" if loader.num_workers == 0 else ""))
+        cfg = inp.cfg = replace(cfg, workers=loader.num_workers, notes=(*cfg.notes, note))
+        parts.hyp.workers = loader.num_workers
     if cfg.accumulate is None:  # ultralytics: never accumulate over more batches than the run has
         parts.nominal_accumulate = min(parts.nominal_accumulate, len(loader) * cfg.epochs)
     scalars = None
@@ -321,6 +331,9 @@ def fit(inp: Inputs) -> None:
         output.write_args(out, cfg, parts.hyp)
         scalars = output.Scalars(out)
         for line in startup_lines(inp, parts, state.epoch):
+            say(line)
+    elif topo.local_rank == 0:  # another node's own adjustments, said once there
+        for line in inp.node_notes:
             say(line)
 
     train_start = time.time()

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from trainer.errors import TrainerError
-from trainer.interface import parse_device
+from trainer.interface import MODEL_NAME, parse_device
 
 FIELD_OF_SETTING = {
     "model": "model", "data": "data", "epochs": "epochs", "batch": "batch", "imgsz": "imgsz", "lr0": "lr",
@@ -209,7 +209,7 @@ def _is_model_yaml(path: str) -> bool:
     if file.is_file():
         doc = yaml.safe_load(file.read_text())
         return isinstance(doc, dict) and "backbone" in doc and "head" in doc
-    return bool(re.match(r"^(yolo|yoloe|yolov|rtdetr)[\w.-]*\.ya?ml$", file.name)) and file.name == path
+    return bool(MODEL_NAME.match(file.name)) and file.name == path
 
 
 def put_setting(given: Given, key: str, raw: Any, source: str, hyp: dict[str, Any]) -> None:

@@ -15,7 +15,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from trainer import dist as tdist
 from trainer import logs
-from trainer.config import check_topology, parse_config, with_world_size
+from trainer.config import parse_config
 from trainer.errors import TrainerError
 from trainer.offline import set_offline_env
 
@@ -27,13 +27,11 @@ def main(argv: list[str] | None = None) -> None:
     topo = tdist.Topology.from_env()
     logs.set_rank(topo.rank)
     try:
-        cfg = parse_config(argv)
-        cfg = with_world_size(cfg, topo.world_size)  # --batch-per-device N: the global batch N x WORLD_SIZE
-        check_topology(cfg, topo.world_size, topo.launched, topo.local_world_size)
-        try:
-            device = tdist.select_device(cfg.device, topo)
-        except ValueError as e:
-            raise TrainerError(str(e)) from None
+        found: list[str] = []
+        cfg = parse_config(argv, problems=found)
+        # --batch-per-device N as the global batch N x WORLD_SIZE; the arguments' rules, topology,
+        # device and precision problems all in one refusal
+        cfg, device = tdist.start_device(cfg, topo, found=found)
         from trainer.loop import fit, prepare  # heavy imports (ultralytics) after the cheap checks
         from trainer.offline import seed_font
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
@@ -27,6 +27,7 @@ from .nodes import (
     name_problem,
 )
 from .schema import suggest, validate
+from .trainer import OFF_WORD, setting_name
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 # What would change meaning if a value ever met a shell. Values are quoted once in the transport
@@ -202,22 +203,37 @@ def _env_value(v: Any) -> str:
     return "" if v is None else str(v)
 
 
-def render_args(args: Mapping[str, Any] | list[Any]) -> tuple[str, ...]:
-    """`{model: x, amp: true, lr: 0.01, off: false}` → `--model x --amp --lr 0.01`. Lists pass as is."""
+def render_args(args: Mapping[str, Any] | list[Any],
+                off: Callable[[str], str | None] | None = None) -> tuple[str, ...]:
+    """`{model: x, amp: true, lr: 0.01, skip: null}` → `--model x --amp --lr 0.01`. Lists pass as is.
+
+    `false` is `--key WORD` with `off(key)`'s word (the job's own spelling of off: `--amp off`);
+    without one, ValueError naming the key: a `false` is never dropped. `null` leaves the flag out."""
     if isinstance(args, list):
         return tuple(_env_value(a) for a in args)
     out: list[str] = []
     for key, value in args.items():
-        if value is None or value is False:
+        if value is None:
             continue
         out.append(f"--{key}")
         if value is True:
             continue
-        if isinstance(value, list):
+        if value is False:
+            word = off(key) if off is not None else None
+            if word is None:
+                raise ValueError(key)
+            out.append(word)
+        elif isinstance(value, list):
             out.extend(_env_value(v) for v in value)
         else:
             out.append(_env_value(value))
     return tuple(out)
+
+
+def trainer_off(key: str) -> str | None:
+    """This repository's trainer's word for off after `--key` (`trainer/interface.py` OFF_WORD)."""
+    name = setting_name(f"--{key}")
+    return OFF_WORD.get(name) if name is not None else None
 
 
 class _Resolver:
@@ -375,7 +391,15 @@ class _Resolver:
             self.safe(getattr(j, key), key, "job", key)
         if j.module and not re.match(r"^[A-Za-z_][A-Za-z0-9_.]*\Z", j.module):
             self.issue(f"module {j.module!r} is not a Python module name", "job", "module")
-        args = render_args(j.args)
+        trainer = not j.script and (j.module or "trainer") == "trainer"
+        off = trainer_off if trainer else None
+        if isinstance(j.args, dict):
+            for key in [k for k, v in j.args.items() if v is False and (off is None or off(k) is None)]:
+                self.issue(self.no_off(key, j, trainer), "job", "args", key)
+        try:
+            args = render_args(j.args, off)
+        except ValueError:  # each said above, with its line
+            args = ()
         if isinstance(j.args, dict):
             for key, value in j.args.items():
                 if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\Z", key):
@@ -396,6 +420,16 @@ class _Resolver:
             sync=self.sync_paths(j.sync), telemetry_s=float(j.telemetry_s),
             straggler=Straggler(share=float(st.share), windows=st.windows, action=st.action),
         )
+
+    @staticmethod
+    def no_off(key: str, j: Any, trainer: bool) -> str:
+        """Why `KEY: false` cannot reach the job (see `render_args`), and the fix."""
+        if trainer:
+            return (f"{key}: false: the trainer's --{key} has no off (python -m trainer --help says what it "
+                    f"takes); write null to leave --{key} out, or the value you mean")
+        job = f"script {j.script}" if j.script else f"module {j.module}"
+        return (f"{key}: false: orch cannot tell how {job} spells off for --{key}; write the word it takes "
+                f"(e.g. {key}: 'false' or {key}: 0), or null to leave --{key} out")
 
     def sync_paths(self, paths: list[str]) -> tuple[str, ...]:
         """`job.sync`: absolute paths, the same on the controller and on every node."""

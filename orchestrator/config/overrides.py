@@ -145,19 +145,28 @@ def _job_args(inv: Inventory, extra: tuple[str, ...]) -> tuple[str, ...]:
 
 def _raw_args(raw: Mapping[str, Any], extra: tuple[str, ...]) -> dict[str, Any]:
     """The YAML mapping the preflight judges (batch, paths), with the command line's values in
-    place: `--batch 64` after `batch: 384` is judged as 64."""
-    from .trainer import setting_name
+    place: `--batch 64` after `batch: 384` is judged as 64, `--batch-per-device 8` leaves no
+    `batch`, `--cfg yolo12s.yaml` is the `model`."""
+    from .trainer import replaced, setting_name, setting_value, value_setting
 
     out = dict(raw)
     for name, words in settings_of(list(extra)):
         if name is None:
             continue
-        for key in [k for k in out if setting_name(f"--{k}") == name]:
+        gone = replaced(name)
+        for key in [k for k in out if _raw_name(k, out[k], setting_name, value_setting) in gone]:
             del out[key]
-        flag = words[0]
-        value: Any = flag.split("=", 1)[1] if "=" in flag else (words[1] if len(words) > 1 else True)
+        value: Any = setting_value(words)
+        if setting_name(words[0]) == "cfg" and isinstance(value, str) and "=" in value:
+            value = value.split("=", 1)[1]  # --cfg KEY=VALUE: KEY's value
         out[name] = _scalar(value)
     return out
+
+
+def _raw_name(key: str, value: Any, setting_name: Any, value_setting: Any) -> str | None:
+    """The setting an inventory's `key: value` sets (`cfg: yolo12s.yaml` is the model)."""
+    name = setting_name(f"--{key}")
+    return value_setting(name, value) if name is not None else None
 
 
 def _scalar(value: Any) -> Any:

@@ -12,17 +12,23 @@ from trainer.interface import (
     DEFAULT_PROJECT,
     INPUT_FLAGS,
     LAST,
+    OFF_WORD,
     OUTPUT_FLAGS,
     SAME_SETTING,
     batch_choices,
     batch_problem,
+    file_setting,
+    is_builtin_model,
     override_args,
     parse_device,
+    replaced,
     setting_name,
+    setting_value,
     settings_of,
     small_batch_warning,
+    value_setting,
 )
 
-__all__ = ["AUTO", "BEST", "DEFAULT_PROJECT", "INPUT_FLAGS", "LAST", "OUTPUT_FLAGS", "SAME_SETTING",
-           "batch_choices", "batch_problem", "override_args", "parse_device", "setting_name", "settings_of",
-           "small_batch_warning"]
+__all__ = ["AUTO", "BEST", "DEFAULT_PROJECT", "INPUT_FLAGS", "LAST", "OFF_WORD", "OUTPUT_FLAGS", "SAME_SETTING",
+           "batch_choices", "batch_problem", "file_setting", "is_builtin_model", "override_args", "parse_device",
+           "replaced", "setting_name", "setting_value", "settings_of", "small_batch_warning", "value_setting"]

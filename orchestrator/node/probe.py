@@ -69,7 +69,7 @@ try:
         host = "aarch64" if platform.machine().lower() == "aarch64" else "x86_64"
         out["releases"] = {str(k): sorted(int(c) for c in v.get(host, ())) for k, v in releases.items()}
 except Exception as exc:
-    out["error"] = "%s: %s" % (type(exc).__name__, exc)
+    out["error"] = f"{type(exc).__name__}: {exc}"
 print(json.dumps(out))
 """
 ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "TORCH_DISTRIBUTED_", "CUDA_VISIBLE_DEVICES", "TZ",
@@ -95,7 +95,7 @@ try:
         out["nccl_error"] = type(exc).__name__
 except Exception as exc:
     out["torch"] = None
-    out["torch_error"] = "%s: %s" % (type(exc).__name__, exc)
+    out["torch_error"] = f"{type(exc).__name__}: {exc}"
 try:
     from importlib import metadata
     out["ultralytics"] = metadata.version("ultralytics")
@@ -470,8 +470,184 @@ def file_facts(path: str, want_text: bool) -> dict:
             out["sha256"] = h.hexdigest()
         if want_text and out["size"] <= MAX_TEXT:
             out["text"] = read_text(p)
+            if out["text"] is not None:  # a data YAML: what it lists, to compare node against node
+                try:
+                    out["dataset"] = dataset_facts(path, out["text"])
+                except Exception as exc:  # a fact, not a crash
+                    out["dataset_error"] = f"{type(exc).__name__}: {exc}"
     except OSError as exc:
         out["error"] = str(exc)
+    return out
+
+
+DATA_KEYS = ("path", "train", "val", "test")
+LIST_MAX_FILES = 300000     # per split: a larger split is compared on its first files in name order
+LIST_BUDGET_S = 60.0        # for the whole dataset; past it the listing stops, said, and nothing is compared
+SAMPLE_FILES = 8            # files of each split whose bytes are hashed, spread evenly over the names
+SAMPLE_BYTES = 4 << 20      # of each sampled file
+
+
+def _yaml_scalar(text: str) -> str | None:
+    """One YAML scalar as written in a data YAML: quotes and a trailing comment off; null/~ -> None."""
+    text = text.strip()
+    if text[:1] in ("'", '"') and text[-1:] == text[:1] and len(text) > 1:
+        return text[1:-1]
+    text = re.split(r"\s+#", text, maxsplit=1)[0].strip()
+    return None if text in ("", "null", "~", "Null", "NULL") else text
+
+
+def data_splits(text: str) -> dict:
+    """`path`, `train`, `val`, `test` of a data YAML read without a YAML library (the probe has the
+    standard library only): top-level keys whose value is a scalar, a flow list `[a, b]` or a
+    block list (`- a` lines under it)."""
+    out: dict = {}
+    key = None
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        if not line[0].isspace() and not line.startswith("-"):
+            key = None
+            m = re.match(r"^(path|train|val|test)\s*:(.*)$", line)
+            if not m:
+                continue
+            value = m.group(2).strip()
+            if value == "" or value.startswith("#"):
+                out[m.group(1)] = []
+                key = m.group(1)
+            elif value.startswith("["):
+                inner = value[1:value.index("]")] if "]" in value else value[1:]
+                out[m.group(1)] = [v for v in (_yaml_scalar(x) for x in inner.split(",")) if v is not None]
+            else:
+                out[m.group(1)] = _yaml_scalar(value)
+        elif key is not None and line.strip().startswith("- "):
+            item = _yaml_scalar(line.strip()[2:])
+            if item is not None:
+                out[key].append(item)
+    return {k: v for k, v in out.items() if v not in (None, [])}
+
+
+def _walk(top: str, deadline: float, entries: list) -> bool:
+    """(relative name, size) of every file under `top`, in name order, into `entries`; False when
+    LIST_MAX_FILES or the deadline stopped it. Symbolic links are followed, each directory walked
+    once (a link back up the tree ends there, as the deadline would)."""
+    stack = [""]
+    seen: set = set()
+    while stack:
+        if time.time() > deadline:
+            return False
+        rel = stack.pop()
+        here = os.path.join(top, rel) if rel else top
+        try:
+            st = os.stat(here)
+            if (st.st_dev, st.st_ino) in seen:
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            with os.scandir(here) as it:
+                found = sorted(it, key=lambda e: e.name)
+        except OSError:
+            continue
+        dirs = []
+        for entry in found:
+            name = rel + "/" + entry.name if rel else entry.name
+            try:
+                if entry.is_dir():
+                    dirs.append(name)
+                elif entry.is_file():
+                    entries.append((name, entry.stat().st_size))
+            except OSError:
+                continue
+            if len(entries) >= LIST_MAX_FILES or time.time() > deadline:
+                return False
+        stack.extend(reversed(dirs))
+    return True
+
+
+def _listed(items: list, root: str, deadline: float) -> dict:
+    """The files of one split (directories walked, a .txt list read, a file itself): count, bytes,
+    a hash of the names and sizes, and a hash of a sample of their bytes."""
+    import hashlib
+
+    entries: list = []
+    complete = True
+    shown = []
+    for i, item in enumerate(items):
+        path = item if os.path.isabs(item) else os.path.join(root, item)
+        shown.append(path)
+        prefix = f"{i}:" if len(items) > 1 else ""
+        if os.path.isdir(path):
+            mine: list = []
+            complete = _walk(path, deadline, mine) and complete
+            entries += [(prefix + name, size, os.path.join(path, name)) for name, size in mine]
+        elif os.path.isfile(path) and path.endswith(".txt"):
+            parent = os.path.dirname(path)
+            for line in (read_text(path) or "").splitlines():
+                line = line.strip()
+                if not line:
+                    continue
+                full = os.path.join(parent, line[2:]) if line.startswith("./") else line
+                try:
+                    entries.append((prefix + line, os.path.getsize(full), full))
+                except OSError:
+                    entries.append((prefix + line, -1, full))
+        elif os.path.isfile(path):
+            entries.append((prefix + os.path.basename(path), os.path.getsize(path), path))
+        else:
+            return {"path": ", ".join(shown), "error": f"{path} does not exist"}
+        if not complete:
+            break
+    listing = hashlib.sha256()
+    for name, size, _ in entries:
+        listing.update(f"{name}\t{size}\n".encode("utf-8", "surrogateescape"))
+    sample = hashlib.sha256()
+    n = len(entries)
+    picks = sorted({round(k * (n - 1) / (SAMPLE_FILES - 1)) for k in range(SAMPLE_FILES)}) if n else []
+    for k in picks:
+        name, _, full = entries[k]
+        sample.update(name.encode("utf-8", "surrogateescape") + b"\0")
+        try:
+            with open(full, "rb") as fh:
+                sample.update(fh.read(SAMPLE_BYTES))
+        except OSError as exc:
+            sample.update(str(exc).encode())
+    out = {"path": ", ".join(shown), "files": n, "bytes": sum(max(size, 0) for _, size, _ in entries),
+           "listing": listing.hexdigest(), "sample": sample.hexdigest(), "capped": n >= LIST_MAX_FILES}
+    if not complete and n < LIST_MAX_FILES:
+        out["error"] = f"listing stopped after {n} files ({LIST_BUDGET_S:.0f} s)"
+    return out
+
+
+def labels_dir(path: str) -> str | None:
+    """ultralytics' label folder of an image folder: the last `/images/` of the path as `/labels/`."""
+    sep = os.sep + "images" + os.sep
+    probe = path.rstrip(os.sep) + os.sep
+    if sep not in probe:
+        return None
+    head, tail = probe.rsplit(sep, 1)
+    return (head + os.sep + "labels" + os.sep + tail).rstrip(os.sep)
+
+
+def dataset_facts(yaml_path: str, text: str) -> dict:
+    """What a data YAML lists on this node, split by split (`train`, `val`, `test`, and each image
+    folder's `labels` beside it as `train labels`...): files, bytes, the names' hash and a sample
+    of the bytes, for the controller to compare node against node. The split paths resolve as the
+    trainer resolves them (`path:`, else the YAML's folder; relative to the YAML's folder)."""
+    splits = data_splits(text)
+    base = os.path.dirname(os.path.abspath(expand(yaml_path)))
+    root = splits.get("path")
+    root = base if not isinstance(root, str) else os.path.realpath(os.path.join(base, root))
+    deadline = time.time() + LIST_BUDGET_S
+    out = {}
+    for split in ("train", "val", "test"):
+        items = splits.get(split)
+        if items is None:
+            continue
+        items = items if isinstance(items, list) else [items]
+        out[split] = _listed(items, root, deadline)
+        folders = [i if os.path.isabs(i) else os.path.join(root, i) for i in items]
+        labels = [labels_dir(f) for f in folders if os.path.isdir(f)]
+        labels = [d for d in labels if d and os.path.isdir(d)]
+        if labels and "error" not in out[split]:
+            out[split + " labels"] = _listed(labels, root, deadline)
     return out
 
 

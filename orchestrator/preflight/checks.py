@@ -18,12 +18,12 @@ import yaml
 
 from ..config.inventory import Inventory
 from ..config.nodes import Node
-from ..config.trainer import batch_choices, batch_problem
+from ..config.trainer import batch_choices, batch_problem, is_builtin_model
 from ..contract import CHECK_NAMES
 from . import cudacompat, jobcheck
 from .fabric_judge import check_fabric
 from .facts import NodeFacts
-from .jobargs import device_ids, is_output_key, job_files, path_args
+from .jobargs import device_ids, is_output_key, job_files, path_args, raw_setting
 from .parsers import Gpu, GpuFacts, IbDevice
 from .results import CheckResult, Facts, Findings, majority, odd_one_out, probed
 
@@ -685,7 +685,7 @@ def cluster_job_findings(inv: Inventory, said: str = "") -> list[tuple[str, str,
     repeated."""
     out = []
     ws = world_size(inv)
-    raw = inv.job.raw_args.get("batch")
+    raw = raw_setting(inv, "batch")
     batch = raw if isinstance(raw, int) and not isinstance(raw, bool) else None
     problem = batch_problem(batch, ws) if batch is not None else None
     if batch is not None and problem and problem not in said:
@@ -713,8 +713,9 @@ def _is_absolute(path: str) -> bool:
 
 
 def _builtin_model(key: str, value: str) -> bool:
-    """`model: yolo12m.yaml` names a model config shipped with ultralytics, not a file."""
-    return key == "model" and "/" not in value and value.endswith((".yaml", ".yml"))
+    """`model: yolo12m.yaml`, `cfg: yoloe-v8l-seg.yaml` name a model config shipped with ultralytics,
+    not a file (the trainer's rule, `config/trainer.is_builtin_model`)."""
+    return is_builtin_model(key.replace("-", "_"), value)
 
 
 def check_job(inv: Inventory, facts: Facts) -> list[CheckResult]:
@@ -743,6 +744,8 @@ def check_job(inv: Inventory, facts: Facts) -> list[CheckResult]:
         for key, path in paths.items():
             _judge_path(key, path, (nf.raw.get("paths") or {}).get(key) or {}, digests[key], node, f,
                         synced(inv, path))
+            if key.replace("-", "_") == "data":
+                _judge_dataset(path, node.name, datasets(nodes, key), f, synced(inv, path))
         answer = answers.get(node.name)
         if answer is not None and nf.python_fallback:  # the software row says why; once is enough
             f.add("warn", f"the job's own check could not run: job.python {node.python} does not work here (see the "
@@ -753,8 +756,19 @@ def check_job(inv: Inventory, facts: Facts) -> list[CheckResult]:
             f.add("warn", "the probe brought back no answer from the job's own check: the job's arguments are not "
                           "verified", "run orch check -v to see the probe's command")
         f.value = f"world size {world_size(inv)}, {len(paths)} file(s)"
-        out.append(f.result(_job_checked(inv, node, paths, relative, answer)))
+        out.append(f.result(_job_checked(inv, node, paths, relative, answer) + _datasets_checked(nodes, node, paths)))
     return out
+
+
+def _datasets_checked(nodes: list[tuple[Node, NodeFacts]], node: Node, paths: Mapping[str, str]) -> str:
+    """What an `ok` job row says of the dataset comparison."""
+    for key in (k for k in paths if k.replace("-", "_") == "data"):
+        listed = datasets(nodes, key)
+        mine = listed.get(node.name)
+        if mine and len(listed) > 1:
+            splits = ", ".join(f"{s} {_split_text(d)}" for s, d in mine.items() if " " not in s)
+            return f"; what {paths[key]} lists ({splits}) the same on every node"
+    return ""
 
 
 def _job_checked(inv: Inventory, node: Node, paths: Mapping[str, str], relative: Mapping[str, str],
@@ -805,6 +819,77 @@ def _judge_path(key: str, path: str, p: Mapping[str, Any], digests: Mapping[str,
               _SYNC_HINT if in_sync else "sync the file so every node reads the same bytes (rsync -c)")
     if key.replace("-", "_") == "data":
         _judge_data_yaml(path, p, f)
+
+
+def datasets(nodes: list[tuple[Node, NodeFacts]], key: str) -> dict[str, Mapping[str, Any]]:
+    """What the data YAML `key` lists on each node that listed it (the probe's `dataset`)."""
+    out = {}
+    for n, nf in nodes:
+        p = (nf.raw.get("paths") or {}).get(key) or {}
+        if isinstance(p.get("dataset"), Mapping):
+            out[n.name] = p["dataset"]
+    return out
+
+
+def _split_key(split: Mapping[str, Any] | None) -> tuple[Any, ...] | None:
+    """What two nodes must agree on for one split: count, bytes, names and sizes, sampled bytes."""
+    if split is None:
+        return ("absent",)
+    if split.get("error"):
+        return None
+    return (split.get("files"), split.get("bytes"), split.get("listing"), split.get("sample"))
+
+
+def _split_text(split: Mapping[str, Any] | None) -> str:
+    if split is None:
+        return "not listed"
+    more = "+" if split.get("capped") else ""
+    return f"{split.get('files')}{more} files, {_size(split.get('bytes'))}"
+
+
+def _size(n: Any) -> str:
+    if not isinstance(n, int):
+        return "? bytes"
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def _judge_dataset(path: str, me: str, listed: Mapping[str, Mapping[str, Any]], f: Findings,
+                   in_sync: bool = False) -> None:
+    """The data YAML's splits on this node against every other node's: the same number of files,
+    bytes, names and sizes, and sampled bytes (`node/probe.dataset_facts`). A node that differs
+    from a unique majority fails, naming the split; with no majority every node that differs fails."""
+    mine = listed.get(me)
+    if mine is None or len(listed) < 2:
+        return
+    hint = (_SYNC_HINT if in_sync else
+            "copy the dataset again so every node holds the same files (rsync -a --delete from the good copy), "
+            "or put it on storage every node mounts")
+    for split in sorted({s for d in listed.values() for s in d}, key=lambda s: (s.split()[0] != "train", s)):
+        here = mine.get(split)
+        if here is not None and here.get("error"):
+            f.add("warn", f"data: {split} ({here.get('path')}) not compared with the other nodes: {here['error']}")
+            continue
+        keys = {n: _split_key(d.get(split)) for n, d in listed.items()}
+        keys = {n: k for n, k in keys.items() if k is not None}
+        if len(set(keys.values())) < 2 or me not in keys:
+            continue
+        common, count, unique = majority(keys)
+        if keys[me] == common and unique:
+            continue
+        at = f" ({here.get('path')})" if here is not None else ""
+        if unique:
+            other = next(d.get(split) for n, d in listed.items() if keys.get(n) == common)
+            same = ("; the same count and size, but other names or contents" if here is not None and other is not None
+                    and (here.get("files"), here.get("bytes")) == (other.get("files"), other.get("bytes")) else "")
+            f.add("fail", f"data: the {split} split of {path}{at} differs here from the other nodes: {_split_text(here)} "
+                          f"here, {_split_text(other)} on {count} node(s){same}", hint)
+        else:
+            others = ", ".join(f"{n}: {_split_text(d.get(split))}" for n, d in listed.items() if n != me)
+            f.add("fail", f"data: the {split} split of {path}{at} differs between the nodes (no majority): "
+                          f"{_split_text(here)} here; {others}", hint)
 
 
 def _judge_output(key: str, path: str, p: Mapping[str, Any], node: Node, f: Findings) -> None:

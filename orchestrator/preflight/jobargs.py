@@ -6,9 +6,18 @@ writes (they need only be creatable).
 from __future__ import annotations
 
 import posixpath
+from typing import Any
 
 from ..config.inventory import Inventory
-from ..config.trainer import AUTO, INPUT_FLAGS, OUTPUT_FLAGS, parse_device
+from ..config.trainer import (
+    AUTO,
+    INPUT_FLAGS,
+    OUTPUT_FLAGS,
+    file_setting,
+    parse_device,
+    setting_name,
+    value_setting,
+)
 
 PATH_KEYS = (*INPUT_FLAGS, "hyp", "tracker")
 """Args whose value is a file the job reads: checked for an absolute path, existence, the same
@@ -16,6 +25,22 @@ content on every node. The trainer's own (`config/trainer.py`), and other launch
 OUTPUT_KEYS = (*OUTPUT_FLAGS, "save_dir", "output", "output_dir", "log_dir", "logdir", "runs_dir",
                "checkpoint_dir", "ckpt_dir")
 """Args whose value is a folder the job writes: it need not exist yet, only be creatable."""
+
+
+def raw_setting(inv: Inventory, name: str) -> Any:
+    """The value `job.args` (the mapping) gives setting `name`: for the trainer by any of its
+    spellings (`batch-size: 64` is the batch, `config/trainer.setting_name`), for another job by
+    that key only. None when not given."""
+    trainer = inv.job.script is None and inv.job.module == "trainer"
+    for key, value in inv.job.raw_args.items():
+        if not trainer:
+            if key == name:
+                return value
+            continue
+        found = setting_name(f"--{key}")
+        if found is not None and value_setting(found, value) == name:
+            return value
+    return None
 
 
 def is_output_key(key: str) -> bool:
@@ -30,6 +55,8 @@ def path_args(inv: Inventory) -> dict[str, str]:
             continue
         norm = key.replace("-", "_")
         if norm == "resume" and value == AUTO:  # the trainer's own rule, not a file
+            continue
+        if norm == "cfg" and not file_setting(norm, value):  # --cfg KEY=VALUE: a setting, not a file
             continue
         if norm in PATH_KEYS or value.startswith(("/", "~/", "./", "../")):
             out[key] = value
@@ -56,7 +83,7 @@ def device_ids(inv: Inventory) -> tuple[int, ...] | None:
     """The GPU indices the job's `--device` (or `device=`) names, as the trainer reads them
     (`parse_device`); None when it names none (auto, cpu, cuda) or is not a device at all (the
     trainer's own check refuses that one)."""
-    value = inv.job.raw_args.get("device")
+    value = raw_setting(inv, "device")
     args = list(inv.job.args)
     if value is None:
         for i, arg in enumerate(args):

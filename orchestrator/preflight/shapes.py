@@ -34,7 +34,9 @@ _BAD = object()
 _RUN = {"rc": _Opt(INT), "out": str, "err": str, "error": str}
 _FILE = {"path": str, "exists": bool, "is_file": bool, "is_dir": bool, "size": INT, "sha256": str,
          "text": _Opt(str), "error": str, "output": bool, "writable": bool, "ancestor": str,
-         "ancestor_is_dir": bool, "ancestor_writable": bool}
+         "ancestor_is_dir": bool, "ancestor_writable": bool, "dataset_error": str,
+         "dataset": _MapOf({"path": str, "files": INT, "bytes": INT, "listing": str, "sample": str, "capped": bool,
+                            "error": str})}
 LISTEN_SHAPE = {"master_port": {"port": INT, "bound": bool, "error": _Opt(str), "holder": _Opt(str)},
                 "ring": {"addr": str, "port": _Opt(INT), "error": _Opt(str)},
                 "verbs": _Opt({"port": INT, "device": str, "tool": str})}

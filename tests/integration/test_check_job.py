@@ -115,3 +115,48 @@ def test_the_v100_example_on_v100s_with_a_cuda_13_torch_fails_on_exactly_the_gpu
     assert "--index-url https://download.pytorch.org/whl/cu126" in gpus["hint"]
     job = next(r for r in results if r["check"] == "job" and r["node"] == "node1")
     assert job["status"] == "ok" and "the trainer accepts the arguments" in job["detail"], job
+
+
+def test_a_stale_dataset_copy_on_one_node_fails_the_job_check_naming_the_node_and_the_split(
+        make_cluster: MakeCluster, tmp_path: Path) -> None:
+    """Each node its own HOME with its own copy of the dataset (`data: ~/data/data.yaml`, the same
+    YAML everywhere): node3's images/train holds fewer files. The data YAML's hash agreed, so the
+    `job` check said ok and node3 trained fewer batches per epoch; now node3 fails, naming the split."""
+    import shutil
+
+    template = make_dataset(tmp_path / "template", images=16, imgsz=32).parent
+    (template / "data.yaml").write_text("\n".join(ln for ln in (template / "data.yaml").read_text().splitlines()
+                                                  if not ln.startswith("path:")) + "\n")  # the YAML's own folder
+    homes = {f"node{i}": tmp_path / f"home{i}" for i in (1, 2, 3)}
+    for home in homes.values():
+        shutil.copytree(template, home / "data")
+    stale = sorted((homes["node3"] / "data" / "images" / "train").iterdir())
+    for image in stale[:5]:
+        image.unlink()
+    c = make_cluster(3, node_env={name: {"HOME": str(home)} for name, home in homes.items()})
+    report = preflight(trainer_inventory(c, tmp_path, data="~/data/data.yaml", batch=3, epochs=1), skip=ONLY_JOB)
+    assert failures(report) == {("job", "node3")}, [r for r in report.results if r.status != "ok"]
+    bad = result(report, "job", "node3")
+    train = homes["node3"] / "data" / "images" / "train"
+    assert f"the train split of ~/data/data.yaml ({train}) differs here from the other nodes: 7 files" in bad["detail"]
+    assert "12 files" in bad["detail"] and "on 2 node(s)" in bad["detail"], bad
+    assert "rsync" in bad["hint"]
+    ok = result(report, "job", "node2")
+    assert ok["status"] == "ok" and "(train 12 files" in ok["detail"] and "the same on every node" in ok["detail"], ok
+
+
+def test_field_guide_001s_line_on_cpu_nodes_is_refused_once_with_every_problem(
+        make_cluster: MakeCluster, data: Path, tmp_path: Path) -> None:
+    """`--amp --sync-bn --gradient-accumulation 2 --device 0,1,2,3` on CPU nodes took three launches
+    (one refusal each): one `orch check` names --device, --amp and --sync-bn together."""
+    c = make_cluster(2)
+    inv = trainer_inventory(c, tmp_path, data=str(data), batch=4, amp=True, **{
+        "sync-bn": True, "gradient-accumulation": 2, "device": "0,1,2,3"})
+    report = preflight(inv, skip=ONLY_JOB)
+    assert ("job", "node1") in failures(report)
+    detail = result(report, "job", "node1")["detail"]
+    assert "the trainer refuses the arguments: 4 problems: " in detail, detail
+    for said in ("--device 0,1,2,3 names 4 GPUs but torchrun started 1 process(es)", "--device 0,1,2,3 but torch "
+                 "sees no GPU", "--amp on: fp16",
+                 "--sync-bn needs CUDA"):
+        assert said in detail, detail

@@ -810,3 +810,48 @@ def test_the_failure_recap_is_capped() -> None:
     lines = buf.getvalue().splitlines()
     recap = lines[lines.index("failed:") + 1:-1]
     assert len(recap) == render.RECAP_LINES + 1 and recap[-1] == "  and 3 more (in the table above)", recap
+
+
+def _dataset(train: int, val: int = 12, listing: str = "l", sample: str = "s") -> dict[str, Any]:
+    return {"train": {"path": "/data/images/train", "files": train, "bytes": train * 6000, "listing": listing + str(train),
+                      "sample": sample, "capped": False},
+            "val": {"path": "/data/images/val", "files": val, "bytes": val * 6000, "listing": f"v{val}", "sample": "v",
+                    "capped": False}}
+
+
+def test_a_stale_dataset_copy_on_one_node_fails_naming_the_node_and_the_split() -> None:
+    """The data YAML was the same on every node, so the `job` check said ok while one node's
+    images/ held 26 of the 48 files: what the YAML lists is compared node against node."""
+    inv = inventory()
+
+    def with_data(train: int, **kw: Any) -> Any:
+        return lambda raw, nf: raw["paths"]["data"].update(dataset=_dataset(train, **kw))
+
+    res = checks.run_checks(inv, make_facts(inv, {"n1": with_data(48), "n2": with_data(48), "n3": with_data(26),
+                                                  "n4": with_data(48)}), ["job"])
+    assert only_failure(res) == {("job", "n3")}
+    bad = by(res, "job")["n3"]
+    assert "the train split of /data/coco.yaml (/data/images/train) differs here" in bad.detail
+    assert "26 files, 152.3 KB here, 48 files, 281.2 KB on 3 node(s)" in bad.detail
+    assert "val" not in bad.detail.split("differs here")[1] and "rsync" in bad.hint
+    assert "lists (train 48 files, 281.2 KB, val 12 files, 70.3 KB) the same on every node" in by(res, "job")["n2"].detail
+
+    same_size = checks.run_checks(inv, make_facts(inv, {"n1": with_data(48), "n2": with_data(48),
+                                                        "n3": with_data(48, sample="x"), "n4": with_data(48)}), ["job"])
+    assert only_failure(same_size) == {("job", "n3")}
+    assert "the same count and size, but other names or contents" in by(same_size, "job")["n3"].detail
+
+    tie = checks.run_checks(inv, make_facts(inv, {"n1": with_data(48), "n2": with_data(48), "n3": with_data(26),
+                                                  "n4": with_data(30)}), ["job"])
+    assert only_failure(tie) == {("job", "n3"), ("job", "n4")}
+    two = parse(inv.source.replace("10.0.0.[1-4]", "10.0.0.[1-2]").replace("n[1-4]", "n[1-2]"), "t.yaml")
+    res2 = checks.run_checks(two, make_facts(two, {"n1": with_data(48), "n2": with_data(26)}), ["job"])
+    assert only_failure(res2) == {("job", "n1"), ("job", "n2")}  # two that disagree: both, each naming the other
+    assert "no majority" in by(res2, "job")["n1"].detail and "n2: 26 files" in by(res2, "job")["n1"].detail
+
+    slow = checks.run_checks(inv, make_facts(inv, {n: with_data(48) for n in ("n1", "n2", "n4")} | {
+        "n3": lambda raw, nf: raw["paths"]["data"].update(dataset={split: {
+            "path": f"/data/images/{split}", "files": 9, "bytes": 9, "listing": "", "sample": "", "capped": False,
+            "error": "listing stopped after 9 files (60 s)"} for split in ("train", "val")})}), ["job"])
+    assert only_failure(slow) == set()
+    assert by(slow, "job")["n3"].status == "warn" and "not compared" in by(slow, "job")["n3"].detail

@@ -145,9 +145,11 @@ def test_cpu_nodes_without_gpus_run_one_process() -> None:
 
 
 def test_job_args_render_as_flags() -> None:
-    assert inventory.render_args({"model": "yolo12n.yaml", "amp": True, "sync-bn": False, "lr": 0.01,
-                                  "skip": None, "imgsz": [640, 480]}) == (
-        "--model", "yolo12n.yaml", "--amp", "--lr", "0.01", "--imgsz", "640", "480")
+    args = {"model": "yolo12n.yaml", "amp": True, "sync-bn": False, "lr": 0.01, "skip": None, "imgsz": [640, 480]}
+    assert inventory.render_args(args, inventory.trainer_off) == (
+        "--model", "yolo12n.yaml", "--amp", "--sync-bn", "false", "--lr", "0.01", "--imgsz", "640", "480")
+    with pytest.raises(ValueError, match="sync-bn"):  # false is never dropped: the job's word, or refused
+        inventory.render_args(args)
     assert inventory.render_args(["train.py", 3, True]) == ("train.py", "3", "1")
 
 

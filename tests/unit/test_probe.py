@@ -247,3 +247,67 @@ def test_software_without_torch_falls_back_to_the_child(monkeypatch: pytest.Monk
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     assert probe.software_from_files() is None
+
+
+def test_the_data_yamls_splits_are_read_without_a_yaml_library() -> None:
+    text = ("# comment\npath: ../datasets/coco  # root\ntrain: images/train2017\nval: [images/val, 'images/extra val']\n"
+            "test:\n  - a.txt\n  - \"b\"\nnames:\n  0: person\ndownload: |\n  train: not/this\n")
+    assert probe.data_splits(text) == {"path": "../datasets/coco", "train": "images/train2017",
+                                       "val": ["images/val", "images/extra val"], "test": ["a.txt", "b"]}
+    assert probe.data_splits("train: null\nval: ~\n") == {}
+
+
+def test_what_a_data_yaml_lists_is_counted_sized_and_sampled(tmp_path: Path) -> None:
+    from trainer.synth import write_dataset
+
+    yaml_path = write_dataset(tmp_path / "d", images=12, classes=2, imgsz=32)
+    text = yaml_path.read_text()
+    got = probe.dataset_facts(str(yaml_path), text)
+    assert set(got) == {"train", "val", "train labels", "val labels"}
+    train = got["train"]
+    assert train["path"] == str(tmp_path / "d" / "images" / "train") and train["files"] == 9 and not train["capped"]
+    assert train["bytes"] == sum(f.stat().st_size for f in (tmp_path / "d" / "images" / "train").iterdir())
+    assert got["train labels"]["files"] == 9 and got["val"]["files"] == 3
+    assert probe.dataset_facts(str(yaml_path), text) == got  # deterministic: nodes with the same files agree
+
+    images = sorted((tmp_path / "d" / "images" / "train").iterdir())
+    last = images[-1]
+    data = last.read_bytes()
+    last.write_bytes(bytes([data[0] ^ 1]) + data[1:])  # same name, same size, other bytes (a sampled file)
+    changed = probe.dataset_facts(str(yaml_path), text)["train"]
+    assert (changed["files"], changed["bytes"], changed["listing"]) == (9, train["bytes"], train["listing"])
+    assert changed["sample"] != train["sample"]
+    images[0].unlink()
+    fewer = probe.dataset_facts(str(yaml_path), text)["train"]
+    assert fewer["files"] == 8 and fewer["listing"] != train["listing"]
+
+    listed = tmp_path / "d" / "train.txt"  # a split given as a list of images, ./ relative to the list
+    listed.write_text("".join(f"./images/train/{p.name}\n" for p in images[1:]))
+    as_list = probe.dataset_facts(str(yaml_path), text.replace("train: images/train", "train: train.txt"))
+    assert as_list["train"]["files"] == 8 and as_list["train"]["bytes"] == fewer["bytes"]
+    missing = probe.dataset_facts(str(yaml_path), text.replace("train: images/train", "train: images/nope"))
+    assert "does not exist" in missing["train"]["error"]
+
+
+def test_a_listing_past_its_budget_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainer.synth import write_dataset
+
+    yaml_path = write_dataset(tmp_path / "d", images=12, classes=2, imgsz=32)
+    monkeypatch.setattr(probe, "LIST_BUDGET_S", -1.0)
+    got = probe.dataset_facts(str(yaml_path), yaml_path.read_text())
+    assert "listing stopped after 0 files" in got["train"]["error"]
+    monkeypatch.setattr(probe, "LIST_BUDGET_S", 60.0)
+    monkeypatch.setattr(probe, "LIST_MAX_FILES", 4)
+    capped = probe.dataset_facts(str(yaml_path), yaml_path.read_text())["train"]
+    assert capped["files"] == 4 and capped["capped"] and "error" not in capped
+
+
+def test_a_link_back_up_the_dataset_is_walked_once(tmp_path: Path) -> None:
+    split = tmp_path / "images" / "train"
+    (split / "sub").mkdir(parents=True)
+    (split / "a.jpg").write_bytes(b"a")
+    (split / "sub" / "b.jpg").write_bytes(b"bb")
+    (split / "sub" / "loop").symlink_to(split)  # a cycle: the walk must end, each folder once
+    (tmp_path / "data.yaml").write_text("train: images/train\n")
+    got = probe.dataset_facts(str(tmp_path / "data.yaml"), "train: images/train\n")["train"]
+    assert (got["files"], got["bytes"]) == (2, 3) and "error" not in got

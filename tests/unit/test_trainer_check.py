@@ -134,3 +134,49 @@ def test_an_architecture_spelled_with_a_v_is_refused_with_the_name_it_meant(data
     assert err.startswith("--model yolov12s.yaml: unknown architecture (did you mean yolo12s.yaml?)"), err
     assert "did you mean yoloe-v8l-seg.yaml?" in str(refused(["--data", str(data), "--model", "yoloe-v8l-sge.yaml"]))
     assert "did you mean" not in str(refused(["--data", str(data), "--model", "resnet50.yaml"]))
+
+
+def test_every_refusal_of_one_command_comes_at_once(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Field guide 001's line on a CPU node took three launches to learn about --device, --amp and
+    --sync-bn, one refusal each: now one answer names all three (the check's and the start's)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "4"), ("LOCAL_WORLD_SIZE", "4")):
+        monkeypatch.setenv(name, value)
+    err = str(refused(["--data", str(data), "--batch-size", "64", "--amp", "--sync-bn", "--gradient-accumulation",
+                       "2", "--device", "0,1,2,3"]))
+    assert err.startswith("3 problems: "), err
+    for said in ("--device 0,1,2,3 but torch sees no GPU", "--amp on: fp16 mixed precision needs CUDA",
+                 "--sync-bn needs CUDA"):
+        assert said in err, err
+    from trainer import dist as tdist
+
+    cfg = parse_config(["--data", str(data), "--batch", "64", "--amp", "--sync-bn", "--device", "0,1,2,3"])
+    with pytest.raises(TrainerError) as start:  # what every rank of a start prints, the same problems
+        tdist.start_device(cfg, tdist.Topology.from_env(), select=False)
+    assert str(start.value) == err
+
+
+def test_every_range_problem_of_the_arguments_comes_at_once() -> None:
+    with pytest.raises(TrainerError) as info:
+        parse_config(["--data", "/d.yaml", "--epochs", "0", "--imgsz", "0", "--workers", "-1", "--fraction", "2"])
+    text = str(info.value)
+    assert text.startswith("4 problems: ")
+    for said in ("--epochs must be >= 1", "--imgsz must be >= 1", "--workers must be >= 0", "--fraction must be in"):
+        assert said in text
+    with pytest.raises(TrainerError) as one:  # one problem reads as before
+        parse_config(["--data", "/d.yaml", "--epochs", "0"])
+    assert str(one.value) == "--epochs must be >= 1, got 0"
+
+
+def test_argument_and_device_refusals_come_together(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A range rule of the arguments and the device's problems are one answer, not two launches."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    err = refused(["--data", str(data), "--epochs", "0", "--amp"])
+    assert str(err).startswith("2 problems: 1) --epochs must be >= 1, got 0; 2) --amp on: fp16"), str(err)
+    assert err.stage == "arguments"  # type: ignore[attr-defined]

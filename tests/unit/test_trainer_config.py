@@ -41,7 +41,7 @@ def test_a_flag_is_written_once_its_help_is_the_fields_docstring() -> None:
         assert name in names, f"{opt} is not a TrainConfig field"
         assert action.help.startswith(field_docs()[name]), opt
     assert by_flag["--epochs"].help.endswith("(default 100)") and by_flag["--imgsz"].type is int
-    assert by_flag["--cos-lr"].metavar == "BOOL" and by_flag["--sync-bn"].nargs == 0
+    assert by_flag["--cos-lr"].metavar == "BOOL" and by_flag["--sync-bn"].metavar == "BOOL"
     assert all(o in by_flag["--optimizer"].help for o in OPTIMIZERS)
     assert by_flag["--check"].help == CHECK_HELP and "check" not in names
 

@@ -148,3 +148,32 @@ def test_cpu_training_threads_as_ultralytics_sets_them(monkeypatch: pytest.Monke
         assert torch.get_num_threads() == 8
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_node_adjustment_is_said_once_and_recorded_as_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--workers 4` was capped to CPUs / ranks without a word while trainer.yaml recorded 4, and
+    `--pin-memory` was ignored on CPU: each adjustment is now a start-up note, and the
+    configuration the run records (trainer.yaml, args.yaml) holds the value used."""
+    from trainer import data, dist, loop, output
+    from trainer.config import parse_config
+
+    root = write_dataset(tmp_path / "d", images=4, classes=2, imgsz=32)
+    monkeypatch.setattr(data.os, "cpu_count", lambda: 4)
+    topo = dist.Topology(rank=0, world_size=2, launched=True, local_world_size=2)
+    cfg = parse_config(["--data", str(root), "--batch", "2", "--workers", "4", "--pin-memory", "--imgsz", "32"])
+    inp = loop.prepare(cfg, topo, torch.device("cpu"))
+    assert (inp.cfg.workers, inp.cfg.pin_memory) == (2, False)
+    said = [n for n in inp.cfg.notes if "workers" in n or "pin-memory" in n]
+    assert len(said) == 2, inp.cfg.notes
+    assert any("--workers 4" in n and "2" in n and "4 CPUs" in n for n in said)
+    assert any("--pin-memory" in n and "CPU" in n for n in said)
+    assert inp.hyp.workers == 2
+    output.write_args(tmp_path / "run", inp.cfg, inp.hyp)
+    recorded = yaml.safe_load((tmp_path / "run" / "trainer.yaml").read_text())
+    assert (recorded["workers"], recorded["pin_memory"]) == (2, False)
+    assert yaml.safe_load((tmp_path / "run" / "args.yaml").read_text())["workers"] == 2
+    quiet = loop.prepare(parse_config(["--data", str(root), "--batch", "2", "--workers", "1", "--imgsz", "32"]), topo,
+                         torch.device("cpu"))
+    assert not [n for n in quiet.cfg.notes if "workers" in n or "pin-memory" in n]  # nothing adjusted, nothing said
+    assert (quiet.cfg.workers, quiet.cfg.pin_memory) == (1, False)  # the default pin-memory, recorded as used
+    assert inp.node_notes == tuple(said) and quiet.node_notes == ()  # what another node's first rank says itself

@@ -143,20 +143,23 @@ def build_dataset(hyp: Any, data: dict[str, Any], split: str, local_batch: int, 
     return build_yolo_dataset(hyp, data[split], local_batch, data, mode=mode, rect=mode == "val", stride=stride)
 
 
-class EpochSampler(Sampler[tuple[int, int]]):
-    """A DistributedSampler's indices, each tagged with the epoch it belongs to: (epoch, index)."""
+class EpochSampler(Sampler[tuple[int, int, int]]):
+    """A DistributedSampler's indices, each tagged with the epoch it belongs to and the attempt at
+    that epoch: (epoch, index, attempt). The attempt is 0 unless the epoch is trained again after a
+    NaN recovery (``loop.recover``): another attempt draws other augmentation."""
 
     def __init__(self, sampler: DistributedSampler) -> None:
         self.sampler = sampler
         self.epoch = 0
+        self.attempt = 0
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def set_epoch(self, epoch: int, attempt: int = 0) -> None:
+        self.epoch, self.attempt = epoch, attempt
         self.sampler.set_epoch(epoch)
 
-    def __iter__(self) -> Iterator[tuple[int, int]]:
-        epoch = self.epoch
-        return ((epoch, i) for i in self.sampler)
+    def __iter__(self) -> Iterator[tuple[int, int, int]]:
+        epoch, attempt = self.epoch, self.attempt
+        return ((epoch, i, attempt) for i in self.sampler)
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -186,6 +189,9 @@ class EpochSeeded(Dataset[Any]):
     the workers round-robin from worker 0 each epoch, so which worker draws what is fixed too.)
     The other state a worker keeps, its mosaic buffer, travels with every batch it sends
     (``mosaic_collate``) and is put back by ``restore`` in the first epoch after a resume.
+    An epoch trained again after a NaN recovery (attempt 1, 2...) restarts from another seed
+    (``epoch_seed``): the same images, other augmentation, as ultralytics' recovery, which does not
+    rewind its generators.
     """
 
     def __init__(self, dataset: Any, seed: int, rank: int, restore: dict[int, list[int]] | None = None) -> None:
@@ -194,24 +200,31 @@ class EpochSeeded(Dataset[Any]):
         self.rank = rank
         self.restore = restore
         """Worker id -> the mosaic buffer it had when the checkpoint was written (a resumed run only)."""
-        self.epoch: int | None = None  # per worker: each holds its own copy
+        self.epoch: tuple[int, int] | None = None  # (epoch, attempt) per worker: each holds its own copy
 
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, key: tuple[int, int]) -> Any:
-        epoch, index = key
-        if epoch != self.epoch:
+    def __getitem__(self, key: tuple[int, int, int]) -> Any:
+        epoch, index, attempt = key
+        if (epoch, attempt) != self.epoch:
             info = get_worker_info()
             worker = info.id if info is not None else -1
             if self.epoch is None and self.restore and worker in self.restore:
                 restore_buffer(self.dataset, self.restore[worker])
-            self.epoch = epoch
-            state = int(np.random.SeedSequence([self.seed, self.rank, epoch, worker + 1]).generate_state(1)[0])
+            self.epoch = (epoch, attempt)
+            state = epoch_seed(self.seed, self.rank, epoch, worker, attempt)
             random.seed(state)
             np.random.seed(state)
             torch.manual_seed(state)
         return self.dataset[index]
+
+
+def epoch_seed(seed: int, rank: int, epoch: int, worker: int, attempt: int = 0) -> int:
+    """A loader worker's seed for one epoch (``EpochSeeded``): a function of the run's seed, the rank,
+    the epoch, the worker (-1: this process) and, from the second attempt at an epoch on, the attempt."""
+    entropy = [seed, rank, epoch, worker + 1, *([attempt] if attempt else [])]
+    return int(np.random.SeedSequence(entropy).generate_state(1)[0])
 
 
 MOSAIC_KEY = "mosaic_buffer"

@@ -171,6 +171,8 @@ class State:
     """Debug: image files this rank trained on, per epoch."""
     half: checkpoint.HalfCopy = field(default_factory=checkpoint.HalfCopy)
     """Rank 0: the checkpoints' fp16 EMA, made once and refreshed each epoch."""
+    attempt: int = 0
+    """The attempt at the current epoch: 0, then 1, 2... when NaN recovery trains it again (``recover``)."""
 
 
 @dataclass
@@ -203,7 +205,8 @@ class Health:
     steps: int = 0
     """Optimizer steps of the epoch."""
     finite: bool = True
-    """Whether every rank's weights are finite after the epoch."""
+    """Whether every rank's model and EMA (parameters and buffers: BatchNorm's running statistics
+    included) are finite after the epoch (``state_finite``)."""
 
     @property
     def broken(self) -> bool:
@@ -303,14 +306,12 @@ def fit(inp: Inputs) -> None:
             mosaic_note(inp, epoch)
             loader = make_loader(train_set, local_batch, inp, restore=None)  # fresh workers see it
             state.buffers.clear()
-        attempt = 0
+        state.attempt = 0
         while True:
             loss_means, throughput, health = train_epoch(epoch, loader, parts, inp, state)
             if not health.broken:
                 break
-            attempt += 1
-            recover(epoch, health, attempt, parts, inp, state, out)
-            loader = make_loader(train_set, local_batch, inp, restore=state.buffers)  # the buffers of the checkpoint
+            recover(epoch, health, state.attempt + 1, parts, inp, state, out)  # the same loader: its workers go on
         state.epoch = epoch + 1
         if isinstance(loader.dataset, tdata.EpochSeeded):
             loader.dataset.restore = None  # a worker started after this epoch starts like one never resumed
@@ -660,7 +661,11 @@ def train_epoch(epoch: int, loader: Any, parts: Parts, inp: Inputs,
     the loss components are summed on the device and read once, at a progress line or the end.
     """
     cfg, topo, device, hyp = inp.cfg, inp.topo, inp.device, parts.hyp
-    loader.sampler.set_epoch(epoch)  # a new order each epoch, the same on every rank
+    # a new order each epoch, the same on every rank; another attempt at it (NaN recovery) draws other augmentation
+    if isinstance(loader.sampler, tdata.EpochSampler):
+        loader.sampler.set_epoch(epoch, state.attempt)
+    else:
+        loader.sampler.set_epoch(epoch)
     models.set_train_mode(parts.model)
     advance_criterion(parts.model, epoch)
     nb = len(loader)
@@ -730,8 +735,16 @@ def train_epoch(epoch: int, loader: Any, parts: Parts, inp: Inputs,
         epoch_meter = first
     if loader.num_workers == 0:  # the mosaic buffer lives in this process
         state.buffers[-1] = list(loader.dataset.buffer)
-    finite = torch.stack([torch.isfinite(p).all() for p in parts.model.parameters()]).all().double()
+    finite = state_finite(parts.model, parts.ema.ema)
     return epoch_summary(epoch, names, sums, images, epoch_meter, inp, torch.cat([troubled, finite.reshape(1)]), steps)
+
+
+def state_finite(*modules: nn.Module) -> torch.Tensor:
+    """1.0 when every floating-point tensor of the modules' state (parameters and buffers: an fp16
+    overflow can leave BatchNorm's running statistics, and with them the EMA, non-finite while the
+    weights are not) is finite, else 0.0: a device scalar, not read to the host."""
+    tensors = [v for m in modules for v in m.state_dict().values() if v.is_floating_point()]
+    return torch.stack([torch.isfinite(v).all() for v in tensors]).all().double()
 
 
 def advance_criterion(model: models.YoloModel, epoch: int) -> None:
@@ -798,9 +811,13 @@ def validate(validator: Any, ema: Any, inp: Inputs, loss_names: tuple[str, ...],
 
 
 def recover(epoch: int, health: Health, attempt: int, parts: Parts, inp: Inputs, state: State, out: Path) -> None:
-    """ultralytics' NaN recovery: put back the state of ``last.pt`` (model, EMA, optimizer, scaler,
-    RNG, mosaic buffers) and redo ``epoch``; said on one line. The same decision on every rank
-    (``health`` is gathered from all of them).
+    """ultralytics' NaN recovery: put back the EMA, optimizer, scaler and early stopping of
+    ``last.pt``, the model taking the EMA's weights (as ultralytics loads them), and make ``attempt``
+    the state's attempt at ``epoch``; said on one line. The RNG and the mosaic buffers are not put
+    back and the loader workers reseed for the attempt (``data.epoch_seed``): the epoch is trained
+    again from other weights with other augmentation, never replayed bit for bit (a replay would
+    meet the same NaN again). The same decision on every rank (``health`` is gathered from all of
+    them).
 
     Raises:
         TrainerError: the epoch broke ``MAX_RECOVERIES`` times in a row, or there is no checkpoint
@@ -824,8 +841,8 @@ def recover(epoch: int, health: Health, attempt: int, parts: Parts, inp: Inputs,
         say(f"warning: epoch {epoch + 1}: {health.why()}; recovering from {last} (epoch {ckpt['epoch'] + 1}) and "
             f"training epoch {epoch + 1} again, attempt {attempt}/{MAX_RECOVERIES}")
     parts.optimizer.zero_grad(set_to_none=True)
-    restored = restore(ckpt, parts, topo, announce=False)
-    state.best_fitness, state.metrics, state.buffers = restored.best_fitness, restored.metrics, restored.buffers
+    load_training_state(ckpt, parts, model_from_ema=True)
+    state.best_fitness, state.metrics, state.attempt = ckpt["best_fitness"], saved_metrics(ckpt), attempt
     if cfg.debug_dir:
         state.seen.pop(epoch + 1, None)
 
@@ -878,16 +895,28 @@ def gather_rank_states(topo: Topology, state: State) -> list[dict[str, Any]]:
     return out
 
 
-def restore(ckpt: dict[str, Any], parts: Parts, topo: Topology, announce: bool = True) -> State:
-    """Load model, EMA, optimizer, scaler, early stopping, RNG and mosaic buffers; return where to continue."""
+def load_training_state(ckpt: dict[str, Any], parts: Parts, model_from_ema: bool = False) -> None:
+    """Load the model (the EMA's weights with ``model_from_ema``), EMA, optimizer, scaler and early
+    stopping of a checkpoint of this trainer, in fp32."""
     saved = ckpt["trainer"]
-    parts.model.load_state_dict(saved["model"])
+    parts.model.load_state_dict(saved["ema"] if model_from_ema else saved["model"])
     parts.ema.ema.load_state_dict(saved["ema"])
     parts.ema.updates = ckpt["updates"]
     parts.optimizer.load_state_dict(saved["optimizer"])
     if parts.scaler is not None and saved.get("scaler"):
         parts.scaler.load_state_dict(saved["scaler"])
     parts.stopper.__dict__.update(saved.get("stopper") or {})
+
+
+def saved_metrics(ckpt: dict[str, Any]) -> dict[str, float]:
+    """The last validation metrics a checkpoint holds (its train_metrics without the training columns)."""
+    return {k: v for k, v in ckpt["train_metrics"].items() if not k.startswith(("train/", "lr/", "steps/"))}
+
+
+def restore(ckpt: dict[str, Any], parts: Parts, topo: Topology, announce: bool = True) -> State:
+    """Load model, EMA, optimizer, scaler, early stopping, RNG and mosaic buffers; return where to continue."""
+    saved = ckpt["trainer"]
+    load_training_state(ckpt, parts)
     buffers: dict[int, list[int]] = {}
     if saved["world_size"] == topo.world_size:
         mine = saved["ranks"][topo.rank]
@@ -897,8 +926,7 @@ def restore(ckpt: dict[str, Any], parts: Parts, topo: Topology, announce: bool =
         say(f"warning: resuming on {topo.world_size} ranks, saved on {saved['world_size']}: RNG streams reseeded, "
             "mosaic buffers start empty (the run continues, not bit for bit)")
         seed_everything(saved["config"]["seed"] + 1 + topo.rank + ckpt["epoch"])
-    state = State(epoch=ckpt["epoch"] + 1, best_fitness=ckpt["best_fitness"], buffers=buffers,
-                  metrics={k: v for k, v in ckpt["train_metrics"].items() if not k.startswith(("train/", "lr/", "steps/"))})
+    state = State(epoch=ckpt["epoch"] + 1, best_fitness=ckpt["best_fitness"], buffers=buffers, metrics=saved_metrics(ckpt))
     if topo.is_main and announce:
         say(f"resuming at epoch {state.epoch + 1} (checkpoint finished epoch {ckpt['epoch'] + 1}, "
             f"{parts.ema.updates} optimizer steps, best fitness {state.best_fitness:.4f})")

@@ -195,7 +195,9 @@ class TrainConfig:
     """YOLOE: absolute path of the class-name -> vector file from `python -m trainer.embed`"""
     prompt_mode: str | None = field(default=None, metadata=flag(choices=("linear", "full")))
     """YOLOE: full = train everything (the YOLOE repo's train_pe_all.py), linear = train the class-prompt
-    convs only (its train_pe.py); default full"""
+    convs only (its train_pe.py); default full. With YOLOE --weights, what you do not set follows that
+    recipe: optimizer AdamW lr0 0.001 weight_decay 0.025 momentum 0.9, warmup_bias_lr 0, close_mosaic 10
+    (linear: 5), mixup 0.15, copy_paste 0.3, scale 0.6 (s models) or 0.9 (m, l)"""
     task: str | None = field(default=None, metadata=NO_FLAG)
     """Task the user asserted (task=segment); checked against the model's."""
     log_every: int = 10

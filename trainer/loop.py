@@ -91,7 +91,7 @@ def prepare(cfg: TrainConfig, topo: Topology, device: torch.device) -> Inputs:
         raise TrainerError(f"task={cfg.task} but {arch.source} is a {arch.task} model ({arch.name})")
     cfg = replace(cfg, task=arch.task)  # the run directory lies under runs/<task> (output.project_dir)
     if arch.yoloe and weights_model is not None:
-        cfg = yoloe_recipe(cfg)
+        cfg = yoloe_recipe(cfg, models.scale_of(arch.yaml))
     elif arch.yoloe:
         cfg = replace(cfg, notes=(*cfg.notes, f"warning: {arch.name} without --weights trains YOLOE from random weights: "
                                   "its text projection was never trained, so the class prompts are random directions "
@@ -100,6 +100,8 @@ def prepare(cfg: TrainConfig, topo: Topology, device: torch.device) -> Inputs:
         raise TrainerError(f"--text-embeddings is for YOLOE models; {arch.source} is {arch.name}")
     if not arch.yoloe and cfg.prompt_mode is not None:
         raise TrainerError(f"--prompt-mode is for YOLOE models; {arch.source} is {arch.name}")
+    if arch.yoloe:
+        yoloe_prompts_given(cfg, arch, weights_model)
     names = list(data["names"].values())
     text_pe = (models.load_text_embeddings(cfg.text_embeddings, names, models.text_model(arch))
                if cfg.text_embeddings else None)
@@ -554,34 +556,66 @@ def prompt_mode_text(cfg: TrainConfig) -> str:
 
 
 YOLOE_RECIPE: dict[str, Any] = {"optimizer": "AdamW", "lr": 1e-3, "weight_decay": 0.025, "momentum": 0.9}
-"""ultralytics' YOLOE prompt-tuning recipe (its train_pe examples): the optimizer settings, taken
-together or not at all."""
-YOLOE_RECIPE_HYP: dict[str, Any] = {"warmup_bias_lr": 0.0}
-YOLOE_RECIPE_EACH: dict[str, Any] = {"close_mosaic": 10}
-"""The rest of it, each taken unless the user set it."""
+"""The YOLOE prompt-tuning recipe (ultralytics' train_pe examples, THU-MIG's train_pe.py and
+train_pe_all.py): the optimizer settings, taken together or not at all."""
+YOLOE_RECIPE_HYP: dict[str, Any] = {"warmup_bias_lr": 0.0, "mixup": 0.15, "copy_paste": 0.3}
+"""ultralytics settings of the recipe, each taken unless the user set it: THU-MIG's scripts train
+with their coco_{scale}_train.yaml, whose mixup and copy_paste are these at every scale."""
+YOLOE_RECIPE_SCALE: dict[str, float] = {"s": 0.6, "m": 0.9, "l": 0.9}
+"""The augmentation ``scale`` of coco_{s,m,l}_train.yaml, by model scale (other scales keep ultralytics' 0.5)."""
+YOLOE_CLOSE_MOSAIC = {"full": 10, "linear": 5}
+"""close_mosaic by prompt mode: train_pe_all.py's 10, train_pe.py's 5 (linear probing runs 10 epochs)."""
 
 
-def yoloe_recipe(cfg: TrainConfig) -> TrainConfig:
-    """``cfg`` with ultralytics' YOLOE recipe where the user set nothing: the optimizer settings
-    (AdamW, lr0 1e-3, weight decay 0.025, momentum 0.9) unless any of optimizer, lr0, momentum or
-    weight decay was given; warmup_bias_lr 0 and close_mosaic 10 each unless given. Said on the
-    start-up line; what the user gave always wins."""
+def yoloe_recipe(cfg: TrainConfig, scale: str | None = None) -> TrainConfig:
+    """``cfg`` with the YOLOE recipe where the user set nothing: the optimizer settings (AdamW, lr0
+    1e-3, weight decay 0.025, momentum 0.9) unless any of optimizer, lr0, momentum or weight decay
+    was given; each unless given: close_mosaic 10 (``--prompt-mode linear``: 5), warmup_bias_lr 0,
+    mixup 0.15, copy_paste 0.3 and the augmentation scale of the model's ``scale`` (s 0.6, m and l
+    0.9). Said on the start-up line; what the user gave always wins."""
     given = set(cfg.given)
+    mode = cfg.prompt_mode or "full"
     changes: dict[str, Any] = {}
     if not given & set(YOLOE_RECIPE):
         changes.update(YOLOE_RECIPE)
-    changes.update({k: v for k, v in YOLOE_RECIPE_EACH.items() if k not in given})
-    hyp = {**cfg.hyp, **{k: v for k, v in YOLOE_RECIPE_HYP.items() if k not in given}}
-    took = {**changes, **{k: v for k, v in YOLOE_RECIPE_HYP.items() if k not in given}}
+    if "close_mosaic" not in given:
+        changes["close_mosaic"] = YOLOE_CLOSE_MOSAIC[mode]
+    recipe_hyp = {**YOLOE_RECIPE_HYP, **({"scale": YOLOE_RECIPE_SCALE[scale]} if scale in YOLOE_RECIPE_SCALE else {})}
+    taken_hyp = {k: v for k, v in recipe_hyp.items() if k not in given}
+    took = {**changes, **taken_hyp}
     if not took:
         return cfg
     names = {"lr": "lr0"}
     said = ", ".join(f"{names.get(k, k)} {v:g}" if isinstance(v, float) else f"{names.get(k, k)} {v}"
                      for k, v in took.items())
-    kept = sorted(given & {*YOLOE_RECIPE, *YOLOE_RECIPE_HYP, *YOLOE_RECIPE_EACH})
-    note = (f"YOLOE recipe (ultralytics' train_pe): {said}" + (f"; yours kept: {', '.join(kept)}" if kept else "")
+    kept = sorted(given & {*YOLOE_RECIPE, *recipe_hyp, "close_mosaic"})
+    script = "train_pe.py" if mode == "linear" else "train_pe_all.py"
+    source = f"{script}, coco_{scale}_train.yaml" if scale in YOLOE_RECIPE_SCALE else script
+    note = (f"YOLOE recipe ({source}): {said}" + (f"; yours kept: {', '.join(kept)}" if kept else "")
             + " (set any of them to override)")
-    return replace(cfg, **changes, hyp=hyp, notes=(*cfg.notes, note))
+    return replace(cfg, **changes, hyp={**cfg.hyp, **taken_hyp}, notes=(*cfg.notes, note))
+
+
+def yoloe_prompts_given(cfg: TrainConfig, arch: models.Arch, weights_model: models.YoloModel | None) -> None:
+    """A YOLOE run needs its class prompts from exactly one place: ``--text-embeddings``, or a
+    checkpoint whose prompts are already fused into its weights (one this trainer wrote).
+
+    Raises:
+        TrainerError: no embeddings for a model without fused prompts (from scratch, or an unfused
+            YOLOE checkpoint): every rank would fail building it; embeddings for a fused
+            checkpoint, which has no text projection left to take them (they would be ignored).
+    """
+    fused = weights_model is not None and models.is_fused(weights_model)
+    if fused and cfg.text_embeddings:
+        raise TrainerError(f"--text-embeddings {cfg.text_embeddings}: {arch.source} is a YOLOE model whose class "
+                           "prompts are already fused into its weights (a checkpoint this trainer wrote): it has no "
+                           "text projection left to take new embeddings, so they would be ignored; drop "
+                           "--text-embeddings to fine-tune it on its own prompts, or start from the unfused YOLOE "
+                           "checkpoint (e.g. yoloe-11s-seg.pt) with --text-embeddings")
+    if not fused and not cfg.text_embeddings:
+        raise TrainerError(f"YOLOE needs text-prompt embeddings ({arch.name}{' from ' + cfg.weights if cfg.weights else ''}"
+                           "): pass --text-embeddings FILE (make it once with: python -m trainer.embed --data DATA "
+                           "--out FILE)")
 
 
 def build_network(inp: Inputs) -> models.YoloModel:
@@ -869,7 +903,7 @@ def end_epoch(epoch: int, fitness: float | None, loss_means: dict[str, float], t
         stopper = {"best_fitness": parts.stopper.best_fitness, "best_epoch": parts.stopper.best_epoch}
         ckpt = checkpoint.build(epoch=epoch, best_fitness=state.best_fitness, stopper=stopper, model=parts.model,
                                 ema=parts.ema, optimizer=parts.optimizer, scaler=parts.scaler,
-                                train_args=dict(vars(parts.hyp)), metrics=row, config=asdict(cfg), ranks=ranks,
+                                train_args={**vars(parts.hyp), "save_dir": str(out.resolve())}, metrics=row, config=asdict(cfg), ranks=ranks,
                                 half=state.half)
         last = out / LAST
         checkpoint.save_atomic(ckpt, last)
@@ -902,9 +936,11 @@ def load_training_state(ckpt: dict[str, Any], parts: Parts, model_from_ema: bool
     parts.model.load_state_dict(saved["ema"] if model_from_ema else saved["model"])
     parts.ema.ema.load_state_dict(saved["ema"])
     parts.ema.updates = ckpt["updates"]
-    parts.optimizer.load_state_dict(saved["optimizer"])
-    if parts.scaler is not None and saved.get("scaler"):
-        parts.scaler.load_state_dict(saved["scaler"])
+    optimizer = ckpt["optimizer"] if ckpt.get("optimizer") is not None else saved["optimizer"]  # before: only there
+    parts.optimizer.load_state_dict(optimizer)
+    scaler = ckpt.get("scaler") or saved.get("scaler")
+    if parts.scaler is not None and scaler:
+        parts.scaler.load_state_dict(scaler)
     parts.stopper.__dict__.update(saved.get("stopper") or {})
 
 

@@ -125,3 +125,57 @@ def test_a_recovered_epoch_is_trained_again_differently(tmp_path: Path, data: Pa
     saved = first["last"]
     assert all(torch.equal(second["start"][k], v) for k, v in saved["ema"].items())  # the EMA's weights
     assert any(not torch.equal(saved["model"][k], v) for k, v in saved["ema"].items() if v.is_floating_point())
+
+
+def mid_run_checkpoint(tmp_path: Path, data: Path, *argv: str) -> tuple[Path, loop.Parts, loop.Inputs]:
+    """A run of 2 epochs stopped after its first: its last.pt, and the parts that wrote it."""
+    out = tmp_path / "run"
+    inp = inputs(data, out, "--epochs", "2", *argv)
+    parts, train_set, _ = loop.build_parts(inp, 2)
+    state = loop.State()
+    loop.train_epoch(0, loop.make_loader(train_set, 2, inp, None), parts, inp, state)
+    loop.end_epoch(0, None, {"box_loss": 1.0}, [[4, 0.1, 1.0]], parts, inp, state, out, None, 0.0)
+    return out / "weights" / "last.pt", parts, inp
+
+
+def test_ultralytics_resumes_a_mid_run_last_pt(tmp_path: Path, data: Path) -> None:
+    """``YOLO(last.pt).train(resume=True)``: ultralytics' Model.train takes it as a resumable
+    checkpoint (an epoch and an optimizer state), its check_resume reads the settings back from
+    train_args, its resume_training loads the optimizer, scaler and EMA and starts at epoch 2 in the
+    run's own directory, and the run finishes there."""
+    import subprocess
+
+    from trainer_helpers import env
+
+    last, _, _ = mid_run_checkpoint(tmp_path, data)
+    script = ("import sys\nfrom trainer.offline import set_offline_env\nset_offline_env()\n"
+              "from ultralytics import YOLO\nm = YOLO(sys.argv[1])\nm.train(resume=True)\n"
+              "print('RESUMED', m.trainer.start_epoch, m.trainer.save_dir, m.trainer.epochs)\n")
+    r = subprocess.run([sys.executable, "-c", script, str(last)], capture_output=True, text=True, timeout=300,
+                       cwd=tmp_path, env=env())
+    both = r.stdout + r.stderr
+    assert r.returncode == 0, both[-4000:]
+    assert "not a resumable training checkpoint" not in both, both[-4000:]
+    assert f"RESUMED 1 {last.parent.parent} 2" in r.stdout, both[-4000:]  # start_epoch: set by resume_training only
+    assert torch.load(last, weights_only=False)["epoch"] == -1  # ultralytics finished the run in place
+
+
+def test_the_trainers_own_resume_is_still_exact(tmp_path: Path, data: Path) -> None:
+    """The optimizer state lives once in the file, in fp32, where ultralytics reads it; the
+    trainer's resume puts back exactly what trained (model, EMA, optimizer) from it."""
+    from trainer import checkpoint
+
+    last, parts, inp = mid_run_checkpoint(tmp_path, data)
+    ckpt = torch.load(last, weights_only=False)
+    assert "optimizer" not in ckpt["trainer"] and "scaler" not in ckpt["trainer"]
+    assert ckpt["train_args"]["save_dir"] == str(last.parent.parent.resolve())
+    fresh, _, _ = loop.build_parts(inp, 2)
+    state = loop.restore(checkpoint.load_for_resume(last), fresh, Topology())
+    assert state.epoch == 1
+    for mine, theirs in ((parts.model, fresh.model), (parts.ema.ema, fresh.ema.ema)):
+        assert all(torch.equal(a, b) for a, b in zip(mine.state_dict().values(), theirs.state_dict().values()))
+    saved, loaded = parts.optimizer.state_dict(), fresh.optimizer.state_dict()
+    assert saved["state"].keys() == loaded["state"].keys() and saved["state"]
+    for k, v in saved["state"].items():
+        for name, t in v.items():
+            assert t.dtype == loaded["state"][k][name].dtype and torch.equal(t, loaded["state"][k][name]), (k, name)

@@ -114,3 +114,10 @@ def test_the_command_answers_one_json_line_and_exits_2_when_refused(tmp_path: Pa
         "trainer_check": 1, "ok": False, "stage": "arguments",
         "error": "python -m trainer: error: unrecognized arguments: --epocs (did you mean --epochs?)"}
     assert "usage:" not in proc.stderr
+
+
+def test_a_yoloe_model_without_prompts_is_refused_with_the_starts_message(data: Path) -> None:
+    """Every rank of a start would fail building it: the check must say so, not ok."""
+    err = refused(["--data", str(data), "--model", "yoloe-11s.yaml", "--imgsz", "32"])
+    assert str(err).startswith("YOLOE needs text-prompt embeddings (yoloe-11s.yaml): pass --text-embeddings FILE")
+    assert err.stage == "inputs"  # type: ignore[attr-defined]

@@ -153,7 +153,9 @@ class TrainConfig:
     persistent_workers: bool = True
     """keep the loader workers between epochs"""
     cache: str | None = field(default=None, metadata=flag(nargs="?", const="ram", metavar="WHERE"))
-    """cache decoded images: ram (bare --cache) or disk (ultralytics' cache)"""
+    """cache decoded images: ram (bare --cache) or disk (ultralytics' cache), one builder per node: disk is
+    written by each node's first rank; ram is a copy per rank, cached if the node's memory holds one for
+    each of its ranks"""
     fraction: float = 1.0
     """train on this fraction of the training images, e.g. 0.1"""
     freeze: int | tuple[int | str, ...] | None = field(default=None, metadata=flag(type=None))

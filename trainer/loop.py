@@ -364,9 +364,8 @@ def build_parts(inp: Inputs, local_batch: int) -> tuple[Parts, Any, Any]:
         with tdata.one_writer_first(topo):  # only the labels.cache writes take turns
             if topo.local_rank == 0:  # after this node's first rank the cache is there: the others only read it
                 tdata.write_label_caches(inp.hyp, inp.data, ("train", "val"), stride)
-        train_set = tdata.build_dataset(inp.hyp, inp.data, "train", local_batch, stride)
-        val_set = tdata.build_dataset(inp.hyp, inp.data, "val", local_batch * 2, stride) if cfg.val_period else None
-        probe_set = val_set or tdata.build_dataset(inp.hyp, inp.data, "val", 2, stride)
+        train_set, val_set = tdata.build_splits(inp.hyp, inp.data, local_batch, stride, topo, cfg.val_period > 0)
+        probe_set = val_set or tdata.build_dataset(tdata.without_cache(inp.hyp), inp.data, "val", 2, stride)
         tdist.startup_barrier()  # every rank built (and cached) before the first collective of the job's group
     unused = unused_parameters(model, probe_set, device)
     find_unused = tdist.any_rank(bool(unused))

@@ -900,9 +900,10 @@ def end_epoch(epoch: int, fitness: float | None, loss_means: dict[str, float], t
             ips = {f"throughput/rank{r}": (x[0] / x[2] if x[2] > 0 else 0.0) for r, x in enumerate(throughput)}
             scalars.add({**row, **ips, "throughput/total": sum(ips.values())}, epoch + 1)
         stopper = {"best_fitness": parts.stopper.best_fitness, "best_epoch": parts.stopper.best_epoch}
+        train_args = {**vars(parts.hyp), "save_dir": str(out.resolve())}  # where ultralytics' resume writes
         ckpt = checkpoint.build(epoch=epoch, best_fitness=state.best_fitness, stopper=stopper, model=parts.model,
                                 ema=parts.ema, optimizer=parts.optimizer, scaler=parts.scaler,
-                                train_args={**vars(parts.hyp), "save_dir": str(out.resolve())}, metrics=row, config=asdict(cfg), ranks=ranks,
+                                train_args=train_args, metrics=row, config=asdict(cfg), ranks=ranks,
                                 half=state.half)
         last = out / LAST
         checkpoint.save_atomic(ckpt, last)

@@ -138,6 +138,7 @@ def mid_run_checkpoint(tmp_path: Path, data: Path, *argv: str) -> tuple[Path, lo
     return out / "weights" / "last.pt", parts, inp
 
 
+@pytest.mark.slow
 def test_ultralytics_resumes_a_mid_run_last_pt(tmp_path: Path, data: Path) -> None:
     """``YOLO(last.pt).train(resume=True)``: ultralytics' Model.train takes it as a resumable
     checkpoint (an epoch and an optimizer state), its check_resume reads the settings back from

@@ -1,11 +1,13 @@
 """Checkpoints that ``ultralytics.YOLO(path)`` loads and that ``--resume`` continues exactly.
 
-The ultralytics part of the file (``ema`` as a half-precision model, ``train_args``, ``epoch``,
-``best_fitness``...) matches its own trainer's ``save_model``. The ``trainer`` entry holds what an
-exact resume needs and ultralytics rounds away: fp32 model and EMA weights, the optimizer in
-fp32, the early-stopping state, and every rank's RNG and mosaic-buffer state. Only tensors,
-numbers, strings and ultralytics' own modules are pickled, so the file loads without this
-package installed.
+The ultralytics part of the file (``ema`` as a half-precision model, ``optimizer``, ``scaler``,
+``train_args`` with the run's ``save_dir``, ``epoch``, ``best_fitness``...) matches its own
+trainer's ``save_model``, so ``YOLO("last.pt").train(resume=True)`` continues a run of this trainer
+too (ultralytics' own way: from the EMA, its RNG fresh). The optimizer state is stored once, in
+fp32 (ultralytics saves its momentum in fp16 and loads either). The ``trainer`` entry holds the
+rest of what an exact resume needs and ultralytics rounds away: fp32 model and EMA weights, the
+early-stopping state, and every rank's RNG and mosaic-buffer state. Only tensors, numbers,
+strings and ultralytics' own modules are pickled, so the file loads without this package installed.
 
 Each epoch the checkpoint is serialized once; ``best.pt`` and ``epochN.pt`` are hard links to
 the same bytes. After the last epoch ``last.pt`` and ``best.pt`` are stripped like ultralytics'
@@ -28,7 +30,7 @@ import torch
 from trainer.errors import TrainerError
 from trainer.interface import BEST, LAST
 
-RESUME_KEYS = ("epoch", "best_fitness", "updates", "train_metrics", "trainer")
+RESUME_KEYS = ("epoch", "best_fitness", "updates", "optimizer", "scaler", "train_metrics", "trainer")
 """What rank 0 sends every rank when a run resumes (the half EMA module is not needed)."""
 
 
@@ -108,7 +110,8 @@ def build(*, epoch: int, best_fitness: float, stopper: dict[str, Any], model: to
           metrics: dict[str, float], config: dict[str, Any], ranks: list[dict[str, Any]],
           half: HalfCopy | None = None) -> dict[str, Any]:
     """The checkpoint dict after ``epoch`` (0-based, completed); ``ranks`` holds each rank's RNG and
-    mosaic-buffer state, in rank order; ``half`` makes the file's fp16 EMA (a fresh copy when None).
+    mosaic-buffer state, in rank order; ``half`` makes the file's fp16 EMA (a fresh copy when None);
+    ``train_args`` should name the run directory as ``save_dir``, where ultralytics' resume writes.
 
     The fp32 weights and the optimizer state are the live tensors, not copies: serialize the
     dict before the next training step."""
@@ -120,8 +123,8 @@ def build(*, epoch: int, best_fitness: float, stopper: dict[str, Any], model: to
         "model": None,
         "ema": (half or half_model)(ema.ema),
         "updates": ema.updates,
-        "optimizer": None,
-        "scaler": None,
+        "optimizer": optimizer.state_dict(),  # what ultralytics' resume requires; fp32, the exact resume's too
+        "scaler": scaler.state_dict() if scaler is not None else {},  # {}: ultralytics' disabled scaler's
         "train_args": train_args,
         "train_metrics": metrics,
         "date": datetime.now().astimezone().isoformat(),
@@ -130,8 +133,6 @@ def build(*, epoch: int, best_fitness: float, stopper: dict[str, Any], model: to
             "config": config,
             "model": {k: v.detach() for k, v in model.state_dict().items()},
             "ema": {k: v.detach() for k, v in ema.ema.state_dict().items()},
-            "optimizer": optimizer.state_dict(),
-            "scaler": scaler.state_dict() if scaler is not None else None,
             "stopper": stopper,
             "ranks": ranks,
             "world_size": len(ranks),

@@ -155,7 +155,9 @@ class TrainConfig:
     persistent_workers: bool = True
     """keep the loader workers between epochs"""
     cache: str | None = field(default=None, metadata=flag(nargs="?", const="ram", metavar="WHERE"))
-    """cache decoded images: ram (bare --cache) or disk (ultralytics' cache)"""
+    """cache decoded images: ram (bare --cache) or disk (ultralytics' cache), one builder per node: disk is
+    written by each node's first rank; ram is a copy per rank, cached if the node's memory holds one for
+    each of its ranks"""
     fraction: float = 1.0
     """train on this fraction of the training images, e.g. 0.1"""
     freeze: int | tuple[int | str, ...] | None = field(default=None, metadata=flag(type=None))
@@ -197,7 +199,9 @@ class TrainConfig:
     """YOLOE: absolute path of the class-name -> vector file from `python -m trainer.embed`"""
     prompt_mode: str | None = field(default=None, metadata=flag(choices=("linear", "full")))
     """YOLOE: full = train everything (the YOLOE repo's train_pe_all.py), linear = train the class-prompt
-    convs only (its train_pe.py); default full"""
+    convs only (its train_pe.py); default full. With YOLOE --weights, what you do not set follows that
+    recipe: optimizer AdamW lr0 0.001 weight_decay 0.025 momentum 0.9, warmup_bias_lr 0, close_mosaic 10
+    (linear: 5), mixup 0.15, copy_paste 0.3, scale 0.6 (s models) or 0.9 (m, l)"""
     task: str | None = field(default=None, metadata=NO_FLAG)
     """Task the user asserted (task=segment); checked against the model's."""
     log_every: int = 10

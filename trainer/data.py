@@ -152,13 +152,114 @@ def one_writer_first(topo: Topology) -> Iterator[None]:
 def write_label_caches(hyp: Any, data: dict[str, Any], splits: tuple[str, ...], stride: int) -> None:
     """Scan the labels of ``splits`` so that ultralytics writes (or validates) each ``labels.cache``,
     without caching any image: the only part of a dataset build that writes a file, the part
-    ``one_writer_first`` serializes. The builds that follow, image caching included, then run on
-    every rank at once and only read the cache."""
+    ``one_writer_first`` serializes. The builds that follow then run on every rank at once and only
+    read the cache; image caching follows, node by node (``build_splits``)."""
     from types import SimpleNamespace
 
     scan = SimpleNamespace(**{**vars(hyp), "cache": False})
     for split in splits:
         build_dataset(scan, data, split, 1, stride)
+
+
+def without_cache(hyp: Any) -> Any:
+    """``hyp`` with image caching off: every rank builds its datasets so, then ``cache_images``
+    caches them node by node."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(**{**vars(hyp), "cache": False})
+
+
+def cache_mode(cache: Any) -> str | None:
+    """ultralytics' reading of ``cache``: ram (True or "ram"), disk, or None."""
+    return cache.lower() if isinstance(cache, str) else "ram" if cache is True else None
+
+
+RAM_MARGIN = 1.0
+"""ultralytics' safety margin of its RAM check (``check_cache_ram``): twice the images' bytes."""
+
+
+def cache_bytes(dataset: Any) -> int:
+    """The bytes ``dataset``'s images take cached in RAM, as ultralytics' ``load_image`` resizes them
+    (long side to imgsz): exact from the label scan's image shapes; an image whose shape the dataset
+    no longer holds (rect validation sets pop them) counts as imgsz x imgsz, an upper bound."""
+    size = max(dataset.imgsz) if isinstance(dataset.imgsz, (tuple, list)) else int(dataset.imgsz)
+    channels = int(getattr(dataset, "channels", 3))
+    total = 0
+    for label in dataset.labels:
+        shape = label.get("shape")
+        if shape is None:
+            total += size * size * channels
+            continue
+        h0, w0 = int(shape[0]), int(shape[1])
+        r = size / max(h0, w0)
+        h, w = (min(math.ceil(h0 * r), size), min(math.ceil(w0 * r), size)) if r != 1 else (h0, w0)
+        total += h * w * channels
+    return total
+
+
+def ram_cache_fits(dataset: Any, ranks: int) -> tuple[bool, str]:
+    """Whether every one of this node's ``ranks`` can hold ``dataset``'s images in RAM: ultralytics'
+    check (the images' bytes x 2 against the available memory), for the node's ranks together, and
+    the warning when they cannot."""
+    import psutil
+
+    gb = 1 << 30
+    each = cache_bytes(dataset) * (1 + RAM_MARGIN)
+    available = psutil.virtual_memory().available
+    if each * ranks <= available:
+        return True, ""
+    split = "training" if dataset.augment else "validation"
+    return False, (f"warning: --cache ram: not caching the {len(dataset.labels)} {split} images: "
+                   f"{each * ranks / gb:.1f} GB of RAM needed for the {ranks} rank(s) of this node "
+                   f"({each / gb:.1f} GB each, with ultralytics' 100% margin) but {available / gb:.1f} GB available "
+                   "(--cache disk caches once per node; or fewer ranks per node)")
+
+
+def cache_images(datasets: list[Any], cache: Any, topo: Topology) -> None:
+    """Cache the images of ``datasets`` (built ``without_cache``) as ultralytics' ``cache`` says, one
+    builder per node: with ``disk`` only the first rank of each node writes the .npy files, in
+    ``one_writer_first``'s turns (rank 0 first: on a shared file system the others find them
+    written), and the node's other ranks then read them; with ``ram`` every rank needs its own copy,
+    so the check counts the node's ranks (decided by every rank before any caches, so all see the
+    same free memory), the node's first rank caches first (the images' first read, from storage)
+    and the others after it. Collective over the start-up group when ``cache`` is set."""
+    from trainer.logs import say
+
+    mode = cache_mode(cache)
+    if mode == "disk":
+        with one_writer_first(topo):
+            for ds in datasets:
+                if topo.local_rank == 0:
+                    ds.cache = "disk"
+                    if ds.check_cache_disk():  # ultralytics' own check and warning; it unsets cache
+                        ds.cache_images()
+                else:
+                    ds.cache = "disk"  # written by this node's first rank: read them
+    elif mode == "ram":
+        fits = [ram_cache_fits(ds, topo.local_world_size) for ds in datasets]
+        if topo.local_rank == 0:
+            for _, why in fits:
+                if why:
+                    say(why)
+        phase = 0 if topo.local_rank == 0 else 1
+        for turn in range(2):
+            tdist.startup_barrier()
+            if turn == phase:
+                for ds, (ok, _) in zip(datasets, fits):
+                    if ok:
+                        ds.cache = "ram"
+                        ds.cache_images()
+
+
+def build_splits(hyp: Any, data: dict[str, Any], local_batch: int, stride: int, topo: Topology,
+                 val: bool) -> tuple[Any, Any]:
+    """The training dataset and (with ``val``) the validation one, their images cached as ``hyp.cache``
+    says, one builder per node (``cache_images``). Collective over the start-up group with a cache."""
+    uncached = without_cache(hyp)
+    train = build_dataset(uncached, data, "train", local_batch, stride)
+    valid = build_dataset(uncached, data, "val", local_batch * 2, stride) if val else None
+    cache_images([ds for ds in (train, valid) if ds is not None], hyp.cache, topo)
+    return train, valid
 
 
 class Heartbeat:
@@ -202,20 +303,23 @@ def build_dataset(hyp: Any, data: dict[str, Any], split: str, local_batch: int, 
     return build_yolo_dataset(hyp, data[split], local_batch, data, mode=mode, rect=mode == "val", stride=stride)
 
 
-class EpochSampler(Sampler[tuple[int, int]]):
-    """A DistributedSampler's indices, each tagged with the epoch it belongs to: (epoch, index)."""
+class EpochSampler(Sampler[tuple[int, int, int]]):
+    """A DistributedSampler's indices, each tagged with the epoch it belongs to and the attempt at
+    that epoch: (epoch, index, attempt). The attempt is 0 unless the epoch is trained again after a
+    NaN recovery (``loop.recover``): another attempt draws other augmentation."""
 
     def __init__(self, sampler: DistributedSampler) -> None:
         self.sampler = sampler
         self.epoch = 0
+        self.attempt = 0
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def set_epoch(self, epoch: int, attempt: int = 0) -> None:
+        self.epoch, self.attempt = epoch, attempt
         self.sampler.set_epoch(epoch)
 
-    def __iter__(self) -> Iterator[tuple[int, int]]:
-        epoch = self.epoch
-        return ((epoch, i) for i in self.sampler)
+    def __iter__(self) -> Iterator[tuple[int, int, int]]:
+        epoch, attempt = self.epoch, self.attempt
+        return ((epoch, i, attempt) for i in self.sampler)
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -245,6 +349,9 @@ class EpochSeeded(Dataset[Any]):
     the workers round-robin from worker 0 each epoch, so which worker draws what is fixed too.)
     The other state a worker keeps, its mosaic buffer, travels with every batch it sends
     (``mosaic_collate``) and is put back by ``restore`` in the first epoch after a resume.
+    An epoch trained again after a NaN recovery (attempt 1, 2...) restarts from another seed
+    (``epoch_seed``): the same images, other augmentation, as ultralytics' recovery, which does not
+    rewind its generators.
     """
 
     def __init__(self, dataset: Any, seed: int, rank: int, restore: dict[int, list[int]] | None = None) -> None:
@@ -253,24 +360,31 @@ class EpochSeeded(Dataset[Any]):
         self.rank = rank
         self.restore = restore
         """Worker id -> the mosaic buffer it had when the checkpoint was written (a resumed run only)."""
-        self.epoch: int | None = None  # per worker: each holds its own copy
+        self.epoch: tuple[int, int] | None = None  # (epoch, attempt) per worker: each holds its own copy
 
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, key: tuple[int, int]) -> Any:
-        epoch, index = key
-        if epoch != self.epoch:
+    def __getitem__(self, key: tuple[int, int, int]) -> Any:
+        epoch, index, attempt = key
+        if (epoch, attempt) != self.epoch:
             info = get_worker_info()
             worker = info.id if info is not None else -1
             if self.epoch is None and self.restore and worker in self.restore:
                 restore_buffer(self.dataset, self.restore[worker])
-            self.epoch = epoch
-            state = int(np.random.SeedSequence([self.seed, self.rank, epoch, worker + 1]).generate_state(1)[0])
+            self.epoch = (epoch, attempt)
+            state = epoch_seed(self.seed, self.rank, epoch, worker, attempt)
             random.seed(state)
             np.random.seed(state)
             torch.manual_seed(state)
         return self.dataset[index]
+
+
+def epoch_seed(seed: int, rank: int, epoch: int, worker: int, attempt: int = 0) -> int:
+    """A loader worker's seed for one epoch (``EpochSeeded``): a function of the run's seed, the rank,
+    the epoch, the worker (-1: this process) and, from the second attempt at an epoch on, the attempt."""
+    entropy = [seed, rank, epoch, worker + 1, *([attempt] if attempt else [])]
+    return int(np.random.SeedSequence(entropy).generate_state(1)[0])
 
 
 MOSAIC_KEY = "mosaic_buffer"

@@ -95,7 +95,7 @@ def prepare(cfg: TrainConfig, topo: Topology, device: torch.device) -> Inputs:
     cfg = replace(cfg, task=arch.task)  # the run directory lies under runs/<task> (output.project_dir)
     tdata.check_labels_fit(data, arch.task, cfg.data, arch.source)
     if arch.yoloe and weights_model is not None:
-        cfg = yoloe_recipe(cfg)
+        cfg = yoloe_recipe(cfg, models.scale_of(arch.yaml))
     elif arch.yoloe:
         cfg = replace(cfg, notes=(*cfg.notes, f"warning: {arch.name} without --weights trains YOLOE from random weights: "
                                   "its text projection was never trained, so the class prompts are random directions "
@@ -104,6 +104,8 @@ def prepare(cfg: TrainConfig, topo: Topology, device: torch.device) -> Inputs:
         raise TrainerError(f"--text-embeddings is for YOLOE models; {arch.source} is {arch.name}")
     if not arch.yoloe and cfg.prompt_mode is not None:
         raise TrainerError(f"--prompt-mode is for YOLOE models; {arch.source} is {arch.name}")
+    if arch.yoloe:
+        yoloe_prompts_given(cfg, arch, weights_model)
     names = list(data["names"].values())
     text_pe = (models.load_text_embeddings(cfg.text_embeddings, names, models.text_model(arch))
                if cfg.text_embeddings else None)
@@ -186,6 +188,8 @@ class State:
     """Debug: image files this rank trained on, per epoch."""
     half: checkpoint.HalfCopy = field(default_factory=checkpoint.HalfCopy)
     """Rank 0: the checkpoints' fp16 EMA, made once and refreshed each epoch."""
+    attempt: int = 0
+    """The attempt at the current epoch: 0, then 1, 2... when NaN recovery trains it again (``recover``)."""
 
 
 @dataclass
@@ -218,7 +222,8 @@ class Health:
     steps: int = 0
     """Optimizer steps of the epoch."""
     finite: bool = True
-    """Whether every rank's weights are finite after the epoch."""
+    """Whether every rank's model and EMA (parameters and buffers: BatchNorm's running statistics
+    included) are finite after the epoch (``state_finite``)."""
     scale: float | None = None
     """The fp16 GradScaler's scale after the epoch (None without it)."""
 
@@ -344,14 +349,12 @@ def fit(inp: Inputs) -> None:
             mosaic_note(inp, epoch)
             loader = make_loader(train_set, local_batch, inp, restore=None)  # fresh workers see it
             state.buffers.clear()
-        attempt = 0
+        state.attempt = 0
         while True:
             loss_means, throughput, health = train_epoch(epoch, loader, parts, inp, state)
             if not health.broken:
                 break
-            attempt += 1
-            recover(epoch, health, attempt, parts, inp, state, out)
-            loader = make_loader(train_set, local_batch, inp, restore=state.buffers)  # the buffers of the checkpoint
+            recover(epoch, health, state.attempt + 1, parts, inp, state, out)  # the same loader: its workers go on
         state.epoch = epoch + 1
         if isinstance(loader.dataset, tdata.EpochSeeded):
             loader.dataset.restore = None  # a worker started after this epoch starts like one never resumed
@@ -410,9 +413,8 @@ def build_parts(inp: Inputs, local_batch: int) -> tuple[Parts, Any, Any]:
         with tdata.one_writer_first(topo):  # only the labels.cache writes take turns
             if topo.local_rank == 0:  # after this node's first rank the cache is there: the others only read it
                 tdata.write_label_caches(inp.hyp, inp.data, ("train", "val"), stride)
-        train_set = tdata.build_dataset(inp.hyp, inp.data, "train", local_batch, stride)
-        val_set = tdata.build_dataset(inp.hyp, inp.data, "val", local_batch * 2, stride) if cfg.val_period else None
-        probe_set = val_set or tdata.build_dataset(inp.hyp, inp.data, "val", 2, stride)
+        train_set, val_set = tdata.build_splits(inp.hyp, inp.data, local_batch, stride, topo, cfg.val_period > 0)
+        probe_set = val_set or tdata.build_dataset(tdata.without_cache(inp.hyp), inp.data, "val", 2, stride)
         tdist.startup_barrier()  # every rank built (and cached) before the first collective of the job's group
     unused = unused_parameters(model, probe_set, device)
     find_unused = tdist.any_rank(bool(unused))
@@ -592,34 +594,66 @@ def prompt_mode_text(cfg: TrainConfig) -> str:
 
 
 YOLOE_RECIPE: dict[str, Any] = {"optimizer": "AdamW", "lr": 1e-3, "weight_decay": 0.025, "momentum": 0.9}
-"""ultralytics' YOLOE prompt-tuning recipe (its train_pe examples): the optimizer settings, taken
-together or not at all."""
-YOLOE_RECIPE_HYP: dict[str, Any] = {"warmup_bias_lr": 0.0}
-YOLOE_RECIPE_EACH: dict[str, Any] = {"close_mosaic": 10}
-"""The rest of it, each taken unless the user set it."""
+"""The YOLOE prompt-tuning recipe (ultralytics' train_pe examples, THU-MIG's train_pe.py and
+train_pe_all.py): the optimizer settings, taken together or not at all."""
+YOLOE_RECIPE_HYP: dict[str, Any] = {"warmup_bias_lr": 0.0, "mixup": 0.15, "copy_paste": 0.3}
+"""ultralytics settings of the recipe, each taken unless the user set it: THU-MIG's scripts train
+with their coco_{scale}_train.yaml, whose mixup and copy_paste are these at every scale."""
+YOLOE_RECIPE_SCALE: dict[str, float] = {"s": 0.6, "m": 0.9, "l": 0.9}
+"""The augmentation ``scale`` of coco_{s,m,l}_train.yaml, by model scale (other scales keep ultralytics' 0.5)."""
+YOLOE_CLOSE_MOSAIC = {"full": 10, "linear": 5}
+"""close_mosaic by prompt mode: train_pe_all.py's 10, train_pe.py's 5 (linear probing runs 10 epochs)."""
 
 
-def yoloe_recipe(cfg: TrainConfig) -> TrainConfig:
-    """``cfg`` with ultralytics' YOLOE recipe where the user set nothing: the optimizer settings
-    (AdamW, lr0 1e-3, weight decay 0.025, momentum 0.9) unless any of optimizer, lr0, momentum or
-    weight decay was given; warmup_bias_lr 0 and close_mosaic 10 each unless given. Said on the
-    start-up line; what the user gave always wins."""
+def yoloe_recipe(cfg: TrainConfig, scale: str | None = None) -> TrainConfig:
+    """``cfg`` with the YOLOE recipe where the user set nothing: the optimizer settings (AdamW, lr0
+    1e-3, weight decay 0.025, momentum 0.9) unless any of optimizer, lr0, momentum or weight decay
+    was given; each unless given: close_mosaic 10 (``--prompt-mode linear``: 5), warmup_bias_lr 0,
+    mixup 0.15, copy_paste 0.3 and the augmentation scale of the model's ``scale`` (s 0.6, m and l
+    0.9). Said on the start-up line; what the user gave always wins."""
     given = set(cfg.given)
+    mode = cfg.prompt_mode or "full"
     changes: dict[str, Any] = {}
     if not given & set(YOLOE_RECIPE):
         changes.update(YOLOE_RECIPE)
-    changes.update({k: v for k, v in YOLOE_RECIPE_EACH.items() if k not in given})
-    hyp = {**cfg.hyp, **{k: v for k, v in YOLOE_RECIPE_HYP.items() if k not in given}}
-    took = {**changes, **{k: v for k, v in YOLOE_RECIPE_HYP.items() if k not in given}}
+    if "close_mosaic" not in given:
+        changes["close_mosaic"] = YOLOE_CLOSE_MOSAIC[mode]
+    recipe_hyp = {**YOLOE_RECIPE_HYP, **({"scale": YOLOE_RECIPE_SCALE[scale]} if scale in YOLOE_RECIPE_SCALE else {})}
+    taken_hyp = {k: v for k, v in recipe_hyp.items() if k not in given}
+    took = {**changes, **taken_hyp}
     if not took:
         return cfg
     names = {"lr": "lr0"}
     said = ", ".join(f"{names.get(k, k)} {v:g}" if isinstance(v, float) else f"{names.get(k, k)} {v}"
                      for k, v in took.items())
-    kept = sorted(given & {*YOLOE_RECIPE, *YOLOE_RECIPE_HYP, *YOLOE_RECIPE_EACH})
-    note = (f"YOLOE recipe (ultralytics' train_pe): {said}" + (f"; yours kept: {', '.join(kept)}" if kept else "")
+    kept = sorted(given & {*YOLOE_RECIPE, *recipe_hyp, "close_mosaic"})
+    script = "train_pe.py" if mode == "linear" else "train_pe_all.py"
+    source = f"{script}, coco_{scale}_train.yaml" if scale in YOLOE_RECIPE_SCALE else script
+    note = (f"YOLOE recipe ({source}): {said}" + (f"; yours kept: {', '.join(kept)}" if kept else "")
             + " (set any of them to override)")
-    return replace(cfg, **changes, hyp=hyp, notes=(*cfg.notes, note))
+    return replace(cfg, **changes, hyp={**cfg.hyp, **taken_hyp}, notes=(*cfg.notes, note))
+
+
+def yoloe_prompts_given(cfg: TrainConfig, arch: models.Arch, weights_model: models.YoloModel | None) -> None:
+    """A YOLOE run needs its class prompts from exactly one place: ``--text-embeddings``, or a
+    checkpoint whose prompts are already fused into its weights (one this trainer wrote).
+
+    Raises:
+        TrainerError: no embeddings for a model without fused prompts (from scratch, or an unfused
+            YOLOE checkpoint): every rank would fail building it; embeddings for a fused
+            checkpoint, which has no text projection left to take them (they would be ignored).
+    """
+    fused = weights_model is not None and models.is_fused(weights_model)
+    if fused and cfg.text_embeddings:
+        raise TrainerError(f"--text-embeddings {cfg.text_embeddings}: {arch.source} is a YOLOE model whose class "
+                           "prompts are already fused into its weights (a checkpoint this trainer wrote): it has no "
+                           "text projection left to take new embeddings, so they would be ignored; drop "
+                           "--text-embeddings to fine-tune it on its own prompts, or start from the unfused YOLOE "
+                           "checkpoint (e.g. yoloe-11s-seg.pt) with --text-embeddings")
+    if not fused and not cfg.text_embeddings:
+        raise TrainerError(f"YOLOE needs text-prompt embeddings ({arch.name}{' from ' + cfg.weights if cfg.weights else ''}"
+                           "): pass --text-embeddings FILE (make it once with: python -m trainer.embed --data DATA "
+                           "--out FILE)")
 
 
 def build_network(inp: Inputs) -> models.YoloModel:
@@ -699,7 +733,11 @@ def train_epoch(epoch: int, loader: Any, parts: Parts, inp: Inputs,
     the loss components are summed on the device and read once, at a progress line or the end.
     """
     cfg, topo, device, hyp = inp.cfg, inp.topo, inp.device, parts.hyp
-    loader.sampler.set_epoch(epoch)  # a new order each epoch, the same on every rank
+    # a new order each epoch, the same on every rank; another attempt at it (NaN recovery) draws other augmentation
+    if isinstance(loader.sampler, tdata.EpochSampler):
+        loader.sampler.set_epoch(epoch, state.attempt)
+    else:
+        loader.sampler.set_epoch(epoch)
     models.set_train_mode(parts.model)
     advance_criterion(parts.model, epoch)
     nb = len(loader)
@@ -769,10 +807,18 @@ def train_epoch(epoch: int, loader: Any, parts: Parts, inp: Inputs,
         epoch_meter = first
     if loader.num_workers == 0:  # the mosaic buffer lives in this process
         state.buffers[-1] = list(loader.dataset.buffer)
-    finite = torch.stack([torch.isfinite(p).all() for p in parts.model.parameters()]).all().double()
+    finite = state_finite(parts.model, parts.ema.ema)
     scale = parts.scaler.get_scale() if parts.scaler is not None else None  # the same on every rank
     return epoch_summary(epoch, names, sums, images, epoch_meter, inp, torch.cat([troubled, finite.reshape(1)]), steps,
                          scale)
+
+
+def state_finite(*modules: nn.Module) -> torch.Tensor:
+    """1.0 when every floating-point tensor of the modules' state (parameters and buffers: an fp16
+    overflow can leave BatchNorm's running statistics, and with them the EMA, non-finite while the
+    weights are not) is finite, else 0.0: a device scalar, not read to the host."""
+    tensors = [v for m in modules for v in m.state_dict().values() if v.is_floating_point()]
+    return torch.stack([torch.isfinite(v).all() for v in tensors]).all().double()
 
 
 def advance_criterion(model: models.YoloModel, epoch: int) -> None:
@@ -842,9 +888,13 @@ def validate(validator: Any, ema: Any, inp: Inputs, loss_names: tuple[str, ...],
 
 
 def recover(epoch: int, health: Health, attempt: int, parts: Parts, inp: Inputs, state: State, out: Path) -> None:
-    """ultralytics' NaN recovery: put back the state of ``last.pt`` (model, EMA, optimizer, scaler,
-    RNG, mosaic buffers) and redo ``epoch``; said on one line. The same decision on every rank
-    (``health`` is gathered from all of them).
+    """ultralytics' NaN recovery: put back the EMA, optimizer, scaler and early stopping of
+    ``last.pt``, the model taking the EMA's weights (as ultralytics loads them), and make ``attempt``
+    the state's attempt at ``epoch``; said on one line. The RNG and the mosaic buffers are not put
+    back and the loader workers reseed for the attempt (``data.epoch_seed``): the epoch is trained
+    again from other weights with other augmentation, never replayed bit for bit (a replay would
+    meet the same NaN again). The same decision on every rank (``health`` is gathered from all of
+    them).
 
     Raises:
         TrainerError: the epoch broke ``MAX_RECOVERIES`` times in a row, or there is no checkpoint
@@ -868,8 +918,8 @@ def recover(epoch: int, health: Health, attempt: int, parts: Parts, inp: Inputs,
         say(f"warning: epoch {epoch + 1}: {health.why()}; recovering from {last} (epoch {ckpt['epoch'] + 1}) and "
             f"training epoch {epoch + 1} again, attempt {attempt}/{MAX_RECOVERIES}")
     parts.optimizer.zero_grad(set_to_none=True)
-    restored = restore(ckpt, parts, topo, announce=False)
-    state.best_fitness, state.metrics, state.buffers = restored.best_fitness, restored.metrics, restored.buffers
+    load_training_state(ckpt, parts, model_from_ema=True)
+    state.best_fitness, state.metrics, state.attempt = ckpt["best_fitness"], saved_metrics(ckpt), attempt
     if cfg.debug_dir:
         state.seen.pop(epoch + 1, None)
 
@@ -894,9 +944,10 @@ def end_epoch(epoch: int, fitness: float | None, loss_means: dict[str, float], t
             ips = {f"throughput/rank{r}": (x[0] / x[2] if x[2] > 0 else 0.0) for r, x in enumerate(throughput)}
             scalars.add({**row, **ips, "throughput/total": sum(ips.values())}, epoch + 1)
         stopper = {"best_fitness": parts.stopper.best_fitness, "best_epoch": parts.stopper.best_epoch}
+        train_args = {**vars(parts.hyp), "save_dir": str(out.resolve())}  # where ultralytics' resume writes
         ckpt = checkpoint.build(epoch=epoch, best_fitness=state.best_fitness, stopper=stopper, model=parts.model,
                                 ema=parts.ema, optimizer=parts.optimizer, scaler=parts.scaler,
-                                train_args=dict(vars(parts.hyp)), metrics=row, config=asdict(cfg), ranks=ranks,
+                                train_args=train_args, metrics=row, config=asdict(cfg), ranks=ranks,
                                 half=state.half)
         last = out / LAST
         checkpoint.save_atomic(ckpt, last)
@@ -936,17 +987,31 @@ def resume_line(done: int, epochs: int, updates: int, best_fitness: float) -> st
             f"{best_fitness:.4f}): {left}")
 
 
+def load_training_state(ckpt: dict[str, Any], parts: Parts, model_from_ema: bool = False) -> None:
+    """Load the model (the EMA's weights with ``model_from_ema``), EMA, optimizer, scaler and early
+    stopping of a checkpoint of this trainer, in fp32."""
+    saved = ckpt["trainer"]
+    parts.model.load_state_dict(saved["ema"] if model_from_ema else saved["model"])
+    parts.ema.ema.load_state_dict(saved["ema"])
+    parts.ema.updates = ckpt["updates"]
+    optimizer = ckpt["optimizer"] if ckpt.get("optimizer") is not None else saved["optimizer"]  # before: only there
+    parts.optimizer.load_state_dict(optimizer)
+    scaler = ckpt.get("scaler") or saved.get("scaler")
+    if parts.scaler is not None and scaler:
+        parts.scaler.load_state_dict(scaler)
+    parts.stopper.__dict__.update(saved.get("stopper") or {})
+
+
+def saved_metrics(ckpt: dict[str, Any]) -> dict[str, float]:
+    """The last validation metrics a checkpoint holds (its train_metrics without the training columns)."""
+    return {k: v for k, v in ckpt["train_metrics"].items() if not k.startswith(("train/", "lr/", "steps/"))}
+
+
 def restore(ckpt: dict[str, Any], parts: Parts, topo: Topology, announce: bool = True,
             epochs: int | None = None) -> State:
     """Load model, EMA, optimizer, scaler, early stopping, RNG and mosaic buffers; return where to continue."""
     saved = ckpt["trainer"]
-    parts.model.load_state_dict(saved["model"])
-    parts.ema.ema.load_state_dict(saved["ema"])
-    parts.ema.updates = ckpt["updates"]
-    parts.optimizer.load_state_dict(saved["optimizer"])
-    if parts.scaler is not None and saved.get("scaler"):
-        parts.scaler.load_state_dict(saved["scaler"])
-    parts.stopper.__dict__.update(saved.get("stopper") or {})
+    load_training_state(ckpt, parts)
     buffers: dict[int, list[int]] = {}
     if saved["world_size"] == topo.world_size:
         mine = saved["ranks"][topo.rank]
@@ -956,8 +1021,7 @@ def restore(ckpt: dict[str, Any], parts: Parts, topo: Topology, announce: bool =
         say(f"warning: resuming on {topo.world_size} ranks, saved on {saved['world_size']}: RNG streams reseeded, "
             "mosaic buffers start empty (the run continues, not bit for bit)")
         seed_everything(saved["config"]["seed"] + 1 + topo.rank + ckpt["epoch"])
-    state = State(epoch=ckpt["epoch"] + 1, best_fitness=ckpt["best_fitness"], buffers=buffers,
-                  metrics={k: v for k, v in ckpt["train_metrics"].items() if not k.startswith(("train/", "lr/", "steps/"))})
+    state = State(epoch=ckpt["epoch"] + 1, best_fitness=ckpt["best_fitness"], buffers=buffers, metrics=saved_metrics(ckpt))
     if topo.is_main and announce:
         say(resume_line(state.epoch, epochs if epochs is not None else saved["config"]["epochs"], parts.ema.updates,
                         state.best_fitness))

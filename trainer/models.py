@@ -97,7 +97,8 @@ def _describe(d: dict[str, Any], source: str) -> Arch:
     return Arch(yaml=d, name=name, task=task, yoloe=head.startswith("YOLOE"), source=source)
 
 
-def _scale(d: dict[str, Any]) -> str | None:
+def scale_of(d: dict[str, Any]) -> str | None:
+    """The model scale (n, s, m, l, x) of a model dictionary, as ultralytics builds it."""
     scale = d.get("scale")
     if not scale and isinstance(d.get("scales"), dict):
         scale = next(iter(d["scales"]))  # ultralytics' fallback when the name has no scale letter
@@ -106,7 +107,7 @@ def _scale(d: dict[str, Any]) -> str | None:
 
 def same_architecture(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Whether two model dictionaries build the same network (the class count aside)."""
-    return a.get("backbone") == b.get("backbone") and a.get("head") == b.get("head") and _scale(a) == _scale(b)
+    return a.get("backbone") == b.get("backbone") and a.get("head") == b.get("head") and scale_of(a) == scale_of(b)
 
 
 def resolve_architecture(model: str | None, weights_model: YoloModel | None, weights: str | None) -> Arch:

@@ -46,10 +46,10 @@ def inputs(data: Path, *argv: str) -> loop.Inputs:
 @pytest.mark.parametrize("arch, task, yoloe", [("yolo12n-seg.yaml", "segment", False), ("yolo12n.yaml", "detect", False),
                                                ("yoloe-11s-seg.yaml", "segment", True)])
 def test_weights_without_model_train_the_checkpoints_architecture_and_task(
-        tmp_path: Path, data: Path, arch: str, task: str, yoloe: bool) -> None:
+        tmp_path: Path, data: Path, embeddings: Path, arch: str, task: str, yoloe: bool) -> None:
     ckpt = tmp_path / "pretrained.pt"
     save_checkpoint(ckpt, arch, NAMES)
-    inp = inputs(data, "--weights", str(ckpt))
+    inp = inputs(data, "--weights", str(ckpt), *(["--text-embeddings", str(embeddings)] if yoloe else []))
     assert (inp.arch.name, inp.arch.task, inp.arch.yoloe) == (arch, task, yoloe)
     if not yoloe:
         model = loop.build_network(inp)
@@ -278,8 +278,11 @@ def test_yoloe_weights_train_in_full_mode_with_ultralytics_recipe_unless_told(tm
     cfg = inp.cfg
     assert (cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.momentum, cfg.close_mosaic) == ("AdamW", 1e-3, 0.025, 0.9, 10)
     assert inp.hyp.warmup_bias_lr == 0.0 and inp.hyp.lr0 == 1e-3 and inp.hyp.optimizer == "AdamW"
-    assert any(n.startswith("YOLOE recipe (ultralytics' train_pe): optimizer AdamW, lr0 0.001, weight_decay 0.025, "
-                            "momentum 0.9, close_mosaic 10, warmup_bias_lr 0") for n in cfg.notes), cfg.notes
+    # THU-MIG's coco_s_train.yaml augmentation for an s model
+    assert (inp.hyp.scale, inp.hyp.mixup, inp.hyp.copy_paste, inp.hyp.close_mosaic) == (0.6, 0.15, 0.3, 10)
+    assert any(n == "YOLOE recipe (train_pe_all.py, coco_s_train.yaml): optimizer AdamW, lr0 0.001, weight_decay "
+                    "0.025, momentum 0.9, close_mosaic 10, warmup_bias_lr 0, mixup 0.15, copy_paste 0.3, scale 0.6 "
+                    "(set any of them to override)" for n in cfg.notes), cfg.notes
     model = loop.build_network(inp)
     trainable = sum(p.requires_grad for p in model.parameters())
     assert trainable > 100  # full: everything trains
@@ -288,6 +291,13 @@ def test_yoloe_weights_train_in_full_mode_with_ultralytics_recipe_unless_told(tm
                   "close_mosaic=2", "--prompt-mode", "linear").cfg
     assert (mine.optimizer, mine.lr, mine.weight_decay, mine.close_mosaic) == ("SGD", 0.005, 5e-4, 2)
     assert any("yours kept: close_mosaic, lr" in n for n in mine.notes) and loop.prompt_mode_text(mine) == "linear (train_pe)"
+    linear = inputs(data, "--weights", str(ckpt), "--text-embeddings", str(embeddings), "--prompt-mode", "linear",
+                    "scale=0.5", "mixup=0.0")
+    # train_pe.py's close_mosaic 5: a 10-epoch linear probe trains 5 epochs with mosaic; the user's values win
+    assert (linear.cfg.close_mosaic, linear.hyp.close_mosaic, linear.hyp.scale, linear.hyp.mixup) == (5, 5, 0.5, 0.0)
+    assert linear.hyp.copy_paste == 0.3
+    assert any(n.startswith("YOLOE recipe (train_pe.py, coco_s_train.yaml): ") and "yours kept: mixup, scale" in n
+               for n in linear.cfg.notes), linear.cfg.notes
     moved = models.to_device(model, CPU)
     assert isinstance(moved.pe, torch.Tensor) and moved.pe.device == CPU
 
@@ -322,3 +332,48 @@ def test_an_lr_multiplied_by_the_gpu_count_is_warned_with_the_equivalent_lr0(
     assert f"steps about {ranks}x ultralytics'" in warned[0]
     assert warned[0].endswith(f"the equivalent of ultralytics' recipe is lr0 {equivalent} (--lr {equivalent})")
     assert ("summed loss" in warned[0]) == (kind is torch.optim.SGD)
+
+
+@pytest.mark.parametrize("scale, expected", [("s", 0.6), ("m", 0.9), ("l", 0.9), ("n", None)])
+def test_the_yoloe_recipe_augments_by_model_scale_as_thu_migs_coco_yamls(data: Path, scale: str,
+                                                                      expected: float | None) -> None:
+    cfg = loop.yoloe_recipe(parse_config(["--data", str(data)]), scale)
+    assert cfg.hyp.get("scale") == expected and cfg.hyp["mixup"] == 0.15 and cfg.hyp["copy_paste"] == 0.3
+    assert all(n.startswith(f"YOLOE recipe (train_pe_all.py, coco_{scale}_train.yaml)") for n in cfg.notes
+               if n.startswith("YOLOE recipe")) if expected else "coco_" not in " ".join(cfg.notes)
+    assert loop.yoloe_recipe(parse_config(["--data", str(data), "--cfg", "scale=0.3"]), scale).hyp["scale"] == 0.3
+
+
+def test_detection_and_segmentation_runs_keep_ultralytics_augmentation(data: Path) -> None:
+    """The YOLOE recipe is YOLOE's only: a YOLO12 run trains with ultralytics' own defaults."""
+    from ultralytics.utils import DEFAULT_CFG_DICT
+
+    for arch in ("yolo12n.yaml", "yolo12n-seg.yaml"):
+        inp = inputs(data, "--model", arch)
+        assert all(getattr(inp.hyp, k) == DEFAULT_CFG_DICT[k] for k in ("scale", "mixup", "copy_paste", "warmup_bias_lr"))
+        assert inp.cfg.close_mosaic == 10 and not any(n.startswith("YOLOE recipe") for n in inp.cfg.notes)
+
+
+def test_yoloe_prompts_come_from_one_place_or_the_start_is_refused(tmp_path: Path, data: Path, embeddings: Path) -> None:
+    """A YOLOE model without fused prompts needs --text-embeddings (refused before any rank builds
+    it: `--check` says what the start would); a fused checkpoint (one this trainer wrote) has no text
+    projection left: embeddings given with it would be ignored, so they are refused."""
+    from copy import deepcopy
+
+    with pytest.raises(TrainerError, match=r"^YOLOE needs text-prompt embeddings \(yoloe-11s-seg.yaml\): pass "
+                                           r"--text-embeddings FILE"):
+        inputs(data, "--model", "yoloe-11s-seg.yaml")
+    unfused = tmp_path / "yoloe.pt"
+    save_checkpoint(unfused, "yoloe-11s-seg.yaml", NAMES)
+    with pytest.raises(TrainerError, match="YOLOE needs text-prompt embeddings"):
+        inputs(data, "--weights", str(unfused))
+    model = loop.build_network(inputs(data, "--weights", str(unfused), "--text-embeddings", str(embeddings)))
+    assert models.is_fused(model)
+    fused = tmp_path / "fused.pt"
+    torch.save({"epoch": -1, "model": deepcopy(model).half(), "ema": None, "optimizer": None,
+                "train_args": {"task": "segment"}}, fused)
+    with pytest.raises(TrainerError, match=r"^--text-embeddings .*: the checkpoint .*fused.pt is a YOLOE model whose "
+                                           r"class prompts are already fused into its weights"):
+        inputs(data, "--weights", str(fused), "--text-embeddings", str(embeddings))
+    again = inputs(data, "--weights", str(fused))  # its own prompts: accepted, and it builds
+    assert models.is_fused(loop.build_network(again))

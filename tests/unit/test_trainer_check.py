@@ -180,3 +180,10 @@ def test_argument_and_device_refusals_come_together(data: Path, monkeypatch: pyt
     err = refused(["--data", str(data), "--epochs", "0", "--amp"])
     assert str(err).startswith("2 problems: 1) --epochs must be >= 1, got 0; 2) --amp on: fp16"), str(err)
     assert err.stage == "arguments"  # type: ignore[attr-defined]
+
+
+def test_a_yoloe_model_without_prompts_is_refused_with_the_starts_message(data: Path) -> None:
+    """Every rank of a start would fail building it: the check must say so, not ok."""
+    err = refused(["--data", str(data), "--model", "yoloe-11s.yaml", "--imgsz", "32"])
+    assert str(err).startswith("YOLOE needs text-prompt embeddings (yoloe-11s.yaml): pass --text-embeddings FILE")
+    assert err.stage == "inputs"  # type: ignore[attr-defined]

@@ -78,6 +78,19 @@ def run_wall(info: dict[str, Any], now: float) -> tuple[float | None, bool]:
     return None, False
 
 
+def _pyplot() -> Any:
+    """matplotlib's pyplot, drawing with Agg, every text drawn as written: node names, metric names
+    and states come from the logs and run.json, and a `$` there is a character, never mathtext
+    (`$\\foo$` would fail the whole report on an unknown symbol)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    matplotlib.rcParams["text.parse_math"] = False
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def _png(fig: Any) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
@@ -90,10 +103,7 @@ def _png(fig: Any) -> bytes:
 def plot_timeline(run: dict[str, Any], phases: list[Phase] | None = None) -> bytes:
     """One bar per node from start to end, coloured by its final state; under them rank 0's
     validation and checkpoint phases, and a line where each earlier attempt ended (retries)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     nodes = run.get("nodes", [])
     phases = phases or []
@@ -137,10 +147,7 @@ PHASE_COLOURS = {"validation": "#9467bd", "checkpoint": "#bcbd22"}
 
 def plot_curves(results: dict[str, list[float]]) -> bytes | None:
     """Per epoch from results.csv: training losses, validation losses, mAP, learning rates."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     epochs = results.get("epoch")
     panels = [("training loss", [k for k in results if k.startswith("train/") and k.endswith("loss")], "train/"),
@@ -186,10 +193,7 @@ def plot_node_throughput(per_node: dict[str, dict[int, tuple[float, float]]]) ->
     """Images/s and data-wait share of every node over the epochs."""
     if not per_node:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.3))
     for node, series in per_node.items():
@@ -210,10 +214,7 @@ def plot_throughput(tp: Throughput) -> bytes | None:
     """Per-rank images/s bars with the data-wait share and the scaling efficiency."""
     if not tp.ips:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     ranks = sorted(tp.ips)
     fig, ax = plt.subplots(figsize=(max(4, 0.6 * len(ranks) + 2), 3))
@@ -237,10 +238,7 @@ def plot_fabric_nodes(fabric: dict[str, Any]) -> bytes | None:
     per_node = fabric.get("per_node") or []
     if not per_node:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     slow = {(p["node"], p["direction"]) for p in fabric.get("slow_nodes") or []}
     names = [p["node"] for p in per_node]
@@ -268,10 +266,7 @@ def plot_fabric_sweep(fabric: dict[str, Any]) -> bytes | None:
     sweep = fabric.get("sweep") or []
     if not sweep:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     sizes = [row["size_bytes"] for row in sweep]
     fig, ax = plt.subplots(figsize=(6, 3))
@@ -340,10 +335,7 @@ def plot_pace(det: Detector, max_windows: int = 400) -> bytes | None:
     against the median rank (1 = the median; red below `share`), the stragglers marked."""
     if not det.speeds:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
     from matplotlib.colors import TwoSlopeNorm
 
     speeds = det.speeds

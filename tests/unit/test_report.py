@@ -206,3 +206,22 @@ def test_timeline_phases_and_throughput_per_node_over_the_epochs() -> None:
     per_node = node_throughput(parse_throughput_epochs(node_log(0).splitlines() + node_log(1).splitlines()),
                                [{"node": "node0", "base_rank": 0, "nproc": 1}, {"node": "node1", "base_rank": 1, "nproc": 1}])
     assert per_node == {"node0": {1: (10.0, 0.125), 2: (20.0, 0.125)}, "node1": {1: (11.0, 0.125), 2: (21.0, 0.125)}}
+
+
+def test_text_from_the_log_is_text_in_every_plot(tmp_path: Path) -> None:
+    """A `$` in a metric name (matplotlib would read `$\\foo$` as mathtext and fail on the unknown
+    symbol) is drawn as written: every label the log gives a plot is plain text."""
+    from trainer.logs import epoch_line
+
+    run = make_run(tmp_path)
+    (run.path / "results.csv").unlink()  # the curves come from the log's epoch lines
+    t = "2026-11-30T09:34:{:02d}.000000Z out [default0]:[rank 0] "
+    with open(run.path / "nodes" / "node0.log", "a") as fh:
+        for epoch in (1, 2):
+            fh.write(t.format(epoch) + epoch_line(epoch, 2, {"$\\foo$loss": 1.0 / epoch, "a$b$loss": 2.0,
+                                                             "x^2_{y}loss": 3.0}, {"lr/pg0": 0.001}) + "\n")
+    page = build_report(run)
+    assert (page.parent / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from orchestrator import report
+
+    assert report._pyplot().rcParams["text.parse_math"] is False

@@ -318,16 +318,34 @@ class Timing:
         return self.data_s / self.wall_s if self.wall_s > 0 else 0.0
 
 
+TIMING_MAX_COUNT = 2**53
+"""A timing line's epoch, batch, steps and images are below this (what a float holds exactly)."""
+TIMING_SECONDS = (1e-9, 1e9)
+"""A timing line's seconds are 0 or within this range (a nanosecond, 31 years): a window's figures
+(images/s, shares, time per step) and the detector's ratios of them are then finite numbers."""
+
+
+def _finite_seconds(value: float) -> bool:
+    return value == 0.0 or TIMING_SECONDS[0] <= value <= TIMING_SECONDS[1]
+
+
 def parse_timing(text: str) -> Timing | None:
-    """A :func:`timing_line` (with or without its rank prefix), or None for any other line."""
+    """A :func:`timing_line` (with or without its rank prefix), or None for any other line, and for
+    one that is not a finite record: a count out of ``[0, 2**53)``, seconds negative, not finite
+    (``1e999``), or out of ``TIMING_SECONDS``. What a node prints never becomes an infinity."""
     m = TIMING_LINE.search(text.rstrip("\n"))
     if not m:
         return None
     try:
-        return Timing(int(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4)), float(m.group(5)),
-                      float(m.group(6)), float(m.group(7)))
+        t = Timing(int(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4)), float(m.group(5)),
+                   float(m.group(6)), float(m.group(7)))
     except ValueError:
         return None
+    if not all(0 <= n < TIMING_MAX_COUNT for n in (t.epoch, t.batch, t.steps, t.images)):
+        return None
+    if not all(_finite_seconds(s) for s in (t.data_s, t.compute_s, t.wall_s)):
+        return None
+    return t
 
 
 def announced(lines: Iterable[str]) -> tuple[str | None, str | None]:

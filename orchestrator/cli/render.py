@@ -725,11 +725,18 @@ def top_renderable(report: TopReport, gpus: bool) -> Any:
     parts: list[Any] = [table]
     for s in report.stragglers:
         parts.append(Text(s.line(), style="bold red"))
+    if report.ignored_lines:
+        parts.append(Text(f"{_lines(report.ignored_lines)} of the node logs ignored: not a finite telemetry or "
+                          "timing record", style="yellow"))
     for n in report.nodes:
         if n["fetch_error"]:
             parts.append(Text(f"{n['node']}: log not fetched ({safe(n['fetch_error'])[:100]}); showing the last copy",
                               style="yellow"))
     return Group(*parts)
+
+
+def _lines(n: int) -> str:
+    return f"{n} line" + ("" if n == 1 else "s")
 
 
 def top_table(report: TopReport, gpus: bool) -> None:

@@ -14,17 +14,19 @@ import base64
 import csv
 import html
 import io
+import re
 import shlex
 import statistics
 import time
-from collections.abc import Iterable
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .contract import NodeState
-from .logs.lines import read_node_lines
-from .logs.telemetry import parse_sample, timing_window
+from .logs.fetch import NodeSource
+from .logs.stored import CopyScan, scan_records
+from .logs.telemetry import Ignored, Sample
 from .logs.trainer import (
     Phase,
     Throughput,
@@ -36,7 +38,7 @@ from .logs.trainer import (
     parse_throughput_epochs,
     rank0_lines,
 )
-from .run.straggler import Detector, NodeLoad, Window, replay
+from .run.straggler import Detector
 from .store import CHECK, RunDir, clock_offsets, write_private
 
 STATE_COLOURS = {NodeState.RUNNING: "#1f77b4", NodeState.SUCCEEDED: "#2ca02c", NodeState.FAILED: "#d62728",
@@ -300,10 +302,26 @@ def _fabric_section(fabric: dict[str, Any], out: Path) -> list[str]:
     return parts
 
 
-def rank_pace(run: RunDir) -> Detector:
-    """The straggler detector replayed over the node log copies: every judged window's speed per
-    rank (the median rank's time per step outside collectives over the rank's own) and the
-    stragglers it names, with the run's `job.straggler` settings (the defaults without an inventory)."""
+SUMMARY_LINES = re.compile(rb"throughput epoch|train epoch|val epoch|final val|weights in|results\.csv")
+"""What the report keeps of the node logs besides the records: the trainer's throughput tables,
+epoch, validation, final and done lines (a few per epoch, however long the epochs are)."""
+
+
+@dataclass
+class LogScan:
+    """One pass over the node log copies, a line at a time per copy: the summary lines
+    (`SUMMARY_LINES`, per node in file order) and the straggler detector replayed on the records."""
+
+    lines: list[str]
+    detector: Detector
+    ignored: int
+    """Lines that start as a telemetry or timing record and are not a finite one."""
+
+
+def scan_logs(run: RunDir) -> LogScan:
+    """Read the copies once: the detector replayed (every judged window's speed per rank: the
+    median rank's time per step outside collectives over the rank's own; the stragglers it names,
+    with the run's `job.straggler` settings, the defaults without an inventory) and the summary lines."""
     share, windows = 0.8, 3
     offsets: dict[str, float] = {}
     try:
@@ -313,21 +331,23 @@ def rank_pace(run: RunDir) -> Detector:
     except Exception:  # a run directory without its inventory: the defaults, no skew correction
         pass
     world = sum(int(n.get("nproc") or 0) for n in run.read().get("nodes") or [] if isinstance(n, dict)) or None
-    wins: list[Window] = []
-    loads: list[tuple[float, NodeLoad]] = []
-    for i, path in enumerate(sorted((run.path / "nodes").glob("*.log"))):
-        node = path.stem
-        offset = offsets.get(node, 0.0) / 1000.0
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            for line in read_node_lines(fh, node, i, None):
-                found = timing_window(line, offset)
-                if found is not None:
-                    wins.append(found[0])
-                    continue
-                sample = parse_sample(line)
-                if sample is not None:
-                    loads.append((line.ts - offset, sample.load()))
-    return replay(wins, loads, share, windows, world)
+    det = Detector(share, windows, world)
+    scans = [CopyScan(NodeSource(path.stem, i, None, "", "", path), keep=SUMMARY_LINES)
+             for i, path in enumerate(sorted((run.path / "nodes").glob("*.log")))]
+    ignored = 0
+    for _line, record in scan_records(scans, offsets):
+        if isinstance(record, Ignored):
+            ignored += 1
+        elif isinstance(record, Sample):
+            det.load(record.load())
+        else:
+            det.window(record[0])
+    return LogScan([text for scan in scans for text in scan.kept], det, ignored)
+
+
+def rank_pace(run: RunDir) -> Detector:
+    """The straggler detector replayed over the node log copies (`scan_logs`)."""
+    return scan_logs(run).detector
 
 
 def plot_pace(det: Detector, max_windows: int = 400) -> bytes | None:
@@ -360,9 +380,9 @@ def plot_pace(det: Detector, max_windows: int = 400) -> bytes | None:
     return _png(fig)
 
 
-def _pace_section(run: RunDir, out: Path) -> list[str]:
+def _pace_section(run: RunDir, out: Path, scan: LogScan) -> list[str]:
     """`ranks over time`: the heatmap and the stragglers named (the detector replayed on the logs)."""
-    det = rank_pace(run)
+    det = scan.detector
     png = plot_pace(det)
     if png is not None:
         write_private(out / "pace.png", png)
@@ -373,6 +393,9 @@ def _pace_section(run: RunDir, out: Path) -> list[str]:
         parts.append("<pre class='fail'>" + html.escape("\n".join(lines)) + "</pre>")
     elif det.speeds:
         parts.append("<p>no straggler: no rank stayed slower than the others</p>")
+    if scan.ignored:
+        parts.append(f"<p id='ignored-lines' class='warn'>{scan.ignored} line{'' if scan.ignored == 1 else 's'} of "
+                     "the node logs ignored: not a finite telemetry or timing record</p>")
     return parts
 
 
@@ -407,11 +430,13 @@ img{max-width:100%}
 details summary{cursor:pointer;color:#2ca02c;font-size:.85em;margin:.4em 0}"""
 
 
-def node_log_lines(run: RunDir) -> Iterable[str]:
-    """Every line of the controller's copies of the node logs (unordered)."""
-    for path in sorted((run.path / "nodes").glob("*.log")):
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            yield from fh
+def master_rank0_lines(run: RunDir, master: str | None) -> Iterator[tuple[float, str]]:
+    """Rank 0's `(time, text)` lines of the master's copy, streaming (what `parse_phases` reads)."""
+    path = run.path / "nodes" / f"{master}.log"
+    if not master or not path.exists():
+        return
+    with open(path, encoding="utf-8", errors="replace", newline="\n") as fh:
+        yield from rank0_lines(fh)
 
 
 @dataclass(frozen=True)
@@ -561,18 +586,19 @@ def _preflight(checks: dict[str, Any]) -> list[str]:
     return parts
 
 
-def build_report(run: RunDir, results_csv: Path | None = None) -> Path:
-    """Write `report/index.html` and its PNGs into the run directory; return the HTML path."""
+def build_report(run: RunDir, results_csv: Path | None = None, scan: LogScan | None = None) -> Path:
+    """Write `report/index.html` and its PNGs into the run directory; return the HTML path. The
+    node logs are read as streams (`scan`, once; the master's again for rank 0's phases): memory
+    does not grow with their size."""
     info = run.read()
     checks = run.read(CHECK)
     plan = run.read("plan.json")
     out = run.path / "report"
     out.mkdir(exist_ok=True, mode=0o700)
-    lines = list(node_log_lines(run))
+    scan = scan or scan_logs(run)
+    lines = scan.lines
     master = next((n.get("node") for n in info.get("nodes") or [] if n.get("node_rank") == 0), None)
-    master_log = run.path / "nodes" / f"{master}.log"
-    phases = parse_phases(rank0_lines(master_log.read_text(errors="replace").splitlines())) if (
-        master and master_log.exists()) else []
+    phases = parse_phases(master_rank0_lines(run, master))
     timeline = plot_timeline(info, phases)
     results_csv = results_csv or (run.path / "results.csv")
     # results.csv when it could be fetched, else the same columns from the trainer's log lines
@@ -615,7 +641,7 @@ def build_report(run: RunDir, results_csv: Path | None = None) -> Path:
                             [[a.get("attempt"), time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(a["ended"]))
                               if isinstance(a.get("ended"), (int, float)) else "", a.get("result"),
                               _failure_words(a.get("first_failure"))] for a in earlier]))
-    parts += _pace_section(run, out)
+    parts += _pace_section(run, out, scan)
     parts.append("<h2>nodes</h2>")
     parts.append(_table(["node", "node rank", "host", "state", "exit code", "pid"],
                         [[n.get("node"), n.get("node_rank"), n.get("host"), n.get("state"), n.get("exit_code"),
@@ -675,12 +701,13 @@ def make_report(run_id: str | None) -> ReportOutcome:
     from .store import RunStore
 
     run = RunStore().get(run_id)
-    weights, remote_csv = announced(node_log_lines(run))
+    scan = scan_logs(run)
+    weights, remote_csv = announced(scan.lines)
     local_csv, error = None, None
     try:
         local_csv = fetch_results_csv(run, remote_csv)
     except (TransportError, OrchError) as exc:
         error = str(exc)
-    page = build_report(run)
+    page = build_report(run, scan=scan)
     master = (run.read().get("nodes") or [{}])[0].get("node", "the master")
     return ReportOutcome(page, master, weights, remote_csv, local_csv, error)

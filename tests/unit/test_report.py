@@ -108,6 +108,23 @@ def test_report_shows_each_ranks_speed_over_time_and_the_straggler(tmp_path: Pat
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_line_that_is_not_a_finite_record_is_ignored_and_counted_on_the_page(tmp_path: Path) -> None:
+    """`wall_s 1e999` in the window that starts rank 2's slow streak: the page is written (it
+    failed on an OverflowError naming the straggler), the straggler named from the other windows,
+    and the page says how many lines it ignored."""
+    from tests.telemetry_support import make_top_run
+
+    run = make_top_run(tmp_path, [None, None, None, None], slow={2: (2.5, 0.01)})
+    copy = run.path / "nodes" / "n3.log"
+    text = copy.read_text().replace("batch 10 steps 10 images 80 data_s 0.01 compute_s 2.5 wall_s 5",
+                                    "batch 10 steps 10 images 80 data_s 0.01 compute_s 2.5 wall_s 1e999")
+    copy.write_text(text + "2026-11-30T09:33:00.000000Z out [default0]:[rank 2] timing epoch 9 batch 1 steps 1 "
+                    "images 8 data_s -0.5 compute_s 1 wall_s 2\n")
+    page = build_report(run).read_text()
+    assert "straggler: rank 2 on n3 at 0.40× the median" in page
+    assert "<p id='ignored-lines' class='warn'>2 lines of the node logs ignored" in page
+
+
 def test_report_without_timing_lines_says_there_is_no_heatmap(tmp_path: Path) -> None:
     run = make_run(tmp_path)
     text = build_report(run).read_text()

@@ -875,6 +875,7 @@ def exec_output(report: ExecReport, color: bool) -> None:
     under the folded set of the nodes that gave it, its exit code when not 0; then, on stderr,
     which nodes failed."""
     from ..config.nodeset import fold
+    from ..remote.exec import KEPT_BYTES
 
     bold, red, reset = ("\033[1m", "\033[1;31m", "\033[0m") if color else ("", "", "")
     rule = "-" * 16
@@ -888,9 +889,13 @@ def exec_output(report: ExecReport, color: bool) -> None:
             status = f": exit {answer.exit_code}"
         head = f"{fold(group.nodes)} ({len(group.nodes)})"
         out.append(f"{rule}\n{bold}{head}{reset}{red}{printable(status)}{reset}\n{rule}\n")
-        for text in (answer.stdout, answer.stderr):
+        for name, text, dropped in (("stdout", answer.stdout, answer.dropped[0]),
+                                    ("stderr", answer.stderr, answer.dropped[1])):
             if text:
                 out.append(printable(text) + ("" if text.endswith("\n") else "\n"))
+            if dropped:
+                out.append(f"[orch: {dropped} more bytes of {name} not kept: -b keeps the first "
+                           f"{KEPT_BYTES >> 20} MiB of each node's stdout and stderr]\n")
         if answer.hint:
             out.append(f"hint: {printable(answer.hint)}\n")
     sys.stdout.write("".join(out))

@@ -63,7 +63,7 @@ def _stamp(ts: float) -> str:
 
 
 def _telemetry(ranks: list[int]) -> str:
-    gpus = [{"index": i, "uuid": f"GPU-{i:08x}", "name": "NVIDIA H100 80GB HBM3", "util_pct": 97.0,
+    gpus: list[dict[str, Any]] = [{"index": i, "uuid": f"GPU-{i:08x}", "name": "NVIDIA H100 80GB HBM3", "util_pct": 97.0,
              "mem_used_mb": 61234, "mem_total_mb": 81559, "temp_c": 61.0, "power_w": 512.3, "sm_mhz": 1980,
              "throttle": [], "fan_pct": None, "error": None} for i in range(len(ranks))]
     sample = {"v": 1, "gpus": gpus, "gpu_error": None, "cpu_pct": 41.5, "load1": 9.8, "ncpu": 64,

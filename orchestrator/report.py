@@ -14,11 +14,12 @@ import base64
 import csv
 import html
 import io
+import math
 import re
 import shlex
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,20 @@ def _pyplot() -> Any:
     return plt
 
 
+PLOT_MAX = 1e100
+"""The largest magnitude a plot draws: a value from the logs or results.csv that is not a finite
+number or is beyond it (`1e999`, `1.7e308`, which matplotlib cannot lay out) is a gap in its curve."""
+
+
+def plottable(values: Iterable[float]) -> list[float]:
+    """`values` with each that is not a finite number within ±PLOT_MAX as NaN (a gap, not drawn)."""
+    return [v if _plottable(v) else math.nan for v in values]
+
+
+def _plottable(v: Any) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v) and abs(v) <= PLOT_MAX
+
+
 def _png(fig: Any) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
@@ -161,7 +176,7 @@ def plot_curves(results: dict[str, list[float]]) -> bytes | None:
     fig, axes = plt.subplots(1, 4, figsize=(14, 3.3))
     for ax, (title, keys, prefix) in zip(axes, panels):
         for k in keys:
-            ax.plot(epochs, results[k], marker="o", ms=3, label=k.removeprefix(prefix))
+            ax.plot(plottable(epochs), plottable(results[k]), marker="o", ms=3, label=k.removeprefix(prefix))
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("epoch")
         if keys:
@@ -200,8 +215,8 @@ def plot_node_throughput(per_node: dict[str, dict[int, tuple[float, float]]]) ->
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.3))
     for node, series in per_node.items():
         epochs = sorted(series)
-        left.plot(epochs, [series[e][0] for e in epochs], marker="o", ms=3, label=node)
-        right.plot(epochs, [100 * series[e][1] for e in epochs], marker="o", ms=3, label=node)
+        left.plot(epochs, plottable(series[e][0] for e in epochs), marker="o", ms=3, label=node)
+        right.plot(epochs, plottable(100 * series[e][1] for e in epochs), marker="o", ms=3, label=node)
     left.set_title("images/s per node", fontsize=10)
     right.set_title("data wait per node (% of its time)", fontsize=10)
     for ax in (left, right):
@@ -219,10 +234,12 @@ def plot_throughput(tp: Throughput) -> bytes | None:
     plt = _pyplot()
 
     ranks = sorted(tp.ips)
+    heights = plottable(tp.ips[r] for r in ranks)
     fig, ax = plt.subplots(figsize=(max(4, 0.6 * len(ranks) + 2), 3))
-    ax.bar([str(r) for r in ranks], [tp.ips[r] for r in ranks], color="#1f77b4")
-    for r in ranks:
-        ax.text(ranks.index(r), tp.ips[r], f"{tp.wait_share.get(r, 0):.0%} wait", ha="center", va="bottom", fontsize=7)
+    ax.bar([str(r) for r in ranks], heights, color="#1f77b4")
+    for i, r in enumerate(ranks):
+        if not math.isnan(heights[i]):
+            ax.text(i, heights[i], f"{tp.wait_share.get(r, 0):.0%} wait", ha="center", va="bottom", fontsize=7)
     title = f"images/s per rank, epoch {tp.epoch}"
     if tp.total is not None:
         title += f" — total {tp.total:.1f}"
@@ -488,8 +505,9 @@ def summarize(info: dict[str, Any], results: dict[str, list[float]], lines: list
     wall, running = run_wall(info, now)
     maps, epochs = results.get("metrics/mAP50-95(B)") or [], results.get("epoch") or []
     best = best_epoch = None
-    if maps and len(epochs) == len(maps):
-        i = max(range(len(maps)), key=lambda k: (maps[k], -k))  # the first epoch that reached the best
+    finite = [k for k in range(len(maps)) if len(epochs) == len(maps) and _plottable(maps[k]) and _plottable(epochs[k])]
+    if finite:
+        i = max(finite, key=lambda k: (maps[k], -k))  # the first epoch that reached the best
         best, best_epoch = maps[i], int(epochs[i])
     nodes = [n for n in info.get("nodes") or [] if isinstance(n, dict)]
     world = plan.get("world_size") if isinstance(plan.get("world_size"), int) else None

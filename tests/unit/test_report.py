@@ -242,3 +242,35 @@ def test_text_from_the_log_is_text_in_every_plot(tmp_path: Path) -> None:
     from orchestrator import report
 
     assert report._pyplot().rcParams["text.parse_math"] is False
+
+
+BIG = "9" * 400
+HOSTILE = [  # the trainer's own lines with numbers no float holds, or not finite, or too big to lay out
+    f"train epoch {BIG}/3 box_loss 1 lr/pg0 0.1",
+    "train epoch 4/3 box_loss 1.7e308 cls_loss -1.7e308 dfl_loss 1e999 lr/pg0 nan",
+    f"val epoch 4/3 mAP50 {BIG} mAP50-95 1e999 P nan R -inf box_loss 1e308",
+    f"throughput epoch {BIG}: rank  images/s  data-wait",
+    f"throughput epoch {BIG}:    0      5.0      1.0%",
+    f"throughput epoch 5:    0  {BIG}.5  {BIG}.0%",
+    f"throughput epoch 5: total {BIG} images/s over {BIG} ranks, scaling efficiency {BIG}%",
+    f"final val best.pt (epoch {BIG}) mAP50 1e999 mAP50-95 nan",
+    f"epoch 1/1 batch 1{'0' * 400}/1 box_loss 1 lr 0.1 images/s {BIG} data 1% nonfinite 0 skipped 0",
+]
+
+
+@pytest.mark.parametrize("text", HOSTILE, ids=range(len(HOSTILE)))
+def test_no_trainer_line_a_rank_prints_crashes_the_report(tmp_path: Path, text: str) -> None:
+    """What rank 0 prints in the shape of an epoch, validation, throughput or final line, with
+    numbers no float holds or none matplotlib can lay out: the page is written, the value a gap."""
+    run = make_run(tmp_path)
+    (run.path / "results.csv").unlink()
+    with open(run.path / "nodes" / "node0.log", "a") as fh:
+        fh.write(f"2026-11-30T09:35:00.000000Z out [default0]:[rank 0] {text}\n")
+    assert "<h2>summary</h2>" in build_report(run).read_text()
+
+
+def test_a_results_csv_of_numbers_no_plot_can_lay_out_still_gives_a_page(tmp_path: Path) -> None:
+    run = make_run(tmp_path)
+    (run.path / "results.csv").write_text("epoch,train/box_loss,metrics/mAP50-95(B),lr/pg0\n"
+                                          "nan,1.7e308,nan,1e999\n1,-1.7e308,inf,0.1\n1e400,1,0.5,-inf\n")
+    assert "<h2>summary</h2>" in build_report(run).read_text()

@@ -99,6 +99,12 @@ PLOT_MAX = 1e100
 number or is beyond it (`1e999`, `1.7e308`, which matplotlib cannot lay out) is a gap in its curve."""
 
 
+def label(text: str) -> str:
+    """A legend label from the logs as written; one that starts with `_` (which matplotlib would
+    leave out of the legend) behind a space."""
+    return f" {text}" if text.startswith("_") else text
+
+
 def plottable(values: Iterable[float]) -> list[float]:
     """`values` with each that is not a finite number within ±PLOT_MAX as NaN (a gap, not drawn)."""
     return [v if _plottable(v) else math.nan for v in values]
@@ -176,7 +182,7 @@ def plot_curves(results: dict[str, list[float]]) -> bytes | None:
     fig, axes = plt.subplots(1, 4, figsize=(14, 3.3))
     for ax, (title, keys, prefix) in zip(axes, panels):
         for k in keys:
-            ax.plot(plottable(epochs), plottable(results[k]), marker="o", ms=3, label=k.removeprefix(prefix))
+            ax.plot(plottable(epochs), plottable(results[k]), marker="o", ms=3, label=label(k.removeprefix(prefix)))
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("epoch")
         if keys:
@@ -215,8 +221,8 @@ def plot_node_throughput(per_node: dict[str, dict[int, tuple[float, float]]]) ->
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.3))
     for node, series in per_node.items():
         epochs = sorted(series)
-        left.plot(epochs, plottable(series[e][0] for e in epochs), marker="o", ms=3, label=node)
-        right.plot(epochs, plottable(100 * series[e][1] for e in epochs), marker="o", ms=3, label=node)
+        left.plot(epochs, plottable(series[e][0] for e in epochs), marker="o", ms=3, label=label(node))
+        right.plot(epochs, plottable(100 * series[e][1] for e in epochs), marker="o", ms=3, label=label(node))
     left.set_title("images/s per node", fontsize=10)
     right.set_title("data wait per node (% of its time)", fontsize=10)
     for ax in (left, right):

@@ -274,3 +274,17 @@ def test_a_results_csv_of_numbers_no_plot_can_lay_out_still_gives_a_page(tmp_pat
     (run.path / "results.csv").write_text("epoch,train/box_loss,metrics/mAP50-95(B),lr/pg0\n"
                                           "nan,1.7e308,nan,1e999\n1,-1.7e308,inf,0.1\n1e400,1,0.5,-inf\n")
     assert "<h2>summary</h2>" in build_report(run).read_text()
+
+
+def test_a_metric_name_starting_with_an_underscore_keeps_its_place_in_the_legend(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """matplotlib leaves a label starting with `_` out of the legend: a metric named so by the log
+    would vanish from the plot's key without a word."""
+    from orchestrator import report
+
+    figures = []
+    monkeypatch.setattr(report, "_png", lambda fig: figures.append(fig) or b"")
+    report.plot_curves({"epoch": [1.0, 2.0], "train/_aux_loss": [1.0, 0.5], "train/$x$_loss": [2.0, 1.0]})
+    report.plot_node_throughput({"_n1": {1: (10.0, 0.1)}})
+    shown = [t.get_text() for fig in figures for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+    assert [t.strip() for t in shown] == ["_aux_loss", "$x$_loss", "_n1", "_n1"]

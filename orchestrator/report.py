@@ -14,17 +14,20 @@ import base64
 import csv
 import html
 import io
+import math
+import re
 import shlex
 import statistics
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .contract import NodeState
-from .logs.lines import read_node_lines
-from .logs.telemetry import parse_sample, timing_window
+from .logs.fetch import NodeSource
+from .logs.stored import CopyScan, scan_records
+from .logs.telemetry import Ignored, Sample
 from .logs.trainer import (
     Phase,
     Throughput,
@@ -36,7 +39,7 @@ from .logs.trainer import (
     parse_throughput_epochs,
     rank0_lines,
 )
-from .run.straggler import Detector, NodeLoad, Window, replay
+from .run.straggler import Detector
 from .store import CHECK, RunDir, clock_offsets, write_private
 
 STATE_COLOURS = {NodeState.RUNNING: "#1f77b4", NodeState.SUCCEEDED: "#2ca02c", NodeState.FAILED: "#d62728",
@@ -78,6 +81,39 @@ def run_wall(info: dict[str, Any], now: float) -> tuple[float | None, bool]:
     return None, False
 
 
+def _pyplot() -> Any:
+    """matplotlib's pyplot, drawing with Agg, every text drawn as written: node names, metric names
+    and states come from the logs and run.json, and a `$` there is a character, never mathtext
+    (`$\\foo$` would fail the whole report on an unknown symbol)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    matplotlib.rcParams["text.parse_math"] = False
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+PLOT_MAX = 1e100
+"""The largest magnitude a plot draws: a value from the logs or results.csv that is not a finite
+number or is beyond it (`1e999`, `1.7e308`, which matplotlib cannot lay out) is a gap in its curve."""
+
+
+def label(text: str) -> str:
+    """A legend label from the logs as written; one that starts with `_` (which matplotlib would
+    leave out of the legend) behind a space."""
+    return f" {text}" if text.startswith("_") else text
+
+
+def plottable(values: Iterable[float]) -> list[float]:
+    """`values` with each that is not a finite number within ±PLOT_MAX as NaN (a gap, not drawn)."""
+    return [v if _plottable(v) else math.nan for v in values]
+
+
+def _plottable(v: Any) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v) and abs(v) <= PLOT_MAX
+
+
 def _png(fig: Any) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
@@ -90,10 +126,7 @@ def _png(fig: Any) -> bytes:
 def plot_timeline(run: dict[str, Any], phases: list[Phase] | None = None) -> bytes:
     """One bar per node from start to end, coloured by its final state; under them rank 0's
     validation and checkpoint phases, and a line where each earlier attempt ended (retries)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     nodes = run.get("nodes", [])
     phases = phases or []
@@ -137,10 +170,7 @@ PHASE_COLOURS = {"validation": "#9467bd", "checkpoint": "#bcbd22"}
 
 def plot_curves(results: dict[str, list[float]]) -> bytes | None:
     """Per epoch from results.csv: training losses, validation losses, mAP, learning rates."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     epochs = results.get("epoch")
     panels = [("training loss", [k for k in results if k.startswith("train/") and k.endswith("loss")], "train/"),
@@ -152,7 +182,7 @@ def plot_curves(results: dict[str, list[float]]) -> bytes | None:
     fig, axes = plt.subplots(1, 4, figsize=(14, 3.3))
     for ax, (title, keys, prefix) in zip(axes, panels):
         for k in keys:
-            ax.plot(epochs, results[k], marker="o", ms=3, label=k.removeprefix(prefix))
+            ax.plot(plottable(epochs), plottable(results[k]), marker="o", ms=3, label=label(k.removeprefix(prefix)))
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("epoch")
         if keys:
@@ -186,16 +216,13 @@ def plot_node_throughput(per_node: dict[str, dict[int, tuple[float, float]]]) ->
     """Images/s and data-wait share of every node over the epochs."""
     if not per_node:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.3))
     for node, series in per_node.items():
         epochs = sorted(series)
-        left.plot(epochs, [series[e][0] for e in epochs], marker="o", ms=3, label=node)
-        right.plot(epochs, [100 * series[e][1] for e in epochs], marker="o", ms=3, label=node)
+        left.plot(epochs, plottable(series[e][0] for e in epochs), marker="o", ms=3, label=label(node))
+        right.plot(epochs, plottable(100 * series[e][1] for e in epochs), marker="o", ms=3, label=label(node))
     left.set_title("images/s per node", fontsize=10)
     right.set_title("data wait per node (% of its time)", fontsize=10)
     for ax in (left, right):
@@ -210,16 +237,15 @@ def plot_throughput(tp: Throughput) -> bytes | None:
     """Per-rank images/s bars with the data-wait share and the scaling efficiency."""
     if not tp.ips:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     ranks = sorted(tp.ips)
+    heights = plottable(tp.ips[r] for r in ranks)
     fig, ax = plt.subplots(figsize=(max(4, 0.6 * len(ranks) + 2), 3))
-    ax.bar([str(r) for r in ranks], [tp.ips[r] for r in ranks], color="#1f77b4")
-    for r in ranks:
-        ax.text(ranks.index(r), tp.ips[r], f"{tp.wait_share.get(r, 0):.0%} wait", ha="center", va="bottom", fontsize=7)
+    ax.bar([str(r) for r in ranks], heights, color="#1f77b4")
+    for i, r in enumerate(ranks):
+        if not math.isnan(heights[i]):
+            ax.text(i, heights[i], f"{tp.wait_share.get(r, 0):.0%} wait", ha="center", va="bottom", fontsize=7)
     title = f"images/s per rank, epoch {tp.epoch}"
     if tp.total is not None:
         title += f" — total {tp.total:.1f}"
@@ -237,10 +263,7 @@ def plot_fabric_nodes(fabric: dict[str, Any]) -> bytes | None:
     per_node = fabric.get("per_node") or []
     if not per_node:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     slow = {(p["node"], p["direction"]) for p in fabric.get("slow_nodes") or []}
     names = [p["node"] for p in per_node]
@@ -268,10 +291,7 @@ def plot_fabric_sweep(fabric: dict[str, Any]) -> bytes | None:
     sweep = fabric.get("sweep") or []
     if not sweep:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     sizes = [row["size_bytes"] for row in sweep]
     fig, ax = plt.subplots(figsize=(6, 3))
@@ -305,10 +325,26 @@ def _fabric_section(fabric: dict[str, Any], out: Path) -> list[str]:
     return parts
 
 
-def rank_pace(run: RunDir) -> Detector:
-    """The straggler detector replayed over the node log copies: every judged window's speed per
-    rank (the median rank's time per step outside collectives over the rank's own) and the
-    stragglers it names, with the run's `job.straggler` settings (the defaults without an inventory)."""
+SUMMARY_LINES = re.compile(rb"throughput epoch|train epoch|val epoch|final val|weights in|results\.csv")
+"""What the report keeps of the node logs besides the records: the trainer's throughput tables,
+epoch, validation, final and done lines (a few per epoch, however long the epochs are)."""
+
+
+@dataclass
+class LogScan:
+    """One pass over the node log copies, a line at a time per copy: the summary lines
+    (`SUMMARY_LINES`, per node in file order) and the straggler detector replayed on the records."""
+
+    lines: list[str]
+    detector: Detector
+    ignored: int
+    """Lines that start as a telemetry or timing record and are not a finite one."""
+
+
+def scan_logs(run: RunDir) -> LogScan:
+    """Read the copies once: the detector replayed (every judged window's speed per rank: the
+    median rank's time per step outside collectives over the rank's own; the stragglers it names,
+    with the run's `job.straggler` settings, the defaults without an inventory) and the summary lines."""
     share, windows = 0.8, 3
     offsets: dict[str, float] = {}
     try:
@@ -318,21 +354,23 @@ def rank_pace(run: RunDir) -> Detector:
     except Exception:  # a run directory without its inventory: the defaults, no skew correction
         pass
     world = sum(int(n.get("nproc") or 0) for n in run.read().get("nodes") or [] if isinstance(n, dict)) or None
-    wins: list[Window] = []
-    loads: list[tuple[float, NodeLoad]] = []
-    for i, path in enumerate(sorted((run.path / "nodes").glob("*.log"))):
-        node = path.stem
-        offset = offsets.get(node, 0.0) / 1000.0
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            for line in read_node_lines(fh, node, i, None):
-                found = timing_window(line, offset)
-                if found is not None:
-                    wins.append(found[0])
-                    continue
-                sample = parse_sample(line)
-                if sample is not None:
-                    loads.append((line.ts - offset, sample.load()))
-    return replay(wins, loads, share, windows, world)
+    det = Detector(share, windows, world)
+    scans = [CopyScan(NodeSource(path.stem, i, None, "", "", path), keep=SUMMARY_LINES)
+             for i, path in enumerate(sorted((run.path / "nodes").glob("*.log")))]
+    ignored = 0
+    for _line, record in scan_records(scans, offsets):
+        if isinstance(record, Ignored):
+            ignored += 1
+        elif isinstance(record, Sample):
+            det.load(record.load())
+        else:
+            det.window(record[0])
+    return LogScan([text for scan in scans for text in scan.kept], det, ignored)
+
+
+def rank_pace(run: RunDir) -> Detector:
+    """The straggler detector replayed over the node log copies (`scan_logs`)."""
+    return scan_logs(run).detector
 
 
 def time_ticks(times: list[float], most: int = 8) -> tuple[list[int], list[str], str]:
@@ -357,10 +395,7 @@ def plot_pace(det: Detector, max_windows: int = 400) -> bytes | None:
     against the median rank (1 = the median; red below `share`), the stragglers marked."""
     if not det.speeds:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
     from matplotlib.colors import TwoSlopeNorm
 
     speeds = det.speeds
@@ -384,9 +419,9 @@ def plot_pace(det: Detector, max_windows: int = 400) -> bytes | None:
     return _png(fig)
 
 
-def _pace_section(run: RunDir, out: Path) -> list[str]:
+def _pace_section(run: RunDir, out: Path, scan: LogScan) -> list[str]:
     """`ranks over time`: the heatmap and the stragglers named (the detector replayed on the logs)."""
-    det = rank_pace(run)
+    det = scan.detector
     png = plot_pace(det)
     if png is not None:
         write_private(out / "pace.png", png)
@@ -397,6 +432,9 @@ def _pace_section(run: RunDir, out: Path) -> list[str]:
         parts.append("<pre class='fail'>" + html.escape("\n".join(lines)) + "</pre>")
     elif det.speeds:
         parts.append("<p>no straggler: no rank stayed slower than the others</p>")
+    if scan.ignored:
+        parts.append(f"<p id='ignored-lines' class='warn'>{scan.ignored} line{'' if scan.ignored == 1 else 's'} of "
+                     "the node logs ignored: not a finite telemetry or timing record</p>")
     return parts
 
 
@@ -431,11 +469,13 @@ img{max-width:100%}
 details summary{cursor:pointer;color:#2ca02c;font-size:.85em;margin:.4em 0}"""
 
 
-def node_log_lines(run: RunDir) -> Iterable[str]:
-    """Every line of the controller's copies of the node logs (unordered)."""
-    for path in sorted((run.path / "nodes").glob("*.log")):
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            yield from fh
+def master_rank0_lines(run: RunDir, master: str | None) -> Iterator[tuple[float, str]]:
+    """Rank 0's `(time, text)` lines of the master's copy, streaming (what `parse_phases` reads)."""
+    path = run.path / "nodes" / f"{master}.log"
+    if not master or not path.exists():
+        return
+    with open(path, encoding="utf-8", errors="replace", newline="\n") as fh:
+        yield from rank0_lines(fh)
 
 
 @dataclass(frozen=True)
@@ -487,8 +527,9 @@ def summarize(info: dict[str, Any], results: dict[str, list[float]], lines: list
     wall, running = run_wall(info, now)
     maps, epochs = results.get("metrics/mAP50-95(B)") or [], results.get("epoch") or []
     best = best_epoch = None
-    if maps and len(epochs) == len(maps):
-        i = max(range(len(maps)), key=lambda k: (maps[k], -k))  # the first epoch that reached the best
+    finite = [k for k in range(len(maps)) if len(epochs) == len(maps) and _plottable(maps[k]) and _plottable(epochs[k])]
+    if finite:
+        i = max(finite, key=lambda k: (maps[k], -k))  # the first epoch that reached the best
         best, best_epoch = maps[i], int(epochs[i])
     nodes = [n for n in info.get("nodes") or [] if isinstance(n, dict)]
     world = plan.get("world_size") if isinstance(plan.get("world_size"), int) else None
@@ -585,18 +626,19 @@ def _preflight(checks: dict[str, Any]) -> list[str]:
     return parts
 
 
-def build_report(run: RunDir, results_csv: Path | None = None) -> Path:
-    """Write `report/index.html` and its PNGs into the run directory; return the HTML path."""
+def build_report(run: RunDir, results_csv: Path | None = None, scan: LogScan | None = None) -> Path:
+    """Write `report/index.html` and its PNGs into the run directory; return the HTML path. The
+    node logs are read as streams (`scan`, once; the master's again for rank 0's phases): memory
+    does not grow with their size."""
     info = run.read()
     checks = run.read(CHECK)
     plan = run.read("plan.json")
     out = run.path / "report"
     out.mkdir(exist_ok=True, mode=0o700)
-    lines = list(node_log_lines(run))
+    scan = scan or scan_logs(run)
+    lines = scan.lines
     master = next((n.get("node") for n in info.get("nodes") or [] if n.get("node_rank") == 0), None)
-    master_log = run.path / "nodes" / f"{master}.log"
-    phases = parse_phases(rank0_lines(master_log.read_text(errors="replace").splitlines())) if (
-        master and master_log.exists()) else []
+    phases = parse_phases(master_rank0_lines(run, master))
     timeline = plot_timeline(info, phases)
     results_csv = results_csv or (run.path / "results.csv")
     # results.csv when it could be fetched, else the same columns from the trainer's log lines
@@ -639,7 +681,7 @@ def build_report(run: RunDir, results_csv: Path | None = None) -> Path:
                             [[a.get("attempt"), time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(a["ended"]))
                               if isinstance(a.get("ended"), (int, float)) else "", a.get("result"),
                               _failure_words(a.get("first_failure"))] for a in earlier]))
-    parts += _pace_section(run, out)
+    parts += _pace_section(run, out, scan)
     parts.append("<h2>nodes</h2>")
     parts.append(_table(["node", "node rank", "host", "state", "exit code", "pid"],
                         [[n.get("node"), n.get("node_rank"), n.get("host"), n.get("state"), n.get("exit_code"),
@@ -699,12 +741,13 @@ def make_report(run_id: str | None) -> ReportOutcome:
     from .store import RunStore
 
     run = RunStore().get(run_id)
-    weights, remote_csv = announced(node_log_lines(run))
+    scan = scan_logs(run)
+    weights, remote_csv = announced(scan.lines)
     local_csv, error = None, None
     try:
         local_csv = fetch_results_csv(run, remote_csv)
     except (TransportError, OrchError) as exc:
         error = str(exc)
-    page = build_report(run)
+    page = build_report(run, scan=scan)
     master = (run.read().get("nodes") or [{}])[0].get("node", "the master")
     return ReportOutcome(page, master, weights, remote_csv, local_csv, error)

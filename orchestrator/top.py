@@ -19,8 +19,8 @@ from typing import Any
 
 from .config.inventory import Inventory
 from .logs.fetch import NodeSource, fetch_all, node_sources
-from .logs.lines import LogLine, read_node_lines
-from .logs.telemetry import Gpu, Sample, parse_sample, timing_window
+from .logs.stored import CopyScan, scan_records
+from .logs.telemetry import Gpu, Ignored, Sample
 from .logs.trainer import Timing
 from .run.straggler import HOT_C, Detector, Straggler, Window
 from .store import RunDir, RunStore, clock_offsets
@@ -65,11 +65,13 @@ class TopReport:
     nodes: list[dict[str, Any]]
     stragglers: list[Straggler]
     speeds: list[tuple[tuple[int, int], float, dict[int, float]]] = field(default_factory=list)
+    ignored_lines: int = 0
+    """Lines of the node logs that start as a telemetry or timing record and are not a finite one."""
 
     def to_json(self) -> dict[str, Any]:
         return {"run": self.run, "state": self.state, "taken_at": round(self.taken_at, 3),
                 "telemetry_s": self.telemetry_s, "nodes": self.nodes,
-                "stragglers": [s.to_json() for s in self.stragglers]}
+                "stragglers": [s.to_json() for s in self.stragglers], "ignored_lines": self.ignored_lines}
 
 
 class TopView:
@@ -83,7 +85,8 @@ class TopView:
         world = sum(int(n.get("nproc") or 0) for n in run.read().get("nodes") or [] if isinstance(n, dict))
         st = inv.job.straggler
         self.detector = Detector(st.share, st.windows, world or sum(n.nproc_per_node for n in inv.nodes))
-        self._events: list[tuple[float, int, Any]] = []
+        self.ignored = 0
+        """Lines of the copies that start as a telemetry or timing record and are not a finite one."""
 
     @classmethod
     def open(cls, run_id: str | None) -> TopView:
@@ -102,47 +105,30 @@ class TopView:
             view.fetch_error = None if exc is None else str(exc)
 
     def read_copies(self) -> None:
-        """Everything the copies gained since the last call, fed in the order it was written."""
-        events: list[tuple[float, int, Any]] = []
-        for view in self.nodes.values():
-            for line in self._new_lines(view):
-                view.last_ts = line.ts if view.last_ts is None else max(view.last_ts, line.ts)
-                at = line.ts - self.offsets_ms.get(line.node, 0.0) / 1000.0
-                sample = parse_sample(line)
-                if sample is not None:
-                    view.sample = sample
-                    for r in sample.ranks:
-                        rv = view.ranks.setdefault(r.rank, RankView(r.rank, view.source.node, r.local_rank))
-                        rv.cpu_pct, rv.rss_mb, rv.pid = r.cpu_pct, r.rss_mb, r.pid
-                    events.append((at, 0, sample.load()))
-                    continue
-                found = timing_window(line, self.offsets_ms.get(line.node, 0.0) / 1000.0)
-                if found is not None:
-                    window, timing = found
-                    rv = view.ranks.setdefault(window.rank, RankView(window.rank, view.source.node, window.local_rank))
-                    rv.timing, rv.window, rv.local_rank = timing, window, window.local_rank
-                    events.append((at, 1, window))
-        for _at, kind, item in sorted(events, key=lambda e: (e[0], e[1])):
-            if kind == 0:
-                self.detector.load(item)
+        """Everything the copies gained since the last call, fed in the order it was written: a
+        line at a time per copy (`CopyScan`), so memory does not grow with the logs. A line that
+        starts as a record and is not a finite one is counted in `ignored`."""
+        scans = {name: CopyScan(view.source, view.offset) for name, view in self.nodes.items()}
+        for line, record in scan_records(list(scans.values()), self.offsets_ms):
+            view = self.nodes[line.node]
+            if isinstance(record, Ignored):
+                self.ignored += 1
+            elif isinstance(record, Sample):
+                view.sample = record
+                for r in record.ranks:
+                    rv = view.ranks.setdefault(r.rank, RankView(r.rank, view.source.node, r.local_rank))
+                    rv.cpu_pct, rv.rss_mb, rv.pid = r.cpu_pct, r.rss_mb, r.pid
+                self.detector.load(record.load())
             else:
-                self.detector.window(item)
-
-    def _new_lines(self, view: NodeView) -> list[LogLine]:
-        path = view.source.copy
-        try:
-            with open(path, "rb") as fh:
-                fh.seek(view.offset)
-                data = fh.read()
-        except OSError:
-            return []
-        end = data.rfind(b"\n") + 1
-        if end == 0:
-            return []
-        view.offset += end
-        text = data[:end].decode("utf-8", "replace").splitlines(keepends=True)
-        src = view.source
-        return list(read_node_lines(text, src.node, src.node_rank, src.base_rank))
+                window, timing = record
+                rv = view.ranks.setdefault(window.rank, RankView(window.rank, view.source.node, window.local_rank))
+                rv.timing, rv.window, rv.local_rank = timing, window, window.local_rank
+                self.detector.window(window)
+        for name, scan in scans.items():
+            view = self.nodes[name]
+            view.offset = scan.offset
+            if scan.last_ts is not None:
+                view.last_ts = scan.last_ts if view.last_ts is None else max(view.last_ts, scan.last_ts)
 
     def report(self) -> TopReport:
         now = self.clock()
@@ -154,7 +140,7 @@ class TopView:
         for view in sorted(self.nodes.values(), key=lambda v: v.source.node_rank):
             rows.append(self._node_row(view, recorded.get(view.source.node, {}), now, named, streak))
         return TopReport(self.run.run_id, state, now, self.inv.job.telemetry_s, rows, list(self.detector.found),
-                         list(self.detector.speeds))
+                         list(self.detector.speeds), self.ignored)
 
     def _node_row(self, view: NodeView, rec: Mapping[str, Any], now: float, named: set[int],
                   streak: set[int]) -> dict[str, Any]:
@@ -170,9 +156,7 @@ class TopView:
         for rv in sorted(view.ranks.values(), key=lambda r: r.rank):
             t = rv.timing
             rank_flags = ["straggler"] if rv.rank in named else (["slow"] if rv.rank in streak else [])
-            speed = None
-            if self.detector.speeds:
-                speed = self.detector.speeds[-1][2].get(rv.rank)
+            speed = self.detector.last_speeds.get(rv.rank)
             ranks.append({"rank": rv.rank, "local_rank": rv.local_rank, "pid": rv.pid, "cpu_pct": rv.cpu_pct,
                           "rss_mb": rv.rss_mb, "images_per_s": round(t.ips, 2) if t else None,
                           "data_share": round(t.data_share, 4) if t else None,

@@ -14,6 +14,7 @@ This module imports neither torch nor ultralytics (``orch report`` runs on the c
 from __future__ import annotations
 
 import logging
+import math
 import re
 import sys
 import warnings
@@ -291,7 +292,7 @@ def parse_throughput(lines: Iterable[str]) -> Throughput:
     tp = Throughput()
     for line in lines:
         m = THROUGHPUT_ROW.search(line)
-        if m:
+        if m and _counts(m.group(1), m.group(2)):
             epoch = int(m.group(1))
             if epoch > tp.epoch:
                 tp = Throughput(epoch=epoch)
@@ -334,16 +335,35 @@ class Timing:
         return self.data_s / self.wall_s if self.wall_s > 0 else 0.0
 
 
+MAX_COUNT = 2**53
+"""Epochs, batches, ranks, steps and images a line read back may carry are below this (what a
+float holds exactly); a line with a larger one is not a record (it is skipped, never a crash)."""
+TIMING_SECONDS = (1e-9, 1e9)
+"""A timing line's seconds are 0 or within this range (a nanosecond, 31 years): a window's figures
+(images/s, shares, time per step) and the detector's ratios of them are then finite numbers."""
+
+
+def _finite_seconds(value: float) -> bool:
+    return value == 0.0 or TIMING_SECONDS[0] <= value <= TIMING_SECONDS[1]
+
+
 def parse_timing(text: str) -> Timing | None:
-    """A :func:`timing_line` (with or without its rank prefix), or None for any other line."""
+    """A :func:`timing_line` (with or without its rank prefix), or None for any other line, and for
+    one that is not a finite record: a count out of ``[0, 2**53)``, seconds negative, not finite
+    (``1e999``), or out of ``TIMING_SECONDS``. What a node prints never becomes an infinity."""
     m = TIMING_LINE.search(text.rstrip("\n"))
     if not m:
         return None
     try:
-        return Timing(int(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4)), float(m.group(5)),
-                      float(m.group(6)), float(m.group(7)))
+        t = Timing(int(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4)), float(m.group(5)),
+                   float(m.group(6)), float(m.group(7)))
     except ValueError:
         return None
+    if not all(0 <= n < MAX_COUNT for n in (t.epoch, t.batch, t.steps, t.images)):
+        return None
+    if not all(_finite_seconds(s) for s in (t.data_s, t.compute_s, t.wall_s)):
+        return None
+    return t
 
 
 def announced(lines: Iterable[str]) -> tuple[str | None, str | None]:
@@ -357,6 +377,11 @@ def announced(lines: Iterable[str]) -> tuple[str | None, str | None]:
         if m:
             results = m.group(1)
     return weights, results
+
+
+def _counts(*digits: str) -> bool:
+    """Whether every one of these runs of digits is a count below MAX_COUNT."""
+    return all(len(d) < 17 and int(d) < MAX_COUNT for d in digits)
 
 
 def _read_pairs(text: str) -> list[tuple[str, float]]:
@@ -387,7 +412,7 @@ def parse_results(lines: Iterable[str]) -> dict[str, list[float]]:
     for line in lines:
         line = line.rstrip("\n")
         m = EPOCH_LINE.search(line)
-        if m:
+        if m and _counts(m.group(1)):
             epoch = int(m.group(1))
             row = {"epoch": float(epoch)}
             for name, value in _read_pairs(m.group(3)):
@@ -455,8 +480,11 @@ class Progress:
         """Take one line (its text, and when it was written); True when it changed the progress."""
         m = STEP_LINE.search(text)
         if m:
+            ips = float(m.group(5))
+            if not (_counts(*m.group(1, 2, 3, 4, 6)) and math.isfinite(ips)):
+                return False  # not a record of finite numbers: ignored
             self.epoch, self.epochs, self.batch, self.batches = (int(m.group(i)) for i in range(1, 5))
-            self.images_per_s, self.data_wait = float(m.group(5)), int(m.group(6)) / 100
+            self.images_per_s, self.data_wait = ips, int(m.group(6)) / 100
             now = self.fraction()
             if self._first is None or now < self._first[0]:  # a retry that resumed earlier starts over
                 self._first = (now, ts)
@@ -466,7 +494,9 @@ class Progress:
             return True
         m = VAL_LINE.search(text)
         if m:
-            values = dict(_read_pairs(m.group(3)))
+            values = {k: v for k, v in _read_pairs(m.group(3)) if math.isfinite(v)}
+            if not _counts(m.group(1), m.group(2)):
+                return False
             self.val_epoch, self.epochs = int(m.group(1)), int(m.group(2))
             self.map50_95, self.map50 = values.get("mAP50-95"), values.get("mAP50")
             return True
@@ -492,7 +522,7 @@ def parse_throughput_epochs(lines: Iterable[str]) -> dict[int, Throughput]:
     out: dict[int, Throughput] = {}
     for line in lines:
         m = THROUGHPUT_ROW.search(line)
-        if m:
+        if m and _counts(m.group(1), m.group(2)):
             epoch, rank = int(m.group(1)), int(m.group(2))
             tp = out.setdefault(epoch, Throughput(epoch=epoch))
             tp.ips[rank] = float(m.group(3))

@@ -764,11 +764,18 @@ def top_renderable(report: TopReport, gpus: bool) -> Any:
     parts: list[Any] = [table]
     for s in report.stragglers:
         parts.append(Text(s.line(), style="bold red"))
+    if report.ignored_lines:
+        parts.append(Text(f"{_lines(report.ignored_lines)} of the node logs ignored: not a finite telemetry or "
+                          "timing record", style="yellow"))
     for n in report.nodes:
         if n["fetch_error"]:
             parts.append(Text(f"{n['node']}: log not fetched ({safe(n['fetch_error'])[:100]}); showing the last copy",
                               style="yellow"))
     return Group(*parts)
+
+
+def _lines(n: int) -> str:
+    return f"{n} line" + ("" if n == 1 else "s")
 
 
 def top_table(report: TopReport, gpus: bool) -> None:
@@ -907,6 +914,7 @@ def exec_output(report: ExecReport, color: bool) -> None:
     under the folded set of the nodes that gave it, its exit code when not 0; then, on stderr,
     which nodes failed."""
     from ..config.nodeset import fold
+    from ..remote.exec import KEPT_BYTES
 
     bold, red, reset = ("\033[1m", "\033[1;31m", "\033[0m") if color else ("", "", "")
     rule = "-" * 16
@@ -920,9 +928,13 @@ def exec_output(report: ExecReport, color: bool) -> None:
             status = f": exit {answer.exit_code}"
         head = f"{fold(group.nodes)} ({len(group.nodes)})"
         out.append(f"{rule}\n{bold}{head}{reset}{red}{printable(status)}{reset}\n{rule}\n")
-        for text in (answer.stdout, answer.stderr):
+        for name, text, dropped in (("stdout", answer.stdout, answer.dropped[0]),
+                                    ("stderr", answer.stderr, answer.dropped[1])):
             if text:
                 out.append(printable(text) + ("" if text.endswith("\n") else "\n"))
+            if dropped:
+                out.append(f"[orch: {dropped} more bytes of {name} not kept: -b keeps the first "
+                           f"{KEPT_BYTES >> 20} MiB of each node's stdout and stderr]\n")
         if answer.hint:
             out.append(f"hint: {printable(answer.hint)}\n")
     sys.stdout.write("".join(out))

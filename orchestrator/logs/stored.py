@@ -19,14 +19,18 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import IO
 
 from ..config.inventory import Inventory
+from ..run.straggler import Window
 from ..store import RunDir
 from .fetch import NodeSource
-from .lines import LogLine, format_ts, read_node_lines
-from .merge import PlainNode, merge_plain
+from .lines import LogLine, format_ts, parse_node_line, read_node_lines
+from .merge import PlainNode, merge, merge_plain
+from .telemetry import Ignored, Sample, read_record
+from .trainer import Timing
 
 
 def copy_lines(src: NodeSource) -> Iterator[LogLine]:
@@ -39,6 +43,62 @@ def copy_lines(src: NodeSource) -> Iterator[LogLine]:
 def _copy_lines(src: NodeSource) -> Iterator[LogLine]:
     with open(src.copy, encoding="utf-8", errors="replace", newline="\n") as fh:
         yield from read_node_lines(fh, src.node, src.node_rank, src.base_rank)
+
+
+class CopyScan:
+    """One node's copy read on from a byte offset to its last whole line, as a stream (a line at a
+    time, whatever the copy's size): `records` yields the lines that may be telemetry or timing
+    records (`telemetry.read_record` reads them), parsed, in file order; on the way it keeps the
+    time of the copy's last stamped line, the offset to read on from, and the lines that match
+    `keep` (the report's epoch, validation and throughput lines), as text."""
+
+    RECORD = re.compile(rb"timing epoch| orch telemetry ")
+
+    def __init__(self, src: NodeSource, offset: int = 0, keep: re.Pattern[bytes] | None = None) -> None:
+        self.src, self.offset, self.keep = src, offset, keep
+        self.last_ts: float | None = None
+        self.kept: list[str] = []
+
+    def records(self) -> Iterator[LogLine]:
+        try:
+            fh = open(self.src.copy, "rb")  # noqa: SIM115 - closed below, also when abandoned early
+        except FileNotFoundError:
+            return
+        src, record, keep = self.src, self.RECORD.search, self.keep
+        with fh:
+            fh.seek(self.offset)
+            stamped = b""
+            for raw in fh:
+                if raw[-1:] != b"\n":
+                    break  # a torn last line: read again once it is whole
+                self.offset += len(raw)
+                if raw[26:27] == b"Z":
+                    stamped = raw
+                if keep is not None and keep.search(raw):
+                    self.kept.append(raw.decode("utf-8", "replace"))
+                if record(raw) is None:
+                    continue
+                try:  # a line without its stamp is a torn write: no rank, no stream, never a record
+                    line = parse_node_line(raw.decode("utf-8", "replace"), src.node, src.node_rank, src.base_rank)
+                except ValueError:
+                    continue
+                yield line
+            if stamped:
+                with contextlib.suppress(ValueError):
+                    ts = parse_node_line(stamped.decode("utf-8", "replace"), src.node, src.node_rank, None).ts
+                    self.last_ts = ts if self.last_ts is None else max(self.last_ts, ts)
+
+
+def scan_records(scans: Sequence[CopyScan], offsets_ms: Mapping[str, float]
+                 ) -> Iterator[tuple[LogLine, Sample | tuple[Window, Timing] | Ignored]]:
+    """Every telemetry and timing record of the copies (`Ignored` for a line that starts as one and
+    is not a finite one), in the order they were written (the k-way merge on node time less each
+    node's clock offset), a line at a time per copy: what `orch top` and the report feed the
+    straggler detector, in memory independent of the copies' size."""
+    for line in merge([scan.records() for scan in scans], offsets_ms):
+        record = read_record(line, offsets_ms.get(line.node, 0.0) / 1000.0)
+        if record is not None:
+            yield line, record
 
 
 CONTROLLER = "orch"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +20,7 @@ from ..run.straggler import GpuLoad, NodeLoad, Window
 from .lines import LogLine
 from .trainer import Timing, parse_timing
 
-__all__ = ["PREFIX", "Sample", "is_metrics", "parse_sample", "timing_window"]
+__all__ = ["PREFIX", "Ignored", "Sample", "is_metrics", "parse_sample", "read_record", "timing_window"]
 
 
 def _num(value: Any) -> float | None:
@@ -31,6 +32,10 @@ def _num(value: Any) -> float | None:
 
 def _int(value: Any) -> int | None:
     return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 def _text(value: Any) -> str | None:
@@ -101,14 +106,18 @@ def parse_sample(line: LogLine) -> Sample | None:
         return None
     try:
         d = json.loads(line.text[len(PREFIX):])
-    except ValueError:
+        if not isinstance(d, dict):
+            return None
+        return _sample(line, d)
+    except (ValueError, OverflowError, RecursionError):  # not JSON, too deep; a number no float holds
         return None
-    if not isinstance(d, dict):
-        return None
-    gpus = tuple(Gpu.from_json(g) for g in d.get("gpus") or [] if isinstance(g, dict))
+
+
+def _sample(line: LogLine, d: dict[str, Any]) -> Sample:
+    gpus = tuple(Gpu.from_json(g) for g in _list(d.get("gpus")) if isinstance(g, dict))
     ranks = tuple(RankSample(int(r["rank"]), _int(r.get("local_rank")), _int(r.get("pid")), _num(r.get("cpu_pct")),
                              _num(r.get("rss_mb")))
-                  for r in d.get("ranks") or [] if isinstance(r, dict) and _int(r.get("rank")) is not None)
+                  for r in _list(d.get("ranks")) if isinstance(r, dict) and _int(r.get("rank")) is not None)
     return Sample(line.node, line.ts, gpus, _text(d.get("gpu_error")), _num(d.get("cpu_pct")), _num(d.get("load1")),
                   _int(d.get("ncpu")), _int(d.get("mem_used_mb")), _int(d.get("mem_total_mb")), ranks)
 
@@ -119,6 +128,30 @@ def is_metrics(line: LogLine) -> bool:
     if line.stream == "orch":
         return line.text.startswith(PREFIX)
     return timing_window(line) is not None
+
+
+@dataclass(frozen=True)
+class Ignored:
+    """A line that starts as a telemetry or a timing record and is not one of finite numbers (a
+    broken JSON, `wall_s 1e999`, a negative time): ignored by the detector and `orch top`, counted."""
+
+    node: str
+
+
+def read_record(line: LogLine, offset_s: float = 0.0) -> Sample | tuple[Window, Timing] | Ignored | None:
+    """What the straggler detector and `orch top` read of a node log line: its telemetry sample, its
+    timing window (`timing_window`), `Ignored` for a line that starts as one and is not a finite
+    record, None for every other line."""
+    if line.stream == "orch":
+        if not line.text.startswith(PREFIX):
+            return None
+        return parse_sample(line) or Ignored(line.node)
+    if line.rank is None or "timing epoch" not in line.text or _TIMING_HEAD.search(line.text) is None:
+        return None
+    return timing_window(line, offset_s) or Ignored(line.node)
+
+
+_TIMING_HEAD = re.compile(r"(?:^|\] )timing epoch ")
 
 
 def timing_window(line: LogLine, offset_s: float = 0.0) -> tuple[Window, Timing] | None:

@@ -13,7 +13,7 @@ prefix too.)
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from trainer.logs import (
@@ -68,15 +68,14 @@ def run_progress(run_path: Path, master: str, fresh: Iterable[str] = ()) -> Prog
         return progress_of(fresh)
 
 
-def rank0_lines(raw_lines: Iterable[str]) -> list[tuple[float, str]]:
-    """`(time, text)` of rank 0's lines among node.log lines, in file order (what
-    `parse_phases` reads)."""
+def rank0_lines(raw_lines: Iterable[str]) -> Iterator[tuple[float, str]]:
+    """`(time, text)` of rank 0's lines among node.log lines, in file order, as they are read
+    (what `parse_phases` reads)."""
     from .lines import parse_node_line
 
-    out, last = [], 0.0
+    last = 0.0
     for raw in raw_lines:
         line = parse_node_line(raw, "", 0, 0, fallback_ts=last)
         last = line.ts
         if line.rank == 0:
-            out.append((line.ts, line.text))
-    return out
+            yield line.ts, line.text

@@ -30,7 +30,7 @@ from __future__ import annotations
 import shlex
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..config.inventory import Inventory
@@ -90,6 +90,15 @@ def timed_line(command: Sequence[str], shell: bool, timeout: float, python: str 
             + tether(python) + f"exec timeout -k {KILL_AFTER_S} {timeout:g} {_words(command, shell)}")
 
 
+LONG_LINE = 2 << 20
+"""The longest line of a node's output held whole (as the log path holds a pending line): a longer
+one is handed on in pieces of this size, each but the last ending with `LONG_LINE_MARK`."""
+LONG_LINE_MARK = " [orch: a line longer than 2 MiB, continued on the next line]"
+KEPT_BYTES = 1 << 20
+"""What `-b/--gather` and `--json` keep of each stream of each node: its first 1 MiB; what came
+after is counted (`stdout_dropped`, `stderr_dropped`) and said, not kept."""
+
+
 @dataclass(frozen=True)
 class NodeOutput:
     """One node's answer: what the command printed and its exit code, or why it has none."""
@@ -102,16 +111,19 @@ class NodeOutput:
     """Why the command has no exit code of its own (unreachable, timed out, killed); None when it has."""
     hint: str | None = None
     elapsed_ms: float | None = None
+    dropped: tuple[int, int] = (0, 0)
+    """Bytes of stdout and of stderr past `KEPT_BYTES`: printed by the command, not kept."""
 
     @property
-    def key(self) -> tuple[str, str, int, str | None]:
+    def key(self) -> tuple[str, str, int, str | None, tuple[int, int]]:
         """What makes two nodes' answers the same (dshbak -c): output, exit code, error."""
-        return (self.stdout, self.stderr, self.exit_code, self.error)
+        return (self.stdout, self.stderr, self.exit_code, self.error, self.dropped)
 
     def to_json(self) -> dict[str, Any]:
         return {"node": self.node, "exit_code": self.exit_code, "stdout": self.stdout, "stderr": self.stderr,
                 "error": self.error, "hint": self.hint,
-                "elapsed_ms": None if self.elapsed_ms is None else round(self.elapsed_ms, 1)}
+                "elapsed_ms": None if self.elapsed_ms is None else round(self.elapsed_ms, 1),
+                "stdout_dropped": self.dropped[0], "stderr_dropped": self.dropped[1]}
 
 
 @dataclass(frozen=True)
@@ -139,7 +151,7 @@ class ExecReport:
 
     def groups(self) -> list[Group]:
         """Nodes with identical stdout, stderr, exit code and error together, ordered by their first node."""
-        by_key: dict[tuple[str, str, int, str | None], list[NodeOutput]] = {}
+        by_key: dict[tuple[str, str, int, str | None, tuple[int, int]], list[NodeOutput]] = {}
         for n in self.nodes:
             by_key.setdefault(n.key, []).append(n)
         return [Group(tuple(n.node for n in members), members[0]) for members in by_key.values()]
@@ -190,23 +202,57 @@ Called from the node's thread: one node's lines in order, nodes interleaved as t
 
 class LineSplitter:
     """Bytes of one node's two streams as they arrive -> whole lines to `on_line` (UTF-8, bad
-    bytes replaced); `finish()` hands over what is left without a newline."""
+    bytes replaced); `finish()` hands over what is left without a newline. Linear in what arrives,
+    and at most `LONG_LINE` bytes (plus one piece) held per stream: a longer line is handed on in
+    pieces, each but the last marked with `LONG_LINE_MARK`."""
 
     def __init__(self, node: str, on_line: OnLine) -> None:
         self.node, self.on_line = node, on_line
-        self.pending = {"out": b"", "err": b""}
+        self.pending = {"out": bytearray(), "err": bytearray()}
 
     def feed(self, stream: str, data: bytes) -> None:
-        *whole, rest = (self.pending[stream] + data).split(b"\n")
-        self.pending[stream] = rest
-        for line in whole:
-            self.on_line(self.node, stream, line.decode("utf-8", "replace"))
+        pending, start = self.pending[stream], 0
+        while (end := data.find(b"\n", start)) >= 0:
+            if pending:
+                pending += data[start:end]
+                self._say(stream, bytes(pending))
+                pending.clear()
+            else:
+                self._say(stream, data[start:end])
+            start = end + 1
+        pending += data[start:]
+        while len(pending) >= LONG_LINE:
+            self._say(stream, bytes(pending[:LONG_LINE]), LONG_LINE_MARK)
+            del pending[:LONG_LINE]
+
+    def _say(self, stream: str, line: bytes, mark: str = "") -> None:
+        self.on_line(self.node, stream, line.decode("utf-8", "replace") + mark)
 
     def finish(self) -> None:
         for stream, rest in self.pending.items():
             if rest:
-                self.on_line(self.node, stream, rest.decode("utf-8", "replace"))
-        self.pending = {"out": b"", "err": b""}
+                self._say(stream, bytes(rest))
+        self.pending = {"out": bytearray(), "err": bytearray()}
+
+
+class Kept:
+    """One node's output as `-b/--gather` and `--json` keep it: the first `limit` bytes of each
+    stream, and how many more came."""
+
+    def __init__(self, limit: int = KEPT_BYTES) -> None:
+        self.limit = limit
+        self.data = {"out": bytearray(), "err": bytearray()}
+        self.dropped = {"out": 0, "err": 0}
+
+    def feed(self, stream: str, data: bytes) -> None:
+        buf = self.data[stream]
+        room = max(0, self.limit - len(buf))
+        if room:
+            buf += data[:room]
+        self.dropped[stream] += max(0, len(data) - room)
+
+    def text(self, stream: str) -> str:
+        return self.data[stream].decode("utf-8", "replace")
 
 
 def with_env(command: Sequence[str], env: Mapping[str, str] | None) -> tuple[str, ...]:
@@ -224,7 +270,9 @@ def run_everywhere(inv: Inventory, nodes: Sequence[Node], command: Sequence[str]
                    on_line: OnLine | None = None, env: Mapping[str, str] | None = None) -> ExecReport:
     """Run `command` on every node of `nodes` in parallel (at most `inv.fanout` at once) and collect
     every answer; never raises for a node. One word is a login-shell line, several an argv.
-    `on_line`: each output line as it arrives (pdsh's live `node: line`), besides the report.
+    `on_line`: each output line as it arrives (pdsh's live `node: line`), instead of in the report;
+    without it the report keeps the first `KEPT_BYTES` of each node's stdout and stderr. Memory does
+    not grow with the output either way.
     `env`: variables set for the command (`--env`; the login environment stays under them).
     Ctrl-C (KeyboardInterrupt) closes every connection before it propagates."""
     if not command:
@@ -234,17 +282,22 @@ def run_everywhere(inv: Inventory, nodes: Sequence[Node], command: Sequence[str]
     done = [0]
     lock = threading.Lock()
 
+    kept: dict[str, Kept] = {}
+
     def one(t: Transport) -> Result:
+        # the output streams on as it comes: to `on_line` a line at a time, else the first
+        # KEPT_BYTES of each stream kept; the transport itself keeps none of it
         splitter = LineSplitter(t.node.name, on_line) if on_line is not None else None
-        feed = splitter.feed if splitter is not None else None
+        keep = kept[t.node.name] = Kept()
+        feed = splitter.feed if splitter is not None else keep.feed
         try:
             python = None if t.close_stops_commands else t.node.python  # closing the connection stops it there
             if timeout is not None:
                 res = t.run_shell(timed_line(sent, shell, timeout, python),
-                                  timeout=timeout + KILL_AFTER_S + SLACK_S, on_output=feed)
+                                  timeout=timeout + KILL_AFTER_S + SLACK_S, on_output=feed, keep=False)
             else:
-                res = t.run_shell(command_line(sent, shell, python), on_output=feed)
-            return Result(res.node, tuple(command), res.exit_code, res.stdout, res.stderr, res.elapsed_ms)
+                res = t.run_shell(command_line(sent, shell, python), on_output=feed, keep=False)
+            return Result(res.node, tuple(command), res.exit_code, keep.text("out"), keep.text("err"), res.elapsed_ms)
         finally:
             if splitter is not None:
                 splitter.finish()
@@ -255,7 +308,13 @@ def run_everywhere(inv: Inventory, nodes: Sequence[Node], command: Sequence[str]
 
     with Cluster(inv) as cluster:
         answers = _interruptible(lambda: cluster.fan_out(one, nodes))
-    return ExecReport(tuple(command), shell, tuple(node_output(n.name, answers[n.name], timeout) for n in nodes))
+    outputs = []
+    for n in nodes:
+        out = node_output(n.name, answers[n.name], timeout)
+        if n.name in kept and isinstance(answers[n.name], Result):
+            out = replace(out, dropped=(kept[n.name].dropped["out"], kept[n.name].dropped["err"]))
+        outputs.append(out)
+    return ExecReport(tuple(command), shell, tuple(outputs))
 
 
 def _interruptible(fn: Callable[[], Any]) -> Any:

@@ -47,6 +47,10 @@ LOW_UTIL_PCT = 50.0
 """A slow rank's GPU busy less than this (per cent), with little data wait, is waiting on others."""
 KEEP_PENDING = 64
 """Windows kept waiting for their last rank; older ones are dropped (a rank that stopped reporting)."""
+KEEP_SPEEDS = 1024
+"""Judged windows kept for the report's heatmap: when there are twice as many, every other one is
+dropped and from then on every other judged window kept, so a week of windows takes the memory
+of at most 2 × KEEP_SPEEDS evenly spaced ones."""
 
 
 @dataclass(frozen=True)
@@ -169,7 +173,12 @@ class Detector:
         self.ranks: dict[int, str] = {}
         self.found: list[Straggler] = []
         self.speeds: list[tuple[tuple[int, int], float, dict[int, float]]] = []
-        """Every judged window: (key, when, {rank: median / its time}), for the report's heatmap."""
+        """Judged windows, evenly spaced (every `speeds_every`-th: `KEEP_SPEEDS`): (key, when,
+        {rank: median / its time}), for the report's heatmap."""
+        self.speeds_every = 1
+        self.judged_windows = 0
+        self.last_speeds: dict[int, float] = {}
+        """{rank: median / its time} of the last judged window."""
         self._unread = 0
         self.last_key: dict[int, tuple[int, int]] = {}
         self.lock = threading.Lock()
@@ -222,8 +231,13 @@ class Detector:
         times = {r: w.outside_s for r, w in got.items()}
         median = statistics.median(times.values())
         any_w = next(iter(got.values()))
-        self.speeds.append((any_w.key, max(w.at for w in got.values()),
-                            {r: (median / t if t > 0 else 1.0) for r, t in times.items()}))
+        self.last_speeds = {r: (median / t if t > 0 else 1.0) for r, t in times.items()}
+        if self.judged_windows % self.speeds_every == 0:
+            self.speeds.append((any_w.key, max(w.at for w in got.values()), self.last_speeds))
+            if len(self.speeds) >= 2 * KEEP_SPEEDS:
+                del self.speeds[1::2]
+                self.speeds_every *= 2
+        self.judged_windows += 1
         if median <= 0 or len(got) < 2:
             return []
         limit = median / self.share
@@ -235,6 +249,8 @@ class Detector:
                 self.named.discard(rank)
                 continue
             streak = self.streak.setdefault(rank, [])
+            if rank in self.named:
+                continue  # named already: its streak is not needed again until it recovers
             streak.append(w)
             if len(streak) >= self.windows and rank not in self.named:
                 self.named.add(rank)

@@ -122,16 +122,20 @@ class Transport:
         return self._run_line(command_line(argv, env, cwd), tuple(argv), stdin, timeout, on_output)
 
     def run_shell(self, line: str, *, stdin: bytes | None = None, timeout: float | None = None,
-                  on_output: OnOutput | None = None) -> Result:
+                  on_output: OnOutput | None = None, keep: bool = True) -> Result:
         """Run a line a person wrote for the node's login shell, sent as it is, the way ssh and pdsh
-        send one (`orch exec -- 'pip freeze | grep torch'`). orch's own commands are argv (`run`)."""
-        return self._run_line(line, (line,), stdin, timeout, on_output)
+        send one (`orch exec -- 'pip freeze | grep torch'`). orch's own commands are argv (`run`).
+        `keep=False` (with `on_output`): the output only goes to `on_output`, the Result's streams
+        are empty, so memory does not grow with what the command prints."""
+        return self._run_line(line, (line,), stdin, timeout, on_output, keep)
 
     def _run_line(self, line: str, argv: tuple[str, ...], stdin: bytes | None, timeout: float | None,
-                  on_output: OnOutput | None = None) -> Result:
+                  on_output: OnOutput | None = None, keep: bool = True) -> Result:
         log.debug("%s$ %s", self.node.name, line)
         start = time.monotonic()
-        code, out, err = self._exec(line, stdin, timeout, on_output)
+        if not keep and on_output is None:
+            raise ValueError("keep=False needs on_output: the output would go nowhere")
+        code, out, err = self._exec(line, stdin, timeout, on_output, keep)
         elapsed = (time.monotonic() - start) * 1000
         return Result(self.node.name, argv, code, out.decode("utf-8", "replace"),
                       err.decode("utf-8", "replace"), elapsed)
@@ -153,7 +157,8 @@ class Transport:
         pass
 
     def _exec(self, line: str, stdin: bytes | None, timeout: float | None,
-              on_output: OnOutput | None = None) -> tuple[int, bytes, bytes]:
+              on_output: OnOutput | None = None, keep: bool = True) -> tuple[int, bytes, bytes]:
+        """(exit code, stdout, stderr); with `keep` False the streams are not kept (b"")."""
         raise NotImplementedError
 
     def __enter__(self) -> Transport:

@@ -70,7 +70,7 @@ class LocalTransport(Transport):
         return 0.0
 
     def _exec(self, line: str, stdin: bytes | None, timeout: float | None,
-              on_output: OnOutput | None = None) -> tuple[int, bytes, bytes]:
+              on_output: OnOutput | None = None, keep: bool = True) -> tuple[int, bytes, bytes]:
         with self._lock:
             closes = self._closes
         proc = subprocess.Popen(["/bin/sh", "-c", line], cwd=os.path.expanduser("~"),
@@ -85,7 +85,7 @@ class LocalTransport(Transport):
             if on_output is None:
                 out, err = proc.communicate(stdin or b"", timeout=timeout)
             else:
-                out, err = _streamed(proc, stdin or b"", timeout, on_output)
+                out, err = _streamed(proc, stdin or b"", timeout, on_output, keep)
         except subprocess.TimeoutExpired:
             _kill_group(proc)
             if on_output is None:  # _streamed has drained and closed the pipes itself
@@ -124,9 +124,10 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _streamed(proc: subprocess.Popen[bytes], stdin: bytes, timeout: float | None,
-              on_output: OnOutput) -> tuple[bytes, bytes]:
-    """`communicate()` that hands each piece of output to `on_output` as it arrives. Raises
-    subprocess.TimeoutExpired past `timeout` (the caller kills the process group)."""
+              on_output: OnOutput, keep: bool = True) -> tuple[bytes, bytes]:
+    """`communicate()` that hands each piece of output to `on_output` as it arrives (and keeps it
+    all, unless `keep` is False). Raises subprocess.TimeoutExpired past `timeout` (the caller kills
+    the process group)."""
     got: dict[str, bytearray] = {"out": bytearray(), "err": bytearray()}
 
     def pump(stream: str, fh: Any) -> None:
@@ -134,7 +135,8 @@ def _streamed(proc: subprocess.Popen[bytes], stdin: bytes, timeout: float | None
             data = os.read(fh.fileno(), 65536)
             if not data:
                 return
-            got[stream] += data
+            if keep:
+                got[stream] += data
             on_output(stream, data)
 
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None

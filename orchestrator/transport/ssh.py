@@ -187,7 +187,7 @@ class SSHTransport(Transport):
         return conn, chan
 
     def _exec(self, line: str, stdin: bytes | None, timeout: float | None,
-              on_output: OnOutput | None = None) -> tuple[int, bytes, bytes]:
+              on_output: OnOutput | None = None, keep: bool = True) -> tuple[int, bytes, bytes]:
         conn, chan = self._channel()
         try:
             chan.exec_command(line)
@@ -199,13 +199,15 @@ class SSHTransport(Transport):
             while True:
                 if chan.recv_ready():
                     data = chan.recv(65536)
-                    out += data
+                    if keep:
+                        out += data
                     if on_output is not None and data:
                         on_output("out", data)
                     continue
                 if chan.recv_stderr_ready():
                     data = chan.recv_stderr(65536)
-                    err += data
+                    if keep:
+                        err += data
                     if on_output is not None and data:
                         on_output("err", data)
                     continue
@@ -218,7 +220,8 @@ class SSHTransport(Transport):
                 select.select([chan], [], [], 0.2)
             while chan.recv_stderr_ready():
                 data = chan.recv_stderr(65536)
-                err += data
+                if keep:
+                    err += data
                 if on_output is not None and data:
                     on_output("err", data)
             code = chan.recv_exit_status()

@@ -296,3 +296,44 @@ def test_overrides_on_the_command_line_run_and_every_later_command_sees_the_run_
     assert (runs[0]["run"], runs[0]["nodes"], runs[0]["procs"], runs[0]["state"]) == ("over-1", 2, 2, "succeeded")
     logs = orch.run("logs", "over")
     assert logs.returncode == 0 and " n1 " not in logs.stdout and " n2 " in logs.stdout
+
+
+TIMING_JOB = """\
+import os, sys, time
+rank = int(os.environ["RANK"])
+for k in range(1, 7):
+    compute = 2.5 if rank == 1 else 1.0
+    wall = "1e999" if rank == 1 and k == 1 else "5"  # the window that starts rank 1's slow streak
+    print(f"[rank {rank}] timing epoch 1 batch {10 * k} steps 10 images 80 data_s 0.01 compute_s {compute} "
+          f"wall_s {wall}", flush=True)
+    time.sleep(0.5)
+time.sleep(120)  # the straggler stop ends it
+"""
+
+
+def test_a_timing_line_that_is_not_a_finite_number_is_ignored_and_the_straggler_still_stops_the_run(
+        tmp_path: Path) -> None:
+    """Under `straggler.action: stop`, rank 1 prints `wall_s 1e999` in the first window of its slow
+    streak: the line used to take log streaming and then `orch up` down (OverflowError, run.json
+    `stopped` with no first failure, every later `orch top` exit 1). Now it is ignored and
+    counted, the straggler is named from the windows that are records and stops the run."""
+    job = tmp_path / "timing_job.py"
+    job.write_text(TIMING_JOB)
+    inv = local_inventory(tmp_path, {})
+    doc = yaml.safe_load(inv.read_text())
+    doc["job"].update({"script": str(job), "telemetry_s": 0, "straggler": {"share": 0.8, "windows": 2, "action": "stop"}})
+    inv.write_text(yaml.safe_dump(doc))
+    orch = Orch(tmp_path / "home")
+    up = orch.run("up", str(inv), "--skip-checks", timeout=200)
+    assert "internal error" not in up.stderr and "log streaming stopped" not in up.stderr, up.stderr[-3000:]
+    assert up.returncode == 1, up.stderr[-3000:]
+    run_id = (orch.home / "latest").read_text().strip()
+    run = orch.run_json(run_id)
+    assert run["state"] == "failed" and run["first_failure"]["node"] == "n1", run
+    assert run["first_failure"]["reason"].startswith("straggler: rank 1 on n1 at 0.70× the median")
+    top = orch.run("top", run_id, "--json")
+    assert top.returncode == 0, top.stderr
+    assert json.loads(top.stdout)["ignored_lines"] == 1
+    assert [s["rank"] for s in json.loads(top.stdout)["stragglers"]] == [1]
+    assert orch.run("report", run_id).returncode == 0
+    assert "1 line of the node logs ignored" in (orch.run_dir(run_id) / "report" / "index.html").read_text()

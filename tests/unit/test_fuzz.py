@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import queue
 import threading
 import time
@@ -447,3 +448,62 @@ def test_any_fabric_result_is_judged_and_shown_or_fails_the_check_never_a_crash(
     assert set(results) == {"n1", "n2"} and all(r.status in CHECK_STATUSES for r in results.values())
     if results["n1"].status == "fail" and "not what orch's job writes" in results["n1"].detail:
         assert "fabric: no measurement" in shown
+
+
+# ----------------------------------------------------------------------------- telemetry and timing records
+
+number_text = st.one_of(
+    st.sampled_from(["0", "1", "-1", "1e999", "-1e999", "1e308", "1.7e308", "1e-320", "5e-324", "9" * 400, "1.5",
+                     "0.0001", "1e9", "1e10", "1e-9", "1e-10", "nan", "inf", ".5", "1e", "--1", "1e+5", "0e0",
+                     str(2**53), str(2**53 - 1), "1" + "0" * 5000]),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr), st.integers(-2**80, 2**80).map(str))
+timing_text = st.builds(lambda e, b, n, i, d, c, w: f"timing epoch {e} batch {b} steps {n} images {i} data_s {d} "
+                                                    f"compute_s {c} wall_s {w}",
+                        st.sampled_from(["1", "2", "9" * 30]), st.sampled_from(["10", "20", "30", "40"]),
+                        number_text, number_text, number_text, number_text, number_text)
+record_value = st.one_of(json_value, st.integers(-10**400, 10**400), st.floats(allow_nan=True),
+                         st.sampled_from([10**400, -(10**400), 1e308, [[[[]]]], "NaN"]))
+telemetry_text = st.one_of(
+    st.builds(lambda d: "telemetry " + json.dumps(d),
+              st.fixed_dictionaries({}, optional={
+                  k: record_value for k in ("gpus", "ranks", "cpu_pct", "load1", "ncpu", "mem_used_mb",
+                                            "mem_total_mb", "gpu_error")})),
+    st.builds(lambda gpu, rank: "telemetry " + json.dumps({"gpus": [gpu], "ranks": [rank]}),
+              st.dictionaries(st.sampled_from(["index", "util_pct", "temp_c", "throttle", "power_w", "mem_used_mb",
+                                               "sm_mhz", "fan_pct", "name", "error"]), record_value, max_size=6),
+              st.dictionaries(st.sampled_from(["rank", "local_rank", "pid", "cpu_pct", "rss_mb"]), record_value,
+                              max_size=5)),
+    st.sampled_from(["telemetry ", "telemetry {", "telemetry [1]", "telemetry " + "[" * 100000, "telemetry 1e999",
+                     "telemetry {\"cpu_pct\": 1e999, \"ranks\": 7, \"gpus\": {\"a\": 1}}"]))
+
+
+@FUZZ
+@given(st.lists(st.tuples(st.integers(0, 3), st.one_of(timing_text, telemetry_text)), max_size=40))
+def test_no_record_a_node_writes_crashes_the_detector_a_verdict_or_a_table(items: list[tuple[int, str]]) -> None:
+    """Whatever numbers a rank's timing line or an agent's telemetry line carry, a line is a finite
+    record or ignored (counted), and what the detector names renders as a line and as strict JSON."""
+    from orchestrator.logs.telemetry import Ignored, Sample, read_record
+    from orchestrator.run.straggler import Detector
+
+    det = Detector(0.8, 1, world_size=4)
+    ignored = 0
+    for k, (rank, text) in enumerate(items):
+        stream, body = ("orch", text) if text.startswith("telemetry") else ("out", f"[rank {rank}] {text}")
+        line = parse_node_line(f"2026-11-30T09:32:{k:02d}.000000Z {stream} {body}", f"n{rank}", rank, rank)
+        record = read_record(line)
+        assert record is not None
+        if isinstance(record, Ignored):
+            ignored += 1
+        elif isinstance(record, Sample):
+            det.load(record.load())
+        else:
+            window, timing = record
+            figures = (timing.data_s, timing.compute_s, timing.wall_s, timing.ips, timing.data_share,
+                       timing.outside_s, window.outside_s, window.data_share)
+            assert all(math.isfinite(x) and x >= 0 for x in figures), timing
+            for found in det.window(window):
+                assert found.line().startswith(f"straggler: rank {found.rank} on ")
+                json.dumps(found.to_json(), allow_nan=False)
+    for _key, _at, speeds in det.speeds:
+        assert all(math.isfinite(v) for v in speeds.values())
+    assert ignored <= len(items)

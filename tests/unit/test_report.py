@@ -108,6 +108,23 @@ def test_report_shows_each_ranks_speed_over_time_and_the_straggler(tmp_path: Pat
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_line_that_is_not_a_finite_record_is_ignored_and_counted_on_the_page(tmp_path: Path) -> None:
+    """`wall_s 1e999` in the window that starts rank 2's slow streak: the page is written (it
+    failed on an OverflowError naming the straggler), the straggler named from the other windows,
+    and the page says how many lines it ignored."""
+    from tests.telemetry_support import make_top_run
+
+    run = make_top_run(tmp_path, [None, None, None, None], slow={2: (2.5, 0.01)})
+    copy = run.path / "nodes" / "n3.log"
+    text = copy.read_text().replace("batch 10 steps 10 images 80 data_s 0.01 compute_s 2.5 wall_s 5",
+                                    "batch 10 steps 10 images 80 data_s 0.01 compute_s 2.5 wall_s 1e999")
+    copy.write_text(text + "2026-11-30T09:33:00.000000Z out [default0]:[rank 2] timing epoch 9 batch 1 steps 1 "
+                    "images 8 data_s -0.5 compute_s 1 wall_s 2\n")
+    page = build_report(run).read_text()
+    assert "straggler: rank 2 on n3 at 0.40× the median" in page
+    assert "<p id='ignored-lines' class='warn'>2 lines of the node logs ignored" in page
+
+
 def test_report_without_timing_lines_says_there_is_no_heatmap(tmp_path: Path) -> None:
     run = make_run(tmp_path)
     text = build_report(run).read_text()
@@ -219,3 +236,68 @@ def test_the_heatmaps_time_axis_tells_its_ticks_apart() -> None:
     _, labels, unit = time_ticks([60.0 * i for i in range(100)])
     assert unit == "minutes" and len(set(labels)) == len(labels) and labels[0] == "0"
     assert time_ticks([])[0] == []
+
+
+def test_text_from_the_log_is_text_in_every_plot(tmp_path: Path) -> None:
+    """A `$` in a metric name (matplotlib would read `$\\foo$` as mathtext and fail on the unknown
+    symbol) is drawn as written: every label the log gives a plot is plain text."""
+    from trainer.logs import epoch_line
+
+    run = make_run(tmp_path)
+    (run.path / "results.csv").unlink()  # the curves come from the log's epoch lines
+    t = "2026-11-30T09:34:{:02d}.000000Z out [default0]:[rank 0] "
+    with open(run.path / "nodes" / "node0.log", "a") as fh:
+        for epoch in (1, 2):
+            fh.write(t.format(epoch) + epoch_line(epoch, 2, {"$\\foo$loss": 1.0 / epoch, "a$b$loss": 2.0,
+                                                             "x^2_{y}loss": 3.0}, {"lr/pg0": 0.001}) + "\n")
+    page = build_report(run)
+    assert (page.parent / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from orchestrator import report
+
+    assert report._pyplot().rcParams["text.parse_math"] is False
+
+
+BIG = "9" * 400
+HOSTILE = [  # the trainer's own lines with numbers no float holds, or not finite, or too big to lay out
+    f"train epoch {BIG}/3 box_loss 1 lr/pg0 0.1",
+    "train epoch 4/3 box_loss 1.7e308 cls_loss -1.7e308 dfl_loss 1e999 lr/pg0 nan",
+    f"val epoch 4/3 mAP50 {BIG} mAP50-95 1e999 P nan R -inf box_loss 1e308",
+    f"throughput epoch {BIG}: rank  images/s  data-wait",
+    f"throughput epoch {BIG}:    0      5.0      1.0%",
+    f"throughput epoch 5:    0  {BIG}.5  {BIG}.0%",
+    f"throughput epoch 5: total {BIG} images/s over {BIG} ranks, scaling efficiency {BIG}%",
+    f"final val best.pt (epoch {BIG}) mAP50 1e999 mAP50-95 nan",
+    f"epoch 1/1 batch 1{'0' * 400}/1 box_loss 1 lr 0.1 images/s {BIG} data 1% nonfinite 0 skipped 0",
+]
+
+
+@pytest.mark.parametrize("text", HOSTILE, ids=range(len(HOSTILE)))
+def test_no_trainer_line_a_rank_prints_crashes_the_report(tmp_path: Path, text: str) -> None:
+    """What rank 0 prints in the shape of an epoch, validation, throughput or final line, with
+    numbers no float holds or none matplotlib can lay out: the page is written, the value a gap."""
+    run = make_run(tmp_path)
+    (run.path / "results.csv").unlink()
+    with open(run.path / "nodes" / "node0.log", "a") as fh:
+        fh.write(f"2026-11-30T09:35:00.000000Z out [default0]:[rank 0] {text}\n")
+    assert "<h2>summary</h2>" in build_report(run).read_text()
+
+
+def test_a_results_csv_of_numbers_no_plot_can_lay_out_still_gives_a_page(tmp_path: Path) -> None:
+    run = make_run(tmp_path)
+    (run.path / "results.csv").write_text("epoch,train/box_loss,metrics/mAP50-95(B),lr/pg0\n"
+                                          "nan,1.7e308,nan,1e999\n1,-1.7e308,inf,0.1\n1e400,1,0.5,-inf\n")
+    assert "<h2>summary</h2>" in build_report(run).read_text()
+
+
+def test_a_metric_name_starting_with_an_underscore_keeps_its_place_in_the_legend(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """matplotlib leaves a label starting with `_` out of the legend: a metric named so by the log
+    would vanish from the plot's key without a word."""
+    from orchestrator import report
+
+    figures = []
+    monkeypatch.setattr(report, "_png", lambda fig: figures.append(fig) or b"")
+    report.plot_curves({"epoch": [1.0, 2.0], "train/_aux_loss": [1.0, 0.5], "train/$x$_loss": [2.0, 1.0]})
+    report.plot_node_throughput({"_n1": {1: (10.0, 0.1)}})
+    shown = [t.get_text() for fig in figures for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+    assert [t.strip() for t in shown] == ["_aux_loss", "$x$_loss", "_n1", "_n1"]

@@ -243,3 +243,21 @@ def test_a_cpu_starved_rank_whose_last_window_waited_for_data_is_still_compute_b
     found = feed(det, 3, {2: (1.6, 0.7)})  # this window: 0.7 s of its 1.3 s excess waiting for data
     assert [(s.rank, s.node, s.kind) for s in found] == [(2, "n3", "compute")], [s.reason for s in found]
     assert "compute-bound on n3" in found[0].line()
+
+
+def test_a_long_run_keeps_its_heatmap_windows_evenly_spaced_in_bounded_memory() -> None:
+    """A week of windows: the detector keeps at most 2 x KEEP_SPEEDS of them for the heatmap (it
+    kept every one), evenly spaced from the first, and the last judged window's speeds for top."""
+    from orchestrator.run.straggler import KEEP_SPEEDS, Detector, Window
+
+    det = Detector(0.8, 3, world_size=2)
+    n = 5 * KEEP_SPEEDS + 7
+    for k in range(n):
+        for rank in (0, 1):
+            det.window(Window("n1", rank, rank, 1, k, 10, 0.1, 1.0 + rank, 5.0, float(k)))
+    assert KEEP_SPEEDS <= len(det.speeds) < 2 * KEEP_SPEEDS
+    batches = [key[1] for key, _at, _row in det.speeds]
+    steps = {b - a for a, b in zip(batches, batches[1:])}
+    assert batches[0] == 0 and steps == {det.speeds_every}
+    assert det.judged_windows == n and det.last_speeds == pytest.approx({0: 1.6 / 1.1, 1: 1.6 / 2.1})
+    assert len(det.streak[1]) == 3  # named once: its streak stops growing

@@ -125,3 +125,36 @@ def test_the_live_view_off_a_terminal_prints_each_refresh(tmp_path: Path, monkey
     monkeypatch.setattr(render, "console", lambda stderr=True: Console(file=buf, width=160, color_system=None))
     render.top_live(iter([view.report(), view.report()]), gpus=False)
     assert buf.getvalue().count("run 20261130-093200-toptest: running") == 2
+
+
+def test_a_line_that_is_not_a_finite_record_is_ignored_and_counted(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank printing `wall_s 1e999` in the window that starts its slow streak (the line that took
+    `orch up` down with an OverflowError, and every later `orch top` with it): the line is ignored,
+    counted, said; the straggler is named from the windows that are records."""
+    from rich.console import Console
+
+    from orchestrator.cli import render
+
+    run = make_top_run(tmp_path, [None, None, None], ts0=TS0, slow={2: (2.5, 0.01)})
+    copy = run.path / "nodes" / "n3.log"
+    lines = copy.read_text().splitlines(keepends=True)
+    bad = [i for i, ln in enumerate(lines) if "timing epoch 1 batch 10 " in ln][0]
+    broken = [lines[bad].replace("wall_s 5", "wall_s 1e999"),
+              lines[bad].replace("batch 10 ", "batch 11 ").replace("compute_s 2.5", "compute_s -1"),
+              lines[bad].replace("batch 10 ", "batch 12 ").replace("steps 10", "steps " + "9" * 400),
+              lines[bad].replace("batch 10 ", "batch 13 ").replace("data_s 0.01", "data_s 1e308").replace(
+                  "compute_s 2.5", "compute_s 1e308")]
+    lines[bad:bad + 1] = broken
+    lines.append(lines[1].replace('"cpu_pct":50.0', '"cpu_pct":1' + "0" * 400))  # float() of it overflows
+    copy.write_text("".join(lines))
+    view = TopView(run, run.inventory(), clock=lambda: TS0 + 250)
+    view.read_copies()
+    report = view.report()
+    data = json.loads(json.dumps(report.to_json(), allow_nan=False))
+    assert data["ignored_lines"] == 5
+    assert [s["node"] for s in data["stragglers"]] == ["n3"] and data["stragglers"][0]["windows"] == 2
+    buf = io.StringIO()
+    monkeypatch.setattr(render, "console", lambda stderr=True: Console(file=buf, width=200, color_system=None))
+    render.top_table(report, gpus=False)
+    assert "5 lines of the node logs ignored: not a finite telemetry or timing record" in buf.getvalue()

@@ -137,3 +137,18 @@ def test_ultralytics_colours_are_left_out_off_a_terminal() -> None:
             return True
 
     assert "\x1b[34m" in logs.library_formatter(Tty()).format(record)  # a terminal keeps them
+
+
+def test_a_progress_line_of_numbers_no_float_holds_is_ignored_not_a_crash() -> None:
+    """`orch up`'s live line and `orch status` read rank 0's progress lines: a batch of 400 digits
+    (its fraction of the run raised OverflowError, which stopped the log stream) or images/s past
+    a float's range is not a record; the next good line is."""
+    from trainer.logs import Progress, step_line
+
+    p = Progress()
+    big = "1" + "0" * 400
+    assert not p.feed(f"epoch 1/1 batch {big}/1 box_loss 1 lr 0.1 images/s 1.0 data 1% nonfinite 0 skipped 0", 1.0)
+    assert not p.feed(f"epoch 1/2 batch 1/4 box_loss 1 lr 0.1 images/s {'9' * 400}.0 data 1% nonfinite 0 skipped 0", 1.0)
+    assert not p.feed(f"val epoch {big}/2 mAP50 0.5 mAP50-95 0.3", 1.0)
+    assert p.feed("val epoch 1/2 mAP50 0.5 mAP50-95 1e999", 1.0) and p.map50_95 is None and p.map50 == 0.5
+    assert p.feed(step_line(1, 2, 1, 4, {"box_loss": 1.0}, 0.1, 12.5, 0.01), 2.0) and p.fraction() == 0.125

@@ -43,7 +43,7 @@ start time, the boot id, the run's tag) is `procs.py`, shipped beside this file 
 (`agent.py stacks`); the agent imports them as siblings (a package) or by name (run from its
 run directory).
 
-The run directory must be this user's and writable by no one else (`check_run_dir`): state.json
+The run directory must be this user's and writable by no one else (`trust.check_run_dir`): state.json
 says what to signal, so a directory others can write to would let them choose. Files in it are
 created with O_NOFOLLOW (and O_EXCL where they are new), so a planted link redirects nothing.
 """
@@ -72,6 +72,7 @@ try:  # imported as a package (the log reader, the tests), or run from the run d
         send,
         signal_name,
     )
+    from .trust import UntrustedDir, check_run_dir
 except ImportError:
     from procs import (  # type: ignore[no-redef]
         Job,
@@ -85,6 +86,7 @@ except ImportError:
         send,
         signal_name,
     )
+    from trust import UntrustedDir, check_run_dir  # type: ignore[no-redef]
 
 if TYPE_CHECKING:
     import subprocess
@@ -167,41 +169,6 @@ def write_json(path: str, data: dict[str, Any]) -> None:
         json.dump(data, fh, sort_keys=False)
         fh.write("\n")
     os.replace(tmp, path)
-
-
-class UntrustedDir(Exception):
-    """The run directory is not this user's alone: nothing it says is acted on."""
-
-
-def check_run_dir(path: str) -> None:
-    """Refuse a run directory that only this user may trust: it must be a directory (not a
-    link), this user's, writable by no one else, and so must every directory above it be (this
-    user's or root's, and not writable by others unless sticky, like /tmp), as OpenSSH's
-    StrictModes asks of ~/.ssh. state.json names what `stop` signals and launch.json what `start`
-    runs: whoever can write or rename the directory could choose both. Raises UntrustedDir."""
-    import stat
-
-    path = os.path.abspath(path)
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return  # nothing there: nothing to trust (start creates it, status and stop find nothing)
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise UntrustedDir(f"{path} is not a directory (a link or a file): refusing to use it")
-    me = os.geteuid()
-    if st.st_uid != me:
-        raise UntrustedDir(f"{path} belongs to uid {st.st_uid}, not to this user ({me}): refusing to use it")
-    if st.st_mode & 0o022:
-        raise UntrustedDir(f"{path} is writable by others than its owner (mode {stat.S_IMODE(st.st_mode):04o}): "
-                           f"refusing to use it; chmod go-w {path}")
-    parent = os.path.dirname(path)
-    while parent != path:
-        path, st = parent, os.stat(parent)
-        if st.st_uid not in (me, 0) or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
-            raise UntrustedDir(f"{path}, above the run directory, can be changed by others (uid {st.st_uid}, "
-                               f"mode {stat.S_IMODE(st.st_mode):04o}): refusing to use it; chmod go-w {path} "
-                               "or set job.run_root elsewhere")
-        parent = os.path.dirname(path)
 
 
 def owner(run_dir: str) -> str | None:

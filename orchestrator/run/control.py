@@ -18,7 +18,7 @@ from ..errors import OrchError
 from ..store import RunDir, RunStore, clock_offsets
 from ..transport import Cluster, GroupResult
 from .agents import NodeStatus, StopResult, status_all, status_node, stop_all
-from .records import RunRecord
+from .records import RunRecord, trusted_records
 from .supervise import NodeSpec, Supervisor, corrected, run_state
 
 
@@ -98,7 +98,8 @@ class DownReport:
 
 def _cluster_for(run: RunDir) -> tuple[Inventory, list[dict[str, Any]]]:
     data = run.read()
-    return run.inventory(), list(data.get("nodes") or [])
+    inv = run.inventory()
+    return inv, trusted_records(run, inv, list(data.get("nodes") or []))
 
 
 def offsets_s(run: RunDir, inv: Inventory) -> dict[str, float]:

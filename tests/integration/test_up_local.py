@@ -295,3 +295,22 @@ def test_overrides_on_the_command_line_run_and_every_later_command_sees_the_run_
     assert (runs[0]["run"], runs[0]["nodes"], runs[0]["procs"], runs[0]["state"]) == ("over-1", 2, 2, "succeeded")
     logs = orch.run("logs", "over")
     assert logs.returncode == 0 and " n1 " not in logs.stdout and " n2 " in logs.stdout
+
+
+def test_the_quickstart_runs_under_umask_002(tmp_path: Path) -> None:
+    """Ubuntu's umask for ordinary accounts (002), a first run ever: $ORCH_HOME and the run root
+    under it (the default ~/.orch/nodes) are made private, so the agent trusts its run directory
+    and the run succeeds (it used to refuse `.orch, above the run directory`)."""
+    home = tmp_path / "user" / ".orch"
+    inv = local_inventory(tmp_path, ddp_job(steps=2, sleep=0.0))
+    doc = yaml.safe_load(inv.read_text())
+    doc["job"]["run_root"] = str(home / "nodes")
+    inv.write_text(yaml.safe_dump(doc))
+    orch = Orch(home)
+    up = subprocess.run([sys.executable, "-m", "orchestrator", "up", str(inv), "--skip-checks"], cwd=REPO,
+                        env=orch.env, capture_output=True, text=True, timeout=180,
+                        preexec_fn=lambda: os.umask(0o002))
+    assert up.returncode == 0, up.stderr[-3000:]
+    run_id = (home / "latest").read_text().strip()
+    for d in (home.parent, home, home / "runs", home / "nodes", home / "nodes" / run_id / "n0"):
+        assert d.stat().st_mode & 0o077 == 0, (d, oct(d.stat().st_mode))

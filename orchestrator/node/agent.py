@@ -100,8 +100,8 @@ STATE = "state.json"
 LOG = "node.log"
 STOP_REQUEST = "stop.request"
 LEASE = "lease"
-"""An attached run's lease (launch.json `lease_s`): its mtime is when the controller was last
-heard from (each renewal through the log reader touches it); once it is older than `lease_s`,
+"""An attached run's lease (launch.json `lease_s`): each renewal through the log reader touches
+it; once its mtime has not changed for `lease_s` on the node's boot clock (`Monitor.check_lease`),
 the agent stops the job and says why. A detached run has no lease: it runs on its own."""
 # A run's states as state.json records them (orchestrator.contract.RunState on the controller)
 STARTING, RUNNING, SUCCEEDED, FAILED, STOPPED = "starting", "running", "succeeded", "failed", "stopped"
@@ -315,6 +315,8 @@ class Monitor:
         lease = launch.get("lease_s")
         self.lease_s = float(lease) if isinstance(lease, (int, float)) and lease > 0 else None
         self.lease_lost: str | None = None
+        self.lease_seen: tuple[int, float] | None = None
+        """The lease file's mtime (ns) as last seen, and when it was seen on `boot_clock`."""
 
     def start_lease(self) -> None:
         """A fresh lease file: the controller renews it from now on (its log reader's stdin)."""
@@ -324,15 +326,27 @@ class Monitor:
         except FileNotFoundError:
             pass
         os.close(create_private(path))
+        self.lease_seen = None
 
     def check_lease(self) -> None:
-        """Stop the job (as SIGTERM would) once the controller has not renewed the lease for `lease_s`."""
+        """Stop the job (as SIGTERM would) once the controller has not renewed the lease for `lease_s`.
+
+        The lease's age is measured on the node's boot clock (`boot_clock`), never the wall clock:
+        a renewal is any change of the lease file's mtime (forward or back), and its age is how long
+        ago, on that clock, this agent first saw the mtime it has now. An NTP step or a manual clock
+        change during a week-long run neither expires a lease that is being renewed nor keeps one
+        that is not."""
         if self.lease_s is None or self.stop_at is not None:
             return
         try:
-            age = time.time() - os.stat(os.path.join(self.dir, LEASE), follow_symlinks=False).st_mtime
+            mtime = os.stat(os.path.join(self.dir, LEASE), follow_symlinks=False).st_mtime_ns
         except OSError:
             return
+        now = boot_clock()
+        if self.lease_seen is None or self.lease_seen[0] != mtime:
+            self.lease_seen = (mtime, now)
+            return
+        age = now - self.lease_seen[1]
         if age > self.lease_s:
             self.lease_lost = (f"the controller (orch up) was not heard from for {age:.0f} s (lease {self.lease_s:g} s): "
                                "a cut link or a dead controller; the job was stopped")
@@ -531,6 +545,17 @@ class Monitor:
             self.log.write("orch", f"cleanup timed out: {len(left)} processes of the job survived SIGKILL for "
                                    f"{kill_wait:.0f} s: {' '.join(str(p) for p, _s in left)}")
         return left
+
+
+def boot_clock() -> float:
+    """Seconds since the node booted (CLOCK_BOOTTIME, read from /proc/uptime): a count no wall
+    clock step moves (nor a time shim preloaded into the agent, libfaketime), which also runs while
+    the node is suspended; `time.monotonic()` where /proc is not there."""
+    try:
+        with open("/proc/uptime", "rb") as fh:
+            return float(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return time.monotonic()
 
 
 def expand(path: str | None) -> str | None:

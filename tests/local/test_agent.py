@@ -558,6 +558,46 @@ def test_an_attached_runs_lease_is_renewed_through_the_reader_and_its_end_stops_
         call("stop", str(d), "--grace", "1")
 
 
+FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+
+
+@pytest.mark.waits
+@pytest.mark.skipif(not Path(FAKETIME_LIB).exists(), reason="libfaketime is not installed")
+def test_a_forward_clock_step_on_the_node_neither_stops_a_renewed_run_nor_keeps_an_abandoned_one(
+        tmp_path: Path) -> None:
+    """lease_s 2, the agent's clock stepped 10 minutes ahead mid-run (libfaketime's timestamp file
+    rewritten, as NTP or an admin would step it): while renewals come the job runs on; once they
+    stop, it is still stopped within the lease. libfaketime 0.9.10 moves CLOCK_MONOTONIC and
+    CLOCK_BOOTTIME with the wall clock (and with FAKETIME_DONT_FAKE_MONOTONIC Python's sleep fails
+    with EINVAL), so the agent reads its lease clock from /proc/uptime, which no preload moves. (A
+    step back cannot be played so: the faked monotonic clock would hold the agent's sleep.)"""
+    clock = tmp_path / "faketime"
+    clock.write_text("+0s\n")
+    d = prepare(tmp_path, "while true; do sleep 0.2; done", lease_s=2)
+    env = dict(os.environ, LD_PRELOAD=FAKETIME_LIB, FAKETIME_TIMESTAMP_FILE=str(clock), FAKETIME_NO_CACHE="1")
+    r = subprocess.run([sys.executable, AGENT, "start", str(d)], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    try:
+        lease = d / agent.LEASE
+
+        def renew_for(seconds: float) -> None:
+            until = time.monotonic() + seconds
+            while time.monotonic() < until:
+                os.utime(lease)  # what the log reader and status --renew do: the node's own clock
+                time.sleep(0.3)
+
+        renew_for(1.5)
+        clock.write_text("+600s\n")
+        renew_for(5)  # 2.5 leases after the step
+        assert state(d)["state"] == "running", state(d)
+        assert "was not heard from" not in (d / "node.log").read_text()
+        cut = time.monotonic()
+        st = wait_state(d, "stopped", timeout=20)
+        assert st["lease_expired"] is True and time.monotonic() - cut < 2 + 1 + 5, st
+    finally:
+        call("stop", str(d), "--grace", "1")
+
+
 def test_a_detached_run_has_no_lease(tmp_path: Path) -> None:
     d = prepare(tmp_path, "while true; do sleep 0.2; done")
     assert call("start", str(d))[0] == 0

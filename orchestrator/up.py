@@ -503,7 +503,7 @@ def _attached(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, clust
                      confirm=lambda names: status_all(cluster, [r for r in records if r["node"] in names], timeout=3.0),
                      interval=min(interval, 0.5), unreachable_grace=grace, sleep=pushed.wait,
                      on_update=lambda nodes: record.update_nodes(nodes), offsets_s=offsets_s(run, inv),
-                     watch=watch)
+                     watch=watch, warn=say.warning)
     stop_logs = threading.Event()
     logs = threading.Thread(target=_stream_logs, args=(say, run, inv, cluster, stop_logs, pushed, dog, attempt == 1,
                                                        detector),

@@ -830,6 +830,8 @@ def down_report(result: DownReport) -> None:
         else:
             n = len(res.stopped)
             out.print(f"{markup(name)}: " + (f"stopped {n} processes (none is left)" if n else "nothing running"))
+        if res is not None and res.status is not None and res.status.disk_full:
+            out.print(f"[yellow]{markup(name)}: {markup(safe(res.status.disk_full))}[/]")
         if res is not None and res.strangers:
             out.print(f"[yellow]{markup(name)}: left alone {len(res.strangers)} processes that hold ids the run "
                       f"recorded but are not the job's (pid reuse): {list(res.strangers)}[/]")

@@ -16,7 +16,8 @@ holds:
   node.log      `<UTC ISO time with µs>Z <out|err|orch> <text>` for every line torchrun or the agent writes
   state.json    run, node, agent_pid, pid, pgid, host, started_at, finished_at, failed_at (when
                 torchrun first said a worker failed: the order of a run's failures), exit_code, signal,
-                state (starting|running|succeeded|failed|stopped), rewritten atomically; with every
+                state (starting|running|succeeded|failed|stopped), rewritten atomically (in place,
+                in its padding, when the disk is full: disk_full says so); with every
                 pid its start time (agent_start, pid_start, pgid_start, procs) and the boot_id
   torchrun/     torchrun's --log-dir
 
@@ -27,7 +28,8 @@ Subcommands (each prints one JSON object on stdout):
   status DIR [--tail N] [--nonce X]   state.json plus liveness (is the agent / the job alive), log
                      size and time
   stop DIR [--grace S] [--nonce X]    SIGTERM the job's process group, SIGKILL after S seconds, wait
-                     until every process of the job is gone. Idempotent.
+                     until every process of the job is gone. Idempotent. Signals first and writes
+                     after (stop.request), so a full disk never keeps a job from being stopped.
 
 With --nonce (the launch nonce, launch.json `nonce`), a run directory claimed by another launch
 (`launch.nonce`: another controller's run of the same id) is never stopped nor reported as ours.
@@ -108,7 +110,7 @@ STARTING, RUNNING, SUCCEEDED, FAILED, STOPPED = "starting", "running", "succeede
 STATES = (STARTING, RUNNING, SUCCEEDED, FAILED, STOPPED)
 FINAL_STATES = (SUCCEEDED, FAILED, STOPPED)
 STATUS_KEYS = ("state", "exit_code", "signal", "reason", "started_at", "finished_at", "failed_at", "pid", "pgid",
-               "agent_pid", "cleanup_left")
+               "agent_pid", "cleanup_left", "disk_full")
 """The fields of state.json a status reports as they are (the log reader's `S` frames: these)."""
 PR_SET_CHILD_SUBREAPER = 36
 STARTING_TEXT = "agent {pid} on {host} starting{attempt}: {argv} (cwd {cwd})"
@@ -158,17 +160,60 @@ def create_private(path: str) -> int:
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o600)
 
 
-def write_json(path: str, data: dict[str, Any]) -> None:
-    """Atomic, private rewrite: readers never see a torn state.json."""
+FULL = (28, 122)
+"""ENOSPC, EDQUOT: a write refused because the run root's disk (or the user's quota) is full."""
+RESERVE = 4096
+"""state.json is padded (JSON allows trailing whitespace) to hold this much more in the blocks it
+already has, so that on a full disk it can still be rewritten in place (`write_json`)."""
+
+
+def write_json(path: str, data: dict[str, Any]) -> OSError | None:
+    """Atomic, private rewrite: readers never see a torn state.json. On a full disk (`FULL`) the
+    file is rewritten in place, in the blocks it has (its padding keeps `RESERVE` bytes in hand),
+    and the error that made it so is returned; OSError when even that cannot be done."""
+    raw = (json.dumps(data, sort_keys=False) + "\n").encode("utf-8")
     tmp = f"{path}.tmp.{os.getpid()}"
     try:
         os.unlink(tmp)  # a leftover of a crash of this pid's namesake (never followed: unlink)
     except FileNotFoundError:
         pass
-    with os.fdopen(create_private(tmp), "w", encoding="utf-8") as fh:
-        json.dump(data, fh, sort_keys=False)
-        fh.write("\n")
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(create_private(tmp), "wb") as fh:
+            fh.write(raw + b" " * (RESERVE - 1) + b"\n")
+        os.replace(tmp, path)
+        return None
+    except OSError as exc:
+        try:
+            os.unlink(tmp)  # a half-written copy holds blocks a full disk has not got
+        except OSError:
+            pass
+        if exc.errno not in FULL or not rewrite_in_place(path, raw):
+            raise
+        return exc
+
+
+def rewrite_in_place(path: str, raw: bytes) -> bool:
+    """`raw` over the file's own blocks, padded to its size; False where it does not fit."""
+    try:
+        fd = os.open(path, os.O_WRONLY | NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        size = os.fstat(fd).st_size
+        if len(raw) + 1 > size:
+            return False
+        os.pwrite(fd, raw[:-1] + b" " * (size - len(raw)) + b"\n", 0)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def full_text(run_dir: str, exc: OSError) -> str:
+    """What the user is told of a write the disk refused: the run root (`<run_root>/<run>/<node>`) is full."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(run_dir)))
+    return f"run_root {root} is full ({exc.strerror or exc}): the node's log and state are not all written"
 
 
 def owner(run_dir: str) -> str | None:
@@ -252,13 +297,29 @@ class NodeLog:
         self.lock = threading.Lock()
         self.failed_at: float | None = None
         """When torchrun first said a worker failed (`WORKER_FAILED`, on stderr): this line's stamp."""
+        self.lost = 0
+        """Lines not written since the last one that was (a full disk): said once writes work again."""
+        self.error: OSError | None = None
+        """Why the last write failed, while writes fail; None once one works."""
 
     def write(self, stream: str, text: str) -> None:
+        """One stamped line. A write the disk refuses never stops the agent nor the job's output
+        (the pumps keep draining it): the line is lost and counted, said once writes work again."""
         text = text.rstrip("\r\n")
         body = f" {stream} {text}\n".encode("utf-8", "replace")
         with self.lock:  # stamp under the lock: the file's order is then the stamps' order
             now = time.time()
-            write_all(self.fh, utc_now(now).encode() + body)
+            line = utc_now(now).encode() + body
+            if self.lost:  # a torn line ends first; then what was lost
+                line = (b"\n" + utc_now(now).encode() + f" orch {self.lost} lines of output lost: "
+                        f"{self.error.strerror if self.error else 'write failed'}\n".encode() + line)
+            try:
+                write_all(self.fh, line)
+            except OSError as exc:
+                self.lost += 1
+                self.error = exc
+            else:
+                self.lost, self.error = 0, None
             if self.failed_at is None and stream == "err" and not text.startswith("[") and WORKER_FAILED.search(text):
                 self.failed_at = now  # a rank's own lines carry torchrun's `[default0]:` prefix
 
@@ -315,6 +376,10 @@ class Monitor:
         lease = launch.get("lease_s")
         self.lease_s = float(lease) if isinstance(lease, (int, float)) and lease > 0 else None
         self.lease_lost: str | None = None
+        self.unsaved = False
+        """state.json is behind `state` (a full disk): written again with the next snapshot."""
+        self.full: str | None = None
+        """What the last write the disk refused says (`full_text`)."""
         self.lease_seen: tuple[int, float] | None = None
         """The lease file's mtime (ns) as last seen, and when it was seen on `boot_clock`."""
 
@@ -354,8 +419,32 @@ class Monitor:
             self.stop_at, self.stop_signal = time.monotonic(), signal.SIGTERM
 
     def save(self, **fields: Any) -> None:
+        """state.json with `fields`. A full disk never takes the agent down: state.json is
+        rewritten in place (`write_json`), with `disk_full` saying so, else kept here and written
+        again with the next snapshot; `disk_full` goes once a whole write works again."""
         self.state.update(fields)
-        write_json(os.path.join(self.dir, STATE), self.state)
+        path = os.path.join(self.dir, STATE)
+        for _ in range(2):
+            try:
+                refused = write_json(path, self.state)
+            except OSError as exc:
+                self.unsaved = True
+                self.note_full(exc)
+                return
+            if refused is not None:
+                self.note_full(refused)
+            said = self.full if refused is not None else None
+            if self.state.get("disk_full") == said:
+                break
+            self.state["disk_full"] = said
+        self.unsaved = refused is not None
+
+    def note_full(self, exc: OSError) -> None:
+        """Say once in node.log (if it can still take a line) why a write failed."""
+        text = full_text(self.dir, exc) if exc.errno in FULL else f"cannot write {STATE}: {exc.strerror or exc}"
+        if text != self.full:
+            self.full = text
+            self.log.write("orch", text)
 
     def on_signal(self, signum: int, _frame: Any) -> None:
         # only set a flag: writing the log here could deadlock on its lock
@@ -514,8 +603,10 @@ class Monitor:
     def snapshot(self) -> None:
         """Record the job's processes (pid, start time) so `stop` can find them without us."""
         procs = [[pid, st] for pid, st in descendants(os.getpid())]
-        if procs != self.state.get("procs"):
+        if procs != self.state.get("procs") or self.unsaved:
             self.save(procs=procs)
+        if self.log.error is not None and self.log.error.errno in FULL and self.state.get("disk_full") is None:
+            self.save(disk_full=full_text(self.dir, self.log.error))  # node.log is what found it
 
     def kill_tree(self, sig: int) -> int:
         """Signal every process below the agent (each by pid and start time); how many got it."""
@@ -708,10 +799,6 @@ def cmd_stop(run_dir: str, grace: float, nonce: str | None = None) -> int:
     if not state:
         return emit({"state": None, "stopped": [], "remaining": [], "strangers": [],
                      "note": "nothing was started here"}, 0)
-    if state.get("state") not in FINAL_STATES:
-        fd = os.open(os.path.join(run_dir, STOP_REQUEST), os.O_WRONLY | os.O_CREAT | os.O_APPEND | NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(utc_now() + "\n")
     agent = (state.get("agent_pid"), state.get("agent_start")) if agent_alive(state) else (None, None)
     job = Job(state)
     found, strangers = job.processes()
@@ -722,6 +809,15 @@ def cmd_stop(run_dir: str, grace: float, nonce: str | None = None) -> int:
         send(agent[0], agent[1], signal.SIGTERM)
     else:
         job.signal(signal.SIGTERM)
+    # signal first, record after: a stop never needs a byte of disk (a full run root)
+    unwritten: list[str] = []
+    if state.get("state") not in FINAL_STATES:
+        try:
+            fd = os.open(os.path.join(run_dir, STOP_REQUEST), os.O_WRONLY | os.O_CREAT | os.O_APPEND | NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(utc_now() + "\n")
+        except OSError as exc:
+            unwritten.append(full_text(run_dir, exc) if exc.errno in FULL else f"{STOP_REQUEST}: {exc.strerror or exc}")
     deadline = time.monotonic() + grace
     while job.processes()[0] and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -736,9 +832,14 @@ def cmd_stop(run_dir: str, grace: float, nonce: str | None = None) -> int:
     if state.get("state") not in FINAL_STATES and not agent_alive(state):
         # the agent was gone (killed): record the end ourselves so the run does not look alive
         state.update(state=STOPPED, finished_at=time.time(), procs=[])
-        write_json(state_path, state)
+        try:
+            write_json(state_path, state)
+        except OSError as exc:
+            unwritten.append(full_text(run_dir, exc) if exc.errno in FULL else f"{STATE}: {exc.strerror or exc}")
     out = dict(state, stopped=sorted(p for p in found if p not in left), killed=sorted(killed),
                remaining=remaining, strangers=sorted(strangers))
+    if unwritten:
+        out["disk_full"] = unwritten[0]
     return emit(out, 0 if not remaining else 1)
 
 

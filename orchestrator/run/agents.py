@@ -72,6 +72,9 @@ class NodeStatus:
     cleanup_left: tuple[int, ...] | None = None
     """Processes of the job still there after the agent's cleanup timed out (a final state that
     left something running); None when the agent does not say."""
+    disk_full: str | None = None
+    """The node's run root refused a write (`run_root /... is full (...)`): the agent goes on, its
+    log and state are not all written; None when it does not say."""
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> NodeStatus:
@@ -89,7 +92,7 @@ class NodeStatus:
                    now=_number(data.get("now")),
                    log_size=_number(data.get("log_size")), log_mtime=_number(data.get("log_mtime")),
                    tail=tuple(str(x) for x in tail) if isinstance(tail, list) else (), error=_text(data.get("error")),
-                   cleanup_left=_pids(data.get("cleanup_left")), **alive)
+                   cleanup_left=_pids(data.get("cleanup_left")), disk_full=_text(data.get("disk_full")), **alive)
 
     def recorded(self) -> dict[str, Any]:
         """The fields run.json keeps of it, where it says anything."""

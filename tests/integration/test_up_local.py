@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.disk_support import fill, small_disk
 from tests.ports import job_port
 from tests.procs_support import received, stranger
 from tests.up_helpers import DDP_JOB, REPO, Orch, ddp_job, wait_for
@@ -314,3 +315,32 @@ def test_the_quickstart_runs_under_umask_002(tmp_path: Path) -> None:
     run_id = (home / "latest").read_text().strip()
     for d in (home.parent, home, home / "runs", home / "nodes", home / "nodes" / run_id / "n0"):
         assert d.stat().st_mode & 0o077 == 0, (d, oct(d.stat().st_mode))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs: needs root")
+def test_orch_down_stops_a_run_whose_run_root_is_full_and_says_so(tmp_path: Path) -> None:
+    """The nodes' run root fills up under a detached run: `orch down` still stops every process
+    of it (it signals first and needs no disk), exits 0 and says which node's run root is full."""
+    with small_disk(tmp_path / "disk", "16m") as disk:
+        inv = local_inventory(tmp_path, ddp_job(steps=100000, sleep=0.2))
+        doc = yaml.safe_load(inv.read_text())
+        doc["job"]["run_root"] = str(disk)
+        inv.write_text(yaml.safe_dump(doc))
+        orch = Orch(tmp_path / "home")
+        up = orch.run("up", str(inv), "--skip-checks", "--detach", timeout=120)
+        assert up.returncode == 0, up.stderr
+        run_id = (orch.home / "latest").read_text().strip()
+        filler = fill(disk)
+        try:
+            def met() -> bool:  # the agent said so, or died of it
+                state = (disk / run_id / "n0" / "state.json").read_text()
+                return "is full" in state or not Path(f"/proc/{json.loads(state)['agent_pid']}").exists()
+            wait_for(met, 30, "the agent to meet the full disk")
+            down = orch.run("down", timeout=120)
+            said = down.stdout + down.stderr
+            assert down.returncode == 0, said
+            assert f"n0: run_root {disk} is full" in said and f"n1: run_root {disk} is full" in said, said
+            assert marked(run_id) == []
+        finally:
+            filler.unlink()
+            orch.run("down", timeout=120)

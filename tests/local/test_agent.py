@@ -19,6 +19,7 @@ import pytest
 
 from orchestrator.logs.fetch import new_nonce, read_frames, reader_argv, reader_program
 from orchestrator.node import agent, agent_files, script, stacks
+from tests.disk_support import fill, small_disk
 from tests.procs_support import received, stranger
 
 BOOT = script("boot")
@@ -691,3 +692,39 @@ def test_no_nvidia_smi_is_said_in_the_sample_and_telemetry_0_writes_none(
     assert call("start", str(off))[0] == 0
     wait_state(off, "succeeded")
     assert telemetry_samples(off) == [] and "telemetry" not in (off / "node.log").read_text()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs: needs root")
+def test_a_full_run_root_neither_kills_the_agent_nor_makes_the_job_unstoppable(tmp_path: Path) -> None:
+    """The run root's disk fills up under a running job (each `sleep` a new process: the agent
+    records the job's processes every second, and the job prints all along). The agent survives
+    its own failed writes, keeps supervising and says the disk is full; `agent.py stop` signals
+    first and records after, so it stops the job without a byte of disk; the run ends `stopped`
+    in state.json, rewritten in the blocks it has."""
+    with small_disk(tmp_path / "disk") as disk:
+        d = disk / "run" / "n1"
+        d.mkdir(parents=True)
+        spec = {"run": f"full-{os.getpid()}", "node": "n1", "grace": 1.0, "cwd": str(tmp_path),
+                "argv": ["sh", "-c", "while true; do echo tick; sleep 0.1; done"]}
+        (d / "launch.json").write_text(json.dumps(spec))
+        assert call("start", str(d))[0] == 0
+        filler = fill(disk)
+        try:
+            t0 = time.monotonic()
+
+            def hit() -> bool:  # the agent said so, or died of it
+                st = call("status", str(d))[1]
+                return "is full" in str(st.get("disk_full")) or not st["agent_alive"]
+            wait_for(hit, "the agent to meet the full disk")
+            time.sleep(max(0.0, t0 + 3 - time.monotonic()))  # three of the agent's snapshots on a full disk
+            st = call("status", str(d))[1]
+            assert st["agent_alive"] and st["job_alive"] and st["state"] == "running", st
+            assert f"run_root {disk} is full" in st["disk_full"], st  # <run_root>/<run>/<node>
+            code, out = call("stop", str(d), "--grace", "1")
+            assert code == 0 and out["remaining"] == [] and out["state"] == "stopped", out
+            assert f"run_root {disk} is full" in out["disk_full"], out  # stop.request could not be written: said
+            assert not agent.job_alive(out) and not agent.agent_alive(out), out
+            assert state(d)["state"] == "stopped"
+        finally:
+            filler.unlink()
+            call("stop", str(d), "--grace", "1")

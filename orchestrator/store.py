@@ -57,9 +57,12 @@ def remote_dir(inv: Inventory, node: Node, run_id: str) -> str:
     return f"{inv.job.run_root.rstrip('/')}/{run_id}/{node.name}"
 
 
-def _refuse(path: Path, problem: str) -> UsageError:
-    return UsageError(f"orch's state directory {problem.split('; chmod go-w')[0]}", f"chmod 700 {path} (and make it yours), "
-                      f"or set ${HOME_VARIABLE} to a directory of your own")
+def _refuse(path: Path, problem: str, own: bool = True) -> UsageError:
+    """`problem` (`node/trust.py`'s words) as orch's refusal, with the fix: `chmod 700` of orch's
+    own directory, `chmod go-w` of one above `$ORCH_HOME`."""
+    text, _, fix = problem.partition("; ")
+    hint = f"chmod 700 {path} (and make it yours)" if own else fix.replace(" or set job.run_root elsewhere", "")
+    return UsageError(f"orch's state: {text}", f"{hint}, or set ${HOME_VARIABLE} to a directory of your own")
 
 
 def state_dir(path: Path, create: bool = True) -> Path:
@@ -69,8 +72,8 @@ def state_dir(path: Path, create: bool = True) -> Path:
     above `$ORCH_HOME` this user's or root's and not writable by others unless sticky (the node
     agent's rule for a run directory, `node/trust.py`). Otherwise UsageError (exit 2) with the fix:
     someone else could plant a run whose run.json says what orch runs."""
-    home = orch_home().absolute()
-    path = path.absolute()
+    home = orch_home().resolve()  # a ~/.orch that is a link is judged where it leads
+    path = path.resolve()
     chain = [path, *path.parents]
     if home not in chain:  # a file the user asked for elsewhere (`orch report -o`): made private, not judged
         if create:
@@ -78,15 +81,20 @@ def state_dir(path: Path, create: bool = True) -> Path:
                 _make_private(d)
         return path
     inside = chain[:chain.index(home) + 1]
+    if not create and not os.path.lexists(home):
+        return path
     if create and not os.path.lexists(home):
         for d in reversed(home.parents):
             _make_private(d)
+    problem = above_problem(str(home.parent), str(home))  # before anything is made in there
+    if problem:
+        raise _refuse(home, problem, own=False)
     for d in reversed(inside):
         if not os.path.lexists(d):
             if not create:
                 return path
             _make_private(d)
-        problem = own_problem(str(d)) or (above_problem(str(d.parent), str(d)) if d == home else None)
+        problem = own_problem(str(d))
         if problem:
             raise _refuse(d, problem)
     return path

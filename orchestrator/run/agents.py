@@ -152,6 +152,11 @@ def launch_spec(plan: Plan, np_: NodePlan, lease_s: float | None = None) -> dict
     return spec
 
 
+class UntrustedRunDir(OrchError):
+    """The node's agent refused its run directory (`node/trust.py`: it, or a directory above it,
+    can be changed by others): nothing there was read, written or started."""
+
+
 def agent_call(t: Transport, python: str, rdir: str, args: list[str], timeout: float) -> dict[str, Any]:
     """Run `python agent.py ARGS` in the node's run directory and parse the JSON it prints.
 
@@ -172,7 +177,7 @@ def parse_agent(res: Result, python: str) -> dict[str, Any]:
         data = None
     if isinstance(data, dict):
         if data.get("untrusted"):
-            raise OrchError(f"{res.node}: {data.get('error')}",
+            raise UntrustedRunDir(f"{res.node}: {data.get('error')}",
                             "a run directory (and every directory above it) must be writable by its owner only; "
                             "or set job.run_root to a directory of your own")
         return data

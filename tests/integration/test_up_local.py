@@ -344,3 +344,20 @@ def test_orch_down_stops_a_run_whose_run_root_is_full_and_says_so(tmp_path: Path
         finally:
             filler.unlink()
             orch.run("down", timeout=120)
+
+
+def test_a_run_root_the_agent_refuses_names_why_and_no_stop_left_unconfirmed(tmp_path: Path) -> None:
+    """Without the preflight (--skip-checks), a run root under a directory its group can write:
+    each node's agent refuses its run directory, says why, and, having started nothing there,
+    leaves no "could not confirm the stop" behind."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o775)
+    inv = local_inventory(tmp_path, ddp_job(steps=2, sleep=0.0))
+    doc = yaml.safe_load(inv.read_text())
+    doc["job"]["run_root"] = str(shared / "nodes")
+    inv.write_text(yaml.safe_dump(doc))
+    up = Orch(tmp_path / "home").run("up", str(inv), "--skip-checks", timeout=120)
+    said = up.stdout + up.stderr
+    assert up.returncode != 0 and f"{shared}, above the run directory, can be changed by others" in said, said
+    assert "could not confirm" not in said, said

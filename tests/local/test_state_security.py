@@ -66,6 +66,22 @@ def test_a_state_directory_others_can_write_is_refused_with_the_fix(tmp_path: Pa
     assert not (home / "runs").exists()
 
 
+def test_a_directory_above_orch_home_others_can_change_is_refused(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whoever can rename $ORCH_HOME away can put their own in its place: the directories above it
+    are held to the node agent's rule for a run directory (this user's or root's, not writable by
+    others unless sticky)."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o775)
+    monkeypatch.setenv("ORCH_HOME", str(shared / ".orch"))
+    with pytest.raises(Exception) as err:
+        RunStore().create(parse(inventory_text("python3"), "inv.yaml"))
+    assert f"{shared}, above {shared / '.orch'}, can be changed by others" in str(err.value)
+    assert getattr(err.value, "hint", "").startswith(f"chmod go-w {shared}, or set $ORCH_HOME")
+    assert not (shared / ".orch").exists()  # nothing made in there
+
+
 def plant(home: Path, tmp_path: Path, owner: int | None) -> Path:
     """A run planted in `home`: a local inventory and a run.json whose node record's `python` is a
     script that leaves a marker; `latest` names it. Returns the marker's path."""

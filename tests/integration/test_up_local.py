@@ -361,3 +361,34 @@ def test_a_run_root_the_agent_refuses_names_why_and_no_stop_left_unconfirmed(tmp
     said = up.stdout + up.stderr
     assert up.returncode != 0 and f"{shared}, above the run directory, can be changed by others" in said, said
     assert "could not confirm" not in said, said
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs: needs root")
+def test_an_attached_run_says_which_nodes_run_root_is_full_and_goes_on(tmp_path: Path) -> None:
+    """The run root fills up under an attached `orch up`: it says `node N: run_root DIR is full`
+    (once per node) and supervises on (the agents survive the full disk); `orch down` then ends
+    it as any run (130)."""
+    with small_disk(tmp_path / "disk", "16m") as disk:
+        inv = local_inventory(tmp_path, ddp_job(steps=100000, sleep=0.2))
+        doc = yaml.safe_load(inv.read_text())
+        doc["job"]["run_root"] = str(disk)
+        inv.write_text(yaml.safe_dump(doc))
+        orch = Orch(tmp_path / "home")
+        up = orch.start(str(inv), "--skip-checks")
+        filler = None
+        try:
+            run_id = up.wait_running()
+            filler = fill(disk)
+            wait_for(lambda: f"node n0: run_root {disk} is full" in up.err or up.proc.poll() is not None, 60,
+                     "orch up to say the run root is full")
+            assert f"node n0: run_root {disk} is full" in up.err, up.err
+            assert up.proc.poll() is None and orch.run_json(run_id).get("state") == "running", up.err
+            assert up.err.count(f"node n0: run_root {disk} is full") == 1, up.err
+            assert orch.run("down", timeout=120).returncode == 0
+            assert up.wait(120) == 130, up.err
+        finally:
+            if filler is not None:
+                filler.unlink()
+            if up.proc.poll() is None:
+                up.proc.send_signal(signal.SIGINT)
+                up.proc.wait(60)

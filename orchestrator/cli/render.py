@@ -630,6 +630,9 @@ def status_table(report: StatusReport) -> None:
         table.add_row(n.node, str(n.node_rank), styled(str(n.state)), "" if n.exit_code is None else str(n.exit_code),
                       str(n.pid or ""), up, last if not n.error else markup(safe(n.error)[:80]))
     out.print(table)
+    for n in report.nodes:
+        if n.disk_full:
+            out.print(f"[yellow]node {markup(n.node)}: {markup(safe(n.disk_full))}[/]", soft_wrap=True)
     for found in report.stragglers:
         out.print(f"[bold yellow]{markup(found.get('line', ''))}[/]")
     ff = report.first_failure

@@ -301,6 +301,8 @@ class NodeLog:
         """Lines not written since the last one that was (a full disk): said once writes work again."""
         self.error: OSError | None = None
         """Why the last write failed, while writes fail; None once one works."""
+        self.torn = False
+        """A failed write left part of its line in node.log: the next one ends it first."""
 
     def write(self, stream: str, text: str) -> None:
         """One stamped line. A write the disk refuses never stops the agent nor the job's output
@@ -310,16 +312,19 @@ class NodeLog:
         with self.lock:  # stamp under the lock: the file's order is then the stamps' order
             now = time.time()
             line = utc_now(now).encode() + body
-            if self.lost:  # a torn line ends first; then what was lost
-                line = (b"\n" + utc_now(now).encode() + f" orch {self.lost} lines of output lost: "
+            if self.lost:  # what was lost first (after the end of a line cut short, if one was)
+                line = (b"\n" * self.torn + utc_now(now).encode() + f" orch {self.lost} lines of output lost: "
                         f"{self.error.strerror if self.error else 'write failed'}\n".encode() + line)
+            written = 0
             try:
-                write_all(self.fh, line)
+                while written < len(line):  # write(2) may take fewer bytes than asked (a nearly full disk)
+                    written += self.fh.write(line[written:])
             except OSError as exc:
                 self.lost += 1
                 self.error = exc
+                self.torn = written > 0 or self.torn
             else:
-                self.lost, self.error = 0, None
+                self.lost, self.error, self.torn = 0, None, False
             if self.failed_at is None and stream == "err" and not text.startswith("[") and WORKER_FAILED.search(text):
                 self.failed_at = now  # a rank's own lines carry torchrun's `[default0]:` prefix
 
@@ -828,7 +833,7 @@ def cmd_stop(run_dir: str, grace: float, nonce: str | None = None) -> int:
     left, more_strangers = job.processes()
     strangers.update(more_strangers)
     remaining = sorted(left) + ([agent[0]] if agent[0] and alive(*agent) else [])
-    state = read_json(state_path)
+    state = read_json(state_path) or state  # (rewritten in place on a full disk, it may read torn for an instant)
     if state.get("state") not in FINAL_STATES and not agent_alive(state):
         # the agent was gone (killed): record the end ourselves so the run does not look alive
         state.update(state=STOPPED, finished_at=time.time(), procs=[])

@@ -705,12 +705,19 @@ def test_a_full_run_root_neither_kills_the_agent_nor_makes_the_job_unstoppable(t
         d = disk / "run" / "n1"
         d.mkdir(parents=True)
         spec = {"run": f"full-{os.getpid()}", "node": "n1", "grace": 1.0, "cwd": str(tmp_path),
-                "argv": ["sh", "-c", "while true; do echo tick; sleep 0.1; done"]}
+                "argv": ["sh", "-c", "while true; do echo tick $(seq 100 130); sleep 0.05; done"]}
         (d / "launch.json").write_text(json.dumps(spec))
         assert call("start", str(d))[0] == 0
         filler = fill(disk)
         try:
             t0 = time.monotonic()
+            sizes = [-1]
+
+            def log_stopped() -> bool:  # node.log's last page filled too: the job's lines are being lost
+                sizes.append((d / "node.log").stat().st_size)
+                time.sleep(0.5)
+                return sizes[-1] == sizes[-2]
+            wait_for(log_stopped, "node.log to stop growing")
 
             def hit() -> bool:  # the agent said so, or died of it
                 st = call("status", str(d))[1]
@@ -720,11 +727,18 @@ def test_a_full_run_root_neither_kills_the_agent_nor_makes_the_job_unstoppable(t
             st = call("status", str(d))[1]
             assert st["agent_alive"] and st["job_alive"] and st["state"] == "running", st
             assert f"run_root {disk} is full" in st["disk_full"], st  # <run_root>/<run>/<node>
+            filler.unlink()  # room again: what was lost is said, and disk_full goes
+            wait_for(lambda: call("status", str(d))[1].get("disk_full") is None, "disk_full to go")
+            wait_for(lambda: re.search(r"Z orch \d+ lines of output lost: No space left on device\n",
+                                       (d / "node.log").read_text()), "the lost lines to be said")
+            assert all(re.match(r"\d{4}-\d\d-\d\dT", ln) for ln in (d / "node.log").read_text().splitlines()), \
+                "a line cut short by the full disk was not ended"
+            filler = fill(disk)
             code, out = call("stop", str(d), "--grace", "1")
             assert code == 0 and out["remaining"] == [] and out["state"] == "stopped", out
             assert f"run_root {disk} is full" in out["disk_full"], out  # stop.request could not be written: said
             assert not agent.job_alive(out) and not agent.agent_alive(out), out
             assert state(d)["state"] == "stopped"
         finally:
-            filler.unlink()
+            filler.unlink(missing_ok=True)
             call("stop", str(d), "--grace", "1")

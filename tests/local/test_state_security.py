@@ -124,6 +124,12 @@ def test_a_run_planted_by_another_user_is_never_run(tmp_path: Path) -> None:
     assert not marker.exists()
     res = orch.run("down", timeout=60)
     assert res.returncode == 2 and not marker.exists(), res.stderr
+    run = next((home / "runs").iterdir())
+    for p in (home / "runs", run, home / "latest"):  # only the files are theirs now
+        os.chown(p, os.geteuid(), os.getegid())
+    res = orch.run("status", timeout=60)
+    assert res.returncode == 2 and f"{run / 'run.json'} is not this user's alone" in res.stderr, res.stderr
+    assert not marker.exists()
 
 
 def test_run_json_never_says_what_runs_only_the_snapshot_does(tmp_path: Path) -> None:

@@ -8,7 +8,10 @@ the same runs from any shell and any directory), and where a run lives.
                                   atomically), `check.json` (its preflight), `merged.log`,
                                   `nodes/<node>.log` (the copies of the node logs), `report/`
 
-Files are created private (0600/0700): they can hold environment values. On each node the run
+Files and directories are created private (0600/0700) whatever the umask: they can hold
+environment values, and run.json says what runs on the nodes. A directory here that someone
+else owns or can write (`$ORCH_HOME` made by an older orch under umask 002) is refused with the
+fix (`state_dir`), and so is a run's run.json or inventory snapshot that is not this user's alone. On each node the run
 lives in `<job.run_root>/<run-id>/<node-name>/` (see `remote_dir`), so nodes that share one
 filesystem never write the same file. Every package that reads or writes these (preflight
 saves its reports, logs keeps its copies, run its records, the HTML report reads them) sits
@@ -36,6 +39,7 @@ from .config.inventory import Inventory
 from .config.nodes import Node, name_problem
 from .contract import RunState
 from .errors import UsageError
+from .node.trust import above_problem, own_problem
 
 HOME_VARIABLE = "ORCH_HOME"
 DEFAULT_HOME = "~/.orch"
@@ -53,9 +57,71 @@ def remote_dir(inv: Inventory, node: Node, run_id: str) -> str:
     return f"{inv.job.run_root.rstrip('/')}/{run_id}/{node.name}"
 
 
+def _refuse(path: Path, problem: str, own: bool = True) -> UsageError:
+    """`problem` (`node/trust.py`'s words) as orch's refusal, with the fix: `chmod 700` of orch's
+    own directory, `chmod go-w` of one above `$ORCH_HOME`."""
+    text, _, fix = problem.partition("; ")
+    hint = f"chmod 700 {path} (and make it yours)" if own else fix.replace(" or set job.run_root elsewhere", "")
+    return UsageError(f"orch's state: {text}", f"{hint}, or set ${HOME_VARIABLE} to a directory of your own")
+
+
+def state_dir(path: Path, create: bool = True) -> Path:
+    """`path`, a directory of orch's state (`$ORCH_HOME` or one below it), made mode 0700 with
+    every missing directory above it up to `$ORCH_HOME` whatever the umask (`create`); each that
+    exists, from `$ORCH_HOME` down, must be this user's and writable by no one else, and those
+    above `$ORCH_HOME` this user's or root's and not writable by others unless sticky (the node
+    agent's rule for a run directory, `node/trust.py`). Otherwise UsageError (exit 2) with the fix:
+    someone else could plant a run whose run.json says what orch runs."""
+    home = orch_home().resolve()  # a ~/.orch that is a link is judged where it leads
+    path = path.resolve()
+    chain = [path, *path.parents]
+    if home not in chain:  # a file the user asked for elsewhere (`orch report -o`): made private, not judged
+        if create:
+            for d in reversed(chain):
+                _make_private(d)
+        return path
+    inside = chain[:chain.index(home) + 1]
+    if not create and not os.path.lexists(home):
+        return path
+    if create and not os.path.lexists(home):
+        for d in reversed(home.parents):
+            _make_private(d)
+    problem = above_problem(str(home.parent), str(home))  # before anything is made in there
+    if problem:
+        raise _refuse(home, problem, own=False)
+    for d in reversed(inside):
+        if not os.path.lexists(d):
+            if not create:
+                return path
+            _make_private(d)
+        problem = own_problem(str(d))
+        if problem:
+            raise _refuse(d, problem)
+    return path
+
+
+def _make_private(d: Path) -> None:
+    """`d` made mode 0700 where it is missing (the umask cannot widen it); one that is there is left as it is."""
+    try:
+        d.mkdir(mode=0o700)
+    except FileExistsError:
+        return
+    os.chmod(d, 0o700)
+
+
+def check_private(path: Path) -> Path:
+    """`path`, a file orch reads its state from: this user's and writable by no one else, else
+    UsageError (a planted run.json would say what orch runs)."""
+    st = os.lstat(path)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022 or not (st.st_mode & 0o170000 == 0o100000):
+        raise UsageError(f"{path} is not this user's alone (uid {st.st_uid}, mode {st.st_mode & 0o7777:04o}): "
+                         "refusing to read it", f"remove it, or chmod 600 {path} if you wrote it")
+    return path
+
+
 def write_private(path: Path, data: str | bytes) -> None:
     """Write atomically (temp file + rename) with mode 0600."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    state_dir(path.parent)
     raw = data.encode() if isinstance(data, str) else data
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
@@ -285,7 +351,7 @@ class RunStore:
             raise UsageError("--run-id latest: `latest` names the latest run wherever a RUN is taken",
                              "pick another --run-id")
         path = self.root / run_id
-        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        state_dir(self.root)
         try:
             path.mkdir(mode=0o700)  # exclusive: of two `orch up --run-id X` here, one gets it
         except FileExistsError:
@@ -301,6 +367,7 @@ class RunStore:
         """Every run, oldest first (by run.json `created`, else the directory's time)."""
         if not self.root.is_dir():
             return iter(())
+        state_dir(self.root, create=False)
         return iter(sorted((RunDir(p) for p in self.root.iterdir() if p.is_dir()), key=_started))
 
     def latest_id(self) -> str:
@@ -308,6 +375,8 @@ class RunStore:
         latest = self.home / "latest"
         if not latest.exists():
             raise UsageError(f"no runs yet in {self.root}", "start one with: orch up INVENTORY")
+        state_dir(self.home, create=False)
+        check_private(latest)
         return check_run_id(latest.read_text().strip(), f"{latest} names a run")
 
     def get(self, run_id: str | None = None) -> RunDir:
@@ -320,10 +389,10 @@ class RunStore:
             check_run_id(run_id, "run")
         path = self.root / run_id
         if (path / "run.json").exists():
-            return RunDir(path)
+            return trusted(RunDir(path))
         matches = self.matching(run_id)
         if len(matches) == 1:
-            return matches[0]
+            return trusted(matches[0])
         if matches:
             ids = [r.run_id for r in reversed(matches)]
             shown = ", ".join(ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
@@ -339,6 +408,17 @@ class RunStore:
         runs = [r for r in self.runs() if (r.path / "run.json").exists()]
         whole = [r for r in runs if r.run_id.startswith(prefix)]
         return whole or [r for r in runs if _DATED.match(r.run_id) and r.run_id[9:].startswith(prefix)]
+
+
+def trusted(run: RunDir) -> RunDir:
+    """`run` once its directory (and every one above it up to `$ORCH_HOME`), its run.json and its
+    inventory snapshot are this user's alone (`state_dir`, `check_private`): what a run's record
+    says is run on the nodes only when no one else could have written it."""
+    state_dir(run.path, create=False)
+    for name in ("run.json", "inventory.yaml"):
+        if os.path.lexists(run.path / name):
+            check_private(run.path / name)
+    return run
 
 
 LATEST = "latest"

@@ -32,7 +32,15 @@ from .logs.teardown import NodeStopped, QuietStop
 from .preflight.runner import CheckReport, run_preflight, save_to_run
 from .remote.sync import SyncReport, sync_nodes
 from .run import resume
-from .run.agents import NodeStatus, StopResult, start_all, status_all, status_node, stop_all
+from .run.agents import (
+    NodeStatus,
+    StopResult,
+    UntrustedRunDir,
+    start_all,
+    status_all,
+    status_node,
+    stop_all,
+)
 from .run.control import offsets_s
 from .run.records import RunRecord, node_records
 from .run.stacks import StacksReport
@@ -468,7 +476,10 @@ def _launch(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, cluster
     if started.failed:
         say.start_failed(started.failed)
         t = time.monotonic()
-        results = stop_all(cluster, record.nodes(), inv.job.stop_grace_s)
+        # a node whose agent refused its run directory started nothing there (the boot refuses
+        # before it writes): no stop to confirm
+        refused = {n for n, e in started.failed.items() if isinstance(e, UntrustedRunDir)}
+        results = stop_all(cluster, [r for r in record.nodes() if r["node"] not in refused], inv.job.stop_grace_s)
         record.update_nodes({n: r.status for n, r in results.succeeded.items() if r.status is not None},
                             state=RunState.FAILED, start_failures={n: str(e) for n, e in started.failed.items()})
         never = never_started(started.failed)
@@ -519,7 +530,7 @@ def _attached(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, clust
                      confirm=lambda names: status_all(cluster, [r for r in records if r["node"] in names], timeout=3.0),
                      interval=min(interval, 0.5), unreachable_grace=grace, sleep=pushed.wait,
                      on_update=lambda nodes: record.update_nodes(nodes), offsets_s=offsets_s(run, inv),
-                     watch=watch)
+                     watch=watch, warn=say.warning)
     stop_logs = threading.Event()
     logs = threading.Thread(target=_stream_logs, args=(say, run, inv, cluster, stop_logs, pushed, dog, attempt == 1,
                                                        detector),

@@ -669,6 +669,9 @@ def status_table(report: StatusReport) -> None:
         table.add_row(n.node, str(n.node_rank), styled(str(n.state)), "" if n.exit_code is None else str(n.exit_code),
                       str(n.pid or ""), up, last if not n.error else markup(safe(n.error)[:80]))
     out.print(table)
+    for n in report.nodes:
+        if n.disk_full:
+            out.print(f"[yellow]node {markup(n.node)}: {markup(safe(n.disk_full))}[/]", soft_wrap=True)
     for found in report.stragglers:
         out.print(f"[bold yellow]{markup(found.get('line', ''))}[/]")
     ff = report.first_failure
@@ -876,6 +879,8 @@ def down_report(result: DownReport) -> None:
         else:
             n = len(res.stopped)
             out.print(f"{markup(name)}: " + (f"stopped {n} processes (none is left)" if n else "nothing running"))
+        if res is not None and res.status is not None and res.status.disk_full:
+            out.print(f"[yellow]{markup(name)}: {markup(safe(res.status.disk_full))}[/]")
         if res is not None and res.strangers:
             out.print(f"[yellow]{markup(name)}: left alone {len(res.strangers)} processes that hold ids the run "
                       f"recorded but are not the job's (pid reuse): {list(res.strangers)}[/]")

@@ -142,7 +142,7 @@ def node_sources(run: RunDir, inv: Inventory) -> list[NodeSource]:
         node_rank = int(rec.get("node_rank", rank))
         base_rank: int | None = rec.get("base_rank", base if inv.job.rdzv == "static" else None)
         sources.append(NodeSource(node.name, node_rank, base_rank,
-                                  str(rec.get("remote_dir") or remote_dir(inv, node, run.run_id)),
+                                  remote_dir(inv, node, run.run_id),  # the snapshot's, never run.json's
                                   node.python, run.path / "nodes" / f"{node.name}.log", nonce))
         base += node.nproc_per_node
     return sorted(sources, key=lambda s: s.node_rank)

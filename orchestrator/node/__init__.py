@@ -9,6 +9,8 @@ A node may run another orch version, or none: what a program needs travels with 
               (`AGENT_MODULES`) and run from there:
 - `procs.py`  process identity: which processes are the run's (pid and start time, boot id),
               signalled only while they still are; liveness of the agent and the job.
+- `trust.py`  which directories may be trusted (the run directory, all above it): the agent's
+              rule, which the probe applies to `job.run_root` too.
 - `stacks.py` `agent.py stacks`: every rank's Python stack (py-spy dump).
 - `telemetry.py` the agent's samples of GPUs, CPU, memory and ranks (`telemetry ...` lines).
 - `boot.py`   writes the files it reads on stdin into a run directory, then runs the agent.
@@ -48,7 +50,7 @@ then shows a command line of a few words in `ps` for its whole life, not its 40 
 FROM_STDIN_OPEN = "import sys;b=sys.stdin.buffer;exec(b.read(int(b.readline())))"
 """Like FROM_STDIN, but the program comes after a line with its length, and stdin stays open
 for the program to read (the log reader's lease renewals, `reader.py`)."""
-AGENT_MODULES = ("procs", "stacks", "telemetry")
+AGENT_MODULES = ("procs", "stacks", "telemetry", "trust")
 """The agent's own modules (`agent.py` imports them): shipped beside it into every run directory
 (`agent_files`), bundled before it into every program that runs or imports it."""
 PACKAGE = "orch_node"

@@ -16,7 +16,8 @@ holds:
   node.log      `<UTC ISO time with µs>Z <out|err|orch> <text>` for every line torchrun or the agent writes
   state.json    run, node, agent_pid, pid, pgid, host, started_at, finished_at, failed_at (when
                 torchrun first said a worker failed: the order of a run's failures), exit_code, signal,
-                state (starting|running|succeeded|failed|stopped), rewritten atomically; with every
+                state (starting|running|succeeded|failed|stopped), rewritten atomically (in place,
+                in its padding, when the disk is full: disk_full says so); with every
                 pid its start time (agent_start, pid_start, pgid_start, procs) and the boot_id
   torchrun/     torchrun's --log-dir
 
@@ -27,7 +28,8 @@ Subcommands (each prints one JSON object on stdout):
   status DIR [--tail N] [--nonce X]   state.json plus liveness (is the agent / the job alive), log
                      size and time
   stop DIR [--grace S] [--nonce X]    SIGTERM the job's process group, SIGKILL after S seconds, wait
-                     until every process of the job is gone. Idempotent.
+                     until every process of the job is gone. Idempotent. Signals first and writes
+                     after (stop.request), so a full disk never keeps a job from being stopped.
 
 With --nonce (the launch nonce, launch.json `nonce`), a run directory claimed by another launch
 (`launch.nonce`: another controller's run of the same id) is never stopped nor reported as ours.
@@ -43,7 +45,7 @@ start time, the boot id, the run's tag) is `procs.py`, shipped beside this file 
 (`agent.py stacks`); the agent imports them as siblings (a package) or by name (run from its
 run directory).
 
-The run directory must be this user's and writable by no one else (`check_run_dir`): state.json
+The run directory must be this user's and writable by no one else (`trust.check_run_dir`): state.json
 says what to signal, so a directory others can write to would let them choose. Files in it are
 created with O_NOFOLLOW (and O_EXCL where they are new), so a planted link redirects nothing.
 """
@@ -73,6 +75,7 @@ try:  # imported as a package (the log reader, the tests), or run from the run d
         send,
         signal_name,
     )
+    from .trust import UntrustedDir, check_run_dir
 except ImportError:
     from procs import (  # type: ignore[no-redef]
         Job,
@@ -86,6 +89,7 @@ except ImportError:
         send,
         signal_name,
     )
+    from trust import UntrustedDir, check_run_dir  # type: ignore[no-redef]
 
 if TYPE_CHECKING:
     import subprocess
@@ -99,15 +103,15 @@ STATE = "state.json"
 LOG = "node.log"
 STOP_REQUEST = "stop.request"
 LEASE = "lease"
-"""An attached run's lease (launch.json `lease_s`): its mtime is when the controller was last
-heard from (each renewal through the log reader touches it); once it is older than `lease_s`,
+"""An attached run's lease (launch.json `lease_s`): each renewal through the log reader touches
+it; once its mtime has not changed for `lease_s` on the node's boot clock (`Monitor.check_lease`),
 the agent stops the job and says why. A detached run has no lease: it runs on its own."""
 # A run's states as state.json records them (orchestrator.contract.RunState on the controller)
 STARTING, RUNNING, SUCCEEDED, FAILED, STOPPED = "starting", "running", "succeeded", "failed", "stopped"
 STATES = (STARTING, RUNNING, SUCCEEDED, FAILED, STOPPED)
 FINAL_STATES = (SUCCEEDED, FAILED, STOPPED)
 STATUS_KEYS = ("state", "exit_code", "signal", "reason", "started_at", "finished_at", "failed_at", "pid", "pgid",
-               "agent_pid", "cleanup_left")
+               "agent_pid", "cleanup_left", "disk_full")
 """The fields of state.json a status reports as they are (the log reader's `S` frames: these)."""
 PR_SET_CHILD_SUBREAPER = 36
 STARTING_TEXT = "agent {pid} on {host} starting{attempt}: {argv} (cwd {cwd})"
@@ -164,52 +168,60 @@ def create_private(path: str) -> int:
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o600)
 
 
-def write_json(path: str, data: dict[str, Any]) -> None:
-    """Atomic, private rewrite: readers never see a torn state.json."""
+FULL = (28, 122)
+"""ENOSPC, EDQUOT: a write refused because the run root's disk (or the user's quota) is full."""
+RESERVE = 4096
+"""state.json is padded (JSON allows trailing whitespace) to hold this much more in the blocks it
+already has, so that on a full disk it can still be rewritten in place (`write_json`)."""
+
+
+def write_json(path: str, data: dict[str, Any]) -> OSError | None:
+    """Atomic, private rewrite: readers never see a torn state.json. On a full disk (`FULL`) the
+    file is rewritten in place, in the blocks it has (its padding keeps `RESERVE` bytes in hand),
+    and the error that made it so is returned; OSError when even that cannot be done."""
+    raw = (json.dumps(data, sort_keys=False) + "\n").encode("utf-8")
     tmp = f"{path}.tmp.{os.getpid()}"
     try:
         os.unlink(tmp)  # a leftover of a crash of this pid's namesake (never followed: unlink)
     except FileNotFoundError:
         pass
-    with os.fdopen(create_private(tmp), "w", encoding="utf-8") as fh:
-        json.dump(data, fh, sort_keys=False)
-        fh.write("\n")
-    os.replace(tmp, path)
-
-
-class UntrustedDir(Exception):
-    """The run directory is not this user's alone: nothing it says is acted on."""
-
-
-def check_run_dir(path: str) -> None:
-    """Refuse a run directory that only this user may trust: it must be a directory (not a
-    link), this user's, writable by no one else, and so must every directory above it be (this
-    user's or root's, and not writable by others unless sticky, like /tmp), as OpenSSH's
-    StrictModes asks of ~/.ssh. state.json names what `stop` signals and launch.json what `start`
-    runs: whoever can write or rename the directory could choose both. Raises UntrustedDir."""
-    import stat
-
-    path = os.path.abspath(path)
     try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return  # nothing there: nothing to trust (start creates it, status and stop find nothing)
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise UntrustedDir(f"{path} is not a directory (a link or a file): refusing to use it")
-    me = os.geteuid()
-    if st.st_uid != me:
-        raise UntrustedDir(f"{path} belongs to uid {st.st_uid}, not to this user ({me}): refusing to use it")
-    if st.st_mode & 0o022:
-        raise UntrustedDir(f"{path} is writable by others than its owner (mode {stat.S_IMODE(st.st_mode):04o}): "
-                           f"refusing to use it; chmod go-w {path}")
-    parent = os.path.dirname(path)
-    while parent != path:
-        path, st = parent, os.stat(parent)
-        if st.st_uid not in (me, 0) or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
-            raise UntrustedDir(f"{path}, above the run directory, can be changed by others (uid {st.st_uid}, "
-                               f"mode {stat.S_IMODE(st.st_mode):04o}): refusing to use it; chmod go-w {path} "
-                               "or set job.run_root elsewhere")
-        parent = os.path.dirname(path)
+        with os.fdopen(create_private(tmp), "wb") as fh:
+            fh.write(raw + b" " * (RESERVE - 1) + b"\n")
+        os.replace(tmp, path)
+        return None
+    except OSError as exc:
+        try:
+            os.unlink(tmp)  # a half-written copy holds blocks a full disk has not got
+        except OSError:
+            pass
+        if exc.errno not in FULL or not rewrite_in_place(path, raw):
+            raise
+        return exc
+
+
+def rewrite_in_place(path: str, raw: bytes) -> bool:
+    """`raw` over the file's own blocks, padded to its size; False where it does not fit."""
+    try:
+        fd = os.open(path, os.O_WRONLY | NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        size = os.fstat(fd).st_size
+        if len(raw) + 1 > size:
+            return False
+        os.pwrite(fd, raw[:-1] + b" " * (size - len(raw)) + b"\n", 0)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def full_text(run_dir: str, exc: OSError) -> str:
+    """What the user is told of a write the disk refused: the run root (`<run_root>/<run>/<node>`) is full."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(run_dir)))
+    return f"run_root {root} is full ({exc.strerror or exc}): the node's log and state are not all written"
 
 
 def owner(run_dir: str) -> str | None:
@@ -293,13 +305,34 @@ class NodeLog:
         self.lock = threading.Lock()
         self.failed_at: float | None = None
         """When torchrun first said a worker failed (`WORKER_FAILED`, on stderr): this line's stamp."""
+        self.lost = 0
+        """Lines not written since the last one that was (a full disk): said once writes work again."""
+        self.error: OSError | None = None
+        """Why the last write failed, while writes fail; None once one works."""
+        self.torn = False
+        """A failed write left part of its line in node.log: the next one ends it first."""
 
     def write(self, stream: str, text: str) -> None:
+        """One stamped line. A write the disk refuses never stops the agent nor the job's output
+        (the pumps keep draining it): the line is lost and counted, said once writes work again."""
         text = text.rstrip("\r\n")
         body = f" {stream} {text}\n".encode("utf-8", "replace")
         with self.lock:  # stamp under the lock: the file's order is then the stamps' order
             now = time.time()
-            write_all(self.fh, utc_now(now).encode() + body)
+            line = utc_now(now).encode() + body
+            if self.lost:  # what was lost first (after the end of a line cut short, if one was)
+                line = (b"\n" * self.torn + utc_now(now).encode() + f" orch {self.lost} lines of output lost: "
+                        f"{self.error.strerror if self.error else 'write failed'}\n".encode() + line)
+            written = 0
+            try:
+                while written < len(line):  # write(2) may take fewer bytes than asked (a nearly full disk)
+                    written += self.fh.write(line[written:])
+            except OSError as exc:
+                self.lost += 1
+                self.error = exc
+                self.torn = written > 0 or self.torn
+            else:
+                self.lost, self.error, self.torn = 0, None, False
             if self.failed_at is None and stream == "err" and not text.startswith("[") and WORKER_FAILED.search(text):
                 self.failed_at = now  # a rank's own lines carry torchrun's `[default0]:` prefix
 
@@ -356,6 +389,12 @@ class Monitor:
         lease = launch.get("lease_s")
         self.lease_s = float(lease) if isinstance(lease, (int, float)) and lease > 0 else None
         self.lease_lost: str | None = None
+        self.unsaved = False
+        """state.json is behind `state` (a full disk): written again with the next snapshot."""
+        self.full: str | None = None
+        """What the last write the disk refused says (`full_text`)."""
+        self.lease_seen: tuple[int, float] | None = None
+        """The lease file's mtime (ns) as last seen, and when it was seen on `boot_clock`."""
 
     def start_lease(self) -> None:
         """A fresh lease file: the controller renews it from now on (its log reader's stdin)."""
@@ -365,15 +404,27 @@ class Monitor:
         except FileNotFoundError:
             pass
         os.close(create_private(path))
+        self.lease_seen = None
 
     def check_lease(self) -> None:
-        """Stop the job (as SIGTERM would) once the controller has not renewed the lease for `lease_s`."""
+        """Stop the job (as SIGTERM would) once the controller has not renewed the lease for `lease_s`.
+
+        The lease's age is measured on the node's boot clock (`boot_clock`), never the wall clock:
+        a renewal is any change of the lease file's mtime (forward or back), and its age is how long
+        ago, on that clock, this agent first saw the mtime it has now. An NTP step or a manual clock
+        change during a week-long run neither expires a lease that is being renewed nor keeps one
+        that is not."""
         if self.lease_s is None or self.stop_at is not None:
             return
         try:
-            age = time.time() - os.stat(os.path.join(self.dir, LEASE), follow_symlinks=False).st_mtime
+            mtime = os.stat(os.path.join(self.dir, LEASE), follow_symlinks=False).st_mtime_ns
         except OSError:
             return
+        now = boot_clock()
+        if self.lease_seen is None or self.lease_seen[0] != mtime:
+            self.lease_seen = (mtime, now)
+            return
+        age = now - self.lease_seen[1]
         if age > self.lease_s:
             self.lease_lost = (f"the controller (orch up) was not heard from for {age:.0f} s (lease {self.lease_s:g} s): "
                                "a cut link or a dead controller; the job was stopped")
@@ -381,8 +432,32 @@ class Monitor:
             self.stop_at, self.stop_signal = time.monotonic(), signal.SIGTERM
 
     def save(self, **fields: Any) -> None:
+        """state.json with `fields`. A full disk never takes the agent down: state.json is
+        rewritten in place (`write_json`), with `disk_full` saying so, else kept here and written
+        again with the next snapshot; `disk_full` goes once a whole write works again."""
         self.state.update(fields)
-        write_json(os.path.join(self.dir, STATE), self.state)
+        path = os.path.join(self.dir, STATE)
+        for _ in range(2):
+            try:
+                refused = write_json(path, self.state)
+            except OSError as exc:
+                self.unsaved = True
+                self.note_full(exc)
+                return
+            if refused is not None:
+                self.note_full(refused)
+            said = self.full if refused is not None else None
+            if self.state.get("disk_full") == said:
+                break
+            self.state["disk_full"] = said
+        self.unsaved = refused is not None
+
+    def note_full(self, exc: OSError) -> None:
+        """Say once in node.log (if it can still take a line) why a write failed."""
+        text = full_text(self.dir, exc) if exc.errno in FULL else f"cannot write {STATE}: {exc.strerror or exc}"
+        if text != self.full:
+            self.full = text
+            self.log.write("orch", text)
 
     def on_signal(self, signum: int, _frame: Any) -> None:
         # only set a flag: writing the log here could deadlock on its lock
@@ -541,8 +616,10 @@ class Monitor:
     def snapshot(self) -> None:
         """Record the job's processes (pid, start time) so `stop` can find them without us."""
         procs = [[pid, st] for pid, st in descendants(os.getpid())]
-        if procs != self.state.get("procs"):
+        if procs != self.state.get("procs") or self.unsaved:
             self.save(procs=procs)
+        if self.log.error is not None and self.log.error.errno in FULL and self.state.get("disk_full") is None:
+            self.save(disk_full=full_text(self.dir, self.log.error))  # node.log is what found it
 
     def kill_tree(self, sig: int) -> int:
         """Signal every process below the agent (each by pid and start time); how many got it."""
@@ -572,6 +649,17 @@ class Monitor:
             self.log.write("orch", f"cleanup timed out: {len(left)} processes of the job survived SIGKILL for "
                                    f"{kill_wait:.0f} s: {' '.join(str(p) for p, _s in left)}")
         return left
+
+
+def boot_clock() -> float:
+    """Seconds since the node booted (CLOCK_BOOTTIME, read from /proc/uptime): a count no wall
+    clock step moves (nor a time shim preloaded into the agent, libfaketime), which also runs while
+    the node is suspended; `time.monotonic()` where /proc is not there."""
+    try:
+        with open("/proc/uptime", "rb") as fh:
+            return float(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return time.monotonic()
 
 
 def expand(path: str | None) -> str | None:
@@ -724,10 +812,6 @@ def cmd_stop(run_dir: str, grace: float, nonce: str | None = None) -> int:
     if not state:
         return emit({"state": None, "stopped": [], "remaining": [], "strangers": [],
                      "note": "nothing was started here"}, 0)
-    if state.get("state") not in FINAL_STATES:
-        fd = os.open(os.path.join(run_dir, STOP_REQUEST), os.O_WRONLY | os.O_CREAT | os.O_APPEND | NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(utc_now() + "\n")
     agent = (state.get("agent_pid"), state.get("agent_start")) if agent_alive(state) else (None, None)
     job = Job(state)
     found, strangers = job.processes()
@@ -738,6 +822,15 @@ def cmd_stop(run_dir: str, grace: float, nonce: str | None = None) -> int:
         send(agent[0], agent[1], signal.SIGTERM)
     else:
         job.signal(signal.SIGTERM)
+    # signal first, record after: a stop never needs a byte of disk (a full run root)
+    unwritten: list[str] = []
+    if state.get("state") not in FINAL_STATES:
+        try:
+            fd = os.open(os.path.join(run_dir, STOP_REQUEST), os.O_WRONLY | os.O_CREAT | os.O_APPEND | NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(utc_now() + "\n")
+        except OSError as exc:
+            unwritten.append(full_text(run_dir, exc) if exc.errno in FULL else f"{STOP_REQUEST}: {exc.strerror or exc}")
     deadline = time.monotonic() + grace
     while job.processes()[0] and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -748,13 +841,18 @@ def cmd_stop(run_dir: str, grace: float, nonce: str | None = None) -> int:
     left, more_strangers = job.processes()
     strangers.update(more_strangers)
     remaining = sorted(left) + ([agent[0]] if agent[0] and alive(*agent) else [])
-    state = read_json(state_path)
+    state = read_json(state_path) or state  # (rewritten in place on a full disk, it may read torn for an instant)
     if state.get("state") not in FINAL_STATES and not agent_alive(state):
         # the agent was gone (killed): record the end ourselves so the run does not look alive
         state.update(state=STOPPED, finished_at=time.time(), procs=[])
-        write_json(state_path, state)
+        try:
+            write_json(state_path, state)
+        except OSError as exc:
+            unwritten.append(full_text(run_dir, exc) if exc.errno in FULL else f"{STATE}: {exc.strerror or exc}")
     out = dict(state, stopped=sorted(p for p in found if p not in left), killed=sorted(killed),
                remaining=remaining, strangers=sorted(strangers))
+    if unwritten:
+        out["disk_full"] = unwritten[0]
     return emit(out, 0 if not remaining else 1)
 
 

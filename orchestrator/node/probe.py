@@ -451,6 +451,16 @@ def expand(path: str) -> str:
     return os.path.expanduser(path) if path.startswith("~") else path
 
 
+def run_root_problem(root: str) -> str | None:
+    """Why the agent would refuse a run directory under `job.run_root` (`trust.py`, the agent's
+    own rule: the preflight and the agent judge it by one definition), or None."""
+    try:
+        from . import trust
+    except ImportError:  # run as a file from its directory
+        import trust  # type: ignore[no-redef]
+    return trust.run_root_problem(expand(root))
+
+
 def file_facts(path: str, want_text: bool) -> dict:
     """exists / size / sha256 of one path; small YAML texts come back for parsing upstream."""
     p = expand(path)
@@ -770,6 +780,9 @@ def gather(args: dict) -> dict:
     facts["timings_s"] = timings
     wd = args.get("workdir")
     facts["workdir"] = file_facts(wd, False) if wd else None
+    root = args.get("run_root")
+    if root:
+        facts["run_root"] = {"path": root, "problem": run_root_problem(root)}
     facts["time"] = time.time()
     return facts
 

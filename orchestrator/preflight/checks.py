@@ -741,6 +741,11 @@ def check_job(inv: Inventory, facts: Facts) -> list[CheckResult]:
             f.add("fail", f"workdir {inv.job.workdir} does not exist" if not wd.get("exists") else
                   f"workdir {inv.job.workdir} is not a directory",
                   _SYNC_HINT if synced(inv, inv.job.workdir) else "create it or mount the shared filesystem on this node")
+        root = nf.raw.get("run_root") or {}
+        if root.get("problem"):
+            f.add("fail", f"job.run_root {inv.job.run_root}: the node agent would refuse its run directory: "
+                          f"{root['problem']}",
+                  "a run directory, and every directory above it, must be writable by its owner only")
         for key, path in paths.items():
             _judge_path(key, path, (nf.raw.get("paths") or {}).get(key) or {}, digests[key], node, f,
                         synced(inv, path))

@@ -117,7 +117,7 @@ class NodeFacts:
 def probe_command(python: str, args: dict[str, Any]) -> list[str]:
     """`python -c <program> <json args>`: the probe rides compressed in argv, as bytecode where the
     node's Python can load this one's (its stdin carries the controller's commands)."""
-    return [python, "-c", node_program("probe"), json.dumps(args, sort_keys=True)]
+    return [python, "-c", node_program("probe", ("trust",)), json.dumps(args, sort_keys=True)]
 
 
 def probe_args(inv: Inventory, node: Node, want: Sequence[str], token: str, n_peers: int,
@@ -134,6 +134,7 @@ def probe_args(inv: Inventory, node: Node, want: Sequence[str], token: str, n_pe
         "paths": paths, "text_for": [k for k in paths if k.replace("-", "_") == "data"],
         "outputs": [k for k in paths if is_output_key(k)],
         "workdir": inv.job.workdir if "job" in want else None,
+        "run_root": inv.job.run_root if "job" in want else None,
         "master_port": inv.master_port if is_master and "ports" in want else None,
         "ring_addr": node.addr if net and n_peers > 1 else None,
         "expect": ((n_peers - 1) if is_master and "ports" in want else 0) + (1 if net and n_peers > 1 else 0),

@@ -62,7 +62,8 @@ FACTS_SHAPE = {
     "torch_cuda": _Opt({"torch": _Opt(str), "cuda": _Opt(str), "arch_list": _ListOf(str),
                         "releases": _MapOf(_ListOf(INT)), "error": str}),
     "job_check": _Opt({"kind": str, "rc": _Opt(INT), "out": str, "err": str, "seconds": NUMBER, "error": str}),
-    "paths": _MapOf(_FILE), "workdir": _Opt(_FILE), "timings_s": _MapOf(NUMBER), "listen": LISTEN_SHAPE,
+    "paths": _MapOf(_FILE), "workdir": _Opt(_FILE),
+    "run_root": _Opt({"path": str, "problem": _Opt(str)}), "timings_s": _MapOf(NUMBER), "listen": LISTEN_SHAPE,
 }
 """What the probe (node/probe.py) answers, key by key: what the checks may rely on."""
 

@@ -72,6 +72,9 @@ class NodeStatus:
     cleanup_left: tuple[int, ...] | None = None
     """Processes of the job still there after the agent's cleanup timed out (a final state that
     left something running); None when the agent does not say."""
+    disk_full: str | None = None
+    """The node's run root refused a write (`run_root /... is full (...)`): the agent goes on, its
+    log and state are not all written; None when it does not say."""
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> NodeStatus:
@@ -89,7 +92,7 @@ class NodeStatus:
                    now=_number(data.get("now")),
                    log_size=_number(data.get("log_size")), log_mtime=_number(data.get("log_mtime")),
                    tail=tuple(str(x) for x in tail) if isinstance(tail, list) else (), error=_text(data.get("error")),
-                   cleanup_left=_pids(data.get("cleanup_left")), **alive)
+                   cleanup_left=_pids(data.get("cleanup_left")), disk_full=_text(data.get("disk_full")), **alive)
 
     def recorded(self) -> dict[str, Any]:
         """The fields run.json keeps of it, where it says anything."""
@@ -149,6 +152,11 @@ def launch_spec(plan: Plan, np_: NodePlan, lease_s: float | None = None) -> dict
     return spec
 
 
+class UntrustedRunDir(OrchError):
+    """The node's agent refused its run directory (`node/trust.py`: it, or a directory above it,
+    can be changed by others): nothing there was read, written or started."""
+
+
 def agent_call(t: Transport, python: str, rdir: str, args: list[str], timeout: float) -> dict[str, Any]:
     """Run `python agent.py ARGS` in the node's run directory and parse the JSON it prints.
 
@@ -169,7 +177,7 @@ def parse_agent(res: Result, python: str) -> dict[str, Any]:
         data = None
     if isinstance(data, dict):
         if data.get("untrusted"):
-            raise OrchError(f"{res.node}: {data.get('error')}",
+            raise UntrustedRunDir(f"{res.node}: {data.get('error')}",
                             "a run directory (and every directory above it) must be writable by its owner only; "
                             "or set job.run_root to a directory of your own")
         return data

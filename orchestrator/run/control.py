@@ -19,7 +19,7 @@ from ..store import RunDir, RunStore, clock_offsets
 from ..transport import Cluster, GroupResult
 from .agents import NodeStatus, StopResult, status_all, status_node, stop_all
 from .cause import consequence
-from .records import RunRecord
+from .records import RunRecord, trusted_records
 from .supervise import NodeSpec, Supervisor, blame, corrected, run_state
 
 
@@ -40,6 +40,8 @@ class NodeReport:
     last_log_age_s: float | None
     agent_alive: bool | None
     error: str | None
+    disk_full: str | None = None
+    """The node's run root refused a write (`run_root DIR is full (...)`); None when it did not."""
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -99,7 +101,8 @@ class DownReport:
 
 def _cluster_for(run: RunDir) -> tuple[Inventory, list[dict[str, Any]]]:
     data = run.read()
-    return run.inventory(), list(data.get("nodes") or [])
+    inv = run.inventory()
+    return inv, trusted_records(run, inv, list(data.get("nodes") or []))
 
 
 def offsets_s(run: RunDir, inv: Inventory) -> dict[str, float]:
@@ -185,7 +188,7 @@ def status_report(data: Mapping[str, Any], statuses: Mapping[str, NodeStatus]) -
             exit_code=s.exit_code if r["node"] in statuses and s.exit_code is not None else r.get("exit_code"),
             pid=s.pid or r.get("pid"), pgid=s.pgid or r.get("pgid"), uptime_s=uptime,
             last_log=_iso(s.log_mtime), last_log_age_s=None if not s.log_mtime else round(now - s.log_mtime, 1),
-            agent_alive=s.agent_alive, error=s.error))
+            agent_alive=s.agent_alive, error=s.error, disk_full=s.disk_full))
     return StatusReport(data.get("run") or "", data.get("state") or RunState.STARTING, nodes,
                         data.get("first_failure") or None, int(data.get("attempt") or 1),
                         int(data.get("max_attempts") or 1), dict(data.get("replaced") or {}) or None,

@@ -10,8 +10,10 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ..config.inventory import Inventory
 from ..config.plan import Plan
 from ..contract import NodeState
+from ..errors import UsageError
 from ..store import RunDir, remote_dir
 from ..store import warn as store_warn
 from .agents import NodeStatus
@@ -26,6 +28,27 @@ def node_records(plan: Plan) -> list[dict[str, Any]]:
              "state": NodeState.PENDING, "exit_code": None, "pid": None, "pgid": None,
              "started_at": None, "finished_at": None, **({"nonce": plan.nonce} if plan.nonce else {})}
             for p in plan.nodes]
+
+
+def trusted_records(run: RunDir, inv: Inventory, records: list[Any]) -> list[dict[str, Any]]:
+    """run.json's node records as something to run on the nodes: each node's `python` and
+    `remote_dir` are what the run's inventory snapshot (`inv`, as the run ran) says, never taken
+    from run.json alone; a record that says otherwise is refused (UsageError, exit 2) naming the
+    node and the key. Records of nodes the inventory does not have are dropped."""
+    nodes = {n.name: n for n in inv.nodes}
+    out = []
+    for r in records:
+        node = nodes.get(str(r.get("node"))) if isinstance(r, dict) else None
+        if node is None:
+            continue
+        want = {"python": node.python, "remote_dir": remote_dir(inv, node, run.run_id)}
+        for key, value in want.items():
+            if key in r and r[key] != value:
+                raise UsageError(f"{run.path / 'run.json'}: node {node.name}: {key} {r[key]!r} is not what the run's "
+                                 f"inventory snapshot says ({value!r}): refusing to run it",
+                                 "run.json was changed after the launch; only the inventory snapshot says what runs")
+        out.append({**r, **want})
+    return out
 
 
 def merge_status(record: Mapping[str, Any], status: NodeStatus) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from ..node import program as node_program
 from ..store import RunDir, RunStore, write_private
 from ..transport import Cluster, Transport
 from .agents import parse_agent
+from .records import trusted_records
 
 DUMP_TIMEOUT_S = 20.0
 THREAD = re.compile(r'^Thread (\S+) \(([^)]*)\)(?:: "(.*)")?\s*$')
@@ -352,8 +353,9 @@ def stacks(run_id: str | None, timeout: float = DUMP_TIMEOUT_S) -> StacksReport:
         UsageError: unknown run.
     """
     run = RunStore().get(run_id)
-    records = list(run.read().get("nodes") or [])
-    with Cluster(run.inventory()) as cluster:
+    inv = run.inventory()
+    records = trusted_records(run, inv, list(run.read().get("nodes") or []))
+    with Cluster(inv) as cluster:
         report = take_stacks(cluster, run.run_id, records, timeout)
     if report.ranks:
         save(run, report)

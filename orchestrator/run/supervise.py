@@ -555,8 +555,12 @@ class Supervisor:
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                  on_update: Callable[[Mapping[str, NodeStatus]], object] | None = None,
                  offsets_s: Mapping[str, float] | None = None,
-                 watch: Callable[[], Failure | None] | None = None) -> None:
+                 watch: Callable[[], Failure | None] | None = None,
+                 warn: Callable[[str], object] | None = None) -> None:
         self.specs = {s.name: s for s in specs}
+        self.warn = warn
+        """Told once per node what it says goes wrong while the run goes on (its run root full)."""
+        self.said_full: set[str] = set()
         self.offsets_s = dict(offsets_s or {})
         """Each node's clock offset (s, node minus reference) as `orch check` measured it: a node
         reports when it failed on its own clock, so failures are ordered on the reference clock."""
@@ -617,6 +621,9 @@ class Supervisor:
                                               order=time.time() - (now - since)))
                 continue
             self.unreachable_since.pop(name, None)
+            if obs.disk_full and name not in self.said_full and self.warn is not None:
+                self.said_full.add(name)
+                self.warn(f"node {name}: {obs.disk_full}")
             changed |= self._set(name, obs)
             failure = self.failure_of(spec, obs)
             if failure is not None:
@@ -672,6 +679,8 @@ class Supervisor:
             why = f"exited with code {code}" + (f" ({obs.signal})" if obs.signal else "")
             if obs.reason:
                 why += f": {obs.reason}"
+            if obs.disk_full:
+                why += f" ({obs.disk_full})"
             return Failure(spec.name, spec.node_rank, why, code, order=when, signal=obs.signal)
         if state == NodeState.STOPPED:  # the agent's own reason when it stopped the job itself (its lease ran out)
             why = f"was stopped on its node: {obs.reason}" if obs.reason else \
@@ -679,8 +688,9 @@ class Supervisor:
             return Failure(spec.name, spec.node_rank, why, code, order=when)
         if state not in FINAL_STATES and obs.agent_alive is False:
             gone = "its job is gone too" if not obs.job_alive else "its job is still running"
+            full = f" ({obs.disk_full})" if obs.disk_full else ""
             return Failure(spec.name, spec.node_rank,
-                           f"the node agent (pid {obs.agent_pid}) disappeared; {gone}", order=when)
+                           f"the node agent (pid {obs.agent_pid}) disappeared{full}; {gone}", order=when)
         return None
 
     def cleanup_left(self) -> dict[str, str]:

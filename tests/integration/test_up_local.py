@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.disk_support import fill, small_disk
 from tests.ports import job_port
 from tests.procs_support import received, stranger
 from tests.up_helpers import DDP_JOB, REPO, Orch, ddp_job, wait_for
@@ -337,3 +338,99 @@ def test_a_timing_line_that_is_not_a_finite_number_is_ignored_and_the_straggler_
     assert [s["rank"] for s in json.loads(top.stdout)["stragglers"]] == [1]
     assert orch.run("report", run_id).returncode == 0
     assert "1 line of the node logs ignored" in (orch.run_dir(run_id) / "report" / "index.html").read_text()
+
+
+def test_the_quickstart_runs_under_umask_002(tmp_path: Path) -> None:
+    """Ubuntu's umask for ordinary accounts (002), a first run ever: $ORCH_HOME and the run root
+    under it (the default ~/.orch/nodes) are made private, so the agent trusts its run directory
+    and the run succeeds (it used to refuse `.orch, above the run directory`)."""
+    home = tmp_path / "user" / ".orch"
+    inv = local_inventory(tmp_path, ddp_job(steps=2, sleep=0.0))
+    doc = yaml.safe_load(inv.read_text())
+    doc["job"]["run_root"] = str(home / "nodes")
+    inv.write_text(yaml.safe_dump(doc))
+    orch = Orch(home)
+    up = subprocess.run([sys.executable, "-m", "orchestrator", "up", str(inv), "--skip-checks"], cwd=REPO,
+                        env=orch.env, capture_output=True, text=True, timeout=180,
+                        preexec_fn=lambda: os.umask(0o002))
+    assert up.returncode == 0, up.stderr[-3000:]
+    run_id = (home / "latest").read_text().strip()
+    for d in (home.parent, home, home / "runs", home / "nodes", home / "nodes" / run_id / "n0"):
+        assert d.stat().st_mode & 0o077 == 0, (d, oct(d.stat().st_mode))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs: needs root")
+def test_orch_down_stops_a_run_whose_run_root_is_full_and_says_so(tmp_path: Path) -> None:
+    """The nodes' run root fills up under a detached run: `orch down` still stops every process
+    of it (it signals first and needs no disk), exits 0 and says which node's run root is full."""
+    with small_disk(tmp_path / "disk", "16m") as disk:
+        inv = local_inventory(tmp_path, ddp_job(steps=100000, sleep=0.2))
+        doc = yaml.safe_load(inv.read_text())
+        doc["job"]["run_root"] = str(disk)
+        inv.write_text(yaml.safe_dump(doc))
+        orch = Orch(tmp_path / "home")
+        up = orch.run("up", str(inv), "--skip-checks", "--detach", timeout=120)
+        assert up.returncode == 0, up.stderr
+        run_id = (orch.home / "latest").read_text().strip()
+        filler = fill(disk)
+        try:
+            def met() -> bool:  # the agent said so, or died of it
+                state = (disk / run_id / "n0" / "state.json").read_text()
+                return "is full" in state or not Path(f"/proc/{json.loads(state)['agent_pid']}").exists()
+            wait_for(met, 30, "the agent to meet the full disk")
+            down = orch.run("down", timeout=120)
+            said = down.stdout + down.stderr
+            assert down.returncode == 0, said
+            assert f"n0: run_root {disk} is full" in said and f"n1: run_root {disk} is full" in said, said
+            assert marked(run_id) == []
+        finally:
+            filler.unlink()
+            orch.run("down", timeout=120)
+
+
+def test_a_run_root_the_agent_refuses_names_why_and_no_stop_left_unconfirmed(tmp_path: Path) -> None:
+    """Without the preflight (--skip-checks), a run root under a directory its group can write:
+    each node's agent refuses its run directory, says why, and, having started nothing there,
+    leaves no "could not confirm the stop" behind."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o775)
+    inv = local_inventory(tmp_path, ddp_job(steps=2, sleep=0.0))
+    doc = yaml.safe_load(inv.read_text())
+    doc["job"]["run_root"] = str(shared / "nodes")
+    inv.write_text(yaml.safe_dump(doc))
+    up = Orch(tmp_path / "home").run("up", str(inv), "--skip-checks", timeout=120)
+    said = up.stdout + up.stderr
+    assert up.returncode != 0 and f"{shared}, above the run directory, can be changed by others" in said, said
+    assert "could not confirm" not in said, said
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs: needs root")
+def test_an_attached_run_says_which_nodes_run_root_is_full_and_goes_on(tmp_path: Path) -> None:
+    """The run root fills up under an attached `orch up`: it says `node N: run_root DIR is full`
+    (once per node) and supervises on (the agents survive the full disk); `orch down` then ends
+    it as any run (130)."""
+    with small_disk(tmp_path / "disk", "16m") as disk:
+        inv = local_inventory(tmp_path, ddp_job(steps=100000, sleep=0.2))
+        doc = yaml.safe_load(inv.read_text())
+        doc["job"]["run_root"] = str(disk)
+        inv.write_text(yaml.safe_dump(doc))
+        orch = Orch(tmp_path / "home")
+        up = orch.start(str(inv), "--skip-checks")
+        filler = None
+        try:
+            run_id = up.wait_running()
+            filler = fill(disk)
+            wait_for(lambda: f"node n0: run_root {disk} is full" in up.err or up.proc.poll() is not None, 60,
+                     "orch up to say the run root is full")
+            assert f"node n0: run_root {disk} is full" in up.err, up.err
+            assert up.proc.poll() is None and orch.run_json(run_id).get("state") == "running", up.err
+            assert up.err.count(f"node n0: run_root {disk} is full") == 1, up.err
+            assert orch.run("down", timeout=120).returncode == 0
+            assert up.wait(120) == 130, up.err
+        finally:
+            if filler is not None:
+                filler.unlink()
+            if up.proc.poll() is None:
+                up.proc.send_signal(signal.SIGINT)
+                up.proc.wait(60)

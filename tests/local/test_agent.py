@@ -19,6 +19,7 @@ import pytest
 
 from orchestrator.logs.fetch import new_nonce, read_frames, reader_argv, reader_program
 from orchestrator.node import agent, agent_files, script, stacks
+from tests.disk_support import fill, small_disk
 from tests.procs_support import received, stranger
 
 BOOT = script("boot")
@@ -558,6 +559,46 @@ def test_an_attached_runs_lease_is_renewed_through_the_reader_and_its_end_stops_
         call("stop", str(d), "--grace", "1")
 
 
+FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+
+
+@pytest.mark.waits
+@pytest.mark.skipif(not Path(FAKETIME_LIB).exists(), reason="libfaketime is not installed")
+def test_a_forward_clock_step_on_the_node_neither_stops_a_renewed_run_nor_keeps_an_abandoned_one(
+        tmp_path: Path) -> None:
+    """lease_s 2, the agent's clock stepped 10 minutes ahead mid-run (libfaketime's timestamp file
+    rewritten, as NTP or an admin would step it): while renewals come the job runs on; once they
+    stop, it is still stopped within the lease. libfaketime 0.9.10 moves CLOCK_MONOTONIC and
+    CLOCK_BOOTTIME with the wall clock (and with FAKETIME_DONT_FAKE_MONOTONIC Python's sleep fails
+    with EINVAL), so the agent reads its lease clock from /proc/uptime, which no preload moves. (A
+    step back cannot be played so: the faked monotonic clock would hold the agent's sleep.)"""
+    clock = tmp_path / "faketime"
+    clock.write_text("+0s\n")
+    d = prepare(tmp_path, "while true; do sleep 0.2; done", lease_s=2)
+    env = dict(os.environ, LD_PRELOAD=FAKETIME_LIB, FAKETIME_TIMESTAMP_FILE=str(clock), FAKETIME_NO_CACHE="1")
+    r = subprocess.run([sys.executable, AGENT, "start", str(d)], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    try:
+        lease = d / agent.LEASE
+
+        def renew_for(seconds: float) -> None:
+            until = time.monotonic() + seconds
+            while time.monotonic() < until:
+                os.utime(lease)  # what the log reader and status --renew do: the node's own clock
+                time.sleep(0.3)
+
+        renew_for(1.5)
+        clock.write_text("+600s\n")
+        renew_for(5)  # 2.5 leases after the step
+        assert state(d)["state"] == "running", state(d)
+        assert "was not heard from" not in (d / "node.log").read_text()
+        cut = time.monotonic()
+        st = wait_state(d, "stopped", timeout=20)
+        assert st["lease_expired"] is True and time.monotonic() - cut < 2 + 1 + 5, st
+    finally:
+        call("stop", str(d), "--grace", "1")
+
+
 def test_a_detached_run_has_no_lease(tmp_path: Path) -> None:
     d = prepare(tmp_path, "while true; do sleep 0.2; done")
     assert call("start", str(d))[0] == 0
@@ -669,3 +710,53 @@ def test_the_starting_line_quotes_the_argv_so_a_newline_stays_on_it(tmp_path: Pa
     assert argv == "sh -c $'echo \\'two\\nlines\\' \\'a b\\'; exit 0'", argv
     assert agent.shown(["python", "-m", "trainer", "--name", "a b"]) == "python -m trainer --name 'a b'"
     assert shlex.split(agent.shown(["x", "it's"])) == ["x", "it's"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs: needs root")
+def test_a_full_run_root_neither_kills_the_agent_nor_makes_the_job_unstoppable(tmp_path: Path) -> None:
+    """The run root's disk fills up under a running job (each `sleep` a new process: the agent
+    records the job's processes every second, and the job prints all along). The agent survives
+    its own failed writes, keeps supervising and says the disk is full; `agent.py stop` signals
+    first and records after, so it stops the job without a byte of disk; the run ends `stopped`
+    in state.json, rewritten in the blocks it has."""
+    with small_disk(tmp_path / "disk") as disk:
+        d = disk / "run" / "n1"
+        d.mkdir(parents=True)
+        spec = {"run": f"full-{os.getpid()}", "node": "n1", "grace": 1.0, "cwd": str(tmp_path),
+                "argv": ["sh", "-c", "while true; do echo tick $(seq 100 130); sleep 0.05; done"]}
+        (d / "launch.json").write_text(json.dumps(spec))
+        assert call("start", str(d))[0] == 0
+        filler = fill(disk)
+        try:
+            t0 = time.monotonic()
+            sizes = [-1]
+
+            def log_stopped() -> bool:  # node.log's last page filled too: the job's lines are being lost
+                sizes.append((d / "node.log").stat().st_size)
+                time.sleep(0.5)
+                return sizes[-1] == sizes[-2]
+            wait_for(log_stopped, "node.log to stop growing")
+
+            def hit() -> bool:  # the agent said so, or died of it
+                st = call("status", str(d))[1]
+                return "is full" in str(st.get("disk_full")) or not st["agent_alive"]
+            wait_for(hit, "the agent to meet the full disk")
+            time.sleep(max(0.0, t0 + 3 - time.monotonic()))  # three of the agent's snapshots on a full disk
+            st = call("status", str(d))[1]
+            assert st["agent_alive"] and st["job_alive"] and st["state"] == "running", st
+            assert f"run_root {disk} is full" in st["disk_full"], st  # <run_root>/<run>/<node>
+            filler.unlink()  # room again: what was lost is said, and disk_full goes
+            wait_for(lambda: call("status", str(d))[1].get("disk_full") is None, "disk_full to go")
+            wait_for(lambda: re.search(r"Z orch \d+ lines of output lost: No space left on device\n",
+                                       (d / "node.log").read_text()), "the lost lines to be said")
+            assert all(re.match(r"\d{4}-\d\d-\d\dT", ln) for ln in (d / "node.log").read_text().splitlines()), \
+                "a line cut short by the full disk was not ended"
+            filler = fill(disk)
+            code, out = call("stop", str(d), "--grace", "1")
+            assert code == 0 and out["remaining"] == [] and out["state"] == "stopped", out
+            assert f"run_root {disk} is full" in out["disk_full"], out  # stop.request could not be written: said
+            assert not agent.job_alive(out) and not agent.agent_alive(out), out
+            assert state(d)["state"] == "stopped"
+        finally:
+            filler.unlink(missing_ok=True)
+            call("stop", str(d), "--grace", "1")

@@ -23,10 +23,12 @@ def test_probe_command_carries_the_probe_source() -> None:
     argv = facts.probe_command("/opt/py/bin/python", {"mode": "facts", "node": "n1"})
     assert argv[0] == "/opt/py/bin/python" and argv[1] == "-c"
     code_blob = re.search(r"marshal\.loads\(zlib\.decompress\(b\.b64decode\('([^']+)'", argv[2]).group(1)  # type: ignore[union-attr]
-    (src_blob,) = re.findall(r"'([^']+)'", argv[2].split("zip(N,(")[1].split(")")[0])
+    # the probe rides with `trust` (the agent's rule for a run directory, judged on job.run_root)
+    (trust_blob, src_blob) = re.findall(r"'([^']+)'", argv[2].split("zip(N,(")[1].split(")")[0])
     assert zlib.decompress(base64.b64decode(src_blob)) == Path(probe.__file__).read_bytes()
+    assert zlib.decompress(base64.b64decode(trust_blob)) == (Path(probe.__file__).parent / "trust.py").read_bytes()
     # the bytecode rides along for a Python with this one's magic number, the source for any other
-    (code,) = marshal.loads(zlib.decompress(base64.b64decode(code_blob)))
+    (_trust, code) = marshal.loads(zlib.decompress(base64.b64decode(code_blob)))
     assert code.co_filename == "orch-probe" and "facts_mode" in code.co_names
     assert repr(importlib.util.MAGIC_NUMBER) in argv[2]
     assert '"node": "n1"' in argv[3]

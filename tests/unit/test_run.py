@@ -115,6 +115,18 @@ def test_status_json_follows_the_contract() -> None:
     assert control.status_report({**data, "stragglers": [named]}, {}).to_json()["stragglers"] == [named]
 
 
+def test_status_says_which_nodes_run_root_is_full(capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.cli import render
+
+    full = "run_root /scratch is full (No space left on device): the node's log and state are not all written"
+    data = {"run": "r1", "state": "running", "nodes": [
+        {"node": "a", "node_rank": 0, "host": "h", "state": "running", "exit_code": None, "pid": 1}]}
+    report = control.status_report(data, {"a": NodeStatus(NodeState.RUNNING, agent_alive=True, disk_full=full)})
+    assert report.to_json()["nodes"][0]["disk_full"] == full
+    render.status_table(report)
+    assert f"node a: {full}" in " ".join(capsys.readouterr().out.split())
+
+
 def test_merge_status_keeps_the_record_and_takes_the_agents_facts() -> None:
     rec = {"node": "a", "remote_dir": "/r", "python": "py", "state": "pending", "pid": None}
     out = records.merge_status(rec, NodeStatus(NodeState.RUNNING, pid=5, pgid=5, agent_alive=True, now=1.0))

@@ -569,3 +569,20 @@ def test_a_node_whose_agent_stopped_the_job_itself_keeps_the_agents_reason() -> 
     assert f is not None and f.node == "n2" and f.reason == f"was stopped on its node: {lease}"
     outside = Supervisor.node_failure(SPECS[1], NodeStatus(NodeState.STOPPED, exit_code=-15, finished_at=5.0))
     assert outside is not None and outside.reason == "was stopped from outside this `orch up` (orch down?)"
+
+
+def test_a_full_run_root_is_said_once_per_node_and_names_the_cause_of_a_lost_agent() -> None:
+    """A node whose run root is full goes on running: the user is told once (`node n1: run_root
+    /... is full`), and should its agent then disappear, the failure says why."""
+    full = "run_root /scratch/runs is full (No space left on device): the node's log and state are not all written"
+    said: list[str] = []
+    clock = Clock()
+    rounds = iter([{"n1": ok(disk_full=full), "n2": ok(), "n3": ok()},
+                   {"n1": ok(disk_full=full), "n2": ok(), "n3": ok()},
+                   {"n1": ok("running", agent_alive=False, job_alive=False, disk_full=full), "n2": ok(), "n3": ok()}])
+    sup = Supervisor(SPECS, observe=lambda: next(rounds), stop_all=lambda: {}, interval=1.0, clock=clock,
+                     sleep=clock.sleep, warn=said.append)
+    out = sup.run()
+    assert said == [f"node n1: {full}"]
+    assert out.failure is not None and out.failure.node == "n1"
+    assert "disappeared (run_root /scratch/runs is full" in out.failure.reason, out.failure.reason

@@ -6,7 +6,7 @@ derived from an address (the field guide's `cut -d. -f4` turned 192.168.1.11 int
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -14,6 +14,15 @@ from .inventory import Inventory
 from .nodes import Node
 
 TORCHRUN = ("-m", "torch.distributed.run")
+RUN_DIR = "{ORCH_RUN_DIR}"
+"""In a launch's argv and stop hook: the node's run directory, absolute, as the agent finds it (the
+plan cannot know it: `job.run_root` may start with `~/`). The agent substitutes it, and only the
+names of `NODE_VALUES`, where they appear (`node/agent.py` `NODE_VALUES`, held equal by a test)."""
+NODE_VALUES = ("{ORCH_RUN_DIR}", "{ORCH_UID}", "{ORCH_GID}", "{ORCH_HOME}")
+"""What only the node knows, written into an argv by the plan and filled in by the agent: the run
+directory, the uid and gid the agent runs as (the SSH user's), and its home."""
+TORCHRUN_LOG_DIR = RUN_DIR + "/torchrun"
+"""torchrun's `--log-dir`: in the node's run directory (made private by the agent)."""
 HIDDEN = "***"
 """What an env value the inventory gave is shown as, unless asked for (`orch up --dry-run --show-env`)."""
 
@@ -29,6 +38,9 @@ class NodePlan:
     argv: tuple[str, ...]
     env: Mapping[str, str]
     workdir: str | None
+    stop: tuple[str, ...] = ()
+    """The stop hook (`job_stop`): what the agent runs on every stop path once the job is being
+    stopped or has ended (state.json `stop_hook`); empty: nothing beyond the process group."""
 
     def shown_env(self, values: bool = False) -> dict[str, str]:
         """The job's environment for a person or a script: every name, and the values orch sets
@@ -74,6 +86,7 @@ class Plan:
                     "node_rank": p.node_rank, "nproc_per_node": p.node.nproc_per_node,
                     "global_ranks": [p.global_ranks.start, p.global_ranks.stop - 1],
                     "argv": list(p.argv), "env": p.shown_env(env_values), "workdir": p.workdir,
+                    **({"stop_hook": list(p.stop)} if p.stop else {}),
                 }
                 for p in self.nodes
             ],
@@ -92,11 +105,34 @@ def rdzv_id(run_id: str, nonce: str = "", attempt: int = 1) -> str:
     return f"{run_id}-{nonce}-a{attempt}" if nonce else run_id
 
 
+def job_python(inv: Inventory, node: Node) -> str:
+    """The job's interpreter on `node`: the node's `python:` or `job.python`. `node.python` itself
+    is what runs orch's own node programs (agent, probe, log reader) on the host."""
+    return node.python
+
+
+def job_command(inv: Inventory, node: Node, inner: Sequence[str]) -> list[str]:
+    """How `node` runs anything of the job: `inner` (the arguments after the job's interpreter:
+    `-m torch.distributed.run ...`, `-m trainer --check ...`, `-c CODE`) run by the job's
+    interpreter in the job's environment. The one place that knows it: the launch
+    (`torchrun_argv`), the job's own check, the probe's software facts and the fabric job all
+    come through here (tests/unit/test_layers.py holds every other module to it)."""
+    return [job_python(inv, node), *inner]
+
+
+def job_stop(inv: Inventory, node: Node, run_id: str, nonce: str = "") -> list[str]:
+    """The stop hook of a launch on `node` (NodePlan.stop): an argv the agent runs on every stop
+    path (empty: the process group is all there is to stop)."""
+    return []
+
+
 def torchrun_argv(inv: Inventory, node: Node, node_rank: int, run_id: str, nonce: str = "",
                   attempt: int = 1) -> list[str]:
-    """The full command for one node: `<python> -m torch.distributed.run <flags> <entry> <args>`."""
+    """The full command for one node: `job_command` of `-m torch.distributed.run <flags> <entry>
+    <args>`, torchrun's `--log-dir` in the node's run directory (`TORCHRUN_LOG_DIR`)."""
     nnodes = len(inv.nodes)
-    argv = [node.python, *TORCHRUN, f"--nnodes={nnodes}", f"--nproc-per-node={node.nproc_per_node}"]
+    argv = [*TORCHRUN, f"--log-dir={TORCHRUN_LOG_DIR}", f"--nnodes={nnodes}",
+            f"--nproc-per-node={node.nproc_per_node}"]
     if inv.job.rdzv == "static":
         argv += [
             f"--node-rank={node_rank}",
@@ -117,7 +153,7 @@ def torchrun_argv(inv: Inventory, node: Node, node_rank: int, run_id: str, nonce
     else:
         argv += ["-m", inv.job.module or "trainer"]
     argv += list(inv.job.args)
-    return argv
+    return job_command(inv, node, argv)
 
 
 def node_env(inv: Inventory, node: Node, node_rank: int, run_id: str, attempt: int = 1,
@@ -150,7 +186,7 @@ def make_plan(inv: Inventory, run_id: str = "dry-run", attempt: int = 1, nonce: 
             global_ranks=range(first, first + node.nproc_per_node),
             argv=tuple(torchrun_argv(inv, node, rank, run_id, nonce, attempt)),
             env=MappingProxyType(node_env(inv, node, rank, run_id, attempt, nonce)),
-            workdir=inv.job.workdir,
+            workdir=inv.job.workdir, stop=tuple(job_stop(inv, node, run_id, nonce)),
         ))
         first += node.nproc_per_node
     return Plan(

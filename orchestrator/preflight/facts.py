@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config.inventory import Inventory
 from ..config.nodes import Node
+from ..config.plan import job_command
 from ..errors import TransportError
 from ..node import program as node_program
 from ..transport import Cluster, Process, Transport
@@ -143,9 +144,17 @@ def probe_args(inv: Inventory, node: Node, want: Sequence[str], token: str, n_pe
         "software": "software" in want,
         "torch_cuda": bool(node.gpus) and "gpus" in want,
         "job_check": jobcheck.request(inv, node, run_id) if "job" in want else None,
+        "job_argv": job_argv(inv, node),
         "verbs_device": inv.checks.rdma_devices[0] if "rdma" in want and inv.checks.rdma_devices and n_peers > 1
         else None,
     }
+
+
+def job_argv(inv: Inventory, node: Node) -> list[str] | None:
+    """What the probe runs the job's interpreter as for the software and torch facts
+    (`plan.job_command`, the code appended), or None: the job's interpreter is the probe's own."""
+    argv = job_command(inv, node, [])
+    return None if argv == [node.python] else argv
 
 
 class _Stream:

@@ -6,10 +6,12 @@ derived from an address (the field guide's `cut -d. -f4` turned 192.168.1.11 int
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from . import container
+from .container import Pins
 from .inventory import Inventory
 from .nodes import Node
 
@@ -106,28 +108,61 @@ def rdzv_id(run_id: str, nonce: str = "", attempt: int = 1) -> str:
 
 
 def job_python(inv: Inventory, node: Node) -> str:
-    """The job's interpreter on `node`: the node's `python:` or `job.python`. `node.python` itself
-    is what runs orch's own node programs (agent, probe, log reader) on the host."""
-    return node.python
+    """The job's interpreter on `node`: `job.container.python` inside the image, else the node's
+    `python:` or `job.python`. `node.python` itself is what runs orch's own node programs (agent,
+    probe, log reader) on the host."""
+    c = inv.job.container
+    return c.python if c is not None else node.python
 
 
-def job_command(inv: Inventory, node: Node, inner: Sequence[str]) -> list[str]:
+def gpu_devices(inv: Inventory, node: Node, pins: Pins | None = None) -> tuple[str, ...] | None:
+    """The GPUs a container on `node` gets for its ranks (None: the node declares none): the
+    preflight's UUIDs (`pins`), else what the node's CUDA_VISIBLE_DEVICES (env:) selects, else the
+    first `nproc_per_node` indices."""
+    if not node.gpus:
+        return None
+    if pins is not None and pins.gpus.get(node.name):
+        return tuple(pins.gpus[node.name])
+    chosen = node.env.get("CUDA_VISIBLE_DEVICES")
+    if chosen:
+        return tuple(d.strip() for d in chosen.split(",") if d.strip())
+    return tuple(str(i) for i in range(node.nproc_per_node))
+
+
+def job_command(inv: Inventory, node: Node, inner: Sequence[str], *, run_id: str = "", nonce: str = "",
+                env: Iterable[str] = (), pins: Pins | None = None, role: str = "") -> list[str]:
     """How `node` runs anything of the job: `inner` (the arguments after the job's interpreter:
     `-m torch.distributed.run ...`, `-m trainer --check ...`, `-c CODE`) run by the job's
     interpreter in the job's environment. The one place that knows it: the launch
     (`torchrun_argv`), the job's own check, the probe's software facts and the fabric job all
-    come through here (tests/unit/test_layers.py holds every other module to it)."""
-    return [job_python(inv, node), *inner]
+    come through here (tests/unit/test_layers.py holds every other module to it).
+
+    With `job.container`: the runtime's command around it (config/container.py `run_argv`), the
+    container named for `run_id`, the node, `nonce` and `role` (a preflight's throw-away
+    containers), the `env` names passed by name, the GPUs and image ID of `pins`."""
+    c = inv.job.container
+    if c is None:
+        return [job_python(inv, node), *inner]
+    return container.run_argv(
+        c, inner, name=container.container_name(run_id, node.name, "-".join(p for p in (nonce, role) if p)),
+        label_values=container.labels(run_id, node.name, nonce, inv.name), env=list(env),
+        devices=gpu_devices(inv, node, pins), workdir=inv.job.workdir, run_dir=RUN_DIR, home="{ORCH_HOME}",
+        uid_gid="{ORCH_UID}:{ORCH_GID}", rdma=bool(inv.checks.rdma_devices),
+        image_id=pins.image_id if pins is not None else None)
 
 
-def job_stop(inv: Inventory, node: Node, run_id: str, nonce: str = "") -> list[str]:
+def job_stop(inv: Inventory, node: Node, run_id: str, nonce: str = "", role: str = "") -> list[str]:
     """The stop hook of a launch on `node` (NodePlan.stop): an argv the agent runs on every stop
-    path (empty: the process group is all there is to stop)."""
-    return []
+    path (empty: the process group is all there is to stop); a container launch's removes its
+    container (`RUNTIME rm -f NAME`)."""
+    c = inv.job.container
+    if c is None:
+        return []
+    return container.stop_argv(c, container.container_name(run_id, node.name, "-".join(p for p in (nonce, role) if p)))
 
 
 def torchrun_argv(inv: Inventory, node: Node, node_rank: int, run_id: str, nonce: str = "",
-                  attempt: int = 1) -> list[str]:
+                  attempt: int = 1, env: Iterable[str] = (), pins: Pins | None = None) -> list[str]:
     """The full command for one node: `job_command` of `-m torch.distributed.run <flags> <entry>
     <args>`, torchrun's `--log-dir` in the node's run directory (`TORCHRUN_LOG_DIR`)."""
     nnodes = len(inv.nodes)
@@ -153,7 +188,7 @@ def torchrun_argv(inv: Inventory, node: Node, node_rank: int, run_id: str, nonce
     else:
         argv += ["-m", inv.job.module or "trainer"]
     argv += list(inv.job.args)
-    return job_command(inv, node, argv)
+    return job_command(inv, node, argv, run_id=run_id, nonce=nonce, env=env, pins=pins)
 
 
 def node_env(inv: Inventory, node: Node, node_rank: int, run_id: str, attempt: int = 1,
@@ -175,17 +210,22 @@ def node_env(inv: Inventory, node: Node, node_rank: int, run_id: str, attempt: i
     return env
 
 
-def make_plan(inv: Inventory, run_id: str = "dry-run", attempt: int = 1, nonce: str = "") -> Plan:
+def make_plan(inv: Inventory, run_id: str = "dry-run", attempt: int = 1, nonce: str = "",
+              extra_env: Mapping[str, str] | None = None, pins: Pins | None = None) -> Plan:
     """Assign node ranks in inventory order (master = 0) and build every node's command
-    (`nonce`: the launch's, see `Plan.nonce`)."""
+    (`nonce`: the launch's, see `Plan.nonce`; `extra_env`: more of the job's environment, set by
+    orch (the fabric check's NCCL_DEBUG); `pins`: a container launch's image ID and GPUs)."""
     nodes = []
     first = 0
     for rank, node in enumerate(inv.nodes):
+        env = {**node_env(inv, node, rank, run_id, attempt, nonce), **(extra_env or {})}
+        argv = torchrun_argv(inv, node, rank, run_id, nonce, attempt, env=list(env), pins=pins)
+        if inv.job.container is not None:
+            env.update(container.runtime_env(inv.job.container, gpu_devices(inv, node, pins)))
         nodes.append(NodePlan(
             node=node, node_rank=rank,
             global_ranks=range(first, first + node.nproc_per_node),
-            argv=tuple(torchrun_argv(inv, node, rank, run_id, nonce, attempt)),
-            env=MappingProxyType(node_env(inv, node, rank, run_id, attempt, nonce)),
+            argv=tuple(argv), env=MappingProxyType(env),
             workdir=inv.job.workdir, stop=tuple(job_stop(inv, node, run_id, nonce)),
         ))
         first += node.nproc_per_node

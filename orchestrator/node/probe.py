@@ -287,17 +287,17 @@ def gather_gpus() -> dict:
     return {"source": "nvidia-smi", "query": query, "table": table}
 
 
-def job_python(args: dict) -> list:
-    """The job's interpreter as the controller's plan runs it (`job_argv`: a container's), or this
-    probe's own interpreter, which is then the job's."""
-    return list(args.get("job_argv") or [sys.executable])
+def job_python(args: dict, role: str) -> list:
+    """The job's interpreter as the controller's plan runs it for `role` (`job_argv`: a
+    container's), or this probe's own interpreter, which is then the job's."""
+    return list((args.get("job_argv") or {}).get(role) or [sys.executable])
 
 
 def gather_torch_cuda(args: dict) -> dict:
     """The node's torch: its CUDA version and the GPU architectures it has kernels for
     (`TORCH_CUDA_CODE` in a child, with a timeout); an error or silence is the answer."""
     timeout = float(args.get("software_timeout", 120))
-    rc, so, err = run_capture(job_python(args) + ["-c", TORCH_CUDA_CODE], timeout)
+    rc, so, err = run_capture(job_python(args, "torch_cuda") + ["-c", TORCH_CUDA_CODE], timeout)
     if rc is None:
         return {"error": f"importing torch took over {timeout:.0f}s"}
     try:
@@ -417,7 +417,7 @@ def gather_software(args: dict) -> dict:
         if fast is not None:
             return {"python": sys.version.split()[0], "executable": sys.executable, **fast}
     timeout = float(args.get("software_timeout", 120))
-    rc, so, err = run_capture(job_python(args) + ["-c", SOFTWARE_CODE], timeout)
+    rc, so, err = run_capture(job_python(args, "software") + ["-c", SOFTWARE_CODE], timeout)
     if rc is None:
         return {"python": sys.version.split()[0], "error": f"importing torch took over {timeout:.0f}s"}
     try:

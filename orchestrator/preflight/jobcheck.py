@@ -80,7 +80,7 @@ def request(inv: Inventory, node: Node, run_id: str) -> dict[str, Any] | None:
                 "LOCAL_WORLD_SIZE": str(node.nproc_per_node), "GROUP_WORLD_SIZE": str(len(inv.nodes)),
                 "MASTER_ADDR": inv.master.addr, "MASTER_PORT": str(inv.master_port)})
     inner = ["-m", TRAINER, "--check", *inv.job.args] if k == TRAINER else ["-c", IMPORT_CODE, str(inv.job.module)]
-    argv = job_command(inv, node, inner)
+    argv = job_command(inv, node, inner, run_id=run_id, env=[*node.env, *env], role="check")
     return {"kind": k, "argv": argv, "env": env, "cwd": inv.job.workdir, "timeout": TIMEOUT_S}
 
 

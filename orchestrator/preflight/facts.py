@@ -31,8 +31,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..config import container
+from ..config.container import Pins
 from ..config.inventory import Inventory
 from ..config.nodes import Node
+from ..config.plan import gpu_devices, job_command
 from ..errors import TransportError
 from ..node import program as node_program
 from ..transport import Cluster, Process, Transport
@@ -144,9 +147,43 @@ def probe_args(inv: Inventory, node: Node, want: Sequence[str], token: str, n_pe
         "software": "software" in want,
         "torch_cuda": bool(node.gpus) and "gpus" in want,
         "job_check": jobcheck.request(inv, node, run_id) if "job" in want else None,
+        "job_argv": job_argvs(inv, node, run_id),
+        "container_leftovers": container.leftovers_argv(inv.job.container, inv.name) or None
+        if inv.job.container is not None and "container" in want else None,
         "verbs_device": inv.checks.rdma_devices[0] if "rdma" in want and inv.checks.rdma_devices and n_peers > 1
         else None,
     }
+
+
+JOB_FACTS = ("software", "torch_cuda")
+"""The probe's facts gathered as the job's interpreter (each in a container of its own, at once)."""
+
+
+def job_argvs(inv: Inventory, node: Node, run_id: str = CHECK_RUN_ID) -> dict[str, list[str]] | None:
+    """What the probe runs the job's interpreter as for each of `JOB_FACTS` (`plan.job_command`,
+    the code appended), or None: the job's interpreter is the probe's own."""
+    if job_command(inv, node, []) == [node.python]:
+        return None
+    return {role: job_command(inv, node, [], run_id=run_id, env=list(node.env), role=role) for role in JOB_FACTS}
+
+
+def container_pins(inv: Inventory, facts: dict[str, NodeFacts]) -> Pins | None:
+    """What a container launch pins from the probe's facts: each node's GPUs for its ranks by UUID
+    (`plan.gpu_devices`' choice, an index turned into its GPU's UUID as nvidia-smi reports it). A
+    node whose choice cannot be told by UUID keeps it as it is. None without `job.container`."""
+    if inv.job.container is None:
+        return None
+    gpus: dict[str, tuple[str, ...]] = {}
+    for node in inv.nodes:
+        chosen = gpu_devices(inv, node)
+        nf = facts.get(node.name)
+        if not chosen or nf is None or not nf.ok:
+            continue
+        by_index = {str(g.index): g.uuid for g in nf.gpus.gpus if g.uuid}
+        uuids = [d if d.startswith(("GPU-", "MIG-")) else by_index.get(d) for d in chosen]
+        if all(uuids):
+            gpus[node.name] = tuple(u for u in uuids if u)
+    return Pins(gpus=gpus)
 
 
 class _Stream:

@@ -204,8 +204,10 @@ def test_the_stop_hook_runs_on_every_stop_path(tmp_path: Path, path: str) -> Non
     assert hook_calls(tmp_path) == [] or path == "torchrun exit"
     if path == "SIGTERM to the agent":
         os.kill(st["agent_pid"], signal.SIGTERM)
-    elif path in ("agent.py stop", "grace passed"):
+    elif path == "agent.py stop":
         assert call("stop", str(d), "--grace", "1")[0] == 0
+    elif path == "grace passed":  # the agent's own grace (1 s) passes first: its hook before its SIGKILL
+        assert call("stop", str(d), "--grace", "10")[0] == 0
     elif path == "agent killed -9, then stop":
         snapshot_holds(d, b"sleep\x00305\x00")
         os.kill(st["agent_pid"], signal.SIGKILL)

@@ -24,6 +24,7 @@ from typing import Any
 
 from .contract import NodeState
 from .logs.lines import read_node_lines
+from .logs.progress import rank0_lines
 from .logs.telemetry import parse_sample, timing_window
 from .logs.trainer import (
     Phase,
@@ -34,7 +35,6 @@ from .logs.trainer import (
     parse_results,
     parse_throughput,
     parse_throughput_epochs,
-    rank0_lines,
 )
 from .run.straggler import Detector, NodeLoad, Window, replay
 from .store import CHECK, RunDir, clock_offsets, write_private

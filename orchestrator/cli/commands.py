@@ -389,7 +389,7 @@ def status(state: State, run: str | None, as_json: bool) -> None:
     Example:
       orch status --json | jq '.nodes[] | select(.state != "running")'
     """
-    from ..logs.trainer import run_progress
+    from ..logs.progress import run_progress
     from ..run.control import status as run_status
     from ..store import RunStore
 

@@ -419,7 +419,7 @@ def _trainer_log(path: Path, t0: float = 1_796_000_000.0) -> list[str]:
 
 
 def test_progress_is_read_from_rank_0s_lines_with_an_eta(tmp_path: Path) -> None:
-    from orchestrator.logs.trainer import progress_of
+    from orchestrator.logs.progress import progress_of
 
     p = progress_of(_trainer_log(tmp_path / "node0.log"))
     assert p is not None

@@ -1,0 +1,52 @@
+"""Where a trainer run is, read from the node logs: rank 0's lines of the node that holds it
+(`Progress`, from the trainer's own parsers in `trainer.py`), for `orch status` and the report.
+
+Its own module, above both `lines.py` (which parses a node.log line) and `trainer.py` (the door to
+the trainer's lines): reading progress needs the two, and neither needs it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from pathlib import Path
+
+from .lines import parse_node_line
+from .trainer import Progress
+
+
+def progress_of(raw_lines: Iterable[str]) -> Progress | None:
+    """Where a trainer run is, from node.log lines (`<UTC µs>Z <stream> <text>`) of the node that
+    holds rank 0, oldest first: only rank 0's lines count. None when no progress line was seen
+    (not the trainer, or not training yet)."""
+    progress, last = Progress(), 0.0
+    for raw in raw_lines:
+        line = parse_node_line(raw, "", 0, 0, fallback_ts=last)
+        last = line.ts
+        if line.rank == 0:
+            progress.feed(line.text, line.ts)
+    return progress if progress.known else None
+
+
+def run_progress(run_path: Path, master: str, fresh: Iterable[str] = ()) -> Progress | None:
+    """A run's progress from the controller's copy of its master's log (`nodes/<master>.log`,
+    complete while `orch up` follows the run), then `fresh` (the master's latest lines, asked of
+    its agent), which the copy may not have yet."""
+    copy = run_path / "nodes" / f"{master}.log"
+    try:
+        with open(copy, encoding="utf-8", errors="replace") as fh:
+            return progress_of(itertools.chain(fh, fresh))
+    except OSError:
+        return progress_of(fresh)
+
+
+def rank0_lines(raw_lines: Iterable[str]) -> list[tuple[float, str]]:
+    """`(time, text)` of rank 0's lines among node.log lines, in file order (what
+    `parse_phases` reads)."""
+    out, last = [], 0.0
+    for raw in raw_lines:
+        line = parse_node_line(raw, "", 0, 0, fallback_ts=last)
+        last = line.ts
+        if line.rank == 0:
+            out.append((line.ts, line.text))
+    return out

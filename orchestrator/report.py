@@ -320,7 +320,7 @@ def rank_pace(run: RunDir) -> Detector:
     world = sum(int(n.get("nproc") or 0) for n in run.read().get("nodes") or [] if isinstance(n, dict)) or None
     wins: list[Window] = []
     loads: list[tuple[float, NodeLoad]] = []
-    for i, path in enumerate(sorted((run.path / "nodes").glob("*.log"))):
+    for i, path in enumerate(run.node_logs()):
         node = path.stem
         offset = offsets.get(node, 0.0) / 1000.0
         with open(path, encoding="utf-8", errors="replace") as fh:
@@ -433,7 +433,7 @@ details summary{cursor:pointer;color:#2ca02c;font-size:.85em;margin:.4em 0}"""
 
 def node_log_lines(run: RunDir) -> Iterable[str]:
     """Every line of the controller's copies of the node logs (unordered)."""
-    for path in sorted((run.path / "nodes").glob("*.log")):
+    for path in run.node_logs():
         with open(path, encoding="utf-8", errors="replace") as fh:
             yield from fh
 
@@ -594,7 +594,7 @@ def build_report(run: RunDir, results_csv: Path | None = None) -> Path:
     out.mkdir(exist_ok=True, mode=0o700)
     lines = list(node_log_lines(run))
     master = next((n.get("node") for n in info.get("nodes") or [] if n.get("node_rank") == 0), None)
-    master_log = run.path / "nodes" / f"{master}.log"
+    master_log = run.node_log(str(master))
     phases = parse_phases(rank0_lines(master_log.read_text(errors="replace").splitlines())) if (
         master and master_log.exists()) else []
     timeline = plot_timeline(info, phases)

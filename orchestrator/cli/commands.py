@@ -395,7 +395,7 @@ def status(state: State, run: str | None, as_json: bool) -> None:
 
     report = run_status(run)
     master = report.master
-    progress = run_progress(RunStore().get(report.run).path, master, report.master_tail) if master else None
+    progress = run_progress(RunStore().get(report.run), master, report.master_tail) if master else None
     if as_json:
         render.json_out({**report.to_json(), "progress": progress.to_json() if progress else None})
     else:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
-from pathlib import Path
 
+from ..store import RunDir
 from .lines import parse_node_line
 from .trainer import Progress
 
@@ -28,13 +28,12 @@ def progress_of(raw_lines: Iterable[str]) -> Progress | None:
     return progress if progress.known else None
 
 
-def run_progress(run_path: Path, master: str, fresh: Iterable[str] = ()) -> Progress | None:
+def run_progress(run: RunDir, master: str, fresh: Iterable[str] = ()) -> Progress | None:
     """A run's progress from the controller's copy of its master's log (`nodes/<master>.log`,
     complete while `orch up` follows the run), then `fresh` (the master's latest lines, asked of
     its agent), which the copy may not have yet."""
-    copy = run_path / "nodes" / f"{master}.log"
     try:
-        with open(copy, encoding="utf-8", errors="replace") as fh:
+        with open(run.node_log(master), encoding="utf-8", errors="replace") as fh:
             return progress_of(itertools.chain(fh, fresh))
     except OSError:
         return progress_of(fresh)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -498,3 +499,20 @@ def test_orch_runs_lists_a_run_whose_record_is_broken_instead_of_failing(orch_ho
     (broken / "run.json").write_text("{not json")
     runs = {r.run: r for r in list_runs(None).runs}
     assert runs["20261201-200000-v100"].state == "unknown" and len(runs) == 5
+
+
+def test_the_node_log_copys_path_is_spelled_once(tmp_path: Path) -> None:
+    """`<run dir>/nodes/<node>.log` (docs/CONTRACT.md) is `RunDir.node_log`: fetch, status, top and
+    the report all ask it, so the copies cannot be written in one place and read in another."""
+    from orchestrator.store import RunDir
+
+    run = RunDir(tmp_path)
+    assert run.node_log("n1") == tmp_path / "nodes" / "n1.log"
+    for name in ("n2", "n1"):
+        run.node_log(name).parent.mkdir(exist_ok=True)
+        run.node_log(name).write_text("")
+    (tmp_path / "nodes" / "n1.log.tmp").write_text("")
+    assert run.node_logs() == [run.node_log("n1"), run.node_log("n2")]
+    package = Path(__file__).resolve().parents[2] / "orchestrator"
+    spelled = sorted(str(p.relative_to(package)) for p in package.rglob("*.py") if re.search(r'/ "nodes"', p.read_text()))
+    assert spelled == ["store.py"]

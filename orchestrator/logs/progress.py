@@ -1,5 +1,6 @@
 """Where a trainer run is, read from the node logs: rank 0's lines of the node that holds it
-(`Progress`, from the trainer's own parsers in `trainer.py`), for `orch status` and the report.
+(`Progress`, from the trainer's own parsers in `trainer.py`), for `orch status` (`status_progress`)
+and the report's phases (`rank0_lines`).
 
 Its own module, above both `lines.py` (which parses a node.log line) and `trainer.py` (the door to
 the trainer's lines): reading progress needs the two, and neither needs it.
@@ -10,7 +11,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 
-from ..store import RunDir
+from ..run.control import StatusReport
+from ..store import RunDir, RunStore
 from .lines import parse_node_line
 from .trainer import Progress
 
@@ -37,6 +39,14 @@ def run_progress(run: RunDir, master: str, fresh: Iterable[str] = ()) -> Progres
             return progress_of(itertools.chain(fh, fresh))
     except OSError:
         return progress_of(fresh)
+
+
+def status_progress(report: StatusReport) -> Progress | None:
+    """The trainer's progress of a run `orch status` just asked of (`run.control.status`): its
+    master's copy, then the lines its agent answered (`master_tail`); None without a node of
+    rank 0 or a progress line."""
+    master = report.master
+    return run_progress(RunStore().get(report.run), master, report.master_tail) if master else None
 
 
 def rank0_lines(raw_lines: Iterable[str]) -> list[tuple[float, str]]:

@@ -516,3 +516,23 @@ def test_the_node_log_copys_path_is_spelled_once(tmp_path: Path) -> None:
     package = Path(__file__).resolve().parents[2] / "orchestrator"
     spelled = sorted(str(p.relative_to(package)) for p in package.rglob("*.py") if re.search(r'/ "nodes"', p.read_text()))
     assert spelled == ["store.py"]
+
+
+def test_a_status_reports_progress_is_read_by_the_library(orch_home: Path) -> None:
+    """`orch status`'s progress line: the master's copy, then the tail its agent answered
+    (`logs.progress.status_progress`); the CLI only shows it."""
+    from orchestrator.logs.progress import status_progress
+    from orchestrator.run.control import NodeReport, StatusReport
+    from orchestrator.store import RunStore
+
+    _runs(orch_home)
+    run = RunStore().get("1933")
+    fresh = _trainer_log(run.node_log("v100-1"))
+    run.node_log("v100-1").write_text("".join(fresh[:2]))
+    node = NodeReport(node="v100-1", node_rank=0, host="h", state="running", exit_code=None, pid=1, pgid=1,
+                      uptime_s=1.0, last_log=None, last_log_age_s=None, agent_alive=True, error=None)
+    progress = status_progress(StatusReport(run.run_id, "running", [node], master_tail=tuple(fresh)))
+    assert progress is not None and (progress.epoch, progress.epochs, progress.val_epoch) == (2, 10, 1)
+    lagging = status_progress(StatusReport(run.run_id, "running", [node]))
+    assert lagging is not None and (lagging.epoch, lagging.images_per_s) == (1, 410.0)  # the copy's first lines alone
+    assert status_progress(StatusReport(run.run_id, "running", [])) is None  # no node of rank 0

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from ..run.control import StatusReport
 from ..store import RunDir, RunStore
 from .lines import parse_node_line
 from .trainer import Progress
+
+if TYPE_CHECKING:  # the report's type only: reading progress (the HTML report does) loads no run/ code
+    from ..run.control import StatusReport
 
 
 def progress_of(raw_lines: Iterable[str]) -> Progress | None:

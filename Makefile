@@ -69,7 +69,7 @@ lint: install  ## ruff and mypy
 	$(VENV)/bin/ruff check orchestrator trainer tests bench
 	$(VENV)/bin/mypy
 
-typecheck: install
+typecheck: install  ## mypy alone (make lint runs it too)
 	$(VENV)/bin/mypy
 
 bench: install  ## benchmarks against pdsh, sort -m and ultralytics' trainer (bench/results/)

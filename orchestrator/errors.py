@@ -69,6 +69,18 @@ class PreflightUnavailable(OrchError):
     exit_code = ExitCode.PREFLIGHT_FAILED
 
 
+class AgentUnavailable(OrchError):
+    """The node agent cannot run on `node` with `python` (the interpreter is missing, or nothing
+    runs there): what the agent would answer is unknown, not an answer. `stop_node` asks the
+    standard library's python3 then."""
+
+    def __init__(self, node: str, python: str, detail: str) -> None:
+        super().__init__(f"{node}: cannot run the node agent with python {python!r}: {detail}",
+                         "set job.python (or the node's python:) to an interpreter that exists on that node")
+        self.node = node
+        self.python = python
+
+
 class TransportError(OrchError):
     """A node could not be reached or refused us. `node` names it; `kind` says why."""
 

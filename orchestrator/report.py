@@ -26,6 +26,7 @@ from typing import Any
 
 from .contract import NodeState
 from .logs.fetch import NodeSource
+from .logs.progress import rank0_lines
 from .logs.stored import CopyScan, scan_records
 from .logs.telemetry import Ignored, Sample
 from .logs.trainer import (
@@ -37,7 +38,6 @@ from .logs.trainer import (
     parse_results,
     parse_throughput,
     parse_throughput_epochs,
-    rank0_lines,
 )
 from .run.straggler import Detector
 from .store import CHECK, RunDir, clock_offsets, write_private
@@ -356,7 +356,7 @@ def scan_logs(run: RunDir) -> LogScan:
     world = sum(int(n.get("nproc") or 0) for n in run.read().get("nodes") or [] if isinstance(n, dict)) or None
     det = Detector(share, windows, world)
     scans = [CopyScan(NodeSource(path.stem, i, None, "", "", path), keep=SUMMARY_LINES)
-             for i, path in enumerate(sorted((run.path / "nodes").glob("*.log")))]
+             for i, path in enumerate(run.node_logs())]
     ignored = 0
     for _line, record in scan_records(scans, offsets):
         if isinstance(record, Ignored):
@@ -471,7 +471,7 @@ details summary{cursor:pointer;color:#2ca02c;font-size:.85em;margin:.4em 0}"""
 
 def master_rank0_lines(run: RunDir, master: str | None) -> Iterator[tuple[float, str]]:
     """Rank 0's `(time, text)` lines of the master's copy, streaming (what `parse_phases` reads)."""
-    path = run.path / "nodes" / f"{master}.log"
+    path = run.node_log(str(master))
     if not master or not path.exists():
         return
     with open(path, encoding="utf-8", errors="replace", newline="\n") as fh:

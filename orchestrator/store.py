@@ -178,6 +178,14 @@ class RunDir:
         named), in node.log's format, merged with the nodes' copies as a node of its own."""
         return self.path / "controller.log"
 
+    def node_log(self, node: str) -> Path:
+        """`nodes/<node>.log`: the controller's copy of a node's log (`logs/fetch.py` keeps it)."""
+        return self.path / "nodes" / f"{node}.log"
+
+    def node_logs(self) -> list[Path]:
+        """Every node log copy the run has, by file name."""
+        return sorted((self.path / "nodes").glob("*.log"))
+
     @property
     def check_path(self) -> Path:
         """check.json: the preflight this run was launched after (the last `orch check` of its

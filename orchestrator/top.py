@@ -13,7 +13,7 @@ top JSON). Layer 6 beside `up.py`: it composes logs and run.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,6 +103,20 @@ class TopView:
         for name, view in self.nodes.items():
             exc = result.failed.get(name)
             view.fetch_error = None if exc is None else str(exc)
+
+    def refresh(self, cluster: Cluster) -> TopReport:
+        """One look: fetch what the node logs gained, read it, report."""
+        self.fetch(cluster)
+        self.read_copies()
+        return self.report()
+
+    def frames(self, interval: float, sleep: Callable[[float], None] = time.sleep) -> Iterator[TopReport]:
+        """The live view's refreshes, `interval` seconds apart, over one cluster kept open
+        between them (closed when the iteration is)."""
+        with self.inv_cluster() as cluster:
+            while True:
+                yield self.refresh(cluster)
+                sleep(interval)  # the refresh rate of a view, not a wait for anything
 
     def read_copies(self) -> None:
         """Everything the copies gained since the last call, fed in the order it was written: a
@@ -207,11 +221,9 @@ class TopView:
                 "error": g.error, "rank": rank.rank if rank is not None else None, "flags": flags}
 
 
-def top_once(run_id: str | None, fetch: bool = True) -> TopReport:
-    """One look at a run (`orch top --once`)."""
+def top_once(run_id: str | None) -> TopReport:
+    """One look at a run (`orch top --once`, `--json`): the named run, else the latest; UsageError
+    (exit 2) when there is none."""
     view = TopView.open(run_id)
-    if fetch:
-        with Cluster(view.inv) as cluster:
-            view.fetch(cluster)
-    view.read_copies()
-    return view.report()
+    with view.inv_cluster() as cluster:
+        return view.refresh(cluster)

@@ -12,9 +12,7 @@ import logging
 import math
 import os
 import sys
-import time
 import traceback
-from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -389,13 +387,11 @@ def status(state: State, run: str | None, as_json: bool) -> None:
     Example:
       orch status --json | jq '.nodes[] | select(.state != "running")'
     """
-    from ..logs.trainer import run_progress
+    from ..logs.progress import status_progress
     from ..run.control import status as run_status
-    from ..store import RunStore
 
     report = run_status(run)
-    master = report.master
-    progress = run_progress(RunStore().get(report.run).path, master, report.master_tail) if master else None
+    progress = status_progress(report)
     if as_json:
         render.json_out({**report.to_json(), "progress": progress.to_json() if progress else None})
     else:
@@ -532,29 +528,18 @@ def top(state: State, run: str | None, once: bool, as_json: bool, gpus: bool, in
       orch top --once --gpus                    # one table, a row per GPU
       orch top --json | jq '.nodes[] | select(.flags != []) | {node, flags}'
     """
-    from ..top import TopReport, TopView
+    from ..top import TopView, top_once
 
-    view = TopView.open(run)
     if as_json or once:
-        with view.inv_cluster() as cluster:
-            view.fetch(cluster)
-        view.read_copies()
-        report = view.report()
+        report = top_once(run)
         if as_json:
             render.json_out(report.to_json())
         else:
             render.top_table(report, gpus)
         raise SystemExit(ExitCode.OK)
-    def frames() -> Iterator[TopReport]:
-        with view.inv_cluster() as cluster:
-            while True:
-                view.fetch(cluster)
-                view.read_copies()
-                yield view.report()
-                time.sleep(interval)  # the refresh rate of a view, not a wait for anything
-
+    frames = TopView.open(run).frames(interval)
     with contextlib.suppress(KeyboardInterrupt):
-        render.top_live(frames(), gpus)
+        render.top_live(frames, gpus)
     raise SystemExit(ExitCode.OK)
 
 

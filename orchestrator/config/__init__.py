@@ -8,6 +8,8 @@ Pure: nothing here opens a connection or starts a process.
                  expand into nodes (host/name/addr ranges in step)
 - `inventory.py` the frozen `Inventory`: defaults merged, cross-field rules, every problem at once
 - `nodeset.py`   node sets on the command line (`--nodes gpu[01-04]`) and folded back for output
+- `overrides.py` what the command line changes for one run (`--include/--exclude/--nodes/--master`,
+                 `--env`, args after `--`), recorded in run.json and applied again when it is read back
 - `plan.py`      node ranks, world size, each node's exact torchrun argv and environment
 - `trainer.py`   what orch knows of the trainer's command line (from `trainer/interface.py`)
 """

@@ -143,7 +143,7 @@ def node_sources(run: RunDir, inv: Inventory) -> list[NodeSource]:
         base_rank: int | None = rec.get("base_rank", base if inv.job.rdzv == "static" else None)
         sources.append(NodeSource(node.name, node_rank, base_rank,
                                   remote_dir(inv, node, run.run_id),  # the snapshot's, never run.json's
-                                  node.python, run.path / "nodes" / f"{node.name}.log", nonce))
+                                  node.python, run.node_log(node.name), nonce))
         base += node.nproc_per_node
     return sorted(sources, key=lambda s: s.node_rank)
 

@@ -20,6 +20,7 @@ A node may run another orch version, or none: what a program needs travels with 
 - `tether.py` a watcher the login shell starts beside `orch exec`'s command: it stops the
               shell's process group when the SSH session that started it goes away
               (`python -c` of its `packed` text, in the background).
+- `jobs/`     what orch itself runs under torchrun (the fabric check's job): stdlib and torch.
 
 This file is the controller's side: `source(name)` is a program's text, and `program(main,
 deps)` the text that runs it with the sibling modules it imports (`from . import agent`)

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..config.plan import NodePlan, Plan
 from ..contract import NodeState
-from ..errors import OrchError, TransportError
+from ..errors import AgentUnavailable, OrchError, TransportError
 from ..node import agent_files
 from ..node import script as node_script
 from ..store import remote_dir
@@ -165,7 +165,8 @@ def agent_call(t: Transport, python: str, rdir: str, args: list[str], timeout: f
 
     Raises:
         TransportError: the node could not be reached.
-        OrchError: the agent could not run (missing python, missing run directory...).
+        AgentUnavailable: the agent could not run with that python (missing interpreter).
+        OrchError: the agent failed otherwise (missing run directory...).
     """
     res = t.run([python, "agent.py", *args], cwd=rdir, timeout=timeout)
     return parse_agent(res, python)
@@ -187,8 +188,7 @@ def parse_agent(res: Result, python: str) -> dict[str, Any]:
     err = res.stderr.strip().splitlines()
     detail = err[-1] if err else f"exit code {res.exit_code}, no output"
     if res.exit_code == 127 or "not found" in detail or "No such file" in detail:
-        raise OrchError(f"{res.node}: cannot run the node agent with python {python!r}: {detail}",
-                        "set job.python (or the node's python:) to an interpreter that exists on that node")
+        raise AgentUnavailable(res.node, python, detail)
     raise OrchError(f"{res.node}: the node agent failed: {detail}")
 
 
@@ -234,7 +234,7 @@ def stop_node(t: Transport, python: str, rdir: str, grace: float, nonce: str | N
     except OrchError as exc:
         if not t.run(["true"], cwd=rdir, timeout=30).ok:
             return StopResult(None, note="no run directory on this node: nothing of the run was started here")
-        if "cannot run the node agent" in exc.message and python != FALLBACK_PYTHON:
+        if isinstance(exc, AgentUnavailable) and python != FALLBACK_PYTHON:
             return stop_node(t, FALLBACK_PYTHON, rdir, grace, nonce)
         raise
 

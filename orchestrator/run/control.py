@@ -64,7 +64,7 @@ class StatusReport:
     """The ranks the straggler detector of an attached `orch up` named (run.json `stragglers`)."""
     master_tail: tuple[str, ...] = ()
     """The last node.log lines of the node holding rank 0, asked now while it runs (not in the
-    JSON: the CLI reads the trainer's progress from them, `logs.trainer.run_progress`)."""
+    JSON: the CLI reads the trainer's progress from them, `logs.progress.run_progress`)."""
 
     @property
     def master(self) -> str | None:

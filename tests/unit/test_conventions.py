@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -419,7 +420,7 @@ def _trainer_log(path: Path, t0: float = 1_796_000_000.0) -> list[str]:
 
 
 def test_progress_is_read_from_rank_0s_lines_with_an_eta(tmp_path: Path) -> None:
-    from orchestrator.logs.trainer import progress_of
+    from orchestrator.logs.progress import progress_of
 
     p = progress_of(_trainer_log(tmp_path / "node0.log"))
     assert p is not None
@@ -498,3 +499,40 @@ def test_orch_runs_lists_a_run_whose_record_is_broken_instead_of_failing(orch_ho
     (broken / "run.json").write_text("{not json")
     runs = {r.run: r for r in list_runs(None).runs}
     assert runs["20261201-200000-v100"].state == "unknown" and len(runs) == 5
+
+
+def test_the_node_log_copys_path_is_spelled_once(tmp_path: Path) -> None:
+    """`<run dir>/nodes/<node>.log` (docs/CONTRACT.md) is `RunDir.node_log`: fetch, status, top and
+    the report all ask it, so the copies cannot be written in one place and read in another."""
+    from orchestrator.store import RunDir
+
+    run = RunDir(tmp_path)
+    assert run.node_log("n1") == tmp_path / "nodes" / "n1.log"
+    for name in ("n2", "n1"):
+        run.node_log(name).parent.mkdir(exist_ok=True)
+        run.node_log(name).write_text("")
+    (tmp_path / "nodes" / "n1.log.tmp").write_text("")
+    assert run.node_logs() == [run.node_log("n1"), run.node_log("n2")]
+    package = Path(__file__).resolve().parents[2] / "orchestrator"
+    spelled = sorted(str(p.relative_to(package)) for p in package.rglob("*.py") if re.search(r'/ "nodes"', p.read_text()))
+    assert spelled == ["store.py"]
+
+
+def test_a_status_reports_progress_is_read_by_the_library(orch_home: Path) -> None:
+    """`orch status`'s progress line: the master's copy, then the tail its agent answered
+    (`logs.progress.status_progress`); the CLI only shows it."""
+    from orchestrator.logs.progress import status_progress
+    from orchestrator.run.control import NodeReport, StatusReport
+    from orchestrator.store import RunStore
+
+    _runs(orch_home)
+    run = RunStore().get("1933")
+    fresh = _trainer_log(run.node_log("v100-1"))
+    run.node_log("v100-1").write_text("".join(fresh[:2]))
+    node = NodeReport(node="v100-1", node_rank=0, host="h", state="running", exit_code=None, pid=1, pgid=1,
+                      uptime_s=1.0, last_log=None, last_log_age_s=None, agent_alive=True, error=None)
+    progress = status_progress(StatusReport(run.run_id, "running", [node], master_tail=tuple(fresh)))
+    assert progress is not None and (progress.epoch, progress.epochs, progress.val_epoch) == (2, 10, 1)
+    lagging = status_progress(StatusReport(run.run_id, "running", [node]))
+    assert lagging is not None and (lagging.epoch, lagging.images_per_s) == (1, 410.0)  # the copy's first lines alone
+    assert status_progress(StatusReport(run.run_id, "running", [])) is None  # no node of rank 0

@@ -165,3 +165,77 @@ def test_the_guard_sees_a_job_command_built_elsewhere() -> None:
     assert not job_argv_builders("t.run([python, '-c', node_script('boot'), rdir, 'start'])")
     assert not job_argv_builders("[python, '-c', FROM_STDIN_OPEN if lease else FROM_STDIN, d]")
     assert job_argv_builders((PACKAGE / JOB_BUILDER).read_text())
+
+
+def module_name(path: Path) -> str:
+    """`orchestrator.logs.lines` for logs/lines.py, `orchestrator.logs` for logs/__init__.py."""
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path, known: set[str]) -> set[str]:
+    """The modules of the package a module imports, at module level or inside functions: for
+    `from .x import y`, module `x.y` when y is one, else `x` itself."""
+    package = module_name(path).split(".") if path.name == "__init__.py" else module_name(path).split(".")[:-1]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            full = ".".join(base + (node.module.split(".") if node.module else []))
+            out |= {f"{full}.{a.name}" if f"{full}.{a.name}" in known else full for a in node.names}
+    return out & known
+
+
+def cycles_of(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every circle of a graph of imports (Tarjan's strongly connected components with more than
+    one module, or a module importing itself)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1 or v in graph[v]:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def import_cycles() -> list[list[str]]:
+    known = {module_name(p) for p in SOURCES}
+    return cycles_of({module_name(p): imported_modules(p, known) for p in SOURCES})
+
+
+def test_no_module_imports_itself_in_a_circle() -> None:
+    """An import circle (a imports b, b imports a, even inside a function) makes the two one module
+    in two files: the layers above cannot see it, so this holds every module of orchestrator/ to none."""
+    assert import_cycles() == []
+
+
+def test_the_guard_sees_a_circle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}, "f": {"d"}}
+    assert cycles_of(graph) == [["a", "b", "c"], ["e"]]
+    lines = PACKAGE / "logs" / "lines.py"
+    known = {module_name(p) for p in SOURCES}
+    assert imported_modules(lines, known) == {"orchestrator.logs.trainer"}  # `from .trainer import RANK_PREFIX`
+    assert "orchestrator.cli.render" in imported_modules(PACKAGE / "cli" / "commands.py", known)  # `from . import render`

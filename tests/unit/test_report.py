@@ -212,7 +212,8 @@ def test_configuration_masks_env_values_and_preflight_folds_ok_rows(tmp_path: Pa
 
 
 def test_timeline_phases_and_throughput_per_node_over_the_epochs() -> None:
-    from orchestrator.logs.trainer import parse_phases, parse_throughput_epochs, rank0_lines
+    from orchestrator.logs.progress import rank0_lines
+    from orchestrator.logs.trainer import parse_phases, parse_throughput_epochs
     from orchestrator.report import node_throughput
 
     phases = parse_phases(rank0_lines(node_log(0).splitlines()))

@@ -59,6 +59,47 @@ def test_missing_python_gets_a_clear_message_and_hint() -> None:
     assert exc.value.hint and "job.python" in exc.value.hint
 
 
+def test_an_agent_that_cannot_run_is_its_own_error() -> None:
+    """Callers tell "the agent cannot run with that python" from other failures by its type
+    (`stop_node` asks `python3` then), never by the words of its message."""
+    from orchestrator.errors import AgentUnavailable
+
+    with pytest.raises(AgentUnavailable) as exc:
+        agents.parse_agent(res(127, err="sh: 1: exec: /opt/bad/python: not found"), "/opt/bad/python")
+    assert (exc.value.node, exc.value.python) == ("n2", "/opt/bad/python")
+    with pytest.raises(OrchError) as other:
+        agents.parse_agent(res(1, err="Traceback: cannot run the node agent with python 'x'"), "py")
+    assert not isinstance(other.value, AgentUnavailable)
+
+
+class StopT:
+    """A node whose run's python cannot start the agent (`py`: not found) and whose `python3` can;
+    `broken`: the agent fails some other way under any python."""
+
+    def __init__(self, broken: bool = False) -> None:
+        self.broken, self.calls = broken, []  # type: list[str]
+
+    def run(self, argv: list[str], **k: Any) -> Result:
+        self.calls.append(argv[0])
+        if argv == ["true"]:
+            return res(0)
+        if self.broken:
+            return res(1, err="cannot run the node agent with python 'py': a traceback's words")
+        if argv[0] == "py":
+            return res(127, err="sh: 1: exec: py: not found")
+        return res(0, out=json.dumps({"state": "stopped", "stopped": [41]}))
+
+
+def test_a_stop_falls_back_to_python3_only_when_the_agent_cannot_run() -> None:
+    t = StopT()
+    out = agents.stop_node(t, "py", "/x", 5)  # type: ignore[arg-type]
+    assert out.stopped == (41,) and t.calls == ["py", "true", agents.FALLBACK_PYTHON]
+    t = StopT(broken=True)
+    with pytest.raises(OrchError, match="the node agent failed"):
+        agents.stop_node(t, "py", "/x", 5)  # type: ignore[arg-type]
+    assert t.calls == ["py", "true"]
+
+
 def test_missing_run_dir_reads_as_unknown_state() -> None:
     class T:
         def run(self, *a: Any, **k: Any) -> Result:

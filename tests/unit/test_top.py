@@ -158,3 +158,34 @@ def test_a_line_that_is_not_a_finite_record_is_ignored_and_counted(tmp_path: Pat
     monkeypatch.setattr(render, "console", lambda stderr=True: Console(file=buf, width=200, color_system=None))
     render.top_table(report, gpus=False)
     assert "5 lines of the node logs ignored: not a finite telemetry or timing record" in buf.getvalue()
+
+
+def test_orch_top_once_is_the_librarys_one_look(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The CLI parses and shows; the look itself (open the run, fetch, read the copies, report) is
+    `top.top_once`, the one definition of it."""
+    from orchestrator import top
+    from orchestrator.cli import main
+    from orchestrator.top import TopReport
+
+    asked = []
+    canned = TopReport("20261130-093200-toptest", "running", TS0, 10.0, [], [])
+    monkeypatch.setattr(top, "top_once", lambda run_id: asked.append(run_id) or canned)
+    with pytest.raises(SystemExit) as info:
+        main(["top", "--json", "0932"])
+    assert info.value.code == 0 and asked == ["0932"]
+    assert json.loads(capsys.readouterr().out) == canned.to_json()
+
+
+def test_each_refresh_fetches_then_reads_what_the_copies_gained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`TopView.frames`: the live view's refreshes, one cluster for all of them, `interval` apart."""
+    import contextlib
+    import itertools
+
+    view = view_of(tmp_path, [None, None])
+    done: list[str] = []
+    monkeypatch.setattr(view, "inv_cluster", lambda: contextlib.nullcontext("cluster"))
+    monkeypatch.setattr(view, "fetch", lambda cluster: done.append(f"fetch {cluster}"))
+    frames = view.frames(2.5, sleep=lambda s: done.append(f"sleep {s}"))
+    reports = list(itertools.islice(frames, 2))
+    assert done == ["fetch cluster", "sleep 2.5", "fetch cluster"]
+    assert [r.run for r in reports] == ["20261130-093200-toptest"] * 2 and len(reports[1].nodes) == 2

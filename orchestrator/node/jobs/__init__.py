@@ -7,5 +7,5 @@ as torchrun's script; it imports nothing of orch, and `tests/unit/test_node.py` 
 "stdlib and torch only, Python 3.8 syntax". The controller may import a job's module for its
 constants and pure helpers: torch is imported inside the job's functions, never at the top.
 
-- `fabric.py`  the `fabric` check: an all_reduce size sweep and pairwise node-to-node rates.
+- `allreduce.py` the `fabric` check's job: an all_reduce size sweep and pairwise node-to-node rates.
 """

@@ -10,6 +10,8 @@ Pure: nothing here opens a connection or starts a process.
 - `nodeset.py`   node sets on the command line (`--nodes gpu[01-04]`) and folded back for output
 - `overrides.py` what the command line changes for one run (`--include/--exclude/--nodes/--master`,
                  `--env`, args after `--`), recorded in run.json and applied again when it is read back
-- `plan.py`      node ranks, world size, each node's exact torchrun argv and environment
+- `plan.py`      node ranks, world size, each node's exact torchrun argv and environment;
+                 `job_command`, the one builder of how a node runs the job (its python, or a container)
+- `container.py` `job.container`: its rules and the docker, podman and apptainer argv builders
 - `trainer.py`   what orch knows of the trainer's command line (from `trainer/interface.py`)
 """

@@ -4,10 +4,13 @@
 - `shapes.py`       the probe's answer held to its shape, key by key (what is malformed is dropped, named)
 - `parsers.py`      what real tools print (nvidia-smi, sysfs, chronyc), parsed into typed facts
 - `jobargs.py`      which job arguments name files it reads or folders it writes
+- `jobcheck.py`     the job's own check the probe runs (`python -m trainer --check`), as a finding
+- `cudacompat.py`   GPU architectures against torch's kernels, the driver torch's CUDA needs
+- `controller_clock.py` the controller's own offset to the NTP server
 - `results.py`      `CheckResult`, `Findings` and the majority rule every check judges with
 - `checks.py`       one pure function per check: (inventory, facts of every node) → a result per
                     node, with the measured value, what was seen and a hint that fixes it
-- `fabric.py`       the fabric check's job, launched through `run/` → `FabricFacts`
+- `fabric.py`       the fabric check's job, launched through the run package → `FabricFacts`
 - `fabric_judge.py` its verdict; `nccl_log.py` and `busbw.py` its parsers and arithmetic
 - `runner.py`       `run_preflight` → `CheckReport`; saving it where `orch up` and `orch logs` read it
 

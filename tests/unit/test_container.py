@@ -40,6 +40,7 @@ def golden_docker(node: str, rank: int) -> list[str]:
             PY, "-m", "torch.distributed.run", "--log-dir={ORCH_RUN_DIR}/torchrun", "--nnodes=4", "--nproc-per-node=8",
             f"--node-rank={rank}", "--master-addr=10.0.0.1", "--master-port=29500", "--rdzv-id=r1-abcd1234-a1",
             "--max-restarts=0", "--tee=3", "-m", "trainer", "--weights", "/models/yoloe-v8l-seg.pt",
+            "--text-embeddings", "/models/coco_text_pe.pt",
             "--data", "/data/coco/coco.yaml", "--epochs", "80", "--batch", "64", "--imgsz", "640",
             "--project", "/ckpt/yoloe"]
 

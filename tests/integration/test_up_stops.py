@@ -92,7 +92,7 @@ def test_a_full_controller_disk_does_not_stop_supervision_and_the_exit_code_is_t
 
     home = tmp_path / "home"
     home.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(home)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k,mode=0700", "tmpfs", str(home)], check=True)
     try:
         inv = local_inventory(tmp_path, ddp_job(steps=3000, sleep=0.002))
         orch = Orch(home)

@@ -18,7 +18,8 @@ from typing import Any
 
 from ..contract import CHECK_NAMES
 from ..errors import InventoryError, InventoryIssue
-from . import yamlines
+from . import container, yamlines
+from .container import Container
 from .nodes import (
     HOST,
     Node,
@@ -111,6 +112,9 @@ class Job:
     telemetry_s: float = 10.0
     """Seconds between the node agent's telemetry samples; 0: none."""
     straggler: Straggler = Straggler()
+    container: Container | None = None
+    """`job.container`: the image the job runs in on every node (config/container.py); None: the
+    job runs as `python` on the host."""
 
 
 @dataclass(frozen=True)
@@ -394,7 +398,51 @@ class _Resolver:
             stall_timeout_s=float(j.stall_timeout_s), on_stall=j.on_stall, retries=j.retries,
             sync=self.sync_paths(j.sync), telemetry_s=float(j.telemetry_s),
             straggler=Straggler(share=float(st.share), windows=st.windows, action=st.action),
+            container=self.container_settings(j.container, j.run_root, j.workdir),
         )
+
+    def container_settings(self, c: Any, run_root: str, workdir: str | None) -> Container | None:
+        """`job.container`, every rule of config/container.py applied with the key it breaks."""
+        if c is None:
+            return None
+        where = ("job", "container")
+        if c.runtime not in container.RUNTIMES:
+            self.issue(f"unknown runtime {c.runtime!r}{container.suggest(c.runtime, container.RUNTIMES)}; runtimes are "
+                       f"{', '.join(container.RUNTIMES)}", *where, "runtime")
+        for key in ("image", "python", "workdir"):
+            value = getattr(c, key)
+            if value is not None and not value.strip():
+                self.issue(f"{key} is empty", *where, key)
+            self.safe(value, key, *where, key)
+        if c.workdir and not c.workdir.startswith("/"):
+            self.issue(f"workdir {c.workdir!r} must be an absolute path inside the image", *where, "workdir")
+        if c.runtime == "apptainer" and not c.image.startswith("/"):
+            self.issue(f"image {c.image!r}: apptainer runs an image file: give its absolute path (a .sif)", *where,
+                       "image")
+        user = c.user
+        if user not in container.USERS and not container.UID_GID.match(user):
+            self.issue(f"user {user!r} is not host, root or UID:GID{container.suggest(user, container.USERS)}",
+                       *where, "user")
+        elif c.runtime == "apptainer" and user != "host":
+            self.issue(f"user {user!r}: apptainer runs the job as the SSH user: leave user: host", *where, "user")
+        mounts = []
+        for i, raw in enumerate(c.mounts):
+            self.safe(raw, "mount", *where, "mounts", i)
+            mount, why = container.parse_mount(raw)
+            if why:
+                self.issue(why, *where, "mounts", i)
+            elif mount is not None:
+                mounts.append((i, mount))
+        for k, why in container.mount_problems([m for _i, m in mounts], run_root, workdir):
+            self.issue(why, *where, "mounts", mounts[k][0])
+        for i, opt in enumerate(c.options):
+            self.safe(opt, "option", *where, "options", i)
+        resolved = Container(runtime=c.runtime, image=c.image, python=c.python, workdir=c.workdir,
+                             mounts=tuple(m for _i, m in mounts), options=tuple(c.options), user=user, pull=c.pull)
+        gpus = any(n.gpus for n in self.m.nodes)
+        for i, why in container.option_problems(resolved, gpus):
+            self.issue(f"option {c.options[i]!r} refused: {why}", *where, "options", i)
+        return resolved
 
     def sync_paths(self, paths: list[str]) -> tuple[str, ...]:
         """`job.sync`: absolute paths, the same on the controller and on every node."""

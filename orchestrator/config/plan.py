@@ -6,14 +6,25 @@ derived from an address (the field guide's `cut -d. -f4` turned 192.168.1.11 int
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from . import container
+from .container import Pins
 from .inventory import Inventory
 from .nodes import Node
 
 TORCHRUN = ("-m", "torch.distributed.run")
+RUN_DIR = "{ORCH_RUN_DIR}"
+"""In a launch's argv and stop hook: the node's run directory, absolute, as the agent finds it (the
+plan cannot know it: `job.run_root` may start with `~/`). The agent substitutes it, and only the
+names of `NODE_VALUES`, where they appear (`node/agent.py` `NODE_VALUES`, held equal by a test)."""
+NODE_VALUES = ("{ORCH_RUN_DIR}", "{ORCH_UID}", "{ORCH_GID}", "{ORCH_HOME}")
+"""What only the node knows, written into an argv by the plan and filled in by the agent: the run
+directory, the uid and gid the agent runs as (the SSH user's), and its home."""
+TORCHRUN_LOG_DIR = RUN_DIR + "/torchrun"
+"""torchrun's `--log-dir`: in the node's run directory (made private by the agent)."""
 HIDDEN = "***"
 """What an env value the inventory gave is shown as, unless asked for (`orch up --dry-run --show-env`)."""
 
@@ -29,6 +40,9 @@ class NodePlan:
     argv: tuple[str, ...]
     env: Mapping[str, str]
     workdir: str | None
+    stop: tuple[str, ...] = ()
+    """The stop hook (`job_stop`): what the agent runs on every stop path once the job is being
+    stopped or has ended (state.json `stop_hook`); empty: nothing beyond the process group."""
 
     def shown_env(self, values: bool = False) -> dict[str, str]:
         """The job's environment for a person or a script: every name, and the values orch sets
@@ -74,6 +88,7 @@ class Plan:
                     "node_rank": p.node_rank, "nproc_per_node": p.node.nproc_per_node,
                     "global_ranks": [p.global_ranks.start, p.global_ranks.stop - 1],
                     "argv": list(p.argv), "env": p.shown_env(env_values), "workdir": p.workdir,
+                    **({"stop_hook": list(p.stop)} if p.stop else {}),
                 }
                 for p in self.nodes
             ],
@@ -92,11 +107,67 @@ def rdzv_id(run_id: str, nonce: str = "", attempt: int = 1) -> str:
     return f"{run_id}-{nonce}-a{attempt}" if nonce else run_id
 
 
+def job_python(inv: Inventory, node: Node) -> str:
+    """The job's interpreter on `node`: `job.container.python` inside the image, else the node's
+    `python:` or `job.python`. `node.python` itself is what runs orch's own node programs (agent,
+    probe, log reader) on the host."""
+    c = inv.job.container
+    return c.python if c is not None else node.python
+
+
+def gpu_devices(inv: Inventory, node: Node, pins: Pins | None = None) -> tuple[str, ...] | None:
+    """The GPUs a container on `node` gets for its ranks (None: the node declares none): the
+    preflight's UUIDs (`pins`), else what the node's CUDA_VISIBLE_DEVICES (env:) selects, else the
+    first `nproc_per_node` indices."""
+    if not node.gpus:
+        return None
+    if pins is not None and pins.gpus.get(node.name):
+        return tuple(pins.gpus[node.name])
+    chosen = node.env.get("CUDA_VISIBLE_DEVICES")
+    if chosen:
+        return tuple(d.strip() for d in chosen.split(",") if d.strip())
+    return tuple(str(i) for i in range(node.nproc_per_node))
+
+
+def job_command(inv: Inventory, node: Node, inner: Sequence[str], *, run_id: str = "", nonce: str = "",
+                env: Iterable[str] = (), pins: Pins | None = None, role: str = "") -> list[str]:
+    """How `node` runs anything of the job: `inner` (the arguments after the job's interpreter:
+    `-m torch.distributed.run ...`, `-m trainer --check ...`, `-c CODE`) run by the job's
+    interpreter in the job's environment. The one place that knows it: the launch
+    (`torchrun_argv`), the job's own check, the probe's software facts and the fabric job all
+    come through here (tests/unit/test_layers.py holds every other module to it).
+
+    With `job.container`: the runtime's command around it (config/container.py `run_argv`), the
+    container named for `run_id`, the node, `nonce` and `role` (a preflight's throw-away
+    containers), the `env` names passed by name, the GPUs and image ID of `pins`."""
+    c = inv.job.container
+    if c is None:
+        return [job_python(inv, node), *inner]
+    return container.run_argv(
+        c, inner, name=container.container_name(run_id, node.name, "-".join(p for p in (nonce, role) if p)),
+        label_values=container.labels(run_id, node.name, nonce, inv.name), env=list(env),
+        devices=gpu_devices(inv, node, pins), workdir=inv.job.workdir, run_dir=RUN_DIR, home="{ORCH_HOME}",
+        uid_gid="{ORCH_UID}:{ORCH_GID}", rdma=bool(inv.checks.rdma_devices),
+        image_id=pins.image_id if pins is not None else None)
+
+
+def job_stop(inv: Inventory, node: Node, run_id: str, nonce: str = "", role: str = "") -> list[str]:
+    """The stop hook of a launch on `node` (NodePlan.stop): an argv the agent runs on every stop
+    path (empty: the process group is all there is to stop); a container launch's removes its
+    container (`RUNTIME rm -f NAME`)."""
+    c = inv.job.container
+    if c is None:
+        return []
+    return container.stop_argv(c, container.container_name(run_id, node.name, "-".join(p for p in (nonce, role) if p)))
+
+
 def torchrun_argv(inv: Inventory, node: Node, node_rank: int, run_id: str, nonce: str = "",
-                  attempt: int = 1) -> list[str]:
-    """The full command for one node: `<python> -m torch.distributed.run <flags> <entry> <args>`."""
+                  attempt: int = 1, env: Iterable[str] = (), pins: Pins | None = None) -> list[str]:
+    """The full command for one node: `job_command` of `-m torch.distributed.run <flags> <entry>
+    <args>`, torchrun's `--log-dir` in the node's run directory (`TORCHRUN_LOG_DIR`)."""
     nnodes = len(inv.nodes)
-    argv = [node.python, *TORCHRUN, f"--nnodes={nnodes}", f"--nproc-per-node={node.nproc_per_node}"]
+    argv = [*TORCHRUN, f"--log-dir={TORCHRUN_LOG_DIR}", f"--nnodes={nnodes}",
+            f"--nproc-per-node={node.nproc_per_node}"]
     if inv.job.rdzv == "static":
         argv += [
             f"--node-rank={node_rank}",
@@ -117,7 +188,7 @@ def torchrun_argv(inv: Inventory, node: Node, node_rank: int, run_id: str, nonce
     else:
         argv += ["-m", inv.job.module or "trainer"]
     argv += list(inv.job.args)
-    return argv
+    return job_command(inv, node, argv, run_id=run_id, nonce=nonce, env=env, pins=pins)
 
 
 def node_env(inv: Inventory, node: Node, node_rank: int, run_id: str, attempt: int = 1,
@@ -139,18 +210,23 @@ def node_env(inv: Inventory, node: Node, node_rank: int, run_id: str, attempt: i
     return env
 
 
-def make_plan(inv: Inventory, run_id: str = "dry-run", attempt: int = 1, nonce: str = "") -> Plan:
+def make_plan(inv: Inventory, run_id: str = "dry-run", attempt: int = 1, nonce: str = "",
+              extra_env: Mapping[str, str] | None = None, pins: Pins | None = None) -> Plan:
     """Assign node ranks in inventory order (master = 0) and build every node's command
-    (`nonce`: the launch's, see `Plan.nonce`)."""
+    (`nonce`: the launch's, see `Plan.nonce`; `extra_env`: more of the job's environment, set by
+    orch (the fabric check's NCCL_DEBUG); `pins`: a container launch's image ID and GPUs)."""
     nodes = []
     first = 0
     for rank, node in enumerate(inv.nodes):
+        env = {**node_env(inv, node, rank, run_id, attempt, nonce), **(extra_env or {})}
+        argv = torchrun_argv(inv, node, rank, run_id, nonce, attempt, env=list(env), pins=pins)
+        if inv.job.container is not None:
+            env.update(container.runtime_env(inv.job.container, gpu_devices(inv, node, pins)))
         nodes.append(NodePlan(
             node=node, node_rank=rank,
             global_ranks=range(first, first + node.nproc_per_node),
-            argv=tuple(torchrun_argv(inv, node, rank, run_id, nonce, attempt)),
-            env=MappingProxyType(node_env(inv, node, rank, run_id, attempt, nonce)),
-            workdir=inv.job.workdir,
+            argv=tuple(argv), env=MappingProxyType(env),
+            workdir=inv.job.workdir, stop=tuple(job_stop(inv, node, run_id, nonce)),
         ))
         first += node.nproc_per_node
     return Plan(

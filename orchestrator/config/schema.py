@@ -138,6 +138,17 @@ class StragglerModel(_Schema):
     action: Literal["warn", "stop"] = "warn"
 
 
+class ContainerModel(_Schema):
+    runtime: str
+    image: str
+    python: str = "python3"
+    workdir: str | None = None
+    mounts: list[str] = []
+    options: list[str] = []
+    user: str = "host"
+    pull: Literal["missing", "never"] = "never"
+
+
 class JobModel(_Schema):
     workdir: str | None = None
     python: str = "python3"
@@ -156,6 +167,7 @@ class JobModel(_Schema):
     sync: list[str] = []
     telemetry_s: float = 10.0
     straggler: StragglerModel = StragglerModel()
+    container: ContainerModel | None = None
 
 
 class InventoryModel(_Schema):

@@ -383,12 +383,24 @@ class Monitor:
             self.stop_signal = signum
 
     def argv(self) -> list[str]:
-        """The plan's argv, with torchrun's --log-dir pointed into this run directory."""
-        argv = [str(a) for a in self.launch["argv"]]
-        if self.launch.get("torchrun_log_dir") and "torch.distributed.run" in argv:
-            i = argv.index("torch.distributed.run") + 1
-            argv.insert(i, "--log-dir=" + os.path.join(self.dir, "torchrun"))
-        return argv
+        """The plan's argv as it is, but for what only the node knows (`node_values`)."""
+        return fill(self.launch["argv"], self.dir)
+
+    def run_stop_hook(self, why: str) -> None:
+        """The plan's stop hook (state.json `stop_hook`), once per call: what stops the job's
+        parts that its process group does not hold (a container). Bounded; its answer logged and
+        recorded (state.json `stop_hook_result`)."""
+        hook = self.state.get("stop_hook") or []
+        if hook:
+            self.log.write("orch", f"stop hook ({why}): {' '.join(hook)}")
+            said = run_hook(hook, self.hook_env())
+            self.log.write("orch", "stop hook: " + said)
+            self.save(stop_hook_result=said)
+
+    def hook_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update({str(k): str(v) for k, v in self.launch.get("env", {}).items()})
+        return env
 
     def run(self) -> int:
         import ctypes
@@ -437,7 +449,10 @@ class Monitor:
         for t in pumps:
             t.start()
         sampling = self.start_telemetry()
-        code = self.watch(proc)
+        try:
+            code = self.watch(proc)
+        finally:  # torchrun's end (or the agent's own error): nothing of the job may outlive it
+            self.run_stop_hook("torchrun exited")
         if sampling is not None:
             sampling.set()
         ended = time.time()  # when torchrun exited: the first-failure order, not when cleanup ended
@@ -510,6 +525,7 @@ class Monitor:
             if self.term_sent is not None and not self.kill_sent and now - self.term_sent > self.grace:
                 self.kill_sent = True
                 self.log.write("orch", f"still running {self.grace:.0f} s after SIGTERM: SIGKILL")
+                self.run_stop_hook("still running after SIGTERM")
                 self.kill_tree(signal.SIGKILL)
             if now - last_snapshot >= 1.0:
                 last_snapshot = now
@@ -566,6 +582,45 @@ class Monitor:
         return left
 
 
+NODE_VALUES = ("{ORCH_RUN_DIR}", "{ORCH_UID}", "{ORCH_GID}", "{ORCH_HOME}")
+"""What only the node knows, written into launch.json's argv and stop hook by the plan
+(orchestrator/config/plan.py `NODE_VALUES`): these names, and nothing else, are filled in."""
+HOOK_TIMEOUT_S = 60.0
+"""How long the stop hook may take (a `docker rm -f` of a container that holds GPUs)."""
+
+
+def node_values(run_dir: str) -> dict[str, str]:
+    return {"{ORCH_RUN_DIR}": run_dir, "{ORCH_UID}": str(os.getuid()), "{ORCH_GID}": str(os.getgid()),
+            "{ORCH_HOME}": os.path.expanduser("~")}
+
+
+def fill(argv: Any, run_dir: str) -> list[str]:
+    """`argv` with every `NODE_VALUES` name in it replaced by this node's value."""
+    values = node_values(run_dir)
+    out = []
+    for arg in argv or ():
+        arg = str(arg)
+        for name, value in values.items():
+            arg = arg.replace(name, value)
+        out.append(arg)
+    return out
+
+
+def run_hook(argv: list[str], env: dict[str, str] | None = None, timeout: float = HOOK_TIMEOUT_S) -> str:
+    """Run a stop hook to its end (or `timeout`): what it said, in one line. Never raises."""
+    import subprocess
+
+    try:
+        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              env=env, timeout=timeout, start_new_session=True)
+    except subprocess.TimeoutExpired:
+        return f"no end within {timeout:.0f} s"
+    except OSError as exc:
+        return f"cannot run {argv[0]}: {exc.strerror or exc}"
+    said = proc.stdout.decode("utf-8", "replace").strip().replace("\n", " | ")[-500:]
+    return f"exit {proc.returncode}" + (f": {said}" if said else "")
+
+
 def expand(path: str | None) -> str | None:
     """A leading `~/` means this login's home (no shell expands it for us)."""
     if path and (path == "~" or path.startswith("~/")):
@@ -592,7 +647,7 @@ def cmd_start(run_dir: str, wait: float) -> int:
 
     clear_stop_request(run_dir)
     write_json(state_path, {"run": launch.get("run"), "node": launch.get("node"), "nonce": launch.get("nonce"),
-                            "agent_pid": None,
+                            "stop_hook": fill(launch.get("stop_hook"), run_dir), "agent_pid": None,
                             "pid": None, "pgid": None, "host": socket.gethostname(), "boot_id": boot_id(),
                             "started_at": None, "finished_at": None, "exit_code": None, "signal": None,
                             "state": STARTING})
@@ -633,6 +688,8 @@ def daemon(run_dir: str, launch: dict[str, Any]) -> None:
         trace = traceback.format_exc()
         try:  # state.json first: node.log may be what failed (a planted link, a full disk)
             state = read_json(os.path.join(run_dir, STATE))
+            if state.get("stop_hook"):
+                state["stop_hook_result"] = run_hook([str(a) for a in state["stop_hook"]])
             state.update(state=FAILED, finished_at=time.time(), reason=f"agent crashed: {type(exc).__name__}: {exc}")
             write_json(os.path.join(run_dir, STATE), state)
         except BaseException:
@@ -742,7 +799,14 @@ def cmd_stop(run_dir: str, grace: float, nonce: str | None = None) -> int:
     remaining = sorted(left) + ([agent[0]] if agent[0] and alive(*agent) else [])
     state = read_json(state_path)
     if state.get("state") not in FINAL_STATES and not agent_alive(state):
-        # the agent was gone (killed): record the end ourselves so the run does not look alive
+        # the agent was gone (killed): its stop hook and the end are ours to do and record, so
+        # the run neither looks alive nor leaves what its process group did not hold
+        if state.get("stop_hook"):
+            env = dict(os.environ)
+            env.update({str(k): str(v) for k, v in read_json(os.path.join(run_dir, LAUNCH)).get("env", {}).items()})
+            said = run_hook([str(a) for a in state["stop_hook"]], env)
+            NodeLog(os.path.join(run_dir, LOG)).write("orch", f"stop hook (the agent was gone): {said}")
+            state["stop_hook_result"] = said
         state.update(state=STOPPED, finished_at=time.time(), procs=[])
         write_json(state_path, state)
     out = dict(state, stopped=sorted(p for p in found if p not in left), killed=sorted(killed),

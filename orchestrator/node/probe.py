@@ -287,11 +287,17 @@ def gather_gpus() -> dict:
     return {"source": "nvidia-smi", "query": query, "table": table}
 
 
+def job_python(args: dict, role: str) -> list:
+    """The job's interpreter as the controller's plan runs it for `role` (`job_argv`: a
+    container's), or this probe's own interpreter, which is then the job's."""
+    return list((args.get("job_argv") or {}).get(role) or [sys.executable])
+
+
 def gather_torch_cuda(args: dict) -> dict:
     """The node's torch: its CUDA version and the GPU architectures it has kernels for
     (`TORCH_CUDA_CODE` in a child, with a timeout); an error or silence is the answer."""
     timeout = float(args.get("software_timeout", 120))
-    rc, so, err = run_capture([sys.executable, "-c", TORCH_CUDA_CODE], timeout)
+    rc, so, err = run_capture(job_python(args, "torch_cuda") + ["-c", TORCH_CUDA_CODE], timeout)
     if rc is None:
         return {"error": f"importing torch took over {timeout:.0f}s"}
     try:
@@ -406,12 +412,12 @@ def software_from_files() -> dict | None:
 def gather_software(args: dict) -> dict:
     """Versions as the job's python sees them: from files in this process when they tell, else
     torch is imported in a child so that a crash is a fact."""
-    if not os.environ.get("ORCH_PROBE_IMPORT_TORCH"):
+    if not os.environ.get("ORCH_PROBE_IMPORT_TORCH") and not args.get("job_argv"):
         fast = software_from_files()
         if fast is not None:
             return {"python": sys.version.split()[0], "executable": sys.executable, **fast}
     timeout = float(args.get("software_timeout", 120))
-    rc, so, err = run_capture([sys.executable, "-c", SOFTWARE_CODE], timeout)
+    rc, so, err = run_capture(job_python(args, "software") + ["-c", SOFTWARE_CODE], timeout)
     if rc is None:
         return {"python": sys.version.split()[0], "error": f"importing torch took over {timeout:.0f}s"}
     try:

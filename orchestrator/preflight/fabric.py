@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..config.inventory import Inventory
-from ..config.plan import Plan, make_plan
+from ..config.plan import RUN_DIR, Plan, make_plan
 from ..contract import FINAL_STATES, NodeState
 from ..node.jobs import allreduce as job
 from ..run.agents import NodeStatus, status_node, stop_all
@@ -89,11 +89,10 @@ def fabric_plan(inv: Inventory, run_id: str, backend: str) -> Plan:
     """The training's plan with the fabric job in place of the training: same nodes, ranks,
     torchrun flags and env (plus NCCL's debug output with NCCL); the job file in the node's run
     directory, which is also its working directory; no restarts."""
-    fabric_job = replace(inv.job, module=None, script=JOB_FILE, args=job_args(inv, backend), raw_args={},
-                         max_restarts=0, workdir=None)
-    plan = make_plan(replace(inv, job=fabric_job), run_id)
-    extra = NCCL_DEBUG_ENV if backend == "nccl" else {}
-    nodes = tuple(replace(p, env={**p.env, **extra}, workdir=remote_dir(inv, p.node, run_id)) for p in plan.nodes)
+    fabric_job = replace(inv.job, module=None, script=f"{RUN_DIR}/{JOB_FILE}", args=job_args(inv, backend),
+                         raw_args={}, max_restarts=0, workdir=None)
+    plan = make_plan(replace(inv, job=fabric_job), run_id, extra_env=NCCL_DEBUG_ENV if backend == "nccl" else {})
+    nodes = tuple(replace(p, workdir=remote_dir(inv, p.node, run_id)) for p in plan.nodes)
     return replace(plan, nodes=nodes)
 
 

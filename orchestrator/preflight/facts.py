@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config.inventory import Inventory
 from ..config.nodes import Node
+from ..config.plan import job_command
 from ..errors import TransportError
 from ..node import program as node_program
 from ..transport import Cluster, Process, Transport
@@ -143,9 +144,22 @@ def probe_args(inv: Inventory, node: Node, want: Sequence[str], token: str, n_pe
         "software": "software" in want,
         "torch_cuda": bool(node.gpus) and "gpus" in want,
         "job_check": jobcheck.request(inv, node, run_id) if "job" in want else None,
+        "job_argv": job_argvs(inv, node, run_id),
         "verbs_device": inv.checks.rdma_devices[0] if "rdma" in want and inv.checks.rdma_devices and n_peers > 1
         else None,
     }
+
+
+JOB_FACTS = ("software", "torch_cuda")
+"""The probe's facts gathered as the job's interpreter (each in a container of its own, at once)."""
+
+
+def job_argvs(inv: Inventory, node: Node, run_id: str = CHECK_RUN_ID) -> dict[str, list[str]] | None:
+    """What the probe runs the job's interpreter as for each of `JOB_FACTS` (`plan.job_command`,
+    the code appended), or None: the job's interpreter is the probe's own."""
+    if job_command(inv, node, []) == [node.python]:
+        return None
+    return {role: job_command(inv, node, [], run_id=run_id, env=list(node.env), role=role) for role in JOB_FACTS}
 
 
 class _Stream:

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..config.inventory import Inventory
 from ..config.nodes import Node
-from ..config.plan import node_env
+from ..config.plan import job_command, job_python, node_env
 
 TIMEOUT_S = 90.0
 """How long the job's check may take (a cold `import torch, ultralytics` on a busy node is most of it)."""
@@ -79,10 +79,8 @@ def request(inv: Inventory, node: Node, run_id: str) -> dict[str, Any] | None:
     env.update({"RANK": str(base), "LOCAL_RANK": "0", "WORLD_SIZE": str(world), "GROUP_RANK": str(node_rank),
                 "LOCAL_WORLD_SIZE": str(node.nproc_per_node), "GROUP_WORLD_SIZE": str(len(inv.nodes)),
                 "MASTER_ADDR": inv.master.addr, "MASTER_PORT": str(inv.master_port)})
-    if k == TRAINER:
-        argv = [node.python, "-m", TRAINER, "--check", *inv.job.args]
-    else:
-        argv = [node.python, "-c", IMPORT_CODE, str(inv.job.module)]
+    inner = ["-m", TRAINER, "--check", *inv.job.args] if k == TRAINER else ["-c", IMPORT_CODE, str(inv.job.module)]
+    argv = job_command(inv, node, inner, run_id=run_id, env=[*node.env, *env], role="check")
     return {"kind": k, "argv": argv, "env": env, "cwd": inv.job.workdir, "timeout": TIMEOUT_S}
 
 
@@ -125,14 +123,14 @@ def read(inv: Inventory, node: Node, raw: Mapping[str, Any] | None) -> JobAnswer
     if not raw:
         return None
     k = raw.get("kind") or kind(inv)
-    where = f"{node.python}" + (f" in {inv.job.workdir}" if inv.job.workdir else "")
+    where = job_python(inv, node) + (f" in {inv.job.workdir}" if inv.job.workdir else "")
     if raw.get("error") and raw.get("rc") is None:
         what = "the trainer's own check (python -m trainer --check)" if k == TRAINER else \
             f"the import test of module {inv.job.module}"
         return JobAnswer("warn", f"{what}: {raw['error']}: not verified",
                          "run it by hand on the node to see why it is slow: "
-                         + " ".join(["python", "-m", "trainer", "--check"] if k == TRAINER else
-                                     ["python", "-c", f"'import {inv.job.module}'"]))
+                         + " ".join(job_command(inv, node, ["-m", "trainer", "--check"] if k == TRAINER else
+                                                ["-c", f"'import {inv.job.module}'"])))
     if k == TRAINER:
         return _read_trainer(inv, node, raw, where)
     return _read_module(inv, raw, where)

@@ -141,7 +141,7 @@ def launch_spec(plan: Plan, np_: NodePlan, lease_s: float | None = None) -> dict
     spec = {"run": plan.run_id, "node": np_.node.name, "node_rank": np_.node_rank,
             "argv": list(np_.argv), "env": dict(np_.env), "cwd": np_.workdir,
             "grace": plan.inventory.job.stop_grace_s, "torchrun_log_dir": True,
-            "telemetry_s": plan.inventory.job.telemetry_s}
+            "telemetry_s": plan.inventory.job.telemetry_s, "stop_hook": list(np_.stop)}
     if plan.nonce:
         spec["nonce"] = plan.nonce
     if lease_s:

@@ -170,6 +170,64 @@ def test_stop_without_the_agent_still_finds_the_job(tmp_path: Path) -> None:
     assert state(d)["state"] == "stopped"
 
 
+def hook_spec(tmp_path: Path) -> list[str]:
+    """A stop hook standing in for `docker rm -f NAME`: it appends its argv (and an env value of
+    the launch, as a runtime reads DOCKER_HOST) to hook.log beside the run."""
+    return ["sh", "-c", 'echo "$GREETING | $*" >> "$0"', str(tmp_path / "hook.log"), "rm", "-f",
+            "orch-r1-n1-{ORCH_UID}"]
+
+
+def hook_calls(tmp_path: Path) -> list[str]:
+    try:
+        return (tmp_path / "hook.log").read_text().splitlines()
+    except FileNotFoundError:
+        return []
+
+
+STOP_PATHS = ("torchrun exit", "SIGTERM to the agent", "agent.py stop", "lease expiry", "agent killed -9, then stop",
+              "grace passed")
+
+
+@pytest.mark.parametrize("path", STOP_PATHS)
+def test_the_stop_hook_runs_on_every_stop_path(tmp_path: Path, path: str) -> None:
+    """The plan's stop hook (launch.json `stop_hook`, recorded in state.json with the node's values
+    filled in) runs however the job ends: what a container launch needs so that no container
+    outlives the job, without the agent knowing what a container is."""
+    job = {"torchrun exit": "echo ran; exit 0", "grace passed": "trap '' TERM; while true; do sleep 0.1; done"}.get(
+        path, "setsid sleep 305 & while true; do sleep 0.1; done")
+    d = prepare(tmp_path, job, grace=1.0, stop_hook=hook_spec(tmp_path),
+                **({"lease_s": 1} if path == "lease expiry" else {}))
+    assert call("start", str(d))[0] == 0
+    st = state(d)
+    assert st["stop_hook"][-1] == f"orch-r1-n1-{os.getuid()}", st
+    assert hook_calls(tmp_path) == [] or path == "torchrun exit"
+    if path == "SIGTERM to the agent":
+        os.kill(st["agent_pid"], signal.SIGTERM)
+    elif path in ("agent.py stop", "grace passed"):
+        assert call("stop", str(d), "--grace", "1")[0] == 0
+    elif path == "agent killed -9, then stop":
+        snapshot_holds(d, b"sleep\x00305\x00")
+        os.kill(st["agent_pid"], signal.SIGKILL)
+        wait_for(lambda: not agent.alive(st["agent_pid"], st.get("agent_start")), "the agent to die")
+        assert call("stop", str(d), "--grace", "1")[0] == 0
+    final = wait_state(d, "succeeded", "stopped")
+    wait_for(lambda: "stop_hook_result" in state(d), "the hook's result in state.json")
+    want = f"hello world; $(not expanded) | rm -f orch-r1-n1-{os.getuid()}"
+    calls = hook_calls(tmp_path)
+    assert calls and set(calls) == {want}, calls
+    assert len(calls) == (2 if path == "grace passed" else 1), calls  # before the SIGKILL, and at the end
+    assert state(d)["stop_hook_result"] == "exit 0", final
+    assert "stop hook" in (d / "node.log").read_text()
+
+
+def test_a_failing_stop_hook_is_recorded_and_the_run_still_ends(tmp_path: Path) -> None:
+    d = prepare(tmp_path, "exit 4", stop_hook=["sh", "-c", "echo no such container >&2; exit 1"])
+    assert call("start", str(d))[0] == 0
+    wait_state(d, "failed")
+    wait_for(lambda: "stop_hook_result" in state(d), "the hook's result in state.json")
+    assert state(d)["stop_hook_result"] == "exit 1: no such container" and state(d)["exit_code"] == 4
+
+
 def reader(d: Path) -> tuple[subprocess.Popen[bytes], Iterator[tuple[str, bytes]]]:
     """The log reader `orch up` runs on a node, asked for status frames, polling every 50 ms."""
     nonce = new_nonce()
@@ -278,10 +336,14 @@ def test_exit_code_of(status: int, code: int) -> None:
     assert agent.exit_code_of(status) == code
 
 
-def test_torchrun_log_dir_is_inserted_after_the_module(tmp_path: Path) -> None:
-    m = agent.Monitor(str(tmp_path), {"argv": ["py", "-m", "torch.distributed.run", "--nnodes=2", "x.py"],
+def test_the_plans_argv_runs_as_it_is_with_the_nodes_values_filled_in(tmp_path: Path) -> None:
+    """The plan puts torchrun's --log-dir in the argv (config/plan.TORCHRUN_LOG_DIR); the agent
+    edits nothing but the node's values (its run directory, uid, gid, home)."""
+    m = agent.Monitor(str(tmp_path), {"argv": ["py", "-m", "torch.distributed.run", "--log-dir={ORCH_RUN_DIR}/torchrun",
+                                               "--nnodes=2", "--user={ORCH_UID}:{ORCH_GID}", "{ORCH_HOME}", "{OTHER}"],
                                       "torchrun_log_dir": True})
-    assert m.argv() == ["py", "-m", "torch.distributed.run", f"--log-dir={tmp_path}/torchrun", "--nnodes=2", "x.py"]
+    assert m.argv() == ["py", "-m", "torch.distributed.run", f"--log-dir={tmp_path}/torchrun", "--nnodes=2",
+                        f"--user={os.getuid()}:{os.getgid()}", os.path.expanduser("~"), "{OTHER}"]
 
 
 # ----------------------------------------------------------------------------- process identity

@@ -288,7 +288,8 @@ def test_the_plan_is_the_trainings_with_the_job_in_place() -> None:
     assert argv[:3] == ["/opt/py/bin/python", "-m", "torch.distributed.run"]
     assert "--nproc-per-node=8" in argv and "--node-rank=1" in argv and "--monitor-interval=1" in argv
     assert "--max-restarts=0" in argv  # the inventory's 3 restarts would hide a failing node
-    assert argv[argv.index("--tee=3") + 2:] == [JOB_FILE, "--backend", "nccl", "--min-bytes", str(MB), "--max-bytes",
+    # the job file in the run directory, by its absolute path (filled in on the node): a container's cwd is not it
+    assert argv[argv.index("--tee=3") + 2:] == ["{ORCH_RUN_DIR}/" + JOB_FILE, "--backend", "nccl", "--min-bytes", str(MB), "--max-bytes",
                                                 str(256 * MB), "--budget-s", "30", "--timeout", "180",
                                                 "--recheck-share", "0.7"]
     assert p.workdir == "~/.orch/nodes/fabric-x/n2"  # the job file sits in the run directory

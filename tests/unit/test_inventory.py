@@ -154,7 +154,8 @@ def test_job_args_render_as_flags() -> None:
 # ----------------------------------------------------------------------------- one schema, two validators
 
 SCHEMAS = [schema.SSHModel, schema.NodeModel, schema.MasterModel, schema.ClockModel,
-           schema.RdmaModel, schema.SSHCheckModel, schema.FabricCheckModel, schema.ChecksModel, schema.StragglerModel, schema.JobModel,
+           schema.RdmaModel, schema.SSHCheckModel, schema.FabricCheckModel, schema.ChecksModel, schema.StragglerModel, schema.ContainerModel,
+           schema.JobModel,
            schema.InventoryModel]
 
 

@@ -113,3 +113,55 @@ def test_the_trainers_doors_import_only_the_standard_library(module: str) -> Non
     found = {a.name.split(".")[0] for n in body if isinstance(n, ast.Import) for a in n.names}
     found |= {(n.module or "").split(".")[0] for n in body if isinstance(n, ast.ImportFrom) and not n.level}
     assert found <= set(sys.stdlib_module_names) | {"__future__"}, found
+
+
+OWN_PROGRAMS = {"node_script", "node_program", "script", "program", "FROM_STDIN", "FROM_STDIN_OPEN", "_COLLECT"}
+"""What orch's own node programs are spelled as after `python -c` (the agent's boot, the probe, the
+log reader, the fabric check's read-back): run by the host's python, not the job's."""
+JOB_BUILDER = "config/plan.py"
+
+
+def _names(node: ast.AST) -> set[str]:
+    return {n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(node)
+            if isinstance(n, (ast.Name, ast.Attribute))}
+
+
+def job_argv_builders(source: str) -> list[str]:
+    """Where a module builds a command that runs the job's interpreter itself: an argv whose head
+    is a python followed by `-m`, or by `-c` and code that is not orch's own node program; or
+    torchrun named. Only `plan.job_command` may (the launch, the job's check, the probe's software
+    facts and the fabric job go through it)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.List, ast.Tuple)) and len(node.elts) >= 2:
+            head, flag = node.elts[0], node.elts[1]
+            pythonish = any("python" in n.lower() for n in _names(head)) or (
+                isinstance(head, ast.Constant) and "python" in str(head.value))
+            if pythonish and isinstance(flag, ast.Constant) and flag.value in ("-m", "-c"):
+                code = node.elts[2] if len(node.elts) > 2 else None
+                if flag.value == "-m" or code is None or not _names(code) & OWN_PROGRAMS:
+                    found.append(f"argv {ast.unparse(node)[:60]} at line {node.lineno}")
+        elif isinstance(node, ast.Name) and node.id == "TORCHRUN":
+            found.append(f"TORCHRUN at line {node.lineno}")
+        elif isinstance(node, ast.Constant) and node.value == "torch.distributed.run":
+            found.append(f"torch.distributed.run at line {node.lineno}")
+    return found
+
+
+@pytest.mark.parametrize("path", [p for p in SOURCES if part(p) != "node"
+                                  and str(p.relative_to(PACKAGE)) != JOB_BUILDER],
+                         ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_only_the_plan_builds_the_jobs_command(path: Path) -> None:
+    """How a node runs the job (its interpreter, or later a container around it) is known in one
+    place, `config/plan.job_command`; everything that runs the job's python asks it."""
+    assert job_argv_builders(path.read_text()) == []
+
+
+def test_the_guard_sees_a_job_command_built_elsewhere() -> None:
+    """What preflight/jobcheck.py did before the seam, and the orch programs it must let pass."""
+    assert job_argv_builders("argv = [node.python, '-m', TRAINER, '--check', *inv.job.args]")
+    assert job_argv_builders("argv = [node.python, '-c', IMPORT_CODE, str(inv.job.module)]")
+    assert job_argv_builders("argv = [python, *TORCHRUN, '--nnodes=2']")
+    assert not job_argv_builders("t.run([python, '-c', node_script('boot'), rdir, 'start'])")
+    assert not job_argv_builders("[python, '-c', FROM_STDIN_OPEN if lease else FROM_STDIN, d]")
+    assert job_argv_builders((PACKAGE / JOB_BUILDER).read_text())

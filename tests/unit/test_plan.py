@@ -10,7 +10,8 @@ import pytest
 
 from orchestrator.cli import main
 from orchestrator.config import inventory
-from orchestrator.config.plan import make_plan
+from orchestrator.config.plan import NODE_VALUES, job_command, job_python, job_stop, make_plan
+from orchestrator.node import agent
 
 REPO = Path(__file__).resolve().parents[2]
 V100 = REPO / "inventory" / "v100.yaml"
@@ -21,7 +22,8 @@ TRAINER_ARGS = ["-m", "trainer", "--model", "yolo12m.yaml", "--data", "/mnt/nfs/
 
 
 def golden(node_rank: int) -> list[str]:
-    return [PY, "-m", "torch.distributed.run", "--nnodes=4", "--nproc-per-node=8", f"--node-rank={node_rank}",
+    return [PY, "-m", "torch.distributed.run", "--log-dir={ORCH_RUN_DIR}/torchrun", "--nnodes=4",
+            "--nproc-per-node=8", f"--node-rank={node_rank}",
             "--master-addr=192.168.1.10", "--master-port=29500", "--max-restarts=0", "--tee=3", *TRAINER_ARGS]
 
 
@@ -36,6 +38,30 @@ def test_v100_plan_is_golden() -> None:
         assert p.workdir == "/mnt/nfs/yolov12"
         assert p.env["NCCL_SOCKET_IFNAME"] == "ens2f1"
         assert p.env["ORCH_NODE_RANK"] == str(p.node_rank) and p.env["ORCH_RUN_ID"] == "r1"
+
+
+def test_job_command_is_the_jobs_interpreter_around_the_inner_argv() -> None:
+    """The seam: what runs the job on a node (the launch, the job's check, the probe's software
+    facts, the fabric job) is `job_command`; without a container, the node's python (its
+    `python:` or job.python) before the arguments, and no stop hook beyond the process group."""
+    inv = inventory.parse("nodes:\n  - host: a\n  - host: b\n    python: /b/bin/python\n"
+                          "job: {python: /opt/py/bin/python}\n", "t.yaml")
+    a, b = inv.nodes
+    assert job_command(inv, a, ["-m", "trainer", "--check", "--epochs", "1"]) == [
+        "/opt/py/bin/python", "-m", "trainer", "--check", "--epochs", "1"]
+    assert job_command(inv, b, ["-c", "print(1)"]) == ["/b/bin/python", "-c", "print(1)"]
+    assert job_python(inv, b) == "/b/bin/python" == b.python
+    assert job_stop(inv, a, "r1", "abcd") == []
+    plan = make_plan(inv, "r1", nonce="abcd")
+    assert plan.nodes[1].argv[:4] == ("/b/bin/python", "-m", "torch.distributed.run",
+                                      "--log-dir={ORCH_RUN_DIR}/torchrun")
+    assert all(p.stop == () for p in plan.nodes)
+    assert "stop_hook" not in plan.to_json()["nodes"][0]  # type: ignore[index]
+
+
+def test_the_node_values_are_spelled_alike_by_plan_and_agent() -> None:
+    assert NODE_VALUES == agent.NODE_VALUES
+    assert set(agent.node_values("/r")) == set(NODE_VALUES)
 
 
 def test_node_rank_is_inventory_order_not_the_ip() -> None:

@@ -1,0 +1,195 @@
+"""job.container: the runtime argv builders (golden, like torchrun_argv), the stop hook, and the
+rules that refuse a container setting orch cannot honour (file:line:key, one line, exit 2)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cli import main
+from orchestrator.config import container, inventory
+from orchestrator.config.container import Pins
+from orchestrator.config.plan import job_command, job_python, job_stop, make_plan
+from orchestrator.errors import InventoryError
+
+REPO = Path(__file__).resolve().parents[2]
+YOLOE = REPO / "inventory" / "yoloe-image.yaml"
+PY = "/opt/conda/envs/yoloe/bin/python"
+ENV_NAMES = ["NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "PYTHONPATH", "PYTHONUNBUFFERED",
+             "ORCH_RUN_ID", "ORCH_NODE", "ORCH_NODE_RANK", "ORCH_NNODES", "ORCH_ATTEMPT", "ORCH_LAUNCH"]
+
+
+def golden_docker(node: str, rank: int) -> list[str]:
+    """The field guide's `docker run --gpus '"device=0,1"' -v /data:/data yoloe-official:latest`, as orch
+    runs it: named, labelled, removed with its job, the host's network, memlock, RDMA, the SSH user."""
+    return ["docker", "run", "--rm", "--init", "--name", f"orch-r1-{node}-abcd1234",
+            "--label", "orch.run=r1", "--label", f"orch.node={node}", "--label", "orch.nonce=abcd1234",
+            "--label", "orch.cluster=yoloe-image",
+            "--network", "host",  # no --ipc host: options give --shm-size
+            "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
+            "--device", "/dev/infiniband", "--cap-add", "IPC_LOCK",
+            "--user", "{ORCH_UID}:{ORCH_GID}", "-v", "/etc/passwd:/etc/passwd:ro", "-v", "/etc/group:/etc/group:ro",
+            "-v", "{ORCH_HOME}:{ORCH_HOME}", "-e", "HOME",
+            "-v", "{ORCH_RUN_DIR}:{ORCH_RUN_DIR}", "-v", "/mnt/nfs/orch:/mnt/nfs/orch",
+            "-v", "/data:/data", "-v", "/mnt/nfs/ckpt:/ckpt", "-v", "/models:/models:ro", "-w", "/root/yoloe",
+            *[a for n in ENV_NAMES for a in ("-e", n)],
+            "--gpus", '"device=0,1,2,3,4,5,6,7"', "--shm-size=32g", "yoloe-official:latest",
+            PY, "-m", "torch.distributed.run", "--log-dir={ORCH_RUN_DIR}/torchrun", "--nnodes=4", "--nproc-per-node=8",
+            f"--node-rank={rank}", "--master-addr=10.0.0.1", "--master-port=29500", "--rdzv-id=r1-abcd1234-a1",
+            "--max-restarts=0", "--tee=3", "-m", "trainer", "--weights", "/models/yoloe-v8l-seg.pt",
+            "--data", "/data/coco/coco.yaml", "--epochs", "80", "--batch", "64", "--imgsz", "640",
+            "--project", "/ckpt/yoloe"]
+
+
+def test_the_official_image_inventory_is_golden() -> None:
+    plan = make_plan(inventory.load(YOLOE), "r1", nonce="abcd1234")
+    assert plan.world_size == 32
+    for p in plan.nodes:
+        assert list(p.argv) == golden_docker(p.node.name, p.node_rank)
+        assert p.stop == ("docker", "rm", "-f", f"orch-r1-{p.node.name}-abcd1234")
+        assert p.workdir == "/mnt/nfs/orch"  # the runtime's cwd on the host; the job's is -w
+        assert "CUDA_VISIBLE_DEVICES" not in p.env
+    assert plan.to_json()["nodes"][0]["stop_hook"] == ["docker", "rm", "-f", "orch-r1-gpu1-abcd1234"]  # type: ignore[index]
+
+
+def test_env_values_never_reach_the_argv() -> None:
+    inv = inventory.parse(
+        "nodes:\n  - host: a\n    gpus: 2\nenv: {HF_TOKEN: s3cr3t-value}\n"
+        "job: {container: {runtime: podman, image: img:1}}\n", "t.yaml")
+    p = make_plan(inv, "r1", nonce="n0").nodes[0]
+    assert "HF_TOKEN" in p.argv and not any("s3cr3t" in a for a in p.argv)
+    assert p.env["HF_TOKEN"] == "s3cr3t-value"  # in launch.json, the runtime process's environment
+
+
+def podman_inv(extra: str = "", node: str = "") -> inventory.Inventory:
+    return inventory.parse(f"nodes:\n  - host: a\n    gpus: 4\n    nproc_per_node: 2\n{node}"
+                           f"job:\n  workdir: ~/w\n  container:\n    runtime: podman\n    image: img:1\n{extra}", "t.yaml")
+
+
+def test_podman_gets_the_gpus_by_cdi_and_ipc_host_and_the_nodes_home_for_a_tilde_workdir() -> None:
+    inv = podman_inv()
+    a = inv.nodes[0]
+    argv = job_command(inv, a, ["-c", "pass"], run_id="r:1", nonce="n0", env=["X"])
+    assert argv[:6] == ["podman", "run", "--rm", "--init", "--name", "orch-r-1-a-n0"]  # ':' is no name character
+    assert argv[argv.index("--network"):argv.index("--network") + 4] == ["--network", "host", "--ipc", "host"]
+    assert "--device" in argv and argv[argv.index("--device") + 1] == "nvidia.com/gpu=0"
+    assert argv[argv.index("nvidia.com/gpu=0") + 1:argv.index("nvidia.com/gpu=0") + 3] == ["--device",
+                                                                                         "nvidia.com/gpu=1"]
+    assert argv[argv.index("{ORCH_HOME}/w:{ORCH_HOME}/w") - 1:][:2] == ["-v", "{ORCH_HOME}/w:{ORCH_HOME}/w"]
+    assert argv[argv.index("-w") + 1] == "{ORCH_HOME}/w" and argv[-4:] == ["img:1", "python3", "-c", "pass"]
+    assert "--gpus" not in argv and "/dev/infiniband" not in argv  # no rdma.devices
+
+
+def test_pins_choose_the_image_id_and_the_gpu_uuids_and_cuda_visible_devices_selects() -> None:
+    inv = podman_inv(node="    env: {CUDA_VISIBLE_DEVICES: '2,3'}\n")
+    a = inv.nodes[0]
+    argv = job_command(inv, a, [], run_id="r", env=["CUDA_VISIBLE_DEVICES", "Y"])
+    assert [argv[i + 1] for i, x in enumerate(argv) if x == "--device"] == ["nvidia.com/gpu=2", "nvidia.com/gpu=3"]
+    assert "CUDA_VISIBLE_DEVICES" not in argv and "Y" in argv  # it selects, it is not forwarded
+    pins = Pins(image_id="sha256:0123abcd", gpus={"a": ("GPU-aaa", "GPU-bbb")})
+    argv = job_command(inv, a, [], run_id="r", pins=pins)
+    assert [argv[i + 1] for i, x in enumerate(argv) if x == "--device"] == ["nvidia.com/gpu=GPU-aaa",
+                                                                           "nvidia.com/gpu=GPU-bbb"]
+    assert argv[-2:] == ["sha256:0123abcd", "python3"]
+    docker = inventory.parse("nodes:\n  - host: a\n    gpus: 2\njob: {container: {runtime: docker, image: i}}\n", "t")
+    argv = job_command(docker, docker.nodes[0], [], pins=Pins(gpus={"a": ("GPU-1", "GPU-2")}))
+    assert argv[argv.index("--gpus") + 1] == '"device=GPU-1,GPU-2"'
+    assert shlex.join(argv[argv.index("--gpus"):][:2]) == "--gpus '\"device=GPU-1,GPU-2\"'"  # as the guide types it
+
+
+def test_users_root_and_uid_gid() -> None:
+    root = podman_inv("    user: root\n")
+    argv = job_command(root, root.nodes[0], [])
+    assert argv[argv.index("--user") + 1] == "0:0" and "/etc/passwd:/etc/passwd:ro" not in argv and "HOME" not in argv
+    other = podman_inv("    user: '1001:1001'\n")
+    argv = job_command(other, other.nodes[0], [])
+    assert argv[argv.index("--user") + 1] == "1001:1001" and "/etc/passwd:/etc/passwd:ro" in argv
+    assert "HOME=/tmp/orch-home" in argv and "/tmp/orch-home:rw,mode=1777" in argv
+
+
+def test_apptainer_binds_and_selects_gpus_through_its_environment() -> None:
+    inv = inventory.parse("nodes:\n  - host: a\n    gpus: 2\n"
+                          "job: {workdir: /w, container: {runtime: apptainer, image: /img/yoloe.sif, python: /py,"
+                          " mounts: [/data]}}\n", "t.yaml")
+    p = make_plan(inv, "r1", nonce="n0").nodes[0]
+    assert list(p.argv[:14]) == ["apptainer", "exec", "--nv", "--bind", "{ORCH_RUN_DIR}:{ORCH_RUN_DIR}", "--bind",
+                                 "/w:/w", "--bind", "/data:/data", "--pwd", "/w", "/img/yoloe.sif", "/py", "-m"]
+    assert p.env["APPTAINERENV_CUDA_VISIBLE_DEVICES"] == "0,1" and p.stop == ()
+    assert job_python(inv, p.node) == "/py"
+
+
+def test_a_cpu_node_gets_no_gpu_flags_and_the_fabric_and_check_containers_have_names_of_their_own() -> None:
+    inv = inventory.parse("nodes:\n  - host: a\njob: {container: {runtime: docker, image: i}}\n", "t.yaml")
+    a = inv.nodes[0]
+    assert "--gpus" not in job_command(inv, a, [])
+    check = job_command(inv, a, [], run_id="preflight-1", role="check")
+    assert check[check.index("--name") + 1] == "orch-preflight-1-a-check"
+    assert job_stop(inv, a, "preflight-1", role="check") == ["docker", "rm", "-f", "orch-preflight-1-a-check"]
+
+
+def test_sweep_and_leftover_listings_go_by_label() -> None:
+    c = container.Container(runtime="podman", image="i")
+    assert container.sweep_argv(c, "n0", "a") == ["podman", "ps", "-aq", "--filter", "label=orch.nonce=n0",
+                                                   "--filter", "label=orch.node=a"]
+    assert container.leftovers_argv(c, "lab")[:5] == ["podman", "ps", "-a", "--filter", "label=orch.cluster=lab"]
+
+
+BAD = [
+    ("    runtime: dokcer\n", 6, "job.container.runtime", "unknown runtime 'dokcer' (did you mean 'docker'?)"),
+    ("    runtime: docker\n    mounts: [data]\n", 7, "job.container.mounts[0]", "is not an absolute path"),
+    ("    runtime: docker\n    mounts: [/d, '/e:/d:ro']\n", 7, "job.container.mounts[1]", "/d is mounted twice"),
+    ("    runtime: docker\n    mounts: ['/x:/srv/runs/r']\n", 7, "job.container.mounts[0]",
+     "would hide the run directory under job.run_root /srv/runs"),
+    ("    runtime: docker\n    mounts: ['/d:/d:rx']\n", 7, "job.container.mounts[0]", "the mode must be ro or rw"),
+    ("    runtime: docker\n    options: [-d]\n", 7, "job.container.options[0]", "in the foreground"),
+    ("    runtime: docker\n    options: [--detach]\n", 7, "job.container.options[0]", "in the foreground"),
+    ("    runtime: docker\n    options: [--rm=false]\n", 7, "job.container.options[0]", "must be removed"),
+    ("    runtime: docker\n    options: [--network, bridge]\n", 7, "job.container.options[0]", "host's network"),
+    ("    runtime: podman\n    options: [--net=slirp4netns]\n", 7, "job.container.options[0]", "host's network"),
+    ("    runtime: docker\n    options: [--gpus=all]\n", 7, "job.container.options[0]", "leave --gpus out"),
+    ("    runtime: podman\n    options: [--device, nvidia.com/gpu=all]\n", 7, "job.container.options[0]",
+     "leave --device out"),
+    ("    runtime: docker\n    options: [--name=mine]\n", 7, "job.container.options[0]", "orch names the container"),
+    ("    runtime: docker\n    options: [-u, '0']\n", 7, "job.container.options[0]", "job.container.user instead"),
+    ("    runtime: docker\n    options: [-e, TOKEN=x]\n", 7, "job.container.options[0]", "never go on a command line"),
+    ("    runtime: docker\n    options: [--label=orch.run=x]\n", 7, "job.container.options[0]", "orch.* labels"),
+    ("    runtime: docker\n    user: toor\n", 7, "job.container.user", "(did you mean 'root'?)"),
+    ("    runtime: apptainer\n    user: root\n", 7, "job.container.user", "apptainer runs the job as the SSH user"),
+    ("    runtime: docker\n    workdir: root/yoloe\n", 7, "job.container.workdir", "must be an absolute path"),
+    ("    runtime: docker\n    pull: always\n", 7, "job.container.pull", "Input should be 'missing' or 'never'"),
+    ("    runtime: docker\n    imag: x\n", 7, "job.container.imag", "(did you mean 'image'?)"),
+]
+
+
+@pytest.mark.parametrize("extra, line, key, text", BAD, ids=[b[3][:30] for b in BAD])
+def test_a_container_setting_orch_cannot_honour_is_refused_with_its_line_and_key(extra: str, line: int, key: str,
+                                                                                  text: str) -> None:
+    yaml = ("nodes:\n  - host: a\n    gpus: 2\njob:\n  container:\n" + extra + "    image: /i.sif\n"
+            "  run_root: /srv/runs\n")
+    with pytest.raises(InventoryError) as info:
+        inventory.parse(yaml, "t.yaml")
+    assert info.value.exit_code == 2
+    message = str(info.value)
+    assert f"t.yaml:{line}: [{key}]" in message and text in message, message
+
+
+def test_options_that_do_not_contradict_pass_and_gpu_flags_are_the_users_without_gpus() -> None:
+    inv = inventory.parse("nodes:\n  - host: a\njob: {container: {runtime: docker, image: i, "
+                          "options: [--gpus=all, --network=host, --rm, --shm-size=8g, --privileged]}}\n", "t.yaml")
+    argv = job_command(inv, inv.nodes[0], [])
+    assert argv[-7:-2] == ["--gpus=all", "--network=host", "--rm", "--shm-size=8g", "--privileged"]
+    assert "--ipc" not in argv
+
+
+def test_dry_run_shows_the_whole_container_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["up", str(YOLOE), "--dry-run", "--json"])
+    assert info.value.code == 0
+    plan = json.loads(capsys.readouterr().out)
+    line = shlex.join(plan["nodes"][1]["argv"])
+    assert line.startswith("docker run --rm --init --name orch-") and "--network host" in line
+    assert "--gpus '\"device=0,1,2,3,4,5,6,7\"'" in line and " --shm-size=32g yoloe-official:latest " in line
+    assert plan["nodes"][1]["stop_hook"][:3] == ["docker", "rm", "-f"]

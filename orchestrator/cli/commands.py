@@ -729,9 +729,11 @@ def image_push(image_ref: str, inventory: str | None, runtime: str | None, node_
     from ..config.nodeset import select
     from ..remote.image import push_image
 
+    if runtime is None and inv.job.container is not None:
+        runtime = inv.job.container.runtime
     if runtime is None:
-        raise UsageError("orch image push: which container runtime?",
-                         "pass --runtime docker|podman|apptainer")
+        raise UsageError(f"orch image push: {inv.path} has no job.container.runtime: which container runtime?",
+                         "pass --runtime docker|podman|apptainer, or set job.container in the inventory")
     nodes = select(node_set, inv.nodes)
     with render.exec_progress(len(nodes)) as progress:
         report = push_image(inv, nodes, image_ref, runtime, parallel=parallel, progress=progress)

@@ -111,3 +111,31 @@ def test_worst_exit_code_and_the_lines():
     assert report.to_json()["nodes"][1] == {
         "node": "gpu2", "ok": True, "action": "loaded", "image_id": "a" * 64, "before": "b" * 64,
         "error": None, "hint": None, "exit_code": 0, "elapsed_s": 4.25}
+
+
+def test_the_runtime_comes_from_the_flag_or_job_container(tmp_path, monkeypatch, capsys):
+    """Without --runtime: the inventory's job.container.runtime; with neither, exit 2 naming both."""
+    from orchestrator.cli import main
+    from orchestrator.remote import image
+
+    seen = []
+
+    def fake_push(inv, nodes, ref, runtime, **kw):
+        seen.append(runtime)
+        return ImageReport(ref, runtime, "a" * 64, 0, ())
+
+    monkeypatch.setattr(image, "push_image", fake_push)
+    monkeypatch.setenv("ORCH_HOME", str(tmp_path / "home"))
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("transport: local\nnodes:\n  - host: localhost\n")
+    with_container = tmp_path / "c.yaml"
+    with_container.write_text("transport: local\nnodes:\n  - host: localhost\n"
+                              "job:\n  container:\n    runtime: podman\n    image: yoloe:latest\n")
+    for args, code in (([str(with_container)], 0), ([str(with_container), "--runtime", "docker"], 0),
+                       ([str(bare)], 2)):
+        with pytest.raises(SystemExit) as info:
+            main(["image", "push", "yoloe:latest", *args])
+        assert info.value.code == code
+    assert seen == ["podman", "docker"]
+    err = capsys.readouterr().err
+    assert "bare.yaml has no job.container.runtime" in err and "--runtime docker|podman|apptainer" in err

@@ -161,6 +161,14 @@ def job_stop(inv: Inventory, node: Node, run_id: str, nonce: str = "", role: str
     return container.stop_argv(c, container.container_name(run_id, node.name, "-".join(p for p in (nonce, role) if p)))
 
 
+def job_sweep(inv: Inventory, node: Node, nonce: str) -> list[str]:
+    """What lists the containers a launch (`nonce`) left on `node`, one ID a line, for `orch down`
+    and a retry's teardown to remove (`RUNTIME rm -f ID...`) after the agent's stop: what a killed
+    agent could not. Empty: nothing outlives the job's processes (no container, apptainer, a dry run)."""
+    c = inv.job.container
+    return container.sweep_argv(c, nonce, node.name) if c is not None and nonce else []
+
+
 def torchrun_argv(inv: Inventory, node: Node, node_rank: int, run_id: str, nonce: str = "",
                   attempt: int = 1, env: Iterable[str] = (), pins: Pins | None = None) -> list[str]:
     """The full command for one node: `job_command` of `-m torch.distributed.run <flags> <entry>

@@ -845,13 +845,51 @@ def _master_reach(inv: Inventory, nf: NodeFacts, mp: Mapping[str, Any], master: 
                       "and check the route to its addr")
 
 
+# ----------------------------------------------------------------------------- container
+
+
+def check_container(inv: Inventory, facts: Facts) -> list[CheckResult]:
+    """`job.container`: no container of this cluster's orch runs is left on a node (it would hold
+    the GPUs and the master port, and a launch of its run would collide with its name)."""
+    c = inv.job.container
+    out = []
+    for node, nf in probed(inv, facts):
+        f = Findings("container", node.name)
+        if c is None:
+            out.append(CheckResult("container", node.name, "skip", "", "the job runs on the host (no job.container)"))
+            continue
+        f.value = c.runtime
+        listing = nf.raw.get("containers")
+        if c.runtime == "apptainer":
+            f.add("ok", "apptainer: no daemon keeps a container; nothing outlives the job's processes")
+        elif not listing:
+            f.add("skip", "the leftover containers were not listed (a probe without that fact)")
+        elif listing.get("rc") != 0:
+            said = (listing.get("err") or "").strip().splitlines()
+            f.add("fail", f"`{c.runtime} ps` does not answer: {said[-1] if said else 'exit ' + str(listing.get('rc'))}",
+                  f"install {c.runtime} on this node and let the SSH user run it ({c.runtime} info), or fix "
+                  "job.container.runtime")
+        else:
+            left = [line.split("\t") for line in (listing.get("out") or "").splitlines() if line.strip()]
+            for row in left:
+                name = row[1] if len(row) > 1 else row[0]
+                run = row[2] if len(row) > 2 and row[2] else "?"
+                state = row[3] if len(row) > 3 else "?"
+                f.add("fail", f"container {name} of run {run} is still here ({state}): it holds its GPUs and ports",
+                      (f"orch down {run} (or {c.runtime} rm -f {name})" if run != "?" else f"{c.runtime} rm -f {name}"))
+            if not left:
+                f.add("ok", f"no container of {inv.name}'s runs left on this node")
+        out.append(f.result())
+    return out
+
+
 # ----------------------------------------------------------------------------- all
 
 
 CHECKS: dict[str, Callable[[Inventory, Facts], list[CheckResult]]] = {
     "ssh": check_ssh, "clock": check_clock, "timezone": check_timezone, "nccl_env": check_nccl_env,
     "rdma": check_rdma, "gpus": check_gpus, "software": check_software, "job": check_job, "ports": check_ports,
-    "fabric": check_fabric,
+    "container": check_container, "fabric": check_fabric,
 }
 assert tuple(CHECKS) == CHECK_NAMES
 

@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..config import container
 from ..config.inventory import Inventory
 from ..config.nodes import Node
 from ..config.plan import job_command
@@ -145,6 +146,8 @@ def probe_args(inv: Inventory, node: Node, want: Sequence[str], token: str, n_pe
         "torch_cuda": bool(node.gpus) and "gpus" in want,
         "job_check": jobcheck.request(inv, node, run_id) if "job" in want else None,
         "job_argv": job_argvs(inv, node, run_id),
+        "container_leftovers": container.leftovers_argv(inv.job.container, inv.name) or None
+        if inv.job.container is not None and "container" in want else None,
         "verbs_device": inv.checks.rdma_devices[0] if "rdma" in want and inv.checks.rdma_devices and n_peers > 1
         else None,
     }

@@ -122,6 +122,9 @@ class StopResult:
     foreign: bool = False
     """The node's run directory holds another launch's run of this id (another controller's):
     left alone, nothing of it signalled (`note` says whose)."""
+    containers: tuple[str, ...] = ()
+    """Containers of this launch found on the node after the agent's stop (a killed agent's) and
+    removed by label (run.json `sweep`)."""
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> StopResult:
@@ -228,6 +231,27 @@ def stop_node(t: Transport, python: str, rdir: str, grace: float, nonce: str | N
         raise
 
 
+def sweep_node(t: Transport, sweep: Sequence[str], result: StopResult) -> StopResult:
+    """After the agent's stop: the launch's containers still on the node (listed by `sweep`, the
+    plan's `job_sweep`: by label, never another launch's), removed by ID. A listing or removal
+    that fails raises OrchError: the stop is then not confirmed."""
+    from dataclasses import replace
+
+    listed = t.run(list(sweep), timeout=60)
+    if not listed.ok:
+        raise OrchError(f"{t.node.name}: cannot list the run's containers: "
+                        f"{(listed.stderr.strip().splitlines() or ['exit ' + str(listed.exit_code)])[-1]}",
+                        f"run `{' '.join(sweep)}` on the node, then `{sweep[0]} rm -f` what it lists")
+    ids = [line.strip() for line in listed.stdout.splitlines() if line.strip()]
+    if not ids:
+        return result
+    removed = t.run([sweep[0], "rm", "-f", *ids], timeout=120)
+    if not removed.ok:
+        raise OrchError(f"{t.node.name}: the run's containers {' '.join(ids)} could not be removed: "
+                        f"{(removed.stderr.strip().splitlines() or ['exit ' + str(removed.exit_code)])[-1]}")
+    return replace(result, containers=tuple(ids))
+
+
 def status_node(t: Transport, python: str, rdir: str, tail: int = 0, timeout: float = 15,
                 nonce: str | None = None, renew: bool = False) -> NodeStatus:
     """One node's state.json plus liveness; a missing run directory reads as state `unknown`, and
@@ -264,9 +288,13 @@ def stop_all(cluster: Cluster, records: Sequence[Mapping[str, Any]], grace: floa
     so a node whose start answer was lost is asked too, and stopped only if it is this launch's."""
     by_name = {r["node"]: r for r in records}
     nodes = [n for n in cluster.inv.nodes if n.name in by_name]
-    return cluster.fan_out(lambda t: stop_node(t, by_name[t.node.name]["python"],
-                                               by_name[t.node.name]["remote_dir"], grace,
-                                               by_name[t.node.name].get("nonce")), nodes)
+
+    def stop(t: Transport) -> StopResult:
+        r = by_name[t.node.name]
+        result = stop_node(t, r["python"], r["remote_dir"], grace, r.get("nonce"))
+        return sweep_node(t, r["sweep"], result) if r.get("sweep") and not result.foreign else result
+
+    return cluster.fan_out(stop, nodes)
 
 
 def status_all(cluster: Cluster, records: Sequence[Mapping[str, Any]], timeout: float = 15) -> GroupResult[NodeStatus]:

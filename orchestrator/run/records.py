@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..config.plan import Plan
+from ..config.plan import Plan, job_sweep
 from ..contract import NodeState
 from ..store import RunDir, remote_dir
 from ..store import warn as store_warn
@@ -24,7 +24,8 @@ def node_records(plan: Plan) -> list[dict[str, Any]]:
              "base_rank": p.global_ranks.start, "nproc": p.node.nproc_per_node,
              "remote_dir": remote_dir(inv, p.node, plan.run_id), "python": p.node.python,
              "state": NodeState.PENDING, "exit_code": None, "pid": None, "pgid": None,
-             "started_at": None, "finished_at": None, **({"nonce": plan.nonce} if plan.nonce else {})}
+             "started_at": None, "finished_at": None, **({"nonce": plan.nonce} if plan.nonce else {}),
+             **({"sweep": sweep} if (sweep := job_sweep(inv, p.node, plan.nonce)) else {})}
             for p in plan.nodes]
 
 

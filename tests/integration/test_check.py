@@ -88,13 +88,13 @@ def test_clean_cluster_passes_and_hardware_checks_skip(cluster: TestCluster, tmp
     code, data, err = orch_check_json(inv, tmp_path)
     assert code == 0, (err, data)
     results = data["results"]
-    assert isinstance(results, list) and len(results) == 10 * 4
+    assert isinstance(results, list) and len(results) == 11 * 4
     bad = [r for r in results if r["status"] == "fail"]
     assert not bad, bad
     for r in results:
         if r["check"] == "fabric":  # opt-in: a plain check says how to turn it on, never a silent ok
             assert r["status"] == "skip" and r["detail"].startswith("opt-in:"), r
-        elif r["check"] in ("gpus", "rdma"):
+        elif r["check"] in ("gpus", "rdma", "container"):
             assert r["status"] == "skip" and r["detail"], r
         elif r["check"] != "ssh":  # ssh may warn when this shared 2-core machine is loaded
             assert r["status"] == "ok", r
@@ -371,7 +371,7 @@ def test_v100_inventory_fails_cleanly(tmp_path: Path) -> None:
     data = json.loads(proc.stdout)
     results = data["results"]
     assert {r["status"] for r in results if r["check"] == "ssh"} == {"fail"}
-    assert {r["status"] for r in results if r["check"] != "ssh"} == {"skip"} and len(results) == 40
+    assert {r["status"] for r in results if r["check"] != "ssh"} == {"skip"} and len(results) == 44
     for r in (r for r in results if r["check"] == "ssh"):
         assert r["detail"].startswith("unreachable: network unreachable: this machine has no route to 192.168.1."), r
         assert "Unknown error" not in r["detail"] and "ip route get 192.168.1." in r["hint"]
@@ -381,8 +381,8 @@ def test_v100_inventory_fails_cleanly(tmp_path: Path) -> None:
                            timeout=120)
     rows = [line for line in table.stdout.splitlines() if " v100-" in line and (" fail " in line or " skip " in line)]
     assert len(rows) == 4 and all(" fail " in line for line in rows), table.stdout
-    assert ("not probed, so 36 other results skipped: 9 checks (clock, timezone, nccl_env, rdma, gpus, software, "
-            "job, ports, fabric) on v100-[1-4]") in table.stdout
+    assert ("not probed, so 40 other results skipped: 10 checks (clock, timezone, nccl_env, rdma, gpus, software, "
+            "job, ports, container, fabric) on v100-[1-4]") in table.stdout
     # a name no resolver knows (RFC 6761 .invalid): said so, never `Unknown error -2`
     text = (repo / "inventory" / "v100.yaml").read_text().replace("192.168.1.[11-13]", "gpu-node-[02-04].invalid")
     odd = tmp_path / "names.yaml"

@@ -26,7 +26,7 @@ from tests.ports import job_port
 from tests.trainer_helpers import make_dataset
 
 REPO = Path(__file__).resolve().parents[2]
-ONLY_JOB = ("clock", "timezone", "nccl_env", "rdma", "gpus", "software", "ports", "fabric")
+ONLY_JOB = ("clock", "timezone", "nccl_env", "rdma", "gpus", "software", "ports", "container", "fabric")
 
 
 @pytest.fixture(scope="module")

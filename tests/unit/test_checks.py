@@ -114,10 +114,11 @@ def test_clean_cluster_passes_and_hardware_checks_skip() -> None:
     inv = inventory()
     results = run(inv, make_facts(inv))
     assert only_failure(results) == set()
-    assert len(results) == 10 * 4  # one result per (check, node)
-    assert {r.status for r in results if r.check in ("gpus", "rdma", "fabric")} == {"skip"}  # fabric: opt-in
-    assert all(r.status == "ok" for r in results if r.check not in ("gpus", "rdma", "fabric")), \
-        [r for r in results if r.status != "ok" and r.check not in ("gpus", "rdma", "fabric")]
+    assert len(results) == 11 * 4  # one result per (check, node)
+    skipped = ("gpus", "rdma", "container", "fabric")  # fabric: opt-in; container: the job runs on the host
+    assert {r.status for r in results if r.check in skipped} == {"skip"}
+    assert all(r.status == "ok" for r in results if r.check not in skipped), \
+        [r for r in results if r.status != "ok" and r.check not in skipped]
 
 
 def test_unreachable_node_fails_ssh_and_skips_the_rest() -> None:
@@ -132,27 +133,27 @@ def test_unreachable_node_fails_ssh_and_skips_the_rest() -> None:
     ssh = by(results, "ssh")["n3"]
     assert "refused" in ssh.detail and ssh.hint
     others = [r for r in results if r.node == "n3" and r.check != "ssh"]
-    assert len(others) == 9 and all(r.status == "skip" and "not probed" in r.detail for r in others)
+    assert len(others) == 10 and all(r.status == "skip" and "not probed" in r.detail for r in others)
 
 
 def test_unreachable_nodes_fill_one_row_each_in_the_table_and_every_row_in_json() -> None:
-    """v100.yaml with its 4 nodes down: 4 ssh rows with their errors and one line for the 36 skipped
-    results, not 40 rows; the JSON keeps one result per (check, node) and names who was not probed."""
+    """v100.yaml with its 4 nodes down: 4 ssh rows with their errors and one line for the 40 skipped
+    results, not 44 rows; the JSON keeps one result per (check, node) and names who was not probed."""
     inv = inventory()
     facts = {n.name: NodeFacts(n, error=f"{n.name}: cannot resolve the name {n.host}: Name or service not known",
                                error_kind="unreachable", hint="check host:") for n in inv.nodes}
     results = run(inv, facts)
     report = CheckReport(results, not_probed={n: f"cannot resolve the name 10.0.0.{n[-1]}" for n in facts})
     data = report.to_json("t.yaml")
-    assert len(data["results"]) == 40 and set(data["not_probed"]) == set(NODES)
+    assert len(data["results"]) == 44 and set(data["not_probed"]) == set(NODES)
     buf = io.StringIO()
     check_table(report, Console(file=buf, width=250, no_color=True))
     text = buf.getvalue()
     rows = [line for line in text.splitlines() if any(f" {n} " in line for n in NODES)]
     assert len(rows) == 4 and all("ssh" in rows[0] and "cannot resolve the name" in r for r in rows), text
-    assert ("not probed, so 36 other results skipped: 9 checks (clock, timezone, nccl_env, rdma, gpus, software, "
-            "job, ports, fabric) on n[1-4] (why: their ssh rows)") in text
-    assert "preflight failed: 4 fail, 36 skip" in text
+    assert ("not probed, so 40 other results skipped: 10 checks (clock, timezone, nccl_env, rdma, gpus, software, "
+            "job, ports, container, fabric) on n[1-4] (why: their ssh rows)") in text
+    assert "preflight failed: 4 fail, 40 skip" in text
 
 
 def test_clock_over_limit_on_one_node_via_ntp() -> None:
@@ -553,6 +554,31 @@ def test_ports_taken_on_master_and_unreachable_from_one_node() -> None:
     p = by(checks.check_ports(inv, facts), "ports")
     assert p["n3"].status == "fail" and "cannot connect to the master at 10.0.0.1:29500" in p["n3"].detail
     assert {p[n].status for n in ("n1", "n2", "n4")} == {"ok"}
+
+
+CONTAINER = "  container: {runtime: podman, image: img:1}\n"
+
+
+def test_a_container_left_by_a_run_of_this_cluster_fails_naming_it_and_orch_down() -> None:
+    """Before a launch: a container of this cluster's orch runs still on a node holds its GPUs and
+    ports; the row names it and the command that removes it. The probe lists them by label."""
+    inv = inventory(CONTAINER)
+    args = probe_args(inv, inv.nodes[1], ["container"], "tok", 4)
+    assert args["container_leftovers"][:5] == ["podman", "ps", "-a", "--filter", "label=orch.cluster=t"]
+    assert probe_args(inventory(), inv.nodes[1], ["container"], "tok", 4)["container_leftovers"] is None
+    listed = {"rc": 0, "err": "", "out": "3f2a\torch-r7-n2-abcd\tr7\trunning\n"}
+    clean = {"rc": 0, "err": "", "out": ""}
+    facts = make_facts(inv, {n: (lambda raw, nf, n=n: raw.update(containers=listed if n == "n2" else clean))
+                             for n in NODES})
+    c = by(checks.check_container(inv, facts), "container")
+    assert c["n2"].status == "fail" and "container orch-r7-n2-abcd of run r7 is still here (running)" in c["n2"].detail
+    assert c["n2"].hint == "orch down r7 (or podman rm -f orch-r7-n2-abcd)"
+    assert {c[n].status for n in ("n1", "n3", "n4")} == {"ok"} and c["n1"].value == "podman"
+    gone = {"rc": 127, "err": "podman: not found in PATH", "out": ""}
+    facts = make_facts(inv, {"n3": lambda raw, nf: raw.update(containers=gone)})
+    c = by(checks.check_container(inv, facts), "container")
+    assert c["n3"].status == "fail" and "does not answer: podman: not found" in c["n3"].detail
+    assert by(checks.check_container(inventory(), make_facts(inventory())), "container")["n1"].status == "skip"
 
 
 def test_selection_inventory_skip_and_unknown_names() -> None:

@@ -29,7 +29,7 @@ def test_the_checks_are_the_ones_the_contract_names() -> None:
 
     assert tuple(checks.CHECKS) == CHECK_NAMES
     assert CHECK_NAMES == ("ssh", "clock", "timezone", "nccl_env", "rdma", "gpus", "software", "job", "ports",
-                           "fabric")
+                           "container", "fabric")
 
 
 def test_every_check_name_the_probe_and_its_client_test_for_is_a_check() -> None:

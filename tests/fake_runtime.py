@@ -1,0 +1,105 @@
+"""A stand-in for `docker`/`podman` where a real runtime is not needed: it records every call and
+keeps its containers in a JSON file, so a test sees what a stop left behind.
+
+`run`: registers a container (its --name and --label values, the whole argv), then waits like a
+job; SIGTERM (what `docker run` proxies to its container) ends it and, with --rm, removes it; a
+SIGKILL of the client leaves it registered, as a real container outlives its killed client.
+`rm -f NAME|ID...`, `ps -aq --filter label=K=V...`, `ps -a --filter ... --format ...` as the
+runtimes answer them. Install with `install(dir, state)`: a `docker` and a `podman` on PATH."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import secrets
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+VALUED = {"--name", "--label", "-v", "-w", "-e", "--user", "--network", "--ipc", "--ulimit", "--device", "--cap-add",
+          "--gpus", "--tmpfs"}
+
+
+def install(bin_dir: Path, state: Path) -> Path:
+    """`docker` and `podman` shims in `bin_dir` that run this file on `state`; returns the calls log."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("docker", "podman"):
+        shim = bin_dir / name
+        shim.write_text(f"#!/bin/sh\nexec {sys.executable} {__file__} {state} {name} \"$@\"\n")
+        shim.chmod(0o755)
+    state.write_text("[]")
+    return state.with_suffix(".calls")
+
+
+def containers(state: Path) -> list[dict[str, Any]]:
+    return list(json.loads(state.read_text()))
+
+
+def _edit(state: Path, fn: Any) -> Any:
+    with open(state.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = json.loads(state.read_text())
+        out = fn(data)
+        state.write_text(json.dumps(data))
+        return out
+
+
+def main(argv: list[str]) -> int:
+    state, runtime, cmd, args = Path(argv[0]), argv[1], argv[2], argv[3:]
+    with open(state.with_suffix(".calls"), "a") as fh:
+        fh.write(json.dumps([runtime, cmd, *args]) + "\n")
+    if cmd == "run":
+        name, labels, i = None, {}, 0
+        while i < len(args) and args[i].startswith("-"):
+            if args[i] in VALUED:
+                if args[i] == "--name":
+                    name = args[i + 1]
+                elif args[i] == "--label":
+                    k, _, v = args[i + 1].partition("=")
+                    labels[k] = v
+                i += 2
+            else:
+                i += 1
+        cid = secrets.token_hex(6)
+        box = {"id": cid, "name": name or cid, "labels": labels, "argv": [runtime, cmd, *args], "state": "running"}
+        _edit(state, lambda data: data.append(box))
+        done = []
+        signal.signal(signal.SIGTERM, lambda *_: done.append(1))
+        print(f"container {name} running {' '.join(args[i:])}", flush=True)
+        while not done:
+            time.sleep(0.05)
+        if "--rm" in args:
+            _edit(state, lambda data: data.__setitem__(slice(None), [c for c in data if c["id"] != cid]))
+        return 143
+    if cmd == "rm":
+        wanted = [a for a in args if not a.startswith("-")]
+
+        def remove(data: list[dict[str, Any]]) -> list[str]:
+            gone = [c for c in data if c["id"] in wanted or c["name"] in wanted]
+            data[:] = [c for c in data if c not in gone]
+            return [w for w in wanted if not any(w in (c["id"], c["name"]) for c in gone)]
+
+        missing = _edit(state, remove)
+        for w in missing:
+            print(f"Error: no container with name or ID \"{w}\" found", file=sys.stderr)
+        return 1 if missing else 0
+    if cmd == "ps":
+        filters = [args[i + 1].removeprefix("label=") for i, a in enumerate(args) if a == "--filter"]
+        rows = [c for c in containers(state) if all(f"{k}={c['labels'].get(k)}" in filters or
+                                                     not any(f.startswith(k + "=") for f in filters)
+                                                     for k in c["labels"])
+                and all(f.partition("=")[0] in c["labels"] for f in filters)]
+        for c in rows:
+            if "--format" in args:
+                print(f"{c['id']}\t{c['name']}\t{c['labels'].get('orch.run', '')}\t{c['state']}")
+            else:
+                print(c["id"])
+        return 0
+    print(f"fake runtime: {cmd} is not faked", file=sys.stderr)
+    return 125
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -267,6 +267,33 @@ class TestImage:
     ref: str = IMAGE
 
 
+CAP_SYS_RESOURCE = 24
+
+
+def sandbox_options() -> list[str]:
+    """Runtime flags a test's `job.container.options` needs on a machine without CAP_SYS_RESOURCE
+    (this sandbox): no process may raise a hard limit, but orch's launch asks for
+    `--ulimit memlock=-1` and podman adds nofile 1048576 and nproc 4194304 of its own whenever any
+    `--ulimit` is given, so runc fails ("error setting rlimit type 6/7/8"). The flags set each
+    within this machine's hard limits, after orch's (the last `--ulimit` of a kind wins); empty
+    where the capability is there (a CI machine as root, a real node)."""
+    import resource
+
+    status = Path("/proc/self/status").read_text()
+    eff = int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("CapEff:")), 16)
+    if eff >> CAP_SYS_RESOURCE & 1:
+        return []
+
+    def hard(kind: int) -> str:
+        limit = resource.getrlimit(kind)[1]
+        return "-1" if limit == resource.RLIM_INFINITY else str(limit)
+
+    # nproc: runc sets it in a process that already counts against it; a modest value always fits
+    return [f"--ulimit=nofile={hard(resource.RLIMIT_NOFILE)}:{hard(resource.RLIMIT_NOFILE)}",
+            "--ulimit=nproc=4096:4096",
+            f"--ulimit=memlock={hard(resource.RLIMIT_MEMLOCK)}:{hard(resource.RLIMIT_MEMLOCK)}"]
+
+
 def python_mounts(python: str) -> list[str]:
     """The directories to bind-mount (same path inside) for `python` and every package it imports
     to run inside the image: its prefix and base prefix and every `sys.path` entry outside the

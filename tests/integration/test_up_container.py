@@ -1,0 +1,157 @@
+"""`orch up` with `job.container` on the real podman test bed (tests/containers.py): the trainer runs
+in a podman container on each node (the job's Python environment mounted into the test image, as
+users mount their code and data), and no container of the run outlives any way the run ends."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster import TestCluster
+from tests.containers import IMAGE, PodmanBed, python_mounts, sandbox_options
+from tests.ports import job_port
+from tests.trainer_helpers import make_dataset
+from tests.up_helpers import DDP_JOB, REPO, Orch, node_log, run_root, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+GONE_WITHIN_S = 20.0
+"""How soon after `orch up` or `orch down` returns no container of the run may be left on any node
+(README "Containers"): the stop hook removes it while the run is being stopped."""
+
+TRAINER_FLAGS = {"model": "yolo12n.yaml", "epochs": 1, "batch": 4, "imgsz": 64, "workers": 0, "val-period": 0,
+                 "seed": 1, "plots": "false"}
+
+
+def container_keys(*extra_mounts: str, workdir: str = "/tmp") -> dict[str, Any]:
+    """The test image with the job's Python environment mounted (less job.workdir: orch mounts it)."""
+    mounts = [m for m in python_mounts(sys.executable) if m != workdir]
+    return {"runtime": "podman", "image": IMAGE, "python": sys.executable,
+            "mounts": [*mounts, *extra_mounts], "user": "root", "options": sandbox_options()}
+
+
+def trainer_inventory(cluster: TestCluster, tmp: Path, nodes: list[str]) -> Path:
+    data = make_dataset(tmp / "ds", images=8)
+    (tmp / "runs").mkdir(exist_ok=True)
+    return cluster.write_inventory(
+        tmp / "trainer.yaml", only=nodes,
+        job={"module": "trainer", "nproc_per_node": 1, "workdir": str(REPO), "stop_grace_s": 5,
+             "args": {**TRAINER_FLAGS, "data": str(data), "project": str(tmp / "runs")},
+             "container": container_keys(str(tmp), workdir=str(REPO))},
+        env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}, master={"port": job_port()})
+
+
+def ddp_inventory(cluster: TestCluster, tmp: Path, nodes: list[str], steps: int = 400) -> Path:
+    return cluster.write_inventory(
+        tmp / "ddp.yaml", only=nodes,
+        job={"module": None, "script": DDP_JOB, "nproc_per_node": 1, "workdir": "/tmp", "stop_grace_s": 3,
+             "args": {"steps": steps, "sleep": 0.1}, "container": container_keys()},
+        env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}, master={"port": job_port()})
+
+
+def run_label(run_id: str) -> str:
+    return f"orch.run={run_id}"
+
+
+def test_a_two_node_trainer_run_in_podman_containers(podman_cluster: PodmanBed, cluster: TestCluster,
+                                                    orch: Orch, tmp_path: Path) -> None:
+    bed = podman_cluster
+    inv = trainer_inventory(cluster, tmp_path, ["node1", "node2"])
+    res = orch.run("up", str(inv), "--run-id", "ctr", "--skip-checks", timeout=540)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert "succeeded on every node" in res.stderr
+    # the merged log is the trainer's, from both nodes, as without a container
+    merged = (orch.run_dir("ctr") / "merged.log").read_text()
+    assert "node1" in merged and "node2" in merged
+    assert "[rank 1]" in merged or "rank1" in merged or "r1" in merged
+    assert bed.wait_no_containers(run_label("ctr"), within=GONE_WITHIN_S) == {}
+    status = json.loads(orch.run("status", "--json", "ctr").stdout)
+    assert status["state"] == "succeeded", status
+    report = orch.run("report", "ctr", timeout=240)
+    assert report.returncode == 0, report.stderr
+
+
+def _running(cluster: TestCluster, run_id: str, bed: PodmanBed, nodes: list[str]) -> bool:
+    """Every node's container is there and its job past its third step (its node.log says so)."""
+    have = bed.all_containers(run_label(run_id))
+    return all(have.get(n) and "step 3 " in node_log(run_root(cluster), run_id, n) for n in nodes)
+
+
+@pytest.mark.parametrize("how", [
+    "sigint",
+    "down", "fail_fast",
+    "agent_kill9",
+])
+def test_every_stop_path_leaves_no_container(podman_cluster: PodmanBed, cluster: TestCluster, orch: Orch,
+                                             tmp_path: Path, how: str) -> None:
+    """Ctrl-C of `orch up`, `orch down` of a detached run, a rank failing (fail-fast stops the other
+    node), the node agent killed -9 then `orch down`: within GONE_WITHIN_S no container of the run
+    is left on any node."""
+    bed = podman_cluster
+    nodes = ["node1", "node2"]
+    inv = ddp_inventory(cluster, tmp_path, nodes)
+    run_id = f"stop-{how.replace('_', '-')}"
+    if how == "fail_fast":
+        inv = cluster.write_inventory(
+            tmp_path / "ddp.yaml", only=nodes,
+            job={"module": None, "script": DDP_JOB, "nproc_per_node": 1, "workdir": "/tmp", "stop_grace_s": 3,
+                 "args": {"steps": 400, "sleep": 0.1, "fail-rank": 1, "fail-step": 5},
+                 "container": container_keys()},
+            env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}, master={"port": job_port()})
+        res = orch.run("up", str(inv), "--run-id", run_id, "--skip-checks", timeout=300)
+        assert res.returncode == 1, res.stderr[-3000:]
+    elif how == "sigint":
+        up = orch.start(str(inv), "--run-id", run_id, "--skip-checks")
+        try:
+            wait_for(lambda: _running(cluster, run_id, bed, nodes) or up.proc.poll() is not None, 180,
+                     "both containers running")
+            assert up.proc.poll() is None, up.err[-3000:]
+            up.proc.send_signal(signal.SIGINT)
+            assert up.proc.wait(120) == 130, up.err[-3000:]
+        finally:
+            if up.proc.poll() is None:
+                up.proc.kill()
+    else:
+        res = orch.run("up", str(inv), "--run-id", run_id, "--skip-checks", "--detach", timeout=300)
+        assert res.returncode == 0, res.stderr[-3000:]
+        wait_for(lambda: _running(cluster, run_id, bed, nodes), 180, "both containers running")
+        if how == "agent_kill9":
+            agents = [p for n in nodes for p in cluster.processes(n, run_id) if b"agent" in
+                      Path(f"/proc/{p}/cmdline").read_bytes()]
+            assert agents, "no agent process found"
+            for pid in agents:
+                with_kill(pid)
+            time.sleep(0)  # the containers keep running without their agent: that is what down must finish
+            assert bed.all_containers(run_label(run_id)), "containers went away with the agent"
+        down = orch.run("down", run_id, timeout=180)
+        if down.returncode == 1 and "still running" in down.stdout:
+            # the contract's "a process survived (run it again)": a container's processes may outlive
+            # the stop grace on this loaded machine; the second down must finish it
+            down = orch.run("down", run_id, timeout=180)
+        pids = [int(p) for p in re.findall(r"\d+", down.stdout.partition("still running")[2])]
+        assert down.returncode == 0, (down.stdout + down.stderr, {p: _cmdline(p) for p in pids})
+    left = bed.wait_no_containers(run_label(run_id), within=GONE_WITHIN_S)
+    assert left == {}, (left, {n: node_log(run_root(cluster), run_id, n)[-1500:] for n in nodes})
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "(gone)"
+
+
+def with_kill(pid: int) -> None:
+    import os
+
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

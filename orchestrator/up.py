@@ -420,7 +420,7 @@ def _with_resume(say: UpProgress, run: RunDir, inv: Inventory) -> Inventory:
 def _attempt(say: UpProgress, run: RunDir, inv: Inventory, report: CheckReport | None, detach: bool, t0: float,
              t_launch: float, attempt: int) -> UpOutcome:
     """One launch of the run on the inventory's nodes: plan, start, supervise (or detach)."""
-    plan = make_plan(inv, run.run_id, attempt, run.nonce or "")
+    plan = make_plan(inv, run.run_id, attempt, run.nonce or "", pins=report.pins if report is not None else None)
     run.write(plan.to_json(env_values=True), "plan.json")  # private (0600): what was launched, values too
     save_to_run(run, inv, report)
     record = RunRecord(run, warn=say.warning)

@@ -174,7 +174,10 @@ def torchrun_argv(inv: Inventory, node: Node, node_rank: int, run_id: str, nonce
     """The full command for one node: `job_command` of `-m torch.distributed.run <flags> <entry>
     <args>`, torchrun's `--log-dir` in the node's run directory (`TORCHRUN_LOG_DIR`)."""
     nnodes = len(inv.nodes)
-    argv = [*TORCHRUN, f"--log-dir={TORCHRUN_LOG_DIR}", f"--nnodes={nnodes}",
+    c = inv.job.container
+    # a container user other than the SSH user's (UID:GID) cannot enter the private run directory
+    log_dir = TORCHRUN_LOG_DIR if c is None or c.user in ("host", "root") else container.HOME_TMPFS + "/torchrun"
+    argv = [*TORCHRUN, f"--log-dir={log_dir}", f"--nnodes={nnodes}",
             f"--nproc-per-node={node.nproc_per_node}"]
     if inv.job.rdzv == "static":
         argv += [

@@ -32,9 +32,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..config import container
+from ..config.container import Pins
 from ..config.inventory import Inventory
 from ..config.nodes import Node
-from ..config.plan import job_command
+from ..config.plan import gpu_devices, job_command
 from ..errors import TransportError
 from ..node import program as node_program
 from ..transport import Cluster, Process, Transport
@@ -163,6 +164,25 @@ def job_argvs(inv: Inventory, node: Node, run_id: str = CHECK_RUN_ID) -> dict[st
     if job_command(inv, node, []) == [node.python]:
         return None
     return {role: job_command(inv, node, [], run_id=run_id, env=list(node.env), role=role) for role in JOB_FACTS}
+
+
+def container_pins(inv: Inventory, facts: dict[str, NodeFacts]) -> Pins | None:
+    """What a container launch pins from the probe's facts: each node's GPUs for its ranks by UUID
+    (`plan.gpu_devices`' choice, an index turned into its GPU's UUID as nvidia-smi reports it). A
+    node whose choice cannot be told by UUID keeps it as it is. None without `job.container`."""
+    if inv.job.container is None:
+        return None
+    gpus: dict[str, tuple[str, ...]] = {}
+    for node in inv.nodes:
+        chosen = gpu_devices(inv, node)
+        nf = facts.get(node.name)
+        if not chosen or nf is None or not nf.ok:
+            continue
+        by_index = {str(g.index): g.uuid for g in nf.gpus.gpus if g.uuid}
+        uuids = [d if d.startswith(("GPU-", "MIG-")) else by_index.get(d) for d in chosen]
+        if all(uuids):
+            gpus[node.name] = tuple(u for u in uuids if u)
+    return Pins(gpus=gpus)
 
 
 class _Stream:

@@ -18,6 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from ..config.container import Pins
 from ..config.inventory import Inventory
 from ..contract import CHECK_NAMES
 from ..errors import PreflightUnavailable, UsageError
@@ -25,7 +26,7 @@ from ..store import CHECK, checks_path, write_private
 from ..transport import Cluster
 from .controller_clock import ControllerClock
 from .controller_clock import measure as measure_controller
-from .facts import collect
+from .facts import collect, container_pins
 
 if TYPE_CHECKING:
     from ..store import RunDir
@@ -50,6 +51,9 @@ class CheckReport:
     """Nodes that could not be probed, with why (their `ssh` row fails, every other row skips)."""
     controller_clock: ControllerClock | None = None
     """The controller's own offset to `checks.clock.ntp_server`, when the clock check ran."""
+    pins: Pins | None = None
+    """What a container launch runs as the preflight found it (`facts.container_pins`: each node's
+    GPUs by UUID; the image ID the image rows resolve); None without `job.container`."""
 
     @property
     def ok(self) -> bool:
@@ -131,7 +135,7 @@ def run_preflight(inv: Inventory, cluster: Cluster | None = None, only: Iterable
     offsets, _, ref = checks_mod.clock_offsets(inv, facts)
     report = CheckReport(results, offsets, ref, time.monotonic() - start,
                          not_probed={n: (nf.error or "").removeprefix(f"{n}: ") for n, nf in facts.items() if not nf.ok},
-                         controller_clock=clock[0] if clock else None)
+                         controller_clock=clock[0] if clock else None, pins=container_pins(inv, facts))
     if ff is not None and ff.not_run is None:
         from .fabric_judge import fabric_summary
 

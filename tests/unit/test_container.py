@@ -108,6 +108,9 @@ def test_users_root_and_uid_gid() -> None:
     argv = job_command(other, other.nodes[0], [])
     assert argv[argv.index("--user") + 1] == "1001:1001" and "/etc/passwd:/etc/passwd:ro" in argv
     assert "HOME=/tmp/orch-home" in argv and "/tmp/orch-home:rw,mode=1777" in argv
+    # that uid cannot enter the SSH user's private run directory: torchrun's own logs stay in the container
+    assert "--log-dir=/tmp/orch-home/torchrun" in make_plan(other, "r1").nodes[0].argv
+    assert "--log-dir={ORCH_RUN_DIR}/torchrun" in make_plan(root, "r1").nodes[0].argv
 
 
 def test_apptainer_binds_and_selects_gpus_through_its_environment() -> None:
@@ -193,3 +196,27 @@ def test_dry_run_shows_the_whole_container_line(capsys: pytest.CaptureFixture[st
     assert line.startswith("docker run --rm --init --name orch-") and "--network host" in line
     assert "--gpus '\"device=0,1,2,3,4,5,6,7\"'" in line and " --shm-size=32g yoloe-official:latest " in line
     assert plan["nodes"][1]["stop_hook"][:3] == ["docker", "rm", "-f"]
+
+
+def test_the_preflight_pins_each_nodes_chosen_gpus_by_uuid() -> None:
+    """nvidia-smi's index → UUID on each node (the probe's query), for the GPUs the launch gives the
+    container: the first nproc_per_node, or what CUDA_VISIBLE_DEVICES in env: selects."""
+    from orchestrator.preflight.facts import NodeFacts, container_pins
+
+    inv = inventory.parse("nodes:\n  - host: a\n    gpus: 4\n    nproc_per_node: 2\n"
+                          "  - host: b\n    gpus: 4\n    nproc_per_node: 2\n    env: {CUDA_VISIBLE_DEVICES: '3,GPU-x2'}\n"
+                          "  - host: c\n    gpus: 4\n    nproc_per_node: 2\n"
+                          "job: {rdzv: c10d, container: {runtime: docker, image: i}}\n", "t.yaml")
+    csv = "name, pci.bus_id, index, uuid\n" + "".join(f"A100, 0000:0{i}:00.0, {i}, GPU-{n}{i}\n" for i, n in
+                                                        enumerate("xxxx"))
+
+    def facts(name: str, out: str) -> NodeFacts:
+        return NodeFacts(inv.node(name), raw={"gpus": {"source": "nvidia-smi", "query": {"rc": 0, "out": out, "err": ""},
+                                                       "table": {"rc": None, "out": "", "err": ""}}})
+    pins = container_pins(inv, {"a": facts("a", csv), "b": facts("b", csv), "c": facts("c", "")})
+    assert pins is not None and dict(pins.gpus) == {"a": ("GPU-x0", "GPU-x1"), "b": ("GPU-x3", "GPU-x2")}
+    argv = job_command(inv, inv.node("a"), [], pins=pins)
+    assert argv[argv.index("--gpus") + 1] == '"device=GPU-x0,GPU-x1"'
+    c = job_command(inv, inv.node("c"), [], pins=pins)  # no UUIDs known there: the indices, as chosen
+    assert c[c.index("--gpus") + 1] == '"device=0,1"'
+    assert container_pins(inventory.load(REPO / "inventory" / "v100.yaml"), {}) is None

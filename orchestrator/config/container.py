@@ -283,3 +283,15 @@ def leftovers_argv(c: Container, cluster: str) -> list[str]:
         return []
     return [c.runtime, "ps", "-a", "--filter", f"label=orch.cluster={cluster}", "--format",
             '{{.ID}}\t{{.Names}}\t{{.Label "orch.run"}}\t{{.State}}']
+
+
+IMAGE_FORMAT = "{{.Id}}\t{{json .Config.Env}}"
+"""What `image_argv` prints for a held image: its ID, a tab, its configured environment (JSON)."""
+
+
+def image_argv(c: Container) -> list[str]:
+    """What the node holds under `job.container.image` (the preflight's image row): docker/podman
+    print `IMAGE_FORMAT` (exit non-zero when the node lacks it); apptainer the .sif's sha256."""
+    if c.runtime == "apptainer":
+        return ["sha256sum", c.image]
+    return [c.runtime, "image", "inspect", "--format", IMAGE_FORMAT, c.image]

@@ -559,6 +559,10 @@ def gather(args: dict) -> dict:
         t0 = time.time()
         results["containers"] = run_tool(list(args["container_leftovers"]), timeout=30)
         timings["containers"] = round(time.time() - t0, 3)
+    if args.get("container_image"):  # the image the launch runs: its ID and environment here
+        t0 = time.time()
+        results["container_image"] = run_tool(list(args["container_image"]), timeout=60)
+        timings["container_image"] = round(time.time() - t0, 3)
 
     def work(key: str) -> None:
         t0 = time.time()

@@ -18,11 +18,12 @@ import yaml
 
 from ..config.inventory import Inventory
 from ..config.nodes import Node
+from ..config.nodeset import fold
 from ..config.trainer import batch_choices, batch_problem
 from ..contract import CHECK_NAMES
 from . import cudacompat, jobcheck
 from .fabric_judge import check_fabric
-from .facts import NodeFacts
+from .facts import HeldImage, NodeFacts, held_image
 from .jobargs import device_ids, is_output_key, job_files, path_args
 from .parsers import Gpu, GpuFacts, IbDevice
 from .results import CheckResult, Facts, Findings, majority, odd_one_out, probed
@@ -853,6 +854,7 @@ def check_container(inv: Inventory, facts: Facts) -> list[CheckResult]:
     the GPUs and the master port, and a launch of its run would collide with its name)."""
     c = inv.job.container
     out = []
+    held = {node.name: h for node, nf in probed(inv, facts) if (h := held_image(nf)) is not None}
     for node, nf in probed(inv, facts):
         f = Findings("container", node.name)
         if c is None:
@@ -879,8 +881,77 @@ def check_container(inv: Inventory, facts: Facts) -> list[CheckResult]:
                       (f"orch down {run} (or {c.runtime} rm -f {name})" if run != "?" else f"{c.runtime} rm -f {name}"))
             if not left:
                 f.add("ok", f"no container of {inv.name}'s runs left on this node")
+        image_findings(inv, node, nf, held, f)
         out.append(f.result())
     return out
+
+
+def image_cuda(env: Mapping[str, str]) -> str | None:
+    """The CUDA version an image is built for: `NVIDIA_REQUIRE_CUDA` (`cuda>=12.1 brand=...`), else
+    `CUDA_VERSION` (12.1.0), as NVIDIA's container toolkit reads them; None when it says neither."""
+    require = env.get("NVIDIA_REQUIRE_CUDA", "")
+    for word in require.split():
+        if word.startswith("cuda>="):
+            return word.removeprefix("cuda>=")
+    return env.get("CUDA_VERSION") or None
+
+
+def image_findings(inv: Inventory, node: Node, nf: NodeFacts, held: Mapping[str, HeldImage], f: Findings) -> None:
+    """The image rows of the container check on one node: the image is here (or `pull: missing`
+    lets the launch pull it), it is the image ID the other nodes hold (a tag that moved on one node
+    runs another image there: another NCCL, a hang), and the node's driver runs the image's CUDA."""
+    c = inv.job.container
+    mine = held.get(node.name)
+    if c is None or mine is None:
+        return
+    key = "job.container.image"
+    if mine.error is not None:
+        f.add("fail", f"could not ask {c.runtime} for {c.image}: {mine.error}",
+              f"install {c.runtime} on this node and let the SSH user run it ({c.runtime} info)")
+        return
+    if mine.image_id is None:
+        if c.pull == "missing" and c.runtime != "apptainer":
+            f.add("warn", f"{c.image} is not on this node: the launch pulls it (job.container.pull: missing)",
+                  f"or put it there first: orch image push {c.image} {inv.path}")
+        else:
+            f.add("fail", f"{c.image} is not on this node ({key})",
+                  f"orch image push {c.image} {inv.path} (no registry needed)"
+                  + ("" if c.runtime == "apptainer" else ", or set job.container.pull: missing"))
+        return
+    ids = {name: h.image_id for name, h in held.items() if h.image_id is not None}
+    common, count, unique = majority(ids)
+    short = mine.image_id[:12]
+    if mine.image_id != common or not unique:
+        others = sorted({i for i in ids.values() if i != mine.image_id})
+        where = ", ".join(f"{i[:12]} on {fold_names(n for n, x in ids.items() if x == i)}" for i in others)
+        f.add("fail", f"{c.image} is {short} here but {where}: the name resolves to another image on some nodes "
+                      "(a tag that moved), and they would run different software",
+              f"put one image on every node: orch image push {c.image} {inv.path} from a machine that holds "
+              f"the right one, or name it by ID in {key}")
+        return
+    what = "sha256" if c.runtime == "apptainer" else "image"
+    f.add("ok", f"{c.image} is {what} {short} on every node that has it ({count})")
+    if not node.gpus:
+        return
+    gpus = nf.gpus
+    require = next((w.removeprefix("cuda>=") for w in mine.env.get("NVIDIA_REQUIRE_CUDA", "").split()
+                    if w.startswith("cuda>=")), None)
+    if require and gpus.cuda and cudacompat.version(gpus.cuda) < cudacompat.version(require):
+        # NVIDIA's container toolkit refuses the start ("unsatisfied condition: cuda>=12.8")
+        f.add("fail", f"the image requires CUDA {require} or newer (its NVIDIA_REQUIRE_CUDA); this node's driver "
+                      f"{gpus.driver or '?'} supports CUDA {gpus.cuda}: the runtime would refuse to start it",
+              f"upgrade the driver on this node, or use an image built for CUDA {gpus.cuda} or older")
+        return
+    cuda = image_cuda(mine.env)
+    need = cudacompat.min_driver(cuda) if cuda else None
+    if cuda and gpus.driver and need and cudacompat.version(gpus.driver) < need:
+        f.add("fail", f"the image is built for CUDA {cuda}, which needs NVIDIA driver {cudacompat.dotted(need)} "
+                      f"or newer; this node's driver is {gpus.driver}",
+              "upgrade the driver on this node, or use an image built for an older CUDA")
+
+
+def fold_names(names: Iterable[str]) -> str:
+    return fold(sorted(names))
 
 
 # ----------------------------------------------------------------------------- all

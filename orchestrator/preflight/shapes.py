@@ -59,6 +59,7 @@ FACTS_SHAPE = {
     "torch_cuda": _Opt({"torch": _Opt(str), "cuda": _Opt(str), "arch_list": _ListOf(str),
                         "releases": _MapOf(_ListOf(INT)), "error": str}),
     "containers": _Opt(_RUN),
+    "container_image": _Opt(_RUN),
     "job_check": _Opt({"kind": str, "rc": _Opt(INT), "out": str, "err": str, "seconds": NUMBER, "error": str}),
     "paths": _MapOf(_FILE), "workdir": _Opt(_FILE), "timings_s": _MapOf(NUMBER), "listen": LISTEN_SHAPE,
 }

@@ -155,3 +155,32 @@ def with_kill(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def test_the_preflight_names_a_missing_image_and_a_moved_tag(podman_cluster: PodmanBed, cluster: TestCluster,
+                                                             container_image: Any, orch: Orch,
+                                                             tmp_path: Path) -> None:
+    """Real per-node podman stores: node2 lacks the image, node3's tag names another image. The
+    container rows fail on those two nodes alone, naming node3's ID and the others'; after
+    `orch image push` every row passes and the check pins the launch to the one ID."""
+    bed = podman_cluster
+    bed.drop_image("node2")
+    moved = bed.move_tag("node3")
+    inv = ddp_inventory(cluster, tmp_path, ["node1", "node2", "node3", "node4"])
+    res = orch.run("check", str(inv), "--only", "container", "--json", timeout=180)
+    assert res.returncode == 1, res.stdout + res.stderr
+    rows = {r["node"]: r for r in json.loads(res.stdout)["results"] if r["check"] == "container"}
+    assert rows["node1"]["status"] == "ok", (rows["node1"]["detail"], rows["node1"]["hint"])
+    assert rows["node2"]["status"] == "fail" and f"{IMAGE} is not on this node" in rows["node2"]["detail"]
+    assert "orch image push" in rows["node2"]["hint"]
+    assert rows["node3"]["status"] == "fail"
+    assert f"{IMAGE} is {moved[:12]} here but {container_image.id[:12]} on node[1,4]" in rows["node3"]["detail"]
+    assert rows["node4"]["status"] == "ok"
+    orch.env.update(container_image.store.env)
+    push = orch.run("image", "push", IMAGE, str(inv), timeout=600)
+    assert push.returncode == 0, push.stdout + push.stderr
+    res = orch.run("check", str(inv), "--only", "container", "--json", timeout=180)
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = {r["node"]: r for r in json.loads(res.stdout)["results"] if r["check"] == "container"}
+    assert {r["status"] for r in rows.values()} == {"ok"}
+    assert f"is image {container_image.id[:12]} on every node that has it (4)" in rows["node1"]["detail"]

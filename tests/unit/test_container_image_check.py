@@ -1,0 +1,117 @@
+"""The container check's image rows (preflight/checks.image_findings) on fabricated probe facts: the
+image on every node under one ID, missing on one (or `pull: missing`), a tag that moved on one node
+(the row names the node and both IDs), the driver against the image's CUDA (NVIDIA_REQUIRE_CUDA as
+NVIDIA's toolkit enforces it, tests/fixtures' recorded nvidia-smi); and the ID the launch is pinned to."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from orchestrator.config import container
+from orchestrator.preflight import checks
+from orchestrator.preflight.facts import container_pins, held_image, probe_args
+from tests.unit.test_checks import NODES, _fixture_gpus, by, inventory, make_facts
+
+IMG_A = "d9ff8d5725a6979dcf9fb3905a3d811e3881439e340b86201673e39e55efeba6"
+IMG_B = "52f4c45746b6bee07e85b61cc732c243675328ff78dd248be27da4afe085a994"
+CONTAINER = "  container: {runtime: podman, image: 'yoloe:latest'}\n"
+CLEAN = {"rc": 0, "err": "", "out": ""}
+
+
+def held(image_id: str, env: list[str] | None = None) -> dict[str, Any]:
+    return {"rc": 0, "err": "", "out": f"{image_id}\t{json.dumps(env or ['PATH=/usr/bin'])}\n"}
+
+
+MISSING = {"rc": 125, "out": "", "err": "Error: inspecting object: yoloe:latest: image not known\n"}
+
+
+def facts_with(inv: Any, images: dict[str, dict[str, Any]], gpus: str | None = None) -> Any:
+    def edit(node: str) -> Any:
+        def apply(raw: dict[str, Any], nf: Any) -> None:
+            raw.update(containers=CLEAN, container_image=images[node])
+            if gpus:
+                raw.update(gpus=_fixture_gpus(gpus))
+        return apply
+    return make_facts(inv, {n: edit(n) for n in NODES})
+
+
+def test_the_probe_is_asked_for_the_image_with_its_id_and_environment() -> None:
+    inv = inventory(CONTAINER)
+    args = probe_args(inv, inv.nodes[0], ["container"], "tok", 4)
+    assert args["container_image"] == ["podman", "image", "inspect", "--format", "{{.Id}}\t{{json .Config.Env}}",
+                                       "yoloe:latest"]
+    assert container.image_argv(container.Container("apptainer", "/i/y.sif")) == ["sha256sum", "/i/y.sif"]
+    assert probe_args(inventory(), inv.nodes[0], ["container"], "tok", 4)["container_image"] is None
+
+
+def test_one_id_everywhere_is_ok_and_pins_the_launch() -> None:
+    inv = inventory(CONTAINER)
+    facts = facts_with(inv, dict.fromkeys(NODES, held("sha256:" + IMG_A)))
+    c = by(checks.check_container(inv, facts), "container")
+    assert {r.status for r in c.values()} == {"ok"}
+    assert f"yoloe:latest is image {IMG_A[:12]} on every node that has it (4)" in c["n1"].detail
+    assert container_pins(inv, facts).image_id == IMG_A
+
+
+def test_a_node_without_the_image_fails_and_names_orch_image_push() -> None:
+    inv = inventory(CONTAINER)
+    facts = facts_with(inv, {**dict.fromkeys(NODES, held(IMG_A)), "n2": MISSING})
+    c = by(checks.check_container(inv, facts), "container")
+    assert c["n2"].status == "fail" and "yoloe:latest is not on this node (job.container.image)" in c["n2"].detail
+    assert c["n2"].hint.startswith("orch image push yoloe:latest t.yaml")
+    assert {c[n].status for n in ("n1", "n3", "n4")} == {"ok"}
+    assert container_pins(inv, facts).image_id is None  # not pinned while a node lacks it
+    pulls = inventory("  container: {runtime: podman, image: 'yoloe:latest', pull: missing}\n")
+    c = by(checks.check_container(pulls, facts_with(pulls, {**dict.fromkeys(NODES, held(IMG_A)), "n2": MISSING})),
+           "container")
+    assert c["n2"].status == "warn" and "the launch pulls it (job.container.pull: missing)" in c["n2"].detail
+
+
+def test_a_tag_that_moved_on_one_node_fails_there_naming_both_ids() -> None:
+    inv = inventory(CONTAINER)
+    facts = facts_with(inv, {**dict.fromkeys(NODES, held(IMG_A)), "n3": held(IMG_B)})
+    c = by(checks.check_container(inv, facts), "container")
+    assert c["n3"].status == "fail"
+    assert f"yoloe:latest is {IMG_B[:12]} here but {IMG_A[:12]} on n[1-2,4]" in c["n3"].detail
+    assert "a tag that moved" in c["n3"].detail and "orch image push" in c["n3"].hint
+    assert {c[n].status for n in ("n1", "n2", "n4")} == {"ok"}
+    assert container_pins(inv, facts).image_id is None
+
+
+def test_two_against_two_fails_every_node() -> None:
+    inv = inventory(CONTAINER)
+    facts = facts_with(inv, {"n1": held(IMG_A), "n2": held(IMG_A), "n3": held(IMG_B), "n4": held(IMG_B)})
+    c = by(checks.check_container(inv, facts), "container")
+    assert {r.status for r in c.values()} == {"fail"}
+    assert f"but {IMG_B[:12]} on n[3-4]" in c["n1"].detail and f"but {IMG_A[:12]} on n[1-2]" in c["n4"].detail
+
+
+def test_a_runtime_that_does_not_answer_is_not_a_missing_image() -> None:
+    inv = inventory(CONTAINER)
+    gone = {"rc": None, "out": "", "err": "podman: not found in PATH"}
+    facts = facts_with(inv, {**dict.fromkeys(NODES, held(IMG_A)), "n4": gone})
+    assert held_image(facts["n4"]).error == "podman: not found in PATH"
+    c = by(checks.check_container(inv, facts), "container")
+    assert c["n4"].status == "fail" and "could not ask podman for yoloe:latest" in c["n4"].detail
+
+
+def test_the_image_cuda_against_the_node_driver() -> None:
+    """The recorded V100 node: driver 535.129.03, CUDA 12.2. An image requiring cuda>=12.8 (as the
+    recorded `nvidia-container-cli: requirement error: unsatisfied condition: cuda>=12.8`) fails; one
+    requiring 12.1 passes; an image with CUDA_VERSION 13.0.1 only needs driver 580 by the table."""
+    inv = inventory("  container: {runtime: docker, image: 'pytorch:25.01'}\n", gpus=True)
+    req = ["NVIDIA_REQUIRE_CUDA=cuda>=12.8 brand=tesla,driver>=470,driver<471", "CUDA_VERSION=12.8.0"]
+    c = by(checks.check_container(inv, facts_with(inv, dict.fromkeys(NODES, held(IMG_A, req)), gpus="v100")),
+           "container")
+    assert c["n1"].status == "fail"
+    assert ("the image requires CUDA 12.8 or newer (its NVIDIA_REQUIRE_CUDA); this node's driver 535.129.03 "
+            "supports CUDA 12.2") in c["n1"].detail
+    ok = ["NVIDIA_REQUIRE_CUDA=cuda>=12.1", "CUDA_VERSION=12.1.0"]
+    c = by(checks.check_container(inv, facts_with(inv, dict.fromkeys(NODES, held(IMG_A, ok)), gpus="v100")),
+           "container")
+    assert c["n1"].status == "ok", c["n1"]
+    new = ["CUDA_VERSION=13.0.1"]
+    c = by(checks.check_container(inv, facts_with(inv, dict.fromkeys(NODES, held(IMG_A, new)), gpus="v100")),
+           "container")
+    assert c["n1"].status == "fail" and "needs NVIDIA driver 580 or newer" in c["n1"].detail

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import secrets
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -22,15 +24,27 @@ VALUED = {"--name", "--label", "-v", "-w", "-e", "--user", "--network", "--ipc",
           "--gpus", "--tmpfs"}
 
 
-def install(bin_dir: Path, state: Path) -> Path:
-    """`docker` and `podman` shims in `bin_dir` that run this file on `state`; returns the calls log."""
+def install(bin_dir: Path, state: Path, execute: bool = False) -> Path:
+    """`docker` and `podman` shims in `bin_dir` that run this file on `state`; returns the calls log.
+    `execute`: `run` runs the command after the image on this host (the image's python being one of
+    this machine's), in a session of its own as a container's processes are: SIGTERM to the client
+    is passed on, a killed client leaves it running, `rm -f` kills it."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     for name in ("docker", "podman"):
         shim = bin_dir / name
-        shim.write_text(f"#!/bin/sh\nexec {sys.executable} {__file__} {state} {name} \"$@\"\n")
+        flag = "FAKE_RUNTIME_EXEC=1 " if execute else ""
+        shim.write_text(f"#!/bin/sh\n{flag}exec {sys.executable} {__file__} {state} {name} \"$@\"\n")
         shim.chmod(0o755)
     state.write_text("[]")
     return state.with_suffix(".calls")
+
+
+def _kill(box: dict[str, Any]) -> None:
+    if box.get("pgid"):
+        try:
+            os.killpg(box["pgid"], signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def containers(state: Path) -> list[dict[str, Any]]:
@@ -64,20 +78,40 @@ def main(argv: list[str]) -> int:
                 i += 1
         cid = secrets.token_hex(6)
         box = {"id": cid, "name": name or cid, "labels": labels, "argv": [runtime, cmd, *args], "state": "running"}
-        _edit(state, lambda data: data.append(box))
-        done = []
-        signal.signal(signal.SIGTERM, lambda *_: done.append(1))
-        print(f"container {name} running {' '.join(args[i:])}", flush=True)
-        while not done:
-            time.sleep(0.05)
+
+        def register(data: list[dict[str, Any]]) -> bool:
+            if any(c["name"] == box["name"] for c in data):
+                return False
+            data.append(box)
+            return True
+
+        if not _edit(state, register):
+            print(f"Error: the container name \"{name}\" is already in use", file=sys.stderr)
+            return 125
+        done: list[int] = []
+        code = 143
+        if os.environ.get("FAKE_RUNTIME_EXEC"):
+            workdir = args[args.index("-w") + 1] if "-w" in args[:i] else None
+            child = subprocess.Popen(args[i + 1:], cwd=workdir, start_new_session=True)
+            box["pgid"] = child.pid
+            _edit(state, lambda data: [c.update(pgid=child.pid) for c in data if c["id"] == cid])
+            signal.signal(signal.SIGTERM, lambda *_: os.killpg(child.pid, signal.SIGTERM))
+            code = child.wait()
+        else:
+            signal.signal(signal.SIGTERM, lambda *_: done.append(1))
+            print(f"container {name} running {' '.join(args[i:])}", flush=True)
+            while not done:
+                time.sleep(0.05)
         if "--rm" in args:
             _edit(state, lambda data: data.__setitem__(slice(None), [c for c in data if c["id"] != cid]))
-        return 143
+        return code if code >= 0 else 128 - code
     if cmd == "rm":
         wanted = [a for a in args if not a.startswith("-")]
 
         def remove(data: list[dict[str, Any]]) -> list[str]:
             gone = [c for c in data if c["id"] in wanted or c["name"] in wanted]
+            for c in gone:
+                _kill(c)
             data[:] = [c for c in data if c not in gone]
             return [w for w in wanted if not any(w in (c["id"], c["name"]) for c in gone)]
 

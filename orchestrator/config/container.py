@@ -33,7 +33,8 @@ RDMA = ("--device", "/dev/infiniband", "--cap-add", "IPC_LOCK")
 PASSWD = ("/etc/passwd", "/etc/group")
 """Mounted read-only for a user that is not root, so the uid has a name (and a home) inside."""
 HOME_TMPFS = "/tmp/orch-home"
-"""The writable HOME of a `UID:GID` user (a tmpfs: the host's homes are not that uid's)."""
+"""The writable HOME of a user other than root (a tmpfs: the host's home mounted over the image's
+would hide what the image keeps there, and is not a `UID:GID` user's)."""
 UID_GID = re.compile(r"^(\d+):(\d+)\Z")
 NOT_IN_NAME = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -232,12 +233,10 @@ def run_argv(c: Container, inner: Sequence[str], *, name: str, label_values: Seq
         argv += ["--user", uid_gid if c.user == "host" else c.user]
         for p in PASSWD:
             argv += ["-v", f"{p}:{p}:ro"]
-        if c.user == "host":
-            argv += ["-v", f"{home}:{home}", "-e", "HOME"]
-        else:
-            argv += ["--tmpfs", f"{HOME_TMPFS}:rw,mode=1777", "-e", f"HOME={HOME_TMPFS}"]
+        # a HOME of its own: the host's would hide what the image keeps there (/root/yoloe)
+        argv += ["--tmpfs", f"{HOME_TMPFS}:rw,mode=1777", "-e", f"HOME={HOME_TMPFS}"]
     argv += ["-v", f"{run_dir}:{run_dir}"]
-    if host_workdir and host_workdir != home:
+    if host_workdir:
         argv += ["-v", f"{host_workdir}:{host_workdir}"]
     for m in c.mounts:
         argv += ["-v", m.spec()]

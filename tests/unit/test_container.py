@@ -32,7 +32,7 @@ def golden_docker(node: str, rank: int) -> list[str]:
             "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
             "--device", "/dev/infiniband", "--cap-add", "IPC_LOCK",
             "--user", "{ORCH_UID}:{ORCH_GID}", "-v", "/etc/passwd:/etc/passwd:ro", "-v", "/etc/group:/etc/group:ro",
-            "-v", "{ORCH_HOME}:{ORCH_HOME}", "-e", "HOME",
+            "--tmpfs", "/tmp/orch-home:rw,mode=1777", "-e", "HOME=/tmp/orch-home",  # not the host's: /root/yoloe stays
             "-v", "{ORCH_RUN_DIR}:{ORCH_RUN_DIR}", "-v", "/mnt/nfs/orch:/mnt/nfs/orch",
             "-v", "/data:/data", "-v", "/mnt/nfs/ckpt:/ckpt", "-v", "/models:/models:ro", "-w", "/root/yoloe",
             *[a for n in ENV_NAMES for a in ("-e", n)],

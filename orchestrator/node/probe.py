@@ -287,10 +287,49 @@ def gather_gpus() -> dict:
     return {"source": "nvidia-smi", "query": query, "table": table}
 
 
+NODE_VALUES = ("{ORCH_RUN_DIR}", "{ORCH_UID}", "{ORCH_GID}", "{ORCH_HOME}")
+"""What only the node knows in the plan's argv (orchestrator/config/plan.py `NODE_VALUES`), as the
+agent fills it in (node/agent.py); here the run directory is the probe's own (`probe_dir`)."""
+_probe_dir: list = []
+_probe_dir_lock = threading.Lock()
+
+
+def probe_dir() -> str:
+    """A private directory standing in for the run directory ({ORCH_RUN_DIR}) of the job's
+    throw-away containers (mounted at the same path, as the launch mounts the run's); removed
+    when the probe exits."""
+    with _probe_dir_lock:
+        if not _probe_dir:
+            import atexit
+            import shutil
+            import tempfile
+
+            path = tempfile.mkdtemp(prefix="orch-probe-")
+            atexit.register(shutil.rmtree, path, True)
+            _probe_dir.append(path)
+        return _probe_dir[0]
+
+
 def job_python(args: dict, role: str) -> list:
     """The job's interpreter as the controller's plan runs it for `role` (`job_argv`: a
-    container's), or this probe's own interpreter, which is then the job's."""
-    return list((args.get("job_argv") or {}).get(role) or [sys.executable])
+    container's, with the node's values filled in), or this probe's own interpreter, which is
+    then the job's."""
+    return fill_node_values(list((args.get("job_argv") or {}).get(role) or [sys.executable]))
+
+
+def fill_node_values(argv: list) -> list:
+    """`argv` with every `NODE_VALUES` name replaced by this node's value (as the agent does)."""
+    if not any(name in str(arg) for arg in argv for name in NODE_VALUES):
+        return argv
+    values = {"{ORCH_RUN_DIR}": probe_dir(), "{ORCH_UID}": str(os.getuid()), "{ORCH_GID}": str(os.getgid()),
+              "{ORCH_HOME}": os.path.expanduser("~")}
+    out = []
+    for arg in argv:
+        arg = str(arg)
+        for name, value in values.items():
+            arg = arg.replace(name, value)
+        out.append(arg)
+    return out
 
 
 def gather_torch_cuda(args: dict) -> dict:
@@ -321,7 +360,7 @@ def gather_job_check(args: dict) -> dict | None:
     timeout = float(req.get("timeout", 90))
     t0 = time.time()
     try:
-        rc, so, err = run_capture(list(req["argv"]), timeout, env=env, cwd=cwd)
+        rc, so, err = run_capture(fill_node_values(list(req["argv"])), timeout, env=env, cwd=cwd)
     except OSError as exc:
         return {"kind": req.get("kind", ""), "error": f"cannot run {req['argv'][0]}: {exc.strerror or exc}"}
     out = {"kind": req.get("kind", ""), "rc": rc, "out": so.decode("utf-8", "replace")[-20000:],

@@ -64,7 +64,7 @@ def test_a_two_node_trainer_run_in_podman_containers(podman_cluster: PodmanBed, 
                                                     orch: Orch, tmp_path: Path) -> None:
     bed = podman_cluster
     inv = trainer_inventory(cluster, tmp_path, ["node1", "node2"])
-    res = orch.run("up", str(inv), "--run-id", "ctr", "--skip-checks", timeout=540)
+    res = orch.run("up", str(inv), "--run-id", "ctr", timeout=540)
     assert res.returncode == 0, res.stderr[-4000:]
     assert "succeeded on every node" in res.stderr
     # the merged log is the trainer's, from both nodes, as without a container

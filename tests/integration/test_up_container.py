@@ -184,3 +184,31 @@ def test_the_preflight_names_a_missing_image_and_a_moved_tag(podman_cluster: Pod
     rows = {r["node"]: r for r in json.loads(res.stdout)["results"] if r["check"] == "container"}
     assert {r["status"] for r in rows.values()} == {"ok"}
     assert f"is image {container_image.id[:12]} on every node that has it (4)" in rows["node1"]["detail"]
+
+
+def test_top_and_stacks_reach_the_ranks_inside_the_containers(podman_cluster: PodmanBed, cluster: TestCluster,
+                                                             orch: Orch, tmp_path: Path) -> None:
+    """A detached container run: `orch top` reads both nodes' telemetry and `orch stacks` dumps each
+    rank's Python stack (py-spy on the host reaches the processes inside the container), then
+    `orch down` leaves no container."""
+    bed = podman_cluster
+    nodes = ["node1", "node2"]
+    inv = ddp_inventory(cluster, tmp_path, nodes, steps=2000)
+    res = orch.run("up", str(inv), "--run-id", "ctr-live", "--skip-checks", "--detach", timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    try:
+        wait_for(lambda: _running(cluster, "ctr-live", bed, nodes), 180, "both containers running")
+        top = orch.run("top", "ctr-live", "--json", timeout=120)
+        assert top.returncode == 0, top.stdout + top.stderr
+        rows = {n["node"]: n for n in json.loads(top.stdout)["nodes"]}
+        assert {n: r["state"] for n, r in rows.items()} == dict.fromkeys(nodes, "running"), rows
+        assert all(r["fetch_error"] is None and r["mem_total_mb"] for r in rows.values()), rows
+        stacks = orch.run("stacks", "ctr-live", "--json", timeout=180)
+        assert stacks.returncode == 0, stacks.stdout[-3000:] + stacks.stderr[-3000:]
+        assert "ddp_job.py" in stacks.stdout
+    finally:
+        down = orch.run("down", "ctr-live", timeout=180)
+        if down.returncode == 1:
+            down = orch.run("down", "ctr-live", timeout=180)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert bed.wait_no_containers(run_label("ctr-live"), within=GONE_WITHIN_S) == {}

@@ -576,6 +576,7 @@ Examples:
   orch exec -b -- nvidia-smi -L                # grouped: identical answers once
   orch exec -w gpu[1-4] -- uptime               # no inventory: hosts from ~/.ssh/config
   orch exec --env CUDA_VISIBLE_DEVICES=0 -- python -c 'import torch; print(torch.cuda.device_count())'
+  orch exec --container RUN -- nvidia-smi -L     # inside RUN's container on each of its nodes
 """
 
 
@@ -592,9 +593,12 @@ Examples:
 @click.option("-l", "--user", metavar="USER", help="With -w: the login on every host (else ~/.ssh/config's).")
 @click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
               help="Set this variable for the command (over the node's login environment); repeatable.")
+@click.option("--container", "container_run", metavar="RUN", shell_complete=complete.run_ids,
+              help="Run the command inside RUN's container on each of its nodes (a job.container run).")
 @click.pass_context
 def exec_(ctx: click.Context, inventory: str | None, node_set: str | None, timeout: float | None,
-          as_json: bool, gather: bool, hosts: str | None, user: str | None, env: tuple[str, ...]) -> None:
+          as_json: bool, gather: bool, hosts: str | None, user: str | None, env: tuple[str, ...],
+          container_run: str | None) -> None:
     command = ctx.meta.get("orch.command")
     if not command:
         stray = f" (got: {' '.join(ctx.args)})" if ctx.args else ""
@@ -605,7 +609,15 @@ def exec_(ctx: click.Context, inventory: str | None, node_set: str | None, timeo
     from ..remote.exec import run_everywhere
 
     extra_env = parse_env(env)
-    if hosts is not None:
+    if container_run is not None:
+        if inventory is not None or hosts is not None:
+            raise UsageError("--container RUN with an INVENTORY or -w", "--container runs on RUN's own nodes: give RUN alone")
+        if extra_env:
+            raise UsageError("--env with --container", "the command runs in the container's environment: "
+                             "set the variable in the command (orch exec --container RUN -- env X=1 CMD)")
+        inv, run_nodes, command = _in_container(container_run, command)
+        nodes = select(node_set, run_nodes)
+    elif hosts is not None:
         if inventory is not None:
             raise UsageError("both an INVENTORY and -w", "give one: the inventory's nodes, or -w HOSTS")
         from ..config.inventory import adhoc
@@ -615,7 +627,8 @@ def exec_(ctx: click.Context, inventory: str | None, node_set: str | None, timeo
         raise UsageError("-l/--user goes with -w", "an inventory sets its login with ssh.user")
     else:
         inv = resolve_inventory(inventory)
-    nodes = select(node_set, inv.nodes)
+    if container_run is None:
+        nodes = select(node_set, inv.nodes)
     from .ui import color_enabled
 
     if as_json or gather:
@@ -630,6 +643,24 @@ def exec_(ctx: click.Context, inventory: str | None, node_set: str | None, timeo
         report = run_everywhere(inv, nodes, command, timeout=timeout, on_line=live, env=extra_env)
         live.ended(report)
     raise SystemExit(report.exit_code)
+
+
+def _in_container(run: str, command: list[str]) -> tuple[Inventory, list[Any], list[str]]:
+    """RUN's inventory, the nodes it launched on and `command` wrapped to run in its container there."""
+    from ..config.container import exec_argv
+    from ..store import RunStore
+
+    rd = RunStore().get(run)
+    inv = rd.inventory()
+    c = inv.job.container
+    if c is None or c.runtime == "apptainer":
+        raise UsageError(f"run {rd.run_id} ran no docker or podman container (job.container)",
+                         f"orch exec {rd.inventory_path} -- CMD runs on its nodes' hosts")
+    record = rd.read()
+    names = [str(n.get("name")) for n in record.get("nodes", [])]
+    nonce = next((str(n["nonce"]) for n in record.get("nodes", []) if n.get("nonce")), rd.nonce or "")
+    nodes = [n for n in inv.nodes if n.name in names] or list(inv.nodes)
+    return inv, nodes, exec_argv(c, rd.run_id, nonce, command)
 
 
 SYNC_HELP = """Copy the inventory's `job.sync` paths to the same absolute paths on every node.

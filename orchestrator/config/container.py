@@ -294,3 +294,19 @@ def image_argv(c: Container) -> list[str]:
     if c.runtime == "apptainer":
         return ["sha256sum", c.image]
     return [c.runtime, "image", "inspect", "--format", IMAGE_FORMAT, c.image]
+
+
+NO_CONTAINER_EXIT = 125
+"""`orch exec --container`'s exit on a node where the run has no container (docker's and podman's
+own code for a failed `exec`)."""
+
+
+def exec_argv(c: Container, run_id: str, nonce: str, command: Sequence[str]) -> list[str]:
+    """`orch exec --container RUN`: run `command` inside the run's container on whichever node
+    this runs on, found by its labels (the run and its launch nonce: one container per node), the
+    same argv on every node; one word is a line for `sh -c` inside. docker and podman only."""
+    inner = ["sh", "-c", command[0]] if len(command) == 1 else list(command)
+    find = (f'id=$("$0" ps -q --filter label=orch.run={run_id} --filter label=orch.nonce={nonce}); '
+            f'[ -n "$id" ] || {{ echo "orch: no running container of run {run_id} on this node" >&2; '
+            f'exit {NO_CONTAINER_EXIT}; }}; exec "$0" exec "$id" "$@"')
+    return ["/bin/sh", "-c", find, c.runtime, *inner]

@@ -188,9 +188,9 @@ def test_the_preflight_names_a_missing_image_and_a_moved_tag(podman_cluster: Pod
 
 def test_top_and_stacks_reach_the_ranks_inside_the_containers(podman_cluster: PodmanBed, cluster: TestCluster,
                                                              orch: Orch, tmp_path: Path) -> None:
-    """A detached container run: `orch top` reads both nodes' telemetry and `orch stacks` dumps each
-    rank's Python stack (py-spy on the host reaches the processes inside the container), then
-    `orch down` leaves no container."""
+    """A detached container run: `orch top` reads both nodes' telemetry, `orch stacks` dumps each
+    rank's Python stack (py-spy on the host reaches the processes inside the container), `orch exec
+    --container RUN` runs inside each node's container, then `orch down` leaves no container."""
     bed = podman_cluster
     nodes = ["node1", "node2"]
     inv = ddp_inventory(cluster, tmp_path, nodes, steps=2000)
@@ -206,6 +206,14 @@ def test_top_and_stacks_reach_the_ranks_inside_the_containers(podman_cluster: Po
         stacks = orch.run("stacks", "ctr-live", "--json", timeout=180)
         assert stacks.returncode == 0, stacks.stdout[-3000:] + stacks.stderr[-3000:]
         assert "ddp_job.py" in stacks.stdout
+        # inside each node's container: its own ORCH_NODE, and pid 1 is the container's init
+        inside = orch.run("exec", "--container", "ctr-live", "--json", "--",
+                          'echo "$ORCH_NODE $(tr "\\0" " " < /proc/1/cmdline)"', timeout=120)
+        assert inside.returncode == 0, inside.stdout + inside.stderr
+        said = {n["node"]: n["stdout"].strip() for n in json.loads(inside.stdout)["nodes"]}
+        assert set(said) == set(nodes), said
+        for node, line in said.items():
+            assert line.startswith(f"{node} ") and "init" in line.split()[1], said
     finally:
         down = orch.run("down", "ctr-live", timeout=180)
         if down.returncode == 1:

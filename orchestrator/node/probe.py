@@ -101,6 +101,12 @@ try:
     out["ultralytics"] = metadata.version("ultralytics")
 except Exception:
     out["ultralytics"] = None
+try:  # the job's /dev/shm (a container's own is 64 MB unless it shares the host's IPC)
+    import os
+    st = os.statvfs("/dev/shm")
+    out["shm_bytes"] = st.f_frsize * st.f_blocks
+except Exception:
+    out["shm_bytes"] = None
 print(json.dumps(out))
 """
 

@@ -882,6 +882,7 @@ def check_container(inv: Inventory, facts: Facts) -> list[CheckResult]:
             if not left:
                 f.add("ok", f"no container of {inv.name}'s runs left on this node")
         image_findings(inv, node, nf, held, f)
+        shm_finding(inv, nf, f)
         out.append(f.result())
     return out
 
@@ -948,6 +949,25 @@ def image_findings(inv: Inventory, node: Node, nf: NodeFacts, held: Mapping[str,
         f.add("fail", f"the image is built for CUDA {cuda}, which needs NVIDIA driver {cudacompat.dotted(need)} "
                       f"or newer; this node's driver is {gpus.driver}",
               "upgrade the driver on this node, or use an image built for an older CUDA")
+
+
+MIN_SHM = 1 << 30
+"""The least /dev/shm a job's container may have: DataLoader workers pass batches through it
+("Bus error" below), NCCL its intra-node buffers (`posix_fallocate` failures)."""
+
+
+def shm_finding(inv: Inventory, nf: NodeFacts, f: Findings) -> None:
+    """/dev/shm inside the job's container as the software facts measured it there (the launch's
+    own line): at least `MIN_SHM`. orch shares the host's IPC unless job.container.options say
+    `--ipc` or `--shm-size`; this row catches the size those give."""
+    c = inv.job.container
+    size = (nf.raw.get("software") or {}).get("shm_bytes")
+    if c is None or c.runtime == "apptainer" or not isinstance(size, int) or size >= MIN_SHM:
+        return
+    f.add("fail", f"/dev/shm in the container is {size / (1 << 20):.0f} MiB: DataLoader workers die with "
+                  "\"Bus error\" and NCCL cannot allocate its shared memory below 1 GiB",
+          "leave --ipc and --shm-size out of job.container.options (orch then shares the host's IPC), "
+          "or give --shm-size=16g")
 
 
 def fold_names(names: Iterable[str]) -> str:

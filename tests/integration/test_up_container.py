@@ -220,3 +220,24 @@ def test_top_and_stacks_reach_the_ranks_inside_the_containers(podman_cluster: Po
             down = orch.run("down", "ctr-live", timeout=180)
     assert down.returncode == 0, down.stdout + down.stderr
     assert bed.wait_no_containers(run_label("ctr-live"), within=GONE_WITHIN_S) == {}
+
+
+def test_the_preflight_fails_a_container_with_a_small_dev_shm(podman_cluster: PodmanBed, cluster: TestCluster,
+                                                              orch: Orch, tmp_path: Path) -> None:
+    """`--shm-size=64m` in job.container.options: orch does not share the host's IPC, and the
+    container row fails on /dev/shm as measured inside the check's own container; without it, ok."""
+    keys = container_keys()
+    keys["options"] = [*keys["options"], "--shm-size=64m"]
+    inv = cluster.write_inventory(
+        tmp_path / "shm.yaml", only=["node1", "node2"],
+        job={"module": None, "script": DDP_JOB, "nproc_per_node": 1, "workdir": "/tmp", "container": keys},
+        env={"GLOO_SOCKET_IFNAME": "lo"}, master={"port": job_port()})
+    res = orch.run("check", str(inv), "--only", "container,software", "--json", timeout=300)
+    assert res.returncode == 1, res.stdout + res.stderr
+    rows = {r["node"]: r for r in json.loads(res.stdout)["results"] if r["check"] == "container"}
+    for node in ("node1", "node2"):
+        assert rows[node]["status"] == "fail", rows[node]
+        assert "/dev/shm in the container is 64 MiB" in rows[node]["detail"], rows[node]
+    res = orch.run("check", str(ddp_inventory(cluster, tmp_path, ["node1", "node2"])), "--only",
+                   "container,software", "--json", timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr

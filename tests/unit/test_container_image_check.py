@@ -115,3 +115,20 @@ def test_the_image_cuda_against_the_node_driver() -> None:
     c = by(checks.check_container(inv, facts_with(inv, dict.fromkeys(NODES, held(IMG_A, new)), gpus="v100")),
            "container")
     assert c["n1"].status == "fail" and "needs NVIDIA driver 580 or newer" in c["n1"].detail
+
+
+def test_a_small_dev_shm_inside_the_container_fails() -> None:
+    """The software facts measured /dev/shm inside the container: 64 MiB (a container's default,
+    as the recorded `df -h` in a container shows) fails naming the options; the host's size passes."""
+    inv = inventory(CONTAINER)
+
+    def shm(size: int) -> Any:
+        def edit(raw: dict[str, Any], nf: Any) -> None:
+            raw.update(containers=CLEAN, container_image=held(IMG_A))
+            raw["software"] = {**raw["software"], "shm_bytes": size}
+        return edit
+    facts = make_facts(inv, {n: shm(64 << 20 if n == "n2" else 32 << 30) for n in NODES})
+    c = by(checks.check_container(inv, facts), "container")
+    assert c["n2"].status == "fail" and "/dev/shm in the container is 64 MiB" in c["n2"].detail
+    assert "--shm-size=16g" in c["n2"].hint
+    assert {c[n].status for n in ("n1", "n3", "n4")} == {"ok"}

@@ -64,6 +64,7 @@ try:
     out["cuda"] = getattr(torch.version, "cuda", None)
     flags = torch._C._cuda_getArchFlags() if hasattr(torch._C, "_cuda_getArchFlags") else None
     out["arch_list"] = flags.split() if flags else []
+    out["device_count"] = torch.cuda.device_count()
     releases = getattr(torch.cuda, "PYTORCH_RELEASES_CODE_CC", None)
     if isinstance(releases, dict):
         host = "aarch64" if platform.machine().lower() == "aarch64" else "x86_64"

@@ -883,6 +883,7 @@ def check_container(inv: Inventory, facts: Facts) -> list[CheckResult]:
                 f.add("ok", f"no container of {inv.name}'s runs left on this node")
         image_findings(inv, node, nf, held, f)
         shm_finding(inv, nf, f)
+        gpu_finding(inv, node, nf, f)
         out.append(f.result())
     return out
 
@@ -968,6 +969,34 @@ def shm_finding(inv: Inventory, nf: NodeFacts, f: Findings) -> None:
                   "\"Bus error\" and NCCL cannot allocate its shared memory below 1 GiB",
           "leave --ipc and --shm-size out of job.container.options (orch then shares the host's IPC), "
           "or give --shm-size=16g")
+
+
+_NO_GPU_RUNTIME = ("unresolvable CDI devices", "could not select device driver", "nvidia-container-cli")
+
+
+def gpu_finding(inv: Inventory, node: Node, nf: NodeFacts, f: Findings) -> None:
+    """On a GPU node: torch inside the job's container (the `gpus` check's torch facts, gathered in
+    a container started as the launch's, with the node's GPUs) sees `nproc_per_node` GPUs; a
+    runtime that cannot pass them (no NVIDIA runtime for docker, no CDI spec for podman) is named."""
+    c = inv.job.container
+    tc = nf.raw.get("torch_cuda")
+    if c is None or c.runtime == "apptainer" or not node.gpus or not isinstance(tc, dict):
+        return
+    error = str(tc.get("error") or "")
+    if any(k in error for k in _NO_GPU_RUNTIME):
+        said = next((ln.strip() for ln in error.splitlines() if any(k in ln for k in _NO_GPU_RUNTIME)), error)
+        fix = ("generate the CDI spec podman reads: nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml"
+               if c.runtime == "podman" else
+               "install nvidia-container-toolkit, then nvidia-ctk runtime configure --runtime=docker and restart docker")
+        f.add("fail", f"{c.runtime} cannot give the container this node's GPUs: {said}", fix)
+        return
+    count = tc.get("device_count")
+    if isinstance(count, int) and count != node.nproc_per_node:
+        f.add("fail", f"torch in the container sees {count} GPU(s), but nproc_per_node is {node.nproc_per_node}: "
+                      "ranks without a GPU of their own",
+              "check the GPUs the container gets (orch up --dry-run shows --gpus/--device), and the NVIDIA "
+              f"runtime ({c.runtime} info), or set nproc_per_node to {count}" if count else
+              f"the container got no GPU: check the NVIDIA runtime ({c.runtime} info: nvidia) or CDI spec")
 
 
 def fold_names(names: Iterable[str]) -> str:

@@ -57,7 +57,7 @@ FACTS_SHAPE = {
                  "delay_ms": NUMBER, "stratum": INT, "error": str}),
     "chrony": _Opt(_RUN),
     "torch_cuda": _Opt({"torch": _Opt(str), "cuda": _Opt(str), "arch_list": _ListOf(str),
-                        "releases": _MapOf(_ListOf(INT)), "error": str}),
+                        "releases": _MapOf(_ListOf(INT)), "device_count": INT, "error": str}),
     "containers": _Opt(_RUN),
     "container_image": _Opt(_RUN),
     "job_check": _Opt({"kind": str, "rc": _Opt(INT), "out": str, "err": str, "seconds": NUMBER, "error": str}),

@@ -241,3 +241,22 @@ def test_the_preflight_fails_a_container_with_a_small_dev_shm(podman_cluster: Po
     res = orch.run("check", str(ddp_inventory(cluster, tmp_path, ["node1", "node2"])), "--only",
                    "container,software", "--json", timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_a_gpu_node_whose_runtime_cannot_pass_its_gpus_fails(podman_cluster: PodmanBed, cluster: TestCluster,
+                                                             orch: Orch, tmp_path: Path) -> None:
+    """node1 declares 8 GPUs and its nvidia-smi is a recorded V100 node's (ORCH_PROBE_FIXTURES):
+    the check's torch container asks podman for them by UUID (CDI), and this machine has no CDI
+    spec, so the container row fails naming podman's refusal and `nvidia-ctk cdi generate`."""
+    cluster.set_env("node1", ORCH_PROBE_FIXTURES=str(REPO / "tests" / "fixtures" / "probe" / "v100"))
+    inv = cluster.write_inventory(
+        tmp_path / "gpu.yaml", only=["node1"], nodes_extra={"node1": {"gpus": 8}},
+        job={"module": None, "script": DDP_JOB, "nproc_per_node": 1, "workdir": "/tmp",
+             "container": container_keys()},
+        env={"GLOO_SOCKET_IFNAME": "lo"}, master={"port": job_port()})
+    res = orch.run("check", str(inv), "--only", "container,gpus", "--json", timeout=300)
+    row = next(r for r in json.loads(res.stdout)["results"] if r["check"] == "container")
+    assert row["status"] == "fail", row
+    assert "podman cannot give the container this node's GPUs" in row["detail"], row
+    assert "unresolvable CDI devices nvidia.com/gpu=" in row["detail"], row["detail"]
+    assert "nvidia-ctk cdi generate" in row["hint"], row

@@ -132,3 +132,28 @@ def test_a_small_dev_shm_inside_the_container_fails() -> None:
     assert c["n2"].status == "fail" and "/dev/shm in the container is 64 MiB" in c["n2"].detail
     assert "--shm-size=16g" in c["n2"].hint
     assert {c[n].status for n in ("n1", "n3", "n4")} == {"ok"}
+
+
+def test_the_gpus_the_container_gets() -> None:
+    """On GPU nodes, the torch facts gathered in the container: podman without a CDI spec (recorded:
+    shared fixtures podman-cdi-unresolvable-gpu-all_FasterLivePortrait-116.txt) and docker without
+    the NVIDIA runtime (docker-run-error_could-not-select-device-driver_nvidia-docker-1034.txt) are
+    named with their fix; a count other than nproc_per_node fails."""
+    def torch_sees(runtime: str, tc: dict[str, Any]) -> Any:
+        inv = inventory(f"  container: {{runtime: {runtime}, image: 'yoloe:latest'}}\n", gpus=True)
+
+        def edit(raw: dict[str, Any], nf: Any) -> None:
+            raw.update(containers=CLEAN, container_image=held(IMG_A), gpus=_fixture_gpus("v100"), torch_cuda=tc)
+        return by(checks.check_container(inv, make_facts(inv, dict.fromkeys(NODES, edit))), "container")["n1"]
+
+    cdi = "python could not tell torch's CUDA build: Error: setting up CDI devices: unresolvable CDI devices nvidia.com/gpu=all"
+    r = torch_sees("podman", {"error": cdi})
+    assert r.status == "fail" and "unresolvable CDI devices nvidia.com/gpu=all" in r.detail
+    assert "nvidia-ctk cdi generate" in r.hint
+    docker = ('docker: Error response from daemon: could not select device driver "" with capabilities: [[gpu]].')
+    r = torch_sees("docker", {"error": docker})
+    assert r.status == "fail" and "nvidia-ctk runtime configure --runtime=docker" in r.hint
+    r = torch_sees("docker", {"torch": "2.5.1", "cuda": "12.4", "arch_list": [], "device_count": 0})
+    assert r.status == "fail" and "torch in the container sees 0 GPU(s), but nproc_per_node is 8" in r.detail
+    r = torch_sees("docker", {"torch": "2.5.1", "cuda": "12.4", "arch_list": [], "device_count": 8})
+    assert r.status == "ok", r

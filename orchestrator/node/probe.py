@@ -521,6 +521,30 @@ def output_facts(path: str) -> dict:
     return out
 
 
+WRITABLE_CODE = r"""
+import json, os, sys
+out = {}
+for key, path in json.loads(sys.argv[1]).items():
+    p = os.path.expanduser(path)
+    while p and not os.path.exists(p):
+        p = os.path.dirname(p.rstrip("/")) or "/"
+    out[key] = {"checked": p, "writable": os.access(p, os.W_OK)}
+print(json.dumps(out))
+"""
+
+
+def gather_outputs_inside(args: dict) -> dict:
+    """Whether the job's output folders (or their nearest existing parent) are writable inside
+    the job's container, as its user: a read-only mount or another owner shows only there."""
+    outputs = {k: v for k, v in (args.get("paths") or {}).items() if k in set(args.get("outputs", ()))}
+    rc, so, err = run_capture(job_python(args, "software") + ["-c", WRITABLE_CODE, json.dumps(outputs)],
+                              float(args.get("software_timeout", 120)))
+    try:
+        return {"paths": json.loads(so.decode("utf-8", "replace").strip().splitlines()[-1])}
+    except (ValueError, IndexError):
+        return {"error": "could not look inside the container: " + err.decode("utf-8", "replace")[-500:].strip()}
+
+
 def gather_paths(args: dict) -> dict:
     outputs = set(args.get("outputs", ()))
     return {key: output_facts(path) if key in outputs else file_facts(path, key in args.get("text_for", ()))
@@ -587,6 +611,8 @@ def gather(args: dict) -> dict:
              "tz": gather_tz(), "ifaces": gather_ifaces(), "ib": gather_ib(), "home": os.path.expanduser("~")}
     want = args.get("want") or ()
     slow: dict = {"paths": lambda: gather_paths(args)}
+    if args.get("job_argv") and args.get("outputs"):  # the job runs in a container: look from inside
+        slow["outputs_inside"] = lambda: gather_outputs_inside(args)
     if "gpus" in want or not want:  # nvidia-smi runs twice, ~0.1-1 s each on a GPU node
         slow["gpus"] = gather_gpus
         if args.get("torch_cuda"):  # a node that declares GPUs: which of them the node's torch can drive

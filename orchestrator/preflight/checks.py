@@ -884,6 +884,7 @@ def check_container(inv: Inventory, facts: Facts) -> list[CheckResult]:
         image_findings(inv, node, nf, held, f)
         shm_finding(inv, nf, f)
         gpu_finding(inv, node, nf, f)
+        outputs_finding(inv, nf, f)
         out.append(f.result())
     return out
 
@@ -997,6 +998,25 @@ def gpu_finding(inv: Inventory, node: Node, nf: NodeFacts, f: Findings) -> None:
               "check the GPUs the container gets (orch up --dry-run shows --gpus/--device), and the NVIDIA "
               f"runtime ({c.runtime} info), or set nproc_per_node to {count}" if count else
               f"the container got no GPU: check the NVIDIA runtime ({c.runtime} info: nvidia) or CDI spec")
+
+
+def outputs_finding(inv: Inventory, nf: NodeFacts, f: Findings) -> None:
+    """The job's output folders, as its container's user sees them inside the container (the
+    probe looked from a container started as the launch's): each must be writable there."""
+    c = inv.job.container
+    inside = nf.raw.get("outputs_inside")
+    if c is None or not isinstance(inside, dict):
+        return
+    if inside.get("error"):
+        f.add("fail", f"could not look at the output folders inside the container: {inside['error']}",
+              "run the image by hand as orch up --dry-run shows it")
+        return
+    for key, seen in (inside.get("paths") or {}).items():
+        if not seen.get("writable"):
+            who = {"host": "the SSH user", "root": "root"}.get(c.user, f"uid:gid {c.user}")
+            f.add("fail", f"--{key.replace('_', '-')}: {seen.get('checked')} is not writable inside the container "
+                          f"(as {who}): the run could write no checkpoint",
+                  "mount it writable (no :ro in job.container.mounts), or let job.container.user write it")
 
 
 def fold_names(names: Iterable[str]) -> str:

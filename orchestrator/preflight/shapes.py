@@ -60,6 +60,7 @@ FACTS_SHAPE = {
                         "releases": _MapOf(_ListOf(INT)), "device_count": INT, "error": str}),
     "containers": _Opt(_RUN),
     "container_image": _Opt(_RUN),
+    "outputs_inside": _Opt({"paths": _MapOf({"checked": str, "writable": bool}), "error": str}),
     "job_check": _Opt({"kind": str, "rc": _Opt(INT), "out": str, "err": str, "seconds": NUMBER, "error": str}),
     "paths": _MapOf(_FILE), "workdir": _Opt(_FILE), "timings_s": _MapOf(NUMBER), "listen": LISTEN_SHAPE,
 }

@@ -260,3 +260,24 @@ def test_a_gpu_node_whose_runtime_cannot_pass_its_gpus_fails(podman_cluster: Pod
     assert "podman cannot give the container this node's GPUs" in row["detail"], row
     assert "unresolvable CDI devices nvidia.com/gpu=" in row["detail"], row["detail"]
     assert "nvidia-ctk cdi generate" in row["hint"], row
+
+
+def test_an_output_folder_the_container_cannot_write_fails(podman_cluster: PodmanBed, cluster: TestCluster,
+                                                           orch: Orch, tmp_path: Path) -> None:
+    """The project folder mounted read-only into the container: the container row fails on it, as
+    the probe saw it from inside a container started as the launch's (the host sees it writable,
+    and `python -m trainer --check` does not write). A container user other than root cannot be
+    tried here: the test's interpreter lives under /root, which only root may enter."""
+    import yaml
+
+    inv = trainer_inventory(cluster, tmp_path, ["node1"])
+    doc = yaml.safe_load(inv.read_text())
+    mounts = doc["job"]["container"]["mounts"]
+    mounts[mounts.index(str(tmp_path))] = f"{tmp_path}:{tmp_path}:ro"
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    res = orch.run("check", str(inv), "--only", "job,container", "--json", timeout=300)
+    assert res.returncode == 1, res.stdout + res.stderr
+    row = next(r for r in json.loads(res.stdout)["results"] if r["check"] == "container")
+    assert row["status"] == "fail", row
+    assert f"--project: {tmp_path / 'runs'} is not writable inside the container (as root)" in row["detail"], row
+    assert "no :ro in job.container.mounts" in row["hint"]

@@ -157,3 +157,15 @@ def test_the_gpus_the_container_gets() -> None:
     assert r.status == "fail" and "torch in the container sees 0 GPU(s), but nproc_per_node is 8" in r.detail
     r = torch_sees("docker", {"torch": "2.5.1", "cuda": "12.4", "arch_list": [], "device_count": 8})
     assert r.status == "ok", r
+
+
+def test_an_output_folder_not_writable_inside_the_container_fails() -> None:
+    inv = inventory("  container: {runtime: podman, image: 'yoloe:latest', user: '1000:1000'}\n")
+
+    def edit(raw: dict[str, Any], nf: Any) -> None:
+        raw.update(containers=CLEAN, container_image=held(IMG_A),
+                   outputs_inside={"paths": {"project": {"checked": "/srv/runs", "writable": nf.node.name != "n3"}}})
+    c = by(checks.check_container(inv, make_facts(inv, dict.fromkeys(NODES, edit))), "container")
+    assert c["n3"].status == "fail"
+    assert "--project: /srv/runs is not writable inside the container (as uid:gid 1000:1000)" in c["n3"].detail
+    assert {c[n].status for n in ("n1", "n2", "n4")} == {"ok"}

@@ -537,7 +537,7 @@ def gather_outputs_inside(args: dict) -> dict:
     """Whether the job's output folders (or their nearest existing parent) are writable inside
     the job's container, as its user: a read-only mount or another owner shows only there."""
     outputs = {k: v for k, v in (args.get("paths") or {}).items() if k in set(args.get("outputs", ()))}
-    rc, so, err = run_capture(job_python(args, "software") + ["-c", WRITABLE_CODE, json.dumps(outputs)],
+    rc, so, err = run_capture(job_python(args, "outputs") + ["-c", WRITABLE_CODE, json.dumps(outputs)],
                               float(args.get("software_timeout", 120)))
     try:
         return {"paths": json.loads(so.decode("utf-8", "replace").strip().splitlines()[-1])}
@@ -611,7 +611,7 @@ def gather(args: dict) -> dict:
              "tz": gather_tz(), "ifaces": gather_ifaces(), "ib": gather_ib(), "home": os.path.expanduser("~")}
     want = args.get("want") or ()
     slow: dict = {"paths": lambda: gather_paths(args)}
-    if args.get("job_argv") and args.get("outputs"):  # the job runs in a container: look from inside
+    if args.get("outputs_inside") and args.get("outputs"):  # the job runs in a container: look from inside
         slow["outputs_inside"] = lambda: gather_outputs_inside(args)
     if "gpus" in want or not want:  # nvidia-smi runs twice, ~0.1-1 s each on a GPU node
         slow["gpus"] = gather_gpus

@@ -151,12 +151,13 @@ def probe_args(inv: Inventory, node: Node, want: Sequence[str], token: str, n_pe
         if inv.job.container is not None and "container" in want else None,
         "container_image": container.image_argv(inv.job.container)
         if inv.job.container is not None and "container" in want else None,
+        "outputs_inside": inv.job.container is not None and "container" in want,
         "verbs_device": inv.checks.rdma_devices[0] if "rdma" in want and inv.checks.rdma_devices and n_peers > 1
         else None,
     }
 
 
-JOB_FACTS = ("software", "torch_cuda")
+JOB_FACTS = ("software", "torch_cuda", "outputs")
 """The probe's facts gathered as the job's interpreter (each in a container of its own, at once)."""
 
 

@@ -169,3 +169,14 @@ def test_an_output_folder_not_writable_inside_the_container_fails() -> None:
     assert c["n3"].status == "fail"
     assert "--project: /srv/runs is not writable inside the container (as uid:gid 1000:1000)" in c["n3"].detail
     assert {c[n].status for n in ("n1", "n2", "n4")} == {"ok"}
+
+
+def test_each_throw_away_container_of_the_probe_has_a_name_of_its_own() -> None:
+    """The probe starts its job containers at once (software, torch, outputs): one name shared by
+    two of them made podman refuse the second ("the container name ... is already in use")."""
+    inv = inventory(CONTAINER)
+    args = probe_args(inv, inv.nodes[0], ["container", "job", "software"], "tok", 4)
+    names = [argv[argv.index("--name") + 1] for argv in args["job_argv"].values()]
+    assert set(args["job_argv"]) == {"software", "torch_cuda", "outputs"} and len(set(names)) == len(names)
+    assert args["outputs_inside"] is True
+    assert probe_args(inventory(), inv.nodes[0], ["container", "job"], "tok", 4)["outputs_inside"] is False

@@ -108,6 +108,13 @@ try:  # the job's /dev/shm (a container's own is 64 MB unless it shares the host
     out["shm_bytes"] = st.f_frsize * st.f_blocks
 except Exception:
     out["shm_bytes"] = None
+try:  # what RDMA needs of the job's process: pinned memory without limit, the verbs devices
+    import resource
+    soft = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
+    out["memlock"] = -1 if soft == resource.RLIM_INFINITY else soft
+    out["infiniband"] = sorted(os.listdir("/dev/infiniband")) if os.path.isdir("/dev/infiniband") else []
+except Exception:
+    out["memlock"] = None
 print(json.dumps(out))
 """
 

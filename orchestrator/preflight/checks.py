@@ -885,6 +885,7 @@ def check_container(inv: Inventory, facts: Facts) -> list[CheckResult]:
         shm_finding(inv, nf, f)
         gpu_finding(inv, node, nf, f)
         outputs_finding(inv, nf, f)
+        rdma_finding(inv, nf, f)
         out.append(f.result())
     return out
 
@@ -1017,6 +1018,25 @@ def outputs_finding(inv: Inventory, nf: NodeFacts, f: Findings) -> None:
             f.add("fail", f"--{key.replace('_', '-')}: {seen.get('checked')} is not writable inside the container "
                           f"(as {who}): the run could write no checkpoint",
                   "mount it writable (no :ro in job.container.mounts), or let job.container.user write it")
+
+
+def rdma_finding(inv: Inventory, nf: NodeFacts, f: Findings) -> None:
+    """With `checks.rdma.devices`: inside the job's container (the software facts' own, started as
+    the launch's) memlock is unlimited and the verbs devices are there; otherwise NCCL does not use
+    InfiniBand and falls back to sockets without an error."""
+    c = inv.job.container
+    sw = nf.raw.get("software") or {}
+    if c is None or c.runtime == "apptainer" or not inv.checks.rdma_devices or "memlock" not in sw:
+        return
+    memlock = sw.get("memlock")
+    if isinstance(memlock, int) and memlock != -1:
+        f.add("fail", f"memlock is {memlock >> 10} KiB inside the container, not unlimited: NCCL cannot pin its "
+                      "RDMA buffers and falls back to sockets without an error",
+              "leave --ulimit memlock out of job.container.options (orch sets memlock=-1), and raise the "
+              "runtime's own limit (docker: default-ulimits in daemon.json; the node's hard limit)")
+    if not sw.get("infiniband"):
+        f.add("fail", "no /dev/infiniband inside the container although checks.rdma.devices is set: NCCL would "
+                      "use sockets", "orch passes --device /dev/infiniband: check that the node has it (ibv_devices)")
 
 
 def fold_names(names: Iterable[str]) -> str:

@@ -180,3 +180,23 @@ def test_each_throw_away_container_of_the_probe_has_a_name_of_its_own() -> None:
     assert set(args["job_argv"]) == {"software", "torch_cuda", "outputs"} and len(set(names)) == len(names)
     assert args["outputs_inside"] is True
     assert probe_args(inventory(), inv.nodes[0], ["container", "job"], "tok", 4)["outputs_inside"] is False
+
+
+def test_rdma_inside_the_container_needs_unlimited_memlock_and_the_devices() -> None:
+    """checks.rdma.devices set: 8 MiB memlock inside the container (this sandbox's hard limit, as
+    the podman bed measured it) or no /dev/infiniband there fails; unlimited with the devices
+    passes; without rdma.devices nothing is asked."""
+    def row(memlock: int, devices: list[str], rdma: bool = True) -> Any:
+        inv = inventory(CONTAINER, rdma=rdma)
+
+        def edit(raw: dict[str, Any], nf: Any) -> None:
+            raw.update(containers=CLEAN, container_image=held(IMG_A))
+            raw["software"] = {**raw["software"], "memlock": memlock, "infiniband": devices}
+        return by(checks.check_container(inv, make_facts(inv, dict.fromkeys(NODES, edit))), "container")["n1"]
+
+    r = row(8 << 20, ["uverbs0", "rdma_cm"])
+    assert r.status == "fail" and "memlock is 8192 KiB inside the container, not unlimited" in r.detail
+    r = row(-1, [])
+    assert r.status == "fail" and "no /dev/infiniband inside the container" in r.detail
+    assert row(-1, ["uverbs0", "rdma_cm"]).status == "ok"
+    assert row(8 << 20, [], rdma=False).status == "ok"

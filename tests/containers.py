@@ -451,5 +451,10 @@ class Dockerd:
                 self.proc.kill()
                 self.proc.wait(5)
         self.proc = None
-        with contextlib.suppress(OSError):
-            subprocess.run(["umount", "-R", "-l", str(self.root / "exec")], capture_output=True, timeout=30)
+        # what dockerd leaves mounted under its roots (its exec root's netns/default, an nsfs): the
+        # directory cannot be removed while it is
+        prefix = str(self.root) + "/"
+        with open("/proc/self/mounts") as fh:
+            points = [line.split()[1] for line in fh if line.split()[1].startswith(prefix)]
+        for point in sorted(points, key=len, reverse=True):
+            subprocess.run(["umount", "-l", point], capture_output=True, timeout=30, check=False)

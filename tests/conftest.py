@@ -69,6 +69,7 @@ if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
 from tests.cluster import (  # noqa: E402
+    SESSION_TAG,
     KeyStore,
     Mode,
     TestCluster,
@@ -77,6 +78,17 @@ from tests.cluster import (  # noqa: E402
     missing,
     netns_supported,
     reap_stale_networks,
+)
+from tests.containers import (  # noqa: E402
+    Dockerd,
+    PodmanBed,
+    TestImage,
+    rootfs_tarball,
+    seed_store,
+    short_dir,
+    start_podman_bed,
+    why_no_docker,
+    why_no_podman,
 )
 from tests.lanes import Lanes, reap_stale, unusable  # noqa: E402
 from tests.up_helpers import Orch  # noqa: E402
@@ -162,6 +174,73 @@ def cluster_in(request: pytest.FixtureRequest) -> Callable[[Mode], TestCluster]:
     """`cluster_in(mode)`: the session's shared 4-node cluster of that mode (`cluster` or
     `netns_cluster`, reset around the test), for tests parametrized by mode."""
     return lambda mode: request.getfixturevalue("cluster" if mode == "loopback" else "netns_cluster")
+
+
+# ----------------------------------------------------------------------------- containers
+
+
+@pytest.fixture(scope="session")
+def container_image() -> TestImage:
+    """The test image (tests/containers.py): built with debootstrap once per machine and package
+    list, cached under $ORCH_TEST_CACHE, imported once into the read-only seed store every node's
+    store reads. Needs root, podman, runc, tini and debootstrap (.ci/packages): `missing` otherwise."""
+    why = why_no_podman()
+    if why:
+        missing(why)
+    store, image_id = seed_store(log=lambda line: sys.stderr.write(f"\ncontainer image: {line}\n"))
+    return TestImage(rootfs_tarball(), store, image_id)
+
+
+MakePodmanBed = Callable[..., PodmanBed]
+
+
+@pytest.fixture
+def podman_bed(container_image: TestImage) -> Iterator[MakePodmanBed]:
+    """Factory: `podman_bed(cluster, nodes=None)` gives every node (or those named) a podman store
+    of its own that sees the test image, in its logins' environment (CONTAINERS_CONF,
+    CONTAINERS_STORAGE_CONF; the cluster's reset restores it). At teardown every container is
+    removed, and one a test left behind fails it: orch must leave none."""
+    beds: list[tuple[PodmanBed, Path]] = []
+
+    def make(c: TestCluster, nodes: list[str] | None = None) -> PodmanBed:
+        base = short_dir("p")
+        bed = start_podman_bed(c, container_image, base, nodes)
+        beds.append((bed, base))
+        return bed
+
+    try:
+        yield make
+    finally:
+        left: dict[str, list[str]] = {}
+        for bed, base in beds:
+            left.update(bed.remove_all())
+            shutil.rmtree(base, ignore_errors=True)
+        if left:
+            pytest.fail(f"containers left behind (removed now): {left}", pytrace=False)
+
+
+@pytest.fixture
+def podman_cluster(cluster: TestCluster, podman_bed: MakePodmanBed) -> PodmanBed:
+    """The shared 4-node loopback cluster, every node with a podman store of its own holding the
+    test image (`PodmanBed`: drop_image, move_tag, containers, wait_no_containers)."""
+    return podman_bed(cluster)
+
+
+@pytest.fixture(scope="session")
+def dockerd(container_image: TestImage) -> Iterator[Dockerd]:
+    """A dockerd of the session's own (own socket, data root; host networking only) holding the
+    test image; `Dockerd.env` (DOCKER_HOST) points a client at it."""
+    why = why_no_docker()
+    if why:
+        missing(why)
+    daemon = Dockerd(short_dir("d"), tag_env={"ORCH_TEST_SESSION": SESSION_TAG})
+    try:
+        daemon.start()
+        daemon.docker("import", str(container_image.tarball), container_image.ref)
+        yield daemon
+    finally:
+        daemon.stop()
+        shutil.rmtree(daemon.root, ignore_errors=True)
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -5,7 +5,7 @@ keeps its containers in a JSON file, so a test sees what a stop left behind.
 job; SIGTERM (what `docker run` proxies to its container) ends it and, with --rm, removes it; a
 SIGKILL of the client leaves it registered, as a real container outlives its killed client.
 `rm -f NAME|ID...`, `ps -aq --filter label=K=V...`, `ps -a --filter ... --format ...` as the
-runtimes answer them. Install with `install(dir, state)`: a `docker` and a `podman` on PATH."""
+runtimes answer them; `image inspect` as for an image every node holds (`FAKE_IMAGE_ID`). Install with `install(dir, state)`: a `docker` and a `podman` on PATH."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+FAKE_IMAGE_ID = "f" * 64
+"""What `image inspect` answers for any image (the preflight's image row: one ID on every node)."""
 VALUED = {"--name", "--label", "-v", "-w", "-e", "--user", "--network", "--ipc", "--ulimit", "--device", "--cap-add",
           "--gpus", "--tmpfs"}
 
@@ -130,6 +132,9 @@ def main(argv: list[str]) -> int:
                 print(f"{c['id']}\t{c['name']}\t{c['labels'].get('orch.run', '')}\t{c['state']}")
             else:
                 print(c["id"])
+        return 0
+    if cmd == "image" and args[:1] == ["inspect"]:  # every node holds the image, under one ID
+        print(f"sha256:{FAKE_IMAGE_ID}\t[\"PATH=/usr/bin\"]")
         return 0
     print(f"fake runtime: {cmd} is not faked", file=sys.stderr)
     return 125

@@ -578,6 +578,7 @@ Examples:
   orch exec -b -- nvidia-smi -L                # grouped: identical answers once
   orch exec -w gpu[1-4] -- uptime               # no inventory: hosts from ~/.ssh/config
   orch exec --env CUDA_VISIBLE_DEVICES=0 -- python -c 'import torch; print(torch.cuda.device_count())'
+  orch exec --container RUN -- nvidia-smi -L     # inside RUN's container on each of its nodes
 """
 
 
@@ -594,9 +595,12 @@ Examples:
 @click.option("-l", "--user", metavar="USER", help="With -w: the login on every host (else ~/.ssh/config's).")
 @click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
               help="Set this variable for the command (over the node's login environment); repeatable.")
+@click.option("--container", "container_run", metavar="RUN", shell_complete=complete.run_ids,
+              help="Run the command inside RUN's container on each of its nodes (a job.container run).")
 @click.pass_context
 def exec_(ctx: click.Context, inventory: str | None, node_set: str | None, timeout: float | None,
-          as_json: bool, gather: bool, hosts: str | None, user: str | None, env: tuple[str, ...]) -> None:
+          as_json: bool, gather: bool, hosts: str | None, user: str | None, env: tuple[str, ...],
+          container_run: str | None) -> None:
     command = ctx.meta.get("orch.command")
     if not command:
         stray = f" (got: {' '.join(ctx.args)})" if ctx.args else ""
@@ -607,7 +611,15 @@ def exec_(ctx: click.Context, inventory: str | None, node_set: str | None, timeo
     from ..remote.exec import run_everywhere
 
     extra_env = parse_env(env)
-    if hosts is not None:
+    if container_run is not None:
+        if inventory is not None or hosts is not None:
+            raise UsageError("--container RUN with an INVENTORY or -w", "--container runs on RUN's own nodes: give RUN alone")
+        if extra_env:
+            raise UsageError("--env with --container", "the command runs in the container's environment: "
+                             "set the variable in the command (orch exec --container RUN -- env X=1 CMD)")
+        inv, run_nodes, command = _in_container(container_run, command)
+        nodes = select(node_set, run_nodes)
+    elif hosts is not None:
         if inventory is not None:
             raise UsageError("both an INVENTORY and -w", "give one: the inventory's nodes, or -w HOSTS")
         from ..config.inventory import adhoc
@@ -617,7 +629,8 @@ def exec_(ctx: click.Context, inventory: str | None, node_set: str | None, timeo
         raise UsageError("-l/--user goes with -w", "an inventory sets its login with ssh.user")
     else:
         inv = resolve_inventory(inventory)
-    nodes = select(node_set, inv.nodes)
+    if container_run is None:
+        nodes = select(node_set, inv.nodes)
     from .ui import color_enabled
 
     if as_json or gather:
@@ -632,6 +645,24 @@ def exec_(ctx: click.Context, inventory: str | None, node_set: str | None, timeo
         report = run_everywhere(inv, nodes, command, timeout=timeout, on_line=live, env=extra_env)
         live.ended(report)
     raise SystemExit(report.exit_code)
+
+
+def _in_container(run: str, command: list[str]) -> tuple[Inventory, list[Any], list[str]]:
+    """RUN's inventory, the nodes it launched on and `command` wrapped to run in its container there."""
+    from ..config.container import exec_argv
+    from ..store import RunStore
+
+    rd = RunStore().get(run)
+    inv = rd.inventory()
+    c = inv.job.container
+    if c is None or c.runtime == "apptainer":
+        raise UsageError(f"run {rd.run_id} ran no docker or podman container (job.container)",
+                         f"orch exec {rd.inventory_path} -- CMD runs on its nodes' hosts")
+    record = rd.read()
+    names = [str(n.get("name")) for n in record.get("nodes", [])]
+    nonce = next((str(n["nonce"]) for n in record.get("nodes", []) if n.get("nonce")), rd.nonce or "")
+    nodes = [n for n in inv.nodes if n.name in names] or list(inv.nodes)
+    return inv, nodes, exec_argv(c, rd.run_id, nonce, command)
 
 
 SYNC_HELP = """Copy the inventory's `job.sync` paths to the same absolute paths on every node.
@@ -678,6 +709,72 @@ def sync(inventory: str | None, node_set: str | None, dry_run: bool, delete: boo
     else:
         render.sync_report(report)
     raise SystemExit(ExitCode.OK if report.ok else ExitCode.FAILED)
+
+
+IMAGE_HELP = """Container images on the inventory's nodes, without a registry.
+
+\b
+Examples:
+  orch image push yoloe-official:latest inventory/yoloe-image.yaml --runtime docker
+"""
+
+IMAGE_PUSH_HELP = """Put a container image on every node of INVENTORY, without a registry.
+
+\b
+docker and podman: each node is asked which image ID IMAGE names there; nodes that already
+hold this machine's ID are skipped. For the others the image is exported here once
+(RUNTIME save, into $TMPDIR) and streamed over SSH into RUNTIME load on each node, at most
+--parallel at once; the ID each node then holds is checked. apptainer: IMAGE is an absolute
+.sif path, compared by sha256 and copied with rsync to the same path. One line per node.
+Nothing reaches a network beyond the nodes (air-gapped clusters).
+
+\b
+Exit code: the worst node's (0 every node holds the image; 127 the runtime is missing on a
+node; 255 a node could not be reached; 1 the ID differs after loading) · 2 bad usage (no
+such image here, unknown runtime).
+
+\b
+Examples:
+  orch image push yoloe-official:latest inventory/yoloe-image.yaml --runtime docker
+  orch image push /images/yoloe.sif --runtime apptainer --nodes gpu[01-02]
+  orch image push nvcr.io/nvidia/pytorch:24.05-py3 --json | jq '.nodes[] | {node, action}'
+"""
+
+
+@cli.group(help=IMAGE_HELP, context_settings=CONTEXT)
+def image() -> None:
+    pass
+
+
+@image.command("push", help=IMAGE_PUSH_HELP, cls=complete.Remembering, context_settings=CONTEXT)
+@click.argument("image_ref", metavar="IMAGE")
+@click.argument("inventory", required=False, shell_complete=complete.inventory_files)
+@click.option("--runtime", type=click.Choice(["docker", "podman", "apptainer"]),
+              help="The container runtime (default: the inventory's job.container.runtime).")
+@click.option("--nodes", "node_set", metavar="SET", shell_complete=complete.node_names,
+              help="Only these nodes: names or ranges, e.g. gpu[01-02],gpu07.")
+@click.option("--parallel", type=click.IntRange(min=1), default=4, show_default=True, metavar="N",
+              help="Nodes loading at once (each stream is the whole image).")
+@click.option("--json", "as_json", is_flag=True, help="Print every node's outcome as JSON on stdout.")
+def image_push(image_ref: str, inventory: str | None, runtime: str | None, node_set: str | None, parallel: int,
+               as_json: bool) -> None:
+    inv = resolve_inventory(inventory)
+    from ..config.nodeset import select
+    from ..remote.image import push_image
+
+    if runtime is None and inv.job.container is not None:
+        runtime = inv.job.container.runtime
+    if runtime is None:
+        raise UsageError(f"orch image push: {inv.path} has no job.container.runtime: which container runtime?",
+                         "pass --runtime docker|podman|apptainer, or set job.container in the inventory")
+    nodes = select(node_set, inv.nodes)
+    with render.exec_progress(len(nodes)) as progress:
+        report = push_image(inv, nodes, image_ref, runtime, parallel=parallel, progress=progress)
+    if as_json:
+        render.json_out(report.to_json())
+    else:
+        render.image_report(report)
+    raise SystemExit(report.exit_code)
 
 
 def main(argv: list[str] | None = None) -> None:

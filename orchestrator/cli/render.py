@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from ..logs.teardown import NodeStopped
     from ..preflight.runner import CheckReport, Progress
     from ..remote.exec import ExecReport
+    from ..remote.image import ImageReport
     from ..remote.rsync import Transfer
     from ..remote.sync import SyncReport
     from ..report import ReportOutcome
@@ -1033,6 +1034,36 @@ def describe_transfer(t: Transfer, dry: bool) -> str:
     if others > 0:
         parts.append(f"{'would make' if dry else 'made'} {others} other change(s) (directories, links, modes)")
     return ", ".join(parts)
+
+
+def image_report(report: ImageReport, stream: Any = None) -> None:
+    """`orch image push`'s outcome: a line for the image, then one line per node (present,
+    loaded or copied with its time, or FAILED with the reason and the fix)."""
+    from ..config.nodeset import fold
+    from ..remote.image import short_id
+
+    stream = stream or sys.stdout
+    size = f", {human_bytes(report.size)}" if report.size else ""
+    lines = [f"push {printable(report.image)} ({report.runtime}, {short_id(report.image_id)}{size}) → "
+             f"{len(report.nodes)} node(s) in {report.elapsed_s:.1f} s"]
+    width = max((len(n.node) for n in report.nodes), default=0)
+    for n in report.nodes:
+        head = f"  {printable(n.node):<{width}}  "
+        if not n.ok:
+            lines.append(head + f"FAILED: {printable(n.error or '')} (exit {n.exit_code})")
+            if n.hint:
+                lines.append(f"  {'':<{width}}  hint: {printable(n.hint)}")
+        elif n.action == "present":
+            lines.append(head + f"present {short_id(n.image_id)}, skipped")
+        else:
+            was = f" (was {short_id(n.before)})" if n.before else ""
+            lines.append(head + f"{n.action} {short_id(n.image_id)} in {n.elapsed_s:.1f} s, verified{was}")
+    stream.write("\n".join(lines) + "\n")
+    stream.flush()
+    failed = report.failed()
+    if failed:
+        sys.stderr.write(f"orch image push: failed on {len(failed)} of {len(report.nodes)} nodes: "
+                         f"{fold(n.node for n in failed)}\n")
 
 
 def sync_report(report: SyncReport, stream: Any = None) -> None:

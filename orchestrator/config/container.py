@@ -282,3 +282,31 @@ def leftovers_argv(c: Container, cluster: str) -> list[str]:
         return []
     return [c.runtime, "ps", "-a", "--filter", f"label=orch.cluster={cluster}", "--format",
             '{{.ID}}\t{{.Names}}\t{{.Label "orch.run"}}\t{{.State}}']
+
+
+IMAGE_FORMAT = "{{.Id}}\t{{json .Config.Env}}"
+"""What `image_argv` prints for a held image: its ID, a tab, its configured environment (JSON)."""
+
+
+def image_argv(c: Container) -> list[str]:
+    """What the node holds under `job.container.image` (the preflight's image row): docker/podman
+    print `IMAGE_FORMAT` (exit non-zero when the node lacks it); apptainer the .sif's sha256."""
+    if c.runtime == "apptainer":
+        return ["sha256sum", c.image]
+    return [c.runtime, "image", "inspect", "--format", IMAGE_FORMAT, c.image]
+
+
+NO_CONTAINER_EXIT = 125
+"""`orch exec --container`'s exit on a node where the run has no container (docker's and podman's
+own code for a failed `exec`)."""
+
+
+def exec_argv(c: Container, run_id: str, nonce: str, command: Sequence[str]) -> list[str]:
+    """`orch exec --container RUN`: run `command` inside the run's container on whichever node
+    this runs on, found by its labels (the run and its launch nonce: one container per node), the
+    same argv on every node; one word is a line for `sh -c` inside. docker and podman only."""
+    inner = ["sh", "-c", command[0]] if len(command) == 1 else list(command)
+    find = (f'id=$("$0" ps -q --filter label=orch.run={run_id} --filter label=orch.nonce={nonce}); '
+            f'[ -n "$id" ] || {{ echo "orch: no running container of run {run_id} on this node" >&2; '
+            f'exit {NO_CONTAINER_EXIT}; }}; exec "$0" exec "$id" "$@"')
+    return ["/bin/sh", "-c", find, c.runtime, *inner]

@@ -64,6 +64,7 @@ try:
     out["cuda"] = getattr(torch.version, "cuda", None)
     flags = torch._C._cuda_getArchFlags() if hasattr(torch._C, "_cuda_getArchFlags") else None
     out["arch_list"] = flags.split() if flags else []
+    out["device_count"] = torch.cuda.device_count()
     releases = getattr(torch.cuda, "PYTORCH_RELEASES_CODE_CC", None)
     if isinstance(releases, dict):
         host = "aarch64" if platform.machine().lower() == "aarch64" else "x86_64"
@@ -101,6 +102,19 @@ try:
     out["ultralytics"] = metadata.version("ultralytics")
 except Exception:
     out["ultralytics"] = None
+try:  # the job's /dev/shm (a container's own is 64 MB unless it shares the host's IPC)
+    import os
+    st = os.statvfs("/dev/shm")
+    out["shm_bytes"] = st.f_frsize * st.f_blocks
+except Exception:
+    out["shm_bytes"] = None
+try:  # what RDMA needs of the job's process: pinned memory without limit, the verbs devices
+    import resource
+    soft = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
+    out["memlock"] = -1 if soft == resource.RLIM_INFINITY else soft
+    out["infiniband"] = sorted(os.listdir("/dev/infiniband")) if os.path.isdir("/dev/infiniband") else []
+except Exception:
+    out["memlock"] = None
 print(json.dumps(out))
 """
 
@@ -313,10 +327,49 @@ def gather_gpus() -> dict:
     return {"source": "nvidia-smi", "query": query, "table": table}
 
 
+NODE_VALUES = ("{ORCH_RUN_DIR}", "{ORCH_UID}", "{ORCH_GID}", "{ORCH_HOME}")
+"""What only the node knows in the plan's argv (orchestrator/config/plan.py `NODE_VALUES`), as the
+agent fills it in (node/agent.py); here the run directory is the probe's own (`probe_dir`)."""
+_probe_dir: list = []
+_probe_dir_lock = threading.Lock()
+
+
+def probe_dir() -> str:
+    """A private directory standing in for the run directory ({ORCH_RUN_DIR}) of the job's
+    throw-away containers (mounted at the same path, as the launch mounts the run's); removed
+    when the probe exits."""
+    with _probe_dir_lock:
+        if not _probe_dir:
+            import atexit
+            import shutil
+            import tempfile
+
+            path = tempfile.mkdtemp(prefix="orch-probe-")
+            atexit.register(shutil.rmtree, path, True)
+            _probe_dir.append(path)
+        return _probe_dir[0]
+
+
 def job_python(args: dict, role: str) -> list:
     """The job's interpreter as the controller's plan runs it for `role` (`job_argv`: a
-    container's), or this probe's own interpreter, which is then the job's."""
-    return list((args.get("job_argv") or {}).get(role) or [sys.executable])
+    container's, with the node's values filled in), or this probe's own interpreter, which is
+    then the job's."""
+    return fill_node_values(list((args.get("job_argv") or {}).get(role) or [sys.executable]))
+
+
+def fill_node_values(argv: list) -> list:
+    """`argv` with every `NODE_VALUES` name replaced by this node's value (as the agent does)."""
+    if not any(name in str(arg) for arg in argv for name in NODE_VALUES):
+        return argv
+    values = {"{ORCH_RUN_DIR}": probe_dir(), "{ORCH_UID}": str(os.getuid()), "{ORCH_GID}": str(os.getgid()),
+              "{ORCH_HOME}": os.path.expanduser("~")}
+    out = []
+    for arg in argv:
+        arg = str(arg)
+        for name, value in values.items():
+            arg = arg.replace(name, value)
+        out.append(arg)
+    return out
 
 
 def gather_torch_cuda(args: dict) -> dict:
@@ -347,7 +400,7 @@ def gather_job_check(args: dict) -> dict | None:
     timeout = float(req.get("timeout", 90))
     t0 = time.time()
     try:
-        rc, so, err = run_capture(list(req["argv"]), timeout, env=env, cwd=cwd)
+        rc, so, err = run_capture(fill_node_values(list(req["argv"])), timeout, env=env, cwd=cwd)
     except OSError as exc:
         return {"kind": req.get("kind", ""), "error": f"cannot run {req['argv'][0]}: {exc.strerror or exc}"}
     out = {"kind": req.get("kind", ""), "rc": rc, "out": so.decode("utf-8", "replace")[-20000:],
@@ -687,6 +740,30 @@ def output_facts(path: str) -> dict:
     return out
 
 
+WRITABLE_CODE = r"""
+import json, os, sys
+out = {}
+for key, path in json.loads(sys.argv[1]).items():
+    p = os.path.expanduser(path)
+    while p and not os.path.exists(p):
+        p = os.path.dirname(p.rstrip("/")) or "/"
+    out[key] = {"checked": p, "writable": os.access(p, os.W_OK)}
+print(json.dumps(out))
+"""
+
+
+def gather_outputs_inside(args: dict) -> dict:
+    """Whether the job's output folders (or their nearest existing parent) are writable inside
+    the job's container, as its user: a read-only mount or another owner shows only there."""
+    outputs = {k: v for k, v in (args.get("paths") or {}).items() if k in set(args.get("outputs", ()))}
+    rc, so, err = run_capture(job_python(args, "outputs") + ["-c", WRITABLE_CODE, json.dumps(outputs)],
+                              float(args.get("software_timeout", 120)))
+    try:
+        return {"paths": json.loads(so.decode("utf-8", "replace").strip().splitlines()[-1])}
+    except (ValueError, IndexError):
+        return {"error": "could not look inside the container: " + err.decode("utf-8", "replace")[-500:].strip()}
+
+
 def gather_paths(args: dict) -> dict:
     outputs = set(args.get("outputs", ()))
     return {key: output_facts(path) if key in outputs else file_facts(path, key in args.get("text_for", ()))
@@ -754,6 +831,8 @@ def gather(args: dict) -> dict:
              "gloo_host": gather_gloo_host()}
     want = args.get("want") or ()
     slow: dict = {"paths": lambda: gather_paths(args)}
+    if args.get("outputs_inside") and args.get("outputs"):  # the job runs in a container: look from inside
+        slow["outputs_inside"] = lambda: gather_outputs_inside(args)
     if "gpus" in want or not want:  # nvidia-smi runs twice, ~0.1-1 s each on a GPU node
         slow["gpus"] = gather_gpus
         if args.get("torch_cuda"):  # a node that declares GPUs: which of them the node's torch can drive
@@ -772,6 +851,10 @@ def gather(args: dict) -> dict:
         t0 = time.time()
         results["containers"] = run_tool(list(args["container_leftovers"]), timeout=30)
         timings["containers"] = round(time.time() - t0, 3)
+    if args.get("container_image"):  # the image the launch runs: its ID and environment here
+        t0 = time.time()
+        results["container_image"] = run_tool(list(args["container_image"]), timeout=60)
+        timings["container_image"] = round(time.time() - t0, 3)
 
     def work(key: str) -> None:
         t0 = time.time()

@@ -18,11 +18,12 @@ import yaml
 
 from ..config.inventory import Inventory
 from ..config.nodes import Node
+from ..config.nodeset import fold
 from ..config.trainer import batch_choices, batch_problem, is_builtin_model
 from ..contract import CHECK_NAMES
 from . import cudacompat, jobcheck
 from .fabric_judge import check_fabric
-from .facts import NodeFacts
+from .facts import HeldImage, NodeFacts, held_image
 from .jobargs import device_ids, is_output_key, job_files, path_args, raw_setting
 from .parsers import Gpu, GpuFacts, IbDevice
 from .results import CheckResult, Facts, Findings, majority, odd_one_out, probed
@@ -989,6 +990,7 @@ def check_container(inv: Inventory, facts: Facts) -> list[CheckResult]:
     the GPUs and the master port, and a launch of its run would collide with its name)."""
     c = inv.job.container
     out = []
+    held = {node.name: h for node, nf in probed(inv, facts) if (h := held_image(nf)) is not None}
     for node, nf in probed(inv, facts):
         f = Findings("container", node.name)
         if c is None:
@@ -1015,8 +1017,166 @@ def check_container(inv: Inventory, facts: Facts) -> list[CheckResult]:
                       (f"orch down {run} (or {c.runtime} rm -f {name})" if run != "?" else f"{c.runtime} rm -f {name}"))
             if not left:
                 f.add("ok", f"no container of {inv.name}'s runs left on this node")
+        image_findings(inv, node, nf, held, f)
+        shm_finding(inv, nf, f)
+        gpu_finding(inv, node, nf, f)
+        outputs_finding(inv, nf, f)
+        rdma_finding(inv, nf, f)
         out.append(f.result())
     return out
+
+
+def image_cuda(env: Mapping[str, str]) -> str | None:
+    """The CUDA version an image is built for: `NVIDIA_REQUIRE_CUDA` (`cuda>=12.1 brand=...`), else
+    `CUDA_VERSION` (12.1.0), as NVIDIA's container toolkit reads them; None when it says neither."""
+    require = env.get("NVIDIA_REQUIRE_CUDA", "")
+    for word in require.split():
+        if word.startswith("cuda>="):
+            return word.removeprefix("cuda>=")
+    return env.get("CUDA_VERSION") or None
+
+
+def image_findings(inv: Inventory, node: Node, nf: NodeFacts, held: Mapping[str, HeldImage], f: Findings) -> None:
+    """The image rows of the container check on one node: the image is here (or `pull: missing`
+    lets the launch pull it), it is the image ID the other nodes hold (a tag that moved on one node
+    runs another image there: another NCCL, a hang), and the node's driver runs the image's CUDA."""
+    c = inv.job.container
+    mine = held.get(node.name)
+    if c is None or mine is None:
+        return
+    key = "job.container.image"
+    if mine.error is not None:
+        f.add("fail", f"could not ask {c.runtime} for {c.image}: {mine.error}",
+              f"install {c.runtime} on this node and let the SSH user run it ({c.runtime} info)")
+        return
+    if mine.image_id is None:
+        if c.pull == "missing" and c.runtime != "apptainer":
+            f.add("warn", f"{c.image} is not on this node: the launch pulls it (job.container.pull: missing)",
+                  f"or put it there first: orch image push {c.image} {inv.path}")
+        else:
+            f.add("fail", f"{c.image} is not on this node ({key})",
+                  f"orch image push {c.image} {inv.path} (no registry needed)"
+                  + ("" if c.runtime == "apptainer" else ", or set job.container.pull: missing"))
+        return
+    ids = {name: h.image_id for name, h in held.items() if h.image_id is not None}
+    common, count, unique = majority(ids)
+    short = mine.image_id[:12]
+    if mine.image_id != common or not unique:
+        others = sorted({i for i in ids.values() if i != mine.image_id})
+        where = ", ".join(f"{i[:12]} on {fold_names(n for n, x in ids.items() if x == i)}" for i in others)
+        f.add("fail", f"{c.image} is {short} here but {where}: the name resolves to another image on some nodes "
+                      "(a tag that moved), and they would run different software",
+              f"put one image on every node: orch image push {c.image} {inv.path} from a machine that holds "
+              f"the right one, or name it by ID in {key}")
+        return
+    what = "sha256" if c.runtime == "apptainer" else "image"
+    f.add("ok", f"{c.image} is {what} {short} on every node that has it ({count})")
+    if not node.gpus:
+        return
+    gpus = nf.gpus
+    require = next((w.removeprefix("cuda>=") for w in mine.env.get("NVIDIA_REQUIRE_CUDA", "").split()
+                    if w.startswith("cuda>=")), None)
+    if require and gpus.cuda and cudacompat.version(gpus.cuda) < cudacompat.version(require):
+        # NVIDIA's container toolkit refuses the start ("unsatisfied condition: cuda>=12.8")
+        f.add("fail", f"the image requires CUDA {require} or newer (its NVIDIA_REQUIRE_CUDA); this node's driver "
+                      f"{gpus.driver or '?'} supports CUDA {gpus.cuda}: the runtime would refuse to start it",
+              f"upgrade the driver on this node, or use an image built for CUDA {gpus.cuda} or older")
+        return
+    cuda = image_cuda(mine.env)
+    need = cudacompat.min_driver(cuda) if cuda else None
+    if cuda and gpus.driver and need and cudacompat.version(gpus.driver) < need:
+        f.add("fail", f"the image is built for CUDA {cuda}, which needs NVIDIA driver {cudacompat.dotted(need)} "
+                      f"or newer; this node's driver is {gpus.driver}",
+              "upgrade the driver on this node, or use an image built for an older CUDA")
+
+
+MIN_SHM = 1 << 30
+"""The least /dev/shm a job's container may have: DataLoader workers pass batches through it
+("Bus error" below), NCCL its intra-node buffers (`posix_fallocate` failures)."""
+
+
+def shm_finding(inv: Inventory, nf: NodeFacts, f: Findings) -> None:
+    """/dev/shm inside the job's container as the software facts measured it there (the launch's
+    own line): at least `MIN_SHM`. orch shares the host's IPC unless job.container.options say
+    `--ipc` or `--shm-size`; this row catches the size those give."""
+    c = inv.job.container
+    size = (nf.raw.get("software") or {}).get("shm_bytes")
+    if c is None or c.runtime == "apptainer" or not isinstance(size, int) or size >= MIN_SHM:
+        return
+    f.add("fail", f"/dev/shm in the container is {size / (1 << 20):.0f} MiB: DataLoader workers die with "
+                  "\"Bus error\" and NCCL cannot allocate its shared memory below 1 GiB",
+          "leave --ipc and --shm-size out of job.container.options (orch then shares the host's IPC), "
+          "or give --shm-size=16g")
+
+
+_NO_GPU_RUNTIME = ("unresolvable CDI devices", "could not select device driver", "nvidia-container-cli")
+
+
+def gpu_finding(inv: Inventory, node: Node, nf: NodeFacts, f: Findings) -> None:
+    """On a GPU node: torch inside the job's container (the `gpus` check's torch facts, gathered in
+    a container started as the launch's, with the node's GPUs) sees `nproc_per_node` GPUs; a
+    runtime that cannot pass them (no NVIDIA runtime for docker, no CDI spec for podman) is named."""
+    c = inv.job.container
+    tc = nf.raw.get("torch_cuda")
+    if c is None or c.runtime == "apptainer" or not node.gpus or not isinstance(tc, dict):
+        return
+    error = str(tc.get("error") or "")
+    if any(k in error for k in _NO_GPU_RUNTIME):
+        said = next((ln.strip() for ln in error.splitlines() if any(k in ln for k in _NO_GPU_RUNTIME)), error)
+        fix = ("generate the CDI spec podman reads: nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml"
+               if c.runtime == "podman" else
+               "install nvidia-container-toolkit, then nvidia-ctk runtime configure --runtime=docker and restart docker")
+        f.add("fail", f"{c.runtime} cannot give the container this node's GPUs: {said}", fix)
+        return
+    count = tc.get("device_count")
+    if isinstance(count, int) and count != node.nproc_per_node:
+        f.add("fail", f"torch in the container sees {count} GPU(s), but nproc_per_node is {node.nproc_per_node}: "
+                      "ranks without a GPU of their own",
+              "check the GPUs the container gets (orch up --dry-run shows --gpus/--device), and the NVIDIA "
+              f"runtime ({c.runtime} info), or set nproc_per_node to {count}" if count else
+              f"the container got no GPU: check the NVIDIA runtime ({c.runtime} info: nvidia) or CDI spec")
+
+
+def outputs_finding(inv: Inventory, nf: NodeFacts, f: Findings) -> None:
+    """The job's output folders, as its container's user sees them inside the container (the
+    probe looked from a container started as the launch's): each must be writable there."""
+    c = inv.job.container
+    inside = nf.raw.get("outputs_inside")
+    if c is None or not isinstance(inside, dict):
+        return
+    if inside.get("error"):
+        f.add("fail", f"could not look at the output folders inside the container: {inside['error']}",
+              "run the image by hand as orch up --dry-run shows it")
+        return
+    for key, seen in (inside.get("paths") or {}).items():
+        if not seen.get("writable"):
+            who = {"host": "the SSH user", "root": "root"}.get(c.user, f"uid:gid {c.user}")
+            f.add("fail", f"--{key.replace('_', '-')}: {seen.get('checked')} is not writable inside the container "
+                          f"(as {who}): the run could write no checkpoint",
+                  "mount it writable (no :ro in job.container.mounts), or let job.container.user write it")
+
+
+def rdma_finding(inv: Inventory, nf: NodeFacts, f: Findings) -> None:
+    """With `checks.rdma.devices`: inside the job's container (the software facts' own, started as
+    the launch's) memlock is unlimited and the verbs devices are there; otherwise NCCL does not use
+    InfiniBand and falls back to sockets without an error."""
+    c = inv.job.container
+    sw = nf.raw.get("software") or {}
+    if c is None or c.runtime == "apptainer" or not inv.checks.rdma_devices or "memlock" not in sw:
+        return
+    memlock = sw.get("memlock")
+    if isinstance(memlock, int) and memlock != -1:
+        f.add("fail", f"memlock is {memlock >> 10} KiB inside the container, not unlimited: NCCL cannot pin its "
+                      "RDMA buffers and falls back to sockets without an error",
+              "leave --ulimit memlock out of job.container.options (orch sets memlock=-1), and raise the "
+              "runtime's own limit (docker: default-ulimits in daemon.json; the node's hard limit)")
+    if not sw.get("infiniband"):
+        f.add("fail", "no /dev/infiniband inside the container although checks.rdma.devices is set: NCCL would "
+                      "use sockets", "orch passes --device /dev/infiniband: check that the node has it (ibv_devices)")
+
+
+def fold_names(names: Iterable[str]) -> str:
+    return fold(sorted(names))
 
 
 # ----------------------------------------------------------------------------- all

@@ -27,7 +27,7 @@ import math
 import secrets
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -150,12 +150,15 @@ def probe_args(inv: Inventory, node: Node, want: Sequence[str], token: str, n_pe
         "job_argv": job_argvs(inv, node, run_id),
         "container_leftovers": container.leftovers_argv(inv.job.container, inv.name) or None
         if inv.job.container is not None and "container" in want else None,
+        "container_image": container.image_argv(inv.job.container)
+        if inv.job.container is not None and "container" in want else None,
+        "outputs_inside": inv.job.container is not None and "container" in want,
         "verbs_device": inv.checks.rdma_devices[0] if "rdma" in want and inv.checks.rdma_devices and n_peers > 1
         else None,
     }
 
 
-JOB_FACTS = ("software", "torch_cuda")
+JOB_FACTS = ("software", "torch_cuda", "outputs")
 """The probe's facts gathered as the job's interpreter (each in a container of its own, at once)."""
 
 
@@ -165,6 +168,47 @@ def job_argvs(inv: Inventory, node: Node, run_id: str = CHECK_RUN_ID) -> dict[st
     if job_command(inv, node, []) == [node.python]:
         return None
     return {role: job_command(inv, node, [], run_id=run_id, env=list(node.env), role=role) for role in JOB_FACTS}
+
+
+@dataclass(frozen=True)
+class HeldImage:
+    """What a node holds under `job.container.image` (the probe's `container_image` fact)."""
+
+    image_id: str | None
+    """Its ID (docker/podman, without `sha256:`) or the .sif's sha256; None: not there."""
+    env: Mapping[str, str]
+    """The image's configured environment (NVIDIA_REQUIRE_CUDA, CUDA_VERSION...)."""
+    error: str | None = None
+    """Why the node could not be asked (the runtime did not answer); None when it answered."""
+
+
+_NO_SUCH_IMAGE = ("no such image", "no such object", "image not known", "not found", "no such file")
+
+
+def held_image(nf: NodeFacts) -> HeldImage | None:
+    """The `container_image` fact read back; None when the probe did not gather it."""
+    res = nf.raw.get("container_image")
+    if not res:
+        return None
+    out, err = (res.get("out") or "").strip(), (res.get("err") or "").strip()
+    if res.get("rc") != 0:
+        said = err.splitlines()[-1] if err else f"exit {res.get('rc')}"
+        if res.get("rc") is not None and any(k in err.lower() for k in _NO_SUCH_IMAGE):
+            return HeldImage(None, {})
+        return HeldImage(None, {}, said)
+    first = out.splitlines()[0] if out else ""
+    ident, _, env_json = first.partition("\t")
+    env: dict[str, str] = {}
+    try:
+        items = json.loads(env_json) if env_json.startswith("[") else []
+    except ValueError:
+        items = []
+    for item in items or []:
+        key, eq, value = str(item).partition("=")
+        if eq:
+            env[key] = value
+    ident = ident.split()[0] if ident.split() else ""
+    return HeldImage(ident.removeprefix("sha256:") or None, env)
 
 
 def container_pins(inv: Inventory, facts: dict[str, NodeFacts]) -> Pins | None:
@@ -183,7 +227,24 @@ def container_pins(inv: Inventory, facts: dict[str, NodeFacts]) -> Pins | None:
         uuids = [d if d.startswith(("GPU-", "MIG-")) else by_index.get(d) for d in chosen]
         if all(uuids):
             gpus[node.name] = tuple(u for u in uuids if u)
-    return Pins(gpus=gpus)
+    return Pins(image_id=pinned_image(inv, facts), gpus=gpus)
+
+
+def pinned_image(inv: Inventory, facts: dict[str, NodeFacts]) -> str | None:
+    """The image ID every node holds under `job.container.image` (docker/podman), which the launch
+    then runs instead of the name: a tag moved after the preflight cannot change what runs. None
+    when a node lacks it, disagrees, or was not asked."""
+    c = inv.job.container
+    if c is None or c.runtime == "apptainer":
+        return None
+    ids = set()
+    for node in inv.nodes:
+        nf = facts.get(node.name)
+        held = held_image(nf) if nf is not None and nf.ok else None
+        if held is None or held.image_id is None:
+            return None
+        ids.add(held.image_id)
+    return ids.pop() if len(ids) == 1 else None
 
 
 class _Stream:

@@ -1,0 +1,202 @@
+"""The container check's image rows (preflight/checks.image_findings) on fabricated probe facts: the
+image on every node under one ID, missing on one (or `pull: missing`), a tag that moved on one node
+(the row names the node and both IDs), the driver against the image's CUDA (NVIDIA_REQUIRE_CUDA as
+NVIDIA's toolkit enforces it, tests/fixtures' recorded nvidia-smi); and the ID the launch is pinned to."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from orchestrator.config import container
+from orchestrator.preflight import checks
+from orchestrator.preflight.facts import container_pins, held_image, probe_args
+from tests.unit.test_checks import NODES, _fixture_gpus, by, inventory, make_facts
+
+IMG_A = "d9ff8d5725a6979dcf9fb3905a3d811e3881439e340b86201673e39e55efeba6"
+IMG_B = "52f4c45746b6bee07e85b61cc732c243675328ff78dd248be27da4afe085a994"
+CONTAINER = "  container: {runtime: podman, image: 'yoloe:latest'}\n"
+CLEAN = {"rc": 0, "err": "", "out": ""}
+
+
+def held(image_id: str, env: list[str] | None = None) -> dict[str, Any]:
+    return {"rc": 0, "err": "", "out": f"{image_id}\t{json.dumps(env or ['PATH=/usr/bin'])}\n"}
+
+
+MISSING = {"rc": 125, "out": "", "err": "Error: inspecting object: yoloe:latest: image not known\n"}
+
+
+def facts_with(inv: Any, images: dict[str, dict[str, Any]], gpus: str | None = None) -> Any:
+    def edit(node: str) -> Any:
+        def apply(raw: dict[str, Any], nf: Any) -> None:
+            raw.update(containers=CLEAN, container_image=images[node])
+            if gpus:
+                raw.update(gpus=_fixture_gpus(gpus))
+        return apply
+    return make_facts(inv, {n: edit(n) for n in NODES})
+
+
+def test_the_probe_is_asked_for_the_image_with_its_id_and_environment() -> None:
+    inv = inventory(CONTAINER)
+    args = probe_args(inv, inv.nodes[0], ["container"], "tok", 4)
+    assert args["container_image"] == ["podman", "image", "inspect", "--format", "{{.Id}}\t{{json .Config.Env}}",
+                                       "yoloe:latest"]
+    assert container.image_argv(container.Container("apptainer", "/i/y.sif")) == ["sha256sum", "/i/y.sif"]
+    assert probe_args(inventory(), inv.nodes[0], ["container"], "tok", 4)["container_image"] is None
+
+
+def test_one_id_everywhere_is_ok_and_pins_the_launch() -> None:
+    inv = inventory(CONTAINER)
+    facts = facts_with(inv, dict.fromkeys(NODES, held("sha256:" + IMG_A)))
+    c = by(checks.check_container(inv, facts), "container")
+    assert {r.status for r in c.values()} == {"ok"}
+    assert f"yoloe:latest is image {IMG_A[:12]} on every node that has it (4)" in c["n1"].detail
+    assert container_pins(inv, facts).image_id == IMG_A
+
+
+def test_a_node_without_the_image_fails_and_names_orch_image_push() -> None:
+    inv = inventory(CONTAINER)
+    facts = facts_with(inv, {**dict.fromkeys(NODES, held(IMG_A)), "n2": MISSING})
+    c = by(checks.check_container(inv, facts), "container")
+    assert c["n2"].status == "fail" and "yoloe:latest is not on this node (job.container.image)" in c["n2"].detail
+    assert c["n2"].hint.startswith("orch image push yoloe:latest t.yaml")
+    assert {c[n].status for n in ("n1", "n3", "n4")} == {"ok"}
+    assert container_pins(inv, facts).image_id is None  # not pinned while a node lacks it
+    pulls = inventory("  container: {runtime: podman, image: 'yoloe:latest', pull: missing}\n")
+    c = by(checks.check_container(pulls, facts_with(pulls, {**dict.fromkeys(NODES, held(IMG_A)), "n2": MISSING})),
+           "container")
+    assert c["n2"].status == "warn" and "the launch pulls it (job.container.pull: missing)" in c["n2"].detail
+
+
+def test_a_tag_that_moved_on_one_node_fails_there_naming_both_ids() -> None:
+    inv = inventory(CONTAINER)
+    facts = facts_with(inv, {**dict.fromkeys(NODES, held(IMG_A)), "n3": held(IMG_B)})
+    c = by(checks.check_container(inv, facts), "container")
+    assert c["n3"].status == "fail"
+    assert f"yoloe:latest is {IMG_B[:12]} here but {IMG_A[:12]} on n[1-2,4]" in c["n3"].detail
+    assert "a tag that moved" in c["n3"].detail and "orch image push" in c["n3"].hint
+    assert {c[n].status for n in ("n1", "n2", "n4")} == {"ok"}
+    assert container_pins(inv, facts).image_id is None
+
+
+def test_two_against_two_fails_every_node() -> None:
+    inv = inventory(CONTAINER)
+    facts = facts_with(inv, {"n1": held(IMG_A), "n2": held(IMG_A), "n3": held(IMG_B), "n4": held(IMG_B)})
+    c = by(checks.check_container(inv, facts), "container")
+    assert {r.status for r in c.values()} == {"fail"}
+    assert f"but {IMG_B[:12]} on n[3-4]" in c["n1"].detail and f"but {IMG_A[:12]} on n[1-2]" in c["n4"].detail
+
+
+def test_a_runtime_that_does_not_answer_is_not_a_missing_image() -> None:
+    inv = inventory(CONTAINER)
+    gone = {"rc": None, "out": "", "err": "podman: not found in PATH"}
+    facts = facts_with(inv, {**dict.fromkeys(NODES, held(IMG_A)), "n4": gone})
+    assert held_image(facts["n4"]).error == "podman: not found in PATH"
+    c = by(checks.check_container(inv, facts), "container")
+    assert c["n4"].status == "fail" and "could not ask podman for yoloe:latest" in c["n4"].detail
+
+
+def test_the_image_cuda_against_the_node_driver() -> None:
+    """The recorded V100 node: driver 535.129.03, CUDA 12.2. An image requiring cuda>=12.8 (as the
+    recorded `nvidia-container-cli: requirement error: unsatisfied condition: cuda>=12.8`) fails; one
+    requiring 12.1 passes; an image with CUDA_VERSION 13.0.1 only needs driver 580 by the table."""
+    inv = inventory("  container: {runtime: docker, image: 'pytorch:25.01'}\n", gpus=True)
+    req = ["NVIDIA_REQUIRE_CUDA=cuda>=12.8 brand=tesla,driver>=470,driver<471", "CUDA_VERSION=12.8.0"]
+    c = by(checks.check_container(inv, facts_with(inv, dict.fromkeys(NODES, held(IMG_A, req)), gpus="v100")),
+           "container")
+    assert c["n1"].status == "fail"
+    assert ("the image requires CUDA 12.8 or newer (its NVIDIA_REQUIRE_CUDA); this node's driver 535.129.03 "
+            "supports CUDA 12.2") in c["n1"].detail
+    ok = ["NVIDIA_REQUIRE_CUDA=cuda>=12.1", "CUDA_VERSION=12.1.0"]
+    c = by(checks.check_container(inv, facts_with(inv, dict.fromkeys(NODES, held(IMG_A, ok)), gpus="v100")),
+           "container")
+    assert c["n1"].status == "ok", c["n1"]
+    new = ["CUDA_VERSION=13.0.1"]
+    c = by(checks.check_container(inv, facts_with(inv, dict.fromkeys(NODES, held(IMG_A, new)), gpus="v100")),
+           "container")
+    assert c["n1"].status == "fail" and "needs NVIDIA driver 580 or newer" in c["n1"].detail
+
+
+def test_a_small_dev_shm_inside_the_container_fails() -> None:
+    """The software facts measured /dev/shm inside the container: 64 MiB (a container's default,
+    as the recorded `df -h` in a container shows) fails naming the options; the host's size passes."""
+    inv = inventory(CONTAINER)
+
+    def shm(size: int) -> Any:
+        def edit(raw: dict[str, Any], nf: Any) -> None:
+            raw.update(containers=CLEAN, container_image=held(IMG_A))
+            raw["software"] = {**raw["software"], "shm_bytes": size}
+        return edit
+    facts = make_facts(inv, {n: shm(64 << 20 if n == "n2" else 32 << 30) for n in NODES})
+    c = by(checks.check_container(inv, facts), "container")
+    assert c["n2"].status == "fail" and "/dev/shm in the container is 64 MiB" in c["n2"].detail
+    assert "--shm-size=16g" in c["n2"].hint
+    assert {c[n].status for n in ("n1", "n3", "n4")} == {"ok"}
+
+
+def test_the_gpus_the_container_gets() -> None:
+    """On GPU nodes, the torch facts gathered in the container: podman without a CDI spec (recorded:
+    shared fixtures podman-cdi-unresolvable-gpu-all_FasterLivePortrait-116.txt) and docker without
+    the NVIDIA runtime (docker-run-error_could-not-select-device-driver_nvidia-docker-1034.txt) are
+    named with their fix; a count other than nproc_per_node fails."""
+    def torch_sees(runtime: str, tc: dict[str, Any]) -> Any:
+        inv = inventory(f"  container: {{runtime: {runtime}, image: 'yoloe:latest'}}\n", gpus=True)
+
+        def edit(raw: dict[str, Any], nf: Any) -> None:
+            raw.update(containers=CLEAN, container_image=held(IMG_A), gpus=_fixture_gpus("v100"), torch_cuda=tc)
+        return by(checks.check_container(inv, make_facts(inv, dict.fromkeys(NODES, edit))), "container")["n1"]
+
+    cdi = "python could not tell torch's CUDA build: Error: setting up CDI devices: unresolvable CDI devices nvidia.com/gpu=all"
+    r = torch_sees("podman", {"error": cdi})
+    assert r.status == "fail" and "unresolvable CDI devices nvidia.com/gpu=all" in r.detail
+    assert "nvidia-ctk cdi generate" in r.hint
+    docker = ('docker: Error response from daemon: could not select device driver "" with capabilities: [[gpu]].')
+    r = torch_sees("docker", {"error": docker})
+    assert r.status == "fail" and "nvidia-ctk runtime configure --runtime=docker" in r.hint
+    r = torch_sees("docker", {"torch": "2.5.1", "cuda": "12.4", "arch_list": [], "device_count": 0})
+    assert r.status == "fail" and "torch in the container sees 0 GPU(s), but nproc_per_node is 8" in r.detail
+    r = torch_sees("docker", {"torch": "2.5.1", "cuda": "12.4", "arch_list": [], "device_count": 8})
+    assert r.status == "ok", r
+
+
+def test_an_output_folder_not_writable_inside_the_container_fails() -> None:
+    inv = inventory("  container: {runtime: podman, image: 'yoloe:latest', user: '1000:1000'}\n")
+
+    def edit(raw: dict[str, Any], nf: Any) -> None:
+        raw.update(containers=CLEAN, container_image=held(IMG_A),
+                   outputs_inside={"paths": {"project": {"checked": "/srv/runs", "writable": nf.node.name != "n3"}}})
+    c = by(checks.check_container(inv, make_facts(inv, dict.fromkeys(NODES, edit))), "container")
+    assert c["n3"].status == "fail"
+    assert "--project: /srv/runs is not writable inside the container (as uid:gid 1000:1000)" in c["n3"].detail
+    assert {c[n].status for n in ("n1", "n2", "n4")} == {"ok"}
+
+
+def test_each_throw_away_container_of_the_probe_has_a_name_of_its_own() -> None:
+    """The probe starts its job containers at once (software, torch, outputs): one name shared by
+    two of them made podman refuse the second ("the container name ... is already in use")."""
+    inv = inventory(CONTAINER)
+    args = probe_args(inv, inv.nodes[0], ["container", "job", "software"], "tok", 4)
+    names = [argv[argv.index("--name") + 1] for argv in args["job_argv"].values()]
+    assert set(args["job_argv"]) == {"software", "torch_cuda", "outputs"} and len(set(names)) == len(names)
+    assert args["outputs_inside"] is True
+    assert probe_args(inventory(), inv.nodes[0], ["container", "job"], "tok", 4)["outputs_inside"] is False
+
+
+def test_rdma_inside_the_container_needs_unlimited_memlock_and_the_devices() -> None:
+    """checks.rdma.devices set: 8 MiB memlock inside the container (this sandbox's hard limit, as
+    the podman bed measured it) or no /dev/infiniband there fails; unlimited with the devices
+    passes; without rdma.devices nothing is asked."""
+    def row(memlock: int, devices: list[str], rdma: bool = True) -> Any:
+        inv = inventory(CONTAINER, rdma=rdma)
+
+        def edit(raw: dict[str, Any], nf: Any) -> None:
+            raw.update(containers=CLEAN, container_image=held(IMG_A))
+            raw["software"] = {**raw["software"], "memlock": memlock, "infiniband": devices}
+        return by(checks.check_container(inv, make_facts(inv, dict.fromkeys(NODES, edit))), "container")["n1"]
+
+    r = row(8 << 20, ["uverbs0", "rdma_cm"])
+    assert r.status == "fail" and "memlock is 8192 KiB inside the container, not unlimited" in r.detail
+    r = row(-1, [])
+    assert r.status == "fail" and "no /dev/infiniband inside the container" in r.detail
+    assert row(-1, ["uverbs0", "rdma_cm"]).status == "ok"
+    assert row(8 << 20, [], rdma=False).status == "ok"

@@ -297,11 +297,14 @@ def sandbox_options() -> list[str]:
 def python_mounts(python: str) -> list[str]:
     """The directories to bind-mount (same path inside) for `python` and every package it imports
     to run inside the image: its prefix and base prefix and every `sys.path` entry outside the
-    system's directories, innermost folded into outermost. Raises when the interpreter itself is
-    the system's (under /usr): the image's own Python would shadow it."""
-    code = "import json, sys; print(json.dumps([sys.prefix, sys.base_prefix, *sys.path]))"
+    system's directories, and the checkout the trainer is imported from, innermost folded into
+    outermost. Raises when the interpreter itself is the system's (under /usr): the image's own
+    Python would shadow it."""
+    code = ("import json, os, sys, trainer; print(json.dumps([sys.prefix, sys.base_prefix, "
+            "os.path.dirname(os.path.dirname(os.path.abspath(trainer.__file__))), *sys.path]))")
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True, timeout=60).stdout
-    prefix, base, *path = json.loads(out)
+    prefix, base, *path = json.loads(out)  # the checkout the trainer is imported from: an editable install
+    # reaches it through a finder, not sys.path, and the tests' job scripts live there too
     if os.path.realpath(base).startswith(("/usr/", "/bin/", "/lib")):
         raise RuntimeError(f"{python}: a system interpreter ({base}) cannot be mounted into the image")
     dirs = set()

@@ -905,7 +905,8 @@ def cmd_stop(run_dir: str, grace: float, nonce: str | None = None) -> int:
     while job.processes()[0] and time.monotonic() < deadline:
         time.sleep(0.1)
     killed = job.signal(signal.SIGKILL)
-    deadline = time.monotonic() + 5.0
+    # the agent runs the plan's stop hook (a container's removal can take seconds) before it exits
+    deadline = time.monotonic() + 5.0 + (HOOK_TIMEOUT_S if state.get("stop_hook") and agent[0] else 0.0)
     while (job.processes()[0] or alive(*agent)) and time.monotonic() < deadline:
         time.sleep(0.05)
     left, more_strangers = job.processes()

@@ -856,3 +856,15 @@ def test_the_agent_samples_ranks_outside_its_process_tree_by_the_launchs_identit
     s = next(x for x in telemetry_samples(d) if len(x.ranks) == 2 and all(r.cpu_pct is not None for r in x.ranks))
     assert [r.rank for r in s.ranks] == [0, 1] and {r.pid for r in s.ranks} == {p.pid for p in outside}
     assert all(x.rank != 5 for x in telemetry_samples(d) for x in x.ranks)
+
+
+def test_a_slow_stop_hook_is_waited_for_not_reported_as_a_survivor(tmp_path: Path) -> None:
+    """`docker rm -f` of a container that holds GPUs can take seconds: `agent.py stop` waits for the
+    agent to finish its stop hook (up to the hook's own bound) instead of reporting the agent as a
+    process that survived the stop (exit 1, and `orch down` said to run it again)."""
+    d = prepare(tmp_path, "while true; do sleep 0.1; done", grace=0.5,
+                stop_hook=["sh", "-c", "sleep 7; echo removed"])
+    assert call("start", str(d))[0] == 0
+    code, out = call("stop", str(d), "--grace", "0.5")
+    assert code == 0 and out["remaining"] == [], out
+    assert state(d)["stop_hook_result"] == "exit 0: removed"

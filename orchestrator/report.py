@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .config.container import launched_image
 from .contract import NodeState
 from .logs.fetch import NodeSource
 from .logs.progress import rank0_lines
@@ -590,6 +591,14 @@ def _configuration(run: RunDir, info: dict[str, Any], plan: dict[str, Any]) -> l
                 ["job arguments", " ".join(job.args) or "—"],
                 ["torchrun args", " ".join(job.torchrun_args) or "—"],
                 ["env", ", ".join(f"{k}={v}" for k, v in masked_env(dict(inv.env)).items()) or "—"]]
+        c = job.container
+        if c is not None:
+            argv0 = ((plan.get("nodes") or [{}])[0] or {}).get("argv") or []
+            ran = launched_image(c, [str(a) for a in argv0])
+            rows += [["container", f"{c.runtime}: {c.image}" + (f" (image ID {ran})" if ran and ran != c.image else "")],
+                     ["container python", c.python], ["container workdir", c.workdir or job.workdir or "—"],
+                     ["container mounts", ", ".join(m.spec() for m in c.mounts) or "—"],
+                     ["container user", c.user], ["container options", " ".join(c.options) or "—"]]
         if info.get("overrides"):
             ov = info["overrides"]
             rows.append(["from the command line",

@@ -310,3 +310,12 @@ def exec_argv(c: Container, run_id: str, nonce: str, command: Sequence[str]) -> 
             f'[ -n "$id" ] || {{ echo "orch: no running container of run {run_id} on this node" >&2; '
             f'exit {NO_CONTAINER_EXIT}; }}; exec "$0" exec "$id" "$@"')
     return ["/bin/sh", "-c", find, c.runtime, *inner]
+
+
+def launched_image(c: Container, argv: Sequence[str]) -> str | None:
+    """The image a launch's runtime argv (`run_argv`) ran: the word before the job's python, which
+    is the pinned image ID where the preflight resolved one; None when the argv is not one."""
+    for i, word in enumerate(argv):
+        if i > 0 and word == c.python:
+            return str(argv[i - 1])
+    return None

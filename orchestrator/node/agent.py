@@ -71,6 +71,7 @@ try:  # imported as a package (the log reader, the tests), or run from the run d
         descendants,
         exit_code_of,
         job_alive,
+        marked,
         proc_start_time,
         send,
         signal_name,
@@ -85,6 +86,7 @@ except ImportError:
         descendants,
         exit_code_of,
         job_alive,
+        marked,
         proc_start_time,
         send,
         signal_name,
@@ -570,7 +572,18 @@ class Monitor:
             import telemetry  # type: ignore[no-redef]
         done = threading.Event()
         me = os.getpid()
-        sampler = telemetry.Sampler(lambda: [pid for pid, _st in descendants(me)])
+        run, node, nonce = self.launch.get("run"), self.launch.get("node"), self.launch.get("nonce")
+
+        def job_pids() -> list[int]:
+            """The job's processes: the agent's descendants, and those carrying this launch's
+            identity outside its tree (a container runtime's: conmon's or containerd-shim's
+            children, which hold ORCH_RUN_ID, ORCH_NODE and ORCH_LAUNCH, passed in by name)."""
+            pids = {pid for pid, _st in descendants(me)}
+            if run and node:
+                pids.update(marked(str(run), str(node), str(nonce) if nonce else None))
+            return sorted(pids)
+
+        sampler = telemetry.Sampler(job_pids)
 
         def loop() -> None:
             failures = 0
@@ -892,7 +905,8 @@ def cmd_stop(run_dir: str, grace: float, nonce: str | None = None) -> int:
     while job.processes()[0] and time.monotonic() < deadline:
         time.sleep(0.1)
     killed = job.signal(signal.SIGKILL)
-    deadline = time.monotonic() + 5.0
+    # the agent runs the plan's stop hook (a container's removal can take seconds) before it exits
+    deadline = time.monotonic() + 5.0 + (HOOK_TIMEOUT_S if state.get("stop_hook") and agent[0] else 0.0)
     while (job.processes()[0] or alive(*agent)) and time.monotonic() < deadline:
         time.sleep(0.05)
     left, more_strangers = job.processes()

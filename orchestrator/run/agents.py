@@ -18,6 +18,7 @@ from ..contract import NodeState
 from ..errors import AgentUnavailable, OrchError, TransportError
 from ..node import agent_files
 from ..node import script as node_script
+from ..node.agent import HOOK_TIMEOUT_S
 from ..store import remote_dir
 from ..transport import Cluster, GroupResult, Result, Transport
 
@@ -228,7 +229,8 @@ def stop_node(t: Transport, python: str, rdir: str, grace: float, nonce: str | N
     With the launch's `nonce`, a run directory another launch claimed is left alone (`foreign`)."""
     args = ["stop", ".", "--grace", f"{grace:g}", *(["--nonce", nonce] if nonce else [])]
     try:
-        return StopResult.from_json(agent_call(t, python, rdir, args, grace + 30))
+        # the agent's stop hook (a container's removal) may take up to its own bound after the grace
+        return StopResult.from_json(agent_call(t, python, rdir, args, grace + 30 + HOOK_TIMEOUT_S))
     except TransportError:
         raise
     except OrchError as exc:

@@ -51,7 +51,7 @@ def trainer_inventory(cluster: TestCluster, tmp: Path, nodes: list[str]) -> Path
 def ddp_inventory(cluster: TestCluster, tmp: Path, nodes: list[str], steps: int = 400) -> Path:
     return cluster.write_inventory(
         tmp / "ddp.yaml", only=nodes,
-        job={"module": None, "script": DDP_JOB, "nproc_per_node": 1, "workdir": "/tmp", "stop_grace_s": 3,
+        job={"module": None, "script": DDP_JOB, "nproc_per_node": 1, "workdir": "/tmp", "stop_grace_s": 3, "telemetry_s": 2,
              "args": {"steps": steps, "sleep": 0.1}, "container": container_keys()},
         env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}, master={"port": job_port()})
 
@@ -198,6 +198,13 @@ def test_top_and_stacks_reach_the_ranks_inside_the_containers(podman_cluster: Po
     assert res.returncode == 0, res.stderr[-3000:]
     try:
         wait_for(lambda: _running(cluster, "ctr-live", bed, nodes), 180, "both containers running")
+        def ranks_sampled() -> bool:  # the ranks are the runtime's processes, found by the launch's identity
+            look = orch.run("top", "ctr-live", "--json", timeout=120)
+            assert look.returncode == 0, look.stdout + look.stderr
+            nodes_seen = json.loads(look.stdout)["nodes"]
+            return len(nodes_seen) == 2 and all(n["ranks"] and all(r["pid"] and r["cpu_pct"] is not None
+                                                                   for r in n["ranks"]) for n in nodes_seen)
+        wait_for(ranks_sampled, 120, "orch top to show each node's rank inside its container, with its CPU share")
         top = orch.run("top", "ctr-live", "--json", timeout=120)
         assert top.returncode == 0, top.stdout + top.stderr
         rows = {n["node"]: n for n in json.loads(top.stdout)["nodes"]}

@@ -824,3 +824,47 @@ def test_a_full_run_root_neither_kills_the_agent_nor_makes_the_job_unstoppable(t
         finally:
             filler.unlink(missing_ok=True)
             call("stop", str(d), "--grace", "1")
+
+
+def test_the_agent_samples_ranks_outside_its_process_tree_by_the_launchs_identity(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A container launch: the ranks are the runtime's processes (conmon's, containerd-shim's), not
+    the agent's descendants; they carry the launch's identity (ORCH_RUN_ID, ORCH_NODE, ORCH_LAUNCH,
+    passed in by name), and the telemetry samples them by it: `orch top` shows their CPU share."""
+    fake = Path(__file__).resolve().parents[1] / "fixtures" / "telemetry" / "h100x8" / "bin"
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
+    d = prepare(tmp_path, "sleep 60", telemetry_s=1, nonce="n0nce")
+    spec = json.loads((d / "launch.json").read_text())
+    spin = "import time\nt = time.monotonic()\nwhile time.monotonic() - t < 30: pass"
+    outside = []
+    for r in (0, 1):  # started by the test, not under the agent: as a container runtime's would be
+        env = dict(os.environ, ORCH_RUN_ID=spec["run"], ORCH_NODE="n1", ORCH_LAUNCH="n0nce", RANK=str(r),
+                   LOCAL_RANK=str(r), TORCHELASTIC_RUN_ID="t")
+        outside.append(subprocess.Popen([sys.executable, "-c", spin], env=env))
+    other = subprocess.Popen([sys.executable, "-c", spin], env=dict(  # another launch's rank: never counted
+        os.environ, ORCH_RUN_ID=spec["run"], ORCH_NODE="n1", ORCH_LAUNCH="other", RANK="5", LOCAL_RANK="5",
+        TORCHELASTIC_RUN_ID="t"))
+    try:
+        assert call("start", str(d))[0] == 0
+        wait_for(lambda: any(len(s.ranks) == 2 and all(r.cpu_pct is not None for r in s.ranks)
+                             for s in telemetry_samples(d)), "a sample with both outside ranks' CPU shares", timeout=30)
+    finally:
+        call("stop", str(d), "--grace", "1")
+        for p in (*outside, other):
+            p.kill()
+            p.wait()
+    s = next(x for x in telemetry_samples(d) if len(x.ranks) == 2 and all(r.cpu_pct is not None for r in x.ranks))
+    assert [r.rank for r in s.ranks] == [0, 1] and {r.pid for r in s.ranks} == {p.pid for p in outside}
+    assert all(x.rank != 5 for x in telemetry_samples(d) for x in x.ranks)
+
+
+def test_a_slow_stop_hook_is_waited_for_not_reported_as_a_survivor(tmp_path: Path) -> None:
+    """`docker rm -f` of a container that holds GPUs can take seconds: `agent.py stop` waits for the
+    agent to finish its stop hook (up to the hook's own bound) instead of reporting the agent as a
+    process that survived the stop (exit 1, and `orch down` said to run it again)."""
+    d = prepare(tmp_path, "while true; do sleep 0.1; done", grace=0.5,
+                stop_hook=["sh", "-c", "sleep 7; echo removed"])
+    assert call("start", str(d))[0] == 0
+    code, out = call("stop", str(d), "--grace", "0.5")
+    assert code == 0 and out["remaining"] == [], out
+    assert state(d)["stop_hook_result"] == "exit 0: removed"

@@ -302,3 +302,25 @@ def test_a_metric_name_starting_with_an_underscore_keeps_its_place_in_the_legend
     report.plot_node_throughput({"_n1": {1: (10.0, 0.1)}})
     shown = [t.get_text() for fig in figures for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
     assert [t.strip() for t in shown] == ["_aux_loss", "$x$_loss", "_n1", "_n1"]
+
+
+def test_a_container_run_names_its_runtime_image_and_the_image_id_it_ran(tmp_path: Path) -> None:
+    """The configuration section of a container launch: the runtime, the image as written and the
+    image ID every node ran (the preflight pins it: a tag may move after the run)."""
+    import html as html_lib
+
+    from orchestrator.config import inventory
+    from orchestrator.config.container import Pins
+    from orchestrator.config.plan import make_plan
+
+    run = make_run(tmp_path)
+    text = ("name: demo\ntransport: local\nnodes:\n  - host: localhost\n    name: node[0-1]\n"
+            "job:\n  module: trainer\n  args: {epochs: 3}\n  container:\n    runtime: podman\n"
+            "    image: yolo:latest\n    python: /opt/conda/bin/python\n    mounts: [/data]\n")
+    (run.path / "inventory.yaml").write_text(text)
+    pinned = "sha256:" + "ab" * 32
+    plan = make_plan(inventory.parse(text, "inv.yaml"), run.run_id, nonce="n1", pins=Pins(pinned, {}))
+    run.write(plan.to_json(), "plan.json")
+    page = html_lib.unescape(build_report(run).read_text())
+    assert "podman: yolo:latest (image ID sha256:abababababab" in page, page[page.find("configuration"):][:3000]
+    assert "/opt/conda/bin/python" in page and "/data" in page

@@ -1039,7 +1039,6 @@ def describe_transfer(t: Transfer, dry: bool) -> str:
 def image_report(report: ImageReport, stream: Any = None) -> None:
     """`orch image push`'s outcome: a line for the image, then one line per node (present,
     loaded or copied with its time, or FAILED with the reason and the fix)."""
-    from ..config.nodeset import fold
     from ..remote.image import short_id
 
     stream = stream or sys.stdout
@@ -1060,10 +1059,15 @@ def image_report(report: ImageReport, stream: Any = None) -> None:
             lines.append(head + f"{n.action} {short_id(n.image_id)} in {n.elapsed_s:.1f} s, verified{was}")
     stream.write("\n".join(lines) + "\n")
     stream.flush()
-    failed = report.failed()
+    failed_tail("orch image push", [n.node for n in report.failed()], len(report.nodes))
+
+
+def failed_tail(command: str, failed: list[str], total: int) -> None:
+    """The last line of a fan-out command with failed nodes: how many of all, their names folded."""
+    from ..config.nodeset import fold
+
     if failed:
-        sys.stderr.write(f"orch image push: failed on {len(failed)} of {len(report.nodes)} nodes: "
-                         f"{fold(n.node for n in failed)}\n")
+        sys.stderr.write(f"{command}: failed on {len(failed)} of {total} nodes: {fold(failed)}\n")
 
 
 def sync_report(report: SyncReport, stream: Any = None) -> None:
@@ -1092,7 +1096,4 @@ def sync_report(report: SyncReport, stream: Any = None) -> None:
             lines.extend(f"    {printable(c)}" for c in what[1])
     stream.write("\n".join(lines) + "\n")
     stream.flush()
-    failed = report.failed()
-    if failed:
-        sys.stderr.write(f"orch sync: failed on {len(failed)} of {len(report.nodes)} nodes: "
-                         f"{fold(n.node for n in failed)}\n")
+    failed_tail("orch sync", [n.node for n in report.failed()], len(report.nodes))

@@ -12,17 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bench.report_top_memory import PEAK  # orch ARGS that says its own peak RSS as it exits
 from orchestrator.remote.exec import KEPT_BYTES
 
 REPO = Path(__file__).resolve().parents[2]
-PEAK = ("import atexit, sys\n"
-        "def peak():\n"
-        "    for ln in open('/proc/self/status'):\n"
-        "        if ln.startswith('VmHWM:'):\n"
-        "            sys.stderr.write('\\nPEAK_KB ' + ln.split()[1] + '\\n')\n"
-        "atexit.register(peak)\n"
-        "from orchestrator.cli import main\n"
-        "main(sys.argv[1:])\n")
 BIG = 64 << 20
 
 

@@ -40,24 +40,42 @@ def marked(marker: str) -> list[str]:
     return out
 
 
-def wait_for(cond, timeout: float, what: str):  # type: ignore[no-untyped-def]
+def wait_for(cond, timeout: float, what: str, proc: subprocess.Popen[str]):  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         got = cond()
         if got:
             return got
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"orch check exited {proc.returncode} before {what}:\n{out[-2000:]}\n{err[-2000:]}")
         time.sleep(0.2)
     raise AssertionError(f"not within {timeout:.0f} s: {what}")
+
+
+# The job's allreduce on one rank takes well under a second: on a fast machine the whole job could
+# start and end between two scans of /proc, and SIGTERM would come after it. This hold, on the
+# job's PYTHONPATH only, keeps the job's process (never torchrun's, never orch's) running until it
+# is stopped, so the signal always lands while the job runs.
+HOLD = """import sys, time
+if sys.argv and sys.argv[0].endswith("allreduce_job.py"):
+    while True:
+        time.sleep(1)
+"""
 
 
 def test_sigterm_during_the_fabric_job_stops_the_job_and_exits_130(tmp_path: Path) -> None:
     marker = f"fabric-sigterm-{uuid.uuid4().hex}"
     run_root = tmp_path / marker  # in every agent's command line
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    (hold / "sitecustomize.py").write_text(HOLD)
     inv = tmp_path / "inv.yaml"
     inv.write_text(yaml.safe_dump({
         "name": "sigterm", "transport": "local", "nodes": [{"host": "localhost", "name": "n0"}],
         "master": {"port": job_port()},
-        "env": {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "SIGTERM_TEST_MARK": marker},
+        "env": {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "SIGTERM_TEST_MARK": marker,
+                "PYTHONPATH": str(hold)},
         "checks": {"fabric": {"max_bytes": "4M", "budget_s": 5, "timeout_s": 200}},
         "job": {"python": sys.executable, "workdir": str(REPO), "run_root": str(run_root), "script": "train.py",
                 "nproc_per_node": 1, "stop_grace_s": 5},
@@ -67,7 +85,7 @@ def test_sigterm_during_the_fabric_job_stops_the_job_and_exits_130(tmp_path: Pat
     p = subprocess.Popen([sys.executable, "-m", "orchestrator", "check", str(inv), "--only", "fabric"], cwd=REPO,
                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        wait_for(lambda: [ln for ln in marked(marker) if "allreduce_job.py" in ln], 150, "the fabric job running")
+        wait_for(lambda: [ln for ln in marked(marker) if "allreduce_job.py" in ln], 150, "the fabric job running", p)
         p.send_signal(signal.SIGTERM)
         out, err = p.communicate(timeout=120)
     finally:

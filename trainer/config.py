@@ -148,8 +148,8 @@ class TrainConfig:
     """SyncBatchNorm across ranks (CUDA; refused on CPU with several ranks), e.g. for <= 8 images per GPU; the
     EMA and every checkpoint keep plain BatchNorm. Fewer than 4 images per rank without it: a warning"""
     device: str = "auto"
-    """auto (cuda:LOCAL_RANK if CUDA is there), cpu, cuda, or this node's GPU indices, one per process,
-    e.g. 0,1,2,3 with --nproc-per-node 4"""
+    """auto (cuda:LOCAL_RANK if CUDA is there), cpu, cuda, or this node's GPU indices as CUDA_VISIBLE_DEVICES
+    shows them, one per process: 0,1,2,3 (or cuda:0,1,2,3, [0,1,2,3]) needs --nproc-per-node 4"""
     workers: int = 8
     """data loader worker processes per rank, at most the node's CPUs / its ranks (a larger number is lowered,
     said at start-up and recorded as used in trainer.yaml and args.yaml), e.g. 8"""
@@ -160,8 +160,9 @@ class TrainConfig:
     """keep the loader workers between epochs"""
     cache: str | None = field(default=None, metadata=flag(nargs="?", const="ram", metavar="WHERE"))
     """cache decoded images: ram (bare --cache) or disk (ultralytics' cache), one builder per node: disk is
-    written by each node's first rank; ram is a copy per rank, cached if the node's memory holds one for
-    each of its ranks"""
+    written by each node's first rank (rank 0 first), then read by its other ranks; ram is a copy per rank,
+    cached (the node's first rank first) if the node's free memory holds one for each of its ranks with
+    ultralytics' 2x margin, else a warning and no RAM cache"""
     fraction: float = 1.0
     """train on this fraction of the training images, e.g. 0.1"""
     freeze: int | tuple[int | str, ...] | None = field(default=None, metadata=flag(type=None))
@@ -218,7 +219,9 @@ class TrainConfig:
     (a lost node ends the job)"""
     startup_timeout_min: float = 120.0
     """how long a rank waits for the others at start-up (datasets built and cached; --cache ram at COCO
-    scale takes minutes per rank), on torchrun's rendezvous store (no gloo group); at least --timeout-min"""
+    scale takes minutes per rank), on torchrun's rendezvous store (no gloo group, so no GLOO_SOCKET_IFNAME);
+    at least --timeout-min. The labels.cache writes take turns (rank 0, then each node's first rank), the
+    builds run on every rank at once, image caching node by node"""
     progress_every_s: float = 30.0
     """start-up: each node's first rank says what it is building every N seconds (feeds orch's stall
     watchdog), e.g. 60"""

@@ -15,6 +15,6 @@
 - `runner.py`       `run_preflight` → `CheckReport`; saving it where `orch up` and `orch logs` read it
 
 A new check: its function in `checks.py` (registered in `CHECKS`), its name in
-`contract.CHECK_NAMES`, its row in README.md and docs/checks.md; a fact the probe does not gather
+`contract.CHECK_NAMES`, its row in docs/checks.md; a fact the probe does not gather
 yet goes in `node/probe.py` (stdlib only) and its shape in `shapes.py`.
 """

@@ -9,18 +9,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text()
 TRAINER_DOC = REPO / "docs" / "trainer.md"
-PLACEHOLDER = "(Being written"
-"""What a page holds until its content arrives: the trainer guide is written apart from the README."""
-
-
 def trainer_doc() -> str:
-    """docs/trainer.md, where the trainer's flag table lives; its tests wait while it is a placeholder."""
-    import pytest
-
-    text = TRAINER_DOC.read_text()
-    if PLACEHOLDER in text:
-        pytest.skip("docs/trainer.md is still a placeholder: the trainer guide is not in yet")
-    return text
+    """docs/trainer.md, where the trainer's flag table lives."""
+    return TRAINER_DOC.read_text()
 
 
 def test_opens_with_the_two_commands() -> None:

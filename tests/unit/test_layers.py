@@ -115,9 +115,9 @@ def test_the_trainers_doors_import_only_the_standard_library(module: str) -> Non
     assert found <= set(sys.stdlib_module_names) | {"__future__"}, found
 
 
-OWN_PROGRAMS = {"node_script", "node_program", "script", "program", "FROM_STDIN", "FROM_STDIN_OPEN", "_COLLECT"}
+OWN_PROGRAMS = {"node_script", "node_program", "script", "program", "FROM_STDIN", "FROM_STDIN_OPEN"}
 """What orch's own node programs are spelled as after `python -c` (the agent's boot, the probe, the
-log reader, the fabric check's read-back): run by the host's python, not the job's."""
+log reader): run by the host's python, not the job's."""
 JOB_BUILDER = "config/plan.py"
 
 

@@ -176,7 +176,7 @@ def failures_recap(report: CheckReport, out: Console) -> None:
 def fabric_report(fabric: Mapping[str, Any], out: Console | None = None) -> None:
     """The fabric check's measurements: the all_reduce sweep as all_reduce_perf prints it (same
     columns and units), then each node's send/recv rate and what is slow."""
-    from ..preflight.busbw import sweep_table
+    from ..preflight.fabric.busbw import sweep_table
 
     shown = out or console(stderr=False)
 

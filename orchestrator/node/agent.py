@@ -952,7 +952,7 @@ def cmd_collect(run_dir: str, root: str, limit: int, remove: bool, nonce: str | 
     """The last `limit` bytes of node.log; with `remove`, then the run directory is removed (and
     the run id's directory above it, once empty), only where `under_root` finds it in the run
     root, it is this launch's (`nonce`), and neither its agent nor its job runs any more: a check's
-    run directory once its job is done (`preflight/fabric.py`). The run directory's trust was
+    run directory once its job is done (`preflight/fabric/job.py`). The run directory's trust was
     judged by `main` (`check_run_dir`) before anything is read."""
     out: dict[str, Any] = {"log": "", "removed": False}
     try:

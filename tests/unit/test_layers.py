@@ -57,6 +57,17 @@ def test_imports_go_down_the_layers(path: Path) -> None:
     assert not upward, f"{path.relative_to(PACKAGE)} ({mine}, layer {LAYERS[mine]}) imports {upward}"
 
 
+def test_the_fabric_check_is_a_package_of_preflight() -> None:
+    """The one check that runs a job across the nodes, through run/: its job, verdict and parsers
+    are `preflight/fabric/`, and no other module of preflight/ imports run/."""
+    launching = sorted(str(p.relative_to(PACKAGE)) for p in SOURCES if part(p) == "preflight"
+                       and "run" in imported_parts(p))
+    assert launching and all(p.startswith("preflight/fabric/") for p in launching), launching
+    beside = sorted(p.name for p in (PACKAGE / "preflight").glob("*.py")
+                    if p.stem.startswith("fabric") or p.stem in ("nccl_log", "busbw"))
+    assert beside == [], f"the fabric check's modules belong in preflight/fabric/: {beside}"
+
+
 def printing(path: Path) -> list[str]:
     """What in a module writes to the terminal or ends the process."""
     found = []

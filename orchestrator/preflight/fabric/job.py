@@ -10,7 +10,7 @@ training run, torchrun's argv and env built the same way (the inventory's `env`,
 `measure` returns `FabricFacts`: every node's final status and log (read back; the node's run
 directory is then removed, unless the job failed somewhere: then it stays for a person), the job's result (rank 0's `ORCH_FABRIC_RESULT` line), and what went wrong
 (a node that could not start, an `ORCH_FABRIC_ERROR`, a job that overran `timeout_s`). It never
-raises for a node; the judging is `fabric_judge.check_fabric`, a pure function of these facts.
+raises for a node; the judging is `judge.check_fabric`, a pure function of these facts.
 
 The job runs as `fabric-<time>-<random>` under `job.run_root`, on `master.port`: the check tests
 the port, the interfaces and the environment the training will use. A node that fails stops the
@@ -27,17 +27,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..config.inventory import Inventory
-from ..config.plan import RUN_DIR, Plan, make_plan
-from ..contract import FINAL_STATES, NodeState
-from ..node.jobs import allreduce as job
-from ..run.agents import NodeStatus, collect_node, status_node, stop_all
-from ..run.agents import start_all as start_all_nodes
-from ..run.records import node_records
-from ..run.supervise import sigint_shielded, sigterm_as_interrupt
-from ..store import remote_dir
-from ..transport import Cluster, Transport
-from .shapes import read_fabric_result
+from ...config.inventory import Inventory
+from ...config.plan import RUN_DIR, Plan, make_plan
+from ...contract import FINAL_STATES, NodeState
+from ...node.jobs import allreduce as job
+from ...run.agents import NodeStatus, collect_node, status_node, stop_all
+from ...run.agents import start_all as start_all_nodes
+from ...run.records import node_records
+from ...run.supervise import sigint_shielded, sigterm_as_interrupt
+from ...store import remote_dir
+from ...transport import Cluster, Transport
+from ..shapes import read_fabric_result
 
 Progress = Callable[[str, int, int], None]
 FABRIC_OPT_IN = ("opt-in: it launches a short job on every node, so it runs only when asked: "

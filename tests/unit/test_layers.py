@@ -68,6 +68,14 @@ def test_the_fabric_check_is_a_package_of_preflight() -> None:
     assert beside == [], f"the fabric check's modules belong in preflight/fabric/: {beside}"
 
 
+def test_the_cli_renders_each_command_in_a_module_of_its_own() -> None:
+    """`cli/render/` is a package, a module per command beside `common.py`, not one module of
+    every renderer; `commands.py` reaches them all through the package."""
+    modules = {p.stem: len(p.read_text().splitlines()) for p in (PACKAGE / "cli" / "render").glob("*.py")}
+    assert {"__init__", "common", "check", "up", "top"} <= set(modules), modules
+    assert max(modules.values()) <= 400, modules
+
+
 def printing(path: Path) -> list[str]:
     """What in a module writes to the terminal or ends the process."""
     found = []
@@ -94,7 +102,7 @@ def test_only_the_cli_prints_or_exits(path: Path) -> None:
 
 
 def test_the_guard_sees_printing() -> None:
-    cli = PACKAGE / "cli" / "render.py"
+    cli = PACKAGE / "cli" / "render" / "up.py"
     assert any(f.startswith("import rich") for f in printing(cli)) and any("sys.stdout" in f for f in printing(cli))
 
 

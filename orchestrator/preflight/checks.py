@@ -4,7 +4,7 @@ Every pitfall of the field guides becomes a finding with the measured value and 
 fixes it. A node that could not be probed fails `ssh` and is `skip` everywhere else, with the
 reason. Checks that compare nodes (versions, env, file contents) report on each node that differs
 from the majority and name the majority value. What a check returns and the helpers it judges
-with are `results.py`; the fabric check's verdict is `fabric_judge.py`.
+with are `results.py`; the fabric check's verdict is `fabric/judge.py`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from ..config.nodeset import fold
 from ..config.trainer import batch_choices, batch_problem, is_builtin_model
 from ..contract import CHECK_NAMES
 from . import cudacompat, jobcheck
-from .fabric_judge import check_fabric
+from .fabric.judge import check_fabric
 from .facts import HeldImage, NodeFacts, held_image
 from .jobargs import device_ids, is_output_key, job_files, path_args, raw_setting
 from .parsers import Gpu, GpuFacts, IbDevice

@@ -46,7 +46,7 @@ from .shapes import FACTS_SHAPE, REACH_SHAPE, read_answer
 
 if TYPE_CHECKING:
     from .controller_clock import ControllerClock
-    from .fabric import FabricFacts
+    from .fabric.job import FabricFacts
 
 Progress = Callable[[str, int, int], None]
 PHASE1_TIMEOUT_S = 150.0    # a cold `import torch` on a loaded node is the slow part
@@ -86,7 +86,7 @@ class NodeFacts:
     """Parts of the probe's answer that were not of the shape the probe writes (dropped): a
     mismatched or tampered probe; the `ssh` check fails on it."""
     fabric: FabricFacts | None = None
-    """What the fabric job measured (`preflight/fabric.py`), the same object on every node; None
+    """What the fabric job measured (`preflight/fabric/job.py`), the same object on every node; None
     where the fabric check was not selected."""
     controller_clock: ControllerClock | None = None
     """The controller's own offset to `checks.clock.ntp_server` (`controller_clock.measure`), the

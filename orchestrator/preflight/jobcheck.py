@@ -23,24 +23,11 @@ from typing import Any
 from ..config.inventory import Inventory
 from ..config.nodes import Node
 from ..config.plan import job_command, job_python, node_env
+from ..node import script as node_script
 
 TIMEOUT_S = 90.0
 """How long the job's check may take (a cold `import torch, ultralytics` on a busy node is most of it)."""
 TRAINER = "trainer"
-IMPORT_CODE = r"""
-import importlib.util, json, sys
-name = sys.argv[1]
-out = {"module": name, "found": False}
-try:
-    spec = importlib.util.find_spec(name)
-    out["found"] = spec is not None
-    out["origin"] = getattr(spec, "origin", None) if spec is not None else None
-except Exception as exc:
-    out["error"] = "%s: %s" % (type(exc).__name__, exc)
-print(json.dumps(out))
-"""
-"""`python -c IMPORT_CODE MODULE`: whether `python -m MODULE` finds it (the cwd is on sys.path for
-both), without running it."""
 
 
 def is_trainer(inv: Inventory) -> bool:
@@ -79,7 +66,8 @@ def request(inv: Inventory, node: Node, run_id: str) -> dict[str, Any] | None:
     env.update({"RANK": str(base), "LOCAL_RANK": "0", "WORLD_SIZE": str(world), "GROUP_RANK": str(node_rank),
                 "LOCAL_WORLD_SIZE": str(node.nproc_per_node), "GROUP_WORLD_SIZE": str(len(inv.nodes)),
                 "MASTER_ADDR": inv.master.addr, "MASTER_PORT": str(inv.master_port)})
-    inner = ["-m", TRAINER, "--check", *inv.job.args] if k == TRAINER else ["-c", IMPORT_CODE, str(inv.job.module)]
+    inner = ["-m", TRAINER, "--check", *inv.job.args] if k == TRAINER else \
+        ["-c", node_script("findmodule"), str(inv.job.module)]
     argv = job_command(inv, node, inner, run_id=run_id, env=[*node.env, *env], role="check")
     return {"kind": k, "argv": argv, "env": env, "cwd": inv.job.workdir, "timeout": TIMEOUT_S}
 

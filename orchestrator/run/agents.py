@@ -279,6 +279,29 @@ def status_node(t: Transport, python: str, rdir: str, tail: int = 0, timeout: fl
         return NodeStatus(NodeState.UNKNOWN, agent_alive=False, job_alive=False, error=exc.message)
 
 
+@dataclass(frozen=True)
+class Collected:
+    """What `agent.py collect` brought back: the tail of node.log, whether the run directory is gone."""
+
+    log: str
+    removed: bool = False
+    kept: str | None = None
+    """Why the run directory was asked to go and stayed (the agent's refusal: outside the run
+    root, another launch's, its job still running)."""
+
+
+def collect_node(t: Transport, python: str, rdir: str, root: str, limit: int, remove: bool,
+                 nonce: str | None = None, timeout: float = 60) -> Collected:
+    """The last `limit` bytes of a node's log; with `remove`, then its run directory is removed by
+    the agent, which checks it as it checks every run directory (trusted, `<root>/<run-id>/<node>`,
+    this launch's, nothing of it running) before it removes anything."""
+    args = ["collect", ".", "--root", root, "--limit", str(limit), *(["--remove"] if remove else []),
+            *(["--nonce", nonce] if nonce else [])]
+    data = agent_call(t, python, rdir, args, timeout)
+    kept = data.get("kept")
+    return Collected(_text(data.get("log")) or "", bool(data.get("removed")), str(kept) if kept else None)
+
+
 # ----------------------------------------------------------------------------- every node
 
 

@@ -146,13 +146,6 @@ class Transport:
         `keep_stdin` (then `Process.write` talks to the command while it runs)."""
         raise NotImplementedError
 
-    def put(self, data: bytes, path: str, mode: int = 0o600) -> None:
-        """Write `data` to `path` on the node (parents created, private by default)."""
-        script = ('p="$1"; case "$p" in "~/"*) p="$HOME/${p#"~/"}";; esac; '
-                  'umask 077; mkdir -p "$(dirname "$p")" && cat > "$p.tmp.$$" && chmod "$2" "$p.tmp.$$" '
-                  '&& mv -f "$p.tmp.$$" "$p"')
-        self.run(["sh", "-c", script, "orch-put", path, format(mode, "o")], stdin=data, timeout=60).check()
-
     def close(self) -> None:
         pass
 

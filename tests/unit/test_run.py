@@ -352,10 +352,10 @@ def test_a_preflight_failed_by_nodes_that_cannot_be_reached_hints_exclude_not_sk
 
 def test_a_node_that_never_started_is_said_so_not_an_unconfirmed_stop(capsys: pytest.CaptureFixture[str]) -> None:
     from orchestrator.cli import render
-    from orchestrator.errors import TransportError
+    from orchestrator.errors import ConnectionLost, TransportError
 
     reached = up.never_started({"gpu4": TransportError("gpu4", "unreachable", "timed out: gpu4:22 did not answer"),
-                                "gpu2": TransportError("gpu2", "unreachable", "connection lost while running a command"),
+                                "gpu2": ConnectionLost("gpu2"),
                                 "gpu3": TransportError("gpu3", "timeout", "command timed out after 60 s")})
     assert reached == {"gpu4": "gpu4: timed out: gpu4:22 did not answer"}
     render.up_outcome(up.UpOutcome("start_failed", run_id="r1", teardown_s=0.5, never_started=reached))

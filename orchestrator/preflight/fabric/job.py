@@ -10,7 +10,7 @@ training run, torchrun's argv and env built the same way (the inventory's `env`,
 `measure` returns `FabricFacts`: every node's final status and log (read back; the node's run
 directory is then removed, unless the job failed somewhere: then it stays for a person), the job's result (rank 0's `ORCH_FABRIC_RESULT` line), and what went wrong
 (a node that could not start, an `ORCH_FABRIC_ERROR`, a job that overran `timeout_s`). It never
-raises for a node; the judging is `fabric_judge.check_fabric`, a pure function of these facts.
+raises for a node; the judging is `judge.check_fabric`, a pure function of these facts.
 
 The job runs as `fabric-<time>-<random>` under `job.run_root`, on `master.port`: the check tests
 the port, the interfaces and the environment the training will use. A node that fails stops the
@@ -27,17 +27,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..config.inventory import Inventory
-from ..config.plan import RUN_DIR, Plan, make_plan
-from ..contract import FINAL_STATES, NodeState
-from ..node.jobs import allreduce as job
-from ..run.agents import NodeStatus, status_node, stop_all
-from ..run.agents import start_all as start_all_nodes
-from ..run.records import node_records
-from ..run.supervise import sigint_shielded, sigterm_as_interrupt
-from ..store import remote_dir
-from ..transport import Cluster, Transport
-from .shapes import read_fabric_result
+from ...config.inventory import Inventory
+from ...config.plan import RUN_DIR, Plan, make_plan
+from ...contract import FINAL_STATES, NodeState
+from ...node.jobs import allreduce as job
+from ...run.agents import NodeStatus, collect_node, status_node, stop_all
+from ...run.agents import start_all as start_all_nodes
+from ...run.records import node_records
+from ...run.supervise import sigint_shielded, sigterm_as_interrupt
+from ...store import remote_dir
+from ...transport import Cluster, Transport
+from ..shapes import read_fabric_result
 
 Progress = Callable[[str, int, int], None]
 FABRIC_OPT_IN = ("opt-in: it launches a short job on every node, so it runs only when asked: "
@@ -54,22 +54,6 @@ STOP_GRACE_S = 5.0
 LOG_LIMIT = 8 << 20
 """At most this many bytes of each node's log are read back (the end of it)."""
 NCCL_DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
-# Reads the node's log (its last LOG_LIMIT bytes) to stdout, then removes the check's run
-# directory on the node (and the run id's directory above it once every node's is gone).
-_COLLECT = (
-    "import os,shutil,sys\n"
-    "d=os.getcwd()\n"
-    "try:\n"
-    " f=open('node.log','rb');f.seek(0,2);f.seek(max(0,f.tell()-int(sys.argv[1])));sys.stdout.buffer.write(f.read())\n"
-    "except OSError:\n"
-    " pass\n"
-    "if sys.argv[2]=='1':\n"
-    " os.chdir('/');shutil.rmtree(d,True)\n"
-    " try:\n"
-    "  os.rmdir(os.path.dirname(d))\n"
-    " except OSError:\n"
-    "  pass\n"
-)
 
 
 def backend_for(inv: Inventory) -> str:
@@ -316,12 +300,8 @@ def _read_back(cluster: Cluster, plan: Plan, records: list[dict[str, Any]], fact
 
     def read(t: Transport) -> str:
         r = by_name[t.node.name]
-        remove = "1" if clean else "0"
-        res = t.run([r["python"], "-c", _COLLECT, str(LOG_LIMIT), remove], cwd=r["remote_dir"], timeout=60)
-        if res.exit_code != 0 and not res.stdout:
-            raise RuntimeError(res.stderr.strip().splitlines()[-1] if res.stderr.strip() else
-                               f"exit code {res.exit_code}")
-        return res.stdout
+        return collect_node(t, r["python"], r["remote_dir"], plan.inventory.job.run_root, LOG_LIMIT, clean,
+                            r.get("nonce")).log
 
     logs = cluster.fan_out(read, [p.node for p in plan.nodes])
     for name, text in logs.succeeded.items():

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .config.container import launched_image
+from .config.schema import FabricCheckModel, StragglerModel
 from .contract import NodeState
 from .logs.fetch import NodeSource
 from .logs.progress import rank0_lines
@@ -277,11 +278,11 @@ def plot_fabric_nodes(fabric: dict[str, Any]) -> bytes | None:
         ax.bar(xs, values, width, color=colours, label=direction)
         for x, v in zip(xs, values):
             ax.text(x, v, f"{v:.3g}", ha="center", va="bottom", fontsize=7)
-        ax.axhline(fabric.get("share", 0.7) * statistics.median(values), color=colour, lw=0.8, ls="--")
+        ax.axhline(fabric.get("share", FabricCheckModel.share) * statistics.median(values), color=colour, lw=0.8, ls="--")
     ax.set_xticks(range(len(names)), names)
     ax.set_ylim(0, ax.get_ylim()[1] * 1.25)
     ax.set_ylabel("GB/s (best pair)")
-    ax.set_title(f"fabric: send / recv per node (red: below {fabric.get('share', 0.7):g} x the median, dashed)",
+    ax.set_title(f"fabric: send / recv per node (red: below {fabric.get('share', FabricCheckModel.share):g} x the median, dashed)",
                  fontsize=9)
     ax.legend(fontsize=8, ncol=2, loc="upper left")
     return _png(fig)
@@ -346,7 +347,7 @@ def scan_logs(run: RunDir) -> LogScan:
     """Read the copies once: the detector replayed (every judged window's speed per rank: the
     median rank's time per step outside collectives over the rank's own; the stragglers it names,
     with the run's `job.straggler` settings, the defaults without an inventory) and the summary lines."""
-    share, windows = 0.8, 3
+    share, windows = StragglerModel.share, StragglerModel.windows
     offsets: dict[str, float] = {}
     try:
         inv = run.inventory()

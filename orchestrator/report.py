@@ -42,7 +42,7 @@ from .logs.trainer import (
     parse_throughput_epochs,
 )
 from .run.straggler import Detector
-from .store import CHECK, RunDir, clock_offsets, write_private
+from .store import CHECK, RunDir, clock_offsets, recorded_world_size, write_private
 
 STATE_COLOURS = {NodeState.RUNNING: "#1f77b4", NodeState.SUCCEEDED: "#2ca02c", NodeState.FAILED: "#d62728",
                  NodeState.STOPPED: "#ff7f0e", NodeState.STARTING: "#9467bd", NodeState.UNREACHABLE: "#8c564b",
@@ -355,7 +355,7 @@ def scan_logs(run: RunDir) -> LogScan:
         offsets, _origin = clock_offsets(run, inv.name)
     except Exception:  # a run directory without its inventory: the defaults, no skew correction
         pass
-    world = sum(int(n.get("nproc") or 0) for n in run.read().get("nodes") or [] if isinstance(n, dict)) or None
+    world = recorded_world_size(run.read())
     det = Detector(share, windows, world)
     scans = [CopyScan(NodeSource(path.stem, i, None, "", "", path), keep=SUMMARY_LINES)
              for i, path in enumerate(run.node_logs())]
@@ -535,8 +535,8 @@ def summarize(info: dict[str, Any], results: dict[str, list[float]], lines: list
         best, best_epoch = maps[i], int(epochs[i])
     nodes = [n for n in info.get("nodes") or [] if isinstance(n, dict)]
     world = plan.get("world_size") if isinstance(plan.get("world_size"), int) else None
-    if world is None and nodes and all(isinstance(n.get("nproc"), int) for n in nodes):
-        world = sum(n["nproc"] for n in nodes)
+    if world is None:
+        world = recorded_world_size(info)
     weights, _csv = announced(lines)
     master = next((n.get("node") for n in nodes if n.get("node_rank") == 0), None)
     attempt = int(info.get("attempt") or 1)

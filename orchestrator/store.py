@@ -30,13 +30,14 @@ import re
 import secrets
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .config.inventory import Inventory
 from .config.nodes import Node, name_problem
+from .config.plan import world_size
 from .contract import RunState
 from .errors import UsageError
 from .node.trust import above_problem, own_problem
@@ -148,6 +149,19 @@ def warn(message: str) -> None:
     """A warning through logging (`orch.store`): a record that could not be written, the run goes
     on. `orch up` passes its own (`UpProgress.warning`) where it has one."""
     logging.getLogger("orch.store").warning("orch: warning: %s", message)
+
+
+class _Procs(NamedTuple):
+    nproc_per_node: int
+
+
+def recorded_world_size(info: Mapping[str, Any]) -> int | None:
+    """A run's number of ranks as run.json's node records say it (`info`: run.json); None when it
+    has no records, or one of them lacks its process count."""
+    counts = [r.get("nproc") for r in info.get("nodes") or [] if isinstance(r, dict)]
+    if not counts or not all(type(c) is int for c in counts):
+        return None
+    return world_size(_Procs(c) for c in counts)  # type: ignore[arg-type]
 
 
 CHECK = "check.json"

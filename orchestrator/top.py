@@ -18,12 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .config.inventory import Inventory
+from .config.plan import world_size
 from .logs.fetch import NodeSource, fetch_all, node_sources
 from .logs.stored import CopyScan, scan_records
 from .logs.telemetry import Gpu, Ignored, Sample
 from .logs.trainer import Timing
 from .run.straggler import HOT_C, Detector, Straggler, Window
-from .store import RunDir, RunStore, clock_offsets
+from .store import RunDir, RunStore, clock_offsets, recorded_world_size
 from .transport import Cluster
 
 IDLE_PCT = 10.0
@@ -82,9 +83,8 @@ class TopView:
         self.offsets_ms, _origin = clock_offsets(run, inv.name)
         self.sources = node_sources(run, inv)
         self.nodes = {s.node: NodeView(s) for s in self.sources}
-        world = sum(int(n.get("nproc") or 0) for n in run.read().get("nodes") or [] if isinstance(n, dict))
         st = inv.job.straggler
-        self.detector = Detector(st.share, st.windows, world or sum(n.nproc_per_node for n in inv.nodes))
+        self.detector = Detector(st.share, st.windows, recorded_world_size(run.read()) or world_size(inv.nodes))
         self.ignored = 0
         """Lines of the copies that start as a telemetry or timing record and are not a finite one."""
 

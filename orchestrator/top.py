@@ -13,7 +13,7 @@ top JSON). Layer 6 beside `up.py`: it composes logs and run.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +24,7 @@ from .logs.stored import CopyScan, scan_records
 from .logs.telemetry import Gpu, Ignored, Sample
 from .logs.trainer import Timing
 from .run.straggler import HOT_C, Detector, Straggler, Window
-from .store import RunDir, RunStore, clock_offsets, recorded_world_size
+from .store import NodeRecord, RunDir, RunStore, clock_offsets, recorded_nodes, recorded_world_size
 from .transport import Cluster
 
 IDLE_PCT = 10.0
@@ -146,22 +146,22 @@ class TopView:
 
     def report(self) -> TopReport:
         now = self.clock()
-        recorded = {n.get("node"): n for n in self.run.read().get("nodes") or [] if isinstance(n, dict)}
+        recorded = {n.node: n for n in recorded_nodes(self.run.read())}
         state = str(self.run.read().get("state", "unknown"))
         named = {s.rank for s in self.detector.found}
         streak = {r for r, ws in self.detector.streak.items() if ws}
         rows = []
         for view in sorted(self.nodes.values(), key=lambda v: v.source.node_rank):
-            rows.append(self._node_row(view, recorded.get(view.source.node, {}), now, named, streak))
+            rows.append(self._node_row(view, recorded.get(view.source.node), now, named, streak))
         return TopReport(self.run.run_id, state, now, self.inv.job.telemetry_s, rows, list(self.detector.found),
                          list(self.detector.speeds), self.ignored)
 
-    def _node_row(self, view: NodeView, rec: Mapping[str, Any], now: float, named: set[int],
+    def _node_row(self, view: NodeView, rec: NodeRecord | None, now: float, named: set[int],
                   streak: set[int]) -> dict[str, Any]:
         node = view.source.node
         offset = self.offsets_ms.get(node, 0.0) / 1000.0
         s = view.sample
-        node_state = str(rec.get("state") or "unknown")
+        node_state = str(rec.state if rec is not None else "unknown")
         running = node_state == "running"
         by_local = {r.local_rank: r for r in view.ranks.values() if r.local_rank is not None}
         gpus = [self._gpu_row(g, by_local.get(g.index) if g.index is not None else None, running)

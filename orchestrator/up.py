@@ -446,7 +446,7 @@ def _attempt(say: UpProgress, run: RunDir, inv: Inventory, report: CheckReport |
     run.write(plan.to_json(env_values=True), "plan.json")  # private (0600): what was launched, values too
     save_to_run(run, inv, report)
     record = RunRecord(run, warn=say.warning)
-    run.update(nodes=node_records(plan), state=RunState.STARTING)
+    run.update(nodes=[r.to_json() for r in node_records(plan)], state=RunState.STARTING)
     say.starting(plan)
     with Cluster(inv) as cluster:
         try:
@@ -479,7 +479,7 @@ def _launch(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, cluster
         # a node whose agent refused its run directory started nothing there (the boot refuses
         # before it writes): no stop to confirm
         refused = {n for n, e in started.failed.items() if isinstance(e, UntrustedRunDir)}
-        results = stop_all(cluster, [r for r in record.nodes() if r["node"] not in refused], inv.job.stop_grace_s)
+        results = stop_all(cluster, [r for r in record.nodes() if r.node not in refused], inv.job.stop_grace_s)
         record.update_nodes({n: r.status for n, r in results.succeeded.items() if r.status is not None},
                             state=RunState.FAILED, start_failures={n: str(e) for n, e in started.failed.items()})
         never = never_started(started.failed)
@@ -499,7 +499,7 @@ def _attached(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, clust
     """Stream the merged log and supervise until the run ends; record how it ended."""
     inv = plan.inventory
     records = record.nodes()
-    by_name = {r["node"]: r for r in records}
+    by_name = {r.node: r for r in records}
     tune = Tunables.from_env()
     interval, grace = tune.poll_interval_s, tune.unreachable_grace_s
 
@@ -507,12 +507,12 @@ def _attached(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, clust
         r = by_name[name]
         # a node that was reached but answers slowly (a stalled disk) is not down: it has
         # `no_answer_s`; one that cannot be reached fails the call, and is judged by `grace`
-        return status_node(cluster[name], r["python"], r["remote_dir"], timeout=tune.no_answer_s,
-                           nonce=r.get("nonce"), renew=True)
+        return status_node(cluster[name], r.python, r.remote_dir, timeout=tune.no_answer_s, nonce=r.nonce,
+                           renew=True)
 
     def excerpt(name: str) -> list[str]:
         r = by_name[name]
-        return list(status_node(cluster[name], r["python"], r["remote_dir"], tail=200, nonce=r.get("nonce")).tail)
+        return list(status_node(cluster[name], r.python, r.remote_dir, tail=200, nonce=r.nonce).tail)
 
     pushed = Pushed([p.node.name for p in plan.nodes], poll_one, silent_after=tune.silent_after_s,
                     first_frame_s=grace / 2, interval=interval, stale_after=grace / 2, no_answer_s=tune.no_answer_s)
@@ -527,7 +527,7 @@ def _attached(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, clust
                      observe=pushed.observe,
                      stop_all=lambda: stop_all(cluster, records, inv.job.stop_grace_s),
                      excerpt=excerpt,
-                     confirm=lambda names: status_all(cluster, [r for r in records if r["node"] in names], timeout=3.0),
+                     confirm=lambda names: status_all(cluster, [r for r in records if r.node in names], timeout=3.0),
                      interval=min(interval, 0.5), unreachable_grace=grace, sleep=pushed.wait,
                      on_update=lambda nodes: record.update_nodes(nodes), offsets_s=offsets_s(run, inv),
                      watch=watch, warn=say.warning)

@@ -656,7 +656,7 @@ def exec_(ctx: click.Context, inventory: str | None, node_set: str | None, timeo
 def _in_container(run: str, command: list[str]) -> tuple[Inventory, list[Any], list[str]]:
     """RUN's inventory, the nodes it launched on and `command` wrapped to run in its container there."""
     from ..config.container import exec_argv
-    from ..store import RunStore
+    from ..store import RunStore, recorded_nodes
 
     rd = RunStore().get(run)
     inv = rd.inventory()
@@ -664,9 +664,9 @@ def _in_container(run: str, command: list[str]) -> tuple[Inventory, list[Any], l
     if c is None or c.runtime == "apptainer":
         raise UsageError(f"run {rd.run_id} ran no docker or podman container (job.container)",
                          f"orch exec {rd.inventory_path} -- CMD runs on its nodes' hosts")
-    record = rd.read()
-    names = [str(n.get("name")) for n in record.get("nodes", [])]
-    nonce = next((str(n["nonce"]) for n in record.get("nodes", []) if n.get("nonce")), rd.nonce or "")
+    records = recorded_nodes(rd.read())
+    names = [r.node for r in records]
+    nonce = next((r.nonce for r in records if r.nonce), rd.nonce or "")
     nodes = [n for n in inv.nodes if n.name in names] or list(inv.nodes)
     return inv, nodes, exec_argv(c, rd.run_id, nonce, command)
 

@@ -48,7 +48,7 @@ def counted_ranks(tree: ast.AST) -> list[int]:
             _mentions_procs(node.left) or _mentions_procs(node.right))
         added = isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Add) and _mentions_procs(node.value)
         if summed or multiplied or added:
-            found.append(node.lineno)
+            found.append(getattr(node, "lineno", 0))
     return sorted(found)
 
 
@@ -82,3 +82,110 @@ def test_the_plan_counts_them() -> None:
     assert world_size(inv.nodes) == 6 == make_plan(inv).world_size
     assert first_ranks(inv.nodes) == {"a": 0, "b": 2, "c": 5}
     assert [p.global_ranks for p in make_plan(inv).nodes] == [range(0, 2), range(2, 5), range(5, 6)]
+
+
+# ----------------------------------------------------------------------------- run.json's node records
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+OLD_INVENTORY = """name: old
+transport: ssh
+ssh: {user: train}
+nodes:
+  - host: "10.0.0.[1-2]"
+    name: "gpu[1-2]"
+    gpus: 2
+    python: /opt/venv/bin/python
+job:
+  container: {runtime: podman, image: "yoloe:latest"}
+"""
+"""The inventory the fixtures' run was planned from (run id 20261206-071800-old, nonce 0123456789ab)."""
+
+
+def record_lookups(tree: ast.AST) -> list[int]:
+    """Lines that read a node record's key from its JSON: `r["python"]`, `r.get("remote_dir")`
+    (`.get("python")` is also the agent's answers' key: only the subscript is a record's)."""
+    found = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
+                and node.slice.value in ("python", "remote_dir", "base_rank")) or (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+              and node.args and isinstance(node.args[0], ast.Constant)
+              and node.args[0].value in ("remote_dir", "base_rank")):
+            found.append(node.lineno)
+    return sorted(found)
+
+
+@pytest.mark.parametrize("path", [p for p in SOURCES if _rel(p) != "store.py"], ids=_rel)
+def test_node_records_are_read_through_their_type(path: Path) -> None:
+    """run.json's node records are `store.NodeRecord`s everywhere but in the store that reads them."""
+    assert record_lookups(ast.parse(path.read_text())) == [], f"{_rel(path)} reads a record's JSON itself"
+
+
+def test_the_guard_sees_a_record_read_as_a_dict() -> None:
+    code = ('a = r["python"]\nb = rec.get("remote_dir")\nc = r.get("base_rank", 0)\nd = r.python\n'
+            'e = data.get("nodes")\nf = answer.get("python")\n')
+    assert record_lookups(ast.parse(code)) == [1, 2, 3]
+
+
+def test_a_run_json_written_before_the_type_reads_and_keeps_every_key() -> None:
+    import json
+
+    from orchestrator.store import NodeRecord, recorded_nodes, recorded_world_size
+
+    text = (FIXTURES / "run_json_before_noderecord.json").read_text()
+    data = json.loads(text)
+    records = recorded_nodes(data)
+    first = records[0]
+    assert (first.node, first.host, first.node_rank, first.base_rank, first.nproc) == ("gpu1", "10.0.0.1", 0, 0, 2)
+    assert (first.python, first.remote_dir) == ("/opt/venv/bin/python", "~/.orch/nodes/20261206-071800-old/gpu1")
+    assert (first.state, first.exit_code, first.pid, first.nonce) == ("failed", 1, 4242, "0123456789ab")
+    assert first.sweep is not None and first.sweep[:2] == ("podman", "ps")
+    assert first.more == {"agent_pid": 4240, "failed_at": 1765005489.75, "signal": "SIGKILL", "cleanup_left": [77]}
+    assert records[1].more == {}  # what run.json keeps of a status (agents.RECORDED) and nothing else
+    assert recorded_world_size(data) == 4
+    for raw, rec in zip(data["nodes"], records):  # every key, in its place
+        assert list(rec.to_json().items()) == list(raw.items())
+    assert json.dumps({**data, "nodes": [r.to_json() for r in records]}, indent=2) + "\n" == text
+    assert NodeRecord.from_json({"node": "n1"}).nproc is None  # a record from before nproc
+
+
+def test_a_record_from_before_nonces_reads_as_not_said() -> None:
+    from orchestrator.store import NodeRecord, recorded_nodes, recorded_world_size
+
+    old = {"node": "n1", "host": "h", "addr": "h", "node_rank": 0, "remote_dir": "/r", "python": "py",
+           "state": "running", "exit_code": None, "pid": "not a pid", "pgid": None, "started_at": None,
+           "finished_at": None}
+    rec = NodeRecord.from_json(old)
+    assert (rec.nonce, rec.sweep, rec.base_rank, rec.nproc, rec.pid) == (None, None, None, None, None)
+    assert recorded_world_size({"nodes": [old]}) is None
+    assert [r.node for r in recorded_nodes({"nodes": [old, {"host": "no node"}, "junk"]})] == ["n1"]
+    with pytest.raises(ValueError):
+        NodeRecord.from_json({"host": "h"})
+
+
+def test_a_fresh_record_is_the_json_orch_always_wrote() -> None:
+    import json
+
+    from orchestrator.config.inventory import parse
+    from orchestrator.config.plan import make_plan
+    from orchestrator.run.records import node_records
+
+    plan = make_plan(parse(OLD_INVENTORY, "/tmp/old.yaml"), "20261206-071800-old", nonce="0123456789ab")
+    before = json.loads((FIXTURES / "node_records_before_noderecord.json").read_text())["nodes"]
+    assert [list(r.to_json().items()) for r in node_records(plan)] == [list(r.items()) for r in before]
+
+
+def test_trusted_records_take_what_runs_from_the_snapshot(tmp_path: Path) -> None:
+    import json
+
+    from orchestrator.config.inventory import parse
+    from orchestrator.errors import UsageError
+    from orchestrator.run.records import trusted_records
+    from orchestrator.store import RunDir, recorded_nodes
+
+    inv = parse(OLD_INVENTORY, "/tmp/old.yaml")
+    run = RunDir(tmp_path / "20261206-071800-old")
+    data = json.loads((FIXTURES / "run_json_before_noderecord.json").read_text())
+    assert [r.python for r in trusted_records(run, inv, recorded_nodes(data))] == ["/opt/venv/bin/python"] * 2
+    data["nodes"][1]["python"] = "/tmp/evil"
+    with pytest.raises(UsageError, match="gpu2: python '/tmp/evil'"):
+        trusted_records(run, inv, recorded_nodes(data))

@@ -17,7 +17,7 @@ import math
 import os
 import shlex
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..contract import CHECK_STATUSES
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from ..config.plan import Plan
     from ..logs.lines import LogLine
     from ..logs.teardown import NodeStopped
-    from ..preflight.runner import CheckReport, Progress
+    from ..preflight.runner import CheckReport
     from ..remote.exec import ExecReport
     from ..remote.image import ImageReport
     from ..remote.rsync import Transfer
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from ..run.stacks import StacksReport
     from ..run.straggler import Straggler
     from ..top import TopReport
+    from ..transport.base import Progress
     from ..up import UpOutcome
 
 
@@ -994,13 +995,13 @@ def exec_failures(report: ExecReport) -> None:
 
 
 @contextlib.contextmanager
-def exec_progress(nodes: int) -> Iterator[Callable[[int, int], None] | None]:
+def exec_progress(nodes: int) -> Iterator[Progress | None]:
     """`done/total` on stderr while nodes answer, erased at the end; None where stderr is no terminal."""
     if not may_be_terminal(sys.stderr) or not sys.stderr.isatty():
         yield None
         return
 
-    def progress(done: int, total: int) -> None:
+    def progress(label: str, done: int, total: int) -> None:  # the label is the command's own word
         sys.stderr.write(f"\r{done}/{total} nodes done")
         sys.stderr.flush()
 

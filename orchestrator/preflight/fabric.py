@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -37,9 +37,9 @@ from ..run.records import node_records
 from ..run.supervise import sigint_shielded, sigterm_as_interrupt
 from ..store import NodeRecord, remote_dir
 from ..transport import Cluster, Transport
+from ..transport.base import Progress
 from .shapes import read_fabric_result
 
-Progress = Callable[[str, int, int], None]
 FABRIC_OPT_IN = ("opt-in: it launches a short job on every node, so it runs only when asked: "
                  "orch check --only fabric, checks.fabric: true in the inventory, or orch up --fabric")
 JOB_FILE = "allreduce_job.py"

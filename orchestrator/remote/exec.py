@@ -39,14 +39,13 @@ from ..config.schema import JobModel
 from ..errors import TransportError
 from ..node import packed
 from ..transport import Cluster, Result, Transport
+from ..transport.base import Progress
 
 UNREACHABLE = 255
 """A node where the command could not run, or ended without an exit status."""
 TIMED_OUT = 124
 """A node where the command outlived `--timeout`."""
 
-Progress = Callable[[int, int], None]
-"""progress(nodes done, nodes in all), called as each node answers."""
 KILL_AFTER_S = 5
 """Seconds between timeout(1)'s SIGTERM to the command's process group and its SIGKILL."""
 SLACK_S = 10
@@ -305,7 +304,7 @@ def run_everywhere(inv: Inventory, nodes: Sequence[Node], command: Sequence[str]
             if progress is not None:
                 with lock:
                     done[0] += 1
-                    progress(done[0], len(nodes))
+                    progress("running", done[0], len(nodes))
 
     with Cluster(inv) as cluster:
         answers = _interruptible(lambda: cluster.fan_out(one, nodes))

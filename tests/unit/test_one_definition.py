@@ -189,3 +189,77 @@ def test_trusted_records_take_what_runs_from_the_snapshot(tmp_path: Path) -> Non
     data["nodes"][1]["python"] = "/tmp/evil"
     with pytest.raises(UsageError, match="gpu2: python '/tmp/evil'"):
         trusted_records(run, inv, recorded_nodes(data))
+
+
+# ----------------------------------------------------------------------------- the progress callback
+
+PROGRESS_HOME = "transport/base.py"
+OLD_SIGNATURES = ("Callable[[str, int, int], None]", "Callable[[int, int], None]")
+
+
+def progress_types(tree: ast.AST) -> list[str]:
+    """Where a module defines a progress callback's type of its own: a `Progress = ...` alias or
+    class, a `progress` parameter typed as a callable, a callable type of the shape progress
+    callbacks have (`progress: Any`, the trainer's progress, and `UpProgress`, orch up's, are other
+    things)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "Progress" for t in node.targets):
+            found.append(f"line {node.lineno}: Progress = {ast.unparse(node.value)}")
+        elif isinstance(node, ast.ClassDef) and node.name == "Progress":
+            found.append(f"line {node.lineno}: class Progress")
+        elif isinstance(node, ast.arg) and node.arg in ("progress", "say") and node.annotation is not None \
+                and "Callable" in ast.unparse(node.annotation):
+            found.append(f"line {node.lineno}: {node.arg}: {ast.unparse(node.annotation)}")
+        elif isinstance(node, ast.expr) and ast.unparse(node) in OLD_SIGNATURES:
+            found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return sorted(found, key=lambda f: int(f.split()[1].rstrip(":")))
+
+
+@pytest.mark.parametrize("path", [p for p in SOURCES if _rel(p) != PROGRESS_HOME], ids=_rel)
+def test_one_progress_type(path: Path) -> None:
+    """`transport.base.Progress` is the one type of a progress callback: `progress(label, done, total)`."""
+    assert progress_types(ast.parse(path.read_text())) == [], f"{_rel(path)} types progress itself"
+
+
+def test_the_guard_sees_a_progress_type_of_its_own() -> None:
+    code = '''
+Progress = Callable[[int, int], None]
+def run(progress: Callable[[str, int, int], None] | None = None) -> None: ...
+def fine(progress: Progress | None = None) -> Iterator[Progress | None]: ...
+def drawn() -> Iterator[Callable[[int, int], None] | None]: ...
+'''
+    assert [f.split(":")[0] for f in progress_types(ast.parse(code))] == [
+        "line 2", "line 2", "line 3", "line 3", "line 5"]
+
+
+def test_the_progress_type_is_a_protocol_the_callers_fit() -> None:
+    from typing import Protocol
+
+    from orchestrator.transport import Progress
+
+    assert Protocol in Progress.__mro__
+    seen: list[tuple[str, int, int]] = []
+
+    def progress(label: str, done: int, total: int) -> None:
+        seen.append((label, done, total))
+
+    fits: Progress = progress
+    fits("probing", 1, 2)
+    assert seen == [("probing", 1, 2)]
+
+
+def test_orch_exec_says_its_progress_through_it() -> None:
+    """A caller of the old two-number signature, adapted: `progress("running", done, total)` as
+    each node answers."""
+    from orchestrator.config.inventory import parse
+    from orchestrator.remote.exec import run_everywhere
+
+    inv = parse("name: lx\ntransport: local\nnodes:\n  - {host: localhost, name: \"n[0-1]\"}\n")
+    seen: list[tuple[str, int, int]] = []
+
+    def progress(label: str, done: int, total: int) -> None:
+        seen.append((label, done, total))
+
+    assert run_everywhere(inv, list(inv.nodes), ["true"], timeout=30, progress=progress).exit_code == 0
+    assert sorted(seen) == [("running", 1, 2), ("running", 2, 2)]

@@ -49,9 +49,8 @@ _WORDS = {str: "string", int: "integer", float: "number", bool: "boolean", type(
 
 
 def type_text(tp: Any) -> str:
-    """A declared type as the table words it: `integer`, `string or integer`, `` `warn` or `stop` ``."""
-    if tp is Scalar:
-        return "scalar"
+    """A declared type as the table words it: `integer`, `integer or string`, `` `warn` or `stop` ``;
+    None is left out (the default column says what unset means)."""
     if tp in _WORDS:
         return _WORDS[tp]
     if _is_schema(tp):
@@ -66,15 +65,10 @@ def type_text(tp: Any) -> str:
         return "mapping"
     if origin is Union or origin is types.UnionType:
         members = [a for a in args if a is not type(None)]
-        if set(members) == set(get_args(Scalar)):
-            return "scalar"
-        rest = [a for a in members if a not in get_args(Scalar)]
-        scalars = [a for a in members if a in get_args(Scalar)]
-        words = [type_text(a) for a in rest] if len(scalars) == len(get_args(Scalar)) else \
-            [type_text(a) for a in members]
-        if len(scalars) == len(get_args(Scalar)):
-            words.append("scalar")
-        return " or ".join(words)
+        scalars = set(get_args(Scalar))
+        every = scalars <= set(members)  # str | int | float | bool: a scalar
+        words = [type_text(a) for a in members if not (every and a in scalars)]
+        return " or ".join(words + ["scalar"] * every)
     return str(tp)
 
 
@@ -84,7 +78,7 @@ def default_text(schema: type, key: str) -> str:
     if not hasattr(schema, key):
         return "required"
     value = getattr(schema, key)
-    if value is None and issubclass(schema, SSHModel) and key in SSH_UNSET and schema is SSHModel:
+    if value is None and schema is SSHModel and key in SSH_UNSET:
         value = SSH_UNSET[key]
     if value is None or _is_schema(type(value)):
         return "—"
@@ -96,27 +90,25 @@ def _cell(text: str) -> str:
 
 
 def _rows(schema: type, prefix: str, top: bool) -> list[tuple[str, str, str, str]]:
-    rows = []
+    """The rows of `schema`'s keys under `prefix`. At the top level a key whose value is a mapping
+    links to its section; below it, that mapping's keys follow it, and a mapping that only groups
+    keys (`checks.clock`) has no row of its own. `nodes[]` lists the node's own keys and one row
+    for the `ssh` keys a node may override."""
     docs = field_docs(schema)
-    own = fields_of(schema)
-    inherited = [k for k in own if schema is NodeModel and k in fields_of(SSHModel)]
-    for key, tp in own.items():
+    inherited = [k for k in fields_of(SSHModel) if schema is NodeModel]
+    rows = []
+    for key, tp in fields_of(schema).items():
         if key in inherited:
             continue
-        sub = _unwrap_schema(tp)
-        path = f"{prefix}{key}"
+        path, sub = f"{prefix}{key}", _unwrap_schema(tp)
         doc = f"{docs[key]}: {NAMED[path]()}" if path in NAMED else docs[key]
-        row = (f"`{path}`", type_text(tp), default_text(schema, key), doc)
-        if sub is None or top:
-            rows.append(row if not (top and sub) else (row[0], row[1], row[2], f"{row[3]} ([below](#{_anchor(key)}))"))
-            continue
-        if _is_schema(tp) and not (schema is NodeModel and key == "ssh"):  # a plain sub-mapping: its keys say it
-            rows += _rows(sub, f"{path}.", False)
-        elif schema is NodeModel:  # `nodes[].ssh`: the ssh keys again
-            rows.append(row)
-        else:  # `checks.fabric: true` or a mapping; `job.container`, unset or a mapping
-            rows.append(row)
-            rows += _rows(sub, f"{path}.", False)
+        if top and sub is not None:
+            doc += f" ([below](#{_anchor(key)}))"
+        nested = sub if sub is not None and not top and schema is not NodeModel else None
+        if nested is None or tp is not nested:
+            rows.append((f"`{path}`", type_text(tp), default_text(schema, key), doc))
+        if nested is not None:
+            rows += _rows(nested, f"{path}.", False)
     if inherited:
         rows.append((f"`{prefix}{{{','.join(inherited)}}}`", "as in `ssh`", "from `ssh`",
                      "the node's own value of that `ssh` key"))

@@ -101,10 +101,12 @@ def schema_defaults() -> dict[str, list[Any]]:
 
 
 def _is_default(name: str | None, value: ast.AST | None, defaults: dict[str, list[Any]]) -> bool:
+    """`value` is a literal equal to a default the schema gives a key called `name` (600 and 600.0
+    alike; a word only as a word)."""
     if name not in defaults or not isinstance(value, ast.Constant) or isinstance(value.value, bool):
         return False
-    return any(type(value.value) is type(d) or isinstance(d, (int, float)) and isinstance(value.value, (int, float))
-               and value.value == d for d in defaults[name] if value.value == d)
+    number = isinstance(value.value, (int, float))
+    return any(value.value == d and (number == isinstance(d, (int, float))) for d in defaults[name])
 
 
 def _name(target: ast.AST) -> str | None:

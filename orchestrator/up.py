@@ -478,7 +478,7 @@ class Ending:
         if self.stop:
             t = time.monotonic()
             with sigint_shielded():
-                results = stop_all(cluster, [r for r in record.nodes() if r["node"] not in self.spared], grace)
+                results = stop_all(cluster, [r for r in record.nodes() if r.node not in self.spared], grace)
             self.teardown_s = time.monotonic() - t
             self.not_stopped = not_stopped(results)
             self.nodes.update({n: r.status for n, r in results.succeeded.items() if r.status is not None})
@@ -493,7 +493,7 @@ def _attempt(say: UpProgress, run: RunDir, inv: Inventory, report: CheckReport |
     plan = make_plan(inv, run.run_id, attempt, run.nonce or "", pins=report.pins if report is not None else None)
     run.write(plan.to_json(env_values=True), "plan.json")  # private (0600): what was launched, values too
     record = RunRecord(run, warn=say.warning)
-    run.update(nodes=node_records(plan), state=RunState.STARTING)
+    run.update(nodes=[r.to_json() for r in node_records(plan)], state=RunState.STARTING)
     say.starting(plan)
     end = Ending()
     with Cluster(inv) as cluster:
@@ -539,7 +539,7 @@ def _attached(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, clust
     """Stream the merged log and supervise until the run ends; say in `end` how it ended."""
     inv = plan.inventory
     records = record.nodes()
-    by_name = {r["node"]: r for r in records}
+    by_name = {r.node: r for r in records}
     tune = Tunables.from_env()
     interval, grace = tune.poll_interval_s, tune.unreachable_grace_s
 
@@ -547,12 +547,12 @@ def _attached(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, clust
         r = by_name[name]
         # a node that was reached but answers slowly (a stalled disk) is not down: it has
         # `no_answer_s`; one that cannot be reached fails the call, and is judged by `grace`
-        return status_node(cluster[name], r["python"], r["remote_dir"], timeout=tune.no_answer_s,
-                           nonce=r.get("nonce"), renew=True)
+        return status_node(cluster[name], r.python, r.remote_dir, timeout=tune.no_answer_s, nonce=r.nonce,
+                           renew=True)
 
     def excerpt(name: str) -> list[str]:
         r = by_name[name]
-        return list(status_node(cluster[name], r["python"], r["remote_dir"], tail=200, nonce=r.get("nonce")).tail)
+        return list(status_node(cluster[name], r.python, r.remote_dir, tail=200, nonce=r.nonce).tail)
 
     pushed = Pushed([p.node.name for p in plan.nodes], poll_one, silent_after=tune.silent_after_s,
                     first_frame_s=grace / 2, interval=interval, stale_after=grace / 2, no_answer_s=tune.no_answer_s)
@@ -567,7 +567,7 @@ def _attached(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, clust
                      observe=pushed.observe,
                      stop_all=lambda: stop_all(cluster, records, inv.job.stop_grace_s),
                      excerpt=excerpt,
-                     confirm=lambda names: status_all(cluster, [r for r in records if r["node"] in names], timeout=3.0),
+                     confirm=lambda names: status_all(cluster, [r for r in records if r.node in names], timeout=3.0),
                      interval=min(interval, 0.5), unreachable_grace=grace, sleep=pushed.wait,
                      on_update=lambda nodes: record.update_nodes(nodes), offsets_s=offsets_s(run, inv),
                      watch=watch, warn=say.warning)

@@ -19,6 +19,7 @@ import yaml
 from ..config.inventory import Inventory
 from ..config.nodes import Node
 from ..config.nodeset import fold
+from ..config.plan import world_size
 from ..config.trainer import batch_choices, batch_problem, is_builtin_model
 from ..contract import CHECK_NAMES
 from . import cudacompat, jobcheck
@@ -676,16 +677,12 @@ def check_software(inv: Inventory, facts: Facts) -> list[CheckResult]:
 # ----------------------------------------------------------------------------- job
 
 
-def world_size(inv: Inventory) -> int:
-    return sum(n.nproc_per_node for n in inv.nodes)
-
-
 def cluster_job_findings(inv: Inventory, said: str = "") -> list[tuple[str, str, str]]:
     """Problems of the job itself (not of a node), reported once, on the master's row; one the
     job's own check already `said` (the trainer's refusal, made with the same rule) is not
     repeated."""
     out = []
-    ws = world_size(inv)
+    ws = world_size(inv.nodes)
     raw = raw_setting(inv, "batch")
     batch = raw if isinstance(raw, int) and not isinstance(raw, bool) else None
     problem = batch_problem(batch, ws) if batch is not None else None
@@ -761,7 +758,7 @@ def check_job(inv: Inventory, facts: Facts) -> list[CheckResult]:
         elif jobcheck.checks_on(inv, node) and "job_check" not in nf.raw:
             f.add("warn", "the probe brought back no answer from the job's own check: the job's arguments are not "
                           "verified", "run orch check -v to see the probe's command")
-        f.value = f"world size {world_size(inv)}, {len(paths)} file(s)"
+        f.value = f"world size {world_size(inv.nodes)}, {len(paths)} file(s)"
         out.append(f.result(_job_checked(inv, node, paths, relative, answer) + _datasets_checked(nodes, node, paths)))
     return out
 

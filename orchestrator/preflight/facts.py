@@ -39,6 +39,7 @@ from ..config.plan import gpu_devices, job_command
 from ..errors import TransportError
 from ..node import program as node_program
 from ..transport import Cluster, Process, Transport
+from ..transport.base import Progress
 from . import jobcheck
 from .jobargs import is_output_key, job_files
 from .parsers import ChronyTracking, GpuFacts, IbDevice, parse_chrony_tracking, parse_gpus, parse_ib
@@ -48,7 +49,6 @@ if TYPE_CHECKING:
     from .controller_clock import ControllerClock
     from .fabric.job import FabricFacts
 
-Progress = Callable[[str, int, int], None]
 PHASE1_TIMEOUT_S = 150.0    # a cold `import torch` on a loaded node is the slow part
 CONNECT_TIMEOUT_S = 5.0
 REACH_TIMEOUT_S = CONNECT_TIMEOUT_S * 6 + 30

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..config.inventory import Inventory
 from ..config.nodes import Node
-from ..config.plan import job_command, job_python, node_env
+from ..config.plan import first_ranks, job_command, job_python, node_env, world_size
 from ..node import script as node_script
 
 TIMEOUT_S = 90.0
@@ -59,9 +59,8 @@ def request(inv: Inventory, node: Node, run_id: str) -> dict[str, Any] | None:
     k = kind(inv)
     if k is None or not checks_on(inv, node):
         return None
-    ranks = {n.name: (i, sum(m.nproc_per_node for m in inv.nodes[:i])) for i, n in enumerate(inv.nodes)}
-    node_rank, base = ranks[node.name]
-    world = sum(n.nproc_per_node for n in inv.nodes)
+    node_rank, base = [n.name for n in inv.nodes].index(node.name), first_ranks(inv.nodes)[node.name]
+    world = world_size(inv.nodes)
     env = {key: value for key, value in node_env(inv, node, node_rank, run_id).items() if key not in node.env}
     env.update({"RANK": str(base), "LOCAL_RANK": "0", "WORLD_SIZE": str(world), "GROUP_RANK": str(node_rank),
                 "LOCAL_WORLD_SIZE": str(node.nproc_per_node), "GROUP_WORLD_SIZE": str(len(inv.nodes)),

@@ -24,6 +24,7 @@ from ..contract import CHECK_NAMES
 from ..errors import PreflightUnavailable, UsageError
 from ..store import CHECK, checks_path, write_private
 from ..transport import Cluster
+from ..transport.base import Progress
 from .controller_clock import ControllerClock
 from .controller_clock import measure as measure_controller
 from .facts import collect, container_pins
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
     from .fabric.job import FabricFacts
     from .facts import NodeFacts
 
-Progress = Callable[[str, int, int], None]
 
 
 @dataclass

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import IO, TypeVar
+from typing import IO, Protocol, TypeVar
 
 from ..config.nodes import Node
 from ..errors import RemoteCommandFailed
@@ -24,6 +24,15 @@ T = TypeVar("T")
 
 OnOutput = Callable[[str, bytes], None]
 """on_output(stream, data): a piece of a running command's output, `out` or `err`, as it arrives."""
+
+
+class Progress(Protocol):
+    """How work over the nodes says how far it is, as they answer: `progress(label, done, total)`,
+    `done` of `total` (nodes, or steps of the fabric job), `label` what is being done (`probing`,
+    `testing reachability`, `syncing`...). The one type of it: the preflight, the fabric check,
+    `orch exec`, `orch sync` and `orch image push` call it; the CLI draws it."""
+
+    def __call__(self, label: str, done: int, total: int) -> None: ...
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,8 @@ def test_launch_spec_carries_env_apart_from_argv() -> None:
 def test_node_records_point_at_per_node_run_dirs() -> None:
     plan = make_plan(inventory.load(V100), "r1")
     recs = records.node_records(plan)
-    assert [r["remote_dir"] for r in recs] == [f"~/.orch/nodes/r1/v100-{i}" for i in range(1, 5)]
-    assert [r["base_rank"] for r in recs] == [0, 8, 16, 24]
+    assert [r.remote_dir for r in recs] == [f"~/.orch/nodes/r1/v100-{i}" for i in range(1, 5)]
+    assert [r.base_rank for r in recs] == [0, 8, 16, 24]
 
 
 def res(code: int, out: str = "", err: str = "") -> Result:

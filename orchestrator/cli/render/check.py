@@ -16,7 +16,8 @@ from .common import markup, safe
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from ...preflight.runner import CheckReport, Progress
+    from ...preflight.runner import CheckReport
+    from ...transport.base import Progress
 
 
 def check_table(report: CheckReport, out: Console | None = None) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..ui import may_be_terminal
@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from ...remote.image import ImageReport
     from ...remote.rsync import Transfer
     from ...remote.sync import SyncReport
+    from ...transport.base import Progress
 
 
 def exec_output(report: ExecReport, color: bool) -> None:
@@ -97,13 +98,13 @@ def exec_failures(report: ExecReport) -> None:
 
 
 @contextlib.contextmanager
-def exec_progress(nodes: int) -> Iterator[Callable[[int, int], None] | None]:
+def exec_progress(nodes: int) -> Iterator[Progress | None]:
     """`done/total` on stderr while nodes answer, erased at the end; None where stderr is no terminal."""
     if not may_be_terminal(sys.stderr) or not sys.stderr.isatty():
         yield None
         return
 
-    def progress(done: int, total: int) -> None:
+    def progress(label: str, done: int, total: int) -> None:  # the label is the command's own word
         sys.stderr.write(f"\r{done}/{total} nodes done")
         sys.stderr.flush()
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -35,11 +35,11 @@ from ...run.agents import NodeStatus, collect_node, status_node, stop_all
 from ...run.agents import start_all as start_all_nodes
 from ...run.records import node_records
 from ...run.supervise import sigint_shielded, sigterm_as_interrupt
-from ...store import remote_dir
+from ...store import NodeRecord, remote_dir
 from ...transport import Cluster, Transport
+from ...transport.base import Progress
 from ..shapes import read_fabric_result
 
-Progress = Callable[[str, int, int], None]
 FABRIC_OPT_IN = ("opt-in: it launches a short job on every node, so it runs only when asked: "
                  "orch check --only fabric, checks.fabric: true in the inventory, or orch up --fabric")
 JOB_FILE = "allreduce_job.py"
@@ -172,7 +172,7 @@ def measure(inv: Inventory, cluster: Cluster, progress: Progress | None = None,
     run_id = f"fabric-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     plan = fabric_plan(inv, run_id, backend)
     records = node_records(plan)
-    facts = FabricFacts(backend, run_id, {r["node"]: FabricNode(r["node"], r["remote_dir"]) for r in records})
+    facts = FabricFacts(backend, run_id, {r.node: FabricNode(r.node, r.remote_dir) for r in records})
     say = progress or (lambda label, done, total: None)
     start = time.monotonic()
     final: set[str] = set()
@@ -185,7 +185,7 @@ def measure(inv: Inventory, cluster: Cluster, progress: Progress | None = None,
     return facts
 
 
-def _launch(inv: Inventory, cluster: Cluster, plan: Plan, records: list[dict[str, Any]], facts: FabricFacts,
+def _launch(inv: Inventory, cluster: Cluster, plan: Plan, records: list[NodeRecord], facts: FabricFacts,
             final: set[str], start: float, say: Progress, poll_s: float) -> None:
     """Start the job on every node and wait for it; whatever still runs is stopped in `finally`."""
     try:
@@ -202,7 +202,7 @@ def _launch(inv: Inventory, cluster: Cluster, plan: Plan, records: list[dict[str
             facts.steps_s["run"] = time.monotonic() - start - facts.steps_s["start"]
     finally:
         t_stop = time.monotonic()
-        running = [r for r in records if r["node"] not in final]
+        running = [r for r in records if r.node not in final]
         if running:
             with sigint_shielded():
                 stops = stop_all(cluster, running, STOP_GRACE_S)
@@ -229,12 +229,12 @@ def take_result(facts: FabricFacts, first: str) -> None:
         node.error = node.error or f"the fabric job's result is not what orch's job writes: {'; '.join(problems[:3])}{more}"
 
 
-def _wait(inv: Inventory, cluster: Cluster, plan: Plan, records: list[dict[str, Any]], facts: FabricFacts,
+def _wait(inv: Inventory, cluster: Cluster, plan: Plan, records: list[NodeRecord], facts: FabricFacts,
           final: set[str], start: float, say: Progress, poll_s: float) -> None:
     """Poll every agent until all are final, one fails (the others are then stopped by the
     caller) or `timeout_s` passes. The master's last lines carry the job's progress."""
     master = plan.nodes[0].node.name
-    by_name = {r["node"]: r for r in records}
+    by_name = {r.node: r for r in records}
     deadline = start + inv.checks.fabric.timeout_s
     interval = poll_s
     while True:
@@ -243,7 +243,7 @@ def _wait(inv: Inventory, cluster: Cluster, plan: Plan, records: list[dict[str, 
 
         def ask(t: Transport) -> NodeStatus:
             r = by_name[t.node.name]
-            return status_node(t, r["python"], r["remote_dir"], tail=20 if t.node.name == master else 0, timeout=15)
+            return status_node(t, r.python, r.remote_dir, tail=20 if t.node.name == master else 0, timeout=15)
 
         asked = cluster.fan_out(ask, [n for n in inv.nodes if n.name not in final])
         for name, status in asked.succeeded.items():
@@ -292,16 +292,16 @@ def _progress_step(info: Mapping[str, Any]) -> tuple[int, int]:
     return int(info.get("step") or 0), int(info.get("of") or 0)
 
 
-def _read_back(cluster: Cluster, plan: Plan, records: list[dict[str, Any]], facts: FabricFacts) -> None:
+def _read_back(cluster: Cluster, plan: Plan, records: list[NodeRecord], facts: FabricFacts) -> None:
     """Every node's log; then the run directories go when the job ended well everywhere (after
     a failure they stay, node.log with them, for a person to read)."""
-    by_name = {r["node"]: r for r in records}
+    by_name = {r.node: r for r in records}
     clean = not facts.timed_out and not facts.not_stopped and not any(fn.error for fn in facts.nodes.values())
 
     def read(t: Transport) -> str:
         r = by_name[t.node.name]
-        return collect_node(t, r["python"], r["remote_dir"], plan.inventory.job.run_root, LOG_LIMIT, clean,
-                            r.get("nonce")).log
+        return collect_node(t, r.python, r.remote_dir, plan.inventory.job.run_root, LOG_LIMIT, clean,
+                            r.nonce).log
 
     logs = cluster.fan_out(read, [p.node for p in plan.nodes])
     for name, text in logs.succeeded.items():

@@ -17,7 +17,7 @@ from orchestrator.config import inventory
 from orchestrator.contract import NodeState
 from orchestrator.errors import ConnectionLost, TransportError
 from orchestrator.run.agents import NodeStatus, StopResult
-from orchestrator.store import RunStore
+from orchestrator.store import NodeRecord, RunStore
 from orchestrator.transport import GroupResult
 
 TEXT = """\
@@ -61,10 +61,10 @@ class Nodes:
         return GroupResult({p.node.name: self.failed.get(p.node.name) or NodeStatus(NodeState.RUNNING, pid=7)
                             for p in plan.nodes})
 
-    def stop_all(self, cluster: FakeCluster, records: Sequence[Mapping[str, Any]],
+    def stop_all(self, cluster: FakeCluster, records: Sequence[NodeRecord],
                  grace: float) -> GroupResult[StopResult]:
-        self.stops.append([r["node"] for r in records])
-        return GroupResult({r["node"]: StopResult(NodeStatus(NodeState.STOPPED, exit_code=-15)) for r in records})
+        self.stops.append([r.node for r in records])
+        return GroupResult({r.node: StopResult(NodeStatus(NodeState.STOPPED, exit_code=-15)) for r in records})
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-BUDGETS = {"README.md": 250, "docs/guide.md": 450, "docs/DEVELOPMENT.md": 120}
-"""Ceilings in lines: the front door, the user guide, the development notes."""
+BUDGETS = {"README.md": 250, "docs/guide.md": 450, "docs/DEVELOPMENT.md": 120, "docs/CONTRACT.md": 500}
+"""Ceilings in lines: the front door, the user guide, the development notes, the contract."""
 SECTION = "## Adding things: the files to touch"
 HEADING = re.compile(r"^\*\*An? (.+?): (\d+) files?\b", re.M)
 PATH = re.compile(r"`((?:[\w.-]+/)+[\w.-]*|[\w-]+\.(?:py|md))`")

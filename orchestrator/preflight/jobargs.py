@@ -22,8 +22,17 @@ from ..config.trainer import (
 PATH_KEYS = (*INPUT_FLAGS, "hyp", "tracker")
 """Args whose value is a file the job reads: checked for an absolute path, existence, the same
 content on every node. The trainer's own (`config/trainer.py`), and other launchers' usual keys."""
-OUTPUT_KEYS = (*OUTPUT_FLAGS, "save_dir", "output", "output_dir", "log_dir", "logdir", "runs_dir",
-               "checkpoint_dir", "ckpt_dir")
+OUTPUT_KEYS = (
+    *OUTPUT_FLAGS,
+    "save_dir",
+    "output",
+    "output_dir",
+    "log_dir",
+    "logdir",
+    "runs_dir",
+    "checkpoint_dir",
+    "ckpt_dir",
+)
 """Args whose value is a folder the job writes: it need not exist yet, only be creatable."""
 
 
@@ -65,7 +74,8 @@ def path_args(inv: Inventory) -> dict[str, str]:
 
 def job_files(inv: Inventory) -> dict[str, str]:
     """Every path the `job` check looks at on each node: the path-like args, `job.script`
-    (a relative one under `job.workdir`, where torchrun starts it), and each `job.sync` entry (files by size and sha256, directories by existence),
+    (a relative one under `job.workdir`, where torchrun starts it), and each `job.sync` entry (files by size
+    and sha256, directories by existence),
     each path once."""
     out = path_args(inv)
     script = inv.job.script

@@ -32,15 +32,23 @@ def facts_with(inv: Any, images: dict[str, dict[str, Any]], gpus: str | None = N
             raw.update(containers=CLEAN, container_image=images[node])
             if gpus:
                 raw.update(gpus=_fixture_gpus(gpus))
+
         return apply
+
     return make_facts(inv, {n: edit(n) for n in NODES})
 
 
 def test_the_probe_is_asked_for_the_image_with_its_id_and_environment() -> None:
     inv = inventory(CONTAINER)
     args = probe_args(inv, inv.nodes[0], ["container"], "tok", 4)
-    assert args["container_image"] == ["podman", "image", "inspect", "--format", "{{.Id}}\t{{json .Config.Env}}",
-                                       "yoloe:latest"]
+    assert args["container_image"] == [
+        "podman",
+        "image",
+        "inspect",
+        "--format",
+        "{{.Id}}\t{{json .Config.Env}}",
+        "yoloe:latest",
+    ]
     assert container.image_argv(container.Container("apptainer", "/i/y.sif")) == ["sha256sum", "/i/y.sif"]
     assert probe_args(inventory(), inv.nodes[0], ["container"], "tok", 4)["container_image"] is None
 
@@ -63,8 +71,10 @@ def test_a_node_without_the_image_fails_and_names_orch_image_push() -> None:
     assert {c[n].status for n in ("n1", "n3", "n4")} == {"ok"}
     assert container_pins(inv, facts).image_id is None  # not pinned while a node lacks it
     pulls = inventory("  container: {runtime: podman, image: 'yoloe:latest', pull: missing}\n")
-    c = by(checks.check_container(pulls, facts_with(pulls, {**dict.fromkeys(NODES, held(IMG_A)), "n2": MISSING})),
-           "container")
+    c = by(
+        checks.check_container(pulls, facts_with(pulls, {**dict.fromkeys(NODES, held(IMG_A)), "n2": MISSING})),
+        "container",
+    )
     assert c["n2"].status == "warn" and "the launch pulls it (job.container.pull: missing)" in c["n2"].detail
 
 
@@ -102,18 +112,23 @@ def test_the_image_cuda_against_the_node_driver() -> None:
     requiring 12.1 passes; an image with CUDA_VERSION 13.0.1 only needs driver 580 by the table."""
     inv = inventory("  container: {runtime: docker, image: 'pytorch:25.01'}\n", gpus=True)
     req = ["NVIDIA_REQUIRE_CUDA=cuda>=12.8 brand=tesla,driver>=470,driver<471", "CUDA_VERSION=12.8.0"]
-    c = by(checks.check_container(inv, facts_with(inv, dict.fromkeys(NODES, held(IMG_A, req)), gpus="v100")),
-           "container")
+    c = by(
+        checks.check_container(inv, facts_with(inv, dict.fromkeys(NODES, held(IMG_A, req)), gpus="v100")), "container"
+    )
     assert c["n1"].status == "fail"
-    assert ("the image requires CUDA 12.8 or newer (its NVIDIA_REQUIRE_CUDA); this node's driver 535.129.03 "
-            "supports CUDA 12.2") in c["n1"].detail
+    assert (
+        "the image requires CUDA 12.8 or newer (its NVIDIA_REQUIRE_CUDA); this node's driver 535.129.03 "
+        "supports CUDA 12.2"
+    ) in c["n1"].detail
     ok = ["NVIDIA_REQUIRE_CUDA=cuda>=12.1", "CUDA_VERSION=12.1.0"]
-    c = by(checks.check_container(inv, facts_with(inv, dict.fromkeys(NODES, held(IMG_A, ok)), gpus="v100")),
-           "container")
+    c = by(
+        checks.check_container(inv, facts_with(inv, dict.fromkeys(NODES, held(IMG_A, ok)), gpus="v100")), "container"
+    )
     assert c["n1"].status == "ok", c["n1"]
     new = ["CUDA_VERSION=13.0.1"]
-    c = by(checks.check_container(inv, facts_with(inv, dict.fromkeys(NODES, held(IMG_A, new)), gpus="v100")),
-           "container")
+    c = by(
+        checks.check_container(inv, facts_with(inv, dict.fromkeys(NODES, held(IMG_A, new)), gpus="v100")), "container"
+    )
     assert c["n1"].status == "fail" and "needs NVIDIA driver 580 or newer" in c["n1"].detail
 
 
@@ -126,7 +141,9 @@ def test_a_small_dev_shm_inside_the_container_fails() -> None:
         def edit(raw: dict[str, Any], nf: Any) -> None:
             raw.update(containers=CLEAN, container_image=held(IMG_A))
             raw["software"] = {**raw["software"], "shm_bytes": size}
+
         return edit
+
     facts = make_facts(inv, {n: shm(64 << 20 if n == "n2" else 32 << 30) for n in NODES})
     c = by(checks.check_container(inv, facts), "container")
     assert c["n2"].status == "fail" and "/dev/shm in the container is 64 MiB" in c["n2"].detail
@@ -139,18 +156,23 @@ def test_the_gpus_the_container_gets() -> None:
     shared fixtures podman-cdi-unresolvable-gpu-all_FasterLivePortrait-116.txt) and docker without
     the NVIDIA runtime (docker-run-error_could-not-select-device-driver_nvidia-docker-1034.txt) are
     named with their fix; a count other than nproc_per_node fails."""
+
     def torch_sees(runtime: str, tc: dict[str, Any]) -> Any:
         inv = inventory(f"  container: {{runtime: {runtime}, image: 'yoloe:latest'}}\n", gpus=True)
 
         def edit(raw: dict[str, Any], nf: Any) -> None:
             raw.update(containers=CLEAN, container_image=held(IMG_A), gpus=_fixture_gpus("v100"), torch_cuda=tc)
+
         return by(checks.check_container(inv, make_facts(inv, dict.fromkeys(NODES, edit))), "container")["n1"]
 
-    cdi = "python could not tell torch's CUDA build: Error: setting up CDI devices: unresolvable CDI devices nvidia.com/gpu=all"
+    cdi = (
+        "python could not tell torch's CUDA build: Error: setting up CDI devices:"
+        " unresolvable CDI devices nvidia.com/gpu=all"
+    )
     r = torch_sees("podman", {"error": cdi})
     assert r.status == "fail" and "unresolvable CDI devices nvidia.com/gpu=all" in r.detail
     assert "nvidia-ctk cdi generate" in r.hint
-    docker = ('docker: Error response from daemon: could not select device driver "" with capabilities: [[gpu]].')
+    docker = 'docker: Error response from daemon: could not select device driver "" with capabilities: [[gpu]].'
     r = torch_sees("docker", {"error": docker})
     assert r.status == "fail" and "nvidia-ctk runtime configure --runtime=docker" in r.hint
     r = torch_sees("docker", {"torch": "2.5.1", "cuda": "12.4", "arch_list": [], "device_count": 0})
@@ -163,8 +185,12 @@ def test_an_output_folder_not_writable_inside_the_container_fails() -> None:
     inv = inventory("  container: {runtime: podman, image: 'yoloe:latest', user: '1000:1000'}\n")
 
     def edit(raw: dict[str, Any], nf: Any) -> None:
-        raw.update(containers=CLEAN, container_image=held(IMG_A),
-                   outputs_inside={"paths": {"project": {"checked": "/srv/runs", "writable": nf.node.name != "n3"}}})
+        raw.update(
+            containers=CLEAN,
+            container_image=held(IMG_A),
+            outputs_inside={"paths": {"project": {"checked": "/srv/runs", "writable": nf.node.name != "n3"}}},
+        )
+
     c = by(checks.check_container(inv, make_facts(inv, dict.fromkeys(NODES, edit))), "container")
     assert c["n3"].status == "fail"
     assert "--project: /srv/runs is not writable inside the container (as uid:gid 1000:1000)" in c["n3"].detail
@@ -186,12 +212,14 @@ def test_rdma_inside_the_container_needs_unlimited_memlock_and_the_devices() -> 
     """checks.rdma.devices set: 8 MiB memlock inside the container (this sandbox's hard limit, as
     the podman bed measured it) or no /dev/infiniband there fails; unlimited with the devices
     passes; without rdma.devices nothing is asked."""
+
     def row(memlock: int, devices: list[str], rdma: bool = True) -> Any:
         inv = inventory(CONTAINER, rdma=rdma)
 
         def edit(raw: dict[str, Any], nf: Any) -> None:
             raw.update(containers=CLEAN, container_image=held(IMG_A))
             raw["software"] = {**raw["software"], "memlock": memlock, "infiniband": devices}
+
         return by(checks.check_container(inv, make_facts(inv, dict.fromkeys(NODES, edit))), "container")["n1"]
 
     r = row(8 << 20, ["uverbs0", "rdma_cm"])

@@ -6,8 +6,13 @@ until ultralytics' forced final one. The two alternate (A B B A ...), each in a 
 Images/s comes from each run's own results.csv: the cumulative ``time`` column, skipping the
 first epoch (worker start-up, caches) and the last (ultralytics always validates after it).
 
+Loader workers: ultralytics' trainer sets ``workers=0`` on the CPU whatever it is asked
+(engine/trainer.py: "faster CPU training as time dominated by inference"), so the default here is
+0 for both: the same data path on each side. ``--workers N`` gives N to ours and says that the
+peer still runs 0 (the JSON records both).
+
 Usage: ``python bench/trainer_throughput.py [--model yolo12n.yaml --imgsz 128 --images 96 --batch 16
---epochs 5 --reps 2 --workers 2]``; writes ``bench/results/trainer_throughput.json``.
+--epochs 5 --reps 2 --workers 0]``; writes ``bench/results/trainer_throughput.json``.
 Goal: ratio (ours / ultralytics) >= 1.0.
 """
 
@@ -118,11 +123,15 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--epochs", type=int, default=5, help=">= 3: first and last epochs are not measured")
     ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--workers", type=int, default=0,
+                    help="loader workers of ours (default 0: ultralytics runs 0 on the CPU whatever it is asked)")
     ap.add_argument("--quick", action="store_true", help="3 epochs on 48 images, one repetition (smoke run)")
     a = ap.parse_args(argv)
     if a.quick:
         a.epochs, a.images, a.reps = 3, 48, 1
+    if a.workers:
+        print(f"{PEER_NOTE} --workers {a.workers}: ours runs {a.workers} loader workers, ultralytics' trainer 0 "
+              "(it sets workers=0 on the CPU)", flush=True)
 
     from trainer.offline import OFFLINE_ENV, set_offline_env
 
@@ -153,7 +162,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     summary = {
         "what": "training images/s, single CPU process, python -m trainer vs ultralytics YOLO().train()",
         "model": a.model, "imgsz": a.imgsz, "train_images": n_train, "batch": a.batch, "accumulate": accumulate,
-        "epochs": a.epochs, "measured_epochs": a.epochs - 2, "reps": a.reps, "workers": a.workers,
+        "epochs": a.epochs, "measured_epochs": a.epochs - 2, "reps": a.reps,
+        "workers": {"trainer": a.workers, "ultralytics": 0},
         "ips": results, "median_ips": {"trainer": ours, "ultralytics": theirs}, "ratio": ours / theirs,
         "summary": [{"what": f"training images/s, {a.model} {a.imgsz}px batch {a.batch}, 1 CPU process, "
                              "python -m trainer vs ultralytics YOLO().train()",

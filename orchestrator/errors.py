@@ -90,6 +90,14 @@ class TransportError(OrchError):
         self.kind = kind  # unreachable | auth | host_key_unknown | host_key_changed | host_key_revoked | timeout | error
 
 
+class ConnectionLost(TransportError):
+    """The connection broke under a running command: its exit status never came, and the command
+    may have run (a start whose answer was lost must still be stopped)."""
+
+    def __init__(self, node: str, message: str = "connection lost while running a command") -> None:
+        super().__init__(node, "unreachable", message)
+
+
 @dataclass
 class RemoteCommandFailed(OrchError):
     """A command exited non-zero on a node; shows the argv, the code and the tail of stderr."""

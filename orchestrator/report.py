@@ -19,12 +19,13 @@ import re
 import shlex
 import statistics
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .config.container import launched_image
+from .config.schema import FabricCheckModel, StragglerModel
 from .contract import NodeState
 from .logs.fetch import NodeSource
 from .logs.progress import rank0_lines
@@ -41,7 +42,15 @@ from .logs.trainer import (
     parse_throughput_epochs,
 )
 from .run.straggler import Detector
-from .store import CHECK, RunDir, clock_offsets, write_private
+from .store import (
+    CHECK,
+    NodeRecord,
+    RunDir,
+    clock_offsets,
+    recorded_nodes,
+    recorded_world_size,
+    write_private,
+)
 
 STATE_COLOURS = {NodeState.RUNNING: "#1f77b4", NodeState.SUCCEEDED: "#2ca02c", NodeState.FAILED: "#d62728",
                  NodeState.STOPPED: "#ff7f0e", NodeState.STARTING: "#9467bd", NodeState.UNREACHABLE: "#8c564b",
@@ -76,7 +85,7 @@ def run_wall(info: dict[str, Any], now: float) -> tuple[float | None, bool]:
     wall = info.get("wall_s")
     if isinstance(wall, (int, float)):
         return float(wall), False
-    ends = [n.get("finished_at") for n in info.get("nodes") or [] if isinstance(n.get("finished_at"), (int, float))]
+    ends = [n.finished_at for n in recorded_nodes(info) if n.finished_at is not None]
     if ends and isinstance(created, (int, float)):
         return max(ends) - created, False
     return None, False
@@ -194,14 +203,13 @@ def plot_curves(results: dict[str, list[float]]) -> bytes | None:
     return _png(fig)
 
 
-def node_throughput(epochs: dict[int, Throughput], nodes: list[dict[str, Any]]) -> dict[str, dict[int, tuple[float, float]]]:
+def node_throughput(epochs: dict[int, Throughput], nodes: Sequence[NodeRecord]) -> dict[str, dict[int, tuple[float, float]]]:
     """Per node and epoch: (images/s of its ranks together, their mean data-wait share), from each
     epoch's throughput table and the ranks run.json gives each node (`base_rank`, `nproc`)."""
     owner: dict[int, str] = {}
     for n in nodes:
-        base, nproc = n.get("base_rank"), n.get("nproc")
-        if isinstance(base, int) and isinstance(nproc, int):
-            owner.update({r: n["node"] for r in range(base, base + nproc)})
+        if n.base_rank is not None and n.nproc is not None:
+            owner.update({r: n.node for r in range(n.base_rank, n.base_rank + n.nproc)})
     out: dict[str, dict[int, tuple[float, float]]] = {}
     for epoch, tp in epochs.items():
         by_node: dict[str, list[int]] = {}
@@ -277,11 +285,11 @@ def plot_fabric_nodes(fabric: dict[str, Any]) -> bytes | None:
         ax.bar(xs, values, width, color=colours, label=direction)
         for x, v in zip(xs, values):
             ax.text(x, v, f"{v:.3g}", ha="center", va="bottom", fontsize=7)
-        ax.axhline(fabric.get("share", 0.7) * statistics.median(values), color=colour, lw=0.8, ls="--")
+        ax.axhline(fabric.get("share", FabricCheckModel.share) * statistics.median(values), color=colour, lw=0.8, ls="--")
     ax.set_xticks(range(len(names)), names)
     ax.set_ylim(0, ax.get_ylim()[1] * 1.25)
     ax.set_ylabel("GB/s (best pair)")
-    ax.set_title(f"fabric: send / recv per node (red: below {fabric.get('share', 0.7):g} x the median, dashed)",
+    ax.set_title(f"fabric: send / recv per node (red: below {fabric.get('share', FabricCheckModel.share):g} x the median, dashed)",
                  fontsize=9)
     ax.legend(fontsize=8, ncol=2, loc="upper left")
     return _png(fig)
@@ -346,7 +354,7 @@ def scan_logs(run: RunDir) -> LogScan:
     """Read the copies once: the detector replayed (every judged window's speed per rank: the
     median rank's time per step outside collectives over the rank's own; the stragglers it names,
     with the run's `job.straggler` settings, the defaults without an inventory) and the summary lines."""
-    share, windows = 0.8, 3
+    share, windows = StragglerModel.share, StragglerModel.windows
     offsets: dict[str, float] = {}
     try:
         inv = run.inventory()
@@ -354,7 +362,7 @@ def scan_logs(run: RunDir) -> LogScan:
         offsets, _origin = clock_offsets(run, inv.name)
     except Exception:  # a run directory without its inventory: the defaults, no skew correction
         pass
-    world = sum(int(n.get("nproc") or 0) for n in run.read().get("nodes") or [] if isinstance(n, dict)) or None
+    world = recorded_world_size(run.read())
     det = Detector(share, windows, world)
     scans = [CopyScan(NodeSource(path.stem, i, None, "", "", path), keep=SUMMARY_LINES)
              for i, path in enumerate(run.node_logs())]
@@ -532,12 +540,12 @@ def summarize(info: dict[str, Any], results: dict[str, list[float]], lines: list
     if finite:
         i = max(finite, key=lambda k: (maps[k], -k))  # the first epoch that reached the best
         best, best_epoch = maps[i], int(epochs[i])
-    nodes = [n for n in info.get("nodes") or [] if isinstance(n, dict)]
+    nodes = recorded_nodes(info)
     world = plan.get("world_size") if isinstance(plan.get("world_size"), int) else None
-    if world is None and nodes and all(isinstance(n.get("nproc"), int) for n in nodes):
-        world = sum(n["nproc"] for n in nodes)
+    if world is None:
+        world = recorded_world_size(info)
     weights, _csv = announced(lines)
-    master = next((n.get("node") for n in nodes if n.get("node_rank") == 0), None)
+    master = next((n.node for n in nodes if n.node_rank == 0), None)
     attempt = int(info.get("attempt") or 1)
     return Summary(str(info.get("state")), wall, running, world, len(nodes), attempt,
                    int(info.get("max_attempts") or attempt), best, best_epoch, parse_final(lines), weights, master)
@@ -646,7 +654,7 @@ def build_report(run: RunDir, results_csv: Path | None = None, scan: LogScan | N
     out.mkdir(exist_ok=True, mode=0o700)
     scan = scan or scan_logs(run)
     lines = scan.lines
-    master = next((n.get("node") for n in info.get("nodes") or [] if n.get("node_rank") == 0), None)
+    master = next((n.node for n in recorded_nodes(info) if n.node_rank == 0), None)
     phases = parse_phases(master_rank0_lines(run, master))
     timeline = plot_timeline(info, phases)
     results_csv = results_csv or (run.path / "results.csv")
@@ -654,7 +662,7 @@ def build_report(run: RunDir, results_csv: Path | None = None, scan: LogScan | N
     results = read_results_csv(results_csv) if results_csv.exists() else parse_results(lines)
     curves = plot_curves(results)
     bars = plot_throughput(parse_throughput(lines))
-    per_node = plot_node_throughput(node_throughput(parse_throughput_epochs(lines), info.get("nodes") or []))
+    per_node = plot_node_throughput(node_throughput(parse_throughput_epochs(lines), recorded_nodes(info)))
     for name, png in (("timeline.png", timeline), ("curves.png", curves), ("throughput.png", bars),
                       ("throughput_nodes.png", per_node)):
         if png is not None:
@@ -693,8 +701,8 @@ def build_report(run: RunDir, results_csv: Path | None = None, scan: LogScan | N
     parts += _pace_section(run, out, scan)
     parts.append("<h2>nodes</h2>")
     parts.append(_table(["node", "node rank", "host", "state", "exit code", "pid"],
-                        [[n.get("node"), n.get("node_rank"), n.get("host"), n.get("state"), n.get("exit_code"),
-                          n.get("pid")] for n in info.get("nodes", [])], status_col=3))
+                        [[n.node, n.node_rank, n.host, n.state, n.exit_code, n.pid] for n in recorded_nodes(info)],
+                        status_col=3))
     parts += _configuration(run, info, plan)
     if checks.get("fabric"):
         parts += _fabric_section(checks["fabric"], out)
@@ -758,5 +766,5 @@ def make_report(run_id: str | None) -> ReportOutcome:
     except (TransportError, OrchError) as exc:
         error = str(exc)
     page = build_report(run, scan=scan)
-    master = (run.read().get("nodes") or [{}])[0].get("node", "the master")
+    master = next((n.node for n in recorded_nodes(run.read())), "the master")
     return ReportOutcome(page, master, weights, remote_csv, local_csv, error)

@@ -30,14 +30,15 @@ import re
 import secrets
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from .config.inventory import Inventory
 from .config.nodes import Node, name_problem
-from .contract import RunState
+from .config.plan import world_size
+from .contract import NodeState, RunState
 from .errors import UsageError
 from .node.trust import above_problem, own_problem
 
@@ -148,6 +149,108 @@ def warn(message: str) -> None:
     """A warning through logging (`orch.store`): a record that could not be written, the run goes
     on. `orch up` passes its own (`UpProgress.warning`) where it has one."""
     logging.getLogger("orch.store").warning("orch: warning: %s", message)
+
+
+def _int(value: Any) -> int | None:
+    return value if type(value) is int else None
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if type(value) in (int, float) else None
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """One node of run.json `nodes`: where its share of the run lives on the node, how to reach its
+    agent later, and what the agent last said (docs/CONTRACT.md lists the keys). Written by
+    `run.records.node_records` when a run is launched; the agent's answers are merged into it
+    (`run.records.merge_status`); read back with `from_json`, which takes every record orch has
+    written, keeps the keys it does not name in `more`, and reads a value of the wrong type as not
+    said. What runs on a node (`python`, `remote_dir`) is the inventory snapshot's, never run.json's
+    alone: `run.records.trusted_records`."""
+
+    node: str
+    host: str | None = None
+    addr: str | None = None
+    node_rank: int = 0
+    base_rank: int | None = None
+    """The node's first global rank (static rendezvous); None in a record without it."""
+    nproc: int | None = None
+    """The processes torchrun starts on the node; None in a record without it."""
+    remote_dir: str = ""
+    python: str = ""
+    state: str = NodeState.PENDING
+    exit_code: int | None = None
+    pid: int | None = None
+    pgid: int | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    nonce: str | None = None
+    """The launch's nonce, which guards the agent's stop and status (a record before nonces: None)."""
+    sweep: tuple[str, ...] | None = None
+    """The argv listing the launch's containers left on the node (`config.plan.job_sweep`), if any."""
+    more: Mapping[str, Any] = field(default_factory=dict)
+    """The other keys, as written (the agent's `failed_at`, `signal`, `agent_pid`, `cleanup_left`...)."""
+
+    ORDER: ClassVar[tuple[str, ...]] = ("node", "host", "addr", "node_rank", "base_rank", "nproc", "remote_dir",
+                                        "python", "state", "exit_code", "pid", "pgid", "started_at", "finished_at")
+    """The keys every record has, in run.json's order; `nonce` and `sweep` follow where set."""
+
+    @property
+    def nproc_per_node(self) -> int:
+        """The node's processes (0 when the record does not say): what `config.plan.world_size` adds."""
+        return self.nproc or 0
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> NodeRecord:
+        """A record of run.json. ValueError when it is not a mapping naming its node."""
+        if not isinstance(data, Mapping) or not isinstance(data.get("node"), str):
+            raise ValueError(f"a run.json node record without its node: {data!r:.80}")
+        sweep = data.get("sweep")
+        known = {*cls.ORDER, "nonce", "sweep"}
+        return cls(
+            node=data["node"], host=_str(data.get("host")), addr=_str(data.get("addr")),
+            node_rank=_int(data.get("node_rank")) or 0, base_rank=_int(data.get("base_rank")),
+            nproc=_int(data.get("nproc")), remote_dir=_str(data.get("remote_dir")) or "",
+            python=_str(data.get("python")) or "", state=_str(data.get("state")) or NodeState.PENDING,
+            exit_code=_int(data.get("exit_code")), pid=_int(data.get("pid")), pgid=_int(data.get("pgid")),
+            started_at=_float(data.get("started_at")), finished_at=_float(data.get("finished_at")),
+            nonce=_str(data.get("nonce")) or None,
+            sweep=tuple(str(w) for w in sweep) if isinstance(sweep, list) and sweep else None,
+            more={k: v for k, v in data.items() if k not in known},
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as run.json holds it (a fresh record's JSON is what orch always wrote)."""
+        out: dict[str, Any] = {k: getattr(self, k) for k in self.ORDER}
+        out["state"] = str(self.state)
+        if self.nonce:
+            out["nonce"] = self.nonce
+        if self.sweep:
+            out["sweep"] = list(self.sweep)
+        return {**out, **self.more}
+
+
+def recorded_nodes(info: Mapping[str, Any]) -> list[NodeRecord]:
+    """run.json's node records (`info`: run.json), typed; an entry that names no node is left out."""
+    out = []
+    for raw in info.get("nodes") or []:
+        with contextlib.suppress(ValueError):
+            out.append(NodeRecord.from_json(raw))
+    return out
+
+
+def recorded_world_size(info: Mapping[str, Any]) -> int | None:
+    """A run's number of ranks as run.json's node records say it (`info`: run.json); None when it
+    has no records, or one of them lacks its process count."""
+    records = recorded_nodes(info)
+    if not records or any(r.nproc is None for r in records):
+        return None
+    return world_size(records)
 
 
 CHECK = "check.json"

@@ -13,17 +13,18 @@ top JSON). Layer 6 beside `up.py`: it composes logs and run.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from .config.inventory import Inventory
+from .config.plan import world_size
 from .logs.fetch import NodeSource, fetch_all, node_sources
 from .logs.stored import CopyScan, scan_records
 from .logs.telemetry import Gpu, Ignored, Sample
 from .logs.trainer import Timing
 from .run.straggler import HOT_C, Detector, Straggler, Window
-from .store import RunDir, RunStore, clock_offsets
+from .store import NodeRecord, RunDir, RunStore, clock_offsets, recorded_nodes, recorded_world_size
 from .transport import Cluster
 
 IDLE_PCT = 10.0
@@ -82,9 +83,8 @@ class TopView:
         self.offsets_ms, _origin = clock_offsets(run, inv.name)
         self.sources = node_sources(run, inv)
         self.nodes = {s.node: NodeView(s) for s in self.sources}
-        world = sum(int(n.get("nproc") or 0) for n in run.read().get("nodes") or [] if isinstance(n, dict))
         st = inv.job.straggler
-        self.detector = Detector(st.share, st.windows, world or sum(n.nproc_per_node for n in inv.nodes))
+        self.detector = Detector(st.share, st.windows, recorded_world_size(run.read()) or world_size(inv.nodes))
         self.ignored = 0
         """Lines of the copies that start as a telemetry or timing record and are not a finite one."""
 
@@ -146,22 +146,22 @@ class TopView:
 
     def report(self) -> TopReport:
         now = self.clock()
-        recorded = {n.get("node"): n for n in self.run.read().get("nodes") or [] if isinstance(n, dict)}
+        recorded = {n.node: n for n in recorded_nodes(self.run.read())}
         state = str(self.run.read().get("state", "unknown"))
         named = {s.rank for s in self.detector.found}
         streak = {r for r, ws in self.detector.streak.items() if ws}
         rows = []
         for view in sorted(self.nodes.values(), key=lambda v: v.source.node_rank):
-            rows.append(self._node_row(view, recorded.get(view.source.node, {}), now, named, streak))
+            rows.append(self._node_row(view, recorded.get(view.source.node), now, named, streak))
         return TopReport(self.run.run_id, state, now, self.inv.job.telemetry_s, rows, list(self.detector.found),
                          list(self.detector.speeds), self.ignored)
 
-    def _node_row(self, view: NodeView, rec: Mapping[str, Any], now: float, named: set[int],
+    def _node_row(self, view: NodeView, rec: NodeRecord | None, now: float, named: set[int],
                   streak: set[int]) -> dict[str, Any]:
         node = view.source.node
         offset = self.offsets_ms.get(node, 0.0) / 1000.0
         s = view.sample
-        node_state = str(rec.get("state") or "unknown")
+        node_state = str(rec.state if rec is not None else "unknown")
         running = node_state == "running"
         by_local = {r.local_rank: r for r in view.ranks.values() if r.local_rank is not None}
         gpus = [self._gpu_row(g, by_local.get(g.index) if g.index is not None else None, running)

@@ -21,12 +21,12 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from .config.inventory import Inventory, with_replacements
 from .config.plan import Plan, make_plan
-from .contract import RunState
-from .errors import OrchError, TransportError, UsageError
+from .contract import Name, RunState
+from .errors import ConnectionLost, OrchError, TransportError, UsageError
 from .logs.lines import LogLine
 from .logs.teardown import NodeStopped, QuietStop
 from .preflight.runner import CheckReport, run_preflight, save_to_run
@@ -57,12 +57,24 @@ from .run.supervise import (
 from .run.watchdog import HangWatch, Watchdog
 from .store import RunDir, RunStore, clock_offsets
 from .transport import Cluster, GroupResult
-from .transport.ssh import LOST
 
-Result = Literal["succeeded", "failed", "start_failed", "sync_failed", "preflight_failed", "retry_preflight_failed",
-                 "interrupted", "stopped", "detached"]
-"""`stopped`: `orch down` (from another shell) stopped the run: final, never retried."""
-RETRIED = ("failed", "start_failed")
+
+class UpResult(Name):
+    """How an `orch up` ended (`UpOutcome.result`; run.json `attempts[].result`; the CLI's exit code)."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    START_FAILED = "start_failed"
+    SYNC_FAILED = "sync_failed"
+    PREFLIGHT_FAILED = "preflight_failed"
+    RETRY_PREFLIGHT_FAILED = "retry_preflight_failed"
+    INTERRUPTED = "interrupted"
+    STOPPED = "stopped"
+    """`orch down` (from another shell) stopped the run: final, never retried."""
+    DETACHED = "detached"
+
+
+RETRIED = (UpResult.FAILED, UpResult.START_FAILED)
 """The ends of an attempt that `job.retries` relaunches: the job failed (a rank, a node, a hang
 stopped by the watchdog) or a node could not start. A failed sync or preflight never is."""
 
@@ -182,7 +194,7 @@ class Quiet:
 class UpOutcome:
     """How an `orch up` ended."""
 
-    result: Result
+    result: UpResult
     run_id: str | None = None
     preflight: CheckReport | None = None
     wall_s: float | None = None
@@ -217,7 +229,7 @@ def never_started(failures: Mapping[str, Exception]) -> dict[str, str]:
     """The start failures that prove the node never started: no connection could be made (never
     one that broke under the start command: that start may have run)."""
     return {n: str(e) for n, e in failures.items()
-            if isinstance(e, TransportError) and e.kind in NEVER_STARTED_KINDS and LOST not in str(e)}
+            if isinstance(e, TransportError) and e.kind in NEVER_STARTED_KINDS and not isinstance(e, ConnectionLost)}
 
 
 def not_stopped(results: GroupResult[StopResult]) -> dict[str, str]:
@@ -268,17 +280,17 @@ def up(inv: Inventory, *, detach: bool = False, skip_checks: bool = False, run_i
         except UsageError:
             raise
         except OrchError as exc:  # nothing to copy with on the controller: nothing is launched
-            return UpOutcome("sync_failed", sync_error=exc)
+            return UpOutcome(UpResult.SYNC_FAILED, sync_error=exc)
         say.synced(synced, time.monotonic() - t0)
         if not synced.ok:
-            return UpOutcome("sync_failed", sync=synced)
+            return UpOutcome(UpResult.SYNC_FAILED, sync=synced)
     report = None
     if not skip_checks:
         t_check = time.monotonic()
         report = run_preflight(inv, fabric=fabric, run_id=run_id)
         say.preflight_done(report, time.monotonic() - t_check)
         if not report.ok:
-            return UpOutcome("preflight_failed", preflight=report, sync=synced)
+            return UpOutcome(UpResult.PREFLIGHT_FAILED, preflight=report, sync=synced)
     run = RunStore().create(inv, run_id)
     if overrides:
         run.update(overrides=overrides)
@@ -287,6 +299,7 @@ def up(inv: Inventory, *, detach: bool = False, skip_checks: bool = False, run_i
     attempts = 1 if detach else 1 + inv.job.retries
     run.update(attempt=1, max_attempts=attempts, attempts=[], stall_timeout_s=inv.job.stall_timeout_s,
                on_stall=inv.job.on_stall)
+    save_to_run(run, inv, report)
     with sigterm_as_interrupt():
         outcome = _attempts(say, run, inv, report, detach, Prepare(skip_checks, skip_sync, fabric), t0, attempts)
     outcome.sync = outcome.sync or synced
@@ -329,7 +342,7 @@ def _attempts(say: UpProgress, run: RunDir, inv: Inventory, report: CheckReport 
             prepared = _prepare_retry(say, run, inv, replaced, prepare, straggler_of(outcome.failure))
         except KeyboardInterrupt:
             run.update(state=RunState.STOPPED)
-            return UpOutcome("interrupted", run.run_id, report, time.monotonic() - t0, attempt=attempt,
+            return UpOutcome(UpResult.INTERRUPTED, run.run_id, report, time.monotonic() - t0, attempt=attempt,
                              attempts=attempts, earlier=list(earlier))
         if isinstance(prepared, UpOutcome):
             prepared.attempt, prepared.attempts, prepared.earlier = attempt, attempts, list(earlier)
@@ -338,8 +351,10 @@ def _attempts(say: UpProgress, run: RunDir, inv: Inventory, report: CheckReport 
                        retry_failed=prepared.retry_failed)
             return prepared
         current, report, synced = prepared
+        if report is not None:  # the retry's own preflight (without, check.json stays the one it had)
+            save_to_run(run, current, report)
         if down_requested(run):  # `orch down` while the retry was being prepared: nothing is relaunched
-            return _stopped(run, UpOutcome("stopped", run.run_id, report, time.monotonic() - t0, outcome.failure,
+            return _stopped(run, UpOutcome(UpResult.STOPPED, run.run_id, report, time.monotonic() - t0, outcome.failure,
                                            attempt=attempt, attempts=attempts, earlier=list(earlier)))
         t_launch = time.monotonic()
 
@@ -351,7 +366,7 @@ def down_requested(run: RunDir) -> bool:
 
 def _stopped(run: RunDir, outcome: UpOutcome) -> UpOutcome:
     """The run ends `stopped`: `orch down` stopped it, and a stop is final (no retry)."""
-    outcome.result = "stopped"
+    outcome.result = UpResult.STOPPED
     outcome.no_retry = "stopped by orch down"
     run.update(state=RunState.STOPPED)
     return outcome
@@ -359,7 +374,7 @@ def _stopped(run: RunDir, outcome: UpOutcome) -> UpOutcome:
 
 def _attempt_record(attempt: int, outcome: UpOutcome) -> dict[str, Any]:
     """run.json `attempts[]`: how one attempt ended."""
-    return {"attempt": attempt, "result": outcome.result, "ended": time.time(),
+    return {"attempt": attempt, "result": str(outcome.result), "ended": time.time(),
             "first_failure": outcome.failure.to_json() if outcome.failure else None}
 
 
@@ -369,7 +384,7 @@ def _why(outcome: UpOutcome) -> str:
     if f is not None:
         rank = f" rank {f.rank}" if f.rank is not None else ""
         return f"{f.node}{rank}: {f.summary}"
-    return "a node could not start" if outcome.result == "start_failed" else outcome.result
+    return "a node could not start" if outcome.result == UpResult.START_FAILED else str(outcome.result)
 
 
 def straggler_of(failure: Failure | None) -> dict[str, str]:
@@ -403,7 +418,7 @@ def _prepare_retry(say: UpProgress, run: RunDir, inv: Inventory, replaced: dict[
             try:
                 synced = sync_nodes(current, current.nodes)
             except OrchError as exc:  # the controller cannot copy any more (a job.sync path gone)
-                return UpOutcome("retry_preflight_failed", run.run_id, sync_error=exc, no_retry="job.sync failed",
+                return UpOutcome(UpResult.RETRY_PREFLIGHT_FAILED, run.run_id, sync_error=exc, no_retry="job.sync failed",
                                  retry_failed={n.name: f"sync: {exc.message}" for n in current.nodes})
             say.synced(synced, time.monotonic() - t)
             run.write(synced.to_json(), "sync.json")
@@ -422,7 +437,7 @@ def _prepare_retry(say: UpProgress, run: RunDir, inv: Inventory, replaced: dict[
         bad = [n.name for n in current.nodes if n.name in why] or list(why)
         if len(bad) > len(current.spares) or any(b not in {n.name for n in current.nodes} for b in bad):
             left = f"{len(current.spares)} spare(s) left" if current.spares else "no spare left"
-            return UpOutcome("retry_preflight_failed", run.run_id, report,
+            return UpOutcome(UpResult.RETRY_PREFLIGHT_FAILED, run.run_id, report,
                              retry_failed={b: why[b] for b in bad}, no_retry=left)
         for name, spare in zip(bad, current.spares):
             replaced[name] = spare.name
@@ -439,67 +454,92 @@ def _with_resume(say: UpProgress, run: RunDir, inv: Inventory) -> Inventory:
     return replace(inv, job=replace(inv.job, args=args))
 
 
-def _attempt(say: UpProgress, run: RunDir, inv: Inventory, report: CheckReport | None, detach: bool, t0: float,
-             t_launch: float, attempt: int) -> UpOutcome:
-    """One launch of the run on the inventory's nodes: plan, start, supervise (or detach)."""
-    plan = make_plan(inv, run.run_id, attempt, run.nonce or "", pins=report.pins if report is not None else None)
-    run.write(plan.to_json(env_values=True), "plan.json")  # private (0600): what was launched, values too
-    save_to_run(run, inv, report)
-    record = RunRecord(run, warn=say.warning)
-    run.update(nodes=node_records(plan), state=RunState.STARTING)
-    say.starting(plan)
-    with Cluster(inv) as cluster:
-        try:
-            return _launch(say, run, record, plan, cluster, detach, t0, t_launch, report, attempt)
-        except KeyboardInterrupt:
+@dataclass
+class Ending:
+    """How an attempt ends, filled in as it goes. `teardown`, in the attempt's `finally`, acts on
+    it once: stops the nodes that may still run (unless `stop` is off: the supervisor stopped them
+    itself, or the run is left running detached) and records `state`, `fields` and the nodes'
+    last statuses in run.json. Until something else is decided, it holds what an error or Ctrl-C
+    leaves: every node stopped, the run `stopped`."""
+
+    stop: bool = True
+    spared: frozenset[str] = frozenset()
+    """Nodes not to stop: their agent refused the run directory, so nothing started there."""
+    state: RunState | None = RunState.STOPPED
+    """run.json `state` at the end (None: nothing more to record, a detached run)."""
+    fields: dict[str, Any] = field(default_factory=dict)
+    nodes: dict[str, NodeStatus] = field(default_factory=dict)
+    wall_s: float | None = None
+    teardown_s: float | None = None
+    not_stopped: dict[str, str] = field(default_factory=dict)
+
+    def teardown(self, cluster: Cluster, record: RunRecord, grace: float) -> None:
+        """Stop what may still run (Ctrl-C and SIGTERM held off meanwhile); record the end."""
+        if self.stop:
             t = time.monotonic()
             with sigint_shielded():
-                results = stop_all(cluster, record.nodes(), inv.job.stop_grace_s)
-            record.update_nodes({}, state=RunState.STOPPED)
-            return UpOutcome("interrupted", run.run_id, report, teardown_s=time.monotonic() - t,
-                             not_stopped=not_stopped(results))
+                results = stop_all(cluster, [r for r in record.nodes() if r.node not in self.spared], grace)
+            self.teardown_s = time.monotonic() - t
+            self.not_stopped = not_stopped(results)
+            self.nodes.update({n: r.status for n, r in results.succeeded.items() if r.status is not None})
+        if self.state is not None:
+            record.update_nodes(self.nodes, state=self.state, **self.fields)
+
+
+def _attempt(say: UpProgress, run: RunDir, inv: Inventory, report: CheckReport | None, detach: bool, t0: float,
+             t_launch: float, attempt: int) -> UpOutcome:
+    """One launch of the run on the inventory's nodes: plan, start, supervise (or detach); on
+    every way out, the one teardown (`Ending`)."""
+    plan = make_plan(inv, run.run_id, attempt, run.nonce or "", pins=report.pins if report is not None else None)
+    run.write(plan.to_json(env_values=True), "plan.json")  # private (0600): what was launched, values too
+    record = RunRecord(run, warn=say.warning)
+    run.update(nodes=[r.to_json() for r in node_records(plan)], state=RunState.STARTING)
+    say.starting(plan)
+    end = Ending()
+    with Cluster(inv) as cluster:
+        try:
+            outcome = _launch(say, run, record, plan, cluster, detach, t0, t_launch, report, end, attempt)
+        except KeyboardInterrupt:
+            outcome = UpOutcome(UpResult.INTERRUPTED, run.run_id, report)
+        finally:
+            end.teardown(cluster, record, inv.job.stop_grace_s)
+    outcome.wall_s = outcome.wall_s if end.wall_s is None else end.wall_s
+    outcome.teardown_s = outcome.teardown_s if end.teardown_s is None else end.teardown_s
+    outcome.not_stopped = {n: why for n, why in end.not_stopped.items() if n not in outcome.never_started}
+    return outcome
 
 
 def _launch(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, cluster: Cluster, detach: bool,
-            t0: float, t_launch: float, report: CheckReport | None, attempt: int = 1) -> UpOutcome:
-    """Start every node; stop them all if one cannot start; then return (detach) or supervise."""
-    inv = plan.inventory
+            t0: float, t_launch: float, report: CheckReport | None, end: Ending, attempt: int = 1) -> UpOutcome:
+    """Start every node; if one cannot start, the rest are stopped (`end`); then return (detach) or
+    supervise."""
     started = start_all(cluster, plan, lease_s=None if detach else Tunables.from_env().lease_s)
     record.update_nodes(started.succeeded)
     if down_requested(run):  # `orch down` came while the nodes were starting: stop what started
-        t = time.monotonic()
-        results = stop_all(cluster, record.nodes(), inv.job.stop_grace_s)
-        record.update_nodes({n: r.status for n, r in results.succeeded.items() if r.status is not None},
-                            state=RunState.STOPPED)
-        return UpOutcome("stopped", run.run_id, report, teardown_s=time.monotonic() - t,
-                         not_stopped=not_stopped(results))
+        return UpOutcome(UpResult.STOPPED, run.run_id, report)
     if started.failed:
         say.start_failed(started.failed)
-        t = time.monotonic()
         # a node whose agent refused its run directory started nothing there (the boot refuses
         # before it writes): no stop to confirm
-        refused = {n for n, e in started.failed.items() if isinstance(e, UntrustedRunDir)}
-        results = stop_all(cluster, [r for r in record.nodes() if r["node"] not in refused], inv.job.stop_grace_s)
-        record.update_nodes({n: r.status for n, r in results.succeeded.items() if r.status is not None},
-                            state=RunState.FAILED, start_failures={n: str(e) for n, e in started.failed.items()})
-        never = never_started(started.failed)
-        return UpOutcome("start_failed", run.run_id, report, teardown_s=time.monotonic() - t,
-                         not_stopped={n: why for n, why in not_stopped(results).items() if n not in never},
-                         never_started=never)
+        end.spared = frozenset(n for n, e in started.failed.items() if isinstance(e, UntrustedRunDir))
+        end.state = RunState.FAILED
+        end.fields = {"start_failures": {n: str(e) for n, e in started.failed.items()}}
+        return UpOutcome(UpResult.START_FAILED, run.run_id, report, never_started=never_started(started.failed))
     startup_s = time.monotonic() - t_launch
     record.update_nodes({}, state=RunState.RUNNING, startup_s=round(startup_s, 3))
     say.running(plan, startup_s)
     if detach:
-        return UpOutcome("detached", run.run_id, report)
-    return _attached(say, run, record, plan, cluster, t0, report, attempt)
+        end.stop, end.state = False, None
+        return UpOutcome(UpResult.DETACHED, run.run_id, report)
+    return _attached(say, run, record, plan, cluster, t0, report, end, attempt)
 
 
 def _attached(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, cluster: Cluster, t0: float,
-              report: CheckReport | None, attempt: int = 1) -> UpOutcome:
-    """Stream the merged log and supervise until the run ends; record how it ended."""
+              report: CheckReport | None, end: Ending, attempt: int = 1) -> UpOutcome:
+    """Stream the merged log and supervise until the run ends; say in `end` how it ended."""
     inv = plan.inventory
     records = record.nodes()
-    by_name = {r["node"]: r for r in records}
+    by_name = {r.node: r for r in records}
     tune = Tunables.from_env()
     interval, grace = tune.poll_interval_s, tune.unreachable_grace_s
 
@@ -507,12 +547,12 @@ def _attached(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, clust
         r = by_name[name]
         # a node that was reached but answers slowly (a stalled disk) is not down: it has
         # `no_answer_s`; one that cannot be reached fails the call, and is judged by `grace`
-        return status_node(cluster[name], r["python"], r["remote_dir"], timeout=tune.no_answer_s,
-                           nonce=r.get("nonce"), renew=True)
+        return status_node(cluster[name], r.python, r.remote_dir, timeout=tune.no_answer_s, nonce=r.nonce,
+                           renew=True)
 
     def excerpt(name: str) -> list[str]:
         r = by_name[name]
-        return list(status_node(cluster[name], r["python"], r["remote_dir"], tail=200, nonce=r.get("nonce")).tail)
+        return list(status_node(cluster[name], r.python, r.remote_dir, tail=200, nonce=r.nonce).tail)
 
     pushed = Pushed([p.node.name for p in plan.nodes], poll_one, silent_after=tune.silent_after_s,
                     first_frame_s=grace / 2, interval=interval, stale_after=grace / 2, no_answer_s=tune.no_answer_s)
@@ -527,7 +567,7 @@ def _attached(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, clust
                      observe=pushed.observe,
                      stop_all=lambda: stop_all(cluster, records, inv.job.stop_grace_s),
                      excerpt=excerpt,
-                     confirm=lambda names: status_all(cluster, [r for r in records if r["node"] in names], timeout=3.0),
+                     confirm=lambda names: status_all(cluster, [r for r in records if r.node in names], timeout=3.0),
                      interval=min(interval, 0.5), unreachable_grace=grace, sleep=pushed.wait,
                      on_update=lambda nodes: record.update_nodes(nodes), offsets_s=offsets_s(run, inv),
                      watch=watch, warn=say.warning)
@@ -537,12 +577,14 @@ def _attached(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, clust
                             daemon=True, name="logs")
     logs.start()
     pushed.start()
-    interrupted = False
     try:
         outcome = sup.run()
-    except KeyboardInterrupt:
-        interrupted = True
     finally:
+        # the supervisor stops every node on its way out (its own `finally`): no second stop
+        # here, unless it never got that far; what it saw of the nodes is recorded either way
+        end.stop = not sup.torn_down
+        if sup.torn_down:
+            end.nodes, end.teardown_s, end.not_stopped = dict(sup.nodes), sup.teardown_s, dict(sup.not_stopped)
         pushed.close(wait=5.0)
         # every node is final now: the follower drains the last lines and its node-side readers
         # exit on their own (closing them early would leave them to die later, on a broken pipe);
@@ -550,24 +592,17 @@ def _attached(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, clust
         logs.join(timeout=2.0 if sup.not_stopped else 10.0)
         stop_logs.set()
         logs.join(timeout=2.0)
-    wall = time.monotonic() - t0
-    if interrupted:
-        record.update_nodes(dict(sup.nodes), state=RunState.STOPPED, wall_s=round(wall, 3),
-                            teardown_s=sup.teardown_s)
-        return UpOutcome("interrupted", run.run_id, report, wall, teardown_s=sup.teardown_s or 0.0,
-                         not_stopped=dict(sup.not_stopped))
+        end.wall_s = time.monotonic() - t0
+        end.fields = {"wall_s": round(end.wall_s, 3), "teardown_s": sup.teardown_s}
+    end.teardown_s, end.not_stopped = outcome.teardown_s, dict(outcome.not_stopped)
     if outcome.state == RunState.FAILED and down_requested(run):
         # `orch down` from another shell: the nodes it stopped are not a failure of the job
-        record.update_nodes(dict(sup.nodes), state=RunState.STOPPED, wall_s=round(wall, 3),
-                            teardown_s=outcome.teardown_s)
-        return UpOutcome("stopped", run.run_id, report, wall, teardown_s=outcome.teardown_s,
-                         not_stopped=dict(outcome.not_stopped))
-    fields: dict[str, Any] = {"state": outcome.state, "wall_s": round(wall, 3), "teardown_s": outcome.teardown_s}
+        return UpOutcome(UpResult.STOPPED, run.run_id, report)
+    end.state = outcome.state
     if outcome.failure is not None:
-        fields["first_failure"] = outcome.failure.to_json()
-    record.update_nodes(dict(sup.nodes), **fields)
-    return UpOutcome("succeeded" if outcome.state == RunState.SUCCEEDED else "failed", run.run_id, report, wall,
-                     outcome.failure, outcome.teardown_s, dict(outcome.not_stopped))
+        end.fields["first_failure"] = outcome.failure.to_json()
+    return UpOutcome(UpResult.SUCCEEDED if outcome.state == RunState.SUCCEEDED else UpResult.FAILED, run.run_id,
+                     report, failure=outcome.failure)
 
 
 def _stream_logs(say: UpProgress, run: RunDir, inv: Inventory, cluster: Cluster, stop: threading.Event,

@@ -35,8 +35,9 @@ def fabric_outputs(inv_names: list[str], result: object, log: str = "") -> tuple
 
     from orchestrator.config.inventory import parse
     from orchestrator.node.jobs.allreduce import MARKER
-    from orchestrator.preflight import checks, fabric_judge
-    from orchestrator.preflight.fabric import FabricFacts, FabricNode, take_result
+    from orchestrator.preflight import checks
+    from orchestrator.preflight.fabric import judge as fabric_judge
+    from orchestrator.preflight.fabric.job import FabricFacts, FabricNode, take_result
     from orchestrator.preflight.facts import NodeFacts
     from orchestrator.preflight.runner import CheckReport
 

@@ -126,7 +126,8 @@ class TrainConfig:
     warmup_epochs: float = 3.0
     """epochs of warmup of learning rate, momentum and accumulation, fractions allowed, e.g. 1.5"""
     accumulate: int | None = None
-    """micro-steps per optimizer step, e.g. 2 (default round(nbs / batch), as ultralytics)"""
+    """micro-steps per optimizer step, e.g. 2 (default round(nbs / batch), as ultralytics); DDP all-reduces on
+    the last one only. Every epoch ends on an optimizer step, so a checkpoint holds no half-accumulated gradient"""
     nbs: int = 64
     """nominal batch size: accumulating round(nbs / batch) micro-steps reaches it; weight decay is scaled to it"""
     clip: float = 10.0
@@ -141,23 +142,27 @@ class TrainConfig:
     patience: int = 100
     """stop after N epochs without a better validation fitness (mAP50-95)"""
     amp: str = field(default="auto", metadata=flag(nargs="?", const="on", metavar="MODE"))
-    """mixed precision: bare --amp = on (fp16, CUDA only); off, fp16, bf16, auto = fp16 on CUDA and off on CPU"""
+    """mixed precision: bare --amp = on (fp16, CUDA only: refused on CPU); off, fp16, bf16 (compute capability
+    8.0 or later: refused on V100 and T4, where torch would emulate it), auto = fp16 on CUDA and off on CPU"""
     sync_bn: bool = False
-    """SyncBatchNorm across ranks (CUDA, several ranks), e.g. for <= 8 images per GPU"""
+    """SyncBatchNorm across ranks (CUDA; refused on CPU with several ranks), e.g. for <= 8 images per GPU; the
+    EMA and every checkpoint keep plain BatchNorm. Fewer than 4 images per rank without it: a warning"""
     device: str = "auto"
-    """auto (cuda:LOCAL_RANK if CUDA is there), cpu, cuda, or this node's GPU indices, one per process,
-    e.g. 0,1,2,3 with --nproc-per-node 4"""
+    """auto (cuda:LOCAL_RANK if CUDA is there), cpu, cuda, or this node's GPU indices as CUDA_VISIBLE_DEVICES
+    shows them, one per process: 0,1,2,3 (or cuda:0,1,2,3, [0,1,2,3]) needs --nproc-per-node 4"""
     workers: int = 8
     """data loader worker processes per rank, at most the node's CPUs / its ranks (a larger number is lowered,
-    said at start-up), e.g. 8"""
+    said at start-up and recorded as used in trainer.yaml and args.yaml), e.g. 8"""
     pin_memory: bool = True
-    """page-locked host memory for the batches (CUDA only: off on a CPU, said at start-up when given)"""
+    """page-locked host memory for the batches (CUDA only: off on a CPU, said at start-up when given and
+    recorded as off)"""
     persistent_workers: bool = True
     """keep the loader workers between epochs"""
     cache: str | None = field(default=None, metadata=flag(nargs="?", const="ram", metavar="WHERE"))
     """cache decoded images: ram (bare --cache) or disk (ultralytics' cache), one builder per node: disk is
-    written by each node's first rank; ram is a copy per rank, cached if the node's memory holds one for
-    each of its ranks"""
+    written by each node's first rank (rank 0 first), then read by its other ranks; ram is a copy per rank,
+    cached (the node's first rank first) if the node's free memory holds one for each of its ranks with
+    ultralytics' 2x margin, else a warning and no RAM cache"""
     fraction: float = 1.0
     """train on this fraction of the training images, e.g. 0.1"""
     freeze: int | tuple[int | str, ...] | None = field(default=None, metadata=flag(type=None))
@@ -196,7 +201,8 @@ class TrainConfig:
     without --out); auto: this run's own last.pt if it wrote one, else start it over in the same directory
     (what orch up passes to a retry)"""
     text_embeddings: str | None = None
-    """YOLOE: absolute path of the class-name -> vector file from `python -m trainer.embed`"""
+    """YOLOE: absolute path of the class-name -> vector file from `python -m trainer.embed`, which records its
+    text model: a file of another text model than the checkpoint's is refused"""
     prompt_mode: str | None = field(default=None, metadata=flag(choices=("linear", "full")))
     """YOLOE: full = train everything (the YOLOE repo's train_pe_all.py), linear = train the class-prompt
     convs only (its train_pe.py); default full. With YOLOE --weights, what you do not set follows that
@@ -213,7 +219,9 @@ class TrainConfig:
     (a lost node ends the job)"""
     startup_timeout_min: float = 120.0
     """how long a rank waits for the others at start-up (datasets built and cached; --cache ram at COCO
-    scale takes minutes per rank), on a gloo group of its own; at least --timeout-min"""
+    scale takes minutes per rank), on torchrun's rendezvous store (no gloo group, so no GLOO_SOCKET_IFNAME);
+    at least --timeout-min. The labels.cache writes take turns (rank 0, then each node's first rank), the
+    builds run on every rank at once, image caching node by node"""
     progress_every_s: float = 30.0
     """start-up: each node's first rank says what it is building every N seconds (feeds orch's stall
     watchdog), e.g. 60"""

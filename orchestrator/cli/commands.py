@@ -20,6 +20,7 @@ import click
 from .. import __version__
 from ..config.inventory import Inventory
 from ..config.inventory import load as load_inventory
+from ..config.schema import default_of, yaml_text
 from ..contract import CHECK_NAMES, ExitCode
 from ..errors import OrchError, UsageError
 from . import complete, render
@@ -36,6 +37,11 @@ UP_EXIT = {"succeeded": ExitCode.OK, "detached": ExitCode.OK, "failed": ExitCode
 FOLLOW_EXIT = {"succeeded": ExitCode.OK, "failed": ExitCode.FAILED, "stopped": ExitCode.INTERRUPTED}
 """`orch logs --follow` that saw the run end: orch up's code for that end; an end it could not
 tell (a node given up on) is 1."""
+
+
+def default(key: str) -> str:
+    """An inventory key's default as the help says it: the schema's, spelled as in YAML."""
+    return yaml_text(default_of(key))
 
 
 class Number(click.FloatRange):
@@ -197,7 +203,7 @@ def check(state: State, inventory: str | None, as_json: bool, only: str | None, 
     raise SystemExit(ExitCode.OK if report.ok else ExitCode.FAILED)
 
 
-UP_HELP = """Check, assign ranks, launch torchrun on every node, stream the merged log, supervise.
+UP_HELP = f"""Check, assign ranks, launch torchrun on every node, stream the merged log, supervise.
 
 \b
 Node ranks follow the inventory (the master is node rank 0). One node failing stops all.
@@ -208,7 +214,7 @@ Exit code: 0 success everywhere, 1 the job failed, 2 bad inventory, 3 preflight 
 failed (nothing launched), 130 interrupted (every node stopped first).
 
 \b
-Hang watchdog: when no rank writes a line for job.stall_timeout_s (600; --stall-timeout;
+Hang watchdog: when no rank writes a line for job.stall_timeout_s ({default("job.stall_timeout_s")}; --stall-timeout;
 counted from the first line of any rank), every rank's stack is taken (orch stacks) and the
 run stops (job.on_stall: stop) or goes on (warn).
 Retries: after a failure (not a sync or preflight failure) the run is torn down, synced and
@@ -245,10 +251,10 @@ Examples:
               help="Also run the fabric check in the preflight (a short all_reduce job on every node); "
                    "a failure stops the launch (exit 3).")
 @click.option("--retries", type=click.IntRange(min=0), metavar="N",
-              help="Relaunch the run up to N times after a failure (default: job.retries, 0).")
+              help=f"Relaunch the run up to N times after a failure (default: job.retries, {default('job.retries')}).")
 @click.option("--stall-timeout", type=Number(min=0), metavar="SECONDS",
               help="Call the run hung when no rank writes a line this long; 0 = off "
-                   "(default: job.stall_timeout_s, 600).")
+                   f"(default: job.stall_timeout_s, {default('job.stall_timeout_s')}).")
 @node_selection
 @click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
               help="Add to the job's environment for this run (over the inventory's env); repeatable.")
@@ -650,7 +656,7 @@ def exec_(ctx: click.Context, inventory: str | None, node_set: str | None, timeo
 def _in_container(run: str, command: list[str]) -> tuple[Inventory, list[Any], list[str]]:
     """RUN's inventory, the nodes it launched on and `command` wrapped to run in its container there."""
     from ..config.container import exec_argv
-    from ..store import RunStore
+    from ..store import RunStore, recorded_nodes
 
     rd = RunStore().get(run)
     inv = rd.inventory()
@@ -658,9 +664,9 @@ def _in_container(run: str, command: list[str]) -> tuple[Inventory, list[Any], l
     if c is None or c.runtime == "apptainer":
         raise UsageError(f"run {rd.run_id} ran no docker or podman container (job.container)",
                          f"orch exec {rd.inventory_path} -- CMD runs on its nodes' hosts")
-    record = rd.read()
-    names = [str(n.get("name")) for n in record.get("nodes", [])]
-    nonce = next((str(n["nonce"]) for n in record.get("nodes", []) if n.get("nonce")), rd.nonce or "")
+    records = recorded_nodes(rd.read())
+    names = [r.node for r in records]
+    nonce = next((r.nonce for r in records if r.nonce), rd.nonce or "")
     nodes = [n for n in inv.nodes if n.name in names] or list(inv.nodes)
     return inv, nodes, exec_argv(c, rd.run_id, nonce, command)
 

@@ -3,7 +3,9 @@
 Pure: nothing here opens a connection or starts a process.
 
 - `yamlines.py`  YAML with the line of every key, duplicate keys refused
-- `schema.py`    every key of the inventory, its type and default; the plain and pydantic validators
+- `schema.py`    every key of the inventory, its type, default and meaning (the docstring under it);
+                 the plain and pydantic validators
+- `reference.py` docs/inventory.md's key tables, generated from the schema
 - `nodes.py`     a `Node` (and its `SSHOptions`), the names it may have, and how `nodes:` entries
                  expand into nodes (host/name/addr ranges in step)
 - `inventory.py` the frozen `Inventory`: defaults merged, cross-field rules, every problem at once

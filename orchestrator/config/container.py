@@ -20,6 +20,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from .schema import ContainerModel
+
 RUNTIMES = ("docker", "podman", "apptainer")
 USERS = ("host", "root")
 PULLS = ("missing", "never")
@@ -60,16 +62,16 @@ class Container:
     image: str
     """A name:tag or an image ID (apptainer: an absolute .sif path); the launch runs the ID the
     preflight resolved (`Pins.image_id`) where there is one."""
-    python: str = "python3"
+    python: str = ContainerModel.python
     """The job's interpreter inside the image."""
     workdir: str | None = None
     """The working directory inside the container (None: job.workdir)."""
     mounts: tuple[Mount, ...] = ()
     options: tuple[str, ...] = ()
     """Extra runtime flags, appended last (before the image)."""
-    user: str = "host"
+    user: str = ContainerModel.user
     """host (the SSH user's uid:gid) | root | UID:GID."""
-    pull: str = "never"
+    pull: str = ContainerModel.pull
     """missing: the preflight may pull an image a node lacks | never."""
 
 

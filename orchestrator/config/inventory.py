@@ -27,13 +27,32 @@ from .nodes import (
     NodeExpander,
     name_problem,
 )
-from .schema import suggest, validate
+from .schema import FabricCheckModel, JobModel, StragglerModel, suggest, validate
 from .trainer import OFF_WORD, setting_name
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 # What would change meaning if a value ever met a shell. Values are quoted once in the transport
 # anyway; refusing these in the inventory catches copy-paste accidents before anything runs.
 SHELL_UNSAFE = ("\n", "\r", "\x00", "`", "$(", "${", ";", "&", "|", "<", ">")
+
+
+SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMG]?)i?B?\s*$", re.I)
+
+
+def parse_size(value: int | str) -> int:
+    """Bytes from `268435456`, `"256M"`, `"1G"`, `"512K"` (powers of 1024, as nccl-tests' -b/-e);
+    at least 4 bytes (one float). Raises ValueError with an example."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    else:
+        m = SIZE.match(str(value))
+        if not m or not math.isfinite(float(m.group(1))):
+            raise ValueError(f"max_bytes {value!r} is not a size (examples: 268435456, 64M, 1G)")
+        number = int(float(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2).upper()])
+    if number < 4:
+        raise ValueError(f"max_bytes {value!r} is below 4 bytes (one float32 element)")
+    return number
+
 
 
 # ----------------------------------------------------------------------------- resolved (frozen)
@@ -51,15 +70,15 @@ class FabricCheck:
 
     enabled: bool = False
     """Run it with every `orch check` / `orch up` of this inventory (else only when asked)."""
-    max_bytes: int = 256 << 20
+    max_bytes: int = parse_size(FabricCheckModel.max_bytes)
     """The largest all_reduce of the sweep (1 MiB, ×4, up to this), bytes."""
     min_busbw_gbps: float | None = None
     """`fail` when the sweep's busbw at its largest size is below this (GB/s); None: no floor."""
-    share: float = 0.7
+    share: float = FabricCheckModel.share
     """`warn` on a node (or link) below this share of the median node."""
-    timeout_s: float = 180.0
+    timeout_s: float = FabricCheckModel.timeout_s
     """The whole job must end within this; a collective gives up after it."""
-    budget_s: float = 30.0
+    budget_s: float = FabricCheckModel.budget_s
     """Sweep sizes that would end the sweep after this many seconds are skipped (and reported)."""
 
 
@@ -77,11 +96,11 @@ class Checks:
 class Straggler:
     """`job.straggler`: when a rank is called slow, and what that does (`run/straggler.py`)."""
 
-    share: float = 0.8
+    share: float = StragglerModel.share
     """A rank whose step time outside collectives is above median / share is slow (0.8: 1.25x)."""
-    windows: int = 3
+    windows: int = StragglerModel.windows
     """For this many consecutive timing windows before it is named."""
-    action: str = "warn"
+    action: str = StragglerModel.action
     """`warn`: one line, status, top, report · `stop`: also fail the run naming the node."""
 
 
@@ -102,16 +121,16 @@ class Job:
     torchrun_args: tuple[str, ...]
     run_root: str
     stop_grace_s: float
-    stall_timeout_s: float = 600.0
+    stall_timeout_s: float = JobModel.stall_timeout_s
     """Seconds without a line from any rank before `orch up` calls the run hung; 0: never."""
-    on_stall: str = "stop"
+    on_stall: str = JobModel.on_stall
     """What a hang does: `stop` (stacks, teardown, exit 1) or `warn` (stacks, keep running)."""
-    retries: int = 0
+    retries: int = JobModel.retries
     """Relaunches of the same run after a failure that is not a preflight failure."""
     sync: tuple[str, ...] = ()
     """Controller paths `orch sync` (and `orch up` before its preflight) copies to the same absolute
     path on every node: absolute, normalised (no trailing slash), each listed once."""
-    telemetry_s: float = 10.0
+    telemetry_s: float = JobModel.telemetry_s
     """Seconds between the node agent's telemetry samples; 0: none."""
     straggler: Straggler = Straggler()
     container: Container | None = None
@@ -181,24 +200,6 @@ def parse(text: str, path: str = "<inventory>") -> Inventory:
             issues = exc.issues + issues
         raise InventoryError(issues)
     return _Resolver(validate(data, path, lines), path, lines, text).resolve()
-
-
-SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMG]?)i?B?\s*$", re.I)
-
-
-def parse_size(value: int | str) -> int:
-    """Bytes from `268435456`, `"256M"`, `"1G"`, `"512K"` (powers of 1024, as nccl-tests' -b/-e);
-    at least 4 bytes (one float). Raises ValueError with an example."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        number = value
-    else:
-        m = SIZE.match(str(value))
-        if not m or not math.isfinite(float(m.group(1))):
-            raise ValueError(f"max_bytes {value!r} is not a size (examples: 268435456, 64M, 1G)")
-        number = int(float(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2).upper()])
-    if number < 4:
-        raise ValueError(f"max_bytes {value!r} is below 4 bytes (one float32 element)")
-    return number
 
 
 def _env_value(v: Any) -> str:

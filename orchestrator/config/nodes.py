@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from .schema import NodeModel, SSHModel, fields_of
+from .schema import SSH_UNSET, NodeModel, SSHModel, fields_of
 
 HOST = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]*\Z")
 HOST_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:\[\],-]*\Z")
@@ -49,13 +49,13 @@ class SSHOptions:
     """How to reach one node over SSH (inventory `ssh:` defaults merged with the node's own)."""
 
     user: str | None = None
-    port: int = 22
+    port: int = SSH_UNSET["port"]
     identity: str | None = None
-    known_hosts: str = "~/.ssh/known_hosts"
-    host_key_policy: str = "strict"
-    connect_timeout: float = 10.0
+    known_hosts: str = SSH_UNSET["known_hosts"]
+    host_key_policy: str = SSH_UNSET["host_key_policy"]
+    connect_timeout: float = SSH_UNSET["connect_timeout"]
     gateway: str | None = None
-    ssh_config: str | None = "~/.ssh/config"
+    ssh_config: str | None = SSH_UNSET["ssh_config"]
     port_given: bool = False
     """Whether the inventory wrote `port` (in `ssh:` or on the node). Port 22 left unsaid lets an ssh
     config's `Port` for the host apply, as `ssh alias` would; a port written down always wins."""

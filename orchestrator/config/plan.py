@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Protocol
 
 from . import container
 from .container import Pins
@@ -28,6 +29,29 @@ TORCHRUN_LOG_DIR = RUN_DIR + "/torchrun"
 """torchrun's `--log-dir`: in the node's run directory (made private by the agent)."""
 HIDDEN = "***"
 """What an env value the inventory gave is shown as, unless asked for (`orch up --dry-run --show-env`)."""
+
+
+class Procs(Protocol):
+    """Anything that says how many processes (ranks) a node runs: a `Node`, a run.json record."""
+
+    @property
+    def nproc_per_node(self) -> int: ...
+
+
+def world_size(nodes: Iterable[Procs]) -> int:
+    """How many ranks a job over `nodes` has: their processes added up. The one count of it: the
+    plan, the preflight, the job's check, the log views, top and the report ask here."""
+    return sum(n.nproc_per_node for n in nodes)
+
+
+def first_ranks(nodes: Iterable[Node]) -> dict[str, int]:
+    """{node name: the global rank of its first process} under static rendezvous, `nodes` in rank
+    order: the ranks of the nodes before it."""
+    out, first = {}, 0
+    for node in nodes:
+        out[node.name] = first
+        first += node.nproc_per_node
+    return out
 
 
 @dataclass(frozen=True)
@@ -260,8 +284,9 @@ def make_plan(inv: Inventory, run_id: str = "dry-run", attempt: int = 1, nonce: 
     (`nonce`: the launch's, see `Plan.nonce`; `extra_env`: more of the job's environment, set by
     orch (the fabric check's NCCL_DEBUG); `pins`: a container launch's image ID and GPUs)."""
     nodes = []
-    first = 0
+    firsts = first_ranks(inv.nodes)
     for rank, node in enumerate(inv.nodes):
+        first = firsts[node.name]
         env = {**node_env(inv, node, rank, run_id, attempt, nonce), **(extra_env or {})}
         argv = torchrun_argv(inv, node, rank, run_id, nonce, attempt, env=list(env), pins=pins)
         if inv.job.container is not None:
@@ -272,8 +297,8 @@ def make_plan(inv: Inventory, run_id: str = "dry-run", attempt: int = 1, nonce: 
             argv=tuple(argv), env=MappingProxyType(env),
             workdir=inv.job.workdir, stop=tuple(job_stop(inv, node, run_id, nonce)),
         ))
-        first += node.nproc_per_node
+    world = world_size(inv.nodes)
     return Plan(
-        inventory=inv, run_id=run_id, nodes=tuple(nodes), world_size=first,
-        master_addr=inv.master.addr, master_port=inv.master_port, nonce=nonce, warnings=job_warnings(inv, first),
+        inventory=inv, run_id=run_id, nodes=tuple(nodes), world_size=world,
+        master_addr=inv.master.addr, master_port=inv.master_port, nonce=nonce, warnings=job_warnings(inv, world),
     )

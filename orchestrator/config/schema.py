@@ -39,6 +39,17 @@ DEFAULT_RUN_ROOT = "~/.orch/nodes"
 
 Scalar = str | int | float | bool
 
+SSH_UNSET: dict[str, Any] = {
+    "port": 22,
+    "known_hosts": "~/.ssh/known_hosts",
+    "host_key_policy": "strict",
+    "connect_timeout": 10.0,
+    "ssh_config": "~/.ssh/config",
+}
+"""What an SSH key left unset both in `ssh:` and on the node means (`nodes.SSHOptions` starts from
+these): the schema's own default of those keys is None, "not given here", so a node inherits
+`ssh:`'s value."""
+
 
 _FIELDS: dict[type, dict[str, Any]] = {}
 _PYDANTIC: dict[type, Any] = {}
@@ -57,9 +68,55 @@ def fields_of(schema: type[_Schema]) -> dict[str, Any]:
     return _FIELDS[schema]
 
 
+def field_docs(schema: type[_Schema]) -> dict[str, str]:
+    """{key: the docstring under it} of a schema class, its base classes' keys included: what each
+    key means, as docs/inventory.md shows it (read from the source, so only the docs and the tests
+    pay for it, not the start-up)."""
+    import ast
+    import inspect
+
+    docs: dict[str, str] = {}
+    for klass in reversed(schema.__mro__):
+        if klass is _Schema or not (isinstance(klass, type) and issubclass(klass, _Schema)):
+            continue
+        body = ast.parse(inspect.getsource(klass)).body[0]
+        assert isinstance(body, ast.ClassDef)
+        for stmt, nxt in zip(body.body, body.body[1:]):
+            if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and isinstance(nxt, ast.Expr)
+                    and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
+                docs[stmt.target.id] = inspect.cleandoc(nxt.value.value)
+    return docs
+
+
+def default_of(path: str) -> Any:
+    """The schema's default of a dotted key (`job.stall_timeout_s` → 600.0): what the CLI's help
+    says a flag falls back to. KeyError for a key that is not in the schema or has no default."""
+    model: Any = InventoryModel
+    *parents, last = path.split(".")
+    for part in parents:
+        model = _unwrap(fields_of(model)[part])
+    if last not in fields_of(model) or not hasattr(model, last):
+        raise KeyError(path)
+    return getattr(model, last)
+
+
+def yaml_text(value: Any) -> str:
+    """A default as an inventory would spell it: `600`, `0.7`, `true`, `stop`, `[]`."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, (list, dict)) and not value:
+        return "[]" if isinstance(value, list) else "{}"
+    return str(value)
+
+
 class _Schema:
     """One mapping of the inventory file: its keys are the class annotations, its defaults the
-    class attributes (no attribute: the key is required). Unknown keys are refused.
+    class attributes (no attribute: the key is required), what each means the docstring under it.
+    Unknown keys are refused.
 
     One schema, two validators. `_plain` takes YAML as people write it (every value already of its
     declared type) without importing pydantic (a tenth of a second of `orch check`'s start-up);
@@ -76,112 +133,240 @@ class _Schema:
 
 
 class SSHModel(_Schema):
+    """`ssh:`: how every node is reached; every node may override any of them, directly or in its own `ssh:`."""
+
     user: str | None = None
+    """remote account; unset: from `~/.ssh/config`, else your login"""
     port: int | None = None
+    """sshd port"""
     identity: str | None = None
+    """private key file; unset: the agent's keys and `~/.ssh/config`'s"""
     known_hosts: str | None = None
+    """where host keys are verified (and recorded with `accept-new`); a key on an `@revoked` line is refused for
+    every host, `@cert-authority` lines are not used (orch does not verify host certificates)"""
     host_key_policy: Literal["strict", "accept-new"] | None = None
+    """`strict`: an unknown or changed key is an error · `accept-new`: record unknown keys, refuse changed ones.
+    There is no option that skips verification"""
     connect_timeout: float | None = None
+    """seconds before a node counts as unreachable"""
     gateway: str | None = None
+    """jump host (a host name, address or `~/.ssh/config` alias: letters, digits, `_ . : -`, not starting with
+    `-`), reached with the node's user and port and verified like a node; unset: none"""
     ssh_config: str | None = None
+    """OpenSSH client config to read host aliases, users and keys from"""
 
 
 class NodeModel(SSHModel):
+    """`nodes[]` (and `spare[]`): one entry per node, or per range of nodes."""
+
     host: str
+    """SSH address: name, IP or `~/.ssh/config` alias; a range (`gpu[01-04]`, `10.0.0.[10-13]`) expands to one
+    node per value, in ascending order"""
     name: str | None = None
+    """display name, unique; may be a range of the same length as `host`; unset: `host`"""
     addr: str | None = None
+    """data-plane address: rendezvous (`--master-addr`) and reachability checks; may be a range; unset: `host`"""
     gpus: int | None = None
+    """GPUs on the node; unset for CPU-only nodes (the `gpus` check is then `skip`)"""
     nproc_per_node: int | None = None
+    """processes torchrun starts on the node, at most `gpus`; unset: `job.nproc_per_node`, else `gpus`, else 1"""
     python: str | None = None
+    """interpreter on this node; unset: `job.python`"""
     env: dict[str, Scalar | None] = {}
+    """overrides of the top-level `env` on this node"""
     ssh: SSHModel | None = None
+    """the same SSH overrides as a mapping"""
 
 
 class MasterModel(_Schema):
+    """`master:`: node rank 0 and the rendezvous."""
+
     node: str | None = None
+    """name or host of node rank 0; unset: the first node"""
     port: int = 29500
+    """rendezvous port (`--master-port`)"""
 
 
 class ClockModel(_Schema):
     ntp_server: str | None = None
+    """`host` or `host:port`; every node measures its offset to it (SNTP). Unset: offsets are estimated against
+    the controller over SSH"""
     max_offset_ms: float = 50.0
+    """`fail` above this offset, `warn` above half of it"""
 
 
 class RdmaModel(_Schema):
     devices: list[str] = []
+    """HCAs (e.g. `[mlx5_0]`) that must exist with an ACTIVE, LinkUp port; empty: RDMA not required"""
 
 
 class SSHCheckModel(_Schema):
     warn_ms: float = 1000.0
+    """the `ssh` check warns when connect + round trip exceeds this"""
 
 
 class FabricCheckModel(_Schema):
     enabled: bool = True
+    """in a mapping: run it with every `orch check` and `orch up`; `false` keeps the settings for
+    `orch check --only fabric` / `orch up --fabric`"""
     max_bytes: int | str = "256M"
+    """the largest all_reduce of the size sweep (1 MiB, ×4, up to this): bytes, or `K`/`M`/`G` (powers of 1024,
+    as nccl-tests' `-e`)"""
     min_busbw_gbps: float | None = None
+    """`fail` when busbw (GB/s, nccl-tests' definition) at the largest size is below this; on the slow nodes
+    when some are named, else cluster-wide; unset: no floor"""
     share: float = 0.7
+    """`warn` on a node whose best pair sends or receives below this share of the median node, and on a link
+    below this share of what both its ends reach"""
     timeout_s: float = 180.0
+    """the job must end within this (else every node is stopped and the check fails); a collective also gives
+    up after it"""
     budget_s: float = 30.0
+    """sweep sizes that would end the sweep after this many seconds are left out (and listed): a slow link
+    cannot stretch the job without bound"""
 
 
 class ChecksModel(_Schema):
+    """`checks:`: what `orch check` expects."""
+
     clock: ClockModel = ClockModel()
+    """the `clock` check"""
     timezone: str | None = None
+    """the zone every node must be in (e.g. `Asia/Shanghai`); unset: the nodes must simply agree"""
     rdma: RdmaModel = RdmaModel()
+    """the `rdma` check"""
     ssh: SSHCheckModel = SSHCheckModel()
+    """the `ssh` check"""
     skip: list[str] = []
+    """names of the checks to skip"""
     fabric: bool | FabricCheckModel = False
+    """the opt-in `fabric` check (a short all_reduce job on every node): `true` runs it with every `orch check`
+    and `orch up` of this inventory; a mapping of the settings below does too, unless it says `enabled: false`.
+    Without it the check runs only with `orch check --only fabric` or `orch up --fabric`"""
 
 
 class StragglerModel(_Schema):
     share: float = 0.8
+    """a rank is slow when its time per step outside collectives (data wait, forward and loss) is above the
+    median rank's divided by this (0.8: 1.25 x the median); between 0 and 1"""
     windows: int = 3
+    """for this many consecutive timing windows (the trainer's `--log-every` steps) before it is named: one
+    `straggler:` line in the log, `orch status`, `orch top`, the report"""
     action: Literal["warn", "stop"] = "warn"
+    """`warn`: name it and keep running · `stop`: also fail the run naming that node (exit 1), so `retries`
+    with a `spare` relaunch without it"""
 
 
 class ContainerModel(_Schema):
     runtime: str
+    """`docker`, `podman` or `apptainer`: the job (torchrun and its ranks, the job's check, the fabric job) runs
+    in this runtime's container on every node; orch's own node programs (agent, probe, log reader) still run as
+    `python` on the host"""
     image: str
+    """a `name:tag` or an image ID (apptainer: an absolute `.sif` path); the launch runs the image ID the
+    preflight resolved, the same on every node"""
     python: str = "python3"
+    """the job's interpreter inside the image, e.g. `/opt/conda/envs/yoloe/bin/python`"""
     workdir: str | None = None
+    """the working directory inside the container (absolute); unset: `job.workdir`"""
     mounts: list[str] = []
+    """`HOST[:CONTAINER[:ro]]` each (a path alone: the same path); absolute, each container path once, never
+    over the run directory (`run_root`), `job.workdir` or `/etc/passwd`/`/etc/group`, which orch mounts itself"""
     options: list[str] = []
+    """extra runtime flags, appended last (before the image) and shown by `orch up --dry-run`, e.g.
+    `[--shm-size=32g]` (then no `--ipc host`); refused where they contradict what orch sets: `-d`/`--detach`,
+    `--rm=false`, `--network` other than host, `--name`, `--user`, `--gpus`/`--device nvidia.com/gpu` when
+    nodes have `gpus`, `-e`/`--env` (values go in `env:`), `orch.*` labels, `--pull`, `--workdir`"""
     user: str = "host"
+    """`host`: the SSH user's uid:gid, with the host's `/etc/passwd` and `/etc/group` read-only and a tmpfs HOME
+    (files the job writes are the user's, not root's) · `root` · `UID:GID`; apptainer: `host` only"""
     pull: Literal["missing", "never"] = "never"
+    """`missing`: the preflight may pull an image a node lacks · `never`"""
 
 
 class JobModel(_Schema):
+    """`job:`: what runs on every node."""
+
     workdir: str | None = None
+    """`cd` here on every node before starting torchrun; unset: the login's home"""
     python: str = "python3"
+    """interpreter for the probe, the node agent and torchrun (absolute path recommended)"""
     nproc_per_node: int | None = None
+    """processes per node; unset: each node's `gpus`, else 1"""
     rdzv: Literal["static", "c10d"] = "static"
+    """`static`: node ranks from the inventory order · `c10d`: torch assigns them (required when nodes run
+    different numbers of processes)"""
     max_restarts: int = 0
+    """torchrun `--max-restarts`; 0 = fail fast"""
     module: str | None = None
+    """`python -m MODULE` on every rank; unset (and no `script`): `trainer`"""
     script: str | None = None
+    """a script path instead of `module`"""
     args: dict[str, Any] | list[Scalar] = {}
+    """a mapping becomes `--key value` (`true` → bare `--key`, `null` → left out (the job's default), a list →
+    `--key a b`; `false` → the trainer's own word for off, `--amp off`, `--plots false`, and refused
+    (file:line:key) for a trainer flag without an off, such as `resume`, and for any other `module`/`script`,
+    which orch cannot know the spelling of: write the word it takes, or `null`); a list is passed as is"""
     torchrun_args: list[str] = []
+    """extra torchrun flags, e.g. `[--monitor-interval=1]`"""
     run_root: str = DEFAULT_RUN_ROOT
+    """where each node keeps its run directories (`<run_root>/<run-id>/<node>/`): agent, node log, state"""
     stop_grace_s: float = 10.0
+    """seconds between SIGTERM and SIGKILL when a run is stopped"""
     stall_timeout_s: float = 600.0
+    """the hang watchdog of an attached `orch up`: when no rank writes a line for this long, every rank's stack
+    is taken (`orch stacks`) into the run directory and shown; `0` turns it off. Must exceed the longest silent
+    phase of the job (validation, checkpointing, the first step); `orch up --stall-timeout` overrides it"""
     on_stall: Literal["warn", "stop"] = "stop"
+    """what a hang does: `stop` tears the run down (exit 1, the rank whose stack differs named as the first
+    failure; a retry follows when `retries` allow) · `warn` only reports it, once per silence"""
     retries: int = 0
+    """after a failure that is not a preflight failure (a rank or node failed, a node could not start, a hang
+    was stopped), tear down, run the preflight again and relaunch the same run id, up to this many times; the
+    trainer (`module: trainer`) gets `--resume` once its master holds `weights/last.pt`. `orch up --retries`
+    overrides it; a detached run is never retried"""
     sync: list[str] = []
+    """files and directories on the controller that `orch sync` copies to the same absolute path on every node
+    (rsync over SSH with the `ssh` settings, only what changed); `orch up` runs it before its preflight when the
+    list is not empty. Absolute paths only, none inside another; a directory `/srv/yolo` lands at `/srv/yolo`.
+    The `job` check then compares each synced file (size, sha256) and finds each synced directory on every
+    node"""
     telemetry_s: float = 10.0
+    """every this many seconds each node agent samples its GPUs (`nvidia-smi`: utilisation, memory,
+    temperature, power, SM clock, throttle reasons), the node's CPU and memory and each rank's CPU and RSS, and
+    writes them as a `telemetry` line of the node log (what `orch top` shows); `0` turns it off; under 1 s is
+    refused"""
     straggler: StragglerModel = StragglerModel()
+    """when a rank is called slow, and what that does"""
     container: ContainerModel | None = None
+    """the image the job runs in on every node; unset: the job runs as `python` on the host"""
 
 
 class InventoryModel(_Schema):
+    """The inventory file."""
+
     name: str | None = None
+    """cluster name; names runs (`<date>-<time>-<name>`); unset: the file's name"""
     transport: Literal["ssh", "local"] = "ssh"
+    """`ssh`: reach every node with SSH · `local`: nodes are processes on this machine"""
     ssh: SSHModel = SSHModel()
+    """SSH settings for every node"""
     nodes: list[NodeModel]
+    """the nodes, in node-rank order (the master is moved first)"""
     master: MasterModel = MasterModel()
+    """node rank 0 and the rendezvous port"""
     env: dict[str, Scalar | None] = {}
+    """environment of the job on every node (NCCL_*, GLOO_*, TORCH_* ...)"""
     checks: ChecksModel = ChecksModel()
+    """what `orch check` expects"""
     job: JobModel = JobModel()
+    """what runs on every node"""
     fanout: int = 32
+    """how many nodes are contacted at once"""
     spare: list[NodeModel] = []
+    """spare nodes, written like `nodes` entries (ranges too): never launched, until a node fails the preflight
+    of an automatic retry (`job.retries`); the first healthy spare then takes its place and the ranks are
+    planned again. Same `nproc_per_node` as the nodes under `rdzv: static`; no spare may also be a node"""
 
 
 class _NotPlain(Exception):

@@ -23,11 +23,12 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..config.inventory import Inventory
+from ..config.plan import first_ranks
 from ..errors import TransportError
 from ..node import AGENT_MODULES, FROM_STDIN, FROM_STDIN_OPEN
 from ..node import program as node_program
 from ..node.agent import write_all
-from ..store import RunDir, remote_dir, write_private
+from ..store import RunDir, recorded_nodes, remote_dir, write_private
 from ..transport import Cluster, GroupResult, Process, Transport, fan_out
 
 
@@ -134,17 +135,17 @@ class NodeSource:
 def node_sources(run: RunDir, inv: Inventory) -> list[NodeSource]:
     """Every node of a run in node-rank order, with ranks from run.json (else the static plan)."""
     data = run.read()
-    recorded = {n.get("node"): n for n in data.get("nodes") or [] if isinstance(n, dict)}
+    recorded = {r.node: r for r in recorded_nodes(data)}
     nonce = str(data.get("nonce") or "") or None
-    sources, base = [], 0
+    sources, firsts = [], first_ranks(inv.nodes)
     for rank, node in enumerate(inv.nodes):
-        rec = recorded.get(node.name, {})
-        node_rank = int(rec.get("node_rank", rank))
-        base_rank: int | None = rec.get("base_rank", base if inv.job.rdzv == "static" else None)
+        rec = recorded.get(node.name)
+        node_rank = rec.node_rank if rec is not None else rank
+        base_rank = rec.base_rank if rec is not None and rec.base_rank is not None else \
+            firsts[node.name] if inv.job.rdzv == "static" else None
         sources.append(NodeSource(node.name, node_rank, base_rank,
                                   remote_dir(inv, node, run.run_id),  # the snapshot's, never run.json's
                                   node.python, run.node_log(node.name), nonce))
-        base += node.nproc_per_node
     return sorted(sources, key=lambda s: s.node_rank)
 
 

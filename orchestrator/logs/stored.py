@@ -24,8 +24,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import IO
 
 from ..config.inventory import Inventory
+from ..config.plan import world_size as planned_world_size
 from ..run.straggler import Window
-from ..store import RunDir
+from ..store import RunDir, recorded_world_size
 from .fetch import NodeSource
 from .lines import LogLine, format_ts, parse_node_line, read_node_lines
 from .merge import PlainNode, merge, merge_plain
@@ -171,9 +172,7 @@ class ControllerTail:
 
 def world_size(run: RunDir, inv: Inventory) -> int:
     """The run's number of ranks (run.json, else the inventory): the width of the rank column."""
-    nodes = run.read().get("nodes") or []
-    total = sum(int(n.get("nproc") or 0) for n in nodes if isinstance(n, dict))
-    return total or sum(n.nproc_per_node for n in inv.nodes)
+    return recorded_world_size(run.read()) or planned_world_size(inv.nodes)
 
 
 def lock_merged(run: RunDir) -> IO[str] | None:

@@ -17,6 +17,8 @@ A node may run another orch version, or none: what a program needs travels with 
 - `probe.py`  `orch check`'s probe: gathers a node's facts, answers pings and connect tests.
 - `reader.py` streams a node's log from a byte offset as frames, with the node's status;
               it judges liveness with the agent's own functions (shipped along with it).
+- `findmodule.py` the `job` check of a module job: whether the job's python finds the module
+              (`python -c` of its text, run by the job's python where the job runs).
 - `tether.py` a watcher the login shell starts beside `orch exec`'s command: it stops the
               shell's process group when the SSH session that started it goes away
               (`python -c` of its `packed` text, in the background).

@@ -34,6 +34,9 @@ Subcommands (each prints one JSON object on stdout):
 With --nonce (the launch nonce, launch.json `nonce`), a run directory claimed by another launch
 (`launch.nonce`: another controller's run of the same id) is never stopped nor reported as ours.
   stacks DIR [--timeout S]  the Python stack of every rank of the job (`py-spy dump`), raw, per rank
+  collect DIR --root R [--limit N] [--remove] [--nonce X]  the last N bytes of node.log; with
+                     --remove, then the run directory goes (and the run id's above it once empty):
+                     only `R/<run-id>/<node>`, trusted, this launch's, its job and agent gone
 
 torchrun puts every worker in a session of its own, so killing torchrun's group alone would
 orphan the workers (a `kill -9` of torchrun leaves them running). The agent therefore makes itself
@@ -934,6 +937,52 @@ def cmd_stop(run_dir: str, grace: float, nonce: str | None = None) -> int:
     return emit(out, 0 if not remaining else 1)
 
 
+def under_root(run_dir: str, root: str) -> str | None:
+    """Why `run_dir` is not a run directory of `root` (`<root>/<run-id>/<node>`, links resolved),
+    or None: nothing outside the run root is ever removed."""
+    real, top = os.path.realpath(run_dir), os.path.realpath(expand(root) or root)
+    rel = os.path.relpath(real, top)
+    parts = rel.split(os.sep)
+    if rel.startswith(os.pardir) or len(parts) != 2 or os.curdir in parts or os.pardir in parts:
+        return f"{real} is not a run directory of the run root {top} (<run_root>/<run-id>/<node>): refusing to remove it"
+    return None
+
+
+def cmd_collect(run_dir: str, root: str, limit: int, remove: bool, nonce: str | None = None) -> int:
+    """The last `limit` bytes of node.log; with `remove`, then the run directory is removed (and
+    the run id's directory above it, once empty), only where `under_root` finds it in the run
+    root, it is this launch's (`nonce`), and neither its agent nor its job runs any more: a check's
+    run directory once its job is done (`preflight/fabric/job.py`). The run directory's trust was
+    judged by `main` (`check_run_dir`) before anything is read."""
+    out: dict[str, Any] = {"log": "", "removed": False}
+    try:
+        with open(os.path.join(run_dir, LOG), "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - limit))
+            out["log"] = fh.read().decode("utf-8", "replace")
+    except OSError:
+        pass
+    if not remove:
+        return emit(out, 0)
+    state = read_json(os.path.join(run_dir, STATE))
+    why = under_root(run_dir, root) or foreign(run_dir, nonce)
+    if not why and (agent_alive(state) or job_alive(state)):
+        why = f"{run_dir}: its job or agent still runs: refusing to remove it"
+    if why:
+        out["kept"] = why
+        return emit(out, 0)
+    import shutil
+
+    os.chdir("/")
+    shutil.rmtree(run_dir, ignore_errors=True)
+    out["removed"] = not os.path.lexists(run_dir)
+    try:
+        os.rmdir(os.path.dirname(run_dir))  # the run id's directory, once every node's is gone
+    except OSError:
+        pass
+    return emit(out, 0)
+
+
 def emit(data: dict[str, Any], code: int) -> int:
     sys.stdout.write(json.dumps(data) + "\n")
     sys.stdout.flush()
@@ -960,6 +1009,12 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("stacks", help="the Python stack of every rank (py-spy dump)")
     p.add_argument("dir")
     p.add_argument("--timeout", type=float, default=20.0, help="seconds py-spy may take per rank")
+    p = sub.add_parser("collect", help="the tail of node.log; with --remove, then the run directory goes")
+    p.add_argument("dir")
+    p.add_argument("--root", required=True, help="the run root: only <root>/<run-id>/<node> is removed")
+    p.add_argument("--limit", type=int, default=8 << 20, help="bytes of node.log's tail")
+    p.add_argument("--remove", action="store_true", help="then remove the run directory")
+    p.add_argument("--nonce", help="the launch's nonce: another launch's directory is kept")
     args = parser.parse_args(argv)
     run_dir = os.path.abspath(expand(args.dir) or ".") if getattr(args, "dir", None) else ""
     if run_dir:
@@ -973,6 +1028,8 @@ def main(argv: list[str] | None = None) -> int:
         return emit(status(run_dir, args.tail, args.nonce, args.renew), 0)
     if args.cmd == "stop":
         return cmd_stop(run_dir, args.grace, args.nonce)
+    if args.cmd == "collect":
+        return cmd_collect(run_dir, args.root, args.limit, args.remove, args.nonce)
     if args.cmd == "stacks":
         try:
             from . import stacks

@@ -10,11 +10,11 @@
 - `results.py`      `CheckResult`, `Findings` and the majority rule every check judges with
 - `checks.py`       one pure function per check: (inventory, facts of every node) → a result per
                     node, with the measured value, what was seen and a hint that fixes it
-- `fabric.py`       the fabric check's job, launched through the run package → `FabricFacts`
-- `fabric_judge.py` its verdict; `nccl_log.py` and `busbw.py` its parsers and arithmetic
+- `fabric/`         the fabric check: its job, launched through the run package → `FabricFacts`;
+                    its verdict; its parsers (NCCL's log) and arithmetic (busbw)
 - `runner.py`       `run_preflight` → `CheckReport`; saving it where `orch up` and `orch logs` read it
 
 A new check: its function in `checks.py` (registered in `CHECKS`), its name in
-`contract.CHECK_NAMES`, its row in README.md and docs/checks.md; a fact the probe does not gather
+`contract.CHECK_NAMES`, its row in docs/checks.md; a fact the probe does not gather
 yet goes in `node/probe.py` (stdlib only) and its shape in `shapes.py`.
 """

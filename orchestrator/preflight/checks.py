@@ -4,7 +4,7 @@ Every pitfall of the field guides becomes a finding with the measured value and 
 fixes it. A node that could not be probed fails `ssh` and is `skip` everywhere else, with the
 reason. Checks that compare nodes (versions, env, file contents) report on each node that differs
 from the majority and name the majority value. What a check returns and the helpers it judges
-with are `results.py`; the fabric check's verdict is `fabric_judge.py`.
+with are `results.py`; the fabric check's verdict is `fabric/judge.py`.
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ from ..config.container import Container
 from ..config.inventory import Inventory
 from ..config.nodes import Node
 from ..config.nodeset import fold
+from ..config.plan import world_size
 from ..config.trainer import batch_choices, batch_problem, is_builtin_model
 from ..contract import CHECK_NAMES
 from . import cudacompat, jobcheck
-from .fabric_judge import check_fabric
+from .fabric.judge import check_fabric
 from .facts import HeldImage, NodeFacts, held_image
 from .jobargs import device_ids, is_output_key, job_files, path_args, raw_setting
 from .parsers import Gpu, GpuFacts, IbDevice
@@ -678,16 +679,12 @@ def check_software(inv: Inventory, facts: Facts) -> list[CheckResult]:
 # ----------------------------------------------------------------------------- job
 
 
-def world_size(inv: Inventory) -> int:
-    return sum(n.nproc_per_node for n in inv.nodes)
-
-
 def cluster_job_findings(inv: Inventory, said: str = "") -> list[tuple[str, str, str]]:
     """Problems of the job itself (not of a node), reported once, on the master's row; one the
     job's own check already `said` (the trainer's refusal, made with the same rule) is not
     repeated."""
     out = []
-    ws = world_size(inv)
+    ws = world_size(inv.nodes)
     raw = raw_setting(inv, "batch")
     batch = raw if isinstance(raw, int) and not isinstance(raw, bool) else None
     problem = batch_problem(batch, ws) if batch is not None else None
@@ -763,7 +760,7 @@ def check_job(inv: Inventory, facts: Facts) -> list[CheckResult]:
         elif jobcheck.checks_on(inv, node) and "job_check" not in nf.raw:
             f.add("warn", "the probe brought back no answer from the job's own check: the job's arguments are not "
                           "verified", "run orch check -v to see the probe's command")
-        f.value = f"world size {world_size(inv)}, {len(paths)} file(s)"
+        f.value = f"world size {world_size(inv.nodes)}, {len(paths)} file(s)"
         out.append(f.result(_job_checked(inv, node, paths, relative, answer) + _datasets_checked(nodes, node, paths)))
     return out
 

@@ -39,6 +39,7 @@ from ..config.plan import gpu_devices, job_command
 from ..errors import TransportError
 from ..node import program as node_program
 from ..transport import Cluster, Process, Transport
+from ..transport.base import Progress
 from . import jobcheck
 from .jobargs import is_output_key, job_files
 from .parsers import ChronyTracking, GpuFacts, IbDevice, parse_chrony_tracking, parse_gpus, parse_ib
@@ -46,9 +47,8 @@ from .shapes import FACTS_SHAPE, REACH_SHAPE, read_answer
 
 if TYPE_CHECKING:
     from .controller_clock import ControllerClock
-    from .fabric import FabricFacts
+    from .fabric.job import FabricFacts
 
-Progress = Callable[[str, int, int], None]
 PHASE1_TIMEOUT_S = 150.0    # a cold `import torch` on a loaded node is the slow part
 CONNECT_TIMEOUT_S = 5.0
 REACH_TIMEOUT_S = CONNECT_TIMEOUT_S * 6 + 30
@@ -86,7 +86,7 @@ class NodeFacts:
     """Parts of the probe's answer that were not of the shape the probe writes (dropped): a
     mismatched or tampered probe; the `ssh` check fails on it."""
     fabric: FabricFacts | None = None
-    """What the fabric job measured (`preflight/fabric.py`), the same object on every node; None
+    """What the fabric job measured (`preflight/fabric/job.py`), the same object on every node; None
     where the fabric check was not selected."""
     controller_clock: ControllerClock | None = None
     """The controller's own offset to `checks.clock.ntp_server` (`controller_clock.measure`), the

@@ -22,25 +22,12 @@ from typing import Any
 
 from ..config.inventory import Inventory
 from ..config.nodes import Node
-from ..config.plan import job_command, job_python, node_env
+from ..config.plan import first_ranks, job_command, job_python, node_env, world_size
+from ..node import script as node_script
 
 TIMEOUT_S = 90.0
 """How long the job's check may take (a cold `import torch, ultralytics` on a busy node is most of it)."""
 TRAINER = "trainer"
-IMPORT_CODE = r"""
-import importlib.util, json, sys
-name = sys.argv[1]
-out = {"module": name, "found": False}
-try:
-    spec = importlib.util.find_spec(name)
-    out["found"] = spec is not None
-    out["origin"] = getattr(spec, "origin", None) if spec is not None else None
-except Exception as exc:
-    out["error"] = "%s: %s" % (type(exc).__name__, exc)
-print(json.dumps(out))
-"""
-"""`python -c IMPORT_CODE MODULE`: whether `python -m MODULE` finds it (the cwd is on sys.path for
-both), without running it."""
 
 
 def is_trainer(inv: Inventory) -> bool:
@@ -72,14 +59,14 @@ def request(inv: Inventory, node: Node, run_id: str) -> dict[str, Any] | None:
     k = kind(inv)
     if k is None or not checks_on(inv, node):
         return None
-    ranks = {n.name: (i, sum(m.nproc_per_node for m in inv.nodes[:i])) for i, n in enumerate(inv.nodes)}
-    node_rank, base = ranks[node.name]
-    world = sum(n.nproc_per_node for n in inv.nodes)
+    node_rank, base = [n.name for n in inv.nodes].index(node.name), first_ranks(inv.nodes)[node.name]
+    world = world_size(inv.nodes)
     env = {key: value for key, value in node_env(inv, node, node_rank, run_id).items() if key not in node.env}
     env.update({"RANK": str(base), "LOCAL_RANK": "0", "WORLD_SIZE": str(world), "GROUP_RANK": str(node_rank),
                 "LOCAL_WORLD_SIZE": str(node.nproc_per_node), "GROUP_WORLD_SIZE": str(len(inv.nodes)),
                 "MASTER_ADDR": inv.master.addr, "MASTER_PORT": str(inv.master_port)})
-    inner = ["-m", TRAINER, "--check", *inv.job.args] if k == TRAINER else ["-c", IMPORT_CODE, str(inv.job.module)]
+    inner = ["-m", TRAINER, "--check", *inv.job.args] if k == TRAINER else \
+        ["-c", node_script("findmodule"), str(inv.job.module)]
     argv = job_command(inv, node, inner, run_id=run_id, env=[*node.env, *env], role="check")
     return {"kind": k, "argv": argv, "env": env, "cwd": inv.job.workdir, "timeout": TIMEOUT_S}
 

@@ -24,6 +24,7 @@ from ..contract import CHECK_NAMES
 from ..errors import PreflightUnavailable, UsageError
 from ..store import CHECK, checks_path, write_private
 from ..transport import Cluster
+from ..transport.base import Progress
 from .controller_clock import ControllerClock
 from .controller_clock import measure as measure_controller
 from .facts import collect, container_pins
@@ -31,10 +32,9 @@ from .facts import collect, container_pins
 if TYPE_CHECKING:
     from ..store import RunDir
     from .checks import CheckResult
-    from .fabric import FabricFacts
+    from .fabric.job import FabricFacts
     from .facts import NodeFacts
 
-Progress = Callable[[str, int, int], None]
 
 
 @dataclass
@@ -46,7 +46,7 @@ class CheckReport:
     offset_reference: str = ""
     elapsed_s: float = 0.0
     fabric: dict[str, Any] | None = None
-    """What the fabric job measured (`fabric_judge.fabric_summary`), when it ran."""
+    """What the fabric job measured (`fabric.judge.fabric_summary`), when it ran."""
     not_probed: dict[str, str] = field(default_factory=dict)
     """Nodes that could not be probed, with why (their `ssh` row fails, every other row skips)."""
     controller_clock: ControllerClock | None = None
@@ -137,7 +137,7 @@ def run_preflight(inv: Inventory, cluster: Cluster | None = None, only: Iterable
                          not_probed={n: (nf.error or "").removeprefix(f"{n}: ") for n, nf in facts.items() if not nf.ok},
                          controller_clock=clock[0] if clock else None, pins=container_pins(inv, facts))
     if ff is not None and ff.not_run is None:
-        from .fabric_judge import fabric_summary
+        from .fabric.judge import fabric_summary
 
         report.fabric = fabric_summary(inv, ff)
     if save:
@@ -148,7 +148,7 @@ def run_preflight(inv: Inventory, cluster: Cluster | None = None, only: Iterable
 def _fabric_facts(inv: Inventory, cluster: Cluster, facts: Mapping[str, NodeFacts], asked: bool,
                   progress: Progress | None) -> FabricFacts:
     """Run the fabric job, or say why not (opt-in and not asked; a node that was not probed)."""
-    from . import fabric as fabric_mod
+    from .fabric import job as fabric_mod
 
     if not (asked or inv.checks.fabric.enabled):
         return fabric_mod.FabricFacts.skipped(inv, fabric_mod.FABRIC_OPT_IN)

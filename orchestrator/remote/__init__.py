@@ -9,5 +9,5 @@
 - `image.py` a container image onto every node without a registry: exported once, streamed into
              each node's runtime, skipped where the node holds its ID, the ID checked after loading
 
-Like the rest of the library they print nothing: `cli/render.py` shows what they return.
+Like the rest of the library they print nothing: `cli/render/` shows what they return.
 """

@@ -35,17 +35,17 @@ from typing import Any
 
 from ..config.inventory import Inventory
 from ..config.nodes import Node
+from ..config.schema import JobModel
 from ..errors import TransportError
 from ..node import packed
 from ..transport import Cluster, Result, Transport
+from ..transport.base import Progress
 
 UNREACHABLE = 255
 """A node where the command could not run, or ended without an exit status."""
 TIMED_OUT = 124
 """A node where the command outlived `--timeout`."""
 
-Progress = Callable[[int, int], None]
-"""progress(nodes done, nodes in all), called as each node answers."""
 KILL_AFTER_S = 5
 """Seconds between timeout(1)'s SIGTERM to the command's process group and its SIGKILL."""
 SLACK_S = 10
@@ -75,13 +75,13 @@ def tether(python: str | None) -> str:
     return f"/bin/sh -c {shlex.quote(starter)}; "
 
 
-def command_line(command: Sequence[str], shell: bool, python: str | None = "python3") -> str:
+def command_line(command: Sequence[str], shell: bool, python: str | None = JobModel.python) -> str:
     """The login-shell line of `orch exec` without --timeout: the tether, then the command as the
     login shell would run it alone (one word: that line itself; several: `exec` of the argv)."""
     return tether(python) + (command[0] if shell else "exec " + shlex.join(command))
 
 
-def timed_line(command: Sequence[str], shell: bool, timeout: float, python: str | None = "python3") -> str:
+def timed_line(command: Sequence[str], shell: bool, timeout: float, python: str | None = JobModel.python) -> str:
     """The login-shell line that runs `command` under timeout(1) on the node: in a process group of
     its own, which timeout signals whole when the time is up (exit 124, 137 after the SIGKILL),
     tethered as without --timeout. A one-word command is a line for the node's login shell
@@ -304,7 +304,7 @@ def run_everywhere(inv: Inventory, nodes: Sequence[Node], command: Sequence[str]
             if progress is not None:
                 with lock:
                     done[0] += 1
-                    progress(done[0], len(nodes))
+                    progress("running", done[0], len(nodes))
 
     with Cluster(inv) as cluster:
         answers = _interruptible(lambda: cluster.fan_out(one, nodes))

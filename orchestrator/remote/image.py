@@ -30,7 +30,7 @@ from typing import Any
 from ..config.inventory import Inventory
 from ..config.nodes import Node
 from ..errors import OrchError, UsageError
-from ..transport.base import command_line
+from ..transport.base import Progress, command_line
 from ..transport.ssh import openssh_argv, openssh_config_file
 from .rsync import SyncOptions, rsync_argv
 from .sync import explain_failure
@@ -39,7 +39,6 @@ RUNTIMES = ("docker", "podman", "apptainer")
 NOT_INSTALLED = "orch: {runtime} is not installed on this node"
 UNREACHABLE = 255
 """The exit code of a node orch could not reach (ssh's own)."""
-Progress = Callable[[int, int], None]
 
 
 # ----------------------------------------------------------------------------- pure builders
@@ -230,7 +229,7 @@ def push_image(inv: Inventory, nodes: Sequence[Node], image: str, runtime: str, 
                 if progress is not None:
                     with lock:
                         done[0] += 1
-                        progress(done[0], len(nodes))
+                        progress("pushing", done[0], len(nodes))
 
         results = _each(nodes, workers, one)
     finally:

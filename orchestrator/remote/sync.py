@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -25,10 +25,9 @@ from ..config.nodes import Node
 from ..config.trainer import DEFAULT_PROJECT, OUTPUT_FLAGS
 from ..errors import OrchError, UsageError
 from ..run.resume import is_trainer
+from ..transport.base import Progress
 from ..transport.ssh import openssh_config_file
 from .rsync import SyncOptions, Transfer, missing_rsync, parse_output, rsync_argv
-
-Progress = Callable[[int, int], None]
 
 
 @dataclass(frozen=True)
@@ -185,7 +184,7 @@ def sync_nodes(inv: Inventory, nodes: Sequence[Node], options: SyncOptions = Syn
             if progress is not None:
                 with lock:
                     done[0] += 1
-                    progress(done[0], len(nodes))
+                    progress("syncing", done[0], len(nodes))
 
     pool = ThreadPoolExecutor(max_workers=max(1, min(inv.fanout, len(nodes))), thread_name_prefix="orch-sync")
     try:

@@ -19,7 +19,7 @@ from ..errors import AgentUnavailable, OrchError, TransportError
 from ..node import agent_files
 from ..node import script as node_script
 from ..node.agent import HOOK_TIMEOUT_S
-from ..store import remote_dir
+from ..store import NodeRecord, remote_dir
 from ..transport import Cluster, GroupResult, Result, Transport
 
 START_WAIT_S = 60.0
@@ -279,6 +279,29 @@ def status_node(t: Transport, python: str, rdir: str, tail: int = 0, timeout: fl
         return NodeStatus(NodeState.UNKNOWN, agent_alive=False, job_alive=False, error=exc.message)
 
 
+@dataclass(frozen=True)
+class Collected:
+    """What `agent.py collect` brought back: the tail of node.log, whether the run directory is gone."""
+
+    log: str
+    removed: bool = False
+    kept: str | None = None
+    """Why the run directory was asked to go and stayed (the agent's refusal: outside the run
+    root, another launch's, its job still running)."""
+
+
+def collect_node(t: Transport, python: str, rdir: str, root: str, limit: int, remove: bool,
+                 nonce: str | None = None, timeout: float = 60) -> Collected:
+    """The last `limit` bytes of a node's log; with `remove`, then its run directory is removed by
+    the agent, which checks it as it checks every run directory (trusted, `<root>/<run-id>/<node>`,
+    this launch's, nothing of it running) before it removes anything."""
+    args = ["collect", ".", "--root", root, "--limit", str(limit), *(["--remove"] if remove else []),
+            *(["--nonce", nonce] if nonce else [])]
+    data = agent_call(t, python, rdir, args, timeout)
+    kept = data.get("kept")
+    return Collected(_text(data.get("log")) or "", bool(data.get("removed")), str(kept) if kept else None)
+
+
 # ----------------------------------------------------------------------------- every node
 
 
@@ -292,25 +315,28 @@ def start_all(cluster: Cluster, plan: Plan, extra: Mapping[str, str] | None = No
                                                 lease_s))
 
 
-def stop_all(cluster: Cluster, records: Sequence[Mapping[str, Any]], grace: float) -> GroupResult[StopResult]:
+def stop_all(cluster: Cluster, records: Sequence[NodeRecord], grace: float) -> GroupResult[StopResult]:
     """Stop every node in parallel (idempotent): every agent's answer, or why there is none. Each
     record's `nonce` (run.json) guards its stop: another launch's run of the same id is left alone,
     so a node whose start answer was lost is asked too, and stopped only if it is this launch's."""
-    by_name = {r["node"]: r for r in records}
+    by_name = {r.node: r for r in records}
     nodes = [n for n in cluster.inv.nodes if n.name in by_name]
 
     def stop(t: Transport) -> StopResult:
         r = by_name[t.node.name]
-        result = stop_node(t, r["python"], r["remote_dir"], grace, r.get("nonce"))
-        return sweep_node(t, r["sweep"], result) if r.get("sweep") and not result.foreign else result
+        result = stop_node(t, r.python, r.remote_dir, grace, r.nonce)
+        return sweep_node(t, r.sweep, result) if r.sweep and not result.foreign else result
 
     return cluster.fan_out(stop, nodes)
 
 
-def status_all(cluster: Cluster, records: Sequence[Mapping[str, Any]], timeout: float = 15) -> GroupResult[NodeStatus]:
+def status_all(cluster: Cluster, records: Sequence[NodeRecord], timeout: float = 15) -> GroupResult[NodeStatus]:
     """Every node's agent status in parallel, or why there is none."""
-    by_name = {r["node"]: r for r in records}
+    by_name = {r.node: r for r in records}
     nodes = [n for n in cluster.inv.nodes if n.name in by_name]
-    return cluster.fan_out(lambda t: status_node(t, by_name[t.node.name]["python"],
-                                                 by_name[t.node.name]["remote_dir"], timeout=timeout,
-                                                 nonce=by_name[t.node.name].get("nonce")), nodes)
+
+    def ask(t: Transport) -> NodeStatus:
+        r = by_name[t.node.name]
+        return status_node(t, r.python, r.remote_dir, timeout=timeout, nonce=r.nonce)
+
+    return cluster.fan_out(ask, nodes)

@@ -15,7 +15,7 @@ from typing import Any
 from ..config.inventory import Inventory
 from ..contract import FINAL_STATES, NodeState, RunState
 from ..errors import OrchError
-from ..store import RunDir, RunStore, clock_offsets
+from ..store import NodeRecord, RunDir, RunStore, clock_offsets, recorded_nodes
 from ..transport import Cluster, GroupResult
 from .agents import NodeStatus, StopResult, status_all, status_node, stop_all
 from .cause import consequence
@@ -99,10 +99,10 @@ class DownReport:
         return not self.results.failed and not any(r.remaining for r in self.results.succeeded.values())
 
 
-def _cluster_for(run: RunDir) -> tuple[Inventory, list[dict[str, Any]]]:
+def _cluster_for(run: RunDir) -> tuple[Inventory, list[NodeRecord]]:
     data = run.read()
     inv = run.inventory()
-    return inv, trusted_records(run, inv, list(data.get("nodes") or []))
+    return inv, trusted_records(run, inv, recorded_nodes(data))
 
 
 def offsets_s(run: RunDir, inv: Inventory) -> dict[str, float]:
@@ -135,23 +135,22 @@ MASTER_TAIL = 400
 """How many of the rank-0 node's latest log lines `orch status` asks for (the trainer's progress)."""
 
 
-def _master_tail(cluster: Cluster, records: list[dict[str, Any]], statuses: Mapping[str, NodeStatus]) -> tuple[str, ...]:
+def _master_tail(cluster: Cluster, records: list[NodeRecord], statuses: Mapping[str, NodeStatus]) -> tuple[str, ...]:
     """The rank-0 node's latest lines while it runs (one more agent call), else none."""
-    master = next((r for r in records if r.get("node_rank") == 0), None)
-    if master is None or statuses.get(master["node"], NodeStatus(NodeState.UNKNOWN)).state != NodeState.RUNNING:
+    master = next((r for r in records if r.node_rank == 0), None)
+    if master is None or statuses.get(master.node, NodeStatus(NodeState.UNKNOWN)).state != NodeState.RUNNING:
         return ()
     try:
-        return status_node(cluster[master["node"]], master["python"], master["remote_dir"], tail=MASTER_TAIL).tail
+        return status_node(cluster[master.node], master.python, master.remote_dir, tail=MASTER_TAIL).tail
     except OrchError:
         return ()
 
 
-def detached_failure(cluster: Cluster, records: list[dict[str, Any]], statuses: Mapping[str, NodeStatus],
+def detached_failure(cluster: Cluster, records: list[NodeRecord], statuses: Mapping[str, NodeStatus],
                      offsets: Mapping[str, float] | None = None) -> dict[str, Any] | None:
     """The earliest failed node of a run (on the reference clock), with its excerpt, judged after
     the fact."""
-    specs = {r["node"]: NodeSpec(r["node"], r["node_rank"], r.get("base_rank", 0), r.get("nproc", 1))
-             for r in records}
+    specs = {r.node: NodeSpec(r.node, r.node_rank, r.base_rank or 0, r.nproc or 1) for r in records}
     failures = [f for n, s in statuses.items() if n in specs and s.state == NodeState.FAILED
                 for f in [corrected(Supervisor.node_failure(specs[n], s), offsets or {})] if f is not None]
     if not failures:
@@ -159,10 +158,9 @@ def detached_failure(cluster: Cluster, records: list[dict[str, Any]], statuses: 
     first = min(failures, key=lambda f: f.order)
 
     def tail_of(node: str) -> list[str]:
-        rec = next(r for r in records if r["node"] == node)
+        rec = next(r for r in records if r.node == node)
         try:
-            return list(status_node(cluster[node], rec["python"], rec["remote_dir"], tail=200,
-                                    nonce=rec.get("nonce")).tail)
+            return list(status_node(cluster[node], rec.python, rec.remote_dir, tail=200, nonce=rec.nonce).tail)
         except OrchError:
             return []
 
@@ -177,16 +175,16 @@ def detached_failure(cluster: Cluster, records: list[dict[str, Any]], statuses: 
 def status_report(data: Mapping[str, Any], statuses: Mapping[str, NodeStatus]) -> StatusReport:
     """run.json's nodes with what their agents just said (pid, uptime, last log time)."""
     nodes = []
-    for r in data.get("nodes") or []:
-        s = statuses.get(r["node"], NodeStatus(NodeState.UNKNOWN))
+    for r in recorded_nodes(data):
+        s = statuses.get(r.node, NodeStatus(NodeState.UNKNOWN))
         now = s.now or time.time()
-        started, finished = s.started_at or r.get("started_at"), s.finished_at or r.get("finished_at")
+        started, finished = s.started_at or r.started_at, s.finished_at or r.finished_at
         uptime = None if not started else round((finished or now) - started, 1)
         nodes.append(NodeReport(
-            node=r["node"], node_rank=r["node_rank"], host=r.get("host"),
-            state=s.state or r.get("state"),
-            exit_code=s.exit_code if r["node"] in statuses and s.exit_code is not None else r.get("exit_code"),
-            pid=s.pid or r.get("pid"), pgid=s.pgid or r.get("pgid"), uptime_s=uptime,
+            node=r.node, node_rank=r.node_rank, host=r.host,
+            state=s.state or r.state,
+            exit_code=s.exit_code if r.node in statuses and s.exit_code is not None else r.exit_code,
+            pid=s.pid or r.pid, pgid=s.pgid or r.pgid, uptime_s=uptime,
             last_log=_iso(s.log_mtime), last_log_age_s=None if not s.log_mtime else round(now - s.log_mtime, 1),
             agent_alive=s.agent_alive, error=s.error, disk_full=s.disk_full))
     return StatusReport(data.get("run") or "", data.get("state") or RunState.STARTING, nodes,

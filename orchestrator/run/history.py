@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..contract import FINAL_STATES
-from ..store import RunDir, RunStore
+from ..store import RunDir, RunStore, recorded_nodes, recorded_world_size
 
 DEFAULT_LIMIT = 20
 """How many runs `orch runs` lists without `--all` (`-n N` for another count)."""
@@ -96,13 +96,13 @@ def summarize(run: RunDir, now: float | None = None) -> RunSummary:
     wall = _number(data.get("wall_s"))
     if running and created is not None:
         wall = max(0.0, now - created)
-    nodes = [n for n in data.get("nodes") or [] if isinstance(n, dict)]
-    per_node = [int(n.get("nproc") or 0) for n in nodes]
+    nodes = recorded_nodes(data)
+    per_node = [n.nproc_per_node for n in nodes]
     attempt = int(_number(data.get("attempt")) or 1)
     return RunSummary(run=run.run_id, inventory=data.get("name"), state=state, attempt=attempt,
                       max_attempts=int(_number(data.get("max_attempts")) or attempt), started=created,
                       wall_s=None if wall is None else round(wall, 1), running=running, nodes=len(nodes),
-                      procs=sum(per_node), procs_per_node=per_node, failure=failure_words(data.get("first_failure")))
+                      procs=recorded_world_size(data) or 0, procs_per_node=per_node, failure=failure_words(data.get("first_failure")))
 
 
 def list_runs(limit: int | None = DEFAULT_LIMIT, store: RunStore | None = None,

@@ -1,37 +1,36 @@
 """A run's record on the controller: run.json's per-node entries, updated from several threads.
 
 run.json (in `store.RunDir`) holds the run's state and, per node, where its run lives on the node
-and how to reach its agent later (`node_records`), with the agent's latest facts merged in.
+and how to reach its agent later (`node_records`: a `store.NodeRecord` each), with the agent's
+latest facts merged in (`merge_status`, on the JSON as written, so a record keeps its keys).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from ..config.inventory import Inventory
 from ..config.plan import Plan, job_sweep
-from ..contract import NodeState
 from ..errors import UsageError
-from ..store import RunDir, remote_dir
+from ..store import NodeRecord, RunDir, recorded_nodes, remote_dir
 from ..store import warn as store_warn
 from .agents import NodeStatus
 
 
-def node_records(plan: Plan) -> list[dict[str, Any]]:
+def node_records(plan: Plan) -> list[NodeRecord]:
     """run.json `nodes`: where each node's run lives and how to reach its agent later."""
     inv = plan.inventory
-    return [{"node": p.node.name, "host": p.node.host, "addr": p.node.addr, "node_rank": p.node_rank,
-             "base_rank": p.global_ranks.start, "nproc": p.node.nproc_per_node,
-             "remote_dir": remote_dir(inv, p.node, plan.run_id), "python": p.node.python,
-             "state": NodeState.PENDING, "exit_code": None, "pid": None, "pgid": None,
-             "started_at": None, "finished_at": None, **({"nonce": plan.nonce} if plan.nonce else {}),
-             **({"sweep": sweep} if (sweep := job_sweep(inv, p.node, plan.nonce)) else {})}
+    return [NodeRecord(node=p.node.name, host=p.node.host, addr=p.node.addr, node_rank=p.node_rank,
+                       base_rank=p.global_ranks.start, nproc=p.node.nproc_per_node,
+                       remote_dir=remote_dir(inv, p.node, plan.run_id), python=p.node.python,
+                       nonce=plan.nonce or None, sweep=tuple(job_sweep(inv, p.node, plan.nonce)) or None)
             for p in plan.nodes]
 
 
-def trusted_records(run: RunDir, inv: Inventory, records: list[Any]) -> list[dict[str, Any]]:
+def trusted_records(run: RunDir, inv: Inventory, records: Sequence[NodeRecord]) -> list[NodeRecord]:
     """run.json's node records as something to run on the nodes: each node's `python` and
     `remote_dir` are what the run's inventory snapshot (`inv`, as the run ran) says, never taken
     from run.json alone; a record that says otherwise is refused (UsageError, exit 2) naming the
@@ -39,16 +38,17 @@ def trusted_records(run: RunDir, inv: Inventory, records: list[Any]) -> list[dic
     nodes = {n.name: n for n in inv.nodes}
     out = []
     for r in records:
-        node = nodes.get(str(r.get("node"))) if isinstance(r, dict) else None
+        node = nodes.get(r.node)
         if node is None:
             continue
-        want = {"python": node.python, "remote_dir": remote_dir(inv, node, run.run_id)}
-        for key, value in want.items():
-            if key in r and r[key] != value:
-                raise UsageError(f"{run.path / 'run.json'}: node {node.name}: {key} {r[key]!r} is not what the run's "
-                                 f"inventory snapshot says ({value!r}): refusing to run it",
+        trusted = replace(r, python=node.python, remote_dir=remote_dir(inv, node, run.run_id))
+        for key in ("python", "remote_dir"):
+            said, value = getattr(r, key), getattr(trusted, key)
+            if said and said != value:
+                raise UsageError(f"{run.path / 'run.json'}: node {node.name}: {key} {said!r} is not what the "
+                                 f"run's inventory snapshot says ({value!r}): refusing to run it",
                                  "run.json was changed after the launch; only the inventory snapshot says what runs")
-        out.append({**r, **want})
+        out.append(trusted)
     return out
 
 
@@ -73,8 +73,8 @@ class RunRecord:
         self.pending: tuple[dict[str, NodeStatus], dict[str, Any]] = ({}, {})
         """What failed writes did not get into run.json yet (merged into the next update)."""
 
-    def nodes(self) -> list[dict[str, Any]]:
-        return list(self.run.read().get("nodes") or [])
+    def nodes(self) -> list[NodeRecord]:
+        return recorded_nodes(self.run.read())
 
     def update_nodes(self, statuses: Mapping[str, NodeStatus], **fields: Any) -> bool:
         """Merge each node's status into its record, set the run's `fields`, write run.json;

@@ -27,7 +27,7 @@ from typing import Any
 from ..errors import OrchError
 from ..node import AGENT_MODULES, FROM_STDIN
 from ..node import program as node_program
-from ..store import RunDir, RunStore, write_private
+from ..store import NodeRecord, RunDir, RunStore, recorded_nodes, write_private
 from ..transport import Cluster, Transport
 from .agents import parse_agent
 from .records import trusted_records
@@ -312,21 +312,21 @@ def ask_node(t: Transport, python: str, rdir: str, timeout: float = DUMP_TIMEOUT
     return parse_agent(res, python)
 
 
-def take_stacks(cluster: Cluster, run_id: str, records: Sequence[Mapping[str, Any]],
+def take_stacks(cluster: Cluster, run_id: str, records: Sequence[NodeRecord],
                 timeout: float = DUMP_TIMEOUT_S) -> StacksReport:
     """Every rank's stack on every node of the run whose job is not over, in parallel."""
-    by_name = {r["node"]: r for r in records}
+    by_name = {r.node: r for r in records}
     nodes = [n for n in cluster.inv.nodes if n.name in by_name]
     taken = time.time()
-    answers = cluster.fan_out(lambda t: ask_node(t, by_name[t.node.name]["python"],
-                                                 by_name[t.node.name]["remote_dir"], timeout), nodes)
+    answers = cluster.fan_out(lambda t: ask_node(t, by_name[t.node.name].python, by_name[t.node.name].remote_dir,
+                                                 timeout), nodes)
     ranks: list[RankStack] = []
     problems: dict[str, str] = {}
     for name, answer in answers.items():
         if isinstance(answer, Exception):
             problems[name] = str(answer.message if isinstance(answer, OrchError) else answer)
             continue
-        got, problem = node_stacks(name, by_name[name]["node_rank"], answer)
+        got, problem = node_stacks(name, by_name[name].node_rank, answer)
         ranks += got
         if problem:
             problems[name] = problem
@@ -354,7 +354,7 @@ def stacks(run_id: str | None, timeout: float = DUMP_TIMEOUT_S) -> StacksReport:
     """
     run = RunStore().get(run_id)
     inv = run.inventory()
-    records = trusted_records(run, inv, list(run.read().get("nodes") or []))
+    records = trusted_records(run, inv, recorded_nodes(run.read()))
     with Cluster(inv) as cluster:
         report = take_stacks(cluster, run.run_id, records, timeout)
     if report.ranks:

@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from ..config.schema import StragglerModel
 from .supervise import Failure, NodeSpec
 
 HOT_C = 85.0
@@ -163,7 +164,8 @@ def duration(seconds: float) -> str:
 class Detector:
     """Judges windows as they complete; thread-safe (fed from the log thread, read by the supervisor)."""
 
-    def __init__(self, share: float = 0.8, windows: int = 3, world_size: int | None = None) -> None:
+    def __init__(self, share: float = StragglerModel.share, windows: int = StragglerModel.windows,
+                 world_size: int | None = None) -> None:
         self.share, self.windows, self.world_size = share, windows, world_size
         self.pending: dict[tuple[int, int], dict[int, Window]] = {}
         self.judged: tuple[int, int] | None = None

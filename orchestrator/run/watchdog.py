@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from ..errors import OrchError
-from ..store import RunDir
+from ..store import NodeRecord, RunDir
 from ..transport import Cluster
 from .stacks import StacksReport, odd_ranks, save, take_stacks
 from .supervise import Failure, NodeSpec, select_excerpt
@@ -115,7 +115,7 @@ class HangWatch:
     before the silence as the excerpt)."""
 
     def __init__(self, dog: Watchdog, on_stall: str, cluster: Cluster, run: RunDir,
-                 records: Sequence[Mapping[str, Any]], specs: Sequence[NodeSpec], say: HangReporter,
+                 records: Sequence[NodeRecord], specs: Sequence[NodeSpec], say: HangReporter,
                  excerpt: Callable[[str], list[str]]) -> None:
         self.dog, self.on_stall, self.cluster, self.run = dog, on_stall, cluster, run
         self.records, self.specs, self.say, self.excerpt = records, specs, say, excerpt

@@ -5,7 +5,8 @@ its sessions here, and the OpenSSH client argv (`ssh.openssh_argv`) over which `
 rsync.
 
 - `base.py`     Transport, Process, Result; `command_line` (argv → one shell line, quoted once);
-                `fan_out` → GroupResult (every node's answer, `.succeeded` / `.failed`)
+                `fan_out` → GroupResult (every node's answer, `.succeeded` / `.failed`); `Progress`,
+                the one type of a progress callback
 - `local.py`    nodes that are processes on this machine (`transport: local`)
 - `ssh.py`      one SSH connection per node: Fabric where an ssh config applies, else paramiko
 - `hostkeys.py` known_hosts verification (strict / accept-new), parsed once per process
@@ -20,11 +21,20 @@ from typing import TypeVar
 
 from ..config.inventory import Inventory
 from ..config.nodes import Node
-from .base import GroupResult, Process, Result, Transport, command_line, fan_out, shell_path
+from .base import (
+    GroupResult,
+    Process,
+    Progress,
+    Result,
+    Transport,
+    command_line,
+    fan_out,
+    shell_path,
+)
 from .local import LocalTransport
 from .ssh import SSHTransport
 
-__all__ = ["Cluster", "GroupResult", "LocalTransport", "Process", "Result", "SSHTransport", "Transport",
+__all__ = ["Cluster", "GroupResult", "LocalTransport", "Process", "Progress", "Result", "SSHTransport", "Transport",
            "command_line", "fan_out", "open_transport", "shell_path"]
 
 T = TypeVar("T")

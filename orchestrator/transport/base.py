@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import IO, TypeVar
+from typing import IO, Protocol, TypeVar
 
 from ..config.nodes import Node
 from ..errors import RemoteCommandFailed
@@ -24,6 +24,15 @@ T = TypeVar("T")
 
 OnOutput = Callable[[str, bytes], None]
 """on_output(stream, data): a piece of a running command's output, `out` or `err`, as it arrives."""
+
+
+class Progress(Protocol):
+    """How work over the nodes says how far it is, as they answer: `progress(label, done, total)`,
+    `done` of `total` (nodes, or steps of the fabric job), `label` what is being done (`probing`,
+    `testing reachability`, `syncing`...). The one type of it: the preflight, the fabric check,
+    `orch exec`, `orch sync` and `orch image push` call it; the CLI draws it."""
+
+    def __call__(self, label: str, done: int, total: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -145,13 +154,6 @@ class Transport:
         """Start argv, stdout+stderr merged into one stream; stdin is closed at once unless
         `keep_stdin` (then `Process.write` talks to the command while it runs)."""
         raise NotImplementedError
-
-    def put(self, data: bytes, path: str, mode: int = 0o600) -> None:
-        """Write `data` to `path` on the node (parents created, private by default)."""
-        script = ('p="$1"; case "$p" in "~/"*) p="$HOME/${p#"~/"}";; esac; '
-                  'umask 077; mkdir -p "$(dirname "$p")" && cat > "$p.tmp.$$" && chmod "$2" "$p.tmp.$$" '
-                  '&& mv -f "$p.tmp.$$" "$p"')
-        self.run(["sh", "-c", script, "orch-put", path, format(mode, "o")], stdin=data, timeout=60).check()
 
     def close(self) -> None:
         pass

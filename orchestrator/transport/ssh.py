@@ -38,7 +38,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..config.nodes import Node, SSHOptions
-from ..errors import TransportError
+from ..errors import ConnectionLost, TransportError
 from .base import OnOutput, Process, Transport, command_line, log
 from .hostkeys import UnknownHostKey, install_host_key_policy, known_hosts_name
 
@@ -252,9 +252,9 @@ class SSHTransport(Transport):
             self._closes += 1
         _close_quietly(conn)
 
-    def _lost(self) -> TransportError:
+    def _lost(self) -> ConnectionLost:
         """The connection died under a running command: its exit status never came."""
-        return TransportError(self.node.name, "unreachable", LOST)
+        return ConnectionLost(self.node.name)
 
     def _drop(self, conn: Any) -> None:
         """Forget and close `conn`, broken: a newer connection another thread opened stays."""
@@ -271,10 +271,6 @@ class _Attempt:
         self.closes = closes
         self.done = threading.Event()
         self.error: TransportError | None = None
-
-
-LOST = "connection lost while running a command"
-"""A connection that broke under a running command (the command may have run)."""
 
 
 def _close_quietly(conn: Any) -> None:

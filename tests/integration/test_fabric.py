@@ -94,8 +94,8 @@ def test_netns_the_throttled_node_and_only_it_is_named_every_time(netns_cluster:
     sits at about 0.01 x."""
     from dataclasses import replace
 
-    from orchestrator.preflight import fabric
-    from orchestrator.preflight.fabric_judge import check_fabric, fabric_summary
+    from orchestrator.preflight.fabric import job as fabric
+    from orchestrator.preflight.fabric.judge import check_fabric, fabric_summary
     from orchestrator.preflight.facts import NodeFacts
     from orchestrator.transport import Cluster
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from orchestrator.node.jobs import allreduce as job
-from orchestrator.preflight import busbw
+from orchestrator.preflight.fabric import busbw
 from tests.ports import job_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

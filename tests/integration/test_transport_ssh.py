@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -316,21 +315,6 @@ def test_timeout_is_a_timeout_error_and_the_transport_stays_usable(shared):
         assert err.value.kind == "timeout"
         assert time.monotonic() - start < 3
         assert t.run(["echo", "again"]).check().stdout == "again\n"
-
-
-def test_put_then_cat_roundtrip(shared):
-    data = bytes(range(256)) * 64 + "ünï\n".encode()
-    with SSHTransport(_inv(shared).node("node3")) as t:
-        target = str(shared.root / "put" / "deep" / "blob.bin")
-        t.put(data, target)
-        assert Path(target).read_bytes() == data
-        assert os.stat(target).st_mode & 0o777 == 0o600
-        t.put(b"#!/bin/sh\necho hi\n", target + ".sh", mode=0o755)
-        assert t.run([target + ".sh"]).check().stdout == "hi\n"
-        # ~/ means the login's home on the node (the test cluster's own, shared.home)
-        t.put(b"home\n", "~/put-home/x.txt")
-        assert (shared.home / "put-home" / "x.txt").read_text() == "home\n"
-        assert t.run(["cat", "x.txt"], cwd="~/put-home").check().stdout == "home\n"
 
 
 def test_popen_streams_lines_as_they_come(shared):

@@ -66,9 +66,9 @@ def test_every_stop_leaves_no_container_of_the_launch_and_no_other_is_touched(tm
         assert box["labels"] == {"orch.run": "r1", "orch.node": "n1", "orch.nonce": "abcd", "orch.cluster": "lab"}
         at = box["argv"].index("img:1")
         assert box["argv"][at:at + 4] == ["img:1", "/py", "-m", "torch.distributed.run"]  # the job's python inside
-        assert f"--log-dir={records[0]['remote_dir']}/torchrun" in box["argv"]  # the node's values filled in
+        assert f"--log-dir={records[0].remote_dir}/torchrun" in box["argv"]  # the node's values filled in
         if how != "orch down":
-            st = json.loads(Path(records[0]["remote_dir"], "state.json").read_text())
+            st = json.loads(Path(records[0].remote_dir, "state.json").read_text())
             assert st["stop_hook"] == ["podman", "rm", "-f", "orch-r1-n1-abcd"]
             os.kill(st["agent_pid"], signal.SIGKILL)
             os.killpg(st["pgid"], signal.SIGKILL)  # the client too: its container stays, as a real one does

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.preflight import busbw
+from orchestrator.preflight.fabric import busbw
 
 SHARED = Path(__file__).resolve().parents[1] / "fixtures"
 A3MEGA = SHARED / "nccl-tests_all_reduce_perf_2node_16xH100_gcp-a3mega.txt"

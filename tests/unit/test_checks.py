@@ -430,7 +430,7 @@ def test_software_mismatch_missing_torch_and_bad_python() -> None:
 
 
 def module_answer(found: bool, module: str = "mytrain") -> dict[str, Any]:
-    """What the probe brings back from jobcheck.IMPORT_CODE for a module job."""
+    """What the probe brings back from node/findmodule.py for a module job."""
     out = {"module": module, "found": found, "origin": f"/srv/job/{module}.py" if found else None}
     return {"kind": "module", "rc": 0, "out": json.dumps(out) + "\n", "err": "", "seconds": 0.1}
 

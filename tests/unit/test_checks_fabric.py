@@ -15,9 +15,10 @@ from orchestrator.cli.render import fabric_report
 from orchestrator.config.inventory import Inventory, parse
 from orchestrator.errors import InventoryError
 from orchestrator.node.jobs import allreduce as job
-from orchestrator.preflight import checks, fabric_judge
-from orchestrator.preflight import fabric as fabric_mod
-from orchestrator.preflight.fabric import (
+from orchestrator.preflight import checks
+from orchestrator.preflight.fabric import job as fabric_mod
+from orchestrator.preflight.fabric import judge as fabric_judge
+from orchestrator.preflight.fabric.job import (
     JOB_FILE,
     FabricFacts,
     FabricNode,
@@ -363,7 +364,8 @@ def test_bad_fabric_settings_are_refused_with_file_line_key(value: str, message:
 
 
 def test_the_job_runs_only_when_asked_or_enabled(monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator.preflight import fabric, runner
+    from orchestrator.preflight import runner
+    from orchestrator.preflight.fabric import job as fabric
 
     ran: list[str] = []
     monkeypatch.setattr(fabric, "measure", lambda inv, cluster, progress: ran.append(inv.name) or FabricFacts("gloo"))

@@ -52,7 +52,7 @@ def test_every_check_name_the_probe_and_its_client_test_for_is_a_check() -> None
 
 
 def test_the_supervision_defaults_the_docs_state_are_the_codes() -> None:
-    """run.supervise.Tunables is the one definition; CONTRACT.md and the README state its defaults."""
+    """run.supervise.Tunables is the one definition; CONTRACT.md and the user guide state its defaults."""
     import re
     from dataclasses import fields
     from pathlib import Path
@@ -60,12 +60,15 @@ def test_the_supervision_defaults_the_docs_state_are_the_codes() -> None:
     from orchestrator.run.supervise import Tunables
 
     root = Path(agent.__file__).resolve().parents[2]
-    contract, readme = (root / "docs" / "CONTRACT.md").read_text(), (root / "README.md").read_text()
+    contract, guide = (root / "docs" / "CONTRACT.md").read_text(), (root / "docs" / "guide.md").read_text()
+    stated = 0
     for f in fields(Tunables):
         var, default = Tunables.ENV[f.name], f"{f.default:g}"
         assert re.search(rf"`{var}` \({re.escape(default)}\)", contract), f"CONTRACT.md: {var} ({default})"
-        for said in re.findall(rf"`{var}` \(([\d.]+) s\)", readme):
-            assert said == default, f"README says {var} ({said} s), the code {default}"
+        for said in re.findall(rf"`{var}` \(([\d.]+) s\)", guide):
+            assert said == default, f"docs/guide.md says {var} ({said} s), the code {default}"
+            stated += 1
+    assert stated >= 3, "docs/guide.md no longer states the supervision defaults users tune"
     assert Tunables.from_env({"ORCH_UNREACHABLE_GRACE_S": "4", "ORCH_POLL_INTERVAL_S": "-1",
                               "ORCH_STREAM_SILENT_S": "nan"}) == Tunables(unreachable_grace_s=4.0)
     assert Tunables(unreachable_grace_s=4.0).silent_after_s == 2.0

@@ -57,6 +57,25 @@ def test_imports_go_down_the_layers(path: Path) -> None:
     assert not upward, f"{path.relative_to(PACKAGE)} ({mine}, layer {LAYERS[mine]}) imports {upward}"
 
 
+def test_the_fabric_check_is_a_package_of_preflight() -> None:
+    """The one check that runs a job across the nodes, through run/: its job, verdict and parsers
+    are `preflight/fabric/`, and no other module of preflight/ imports run/."""
+    launching = sorted(str(p.relative_to(PACKAGE)) for p in SOURCES if part(p) == "preflight"
+                       and "run" in imported_parts(p))
+    assert launching and all(p.startswith("preflight/fabric/") for p in launching), launching
+    beside = sorted(p.name for p in (PACKAGE / "preflight").glob("*.py")
+                    if p.stem.startswith("fabric") or p.stem in ("nccl_log", "busbw"))
+    assert beside == [], f"the fabric check's modules belong in preflight/fabric/: {beside}"
+
+
+def test_the_cli_renders_each_command_in_a_module_of_its_own() -> None:
+    """`cli/render/` is a package, a module per command beside `common.py`, not one module of
+    every renderer; `commands.py` reaches them all through the package."""
+    modules = {p.stem: len(p.read_text().splitlines()) for p in (PACKAGE / "cli" / "render").glob("*.py")}
+    assert {"__init__", "common", "check", "up", "top"} <= set(modules), modules
+    assert max(modules.values()) <= 400, modules
+
+
 def printing(path: Path) -> list[str]:
     """What in a module writes to the terminal or ends the process."""
     found = []
@@ -83,7 +102,7 @@ def test_only_the_cli_prints_or_exits(path: Path) -> None:
 
 
 def test_the_guard_sees_printing() -> None:
-    cli = PACKAGE / "cli" / "render.py"
+    cli = PACKAGE / "cli" / "render" / "up.py"
     assert any(f.startswith("import rich") for f in printing(cli)) and any("sys.stdout" in f for f in printing(cli))
 
 
@@ -115,9 +134,9 @@ def test_the_trainers_doors_import_only_the_standard_library(module: str) -> Non
     assert found <= set(sys.stdlib_module_names) | {"__future__"}, found
 
 
-OWN_PROGRAMS = {"node_script", "node_program", "script", "program", "FROM_STDIN", "FROM_STDIN_OPEN", "_COLLECT"}
+OWN_PROGRAMS = {"node_script", "node_program", "script", "program", "FROM_STDIN", "FROM_STDIN_OPEN"}
 """What orch's own node programs are spelled as after `python -c` (the agent's boot, the probe, the
-log reader, the fabric check's read-back): run by the host's python, not the job's."""
+log reader): run by the host's python, not the job's."""
 JOB_BUILDER = "config/plan.py"
 
 

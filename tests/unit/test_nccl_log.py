@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.preflight import nccl_log
-from orchestrator.preflight.nccl_log import IbDevice, Interface
+from orchestrator.preflight.fabric import nccl_log
+from orchestrator.preflight.fabric.nccl_log import IbDevice, Interface
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nccl"
 

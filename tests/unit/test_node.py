@@ -64,8 +64,8 @@ JOB_FILES = sorted((Path(node.__file__).parent / "jobs").glob("*.py"))
 """Jobs orch runs under torchrun (node/jobs/): like the programs, but they may import torch."""
 
 
-def test_the_package_holds_the_five_programs_and_the_agents_modules() -> None:
-    assert {p.stem for p in NODE_FILES} == {"__init__", "agent", "boot", "probe", "reader", "tether",
+def test_the_package_holds_the_six_programs_and_the_agents_modules() -> None:
+    assert {p.stem for p in NODE_FILES} == {"__init__", "agent", "boot", "findmodule", "probe", "reader", "tether",
                                             *node.AGENT_MODULES}
 
 

@@ -157,10 +157,10 @@ def test_the_jobs_own_check_runs_with_its_workdir_and_environment(tmp_path: Path
     import json
     import sys
 
-    from orchestrator.preflight import jobcheck
+    from orchestrator.node import script
 
     (tmp_path / "mytrain.py").write_text("")
-    req = {"kind": "module", "argv": [sys.executable, "-c", jobcheck.IMPORT_CODE, "mytrain"], "cwd": str(tmp_path),
+    req = {"kind": "module", "argv": [sys.executable, "-c", script("findmodule"), "mytrain"], "cwd": str(tmp_path),
            "env": {"RANK": "0"}, "timeout": 60}
     got = probe.gather_job_check({"job_check": req})
     assert got is not None and got["rc"] == 0, got

@@ -215,6 +215,7 @@ def test_timeline_phases_and_throughput_per_node_over_the_epochs() -> None:
     from orchestrator.logs.progress import rank0_lines
     from orchestrator.logs.trainer import parse_phases, parse_throughput_epochs
     from orchestrator.report import node_throughput
+    from orchestrator.store import NodeRecord
 
     phases = parse_phases(rank0_lines(node_log(0).splitlines()))
     vals = [(p.epoch, p.end - p.start) for p in phases if p.kind == "validation"]
@@ -222,7 +223,7 @@ def test_timeline_phases_and_throughput_per_node_over_the_epochs() -> None:
     ckpt = [(p.epoch, p.end - p.start) for p in phases if p.kind == "checkpoint"]
     assert ckpt == [(1, 6.0), (2, 6.0), (3, 11.0)]  # to rank 0's next line (the next epoch, the final val)
     per_node = node_throughput(parse_throughput_epochs(node_log(0).splitlines() + node_log(1).splitlines()),
-                               [{"node": "node0", "base_rank": 0, "nproc": 1}, {"node": "node1", "base_rank": 1, "nproc": 1}])
+                               [NodeRecord("node0", base_rank=0, nproc=1), NodeRecord("node1", base_rank=1, nproc=1)])
     assert per_node == {"node0": {1: (10.0, 0.125), 2: (20.0, 0.125)}, "node1": {1: (11.0, 0.125), 2: (21.0, 0.125)}}
 
 

@@ -469,3 +469,19 @@ def test_orch_down_while_a_retry_is_prepared_relaunches_nothing(monkeypatch: pyt
     out = up.up(inv(), run_id="r1", progress=Say())
     assert out.result == "stopped" and [a["attempt"] for a in launched] == [1]
     assert RunStore().get("r1").read()["state"] == "stopped"
+
+
+def test_check_json_is_written_once_per_preflight_not_once_per_attempt(monkeypatch: pytest.MonkeyPatch,
+                                                                       home: Path) -> None:
+    """Each preflight's report is saved into the run once, when it is made; a retry without one
+    (--skip-checks) leaves check.json as it was."""
+    saved: list[Any] = []
+    monkeypatch.setattr(up, "save_to_run", lambda run, i, report: saved.append(report))
+    fake_attempts(monkeypatch, ["failed", "succeeded"])
+    reports(monkeypatch, [{}, {}])
+    assert up.up(inv(), run_id="r1", progress=Say()).result == "succeeded"
+    assert len(saved) == 2 and saved[0] is not saved[1] and all(r is not None for r in saved)
+    saved.clear()
+    fake_attempts(monkeypatch, ["failed", "failed", "succeeded"])
+    assert up.up(inv(), run_id="r2", progress=Say(), skip_checks=True).result == "succeeded"
+    assert saved == [None]  # the last `orch check` copied in once

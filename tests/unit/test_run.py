@@ -35,8 +35,8 @@ def test_launch_spec_carries_env_apart_from_argv() -> None:
 def test_node_records_point_at_per_node_run_dirs() -> None:
     plan = make_plan(inventory.load(V100), "r1")
     recs = records.node_records(plan)
-    assert [r["remote_dir"] for r in recs] == [f"~/.orch/nodes/r1/v100-{i}" for i in range(1, 5)]
-    assert [r["base_rank"] for r in recs] == [0, 8, 16, 24]
+    assert [r.remote_dir for r in recs] == [f"~/.orch/nodes/r1/v100-{i}" for i in range(1, 5)]
+    assert [r.base_rank for r in recs] == [0, 8, 16, 24]
 
 
 def res(code: int, out: str = "", err: str = "") -> Result:
@@ -352,10 +352,10 @@ def test_a_preflight_failed_by_nodes_that_cannot_be_reached_hints_exclude_not_sk
 
 def test_a_node_that_never_started_is_said_so_not_an_unconfirmed_stop(capsys: pytest.CaptureFixture[str]) -> None:
     from orchestrator.cli import render
-    from orchestrator.errors import TransportError
+    from orchestrator.errors import ConnectionLost, TransportError
 
     reached = up.never_started({"gpu4": TransportError("gpu4", "unreachable", "timed out: gpu4:22 did not answer"),
-                                "gpu2": TransportError("gpu2", "unreachable", "connection lost while running a command"),
+                                "gpu2": ConnectionLost("gpu2"),
                                 "gpu3": TransportError("gpu3", "timeout", "command timed out after 60 s")})
     assert reached == {"gpu4": "gpu4: timed out: gpu4:22 did not answer"}
     render.up_outcome(up.UpOutcome("start_failed", run_id="r1", teardown_s=0.5, never_started=reached))

@@ -528,9 +528,10 @@ def test_failures_are_ordered_on_the_reference_clock_not_each_nodes_own() -> Non
 def test_detached_failure_uses_the_offsets_too() -> None:
     from orchestrator.errors import OrchError
     from orchestrator.run import control
+    from orchestrator.store import NodeRecord
 
-    records = [{"node": "n1", "node_rank": 0, "python": "python3", "remote_dir": "/r"},
-               {"node": "n2", "node_rank": 1, "python": "python3", "remote_dir": "/r"}]
+    records = [NodeRecord("n1", node_rank=0, python="python3", remote_dir="/r"),
+               NodeRecord("n2", node_rank=1, python="python3", remote_dir="/r")]
     statuses = {"n1": ok("failed", exit_code=1, finished_at=100.0), "n2": ok("failed", exit_code=2, finished_at=98.0)}
 
     class NoCluster:

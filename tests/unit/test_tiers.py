@@ -1,4 +1,4 @@
-"""The test tiers stay what README.md's Development section says they are: tests/unit pure (no
+"""The test tiers stay what docs/DEVELOPMENT.md says they are: tests/unit pure (no
 cluster, torchrun, browser, daemon or model build), tests/gpu collected everywhere and marked gpu,
 and the Makefile's targets selecting tiers by directory, never by a marker that could leave a
 selection empty (pytest exits 5 when nothing is collected)."""

@@ -75,7 +75,7 @@ def test_the_screen_shows_nodes_gpus_and_stragglers(tmp_path: Path, monkeypatch:
 
     view = view_of(tmp_path, ["h100x8", "v100x8", "a100", "err"], slow={1: (3.0, 0.01)})
     buf = io.StringIO()
-    monkeypatch.setattr(render, "console", lambda stderr=True: Console(file=buf, width=200, color_system=None))
+    monkeypatch.setattr(render.top, "console", lambda stderr=True: Console(file=buf, width=200, color_system=None))
     render.top_table(view.report(), gpus=False)
     text = buf.getvalue()
     assert "8× NVIDIA H100 80GB HBM3" in text and "throttle" in text and "gpu-error" in text
@@ -109,7 +109,7 @@ def test_the_flag_of_a_rank_waiting_on_others_says_so(tmp_path: Path, monkeypatc
     report = view.report()
     assert [s.kind for s in report.stragglers] == ["waiting"]
     buf = io.StringIO()
-    monkeypatch.setattr(render, "console", lambda stderr=True: Console(file=buf, width=200, color_system=None))
+    monkeypatch.setattr(render.top, "console", lambda stderr=True: Console(file=buf, width=200, color_system=None))
     render.top_table(report, gpus=False)
     assert "straggler (waiting on others)" in buf.getvalue()
     assert "waiting on others: GPU 0 on n2 is 7 % busy" in buf.getvalue()
@@ -122,7 +122,7 @@ def test_the_live_view_off_a_terminal_prints_each_refresh(tmp_path: Path, monkey
 
     view = view_of(tmp_path, [None, None])
     buf = io.StringIO()
-    monkeypatch.setattr(render, "console", lambda stderr=True: Console(file=buf, width=160, color_system=None))
+    monkeypatch.setattr(render.top, "console", lambda stderr=True: Console(file=buf, width=160, color_system=None))
     render.top_live(iter([view.report(), view.report()]), gpus=False)
     assert buf.getvalue().count("run 20261130-093200-toptest: running") == 2
 
@@ -155,7 +155,7 @@ def test_a_line_that_is_not_a_finite_record_is_ignored_and_counted(tmp_path: Pat
     assert data["ignored_lines"] == 5
     assert [s["node"] for s in data["stragglers"]] == ["n3"] and data["stragglers"][0]["windows"] == 2
     buf = io.StringIO()
-    monkeypatch.setattr(render, "console", lambda stderr=True: Console(file=buf, width=200, color_system=None))
+    monkeypatch.setattr(render.top, "console", lambda stderr=True: Console(file=buf, width=200, color_system=None))
     render.top_table(report, gpus=False)
     assert "5 lines of the node logs ignored: not a finite telemetry or timing record" in buf.getvalue()
 

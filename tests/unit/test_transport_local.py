@@ -52,14 +52,6 @@ def test_timeout_kills_the_command() -> None:
     assert time.monotonic() - start < 5
 
 
-def test_put_creates_private_files_under_home_relative_paths(tmp_path: Path) -> None:
-    t = LocalTransport(INV.nodes[0])
-    target = tmp_path / "a" / "b" / "f.txt"
-    t.put(b"hello\n", str(target))
-    assert target.read_bytes() == b"hello\n"
-    assert target.stat().st_mode & 0o777 == 0o600
-
-
 def test_popen_streams_lines_and_close_kills() -> None:
     t = LocalTransport(INV.nodes[0])
     p = t.popen(["sh", "-c", "for i in 1 2 3; do echo $i; done; sleep 30"])

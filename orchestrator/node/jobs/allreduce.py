@@ -20,7 +20,7 @@ auto: nccl when CUDA is available. Phases:
    does), by the verdict's own rule (`link_verdict`), is measured again, one pair at a time, up to
    --recheck-passes times or until nothing looks slow: a host busy for a moment does not make a
    healthy node look slow. Every transfer is reported; the controller turns them into per-node
-   rates (each direction's best) and names the slow node or link (orchestrator/preflight/busbw.py,
+   rates (each direction's best) and names the slow node or link (orchestrator/preflight/fabric/busbw.py,
    with `link_verdict`), with the thresholds of the inventory. --link-trials N repeats this whole
    phase N times, each trial reported on its own (how the tests hold the verdict to being stable).
 3. output: rank 0 prints one line ``ORCH_FABRIC_RESULT {json}`` on stdout (and, as it goes,

@@ -1,5 +1,5 @@
 """The fabric check's verdict: a pure function of what the fabric job measured (`FabricFacts`,
-gathered by `preflight/fabric.py`) and `checks.fabric`: the all_reduce sweep's busbw, each node's
+gathered by `fabric/job.py`) and `checks.fabric`: the all_reduce sweep's busbw, each node's
 pairwise send and receive rates against the median node, wrong results, and with NCCL the
 transport it picked between nodes (its NCCL_DEBUG=INFO lines, `nccl_log.py`).
 """
@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..config.inventory import Inventory
+from ...config.inventory import Inventory
+from ..results import CheckResult, Facts, Findings, probed
 from . import busbw, nccl_log
-from .results import CheckResult, Facts, Findings, probed
 
 if TYPE_CHECKING:
-    from .fabric import FabricFacts
+    from .job import FabricFacts
 
 
 MiB = 1 << 20
@@ -75,7 +75,7 @@ def fabric_summary(inv: Inventory, ff: FabricFacts) -> dict[str, Any]:
 
 
 def check_fabric(inv: Inventory, facts: Facts) -> list[CheckResult]:
-    """The collective path: the job's all_reduce sweep and pairwise rates (preflight/fabric.py).
+    """The collective path: the job's all_reduce sweep and pairwise rates (fabric/job.py).
 
     fail: the job could not run or failed on a node (its error named); busbw at the largest size
     below `min_busbw_gbps` (on the slow nodes when some are named, else cluster-wide); an

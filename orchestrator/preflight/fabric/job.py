@@ -10,7 +10,7 @@ training run, torchrun's argv and env built the same way (the inventory's `env`,
 `measure` returns `FabricFacts`: every node's final status and log (read back; the node's run
 directory is then removed, unless the job failed somewhere: then it stays for a person), the job's result (rank 0's `ORCH_FABRIC_RESULT` line), and what went wrong
 (a node that could not start, an `ORCH_FABRIC_ERROR`, a job that overran `timeout_s`). It never
-raises for a node; the judging is `fabric_judge.check_fabric`, a pure function of these facts.
+raises for a node; the judging is `judge.check_fabric`, a pure function of these facts.
 
 The job runs as `fabric-<time>-<random>` under `job.run_root`, on `master.port`: the check tests
 the port, the interfaces and the environment the training will use. A node that fails stops the
@@ -23,23 +23,23 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..config.inventory import Inventory
-from ..config.plan import RUN_DIR, Plan, make_plan
-from ..contract import FINAL_STATES, NodeState
-from ..node.jobs import allreduce as job
-from ..run.agents import NodeStatus, status_node, stop_all
-from ..run.agents import start_all as start_all_nodes
-from ..run.records import node_records
-from ..run.supervise import sigint_shielded, sigterm_as_interrupt
-from ..store import remote_dir
-from ..transport import Cluster, Transport
-from .shapes import read_fabric_result
+from ...config.inventory import Inventory
+from ...config.plan import RUN_DIR, Plan, make_plan
+from ...contract import FINAL_STATES, NodeState
+from ...node.jobs import allreduce as job
+from ...run.agents import NodeStatus, collect_node, status_node, stop_all
+from ...run.agents import start_all as start_all_nodes
+from ...run.records import node_records
+from ...run.supervise import sigint_shielded, sigterm_as_interrupt
+from ...store import NodeRecord, remote_dir
+from ...transport import Cluster, Transport
+from ...transport.base import Progress
+from ..shapes import read_fabric_result
 
-Progress = Callable[[str, int, int], None]
 FABRIC_OPT_IN = ("opt-in: it launches a short job on every node, so it runs only when asked: "
                  "orch check --only fabric, checks.fabric: true in the inventory, or orch up --fabric")
 JOB_FILE = "allreduce_job.py"
@@ -54,22 +54,6 @@ STOP_GRACE_S = 5.0
 LOG_LIMIT = 8 << 20
 """At most this many bytes of each node's log are read back (the end of it)."""
 NCCL_DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
-# Reads the node's log (its last LOG_LIMIT bytes) to stdout, then removes the check's run
-# directory on the node (and the run id's directory above it once every node's is gone).
-_COLLECT = (
-    "import os,shutil,sys\n"
-    "d=os.getcwd()\n"
-    "try:\n"
-    " f=open('node.log','rb');f.seek(0,2);f.seek(max(0,f.tell()-int(sys.argv[1])));sys.stdout.buffer.write(f.read())\n"
-    "except OSError:\n"
-    " pass\n"
-    "if sys.argv[2]=='1':\n"
-    " os.chdir('/');shutil.rmtree(d,True)\n"
-    " try:\n"
-    "  os.rmdir(os.path.dirname(d))\n"
-    " except OSError:\n"
-    "  pass\n"
-)
 
 
 def backend_for(inv: Inventory) -> str:
@@ -188,7 +172,7 @@ def measure(inv: Inventory, cluster: Cluster, progress: Progress | None = None,
     run_id = f"fabric-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     plan = fabric_plan(inv, run_id, backend)
     records = node_records(plan)
-    facts = FabricFacts(backend, run_id, {r["node"]: FabricNode(r["node"], r["remote_dir"]) for r in records})
+    facts = FabricFacts(backend, run_id, {r.node: FabricNode(r.node, r.remote_dir) for r in records})
     say = progress or (lambda label, done, total: None)
     start = time.monotonic()
     final: set[str] = set()
@@ -201,7 +185,7 @@ def measure(inv: Inventory, cluster: Cluster, progress: Progress | None = None,
     return facts
 
 
-def _launch(inv: Inventory, cluster: Cluster, plan: Plan, records: list[dict[str, Any]], facts: FabricFacts,
+def _launch(inv: Inventory, cluster: Cluster, plan: Plan, records: list[NodeRecord], facts: FabricFacts,
             final: set[str], start: float, say: Progress, poll_s: float) -> None:
     """Start the job on every node and wait for it; whatever still runs is stopped in `finally`."""
     try:
@@ -218,7 +202,7 @@ def _launch(inv: Inventory, cluster: Cluster, plan: Plan, records: list[dict[str
             facts.steps_s["run"] = time.monotonic() - start - facts.steps_s["start"]
     finally:
         t_stop = time.monotonic()
-        running = [r for r in records if r["node"] not in final]
+        running = [r for r in records if r.node not in final]
         if running:
             with sigint_shielded():
                 stops = stop_all(cluster, running, STOP_GRACE_S)
@@ -245,12 +229,12 @@ def take_result(facts: FabricFacts, first: str) -> None:
         node.error = node.error or f"the fabric job's result is not what orch's job writes: {'; '.join(problems[:3])}{more}"
 
 
-def _wait(inv: Inventory, cluster: Cluster, plan: Plan, records: list[dict[str, Any]], facts: FabricFacts,
+def _wait(inv: Inventory, cluster: Cluster, plan: Plan, records: list[NodeRecord], facts: FabricFacts,
           final: set[str], start: float, say: Progress, poll_s: float) -> None:
     """Poll every agent until all are final, one fails (the others are then stopped by the
     caller) or `timeout_s` passes. The master's last lines carry the job's progress."""
     master = plan.nodes[0].node.name
-    by_name = {r["node"]: r for r in records}
+    by_name = {r.node: r for r in records}
     deadline = start + inv.checks.fabric.timeout_s
     interval = poll_s
     while True:
@@ -259,7 +243,7 @@ def _wait(inv: Inventory, cluster: Cluster, plan: Plan, records: list[dict[str, 
 
         def ask(t: Transport) -> NodeStatus:
             r = by_name[t.node.name]
-            return status_node(t, r["python"], r["remote_dir"], tail=20 if t.node.name == master else 0, timeout=15)
+            return status_node(t, r.python, r.remote_dir, tail=20 if t.node.name == master else 0, timeout=15)
 
         asked = cluster.fan_out(ask, [n for n in inv.nodes if n.name not in final])
         for name, status in asked.succeeded.items():
@@ -308,20 +292,16 @@ def _progress_step(info: Mapping[str, Any]) -> tuple[int, int]:
     return int(info.get("step") or 0), int(info.get("of") or 0)
 
 
-def _read_back(cluster: Cluster, plan: Plan, records: list[dict[str, Any]], facts: FabricFacts) -> None:
+def _read_back(cluster: Cluster, plan: Plan, records: list[NodeRecord], facts: FabricFacts) -> None:
     """Every node's log; then the run directories go when the job ended well everywhere (after
     a failure they stay, node.log with them, for a person to read)."""
-    by_name = {r["node"]: r for r in records}
+    by_name = {r.node: r for r in records}
     clean = not facts.timed_out and not facts.not_stopped and not any(fn.error for fn in facts.nodes.values())
 
     def read(t: Transport) -> str:
         r = by_name[t.node.name]
-        remove = "1" if clean else "0"
-        res = t.run([r["python"], "-c", _COLLECT, str(LOG_LIMIT), remove], cwd=r["remote_dir"], timeout=60)
-        if res.exit_code != 0 and not res.stdout:
-            raise RuntimeError(res.stderr.strip().splitlines()[-1] if res.stderr.strip() else
-                               f"exit code {res.exit_code}")
-        return res.stdout
+        return collect_node(t, r.python, r.remote_dir, plan.inventory.job.run_root, LOG_LIMIT, clean,
+                            r.nonce).log
 
     logs = cluster.fan_out(read, [p.node for p in plan.nodes])
     for name, text in logs.succeeded.items():

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..node.jobs import allreduce as job
+from ...node.jobs import allreduce as job
 
 # Bus bandwidth factors per collective, as nccl-tests applies them (n = number of ranks).
 _FACTORS: dict[str, Callable[[int], float]] = {

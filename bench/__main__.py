@@ -13,8 +13,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCHMARKS = ("check_fanout", "launch_latency", "log_merge", "trainer_throughput", "trainer_accuracy", "scale",
-              "fabric", "telemetry", "report_top_memory", "image_push", "launch_latency_container")
+BENCHMARKS = (
+    "check_fanout",
+    "launch_latency",
+    "log_merge",
+    "trainer_throughput",
+    "trainer_accuracy",
+    "scale",
+    "fabric",
+    "telemetry",
+    "report_top_memory",
+    "image_push",
+    "launch_latency_container",
+)
 TOOLS = ("gpu_smoke", "gpu_syncs", "gpu_wheels")
 """Scripts under bench/ that `make bench` does not run: the one-shot GPU validation (`make gpu-smoke`),
 its sync counter, and the wheels it needs on the GPU machine (`make gpu-wheels`)."""

@@ -33,8 +33,13 @@ def machine() -> dict[str, Any]:
             mem = int(fh.readline().split()[1]) // 1024
     except OSError:
         pass
-    return {"cpus": os.cpu_count(), "memory_mb": mem, "python": sys.version.split()[0],
-            "platform": platform.platform(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    return {
+        "cpus": os.cpu_count(),
+        "memory_mb": mem,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
 
 
 def timed(fn: Callable[[], Any]) -> float:
@@ -53,8 +58,10 @@ def side_by_side(sides: dict[str, Callable[[], Any]], reps: int = 5, warmup: int
         order = list(sides) if i % 2 == 0 else list(reversed(sides))  # no side always runs first
         for name in order:
             samples[name].append(timed(sides[name]))
-    return {name: {"median_s": statistics.median(s), "min_s": min(s), "max_s": max(s), "samples_s": s}
-            for name, s in samples.items()}
+    return {
+        name: {"median_s": statistics.median(s), "min_s": min(s), "max_s": max(s), "samples_s": s}
+        for name, s in samples.items()
+    }
 
 
 def write(name: str, data: dict[str, Any]) -> Path:

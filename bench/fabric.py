@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 
 MB = 1 << 20
 ENV = {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
-PLAIN = '''
+PLAIN = """
 import json, os, sys, time
 import torch
 import torch.distributed as dist
@@ -58,7 +58,7 @@ for size in [int(s) for s in sys.argv[1].split(",")]:
 if rank == 0:
     print("PLAIN " + json.dumps(out), flush=True)
 dist.destroy_process_group()
-'''
+"""
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -75,11 +75,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from tests.cluster import KeyStore, TestCluster
     from tests.ports import job_port
 
-    with tempfile.TemporaryDirectory(prefix="orch-bench-") as tmp, \
-            TestCluster(KeyStore(Path(tmp) / "keys"), n=args.nodes, mode="loopback", root=Path(tmp) / "c") as cluster:
+    with (
+        tempfile.TemporaryDirectory(prefix="orch-bench-") as tmp,
+        TestCluster(KeyStore(Path(tmp) / "keys"), n=args.nodes, mode="loopback", root=Path(tmp) / "c") as cluster,
+    ):
         port = job_port()
-        inv = load(cluster.write_inventory(env=ENV, master={"port": port},
-                                           checks={"fabric": {"max_bytes": args.max_bytes, "budget_s": 120}}))
+        inv = load(
+            cluster.write_inventory(
+                env=ENV, master={"port": port}, checks={"fabric": {"max_bytes": args.max_bytes, "budget_s": 120}}
+            )
+        )
         script = Path(tmp) / "plain_allreduce.py"
         script.write_text(PLAIN)
         sizes: list[int] = []
@@ -92,18 +97,35 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             walls.append(time.monotonic() - t)
             fab = report.fabric or {}
             if not report.ok or not fab.get("sweep"):
-                raise SystemExit(f"fabric: the check failed: {[r.to_json() for r in report.failed()]} {fab.get('errors')}")
+                raise SystemExit(
+                    f"fabric: the check failed: {[r.to_json() for r in report.failed()]} {fab.get('errors')}"
+                )
             if not sizes:
                 sizes.extend(row["size_bytes"] for row in fab["sweep"])
             samples["orch_fabric"].append({row["size_bytes"]: row["busbw_gbps"] for row in fab["sweep"]})
 
         def plain() -> None:
-            procs = [subprocess.Popen(
-                [sys.executable, "-m", "torch.distributed.run", f"--nnodes={args.nodes}", "--nproc-per-node=1",
-                 f"--node-rank={i}", f"--master-addr={cluster.nodes[0].addr}", f"--master-port={port}",
-                 str(script), ",".join(map(str, sizes))],
-                env={**os.environ, **ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                for i in range(args.nodes)]
+            procs = [
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "torch.distributed.run",
+                        f"--nnodes={args.nodes}",
+                        "--nproc-per-node=1",
+                        f"--node-rank={i}",
+                        f"--master-addr={cluster.nodes[0].addr}",
+                        f"--master-port={port}",
+                        str(script),
+                        ",".join(map(str, sizes)),
+                    ],
+                    env={**os.environ, **ENV},
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+                for i in range(args.nodes)
+            ]
             outs = [p.communicate(timeout=600) for p in procs]
             if any(p.returncode for p in procs):
                 raise SystemExit("fabric: the plain loop failed:\n" + "\n".join(e[-2000:] for _, e in outs))
@@ -117,26 +139,47 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             side.clear()
         walls.clear()
         for i in range(args.reps):
-            for name in (list(sides) if i % 2 == 0 else list(reversed(sides))):
+            for name in list(sides) if i % 2 == 0 else list(reversed(sides)):
                 sides[name]()
-    medians = {name: {size: statistics.median(s[size] for s in runs) for size in sizes}
-               for name, runs in samples.items()}
+    medians = {
+        name: {size: statistics.median(s[size] for s in runs) for size in sizes} for name, runs in samples.items()
+    }
     largest = sizes[-1]
     o, p = medians["orch_fabric"][largest], medians["plain_torchrun"][largest]
     per_size = {size: medians["orch_fabric"][size] / medians["plain_torchrun"][size] for size in sizes}
     wall = statistics.median(walls)
-    print(f"fabric: {args.nodes} nodes, busbw at {largest // MB} MiB: orch {o:.3f} GB/s, plain loop {p:.3f} GB/s, "
-          f"ratio {o / p:.2f}; per size " + ", ".join(f"{s // MB} MiB {r:.2f}" for s, r in per_size.items())
-          + f"; fabric check wall time {wall:.1f} s (median)")
-    result = {"nodes": args.nodes, "sizes": sizes, "samples": samples,
-              "medians_gbps": {k: {str(s): v for s, v in m.items()} for k, m in medians.items()},
-              "ratio_per_size": {str(s): r for s, r in per_size.items()}, "check_wall_s": walls,
-              "summary": [
-                  {"what": f"fabric check busbw vs plain torchrun all_reduce loop, {args.nodes} nodes, "
-                           f"{largest // MB} MiB (higher is better)",
-                   "orch": o, "peer": p, "ratio": o / p, "goal": ">= 0.9", "met": o / p >= 0.9},
-                  {"what": f"fabric check wall time, {args.nodes} nodes x 1 (loopback, gloo), s",
-                   "orch": wall, "peer": None, "ratio": None, "goal": "report"}]}
+    print(
+        f"fabric: {args.nodes} nodes, busbw at {largest // MB} MiB: orch {o:.3f} GB/s, plain loop {p:.3f} GB/s, "
+        f"ratio {o / p:.2f}; per size "
+        + ", ".join(f"{s // MB} MiB {r:.2f}" for s, r in per_size.items())
+        + f"; fabric check wall time {wall:.1f} s (median)"
+    )
+    result = {
+        "nodes": args.nodes,
+        "sizes": sizes,
+        "samples": samples,
+        "medians_gbps": {k: {str(s): v for s, v in m.items()} for k, m in medians.items()},
+        "ratio_per_size": {str(s): r for s, r in per_size.items()},
+        "check_wall_s": walls,
+        "summary": [
+            {
+                "what": f"fabric check busbw vs plain torchrun all_reduce loop, {args.nodes} nodes, "
+                f"{largest // MB} MiB (higher is better)",
+                "orch": o,
+                "peer": p,
+                "ratio": o / p,
+                "goal": ">= 0.9",
+                "met": o / p >= 0.9,
+            },
+            {
+                "what": f"fabric check wall time, {args.nodes} nodes x 1 (loopback, gloo), s",
+                "orch": wall,
+                "peer": None,
+                "ratio": None,
+                "goal": "report",
+            },
+        ],
+    }
     write("fabric" if not args.quick else "fabric.quick", result)
     return result
 

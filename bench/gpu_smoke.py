@@ -136,8 +136,9 @@ class Sizes:
 
 
 GPU_SIZES = Sizes()
-DRY_SIZES = Sizes(images=16, imgsz=64, epochs=3, batch=4, workers=0, seg_images=8, seg_batch=4, device="cpu",
-                  amps=("off",))
+DRY_SIZES = Sizes(
+    images=16, imgsz=64, epochs=3, batch=4, workers=0, seg_images=8, seg_batch=4, device="cpu", amps=("off",)
+)
 
 
 # ----------------------------------------------------------------------------- environment for the children
@@ -163,8 +164,9 @@ def orch(s: Session, *args: str) -> list[str]:
     return [s.python, "-m", "orchestrator", *args]
 
 
-def inventory(session: Session, name: str, gpus: bool, args: Mapping[str, Any], port: int,
-              fabric: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def inventory(
+    session: Session, name: str, gpus: bool, args: Mapping[str, Any], port: int, fabric: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """A one-node `transport: local` inventory running the trainer with ``args`` (pure)."""
     node: dict[str, Any] = {"host": "localhost", "name": "gpu0" if gpus else "cpu0"}
     if gpus:
@@ -173,9 +175,20 @@ def inventory(session: Session, name: str, gpus: bool, args: Mapping[str, Any], 
     if not gpus:
         env.update(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
     inv: dict[str, Any] = {
-        "name": name, "transport": "local", "nodes": [node], "master": {"port": port}, "env": env,
-        "job": {"python": session.python, "workdir": str(REPO), "run_root": str(session.work / "nodes"),
-                "nproc_per_node": 1, "module": "trainer", "stop_grace_s": 5, "args": dict(args)},
+        "name": name,
+        "transport": "local",
+        "nodes": [node],
+        "master": {"port": port},
+        "env": env,
+        "job": {
+            "python": session.python,
+            "workdir": str(REPO),
+            "run_root": str(session.work / "nodes"),
+            "nproc_per_node": 1,
+            "module": "trainer",
+            "stop_grace_s": 5,
+            "args": dict(args),
+        },
     }
     if fabric is not None:
         inv["checks"] = {"fabric": dict(fabric)}
@@ -194,7 +207,7 @@ def last_json(text: str, marker: str) -> dict[str, Any]:
     """The JSON object of the last ``MARKER {...}`` line."""
     for line in reversed(text.splitlines()):
         if line.startswith(marker + " "):
-            return dict(json.loads(line[len(marker) + 1:]))
+            return dict(json.loads(line[len(marker) + 1 :]))
     raise StepFailed(f"no {marker} line in the output")
 
 
@@ -220,18 +233,47 @@ def results_rows(path: Path) -> list[dict[str, float]]:
 def step_data(ctx: StepContext) -> None:
     """The synthetic sets (trainer.synth): detection for the trainers, polygons for YOLOE."""
     z, data = ctx.settings, ctx.s.work / "data"
-    det = ctx.run([ctx.s.python, "-m", "trainer.synth", str(data / "det"), "--images", str(z.images), "--classes", "3",
-                   "--imgsz", str(z.imgsz)], "synth-det")
+    det = ctx.run(
+        [
+            ctx.s.python,
+            "-m",
+            "trainer.synth",
+            str(data / "det"),
+            "--images",
+            str(z.images),
+            "--classes",
+            "3",
+            "--imgsz",
+            str(z.imgsz),
+        ],
+        "synth-det",
+    )
     ctx.ok(det, "trainer.synth (detection)")
-    seg = ctx.run([ctx.s.python, "-m", "trainer.synth", str(data / "seg"), "--images", str(z.seg_images), "--classes",
-                   "3", "--imgsz", str(z.imgsz), "--segments"], "synth-seg")
+    seg = ctx.run(
+        [
+            ctx.s.python,
+            "-m",
+            "trainer.synth",
+            str(data / "seg"),
+            "--images",
+            str(z.seg_images),
+            "--classes",
+            "3",
+            "--imgsz",
+            str(z.imgsz),
+            "--segments",
+        ],
+        "synth-seg",
+    )
     ctx.ok(seg, "trainer.synth (segments)")
     ctx.s.facts["det"] = data / "det" / "data.yaml"
     ctx.s.facts["seg"] = data / "seg" / "data.yaml"
     n_train = len(list((data / "det" / "images" / "train").iterdir()))
     ctx.s.facts["train_images"] = n_train
-    ctx.figures.update(detect={"images": z.images, "train_images": n_train, "imgsz": z.imgsz, "classes": 3},
-                       segment={"images": z.seg_images, "imgsz": z.imgsz, "classes": 3})
+    ctx.figures.update(
+        detect={"images": z.images, "train_images": n_train, "imgsz": z.imgsz, "classes": 3},
+        segment={"images": z.seg_images, "imgsz": z.imgsz, "classes": 3},
+    )
     ctx.figures["summary"] = f"{z.images} images ({n_train} train) and {z.seg_images} with polygons, {z.imgsz} px"
 
 
@@ -288,21 +330,32 @@ def step_environment(ctx: StepContext) -> None:
         for part in ("gpus", "arch", "driver", "kernel"):
             ctx.skip_part(part, "no CUDA GPU on this machine (dry run)")
     else:
-        ctx.require(env["cuda_available"], f"torch {env['torch']} sees no CUDA GPU (run with --cpu-dry-run to "
-                                           "rehearse on a machine without one)")
+        ctx.require(
+            env["cuda_available"],
+            f"torch {env['torch']} sees no CUDA GPU (run with --cpu-dry-run to rehearse on a machine without one)",
+        )
         ctx.require(env.get("kernel_ok"), "a matrix product on the GPU did not give a finite result")
-        smi = ctx.run(["nvidia-smi", "--query-gpu=name,driver_version,compute_cap,memory.total",
-                       "--format=csv,noheader"], "nvidia-smi")
+        smi = ctx.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,compute_cap,memory.total", "--format=csv,noheader"],
+            "nvidia-smi",
+        )
         ctx.ok(smi, "nvidia-smi --query-gpu")
         smi_rows = [[c.strip() for c in line.split(",")] for line in smi.text.splitlines()[1:] if line.strip()]
         ctx.figures["nvidia_smi"] = smi_rows
         env["driver"] = smi_rows[0][1] if smi_rows and len(smi_rows[0]) > 1 else None
         for gpu in env["gpus"]:
             ok = arch_covers(gpu["capability"], env["arch_list"])
-            ctx.goal(f"torch's arch list runs GPU {gpu['index']} ({gpu['name']}, sm_{gpu['capability'].replace('.', '')})",
-                     " ".join(env["arch_list"]), "covers it", ok)
-            ctx.require(ok, f"torch {env['torch']} was built for {env['arch_list']}, which does not run "
-                            f"{gpu['name']} (compute capability {gpu['capability']})")
+            ctx.goal(
+                f"torch's arch list runs GPU {gpu['index']} ({gpu['name']}, sm_{gpu['capability'].replace('.', '')})",
+                " ".join(env["arch_list"]),
+                "covers it",
+                ok,
+            )
+            ctx.require(
+                ok,
+                f"torch {env['torch']} was built for {env['arch_list']}, which does not run "
+                f"{gpu['name']} (compute capability {gpu['capability']})",
+            )
     # orch check of a one-node inventory declaring one GPU
     port = job_port()
     ctx.s.facts["port"] = port
@@ -311,33 +364,53 @@ def step_environment(ctx: StepContext) -> None:
     ctx.s.facts["inventory_gpu"] = inv
     fixtures = {"ORCH_PROBE_FIXTURES": str(DRY_FIXTURE)} if ctx.dry else {}
     if ctx.dry:
-        ctx.skip_part("real nvidia-smi", f"no GPU: the gpus check reads recorded nvidia-smi output ({DRY_FIXTURE.relative_to(REPO)})")
+        ctx.skip_part(
+            "real nvidia-smi",
+            f"no GPU: the gpus check reads recorded nvidia-smi output ({DRY_FIXTURE.relative_to(REPO)})",
+        )
     home = {"ORCH_HOME": str(ctx.s.work / "orch-home")}
     check = ctx.run(orch(ctx.s, "check", str(inv), "--json"), "orch-check", env={**home, **fixtures}, json_stdout=True)
     ctx.ok(check, "orch check", codes=(0, 1))
     doc = json_doc(check.stdout)
-    rows = {f"{r['check']}@{r['node']}": {k: r.get(k) for k in ("status", "value", "detail", "hint")}
-            for r in doc["results"]}
+    rows = {
+        f"{r['check']}@{r['node']}": {k: r.get(k) for k in ("status", "value", "detail", "hint")}
+        for r in doc["results"]
+    }
     ctx.figures["orch_check"] = {"exit_code": check.code, "elapsed_s": doc.get("elapsed_s"), "results": rows}
     failed = [f"{k}: {v['detail']}" for k, v in rows.items() if v["status"] == "fail"]
     for name in ("gpus", "software"):
         row = next((v for k, v in rows.items() if k.startswith(name + "@")), None)
-        ctx.require(row is not None and row["status"] != "skip",
-                    f"the {name} check did not run: {row['detail'] if row else 'no row'}")
+        ctx.require(
+            row is not None and row["status"] != "skip",
+            f"the {name} check did not run: {row['detail'] if row else 'no row'}",
+        )
     ctx.require(not failed, "orch check failed: " + "; ".join(failed))
     statuses = ", ".join(f"{k.split('@')[0]} {v['status']}" for k, v in rows.items())
     gpus = next(v for k, v in rows.items() if k.startswith("gpus@"))
-    ctx.figures["summary"] = (f"torch {env['torch']} CUDA {env['torch_cuda']} "
-                              + (f"{env['gpus'][0]['name']} sm_{env['gpus'][0]['capability'].replace('.', '')}; "
-                                 if env["gpus"] else "no GPU; ")
-                              + f"gpus: {gpus['value']}; {statuses}")
+    ctx.figures["summary"] = (
+        f"torch {env['torch']} CUDA {env['torch_cuda']} "
+        + (
+            f"{env['gpus'][0]['name']} sm_{env['gpus'][0]['capability'].replace('.', '')}; "
+            if env["gpus"]
+            else "no GPU; "
+        )
+        + f"gpus: {gpus['value']}; {statuses}"
+    )
 
 
 def trainer_job_args(s: Session, epochs: int, project: Path) -> dict[str, Any]:
     """The trainer's arguments in an inventory's job.args (a mapping becomes --key value)."""
     z = s.settings
-    args: dict[str, Any] = {"model": z.model, "data": str(s.facts["det"]), "epochs": epochs, "batch": z.batch,
-                            "imgsz": z.imgsz, "workers": z.workers, "project": str(project), "log-every": 1}
+    args: dict[str, Any] = {
+        "model": z.model,
+        "data": str(s.facts["det"]),
+        "epochs": epochs,
+        "batch": z.batch,
+        "imgsz": z.imgsz,
+        "workers": z.workers,
+        "project": str(project),
+        "log-every": 1,
+    }
     args["device"] = "cpu" if s.dry else "auto"
     if not s.dry:
         args["amp"] = z.amps[0]
@@ -353,32 +426,76 @@ def step_trainer(ctx: StepContext) -> None:
     data, n_train = s.facts["det"], s.facts["train_images"]
     accumulate = max(round(64 / z.batch), 1)  # what ultralytics derives from nbs=64
     runs: dict[str, Any] = {}
-    ctx.figures.update(model=z.model, imgsz=z.imgsz, batch=z.batch, epochs=z.epochs, accumulate=accumulate,
-                       workers=z.workers, train_images=n_train, measured_epochs=z.epochs - 2, compared=z.amps[0],
-                       runs=runs)
+    ctx.figures.update(
+        model=z.model,
+        imgsz=z.imgsz,
+        batch=z.batch,
+        epochs=z.epochs,
+        accumulate=accumulate,
+        workers=z.workers,
+        train_images=n_train,
+        measured_epochs=z.epochs - 2,
+        compared=z.amps[0],
+        runs=runs,
+    )
     if ctx.dry:
-        ctx.skip_part("--amp fp16, --amp bf16, amp=True", "CUDA only: fp16 and bf16 autocast on the GPU; the dry run "
-                                                          "trains in fp32 (--amp off, amp=False)")
+        ctx.skip_part(
+            "--amp fp16, --amp bf16, amp=True",
+            "CUDA only: fp16 and bf16 autocast on the GPU; the dry run trains in fp32 (--amp off, amp=False)",
+        )
 
     def ours(amp: str) -> None:
         out = s.work / f"trainer-{amp}"
-        argv = [s.python, *trainer_argv(z.model, data, z.imgsz, z.epochs, z.batch, z.workers, accumulate, out,
-                                        device=z.device, amp=amp, val_period=z.epochs)]
+        argv = [
+            s.python,
+            *trainer_argv(
+                z.model,
+                data,
+                z.imgsz,
+                z.epochs,
+                z.batch,
+                z.workers,
+                accumulate,
+                out,
+                device=z.device,
+                amp=amp,
+                val_period=z.epochs,
+            ),
+        ]
         ran = ctx.ok(ctx.run(argv, f"trainer-{amp}"), f"python -m trainer --amp {amp}")
         lines = ran.text.splitlines()
         tp, final = parse_throughput(lines), parse_final(lines)
-        runs[f"trainer-{amp}"] = {"ips": middle_ips(out / "results.csv", n_train), "logged_ips": tp.total,
-                                  "wall_s": round(ran.seconds, 1), "final": final[2] if final else None,
-                                  "best": str(out / "weights" / "best.pt")}
+        runs[f"trainer-{amp}"] = {
+            "ips": middle_ips(out / "results.csv", n_train),
+            "logged_ips": tp.total,
+            "wall_s": round(ran.seconds, 1),
+            "final": final[2] if final else None,
+            "best": str(out / "weights" / "best.pt"),
+        }
 
     def theirs() -> None:
         out = s.work / "ultralytics"
-        argv = [s.python, *ultralytics_argv(z.model, data, z.imgsz, z.epochs, z.batch, z.workers, out, 0,
-                                            device=z.device if not ctx.dry else "cpu", amp=not ctx.dry)]
+        argv = [
+            s.python,
+            *ultralytics_argv(
+                z.model,
+                data,
+                z.imgsz,
+                z.epochs,
+                z.batch,
+                z.workers,
+                out,
+                0,
+                device=z.device if not ctx.dry else "cpu",
+                amp=not ctx.dry,
+            ),
+        ]
         ran = ctx.ok(ctx.run(argv, "ultralytics"), "ultralytics YOLO().train()")
-        runs["ultralytics"] = {"ips": middle_ips(out / "results.csv", n_train), "wall_s": round(ran.seconds, 1),
-                               "notes": [ln[len(PEER_NOTE):].strip() for ln in ran.text.splitlines()
-                                         if ln.startswith(PEER_NOTE + " ")]}
+        runs["ultralytics"] = {
+            "ips": middle_ips(out / "results.csv", n_train),
+            "wall_s": round(ran.seconds, 1),
+            "notes": [ln[len(PEER_NOTE) :].strip() for ln in ran.text.splitlines() if ln.startswith(PEER_NOTE + " ")],
+        }
 
     first = z.amps[0]
     ours(first)
@@ -392,32 +509,67 @@ def step_trainer(ctx: StepContext) -> None:
         runs[f"trainer-{amp}"]["ratio"] = ratio
         precision = "fp32" if amp == "off" else amp
         judged = amp == first and not ctx.dry  # tiny CPU runs of a dry run measure nothing worth a goal
-        ctx.goal(f"training images/s, python -m trainer --amp {amp} / ultralytics amp={not ctx.dry} ({precision})",
-                 round(ratio, 3) if ratio else None, ">= 1.0" if judged else "report",
-                 (ratio is not None and ratio >= 1.0) if judged else None)
+        ctx.goal(
+            f"training images/s, python -m trainer --amp {amp} / ultralytics amp={not ctx.dry} ({precision})",
+            round(ratio, 3) if ratio else None,
+            ">= 1.0" if judged else "report",
+            (ratio is not None and ratio >= 1.0) if judged else None,
+        )
     # the mAP the trainer logs for best.pt, against ultralytics' validator on the same file
     final = ctx.need(runs[f"trainer-{first}"]["final"], f"python -m trainer --amp {first} logged no final val line")
     ctx.require("metrics/mAP50-95(B)" in final, "the final val line has no box mAP50-95")
-    ev = ctx.ok(ctx.run([s.python, *evaluate_argv(Path(runs[f"trainer-{first}"]["best"]), data, z.imgsz, z.device)],
-                        "yolo-val"), "YOLO(best.pt).val()")
+    ev = ctx.ok(
+        ctx.run(
+            [s.python, *evaluate_argv(Path(runs[f"trainer-{first}"]["best"]), data, z.imgsz, z.device)], "yolo-val"
+        ),
+        "YOLO(best.pt).val()",
+    )
     val = parse_evaluation(ev.text)
     logged, measured = final["metrics/mAP50-95(B)"], val["box"]["map"]
     diff = abs(logged - measured)
-    ctx.figures["map"] = {"weights": f"trainer-{first}/weights/best.pt", "logged": logged, "val": measured,
-                          "difference": diff, "val_settings": "YOLO(best.pt).val(batch=32, half=False)"}
-    ctx.goal("final mAP50-95: the trainer's logged value vs YOLO(best.pt).val(), |difference|", round(diff, 5),
-             "<= 0.002", diff <= 0.002)
-    ctx.figures["summary"] = (f"{runs[f'trainer-{first}']['ips']:.1f} vs {peer:.1f} images/s "
-                              f"(x{runs[f'trainer-{first}']['ratio']:.2f}); mAP50-95 {logged:.4f} logged, {measured:.4f} val")
+    ctx.figures["map"] = {
+        "weights": f"trainer-{first}/weights/best.pt",
+        "logged": logged,
+        "val": measured,
+        "difference": diff,
+        "val_settings": "YOLO(best.pt).val(batch=32, half=False)",
+    }
+    ctx.goal(
+        "final mAP50-95: the trainer's logged value vs YOLO(best.pt).val(), |difference|",
+        round(diff, 5),
+        "<= 0.002",
+        diff <= 0.002,
+    )
+    ctx.figures["summary"] = (
+        f"{runs[f'trainer-{first}']['ips']:.1f} vs {peer:.1f} images/s "
+        f"(x{runs[f'trainer-{first}']['ratio']:.2f}); mAP50-95 {logged:.4f} logged, {measured:.4f} val"
+    )
 
 
 def step_syncs(ctx: StepContext) -> None:
     """Host syncs per micro-step of one epoch (bench/gpu_syncs.py around the trainer's loop)."""
     z, s = ctx.settings, ctx.s
     report = s.work / "syncs.json"
-    args = ["--model", z.model, "--data", str(s.facts["det"]), "--epochs", "1", "--batch", str(z.batch), "--imgsz",
-            str(z.imgsz), "--workers", str(z.workers), "--device", z.device, "--log-every", "1000", "--out",
-            str(s.work / "syncs-run")]
+    args = [
+        "--model",
+        z.model,
+        "--data",
+        str(s.facts["det"]),
+        "--epochs",
+        "1",
+        "--batch",
+        str(z.batch),
+        "--imgsz",
+        str(z.imgsz),
+        "--workers",
+        str(z.workers),
+        "--device",
+        z.device,
+        "--log-every",
+        "1000",
+        "--out",
+        str(s.work / "syncs-run"),
+    ]
     if not ctx.dry:
         args += ["--amp", z.amps[0]]
     ran = ctx.run([s.python, "-m", "bench.gpu_syncs", "--json", str(report), "--", *args], "gpu-syncs")
@@ -427,12 +579,16 @@ def step_syncs(ctx: StepContext) -> None:
     ctx.require(counts["micro_steps"] > 0, "the driver counted no micro-step: the trainer's loop was not wrapped")
     if not counts["cuda"]:
         ctx.require(ctx.dry, "torch sees no CUDA: the sync debug mode had nothing to watch")
-        ctx.skip_part("sync debug mode", f"no CUDA: the mode watches CUDA calls; the driver ran the loop "
-                                         f"({counts['micro_steps']} micro-steps) without it")
+        ctx.skip_part(
+            "sync debug mode",
+            f"no CUDA: the mode watches CUDA calls; the driver ran the loop "
+            f"({counts['micro_steps']} micro-steps) without it",
+        )
     ctx.goal("host syncs per micro-step (one epoch, sync debug mode warn)", counts["per_micro_step"], "report", None)
     top = ", ".join(f"{x['site']} x{x['count']}" for x in counts["sites"][:3]) or "no site"
-    ctx.figures["summary"] = (f"{counts['syncs']} syncs in {counts['micro_steps']} micro-steps"
-                              + (f" ({counts['per_micro_step']:.2f} each): {top}" if counts["micro_steps"] else ""))
+    ctx.figures["summary"] = f"{counts['syncs']} syncs in {counts['micro_steps']} micro-steps" + (
+        f" ({counts['per_micro_step']:.2f} each): {top}" if counts["micro_steps"] else ""
+    )
 
 
 EMBED_CODE = r"""
@@ -448,12 +604,38 @@ def step_yoloe(ctx: StepContext) -> None:
     """YOLOE-seg from its YAML with text embeddings from a file, every layer training, one epoch."""
     z, s = ctx.settings, ctx.s
     pe = s.work / "text_pe.pt"
-    ctx.ok(ctx.run([s.python, "-c", EMBED_CODE, str(s.facts["seg"]), str(pe), str(EMBED_DIM)], "embeddings"),
-           "writing the embeddings file")
+    ctx.ok(
+        ctx.run([s.python, "-c", EMBED_CODE, str(s.facts["seg"]), str(pe), str(EMBED_DIM)], "embeddings"),
+        "writing the embeddings file",
+    )
     out = s.work / "yoloe"
-    argv = [s.python, "-m", "trainer", "--model", z.yoloe_model, "--data", str(s.facts["seg"]), "--text-embeddings",
-            str(pe), "--prompt-mode", "full", "--epochs", "1", "--batch", str(z.seg_batch), "--imgsz", str(z.imgsz),
-            "--workers", str(z.workers), "--device", z.device, "--out", str(out), "--log-every", "1000"]
+    argv = [
+        s.python,
+        "-m",
+        "trainer",
+        "--model",
+        z.yoloe_model,
+        "--data",
+        str(s.facts["seg"]),
+        "--text-embeddings",
+        str(pe),
+        "--prompt-mode",
+        "full",
+        "--epochs",
+        "1",
+        "--batch",
+        str(z.seg_batch),
+        "--imgsz",
+        str(z.imgsz),
+        "--workers",
+        str(z.workers),
+        "--device",
+        z.device,
+        "--out",
+        str(out),
+        "--log-every",
+        "1000",
+    ]
     if not ctx.dry:
         argv += ["--amp", z.amps[0]]
     ran = ctx.ok(ctx.run(argv, "trainer-yoloe"), f"python -m trainer --model {z.yoloe_model}")
@@ -465,12 +647,18 @@ def step_yoloe(ctx: StepContext) -> None:
     ctx.require("metrics/mAP50-95(M)" in final[2], "the final validation has no mask metrics")
     last = out / "weights" / "last.pt"
     ctx.require(last.is_file(), f"no {last}")
-    ctx.figures.update(model=z.yoloe_model, weights="none carried: built from the YAML (random initial weights)",
-                       embeddings=f"random {EMBED_DIM}-d vectors per class (mobileclip:blt's width), {pe.stat().st_size} B",
-                       final=final[2], logged_ips=parse_throughput(lines).total, wall_s=round(ran.seconds, 1),
-                       last_pt_bytes=last.stat().st_size)
-    ctx.figures["summary"] = (f"{z.yoloe_model} full, 1 epoch in {ran.seconds:.0f} s; mask mAP50-95 "
-                              f"{final[2]['metrics/mAP50-95(M)']:.4f}")
+    ctx.figures.update(
+        model=z.yoloe_model,
+        weights="none carried: built from the YAML (random initial weights)",
+        embeddings=f"random {EMBED_DIM}-d vectors per class (mobileclip:blt's width), {pe.stat().st_size} B",
+        final=final[2],
+        logged_ips=parse_throughput(lines).total,
+        wall_s=round(ran.seconds, 1),
+        last_pt_bytes=last.stat().st_size,
+    )
+    ctx.figures["summary"] = (
+        f"{z.yoloe_model} full, 1 epoch in {ran.seconds:.0f} s; mask mAP50-95 {final[2]['metrics/mAP50-95(M)']:.4f}"
+    )
 
 
 def step_orch_up(ctx: StepContext) -> None:
@@ -492,18 +680,29 @@ def step_orch_up(ctx: StepContext) -> None:
         preflight = ctx.figures["preflight_failure"] = ctx.figures.pop("tail")
     ctx.require(code == 0, f"orch up exited {code}:\n{ctx.figures.get('tail')}")
     run_id = ctx.figures["run_id"]
-    status = json_doc(ctx.ok(ctx.run(orch(s, "status", run_id, "--json"), "orch-status", env=orch_home(s),
-                                     json_stdout=True), "orch status").stdout)
+    status = json_doc(
+        ctx.ok(
+            ctx.run(orch(s, "status", run_id, "--json"), "orch-status", env=orch_home(s), json_stdout=True),
+            "orch status",
+        ).stdout
+    )
     ctx.figures["state"] = status.get("state")
     ctx.require(status.get("state") == "succeeded", f"the run is {status.get('state')}, not succeeded")
-    stacks = ctx.need(stacks, f"orch stacks gave no complete stack in {ctx.figures['stack_tries']} tries while the "
-                              "run ran")
+    stacks = ctx.need(
+        stacks, f"orch stacks gave no complete stack in {ctx.figures['stack_tries']} tries while the run ran"
+    )
     group = stacks["groups"][0] if stacks.get("groups") else {}
-    ctx.figures["stacks"] = {"summary": group.get("summary"), "frames": group.get("frames", []),
-                             "ranks": group.get("ranks"), "problems": stacks.get("problems"),
-                             "in_trainer": in_trainer(stacks)}
-    ctx.require(preflight is None, f"orch up's preflight failed (exit 3; the run then succeeded with --skip-checks):"
-                                   f"\n{preflight}")
+    ctx.figures["stacks"] = {
+        "summary": group.get("summary"),
+        "frames": group.get("frames", []),
+        "ranks": group.get("ranks"),
+        "problems": stacks.get("problems"),
+        "in_trainer": in_trainer(stacks),
+    }
+    ctx.require(
+        preflight is None,
+        f"orch up's preflight failed (exit 3; the run then succeeded with --skip-checks):\n{preflight}",
+    )
     ctx.figures["summary"] = f"succeeded in {ctx.figures['wall_s']:.0f} s; rank 0 stood in {group.get('summary')}"
 
 
@@ -513,8 +712,12 @@ def orch_home(s: Session) -> dict[str, str]:
 
 def in_trainer(stacks: Mapping[str, Any]) -> bool:
     """Whether a rank's stack has a frame of the trainer's own code (the run got past its imports)."""
-    return any("/trainer/" in str(f.get("file", "")) for g in stacks.get("groups", []) for f in g.get("frames", [])
-               if isinstance(f, dict))
+    return any(
+        "/trainer/" in str(f.get("file", ""))
+        for g in stacks.get("groups", [])
+        for f in g.get("frames", [])
+        if isinstance(f, dict)
+    )
 
 
 def orch_up_once(ctx: StepContext, inv: Path, extra: Sequence[str]) -> tuple[int, dict[str, Any] | None]:
@@ -530,8 +733,13 @@ def orch_up_once(ctx: StepContext, inv: Path, extra: Sequence[str]) -> tuple[int
         while up.poll() is None and ctx.left() > 0 and not (stacks and in_trainer(stacks)):
             if (s.work / "orch-home" / "runs" / run_id / "run.json").exists():
                 tries += 1
-                got = ctx.run(orch(s, "stacks", run_id, "--json", "--timeout", "10"), f"orch-stacks-{tries}",
-                              env=home, limit_s=40, json_stdout=True)
+                got = ctx.run(
+                    orch(s, "stacks", run_id, "--json", "--timeout", "10"),
+                    f"orch-stacks-{tries}",
+                    env=home,
+                    limit_s=40,
+                    json_stdout=True,
+                )
                 doc = json_doc(got.stdout) if got.code == 0 else {}
                 if doc.get("complete") and any(r.get("threads") for r in doc.get("ranks", [])):
                     stacks = doc if stacks is None or in_trainer(doc) else stacks
@@ -545,8 +753,13 @@ def orch_up_once(ctx: StepContext, inv: Path, extra: Sequence[str]) -> tuple[int
         if up.poll() is None:  # stopped, not ended: make sure of the nodes too (its teardown may have been cut)
             s.procs.stop(up)
             ctx.run(orch(s, "down", run_id), "orch-down", env=home, limit_s=60, cleanup=True)
-    ctx.figures.update(exit_code=code, wall_s=round(s.clock() - t0, 1), run_id=run_id, stack_tries=tries,
-                       tail="\n".join(up_log.read_text(errors="replace").splitlines()[-20:]))
+    ctx.figures.update(
+        exit_code=code,
+        wall_s=round(s.clock() - t0, 1),
+        run_id=run_id,
+        stack_tries=tries,
+        tail="\n".join(up_log.read_text(errors="replace").splitlines()[-20:]),
+    )
     return code, stacks
 
 
@@ -555,18 +768,32 @@ def step_fabric(ctx: StepContext) -> None:
     s = ctx.s
     fabric = {"max_bytes": "4M", "budget_s": 5, "timeout_s": 150} if ctx.dry else {"timeout_s": 120}
     args = trainer_job_args(s, epochs=1, project=s.work / "fabric-runs")
-    inv = write_yaml(s.work / "inventory-fabric.yaml",
-                     inventory(s, "gpu-smoke-fabric", not ctx.dry, args, job_port(), fabric=fabric))
-    ran = ctx.run(orch(s, "check", str(inv), "--only", "fabric", "--json"), "orch-check-fabric",
-                  env={"ORCH_HOME": str(s.work / "orch-home")}, json_stdout=True)
+    inv = write_yaml(
+        s.work / "inventory-fabric.yaml", inventory(s, "gpu-smoke-fabric", not ctx.dry, args, job_port(), fabric=fabric)
+    )
+    ran = ctx.run(
+        orch(s, "check", str(inv), "--only", "fabric", "--json"),
+        "orch-check-fabric",
+        env={"ORCH_HOME": str(s.work / "orch-home")},
+        json_stdout=True,
+    )
     ctx.ok(ran, "orch check --only fabric", codes=(0, 1))
     doc = json_doc(ran.stdout)
     row = ctx.need(next((r for r in doc["results"] if r["check"] == "fabric"), None), "no fabric row in the JSON")
     f = doc.get("fabric") or {}
-    ctx.figures.update(exit_code=ran.code, status=row["status"], detail=row["detail"],
-                       backend=f.get("backend"), busbw_gbps=f.get("busbw_gbps"), world_size=f.get("world_size"),
-                       nccl_version=f.get("nccl_version"), wall_s=f.get("wall_s"), sweep=f.get("sweep"),
-                       errors=f.get("errors"), job_errors=f.get("job_errors"))
+    ctx.figures.update(
+        exit_code=ran.code,
+        status=row["status"],
+        detail=row["detail"],
+        backend=f.get("backend"),
+        busbw_gbps=f.get("busbw_gbps"),
+        world_size=f.get("world_size"),
+        nccl_version=f.get("nccl_version"),
+        wall_s=f.get("wall_s"),
+        sweep=f.get("sweep"),
+        errors=f.get("errors"),
+        job_errors=f.get("job_errors"),
+    )
     ctx.require(row["status"] in ("ok", "warn"), f"the fabric check is {row['status']}: {row['detail']}")
     if ctx.dry:
         ctx.require(f.get("backend") == "gloo", f"backend {f.get('backend')}, expected gloo on CPU")
@@ -580,35 +807,68 @@ def step_fabric(ctx: StepContext) -> None:
     transports = {n: {h: v.get("transports") for h, v in hs.items()} for n, hs in hosts.items()}
     networks = sorted({net for hs in hosts.values() for v in hs.values() for net in v.get("networks", [])})
     ctx.figures.update(transports=transports, networks=networks)
-    ctx.require(any(d.get("nccl_version") for d in nccl.values()),
-                "no NCCL version line parsed from the job's NCCL_DEBUG=INFO output")
+    ctx.require(
+        any(d.get("nccl_version") for d in nccl.values()),
+        "no NCCL version line parsed from the job's NCCL_DEBUG=INFO output",
+    )
     ctx.goal("NCCL transports found in the fabric job's NCCL_DEBUG=INFO lines", json.dumps(transports), "report", None)
-    ctx.figures["summary"] = (f"NCCL {f.get('nccl_version')}, network {', '.join(networks) or 'none'}, "
-                              f"busbw {f.get('busbw_gbps')} GB/s (one rank: no links)")
+    ctx.figures["summary"] = (
+        f"NCCL {f.get('nccl_version')}, network {', '.join(networks) or 'none'}, "
+        f"busbw {f.get('busbw_gbps')} GB/s (one rank: no links)"
+    )
 
 
 def step_resume(ctx: StepContext) -> None:
     """--debug-exit-after 1 ends the run after epoch 1 (exit 3); --resume runs epoch 2 from last.pt."""
     z, s = ctx.settings, ctx.s
     out = s.work / "resume"
-    argv = [s.python, "-m", "trainer", "--model", z.model, "--data", str(s.facts["det"]), "--epochs", "2", "--batch",
-            str(z.batch), "--imgsz", str(z.imgsz), "--workers", str(z.workers), "--device", z.device, "--out", str(out),
-            "--log-every", "1000"]
+    argv = [
+        s.python,
+        "-m",
+        "trainer",
+        "--model",
+        z.model,
+        "--data",
+        str(s.facts["det"]),
+        "--epochs",
+        "2",
+        "--batch",
+        str(z.batch),
+        "--imgsz",
+        str(z.imgsz),
+        "--workers",
+        str(z.workers),
+        "--device",
+        z.device,
+        "--out",
+        str(out),
+        "--log-every",
+        "1000",
+    ]
     if not ctx.dry:
         argv += ["--amp", z.amps[0]]
-    first = ctx.ok(ctx.run([*argv, "--debug-exit-after", "1"], "trainer-stop-after-1"),
-                   "python -m trainer --debug-exit-after 1", codes=(3,))
+    first = ctx.ok(
+        ctx.run([*argv, "--debug-exit-after", "1"], "trainer-stop-after-1"),
+        "python -m trainer --debug-exit-after 1",
+        codes=(3,),
+    )
     last = out / "weights" / "last.pt"
     ctx.require(last.is_file(), f"no {last} after epoch 1")
-    ctx.require([r["epoch"] for r in results_rows(out / "results.csv")] == [1.0], "results.csv after epoch 1 is not one row")
+    ctx.require(
+        [r["epoch"] for r in results_rows(out / "results.csv")] == [1.0], "results.csv after epoch 1 is not one row"
+    )
     second = ctx.ok(ctx.run([*argv, "--resume"], "trainer-resume"), "python -m trainer --resume")
     lines = second.text.splitlines()
     said = next((ln for ln in lines if "resuming at epoch 2" in ln), None)
     ctx.require(said, "the resumed run did not say it resumes at epoch 2")
     epochs = [r["epoch"] for r in results_rows(out / "results.csv")]
     ctx.require(epochs == [1.0, 2.0], f"results.csv epochs {epochs}, expected [1, 2]")
-    ctx.figures.update(stopped_exit_code=first.code, resumed=said.split("] ", 1)[-1] if said else None,
-                       epochs=epochs, wall_s=[round(first.seconds, 1), round(second.seconds, 1)])
+    ctx.figures.update(
+        stopped_exit_code=first.code,
+        resumed=said.split("] ", 1)[-1] if said else None,
+        epochs=epochs,
+        wall_s=[round(first.seconds, 1), round(second.seconds, 1)],
+    )
     ctx.figures["summary"] = f"exit 3 after epoch 1, then {ctx.figures['resumed']}"
 
 
@@ -617,8 +877,11 @@ def junit_counts(xml: str) -> dict[str, Any]:
     root = ET.fromstring(xml)
     suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
     out: dict[str, Any] = {k: sum(int(x.get(k, 0)) for x in suites) for k in ("tests", "failures", "errors", "skipped")}
-    out["failed"] = [f"{c.get('classname')}::{c.get('name')}" for c in root.iter("testcase")
-                     if c.find("failure") is not None or c.find("error") is not None]
+    out["failed"] = [
+        f"{c.get('classname')}::{c.get('name')}"
+        for c in root.iter("testcase")
+        if c.find("failure") is not None or c.find("error") is not None
+    ]
     return out
 
 
@@ -629,16 +892,20 @@ def step_gpu_tests(ctx: StepContext) -> None:
     if not (where if where.is_absolute() else REPO / where).exists():
         raise StepSkipped(f"{where} does not exist in this tree")
     xml = s.work / "gpu-tests.xml"
-    ran = ctx.run([s.python, "-m", "pytest", "-m", "gpu", str(where), "-q", "-p", "no:cacheprovider",
-                   f"--junitxml={xml}"], "pytest-gpu")
+    ran = ctx.run(
+        [s.python, "-m", "pytest", "-m", "gpu", str(where), "-q", "-p", "no:cacheprovider", f"--junitxml={xml}"],
+        "pytest-gpu",
+    )
     if ran.code == 5:
         raise StepSkipped(f"pytest collected no test in {where}")
     ctx.ok(ran, f"pytest -m gpu {where}", codes=(0, 1))
     counts = junit_counts(xml.read_text())
     ctx.figures.update(counts)
     ctx.figures["exit_code"] = ran.code
-    ctx.require(counts["failures"] + counts["errors"] == 0, f"{counts['failures']} failed, {counts['errors']} errors: "
-                + ", ".join(counts["failed"][:10]))
+    ctx.require(
+        counts["failures"] + counts["errors"] == 0,
+        f"{counts['failures']} failed, {counts['errors']} errors: " + ", ".join(counts["failed"][:10]),
+    )
     ran_tests = counts["tests"] - counts["skipped"]
     if ctx.dry:
         ctx.skip_part("the GPU tests themselves", f"no CUDA: {counts['skipped']} of {counts['tests']} skipped")
@@ -652,8 +919,10 @@ def one_gpu_reason(ctx: StepContext, what: str) -> str:
     if ctx.dry or n == 0:
         return f"{what} needs >= 2 GPUs; this dry run has none"
     if n == 1:
-        return (f"{what} needs >= 2 GPUs and this machine has one: NCCL refuses two ranks on one device, and "
-                "two ranks on CPU would measure nothing of the GPU path; not faked")
+        return (
+            f"{what} needs >= 2 GPUs and this machine has one: NCCL refuses two ranks on one device, and "
+            "two ranks on CPU would measure nothing of the GPU path; not faked"
+        )
     return f"{what} is not part of this one-GPU validation ({n} GPUs here)"
 
 
@@ -667,20 +936,62 @@ def step_scaling(ctx: StepContext) -> None:
 
 STEPS = (
     Step("data", "synthetic datasets (python -m trainer.synth)", 60, 120, step_data),
-    Step("environment", "versions, GPU, arch list; orch check of a one-node gpus: 1 inventory", 60, 150,
-         step_environment, ("data",)),
-    Step("trainer", "python -m trainer --amp fp16/bf16 vs YOLO().train(amp=True); logged mAP vs YOLO(best.pt).val()",
-         180, 600, step_trainer, ("data", "environment")),
-    Step("syncs", "host syncs per micro-step, torch.cuda.set_sync_debug_mode('warn')", 60, 200, step_syncs,
-         ("data", "environment")),
-    Step("yoloe", "yoloe-11s-seg + text embeddings file, --prompt-mode full, 1 epoch", 60, 300, step_yoloe,
-         ("data", "environment")),
-    Step("orch_up", "orch up of the one-node inventory, 1 epoch; orch stacks during the run", 90, 300, step_orch_up,
-         ("data", "environment")),
-    Step("fabric", "orch check --only fabric (NCCL all_reduce job, NCCL_DEBUG=INFO parsed)", 60, 240, step_fabric,
-         ("data", "environment")),
-    Step("resume", "--debug-exit-after 1, then --resume: epoch 2 from the checkpoint", 90, 300, step_resume,
-         ("data", "environment")),
+    Step(
+        "environment",
+        "versions, GPU, arch list; orch check of a one-node gpus: 1 inventory",
+        60,
+        150,
+        step_environment,
+        ("data",),
+    ),
+    Step(
+        "trainer",
+        "python -m trainer --amp fp16/bf16 vs YOLO().train(amp=True); logged mAP vs YOLO(best.pt).val()",
+        180,
+        600,
+        step_trainer,
+        ("data", "environment"),
+    ),
+    Step(
+        "syncs",
+        "host syncs per micro-step, torch.cuda.set_sync_debug_mode('warn')",
+        60,
+        200,
+        step_syncs,
+        ("data", "environment"),
+    ),
+    Step(
+        "yoloe",
+        "yoloe-11s-seg + text embeddings file, --prompt-mode full, 1 epoch",
+        60,
+        300,
+        step_yoloe,
+        ("data", "environment"),
+    ),
+    Step(
+        "orch_up",
+        "orch up of the one-node inventory, 1 epoch; orch stacks during the run",
+        90,
+        300,
+        step_orch_up,
+        ("data", "environment"),
+    ),
+    Step(
+        "fabric",
+        "orch check --only fabric (NCCL all_reduce job, NCCL_DEBUG=INFO parsed)",
+        60,
+        240,
+        step_fabric,
+        ("data", "environment"),
+    ),
+    Step(
+        "resume",
+        "--debug-exit-after 1, then --resume: epoch 2 from the checkpoint",
+        90,
+        300,
+        step_resume,
+        ("data", "environment"),
+    ),
     Step("gpu_tests", "pytest -m gpu tests/gpu", 60, 200, step_gpu_tests, ("environment",)),
     Step("sync_bn", "SyncBatchNorm across GPUs", 0, 0, step_sync_bn, ("environment",)),
     Step("scaling", "multi-GPU scaling", 0, 0, step_scaling, ("environment",)),
@@ -733,8 +1044,14 @@ def parse_budgets(items: Sequence[str]) -> dict[str, float]:
 # ----------------------------------------------------------------------------- the report
 
 
-def document(results: Sequence[StepResult], session: Session, started: float, wall_s: float, total_s: float,
-             machine: Mapping[str, Any]) -> dict[str, Any]:
+def document(
+    results: Sequence[StepResult],
+    session: Session,
+    started: float,
+    wall_s: float,
+    total_s: float,
+    machine: Mapping[str, Any],
+) -> dict[str, Any]:
     """gpu_smoke.json: every step's status, figures, goals, skipped parts and logs; the versions;
     `summary` rows for bench/summary.py (measured on a GPU only)."""
     c = counts(results)
@@ -742,10 +1059,17 @@ def document(results: Sequence[StepResult], session: Session, started: float, wa
     versions["orch"] = orch_version()
     versions["commit"] = git_commit()
     return {
-        "benchmark": NAME, "schema": SCHEMA, "mode": "cpu-dry-run" if session.dry else "gpu",
-        "ok": c["fail"] == 0 and c["timeout"] == 0, "counts": c,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)), "wall_s": round(wall_s, 1),
-        "budget_s": total_s, "machine": dict(machine), "versions": versions, "sizes": asdict(session.settings),
+        "benchmark": NAME,
+        "schema": SCHEMA,
+        "mode": "cpu-dry-run" if session.dry else "gpu",
+        "ok": c["fail"] == 0 and c["timeout"] == 0,
+        "counts": c,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "wall_s": round(wall_s, 1),
+        "budget_s": total_s,
+        "machine": dict(machine),
+        "versions": versions,
+        "sizes": asdict(session.settings),
         "steps": [asdict(r) for r in results],
         "summary": [] if session.dry else summary_rows(results, versions),
     }
@@ -765,14 +1089,28 @@ def summary_rows(results: Sequence[StepResult], versions: Mapping[str, Any]) -> 
             continue
         amp = key.split("-", 1)[1]
         first = amp == f["compared"]
-        rows.append({"what": f"training images/s, {f['model']} {f['imgsz']}px batch {f['batch']}, 1 x {gpu} --amp {amp}, "
-                             "python -m trainer vs ultralytics YOLO().train(amp=True)",
-                     "orch": run["ips"], "peer": peer, "ratio": run["ratio"], "goal": ">= 1.0" if first else "report",
-                     "met": (run["ratio"] >= 1.0) if first and run["ratio"] is not None else None})
+        rows.append(
+            {
+                "what": f"training images/s, {f['model']} {f['imgsz']}px batch {f['batch']}, 1 x {gpu} --amp {amp}, "
+                "python -m trainer vs ultralytics YOLO().train(amp=True)",
+                "orch": run["ips"],
+                "peer": peer,
+                "ratio": run["ratio"],
+                "goal": ">= 1.0" if first else "report",
+                "met": (run["ratio"] >= 1.0) if first and run["ratio"] is not None else None,
+            }
+        )
     m = f["map"]
-    rows.append({"what": f"final mAP50-95 logged by python -m trainer vs YOLO(best.pt).val(), 1 x {gpu}",
-                 "orch": m["logged"], "peer": m["val"], "ratio": m["logged"] / m["val"] if m["val"] else None,
-                 "goal": "|difference| <= 0.002", "met": m["difference"] <= 0.002})
+    rows.append(
+        {
+            "what": f"final mAP50-95 logged by python -m trainer vs YOLO(best.pt).val(), 1 x {gpu}",
+            "orch": m["logged"],
+            "peer": m["val"],
+            "ratio": m["logged"] / m["val"] if m["val"] else None,
+            "goal": "|difference| <= 0.002",
+            "met": m["difference"] <= 0.002,
+        }
+    )
     return rows
 
 
@@ -810,29 +1148,54 @@ def machine() -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python bench/gpu_smoke.py", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="steps: " + ", ".join(STEP_NAMES) + "\n\nthe device's run command "
-                                        f"(carry [\"{WHEEL_DIR}\"], timeout_s {RUN_TIMEOUT_S}):\n  {RUN_COMMAND}\n\n"
-                                        "examples:\n  make gpu-wheels                          # here, once\n"
-                                        "  python bench/gpu_smoke.py --cpu-dry-run --out /tmp/smoke   # rehearse here\n"
-                                        "  python3 bench/gpu_smoke.py --out $OUT    # on the GPU machine")
+    ap = argparse.ArgumentParser(
+        prog="python bench/gpu_smoke.py",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="steps: " + ", ".join(STEP_NAMES) + "\n\nthe device's run command "
+        f'(carry ["{WHEEL_DIR}"], timeout_s {RUN_TIMEOUT_S}):\n  {RUN_COMMAND}\n\n'
+        "examples:\n  make gpu-wheels                          # here, once\n"
+        "  python bench/gpu_smoke.py --cpu-dry-run --out /tmp/smoke   # rehearse here\n"
+        "  python3 bench/gpu_smoke.py --out $OUT    # on the GPU machine",
+    )
     ap.add_argument("--out", type=Path, help="where gpu_smoke.json, .txt and the logs' tarball go (default: $OUT)")
-    ap.add_argument("--cpu-dry-run", action="store_true",
-                    help="run every step that can run without a GPU: tiny sizes, fp32, gloo, the device's packages")
+    ap.add_argument(
+        "--cpu-dry-run",
+        action="store_true",
+        help="run every step that can run without a GPU: tiny sizes, fp32, gloo, the device's packages",
+    )
     ap.add_argument("--steps", help=f"comma-separated subset of {', '.join(STEP_NAMES)} (with the steps they need)")
-    ap.add_argument("--budget-s", type=float, help=f"stop starting steps after this many seconds "
-                                                   f"(default {DEFAULT_BUDGET_S:.0f}; dry run {DRY_BUDGET_S:.0f})")
-    ap.add_argument("--step-budget", action="append", default=[], metavar="NAME=SECONDS",
-                    help="one step's budget instead of its default (repeatable), e.g. trainer=240")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        help=f"stop starting steps after this many seconds "
+        f"(default {DEFAULT_BUDGET_S:.0f}; dry run {DRY_BUDGET_S:.0f})",
+    )
+    ap.add_argument(
+        "--step-budget",
+        action="append",
+        default=[],
+        metavar="NAME=SECONDS",
+        help="one step's budget instead of its default (repeatable), e.g. trainer=240",
+    )
     ap.add_argument("--work", type=Path, help="scratch directory (default: a new one under the system's temp dir)")
     ap.add_argument("--keep-work", action="store_true", help="keep the scratch directory (datasets, runs, logs)")
-    ap.add_argument("--gpu-tests", type=Path, default=Path("tests/gpu"),
-                    help="what the gpu_tests step gives pytest -m gpu (default tests/gpu)")
-    ap.add_argument("--all-packages", action="store_true",
-                    help="dry run: let the children import everything installed here, not only the device's packages")
-    ap.add_argument("--fetch-wheels", action="store_true",
-                    help=f"download the wheels the device lacks into {WHEEL_DIR}/ (cp312 manylinux x86_64) and exit")
+    ap.add_argument(
+        "--gpu-tests",
+        type=Path,
+        default=Path("tests/gpu"),
+        help="what the gpu_tests step gives pytest -m gpu (default tests/gpu)",
+    )
+    ap.add_argument(
+        "--all-packages",
+        action="store_true",
+        help="dry run: let the children import everything installed here, not only the device's packages",
+    )
+    ap.add_argument(
+        "--fetch-wheels",
+        action="store_true",
+        help=f"download the wheels the device lacks into {WHEEL_DIR}/ (cp312 manylinux x86_64) and exit",
+    )
     ap.add_argument("--print-run-command", action="store_true", help="print the device's run command and exit")
     return ap
 
@@ -857,8 +1220,14 @@ def main(argv: list[str] | None = None) -> int:
     work = a.work or Path(tempfile.mkdtemp(prefix="gpu-smoke-"))
     work.mkdir(parents=True, exist_ok=True)
     front = [str(device_site(work))] if a.cpu_dry_run and not a.all_packages else []
-    session = Session(dry=a.cpu_dry_run, settings=DRY_SIZES if a.cpu_dry_run else GPU_SIZES, work=work,
-                      env=child_env(os.environ, REPO, sys.executable, front), procs=Procs(), cwd=REPO)
+    session = Session(
+        dry=a.cpu_dry_run,
+        settings=DRY_SIZES if a.cpu_dry_run else GPU_SIZES,
+        work=work,
+        env=child_env(os.environ, REPO, sys.executable, front),
+        procs=Procs(),
+        cwd=REPO,
+    )
     session.facts["gpu_tests"] = a.gpu_tests
     info = machine()
     signal.signal(signal.SIGTERM, interrupt)  # a `run` that reaches its limit: stop the step, write what is known
@@ -870,8 +1239,11 @@ def main(argv: list[str] | None = None) -> int:
         write_outputs(out, NAME, doc, text, session.logs)
         return doc, text
 
-    print(f"gpu_smoke: {'cpu dry run' if session.dry else 'GPU run'}, {len(steps)} steps, budget {total:.0f} s, "
-          f"work {work}, out {out}", flush=True)
+    print(
+        f"gpu_smoke: {'cpu dry run' if session.dry else 'GPU run'}, {len(steps)} steps, budget {total:.0f} s, "
+        f"work {work}, out {out}",
+        flush=True,
+    )
 
     def saved(rs: list[StepResult]) -> None:  # after each step: what a killed run leaves behind is current
         save(rs)

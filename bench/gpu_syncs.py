@@ -53,16 +53,26 @@ class SyncRecorder:
         if site not in self.code:
             self.code[site] = linecache.getline(filename, lineno).strip()
 
-    def showwarning(self, message: Warning | str, category: type[Warning], filename: str, lineno: int,
-                    file: TextIO | None = None, line: str | None = None) -> None:
+    def showwarning(
+        self,
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
         """``warnings.showwarning``'s signature: what the window installs."""
         self.warning(message, category, filename, lineno)
 
     def report(self, cuda: bool, exit_code: int | None) -> dict[str, Any]:
         syncs = sum(self.sites.values())
         return {
-            "cuda": cuda, "micro_steps": self.micro_steps, "optimizer_steps": self.optimizer_steps,
-            "syncs": syncs, "per_micro_step": syncs / self.micro_steps if self.micro_steps else None,
+            "cuda": cuda,
+            "micro_steps": self.micro_steps,
+            "optimizer_steps": self.optimizer_steps,
+            "syncs": syncs,
+            "per_micro_step": syncs / self.micro_steps if self.micro_steps else None,
             "per_step": [self.per_step.get(i, 0) for i in range(self.micro_steps + 1)],
             "sites": [{"site": s, "code": self.code.get(s, ""), "count": n} for s, n in self.sites.most_common()],
             "exit_code": exit_code,
@@ -76,7 +86,7 @@ def short_path(filename: str) -> str:
         if marker in p:
             return p.split(marker, 1)[1]
     repo = str(REPO).replace("\\", "/") + "/"
-    return p[len(repo):] if p.startswith(repo) else p
+    return p[len(repo) :] if p.startswith(repo) else p
 
 
 def install(recorder: SyncRecorder, cuda: bool) -> None:
@@ -120,9 +130,12 @@ def install(recorder: SyncRecorder, cuda: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.gpu_syncs", description=__doc__.split("\n\n")[0],
-                                 epilog="example: python -m bench.gpu_syncs --json /tmp/syncs.json -- --model "
-                                        "yolo12n.yaml --data /tmp/ds/data.yaml --epochs 1 --batch 64 --device 0")
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.gpu_syncs",
+        description=__doc__.split("\n\n")[0],
+        epilog="example: python -m bench.gpu_syncs --json /tmp/syncs.json -- --model "
+        "yolo12n.yaml --data /tmp/ds/data.yaml --epochs 1 --batch 64 --device 0",
+    )
     ap.add_argument("--json", required=True, type=Path, help="where to write the counts")
     ap.add_argument("trainer_args", nargs=argparse.REMAINDER, help="-- then the trainer's arguments")
     a = ap.parse_args(argv)

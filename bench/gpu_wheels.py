@@ -39,17 +39,34 @@ RUN_COMMAND = (
 """The one `run` command that installs the wheels and runs the GPU validation on the device."""
 
 CARRIED = (
-    "ultralytics", "ultralytics-thop", "paramiko", "invoke", "fabric", "decorator", "deprecated", "ClusterShell",
-    "pydantic", "pydantic-core", "annotated-types", "typing-inspection", "typing-extensions", "ntplib", "py-spy",
-    "cryptography", "cffi", "pycparser", "bcrypt", "pynacl",
+    "ultralytics",
+    "ultralytics-thop",
+    "paramiko",
+    "invoke",
+    "fabric",
+    "decorator",
+    "deprecated",
+    "ClusterShell",
+    "pydantic",
+    "pydantic-core",
+    "annotated-types",
+    "typing-inspection",
+    "typing-extensions",
+    "ntplib",
+    "py-spy",
+    "cryptography",
+    "cffi",
+    "pycparser",
+    "bcrypt",
+    "pynacl",
 )
 """Distributions carried as wheels: orch's and the trainer's requirements the device lacks, and
 theirs (typing-extensions too: pydantic-core needs a newer one than the device may have)."""
 NOT_CARRIED = {
     "polars": "ultralytics imports it only to copy results.csv into its checkpoints "
-              "(BaseTrainer.read_results_csv) and for plots; its runtime wheel alone is 54 MB, past what a "
-              "call may carry with the tree: the ultralytics side reads results.csv with the csv module instead "
-              "(the same dict), plots are off",
+    "(BaseTrainer.read_results_csv) and for plots; its runtime wheel alone is 54 MB, past what a "
+    "call may carry with the tree: the ultralytics side reads results.csv with the csv module instead "
+    "(the same dict), plots are off",
     "polars-runtime-32": "polars' compiled runtime (see polars)",
     "opencv-python": "the device has opencv-python-headless: the same cv2 module",
     "ultralytics-platform": "imported lazily by ultralytics, only for its hosted-platform client",
@@ -83,8 +100,15 @@ DEVICE_MODULES = {"cv2": "opencv-python-headless"}
 """Modules the device has under another distribution's name than this machine's."""
 OWN_DISTRIBUTIONS = ("orch",)
 """This repository, installed here in development mode; the device runs it from the working tree."""
-PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_26_x86_64", "manylinux_2_17_x86_64",
-             "manylinux2014_x86_64", "manylinux_2_5_x86_64", "manylinux1_x86_64")
+PLATFORMS = (
+    "manylinux_2_28_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_26_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux_2_5_x86_64",
+    "manylinux1_x86_64",
+)
 
 
 def norm(name: str) -> str:
@@ -98,8 +122,11 @@ def blocked_modules(packages: Mapping[str, Sequence[str]], allowed: Iterable[str
     ``packages``: importlib.metadata.packages_distributions() of this machine.
     """
     ok = {norm(a) for a in allowed}
-    return {module for module, dists in packages.items()
-            if module not in DEVICE_MODULES and not any(norm(d) in ok for d in dists)}
+    return {
+        module
+        for module, dists in packages.items()
+        if module not in DEVICE_MODULES and not any(norm(d) in ok for d in dists)
+    }
 
 
 SITECUSTOMIZE = '''"""Written by bench/gpu_smoke.py --cpu-dry-run: these modules are not on the GPU machine."""
@@ -125,9 +152,17 @@ sys.meta_path.insert(0, _NotOnTheDevice())
 def requirements(metadata: str, python: str = "3.12") -> list[str]:
     """The distributions a wheel's METADATA requires on the device (Linux x86-64, CPython
     ``python``): names of its ``Requires-Dist`` lines, extras' lines left out."""
-    env = {"python_version": python, "python_full_version": python + ".0", "sys_platform": "linux",
-           "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
-           "platform_python_implementation": "CPython", "implementation_name": "cpython", "extra": ""}
+    env = {
+        "python_version": python,
+        "python_full_version": python + ".0",
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "platform_machine": "x86_64",
+        "os_name": "posix",
+        "platform_python_implementation": "CPython",
+        "implementation_name": "cpython",
+        "extra": "",
+    }
     out = []
     for line in metadata.splitlines():
         if not line.startswith("Requires-Dist:"):
@@ -179,8 +214,19 @@ def local_versions(names: Sequence[str]) -> dict[str, str | None]:
 
 
 def pip_download_argv(python: str, dest: Path, specs: Sequence[str], py: str = "3.12") -> list[str]:
-    argv = [python, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", py,
-            "--implementation", "cp"]
+    argv = [
+        python,
+        "-m",
+        "pip",
+        "download",
+        "-q",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--python-version",
+        py,
+        "--implementation",
+        "cp",
+    ]
     for p in PLATFORMS:
         argv += ["--platform", p]
     return [*argv, "-d", str(dest), *specs]
@@ -200,8 +246,9 @@ def wheel_requirements(path: Path) -> list[str]:
 
 def tree_bytes(repo: Path) -> int:
     """What a `run` call sends besides the carried paths: tracked and untracked-not-ignored files."""
-    p = subprocess.run(["git", "-C", str(repo), "ls-files", "-z", "-co", "--exclude-standard"], capture_output=True,
-                       check=True)
+    p = subprocess.run(
+        ["git", "-C", str(repo), "ls-files", "-z", "-co", "--exclude-standard"], capture_output=True, check=True
+    )
     total = 0
     for name in p.stdout.decode().split("\0"):
         f = repo / name
@@ -215,8 +262,11 @@ def fetch_wheels(dest: Path = REPO / WHEEL_DIR) -> int:
     versions = local_versions(CARRIED)
     missing = [n for n, v in versions.items() if v is None]
     if missing:
-        print(f"gpu_smoke: {', '.join(missing)} not installed here: make install first (their versions are taken "
-              "from this environment)", file=sys.stderr)
+        print(
+            f"gpu_smoke: {', '.join(missing)} not installed here: make install first (their versions are taken "
+            "from this environment)",
+            file=sys.stderr,
+        )
         return 2
     dest.mkdir(parents=True, exist_ok=True)
     wanted = {norm(n): f"{n}=={v}" for n, v in versions.items()}
@@ -235,8 +285,10 @@ def fetch_wheels(dest: Path = REPO / WHEEL_DIR) -> int:
     size, tree = sum(w.stat().st_size for w in wheels), tree_bytes(REPO)
     for w in wheels:
         print(f"  {w.stat().st_size / 1e6:7.2f} MB  {w.name}")
-    print(f"{len(wheels)} wheels, {size / 2**20:.1f} MiB; with the working tree ({tree / 2**20:.1f} MiB): "
-          f"{(size + tree) / 2**20:.1f} MiB of the {CARRY_LIMIT >> 20} MiB a call may carry")
+    print(
+        f"{len(wheels)} wheels, {size / 2**20:.1f} MiB; with the working tree ({tree / 2**20:.1f} MiB): "
+        f"{(size + tree) / 2**20:.1f} MiB of the {CARRY_LIMIT >> 20} MiB a call may carry"
+    )
     for name, why in NOT_CARRIED.items():
         print(f"  not carried: {name}: {why}")
     if size + tree > CARRY_LIMIT:
@@ -244,7 +296,7 @@ def fetch_wheels(dest: Path = REPO / WHEEL_DIR) -> int:
     for line in problems:
         print(f"gpu_smoke: {line}", file=sys.stderr)
     if not problems:
-        print(f"ready: run with carry [\"{WHEEL_DIR}\"], timeout_s {RUN_TIMEOUT_S}, command:\n{RUN_COMMAND}")
+        print(f'ready: run with carry ["{WHEEL_DIR}"], timeout_s {RUN_TIMEOUT_S}, command:\n{RUN_COMMAND}')
     return 1 if problems else 0
 
 
@@ -260,9 +312,12 @@ def device_site(work: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.gpu_wheels", description=__doc__.split("\n\n")[0],
-                                 epilog=f"run on the device with carry [\"{WHEEL_DIR}\"], timeout_s {RUN_TIMEOUT_S}:\n  "
-                                        f"{RUN_COMMAND}", formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.gpu_wheels",
+        description=__doc__.split("\n\n")[0],
+        epilog=f'run on the device with carry ["{WHEEL_DIR}"], timeout_s {RUN_TIMEOUT_S}:\n  {RUN_COMMAND}',
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--dest", type=Path, default=REPO / WHEEL_DIR, help=f"where the wheels go (default {WHEEL_DIR}/)")
     ap.add_argument("--print-run-command", action="store_true", help="print the device's run command and exit")
     a = ap.parse_args(argv)

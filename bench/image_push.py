@@ -51,9 +51,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     samples: dict[str, list[float]] = {side: [] for side in SIDES}
     base = short_dir("b")
     try:
-        with tempfile.TemporaryDirectory(prefix="orch-bench-") as tmp, \
-                TestCluster(KeyStore(Path(tmp) / "keys"), n=args.nodes, mode="loopback",
-                            root=Path(tmp) / "c") as cluster:
+        with (
+            tempfile.TemporaryDirectory(prefix="orch-bench-") as tmp,
+            TestCluster(KeyStore(Path(tmp) / "keys"), n=args.nodes, mode="loopback", root=Path(tmp) / "c") as cluster,
+        ):
             stores = {}
             for node in cluster.nodes:
                 stores[node.name] = PodmanStore(base / node.name)
@@ -75,16 +76,33 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     raise SystemExit(f"image_push: nodes without the image after a side: {wrong}")
 
             def orch() -> None:
-                p = subprocess.run([sys.executable, "-m", "orchestrator", "image", "push", IMAGE, str(inv),
-                                    "--runtime", "podman", "--parallel", str(args.parallel)],
-                                   env=env, capture_output=True, text=True, timeout=1800)
+                p = subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "orchestrator",
+                        "image",
+                        "push",
+                        IMAGE,
+                        str(inv),
+                        "--runtime",
+                        "podman",
+                        "--parallel",
+                        str(args.parallel),
+                    ],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=1800,
+                )
                 if p.returncode != 0:
                     raise SystemExit(f"image_push: orch image push exited {p.returncode}: {p.stdout}{p.stderr}")
 
             def loop() -> None:
                 for node in cluster.nodes:
-                    line = (f"{PODMAN} save {shlex.quote(IMAGE)} | ssh -F {shlex.quote(str(cfg))} {node.name} "
-                            f"{PODMAN} load")
+                    line = (
+                        f"{PODMAN} save {shlex.quote(IMAGE)} | ssh -F {shlex.quote(str(cfg))} {node.name} {PODMAN} load"
+                    )
                     p = subprocess.run(["/bin/sh", "-c", line], env=env, capture_output=True, text=True, timeout=1800)
                     if p.returncode != 0:
                         raise SystemExit(f"image_push: {line} exited {p.returncode}: {p.stderr[-2000:]}")
@@ -102,17 +120,43 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             empty_stores()
     finally:
         subprocess.run(["rm", "-rf", str(base)], check=False)
-    times = {s: {"median_s": statistics.median(v), "min_s": min(v), "max_s": max(v), "samples_s": v}
-             for s, v in samples.items()}
+    times = {
+        s: {"median_s": statistics.median(v), "min_s": min(v), "max_s": max(v), "samples_s": v}
+        for s, v in samples.items()
+    }
     o, p = times["orch_image_push"]["median_s"], times["serial_save_ssh_load"]["median_s"]
-    size = int(subprocess.run([PODMAN, "image", "inspect", "--format", "{{.Size}}", IMAGE], env={**os.environ, **seed.env},
-                              capture_output=True, text=True, check=False).stdout.strip() or 0)
-    print(f"image_push: {args.nodes} nodes, image {size / 1e6:.0f} MB: orch {o:.2f} s, serial loop {p:.2f} s, "
-          f"ratio {o / p:.2f}", flush=True)
-    result = {"nodes": args.nodes, "parallel": args.parallel, "image_bytes": size, "times": times,
-              "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
-              "summary": [{"what": f"orch image push vs serial podman save | ssh load, {args.nodes} nodes",
-                           "orch": o, "peer": p, "ratio": o / p, "goal": "<= 1.0", "met": o <= p}]}
+    size = int(
+        subprocess.run(
+            [PODMAN, "image", "inspect", "--format", "{{.Size}}", IMAGE],
+            env={**os.environ, **seed.env},
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+        or 0
+    )
+    print(
+        f"image_push: {args.nodes} nodes, image {size / 1e6:.0f} MB: orch {o:.2f} s, serial loop {p:.2f} s, "
+        f"ratio {o / p:.2f}",
+        flush=True,
+    )
+    result = {
+        "nodes": args.nodes,
+        "parallel": args.parallel,
+        "image_bytes": size,
+        "times": times,
+        "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "summary": [
+            {
+                "what": f"orch image push vs serial podman save | ssh load, {args.nodes} nodes",
+                "orch": o,
+                "peer": p,
+                "ratio": o / p,
+                "goal": "<= 1.0",
+                "met": o <= p,
+            }
+        ],
+    }
     write("image_push.quick" if args.quick else "image_push", result)
     return result
 

@@ -48,28 +48,49 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from tests.cluster import KeyStore, TestCluster
     from tests.ports import job_port
 
-    with tempfile.TemporaryDirectory(prefix="orch-bench-") as tmp, \
-            TestCluster(KeyStore(Path(tmp) / "keys"), n=args.nodes, mode="loopback", root=Path(tmp) / "c") as cluster:
+    with (
+        tempfile.TemporaryDirectory(prefix="orch-bench-") as tmp,
+        TestCluster(KeyStore(Path(tmp) / "keys"), n=args.nodes, mode="loopback", root=Path(tmp) / "c") as cluster,
+    ):
         port = job_port()
         inv = cluster.write_inventory(
-            env=ENV, master={"port": port},
-            job={"workdir": "/tmp", "nproc_per_node": args.nproc, "module": None, "script": JOB,
-                 "args": {"steps": 1, "sleep": 0}})
+            env=ENV,
+            master={"port": port},
+            job={
+                "workdir": "/tmp",
+                "nproc_per_node": args.nproc,
+                "module": None,
+                "script": JOB,
+                "args": {"steps": 1, "sleep": 0},
+            },
+        )
         cfg = ssh_config(cluster, Path(tmp) / "ssh_config")
         hosts = ",".join(n.name for n in cluster.nodes)
         exports = "; ".join(f"export {k}={shlex.quote(v)}" for k, v in ENV.items())
-        remote = (f"{exports}; cd /tmp; {shlex.quote(sys.executable)} -m torch.distributed.run --nnodes={args.nodes} "
-                  f"--nproc-per-node={args.nproc} --node-rank=%n --master-addr={cluster.nodes[0].addr} "
-                  f"--master-port={port} --max-restarts=0 {JOB} --steps 1 --sleep 0")
-        env = {**os.environ, "PDSH_RCMD_TYPE": "ssh", "PDSH_SSH_ARGS": f"-F {cfg} %h",
-               "ORCH_HOME": str(Path(tmp) / "orch-home")}
+        remote = (
+            f"{exports}; cd /tmp; {shlex.quote(sys.executable)} -m torch.distributed.run --nnodes={args.nodes} "
+            f"--nproc-per-node={args.nproc} --node-rank=%n --master-addr={cluster.nodes[0].addr} "
+            f"--master-port={port} --max-restarts=0 {JOB} --steps 1 --sleep 0"
+        )
+        env = {
+            **os.environ,
+            "PDSH_RCMD_TYPE": "ssh",
+            "PDSH_SSH_ARGS": f"-F {cfg} %h",
+            "ORCH_HOME": str(Path(tmp) / "orch-home"),
+        }
         codes: dict[str, list[int]] = {"orch_up": [], "pdsh_torchrun": []}
         phases: list[dict[str, float]] = []
         failures: list[str] = []
 
         def orch() -> None:
-            p = subprocess.run([sys.executable, "-m", "orchestrator", "up", str(inv), "--skip-checks"], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=600)
+            p = subprocess.run(
+                [sys.executable, "-m", "orchestrator", "up", str(inv), "--skip-checks"],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=600,
+            )
             ended = time.time()
             codes["orch_up"].append(p.returncode)
             if p.returncode:
@@ -78,8 +99,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 phases.append(orch_phases(Path(env["ORCH_HOME"]), ended))
 
         def pdsh() -> None:
-            p = subprocess.run(["pdsh", "-S", "-f", "1024", "-w", hosts, remote], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=600)
+            p = subprocess.run(
+                ["pdsh", "-S", "-f", "1024", "-w", hosts, remote],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=600,
+            )
             codes["pdsh_torchrun"].append(p.returncode)
             if p.returncode:
                 failures.append(f"pdsh exited {p.returncode}:\n" + "\n".join(p.stderr.splitlines()[-30:]))
@@ -88,16 +115,32 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if any(codes["orch_up"]) or any(codes["pdsh_torchrun"]):
         raise SystemExit(f"launch_latency: a launch failed: exit codes {codes}\n" + "\n\n".join(failures))
     o, p = times["orch_up"]["median_s"], times["pdsh_torchrun"]["median_s"]
-    measured = phases[-args.reps:]  # the warm-up run is not measured
+    measured = phases[-args.reps :]  # the warm-up run is not measured
     breakdown = {k: statistics.median(ph[k] for ph in measured) for k in measured[0]}
-    print(f"launch_latency: {args.nodes} nodes x {args.nproc}: orch up {o:.2f}s, pdsh {p:.2f}s, ratio {o / p:.2f}, "
-          f"overhead {(o - p) / args.nodes * 1000:.0f} ms/node; orch phases (median s): "
-          + ", ".join(f"{k} {v:.2f}" for k, v in breakdown.items()))
-    result = {"nodes": args.nodes, "nproc_per_node": args.nproc, "times": times, "exit_codes": codes,
-              "orch_phases_s": breakdown, "orch_phases_samples": measured,
-              "overhead_ms_per_node": (o - p) / args.nodes * 1000,
-              "summary": [{"what": f"orch up --skip-checks vs pdsh torchrun, {args.nodes} nodes x {args.nproc}",
-                           "orch": o, "peer": p, "ratio": o / p, "goal": "<= 1.3", "met": o / p <= 1.3}]}
+    print(
+        f"launch_latency: {args.nodes} nodes x {args.nproc}: orch up {o:.2f}s, pdsh {p:.2f}s, ratio {o / p:.2f}, "
+        f"overhead {(o - p) / args.nodes * 1000:.0f} ms/node; orch phases (median s): "
+        + ", ".join(f"{k} {v:.2f}" for k, v in breakdown.items())
+    )
+    result = {
+        "nodes": args.nodes,
+        "nproc_per_node": args.nproc,
+        "times": times,
+        "exit_codes": codes,
+        "orch_phases_s": breakdown,
+        "orch_phases_samples": measured,
+        "overhead_ms_per_node": (o - p) / args.nodes * 1000,
+        "summary": [
+            {
+                "what": f"orch up --skip-checks vs pdsh torchrun, {args.nodes} nodes x {args.nproc}",
+                "orch": o,
+                "peer": p,
+                "ratio": o / p,
+                "goal": "<= 1.3",
+                "met": o / p <= 1.3,
+            }
+        ],
+    }
     write("launch_latency", result)
     return result
 

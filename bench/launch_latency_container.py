@@ -48,7 +48,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--nproc", type=int, default=1)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--checks", action="store_true", help="also a pair with the preflight (orch up without --skip-checks)")
+    ap.add_argument(
+        "--checks", action="store_true", help="also a pair with the preflight (orch up without --skip-checks)"
+    )
     ap.add_argument("--quick", action="store_true", help="2 nodes x 1 process, one repetition")
     args = ap.parse_args(argv)
     if args.quick:
@@ -75,23 +77,37 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     base = short_dir("l")
     bed: PodmanBed | None = None
     try:
-        with tempfile.TemporaryDirectory(prefix="orch-bench-") as tmp, \
-                TestCluster(KeyStore(Path(tmp) / "keys"), n=args.nodes, mode="loopback",
-                            root=Path(tmp) / "c") as cluster:
+        with (
+            tempfile.TemporaryDirectory(prefix="orch-bench-") as tmp,
+            TestCluster(KeyStore(Path(tmp) / "keys"), n=args.nodes, mode="loopback", root=Path(tmp) / "c") as cluster,
+        ):
             bed = start_podman_bed(cluster, image, base)
-            job = {"workdir": "/tmp", "nproc_per_node": args.nproc, "module": None, "script": JOB,
-                   "args": {"steps": 1, "sleep": 0}}
-            container = {"runtime": "podman", "image": IMAGE, "python": sys.executable, "user": "root",
-                         "mounts": [m for m in python_mounts(sys.executable) if m != "/tmp"],
-                         "options": sandbox_options()}
+            job = {
+                "workdir": "/tmp",
+                "nproc_per_node": args.nproc,
+                "module": None,
+                "script": JOB,
+                "args": {"steps": 1, "sleep": 0},
+            }
+            container = {
+                "runtime": "podman",
+                "image": IMAGE,
+                "python": sys.executable,
+                "user": "root",
+                "mounts": [m for m in python_mounts(sys.executable) if m != "/tmp"],
+                "options": sandbox_options(),
+            }
             port = job_port()
             own = {**container, "options": [*container["options"], f"--cgroup-parent={CGROUP_PARENT}"]}
-            invs = {"bare": cluster.write_inventory(Path(tmp) / "bare.yaml", env=ENV, master={"port": port}, job=job),
-                    "container": cluster.write_inventory(Path(tmp) / "container.yaml", env=ENV, master={"port": port},
-                                                         job={**job, "container": own}),
-                    "container_shared_group": cluster.write_inventory(
-                        Path(tmp) / "shared.yaml", env=ENV, master={"port": port},
-                        job={**job, "container": container})}
+            invs = {
+                "bare": cluster.write_inventory(Path(tmp) / "bare.yaml", env=ENV, master={"port": port}, job=job),
+                "container": cluster.write_inventory(
+                    Path(tmp) / "container.yaml", env=ENV, master={"port": port}, job={**job, "container": own}
+                ),
+                "container_shared_group": cluster.write_inventory(
+                    Path(tmp) / "shared.yaml", env=ENV, master={"port": port}, job={**job, "container": container}
+                ),
+            }
             homes = {side: Path(tmp) / f"home-{side}" for side in invs}
             phases: dict[str, list[dict[str, float]]] = {side: [] for side in invs}
             failures: list[str] = []
@@ -99,20 +115,31 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             def up(side: str, *flags: str) -> Callable[[], None]:
                 def run() -> None:
                     env = {**os.environ, "ORCH_HOME": str(homes[side]), "NO_COLOR": "1"}
-                    p = subprocess.run([sys.executable, "-m", "orchestrator", "up", str(invs[side]), *flags],
-                                       env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                       timeout=600)
+                    p = subprocess.run(
+                        [sys.executable, "-m", "orchestrator", "up", str(invs[side]), *flags],
+                        env=env,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.PIPE,
+                        text=True,
+                        timeout=600,
+                    )
                     ended = time.time()
                     if p.returncode:
-                        failures.append(f"{side} {' '.join(flags)}: orch up exited {p.returncode}:\n"
-                                        + "\n".join(p.stderr.splitlines()[-30:]))
+                        failures.append(
+                            f"{side} {' '.join(flags)}: orch up exited {p.returncode}:\n"
+                            + "\n".join(p.stderr.splitlines()[-30:])
+                        )
                     elif flags:
                         phases[side].append(orch_phases(homes[side], ended))
+
                 return run
 
             times = side_by_side({side: up(side, "--skip-checks") for side in invs}, reps=args.reps, warmup=1)
-            checked = (side_by_side({"container": up("container"), "bare": up("bare")}, reps=args.reps, warmup=0)
-                       if args.checks else None)
+            checked = (
+                side_by_side({"container": up("container"), "bare": up("bare")}, reps=args.reps, warmup=0)
+                if args.checks
+                else None
+            )
             left = bed.all_containers("orch.run")
     finally:
         if bed is not None:
@@ -121,24 +148,52 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if failures:
         raise SystemExit("launch_latency_container: a launch failed\n" + "\n\n".join(failures))
     c, b = times["container"]["median_s"], times["bare"]["median_s"]
-    breakdown = {side: {k: statistics.median(ph[k] for ph in samples[-args.reps:]) for k in samples[0]}
-                 for side, samples in phases.items()}
+    breakdown = {
+        side: {k: statistics.median(ph[k] for ph in samples[-args.reps :]) for k in samples[0]}
+        for side, samples in phases.items()
+    }
     what = f"orch up --skip-checks in podman containers vs bare, {args.nodes} nodes x {args.nproc}"
     summary = [{"what": what, "orch": c, "peer": b, "ratio": c / b, "goal": f"<= {GOAL}", "met": c / b <= GOAL}]
     cs = times["container_shared_group"]["median_s"]
-    summary.append({"what": f"the same, the containers in podman's one default CPU cgroup (libpod_parent), {args.nodes} "
-                            f"nodes x {args.nproc}", "orch": cs, "peer": b, "ratio": cs / b, "goal": "report",
-                    "met": None})
+    summary.append(
+        {
+            "what": f"the same, the containers in podman's one default CPU cgroup (libpod_parent), {args.nodes} "
+            f"nodes x {args.nproc}",
+            "orch": cs,
+            "peer": b,
+            "ratio": cs / b,
+            "goal": "report",
+            "met": None,
+        }
+    )
     if checked:
         cc, cb = checked["container"]["median_s"], checked["bare"]["median_s"]
-        summary.append({"what": f"orch up (preflight included) in podman containers vs bare, {args.nodes} nodes x "
-                                f"{args.nproc}", "orch": cc, "peer": cb, "ratio": cc / cb, "goal": "report", "met": None})
-    print(f"launch_latency_container: {args.nodes} nodes x {args.nproc}: container {c:.2f}s, bare {b:.2f}s, ratio "
-          f"{c / b:.2f}; phases (median s): " + "; ".join(
-              f"{side} " + ", ".join(f"{k} {v:.2f}" for k, v in ph.items()) for side, ph in breakdown.items()))
-    result = {"nodes": args.nodes, "nproc_per_node": args.nproc, "reps": args.reps, "times": times,
-              "times_with_checks": checked, "phases_s": breakdown, "phases_samples": phases,
-              "containers_left": left, "summary": summary}
+        summary.append(
+            {
+                "what": f"orch up (preflight included) in podman containers vs bare, {args.nodes} nodes x {args.nproc}",
+                "orch": cc,
+                "peer": cb,
+                "ratio": cc / cb,
+                "goal": "report",
+                "met": None,
+            }
+        )
+    print(
+        f"launch_latency_container: {args.nodes} nodes x {args.nproc}: container {c:.2f}s, bare {b:.2f}s, ratio "
+        f"{c / b:.2f}; phases (median s): "
+        + "; ".join(f"{side} " + ", ".join(f"{k} {v:.2f}" for k, v in ph.items()) for side, ph in breakdown.items())
+    )
+    result = {
+        "nodes": args.nodes,
+        "nproc_per_node": args.nproc,
+        "reps": args.reps,
+        "times": times,
+        "times_with_checks": checked,
+        "phases_s": breakdown,
+        "phases_samples": phases,
+        "containers_left": left,
+        "summary": summary,
+    }
     write("launch_latency_container", result)
     return result
 

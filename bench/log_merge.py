@@ -95,8 +95,7 @@ def timed(fn: Callable[[], int], reps: int, warmup: Callable[[], int] | None = N
         count = fn()
         times.append(time.perf_counter() - start)
     med = statistics.median(times)
-    return {"median_s": round(med, 4), "min_s": round(min(times), 4), "lines": count,
-            "lines_per_s": round(count / med)}
+    return {"median_s": round(med, 4), "min_s": round(min(times), 4), "lines": count, "lines_per_s": round(count / med)}
 
 
 def merge_raw(files: list[Path]) -> int:
@@ -116,8 +115,10 @@ def merge_raw(files: list[Path]) -> int:
 
 
 def _streams(files: list[Path]) -> list[Iterator[LogLine]]:
-    return [read_node_lines(open(f, encoding="utf-8", newline="\n"), f"node{i:02d}", i, i * 8)  # noqa: SIM115
-            for i, f in enumerate(files)]
+    return [
+        read_node_lines(open(f, encoding="utf-8", newline="\n"), f"node{i:02d}", i, i * 8)  # noqa: SIM115
+        for i, f in enumerate(files)
+    ]
 
 
 def merge_parsed(files: list[Path]) -> int:
@@ -174,21 +175,38 @@ def orch_logs_general(files: list[Path]) -> int:
 def throughput(base: Path, nodes: int, lines: int, reps: int) -> dict[str, object]:
     files = dataset(base, nodes, lines)
     total = nodes * lines
-    sort_fn = lambda: (subprocess.run(["sort", "-m", "-o", "/dev/null", *map(str, files)], check=True,  # noqa: E731
-                                      env={**os.environ, "LC_ALL": "C"}), total)[1]
-    result: dict[str, object] = {"nodes": nodes, "lines_per_node": lines, "total_lines": total,
-                                 "bytes": sum(f.stat().st_size for f in files)}
+    sort_fn = lambda: (
+        subprocess.run(
+            ["sort", "-m", "-o", "/dev/null", *map(str, files)],
+            check=True,  # noqa: E731
+            env={**os.environ, "LC_ALL": "C"},
+        ),
+        total,
+    )[1]
+    result: dict[str, object] = {
+        "nodes": nodes,
+        "lines_per_node": lines,
+        "total_lines": total,
+        "bytes": sum(f.stat().st_size for f in files),
+    }
     result["sort_m"] = timed(sort_fn, reps)
-    for name, fn in (("merge_raw", merge_raw), ("merge_parsed", merge_parsed), ("orch_logs", orch_logs),
-                     ("orch_logs_python", orch_logs_python), ("orch_logs_general", orch_logs_general)):
+    for name, fn in (
+        ("merge_raw", merge_raw),
+        ("merge_parsed", merge_parsed),
+        ("orch_logs", orch_logs),
+        ("orch_logs_python", orch_logs_python),
+        ("orch_logs_general", orch_logs_general),
+    ):
         # The files are in the page cache already (sort -m's warm-up read them all); warming
         # the Python code up on two files is enough and keeps a 32-node run within minutes.
         r = timed(functools.partial(fn, files), reps, warmup=functools.partial(fn, files[:2]))
         assert r["lines"] == total, f"{name} produced {r['lines']} of {total} lines"
         r["ratio_to_sort_m"] = round(r["median_s"] / result["sort_m"]["median_s"], 2)  # type: ignore[index]
         result[name] = r
-        print(f"  {nodes:2d} nodes: {name:13s} {r['lines_per_s']:>10,} lines/s  "
-              f"{r['ratio_to_sort_m']}x sort -m", flush=True)
+        print(
+            f"  {nodes:2d} nodes: {name:13s} {r['lines_per_s']:>10,} lines/s  {r['ratio_to_sort_m']}x sort -m",
+            flush=True,
+        )
     print(f"  {nodes:2d} nodes: sort -m       {result['sort_m']['lines_per_s']:>10,} lines/s", flush=True)  # type: ignore[index]
     return result
 
@@ -242,9 +260,14 @@ def follow_memory(base: Path, nodes: int, live_s: float, catchup_lines: int) -> 
 
     out: dict[str, object] = {"nodes": nodes, "rss_before_mb": round(rss_mb(), 1)}
     for scenario in ("live", "catchup"):
-        text = json.dumps({"name": f"bench-{scenario}", "transport": "local",
-                           "nodes": [{"host": f"n{i:02d}", "gpus": 8} for i in range(nodes)],
-                           "job": {"python": sys.executable, "run_root": str(base / f"noderuns-{scenario}")}})
+        text = json.dumps(
+            {
+                "name": f"bench-{scenario}",
+                "transport": "local",
+                "nodes": [{"host": f"n{i:02d}", "gpus": 8} for i in range(nodes)],
+                "job": {"python": sys.executable, "run_root": str(base / f"noderuns-{scenario}")},
+            }
+        )
         inv = parse(text, "bench.yaml")
         run = RunStore().create(inv, f"{scenario}-{int(time.time())}")
         dirs = [os.path.expanduser(remote_dir(inv, n, run.run_id)) for n in inv.nodes]
@@ -276,10 +299,13 @@ def follow_memory(base: Path, nodes: int, live_s: float, catchup_lines: int) -> 
         sampler.join()
         if writer is not None:
             writer.wait()
-        out[scenario] = {"lines": n, "seconds": round(time.monotonic() - start, 1),
-                         "peak_rss_mb": round(max(peak), 1),
-                         **({"median_lag_s": round(statistics.median(lag), 3)} if lag else {}),
-                         **({"lines_per_node_existing": catchup_lines} if scenario == "catchup" else {})}
+        out[scenario] = {
+            "lines": n,
+            "seconds": round(time.monotonic() - start, 1),
+            "peak_rss_mb": round(max(peak), 1),
+            **({"median_lag_s": round(statistics.median(lag), 3)} if lag else {}),
+            **({"lines_per_node_existing": catchup_lines} if scenario == "catchup" else {}),
+        }
         print(f"  follow {nodes} nodes, {scenario}: {out[scenario]}", flush=True)
     out["ru_maxrss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     return out
@@ -289,11 +315,17 @@ def merge_rss(base: Path, nodes: int, lines: int) -> float:
     """Peak RSS (MB) of a fresh process running the `orch logs` path once over these files."""
     # VmHWM, not ru_maxrss: Linux carries the parent's high-water mark over a vfork and exec into
     # the child's ru_maxrss, so a fresh process started from this one would report our own peak.
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from bench.log_merge import dataset, orch_logs, peak_rss_mb; "
-            "from pathlib import Path; orch_logs(dataset(Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))); "
-            "print(peak_rss_mb())")
-    out = subprocess.run([sys.executable, "-c", code, str(ROOT), str(base), str(nodes), str(lines)],
-                         check=True, capture_output=True, text=True).stdout
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from bench.log_merge import dataset, orch_logs, peak_rss_mb; "
+        "from pathlib import Path; orch_logs(dataset(Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))); "
+        "print(peak_rss_mb())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(ROOT), str(base), str(nodes), str(lines)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     rss = round(float(out.split()[-1]), 1)
     print(f"  {nodes:2d} nodes: orch_logs peak RSS {rss} MB (a fresh process, {nodes * lines:,} lines)", flush=True)
     return rss
@@ -303,22 +335,45 @@ def summary_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     """The rows bench/summary.md shows: merge ratios against `sort -m`, and follow memory."""
     rows: list[dict[str, Any]] = []
     for t in results["throughput"]:
-        for key, what in (("orch_logs", "orch logs (read, render columns, merge, write)"),
-                          ("orch_logs_python", "orch logs without the C merge (pure-Python block merge)"),
-                          ("orch_logs_general", "general path: LogLine per line, heap merge, format (reference)"),
-                          ("merge_raw", "text merge on the timestamp (reference)")):
+        for key, what in (
+            ("orch_logs", "orch logs (read, render columns, merge, write)"),
+            ("orch_logs_python", "orch logs without the C merge (pure-Python block merge)"),
+            ("orch_logs_general", "general path: LogLine per line, heap merge, format (reference)"),
+            ("merge_raw", "text merge on the timestamp (reference)"),
+        ):
             r = t[key]
-            rows.append({"what": f"{what} vs sort -m, {t['nodes']} nodes x {t['lines_per_node']} lines",
-                         "orch": r["median_s"], "peer": t["sort_m"]["median_s"], "ratio": r["ratio_to_sort_m"],
-                         "goal": "<= 2" if key == "orch_logs" else "report",
-                         "met": r["ratio_to_sort_m"] <= 2 if key == "orch_logs" else None})
-        rows.append({"what": f"orch logs peak RSS MB, {t['nodes']} nodes x {t['lines_per_node']} lines",
-                     "orch": t["orch_logs_peak_rss_mb"], "peer": None, "ratio": None,
-                     "goal": "report (constant in the number of lines)", "met": None})
+            rows.append(
+                {
+                    "what": f"{what} vs sort -m, {t['nodes']} nodes x {t['lines_per_node']} lines",
+                    "orch": r["median_s"],
+                    "peer": t["sort_m"]["median_s"],
+                    "ratio": r["ratio_to_sort_m"],
+                    "goal": "<= 2" if key == "orch_logs" else "report",
+                    "met": r["ratio_to_sort_m"] <= 2 if key == "orch_logs" else None,
+                }
+            )
+        rows.append(
+            {
+                "what": f"orch logs peak RSS MB, {t['nodes']} nodes x {t['lines_per_node']} lines",
+                "orch": t["orch_logs_peak_rss_mb"],
+                "peer": None,
+                "ratio": None,
+                "goal": "report (constant in the number of lines)",
+                "met": None,
+            }
+        )
     mem = results["follow_memory"]
     peak = max(mem["live"]["peak_rss_mb"], mem["catchup"]["peak_rss_mb"])
-    rows.append({"what": f"controller RSS MB following {mem['nodes']} nodes (live / catching up)",
-                 "orch": peak, "peer": 150.0, "ratio": peak / 150.0, "goal": "< 150 MB", "met": peak < 150})
+    rows.append(
+        {
+            "what": f"controller RSS MB following {mem['nodes']} nodes (live / catching up)",
+            "orch": peak,
+            "peer": 150.0,
+            "ratio": peak / 150.0,
+            "goal": "< 150 MB",
+            "met": peak < 150,
+        }
+    )
     return rows
 
 
@@ -339,7 +394,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     base.mkdir(exist_ok=True)
     results: dict[str, object] = {
         "machine": {**machine(), "loadavg_at_start": os.getloadavg()},
-        "params": vars(args), "throughput": [],
+        "params": vars(args),
+        "throughput": [],
     }
     # Memory first, in a process that has merged nothing yet: the throughput runs below leave
     # their freed blocks in the allocator, which would count against the follower.
@@ -349,8 +405,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for d in base.glob("noderuns-*"):
         shutil.rmtree(d, ignore_errors=True)
     results["follow_memory"] = follow_memory(base, args.follow_nodes, args.live_seconds, args.catchup_lines)
-    print(f"merge throughput (median of {args.reps} runs, {args.big_reps} for 16+ nodes, after a warm-up):",
-          flush=True)
+    print(f"merge throughput (median of {args.reps} runs, {args.big_reps} for 16+ nodes, after a warm-up):", flush=True)
     for nodes in (int(x) for x in args.nodes.split(",")):
         reps = args.big_reps if nodes >= 16 else args.reps
         results["throughput"].append(throughput(base, nodes, args.lines, reps))  # type: ignore[attr-defined]

@@ -32,14 +32,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-PEAK = ("import atexit, sys\n"
-        "def peak():\n"
-        "    for ln in open('/proc/self/status'):\n"
-        "        if ln.startswith('VmHWM:'):\n"
-        "            sys.stderr.write('\\nPEAK_KB ' + ln.split()[1] + '\\n')\n"
-        "atexit.register(peak)\n"
-        "from orchestrator.cli import main\n"
-        "main(sys.argv[1:])\n")
+PEAK = (
+    "import atexit, sys\n"
+    "def peak():\n"
+    "    for ln in open('/proc/self/status'):\n"
+    "        if ln.startswith('VmHWM:'):\n"
+    "            sys.stderr.write('\\nPEAK_KB ' + ln.split()[1] + '\\n')\n"
+    "atexit.register(peak)\n"
+    "from orchestrator.cli import main\n"
+    "main(sys.argv[1:])\n"
+)
 """`python -c PEAK ARGS...` is `orch ARGS...` that writes its own peak RSS on stderr as it exits."""
 
 TS0 = 1_796_000_000.0
@@ -63,13 +65,37 @@ def _stamp(ts: float) -> str:
 
 
 def _telemetry(ranks: list[int]) -> str:
-    gpus: list[dict[str, Any]] = [{"index": i, "uuid": f"GPU-{i:08x}", "name": "NVIDIA H100 80GB HBM3", "util_pct": 97.0,
-             "mem_used_mb": 61234, "mem_total_mb": 81559, "temp_c": 61.0, "power_w": 512.3, "sm_mhz": 1980,
-             "throttle": [], "fan_pct": None, "error": None} for i in range(len(ranks))]
-    sample = {"v": 1, "gpus": gpus, "gpu_error": None, "cpu_pct": 41.5, "load1": 9.8, "ncpu": 64,
-              "mem_used_mb": 210455, "mem_total_mb": 515000,
-              "ranks": [{"rank": r, "local_rank": i, "pid": 4000 + r, "cpu_pct": 101.2, "rss_mb": 6120.4}
-                        for i, r in enumerate(ranks)]}
+    gpus: list[dict[str, Any]] = [
+        {
+            "index": i,
+            "uuid": f"GPU-{i:08x}",
+            "name": "NVIDIA H100 80GB HBM3",
+            "util_pct": 97.0,
+            "mem_used_mb": 61234,
+            "mem_total_mb": 81559,
+            "temp_c": 61.0,
+            "power_w": 512.3,
+            "sm_mhz": 1980,
+            "throttle": [],
+            "fan_pct": None,
+            "error": None,
+        }
+        for i in range(len(ranks))
+    ]
+    sample = {
+        "v": 1,
+        "gpus": gpus,
+        "gpu_error": None,
+        "cpu_pct": 41.5,
+        "load1": 9.8,
+        "ncpu": 64,
+        "mem_used_mb": 210455,
+        "mem_total_mb": 515000,
+        "ranks": [
+            {"rank": r, "local_rank": i, "pid": 4000 + r, "cpu_pct": 101.2, "rss_mb": 6120.4}
+            for i, r in enumerate(ranks)
+        ],
+    }
     return "telemetry " + json.dumps(sample, separators=(",", ":"))
 
 
@@ -88,25 +114,42 @@ def node_log(path: Path, node_rank: int, ranks: int, world: int, megabytes: floa
             out = []
             for i, r in enumerate(mine):
                 compute = 1.0 + 0.01 * ((window * 7 + r) % 5)
-                out.append(f"{_stamp(ts + 0.0001 * r)} out [default{i}]:[rank {r}] "
-                           + timing_line(epoch, batch, 10, 80, 0.012, compute, 2.05))
+                out.append(
+                    f"{_stamp(ts + 0.0001 * r)} out [default{i}]:[rank {r}] "
+                    + timing_line(epoch, batch, 10, 80, 0.012, compute, 2.05)
+                )
                 if r % 4 == 0:
-                    out.append(f"{_stamp(ts + 0.0002 * r)} err [default{i}]:[rank {r}] UserWarning: "
-                               f"this DataLoader will create 8 worker processes in total (window {window})")
+                    out.append(
+                        f"{_stamp(ts + 0.0002 * r)} err [default{i}]:[rank {r}] UserWarning: "
+                        f"this DataLoader will create 8 worker processes in total (window {window})"
+                    )
             if window % 2 == 0:
                 out.append(f"{_stamp(ts + 0.5)} orch {telemetry}")
             if node_rank == 0:
-                out.append(f"{_stamp(ts + 0.001)} out [default0]:[rank 0] "
-                           + step_line(epoch, 99, batch, 10 * WINDOWS_PER_EPOCH, {"box_loss": 1.2345, "cls_loss": 2.1,
-                                                                                 "dfl_loss": 1.05}, 0.00123, 512.3, 0.04))
+                out.append(
+                    f"{_stamp(ts + 0.001)} out [default0]:[rank 0] "
+                    + step_line(
+                        epoch,
+                        99,
+                        batch,
+                        10 * WINDOWS_PER_EPOCH,
+                        {"box_loss": 1.2345, "cls_loss": 2.1, "dfl_loss": 1.05},
+                        0.00123,
+                        512.3,
+                        0.04,
+                    )
+                )
                 if window % WINDOWS_PER_EPOCH == 0:
                     table = throughput_table(epoch, [[80.0, 0.012, 2.05]] * world, None).splitlines()
                     out += [f"{_stamp(ts + 0.6)} out [default0]:[rank 0] {t}" for t in table]
-                    out.append(f"{_stamp(ts + 0.7)} out [default0]:[rank 0] "
-                               + epoch_line(epoch, 99, {"box_loss": 1.2, "cls_loss": 2.0, "dfl_loss": 1.0},
-                                            {"lr/pg0": 0.001}))
-                    out.append(f"{_stamp(ts + 1.5)} out [default0]:[rank 0] "
-                               + val_line(epoch, 99, {"metrics/mAP50(B)": 0.5, "metrics/mAP50-95(B)": 0.3}))
+                    out.append(
+                        f"{_stamp(ts + 0.7)} out [default0]:[rank 0] "
+                        + epoch_line(epoch, 99, {"box_loss": 1.2, "cls_loss": 2.0, "dfl_loss": 1.0}, {"lr/pg0": 0.001})
+                    )
+                    out.append(
+                        f"{_stamp(ts + 1.5)} out [default0]:[rank 0] "
+                        + val_line(epoch, 99, {"metrics/mAP50(B)": 0.5, "metrics/mAP50-95(B)": 0.3})
+                    )
             text = "\n".join(out) + "\n"
             fh.write(text)
             size += len(text.encode())
@@ -121,14 +164,37 @@ def write_run(home: Path, nodes: int, ranks: int, megabytes: float) -> str:
     for d in (home, home / "runs", run):
         d.chmod(0o700)
     names = [f"n{i + 1}" for i in range(nodes)]
-    (run / "inventory.yaml").write_text(INVENTORY.format(
-        nodes="\n".join(f"  - {{host: localhost, name: {n}}}" for n in names), ranks=ranks))
-    records = [{"node": n, "node_rank": i, "base_rank": i * ranks, "nproc": ranks, "host": "localhost",
-                "state": "succeeded", "exit_code": 0, "started_at": TS0, "finished_at": TS0 + 3600,
-                "remote_dir": str(home / "gone" / n), "python": "python3"} for i, n in enumerate(names)]
-    (run / "run.json").write_text(json.dumps({"run": run_id, "inventory": str(run / "inventory.yaml"),
-                                              "state": "succeeded", "created": TS0, "wall_s": 3600.0,
-                                              "nodes": records}))
+    (run / "inventory.yaml").write_text(
+        INVENTORY.format(nodes="\n".join(f"  - {{host: localhost, name: {n}}}" for n in names), ranks=ranks)
+    )
+    records = [
+        {
+            "node": n,
+            "node_rank": i,
+            "base_rank": i * ranks,
+            "nproc": ranks,
+            "host": "localhost",
+            "state": "succeeded",
+            "exit_code": 0,
+            "started_at": TS0,
+            "finished_at": TS0 + 3600,
+            "remote_dir": str(home / "gone" / n),
+            "python": "python3",
+        }
+        for i, n in enumerate(names)
+    ]
+    (run / "run.json").write_text(
+        json.dumps(
+            {
+                "run": run_id,
+                "inventory": str(run / "inventory.yaml"),
+                "state": "succeeded",
+                "created": TS0,
+                "wall_s": 3600.0,
+                "nodes": records,
+            }
+        )
+    )
     for i, n in enumerate(names):
         node_log(run / "nodes" / f"{n}.log", i, ranks, nodes * ranks, megabytes)
     return run_id
@@ -138,12 +204,22 @@ def measured(home: Path, *args: str) -> dict[str, Any]:
     """`orch ARGS` in a fresh process (stdout discarded): seconds, its own peak RSS (MB), exit code."""
     env = {**os.environ, "ORCH_HOME": str(home), "NO_COLOR": "1"}
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", PEAK, *args], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", PEAK, *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     seconds = time.perf_counter() - start
     kb = int(proc.stderr.rsplit("PEAK_KB ", 1)[1].split()[0]) if "PEAK_KB " in proc.stderr else 0
-    return {"seconds": round(seconds, 2), "peak_rss_mb": round(kb / 1024, 1), "exit_code": proc.returncode,
-            **({"stderr_tail": proc.stderr[-500:]} if proc.returncode not in (0, 1) else {})}
+    return {
+        "seconds": round(seconds, 2),
+        "peak_rss_mb": round(kb / 1024, 1),
+        "exit_code": proc.returncode,
+        **({"stderr_tail": proc.stderr[-500:]} if proc.returncode not in (0, 1) else {}),
+    }
 
 
 COMMANDS = {"report": ("report",), "top": ("top", "--once", "--json"), "logs": ("logs",)}
@@ -154,8 +230,7 @@ def one_size(base: Path, nodes: int, ranks: int, megabytes: float) -> dict[str, 
     start = time.perf_counter()
     run_id = write_run(home, nodes, ranks, megabytes)
     written = sum(p.stat().st_size for p in (home / "runs" / run_id / "nodes").glob("*.log"))
-    out: dict[str, Any] = {"mb_per_node": megabytes, "bytes": written,
-                           "write_s": round(time.perf_counter() - start, 1)}
+    out: dict[str, Any] = {"mb_per_node": megabytes, "bytes": written, "write_s": round(time.perf_counter() - start, 1)}
     for name, args in COMMANDS.items():
         out[name] = measured(home, args[0], run_id, *args[1:])
         print(f"  {nodes} x {megabytes:g} MB: orch {' '.join(args)}: {out[name]}", flush=True)
@@ -167,14 +242,27 @@ def summary_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for name in ("report", "top"):
         ratio = big[name]["peak_rss_mb"] / max(1e-9, small[name]["peak_rss_mb"])
-        rows.append({"what": f"orch {name} peak RSS MB, {results['nodes']} x {big['mb_per_node']:g} MB node logs "
-                             f"(peer: the same at {small['mb_per_node']:g} MB)",
-                     "orch": big[name]["peak_rss_mb"], "peer": small[name]["peak_rss_mb"], "ratio": round(ratio, 3),
-                     "goal": "<= 1.25 (memory flat in log size)", "met": ratio <= 1.25})
-        rows.append({"what": f"orch {name} seconds vs orch logs, {results['nodes']} x {big['mb_per_node']:g} MB",
-                     "orch": big[name]["seconds"], "peer": big["logs"]["seconds"],
-                     "ratio": round(big[name]["seconds"] / max(1e-9, big["logs"]["seconds"]), 2),
-                     "goal": "report", "met": None})
+        rows.append(
+            {
+                "what": f"orch {name} peak RSS MB, {results['nodes']} x {big['mb_per_node']:g} MB node logs "
+                f"(peer: the same at {small['mb_per_node']:g} MB)",
+                "orch": big[name]["peak_rss_mb"],
+                "peer": small[name]["peak_rss_mb"],
+                "ratio": round(ratio, 3),
+                "goal": "<= 1.25 (memory flat in log size)",
+                "met": ratio <= 1.25,
+            }
+        )
+        rows.append(
+            {
+                "what": f"orch {name} seconds vs orch logs, {results['nodes']} x {big['mb_per_node']:g} MB",
+                "orch": big[name]["seconds"],
+                "peer": big["logs"]["seconds"],
+                "ratio": round(big[name]["seconds"] / max(1e-9, big["logs"]["seconds"]), 2),
+                "goal": "report",
+                "met": None,
+            }
+        )
     return rows
 
 

@@ -25,9 +25,11 @@ SIZES = (4, 64, 512)
 
 
 def inventory_text(n: int) -> str:
-    return (f"name: sim{n}\nnodes:\n  - host: gpu[{1:04d}-{n:04d}]\n    gpus: 8\n"
-            "env: {NCCL_SOCKET_IFNAME: ens2f1, NCCL_IB_HCA: mlx5_0}\n"
-            "job: {workdir: /w, args: {model: yolo12m.yaml, data: /d/coco.yaml, batch: 4096}}\n")
+    return (
+        f"name: sim{n}\nnodes:\n  - host: gpu[{1:04d}-{n:04d}]\n    gpus: 8\n"
+        "env: {NCCL_SOCKET_IFNAME: ens2f1, NCCL_IB_HCA: mlx5_0}\n"
+        "job: {workdir: /w, args: {model: yolo12m.yaml, data: /d/coco.yaml, batch: 4096}}\n"
+    )
 
 
 def plan_seconds(n: int, reps: int) -> float:
@@ -49,8 +51,15 @@ def merge_seconds(n: int, lines_per_node: int, reps: int) -> float | None:
 
     def stream(node: int) -> Iterator[Any]:
         for i in range(lines_per_node):
-            yield LogLine(ts=1_764_495_125.0 + i * 0.01 + node * 1e-6, node=f"gpu{node:04d}", node_rank=node,
-                          rank=node * 8, local_rank=0, stream="out", text="step")
+            yield LogLine(
+                ts=1_764_495_125.0 + i * 0.01 + node * 1e-6,
+                node=f"gpu{node:04d}",
+                node_rank=node,
+                rank=node * 8,
+                local_rank=0,
+                stream="out",
+                text="step",
+            )
 
     samples = []
     for _ in range(reps):
@@ -65,8 +74,11 @@ def node_lines(node: int, count: int) -> list[str]:
     """One node's node.log lines for the plain merges: 8 workers, 10 ms apart, nodes 1 µs apart."""
     from orchestrator.logs.lines import format_ts
 
-    return [f"{format_ts(1_764_495_125.0 + i * 0.01 + node * 1e-6)} out [default{i % 8}]:[rank {node * 8 + i % 8}] "
-            f"step {i}\n" for i in range(count)]
+    return [
+        f"{format_ts(1_764_495_125.0 + i * 0.01 + node * 1e-6)} out [default{i % 8}]:[rank {node * 8 + i % 8}] "
+        f"step {i}\n"
+        for i in range(count)
+    ]
 
 
 def plain_merge_seconds(n: int, lines_per_node: int, reps: int, block_lines: int = 500) -> float:
@@ -76,7 +88,7 @@ def plain_merge_seconds(n: int, lines_per_node: int, reps: int, block_lines: int
     texts = []
     for node in range(n):
         lines = node_lines(node, lines_per_node)
-        texts.append(["".join(lines[k:k + block_lines]) for k in range(0, lines_per_node, block_lines)])
+        texts.append(["".join(lines[k : k + block_lines]) for k in range(0, lines_per_node, block_lines)])
     nodes = [PlainNode(f"gpu{k:04d}", k * 8) for k in range(n)]
     widths = column_widths([p.node for p in nodes], 8 * n)
     samples = []
@@ -127,36 +139,82 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         plain_s = plain_merge_seconds(n, args.lines_per_node, args.reps)
         c_s = c_merge_seconds(n, args.lines_per_node, args.reps)
         total = n * args.lines_per_node
-        rows.append({"nodes": n, "plan_s": plan_s, "plan_us_per_node": plan_s / n * 1e6,
-                     "merge_s": merge_s,
-                     "merge_ns_per_line": None if merge_s is None else merge_s / total * 1e9,
-                     "plain_merge_s": plain_s, "plain_merge_ns_per_line": plain_s / total * 1e9,
-                     "c_merge_s": c_s, "c_merge_ns_per_line": None if c_s is None else c_s / total * 1e9})
-        print(f"scale: {n:4d} nodes  plan {plan_s * 1e3:8.2f} ms ({plan_s / n * 1e6:7.1f} us/node)"
-              + ("" if merge_s is None else f"  merge {merge_s:6.2f} s ({merge_s / total * 1e9:6.0f} ns/line)")
-              + f"  block merge {plain_s:6.2f} s ({plain_s / total * 1e9:6.0f} ns/line)"
-              + ("" if c_s is None else f"  C merge {c_s:6.3f} s ({c_s / total * 1e9:6.0f} ns/line)"), flush=True)
+        rows.append(
+            {
+                "nodes": n,
+                "plan_s": plan_s,
+                "plan_us_per_node": plan_s / n * 1e6,
+                "merge_s": merge_s,
+                "merge_ns_per_line": None if merge_s is None else merge_s / total * 1e9,
+                "plain_merge_s": plain_s,
+                "plain_merge_ns_per_line": plain_s / total * 1e9,
+                "c_merge_s": c_s,
+                "c_merge_ns_per_line": None if c_s is None else c_s / total * 1e9,
+            }
+        )
+        print(
+            f"scale: {n:4d} nodes  plan {plan_s * 1e3:8.2f} ms ({plan_s / n * 1e6:7.1f} us/node)"
+            + ("" if merge_s is None else f"  merge {merge_s:6.2f} s ({merge_s / total * 1e9:6.0f} ns/line)")
+            + f"  block merge {plain_s:6.2f} s ({plain_s / total * 1e9:6.0f} ns/line)"
+            + ("" if c_s is None else f"  C merge {c_s:6.3f} s ({c_s / total * 1e9:6.0f} ns/line)"),
+            flush=True,
+        )
     small, big = rows[0], rows[-1]
     growth = {"plan_per_node_ratio_512_vs_4": big["plan_us_per_node"] / small["plan_us_per_node"]}
     if big["merge_ns_per_line"] and small["merge_ns_per_line"]:
         growth["merge_per_line_ratio_512_vs_4"] = big["merge_ns_per_line"] / small["merge_ns_per_line"]
     growth["plain_merge_per_line_ratio_512_vs_4"] = big["plain_merge_ns_per_line"] / small["plain_merge_ns_per_line"]
-    summary = [{"what": "plan cost per node, 512 vs 4 nodes", "orch": growth["plan_per_node_ratio_512_vs_4"],
-                "peer": None, "ratio": growth["plan_per_node_ratio_512_vs_4"], "goal": "<= 1 (linear or better)",
-                "met": growth["plan_per_node_ratio_512_vs_4"] <= 1.0}]
+    summary = [
+        {
+            "what": "plan cost per node, 512 vs 4 nodes",
+            "orch": growth["plan_per_node_ratio_512_vs_4"],
+            "peer": None,
+            "ratio": growth["plan_per_node_ratio_512_vs_4"],
+            "goal": "<= 1 (linear or better)",
+            "met": growth["plan_per_node_ratio_512_vs_4"] <= 1.0,
+        }
+    ]
     if "merge_per_line_ratio_512_vs_4" in growth:
         r = growth["merge_per_line_ratio_512_vs_4"]
-        summary.append({"what": "merge cost per line, 512 vs 4 nodes", "orch": r, "peer": None, "ratio": r,
-                        "goal": "<= log2(512)/log2(4) = 4.5 (k-way heap)", "met": r <= 4.5})
+        summary.append(
+            {
+                "what": "merge cost per line, 512 vs 4 nodes",
+                "orch": r,
+                "peer": None,
+                "ratio": r,
+                "goal": "<= log2(512)/log2(4) = 4.5 (k-way heap)",
+                "met": r <= 4.5,
+            }
+        )
     r = growth["plain_merge_per_line_ratio_512_vs_4"]
-    summary.append({"what": "block merge (orch logs) cost per line, 512 vs 4 nodes", "orch": r, "peer": None,
-                    "ratio": r, "goal": "<= log2(512)/log2(4) = 4.5 (sort of sorted runs)", "met": r <= 4.5})
+    summary.append(
+        {
+            "what": "block merge (orch logs) cost per line, 512 vs 4 nodes",
+            "orch": r,
+            "peer": None,
+            "ratio": r,
+            "goal": "<= log2(512)/log2(4) = 4.5 (sort of sorted runs)",
+            "met": r <= 4.5,
+        }
+    )
     if big["c_merge_ns_per_line"] and small["c_merge_ns_per_line"]:
         r = growth["c_merge_per_line_ratio_512_vs_4"] = big["c_merge_ns_per_line"] / small["c_merge_ns_per_line"]
-        summary.append({"what": "C merge (orch logs where built) cost per line, 512 vs 4 nodes", "orch": r,
-                        "peer": None, "ratio": r, "goal": "<= log2(512)/log2(4) = 4.5 (k-way heap)", "met": r <= 4.5})
-    result = {"rows": rows, "growth": growth, "summary": summary,
-              "goal": "per-node plan cost and per-line merge cost stay flat or grow no faster than log(N)"}
+        summary.append(
+            {
+                "what": "C merge (orch logs where built) cost per line, 512 vs 4 nodes",
+                "orch": r,
+                "peer": None,
+                "ratio": r,
+                "goal": "<= log2(512)/log2(4) = 4.5 (k-way heap)",
+                "met": r <= 4.5,
+            }
+        )
+    result = {
+        "rows": rows,
+        "growth": growth,
+        "summary": summary,
+        "goal": "per-node plan cost and per-line merge cost stay flat or grow no faster than log(N)",
+    }
     write("scale.quick" if args.quick else "scale", result)
     return result
 

@@ -112,15 +112,23 @@ class Procs:
         self.grace_s = grace_s
         self.live: list[subprocess.Popen[bytes]] = []
 
-    def start(self, argv: Sequence[str], log: Path, env: Mapping[str, str], cwd: Path,
-              out: Path | None = None) -> subprocess.Popen[bytes]:
+    def start(
+        self, argv: Sequence[str], log: Path, env: Mapping[str, str], cwd: Path, out: Path | None = None
+    ) -> subprocess.Popen[bytes]:
         """Start ``argv``: its stderr (and its stdout unless ``out`` is given) to ``log``."""
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "wb") as fh, open(out or os.devnull, "wb") as fo:
             fh.write(("$ " + " ".join(argv) + "\n").encode())
             fh.flush()
-            p = subprocess.Popen(list(argv), stdout=fo if out else fh, stderr=fh if out else subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, env=dict(env), cwd=cwd, start_new_session=True)
+            p = subprocess.Popen(
+                list(argv),
+                stdout=fo if out else fh,
+                stderr=fh if out else subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=dict(env),
+                cwd=cwd,
+                start_new_session=True,
+            )
         self.live.append(p)
         return p
 
@@ -211,13 +219,22 @@ class StepContext:
         self.result.logs.append(str(path.relative_to(self.s.logs)))
         return path
 
-    def start(self, argv: Sequence[str], name: str, env: Mapping[str, str] | None = None,
-              cwd: Path | None = None) -> tuple[subprocess.Popen[bytes], Path]:
+    def start(
+        self, argv: Sequence[str], name: str, env: Mapping[str, str] | None = None, cwd: Path | None = None
+    ) -> tuple[subprocess.Popen[bytes], Path]:
         log = self.log_path(name)
         return self.s.procs.start(argv, log, {**self.s.env, **(env or {})}, cwd or self.s.cwd), log
 
-    def run(self, argv: Sequence[str], name: str, env: Mapping[str, str] | None = None, cwd: Path | None = None,
-            limit_s: float | None = None, json_stdout: bool = False, cleanup: bool = False) -> Ran:
+    def run(
+        self,
+        argv: Sequence[str],
+        name: str,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+        limit_s: float | None = None,
+        json_stdout: bool = False,
+        cleanup: bool = False,
+    ) -> Ran:
         """Run a command to its end, or stop it at the step's deadline, or after ``limit_s``
         (then StepTimeout). ``json_stdout``: its stdout goes to a file of its own (``Ran.stdout``).
         ``cleanup``: a teardown command (``orch down``) that runs ``limit_s`` even past the deadline."""
@@ -227,13 +244,17 @@ class StepContext:
         log = self.log_path(name)
         out = log.with_suffix(".json") if json_stdout else None
         p = self.s.procs.start(argv, log, {**self.s.env, **(env or {})}, cwd or self.s.cwd, out=out)
-        deadline = (t0 + limit_s if cleanup else min(self.deadline, t0 + limit_s)) if limit_s is not None \
-            else self.deadline
+        deadline = (
+            (t0 + limit_s if cleanup else min(self.deadline, t0 + limit_s)) if limit_s is not None else self.deadline
+        )
         code = self.s.procs.wait(p, deadline)
         if code is None:
             self.s.procs.stop(p)
-            why = f"after {limit_s:.0f} s" if limit_s is not None and (cleanup or deadline < self.deadline) \
+            why = (
+                f"after {limit_s:.0f} s"
+                if limit_s is not None and (cleanup or deadline < self.deadline)
                 else f"at {self.limit}"
+            )
             raise StepTimeout(f"{name} still running {why}: stopped")
         self.s.procs.live.remove(p)
         return Ran(list(argv), code, self.s.clock() - t0, log, out)
@@ -271,9 +292,13 @@ class Step:
     requires: tuple[str, ...] = ()
 
 
-def run_steps(steps: Sequence[Step], session: Session, total_s: float,
-              budgets: Mapping[str, float] | None = None,
-              on_result: Callable[[list[StepResult]], None] | None = None) -> list[StepResult]:
+def run_steps(
+    steps: Sequence[Step],
+    session: Session,
+    total_s: float,
+    budgets: Mapping[str, float] | None = None,
+    on_result: Callable[[list[StepResult]], None] | None = None,
+) -> list[StepResult]:
     """Run each step in order under its budget and the whole run's; every step becomes a result.
 
     A step whose required steps did not pass, or that would start after the whole budget is
@@ -347,8 +372,10 @@ def table(results: Sequence[StepResult], doc: Mapping[str, Any], width: int = 10
     """The short table printed last: one row per step (its result cut to ``width``, the parts it
     skipped here named after it, within a third of it), then the goals."""
     c = doc["counts"]
-    head = (f"{doc['benchmark']} ({doc['mode']}): {len(results)} steps, {c['pass']} pass, {c['fail']} fail, "
-            f"{c['timeout']} timeout, {c['skip']} skip; {doc['wall_s']:.0f} s of {doc['budget_s']:.0f} s")
+    head = (
+        f"{doc['benchmark']} ({doc['mode']}): {len(results)} steps, {c['pass']} pass, {c['fail']} fail, "
+        f"{c['timeout']} timeout, {c['skip']} skip; {doc['wall_s']:.0f} s of {doc['budget_s']:.0f} s"
+    )
     lines = [head, f"{'step':<12} {'status':<8} {'time':>7} {'budget':>7}  result"]
     for r in results:
         note = f" [skipped here: {', '.join(r.skipped)}]" if r.skipped and r.status != "skip" else ""

@@ -43,17 +43,23 @@ def short_label(text: str, width: int = 80) -> str:
     if len(text) <= width:
         return text
     keep = width - 1
-    return text[: keep - keep // 3] + "…" + text[len(text) - keep // 3:]
+    return text[: keep - keep // 3] + "…" + text[len(text) - keep // 3 :]
 
 
 def write_summary() -> Path:
     table = rows()
-    lines = [f"Measured on: {machine_line()}", "",
-             "| benchmark | what | orch | peer | ratio | goal | met |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Measured on: {machine_line()}",
+        "",
+        "| benchmark | what | orch | peer | ratio | goal | met |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in table:
         met = {True: "yes", False: "no"}.get(r.get("met"), "")
-        lines.append(f"| {r['benchmark']} | {r.get('what', '')} | {fmt(r.get('orch'))} | {fmt(r.get('peer'))} | "
-                     f"{fmt(r.get('ratio'))} | {r.get('goal', '')} | {met} |")
+        lines.append(
+            f"| {r['benchmark']} | {r.get('what', '')} | {fmt(r.get('orch'))} | {fmt(r.get('peer'))} | "
+            f"{fmt(r.get('ratio'))} | {r.get('goal', '')} | {met} |"
+        )
     path = RESULTS / "summary.md"
     path.write_text("\n".join(lines) + "\n")
     plotted = [r for r in table if isinstance(r.get("ratio"), (int, float))]

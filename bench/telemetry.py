@@ -59,14 +59,44 @@ print(n)
 
 def trainer_ips(data: Path, out: Path, epochs: int, batch: int, imgsz: int, every: float | None) -> float:
     env = dict(os.environ, OMP_NUM_THREADS="1", PATH=f"{FAKE_SMI}{os.pathsep}{os.environ['PATH']}")
-    cmd = [sys.executable, "-m", "trainer", "--model", "yolo12n.yaml", "--data", str(data), "--epochs", str(epochs),
-           "--batch", str(batch), "--imgsz", str(imgsz), "--workers", "0", "--val-period", "0", "--device", "cpu",
-           "--project", str(out.parent), "--name", out.name, "--close-mosaic", "0", "--seed", "0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "trainer",
+        "--model",
+        "yolo12n.yaml",
+        "--data",
+        str(data),
+        "--epochs",
+        str(epochs),
+        "--batch",
+        str(batch),
+        "--imgsz",
+        str(imgsz),
+        "--workers",
+        "0",
+        "--val-period",
+        "0",
+        "--device",
+        "cpu",
+        "--project",
+        str(out.parent),
+        "--name",
+        out.name,
+        "--close-mosaic",
+        "0",
+        "--seed",
+        "0",
+    ]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     sampler = None
     if every is not None:
-        sampler = subprocess.Popen([sys.executable, "-c", SAMPLER, str(ROOT), str(proc.pid), str(every)], env=env,
-                                   stdout=subprocess.PIPE, text=True)
+        sampler = subprocess.Popen(
+            [sys.executable, "-c", SAMPLER, str(ROOT), str(proc.pid), str(every)],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
     _out, err = proc.communicate()
     if proc.returncode:
         raise SystemExit(f"trainer failed: {err[-3000:]}")
@@ -91,10 +121,17 @@ def sampler_cpu(samples: int) -> dict[str, float]:
     for _ in range(samples):
         telemetry.line(s.sample())
     t1, c1 = time.perf_counter(), os.times()
-    cpu = (c1.user - c0.user) + (c1.system - c0.system) + (c1.children_user - c0.children_user) + \
-        (c1.children_system - c0.children_system)
-    return {"cpu_s_per_sample": cpu / samples, "wall_s_per_sample": (t1 - t0) / samples,
-            "share_of_one_core_at_10s": cpu / samples / 10.0}
+    cpu = (
+        (c1.user - c0.user)
+        + (c1.system - c0.system)
+        + (c1.children_user - c0.children_user)
+        + (c1.children_system - c0.children_system)
+    )
+    return {
+        "cpu_s_per_sample": cpu / samples,
+        "wall_s_per_sample": (t1 - t0) / samples,
+        "share_of_one_core_at_10s": cpu / samples / 10.0,
+    }
 
 
 def pace_cost(reps: int) -> dict[str, float]:
@@ -163,9 +200,14 @@ def follow_rss(base: Path, nodes: int, seconds: float, with_telemetry: bool) -> 
     from orchestrator.store import RunStore, remote_dir
     from orchestrator.transport import Cluster
 
-    text = json.dumps({"name": "bench-tel", "transport": "local",
-                       "nodes": [{"host": f"n{i:02d}", "gpus": 8} for i in range(nodes)],
-                       "job": {"python": sys.executable, "run_root": str(base / "noderuns")}})
+    text = json.dumps(
+        {
+            "name": "bench-tel",
+            "transport": "local",
+            "nodes": [{"host": f"n{i:02d}", "gpus": 8} for i in range(nodes)],
+            "job": {"python": sys.executable, "run_root": str(base / "noderuns")},
+        }
+    )
     inv = parse(text, "bench.yaml")
     run = RunStore().create(inv, f"tel-{int(time.time() * 1000)}")
     dirs = [os.path.expanduser(remote_dir(inv, n, run.run_id)) for n in inv.nodes]
@@ -177,8 +219,18 @@ def follow_rss(base: Path, nodes: int, seconds: float, with_telemetry: bool) -> 
         rows = list(csv.DictReader(fh))
     smi = base / "smi.csv"
     smi.write_text("\n".join(", ".join(r[f] for f in telemetry.GPU_FIELDS) for r in rows) + "\n")
-    writer = subprocess.Popen([sys.executable, "-c", APPENDER, ",".join(dirs), str(seconds),
-                               "1" if with_telemetry else "0", str(ROOT), str(smi)])
+    writer = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            APPENDER,
+            ",".join(dirs),
+            str(seconds),
+            "1" if with_telemetry else "0",
+            str(ROOT),
+            str(smi),
+        ]
+    )
     det = Detector(0.8, 3, nodes * 8)
     peak, stop = [rss_mb()], threading.Event()
 
@@ -205,8 +257,13 @@ def follow_rss(base: Path, nodes: int, seconds: float, with_telemetry: bool) -> 
     stop.set()
     t.join()
     writer.wait()
-    return {"lines": n, "samples": samples, "windows": windows, "judged": len(det.speeds),
-            "peak_rss_mb": round(max(peak), 1)}
+    return {
+        "lines": n,
+        "samples": samples,
+        "windows": windows,
+        "judged": len(det.speeds),
+        "peak_rss_mb": round(max(peak), 1),
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -240,21 +297,47 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ips[which].append(v)
             print(f"  trainer {which} sampling every {args.every:g} s: {v:.2f} images/s", flush=True)
         med = {k: statistics.median(v) for k, v in ips.items()}
-        results["throughput"] = {"images_per_s": ips, "median": med, "ratio": med["with"] / med["without"],
-                                 "every_s": args.every}
+        results["throughput"] = {
+            "images_per_s": ips,
+            "median": med,
+            "ratio": med["with"] / med["without"],
+            "every_s": args.every,
+        }
         results["sampler"] = sampler_cpu(5 if args.quick else 20)
         print(f"  sampler: {results['sampler']}", flush=True)
         pace = pace_cost(20000)
         step_s = 8 / med["without"]
-        results["pace"] = {**pace, "step_s": step_s, "share_per_step": (pace["per_step_s"] + pace["per_line_s"]) / step_s}
-        print(f"  pace: {pace['per_step_s'] * 1e6:.1f} µs per step, {pace['per_line_s'] * 1e6:.1f} µs per line; "
-              f"a step takes {step_s * 1e3:.0f} ms", flush=True)
+        results["pace"] = {
+            **pace,
+            "step_s": step_s,
+            "share_per_step": (pace["per_step_s"] + pace["per_line_s"]) / step_s,
+        }
+        print(
+            f"  pace: {pace['per_step_s'] * 1e6:.1f} µs per step, {pace['per_line_s'] * 1e6:.1f} µs per line; "
+            f"a step takes {step_s * 1e3:.0f} ms",
+            flush=True,
+        )
         follow: dict[str, Any] = {}
         for which in ("without", "with"):
-            out = subprocess.run([sys.executable, "-m", "bench.telemetry", "--child", which, "--base",
-                                  str(base / f"follow-{which}"), "--follow-nodes", str(args.follow_nodes),
-                                  "--follow-seconds", str(args.follow_seconds)],
-                                 cwd=ROOT, capture_output=True, text=True, check=True).stdout
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.telemetry",
+                    "--child",
+                    which,
+                    "--base",
+                    str(base / f"follow-{which}"),
+                    "--follow-nodes",
+                    str(args.follow_nodes),
+                    "--follow-seconds",
+                    str(args.follow_seconds),
+                ],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
             follow[which] = json.loads(out.strip().splitlines()[-1])
             print(f"  follow {args.follow_nodes} nodes {which} telemetry: {follow[which]}", flush=True)
         results["follow"] = {"nodes": args.follow_nodes, **follow}
@@ -272,19 +355,44 @@ def summary_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     tp, pace, follow = results["throughput"], results["pace"], results["follow"]
     at_default = 1 - (1 - tp["ratio"]) * tp["every_s"] / 10.0  # each sample costs the same: slowdown x rate
     return [
-        {"what": f"trainer images/s with the telemetry sampler every {tp['every_s']:g} s vs without",
-         "orch": tp["median"]["with"], "peer": tp["median"]["without"], "ratio": tp["ratio"],
-         "goal": ">= 0.99" if tp["every_s"] >= 10 else "report", **({"met": tp["ratio"] >= 0.99} if tp["every_s"] >= 10 else {})},
-        *([{"what": f"the same scaled to the default telemetry_s 10 (slowdown x {tp['every_s']:g} / 10)",
-            "orch": at_default, "goal": ">= 0.99", "met": at_default >= 0.99}] if tp["every_s"] < 10 else []),
-        {"what": "per-rank timing (trainer/pace.py) cost per step, share of a step", "orch": pace["share_per_step"],
-         "goal": "report"},
-        {"what": "one telemetry sample's CPU (sampler + fake nvidia-smi), share of one core at telemetry_s 10",
-         "orch": results["sampler"]["share_of_one_core_at_10s"], "goal": "report"},
-        {"what": f"controller RSS MB following {follow['nodes']} nodes with telemetry + detector vs without",
-         "orch": follow["with"]["peak_rss_mb"], "peer": follow["without"]["peak_rss_mb"],
-         "ratio": follow["with"]["peak_rss_mb"] / follow["without"]["peak_rss_mb"], "goal": "<= 50 MB",
-         "met": follow["with"]["peak_rss_mb"] <= 50},
+        {
+            "what": f"trainer images/s with the telemetry sampler every {tp['every_s']:g} s vs without",
+            "orch": tp["median"]["with"],
+            "peer": tp["median"]["without"],
+            "ratio": tp["ratio"],
+            "goal": ">= 0.99" if tp["every_s"] >= 10 else "report",
+            **({"met": tp["ratio"] >= 0.99} if tp["every_s"] >= 10 else {}),
+        },
+        *(
+            [
+                {
+                    "what": f"the same scaled to the default telemetry_s 10 (slowdown x {tp['every_s']:g} / 10)",
+                    "orch": at_default,
+                    "goal": ">= 0.99",
+                    "met": at_default >= 0.99,
+                }
+            ]
+            if tp["every_s"] < 10
+            else []
+        ),
+        {
+            "what": "per-rank timing (trainer/pace.py) cost per step, share of a step",
+            "orch": pace["share_per_step"],
+            "goal": "report",
+        },
+        {
+            "what": "one telemetry sample's CPU (sampler + fake nvidia-smi), share of one core at telemetry_s 10",
+            "orch": results["sampler"]["share_of_one_core_at_10s"],
+            "goal": "report",
+        },
+        {
+            "what": f"controller RSS MB following {follow['nodes']} nodes with telemetry + detector vs without",
+            "orch": follow["with"]["peak_rss_mb"],
+            "peer": follow["without"]["peak_rss_mb"],
+            "ratio": follow["with"]["peak_rss_mb"] / follow["without"]["peak_rss_mb"],
+            "goal": "<= 50 MB",
+            "met": follow["with"]["peak_rss_mb"] <= 50,
+        },
     ]
 
 

@@ -66,8 +66,11 @@ def curves(results_csv: Path) -> dict[str, list[float]]:
     """Per-epoch validation mAP columns of a results.csv (both trainers write ultralytics' names)."""
     with open(results_csv) as f:
         rows = [{k.strip(): v for k, v in r.items()} for r in csv.DictReader(f)]
-    keys = [k for k in ("metrics/mAP50(B)", "metrics/mAP50-95(B)", "metrics/mAP50(M)", "metrics/mAP50-95(M)")
-            if k in rows[0]]
+    keys = [
+        k
+        for k in ("metrics/mAP50(B)", "metrics/mAP50-95(B)", "metrics/mAP50(M)", "metrics/mAP50-95(M)")
+        if k in rows[0]
+    ]
     return {k: [float(r[k]) for r in rows] for k in keys}
 
 
@@ -82,7 +85,7 @@ def parse_evaluation(stdout: str) -> dict[str, dict[str, float]]:
     line = next((ln for ln in stdout.splitlines() if ln.startswith("RESULT ")), None)
     if line is None:
         raise ValueError("the evaluator printed no RESULT line")
-    return dict(json.loads(line[len("RESULT "):]))
+    return dict(json.loads(line[len("RESULT ") :]))
 
 
 def evaluate(weights: Path, data: Path, imgsz: int, env: dict[str, str]) -> dict[str, dict[str, float]]:
@@ -91,16 +94,50 @@ def evaluate(weights: Path, data: Path, imgsz: int, env: dict[str, str]) -> dict
     return parse_evaluation(out)
 
 
-def train(who: str, model: str, data: Path, out: Path, a: argparse.Namespace, seed: int,
-          env: dict[str, str]) -> float:
+def train(who: str, model: str, data: Path, out: Path, a: argparse.Namespace, seed: int, env: dict[str, str]) -> float:
     """One training run of ``who``; returns its wall seconds."""
     if who == "trainer":
-        cmd = [sys.executable, "-m", "trainer", "--model", model, "--data", str(data), "--imgsz", str(a.imgsz),
-               "--epochs", str(a.epochs), "--batch", str(a.batch), "--workers", str(a.workers), "--device", "cpu",
-               "--seed", str(seed), "--out", str(out), "--log-every", "1000", "--plots", "false"]  # as the peer's
+        cmd = [
+            sys.executable,
+            "-m",
+            "trainer",
+            "--model",
+            model,
+            "--data",
+            str(data),
+            "--imgsz",
+            str(a.imgsz),
+            "--epochs",
+            str(a.epochs),
+            "--batch",
+            str(a.batch),
+            "--workers",
+            str(a.workers),
+            "--device",
+            "cpu",
+            "--seed",
+            str(seed),
+            "--out",
+            str(out),
+            "--log-every",
+            "1000",
+            "--plots",
+            "false",
+        ]  # as the peer's
     else:
-        cmd = [sys.executable, "-c", ULTRALYTICS_RUN, model, str(data), str(a.imgsz), str(a.epochs), str(a.batch),
-               str(a.workers), str(out), str(seed)]
+        cmd = [
+            sys.executable,
+            "-c",
+            ULTRALYTICS_RUN,
+            model,
+            str(data),
+            str(a.imgsz),
+            str(a.epochs),
+            str(a.batch),
+            str(a.workers),
+            str(out),
+            str(seed),
+        ]
     return run(cmd, env)[0]
 
 
@@ -111,15 +148,26 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [(m, k) for m, r in summary["models"].items() for k in ("metrics/mAP50-95(B)", "metrics/mAP50-95(M)")
-              if k in r["runs"]["trainer"][0]["curves"]]
+    panels = [
+        (m, k)
+        for m, r in summary["models"].items()
+        for k in ("metrics/mAP50-95(B)", "metrics/mAP50-95(M)")
+        if k in r["runs"]["trainer"][0]["curves"]
+    ]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False)
     for ax, (model, key) in zip(axes[0], panels):
         for who, colour in (("trainer", "#1f77b4"), ("ultralytics", "#ff7f0e")):
             for i, r in enumerate(summary["models"][model]["runs"][who]):
                 ys = r["curves"][key]
-                ax.plot(range(1, len(ys) + 1), ys, color=colour, alpha=0.85,
-                        label=("python -m trainer" if who == "trainer" else "ultralytics YOLO().train()") if i == 0 else None)
+                ax.plot(
+                    range(1, len(ys) + 1),
+                    ys,
+                    color=colour,
+                    alpha=0.85,
+                    label=("python -m trainer" if who == "trainer" else "ultralytics YOLO().train()")
+                    if i == 0
+                    else None,
+                )
         ax.set_title(f"{model.removesuffix('.yaml')} {'mask' if key.endswith('(M)') else 'box'} mAP50-95", fontsize=9)
         ax.set_xlabel("epoch")
         ax.grid(alpha=0.3)
@@ -155,37 +203,55 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     seeds = [int(s) for s in a.seeds.split(",")]
     summary: dict[str, Any] = {
         "what": "final mAP50-95 of best.pt (one evaluator for both) and per-epoch curves, python -m trainer vs "
-                "ultralytics YOLO().train(), default hyperparameters, one CPU process",
-        "images": a.images, "imgsz": a.imgsz, "classes": 3, "epochs": a.epochs, "batch": a.batch,
-        "workers": a.workers, "seeds": seeds, "models": {}, "summary": [],
+        "ultralytics YOLO().train(), default hyperparameters, one CPU process",
+        "images": a.images,
+        "imgsz": a.imgsz,
+        "classes": 3,
+        "epochs": a.epochs,
+        "batch": a.batch,
+        "workers": a.workers,
+        "seeds": seeds,
+        "models": {},
+        "summary": [],
     }
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         for model in a.models.split(","):
             seg = "-seg" in model
-            data = write_dataset(root / ("seg" if seg else "det"), images=a.images, classes=3, imgsz=a.imgsz,
-                                 segments=seg)
+            data = write_dataset(
+                root / ("seg" if seg else "det"), images=a.images, classes=3, imgsz=a.imgsz, segments=seg
+            )
             runs: dict[str, list[dict[str, Any]]] = {"trainer": [], "ultralytics": []}
             for i, seed in enumerate(seeds):
                 for who in ("trainer", "ultralytics") if i % 2 == 0 else ("ultralytics", "trainer"):
                     out = root / f"{Path(model).stem}-{who}-{seed}"
                     seconds = train(who, model, data, out, a, seed, env)
                     scores = evaluate(out / "weights" / "best.pt", data, a.imgsz, env)
-                    runs[who].append({"seed": seed, "seconds": seconds, "final": scores,
-                                      "curves": curves(out / "results.csv")})
-                    print(f"{model} seed {seed} {who:12s} {seconds:6.0f} s  " +
-                          "  ".join(f"{k} mAP50-95 {v['map']:.4f}" for k, v in scores.items()), flush=True)
+                    runs[who].append(
+                        {"seed": seed, "seconds": seconds, "final": scores, "curves": curves(out / "results.csv")}
+                    )
+                    print(
+                        f"{model} seed {seed} {who:12s} {seconds:6.0f} s  "
+                        + "  ".join(f"{k} mAP50-95 {v['map']:.4f}" for k, v in scores.items()),
+                        flush=True,
+                    )
             entry: dict[str, Any] = {"runs": runs, "ratio": {}}
             for part in ("box", "mask") if seg else ("box",):
                 ours = statistics.mean(r["final"][part]["map"] for r in runs["trainer"])
                 theirs = statistics.mean(r["final"][part]["map"] for r in runs["ultralytics"])
                 ratio = ours / theirs if theirs > 0 else None
                 entry["ratio"][part] = ratio
-                summary["summary"].append({
-                    "what": f"final {part} mAP50-95, {Path(model).stem} {a.imgsz}px {a.epochs} epochs, "
-                            f"mean of {len(seeds)} seed(s), python -m trainer vs ultralytics YOLO().train()",
-                    "orch": ours, "peer": theirs, "ratio": ratio, "goal": ">= 0.97",
-                    "met": ratio is not None and ratio >= 0.97})
+                summary["summary"].append(
+                    {
+                        "what": f"final {part} mAP50-95, {Path(model).stem} {a.imgsz}px {a.epochs} epochs, "
+                        f"mean of {len(seeds)} seed(s), python -m trainer vs ultralytics YOLO().train()",
+                        "orch": ours,
+                        "peer": theirs,
+                        "ratio": ratio,
+                        "goal": ">= 0.97",
+                        "met": ratio is not None and ratio >= 0.97,
+                    }
+                )
             summary["models"][model] = entry
     from bench.common import RESULTS, write
 

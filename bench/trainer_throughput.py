@@ -72,24 +72,89 @@ YOLO(model).train(data=data, imgsz=int(imgsz), epochs=int(epochs), batch=int(bat
 """
 
 
-def trainer_argv(model: str, data: Path, imgsz: int, epochs: int, batch: int, workers: int, accumulate: int,
-                 out: Path, device: str = "cpu", amp: str | None = None, val_period: int = 0) -> list[str]:
+def trainer_argv(
+    model: str,
+    data: Path,
+    imgsz: int,
+    epochs: int,
+    batch: int,
+    workers: int,
+    accumulate: int,
+    out: Path,
+    device: str = "cpu",
+    amp: str | None = None,
+    val_period: int = 0,
+) -> list[str]:
     """``python -m trainer`` arguments (after the interpreter) of one throughput run: the settings
     ultralytics' side gets below, validation every ``val_period`` epochs (0: only ultralytics'
     forced final one runs on its side, none on ours)."""
-    return ["-m", "trainer", "--model", model, "--data", str(data), "--imgsz", str(imgsz), "--epochs", str(epochs),
-            "--batch", str(batch), "--workers", str(workers), "--accumulate", str(accumulate), "--optimizer", "SGD",
-            "--lr", "0.01", "--val-period", str(val_period), "--warmup-epochs", "1", "--cfg", "close_mosaic=0",
-            "--out", str(out), "--log-every", "1000", "--device", device, "--plots", "false",  # as the peer's plots=False
-            *(["--amp", amp] if amp else [])]
+    return [
+        "-m",
+        "trainer",
+        "--model",
+        model,
+        "--data",
+        str(data),
+        "--imgsz",
+        str(imgsz),
+        "--epochs",
+        str(epochs),
+        "--batch",
+        str(batch),
+        "--workers",
+        str(workers),
+        "--accumulate",
+        str(accumulate),
+        "--optimizer",
+        "SGD",
+        "--lr",
+        "0.01",
+        "--val-period",
+        str(val_period),
+        "--warmup-epochs",
+        "1",
+        "--cfg",
+        "close_mosaic=0",
+        "--out",
+        str(out),
+        "--log-every",
+        "1000",
+        "--device",
+        device,
+        "--plots",
+        "false",  # as the peer's plots=False
+        *(["--amp", amp] if amp else []),
+    ]
 
 
-def ultralytics_argv(model: str, data: Path, imgsz: int, epochs: int, batch: int, workers: int, out: Path,
-                     seed: int, device: str = "cpu", amp: bool = False) -> list[str]:
+def ultralytics_argv(
+    model: str,
+    data: Path,
+    imgsz: int,
+    epochs: int,
+    batch: int,
+    workers: int,
+    out: Path,
+    seed: int,
+    device: str = "cpu",
+    amp: bool = False,
+) -> list[str]:
     """The arguments (after the interpreter) of ultralytics' ``YOLO().train()`` with the same
     settings: ``device`` cpu or a GPU index, ``amp`` its amp= (fp16 autocast on CUDA)."""
-    return ["-c", ULTRALYTICS_RUN, model, str(data), str(imgsz), str(epochs), str(batch), str(workers), str(out),
-            str(seed), device, str(amp)]
+    return [
+        "-c",
+        ULTRALYTICS_RUN,
+        model,
+        str(data),
+        str(imgsz),
+        str(epochs),
+        str(batch),
+        str(workers),
+        str(out),
+        str(seed),
+        device,
+        str(amp),
+    ]
 
 
 def epoch_times(results_csv: Path) -> list[float]:
@@ -123,15 +188,22 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--epochs", type=int, default=5, help=">= 3: first and last epochs are not measured")
     ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--workers", type=int, default=0,
-                    help="loader workers of ours (default 0: ultralytics runs 0 on the CPU whatever it is asked)")
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="loader workers of ours (default 0: ultralytics runs 0 on the CPU whatever it is asked)",
+    )
     ap.add_argument("--quick", action="store_true", help="3 epochs on 48 images, one repetition (smoke run)")
     a = ap.parse_args(argv)
     if a.quick:
         a.epochs, a.images, a.reps = 3, 48, 1
     if a.workers:
-        print(f"{PEER_NOTE} --workers {a.workers}: ours runs {a.workers} loader workers, ultralytics' trainer 0 "
-              "(it sets workers=0 on the CPU)", flush=True)
+        print(
+            f"{PEER_NOTE} --workers {a.workers}: ours runs {a.workers} loader workers, ultralytics' trainer 0 "
+            "(it sets workers=0 on the CPU)",
+            flush=True,
+        )
 
     from trainer.offline import OFFLINE_ENV, set_offline_env
 
@@ -150,24 +222,50 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
             for who in order if rep % 2 == 0 else order[::-1]:
                 out = root / f"{who}{rep}"
                 if who == "trainer":
-                    run([sys.executable, *trainer_argv(a.model, data, a.imgsz, a.epochs, a.batch, a.workers,
-                                                       accumulate, out)], env)
+                    run(
+                        [
+                            sys.executable,
+                            *trainer_argv(a.model, data, a.imgsz, a.epochs, a.batch, a.workers, accumulate, out),
+                        ],
+                        env,
+                    )
                 else:
-                    run([sys.executable, *ultralytics_argv(a.model, data, a.imgsz, a.epochs, a.batch, a.workers,
-                                                           out, 0)], env)
+                    run(
+                        [
+                            sys.executable,
+                            *ultralytics_argv(a.model, data, a.imgsz, a.epochs, a.batch, a.workers, out, 0),
+                        ],
+                        env,
+                    )
                 ips = middle_ips(out / "results.csv", n_train)
                 results[who].append(ips)
                 print(f"rep {rep} {who:12s} {ips:7.2f} images/s", flush=True)
     ours, theirs = statistics.median(results["trainer"]), statistics.median(results["ultralytics"])
     summary = {
         "what": "training images/s, single CPU process, python -m trainer vs ultralytics YOLO().train()",
-        "model": a.model, "imgsz": a.imgsz, "train_images": n_train, "batch": a.batch, "accumulate": accumulate,
-        "epochs": a.epochs, "measured_epochs": a.epochs - 2, "reps": a.reps,
+        "model": a.model,
+        "imgsz": a.imgsz,
+        "train_images": n_train,
+        "batch": a.batch,
+        "accumulate": accumulate,
+        "epochs": a.epochs,
+        "measured_epochs": a.epochs - 2,
+        "reps": a.reps,
         "workers": {"trainer": a.workers, "ultralytics": 0},
-        "ips": results, "median_ips": {"trainer": ours, "ultralytics": theirs}, "ratio": ours / theirs,
-        "summary": [{"what": f"training images/s, {a.model} {a.imgsz}px batch {a.batch}, 1 CPU process, "
-                             "python -m trainer vs ultralytics YOLO().train()",
-                     "orch": ours, "peer": theirs, "ratio": ours / theirs, "goal": ">= 1.0", "met": ours >= theirs}],
+        "ips": results,
+        "median_ips": {"trainer": ours, "ultralytics": theirs},
+        "ratio": ours / theirs,
+        "summary": [
+            {
+                "what": f"training images/s, {a.model} {a.imgsz}px batch {a.batch}, 1 CPU process, "
+                "python -m trainer vs ultralytics YOLO().train()",
+                "orch": ours,
+                "peer": theirs,
+                "ratio": ours / theirs,
+                "goal": ">= 1.0",
+                "met": ours >= theirs,
+            }
+        ],
     }
     from bench.common import write
 

@@ -53,8 +53,19 @@ class NodeState(Name):
 FINAL_STATES: frozenset[str] = frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.STOPPED})
 """States a run or node never leaves. Holds the enums' strings: `"failed" in FINAL_STATES`."""
 
-CHECK_NAMES = ("ssh", "clock", "timezone", "nccl_env", "rdma", "gpus", "software", "job", "ports", "container",
-               "fabric")
+CHECK_NAMES = (
+    "ssh",
+    "clock",
+    "timezone",
+    "nccl_env",
+    "rdma",
+    "gpus",
+    "software",
+    "job",
+    "ports",
+    "container",
+    "fabric",
+)
 """Every check of `orch check`, in the order they are run and reported."""
 
 OPT_IN_CHECKS = ("fabric",)

@@ -75,8 +75,10 @@ class AgentUnavailable(OrchError):
     standard library's python3 then."""
 
     def __init__(self, node: str, python: str, detail: str) -> None:
-        super().__init__(f"{node}: cannot run the node agent with python {python!r}: {detail}",
-                         "set job.python (or the node's python:) to an interpreter that exists on that node")
+        super().__init__(
+            f"{node}: cannot run the node agent with python {python!r}: {detail}",
+            "set job.python (or the node's python:) to an interpreter that exists on that node",
+        )
         self.node = node
         self.python = python
 
@@ -87,7 +89,9 @@ class TransportError(OrchError):
     def __init__(self, node: str, kind: str, message: str, hint: str | None = None) -> None:
         super().__init__(f"{node}: {message}", hint)
         self.node = node
-        self.kind = kind  # unreachable | auth | host_key_unknown | host_key_changed | host_key_revoked | timeout | error
+        self.kind = (
+            kind  # unreachable | auth | host_key_unknown | host_key_changed | host_key_revoked | timeout | error
+        )
 
 
 class ConnectionLost(TransportError):

@@ -52,9 +52,16 @@ from .store import (
     write_private,
 )
 
-STATE_COLOURS = {NodeState.RUNNING: "#1f77b4", NodeState.SUCCEEDED: "#2ca02c", NodeState.FAILED: "#d62728",
-                 NodeState.STOPPED: "#ff7f0e", NodeState.STARTING: "#9467bd", NodeState.UNREACHABLE: "#8c564b",
-                 NodeState.UNKNOWN: "#7f7f7f", NodeState.PENDING: "#7f7f7f"}
+STATE_COLOURS = {
+    NodeState.RUNNING: "#1f77b4",
+    NodeState.SUCCEEDED: "#2ca02c",
+    NodeState.FAILED: "#d62728",
+    NodeState.STOPPED: "#ff7f0e",
+    NodeState.STARTING: "#9467bd",
+    NodeState.UNREACHABLE: "#8c564b",
+    NodeState.UNKNOWN: "#7f7f7f",
+    NodeState.PENDING: "#7f7f7f",
+}
 
 
 def read_results_csv(path: Path) -> dict[str, list[float]]:
@@ -151,8 +158,13 @@ def plot_timeline(run: dict[str, Any], phases: list[Phase] | None = None) -> byt
         end = (n.get("finished_at") or now) - t0
         state = n.get("state", NodeState.UNKNOWN)
         ax.barh(i, max(end - start, 0.05), left=start, color=STATE_COLOURS.get(state, "#7f7f7f"))
-        ax.text(end, i, f" {state}" + (f" ({n['exit_code']})" if n.get("exit_code") not in (None, 0) else ""),
-                va="center", fontsize=8)
+        ax.text(
+            end,
+            i,
+            f" {state}" + (f" ({n['exit_code']})" if n.get("exit_code") not in (None, 0) else ""),
+            va="center",
+            fontsize=8,
+        )
     labels = [f"{n['node']} (rank {n.get('node_rank', '?')})" for n in nodes]
     if phases:
         y = len(nodes)
@@ -165,8 +177,13 @@ def plot_timeline(run: dict[str, Any], phases: list[Phase] | None = None) -> byt
     for a in run.get("attempts") or []:
         if isinstance(a.get("ended"), (int, float)):
             ax.axvline(a["ended"] - t0, color="#d62728", ls="--", lw=1)
-            ax.text(a["ended"] - t0, -0.6, f" attempt {a.get('attempt')} ended: {a.get('result')}", fontsize=7,
-                    color="#d62728")
+            ax.text(
+                a["ended"] - t0,
+                -0.6,
+                f" attempt {a.get('attempt')} ended: {a.get('result')}",
+                fontsize=7,
+                color="#d62728",
+            )
     ax.set_yticks(range(len(labels)), labels)
     ax.invert_yaxis()
     ax.set_xlabel("seconds since the run started")
@@ -183,10 +200,12 @@ def plot_curves(results: dict[str, list[float]]) -> bytes | None:
     plt = _pyplot()
 
     epochs = results.get("epoch")
-    panels = [("training loss", [k for k in results if k.startswith("train/") and k.endswith("loss")], "train/"),
-              ("validation loss", [k for k in results if k.startswith("val/") and k.endswith("loss")], "val/"),
-              ("validation mAP", [k for k in results if k.startswith("metrics/mAP")], "metrics/"),
-              ("learning rate", [k for k in results if k.startswith("lr/")], "")]
+    panels = [
+        ("training loss", [k for k in results if k.startswith("train/") and k.endswith("loss")], "train/"),
+        ("validation loss", [k for k in results if k.startswith("val/") and k.endswith("loss")], "val/"),
+        ("validation mAP", [k for k in results if k.startswith("metrics/mAP")], "metrics/"),
+        ("learning rate", [k for k in results if k.startswith("lr/")], ""),
+    ]
     if not epochs or not any(keys for _t, keys, _p in panels):
         return None
     fig, axes = plt.subplots(1, 4, figsize=(14, 3.3))
@@ -203,7 +222,9 @@ def plot_curves(results: dict[str, list[float]]) -> bytes | None:
     return _png(fig)
 
 
-def node_throughput(epochs: dict[int, Throughput], nodes: Sequence[NodeRecord]) -> dict[str, dict[int, tuple[float, float]]]:
+def node_throughput(
+    epochs: dict[int, Throughput], nodes: Sequence[NodeRecord]
+) -> dict[str, dict[int, tuple[float, float]]]:
     """Per node and epoch: (images/s of its ranks together, their mean data-wait share), from each
     epoch's throughput table and the ranks run.json gives each node (`base_rank`, `nproc`)."""
     owner: dict[int, str] = {}
@@ -216,8 +237,10 @@ def node_throughput(epochs: dict[int, Throughput], nodes: Sequence[NodeRecord]) 
         for rank in tp.ips:
             by_node.setdefault(owner.get(rank, f"rank {rank}"), []).append(rank)
         for node, ranks in by_node.items():
-            out.setdefault(node, {})[epoch] = (sum(tp.ips[r] for r in ranks),
-                                               statistics.fmean(tp.wait_share.get(r, 0.0) for r in ranks))
+            out.setdefault(node, {})[epoch] = (
+                sum(tp.ips[r] for r in ranks),
+                statistics.fmean(tp.wait_share.get(r, 0.0) for r in ranks),
+            )
     return out
 
 
@@ -285,12 +308,16 @@ def plot_fabric_nodes(fabric: dict[str, Any]) -> bytes | None:
         ax.bar(xs, values, width, color=colours, label=direction)
         for x, v in zip(xs, values):
             ax.text(x, v, f"{v:.3g}", ha="center", va="bottom", fontsize=7)
-        ax.axhline(fabric.get("share", FabricCheckModel.share) * statistics.median(values), color=colour, lw=0.8, ls="--")
+        ax.axhline(
+            fabric.get("share", FabricCheckModel.share) * statistics.median(values), color=colour, lw=0.8, ls="--"
+        )
     ax.set_xticks(range(len(names)), names)
     ax.set_ylim(0, ax.get_ylim()[1] * 1.25)
     ax.set_ylabel("GB/s (best pair)")
-    ax.set_title(f"fabric: send / recv per node (red: below {fabric.get('share', FabricCheckModel.share):g} x the median, dashed)",
-                 fontsize=9)
+    ax.set_title(
+        f"fabric: send / recv per node (red: below {fabric.get('share', FabricCheckModel.share):g} x the median, dashed)",
+        fontsize=9,
+    )
     ax.legend(fontsize=8, ncol=2, loc="upper left")
     return _png(fig)
 
@@ -310,8 +337,11 @@ def plot_fabric_sweep(fabric: dict[str, Any]) -> bytes | None:
     ax.set_xticks(sizes, [f"{s / (1 << 20):g} MiB" for s in sizes], fontsize=8)
     ax.set_ylim(bottom=0)
     ax.set_ylabel("GB/s")
-    ax.set_title(f"all_reduce, {fabric.get('backend')} on {fabric.get('device')}, {fabric.get('world_size')} ranks "
-                 f"on {fabric.get('nnodes')} nodes", fontsize=9)
+    ax.set_title(
+        f"all_reduce, {fabric.get('backend')} on {fabric.get('device')}, {fabric.get('world_size')} ranks "
+        f"on {fabric.get('nnodes')} nodes",
+        fontsize=9,
+    )
     ax.legend(fontsize=8)
     return _png(fig)
 
@@ -323,14 +353,41 @@ def _fabric_section(fabric: dict[str, Any], out: Path) -> list[str]:
         if png is not None:
             write_private(out / name, png)
     parts = ["<h2>fabric</h2>", _img("fabric: rate per node", nodes), _img("fabric: all_reduce sweep", sweep)]
-    parts.append(_table(["size (B)", "count (elements)", "type", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "#wrong"],
-                        [[r["size_bytes"], r["count"], r["type"], f"{r['time_us']:.1f}", f"{r['algbw_gbps']:.2f}",
-                          f"{r['busbw_gbps']:.2f}", r["wrong"]] for r in fabric.get("sweep") or []]))
+    parts.append(
+        _table(
+            ["size (B)", "count (elements)", "type", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "#wrong"],
+            [
+                [
+                    r["size_bytes"],
+                    r["count"],
+                    r["type"],
+                    f"{r['time_us']:.1f}",
+                    f"{r['algbw_gbps']:.2f}",
+                    f"{r['busbw_gbps']:.2f}",
+                    r["wrong"],
+                ]
+                for r in fabric.get("sweep") or []
+            ],
+        )
+    )
     slow = {p["node"] for p in fabric.get("slow_nodes") or []}
-    parts.append(_table(["node", "send GB/s", "recv GB/s", "send median", "recv median", "status"],
-                        [[p["node"], f"{p['send_gbps']:.3f}", f"{p['recv_gbps']:.3f}", f"{p['send_median_gbps']:.3f}",
-                          f"{p['recv_median_gbps']:.3f}", "warn" if p["node"] in slow else "ok"]
-                         for p in fabric.get("per_node") or []], status_col=5))
+    parts.append(
+        _table(
+            ["node", "send GB/s", "recv GB/s", "send median", "recv median", "status"],
+            [
+                [
+                    p["node"],
+                    f"{p['send_gbps']:.3f}",
+                    f"{p['recv_gbps']:.3f}",
+                    f"{p['send_median_gbps']:.3f}",
+                    f"{p['recv_median_gbps']:.3f}",
+                    "warn" if p["node"] in slow else "ok",
+                ]
+                for p in fabric.get("per_node") or []
+            ],
+            status_col=5,
+        )
+    )
     return parts
 
 
@@ -364,8 +421,10 @@ def scan_logs(run: RunDir) -> LogScan:
         pass
     world = recorded_world_size(run.read())
     det = Detector(share, windows, world)
-    scans = [CopyScan(NodeSource(path.stem, i, None, "", "", path), keep=SUMMARY_LINES)
-             for i, path in enumerate(run.node_logs())]
+    scans = [
+        CopyScan(NodeSource(path.stem, i, None, "", "", path), keep=SUMMARY_LINES)
+        for i, path in enumerate(run.node_logs())
+    ]
     ignored = 0
     for _line, record in scan_records(scans, offsets):
         if isinstance(record, Ignored):
@@ -413,16 +472,26 @@ def plot_pace(det: Detector, max_windows: int = 400) -> bytes | None:
     ranks = sorted({r for _k, _at, row in speeds for r in row})
     grid = [[row.get(r, float("nan")) for _k, _at, row in speeds] for r in ranks]
     fig, ax = plt.subplots(figsize=(min(12, max(5, 0.05 * len(speeds) + 3)), max(2, 0.3 * len(ranks) + 1)))
-    image = ax.imshow(grid, aspect="auto", cmap="RdYlGn", norm=TwoSlopeNorm(vmin=0.0, vcenter=1.0, vmax=1.5),
-                      interpolation="nearest")
+    image = ax.imshow(
+        grid, aspect="auto", cmap="RdYlGn", norm=TwoSlopeNorm(vmin=0.0, vcenter=1.0, vmax=1.5), interpolation="nearest"
+    )
     ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks], fontsize=7)
     ticks, labels, unit = time_ticks([at for _k, at, _r in speeds])
     ax.set_xticks(ticks, labels, fontsize=7)
     ax.set_xlabel(f"{unit} since the first timing window")
     for s in det.found:
         if s.rank in ranks:
-            ax.annotate("straggler", (next((i for i, (_k, at, _r) in enumerate(speeds) if at >= s.at), len(speeds) - 1),
-                                      ranks.index(s.rank)), fontsize=7, color="black", ha="center", va="center")
+            ax.annotate(
+                "straggler",
+                (
+                    next((i for i, (_k, at, _r) in enumerate(speeds) if at >= s.at), len(speeds) - 1),
+                    ranks.index(s.rank),
+                ),
+                fontsize=7,
+                color="black",
+                ha="center",
+                va="center",
+            )
     fig.colorbar(image, ax=ax, label="speed vs the median rank")
     ax.set_title("each rank's speed outside collectives (data wait + forward and loss), window by window", fontsize=9)
     return _png(fig)
@@ -435,15 +504,18 @@ def _pace_section(run: RunDir, out: Path, scan: LogScan) -> list[str]:
     if png is not None:
         write_private(out / "pace.png", png)
     parts = ["<h2>ranks over time</h2>", _img("per-rank speed heatmap", png)]
-    lines = [s.line() for s in det.found] or [str(s.get("line")) for s in run.read().get("stragglers") or []
-                                              if isinstance(s, dict)]
+    lines = [s.line() for s in det.found] or [
+        str(s.get("line")) for s in run.read().get("stragglers") or [] if isinstance(s, dict)
+    ]
     if lines:
         parts.append("<pre class='fail'>" + html.escape("\n".join(lines)) + "</pre>")
     elif det.speeds:
         parts.append("<p>no straggler: no rank stayed slower than the others</p>")
     if scan.ignored:
-        parts.append(f"<p id='ignored-lines' class='warn'>{scan.ignored} line{'' if scan.ignored == 1 else 's'} of "
-                     "the node logs ignored: not a finite telemetry or timing record</p>")
+        parts.append(
+            f"<p id='ignored-lines' class='warn'>{scan.ignored} line{'' if scan.ignored == 1 else 's'} of "
+            "the node logs ignored: not a finite telemetry or timing record</p>"
+        )
     return parts
 
 
@@ -511,8 +583,9 @@ class Summary:
         final_text = "—"
         if final is not None:
             name, epoch, metrics = final
-            shown = ", ".join(f"{k.removeprefix('metrics/')} {v:.4g}" for k, v in metrics.items()
-                              if k.startswith("metrics/mAP"))
+            shown = ", ".join(
+                f"{k.removeprefix('metrics/')} {v:.4g}" for k, v in metrics.items() if k.startswith("metrics/mAP")
+            )
             final_text = f"{name} (epoch {epoch}): {shown or 'no mAP'}"
         wall = "—" if self.wall_s is None else ("running for " if self.running else "") + f"{self.wall_s:.1f} s"
         best = "—" if self.best_map50_95 is None else f"{self.best_map50_95:.4g} (epoch {self.best_epoch})"
@@ -520,18 +593,27 @@ class Summary:
             ("state", "state", self.state, self.state),
             ("best_map50_95", "best mAP50-95", best, self.best_map50_95),
             ("best_epoch", "best epoch", "—" if self.best_epoch is None else str(self.best_epoch), self.best_epoch),
-            ("final_val", "final validation", final_text,
-             None if final is None else final[2].get("metrics/mAP50-95(B)")),
+            (
+                "final_val",
+                "final validation",
+                final_text,
+                None if final is None else final[2].get("metrics/mAP50-95(B)"),
+            ),
             ("weights", "weights", "—" if not self.weights else f"{self.weights} (on {self.master})", self.weights),
             ("wall_s", "wall time", wall, self.wall_s),
-            ("world_size", "world size",
-             "—" if self.world_size is None else f"{self.world_size} ({self.nodes} nodes)", self.world_size),
+            (
+                "world_size",
+                "world size",
+                "—" if self.world_size is None else f"{self.world_size} ({self.nodes} nodes)",
+                self.world_size,
+            ),
             ("attempts", "attempts", f"{self.attempt} of {self.max_attempts}", self.attempt),
         ]
 
 
-def summarize(info: dict[str, Any], results: dict[str, list[float]], lines: list[str],
-              plan: dict[str, Any], now: float) -> Summary:
+def summarize(
+    info: dict[str, Any], results: dict[str, list[float]], lines: list[str], plan: dict[str, Any], now: float
+) -> Summary:
     """The summary card from run.json (`info`), results.csv's columns, the node logs and plan.json."""
     wall, running = run_wall(info, now)
     maps, epochs = results.get("metrics/mAP50-95(B)") or [], results.get("epoch") or []
@@ -547,8 +629,20 @@ def summarize(info: dict[str, Any], results: dict[str, list[float]], lines: list
     weights, _csv = announced(lines)
     master = next((n.node for n in nodes if n.node_rank == 0), None)
     attempt = int(info.get("attempt") or 1)
-    return Summary(str(info.get("state")), wall, running, world, len(nodes), attempt,
-                   int(info.get("max_attempts") or attempt), best, best_epoch, parse_final(lines), weights, master)
+    return Summary(
+        str(info.get("state")),
+        wall,
+        running,
+        world,
+        len(nodes),
+        attempt,
+        int(info.get("max_attempts") or attempt),
+        best,
+        best_epoch,
+        parse_final(lines),
+        weights,
+        master,
+    )
 
 
 def _summary_card(summary: Summary) -> str:
@@ -556,8 +650,10 @@ def _summary_card(summary: Summary) -> str:
     for key, label, text, raw in summary.items():
         value = "" if raw is None else html.escape(str(raw), quote=True)
         cls = f" {html.escape(summary.state)}" if key == "state" else ""
-        cells.append(f"<div class='item' data-key='{key}' data-value='{value}'><div class='label'>"
-                     f"{html.escape(label)}</div><div class='value{cls}'>{html.escape(text)}</div></div>")
+        cells.append(
+            f"<div class='item' data-key='{key}' data-value='{value}'><div class='label'>"
+            f"{html.escape(label)}</div><div class='value{cls}'>{html.escape(text)}</div></div>"
+        )
     return "<section id='summary' class='card'>" + "".join(cells) + "</section>"
 
 
@@ -568,9 +664,11 @@ def _cause_banner(failure: dict[str, Any]) -> str:
     ended = f"signal {failure['signal']}" if failure.get("signal") else f"exit code {failure.get('exit_code')}"
     where = f"node {failure.get('node')}, rank {failure.get('rank')}, {ended}"
     hint = f"<div class='hint'>hint: {html.escape(str(failure['hint']))}</div>" if failure.get("hint") else ""
-    return (f"<section id='root-cause' class='cause'><div class='label'>root cause</div>"
-            f"<div class='value'>{html.escape(str(cause))}</div><div class='where'>{html.escape(where)}</div>"
-            f"{hint}</section>")
+    return (
+        f"<section id='root-cause' class='cause'><div class='label'>root cause</div>"
+        f"<div class='value'>{html.escape(str(cause))}</div><div class='where'>{html.escape(where)}</div>"
+        f"{hint}</section>"
+    )
 
 
 def masked_env(env: dict[str, Any]) -> dict[str, str]:
@@ -592,33 +690,56 @@ def _configuration(run: RunDir, info: dict[str, Any], plan: dict[str, Any]) -> l
         inv = None
     if inv is not None:
         job = inv.job
-        rows: list[list[Any]] = [["inventory", inv.path], ["transport", inv.transport],
-                ["master", f"{inv.master.name} ({inv.master.addr}:{inv.master_port})"], ["rendezvous", job.rdzv],
-                ["entry", f"-m {job.module}" if job.module and not job.script else job.script],
-                ["workdir", job.workdir], ["python", job.python],
-                ["job arguments", " ".join(job.args) or "—"],
-                ["torchrun args", " ".join(job.torchrun_args) or "—"],
-                ["env", ", ".join(f"{k}={v}" for k, v in masked_env(dict(inv.env)).items()) or "—"]]
+        rows: list[list[Any]] = [
+            ["inventory", inv.path],
+            ["transport", inv.transport],
+            ["master", f"{inv.master.name} ({inv.master.addr}:{inv.master_port})"],
+            ["rendezvous", job.rdzv],
+            ["entry", f"-m {job.module}" if job.module and not job.script else job.script],
+            ["workdir", job.workdir],
+            ["python", job.python],
+            ["job arguments", " ".join(job.args) or "—"],
+            ["torchrun args", " ".join(job.torchrun_args) or "—"],
+            ["env", ", ".join(f"{k}={v}" for k, v in masked_env(dict(inv.env)).items()) or "—"],
+        ]
         c = job.container
         if c is not None:
             argv0 = ((plan.get("nodes") or [{}])[0] or {}).get("argv") or []
             ran = launched_image(c, [str(a) for a in argv0])
-            rows += [["container", f"{c.runtime}: {c.image}" + (f" (image ID {ran})" if ran and ran != c.image else "")],
-                     ["container python", c.python], ["container workdir", c.workdir or job.workdir or "—"],
-                     ["container mounts", ", ".join(m.spec() for m in c.mounts) or "—"],
-                     ["container user", c.user], ["container options", " ".join(c.options) or "—"]]
+            rows += [
+                ["container", f"{c.runtime}: {c.image}" + (f" (image ID {ran})" if ran and ran != c.image else "")],
+                ["container python", c.python],
+                ["container workdir", c.workdir or job.workdir or "—"],
+                ["container mounts", ", ".join(m.spec() for m in c.mounts) or "—"],
+                ["container user", c.user],
+                ["container options", " ".join(c.options) or "—"],
+            ]
         if info.get("overrides"):
             ov = info["overrides"]
-            rows.append(["from the command line",
-                         "; ".join(f"{k} {' '.join(v) if isinstance(v, list) else v}" for k, v in
-                                   {**ov, "env": ", ".join(masked_env(ov.get("env") or {}))}.items() if v)])
+            rows.append(
+                [
+                    "from the command line",
+                    "; ".join(
+                        f"{k} {' '.join(v) if isinstance(v, list) else v}"
+                        for k, v in {**ov, "env": ", ".join(masked_env(ov.get("env") or {}))}.items()
+                        if v
+                    ),
+                ]
+            )
         parts.append(_table(["key", "value"], rows))
-        parts.append(_table(["node", "node rank", "host", "addr", "procs", "gpus"],
-                            [[n.name, i, n.host, n.addr, n.nproc_per_node, n.gpus] for i, n in enumerate(inv.nodes)]))
+        parts.append(
+            _table(
+                ["node", "node rank", "host", "addr", "procs", "gpus"],
+                [[n.name, i, n.host, n.addr, n.nproc_per_node, n.gpus] for i, n in enumerate(inv.nodes)],
+            )
+        )
     argv = ((plan.get("nodes") or [{}])[0] or {}).get("argv") or []
     if argv:
-        parts.append("<p>command as launched on node rank 0:</p><pre id='command'>"
-                     + html.escape(shlex.join(str(a) for a in argv)) + "</pre>")
+        parts.append(
+            "<p>command as launched on node rank 0:</p><pre id='command'>"
+            + html.escape(shlex.join(str(a) for a in argv))
+            + "</pre>"
+        )
     return parts
 
 
@@ -631,15 +752,19 @@ def _preflight(checks: dict[str, Any]) -> list[str]:
     header = ["check", "node", "status", "value", "detail", "hint"]
 
     def rows(rs: list[dict[str, Any]]) -> list[list[Any]]:
-        return [[r.get("check"), r.get("node"), r.get("status"), r.get("value"), r.get("detail"), r.get("hint")]
-                for r in rs]
+        return [
+            [r.get("check"), r.get("node"), r.get("status"), r.get("value"), r.get("detail"), r.get("hint")] for r in rs
+        ]
 
     shown = [r for r in results if r.get("status") != "ok"]
     ok = [r for r in results if r.get("status") == "ok"]
     parts.append(_table(header, rows(shown), status_col=2) if shown else "<p class='ok'>every check passed</p>")
     if ok:
-        parts.append(f"<details id='preflight-ok'><summary>{len(ok)} ok rows</summary>"
-                     + _table(header, rows(ok), status_col=2) + "</details>")
+        parts.append(
+            f"<details id='preflight-ok'><summary>{len(ok)} ok rows</summary>"
+            + _table(header, rows(ok), status_col=2)
+            + "</details>"
+        )
     return parts
 
 
@@ -663,46 +788,80 @@ def build_report(run: RunDir, results_csv: Path | None = None, scan: LogScan | N
     curves = plot_curves(results)
     bars = plot_throughput(parse_throughput(lines))
     per_node = plot_node_throughput(node_throughput(parse_throughput_epochs(lines), recorded_nodes(info)))
-    for name, png in (("timeline.png", timeline), ("curves.png", curves), ("throughput.png", bars),
-                      ("throughput_nodes.png", per_node)):
+    for name, png in (
+        ("timeline.png", timeline),
+        ("curves.png", curves),
+        ("throughput.png", bars),
+        ("throughput_nodes.png", per_node),
+    ):
         if png is not None:
             write_private(out / name, png)
     summary = summarize(info, results, lines, plan, time.time())
-    wall_text = "" if summary.wall_s is None else (
-        f", running for {summary.wall_s:.1f} s" if summary.running else f", wall time {summary.wall_s:.1f} s")
+    wall_text = (
+        ""
+        if summary.wall_s is None
+        else (f", running for {summary.wall_s:.1f} s" if summary.running else f", wall time {summary.wall_s:.1f} s")
+    )
     state = html.escape(str(info.get("state")))
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>orch run {html.escape(run.run_id)}</title>"
-             f"<style>{CSS}</style></head><body>",
-             f"<h1>run {html.escape(run.run_id)} — <span class='{state}'>{state}</span></h1>"]
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>orch run {html.escape(run.run_id)}</title>"
+        f"<style>{CSS}</style></head><body>",
+        f"<h1>run {html.escape(run.run_id)} — <span class='{state}'>{state}</span></h1>",
+    ]
     failure = info.get("first_failure")
     if failure:
         parts.append(_cause_banner(failure))
-    parts.append(f"<p>inventory {html.escape(str(info.get('inventory')))}, {len(info.get('nodes', []))} nodes"
-                 + wall_text + "</p>")
+    parts.append(
+        f"<p>inventory {html.escape(str(info.get('inventory')))}, {len(info.get('nodes', []))} nodes"
+        + wall_text
+        + "</p>"
+    )
     parts += ["<h2>summary</h2>", _summary_card(summary)]
     if failure:
         parts.append("<h2>first failure</h2>")
-        ended = (f"signal {failure['signal']}" if failure.get("signal")
-                 else f"exit code {failure.get('exit_code')}")
-        parts.append(f"<p class='fail'>node {html.escape(str(failure.get('node')))}, rank "
-                     f"{html.escape(str(failure.get('rank')))}, {html.escape(ended)}</p>")
+        ended = f"signal {failure['signal']}" if failure.get("signal") else f"exit code {failure.get('exit_code')}"
+        parts.append(
+            f"<p class='fail'>node {html.escape(str(failure.get('node')))}, rank "
+            f"{html.escape(str(failure.get('rank')))}, {html.escape(ended)}</p>"
+        )
         parts.append("<pre>" + html.escape("\n".join(failure.get("excerpt") or [])) + "</pre>")
-    parts += ["<h2>timeline</h2>", _img("timeline", timeline),
-              "<h2>loss and mAP</h2>", _img("loss and mAP curves", curves),
-              "<h2>throughput</h2>", _img("throughput per node over the epochs", per_node),
-              _img("throughput per rank", bars)]
+    parts += [
+        "<h2>timeline</h2>",
+        _img("timeline", timeline),
+        "<h2>loss and mAP</h2>",
+        _img("loss and mAP curves", curves),
+        "<h2>throughput</h2>",
+        _img("throughput per node over the epochs", per_node),
+        _img("throughput per rank", bars),
+    ]
     earlier = info.get("attempts") or []
     if earlier:
         parts.append("<h2>attempts</h2>")
-        parts.append(_table(["attempt", "ended", "result", "first failure"],
-                            [[a.get("attempt"), time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(a["ended"]))
-                              if isinstance(a.get("ended"), (int, float)) else "", a.get("result"),
-                              _failure_words(a.get("first_failure"))] for a in earlier]))
+        parts.append(
+            _table(
+                ["attempt", "ended", "result", "first failure"],
+                [
+                    [
+                        a.get("attempt"),
+                        time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(a["ended"]))
+                        if isinstance(a.get("ended"), (int, float))
+                        else "",
+                        a.get("result"),
+                        _failure_words(a.get("first_failure")),
+                    ]
+                    for a in earlier
+                ],
+            )
+        )
     parts += _pace_section(run, out, scan)
     parts.append("<h2>nodes</h2>")
-    parts.append(_table(["node", "node rank", "host", "state", "exit code", "pid"],
-                        [[n.node, n.node_rank, n.host, n.state, n.exit_code, n.pid] for n in recorded_nodes(info)],
-                        status_col=3))
+    parts.append(
+        _table(
+            ["node", "node rank", "host", "state", "exit code", "pid"],
+            [[n.node, n.node_rank, n.host, n.state, n.exit_code, n.pid] for n in recorded_nodes(info)],
+            status_col=3,
+        )
+    )
     parts += _configuration(run, info, plan)
     if checks.get("fabric"):
         parts += _fabric_section(checks["fabric"], out)

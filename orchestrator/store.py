@@ -81,7 +81,7 @@ def state_dir(path: Path, create: bool = True) -> Path:
             for d in reversed(chain):
                 _make_private(d)
         return path
-    inside = chain[:chain.index(home) + 1]
+    inside = chain[: chain.index(home) + 1]
     if not create and not os.path.lexists(home):
         return path
     if create and not os.path.lexists(home):
@@ -115,8 +115,10 @@ def check_private(path: Path) -> Path:
     UsageError (a planted run.json would say what orch runs)."""
     st = os.lstat(path)
     if st.st_uid != os.geteuid() or st.st_mode & 0o022 or not (st.st_mode & 0o170000 == 0o100000):
-        raise UsageError(f"{path} is not this user's alone (uid {st.st_uid}, mode {st.st_mode & 0o7777:04o}): "
-                         "refusing to read it", f"remove it, or chmod 600 {path} if you wrote it")
+        raise UsageError(
+            f"{path} is not this user's alone (uid {st.st_uid}, mode {st.st_mode & 0o7777:04o}): refusing to read it",
+            f"remove it, or chmod 600 {path} if you wrote it",
+        )
     return path
 
 
@@ -196,8 +198,22 @@ class NodeRecord:
     more: Mapping[str, Any] = field(default_factory=dict)
     """The other keys, as written (the agent's `failed_at`, `signal`, `agent_pid`, `cleanup_left`...)."""
 
-    ORDER: ClassVar[tuple[str, ...]] = ("node", "host", "addr", "node_rank", "base_rank", "nproc", "remote_dir",
-                                        "python", "state", "exit_code", "pid", "pgid", "started_at", "finished_at")
+    ORDER: ClassVar[tuple[str, ...]] = (
+        "node",
+        "host",
+        "addr",
+        "node_rank",
+        "base_rank",
+        "nproc",
+        "remote_dir",
+        "python",
+        "state",
+        "exit_code",
+        "pid",
+        "pgid",
+        "started_at",
+        "finished_at",
+    )
     """The keys every record has, in run.json's order; `nonce` and `sweep` follow where set."""
 
     @property
@@ -213,12 +229,20 @@ class NodeRecord:
         sweep = data.get("sweep")
         known = {*cls.ORDER, "nonce", "sweep"}
         return cls(
-            node=data["node"], host=_str(data.get("host")), addr=_str(data.get("addr")),
-            node_rank=_int(data.get("node_rank")) or 0, base_rank=_int(data.get("base_rank")),
-            nproc=_int(data.get("nproc")), remote_dir=_str(data.get("remote_dir")) or "",
-            python=_str(data.get("python")) or "", state=_str(data.get("state")) or NodeState.PENDING,
-            exit_code=_int(data.get("exit_code")), pid=_int(data.get("pid")), pgid=_int(data.get("pgid")),
-            started_at=_float(data.get("started_at")), finished_at=_float(data.get("finished_at")),
+            node=data["node"],
+            host=_str(data.get("host")),
+            addr=_str(data.get("addr")),
+            node_rank=_int(data.get("node_rank")) or 0,
+            base_rank=_int(data.get("base_rank")),
+            nproc=_int(data.get("nproc")),
+            remote_dir=_str(data.get("remote_dir")) or "",
+            python=_str(data.get("python")) or "",
+            state=_str(data.get("state")) or NodeState.PENDING,
+            exit_code=_int(data.get("exit_code")),
+            pid=_int(data.get("pid")),
+            pgid=_int(data.get("pgid")),
+            started_at=_float(data.get("started_at")),
+            finished_at=_float(data.get("finished_at")),
             nonce=_str(data.get("nonce")) or None,
             sweep=tuple(str(w) for w in sweep) if isinstance(sweep, list) and sweep else None,
             more={k: v for k, v in data.items() if k not in known},
@@ -380,8 +404,10 @@ class RunDir:
         try:
             return with_replacements(inv, replaced)
         except KeyError as exc:
-            raise UsageError(f"run {self.run_id}: run.json `replaced` does not match its inventory: {exc.args[0]}",
-                             f"the snapshot is {self.inventory_path}") from None
+            raise UsageError(
+                f"run {self.run_id}: run.json `replaced` does not match its inventory: {exc.args[0]}",
+                f"the snapshot is {self.inventory_path}",
+            ) from None
 
 
 def checks_path(inventory_name: str) -> Path:
@@ -434,7 +460,9 @@ def check_run_id(run_id: str, where: str = "run id") -> str:
     (exit 2): a name like a node's, so `../x` or `a/b` never becomes a path."""
     problem = name_problem(run_id)
     if problem:
-        raise UsageError(f"{where} {run_id!r}: a run id {problem}", "run ids look like 20261130-093205-v100-k3f9 or exp-42")
+        raise UsageError(
+            f"{where} {run_id!r}: a run id {problem}", "run ids look like 20261130-093205-v100-k3f9 or exp-42"
+        )
     return run_id
 
 
@@ -459,8 +487,9 @@ class RunStore:
         """Make the run directory with the inventory snapshot; refuses to reuse an existing id."""
         run_id = check_run_id(run_id, "--run-id") if run_id else self.new_run_id(inv)
         if run_id == LATEST:
-            raise UsageError("--run-id latest: `latest` names the latest run wherever a RUN is taken",
-                             "pick another --run-id")
+            raise UsageError(
+                "--run-id latest: `latest` names the latest run wherever a RUN is taken", "pick another --run-id"
+            )
         path = self.root / run_id
         state_dir(self.root)
         try:
@@ -469,8 +498,17 @@ class RunStore:
             raise UsageError(f"run {run_id} already exists in {self.root}", "pick another --run-id") from None
         run = RunDir(path)
         write_private(run.inventory_path, inv.source)
-        run.write({"run": run_id, "inventory": inv.path, "name": inv.name, "created": time.time(),
-                   "nonce": secrets.token_hex(6), "state": RunState.STARTING, "nodes": []})
+        run.write(
+            {
+                "run": run_id,
+                "inventory": inv.path,
+                "name": inv.name,
+                "created": time.time(),
+                "nonce": secrets.token_hex(6),
+                "state": RunState.STARTING,
+                "nodes": [],
+            }
+        )
         write_private(self.home / "latest", run_id + "\n")
         return run
 
@@ -507,11 +545,15 @@ class RunStore:
         if matches:
             ids = [r.run_id for r in reversed(matches)]
             shown = ", ".join(ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
-            raise UsageError(f"run '{run_id}' is ambiguous: {len(ids)} runs start so: {shown}",
-                             "give more of the id (orch runs lists them)")
+            raise UsageError(
+                f"run '{run_id}' is ambiguous: {len(ids)} runs start so: {shown}",
+                "give more of the id (orch runs lists them)",
+            )
         known = [r.run_id for r in self.runs()][-5:]
-        raise UsageError(f"unknown run '{run_id}' in {self.root}",
-                         "recent runs: " + (", ".join(known) if known else "none") + " (orch runs --all lists every one)")
+        raise UsageError(
+            f"unknown run '{run_id}' in {self.root}",
+            "recent runs: " + (", ".join(known) if known else "none") + " (orch runs --all lists every one)",
+        )
 
     def matching(self, prefix: str) -> list[RunDir]:
         """The runs whose id starts with `prefix`, oldest first; when none does, those whose id

@@ -70,9 +70,15 @@ class TopReport:
     """Lines of the node logs that start as a telemetry or timing record and are not a finite one."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"run": self.run, "state": self.state, "taken_at": round(self.taken_at, 3),
-                "telemetry_s": self.telemetry_s, "nodes": self.nodes,
-                "stragglers": [s.to_json() for s in self.stragglers], "ignored_lines": self.ignored_lines}
+        return {
+            "run": self.run,
+            "state": self.state,
+            "taken_at": round(self.taken_at, 3),
+            "telemetry_s": self.telemetry_s,
+            "nodes": self.nodes,
+            "stragglers": [s.to_json() for s in self.stragglers],
+            "ignored_lines": self.ignored_lines,
+        }
 
 
 class TopView:
@@ -153,29 +159,49 @@ class TopView:
         rows = []
         for view in sorted(self.nodes.values(), key=lambda v: v.source.node_rank):
             rows.append(self._node_row(view, recorded.get(view.source.node), now, named, streak))
-        return TopReport(self.run.run_id, state, now, self.inv.job.telemetry_s, rows, list(self.detector.found),
-                         list(self.detector.speeds), self.ignored)
+        return TopReport(
+            self.run.run_id,
+            state,
+            now,
+            self.inv.job.telemetry_s,
+            rows,
+            list(self.detector.found),
+            list(self.detector.speeds),
+            self.ignored,
+        )
 
-    def _node_row(self, view: NodeView, rec: NodeRecord | None, now: float, named: set[int],
-                  streak: set[int]) -> dict[str, Any]:
+    def _node_row(
+        self, view: NodeView, rec: NodeRecord | None, now: float, named: set[int], streak: set[int]
+    ) -> dict[str, Any]:
         node = view.source.node
         offset = self.offsets_ms.get(node, 0.0) / 1000.0
         s = view.sample
         node_state = str(rec.state if rec is not None else "unknown")
         running = node_state == "running"
         by_local = {r.local_rank: r for r in view.ranks.values() if r.local_rank is not None}
-        gpus = [self._gpu_row(g, by_local.get(g.index) if g.index is not None else None, running)
-                for g in (s.gpus if s else ())]
+        gpus = [
+            self._gpu_row(g, by_local.get(g.index) if g.index is not None else None, running)
+            for g in (s.gpus if s else ())
+        ]
         ranks: list[dict[str, Any]] = []
         for rv in sorted(view.ranks.values(), key=lambda r: r.rank):
             t = rv.timing
             rank_flags = ["straggler"] if rv.rank in named else (["slow"] if rv.rank in streak else [])
             speed = self.detector.last_speeds.get(rv.rank)
-            ranks.append({"rank": rv.rank, "local_rank": rv.local_rank, "pid": rv.pid, "cpu_pct": rv.cpu_pct,
-                          "rss_mb": rv.rss_mb, "images_per_s": round(t.ips, 2) if t else None,
-                          "data_share": round(t.data_share, 4) if t else None,
-                          "step_outside_s": round(t.outside_s, 5) if t else None,
-                          "speed": round(speed, 3) if speed is not None else None, "flags": rank_flags})
+            ranks.append(
+                {
+                    "rank": rv.rank,
+                    "local_rank": rv.local_rank,
+                    "pid": rv.pid,
+                    "cpu_pct": rv.cpu_pct,
+                    "rss_mb": rv.rss_mb,
+                    "images_per_s": round(t.ips, 2) if t else None,
+                    "data_share": round(t.data_share, 4) if t else None,
+                    "step_outside_s": round(t.outside_s, 5) if t else None,
+                    "speed": round(speed, 3) if speed is not None else None,
+                    "flags": rank_flags,
+                }
+            )
         flags: list[str] = []
         if any("throttle" in g["flags"] for g in gpus):
             flags.append("throttle")
@@ -193,15 +219,25 @@ class TopView:
             flags.append("stale")
         ips = [r["images_per_s"] for r in ranks if r["images_per_s"] is not None]
         waits = [r["data_share"] for r in ranks if r["data_share"] is not None]
-        return {"node": node, "node_rank": view.source.node_rank, "state": node_state,
-                "last_line_age_s": None if view.last_ts is None else round(now - (view.last_ts - offset), 1),
-                "sample_age_s": sample_age, "fetch_error": view.fetch_error,
-                "cpu_pct": s.cpu_pct if s else None, "load1": s.load1 if s else None, "ncpu": s.ncpu if s else None,
-                "mem_used_mb": s.mem_used_mb if s else None, "mem_total_mb": s.mem_total_mb if s else None,
-                "gpu_error": s.gpu_error if s else None,
-                "images_per_s": round(sum(ips), 2) if ips else None,
-                "data_share": max(waits) if waits else None,
-                "gpus": gpus, "ranks": ranks, "flags": flags}
+        return {
+            "node": node,
+            "node_rank": view.source.node_rank,
+            "state": node_state,
+            "last_line_age_s": None if view.last_ts is None else round(now - (view.last_ts - offset), 1),
+            "sample_age_s": sample_age,
+            "fetch_error": view.fetch_error,
+            "cpu_pct": s.cpu_pct if s else None,
+            "load1": s.load1 if s else None,
+            "ncpu": s.ncpu if s else None,
+            "mem_used_mb": s.mem_used_mb if s else None,
+            "mem_total_mb": s.mem_total_mb if s else None,
+            "gpu_error": s.gpu_error if s else None,
+            "images_per_s": round(sum(ips), 2) if ips else None,
+            "data_share": max(waits) if waits else None,
+            "gpus": gpus,
+            "ranks": ranks,
+            "flags": flags,
+        }
 
     @staticmethod
     def _gpu_row(g: Gpu, rank: RankView | None, running: bool) -> dict[str, Any]:
@@ -214,11 +250,22 @@ class TopView:
             flags.append("error")
         if running and rank is not None and g.util_pct is not None and g.util_pct < IDLE_PCT:
             flags.append("idle")
-        return {"index": g.index, "name": g.name, "uuid": g.uuid, "util_pct": g.util_pct,
-                "mem_used_mb": g.mem_used_mb, "mem_total_mb": g.mem_total_mb, "temp_c": g.temp_c,
-                "power_w": g.power_w, "sm_mhz": g.sm_mhz,
-                "throttle": list(g.throttle) if g.throttle is not None else None, "fan_pct": g.fan_pct,
-                "error": g.error, "rank": rank.rank if rank is not None else None, "flags": flags}
+        return {
+            "index": g.index,
+            "name": g.name,
+            "uuid": g.uuid,
+            "util_pct": g.util_pct,
+            "mem_used_mb": g.mem_used_mb,
+            "mem_total_mb": g.mem_total_mb,
+            "temp_c": g.temp_c,
+            "power_w": g.power_w,
+            "sm_mhz": g.sm_mhz,
+            "throttle": list(g.throttle) if g.throttle is not None else None,
+            "fan_pct": g.fan_pct,
+            "error": g.error,
+            "rank": rank.rank if rank is not None else None,
+            "flags": flags,
+        }
 
 
 def top_once(run_id: str | None) -> TopReport:

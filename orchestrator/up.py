@@ -228,15 +228,21 @@ NEVER_STARTED_KINDS = ("unreachable", "auth", "host_key_unknown", "host_key_chan
 def never_started(failures: Mapping[str, Exception]) -> dict[str, str]:
     """The start failures that prove the node never started: no connection could be made (never
     one that broke under the start command: that start may have run)."""
-    return {n: str(e) for n, e in failures.items()
-            if isinstance(e, TransportError) and e.kind in NEVER_STARTED_KINDS and not isinstance(e, ConnectionLost)}
+    return {
+        n: str(e)
+        for n, e in failures.items()
+        if isinstance(e, TransportError) and e.kind in NEVER_STARTED_KINDS and not isinstance(e, ConnectionLost)
+    }
 
 
 def not_stopped(results: GroupResult[StopResult]) -> dict[str, str]:
     """The nodes a stop could not confirm, with why: unreachable, or processes still running."""
     done, failed = results.succeeded, results.failed
-    return {n: str(failed[n]) if n in failed else f"processes still running: {list(done[n].remaining)}"
-            for n in results if n in failed or done[n].remaining}
+    return {
+        n: str(failed[n]) if n in failed else f"processes still running: {list(done[n].remaining)}"
+        for n in results
+        if n in failed or done[n].remaining
+    }
 
 
 def with_overrides(inv: Inventory, retries: int | None = None, stall_timeout_s: float | None = None) -> Inventory:
@@ -250,10 +256,19 @@ def with_overrides(inv: Inventory, retries: int | None = None, stall_timeout_s: 
     return replace(inv, job=job) if job is not inv.job else inv
 
 
-def up(inv: Inventory, *, detach: bool = False, skip_checks: bool = False, run_id: str | None = None,
-       skip_sync: bool = False, progress: UpProgress | None = None, fabric: bool = False,
-       retries: int | None = None, stall_timeout_s: float | None = None,
-       overrides: dict[str, Any] | None = None) -> UpOutcome:
+def up(
+    inv: Inventory,
+    *,
+    detach: bool = False,
+    skip_checks: bool = False,
+    run_id: str | None = None,
+    skip_sync: bool = False,
+    progress: UpProgress | None = None,
+    fabric: bool = False,
+    retries: int | None = None,
+    stall_timeout_s: float | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> UpOutcome:
     """Copy `job.sync` (unless skip_sync), check, launch on every node, then supervise (or return
     once every node runs, with detach). A `job.sync` path missing here raises UsageError.
     `fabric`: the preflight also runs the fabric check (a short job on every node), as
@@ -267,8 +282,7 @@ def up(inv: Inventory, *, detach: bool = False, skip_checks: bool = False, run_i
     run (`config.overrides.Overrides.to_json`; `inv` has them applied already), kept in run.json so
     every later command reads the run's inventory as it ran."""
     if skip_checks and fabric:
-        raise UsageError("--fabric is a check: it cannot run with --skip-checks",
-                         "drop --skip-checks, or --fabric")
+        raise UsageError("--fabric is a check: it cannot run with --skip-checks", "drop --skip-checks, or --fabric")
     say = progress or Quiet()
     inv = with_overrides(inv, retries, stall_timeout_s)
     t0 = time.monotonic()
@@ -297,8 +311,13 @@ def up(inv: Inventory, *, detach: bool = False, skip_checks: bool = False, run_i
     if synced is not None:
         run.write(synced.to_json(), "sync.json")
     attempts = 1 if detach else 1 + inv.job.retries
-    run.update(attempt=1, max_attempts=attempts, attempts=[], stall_timeout_s=inv.job.stall_timeout_s,
-               on_stall=inv.job.on_stall)
+    run.update(
+        attempt=1,
+        max_attempts=attempts,
+        attempts=[],
+        stall_timeout_s=inv.job.stall_timeout_s,
+        on_stall=inv.job.on_stall,
+    )
     save_to_run(run, inv, report)
     with sigterm_as_interrupt():
         outcome = _attempts(say, run, inv, report, detach, Prepare(skip_checks, skip_sync, fabric), t0, attempts)
@@ -315,8 +334,16 @@ class Prepare:
     fabric: bool = False
 
 
-def _attempts(say: UpProgress, run: RunDir, inv: Inventory, report: CheckReport | None, detach: bool,
-              prepare: Prepare, t0: float, attempts: int) -> UpOutcome:
+def _attempts(
+    say: UpProgress,
+    run: RunDir,
+    inv: Inventory,
+    report: CheckReport | None,
+    detach: bool,
+    prepare: Prepare,
+    t0: float,
+    attempts: int,
+) -> UpOutcome:
     """Attempt after attempt until one succeeds, is interrupted, or no retry is left."""
     current = inv
     replaced: dict[str, str] = {}
@@ -331,8 +358,10 @@ def _attempts(say: UpProgress, run: RunDir, inv: Inventory, report: CheckReport 
         if outcome.result not in RETRIED or attempt >= attempts:
             return outcome
         if outcome.not_stopped:
-            outcome.no_retry = (f"not relaunched: the stop of {', '.join(outcome.not_stopped)} is unconfirmed, and a "
-                                "second copy of the job must not start beside the first")
+            outcome.no_retry = (
+                f"not relaunched: the stop of {', '.join(outcome.not_stopped)} is unconfirmed, and a "
+                "second copy of the job must not start beside the first"
+            )
             return outcome
         earlier.append(_attempt_record(attempt, outcome))
         attempt += 1
@@ -342,20 +371,41 @@ def _attempts(say: UpProgress, run: RunDir, inv: Inventory, report: CheckReport 
             prepared = _prepare_retry(say, run, inv, replaced, prepare, straggler_of(outcome.failure))
         except KeyboardInterrupt:
             run.update(state=RunState.STOPPED)
-            return UpOutcome(UpResult.INTERRUPTED, run.run_id, report, time.monotonic() - t0, attempt=attempt,
-                             attempts=attempts, earlier=list(earlier))
+            return UpOutcome(
+                UpResult.INTERRUPTED,
+                run.run_id,
+                report,
+                time.monotonic() - t0,
+                attempt=attempt,
+                attempts=attempts,
+                earlier=list(earlier),
+            )
         if isinstance(prepared, UpOutcome):
             prepared.attempt, prepared.attempts, prepared.earlier = attempt, attempts, list(earlier)
             prepared.failure, prepared.wall_s = outcome.failure, time.monotonic() - t0
-            run.update(state=RunState.FAILED, first_failure=outcome.failure.to_json() if outcome.failure else None,
-                       retry_failed=prepared.retry_failed)
+            run.update(
+                state=RunState.FAILED,
+                first_failure=outcome.failure.to_json() if outcome.failure else None,
+                retry_failed=prepared.retry_failed,
+            )
             return prepared
         current, report, synced = prepared
         if report is not None:  # the retry's own preflight (without, check.json stays the one it had)
             save_to_run(run, current, report)
         if down_requested(run):  # `orch down` while the retry was being prepared: nothing is relaunched
-            return _stopped(run, UpOutcome(UpResult.STOPPED, run.run_id, report, time.monotonic() - t0, outcome.failure,
-                                           attempt=attempt, attempts=attempts, earlier=list(earlier)))
+            return _stopped(
+                run,
+                UpOutcome(
+                    UpResult.STOPPED,
+                    run.run_id,
+                    report,
+                    time.monotonic() - t0,
+                    outcome.failure,
+                    attempt=attempt,
+                    attempts=attempts,
+                    earlier=list(earlier),
+                ),
+            )
         t_launch = time.monotonic()
 
 
@@ -374,8 +424,12 @@ def _stopped(run: RunDir, outcome: UpOutcome) -> UpOutcome:
 
 def _attempt_record(attempt: int, outcome: UpOutcome) -> dict[str, Any]:
     """run.json `attempts[]`: how one attempt ended."""
-    return {"attempt": attempt, "result": str(outcome.result), "ended": time.time(),
-            "first_failure": outcome.failure.to_json() if outcome.failure else None}
+    return {
+        "attempt": attempt,
+        "result": str(outcome.result),
+        "ended": time.time(),
+        "first_failure": outcome.failure.to_json() if outcome.failure else None,
+    }
 
 
 def _why(outcome: UpOutcome) -> str:
@@ -398,9 +452,14 @@ def straggler_of(failure: Failure | None) -> dict[str, str]:
 STRAGGLER_PREFIX = "straggler: "
 
 
-def _prepare_retry(say: UpProgress, run: RunDir, inv: Inventory, replaced: dict[str, str],
-                   prepare: Prepare, slow: Mapping[str, str] | None = None,
-                   ) -> tuple[Inventory, CheckReport | None, SyncReport | None] | UpOutcome:
+def _prepare_retry(
+    say: UpProgress,
+    run: RunDir,
+    inv: Inventory,
+    replaced: dict[str, str],
+    prepare: Prepare,
+    slow: Mapping[str, str] | None = None,
+) -> tuple[Inventory, CheckReport | None, SyncReport | None] | UpOutcome:
     """The inventory of the next attempt: `job.sync` and the preflight again (unless skipped), a
     spare for each node that now fails either, or was stopped as a straggler (`slow`; `replaced`
     grows, run.json `replaced` follows), and the trainer's `--resume` once its master holds the
@@ -418,8 +477,13 @@ def _prepare_retry(say: UpProgress, run: RunDir, inv: Inventory, replaced: dict[
             try:
                 synced = sync_nodes(current, current.nodes)
             except OrchError as exc:  # the controller cannot copy any more (a job.sync path gone)
-                return UpOutcome(UpResult.RETRY_PREFLIGHT_FAILED, run.run_id, sync_error=exc, no_retry="job.sync failed",
-                                 retry_failed={n.name: f"sync: {exc.message}" for n in current.nodes})
+                return UpOutcome(
+                    UpResult.RETRY_PREFLIGHT_FAILED,
+                    run.run_id,
+                    sync_error=exc,
+                    no_retry="job.sync failed",
+                    retry_failed={n.name: f"sync: {exc.message}" for n in current.nodes},
+                )
             say.synced(synced, time.monotonic() - t)
             run.write(synced.to_json(), "sync.json")
             why.update({n.node: f"sync: {n.error}" for n in synced.failed()})
@@ -437,8 +501,13 @@ def _prepare_retry(say: UpProgress, run: RunDir, inv: Inventory, replaced: dict[
         bad = [n.name for n in current.nodes if n.name in why] or list(why)
         if len(bad) > len(current.spares) or any(b not in {n.name for n in current.nodes} for b in bad):
             left = f"{len(current.spares)} spare(s) left" if current.spares else "no spare left"
-            return UpOutcome(UpResult.RETRY_PREFLIGHT_FAILED, run.run_id, report,
-                             retry_failed={b: why[b] for b in bad}, no_retry=left)
+            return UpOutcome(
+                UpResult.RETRY_PREFLIGHT_FAILED,
+                run.run_id,
+                report,
+                retry_failed={b: why[b] for b in bad},
+                no_retry=left,
+            )
         for name, spare in zip(bad, current.spares):
             replaced[name] = spare.name
             say.replacing(name, spare.name, why[name])
@@ -486,8 +555,16 @@ class Ending:
             record.update_nodes(self.nodes, state=self.state, **self.fields)
 
 
-def _attempt(say: UpProgress, run: RunDir, inv: Inventory, report: CheckReport | None, detach: bool, t0: float,
-             t_launch: float, attempt: int) -> UpOutcome:
+def _attempt(
+    say: UpProgress,
+    run: RunDir,
+    inv: Inventory,
+    report: CheckReport | None,
+    detach: bool,
+    t0: float,
+    t_launch: float,
+    attempt: int,
+) -> UpOutcome:
     """One launch of the run on the inventory's nodes: plan, start, supervise (or detach); on
     every way out, the one teardown (`Ending`)."""
     plan = make_plan(inv, run.run_id, attempt, run.nonce or "", pins=report.pins if report is not None else None)
@@ -509,8 +586,19 @@ def _attempt(say: UpProgress, run: RunDir, inv: Inventory, report: CheckReport |
     return outcome
 
 
-def _launch(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, cluster: Cluster, detach: bool,
-            t0: float, t_launch: float, report: CheckReport | None, end: Ending, attempt: int = 1) -> UpOutcome:
+def _launch(
+    say: UpProgress,
+    run: RunDir,
+    record: RunRecord,
+    plan: Plan,
+    cluster: Cluster,
+    detach: bool,
+    t0: float,
+    t_launch: float,
+    report: CheckReport | None,
+    end: Ending,
+    attempt: int = 1,
+) -> UpOutcome:
     """Start every node; if one cannot start, the rest are stopped (`end`); then return (detach) or
     supervise."""
     started = start_all(cluster, plan, lease_s=None if detach else Tunables.from_env().lease_s)
@@ -534,8 +622,17 @@ def _launch(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, cluster
     return _attached(say, run, record, plan, cluster, t0, report, end, attempt)
 
 
-def _attached(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, cluster: Cluster, t0: float,
-              report: CheckReport | None, end: Ending, attempt: int = 1) -> UpOutcome:
+def _attached(
+    say: UpProgress,
+    run: RunDir,
+    record: RunRecord,
+    plan: Plan,
+    cluster: Cluster,
+    t0: float,
+    report: CheckReport | None,
+    end: Ending,
+    attempt: int = 1,
+) -> UpOutcome:
     """Stream the merged log and supervise until the run ends; say in `end` how it ended."""
     inv = plan.inventory
     records = record.nodes()
@@ -547,15 +644,21 @@ def _attached(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, clust
         r = by_name[name]
         # a node that was reached but answers slowly (a stalled disk) is not down: it has
         # `no_answer_s`; one that cannot be reached fails the call, and is judged by `grace`
-        return status_node(cluster[name], r.python, r.remote_dir, timeout=tune.no_answer_s, nonce=r.nonce,
-                           renew=True)
+        return status_node(cluster[name], r.python, r.remote_dir, timeout=tune.no_answer_s, nonce=r.nonce, renew=True)
 
     def excerpt(name: str) -> list[str]:
         r = by_name[name]
         return list(status_node(cluster[name], r.python, r.remote_dir, tail=200, nonce=r.nonce).tail)
 
-    pushed = Pushed([p.node.name for p in plan.nodes], poll_one, silent_after=tune.silent_after_s,
-                    first_frame_s=grace / 2, interval=interval, stale_after=grace / 2, no_answer_s=tune.no_answer_s)
+    pushed = Pushed(
+        [p.node.name for p in plan.nodes],
+        poll_one,
+        silent_after=tune.silent_after_s,
+        first_frame_s=grace / 2,
+        interval=interval,
+        stale_after=grace / 2,
+        no_answer_s=tune.no_answer_s,
+    )
     specs = [NodeSpec(p.node.name, p.node_rank, p.global_ranks.start, p.node.nproc_per_node) for p in plan.nodes]
     dog = Watchdog(inv.job.stall_timeout_s)
     hang = HangWatch(dog, inv.job.on_stall, cluster, run, records, specs, say, excerpt)
@@ -563,18 +666,27 @@ def _attached(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, clust
     detector = Detector(st.share, st.windows, plan.world_size)
     slow = StragglerWatch(detector, st.action, specs, say, lambda found: run.update(stragglers=found))
     watch = chain(hang if inv.job.stall_timeout_s > 0 else None, slow)
-    sup = Supervisor(specs,
-                     observe=pushed.observe,
-                     stop_all=lambda: stop_all(cluster, records, inv.job.stop_grace_s),
-                     excerpt=excerpt,
-                     confirm=lambda names: status_all(cluster, [r for r in records if r.node in names], timeout=3.0),
-                     interval=min(interval, 0.5), unreachable_grace=grace, sleep=pushed.wait,
-                     on_update=lambda nodes: record.update_nodes(nodes), offsets_s=offsets_s(run, inv),
-                     watch=watch, warn=say.warning)
+    sup = Supervisor(
+        specs,
+        observe=pushed.observe,
+        stop_all=lambda: stop_all(cluster, records, inv.job.stop_grace_s),
+        excerpt=excerpt,
+        confirm=lambda names: status_all(cluster, [r for r in records if r.node in names], timeout=3.0),
+        interval=min(interval, 0.5),
+        unreachable_grace=grace,
+        sleep=pushed.wait,
+        on_update=lambda nodes: record.update_nodes(nodes),
+        offsets_s=offsets_s(run, inv),
+        watch=watch,
+        warn=say.warning,
+    )
     stop_logs = threading.Event()
-    logs = threading.Thread(target=_stream_logs, args=(say, run, inv, cluster, stop_logs, pushed, dog, attempt == 1,
-                                                       detector),
-                            daemon=True, name="logs")
+    logs = threading.Thread(
+        target=_stream_logs,
+        args=(say, run, inv, cluster, stop_logs, pushed, dog, attempt == 1, detector),
+        daemon=True,
+        name="logs",
+    )
     logs.start()
     pushed.start()
     try:
@@ -601,13 +713,25 @@ def _attached(say: UpProgress, run: RunDir, record: RunRecord, plan: Plan, clust
     end.state = outcome.state
     if outcome.failure is not None:
         end.fields["first_failure"] = outcome.failure.to_json()
-    return UpOutcome(UpResult.SUCCEEDED if outcome.state == RunState.SUCCEEDED else UpResult.FAILED, run.run_id,
-                     report, failure=outcome.failure)
+    return UpOutcome(
+        UpResult.SUCCEEDED if outcome.state == RunState.SUCCEEDED else UpResult.FAILED,
+        run.run_id,
+        report,
+        failure=outcome.failure,
+    )
 
 
-def _stream_logs(say: UpProgress, run: RunDir, inv: Inventory, cluster: Cluster, stop: threading.Event,
-                 pushed: Pushed, dog: Watchdog | None = None, from_start: bool = True,
-                 detector: Detector | None = None) -> None:
+def _stream_logs(
+    say: UpProgress,
+    run: RunDir,
+    inv: Inventory,
+    cluster: Cluster,
+    stop: threading.Event,
+    pushed: Pushed,
+    dog: Watchdog | None = None,
+    from_start: bool = True,
+    detector: Detector | None = None,
+) -> None:
     """The merged log (host and rank on every line) to `say.line` until the run ends or `stop`
     is set; the node status the streams carry goes to `pushed` (the supervisor's observations),
     every rank's line to the hang watchdog, the agents' telemetry lines and the ranks' timing
@@ -622,9 +746,17 @@ def _stream_logs(say: UpProgress, run: RunDir, inv: Inventory, cluster: Cluster,
     quiet = QuietStop()  # what a node prints once stopped stays in its log: one line says it stopped
     try:
         offsets, _origin = clock_offsets(run, inv.name)
-        follower = Follower(run, inv, cluster, offsets_ms=offsets, on_event=say.log_event, from_start=from_start,
-                            on_status=lambda node, status: pushed.status(node, NodeStatus.from_json(status)),
-                            on_frame=pushed.frame, lease=True)
+        follower = Follower(
+            run,
+            inv,
+            cluster,
+            offsets_ms=offsets,
+            on_event=say.log_event,
+            from_start=from_start,
+            on_status=lambda node, status: pushed.status(node, NodeStatus.from_json(status)),
+            on_frame=pushed.frame,
+            lease=True,
+        )
         for line in follower.lines(stop):
             if dog is not None and line.rank is not None:
                 dog.progress()

@@ -185,8 +185,11 @@ def cluster_pids(cluster_id: str | None = None) -> list[int]:
     for pid in _pids():
         if not _alive(pid):
             continue
-        if _environ(pid).get(key) == tag or names_tag(_read_proc(pid, "cmdline"), tag) \
-                or names_tag(_fd_target(pid, 2), tag):
+        if (
+            _environ(pid).get(key) == tag
+            or names_tag(_read_proc(pid, "cmdline"), tag)
+            or names_tag(_fd_target(pid, 2), tag)
+        ):
             out.append(pid)
     return sorted(out)
 
@@ -333,8 +336,14 @@ class TestCluster:
 
     NODE_LOCAL = "/tmp/orch-node-local"
 
-    def __init__(self, keys: KeyStore, n: int = 4, mode: Mode = "loopback",
-                 node_env: Mapping[str, Mapping[str, str]] | None = None, root: Path | None = None) -> None:
+    def __init__(
+        self,
+        keys: KeyStore,
+        n: int = 4,
+        mode: Mode = "loopback",
+        node_env: Mapping[str, Mapping[str, str]] | None = None,
+        root: Path | None = None,
+    ) -> None:
         if mode not in ("loopback", "netns"):
             raise ValueError(f"mode must be loopback or netns, not {mode!r}")
         if not 1 <= n <= 200:
@@ -482,11 +491,16 @@ class TestCluster:
         else:
             host = f"127.0.1.{i}"
             host, port, netns = host, free_port(host), None
-        env = {"ORCH_TEST_SESSION": SESSION_TAG, "ORCH_TEST_CLUSTER": self.id, "ORCH_TEST_NODE": name,
-               "HOME": str(self.home)}
+        env = {
+            "ORCH_TEST_SESSION": SESSION_TAG,
+            "ORCH_TEST_CLUSTER": self.id,
+            "ORCH_TEST_NODE": name,
+            "HOME": str(self.home),
+        }
         env.update(self._node_env.get(name, {}))
-        node = TestNode(name=name, host=host, port=port, addr=host, netns=netns, local_dir=local,
-                        index=i, dir=ndir, env=env)
+        node = TestNode(
+            name=name, host=host, port=port, addr=host, netns=netns, local_dir=local, index=i, dir=ndir, env=env
+        )
         if netns:
             self._setup_netns(node)
         return node
@@ -534,28 +548,46 @@ class TestCluster:
         # the node's NICs), but with this machine's cgroup mounts kept under /sys/fs/cgroup (moved
         # aside and back), which a container runtime on the node needs (runc: "no cgroup mount
         # found in mountinfo"); the holder is in the network namespace before it says ready
-        script = ('set -e; if [ -n "$3" ]; then hostname "$3"; fi; '
-                  'if [ -n "$1" ]; then mount --bind "$1" "$2"; fi; echo ready; exec sleep 2147483647')
+        script = (
+            'set -e; if [ -n "$3" ]; then hostname "$3"; fi; '
+            'if [ -n "$1" ]; then mount --bind "$1" "$2"; fi; echo ready; exec sleep 2147483647'
+        )
         if node.netns:
-            script = ('set -e; mkdir -p "$5"; mount --rbind /sys/fs/cgroup "$5"; '
-                      'nsenter --net="$4" mount -t sysfs -o nosuid,nodev,noexec sysfs /sys; '
-                      'mount --rbind "$5" /sys/fs/cgroup; umount -l "$5"; '
-                      f'exec nsenter --net="$4" sh -c {shlex.quote(script)} holder "$@"')
+            script = (
+                'set -e; mkdir -p "$5"; mount --rbind /sys/fs/cgroup "$5"; '
+                'nsenter --net="$4" mount -t sysfs -o nosuid,nodev,noexec sysfs /sys; '
+                'mount --rbind "$5" /sys/fs/cgroup; umount -l "$5"; '
+                f'exec nsenter --net="$4" sh -c {shlex.quote(script)} holder "$@"'
+            )
         argv: list[str] = ["unshare", "--mount", "--propagation", "private"]
         if node.netns:
             argv += ["--uts"]
-        argv += ["--", "sh", "-c", script, "holder",
-                 str(node.local_dir) if self._private_fs else "", self.NODE_LOCAL, node.name if node.netns else "",
-                 f"/run/netns/{node.netns}" if node.netns else "", str(self.root / f"cgroup-{node.name}")]
-        holder = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, env=self._daemon_env(node), start_new_session=True)
+        argv += [
+            "--",
+            "sh",
+            "-c",
+            script,
+            "holder",
+            str(node.local_dir) if self._private_fs else "",
+            self.NODE_LOCAL,
+            node.name if node.netns else "",
+            f"/run/netns/{node.netns}" if node.netns else "",
+            str(self.root / f"cgroup-{node.name}"),
+        ]
+        holder = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=self._daemon_env(node),
+            start_new_session=True,
+        )
         node.holder = holder
         assert holder.stdout is not None
         if holder.stdout.readline().strip() != b"ready":
             err = holder.stderr.read().decode(errors="replace") if holder.stderr else ""
             holder.wait(5)
             raise ClusterError(f"{node.name}: could not set up its namespaces: {err.strip()}")
-
 
     def _enter(self, node: TestNode) -> list[str]:
         """argv prefix that runs a command inside the node's namespaces (empty: this machine as is)."""
@@ -614,9 +646,14 @@ SetEnv {setenv}
         # sshd must be started by absolute path (it re-execs itself); nsenter execs it in place,
         # so the Popen pid is sshd's own.
         with open(self._sshd_log_path(node), "ab") as log:
-            node.sshd = subprocess.Popen(self._enter(node) + [SSHD, "-D", "-e", "-f", str(self._sshd_config(node))],
-                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                         env=self._daemon_env(node), start_new_session=True)
+            node.sshd = subprocess.Popen(
+                self._enter(node) + [SSHD, "-D", "-e", "-f", str(self._sshd_config(node))],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                env=self._daemon_env(node),
+                start_new_session=True,
+            )
 
     def _wait_sshd(self, node: TestNode) -> None:
         proc = node.sshd
@@ -634,7 +671,11 @@ SetEnv {setenv}
                 self._wait_sshd(node)
                 return
             except ClusterError:
-                if node.netns is not None or attempt == tries - 1 or "Address already in use" not in self.sshd_log(node):
+                if (
+                    node.netns is not None
+                    or attempt == tries - 1
+                    or "Address already in use" not in self.sshd_log(node)
+                ):
                     raise
             node.port = free_port(node.host)
             self._write_known_hosts()
@@ -660,13 +701,15 @@ SetEnv {setenv}
             # its command socket stays in our tmp dir: the default /run/chrony/chronyd.sock would make
             # every `chronyc` on this machine (and on the test nodes) talk to this test server
             f"cmdport 0\nbindcmdaddress {cdir / 'chronyd.sock'}\n"
-            f"pidfile {cdir / 'chronyd.pid'}\ndriftfile {cdir / 'drift'}\n")
+            f"pidfile {cdir / 'chronyd.pid'}\ndriftfile {cdir / 'drift'}\n"
+        )
         argv = [CHRONYD, "-x", "-d", "-f", str(cdir / "chrony.conf")]
         if is_root():
             argv += ["-u", "root"]  # keep root: the pid/drift files live in our private tmp dir
         with open(cdir / "chronyd.log", "ab") as log:
-            self.chronyd = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                            env=self._daemon_env(), start_new_session=True)
+            self.chronyd = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self._daemon_env(), start_new_session=True
+            )
         self.ntp_server = f"{bind}:{port}"
         self._wait_ntp(bind, port, cdir)
 
@@ -703,11 +746,18 @@ SetEnv {setenv}
                 return n
         raise KeyError(f"no test node {name!r} (have {', '.join(n.name for n in self.nodes)})")
 
-    def write_inventory(self, path: str | os.PathLike[str] | None = None, *, job: Mapping[str, Any] | None = None,
-                        env: Mapping[str, Any] | None = None, checks: Mapping[str, Any] | None = None,
-                        master: Mapping[str, Any] | None = None,
-                        nodes_extra: Mapping[str, Mapping[str, Any]] | None = None,
-                        only: Sequence[str] | None = None, **top: Any) -> Path:
+    def write_inventory(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        job: Mapping[str, Any] | None = None,
+        env: Mapping[str, Any] | None = None,
+        checks: Mapping[str, Any] | None = None,
+        master: Mapping[str, Any] | None = None,
+        nodes_extra: Mapping[str, Mapping[str, Any]] | None = None,
+        only: Sequence[str] | None = None,
+        **top: Any,
+    ) -> Path:
         """Write a valid inventory for this cluster, deep-merging the overrides (None deletes a key);
         with `only`, of those nodes alone (a scenario that needs no more: each node is a torchrun
         and its ranks, seconds of CPU on this 2-core machine)."""
@@ -724,8 +774,14 @@ SetEnv {setenv}
         doc: dict[str, Any] = {
             "name": f"tc{self.number}-{self.mode}",
             "transport": "ssh",
-            "ssh": {"user": self.user, "identity": str(self.client_key), "known_hosts": str(self.known_hosts),
-                    "host_key_policy": "strict", "connect_timeout": 5, "ssh_config": str(self.root / "no-ssh-config")},
+            "ssh": {
+                "user": self.user,
+                "identity": str(self.client_key),
+                "known_hosts": str(self.known_hosts),
+                "host_key_policy": "strict",
+                "connect_timeout": 5,
+                "ssh_config": str(self.root / "no-ssh-config"),
+            },
             "nodes": nodes,
             "checks": {"clock": {"ntp_server": self.ntp_server}},
             "job": {"python": self.python, "run_root": str(self.root / "runs")},
@@ -853,7 +909,9 @@ SetEnv {setenv}
         proc = _sh(base + ["replace", "dev", "eth0", "root", "netem", *spec.split()], check=False)
         if proc.returncode != 0:
             if "unknown" in proc.stderr.lower() or "not supported" in proc.stderr.lower():
-                raise NetemUnsupported(f"this kernel has no tc netem qdisc (CONFIG_NET_SCH_NETEM): {proc.stderr.strip()}")
+                raise NetemUnsupported(
+                    f"this kernel has no tc netem qdisc (CONFIG_NET_SCH_NETEM): {proc.stderr.strip()}"
+                )
             raise ClusterError(f"netem {spec!r} on {node}: {proc.stderr.strip()}")
 
     def tbf(self, node: str, rate: str) -> None:
@@ -866,8 +924,23 @@ SetEnv {setenv}
         if not rate:
             _sh(["tc", "qdisc", "del", "dev", str(n.host_veth), "root"], check=False)
             return
-        _sh(["tc", "qdisc", "replace", "dev", str(n.host_veth), "root", "tbf", "rate", rate, "burst", "64kb",
-             "latency", "50ms"])
+        _sh(
+            [
+                "tc",
+                "qdisc",
+                "replace",
+                "dev",
+                str(n.host_veth),
+                "root",
+                "tbf",
+                "rate",
+                rate,
+                "burst",
+                "64kb",
+                "latency",
+                "50ms",
+            ]
+        )
 
     def add_interface(self, node: str, ifname: str, ipv4_cidr: str, up: bool = True) -> None:
         """Give the node one more NIC named ifname (a dummy, or a veth whose peer stays outside)."""
@@ -913,8 +986,9 @@ SetEnv {setenv}
             if not env_raw:
                 continue
             env = _environ(pid)
-            on_node = (env.get(b"ORCH_TEST_CLUSTER") == self.id.encode()
-                       and env.get(b"ORCH_TEST_NODE") == n.name.encode())
+            on_node = (
+                env.get(b"ORCH_TEST_CLUSTER") == self.id.encode() and env.get(b"ORCH_TEST_NODE") == n.name.encode()
+            )
             if not on_node and ns_inode is not None:
                 on_node = self._netns_inode_of(pid) == ns_inode
             if on_node and (want in env_raw or want in _read_proc(pid, "cmdline")):

@@ -114,8 +114,9 @@ def make_cluster(cluster_keys: KeyStore, tmp_path_factory: pytest.TempPathFactor
     """Factory: `make_cluster(n=4, mode="loopback", node_env={"node2": {"TZ": "UTC"}})` → a started cluster."""
     started: list[TestCluster] = []
 
-    def make(n: int = 4, mode: Mode = "loopback",
-             node_env: Mapping[str, Mapping[str, str]] | None = None) -> TestCluster:
+    def make(
+        n: int = 4, mode: Mode = "loopback", node_env: Mapping[str, Mapping[str, str]] | None = None
+    ) -> TestCluster:
         _skip_unless_netns(mode)
         root = tmp_path_factory.mktemp(f"cluster-{mode}")
         c = TestCluster(cluster_keys, n=n, mode=mode, node_env=node_env, root=root)
@@ -348,8 +349,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     lanes = _lanes(config)
     rank = {"foreground": 0, "shared": 1, "alone": 2} if lanes else {"foreground": 1, "shared": 0, "alone": 1}
     took = _durations()
-    items.sort(key=lambda item: (rank[lane_kind(item)], not _waits(item), item.get_closest_marker("slow") is None,
-                                 -took.get(item.nodeid, 0.0)))
+    items.sort(
+        key=lambda item: (
+            rank[lane_kind(item)],
+            not _waits(item),
+            item.get_closest_marker("slow") is None,
+            -took.get(item.nodeid, 0.0),
+        )
+    )
     if lanes is not None:  # for the controller's scheduler, before this worker reports its collection
         listed = lanes.kinds_list()
         tmp = listed.with_name(f"{listed.name}.{os.getpid()}")

@@ -82,8 +82,10 @@ def why_no_podman() -> str | None:
     for tool in ("podman", "runc", "tini"):
         if shutil.which(tool, path="/usr/sbin:/usr/bin:/sbin:/bin") is None:
             return f"the container tests need {tool} (.ci/packages)"
-    if not (cache_dir() / f"rootfs-{image_key()}.tar").exists() and shutil.which(
-            "debootstrap", path="/usr/sbin:/usr/bin:/sbin:/bin") is None:
+    if (
+        not (cache_dir() / f"rootfs-{image_key()}.tar").exists()
+        and shutil.which("debootstrap", path="/usr/sbin:/usr/bin:/sbin:/bin") is None
+    ):
         return "the container tests build their image with debootstrap (.ci/packages)"
     return None
 
@@ -119,13 +121,20 @@ def rootfs_tarball(log: Any = None) -> Path:
         work = Path(tempfile.mkdtemp(prefix="rootfs-", dir=cache))
         try:
             root = work / "root"
-            argv = ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(root),
-                    debian_mirror()]
+            argv = [
+                "debootstrap",
+                "--variant=minbase",
+                f"--include={','.join(PACKAGES)}",
+                SUITE,
+                str(root),
+                debian_mirror(),
+            ]
             started = time.monotonic()
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=900)
             if proc.returncode != 0:
-                raise RuntimeError(f"`{' '.join(argv)}` exited {proc.returncode}: {proc.stdout[-2000:]}"
-                                   f"{proc.stderr[-2000:]}")
+                raise RuntimeError(
+                    f"`{' '.join(argv)}` exited {proc.returncode}: {proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+                )
             for rel in PRUNE:
                 shutil.rmtree(root / rel, ignore_errors=True)
             partial = work / "rootfs.tar"
@@ -178,14 +187,15 @@ class PodmanStore:
     def write(self) -> None:
         self.conf.write_text(
             "[containers]\n"
-            "default_ulimits = []\n"       # the runtime's default ulimits exceed this sandbox's hard limits
+            "default_ulimits = []\n"  # the runtime's default ulimits exceed this sandbox's hard limits
             'init_path = "/usr/bin/tini"\n'  # --init: Debian's podman has no catatonit; tini is the same idea
             "[engine]\n"
-            'runtime = "runc"\n'            # crun fails on the cgroup v1/v2 hybrid mounts here
+            'runtime = "runc"\n'  # crun fails on the cgroup v1/v2 hybrid mounts here
             'cgroup_manager = "cgroupfs"\n'
             'events_logger = "file"\n'
-            'lock_type = "file"\n'          # not the shared-memory lock table every store would share
-            f'tmp_dir = "{self.root / "tmp"}"\n')
+            'lock_type = "file"\n'  # not the shared-memory lock table every store would share
+            f'tmp_dir = "{self.root / "tmp"}"\n'
+        )
         extra = ", ".join(json.dumps(str(p)) for p in self.images_from)
         self.storage_conf.write_text(
             "[storage]\n"
@@ -193,15 +203,17 @@ class PodmanStore:
             f'graphroot = "{self.graph}"\n'
             f'runroot = "{self.root / "run"}"\n'
             "[storage.options]\n"
-            f"additionalimagestores = [{extra}]\n")
+            f"additionalimagestores = [{extra}]\n"
+        )
 
     def see_images_of(self, *stores: Path) -> None:
         """Change which read-only stores this one sees (none: the seed's image is missing here)."""
         self.images_from = tuple(stores)
         self.write()
 
-    def podman(self, *args: str, check: bool = True, timeout: float = 300, enter: Sequence[str] = (),
-               **kw: Any) -> subprocess.CompletedProcess[str]:
+    def podman(
+        self, *args: str, check: bool = True, timeout: float = 300, enter: Sequence[str] = (), **kw: Any
+    ) -> subprocess.CompletedProcess[str]:
         """Run podman on this store (`enter`: an argv prefix, e.g. a test node's nsenter)."""
         env = {**os.environ, **self.env}
         argv = [*enter, PODMAN, *args]
@@ -215,8 +227,9 @@ class PodmanStore:
         proc = self.podman("image", "inspect", "--format", "{{.Id}}", ref, check=False, enter=enter)
         return proc.stdout.strip() or None if proc.returncode == 0 else None
 
-    def import_rootfs(self, tarball: Path, ref: str = IMAGE, changes: Sequence[str] = (),
-                      enter: Sequence[str] = ()) -> str:
+    def import_rootfs(
+        self, tarball: Path, ref: str = IMAGE, changes: Sequence[str] = (), enter: Sequence[str] = ()
+    ) -> str:
         """`podman import` the tarball as `ref` (each import is a new image ID); its ID."""
         flags = [f"--change={c}" for c in changes]
         out = self.podman("import", *flags, str(tarball), ref, enter=enter).stdout.strip().splitlines()
@@ -289,9 +302,11 @@ def sandbox_options() -> list[str]:
         return "-1" if limit == resource.RLIM_INFINITY else str(limit)
 
     # nproc: runc sets it in a process that already counts against it; a modest value always fits
-    return [f"--ulimit=nofile={hard(resource.RLIMIT_NOFILE)}:{hard(resource.RLIMIT_NOFILE)}",
-            "--ulimit=nproc=4096:4096",
-            f"--ulimit=memlock={hard(resource.RLIMIT_MEMLOCK)}:{hard(resource.RLIMIT_MEMLOCK)}"]
+    return [
+        f"--ulimit=nofile={hard(resource.RLIMIT_NOFILE)}:{hard(resource.RLIMIT_NOFILE)}",
+        "--ulimit=nproc=4096:4096",
+        f"--ulimit=memlock={hard(resource.RLIMIT_MEMLOCK)}:{hard(resource.RLIMIT_MEMLOCK)}",
+    ]
 
 
 def python_mounts(python: str) -> list[str]:
@@ -300,8 +315,10 @@ def python_mounts(python: str) -> list[str]:
     system's directories, and the checkout the trainer is imported from, innermost folded into
     outermost. Raises when the interpreter itself is the system's (under /usr): the image's own
     Python would shadow it."""
-    code = ("import json, os, sys, trainer; print(json.dumps([sys.prefix, sys.base_prefix, "
-            "os.path.dirname(os.path.dirname(os.path.abspath(trainer.__file__))), *sys.path]))")
+    code = (
+        "import json, os, sys, trainer; print(json.dumps([sys.prefix, sys.base_prefix, "
+        "os.path.dirname(os.path.dirname(os.path.abspath(trainer.__file__))), *sys.path]))"
+    )
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True, timeout=60).stdout
     prefix, base, *path = json.loads(out)  # the checkout the trainer is imported from: an editable install
     # reaches it through a finder, not sys.path, and the tests' job scripts live there too
@@ -369,8 +386,7 @@ class PodmanBed:
         return {node: names for node, names in removed.items() if names}
 
 
-def start_podman_bed(cluster: Any, image: TestImage, base: Path,
-                     nodes: Sequence[str] | None = None) -> PodmanBed:
+def start_podman_bed(cluster: Any, image: TestImage, base: Path, nodes: Sequence[str] | None = None) -> PodmanBed:
     """A store per node (under `base`) that sees the seed's image, set in each node's logins."""
     bed = PodmanBed(cluster, image)
     for node in nodes or [n.name for n in cluster.nodes]:
@@ -408,14 +424,30 @@ class Dockerd:
 
     def start(self, timeout: float = 60) -> Dockerd:
         self.root.mkdir(parents=True, exist_ok=True)
-        argv = ["dockerd", f"--host=unix://{self.socket}", f"--data-root={self.root / 'data'}",
-                f"--exec-root={self.root / 'exec'}", f"--pidfile={self.root / 'docker.pid'}",
-                "--iptables=false", "--ip6tables=false", "--bridge=none", "--ip-masq=false",
-                "--exec-opt", "native.cgroupdriver=cgroupfs", "--storage-driver=overlay2"]
+        argv = [
+            "dockerd",
+            f"--host=unix://{self.socket}",
+            f"--data-root={self.root / 'data'}",
+            f"--exec-root={self.root / 'exec'}",
+            f"--pidfile={self.root / 'docker.pid'}",
+            "--iptables=false",
+            "--ip6tables=false",
+            "--bridge=none",
+            "--ip-masq=false",
+            "--exec-opt",
+            "native.cgroupdriver=cgroupfs",
+            "--storage-driver=overlay2",
+        ]
         log = open(self.root / "dockerd.log", "ab")  # noqa: SIM115 (the daemon's, closed below)
         with log:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                         env={**os.environ, **self.tag_env}, start_new_session=True)
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                env={**os.environ, **self.tag_env},
+                start_new_session=True,
+            )
         deadline = time.monotonic() + timeout
         while self.docker("info", "--format", "{{.ServerVersion}}", check=False).returncode != 0:
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -425,11 +457,13 @@ class Dockerd:
             time.sleep(0.2)
         return self
 
-    def docker(self, *args: str, check: bool = True, timeout: float = 300,
-               **kw: Any) -> subprocess.CompletedProcess[str]:
+    def docker(
+        self, *args: str, check: bool = True, timeout: float = 300, **kw: Any
+    ) -> subprocess.CompletedProcess[str]:
         argv = ["/usr/bin/docker", *args]  # Debian's client, whatever else is on PATH
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, **self.env}, **kw)
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout, env={**os.environ, **self.env}, **kw
+        )
         if check and proc.returncode != 0:
             raise RuntimeError(f"`{' '.join(argv)}` exited {proc.returncode}: {proc.stderr.strip()}")
         return proc

@@ -67,8 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    print(f"[rank {rank}] up world={world} host={os.uname().nodename} node={os.environ.get('ORCH_NODE')}",
-          flush=True)
+    print(f"[rank {rank}] up world={world} host={os.uname().nodename} node={os.environ.get('ORCH_NODE')}", flush=True)
     ok = True
     total = 0.0
     done = 0
@@ -99,8 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             break
         time.sleep(args.sleep)
     expected = expected_sum(world, done - 1)
-    print(f"[rank {rank}] done steps={done} allreduce_ok={ok} final_sum={total:g} expected={expected:g}",
-          flush=True)
+    print(f"[rank {rank}] done steps={done} allreduce_ok={ok} final_sum={total:g} expected={expected:g}", flush=True)
     dist.barrier()
     dist.destroy_process_group()
     return 0 if ok else 3

@@ -14,8 +14,9 @@ import pytest
 def small_disk(where: Path, size: str = "4m") -> Iterator[Path]:
     """A tmpfs of `size` mounted at `where` (root only), unmounted however the test ends."""
     where.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(where)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(where)], capture_output=True, text=True
+    )
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
     try:

@@ -13,19 +13,60 @@ from orchestrator.cli import render
 def fabric_result(names: list[str], backend: str = "gloo", device: str = "cpu", reason: str = "budget") -> dict:
     """A fabric job result as orch's job prints it (node/jobs/allreduce.py), names and words given."""
     mb = 1 << 20
-    return {"schema": 1, "backend": backend, "device": device, "torch": "2.14.1", "nccl": None,
-            "world_size": len(names), "nnodes": len(names),
-            "nodes": [{"node": i, "host": n, "hostname": n, "ranks": [i], "boot_id": "b"} for i, n in enumerate(names)],
-            "ranks": [], "op": "all_reduce", "dtype": "float32", "bus_factor": 1.0,
-            "sweep": [{"size_bytes": mb, "count": mb // 4, "type": "float", "redop": "sum", "root": -1, "iters": 5,
-                       "time_us": 2000.0, "algbw_gbps": 0.5, "busbw_gbps": 0.5, "wrong": 0}],
-            "skipped": [{"size_bytes": 4 * mb, "reason": reason}],
-            "links": {"method": "pairwise", "rounds": 1, "passes": 1, "rails": 1, "pairs_at_once": "one",
-                      "pairs_why": "x", "transfers": [
-                          {"pass": 0, "round": 0, "src_node": s, "dst_node": d, "rail": 0, "bytes": mb,
-                           "seconds": 0.001, "gbps": 1.0 if s else 0.01}
-                          for s in range(len(names)) for d in range(len(names)) if s != d]},
-            "elapsed_s": 1.0, "phase_s": {"sweep": 1.0}}
+    return {
+        "schema": 1,
+        "backend": backend,
+        "device": device,
+        "torch": "2.14.1",
+        "nccl": None,
+        "world_size": len(names),
+        "nnodes": len(names),
+        "nodes": [{"node": i, "host": n, "hostname": n, "ranks": [i], "boot_id": "b"} for i, n in enumerate(names)],
+        "ranks": [],
+        "op": "all_reduce",
+        "dtype": "float32",
+        "bus_factor": 1.0,
+        "sweep": [
+            {
+                "size_bytes": mb,
+                "count": mb // 4,
+                "type": "float",
+                "redop": "sum",
+                "root": -1,
+                "iters": 5,
+                "time_us": 2000.0,
+                "algbw_gbps": 0.5,
+                "busbw_gbps": 0.5,
+                "wrong": 0,
+            }
+        ],
+        "skipped": [{"size_bytes": 4 * mb, "reason": reason}],
+        "links": {
+            "method": "pairwise",
+            "rounds": 1,
+            "passes": 1,
+            "rails": 1,
+            "pairs_at_once": "one",
+            "pairs_why": "x",
+            "transfers": [
+                {
+                    "pass": 0,
+                    "round": 0,
+                    "src_node": s,
+                    "dst_node": d,
+                    "rail": 0,
+                    "bytes": mb,
+                    "seconds": 0.001,
+                    "gbps": 1.0 if s else 0.01,
+                }
+                for s in range(len(names))
+                for d in range(len(names))
+                if s != d
+            ],
+        },
+        "elapsed_s": 1.0,
+        "phase_s": {"sweep": 1.0},
+    }
 
 
 def fabric_outputs(inv_names: list[str], result: object, log: str = "") -> tuple[dict[str, Any], str]:
@@ -41,8 +82,12 @@ def fabric_outputs(inv_names: list[str], result: object, log: str = "") -> tuple
     from orchestrator.preflight.facts import NodeFacts
     from orchestrator.preflight.runner import CheckReport
 
-    inv = parse("nodes:\n" + "".join(f"  - {{host: 10.0.0.{i + 1}, name: {n}}}\n" for i, n in enumerate(inv_names))
-                + "checks: {fabric: true}\n", "t.yaml")
+    inv = parse(
+        "nodes:\n"
+        + "".join(f"  - {{host: 10.0.0.{i + 1}, name: {n}}}\n" for i, n in enumerate(inv_names))
+        + "checks: {fabric: true}\n",
+        "t.yaml",
+    )
     first = f"2026-11-30T09:32:05.123456Z out [default0]:{MARKER} {json.dumps(result)}\n"
     nodes = {n.name: FabricNode(n.name, log=(first if i == 0 else "") + log) for i, n in enumerate(inv.nodes)}
     ff = FabricFacts("gloo", "fab", nodes, wall_s=1.0)

@@ -22,8 +22,21 @@ from typing import Any
 
 FAKE_IMAGE_ID = "f" * 64
 """What `image inspect` answers for any image (the preflight's image row: one ID on every node)."""
-VALUED = {"--name", "--label", "-v", "-w", "-e", "--user", "--network", "--ipc", "--ulimit", "--device", "--cap-add",
-          "--gpus", "--tmpfs"}
+VALUED = {
+    "--name",
+    "--label",
+    "-v",
+    "-w",
+    "-e",
+    "--user",
+    "--network",
+    "--ipc",
+    "--ulimit",
+    "--device",
+    "--cap-add",
+    "--gpus",
+    "--tmpfs",
+}
 
 
 def install(bin_dir: Path, state: Path, execute: bool = False) -> Path:
@@ -35,7 +48,7 @@ def install(bin_dir: Path, state: Path, execute: bool = False) -> Path:
     for name in ("docker", "podman"):
         shim = bin_dir / name
         flag = "FAKE_RUNTIME_EXEC=1 " if execute else ""
-        shim.write_text(f"#!/bin/sh\n{flag}exec {sys.executable} {__file__} {state} {name} \"$@\"\n")
+        shim.write_text(f'#!/bin/sh\n{flag}exec {sys.executable} {__file__} {state} {name} "$@"\n')
         shim.chmod(0o755)
     state.write_text("[]")
     return state.with_suffix(".calls")
@@ -88,13 +101,13 @@ def main(argv: list[str]) -> int:
             return True
 
         if not _edit(state, register):
-            print(f"Error: the container name \"{name}\" is already in use", file=sys.stderr)
+            print(f'Error: the container name "{name}" is already in use', file=sys.stderr)
             return 125
         done: list[int] = []
         code = 143
         if os.environ.get("FAKE_RUNTIME_EXEC"):
             workdir = args[args.index("-w") + 1] if "-w" in args[:i] else None
-            child = subprocess.Popen(args[i + 1:], cwd=workdir, start_new_session=True)
+            child = subprocess.Popen(args[i + 1 :], cwd=workdir, start_new_session=True)
             box["pgid"] = child.pid
             _edit(state, lambda data: [c.update(pgid=child.pid) for c in data if c["id"] == cid])
             signal.signal(signal.SIGTERM, lambda *_: os.killpg(child.pid, signal.SIGTERM))
@@ -119,14 +132,19 @@ def main(argv: list[str]) -> int:
 
         missing = _edit(state, remove)
         for w in missing:
-            print(f"Error: no container with name or ID \"{w}\" found", file=sys.stderr)
+            print(f'Error: no container with name or ID "{w}" found', file=sys.stderr)
         return 1 if missing else 0
     if cmd == "ps":
         filters = [args[i + 1].removeprefix("label=") for i, a in enumerate(args) if a == "--filter"]
-        rows = [c for c in containers(state) if all(f"{k}={c['labels'].get(k)}" in filters or
-                                                     not any(f.startswith(k + "=") for f in filters)
-                                                     for k in c["labels"])
-                and all(f.partition("=")[0] in c["labels"] for f in filters)]
+        rows = [
+            c
+            for c in containers(state)
+            if all(
+                f"{k}={c['labels'].get(k)}" in filters or not any(f.startswith(k + "=") for f in filters)
+                for k in c["labels"]
+            )
+            and all(f.partition("=")[0] in c["labels"] for f in filters)
+        ]
         for c in rows:
             if "--format" in args:
                 print(f"{c['id']}\t{c['name']}\t{c['labels'].get('orch.run', '')}\t{c['state']}")
@@ -134,7 +152,7 @@ def main(argv: list[str]) -> int:
                 print(c["id"])
         return 0
     if cmd == "image" and args[:1] == ["inspect"]:  # every node holds the image, under one ID
-        print(f"sha256:{FAKE_IMAGE_ID}\t[\"PATH=/usr/bin\"]")
+        print(f'sha256:{FAKE_IMAGE_ID}\t["PATH=/usr/bin"]')
         return 0
     print(f"fake runtime: {cmd} is not faked", file=sys.stderr)
     return 125

@@ -157,7 +157,7 @@ def reap_stale(root: Path = CPU_ROOT, *, locked: bool = False) -> list[str]:
     removed = []
     with contextlib.nullcontext() if locked else reaping():
         for group in root.glob(f"{PREFIX}*"):
-            owner = group.name[len(PREFIX):]
+            owner = group.name[len(PREFIX) :]
             if group.is_dir() and owner.isdigit() and not pid_alive(int(owner)):
                 _remove_tree(group)
                 removed.append(f"cgroup {group}")

@@ -52,13 +52,23 @@ save(state)
 """
 
 
-def make_run(tmp: Path, names: Sequence[str], *, transport: str = "local", nproc: int = 2,
-             inventory_text: str | None = None, run_id: str = "r1") -> tuple[Inventory, RunDir]:
+def make_run(
+    tmp: Path,
+    names: Sequence[str],
+    *,
+    transport: str = "local",
+    nproc: int = 2,
+    inventory_text: str | None = None,
+    run_id: str = "r1",
+) -> tuple[Inventory, RunDir]:
     """An inventory (local transport by default) and a run created in $ORCH_HOME."""
     if inventory_text is None:
-        doc = {"name": "logs", "transport": transport,
-               "nodes": [{"host": n, "gpus": nproc} for n in names],
-               "job": {"python": sys.executable, "run_root": str(tmp / "noderuns")}}
+        doc = {
+            "name": "logs",
+            "transport": transport,
+            "nodes": [{"host": n, "gpus": nproc} for n in names],
+            "job": {"python": sys.executable, "run_root": str(tmp / "noderuns")},
+        }
         inventory_text = yaml.safe_dump(doc, sort_keys=False)
     path = tmp / "inventory.yaml"
     path.write_text(inventory_text)
@@ -67,14 +77,16 @@ def make_run(tmp: Path, names: Sequence[str], *, transport: str = "local", nproc
     return inv, run
 
 
-def start_writer(inv: Inventory, run: RunDir, node: str, count: int, interval: float,
-                 state: str = "succeeded") -> subprocess.Popen[bytes]:
+def start_writer(
+    inv: Inventory, run: RunDir, node: str, count: int, interval: float, state: str = "succeeded"
+) -> subprocess.Popen[bytes]:
     """A process appending `count` lines to that node's node.log, one every `interval` s."""
     n = inv.node(node)
     base = sum(m.nproc_per_node for m in inv.nodes if m.index < n.index)
     d = os.path.expanduser(remote_dir(inv, n, run.run_id))
-    return subprocess.Popen([sys.executable, "-c", WRITER, d, node, str(count), str(interval), str(base),
-                             str(n.nproc_per_node), state])
+    return subprocess.Popen(
+        [sys.executable, "-c", WRITER, d, node, str(count), str(interval), str(base), str(n.nproc_per_node), state]
+    )
 
 
 def seqs_by_node(texts: Sequence[tuple[str, str]]) -> dict[str, list[int]]:
@@ -109,8 +121,10 @@ def late_inversions(out: Sequence[tuple[float, Any]], hold_s: float) -> tuple[li
             inversions += 1
             if emitted - line.ts < hold_s:
                 k, other = max(later, key=lambda e: e[0])
-                bad.append(f"{line.node} {line.text!r} stamped {line.ts:.6f} came out {emitted - line.ts:.3f} s "
-                           f"later, after {other.node} {other.text!r} stamped {other.ts:.6f}")
+                bad.append(
+                    f"{line.node} {line.text!r} stamped {line.ts:.6f} came out {emitted - line.ts:.3f} s "
+                    f"later, after {other.node} {other.text!r} stamped {other.ts:.6f}"
+                )
         if line.node not in best or key > best[line.node][0]:
             best[line.node] = (key, line)
     return bad, inversions
@@ -132,8 +146,12 @@ def reader_pids(node_dir: str) -> list[int]:
 def general_merge(texts: list[str], nodes: list[PlainNode], widths: tuple[int, int], raw: bool = False) -> str:
     """The reference for the fast plain merges: what `orch logs` printed before any of them
     existed (parse every line into a LogLine, k-way merge, `format_line`)."""
-    streams = [read_node_lines(io.StringIO(t, newline="\n"), n.node, i, n.base_rank) for i, (t, n) in
-               enumerate(zip(texts, nodes))]
+    streams = [
+        read_node_lines(io.StringIO(t, newline="\n"), n.node, i, n.base_rank)
+        for i, (t, n) in enumerate(zip(texts, nodes))
+    ]
     offsets = {n.node: n.offset_ms for n in nodes}
-    return "".join(format_line(ln, False, node_width=widths[0], rank_width=widths[1], raw=raw) + "\n"
-                   for ln in merge(streams, offsets))
+    return "".join(
+        format_line(ln, False, node_width=widths[0], rank_width=widths[1], raw=raw) + "\n"
+        for ln in merge(streams, offsets)
+    )

@@ -63,8 +63,9 @@ def _bindable(port: int) -> bool:
 
 
 def _ports() -> Iterator[int]:
-    ports = worker_slice(os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT"),
-                         ephemeral_low())
+    ports = worker_slice(
+        os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT"), ephemeral_low()
+    )
     # a start of its own per process: two pytest runs at once on one machine rarely meet
     first = os.getpid() % len(ports)
     return itertools.cycle([*ports[first:], *ports[:first]])

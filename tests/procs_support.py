@@ -16,16 +16,19 @@ import sys
 from pathlib import Path
 
 BLOCKED = ("SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGALRM")
-_CODE = ("import signal, time\n"
-         f"signal.pthread_sigmask(signal.SIG_BLOCK, {{{', '.join('signal.' + s for s in BLOCKED)}}})\n"
-         "print('ready', flush=True)\n"
-         "time.sleep(600)\n")
+_CODE = (
+    "import signal, time\n"
+    f"signal.pthread_sigmask(signal.SIG_BLOCK, {{{', '.join('signal.' + s for s in BLOCKED)}}})\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(600)\n"
+)
 
 
 def stranger(**popen: object) -> subprocess.Popen[str]:
     """A process in a session (and process group) of its own, signals blocked, once it is ready."""
-    proc = subprocess.Popen([sys.executable, "-c", _CODE], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True, **popen)  # type: ignore[call-overload]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CODE], stdout=subprocess.PIPE, text=True, start_new_session=True, **popen
+    )  # type: ignore[call-overload]
     assert proc.stdout is not None and proc.stdout.readline() == "ready\n", "the stranger did not start"
     return proc  # type: ignore[no-any-return]
 

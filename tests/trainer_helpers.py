@@ -39,7 +39,6 @@ def unplotted(args: list[str]) -> list[str]:
     return [*args, "--plots", "false"]
 
 
-
 def make_dataset(root: Path, images: int = 24, classes: int = 3, imgsz: int = 64, segments: bool = False) -> Path:
     """A synthetic YOLO dataset under ``root``; returns its absolute data YAML."""
     sys.path.insert(0, str(REPO))
@@ -70,8 +69,18 @@ def save_checkpoint(path: Path, arch: str, names: list[str], seed: int = 0) -> A
     model.args = {**DEFAULT_CFG_DICT, "task": "segment" if seg else "detect"}
     from copy import deepcopy
 
-    torch.save({"epoch": -1, "model": deepcopy(model).half(), "ema": None, "optimizer": None,
-                "train_args": dict(model.args), "date": "2026-01-01T00:00:00", "version": "8.4.190"}, path)
+    torch.save(
+        {
+            "epoch": -1,
+            "model": deepcopy(model).half(),
+            "ema": None,
+            "optimizer": None,
+            "train_args": dict(model.args),
+            "date": "2026-01-01T00:00:00",
+            "version": "8.4.190",
+        },
+        path,
+    )
     return model
 
 
@@ -99,10 +108,19 @@ def env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return e
 
 
-def run_trainer(args: list[str], nproc: int = 0, timeout: float = TRAINER_TIMEOUT_S, blocked_net_log: Path | None = None,
-                cwd: Path | None = None, slow_build_s: float = 0.0, inf_loss_at: int = 0,
-                confusion_log: Path | None = None, extra_env: dict[str, str] | None = None,
-                default_plots: bool = False, overflow_steps: int = 0) -> Result:
+def run_trainer(
+    args: list[str],
+    nproc: int = 0,
+    timeout: float = TRAINER_TIMEOUT_S,
+    blocked_net_log: Path | None = None,
+    cwd: Path | None = None,
+    slow_build_s: float = 0.0,
+    inf_loss_at: int = 0,
+    confusion_log: Path | None = None,
+    extra_env: dict[str, str] | None = None,
+    default_plots: bool = False,
+    overflow_steps: int = 0,
+) -> Result:
     """Run the trainer: plain ``python -m trainer`` (nproc 0) or torchrun with ``nproc`` ranks.
 
     With ``blocked_net_log`` the run goes through this file as a script, so every rank runs
@@ -116,12 +134,28 @@ def run_trainer(args: list[str], nproc: int = 0, timeout: float = TRAINER_TIMEOU
     the trainer's default (ultralytics' plots=True) in place.
     """
     args = args if default_plots else unplotted(args)
-    script = (blocked_net_log is not None or slow_build_s > 0 or inf_loss_at > 0 or confusion_log is not None
-              or overflow_steps > 0)
+    script = (
+        blocked_net_log is not None
+        or slow_build_s > 0
+        or inf_loss_at > 0
+        or confusion_log is not None
+        or overflow_steps > 0
+    )
     entry = [str(Path(__file__).resolve())] if script else ["-m", "trainer"]
     if nproc:
-        cmd = [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
-               "--master-port", str(job_port()), *entry, *args]
+        cmd = [
+            PYTHON,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            str(nproc),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(job_port()),
+            *entry,
+            *args,
+        ]
     else:
         cmd = [PYTHON, *entry, *args]
     extra = {"TRAINER_NET_LOG": str(blocked_net_log)} if blocked_net_log else {}
@@ -150,9 +184,32 @@ def run_trainers(*runs: tuple[list[str], int]) -> list[Result]:
 
 
 RESUME_EPOCHS, RESUME_BATCH = 3, 4
-RESUME_FLAGS = ["--model", "yolo12n.yaml", "--epochs", str(RESUME_EPOCHS), "--batch", str(RESUME_BATCH),
-                "--imgsz", "64", "--log-every", "2", "--seed", "1", "--warmup-epochs", "1", "--workers", "0",
-                "--val-period", "0", "--lr", "0.05", "--accumulate", "1", "--close-mosaic", "0"]
+RESUME_FLAGS = [
+    "--model",
+    "yolo12n.yaml",
+    "--epochs",
+    str(RESUME_EPOCHS),
+    "--batch",
+    str(RESUME_BATCH),
+    "--imgsz",
+    "64",
+    "--log-every",
+    "2",
+    "--seed",
+    "1",
+    "--warmup-epochs",
+    "1",
+    "--workers",
+    "0",
+    "--val-period",
+    "0",
+    "--lr",
+    "0.05",
+    "--accumulate",
+    "1",
+    "--close-mosaic",
+    "0",
+]
 """The run every exact-resume test interrupts: 2 ranks, 3 epochs of 64 px, mosaic all the way
 (close_mosaic=0), augmentation in the process (workers 0). What the resumed runs must end with
 is this run uninterrupted (`trainer_reference`)."""
@@ -195,7 +252,6 @@ def make_reference(root: Path) -> Reference:
     result = run_trainer(ref.args(out=ref.out, debug_dir=root / "debug"), nproc=2)
     assert result.returncode == 0, result.explain()
     return Reference(data, ref.out, result)
-
 
 
 def read_results(run_dir: Path) -> list[dict[str, float]]:
@@ -280,15 +336,24 @@ def install_sync_counter(log: Path) -> None:
     atexit.register(lambda: log.write_text(json.dumps(counts)))
 
 
-def run_trainer_counting_syncs(args: list[str], log: Path, timeout: float = TRAINER_TIMEOUT_S) -> tuple[Result, dict[str, int]]:
+def run_trainer_counting_syncs(
+    args: list[str], log: Path, timeout: float = TRAINER_TIMEOUT_S
+) -> tuple[Result, dict[str, int]]:
     """One plain process of the trainer with the host-read counter; returns its result and the counts."""
-    p = subprocess.run([PYTHON, str(Path(__file__).resolve()), *unplotted(args)], capture_output=True, text=True,
-                       timeout=timeout, env=env({"TRAINER_SYNC_LOG": str(log)}), cwd=REPO)
+    p = subprocess.run(
+        [PYTHON, str(Path(__file__).resolve()), *unplotted(args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env({"TRAINER_SYNC_LOG": str(log)}),
+        cwd=REPO,
+    )
     return Result(p.returncode, p.stdout, p.stderr), json.loads(log.read_text()) if log.exists() else {}
 
 
-def run_nodes(args: list[str], homes: list[Path], timeout: float = TRAINER_TIMEOUT_S,
-              extra_env: dict[str, str] | None = None) -> list[Result]:
+def run_nodes(
+    args: list[str], homes: list[Path], timeout: float = TRAINER_TIMEOUT_S, extra_env: dict[str, str] | None = None
+) -> list[Result]:
     """A job of ``len(homes)`` torchrun "nodes" of one process each on this machine, every node with its
     own HOME: paths under ``~/`` are node-local, as on machines that share no storage. A node still
     running after ``timeout`` seconds is killed and raises ``subprocess.TimeoutExpired``."""
@@ -296,12 +361,35 @@ def run_nodes(args: list[str], homes: list[Path], timeout: float = TRAINER_TIMEO
     procs = []
     for rank, home in enumerate(homes):
         home.mkdir(parents=True, exist_ok=True)
-        cmd = [PYTHON, "-m", "torch.distributed.run", "--nnodes", str(len(homes)), "--node-rank", str(rank),
-               "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "trainer",
-               *unplotted(args)]
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                      env=env({**(extra_env or {}), "HOME": str(home)}), cwd=REPO,
-                                      start_new_session=True))
+        cmd = [
+            PYTHON,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            str(len(homes)),
+            "--node-rank",
+            str(rank),
+            "--nproc-per-node",
+            "1",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(port),
+            "-m",
+            "trainer",
+            *unplotted(args),
+        ]
+        procs.append(
+            subprocess.Popen(
+                cmd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env({**(extra_env or {}), "HOME": str(home)}),
+                cwd=REPO,
+                start_new_session=True,
+            )
+        )
     results = []
     try:
         for p in procs:
@@ -401,8 +489,12 @@ def install_confusion_record(log: Path) -> None:
 
     def recorded(self: Any, normalize: bool = True, *args: Any, **kwargs: Any) -> Any:
         with open(log, "a") as f:
-            f.write(json.dumps({"rank": int(os.environ.get("RANK", "-1")), "normalize": normalize,
-                                "matrix": self.matrix.tolist()}) + "\n")
+            f.write(
+                json.dumps(
+                    {"rank": int(os.environ.get("RANK", "-1")), "normalize": normalize, "matrix": self.matrix.tolist()}
+                )
+                + "\n"
+            )
         return plot(self, normalize, *args, **kwargs)
 
     ConfusionMatrix.plot = recorded  # type: ignore[method-assign]

@@ -36,8 +36,14 @@ class Orch:
         self.env.pop("ORCH_INVENTORY", None)
 
     def run(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=REPO, env=self.env,
-                              capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-m", "orchestrator", *args],
+            cwd=REPO,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     def start(self, *args: str, verbose: bool = False) -> UpProcess:
         """`orch up ARGS` in the background (`orch -v up ARGS`: every remote command on stderr)."""
@@ -78,12 +84,16 @@ class UpProcess:
         def find() -> str | None:
             latest = self.orch.home / "latest"
             return latest.read_text().strip() if latest.exists() else None
+
         return str(wait_for(find, timeout, f"the run to be created; stderr: {self.err}"))
 
     def wait_running(self, timeout: float = 90) -> str:
         run_id = self.run_id()
-        wait_for(lambda: self.orch.run_json(run_id).get("state") == "running" or self.proc.poll() is not None,
-                 timeout, "every node running")
+        wait_for(
+            lambda: self.orch.run_json(run_id).get("state") == "running" or self.proc.poll() is not None,
+            timeout,
+            "every node running",
+        )
         assert self.proc.poll() is None, f"orch up ended early ({self.proc.returncode}): {self.err}"
         return run_id
 
@@ -116,16 +126,27 @@ def node_log(run_root: Path, run_id: str, node: str) -> str:
         return ""
 
 
-def ddp_inventory(cluster: Any, *, nproc: int = 1, job_env: dict[str, str] | None = None,
-                  job: Mapping[str, Any] | None = None, **extra: Any) -> Path:
+def ddp_inventory(
+    cluster: Any,
+    *,
+    nproc: int = 1,
+    job_env: dict[str, str] | None = None,
+    job: Mapping[str, Any] | None = None,
+    **extra: Any,
+) -> Path:
     """A tests/ddp_job.py inventory for a test cluster: gloo over loopback, a free master port,
     5 s stop grace; `job` adds or overrides job keys, `extra` top-level ones."""
     from tests.ports import job_port
 
     env = {"GLOO_SOCKET_IFNAME": "lo", **(job_env or ddp_job())}
-    return Path(cluster.write_inventory(
-        job={"script": DDP_JOB, "nproc_per_node": nproc, "workdir": str(REPO), "stop_grace_s": 5, **(job or {})},
-        env=env, master={"port": job_port()}, **extra))
+    return Path(
+        cluster.write_inventory(
+            job={"script": DDP_JOB, "nproc_per_node": nproc, "workdir": str(REPO), "stop_grace_s": 5, **(job or {})},
+            env=env,
+            master={"port": job_port()},
+            **extra,
+        )
+    )
 
 
 def ddp_job(steps: int = 5, sleep: float = 0.2, **faults: int | str) -> dict[str, str]:

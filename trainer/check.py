@@ -33,8 +33,7 @@ from trainer.offline import set_offline_env
 
 SCHEMA = 1
 VERIFIED = ("arguments", "topology", "device", "data", "weights", "model", "settings", "run directory")
-NOT_VERIFIED = ("model build (--freeze layer names)", "datasets (label files, images)", "process group",
-                "GPU memory")
+NOT_VERIFIED = ("model build (--freeze layer names)", "datasets (label files, images)", "process group", "GPU memory")
 
 
 def check(argv: list[str]) -> dict[str, Any]:
@@ -58,23 +57,39 @@ def check(argv: list[str]) -> dict[str, Any]:
 
         inputs = prepare(cfg, topo, device)
         answer: dict[str, Any] = {
-            "rank": topo.rank, "world_size": topo.world_size, "local_world_size": topo.local_world_size,
-            "launched": topo.launched, "device": str(device), "amp": inputs.amp, "model": inputs.arch.name,
-            "task": inputs.arch.task, "yoloe": inputs.arch.yoloe, "weights": cfg.weights, "data": cfg.data,
-            "classes": len(inputs.data["names"]), "batch": cfg.batch, "epochs": cfg.epochs,
+            "rank": topo.rank,
+            "world_size": topo.world_size,
+            "local_world_size": topo.local_world_size,
+            "launched": topo.launched,
+            "device": str(device),
+            "amp": inputs.amp,
+            "model": inputs.arch.name,
+            "task": inputs.arch.task,
+            "yoloe": inputs.arch.yoloe,
+            "weights": cfg.weights,
+            "data": cfg.data,
+            "classes": len(inputs.data["names"]),
+            "batch": cfg.batch,
+            "epochs": cfg.epochs,
             "device_ids": list(cfg.device_ids) if cfg.device_ids is not None else None,
         }
         if topo.is_main:
             stage = "run directory"
             out, resume = decide_run(inputs.cfg)  # the model's task places the run directory
-            answer.update(out=str(out.absolute()), resume=cfg.resume,
-                          resume_epoch=resume.get("epoch") if resume else None)
+            answer.update(
+                out=str(out.absolute()), resume=cfg.resume, resume_epoch=resume.get("epoch") if resume else None
+            )
     except TrainerError as e:
         if not hasattr(e, "stage"):
             e.stage = stage  # type: ignore[attr-defined]
         raise
-    return {"trainer_check": SCHEMA, "ok": True, **answer, "verified": list(VERIFIED),
-            "not_verified": list(NOT_VERIFIED)}
+    return {
+        "trainer_check": SCHEMA,
+        "ok": True,
+        **answer,
+        "verified": list(VERIFIED),
+        "not_verified": list(NOT_VERIFIED),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -105,10 +105,21 @@ class HalfCopy:
         return _as_saved(self._copy)
 
 
-def build(*, epoch: int, best_fitness: float, stopper: dict[str, Any], model: torch.nn.Module, ema: Any,
-          optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None, train_args: dict[str, Any],
-          metrics: dict[str, float], config: dict[str, Any], ranks: list[dict[str, Any]],
-          half: HalfCopy | None = None) -> dict[str, Any]:
+def build(
+    *,
+    epoch: int,
+    best_fitness: float,
+    stopper: dict[str, Any],
+    model: torch.nn.Module,
+    ema: Any,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler | None,
+    train_args: dict[str, Any],
+    metrics: dict[str, float],
+    config: dict[str, Any],
+    ranks: list[dict[str, Any]],
+    half: HalfCopy | None = None,
+) -> dict[str, Any]:
     """The checkpoint dict after ``epoch`` (0-based, completed); ``ranks`` holds each rank's RNG and
     mosaic-buffer state, in rank order; ``half`` makes the file's fp16 EMA (a fresh copy when None);
     ``train_args`` should name the run directory as ``save_dir``, where ultralytics' resume writes.
@@ -182,9 +193,17 @@ def strip(ckpt: dict[str, Any]) -> dict[str, Any]:
     for p in model.parameters():
         p.requires_grad = False
     args = {**DEFAULT_CFG_DICT, **(out.get("train_args") or {})}
-    out.update(model=model, optimizer=None, best_fitness=None, ema=None, updates=None, scaler=None, epoch=-1,
-               train_args={k: v for k, v in args.items() if k in DEFAULT_CFG_KEYS},
-               date=datetime.now().astimezone().isoformat())
+    out.update(
+        model=model,
+        optimizer=None,
+        best_fitness=None,
+        ema=None,
+        updates=None,
+        scaler=None,
+        epoch=-1,
+        train_args={k: v for k, v in args.items() if k in DEFAULT_CFG_KEYS},
+        date=datetime.now().astimezone().isoformat(),
+    )
     return out
 
 
@@ -211,13 +230,17 @@ def load_for_resume(path: Path) -> dict[str, Any]:
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
     except (OSError, EOFError, RuntimeError, ValueError, pickle.UnpicklingError) as e:
-        raise TrainerError(f"--resume {path}: cannot be read as a checkpoint ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
-                           "a damaged or partial copy? give --resume another checkpoint of the run (weights/epochN.pt)") from None
+        raise TrainerError(
+            f"--resume {path}: cannot be read as a checkpoint ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
+            "a damaged or partial copy? give --resume another checkpoint of the run (weights/epochN.pt)"
+        ) from None
     if not isinstance(ckpt, dict):
         raise TrainerError(f"--resume {path}: not a checkpoint")
     if "trainer" not in ckpt:
         if ckpt.get("epoch") == -1:
-            raise TrainerError(f"--resume {path}: that run finished (this is its final checkpoint): nothing to resume; "
-                               f"to train further start a new run from it with --weights {path}")
+            raise TrainerError(
+                f"--resume {path}: that run finished (this is its final checkpoint): nothing to resume; "
+                f"to train further start a new run from it with --weights {path}"
+            )
         raise TrainerError(f"--resume {path}: not written by this trainer; start from it with --weights instead")
     return {k: ckpt[k] for k in RESUME_KEYS if k in ckpt}

@@ -79,8 +79,11 @@ def flag(**parsing: Any) -> dict[str, Any]:
 
 
 ALIASES = {
-    "--batch-size": ("batch", "the same as --batch: global over all ranks, as yolov5's --batch-size and "
-                              "ultralytics' batch= (for 32 per GPU on 8 GPUs pass 256)"),
+    "--batch-size": (
+        "batch",
+        "the same as --batch: global over all ranks, as yolov5's --batch-size and "
+        "ultralytics' batch= (for 32 per GPU on 8 GPUs pass 256)",
+    ),
     "--lr0": ("lr", "the same as --lr"),
     "--gradient-accumulation": ("accumulate", "the same as --accumulate"),
 }
@@ -247,6 +250,7 @@ class TrainConfig:
 
 # --- the parser ----------------------------------------------------------------------------------
 
+
 @cache
 def field_docs() -> dict[str, str]:
     """Each ``TrainConfig`` field's docstring (the string under it), whitespace folded."""
@@ -254,8 +258,13 @@ def field_docs() -> dict[str, str]:
     body = tree.body[0].body  # type: ignore[attr-defined]
     docs = {}
     for stmt, nxt in zip(body, body[1:]):
-        if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and isinstance(nxt, ast.Expr)
-                and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
+        if (
+            isinstance(stmt, ast.AnnAssign)
+            and isinstance(stmt.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+            and isinstance(nxt.value.value, str)
+        ):
             docs[stmt.target.id] = " ".join(nxt.value.value.split())
     return docs
 
@@ -320,10 +329,12 @@ class Parser(argparse.ArgumentParser):
         return f" (did you mean {', '.join(f'{m} for {f}' for m, f in meant)}?)" if meant else ""
 
 
-CHECK_HELP = ("check the arguments as a start would and answer in one JSON line, without training: parse, the "
-              "topology from torchrun's environment, the data YAML, --weights, the model, the run directory "
-              "(--out / --resume); no process group, nothing written. Exit 0 accepted, 2 refused (the message "
-              "a start would print)")
+CHECK_HELP = (
+    "check the arguments as a start would and answer in one JSON line, without training: parse, the "
+    "topology from torchrun's environment, the data YAML, --weights, the model, the run directory "
+    "(--out / --resume); no process group, nothing written. Exit 0 accepted, 2 refused (the message "
+    "a start would print)"
+)
 
 
 def build_parser() -> Parser:
@@ -333,12 +344,16 @@ def build_parser() -> Parser:
     p = Parser(
         prog="python -m trainer",
         description="DDP training of ultralytics YOLO12 / YOLOE models; run it under torchrun on every node. "
-                    "Defaults are ultralytics' (yolo train); its key=value arguments are accepted too.",
+        "Defaults are ultralytics' (yolo train); its key=value arguments are accepted too.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("settings", nargs="*", metavar="KEY=VALUE",
-                   help="ultralytics settings as `yolo train` takes them, e.g. epochs=100 lr0=0.01 cos_lr=True")
+    p.add_argument(
+        "settings",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="ultralytics settings as `yolo train` takes them, e.g. epochs=100 lr0=0.01 cos_lr=True",
+    )
     hints = typing.get_type_hints(TrainConfig)
     aliases = {name: (alias, text) for alias, (name, text) in ALIASES.items()}
     for f in fields(TrainConfig):
@@ -349,9 +364,14 @@ def build_parser() -> Parser:
         if f.name in aliases:
             alias, text = aliases[f.name]
             p.add_argument(alias, **dict(kw, help=text))
-    p.add_argument("--cfg", action="append", default=[], metavar="KEY=VALUE|FILE",
-                   help="an ultralytics setting (repeatable), e.g. --cfg mosaic=0; a settings YAML (like yolo cfg=); "
-                        "or a model YAML (--cfg yoloe-v8l-seg.yaml means --model)")
+    p.add_argument(
+        "--cfg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE|FILE",
+        help="an ultralytics setting (repeatable), e.g. --cfg mosaic=0; a settings YAML (like yolo cfg=); "
+        "or a model YAML (--cfg yoloe-v8l-seg.yaml means --model)",
+    )
     p.add_argument("--check", action="store_true", help=CHECK_HELP)
     return p
 
@@ -378,8 +398,9 @@ def _from_flags(ns: argparse.Namespace, given: Given) -> None:
         given.put(name, value, f"{flag_text} {value}" if not isinstance(value, bool) else flag_text)
 
 
-def parse_config(argv: list[str] | None = None, usage_errors: bool = False,
-                 problems: list[str] | None = None) -> TrainConfig:
+def parse_config(
+    argv: list[str] | None = None, usage_errors: bool = False, problems: list[str] | None = None
+) -> TrainConfig:
     """Parse the command line into a checked ``TrainConfig``.
 
     With ``usage_errors`` an argument argparse refuses (an unknown flag, a value of the wrong
@@ -435,8 +456,10 @@ def resolve(given: Given, hyp: dict[str, Any], found: list[str] | None = None) -
     if chosen and optimizer == "auto" and (auto_named or all(k in given.weak for k in chosen)):
         # ultralytics' rule: optimizer=auto picks its own rate and momentum (every args.yaml has both)
         unused = " and ".join(f"{'lr0' if k == 'lr' else k} {v.pop(k):g}" for k in chosen)
-        notes.append(f"{unused} unused: optimizer auto picks its own (ultralytics' rule; name an optimizer, "
-                     "e.g. optimizer=SGD, to use them)")
+        notes.append(
+            f"{unused} unused: optimizer auto picks its own (ultralytics' rule; name an optimizer, "
+            "e.g. optimizer=SGD, to use them)"
+        )
     elif chosen and optimizer == "auto":
         v["optimizer"] = "SGD"
         notes.append(f"optimizer SGD because {given.sources[chosen[0]]} was given (auto would choose its own rate)")
@@ -456,13 +479,20 @@ def resolve(given: Given, hyp: dict[str, Any], found: list[str] | None = None) -
         # collides with (or silently resumes) the previous run's weights.
         v["name"] = os.environ["ORCH_RUN_ID"]
     known = {f.name for f in fields(TrainConfig)}
-    cfg = replace(TrainConfig(), **{k: val for k, val in v.items() if k in known}, hyp=dict(hyp), notes=tuple(notes),
-                  given=tuple(sorted({*given.values, *hyp})))
+    cfg = replace(
+        TrainConfig(),
+        **{k: val for k, val in v.items() if k in known},
+        hyp=dict(hyp),
+        notes=tuple(notes),
+        given=tuple(sorted({*given.values, *hyp})),
+    )
     problems = []
     if cfg.batch_per_device is not None:
         if "batch" in v:
-            problems.append(f"{given.sources['batch']} and {given.sources['batch_per_device']} both set the batch: "
-                            "give the global batch or the batch per GPU, not both")
+            problems.append(
+                f"{given.sources['batch']} and {given.sources['batch_per_device']} both set the batch: "
+                "give the global batch or the batch per GPU, not both"
+            )
         if cfg.batch_per_device < 1:
             problems.append(f"--batch-per-device must be >= 1, got {cfg.batch_per_device}")
     for name in ("epochs", "batch", "imgsz", "log_every", "nbs"):
@@ -508,8 +538,9 @@ def for_node(cfg: TrainConfig, device_type: str, cpus: int, local_world_size: in
     cap = max(cpus // max(local_world_size, 1), 0)
     workers = min(cfg.workers, cap)
     if workers != cfg.workers:
-        notes.append(f"--workers {cfg.workers} -> {workers}: this node's {cpus} CPUs shared by its {local_world_size} "
-                     "rank(s)")
+        notes.append(
+            f"--workers {cfg.workers} -> {workers}: this node's {cpus} CPUs shared by its {local_world_size} rank(s)"
+        )
     pin = cfg.pin_memory and device_type == "cuda"
     if cfg.pin_memory and not pin and "pin_memory" in cfg.given:
         notes.append("--pin-memory off: page-locked memory is for copies to a GPU, and this rank trains on the CPU")
@@ -552,7 +583,11 @@ def topology_problems(cfg: TrainConfig, world_size: int, launched: bool, local_w
     if problem:
         problems.append(f"--batch {cfg.batch}: {problem}")
     if launched:
-        for flag, value in (("--data", cfg.data), ("--weights", cfg.weights), ("--text-embeddings", cfg.text_embeddings)):
+        for flag, value in (
+            ("--data", cfg.data),
+            ("--weights", cfg.weights),
+            ("--text-embeddings", cfg.text_embeddings),
+        ):
             if value and not Path(value).is_absolute():
                 problems.append(
                     f"{flag} {value} is relative; under torchrun every node must see the same absolute path "
@@ -562,11 +597,15 @@ def topology_problems(cfg: TrainConfig, world_size: int, launched: bool, local_w
     if ids is not None and len(ids) != local_world_size:
         listed = ",".join(map(str, ids))
         if not launched and len(ids) > 1:
-            problems.append(f"--device {listed} names {len(ids)} GPUs but this is one process: start it with "
-                            f"torchrun --nproc-per-node {len(ids)} -m trainer ...")
+            problems.append(
+                f"--device {listed} names {len(ids)} GPUs but this is one process: start it with "
+                f"torchrun --nproc-per-node {len(ids)} -m trainer ..."
+            )
         else:
-            problems.append(f"--device {listed} names {len(ids)} GPUs but torchrun started {local_world_size} "
-                            f"process(es) on this node: {nproc_fix(len(ids))}, or list {local_world_size} GPU(s)")
+            problems.append(
+                f"--device {listed} names {len(ids)} GPUs but torchrun started {local_world_size} "
+                f"process(es) on this node: {nproc_fix(len(ids))}, or list {local_world_size} GPU(s)"
+            )
     return problems
 
 
@@ -574,8 +613,9 @@ def precision_problems(cfg: TrainConfig, device_type: str, distributed: bool) ->
     """What ``--amp`` and ``--sync-bn`` cannot do on this rank's device (``cpu``/``cuda``)."""
     problems = []
     if cfg.amp in ("on", "fp16") and device_type != "cuda":
-        problems.append(f"--amp {cfg.amp}: fp16 mixed precision needs CUDA (GradScaler); on CPU use --amp off or "
-                        "--amp bf16")
+        problems.append(
+            f"--amp {cfg.amp}: fp16 mixed precision needs CUDA (GradScaler); on CPU use --amp off or --amp bf16"
+        )
     if cfg.sync_bn and distributed and device_type != "cuda":
         problems.append("--sync-bn needs CUDA: torch's SyncBatchNorm has no CPU implementation (drop --sync-bn on CPU)")
     return problems

@@ -53,7 +53,12 @@ def load_data_yaml(path: str) -> dict[str, Any]:
     root = Path(raw.get("path") or file.parent)
     if not root.is_absolute():
         root = (file.parent / root).resolve()
-    data: dict[str, Any] = {"path": str(root), "names": names, "nc": len(names), "channels": int(raw.get("channels", 3))}
+    data: dict[str, Any] = {
+        "path": str(root),
+        "names": names,
+        "nc": len(names),
+        "channels": int(raw.get("channels", 3)),
+    }
     for split in ("train", "val"):
         data[split] = _resolve_split(path, raw, split, root)
     return data
@@ -74,8 +79,7 @@ def _resolve_split(path: str, raw: dict[str, Any], split: str, root: Path) -> li
     return out
 
 
-IMAGE_SUFFIXES = frozenset({".bmp", ".dng", ".jpeg", ".jpg", ".mpo", ".png", ".tif", ".tiff", ".webp", ".pfm",
-                            ".heic"})
+IMAGE_SUFFIXES = frozenset({".bmp", ".dng", ".jpeg", ".jpg", ".mpo", ".png", ".tif", ".tiff", ".webp", ".pfm", ".heic"})
 LABEL_SAMPLE = 64
 """How many label files of each split `check_labels_fit` reads (the first, in path order)."""
 
@@ -125,12 +129,16 @@ def check_labels_fit(data: dict[str, Any], task: str, path: str, model: str) -> 
                     continue
                 for n, line in enumerate(lines, 1):
                     if len(line.split()) == 5:
-                        wants = "an oriented box (class x1 y1 ... x4 y4)" if task == "obb" else \
-                            "a polygon (class x1 y1 x2 y2 ...)"
+                        wants = (
+                            "an oriented box (class x1 y1 ... x4 y4)"
+                            if task == "obb"
+                            else "a polygon (class x1 y1 x2 y2 ...)"
+                        )
                         raise TrainerError(
                             f"--data {path}: {label}:{n} is a box (class x y w h), but {model} is a {task} model "
                             f"whose labels need {wants}: use a detection model (e.g. without -seg), or a "
-                            f"{task} dataset")
+                            f"{task} dataset"
+                        )
 
 
 @contextmanager
@@ -209,10 +217,12 @@ def ram_cache_fits(dataset: Any, ranks: int) -> tuple[bool, str]:
     if each * ranks <= available:
         return True, ""
     split = "training" if dataset.augment else "validation"
-    return False, (f"warning: --cache ram: not caching the {len(dataset.labels)} {split} images: "
-                   f"{each * ranks / gb:.1f} GB of RAM needed for the {ranks} rank(s) of this node "
-                   f"({each / gb:.1f} GB each, with ultralytics' 100% margin) but {available / gb:.1f} GB available "
-                   "(--cache disk caches once per node; or fewer ranks per node)")
+    return False, (
+        f"warning: --cache ram: not caching the {len(dataset.labels)} {split} images: "
+        f"{each * ranks / gb:.1f} GB of RAM needed for the {ranks} rank(s) of this node "
+        f"({each / gb:.1f} GB each, with ultralytics' 100% margin) but {available / gb:.1f} GB available "
+        "(--cache disk caches once per node; or fewer ranks per node)"
+    )
 
 
 def cache_images(datasets: list[Any], cache: Any, topo: Topology) -> None:
@@ -251,8 +261,9 @@ def cache_images(datasets: list[Any], cache: Any, topo: Topology) -> None:
                         ds.cache_images()
 
 
-def build_splits(hyp: Any, data: dict[str, Any], local_batch: int, stride: int, topo: Topology,
-                 val: bool) -> tuple[Any, Any]:
+def build_splits(
+    hyp: Any, data: dict[str, Any], local_batch: int, stride: int, topo: Topology, val: bool
+) -> tuple[Any, Any]:
     """The training dataset and (with ``val``) the validation one, their images cached as ``hyp.cache``
     says, one builder per node (``cache_images``). Collective over the start-up group with a cache."""
     uncached = without_cache(hyp)
@@ -414,9 +425,17 @@ def worker_count(workers: int, local_world_size: int, batches: int) -> int:
     return max(0, min(workers, cpus // max(local_world_size, 1), batches if batches > 1 else 0))
 
 
-def train_loader(dataset: Any, local_batch: int, workers: int, seed: int, topo: Topology, device: torch.device,
-                 pin_memory: bool = True, persistent: bool = True,
-                 restore: dict[int, list[int]] | None = None) -> DataLoader:
+def train_loader(
+    dataset: Any,
+    local_batch: int,
+    workers: int,
+    seed: int,
+    topo: Topology,
+    device: torch.device,
+    pin_memory: bool = True,
+    persistent: bool = True,
+    restore: dict[int, list[int]] | None = None,
+) -> DataLoader:
     """The training loader: a DistributedSampler with the same seed on every rank.
 
     ultralytics' InfiniteDataLoader keeps one iterator across epochs, which prefetches the next
@@ -427,16 +446,26 @@ def train_loader(dataset: Any, local_batch: int, workers: int, seed: int, topo: 
     """
     from ultralytics.data.build import seed_worker
 
-    sampler: DistributedSampler[Any] = DistributedSampler(dataset, num_replicas=topo.world_size, rank=topo.rank, shuffle=True, seed=seed)
+    sampler: DistributedSampler[Any] = DistributedSampler(
+        dataset, num_replicas=topo.world_size, rank=topo.rank, shuffle=True, seed=seed
+    )
     generator = torch.Generator()
     generator.manual_seed(seed + topo.rank)  # worker augmentation streams differ per rank, same per run
     nw = worker_count(workers, topo.local_world_size, math.ceil(len(sampler) / max(local_batch, 1)))
     source: Any = EpochSeeded(dataset, seed, topo.rank, restore) if nw > 0 else dataset
     order: Any = EpochSampler(sampler) if nw > 0 else sampler
     return DataLoader(
-        source, batch_size=local_batch, sampler=order, num_workers=nw, pin_memory=pin_memory and device.type == "cuda",
-        collate_fn=MosaicCollate(dataset.collate_fn), worker_init_fn=seed_worker, generator=generator,
-        persistent_workers=persistent and nw > 0, drop_last=False, prefetch_factor=4 if nw > 0 else None,
+        source,
+        batch_size=local_batch,
+        sampler=order,
+        num_workers=nw,
+        pin_memory=pin_memory and device.type == "cuda",
+        collate_fn=MosaicCollate(dataset.collate_fn),
+        worker_init_fn=seed_worker,
+        generator=generator,
+        persistent_workers=persistent and nw > 0,
+        drop_last=False,
+        prefetch_factor=4 if nw > 0 else None,
     )
 
 

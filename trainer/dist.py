@@ -78,12 +78,16 @@ def pick_device(requested: str, topo: Topology) -> torch.device:
     count = torch.cuda.device_count()
     visible = f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}"
     if count == 0:
-        raise ValueError(f"--device {requested.removeprefix('cuda:')} but torch sees no GPU (check {visible} and the driver)")
+        raise ValueError(
+            f"--device {requested.removeprefix('cuda:')} but torch sees no GPU (check {visible} and the driver)"
+        )
     if requested.startswith("cuda:"):
         ids = [int(x) for x in requested[5:].split(",")]
         index = ids[topo.local_rank] if topo.local_rank < len(ids) else ids[-1]
         if index >= count:
-            raise ValueError(f"--device {requested[5:]}: GPU {index} does not exist, this node shows {count} ({visible})")
+            raise ValueError(
+                f"--device {requested[5:]}: GPU {index} does not exist, this node shows {count} ({visible})"
+            )
     else:
         index = topo.local_rank
         if index >= count:
@@ -112,8 +116,9 @@ def select_device(requested: str, topo: Topology) -> torch.device:
     return device
 
 
-def start_device(cfg: TrainConfig, topo: Topology, select: bool = True,
-                 found: list[str] | None = None) -> tuple[TrainConfig, torch.device]:
+def start_device(
+    cfg: TrainConfig, topo: Topology, select: bool = True, found: list[str] | None = None
+) -> tuple[TrainConfig, torch.device]:
     """What a start (and ``--check``) decides before reading any file: the global batch of
     ``--batch-per-device``, the topology's rules, this rank's device (made current with
     ``select``), and what ``--amp`` and ``--sync-bn`` need of it. Every problem in one refusal:
@@ -222,8 +227,12 @@ def startup_barrier() -> None:
     from torch.distributed.distributed_c10d import _get_default_store
 
     _STARTUP_BARRIERS += 1
-    store_barrier(_get_default_store(), f"orch/startup/{_STARTUP_BARRIERS}", dist.get_world_size(),
-                  _STARTUP_TIMEOUT or timedelta(minutes=30))
+    store_barrier(
+        _get_default_store(),
+        f"orch/startup/{_STARTUP_BARRIERS}",
+        dist.get_world_size(),
+        _STARTUP_TIMEOUT or timedelta(minutes=30),
+    )
 
 
 def store_barrier(store: Any, key: str, world_size: int, timeout: timedelta) -> None:

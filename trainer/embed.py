@@ -56,9 +56,11 @@ def need_tokenizer() -> None:
     import importlib.util
 
     if importlib.util.find_spec("clip") is None:
-        raise EmbedError("the CLIP tokenizer is not installed (`import clip`): pip install clip-anytorch (it imports "
-                         "pkg_resources: on Python >= 3.12 or setuptools >= 81 also pip install 'setuptools<81'), "
-                         "or ultralytics' fork: pip install git+https://github.com/ultralytics/CLIP.git")
+        raise EmbedError(
+            "the CLIP tokenizer is not installed (`import clip`): pip install clip-anytorch (it imports "
+            "pkg_resources: on Python >= 3.12 or setuptools >= 81 also pip install 'setuptools<81'), "
+            "or ultralytics' fork: pip install git+https://github.com/ultralytics/CLIP.git"
+        )
 
 
 def encoder_file(variant: str, weights: str | None) -> Path | None:
@@ -71,8 +73,10 @@ def encoder_file(variant: str, weights: str | None) -> Path | None:
     if variant not in ENCODER_FILES:
         return Path(weights) if weights else None
     if not weights:
-        raise EmbedError(f"--variant {variant} needs its text encoder's weights: --text-encoder PATH "
-                         f"(ultralytics' {ENCODER_FILES[variant]}; this program never downloads it)")
+        raise EmbedError(
+            f"--variant {variant} needs its text encoder's weights: --text-encoder PATH "
+            f"(ultralytics' {ENCODER_FILES[variant]}; this program never downloads it)"
+        )
     path = Path(weights)
     if not path.is_file():
         raise EmbedError(f"--text-encoder {weights}: no such file")
@@ -109,16 +113,26 @@ def main(argv: list[str] | None = None) -> None:
     """Command line entry: encode the class names and save them with the text model's name."""
     import sys
 
-    p = argparse.ArgumentParser(prog="python -m trainer.embed", description=__doc__.split("\n\n")[0],
-                                epilog="example: python -m trainer.embed --data /data/mine/data.yaml --out /data/mine/text_pe.pt "
-                                       "--text-encoder /models/mobileclip_blt.ts")
+    p = argparse.ArgumentParser(
+        prog="python -m trainer.embed",
+        description=__doc__.split("\n\n")[0],
+        epilog="example: python -m trainer.embed --data /data/mine/data.yaml --out /data/mine/text_pe.pt "
+        "--text-encoder /models/mobileclip_blt.ts",
+    )
     p.add_argument("--data", help="data YAML whose names to encode, e.g. /data/mine/data.yaml")
     p.add_argument("--names", help="comma-separated names instead of --data, e.g. 'person,forklift'")
     p.add_argument("--out", required=True, help="output file, e.g. /data/mine/text_pe.pt")
-    p.add_argument("--variant", default="mobileclip:blt",
-                   help="ultralytics text model: mobileclip:blt (YOLOE v8/11, the default), mobileclip2:b (YOLOE-26)")
-    p.add_argument("--text-encoder", "--text-model", dest="text_encoder",
-                   help="the text encoder's weights file, e.g. /models/mobileclip_blt.ts (required for mobileclip; never downloaded)")
+    p.add_argument(
+        "--variant",
+        default="mobileclip:blt",
+        help="ultralytics text model: mobileclip:blt (YOLOE v8/11, the default), mobileclip2:b (YOLOE-26)",
+    )
+    p.add_argument(
+        "--text-encoder",
+        "--text-model",
+        dest="text_encoder",
+        help="the text encoder's weights file, e.g. /models/mobileclip_blt.ts (required for mobileclip; never downloaded)",
+    )
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     a = p.parse_args(argv)
     if not (a.data or a.names):

@@ -49,8 +49,10 @@ def batch_problem(batch: int, world_size: int) -> str | None:
     if batch < 1 or batch % world_size == 0:
         return None
     near = " or ".join(str(b) for b in batch_choices(batch, world_size))
-    return (f"global batch {batch} does not divide by world size {world_size} ({batch / world_size:.2f} images "
-            f"per rank): use {near}; for {batch} images per GPU use {batch * world_size} (or --batch-per-device {batch})")
+    return (
+        f"global batch {batch} does not divide by world size {world_size} ({batch / world_size:.2f} images "
+        f"per rank): use {near}; for {batch} images per GPU use {batch * world_size} (or --batch-per-device {batch})"
+    )
 
 
 SMALL_RANK_BATCH = 4
@@ -58,8 +60,9 @@ SMALL_RANK_BATCH = 4
 (without SyncBatchNorm, each rank normalises over its own images only)."""
 
 
-def small_batch_warning(batch: int, world_size: int, sync_bn: bool, cuda: bool = True,
-                        per_device: bool = False) -> str | None:
+def small_batch_warning(
+    batch: int, world_size: int, sync_bn: bool, cuda: bool = True, per_device: bool = False
+) -> str | None:
     """The warning for a global batch that leaves each rank fewer than ``SMALL_RANK_BATCH`` images
     without SyncBatchNorm (a per-GPU number read as the global batch: ``--batch-size 32`` on 32
     GPUs is 1 image per GPU), with both fixes; None when it is not the case. ``cuda``: whether
@@ -72,8 +75,10 @@ def small_batch_warning(batch: int, world_size: int, sync_bn: bool, cuda: bool =
     fixes = f"--batch-per-device N for N images per GPU, N >= {SMALL_RANK_BATCH}{meant}"
     if cuda:
         fixes += f", or --sync-bn (BatchNorm statistics over the {batch} images of all {world_size} ranks)"
-    return (f"warning: global batch {batch} on {world_size} ranks is {per_rank} image(s) per rank without SyncBN: "
-            f"each GPU's BatchNorm normalises over {per_rank} image(s) (--batch is global); use {fixes}")
+    return (
+        f"warning: global batch {batch} on {world_size} ranks is {per_rank} image(s) per rank without SyncBN: "
+        f"each GPU's BatchNorm normalises over {per_rank} image(s) (--batch is global); use {fixes}"
+    )
 
 
 SAME_SETTING = {"batch_size": "batch", "lr0": "lr", "gradient_accumulation": "accumulate"}
@@ -130,8 +135,16 @@ def file_setting(name: str, value: str) -> bool:
 
 
 OFF_WORD = {
-    "amp": "off", "sync_bn": "false", "cos_lr": "false", "pin_memory": "false", "persistent_workers": "false",
-    "deterministic": "false", "exist_ok": "false", "plots": "false", "cache": "false", "multi_scale": "0",
+    "amp": "off",
+    "sync_bn": "false",
+    "cos_lr": "false",
+    "pin_memory": "false",
+    "persistent_workers": "false",
+    "deterministic": "false",
+    "exist_ok": "false",
+    "plots": "false",
+    "cache": "false",
+    "multi_scale": "0",
     "freeze": "none",
 }
 """The word after a flag (dashes as underscores) that turns its setting off (`--amp off`,
@@ -172,10 +185,19 @@ def settings_of(words: list[str] | tuple[str, ...]) -> list[tuple[str | None, li
     while i < len(words):
         word = words[i]
         name = setting_name(word)
-        takes = (name is not None and word.startswith("--") and "=" not in word and i + 1 < len(words)
-                 and (name == "cfg" and not words[i + 1].startswith("-")  # --cfg KEY=VALUE: one setting
-                      or setting_name(words[i + 1]) is None and words[i + 1] not in ("detect", "segment", "train")))
-        ws = list(words[i:i + 2]) if takes else [word]
+        takes = (
+            name is not None
+            and word.startswith("--")
+            and "=" not in word
+            and i + 1 < len(words)
+            and (
+                name == "cfg"
+                and not words[i + 1].startswith("-")  # --cfg KEY=VALUE: one setting
+                or setting_name(words[i + 1]) is None
+                and words[i + 1] not in ("detect", "segment", "train")
+            )
+        )
+        ws = list(words[i : i + 2]) if takes else [word]
         out.append((value_setting(name, setting_value(ws)) if name is not None else None, ws))
         i += 2 if takes else 1
     return out

@@ -84,8 +84,14 @@ def route_library_output() -> None:
     for handler in logger.handlers:
         handler.setFormatter(library_formatter(getattr(handler, "stream", None)))
 
-    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
-             file: TextIO | None = None, line: str | None = None) -> None:
+    def show(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
         say(f"{category.__name__}: {message} ({filename}:{lineno})", sys.stderr)
 
     warnings.showwarning = show
@@ -122,10 +128,14 @@ class StepMeter:
 # --- the lines -------------------------------------------------------------------------------------
 
 METRIC_NAMES = {
-    "metrics/mAP50(B)": "mAP50", "metrics/mAP50-95(B)": "mAP50-95",
-    "metrics/mAP50(M)": "mask-mAP50", "metrics/mAP50-95(M)": "mask-mAP50-95",
-    "metrics/precision(B)": "P", "metrics/recall(B)": "R",
-    "metrics/precision(M)": "mask-P", "metrics/recall(M)": "mask-R",
+    "metrics/mAP50(B)": "mAP50",
+    "metrics/mAP50-95(B)": "mAP50-95",
+    "metrics/mAP50(M)": "mask-mAP50",
+    "metrics/mAP50-95(M)": "mask-mAP50-95",
+    "metrics/precision(B)": "P",
+    "metrics/recall(B)": "R",
+    "metrics/precision(M)": "mask-P",
+    "metrics/recall(M)": "mask-R",
 }
 """results.csv column -> the shorter name on a log line (the order is the line's order)."""
 _COLUMN_OF = {short: column for column, short in METRIC_NAMES.items()}
@@ -146,17 +156,28 @@ micro-steps whose loss was not finite (inf or NaN), and optimizer steps that cha
 fp16 GradScaler skips a step whose gradients overflowed)."""
 
 
-def step_line(epoch: int, epochs: int, batch: int, batches: int, losses: Mapping[str, float], lr: float,
-              ips: float, wait_share: float, nonfinite: int = 0, skipped: int = 0) -> str:
+def step_line(
+    epoch: int,
+    epochs: int,
+    batch: int,
+    batches: int,
+    losses: Mapping[str, float],
+    lr: float,
+    ips: float,
+    wait_share: float,
+    nonfinite: int = 0,
+    skipped: int = 0,
+) -> str:
     """Rank 0's progress line: epoch, batch, the epoch's mean loss components so far, lr, global
     images/s and data-wait share since the last line, then rank 0's non-finite losses and skipped
     steps so far in the epoch (``nonfinite 0 skipped 0`` on a healthy run)."""
-    return (f"epoch {epoch}/{epochs} batch {batch}/{batches} {_pairs(losses.items())} lr {lr:.6g} "
-            f"images/s {ips:.1f} data {wait_share:.0%} nonfinite {nonfinite} skipped {skipped}")
+    return (
+        f"epoch {epoch}/{epochs} batch {batch}/{batches} {_pairs(losses.items())} lr {lr:.6g} "
+        f"images/s {ips:.1f} data {wait_share:.0%} nonfinite {nonfinite} skipped {skipped}"
+    )
 
 
-def timing_line(epoch: int, batch: int, steps: int, images: int, data_s: float, compute_s: float,
-                wall_s: float) -> str:
+def timing_line(epoch: int, batch: int, steps: int, images: int, data_s: float, compute_s: float, wall_s: float) -> str:
     """Every rank's own timing of the window of steps that ended at ``batch`` of ``epoch``: how
     many micro-steps and images, and the seconds spent waiting for data, computing outside the
     gradient collectives (forward and loss) and in all (wall). Every rank ends its windows at the
@@ -166,12 +187,16 @@ def timing_line(epoch: int, batch: int, steps: int, images: int, data_s: float, 
 
     ``timing epoch 3 batch 40 steps 10 images 80 data_s 0.0123 compute_s 1.52 wall_s 3.1``
     """
-    return (f"timing epoch {epoch} batch {batch} steps {steps} images {images} data_s {data_s:.4g} "
-            f"compute_s {compute_s:.4g} wall_s {wall_s:.4g}")
+    return (
+        f"timing epoch {epoch} batch {batch} steps {steps} images {images} data_s {data_s:.4g} "
+        f"compute_s {compute_s:.4g} wall_s {wall_s:.4g}"
+    )
 
 
-STEP_FIELDS = re.compile(r"(?:^|\] )epoch (\d+)/(\d+) batch (\d+)/(\d+) (.+?) lr (\S+) images/s (\S+) data (\d+)% "
-                         r"nonfinite (\d+) skipped (\d+)$")
+STEP_FIELDS = re.compile(
+    r"(?:^|\] )epoch (\d+)/(\d+) batch (\d+)/(\d+) (.+?) lr (\S+) images/s (\S+) data (\d+)% "
+    r"nonfinite (\d+) skipped (\d+)$"
+)
 """Every field of a progress line (:func:`parse_step`); ``STEP_LINE`` below is the lenient match
 orch's live progress reads."""
 
@@ -197,12 +222,27 @@ def parse_step(line: str) -> Step | None:
     m = STEP_FIELDS.search(line.rstrip("\n"))
     if not m:
         return None
-    return Step(int(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4)), dict(_read_pairs(m.group(5))),
-                float(m.group(6)), float(m.group(7)), int(m.group(8)) / 100, int(m.group(9)), int(m.group(10)))
+    return Step(
+        int(m.group(1)),
+        int(m.group(2)),
+        int(m.group(3)),
+        int(m.group(4)),
+        dict(_read_pairs(m.group(5))),
+        float(m.group(6)),
+        float(m.group(7)),
+        int(m.group(8)) / 100,
+        int(m.group(9)),
+        int(m.group(10)),
+    )
 
 
-def epoch_line(epoch: int, epochs: int, losses: Mapping[str, float], lrs: Mapping[str, float],
-               counts: Mapping[str, float] | None = None) -> str:
+def epoch_line(
+    epoch: int,
+    epochs: int,
+    losses: Mapping[str, float],
+    lrs: Mapping[str, float],
+    counts: Mapping[str, float] | None = None,
+) -> str:
     """The end of a training epoch: mean loss components over all ranks' images, each group's lr,
     and the epoch's troubled steps over all ranks (``STEP_COUNTS``).
 
@@ -261,15 +301,19 @@ def throughput_table(epoch: int, rows: list[list[float]], ref_ips: float | None)
 
 THROUGHPUT_ROW = re.compile(r"throughput epoch (\d+):\s+(\d+)\s+([\d.]+)\s+([\d.]+)%")
 """A rank's row of the throughput table: epoch, rank, images/s, data-wait %."""
-THROUGHPUT_TOTAL = re.compile(r"throughput epoch (\d+): total ([\d.]+) images/s over (\d+) ranks"
-                              r"(?:, scaling efficiency ([\d.]+)%)?")
+THROUGHPUT_TOTAL = re.compile(
+    r"throughput epoch (\d+): total ([\d.]+) images/s over (\d+) ranks"
+    r"(?:, scaling efficiency ([\d.]+)%)?"
+)
 """The table's last line: epoch, total images/s, ranks, scaling efficiency % (if --ref-ips)."""
 RESULTS_PATH = re.compile(r"(/\S+/results\.csv)\b")
 """The absolute results.csv path on the done line."""
 WEIGHTS_DIR = re.compile(r"weights in (\S+?)[;,]?(?:\s|$)")
 """The weights directory on the done line."""
-TIMING_LINE = re.compile(r"(?:^|\] )timing epoch (\d+) batch (\d+) steps (\d+) images (\d+) data_s ([\d.e+-]+) "
-                         r"compute_s ([\d.e+-]+) wall_s ([\d.e+-]+)$")
+TIMING_LINE = re.compile(
+    r"(?:^|\] )timing epoch (\d+) batch (\d+) steps (\d+) images (\d+) data_s ([\d.e+-]+) "
+    r"compute_s ([\d.e+-]+) wall_s ([\d.e+-]+)$"
+)
 """A :func:`timing_line`: epoch, batch, steps, images, data_s, compute_s, wall_s."""
 EPOCH_LINE = re.compile(r"(?:^|\] )train epoch (\d+)/(\d+) (.+)$")
 VAL_LINE = re.compile(r"(?:^|\] )val epoch (\d+)/(\d+) (.+)$")
@@ -355,8 +399,15 @@ def parse_timing(text: str) -> Timing | None:
     if not m:
         return None
     try:
-        t = Timing(int(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4)), float(m.group(5)),
-                   float(m.group(6)), float(m.group(7)))
+        t = Timing(
+            int(m.group(1)),
+            int(m.group(2)),
+            int(m.group(3)),
+            int(m.group(4)),
+            float(m.group(5)),
+            float(m.group(6)),
+            float(m.group(7)),
+        )
     except ValueError:
         return None
     if not all(0 <= n < MAX_COUNT for n in (t.epoch, t.batch, t.steps, t.images)):
@@ -511,10 +562,19 @@ class Progress:
         return bool(self.epochs)
 
     def to_json(self) -> dict[str, object]:
-        return {"epoch": self.epoch, "epochs": self.epochs, "batch": self.batch, "batches": self.batches,
-                "images_per_s": self.images_per_s, "data_wait": self.data_wait, "val_epoch": self.val_epoch,
-                "map50_95": self.map50_95, "map50": self.map50,
-                "eta_s": None if self.eta_s is None else round(self.eta_s, 1), "done": self.done}
+        return {
+            "epoch": self.epoch,
+            "epochs": self.epochs,
+            "batch": self.batch,
+            "batches": self.batches,
+            "images_per_s": self.images_per_s,
+            "data_wait": self.data_wait,
+            "val_epoch": self.val_epoch,
+            "map50_95": self.map50_95,
+            "map50": self.map50,
+            "eta_s": None if self.eta_s is None else round(self.eta_s, 1),
+            "done": self.done,
+        }
 
 
 def parse_throughput_epochs(lines: Iterable[str]) -> dict[int, Throughput]:

@@ -97,9 +97,15 @@ def prepare(cfg: TrainConfig, topo: Topology, device: torch.device) -> Inputs:
     if arch.yoloe and weights_model is not None:
         cfg = yoloe_recipe(cfg, models.scale_of(arch.yaml))
     elif arch.yoloe:
-        cfg = replace(cfg, notes=(*cfg.notes, f"warning: {arch.name} without --weights trains YOLOE from random weights: "
-                                  "its text projection was never trained, so the class prompts are random directions "
-                                  "(for tests; fine-tune a pretrained YOLOE checkpoint with --weights)"))
+        cfg = replace(
+            cfg,
+            notes=(
+                *cfg.notes,
+                f"warning: {arch.name} without --weights trains YOLOE from random weights: "
+                "its text projection was never trained, so the class prompts are random directions "
+                "(for tests; fine-tune a pretrained YOLOE checkpoint with --weights)",
+            ),
+        )
     if cfg.text_embeddings and not arch.yoloe:
         raise TrainerError(f"--text-embeddings is for YOLOE models; {arch.source} is {arch.name}")
     if not arch.yoloe and cfg.prompt_mode is not None:
@@ -107,14 +113,17 @@ def prepare(cfg: TrainConfig, topo: Topology, device: torch.device) -> Inputs:
     if arch.yoloe:
         yoloe_prompts_given(cfg, arch, weights_model)
     names = list(data["names"].values())
-    text_pe = (models.load_text_embeddings(cfg.text_embeddings, names, models.text_model(arch))
-               if cfg.text_embeddings else None)
+    text_pe = (
+        models.load_text_embeddings(cfg.text_embeddings, names, models.text_model(arch))
+        if cfg.text_embeddings
+        else None
+    )
     problems = precision_problems(cfg, device.type, topo.distributed)
     if problems:
         raise refusal(problems)
     amp = resolve_amp(cfg.amp, device)
     adjusted = for_node(cfg, device.type, os.cpu_count() or 1, topo.local_world_size)  # said, and recorded as used
-    node_notes, cfg = adjusted.notes[len(cfg.notes):], adjusted
+    node_notes, cfg = adjusted.notes[len(cfg.notes) :], adjusted
     hyp = ultralytics_hyp(cfg, arch, amp)
     return Inputs(cfg, topo, device, data, arch, amp, hyp, weights_model, text_pe, node_notes)
 
@@ -137,9 +146,11 @@ def resolve_amp(requested: str, device: torch.device, capability: tuple[int, int
     if requested == "bf16" and device.type == "cuda":
         major, minor = capability if capability is not None else torch.cuda.get_device_capability(device)
         if major < 8:
-            raise TrainerError(f"--amp bf16: {device} has compute capability {major}.{minor}, without native bfloat16 "
-                               "(8.0 and later: A100, H100): torch would emulate it, several times slower than fp16; "
-                               "use --amp fp16 (GradScaler, the default on CUDA) or --amp off")
+            raise TrainerError(
+                f"--amp bf16: {device} has compute capability {major}.{minor}, without native bfloat16 "
+                "(8.0 and later: A100, H100): torch would emulate it, several times slower than fp16; "
+                "use --amp fp16 (GradScaler, the default on CUDA) or --amp off"
+            )
     return requested
 
 
@@ -153,17 +164,41 @@ def ultralytics_hyp(cfg: TrainConfig, arch: models.Arch, amp: str) -> SimpleName
     from ultralytics.utils import DEFAULT_CFG_DICT
 
     overrides: dict[str, Any] = {
-        "model": cfg.weights or arch.name, "data": cfg.data, "task": arch.task, "epochs": cfg.epochs,
-        "batch": cfg.batch, "imgsz": cfg.imgsz, "lr0": 0.01 if cfg.lr is None else cfg.lr, "lrf": cfg.lrf,
-        "momentum": 0.937 if cfg.momentum is None else cfg.momentum, "weight_decay": cfg.weight_decay,
-        "warmup_epochs": cfg.warmup_epochs, "workers": cfg.workers, "seed": cfg.seed, "nbs": cfg.nbs,
-        "amp": {"off": False, "fp16": True}.get(amp, amp), "save_period": cfg.save_period or -1,
-        "optimizer": cfg.optimizer, "cos_lr": cfg.cos_lr, "close_mosaic": cfg.close_mosaic, "patience": cfg.patience,
-        "cache": cfg.cache or False, "fraction": cfg.fraction,
-        "freeze": list(cfg.freeze) if isinstance(cfg.freeze, tuple) else cfg.freeze, "multi_scale": cfg.multi_scale,
-        "deterministic": cfg.deterministic, "channels_last": cfg.channels_last, "cls_remap": cfg.cls_remap,
-        "plots": cfg.plots, "val": cfg.val_period > 0, "device": output.ultralytics_device(cfg), "exist_ok": cfg.exist_ok,
-        "project": cfg.project or None, "name": cfg.name, "verbose": False, "resume": cfg.resume is not None,
+        "model": cfg.weights or arch.name,
+        "data": cfg.data,
+        "task": arch.task,
+        "epochs": cfg.epochs,
+        "batch": cfg.batch,
+        "imgsz": cfg.imgsz,
+        "lr0": 0.01 if cfg.lr is None else cfg.lr,
+        "lrf": cfg.lrf,
+        "momentum": 0.937 if cfg.momentum is None else cfg.momentum,
+        "weight_decay": cfg.weight_decay,
+        "warmup_epochs": cfg.warmup_epochs,
+        "workers": cfg.workers,
+        "seed": cfg.seed,
+        "nbs": cfg.nbs,
+        "amp": {"off": False, "fp16": True}.get(amp, amp),
+        "save_period": cfg.save_period or -1,
+        "optimizer": cfg.optimizer,
+        "cos_lr": cfg.cos_lr,
+        "close_mosaic": cfg.close_mosaic,
+        "patience": cfg.patience,
+        "cache": cfg.cache or False,
+        "fraction": cfg.fraction,
+        "freeze": list(cfg.freeze) if isinstance(cfg.freeze, tuple) else cfg.freeze,
+        "multi_scale": cfg.multi_scale,
+        "deterministic": cfg.deterministic,
+        "channels_last": cfg.channels_last,
+        "cls_remap": cfg.cls_remap,
+        "plots": cfg.plots,
+        "val": cfg.val_period > 0,
+        "device": output.ultralytics_device(cfg),
+        "exist_ok": cfg.exist_ok,
+        "project": cfg.project or None,
+        "name": cfg.name,
+        "verbose": False,
+        "resume": cfg.resume is not None,
         **cfg.hyp,
     }
     try:
@@ -245,15 +280,17 @@ class Health:
         if not self.finite:
             return f"the weights are no longer finite after {self.nonfinite} non-finite loss(es)"
         scale = f", GradScaler scale {self.scale:g}" if self.scale is not None else ""
-        return (f"all {self.steps} optimizer steps were skipped (fp16 gradients overflowed{scale}; "
-                f"{self.nonfinite} non-finite loss(es))")
+        return (
+            f"all {self.steps} optimizer steps were skipped (fp16 gradients overflowed{scale}; "
+            f"{self.nonfinite} non-finite loss(es))"
+        )
 
     def counts(self) -> dict[str, float]:
         """results.csv's ``steps/*`` columns."""
         return {"steps/nonfinite": float(self.nonfinite), "steps/skipped": float(self.skipped)}
 
 
-DIVERGED_SCALE = 2.0 ** -10
+DIVERGED_SCALE = 2.0**-10
 """A GradScaler scale below which a whole epoch of skipped steps is divergence, not warm-up. fp16
 overflows above 65504: warm-up settles near 2^16 / (max |grad| x ranks), the loss being multiplied
 by the world size (about 2^0 for YOLO from scratch, max |grad| 2e3, on 32 ranks); gradients that
@@ -325,8 +362,9 @@ def fit(inp: Inputs) -> None:
         mosaic_note(inp, max(closes_at, 0))
     loader = make_loader(train_set, local_batch, inp, restore=state.buffers if resume is not None else None)
     if loader.num_workers != cfg.workers:  # no more workers than batches (data.worker_count): said, recorded as used
-        note = (f"--workers {cfg.workers} -> {loader.num_workers}: {len(loader)} batch(es) per epoch on each rank"
-                + (", loaded in the process" if loader.num_workers == 0 else ""))
+        note = f"--workers {cfg.workers} -> {loader.num_workers}: {len(loader)} batch(es) per epoch on each rank" + (
+            ", loaded in the process" if loader.num_workers == 0 else ""
+        )
         cfg = inp.cfg = replace(cfg, workers=loader.num_workers, notes=(*cfg.notes, note))
         parts.hyp.workers = loader.num_workers
     if cfg.accumulate is None:  # ultralytics: never accumulate over more batches than the run has
@@ -363,16 +401,19 @@ def fit(inp: Inputs) -> None:
             say(epoch_line(epoch + 1, cfg.epochs, loss_means, learning_rates(parts.optimizer), health.counts()))
         fitness = validate_epoch(validator, epoch, loss_means, parts, inp, state)
         stop = parts.stopper(epoch + 1, fitness)
-        end_epoch(epoch, fitness, {**loss_means, **health.counts()}, throughput, parts, inp, state, out, scalars,
-                  train_start)
+        end_epoch(
+            epoch, fitness, {**loss_means, **health.counts()}, throughput, parts, inp, state, out, scalars, train_start
+        )
         if cfg.debug_exit_after and epoch + 1 == cfg.debug_exit_after:
             tdist.barrier()
             say(f"debug: exiting abruptly after epoch {epoch + 1} (--debug-exit-after)")
             os._exit(3)
         if stop:
             if topo.is_main:
-                say(f"early stop after epoch {epoch + 1}: no better mAP50-95 for {cfg.patience} epochs (best at "
-                    f"epoch {parts.stopper.best_epoch}; --patience)")
+                say(
+                    f"early stop after epoch {epoch + 1}: no better mAP50-95 for {cfg.patience} epochs (best at "
+                    f"epoch {parts.stopper.best_epoch}; --patience)"
+                )
             break
     if cfg.debug_dir:
         write_debug(Path(cfg.debug_dir), topo, parts.model, state)
@@ -392,8 +433,10 @@ def close_mosaic(train_set: Any, hyp: SimpleNamespace) -> None:
 def mosaic_note(inp: Inputs, epoch: int) -> None:
     """Rank 0 says that mosaic is off from ``epoch`` (0-based) on, as ultralytics' trainer does."""
     if inp.topo.is_main:
-        say(f"closing mosaic: epochs {epoch + 1}..{inp.cfg.epochs} train without it (--close-mosaic "
-            f"{inp.cfg.close_mosaic})")
+        say(
+            f"closing mosaic: epochs {epoch + 1}..{inp.cfg.epochs} train without it (--close-mosaic "
+            f"{inp.cfg.close_mosaic})"
+        )
 
 
 def build_parts(inp: Inputs, local_batch: int) -> tuple[Parts, Any, Any]:
@@ -421,10 +464,19 @@ def build_parts(inp: Inputs, local_batch: int) -> tuple[Parts, Any, Any]:
     model, ema = ema_then_sync_bn(model, cfg.sync_bn and topo.distributed)
     nominal = accumulation(cfg)
     optimizer = build_optimizer(model, inp, nominal, len(train_set))
-    parts = Parts(model=model, ddp=wrap_ddp(model, device, find_unused) if topo.distributed else model, ema=ema,
-                  optimizer=optimizer, scaler=torch.amp.GradScaler("cuda") if inp.amp == "fp16" else None,
-                  stopper=EarlyStopping(patience=cfg.patience), nominal_accumulate=nominal,
-                  lf=schedule.lr_factor(cfg.epochs, cfg.lrf, cfg.cos_lr), hyp=inp.hyp, unused=unused, stride=stride)
+    parts = Parts(
+        model=model,
+        ddp=wrap_ddp(model, device, find_unused) if topo.distributed else model,
+        ema=ema,
+        optimizer=optimizer,
+        scaler=torch.amp.GradScaler("cuda") if inp.amp == "fp16" else None,
+        stopper=EarlyStopping(patience=cfg.patience),
+        nominal_accumulate=nominal,
+        lf=schedule.lr_factor(cfg.epochs, cfg.lrf, cfg.cos_lr),
+        hyp=inp.hyp,
+        unused=unused,
+        stride=stride,
+    )
     return parts, train_set, val_set
 
 
@@ -440,8 +492,9 @@ def ema_then_sync_bn(model: models.YoloModel, sync_bn: bool) -> tuple[models.Yol
     return model, ema
 
 
-def validate_epoch(validator: Any, epoch: int, loss_means: dict[str, float], parts: Parts, inp: Inputs,
-                   state: State) -> float | None:
+def validate_epoch(
+    validator: Any, epoch: int, loss_means: dict[str, float], parts: Parts, inp: Inputs, state: State
+) -> float | None:
     """Validate after ``epoch`` when it is due (every ``--val-period``, the last epoch, or when early
     stopping may trigger); return the fitness (mAP50-95), or None without validation."""
     cfg = inp.cfg
@@ -459,8 +512,16 @@ def validate_epoch(validator: Any, epoch: int, loss_means: dict[str, float], par
     return fitness
 
 
-def finish(validator: Any, ema: Any, inp: Inputs, out: Path, scalars: output.Scalars | None,
-           loss_names: tuple[str, ...], epochs: int, seconds: float) -> None:
+def finish(
+    validator: Any,
+    ema: Any,
+    inp: Inputs,
+    out: Path,
+    scalars: output.Scalars | None,
+    loss_names: tuple[str, ...],
+    epochs: int,
+    seconds: float,
+) -> None:
     """Validate best.pt as it will be shipped (fp16 weights) on every rank, with ultralytics' plots
     when ``plots`` is on, and print the per-class table (rank 0); then strip last.pt and best.pt into
     ultralytics' final form and draw results.png (rank 0)."""
@@ -469,13 +530,25 @@ def finish(validator: Any, ema: Any, inp: Inputs, out: Path, scalars: output.Sca
         best = None
         if topo.is_main and (out / BEST).exists():
             ckpt = torch.load(out / BEST, map_location="cpu", weights_only=False)
-            best = ({k: v.float() if v.is_floating_point() else v for k, v in ckpt["ema"].state_dict().items()},
-                    ckpt["epoch"] + 1)
+            best = (
+                {k: v.float() if v.is_floating_point() else v for k, v in ckpt["ema"].state_dict().items()},
+                ckpt["epoch"] + 1,
+            )
         best = tdist.broadcast_object(best)
         if best is not None:
             ema.ema.load_state_dict(best[0])
-            results = run_validation(validator, ema, inp.device, inp.data, inp.amp != "off", loss_names,
-                                     best[1] - 1, inp.cfg.epochs, topo.world_size, plots=inp.cfg.plots)
+            results = run_validation(
+                validator,
+                ema,
+                inp.device,
+                inp.data,
+                inp.amp != "off",
+                loss_names,
+                best[1] - 1,
+                inp.cfg.epochs,
+                topo.world_size,
+                plots=inp.cfg.plots,
+            )
             results = tdist.broadcast_object(results)
             results.pop("fitness", None)
             if topo.is_main:
@@ -512,11 +585,16 @@ def lr_scaling_warning(lr: float | None, world_size: int, optimizer: torch.optim
         return None
     if not (lr > LR_SCALED_BY_HAND or math.isclose(lr, 0.01 * world_size)):
         return None
-    why = ("ultralytics' summed loss already grows the step with the global batch" if isinstance(optimizer, torch.optim.SGD)
-           else f"ultralytics uses one lr0 at any GPU count ({type(optimizer).__name__}'s step follows lr0, not the batch)")
-    return (f"warning: lr0 {lr:g} on {world_size} ranks looks multiplied by the GPU count (the linear-scaling rule): "
-            f"{why}, so this trains with steps about {world_size}x ultralytics'; the equivalent of ultralytics' "
-            f"recipe is lr0 {lr / world_size:g} (--lr {lr / world_size:g})")
+    why = (
+        "ultralytics' summed loss already grows the step with the global batch"
+        if isinstance(optimizer, torch.optim.SGD)
+        else f"ultralytics uses one lr0 at any GPU count ({type(optimizer).__name__}'s step follows lr0, not the batch)"
+    )
+    return (
+        f"warning: lr0 {lr:g} on {world_size} ranks looks multiplied by the GPU count (the linear-scaling rule): "
+        f"{why}, so this trains with steps about {world_size}x ultralytics'; the equivalent of ultralytics' "
+        f"recipe is lr0 {lr / world_size:g} (--lr {lr / world_size:g})"
+    )
 
 
 def startup_lines(inp: Inputs, parts: Parts, start: int) -> list[str]:
@@ -533,20 +611,29 @@ def startup_lines(inp: Inputs, parts: Parts, start: int) -> list[str]:
         f"x{cfg.lrf:g}), amp {inp.amp}, {epochs_left(start, cfg.epochs)}",
         *cfg.notes,
     ]
-    small = small_batch_warning(cfg.batch, topo.world_size, cfg.sync_bn, cuda=inp.device.type == "cuda",
-                                per_device=cfg.batch_per_device is not None)
+    small = small_batch_warning(
+        cfg.batch,
+        topo.world_size,
+        cfg.sync_bn,
+        cuda=inp.device.type == "cuda",
+        per_device=cfg.batch_per_device is not None,
+    )
     if small:
         lines.append(small)
     warning = lr_scaling_warning(cfg.lr, topo.world_size, parts.optimizer)
     if warning:
         lines.append(warning)
     elif cfg.lr is not None and topo.distributed and isinstance(parts.optimizer, torch.optim.SGD):
-        lines.append(f"note: lr0 {cfg.lr:g} is ultralytics' rate: with SGD the step already grows with the global batch "
-                     f"x accumulate ({cfg.batch} x {parts.nominal_accumulate} images, the loss is summed), so a rate "
-                     f"multiplied by the GPU count by hand is scaled twice")
+        lines.append(
+            f"note: lr0 {cfg.lr:g} is ultralytics' rate: with SGD the step already grows with the global batch "
+            f"x accumulate ({cfg.batch} x {parts.nominal_accumulate} images, the loss is summed), so a rate "
+            f"multiplied by the GPU count by hand is scaled twice"
+        )
     if parts.unused and topo.distributed:
-        lines.append(f"{len(parts.unused)} trainable parameter(s) got no gradient in a probe step (e.g. "
-                     f"{parts.unused[0]}): DDP runs with find_unused_parameters")
+        lines.append(
+            f"{len(parts.unused)} trainable parameter(s) got no gradient in a probe step (e.g. "
+            f"{parts.unused[0]}): DDP runs with find_unused_parameters"
+        )
     return lines
 
 
@@ -560,10 +647,16 @@ def wrap_ddp(model: nn.Module, device: torch.device, find_unused: bool) -> DDP:
     """
     import inspect
 
-    buffers = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
-               else {"broadcast_buffers": False})  # the new name since torch 2.14; same behaviour
-    options: dict[str, Any] = {"device_ids": [device.index] if device.type == "cuda" else None,
-                               "find_unused_parameters": find_unused, **buffers}
+    buffers = (
+        {"forward_sync_buffers": False}
+        if "forward_sync_buffers" in inspect.signature(DDP).parameters
+        else {"broadcast_buffers": False}
+    )  # the new name since torch 2.14; same behaviour
+    options: dict[str, Any] = {
+        "device_ids": [device.index] if device.type == "cuda" else None,
+        "find_unused_parameters": find_unused,
+        **buffers,
+    }
     return DDP(model, **options)
 
 
@@ -624,13 +717,17 @@ def yoloe_recipe(cfg: TrainConfig, scale: str | None = None) -> TrainConfig:
     if not took:
         return cfg
     names = {"lr": "lr0"}
-    said = ", ".join(f"{names.get(k, k)} {v:g}" if isinstance(v, float) else f"{names.get(k, k)} {v}"
-                     for k, v in took.items())
+    said = ", ".join(
+        f"{names.get(k, k)} {v:g}" if isinstance(v, float) else f"{names.get(k, k)} {v}" for k, v in took.items()
+    )
     kept = sorted(given & {*YOLOE_RECIPE, *recipe_hyp, "close_mosaic"})
     script = "train_pe.py" if mode == "linear" else "train_pe_all.py"
     source = f"{script}, coco_{scale}_train.yaml" if scale in YOLOE_RECIPE_SCALE else script
-    note = (f"YOLOE recipe ({source}): {said}" + (f"; yours kept: {', '.join(kept)}" if kept else "")
-            + " (set any of them to override)")
+    note = (
+        f"YOLOE recipe ({source}): {said}"
+        + (f"; yours kept: {', '.join(kept)}" if kept else "")
+        + " (set any of them to override)"
+    )
     return replace(cfg, **changes, hyp={**cfg.hyp, **taken_hyp}, notes=(*cfg.notes, note))
 
 
@@ -645,22 +742,27 @@ def yoloe_prompts_given(cfg: TrainConfig, arch: models.Arch, weights_model: mode
     """
     fused = weights_model is not None and models.is_fused(weights_model)
     if fused and cfg.text_embeddings:
-        raise TrainerError(f"--text-embeddings {cfg.text_embeddings}: {arch.source} is a YOLOE model whose class "
-                           "prompts are already fused into its weights (a checkpoint this trainer wrote): it has no "
-                           "text projection left to take new embeddings, so they would be ignored; drop "
-                           "--text-embeddings to fine-tune it on its own prompts, or start from the unfused YOLOE "
-                           "checkpoint (e.g. yoloe-11s-seg.pt) with --text-embeddings")
+        raise TrainerError(
+            f"--text-embeddings {cfg.text_embeddings}: {arch.source} is a YOLOE model whose class "
+            "prompts are already fused into its weights (a checkpoint this trainer wrote): it has no "
+            "text projection left to take new embeddings, so they would be ignored; drop "
+            "--text-embeddings to fine-tune it on its own prompts, or start from the unfused YOLOE "
+            "checkpoint (e.g. yoloe-11s-seg.pt) with --text-embeddings"
+        )
     if not fused and not cfg.text_embeddings:
-        raise TrainerError(f"YOLOE needs text-prompt embeddings ({arch.name}{' from ' + cfg.weights if cfg.weights else ''}"
-                           "): pass --text-embeddings FILE (make it once with: python -m trainer.embed --data DATA "
-                           "--out FILE)")
+        raise TrainerError(
+            f"YOLOE needs text-prompt embeddings ({arch.name}{' from ' + cfg.weights if cfg.weights else ''}"
+            "): pass --text-embeddings FILE (make it once with: python -m trainer.embed --data DATA "
+            "--out FILE)"
+        )
 
 
 def build_network(inp: Inputs) -> models.YoloModel:
     """The model with its classes, pretrained weights, (YOLOE) prompt head and frozen layers set up."""
     cfg = inp.cfg
-    model = models.build_model(inp.arch, inp.data["names"], inp.hyp, inp.weights_model, inp.data["channels"],
-                               cfg.cls_remap)
+    model = models.build_model(
+        inp.arch, inp.data["names"], inp.hyp, inp.weights_model, inp.data["channels"], cfg.cls_remap
+    )
     if inp.arch.yoloe:
         models.setup_yoloe_prompts(model, inp.data["names"], inp.text_pe, inp.weights_model, cfg.prompt_mode or "full")
     models.apply_freeze(model, cfg.freeze)
@@ -677,8 +779,9 @@ def build_optimizer(model: nn.Module, inp: Inputs, nominal: int, train_images: i
     decay = cfg.weight_decay * cfg.batch * nominal / cfg.nbs
     iterations = math.ceil(train_images / max(cfg.batch, cfg.nbs)) * cfg.epochs
     shim: Any = SimpleNamespace(args=hyp, data=inp.data)  # the two attributes build_optimizer reads
-    optimizer = BaseTrainer.build_optimizer(shim, model, name=cfg.optimizer, lr=hyp.lr0, momentum=hyp.momentum,
-                                            decay=decay, iterations=iterations)
+    optimizer = BaseTrainer.build_optimizer(
+        shim, model, name=cfg.optimizer, lr=hyp.lr0, momentum=hyp.momentum, decay=decay, iterations=iterations
+    )
     for group in optimizer.param_groups:
         group["initial_lr"] = group["lr"]
     return optimizer
@@ -700,12 +803,22 @@ def make_loader(train_set: Any, local_batch: int, inp: Inputs, restore: dict[int
             tdata.restore_buffer(train_set, restore[-1])
         elif cfg.persistent_workers:  # without persistent workers every epoch starts with empty buffers
             workers_restore = restore
-    return tdata.train_loader(train_set, local_batch, cfg.workers, cfg.seed, inp.topo, inp.device,
-                              pin_memory=cfg.pin_memory, persistent=cfg.persistent_workers, restore=workers_restore)
+    return tdata.train_loader(
+        train_set,
+        local_batch,
+        cfg.workers,
+        cfg.seed,
+        inp.topo,
+        inp.device,
+        pin_memory=cfg.pin_memory,
+        persistent=cfg.persistent_workers,
+        restore=workers_restore,
+    )
 
 
-def preprocess(batch: dict[str, Any], device: torch.device, hyp: SimpleNamespace | None = None,
-               stride: int = 32) -> dict[str, Any]:
+def preprocess(
+    batch: dict[str, Any], device: torch.device, hyp: SimpleNamespace | None = None, stride: int = 32
+) -> dict[str, Any]:
     """Move a collated batch to the device; images to float in [0, 1]; with ``multi_scale``, resize
     the batch to a random stride multiple within imgsz +/- that fraction (ultralytics' recipe)."""
     for k, v in batch.items():
@@ -714,8 +827,13 @@ def preprocess(batch: dict[str, Any], device: torch.device, hyp: SimpleNamespace
     batch["img"] = batch["img"].float() / 255
     if hyp is not None and hyp.multi_scale > 0.0:
         imgs = batch["img"]
-        size = random.randrange(max(stride, int(hyp.imgsz * (1.0 - hyp.multi_scale))),
-                                int(hyp.imgsz * (1.0 + hyp.multi_scale) + stride)) // stride * stride
+        size = (
+            random.randrange(
+                max(stride, int(hyp.imgsz * (1.0 - hyp.multi_scale))), int(hyp.imgsz * (1.0 + hyp.multi_scale) + stride)
+            )
+            // stride
+            * stride
+        )
         factor = size / max(imgs.shape[2:])
         if factor != 1:
             shape = [math.ceil(x * factor / stride) * stride for x in imgs.shape[2:]]
@@ -723,8 +841,9 @@ def preprocess(batch: dict[str, Any], device: torch.device, hyp: SimpleNamespace
     return batch
 
 
-def train_epoch(epoch: int, loader: Any, parts: Parts, inp: Inputs,
-                state: State) -> tuple[dict[str, float], list[list[float]], Health]:
+def train_epoch(
+    epoch: int, loader: Any, parts: Parts, inp: Inputs, state: State
+) -> tuple[dict[str, float], list[list[float]], Health]:
     """One pass over this rank's shard.
 
     Returns the epoch's mean loss components over all ranks' images, every rank's
@@ -743,8 +862,9 @@ def train_epoch(epoch: int, loader: Any, parts: Parts, inp: Inputs,
     nb = len(loader)
     nw = schedule.warmup_iterations(cfg.warmup_epochs, cfg.epochs, nb)
     schedule.start_epoch(parts.optimizer, epoch, parts.lf)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16 if inp.amp == "bf16" else torch.float16,
-                              enabled=inp.amp != "off")
+    autocast = torch.autocast(
+        device.type, dtype=torch.bfloat16 if inp.amp == "bf16" else torch.float16, enabled=inp.amp != "off"
+    )
     names: list[str] = []
     sums: torch.Tensor | None = None
     troubled = torch.zeros(2, dtype=torch.float64, device=device)  # non-finite losses, skipped steps (on the device)
@@ -759,8 +879,17 @@ def train_epoch(epoch: int, loader: Any, parts: Parts, inp: Inputs,
         worker, buffer = batch.pop(tdata.MOSAIC_KEY, (-1, None))
         if buffer is not None:
             state.buffers[worker] = buffer
-        accumulate = schedule.micro_step(parts.optimizer, i + nb * epoch, nw, epoch, parts.lf, parts.nominal_accumulate,
-                                         hyp.warmup_bias_lr, hyp.warmup_momentum, hyp.momentum)
+        accumulate = schedule.micro_step(
+            parts.optimizer,
+            i + nb * epoch,
+            nw,
+            epoch,
+            parts.lf,
+            parts.nominal_accumulate,
+            hyp.warmup_bias_lr,
+            hyp.warmup_momentum,
+            hyp.momentum,
+        )
         pending += 1
         step_now = pending >= accumulate or i + 1 == nb  # an epoch ends on a step: no gradient outlives a checkpoint
         if seen is not None:
@@ -797,9 +926,20 @@ def train_epoch(epoch: int, loader: Any, parts: Parts, inp: Inputs,
         if step_now and topo.is_main and (steps % cfg.log_every == 0 or i + 1 == nb):
             values = torch.cat([sums / images, troubled]).tolist()  # the one device read between progress lines
             means, (nonfinite, skipped_steps) = values[:-2], values[-2:]
-            say(step_line(epoch + 1, cfg.epochs, i + 1, nb, dict(zip(names, means)),
-                          parts.optimizer.param_groups[0]["lr"], window.ips * topo.world_size, window.wait_share,
-                          int(nonfinite), int(skipped_steps)))
+            say(
+                step_line(
+                    epoch + 1,
+                    cfg.epochs,
+                    i + 1,
+                    nb,
+                    dict(zip(names, means)),
+                    parts.optimizer.param_groups[0]["lr"],
+                    window.ips * topo.world_size,
+                    window.wait_share,
+                    int(nonfinite),
+                    int(skipped_steps),
+                )
+            )
             window = StepMeter()
         t_prev = time.perf_counter()
     assert sums is not None, "an epoch without batches"
@@ -809,8 +949,9 @@ def train_epoch(epoch: int, loader: Any, parts: Parts, inp: Inputs,
         state.buffers[-1] = list(loader.dataset.buffer)
     finite = state_finite(parts.model, parts.ema.ema)
     scale = parts.scaler.get_scale() if parts.scaler is not None else None  # the same on every rank
-    return epoch_summary(epoch, names, sums, images, epoch_meter, inp, torch.cat([troubled, finite.reshape(1)]), steps,
-                         scale)
+    return epoch_summary(
+        epoch, names, sums, images, epoch_meter, inp, torch.cat([troubled, finite.reshape(1)]), steps, scale
+    )
 
 
 def state_finite(*modules: nn.Module) -> torch.Tensor:
@@ -860,21 +1001,39 @@ def optimizer_step(parts: Parts, clip: float) -> torch.Tensor | None:
     return skipped
 
 
-def epoch_summary(epoch: int, names: list[str], sums: torch.Tensor, images: int, meter: StepMeter,
-                  inp: Inputs, troubled: torch.Tensor, steps: int,
-                  scale: float | None = None) -> tuple[dict[str, float], list[list[float]], Health]:
+def epoch_summary(
+    epoch: int,
+    names: list[str],
+    sums: torch.Tensor,
+    images: int,
+    meter: StepMeter,
+    inp: Inputs,
+    troubled: torch.Tensor,
+    steps: int,
+    scale: float | None = None,
+) -> tuple[dict[str, float], list[list[float]], Health]:
     """Gather every rank's loss sums, troubled steps and throughput (one collective, one device read).
 
     ``troubled``: [non-finite losses, skipped steps, weights finite (1/0)] of this rank."""
     n = len(names)
-    row = torch.cat([sums, troubled, torch.tensor([images, meter.images, meter.wait_s, meter.total_s],
-                                                   dtype=torch.float64, device=sums.device)])
+    row = torch.cat(
+        [
+            sums,
+            troubled,
+            torch.tensor([images, meter.images, meter.wait_s, meter.total_s], dtype=torch.float64, device=sums.device),
+        ]
+    )
     rows = tdist.gather_rows(row)
     total_images = sum(r[n + 3] for r in rows)
     means = {k: sum(r[j] for r in rows) / max(total_images, 1.0) for j, k in enumerate(names)}
-    health = Health(nonfinite=int(sum(r[n] for r in rows)), skipped=int(max(r[n + 1] for r in rows)), steps=steps,
-                    finite=all(r[n + 2] == 1.0 for r in rows), scale=scale)
-    return means, [r[n + 4:] for r in rows], health
+    health = Health(
+        nonfinite=int(sum(r[n] for r in rows)),
+        skipped=int(max(r[n + 1] for r in rows)),
+        steps=steps,
+        finite=all(r[n + 2] == 1.0 for r in rows),
+        scale=scale,
+    )
+    return means, [r[n + 4 :] for r in rows], health
 
 
 def validate(validator: Any, ema: Any, inp: Inputs, loss_names: tuple[str, ...], epoch: int) -> dict[str, float]:
@@ -882,8 +1041,9 @@ def validate(validator: Any, ema: Any, inp: Inputs, loss_names: tuple[str, ...],
     tdist.broadcast_buffers(ema.ema)
     if inp.device.type == "cuda":  # validation's batches are twice training's: give back what training cached
         torch.cuda.empty_cache()
-    results = run_validation(validator, ema, inp.device, inp.data, inp.amp != "off", loss_names, epoch,
-                             inp.cfg.epochs, inp.topo.world_size)
+    results = run_validation(
+        validator, ema, inp.device, inp.data, inp.amp != "off", loss_names, epoch, inp.cfg.epochs, inp.topo.world_size
+    )
     return dict(tdist.broadcast_object(results))
 
 
@@ -901,22 +1061,30 @@ def recover(epoch: int, health: Health, attempt: int, parts: Parts, inp: Inputs,
             yet to go back to (the first epoch of a run): training diverges, with what to change.
     """
     cfg, topo = inp.cfg, inp.topo
-    fix = ("lower the learning rate (--lr / lr0), keep --clip on, try --amp bf16 or --amp off, and check the labels "
-           "(boxes outside the image, empty files)")
+    fix = (
+        "lower the learning rate (--lr / lr0), keep --clip on, try --amp bf16 or --amp off, and check the labels "
+        "(boxes outside the image, empty files)"
+    )
     if attempt > MAX_RECOVERIES:
-        raise TrainerError(f"epoch {epoch + 1}: {health.why()}, again after {MAX_RECOVERIES} recoveries from "
-                           f"{LAST}: training diverges; {fix}")
+        raise TrainerError(
+            f"epoch {epoch + 1}: {health.why()}, again after {MAX_RECOVERIES} recoveries from "
+            f"{LAST}: training diverges; {fix}"
+        )
     last = out / LAST
     ckpt: dict[str, Any] | None = None
     if topo.is_main and last.is_file():
         ckpt = checkpoint.load_for_resume(last)
     ckpt = tdist.broadcast_object(ckpt)
     if ckpt is None:
-        raise TrainerError(f"epoch {epoch + 1}: {health.why()}, and there is no {LAST} yet to recover from "
-                           f"(it is written after each epoch); {fix}")
+        raise TrainerError(
+            f"epoch {epoch + 1}: {health.why()}, and there is no {LAST} yet to recover from "
+            f"(it is written after each epoch); {fix}"
+        )
     if topo.is_main:
-        say(f"warning: epoch {epoch + 1}: {health.why()}; recovering from {last} (epoch {ckpt['epoch'] + 1}) and "
-            f"training epoch {epoch + 1} again, attempt {attempt}/{MAX_RECOVERIES}")
+        say(
+            f"warning: epoch {epoch + 1}: {health.why()}; recovering from {last} (epoch {ckpt['epoch'] + 1}) and "
+            f"training epoch {epoch + 1} again, attempt {attempt}/{MAX_RECOVERIES}"
+        )
     parts.optimizer.zero_grad(set_to_none=True)
     load_training_state(ckpt, parts, model_from_ema=True)
     state.best_fitness, state.metrics, state.attempt = ckpt["best_fitness"], saved_metrics(ckpt), attempt
@@ -924,9 +1092,18 @@ def recover(epoch: int, health: Health, attempt: int, parts: Parts, inp: Inputs,
         state.seen.pop(epoch + 1, None)
 
 
-def end_epoch(epoch: int, fitness: float | None, loss_means: dict[str, float], throughput: list[list[float]],
-              parts: Parts, inp: Inputs, state: State, out: Path, scalars: output.Scalars | None,
-              train_start: float) -> None:
+def end_epoch(
+    epoch: int,
+    fitness: float | None,
+    loss_means: dict[str, float],
+    throughput: list[list[float]],
+    parts: Parts,
+    inp: Inputs,
+    state: State,
+    out: Path,
+    scalars: output.Scalars | None,
+    train_start: float,
+) -> None:
     """Rank 0: progress lines, results.csv row, TensorBoard, and one checkpoint write (best.pt and
     epochN.pt are links to it); then a barrier so no rank runs ahead of the files."""
     cfg, topo = inp.cfg, inp.topo
@@ -945,10 +1122,20 @@ def end_epoch(epoch: int, fitness: float | None, loss_means: dict[str, float], t
             scalars.add({**row, **ips, "throughput/total": sum(ips.values())}, epoch + 1)
         stopper = {"best_fitness": parts.stopper.best_fitness, "best_epoch": parts.stopper.best_epoch}
         train_args = {**vars(parts.hyp), "save_dir": str(out.resolve())}  # where ultralytics' resume writes
-        ckpt = checkpoint.build(epoch=epoch, best_fitness=state.best_fitness, stopper=stopper, model=parts.model,
-                                ema=parts.ema, optimizer=parts.optimizer, scaler=parts.scaler,
-                                train_args=train_args, metrics=row, config=asdict(cfg), ranks=ranks,
-                                half=state.half)
+        ckpt = checkpoint.build(
+            epoch=epoch,
+            best_fitness=state.best_fitness,
+            stopper=stopper,
+            model=parts.model,
+            ema=parts.ema,
+            optimizer=parts.optimizer,
+            scaler=parts.scaler,
+            train_args=train_args,
+            metrics=row,
+            config=asdict(cfg),
+            ranks=ranks,
+            half=state.half,
+        )
         last = out / LAST
         checkpoint.save_atomic(ckpt, last)
         if improved:
@@ -981,10 +1168,15 @@ def epochs_left(done: int, epochs: int) -> str:
 def resume_line(done: int, epochs: int, updates: int, best_fitness: float) -> str:
     """What rank 0 says on resuming a checkpoint that finished ``done`` epochs of ``epochs``."""
     where = f"at epoch {done + 1}" if done < epochs else f"after epoch {done}"
-    left = f"epochs {done + 1}..{epochs} left of {epochs}" if done < epochs else (
-        f"no epoch left of {epochs}: only the final validation runs (a longer run: --epochs)")
-    return (f"resuming {where} (checkpoint finished epoch {done}, {updates} optimizer steps, best fitness "
-            f"{best_fitness:.4f}): {left}")
+    left = (
+        f"epochs {done + 1}..{epochs} left of {epochs}"
+        if done < epochs
+        else (f"no epoch left of {epochs}: only the final validation runs (a longer run: --epochs)")
+    )
+    return (
+        f"resuming {where} (checkpoint finished epoch {done}, {updates} optimizer steps, best fitness "
+        f"{best_fitness:.4f}): {left}"
+    )
 
 
 def load_training_state(ckpt: dict[str, Any], parts: Parts, model_from_ema: bool = False) -> None:
@@ -1007,8 +1199,9 @@ def saved_metrics(ckpt: dict[str, Any]) -> dict[str, float]:
     return {k: v for k, v in ckpt["train_metrics"].items() if not k.startswith(("train/", "lr/", "steps/"))}
 
 
-def restore(ckpt: dict[str, Any], parts: Parts, topo: Topology, announce: bool = True,
-            epochs: int | None = None) -> State:
+def restore(
+    ckpt: dict[str, Any], parts: Parts, topo: Topology, announce: bool = True, epochs: int | None = None
+) -> State:
     """Load model, EMA, optimizer, scaler, early stopping, RNG and mosaic buffers; return where to continue."""
     saved = ckpt["trainer"]
     load_training_state(ckpt, parts)
@@ -1018,13 +1211,23 @@ def restore(ckpt: dict[str, Any], parts: Parts, topo: Topology, announce: bool =
         checkpoint.set_rng_state(mine["rng"])
         buffers = {int(k): list(v) for k, v in mine["buffers"].items()}
     else:
-        say(f"warning: resuming on {topo.world_size} ranks, saved on {saved['world_size']}: RNG streams reseeded, "
-            "mosaic buffers start empty (the run continues, not bit for bit)")
+        say(
+            f"warning: resuming on {topo.world_size} ranks, saved on {saved['world_size']}: RNG streams reseeded, "
+            "mosaic buffers start empty (the run continues, not bit for bit)"
+        )
         seed_everything(saved["config"]["seed"] + 1 + topo.rank + ckpt["epoch"])
-    state = State(epoch=ckpt["epoch"] + 1, best_fitness=ckpt["best_fitness"], buffers=buffers, metrics=saved_metrics(ckpt))
+    state = State(
+        epoch=ckpt["epoch"] + 1, best_fitness=ckpt["best_fitness"], buffers=buffers, metrics=saved_metrics(ckpt)
+    )
     if topo.is_main and announce:
-        say(resume_line(state.epoch, epochs if epochs is not None else saved["config"]["epochs"], parts.ema.updates,
-                        state.best_fitness))
+        say(
+            resume_line(
+                state.epoch,
+                epochs if epochs is not None else saved["config"]["epochs"],
+                parts.ema.updates,
+                state.best_fitness,
+            )
+        )
     return state
 
 
@@ -1039,8 +1242,12 @@ def param_checksum(model: nn.Module) -> str:
 def write_debug(directory: Path, topo: Topology, model: nn.Module, state: State) -> None:
     """Debug record of this rank: samples seen per epoch, parameter checksum and a parameter sum."""
     directory.mkdir(parents=True, exist_ok=True)
-    record = {"rank": topo.rank, "world_size": topo.world_size, "seen": state.seen,
-              "checksum": param_checksum(model),
-              "param_sum": float(sum(p.detach().double().sum() for p in model.parameters())),
-              "best_fitness": state.best_fitness}
+    record = {
+        "rank": topo.rank,
+        "world_size": topo.world_size,
+        "seen": state.seen,
+        "checksum": param_checksum(model),
+        "param_sum": float(sum(p.detach().double().sum() for p in model.parameters())),
+        "best_fitness": state.best_fitness,
+    }
     (directory / f"rank{topo.rank}.json").write_text(json.dumps(record))

@@ -50,7 +50,9 @@ def load_weights(path: str) -> tuple[YoloModel, dict[str, Any]]:
     from ultralytics.nn.tasks import load_checkpoint
 
     if not Path(path).is_file():
-        raise TrainerError(f"--weights {path}: no such file (the trainer never downloads weights; copy it to every node)")
+        raise TrainerError(
+            f"--weights {path}: no such file (the trainer never downloads weights; copy it to every node)"
+        )
     try:
         return load_checkpoint(path)
     except (TypeError, RuntimeError, KeyError, AttributeError, ValueError) as e:
@@ -66,8 +68,10 @@ def _yaml_of(name: str) -> dict[str, Any]:
     except (FileNotFoundError, OSError):
         close = difflib.get_close_matches(Path(name).name, known_architectures(), n=1, cutoff=0.8)
         meant = f" (did you mean {close[0]}?)" if close else ""
-        raise TrainerError(f"--model {name}: unknown architecture{meant} (e.g. yolo12s.yaml, yolo12n-seg.yaml, "
-                           "yoloe-11m.yaml, yoloe-v8l-seg.yaml; the scale letter is part of the name)") from None
+        raise TrainerError(
+            f"--model {name}: unknown architecture{meant} (e.g. yolo12s.yaml, yolo12n-seg.yaml, "
+            "yoloe-11m.yaml, yoloe-v8l-seg.yaml; the scale letter is part of the name)"
+        ) from None
 
 
 def known_architectures() -> list[str]:
@@ -134,8 +138,14 @@ def resolve_architecture(model: str | None, weights_model: YoloModel | None, wei
     return _describe(_yaml_of(name), f"--model {name}")
 
 
-def build_model(arch: Arch, names: dict[int, str], hyp: SimpleNamespace, weights_model: YoloModel | None,
-                channels: int = 3, cls_remap: bool = True) -> YoloModel:
+def build_model(
+    arch: Arch,
+    names: dict[int, str],
+    hyp: SimpleNamespace,
+    weights_model: YoloModel | None,
+    channels: int = 3,
+    cls_remap: bool = True,
+) -> YoloModel:
     """The ultralytics model for ``arch`` with ``len(names)`` classes, pretrained weights transferred.
 
     ``names`` is set before the weights are loaded, so ultralytics matches the checkpoint's class
@@ -185,14 +195,18 @@ def load_text_embeddings(path: str, names: list[str], expected_text_model: str |
             size and silently wrong prompts).
     """
     if not Path(path).is_file():
-        raise TrainerError(f"--text-embeddings {path}: no such file (make it with: python -m trainer.embed --data DATA --out {path})")
+        raise TrainerError(
+            f"--text-embeddings {path}: no such file (make it with: python -m trainer.embed --data DATA --out {path})"
+        )
     obj = torch.load(path, map_location="cpu", weights_only=True)
     if isinstance(obj, dict) and "names" in obj and "embeddings" in obj:
         made_with = obj.get("text_model")
         if expected_text_model and made_with and made_with != expected_text_model:
-            raise TrainerError(f"--text-embeddings {path} was made with the text model {made_with}, but this model's "
-                               f"prompts come from {expected_text_model}: remake it with python -m trainer.embed "
-                               f"--variant {expected_text_model} --text-encoder FILE")
+            raise TrainerError(
+                f"--text-embeddings {path} was made with the text model {made_with}, but this model's "
+                f"prompts come from {expected_text_model}: remake it with python -m trainer.embed "
+                f"--variant {expected_text_model} --text-encoder FILE"
+            )
         obj = dict(zip(obj["names"], obj["embeddings"]))
     if not isinstance(obj, dict):
         raise TrainerError(f"--text-embeddings {path}: expected a mapping of class name -> vector")
@@ -221,8 +235,9 @@ def prompt_convs(model: YoloModel) -> list[tuple[str, int]]:
     return [(branch, i) for branch in ("cv3", "one2one_cv3") for i in range(len(getattr(head, branch, None) or []))]
 
 
-def setup_yoloe_prompts(model: YoloModel, names: dict[int, str], raw_pe: torch.Tensor | None,
-                        weights_model: YoloModel | None, mode: str) -> None:
+def setup_yoloe_prompts(
+    model: YoloModel, names: dict[int, str], raw_pe: torch.Tensor | None, weights_model: YoloModel | None, mode: str
+) -> None:
     """Turn a YOLOE model into a closed-set detector for ``names`` and choose what trains.
 
     The offline form of ultralytics' YOLOEPETrainer: text embeddings come from a file instead of
@@ -288,7 +303,11 @@ def apply_freeze(model: nn.Module, freeze: int | tuple[int | str, ...] | None) -
 def is_frozen_norm(module: nn.Module) -> bool:
     """A BatchNorm whose weights do not train: its running statistics must not move either."""
     params = list(module.parameters(recurse=False))
-    return isinstance(module, nn.modules.batchnorm._BatchNorm) and bool(params) and not any(p.requires_grad for p in params)
+    return (
+        isinstance(module, nn.modules.batchnorm._BatchNorm)
+        and bool(params)
+        and not any(p.requires_grad for p in params)
+    )
 
 
 def set_train_mode(model: nn.Module) -> None:

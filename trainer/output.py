@@ -128,13 +128,16 @@ def resolve(cfg: TrainConfig) -> tuple[Path, Path | None]:
         if (base / LAST).exists():
             return base, base / LAST
         if cfg.name != os.environ.get("ORCH_RUN_ID"):
-            raise TrainerError(f"--resume: {base.absolute()} has no {LAST}; give --resume PATH, or the "
-                               "--name of a run that has one")
+            raise TrainerError(
+                f"--resume: {base.absolute()} has no {LAST}; give --resume PATH, or the --name of a run that has one"
+            )
     if cfg.resume == "":
         run = latest_run(project_dir(cfg))
         if run is None:
-            raise TrainerError(f"--resume: no run with {LAST} under {project_dir(cfg).absolute()}; "
-                               "give --resume PATH or the run's --out")
+            raise TrainerError(
+                f"--resume: no run with {LAST} under {project_dir(cfg).absolute()}; "
+                "give --resume PATH or the run's --out"
+            )
         return run, run / LAST
     if cfg.resume:
         path = Path(cfg.resume)

@@ -62,7 +62,8 @@ class Pace:
         if self.events:
             self.events[-1][1].synchronize()
             self.compute_s += sum(a.elapsed_time(b) for a, b in self.events) / 1000.0
-        text = timing_line(epoch, batch, self.steps, self.images, self.data_s, self.compute_s,
-                           time.perf_counter() - self.started)
+        text = timing_line(
+            epoch, batch, self.steps, self.images, self.data_s, self.compute_s, time.perf_counter() - self.started
+        )
         self.reset()
         return text

@@ -64,6 +64,7 @@ def class_table(validator: Any) -> list[str]:
     pf = "%22s" + "%11i" * 2 + "%11.3g" * len(metrics.keys)  # ultralytics' print_results format
     lines = [validator.get_desc(), pf % ("all", validator.seen, metrics.nt_per_class.sum(), *metrics.mean_results())]
     for i, c in enumerate(metrics.ap_class_index):
-        lines.append(pf % (validator.names[c], metrics.nt_per_image[c], metrics.nt_per_class[c],
-                           *metrics.class_result(i)))
+        lines.append(
+            pf % (validator.names[c], metrics.nt_per_image[c], metrics.nt_per_class[c], *metrics.class_result(i))
+        )
     return lines

@@ -35,8 +35,17 @@ def start_epoch(optimizer: Any, epoch: int, lf: Callable[[float], float]) -> Non
         group["lr"] = group["initial_lr"] * lf(epoch)
 
 
-def micro_step(optimizer: Any, ni: int, nw: int, epoch: int, lf: Callable[[float], float], nominal: int,
-               warmup_bias_lr: float, warmup_momentum: float, momentum: float) -> int:
+def micro_step(
+    optimizer: Any,
+    ni: int,
+    nw: int,
+    epoch: int,
+    lf: Callable[[float], float],
+    nominal: int,
+    warmup_bias_lr: float,
+    warmup_momentum: float,
+    momentum: float,
+) -> int:
     """Set the rates (and momentum) for micro-step ``ni`` of the run; return how many micro-steps
     the optimizer step it belongs to accumulates."""
     if not nw or ni > nw:

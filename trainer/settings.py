@@ -23,43 +23,140 @@ from trainer.errors import TrainerError
 from trainer.interface import MODEL_NAME, parse_device
 
 FIELD_OF_SETTING = {
-    "model": "model", "data": "data", "epochs": "epochs", "batch": "batch", "imgsz": "imgsz", "lr0": "lr",
-    "lrf": "lrf", "momentum": "momentum", "weight_decay": "weight_decay", "warmup_epochs": "warmup_epochs",
-    "workers": "workers", "seed": "seed", "device": "device", "amp": "amp", "cos_lr": "cos_lr",
-    "close_mosaic": "close_mosaic", "optimizer": "optimizer", "patience": "patience", "cache": "cache",
-    "fraction": "fraction", "freeze": "freeze", "multi_scale": "multi_scale", "nbs": "nbs", "project": "project",
-    "name": "name", "exist_ok": "exist_ok", "save_period": "save_period", "resume": "resume", "val": "val",
-    "deterministic": "deterministic", "channels_last": "channels_last", "cls_remap": "cls_remap",
-    "pretrained": "pretrained", "task": "task", "mode": "mode", "plots": "plots",
+    "model": "model",
+    "data": "data",
+    "epochs": "epochs",
+    "batch": "batch",
+    "imgsz": "imgsz",
+    "lr0": "lr",
+    "lrf": "lrf",
+    "momentum": "momentum",
+    "weight_decay": "weight_decay",
+    "warmup_epochs": "warmup_epochs",
+    "workers": "workers",
+    "seed": "seed",
+    "device": "device",
+    "amp": "amp",
+    "cos_lr": "cos_lr",
+    "close_mosaic": "close_mosaic",
+    "optimizer": "optimizer",
+    "patience": "patience",
+    "cache": "cache",
+    "fraction": "fraction",
+    "freeze": "freeze",
+    "multi_scale": "multi_scale",
+    "nbs": "nbs",
+    "project": "project",
+    "name": "name",
+    "exist_ok": "exist_ok",
+    "save_period": "save_period",
+    "resume": "resume",
+    "val": "val",
+    "deterministic": "deterministic",
+    "channels_last": "channels_last",
+    "cls_remap": "cls_remap",
+    "pretrained": "pretrained",
+    "task": "task",
+    "mode": "mode",
+    "plots": "plots",
 }
 """ultralytics settings that map to a field of ``TrainConfig`` (lr0 is ``--lr``)."""
 
-HYP_SETTINGS = frozenset({
-    "hsv_h", "hsv_s", "hsv_v", "degrees", "translate", "scale", "shear", "perspective", "flipud", "fliplr", "bgr",
-    "mosaic", "mixup", "cutmix", "copy_paste", "copy_paste_mode",  # the training augmentation
-    "box", "cls", "dfl",  # loss gains
-    "warmup_momentum", "warmup_bias_lr",  # the warmup
-    "overlap_mask", "mask_ratio",  # segmentation targets
-    "conf", "iou", "max_det",  # the validator
-})
+HYP_SETTINGS = frozenset(
+    {
+        "hsv_h",
+        "hsv_s",
+        "hsv_v",
+        "degrees",
+        "translate",
+        "scale",
+        "shear",
+        "perspective",
+        "flipud",
+        "fliplr",
+        "bgr",
+        "mosaic",
+        "mixup",
+        "cutmix",
+        "copy_paste",
+        "copy_paste_mode",  # the training augmentation
+        "box",
+        "cls",
+        "dfl",  # loss gains
+        "warmup_momentum",
+        "warmup_bias_lr",  # the warmup
+        "overlap_mask",
+        "mask_ratio",  # segmentation targets
+        "conf",
+        "iou",
+        "max_det",  # the validator
+    }
+)
 """ultralytics settings passed through to its own dataset, loss and validator, which honour them."""
 
-NO_EFFECT_SETTINGS = frozenset({
-    "save", "verbose", "profile", "save_dir", "dnn", "nms", "source", "vid_stride", "stream_buffer",
-    "visualize", "augment", "agnostic_nms", "retina_masks", "embed", "show", "save_frames", "save_conf", "save_crop",
-    "show_labels", "show_conf", "show_boxes", "line_width", "format", "optimize", "dynamic", "simplify", "opset",
-    "workspace", "tracker", "half", "keras", "int8",
-})
+NO_EFFECT_SETTINGS = frozenset(
+    {
+        "save",
+        "verbose",
+        "profile",
+        "save_dir",
+        "dnn",
+        "nms",
+        "source",
+        "vid_stride",
+        "stream_buffer",
+        "visualize",
+        "augment",
+        "agnostic_nms",
+        "retina_masks",
+        "embed",
+        "show",
+        "save_frames",
+        "save_conf",
+        "save_crop",
+        "show_labels",
+        "show_conf",
+        "show_boxes",
+        "line_width",
+        "format",
+        "optimize",
+        "dynamic",
+        "simplify",
+        "opset",
+        "workspace",
+        "tracker",
+        "half",
+        "keras",
+        "int8",
+    }
+)
 """Settings without effect on training (prediction, export, tracking, where ultralytics
 saved): accepted at any value, named once on the start-up line, so an ``args.yaml`` that
 ``yolo train`` wrote trains as it is."""
 
 NEUTRAL_SETTINGS: dict[str, tuple[Any, ...] | None] = {
-    "rect": (False,), "single_cls": (False,),
-    "dropout": (0.0,), "cls_pw": (0.0,), "compile": (False,), "time": (None,), "split": ("val",),
-    "quantize": (None,), "distill_model": (None,), "save_json": (False,), "save_txt": (False,),
-    "classes": (None,), "dis": (6.0,), "pose": (12.0,), "kobj": (1.0,), "rle": (1.0,), "angle": (1.0,),
-    "dlog": (1.0,), "dgrad": (0.5,), "dlam": (1.0,), "auto_augment": ("randaugment",), "erasing": (0.4,),
+    "rect": (False,),
+    "single_cls": (False,),
+    "dropout": (0.0,),
+    "cls_pw": (0.0,),
+    "compile": (False,),
+    "time": (None,),
+    "split": ("val",),
+    "quantize": (None,),
+    "distill_model": (None,),
+    "save_json": (False,),
+    "save_txt": (False,),
+    "classes": (None,),
+    "dis": (6.0,),
+    "pose": (12.0,),
+    "kobj": (1.0,),
+    "rle": (1.0,),
+    "angle": (1.0,),
+    "dlog": (1.0,),
+    "dgrad": (0.5,),
+    "dlam": (1.0,),
+    "auto_augment": ("randaugment",),
+    "erasing": (0.4,),
 }
 """Settings accepted only at the value this trainer implements (None: any value, it changes no result)."""
 
@@ -155,8 +252,14 @@ def yaml_value(text: str) -> Any:
 def split_settings(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], list[str]]:
     """Separate ``key=value`` words from the flags, so an optional-value flag (bare ``--amp``)
     never swallows the setting that follows it."""
-    takes_value = {s for act in parser._actions if act.option_strings and act.nargs is None
-                   and not isinstance(act, (argparse._StoreTrueAction, argparse._HelpAction)) for s in act.option_strings}
+    takes_value = {
+        s
+        for act in parser._actions
+        if act.option_strings
+        and act.nargs is None
+        and not isinstance(act, (argparse._StoreTrueAction, argparse._HelpAction))
+        for s in act.option_strings
+    }
     flags: list[str] = []
     settings: list[str] = []
     i = 0
@@ -195,8 +298,9 @@ class Given:
             if weak:  # like `yolo cfg=args.yaml data=...`: the command line overrides the file
                 self.overridden.append(f"{source.split(': ', 1)[-1]} (by {self.sources[name]})")
                 return
-            raise TrainerError(f"{name.replace('_', '-')} is given twice with different values: "
-                               f"{self.sources[name]} and {source}")
+            raise TrainerError(
+                f"{name.replace('_', '-')} is given twice with different values: {self.sources[name]} and {source}"
+            )
         if name not in self.values and weak:
             self.weak.add(name)
         self.values[name] = value
@@ -239,8 +343,10 @@ def put_setting(given: Given, key: str, raw: Any, source: str, hyp: dict[str, An
         elif key in NEUTRAL_SETTINGS:
             allowed = NEUTRAL_SETTINGS[key]
             if allowed is not None and raw not in allowed:
-                raise TrainerError(f"{source}: {key}={raw!r} is not honoured by this trainer (it trains with "
-                                   f"{key}={allowed[0]!r}); drop it")
+                raise TrainerError(
+                    f"{source}: {key}={raw!r} is not honoured by this trainer (it trains with "
+                    f"{key}={allowed[0]!r}); drop it"
+                )
         else:
             raise TrainerError(f"{source}: {key} is not a training setting this trainer honours; drop it")
     except ValueError as e:
@@ -304,19 +410,49 @@ def put_cfg_value(given: Given, value: str, source: str, hyp: dict[str, Any]) ->
     finally:
         given.file = None
     if problems:  # every one at once: an args.yaml is fixed in one edit, not one rerun per key
-        raise TrainerError(f"--cfg {value}: {len(problems)} setting(s) this trainer cannot train with: "
-                           + "; ".join(problems))
+        raise TrainerError(
+            f"--cfg {value}: {len(problems)} setting(s) this trainer cannot train with: " + "; ".join(problems)
+        )
 
 
 _CONVERTERS: dict[str, Any] = {
-    "epochs": int, "batch": int, "batch_per_device": int, "imgsz": int, "lr": finite_float, "lrf": finite_float, "momentum": finite_float, "weight_decay": finite_float,
-    "warmup_epochs": finite_float, "workers": int, "seed": int, "close_mosaic": int, "patience": int, "fraction": finite_float,
-    "multi_scale": finite_float, "nbs": int, "save_period": int, "accumulate": int, "clip": finite_float, "log_every": int,
-    "val_period": int, "debug_exit_after": int, "timeout_min": finite_float, "ref_ips": finite_float,
-    "startup_timeout_min": finite_float, "progress_every_s": finite_float,
-    "cos_lr": parse_bool, "exist_ok": parse_bool, "plots": parse_bool, "deterministic": parse_bool, "cls_remap": parse_bool,
-    "pin_memory": parse_bool, "persistent_workers": parse_bool, "sync_bn": parse_bool,
-    "device": parse_device, "cache": parse_cache, "freeze": parse_freeze,
+    "epochs": int,
+    "batch": int,
+    "batch_per_device": int,
+    "imgsz": int,
+    "lr": finite_float,
+    "lrf": finite_float,
+    "momentum": finite_float,
+    "weight_decay": finite_float,
+    "warmup_epochs": finite_float,
+    "workers": int,
+    "seed": int,
+    "close_mosaic": int,
+    "patience": int,
+    "fraction": finite_float,
+    "multi_scale": finite_float,
+    "nbs": int,
+    "save_period": int,
+    "accumulate": int,
+    "clip": finite_float,
+    "log_every": int,
+    "val_period": int,
+    "debug_exit_after": int,
+    "timeout_min": finite_float,
+    "ref_ips": finite_float,
+    "startup_timeout_min": finite_float,
+    "progress_every_s": finite_float,
+    "cos_lr": parse_bool,
+    "exist_ok": parse_bool,
+    "plots": parse_bool,
+    "deterministic": parse_bool,
+    "cls_remap": parse_bool,
+    "pin_memory": parse_bool,
+    "persistent_workers": parse_bool,
+    "sync_bn": parse_bool,
+    "device": parse_device,
+    "cache": parse_cache,
+    "freeze": parse_freeze,
     "channels_last": lambda v: None if v is None else parse_bool(v),
     "optimizer": lambda v: _optimizer_name(str(v)),
 }

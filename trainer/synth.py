@@ -18,8 +18,16 @@ import numpy as np
 import yaml
 
 SHAPES = ("square", "disc", "triangle", "cross", "diamond", "ring", "bar", "hexagon")
-COLOURS = ((230, 60, 60), (60, 200, 60), (60, 90, 230), (230, 200, 40), (200, 60, 220), (40, 210, 210),
-           (240, 140, 30), (130, 130, 130))
+COLOURS = (
+    (230, 60, 60),
+    (60, 200, 60),
+    (60, 90, 230),
+    (230, 200, 40),
+    (200, 60, 220),
+    (40, 210, 210),
+    (240, 140, 30),
+    (130, 130, 130),
+)
 
 
 def _polygon(shape: str, cx: float, cy: float, r: float) -> np.ndarray:
@@ -73,8 +81,14 @@ def label_line(k: int, poly: np.ndarray, imgsz: int, segments: bool) -> str:
 
 
 def write_dataset(
-    root: Path, images: int, classes: int, imgsz: int, val_fraction: float = 0.25, seed: int = 0,
-    segments: bool = False, max_objects: int = 3,
+    root: Path,
+    images: int,
+    classes: int,
+    imgsz: int,
+    val_fraction: float = 0.25,
+    seed: int = 0,
+    segments: bool = False,
+    max_objects: int = 3,
 ) -> Path:
     """Write the dataset under ``root`` and return the absolute path of its data YAML."""
     if classes < 1 or classes > len(SHAPES):
@@ -90,8 +104,12 @@ def write_dataset(
         cv2.imwrite(str(root / "images" / split / f"{i:06d}.jpg"), img)
         lines = [label_line(k, poly, imgsz, segments) for k, poly in objects]
         (root / "labels" / split / f"{i:06d}.txt").write_text("\n".join(lines) + "\n")
-    data = {"path": str(root), "train": "images/train", "val": "images/val",
-            "names": {k: SHAPES[k] for k in range(classes)}}
+    data = {
+        "path": str(root),
+        "train": "images/train",
+        "val": "images/val",
+        "names": {k: SHAPES[k] for k in range(classes)},
+    }
     out = root / "data.yaml"
     out.write_text(yaml.safe_dump(data, sort_keys=False))
     return out
@@ -99,8 +117,11 @@ def write_dataset(
 
 def main(argv: list[str] | None = None) -> None:
     """Command line: ``python -m trainer.synth DIR --images N --classes K --imgsz S``."""
-    p = argparse.ArgumentParser(prog="python -m trainer.synth", description=__doc__.split("\n\n")[0],
-                                epilog="example: python -m trainer.synth /tmp/shapes --images 64 --classes 3 --imgsz 128")
+    p = argparse.ArgumentParser(
+        prog="python -m trainer.synth",
+        description=__doc__.split("\n\n")[0],
+        epilog="example: python -m trainer.synth /tmp/shapes --images 64 --classes 3 --imgsz 128",
+    )
     p.add_argument("dir", type=Path, help="output directory, e.g. /tmp/shapes")
     p.add_argument("--images", type=int, default=64, help="total images, train + val (default 64)")
     p.add_argument("--classes", type=int, default=3, help=f"number of classes, 1..{len(SHAPES)} (default 3)")

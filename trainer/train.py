@@ -44,8 +44,11 @@ def main(argv: list[str] | None = None) -> None:
         except BaseException as e:
             # Never a graceful leave after a failure: it waits for peers that wait for us.
             if tdist.abort() and not isinstance(e, TrainerError):
-                logs.say(f"error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
-                         "(process group aborted; traceback follows)", sys.stderr)
+                logs.say(
+                    f"error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
+                    "(process group aborted; traceback follows)",
+                    sys.stderr,
+                )
             raise
         tdist.close()
         tdist.leave_last(topo)

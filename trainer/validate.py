@@ -13,8 +13,18 @@ import torch
 class _TrainerView:
     """The few attributes ultralytics' validator reads from its trainer when validating in training mode."""
 
-    def __init__(self, ema: Any, device: torch.device, data: dict[str, Any], amp: bool,
-                 loss_names: tuple[str, ...], epoch: int, epochs: int, world_size: int, final: bool = False) -> None:
+    def __init__(
+        self,
+        ema: Any,
+        device: torch.device,
+        data: dict[str, Any],
+        amp: bool,
+        loss_names: tuple[str, ...],
+        epoch: int,
+        epochs: int,
+        world_size: int,
+        final: bool = False,
+    ) -> None:
         """Capture what ``BaseValidator.__call__(trainer=...)`` touches. ``final``: the validation
         that may plot (the validator keeps ``plots`` only when the stopper may stop or at the last
         epoch; the final validation of best.pt runs at best.pt's epoch)."""
@@ -41,9 +51,18 @@ def make_validator(task: str, loader: Any, save_dir: Path, hyp: SimpleNamespace)
     return cls(dataloader=loader, save_dir=save_dir, args=args)
 
 
-def run_validation(validator: Any, ema: Any, device: torch.device, data: dict[str, Any], amp: bool,
-                   loss_names: tuple[str, ...], epoch: int, epochs: int, world_size: int,
-                   plots: bool = False) -> dict[str, float] | None:
+def run_validation(
+    validator: Any,
+    ema: Any,
+    device: torch.device,
+    data: dict[str, Any],
+    amp: bool,
+    loss_names: tuple[str, ...],
+    epoch: int,
+    epochs: int,
+    world_size: int,
+    plots: bool = False,
+) -> dict[str, float] | None:
     """Validate the EMA model on every rank; rank 0 gets the merged metrics, the others None.
 
     Every rank must call this (with the same ``plots``): the validator gathers per-rank statistics

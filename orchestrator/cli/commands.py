@@ -28,11 +28,17 @@ from . import complete, render
 DEFAULT_RUNS = 20
 """How many runs `orch runs` lists without --all (run.history.DEFAULT_LIMIT, without importing it)."""
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
-UP_EXIT = {"succeeded": ExitCode.OK, "detached": ExitCode.OK, "failed": ExitCode.FAILED,
-           "start_failed": ExitCode.FAILED, "preflight_failed": ExitCode.PREFLIGHT_FAILED,
-           "sync_failed": ExitCode.PREFLIGHT_FAILED,
-           "interrupted": ExitCode.INTERRUPTED, "stopped": ExitCode.INTERRUPTED,
-           "retry_preflight_failed": ExitCode.FAILED}
+UP_EXIT = {
+    "succeeded": ExitCode.OK,
+    "detached": ExitCode.OK,
+    "failed": ExitCode.FAILED,
+    "start_failed": ExitCode.FAILED,
+    "preflight_failed": ExitCode.PREFLIGHT_FAILED,
+    "sync_failed": ExitCode.PREFLIGHT_FAILED,
+    "interrupted": ExitCode.INTERRUPTED,
+    "stopped": ExitCode.INTERRUPTED,
+    "retry_preflight_failed": ExitCode.FAILED,
+}
 """The exit code of each way `orch up` ends (docs/CONTRACT.md)."""
 FOLLOW_EXIT = {"succeeded": ExitCode.OK, "failed": ExitCode.FAILED, "stopped": ExitCode.INTERRUPTED}
 """`orch logs --follow` that saw the run end: orch up's code for that end; an end it could not
@@ -75,7 +81,9 @@ def resolve_inventory(path: str | None) -> Inventory:
     try:
         return RunStore().get().inventory(as_run=False)
     except UsageError:
-        raise UsageError("no INVENTORY given", "pass one (orch check inventory/v100.yaml) or set ORCH_INVENTORY") from None
+        raise UsageError(
+            "no INVENTORY given", "pass one (orch check inventory/v100.yaml) or set ORCH_INVENTORY"
+        ) from None
 
 
 def split_names(value: str | None) -> list[str] | None:
@@ -84,21 +92,45 @@ def split_names(value: str | None) -> list[str] | None:
 
 def node_selection(func: Any) -> Any:
     """`--include/--exclude/--nodes/--master` (DeepSpeed's launcher's habits) on up and check."""
-    for option in reversed([
-        click.option("--include", metavar="SET", shell_complete=complete.node_names, help="Only these nodes: names or ranges, e.g. n1,n[3-4]."),
-        click.option("--exclude", metavar="SET", shell_complete=complete.node_names, help="Not these nodes, e.g. n2."),
-        click.option("--nodes", "first", metavar="N|SET", shell_complete=complete.node_names,
-                     help="N: the first N nodes in inventory order (after --include/--exclude); a set of names "
-                          "works like --include."),
-        click.option("--master", metavar="NODE", shell_complete=complete.node_names,
-                     help="The node that becomes node rank 0 (needed when the inventory's master is left out)."),
-    ]):
+    for option in reversed(
+        [
+            click.option(
+                "--include",
+                metavar="SET",
+                shell_complete=complete.node_names,
+                help="Only these nodes: names or ranges, e.g. n1,n[3-4].",
+            ),
+            click.option(
+                "--exclude", metavar="SET", shell_complete=complete.node_names, help="Not these nodes, e.g. n2."
+            ),
+            click.option(
+                "--nodes",
+                "first",
+                metavar="N|SET",
+                shell_complete=complete.node_names,
+                help="N: the first N nodes in inventory order (after --include/--exclude); a set of names "
+                "works like --include.",
+            ),
+            click.option(
+                "--master",
+                metavar="NODE",
+                shell_complete=complete.node_names,
+                help="The node that becomes node rank 0 (needed when the inventory's master is left out).",
+            ),
+        ]
+    ):
         func = option(func)
     return func
 
 
-def overrides_from(include: str | None, exclude: str | None, first: str | None, master: str | None,
-                   env: tuple[str, ...] = (), args: list[str] | None = None) -> Any:
+def overrides_from(
+    include: str | None,
+    exclude: str | None,
+    first: str | None,
+    master: str | None,
+    env: tuple[str, ...] = (),
+    args: list[str] | None = None,
+) -> Any:
     """The command line's `config.overrides.Overrides` (validated: exit 2 on a bad --env)."""
     from ..config.overrides import Overrides, parse_env
 
@@ -109,8 +141,9 @@ def overrides_from(include: str | None, exclude: str | None, first: str | None, 
         include = f"{include},{first}" if include else first
         if include != first:
             raise UsageError("--nodes SET and --include together", "give the nodes once, with --include")
-    return Overrides(args=tuple(args or ()), env=parse_env(env), include=include, exclude=exclude, first=count,
-                     master=master)
+    return Overrides(
+        args=tuple(args or ()), env=parse_env(env), include=include, exclude=exclude, first=count, master=master
+    )
 
 
 @click.group(context_settings=CONTEXT)
@@ -134,8 +167,9 @@ def cli(ctx: click.Context, verbose: bool) -> None:
     eval "$(_ORCH_COMPLETE=bash_source orch)"
     """
     ctx.obj = State(verbose)
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
-                        format="%(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.WARNING, format="%(name)s: %(message)s", stream=sys.stderr
+    )
     if not verbose:
         logging.getLogger("paramiko").setLevel(logging.CRITICAL)
 
@@ -147,7 +181,7 @@ class _CommandAfterDashes(complete.Remembering):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if "--" in args:
             cut = args.index("--")
-            ctx.meta["orch.command"] = args[cut + 1:]
+            ctx.meta["orch.command"] = args[cut + 1 :]
             args = args[:cut]
         else:
             ctx.meta["orch.command"] = None
@@ -183,8 +217,17 @@ Examples:
 @click.option("--skip", shell_complete=complete.check_names, help="Skip these checks (comma separated).")
 @node_selection
 @pass_state
-def check(state: State, inventory: str | None, as_json: bool, only: str | None, skip: str | None,
-          include: str | None, exclude: str | None, first: str | None, master: str | None) -> None:
+def check(
+    state: State,
+    inventory: str | None,
+    as_json: bool,
+    only: str | None,
+    skip: str | None,
+    include: str | None,
+    exclude: str | None,
+    first: str | None,
+    master: str | None,
+) -> None:
     from ..config.overrides import apply
 
     inv = apply(resolve_inventory(inventory), overrides_from(include, exclude, first, master))
@@ -192,8 +235,13 @@ def check(state: State, inventory: str | None, as_json: bool, only: str | None, 
 
     select_checks(split_names(only), split_names(skip))  # an unknown name: exit 2 before any connection
     with render.probe_progress(len(inv.nodes)) as progress:
-        report = run_preflight(inv, only=split_names(only), skip=split_names(skip), progress=progress,
-                               warm_up=None if as_json else render.preload_check_table)
+        report = run_preflight(
+            inv,
+            only=split_names(only),
+            skip=split_names(skip),
+            progress=progress,
+            warm_up=None if as_json else render.preload_check_table,
+        )
     if as_json:
         render.json_out(report.to_json(inv.path))
     else:
@@ -244,25 +292,58 @@ Examples:
 @click.option("--skip-sync", is_flag=True, help="Do not copy job.sync to the nodes first.")
 @click.option("--run-id", help="Name the run (default: DATE-TIME-CLUSTER).")
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: print the plan as JSON.")
-@click.option("--show-env", is_flag=True,
-              help="With --dry-run: print the inventory's env values (hidden as *** by default: they are often "
-                   "tokens and keys).")
-@click.option("--fabric", is_flag=True,
-              help="Also run the fabric check in the preflight (a short all_reduce job on every node); "
-                   "a failure stops the launch (exit 3).")
-@click.option("--retries", type=click.IntRange(min=0), metavar="N",
-              help=f"Relaunch the run up to N times after a failure (default: job.retries, {default('job.retries')}).")
-@click.option("--stall-timeout", type=Number(min=0), metavar="SECONDS",
-              help="Call the run hung when no rank writes a line this long; 0 = off "
-                   f"(default: job.stall_timeout_s, {default('job.stall_timeout_s')}).")
+@click.option(
+    "--show-env",
+    is_flag=True,
+    help="With --dry-run: print the inventory's env values (hidden as *** by default: they are often tokens and keys).",
+)
+@click.option(
+    "--fabric",
+    is_flag=True,
+    help="Also run the fabric check in the preflight (a short all_reduce job on every node); "
+    "a failure stops the launch (exit 3).",
+)
+@click.option(
+    "--retries",
+    type=click.IntRange(min=0),
+    metavar="N",
+    help=f"Relaunch the run up to N times after a failure (default: job.retries, {default('job.retries')}).",
+)
+@click.option(
+    "--stall-timeout",
+    type=Number(min=0),
+    metavar="SECONDS",
+    help="Call the run hung when no rank writes a line this long; 0 = off "
+    f"(default: job.stall_timeout_s, {default('job.stall_timeout_s')}).",
+)
 @node_selection
-@click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
-              help="Add to the job's environment for this run (over the inventory's env); repeatable.")
+@click.option(
+    "--env",
+    "env",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="Add to the job's environment for this run (over the inventory's env); repeatable.",
+)
 @click.pass_context
-def up(ctx: click.Context, inventory: str | None, dry_run: bool, detach: bool, skip_checks: bool, skip_sync: bool,
-       run_id: str | None, as_json: bool, fabric: bool, retries: int | None, stall_timeout: float | None, show_env: bool,
-       include: str | None, exclude: str | None, first: str | None, master: str | None,
-       env: tuple[str, ...]) -> None:
+def up(
+    ctx: click.Context,
+    inventory: str | None,
+    dry_run: bool,
+    detach: bool,
+    skip_checks: bool,
+    skip_sync: bool,
+    run_id: str | None,
+    as_json: bool,
+    fabric: bool,
+    retries: int | None,
+    stall_timeout: float | None,
+    show_env: bool,
+    include: str | None,
+    exclude: str | None,
+    first: str | None,
+    master: str | None,
+    env: tuple[str, ...],
+) -> None:
     from ..config.overrides import apply
 
     overrides = overrides_from(include, exclude, first, master, env, ctx.meta.get("orch.command"))
@@ -271,14 +352,19 @@ def up(ctx: click.Context, inventory: str | None, dry_run: bool, detach: bool, s
 
         check_run_id(run_id, "--run-id")
     if detach and (retries or stall_timeout):
-        raise UsageError("--retries and --stall-timeout need an attached orch up: a detached run has nobody "
-                         "watching it", "drop --detach, or drop those flags")
+        raise UsageError(
+            "--retries and --stall-timeout need an attached orch up: a detached run has nobody watching it",
+            "drop --detach, or drop those flags",
+        )
     if show_env and not dry_run:
-        raise UsageError("--show-env goes with --dry-run: it prints the plan's env values",
-                         "orch up INVENTORY --dry-run --show-env")
+        raise UsageError(
+            "--show-env goes with --dry-run: it prints the plan's env values", "orch up INVENTORY --dry-run --show-env"
+        )
     if as_json and not dry_run:  # accepted and ignored, a launch would print the human output
-        raise UsageError("--json goes with --dry-run: it prints the plan as JSON, a launch has no JSON output",
-                         "orch up INVENTORY --dry-run --json for the plan; orch status RUN --json for a run's state")
+        raise UsageError(
+            "--json goes with --dry-run: it prints the plan as JSON, a launch has no JSON output",
+            "orch up INVENTORY --dry-run --json for the plan; orch status RUN --json for a run's state",
+        )
     inv = apply(resolve_inventory(inventory), overrides)
     if dry_run:
         from ..config.plan import make_plan
@@ -294,9 +380,18 @@ def up(ctx: click.Context, inventory: str | None, dry_run: bool, detach: bool, s
 
     printer = render.UpPrinter()
     try:
-        outcome = run_up(inv, detach=detach, skip_checks=skip_checks, run_id=run_id, skip_sync=skip_sync,
-                         progress=printer, fabric=fabric, retries=retries, stall_timeout_s=stall_timeout,
-                         overrides=None if overrides.empty else overrides.to_json())
+        outcome = run_up(
+            inv,
+            detach=detach,
+            skip_checks=skip_checks,
+            run_id=run_id,
+            skip_sync=skip_sync,
+            progress=printer,
+            fabric=fabric,
+            retries=retries,
+            stall_timeout_s=stall_timeout,
+            overrides=None if overrides.empty else overrides.to_json(),
+        )
     finally:
         printer.live.clear()  # the outcome (or the interruption) is written where the live line was
     render.up_outcome(outcome)
@@ -326,33 +421,65 @@ Examples:
 @cli.command(help=LOGS_HELP, cls=complete.Remembering, context_settings=CONTEXT)
 @click.argument("run", required=False, shell_complete=complete.run_ids)
 @click.option("-f", "--follow", is_flag=True, help="Keep following every node live until the run ends or Ctrl-C.")
-@click.option("--node", "node_filter", shell_complete=complete.node_names, help="Only these nodes (name or range, e.g. gpu[01-02]).")
+@click.option(
+    "--node",
+    "node_filter",
+    shell_complete=complete.node_names,
+    help="Only these nodes (name or range, e.g. gpu[01-02]).",
+)
 @click.option("--rank", "rank_filter", help="Only these global ranks (e.g. 0 or 0,8-15).")
 @click.option("--grep", help="Only lines matching this regular expression.")
 @click.option("--since", help="Only lines newer than this (e.g. 10m, 2h, or 2026-11-30T09:30:00).")
 @click.option("--tail", type=int, help="Only the last N lines of each node.")
-@click.option("--no-telemetry", "no_telemetry", is_flag=True,
-              help="Leave out the node agents' telemetry lines and the ranks' timing lines (what orch top reads).")
+@click.option(
+    "--no-telemetry",
+    "no_telemetry",
+    is_flag=True,
+    help="Leave out the node agents' telemetry lines and the ranks' timing lines (what orch top reads).",
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line on stdout.")
-@click.option("--skew-correct/--no-skew-correct", default=None,
-              help="Subtract measured clock offsets before ordering (default: on when known).")
-@click.option("--watermark", type=Number(), default=1.0, show_default=True,
-              help="Seconds a live line may be held back to order it among nodes.")
-@click.option("--raw", is_flag=True,
-              help="Write each line's text as the job wrote it, control characters included (for a file; "
-                   "never coloured).")
+@click.option(
+    "--skew-correct/--no-skew-correct",
+    default=None,
+    help="Subtract measured clock offsets before ordering (default: on when known).",
+)
+@click.option(
+    "--watermark",
+    type=Number(),
+    default=1.0,
+    show_default=True,
+    help="Seconds a live line may be held back to order it among nodes.",
+)
+@click.option(
+    "--raw",
+    is_flag=True,
+    help="Write each line's text as the job wrote it, control characters included (for a file; never coloured).",
+)
 @pass_state
-def logs(state: State, run: str | None, follow: bool, node_filter: str | None, rank_filter: str | None,
-         grep: str | None, since: str | None, tail: int | None, no_telemetry: bool, as_json: bool,
-         skew_correct: bool | None, watermark: float, raw: bool) -> None:
+def logs(
+    state: State,
+    run: str | None,
+    follow: bool,
+    node_filter: str | None,
+    rank_filter: str | None,
+    grep: str | None,
+    since: str | None,
+    tail: int | None,
+    no_telemetry: bool,
+    as_json: bool,
+    skew_correct: bool | None,
+    watermark: float,
+    raw: bool,
+) -> None:
     from ..logs.view import RunLogs
 
     if raw and as_json:
         raise UsageError("--raw and --json together", "--json keeps every character already (escaped by JSON)")
     view = RunLogs.open(run, skew_correct)
     if view.offsets_ms and (view.reorders or state.verbose):  # offsets within measurement noise: said with -v only
-        render.skew_note(view.offsets_ms, view.offsets_origin, view.offset_reference, view.controller_offset_ms,
-                         every=state.verbose)
+        render.skew_note(
+            view.offsets_ms, view.offsets_origin, view.offset_reference, view.controller_offset_ms, every=state.verbose
+        )
     keep = view.line_filter(node_filter, rank_filter, grep, since, metrics=not no_telemetry)
     if tail is not None and tail < 0:
         raise UsageError(f"--tail {tail}: must be 0 or more", "e.g. --tail 50: the last 50 lines of each node")
@@ -360,8 +487,7 @@ def logs(state: State, run: str | None, follow: bool, node_filter: str | None, r
     try:
         # Ctrl-C ends a follow with exit code 0 wherever it comes: while --tail's lines are
         # printed as well as once the live ones flow (tail -f's and kubectl logs -f's way out)
-        with view.cluster() as cluster, (contextlib.suppress(KeyboardInterrupt) if follow
-                                         else contextlib.nullcontext()):
+        with view.cluster() as cluster, contextlib.suppress(KeyboardInterrupt) if follow else contextlib.nullcontext():
             for name, exc in view.fetch(cluster).failed.items():
                 render.fetch_failed(name, exc)
             if not follow or tail is not None:
@@ -370,8 +496,9 @@ def logs(state: State, run: str | None, follow: bool, node_filter: str | None, r
                 else:
                     out.lines(view.lines(keep, tail))
             if follow:
-                with contextlib.closing(view.follow(cluster, watermark=watermark, from_start=tail is None,
-                                                    on_event=render.log_event)) as live:
+                with contextlib.closing(
+                    view.follow(cluster, watermark=watermark, from_start=tail is None, on_event=render.log_event)
+                ) as live:
                     out.lines((line for line in live if keep(line)), flush_each=True)
                 ended = view.state()
                 render.logs_drained(view.run.run_id, ended)
@@ -410,8 +537,16 @@ def status(state: State, run: str | None, as_json: bool) -> None:
 @cli.command(context_settings=CONTEXT)
 @click.option("--json", "as_json", is_flag=True, help="Print the runs as JSON on stdout.")
 @click.option("-a", "--all", "show_all", is_flag=True, help="Every run, not only the newest.")
-@click.option("-n", "--last", "last", type=click.IntRange(min=1), default=DEFAULT_RUNS, show_default=True,
-              metavar="N", help="How many of the newest runs to list.")
+@click.option(
+    "-n",
+    "--last",
+    "last",
+    type=click.IntRange(min=1),
+    default=DEFAULT_RUNS,
+    show_default=True,
+    metavar="N",
+    help="How many of the newest runs to list.",
+)
 @pass_state
 def runs(state: State, as_json: bool, show_all: bool, last: int) -> None:
     """Every run in $ORCH_HOME, newest first, as run.json last recorded it (like `sky status`).
@@ -478,8 +613,14 @@ def report(state: State, run: str | None) -> None:
 @cli.command(context_settings=CONTEXT)
 @click.argument("run", required=False, shell_complete=complete.run_ids)
 @click.option("--json", "as_json", is_flag=True, help="Every rank's stack and the groups as JSON on stdout.")
-@click.option("--timeout", type=Number(min=1), default=20.0, show_default=True, metavar="SECONDS",
-              help="How long py-spy may take per rank.")
+@click.option(
+    "--timeout",
+    type=Number(min=1),
+    default=20.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long py-spy may take per rank.",
+)
 @pass_state
 def stacks(state: State, run: str | None, as_json: bool, timeout: float) -> None:
     """The Python stack of every rank on every node of a running run, grouped.
@@ -512,8 +653,14 @@ def stacks(state: State, run: str | None, as_json: bool, timeout: float) -> None
 @click.option("--once", is_flag=True, help="Print one table and exit (no live view).")
 @click.option("--json", "as_json", is_flag=True, help="One look as JSON on stdout (implies --once).")
 @click.option("--gpus", is_flag=True, help="One row per GPU instead of one per node.")
-@click.option("--interval", type=Number(min=0.5), default=5.0, show_default=True, metavar="SECONDS",
-              help="How often the live view fetches the node logs again.")
+@click.option(
+    "--interval",
+    type=Number(min=0.5),
+    default=5.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How often the live view fetches the node logs again.",
+)
 @pass_state
 def top(state: State, run: str | None, once: bool, as_json: bool, gpus: bool, interval: float) -> None:
     """The whole cluster while it trains: GPUs, CPU, ranks, stragglers, one row per node.
@@ -590,28 +737,64 @@ Examples:
 
 @cli.command("exec", cls=_CommandAfterDashes, help=EXEC_HELP, context_settings={**CONTEXT, "allow_extra_args": True})
 @click.argument("inventory", required=False, shell_complete=complete.inventory_files)
-@click.option("--nodes", "node_set", metavar="SET", shell_complete=complete.node_names, help="Only these nodes: names or ranges, e.g. v100-[1-2],v100-4.")
-@click.option("--timeout", type=Number(min=0, min_open=True), metavar="SECONDS",
-              help="Give up on a node whose command runs longer than SECONDS (it counts exit 124).")
+@click.option(
+    "--nodes",
+    "node_set",
+    metavar="SET",
+    shell_complete=complete.node_names,
+    help="Only these nodes: names or ranges, e.g. v100-[1-2],v100-4.",
+)
+@click.option(
+    "--timeout",
+    type=Number(min=0, min_open=True),
+    metavar="SECONDS",
+    help="Give up on a node whose command runs longer than SECONDS (it counts exit 124).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print every node's answer as JSON on stdout.")
-@click.option("-b", "--gather", is_flag=True,
-              help="Group identical answers once all nodes answered (clush -b, pdsh | dshbak -c).")
-@click.option("-w", "hosts", metavar="HOSTS",
-              help="Hosts to run on without an inventory: names or ranges, e.g. gpu[1-4],root@login.")
+@click.option(
+    "-b", "--gather", is_flag=True, help="Group identical answers once all nodes answered (clush -b, pdsh | dshbak -c)."
+)
+@click.option(
+    "-w",
+    "hosts",
+    metavar="HOSTS",
+    help="Hosts to run on without an inventory: names or ranges, e.g. gpu[1-4],root@login.",
+)
 @click.option("-l", "--user", metavar="USER", help="With -w: the login on every host (else ~/.ssh/config's).")
-@click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
-              help="Set this variable for the command (over the node's login environment); repeatable.")
-@click.option("--container", "container_run", metavar="RUN", shell_complete=complete.run_ids,
-              help="Run the command inside RUN's container on each of its nodes (a job.container run).")
+@click.option(
+    "--env",
+    "env",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="Set this variable for the command (over the node's login environment); repeatable.",
+)
+@click.option(
+    "--container",
+    "container_run",
+    metavar="RUN",
+    shell_complete=complete.run_ids,
+    help="Run the command inside RUN's container on each of its nodes (a job.container run).",
+)
 @click.pass_context
-def exec_(ctx: click.Context, inventory: str | None, node_set: str | None, timeout: float | None,
-          as_json: bool, gather: bool, hosts: str | None, user: str | None, env: tuple[str, ...],
-          container_run: str | None) -> None:
+def exec_(
+    ctx: click.Context,
+    inventory: str | None,
+    node_set: str | None,
+    timeout: float | None,
+    as_json: bool,
+    gather: bool,
+    hosts: str | None,
+    user: str | None,
+    env: tuple[str, ...],
+    container_run: str | None,
+) -> None:
     command = ctx.meta.get("orch.command")
     if not command:
         stray = f" (got: {' '.join(ctx.args)})" if ctx.args else ""
-        raise UsageError("no command given" if command is not None else f"put the command after --{stray}",
-                         "orch exec [INVENTORY] [--nodes SET] -- CMD ...   e.g. orch exec -- nvidia-smi (-w HOSTS: no inventory)")
+        raise UsageError(
+            "no command given" if command is not None else f"put the command after --{stray}",
+            "orch exec [INVENTORY] [--nodes SET] -- CMD ...   e.g. orch exec -- nvidia-smi (-w HOSTS: no inventory)",
+        )
     from ..config.nodeset import select
     from ..config.overrides import parse_env
     from ..remote.exec import run_everywhere
@@ -619,10 +802,15 @@ def exec_(ctx: click.Context, inventory: str | None, node_set: str | None, timeo
     extra_env = parse_env(env)
     if container_run is not None:
         if inventory is not None or hosts is not None:
-            raise UsageError("--container RUN with an INVENTORY or -w", "--container runs on RUN's own nodes: give RUN alone")
+            raise UsageError(
+                "--container RUN with an INVENTORY or -w", "--container runs on RUN's own nodes: give RUN alone"
+            )
         if extra_env:
-            raise UsageError("--env with --container", "the command runs in the container's environment: "
-                             "set the variable in the command (orch exec --container RUN -- env X=1 CMD)")
+            raise UsageError(
+                "--env with --container",
+                "the command runs in the container's environment: "
+                "set the variable in the command (orch exec --container RUN -- env X=1 CMD)",
+            )
         inv, run_nodes, command = _in_container(container_run, command)
         nodes = select(node_set, run_nodes)
     elif hosts is not None:
@@ -662,8 +850,10 @@ def _in_container(run: str, command: list[str]) -> tuple[Inventory, list[Any], l
     inv = rd.inventory()
     c = inv.job.container
     if c is None or c.runtime == "apptainer":
-        raise UsageError(f"run {rd.run_id} ran no docker or podman container (job.container)",
-                         f"orch exec {rd.inventory_path} -- CMD runs on its nodes' hosts")
+        raise UsageError(
+            f"run {rd.run_id} ran no docker or podman container (job.container)",
+            f"orch exec {rd.inventory_path} -- CMD runs on its nodes' hosts",
+        )
     records = recorded_nodes(rd.read())
     names = [r.node for r in records]
     nonce = next((r.nonce for r in records if r.nonce), rd.nonce or "")
@@ -695,13 +885,22 @@ Examples:
 
 @cli.command(help=SYNC_HELP, cls=complete.Remembering, context_settings=CONTEXT)
 @click.argument("inventory", required=False, shell_complete=complete.inventory_files)
-@click.option("--nodes", "node_set", metavar="SET", shell_complete=complete.node_names, help="Only these nodes: names or ranges, e.g. v100-[1-2],v100-4.")
+@click.option(
+    "--nodes",
+    "node_set",
+    metavar="SET",
+    shell_complete=complete.node_names,
+    help="Only these nodes: names or ranges, e.g. v100-[1-2],v100-4.",
+)
 @click.option("-n", "--dry-run", is_flag=True, help="Show what would change on each node; change nothing.")
-@click.option("--delete", is_flag=True, help="Also remove files inside synced directories that the controller does not have.")
+@click.option(
+    "--delete", is_flag=True, help="Also remove files inside synced directories that the controller does not have."
+)
 @click.option("--checksum", is_flag=True, help="Compare files by checksum, not size and time (reads every file).")
 @click.option("--json", "as_json", is_flag=True, help="Print every node's outcome as JSON on stdout.")
-def sync(inventory: str | None, node_set: str | None, dry_run: bool, delete: bool, checksum: bool,
-         as_json: bool) -> None:
+def sync(
+    inventory: str | None, node_set: str | None, dry_run: bool, delete: bool, checksum: bool, as_json: bool
+) -> None:
     inv = resolve_inventory(inventory)
     from ..config.nodeset import select
     from ..remote.rsync import SyncOptions
@@ -755,15 +954,30 @@ def image() -> None:
 @image.command("push", help=IMAGE_PUSH_HELP, cls=complete.Remembering, context_settings=CONTEXT)
 @click.argument("image_ref", metavar="IMAGE")
 @click.argument("inventory", required=False, shell_complete=complete.inventory_files)
-@click.option("--runtime", type=click.Choice(["docker", "podman", "apptainer"]),
-              help="The container runtime (default: the inventory's job.container.runtime).")
-@click.option("--nodes", "node_set", metavar="SET", shell_complete=complete.node_names,
-              help="Only these nodes: names or ranges, e.g. gpu[01-02],gpu07.")
-@click.option("--parallel", type=click.IntRange(min=1), default=4, show_default=True, metavar="N",
-              help="Nodes loading at once (each stream is the whole image).")
+@click.option(
+    "--runtime",
+    type=click.Choice(["docker", "podman", "apptainer"]),
+    help="The container runtime (default: the inventory's job.container.runtime).",
+)
+@click.option(
+    "--nodes",
+    "node_set",
+    metavar="SET",
+    shell_complete=complete.node_names,
+    help="Only these nodes: names or ranges, e.g. gpu[01-02],gpu07.",
+)
+@click.option(
+    "--parallel",
+    type=click.IntRange(min=1),
+    default=4,
+    show_default=True,
+    metavar="N",
+    help="Nodes loading at once (each stream is the whole image).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print every node's outcome as JSON on stdout.")
-def image_push(image_ref: str, inventory: str | None, runtime: str | None, node_set: str | None, parallel: int,
-               as_json: bool) -> None:
+def image_push(
+    image_ref: str, inventory: str | None, runtime: str | None, node_set: str | None, parallel: int, as_json: bool
+) -> None:
     inv = resolve_inventory(inventory)
     from ..config.nodeset import select
     from ..remote.image import push_image
@@ -771,8 +985,10 @@ def image_push(image_ref: str, inventory: str | None, runtime: str | None, node_
     if runtime is None and inv.job.container is not None:
         runtime = inv.job.container.runtime
     if runtime is None:
-        raise UsageError(f"orch image push: {inv.path} has no job.container.runtime: which container runtime?",
-                         "pass --runtime docker|podman|apptainer, or set job.container in the inventory")
+        raise UsageError(
+            f"orch image push: {inv.path} has no job.container.runtime: which container runtime?",
+            "pass --runtime docker|podman|apptainer, or set job.container in the inventory",
+        )
     nodes = select(node_set, inv.nodes)
     with render.exec_progress(len(nodes)) as progress:
         report = push_image(inv, nodes, image_ref, runtime, parallel=parallel, progress=progress)

@@ -53,9 +53,11 @@ def _inventory_of(ctx: click.Context) -> Any:
         return RunStore().get().inventory()
     if "-w" in ctx.meta.get("orch.words", []):
         return None
-    path = ctx.params.get("inventory") or next(
-        (w for w in words if w.endswith((".yaml", ".yml")) and os.path.isfile(w)), None) \
+    path = (
+        ctx.params.get("inventory")
+        or next((w for w in words if w.endswith((".yaml", ".yml")) and os.path.isfile(w)), None)
         or os.environ.get("ORCH_INVENTORY")
+    )
     if path:
         from ..config.inventory import load
 
@@ -78,8 +80,7 @@ def node_names(ctx: click.Context, param: click.Parameter, incomplete: str) -> l
     if inv is None:
         return []
     head, last = _last_item(incomplete)
-    return [CompletionItem(head + n.name) for n in sorted(inv.nodes, key=lambda n: n.index)
-            if n.name.startswith(last)]
+    return [CompletionItem(head + n.name) for n in sorted(inv.nodes, key=lambda n: n.index) if n.name.startswith(last)]
 
 
 def check_names(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:

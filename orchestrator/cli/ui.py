@@ -45,15 +45,31 @@ def console(stderr: bool = True, stream: Any = None) -> Console:
     color = color_enabled(stream)
     # soft_wrap: a printed line is never broken at a column by rich (a terminal folds it on the
     # screen; a pipe or log file keeps one line, as grep expects); tables still lay out to width
-    return Console(file=stream, no_color=not color, highlight=False, soft_wrap=True,
-                   force_terminal=color or None, emoji=False,
-                   width=None if color else 200)
+    return Console(
+        file=stream,
+        no_color=not color,
+        highlight=False,
+        soft_wrap=True,
+        force_terminal=color or None,
+        emoji=False,
+        width=None if color else 200,
+    )
 
 
-STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim",
-                NodeState.RUNNING: "cyan", NodeState.SUCCEEDED: "green", NodeState.FAILED: "bold red",
-                NodeState.STOPPED: "yellow", NodeState.STARTING: "cyan", NodeState.UNREACHABLE: "bold red",
-                NodeState.UNKNOWN: "dim", NodeState.PENDING: "dim"}
+STATUS_STYLE = {
+    "ok": "green",
+    "warn": "yellow",
+    "fail": "bold red",
+    "skip": "dim",
+    NodeState.RUNNING: "cyan",
+    NodeState.SUCCEEDED: "green",
+    NodeState.FAILED: "bold red",
+    NodeState.STOPPED: "yellow",
+    NodeState.STARTING: "cyan",
+    NodeState.UNREACHABLE: "bold red",
+    NodeState.UNKNOWN: "dim",
+    NodeState.PENDING: "dim",
+}
 
 
 def styled(status: str) -> str:

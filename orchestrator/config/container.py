@@ -99,8 +99,9 @@ def parse_mount(text: str) -> tuple[Mount | None, str | None]:
         return None, f"mount {text!r}: the mode must be ro or rw, not {mode!r}"
     for path in (host, inside):
         if not path.startswith("/"):
-            return None, (f"mount {text!r}: {path!r} is not an absolute path (a mount is the same on every node: "
-                          "write it from /)")
+            return None, (
+                f"mount {text!r}: {path!r} is not an absolute path (a mount is the same on every node: write it from /)"
+            )
         if any(part in (".", "..") for part in path.split("/")):
             return None, f"mount {text!r}: {path!r} has '.' or '..' components"
     return Mount(host.rstrip("/") or "/", inside.rstrip("/") or "/", mode == "ro"), None
@@ -124,8 +125,13 @@ def mount_problems(mounts: Sequence[Mount], run_root: str, workdir: str | None) 
             continue
         seen[m.container] = i
         if run_root.startswith("/") and _under(m.container, run_root.rstrip("/") or "/"):
-            out.append((i, f"mount at {m.container} would hide the run directory under job.run_root {run_root} "
-                           "(orch mounts each node's run directory at the same path): mount elsewhere"))
+            out.append(
+                (
+                    i,
+                    f"mount at {m.container} would hide the run directory under job.run_root {run_root} "
+                    "(orch mounts each node's run directory at the same path): mount elsewhere",
+                )
+            )
         elif m.container in ours:
             out.append((i, f"mount at {m.container} would hide {ours[m.container]}: orch mounts it already"))
     return out
@@ -149,21 +155,28 @@ def option_problems(c: Container, gpus_selected: bool) -> list[tuple[int, str]]:
         value = value if value is not None else nxt
         why = None
         if name in ("-d", "--detach"):
-            why = ("orch runs the container in the foreground: its output is the job's log and it ends with the job "
-                   "(--detach would leave it running unseen)")
+            why = (
+                "orch runs the container in the foreground: its output is the job's log and it ends with the job "
+                "(--detach would leave it running unseen)"
+            )
         elif name == "--rm" and value in ("false", "0") and "=" in raw:
             why = "the container must be removed when its job ends (orch sets --rm)"
         elif name in ("--network", "--net") and c.runtime != "apptainer" and value != "host":
-            why = (f"{name} {value}: orch runs the job on the host's network (NCCL and the rendezvous use the "
-                   "node's addresses; a bridge network hangs NCCL at init): leave --network out")
+            why = (
+                f"{name} {value}: orch runs the job on the host's network (NCCL and the rendezvous use the "
+                "node's addresses; a bridge network hangs NCCL at init): leave --network out"
+            )
         elif name == "--name":
             why = "orch names the container orch-<run>-<node>-<nonce> (what every stop removes): leave --name out"
         elif name in ("-u", "--user"):
             why = "set job.container.user instead (host | root | UID:GID)"
-        elif gpus_selected and (name == "--gpus" or (name == "--device" and value and "nvidia.com/gpu" in value)
-                                or name == "--nv"):
-            why = ("orch passes each node's GPUs for its ranks (by UUID; CUDA_VISIBLE_DEVICES in env: selects "
-                   "them): leave " + name + " out")
+        elif gpus_selected and (
+            name == "--gpus" or (name == "--device" and value and "nvidia.com/gpu" in value) or name == "--nv"
+        ):
+            why = (
+                "orch passes each node's GPUs for its ranks (by UUID; CUDA_VISIBLE_DEVICES in env: selects "
+                "them): leave " + name + " out"
+            )
         elif name in ("-e", "--env", "--env-file") or name.startswith("-e") and len(name) > 2:
             why = "environment values never go on a command line: put the variable in env: (passed by name)"
         elif name == "--label" and value and value.startswith("orch."):
@@ -199,9 +212,21 @@ def _home_path(path: str, home: str) -> str:
     return home + path[1:] if path == "~" or path.startswith("~/") else path
 
 
-def run_argv(c: Container, inner: Sequence[str], *, name: str, label_values: Sequence[str], env: Sequence[str],
-             devices: Sequence[str] | None, workdir: str | None, run_dir: str, home: str, uid_gid: str,
-             rdma: bool, image_id: str | None = None) -> list[str]:
+def run_argv(
+    c: Container,
+    inner: Sequence[str],
+    *,
+    name: str,
+    label_values: Sequence[str],
+    env: Sequence[str],
+    devices: Sequence[str] | None,
+    workdir: str | None,
+    run_dir: str,
+    home: str,
+    uid_gid: str,
+    rdma: bool,
+    image_id: str | None = None,
+) -> list[str]:
     """The runtime command that runs `c.python INNER` in the image: see docs/CONTRACT.md.
 
     `env`: the names the job gets (values in the runtime's own environment, never on argv);
@@ -282,8 +307,15 @@ def leftovers_argv(c: Container, cluster: str) -> list[str]:
     run, state (the preflight's leftover row)."""
     if c.runtime == "apptainer":
         return []
-    return [c.runtime, "ps", "-a", "--filter", f"label=orch.cluster={cluster}", "--format",
-            '{{.ID}}\t{{.Names}}\t{{.Label "orch.run"}}\t{{.State}}']
+    return [
+        c.runtime,
+        "ps",
+        "-a",
+        "--filter",
+        f"label=orch.cluster={cluster}",
+        "--format",
+        '{{.ID}}\t{{.Names}}\t{{.Label "orch.run"}}\t{{.State}}',
+    ]
 
 
 IMAGE_FORMAT = "{{.Id}}\t{{json .Config.Env}}"
@@ -308,9 +340,11 @@ def exec_argv(c: Container, run_id: str, nonce: str, command: Sequence[str]) -> 
     this runs on, found by its labels (the run and its launch nonce: one container per node), the
     same argv on every node; one word is a line for `sh -c` inside. docker and podman only."""
     inner = ["sh", "-c", command[0]] if len(command) == 1 else list(command)
-    find = (f'id=$("$0" ps -q --filter label=orch.run={run_id} --filter label=orch.nonce={nonce}); '
-            f'[ -n "$id" ] || {{ echo "orch: no running container of run {run_id} on this node" >&2; '
-            f'exit {NO_CONTAINER_EXIT}; }}; exec "$0" exec "$id" "$@"')
+    find = (
+        f'id=$("$0" ps -q --filter label=orch.run={run_id} --filter label=orch.nonce={nonce}); '
+        f'[ -n "$id" ] || {{ echo "orch: no running container of run {run_id} on this node" >&2; '
+        f'exit {NO_CONTAINER_EXIT}; }}; exec "$0" exec "$id" "$@"'
+    )
     return ["/bin/sh", "-c", find, c.runtime, *inner]
 
 

@@ -54,7 +54,6 @@ def parse_size(value: int | str) -> int:
     return number
 
 
-
 # ----------------------------------------------------------------------------- resolved (frozen)
 
 
@@ -187,9 +186,7 @@ def parse(text: str, path: str = "<inventory>") -> Inventory:
     except yamlines.YamlError as exc:
         raise InventoryError([InventoryIssue(exc.message, path, exc.line, exc.key)]) from None
     if not isinstance(data, dict):
-        raise InventoryError(
-            [InventoryIssue("the inventory must be a YAML mapping with at least `nodes:`", path, 1)]
-        )
+        raise InventoryError([InventoryIssue("the inventory must be a YAML mapping with at least `nodes:`", path, 1)])
     if not data.get("nodes"):
         line = lines.get(("nodes",), 1)
         msg = "`nodes` is missing" if "nodes" not in data else "`nodes` is empty"
@@ -208,8 +205,7 @@ def _env_value(v: Any) -> str:
     return "" if v is None else str(v)
 
 
-def render_args(args: Mapping[str, Any] | list[Any],
-                off: Callable[[str], str | None] | None = None) -> tuple[str, ...]:
+def render_args(args: Mapping[str, Any] | list[Any], off: Callable[[str], str | None] | None = None) -> tuple[str, ...]:
     """`{model: x, amp: true, lr: 0.01, skip: null}` → `--model x --amp --lr 0.01`. Lists pass as is.
 
     `false` is `--key WORD` with `off(key)`'s word (the job's own spelling of off: `--amp off`);
@@ -275,12 +271,22 @@ class _Resolver:
         name = m.name or os.path.splitext(os.path.basename(self.path))[0] or "cluster"
         problem = name_problem(name)
         if problem:
-            raise InventoryError([InventoryIssue(f"cluster name {name!r} {problem}", self.path,
-                                                 self.lines.get(("name",)), "name")])
+            raise InventoryError(
+                [InventoryIssue(f"cluster name {name!r} {problem}", self.path, self.lines.get(("name",)), "name")]
+            )
         return Inventory(
-            path=self.path, name=name, transport=m.transport, nodes=ordered, master=master,
-            master_port=m.master.port, env=MappingProxyType(env), checks=checks, job=job,
-            fanout=m.fanout, source=self.text, spares=tuple(spares),
+            path=self.path,
+            name=name,
+            transport=m.transport,
+            nodes=ordered,
+            master=master,
+            master_port=m.master.port,
+            env=MappingProxyType(env),
+            checks=checks,
+            job=job,
+            fanout=m.fanout,
+            source=self.text,
+            spares=tuple(spares),
         )
 
     # -- pieces
@@ -289,8 +295,12 @@ class _Resolver:
         """With `transport: local`, a relative path (`../.venv/bin/python`, `..`) means relative to
         the inventory file, so a checked-in inventory works from any clone; a bare command name
         (`python3`) is left for PATH. Over SSH paths are the node's and stay as written."""
-        if (self.m.transport != "local" or os.path.isabs(value) or value.startswith("~")
-                or ("/" not in value and value not in (".", ".."))):
+        if (
+            self.m.transport != "local"
+            or os.path.isabs(value)
+            or value.startswith("~")
+            or ("/" not in value and value not in (".", ".."))
+        ):
             return value
         return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(self.path)), value))
 
@@ -323,8 +333,12 @@ class _Resolver:
             if wanted in (n.name, n.host):
                 return n
         names = [n.name for n in nodes]
-        self.issue(f"master '{wanted}' is not one of the nodes{suggest(wanted, names)}: "
-                   f"nodes are {', '.join(names[:8])}{'...' if len(names) > 8 else ''}", "master", "node")
+        self.issue(
+            f"master '{wanted}' is not one of the nodes{suggest(wanted, names)}: "
+            f"nodes are {', '.join(names[:8])}{'...' if len(names) > 8 else ''}",
+            "master",
+            "node",
+        )
         return None
 
     def checks(self) -> Checks:
@@ -338,15 +352,22 @@ class _Resolver:
                 self.issue(f"ntp_server {server!r} must be host or host:port", "checks", "clock", "ntp_server")
         for i, name in enumerate(c.skip):
             if name not in CHECK_NAMES:
-                self.issue(f"unknown check '{name}'{suggest(name, CHECK_NAMES)}; checks are {', '.join(CHECK_NAMES)}",
-                           "checks", "skip", i)
+                self.issue(
+                    f"unknown check '{name}'{suggest(name, CHECK_NAMES)}; checks are {', '.join(CHECK_NAMES)}",
+                    "checks",
+                    "skip",
+                    i,
+                )
         for i, dev in enumerate(c.rdma.devices):
             if not re.match(r"^[A-Za-z0-9_.-]+\Z", dev):
                 self.issue(f"bad RDMA device name {dev!r}", "checks", "rdma", "devices", i)
         self.safe(c.timezone, "timezone", "checks", "timezone")
         return Checks(
-            clock=ClockCheck(server, c.clock.max_offset_ms), timezone=c.timezone,
-            rdma_devices=tuple(c.rdma.devices), ssh_warn_ms=c.ssh.warn_ms, skip=tuple(c.skip),
+            clock=ClockCheck(server, c.clock.max_offset_ms),
+            timezone=c.timezone,
+            rdma_devices=tuple(c.rdma.devices),
+            ssh_warn_ms=c.ssh.warn_ms,
+            skip=tuple(c.skip),
             fabric=self.fabric(c.fabric),
         )
 
@@ -367,8 +388,14 @@ class _Resolver:
         for key in ("timeout_s", "budget_s"):
             if getattr(f, key) <= 0:
                 self.issue(f"{key} must be positive, got {getattr(f, key):g}", *where, key)
-        return FabricCheck(enabled=f.enabled, max_bytes=max_bytes, min_busbw_gbps=f.min_busbw_gbps, share=f.share,
-                           timeout_s=f.timeout_s, budget_s=f.budget_s)
+        return FabricCheck(
+            enabled=f.enabled,
+            max_bytes=max_bytes,
+            min_busbw_gbps=f.min_busbw_gbps,
+            share=f.share,
+            timeout_s=f.timeout_s,
+            budget_s=f.budget_s,
+        )
 
     def job(self) -> Job:
         j = self.m.job
@@ -388,8 +415,12 @@ class _Resolver:
             self.issue(f"telemetry_s must be 0 (off) or at least 1 second, got {j.telemetry_s:g}", "job", "telemetry_s")
         st = j.straggler
         if not 0 < st.share < 1:
-            self.issue(f"share must be between 0 and 1 (0.8: a rank slower than 1/0.8 x the median), got {st.share:g}",
-                       "job", "straggler", "share")
+            self.issue(
+                f"share must be between 0 and 1 (0.8: a rank slower than 1/0.8 x the median), got {st.share:g}",
+                "job",
+                "straggler",
+                "share",
+            )
         if st.windows < 1:
             self.issue(f"windows must be 1 or more, got {st.windows}", "job", "straggler", "windows")
         for key in ("workdir", "python", "module", "script", "run_root"):
@@ -417,12 +448,22 @@ class _Resolver:
         for i, v in enumerate(j.torchrun_args):
             self.safe(v, "torchrun argument", "job", "torchrun_args", i)
         return Job(
-            workdir=self.local_path(j.workdir) if j.workdir else None, python=self.local_path(j.python), rdzv=j.rdzv, max_restarts=j.max_restarts,
-            module=j.module if (j.module or j.script) else "trainer", script=j.script, args=args,
+            workdir=self.local_path(j.workdir) if j.workdir else None,
+            python=self.local_path(j.python),
+            rdzv=j.rdzv,
+            max_restarts=j.max_restarts,
+            module=j.module if (j.module or j.script) else "trainer",
+            script=j.script,
+            args=args,
             raw_args=MappingProxyType(dict(j.args) if isinstance(j.args, dict) else {}),
-            torchrun_args=tuple(j.torchrun_args), run_root=j.run_root, stop_grace_s=j.stop_grace_s,
-            stall_timeout_s=float(j.stall_timeout_s), on_stall=j.on_stall, retries=j.retries,
-            sync=self.sync_paths(j.sync), telemetry_s=float(j.telemetry_s),
+            torchrun_args=tuple(j.torchrun_args),
+            run_root=j.run_root,
+            stop_grace_s=j.stop_grace_s,
+            stall_timeout_s=float(j.stall_timeout_s),
+            on_stall=j.on_stall,
+            retries=j.retries,
+            sync=self.sync_paths(j.sync),
+            telemetry_s=float(j.telemetry_s),
             straggler=Straggler(share=float(st.share), windows=st.windows, action=st.action),
             container=self.container_settings(j.container, j.run_root, j.workdir),
         )
@@ -431,11 +472,15 @@ class _Resolver:
     def no_off(key: str, j: Any, trainer: bool) -> str:
         """Why `KEY: false` cannot reach the job (see `render_args`), and the fix."""
         if trainer:
-            return (f"{key}: false: the trainer's --{key} has no off (python -m trainer --help says what it "
-                    f"takes); write null to leave --{key} out, or the value you mean")
+            return (
+                f"{key}: false: the trainer's --{key} has no off (python -m trainer --help says what it "
+                f"takes); write null to leave --{key} out, or the value you mean"
+            )
         job = f"script {j.script}" if j.script else f"module {j.module}"
-        return (f"{key}: false: orch cannot tell how {job} spells off for --{key}; write the word it takes "
-                f"(e.g. {key}: 'false' or {key}: 0), or null to leave --{key} out")
+        return (
+            f"{key}: false: orch cannot tell how {job} spells off for --{key}; write the word it takes "
+            f"(e.g. {key}: 'false' or {key}: 0), or null to leave --{key} out"
+        )
 
     def container_settings(self, c: Any, run_root: str, workdir: str | None) -> Container | None:
         """`job.container`, every rule of config/container.py applied with the key it breaks."""
@@ -443,8 +488,12 @@ class _Resolver:
             return None
         where = ("job", "container")
         if c.runtime not in container.RUNTIMES:
-            self.issue(f"unknown runtime {c.runtime!r}{container.suggest(c.runtime, container.RUNTIMES)}; runtimes are "
-                       f"{', '.join(container.RUNTIMES)}", *where, "runtime")
+            self.issue(
+                f"unknown runtime {c.runtime!r}{container.suggest(c.runtime, container.RUNTIMES)}; runtimes are "
+                f"{', '.join(container.RUNTIMES)}",
+                *where,
+                "runtime",
+            )
         for key in ("image", "python", "workdir"):
             value = getattr(c, key)
             if value is not None and not value.strip():
@@ -453,12 +502,14 @@ class _Resolver:
         if c.workdir and not c.workdir.startswith("/"):
             self.issue(f"workdir {c.workdir!r} must be an absolute path inside the image", *where, "workdir")
         if c.runtime == "apptainer" and not c.image.startswith("/"):
-            self.issue(f"image {c.image!r}: apptainer runs an image file: give its absolute path (a .sif)", *where,
-                       "image")
+            self.issue(
+                f"image {c.image!r}: apptainer runs an image file: give its absolute path (a .sif)", *where, "image"
+            )
         user = c.user
         if user not in container.USERS and not container.UID_GID.match(user):
-            self.issue(f"user {user!r} is not host, root or UID:GID{container.suggest(user, container.USERS)}",
-                       *where, "user")
+            self.issue(
+                f"user {user!r} is not host, root or UID:GID{container.suggest(user, container.USERS)}", *where, "user"
+            )
         elif c.runtime == "apptainer" and user != "host":
             self.issue(f"user {user!r}: apptainer runs the job as the SSH user: leave user: host", *where, "user")
         mounts = []
@@ -473,8 +524,16 @@ class _Resolver:
             self.issue(why, *where, "mounts", mounts[k][0])
         for i, opt in enumerate(c.options):
             self.safe(opt, "option", *where, "options", i)
-        resolved = Container(runtime=c.runtime, image=c.image, python=c.python, workdir=c.workdir,
-                             mounts=tuple(m for _i, m in mounts), options=tuple(c.options), user=user, pull=c.pull)
+        resolved = Container(
+            runtime=c.runtime,
+            image=c.image,
+            python=c.python,
+            workdir=c.workdir,
+            mounts=tuple(m for _i, m in mounts),
+            options=tuple(c.options),
+            user=user,
+            pull=c.pull,
+        )
         gpus = any(n.gpus for n in self.m.nodes)
         for i, why in container.option_problems(resolved, gpus):
             self.issue(f"option {c.options[i]!r} refused: {why}", *where, "options", i)
@@ -486,16 +545,28 @@ class _Resolver:
         for i, raw in enumerate(paths):
             path = raw.rstrip("/")
             if not raw.startswith("/"):
-                hint = "~ is the controller's home here and the node's there" if raw.startswith("~") else \
-                    f"e.g. {os.path.join('/path/to', raw)}"
-                self.issue(f"sync path {raw!r} is not absolute: it is copied to the same absolute path on every "
-                           f"node ({hint})", "job", "sync", i)
+                hint = (
+                    "~ is the controller's home here and the node's there"
+                    if raw.startswith("~")
+                    else f"e.g. {os.path.join('/path/to', raw)}"
+                )
+                self.issue(
+                    f"sync path {raw!r} is not absolute: it is copied to the same absolute path on every node ({hint})",
+                    "job",
+                    "sync",
+                    i,
+                )
             elif not path:
-                self.issue("sync path '/' would copy the whole filesystem: list the directories to copy",
-                           "job", "sync", i)
+                self.issue(
+                    "sync path '/' would copy the whole filesystem: list the directories to copy", "job", "sync", i
+                )
             elif any(part in (".", "..") for part in path.split("/")):
-                self.issue(f"sync path {raw!r} has '.' or '..' components: write it as {os.path.normpath(raw)}",
-                           "job", "sync", i)
+                self.issue(
+                    f"sync path {raw!r} has '.' or '..' components: write it as {os.path.normpath(raw)}",
+                    "job",
+                    "sync",
+                    i,
+                )
             elif path in out:
                 self.issue(f"sync path {raw!r} is listed twice", "job", "sync", i)
             elif any(path.startswith(o + "/") or o.startswith(path + "/") for o in out):
@@ -510,8 +581,12 @@ class _Resolver:
         nprocs = {n.nproc_per_node for n in nodes}
         if job.rdzv == "static" and len(nprocs) > 1:
             detail = ", ".join(f"{n.name}={n.nproc_per_node}" for n in nodes)
-            self.issue(f"nodes run different numbers of processes ({detail}); static rendezvous needs the same "
-                       f"nproc_per_node everywhere: set job.rdzv: c10d", "job", "rdzv")
+            self.issue(
+                f"nodes run different numbers of processes ({detail}); static rendezvous needs the same "
+                f"nproc_per_node everywhere: set job.rdzv: c10d",
+                "job",
+                "rdzv",
+            )
 
 
 def with_replacements(inv: Inventory, replaced: Mapping[str, str]) -> Inventory:

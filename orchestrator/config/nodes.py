@@ -34,6 +34,7 @@ def name_problem(name: str) -> str | None:
         return f"is {len(name)} characters long, more than {NAME_MAX}"
     return None
 
+
 MAX_NODES = 10_000
 """The most nodes one range may name: a typo (`gpu[0-99999999]`) is refused, not expanded."""
 # A host or name NodeSet would give back unchanged (no range, list, group or IPv6 colon): it is
@@ -117,7 +118,6 @@ def range_size(pattern: str) -> int:
     return total
 
 
-
 class Resolver(Protocol):
     """What node expansion needs of the inventory's resolver (`inventory._Resolver`)."""
 
@@ -162,13 +162,16 @@ class NodeExpander:
                 if problem:
                     self.r.issue(f"node name {name!r} {problem}", self.section, i, "name")
                 if name in seen_names:
-                    self.r.issue(f"duplicate node '{name}' (also {seen_names[name]}): every node must be "
-                                 "listed once", self.section, i, "name" if nm.name else "host")
+                    self.r.issue(
+                        f"duplicate node '{name}' (also {seen_names[name]}): every node must be listed once",
+                        self.section,
+                        i,
+                        "name" if nm.name else "host",
+                    )
                     continue
                 hk = (host, shared["ssh"].port)
                 if self.m.transport == "ssh" and hk in seen_hosts:
-                    self.r.issue(f"duplicate node: {host}:{hk[1]} is already {seen_hosts[hk]}",
-                                 self.section, i, "host")
+                    self.r.issue(f"duplicate node: {host}:{hk[1]} is already {seen_hosts[hk]}", self.section, i, "host")
                     continue
                 seen_names[name] = seen_hosts[hk] = f"{self.section}[{i}]"
                 out.append(Node(name=name, host=host, addr=addr, index=len(out), **shared))
@@ -186,10 +189,18 @@ class NodeExpander:
         nproc = nm.nproc_per_node or self.m.job.nproc_per_node or (nm.gpus if nm.gpus and nm.gpus > 0 else 1)
         if nm.gpus is not None and nm.gpus > 0 and nproc > nm.gpus:
             where = (self.section, i, "nproc_per_node") if nm.nproc_per_node else ("job", "nproc_per_node")
-            self.r.issue(f"nproc_per_node {nproc} is larger than the {nm.gpus} gpus of {self.section}[{i}] ({nm.host}): "
-                         f"a process needs its own GPU", *where)
-        return {"gpus": nm.gpus, "nproc_per_node": nproc, "python": python, "env": MappingProxyType(node_env),
-                "ssh": self.ssh_options(nm, i)}
+            self.r.issue(
+                f"nproc_per_node {nproc} is larger than the {nm.gpus} gpus of {self.section}[{i}] ({nm.host}): "
+                f"a process needs its own GPU",
+                *where,
+            )
+        return {
+            "gpus": nm.gpus,
+            "nproc_per_node": nproc,
+            "python": python,
+            "env": MappingProxyType(node_env),
+            "ssh": self.ssh_options(nm, i),
+        }
 
     def expand_entry(self, nm: NodeModel, i: int) -> list[tuple[str, str, str]]:
         """(host, name, addr) of every node the entry names: its ranges expanded in step."""
@@ -206,7 +217,11 @@ class NodeExpander:
             if len(values) != len(hosts):
                 self.r.issue(
                     f"host expands to {len(hosts)} nodes but {key} to {len(values)}: "
-                    f"give {key} a range of the same length, or omit it", self.section, i, key)
+                    f"give {key} a range of the same length, or omit it",
+                    self.section,
+                    i,
+                    key,
+                )
                 names = addrs = hosts
         return list(zip(hosts, names, addrs))
 
@@ -220,8 +235,12 @@ class NodeExpander:
 
         size = range_size(pattern)
         if size > MAX_NODES:  # counted from the text: ClusterShell would build every name first
-            self.r.issue(f"{key} {pattern!r} expands to {size} nodes, more than {MAX_NODES}: is the range right?",
-                         "nodes", i, key)
+            self.r.issue(
+                f"{key} {pattern!r} expands to {size} nodes, more than {MAX_NODES}: is the range right?",
+                "nodes",
+                i,
+                key,
+            )
             return []
         try:
             return list(NodeSet(pattern))
@@ -253,6 +272,7 @@ class NodeExpander:
             if origin + ("gateway",) not in self.reported:
                 self.reported.add(origin + ("gateway",))
                 why = ": it starts with '-', which ssh would take for an option" if opts.gateway.startswith("-") else ""
-                self.r.issue(f"gateway {opts.gateway!r} is not a host name, address or ssh config alias{why}",
-                             *origin, "gateway")
+                self.r.issue(
+                    f"gateway {opts.gateway!r} is not a host name, address or ssh config alias{why}", *origin, "gateway"
+                )
         return opts

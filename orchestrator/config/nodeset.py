@@ -42,8 +42,10 @@ def select(spec: str | None, nodes: Sequence[Node], option: str = "--nodes") -> 
     unknown = [w for w in wanted if w not in known]
     if unknown:
         names = [n.name for n in nodes]
-        raise UsageError(f"{option}: no node named {', '.join(unknown)}",
-                         "the nodes are " + fold(names) if len(names) > 1 else "the node is " + names[0])
+        raise UsageError(
+            f"{option}: no node named {', '.join(unknown)}",
+            "the nodes are " + fold(names) if len(names) > 1 else "the node is " + names[0],
+        )
     chosen = {known[w].name for w in wanted}
     return [n for n in nodes if n.name in chosen]
 

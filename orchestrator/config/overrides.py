@@ -54,14 +54,25 @@ class Overrides:
         from .plan import HIDDEN
 
         env = dict(self.env) if env_values else dict.fromkeys(self.env, HIDDEN)
-        return {"args": list(self.args), "env": env, "include": self.include, "exclude": self.exclude,
-                "nodes": self.first, "master": self.master}
+        return {
+            "args": list(self.args),
+            "env": env,
+            "include": self.include,
+            "exclude": self.exclude,
+            "nodes": self.first,
+            "master": self.master,
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Overrides:
-        return cls(args=tuple(str(a) for a in data.get("args") or ()), env=dict(data.get("env") or {}),
-                   include=data.get("include"), exclude=data.get("exclude"), first=data.get("nodes"),
-                   master=data.get("master"))
+        return cls(
+            args=tuple(str(a) for a in data.get("args") or ()),
+            env=dict(data.get("env") or {}),
+            include=data.get("include"),
+            exclude=data.get("exclude"),
+            first=data.get("nodes"),
+            master=data.get("master"),
+        )
 
 
 def parse_env(pairs: tuple[str, ...] | list[str], option: str = "--env") -> dict[str, str]:
@@ -74,15 +85,20 @@ def parse_env(pairs: tuple[str, ...] | list[str], option: str = "--env") -> dict
         if not eq:
             raise UsageError(f"{option} {pair!r}: give NAME=VALUE", f"e.g. {option} NCCL_DEBUG=INFO")
         if not ENV_NAME.match(name):
-            raise UsageError(f"{option} {pair!r}: {name!r} is not a valid environment variable name "
-                             "([A-Za-z_][A-Za-z0-9_]*)", f"e.g. {option} NCCL_DEBUG=INFO")
+            raise UsageError(
+                f"{option} {pair!r}: {name!r} is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)",
+                f"e.g. {option} NCCL_DEBUG=INFO",
+            )
         bad = [c for c in SHELL_UNSAFE if c in value]
         if bad:
-            raise UsageError(f"{option} {name}: the value contains {', '.join(map(repr, bad))}, which would need a "
-                             "shell to be safe", "give a plain value (no ; & | < > ` $( ${ or line breaks)")
+            raise UsageError(
+                f"{option} {name}: the value contains {', '.join(map(repr, bad))}, which would need a shell to be safe",
+                "give a plain value (no ; & | < > ` $( ${ or line breaks)",
+            )
         if name in out and out[name] != value:
-            raise UsageError(f"{option} {name} is given twice with different values ({out[name]!r} and {value!r})",
-                             "give it once")
+            raise UsageError(
+                f"{option} {name} is given twice with different values ({out[name]!r} and {value!r})", "give it once"
+            )
         out[name] = value
     return out
 
@@ -101,22 +117,27 @@ def select_nodes(inv: Inventory, ov: Overrides) -> tuple[list[Node], Node]:
         if ov.first < 1:
             raise UsageError(f"--nodes {ov.first}: give at least 1", "e.g. --nodes 2: the first two nodes")
         if ov.first > len(chosen):
-            raise UsageError(f"--nodes {ov.first}: only {len(chosen)} nodes to choose from ({fold(n.name for n in chosen)})",
-                             f"give --nodes {len(chosen)} or fewer")
-        chosen = chosen[:ov.first]
+            raise UsageError(
+                f"--nodes {ov.first}: only {len(chosen)} nodes to choose from ({fold(n.name for n in chosen)})",
+                f"give --nodes {len(chosen)} or fewer",
+            )
+        chosen = chosen[: ov.first]
     if not chosen:
         raise UsageError("--include/--exclude leave no node", f"the nodes are {fold(n.name for n in in_file_order)}")
     if ov.master is not None:
         master = next((n for n in chosen if ov.master in (n.name, n.host)), None)
         if master is None:
-            raise UsageError(f"--master {ov.master}: not one of the chosen nodes ({fold(n.name for n in chosen)})",
-                             f"give one of them, e.g. --master {chosen[0].name}")
+            raise UsageError(
+                f"--master {ov.master}: not one of the chosen nodes ({fold(n.name for n in chosen)})",
+                f"give one of them, e.g. --master {chosen[0].name}",
+            )
     elif inv.master in chosen:
         master = inv.master
     else:
-        raise UsageError(f"the master {inv.master.name} is not among the chosen nodes "
-                         f"({fold(n.name for n in chosen)})",
-                         f"include it, or say which node becomes node rank 0: --master {chosen[0].name}")
+        raise UsageError(
+            f"the master {inv.master.name} is not among the chosen nodes ({fold(n.name for n in chosen)})",
+            f"include it, or say which node becomes node rank 0: --master {chosen[0].name}",
+        )
     return chosen, master
 
 
@@ -124,7 +145,7 @@ def apply(inv: Inventory, ov: Overrides) -> Inventory:
     """The inventory this run is planned from (see the module's docstring)."""
     if ov.empty:
         return inv
-    nodes, master = (select_nodes(inv, ov) if ov.selects else (list(inv.nodes), inv.master))
+    nodes, master = select_nodes(inv, ov) if ov.selects else (list(inv.nodes), inv.master)
     if ov.env:
         nodes = [replace(n, env=MappingProxyType({**n.env, **ov.env})) for n in nodes]
         master = next(n for n in nodes if n.name == master.name)

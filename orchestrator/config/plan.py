@@ -112,10 +112,15 @@ class Plan:
             "master_port": self.master_port,
             "nodes": [
                 {
-                    "node": p.node.name, "host": p.node.host, "addr": p.node.addr,
-                    "node_rank": p.node_rank, "nproc_per_node": p.node.nproc_per_node,
+                    "node": p.node.name,
+                    "host": p.node.host,
+                    "addr": p.node.addr,
+                    "node_rank": p.node_rank,
+                    "nproc_per_node": p.node.nproc_per_node,
                     "global_ranks": [p.global_ranks.start, p.global_ranks.stop - 1],
-                    "argv": list(p.argv), "env": p.shown_env(env_values), "workdir": p.workdir,
+                    "argv": list(p.argv),
+                    "env": p.shown_env(env_values),
+                    "workdir": p.workdir,
                     **({"stop_hook": list(p.stop)} if p.stop else {}),
                 }
                 for p in self.nodes
@@ -186,8 +191,17 @@ def gpu_devices(inv: Inventory, node: Node, pins: Pins | None = None) -> tuple[s
     return tuple(str(i) for i in range(node.nproc_per_node))
 
 
-def job_command(inv: Inventory, node: Node, inner: Sequence[str], *, run_id: str = "", nonce: str = "",
-                env: Iterable[str] = (), pins: Pins | None = None, role: str = "") -> list[str]:
+def job_command(
+    inv: Inventory,
+    node: Node,
+    inner: Sequence[str],
+    *,
+    run_id: str = "",
+    nonce: str = "",
+    env: Iterable[str] = (),
+    pins: Pins | None = None,
+    role: str = "",
+) -> list[str]:
     """How `node` runs anything of the job: `inner` (the arguments after the job's interpreter:
     `-m torch.distributed.run ...`, `-m trainer --check ...`, `-c CODE`) run by the job's
     interpreter in the job's environment. The one place that knows it: the launch
@@ -201,11 +215,19 @@ def job_command(inv: Inventory, node: Node, inner: Sequence[str], *, run_id: str
     if c is None:
         return [job_python(inv, node), *inner]
     return container.run_argv(
-        c, inner, name=container.container_name(run_id, node.name, "-".join(p for p in (nonce, role) if p)),
-        label_values=container.labels(run_id, node.name, nonce, inv.name), env=list(env),
-        devices=gpu_devices(inv, node, pins), workdir=inv.job.workdir, run_dir=RUN_DIR, home="{ORCH_HOME}",
-        uid_gid="{ORCH_UID}:{ORCH_GID}", rdma=bool(inv.checks.rdma_devices),
-        image_id=pins.image_id if pins is not None else None)
+        c,
+        inner,
+        name=container.container_name(run_id, node.name, "-".join(p for p in (nonce, role) if p)),
+        label_values=container.labels(run_id, node.name, nonce, inv.name),
+        env=list(env),
+        devices=gpu_devices(inv, node, pins),
+        workdir=inv.job.workdir,
+        run_dir=RUN_DIR,
+        home="{ORCH_HOME}",
+        uid_gid="{ORCH_UID}:{ORCH_GID}",
+        rdma=bool(inv.checks.rdma_devices),
+        image_id=pins.image_id if pins is not None else None,
+    )
 
 
 def job_stop(inv: Inventory, node: Node, run_id: str, nonce: str = "", role: str = "") -> list[str]:
@@ -226,16 +248,23 @@ def job_sweep(inv: Inventory, node: Node, nonce: str) -> list[str]:
     return container.sweep_argv(c, nonce, node.name) if c is not None and nonce else []
 
 
-def torchrun_argv(inv: Inventory, node: Node, node_rank: int, run_id: str, nonce: str = "",
-                  attempt: int = 1, env: Iterable[str] = (), pins: Pins | None = None) -> list[str]:
+def torchrun_argv(
+    inv: Inventory,
+    node: Node,
+    node_rank: int,
+    run_id: str,
+    nonce: str = "",
+    attempt: int = 1,
+    env: Iterable[str] = (),
+    pins: Pins | None = None,
+) -> list[str]:
     """The full command for one node: `job_command` of `-m torch.distributed.run <flags> <entry>
     <args>`, torchrun's `--log-dir` in the node's run directory (`TORCHRUN_LOG_DIR`)."""
     nnodes = len(inv.nodes)
     c = inv.job.container
     # a container user other than the SSH user's (UID:GID) cannot enter the private run directory
     log_dir = TORCHRUN_LOG_DIR if c is None or c.user in ("host", "root") else container.HOME_TMPFS + "/torchrun"
-    argv = [*TORCHRUN, f"--log-dir={log_dir}", f"--nnodes={nnodes}",
-            f"--nproc-per-node={node.nproc_per_node}"]
+    argv = [*TORCHRUN, f"--log-dir={log_dir}", f"--nnodes={nnodes}", f"--nproc-per-node={node.nproc_per_node}"]
     if inv.job.rdzv == "static":
         argv += [
             f"--node-rank={node_rank}",
@@ -259,27 +288,36 @@ def torchrun_argv(inv: Inventory, node: Node, node_rank: int, run_id: str, nonce
     return job_command(inv, node, argv, run_id=run_id, nonce=nonce, env=env, pins=pins)
 
 
-def node_env(inv: Inventory, node: Node, node_rank: int, run_id: str, attempt: int = 1,
-             nonce: str = "") -> dict[str, str]:
+def node_env(
+    inv: Inventory, node: Node, node_rank: int, run_id: str, attempt: int = 1, nonce: str = ""
+) -> dict[str, str]:
     """The job's environment: inventory `env`, then the node's `env`, then what orch itself sets
     (`ORCH_ATTEMPT`: 1, then 2, 3... when `orch up` relaunches the run after a failure;
     `ORCH_LAUNCH`: the launch nonce, part of the tag the agent knows the job's processes by)."""
     env = dict(node.env)
     env.setdefault("PYTHONUNBUFFERED", "1")
-    env.update({
-        "ORCH_RUN_ID": run_id,
-        "ORCH_NODE": node.name,
-        "ORCH_NODE_RANK": str(node_rank),
-        "ORCH_NNODES": str(len(inv.nodes)),
-        "ORCH_ATTEMPT": str(attempt),
-    })
+    env.update(
+        {
+            "ORCH_RUN_ID": run_id,
+            "ORCH_NODE": node.name,
+            "ORCH_NODE_RANK": str(node_rank),
+            "ORCH_NNODES": str(len(inv.nodes)),
+            "ORCH_ATTEMPT": str(attempt),
+        }
+    )
     if nonce:
         env["ORCH_LAUNCH"] = nonce
     return env
 
 
-def make_plan(inv: Inventory, run_id: str = "dry-run", attempt: int = 1, nonce: str = "",
-              extra_env: Mapping[str, str] | None = None, pins: Pins | None = None) -> Plan:
+def make_plan(
+    inv: Inventory,
+    run_id: str = "dry-run",
+    attempt: int = 1,
+    nonce: str = "",
+    extra_env: Mapping[str, str] | None = None,
+    pins: Pins | None = None,
+) -> Plan:
     """Assign node ranks in inventory order (master = 0) and build every node's command
     (`nonce`: the launch's, see `Plan.nonce`; `extra_env`: more of the job's environment, set by
     orch (the fabric check's NCCL_DEBUG); `pins`: a container launch's image ID and GPUs)."""
@@ -291,14 +329,25 @@ def make_plan(inv: Inventory, run_id: str = "dry-run", attempt: int = 1, nonce: 
         argv = torchrun_argv(inv, node, rank, run_id, nonce, attempt, env=list(env), pins=pins)
         if inv.job.container is not None:
             env.update(container.runtime_env(inv.job.container, gpu_devices(inv, node, pins)))
-        nodes.append(NodePlan(
-            node=node, node_rank=rank,
-            global_ranks=range(first, first + node.nproc_per_node),
-            argv=tuple(argv), env=MappingProxyType(env),
-            workdir=inv.job.workdir, stop=tuple(job_stop(inv, node, run_id, nonce)),
-        ))
+        nodes.append(
+            NodePlan(
+                node=node,
+                node_rank=rank,
+                global_ranks=range(first, first + node.nproc_per_node),
+                argv=tuple(argv),
+                env=MappingProxyType(env),
+                workdir=inv.job.workdir,
+                stop=tuple(job_stop(inv, node, run_id, nonce)),
+            )
+        )
     world = world_size(inv.nodes)
     return Plan(
-        inventory=inv, run_id=run_id, nodes=tuple(nodes), world_size=world,
-        master_addr=inv.master.addr, master_port=inv.master_port, nonce=nonce, warnings=job_warnings(inv, world),
+        inventory=inv,
+        run_id=run_id,
+        nodes=tuple(nodes),
+        world_size=world,
+        master_addr=inv.master.addr,
+        master_port=inv.master_port,
+        nonce=nonce,
+        warnings=job_warnings(inv, world),
     )

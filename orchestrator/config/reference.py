@@ -28,8 +28,10 @@ from .schema import (
     yaml_text,
 )
 
-BEGIN = ("<!-- BEGIN keys: generated from orchestrator/config/schema.py by "
-         "`python -m orchestrator.config.reference`; edit the schema, not this table -->")
+BEGIN = (
+    "<!-- BEGIN keys: generated from orchestrator/config/schema.py by "
+    "`python -m orchestrator.config.reference`; edit the schema, not this table -->"
+)
 END = "<!-- END keys -->"
 SECTIONS: tuple[tuple[str, str, type], ...] = (
     ("Top level", "", InventoryModel),
@@ -110,8 +112,14 @@ def _rows(schema: type, prefix: str, top: bool) -> list[tuple[str, str, str, str
         if nested is not None:
             rows += _rows(nested, f"{path}.", False)
     if inherited:
-        rows.append((f"`{prefix}{{{','.join(inherited)}}}`", "as in `ssh`", "from `ssh`",
-                     "the node's own value of that `ssh` key"))
+        rows.append(
+            (
+                f"`{prefix}{{{','.join(inherited)}}}`",
+                "as in `ssh`",
+                "from `ssh`",
+                "the node's own value of that `ssh` key",
+            )
+        )
     return rows
 
 
@@ -149,13 +157,13 @@ def updated(page: str) -> str:
     start, end = page.find(BEGIN), page.find(END)
     if start < 0 or end < start:
         raise ValueError("docs/inventory.md lost its BEGIN/END markers")
-    return page[:start] + tables() + page[end + len(END):]
+    return page[:start] + tables() + page[end + len(END) :]
 
 
 def generated(page: str) -> str:
     """The generated part of a page as it is (for the test comparing it with `tables()`)."""
     start, end = page.find(BEGIN), page.find(END)
-    return page[start:end + len(END)] if 0 <= start < end else ""
+    return page[start : end + len(END)] if 0 <= start < end else ""
 
 
 if __name__ == "__main__":

@@ -82,8 +82,13 @@ def field_docs(schema: type[_Schema]) -> dict[str, str]:
         body = ast.parse(inspect.getsource(klass)).body[0]
         assert isinstance(body, ast.ClassDef)
         for stmt, nxt in zip(body.body, body.body[1:]):
-            if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and isinstance(nxt, ast.Expr)
-                    and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
+            if (
+                isinstance(stmt, ast.AnnAssign)
+                and isinstance(stmt.target, ast.Name)
+                and isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)
+            ):
                 docs[stmt.target.id] = inspect.cleandoc(nxt.value.value)
     return docs
 
@@ -491,9 +496,7 @@ def pydantic_model(schema: type[_Schema]) -> type[BaseModel]:
     return model
 
 
-
-def validate(data: dict[str, Any], path: str = "<inventory>",
-             lines: dict[yamlines.Path, int] | None = None) -> Any:
+def validate(data: dict[str, Any], path: str = "<inventory>", lines: dict[yamlines.Path, int] | None = None) -> Any:
     """The schema's verdict on the YAML data: an InventoryModel (or its pydantic model, which has
     the same attributes, when a value had to be coerced); InventoryError with every problem."""
     try:
@@ -511,8 +514,9 @@ def validate(data: dict[str, Any], path: str = "<inventory>",
 def _schema_issues(exc: ValidationError, path: str, lines: dict[yamlines.Path, int]) -> list[InventoryIssue]:
     issues = []
     for err in exc.errors():
-        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in _UNION_TAGS
-                                                                         or p in _model_names())))
+        loc = tuple(
+            p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in _UNION_TAGS or p in _model_names()))
+        )
         key = yamlines.dotted(loc)
         line = yamlines.line_of(lines, loc)
         if err["type"] == "extra_forbidden":
@@ -532,8 +536,7 @@ def _schema_issues(exc: ValidationError, path: str, lines: dict[yamlines.Path, i
     for i in issues:
         if i.key is not None and any(k.startswith((i.key + ".", i.key + "[")) for k in keys):
             continue
-        if (i.line, i.key) not in unique or ("finite" in i.message
-                                             and "finite" not in unique[i.line, i.key].message):
+        if (i.line, i.key) not in unique or ("finite" in i.message and "finite" not in unique[i.line, i.key].message):
             unique[i.line, i.key] = i
     return list(unique.values())
 

@@ -29,6 +29,25 @@ from trainer.interface import (
     value_setting,
 )
 
-__all__ = ["AUTO", "BEST", "DEFAULT_PROJECT", "INPUT_FLAGS", "LAST", "OFF_WORD", "OUTPUT_FLAGS", "SAME_SETTING",
-           "batch_choices", "batch_problem", "file_setting", "is_builtin_model", "override_args", "parse_device",
-           "replaced", "setting_name", "setting_value", "settings_of", "small_batch_warning", "value_setting"]
+__all__ = [
+    "AUTO",
+    "BEST",
+    "DEFAULT_PROJECT",
+    "INPUT_FLAGS",
+    "LAST",
+    "OFF_WORD",
+    "OUTPUT_FLAGS",
+    "SAME_SETTING",
+    "batch_choices",
+    "batch_problem",
+    "file_setting",
+    "is_builtin_model",
+    "override_args",
+    "parse_device",
+    "replaced",
+    "setting_name",
+    "setting_value",
+    "settings_of",
+    "small_batch_warning",
+    "value_setting",
+]

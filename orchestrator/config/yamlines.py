@@ -58,8 +58,9 @@ def load(text: str) -> tuple[Any, dict[Path, int]]:
         if exc.context and started is not None:
             context = f" ({exc.context} started at line {started})"
         cause = likely_cause(text, str(exc.problem or exc), line, started)
-        raise YamlError(f"YAML syntax error: {exc.problem or exc}{context}" + (f"; {cause}" if cause else ""),
-                        line) from None
+        raise YamlError(
+            f"YAML syntax error: {exc.problem or exc}{context}" + (f"; {cause}" if cause else ""), line
+        ) from None
     except yaml.reader.ReaderError as exc:
         raise _unreadable(text, exc) from None
     finally:
@@ -78,7 +79,7 @@ def likely_cause(text: str, problem: str, line: int | None, started: int | None)
     if line is None or not 1 <= line <= len(lines) + 1:
         return None
     for n in (line, line - 1):
-        if 1 <= n <= len(lines) and "\t" in lines[n - 1][:len(lines[n - 1]) - len(lines[n - 1].lstrip())]:
+        if 1 <= n <= len(lines) and "\t" in lines[n - 1][: len(lines[n - 1]) - len(lines[n - 1].lstrip())]:
             return f"line {n} is indented with a tab: YAML indents with spaces only"
     if "'\\t'" in problem or "\t" in problem:
         return "a tab: YAML indents with spaces only"
@@ -87,19 +88,25 @@ def likely_cause(text: str, problem: str, line: int | None, started: int | None)
         m = _NO_SPACE.match(lines[n - 1])
         if m and ": " not in lines[n - 1].split("#", 1)[0]:
             word = lines[n - 1].strip().removeprefix("- ").split()[0]
-            return (f"usually a missing space after a colon: line {n} has `{word}`, which YAML reads as one word; "
-                    f"write `{m.group(1)}: {word.split(':', 1)[1]}`")
+            return (
+                f"usually a missing space after a colon: line {n} has `{word}`, which YAML reads as one word; "
+                f"write `{m.group(1)}: {word.split(':', 1)[1]}`"
+            )
     if "quoted scalar" in problem or ("end of stream" in problem and started is not None):
         return f"usually a quote opened at line {started} that is never closed"
     if "flow" in problem or problem.startswith("expected ',' or"):
         return f"usually a {{ or [ opened at line {started} that is not closed, or a ': ' inside it"
     if problem.startswith("mapping values are not allowed"):
-        return (f"usually line {line} is indented deeper than the key above it, or a value there holds ': ' "
-                "and needs quotes ('a: b')")
+        return (
+            f"usually line {line} is indented deeper than the key above it, or a value there holds ': ' "
+            "and needs quotes ('a: b')"
+        )
     if "block end" in problem or "expected key" in problem or "expected ':'" in problem:
-        return (f"usually indentation: line {line} does not line up with the keys beside it"
-                + (f" (the block that started at line {started})" if started else "")
-                + "; keys of one mapping start in the same column")
+        return (
+            f"usually indentation: line {line} does not line up with the keys beside it"
+            + (f" (the block that started at line {started})" if started else "")
+            + "; keys of one mapping start in the same column"
+        )
     return None
 
 
@@ -126,13 +133,19 @@ class _Loader(yaml.SafeLoader):
             event = self.peek_event()
             line = event.start_mark.line + 1
             if event.anchor in self._open:
-                raise YamlError(f"recursive alias *{event.anchor}: it stands for a value it is part of "
-                                f"(&{event.anchor} at line {self.anchors[event.anchor].start_mark.line + 1})", line)
+                raise YamlError(
+                    f"recursive alias *{event.anchor}: it stands for a value it is part of "
+                    f"(&{event.anchor} at line {self.anchors[event.anchor].start_mark.line + 1})",
+                    line,
+                )
             node = super().compose_node(parent, index)
             self._values += self._sizes.get(id(node), 1)
             if self._values > MAX_VALUES:
-                raise YamlError(f"alias *{event.anchor} makes the document expand to more than {MAX_VALUES} values "
-                                "(aliases inside aliases multiply): write the values out, or alias fewer levels", line)
+                raise YamlError(
+                    f"alias *{event.anchor} makes the document expand to more than {MAX_VALUES} values "
+                    "(aliases inside aliases multiply): write the values out, or alias fewer levels",
+                    line,
+                )
             return node
         event = self.peek_event()
         self._depth += 1

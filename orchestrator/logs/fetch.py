@@ -74,8 +74,10 @@ def read_frames(stream: IO[bytes], nonce: str) -> Iterator[tuple[str, bytes]]:
             raise ProtocolError(said or "the log reader printed nothing before it ended")
         preamble += line
         if len(preamble) > MAX_PREAMBLE:
-            raise ProtocolError(f"the node printed more than {MAX_PREAMBLE} bytes and no frame: "
-                                + preamble.decode("utf-8", "replace").strip()[-300:])
+            raise ProtocolError(
+                f"the node printed more than {MAX_PREAMBLE} bytes and no frame: "
+                + preamble.decode("utf-8", "replace").strip()[-300:]
+            )
     while True:
         header = stream.readline(MAX_HEADER)
         if not header:
@@ -99,7 +101,9 @@ def read_frames(stream: IO[bytes], nonce: str) -> Iterator[tuple[str, bytes]]:
         if not header.endswith(b"\n") and len(header) < MAX_HEADER:  # the connection died mid-line
             return
         rest = stream.read(2000) if header.startswith(b"Traceback") else b""
-        raise ProtocolError("not a frame of the log reader: " + (header[:300] + rest).decode("utf-8", "replace").strip()[-500:])
+        raise ProtocolError(
+            "not a frame of the log reader: " + (header[:300] + rest).decode("utf-8", "replace").strip()[-500:]
+        )
 
 
 def status_frame(payload: bytes) -> dict[str, Any]:
@@ -141,11 +145,24 @@ def node_sources(run: RunDir, inv: Inventory) -> list[NodeSource]:
     for rank, node in enumerate(inv.nodes):
         rec = recorded.get(node.name)
         node_rank = rec.node_rank if rec is not None else rank
-        base_rank = rec.base_rank if rec is not None and rec.base_rank is not None else \
-            firsts[node.name] if inv.job.rdzv == "static" else None
-        sources.append(NodeSource(node.name, node_rank, base_rank,
-                                  remote_dir(inv, node, run.run_id),  # the snapshot's, never run.json's
-                                  node.python, run.node_log(node.name), nonce))
+        base_rank = (
+            rec.base_rank
+            if rec is not None and rec.base_rank is not None
+            else firsts[node.name]
+            if inv.job.rdzv == "static"
+            else None
+        )
+        sources.append(
+            NodeSource(
+                node.name,
+                node_rank,
+                base_rank,
+                remote_dir(inv, node, run.run_id),  # the snapshot's, never run.json's
+                node.python,
+                run.node_log(node.name),
+                nonce,
+            )
+        )
     return sorted(sources, key=lambda s: s.node_rank)
 
 
@@ -208,8 +225,8 @@ class LocalCopy:
             piece, self.partial = bytes(self.partial), bytearray()
             self._append(piece)
             return [piece + LONG_LINE_MARK]
-        whole = bytes(self.partial) + data[:nl + 1] if self.partial else data[:nl + 1]
-        self.partial = bytearray(data[nl + 1:])
+        whole = bytes(self.partial) + data[: nl + 1] if self.partial else data[: nl + 1]
+        self.partial = bytearray(data[nl + 1 :])
         self._append(whole)
         return whole.split(b"\n")[:-1]
 
@@ -249,14 +266,33 @@ def reader_program() -> str:
     return node_program("reader", (*AGENT_MODULES, "agent"))
 
 
-def reader_argv(python: str, remote_dir: str, offset: int, poll_s: float, once: bool, report: bool,
-                nonce: str, launch: str | None = None, lease: bool = False) -> list[str]:
+def reader_argv(
+    python: str,
+    remote_dir: str,
+    offset: int,
+    poll_s: float,
+    once: bool,
+    report: bool,
+    nonce: str,
+    launch: str | None = None,
+    lease: bool = False,
+) -> list[str]:
     """The command that runs the log reader (its program on stdin): node/reader.py's argv.
     `launch`: the run's launch nonce (another launch's directory reads as empty); `lease`: stdin
     stays open (FROM_STDIN_OPEN) for the lease's renewals."""
     extra = [launch or "-", "1"] if lease else [launch] if launch else []
-    return [python, "-c", FROM_STDIN_OPEN if lease else FROM_STDIN, remote_dir, str(offset), f"{poll_s:g}",
-            "1" if once else "0", "1" if report else "0", nonce, *extra]
+    return [
+        python,
+        "-c",
+        FROM_STDIN_OPEN if lease else FROM_STDIN,
+        remote_dir,
+        str(offset),
+        f"{poll_s:g}",
+        "1" if once else "0",
+        "1" if report else "0",
+        nonce,
+        *extra,
+    ]
 
 
 @dataclass
@@ -273,16 +309,24 @@ class ReaderSession:
         self.proc.close()
 
 
-def start_reader(transport: Transport, src: NodeSource, offset: int, poll_s: float, once: bool,
-                 report: bool = False, lease: bool = False) -> ReaderSession:
+def start_reader(
+    transport: Transport,
+    src: NodeSource,
+    offset: int,
+    poll_s: float,
+    once: bool,
+    report: bool = False,
+    lease: bool = False,
+) -> ReaderSession:
     """Start the node's log reader from byte `offset`, with a nonce of its own. Its program goes on
     its stdin, so for as long as it runs its command line (what `ps` shows on the node) is a few
     words, not its code. A reader that cannot start (a missing python) says why on its output,
     which the frame parser reports: a failed write here is left to it. With `lease`, stdin stays
     open after the program: each line written to it (`renew_lease`) renews the run's lease."""
     nonce = new_nonce()
-    proc = transport.popen(reader_argv(src.python, src.remote_dir, offset, poll_s, once, report, nonce,
-                                       src.nonce, lease), keep_stdin=True)
+    proc = transport.popen(
+        reader_argv(src.python, src.remote_dir, offset, poll_s, once, report, nonce, src.nonce, lease), keep_stdin=True
+    )
     program = reader_program().encode("ascii")
     with contextlib.suppress(OSError, EOFError):
         if lease:
@@ -334,8 +378,9 @@ def drained_at(src: NodeSource) -> float | None:
         return None
 
 
-def fetch_all(run: RunDir, inv: Inventory, cluster: Cluster,
-              sources: list[NodeSource] | None = None) -> GroupResult[str]:
+def fetch_all(
+    run: RunDir, inv: Inventory, cluster: Cluster, sources: list[NodeSource] | None = None
+) -> GroupResult[str]:
     """Update every node's local copy in parallel: each node's state, or why it could not be read."""
     sources = sources if sources is not None else node_sources(run, inv)
     by_name = {s.node: s for s in sources}

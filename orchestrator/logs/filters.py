@@ -24,8 +24,9 @@ def parse_ranks(spec: str) -> frozenset[int]:
         part = part.strip()
         m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
         if not m:
-            raise UsageError(f"bad --rank '{spec}': '{part}' is not a rank or a range",
-                             "use e.g. --rank 0 or --rank 0,8-15")
+            raise UsageError(
+                f"bad --rank '{spec}': '{part}' is not a rank or a range", "use e.g. --rank 0 or --rank 0,8-15"
+            )
         lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
         if hi < lo:
             raise UsageError(f"bad --rank '{spec}': range {lo}-{hi} is backwards", "write low-high, e.g. 8-15")
@@ -39,8 +40,9 @@ def parse_nodes(spec: str, known: Iterable[str]) -> frozenset[str]:
     known = list(known)
     unknown = sorted(wanted - set(known))
     if unknown:
-        raise UsageError(f"--node: no node named {', '.join(unknown)} in this run",
-                         "nodes of this run: " + ", ".join(known))
+        raise UsageError(
+            f"--node: no node named {', '.join(unknown)} in this run", "nodes of this run: " + ", ".join(known)
+        )
     return frozenset(wanted)
 
 
@@ -58,8 +60,9 @@ def parse_since(spec: str, now: float | None = None) -> float:
     try:
         when = datetime.fromisoformat(spec.replace("Z", "+00:00").replace(" ", "T", 1))
     except ValueError:
-        raise UsageError(f"bad --since '{spec}'",
-                         "give a duration (30s, 10m, 2h, 1d) or a UTC time (2026-11-30T09:30:00)") from None
+        raise UsageError(
+            f"bad --since '{spec}'", "give a duration (30s, 10m, 2h, 1d) or a UTC time (2026-11-30T09:30:00)"
+        ) from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=timezone.utc)
     return when.timestamp()
@@ -93,8 +96,9 @@ class LineFilter:
 
     @property
     def empty(self) -> bool:
-        return (self.nodes is None and self.ranks is None and self.pattern is None and self.since is None
-                and self.metrics)
+        return (
+            self.nodes is None and self.ranks is None and self.pattern is None and self.since is None and self.metrics
+        )
 
 
 def compile_grep(pattern: str) -> re.Pattern[str]:

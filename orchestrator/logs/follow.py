@@ -70,10 +70,20 @@ class NodeStream:
     every frame (the stream is alive). Both are called from this stream's thread.
     """
 
-    def __init__(self, src: NodeSource, index: int, transport: Transport, out: queue.Queue[tuple[int, Any]],
-                 halt: threading.Event, *, poll_s: float, on_event: Callable[[str, str], None],
-                 on_status: Callable[[str, dict[str, Any]], None] | None = None,
-                 on_frame: Callable[[str], None] | None = None, lease: bool = False) -> None:
+    def __init__(
+        self,
+        src: NodeSource,
+        index: int,
+        transport: Transport,
+        out: queue.Queue[tuple[int, Any]],
+        halt: threading.Event,
+        *,
+        poll_s: float,
+        on_event: Callable[[str, str], None],
+        on_status: Callable[[str, dict[str, Any]], None] | None = None,
+        on_frame: Callable[[str], None] | None = None,
+        lease: bool = False,
+    ) -> None:
         self.src, self.index, self.transport = src, index, transport
         self.lease = lease
         """Renew the run's lease on the node through the reader (an attached `orch up`)."""
@@ -94,17 +104,23 @@ class NodeStream:
 
     def start(self, copy: LocalCopy, start: int | None, prev: LogLine | None) -> threading.Thread:
         """Run in a thread: the copy from byte `start` (None: none of it), then the live stream."""
-        thread = threading.Thread(target=self._run, args=(copy, start, prev), daemon=True,
-                                  name=f"orch-logs-{self.src.node}")
+        thread = threading.Thread(
+            target=self._run, args=(copy, start, prev), daemon=True, name=f"orch-logs-{self.src.node}"
+        )
         thread.start()
         self.thread = thread  # only once started: a Ctrl-C before that leaves nothing to join
         return thread
 
     def parse(self, raw: bytes, prev: LogLine | None) -> LogLine:
         """A line of the node's log; a torn one takes the time and stamp of `prev` (the line before)."""
-        return parse_node_line(raw.decode("utf-8", "replace"), self.src.node, self.src.node_rank,
-                               self.src.base_rank, fallback_ts=prev.ts if prev else 0.0,
-                               fallback_stamp=prev.stamp if prev else "")
+        return parse_node_line(
+            raw.decode("utf-8", "replace"),
+            self.src.node,
+            self.src.node_rank,
+            self.src.base_rank,
+            fallback_ts=prev.ts if prev else 0.0,
+            fallback_stamp=prev.stamp if prev else "",
+        )
 
     def abandon(self, why: str) -> None:
         """Stop following this node (lines fetched so far are kept)."""
@@ -153,8 +169,15 @@ class NodeStream:
             reason = "the log stream ended"
             try:
                 self.last_frame = time.monotonic()
-                self.reader = start_reader(self.transport, self.src, copy.offset, self.poll_s, once=False,
-                                           report=self.on_status is not None, lease=self.lease)
+                self.reader = start_reader(
+                    self.transport,
+                    self.src,
+                    copy.offset,
+                    self.poll_s,
+                    once=False,
+                    report=self.on_status is not None,
+                    lease=self.lease,
+                )
                 for kind, payload in self.reader.frames():
                     self.last_frame = time.monotonic()
                     if self.lease and self.last_frame - self.renewed >= LEASE_RENEW_S:
@@ -172,9 +195,12 @@ class NodeStream:
                             prev = line = self.parse(raw, prev)
                             self._push(line)
                         if copy.write_error is not None and failed is None:
-                            self.on_event(self.src.node, f"cannot write {copy.path}: "
-                                          f"{copy.write_error.strerror or copy.write_error}; the log goes on "
-                                          "without its local copy (the node keeps the whole log)")
+                            self.on_event(
+                                self.src.node,
+                                f"cannot write {copy.path}: "
+                                f"{copy.write_error.strerror or copy.write_error}; the log goes on "
+                                "without its local copy (the node keeps the whole log)",
+                            )
                     elif kind == "H":  # `state time`, both checked by read_frames
                         state, _, node_time = payload.decode("ascii").partition(" ")
                         self.remote_state = state
@@ -213,12 +239,25 @@ class Follower:
     `on_frame` are passed to every one of them (supervision rides on the same streams).
     """
 
-    def __init__(self, run: RunDir, inv: Inventory, cluster: Cluster, *, watermark: float = 1.0,
-                 offsets_ms: Mapping[str, float] | None = None, from_start: bool = True,
-                 on_event: Callable[[str, str], None] | None = None, poll_s: float = 0.2,
-                 stall_s: float = 10.0, write_merged: bool = True, startup_grace: float = 5.0,
-                 giveup_s: float = 30.0, on_status: Callable[[str, dict[str, Any]], None] | None = None,
-                 on_frame: Callable[[str], None] | None = None, lease: bool = False) -> None:
+    def __init__(
+        self,
+        run: RunDir,
+        inv: Inventory,
+        cluster: Cluster,
+        *,
+        watermark: float = 1.0,
+        offsets_ms: Mapping[str, float] | None = None,
+        from_start: bool = True,
+        on_event: Callable[[str, str], None] | None = None,
+        poll_s: float = 0.2,
+        stall_s: float = 10.0,
+        write_merged: bool = True,
+        startup_grace: float = 5.0,
+        giveup_s: float = 30.0,
+        on_status: Callable[[str, dict[str, Any]], None] | None = None,
+        on_frame: Callable[[str], None] | None = None,
+        lease: bool = False,
+    ) -> None:
         self.run, self.inv, self.cluster = run, inv, cluster
         self.watermark = watermark
         self.offsets_ms = dict(offsets_ms or {})
@@ -230,9 +269,21 @@ class Follower:
         events = on_event or (lambda node, msg: None)
         self.on_event = events
         sources = node_sources(run, inv)
-        self.nodes = [NodeStream(src, i, cluster[src.node], self._queue, self._halt, poll_s=poll_s,
-                                 on_event=events, on_status=on_status, on_frame=on_frame, lease=lease)
-                      for i, src in enumerate(sources)]
+        self.nodes = [
+            NodeStream(
+                src,
+                i,
+                cluster[src.node],
+                self._queue,
+                self._halt,
+                poll_s=poll_s,
+                on_event=events,
+                on_status=on_status,
+                on_frame=on_frame,
+                lease=lease,
+            )
+            for i, src in enumerate(sources)
+        ]
         self.controller = controller_name(src.node for src in sources)
         """The node column of the controller's own lines (controller.log), merged after the nodes."""
         self._said: list[LogLine] = []
@@ -315,8 +366,16 @@ class Follower:
             keys.append(drained - LiveMerge.HEARTBEAT_MARGIN - self.offsets_ms.get(st.src.node, 0.0) / 1000.0)
         return min(keys, default=None)
 
-    def _replay(self, copies: list[LocalCopy], horizon: float, starts: list[int | None], prevs: list[LogLine | None],
-                stop: threading.Event, merged: IO[str] | None, widths: tuple[int, int]) -> Iterator[LogLine]:
+    def _replay(
+        self,
+        copies: list[LocalCopy],
+        horizon: float,
+        starts: list[int | None],
+        prevs: list[LogLine | None],
+        stop: threading.Event,
+        merged: IO[str] | None,
+        widths: tuple[int, int],
+    ) -> Iterator[LogLine]:
         """The copies' lines up to `horizon`, merged; `starts`/`prevs` get where each stopped."""
 
         def upto(st: NodeStream, copy: LocalCopy) -> Iterator[LogLine]:
@@ -334,27 +393,33 @@ class Follower:
                 starts[st.index], prevs[st.index] = pos, last
 
         upto_horizon = [line for line in self._stored if merge_key(line, self.offsets_ms) <= horizon]
-        self._stored = self._stored[len(upto_horizon):]
+        self._stored = self._stored[len(upto_horizon) :]
         streams = [upto(st, copy) for st, copy in zip(self.nodes, copies)] + [iter(upto_horizon)]
         for n, line in enumerate(merge(streams, self.offsets_ms)):
             if merged is not None:
-                merged = self._write_merged(merged, format_line(line, False, node_width=widths[0],
-                                                                rank_width=widths[1]) + "\n")
+                merged = self._write_merged(
+                    merged, format_line(line, False, node_width=widths[0], rank_width=widths[1]) + "\n"
+                )
             yield line
             for said in self._take_said():  # said on seeing `line`: right after it, as the merge is ordered here
                 if merged is not None:
-                    merged = self._write_merged(merged, format_line(said, False, node_width=widths[0],
-                                                                    rank_width=widths[1]) + "\n")
+                    merged = self._write_merged(
+                        merged, format_line(said, False, node_width=widths[0], rank_width=widths[1]) + "\n"
+                    )
                 yield said
             if not n % 1024 and stop.is_set():
                 return
         if merged is not None:
             self._write_merged(merged, "")
 
-    def _order(self, stop: threading.Event, merged: IO[str] | None,
-               widths: tuple[int, int]) -> Iterator[LogLine]:
-        live = LiveMerge([st.src.node for st in self.nodes] + [self.controller], self.watermark, self.offsets_ms,
-                         start=time.monotonic(), startup_grace=self.startup_grace)
+    def _order(self, stop: threading.Event, merged: IO[str] | None, widths: tuple[int, int]) -> Iterator[LogLine]:
+        live = LiveMerge(
+            [st.src.node for st in self.nodes] + [self.controller],
+            self.watermark,
+            self.offsets_ms,
+            start=time.monotonic(),
+            startup_grace=self.startup_grace,
+        )
         ctl = len(self.nodes)
         live.finish(ctl)  # the controller's lines are pushed as they are known: they hold no node back
         index_of = {st.src.node: st.index for st in self.nodes}
@@ -366,8 +431,9 @@ class Follower:
                 if line.node in index_of:
                     self.nodes[index_of[line.node]].credit.release()
                 if merged is not None:
-                    merged = self._write_merged(merged, format_line(line, False, node_width=widths[0],
-                                                                    rank_width=widths[1]) + "\n")
+                    merged = self._write_merged(
+                        merged, format_line(line, False, node_width=widths[0], rank_width=widths[1]) + "\n"
+                    )
                 yield line
                 for said in self._take_said():  # in order with the lines still held: through the merge
                     live.push(ctl, said, time.monotonic())
@@ -435,8 +501,11 @@ class Follower:
         except (OSError, ValueError) as exc:  # ValueError: closed after an earlier refusal
             if merged.closed:
                 return None
-            self.on_event("controller", f"cannot write {self.run.merged_log}: {getattr(exc, 'strerror', None) or exc}; the merged "
-                          "log goes on without it (`orch logs` merges the nodes' logs again later)")
+            self.on_event(
+                "controller",
+                f"cannot write {self.run.merged_log}: {getattr(exc, 'strerror', None) or exc}; the merged "
+                "log goes on without it (`orch logs` merges the nodes' logs again later)",
+            )
             with contextlib.suppress(OSError):
                 merged.close()
             return None

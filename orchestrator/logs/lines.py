@@ -29,8 +29,11 @@ TS_LEN = 27  # len("2026-11-30T09:32:05.123456Z")
 # given; captured from torch 2.14 in tests/fixtures/torchrun_tee3_*_torch2.14.txt) and the
 # trainer's own `[rank 9] `. Groups: 1 the stamp's second, 2 the stream, 3 the tee's local rank,
 # 4 the trainer's rank; the text starts where the match ends. ASCII digits only.
-HEAD = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)\.\d{6}Z"
-                  r"(?:$| ([^ ]*)(?:$| (?:\[[A-Za-z_][A-Za-z_-]*?(\d+)\]:)?(?:" + RANK_PREFIX + r")?))", re.ASCII)
+HEAD = re.compile(
+    r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)\.\d{6}Z"
+    r"(?:$| ([^ ]*)(?:$| (?:\[[A-Za-z_][A-Za-z_-]*?(\d+)\]:)?(?:" + RANK_PREFIX + r")?))",
+    re.ASCII,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +97,9 @@ def format_ts(ts: float) -> str:
     sec, frac = divmod(us, 1_000_000)
     if sec != _format_cache.second:
         t = time.gmtime(sec)  # not strftime: glibc's %Y does not pad years before 1000 to 4 digits
-        _format_cache.text = f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}T{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}"
+        _format_cache.text = (
+            f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}T{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}"
+        )
         _format_cache.second = sec
     return f"{_format_cache.text}.{frac:06d}Z"
 
@@ -102,8 +107,14 @@ def format_ts(ts: float) -> str:
 # ----------------------------------------------------------------------------- parsing
 
 
-def parse_node_line(raw: str, node: str, node_rank: int, base_rank: int | None,
-                    fallback_ts: float | None = None, fallback_stamp: str = "") -> LogLine:
+def parse_node_line(
+    raw: str,
+    node: str,
+    node_rank: int,
+    base_rank: int | None,
+    fallback_ts: float | None = None,
+    fallback_stamp: str = "",
+) -> LogLine:
     """Parse one `node.log` line (with or without its newline).
 
     Global rank: the trainer's `[rank R] ` prefix when present, else `base_rank + local_rank`
@@ -123,8 +134,16 @@ def parse_node_line(raw: str, node: str, node_rank: int, base_rank: int | None,
     stream, tee, trainer = m.group(2, 3, 4)
     local_rank = int(tee) if tee is not None else None
     rank = global_rank(local_rank, trainer, base_rank)
-    return LogLine(epoch + int(raw[20:26]) / 1_000_000, node, node_rank, rank, local_rank, stream or "",
-                   raw[m.end():], raw[:TS_LEN])
+    return LogLine(
+        epoch + int(raw[20:26]) / 1_000_000,
+        node,
+        node_rank,
+        rank,
+        local_rank,
+        stream or "",
+        raw[m.end() :],
+        raw[:TS_LEN],
+    )
 
 
 SECOND = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", re.ASCII)
@@ -152,8 +171,7 @@ def valid_second(sec: str) -> int | None:
         return None
 
 
-def read_node_lines(lines: Iterable[str], node: str, node_rank: int,
-                    base_rank: int | None) -> Iterator[LogLine]:
+def read_node_lines(lines: Iterable[str], node: str, node_rank: int, base_rank: int | None) -> Iterator[LogLine]:
     """Parse a node's log lines in file order; an unparsable line inherits the previous time."""
     last, stamp = 0.0, ""
     for raw in lines:
@@ -243,8 +261,7 @@ def json_safe(text: str) -> str:
     return _JSON_RAW.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
-def format_line(line: LogLine, color: bool, *, node_width: int = 0, rank_width: int = 0,
-                raw: bool = False) -> str:
+def format_line(line: LogLine, color: bool, *, node_width: int = 0, rank_width: int = 0, raw: bool = False) -> str:
     """`TIME NODE RANK TEXT`, columns padded to the given widths; never wrapped or cut.
     With colour: the node in its own colour, the time dim, stderr text red. JSON keeps the text
     verbatim; here a line redrawn with carriage returns shows only its last state, and the text is
@@ -271,9 +288,21 @@ def format_line(line: LogLine, color: bool, *, node_width: int = 0, rank_width: 
 def to_json(line: LogLine) -> str:
     """One docs/CONTRACT.md logs object (plus `stream`): the text exactly as written, every
     control character escaped by JSON; `node_rank` null for the controller's own lines (-1)."""
-    return json_safe(json.dumps({"ts": line.stamp or format_ts(line.ts), "node": line.node,
-                                 "node_rank": line.node_rank if line.node_rank >= 0 else None, "rank": line.rank, "local_rank": line.local_rank,
-                                 "line": line.text, "stream": line.stream}, ensure_ascii=False, allow_nan=False))
+    return json_safe(
+        json.dumps(
+            {
+                "ts": line.stamp or format_ts(line.ts),
+                "node": line.node,
+                "node_rank": line.node_rank if line.node_rank >= 0 else None,
+                "rank": line.rank,
+                "local_rank": line.local_rank,
+                "line": line.text,
+                "stream": line.stream,
+            },
+            ensure_ascii=False,
+            allow_nan=False,
+        )
+    )
 
 
 def column_widths(nodes: Iterable[str], world_size: int | None) -> tuple[int, int]:

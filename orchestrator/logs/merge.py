@@ -28,8 +28,7 @@ from .lines import (
 )
 
 
-def merge(streams: Iterable[Iterator[LogLine]],
-          offsets_ms: Mapping[str, float] | None = None) -> Iterator[LogLine]:
+def merge(streams: Iterable[Iterator[LogLine]], offsets_ms: Mapping[str, float] | None = None) -> Iterator[LogLine]:
     """k-way merge of per-node streams (each in file order) by node time minus that node's
     clock offset. Streaming: holds one line per stream. Ties keep the order the streams were
     given in (pass them in node-rank order), and a stream's own order is never changed, even
@@ -76,9 +75,15 @@ class LiveMerge:
     """A heartbeat's node time is trusted minus this much: the agent stamps a line a moment
     before it reaches the file, so a line stamped just before the heartbeat may still come."""
 
-    def __init__(self, nodes: Sequence[str], watermark: float = 1.0,
-                 offsets_ms: Mapping[str, float] | None = None, *, start: float | None = None,
-                 startup_grace: float = 5.0) -> None:
+    def __init__(
+        self,
+        nodes: Sequence[str],
+        watermark: float = 1.0,
+        offsets_ms: Mapping[str, float] | None = None,
+        *,
+        start: float | None = None,
+        startup_grace: float = 5.0,
+    ) -> None:
         self.nodes = list(nodes)
         self.watermark = watermark
         self.offsets_ms = dict(offsets_ms or {})
@@ -146,8 +151,10 @@ class LiveMerge:
 
     def _caught_up(self, index: int, key: float) -> bool:
         # Node i's next line has a key >= seen[i]; on a tie the lower node index goes first.
-        return all(self.done[i] or i == index or self.seen[i] > key or (self.seen[i] == key and i > index)
-                   for i in range(len(self.nodes)))
+        return all(
+            self.done[i] or i == index or self.seen[i] > key or (self.seen[i] == key and i > index)
+            for i in range(len(self.nodes))
+        )
 
     def _trim(self) -> None:
         arrivals, released = self._arrivals, self._released
@@ -199,7 +206,7 @@ class _Renderer:
         mid = self._columns(global_rank(int(tee) if tee is not None else None, trainer, self.base_rank))
         # A head that ends with the trainer's `[rank R] ` cannot extend further, so a line that
         # starts with it (after a valid stamp) has exactly this head: the fast lookup's table.
-        (self.closed if trainer is not None else self.open)[m.string[27:m.end()]] = mid
+        (self.closed if trainer is not None else self.open)[m.string[27 : m.end()]] = mid
         return mid
 
     def render(self, block: str) -> list[tuple[Any, str]]:
@@ -208,9 +215,14 @@ class _Renderer:
         lines = block.split("\n")
         lines.pop()  # the block ends with a newline: the last piece is empty
         usec = "".join(map(_USEC, lines))
-        if (len(usec) == 9 * len(lines) and usec.isascii() and not usec[0::9].strip(".")
-                and not usec[7::9].strip("Z") and not usec[8::9].strip(" ")
-                and all(usec[k::9].isdigit() for k in range(1, 7))):
+        if (
+            len(usec) == 9 * len(lines)
+            and usec.isascii()
+            and not usec[0::9].strip(".")
+            and not usec[7::9].strip("Z")
+            and not usec[8::9].strip(" ")
+            and all(usec[k::9].isdigit() for k in range(1, 7))
+        ):
             return self._render_stamped(lines)
         return self._render_any(lines)
 
@@ -226,7 +238,7 @@ class _Renderer:
                 last_sec = self.sec = raw[:19]
                 epoch = self.epoch = valid_second(last_sec)
             j = raw.find("] ", 28)
-            mid = closed.get(raw[27:j + 2]) if j > 0 and epoch is not None else None
+            mid = closed.get(raw[27 : j + 2]) if j > 0 and epoch is not None else None
             if mid is None:  # anything else: the general rules, line by line
                 self.key, self.stamp = key, stamp
                 append(any_line(raw))
@@ -237,9 +249,9 @@ class _Renderer:
             if key is None or new > key:  # a running maximum: a node's own order never changes
                 key = new
             if "\r" in raw:  # a progress bar redrawn in place: what the terminal would show last
-                append((key, f"{stamp}{mid}{last_state(raw[j + 2:])}"))
+                append((key, f"{stamp}{mid}{last_state(raw[j + 2 :])}"))
             else:
-                append((key, f"{stamp}{mid}{raw[j + 2:]}"))
+                append((key, f"{stamp}{mid}{raw[j + 2 :]}"))
         self.key, self.stamp = key, stamp
         return out
 
@@ -278,8 +290,9 @@ class _Renderer:
 _USEC = itemgetter(slice(19, 28))
 
 
-def merge_plain(blocks: Sequence[Iterable[str]], nodes: Sequence[PlainNode],
-                widths: tuple[int, int], raw: bool = False) -> Iterator[str]:
+def merge_plain(
+    blocks: Sequence[Iterable[str]], nodes: Sequence[PlainNode], widths: tuple[int, int], raw: bool = False
+) -> Iterator[str]:
     """Merge node logs into the plain `TIME NODE RANK TEXT` lines, in chunks of text: each line's
     text `printable` (its control characters escaped), or as written with `raw`.
 

@@ -90,8 +90,9 @@ class CopyScan:
                     self.last_ts = ts if self.last_ts is None else max(self.last_ts, ts)
 
 
-def scan_records(scans: Sequence[CopyScan], offsets_ms: Mapping[str, float]
-                 ) -> Iterator[tuple[LogLine, Sample | tuple[Window, Timing] | Ignored]]:
+def scan_records(
+    scans: Sequence[CopyScan], offsets_ms: Mapping[str, float]
+) -> Iterator[tuple[LogLine, Sample | tuple[Window, Timing] | Ignored]]:
     """Every telemetry and timing record of the copies (`Ignored` for a line that starts as one and
     is not a finite one), in the order they were written (the k-way merge on node time less each
     node's clock offset), a line at a time per copy: what `orch top` and the report feed the
@@ -207,8 +208,9 @@ def merged_log_writer(run: RunDir) -> Iterator[IO[str] | None]:
             os.unlink(tmp)
 
 
-def write_merged_log(run: RunDir, sources: list[NodeSource], offsets_ms: Mapping[str, float],
-                     widths: tuple[int, int]) -> None:
+def write_merged_log(
+    run: RunDir, sources: list[NodeSource], offsets_ms: Mapping[str, float], widths: tuple[int, int]
+) -> None:
     """`<run dir>/merged.log`: every node's copy, merged, as plain text."""
     with merged_log_writer(run) as fh:
         if fh is None:
@@ -250,13 +252,18 @@ def copy_blocks(src: NodeSource, size: int) -> Iterator[str]:
                 yield buf[:cut].decode("utf-8", "replace")
 
 
-def plain_merged(sources: list[NodeSource], offsets_ms: Mapping[str, float],
-                 widths: tuple[int, int], raw: bool = False) -> Iterator[str]:
+def plain_merged(
+    sources: list[NodeSource], offsets_ms: Mapping[str, float], widths: tuple[int, int], raw: bool = False
+) -> Iterator[str]:
     """Every node's copy, merged, as chunks of plain `TIME NODE RANK TEXT` lines (the fast path
     for what `format_line(merge(...))` prints when nothing is filtered); `raw`: texts as written."""
     size = block_size(len(sources))
-    return merge_plain([copy_blocks(s, size) for s in sources],
-                       [PlainNode(s.node, s.base_rank, offsets_ms.get(s.node, 0.0)) for s in sources], widths, raw)
+    return merge_plain(
+        [copy_blocks(s, size) for s in sources],
+        [PlainNode(s.node, s.base_rank, offsets_ms.get(s.node, 0.0)) for s in sources],
+        widths,
+        raw,
+    )
 
 
 try:  # the C merge, when the install could build it (setup.py); else the Python one, same bytes
@@ -270,8 +277,9 @@ def fast_merge_available() -> bool:
     return _fastmerge is not None and not os.environ.get("ORCH_PURE_PYTHON")
 
 
-def plain_merged_bytes(sources: list[NodeSource], offsets_ms: Mapping[str, float],
-                       widths: tuple[int, int], raw: bool = False) -> Iterator[bytes]:
+def plain_merged_bytes(
+    sources: list[NodeSource], offsets_ms: Mapping[str, float], widths: tuple[int, int], raw: bool = False
+) -> Iterator[bytes]:
     """`plain_merged` as UTF-8 chunks of whole lines: the same bytes, by the C merge when it is
     built (several times faster; the same block of memory per node), else the Python one."""
     if not fast_merge_available():
@@ -287,9 +295,15 @@ def plain_merged_bytes(sources: list[NodeSource], offsets_ms: Mapping[str, float
                 continue
             present.append(s)
         yield from _fastmerge.PlainMerge(
-            handles, [f" {s.node.ljust(widths[0])} ".encode() for s in present],
-            [s.base_rank for s in present], [offsets_ms.get(s.node, 0.0) for s in present], widths[1],
-            float_keys=any(offsets_ms.get(s.node, 0.0) for s in sources), block=block_size(len(sources)), raw=raw)
+            handles,
+            [f" {s.node.ljust(widths[0])} ".encode() for s in present],
+            [s.base_rank for s in present],
+            [offsets_ms.get(s.node, 0.0) for s in present],
+            widths[1],
+            float_keys=any(offsets_ms.get(s.node, 0.0) for s in sources),
+            block=block_size(len(sources)),
+            raw=raw,
+        )
 
 
 def binary(out: IO[str]) -> IO[bytes] | None:

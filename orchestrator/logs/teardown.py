@@ -72,8 +72,14 @@ class QuietStop:
             node.held += 1
             return None
         node.ended = True
-        return NodeStopped(line.node, _received(node.stop), node.held, int(end.group(1)), end.group(2),
-                           None if node.stop is None else round(line.ts - node.stop.ts, 1))
+        return NodeStopped(
+            line.node,
+            _received(node.stop),
+            node.held,
+            int(end.group(1)),
+            end.group(2),
+            None if node.stop is None else round(line.ts - node.stop.ts, 1),
+        )
 
     def pending(self) -> Iterator[NodeStopped]:
         """The nodes the teardown reached whose end the log has not shown (yet)."""
@@ -84,4 +90,4 @@ class QuietStop:
 
 
 def _received(stop: LogLine | None) -> str | None:
-    return None if stop is None else stop.text[len(STOPPING_PREFIX):].split(":", 1)[0].strip()
+    return None if stop is None else stop.text[len(STOPPING_PREFIX) :].split(":", 1)[0].strip()

@@ -61,11 +61,20 @@ class Gpu:
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Gpu:
         throttle = d.get("throttle")
-        return cls(_int(d.get("index")), _text(d.get("uuid")), _text(d.get("name")), _num(d.get("util_pct")),
-                   _int(d.get("mem_used_mb")), _int(d.get("mem_total_mb")), _num(d.get("temp_c")),
-                   _num(d.get("power_w")), _int(d.get("sm_mhz")),
-                   tuple(str(t) for t in throttle) if isinstance(throttle, list) else None,
-                   _num(d.get("fan_pct")), _text(d.get("error")))
+        return cls(
+            _int(d.get("index")),
+            _text(d.get("uuid")),
+            _text(d.get("name")),
+            _num(d.get("util_pct")),
+            _int(d.get("mem_used_mb")),
+            _int(d.get("mem_total_mb")),
+            _num(d.get("temp_c")),
+            _num(d.get("power_w")),
+            _int(d.get("sm_mhz")),
+            tuple(str(t) for t in throttle) if isinstance(throttle, list) else None,
+            _num(d.get("fan_pct")),
+            _text(d.get("error")),
+        )
 
 
 @dataclass(frozen=True)
@@ -95,9 +104,14 @@ class Sample:
     def load(self) -> NodeLoad:
         """What the straggler detector's attribution needs of it (no nvidia-smi: no GPU, the ranks
         compute on the CPU)."""
-        return NodeLoad(self.node, self.cpu_pct, {r.rank: r.cpu_pct for r in self.ranks},
-                        tuple(GpuLoad(g.index, g.util_pct, g.temp_c, g.throttle or ()) for g in self.gpus),
-                        no_gpu=not self.gpus and self.gpu_error == NOT_FOUND, gpu_error=self.gpu_error)
+        return NodeLoad(
+            self.node,
+            self.cpu_pct,
+            {r.rank: r.cpu_pct for r in self.ranks},
+            tuple(GpuLoad(g.index, g.util_pct, g.temp_c, g.throttle or ()) for g in self.gpus),
+            no_gpu=not self.gpus and self.gpu_error == NOT_FOUND,
+            gpu_error=self.gpu_error,
+        )
 
 
 def parse_sample(line: LogLine) -> Sample | None:
@@ -105,7 +119,7 @@ def parse_sample(line: LogLine) -> Sample | None:
     if line.stream != "orch" or not line.text.startswith(PREFIX):
         return None
     try:
-        d = json.loads(line.text[len(PREFIX):])
+        d = json.loads(line.text[len(PREFIX) :])
         if not isinstance(d, dict):
             return None
         return _sample(line, d)
@@ -115,11 +129,25 @@ def parse_sample(line: LogLine) -> Sample | None:
 
 def _sample(line: LogLine, d: dict[str, Any]) -> Sample:
     gpus = tuple(Gpu.from_json(g) for g in _list(d.get("gpus")) if isinstance(g, dict))
-    ranks = tuple(RankSample(int(r["rank"]), _int(r.get("local_rank")), _int(r.get("pid")), _num(r.get("cpu_pct")),
-                             _num(r.get("rss_mb")))
-                  for r in _list(d.get("ranks")) if isinstance(r, dict) and _int(r.get("rank")) is not None)
-    return Sample(line.node, line.ts, gpus, _text(d.get("gpu_error")), _num(d.get("cpu_pct")), _num(d.get("load1")),
-                  _int(d.get("ncpu")), _int(d.get("mem_used_mb")), _int(d.get("mem_total_mb")), ranks)
+    ranks = tuple(
+        RankSample(
+            int(r["rank"]), _int(r.get("local_rank")), _int(r.get("pid")), _num(r.get("cpu_pct")), _num(r.get("rss_mb"))
+        )
+        for r in _list(d.get("ranks"))
+        if isinstance(r, dict) and _int(r.get("rank")) is not None
+    )
+    return Sample(
+        line.node,
+        line.ts,
+        gpus,
+        _text(d.get("gpu_error")),
+        _num(d.get("cpu_pct")),
+        _num(d.get("load1")),
+        _int(d.get("ncpu")),
+        _int(d.get("mem_used_mb")),
+        _int(d.get("mem_total_mb")),
+        ranks,
+    )
 
 
 def is_metrics(line: LogLine) -> bool:
@@ -162,5 +190,15 @@ def timing_window(line: LogLine, offset_s: float = 0.0) -> tuple[Window, Timing]
     t = parse_timing(line.text)
     if t is None:
         return None
-    return Window(line.node, line.rank, line.local_rank, t.epoch, t.batch, t.steps, t.data_s, t.compute_s,
-                  t.wall_s, line.ts - offset_s), t
+    return Window(
+        line.node,
+        line.rank,
+        line.local_rank,
+        t.epoch,
+        t.batch,
+        t.steps,
+        t.data_s,
+        t.compute_s,
+        t.wall_s,
+        line.ts - offset_s,
+    ), t

@@ -31,7 +31,21 @@ from trainer.logs import (
     parse_timing,
 )
 
-__all__ = ["RANK_PREFIX", "RESULTS_PATH", "THROUGHPUT_ROW", "THROUGHPUT_TOTAL", "WEIGHTS_DIR", "Phase", "Progress",
-           "Throughput", "Timing", "announced", "parse_final", "parse_phases", "parse_results", "parse_throughput",
-           "parse_throughput_epochs", "parse_timing"]
-
+__all__ = [
+    "RANK_PREFIX",
+    "RESULTS_PATH",
+    "THROUGHPUT_ROW",
+    "THROUGHPUT_TOTAL",
+    "WEIGHTS_DIR",
+    "Phase",
+    "Progress",
+    "Throughput",
+    "Timing",
+    "announced",
+    "parse_final",
+    "parse_phases",
+    "parse_results",
+    "parse_throughput",
+    "parse_throughput_epochs",
+    "parse_timing",
+]

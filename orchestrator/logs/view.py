@@ -62,9 +62,16 @@ class RunLogs:
         if skew_correct is False or not any(offsets.values()):
             offsets, origin = {}, None
         reference, controller = clock_reference(run, inv.name) if offsets else (None, None)
-        return cls(run, inv, sources, offsets, origin,
-                   column_widths([s.node for s in merge_sources(run, sources)], world_size(run, inv)), reference,
-                   controller)
+        return cls(
+            run,
+            inv,
+            sources,
+            offsets,
+            origin,
+            column_widths([s.node for s in merge_sources(run, sources)], world_size(run, inv)),
+            reference,
+            controller,
+        )
 
     @property
     def merged(self) -> list[NodeSource]:
@@ -85,8 +92,14 @@ class RunLogs:
         """Do the offsets change the order of lines enough to say so (`REORDER_MS`)?"""
         return self.offsets_spread_ms >= REORDER_MS
 
-    def line_filter(self, node: str | None = None, rank: str | None = None, grep: str | None = None,
-                    since: str | None = None, metrics: bool = True) -> LineFilter:
+    def line_filter(
+        self,
+        node: str | None = None,
+        rank: str | None = None,
+        grep: str | None = None,
+        since: str | None = None,
+        metrics: bool = True,
+    ) -> LineFilter:
         """`--node/--rank/--grep/--since/--no-telemetry` parsed; UsageError naming what is wrong with one."""
         return LineFilter(
             nodes=parse_nodes(node, [s.node for s in self.sources]) if node else None,
@@ -131,19 +144,28 @@ class RunLogs:
             with merged_log_writer(self.run) as merged:
                 for line in merge(streams, self.offsets_ms):
                     if merged is not None:
-                        merged.write(format_line(line, False, node_width=self.widths[0],
-                                                 rank_width=self.widths[1]) + "\n")
+                        merged.write(
+                            format_line(line, False, node_width=self.widths[0], rank_width=self.widths[1]) + "\n"
+                        )
                     yield line
             return
         yield from merge(streams, self.offsets_ms)
         write_merged_log(self.run, self.merged, self.offsets_ms, self.widths)
 
-    def follow(self, cluster: Cluster, *, watermark: float, from_start: bool,
-               on_event: Callable[[str, str], None]) -> Generator[LogLine, None, None]:
+    def follow(
+        self, cluster: Cluster, *, watermark: float, from_start: bool, on_event: Callable[[str, str], None]
+    ) -> Generator[LogLine, None, None]:
         """Every node live, in order, until the run ends and every log is drained. Close the
         generator to stop (it stops the readers on every node at once)."""
-        follower = Follower(self.run, self.inv, cluster, watermark=watermark, offsets_ms=self.offsets_ms,
-                            from_start=from_start, on_event=on_event)
+        follower = Follower(
+            self.run,
+            self.inv,
+            cluster,
+            watermark=watermark,
+            offsets_ms=self.offsets_ms,
+            from_start=from_start,
+            on_event=on_event,
+        )
         self.node_states = lambda: [st.remote_state for st in follower.nodes]
         return follower.lines()
 

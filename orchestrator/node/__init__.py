@@ -93,7 +93,7 @@ def _without_docstring(text: str) -> str:
     tree = ast.parse(text)
     first = tree.body[0] if tree.body else None
     if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
-        text = "\n".join(text.splitlines()[first.end_lineno:]).lstrip("\n") + "\n"
+        text = "\n".join(text.splitlines()[first.end_lineno :]).lstrip("\n") + "\n"
     return text
 
 

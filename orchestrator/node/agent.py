@@ -115,8 +115,20 @@ the agent stops the job and says why. A detached run has no lease: it runs on it
 STARTING, RUNNING, SUCCEEDED, FAILED, STOPPED = "starting", "running", "succeeded", "failed", "stopped"
 STATES = (STARTING, RUNNING, SUCCEEDED, FAILED, STOPPED)
 FINAL_STATES = (SUCCEEDED, FAILED, STOPPED)
-STATUS_KEYS = ("state", "exit_code", "signal", "reason", "started_at", "finished_at", "failed_at", "pid", "pgid",
-               "agent_pid", "cleanup_left", "disk_full")
+STATUS_KEYS = (
+    "state",
+    "exit_code",
+    "signal",
+    "reason",
+    "started_at",
+    "finished_at",
+    "failed_at",
+    "pid",
+    "pgid",
+    "agent_pid",
+    "cleanup_left",
+    "disk_full",
+)
 """The fields of state.json a status reports as they are (the log reader's `S` frames: these)."""
 PR_SET_CHILD_SUBREAPER = 36
 STARTING_TEXT = "agent {pid} on {host} starting{attempt}: {argv} (cwd {cwd})"
@@ -142,8 +154,12 @@ noisier clock."""
 def shown(argv: list[str]) -> str:
     """An argv as one line a shell would read back: each word quoted when it needs it, and a word
     holding a newline or another control character as `$'...'` with it escaped (one log line)."""
-    return " ".join(shlex.quote(a) if a.isprintable()
-                    else "$'" + a.encode("unicode_escape").decode("ascii").replace("'", "\\'") + "'" for a in argv)
+    return " ".join(
+        shlex.quote(a)
+        if a.isprintable()
+        else "$'" + a.encode("unicode_escape").decode("ascii").replace("'", "\\'") + "'"
+        for a in argv
+    )
 
 
 # ----------------------------------------------------------------------------- small helpers
@@ -326,8 +342,13 @@ class NodeLog:
             now = time.time()
             line = utc_now(now).encode() + body
             if self.lost:  # what was lost first (after the end of a line cut short, if one was)
-                line = (b"\n" * self.torn + utc_now(now).encode() + f" orch {self.lost} lines of output lost: "
-                        f"{self.error.strerror if self.error else 'write failed'}\n".encode() + line)
+                line = (
+                    b"\n" * self.torn
+                    + utc_now(now).encode()
+                    + f" orch {self.lost} lines of output lost: "
+                    f"{self.error.strerror if self.error else 'write failed'}\n".encode()
+                    + line
+                )
             written = 0
             try:
                 while written < len(line):  # write(2) may take fewer bytes than asked (a nearly full disk)
@@ -364,7 +385,7 @@ def write_all(fh: Any, data: bytes) -> None:
     signal, a nearly full disk), and the rest must not be lost without a word."""
     view = memoryview(data)
     while view:
-        view = view[fh.write(view):]
+        view = view[fh.write(view) :]
 
 
 def utf8_boundary(data: bytes) -> int:
@@ -431,8 +452,10 @@ class Monitor:
             return
         age = now - self.lease_seen[1]
         if age > self.lease_s:
-            self.lease_lost = (f"the controller (orch up) was not heard from for {age:.0f} s (lease {self.lease_s:g} s): "
-                               "a cut link or a dead controller; the job was stopped")
+            self.lease_lost = (
+                f"the controller (orch up) was not heard from for {age:.0f} s (lease {self.lease_s:g} s): "
+                "a cut link or a dead controller; the job was stopped"
+            )
             self.log.write("orch", self.lease_lost)
             self.stop_at, self.stop_signal = time.monotonic(), signal.SIGTERM
 
@@ -515,14 +538,28 @@ class Monitor:
         attempt = str(self.launch.get("env", {}).get("ORCH_ATTEMPT", "1"))
         if self.lease_s is not None:
             self.start_lease()
-        self.log.write("orch", STARTING_TEXT.format(pid=os.getpid(), host=socket.gethostname(),
-                                                    attempt="" if attempt == "1" else f" attempt {attempt}",
-                                                    argv=shown(argv), cwd=shown([cwd])))
+        self.log.write(
+            "orch",
+            STARTING_TEXT.format(
+                pid=os.getpid(),
+                host=socket.gethostname(),
+                attempt="" if attempt == "1" else f" attempt {attempt}",
+                argv=shown(argv),
+                cwd=shown([cwd]),
+            ),
+        )
         try:
             umask = self.launch.get("login_umask")
-            proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, start_new_session=True,
-                                    preexec_fn=None if umask is None else (lambda: os.umask(umask)))
+            proc = subprocess.Popen(
+                argv,
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                preexec_fn=None if umask is None else (lambda: os.umask(umask)),
+            )
         except OSError as exc:
             reason = f"cannot start {argv[0]}: {exc.strerror or exc}"
             self.log.write("orch", reason)
@@ -532,8 +569,10 @@ class Monitor:
         st = proc_start_time(proc.pid, zombie=True)  # a job may be done already: not yet reaped
         self.save(state=RUNNING, pid=proc.pid, pgid=proc.pid, pid_start=st, pgid_start=st, started_at=time.time())
         self.log.write("orch", f"started pid {proc.pid} (process group {proc.pid})")
-        pumps = [threading.Thread(target=self.log.pump, args=(s, n), daemon=True)
-                 for s, n in ((proc.stdout, "out"), (proc.stderr, "err"))]
+        pumps = [
+            threading.Thread(target=self.log.pump, args=(s, n), daemon=True)
+            for s, n in ((proc.stdout, "out"), (proc.stderr, "err"))
+        ]
         for t in pumps:
             t.start()
         sampling = self.start_telemetry()
@@ -556,8 +595,15 @@ class Monitor:
         extra = {"reason": self.lease_lost, "lease_expired": True} if self.lease_lost else {}
         if self.log.failed_at is not None:
             extra["failed_at"] = self.log.failed_at
-        self.save(state=state, exit_code=code, signal=sig, finished_at=ended, procs=[[p, s] for p, s in left],
-                  cleanup_left=[p for p, _s in left], **extra)
+        self.save(
+            state=state,
+            exit_code=code,
+            signal=sig,
+            finished_at=ended,
+            procs=[[p, s] for p, s in left],
+            cleanup_left=[p for p, _s in left],
+            **extra,
+        )
         return code
 
     def start_telemetry(self) -> threading.Event | None:
@@ -678,8 +724,11 @@ class Monitor:
         self.reap(main_pid)
         left = descendants(os.getpid())
         if left:
-            self.log.write("orch", f"cleanup timed out: {len(left)} processes of the job survived SIGKILL for "
-                                   f"{kill_wait:.0f} s: {' '.join(str(p) for p, _s in left)}")
+            self.log.write(
+                "orch",
+                f"cleanup timed out: {len(left)} processes of the job survived SIGKILL for "
+                f"{kill_wait:.0f} s: {' '.join(str(p) for p, _s in left)}",
+            )
         return left
 
 
@@ -702,8 +751,12 @@ HOOK_TIMEOUT_S = 60.0
 
 
 def node_values(run_dir: str) -> dict[str, str]:
-    return {"{ORCH_RUN_DIR}": run_dir, "{ORCH_UID}": str(os.getuid()), "{ORCH_GID}": str(os.getgid()),
-            "{ORCH_HOME}": os.path.expanduser("~")}
+    return {
+        "{ORCH_RUN_DIR}": run_dir,
+        "{ORCH_UID}": str(os.getuid()),
+        "{ORCH_GID}": str(os.getgid()),
+        "{ORCH_HOME}": os.path.expanduser("~"),
+    }
 
 
 def fill(argv: Any, run_dir: str) -> list[str]:
@@ -723,8 +776,15 @@ def run_hook(argv: list[str], env: dict[str, str] | None = None, timeout: float 
     import subprocess
 
     try:
-        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              env=env, timeout=timeout, start_new_session=True)
+        proc = subprocess.run(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            timeout=timeout,
+            start_new_session=True,
+        )
     except subprocess.TimeoutExpired:
         return f"no end within {timeout:.0f} s"
     except OSError as exc:
@@ -758,11 +818,25 @@ def cmd_start(run_dir: str, wait: float) -> int:
     import socket
 
     clear_stop_request(run_dir)
-    write_json(state_path, {"run": launch.get("run"), "node": launch.get("node"), "nonce": launch.get("nonce"),
-                            "stop_hook": fill(launch.get("stop_hook"), run_dir), "agent_pid": None,
-                            "pid": None, "pgid": None, "host": socket.gethostname(), "boot_id": boot_id(),
-                            "started_at": None, "finished_at": None, "exit_code": None, "signal": None,
-                            "state": STARTING})
+    write_json(
+        state_path,
+        {
+            "run": launch.get("run"),
+            "node": launch.get("node"),
+            "nonce": launch.get("nonce"),
+            "stop_hook": fill(launch.get("stop_hook"), run_dir),
+            "agent_pid": None,
+            "pid": None,
+            "pgid": None,
+            "host": socket.gethostname(),
+            "boot_id": boot_id(),
+            "started_at": None,
+            "finished_at": None,
+            "exit_code": None,
+            "signal": None,
+            "state": STARTING,
+        },
+    )
     if os.fork() == 0:
         daemon(run_dir, launch)
     return wait_started(state_path, wait)
@@ -832,8 +906,15 @@ def status(run_dir: str, tail: int = 0, nonce: str | None = None, renew: bool = 
     (the supervising `orch up`'s polls), the run's lease is renewed too."""
     why = foreign(run_dir, nonce)
     if why:
-        return {"state": None, "exists": False, "foreign": True, "error": why, "agent_alive": False,
-                "job_alive": False, "now": time.time()}
+        return {
+            "state": None,
+            "exists": False,
+            "foreign": True,
+            "error": why,
+            "agent_alive": False,
+            "job_alive": False,
+            "now": time.time(),
+        }
     if renew:
         try:
             os.utime(os.path.join(run_dir, LEASE), follow_symlinks=False)
@@ -878,13 +959,23 @@ def cmd_stop(run_dir: str, grace: float, nonce: str | None = None) -> int:
     With `nonce`, a directory another launch claimed is left alone (`foreign`)."""
     why = foreign(run_dir, nonce)
     if why:
-        return emit({"state": None, "stopped": [], "remaining": [], "strangers": [], "foreign": True,
-                     "note": why + ": left alone"}, 0)
+        return emit(
+            {
+                "state": None,
+                "stopped": [],
+                "remaining": [],
+                "strangers": [],
+                "foreign": True,
+                "note": why + ": left alone",
+            },
+            0,
+        )
     state_path = os.path.join(run_dir, STATE)
     state = read_json(state_path)
     if not state:
-        return emit({"state": None, "stopped": [], "remaining": [], "strangers": [],
-                     "note": "nothing was started here"}, 0)
+        return emit(
+            {"state": None, "stopped": [], "remaining": [], "strangers": [], "note": "nothing was started here"}, 0
+        )
     agent = (state.get("agent_pid"), state.get("agent_start")) if agent_alive(state) else (None, None)
     job = Job(state)
     found, strangers = job.processes()
@@ -930,8 +1021,13 @@ def cmd_stop(run_dir: str, grace: float, nonce: str | None = None) -> int:
             write_json(state_path, state)
         except OSError as exc:
             unwritten.append(full_text(run_dir, exc) if exc.errno in FULL else f"{STATE}: {exc.strerror or exc}")
-    out = dict(state, stopped=sorted(p for p in found if p not in left), killed=sorted(killed),
-               remaining=remaining, strangers=sorted(strangers))
+    out = dict(
+        state,
+        stopped=sorted(p for p in found if p not in left),
+        killed=sorted(killed),
+        remaining=remaining,
+        strangers=sorted(strangers),
+    )
     if unwritten:
         out["disk_full"] = unwritten[0]
     return emit(out, 0 if not remaining else 1)
@@ -944,7 +1040,9 @@ def under_root(run_dir: str, root: str) -> str | None:
     rel = os.path.relpath(real, top)
     parts = rel.split(os.sep)
     if rel.startswith(os.pardir) or len(parts) != 2 or os.curdir in parts or os.pardir in parts:
-        return f"{real} is not a run directory of the run root {top} (<run_root>/<run-id>/<node>): refusing to remove it"
+        return (
+            f"{real} is not a run directory of the run root {top} (<run_root>/<run-id>/<node>): refusing to remove it"
+        )
     return None
 
 

@@ -36,8 +36,9 @@ class Shipped(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def __init__(self, files: dict) -> None:
         self.files = files
 
-    def find_spec(self, fullname: str, path: "typing.Sequence[str] | None",
-                  target: "types.ModuleType | None" = None) -> "importlib.machinery.ModuleSpec | None":
+    def find_spec(
+        self, fullname: str, path: "typing.Sequence[str] | None", target: "types.ModuleType | None" = None
+    ) -> "importlib.machinery.ModuleSpec | None":
         if path is None and fullname + ".py" in self.files and fullname != "agent":
             return importlib.util.spec_from_loader(fullname, self)
         return None

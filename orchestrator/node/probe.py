@@ -45,8 +45,10 @@ import time
 PROBE_VERSION = 1
 # The exact field list of the one real multi-GPU CSV we have on record (OmniOpt A100 sample), so
 # the recorded output is parsed exactly as the live tool prints it (without a header: these columns).
-GPU_QUERY = ("timestamp,name,pci.bus_id,driver_version,pstate,pcie.link.gen.max,pcie.link.gen.current,"
-             "temperature.gpu,utilization.gpu,utilization.memory,memory.total,memory.free,memory.used")
+GPU_QUERY = (
+    "timestamp,name,pci.bus_id,driver_version,pstate,pcie.link.gen.max,pcie.link.gen.current,"
+    "temperature.gpu,utilization.gpu,utilization.memory,memory.total,memory.free,memory.used"
+)
 # Asked for too (the header then names every column): the index and UUID CUDA_VISIBLE_DEVICES
 # names GPUs by, and the compute capability torch's kernels must match. A driver whose nvidia-smi
 # lacks a field (compute_cap came with R510) refuses the whole query: then GPU_QUERY alone.
@@ -73,11 +75,18 @@ except Exception as exc:
     out["error"] = f"{type(exc).__name__}: {exc}"
 print(json.dumps(out))
 """
-ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "TORCH_DISTRIBUTED_", "CUDA_VISIBLE_DEVICES", "TZ",
-                "ORCH_PROBE_FIXTURES")
-MAX_TEXT = 1 << 20          # data YAML texts sent back for parsing on the controller
-MAX_HASH = 8 << 30          # files above this are compared by size only
-NTP_EPOCH = 2208988800      # seconds from 1900-01-01 (NTP) to 1970-01-01 (Unix)
+ENV_PREFIXES = (
+    "NCCL_",
+    "TORCH_NCCL_",
+    "GLOO_",
+    "TORCH_DISTRIBUTED_",
+    "CUDA_VISIBLE_DEVICES",
+    "TZ",
+    "ORCH_PROBE_FIXTURES",
+)
+MAX_TEXT = 1 << 20  # data YAML texts sent back for parsing on the controller
+MAX_HASH = 8 << 30  # files above this are compared by size only
+NTP_EPOCH = 2208988800  # seconds from 1900-01-01 (NTP) to 1970-01-01 (Unix)
 # Run in a child (`python -c`) only when the files cannot tell (see `software_from_files`): a
 # crashing or hanging `import torch` is then a fact, not a dead probe.
 SOFTWARE_CODE = r"""
@@ -152,8 +161,9 @@ def run_capture(argv: list, timeout: float, env: dict | None = None, cwd: str | 
 
     A watchdog timer kills the child instead of `communicate(timeout=)`, whose polling wait
     sleeps with time.sleep (see `pause`)."""
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=env, cwd=cwd)
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd
+    )
     killed = []
 
     def kill() -> None:
@@ -223,8 +233,13 @@ def gather_tz() -> dict:
         link = os.readlink("/etc/localtime")
     except OSError:
         pass
-    return {"TZ": os.environ.get("TZ"), "localtime": link, "etc_timezone": read_text("/etc/timezone"),
-            "abbr": time.strftime("%Z"), "utcoffset": time.strftime("%z")}
+    return {
+        "TZ": os.environ.get("TZ"),
+        "localtime": link,
+        "etc_timezone": read_text("/etc/timezone"),
+        "abbr": time.strftime("%Z"),
+        "utcoffset": time.strftime("%z"),
+    }
 
 
 def ipv4_of(name: str) -> list:
@@ -292,8 +307,12 @@ def gather_gloo_host() -> dict:
 def gather_ib() -> dict:
     """Every device and port attribute under /sys/class/infiniband (or the fixture tree), raw."""
     root = ib_root()
-    out: dict = {"root": root, "source": "fixture" if fixture_dir() else "sysfs", "devices": {},
-                 "tools": {t: tool_path(t) for t in ("ibv_rc_pingpong", "ibstat", "ibv_devinfo")}}
+    out: dict = {
+        "root": root,
+        "source": "fixture" if fixture_dir() else "sysfs",
+        "devices": {},
+        "tools": {t: tool_path(t) for t in ("ibv_rc_pingpong", "ibstat", "ibv_devinfo")},
+    }
     if not os.path.isdir(root):
         return out
     for dev in sorted(os.listdir(root)):
@@ -302,8 +321,9 @@ def gather_ib() -> dict:
         ports = {}
         pdir = os.path.join(d, "ports")
         for port in sorted(os.listdir(pdir)) if os.path.isdir(pdir) else []:
-            ports[port] = {k: read_text(os.path.join(pdir, port, k))
-                           for k in ("state", "phys_state", "rate", "link_layer")}
+            ports[port] = {
+                k: read_text(os.path.join(pdir, port, k)) for k in ("state", "phys_state", "rate", "link_layer")
+            }
         info["ports"] = ports
         out["devices"][dev] = info
     return out
@@ -313,13 +333,18 @@ def gather_gpus() -> dict:
     """`nvidia-smi --query-gpu` CSV and the plain table (processes, CUDA version), or fixtures."""
     fx = fixture_dir()
     if fx:
+
         def fixture(name: str) -> dict:
             text = read_text(os.path.join(fx, name))
             if text is None:
                 return {"rc": None, "out": "", "err": f"nvidia-smi: not found (fixture {name} absent)"}
             return {"rc": 0, "out": text + "\n", "err": ""}
-        return {"source": "fixture " + fx, "query": fixture("nvidia-smi-query-gpu.csv"),
-                "table": fixture("nvidia-smi.txt")}
+
+        return {
+            "source": "fixture " + fx,
+            "query": fixture("nvidia-smi-query-gpu.csv"),
+            "table": fixture("nvidia-smi.txt"),
+        }
     query = run_tool(["nvidia-smi", "--query-gpu=" + GPU_QUERY + "," + GPU_QUERY_EXTRA, "--format=csv"])
     if query["rc"] not in (0, None):  # an older nvidia-smi that lacks a field: the fields it has
         query = run_tool(["nvidia-smi", "--query-gpu=" + GPU_QUERY, "--format=csv"])
@@ -361,8 +386,12 @@ def fill_node_values(argv: list) -> list:
     """`argv` with every `NODE_VALUES` name replaced by this node's value (as the agent does)."""
     if not any(name in str(arg) for arg in argv for name in NODE_VALUES):
         return argv
-    values = {"{ORCH_RUN_DIR}": probe_dir(), "{ORCH_UID}": str(os.getuid()), "{ORCH_GID}": str(os.getgid()),
-              "{ORCH_HOME}": os.path.expanduser("~")}
+    values = {
+        "{ORCH_RUN_DIR}": probe_dir(),
+        "{ORCH_UID}": str(os.getuid()),
+        "{ORCH_GID}": str(os.getgid()),
+        "{ORCH_HOME}": os.path.expanduser("~"),
+    }
     out = []
     for arg in argv:
         arg = str(arg)
@@ -403,8 +432,13 @@ def gather_job_check(args: dict) -> dict | None:
         rc, so, err = run_capture(fill_node_values(list(req["argv"])), timeout, env=env, cwd=cwd)
     except OSError as exc:
         return {"kind": req.get("kind", ""), "error": f"cannot run {req['argv'][0]}: {exc.strerror or exc}"}
-    out = {"kind": req.get("kind", ""), "rc": rc, "out": so.decode("utf-8", "replace")[-20000:],
-           "err": err.decode("utf-8", "replace")[-4000:], "seconds": round(time.time() - t0, 2)}
+    out = {
+        "kind": req.get("kind", ""),
+        "rc": rc,
+        "out": so.decode("utf-8", "replace")[-20000:],
+        "err": err.decode("utf-8", "replace")[-4000:],
+        "seconds": round(time.time() - t0, 2),
+    }
     if rc is None:
         out["error"] = f"no answer within {timeout:.0f} s"
     return out
@@ -432,7 +466,7 @@ def dist_versions(names: tuple, prefixes: tuple = ()) -> dict:
         for item in sorted(listing):
             if not item.endswith(".dist-info"):
                 continue
-            dist = norm_dist(item[:-len(".dist-info")].rsplit("-", 1)[0])
+            dist = norm_dist(item[: -len(".dist-info")].rsplit("-", 1)[0])
             keys = [want[dist]] if dist in want else []
             keys += [p for p in prefixes if dist.startswith(norm_dist(p))]
             keys = [k for k in keys if k not in found]
@@ -482,10 +516,17 @@ def software_from_files() -> dict | None:
     if ultralytics is None:  # not a plain dist-info install (egg-link, ...): ask importlib
         try:
             from importlib import metadata
+
             ultralytics = metadata.version("ultralytics")
         except Exception:
             ultralytics = None
-    return {"torch": version.group(1), "cuda": cuda.group(1) or None, "nccl": nccl, "source": "files", "ultralytics": ultralytics}
+    return {
+        "torch": version.group(1),
+        "cuda": cuda.group(1) or None,
+        "nccl": nccl,
+        "source": "files",
+        "ultralytics": ultralytics,
+    }
 
 
 def gather_software(args: dict) -> dict:
@@ -502,8 +543,10 @@ def gather_software(args: dict) -> dict:
     try:
         return json.loads(so.decode().strip().splitlines()[-1])
     except (ValueError, IndexError):
-        return {"python": sys.version.split()[0],
-                "error": "version probe failed: " + err.decode("utf-8", "replace")[-500:]}
+        return {
+            "python": sys.version.split()[0],
+            "error": "version probe failed: " + err.decode("utf-8", "replace")[-500:],
+        }
 
 
 def expand(path: str) -> str:
@@ -523,8 +566,7 @@ def run_root_problem(root: str) -> str | None:
 def file_facts(path: str, want_text: bool) -> dict:
     """exists / size / sha256 of one path; small YAML texts come back for parsing upstream."""
     p = expand(path)
-    out: dict = {"path": path, "exists": os.path.exists(p), "is_file": os.path.isfile(p),
-                 "is_dir": os.path.isdir(p)}
+    out: dict = {"path": path, "exists": os.path.exists(p), "is_file": os.path.isfile(p), "is_dir": os.path.isdir(p)}
     if not out["is_file"]:
         return out
     try:
@@ -550,10 +592,10 @@ def file_facts(path: str, want_text: bool) -> dict:
 
 
 DATA_KEYS = ("path", "train", "val", "test")
-LIST_MAX_FILES = 300000     # per split: a larger split is compared on its first files in name order
-LIST_BUDGET_S = 60.0        # for the whole dataset; past it the listing stops, said, and nothing is compared
-SAMPLE_FILES = 8            # files of each split whose bytes are hashed, spread evenly over the names
-SAMPLE_BYTES = 4 << 20      # of each sampled file
+LIST_MAX_FILES = 300000  # per split: a larger split is compared on its first files in name order
+LIST_BUDGET_S = 60.0  # for the whole dataset; past it the listing stops, said, and nothing is compared
+SAMPLE_FILES = 8  # files of each split whose bytes are hashed, spread evenly over the names
+SAMPLE_BYTES = 4 << 20  # of each sampled file
 
 
 def _yaml_scalar(text: str) -> str | None:
@@ -584,7 +626,7 @@ def data_splits(text: str) -> dict:
                 out[m.group(1)] = []
                 key = m.group(1)
             elif value.startswith("["):
-                inner = value[1:value.index("]")] if "]" in value else value[1:]
+                inner = value[1 : value.index("]")] if "]" in value else value[1:]
                 out[m.group(1)] = [v for v in (_yaml_scalar(x) for x in inner.split(",")) if v is not None]
             else:
                 out[m.group(1)] = _yaml_scalar(value)
@@ -678,8 +720,14 @@ def _listed(items: list, root: str, deadline: float) -> dict:
                 sample.update(fh.read(SAMPLE_BYTES))
         except OSError as exc:
             sample.update(str(exc).encode())
-    out = {"path": ", ".join(shown), "files": n, "bytes": sum(max(size, 0) for _, size, _ in entries),
-           "listing": listing.hexdigest(), "sample": sample.hexdigest(), "capped": n >= LIST_MAX_FILES}
+    out = {
+        "path": ", ".join(shown),
+        "files": n,
+        "bytes": sum(max(size, 0) for _, size, _ in entries),
+        "listing": listing.hexdigest(),
+        "sample": sample.hexdigest(),
+        "capped": n >= LIST_MAX_FILES,
+    }
     if not complete and n < LIST_MAX_FILES:
         out["error"] = f"listing stopped after {n} files ({LIST_BUDGET_S:.0f} s)"
     return out
@@ -724,8 +772,13 @@ def output_facts(path: str) -> dict:
     """A directory the job will write: whether it exists (and is writable), else the nearest
     existing ancestor and whether this user can create entries there."""
     p = os.path.abspath(expand(path))
-    out: dict = {"path": path, "output": True, "exists": os.path.exists(p), "is_file": os.path.isfile(p),
-                 "is_dir": os.path.isdir(p)}
+    out: dict = {
+        "path": path,
+        "output": True,
+        "exists": os.path.exists(p),
+        "is_file": os.path.isfile(p),
+        "is_dir": os.path.isdir(p),
+    }
     if out["is_dir"]:
         out["writable"] = os.access(p, os.W_OK | os.X_OK)
         return out
@@ -756,8 +809,10 @@ def gather_outputs_inside(args: dict) -> dict:
     """Whether the job's output folders (or their nearest existing parent) are writable inside
     the job's container, as its user: a read-only mount or another owner shows only there."""
     outputs = {k: v for k, v in (args.get("paths") or {}).items() if k in set(args.get("outputs", ()))}
-    rc, so, err = run_capture(job_python(args, "outputs") + ["-c", WRITABLE_CODE, json.dumps(outputs)],
-                              float(args.get("software_timeout", 120)))
+    rc, so, err = run_capture(
+        job_python(args, "outputs") + ["-c", WRITABLE_CODE, json.dumps(outputs)],
+        float(args.get("software_timeout", 120)),
+    )
     try:
         return {"paths": json.loads(so.decode("utf-8", "replace").strip().splitlines()[-1])}
     except (ValueError, IndexError):
@@ -766,8 +821,10 @@ def gather_outputs_inside(args: dict) -> dict:
 
 def gather_paths(args: dict) -> dict:
     outputs = set(args.get("outputs", ()))
-    return {key: output_facts(path) if key in outputs else file_facts(path, key in args.get("text_for", ()))
-            for key, path in args.get("paths", {}).items()}
+    return {
+        key: output_facts(path) if key in outputs else file_facts(path, key in args.get("text_for", ()))
+        for key, path in args.get("paths", {}).items()
+    }
 
 
 def sntp(server: str, timeout: float = 2.0) -> dict:
@@ -778,7 +835,7 @@ def sntp(server: str, timeout: float = 2.0) -> dict:
     s.settimeout(timeout)
     try:
         t1 = time.time()
-        packet = b"\x23" + 47 * b"\0"          # LI=0, VN=4, mode=3 (client)
+        packet = b"\x23" + 47 * b"\0"  # LI=0, VN=4, mode=3 (client)
         packet = packet[:40] + struct.pack("!II", int(t1 + NTP_EPOCH), int((t1 % 1) * 2**32))
         s.sendto(packet, addr)
         data = s.recvfrom(512)[0]
@@ -824,11 +881,19 @@ def gather_chrony() -> dict | None:
 
 def gather(args: dict) -> dict:
     """Everything the checks need; the slow parts (torch import, NTP, nvidia-smi) run in threads."""
-    facts = {"probe": PROBE_VERSION, "node": args.get("node"), "host": socket.gethostname(),
-             "python": {"executable": sys.executable, "version": sys.version.split()[0]},
-             "env": gather_env(args), "inventory_env": sorted(args.get("inventory_env", [])),
-             "tz": gather_tz(), "ifaces": gather_ifaces(), "ib": gather_ib(), "home": os.path.expanduser("~"),
-             "gloo_host": gather_gloo_host()}
+    facts = {
+        "probe": PROBE_VERSION,
+        "node": args.get("node"),
+        "host": socket.gethostname(),
+        "python": {"executable": sys.executable, "version": sys.version.split()[0]},
+        "env": gather_env(args),
+        "inventory_env": sorted(args.get("inventory_env", [])),
+        "tz": gather_tz(),
+        "ifaces": gather_ifaces(),
+        "ib": gather_ib(),
+        "home": os.path.expanduser("~"),
+        "gloo_host": gather_gloo_host(),
+    }
     want = args.get("want") or ()
     slow: dict = {"paths": lambda: gather_paths(args)}
     if args.get("outputs_inside"):  # the job runs in a container: look from inside, as its user (with no
@@ -933,9 +998,12 @@ def command(line: str, args: dict) -> None:
         emit("ORCH-TIME", {"seq": rest, "time": time.time()})
     elif word == "CONNECT":
         req = json.loads(rest)
-        threading.Thread(target=lambda: emit("ORCH-REACH", connect_all(req.get("targets", []), args["token"],
-                                                                        float(req.get("timeout", 5)))),
-                         daemon=True).start()
+        threading.Thread(
+            target=lambda: emit(
+                "ORCH-REACH", connect_all(req.get("targets", []), args["token"], float(req.get("timeout", 5)))
+            ),
+            daemon=True,
+        ).start()
 
 
 def serve(listeners: dict, args: dict, deadline: float) -> None:
@@ -998,8 +1066,9 @@ def start_verbs_server(dev: str) -> tuple:
     s.bind(("", 0))
     port = s.getsockname()[1]
     s.close()
-    proc = subprocess.Popen(verbs_argv(tool, dev, port), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        verbs_argv(tool, dev, port), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     return proc, {"port": port, "device": dev, "tool": tool}
 
 
@@ -1013,8 +1082,9 @@ def verbs_ping(target: dict, timeout: float) -> dict:
     t0 = time.time()
     deadline = t0 + timeout
     while True:
-        rc, so, se = run_capture(verbs_argv(tool, target["device"], int(target["port"]), target["addr"]),
-                                 max(1.0, deadline - time.time()))
+        rc, so, se = run_capture(
+            verbs_argv(tool, target["device"], int(target["port"]), target["addr"]), max(1.0, deadline - time.time())
+        )
         lines = [ln.strip() for ln in (so + se).decode("utf-8", "replace").splitlines() if ln.strip()]
         # the successor's server may still be starting (a loaded node, a slow device open): the
         # tool's "Couldn't connect to HOST:PORT" is retried until the deadline
@@ -1023,8 +1093,11 @@ def verbs_ping(target: dict, timeout: float) -> dict:
         pause(0.5)
     out["ms"] = (time.time() - t0) * 1000
     result = [ln for ln in lines if "bytes in" in ln]
-    out.update(ok=rc == 0 and bool(result), result=result[0] if result else None,
-               error=None if rc == 0 else (lines[-1] if lines else f"exit {rc}"))
+    out.update(
+        ok=rc == 0 and bool(result),
+        result=result[0] if result else None,
+        error=None if rc == 0 else (lines[-1] if lines else f"exit {rc}"),
+    )
     if rc is None:
         out["error"] = f"no answer within {timeout:.0f}s"
     return out
@@ -1043,8 +1116,11 @@ def facts_mode(args: dict) -> int:
             listen["master_port"]["holder"] = port_holder(int(mp))
     if args.get("ring_addr"):
         listeners["ring"], err = open_listener(args["ring_addr"], 0)
-        listen["ring"] = {"addr": args["ring_addr"], "port": listeners["ring"].getsockname()[1] if err is None else None,
-                          "error": err}
+        listen["ring"] = {
+            "addr": args["ring_addr"],
+            "port": listeners["ring"].getsockname()[1] if err is None else None,
+            "error": err,
+        }
     verbs = None
     if args.get("verbs_device"):
         verbs, listen["verbs"] = start_verbs_server(args["verbs_device"])

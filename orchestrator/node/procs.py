@@ -38,7 +38,7 @@ def _stat_fields(pid: int) -> list[str] | None:
             raw = fh.read().decode("ascii", "replace")
     except OSError:
         return None
-    return raw[raw.rfind(")") + 2:].split()
+    return raw[raw.rfind(")") + 2 :].split()
 
 
 def proc_start_time(pid: int, zombie: bool = False) -> int | None:

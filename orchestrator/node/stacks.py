@@ -30,8 +30,14 @@ def rank_processes(run_dir: str, state: dict[str, Any]) -> list[dict[str, Any]]:
         parent = envs.get(parents.get(pid, 0)) or _rank_env(parents.get(pid, 0))
         if parent.get("RANK") == env["RANK"]:
             continue
-        out.append({"pid": pid, "start": procs.proc_start_time(pid), "rank": _int(env.get("RANK")),
-                    "local_rank": _int(env.get("LOCAL_RANK"))})
+        out.append(
+            {
+                "pid": pid,
+                "start": procs.proc_start_time(pid),
+                "rank": _int(env.get("RANK")),
+                "local_rank": _int(env.get("LOCAL_RANK")),
+            }
+        )
     return sorted(out, key=lambda r: (r["rank"] is None, r["rank"], r["pid"]))
 
 
@@ -89,15 +95,21 @@ def dump_stack(py_spy: str, proc: dict[str, Any], timeout: float) -> dict[str, A
     if not procs.alive(proc["pid"], proc["start"]):
         return dict(out, code=None, dump="", error="the process exited before its stack was taken")
     try:
-        res = subprocess.run([py_spy, "dump", "--full-filenames", "--pid", str(proc["pid"])], stdin=subprocess.DEVNULL,
-                             capture_output=True, timeout=timeout)
+        res = subprocess.run(
+            [py_spy, "dump", "--full-filenames", "--pid", str(proc["pid"])],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired:
         return dict(out, code=None, dump="", error=f"py-spy did not answer within {timeout:g} s")
     except OSError as exc:
         return dict(out, code=None, dump="", error=f"cannot run {py_spy}: {exc.strerror or exc}")
     text = res.stdout.decode("utf-8", "replace")
     err = res.stderr.decode("utf-8", "replace").strip()
-    return dict(out, code=res.returncode, dump=text, error=None if res.returncode == 0 else (err or text.strip())[:2000])
+    return dict(
+        out, code=res.returncode, dump=text, error=None if res.returncode == 0 else (err or text.strip())[:2000]
+    )
 
 
 def stacks(run_dir: str, state: dict[str, Any], timeout: float) -> dict[str, Any]:
@@ -106,8 +118,14 @@ def stacks(run_dir: str, state: dict[str, Any], timeout: float) -> dict[str, Any
     can say why a dump was refused (`state`: the run directory's state.json)."""
     import threading
 
-    info: dict[str, Any] = {"state": state.get("state"), "py_spy": find_py_spy(), "python": sys.executable,
-                            "euid": os.geteuid(), "ptrace_scope": ptrace_scope(), "ranks": []}
+    info: dict[str, Any] = {
+        "state": state.get("state"),
+        "py_spy": find_py_spy(),
+        "python": sys.executable,
+        "euid": os.geteuid(),
+        "ptrace_scope": ptrace_scope(),
+        "ranks": [],
+    }
     if not state:
         return dict(info, error="nothing was started here")
     ranks = rank_processes(run_dir, state)

@@ -36,17 +36,42 @@ PREFIX = "telemetry "
 VERSION = 1
 NOT_FOUND = "nvidia-smi: not found in PATH"
 """`gpu_error` of a node without nvidia-smi: taken as a node without GPUs (its ranks compute on the CPU)."""
-GPU_FIELDS = ("index", "uuid", "name", "utilization.gpu", "memory.used", "memory.total", "temperature.gpu",
-              "power.draw", "clocks.sm", "clocks_throttle_reasons.active", "fan.speed")
+GPU_FIELDS = (
+    "index",
+    "uuid",
+    "name",
+    "utilization.gpu",
+    "memory.used",
+    "memory.total",
+    "temperature.gpu",
+    "power.draw",
+    "clocks.sm",
+    "clocks_throttle_reasons.active",
+    "fan.speed",
+)
 """The `--query-gpu` fields sampled, in this order (`clocks_throttle_reasons.active`: the old
 spelling, which newer drivers also accept as `clocks_event_reasons.active`)."""
-KEYS = ("index", "uuid", "name", "util_pct", "mem_used_mb", "mem_total_mb", "temp_c", "power_w", "sm_mhz",
-        "throttle", "fan_pct")
+KEYS = (
+    "index",
+    "uuid",
+    "name",
+    "util_pct",
+    "mem_used_mb",
+    "mem_total_mb",
+    "temp_c",
+    "power_w",
+    "sm_mhz",
+    "throttle",
+    "fan_pct",
+)
 """The JSON key of each field of GPU_FIELDS, in the same order."""
 MISSING = ("[N/A]", "N/A", "[Not Supported]", "Not Supported", "")
 BROKEN = ("ERR!", "[Unknown Error]", "[GPU is lost]", "[GPU requires reset]", "Unknown Error")
 THROTTLE_BITS = (
-    (0x4, "sw_power_cap"), (0x8, "hw_slowdown"), (0x20, "sw_thermal"), (0x40, "hw_thermal"),
+    (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x20, "sw_thermal"),
+    (0x40, "hw_thermal"),
     (0x80, "hw_power_brake"),
 )
 """The throttle reasons that slow a busy GPU (NVML's clocksThrottleReasons bits); idle (0x1),
@@ -99,7 +124,9 @@ def parse_gpu_csv(text: str) -> list[dict[str, Any]]:
     return gpus
 
 
-def read_gpus(run: Callable[[list[str]], tuple[int | None, str, str]] | None = None) -> tuple[list[dict[str, Any]], str | None]:
+def read_gpus(
+    run: Callable[[list[str]], tuple[int | None, str, str]] | None = None,
+) -> tuple[list[dict[str, Any]], str | None]:
     """(every GPU, why there are none or None)."""
     exe = shutil.which("nvidia-smi")
     if exe is None:
@@ -155,16 +182,20 @@ def _nvml_gpu(nvml: Any, i: int) -> dict[str, Any]:
     sm = value("clocks.sm", lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))
     mask = value("clocks_throttle_reasons.active", lambda: nvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
     fan = value("fan.speed", lambda: nvml.nvmlDeviceGetFanSpeed(handle))
-    return {"index": i, "uuid": uuid, "name": name,
-            "util_pct": float(util.gpu) if util is not None else None,
-            "mem_used_mb": int(mem.used) // 2**20 if mem is not None else None,
-            "mem_total_mb": int(mem.total) // 2**20 if mem is not None else None,
-            "temp_c": float(temp) if temp is not None else None,
-            "power_w": power / 1000 if power is not None else None,
-            "sm_mhz": int(sm) if sm is not None else None,
-            "throttle": throttle_names(int(mask)) if mask is not None else None,
-            "fan_pct": float(fan) if fan is not None else None,
-            "error": "; ".join(broken) or None}
+    return {
+        "index": i,
+        "uuid": uuid,
+        "name": name,
+        "util_pct": float(util.gpu) if util is not None else None,
+        "mem_used_mb": int(mem.used) // 2**20 if mem is not None else None,
+        "mem_total_mb": int(mem.total) // 2**20 if mem is not None else None,
+        "temp_c": float(temp) if temp is not None else None,
+        "power_w": power / 1000 if power is not None else None,
+        "sm_mhz": int(sm) if sm is not None else None,
+        "throttle": throttle_names(int(mask)) if mask is not None else None,
+        "fan_pct": float(fan) if fan is not None else None,
+        "error": "; ".join(broken) or None,
+    }
 
 
 _nvml_state: dict[str, Any] = {}
@@ -185,8 +216,9 @@ def nvml_module() -> Any:
     return _nvml_state["module"]
 
 
-def read_gpus_any(nvml: Callable[[], Any] = nvml_module,
-                  smi: Callable[[], tuple[list[dict[str, Any]], str | None]] | None = None) -> tuple[list[dict[str, Any]], str | None]:
+def read_gpus_any(
+    nvml: Callable[[], Any] = nvml_module, smi: Callable[[], tuple[list[dict[str, Any]], str | None]] | None = None
+) -> tuple[list[dict[str, Any]], str | None]:
     """(every GPU, why there are none or None): through NVML where `pynvml` is installed and works,
     else (and when NVML fails to list the GPUs) through nvidia-smi."""
     module = nvml()
@@ -248,7 +280,7 @@ def proc_cpu_ticks(pid: int, proc: str = "/proc") -> float | None:
     text = _read(os.path.join(proc, str(pid), "stat"))
     if not text:
         return None
-    fields = text[text.rfind(")") + 2:].split()
+    fields = text[text.rfind(")") + 2 :].split()
     try:
         return float(fields[11]) + float(fields[12])
     except (IndexError, ValueError):
@@ -286,9 +318,13 @@ def rank_of(pid: int, proc: str = "/proc") -> tuple[int, int] | None:
 class Sampler:
     """Samples of one node; CPU shares are deltas since the previous sample."""
 
-    def __init__(self, pids: Callable[[], list[int]], proc: str = "/proc",
-                 clock: Callable[[], float] | None = None,
-                 gpus: Callable[[], tuple[list[dict[str, Any]], str | None]] = read_gpus_any) -> None:
+    def __init__(
+        self,
+        pids: Callable[[], list[int]],
+        proc: str = "/proc",
+        clock: Callable[[], float] | None = None,
+        gpus: Callable[[], tuple[list[dict[str, Any]], str | None]] = read_gpus_any,
+    ) -> None:
         import time
 
         self.pids, self.proc, self.gpus = pids, proc, gpus
@@ -308,8 +344,13 @@ class Sampler:
         self.last_cpu = now_cpu
         used, total = mem_mb(self.proc)
         load = (_read(os.path.join(self.proc, "loadavg")) or "").split()
-        out.update(cpu_pct=cpu_pct, load1=float(load[0]) if load else None, ncpu=os.cpu_count(),
-                   mem_used_mb=used, mem_total_mb=total)
+        out.update(
+            cpu_pct=cpu_pct,
+            load1=float(load[0]) if load else None,
+            ncpu=os.cpu_count(),
+            mem_used_mb=used,
+            mem_total_mb=total,
+        )
         out["ranks"] = self.rank_samples()
         return out
 
@@ -341,9 +382,15 @@ class Sampler:
                     busy += (ticks - before[1]) / self.ticks / (now - before[0])
                     known = True
             rl = self.ranks[worker]
-            out.append({"rank": rank, "local_rank": rl[1] if rl else None, "pid": worker,
-                        "cpu_pct": round(100.0 * busy, 1) if known else None,
-                        "rss_mb": proc_rss_mb(worker, self.proc)})
+            out.append(
+                {
+                    "rank": rank,
+                    "local_rank": rl[1] if rl else None,
+                    "pid": worker,
+                    "cpu_pct": round(100.0 * busy, 1) if known else None,
+                    "rss_mb": proc_rss_mb(worker, self.proc),
+                }
+            )
         self.last_proc = current
         live = set(alive)
         self.ranks = {p: r for p, r in self.ranks.items() if p in live}  # a pid gone may come back as another
@@ -353,7 +400,7 @@ class Sampler:
 def parent_of(pid: int, proc: str = "/proc") -> int | None:
     text = _read(os.path.join(proc, str(pid), "stat"))
     try:
-        return int(text[text.rfind(")") + 2:].split()[1]) if text else None
+        return int(text[text.rfind(")") + 2 :].split()[1]) if text else None
     except (IndexError, ValueError):
         return None
 

@@ -30,8 +30,10 @@ def own_problem(path: str) -> str | None:
     if st.st_uid != me:
         return f"{path} belongs to uid {st.st_uid}, not to this user ({me}): refusing to use it"
     if st.st_mode & 0o022:
-        return (f"{path} is writable by others than its owner (mode {stat.S_IMODE(st.st_mode):04o}): "
-                f"refusing to use it; chmod go-w {path}")
+        return (
+            f"{path} is writable by others than its owner (mode {stat.S_IMODE(st.st_mode):04o}): "
+            f"refusing to use it; chmod go-w {path}"
+        )
     return None
 
 
@@ -46,9 +48,11 @@ def above_problem(path: str, what: str = "the run directory") -> str | None:
     while True:
         st = os.stat(path)
         if st.st_uid not in (me, 0) or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
-            return (f"{path}, above {what}, can be changed by others (uid {st.st_uid}, "
-                    f"mode {stat.S_IMODE(st.st_mode):04o}): refusing to use it; chmod go-w {path} "
-                    "or set job.run_root elsewhere")
+            return (
+                f"{path}, above {what}, can be changed by others (uid {st.st_uid}, "
+                f"mode {stat.S_IMODE(st.st_mode):04o}): refusing to use it; chmod go-w {path} "
+                "or set job.run_root elsewhere"
+            )
         parent = os.path.dirname(path)
         if parent == path:
             return None

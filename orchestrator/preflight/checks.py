@@ -33,8 +33,24 @@ from .results import CheckResult, Facts, Findings, majority, odd_one_out, probed
 
 __all__ = ["CHECKS", "CheckResult", "Findings", "majority", "odd_one_out", "probed", "run_checks"]
 
-UTC_ALIASES = {"UTC", "UCT", "UNIVERSAL", "ZULU", "GMT", "GMT0", "GREENWICH", "ETC/UTC", "ETC/UCT",
-               "ETC/UNIVERSAL", "ETC/ZULU", "ETC/GMT", "ETC/GMT0", "ETC/GREENWICH", "ETC/GMT+0", "ETC/GMT-0"}
+UTC_ALIASES = {
+    "UTC",
+    "UCT",
+    "UNIVERSAL",
+    "ZULU",
+    "GMT",
+    "GMT0",
+    "GREENWICH",
+    "ETC/UTC",
+    "ETC/UCT",
+    "ETC/UNIVERSAL",
+    "ETC/ZULU",
+    "ETC/GMT",
+    "ETC/GMT0",
+    "ETC/GREENWICH",
+    "ETC/GMT+0",
+    "ETC/GMT-0",
+}
 NCCL_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_")
 BUSY_MIB = 1024
 
@@ -56,28 +72,48 @@ def check_ssh(inv: Inventory, facts: Facts) -> list[CheckResult]:
             out.append(CheckResult("ssh", node.name, "fail", "", kind + detail, nf.hint or _ssh_hint(nf.error_kind)))
             continue
         total = (nf.connect_ms or 0) + (nf.rtt_ms or 0)
-        target = ("local process (transport: local)" if inv.transport == "local" else
-                  f"{node.ssh.user + '@' if node.ssh.user else ''}{node.host}:{node.ssh.port}")
+        target = (
+            "local process (transport: local)"
+            if inv.transport == "local"
+            else f"{node.ssh.user + '@' if node.ssh.user else ''}{node.host}:{node.ssh.port}"
+        )
         detail = f"{target}: connect {nf.connect_ms or 0:.0f} ms + round trip {nf.rtt_ms or 0:.0f} ms on the session"
         if nf.malformed:
-            shown = "; ".join(nf.malformed[:3]) + (f" (and {len(nf.malformed) - 3} more)" if len(nf.malformed) > 3 else "")
-            out.append(CheckResult("ssh", node.name, "fail", f"{total:.0f} ms",
-                                   f"{detail}; the probe's answer is not what orch's probe writes: {shown}",
-                                   "the checks that rest on those facts cannot be trusted: is something on the node "
-                                   "(a login script, a wrapper around python) changing the probe's output?"))
+            shown = "; ".join(nf.malformed[:3]) + (
+                f" (and {len(nf.malformed) - 3} more)" if len(nf.malformed) > 3 else ""
+            )
+            out.append(
+                CheckResult(
+                    "ssh",
+                    node.name,
+                    "fail",
+                    f"{total:.0f} ms",
+                    f"{detail}; the probe's answer is not what orch's probe writes: {shown}",
+                    "the checks that rest on those facts cannot be trusted: is something on the node "
+                    "(a login script, a wrapper around python) changing the probe's output?",
+                )
+            )
         elif total > inv.checks.ssh_warn_ms:
-            out.append(CheckResult("ssh", node.name, "warn", f"{total:.0f} ms",
-                                   f"{detail} (slower than {inv.checks.ssh_warn_ms:.0f} ms)",
-                                   "a slow control link delays launch and teardown: check latency/DNS "
-                                   "(UseDNS no in sshd_config)"))
+            out.append(
+                CheckResult(
+                    "ssh",
+                    node.name,
+                    "warn",
+                    f"{total:.0f} ms",
+                    f"{detail} (slower than {inv.checks.ssh_warn_ms:.0f} ms)",
+                    "a slow control link delays launch and teardown: check latency/DNS (UseDNS no in sshd_config)",
+                )
+            )
         else:
             out.append(CheckResult("ssh", node.name, "ok", f"{total:.0f} ms", detail))
     return out
 
 
 def _ssh_hint(kind: str | None) -> str:
-    return {"probe": "the probe needs Python >= 3.8 on the node (job.python or python3)",
-            "timeout": "the node answered too slowly; check its load and network"}.get(kind or "", "")
+    return {
+        "probe": "the probe needs Python >= 3.8 on the node (job.python or python3)",
+        "timeout": "the node answered too slowly; check its load and network",
+    }.get(kind or "", "")
 
 
 # ----------------------------------------------------------------------------- clock
@@ -118,24 +154,33 @@ def check_clock(inv: Inventory, facts: Facts) -> list[CheckResult]:
     for node, nf in probed(inv, facts):
         f = Findings("clock", node.name)
         if node.name not in offsets and not server:
-            f.add("warn", "not measured: the probe did not answer the clock ping on its SSH channel",
-                  "set checks.clock.ntp_server so every node measures itself against one server")
+            f.add(
+                "warn",
+                "not measured: the probe did not answer the clock ping on its SSH channel",
+                "set checks.clock.ntp_server so every node measures itself against one server",
+            )
             out.append(f.result())
             continue
         if node.name not in offsets:
             ntp = nf.raw.get("ntp") or {}
             errs = "; ".join(ntp.get("errors") or []) or "no answer"
-            f.add("fail", f"cannot query NTP server {server} from this node: {errs}",
-                  f"is an NTP server (chronyd/ntpd) serving on {server}, and UDP reachable from the node?")
+            f.add(
+                "fail",
+                f"cannot query NTP server {server} from this node: {errs}",
+                f"is an NTP server (chronyd/ntpd) serving on {server}, and UDP reachable from the node?",
+            )
             out.append(f.result())
             continue
         off = offsets[node.name]
         f.value = f"{round(off) or 0:+d} ms"  # never "-0 ms"
         what = f"offset to {ref} is {off:+.1f} ms (±{unc[node.name]:.1f})"
-        hint = (f"sync the clock: chronyc makestep, or fix its NTP source (server {server.split(':')[0]} iburst "
-                "in chrony.conf)" if server else
-                "sync the clock: chronyc makestep, or point every node's chrony at one NTP server "
-                "(and set checks.clock.ntp_server to measure against it)")
+        hint = (
+            f"sync the clock: chronyc makestep, or fix its NTP source (server {server.split(':')[0]} iburst "
+            "in chrony.conf)"
+            if server
+            else "sync the clock: chronyc makestep, or point every node's chrony at one NTP server "
+            "(and set checks.clock.ntp_server to measure against it)"
+        )
         # the measurement's own uncertainty must not turn a good clock into a failure
         excess = abs(off) - unc[node.name]
         if excess > limit:
@@ -158,21 +203,30 @@ def _judge_controller(inv: Inventory, node: Node, nf: NodeFacts, limit: float, f
     cc = nf.controller_clock
     if not server:
         if node.name == inv.master.name:
-            f.add("ok", "every offset here is relative to the controller's own clock, which nothing measures "
-                        "(set checks.clock.ntp_server to measure every clock, the controller's too, against one server)")
+            f.add(
+                "ok",
+                "every offset here is relative to the controller's own clock, which nothing measures "
+                "(set checks.clock.ntp_server to measure every clock, the controller's too, against one server)",
+            )
         return
     if cc is None:
         return
     if cc.offset_ms is None:
         if node.name == inv.master.name:
-            f.add("warn", f"the controller could not ask {server} for the time ({cc.error}): its own clock is not "
-                          "measured", f"open UDP 123 from this machine to {server}, or run orch where it can reach it")
+            f.add(
+                "warn",
+                f"the controller could not ask {server} for the time ({cc.error}): its own clock is not measured",
+                f"open UDP 123 from this machine to {server}, or run orch where it can reach it",
+            )
         return
     text = f"the controller is {cc.offset_ms:+.1f} ms off {server}"
     if abs(cc.offset_ms) - (cc.delay_ms or 0) / 2 > limit and node.name == inv.master.name:
-        f.add("warn", f"{text}: orch logs --since and orch status' log ages are off by as much (nodes are measured "
-                      "against the server, so the merged log's order is not)",
-              f"sync this machine's clock to {server.split(':')[0]} (chronyc makestep; server ... iburst in chrony.conf)")
+        f.add(
+            "warn",
+            f"{text}: orch logs --since and orch status' log ages are off by as much (nodes are measured "
+            "against the server, so the merged log's order is not)",
+            f"sync this machine's clock to {server.split(':')[0]} (chronyc makestep; server ... iburst in chrony.conf)",
+        )
     else:
         f.add("ok", text)
 
@@ -190,8 +244,12 @@ def _judge_chrony(nf: NodeFacts, limit: float, f: Findings) -> None:
     elif ch.leap_status and ch.leap_status.lower() != "normal":
         f.add("warn", f"chrony here is not synchronised (Leap status: {ch.leap_status})", hint)
     elif ch.system_offset_ms is not None and abs(ch.system_offset_ms) > limit:
-        f.add("warn", f"chrony says this clock is {ch.system_offset_ms:+.0f} ms off its source "
-                      f"({ch.reference}) and still converging", hint)
+        f.add(
+            "warn",
+            f"chrony says this clock is {ch.system_offset_ms:+.0f} ms off its source "
+            f"({ch.reference}) and still converging",
+            hint,
+        )
     else:
         f.add("ok", f"chrony: synchronised to {ch.reference}, stratum {ch.stratum}")
 
@@ -232,8 +290,11 @@ def check_timezone(inv: Inventory, facts: Facts) -> list[CheckResult]:
         f = Findings("timezone", node.name)
         f.value = shown
         tz_env = (nf.raw.get("tz") or {}).get("TZ")
-        src = ("TZ in the inventory env" if "TZ" in node.env else "TZ in the login environment") if tz_env \
+        src = (
+            ("TZ in the inventory env" if "TZ" in node.env else "TZ in the login environment")
+            if tz_env
             else "/etc/localtime"
+        )
         if same_zone(name, str(want)):
             f.add("ok", f"{name} from {src}")
         else:
@@ -241,8 +302,11 @@ def check_timezone(inv: Inventory, facts: Facts) -> list[CheckResult]:
             hint = f"sudo timedatectl set-timezone {want}"
             if tz_env:
                 hint += f"; and fix TZ={tz_env} ({src})"
-            f.add("fail", f"a job here sees {name} (from {src}); {wanted}: timestamps in logs and "
-                          "TensorBoard would disagree", hint)
+            f.add(
+                "fail",
+                f"a job here sees {name} (from {src}); {wanted}: timestamps in logs and TensorBoard would disagree",
+                hint,
+            )
         out.append(f.result())
     return out
 
@@ -296,13 +360,19 @@ def judge_ifname(var: str, value: str, ifaces: Sequence[Mapping[str, Any]], f: F
     if not matched:
         f.add("fail", f"{var}={value}: no such interface on this node (have: {have})", hint)
     elif not good:
-        f.add("fail", f"{var}={value}: {', '.join(_describe_if(i) for i in matched)} is not up with an IPv4 address",
-              f"bring it up: ip link set {matched[0]['name']} up, and give it an address")
+        f.add(
+            "fail",
+            f"{var}={value}: {', '.join(_describe_if(i) for i in matched)} is not up with an IPv4 address",
+            f"bring it up: ip link set {matched[0]['name']} up, and give it an address",
+        )
     else:
         missing = [e for e in spec.names if not any(spec.matches(e, i["name"]) for i in ifaces)]
         if missing:
-            f.add("warn", f"{var}={value}: {', '.join(missing)} not found; NCCL will use "
-                          f"{', '.join(i['name'] for i in good)}", hint)
+            f.add(
+                "warn",
+                f"{var}={value}: {', '.join(missing)} not found; NCCL will use {', '.join(i['name'] for i in good)}",
+                hint,
+            )
         else:
             f.add("ok", f"{var}={value} → {', '.join(_describe_if(i) for i in good)}")
 
@@ -315,8 +385,11 @@ def judge_ib_hca(value: str, ib: Mapping[str, IbDevice], f: Findings) -> None:
     have = ", ".join(sorted(ib)) or "none"
     missing = [e for e in spec.names if not any(spec.matches(e.split(":")[0], d) for d in ib)]
     if missing:
-        f.add("fail", f"NCCL_IB_HCA={value}: {', '.join(missing)} not under /sys/class/infiniband (have: {have})",
-              "name HCAs that exist on every node (ibv_devices / ls /sys/class/infiniband), or unset NCCL_IB_HCA")
+        f.add(
+            "fail",
+            f"NCCL_IB_HCA={value}: {', '.join(missing)} not under /sys/class/infiniband (have: {have})",
+            "name HCAs that exist on every node (ibv_devices / ls /sys/class/infiniband), or unset NCCL_IB_HCA",
+        )
     else:
         f.add("ok", f"NCCL_IB_HCA={value} present")
 
@@ -354,12 +427,17 @@ def judge_gloo_listen(inv: Inventory, node: Node, nf: NodeFacts, env: Mapping[st
     mine = next((i["name"] for i in _ifaces(nf) if node.addr in (i.get("ipv4") or [])), None)
     nccl = env.get("NCCL_SOCKET_IFNAME", "").lstrip("=")
     iface = mine or (nccl if nccl and not any(c in nccl for c in "^,") else None)
-    fix = (f"set GLOO_SOCKET_IFNAME={iface} in the inventory env" + (f" (the interface of this node's addr {node.addr})"
-           if mine else " (the NCCL interface)") if iface else
-           f"set GLOO_SOCKET_IFNAME in the inventory env to the interface of this node's addr {node.addr}")
-    said = (f"GLOO_SOCKET_IFNAME is not set and hostname {host!r} resolves to {found}: Gloo would listen on "
-            f"{usable[0] if usable else '127.0.0.1'} (loopback), so the other nodes cannot connect (connectFullMesh "
-            "times out)")
+    fix = (
+        f"set GLOO_SOCKET_IFNAME={iface} in the inventory env"
+        + (f" (the interface of this node's addr {node.addr})" if mine else " (the NCCL interface)")
+        if iface
+        else f"set GLOO_SOCKET_IFNAME in the inventory env to the interface of this node's addr {node.addr}"
+    )
+    said = (
+        f"GLOO_SOCKET_IFNAME is not set and hostname {host!r} resolves to {found}: Gloo would listen on "
+        f"{usable[0] if usable else '127.0.0.1'} (loopback), so the other nodes cannot connect (connectFullMesh "
+        "times out)"
+    )
     if gloo_needed(inv, node):
         f.add("fail", said, fix)
     else:
@@ -378,8 +456,9 @@ def check_nccl_env(inv: Inventory, facts: Facts) -> list[CheckResult]:
     for node, nf in nodes:
         env = envs[node.name]
         f = Findings("nccl_env", node.name)
-        f.value = ", ".join(f"{k}={v}" for k, v in env.items() if k.endswith(("IFNAME", "IB_HCA", "IB_DISABLE"))) \
-            or (f"{len(env)} set" if env else "none set")
+        f.value = ", ".join(f"{k}={v}" for k, v in env.items() if k.endswith(("IFNAME", "IB_HCA", "IB_DISABLE"))) or (
+            f"{len(env)} set" if env else "none set"
+        )
         for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
             if env.get(var):
                 judge_ifname(var, env[var], _ifaces(nf), f)
@@ -388,18 +467,23 @@ def check_nccl_env(inv: Inventory, facts: Facts) -> list[CheckResult]:
             judge_ib_hca(env["NCCL_IB_HCA"], nf.ib, f)
         if env.get("NCCL_IB_DISABLE", "").strip() == "1" and inv.checks.rdma_devices:
             src = "the inventory env" if "NCCL_IB_DISABLE" in node.env else "the login environment"
-            f.add("fail", f"NCCL_IB_DISABLE=1 (from {src}) while checks.rdma.devices lists "
-                          f"{', '.join(inv.checks.rdma_devices)}: NCCL would silently fall back to TCP sockets",
-                  "unset NCCL_IB_DISABLE (or set it to 0) on this node" +
-                  ("" if "NCCL_IB_DISABLE" in node.env else " (check ~/.bashrc, /etc/environment)"))
+            f.add(
+                "fail",
+                f"NCCL_IB_DISABLE=1 (from {src}) while checks.rdma.devices lists "
+                f"{', '.join(inv.checks.rdma_devices)}: NCCL would silently fall back to TCP sockets",
+                "unset NCCL_IB_DISABLE (or set it to 0) on this node"
+                + ("" if "NCCL_IB_DISABLE" in node.env else " (check ~/.bashrc, /etc/environment)"),
+            )
         for var in names:
             others = {n: e.get(var) for n, e in envs.items()}
             odd = odd_one_out(others, env.get(var))
             if odd:
                 common, count = odd
-                f.add("warn", f"{var}={_show(env.get(var))} here, but {count} of {len(others)} nodes have "
-                              f"{var}={_show(common)}",
-                      f"set {var} in the inventory `env` so every node gets the same value")
+                f.add(
+                    "warn",
+                    f"{var}={_show(env.get(var))} here, but {count} of {len(others)} nodes have {var}={_show(common)}",
+                    f"set {var} in the inventory `env` so every node gets the same value",
+                )
         out.append(f.result(f"{len(env)} NCCL/Gloo variables, none needs attention"))
     return out
 
@@ -414,22 +498,35 @@ def check_rdma(inv: Inventory, facts: Facts) -> list[CheckResult]:
         f = Findings("rdma", node.name)
         ib = nf.ib
         if not wanted:
-            out.append(CheckResult("rdma", node.name, "skip", f"{len(ib)} HCAs seen",
-                                   "RDMA not required (checks.rdma.devices is empty); TCP reachability between "
-                                   "nodes is reported under `ports`"))
+            out.append(
+                CheckResult(
+                    "rdma",
+                    node.name,
+                    "skip",
+                    f"{len(ib)} HCAs seen",
+                    "RDMA not required (checks.rdma.devices is empty); TCP reachability between "
+                    "nodes is reported under `ports`",
+                )
+            )
             continue
         shown = []
         for dev in wanted:
             d = ib.get(dev)
             if d is None:
-                f.add("fail", f"{dev} missing (have: {', '.join(sorted(ib)) or 'no HCAs'})",
-                      "load the driver (modprobe mlx5_ib) / install MLNX_OFED, or fix checks.rdma.devices")
+                f.add(
+                    "fail",
+                    f"{dev} missing (have: {', '.join(sorted(ib)) or 'no HCAs'})",
+                    "load the driver (modprobe mlx5_ib) / install MLNX_OFED, or fix checks.rdma.devices",
+                )
                 continue
             active = [p for p in d.ports if p.active]
             ports = ", ".join(f"port {p.port} {p.state}/{p.phys_state}" for p in d.ports) or "no ports"
             if not active:
-                f.add("fail", f"{dev}: no ACTIVE LinkUp port ({ports})",
-                      f"check the cable and switch port; ibstat {dev}; the subnet manager (opensm) must be running")
+                f.add(
+                    "fail",
+                    f"{dev}: no ACTIVE LinkUp port ({ports})",
+                    f"check the cable and switch port; ibstat {dev}; the subnet manager (opensm) must be running",
+                )
                 continue
             p = active[0]
             shown.append(f"{dev} {p.rate or '?'} {p.link_layer or '?'}")
@@ -453,17 +550,24 @@ def _ring_reach(nf: NodeFacts, f: Findings, verbs: bool = False) -> None:
     method = "verbs (ibv_rc_pingpong)" if ring else "TCP to a port the peer's probe opened"
     if verbs and not ring:
         tools = (nf.raw.get("ib") or {}).get("tools") or {}
-        method += (" (ibv_rc_pingpong is installed here, but the peer ran no verbs server)"
-                   if tools.get("ibv_rc_pingpong") else " (ibv_rc_pingpong not installed, so no verbs test)")
+        method += (
+            " (ibv_rc_pingpong is installed here, but the peer ran no verbs server)"
+            if tools.get("ibv_rc_pingpong")
+            else " (ibv_rc_pingpong not installed, so no verbs test)"
+        )
     for r in ring or [r for r in nf.reach if r.get("kind") == "ring"]:
         if r.get("ok"):
             extra = f": {r['result']}" if r.get("result") else ""
             f.add("ok", f"reaches {r['node']} ({r['addr']}) in {r.get('ms', 0):.1f} ms over {method}{extra}")
         else:
-            f.add("fail", f"cannot reach {r['node']} at {r['addr']}:{r['port']} over {method}: {r.get('error')}",
-                  "check routing and firewalls between the nodes' data-plane addresses (addr:)" if not ring else
-                  f"ibv_rc_pingpong -d {r.get('device')} {r['addr']} by hand; check the HCA port, the subnet "
-                  "manager and (RoCE) the GID index")
+            f.add(
+                "fail",
+                f"cannot reach {r['node']} at {r['addr']}:{r['port']} over {method}: {r.get('error')}",
+                "check routing and firewalls between the nodes' data-plane addresses (addr:)"
+                if not ring
+                else f"ibv_rc_pingpong -d {r.get('device')} {r['addr']} by hand; check the HCA port, the subnet "
+                "manager and (RoCE) the GID index",
+            )
 
 
 # ----------------------------------------------------------------------------- gpus
@@ -472,8 +576,10 @@ def _ring_reach(nf: NodeFacts, f: Findings, verbs: bool = False) -> None:
 def check_gpus(inv: Inventory, facts: Facts) -> list[CheckResult]:
     nodes = probed(inv, facts)
     if not any(n.gpus for n in inv.nodes):
-        return [CheckResult("gpus", n.name, "skip", "", "no node declares `gpus`: GPU checks not applicable")
-                for n, _ in nodes]
+        return [
+            CheckResult("gpus", n.name, "skip", "", "no node declares `gpus`: GPU checks not applicable")
+            for n, _ in nodes
+        ]
     gf = {n.name: nf.gpus for n, nf in nodes if n.gpus}
     seen = {k: g for k, g in gf.items() if g.gpus}
     models = {k: _models(g) for k, g in seen.items()}
@@ -492,20 +598,32 @@ def _models(g: GpuFacts) -> str:
     return " + ".join(sorted({x.name for x in g.gpus}))
 
 
-def _judge_gpus(node: Node, nf: NodeFacts, g: GpuFacts, models: Mapping[str, str],
-                drivers: Mapping[str, str | None], ids: tuple[int, ...] | None) -> CheckResult:
+def _judge_gpus(
+    node: Node,
+    nf: NodeFacts,
+    g: GpuFacts,
+    models: Mapping[str, str],
+    drivers: Mapping[str, str | None],
+    ids: tuple[int, ...] | None,
+) -> CheckResult:
     f = Findings("gpus", node.name)
     if g.error or not g.gpus:
-        f.add("fail", f"no GPU visible: {g.error or 'nvidia-smi lists none'} ({g.source})",
-              "install the NVIDIA driver and check that nvidia-smi works on this node")
+        f.add(
+            "fail",
+            f"no GPU visible: {g.error or 'nvidia-smi lists none'} ({g.source})",
+            "install the NVIDIA driver and check that nvidia-smi works on this node",
+        )
         return f.result()
     n = len(g.gpus)
     f.value = f"{n} × {_models(g)}, driver {g.driver}"
     visible = cudacompat.visible_devices(nf.env.get("CUDA_VISIBLE_DEVICES"), g.gpus)
     _judge_visible(node, g, visible, ids, f)
     if visible.value is None and n < node.nproc_per_node:
-        f.add("fail", f"{n} GPUs visible but nproc_per_node is {node.nproc_per_node}",
-              "a worker needs its own GPU: fix the failed GPU (nvidia-smi -q) or lower nproc_per_node")
+        f.add(
+            "fail",
+            f"{n} GPUs visible but nproc_per_node is {node.nproc_per_node}",
+            "a worker needs its own GPU: fix the failed GPU (nvidia-smi -q) or lower nproc_per_node",
+        )
     elif node.gpus and n < node.gpus:
         f.add("warn", f"{n} GPUs visible, the inventory declares {node.gpus}")
     if " + " in _models(g):
@@ -514,14 +632,20 @@ def _judge_gpus(node: Node, nf: NodeFacts, g: GpuFacts, models: Mapping[str, str
         odd = odd_one_out(values, mine)
         if odd:
             common, count = odd
-            f.add("fail", f"GPU {label} {mine} differs from the majority ({count} nodes: {common})",
-                  "install the same driver on every node (mismatched drivers/CUDA fail silently in NCCL)")
+            f.add(
+                "fail",
+                f"GPU {label} {mine} differs from the majority ({count} nodes: {common})",
+                "install the same driver on every node (mismatched drivers/CUDA fail silently in NCCL)",
+            )
     _judge_torch_cuda(node, nf, g, visible.gpus or g.gpus, f)
     busy = sorted({p.gpu for p in g.processes} | {x.index for x in g.gpus if (x.memory_used_mib or 0) >= BUSY_MIB})
     if busy:
         procs = ", ".join(f"pid {p.pid} {p.name} on GPU {p.gpu} ({p.memory})" for p in g.processes[:4])
-        f.add("warn", f"GPUs {','.join(map(str, busy))} already in use" + (f": {procs}" if procs else ""),
-              "stop the other job first (nvidia-smi shows its pids) or the run will OOM")
+        f.add(
+            "warn",
+            f"GPUs {','.join(map(str, busy))} already in use" + (f": {procs}" if procs else ""),
+            "stop the other job first (nvidia-smi shows its pids) or the run will OOM",
+        )
     if not f.items:
         f.add("ok", f"{n} GPUs ≥ nproc_per_node {node.nproc_per_node}, idle ({g.source})")
     return f.result()
@@ -535,36 +659,51 @@ def _indices(gpus: Sequence[Gpu]) -> str:
     return ",".join(map(str, nums))
 
 
-def _judge_visible(node: Node, g: GpuFacts, visible: cudacompat.Visible, ids: tuple[int, ...] | None,
-                   f: Findings) -> None:
+def _judge_visible(
+    node: Node, g: GpuFacts, visible: cudacompat.Visible, ids: tuple[int, ...] | None, f: Findings
+) -> None:
     """CUDA_VISIBLE_DEVICES against nvidia-smi's list and nproc_per_node; the job's --device inside it."""
     has = f"this node has GPUs {_indices(g.gpus)} ({len(g.gpus)} × {_models(g)})"
     if visible.value is not None:
         src = "the inventory env" if "CUDA_VISIBLE_DEVICES" in node.env else "the login environment"
         var = f"CUDA_VISIBLE_DEVICES={visible.value!r} (from {src})"
-        fix = ("fix CUDA_VISIBLE_DEVICES in the inventory env" if "CUDA_VISIBLE_DEVICES" in node.env else
-               "remove CUDA_VISIBLE_DEVICES from the login environment (~/.bashrc, /etc/environment) or set it in "
-               "the inventory env")
+        fix = (
+            "fix CUDA_VISIBLE_DEVICES in the inventory env"
+            if "CUDA_VISIBLE_DEVICES" in node.env
+            else "remove CUDA_VISIBLE_DEVICES from the login environment (~/.bashrc, /etc/environment) or set it in "
+            "the inventory env"
+        )
         for problem in visible.problems:
             f.add("fail", f"{var}: {problem}; {has}", f"{fix}: indices or UUIDs nvidia-smi -L lists")
-        unchecked = f", {visible.unverified} not checked (MIG or UUIDs nvidia-smi did not list)" \
-            if visible.unverified else ""
+        unchecked = (
+            f", {visible.unverified} not checked (MIG or UUIDs nvidia-smi did not list)" if visible.unverified else ""
+        )
         if visible.count < node.nproc_per_node:
-            f.add("fail", f"{var} leaves {visible.count} GPU(s) visible{unchecked}, nproc_per_node is "
-                          f"{node.nproc_per_node}: ranks {visible.count}-{node.nproc_per_node - 1} would have no GPU; "
-                          f"{has}", f"{fix}, or lower nproc_per_node to {visible.count}")
+            f.add(
+                "fail",
+                f"{var} leaves {visible.count} GPU(s) visible{unchecked}, nproc_per_node is "
+                f"{node.nproc_per_node}: ranks {visible.count}-{node.nproc_per_node - 1} would have no GPU; "
+                f"{has}",
+                f"{fix}, or lower nproc_per_node to {visible.count}",
+            )
         elif not visible.problems:
             f.add("ok", f"{var}: GPUs {_indices(visible.gpus) or '-'} visible{unchecked}")
     if ids is not None:
         count = visible.count
         beyond = [i for i in ids if i >= count]
         if beyond:
-            seen = (f"CUDA_VISIBLE_DEVICES={visible.value!r} leaves {count}" if visible.value is not None else
-                    f"only {count} are visible")
-            f.add("fail", f"the job's --device {','.join(map(str, ids))} names GPU {beyond[0]}, but {seen}: "
-                          f"--device counts the visible GPUs from 0; {has}",
-                  "list visible GPUs only (with CUDA_VISIBLE_DEVICES=2,3 they are --device 0,1), or drop --device "
-                  "(each rank takes its LOCAL_RANK's GPU)")
+            seen = (
+                f"CUDA_VISIBLE_DEVICES={visible.value!r} leaves {count}"
+                if visible.value is not None
+                else f"only {count} are visible"
+            )
+            f.add(
+                "fail",
+                f"the job's --device {','.join(map(str, ids))} names GPU {beyond[0]}, but {seen}: "
+                f"--device counts the visible GPUs from 0; {has}",
+                "list visible GPUs only (with CUDA_VISIBLE_DEVICES=2,3 they are --device 0,1), or drop --device "
+                "(each rank takes its LOCAL_RANK's GPU)",
+            )
 
 
 def _judge_torch_cuda(node: Node, nf: NodeFacts, g: GpuFacts, gpus: Sequence[Gpu], f: Findings) -> None:
@@ -575,13 +714,20 @@ def _judge_torch_cuda(node: Node, nf: NodeFacts, g: GpuFacts, gpus: Sequence[Gpu
         return
     torch_v, cuda = tc.get("torch"), tc.get("cuda")
     if tc.get("error") or not torch_v:
-        f.add("warn", f"could not ask {node.python}'s torch which GPUs it supports: {tc.get('error') or 'no answer'}; "
-                      "architecture and driver not checked", "the software check says whether torch imports")
+        f.add(
+            "warn",
+            f"could not ask {node.python}'s torch which GPUs it supports: {tc.get('error') or 'no answer'}; "
+            "architecture and driver not checked",
+            "the software check says whether torch imports",
+        )
         return
     if not cuda:
-        f.add("fail", f"torch {torch_v} of {node.python} is a CPU-only build: the job would not use the GPUs",
-              "install a CUDA build of torch in that environment (pip install torch --index-url "
-              "https://download.pytorch.org/whl/cu126, or the CUDA version the driver supports)")
+        f.add(
+            "fail",
+            f"torch {torch_v} of {node.python} is a CPU-only build: the job would not use the GPUs",
+            "install a CUDA build of torch in that environment (pip install torch --index-url "
+            "https://download.pytorch.org/whl/cu126, or the CUDA version the driver supports)",
+        )
         return
     arch_list = list(tc.get("arch_list") or [])
     shown = " ".join(arch_list) or "none"
@@ -596,28 +742,41 @@ def _judge_torch_cuda(node: Node, nf: NodeFacts, g: GpuFacts, gpus: Sequence[Gpu
         if not arch_list:
             f.add("warn", f"torch {torch_v} reports no architecture list: kernels for {which} not checked")
         elif not fit.ok:
-            f.add("fail", f"{which}: torch {torch_v} has kernels for {shown} and no PTX this GPU can compile: "
-                          "the job would die at its first CUDA kernel ('no kernel image is available for execution "
-                          "on the device')", _arch_hint(node, torch_v, cc, tc.get("releases") or {}, g.driver))
+            f.add(
+                "fail",
+                f"{which}: torch {torch_v} has kernels for {shown} and no PTX this GPU can compile: "
+                "the job would die at its first CUDA kernel ('no kernel image is available for execution "
+                "on the device')",
+                _arch_hint(node, torch_v, cc, tc.get("releases") or {}, g.driver),
+            )
         elif fit.ptx_only and g.cuda and cudacompat.version(g.cuda) < cudacompat.version(cuda):
-            f.add("fail", f"{which}: torch {torch_v} has no kernels for it, only PTX, which needs a driver for CUDA "
-                          f"{cuda} to compile; this driver is for CUDA {g.cuda} ({cudacompat.PTX_NOTE})",
-                  f"install a driver for CUDA >= {cuda}, or a torch build with {cudacompat.sm(cc)} kernels")
+            f.add(
+                "fail",
+                f"{which}: torch {torch_v} has no kernels for it, only PTX, which needs a driver for CUDA "
+                f"{cuda} to compile; this driver is for CUDA {g.cuda} ({cudacompat.PTX_NOTE})",
+                f"install a driver for CUDA >= {cuda}, or a torch build with {cudacompat.sm(cc)} kernels",
+            )
         else:
             how = "PTX compiled when the job starts" if fit.ptx_only else "kernels"
             f.add("ok", f"torch {torch_v} (CUDA {cuda}) has {how} for {which}")
     need = cudacompat.min_driver(cuda)
     have = cudacompat.version(g.driver)
     if need is not None and have and have < need:
-        f.add("fail", f"driver {g.driver} is too old for torch {torch_v} (CUDA {cuda} needs driver >= "
-                      f"{cudacompat.dotted(need)}; NVIDIA's minor-version compatibility table): torch sees no GPU "
-                      "here, 'CUDA driver version is insufficient'",
-              f"install an NVIDIA driver >= {cudacompat.dotted(need)} on this node, or a torch built for the CUDA this "
-              f"driver supports{f' (nvidia-smi: CUDA {g.cuda})' if g.cuda else ''}")
+        f.add(
+            "fail",
+            f"driver {g.driver} is too old for torch {torch_v} (CUDA {cuda} needs driver >= "
+            f"{cudacompat.dotted(need)}; NVIDIA's minor-version compatibility table): torch sees no GPU "
+            "here, 'CUDA driver version is insufficient'",
+            f"install an NVIDIA driver >= {cudacompat.dotted(need)} on this node, or a torch built for the CUDA this "
+            f"driver supports{f' (nvidia-smi: CUDA {g.cuda})' if g.cuda else ''}",
+        )
     if unknown:
-        f.add("warn", f"nvidia-smi does not report the compute capability of GPU {_indices(unknown)} (a driver older "
-                      f"than R510?): whether torch {torch_v} has kernels for them is not checked (it has {shown})",
-              "a newer driver reports it (nvidia-smi --query-gpu=compute_cap --format=csv)")
+        f.add(
+            "warn",
+            f"nvidia-smi does not report the compute capability of GPU {_indices(unknown)} (a driver older "
+            f"than R510?): whether torch {torch_v} has kernels for them is not checked (it has {shown})",
+            "a newer driver reports it (nvidia-smi --query-gpu=compute_cap --format=csv)",
+        )
 
 
 def _arch_hint(node: Node, torch_v: str, cc: tuple[int, int], releases: Mapping[str, Any], driver: str | None) -> str:
@@ -629,14 +788,21 @@ def _arch_hint(node: Node, torch_v: str, cc: tuple[int, int], releases: Mapping[
     if fits:
         cu = "cu" + fits[-1].replace(".", "")
         need = cudacompat.min_driver(fits[-1])
-        runs = (f" (it needs driver >= {cudacompat.dotted(need)}: this one, {driver}, will do)"
-                if need and driver and cudacompat.version(driver) >= need else "")
-        return (f"install torch {base} built for CUDA {fits[-1]}, which has {cudacompat.sm(cc)} kernels{runs}, {where}: "
-                f"{node.python} -m pip install torch=={base} --index-url https://download.pytorch.org/whl/{cu} "
-                "(torchvision from the same index); see the README's GPU generations")
-    return (f"install a torch build for a CUDA version that still has {cudacompat.sm(cc)} kernels {where} "
-            f"(check with python -c 'import torch; print(torch.cuda.get_arch_list())'); see the README's GPU "
-            "generations")
+        runs = (
+            f" (it needs driver >= {cudacompat.dotted(need)}: this one, {driver}, will do)"
+            if need and driver and cudacompat.version(driver) >= need
+            else ""
+        )
+        return (
+            f"install torch {base} built for CUDA {fits[-1]}, which has {cudacompat.sm(cc)} kernels{runs}, {where}: "
+            f"{node.python} -m pip install torch=={base} --index-url https://download.pytorch.org/whl/{cu} "
+            "(torchvision from the same index); see the README's GPU generations"
+        )
+    return (
+        f"install a torch build for a CUDA version that still has {cudacompat.sm(cc)} kernels {where} "
+        f"(check with python -c 'import torch; print(torch.cuda.get_arch_list())'); see the README's GPU "
+        "generations"
+    )
 
 
 # ----------------------------------------------------------------------------- software
@@ -654,24 +820,36 @@ def check_software(inv: Inventory, facts: Facts) -> list[CheckResult]:
         f = Findings("software", node.name)
         f.value = " ".join(f"{k} {s.get(k) or '-'}" for k in SOFTWARE_KEYS)
         if nf.python_fallback:
-            f.add("fail", f"job.python {node.python} does not work here ({nf.python_fallback}); the probe "
-                          "ran with python3 instead, but `orch up` would fail",
-                  f"install the environment at {node.python} on this node, or fix python: in the inventory")
+            f.add(
+                "fail",
+                f"job.python {node.python} does not work here ({nf.python_fallback}); the probe "
+                "ran with python3 instead, but `orch up` would fail",
+                f"install the environment at {node.python} on this node, or fix python: in the inventory",
+            )
         if s.get("error"):
             f.add("fail", str(s["error"]))
         elif not s.get("torch"):
-            f.add("fail", f"torch is not importable by {node.python}: {s.get('torch_error', 'not installed')}",
-                  f"{node.python} -m pip install torch (the same version as the other nodes)")
+            f.add(
+                "fail",
+                f"torch is not importable by {node.python}: {s.get('torch_error', 'not installed')}",
+                f"{node.python} -m pip install torch (the same version as the other nodes)",
+            )
         if not s.get("ultralytics") and not s.get("error"):
-            status = "fail" if (inv.job.module or "") .startswith("trainer") else "warn"
-            f.add(status, f"ultralytics is not installed for {node.python}",
-                  f"{node.python} -m pip install ultralytics (the same version as the other nodes)")
+            status = "fail" if (inv.job.module or "").startswith("trainer") else "warn"
+            f.add(
+                status,
+                f"ultralytics is not installed for {node.python}",
+                f"{node.python} -m pip install ultralytics (the same version as the other nodes)",
+            )
         for key in SOFTWARE_KEYS:
             odd = odd_one_out({k: v.get(key) for k, v in sw.items()}, s.get(key))
             if odd:
                 common, count = odd
-                f.add("fail", f"{key} {_show(s.get(key))} differs from the majority ({count} nodes: {_show(common)})",
-                      "install identical versions everywhere (mismatched torch/CUDA/NCCL hang or fail silently)")
+                f.add(
+                    "fail",
+                    f"{key} {_show(s.get(key))} differs from the majority ({count} nodes: {_show(common)})",
+                    "install identical versions everywhere (mismatched torch/CUDA/NCCL hang or fail silently)",
+                )
         out.append(f.result("versions agree with every other node"))
     return out
 
@@ -689,23 +867,39 @@ def cluster_job_findings(inv: Inventory, said: str = "") -> list[tuple[str, str,
     batch = raw if isinstance(raw, int) and not isinstance(raw, bool) else None
     problem = batch_problem(batch, ws) if batch is not None else None
     if batch is not None and problem and problem not in said:
-        out.append(("fail", f"cluster-wide: {problem} ({len(inv.nodes)} nodes × {inv.nodes[0].nproc_per_node})",
-                    f"use a multiple of {ws}: {' or '.join(map(str, batch_choices(batch, ws)))}"))
+        out.append(
+            (
+                "fail",
+                f"cluster-wide: {problem} ({len(inv.nodes)} nodes × {inv.nodes[0].nproc_per_node})",
+                f"use a multiple of {ws}: {' or '.join(map(str, batch_choices(batch, ws)))}",
+            )
+        )
     elif batch is not None and batch < 0 and "batch" not in said:
-        out.append(("fail", f"cluster-wide: batch {batch} (auto-batch) does not work with DDP",
-                    f"give a global batch that divides by {ws}"))
+        out.append(
+            (
+                "fail",
+                f"cluster-wide: batch {batch} (auto-batch) does not work with DDP",
+                f"give a global batch that divides by {ws}",
+            )
+        )
     base = inv.job.workdir or "<workdir>"
     for key, value in relative_args(inv).items():
-        out.append(("fail", f"cluster-wide: {key}: {value!r} is a relative path; torchrun workers resolve it "
-                            "against their own working directory, which differs per node",
-                    f"use an absolute path, e.g. {key}: {os.path.normpath(os.path.join(base, value))}"))
+        out.append(
+            (
+                "fail",
+                f"cluster-wide: {key}: {value!r} is a relative path; torchrun workers resolve it "
+                "against their own working directory, which differs per node",
+                f"use an absolute path, e.g. {key}: {os.path.normpath(os.path.join(base, value))}",
+            )
+        )
     return out
 
 
 def relative_args(inv: Inventory) -> dict[str, str]:
     """The path-like job arguments that are relative (so no node's copy is checked)."""
-    return {key: value for key, value in path_args(inv).items()
-            if not (_is_absolute(value) or _builtin_model(key, value))}
+    return {
+        key: value for key, value in path_args(inv).items() if not (_is_absolute(value) or _builtin_model(key, value))
+    }
 
 
 def _is_absolute(path: str) -> bool:
@@ -738,28 +932,39 @@ def check_job(inv: Inventory, facts: Facts) -> list[CheckResult]:
                 f.add(*item)
         wd = nf.raw.get("workdir")
         if inv.job.workdir and wd is not None and not wd.get("is_dir"):
-            f.add("fail", f"workdir {inv.job.workdir} does not exist" if not wd.get("exists") else
-                  f"workdir {inv.job.workdir} is not a directory",
-                  _SYNC_HINT if synced(inv, inv.job.workdir) else "create it or mount the shared filesystem on this node")
+            f.add(
+                "fail",
+                f"workdir {inv.job.workdir} does not exist"
+                if not wd.get("exists")
+                else f"workdir {inv.job.workdir} is not a directory",
+                _SYNC_HINT if synced(inv, inv.job.workdir) else "create it or mount the shared filesystem on this node",
+            )
         root = nf.raw.get("run_root") or {}
         if root.get("problem"):
-            f.add("fail", f"job.run_root {inv.job.run_root}: the node agent would refuse its run directory: "
-                          f"{root['problem']}",
-                  "a run directory, and every directory above it, must be writable by its owner only")
+            f.add(
+                "fail",
+                f"job.run_root {inv.job.run_root}: the node agent would refuse its run directory: {root['problem']}",
+                "a run directory, and every directory above it, must be writable by its owner only",
+            )
         for key, path in paths.items():
-            _judge_path(key, path, (nf.raw.get("paths") or {}).get(key) or {}, digests[key], node, f,
-                        synced(inv, path))
+            _judge_path(key, path, (nf.raw.get("paths") or {}).get(key) or {}, digests[key], node, f, synced(inv, path))
             if key.replace("-", "_") == "data":
                 _judge_dataset(path, node.name, datasets(nodes, key), f, synced(inv, path))
         answer = answers.get(node.name)
         if answer is not None and nf.python_fallback:  # the software row says why; once is enough
-            f.add("warn", f"the job's own check could not run: job.python {node.python} does not work here (see the "
-                          "software check)")
+            f.add(
+                "warn",
+                f"the job's own check could not run: job.python {node.python} does not work here (see the "
+                "software check)",
+            )
         elif answer is not None:
             f.add(answer.status, answer.detail, answer.hint)
         elif jobcheck.checks_on(inv, node) and "job_check" not in nf.raw:
-            f.add("warn", "the probe brought back no answer from the job's own check: the job's arguments are not "
-                          "verified", "run orch check -v to see the probe's command")
+            f.add(
+                "warn",
+                "the probe brought back no answer from the job's own check: the job's arguments are not verified",
+                "run orch check -v to see the probe's command",
+            )
         f.value = f"world size {world_size(inv.nodes)}, {len(paths)} file(s)"
         out.append(f.result(_job_checked(inv, node, paths, relative, answer) + _datasets_checked(nodes, node, paths)))
     return out
@@ -776,15 +981,19 @@ def _datasets_checked(nodes: list[tuple[Node, NodeFacts]], node: Node, paths: Ma
     return ""
 
 
-def _job_checked(inv: Inventory, node: Node, paths: Mapping[str, str], relative: Mapping[str, str],
-                 answer: jobcheck.JobAnswer | None) -> str:
+def _job_checked(
+    inv: Inventory, node: Node, paths: Mapping[str, str], relative: Mapping[str, str], answer: jobcheck.JobAnswer | None
+) -> str:
     """What an `ok` job row verified on this node, and what it did not."""
     what = ([f"workdir {inv.job.workdir}"] if inv.job.workdir else []) + (
-        [f"{len(paths)} file(s) ({', '.join(paths)})"] if paths else [])
+        [f"{len(paths)} file(s) ({', '.join(paths)})"] if paths else []
+    )
     text = (" and ".join(what) + " in place and identical on every node") if what else "no file arguments to check"
     if relative and node.name != inv.master.name:
-        text += (f"; not checked on any node: {', '.join(relative)} (relative path: cluster-wide, on "
-                 f"{inv.master.name}'s row)")
+        text += (
+            f"; not checked on any node: {', '.join(relative)} (relative path: cluster-wide, on "
+            f"{inv.master.name}'s row)"
+        )
     if answer is None and jobcheck.kind(inv) is not None and node.name != inv.master.name:
         text += f"; the job's own check runs on {inv.master.name}"
     return text
@@ -802,14 +1011,24 @@ def synced(inv: Inventory, path: str) -> bool:
     return any(path == s or path.startswith(s + "/") for s in inv.job.sync)
 
 
-def _judge_path(key: str, path: str, p: Mapping[str, Any], digests: Mapping[str, tuple[Any, ...]],
-                node: Node, f: Findings, in_sync: bool = False) -> None:
+def _judge_path(
+    key: str,
+    path: str,
+    p: Mapping[str, Any],
+    digests: Mapping[str, tuple[Any, ...]],
+    node: Node,
+    f: Findings,
+    in_sync: bool = False,
+) -> None:
     if is_output_key(key):
         _judge_output(key, path, p, node, f)
         return
     if not p.get("exists"):
-        f.add("fail", f"{key}: {path} does not exist on this node",
-              _SYNC_HINT if in_sync else "copy it there (scp/rsync) or put it on a filesystem every node mounts")
+        f.add(
+            "fail",
+            f"{key}: {path} does not exist on this node",
+            _SYNC_HINT if in_sync else "copy it there (scp/rsync) or put it on a filesystem every node mounts",
+        )
         return
     if not p.get("is_file"):
         if key.replace("-", "_") in ("weights", "data", "script"):
@@ -819,9 +1038,12 @@ def _judge_path(key: str, path: str, p: Mapping[str, Any], digests: Mapping[str,
     common: tuple[Any, ...] = tuple(common_any)  # type: ignore[arg-type]
     mine = _digest(p)
     if len(digests) > 1 and mine != common and unique:
-        f.add("fail", f"{key}: {path} differs from the majority ({count} nodes): size {p.get('size')} vs "
-                      f"{common[1]}, sha256 {str(p.get('sha256'))[:12]} vs {str(common[2])[:12]}",
-              _SYNC_HINT if in_sync else "sync the file so every node reads the same bytes (rsync -c)")
+        f.add(
+            "fail",
+            f"{key}: {path} differs from the majority ({count} nodes): size {p.get('size')} vs "
+            f"{common[1]}, sha256 {str(p.get('sha256'))[:12]} vs {str(common[2])[:12]}",
+            _SYNC_HINT if in_sync else "sync the file so every node reads the same bytes (rsync -c)",
+        )
     if key.replace("-", "_") == "data":
         _judge_data_yaml(path, p, f)
 
@@ -861,17 +1083,21 @@ def _size(n: Any) -> str:
     return f"{n} bytes"
 
 
-def _judge_dataset(path: str, me: str, listed: Mapping[str, Mapping[str, Any]], f: Findings,
-                   in_sync: bool = False) -> None:
+def _judge_dataset(
+    path: str, me: str, listed: Mapping[str, Mapping[str, Any]], f: Findings, in_sync: bool = False
+) -> None:
     """The data YAML's splits on this node against every other node's: the same number of files,
     bytes, names and sizes, and sampled bytes (`node/probe.dataset_facts`). A node that differs
     from a unique majority fails, naming the split; with no majority every node that differs fails."""
     mine = listed.get(me)
     if mine is None or len(listed) < 2:
         return
-    hint = (_SYNC_HINT if in_sync else
-            "copy the dataset again so every node holds the same files (rsync -a --delete from the good copy), "
-            "or put it on storage every node mounts")
+    hint = (
+        _SYNC_HINT
+        if in_sync
+        else "copy the dataset again so every node holds the same files (rsync -a --delete from the good copy), "
+        "or put it on storage every node mounts"
+    )
     for split in sorted({s for d in listed.values() for s in d}, key=lambda s: (s.split()[0] != "train", s)):
         here = mine.get(split)
         if here is not None and here.get("error"):
@@ -887,14 +1113,27 @@ def _judge_dataset(path: str, me: str, listed: Mapping[str, Mapping[str, Any]], 
         at = f" ({here.get('path')})" if here is not None else ""
         if unique:
             other = next(d.get(split) for n, d in listed.items() if keys.get(n) == common)
-            same = ("; the same count and size, but other names or contents" if here is not None and other is not None
-                    and (here.get("files"), here.get("bytes")) == (other.get("files"), other.get("bytes")) else "")
-            f.add("fail", f"data: the {split} split of {path}{at} differs here from the other nodes: {_split_text(here)} "
-                          f"here, {_split_text(other)} on {count} node(s){same}", hint)
+            same = (
+                "; the same count and size, but other names or contents"
+                if here is not None
+                and other is not None
+                and (here.get("files"), here.get("bytes")) == (other.get("files"), other.get("bytes"))
+                else ""
+            )
+            f.add(
+                "fail",
+                f"data: the {split} split of {path}{at} differs here from the other nodes: {_split_text(here)} "
+                f"here, {_split_text(other)} on {count} node(s){same}",
+                hint,
+            )
         else:
             others = ", ".join(f"{n}: {_split_text(d.get(split))}" for n, d in listed.items() if n != me)
-            f.add("fail", f"data: the {split} split of {path}{at} differs between the nodes (no majority): "
-                          f"{_split_text(here)} here; {others}", hint)
+            f.add(
+                "fail",
+                f"data: the {split} split of {path}{at} differs between the nodes (no majority): "
+                f"{_split_text(here)} here; {others}",
+                hint,
+            )
 
 
 def _judge_output(key: str, path: str, p: Mapping[str, Any], node: Node, f: Findings) -> None:
@@ -907,8 +1146,11 @@ def _judge_output(key: str, path: str, p: Mapping[str, Any], node: Node, f: Find
     elif not p.get("exists") and p.get("ancestor_writable") is False:
         anc = p.get("ancestor") or "/"
         why = f"{anc} is not writable by {who}" if p.get("ancestor_is_dir", True) else f"{anc} is a file"
-        f.add("fail", f"{key}: {path} cannot be created: {why}",
-              f"create {path} on this node with the right owner, or write under a directory {who} owns")
+        f.add(
+            "fail",
+            f"{key}: {path} cannot be created: {why}",
+            f"create {path} on this node with the right owner, or write under a directory {who} owns",
+        )
 
 
 def _judge_data_yaml(path: str, p: Mapping[str, Any], f: Findings) -> None:
@@ -922,8 +1164,11 @@ def _judge_data_yaml(path: str, p: Mapping[str, Any], f: Findings) -> None:
         return
     names = doc.get("names") if isinstance(doc, dict) else None
     if not names:
-        f.add("fail", f"data: {path} has no `names` (class names)",
-              "add names: {0: person, 1: car, ...} (ultralytics refuses a dataset without them)")
+        f.add(
+            "fail",
+            f"data: {path} has no `names` (class names)",
+            "add names: {0: person, 1: car, ...} (ultralytics refuses a dataset without them)",
+        )
         return
     nc = doc.get("nc")
     if isinstance(nc, int) and nc != len(names):
@@ -942,16 +1187,21 @@ def check_ports(inv: Inventory, facts: Facts) -> list[CheckResult]:
         f.value = str(inv.master_port)
         ring = nf.listen.get("ring") or {}
         if ring.get("error"):
-            f.add("fail", f"cannot listen on this node's addr {node.addr}: {ring['error']}",
-                  "addr: must be an IP of this node on the data-plane network (ip -br addr); "
-                  "rendezvous and NCCL use it")
+            f.add(
+                "fail",
+                f"cannot listen on this node's addr {node.addr}: {ring['error']}",
+                "addr: must be an IP of this node on the data-plane network (ip -br addr); rendezvous and NCCL use it",
+            )
         if node.name == inv.master.name:
             if mp.get("bound"):
                 f.add("ok", f"port {inv.master_port} is free on the master (bound 0.0.0.0:{inv.master_port})")
             else:
                 holder = f" by {mp['holder']}" if mp.get("holder") else ""
-                f.add("fail", f"master port {inv.master_port} is taken{holder}: {mp.get('error') or 'not tested'}",
-                      f"stop what listens there (ss -ltnp 'sport = :{inv.master_port}') or pick another master.port")
+                f.add(
+                    "fail",
+                    f"master port {inv.master_port} is taken{holder}: {mp.get('error') or 'not tested'}",
+                    f"stop what listens there (ss -ltnp 'sport = :{inv.master_port}') or pick another master.port",
+                )
         else:
             _master_reach(inv, nf, mp, master, f)
         _ring_reach(nf, f)
@@ -959,8 +1209,7 @@ def check_ports(inv: Inventory, facts: Facts) -> list[CheckResult]:
     return out
 
 
-def _master_reach(inv: Inventory, nf: NodeFacts, mp: Mapping[str, Any], master: NodeFacts | None,
-                  f: Findings) -> None:
+def _master_reach(inv: Inventory, nf: NodeFacts, mp: Mapping[str, Any], master: NodeFacts | None, f: Findings) -> None:
     target = f"{inv.master.addr}:{inv.master_port}"
     if master is None or not master.ok:
         f.add("skip", f"master {inv.master.name} was not probed; {target} not tested")
@@ -976,9 +1225,12 @@ def _master_reach(inv: Inventory, nf: NodeFacts, mp: Mapping[str, Any], master: 
             if r.get("ok"):
                 f.add("ok", f"reaches the master at {target} in {r.get('ms', 0):.1f} ms (the probe listened there)")
             else:
-                f.add("fail", f"cannot connect to the master at {target}: {r.get('error')}",
-                      f"open TCP {inv.master_port} on the master's firewall (ufw allow {inv.master_port}/tcp) "
-                      "and check the route to its addr")
+                f.add(
+                    "fail",
+                    f"cannot connect to the master at {target}: {r.get('error')}",
+                    f"open TCP {inv.master_port} on the master's firewall (ufw allow {inv.master_port}/tcp) "
+                    "and check the route to its addr",
+                )
 
 
 # ----------------------------------------------------------------------------- container
@@ -1003,17 +1255,23 @@ def check_container(inv: Inventory, facts: Facts) -> list[CheckResult]:
             f.add("skip", "the leftover containers were not listed (a probe without that fact)")
         elif listing.get("rc") != 0:
             said = (listing.get("err") or "").strip().splitlines()
-            f.add("fail", f"`{c.runtime} ps` does not answer: {said[-1] if said else 'exit ' + str(listing.get('rc'))}",
-                  f"install {c.runtime} on this node and let the SSH user run it ({c.runtime} info), or fix "
-                  "job.container.runtime")
+            f.add(
+                "fail",
+                f"`{c.runtime} ps` does not answer: {said[-1] if said else 'exit ' + str(listing.get('rc'))}",
+                f"install {c.runtime} on this node and let the SSH user run it ({c.runtime} info), or fix "
+                "job.container.runtime",
+            )
         else:
             left = [line.split("\t") for line in (listing.get("out") or "").splitlines() if line.strip()]
             for row in left:
                 name = row[1] if len(row) > 1 else row[0]
                 run = row[2] if len(row) > 2 and row[2] else "?"
                 state = row[3] if len(row) > 3 else "?"
-                f.add("fail", f"container {name} of run {run} is still here ({state}): it holds its GPUs and ports",
-                      (f"orch down {run} (or {c.runtime} rm -f {name})" if run != "?" else f"{c.runtime} rm -f {name}"))
+                f.add(
+                    "fail",
+                    f"container {name} of run {run} is still here ({state}): it holds its GPUs and ports",
+                    (f"orch down {run} (or {c.runtime} rm -f {name})" if run != "?" else f"{c.runtime} rm -f {name}"),
+                )
             if not left:
                 f.add("ok", f"no container of {inv.name}'s runs left on this node")
         image_findings(inv, node, nf, held, f)
@@ -1046,17 +1304,26 @@ def image_findings(inv: Inventory, node: Node, nf: NodeFacts, held: Mapping[str,
         return
     key = "job.container.image"
     if mine.error is not None:
-        f.add("fail", f"could not ask {c.runtime} for {c.image}: {mine.error}",
-              f"install {c.runtime} on this node and let the SSH user run it ({c.runtime} info)")
+        f.add(
+            "fail",
+            f"could not ask {c.runtime} for {c.image}: {mine.error}",
+            f"install {c.runtime} on this node and let the SSH user run it ({c.runtime} info)",
+        )
         return
     if mine.image_id is None:
         if c.pull == "missing" and c.runtime != "apptainer":
-            f.add("warn", f"{c.image} is not on this node: the launch pulls it (job.container.pull: missing)",
-                  f"or put it there first: orch image push {c.image} {inv.path}")
+            f.add(
+                "warn",
+                f"{c.image} is not on this node: the launch pulls it (job.container.pull: missing)",
+                f"or put it there first: orch image push {c.image} {inv.path}",
+            )
         else:
-            f.add("fail", f"{c.image} is not on this node ({key})",
-                  f"orch image push {c.image} {inv.path} (no registry needed)"
-                  + ("" if c.runtime == "apptainer" else ", or set job.container.pull: missing"))
+            f.add(
+                "fail",
+                f"{c.image} is not on this node ({key})",
+                f"orch image push {c.image} {inv.path} (no registry needed)"
+                + ("" if c.runtime == "apptainer" else ", or set job.container.pull: missing"),
+            )
         return
     ids = {name: h.image_id for name, h in held.items() if h.image_id is not None}
     common, count, unique = majority(ids)
@@ -1064,30 +1331,41 @@ def image_findings(inv: Inventory, node: Node, nf: NodeFacts, held: Mapping[str,
     if mine.image_id != common or not unique:
         others = sorted({i for i in ids.values() if i != mine.image_id})
         where = ", ".join(f"{i[:12]} on {fold_names(n for n, x in ids.items() if x == i)}" for i in others)
-        f.add("fail", f"{c.image} is {short} here but {where}: the name resolves to another image on some nodes "
-                      "(a tag that moved), and they would run different software",
-              f"put one image on every node: orch image push {c.image} {inv.path} from a machine that holds "
-              f"the right one, or name it by ID in {key}")
+        f.add(
+            "fail",
+            f"{c.image} is {short} here but {where}: the name resolves to another image on some nodes "
+            "(a tag that moved), and they would run different software",
+            f"put one image on every node: orch image push {c.image} {inv.path} from a machine that holds "
+            f"the right one, or name it by ID in {key}",
+        )
         return
     what = "sha256" if c.runtime == "apptainer" else "image"
     f.add("ok", f"{c.image} is {what} {short} on every node that has it ({count})")
     if not node.gpus:
         return
     gpus = nf.gpus
-    require = next((w.removeprefix("cuda>=") for w in mine.env.get("NVIDIA_REQUIRE_CUDA", "").split()
-                    if w.startswith("cuda>=")), None)
+    require = next(
+        (w.removeprefix("cuda>=") for w in mine.env.get("NVIDIA_REQUIRE_CUDA", "").split() if w.startswith("cuda>=")),
+        None,
+    )
     if require and gpus.cuda and cudacompat.version(gpus.cuda) < cudacompat.version(require):
         # NVIDIA's container toolkit refuses the start ("unsatisfied condition: cuda>=12.8")
-        f.add("fail", f"the image requires CUDA {require} or newer (its NVIDIA_REQUIRE_CUDA); this node's driver "
-                      f"{gpus.driver or '?'} supports CUDA {gpus.cuda}: the runtime would refuse to start it",
-              f"upgrade the driver on this node, or use an image built for CUDA {gpus.cuda} or older")
+        f.add(
+            "fail",
+            f"the image requires CUDA {require} or newer (its NVIDIA_REQUIRE_CUDA); this node's driver "
+            f"{gpus.driver or '?'} supports CUDA {gpus.cuda}: the runtime would refuse to start it",
+            f"upgrade the driver on this node, or use an image built for CUDA {gpus.cuda} or older",
+        )
         return
     cuda = image_cuda(mine.env)
     need = cudacompat.min_driver(cuda) if cuda else None
     if cuda and gpus.driver and need and cudacompat.version(gpus.driver) < need:
-        f.add("fail", f"the image is built for CUDA {cuda}, which needs NVIDIA driver {cudacompat.dotted(need)} "
-                      f"or newer; this node's driver is {gpus.driver}",
-              "upgrade the driver on this node, or use an image built for an older CUDA")
+        f.add(
+            "fail",
+            f"the image is built for CUDA {cuda}, which needs NVIDIA driver {cudacompat.dotted(need)} "
+            f"or newer; this node's driver is {gpus.driver}",
+            "upgrade the driver on this node, or use an image built for an older CUDA",
+        )
 
 
 MIN_SHM = 1 << 30
@@ -1103,10 +1381,13 @@ def shm_finding(inv: Inventory, nf: NodeFacts, f: Findings) -> None:
     size = (nf.raw.get("software") or {}).get("shm_bytes")
     if c is None or c.runtime == "apptainer" or not isinstance(size, int) or size >= MIN_SHM:
         return
-    f.add("fail", f"/dev/shm in the container is {size / (1 << 20):.0f} MiB: DataLoader workers die with "
-                  "\"Bus error\" and NCCL cannot allocate its shared memory below 1 GiB",
-          "leave --ipc and --shm-size out of job.container.options (orch then shares the host's IPC), "
-          "or give --shm-size=16g")
+    f.add(
+        "fail",
+        f"/dev/shm in the container is {size / (1 << 20):.0f} MiB: DataLoader workers die with "
+        '"Bus error" and NCCL cannot allocate its shared memory below 1 GiB',
+        "leave --ipc and --shm-size out of job.container.options (orch then shares the host's IPC), "
+        "or give --shm-size=16g",
+    )
 
 
 _NO_GPU_RUNTIME = ("unresolvable CDI devices", "could not select device driver", "nvidia-container-cli")
@@ -1123,22 +1404,31 @@ def gpu_finding(inv: Inventory, node: Node, nf: NodeFacts, f: Findings) -> None:
     error = str(tc.get("error") or "")
     if any(k in error for k in _NO_GPU_RUNTIME):
         said = next((ln.strip() for ln in error.splitlines() if any(k in ln for k in _NO_GPU_RUNTIME)), error)
-        fix = ("generate the CDI spec podman reads: nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml"
-               if c.runtime == "podman" else
-               "install nvidia-container-toolkit, then nvidia-ctk runtime configure --runtime=docker and restart docker")
+        fix = (
+            "generate the CDI spec podman reads: nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml"
+            if c.runtime == "podman"
+            else "install nvidia-container-toolkit, then nvidia-ctk runtime configure --runtime=docker and restart docker"
+        )
         f.add("fail", f"{c.runtime} cannot give the container this node's GPUs: {said}", fix)
         return
     count = tc.get("device_count")
     if isinstance(count, int) and count != node.nproc_per_node:
-        f.add("fail", f"torch in the container sees {count} GPU(s), but nproc_per_node is {node.nproc_per_node}: "
-                      "ranks without a GPU of their own",
-              "check the GPUs the container gets (orch up --dry-run shows --gpus/--device), and the NVIDIA "
-              f"runtime ({c.runtime} info), or set nproc_per_node to {count}" if count else
-              f"the container got no GPU: check the NVIDIA runtime ({c.runtime} info: nvidia) or CDI spec")
+        f.add(
+            "fail",
+            f"torch in the container sees {count} GPU(s), but nproc_per_node is {node.nproc_per_node}: "
+            "ranks without a GPU of their own",
+            "check the GPUs the container gets (orch up --dry-run shows --gpus/--device), and the NVIDIA "
+            f"runtime ({c.runtime} info), or set nproc_per_node to {count}"
+            if count
+            else f"the container got no GPU: check the NVIDIA runtime ({c.runtime} info: nvidia) or CDI spec",
+        )
 
 
-_NO_EXEC = re.compile(r"permission denied|no such file or directory|not found|exec format error|"
-                      r"Fatal Python error", re.I)
+_NO_EXEC = re.compile(
+    r"permission denied|no such file or directory|not found|exec format error|"
+    r"Fatal Python error",
+    re.I,
+)
 
 
 def container_user(c: Container) -> str:
@@ -1153,18 +1443,31 @@ def python_finding(inv: Inventory, nf: NodeFacts, f: Findings) -> bool:
     c = inv.job.container
     if c is None or c.runtime == "apptainer":
         return False
-    said = [str(e) for e in ((nf.raw.get("software") or {}).get("error"), (nf.raw.get("outputs_inside") or {}).get("error"))
-            if e]
-    why = next((ln.strip() for text in said for ln in text.splitlines()
-                if _NO_EXEC.search(ln) and (c.python in ln or "Fatal Python error" in ln)), None)
+    said = [
+        str(e)
+        for e in ((nf.raw.get("software") or {}).get("error"), (nf.raw.get("outputs_inside") or {}).get("error"))
+        if e
+    ]
+    why = next(
+        (
+            ln.strip()
+            for text in said
+            for ln in text.splitlines()
+            if _NO_EXEC.search(ln) and (c.python in ln or "Fatal Python error" in ln)
+        ),
+        None,
+    )
     if why is None:
         return False
     why = why.removeprefix("version probe failed: ").removeprefix("could not look inside the container: ")
-    f.add("fail", f"job.container.python {c.python} cannot be run inside the container as {container_user(c)} "
-                  f"(job.container.user): {why}",
-          "the interpreter and every folder above it must be readable by that user inside the image (one mounted "
-          "under the image's /root, mode 0700, is not: mount it elsewhere), so fix job.container.python or its "
-          "mount, or set job.container.user (host, root, UID:GID) to a user that can run it")
+    f.add(
+        "fail",
+        f"job.container.python {c.python} cannot be run inside the container as {container_user(c)} "
+        f"(job.container.user): {why}",
+        "the interpreter and every folder above it must be readable by that user inside the image (one mounted "
+        "under the image's /root, mode 0700, is not: mount it elsewhere), so fix job.container.python or its "
+        "mount, or set job.container.user (host, root, UID:GID) to a user that can run it",
+    )
     return True
 
 
@@ -1176,14 +1479,20 @@ def outputs_finding(inv: Inventory, nf: NodeFacts, f: Findings) -> None:
     if c is None or not isinstance(inside, dict):
         return
     if inside.get("error"):
-        f.add("fail", f"could not look at the output folders inside the container: {inside['error']}",
-              "run the image by hand as orch up --dry-run shows it")
+        f.add(
+            "fail",
+            f"could not look at the output folders inside the container: {inside['error']}",
+            "run the image by hand as orch up --dry-run shows it",
+        )
         return
     for key, seen in (inside.get("paths") or {}).items():
         if not seen.get("writable"):
-            f.add("fail", f"--{key.replace('_', '-')}: {seen.get('checked')} is not writable inside the container "
-                          f"(as {container_user(c)}): the run could write no checkpoint",
-                  "mount it writable (no :ro in job.container.mounts), or let job.container.user write it")
+            f.add(
+                "fail",
+                f"--{key.replace('_', '-')}: {seen.get('checked')} is not writable inside the container "
+                f"(as {container_user(c)}): the run could write no checkpoint",
+                "mount it writable (no :ro in job.container.mounts), or let job.container.user write it",
+            )
 
 
 def rdma_finding(inv: Inventory, nf: NodeFacts, f: Findings) -> None:
@@ -1196,13 +1505,19 @@ def rdma_finding(inv: Inventory, nf: NodeFacts, f: Findings) -> None:
         return
     memlock = sw.get("memlock")
     if isinstance(memlock, int) and memlock != -1:
-        f.add("fail", f"memlock is {memlock >> 10} KiB inside the container, not unlimited: NCCL cannot pin its "
-                      "RDMA buffers and falls back to sockets without an error",
-              "leave --ulimit memlock out of job.container.options (orch sets memlock=-1), and raise the "
-              "runtime's own limit (docker: default-ulimits in daemon.json; the node's hard limit)")
+        f.add(
+            "fail",
+            f"memlock is {memlock >> 10} KiB inside the container, not unlimited: NCCL cannot pin its "
+            "RDMA buffers and falls back to sockets without an error",
+            "leave --ulimit memlock out of job.container.options (orch sets memlock=-1), and raise the "
+            "runtime's own limit (docker: default-ulimits in daemon.json; the node's hard limit)",
+        )
     if not sw.get("infiniband"):
-        f.add("fail", "no /dev/infiniband inside the container although checks.rdma.devices is set: NCCL would "
-                      "use sockets", "orch passes --device /dev/infiniband: check that the node has it (ibv_devices)")
+        f.add(
+            "fail",
+            "no /dev/infiniband inside the container although checks.rdma.devices is set: NCCL would use sockets",
+            "orch passes --device /dev/infiniband: check that the node has it (ibv_devices)",
+        )
 
 
 def fold_names(names: Iterable[str]) -> str:
@@ -1213,9 +1528,17 @@ def fold_names(names: Iterable[str]) -> str:
 
 
 CHECKS: dict[str, Callable[[Inventory, Facts], list[CheckResult]]] = {
-    "ssh": check_ssh, "clock": check_clock, "timezone": check_timezone, "nccl_env": check_nccl_env,
-    "rdma": check_rdma, "gpus": check_gpus, "software": check_software, "job": check_job, "ports": check_ports,
-    "container": check_container, "fabric": check_fabric,
+    "ssh": check_ssh,
+    "clock": check_clock,
+    "timezone": check_timezone,
+    "nccl_env": check_nccl_env,
+    "rdma": check_rdma,
+    "gpus": check_gpus,
+    "software": check_software,
+    "job": check_job,
+    "ports": check_ports,
+    "container": check_container,
+    "fabric": check_fabric,
 }
 assert tuple(CHECKS) == CHECK_NAMES
 
@@ -1226,14 +1549,20 @@ def run_checks(inv: Inventory, facts: Facts, selected: Iterable[str]) -> list[Ch
     results = []
     for name in [c for c in CHECK_NAMES if c in set(selected)]:
         if name in inv.checks.skip:
-            results += [CheckResult(name, n.name, "skip", "", "skipped by checks.skip in the inventory")
-                        for n in inv.nodes]
+            results += [
+                CheckResult(name, n.name, "skip", "", "skipped by checks.skip in the inventory") for n in inv.nodes
+            ]
             continue
         try:
             got = {r.node: r for r in CHECKS[name](inv, facts)}
         except Exception as exc:  # the last line of defence: a check that cannot judge fails, loudly
-            got = {n.name: CheckResult(name, n.name, "fail", "", f"could not judge the facts the nodes sent: "
-                                       f"{type(exc).__name__}: {exc}") for n in inv.nodes if facts[n.name].ok}
+            got = {
+                n.name: CheckResult(
+                    name, n.name, "fail", "", f"could not judge the facts the nodes sent: {type(exc).__name__}: {exc}"
+                )
+                for n in inv.nodes
+                if facts[n.name].ok
+            }
         for node in inv.nodes:
             nf = facts[node.name]
             if node.name in got:

@@ -25,8 +25,12 @@ class ControllerClock:
     error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"server": self.server, "offset_ms": None if self.offset_ms is None else round(self.offset_ms, 3),
-                "delay_ms": None if self.delay_ms is None else round(self.delay_ms, 3), "error": self.error}
+        return {
+            "server": self.server,
+            "offset_ms": None if self.offset_ms is None else round(self.offset_ms, 3),
+            "delay_ms": None if self.delay_ms is None else round(self.delay_ms, 3),
+            "error": self.error,
+        }
 
 
 def split_server(server: str) -> tuple[str, int]:

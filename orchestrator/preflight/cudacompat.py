@@ -95,8 +95,11 @@ def builds_for(releases: dict[str, list[int]], cc: tuple[int, int]) -> list[str]
     """The CUDA versions whose builds of this torch release carry a cubin for `cc`, from torch's
     own table (`torch.cuda.PYTORCH_RELEASES_CODE_CC`, {CUDA version: [75, 80, ...]}, as the
     node's torch reported it), oldest first."""
-    fits = [cuda for cuda, codes in releases.items()
-            if any(Arch(f"sm_{c}", False, c // 10, c % 10, "").runs_on(cc) for c in codes)]
+    fits = [
+        cuda
+        for cuda, codes in releases.items()
+        if any(Arch(f"sm_{c}", False, c // 10, c % 10, "").runs_on(cc) for c in codes)
+    ]
     return sorted(fits, key=version)
 
 
@@ -143,7 +146,7 @@ def visible_devices(value: str | None, gpus: Sequence[Gpu]) -> Visible:
     problems: list[str] = []
     entries = [e.strip() for e in value.split(",")] if value.strip() else []
     for i, entry in enumerate(entries):
-        rest = entries[i + 1:]
+        rest = entries[i + 1 :]
         after = f"; CUDA ignores it and what follows it ({','.join(rest)})" if rest else "; CUDA ignores it"
         found: Gpu | None = None
         if re.fullmatch(r"-?\d+", entry):

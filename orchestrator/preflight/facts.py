@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from .controller_clock import ControllerClock
     from .fabric.job import FabricFacts
 
-PHASE1_TIMEOUT_S = 150.0    # a cold `import torch` on a loaded node is the slow part
+PHASE1_TIMEOUT_S = 150.0  # a cold `import torch` on a loaded node is the slow part
 CONNECT_TIMEOUT_S = 5.0
 REACH_TIMEOUT_S = CONNECT_TIMEOUT_S * 6 + 30
 PING_TIMEOUT_S = 15.0
@@ -123,8 +123,9 @@ def probe_command(python: str, args: dict[str, Any]) -> list[str]:
     return [python, "-c", node_program("probe", ("trust",)), json.dumps(args, sort_keys=True)]
 
 
-def probe_args(inv: Inventory, node: Node, want: Sequence[str], token: str, n_peers: int,
-               run_id: str = CHECK_RUN_ID) -> dict[str, Any]:
+def probe_args(
+    inv: Inventory, node: Node, want: Sequence[str], token: str, n_peers: int, run_id: str = CHECK_RUN_ID
+) -> dict[str, Any]:
     """The JSON the probe gets: what to gather, which listeners to open, and the job's own check
     to run (`jobcheck.request`, as run `run_id`)."""
     paths = job_files(inv) if "job" in want else {}
@@ -133,10 +134,14 @@ def probe_args(inv: Inventory, node: Node, want: Sequence[str], token: str, n_pe
     is_master = node.name == inv.master.name
     net = "ports" in want or "rdma" in want
     return {
-        "node": node.name, "token": token, "want": list(want),
-        "inventory_env": sorted(node.env), "env_on_stdin": True,
+        "node": node.name,
+        "token": token,
+        "want": list(want),
+        "inventory_env": sorted(node.env),
+        "env_on_stdin": True,
         "ntp_server": inv.checks.clock.ntp_server if "clock" in want else None,
-        "paths": paths, "text_for": [k for k in paths if k.replace("-", "_") == "data"],
+        "paths": paths,
+        "text_for": [k for k in paths if k.replace("-", "_") == "data"],
         "outputs": [k for k in paths if is_output_key(k)],
         "workdir": inv.job.workdir if "job" in want else None,
         "run_root": inv.job.run_root if "job" in want else None,
@@ -151,11 +156,14 @@ def probe_args(inv: Inventory, node: Node, want: Sequence[str], token: str, n_pe
         "job_check": jobcheck.request(inv, node, run_id) if "job" in want else None,
         "job_argv": job_argvs(inv, node, run_id),
         "container_leftovers": container.leftovers_argv(inv.job.container, inv.name) or None
-        if inv.job.container is not None and "container" in want else None,
+        if inv.job.container is not None and "container" in want
+        else None,
         "container_image": container.image_argv(inv.job.container)
-        if inv.job.container is not None and "container" in want else None,
+        if inv.job.container is not None and "container" in want
+        else None,
         "outputs_inside": inv.job.container is not None and "container" in want,
-        "verbs_device": inv.checks.rdma_devices[0] if "rdma" in want and inv.checks.rdma_devices and n_peers > 1
+        "verbs_device": inv.checks.rdma_devices[0]
+        if "rdma" in want and inv.checks.rdma_devices and n_peers > 1
         else None,
     }
 
@@ -340,8 +348,9 @@ class _Probe:
     python: str = ""
 
 
-def _start_probe(inv: Inventory, t: Transport, want: Sequence[str], token: str, n: int,
-                 run_id: str = CHECK_RUN_ID) -> _Probe:
+def _start_probe(
+    inv: Inventory, t: Transport, want: Sequence[str], token: str, n: int, run_id: str = CHECK_RUN_ID
+) -> _Probe:
     node = t.node
     nf = NodeFacts(node)
     try:
@@ -378,8 +387,9 @@ def _start_probe(inv: Inventory, t: Transport, want: Sequence[str], token: str, 
             return _Probe(nf, stream, python)
         code = stream.proc.wait(5) if stream.done else stream.proc.poll()
         stream.proc.close()
-        said = "; ".join(stream.noise[-3:]) or ("no output" if code is not None else
-                                               f"no answer within {PHASE1_TIMEOUT_S:.0f} s")
+        said = "; ".join(stream.noise[-3:]) or (
+            "no output" if code is not None else f"no answer within {PHASE1_TIMEOUT_S:.0f} s"
+        )
         # 126/127: the shell could not execute that interpreter; anything else is the probe's own failure
         if code in (126, 127) and python == node.python and python != "python3":
             nf.python_fallback = f"{python} could not run the probe: {said}"
@@ -397,8 +407,9 @@ def _targets(inv: Inventory, probes: dict[str, _Probe]) -> dict[str, list[dict[s
     out: dict[str, list[dict[str, Any]]] = {n.name: [] for n in alive}
     for i, node in enumerate(alive):
         if node.name != inv.master.name and master.ok and mp.get("bound"):
-            out[node.name].append({"kind": "master", "node": inv.master.name, "addr": inv.master.addr,
-                                   "port": inv.master_port})
+            out[node.name].append(
+                {"kind": "master", "node": inv.master.name, "addr": inv.master.addr, "port": inv.master_port}
+            )
         if len(alive) > 1:
             succ = alive[(i + 1) % len(alive)]
             ring = probes[succ.name].facts.listen.get("ring") or {}
@@ -407,13 +418,21 @@ def _targets(inv: Inventory, probes: dict[str, _Probe]) -> dict[str, list[dict[s
             verbs = probes[succ.name].facts.listen.get("verbs") or {}
             tools = (probes[node.name].facts.raw.get("ib") or {}).get("tools") or {}
             if verbs.get("port") and tools.get("ibv_rc_pingpong"):
-                out[node.name].append({"kind": "verbs", "node": succ.name, "addr": succ.addr,
-                                       "port": verbs["port"], "device": verbs["device"]})
+                out[node.name].append(
+                    {
+                        "kind": "verbs",
+                        "node": succ.name,
+                        "addr": succ.addr,
+                        "port": verbs["port"],
+                        "device": verbs["device"],
+                    }
+                )
     return out
 
 
-def collect(inv: Inventory, cluster: Cluster, want: Sequence[str],
-            progress: Progress | None = None, run_id: str | None = None) -> dict[str, NodeFacts]:
+def collect(
+    inv: Inventory, cluster: Cluster, want: Sequence[str], progress: Progress | None = None, run_id: str | None = None
+) -> dict[str, NodeFacts]:
     """Probe every node (two bounded phases, see the module docstring); never raises for a node.
     `run_id`: the run the job's own check speaks for (a retry's); none yet: a fresh placeholder."""
     run_id = run_id or f"{CHECK_RUN_ID}-{secrets.token_hex(4)}"
@@ -440,8 +459,11 @@ def collect(inv: Inventory, cluster: Cluster, want: Sequence[str],
     probes = {}
     for node in inv.nodes:  # in inventory order, as the facts are returned
         exc = failed.get(node.name)
-        probes[node.name] = ok[node.name] if exc is None else _Probe(
-            NodeFacts(node, error=f"{node.name}: {type(exc).__name__}: {exc}", error_kind="error"))
+        probes[node.name] = (
+            ok[node.name]
+            if exc is None
+            else _Probe(NodeFacts(node, error=f"{node.name}: {type(exc).__name__}: {exc}", error_kind="error"))
+        )
     try:
         targets = _targets(inv, probes)
         if any(targets.values()):
@@ -453,8 +475,7 @@ def collect(inv: Inventory, cluster: Cluster, want: Sequence[str],
     return {name: p.facts for name, p in probes.items()}
 
 
-def _phase2(probes: dict[str, _Probe], targets: dict[str, list[dict[str, Any]]],
-            progress: Progress | None) -> None:
+def _phase2(probes: dict[str, _Probe], targets: dict[str, list[dict[str, Any]]], progress: Progress | None) -> None:
     """Send every probe its targets on its stdin, then collect the answers (one deadline for all)."""
     asked = {name: tg for name, tg in targets.items() if tg}
     if progress:
@@ -475,8 +496,9 @@ def _phase2(probes: dict[str, _Probe], targets: dict[str, list[dict[str, Any]]],
         reach = stream.wait_for("ORCH-REACH", max(0.0, deadline - time.monotonic()))
         if reach is None:
             said = "; ".join(stream.noise[-3:])
-            probes[name].facts.reach_error = ("the probe ended before answering" if stream.done else
-                                              f"no answer within {REACH_TIMEOUT_S:.0f} s") + (f": {said}" if said else "")
+            probes[name].facts.reach_error = (
+                "the probe ended before answering" if stream.done else f"no answer within {REACH_TIMEOUT_S:.0f} s"
+            ) + (f": {said}" if said else "")
         else:
             probes[name].facts.reach, bad = read_answer(reach, REACH_SHAPE, "reach")
             probes[name].facts.malformed += bad

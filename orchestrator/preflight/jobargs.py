@@ -22,8 +22,17 @@ from ..config.trainer import (
 PATH_KEYS = (*INPUT_FLAGS, "hyp", "tracker")
 """Args whose value is a file the job reads: checked for an absolute path, existence, the same
 content on every node. The trainer's own (`config/trainer.py`), and other launchers' usual keys."""
-OUTPUT_KEYS = (*OUTPUT_FLAGS, "save_dir", "output", "output_dir", "log_dir", "logdir", "runs_dir",
-               "checkpoint_dir", "ckpt_dir")
+OUTPUT_KEYS = (
+    *OUTPUT_FLAGS,
+    "save_dir",
+    "output",
+    "output_dir",
+    "log_dir",
+    "logdir",
+    "runs_dir",
+    "checkpoint_dir",
+    "ckpt_dir",
+)
 """Args whose value is a folder the job writes: it need not exist yet, only be creatable."""
 
 

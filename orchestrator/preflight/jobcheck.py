@@ -62,11 +62,23 @@ def request(inv: Inventory, node: Node, run_id: str) -> dict[str, Any] | None:
     node_rank, base = [n.name for n in inv.nodes].index(node.name), first_ranks(inv.nodes)[node.name]
     world = world_size(inv.nodes)
     env = {key: value for key, value in node_env(inv, node, node_rank, run_id).items() if key not in node.env}
-    env.update({"RANK": str(base), "LOCAL_RANK": "0", "WORLD_SIZE": str(world), "GROUP_RANK": str(node_rank),
-                "LOCAL_WORLD_SIZE": str(node.nproc_per_node), "GROUP_WORLD_SIZE": str(len(inv.nodes)),
-                "MASTER_ADDR": inv.master.addr, "MASTER_PORT": str(inv.master_port)})
-    inner = ["-m", TRAINER, "--check", *inv.job.args] if k == TRAINER else \
-        ["-c", node_script("findmodule"), str(inv.job.module)]
+    env.update(
+        {
+            "RANK": str(base),
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": str(world),
+            "GROUP_RANK": str(node_rank),
+            "LOCAL_WORLD_SIZE": str(node.nproc_per_node),
+            "GROUP_WORLD_SIZE": str(len(inv.nodes)),
+            "MASTER_ADDR": inv.master.addr,
+            "MASTER_PORT": str(inv.master_port),
+        }
+    )
+    inner = (
+        ["-m", TRAINER, "--check", *inv.job.args]
+        if k == TRAINER
+        else ["-c", node_script("findmodule"), str(inv.job.module)]
+    )
     argv = job_command(inv, node, inner, run_id=run_id, env=[*node.env, *env], role="check")
     return {"kind": k, "argv": argv, "env": env, "cwd": inv.job.workdir, "timeout": TIMEOUT_S}
 
@@ -112,12 +124,21 @@ def read(inv: Inventory, node: Node, raw: Mapping[str, Any] | None) -> JobAnswer
     k = raw.get("kind") or kind(inv)
     where = job_python(inv, node) + (f" in {inv.job.workdir}" if inv.job.workdir else "")
     if raw.get("error") and raw.get("rc") is None:
-        what = "the trainer's own check (python -m trainer --check)" if k == TRAINER else \
-            f"the import test of module {inv.job.module}"
-        return JobAnswer("warn", f"{what}: {raw['error']}: not verified",
-                         "run it by hand on the node to see why it is slow: "
-                         + " ".join(job_command(inv, node, ["-m", "trainer", "--check"] if k == TRAINER else
-                                                ["-c", f"'import {inv.job.module}'"])))
+        what = (
+            "the trainer's own check (python -m trainer --check)"
+            if k == TRAINER
+            else f"the import test of module {inv.job.module}"
+        )
+        return JobAnswer(
+            "warn",
+            f"{what}: {raw['error']}: not verified",
+            "run it by hand on the node to see why it is slow: "
+            + " ".join(
+                job_command(
+                    inv, node, ["-m", "trainer", "--check"] if k == TRAINER else ["-c", f"'import {inv.job.module}'"]
+                )
+            ),
+        )
     if k == TRAINER:
         return _read_trainer(inv, node, raw, where)
     return _read_module(inv, raw, where)
@@ -127,32 +148,47 @@ def _read_trainer(inv: Inventory, node: Node, raw: Mapping[str, Any], where: str
     answer = _last_json(str(raw.get("out") or ""), "trainer_check")
     if answer is None:
         said = _last_words(str(raw.get("err") or ""))
-        hint = ("install this repository's trainer in that environment on every node (the same venv at the same "
-                "path): pip install -e '.[trainer]' from a checkout, see the README's Bring your own cluster")
+        hint = (
+            "install this repository's trainer in that environment on every node (the same venv at the same "
+            "path): pip install -e '.[trainer]' from a checkout, see the README's Bring your own cluster"
+        )
         return JobAnswer("fail", f"`python -m trainer` cannot start with {where}: {said}", hint)
     if answer.get("ok"):
-        parts = [f"{answer.get('model')} {answer.get('task')}", f"{answer.get('classes')} classes",
-                 f"on {answer.get('device')}"]
+        parts = [
+            f"{answer.get('model')} {answer.get('task')}",
+            f"{answer.get('classes')} classes",
+            f"on {answer.get('device')}",
+        ]
         if answer.get("out"):
             parts.append(("resumes " if answer.get("resume") is not None else "writes ") + str(answer["out"]))
-        return JobAnswer("ok", "the trainer accepts the arguments (python -m trainer --check: "
-                               + ", ".join(parts) + ")", answer=answer)
-    return JobAnswer("fail", f"the trainer refuses the arguments: {answer.get('error')}",
-                     f"fix job.args in {inv.path}: a start would print this on every rank and exit 2 "
-                     "(python -m trainer --help lists every flag)", answer=answer)
+        return JobAnswer(
+            "ok",
+            "the trainer accepts the arguments (python -m trainer --check: " + ", ".join(parts) + ")",
+            answer=answer,
+        )
+    return JobAnswer(
+        "fail",
+        f"the trainer refuses the arguments: {answer.get('error')}",
+        f"fix job.args in {inv.path}: a start would print this on every rank and exit 2 "
+        "(python -m trainer --help lists every flag)",
+        answer=answer,
+    )
 
 
 def _read_module(inv: Inventory, raw: Mapping[str, Any], where: str) -> JobAnswer:
     module = str(inv.job.module)
     answer = _last_json(str(raw.get("out") or ""), "found")
     if answer is None:
-        return JobAnswer("fail", f"{where} cannot run Python: {_last_words(str(raw.get('err') or ''))}",
-                         "fix job.python (the software check says more)")
+        return JobAnswer(
+            "fail",
+            f"{where} cannot run Python: {_last_words(str(raw.get('err') or ''))}",
+            "fix job.python (the software check says more)",
+        )
     if answer.get("found"):
         return JobAnswer("ok", f"module {module} is importable ({answer.get('origin')})")
     why = f": {answer['error']}" if answer.get("error") else f": No module named '{module}'"
     close = difflib.get_close_matches(module, [TRAINER], n=1, cutoff=0.7)
     hint = (f"did you mean module: {close[0]}? " if close else "") + (
-        f"python -m {module} must work with that python in job.workdir: fix job.module, or install the module "
-        "there")
+        f"python -m {module} must work with that python in job.workdir: fix job.module, or install the module there"
+    )
     return JobAnswer("fail", f"module {module} is not importable by {where}{why}", hint)

@@ -112,11 +112,20 @@ def parse_gpu_query_csv(text: str) -> list[Gpu]:
         row = dict(zip(cols, cells))
         bus = row.get("pci.bus_id") or str(len(by_bus))
         index = _known(row.get("index"))
-        by_bus[bus] = (int(index) if index and index.isdigit() else None, Gpu(
-            index=0, name=row.get("name", "?"), bus_id=bus, driver=row.get("driver_version"),
-            memory_total_mib=_int(row.get("memory.total", "")), memory_used_mib=_int(row.get("memory.used", "")),
-            util_pct=_int(row.get("utilization.gpu", "")), uuid=_known(row.get("uuid")),
-            compute_cap=_compute_cap(row.get("compute_cap"))))
+        by_bus[bus] = (
+            int(index) if index and index.isdigit() else None,
+            Gpu(
+                index=0,
+                name=row.get("name", "?"),
+                bus_id=bus,
+                driver=row.get("driver_version"),
+                memory_total_mib=_int(row.get("memory.total", "")),
+                memory_used_mib=_int(row.get("memory.used", "")),
+                util_pct=_int(row.get("utilization.gpu", "")),
+                uuid=_known(row.get("uuid")),
+                compute_cap=_compute_cap(row.get("compute_cap")),
+            ),
+        )
     ordered = sorted(by_bus.values(), key=lambda ig: ig[1].bus_id)
     return [replace(g, index=i if index is None else index) for i, (index, g) in enumerate(ordered)]
 
@@ -149,8 +158,17 @@ def parse_nvidia_smi_table(text: str) -> tuple[str | None, str | None, list[Gpu]
             continue
         mem = _TABLE_MEM.search(line)
         if pending and mem:
-            gpus.append(Gpu(pending[0], pending[1], pending[2], driver.group(1) if driver else None,
-                            int(mem.group(2)), int(mem.group(1)), int(mem.group(3))))
+            gpus.append(
+                Gpu(
+                    pending[0],
+                    pending[1],
+                    pending[2],
+                    driver.group(1) if driver else None,
+                    int(mem.group(2)),
+                    int(mem.group(1)),
+                    int(mem.group(3)),
+                )
+            )
             pending = None
     return (driver.group(1) if driver else None, cuda.group(1) if cuda else None, gpus, procs)
 
@@ -178,8 +196,10 @@ def parse_ib(raw: dict[str, Any]) -> dict[str, IbDevice]:
     """The probe's raw /sys/class/infiniband attributes → devices with typed ports."""
     out = {}
     for name, info in (raw.get("devices") or {}).items():
-        ports = tuple(IbPort(p, a.get("state"), a.get("phys_state"), a.get("rate"), a.get("link_layer"))
-                      for p, a in sorted((info.get("ports") or {}).items()))
+        ports = tuple(
+            IbPort(p, a.get("state"), a.get("phys_state"), a.get("rate"), a.get("link_layer"))
+            for p, a in sorted((info.get("ports") or {}).items())
+        )
         out[name] = IbDevice(name, info.get("hca_type"), info.get("fw_ver"), ports)
     return out
 

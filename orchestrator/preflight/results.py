@@ -30,8 +30,14 @@ class CheckResult:
     hint: str = ""
 
     def to_json(self) -> dict[str, str]:
-        return {"check": self.check, "node": self.node, "status": self.status, "value": self.value,
-                "detail": self.detail, "hint": self.hint}
+        return {
+            "check": self.check,
+            "node": self.node,
+            "status": self.status,
+            "value": self.value,
+            "detail": self.detail,
+            "hint": self.hint,
+        }
 
 
 class Findings:

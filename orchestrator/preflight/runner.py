@@ -36,7 +36,6 @@ if TYPE_CHECKING:
     from .facts import NodeFacts
 
 
-
 @dataclass
 class CheckReport:
     """Every (check, node) result of one preflight, plus the measured clock offsets."""
@@ -64,11 +63,16 @@ class CheckReport:
 
     def to_json(self, inventory_path: str) -> dict[str, Any]:
         """docs/CONTRACT.md's check JSON, plus offsets_ms (node clock minus reference) for log skew."""
-        out = {"inventory": inventory_path, "ok": self.ok,
-               "results": [r.to_json() for r in self.results],
-               "offsets_ms": {k: round(v, 3) for k, v in self.offsets_ms.items()},
-               "offset_reference": self.offset_reference, "checked_at": time.time(),
-               "elapsed_s": round(self.elapsed_s, 2), "not_probed": dict(self.not_probed)}
+        out = {
+            "inventory": inventory_path,
+            "ok": self.ok,
+            "results": [r.to_json() for r in self.results],
+            "offsets_ms": {k: round(v, 3) for k, v in self.offsets_ms.items()},
+            "offset_reference": self.offset_reference,
+            "checked_at": time.time(),
+            "elapsed_s": round(self.elapsed_s, 2),
+            "not_probed": dict(self.not_probed),
+        }
         if self.controller_clock is not None:
             out["controller_clock"] = self.controller_clock.to_json()
         if self.fabric is not None:
@@ -85,10 +89,17 @@ def select_checks(only: Iterable[str] | None, skip: Iterable[str] | None) -> lis
     return [c for c in CHECK_NAMES if (not only or c in only) and c not in skip]
 
 
-def run_preflight(inv: Inventory, cluster: Cluster | None = None, only: Iterable[str] | None = None,
-                  skip: Iterable[str] | None = None, progress: Progress | None = None,
-                  save: bool = True, warm_up: Callable[[], None] | None = None,
-                  fabric: bool = False, run_id: str | None = None) -> CheckReport:
+def run_preflight(
+    inv: Inventory,
+    cluster: Cluster | None = None,
+    only: Iterable[str] | None = None,
+    skip: Iterable[str] | None = None,
+    progress: Progress | None = None,
+    save: bool = True,
+    warm_up: Callable[[], None] | None = None,
+    fabric: bool = False,
+    run_id: str | None = None,
+) -> CheckReport:
     """Probe every node in parallel and judge; never raises for a node that is down.
 
     With `save` (the default) the report also goes to `$ORCH_HOME/checks/<inventory name>.json`,
@@ -113,8 +124,9 @@ def run_preflight(inv: Inventory, cluster: Cluster | None = None, only: Iterable
     clock: list[ControllerClock] = []
     timing = None
     if "clock" in selected and "clock" not in inv.checks.skip:  # the controller's own clock, beside the probe
-        timing = threading.Thread(target=lambda: clock.append(measure_controller(inv.checks.clock.ntp_server)),
-                                  daemon=True, name="orch-ntp")
+        timing = threading.Thread(
+            target=lambda: clock.append(measure_controller(inv.checks.clock.ntp_server)), daemon=True, name="orch-ntp"
+        )
         timing.start()
     try:
         facts = collect(inv, cluster, selected, progress, run_id)
@@ -133,9 +145,15 @@ def run_preflight(inv: Inventory, cluster: Cluster | None = None, only: Iterable
     checks_mod = _checks()
     results = checks_mod.run_checks(inv, facts, selected)
     offsets, _, ref = checks_mod.clock_offsets(inv, facts)
-    report = CheckReport(results, offsets, ref, time.monotonic() - start,
-                         not_probed={n: (nf.error or "").removeprefix(f"{n}: ") for n, nf in facts.items() if not nf.ok},
-                         controller_clock=clock[0] if clock else None, pins=container_pins(inv, facts))
+    report = CheckReport(
+        results,
+        offsets,
+        ref,
+        time.monotonic() - start,
+        not_probed={n: (nf.error or "").removeprefix(f"{n}: ") for n, nf in facts.items() if not nf.ok},
+        controller_clock=clock[0] if clock else None,
+        pins=container_pins(inv, facts),
+    )
     if ff is not None and ff.not_run is None:
         from .fabric.judge import fabric_summary
 
@@ -145,8 +163,9 @@ def run_preflight(inv: Inventory, cluster: Cluster | None = None, only: Iterable
     return report
 
 
-def _fabric_facts(inv: Inventory, cluster: Cluster, facts: Mapping[str, NodeFacts], asked: bool,
-                  progress: Progress | None) -> FabricFacts:
+def _fabric_facts(
+    inv: Inventory, cluster: Cluster, facts: Mapping[str, NodeFacts], asked: bool, progress: Progress | None
+) -> FabricFacts:
     """Run the fabric job, or say why not (opt-in and not asked; a node that was not probed)."""
     from .fabric import job as fabric_mod
 
@@ -155,7 +174,8 @@ def _fabric_facts(inv: Inventory, cluster: Cluster, facts: Mapping[str, NodeFact
     down = [name for name, nf in facts.items() if not nf.ok]
     if down:
         return fabric_mod.FabricFacts.skipped(
-            inv, f"not run: the job needs every node, and {', '.join(down)} could not be probed (see ssh)")
+            inv, f"not run: the job needs every node, and {', '.join(down)} could not be probed (see ssh)"
+        )
     return fabric_mod.measure(inv, cluster, progress)
 
 
@@ -180,7 +200,8 @@ def _checks() -> ModuleType:
         raise PreflightUnavailable(
             f"the preflight cannot run: importing its checks failed: {type(exc).__name__}: {exc}",
             "nothing was launched; repair the installation (make install, or pip install -e .), or launch "
-            "unchecked on purpose with --skip-checks") from exc
+            "unchecked on purpose with --skip-checks",
+        ) from exc
     return checks
 
 

@@ -32,42 +32,129 @@ class _ListOf:
 NUMBER, INT = "number", "int"  # JSON numbers (finite; never a bool), integers among them
 _BAD = object()
 _RUN = {"rc": _Opt(INT), "out": str, "err": str, "error": str}
-_FILE = {"path": str, "exists": bool, "is_file": bool, "is_dir": bool, "size": INT, "sha256": str,
-         "text": _Opt(str), "error": str, "output": bool, "writable": bool, "ancestor": str,
-         "ancestor_is_dir": bool, "ancestor_writable": bool, "dataset_error": str,
-         "dataset": _MapOf({"path": str, "files": INT, "bytes": INT, "listing": str, "sample": str, "capped": bool,
-                            "error": str})}
-LISTEN_SHAPE = {"master_port": {"port": INT, "bound": bool, "error": _Opt(str), "holder": _Opt(str)},
-                "ring": {"addr": str, "port": _Opt(INT), "error": _Opt(str)},
-                "verbs": _Opt({"port": INT, "device": str, "tool": str})}
-REACH_SHAPE = _ListOf({"kind": str, "node": str, "addr": str, "port": INT, "device": str, "ok": bool, "ms": NUMBER,
-                       "error": _Opt(str), "answered_by": str, "result": _Opt(str)})
+_FILE = {
+    "path": str,
+    "exists": bool,
+    "is_file": bool,
+    "is_dir": bool,
+    "size": INT,
+    "sha256": str,
+    "text": _Opt(str),
+    "error": str,
+    "output": bool,
+    "writable": bool,
+    "ancestor": str,
+    "ancestor_is_dir": bool,
+    "ancestor_writable": bool,
+    "dataset_error": str,
+    "dataset": _MapOf(
+        {"path": str, "files": INT, "bytes": INT, "listing": str, "sample": str, "capped": bool, "error": str}
+    ),
+}
+LISTEN_SHAPE = {
+    "master_port": {"port": INT, "bound": bool, "error": _Opt(str), "holder": _Opt(str)},
+    "ring": {"addr": str, "port": _Opt(INT), "error": _Opt(str)},
+    "verbs": _Opt({"port": INT, "device": str, "tool": str}),
+}
+REACH_SHAPE = _ListOf(
+    {
+        "kind": str,
+        "node": str,
+        "addr": str,
+        "port": INT,
+        "device": str,
+        "ok": bool,
+        "ms": NUMBER,
+        "error": _Opt(str),
+        "answered_by": str,
+        "result": _Opt(str),
+    }
+)
 FACTS_SHAPE = {
-    "probe": INT, "node": _Opt(str), "host": str, "home": str, "time": NUMBER,
+    "probe": INT,
+    "node": _Opt(str),
+    "host": str,
+    "home": str,
+    "time": NUMBER,
     "python": {"executable": _Opt(str), "version": str},
-    "env": _MapOf(str), "inventory_env": _ListOf(str),
-    "tz": {"TZ": _Opt(str), "localtime": _Opt(str), "etc_timezone": _Opt(str), "abbr": _Opt(str),
-           "utcoffset": _Opt(str)},
+    "env": _MapOf(str),
+    "inventory_env": _ListOf(str),
+    "tz": {
+        "TZ": _Opt(str),
+        "localtime": _Opt(str),
+        "etc_timezone": _Opt(str),
+        "abbr": _Opt(str),
+        "utcoffset": _Opt(str),
+    },
     "ifaces": _ListOf({"name": str, "up": bool, "ipv4": _ListOf(str)}),
     "gloo_host": {"hostname": str, "addrs": _ListOf(str), "usable": _ListOf(str), "error": _Opt(str)},
-    "ib": {"root": str, "source": str, "tools": _MapOf(_Opt(str)), "error": str,
-           "devices": _MapOf({"hca_type": _Opt(str), "fw_ver": _Opt(str), "board_id": _Opt(str),
-                              "ports": _MapOf({k: _Opt(str) for k in ("state", "phys_state", "rate", "link_layer")})})},
+    "ib": {
+        "root": str,
+        "source": str,
+        "tools": _MapOf(_Opt(str)),
+        "error": str,
+        "devices": _MapOf(
+            {
+                "hca_type": _Opt(str),
+                "fw_ver": _Opt(str),
+                "board_id": _Opt(str),
+                "ports": _MapOf({k: _Opt(str) for k in ("state", "phys_state", "rate", "link_layer")}),
+            }
+        ),
+    },
     "gpus": {"source": str, "query": _RUN, "table": _RUN, "error": str},
-    "software": {**{k: _Opt(str) for k in ("python", "executable", "torch", "cuda", "nccl", "source", "ultralytics",
-                                           "error", "torch_error", "nccl_error")}, "shm_bytes": _Opt(INT),
-                 "memlock": _Opt(INT), "infiniband": _ListOf(str)},
-    "ntp": _Opt({"server": str, "method": str, "samples": INT, "errors": _ListOf(str), "offset_ms": NUMBER,
-                 "delay_ms": NUMBER, "stratum": INT, "error": str}),
+    "software": {
+        **{
+            k: _Opt(str)
+            for k in (
+                "python",
+                "executable",
+                "torch",
+                "cuda",
+                "nccl",
+                "source",
+                "ultralytics",
+                "error",
+                "torch_error",
+                "nccl_error",
+            )
+        },
+        "shm_bytes": _Opt(INT),
+        "memlock": _Opt(INT),
+        "infiniband": _ListOf(str),
+    },
+    "ntp": _Opt(
+        {
+            "server": str,
+            "method": str,
+            "samples": INT,
+            "errors": _ListOf(str),
+            "offset_ms": NUMBER,
+            "delay_ms": NUMBER,
+            "stratum": INT,
+            "error": str,
+        }
+    ),
     "chrony": _Opt(_RUN),
-    "torch_cuda": _Opt({"torch": _Opt(str), "cuda": _Opt(str), "arch_list": _ListOf(str),
-                        "releases": _MapOf(_ListOf(INT)), "device_count": INT, "error": str}),
+    "torch_cuda": _Opt(
+        {
+            "torch": _Opt(str),
+            "cuda": _Opt(str),
+            "arch_list": _ListOf(str),
+            "releases": _MapOf(_ListOf(INT)),
+            "device_count": INT,
+            "error": str,
+        }
+    ),
     "containers": _Opt(_RUN),
     "container_image": _Opt(_RUN),
     "outputs_inside": _Opt({"paths": _MapOf({"checked": str, "writable": bool}), "error": str}),
     "job_check": _Opt({"kind": str, "rc": _Opt(INT), "out": str, "err": str, "seconds": NUMBER, "error": str}),
-    "paths": _MapOf(_FILE), "workdir": _Opt(_FILE),
-    "run_root": _Opt({"path": str, "problem": _Opt(str)}), "timings_s": _MapOf(NUMBER), "listen": LISTEN_SHAPE,
+    "paths": _MapOf(_FILE),
+    "workdir": _Opt(_FILE),
+    "run_root": _Opt({"path": str, "problem": _Opt(str)}),
+    "timings_s": _MapOf(NUMBER),
+    "listen": LISTEN_SHAPE,
 }
 """What the probe (node/probe.py) answers, key by key: what the checks may rely on."""
 
@@ -115,19 +202,58 @@ def read_answer(value: Any, shape: Any, what: str) -> tuple[Any, list[str]]:
     return got, problems
 
 
-_SWEEP_ROW = {"size_bytes": INT, "count": INT, "type": str, "redop": str, "root": INT, "iters": INT,
-              "time_us": NUMBER, "algbw_gbps": NUMBER, "busbw_gbps": NUMBER, "wrong": _Opt(INT)}
+_SWEEP_ROW = {
+    "size_bytes": INT,
+    "count": INT,
+    "type": str,
+    "redop": str,
+    "root": INT,
+    "iters": INT,
+    "time_us": NUMBER,
+    "algbw_gbps": NUMBER,
+    "busbw_gbps": NUMBER,
+    "wrong": _Opt(INT),
+}
 FABRIC_RESULT_SHAPE = {
-    "schema": INT, "backend": str, "device": str, "torch": str, "nccl": _Opt(str), "world_size": INT, "nnodes": INT,
+    "schema": INT,
+    "backend": str,
+    "device": str,
+    "torch": str,
+    "nccl": _Opt(str),
+    "world_size": INT,
+    "nnodes": INT,
     "nodes": _ListOf({"node": INT, "host": str, "hostname": str, "ranks": _ListOf(INT), "boot_id": _Opt(str)}),
     "ranks": _ListOf({"rank": INT, "host": str, "label": str, "node": INT, "local_rank": INT}),
-    "op": str, "dtype": str, "bus_factor": NUMBER, "sweep": _ListOf(_SWEEP_ROW),
+    "op": str,
+    "dtype": str,
+    "bus_factor": NUMBER,
+    "sweep": _ListOf(_SWEEP_ROW),
     "skipped": _ListOf({"size_bytes": INT, "reason": str}),
-    "links": {"method": str, "rounds": INT, "passes": INT, "rails": INT, "pairs_at_once": str, "pairs_why": str,
-              "skipped": str, "transfers": _ListOf({"pass": INT, "round": INT, "src_node": INT, "dst_node": INT,
-                                                     "rail": INT, "bytes": INT, "seconds": NUMBER, "gbps": NUMBER,
-                                                     "probe_gbps": NUMBER, "all_seconds": _ListOf(NUMBER)})},
-    "elapsed_s": NUMBER, "phase_s": _MapOf(NUMBER),
+    "links": {
+        "method": str,
+        "rounds": INT,
+        "passes": INT,
+        "rails": INT,
+        "pairs_at_once": str,
+        "pairs_why": str,
+        "skipped": str,
+        "transfers": _ListOf(
+            {
+                "pass": INT,
+                "round": INT,
+                "src_node": INT,
+                "dst_node": INT,
+                "rail": INT,
+                "bytes": INT,
+                "seconds": NUMBER,
+                "gbps": NUMBER,
+                "probe_gbps": NUMBER,
+                "all_seconds": _ListOf(NUMBER),
+            }
+        ),
+    },
+    "elapsed_s": NUMBER,
+    "phase_s": _MapOf(NUMBER),
 }
 """What the fabric job (node/jobs/allreduce.py) prints after `ORCH_FABRIC_RESULT`, key by key."""
 FABRIC_REQUIRED = ("backend", "device", "world_size", "nnodes", "nodes", "sweep")
@@ -145,8 +271,11 @@ def read_fabric_result(value: Any) -> tuple[dict[str, Any] | None, list[str]]:
     problems += [f"result.{k}: missing" for k in FABRIC_REQUIRED if k not in got]
     if problems:
         return None, problems
-    for key, needed in (("nodes", ("node", "host")), ("sweep", ("size_bytes", "time_us", "busbw_gbps")),
-                        ("skipped", ("size_bytes", "reason"))):
+    for key, needed in (
+        ("nodes", ("node", "host")),
+        ("sweep", ("size_bytes", "time_us", "busbw_gbps")),
+        ("skipped", ("size_bytes", "reason")),
+    ):
         for i, item in enumerate(got.get(key) or []):
             problems += [f"result.{key}[{i}].{k}: missing" for k in needed if k not in item]
     if problems:
@@ -158,8 +287,11 @@ def read_fabric_result(value: Any) -> tuple[dict[str, Any] | None, list[str]]:
         if not (row["size_bytes"] > 0 and row["time_us"] > 0):
             problems.append(f"result.sweep[{i}]: size_bytes and time_us must be positive")
     for i, t in enumerate((got.get("links") or {}).get("transfers") or []):
-        if not {"src_node", "dst_node", "rail", "gbps"} <= t.keys() or t["src_node"] not in ids \
-                or t["dst_node"] not in ids or t["gbps"] < 0:
+        if (
+            not {"src_node", "dst_node", "rail", "gbps"} <= t.keys()
+            or t["src_node"] not in ids
+            or t["dst_node"] not in ids
+            or t["gbps"] < 0
+        ):
             problems.append(f"result.links.transfers[{i}]: not a transfer between two of its nodes")
     return (None, problems) if problems else (got, [])
-

@@ -69,9 +69,11 @@ def tether(python: str | None) -> str:
     if python is None:
         return ""
     py = shlex.quote(python)
-    starter = (f"command -v {py} >/dev/null 2>&1 && {{ {py} -I -S -c "
-               f"\"import base64,zlib;exec(zlib.decompress(base64.b64decode('{packed('tether')}')))\" \"$PPID\" "
-               "</dev/null >/dev/null 2>&1 & }")
+    starter = (
+        f"command -v {py} >/dev/null 2>&1 && {{ {py} -I -S -c "
+        f'"import base64,zlib;exec(zlib.decompress(base64.b64decode(\'{packed("tether")}\')))" "$PPID" '
+        "</dev/null >/dev/null 2>&1 & }"
+    )
     return f"/bin/sh -c {shlex.quote(starter)}; "
 
 
@@ -86,8 +88,11 @@ def timed_line(command: Sequence[str], shell: bool, timeout: float, python: str 
     its own, which timeout signals whole when the time is up (exit 124, 137 after the SIGKILL),
     tethered as without --timeout. A one-word command is a line for the node's login shell
     (`$SHELL -c`); several words are an argv. Without timeout(1) there: exit 127, saying so."""
-    return (f"command -v timeout >/dev/null 2>&1 || {{ echo {shlex.quote(NO_TIMEOUT)} >&2; exit 127; }}; "
-            + tether(python) + f"exec timeout -k {KILL_AFTER_S} {timeout:g} {_words(command, shell)}")
+    return (
+        f"command -v timeout >/dev/null 2>&1 || {{ echo {shlex.quote(NO_TIMEOUT)} >&2; exit 127; }}; "
+        + tether(python)
+        + f"exec timeout -k {KILL_AFTER_S} {timeout:g} {_words(command, shell)}"
+    )
 
 
 LONG_LINE = 2 << 20
@@ -120,10 +125,17 @@ class NodeOutput:
         return (self.stdout, self.stderr, self.exit_code, self.error, self.dropped)
 
     def to_json(self) -> dict[str, Any]:
-        return {"node": self.node, "exit_code": self.exit_code, "stdout": self.stdout, "stderr": self.stderr,
-                "error": self.error, "hint": self.hint,
-                "elapsed_ms": None if self.elapsed_ms is None else round(self.elapsed_ms, 1),
-                "stdout_dropped": self.dropped[0], "stderr_dropped": self.dropped[1]}
+        return {
+            "node": self.node,
+            "exit_code": self.exit_code,
+            "stdout": self.stdout,
+            "stderr": self.stderr,
+            "error": self.error,
+            "hint": self.hint,
+            "elapsed_ms": None if self.elapsed_ms is None else round(self.elapsed_ms, 1),
+            "stdout_dropped": self.dropped[0],
+            "stderr_dropped": self.dropped[1],
+        }
 
 
 @dataclass(frozen=True)
@@ -160,8 +172,12 @@ class ExecReport:
         return [n for n in self.nodes if n.exit_code != 0]
 
     def to_json(self) -> dict[str, Any]:
-        return {"command": list(self.command), "shell": self.shell, "exit_code": self.exit_code,
-                "nodes": [n.to_json() for n in self.nodes]}
+        return {
+            "command": list(self.command),
+            "shell": self.shell,
+            "exit_code": self.exit_code,
+            "nodes": [n.to_json() for n in self.nodes],
+        }
 
 
 def node_output(node: str, answer: Result | BaseException, timeout: float | None = None) -> NodeOutput:
@@ -172,23 +188,35 @@ def node_output(node: str, answer: Result | BaseException, timeout: float | None
         code = answer.exit_code
         if timeout is not None and code in (TIMED_OUT, 128 + 9) and answer.elapsed_ms >= timeout * 1000:
             how = "SIGTERM" if code == TIMED_OUT else f"SIGKILL, {KILL_AFTER_S} s after SIGTERM"
-            return NodeOutput(node, TIMED_OUT, answer.stdout, answer.stderr,
-                              f"timed out after {timeout:g} s: its process group on the node was stopped ({how})",
-                              elapsed_ms=answer.elapsed_ms)
+            return NodeOutput(
+                node,
+                TIMED_OUT,
+                answer.stdout,
+                answer.stderr,
+                f"timed out after {timeout:g} s: its process group on the node was stopped ({how})",
+                elapsed_ms=answer.elapsed_ms,
+            )
         if code >= 0:
             return NodeOutput(node, code, answer.stdout, answer.stderr, elapsed_ms=answer.elapsed_ms)
         if code == -1:  # SSH: the channel closed without an exit-status (an exit-signal instead)
             error = "ended without an exit status (killed by a signal?)"
             return NodeOutput(node, UNREACHABLE, answer.stdout, answer.stderr, error, elapsed_ms=answer.elapsed_ms)
         # a local process killed by signal N: the 128 + N a shell reports
-        return NodeOutput(node, 128 - code, answer.stdout, answer.stderr, f"killed by signal {-code}",
-                          elapsed_ms=answer.elapsed_ms)
+        return NodeOutput(
+            node, 128 - code, answer.stdout, answer.stderr, f"killed by signal {-code}", elapsed_ms=answer.elapsed_ms
+        )
     if isinstance(answer, TransportError):
         message = answer.message.removeprefix(f"{node}: ")
         if answer.kind == "timeout" and timeout is not None:  # the controller's backstop, not the node's timeout(1)
-            return NodeOutput(node, TIMED_OUT, "", "", f"timed out after {timeout:g} s, and the node did not answer "
-                              f"{KILL_AFTER_S + SLACK_S} s later: the session was closed, the command may still run there",
-                              "look on the node: orch exec --nodes NODE -- 'ps -eo pid,pgid,etime,args'")
+            return NodeOutput(
+                node,
+                TIMED_OUT,
+                "",
+                "",
+                f"timed out after {timeout:g} s, and the node did not answer "
+                f"{KILL_AFTER_S + SLACK_S} s later: the session was closed, the command may still run there",
+                "look on the node: orch exec --nodes NODE -- 'ps -eo pid,pgid,etime,args'",
+            )
         code = TIMED_OUT if answer.kind == "timeout" else UNREACHABLE
         return NodeOutput(node, code, "", "", message, answer.hint)
     return NodeOutput(node, UNREACHABLE, "", "", f"{type(answer).__name__}: {answer}")
@@ -265,9 +293,16 @@ def with_env(command: Sequence[str], env: Mapping[str, str] | None) -> tuple[str
     return ("env", "--", *(f"{k}={v}" for k, v in env.items()), *command)
 
 
-def run_everywhere(inv: Inventory, nodes: Sequence[Node], command: Sequence[str], *,
-                   timeout: float | None = None, progress: Progress | None = None,
-                   on_line: OnLine | None = None, env: Mapping[str, str] | None = None) -> ExecReport:
+def run_everywhere(
+    inv: Inventory,
+    nodes: Sequence[Node],
+    command: Sequence[str],
+    *,
+    timeout: float | None = None,
+    progress: Progress | None = None,
+    on_line: OnLine | None = None,
+    env: Mapping[str, str] | None = None,
+) -> ExecReport:
     """Run `command` on every node of `nodes` in parallel (at most `inv.fanout` at once) and collect
     every answer; never raises for a node. One word is a login-shell line, several an argv.
     `on_line`: each output line as it arrives (pdsh's live `node: line`), instead of in the report;
@@ -293,8 +328,12 @@ def run_everywhere(inv: Inventory, nodes: Sequence[Node], command: Sequence[str]
         try:
             python = None if t.close_stops_commands else t.node.python  # closing the connection stops it there
             if timeout is not None:
-                res = t.run_shell(timed_line(sent, shell, timeout, python),
-                                  timeout=timeout + KILL_AFTER_S + SLACK_S, on_output=feed, keep=False)
+                res = t.run_shell(
+                    timed_line(sent, shell, timeout, python),
+                    timeout=timeout + KILL_AFTER_S + SLACK_S,
+                    on_output=feed,
+                    keep=False,
+                )
             else:
                 res = t.run_shell(command_line(sent, shell, python), on_output=feed, keep=False)
             return Result(res.node, tuple(command), res.exit_code, keep.text("out"), keep.text("err"), res.elapsed_ms)

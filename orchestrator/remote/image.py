@@ -47,7 +47,7 @@ UNREACHABLE = 255
 def _guarded(runtime: str, script: str, *args: str) -> list[str]:
     """`/bin/sh -c SCRIPT` (any login shell passes one word alike) that first says in words when
     the runtime is missing (exit 127), as `remote/rsync.REMOTE_RSYNC` does for rsync."""
-    guard = (f'command -v "$0" >/dev/null 2>&1 || {{ echo "{NOT_INSTALLED.format(runtime="$0")}" >&2; exit 127; }}; ')
+    guard = f'command -v "$0" >/dev/null 2>&1 || {{ echo "{NOT_INSTALLED.format(runtime="$0")}" >&2; exit 127; }}; '
     return ["/bin/sh", "-c", guard + script, runtime, *args]
 
 
@@ -115,9 +115,17 @@ class NodePush:
         return self.error is None
 
     def to_json(self) -> dict[str, Any]:
-        return {"node": self.node, "ok": self.ok, "action": self.action, "image_id": self.image_id,
-                "before": self.before, "error": self.error, "hint": self.hint, "exit_code": self.exit_code,
-                "elapsed_s": round(self.elapsed_s, 3)}
+        return {
+            "node": self.node,
+            "ok": self.ok,
+            "action": self.action,
+            "image_id": self.image_id,
+            "before": self.before,
+            "error": self.error,
+            "hint": self.hint,
+            "exit_code": self.exit_code,
+            "elapsed_s": round(self.elapsed_s, 3),
+        }
 
 
 @dataclass(frozen=True)
@@ -146,9 +154,16 @@ class ImageReport:
         return [n for n in self.nodes if not n.ok]
 
     def to_json(self) -> dict[str, Any]:
-        return {"image": self.image, "runtime": self.runtime, "image_id": self.image_id, "size": self.size,
-                "ok": self.ok, "exit_code": self.exit_code, "elapsed_s": round(self.elapsed_s, 3),
-                "nodes": [n.to_json() for n in self.nodes]}
+        return {
+            "image": self.image,
+            "runtime": self.runtime,
+            "image_id": self.image_id,
+            "size": self.size,
+            "ok": self.ok,
+            "exit_code": self.exit_code,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "nodes": [n.to_json() for n in self.nodes],
+        }
 
 
 # ----------------------------------------------------------------------------- the push
@@ -159,8 +174,10 @@ def check_image_arg(runtime: str, image: str) -> None:
     if runtime not in RUNTIMES:
         raise UsageError(f"unknown container runtime {runtime!r}", f"use one of: {', '.join(RUNTIMES)}")
     if runtime == "apptainer" and not (image.startswith("/") and image.endswith(".sif")):
-        raise UsageError(f"apptainer image {image!r} is not an absolute .sif path",
-                         "give the .sif file's absolute path, e.g. /images/yoloe.sif")
+        raise UsageError(
+            f"apptainer image {image!r} is not an absolute .sif path",
+            "give the .sif file's absolute path, e.g. /images/yoloe.sif",
+        )
     if not image or image.startswith("-"):
         raise UsageError(f"image name {image!r} is not an image", "give a name:tag or an image ID")
 
@@ -169,29 +186,47 @@ def local_image_id(runtime: str, image: str) -> str:
     """The controller's ID of `image` (apptainer: the .sif's sha256); OrchError when it has none."""
     if runtime == "apptainer":
         if not os.path.isfile(image):
-            raise UsageError(f"{image} does not exist on this machine (the controller)",
-                             "orch image push copies the .sif from here to the same path on every node")
+            raise UsageError(
+                f"{image} does not exist on this machine (the controller)",
+                "orch image push copies the .sif from here to the same path on every node",
+            )
         digest = hashlib.sha256()
         with open(image, "rb") as fh:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
                 digest.update(chunk)
         return digest.hexdigest()
     if shutil.which(runtime) is None:
-        raise OrchError(f"{runtime} is not installed on this machine (the controller): orch image push "
-                        "exports the image here", f"install {runtime}, or push from a machine that holds the image")
-    proc = subprocess.run([runtime, "image", "inspect", "--format", "{{.Id}}", image], capture_output=True,
-                          text=True, timeout=120, stdin=subprocess.DEVNULL)
+        raise OrchError(
+            f"{runtime} is not installed on this machine (the controller): orch image push exports the image here",
+            f"install {runtime}, or push from a machine that holds the image",
+        )
+    proc = subprocess.run(
+        [runtime, "image", "inspect", "--format", "{{.Id}}", image],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
     found = normal_id(proc.stdout) if proc.returncode == 0 else None
     if found is None:
         said = proc.stderr.strip().splitlines()
-        raise UsageError(f"{runtime} on this machine (the controller) has no image {image}"
-                         + (f" ({said[-1]})" if said else ""),
-                         f"build or load it here first ({runtime} images lists what is here)")
+        raise UsageError(
+            f"{runtime} on this machine (the controller) has no image {image}" + (f" ({said[-1]})" if said else ""),
+            f"build or load it here first ({runtime} images lists what is here)",
+        )
     return found
 
 
-def push_image(inv: Inventory, nodes: Sequence[Node], image: str, runtime: str, *, parallel: int = 4,
-               progress: Progress | None = None, tmpdir: str | None = None) -> ImageReport:
+def push_image(
+    inv: Inventory,
+    nodes: Sequence[Node],
+    image: str,
+    runtime: str,
+    *,
+    parallel: int = 4,
+    progress: Progress | None = None,
+    tmpdir: str | None = None,
+) -> ImageReport:
     """Put `image` on every node of `nodes` that does not hold the controller's ID, at most
     `parallel` at once; every node's outcome kept. Raises only for what stops every node alike
     (an unknown runtime, no such image here, the export failing). Ctrl-C stops every stream."""
@@ -207,11 +242,14 @@ def push_image(inv: Inventory, nodes: Sequence[Node], image: str, runtime: str, 
         source = image
         if todo and runtime != "apptainer":
             source = os.path.join(work, "image.tar")
-            proc = subprocess.run(save_argv(runtime, image, source), capture_output=True, text=True,
-                                  stdin=subprocess.DEVNULL)
+            proc = subprocess.run(
+                save_argv(runtime, image, source), capture_output=True, text=True, stdin=subprocess.DEVNULL
+            )
             if proc.returncode != 0:
-                raise OrchError(f"`{runtime} save {image}` failed here (exit {proc.returncode}): "
-                                f"{proc.stderr.strip()[-500:]}", f"is there room in {work}? (set TMPDIR)")
+                raise OrchError(
+                    f"`{runtime} save {image}` failed here (exit {proc.returncode}): {proc.stderr.strip()[-500:]}",
+                    f"is there room in {work}? (set TMPDIR)",
+                )
         if todo:
             size = os.path.getsize(source)
         done = [0]
@@ -234,8 +272,7 @@ def push_image(inv: Inventory, nodes: Sequence[Node], image: str, runtime: str, 
         results = _each(nodes, workers, one)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return ImageReport(image, runtime, want, size, tuple(results[n.name] for n in nodes),
-                       time.monotonic() - started)
+    return ImageReport(image, runtime, want, size, tuple(results[n.name] for n in nodes), time.monotonic() - started)
 
 
 _running: set[subprocess.Popen[bytes]] = set()
@@ -258,8 +295,9 @@ def _each(nodes: Sequence[Node], workers: int, fn: Callable[[Node], Any]) -> dic
 
 
 def _run(argv: Sequence[str], stdin: Any = subprocess.DEVNULL, timeout: float | None = None) -> tuple[int, str, str]:
-    proc = subprocess.Popen(list(argv), stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "LC_ALL": "C"})
+    proc = subprocess.Popen(
+        list(argv), stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "LC_ALL": "C"}
+    )
     with _running_lock:
         _running.add(proc)
     try:
@@ -274,17 +312,27 @@ def _run(argv: Sequence[str], stdin: Any = subprocess.DEVNULL, timeout: float | 
     return proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
 
 
-def _failed(node: Node, action: str, code: int, stderr: str, runtime: str, before: str | None = None,
-            elapsed: float = 0.0) -> NodePush:
+def _failed(
+    node: Node, action: str, code: int, stderr: str, runtime: str, before: str | None = None, elapsed: float = 0.0
+) -> NodePush:
     """A node's failure in one line: the runtime missing there, ssh refused, or what the command said."""
     tool = "sha256sum" if runtime == "apptainer" and action == "inspect" else runtime
     if NOT_INSTALLED.format(runtime=tool) in stderr or code == 127:
-        return NodePush(node.name, "failed", None, before, f"{tool} is not installed on this node",
-                        f"install {tool} there, or leave the node out (--nodes)", 127, elapsed)
+        return NodePush(
+            node.name,
+            "failed",
+            None,
+            before,
+            f"{tool} is not installed on this node",
+            f"install {tool} there, or leave the node out (--nodes)",
+            127,
+            elapsed,
+        )
     message, hint = explain_failure(node, code, stderr)
     message = message.replace("rsync exited", f"{action} exited", 1)
-    return NodePush(node.name, "failed", None, before, message, hint, UNREACHABLE if code == 255 else code or 1,
-                    elapsed)
+    return NodePush(
+        node.name, "failed", None, before, message, hint, UNREACHABLE if code == 255 else code or 1, elapsed
+    )
 
 
 def _held(inv: Inventory, node: Node, runtime: str, image: str) -> str | None | NodePush:
@@ -295,8 +343,7 @@ def _held(inv: Inventory, node: Node, runtime: str, image: str) -> str | None | 
     return normal_id(out)
 
 
-def _load(inv: Inventory, node: Node, runtime: str, image: str, source: str, want: str,
-          before: str | None) -> NodePush:
+def _load(inv: Inventory, node: Node, runtime: str, image: str, source: str, want: str, before: str | None) -> NodePush:
     start = time.monotonic()
     if runtime == "apptainer":
         if inv.transport == "local":
@@ -319,7 +366,14 @@ def _load(inv: Inventory, node: Node, runtime: str, image: str, source: str, wan
     if isinstance(after, NodePush):
         return after
     if after != want:
-        return NodePush(node.name, "failed", after, before,
-                        f"holds {short_id(after)} under {image} after the {action[:-2]}, not the controller's "
-                        f"{short_id(want)}", "another image took the name meanwhile? push again", 1, elapsed)
+        return NodePush(
+            node.name,
+            "failed",
+            after,
+            before,
+            f"holds {short_id(after)} under {image} after the {action[:-2]}, not the controller's {short_id(want)}",
+            "another image took the name meanwhile? push again",
+            1,
+            elapsed,
+        )
     return NodePush(node.name, action, after, before, elapsed_s=elapsed)

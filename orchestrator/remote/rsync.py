@@ -29,8 +29,10 @@ NOT_INSTALLED = "orch: rsync is not installed on this node"
 EXCLUDED = ("__pycache__/",)
 """rsync `--exclude` patterns of every sync: Python's bytecode caches, at any depth."""
 
-REMOTE_RSYNC = ("/bin/sh -c 'command -v rsync >/dev/null 2>&1 || { echo \"" + NOT_INSTALLED + "\" >&2; exit 127; }; "
-                "exec rsync \"$@\"' rsync")
+REMOTE_RSYNC = (
+    "/bin/sh -c 'command -v rsync >/dev/null 2>&1 || { echo \"" + NOT_INSTALLED + '" >&2; exit 127; }; '
+    'exec rsync "$@"\' rsync'
+)
 """`--rsync-path`: the node's login shell runs this followed by rsync's server arguments. It
 names a missing rsync in words instead of leaving rsync's "connection unexpectedly closed"."""
 
@@ -61,8 +63,9 @@ class SyncOptions:
     """Compare files by checksum instead of size and time (slower: reads every file on both sides)."""
 
 
-def rsync_argv(node: Node, paths: Sequence[str], options: SyncOptions = SyncOptions(),
-               config_file: str | None = None) -> list[str]:
+def rsync_argv(
+    node: Node, paths: Sequence[str], options: SyncOptions = SyncOptions(), config_file: str | None = None
+) -> list[str]:
     """The rsync command that copies `paths` (absolute, on the controller) to the same paths on `node`."""
     if not paths:
         raise ValueError("nothing to sync")
@@ -70,8 +73,20 @@ def rsync_argv(node: Node, paths: Sequence[str], options: SyncOptions = SyncOpti
         if not p.startswith("/") or p == "/" or p.endswith("/"):
             raise ValueError(f"sync path {p!r} must be absolute, without a trailing slash, and not /")
     e = " ".join(rsync_shell_word(a) for a in openssh_argv(node.ssh, config_file, node.host))
-    argv = ["rsync", "--archive", "--omit-dir-times", "--relative", "--no-implied-dirs", "--itemize-changes", "--stats",
-            *(f"--exclude={pattern}" for pattern in EXCLUDED), "--rsh", e, "--rsync-path", REMOTE_RSYNC]
+    argv = [
+        "rsync",
+        "--archive",
+        "--omit-dir-times",
+        "--relative",
+        "--no-implied-dirs",
+        "--itemize-changes",
+        "--stats",
+        *(f"--exclude={pattern}" for pattern in EXCLUDED),
+        "--rsh",
+        e,
+        "--rsync-path",
+        REMOTE_RSYNC,
+    ]
     if options.dry_run:
         argv.append("--dry-run")
     if options.delete:
@@ -126,8 +141,9 @@ def parse_output(text: str) -> Transfer:
     missing = [k for k in _STAT_KEYS if k not in stats]
     if missing:
         raise ValueError(f"rsync printed no {missing[0]!r} (--stats)")
-    return Transfer(files=stats[_STAT_KEYS[0]], bytes=stats[_STAT_KEYS[1]], sent=stats[_STAT_KEYS[2]],
-                    changes=tuple(changes))
+    return Transfer(
+        files=stats[_STAT_KEYS[0]], bytes=stats[_STAT_KEYS[1]], sent=stats[_STAT_KEYS[2]], changes=tuple(changes)
+    )
 
 
 def missing_rsync(stderr: str) -> bool:

@@ -48,10 +48,18 @@ class NodeSync:
 
     def to_json(self) -> dict[str, Any]:
         t = self.transfer
-        return {"node": self.node, "ok": self.ok, "files": t.files if t else None, "bytes": t.bytes if t else None,
-                "sent": t.sent if t else None, "changes": list(t.changes) if t else [],
-                "error": self.error, "hint": self.hint, "rsync_exit_code": self.exit_code,
-                "elapsed_s": round(self.elapsed_s, 3)}
+        return {
+            "node": self.node,
+            "ok": self.ok,
+            "files": t.files if t else None,
+            "bytes": t.bytes if t else None,
+            "sent": t.sent if t else None,
+            "changes": list(t.changes) if t else [],
+            "error": self.error,
+            "hint": self.hint,
+            "rsync_exit_code": self.exit_code,
+            "elapsed_s": round(self.elapsed_s, 3),
+        }
 
 
 @dataclass(frozen=True)
@@ -72,8 +80,14 @@ class SyncReport:
         return [n for n in self.nodes if not n.ok]
 
     def to_json(self) -> dict[str, Any]:
-        return {"paths": list(self.paths), "dry_run": self.options.dry_run, "delete": self.options.delete,
-                "ok": self.ok, "skipped": self.skipped, "nodes": [n.to_json() for n in self.nodes]}
+        return {
+            "paths": list(self.paths),
+            "dry_run": self.options.dry_run,
+            "delete": self.options.delete,
+            "ok": self.ok,
+            "skipped": self.skipped,
+            "nodes": [n.to_json() for n in self.nodes],
+        }
 
 
 def sources(inv: Inventory) -> tuple[str, ...]:
@@ -81,18 +95,24 @@ def sources(inv: Inventory) -> tuple[str, ...]:
     UsageError otherwise. rsync would copy a listed link as a link: the node's real directory at
     that path would be replaced by it (and, with --delete, emptied first)."""
     if not inv.job.sync:
-        raise UsageError(f"{inv.path}: job.sync is empty: nothing to sync",
-                         "list the files and directories to copy to every node: job: {sync: [/abs/code, /abs/data.yaml]}")
+        raise UsageError(
+            f"{inv.path}: job.sync is empty: nothing to sync",
+            "list the files and directories to copy to every node: job: {sync: [/abs/code, /abs/data.yaml]}",
+        )
     for i, path in enumerate(inv.job.sync):
         if os.path.islink(path):
             target = os.readlink(path)
             real = os.path.realpath(path)
-            raise UsageError(f"{inv.path}: job.sync[{i}]: {path} is a symbolic link (to {target}) on this machine: "
-                             "rsync would put the link itself on every node, in place of what is there",
-                             f"list what it points to instead ({real}), or make {path} a real directory or file")
+            raise UsageError(
+                f"{inv.path}: job.sync[{i}]: {path} is a symbolic link (to {target}) on this machine: "
+                "rsync would put the link itself on every node, in place of what is there",
+                f"list what it points to instead ({real}), or make {path} a real directory or file",
+            )
         if not os.path.exists(path):
-            raise UsageError(f"{inv.path}: job.sync[{i}]: {path} does not exist on this machine (the controller)",
-                             "orch sync copies paths from here to the same paths on every node")
+            raise UsageError(
+                f"{inv.path}: job.sync[{i}]: {path} does not exist on this machine (the controller)",
+                "orch sync copies paths from here to the same paths on every node",
+            )
     return inv.job.sync
 
 
@@ -149,19 +169,23 @@ def refuse_delete_over_output(inv: Inventory, paths: Sequence[str]) -> None:
                     f"{inv.path}: orch sync --delete: job.sync[{i}] {path} holds {what} {kept}: --delete would "
                     "remove on every node what the job wrote there (checkpoints, logs)",
                     "sync without --delete, or write the output outside the synced directories "
-                    "(e.g. job.args.project: /data/runs), or sync the subdirectories that hold code only")
+                    "(e.g. job.args.project: /data/runs), or sync the subdirectories that hold code only",
+                )
 
 
 def require_local_tools() -> None:
     """rsync and ssh on the controller, or one line saying which is missing."""
     for tool, package in (("rsync", "rsync"), ("ssh", "openssh-client")):
         if shutil.which(tool) is None:
-            raise OrchError(f"{tool} is not installed on this machine (the controller): orch sync needs it",
-                            f"apt-get install {package} (dnf install {package.replace('openssh-client', 'openssh-clients')})")
+            raise OrchError(
+                f"{tool} is not installed on this machine (the controller): orch sync needs it",
+                f"apt-get install {package} (dnf install {package.replace('openssh-client', 'openssh-clients')})",
+            )
 
 
-def sync_nodes(inv: Inventory, nodes: Sequence[Node], options: SyncOptions = SyncOptions(),
-               progress: Progress | None = None) -> SyncReport:
+def sync_nodes(
+    inv: Inventory, nodes: Sequence[Node], options: SyncOptions = SyncOptions(), progress: Progress | None = None
+) -> SyncReport:
     """rsync `job.sync` to every node of `nodes`, at most `inv.fanout` at once; every outcome kept.
     Raises (UsageError/OrchError) only for what stops every node alike: no or missing sources, no
     rsync or ssh here. Ctrl-C stops every rsync before it propagates."""
@@ -169,8 +193,12 @@ def sync_nodes(inv: Inventory, nodes: Sequence[Node], options: SyncOptions = Syn
     if options.delete:
         refuse_delete_over_output(inv, paths)
     if inv.transport == "local":
-        return SyncReport(paths, options, tuple(NodeSync(n.name, Transfer(0, 0, 0, ())) for n in nodes),
-                          skipped="transport: local: every node reads this machine's files, nothing to copy")
+        return SyncReport(
+            paths,
+            options,
+            tuple(NodeSync(n.name, Transfer(0, 0, 0, ())) for n in nodes),
+            skipped="transport: local: every node reads this machine's files, nothing to copy",
+        )
     require_local_tools()
     procs: dict[str, subprocess.Popen[bytes]] = {}
     lock = threading.Lock()
@@ -201,15 +229,26 @@ def sync_nodes(inv: Inventory, nodes: Sequence[Node], options: SyncOptions = Syn
     return SyncReport(paths, options, results)
 
 
-def _sync_one(node: Node, paths: Sequence[str], options: SyncOptions, procs: dict[str, subprocess.Popen[bytes]],
-              lock: threading.Lock, interrupted: threading.Event) -> NodeSync:
+def _sync_one(
+    node: Node,
+    paths: Sequence[str],
+    options: SyncOptions,
+    procs: dict[str, subprocess.Popen[bytes]],
+    lock: threading.Lock,
+    interrupted: threading.Event,
+) -> NodeSync:
     argv = rsync_argv(node, paths, options, openssh_config_file(node.ssh))
     start = time.monotonic()
     with lock:
         if interrupted.is_set():
             return NodeSync(node.name, None, "interrupted before it started")
-        proc = procs[node.name] = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                                   stderr=subprocess.PIPE, env={**os.environ, "LC_ALL": "C"})
+        proc = procs[node.name] = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "LC_ALL": "C"},
+        )
     out, err = proc.communicate()
     elapsed = time.monotonic() - start
     stdout, stderr = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
@@ -219,53 +258,70 @@ def _sync_one(node: Node, paths: Sequence[str], options: SyncOptions, procs: dic
     try:
         transfer = parse_output(stdout)
     except ValueError as exc:
-        return NodeSync(node.name, None, f"rsync succeeded but its report could not be read: {exc}", None,
-                        proc.returncode, elapsed)
+        return NodeSync(
+            node.name, None, f"rsync succeeded but its report could not be read: {exc}", None, proc.returncode, elapsed
+        )
     return NodeSync(node.name, transfer, exit_code=0, elapsed_s=elapsed)
 
 
 # What OpenSSH prints when it cannot get in (checked in this order): the message orch says for
 # it (in the words the transport uses for the same failure), and what fixes it.
 _SSH_FAILURES = (
-    ("has changed and you have requested strict checking",
-     "host key of {host} CHANGED: known_hosts has another key for {name}",
-     "if the node was reinstalled: ssh-keygen -R '{name}' -f {known_hosts}, then add the new key; "
-     "otherwise treat it as an attack"),
-    ("host key is known for",
-     "host key of {name} is not in {known_hosts}",
-     "verify it, then: ssh-keyscan -p {port} {host} >> {known_hosts} (or set ssh.host_key_policy: accept-new)"),
-    ("Host key verification failed",
-     "host key of {name} could not be verified against {known_hosts}",
-     "verify it, then: ssh-keyscan -p {port} {host} >> {known_hosts}"),
-    ("Permission denied",
-     "authentication refused for {target}",
-     "check the key (ssh.identity) and that it is in the node's ~/.ssh/authorized_keys"),
-    ("Connection refused",
-     "connection to {target} refused",
-     "is sshd running on that port? (systemctl status ssh)"),
-    ("timed out",
-     "{target} did not answer",
-     "is the node up and the port open? check firewalls and ssh.connect_timeout"),
-    ("Could not resolve hostname",
-     "cannot resolve {host}",
-     "check the node's host in the inventory"),
+    (
+        "has changed and you have requested strict checking",
+        "host key of {host} CHANGED: known_hosts has another key for {name}",
+        "if the node was reinstalled: ssh-keygen -R '{name}' -f {known_hosts}, then add the new key; "
+        "otherwise treat it as an attack",
+    ),
+    (
+        "host key is known for",
+        "host key of {name} is not in {known_hosts}",
+        "verify it, then: ssh-keyscan -p {port} {host} >> {known_hosts} (or set ssh.host_key_policy: accept-new)",
+    ),
+    (
+        "Host key verification failed",
+        "host key of {name} could not be verified against {known_hosts}",
+        "verify it, then: ssh-keyscan -p {port} {host} >> {known_hosts}",
+    ),
+    (
+        "Permission denied",
+        "authentication refused for {target}",
+        "check the key (ssh.identity) and that it is in the node's ~/.ssh/authorized_keys",
+    ),
+    ("Connection refused", "connection to {target} refused", "is sshd running on that port? (systemctl status ssh)"),
+    (
+        "timed out",
+        "{target} did not answer",
+        "is the node up and the port open? check firewalls and ssh.connect_timeout",
+    ),
+    ("Could not resolve hostname", "cannot resolve {host}", "check the node's host in the inventory"),
 )
-_RSYNC_NOISE = ("rsync: connection unexpectedly closed", "rsync error:", "rsync: [sender] write error",
-                "rsync: [Receiver] write error")
+_RSYNC_NOISE = (
+    "rsync: connection unexpectedly closed",
+    "rsync error:",
+    "rsync: [sender] write error",
+    "rsync: [Receiver] write error",
+)
 
 
 def explain_failure(node: Node, code: int, stderr: str) -> tuple[str, str | None]:
     """One line (and a hint) for a failed rsync: rsync missing on the node, ssh refused, or what
     rsync itself said, without its generic trailer lines."""
     if missing_rsync(stderr):
-        return ("rsync is not installed on this node",
-                "install it there: apt-get install rsync (dnf install rsync), e.g. orch exec -- 'apt-get install -y rsync'")
+        return (
+            "rsync is not installed on this node",
+            "install it there: apt-get install rsync (dnf install rsync), e.g. orch exec -- 'apt-get install -y rsync'",
+        )
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
     said = [ln for ln in lines if not ln.startswith(_RSYNC_NOISE)] or lines
     opts = node.ssh
-    where = {"host": node.host, "port": opts.port, "known_hosts": opts.known_hosts,
-             "name": node.host if opts.port == 22 else f"[{node.host}]:{opts.port}",
-             "target": f"{opts.user + '@' if opts.user else ''}{node.host}:{opts.port}"}
+    where = {
+        "host": node.host,
+        "port": opts.port,
+        "known_hosts": opts.known_hosts,
+        "name": node.host if opts.port == 22 else f"[{node.host}]:{opts.port}",
+        "target": f"{opts.user + '@' if opts.user else ''}{node.host}:{opts.port}",
+    }
     from_ssh = [ln for ln in said if not ln.startswith("rsync")]  # rsync's own say "rsync: ..." / "rsync error"
     for needle, message, hint in _SSH_FAILURES:
         line = next((ln for ln in from_ssh if needle in ln), None)

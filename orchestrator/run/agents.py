@@ -23,8 +23,19 @@ from ..store import NodeRecord, remote_dir
 from ..transport import Cluster, GroupResult, Result, Transport
 
 START_WAIT_S = 60.0
-RECORDED = ("state", "exit_code", "pid", "pgid", "agent_pid", "started_at", "finished_at", "failed_at", "signal",
-            "error", "cleanup_left")
+RECORDED = (
+    "state",
+    "exit_code",
+    "pid",
+    "pgid",
+    "agent_pid",
+    "started_at",
+    "finished_at",
+    "failed_at",
+    "signal",
+    "error",
+    "cleanup_left",
+)
 """The fields of a NodeStatus that run.json keeps for each node."""
 
 
@@ -82,18 +93,35 @@ class NodeStatus:
         """The agent's JSON. A state this orch does not know reads as unknown; a field of the wrong
         type (what a node sends is not trusted) as not said."""
         raw = data.get("state")
-        state = None if raw is None else NodeState(raw) if isinstance(raw, str) and raw in set(NodeState) \
+        state = (
+            None
+            if raw is None
+            else NodeState(raw)
+            if isinstance(raw, str) and raw in set(NodeState)
             else NodeState.UNKNOWN
+        )
         tail = data.get("tail")
         alive = {k: data.get(k) if isinstance(data.get(k), bool) else None for k in ("agent_alive", "job_alive")}
-        return cls(state=state, exit_code=_number(data.get("exit_code")), signal=_text(data.get("signal")),
-                   reason=_text(data.get("reason")), pid=_number(data.get("pid")), pgid=_number(data.get("pgid")),
-                   agent_pid=_number(data.get("agent_pid")), started_at=_number(data.get("started_at")),
-                   finished_at=_number(data.get("finished_at")), failed_at=_number(data.get("failed_at")),
-                   now=_number(data.get("now")),
-                   log_size=_number(data.get("log_size")), log_mtime=_number(data.get("log_mtime")),
-                   tail=tuple(str(x) for x in tail) if isinstance(tail, list) else (), error=_text(data.get("error")),
-                   cleanup_left=_pids(data.get("cleanup_left")), disk_full=_text(data.get("disk_full")), **alive)
+        return cls(
+            state=state,
+            exit_code=_number(data.get("exit_code")),
+            signal=_text(data.get("signal")),
+            reason=_text(data.get("reason")),
+            pid=_number(data.get("pid")),
+            pgid=_number(data.get("pgid")),
+            agent_pid=_number(data.get("agent_pid")),
+            started_at=_number(data.get("started_at")),
+            finished_at=_number(data.get("finished_at")),
+            failed_at=_number(data.get("failed_at")),
+            now=_number(data.get("now")),
+            log_size=_number(data.get("log_size")),
+            log_mtime=_number(data.get("log_mtime")),
+            tail=tuple(str(x) for x in tail) if isinstance(tail, list) else (),
+            error=_text(data.get("error")),
+            cleanup_left=_pids(data.get("cleanup_left")),
+            disk_full=_text(data.get("disk_full")),
+            **alive,
+        )
 
     def recorded(self) -> dict[str, Any]:
         """The fields run.json keeps of it, where it says anything."""
@@ -132,10 +160,14 @@ class StopResult:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> StopResult:
-        return cls(NodeStatus.from_json(data) if data.get("state") else None,
-                   tuple(int(p) for p in data.get("stopped") or ()),
-                   tuple(int(p) for p in data.get("remaining") or ()), _text(data.get("note")),
-                   tuple(int(p) for p in data.get("strangers") or ()), data.get("foreign") is True)
+        return cls(
+            NodeStatus.from_json(data) if data.get("state") else None,
+            tuple(int(p) for p in data.get("stopped") or ()),
+            tuple(int(p) for p in data.get("remaining") or ()),
+            _text(data.get("note")),
+            tuple(int(p) for p in data.get("strangers") or ()),
+            data.get("foreign") is True,
+        )
 
 
 # ----------------------------------------------------------------------------- one node
@@ -145,10 +177,18 @@ def launch_spec(plan: Plan, np_: NodePlan, lease_s: float | None = None) -> dict
     """launch.json: everything the agent needs, so no env value ever appears on a command line.
     `lease_s` (an attached run): the agent stops the job when the controller has not renewed its
     lease for that long (see `node/agent.py` LEASE)."""
-    spec = {"run": plan.run_id, "node": np_.node.name, "node_rank": np_.node_rank,
-            "argv": list(np_.argv), "env": dict(np_.env), "cwd": np_.workdir,
-            "grace": plan.inventory.job.stop_grace_s, "torchrun_log_dir": True,
-            "telemetry_s": plan.inventory.job.telemetry_s, "stop_hook": list(np_.stop)}
+    spec = {
+        "run": plan.run_id,
+        "node": np_.node.name,
+        "node_rank": np_.node_rank,
+        "argv": list(np_.argv),
+        "env": dict(np_.env),
+        "cwd": np_.workdir,
+        "grace": plan.inventory.job.stop_grace_s,
+        "torchrun_log_dir": True,
+        "telemetry_s": plan.inventory.job.telemetry_s,
+        "stop_hook": list(np_.stop),
+    }
     if plan.nonce:
         spec["nonce"] = plan.nonce
     if lease_s:
@@ -182,9 +222,11 @@ def parse_agent(res: Result, python: str) -> dict[str, Any]:
         data = None
     if isinstance(data, dict):
         if data.get("untrusted"):
-            raise UntrustedRunDir(f"{res.node}: {data.get('error')}",
-                            "a run directory (and every directory above it) must be writable by its owner only; "
-                            "or set job.run_root to a directory of your own")
+            raise UntrustedRunDir(
+                f"{res.node}: {data.get('error')}",
+                "a run directory (and every directory above it) must be writable by its owner only; "
+                "or set job.run_root to a directory of your own",
+            )
         return data
     err = res.stderr.strip().splitlines()
     detail = err[-1] if err else f"exit code {res.exit_code}, no output"
@@ -193,8 +235,14 @@ def parse_agent(res: Result, python: str) -> dict[str, Any]:
     raise OrchError(f"{res.node}: the node agent failed: {detail}")
 
 
-def start_node(t: Transport, plan: Plan, np_: NodePlan, rdir: str,
-               extra: Mapping[str, str] | None = None, lease_s: float | None = None) -> NodeStatus:
+def start_node(
+    t: Transport,
+    plan: Plan,
+    np_: NodePlan,
+    rdir: str,
+    extra: Mapping[str, str] | None = None,
+    lease_s: float | None = None,
+) -> NodeStatus:
     """Ship the agent and launch.json, start the job detached; its status once it runs.
 
     One SSH exec: `node/boot.py` writes both files (sent on stdin, so no env value is ever on a
@@ -204,13 +252,18 @@ def start_node(t: Transport, plan: Plan, np_: NodePlan, rdir: str,
     t.connect()
     files = {**(extra or {}), **agent_files(), "launch.json": json.dumps(launch_spec(plan, np_, lease_s))}
     python = np_.node.python
-    res = t.run([python, "-c", node_script("boot"), rdir, "start", ".", "--wait", str(START_WAIT_S)],
-                stdin=json.dumps(files).encode("ascii"), timeout=START_WAIT_S + 30)
+    res = t.run(
+        [python, "-c", node_script("boot"), rdir, "start", ".", "--wait", str(START_WAIT_S)],
+        stdin=json.dumps(files).encode("ascii"),
+        timeout=START_WAIT_S + 30,
+    )
     state = parse_agent(res, python)
     if state.get("foreign"):
-        raise OrchError(f"{np_.node.name}: the job did not start: {state.get('reason')}; nothing of it was touched",
-                        "run ids are unique per controller only when orch picks them: pick another --run-id, or "
-                        "remove that directory once that run is over")
+        raise OrchError(
+            f"{np_.node.name}: the job did not start: {state.get('reason')}; nothing of it was touched",
+            "run ids are unique per controller only when orch picks them: pick another --run-id, or "
+            "remove that directory once that run is over",
+        )
     if res.exit_code != 0 or not state.get("pid"):
         raise OrchError(f"{np_.node.name}: the job did not start: {state.get('reason') or state.get('state')}")
     return NodeStatus.from_json(state)
@@ -249,21 +302,32 @@ def sweep_node(t: Transport, sweep: Sequence[str], result: StopResult) -> StopRe
 
     listed = t.run(list(sweep), timeout=60)
     if not listed.ok:
-        raise OrchError(f"{t.node.name}: cannot list the run's containers: "
-                        f"{(listed.stderr.strip().splitlines() or ['exit ' + str(listed.exit_code)])[-1]}",
-                        f"run `{' '.join(sweep)}` on the node, then `{sweep[0]} rm -f` what it lists")
+        raise OrchError(
+            f"{t.node.name}: cannot list the run's containers: "
+            f"{(listed.stderr.strip().splitlines() or ['exit ' + str(listed.exit_code)])[-1]}",
+            f"run `{' '.join(sweep)}` on the node, then `{sweep[0]} rm -f` what it lists",
+        )
     ids = [line.strip() for line in listed.stdout.splitlines() if line.strip()]
     if not ids:
         return result
     removed = t.run([sweep[0], "rm", "-f", *ids], timeout=120)
     if not removed.ok:
-        raise OrchError(f"{t.node.name}: the run's containers {' '.join(ids)} could not be removed: "
-                        f"{(removed.stderr.strip().splitlines() or ['exit ' + str(removed.exit_code)])[-1]}")
+        raise OrchError(
+            f"{t.node.name}: the run's containers {' '.join(ids)} could not be removed: "
+            f"{(removed.stderr.strip().splitlines() or ['exit ' + str(removed.exit_code)])[-1]}"
+        )
     return replace(result, containers=tuple(ids))
 
 
-def status_node(t: Transport, python: str, rdir: str, tail: int = 0, timeout: float = 15,
-                nonce: str | None = None, renew: bool = False) -> NodeStatus:
+def status_node(
+    t: Transport,
+    python: str,
+    rdir: str,
+    tail: int = 0,
+    timeout: float = 15,
+    nonce: str | None = None,
+    renew: bool = False,
+) -> NodeStatus:
     """One node's state.json plus liveness; a missing run directory reads as state `unknown`, and
     so does (with `nonce`) one another launch claimed, its `error` saying whose. `renew`: the
     supervising `orch up` renews the run's lease with its poll."""
@@ -290,13 +354,29 @@ class Collected:
     root, another launch's, its job still running)."""
 
 
-def collect_node(t: Transport, python: str, rdir: str, root: str, limit: int, remove: bool,
-                 nonce: str | None = None, timeout: float = 60) -> Collected:
+def collect_node(
+    t: Transport,
+    python: str,
+    rdir: str,
+    root: str,
+    limit: int,
+    remove: bool,
+    nonce: str | None = None,
+    timeout: float = 60,
+) -> Collected:
     """The last `limit` bytes of a node's log; with `remove`, then its run directory is removed by
     the agent, which checks it as it checks every run directory (trusted, `<root>/<run-id>/<node>`,
     this launch's, nothing of it running) before it removes anything."""
-    args = ["collect", ".", "--root", root, "--limit", str(limit), *(["--remove"] if remove else []),
-            *(["--nonce", nonce] if nonce else [])]
+    args = [
+        "collect",
+        ".",
+        "--root",
+        root,
+        "--limit",
+        str(limit),
+        *(["--remove"] if remove else []),
+        *(["--nonce", nonce] if nonce else []),
+    ]
     data = agent_call(t, python, rdir, args, timeout)
     kept = data.get("kept")
     return Collected(_text(data.get("log")) or "", bool(data.get("removed")), str(kept) if kept else None)
@@ -305,14 +385,16 @@ def collect_node(t: Transport, python: str, rdir: str, root: str, limit: int, re
 # ----------------------------------------------------------------------------- every node
 
 
-def start_all(cluster: Cluster, plan: Plan, extra: Mapping[str, str] | None = None,
-              lease_s: float | None = None) -> GroupResult[NodeStatus]:
+def start_all(
+    cluster: Cluster, plan: Plan, extra: Mapping[str, str] | None = None, lease_s: float | None = None
+) -> GroupResult[NodeStatus]:
     """Start every node in parallel; every node's answer (its status, or why not) is collected.
     `extra`: more files for every node's run directory (see `start_node`); `lease_s`: see
     `launch_spec`."""
     rdirs = {p.node.name: remote_dir(plan.inventory, p.node, plan.run_id) for p in plan.nodes}
-    return cluster.fan_out(lambda t: start_node(t, plan, plan.for_node(t.node.name), rdirs[t.node.name], extra,
-                                                lease_s))
+    return cluster.fan_out(
+        lambda t: start_node(t, plan, plan.for_node(t.node.name), rdirs[t.node.name], extra, lease_s)
+    )
 
 
 def stop_all(cluster: Cluster, records: Sequence[NodeRecord], grace: float) -> GroupResult[StopResult]:

@@ -51,62 +51,88 @@ WHAT = re.compile(r"^\s*what\(\):\s+(.*\S)")
 GPU_ERROR = re.compile(
     r"CUDA error|CUDA out of memory|CUDA driver version is insufficient|no kernel image is available|"
     r"NCCL error|NCCL WARN|Watchdog caught collective operation timeout|CUBLAS_STATUS_\w+|CUDNN_STATUS_\w+|"
-    r"cudaError\w+|nccl(?:SystemError|InternalError|UnhandledCudaError|RemoteError|InvalidUsage)")
+    r"cudaError\w+|nccl(?:SystemError|InternalError|UnhandledCudaError|RemoteError|InvalidUsage)"
+)
 SIGNAL_EXCEPTION = re.compile(r"SignalException: Process \d+ got signal: (\d+)")
 WRAPPERS = ("ChildFailedError",)
 """torchrun's own exception when a worker failed: never the cause, the worker's is."""
 
 SIGNAL_HINTS = {
     "SIGKILL": "SIGKILL on a training node is usually the kernel's OOM killer (host memory: DataLoader workers, "
-               "a RAM cache, pinned memory); its kernel log says so: orch exec --nodes {node} -- "
-               "'dmesg -T | grep -i -e \"out of memory\" -e \"killed process\"'",
+    "a RAM cache, pinned memory); its kernel log says so: orch exec --nodes {node} -- "
+    '\'dmesg -T | grep -i -e "out of memory" -e "killed process"\'',
     "SIGSEGV": "a crash in native code (CUDA, NCCL, a compiled extension, a DataLoader worker's library): the "
-               "lines above it in `orch logs --node {node}` show where",
+    "lines above it in `orch logs --node {node}` show where",
     "SIGABRT": "an abort in native code: an uncaught C++ exception (`terminate called after throwing`) or NCCL's "
-               "watchdog taking the process down after a collective timed out (see the other ranks)",
+    "watchdog taking the process down after a collective timed out (see the other ranks)",
     "SIGBUS": "usually shared memory (/dev/shm) too small for the DataLoader workers: fewer --workers, or a larger "
-              "/dev/shm (docker --shm-size)",
+    "/dev/shm (docker --shm-size)",
     "SIGTERM": "stopped from outside orch on {node}: a scheduler, systemd, or someone's kill",
     "SIGINT": "interrupted from outside orch on {node} (a Ctrl-C or kill -INT there)",
     "SIGHUP": "its terminal or session on {node} went away (a job started by hand without nohup?)",
 }
 HINTS = (
-    (re.compile(r"unrecognized arguments|invalid choice|the following arguments are required|expected one argument|"
-                r"argument [^:]+: invalid"),
-     "the job's arguments are not what the program accepts: fix job.args in the inventory (orch up --dry-run "
-     "shows the exact command)"),
-    (re.compile(r"CUDA out of memory|OutOfMemoryError"),
-     "the GPU ran out of memory: a smaller batch per GPU (job.args batch), a smaller imgsz, or AMP"),
-    (re.compile(r"no kernel image is available|cudaErrorNoKernelImageForDevice|not compatible with the current "
-                r"PyTorch installation"),
-     "this torch build has no kernels for the node's GPU: install a torch built for a CUDA version that still "
-     "supports it (orch check compares the two)"),
-    (re.compile(r"driver version is insufficient|cudaErrorInsufficientDriver"),
-     "the NVIDIA driver is older than this torch's CUDA runtime needs: a newer driver, or a torch built for an "
-     "older CUDA"),
-    (re.compile(r"Watchdog caught collective operation timeout|collective operation timeout"),
-     "a collective timed out: a rank was slower, hung or gone (the first failure may be on another node), or "
-     "the network between the nodes broke; NCCL_DEBUG=INFO in env says which link"),
-    (re.compile(r"NCCL error|ncclSystemError|ncclInternalError|ncclRemoteError|unhandled system error"),
-     "NCCL could not talk between the ranks: rerun with NCCL_DEBUG=INFO in env, and check NCCL_SOCKET_IFNAME / "
-     "NCCL_IB_HCA against the nodes (orch check: nccl_env, rdma)"),
-    (re.compile(r"Address already in use|EADDRINUSE"),
-     "master.port is taken on the master node (another job, or one left over): pick another master.port, or "
-     "stop what holds it"),
-    (re.compile(r"Connection refused|ECONNREFUSED"),
-     "a rank could not reach the rendezvous on the master: is master.port open between the nodes (firewall), "
-     "and did the master node start?"),
-    (re.compile(r"Connection (?:closed|reset) by peer|remote worker (?:crashing|hanging)"),
-     "this rank lost a peer: it is a consequence, the failure that matters is on another rank or node (their "
-     "logs: orch logs --grep Error)"),
-    (re.compile(r"Expected all tensors to be on the same device"),
-     "a tensor and the model are on different devices: move both to cuda:LOCAL_RANK"),
+    (
+        re.compile(
+            r"unrecognized arguments|invalid choice|the following arguments are required|expected one argument|"
+            r"argument [^:]+: invalid"
+        ),
+        "the job's arguments are not what the program accepts: fix job.args in the inventory (orch up --dry-run "
+        "shows the exact command)",
+    ),
+    (
+        re.compile(r"CUDA out of memory|OutOfMemoryError"),
+        "the GPU ran out of memory: a smaller batch per GPU (job.args batch), a smaller imgsz, or AMP",
+    ),
+    (
+        re.compile(
+            r"no kernel image is available|cudaErrorNoKernelImageForDevice|not compatible with the current "
+            r"PyTorch installation"
+        ),
+        "this torch build has no kernels for the node's GPU: install a torch built for a CUDA version that still "
+        "supports it (orch check compares the two)",
+    ),
+    (
+        re.compile(r"driver version is insufficient|cudaErrorInsufficientDriver"),
+        "the NVIDIA driver is older than this torch's CUDA runtime needs: a newer driver, or a torch built for an "
+        "older CUDA",
+    ),
+    (
+        re.compile(r"Watchdog caught collective operation timeout|collective operation timeout"),
+        "a collective timed out: a rank was slower, hung or gone (the first failure may be on another node), or "
+        "the network between the nodes broke; NCCL_DEBUG=INFO in env says which link",
+    ),
+    (
+        re.compile(r"NCCL error|ncclSystemError|ncclInternalError|ncclRemoteError|unhandled system error"),
+        "NCCL could not talk between the ranks: rerun with NCCL_DEBUG=INFO in env, and check NCCL_SOCKET_IFNAME / "
+        "NCCL_IB_HCA against the nodes (orch check: nccl_env, rdma)",
+    ),
+    (
+        re.compile(r"Address already in use|EADDRINUSE"),
+        "master.port is taken on the master node (another job, or one left over): pick another master.port, or "
+        "stop what holds it",
+    ),
+    (
+        re.compile(r"Connection refused|ECONNREFUSED"),
+        "a rank could not reach the rendezvous on the master: is master.port open between the nodes (firewall), "
+        "and did the master node start?",
+    ),
+    (
+        re.compile(r"Connection (?:closed|reset) by peer|remote worker (?:crashing|hanging)"),
+        "this rank lost a peer: it is a consequence, the failure that matters is on another rank or node (their "
+        "logs: orch logs --grep Error)",
+    ),
+    (
+        re.compile(r"Expected all tensors to be on the same device"),
+        "a tensor and the model are on different devices: move both to cuda:LOCAL_RANK",
+    ),
 )
 
 
 CONSEQUENCE = re.compile(
     r"Connection (?:closed|reset) by peer|remote worker (?:crashing|hanging)|ncclRemoteError|"
-    r"remote process exited or there was a network error|NCCL communicator was aborted|Broken pipe")
+    r"remote process exited or there was a network error|NCCL communicator was aborted|Broken pipe"
+)
 """A rank's error that says it lost a peer (gloo's, NCCL's): a consequence of another rank's failure."""
 BEFORE_S, AFTER_S = 60.0, 10.0
 """How far before and after a lost peer another rank's exception is taken as its cause: a rank
@@ -144,9 +170,9 @@ def raised(raw_lines: Sequence[str]) -> list[Raised]:
         if not m:
             continue
         local = int(m.group(1))
-        body = parts[2][m.end():]
+        body = parts[2][m.end() :]
         tag = RANK_TAG.match(body)
-        body = body[tag.end():] if tag else body
+        body = body[tag.end() :] if tag else body
         if body.strip() == TRACEBACK:
             open_tb[local] = True
             continue
@@ -257,20 +283,28 @@ def cause(texts: Sequence[str], *, node: str = "", signal: str | None = None) ->
         if signal:
             return Cause(f"torchrun was killed by {signal}", signal, _signal_hint(signal, node))
         return _torchrun_cause([t for t in texts if not TEE.match(t)], node)
-    mine = rank_lines(texts[:s.first], s.local_rank)
+    mine = rank_lines(texts[: s.first], s.local_rank)
     if s.signal:
         # the OOM killer leaves nothing in the rank's output; an abort or a crash may have said why
         found = None if s.signal == "SIGKILL" else (terminated(mine) or gpu_error(mine) or exception_line(mine))
         text = f"{found} (killed by {s.signal})" if found else f"killed by {s.signal}"
         return Cause(text, s.signal, hint_of(found or "") or _signal_hint(s.signal, node))
-    found = (exception_line(s.traceback) or exception_line(mine) or argparse_error(mine) or gpu_error(mine)
-             or terminated(mine))
+    found = (
+        exception_line(s.traceback)
+        or exception_line(mine)
+        or argparse_error(mine)
+        or gpu_error(mine)
+        or terminated(mine)
+    )
     if found:
         return Cause(found, None, hint_of(found))
     if s.exit_code is not None and 128 < s.exit_code < 160 and signal_name(s.exit_code - 128):
         sig = signal_name(s.exit_code - 128)
-        return Cause(f"exited with code {s.exit_code} (128 + {s.exit_code - 128}: a shell's way of saying killed "
-                     f"by {sig})", sig, _signal_hint(sig or "", node))
+        return Cause(
+            f"exited with code {s.exit_code} (128 + {s.exit_code - 128}: a shell's way of saying killed by {sig})",
+            sig,
+            _signal_hint(sig or "", node),
+        )
     return Cause(f"exited with code {s.exit_code}") if s.exit_code is not None else None
 
 
@@ -280,9 +314,9 @@ def rank_lines(texts: Sequence[str], local_rank: int) -> list[str]:
     for t in texts:
         m = TEE.match(t)
         if m and int(m.group(1)) == local_rank:
-            body = t[m.end():]
+            body = t[m.end() :]
             tag = RANK_TAG.match(body)
-            out.append(body[tag.end():] if tag else body)
+            out.append(body[tag.end() :] if tag else body)
     return out
 
 
@@ -292,7 +326,7 @@ def exception_line(lines: Sequence[str]) -> str | None:
     if not starts:
         return None
     strangers = 0
-    for t in lines[starts[-1] + 1:]:
+    for t in lines[starts[-1] + 1 :]:
         if not t.strip() or t[:1] in (" ", "\t"):
             continue  # a frame, its source line, the carets
         text = t.strip()
@@ -318,7 +352,7 @@ def terminated(lines: Sequence[str]) -> str | None:
     for i in range(len(lines) - 1, -1, -1):
         m = TERMINATE.search(lines[i])
         if m:
-            for t in lines[i + 1:i + 4]:
+            for t in lines[i + 1 : i + 4]:
                 w = WHAT.match(t)
                 if w:
                     return f"{m.group(1)}: {w.group(1)}"

@@ -117,11 +117,11 @@ def status(run_id: str | None) -> StatusReport:
     with Cluster(inv) as cluster:
         answers = status_all(cluster, records)
         ok, failed = answers.succeeded, answers.failed
-        statuses = {n: ok[n] if n in ok else NodeStatus(NodeState.UNREACHABLE, error=str(failed[n]))
-                    for n in answers}
+        statuses = {n: ok[n] if n in ok else NodeStatus(NodeState.UNREACHABLE, error=str(failed[n])) for n in answers}
         data = run.read()
-        state = run_state([s.state or NodeState.UNKNOWN for s in statuses.values()],
-                          data.get("state", RunState.STARTING))
+        state = run_state(
+            [s.state or NodeState.UNKNOWN for s in statuses.values()], data.get("state", RunState.STARTING)
+        )
         fields: dict[str, Any] = {"state": state}
         if state == RunState.FAILED and not data.get("first_failure"):
             # a detached run failed with nobody watching: name its first failure now
@@ -146,13 +146,22 @@ def _master_tail(cluster: Cluster, records: list[NodeRecord], statuses: Mapping[
         return ()
 
 
-def detached_failure(cluster: Cluster, records: list[NodeRecord], statuses: Mapping[str, NodeStatus],
-                     offsets: Mapping[str, float] | None = None) -> dict[str, Any] | None:
+def detached_failure(
+    cluster: Cluster,
+    records: list[NodeRecord],
+    statuses: Mapping[str, NodeStatus],
+    offsets: Mapping[str, float] | None = None,
+) -> dict[str, Any] | None:
     """The earliest failed node of a run (on the reference clock), with its excerpt, judged after
     the fact."""
     specs = {r.node: NodeSpec(r.node, r.node_rank, r.base_rank or 0, r.nproc or 1) for r in records}
-    failures = [f for n, s in statuses.items() if n in specs and s.state == NodeState.FAILED
-                for f in [corrected(Supervisor.node_failure(specs[n], s), offsets or {})] if f is not None]
+    failures = [
+        f
+        for n, s in statuses.items()
+        if n in specs and s.state == NodeState.FAILED
+        for f in [corrected(Supervisor.node_failure(specs[n], s), offsets or {})]
+        if f is not None
+    ]
     if not failures:
         return None
     first = min(failures, key=lambda f: f.order)
@@ -180,17 +189,33 @@ def status_report(data: Mapping[str, Any], statuses: Mapping[str, NodeStatus]) -
         now = s.now or time.time()
         started, finished = s.started_at or r.started_at, s.finished_at or r.finished_at
         uptime = None if not started else round((finished or now) - started, 1)
-        nodes.append(NodeReport(
-            node=r.node, node_rank=r.node_rank, host=r.host,
-            state=s.state or r.state,
-            exit_code=s.exit_code if r.node in statuses and s.exit_code is not None else r.exit_code,
-            pid=s.pid or r.pid, pgid=s.pgid or r.pgid, uptime_s=uptime,
-            last_log=_iso(s.log_mtime), last_log_age_s=None if not s.log_mtime else round(now - s.log_mtime, 1),
-            agent_alive=s.agent_alive, error=s.error, disk_full=s.disk_full))
-    return StatusReport(data.get("run") or "", data.get("state") or RunState.STARTING, nodes,
-                        data.get("first_failure") or None, int(data.get("attempt") or 1),
-                        int(data.get("max_attempts") or 1), dict(data.get("replaced") or {}) or None,
-                        [s for s in data.get("stragglers") or [] if isinstance(s, dict)])
+        nodes.append(
+            NodeReport(
+                node=r.node,
+                node_rank=r.node_rank,
+                host=r.host,
+                state=s.state or r.state,
+                exit_code=s.exit_code if r.node in statuses and s.exit_code is not None else r.exit_code,
+                pid=s.pid or r.pid,
+                pgid=s.pgid or r.pgid,
+                uptime_s=uptime,
+                last_log=_iso(s.log_mtime),
+                last_log_age_s=None if not s.log_mtime else round(now - s.log_mtime, 1),
+                agent_alive=s.agent_alive,
+                error=s.error,
+                disk_full=s.disk_full,
+            )
+        )
+    return StatusReport(
+        data.get("run") or "",
+        data.get("state") or RunState.STARTING,
+        nodes,
+        data.get("first_failure") or None,
+        int(data.get("attempt") or 1),
+        int(data.get("max_attempts") or 1),
+        dict(data.get("replaced") or {}) or None,
+        [s for s in data.get("stragglers") or [] if isinstance(s, dict)],
+    )
 
 
 def _iso(ts: float | None) -> str | None:

@@ -50,10 +50,20 @@ class RunSummary:
         return f"{self.nodes} nodes, {self.procs} procs"
 
     def to_json(self) -> dict[str, Any]:
-        return {"run": self.run, "inventory": self.inventory, "state": self.state, "attempt": self.attempt,
-                "max_attempts": self.max_attempts, "started": self.started, "wall_s": self.wall_s,
-                "running": self.running, "nodes": self.nodes, "procs": self.procs,
-                "procs_per_node": list(self.procs_per_node), "failure": self.failure}
+        return {
+            "run": self.run,
+            "inventory": self.inventory,
+            "state": self.state,
+            "attempt": self.attempt,
+            "max_attempts": self.max_attempts,
+            "started": self.started,
+            "wall_s": self.wall_s,
+            "running": self.running,
+            "nodes": self.nodes,
+            "procs": self.procs,
+            "procs_per_node": list(self.procs_per_node),
+            "failure": self.failure,
+        }
 
 
 @dataclass(frozen=True)
@@ -80,7 +90,7 @@ def failure_words(first: Any, limit: int = 60) -> str | None:
     if not cause and first.get("exit_code") is not None:
         cause = f"exit {first['exit_code']}"
     text = f"{where}: {' '.join(str(cause).split())}" if cause else where
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def summarize(run: RunDir, now: float | None = None) -> RunSummary:
@@ -99,14 +109,23 @@ def summarize(run: RunDir, now: float | None = None) -> RunSummary:
     nodes = recorded_nodes(data)
     per_node = [n.nproc_per_node for n in nodes]
     attempt = int(_number(data.get("attempt")) or 1)
-    return RunSummary(run=run.run_id, inventory=data.get("name"), state=state, attempt=attempt,
-                      max_attempts=int(_number(data.get("max_attempts")) or attempt), started=created,
-                      wall_s=None if wall is None else round(wall, 1), running=running, nodes=len(nodes),
-                      procs=recorded_world_size(data) or 0, procs_per_node=per_node, failure=failure_words(data.get("first_failure")))
+    return RunSummary(
+        run=run.run_id,
+        inventory=data.get("name"),
+        state=state,
+        attempt=attempt,
+        max_attempts=int(_number(data.get("max_attempts")) or attempt),
+        started=created,
+        wall_s=None if wall is None else round(wall, 1),
+        running=running,
+        nodes=len(nodes),
+        procs=recorded_world_size(data) or 0,
+        procs_per_node=per_node,
+        failure=failure_words(data.get("first_failure")),
+    )
 
 
-def list_runs(limit: int | None = DEFAULT_LIMIT, store: RunStore | None = None,
-              now: float | None = None) -> RunsReport:
+def list_runs(limit: int | None = DEFAULT_LIMIT, store: RunStore | None = None, now: float | None = None) -> RunsReport:
     """The newest `limit` runs (every run with None), newest first."""
     store = store or RunStore()
     runs = list(store.runs())[::-1]

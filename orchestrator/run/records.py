@@ -23,11 +23,21 @@ from .agents import NodeStatus
 def node_records(plan: Plan) -> list[NodeRecord]:
     """run.json `nodes`: where each node's run lives and how to reach its agent later."""
     inv = plan.inventory
-    return [NodeRecord(node=p.node.name, host=p.node.host, addr=p.node.addr, node_rank=p.node_rank,
-                       base_rank=p.global_ranks.start, nproc=p.node.nproc_per_node,
-                       remote_dir=remote_dir(inv, p.node, plan.run_id), python=p.node.python,
-                       nonce=plan.nonce or None, sweep=tuple(job_sweep(inv, p.node, plan.nonce)) or None)
-            for p in plan.nodes]
+    return [
+        NodeRecord(
+            node=p.node.name,
+            host=p.node.host,
+            addr=p.node.addr,
+            node_rank=p.node_rank,
+            base_rank=p.global_ranks.start,
+            nproc=p.node.nproc_per_node,
+            remote_dir=remote_dir(inv, p.node, plan.run_id),
+            python=p.node.python,
+            nonce=plan.nonce or None,
+            sweep=tuple(job_sweep(inv, p.node, plan.nonce)) or None,
+        )
+        for p in plan.nodes
+    ]
 
 
 def trusted_records(run: RunDir, inv: Inventory, records: Sequence[NodeRecord]) -> list[NodeRecord]:
@@ -45,9 +55,11 @@ def trusted_records(run: RunDir, inv: Inventory, records: Sequence[NodeRecord]) 
         for key in ("python", "remote_dir"):
             said, value = getattr(r, key), getattr(trusted, key)
             if said and said != value:
-                raise UsageError(f"{run.path / 'run.json'}: node {node.name}: {key} {said!r} is not what the "
-                                 f"run's inventory snapshot says ({value!r}): refusing to run it",
-                                 "run.json was changed after the launch; only the inventory snapshot says what runs")
+                raise UsageError(
+                    f"{run.path / 'run.json'}: node {node.name}: {key} {said!r} is not what the "
+                    f"run's inventory snapshot says ({value!r}): refusing to run it",
+                    "run.json was changed after the launch; only the inventory snapshot says what runs",
+                )
         out.append(trusted)
     return out
 
@@ -84,8 +96,10 @@ class RunRecord:
             fields = {**self.pending[1], **fields}
 
             def change(data: dict[str, Any]) -> None:
-                data["nodes"] = [merge_status(r, statuses[r["node"]]) if r["node"] in statuses else r
-                                 for r in data.get("nodes") or []]
+                data["nodes"] = [
+                    merge_status(r, statuses[r["node"]]) if r["node"] in statuses else r
+                    for r in data.get("nodes") or []
+                ]
                 data.update(fields)
 
             try:
@@ -93,8 +107,10 @@ class RunRecord:
             except OSError as exc:
                 self.pending = (statuses, fields)
                 if self.failed is None:
-                    self.warn(f"cannot write {self.run.path / 'run.json'}: {exc.strerror or exc}; the run goes on, "
-                              "its record is written again once it can be")
+                    self.warn(
+                        f"cannot write {self.run.path / 'run.json'}: {exc.strerror or exc}; the run goes on, "
+                        "its record is written again once it can be"
+                    )
                 self.failed = str(exc)
                 return False
             if self.failed is not None:

@@ -77,8 +77,12 @@ class Thread:
     frames: tuple[Frame, ...]
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.ident, "status": self.status, "name": self.name,
-                "frames": [f.to_json() for f in self.frames]}
+        return {
+            "id": self.ident,
+            "status": self.status,
+            "name": self.name,
+            "frames": [f.to_json() for f in self.frames],
+        }
 
 
 @dataclass(frozen=True)
@@ -103,9 +107,16 @@ class RankStack:
         return self.threads[0].frames if self.threads else ()
 
     def to_json(self) -> dict[str, Any]:
-        return {"node": self.node, "node_rank": self.node_rank, "rank": self.rank, "local_rank": self.local_rank,
-                "pid": self.pid, "error": self.error, "threads": [t.to_json() for t in self.threads],
-                "dump": self.raw}
+        return {
+            "node": self.node,
+            "node_rank": self.node_rank,
+            "rank": self.rank,
+            "local_rank": self.local_rank,
+            "pid": self.pid,
+            "error": self.error,
+            "threads": [t.to_json() for t in self.threads],
+            "dump": self.raw,
+        }
 
 
 @dataclass(frozen=True)
@@ -125,8 +136,13 @@ class StackGroup:
         return summary(self.frames)
 
     def to_json(self) -> dict[str, Any]:
-        return {"ranks": list(self.ranks), "ranks_text": fold(self.ranks), "nodes": list(self.nodes),
-                "summary": self.summary, "frames": [f.to_json() for f in self.frames]}
+        return {
+            "ranks": list(self.ranks),
+            "ranks_text": fold(self.ranks),
+            "nodes": list(self.nodes),
+            "summary": self.summary,
+            "frames": [f.to_json() for f in self.frames],
+        }
 
 
 @dataclass
@@ -151,9 +167,15 @@ class StacksReport:
         return bool(self.ranks) and not self.problems and all(r.error is None for r in self.ranks)
 
     def to_json(self) -> dict[str, Any]:
-        return {"run": self.run, "taken_at": self.taken_at, "complete": self.complete,
-                "groups": [g.to_json() for g in self.groups], "odd_ranks": list(odd_ranks(self.groups)),
-                "problems": dict(self.problems), "ranks": [r.to_json() for r in self.ranks]}
+        return {
+            "run": self.run,
+            "taken_at": self.taken_at,
+            "complete": self.complete,
+            "groups": [g.to_json() for g in self.groups],
+            "odd_ranks": list(odd_ranks(self.groups)),
+            "problems": dict(self.problems),
+            "ranks": [r.to_json() for r in self.ranks],
+        }
 
 
 # ----------------------------------------------------------------------------- pure
@@ -213,9 +235,14 @@ def group_stacks(ranks: Sequence[RankStack]) -> list[StackGroup]:
     for r in ranks:
         if r.error is None and r.rank is not None and r.threads:
             by_key.setdefault(r.main, []).append(r)
-    groups = [StackGroup(tuple(sorted(x.rank for x in members if x.rank is not None)), key,
-                         tuple(dict.fromkeys(x.node for x in sorted(members, key=lambda m: m.rank or 0))))
-              for key, members in by_key.items()]
+    groups = [
+        StackGroup(
+            tuple(sorted(x.rank for x in members if x.rank is not None)),
+            key,
+            tuple(dict.fromkeys(x.node for x in sorted(members, key=lambda m: m.rank or 0))),
+        )
+        for key, members in by_key.items()
+    ]
     return sorted(groups, key=lambda g: (-len(g.ranks), g.ranks))
 
 
@@ -267,11 +294,15 @@ def dump_problem(answer: Mapping[str, Any], rank: Mapping[str, Any]) -> str:
     if re.search(r"permission denied|operation not permitted|EPERM", error, re.I):
         scope = answer.get("ptrace_scope")
         if isinstance(scope, int) and scope > 0 and answer.get("euid") != 0:
-            return (f"py-spy may not read the process: /proc/sys/kernel/yama/ptrace_scope is {scope}; "
-                    "fix: `sudo sysctl kernel.yama.ptrace_scope=0`, or give py-spy the capability: "
-                    f"`sudo setcap cap_sys_ptrace+ep {answer.get('py_spy')}` ({error.splitlines()[0]})")
-        return (f"py-spy may not read the process (ptrace refused: {error.splitlines()[0]}); run orch as the "
-                "job's user, or allow ptrace (a container needs --cap-add SYS_PTRACE)")
+            return (
+                f"py-spy may not read the process: /proc/sys/kernel/yama/ptrace_scope is {scope}; "
+                "fix: `sudo sysctl kernel.yama.ptrace_scope=0`, or give py-spy the capability: "
+                f"`sudo setcap cap_sys_ptrace+ep {answer.get('py_spy')}` ({error.splitlines()[0]})"
+            )
+        return (
+            f"py-spy may not read the process (ptrace refused: {error.splitlines()[0]}); run orch as the "
+            "job's user, or allow ptrace (a container needs --cap-add SYS_PTRACE)"
+        )
     return error.strip().splitlines()[0] if error.strip() else "py-spy failed without a message"
 
 
@@ -288,17 +319,31 @@ def node_stacks(node: str, node_rank: int, answer: Mapping[str, Any]) -> tuple[l
         return [], str(answer["error"])
     if not procs:
         state = answer.get("state")
-        return [], (f"no rank process is running here (the node's job is {state})" if state
-                    else "no rank process is running here")
+        return [], (
+            f"no rank process is running here (the node's job is {state})"
+            if state
+            else "no rank process is running here"
+        )
     if not answer.get("py_spy"):
-        return [], (f"py-spy is not installed next to {answer.get('python')} nor on PATH: "
-                    f"`{answer.get('python')} -m pip install py-spy` on this node ({len(procs)} ranks not dumped)")
+        return [], (
+            f"py-spy is not installed next to {answer.get('python')} nor on PATH: "
+            f"`{answer.get('python')} -m pip install py-spy` on this node ({len(procs)} ranks not dumped)"
+        )
     out = []
     for p in procs:
         error = None if p.get("code") == 0 and p.get("dump") else dump_problem(answer, p)
-        out.append(RankStack(node, node_rank, _int(p.get("rank")), _int(p.get("local_rank")), _int(p.get("pid")),
-                             parse_dump(str(p.get("dump") or "")) if error is None else (), error,
-                             str(p.get("dump") or "")))
+        out.append(
+            RankStack(
+                node,
+                node_rank,
+                _int(p.get("rank")),
+                _int(p.get("local_rank")),
+                _int(p.get("pid")),
+                parse_dump(str(p.get("dump") or "")) if error is None else (),
+                error,
+                str(p.get("dump") or ""),
+            )
+        )
     return out, None
 
 
@@ -307,19 +352,24 @@ def node_stacks(node: str, node_rank: int, answer: Mapping[str, Any]) -> tuple[l
 
 def ask_node(t: Transport, python: str, rdir: str, timeout: float = DUMP_TIMEOUT_S) -> dict[str, Any]:
     """`agent.py stacks` on one node: the current agent's code on stdin, run against the run directory."""
-    res = t.run([python, "-c", FROM_STDIN, "stacks", rdir, "--timeout", f"{timeout:g}"],
-                stdin=node_program("agent", AGENT_MODULES).encode("ascii"), timeout=timeout + 20)
+    res = t.run(
+        [python, "-c", FROM_STDIN, "stacks", rdir, "--timeout", f"{timeout:g}"],
+        stdin=node_program("agent", AGENT_MODULES).encode("ascii"),
+        timeout=timeout + 20,
+    )
     return parse_agent(res, python)
 
 
-def take_stacks(cluster: Cluster, run_id: str, records: Sequence[NodeRecord],
-                timeout: float = DUMP_TIMEOUT_S) -> StacksReport:
+def take_stacks(
+    cluster: Cluster, run_id: str, records: Sequence[NodeRecord], timeout: float = DUMP_TIMEOUT_S
+) -> StacksReport:
     """Every rank's stack on every node of the run whose job is not over, in parallel."""
     by_name = {r.node: r for r in records}
     nodes = [n for n in cluster.inv.nodes if n.name in by_name]
     taken = time.time()
-    answers = cluster.fan_out(lambda t: ask_node(t, by_name[t.node.name].python, by_name[t.node.name].remote_dir,
-                                                 timeout), nodes)
+    answers = cluster.fan_out(
+        lambda t: ask_node(t, by_name[t.node.name].python, by_name[t.node.name].remote_dir, timeout), nodes
+    )
     ranks: list[RankStack] = []
     problems: dict[str, str] = {}
     for name, answer in answers.items():

@@ -136,8 +136,10 @@ class Straggler:
         facts = [f"data-wait {self.data_share:.0%}".replace("%", " %")]
         if self.cpu_pct is not None:
             facts.append(f"CPU {self.cpu_pct:.0f} %")
-        return (f"straggler: rank {self.rank} on {self.node} at {self.speed:.2f}× the median for "
-                f"{duration(self.at - self.since)}; {', '.join(facts)}: {self.reason}")
+        return (
+            f"straggler: rank {self.rank} on {self.node} at {self.speed:.2f}× the median for "
+            f"{duration(self.at - self.since)}; {', '.join(facts)}: {self.reason}"
+        )
 
     @property
     def log_ts(self) -> float:
@@ -146,9 +148,19 @@ class Straggler:
         return (self.at if self.named_at is None else self.named_at) + 1e-6
 
     def to_json(self) -> dict[str, Any]:
-        return {"rank": self.rank, "node": self.node, "speed": round(self.speed, 3), "since": round(self.since, 3),
-                "at": round(self.at, 3), "windows": self.windows, "data_share": round(self.data_share, 4),
-                "cpu_pct": self.cpu_pct, "kind": self.kind, "reason": self.reason, "line": self.line()}
+        return {
+            "rank": self.rank,
+            "node": self.node,
+            "speed": round(self.speed, 3),
+            "since": round(self.since, 3),
+            "at": round(self.at, 3),
+            "windows": self.windows,
+            "data_share": round(self.data_share, 4),
+            "cpu_pct": self.cpu_pct,
+            "kind": self.kind,
+            "reason": self.reason,
+            "line": self.line(),
+        }
 
 
 def duration(seconds: float) -> str:
@@ -164,8 +176,9 @@ def duration(seconds: float) -> str:
 class Detector:
     """Judges windows as they complete; thread-safe (fed from the log thread, read by the supervisor)."""
 
-    def __init__(self, share: float = StragglerModel.share, windows: int = StragglerModel.windows,
-                 world_size: int | None = None) -> None:
+    def __init__(
+        self, share: float = StragglerModel.share, windows: int = StragglerModel.windows, world_size: int | None = None
+    ) -> None:
         self.share, self.windows, self.world_size = share, windows, world_size
         self.pending: dict[tuple[int, int], dict[int, Window]] = {}
         self.judged: tuple[int, int] | None = None
@@ -225,7 +238,7 @@ class Detector:
     def take(self) -> list[Straggler]:
         """The stragglers named since the last call."""
         with self.lock:
-            new = self.found[len(self.found) - self._unread:] if self._unread else []
+            new = self.found[len(self.found) - self._unread :] if self._unread else []
             self._unread = 0
             return new
 
@@ -260,8 +273,9 @@ class Detector:
         self._unread += len(out)
         return out
 
-    def _name(self, w: Window, streak: Sequence[Window], median: float, got: Mapping[int, Window],
-              slow: set[int]) -> Straggler:
+    def _name(
+        self, w: Window, streak: Sequence[Window], median: float, got: Mapping[int, Window], slow: set[int]
+    ) -> Straggler:
         load = self.loads.get(w.node)
         cpu = None
         if load is not None:
@@ -270,25 +284,59 @@ class Detector:
                 cpu = load.cpu_pct
         # the data rule is judged on the whole streak, as the line reports its data wait: one window
         # of a CPU-starved node can wait for data as much as it computes, the streak does not
-        whole = replace(w, steps=sum(x.steps for x in streak), data_s=sum(x.data_s for x in streak),
-                        compute_s=sum(x.compute_s for x in streak), wall_s=sum(x.wall_s for x in streak))
-        kind, reason = attribute(whole, median, statistics.median(x.data_per_step for x in got.values()), load,
-                                 node_ranks=[r for r, x in got.items() if x.node == w.node],
-                                 slow=slow, others_fine=any(r not in slow for r, x in got.items() if x.node != w.node))
+        whole = replace(
+            w,
+            steps=sum(x.steps for x in streak),
+            data_s=sum(x.data_s for x in streak),
+            compute_s=sum(x.compute_s for x in streak),
+            wall_s=sum(x.wall_s for x in streak),
+        )
+        kind, reason = attribute(
+            whole,
+            median,
+            statistics.median(x.data_per_step for x in got.values()),
+            load,
+            node_ranks=[r for r, x in got.items() if x.node == w.node],
+            slow=slow,
+            others_fine=any(r not in slow for r, x in got.items() if x.node != w.node),
+        )
         data_share = sum(x.data_s for x in streak) / max(1e-9, sum(x.wall_s for x in streak))
-        return Straggler(rank=w.rank, node=w.node, speed=median / w.outside_s,
-                         since=streak[0].at - streak[0].wall_s, at=w.at,
-                         windows=len(streak), data_share=data_share, cpu_pct=cpu, kind=kind, reason=reason,
-                         named_at=max(x.at for x in got.values()))
+        return Straggler(
+            rank=w.rank,
+            node=w.node,
+            speed=median / w.outside_s,
+            since=streak[0].at - streak[0].wall_s,
+            at=w.at,
+            windows=len(streak),
+            data_share=data_share,
+            cpu_pct=cpu,
+            kind=kind,
+            reason=reason,
+            named_at=max(x.at for x in got.values()),
+        )
 
 
-KINDS = {"gpu": "the GPU", "data": "input pipeline", "node": "the node", "waiting": "waiting on others",
-         "compute": "compute-bound", "unknown": "reason unknown"}
+KINDS = {
+    "gpu": "the GPU",
+    "data": "input pipeline",
+    "node": "the node",
+    "waiting": "waiting on others",
+    "compute": "compute-bound",
+    "unknown": "reason unknown",
+}
 """Each attribution's kind, and the words `orch top` shows it by beside a straggler flag."""
 
 
-def attribute(w: Window, median: float, median_data: float, load: NodeLoad | None, *, node_ranks: Sequence[int],
-              slow: set[int], others_fine: bool) -> tuple[str, str]:
+def attribute(
+    w: Window,
+    median: float,
+    median_data: float,
+    load: NodeLoad | None,
+    *,
+    node_ranks: Sequence[int],
+    slow: set[int],
+    others_fine: bool,
+) -> tuple[str, str]:
     """(kind, reason) of a slow window: the GPU itself, the input pipeline, the whole node, waiting
     on others, compute, or `unknown` where the telemetry cannot tell compute from waiting."""
     gpu = None
@@ -307,12 +355,15 @@ def attribute(w: Window, median: float, median_data: float, load: NodeLoad | Non
         return "compute", f"compute-bound on {w.node}"
     missing = _no_gpu_telemetry(w, load, gpu)
     if missing is not None:
-        return "unknown", (f"slow outside collectives on {w.node}, compute-bound or waiting on others cannot be "
-                           f"told ({missing})")
+        return "unknown", (
+            f"slow outside collectives on {w.node}, compute-bound or waiting on others cannot be told ({missing})"
+        )
     assert gpu is not None and gpu.util_pct is not None
     if gpu.util_pct < LOW_UTIL_PCT:
-        return "waiting", (f"waiting on others: GPU {gpu.index} on {w.node} is {gpu.util_pct:.0f} % busy and data "
-                           f"wait is low, the slow one is elsewhere")
+        return "waiting", (
+            f"waiting on others: GPU {gpu.index} on {w.node} is {gpu.util_pct:.0f} % busy and data "
+            f"wait is low, the slow one is elsewhere"
+        )
     return "compute", f"compute-bound on {w.node}"
 
 
@@ -324,7 +375,11 @@ def _no_gpu_telemetry(w: Window, load: NodeLoad | None, gpu: GpuLoad | None) -> 
         return f"the GPU of rank {w.rank} is not known: no local rank"
     if gpu is None:
         if not load.gpus:
-            return f"no GPU telemetry from {w.node}: {load.gpu_error}" if load.gpu_error else f"no GPU telemetry from {w.node}"
+            return (
+                f"no GPU telemetry from {w.node}: {load.gpu_error}"
+                if load.gpu_error
+                else f"no GPU telemetry from {w.node}"
+            )
         return f"no GPU {w.local_rank} in the telemetry of {w.node}"
     if gpu.util_pct is None:
         return f"the utilisation of GPU {gpu.index} on {w.node} is unreadable"
@@ -342,8 +397,14 @@ class StragglerWatch:
     """The supervisor's hook: each straggler found is said, recorded in run.json (`stragglers`), and
     with `action: stop` becomes the run's first failure on that node."""
 
-    def __init__(self, detector: Detector, action: str, specs: Sequence[NodeSpec], say: StragglerReporter,
-                 record: Callable[[list[dict[str, Any]]], object]) -> None:
+    def __init__(
+        self,
+        detector: Detector,
+        action: str,
+        specs: Sequence[NodeSpec],
+        say: StragglerReporter,
+        record: Callable[[list[dict[str, Any]]], object],
+    ) -> None:
         self.detector, self.action, self.say, self.record = detector, action, say, record
         self.by_name = {s.name: s for s in specs}
         self.all: list[dict[str, Any]] = []
@@ -382,8 +443,13 @@ def chain(*hooks: Callable[[], Failure | None] | None) -> Callable[[], Failure |
     return watch
 
 
-def replay(windows: Iterable[Window], loads: Iterable[tuple[float, NodeLoad]], share: float, n_windows: int,
-           world_size: int | None = None) -> Detector:
+def replay(
+    windows: Iterable[Window],
+    loads: Iterable[tuple[float, NodeLoad]],
+    share: float,
+    n_windows: int,
+    world_size: int | None = None,
+) -> Detector:
     """A detector fed a stored log's windows and loads in the order they were written (what `orch
     status`, `orch top` and the report use for a run no supervisor watched)."""
     det = Detector(share, n_windows, world_size)

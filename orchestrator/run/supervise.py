@@ -67,10 +67,12 @@ class Tunables:
     """How long a status poll that reached its node may take to answer (a `run_root` on a
     stalled NFS server) before the node counts as unreachable: no answer yet is not down."""
 
-    ENV: ClassVar[dict[str, str]] = {"poll_interval_s": "ORCH_POLL_INTERVAL_S",
-                                     "stream_silent_s": "ORCH_STREAM_SILENT_S",
-                                     "unreachable_grace_s": "ORCH_UNREACHABLE_GRACE_S",
-                                     "no_answer_s": "ORCH_NO_ANSWER_S"}
+    ENV: ClassVar[dict[str, str]] = {
+        "poll_interval_s": "ORCH_POLL_INTERVAL_S",
+        "stream_silent_s": "ORCH_STREAM_SILENT_S",
+        "unreachable_grace_s": "ORCH_UNREACHABLE_GRACE_S",
+        "no_answer_s": "ORCH_NO_ANSWER_S",
+    }
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Tunables:
@@ -139,9 +141,18 @@ class Failure:
         return self.cause or self.reason
 
     def to_json(self) -> dict[str, Any]:
-        return {"node": self.node, "node_rank": self.node_rank, "rank": self.rank,
-                "local_rank": self.local_rank, "exit_code": self.exit_code, "reason": self.reason,
-                "cause": self.summary, "hint": self.hint, "signal": self.signal, "excerpt": list(self.excerpt)}
+        return {
+            "node": self.node,
+            "node_rank": self.node_rank,
+            "rank": self.rank,
+            "local_rank": self.local_rank,
+            "exit_code": self.exit_code,
+            "reason": self.reason,
+            "cause": self.summary,
+            "hint": self.hint,
+            "signal": self.signal,
+            "excerpt": list(self.excerpt),
+        }
 
     def explain(self, raw_lines: Sequence[str]) -> None:
         """Read the excerpt, the rank torchrun blames and the cause from the node's last log lines
@@ -188,8 +199,11 @@ def boilerplate(texts: Sequence[str]) -> set[int]:
     telemetry lines, torchrun's failure summary (`==== ... FAILED`, `Failures:`, `Root Cause (first
     observed failure)`, `error_file`, to its closing `====`), its note of the error file it copies,
     and its own traceback ending in its `ChildFailedError`: the worker's exception above them says it, `cause` names it."""
-    hidden = {i for i, t in enumerate(texts) if t.startswith(TELEMETRY_PREFIX + "{")
-              or ("error_handler.py" in t and "error file" in t)}
+    hidden = {
+        i
+        for i, t in enumerate(texts)
+        if t.startswith(TELEMETRY_PREFIX + "{") or ("error_handler.py" in t and "error file" in t)
+    }
     own = [i for i, t in enumerate(texts) if not TEE.match(t)]  # not a worker's (--tee) line
     for k, i in enumerate(own):
         t = texts[i]
@@ -197,7 +211,7 @@ def boilerplate(texts: Sequence[str]) -> set[int]:
             start = next((j for j in reversed(own[:k]) if texts[j].strip() == TRACEBACK), i)
             hidden.update(j for j in own if start <= j <= i)
         elif t.startswith("====") and k + 1 < len(own) and texts[own[k + 1]].rstrip().endswith(" FAILED"):
-            close = next((j for j in own[k + 2:] if texts[j].startswith("====")), own[-1])
+            close = next((j for j in own[k + 2 :] if texts[j].startswith("====")), own[-1])
             hidden.update(j for j in own if i <= j <= close)
     rc = root_cause(texts)
     if rc is not None and rc[0] not in hidden:  # a summary whose head was cut off: back to its first entry
@@ -208,8 +222,9 @@ def boilerplate(texts: Sequence[str]) -> set[int]:
     return hidden
 
 
-def select_excerpt(raw_lines: Sequence[str], n: int = EXCERPT_LINES,
-                   worker: int | None = None) -> tuple[list[str], int | None, int | None]:
+def select_excerpt(
+    raw_lines: Sequence[str], n: int = EXCERPT_LINES, worker: int | None = None
+) -> tuple[list[str], int | None, int | None]:
     """The failure excerpt of a node log, and the (rank, local rank) torchrun blames, if any.
 
     The last `n` lines, plus torchrun's whole Root Cause block and the blamed worker's last lines
@@ -241,8 +256,12 @@ def select_excerpt(raw_lines: Sequence[str], n: int = EXCERPT_LINES,
     return out, rank, local
 
 
-def blame(first: Failure, logs: Mapping[str, Sequence[str]], specs: Mapping[str, NodeSpec],
-          offsets_s: Mapping[str, float] | None = None) -> Failure:
+def blame(
+    first: Failure,
+    logs: Mapping[str, Sequence[str]],
+    specs: Mapping[str, NodeSpec],
+    offsets_s: Mapping[str, float] | None = None,
+) -> Failure:
     """The failure to name: `first`, unless its cause is a lost peer (a consequence) and a rank
     raised a real exception from `BEFORE_S` before to `AFTER_S` after it, on any node (`logs`:
     node.log lines of the nodes that could be read, `first.node`'s among them): then the earliest
@@ -250,13 +269,21 @@ def blame(first: Failure, logs: Mapping[str, Sequence[str]], specs: Mapping[str,
     if not consequence(first.cause) or first.node not in logs:
         return first
     offsets = offsets_s or {}
-    mine = [r for r in raised(logs[first.node]) if consequence(r.text)
-            and (first.local_rank is None or r.local_rank == first.local_rank)]
+    mine = [
+        r
+        for r in raised(logs[first.node])
+        if consequence(r.text) and (first.local_rank is None or r.local_rank == first.local_rank)
+    ]
     when = mine[0].at - offsets.get(first.node, 0.0) if mine else first.order
     if when == math.inf:
         return first
-    found = [(r.at - offsets.get(node, 0.0), node, r) for node, lines in logs.items() if node in specs
-             for r in raised(lines) if not consequence(r.text)]
+    found = [
+        (r.at - offsets.get(node, 0.0), node, r)
+        for node, lines in logs.items()
+        if node in specs
+        for r in raised(lines)
+        if not consequence(r.text)
+    ]
     found = [f for f in found if when - BEFORE_S <= f[0] <= when + AFTER_S]
     if not found:
         return first
@@ -264,12 +291,22 @@ def blame(first: Failure, logs: Mapping[str, Sequence[str]], specs: Mapping[str,
     spec = specs[node]
     lost = f"rank {first.rank}" if first.rank is not None else "a rank"
     said = CONSEQUENCE.search(first.cause or "")
-    note = (f"{lost} on {first.node} lost its peer {abs(when - at):.3f} s {'after' if when >= at else 'before'} "
-            f"this ({said.group() if said else first.cause}): a consequence of it")
+    note = (
+        f"{lost} on {first.node} lost its peer {abs(when - at):.3f} s {'after' if when >= at else 'before'} "
+        f"this ({said.group() if said else first.cause}): a consequence of it"
+    )
     hint = hint_of(r.text)
-    real = Failure(node, spec.node_rank, first.reason if node == first.node else f"a rank raised: {r.text}",
-                   first.exit_code if node == first.node else None, spec.base_rank + r.local_rank, r.local_rank,
-                   order=min(first.order, at), cause=r.text, hint=f"{hint}; {note}" if hint else note)
+    real = Failure(
+        node,
+        spec.node_rank,
+        first.reason if node == first.node else f"a rank raised: {r.text}",
+        first.exit_code if node == first.node else None,
+        spec.base_rank + r.local_rank,
+        r.local_rank,
+        order=min(first.order, at),
+        cause=r.text,
+        hint=f"{hint}; {note}" if hint else note,
+    )
     real.excerpt = select_excerpt(logs[node], worker=r.local_rank)[0]
     return real
 
@@ -308,10 +345,16 @@ class Poller:
     been in flight longer than `stale_after` is reported as a TimeoutError. With `wanted`, a
     node is polled only while `wanted(name)` is true (checked every `interval`, at most 0.2 s)."""
 
-    def __init__(self, names: Sequence[str], poll_one: Callable[[str], NodeStatus], *,
-                 interval: float = 1.0, stale_after: float = 3.0,
-                 clock: Callable[[], float] = time.monotonic,
-                 wanted: Callable[[str], bool] | None = None) -> None:
+    def __init__(
+        self,
+        names: Sequence[str],
+        poll_one: Callable[[str], NodeStatus],
+        *,
+        interval: float = 1.0,
+        stale_after: float = 3.0,
+        clock: Callable[[], float] = time.monotonic,
+        wanted: Callable[[str], bool] | None = None,
+    ) -> None:
         self.names = list(names)
         self.poll_one = poll_one
         self.interval = interval
@@ -327,8 +370,9 @@ class Poller:
         self.inflight: dict[str, float] = {}
         self.lock = threading.Lock()
         self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._loop, args=(n,), daemon=True, name=f"poll-{n}")
-                        for n in self.names]
+        self.threads = [
+            threading.Thread(target=self._loop, args=(n,), daemon=True, name=f"poll-{n}") for n in self.names
+        ]
 
     def start(self) -> Poller:
         for t in self.threads:
@@ -414,10 +458,18 @@ class Pushed:
     fails raises, and that is judged as above) leaves the node judged on what it last said, for
     up to `no_answer_s` (a slow disk under `run_root`); past that it is unreachable since last heard."""
 
-    def __init__(self, names: Sequence[str], poll_one: Callable[[str], NodeStatus], *,
-                 silent_after: float = 3.0, first_frame_s: float = 0.0, interval: float = 1.0,
-                 stale_after: float = 5.0, clock: Callable[[], float] = time.monotonic,
-                 no_answer_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        names: Sequence[str],
+        poll_one: Callable[[str], NodeStatus],
+        *,
+        silent_after: float = 3.0,
+        first_frame_s: float = 0.0,
+        interval: float = 1.0,
+        stale_after: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+        no_answer_s: float = 120.0,
+    ) -> None:
         self.names = list(names)
         self.no_answer_s = max(no_answer_s, stale_after)
         self.silent_after = silent_after
@@ -429,8 +481,9 @@ class Pushed:
         self.pushed: dict[str, tuple[float, NodeStatus]] = {}
         self.lock = threading.Lock()
         self.news = threading.Event()
-        self.poller = Poller(self.names, poll_one, interval=interval, stale_after=stale_after, clock=clock,
-                             wanted=self.silent)
+        self.poller = Poller(
+            self.names, poll_one, interval=interval, stale_after=stale_after, clock=clock, wanted=self.silent
+        )
 
     def start(self) -> Pushed:
         self.poller.start()
@@ -546,17 +599,23 @@ def sigterm_as_interrupt() -> Iterator[None]:
 class Supervisor:
     """Poll, judge, and stop everything on the first failure (or any exit path)."""
 
-    def __init__(self, specs: Sequence[NodeSpec], *,
-                 observe: Callable[[], Mapping[str, Observation]],
-                 stop_all: Callable[[], Mapping[str, StopResult | Exception]],
-                 excerpt: Callable[[str], Sequence[str]] | None = None,
-                 confirm: Callable[[Sequence[str]], Mapping[str, Observation]] | None = None,
-                 interval: float = 1.0, unreachable_grace: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                 on_update: Callable[[Mapping[str, NodeStatus]], object] | None = None,
-                 offsets_s: Mapping[str, float] | None = None,
-                 watch: Callable[[], Failure | None] | None = None,
-                 warn: Callable[[str], object] | None = None) -> None:
+    def __init__(
+        self,
+        specs: Sequence[NodeSpec],
+        *,
+        observe: Callable[[], Mapping[str, Observation]],
+        stop_all: Callable[[], Mapping[str, StopResult | Exception]],
+        excerpt: Callable[[str], Sequence[str]] | None = None,
+        confirm: Callable[[Sequence[str]], Mapping[str, Observation]] | None = None,
+        interval: float = 1.0,
+        unreachable_grace: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        on_update: Callable[[Mapping[str, NodeStatus]], object] | None = None,
+        offsets_s: Mapping[str, float] | None = None,
+        watch: Callable[[], Failure | None] | None = None,
+        warn: Callable[[str], object] | None = None,
+    ) -> None:
         self.specs = {s.name: s for s in specs}
         self.warn = warn
         """Told once per node what it says goes wrong while the run goes on (its run root full)."""
@@ -599,7 +658,9 @@ class Supervisor:
                 if verdict == RunState.FAILED:
                     self.teardown()
                     self.attach_excerpt()
-                    return Outcome(RunState.FAILED, self.clock() - start, self.failure, self.teardown_s, self.not_stopped)
+                    return Outcome(
+                        RunState.FAILED, self.clock() - start, self.failure, self.teardown_s, self.not_stopped
+                    )
                 self.sleep(self.interval)
         finally:
             if not self.torn_down:
@@ -617,8 +678,14 @@ class Supervisor:
                 since = self.unreachable_since.setdefault(name, getattr(obs, "since", now))
                 changed |= self._set(name, NodeStatus(NodeState.UNREACHABLE, error=str(obs)))
                 if now - since >= self.grace:
-                    candidates.append(Failure(name, spec.node_rank, f"unreachable for {now - since:.0f} s: {obs}",
-                                              order=time.time() - (now - since)))
+                    candidates.append(
+                        Failure(
+                            name,
+                            spec.node_rank,
+                            f"unreachable for {now - since:.0f} s: {obs}",
+                            order=time.time() - (now - since),
+                        )
+                    )
                 continue
             self.unreachable_since.pop(name, None)
             if obs.disk_full and name not in self.said_full and self.warn is not None:
@@ -650,8 +717,11 @@ class Supervisor:
         did, while a later victim was asked just after. One more look orders them by exit time."""
         if self.confirm is None:
             return []
-        healthy = [n for n, o in seen.items() if isinstance(o, NodeStatus) and n in self.specs
-                   and self.node_failure(self.specs[n], o) is None]
+        healthy = [
+            n
+            for n, o in seen.items()
+            if isinstance(o, NodeStatus) and n in self.specs and self.node_failure(self.specs[n], o) is None
+        ]
         if not healthy:
             return []
         out = []
@@ -683,20 +753,27 @@ class Supervisor:
                 why += f" ({obs.disk_full})"
             return Failure(spec.name, spec.node_rank, why, code, order=when, signal=obs.signal)
         if state == NodeState.STOPPED:  # the agent's own reason when it stopped the job itself (its lease ran out)
-            why = f"was stopped on its node: {obs.reason}" if obs.reason else \
-                "was stopped from outside this `orch up` (orch down?)"
+            why = (
+                f"was stopped on its node: {obs.reason}"
+                if obs.reason
+                else "was stopped from outside this `orch up` (orch down?)"
+            )
             return Failure(spec.name, spec.node_rank, why, code, order=when)
         if state not in FINAL_STATES and obs.agent_alive is False:
             gone = "its job is gone too" if not obs.job_alive else "its job is still running"
             full = f" ({obs.disk_full})" if obs.disk_full else ""
-            return Failure(spec.name, spec.node_rank,
-                           f"the node agent (pid {obs.agent_pid}) disappeared{full}; {gone}", order=when)
+            return Failure(
+                spec.name, spec.node_rank, f"the node agent (pid {obs.agent_pid}) disappeared{full}; {gone}", order=when
+            )
         return None
 
     def cleanup_left(self) -> dict[str, str]:
         """The nodes whose agent's cleanup timed out at the job's end, with what it left running."""
-        return {name: f"the job's cleanup timed out: processes still running: {list(st.cleanup_left)}"
-                for name, st in self.nodes.items() if st.cleanup_left}
+        return {
+            name: f"the job's cleanup timed out: processes still running: {list(st.cleanup_left)}"
+            for name, st in self.nodes.items()
+            if st.cleanup_left
+        }
 
     def teardown(self) -> None:
         """Stop every node (in parallel, idempotent) and remember which could not be confirmed."""

@@ -73,8 +73,13 @@ class Watchdog:
             return now - self.last
 
 
-def hang_failure(silent_s: float, timeout_s: float, report: StacksReport | None, specs: Sequence[NodeSpec],
-                 problem: str | None = None) -> Failure:
+def hang_failure(
+    silent_s: float,
+    timeout_s: float,
+    report: StacksReport | None,
+    specs: Sequence[NodeSpec],
+    problem: str | None = None,
+) -> Failure:
     """A stall as the run's first failure: on the node of the rank whose stack differs from the
     majority's, with both places named; where every rank stands in the same place, it says so
     (and names the master). Without stacks, why there are none."""
@@ -87,15 +92,20 @@ def hang_failure(silent_s: float, timeout_s: float, report: StacksReport | None,
         return Failure(master.name, master.node_rank, f"{head}; no stack could be taken ({why or 'no rank found'})")
     odd = odd_ranks(groups)
     if not odd:
-        return Failure(master.name, master.node_rank,
-                       f"{head}; every rank stands in the same place: {groups[0].summary}")
+        return Failure(
+            master.name, master.node_rank, f"{head}; every rank stands in the same place: {groups[0].summary}"
+        )
     group = next(g for g in groups if g.ranks == odd)
     rank = next(r for r in report.ranks if r.rank == odd[0]) if report is not None else None
     spec = by_name.get(rank.node, master) if rank is not None else master
     majority = groups[0]
-    return Failure(spec.name, spec.node_rank,
-                   f"{head}; {group.label} stands apart: {group.summary}; {majority.label}: {majority.summary}",
-                   rank=odd[0], local_rank=rank.local_rank if rank is not None else None)
+    return Failure(
+        spec.name,
+        spec.node_rank,
+        f"{head}; {group.label} stands apart: {group.summary}; {majority.label}: {majority.summary}",
+        rank=odd[0],
+        local_rank=rank.local_rank if rank is not None else None,
+    )
 
 
 class HangReporter(Protocol):
@@ -114,9 +124,17 @@ class HangWatch:
     `on_stall` stop, the run's first failure (the odd rank named, the last lines of its node
     before the silence as the excerpt)."""
 
-    def __init__(self, dog: Watchdog, on_stall: str, cluster: Cluster, run: RunDir,
-                 records: Sequence[NodeRecord], specs: Sequence[NodeSpec], say: HangReporter,
-                 excerpt: Callable[[str], list[str]]) -> None:
+    def __init__(
+        self,
+        dog: Watchdog,
+        on_stall: str,
+        cluster: Cluster,
+        run: RunDir,
+        records: Sequence[NodeRecord],
+        specs: Sequence[NodeSpec],
+        say: HangReporter,
+        excerpt: Callable[[str], list[str]],
+    ) -> None:
         self.dog, self.on_stall, self.cluster, self.run = dog, on_stall, cluster, run
         self.records, self.specs, self.say, self.excerpt = records, specs, say, excerpt
 

@@ -34,8 +34,20 @@ from .base import (
 from .local import LocalTransport
 from .ssh import SSHTransport
 
-__all__ = ["Cluster", "GroupResult", "LocalTransport", "Process", "Progress", "Result", "SSHTransport", "Transport",
-           "command_line", "fan_out", "open_transport", "shell_path"]
+__all__ = [
+    "Cluster",
+    "GroupResult",
+    "LocalTransport",
+    "Process",
+    "Progress",
+    "Result",
+    "SSHTransport",
+    "Transport",
+    "command_line",
+    "fan_out",
+    "open_transport",
+    "shell_path",
+]
 
 T = TypeVar("T")
 
@@ -57,8 +69,9 @@ class Cluster:
 
     def fan_out(self, fn: Callable[[Transport], T], nodes: Sequence[Node] | None = None) -> GroupResult[T]:
         """fn(transport) on every node (or the given ones) in parallel, bounded by `fanout`."""
-        return fan_out(list(nodes if nodes is not None else self.inv.nodes),
-                       lambda n: fn(self.transports[n.name]), self.inv.fanout)
+        return fan_out(
+            list(nodes if nodes is not None else self.inv.nodes), lambda n: fn(self.transports[n.name]), self.inv.fanout
+        )
 
     def close(self) -> None:
         fan_out(list(self.inv.nodes), lambda n: self.transports[n.name].close(), self.inv.fanout)

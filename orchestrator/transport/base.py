@@ -123,34 +123,63 @@ class Transport:
         """Open the connection if needed; return how long that took in ms (0 when already open)."""
         raise NotImplementedError
 
-    def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
-            stdin: bytes | None = None, timeout: float | None = None, on_output: OnOutput | None = None) -> Result:
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | None = None,
+        timeout: float | None = None,
+        on_output: OnOutput | None = None,
+    ) -> Result:
         """Run argv to completion; never raises for a non-zero exit (see `Result.check`).
         `on_output(stream, data)`: each piece of output as it arrives (`out` or `err`), besides
         the whole of it in the Result."""
         return self._run_line(command_line(argv, env, cwd), tuple(argv), stdin, timeout, on_output)
 
-    def run_shell(self, line: str, *, stdin: bytes | None = None, timeout: float | None = None,
-                  on_output: OnOutput | None = None, keep: bool = True) -> Result:
+    def run_shell(
+        self,
+        line: str,
+        *,
+        stdin: bytes | None = None,
+        timeout: float | None = None,
+        on_output: OnOutput | None = None,
+        keep: bool = True,
+    ) -> Result:
         """Run a line a person wrote for the node's login shell, sent as it is, the way ssh and pdsh
         send one (`orch exec -- 'pip freeze | grep torch'`). orch's own commands are argv (`run`).
         `keep=False` (with `on_output`): the output only goes to `on_output`, the Result's streams
         are empty, so memory does not grow with what the command prints."""
         return self._run_line(line, (line,), stdin, timeout, on_output, keep)
 
-    def _run_line(self, line: str, argv: tuple[str, ...], stdin: bytes | None, timeout: float | None,
-                  on_output: OnOutput | None = None, keep: bool = True) -> Result:
+    def _run_line(
+        self,
+        line: str,
+        argv: tuple[str, ...],
+        stdin: bytes | None,
+        timeout: float | None,
+        on_output: OnOutput | None = None,
+        keep: bool = True,
+    ) -> Result:
         log.debug("%s$ %s", self.node.name, line)
         start = time.monotonic()
         if not keep and on_output is None:
             raise ValueError("keep=False needs on_output: the output would go nowhere")
         code, out, err = self._exec(line, stdin, timeout, on_output, keep)
         elapsed = (time.monotonic() - start) * 1000
-        return Result(self.node.name, argv, code, out.decode("utf-8", "replace"),
-                      err.decode("utf-8", "replace"), elapsed)
+        return Result(
+            self.node.name, argv, code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), elapsed
+        )
 
-    def popen(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
-              cwd: str | None = None, keep_stdin: bool = False) -> Process:
+    def popen(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        keep_stdin: bool = False,
+    ) -> Process:
         """Start argv, stdout+stderr merged into one stream; stdin is closed at once unless
         `keep_stdin` (then `Process.write` talks to the command while it runs)."""
         raise NotImplementedError
@@ -158,8 +187,14 @@ class Transport:
     def close(self) -> None:
         pass
 
-    def _exec(self, line: str, stdin: bytes | None, timeout: float | None,
-              on_output: OnOutput | None = None, keep: bool = True) -> tuple[int, bytes, bytes]:
+    def _exec(
+        self,
+        line: str,
+        stdin: bytes | None,
+        timeout: float | None,
+        on_output: OnOutput | None = None,
+        keep: bool = True,
+    ) -> tuple[int, bytes, bytes]:
         """(exit code, stdout, stderr); with `keep` False the streams are not kept (b"")."""
         raise NotImplementedError
 

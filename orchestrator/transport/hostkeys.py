@@ -131,8 +131,9 @@ def read_known_hosts(path: str) -> KnownHosts:
         return KnownHosts(path)
 
 
-def install_host_key_policy(client: Any, known_hosts: str, policy: str, hostkey_name: str | None = None,
-                            node_name: str | None = None) -> None:
+def install_host_key_policy(
+    client: Any, known_hosts: str, policy: str, hostkey_name: str | None = None, node_name: str | None = None
+) -> None:
     """Verify the server's key against known_hosts with `policy`. With `hostkey_name` (the name
     paramiko looks the server up by: `host`, or `[host]:port` off port 22) only that name's keys
     are given to the client, which is all it consults; without it (Fabric resolves the name from
@@ -153,21 +154,25 @@ def install_host_key_policy(client: Any, known_hosts: str, policy: str, hostkey_
         line = known.revoked.get(key.get_base64())
         if line is not None:
             raise TransportError(
-                node_name or hostname, "host_key_revoked",
+                node_name or hostname,
+                "host_key_revoked",
                 f"host key of {hostname} ({key.get_name()} {key.fingerprint}) is revoked: {path} line {line} "
                 "marks it @revoked",
                 "the node still offers a key that was revoked (retired or compromised): give the node a new host "
-                f"key (ssh-keygen -A on it, after removing the old one), verify it, then add it to {path}")
+                f"key (ssh-keygen -A on it, after removing the old one), verify it, then add it to {path}",
+            )
 
     def unknown(hostname: str, key: Any) -> Exception:
         if known.authorities:
             lines = ", ".join(str(n) for _, n in known.authorities[:3])
             return TransportError(
-                node_name or hostname, "host_key_unknown",
+                node_name or hostname,
+                "host_key_unknown",
                 f"host key of {hostname} ({key.fingerprint}) is not in {path}; its @cert-authority line(s) "
                 f"({lines}) are not used: orch does not verify host certificates",
                 f"add the node's own key: verify it, then ssh-keyscan {hostname} >> {path} (a [host]:port name "
-                "is written as ssh-keyscan -p PORT host)")
+                "is written as ssh-keyscan -p PORT host)",
+            )
         return UnknownHostKey(hostname, key, path)
 
     class StrictPolicy(paramiko.MissingHostKeyPolicy):

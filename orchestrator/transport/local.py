@@ -69,13 +69,24 @@ class LocalTransport(Transport):
     def connect(self) -> float:
         return 0.0
 
-    def _exec(self, line: str, stdin: bytes | None, timeout: float | None,
-              on_output: OnOutput | None = None, keep: bool = True) -> tuple[int, bytes, bytes]:
+    def _exec(
+        self,
+        line: str,
+        stdin: bytes | None,
+        timeout: float | None,
+        on_output: OnOutput | None = None,
+        keep: bool = True,
+    ) -> tuple[int, bytes, bytes]:
         with self._lock:
             closes = self._closes
-        proc = subprocess.Popen(["/bin/sh", "-c", line], cwd=os.path.expanduser("~"),
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", line],
+            cwd=os.path.expanduser("~"),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         with self._lock:
             self._running.add(proc)
             closed_meanwhile = self._closes != closes
@@ -105,13 +116,24 @@ class LocalTransport(Transport):
         for proc in running:
             _kill_group(proc)
 
-    def popen(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
-              cwd: str | None = None, keep_stdin: bool = False) -> Process:
+    def popen(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        keep_stdin: bool = False,
+    ) -> Process:
         line = command_line(argv, env, cwd)
         log.debug("%s$ %s", self.node.name, line)
-        proc = subprocess.Popen(["/bin/sh", "-c", line], cwd=os.path.expanduser("~"),
-                                stdin=subprocess.PIPE if keep_stdin else subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", line],
+            cwd=os.path.expanduser("~"),
+            stdin=subprocess.PIPE if keep_stdin else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         return _LocalProcess(proc)
 
 
@@ -123,8 +145,9 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         pass
 
 
-def _streamed(proc: subprocess.Popen[bytes], stdin: bytes, timeout: float | None,
-              on_output: OnOutput, keep: bool = True) -> tuple[bytes, bytes]:
+def _streamed(
+    proc: subprocess.Popen[bytes], stdin: bytes, timeout: float | None, on_output: OnOutput, keep: bool = True
+) -> tuple[bytes, bytes]:
     """`communicate()` that hands each piece of output to `on_output` as it arrives (and keeps it
     all, unless `keep` is False). Raises subprocess.TimeoutExpired past `timeout` (the caller kills
     the process group)."""
@@ -140,8 +163,10 @@ def _streamed(proc: subprocess.Popen[bytes], stdin: bytes, timeout: float | None
             on_output(stream, data)
 
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-    readers = [threading.Thread(target=pump, args=(name, fh), daemon=True, name=f"orch-local-{name}")
-               for name, fh in (("out", proc.stdout), ("err", proc.stderr))]
+    readers = [
+        threading.Thread(target=pump, args=(name, fh), daemon=True, name=f"orch-local-{name}")
+        for name, fh in (("out", proc.stdout), ("err", proc.stderr))
+    ]
     for t in readers:
         t.start()
     try:

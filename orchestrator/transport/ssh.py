@@ -109,13 +109,25 @@ class SSHTransport(Transport):
             _paramiko_with_invoke()
             # port 22 left unsaid is ssh's default, not a choice: the config's `Port` for this host
             # applies then (as `ssh alias` would connect); a port the inventory wrote wins over it
-            conn = Connection(host, user=opts.user, port=opts.chosen_port, config=Config(runtime_ssh_path=cfg_path),
-                              connect_timeout=timeout, connect_kwargs=kwargs, gateway=gateway)
+            conn = Connection(
+                host,
+                user=opts.user,
+                port=opts.chosen_port,
+                config=Config(runtime_ssh_path=cfg_path),
+                connect_timeout=timeout,
+                connect_kwargs=kwargs,
+                gateway=gateway,
+            )
             install_host_key_policy(conn.client, opts.known_hosts, opts.host_key_policy, node_name=self.node.name)
         else:
             conn = _Direct(host, opts.user, opts.port, timeout, kwargs, gateway)
-            install_host_key_policy(conn.client, opts.known_hosts, opts.host_key_policy,
-                                     known_hosts_name(host, opts.port), node_name=self.node.name)
+            install_host_key_policy(
+                conn.client,
+                opts.known_hosts,
+                opts.host_key_policy,
+                known_hosts_name(host, opts.port),
+                node_name=self.node.name,
+            )
         return conn
 
     def _open(self, conn: Any) -> None:
@@ -127,8 +139,12 @@ class SSHTransport(Transport):
             conn.connect_kwargs["sock"] = _tcp_connect(conn.host, int(conn.port), conn.connect_timeout)
         elif not isinstance(conn.gateway, str) and not conn.gateway.is_connected:
             if not isinstance(conn.gateway, _Direct):  # a ProxyJump hop Fabric made from the ssh config
-                install_host_key_policy(conn.gateway.client, self.node.ssh.known_hosts,
-                                         self.node.ssh.host_key_policy, node_name=self.node.name)
+                install_host_key_policy(
+                    conn.gateway.client,
+                    self.node.ssh.known_hosts,
+                    self.node.ssh.host_key_policy,
+                    node_name=self.node.name,
+                )
             self._open(conn.gateway)  # the jump host's own connection, then the channel through it
         conn.open()
 
@@ -186,8 +202,14 @@ class SSHTransport(Transport):
             raise _translate(self.node, exc) from None
         return conn, chan
 
-    def _exec(self, line: str, stdin: bytes | None, timeout: float | None,
-              on_output: OnOutput | None = None, keep: bool = True) -> tuple[int, bytes, bytes]:
+    def _exec(
+        self,
+        line: str,
+        stdin: bytes | None,
+        timeout: float | None,
+        on_output: OnOutput | None = None,
+        keep: bool = True,
+    ) -> tuple[int, bytes, bytes]:
         conn, chan = self._channel()
         try:
             chan.exec_command(line)
@@ -234,8 +256,14 @@ class SSHTransport(Transport):
         finally:
             chan.close()
 
-    def popen(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
-              cwd: str | None = None, keep_stdin: bool = False) -> Process:
+    def popen(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        keep_stdin: bool = False,
+    ) -> Process:
         line = command_line(argv, env, cwd)
         log.debug("%s$ %s", self.node.name, line)
         _conn, chan = self._channel()
@@ -307,8 +335,15 @@ class _Direct:
     costs ~35 ms of start-up and a Config per node. Same parameters as Fabric passes to
     SSHClient.connect; a gateway is another _Direct, reached through a direct-tcpip channel."""
 
-    def __init__(self, host: str, user: str | None, port: int, connect_timeout: int,
-                 connect_kwargs: dict[str, Any], gateway: _Direct | None) -> None:
+    def __init__(
+        self,
+        host: str,
+        user: str | None,
+        port: int,
+        connect_timeout: int,
+        connect_kwargs: dict[str, Any],
+        gateway: _Direct | None,
+    ) -> None:
         paramiko = _paramiko()
         self.host, self.user, self.port = host, user or getpass.getuser(), port
         self.connect_timeout, self.connect_kwargs, self.gateway = connect_timeout, connect_kwargs, gateway
@@ -326,9 +361,11 @@ class _Direct:
         if self.gateway is not None:
             self.gateway.open()
             kwargs["sock"] = self.gateway.transport.open_channel(
-                kind="direct-tcpip", dest_addr=(self.host, int(self.port)), src_addr=("", 0))
-        self.client.connect(hostname=self.host, port=self.port, username=self.user,
-                            timeout=self.connect_timeout, **kwargs)
+                kind="direct-tcpip", dest_addr=(self.host, int(self.port)), src_addr=("", 0)
+            )
+        self.client.connect(
+            hostname=self.host, port=self.port, username=self.user, timeout=self.connect_timeout, **kwargs
+        )
         self.transport = self.client.get_transport()
 
     def close(self) -> None:
@@ -374,8 +411,9 @@ def _tcp_connect(host: str, port: int, timeout: float | None) -> socket.socket:
     NoValidConnectionsError = _paramiko().ssh_exception.NoValidConnectionsError  # noqa: N806
 
     errors: dict[tuple[str, int] | tuple[str, int, int, int], Exception] = {}
-    infos = [i for i in socket.getaddrinfo(host, port, socket.AF_UNSPEC, socket.SOCK_STREAM)
-             if i[1] == socket.SOCK_STREAM]
+    infos = [
+        i for i in socket.getaddrinfo(host, port, socket.AF_UNSPEC, socket.SOCK_STREAM) if i[1] == socket.SOCK_STREAM
+    ]
     for family, _, _, _, addr in infos:
         sock = _QuickAckSocket(family, socket.SOCK_STREAM)
         try:
@@ -405,72 +443,106 @@ def _translate(node: Node, exc: BaseException) -> TransportError:
         return exc
     if isinstance(exc, UnknownHostKey):
         return TransportError(
-            node.name, "host_key_unknown",
+            node.name,
+            "host_key_unknown",
             f"host key of {exc.hostname} ({exc.fingerprint}) is not in {exc.known_hosts}",
             f"verify it, then: ssh-keyscan -p {opts.port} {node.host} >> {opts.known_hosts} "
-            f"(or set ssh.host_key_policy: accept-new)")
+            f"(or set ssh.host_key_policy: accept-new)",
+        )
     if isinstance(exc, paramiko.BadHostKeyException):
         return TransportError(
-            node.name, "host_key_changed",
+            node.name,
+            "host_key_changed",
             f"host key of {node.host} CHANGED: known_hosts has {exc.expected_key.get_name()} "
             f"{exc.expected_key.fingerprint}, the server sent {exc.key.fingerprint}",
             f"if the server was reinstalled: ssh-keygen -R '{name}' -f {opts.known_hosts}, "
-            "then add the new key; otherwise treat it as an attack")
+            "then add the new key; otherwise treat it as an attack",
+        )
     if isinstance(exc, paramiko.AuthenticationException):
-        return TransportError(node.name, "auth", f"authentication refused for {target}: {exc}; offered "
-                                                 f"{offered_keys(opts)}",
-                              f"add the public key to ~{opts.user or ''}/.ssh/authorized_keys on {node.host} "
-                              "(ssh-copy-id), or point ssh.identity at the key that is there")
+        return TransportError(
+            node.name,
+            "auth",
+            f"authentication refused for {target}: {exc}; offered {offered_keys(opts)}",
+            f"add the public key to ~{opts.user or ''}/.ssh/authorized_keys on {node.host} "
+            "(ssh-copy-id), or point ssh.identity at the key that is there",
+        )
     if isinstance(exc, socket.gaierror):
-        return TransportError(node.name, "unreachable",
-                              f"cannot resolve the name {node.host}: {exc.strerror or exc}",
-                              f"check host: in the inventory for a typo; this machine must resolve it "
-                              f"(getent hosts {node.host}: /etc/hosts, DNS, or a Host alias in ssh.ssh_config)")
+        return TransportError(
+            node.name,
+            "unreachable",
+            f"cannot resolve the name {node.host}: {exc.strerror or exc}",
+            f"check host: in the inventory for a typo; this machine must resolve it "
+            f"(getent hosts {node.host}: /etc/hosts, DNS, or a Host alias in ssh.ssh_config)",
+        )
     if isinstance(exc, (socket.timeout, TimeoutError)):
-        return TransportError(node.name, "unreachable", f"timed out: {target} did not answer within "
-                                                        f"{opts.connect_timeout:g} s",
-                              "is the node up and the port open? ping it; a firewall that drops packets looks "
-                              "like this; raise ssh.connect_timeout for a slow link")
+        return TransportError(
+            node.name,
+            "unreachable",
+            f"timed out: {target} did not answer within {opts.connect_timeout:g} s",
+            "is the node up and the port open? ping it; a firewall that drops packets looks "
+            "like this; raise ssh.connect_timeout for a slow link",
+        )
     if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
         codes = {getattr(e, "errno", None) for e in exc.errors.values()}
         if codes == {errno.ECONNREFUSED}:
             return _errno_error(node, target, errno.ECONNREFUSED, "")
         if len(codes) == 1:
             return _errno_error(node, target, codes.pop(), str(next(iter(exc.errors.values()))))
-        tried = "; ".join(f"{a[0]}: {os.strerror(e.errno) if getattr(e, 'errno', None) else e}"
-                          for a, e in exc.errors.items())
-        return TransportError(node.name, "unreachable", f"cannot connect to {target}: {tried}",
-                              "is sshd running on that port, and is the node reachable from here?")
+        tried = "; ".join(
+            f"{a[0]}: {os.strerror(e.errno) if getattr(e, 'errno', None) else e}" for a, e in exc.errors.items()
+        )
+        return TransportError(
+            node.name,
+            "unreachable",
+            f"cannot connect to {target}: {tried}",
+            "is sshd running on that port, and is the node reachable from here?",
+        )
     if isinstance(exc, FileNotFoundError) and exc.filename:
         # paramiko opening a missing ssh.identity: a credential problem, not a network one
-        return TransportError(node.name, "auth", f"cannot read identity file {exc.filename}: {exc.strerror}",
-                              "check ssh.identity: the private key must exist on this (the controller) machine")
+        return TransportError(
+            node.name,
+            "auth",
+            f"cannot read identity file {exc.filename}: {exc.strerror}",
+            "check ssh.identity: the private key must exist on this (the controller) machine",
+        )
     if isinstance(exc, OSError) and exc.errno is not None:
         return _errno_error(node, target, exc.errno, str(exc))
     if isinstance(exc, OSError):
-        return TransportError(node.name, "error", f"cannot reach {target}: {exc or type(exc).__name__}",
-                              "check the address, routing and that sshd listens there")
+        return TransportError(
+            node.name,
+            "error",
+            f"cannot reach {target}: {exc or type(exc).__name__}",
+            "check the address, routing and that sshd listens there",
+        )
     if isinstance(exc, (paramiko.SSHException, EOFError)):
         text = str(exc) or type(exc).__name__
         hint = "check sshd's logs on the node (journalctl -u ssh)"
         if "banner" in text.lower():
-            hint = ("something other than sshd answers on that port, or sshd is overloaded (MaxStartups) and "
-                    "did not greet us: check ssh.port and sshd's logs on the node")
+            hint = (
+                "something other than sshd answers on that port, or sshd is overloaded (MaxStartups) and "
+                "did not greet us: check ssh.port and sshd's logs on the node"
+            )
         return TransportError(node.name, "unreachable", f"SSH to {target} failed: {text}", hint)
     return TransportError(node.name, "error", f"{type(exc).__name__}: {exc}")
 
 
 _ERRNO_WORDS = {
-    errno.ECONNREFUSED: ("connection to {target} refused",
-                         "is sshd running on that port? (systemctl status ssh on the node; ssh.port in the inventory)"),
-    errno.EHOSTUNREACH: ("no route to host {host} ({target})",
-                         "is the node up? check the address and the route to it (ip route get {host}), and a "
-                         "firewall that rejects"),
-    errno.ENETUNREACH: ("network unreachable: this machine has no route to {host} ({target})",
-                        "check the address, and this machine's routes (ip route get {host}): is it on that network?"),
-    errno.ECONNRESET: ("connection to {target} reset during the SSH handshake",
-                       "sshd closed the connection: its logs on the node say why (MaxStartups, AllowUsers, "
-                       "tcp wrappers, fail2ban)"),
+    errno.ECONNREFUSED: (
+        "connection to {target} refused",
+        "is sshd running on that port? (systemctl status ssh on the node; ssh.port in the inventory)",
+    ),
+    errno.EHOSTUNREACH: (
+        "no route to host {host} ({target})",
+        "is the node up? check the address and the route to it (ip route get {host}), and a firewall that rejects",
+    ),
+    errno.ENETUNREACH: (
+        "network unreachable: this machine has no route to {host} ({target})",
+        "check the address, and this machine's routes (ip route get {host}): is it on that network?",
+    ),
+    errno.ECONNRESET: (
+        "connection to {target} reset during the SSH handshake",
+        "sshd closed the connection: its logs on the node say why (MaxStartups, AllowUsers, tcp wrappers, fail2ban)",
+    ),
 }
 
 
@@ -479,11 +551,19 @@ def _errno_error(node: Node, target: str, code: int | None, raw: str) -> Transpo
     words = _ERRNO_WORDS.get(code) if code is not None else None
     if words is None:
         reason = os.strerror(code) if code is not None and code > 0 else (raw or "connection failed")
-        return TransportError(node.name, "error", f"cannot reach {target}: {reason}",
-                              "check the address, routing and that sshd listens there")
+        return TransportError(
+            node.name,
+            "error",
+            f"cannot reach {target}: {reason}",
+            "check the address, routing and that sshd listens there",
+        )
     message, hint = words
-    return TransportError(node.name, "unreachable", message.format(target=target, host=node.host),
-                          hint.format(target=target, host=node.host))
+    return TransportError(
+        node.name,
+        "unreachable",
+        message.format(target=target, host=node.host),
+        hint.format(target=target, host=node.host),
+    )
 
 
 DEFAULT_KEYS = ("id_rsa", "id_ecdsa", "id_ed25519", "id_dsa")
@@ -537,8 +617,16 @@ def openssh_config_file(opts: SSHOptions) -> str | None:
     return path if os.path.exists(path) else None
 
 
-SAFE_OPTIONS = ("ForwardAgent=no", "ForwardX11=no", "ClearAllForwardings=yes", "PermitLocalCommand=no",
-                "ControlMaster=no", "ControlPath=none", "UpdateHostKeys=no", "RequestTTY=no")
+SAFE_OPTIONS = (
+    "ForwardAgent=no",
+    "ForwardX11=no",
+    "ClearAllForwardings=yes",
+    "PermitLocalCommand=no",
+    "ControlMaster=no",
+    "ControlPath=none",
+    "UpdateHostKeys=no",
+    "RequestTTY=no",
+)
 """What the OpenSSH client is held to whatever the ssh config says, as the paramiko transport
 does: no agent or X11 forwarding, no port forwarding, no LocalCommand run here, no connection
 shared with a master another ssh opened (and verified, or not, its own way), no host keys learned
@@ -559,11 +647,25 @@ def config_proxy_jump(config_file: str, host: str, user: str | None, port: int |
 
 @functools.lru_cache(maxsize=256)
 def _proxy_jump(config_file: str, host: str, user: str | None, port: int | None) -> str | None:
-    argv = ["ssh", "-G", "-F", config_file, *(["-p", str(port)] if port else []), *(["-l", user] if user else []),
-            "--", host]
+    argv = [
+        "ssh",
+        "-G",
+        "-F",
+        config_file,
+        *(["-p", str(port)] if port else []),
+        *(["-l", user] if user else []),
+        "--",
+        host,
+    ]
     try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
-                             env={**os.environ, "LC_ALL": "C"}).stdout
+        out = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "LC_ALL": "C"},
+        ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return None
     for line in out.splitlines():
@@ -589,8 +691,9 @@ def parse_jump(spec: str) -> tuple[str | None, str, int | None]:
     return user or None, host, port
 
 
-def openssh_argv(opts: SSHOptions, config_file: str | None, host: str | None = None,
-                 proxy_jump: ProxyJumpOf = config_proxy_jump) -> list[str]:
+def openssh_argv(
+    opts: SSHOptions, config_file: str | None, host: str | None = None, proxy_jump: ProxyJumpOf = config_proxy_jump
+) -> list[str]:
     """The OpenSSH client argv (without the host) that reaches `host` with these options: the
     inventory's port, user, identity and host-key policy, SAFE_OPTIONS, and every hop on the way
     (the inventory's gateway, or the ssh config's ProxyJump for `host`) as a ProxyCommand running
@@ -599,11 +702,22 @@ def openssh_argv(opts: SSHOptions, config_file: str | None, host: str | None = N
     return _argv(opts, config_file, host, opts.port, opts.user, proxy_jump, 0)
 
 
-def _argv(opts: SSHOptions, config_file: str | None, host: str | None, port: int | None, user: str | None,
-          proxy_jump: ProxyJumpOf, depth: int) -> list[str]:
+def _argv(
+    opts: SSHOptions,
+    config_file: str | None,
+    host: str | None,
+    port: int | None,
+    user: str | None,
+    proxy_jump: ProxyJumpOf,
+    depth: int,
+) -> list[str]:
     if depth > MAX_HOPS:
-        raise TransportError(host or "?", "error", f"more than {MAX_HOPS} jump hosts on the way to {host}: "
-                             "a ProxyJump loop in the ssh config?", f"check the ProxyJump lines of {config_file}")
+        raise TransportError(
+            host or "?",
+            "error",
+            f"more than {MAX_HOPS} jump hosts on the way to {host}: a ProxyJump loop in the ssh config?",
+            f"check the ProxyJump lines of {config_file}",
+        )
     # the node itself at port 22 left unsaid, with an ssh config: the config's Port for its host
     # applies, as `ssh alias` would (`orch exec -w alias`); hops keep the port they were given
     shown_port = port if depth > 0 or config_file is None else opts.chosen_port
@@ -613,15 +727,28 @@ def _argv(opts: SSHOptions, config_file: str | None, host: str | None, port: int
     if opts.identity:
         argv += ["-i", os.path.expanduser(opts.identity)]
     policy = "yes" if opts.host_key_policy == "strict" else "accept-new"
-    argv += ["-o", f"UserKnownHostsFile={os.path.expanduser(opts.known_hosts)}",
-             "-o", "GlobalKnownHostsFile=/dev/null",
-             "-o", f"StrictHostKeyChecking={policy}",
-             "-o", "BatchMode=yes",
-             "-o", f"ConnectTimeout={max(1, math.ceil(opts.connect_timeout))}"]
+    argv += [
+        "-o",
+        f"UserKnownHostsFile={os.path.expanduser(opts.known_hosts)}",
+        "-o",
+        "GlobalKnownHostsFile=/dev/null",
+        "-o",
+        f"StrictHostKeyChecking={policy}",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        f"ConnectTimeout={max(1, math.ceil(opts.connect_timeout))}",
+    ]
     for option in SAFE_OPTIONS:
         argv += ["-o", option]
-    argv += ["-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=6",  # a node gone mid-copy: ~1 min
-             "-o", "LogLevel=ERROR"]
+    argv += [
+        "-o",
+        "ServerAliveInterval=10",
+        "-o",
+        "ServerAliveCountMax=6",  # a node gone mid-copy: ~1 min
+        "-o",
+        "LogLevel=ERROR",
+    ]
     bare = replace(opts, gateway=None)
     proxy = None
     if opts.gateway:  # the inventory's gateway, reached with the node's user and port (as the transport does)

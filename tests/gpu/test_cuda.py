@@ -32,10 +32,11 @@ sys.path.insert(0, str(REPO))  # the shared test helpers
 from tests.ports import job_port  # noqa: E402
 from tests.trainer_helpers import make_dataset, read_debug, read_results, run_trainer, train_loss  # noqa: E402
 
-pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300),
-              pytest.mark.skipif(not torch.cuda.is_available(),
-                                 reason="no CUDA device: torch.cuda.is_available() is False")]
-
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: torch.cuda.is_available() is False"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -52,15 +53,36 @@ def cuda_inputs(data: Path, *argv: str) -> Any:
     from trainer.config import parse_config
     from trainer.dist import Topology, select_device
 
-    cfg = parse_config(["--data", str(data), "--imgsz", "64", "--batch", "4", "--workers", "0",
-                        "--val-period", "0", "--device", "cuda:0", "--seed", "1", *argv])
+    cfg = parse_config(
+        [
+            "--data",
+            str(data),
+            "--imgsz",
+            "64",
+            "--batch",
+            "4",
+            "--workers",
+            "0",
+            "--val-period",
+            "0",
+            "--device",
+            "cuda:0",
+            "--seed",
+            "1",
+            *argv,
+        ]
+    )
     return loop.prepare(cfg, Topology(), select_device(cfg.device, Topology()))
 
 
 def native_bf16() -> str | None:
     """Why bf16 cannot run here (the trainer refuses it before compute capability 8.0), or None."""
     major, minor = torch.cuda.get_device_capability(0)
-    return None if major >= 8 else f"GPU 0 has compute capability {major}.{minor}: no native bfloat16, --amp bf16 is refused"
+    return (
+        None
+        if major >= 8
+        else f"GPU 0 has compute capability {major}.{minor}: no native bfloat16, --amp bf16 is refused"
+    )
 
 
 def is_spatial_conv(m: torch.nn.Module) -> bool:
@@ -116,7 +138,7 @@ def test_fp16_warm_up_that_skips_a_whole_epoch_is_not_divergence(data: Path) -> 
 
     inp = cuda_inputs(data, "--amp", "fp16", "--lr", "0.01", "--accumulate", "1")  # a step per batch: 8 an epoch
     parts, train_set, _ = loop.build_parts(inp, 4)
-    parts.scaler = torch.amp.GradScaler("cuda", init_scale=2.0 ** 40)
+    parts.scaler = torch.amp.GradScaler("cuda", init_scale=2.0**40)
     loader = loop.make_loader(train_set, 4, inp, restore=None)
     before = [p.detach().clone() for p in parts.model.parameters()]
     _, _, first = loop.train_epoch(0, loader, parts, inp, loop.State())
@@ -221,9 +243,24 @@ def test_the_fabric_job_runs_over_nccl_on_one_gpu() -> None:
     the device is CUDA, nothing comes back wrong, and the NCCL version is reported."""
     from orchestrator.node.jobs import allreduce as job
 
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "1",
-            "--master-addr", "127.0.0.1", "--master-port", str(job_port()), job.__file__,
-            "--backend", "nccl", "--max-bytes", "4M"]
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "1",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(job_port()),
+        job.__file__,
+        "--backend",
+        "nccl",
+        "--max-bytes",
+        "4M",
+    ]
     env = {**os.environ, "ORCH_NODE": "gpu0", "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0")}
     p = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -242,8 +279,9 @@ def nvidia_smi() -> str:
     return exe
 
 
-def test_the_probes_real_nvidia_smi_output_parses_to_this_machines_gpus(nvidia_smi: str,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_probes_real_nvidia_smi_output_parses_to_this_machines_gpus(
+    nvidia_smi: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from orchestrator.node import probe
     from orchestrator.preflight.parsers import parse_gpus
 
@@ -265,7 +303,9 @@ def test_the_probes_real_nvidia_smi_output_parses_to_this_machines_gpus(nvidia_s
         assert props.name in {g.name for g in facts.gpus}, (props.name, facts.gpus)
         total = props.total_memory / 2**20
         assert any(g.memory_total_mib and abs(g.memory_total_mib - total) <= 0.03 * total for g in facts.gpus), (
-            total, [g.memory_total_mib for g in facts.gpus])
+            total,
+            [g.memory_total_mib for g in facts.gpus],
+        )
     assert all(g.memory_total_mib and g.memory_used_mib is not None for g in facts.gpus), facts.gpus
 
 
@@ -277,16 +317,27 @@ def test_orch_check_gpus_passes_on_this_machine(nvidia_smi: str, tmp_path: Path)
     listed = listed_gpus(nvidia_smi)
     count = len(listed)
     inv = tmp_path / "gpu.yaml"
-    inv.write_text(yaml.safe_dump({
-        "name": "gpu-smoke", "transport": "local",
-        "nodes": [{"host": "localhost", "name": "gpu0", "gpus": count, "nproc_per_node": 1}],
-        "master": {"port": job_port()},
-        "job": {"python": sys.executable, "workdir": str(tmp_path), "run_root": str(tmp_path / "nodes")},
-    }))
+    inv.write_text(
+        yaml.safe_dump(
+            {
+                "name": "gpu-smoke",
+                "transport": "local",
+                "nodes": [{"host": "localhost", "name": "gpu0", "gpus": count, "nproc_per_node": 1}],
+                "master": {"port": job_port()},
+                "job": {"python": sys.executable, "workdir": str(tmp_path), "run_root": str(tmp_path / "nodes")},
+            }
+        )
+    )
     env = {**os.environ, "ORCH_HOME": str(tmp_path / "home"), "NO_COLOR": "1"}
     env.pop("ORCH_PROBE_FIXTURES", None)
-    p = subprocess.run([sys.executable, "-m", "orchestrator", "check", str(inv), "--only", "gpus", "--json"],
-                       capture_output=True, text=True, timeout=180, env=env, cwd=REPO)
+    p = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "check", str(inv), "--only", "gpus", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+        cwd=REPO,
+    )
     report = json.loads(p.stdout)
     (row,) = [r for r in report["results"] if r["check"] == "gpus"]
     assert row["status"] in ("ok", "warn"), row  # warn: another process already uses a GPU
@@ -349,9 +400,32 @@ def test_resume_on_cuda_continues_exactly_and_the_throughput_table_is_logged(tmp
     from trainer.logs import parse_throughput
 
     data = make_dataset(tmp_path / "ds", images=40, classes=3, imgsz=64)
-    flags = ["--model", "yolo12n.yaml", "--data", str(data), "--epochs", "2", "--batch", "8", "--imgsz", "64",
-             "--device", "0", "--amp", "fp16", "--seed", "1", "--workers", "0", "--val-period", "0",
-             "--warmup-epochs", "0", "--log-every", "2"]
+    flags = [
+        "--model",
+        "yolo12n.yaml",
+        "--data",
+        str(data),
+        "--epochs",
+        "2",
+        "--batch",
+        "8",
+        "--imgsz",
+        "64",
+        "--device",
+        "0",
+        "--amp",
+        "fp16",
+        "--seed",
+        "1",
+        "--workers",
+        "0",
+        "--val-period",
+        "0",
+        "--warmup-epochs",
+        "0",
+        "--log-every",
+        "2",
+    ]
     full = run_trainer([*flags, "--out", str(tmp_path / "full"), "--debug-dir", str(tmp_path / "df")])
     assert full.returncode == 0, full.explain()
     cut = run_trainer([*flags, "--out", str(tmp_path / "cut"), "--debug-exit-after", "1"])
@@ -379,9 +453,34 @@ def test_sync_bn_under_ddp_on_two_gpus(tmp_path: Path) -> None:
     if torch.cuda.device_count() < 2:
         pytest.skip(f"SyncBatchNorm under DDP needs 2 GPUs; torch sees {torch.cuda.device_count()}")
     data = make_dataset(tmp_path / "ds", images=24, classes=3, imgsz=64)
-    r = run_trainer(["--model", "yolo12n.yaml", "--data", str(data), "--epochs", "1", "--batch", "4", "--imgsz", "64",
-                     "--device", "0,1", "--sync-bn", "--workers", "0", "--val-period", "0", "--seed", "1",
-                     "--out", str(tmp_path / "run"), "--debug-dir", str(tmp_path / "d")], nproc=2)
+    r = run_trainer(
+        [
+            "--model",
+            "yolo12n.yaml",
+            "--data",
+            str(data),
+            "--epochs",
+            "1",
+            "--batch",
+            "4",
+            "--imgsz",
+            "64",
+            "--device",
+            "0,1",
+            "--sync-bn",
+            "--workers",
+            "0",
+            "--val-period",
+            "0",
+            "--seed",
+            "1",
+            "--out",
+            str(tmp_path / "run"),
+            "--debug-dir",
+            str(tmp_path / "d"),
+        ],
+        nproc=2,
+    )
     assert r.returncode == 0, r.explain()
     assert not any("without SyncBN" in ln for ln in r.rank_lines()), r.rank_lines()[:8]
     ranks = read_debug(tmp_path / "d", 2)

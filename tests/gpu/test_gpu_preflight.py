@@ -20,9 +20,10 @@ from tests.trainer_helpers import make_dataset
 from tests.unit.test_checks import by, make_facts
 from tests.unit.test_gpu_compat import gpu_inventory
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(),
-                                 reason="no CUDA device: torch.cuda.is_available() is False")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: torch.cuda.is_available() is False"),
+]
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -48,6 +49,7 @@ def test_the_live_query_reports_what_the_checks_need_and_this_torch_fits() -> No
 
     def live(facts_raw: dict, nf: object) -> None:
         facts_raw.update(gpus=raw, torch_cuda=torch)
+
     rows = by(checks.run_checks(inv, make_facts(inv, {node.name: live for node in inv.nodes}), ["gpus"]), "gpus")
     assert rows["n1"].status in ("ok", "warn"), rows["n1"]  # warn: another job may hold the GPU
     assert "has kernels for GPU" in rows["n1"].detail, rows["n1"]
@@ -55,9 +57,14 @@ def test_the_live_query_reports_what_the_checks_need_and_this_torch_fits() -> No
 
 def test_the_trainers_check_picks_the_gpu(tmp_path: Path) -> None:
     data = make_dataset(tmp_path / "d", images=8, imgsz=32)
-    proc = subprocess.run([sys.executable, "-m", "trainer", "--check", "--data", str(data), "--batch", "4",
-                           "--device", "0"], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer", "--check", "--data", str(data), "--batch", "4", "--device", "0"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     answer = json.loads(proc.stdout.strip().splitlines()[-1])
     assert answer["device"] == "cuda:0" and answer["amp"] == "fp16" and answer["device_ids"] == [0], answer

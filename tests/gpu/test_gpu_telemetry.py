@@ -14,9 +14,11 @@ from orchestrator.node import telemetry
 from trainer.logs import parse_timing
 from trainer.pace import Pace
 
-pytestmark = [pytest.mark.gpu, pytest.mark.timeout(120),
-              pytest.mark.skipif(not torch.cuda.is_available(),
-                                 reason="no CUDA device: torch.cuda.is_available() is False")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: torch.cuda.is_available() is False"),
+]
 
 
 def test_the_live_nvidia_smi_answers_every_sampled_field() -> None:

@@ -82,8 +82,9 @@ def need_private_fs(c: TestCluster) -> None:
 
 def orch_check_json(inv_path: Path, home: Path, *extra: str) -> tuple[int, dict[str, object], str]:
     env = dict(os.environ, ORCH_HOME=str(home), NO_COLOR="1")
-    proc = subprocess.run([ORCH, "check", str(inv_path), "--json", *extra], capture_output=True, text=True,
-                          env=env, timeout=300)
+    proc = subprocess.run(
+        [ORCH, "check", str(inv_path), "--json", *extra], capture_output=True, text=True, env=env, timeout=300
+    )
     return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else {}, proc.stderr
 
 
@@ -134,13 +135,19 @@ def test_the_controllers_own_clock_is_measured_against_the_ntp_server(cluster: T
     assert cc is not None and cc.server == cluster.ntp_server and cc.error is None, cc
     assert cc.offset_ms is not None and abs(cc.offset_ms) < 100 and cc.delay_ms is not None
     for node in ("node1", "node2", "node3", "node4"):
-        assert f"the controller is {cc.offset_ms:+.1f} ms off {cluster.ntp_server}" in result(report, "clock", node)["detail"]
+        assert (
+            f"the controller is {cc.offset_ms:+.1f} ms off {cluster.ntp_server}"
+            in result(report, "clock", node)["detail"]
+        )
     assert report.to_json("i.yaml")["controller_clock"]["server"] == cluster.ntp_server
-    code = ("import json,sys; from orchestrator.preflight.controller_clock import measure; "
-            "print(json.dumps(measure(sys.argv[1]).to_json()))")
+    code = (
+        "import json,sys; from orchestrator.preflight.controller_clock import measure; "
+        "print(json.dumps(measure(sys.argv[1]).to_json()))"
+    )
     env = dict(os.environ, LD_PRELOAD=FAKETIME_LIB, FAKETIME="+3s", FAKETIME_DONT_FAKE_MONOTONIC="1")
-    proc = subprocess.run([sys.executable, "-c", code, cluster.ntp_server], capture_output=True, text=True, env=env,
-                          cwd=REPO, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, cluster.ntp_server], capture_output=True, text=True, env=env, cwd=REPO, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     skewed = json.loads(proc.stdout)
     assert 2800 <= skewed["offset_ms"] <= 3200, skewed
@@ -168,8 +175,9 @@ def test_ib_disable_on_one_node_of_an_rdma_cluster(make_cluster: MakeCluster) ->
 def test_rdma_ring_over_verbs_when_the_tool_exists(make_cluster: MakeCluster) -> None:
     env = {"node1": "verbs", "node2": "verbs", "node3": "v100"}  # node3 has no ibv_rc_pingpong
     c = make_cluster(3, node_env={n: {"ORCH_PROBE_FIXTURES": str(FIX / s)} for n, s in env.items()})
-    report = preflight(write_inventory(c, checks={"rdma": {"devices": ["mlx5_0"]}}),
-                       skip=("software", "clock", "timezone", "job"))
+    report = preflight(
+        write_inventory(c, checks={"rdma": {"devices": ["mlx5_0"]}}), skip=("software", "clock", "timezone", "job")
+    )
     assert failures(report) == set(), [r for r in report.results if r.status == "fail"]
     one = result(report, "rdma", "node1")
     assert one["status"] == "ok" and "over verbs (ibv_rc_pingpong)" in one["detail"]
@@ -255,8 +263,9 @@ def test_data_file_missing_on_one_node(cluster: TestCluster) -> None:
 def test_data_yaml_without_names(cluster: TestCluster) -> None:
     need_private_fs(cluster)
     good = "path: /data\ntrain: images\nnames: {0: person}\n"
-    path = _data_on_nodes(cluster, {"node1": good, "node2": "path: /data\ntrain: images\n", "node3": good,
-                                    "node4": good})
+    path = _data_on_nodes(
+        cluster, {"node1": good, "node2": "path: /data\ntrain: images\n", "node3": good, "node4": good}
+    )
     report = preflight(write_inventory(cluster, job={"args": {"data": path}}))
     assert failures(report) == {("job", "node2")}
     assert "has no `names`" in result(report, "job", "node2")["detail"]
@@ -294,11 +303,20 @@ def test_gpu_and_rdma_faults_from_recorded_output(make_cluster: MakeCluster) -> 
     """Recorded V100 nodes (driver 535) with this machine's torch (a CUDA 13 build): every node
     also fails on the driver torch needs, which is true of such a node, and the fault each set
     carries is named on its node."""
-    sets = {"node1": "v100", "node2": "v100-missing-gpu", "node3": "v100-driver-mismatch",
-            "node4": "mlx5-port-down", "node5": "mlx5-missing"}
+    sets = {
+        "node1": "v100",
+        "node2": "v100-missing-gpu",
+        "node3": "v100-driver-mismatch",
+        "node4": "mlx5-port-down",
+        "node5": "mlx5-missing",
+    }
     c = make_cluster(5, node_env={n: {"ORCH_PROBE_FIXTURES": str(FIX / s)} for n, s in sets.items()})
-    inv = write_inventory(c, nodes_extra={n: {"gpus": 8} for n in sets}, job={"nproc_per_node": 8},
-                            checks={"rdma": {"devices": ["mlx5_0"]}})
+    inv = write_inventory(
+        c,
+        nodes_extra={n: {"gpus": 8} for n in sets},
+        job={"nproc_per_node": 8},
+        checks={"rdma": {"devices": ["mlx5_0"]}},
+    )
     report = preflight(inv, skip=("software", "clock", "timezone"))
     assert failures(report) == {("gpus", n) for n in sets} | {("rdma", "node4"), ("rdma", "node5")}
     for node in sets:
@@ -331,15 +349,18 @@ def test_netns_three_faults_reported_exactly(netns_cluster: TestCluster, tmp_pat
 
 
 @pytest.mark.netns
-def test_netns_an_inventory_setting_only_nccl_socket_ifname_is_told_where_gloo_listens(netns_cluster: TestCluster) -> None:
+def test_netns_an_inventory_setting_only_nccl_socket_ifname_is_told_where_gloo_listens(
+    netns_cluster: TestCluster,
+) -> None:
     """inventory/v100.yaml's env on nodes whose hostname resolves to nothing: every Gloo group would
     listen on loopback and time out in connectFullMesh; the default preflight says so on every
     node, naming the key, and passes once it is set."""
     c = netns_cluster
     for i, node in enumerate(("node1", "node2", "node3", "node4"), start=1):
         c.add_interface(node, "ens2f1", f"10.77.0.{i}/24")
-    report = preflight(write_inventory(c, env={"NCCL_SOCKET_IFNAME": "ens2f1", "GLOO_SOCKET_IFNAME": None}),
-                       skip=("software", "job"))
+    report = preflight(
+        write_inventory(c, env={"NCCL_SOCKET_IFNAME": "ens2f1", "GLOO_SOCKET_IFNAME": None}), skip=("software", "job")
+    )
     assert failures(report) == {("nccl_env", f"node{i}") for i in range(1, 5)}, report.results
     row = result(report, "nccl_env", "node2")
     assert "hostname 'node2' resolves to nothing: Gloo would listen on 127.0.0.1 (loopback)" in row["detail"], row
@@ -387,8 +408,9 @@ def test_v100_inventory_fails_cleanly(tmp_path: Path) -> None:
     repo = Path(__file__).resolve().parents[2]
     env = dict(os.environ, ORCH_HOME=str(tmp_path), NO_COLOR="1", COLUMNS="250")
     v100 = str(repo / "inventory" / "v100.yaml")
-    proc = subprocess.run(["unshare", "--net", ORCH, "check", v100, "--json"],
-                          capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        ["unshare", "--net", ORCH, "check", v100, "--json"], capture_output=True, text=True, env=env, timeout=120
+    )
     assert proc.returncode == 1, proc.stderr
     data = json.loads(proc.stdout)
     results = data["results"]
@@ -399,25 +421,34 @@ def test_v100_inventory_fails_cleanly(tmp_path: Path) -> None:
         assert "Unknown error" not in r["detail"] and "ip route get 192.168.1." in r["hint"]
     assert set(data["not_probed"]) == {"v100-1", "v100-2", "v100-3", "v100-4"}
     assert "Traceback" not in proc.stderr
-    table = subprocess.run(["unshare", "--net", ORCH, "check", v100], capture_output=True, text=True, env=env,
-                           timeout=120)
+    table = subprocess.run(
+        ["unshare", "--net", ORCH, "check", v100], capture_output=True, text=True, env=env, timeout=120
+    )
     rows = [line for line in table.stdout.splitlines() if " v100-" in line and (" fail " in line or " skip " in line)]
     assert len(rows) == 4 and all(" fail " in line for line in rows), table.stdout
-    assert ("not probed, so 40 other results skipped: 10 checks (clock, timezone, nccl_env, rdma, gpus, software, "
-            "job, ports, container, fabric) on v100-[1-4]") in table.stdout
+    assert (
+        "not probed, so 40 other results skipped: 10 checks (clock, timezone, nccl_env, rdma, gpus, software, "
+        "job, ports, container, fabric) on v100-[1-4]"
+    ) in table.stdout
     # a name no resolver knows (RFC 6761 .invalid): said so, never `Unknown error -2`
     text = (repo / "inventory" / "v100.yaml").read_text().replace("192.168.1.[11-13]", "gpu-node-[02-04].invalid")
     odd = tmp_path / "names.yaml"
     odd.write_text(text)
-    proc = subprocess.run(["unshare", "--net", ORCH, "check", str(odd), "--json", "--only", "ssh"],
-                          capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        ["unshare", "--net", ORCH, "check", str(odd), "--json", "--only", "ssh"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     ssh = {r["node"]: r for r in json.loads(proc.stdout)["results"]}
     assert ssh["v100-2"]["detail"].startswith("unreachable: cannot resolve the name gpu-node-02.invalid: "), ssh
     assert "getent hosts gpu-node-02.invalid" in ssh["v100-2"]["hint"]
 
 
-def test_no_env_value_is_on_any_remote_command_line(make_cluster: MakeCluster, monkeypatch: pytest.MonkeyPatch,
-                                                     caplog: pytest.LogCaptureFixture) -> None:
+def test_no_env_value_is_on_any_remote_command_line(
+    make_cluster: MakeCluster, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """The inventory's env reaches the probe (it reports the values), yet no command line sent to
     sshd (what `ps` on the node and `orch -v` show) carries a value."""
     import logging

@@ -35,12 +35,14 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def trainer_inventory(c: TestCluster, workdir: Path, **args: Any) -> Path:
-    return c.write_inventory(master={"port": job_port()},
-                             job={"module": "trainer", "workdir": str(workdir), "args": args})
+    return c.write_inventory(
+        master={"port": job_port()}, job={"module": "trainer", "workdir": str(workdir), "args": args}
+    )
 
 
 def test_a_typo_in_the_trainers_arguments_fails_orch_check_with_the_trainers_line(
-        make_cluster: MakeCluster, data: Path, tmp_path: Path) -> None:
+    make_cluster: MakeCluster, data: Path, tmp_path: Path
+) -> None:
     c = make_cluster(2)
     inv = trainer_inventory(c, tmp_path, data=str(data), batch=4, epocs=24)
     code, report, err = orch_check_json(inv, tmp_path / "home")
@@ -48,16 +50,20 @@ def test_a_typo_in_the_trainers_arguments_fails_orch_check_with_the_trainers_lin
     bad = [(r["check"], r["node"]) for r in report["results"] if r["status"] == "fail"]  # type: ignore[index]
     assert bad == [("job", "node1")], report
     job = next(r for r in report["results"] if r["check"] == "job" and r["node"] == "node1")  # type: ignore[union-attr]
-    assert job["detail"] == ("the trainer refuses the arguments: python -m trainer: error: unrecognized arguments: "
-                             "--epocs (did you mean --epochs?)"), job
+    assert job["detail"] == (
+        "the trainer refuses the arguments: python -m trainer: error: unrecognized arguments: "
+        "--epocs (did you mean --epochs?)"
+    ), job
     assert "usage:" not in job["detail"] and "fix job.args in" in job["hint"]
 
 
 def test_a_misspelled_module_and_an_out_that_holds_a_run_fail_before_launch(
-        make_cluster: MakeCluster, data: Path, tmp_path: Path) -> None:
+    make_cluster: MakeCluster, data: Path, tmp_path: Path
+) -> None:
     c = make_cluster(2)
-    inv = c.write_inventory(master={"port": job_port()},
-                            job={"module": "trainr", "workdir": str(tmp_path), "args": {"data": str(data)}})
+    inv = c.write_inventory(
+        master={"port": job_port()}, job={"module": "trainr", "workdir": str(tmp_path), "args": {"data": str(data)}}
+    )
     report = preflight(inv, skip=ONLY_JOB)
     assert failures(report) == {("job", "node1")}
     r = result(report, "job", "node1")
@@ -69,9 +75,11 @@ def test_a_misspelled_module_and_an_out_that_holds_a_run_fail_before_launch(
     assert failures(report) == {("job", "node1")}
     assert result(report, "job", "node1")["detail"] == (
         f"the trainer refuses the arguments: --out {out} already holds a run (weights/last.pt): add --resume, "
-        "or pick another --out")
-    report = preflight(trainer_inventory(c, tmp_path, data=str(data), batch=4, out=str(tmp_path / "fresh")),
-                       skip=ONLY_JOB)
+        "or pick another --out"
+    )
+    report = preflight(
+        trainer_inventory(c, tmp_path, data=str(data), batch=4, out=str(tmp_path / "fresh")), skip=ONLY_JOB
+    )
     assert failures(report) == set(), [r for r in report.results if r.status == "fail"]
     ok = result(report, "job", "node1")
     assert ok["status"] == "ok" and f"writes {tmp_path / 'fresh'}" in ok["detail"], ok
@@ -99,7 +107,8 @@ def v100_inventory_for(c: TestCluster, data: Path, workdir: Path) -> Path:
 
 @pytest.mark.slow
 def test_the_v100_example_on_v100s_with_a_cuda_13_torch_fails_on_exactly_the_gpu_check(
-        make_cluster: MakeCluster, data: Path, tmp_path: Path) -> None:
+    make_cluster: MakeCluster, data: Path, tmp_path: Path
+) -> None:
     c = make_cluster(4, node_env={f"node{i}": {"ORCH_PROBE_FIXTURES": str(FIX / "v100")} for i in range(1, 5)})
     inv = v100_inventory_for(c, data, tmp_path)
     assert load(inv).job.module == "trainer" and load(inv).job.raw_args["batch"] == 384
@@ -110,23 +119,27 @@ def test_the_v100_example_on_v100s_with_a_cuda_13_torch_fails_on_exactly_the_gpu
     bad = {(r["check"], r["node"]) for r in results if r["status"] == "fail"}
     assert bad == {("gpus", f"node{i}") for i in range(1, 5)}, [r for r in results if r["status"] != "ok"]
     gpus = next(r for r in results if r["check"] == "gpus" and r["node"] == "node3")
-    assert ("GPU 0-7 Tesla V100-SXM2-16GB (sm_70, compute capability 7.0): torch 2.14.1+cu130 has kernels for "
-            "sm_75 sm_80 sm_86 sm_90 sm_100 sm_120 and no PTX this GPU can compile") in gpus["detail"], gpus
+    assert (
+        "GPU 0-7 Tesla V100-SXM2-16GB (sm_70, compute capability 7.0): torch 2.14.1+cu130 has kernels for "
+        "sm_75 sm_80 sm_86 sm_90 sm_100 sm_120 and no PTX this GPU can compile"
+    ) in gpus["detail"], gpus
     assert "--index-url https://download.pytorch.org/whl/cu126" in gpus["hint"]
     job = next(r for r in results if r["check"] == "job" and r["node"] == "node1")
     assert job["status"] == "ok" and "the trainer accepts the arguments" in job["detail"], job
 
 
 def test_a_stale_dataset_copy_on_one_node_fails_the_job_check_naming_the_node_and_the_split(
-        make_cluster: MakeCluster, tmp_path: Path) -> None:
+    make_cluster: MakeCluster, tmp_path: Path
+) -> None:
     """Each node its own HOME with its own copy of the dataset (`data: ~/data/data.yaml`, the same
     YAML everywhere): node3's images/train holds fewer files. The data YAML's hash agreed, so the
     `job` check said ok and node3 trained fewer batches per epoch; now node3 fails, naming the split."""
     import shutil
 
     template = make_dataset(tmp_path / "template", images=16, imgsz=32).parent
-    (template / "data.yaml").write_text("\n".join(ln for ln in (template / "data.yaml").read_text().splitlines()
-                                                  if not ln.startswith("path:")) + "\n")  # the YAML's own folder
+    (template / "data.yaml").write_text(
+        "\n".join(ln for ln in (template / "data.yaml").read_text().splitlines() if not ln.startswith("path:")) + "\n"
+    )  # the YAML's own folder
     homes = {f"node{i}": tmp_path / f"home{i}" for i in (1, 2, 3)}
     for home in homes.values():
         shutil.copytree(template, home / "data")
@@ -146,17 +159,27 @@ def test_a_stale_dataset_copy_on_one_node_fails_the_job_check_naming_the_node_an
 
 
 def test_field_guide_001s_line_on_cpu_nodes_is_refused_once_with_every_problem(
-        make_cluster: MakeCluster, data: Path, tmp_path: Path) -> None:
+    make_cluster: MakeCluster, data: Path, tmp_path: Path
+) -> None:
     """`--amp --sync-bn --gradient-accumulation 2 --device 0,1,2,3` on CPU nodes took three launches
     (one refusal each): one `orch check` names --device, --amp and --sync-bn together."""
     c = make_cluster(2)
-    inv = trainer_inventory(c, tmp_path, data=str(data), batch=4, amp=True, **{
-        "sync-bn": True, "gradient-accumulation": 2, "device": "0,1,2,3"})
+    inv = trainer_inventory(
+        c,
+        tmp_path,
+        data=str(data),
+        batch=4,
+        amp=True,
+        **{"sync-bn": True, "gradient-accumulation": 2, "device": "0,1,2,3"},
+    )
     report = preflight(inv, skip=ONLY_JOB)
     assert ("job", "node1") in failures(report)
     detail = result(report, "job", "node1")["detail"]
     assert "the trainer refuses the arguments: 4 problems: " in detail, detail
-    for said in ("--device 0,1,2,3 names 4 GPUs but torchrun started 1 process(es)", "--device 0,1,2,3 but torch "
-                 "sees no GPU", "--amp on: fp16",
-                 "--sync-bn needs CUDA"):
+    for said in (
+        "--device 0,1,2,3 names 4 GPUs but torchrun started 1 process(es)",
+        "--device 0,1,2,3 but torch sees no GPU",
+        "--amp on: fp16",
+        "--sync-bn needs CUDA",
+    ):
         assert said in detail, detail

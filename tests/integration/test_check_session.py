@@ -37,8 +37,9 @@ def test_one_command_per_node_and_the_clock_over_its_channel(make_cluster: MakeC
     names = ["node1", "node2", "node3"]
     c: TestCluster = make_cluster(3, node_env={n: {"HOME": str(home)} for n in names})
     c.skew_clock("node2", "+2s")
-    inv = load(write_inventory(c, checks={"clock": {"ntp_server": None}},
-                               job={"workdir": str(c.root), "args": {"batch": 3}}))
+    inv = load(
+        write_inventory(c, checks={"clock": {"ntp_server": None}}, job={"workdir": str(c.root), "args": {"batch": 3}})
+    )
     # the counter counts what it must: two commands over SSH are two shells
     with Cluster(inv) as cluster:
         cluster["node1"].run(["true"]).check()
@@ -86,14 +87,22 @@ def test_local_transport_session(tmp_path: Path) -> None:
     """`transport: local`: the same session over a local process's stdin and stdout."""
     marker = f"orch-session-test-{os.getpid()}-{time.monotonic_ns()}"
     inv_path = tmp_path / "local.yaml"
-    inv_path.write_text(yaml.safe_dump({
-        "name": "ls", "transport": "local", "env": {"ORCH_SESSION_TEST": marker},
-        "nodes": [{"host": "localhost", "name": "n0", "addr": "127.0.0.1"},
-                  {"host": "localhost", "name": "n1", "addr": "127.0.0.1"}],
-        "master": {"port": job_port()},
-        "checks": {"clock": {"ntp_server": None}},
-        "job": {"python": sys.executable, "workdir": str(tmp_path)},
-    }))
+    inv_path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "ls",
+                "transport": "local",
+                "env": {"ORCH_SESSION_TEST": marker},
+                "nodes": [
+                    {"host": "localhost", "name": "n0", "addr": "127.0.0.1"},
+                    {"host": "localhost", "name": "n1", "addr": "127.0.0.1"},
+                ],
+                "master": {"port": job_port()},
+                "checks": {"clock": {"ntp_server": None}},
+                "job": {"python": sys.executable, "workdir": str(tmp_path)},
+            }
+        )
+    )
     inv = load(inv_path)
     with Cluster(inv) as c:
         facts = collect(inv, c, ["ssh", "clock", "ports"])

@@ -71,19 +71,42 @@ def test_sigterm_during_the_fabric_job_stops_the_job_and_exits_130(tmp_path: Pat
     hold.mkdir()
     (hold / "sitecustomize.py").write_text(HOLD)
     inv = tmp_path / "inv.yaml"
-    inv.write_text(yaml.safe_dump({
-        "name": "sigterm", "transport": "local", "nodes": [{"host": "localhost", "name": "n0"}],
-        "master": {"port": job_port()},
-        "env": {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "SIGTERM_TEST_MARK": marker,
-                "PYTHONPATH": str(hold)},
-        "checks": {"fabric": {"max_bytes": "4M", "budget_s": 5, "timeout_s": 200}},
-        "job": {"python": sys.executable, "workdir": str(REPO), "run_root": str(run_root), "script": "train.py",
-                "nproc_per_node": 1, "stop_grace_s": 5},
-    }))
+    inv.write_text(
+        yaml.safe_dump(
+            {
+                "name": "sigterm",
+                "transport": "local",
+                "nodes": [{"host": "localhost", "name": "n0"}],
+                "master": {"port": job_port()},
+                "env": {
+                    "GLOO_SOCKET_IFNAME": "lo",
+                    "OMP_NUM_THREADS": "1",
+                    "SIGTERM_TEST_MARK": marker,
+                    "PYTHONPATH": str(hold),
+                },
+                "checks": {"fabric": {"max_bytes": "4M", "budget_s": 5, "timeout_s": 200}},
+                "job": {
+                    "python": sys.executable,
+                    "workdir": str(REPO),
+                    "run_root": str(run_root),
+                    "script": "train.py",
+                    "nproc_per_node": 1,
+                    "stop_grace_s": 5,
+                },
+            }
+        )
+    )
     env = dict(os.environ, ORCH_HOME=str(tmp_path / "home"), NO_COLOR="1")
     env.pop("ORCH_INVENTORY", None)
-    p = subprocess.Popen([sys.executable, "-m", "orchestrator", "check", str(inv), "--only", "fabric"], cwd=REPO,
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "check", str(inv), "--only", "fabric"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         wait_for(lambda: [ln for ln in marked(marker) if "allreduce_job.py" in ln], 150, "the fabric job running", p)
         p.send_signal(signal.SIGTERM)

@@ -41,7 +41,11 @@ def test_node_local_dir_is_private_to_its_node(cluster_in, mode):
     c = cluster_in(mode)
     c.node("node3").local_dir.joinpath("data.yaml").write_text("names: [a]\n")
     with _cluster_of(c) as cl:
-        seen = cl.fan_out(lambda t: t.run(["sh", "-c", f"cat {TestCluster.NODE_LOCAL}/data.yaml 2>/dev/null || echo absent"]).stdout.strip())
+        seen = cl.fan_out(
+            lambda t: t.run(
+                ["sh", "-c", f"cat {TestCluster.NODE_LOCAL}/data.yaml 2>/dev/null || echo absent"]
+            ).stdout.strip()
+        )
     assert seen == {"node1": "absent", "node2": "absent", "node3": "names: [a]", "node4": "absent"}
     assert c.exec("node3", ["cat", f"{TestCluster.NODE_LOCAL}/data.yaml"]).stdout == "names: [a]\n"
     assert c.exec("node1", ["ls", TestCluster.NODE_LOCAL]).stdout == ""
@@ -50,8 +54,9 @@ def test_node_local_dir_is_private_to_its_node(cluster_in, mode):
 def test_set_env_tz_seen_by_remote_date(cluster):
     cluster.set_env("node2", TZ="Asia/Shanghai")
     with _cluster_of(cluster) as cl:
-        zones = cl.fan_out(lambda t: t.run(["date", "+%Z"]).check().stdout.strip(),
-                           nodes=[cl.inv.node("node1"), cl.inv.node("node2")])
+        zones = cl.fan_out(
+            lambda t: t.run(["date", "+%Z"]).check().stdout.strip(), nodes=[cl.inv.node("node1"), cl.inv.node("node2")]
+        )
     assert zones["node2"] == "CST"
     assert zones["node1"] != "CST"
 
@@ -92,8 +97,10 @@ def test_chronyd_serves_time_without_upstream(cluster):
 def test_chronyd_reachable_from_a_node_over_ssh(make_cluster, mode):
     cluster = make_cluster(2, mode)
     host, port = cluster.ntp_server.rsplit(":", 1)
-    code = (f"import json,ntplib; r=ntplib.NTPClient().request({host!r}, port={port}, version=3, timeout=2); "
-            "print(json.dumps([r.stratum, r.offset]))")
+    code = (
+        f"import json,ntplib; r=ntplib.NTPClient().request({host!r}, port={port}, version=3, timeout=2); "
+        "print(json.dumps([r.stratum, r.offset]))"
+    )
     with _cluster_of(cluster) as cl:
         out = cl["node2"].run([cluster.python, "-c", code]).check().stdout
     stratum, offset = json.loads(out)
@@ -101,9 +108,14 @@ def test_chronyd_reachable_from_a_node_over_ssh(make_cluster, mode):
 
 
 def test_inventory_matches_cluster_and_merges_overrides(cluster, tmp_path):
-    path = cluster.write_inventory(tmp_path / "inv.yaml", env={"NCCL_DEBUG": "WARN"},
-                                   job={"nproc_per_node": 2}, nodes_extra={"node3": {"gpus": 8}},
-                                   checks={"clock": {"max_offset_ms": 20}}, master={"node": "node2"})
+    path = cluster.write_inventory(
+        tmp_path / "inv.yaml",
+        env={"NCCL_DEBUG": "WARN"},
+        job={"nproc_per_node": 2},
+        nodes_extra={"node3": {"gpus": 8}},
+        checks={"clock": {"max_offset_ms": 20}},
+        master={"node": "node2"},
+    )
     inv = inventory.load(path)
     assert [n.name for n in inv.nodes] == ["node2", "node1", "node3", "node4"]
     assert {n.name: (n.host, n.ssh.port) for n in inv.nodes} == {n.name: (n.host, n.port) for n in cluster.nodes}
@@ -112,8 +124,12 @@ def test_inventory_matches_cluster_and_merges_overrides(cluster, tmp_path):
     assert inv.checks.clock.ntp_server == cluster.ntp_server and inv.checks.clock.max_offset_ms == 20
     assert inv.job.python == cluster.python
     assert inv.nodes[0].ssh.host_key_policy == "strict"
-    assert inventory.load(cluster.write_inventory(tmp_path / "b.yaml", checks={"clock": {"ntp_server": None}})
-                          ).checks.clock.ntp_server is None
+    assert (
+        inventory.load(
+            cluster.write_inventory(tmp_path / "b.yaml", checks={"clock": {"ntp_server": None}})
+        ).checks.clock.ntp_server
+        is None
+    )
 
 
 def test_a_root_that_does_not_exist_yet_is_made(cluster_keys, tmp_path):
@@ -144,10 +160,11 @@ def test_processes_finds_detached_grandchildren_per_node(cluster):
     with _cluster_of(cluster) as cl:
         # a detached grandchild (setsid, double fork) that outlives the SSH session
         cl["node2"].run(["sh", "-c", f"setsid sh -c 'sleep 300; : {marker}' </dev/null >/dev/null 2>&1 &"]).check()
-        cl["node3"].run(["sh", "-c", "setsid sleep 301 </dev/null >/dev/null 2>&1 &"],
-                        env={"ORCH_RUN": marker}).check()
+        cl["node3"].run(["sh", "-c", "setsid sleep 301 </dev/null >/dev/null 2>&1 &"], env={"ORCH_RUN": marker}).check()
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and not (cluster.processes("node2", marker) and cluster.processes("node3", marker)):
+    while time.monotonic() < deadline and not (
+        cluster.processes("node2", marker) and cluster.processes("node3", marker)
+    ):
         time.sleep(0.05)
     assert len(cluster.processes("node2", marker)) == 1  # via its command line
     assert len(cluster.processes("node3", marker)) == 1  # via its environment
@@ -216,8 +233,10 @@ def test_link_down_makes_node_unreachable_within_connect_timeout(netns_cluster):
 @pytest.mark.netns
 def test_nodes_reach_each_other_and_chronyd(netns_cluster):
     n2 = netns_cluster.node("node2")
-    ping = netns_cluster.exec("node1", [netns_cluster.python, "-c",
-                                        f"import socket; socket.create_connection(('{n2.addr}', 22), 2); print('ok')"])
+    ping = netns_cluster.exec(
+        "node1",
+        [netns_cluster.python, "-c", f"import socket; socket.create_connection(('{n2.addr}', 22), 2); print('ok')"],
+    )
     assert ping.stdout.strip() == "ok", ping.stderr
     assert netns_cluster.ntp_server.startswith(f"198.18.{netns_cluster.subnet}.254:")
 
@@ -262,11 +281,28 @@ def test_what_this_machine_lacks_skips_here_and_fails_under_orch_test_strict(tmp
     (tmp_path / "test_lacks.py").write_text(
         "from tests.cluster import kernel_limit, missing\n"
         "def test_needs_chromium():\n    missing('chromium is not installed')\n"
-        "def test_needs_netem():\n    kernel_limit('no sch_netem')\n")
+        "def test_needs_netem():\n    kernel_limit('no sch_netem')\n"
+    )
     env = dict(os.environ, ORCH_TEST_STRICT=strict, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rsf", "-p", "no:cacheprovider", "-c", os.devnull,
-                           str(tmp_path / "test_lacks.py")], capture_output=True, text=True, env=env, cwd=tmp_path,
-                          timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-rsf",
+            "-p",
+            "no:cacheprovider",
+            "-c",
+            os.devnull,
+            str(tmp_path / "test_lacks.py"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
     if strict:
         assert proc.returncode == 1 and "1 failed, 1 skipped" in proc.stdout, proc.stdout
         assert "ORCH_TEST_STRICT=1, and this test cannot run: chromium is not installed" in proc.stdout

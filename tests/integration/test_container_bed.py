@@ -44,13 +44,39 @@ def test_torchrun_runs_the_job_inside_the_image_over_ssh(podman_cluster, cluster
     host networking; torch and the trainer import inside."""
     inv = cluster.write_inventory(only=["node1", "node2"])
     code = "import torch, trainer, ultralytics, sys; print('INSIDE', sys.version.split()[0], torch.__version__)"
-    run = ["podman", "run", "--rm", "--init", "--network", "host", "--ipc", "host",
-           "--label", f"{LABEL}=bedtest", *_mount_flags(), "-e", "OMP_NUM_THREADS=1", IMAGE]
+    run = [
+        "podman",
+        "run",
+        "--rm",
+        "--init",
+        "--network",
+        "host",
+        "--ipc",
+        "host",
+        "--label",
+        f"{LABEL}=bedtest",
+        *_mount_flags(),
+        "-e",
+        "OMP_NUM_THREADS=1",
+        IMAGE,
+    ]
     r = orch.run("exec", str(inv), "--", *run, sys.executable, "-c", code, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("INSIDE 3.") == 2, r.stdout
-    ddp = [*run, sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(REPO / "tests" / "ddp_job.py"), "--steps", "3", "--sleep", "0"]
+    ddp = [
+        *run,
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(REPO / "tests" / "ddp_job.py"),
+        "--steps",
+        "3",
+        "--sleep",
+        "0",
+    ]
     r = orch.run("exec", str(inv), "--nodes", "node1", "--", *ddp, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "allreduce_ok=True" in r.stdout, r.stdout
@@ -60,8 +86,20 @@ def test_torchrun_runs_the_job_inside_the_image_over_ssh(podman_cluster, cluster
 def test_a_container_left_behind_is_found_by_label(podman_cluster):
     """A detached container on one node is listed by its label on that node only, and removed."""
     bed = podman_cluster
-    bed.podman("node2", "run", "-d", "--name", "orch-bedtest-node2", "--label", f"{LABEL}=leak",
-               "--network", "host", IMAGE, "sleep", "600")
+    bed.podman(
+        "node2",
+        "run",
+        "-d",
+        "--name",
+        "orch-bedtest-node2",
+        "--label",
+        f"{LABEL}=leak",
+        "--network",
+        "host",
+        IMAGE,
+        "sleep",
+        "600",
+    )
     assert bed.all_containers(f"{LABEL}=leak") == {"node2": ["orch-bedtest-node2"]}
     assert bed.all_containers(f"{LABEL}=other") == {}
     assert bed.remove_all() == {"node2": ["orch-bedtest-node2"]}
@@ -76,7 +114,19 @@ def test_dockerd_runs_the_image_with_the_job_python(dockerd, container_image):
     inspect = json.loads(dockerd.docker("image", "inspect", IMAGE).stdout)
     assert inspect[0]["Id"].startswith("sha256:")
     code = "import torch, trainer; print('INSIDE', torch.__version__)"
-    r = dockerd.docker("run", "--rm", "--init", "--network", "host", "--label", f"{LABEL}=dockertest",
-                       *_mount_flags(), IMAGE, sys.executable, "-c", code)
+    r = dockerd.docker(
+        "run",
+        "--rm",
+        "--init",
+        "--network",
+        "host",
+        "--label",
+        f"{LABEL}=dockertest",
+        *_mount_flags(),
+        IMAGE,
+        sys.executable,
+        "-c",
+        code,
+    )
     assert "INSIDE" in r.stdout
     assert dockerd.containers(f"{LABEL}=dockertest") == []

@@ -24,8 +24,10 @@ def orch(tmp_path: Path) -> Orch:
 def test_groups_identical_answers_and_exits_with_the_worst(cluster: TestCluster, orch: Orch) -> None:
     inv = str(cluster.write_inventory())
     cluster.stop_node("node4")
-    line = ('echo same; if [ "$ORCH_TEST_NODE" = node3 ]; then echo "only on node3" >&2; exit 3; fi; '
-            "printf '\\033]0;pwned\\007\\n'")
+    line = (
+        'echo same; if [ "$ORCH_TEST_NODE" = node3 ]; then echo "only on node3" >&2; exit 3; fi; '
+        "printf '\\033]0;pwned\\007\\n'"
+    )
     r = orch.run("exec", inv, "-b", "--", line)
     assert r.returncode == 255, r.stderr  # node4 unreachable outranks node3's 3
     out = r.stdout
@@ -71,8 +73,11 @@ def test_w_reaches_hosts_through_ssh_config_without_an_inventory(cluster: TestCl
     User and IdentityFile), their keys checked against ~/.ssh/known_hosts, as pdsh -w over ssh."""
     home = tmp_path / "user"
     (home / ".ssh").mkdir(parents=True)
-    config = "".join(f"Host {n.name}\n  HostName {n.host}\n  Port {n.port}\n  User {cluster.user}\n"
-                     f"  IdentityFile {cluster.client_key}\n" for n in cluster.nodes)
+    config = "".join(
+        f"Host {n.name}\n  HostName {n.host}\n  Port {n.port}\n  User {cluster.user}\n"
+        f"  IdentityFile {cluster.client_key}\n"
+        for n in cluster.nodes
+    )
     (home / ".ssh" / "config").write_text(config)
     (home / ".ssh" / "known_hosts").write_text(cluster.known_hosts.read_text())
     orch = Orch(tmp_path / "orch-home", env={"HOME": str(home)})
@@ -87,8 +92,18 @@ def test_w_reaches_hosts_through_ssh_config_without_an_inventory(cluster: TestCl
 def test_argv_words_reach_the_node_as_they_are(cluster: TestCluster, orch: Orch) -> None:
     inv = str(cluster.write_inventory())
     words = ["a b", "$HOME", "`id`", ";", "*", "'", '"', "--json"]
-    r = orch.run("exec", inv, "--json", "--nodes", "node2", "--", sys.executable, "-c",
-                 "import json, sys; print(json.dumps(sys.argv[1:]))", *words)
+    r = orch.run(
+        "exec",
+        inv,
+        "--json",
+        "--nodes",
+        "node2",
+        "--",
+        sys.executable,
+        "-c",
+        "import json, sys; print(json.dumps(sys.argv[1:]))",
+        *words,
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads(json.loads(r.stdout)["nodes"][0]["stdout"]) == words
 
@@ -109,8 +124,9 @@ def test_a_node_over_the_timeout_counts_124_and_the_others_answer(cluster: TestC
 
 @pytest.mark.waits  # mostly waits: runs beside the slow tests (tests/conftest.py)
 @pytest.mark.parametrize("command", [["sleep", "30"], ["sleep 30 & sleep 30; wait"]], ids=["argv", "shell-line"])
-def test_the_timeout_stops_the_command_and_its_process_group_on_the_node(cluster: TestCluster, orch: Orch,
-                                                                       command: list[str]) -> None:
+def test_the_timeout_stops_the_command_and_its_process_group_on_the_node(
+    cluster: TestCluster, orch: Orch, command: list[str]
+) -> None:
     """Past --timeout, closing the SSH channel left `sleep 30` running on the node: the command
     now runs under timeout(1) there, which stops its process group (a backgrounded child too)."""
     inv = str(cluster.write_inventory())
@@ -127,7 +143,7 @@ def test_a_command_that_ends_in_time_keeps_its_own_exit_code_and_output(cluster:
     r = orch.run("exec", inv, "--nodes", "node1", "--timeout", "20", "--json", "--", "echo out; echo err >&2; exit 124")
     [node] = json.loads(r.stdout)["nodes"]
     assert (node["exit_code"], node["stdout"], node["stderr"], node["error"]) == (124, "out\n", "err\n", None)
-    r = orch.run("exec", inv, "--nodes", "node1", "--timeout", "20", "--", "sh", "-c", "echo \"$0\" \"$@\"", "a b", "c")
+    r = orch.run("exec", inv, "--nodes", "node1", "--timeout", "20", "--", "sh", "-c", 'echo "$0" "$@"', "a b", "c")
     assert r.returncode == 0 and "a b c" in r.stdout
 
 
@@ -139,8 +155,11 @@ def test_host_keys_are_verified_as_for_every_command(cluster: TestCluster, orch:
     assert r.returncode == 255 and "reached" not in r.stdout
     assert "is not in" in r.stderr and "hint: verify it, then: ssh-keyscan" in r.stderr  # live: errors on stderr
     assert empty.read_text() == ""
-    accept = str(cluster.write_inventory(tmp_path / "accept.yaml",
-                                         ssh={"known_hosts": str(empty), "host_key_policy": "accept-new"}))
+    accept = str(
+        cluster.write_inventory(
+            tmp_path / "accept.yaml", ssh={"known_hosts": str(empty), "host_key_policy": "accept-new"}
+        )
+    )
     r = orch.run("exec", accept, "--nodes", "node1", "--", "echo reached")
     assert r.returncode == 0 and "reached" in r.stdout
     assert cluster.node("node1").host in empty.read_text()
@@ -148,7 +167,8 @@ def test_host_keys_are_verified_as_for_every_command(cluster: TestCluster, orch:
 
 @pytest.mark.parametrize("timeout", [None, 300])
 def test_ctrl_c_closes_every_connection_exits_130_and_stops_the_command_everywhere(
-        cluster: TestCluster, orch: Orch, tmp_path: Path, timeout: int | None) -> None:
+    cluster: TestCluster, orch: Orch, tmp_path: Path, timeout: int | None
+) -> None:
     """Closing an SSH connection leaves a command without a terminal running on the node (ssh's and
     pdsh's behaviour): orch's tether stops its whole process group there, background children too,
     with or without --timeout."""
@@ -159,8 +179,14 @@ def test_ctrl_c_closes_every_connection_exits_130_and_stops_the_command_everywhe
     # each node says it runs, then waits, with a child in the background
     line = f"export EXEC_MARK={marker}; sleep 130 & mktemp -p {started} >/dev/null && sleep 120; echo late"
     limit = ["--timeout", str(timeout)] if timeout else []
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "exec", inv, *limit, "--", line],
-                            cwd=REPO, env=orch.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "exec", inv, *limit, "--", line],
+        cwd=REPO,
+        env=orch.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while len(list(started.iterdir())) < len(cluster.nodes):  # running on every node: Ctrl-C interrupts it
         assert proc.poll() is None and time.monotonic() < deadline, "orch exec never ran the command everywhere"

@@ -30,8 +30,7 @@ def orch_json(home: Path, *args: str, timeout: float = 300) -> tuple[int, dict[s
     env = dict(os.environ, ORCH_HOME=str(home), NO_COLOR="1")
     env.pop("ORCH_INVENTORY", None)
     t = time.monotonic()
-    proc = subprocess.run([*ORCH, *args, "--json"], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run([*ORCH, *args, "--json"], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     took = time.monotonic() - t
     return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else {}, proc.stderr, took
 
@@ -48,8 +47,9 @@ def run_dirs(c: TestCluster) -> list[Path]:
 
 def test_loopback_two_nodes_pass_and_check_json_holds_the_sweep(make_cluster: MakeCluster, tmp_path: Path) -> None:
     c = make_cluster(2)
-    inv = c.write_inventory(master={"port": job_port()}, env={"GLOO_SOCKET_IFNAME": "lo"},
-                            checks={"fabric": {"max_bytes": "4M"}})
+    inv = c.write_inventory(
+        master={"port": job_port()}, env={"GLOO_SOCKET_IFNAME": "lo"}, checks={"fabric": {"max_bytes": "4M"}}
+    )
     code, data, err, took = orch_json(tmp_path / "home", "check", str(inv), "--only", "fabric")
     assert code == 0, (err, data)
     fab = rows(data)
@@ -73,8 +73,10 @@ def test_loopback_two_nodes_pass_and_check_json_holds_the_sweep(make_cluster: Ma
     assert saved["fabric"]["sweep"] == f["sweep"] and saved["ok"] is True
     assert run_dirs(c) == [], "the check left its run directories on the nodes"
     assert leftover(c, f["run"]) == {}
-    print(f"loopback 2 nodes: fabric check {took:.1f} s (job {f['job_s']} s, launch to end {f['wall_s']} s, "
-          f"phases {f['phase_s']}), busbw {f['busbw_gbps']:.3f} GB/s at 4 MiB")
+    print(
+        f"loopback 2 nodes: fabric check {took:.1f} s (job {f['job_s']} s, launch to end {f['wall_s']} s, "
+        f"phases {f['phase_s']}), busbw {f['busbw_gbps']:.3f} GB/s at 4 MiB"
+    )
 
 
 TRIALS = 3
@@ -82,8 +84,9 @@ TRIALS = 3
 
 @pytest.mark.foreground  # a throttled link is named by measured bandwidth: load would slow nodes unevenly
 @pytest.mark.netns
-def test_netns_the_throttled_node_and_only_it_is_named_every_time(netns_cluster: TestCluster,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_netns_the_throttled_node_and_only_it_is_named_every_time(
+    netns_cluster: TestCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """4 nodes in network namespaces, what node3 receives limited to 50 Mbit/s (tbf on the bridge
     side of its veth). The pairwise phase, with its re-measurement of whatever looks slow, runs
     TRIALS times in one launch (--link-trials), and each trial is judged by the check's own
@@ -101,8 +104,13 @@ def test_netns_the_throttled_node_and_only_it_is_named_every_time(netns_cluster:
 
     c = netns_cluster
     c.tbf("node3", "50mbit")
-    inv = load(c.write_inventory(env={"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"}, master={"port": 29500},
-                                 checks={"fabric": {"max_bytes": "1M", "budget_s": 5, "share": 0.5, "timeout_s": 300}}))
+    inv = load(
+        c.write_inventory(
+            env={"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"},
+            master={"port": 29500},
+            checks={"fabric": {"max_bytes": "1M", "budget_s": 5, "share": 0.5, "timeout_s": 300}},
+        )
+    )
     args = fabric.job_args
     monkeypatch.setattr(fabric, "job_args", lambda i, b: (*args(i, b), "--link-trials", str(TRIALS)))
     t = time.monotonic()
@@ -120,25 +128,33 @@ def test_netns_the_throttled_node_and_only_it_is_named_every_time(netns_cluster:
         s = fabric_summary(inv, one)
         recv = {p["node"]: round(p["recv_gbps"], 4) for p in s["per_node"]}
         seen.append((i, {n: r.status for n, r in rows.items()}, recv, [x["pairs"] for x in links["rechecks"]]))
-        assert {n: r.status for n, r in rows.items()} == {"node1": "ok", "node2": "ok", "node3": "warn",
-                                                          "node4": "ok"}, (i, [(n, r.detail) for n, r in rows.items()])
+        assert {n: r.status for n, r in rows.items()} == {
+            "node1": "ok",
+            "node2": "ok",
+            "node3": "warn",
+            "node4": "ok",
+        }, (i, [(n, r.detail) for n, r in rows.items()])
         assert "slow node: recv" in rows["node3"].detail, rows["node3"]
         assert [x["node"] for x in s["slow_nodes"]] == ["node3"] and s["slow_links"] == [], s
         assert recv["node3"] < 0.02 < min(v for n, v in recv.items() if n != "node3"), recv  # 50 Mbit/s = 0.00625 GB/s
         assert links["rechecks"], "node3 was not measured again before its verdict"
     assert run_dirs(c) == [] and leftover(c, ff.run_id) == {}
-    print(f"netns 4 nodes, node3 at 50mbit, {TRIALS} trials of the pairwise phase in {took:.1f} s "
-          f"(job {ff.result['elapsed_s']:.1f} s, phases {ff.result['phase_s']}): {seen}")
+    print(
+        f"netns 4 nodes, node3 at 50mbit, {TRIALS} trials of the pairwise phase in {took:.1f} s "
+        f"(job {ff.result['elapsed_s']:.1f} s, phases {ff.result['phase_s']}): {seen}"
+    )
 
 
-def test_a_failing_node_fails_the_check_and_nothing_is_left_running(make_cluster: MakeCluster,
-                                                                    tmp_path: Path) -> None:
+def test_a_failing_node_fails_the_check_and_nothing_is_left_running(make_cluster: MakeCluster, tmp_path: Path) -> None:
     """node2's gloo is told to use an interface it does not have: it fails at once; node1, which
     would wait for it in the process group until timeout_s, is stopped as soon as node2 failed."""
     c = make_cluster(2)
-    inv = c.write_inventory(master={"port": job_port()}, env={"GLOO_SOCKET_IFNAME": "lo"},
-                            nodes_extra={"node2": {"env": {"GLOO_SOCKET_IFNAME": "nosuch0"}}},
-                            checks={"fabric": {"max_bytes": "1M", "timeout_s": 120}})
+    inv = c.write_inventory(
+        master={"port": job_port()},
+        env={"GLOO_SOCKET_IFNAME": "lo"},
+        nodes_extra={"node2": {"env": {"GLOO_SOCKET_IFNAME": "nosuch0"}}},
+        checks={"fabric": {"max_bytes": "1M", "timeout_s": 120}},
+    )
     code, data, err, took = orch_json(tmp_path / "home", "check", str(inv), "--only", "fabric")
     assert code == 1, (err, data)
     fab = rows(data)
@@ -163,12 +179,16 @@ def test_a_hung_node_is_stopped_at_timeout_s(make_cluster: MakeCluster, tmp_path
     timeout_s every node is stopped and the check fails, saying so."""
     c = make_cluster(2)
     hang = tmp_path / "python-that-hangs"
-    hang.write_text(f'#!/bin/sh\ncase "$*" in *torch.distributed.run*) exec sleep 600;; esac\n'
-                    f'exec {sys.executable} "$@"\n')
+    hang.write_text(
+        f'#!/bin/sh\ncase "$*" in *torch.distributed.run*) exec sleep 600;; esac\nexec {sys.executable} "$@"\n'
+    )
     hang.chmod(0o755)
-    inv = c.write_inventory(master={"port": job_port()}, env={"GLOO_SOCKET_IFNAME": "lo"},
-                            nodes_extra={"node2": {"python": str(hang)}},
-                            checks={"fabric": {"max_bytes": "1M", "timeout_s": HUNG_TIMEOUT_S}})
+    inv = c.write_inventory(
+        master={"port": job_port()},
+        env={"GLOO_SOCKET_IFNAME": "lo"},
+        nodes_extra={"node2": {"python": str(hang)}},
+        checks={"fabric": {"max_bytes": "1M", "timeout_s": HUNG_TIMEOUT_S}},
+    )
     code, data, err, took = orch_json(tmp_path / "home", "check", str(inv), "--only", "fabric")
     assert code == 1, (err, data)
     fab = rows(data)
@@ -182,9 +202,12 @@ def test_a_hung_node_is_stopped_at_timeout_s(make_cluster: MakeCluster, tmp_path
 
 def test_orch_up_fabric_failing_launches_nothing(make_cluster: MakeCluster, tmp_path: Path) -> None:
     c = make_cluster(2)
-    inv = c.write_inventory(master={"port": job_port()}, env={"GLOO_SOCKET_IFNAME": "lo"},
-                            checks={"fabric": {"enabled": False, "max_bytes": "1M", "min_busbw_gbps": 1000, "timeout_s": 90}},
-                            job={"script": str(REPO / "tests" / "ddp_job.py"), "nproc_per_node": 1})
+    inv = c.write_inventory(
+        master={"port": job_port()},
+        env={"GLOO_SOCKET_IFNAME": "lo"},
+        checks={"fabric": {"enabled": False, "max_bytes": "1M", "min_busbw_gbps": 1000, "timeout_s": 90}},
+        job={"script": str(REPO / "tests" / "ddp_job.py"), "nproc_per_node": 1},
+    )
     orch = Orch(tmp_path / "home")
     proc = orch.run("up", str(inv), "--fabric", timeout=300)
     assert proc.returncode == 3, proc.stderr

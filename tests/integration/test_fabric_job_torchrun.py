@@ -23,12 +23,27 @@ JOB = Path(job.__file__)
 MB = 1 << 20
 
 
-
-def _torchrun(nnodes: int, node_rank: int, nproc: int, port: int, *args: str,
-              stderr: Path | None = None) -> subprocess.Popen[str]:
+def _torchrun(
+    nnodes: int, node_rank: int, nproc: int, port: int, *args: str, stderr: Path | None = None
+) -> subprocess.Popen[str]:
     env = {**os.environ, "ORCH_NODE": f"node{node_rank}", "OMP_NUM_THREADS": "1"}
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--node-rank", str(node_rank), "--nproc-per-node",
-            str(nproc), "--master-addr", "127.0.0.1", "--master-port", str(port), str(JOB), *args]
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(nnodes),
+        "--node-rank",
+        str(node_rank),
+        "--nproc-per-node",
+        str(nproc),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(port),
+        str(JOB),
+        *args,
+    ]
     err = stderr.open("w") if stderr else subprocess.PIPE
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True, env=env, start_new_session=True)
 
@@ -59,10 +74,12 @@ def test_two_nodes_on_loopback() -> None:
     assert (rc0, rc1) == (0, 0), err0[-2000:] + err1[-2000:]
     assert job.MARKER not in out1  # only global rank 0 prints
     progress = [json.loads(x.split(" ", 1)[1]) for x in err0.splitlines() if x.startswith(job.PROGRESS_MARKER)]
-    assert progress == [{"phase": "sweep", "size_bytes": MB, "step": 1, "of": 2},
-                        {"phase": "sweep", "size_bytes": 4 * MB, "step": 2, "of": 2},
-                        {"phase": "links", "round": 1, "of": 1, "pass": 1, "step": 1, "steps": 2, "pairs": [[0, 1]]},
-                        {"phase": "links", "round": 1, "of": 1, "pass": 2, "step": 2, "steps": 2, "pairs": [[0, 1]]}]
+    assert progress == [
+        {"phase": "sweep", "size_bytes": MB, "step": 1, "of": 2},
+        {"phase": "sweep", "size_bytes": 4 * MB, "step": 2, "of": 2},
+        {"phase": "links", "round": 1, "of": 1, "pass": 1, "step": 1, "steps": 2, "pairs": [[0, 1]]},
+        {"phase": "links", "round": 1, "of": 1, "pass": 2, "step": 2, "steps": 2, "pairs": [[0, 1]]},
+    ]
     assert job.PROGRESS_MARKER not in err1
     r = _result(out0)
     assert (r["backend"], r["device"], r["world_size"], r["nnodes"]) == ("gloo", "cpu", 4, 2)
@@ -77,13 +94,16 @@ def test_two_nodes_on_loopback() -> None:
     assert table[0] == "# all_reduce in place, gloo on cpu, 4 ranks on 2 node(s)"
     data = [line.split() for line in table if line and not line.startswith("#")]
     assert [(int(f[0]), int(f[1]), f[2], f[3], f[4], f[-1]) for f in data] == [
-        (MB, MB // 4, "float", "sum", "-1", "0"), (4 * MB, MB, "float", "sum", "-1", "0")]
+        (MB, MB // 4, "float", "sum", "-1", "0"),
+        (4 * MB, MB, "float", "sum", "-1", "0"),
+    ]
     assert set(r["phase_s"]) == {"import", "init", "sweep", "links"}
     links = r["links"]
     assert (links["method"], links["rounds"], links["passes"], links["rails"]) == ("pairwise", 1, 2, 2)
     assert links["pairs_at_once"] == "one"  # both "nodes" are this machine (same boot_id)
     assert sorted((t["pass"], t["src_node"], t["dst_node"], t["rail"]) for t in links["transfers"]) == [
-        (p, s, d, rail) for p in (0, 1) for s, d in ((0, 1), (1, 0)) for rail in (0, 1)]
+        (p, s, d, rail) for p in (0, 1) for s, d in ((0, 1), (1, 0)) for rail in (0, 1)
+    ]
     assert all(t["bytes"] >= 256 * 1024 and t["gbps"] > 0 for t in links["transfers"])
     summary = busbw.link_summary(busbw.best_passes(links["transfers"]), [0, 1], 0.7)
     assert [p["node"] for p in summary["per_node"]] == [0, 1]
@@ -92,7 +112,7 @@ def test_two_nodes_on_loopback() -> None:
 
 
 def test_one_node_has_no_link_phase() -> None:
-    (rc, out, err), = _finish([_torchrun(1, 0, 2, job_port(), "--max-bytes", "1M")], timeout=120)
+    ((rc, out, err),) = _finish([_torchrun(1, 0, 2, job_port(), "--max-bytes", "1M")], timeout=120)
     assert rc == 0, err[-2000:]
     r = _result(out)
     assert r["nnodes"] == 1 and len(r["sweep"]) == 1

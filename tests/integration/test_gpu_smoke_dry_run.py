@@ -41,8 +41,24 @@ def survivors(marker: str) -> list[int]:
 def smoke(tmp_path: Path, *args: str, timeout: float) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     out, work = tmp_path / "out", tmp_path / "work"
     env = {k: v for k, v in os.environ.items() if k != "OUT"}
-    p = subprocess.run([sys.executable, "bench/gpu_smoke.py", "--cpu-dry-run", "--out", str(out), "--work", str(work),
-                        "--keep-work", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "bench/gpu_smoke.py",
+            "--cpu-dry-run",
+            "--out",
+            str(out),
+            "--work",
+            str(work),
+            "--keep-work",
+            *args,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
     doc = json.loads((out / "gpu_smoke.json").read_text())
     assert survivors(str(work)) == [], "a process the script started outlived it"
     return p, doc
@@ -80,10 +96,13 @@ def test_the_cpu_dry_run_runs_every_step_that_needs_no_gpu(tmp_path: Path) -> No
 
     tr = steps["trainer"]["figures"]
     assert tr["runs"]["trainer-off"]["ips"] > 0 and tr["runs"]["ultralytics"]["ips"] > 0
-    assert tr["runs"]["trainer-off"]["ratio"] == pytest.approx(tr["runs"]["trainer-off"]["ips"] / tr["runs"]["ultralytics"]["ips"])
+    assert tr["runs"]["trainer-off"]["ratio"] == pytest.approx(
+        tr["runs"]["trainer-off"]["ips"] / tr["runs"]["ultralytics"]["ips"]
+    )
     # polars is not on the GPU machine, and the dry run's children could not import it either
     assert tr["runs"]["ultralytics"]["notes"] == [
-        "polars is not installed: BaseTrainer.read_results_csv reads results.csv with the csv module"]
+        "polars is not installed: BaseTrainer.read_results_csv reads results.csv with the csv module"
+    ]
     assert tr["map"]["difference"] == pytest.approx(abs(tr["map"]["logged"] - tr["map"]["val"]))
     assert [g["goal"] for g in steps["trainer"]["goals"]] == ["report", "<= 0.002"]
 
@@ -95,7 +114,11 @@ def test_the_cpu_dry_run_runs_every_step_that_needs_no_gpu(tmp_path: Path) -> No
     fab = steps["fabric"]["figures"]
     assert fab["backend"] == "gloo" and fab["world_size"] == 1 and fab["status"] == "ok"
     res = steps["resume"]["figures"]
-    assert res["stopped_exit_code"] == 3 and res["epochs"] == [1.0, 2.0] and res["resumed"].startswith("resuming at epoch 2")
+    assert (
+        res["stopped_exit_code"] == 3
+        and res["epochs"] == [1.0, 2.0]
+        and res["resumed"].startswith("resuming at epoch 2")
+    )
 
     # the table is printed last, and kept beside the JSON
     table = (tmp_path / "out" / "gpu_smoke.txt").read_text().rstrip("\n")
@@ -107,8 +130,11 @@ def test_the_cpu_dry_run_runs_every_step_that_needs_no_gpu(tmp_path: Path) -> No
     with tarfile.open(tmp_path / "out" / "gpu_smoke_logs.tar.gz") as tar:
         logged = {Path(n).parts[1] for n in tar.getnames()}
     assert logged >= {"data", "environment", "trainer", "syncs", "yoloe", "orch_up", "fabric", "resume"}
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["gpu_smoke.json", "gpu_smoke.txt",
-                                                                    "gpu_smoke_logs.tar.gz"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "gpu_smoke.json",
+        "gpu_smoke.txt",
+        "gpu_smoke_logs.tar.gz",
+    ]
 
 
 @pytest.mark.timeout(900)
@@ -118,9 +144,20 @@ def test_a_step_that_overruns_is_stopped_and_the_next_still_runs(tmp_path: Path)
     (tests / "test_cuda.py").write_text(
         "import pytest\n\n\n@pytest.mark.gpu\ndef test_needs_cuda():\n    pytest.importorskip('torch')\n"
         "    import torch\n    if not torch.cuda.is_available():\n        pytest.skip('no CUDA')\n\n\n"
-        "def test_not_a_gpu_test():\n    pass\n")
-    p, doc = smoke(tmp_path, "--steps", "syncs,orch_up,gpu_tests", "--step-budget", "syncs=2", "--step-budget",
-                   "orch_up=6", "--gpu-tests", str(tests), timeout=800)
+        "def test_not_a_gpu_test():\n    pass\n"
+    )
+    p, doc = smoke(
+        tmp_path,
+        "--steps",
+        "syncs,orch_up,gpu_tests",
+        "--step-budget",
+        "syncs=2",
+        "--step-budget",
+        "orch_up=6",
+        "--gpu-tests",
+        str(tests),
+        timeout=800,
+    )
     assert p.returncode == 1, explain(p)  # a timeout is not ok
     steps = {s["name"]: s for s in doc["steps"]}
     assert list(steps) == ["data", "environment", "syncs", "orch_up", "gpu_tests"]

@@ -25,10 +25,14 @@ def test_push_loads_where_missing_or_moved_skips_where_held(podman_cluster, clus
     assert report["size"] > 100_000_000
     nodes = {n["node"]: n for n in report["nodes"]}
     assert {name: n["action"] for name, n in nodes.items()} == {
-        "node1": "present", "node2": "loaded", "node3": "loaded"}
+        "node1": "present",
+        "node2": "loaded",
+        "node3": "loaded",
+    }
     assert nodes["node2"]["before"] is None and nodes["node3"]["before"] == moved
     assert {n: bed.image_id(n) for n in ("node1", "node2", "node3")} == dict.fromkeys(
-        ("node1", "node2", "node3"), container_image.id)
+        ("node1", "node2", "node3"), container_image.id
+    )
 
     # again: every node holds it now, nothing is exported or sent; the text names each node once
     r = orch.run("image", "push", IMAGE, str(inv), "--runtime", "podman", timeout=300)
@@ -38,8 +42,9 @@ def test_push_loads_where_missing_or_moved_skips_where_held(podman_cluster, clus
     assert [ln.split()[:2] for ln in lines[1:]] == [[f"node{i}", "present"] for i in (1, 2, 3)]
 
 
-def test_push_names_a_node_without_the_runtime_and_exits_its_code(podman_cluster, cluster, container_image,
-                                                                   orch, tmp_path):
+def test_push_names_a_node_without_the_runtime_and_exits_its_code(
+    podman_cluster, cluster, container_image, orch, tmp_path
+):
     """A node whose podman is not there: 127 for that node (the worst), the others still loaded."""
     bed = podman_cluster
     bed.drop_image("node1")

@@ -35,25 +35,44 @@ def lost(cluster: TestCluster, rank: int, count: int, seqs: list[int], objs: lis
     log = node_log(run_root(cluster), "e2e", f"node{rank // 2 + 1}").splitlines()
     there = [ln for ln in log if f"[rank {rank}] " in ln and any(f" seq={m} " in ln for m in gone)]
     odd = [o["line"] for o in objs if o["rank"] == rank and not o["line"].startswith("seq=")]
-    return (f"rank {rank}: missing {gone[:10]}, doubled {doubled[:10]}; in node.log: {there[:5]}; "
-            f"its other lines: {odd[:5]}")
+    return (
+        f"rank {rank}: missing {gone[:10]}, doubled {doubled[:10]}; in node.log: {there[:5]}; "
+        f"its other lines: {odd[:5]}"
+    )
 
 
 def test_logs_follow_on_a_running_4_node_job(cluster: TestCluster, tmp_path: Path) -> None:
     inv = cluster.write_inventory(
-        job={"script": str(REPO / "tests" / "logs_job.py"), "nproc_per_node": 2, "workdir": str(REPO),
-             "stop_grace_s": 5},
+        job={
+            "script": str(REPO / "tests" / "logs_job.py"),
+            "nproc_per_node": 2,
+            "workdir": str(REPO),
+            "stop_grace_s": 5,
+        },
         env={"LOGS_JOB_SECONDS": "8", "GLOO_SOCKET_IFNAME": "lo"},
-        master={"port": job_port()})
+        master={"port": job_port()},
+    )
     env = dict(os.environ, ORCH_HOME=str(tmp_path / "home"), NO_COLOR="1")
     env.pop("ORCH_INVENTORY", None)
     orch = [sys.executable, "-m", "orchestrator"]
-    up = subprocess.run([*orch, "up", str(inv), "--detach", "--skip-checks", "--run-id", "e2e"], cwd=REPO,
-                        env=env, capture_output=True, text=True, timeout=180)
+    up = subprocess.run(
+        [*orch, "up", str(inv), "--detach", "--skip-checks", "--run-id", "e2e"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     try:
         assert up.returncode == 0, up.stderr
-        follow = subprocess.Popen([*orch, "logs", "e2e", "--follow", "--json"], cwd=REPO, env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        follow = subprocess.Popen(
+            [*orch, "logs", "e2e", "--follow", "--json"],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         assert follow.stdout is not None
         got = [(time.time(), json.loads(raw)) for raw in follow.stdout]
         code = follow.wait(timeout=60)
@@ -74,14 +93,18 @@ def test_logs_follow_on_a_running_4_node_job(cluster: TestCluster, tmp_path: Pat
             assert own == sorted(own), f"rank {rank} {stream} reordered"
         assert {o["node_rank"] for o in objs if o["rank"] == rank} == {rank // 2}
         assert {o["local_rank"] for o in objs if o["rank"] == rank} == {rank % 2}
-    out = [(t, LogLine(parse_ts(o["ts"]), o["node"], o["node_rank"], o["rank"], o["local_rank"], o["stream"],
-                       o["line"])) for t, o in got]
+    out = [
+        (t, LogLine(parse_ts(o["ts"]), o["node"], o["node_rank"], o["rank"], o["local_rank"], o["stream"], o["line"]))
+        for t, o in got
+    ]
     bad, inversions = late_inversions(out, LiveMerge.HEARTBEAT_MARGIN)
     assert not bad, f"{len(bad)} lines out of time order although they arrived in time:\n" + "\n".join(bad[:5])
     assert any(o["stream"] == "err" for o in objs) and any(o["stream"] == "orch" for o in objs)
     # Lag once the follow is under way (skip its first 2 s: connecting and catching up).
     first = got[0][0]
     lag = [t - parse_ts(o["ts"]) for t, o in got if t > first + 2]
-    print(f"orch logs --follow lag: median {statistics.median(lag):.3f} s, max {max(lag):.3f} s over {len(lag)} "
-          f"lines; {inversions} late lines out of order")
+    print(
+        f"orch logs --follow lag: median {statistics.median(lag):.3f} s, max {max(lag):.3f} s over {len(lag)} "
+        f"lines; {inversions} late lines out of order"
+    )
     assert statistics.median(lag) < 1.5 and max(lag) < 5.0

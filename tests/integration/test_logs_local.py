@@ -38,7 +38,6 @@ def follow_all(follower: Follower, stop: threading.Event | None = None) -> list[
     return [(time.time(), line) for line in follower.lines(stop)]
 
 
-
 @pytest.mark.foreground  # bounds the lag: median 1.6 s, max 5 s
 def test_follow_orders_nodes_writing_at_different_rates_and_a_silent_one(tmp_path: Path) -> None:
     names = ["n1", "n2", "n3", "quiet"]
@@ -107,8 +106,7 @@ def test_reader_killed_mid_stream_resumes_at_the_byte_offset(tmp_path: Path) -> 
     inv, run = make_run(tmp_path, ["a", "b"])
     writers = [start_writer(inv, run, "a", 150, 0.02), start_writer(inv, run, "b", 60, 0.05)]
     events: list[tuple[str, str]] = []
-    follower = Follower(run, inv, Cluster(inv), watermark=0.5, poll_s=0.1,
-                        on_event=lambda n, m: events.append((n, m)))
+    follower = Follower(run, inv, Cluster(inv), watermark=0.5, poll_s=0.1, on_event=lambda n, m: events.append((n, m)))
     node_dir = os.path.expanduser(remote_dir(inv, inv.node("a"), run.run_id))
     killed: list[int] = []
 
@@ -167,9 +165,14 @@ def test_ctrl_c_ends_orch_logs_follow_with_0_and_stops_the_readers(tmp_path: Pat
     inv, run = make_run(tmp_path, ["a", "b"])
     writer = start_writer(inv, run, "a", 400, 0.02)
     write_state(inv, run, "b", "running")
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "logs", "r1", "--follow"],
-                            cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=dict(os.environ, ORCH_HOME=str(orch_home)))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "logs", "r1", "--follow"],
+        cwd=Path(__file__).resolve().parents[2],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, ORCH_HOME=str(orch_home)),
+    )
     try:
         assert proc.stdout is not None
         first = proc.stdout.readline()  # something is being followed
@@ -198,9 +201,14 @@ def test_ctrl_c_while_orch_logs_follow_tail_prints_the_backlog_exits_0(tmp_path:
 
     inv, run = make_run(tmp_path, ["a"])
     assert start_writer(inv, run, "a", 4000, 0, state="running").wait(timeout=60) == 0
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "logs", "r1", "--follow", "--tail", "4000"],
-                            cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=dict(os.environ, ORCH_HOME=str(orch_home)))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "logs", "r1", "--follow", "--tail", "4000"],
+        cwd=Path(__file__).resolve().parents[2],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, ORCH_HOME=str(orch_home)),
+    )
     try:
         assert proc.stdout is not None
         assert " a " in proc.stdout.readline()
@@ -323,15 +331,21 @@ class TestCommand:
     def test_bad_usage_exits_2(self, finished: Path) -> None:
         from orchestrator.cli import main
 
-        for args in (["logs", "nope"], ["logs", "r1", "--rank", "x"], ["logs", "r1", "--node", "gpu09"],
-                     ["logs", "r1", "--grep", "("], ["logs", "r1", "--since", "later"]):
+        for args in (
+            ["logs", "nope"],
+            ["logs", "r1", "--rank", "x"],
+            ["logs", "r1", "--node", "gpu09"],
+            ["logs", "r1", "--grep", "("],
+            ["logs", "r1", "--since", "later"],
+        ):
             with pytest.raises(SystemExit) as exc:
                 main(args)
             assert exc.value.code == 2, args
 
 
 def test_catch_up_merges_the_copies_in_one_pass_up_to_where_every_copy_is_complete(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`orch logs -f` of a long run: the lines every copy is known to hold (up to the earliest
     `.drained` stamp, from the fetch) come out of one k-way merge; only the lines after it, and
     the live stream, go through the watermark merge. Nothing lost, nothing twice, in order."""
@@ -344,8 +358,9 @@ def test_catch_up_merges_the_copies_in_one_pass_up_to_where_every_copy_is_comple
     for i, name in enumerate(names):
         write_state(inv, run, name, "succeeded")
         d = Path(os.path.expanduser(remote_dir(inv, inv.node(name), run.run_id)))
-        (d / "node.log").write_text("".join(f"{format_ts(t0 + k * 0.01 + i * 0.001)} out [default0]:step seq={k}\n"
-                                            for k in range(3000)))
+        (d / "node.log").write_text(
+            "".join(f"{format_ts(t0 + k * 0.01 + i * 0.001)} out [default0]:step seq={k}\n" for k in range(3000))
+        )
     assert all(isinstance(v, str) for v in fetch_all(run, inv, Cluster(inv)).values())
     sources = {s.node: s for s in node_sources(run, inv)}
     assert all(drained_path(s).exists() for s in sources.values())
@@ -368,8 +383,9 @@ def test_catch_up_merges_the_copies_in_one_pass_up_to_where_every_copy_is_comple
     assert len(run.merged_log.read_text().splitlines()) == 9000
 
 
-def test_without_drain_stamps_catch_up_goes_through_the_live_merge(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_drain_stamps_catch_up_goes_through_the_live_merge(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from orchestrator.logs.fetch import drained_path
     from orchestrator.logs.lines import format_ts
 
@@ -387,13 +403,17 @@ def test_without_drain_stamps_catch_up_goes_through_the_live_merge(tmp_path: Pat
     assert len(out) == 100 and len(pushed) == 100
 
 
-@pytest.mark.parametrize(("states", "ended", "code"), [
-    (("succeeded", "succeeded"), "succeeded", 0),
-    (("succeeded", "failed"), "failed", 1),
-    (("stopped", "stopped"), "stopped", 130),
-])
+@pytest.mark.parametrize(
+    ("states", "ended", "code"),
+    [
+        (("succeeded", "succeeded"), "succeeded", 0),
+        (("succeeded", "failed"), "failed", 1),
+        (("stopped", "stopped"), "stopped", 130),
+    ],
+)
 def test_follow_ends_with_the_state_the_run_ended_in_and_its_exit_code(
-        tmp_path: Path, states: tuple[str, str], ended: str, code: int) -> None:
+    tmp_path: Path, states: tuple[str, str], ended: str, code: int
+) -> None:
     """run.json still says `running` (a detached run nobody asked about): the nodes' own final
     states say how it ended, and the exit code is orch up's for that end."""
     inv, run = make_run(tmp_path, ["a", "b"])
@@ -402,6 +422,7 @@ def test_follow_ends_with_the_state_the_run_ended_in_and_its_exit_code(
     for w in writers:
         assert w.wait(timeout=30) == 0
     result = CliRunner().invoke(cli, ["logs", "r1", "--follow"], catch_exceptions=False)
-    assert result.stderr.strip().splitlines()[-1] == f"orch: every node's log is drained (run r1: {ended})", \
+    assert result.stderr.strip().splitlines()[-1] == f"orch: every node's log is drained (run r1: {ended})", (
         result.stderr
+    )
     assert result.exit_code == code

@@ -30,8 +30,7 @@ pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("orch_home")]
 
 def ppid(pid: int) -> int:
     raw = Path(f"/proc/{pid}/stat").read_text()
-    return int(raw[raw.rfind(")") + 2:].split()[1])
-
+    return int(raw[raw.rfind(")") + 2 :].split()[1])
 
 
 def kill_ssh_session_of(cluster: TestCluster, node: str, pid: int) -> list[int]:
@@ -72,8 +71,10 @@ def test_follow_four_ssh_nodes_ordered_within_about_a_second(cluster: TestCluste
     # Once every node is connected (the first seconds, longer on a loaded machine), a line is on
     # the controller's stdout about a second after the node wrote it.
     lag = [t - ln.ts for t, ln in out if ln.ts > started + 3.0]
-    print(f"lag over SSH: median {statistics.median(lag):.3f} s, max {max(lag):.3f} s, {len(lag)} lines; "
-          f"{inversions} late lines out of order")
+    print(
+        f"lag over SSH: median {statistics.median(lag):.3f} s, max {max(lag):.3f} s, {len(lag)} lines; "
+        f"{inversions} late lines out of order"
+    )
     assert statistics.median(lag) < 1.6 and max(lag) < 5.0
 
 
@@ -103,8 +104,7 @@ def test_reconnect_after_the_ssh_connection_is_killed_server_side(cluster: TestC
 
     thread = threading.Thread(target=killer)
     with Cluster(inv) as transports:
-        follower = Follower(run, inv, transports, watermark=0.5,
-                            on_event=lambda n, m: events.append((n, m)))
+        follower = Follower(run, inv, transports, watermark=0.5, on_event=lambda n, m: events.append((n, m)))
         thread.start()
         lines = list(follower.lines())
     thread.join()
@@ -151,8 +151,9 @@ def test_an_unreachable_node_is_given_up_after_the_run_ended(cluster: TestCluste
     try:
         with Cluster(inv) as transports:
             started = time.monotonic()
-            follower = Follower(run, inv, transports, giveup_s=2.0, startup_grace=1.0,
-                                on_event=lambda n, m: events.append((n, m)))
+            follower = Follower(
+                run, inv, transports, giveup_s=2.0, startup_grace=1.0, on_event=lambda n, m: events.append((n, m))
+            )
             lines = list(follower.lines())
     finally:
         cluster.start_node("node4")
@@ -183,8 +184,9 @@ def test_pulled_cable_is_detected_by_the_missing_heartbeat_and_resumed(netns_clu
 
     cable = threading.Thread(target=pull_cable)
     with Cluster(inv) as transports:
-        follower = Follower(run, inv, transports, watermark=0.5, stall_s=2.0,
-                            on_event=lambda n, m: events.append((n, m)))
+        follower = Follower(
+            run, inv, transports, watermark=0.5, stall_s=2.0, on_event=lambda n, m: events.append((n, m))
+        )
         cable.start()
         lines = list(follower.lines())
     cable.join()
@@ -196,13 +198,16 @@ def test_pulled_cable_is_detected_by_the_missing_heartbeat_and_resumed(netns_clu
     assert seqs["node2"] == list(range(300)) and seqs["node1"] == list(range(100))
 
 
-def test_a_chatty_login_shell_does_not_break_the_log_stream(make_cluster: Callable[..., TestCluster],
-                                                           tmp_path: Path) -> None:
+def test_a_chatty_login_shell_does_not_break_the_log_stream(
+    make_cluster: Callable[..., TestCluster], tmp_path: Path
+) -> None:
     """Users' ~/.bashrc print (conda banners, `pyenv: cannot rehash` when logins race, a welcome
     line): whatever it writes ahead of the reader's frames is skipped, not a protocol error."""
     home = tmp_path / "home"
     home.mkdir()
-    (home / ".bashrc").write_text('echo "welcome to $ORCH_TEST_NODE"\necho "pyenv: cannot rehash: shims isn\'t writable" >&2\n')
+    (home / ".bashrc").write_text(
+        'echo "welcome to $ORCH_TEST_NODE"\necho "pyenv: cannot rehash: shims isn\'t writable" >&2\n'
+    )
     c = make_cluster(2, node_env={n: {"HOME": str(home)} for n in ("node1", "node2")})
     inv = load(c.write_inventory(job={"nproc_per_node": 2, "run_root": str(tmp_path / "runs")}))
     run = RunStore().create(inv, "r1")
@@ -215,6 +220,14 @@ def test_a_chatty_login_shell_does_not_break_the_log_stream(make_cluster: Callab
     assert nodes.count("node1") == 7 and nodes.count("node2") == 7
     with Cluster(inv) as transports:
         events: list[str] = []
-        lines = list(Follower(run, inv, transports, watermark=0.2, from_start=True,
-                              on_event=lambda node, msg: events.append(f"{node}: {msg}")).lines())
+        lines = list(
+            Follower(
+                run,
+                inv,
+                transports,
+                watermark=0.2,
+                from_start=True,
+                on_event=lambda node, msg: events.append(f"{node}: {msg}"),
+            ).lines()
+        )
     assert len(lines) == 14 and not any("reconnecting" in e for e in events), events

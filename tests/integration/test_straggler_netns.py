@@ -30,19 +30,42 @@ pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.timeout(900)]
 SLOW_DATA = REPO / "tests" / "slow_data"
 
 
-def straggler_inventory(c: TestCluster, tmp: Path, name: str, node_env: dict[str, dict[str, str]] | None = None,
-                        epochs: int = 3) -> Path:
+def straggler_inventory(
+    c: TestCluster, tmp: Path, name: str, node_env: dict[str, dict[str, str]] | None = None, epochs: int = 3
+) -> Path:
     data = make_dataset(tmp / "data", images=48, imgsz=64)
     (tmp / "runs").mkdir(exist_ok=True)
-    args: dict[str, Any] = {"model": "yolo12n.yaml", "data": str(data), "epochs": epochs, "batch": 8, "imgsz": 64,
-                            "log-every": 1, "accumulate": 1, "workers": 0, "val-period": 0, "warmup-epochs": 0, "close-mosaic": 0,
-                            "project": str(tmp / "runs"), "name": name, "seed": 1}
+    args: dict[str, Any] = {
+        "model": "yolo12n.yaml",
+        "data": str(data),
+        "epochs": epochs,
+        "batch": 8,
+        "imgsz": 64,
+        "log-every": 1,
+        "accumulate": 1,
+        "workers": 0,
+        "val-period": 0,
+        "warmup-epochs": 0,
+        "close-mosaic": 0,
+        "project": str(tmp / "runs"),
+        "name": name,
+        "seed": 1,
+    }
     return c.write_inventory(
         tmp / f"{name}.yaml",
-        job={"module": "trainer", "nproc_per_node": 1, "workdir": str(REPO), "stop_grace_s": 5, "args": args,
-             "telemetry_s": 2, "straggler": {"share": 0.8, "windows": 3, "action": "warn"}},
-        env={"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"}, master={"port": 29500},
-        nodes_extra={n: {"env": e} for n, e in (node_env or {}).items()})
+        job={
+            "module": "trainer",
+            "nproc_per_node": 1,
+            "workdir": str(REPO),
+            "stop_grace_s": 5,
+            "args": args,
+            "telemetry_s": 2,
+            "straggler": {"share": 0.8, "windows": 3, "action": "warn"},
+        },
+        env={"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"},
+        master={"port": 29500},
+        nodes_extra={n: {"env": e} for n, e in (node_env or {}).items()},
+    )
 
 
 def named(text: str) -> list[tuple[str, str, str]]:
@@ -77,8 +100,9 @@ def check_everywhere(orch: Orch, run_id: str, node: str, reason: str) -> None:
 
 
 @pytest.mark.foreground
-def test_a_node_under_a_cpu_quota_is_named_compute_bound_and_no_other(netns_cluster: TestCluster,
-                                                                     tmp_path: Path) -> None:
+def test_a_node_under_a_cpu_quota_is_named_compute_bound_and_no_other(
+    netns_cluster: TestCluster, tmp_path: Path
+) -> None:
     """The issue's 20 % of a core, once every rank trains: node3 then computes at about half the
     others' speed on this 2-core machine (measured 0.54x the median at load 3, 0.48x at load 7: the
     others share what the load leaves them, node3 never more than its fifth of a core), under the
@@ -93,12 +117,17 @@ def test_a_node_under_a_cpu_quota_is_named_compute_bound_and_no_other(netns_clus
     try:
         up.run_id(180)  # a loaded machine may take a while to bring orch up
         up.wait_running(180)
-        wait_for(lambda: all("timing epoch" in node_log(run_root(c), "slowcpu", n) for n in ("node1", "node2", "node3",
-                                                                                             "node4")),
-                 300, "every rank's first timing window")
+        wait_for(
+            lambda: all(
+                "timing epoch" in node_log(run_root(c), "slowcpu", n) for n in ("node1", "node2", "node3", "node4")
+            ),
+            300,
+            "every rank's first timing window",
+        )
         c.cpu_quota("node3", 20)
-        wait_for(lambda: orch.run_json("slowcpu").get("stragglers") or up.proc.poll() is not None, 300,
-                 "a straggler named")
+        wait_for(
+            lambda: orch.run_json("slowcpu").get("stragglers") or up.proc.poll() is not None, 300, "a straggler named"
+        )
         assert up.proc.poll() is None, up.err[-3000:]
         live = orch.run("top", "slowcpu", "--once")  # while it runs: the screen the README shows
         assert live.returncode == 0, live.stderr
@@ -118,8 +147,9 @@ def test_a_node_under_a_cpu_quota_is_named_compute_bound_and_no_other(netns_clus
 
 
 @pytest.mark.foreground
-def test_a_node_whose_data_comes_late_is_named_for_its_input_pipeline(netns_cluster: TestCluster,
-                                                                     tmp_path: Path) -> None:
+def test_a_node_whose_data_comes_late_is_named_for_its_input_pipeline(
+    netns_cluster: TestCluster, tmp_path: Path
+) -> None:
     c = netns_cluster
     slow = {"PYTHONPATH": str(SLOW_DATA), "ORCH_TEST_SLOW_DATA_S": "1.5"}
     inv = straggler_inventory(c, tmp_path, "data", node_env={"node2": slow}, epochs=2)

@@ -43,8 +43,11 @@ def controller_tree(cluster: TestCluster) -> tuple[Path, Path]:
 
 
 def digests(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.is_symlink()
+    }
 
 
 def on_node(cluster: TestCluster, node: str, script: str) -> str:
@@ -59,13 +62,22 @@ def sync_json(orch: Orch, *args: str) -> dict[str, dict]:
     return {n["node"]: n for n in json.loads(r.stdout)["nodes"]}
 
 
-def test_empty_private_dirs_get_identical_copies_then_a_second_sync_sends_nothing(cluster: TestCluster,
-                                                                                   orch: Orch) -> None:
+def test_empty_private_dirs_get_identical_copies_then_a_second_sync_sends_nothing(
+    cluster: TestCluster, orch: Orch
+) -> None:
     job, data = controller_tree(cluster)
     # the job is the tree's own script: the trainer's --check would refuse this two-line data.yaml
-    inv = str(cluster.write_inventory(job={"sync": [str(job), str(data)], "workdir": str(job),
-                                           "script": str(job / "train.py"), "args": {"data": str(data)}},
-                                      master={"port": job_port()}))
+    inv = str(
+        cluster.write_inventory(
+            job={
+                "sync": [str(job), str(data)],
+                "workdir": str(job),
+                "script": str(job / "train.py"),
+                "args": {"data": str(data)},
+            },
+            master={"port": job_port()},
+        )
+    )
     for node in cluster.nodes:  # no shared storage: nothing of it on any node
         assert on_node(cluster, node.name, f"ls -A {cluster.NODE_LOCAL}") == ""
 
@@ -74,15 +86,19 @@ def test_empty_private_dirs_get_identical_copies_then_a_second_sync_sends_nothin
     want = digests(job)
     for node in cluster.nodes:
         # the same absolute paths, never job/job; modes and links kept
-        listing = on_node(cluster, node.name, f"cd {job} && find . -type f -exec sha256sum {{}} + && "
-                                              f"stat -c %a run.sh && readlink link && cat {data}")
+        listing = on_node(
+            cluster,
+            node.name,
+            f"cd {job} && find . -type f -exec sha256sum {{}} + && stat -c %a run.sh && readlink link && cat {data}",
+        )
         got = {line.split(None, 1)[1][2:]: line.split()[0] for line in listing.splitlines()[:-3]}
         assert got == want, node.name
         assert listing.splitlines()[-3:] == ["755", "train.py", "names: [a, b]"]
 
     second = sync_json(orch, inv)
-    assert {n: (v["files"], v["bytes"], v["changes"]) for n, v in second.items()} == \
-        {f"node{i}": (0, 0, []) for i in range(1, 5)}
+    assert {n: (v["files"], v["bytes"], v["changes"]) for n, v in second.items()} == {
+        f"node{i}": (0, 0, []) for i in range(1, 5)
+    }
     text = orch.run("sync", inv)
     assert "node[1-4] (4): up to date" in text.stdout
 
@@ -106,8 +122,7 @@ def test_empty_private_dirs_get_identical_copies_then_a_second_sync_sends_nothin
     assert orch.run("check", inv, "--only", "job").returncode == 0
 
 
-def test_delete_removes_only_what_the_controller_lacks_inside_synced_dirs(cluster: TestCluster,
-                                                                         orch: Orch) -> None:
+def test_delete_removes_only_what_the_controller_lacks_inside_synced_dirs(cluster: TestCluster, orch: Orch) -> None:
     job, data = controller_tree(cluster)
     # Python's bytecode caches are the machine's own (its interpreter's, its paths'): the
     # controller's are not copied, and --delete leaves the node's alone
@@ -116,20 +131,27 @@ def test_delete_removes_only_what_the_controller_lacks_inside_synced_dirs(cluste
     inv = str(cluster.write_inventory(job={"sync": [str(job), str(data)]}))
     first = sync_json(orch, inv, "--nodes", "node2")["node2"]
     assert first["files"] == 4 and not any("__pycache__" in c for c in first["changes"]), first["changes"]
-    on_node(cluster, "node2", f"touch {job}/stale.py {job.parent}/beside.txt {cluster.NODE_LOCAL}/mine && "
-                              f"mkdir -p {job}/pkg/__pycache__ && touch {job}/pkg/__pycache__/node.cpython-312.pyc")
+    on_node(
+        cluster,
+        "node2",
+        f"touch {job}/stale.py {job.parent}/beside.txt {cluster.NODE_LOCAL}/mine && "
+        f"mkdir -p {job}/pkg/__pycache__ && touch {job}/pkg/__pycache__/node.cpython-312.pyc",
+    )
     kept = sync_json(orch, inv, "--nodes", "node2")["node2"]  # kept without --delete
     assert (kept["files"], kept["changes"]) == (0, [])
     got = sync_json(orch, inv, "--nodes", "node2", "--delete")["node2"]["changes"]
     assert got == [f"*deleting {job}/stale.py"]
     left = on_node(cluster, "node2", f"ls {job.parent} {cluster.NODE_LOCAL}")
     assert "beside.txt" in left and "mine" in left and "stale.py" not in on_node(cluster, "node2", f"ls {job}")
-    assert on_node(cluster, "node2", f"ls -A {job}/pkg/__pycache__; ls -A {job}") == \
-        "node.cpython-312.pyc\nlink\npkg\nrun.sh\ntrain.py\n"
+    assert (
+        on_node(cluster, "node2", f"ls -A {job}/pkg/__pycache__; ls -A {job}")
+        == "node.cpython-312.pyc\nlink\npkg\nrun.sh\ntrain.py\n"
+    )
 
 
-def test_a_symlinked_source_or_output_inside_a_synced_dir_leaves_the_node_intact(cluster: TestCluster,
-                                                                                 orch: Orch) -> None:
+def test_a_symlinked_source_or_output_inside_a_synced_dir_leaves_the_node_intact(
+    cluster: TestCluster, orch: Orch
+) -> None:
     """With the controller's data/coco a link and the node's a real directory, --delete gave
     `*deleting data/coco/weights.pt` and put the link in its place; with the trainer's runs/ under
     a synced workdir, --delete would remove every checkpoint. Both refused (exit 2), nothing run."""
@@ -139,20 +161,32 @@ def test_a_symlinked_source_or_output_inside_a_synced_dir_leaves_the_node_intact
     (root / "big" / "coco" / "train.txt").write_text("a.jpg\n")
     (root / "data").mkdir()
     (root / "data" / "coco").symlink_to(root / "big" / "coco")
-    on_node(cluster, "node2", f"mkdir -p {root}/data/coco {job}/runs/train/r1/weights && "
-                              f"echo w > {root}/data/coco/weights.pt && echo ckpt > {job}/runs/train/r1/weights/last.pt")
+    on_node(
+        cluster,
+        "node2",
+        f"mkdir -p {root}/data/coco {job}/runs/train/r1/weights && "
+        f"echo w > {root}/data/coco/weights.pt && echo ckpt > {job}/runs/train/r1/weights/last.pt",
+    )
     linked = str(cluster.write_inventory(cluster.root / "linked.yaml", job={"sync": [str(root / "data" / "coco")]}))
     for flags in (["--delete"], []):
         r = orch.run("sync", linked, "--nodes", "node2", *flags)
         assert r.returncode == 2, r.stdout + r.stderr
         assert f"{root}/data/coco is a symbolic link (to {root}/big/coco)" in r.stderr
-    trained = str(cluster.write_inventory(cluster.root / "trained.yaml",
-                                          job={"module": "trainer", "workdir": str(job), "sync": [str(job)]}))
+    trained = str(
+        cluster.write_inventory(
+            cluster.root / "trained.yaml", job={"module": "trainer", "workdir": str(job), "sync": [str(job)]}
+        )
+    )
     r = orch.run("sync", trained, "--nodes", "node2", "--delete")
-    assert r.returncode == 2 and f"holds the trainer's default output folder (under job.workdir) {job}/runs:" \
-        in r.stderr, r.stderr
-    left = on_node(cluster, "node2", f"test -d {root}/data/coco && ! test -L {root}/data/coco && "
-                                     f"cat {root}/data/coco/weights.pt {job}/runs/train/r1/weights/last.pt")
+    assert (
+        r.returncode == 2 and f"holds the trainer's default output folder (under job.workdir) {job}/runs:" in r.stderr
+    ), r.stderr
+    left = on_node(
+        cluster,
+        "node2",
+        f"test -d {root}/data/coco && ! test -L {root}/data/coco && "
+        f"cat {root}/data/coco/weights.pt {job}/runs/train/r1/weights/last.pt",
+    )
     assert left == "w\nckpt\n"
     assert on_node(cluster, "node2", f"ls -A {job}") == "runs\n"  # nothing was copied either
 
@@ -178,16 +212,22 @@ def test_host_keys_follow_the_inventory_policy(cluster: TestCluster, orch: Orch,
     job, data = controller_tree(cluster)
     known = tmp_path / "known_hosts"
     known.write_text("")
-    strict = str(cluster.write_inventory(tmp_path / "strict.yaml", job={"sync": [str(job)]},
-                                         ssh={"known_hosts": str(known)}))
+    strict = str(
+        cluster.write_inventory(tmp_path / "strict.yaml", job={"sync": [str(job)]}, ssh={"known_hosts": str(known)})
+    )
     r = orch.run("sync", strict, "--nodes", "node1")
     port = cluster.node("node1").port
     assert r.returncode == 1
     assert f"node1 (1): FAILED: ssh: host key of [127.0.1.1]:{port} is not in {known}" in r.stdout
     assert f"hint: verify it, then: ssh-keyscan -p {port} 127.0.1.1 >> {known}" in r.stdout
     assert known.read_text() == ""
-    accept = str(cluster.write_inventory(tmp_path / "accept.yaml", job={"sync": [str(job)]},
-                                         ssh={"known_hosts": str(known), "host_key_policy": "accept-new"}))
+    accept = str(
+        cluster.write_inventory(
+            tmp_path / "accept.yaml",
+            job={"sync": [str(job)]},
+            ssh={"known_hosts": str(known), "host_key_policy": "accept-new"},
+        )
+    )
     assert sync_json(orch, accept, "--nodes", "node1")["node1"]["files"] == 3
     assert f"[127.0.1.1]:{cluster.node('node1').port}" in known.read_text()
     # what OpenSSH recorded, orch's own transport verifies under strict
@@ -199,8 +239,7 @@ def test_a_gateway_hop_is_honoured(make_cluster, orch: Orch) -> None:
     cluster = make_cluster(3, "netns")
     job, data = controller_tree(cluster)
     hop = cluster.node("node1").host
-    inv = str(cluster.write_inventory(job={"sync": [str(job), str(data)]},
-                                      nodes_extra={"node2": {"gateway": hop}}))
+    inv = str(cluster.write_inventory(job={"sync": [str(job), str(data)]}, nodes_extra={"node2": {"gateway": hop}}))
     got = sync_json(orch, inv, "--nodes", "node2")
     assert got["node2"]["files"] == 4
     assert f"from {hop} port" in cluster.sshd_log("node2")
@@ -223,12 +262,27 @@ def test_orch_up_syncs_first_and_nodes_with_empty_dirs_train(make_cluster, orch:
     work = root / "work"
     work.mkdir()
     (work / "NOTES.txt").write_text("the job's working directory\n")
-    inv = str(cluster.write_inventory(
-        job={"module": "trainer", "workdir": str(work), "nproc_per_node": 1, "sync": [str(root / "data"), str(work)],
-             "args": {"model": "yolo12n.yaml", "data": str(data), "epochs": 1, "batch": 4, "imgsz": 64,
-                      "workers": 0, "val-period": 0}},
-        env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"},
-        master={"port": job_port()}))
+    inv = str(
+        cluster.write_inventory(
+            job={
+                "module": "trainer",
+                "workdir": str(work),
+                "nproc_per_node": 1,
+                "sync": [str(root / "data"), str(work)],
+                "args": {
+                    "model": "yolo12n.yaml",
+                    "data": str(data),
+                    "epochs": 1,
+                    "batch": 4,
+                    "imgsz": 64,
+                    "workers": 0,
+                    "val-period": 0,
+                },
+            },
+            env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"},
+            master={"port": job_port()},
+        )
+    )
     for node in cluster.nodes:
         assert on_node(cluster, node.name, f"ls -A {cluster.NODE_LOCAL}") == ""
     files = sum(1 for p in root.rglob("*") if p.is_file())
@@ -239,11 +293,15 @@ def test_orch_up_syncs_first_and_nodes_with_empty_dirs_train(make_cluster, orch:
     assert f"node[1-2] (2): copied {files} file(s)" in up.stderr, up.stderr[:3000]
     assert "preflight passed" in up.stderr and "succeeded on every node" in up.stderr
     run_id = (orch.home / "latest").read_text().strip()
-    assert {n["node"]: n["files"] for n in json.loads((orch.run_dir(run_id) / "sync.json").read_text())["nodes"]} \
-        == {"node1": files, "node2": files}
+    assert {n["node"]: n["files"] for n in json.loads((orch.run_dir(run_id) / "sync.json").read_text())["nodes"]} == {
+        "node1": files,
+        "node2": files,
+    }
     # rank 0 wrote its weights into the workdir (runs/<task>/<run id>, as ultralytics 8.4), on node1 only
     assert "last.pt" in on_node(cluster, "node1", f"ls {work}/runs/detect/{run_id}/weights").split()
 
     again = sync_json(orch, inv)  # what the job wrote beside the synced files is neither sent nor reported
-    assert {n: (v["files"], v["bytes"], v["changes"]) for n, v in again.items()} == \
-        {"node1": (0, 0, []), "node2": (0, 0, [])}
+    assert {n: (v["files"], v["bytes"], v["changes"]) for n, v in again.items()} == {
+        "node1": (0, 0, []),
+        "node2": (0, 0, []),
+    }

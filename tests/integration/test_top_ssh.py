@@ -20,8 +20,9 @@ FIX = Path(__file__).resolve().parents[1] / "fixtures" / "telemetry"
 SETS = {"node1": "h100x8", "node2": "v100x8", "node3": "a100", "node4": "err"}
 
 
-def test_top_once_json_shows_every_node_its_gpus_the_throttle_and_the_bad_gpu(cluster: TestCluster,
-                                                                            tmp_path: Path) -> None:
+def test_top_once_json_shows_every_node_its_gpus_the_throttle_and_the_bad_gpu(
+    cluster: TestCluster, tmp_path: Path
+) -> None:
     c = cluster
     for node, gpu_set in SETS.items():
         c.set_env(node, PATH=f"{FIX / gpu_set / 'bin'}{os.pathsep}{os.environ['PATH']}")
@@ -30,16 +31,21 @@ def test_top_once_json_shows_every_node_its_gpus_the_throttle_and_the_bad_gpu(cl
     up = orch.run("up", str(inv), "--skip-checks", "--detach", "--run-id", "tel", timeout=120)
     assert up.returncode == 0, up.stderr
     try:
-        wait_for(lambda: all(node_log(run_root(c), "tel", n).count('"rank":') >= 2 for n in SETS), 120,
-                 "two samples with the rank from every node")
+        wait_for(
+            lambda: all(node_log(run_root(c), "tel", n).count('"rank":') >= 2 for n in SETS),
+            120,
+            "two samples with the rank from every node",
+        )
         top = orch.run("top", "tel", "--once", "--json")
         assert top.returncode == 0, top.stderr
         data = json.loads(top.stdout)
         nodes = {n["node"]: n for n in data["nodes"]}
         assert list(nodes) == ["node1", "node2", "node3", "node4"] and data["state"] == "running"
         assert [len(nodes[n]["gpus"]) for n in SETS] == [8, 8, 3, 1]
-        assert "throttle" in nodes["node1"]["flags"] and nodes["node1"]["gpus"][3]["throttle"] == \
-            ["hw_slowdown", "hw_power_brake"]
+        assert "throttle" in nodes["node1"]["flags"] and nodes["node1"]["gpus"][3]["throttle"] == [
+            "hw_slowdown",
+            "hw_power_brake",
+        ]
         assert "throttle" not in nodes["node2"]["flags"] and nodes["node2"]["gpus"][7]["util_pct"] == 100.0
         assert nodes["node3"]["gpus"][0]["name"] == "NVIDIA A100-SXM4-40GB"
         assert nodes["node4"]["gpus"][0]["error"] == "fan.speed ERR!" and "gpu-error" in nodes["node4"]["flags"]

@@ -32,15 +32,47 @@ from tests.trainer_helpers import (
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 # Augmentation that does not depend on the RNG stream, so runs can be compared number for number.
-NO_AUG = ["--cfg", "hsv_h=0", "--cfg", "hsv_s=0", "--cfg", "hsv_v=0", "--cfg", "translate=0", "--cfg", "scale=0",
-          "--cfg", "fliplr=0", "--cfg", "mosaic=0"]
+NO_AUG = [
+    "--cfg",
+    "hsv_h=0",
+    "--cfg",
+    "hsv_s=0",
+    "--cfg",
+    "hsv_v=0",
+    "--cfg",
+    "translate=0",
+    "--cfg",
+    "scale=0",
+    "--cfg",
+    "fliplr=0",
+    "--cfg",
+    "mosaic=0",
+]
 UNUSED_WARNING = "find_unused_parameters=True was specified"
 
 
 def common(data: Path, out: Path, epochs: int, batch: int) -> list[str]:
     """Flags every run here shares."""
-    return ["--model", "yolo12n.yaml", "--data", str(data), "--epochs", str(epochs), "--batch", str(batch),
-            "--imgsz", "64", "--out", str(out), "--log-every", "2", "--seed", "1", "--warmup-epochs", "1"]
+    return [
+        "--model",
+        "yolo12n.yaml",
+        "--data",
+        str(data),
+        "--epochs",
+        str(epochs),
+        "--batch",
+        str(batch),
+        "--imgsz",
+        "64",
+        "--out",
+        str(out),
+        "--log-every",
+        "2",
+        "--seed",
+        "1",
+        "--warmup-epochs",
+        "1",
+    ]
 
 
 PREDICT_SERVER = r"""
@@ -73,12 +105,19 @@ class Predictor:
     def __call__(self, weights: Path, image: Path, imgsz: int, code: str) -> str:
         """Run ``code`` on the prediction (as ``r``, the model as ``m``); what it printed."""
         if self.proc is None:
-            self.proc = subprocess.Popen([PYTHON, "-c", PREDICT_SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.DEVNULL, text=True, env=env({"YOLO_OFFLINE": "1"}))
+            self.proc = subprocess.Popen(
+                [PYTHON, "-c", PREDICT_SERVER],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+                env=env({"YOLO_OFFLINE": "1"}),
+            )
             assert self.answer() == {"ready": []}  # no trainer module in it
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps({"weights": str(weights), "image": str(image), "imgsz": imgsz,
-                                          "code": code}) + "\n")
+        self.proc.stdin.write(
+            json.dumps({"weights": str(weights), "image": str(image), "imgsz": imgsz, "code": code}) + "\n"
+        )
         self.proc.stdin.flush()
         answer = self.answer()
         assert answer["ok"], answer
@@ -112,10 +151,38 @@ def test_two_ranks_train_in_lockstep_offline(tmp_path: Path, predict: Predictor)
     find_unused_parameters warning, last.pt predicts."""
     data = make_dataset(tmp_path / "ds", images=48, classes=2, imgsz=128)  # 36 train images: 18 per rank
     out, debug, net = tmp_path / "run", tmp_path / "debug", tmp_path / "net.log"
-    args = ["--model", "yolo12n.yaml", "--data", str(data), "--epochs", "10", "--batch", "8", "--imgsz", "128",
-            "--out", str(out), "--log-every", "2", "--seed", "1", "--warmup-epochs", "1", "--lr", "0.04",
-            "--accumulate", "1", "--workers", "1", "--val-period", "5", "--cfg", "close_mosaic=0",
-            "--debug-dir", str(debug)]
+    args = [
+        "--model",
+        "yolo12n.yaml",
+        "--data",
+        str(data),
+        "--epochs",
+        "10",
+        "--batch",
+        "8",
+        "--imgsz",
+        "128",
+        "--out",
+        str(out),
+        "--log-every",
+        "2",
+        "--seed",
+        "1",
+        "--warmup-epochs",
+        "1",
+        "--lr",
+        "0.04",
+        "--accumulate",
+        "1",
+        "--workers",
+        "1",
+        "--val-period",
+        "5",
+        "--cfg",
+        "close_mosaic=0",
+        "--debug-dir",
+        str(debug),
+    ]
     r = run_trainer(args, nproc=2, blocked_net_log=net)
     assert r.returncode == 0, r.explain()
     assert not net.exists(), f"network attempts: {net.read_text()}"
@@ -152,10 +219,25 @@ def test_one_rank_and_two_ranks_agree(tmp_path: Path) -> None:
 
     Not bit-equal: BatchNorm statistics and the loss's target normalisation are per local batch.
     """
+
     def flags(name: str) -> list[str]:  # each run its own copy of the dataset: they run at once
         data = make_dataset(tmp_path / f"ds-{name}", images=22, classes=2, imgsz=128)  # 16 train images: 2 steps of 8
-        return [*common(data, tmp_path / name, 2, 8), *NO_AUG, "--imgsz", "128", "--workers", "0", "--val-period", "0",
-                "--lr", "0.04", "--accumulate", "1", "--debug-dir", str(tmp_path / f"d-{name}")]
+        return [
+            *common(data, tmp_path / name, 2, 8),
+            *NO_AUG,
+            "--imgsz",
+            "128",
+            "--workers",
+            "0",
+            "--val-period",
+            "0",
+            "--lr",
+            "0.04",
+            "--accumulate",
+            "1",
+            "--debug-dir",
+            str(tmp_path / f"d-{name}"),
+        ]
 
     one, two = run_trainers((flags("one"), 1), (flags("two"), 2))
     assert one.returncode == 0, one.explain()
@@ -180,12 +262,14 @@ def test_resume_with_mosaic_continues_exactly(tmp_path: Path) -> None:
     flags = ["--workers", "2", "--val-period", "0", "--lr", "0.05", "--accumulate", "1", "--cfg", "close_mosaic=1"]
     full, killed = run_trainers(  # the uninterrupted run and the one killed after epoch 2, side by side
         ([*common(twin, tmp_path / "full", 4, 4), *flags, "--debug-dir", str(tmp_path / "df")], 2),
-        ([*common(data, tmp_path / "cut", 4, 4), *flags, "--debug-exit-after", "2"], 2))
+        ([*common(data, tmp_path / "cut", 4, 4), *flags, "--debug-exit-after", "2"], 2),
+    )
     assert full.returncode == 0, full.explain()
     assert killed.returncode != 0
     assert len(read_results(tmp_path / "cut")) == 2
-    resumed = run_trainer([*common(data, tmp_path / "cut", 4, 4), *flags, "--resume",
-                           "--debug-dir", str(tmp_path / "dc")], nproc=2)
+    resumed = run_trainer(
+        [*common(data, tmp_path / "cut", 4, 4), *flags, "--resume", "--debug-dir", str(tmp_path / "dc")], nproc=2
+    )
     assert resumed.returncode == 0, resumed.explain()
     assert_resumed_at_3(resumed.rank_lines(), 4)
     closing = "[rank 0] closing mosaic: epochs 4..4 train without it (--close-mosaic 1)"
@@ -244,9 +328,31 @@ def test_segmentation_two_ranks_with_accumulation(tmp_path: Path, predict: Predi
 
     data = make_dataset(tmp_path / "ds", images=24, imgsz=96, segments=True)
     out = tmp_path / "run"
-    r = run_trainer(["--model", "yolo12n-seg.yaml", "--data", str(data), "--epochs", "3", "--batch", "4",
-                     "--accumulate", "2", "--imgsz", "96", "--workers", "0", "--seed", "1", "--warmup-epochs", "1",
-                     "--out", str(out)], nproc=2)
+    r = run_trainer(
+        [
+            "--model",
+            "yolo12n-seg.yaml",
+            "--data",
+            str(data),
+            "--epochs",
+            "3",
+            "--batch",
+            "4",
+            "--accumulate",
+            "2",
+            "--imgsz",
+            "96",
+            "--workers",
+            "0",
+            "--seed",
+            "1",
+            "--warmup-epochs",
+            "1",
+            "--out",
+            str(out),
+        ],
+        nproc=2,
+    )
     assert r.returncode == 0, r.explain()
     assert UNUSED_WARNING not in r.stderr
     assert any("accumulate 2" in ln for ln in r.rank_lines())
@@ -291,19 +397,44 @@ def yoloe_start(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 @pytest.mark.parametrize("mode", ["linear", "full"])
-def test_yoloe_seg_with_an_embeddings_file_two_ranks(tmp_path: Path, mode: str, yoloe_start: tuple[Path, Path],
-                                                    predict: Predictor) -> None:
+def test_yoloe_seg_with_an_embeddings_file_two_ranks(
+    tmp_path: Path, mode: str, yoloe_start: tuple[Path, Path], predict: Predictor
+) -> None:
     """YOLOE-seg fine-tuned from a checkpoint with class prompts from a file: linear keeps every
     frozen BatchNorm's statistics; full trains them; the result predicts masks offline."""
     data = make_dataset(tmp_path / "ds", images=12, segments=True)
     ckpt, pe = yoloe_start
     out = tmp_path / "run"
-    r = run_trainer(["--weights", str(ckpt), "--data", str(data), "--text-embeddings", str(pe), "--prompt-mode", mode,
-                     "--epochs", "1", "--batch", "4", "--imgsz", "64", "--workers", "0", "--out", str(out),
-                     "--debug-dir", str(tmp_path / "d")], nproc=2)
+    r = run_trainer(
+        [
+            "--weights",
+            str(ckpt),
+            "--data",
+            str(data),
+            "--text-embeddings",
+            str(pe),
+            "--prompt-mode",
+            mode,
+            "--epochs",
+            "1",
+            "--batch",
+            "4",
+            "--imgsz",
+            "64",
+            "--workers",
+            "0",
+            "--out",
+            str(out),
+            "--debug-dir",
+            str(tmp_path / "d"),
+        ],
+        nproc=2,
+    )
     assert r.returncode == 0, r.explain()
-    assert any(f"(segment, YOLOE {mode} (train_pe{'' if mode == 'linear' else '_all'}), from {ckpt})" in ln
-               for ln in r.rank_lines()), r.explain()
+    assert any(
+        f"(segment, YOLOE {mode} (train_pe{'' if mode == 'linear' else '_all'}), from {ckpt})" in ln
+        for ln in r.rank_lines()
+    ), r.explain()
     ranks = read_debug(tmp_path / "d", 2)
     assert ranks[0]["checksum"] == ranks[1]["checksum"]
 
@@ -329,8 +460,20 @@ def test_output_like_yolo_train(tmp_path: Path) -> None:
 
     data = make_dataset(tmp_path / "ds", images=12, segments=True)
     project = tmp_path / "runs" / "train"
-    args = ["--data", str(data), "--epochs", "2", "--batch", "4", "--imgsz", "64", "--workers", "0",
-            "--project", str(project)]
+    args = [
+        "--data",
+        str(data),
+        "--epochs",
+        "2",
+        "--batch",
+        "4",
+        "--imgsz",
+        "64",
+        "--workers",
+        "0",
+        "--project",
+        str(project),
+    ]
     first = run_trainer(args)
     assert first.returncode == 0, first.explain()
     ckpt = tmp_path / "yolo12n-seg.pt"
@@ -369,8 +512,13 @@ def test_bad_input_is_one_line_on_every_rank(tmp_path: Path, case: str) -> None:
     """Each input error: one prefixed line per rank, no traceback from the trainer, non-zero exit."""
     data = make_dataset(tmp_path / "ds", images=6)
     args = ["--data", str(data), "--batch", "4", "--imgsz", "64", "--epochs", "1", "--out", str(tmp_path / "o")]
-    expect = {"batch": "does not divide by world size 2", "names": "'names' is missing or empty",
-              "weights": "no such file", "relative": "is relative", "setting": "rect=True is not honoured"}[case]
+    expect = {
+        "batch": "does not divide by world size 2",
+        "names": "'names' is missing or empty",
+        "weights": "no such file",
+        "relative": "is relative",
+        "setting": "rect=True is not honoured",
+    }[case]
     if case == "batch":
         args[3] = "3"
     elif case == "names":
@@ -412,8 +560,14 @@ def test_an_args_yaml_from_yolo_train_trains_as_it_is(tmp_path: Path) -> None:
     own, as in ultralytics), and the run lands beside ultralytics' own (train2)."""
     data = make_dataset(tmp_path / "ds", images=8, classes=2)
     runs = tmp_path / "runs"
-    made = subprocess.run([PYTHON, "-c", ULTRALYTICS_TRAIN, str(data), str(runs)], capture_output=True, text=True,
-                          timeout=400, env=env(), cwd=tmp_path)
+    made = subprocess.run(
+        [PYTHON, "-c", ULTRALYTICS_TRAIN, str(data), str(runs)],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=env(),
+        cwd=tmp_path,
+    )
     assert made.returncode == 0, made.stderr[-3000:]
     args_yaml = runs / "train" / "args.yaml"
     assert "save_dir" in args_yaml.read_text() and "optimizer: auto" in args_yaml.read_text()
@@ -424,6 +578,7 @@ def test_an_args_yaml_from_yolo_train_trains_as_it_is(tmp_path: Path) -> None:
     assert len(named) == 1 and all(k in named[0] for k in ("save_dir", "source", "format", "tracker")), lines
     assert "plots" not in named[0]  # honoured: ultralytics' plots (tests/local/test_trainer_plots.py)
     assert any("lr0 0.01 and momentum 0.937 unused: optimizer auto picks its own" in ln for ln in lines), lines
-    assert any(ln.startswith("[rank 0] training yolo12n.yaml (detect) on 1 rank(s)") and "epochs 1..1" in ln
-               for ln in lines), lines
+    assert any(
+        ln.startswith("[rank 0] training yolo12n.yaml (detect) on 1 rank(s)") and "epochs 1..1" in ln for ln in lines
+    ), lines
     assert read_results(runs / "train2")[0]["epoch"] == 1

@@ -27,11 +27,35 @@ def test_a_rank_that_raises_aborts_and_every_rank_exits(tmp_path: Path) -> None:
     in a collective with it, errors out too. Both end long before the 5 min collective timeout:
     a rank left waiting until then fails the deadline (TimeoutExpired)."""
     data = make_dataset(tmp_path / "ds", images=16, classes=2)
-    args = ["--model", "yolo12n.yaml", "--data", str(data), "--epochs", "3", "--batch", "2", "--imgsz", "64",
-            "--workers", "0", "--accumulate", "1", "--val-period", "0", "--timeout-min", "5",
-            "--out", str(tmp_path / "run")]
-    hook = {"PYTHONPATH": f"{KILL_ONCE}:{REPO}", "ORCH_TEST_KILL_RANK": "1", "ORCH_TEST_KILL_AT_STEP": "3",
-            "ORCH_TEST_KILL_HOW": "raise", "ORCH_TEST_KILL_MARKER": str(tmp_path / "raised")}
+    args = [
+        "--model",
+        "yolo12n.yaml",
+        "--data",
+        str(data),
+        "--epochs",
+        "3",
+        "--batch",
+        "2",
+        "--imgsz",
+        "64",
+        "--workers",
+        "0",
+        "--accumulate",
+        "1",
+        "--val-period",
+        "0",
+        "--timeout-min",
+        "5",
+        "--out",
+        str(tmp_path / "run"),
+    ]
+    hook = {
+        "PYTHONPATH": f"{KILL_ONCE}:{REPO}",
+        "ORCH_TEST_KILL_RANK": "1",
+        "ORCH_TEST_KILL_AT_STEP": "3",
+        "ORCH_TEST_KILL_HOW": "raise",
+        "ORCH_TEST_KILL_MARKER": str(tmp_path / "raised"),
+    }
     try:
         node0, node1 = run_nodes(args, [tmp_path / "h0", tmp_path / "h1"], timeout=240, extra_env=hook)
     except subprocess.TimeoutExpired as e:  # pragma: no cover - the failure this test exists for
@@ -39,7 +63,9 @@ def test_a_rank_that_raises_aborts_and_every_rank_exits(tmp_path: Path) -> None:
     assert (tmp_path / "raised").exists(), node1.stderr[-3000:]
     assert node1.returncode != 0 and node0.returncode != 0, (node0.explain(), node1.explain())
     abort_lines = [ln for ln in node1.rank_lines("stderr") if "process group aborted" in ln]
-    assert abort_lines and abort_lines[0].startswith("[rank 1] error: RuntimeError: test: rank 1 fails"), node1.explain()
+    assert abort_lines and abort_lines[0].startswith("[rank 1] error: RuntimeError: test: rank 1 fails"), (
+        node1.explain()
+    )
     assert "RuntimeError: test: rank 1 fails after optimizer step 3" in node1.stderr  # the traceback is kept
 
 
@@ -49,8 +75,26 @@ def test_a_slow_start_up_outlasts_a_short_collective_timeout(tmp_path: Path) -> 
     6 s: the start-up barriers are on the gloo group with the long start-up timeout, so rank 1
     waits there and the run trains; meanwhile rank 0 says every 4 s what it is building."""
     data = make_dataset(tmp_path / "ds", images=8, classes=2)
-    args = ["--model", "yolo12n.yaml", "--data", str(data), "--epochs", "1", "--batch", "4", "--imgsz", "64",
-            "--workers", "0", "--timeout-min", "0.1", "--progress-every-s", "4", "--out", str(tmp_path / "run")]
+    args = [
+        "--model",
+        "yolo12n.yaml",
+        "--data",
+        str(data),
+        "--epochs",
+        "1",
+        "--batch",
+        "4",
+        "--imgsz",
+        "64",
+        "--workers",
+        "0",
+        "--timeout-min",
+        "0.1",
+        "--progress-every-s",
+        "4",
+        "--out",
+        str(tmp_path / "run"),
+    ]
     r = run_trainer(args, nproc=2, slow_build_s=15)
     assert r.returncode == 0, r.explain()
     beats = [ln for ln in r.rank_lines() if ln.startswith("[rank 0] startup: building the datasets, ")]
@@ -70,19 +114,41 @@ def test_an_infinite_loss_is_counted_and_recovered_from_last_pt(tmp_path: Path) 
 
     data = make_dataset(tmp_path / "ds", images=8, classes=2)
     out = tmp_path / "run"
-    args = ["--model", "yolo12n.yaml", "--data", str(data), "--epochs", "3", "--batch", "2", "--imgsz", "64",
-            "--workers", "0", "--accumulate", "1", "--val-period", "0", "--log-every", "1", "--out", str(out)]
+    args = [
+        "--model",
+        "yolo12n.yaml",
+        "--data",
+        str(data),
+        "--epochs",
+        "3",
+        "--batch",
+        "2",
+        "--imgsz",
+        "64",
+        "--workers",
+        "0",
+        "--accumulate",
+        "1",
+        "--val-period",
+        "0",
+        "--log-every",
+        "1",
+        "--out",
+        str(out),
+    ]
     r = run_trainer(args, inf_loss_at=6)
     assert r.returncode == 0, r.explain()
     lines = r.rank_lines()
-    assert any(ln.startswith("[rank 0] epoch 2/3 batch 3/3 ") and ln.endswith(" nonfinite 1 skipped 0") for ln in lines), \
-        r.explain()
+    assert any(
+        ln.startswith("[rank 0] epoch 2/3 batch 3/3 ") and ln.endswith(" nonfinite 1 skipped 0") for ln in lines
+    ), r.explain()
     first_tries = [ln.split(" lr ")[0] for ln in lines if ln.startswith("[rank 0] epoch 2/3 batch 1/3 ")]
     assert len(first_tries) == 2 and first_tries[0] != first_tries[1], r.explain()  # not a replay
     recovery = [ln for ln in lines if "recovering from" in ln]
     assert len(recovery) == 1 and recovery[0].startswith(
         f"[rank 0] warning: epoch 2: the weights are no longer finite after 1 non-finite loss(es); recovering from "
-        f"{out}/weights/last.pt (epoch 1) and training epoch 2 again, attempt 1/3"), r.explain()
+        f"{out}/weights/last.pt (epoch 1) and training epoch 2 again, attempt 1/3"
+    ), r.explain()
     rows = read_results(out)
     assert [row["epoch"] for row in rows] == [1, 2, 3]
     assert all(row["steps/nonfinite"] == 0 and row["steps/skipped"] == 0 for row in rows)  # the kept epochs
@@ -100,12 +166,33 @@ def test_fp16_warm_up_skipping_a_whole_first_epoch_trains_on(tmp_path: Path) -> 
 
     data = make_dataset(tmp_path / "ds", images=8, classes=2)
     out = tmp_path / "run"
-    args = ["--model", "yolo12n.yaml", "--data", str(data), "--epochs", "2", "--batch", "2", "--imgsz", "64",
-            "--workers", "0", "--accumulate", "1", "--val-period", "0", "--log-every", "1", "--out", str(out)]
+    args = [
+        "--model",
+        "yolo12n.yaml",
+        "--data",
+        str(data),
+        "--epochs",
+        "2",
+        "--batch",
+        "2",
+        "--imgsz",
+        "64",
+        "--workers",
+        "0",
+        "--accumulate",
+        "1",
+        "--val-period",
+        "0",
+        "--log-every",
+        "1",
+        "--out",
+        str(out),
+    ]
     r = run_trainer(args, overflow_steps=5)
     assert r.returncode == 0, r.explain()
     lines = r.rank_lines()
-    assert any(ln.startswith("[rank 0] epoch 1/2 batch 3/3 ") and ln.endswith(" nonfinite 0 skipped 3") for ln in lines), \
-        r.explain()
+    assert any(
+        ln.startswith("[rank 0] epoch 1/2 batch 3/3 ") and ln.endswith(" nonfinite 0 skipped 3") for ln in lines
+    ), r.explain()
     assert not any("recovering from" in ln or "diverges" in ln for ln in lines), r.explain()
     assert [(row["epoch"], row["steps/skipped"]) for row in read_results(out)] == [(1, 3), (2, 2)]

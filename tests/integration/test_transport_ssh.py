@@ -24,8 +24,26 @@ ECHO = [sys.executable, "-S", "-c", "import json,os,sys; print(json.dumps([sys.a
 # Anything a shell might interpret (quotes, newlines, $(), backticks, spaces) plus unicode;
 # NUL cannot exist in argv or environ at all, lone surrogates cannot be encoded.
 TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=40)
-NASTY = ["", " ", "a b", "'", '"', "$(id)", "`id`", "$HOME", "\\", "line1\nline2", "\r\t", "*", ";rm -rf /;",
-         "ünïcødé ✓ 日本", "--", "-c", "~", "%s{}"]
+NASTY = [
+    "",
+    " ",
+    "a b",
+    "'",
+    '"',
+    "$(id)",
+    "`id`",
+    "$HOME",
+    "\\",
+    "line1\nline2",
+    "\r\t",
+    "*",
+    ";rm -rf /;",
+    "ünïcødé ✓ 日本",
+    "--",
+    "-c",
+    "~",
+    "%s{}",
+]
 
 
 @pytest.fixture(scope="module")
@@ -124,13 +142,16 @@ def test_no_ssh_config_is_bare_paramiko_and_an_alias_with_match_exec_still_works
     ssh config alias with `Match exec` (which paramiko runs through invoke) then still resolves in
     the same process, through Fabric."""
     cfg = tmp_path / "ssh_config"
-    cfg.write_text(f'Match exec "test -d /"\n  ServerAliveInterval 7\n\nHost alias-two\n'
-                   f'  HostName {shared.node("node2").host}\n')
+    cfg.write_text(
+        f'Match exec "test -d /"\n  ServerAliveInterval 7\n\nHost alias-two\n  HostName {shared.node("node2").host}\n'
+    )
     direct = shared.write_inventory(tmp_path / "direct.yaml")
-    aliased = shared.write_inventory(tmp_path / "aliased.yaml", ssh={"ssh_config": str(cfg)},
-                                     nodes_extra={"node2": {"host": "alias-two"}})
-    proc = subprocess.run([sys.executable, "-c", PROBE_TWO, str(direct), str(aliased)], capture_output=True,
-                          text=True, timeout=120)
+    aliased = shared.write_inventory(
+        tmp_path / "aliased.yaml", ssh={"ssh_config": str(cfg)}, nodes_extra={"node2": {"host": "alias-two"}}
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE_TWO, str(direct), str(aliased)], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split("\n")[:2] == ["node1 _Direct False", "node2 Connection True"], proc.stdout
 
@@ -140,8 +161,10 @@ def test_a_proxyjump_hop_from_the_ssh_config_has_its_host_key_verified(shared, t
     against the inventory's known_hosts like any node's (strict: unknown is refused)."""
     n1, n2 = shared.node("node1"), shared.node("node2")
     cfg = tmp_path / "ssh_config"
-    cfg.write_text(f"Host hop-one\n  HostName {n1.host}\n  Port {n1.port}\n  IdentityFile {shared.client_key}\n"
-                   f"  User {shared.user}\n\nHost via-one\n  HostName {n2.host}\n  ProxyJump hop-one\n")
+    cfg.write_text(
+        f"Host hop-one\n  HostName {n1.host}\n  Port {n1.port}\n  IdentityFile {shared.client_key}\n"
+        f"  User {shared.user}\n\nHost via-one\n  HostName {n2.host}\n  ProxyJump hop-one\n"
+    )
     inv = _inv(shared, ssh_config=str(cfg))
     path = tmp_path / "inv.yaml"
     path.write_text(inv.source.replace(f"host: {n2.host}", "host: via-one", 1))
@@ -150,8 +173,9 @@ def test_a_proxyjump_hop_from_the_ssh_config_has_its_host_key_verified(shared, t
         assert t.run(["sh", "-c", "echo $ORCH_TEST_NODE"]).check().stdout.strip() == "node2"
     assert shared.sshd_log("node1").count("Accepted publickey") == logins + 1  # the hop's login
     only_node2 = tmp_path / "known_hosts"
-    only_node2.write_text("".join(line + "\n" for line in shared.known_hosts.read_text().splitlines()
-                                  if line.startswith(f"[{n2.host}]")))
+    only_node2.write_text(
+        "".join(line + "\n" for line in shared.known_hosts.read_text().splitlines() if line.startswith(f"[{n2.host}]"))
+    )
     path.write_text(path.read_text().replace(str(shared.known_hosts), str(only_node2)))
     err = _connect_error(inventory.load(path).node("node2"))
     assert err.kind == "host_key_unknown" and n1.host in str(err), err
@@ -240,8 +264,18 @@ def test_a_revoked_host_key_is_refused_under_either_policy_and_never_recorded(sh
     lines = shared.known_hosts.read_text().splitlines()
     mine = next(ln for ln in lines if ln.startswith(f"[{n1.host}]:{n1.port} "))
     kh = tmp_path / "known_hosts"
-    kh.write_text("\n".join(["# keys of the test cluster", f"@revoked * {mine.split(' ', 1)[1]}", *lines,
-                             "[10.9.9.9]:22 ssh-ed25519 not-base64!!", "@unknown-marker x y z"]) + "\n")
+    kh.write_text(
+        "\n".join(
+            [
+                "# keys of the test cluster",
+                f"@revoked * {mine.split(' ', 1)[1]}",
+                *lines,
+                "[10.9.9.9]:22 ssh-ed25519 not-base64!!",
+                "@unknown-marker x y z",
+            ]
+        )
+        + "\n"
+    )
     before = kh.read_text()
     cfg = tmp_path / "ssh_config"
     cfg.write_text("Host *\n  ServerAliveInterval 9\n")
@@ -387,13 +421,17 @@ def test_nasty_values_arrive_byte_for_byte(request, which):
     _roundtrip(request.getfixturevalue(which), NASTY, "".join(NASTY))
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(args=st.lists(TEXT, max_size=4), value=TEXT)
 def test_ssh_args_and_env_arrive_byte_for_byte(ssh_node, args, value):
     _roundtrip(ssh_node, args, value)
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(args=st.lists(TEXT, max_size=4), value=TEXT)
 def test_local_args_and_env_arrive_byte_for_byte(local_node, args, value):
     _roundtrip(local_node, args, value)

@@ -31,15 +31,26 @@ def runtime(tmp_path: Path) -> tuple[Path, dict[str, str]]:
 
 def inventory(tmp_path: Path, job_env: dict[str, str]) -> Path:
     inv = tmp_path / "boxed.yaml"
-    inv.write_text(yaml.safe_dump({
-        "name": "boxed", "transport": "local",
-        "nodes": [{"host": "localhost", "name": "n0"}, {"host": "localhost", "name": "n1"}],
-        "master": {"port": job_port()},
-        "env": {"GLOO_SOCKET_IFNAME": "lo", **job_env},
-        "job": {"python": sys.executable, "workdir": str(REPO), "run_root": str(tmp_path / "nodes"),
-                "script": DDP_JOB, "nproc_per_node": 1, "stop_grace_s": 5,
-                "container": {"runtime": "podman", "image": "boxed:1", "python": sys.executable}},
-    }))
+    inv.write_text(
+        yaml.safe_dump(
+            {
+                "name": "boxed",
+                "transport": "local",
+                "nodes": [{"host": "localhost", "name": "n0"}, {"host": "localhost", "name": "n1"}],
+                "master": {"port": job_port()},
+                "env": {"GLOO_SOCKET_IFNAME": "lo", **job_env},
+                "job": {
+                    "python": sys.executable,
+                    "workdir": str(REPO),
+                    "run_root": str(tmp_path / "nodes"),
+                    "script": DDP_JOB,
+                    "nproc_per_node": 1,
+                    "stop_grace_s": 5,
+                    "container": {"runtime": "podman", "image": "boxed:1", "python": sys.executable},
+                },
+            }
+        )
+    )
     return inv
 
 
@@ -48,7 +59,8 @@ def calls(state: Path) -> list[list[str]]:
 
 
 def test_a_container_run_succeeds_with_its_merged_log_and_leaves_no_container(
-        tmp_path: Path, runtime: tuple[Path, dict[str, str]]) -> None:
+    tmp_path: Path, runtime: tuple[Path, dict[str, str]]
+) -> None:
     state, env = runtime
     inv = inventory(tmp_path, ddp_job(steps=3, sleep=0.05))
     orch = Orch(tmp_path / "home", env)
@@ -69,15 +81,19 @@ def test_a_container_run_succeeds_with_its_merged_log_and_leaves_no_container(
 
 
 @pytest.mark.parametrize("how", ["ctrl-c", "agent killed -9, then orch down"])
-def test_no_container_is_left_however_the_run_is_stopped(tmp_path: Path, runtime: tuple[Path, dict[str, str]],
-                                                         how: str) -> None:
+def test_no_container_is_left_however_the_run_is_stopped(
+    tmp_path: Path, runtime: tuple[Path, dict[str, str]], how: str
+) -> None:
     state, env = runtime
     inv = inventory(tmp_path, ddp_job(steps=100000, sleep=0.1))
     orch = Orch(tmp_path / "home", env)
     up = orch.start(str(inv), "--skip-checks", *(["--detach"] if how != "ctrl-c" else []))
     run_id = up.run_id()
-    wait_for(lambda: len([c for c in fake_runtime.containers(state) if c.get("pgid")]) == 2, 90,
-             "both nodes' containers running")
+    wait_for(
+        lambda: len([c for c in fake_runtime.containers(state) if c.get("pgid")]) == 2,
+        90,
+        "both nodes' containers running",
+    )
     if how == "ctrl-c":
         wait_for(lambda: orch.run_json(run_id).get("state") == "running", 90, "the run running")
         up.proc.send_signal(signal.SIGINT)

@@ -22,23 +22,32 @@ pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.timeout(600)]
 NODES = ["node1", "node2", "node3", "node4"]
 
 
-def test_a_four_node_netns_run_in_podman_containers(netns_cluster: TestCluster, podman_bed: Callable[..., PodmanBed],
-                                                    orch: Orch, tmp_path: Path) -> None:
+def test_a_four_node_netns_run_in_podman_containers(
+    netns_cluster: TestCluster, podman_bed: Callable[..., PodmanBed], orch: Orch, tmp_path: Path
+) -> None:
     c = netns_cluster
     bed = podman_bed(c)
     inv = c.write_inventory(
         tmp_path / "ddp.yaml",
-        job={"module": None, "script": DDP_JOB, "nproc_per_node": 1, "workdir": "/tmp", "stop_grace_s": 3,
-             "args": {"steps": 6, "sleep": 0.05}, "container": container_keys()},
-        env={"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"}, master={"port": 29500})
+        job={
+            "module": None,
+            "script": DDP_JOB,
+            "nproc_per_node": 1,
+            "workdir": "/tmp",
+            "stop_grace_s": 3,
+            "args": {"steps": 6, "sleep": 0.05},
+            "container": container_keys(),
+        },
+        env={"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"},
+        master={"port": 29500},
+    )
     res = orch.run("up", str(inv), "--run-id", "ctr-netns", timeout=540)
     assert res.returncode == 0, res.stderr[-4000:]
     assert "succeeded on every node" in res.stderr
     # every rank of the world of 4 ran its all_reduces to the end, each on its own node, in the merged log
     merged = (orch.run_dir("ctr-netns") / "merged.log").read_text()
     for rank, node in enumerate(NODES):
-        assert re.search(rf"\b{node}\s+r{rank}\s+done steps=6 allreduce_ok=True", merged), \
-            merged[-3000:]
+        assert re.search(rf"\b{node}\s+r{rank}\s+done steps=6 allreduce_ok=True", merged), merged[-3000:]
     # the ranks met over the nodes' own addresses: the master is node1's, on the bridge between namespaces
     plan = json.loads((orch.run_dir("ctr-netns") / "plan.json").read_text())
     assert plan["master_addr"].startswith("198.1"), plan.get("master_addr")

@@ -25,12 +25,24 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 KILL_ONCE = REPO / "tests" / "kill_once"
 BATCH = 4
-FLAGS = {"model": "yolo12n.yaml", "epochs": 2, "batch": BATCH, "imgsz": 64, "workers": 0, "val-period": 0,
-         "seed": 1, "plots": "false", "accumulate": 1, "warmup-epochs": 0, "close-mosaic": 0}
+FLAGS = {
+    "model": "yolo12n.yaml",
+    "epochs": 2,
+    "batch": BATCH,
+    "imgsz": 64,
+    "workers": 0,
+    "val-period": 0,
+    "seed": 1,
+    "plots": "false",
+    "accumulate": 1,
+    "warmup-epochs": 0,
+    "close-mosaic": 0,
+}
 """Two short epochs, an optimizer step per batch: the kill in epoch 2 leaves epoch 1's last.pt."""
 
-START = re.compile(r"^(\S+) (node\d)\s+- agent \d+ on \S+ starting(?: attempt (\d+))?: podman run .*?--name (orch-\S+)",
-                   re.M)
+START = re.compile(
+    r"^(\S+) (node\d)\s+- agent \d+ on \S+ starting(?: attempt (\d+))?: podman run .*?--name (orch-\S+)", re.M
+)
 REMOVED = re.compile(r"^(\S+) (node\d)\s+- stop hook \([^)]*\): podman rm -f (orch-\S+)", re.M)
 HOOK_DONE = re.compile(r"^(\S+) (node\d)\s+- stop hook: exit 0", re.M)
 
@@ -45,23 +57,37 @@ def attempts(merged: str) -> list[int]:
     return [int(a or 1) for _, _, a, _ in START.findall(merged)]
 
 
-def test_a_killed_rank_is_retried_in_new_containers_and_resumes(podman_cluster: PodmanBed, cluster: TestCluster,
-                                                                orch: Orch, tmp_path: Path) -> None:
+def test_a_killed_rank_is_retried_in_new_containers_and_resumes(
+    podman_cluster: PodmanBed, cluster: TestCluster, orch: Orch, tmp_path: Path
+) -> None:
     bed = podman_cluster
     data = make_dataset(tmp_path / "ds", images=8)
     (tmp_path / "runs").mkdir()
     train = len(list((data.parent / "images" / "train").iterdir()))
     per_epoch = math.ceil(math.ceil(train / 2) / (BATCH // 2))
     marker = tmp_path / "killed"  # under tmp_path: mounted into the containers, so the retry's rank sees it
-    kill = {"PYTHONPATH": str(KILL_ONCE), "ORCH_TEST_KILL_RANK": "1", "ORCH_TEST_KILL_AT_STEP": str(per_epoch + 1),
-            "ORCH_TEST_KILL_MARKER": str(marker)}
+    kill = {
+        "PYTHONPATH": str(KILL_ONCE),
+        "ORCH_TEST_KILL_RANK": "1",
+        "ORCH_TEST_KILL_AT_STEP": str(per_epoch + 1),
+        "ORCH_TEST_KILL_MARKER": str(marker),
+    }
     inv = cluster.write_inventory(
-        tmp_path / "cut.yaml", only=["node1", "node2"],
-        job={"module": "trainer", "nproc_per_node": 1, "workdir": str(REPO), "stop_grace_s": 5, "retries": 1,
-             "args": {**FLAGS, "data": str(data), "project": str(tmp_path / "runs")},
-             "container": container_keys(str(tmp_path), workdir=str(REPO))},
-        env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}, master={"port": job_port()},
-        nodes_extra={"node2": {"env": kill}})
+        tmp_path / "cut.yaml",
+        only=["node1", "node2"],
+        job={
+            "module": "trainer",
+            "nproc_per_node": 1,
+            "workdir": str(REPO),
+            "stop_grace_s": 5,
+            "retries": 1,
+            "args": {**FLAGS, "data": str(data), "project": str(tmp_path / "runs")},
+            "container": container_keys(str(tmp_path), workdir=str(REPO)),
+        },
+        env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"},
+        master={"port": job_port()},
+        nodes_extra={"node2": {"env": kill}},
+    )
     res = orch.run("up", str(inv), "--run-id", "ctr-cut", "--skip-checks", timeout=540)
     err = res.stderr
     assert res.returncode == 0, err[-4000:]
@@ -79,8 +105,9 @@ def test_a_killed_rank_is_retried_in_new_containers_and_resumes(podman_cluster: 
     run = orch.run_json("ctr-cut")
     merged = (orch.run_dir("ctr-cut") / "merged.log").read_text()
     started = launches(merged)
-    assert sorted(n for _, n, _ in started[:2]) == sorted(n for _, n, _ in started[2:]) == ["node1", "node2"], \
-        [ln for ln in merged.splitlines() if "starting" in ln]
+    assert sorted(n for _, n, _ in started[:2]) == sorted(n for _, n, _ in started[2:]) == ["node1", "node2"], [
+        ln for ln in merged.splitlines() if "starting" in ln
+    ]
     assert all(name == f"orch-ctr-cut-{node}-{run['nonce']}" for _, node, name in started), started
     first, second = started[:2], started[2:]
     assert attempts(merged) == [1, 1, 2, 2], attempts(merged)
@@ -94,8 +121,9 @@ def test_a_killed_rank_is_retried_in_new_containers_and_resumes(podman_cluster: 
     assert bed.wait_no_containers(run_label("ctr-cut"), within=GONE_WITHIN_S) == {}
 
 
-def test_a_spare_replaces_a_broken_node_in_a_container_run(podman_cluster: PodmanBed, cluster: TestCluster,
-                                                           orch: Orch, tmp_path: Path) -> None:
+def test_a_spare_replaces_a_broken_node_in_a_container_run(
+    podman_cluster: PodmanBed, cluster: TestCluster, orch: Orch, tmp_path: Path
+) -> None:
     """node2's rank fails at step 4 and deletes its node's data file on the way (inside its
     container, on a mount of the node's own directory): the retry's preflight fails there, and the
     spare node4 takes node rank 1, its rank in a container of node4's own store."""
@@ -107,11 +135,20 @@ def test_a_spare_replaces_a_broken_node_in_a_container_run(podman_cluster: Podma
     path = f"{cluster.NODE_LOCAL}/data.yaml"
     inv = cluster.write_inventory(
         tmp_path / "spare.yaml",
-        job={"module": None, "script": DDP_JOB, "nproc_per_node": 1, "workdir": "/tmp", "stop_grace_s": 3,
-             "retries": 1, "args": {"steps": 8, "sleep": 0.1, "data": path},
-             "container": container_keys(cluster.NODE_LOCAL)},
-        env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}, master={"port": job_port()},
-        nodes_extra={"node2": {"env": {"DDP_FAIL_RANK": "1", "DDP_FAIL_STEP": "4", "DDP_BREAK_FILE": path}}})
+        job={
+            "module": None,
+            "script": DDP_JOB,
+            "nproc_per_node": 1,
+            "workdir": "/tmp",
+            "stop_grace_s": 3,
+            "retries": 1,
+            "args": {"steps": 8, "sleep": 0.1, "data": path},
+            "container": container_keys(cluster.NODE_LOCAL),
+        },
+        env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"},
+        master={"port": job_port()},
+        nodes_extra={"node2": {"env": {"DDP_FAIL_RANK": "1", "DDP_FAIL_STEP": "4", "DDP_BREAK_FILE": path}}},
+    )
     doc: dict[str, Any] = yaml.safe_load(inv.read_text())
     doc["spare"] = [doc["nodes"].pop()]  # node4
     inv.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -123,7 +160,10 @@ def test_a_spare_replaces_a_broken_node_in_a_container_run(podman_cluster: Podma
     run = orch.run_json("ctr-spare")
     assert run["attempt"] == 2 and run["replaced"] == {"node2": "node4"}
     assert [(n["node"], n["node_rank"], n["state"]) for n in run["nodes"]] == [
-        ("node1", 0, "succeeded"), ("node4", 1, "succeeded"), ("node3", 2, "succeeded")]
+        ("node1", 0, "succeeded"),
+        ("node4", 1, "succeeded"),
+        ("node3", 2, "succeeded"),
+    ]
     merged = (orch.run_dir("ctr-spare") / "merged.log").read_text()
     # the spare's rank ran in its own container of the relaunch, named for node4 and that launch
     started = launches(merged)

@@ -54,8 +54,9 @@ def enterable_root(base: Path, name: str) -> Path:
     return d
 
 
-def user_inventory(cluster: TestCluster, base: Path, *, reach_python: bool, project_owner: int | None,
-                   name: str) -> tuple[Path, Path]:
+def user_inventory(
+    cluster: TestCluster, base: Path, *, reach_python: bool, project_owner: int | None, name: str
+) -> tuple[Path, Path]:
     """The trainer as uid:gid 1000:1000 on node1 and node2; the inventory and its project folder."""
     data = base / "ds" / "data.yaml"
     if not data.exists():
@@ -69,10 +70,19 @@ def user_inventory(cluster: TestCluster, base: Path, *, reach_python: bool, proj
     if reach_python:
         keys["mounts"] = [*keys["mounts"], f"{enterable_root(base, name)}:/root"]
     inv = cluster.write_inventory(
-        base / f"{name}.yaml", only=["node1", "node2"],
-        job={"module": "trainer", "nproc_per_node": 1, "workdir": str(REPO), "stop_grace_s": 5,
-             "args": {**TRAINER_FLAGS, "data": str(data), "project": str(project)}, "container": keys},
-        env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}, master={"port": job_port()})
+        base / f"{name}.yaml",
+        only=["node1", "node2"],
+        job={
+            "module": "trainer",
+            "nproc_per_node": 1,
+            "workdir": str(REPO),
+            "stop_grace_s": 5,
+            "args": {**TRAINER_FLAGS, "data": str(data), "project": str(project)},
+            "container": keys,
+        },
+        env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"},
+        master={"port": job_port()},
+    )
     return inv, project
 
 
@@ -81,7 +91,8 @@ def rows(res: Any, check: str = "container") -> dict[str, dict[str, Any]]:
 
 
 def test_the_check_names_a_user_that_cannot_run_the_python_or_write_the_output(
-        podman_cluster: PodmanBed, cluster: TestCluster, orch: Orch, shared_dir: Path) -> None:
+    podman_cluster: PodmanBed, cluster: TestCluster, orch: Orch, shared_dir: Path
+) -> None:
     """The interpreter under the image's /root (0700): uid 1000 cannot run it, and the row names
     job.container.python and job.container.user on each node. With /root enterable but the project
     folder root's (0755): the row names the folder and the user."""
@@ -90,8 +101,10 @@ def test_the_check_names_a_user_that_cannot_run_the_python_or_write_the_output(
     assert res.returncode == 1, res.stdout + res.stderr
     for node, row in rows(res).items():
         assert row["status"] == "fail", row
-        assert (f"job.container.python {sys.executable} cannot be run inside the container as uid:gid {USER} "
-                "(job.container.user): ") in row["detail"] and "Permission denied" in row["detail"], (node, row)
+        assert (
+            f"job.container.python {sys.executable} cannot be run inside the container as uid:gid {USER} "
+            "(job.container.user): "
+        ) in row["detail"] and "Permission denied" in row["detail"], (node, row)
         assert "job.container.user" in row["hint"] and "/root" in row["hint"], row
     assert set(rows(res)) == {"node1", "node2"}
 
@@ -105,8 +118,9 @@ def test_the_check_names_a_user_that_cannot_run_the_python_or_write_the_output(
         assert "job.container.user" in row["hint"], row
 
 
-def test_a_run_as_a_non_root_user_writes_files_that_user_owns(podman_cluster: PodmanBed, cluster: TestCluster,
-                                                            orch: Orch, shared_dir: Path) -> None:
+def test_a_run_as_a_non_root_user_writes_files_that_user_owns(
+    podman_cluster: PodmanBed, cluster: TestCluster, orch: Orch, shared_dir: Path
+) -> None:
     bed = podman_cluster
     inv, project = user_inventory(cluster, shared_dir, reach_python=True, project_owner=UID, name="ok")
     res = orch.run("up", str(inv), "--run-id", "ctr-user", timeout=540)

@@ -39,16 +39,27 @@ def marked(run_id: str) -> list[int]:
 def local_inventory(tmp_path: Path, job_env: dict[str, str]) -> Path:
     """Two local nodes running tests/ddp_job.py; job.python relative to the inventory's directory."""
     inv = tmp_path / "local.yaml"
-    inv.write_text(yaml.safe_dump({
-        "name": "lt", "transport": "local",
-        "nodes": [{"host": "localhost", "name": "n0"}, {"host": "localhost", "name": "n1"}],
-        "master": {"port": job_port()},
-        "env": {"GLOO_SOCKET_IFNAME": "lo", **job_env},
-        "job": {"python": os.path.relpath(REPO / ".venv" / "bin" / "python", tmp_path)
-                if (REPO / ".venv" / "bin" / "python").exists() else "python3",
-                "workdir": str(REPO), "run_root": str(tmp_path / "nodes"), "script": DDP_JOB,
-                "nproc_per_node": 1, "stop_grace_s": 5},
-    }))
+    inv.write_text(
+        yaml.safe_dump(
+            {
+                "name": "lt",
+                "transport": "local",
+                "nodes": [{"host": "localhost", "name": "n0"}, {"host": "localhost", "name": "n1"}],
+                "master": {"port": job_port()},
+                "env": {"GLOO_SOCKET_IFNAME": "lo", **job_env},
+                "job": {
+                    "python": os.path.relpath(REPO / ".venv" / "bin" / "python", tmp_path)
+                    if (REPO / ".venv" / "bin" / "python").exists()
+                    else "python3",
+                    "workdir": str(REPO),
+                    "run_root": str(tmp_path / "nodes"),
+                    "script": DDP_JOB,
+                    "nproc_per_node": 1,
+                    "stop_grace_s": 5,
+                },
+            }
+        )
+    )
     return inv
 
 
@@ -62,12 +73,14 @@ def test_two_local_nodes_succeed_then_status_and_down_and_a_recycled_pgid_is_lef
     assert up.returncode == 0, up.stderr
     run_id = (orch.home / "latest").read_text().strip()
     for node, rank in (("n0", 0), ("n1", 1)):
-        assert any(node in ln and f"r{rank}" in ln and "allreduce_ok=True final_sum=9 expected=9" in ln
-                   for ln in up.stdout.splitlines()), up.stdout[-2000:]
+        assert any(
+            node in ln and f"r{rank}" in ln and "allreduce_ok=True final_sum=9 expected=9" in ln
+            for ln in up.stdout.splitlines()
+        ), up.stdout[-2000:]
     # the relative job.python was resolved against the inventory's directory
     plan = json.loads((orch.run_dir(run_id) / "plan.json").read_text())
     assert all(os.path.isabs(n["argv"][0]) for n in plan["nodes"])
-    state = (tmp_path / "nodes" / run_id / "n1" / "state.json")
+    state = tmp_path / "nodes" / run_id / "n1" / "state.json"
     assert json.loads(state.read_text())["state"] == "succeeded"
     assert state.stat().st_mode & 0o077 == 0
     status = orch.run("status", "--json")
@@ -136,8 +149,10 @@ def test_a_rank_killed_by_sigkill_is_named_by_its_signal_and_the_stopped_node_is
     up = orch.run("up", str(inv), "--skip-checks", timeout=200)
     assert up.returncode == 1, up.stderr
     err = " ".join(up.stderr.split())
-    assert "first failure on n1 (node rank 1, rank 1): killed by SIGKILL hint: SIGKILL on a training node is " \
-           "usually the kernel's OOM killer" in err, up.stderr
+    assert (
+        "first failure on n1 (node rank 1, rank 1): killed by SIGKILL hint: SIGKILL on a training node is "
+        "usually the kernel's OOM killer" in err
+    ), up.stderr
     assert "exit code 1)" not in err
     assert "Root Cause (first observed failure)" not in err  # torchrun's summary stays in the log
     assert err.rindex("killed by SIGKILL") > err.index("stopped every other node")  # the cause last, after the excerpt
@@ -165,7 +180,9 @@ def test_ctrl_c_prints_one_line_per_node_not_torchruns_tracebacks(tmp_path: Path
     noisy = [ln for ln in (out + err).splitlines() if any(x in ln for x in NOISE)]
     assert noisy == [], "\n".join(noisy[:10])
     for node in ("n0", "n1"):
-        assert len(re.findall(rf"^{node}: stopped [\d.]+ s after its agent got SIGTERM \(torchrun ", err, re.M)) == 1, err
+        assert len(re.findall(rf"^{node}: stopped [\d.]+ s after its agent got SIGTERM \(torchrun ", err, re.M)) == 1, (
+            err
+        )
         log = node_log(tmp_path, run_id, node)
         assert "agent received SIGTERM: stopping the job" in log and "SignalException" in log
     assert "interrupted: stopped every node" in err
@@ -191,12 +208,25 @@ def test_a_32_mb_line_is_split_and_the_run_is_reported_as_it_ended(tmp_path: Pat
     job = tmp_path / "long_line.py"
     job.write_text(LONG_LINE_JOB)
     inv = tmp_path / "long.yaml"
-    inv.write_text(yaml.safe_dump({
-        "name": "long", "transport": "local", "nodes": [{"host": "localhost", "name": "n0"}],
-        "master": {"port": job_port()},
-        "job": {"python": str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv" / "bin" / "python").exists()
-                else "python3", "workdir": str(tmp_path), "run_root": str(tmp_path / "nodes"),
-                "script": str(job), "nproc_per_node": 1}}))
+    inv.write_text(
+        yaml.safe_dump(
+            {
+                "name": "long",
+                "transport": "local",
+                "nodes": [{"host": "localhost", "name": "n0"}],
+                "master": {"port": job_port()},
+                "job": {
+                    "python": str(REPO / ".venv" / "bin" / "python")
+                    if (REPO / ".venv" / "bin" / "python").exists()
+                    else "python3",
+                    "workdir": str(tmp_path),
+                    "run_root": str(tmp_path / "nodes"),
+                    "script": str(job),
+                    "nproc_per_node": 1,
+                },
+            }
+        )
+    )
     orch = Orch(tmp_path / "home")
     up = orch.run("up", str(inv), "--skip-checks", timeout=200)
     assert up.returncode == 0, up.stderr[-3000:]
@@ -213,8 +243,11 @@ def test_a_32_mb_line_is_split_and_the_run_is_reported_as_it_ended(tmp_path: Pat
 
 def modes(root: Path) -> dict[str, str]:
     """`{relative path: octal mode}` of root and everything under it."""
-    return {str(p.relative_to(root)) or ".": format(p.stat().st_mode & 0o777, "03o")
-            for p in [root, *sorted(root.rglob("*"))] if not p.is_symlink()}
+    return {
+        str(p.relative_to(root)) or ".": format(p.stat().st_mode & 0o777, "03o")
+        for p in [root, *sorted(root.rglob("*"))]
+        if not p.is_symlink()
+    }
 
 
 def test_files_are_private_whatever_the_umask_and_env_values_stay_off_screen(tmp_path: Path) -> None:
@@ -227,18 +260,46 @@ def test_files_are_private_whatever_the_umask_and_env_values_stay_off_screen(tmp
     job = tmp_path / "env_job.py"
     job.write_text("import os\nprint('token length', len(os.environ['API_TOKEN']))\n")
     inv = tmp_path / "sec.yaml"
-    inv.write_text(yaml.safe_dump({
-        "name": "sec", "transport": "local", "master": {"port": job_port()},
-        "nodes": [{"host": "localhost", "name": "n0", "env": {"NODE_SECRET": secret + "-node"}},
-                  {"host": "localhost", "name": "n1"}],
-        "env": {"API_TOKEN": secret, "GLOO_SOCKET_IFNAME": "lo"},
-        "job": {"python": str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv" / "bin" / "python").exists()
-                else "python3", "workdir": str(tmp_path), "run_root": str(tmp_path / "nodes"),
-                "script": str(job), "nproc_per_node": 1}}))
+    inv.write_text(
+        yaml.safe_dump(
+            {
+                "name": "sec",
+                "transport": "local",
+                "master": {"port": job_port()},
+                "nodes": [
+                    {"host": "localhost", "name": "n0", "env": {"NODE_SECRET": secret + "-node"}},
+                    {"host": "localhost", "name": "n1"},
+                ],
+                "env": {"API_TOKEN": secret, "GLOO_SOCKET_IFNAME": "lo"},
+                "job": {
+                    "python": str(REPO / ".venv" / "bin" / "python")
+                    if (REPO / ".venv" / "bin" / "python").exists()
+                    else "python3",
+                    "workdir": str(tmp_path),
+                    "run_root": str(tmp_path / "nodes"),
+                    "script": str(job),
+                    "nproc_per_node": 1,
+                },
+            }
+        )
+    )
     orch = Orch(tmp_path / "home")
-    up = subprocess.run([sys.executable, "-c", "import os, runpy, sys; os.umask(0); sys.argv[0] = 'orch'; "
-                         "runpy.run_module('orchestrator', run_name='__main__')", "-v", "up", str(inv)],
-                        cwd=REPO, env=orch.env, capture_output=True, text=True, timeout=200)
+    up = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os, runpy, sys; os.umask(0); sys.argv[0] = 'orch'; "
+            "runpy.run_module('orchestrator', run_name='__main__')",
+            "-v",
+            "up",
+            str(inv),
+        ],
+        cwd=REPO,
+        env=orch.env,
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
     assert up.returncode == 0, up.stderr[-3000:]
     assert f"token length {len(secret)}" in up.stdout  # the job had it
     assert secret not in up.stdout + up.stderr and "$ " in up.stderr  # -v showed the remote commands, not it
@@ -253,8 +314,16 @@ def test_files_are_private_whatever_the_umask_and_env_values_stay_off_screen(tmp
     for want in ("runs", f"runs/{run_id}", f"runs/{run_id}/nodes", f"runs/{run_id}/report", "checks"):
         assert home.pop(want) == "700", want
     home.pop(".")  # $ORCH_HOME itself is the user's to make (./.orch by default)
-    for name in ("run.json", "plan.json", "merged.log", "check.json", "inventory.yaml", "nodes/n0.log",
-                 "nodes/n1.log", "report/index.html"):
+    for name in (
+        "run.json",
+        "plan.json",
+        "merged.log",
+        "check.json",
+        "inventory.yaml",
+        "nodes/n0.log",
+        "nodes/n1.log",
+        "report/index.html",
+    ):
         assert f"runs/{run_id}/{name}" in home, name
     assert "checks/sec.json" in home
     assert {p: m for p, m in home.items() if m != "600"} == {}
@@ -277,13 +346,35 @@ def test_overrides_on_the_command_line_run_and_every_later_command_sees_the_run_
     doc["nodes"].append({"host": "localhost", "name": "n2"})
     inv.write_text(yaml.safe_dump(doc))
     orch = Orch(tmp_path / "home")
-    up = orch.run("up", str(inv), "--skip-checks", "--exclude", "n1", "--env", "DDP_SLEEP=0.01", "--run-id",
-                  "over-1", "--", "--steps", "3", timeout=180)
+    up = orch.run(
+        "up",
+        str(inv),
+        "--skip-checks",
+        "--exclude",
+        "n1",
+        "--env",
+        "DDP_SLEEP=0.01",
+        "--run-id",
+        "over-1",
+        "--",
+        "--steps",
+        "3",
+        timeout=180,
+    )
     assert up.returncode == 0, up.stderr
-    assert sorted(ln.split()[1] for ln in up.stdout.splitlines() if "done steps=3 allreduce_ok=True" in ln) == ["n0", "n2"]
+    assert sorted(ln.split()[1] for ln in up.stdout.splitlines() if "done steps=3 allreduce_ok=True" in ln) == [
+        "n0",
+        "n2",
+    ]
     record = orch.run_json("over-1")
-    assert record["overrides"] == {"args": ["--steps", "3"], "env": {"DDP_SLEEP": "0.01"}, "include": None,
-                                   "exclude": "n1", "nodes": None, "master": None}
+    assert record["overrides"] == {
+        "args": ["--steps", "3"],
+        "env": {"DDP_SLEEP": "0.01"},
+        "include": None,
+        "exclude": "n1",
+        "nodes": None,
+        "master": None,
+    }
     plan = json.loads((orch.run_dir("over-1") / "plan.json").read_text())
     assert [(n["node"], n["node_rank"]) for n in plan["nodes"]] == [("n0", 0), ("n2", 1)]
     assert all("DDP_SLEEP" in n["env"] and n["argv"][-2:] == ["--steps", "3"] for n in plan["nodes"])
@@ -313,7 +404,8 @@ time.sleep(120)  # the straggler stop ends it
 
 
 def test_a_timing_line_that_is_not_a_finite_number_is_ignored_and_the_straggler_still_stops_the_run(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """Under `straggler.action: stop`, rank 1 prints `wall_s 1e999` in the first window of its slow
     streak: the line used to take log streaming and then `orch up` down (OverflowError, run.json
     `stopped` with no first failure, every later `orch top` exit 1). Now it is ignored and
@@ -322,7 +414,9 @@ def test_a_timing_line_that_is_not_a_finite_number_is_ignored_and_the_straggler_
     job.write_text(TIMING_JOB)
     inv = local_inventory(tmp_path, {})
     doc = yaml.safe_load(inv.read_text())
-    doc["job"].update({"script": str(job), "telemetry_s": 0, "straggler": {"share": 0.8, "windows": 2, "action": "stop"}})
+    doc["job"].update(
+        {"script": str(job), "telemetry_s": 0, "straggler": {"share": 0.8, "windows": 2, "action": "stop"}}
+    )
     inv.write_text(yaml.safe_dump(doc))
     orch = Orch(tmp_path / "home")
     up = orch.run("up", str(inv), "--skip-checks", timeout=200)
@@ -350,9 +444,15 @@ def test_the_quickstart_runs_under_umask_002(tmp_path: Path) -> None:
     doc["job"]["run_root"] = str(home / "nodes")
     inv.write_text(yaml.safe_dump(doc))
     orch = Orch(home)
-    up = subprocess.run([sys.executable, "-m", "orchestrator", "up", str(inv), "--skip-checks"], cwd=REPO,
-                        env=orch.env, capture_output=True, text=True, timeout=180,
-                        preexec_fn=lambda: os.umask(0o002))
+    up = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "up", str(inv), "--skip-checks"],
+        cwd=REPO,
+        env=orch.env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        preexec_fn=lambda: os.umask(0o002),
+    )
     assert up.returncode == 0, up.stderr[-3000:]
     run_id = (home / "latest").read_text().strip()
     for d in (home.parent, home, home / "runs", home / "nodes", home / "nodes" / run_id / "n0"):
@@ -374,9 +474,11 @@ def test_orch_down_stops_a_run_whose_run_root_is_full_and_says_so(tmp_path: Path
         run_id = (orch.home / "latest").read_text().strip()
         filler = fill(disk)
         try:
+
             def met() -> bool:  # the agent said so, or died of it
                 state = (disk / run_id / "n0" / "state.json").read_text()
                 return "is full" in state or not Path(f"/proc/{json.loads(state)['agent_pid']}").exists()
+
             wait_for(met, 30, "the agent to meet the full disk")
             down = orch.run("down", timeout=120)
             said = down.stdout + down.stderr
@@ -421,8 +523,11 @@ def test_an_attached_run_says_which_nodes_run_root_is_full_and_goes_on(tmp_path:
         try:
             run_id = up.wait_running()
             filler = fill(disk)
-            wait_for(lambda: f"node n0: run_root {disk} is full" in up.err or up.proc.poll() is not None, 60,
-                     "orch up to say the run root is full")
+            wait_for(
+                lambda: f"node n0: run_root {disk} is full" in up.err or up.proc.poll() is not None,
+                60,
+                "orch up to say the run root is full",
+            )
             assert f"node n0: run_root {disk} is full" in up.err, up.err
             assert up.proc.poll() is None and orch.run_json(run_id).get("state") == "running", up.err
             assert up.err.count(f"node n0: run_root {disk} is full") == 1, up.err

@@ -35,12 +35,12 @@ def group_line(err: str, label: str) -> str:
 
 
 @pytest.mark.foreground  # a watchdog of 5 s: a loaded machine could starve a healthy rank that long
-def test_a_hung_rank_fires_the_watchdog_names_its_stack_and_nothing_is_left(cluster: TestCluster,
-                                                                              orch: Orch) -> None:
+def test_a_hung_rank_fires_the_watchdog_names_its_stack_and_nothing_is_left(cluster: TestCluster, orch: Orch) -> None:
     # rank 2 (node3) stops at step 3 inside sleep_forever; ranks 0 and 1 block in all_reduce waiting for it
     # (three nodes: the odd rank stands apart from a majority of two)
-    inv = inventory(cluster, job_env=ddp_job(steps=400, sleep=0.2, hang_rank=2, hang_step=3),
-                    only=["node1", "node2", "node3"])
+    inv = inventory(
+        cluster, job_env=ddp_job(steps=400, sleep=0.2, hang_rank=2, hang_step=3), only=["node1", "node2", "node3"]
+    )
     up = orch.start(str(inv), "--skip-checks", "--stall-timeout", f"{STALL_S:g}")
     run_id = up.wait_running()
     wait_for(lambda: "hanging at step 3" in node_log(run_root(cluster), run_id, "node3"), 120, "rank 2 to hang")
@@ -56,8 +56,11 @@ def test_a_hung_rank_fires_the_watchdog_names_its_stack_and_nothing_is_left(clus
     assert "all_reduce (torch/distributed/distributed_c10d.py:" in group_line(err, "ranks 0-1")
     assert "in main (ddp_job.py:" in group_line(err, "ranks 0-1")
     # the first failure names the odd rank, on its node
-    assert re.search(r"first failure on node3 \(node rank 2, rank 2, exit code None\): hung: no rank wrote a line "
-                     r"for \d+ s \(stall timeout 5 s\); rank 2 stands apart: sleep_forever", err), err[-3000:]
+    assert re.search(
+        r"first failure on node3 \(node rank 2, rank 2, exit code None\): hung: no rank wrote a line "
+        r"for \d+ s \(stall timeout 5 s\); rank 2 stands apart: sleep_forever",
+        err,
+    ), err[-3000:]
     data = orch.run_json(run_id)
     assert data["state"] == "failed" and data["first_failure"]["rank"] == 2
     saved = sorted((orch.run_dir(run_id) / "stacks").glob("*-hang.json"))
@@ -72,8 +75,12 @@ def test_a_hung_rank_fires_the_watchdog_names_its_stack_and_nothing_is_left(clus
 
 @pytest.mark.foreground  # a watchdog of 5 s: a loaded machine could starve a healthy rank that long
 def test_warn_keeps_the_run_and_orch_stacks_shows_the_hang(cluster: TestCluster, orch: Orch) -> None:
-    inv = inventory(cluster, job_env=ddp_job(steps=400, sleep=0.2, hang_rank=1, hang_step=2),
-                    job={"on_stall": "warn", "stall_timeout_s": STALL_S}, only=["node1", "node2", "node3"])
+    inv = inventory(
+        cluster,
+        job_env=ddp_job(steps=400, sleep=0.2, hang_rank=1, hang_step=2),
+        job={"on_stall": "warn", "stall_timeout_s": STALL_S},
+        only=["node1", "node2", "node3"],
+    )
     up = orch.start(str(inv), "--skip-checks")
     run_id = up.wait_running()
     wait_for(lambda: "job.on_stall is warn: the run goes on" in up.err, 120, "the watchdog's warning")
@@ -123,9 +130,12 @@ def test_a_node_that_breaks_is_replaced_by_a_spare_on_retry(make_cluster: Any, o
     path = f"{cluster.NODE_LOCAL}/data.yaml"
     # node2's rank fails at step 4 and breaks its node on the way (its data file is gone): the retry's
     # preflight fails there, and the spare node4 takes its place in the middle (node rank 1, rank 1)
-    inv = inventory(cluster, job_env=ddp_job(steps=8, sleep=0.1), job={"args": {"data": path}, "retries": 1},
-                    nodes_extra={"node2": {"env": {"DDP_FAIL_RANK": "1", "DDP_FAIL_STEP": "4",
-                                                   "DDP_BREAK_FILE": path}}})
+    inv = inventory(
+        cluster,
+        job_env=ddp_job(steps=8, sleep=0.1),
+        job={"args": {"data": path}, "retries": 1},
+        nodes_extra={"node2": {"env": {"DDP_FAIL_RANK": "1", "DDP_FAIL_STEP": "4", "DDP_BREAK_FILE": path}}},
+    )
     doc = yaml.safe_load(inv.read_text())
     doc["spare"] = [doc["nodes"].pop()]  # node4
     inv.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -137,15 +147,22 @@ def test_a_node_that_breaks_is_replaced_by_a_spare_on_retry(make_cluster: Any, o
     err = up.err
     assert code == 0, err[-4000:]
     run_id = up.run_id()
-    assert re.search(r"attempt 2/2 after node2 rank 1: RuntimeError: injected failure on rank 1 at step 4", err), \
+    assert re.search(r"attempt 2/2 after node2 rank 1: RuntimeError: injected failure on rank 1 at step 4", err), (
         "\n".join(ln for ln in err.splitlines() if not ln.startswith(("│", "┌", "└", "├", "┃", "┏", "┗", "┡")))
-    assert re.search(r"node2 failed the preflight \(job: [^)]*does not exist on this node\): spare node4 takes its "
-                     r"place", err), err[-3000:]
+    )
+    assert re.search(
+        r"node2 failed the preflight \(job: [^)]*does not exist on this node\): spare node4 takes its "
+        r"place",
+        err,
+    ), err[-3000:]
     assert "succeeded on every node" in err and "(attempt 2 of 2)" in err
     data_json = orch.run_json(run_id)
     assert data_json["attempt"] == 2 and data_json["replaced"] == {"node2": "node4"}
     assert [(n["node"], n["node_rank"], n["state"]) for n in data_json["nodes"]] == [
-        ("node1", 0, "succeeded"), ("node4", 1, "succeeded"), ("node3", 2, "succeeded")]
+        ("node1", 0, "succeeded"),
+        ("node4", 1, "succeeded"),
+        ("node3", 2, "succeeded"),
+    ]
     assert data_json["attempts"][0]["first_failure"]["node"] == "node2"
     # the spare ran rank 1 of the relaunch; the merged log has both attempts
     assert re.search(r"\bnode4\s+r1\s+.*done steps=8 allreduce_ok=True", up.out), up.out[-2000:]

@@ -24,8 +24,10 @@ def test_link_down_mid_run_is_detected_and_the_others_are_stopped(netns_cluster:
     c = netns_cluster
     inv = c.write_inventory(
         job={"script": DDP_JOB, "nproc_per_node": 1, "workdir": str(REPO), "stop_grace_s": 5},
-        env={"GLOO_SOCKET_IFNAME": "eth0", **ddp_job(steps=1000, sleep=0.2)}, master={"port": 29500},
-        only=["node1", "node2", "node4"])  # node4 is cut off; two others are stopped
+        env={"GLOO_SOCKET_IFNAME": "eth0", **ddp_job(steps=1000, sleep=0.2)},
+        master={"port": 29500},
+        only=["node1", "node2", "node4"],
+    )  # node4 is cut off; two others are stopped
     env = {"ORCH_UNREACHABLE_GRACE_S": str(GRACE_S)}
     tune, connect_timeout = Tunables.from_env(env), load(inv).node("node4").ssh.connect_timeout
     orch = Orch(tmp_path / "home", env=env)
@@ -44,8 +46,9 @@ def test_link_down_mid_run_is_detected_and_the_others_are_stopped(netns_cluster:
         # they took theirs in turn, and orch up ended 28 s after the cut with an 8 s grace), then
         # a few seconds for the others' last lines: 17 s measured
         exit_bound = tune.stream_silent_s + tune.unreachable_grace_s + connect_timeout + 12
-        assert elapsed < exit_bound, \
+        assert elapsed < exit_bound, (
             f"orch up took {elapsed:.1f} s to end after the link went down (bound {exit_bound:g} s)"
+        )
         assert re.search(r"first failure on node4 \(node rank 2.*unreachable for \d+ s", up.err), up.err
         assert leftover(c, run_id, ["node1", "node2"]) == {}
         assert "could not confirm the stop on node4" in up.err, up.err
@@ -56,8 +59,11 @@ def test_link_down_mid_run_is_detected_and_the_others_are_stopped(netns_cluster:
         bound = tune.lease_s + 5 + 10
         wait_for(lambda: leftover(c, run_id, ["node4"]) == {}, bound + 30, "node4 to stop its ranks on its own")
         stopped = time.monotonic() - t
-        state = wait_for(lambda: (st := node_state(runs, run_id, "node4")).get("lease_expired") and st, 15,
-                         "node4's state.json to say why")
+        state = wait_for(
+            lambda: (st := node_state(runs, run_id, "node4")).get("lease_expired") and st,
+            15,
+            "node4's state.json to say why",
+        )
         assert state["state"] == "stopped" and "was not heard from" in state["reason"], state
         assert stopped <= bound, f"node4's ranks outlived the cut by {stopped:.1f} s (bound {bound:g} s)"
         assert f"lease {tune.lease_s:g} s" in node_log(runs, run_id, "node4")

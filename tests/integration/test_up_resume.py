@@ -30,14 +30,26 @@ def trainer_inventory(cluster: TestCluster, tmp: Path, ref: Reference, name: str
     for d in (tmp / "runs", tmp / f"debug-{name}"):  # the preflight's job check wants path arguments to exist
         d.mkdir(exist_ok=True)
     flags = dict(zip(RESUME_FLAGS[::2], RESUME_FLAGS[1::2]))  # the reference's flags, as `job.args`
-    args: dict[str, Any] = {**{k.removeprefix("--"): v for k, v in flags.items()}, "data": str(ref.data),
-                            "project": str(tmp / "runs"), "debug-dir": str(tmp / f"debug-{name}")}
+    args: dict[str, Any] = {
+        **{k.removeprefix("--"): v for k, v in flags.items()},
+        "data": str(ref.data),
+        "project": str(tmp / "runs"),
+        "debug-dir": str(tmp / f"debug-{name}"),
+    }
     return cluster.write_inventory(
         tmp / f"{name}.yaml",
-        job={"module": "trainer", "nproc_per_node": 1, "workdir": str(REPO), "stop_grace_s": 5, "args": args,
-             "retries": 1},
-        env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}, master={"port": job_port()},
-        nodes_extra={"node2": {"env": node2_env}})
+        job={
+            "module": "trainer",
+            "nproc_per_node": 1,
+            "workdir": str(REPO),
+            "stop_grace_s": 5,
+            "args": args,
+            "retries": 1,
+        },
+        env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"},
+        master={"port": job_port()},
+        nodes_extra={"node2": {"env": node2_env}},
+    )
 
 
 def steps_per_epoch(data_root: Path, world: int) -> int:
@@ -45,8 +57,9 @@ def steps_per_epoch(data_root: Path, world: int) -> int:
     return math.ceil(math.ceil(train / world) / (RESUME_BATCH // world))
 
 
-def test_a_rank_killed_mid_epoch_is_retried_and_resumes_exactly(make_cluster: Any, trainer_reference: Reference,
-                                                               tmp_path: Path) -> None:
+def test_a_rank_killed_mid_epoch_is_retried_and_resumes_exactly(
+    make_cluster: Any, trainer_reference: Reference, tmp_path: Path
+) -> None:
     cluster = make_cluster(2)
     ref = trainer_reference
     orch = Orch(tmp_path / "home")
@@ -54,8 +67,12 @@ def test_a_rank_killed_mid_epoch_is_retried_and_resumes_exactly(make_cluster: An
     # rank 1 (node2) is SIGKILLed after the 2nd optimizer step of epoch 3, once: last.pt holds epoch 2
     at = 2 * steps_per_epoch(ref.data.parent, 2) + 2
     marker = tmp_path / "killed"
-    kill = {"PYTHONPATH": str(KILL_ONCE), "ORCH_TEST_KILL_RANK": "1", "ORCH_TEST_KILL_AT_STEP": str(at),
-            "ORCH_TEST_KILL_MARKER": str(marker)}
+    kill = {
+        "PYTHONPATH": str(KILL_ONCE),
+        "ORCH_TEST_KILL_RANK": "1",
+        "ORCH_TEST_KILL_AT_STEP": str(at),
+        "ORCH_TEST_KILL_MARKER": str(marker),
+    }
     res = orch.run("up", str(trainer_inventory(cluster, tmp_path, ref, "cut", kill)), "--run-id", "cut", timeout=400)
     err = res.stderr
     assert res.returncode == 0, err[-4000:]
@@ -68,7 +85,10 @@ def test_a_rank_killed_mid_epoch_is_retried_and_resumes_exactly(make_cluster: An
     assert re.search(r"resuming at epoch 3 \(checkpoint finished epoch 2, ", res.stdout), res.stdout[-3000:]
     run = orch.run_json("cut")
     assert run["state"] == "succeeded" and run["attempt"] == 2
-    assert run["attempts"][0]["result"] == "failed" and run["attempts"][0]["first_failure"]["node"] in ("node1", "node2")
+    assert run["attempts"][0]["result"] == "failed" and run["attempts"][0]["first_failure"]["node"] in (
+        "node1",
+        "node2",
+    )
     plan = json.loads((orch.run_dir("cut") / "plan.json").read_text())
     assert plan["nodes"][0]["argv"][-2:] == ["--resume", "auto"] and plan["nodes"][0]["env"]["ORCH_ATTEMPT"] == "2"
 
@@ -79,8 +99,9 @@ def test_a_rank_killed_mid_epoch_is_retried_and_resumes_exactly(make_cluster: An
     assert report.returncode == 0, report.stderr
     page = Path(report.stdout.strip())
     card = dict(re.findall(r"data-key='([a-z_0-9]+)' data-value='([^']*)'", page.read_text()))
-    rows = list(csv.DictReader(line.replace(" ", "") for line in
-                               (orch.run_dir("cut") / "results.csv").read_text().splitlines()))
+    rows = list(
+        csv.DictReader(line.replace(" ", "") for line in (orch.run_dir("cut") / "results.csv").read_text().splitlines())
+    )
     assert len(rows) == 3 and "metrics/mAP50-95(B)" not in rows[0]  # --val-period 0: no validation, no mAP
     assert card["best_map50_95"] == "" and card["attempts"] == "2" and card["state"] == "succeeded"
     assert card["world_size"] == "2" and float(card["wall_s"]) == run["wall_s"]

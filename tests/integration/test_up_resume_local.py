@@ -31,26 +31,56 @@ def test_a_retry_resumes_with_key_value_project_and_name(trainer_reference: Refe
     at = 2 * math.ceil(math.ceil(train / 2) / (RESUME_BATCH // 2)) + 2  # 2nd optimizer step of epoch 3
     marker = tmp_path / "killed"
     # the reference's flags, ultralytics' own as key=value (`yolo train` style), the trainer's others as flags
-    keys = {"--lr": "lr0", "--model": "model", "--epochs": "epochs", "--batch": "batch", "--imgsz": "imgsz",
-            "--seed": "seed", "--warmup-epochs": "warmup_epochs", "--workers": "workers", "--close-mosaic": "close_mosaic"}
+    keys = {
+        "--lr": "lr0",
+        "--model": "model",
+        "--epochs": "epochs",
+        "--batch": "batch",
+        "--imgsz": "imgsz",
+        "--seed": "seed",
+        "--warmup-epochs": "warmup_epochs",
+        "--workers": "workers",
+        "--close-mosaic": "close_mosaic",
+    }
     args: list[str] = []
     for flag, value in zip(RESUME_FLAGS[::2], RESUME_FLAGS[1::2]):
         args += [f"{keys[flag]}={value}"] if flag in keys else [flag, value]
     args += [f"data={ref.data}", f"project={project}", "name=r1", "--debug-dir", str(tmp_path / "debug")]
     python = REPO / ".venv" / "bin" / "python"
     inv = tmp_path / "local.yaml"
-    inv.write_text(yaml.safe_dump({
-        "name": "lt", "transport": "local",
-        "nodes": [{"host": "localhost", "name": "n0"},
-                  {"host": "localhost", "name": "n1",
-                   "env": {"PYTHONPATH": str(KILL_ONCE), "ORCH_TEST_KILL_RANK": "1",
-                           "ORCH_TEST_KILL_AT_STEP": str(at), "ORCH_TEST_KILL_MARKER": str(marker)}}],
-        "master": {"port": job_port()},
-        "env": {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"},
-        "job": {"python": str(python) if python.exists() else "python3", "workdir": str(REPO),
-                "run_root": str(tmp_path / "nodes"), "module": "trainer", "nproc_per_node": 1, "stop_grace_s": 5,
-                "retries": 1, "args": args},
-    }))
+    inv.write_text(
+        yaml.safe_dump(
+            {
+                "name": "lt",
+                "transport": "local",
+                "nodes": [
+                    {"host": "localhost", "name": "n0"},
+                    {
+                        "host": "localhost",
+                        "name": "n1",
+                        "env": {
+                            "PYTHONPATH": str(KILL_ONCE),
+                            "ORCH_TEST_KILL_RANK": "1",
+                            "ORCH_TEST_KILL_AT_STEP": str(at),
+                            "ORCH_TEST_KILL_MARKER": str(marker),
+                        },
+                    },
+                ],
+                "master": {"port": job_port()},
+                "env": {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"},
+                "job": {
+                    "python": str(python) if python.exists() else "python3",
+                    "workdir": str(REPO),
+                    "run_root": str(tmp_path / "nodes"),
+                    "module": "trainer",
+                    "nproc_per_node": 1,
+                    "stop_grace_s": 5,
+                    "retries": 1,
+                    "args": args,
+                },
+            }
+        )
+    )
     orch = Orch(tmp_path / "home")
     res = orch.run("up", str(inv), "--skip-checks", "--run-id", "kv", timeout=500)
     assert res.returncode == 0, res.stderr[-4000:]

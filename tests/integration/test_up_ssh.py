@@ -45,12 +45,15 @@ def execs(err: str, script: str) -> list[str]:
 
 def status_execs(err: str) -> list[tuple[str, int]]:
     """(node, --tail N) of every `agent.py status` SSH exec an `orch -v up` logged."""
-    return [(m.group(1), int(m.group(2)))
-            for m in re.finditer(r"orch\.transport: (\S+)\$ .* agent\.py status \. --tail (\d+)", err)]
+    return [
+        (m.group(1), int(m.group(2)))
+        for m in re.finditer(r"orch\.transport: (\S+)\$ .* agent\.py status \. --tail (\d+)", err)
+    ]
 
 
-def test_success_4_nodes_x_2_processes_supervised_without_a_single_status_exec(cluster: TestCluster,
-                                                                              orch: Orch) -> None:
+def test_success_4_nodes_x_2_processes_supervised_without_a_single_status_exec(
+    cluster: TestCluster, orch: Orch
+) -> None:
     """Through the preflight, 8 ranks on 4 nodes succeed: every rank's done line with its host and
     rank, run.json and the nodes' state private and final, nothing left. The run is supervised on
     what the log streams push: no status poll, one exec per node to ship and start the agent and one
@@ -105,12 +108,14 @@ def step_of(out: str, node: str) -> int:
 
 
 @pytest.mark.foreground  # counts the status polls: a stream slowed 3 s by load is polled
-def test_a_node_whose_log_stream_goes_silent_is_polled_until_heard_again(cluster: TestCluster, orch: Orch,
-                                                                         tmp_path: Path) -> None:
+def test_a_node_whose_log_stream_goes_silent_is_polled_until_heard_again(
+    cluster: TestCluster, orch: Orch, tmp_path: Path
+) -> None:
     stop = tmp_path / "stop"  # the job runs until the test has seen what it waits for (tests/ddp_job.py)
     # two nodes: node2's stream goes silent while node1's goes on
-    inv = inventory(cluster, nproc=1, job_env=ddp_job(steps=1000, sleep=0.1, stop_file=str(stop)),
-                    only=["node1", "node2"])
+    inv = inventory(
+        cluster, nproc=1, job_env=ddp_job(steps=1000, sleep=0.1, stop_file=str(stop)), only=["node1", "node2"]
+    )
     up = orch.start(str(inv), "--skip-checks", verbose=True)
     run_id = up.wait_running()
     wait_for(lambda: "step 2 " in node_log(run_root(cluster), run_id, "node2"), 90, "node2 to step")
@@ -170,19 +175,22 @@ def test_kill9_torchrun_on_one_node_fails_fast_and_cleans_every_node(cluster: Te
     execs = status_execs(up.err)
     assert [(n, tail) for n, tail in execs if n == "node3"] == [("node3", 200)], execs
     assert sorted(n for n, tail in execs if tail == 0) == ["node1", "node4"], execs
-    print(f"kill -9 -> orch up exit after {elapsed:.1f} s; teardown "
-          f"{orch.run_json(run_id).get('teardown_s')} s")
+    print(f"kill -9 -> orch up exit after {elapsed:.1f} s; teardown {orch.run_json(run_id).get('teardown_s')} s")
 
 
 def test_one_rank_raises_excerpt_shows_the_exception(cluster: TestCluster, orch: Orch) -> None:
     # two nodes of two ranks: the failing rank is node2's second (local rank 1), its peers die of it
-    inv = inventory(cluster, nproc=2, job_env=ddp_job(steps=400, sleep=0.2, fail_rank=3, fail_step=3),
-                    only=["node1", "node2"])
+    inv = inventory(
+        cluster, nproc=2, job_env=ddp_job(steps=400, sleep=0.2, fail_rank=3, fail_step=3), only=["node1", "node2"]
+    )
     up = orch.start(str(inv), "--skip-checks")
     code = up.wait(180)
     assert code == 1, up.err
-    assert re.search(r"first failure on node2 \(node rank 1, rank 3, exit code 1\): RuntimeError: injected failure on "
-                     r"rank 3 at step 3\n", up.err), up.err
+    assert re.search(
+        r"first failure on node2 \(node rank 1, rank 3, exit code 1\): RuntimeError: injected failure on "
+        r"rank 3 at step 3\n",
+        up.err,
+    ), up.err
     assert "Root Cause (first observed failure)" not in up.err  # torchrun's summary stays in the log
     run_id = up.run_id()
     ff = orch.run_json(run_id)["first_failure"]
@@ -201,8 +209,10 @@ def test_sigint_stops_every_node_and_exits_130(cluster: TestCluster, orch: Orch)
     print(f"SIGINT -> exit 130 after {time.monotonic() - t:.1f} s")
     # torchrun's SignalException tracebacks stay in the node logs: one line per node says it stopped
     assert "SignalException" not in up.out + up.err and "Traceback" not in up.out + up.err
-    assert sorted(re.findall(r"^(node\d): stopped [\d.]+ s after its agent got SIGTERM", up.err, re.M)) == \
-        ["node1", "node2"], up.err
+    assert sorted(re.findall(r"^(node\d): stopped [\d.]+ s after its agent got SIGTERM", up.err, re.M)) == [
+        "node1",
+        "node2",
+    ], up.err
     assert leftover(cluster, run_id) == {}
     data = orch.run_json(run_id)
     assert data["state"] == "stopped"
@@ -236,8 +246,14 @@ def test_detach_status_logs_follow_down(cluster: TestCluster, orch: Orch) -> Non
 
 def _follow_shows_new_lines(orch: Orch, run_id: str) -> None:
     """`orch logs --follow` prints lines written after it started (a step beyond the last one seen)."""
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "logs", "--follow", run_id], cwd=REPO,
-                            env=orch.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "logs", "--follow", run_id],
+        cwd=REPO,
+        env=orch.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         steps: list[int] = []
         deadline = time.monotonic() + 40
@@ -268,6 +284,7 @@ def test_controller_killed_job_keeps_running_then_down(cluster: TestCluster, orc
     run_id = up.wait_running()
     up.proc.kill()
     up.proc.wait(10)
+
     def steps_logged() -> int:  # the job's own lines: the agent's telemetry lines grow node.log too
         return len(re.findall(r"\[rank 1\] step \d+ ", node_log(run_root(cluster), run_id, "node2")))
 
@@ -282,7 +299,9 @@ def test_controller_killed_job_keeps_running_then_down(cluster: TestCluster, orc
     assert logs.returncode == 0, logs.stderr
     lines = [json.loads(x) for x in logs.stdout.splitlines()]
     assert {x["node"] for x in lines} == {"node1", "node2"}
-    last = max(int(m.group(1)) for x in lines if x["node"] == "node2" for m in [re.search(r"step (\d+) ", x["line"])] if m)
+    last = max(
+        int(m.group(1)) for x in lines if x["node"] == "node2" for m in [re.search(r"step (\d+) ", x["line"])] if m
+    )
     assert last >= 3, last
     down = orch.run("down", run_id)
     assert down.returncode == 0, down.stderr
@@ -292,8 +311,12 @@ def test_controller_killed_job_keeps_running_then_down(cluster: TestCluster, orc
 
 
 def test_node_that_cannot_start_stops_the_others(cluster: TestCluster, orch: Orch) -> None:
-    inv = inventory(cluster, nproc=1, job_env=ddp_job(steps=1000, sleep=0.3),
-                    nodes_extra={"node3": {"python": "/nonexistent/bin/python3"}})
+    inv = inventory(
+        cluster,
+        nproc=1,
+        job_env=ddp_job(steps=1000, sleep=0.3),
+        nodes_extra={"node3": {"python": "/nonexistent/bin/python3"}},
+    )
     r = orch.run("up", str(inv), "--skip-checks", timeout=120)
     assert r.returncode == 1, r.stderr
     assert "node3: could not start" in r.stderr and "/nonexistent/bin/python3" in r.stderr, r.stderr

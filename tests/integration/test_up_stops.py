@@ -120,8 +120,10 @@ def test_a_start_reported_failed_while_its_agent_runs_is_found_and_stopped(tmp_p
     doc = yaml.safe_load(inv.read_text())
     python = os.path.abspath(inv.parent / doc["job"]["python"])
     lossy = tmp_path / "lossy-python"
-    lossy.write_text(f'#!/bin/sh\ncase "$*" in *" start . --wait "*) {python} "$@" >/dev/null 2>&1; exit 255;; esac\n'
-                     f'exec {python} "$@"\n')
+    lossy.write_text(
+        f'#!/bin/sh\ncase "$*" in *" start . --wait "*) {python} "$@" >/dev/null 2>&1; exit 255;; esac\n'
+        f'exec {python} "$@"\n'
+    )
     lossy.chmod(0o755)
     doc["nodes"][1]["python"] = str(lossy)
     inv.write_text(yaml.safe_dump(doc))

@@ -119,7 +119,7 @@ def test_a_second_run_on_the_same_master_port_never_joins_the_first(tmp_path: Pa
     doc = yaml.safe_load(inv.read_text())
     python = os.path.abspath(inv.parent / doc["job"]["python"])  # the venv's: not its link resolved
     late = tmp_path / "late-python"
-    late.write_text(f"#!/bin/sh\ncase \"$*\" in *torch.distributed.run*) sleep 8;; esac\nexec {python} \"$@\"\n")
+    late.write_text(f'#!/bin/sh\ncase "$*" in *torch.distributed.run*) sleep 8;; esac\nexec {python} "$@"\n')
     late.chmod(0o755)
     doc["nodes"][0]["python"] = str(late)
     inv_b = inv.with_name("b.yaml")

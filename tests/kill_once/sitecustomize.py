@@ -15,9 +15,12 @@ Every other process (torchrun, other ranks, the preflight's probe) only reads th
 
 import os
 
-if (os.environ.get("ORCH_TEST_KILL_AT_STEP") and os.environ.get("RANK") is not None
-        and os.environ.get("RANK") == os.environ.get("ORCH_TEST_KILL_RANK")
-        and not os.path.exists(os.environ.get("ORCH_TEST_KILL_MARKER", "/nonexistent"))):
+if (
+    os.environ.get("ORCH_TEST_KILL_AT_STEP")
+    and os.environ.get("RANK") is not None
+    and os.environ.get("RANK") == os.environ.get("ORCH_TEST_KILL_RANK")
+    and not os.path.exists(os.environ.get("ORCH_TEST_KILL_MARKER", "/nonexistent"))
+):
     import signal
     import sys
 
@@ -31,9 +34,13 @@ if (os.environ.get("ORCH_TEST_KILL_AT_STEP") and os.environ.get("RANK") is not N
         _steps[0] += 1
         if _steps[0] == _at:
             with open(os.environ["ORCH_TEST_KILL_MARKER"], "w") as fh:
-                fh.write(f"rank {os.environ['RANK']} {'raised' if _how == 'raise' else 'killed'} after optimizer step {_at}\n")
+                fh.write(
+                    f"rank {os.environ['RANK']} {'raised' if _how == 'raise' else 'killed'} after optimizer step {_at}\n"
+                )
             if _how == "raise":
-                print(f"[test] rank {os.environ['RANK']}: raising after optimizer step {_at}", file=sys.stderr, flush=True)
+                print(
+                    f"[test] rank {os.environ['RANK']}: raising after optimizer step {_at}", file=sys.stderr, flush=True
+                )
                 raise RuntimeError(f"test: rank {os.environ['RANK']} fails after optimizer step {_at}")
             print(f"[test] rank {os.environ['RANK']}: SIGKILL after optimizer step {_at}", file=sys.stderr, flush=True)
             os.kill(os.getpid(), signal.SIGKILL)

@@ -36,8 +36,15 @@ def call(*args: str, timeout: float = 60) -> tuple[int, dict[str, Any]]:
 def prepare(tmp_path: Path, script: str, run: str = "r1", grace: float = 1.0, **kw: Any) -> Path:
     d = tmp_path / "run" / "n1"
     d.mkdir(parents=True)
-    spec = {"run": f"{run}-{os.getpid()}-{time.monotonic_ns()}", "node": "n1", "argv": ["sh", "-c", script],
-            "env": {"GREETING": "hello world; $(not expanded)"}, "cwd": str(tmp_path), "grace": grace, **kw}
+    spec = {
+        "run": f"{run}-{os.getpid()}-{time.monotonic_ns()}",
+        "node": "n1",
+        "argv": ["sh", "-c", script],
+        "env": {"GREETING": "hello world; $(not expanded)"},
+        "cwd": str(tmp_path),
+        "grace": grace,
+        **kw,
+    }
     (d / "launch.json").write_text(json.dumps(spec))
     return d
 
@@ -56,13 +63,17 @@ def wait_for(pred: Callable[[], Any], what: str, timeout: float = 20) -> None:
 def snapshot_holds(d: Path, marker: bytes) -> None:
     """Wait until the agent's snapshot of the job's processes (state.json `procs`) holds the one
     whose command line has `marker` (the agent takes one about every second)."""
+
     def cmdline(pid: int) -> bytes:
         try:
             return Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             return b""
-    wait_for(lambda: any(marker in cmdline(p) for p, _s in state(d).get("procs") or []),
-             f"a snapshot of the job's processes with {marker.decode()}")
+
+    wait_for(
+        lambda: any(marker in cmdline(p) for p, _s in state(d).get("procs") or []),
+        f"a snapshot of the job's processes with {marker.decode()}",
+    )
 
 
 def wait_state(d: Path, *states: str, timeout: float = 20) -> dict[str, Any]:
@@ -93,18 +104,25 @@ def test_start_runs_detached_stamps_lines_and_records_the_exit(tmp_path: Path) -
     assert (d / "state.json").stat().st_mode & 0o077 == 0 and (d / "node.log").stat().st_mode & 0o077 == 0
 
 
-TORCHRUN_FAILED = (Path(__file__).resolve().parents[1] / "fixtures" / "torchrun_tee3_2proc_exit3_stderr_torch2.14.txt"
-                   ).read_text().splitlines()[10]  # torchrun's line when a worker exits non-zero (torch 2.14)
+TORCHRUN_FAILED = (
+    (Path(__file__).resolve().parents[1] / "fixtures" / "torchrun_tee3_2proc_exit3_stderr_torch2.14.txt")
+    .read_text()
+    .splitlines()[10]
+)  # torchrun's line when a worker exits non-zero (torch 2.14)
 
 
 def test_when_torchrun_first_says_a_worker_failed_is_recorded_apart_from_its_exit(tmp_path: Path) -> None:
     assert "] failed (exitcode: 3) local_rank: 1 (pid: 6482)" in TORCHRUN_FAILED
-    older = "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1) local_rank: 0 (pid: 77) of binary: x"
+    older = (
+        "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1) local_rank: 0 (pid: 77) of binary: x"
+    )
     # a rank's line (torchrun's `[default0]:` prefix) and stdout are not torchrun saying so; the job then
     # stays until the test has seen the line, as torchrun writes its summary and exits later
-    job = (f"echo '[default0]:failed (exitcode: 9) local_rank: 0 (pid: 5)' >&2; echo '{TORCHRUN_FAILED}'; "
-           f"echo '{TORCHRUN_FAILED}' >&2; echo '{older}' >&2; "
-           "while [ ! -e release ]; do sleep 0.05; done; exit 3")
+    job = (
+        f"echo '[default0]:failed (exitcode: 9) local_rank: 0 (pid: 5)' >&2; echo '{TORCHRUN_FAILED}'; "
+        f"echo '{TORCHRUN_FAILED}' >&2; echo '{older}' >&2; "
+        "while [ ! -e release ]; do sleep 0.05; done; exit 3"
+    )
     d = prepare(tmp_path, job)
     assert call("start", str(d))[0] == 0
     log = d / "node.log"
@@ -174,8 +192,15 @@ def test_stop_without_the_agent_still_finds_the_job(tmp_path: Path) -> None:
 def hook_spec(tmp_path: Path) -> list[str]:
     """A stop hook standing in for `docker rm -f NAME`: it appends its argv (and an env value of
     the launch, as a runtime reads DOCKER_HOST) to hook.log beside the run."""
-    return ["sh", "-c", 'echo "$GREETING | $*" >> "$0"', str(tmp_path / "hook.log"), "rm", "-f",
-            "orch-r1-n1-{ORCH_UID}"]
+    return [
+        "sh",
+        "-c",
+        'echo "$GREETING | $*" >> "$0"',
+        str(tmp_path / "hook.log"),
+        "rm",
+        "-f",
+        "orch-r1-n1-{ORCH_UID}",
+    ]
 
 
 def hook_calls(tmp_path: Path) -> list[str]:
@@ -185,8 +210,14 @@ def hook_calls(tmp_path: Path) -> list[str]:
         return []
 
 
-STOP_PATHS = ("torchrun exit", "SIGTERM to the agent", "agent.py stop", "lease expiry", "agent killed -9, then stop",
-              "grace passed")
+STOP_PATHS = (
+    "torchrun exit",
+    "SIGTERM to the agent",
+    "agent.py stop",
+    "lease expiry",
+    "agent killed -9, then stop",
+    "grace passed",
+)
 
 
 @pytest.mark.parametrize("path", STOP_PATHS)
@@ -195,9 +226,11 @@ def test_the_stop_hook_runs_on_every_stop_path(tmp_path: Path, path: str) -> Non
     filled in) runs however the job ends: what a container launch needs so that no container
     outlives the job, without the agent knowing what a container is."""
     job = {"torchrun exit": "echo ran; exit 0", "grace passed": "trap '' TERM; while true; do sleep 0.1; done"}.get(
-        path, "setsid sleep 305 & while true; do sleep 0.1; done")
-    d = prepare(tmp_path, job, grace=1.0, stop_hook=hook_spec(tmp_path),
-                **({"lease_s": 1} if path == "lease expiry" else {}))
+        path, "setsid sleep 305 & while true; do sleep 0.1; done"
+    )
+    d = prepare(
+        tmp_path, job, grace=1.0, stop_hook=hook_spec(tmp_path), **({"lease_s": 1} if path == "lease expiry" else {})
+    )
     assert call("start", str(d))[0] == 0
     st = state(d)
     assert st["stop_hook"][-1] == f"orch-r1-n1-{os.getuid()}", st
@@ -234,8 +267,9 @@ def test_a_failing_stop_hook_is_recorded_and_the_run_still_ends(tmp_path: Path) 
 def reader(d: Path) -> tuple[subprocess.Popen[bytes], Iterator[tuple[str, bytes]]]:
     """The log reader `orch up` runs on a node, asked for status frames, polling every 50 ms."""
     nonce = new_nonce()
-    proc = subprocess.Popen(reader_argv(sys.executable, str(d), 0, 0.05, False, True, nonce), stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE)
+    proc = subprocess.Popen(
+        reader_argv(sys.executable, str(d), 0, 0.05, False, True, nonce), stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
     assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.write(READER.encode())
     proc.stdin.close()
@@ -288,11 +322,21 @@ def test_the_log_readers_status_frames_say_what_agent_status_says(tmp_path: Path
 
 def test_boot_ships_the_files_privately_and_starts_the_agent(tmp_path: Path) -> None:
     d = tmp_path / "runs" / "r1" / "n1"  # none of it exists yet
-    spec = {"run": f"boot-{os.getpid()}", "node": "n1", "argv": ["sh", "-c", 'echo "umask $(umask)"'],
-            "env": {}, "cwd": str(tmp_path), "grace": 1.0}
+    spec = {
+        "run": f"boot-{os.getpid()}",
+        "node": "n1",
+        "argv": ["sh", "-c", 'echo "umask $(umask)"'],
+        "env": {},
+        "cwd": str(tmp_path),
+        "grace": 1.0,
+    }
     files = {**agent_files(), "launch.json": json.dumps(spec)}  # the agent and its modules, as run/agents.py ships them
-    r = subprocess.run([sys.executable, "-c", BOOT, str(d), "start", ".", "--wait", "20"],
-                       input=json.dumps(files).encode("ascii"), capture_output=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-c", BOOT, str(d), "start", ".", "--wait", "20"],
+        input=json.dumps(files).encode("ascii"),
+        capture_output=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.decode().splitlines()[-1])["pid"]
     for name in agent_files():
@@ -342,11 +386,32 @@ def test_exit_code_of(status: int, code: int) -> None:
 def test_the_plans_argv_runs_as_it_is_with_the_nodes_values_filled_in(tmp_path: Path) -> None:
     """The plan puts torchrun's --log-dir in the argv (config/plan.TORCHRUN_LOG_DIR); the agent
     edits nothing but the node's values (its run directory, uid, gid, home)."""
-    m = agent.Monitor(str(tmp_path), {"argv": ["py", "-m", "torch.distributed.run", "--log-dir={ORCH_RUN_DIR}/torchrun",
-                                               "--nnodes=2", "--user={ORCH_UID}:{ORCH_GID}", "{ORCH_HOME}", "{OTHER}"],
-                                      "torchrun_log_dir": True})
-    assert m.argv() == ["py", "-m", "torch.distributed.run", f"--log-dir={tmp_path}/torchrun", "--nnodes=2",
-                        f"--user={os.getuid()}:{os.getgid()}", os.path.expanduser("~"), "{OTHER}"]
+    m = agent.Monitor(
+        str(tmp_path),
+        {
+            "argv": [
+                "py",
+                "-m",
+                "torch.distributed.run",
+                "--log-dir={ORCH_RUN_DIR}/torchrun",
+                "--nnodes=2",
+                "--user={ORCH_UID}:{ORCH_GID}",
+                "{ORCH_HOME}",
+                "{OTHER}",
+            ],
+            "torchrun_log_dir": True,
+        },
+    )
+    assert m.argv() == [
+        "py",
+        "-m",
+        "torch.distributed.run",
+        f"--log-dir={tmp_path}/torchrun",
+        "--nnodes=2",
+        f"--user={os.getuid()}:{os.getgid()}",
+        os.path.expanduser("~"),
+        "{OTHER}",
+    ]
 
 
 # ----------------------------------------------------------------------------- process identity
@@ -391,8 +456,9 @@ def test_a_group_whose_leader_exited_is_signalled_only_where_members_carry_the_r
     wait_state(d, "succeeded")  # the agent's cleanup stopped the child: start one by hand instead
     st = state(d)
     env = dict(os.environ, ORCH_RUN_ID=st["run"], ORCH_NODE="n1")
-    leader = subprocess.Popen(["sh", "-c", "sleep 300 & echo $!; exit 0"], start_new_session=True, env=env,
-                              stdout=subprocess.PIPE, text=True)
+    leader = subprocess.Popen(
+        ["sh", "-c", "sleep 300 & echo $!; exit 0"], start_new_session=True, env=env, stdout=subprocess.PIPE, text=True
+    )
     assert leader.stdout is not None
     member = int(leader.stdout.readline())
     leader.wait()
@@ -468,8 +534,12 @@ def test_boot_refuses_a_directory_others_can_write_and_writes_nothing(tmp_path: 
     d = shared / "r1" / "n1"
     spec = {"run": f"boot-{os.getpid()}", "node": "n1", "argv": ["true"], "env": {}, "cwd": str(tmp_path)}
     files = {**agent_files(), "launch.json": json.dumps(spec)}  # the agent and its modules, as run/agents.py ships them
-    r = subprocess.run([sys.executable, "-c", BOOT, str(d), "start", ".", "--wait", "20"],
-                       input=json.dumps(files).encode("ascii"), capture_output=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-c", BOOT, str(d), "start", ".", "--wait", "20"],
+        input=json.dumps(files).encode("ascii"),
+        capture_output=True,
+        timeout=60,
+    )
     assert r.returncode == 2, r.stderr
     out = json.loads(r.stdout.decode().splitlines()[-1])
     assert out["untrusted"] and str(shared) in out["error"]
@@ -523,8 +593,9 @@ def test_a_job_started_again_in_its_directory_is_not_judged_by_the_last_stop(tmp
     assert call("stop", str(d), "--grace", "1")[1]["state"] == "stopped"
     assert (d / agent.STOP_REQUEST).exists()
     spec = json.loads((d / "launch.json").read_text())
-    (d / "launch.json").write_text(json.dumps(dict(spec, argv=["sh", "-c", "echo second attempt"],
-                                                    env=dict(spec["env"], ORCH_ATTEMPT="2"))))
+    (d / "launch.json").write_text(
+        json.dumps(dict(spec, argv=["sh", "-c", "echo second attempt"], env=dict(spec["env"], ORCH_ATTEMPT="2")))
+    )
     assert call("start", str(d))[0] == 0
     final = wait_state(d, "succeeded", "stopped", "failed")
     assert final["state"] == "succeeded" and final["exit_code"] == 0
@@ -532,7 +603,9 @@ def test_a_job_started_again_in_its_directory_is_not_judged_by_the_last_stop(tmp
     assert "second attempt" in log
     # the node's log (and so the merged log) says where each attempt starts; the first says none
     starts = [ln.split(" orch ", 1)[1] for ln in log.splitlines() if " starting" in ln]
-    assert len(starts) == 2 and " starting: sh -c 'sleep 30'" in starts[0], starts  # the argv quoted, as a shell reads it
+    assert len(starts) == 2 and " starting: sh -c 'sleep 30'" in starts[0], (
+        starts
+    )  # the argv quoted, as a shell reads it
     assert " starting attempt 2: sh -c 'echo second attempt'" in starts[1], starts
 
 
@@ -597,8 +670,11 @@ def test_an_attached_runs_lease_is_renewed_through_the_reader_and_its_end_stops_
     d = prepare(tmp_path, "setsid sleep 304 & while true; do sleep 0.2; done", lease_s=2)
     assert call("start", str(d))[0] == 0
     snapshot_holds(d, b"304")
-    proc = subprocess.Popen(reader_argv(sys.executable, str(d), 0, 0.05, False, True, new_nonce(), lease=True),
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    proc = subprocess.Popen(
+        reader_argv(sys.executable, str(d), 0, 0.05, False, True, new_nonce(), lease=True),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
     assert proc.stdin is not None
     proc.stdin.write(b"%d\n" % len(READER) + READER.encode())
     proc.stdin.flush()
@@ -614,8 +690,11 @@ def test_an_attached_runs_lease_is_renewed_through_the_reader_and_its_end_stops_
         took = time.monotonic() - cut
         assert st["lease_expired"] is True and "was not heard from" in st["reason"], st
         assert "lease 2 s" in (d / "node.log").read_text()
-        assert not agent.job_alive(st) and not any(b"304" in Path(f"/proc/{p}/cmdline").read_bytes()
-                                                   for p, _s in st.get("procs") or [] if Path(f"/proc/{p}").exists())
+        assert not agent.job_alive(st) and not any(
+            b"304" in Path(f"/proc/{p}/cmdline").read_bytes()
+            for p, _s in st.get("procs") or []
+            if Path(f"/proc/{p}").exists()
+        )
         print(f"lease 2 s: job stopped {took:.1f} s after the last renewal")
     finally:
         proc.kill()
@@ -629,7 +708,8 @@ FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 @pytest.mark.waits
 @pytest.mark.skipif(not Path(FAKETIME_LIB).exists(), reason="libfaketime is not installed")
 def test_a_forward_clock_step_on_the_node_neither_stops_a_renewed_run_nor_keeps_an_abandoned_one(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """lease_s 2, the agent's clock stepped 10 minutes ahead mid-run (libfaketime's timestamp file
     rewritten, as NTP or an admin would step it): while renewals come the job runs on; once they
     stop, it is still stopped within the lease. libfaketime 0.9.10 moves CLOCK_MONOTONIC and
@@ -685,9 +765,18 @@ def test_pids_recorded_on_another_boot_are_never_signalled_even_when_start_times
     try:
         start = agent.proc_start_time(stranger.pid)
         assert start is not None
-        rewrite_state(d, state="running", boot_id="00000000-0000-4000-8000-000000000000", agent_pid=stranger.pid,
-                      agent_start=start, pid=stranger.pid, pid_start=start, pgid=stranger.pid, pgid_start=start,
-                      procs=[[stranger.pid, start]])
+        rewrite_state(
+            d,
+            state="running",
+            boot_id="00000000-0000-4000-8000-000000000000",
+            agent_pid=stranger.pid,
+            agent_start=start,
+            pid=stranger.pid,
+            pid_start=start,
+            pgid=stranger.pid,
+            pgid_start=start,
+            procs=[[stranger.pid, start]],
+        )
         assert agent.agent_alive(state(d)) is False and agent.job_alive(state(d)) is False
         code, out = call("stop", str(d), "--grace", "1")
         assert code == 0 and out["stopped"] == [] and out["remaining"] == [], out
@@ -705,30 +794,46 @@ def telemetry_samples(d: Path) -> list[Any]:
     return [s for s in (parse_sample(line) for line in read_node_lines(text, "n1", 0, 0)) if s is not None]
 
 
-RANKS_JOB = ("export TORCHELASTIC_RUN_ID=t; "
-             "for r in 0 1; do RANK=$r LOCAL_RANK=$r python3 -c 'import time\n"
-             "t = time.monotonic()\nwhile time.monotonic() - t < 30: pass' & done; wait")
+RANKS_JOB = (
+    "export TORCHELASTIC_RUN_ID=t; "
+    "for r in 0 1; do RANK=$r LOCAL_RANK=$r python3 -c 'import time\n"
+    "t = time.monotonic()\nwhile time.monotonic() - t < 30: pass' & done; wait"
+)
 """torchrun's shape: two workers with RANK/LOCAL_RANK/TORCHELASTIC_RUN_ID, busy on a core each."""
 
 
 def test_the_agent_samples_gpus_cpu_memory_and_each_rank_into_the_node_log(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     fake = Path(__file__).resolve().parents[1] / "fixtures" / "telemetry" / "h100x8" / "bin"
     monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
     d = prepare(tmp_path, RANKS_JOB, telemetry_s=1)
     code, _st = call("start", str(d))
     assert code == 0
     try:
-        wait_for(lambda: any(s.ranks and all(r.cpu_pct is not None for r in s.ranks) and len(s.ranks) == 2
-                             for s in telemetry_samples(d)), "a sample with both ranks' CPU shares", timeout=30)
+        wait_for(
+            lambda: any(
+                s.ranks and all(r.cpu_pct is not None for r in s.ranks) and len(s.ranks) == 2
+                for s in telemetry_samples(d)
+            ),
+            "a sample with both ranks' CPU shares",
+            timeout=30,
+        )
     finally:
         call("stop", str(d), "--grace", "1")
     samples = telemetry_samples(d)
     s = next(x for x in samples if len(x.ranks) == 2 and all(r.cpu_pct is not None for r in x.ranks))
     assert len(s.gpus) == 8 and s.gpu_error is None
     g = s.gpus[0]
-    assert (g.index, g.name, g.util_pct, g.mem_total_mb, g.temp_c, g.power_w, g.sm_mhz) == \
-        (0, "NVIDIA H100 80GB HBM3", 0.0, 81559, 29.0, 67.74, 86)
+    assert (g.index, g.name, g.util_pct, g.mem_total_mb, g.temp_c, g.power_w, g.sm_mhz) == (
+        0,
+        "NVIDIA H100 80GB HBM3",
+        0.0,
+        81559,
+        29.0,
+        67.74,
+        86,
+    )
     assert g.throttle == ("hw_slowdown", "hw_power_brake") and g.error is None
     assert [r.rank for r in s.ranks] == [0, 1] and [r.local_rank for r in s.ranks] == [0, 1]
     assert all(r.cpu_pct is not None and r.cpu_pct > 0 for r in s.ranks), s.ranks  # each spins (a shared core)
@@ -739,12 +844,14 @@ def test_the_agent_samples_gpus_cpu_memory_and_each_rank_into_the_node_log(
 
 @pytest.mark.waits  # mostly waits: runs beside the slow tests (tests/conftest.py)
 def test_no_nvidia_smi_is_said_in_the_sample_and_telemetry_0_writes_none(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     bare = tmp_path / "bin"
     bare.mkdir()
     for tool in ("sh", "python3", "sleep"):
-        (bare / tool).symlink_to(subprocess.run(["sh", "-c", f"command -v {tool}"], capture_output=True,
-                                                text=True).stdout.strip())
+        (bare / tool).symlink_to(
+            subprocess.run(["sh", "-c", f"command -v {tool}"], capture_output=True, text=True).stdout.strip()
+        )
     monkeypatch.setenv("PATH", str(bare))
     d = prepare(tmp_path, "sleep 4", telemetry_s=1)
     assert call("start", str(d))[0] == 0
@@ -786,8 +893,13 @@ def test_a_full_run_root_neither_kills_the_agent_nor_makes_the_job_unstoppable(t
     with small_disk(tmp_path / "disk") as disk:
         d = disk / "run" / "n1"
         d.mkdir(parents=True)
-        spec = {"run": f"full-{os.getpid()}", "node": "n1", "grace": 1.0, "cwd": str(tmp_path),
-                "argv": ["sh", "-c", "while true; do echo tick $(seq 100 130); sleep 0.05; done"]}
+        spec = {
+            "run": f"full-{os.getpid()}",
+            "node": "n1",
+            "grace": 1.0,
+            "cwd": str(tmp_path),
+            "argv": ["sh", "-c", "while true; do echo tick $(seq 100 130); sleep 0.05; done"],
+        }
         (d / "launch.json").write_text(json.dumps(spec))
         assert call("start", str(d))[0] == 0
         filler = fill(disk)
@@ -799,11 +911,13 @@ def test_a_full_run_root_neither_kills_the_agent_nor_makes_the_job_unstoppable(t
                 sizes.append((d / "node.log").stat().st_size)
                 time.sleep(0.5)
                 return sizes[-1] == sizes[-2]
+
             wait_for(log_stopped, "node.log to stop growing")
 
             def hit() -> bool:  # the agent said so, or died of it
                 st = call("status", str(d))[1]
                 return "is full" in str(st.get("disk_full")) or not st["agent_alive"]
+
             wait_for(hit, "the agent to meet the full disk")
             time.sleep(max(0.0, t0 + 3 - time.monotonic()))  # three of the agent's snapshots on a full disk
             st = call("status", str(d))[1]
@@ -811,10 +925,15 @@ def test_a_full_run_root_neither_kills_the_agent_nor_makes_the_job_unstoppable(t
             assert f"run_root {disk} is full" in st["disk_full"], st  # <run_root>/<run>/<node>
             filler.unlink()  # room again: what was lost is said, and disk_full goes
             wait_for(lambda: call("status", str(d))[1].get("disk_full") is None, "disk_full to go")
-            wait_for(lambda: re.search(r"Z orch \d+ lines of output lost: No space left on device\n",
-                                       (d / "node.log").read_text()), "the lost lines to be said")
-            assert all(re.match(r"\d{4}-\d\d-\d\dT", ln) for ln in (d / "node.log").read_text().splitlines()), \
+            wait_for(
+                lambda: re.search(
+                    r"Z orch \d+ lines of output lost: No space left on device\n", (d / "node.log").read_text()
+                ),
+                "the lost lines to be said",
+            )
+            assert all(re.match(r"\d{4}-\d\d-\d\dT", ln) for ln in (d / "node.log").read_text().splitlines()), (
                 "a line cut short by the full disk was not ended"
+            )
             filler = fill(disk)
             code, out = call("stop", str(d), "--grace", "1")
             assert code == 0 and out["remaining"] == [] and out["state"] == "stopped", out
@@ -827,7 +946,8 @@ def test_a_full_run_root_neither_kills_the_agent_nor_makes_the_job_unstoppable(t
 
 
 def test_the_agent_samples_ranks_outside_its_process_tree_by_the_launchs_identity(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A container launch: the ranks are the runtime's processes (conmon's, containerd-shim's), not
     the agent's descendants; they carry the launch's identity (ORCH_RUN_ID, ORCH_NODE, ORCH_LAUNCH,
     passed in by name), and the telemetry samples them by it: `orch top` shows their CPU share."""
@@ -838,16 +958,37 @@ def test_the_agent_samples_ranks_outside_its_process_tree_by_the_launchs_identit
     spin = "import time\nt = time.monotonic()\nwhile time.monotonic() - t < 30: pass"
     outside = []
     for r in (0, 1):  # started by the test, not under the agent: as a container runtime's would be
-        env = dict(os.environ, ORCH_RUN_ID=spec["run"], ORCH_NODE="n1", ORCH_LAUNCH="n0nce", RANK=str(r),
-                   LOCAL_RANK=str(r), TORCHELASTIC_RUN_ID="t")
+        env = dict(
+            os.environ,
+            ORCH_RUN_ID=spec["run"],
+            ORCH_NODE="n1",
+            ORCH_LAUNCH="n0nce",
+            RANK=str(r),
+            LOCAL_RANK=str(r),
+            TORCHELASTIC_RUN_ID="t",
+        )
         outside.append(subprocess.Popen([sys.executable, "-c", spin], env=env))
-    other = subprocess.Popen([sys.executable, "-c", spin], env=dict(  # another launch's rank: never counted
-        os.environ, ORCH_RUN_ID=spec["run"], ORCH_NODE="n1", ORCH_LAUNCH="other", RANK="5", LOCAL_RANK="5",
-        TORCHELASTIC_RUN_ID="t"))
+    other = subprocess.Popen(
+        [sys.executable, "-c", spin],
+        env=dict(  # another launch's rank: never counted
+            os.environ,
+            ORCH_RUN_ID=spec["run"],
+            ORCH_NODE="n1",
+            ORCH_LAUNCH="other",
+            RANK="5",
+            LOCAL_RANK="5",
+            TORCHELASTIC_RUN_ID="t",
+        ),
+    )
     try:
         assert call("start", str(d))[0] == 0
-        wait_for(lambda: any(len(s.ranks) == 2 and all(r.cpu_pct is not None for r in s.ranks)
-                             for s in telemetry_samples(d)), "a sample with both outside ranks' CPU shares", timeout=30)
+        wait_for(
+            lambda: any(
+                len(s.ranks) == 2 and all(r.cpu_pct is not None for r in s.ranks) for s in telemetry_samples(d)
+            ),
+            "a sample with both outside ranks' CPU shares",
+            timeout=30,
+        )
     finally:
         call("stop", str(d), "--grace", "1")
         for p in (*outside, other):
@@ -862,8 +1003,7 @@ def test_a_slow_stop_hook_is_waited_for_not_reported_as_a_survivor(tmp_path: Pat
     """`docker rm -f` of a container that holds GPUs can take seconds: `agent.py stop` waits for the
     agent to finish its stop hook (up to the hook's own bound) instead of reporting the agent as a
     process that survived the stop (exit 1, and `orch down` said to run it again)."""
-    d = prepare(tmp_path, "while true; do sleep 0.1; done", grace=0.5,
-                stop_hook=["sh", "-c", "sleep 7; echo removed"])
+    d = prepare(tmp_path, "while true; do sleep 0.1; done", grace=0.5, stop_hook=["sh", "-c", "sleep 7; echo removed"])
     assert call("start", str(d))[0] == 0
     code, out = call("stop", str(d), "--grace", "0.5")
     assert code == 0 and out["remaining"] == [], out

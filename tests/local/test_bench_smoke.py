@@ -21,14 +21,20 @@ def test_every_script_is_a_benchmark_of_the_runner_or_a_tool() -> None:
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_benchmark_starts(name: str) -> None:
-    proc = subprocess.run([sys.executable, "-m", f"bench.{name}", "--help"], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", f"bench.{name}", "--help"], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     if name in BENCHMARKS:
         assert "--quick" in proc.stdout
 
 
 def test_check_fanout_refuses_an_unknown_side() -> None:
-    proc = subprocess.run([sys.executable, "-m", "bench.check_fanout", "--sides", "pdsh_date,nope"], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.check_fanout", "--sides", "pdsh_date,nope"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode != 0 and "unknown side(s) nope" in proc.stderr, proc.stderr[-2000:]

@@ -40,9 +40,12 @@ def runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def launch(tmp_path: Path, nonce: str) -> tuple[Cluster, list[dict[str, Any]]]:
-    inv = parse(f"name: lab\ntransport: local\nnodes:\n  - host: localhost\n    name: n1\n"
-                f"job:\n  python: {sys.executable}\n  run_root: {tmp_path / 'nodes'}\n  stop_grace_s: 2\n"
-                "  container: {runtime: podman, image: img:1, python: /py}\n", str(tmp_path / "lab.yaml"))
+    inv = parse(
+        f"name: lab\ntransport: local\nnodes:\n  - host: localhost\n    name: n1\n"
+        f"job:\n  python: {sys.executable}\n  run_root: {tmp_path / 'nodes'}\n  stop_grace_s: 2\n"
+        "  container: {runtime: podman, image: img:1, python: /py}\n",
+        str(tmp_path / "lab.yaml"),
+    )
     plan = make_plan(inv, "r1", nonce=nonce)
     cluster = Cluster(inv)
     started = start_all(cluster, plan)
@@ -51,29 +54,45 @@ def launch(tmp_path: Path, nonce: str) -> tuple[Cluster, list[dict[str, Any]]]:
 
 
 @pytest.mark.parametrize("how", ["orch down", "agent killed -9, then orch down"])
-def test_every_stop_leaves_no_container_of_the_launch_and_no_other_is_touched(tmp_path: Path, runtime: Path,
-                                                                              how: str) -> None:
-    others = [{"id": "0ther", "name": "orch-r1-n1-othernonce", "labels": {"orch.run": "r1", "orch.node": "n1",
-                                                                            "orch.nonce": "othernonce"},
-               "state": "running"},
-              {"id": "mine2", "name": "orch-r1-n2-abcd", "labels": {"orch.run": "r1", "orch.node": "n2",
-                                                                    "orch.nonce": "abcd"}, "state": "running"}]
+def test_every_stop_leaves_no_container_of_the_launch_and_no_other_is_touched(
+    tmp_path: Path, runtime: Path, how: str
+) -> None:
+    others = [
+        {
+            "id": "0ther",
+            "name": "orch-r1-n1-othernonce",
+            "labels": {"orch.run": "r1", "orch.node": "n1", "orch.nonce": "othernonce"},
+            "state": "running",
+        },
+        {
+            "id": "mine2",
+            "name": "orch-r1-n2-abcd",
+            "labels": {"orch.run": "r1", "orch.node": "n2", "orch.nonce": "abcd"},
+            "state": "running",
+        },
+    ]
     runtime.write_text(json.dumps(others))
     cluster, records = launch(tmp_path, "abcd")
     try:
-        box = wait_for(lambda: [c for c in fake_runtime.containers(runtime) if c["name"] == "orch-r1-n1-abcd"],
-                       "the launch's container")[0]
+        box = wait_for(
+            lambda: [c for c in fake_runtime.containers(runtime) if c["name"] == "orch-r1-n1-abcd"],
+            "the launch's container",
+        )[0]
         assert box["labels"] == {"orch.run": "r1", "orch.node": "n1", "orch.nonce": "abcd", "orch.cluster": "lab"}
         at = box["argv"].index("img:1")
-        assert box["argv"][at:at + 4] == ["img:1", "/py", "-m", "torch.distributed.run"]  # the job's python inside
+        assert box["argv"][at : at + 4] == ["img:1", "/py", "-m", "torch.distributed.run"]  # the job's python inside
         assert f"--log-dir={records[0].remote_dir}/torchrun" in box["argv"]  # the node's values filled in
         if how != "orch down":
             st = json.loads(Path(records[0].remote_dir, "state.json").read_text())
             assert st["stop_hook"] == ["podman", "rm", "-f", "orch-r1-n1-abcd"]
             os.kill(st["agent_pid"], signal.SIGKILL)
             os.killpg(st["pgid"], signal.SIGKILL)  # the client too: its container stays, as a real one does
-            leftover = {"id": "mine1", "name": "orch-r1-n1-abcd-check", "state": "exited",
-                        "labels": {"orch.run": "r1", "orch.node": "n1", "orch.nonce": "abcd"}}
+            leftover = {
+                "id": "mine1",
+                "name": "orch-r1-n1-abcd-check",
+                "state": "exited",
+                "labels": {"orch.run": "r1", "orch.node": "n1", "orch.nonce": "abcd"},
+            }
             fake_runtime._edit(runtime, lambda data: data.append(leftover))
             wait_for(lambda: not status_all(cluster, records).succeeded["n1"].agent_alive, "the agent gone")
             assert {c["name"] for c in fake_runtime.containers(runtime)} >= {"orch-r1-n1-abcd", "orch-r1-n1-abcd-check"}

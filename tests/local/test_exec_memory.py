@@ -22,10 +22,18 @@ BIG = 64 << 20
 def orch_peak(tmp_path: Path, *args: str) -> tuple[int, int, str]:
     """(exit code, peak RSS of the orch process in MiB, stderr) of `orch exec ARGS` on one local node."""
     inv = tmp_path / "one.yaml"
-    inv.write_text(yaml.safe_dump({"name": "mem", "transport": "local", "nodes": [{"host": "localhost", "name": "n0"}]}))
-    proc = subprocess.run([sys.executable, "-c", PEAK, "exec", str(inv), *args], cwd=REPO, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True, timeout=300, env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin",
-                                                                               "ORCH_HOME": str(tmp_path / "orch")})
+    inv.write_text(
+        yaml.safe_dump({"name": "mem", "transport": "local", "nodes": [{"host": "localhost", "name": "n0"}]})
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", PEAK, "exec", str(inv), *args],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=300,
+        env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "ORCH_HOME": str(tmp_path / "orch")},
+    )
     kb = int(proc.stderr.rsplit("PEAK_KB ", 1)[1].split()[0])
     return proc.returncode, kb >> 10, proc.stderr
 
@@ -38,21 +46,36 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> int:
 
 
 def test_one_64_mib_line_shown_live_takes_no_more_memory_than_a_command_printing_nothing(
-        tmp_path: Path, base: int) -> None:
+    tmp_path: Path, base: int
+) -> None:
     code, mib, err = orch_peak(tmp_path, "--", f"head -c {BIG} /dev/zero | tr '\\0' x")
     assert code == 0, err[-2000:]
     assert mib - base < 24, (mib, base)  # it held the whole line, and copies of it: 64 MiB x several
 
 
 def test_gather_keeps_the_first_mib_of_each_stream_says_what_it_dropped_and_stays_small(
-        tmp_path: Path, base: int) -> None:
+    tmp_path: Path, base: int
+) -> None:
     code, mib, err = orch_peak(tmp_path, "-b", "--", f"head -c {BIG} /dev/zero | tr '\\0' x; echo oops >&2")
     assert code == 0, err[-2000:]
     assert mib - base < 24, (mib, base)
-    proc = subprocess.run([sys.executable, "-m", "orchestrator", "exec", str(tmp_path / "one.yaml"), "-b", "--",
-                           "head -c 3000000 /dev/zero | tr '\\0' x"], cwd=REPO, capture_output=True, text=True,
-                          timeout=120, env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin",
-                                            "ORCH_HOME": str(tmp_path / "orch")})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "exec",
+            str(tmp_path / "one.yaml"),
+            "-b",
+            "--",
+            "head -c 3000000 /dev/zero | tr '\\0' x",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "ORCH_HOME": str(tmp_path / "orch")},
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("x") == KEPT_BYTES
     assert f"[orch: {3000000 - KEPT_BYTES} more bytes of stdout not kept: -b keeps the first 1 MiB" in proc.stdout

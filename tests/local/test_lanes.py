@@ -58,7 +58,8 @@ def lanes() -> Iterator[Lanes]:
 
 
 def test_a_process_moved_into_a_lane_is_there_with_what_it_starts_and_back_at_the_root_once_removed(
-        lanes: Lanes, sleeper: subprocess.Popen[bytes]) -> None:
+    lanes: Lanes, sleeper: subprocess.Popen[bytes]
+) -> None:
     assert (lanes.path / "fg" / "cpu.shares").read_text().strip() == str(FG_SHARES)
     assert (lanes.path / "bg" / "cpu.shares").read_text().strip() == str(BG_SHARES)
     lanes.enter("fg", [sleeper.pid])
@@ -66,8 +67,9 @@ def test_a_process_moved_into_a_lane_is_there_with_what_it_starts_and_back_at_th
     lanes.enter("bg", [sleeper.pid, dead_pid()])  # a pid gone meanwhile is skipped
     assert lane_of(sleeper.pid) == lanes.path / "bg"
     # what a moved process starts afterwards is born in its lane
-    shell = subprocess.Popen(["sh", "-c", "read _; cat /proc/self/cgroup"], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
+    shell = subprocess.Popen(
+        ["sh", "-c", "read _; cat /proc/self/cgroup"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     lanes.enter("fg", [shell.pid])
     out, _ = shell.communicate("go\n", timeout=30)
     assert f":/{lanes.path.name}/fg\n" in out, out
@@ -79,7 +81,8 @@ def test_a_process_moved_into_a_lane_is_there_with_what_it_starts_and_back_at_th
 
 
 def test_the_lanes_of_a_session_whose_controller_is_gone_are_reaped_and_a_live_ones_kept(
-        lanes: Lanes, sleeper: subprocess.Popen[bytes]) -> None:
+    lanes: Lanes, sleeper: subprocess.Popen[bytes]
+) -> None:
     live = Lanes.create(sleeper.pid)  # its "controller" is alive
     try:
         with reaping():  # no other session reaps it first
@@ -95,7 +98,7 @@ def test_the_lanes_of_a_session_whose_controller_is_gone_are_reaped_and_a_live_o
         live.remove()
 
 
-SYNTHETIC = '''
+SYNTHETIC = """
 import json, os, time
 from pathlib import Path
 
@@ -141,7 +144,7 @@ def test_alone(i):
 @pytest.mark.parametrize("i", range(3))
 def test_waits(i):
     record("waits")
-'''
+"""
 
 
 def overlaps(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -149,24 +152,48 @@ def overlaps(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 
 def test_under_three_workers_alone_tests_overlap_nothing_and_foreground_ones_run_first_in_their_lane(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """A synthetic suite under the session's own hooks (tests/conftest.py as a plugin), three
     workers as `make test` runs them: what each test saw is logged, and the rules hold."""
     why = unusable()
     if why:
         missing(f"CPU lanes: {why}")
     (tmp_path / "test_synthetic.py").write_text(SYNTHETIC)
-    (tmp_path / "setup.cfg").write_text("[tool:pytest]\nmarkers =\n    slow: s\n    alone: a\n    foreground: f\n"
-                                        "    netns: n\n    gpu: g\n    waits: w\n")
+    (tmp_path / "setup.cfg").write_text(
+        "[tool:pytest]\nmarkers =\n    slow: s\n    alone: a\n    foreground: f\n"
+        "    netns: n\n    gpu: g\n    waits: w\n"
+    )
     log = tmp_path / "log.jsonl"
-    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.conftest", "-n", "3", "-q", "-p", "no:cacheprovider",
-                        str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300,
-                       env={**{k: v for k, v in os.environ.items() if k not in ("ORCH_TEST_TIMELINE", "ORCH_TEST_LANES")},
-                            "LANES_LOG": str(log), "PYTHONPATH": str(REPO)})
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "tests.conftest",
+            "-n",
+            "3",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={
+            **{k: v for k, v in os.environ.items() if k not in ("ORCH_TEST_TIMELINE", "ORCH_TEST_LANES")},
+            "LANES_LOG": str(log),
+            "PYTHONPATH": str(REPO),
+        },
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     runs = [json.loads(ln) for ln in log.read_text().splitlines()]
-    assert sorted(r["kind"] for r in runs) == sorted(["shared"] * 8 + ["slow"] * 6 + ["foreground"] * 4 + ["alone"] * 3
-                                                     + ["waits"] * 3)
+    assert sorted(r["kind"] for r in runs) == sorted(
+        ["shared"] * 8 + ["slow"] * 6 + ["foreground"] * 4 + ["alone"] * 3 + ["waits"] * 3
+    )
     by = {k: [r for r in runs if r["kind"] == k] for k in ("shared", "slow", "foreground", "alone", "waits")}
     for a in by["alone"]:  # nothing beside an alone test
         assert not [r for r in runs if r is not a and overlaps(a, r)], a
@@ -181,6 +208,6 @@ def test_under_three_workers_alone_tests_overlap_nothing_and_foreground_ones_run
     assert min(r["start"] for r in by["waits"]) >= max(r["end"] for r in by["foreground"])
     assert any(overlaps(f, r) for f in by["foreground"] for r in by["shared"] + by["slow"])  # others went on beside
     events = sorted([(r["start"], 1) for r in by["slow"]] + [(r["end"], -1) for r in by["slow"]])
-    running = [sum(step for _t, step in events[:i + 1]) for i in range(len(events))]
+    running = [sum(step for _t, step in events[: i + 1]) for i in range(len(events))]
     assert max(running) <= max(1, os.cpu_count() or 1), running  # at most one slow shared test per core
     assert "no CPU lanes" not in p.stderr, p.stderr[-2000:]

@@ -22,8 +22,14 @@ def test_software_versions_from_files_match_what_import_torch_reports() -> None:
     import sys
 
     def child(**env: str) -> dict:
-        out = subprocess.run([sys.executable, "-c", probe.SOFTWARE_CODE], capture_output=True, text=True,
-                             env={**os.environ, **env}, timeout=120, check=True).stdout
+        out = subprocess.run(
+            [sys.executable, "-c", probe.SOFTWARE_CODE],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **env},
+            timeout=120,
+            check=True,
+        ).stdout
         return json.loads(out.strip().splitlines()[-1])
 
     fast, imported = probe.gather_software({}), child()
@@ -32,9 +38,18 @@ def test_software_versions_from_files_match_what_import_torch_reports() -> None:
         assert fast[key] == imported[key], key
     assert fast["torch"]
     # ORCH_PROBE_IMPORT_TORCH forces the child
-    forced = subprocess.run([sys.executable, "-c", "import json, sys; from orchestrator.node import probe; "
-                             "print(json.dumps(probe.gather_software({})))"], capture_output=True, text=True,
-                            env={**os.environ, "ORCH_PROBE_IMPORT_TORCH": "1"}, timeout=120, check=True).stdout
+    forced = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import json, sys; from orchestrator.node import probe; print(json.dumps(probe.gather_software({})))",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "ORCH_PROBE_IMPORT_TORCH": "1"},
+        timeout=120,
+        check=True,
+    ).stdout
     assert json.loads(forced)["source"] == "import"
 
 
@@ -57,8 +72,9 @@ def test_the_verbs_client_waits_for_a_server_that_is_still_starting(monkeypatch:
         time.sleep(1.5)
         tool = probe.tool_path("ibv_rc_pingpong")
         assert tool is not None
-        proc = subprocess.Popen(probe.verbs_argv(tool, "mlx5_0", port), stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            probe.verbs_argv(tool, "mlx5_0", port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         started.set()
         try:
             proc.wait(30)
@@ -86,13 +102,22 @@ def test_software_facts_see_the_packages_the_inventorys_pythonpath_brings(tmp_pa
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("")
     (fake / "version.py").write_text("__version__ = '9.9.9+shadow'\ncuda: Optional[str] = None\n")
-    code = ("import json, sys; from orchestrator.node import probe; probe.apply_env(json.loads(sys.argv[1])); "
-            "print(json.dumps(probe.gather_software({})))")
+    code = (
+        "import json, sys; from orchestrator.node import probe; probe.apply_env(json.loads(sys.argv[1])); "
+        "print(json.dumps(probe.gather_software({})))"
+    )
     repo = str(Path(__file__).resolve().parents[2])
 
     def software(env: dict[str, str]) -> dict:
-        out = subprocess.run([sys.executable, "-c", code, json.dumps(env)], capture_output=True, text=True, cwd=repo,
-                             env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, timeout=60, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", code, json.dumps(env)],
+            capture_output=True,
+            text=True,
+            cwd=repo,
+            env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+            timeout=60,
+            check=True,
+        )
         return json.loads(out.stdout.strip().splitlines()[-1])
 
     assert software({"PYTHONPATH": str(tmp_path / "extra")})["torch"] == "9.9.9+shadow"

@@ -18,9 +18,21 @@ def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     page = build_report(run)
     shot = tmp_path / "shot.png"
     proc = subprocess.run(
-        ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-         f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1200,1600", f"--screenshot={shot}",
-         page.as_uri()], capture_output=True, text=True, timeout=120)
+        [
+            "chromium",
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--window-size=1200,1600",
+            f"--screenshot={shot}",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
@@ -42,14 +54,29 @@ def test_the_rendered_summary_card_holds_results_csv_and_run_json_numbers(tmp_pa
     run = make_run(tmp_path, failed=True)
     page = build_report(run)
     proc = subprocess.run(
-        ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-         f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", page.as_uri()],
-        capture_output=True, text=True, timeout=120)
+        [
+            "chromium",
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     dom = proc.stdout
-    items = {key: (value, text) for key, value, text in re.findall(
-        r'data-key="([a-z_0-9]+)" data-value="([^"]*)"><div class="label">[^<]*</div><div class="value[^"]*">([^<]*)</div>',
-        dom)}
+    items = {
+        key: (value, text)
+        for key, value, text in re.findall(
+            r'data-key="([a-z_0-9]+)" data-value="([^"]*)"><div class="label">[^<]*</div><div class="value[^"]*">([^<]*)</div>',
+            dom,
+        )
+    }
     assert set(items) >= {"state", "best_map50_95", "wall_s", "world_size", "attempts"}, dom[:2000]
     cols = read_results_csv(run.path / "results.csv")
     info = run.read()
@@ -61,5 +88,5 @@ def test_the_rendered_summary_card_holds_results_csv_and_run_json_numbers(tmp_pa
     assert items["attempts"][1] == f"{info['attempt']} of {info['max_attempts']}"
     assert items["state"][1] == info["state"] == "failed"
     assert dom.index('id="root-cause"') < dom.index('id="summary"')
-    top = dom[dom.index('id="root-cause"'):dom.index('id="summary"')]
+    top = dom[dom.index('id="root-cause"') : dom.index('id="summary"')]
     assert "killed by SIGKILL" in top and info["first_failure"]["cause"] == "killed by SIGKILL"

@@ -22,8 +22,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[float, tuple[Path, st
 
 
 @pytest.mark.parametrize("args", [("report",), ("top", "--once", "--json")], ids=["report", "top"])
-def test_peak_memory_is_flat_in_the_size_of_the_node_logs(runs: dict[float, tuple[Path, str]],
-                                                          args: tuple[str, ...]) -> None:
+def test_peak_memory_is_flat_in_the_size_of_the_node_logs(
+    runs: dict[float, tuple[Path, str]], args: tuple[str, ...]
+) -> None:
     peaks = {}
     for mb, (home, run_id) in runs.items():
         got = measured(home, args[0], run_id, *args[1:])

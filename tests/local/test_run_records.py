@@ -26,8 +26,12 @@ def test_two_processes_updating_run_json_lose_no_field(tmp_path: Path) -> None:
     run.path.mkdir()
     run.write({"run": "r", "nodes": []})
     n = 150
-    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(run.path), prefix, str(n)],
-                              cwd=Path(__file__).resolve().parents[2]) for prefix in ("a", "b")]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(run.path), prefix, str(n)], cwd=Path(__file__).resolve().parents[2]
+        )
+        for prefix in ("a", "b")
+    ]
     for p in procs:
         assert p.wait(120) == 0
     data = json.loads((run.path / "run.json").read_text())

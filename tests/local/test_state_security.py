@@ -36,13 +36,20 @@ def mode(path: Path) -> int:
 
 
 def inventory_text(python: str, run_root: str = "~/.orch/nodes") -> str:
-    return yaml.safe_dump({"name": "planted", "transport": "local", "nodes": [{"host": "localhost", "name": "n1"}],
-                           "master": {"port": 29999},
-                           "job": {"python": python, "script": "/bin/true", "run_root": run_root}})
+    return yaml.safe_dump(
+        {
+            "name": "planted",
+            "transport": "local",
+            "nodes": [{"host": "localhost", "name": "n1"}],
+            "master": {"port": 29999},
+            "job": {"python": python, "script": "/bin/true", "run_root": run_root},
+        }
+    )
 
 
-def test_every_state_directory_is_private_under_umask_002(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                          umask_002: None) -> None:
+def test_every_state_directory_is_private_under_umask_002(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, umask_002: None
+) -> None:
     """$ORCH_HOME (and a parent it needs), runs/, the run, checks/: mode 0700 whatever the umask."""
     home = tmp_path / "user" / ".orch"
     monkeypatch.setenv("ORCH_HOME", str(home))
@@ -52,8 +59,9 @@ def test_every_state_directory_is_private_under_umask_002(tmp_path: Path, monkey
         assert mode(d) == 0o700, (d, oct(mode(d)))
 
 
-def test_a_state_directory_others_can_write_is_refused_with_the_fix(tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_state_directory_others_can_write_is_refused_with_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     home = tmp_path / ".orch"
     home.mkdir()
     home.chmod(0o775)  # made by an older orch under umask 002
@@ -66,8 +74,9 @@ def test_a_state_directory_others_can_write_is_refused_with_the_fix(tmp_path: Pa
     assert not (home / "runs").exists()
 
 
-def test_a_directory_above_orch_home_others_can_change_is_refused(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_directory_above_orch_home_others_can_change_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Whoever can rename $ORCH_HOME away can put their own in its place: the directories above it
     are held to the node agent's rule for a run directory (this user's or root's, not writable by
     others unless sticky)."""
@@ -87,15 +96,34 @@ def plant(home: Path, tmp_path: Path, owner: int | None) -> Path:
     script that leaves a marker; `latest` names it. Returns the marker's path."""
     marker = tmp_path / "ran-as-victim"
     evil = tmp_path / "evil.sh"
-    evil.write_text(f"#!/bin/sh\ntouch {marker}\necho '{{\"state\": \"running\"}}'\n")
+    evil.write_text(f'#!/bin/sh\ntouch {marker}\necho \'{{"state": "running"}}\'\n')
     evil.chmod(0o755)
     run = home / "runs" / "20261206-000000-planted-x"
     run.mkdir(parents=True)
     (run / "inventory.yaml").write_text(inventory_text("python3", str(tmp_path / "nodes")))
-    (run / "run.json").write_text(json.dumps({
-        "run": run.name, "inventory": "inv.yaml", "name": "planted", "created": 1.0, "state": "running",
-        "nodes": [{"node": "n1", "host": "localhost", "node_rank": 0, "base_rank": 0, "nproc": 1,
-                   "python": str(evil), "remote_dir": str(tmp_path), "state": "running"}]}))
+    (run / "run.json").write_text(
+        json.dumps(
+            {
+                "run": run.name,
+                "inventory": "inv.yaml",
+                "name": "planted",
+                "created": 1.0,
+                "state": "running",
+                "nodes": [
+                    {
+                        "node": "n1",
+                        "host": "localhost",
+                        "node_rank": 0,
+                        "base_rank": 0,
+                        "nproc": 1,
+                        "python": str(evil),
+                        "remote_dir": str(tmp_path),
+                        "state": "running",
+                    }
+                ],
+            }
+        )
+    )
     (home / "latest").write_text(run.name + "\n")
     for p in (run / "inventory.yaml", run / "run.json", home / "latest"):
         p.chmod(0o600)
@@ -155,8 +183,14 @@ def test_the_planted_script_is_what_orch_status_ran_before(tmp_path: Path) -> No
     data = json.loads((run / "run.json").read_text())
     data["nodes"][0].update(python="python3", remote_dir=str(tmp_path / "nodes" / run.name / "n1"))
     (run / "run.json").write_text(json.dumps(data))
-    res = subprocess.run([sys.executable, "-m", "orchestrator", "status", "--json"], cwd=REPO, capture_output=True,
-                         text=True, timeout=60, env=dict(os.environ, ORCH_HOME=str(home), NO_COLOR="1"))
+    res = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "status", "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, ORCH_HOME=str(home), NO_COLOR="1"),
+    )
     assert res.returncode in (0, 1) and "refusing" not in res.stderr, res.stderr
 
 

@@ -51,14 +51,19 @@ def wait_for(pred: Callable[[], Any], what: str, timeout: float = 20) -> Any:
 
 def login_shell(line: str, marker: str, **kw: Any) -> subprocess.CompletedProcess[str]:
     """`line` as sshd runs it: `$SHELL -c LINE` in a session of its own."""
-    return subprocess.run(["/bin/sh", "-c", line], capture_output=True, text=True, start_new_session=True,
-                          env={**os.environ, "SHELL": "/bin/sh", "TETHER_MARK": marker}, **kw)
+    return subprocess.run(
+        ["/bin/sh", "-c", line],
+        capture_output=True,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "SHELL": "/bin/sh", "TETHER_MARK": marker},
+        **kw,
+    )
 
 
 def test_the_command_runs_in_the_login_shell_as_without_the_tether() -> None:
     marker = f"tether-plain-{time.monotonic_ns()}"
-    p = login_shell(command_line(["echo out; echo err >&2; echo $$ > /dev/null; exit 3"], True, sys.executable),
-                    marker)
+    p = login_shell(command_line(["echo out; echo err >&2; echo $$ > /dev/null; exit 3"], True, sys.executable), marker)
     assert (p.returncode, p.stdout, p.stderr) == (3, "out\n", "err\n")
     killed = login_shell(command_line(["kill -9 $$"], True, sys.executable), marker)
     assert killed.returncode == -signal.SIGKILL  # dies of its signal, as ssh reports it
@@ -82,9 +87,17 @@ def test_when_the_sessions_process_goes_nothing_of_the_command_is_left(tmp_path:
     ready = tmp_path / "ready"
     trap = "trap '' TERM; " if ignores_term else ""
     line = command_line([f"{trap}sleep 300 & touch {ready}; while :; do sleep 0.1; done"], True, sys.executable)
-    parent = subprocess.Popen([sys.executable, "-c", "import os, subprocess, sys, time; "
-                               "subprocess.Popen(['/bin/sh', '-c', sys.argv[1]], start_new_session=True); "
-                               "time.sleep(600)", line], env={**os.environ, "SHELL": "/bin/sh", "TETHER_MARK": marker})
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import os, subprocess, sys, time; "
+            "subprocess.Popen(['/bin/sh', '-c', sys.argv[1]], start_new_session=True); "
+            "time.sleep(600)",
+            line,
+        ],
+        env={**os.environ, "SHELL": "/bin/sh", "TETHER_MARK": marker},
+    )
     try:
         wait_for(ready.exists, "the command to start")
         assert len(marked(marker)) >= 4  # the parent, the shell, its background sleep, the watcher
@@ -114,16 +127,34 @@ def test_any_login_shell_parses_the_line_and_the_tether_works_there(shell: str, 
     `/bin/sh -c` word every shell parses alike, and the command after it stays that shell's line."""
     marker = f"tether-shell-{time.monotonic_ns()}"
     env = {**os.environ, "SHELL": shell, "TETHER_MARK": marker}
-    line = subprocess.run([shell, "-c", command_line(["echo hi; exit 3"], True, sys.executable)], capture_output=True,
-                          text=True, env=env, start_new_session=True)
+    line = subprocess.run(
+        [shell, "-c", command_line(["echo hi; exit 3"], True, sys.executable)],
+        capture_output=True,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     assert (line.returncode, line.stdout, line.stderr) == (3, "hi\n", "")
-    argv = subprocess.run([shell, "-c", command_line(["echo", "a b", "$HOME"], False, sys.executable)],
-                          capture_output=True, text=True, env=env, start_new_session=True)
+    argv = subprocess.run(
+        [shell, "-c", command_line(["echo", "a b", "$HOME"], False, sys.executable)],
+        capture_output=True,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     assert (argv.returncode, argv.stdout, argv.stderr) == (0, "a b $HOME\n", "")
     ready = tmp_path / "ready"
-    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen(sys.argv[1:], "
-                               "start_new_session=True); time.sleep(600)", shell, "-c",
-                               command_line([f"touch {ready}; sleep 300"], True, sys.executable)], env=env)
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time; subprocess.Popen(sys.argv[1:], start_new_session=True); time.sleep(600)",
+            shell,
+            "-c",
+            command_line([f"touch {ready}; sleep 300"], True, sys.executable),
+        ],
+        env=env,
+    )
     try:
         wait_for(ready.exists, "the command to start")
         wait_for(lambda: any(b"\0-I\0-S\0-c\0" in cmdline(p) for p in marked(marker)), "the watcher to start")

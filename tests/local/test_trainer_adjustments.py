@@ -19,8 +19,24 @@ def test_workers_beyond_the_batches_of_an_epoch_are_said_and_recorded_as_used(tm
     """One batch per epoch is loaded in the process (no workers): trainer.yaml said 2 while 0 ran."""
     data = make_dataset(tmp_path / "ds", images=4, imgsz=32)  # 3 training images: one batch of 4
     out = tmp_path / "run"
-    result = run_trainer(["--data", str(data), "--epochs", "1", "--batch", "4", "--imgsz", "32", "--workers", "2",
-                          "--val-period", "0", "--out", str(out)])
+    result = run_trainer(
+        [
+            "--data",
+            str(data),
+            "--epochs",
+            "1",
+            "--batch",
+            "4",
+            "--imgsz",
+            "32",
+            "--workers",
+            "2",
+            "--val-period",
+            "0",
+            "--out",
+            str(out),
+        ]
+    )
     assert result.returncode == 0, result.explain()
     said = [ln for ln in result.rank_lines() if "--workers 2 -> 0" in ln]
     assert len(said) == 1 and "1 batch(es) per epoch" in said[0], result.rank_lines()[:12]

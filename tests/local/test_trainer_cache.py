@@ -35,8 +35,11 @@ IMAGE_BYTES = IMGSZ * IMGSZ * 3  # the synthetic images are square at imgsz
 def hyp_of(data: Path, cache: str) -> Any:
     import torch
 
-    return loop.prepare(parse_config(["--data", str(data), "--imgsz", str(IMGSZ), "--batch", "2", "--cache", cache]),
-                        Topology(), torch.device("cpu")).hyp
+    return loop.prepare(
+        parse_config(["--data", str(data), "--imgsz", str(IMGSZ), "--batch", "2", "--cache", cache]),
+        Topology(),
+        torch.device("cpu"),
+    ).hyp
 
 
 class Ranks:
@@ -46,8 +49,10 @@ class Ranks:
         from ultralytics.data.base import BaseDataset
 
         world = nodes * per_node
-        self.topos = [Topology(rank=r, local_rank=r % per_node, world_size=world, launched=True,
-                               local_world_size=per_node) for r in range(world)]
+        self.topos = [
+            Topology(rank=r, local_rank=r % per_node, world_size=world, launched=True, local_world_size=per_node)
+            for r in range(world)
+        ]
         self.barrier = threading.Barrier(world, timeout=120)
         self.lock = threading.Lock()
         self.events: list[tuple[str, int]] = []
@@ -111,8 +116,16 @@ def test_disk_cache_is_written_once_by_each_nodes_first_rank(tmp_path: Path, mon
     ranks = Ranks(2, 2, monkeypatch)
     built = ranks.run(hyp, tdata.load_data_yaml(str(data)))
     assert set(ranks.cachers()) == {0, 2}, ranks.events  # each node's first rank, none of the others
-    assert ranks.events == [("start", 0), ("end", 0), ("start", 0), ("end", 0),
-                            ("start", 2), ("end", 2), ("start", 2), ("end", 2)], ranks.events  # one at a time
+    assert ranks.events == [
+        ("start", 0),
+        ("end", 0),
+        ("start", 0),
+        ("end", 0),
+        ("start", 2),
+        ("end", 2),
+        ("start", 2),
+        ("end", 2),
+    ], ranks.events  # one at a time
     assert sorted(ranks.written) == sorted(set(ranks.written)) and len(ranks.written) == TRAIN + VAL
     for train, val in built:
         assert train.cache == "disk" and val.cache == "disk"
@@ -151,7 +164,7 @@ def test_ram_cache_counts_the_nodes_ranks(tmp_path: Path, monkeypatch: pytest.Mo
         assert not warnings
         starts = [r for what, r in ranks.events if what == "start"]
         first_end = ranks.events.index(("end", 0), ranks.events.index(("end", 0)) + 1)  # rank 0's second set
-        assert starts[:2] == [0, 0] and all(r != 0 for what, r in ranks.events[first_end + 1:]), ranks.events
+        assert starts[:2] == [0, 0] and all(r != 0 for what, r in ranks.events[first_end + 1 :]), ranks.events
     else:
         assert len(warnings) == 1, said
         assert warnings[0].startswith(f"warning: --cache ram: not caching the {TRAIN} training images: ")

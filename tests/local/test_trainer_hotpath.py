@@ -20,9 +20,28 @@ def test_host_reads_do_not_grow_with_the_number_of_micro_steps(tmp_path: Path) -
     def run(images: int) -> tuple[Result, dict[str, int]]:
         data = make_dataset(tmp_path / f"ds{images}", images=images, imgsz=64)
         return run_trainer_counting_syncs(
-            ["--data", str(data), "--epochs", "2", "--batch", "2", "--imgsz", "64", "--workers", "0",
-             "--accumulate", "2", "--log-every", "1000", "--val-period", "0", "--out", str(tmp_path / f"run{images}")],
-            tmp_path / f"syncs{images}.json")
+            [
+                "--data",
+                str(data),
+                "--epochs",
+                "2",
+                "--batch",
+                "2",
+                "--imgsz",
+                "64",
+                "--workers",
+                "0",
+                "--accumulate",
+                "2",
+                "--log-every",
+                "1000",
+                "--val-period",
+                "0",
+                "--out",
+                str(tmp_path / f"run{images}"),
+            ],
+            tmp_path / f"syncs{images}.json",
+        )
 
     counts = {}
     steps = {}

@@ -43,10 +43,17 @@ def inputs(data: Path, *argv: str) -> loop.Inputs:
     return loop.prepare(parse_config(["--data", str(data), "--imgsz", "64", "--batch", "2", *argv]), Topology(), CPU)
 
 
-@pytest.mark.parametrize("arch, task, yoloe", [("yolo12n-seg.yaml", "segment", False), ("yolo12n.yaml", "detect", False),
-                                               ("yoloe-11s-seg.yaml", "segment", True)])
+@pytest.mark.parametrize(
+    "arch, task, yoloe",
+    [
+        ("yolo12n-seg.yaml", "segment", False),
+        ("yolo12n.yaml", "detect", False),
+        ("yoloe-11s-seg.yaml", "segment", True),
+    ],
+)
 def test_weights_without_model_train_the_checkpoints_architecture_and_task(
-        tmp_path: Path, data: Path, embeddings: Path, arch: str, task: str, yoloe: bool) -> None:
+    tmp_path: Path, data: Path, embeddings: Path, arch: str, task: str, yoloe: bool
+) -> None:
     ckpt = tmp_path / "pretrained.pt"
     save_checkpoint(ckpt, arch, NAMES)
     inp = inputs(data, "--weights", str(ckpt), *(["--text-embeddings", str(embeddings)] if yoloe else []))
@@ -134,7 +141,9 @@ def test_freeze_freezes_those_layers_and_their_batchnorm(data: Path) -> None:
     model = loop.build_network(inputs(data, "--freeze", "3"))
     models.set_train_mode(model)
     for name, p in model.named_parameters():
-        assert p.requires_grad == (not name.startswith(("model.0.", "model.1.", "model.2.")) and ".dfl" not in name), name
+        assert p.requires_grad == (not name.startswith(("model.0.", "model.1.", "model.2.")) and ".dfl" not in name), (
+            name
+        )
     for name, m in model.named_modules():
         if isinstance(m, torch.nn.BatchNorm2d):
             assert m.training == (not name.startswith(("model.0.", "model.1.", "model.2."))), name
@@ -170,8 +179,10 @@ def test_the_checkpoints_half_ema_refreshed_in_place_is_what_a_fresh_copy_would_
     again, fresh = half(ema.ema), checkpoint.half_model(ema.ema)
     assert again is first and again is not ema.ema
     assert list(again.state_dict()) == list(fresh.state_dict())
-    assert all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(again.state_dict().values(),
-                                                                       fresh.state_dict().values()))
+    assert all(
+        torch.equal(a, b) and a.dtype == b.dtype
+        for a, b in zip(again.state_dict().values(), fresh.state_dict().values())
+    )
     for (name, a), (_, b) in zip(again.named_modules(), fresh.named_modules()):
         extra = sorted(k for k in vars(b) if k not in checkpoint._MODULE_INTERNALS)  # noqa: SLF001
         assert sorted(k for k in vars(a) if k not in checkpoint._MODULE_INTERNALS) == extra, name  # noqa: SLF001
@@ -202,12 +213,15 @@ def test_probe_finds_parameters_without_gradient(data: Path, embeddings: Path) -
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())  # the probe ran on a copy
 
 
-@pytest.mark.parametrize("argv, kind, lr", [
-    ([], "AdamW", round(0.002 * 5 / (4 + 3), 6)),  # ultralytics' auto rule for 3 classes, few iterations
-    (["--optimizer", "SGD"], "SGD", 0.01),
-    (["--lr", "0.02"], "SGD", 0.02),
-    (["optimizer=AdamW", "lr0=0.003"], "AdamW", 0.003),
-])
+@pytest.mark.parametrize(
+    "argv, kind, lr",
+    [
+        ([], "AdamW", round(0.002 * 5 / (4 + 3), 6)),  # ultralytics' auto rule for 3 classes, few iterations
+        (["--optimizer", "SGD"], "SGD", 0.01),
+        (["--lr", "0.02"], "SGD", 0.02),
+        (["optimizer=AdamW", "lr0=0.003"], "AdamW", 0.003),
+    ],
+)
 def test_optimizer_as_ultralytics_builds_it(data: Path, argv: list[str], kind: str, lr: float) -> None:
     inp = inputs(data, *argv, "--batch", "8", "--weight-decay", "0.001", "--patience", "7")
     parts, train_set, _ = loop.build_parts(inp, 8)
@@ -227,13 +241,16 @@ def test_cache_fraction_and_multi_scale_reach_the_data(tmp_path: Path) -> None:
     inp = inputs(ds, "--cache", "ram", "--fraction", "0.5", "--multi-scale", "0.5")
     train = tdata.build_dataset(inp.hyp, inp.data, "train", 2, 32)
     assert train.cache == "ram" and len(train) == 6  # half of the 12 training images
-    sizes = {loop.preprocess({"img": torch.zeros(1, 3, 64, 64, dtype=torch.uint8)}, CPU, inp.hyp, 32)["img"].shape[-1]
-             for _ in range(40)}
+    sizes = {
+        loop.preprocess({"img": torch.zeros(1, 3, 64, 64, dtype=torch.uint8)}, CPU, inp.hyp, 32)["img"].shape[-1]
+        for _ in range(40)
+    }
     assert len(sizes) > 1 and all(s % 32 == 0 and 32 <= s <= 96 for s in sizes)
 
 
-def test_one_checkpoint_write_per_epoch_and_best_pt_is_the_same_bytes(tmp_path: Path, data: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_one_checkpoint_write_per_epoch_and_best_pt_is_the_same_bytes(
+    tmp_path: Path, data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from trainer import checkpoint
 
     inp = inputs(data, "--batch", "2")
@@ -267,8 +284,9 @@ def test_the_loss_schedule_of_end_to_end_heads_follows_the_epoch(data: Path) -> 
     assert reference.criterion.o2m != loop.build_network(inp).init_criterion().o2m
 
 
-def test_yoloe_weights_train_in_full_mode_with_ultralytics_recipe_unless_told(tmp_path: Path, data: Path,
-                                                                          embeddings: Path) -> None:
+def test_yoloe_weights_train_in_full_mode_with_ultralytics_recipe_unless_told(
+    tmp_path: Path, data: Path, embeddings: Path
+) -> None:
     """The field guides run train_pe_all.py: YOLOE weights without --prompt-mode train everything,
     with ultralytics' YOLOE recipe where nothing was given; what the user gives wins; the prompt
     embeddings move with the model."""
@@ -280,38 +298,69 @@ def test_yoloe_weights_train_in_full_mode_with_ultralytics_recipe_unless_told(tm
     assert inp.hyp.warmup_bias_lr == 0.0 and inp.hyp.lr0 == 1e-3 and inp.hyp.optimizer == "AdamW"
     # THU-MIG's coco_s_train.yaml augmentation for an s model
     assert (inp.hyp.scale, inp.hyp.mixup, inp.hyp.copy_paste, inp.hyp.close_mosaic) == (0.6, 0.15, 0.3, 10)
-    assert any(n == "YOLOE recipe (train_pe_all.py, coco_s_train.yaml): optimizer AdamW, lr0 0.001, weight_decay "
-                    "0.025, momentum 0.9, close_mosaic 10, warmup_bias_lr 0, mixup 0.15, copy_paste 0.3, scale 0.6 "
-                    "(set any of them to override)" for n in cfg.notes), cfg.notes
+    assert any(
+        n == "YOLOE recipe (train_pe_all.py, coco_s_train.yaml): optimizer AdamW, lr0 0.001, weight_decay "
+        "0.025, momentum 0.9, close_mosaic 10, warmup_bias_lr 0, mixup 0.15, copy_paste 0.3, scale 0.6 "
+        "(set any of them to override)"
+        for n in cfg.notes
+    ), cfg.notes
     model = loop.build_network(inp)
     trainable = sum(p.requires_grad for p in model.parameters())
     assert trainable > 100  # full: everything trains
     assert loop.prompt_mode_text(cfg) == "full (train_pe_all, the default)"
-    mine = inputs(data, "--weights", str(ckpt), "--text-embeddings", str(embeddings), "--lr", "0.005",
-                  "close_mosaic=2", "--prompt-mode", "linear").cfg
+    mine = inputs(
+        data,
+        "--weights",
+        str(ckpt),
+        "--text-embeddings",
+        str(embeddings),
+        "--lr",
+        "0.005",
+        "close_mosaic=2",
+        "--prompt-mode",
+        "linear",
+    ).cfg
     assert (mine.optimizer, mine.lr, mine.weight_decay, mine.close_mosaic) == ("SGD", 0.005, 5e-4, 2)
-    assert any("yours kept: close_mosaic, lr" in n for n in mine.notes) and loop.prompt_mode_text(mine) == "linear (train_pe)"
-    linear = inputs(data, "--weights", str(ckpt), "--text-embeddings", str(embeddings), "--prompt-mode", "linear",
-                    "scale=0.5", "mixup=0.0")
+    assert (
+        any("yours kept: close_mosaic, lr" in n for n in mine.notes)
+        and loop.prompt_mode_text(mine) == "linear (train_pe)"
+    )
+    linear = inputs(
+        data,
+        "--weights",
+        str(ckpt),
+        "--text-embeddings",
+        str(embeddings),
+        "--prompt-mode",
+        "linear",
+        "scale=0.5",
+        "mixup=0.0",
+    )
     # train_pe.py's close_mosaic 5: a 10-epoch linear probe trains 5 epochs with mosaic; the user's values win
     assert (linear.cfg.close_mosaic, linear.hyp.close_mosaic, linear.hyp.scale, linear.hyp.mixup) == (5, 5, 0.5, 0.0)
     assert linear.hyp.copy_paste == 0.3
-    assert any(n.startswith("YOLOE recipe (train_pe.py, coco_s_train.yaml): ") and "yours kept: mixup, scale" in n
-               for n in linear.cfg.notes), linear.cfg.notes
+    assert any(
+        n.startswith("YOLOE recipe (train_pe.py, coco_s_train.yaml): ") and "yours kept: mixup, scale" in n
+        for n in linear.cfg.notes
+    ), linear.cfg.notes
     moved = models.to_device(model, CPU)
     assert isinstance(moved.pe, torch.Tensor) and moved.pe.device == CPU
 
 
-@pytest.mark.parametrize("argv, ranks, equivalent", [
-    (["--lr", "0.08"], 8, "0.01"),  # seed 001: 0.01 x 8 GPUs
-    (["--lr", "0.02"], 2, "0.01"),  # its two-GPU line: exactly ultralytics' rate x the ranks
-    (["--lr", "0.04", "--optimizer", "AdamW"], 4, "0.01"),
-    (["--lr", "0.01"], 8, None),  # ultralytics' own rate: the note only
-    (["--lr", "0.08"], 1, None),  # one rank: nothing was multiplied
-    ([], 8, None),  # optimizer auto picks its own rate
-])
+@pytest.mark.parametrize(
+    "argv, ranks, equivalent",
+    [
+        (["--lr", "0.08"], 8, "0.01"),  # seed 001: 0.01 x 8 GPUs
+        (["--lr", "0.02"], 2, "0.01"),  # its two-GPU line: exactly ultralytics' rate x the ranks
+        (["--lr", "0.04", "--optimizer", "AdamW"], 4, "0.01"),
+        (["--lr", "0.01"], 8, None),  # ultralytics' own rate: the note only
+        (["--lr", "0.08"], 1, None),  # one rank: nothing was multiplied
+        ([], 8, None),  # optimizer auto picks its own rate
+    ],
+)
 def test_an_lr_multiplied_by_the_gpu_count_is_warned_with_the_equivalent_lr0(
-        data: Path, argv: list[str], ranks: int, equivalent: str | None) -> None:
+    data: Path, argv: list[str], ranks: int, equivalent: str | None
+) -> None:
     from types import SimpleNamespace
 
     from trainer.config import with_world_size
@@ -335,12 +384,20 @@ def test_an_lr_multiplied_by_the_gpu_count_is_warned_with_the_equivalent_lr0(
 
 
 @pytest.mark.parametrize("scale, expected", [("s", 0.6), ("m", 0.9), ("l", 0.9), ("n", None)])
-def test_the_yoloe_recipe_augments_by_model_scale_as_thu_migs_coco_yamls(data: Path, scale: str,
-                                                                      expected: float | None) -> None:
+def test_the_yoloe_recipe_augments_by_model_scale_as_thu_migs_coco_yamls(
+    data: Path, scale: str, expected: float | None
+) -> None:
     cfg = loop.yoloe_recipe(parse_config(["--data", str(data)]), scale)
     assert cfg.hyp.get("scale") == expected and cfg.hyp["mixup"] == 0.15 and cfg.hyp["copy_paste"] == 0.3
-    assert all(n.startswith(f"YOLOE recipe (train_pe_all.py, coco_{scale}_train.yaml)") for n in cfg.notes
-               if n.startswith("YOLOE recipe")) if expected else "coco_" not in " ".join(cfg.notes)
+    assert (
+        all(
+            n.startswith(f"YOLOE recipe (train_pe_all.py, coco_{scale}_train.yaml)")
+            for n in cfg.notes
+            if n.startswith("YOLOE recipe")
+        )
+        if expected
+        else "coco_" not in " ".join(cfg.notes)
+    )
     assert loop.yoloe_recipe(parse_config(["--data", str(data), "--cfg", "scale=0.3"]), scale).hyp["scale"] == 0.3
 
 
@@ -350,18 +407,25 @@ def test_detection_and_segmentation_runs_keep_ultralytics_augmentation(data: Pat
 
     for arch in ("yolo12n.yaml", "yolo12n-seg.yaml"):
         inp = inputs(data, "--model", arch)
-        assert all(getattr(inp.hyp, k) == DEFAULT_CFG_DICT[k] for k in ("scale", "mixup", "copy_paste", "warmup_bias_lr"))
+        assert all(
+            getattr(inp.hyp, k) == DEFAULT_CFG_DICT[k] for k in ("scale", "mixup", "copy_paste", "warmup_bias_lr")
+        )
         assert inp.cfg.close_mosaic == 10 and not any(n.startswith("YOLOE recipe") for n in inp.cfg.notes)
 
 
-def test_yoloe_prompts_come_from_one_place_or_the_start_is_refused(tmp_path: Path, data: Path, embeddings: Path) -> None:
+def test_yoloe_prompts_come_from_one_place_or_the_start_is_refused(
+    tmp_path: Path, data: Path, embeddings: Path
+) -> None:
     """A YOLOE model without fused prompts needs --text-embeddings (refused before any rank builds
     it: `--check` says what the start would); a fused checkpoint (one this trainer wrote) has no text
     projection left: embeddings given with it would be ignored, so they are refused."""
     from copy import deepcopy
 
-    with pytest.raises(TrainerError, match=r"^YOLOE needs text-prompt embeddings \(yoloe-11s-seg.yaml\): pass "
-                                           r"--text-embeddings FILE"):
+    with pytest.raises(
+        TrainerError,
+        match=r"^YOLOE needs text-prompt embeddings \(yoloe-11s-seg.yaml\): pass "
+        r"--text-embeddings FILE",
+    ):
         inputs(data, "--model", "yoloe-11s-seg.yaml")
     unfused = tmp_path / "yoloe.pt"
     save_checkpoint(unfused, "yoloe-11s-seg.yaml", NAMES)
@@ -370,10 +434,21 @@ def test_yoloe_prompts_come_from_one_place_or_the_start_is_refused(tmp_path: Pat
     model = loop.build_network(inputs(data, "--weights", str(unfused), "--text-embeddings", str(embeddings)))
     assert models.is_fused(model)
     fused = tmp_path / "fused.pt"
-    torch.save({"epoch": -1, "model": deepcopy(model).half(), "ema": None, "optimizer": None,
-                "train_args": {"task": "segment"}}, fused)
-    with pytest.raises(TrainerError, match=r"^--text-embeddings .*: the checkpoint .*fused.pt is a YOLOE model whose "
-                                           r"class prompts are already fused into its weights"):
+    torch.save(
+        {
+            "epoch": -1,
+            "model": deepcopy(model).half(),
+            "ema": None,
+            "optimizer": None,
+            "train_args": {"task": "segment"},
+        },
+        fused,
+    )
+    with pytest.raises(
+        TrainerError,
+        match=r"^--text-embeddings .*: the checkpoint .*fused.pt is a YOLOE model whose "
+        r"class prompts are already fused into its weights",
+    ):
         inputs(data, "--weights", str(fused), "--text-embeddings", str(embeddings))
     again = inputs(data, "--weights", str(fused))  # its own prompts: accepted, and it builds
     assert models.is_fused(loop.build_network(again))

@@ -16,8 +16,12 @@ from trainer_helpers import make_dataset, run_trainer  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
 
-PLOTS = {"results.png", "confusion_matrix.png", "confusion_matrix_normalized.png",
-         *(f"{kind}{curve}_curve.png" for kind in ("Box", "Mask") for curve in ("PR", "F1", "P", "R"))}
+PLOTS = {
+    "results.png",
+    "confusion_matrix.png",
+    "confusion_matrix_normalized.png",
+    *(f"{kind}{curve}_curve.png" for kind in ("Box", "Mask") for curve in ("PR", "F1", "P", "R")),
+}
 """What ultralytics 8.4's trainer writes for a segmentation run with plots=True (its matplotlib plots)."""
 PIL_PLOTS = {"val_batch0_labels.jpg", "val_batch0_pred.jpg"}
 """Its validation images, drawn with a PIL font."""
@@ -40,7 +44,7 @@ def table(lines: list[str]) -> list[list[str]]:
     text = [ln.removeprefix("[rank 0] ") for ln in lines]
     start = next(i for i, ln in enumerate(text) if ln.startswith(HEADER[:40]) and "Instances" in ln)
     rows = []
-    for ln in text[start + 1:]:
+    for ln in text[start + 1 :]:
         cells = ln.split()
         if len(cells) < 7 or not (cells[1].isdigit() and cells[2].isdigit()):
             break
@@ -51,14 +55,34 @@ def table(lines: list[str]) -> list[list[str]]:
 def test_plots_and_class_table_from_every_shard_offline_and_none_with_plots_off(tmp_path: Path) -> None:
     data = make_dataset(tmp_path / "ds", images=12, classes=2, imgsz=64, segments=True)  # 3 val images
     images, per_class = val_labels(data)
-    common = ["--data", str(data), "--epochs", "1", "--batch", "4", "--imgsz", "64", "--workers", "0",
-              "--seed", "1", "--warmup-epochs", "0"]
+    common = [
+        "--data",
+        str(data),
+        "--epochs",
+        "1",
+        "--batch",
+        "4",
+        "--imgsz",
+        "64",
+        "--workers",
+        "0",
+        "--seed",
+        "1",
+        "--warmup-epochs",
+        "0",
+    ]
     on, off = tmp_path / "on", tmp_path / "off"
     net, confusion, fonts = tmp_path / "net.log", tmp_path / "confusion.jsonl", tmp_path / "yolo-config"
     with ThreadPoolExecutor(2) as pool:
-        a = pool.submit(run_trainer, [*common, "--model", "yolo12n-seg.yaml", "--out", str(on)], nproc=2,
-                        blocked_net_log=net, confusion_log=confusion, extra_env={"YOLO_CONFIG_DIR": str(fonts)},
-                        default_plots=True)  # no plots flag: ultralytics' default, plots on
+        a = pool.submit(
+            run_trainer,
+            [*common, "--model", "yolo12n-seg.yaml", "--out", str(on)],
+            nproc=2,
+            blocked_net_log=net,
+            confusion_log=confusion,
+            extra_env={"YOLO_CONFIG_DIR": str(fonts)},
+            default_plots=True,
+        )  # no plots flag: ultralytics' default, plots on
         b = pool.submit(run_trainer, [*common, "--model", "yolo12n.yaml", "--out", str(off), "plots=False"])
         first, second = a.result(), b.result()
     assert first.returncode == 0, first.explain()
@@ -90,8 +114,9 @@ def test_plots_and_class_table_from_every_shard_offline_and_none_with_plots_off(
     assert (off / "results.csv").is_file() and table(second.rank_lines())[0][0] == "all"
 
 
-def test_a_plot_that_cannot_be_drawn_is_a_warning_not_a_failed_run(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_plot_that_cannot_be_drawn_is_a_warning_not_a_failed_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """ultralytics' plot_results imports polars, which an install may lack (the GPU machine's
     does): the finished run failed on it at its very end. The reason comes back for a warning."""
     from trainer.plots import results_png

@@ -35,13 +35,36 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def inputs(data: Path, out: Path, *argv: str) -> loop.Inputs:
-    return loop.prepare(parse_config(["--data", str(data), "--imgsz", "64", "--batch", "2", "--workers", "0",
-                                      "--accumulate", "1", "--val-period", "0", "--plots", "false",
-                                      "--out", str(out), *argv]), Topology(), CPU)
+    return loop.prepare(
+        parse_config(
+            [
+                "--data",
+                str(data),
+                "--imgsz",
+                "64",
+                "--batch",
+                "2",
+                "--workers",
+                "0",
+                "--accumulate",
+                "1",
+                "--val-period",
+                "0",
+                "--plots",
+                "false",
+                "--out",
+                str(out),
+                *argv,
+            ]
+        ),
+        Topology(),
+        CPU,
+    )
 
 
-def test_batchnorm_statistics_made_non_finite_break_the_epoch(tmp_path: Path, data: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_batchnorm_statistics_made_non_finite_break_the_epoch(
+    tmp_path: Path, data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An fp16 overflow in a BatchNorm's input leaves its running variance inf while every weight
     stays finite (training normalizes with the batch's own statistics): the guard must see it, or
     the EMA takes it over and last.pt saves it."""
@@ -86,8 +109,9 @@ def digest(t: torch.Tensor) -> str:
 
 
 @pytest.mark.parametrize("workers", ["0", "1"])
-def test_a_recovered_epoch_is_trained_again_differently(tmp_path: Path, data: Path, workers: str,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_recovered_epoch_is_trained_again_differently(
+    tmp_path: Path, data: Path, workers: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The whole fit loop, its epoch 2 reported broken once: the second attempt starts from the
     EMA weights of last.pt (ultralytics' recovery), not from the weights that led to the NaN, and
     draws other augmentation (the RNG is not rewound; loader workers reseed for the attempt) over
@@ -107,8 +131,15 @@ def test_a_recovered_epoch_is_trained_again_differently(tmp_path: Path, data: Pa
 
     def spy_epoch(epoch: int, loader: Any, parts: loop.Parts, inp: loop.Inputs, state: loop.State) -> Any:
         attempt = sum(a["epoch"] == epoch for a in attempts)
-        attempts.append({"epoch": epoch, "attempt": attempt, "files": [], "images": [],
-                         "start": {k: v.clone() for k, v in parts.model.state_dict().items()}})
+        attempts.append(
+            {
+                "epoch": epoch,
+                "attempt": attempt,
+                "files": [],
+                "images": [],
+                "start": {k: v.clone() for k, v in parts.model.state_dict().items()},
+            }
+        )
         means, throughput, health = real_epoch(epoch, loader, parts, inp, state)
         if epoch == 1 and attempt == 0:
             attempts[-1]["last"] = torch.load(out / "weights" / "last.pt", weights_only=False)["trainer"]
@@ -149,11 +180,14 @@ def test_ultralytics_resumes_a_mid_run_last_pt(tmp_path: Path, data: Path) -> No
     from trainer_helpers import env
 
     last, _, _ = mid_run_checkpoint(tmp_path, data)
-    script = ("import sys\nfrom trainer.offline import set_offline_env\nset_offline_env()\n"
-              "from ultralytics import YOLO\nm = YOLO(sys.argv[1])\nm.train(resume=True)\n"
-              "print('RESUMED', m.trainer.start_epoch, m.trainer.save_dir, m.trainer.epochs)\n")
-    r = subprocess.run([sys.executable, "-c", script, str(last)], capture_output=True, text=True, timeout=300,
-                       cwd=tmp_path, env=env())
+    script = (
+        "import sys\nfrom trainer.offline import set_offline_env\nset_offline_env()\n"
+        "from ultralytics import YOLO\nm = YOLO(sys.argv[1])\nm.train(resume=True)\n"
+        "print('RESUMED', m.trainer.start_epoch, m.trainer.save_dir, m.trainer.epochs)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", script, str(last)], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env()
+    )
     both = r.stdout + r.stderr
     assert r.returncode == 0, both[-4000:]
     assert "not a resumable training checkpoint" not in both, both[-4000:]

@@ -84,10 +84,15 @@ def test_each_ending_of_a_step_is_recorded_and_the_rest_still_run(tmp_path: Path
     def last(ctx: StepContext) -> None:
         seen.append("last")
 
-    steps = [Step("a", "passes", 10, 60, passes), Step("b", "fails", 10, 60, fails),
-             Step("c", "times out", 10, 30, times_out), Step("d", "skips", 10, 60, skips),
-             Step("e", "crashes", 10, 60, crashes), Step("f", "needs b", 10, 60, needs_the_failed_one, ("a", "b")),
-             Step("g", "still runs", 10, 60, last, ("a",))]
+    steps = [
+        Step("a", "passes", 10, 60, passes),
+        Step("b", "fails", 10, 60, fails),
+        Step("c", "times out", 10, 30, times_out),
+        Step("d", "skips", 10, 60, skips),
+        Step("e", "crashes", 10, 60, crashes),
+        Step("f", "needs b", 10, 60, needs_the_failed_one, ("a", "b")),
+        Step("g", "still runs", 10, 60, last, ("a",)),
+    ]
     s = session(tmp_path, clock)
     saved: list[int] = []
     results = run_steps(steps, s, total_s=600, on_result=lambda rs: saved.append(len(rs)))
@@ -125,8 +130,10 @@ def test_the_whole_budget_cuts_a_step_and_skips_the_steps_after_it(tmp_path: Pat
 def test_a_budget_override_and_the_dry_run_budget(tmp_path: Path) -> None:
     clock = Clock()
     got: list[float] = []
-    steps = [Step("a", "a", 10, 99, lambda ctx: got.append(ctx.deadline - clock())),
-             Step("b", "b", 10, 99, lambda ctx: got.append(ctx.deadline - clock()))]
+    steps = [
+        Step("a", "a", 10, 99, lambda ctx: got.append(ctx.deadline - clock())),
+        Step("b", "b", 10, 99, lambda ctx: got.append(ctx.deadline - clock())),
+    ]
     run_steps(steps, session(tmp_path, clock, dry=True), total_s=1000, budgets={"b": 3})
     assert got == [99, 3]
 
@@ -157,13 +164,25 @@ def test_need_and_ok_fail_the_step_with_the_message(tmp_path: Path) -> None:
 
 
 def doc_of(results: list[StepResult]) -> dict[str, Any]:
-    return {"benchmark": "gpu_smoke", "mode": "cpu-dry-run", "counts": counts(results), "wall_s": 12.3,
-            "budget_s": 420.0}
+    return {
+        "benchmark": "gpu_smoke",
+        "mode": "cpu-dry-run",
+        "counts": counts(results),
+        "wall_s": 12.3,
+        "budget_s": 420.0,
+    }
 
 
 def test_the_table_has_a_row_per_step_then_the_goals() -> None:
-    ok = StepResult("trainer", "t", "pass", 61.2, 180, figures={"summary": "40.1 vs 38.0 images/s " + "x" * 200},
-                    skipped={"fp16": "CUDA only"})
+    ok = StepResult(
+        "trainer",
+        "t",
+        "pass",
+        61.2,
+        180,
+        figures={"summary": "40.1 vs 38.0 images/s " + "x" * 200},
+        skipped={"fp16": "CUDA only"},
+    )
     ok.goals.append(Goal("training images/s ratio", 1.0553, ">= 1.0", True))
     bad = StepResult("fabric", "f", "timeout", 60.0, 60, error="orch-check-fabric still running at the step's budget")
     skip = StepResult("sync_bn", "s", "skip", 0.0, 0, reason="SyncBatchNorm needs >= 2 GPUs")
@@ -195,7 +214,10 @@ def test_write_outputs_writes_json_table_and_each_logs_tail(tmp_path: Path) -> N
     assert (out / txt).read_text() == "the table\n"
     with tarfile.open(out / tgz) as tar:
         names = tar.getnames()
-        assert sorted(names) == ["logs/environment/02-orch-check.json", "logs/environment/02-orch-check.log",
-                                 "logs/trainer/01-trainer-fp16.log"]
+        assert sorted(names) == [
+            "logs/environment/02-orch-check.json",
+            "logs/environment/02-orch-check.log",
+            "logs/trainer/01-trainer-fp16.log",
+        ]
         data = tar.extractfile("logs/trainer/01-trainer-fp16.log").read()  # type: ignore[union-attr]
     assert data.startswith(b"[... cut") and data.endswith(b"b" * LOG_TAIL) and b"X" not in data

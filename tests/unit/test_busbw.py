@@ -17,8 +17,7 @@ OCI = SHARED / "nccl-tests_all_reduce_perf_2node_16xA100-40GB_roce_oci-bm-gpu4.8
 
 def test_parse_both_real_outputs() -> None:
     a3 = busbw.parse_nccl_tests(A3MEGA.read_text())
-    assert (a3.nranks, a3.hosts, len(a3.rows), a3.avg_busbw) == (
-        16, ("ztan-mig-235z", "ztan-mig-gq73"), 31, 70.742)
+    assert (a3.nranks, a3.hosts, len(a3.rows), a3.avg_busbw) == (16, ("ztan-mig-235z", "ztan-mig-gq73"), 31, 70.742)
     assert [r.size for r in a3.rows] == [8 << i for i in range(31)]  # 8 B .. 8 GiB, x2
     last = a3.rows[-1]
     assert (last.size, last.count, last.type, last.redop, last.root) == (8589934592, 2147483648, "float", "sum", -1)
@@ -26,7 +25,11 @@ def test_parse_both_real_outputs() -> None:
     assert last.inplace == busbw.Measure(47743.0, 179.92, 337.35, 0)
     oci = busbw.parse_nccl_tests(OCI.read_text())
     assert (oci.nranks, oci.hosts, len(oci.rows), oci.avg_busbw) == (
-        16, ("inst-xxxxx-comp", "inst-yyyyy-comp"), 1, 220.921)
+        16,
+        ("inst-xxxxx-comp", "inst-yyyyy-comp"),
+        1,
+        220.921,
+    )
     assert oci.rows[0].out_of_place == busbw.Measure(90330.0, 118.87, 222.88, 0)
 
 
@@ -60,7 +63,7 @@ def test_avg_bus_bandwidth_is_the_mean_over_both_groups() -> None:
 def test_header_and_rows_match_all_reduce_perf_byte_for_byte() -> None:
     lines = A3MEGA.read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.strip().startswith("#") and "out-of-place" in line)
-    assert busbw.format_header(("out-of-place", "in-place")) == lines[start:start + 3]
+    assert busbw.format_header(("out-of-place", "in-place")) == lines[start : start + 3]
     run = busbw.parse_nccl_tests(A3MEGA.read_text())
     data = [line for line in lines if line and line[0] == " " and line.split()[0].isdigit()]
     assert [busbw.format_row(r) for r in run.rows] == data
@@ -84,9 +87,18 @@ def test_in_place_only_table_keeps_the_columns_of_the_in_place_group() -> None:
     assert lines[-2] == "# Avg bus bandwidth    : 9.676 "  # 1048576 B / 203.2 us x 1.875
 
 
-@pytest.mark.parametrize(("op", "n", "factor"), [
-    ("all_reduce", 2, 1.0), ("all_reduce", 4, 1.5), ("all_reduce", 16, 1.875), ("all_reduce", 1, 0.0),
-    ("all_gather", 8, 0.875), ("reduce_scatter", 4, 0.75), ("broadcast", 8, 1.0)])
+@pytest.mark.parametrize(
+    ("op", "n", "factor"),
+    [
+        ("all_reduce", 2, 1.0),
+        ("all_reduce", 4, 1.5),
+        ("all_reduce", 16, 1.875),
+        ("all_reduce", 1, 0.0),
+        ("all_gather", 8, 0.875),
+        ("reduce_scatter", 4, 0.75),
+        ("broadcast", 8, 1.0),
+    ],
+)
 def test_bus_factors(op: str, n: int, factor: float) -> None:
     assert busbw.bus_factor(n, op) == pytest.approx(factor)
 
@@ -106,8 +118,11 @@ def test_bad_input_is_refused() -> None:
 
 
 def _records(rates: dict[tuple[int, int], float], rails: int = 1) -> list[dict[str, Any]]:
-    return [{"src_node": s, "dst_node": d, "rail": r, "gbps": v / rails}
-            for (s, d), v in rates.items() for r in range(rails)]
+    return [
+        {"src_node": s, "dst_node": d, "rail": r, "gbps": v / rails}
+        for (s, d), v in rates.items()
+        for r in range(rails)
+    ]
 
 
 def _all_pairs(n: int, rate: float) -> dict[tuple[int, int], float]:
@@ -163,13 +178,18 @@ def test_link_summary_sums_rails() -> None:
 
 
 def test_best_passes_keeps_the_fastest_pass_per_direction_and_rail() -> None:
-    recs = [{"pass": 0, "src_node": 0, "dst_node": 1, "rail": 0, "gbps": 1.0},
-            {"pass": 1, "src_node": 0, "dst_node": 1, "rail": 0, "gbps": 3.0},
-            {"pass": 0, "src_node": 0, "dst_node": 1, "rail": 1, "gbps": 2.0},
-            {"pass": 1, "src_node": 1, "dst_node": 0, "rail": 0, "gbps": 0.5}]
+    recs = [
+        {"pass": 0, "src_node": 0, "dst_node": 1, "rail": 0, "gbps": 1.0},
+        {"pass": 1, "src_node": 0, "dst_node": 1, "rail": 0, "gbps": 3.0},
+        {"pass": 0, "src_node": 0, "dst_node": 1, "rail": 1, "gbps": 2.0},
+        {"pass": 1, "src_node": 1, "dst_node": 0, "rail": 0, "gbps": 0.5},
+    ]
     best = busbw.best_passes(recs)
     assert [(r["src_node"], r["dst_node"], r["rail"], r["pass"], r["gbps"]) for r in best] == [
-        (0, 1, 0, 1, 3.0), (0, 1, 1, 0, 2.0), (1, 0, 0, 1, 0.5)]
+        (0, 1, 0, 1, 3.0),
+        (0, 1, 1, 0, 2.0),
+        (1, 0, 0, 1, 0.5),
+    ]
 
 
 def test_links_into_a_slow_receiver_are_its_finding_not_theirs() -> None:
@@ -196,8 +216,18 @@ def test_what_looks_slow_is_measured_again_and_a_moment_of_noise_washes_out() ->
     assert allreduce.recheck_pairs(first, [0, 1, 2, 3], 0.5) == [(0, 2), (0, 3), (1, 2), (2, 3)]
     before = busbw.link_summary(first, [0, 1, 2, 3], 0.5)
     assert [(x["src_node"], x["dst_node"]) for x in before["slow_links"]] == [(0, 3)]
-    again = first + _records({(0, 3): 0.51, (3, 0): 0.55, (0, 2): 0.007, (2, 0): 0.55, (1, 2): 0.006, (2, 1): 0.55,
-                              (2, 3): 0.55, (3, 2): 0.005})
+    again = first + _records(
+        {
+            (0, 3): 0.51,
+            (3, 0): 0.55,
+            (0, 2): 0.007,
+            (2, 0): 0.55,
+            (1, 2): 0.006,
+            (2, 1): 0.55,
+            (2, 3): 0.55,
+            (3, 2): 0.005,
+        }
+    )
     after = busbw.link_summary(again, [0, 1, 2, 3], 0.5)
     assert after["slow_links"] == [] and [(s["node"], s["direction"]) for s in after["slow_nodes"]] == [(2, "recv")]
     assert allreduce.recheck_pairs(again, [0, 1, 2, 3], 0.5) == [(0, 2), (1, 2), (2, 3)]  # the slow one stays

@@ -50,7 +50,7 @@ def test_without_the_summary_traceback_the_ranks_own_lines_say_it() -> None:
     lines = texts("nodelog/raise_rank3_failing-node_torch2.14.log")
     s = summary(lines)
     assert s is not None
-    mine = rank_lines(lines[:s.first], 1)
+    mine = rank_lines(lines[: s.first], 1)
     assert mine[0].startswith("up world=4") and all(not t.startswith("[") for t in mine)
     assert exception_line(mine) == "RuntimeError: injected failure on rank 3 at step 2"
 
@@ -72,12 +72,15 @@ def test_the_trainers_own_error_line_is_the_cause() -> None:
     assert found is not None and found.text == "error: --epochs must be >= 1, got 0"
 
 
-@pytest.mark.parametrize("name, text, sig", [
-    ("torchrun_failure_summary_SIGKILL_CPPO-6.txt", "killed by SIGKILL", "SIGKILL"),
-    ("torchrun_failure_summary_8rank_SIGABRT_tail_picotron-6.txt", "killed by SIGABRT", "SIGABRT"),
-    ("torchrun_failure_summary_exitcode1_unsloth-4.txt", "exited with code 1", None),
-    ("torchrun_tee3_2proc_exit3_stderr_torch2.14.txt", "exited with code 3", None),
-])
+@pytest.mark.parametrize(
+    "name, text, sig",
+    [
+        ("torchrun_failure_summary_SIGKILL_CPPO-6.txt", "killed by SIGKILL", "SIGKILL"),
+        ("torchrun_failure_summary_8rank_SIGABRT_tail_picotron-6.txt", "killed by SIGABRT", "SIGABRT"),
+        ("torchrun_failure_summary_exitcode1_unsloth-4.txt", "exited with code 1", None),
+        ("torchrun_tee3_2proc_exit3_stderr_torch2.14.txt", "exited with code 3", None),
+    ],
+)
 def test_recorded_torchrun_summaries_of_other_torch_versions(name: str, text: str, sig: str | None) -> None:
     found = cause(texts(name), node="gpu7")
     assert found is not None and (found.text, found.signal) == (text, sig)
@@ -90,18 +93,29 @@ def test_a_cpp_exception_that_aborted_a_rank_names_its_type_and_what() -> None:
     assert terminated(lines) == "c10::CUDAError: CUDA error: unknown error"
     assert gpu_error(lines) == "what():  CUDA error: unknown error"
     # as torchrun reports that rank: killed by SIGABRT, with the C++ exception as the reason
-    block = ["------------------------------------------------------------", "Root Cause (first observed failure):",
-             "[0]:", "  time      : 2022-07-03_10:00:00", "  host      : jean-zay-iam01", "  rank      : 3 (local_rank: 3)",
-             "  exitcode  : -6 (pid: 1234)", "  error_file: <N/A>",
-             "  traceback : Signal 6 (SIGABRT) received by PID 1234",
-             "============================================================"]
+    block = [
+        "------------------------------------------------------------",
+        "Root Cause (first observed failure):",
+        "[0]:",
+        "  time      : 2022-07-03_10:00:00",
+        "  host      : jean-zay-iam01",
+        "  rank      : 3 (local_rank: 3)",
+        "  exitcode  : -6 (pid: 1234)",
+        "  error_file: <N/A>",
+        "  traceback : Signal 6 (SIGABRT) received by PID 1234",
+        "============================================================",
+    ]
     found = cause(texts("torchrun_tee3_default3_CUDAError_crash_bloom176b.txt") + block)
     assert found is not None and found.text == "c10::CUDAError: CUDA error: unknown error (killed by SIGABRT)"
 
 
 def test_torchrun_killed_itself_and_torchrun_signalled_from_outside() -> None:
     found = cause(["started pid 42 (process group 42)"], node="n2", signal="SIGKILL")
-    assert found is not None and found.text == "torchrun was killed by SIGKILL" and "orch exec --nodes n2" in (found.hint or "")
+    assert (
+        found is not None
+        and found.text == "torchrun was killed by SIGKILL"
+        and "orch exec --nodes n2" in (found.hint or "")
+    )
     # the recorded Ctrl-C log without its agent's stop line: torchrun's SignalException from a kill
     # that did not come through orch
     stopped = texts("nodelog/sigint_stop_node0_torch2.14.log")
@@ -117,37 +131,67 @@ def test_torchrun_killed_itself_and_torchrun_signalled_from_outside() -> None:
 
 
 def test_a_shells_exit_code_for_a_signal_is_read_as_the_signal() -> None:
-    block = ["Root Cause (first observed failure):", "[0]:", "  rank      : 0 (local_rank: 0)",
-             "  exitcode  : 137 (pid: 9)", "  traceback : To enable traceback see: https://pytorch.org/docs/",
-             "===="]
+    block = [
+        "Root Cause (first observed failure):",
+        "[0]:",
+        "  rank      : 0 (local_rank: 0)",
+        "  exitcode  : 137 (pid: 9)",
+        "  traceback : To enable traceback see: https://pytorch.org/docs/",
+        "====",
+    ]
     found = cause(block)
     assert found is not None and found.signal == "SIGKILL" and "137 (128 + 9" in found.text
 
 
 def test_hints_follow_the_error_line() -> None:
-    oom = ["Root Cause (first observed failure):", "[0]:", "  rank      : 1 (local_rank: 1)", "  exitcode  : 1 (pid: 9)",
-           "  traceback : Traceback (most recent call last):", "    File \"train.py\", line 3, in <module>",
-           "  torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "===="]
+    oom = [
+        "Root Cause (first observed failure):",
+        "[0]:",
+        "  rank      : 1 (local_rank: 1)",
+        "  exitcode  : 1 (pid: 9)",
+        "  traceback : Traceback (most recent call last):",
+        '    File "train.py", line 3, in <module>',
+        "  torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+        "====",
+    ]
     found = cause(oom)
     assert found is not None and found.text.startswith("torch.OutOfMemoryError: CUDA out of memory")
     assert "smaller batch" in (found.hint or "")
     # a glog/c10 header is not part of the cause
-    line = ("[default0]:[rank0]:[E1201 11:12:35.123456 1234 torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:632] "
-            "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=4, OpType=ALLREDUCE) ran for "
-            "600011 milliseconds before timing out.")  # written for this test in c10's format: no GPU here
-    assert gpu_error(rank_lines([line], 0)) == ("[Rank 0] Watchdog caught collective operation timeout: WorkNCCL("
-                                                "SeqNum=4, OpType=ALLREDUCE) ran for 600011 milliseconds before timing out.")
+    line = (
+        "[default0]:[rank0]:[E1201 11:12:35.123456 1234 torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:632] "
+        "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=4, OpType=ALLREDUCE) ran for "
+        "600011 milliseconds before timing out."
+    )  # written for this test in c10's format: no GPU here
+    assert gpu_error(rank_lines([line], 0)) == (
+        "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL("
+        "SeqNum=4, OpType=ALLREDUCE) ran for 600011 milliseconds before timing out."
+    )
 
 
 def test_a_line_of_another_thread_inside_the_traceback_does_not_hide_its_exception() -> None:
-    tb = ["Traceback (most recent call last):", '  File "train.py", line 9, in <module>', "    main()",
-          "epoch 3 loss=0.41", '  File "train.py", line 5, in main', "    raise ValueError('bad shard 7')",
-          "ValueError: bad shard 7"]
+    tb = [
+        "Traceback (most recent call last):",
+        '  File "train.py", line 9, in <module>',
+        "    main()",
+        "epoch 3 loss=0.41",
+        '  File "train.py", line 5, in main',
+        "    raise ValueError('bad shard 7')",
+        "ValueError: bad shard 7",
+    ]
     assert exception_line(tb) == "ValueError: bad shard 7"
     assert exception_line(tb[:-1] + ["KeyboardInterrupt"]) == "KeyboardInterrupt"
     assert exception_line(tb[:-1] + ["done", "saved", "bye", "exit", "x"]) is None  # words, not exceptions
-    assert exception_line(["Traceback (most recent call last):", "  File 'run.py'",
-                           "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: "]) is None
+    assert (
+        exception_line(
+            [
+                "Traceback (most recent call last):",
+                "  File 'run.py'",
+                "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+            ]
+        )
+        is None
+    )
 
 
 def test_nothing_known_is_none_and_the_reason_stays() -> None:
@@ -190,10 +234,15 @@ def test_orch_up_ends_with_the_cause_and_its_hint_after_the_excerpt(capsys: pyte
     assert capsys.readouterr().err.rstrip("\n").splitlines()[-2:] == [head, "  hint: a hint"]
 
 
-@pytest.mark.parametrize("name", ["torchrun_failure_summary_exitcode1_unsloth-4.txt",
-                                  "torchrun_failure_summary_SIGKILL_CPPO-6.txt",
-                                  "torchrun_failure_summary_8rank_SIGABRT_tail_picotron-6.txt",
-                                  "torchrun_tee3_2proc_exit3_stderr_torch2.14.txt"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "torchrun_failure_summary_exitcode1_unsloth-4.txt",
+        "torchrun_failure_summary_SIGKILL_CPPO-6.txt",
+        "torchrun_failure_summary_8rank_SIGABRT_tail_picotron-6.txt",
+        "torchrun_tee3_2proc_exit3_stderr_torch2.14.txt",
+    ],
+)
 def test_torchruns_recorded_summaries_are_left_out_of_the_excerpt(name: str) -> None:
     from orchestrator.run.supervise import select_excerpt
 
@@ -223,10 +272,19 @@ def test_orch_status_shows_cause_and_hint_and_reads_an_older_run_json(capsys: py
     data = {"run": "r1", "state": "failed", "nodes": [], "first_failure": f.to_json()}
     render.status_table(control.status_report(data, {}))
     out = " ".join(capsys.readouterr().out.split())
-    assert "first failure: n1 (node rank 1, rank 1, exit code 1): python -m trainer: error: unrecognized " \
-           "arguments: --epocs" in out and "hint: the job's arguments" in out and "orch logs r1 --node n1" in out
-    old = {"run": "r0", "state": "failed", "nodes": [],  # run.json written before causes existed
-           "first_failure": {"node": "n1", "rank": 3, "exit_code": 1, "reason": "exited with code 1", "excerpt": []}}
+    assert (
+        "first failure: n1 (node rank 1, rank 1, exit code 1): python -m trainer: error: unrecognized "
+        "arguments: --epocs"
+        in out
+        and "hint: the job's arguments" in out
+        and "orch logs r1 --node n1" in out
+    )
+    old = {
+        "run": "r0",
+        "state": "failed",
+        "nodes": [],  # run.json written before causes existed
+        "first_failure": {"node": "n1", "rank": 3, "exit_code": 1, "reason": "exited with code 1", "excerpt": []},
+    }
     render.status_table(control.status_report(old, {}))
     assert "first failure: n1 (rank 3, exit code 1): exited with code 1" in " ".join(capsys.readouterr().out.split())
 
@@ -254,8 +312,9 @@ def test_a_lost_peer_first_is_a_consequence_and_the_rank_that_raised_is_named() 
     real = blame(f, {"gpu1": lines}, {"gpu1": NodeSpec("gpu1", 0, 0, 2)})
     assert (real.node, real.node_rank, real.rank, real.local_rank) == ("gpu1", 0, 0, 0)
     assert real.cause == "ValueError: Segment dataset requires equal numbers of boxes and segments"
-    assert real.hint is not None and real.hint == ("rank 1 on gpu1 lost its peer 0.013 s before this (Connection closed by peer): a "
-                                        "consequence of it")
+    assert real.hint is not None and real.hint == (
+        "rank 1 on gpu1 lost its peer 0.013 s before this (Connection closed by peer): a consequence of it"
+    )
     assert real.exit_code == 1 and real.reason == "exited with code 1"
     assert any("ValueError: Segment dataset" in x for x in real.excerpt)
 
@@ -289,12 +348,25 @@ def test_the_supervisor_names_the_real_exception_for_runs_and_status() -> None:
     from orchestrator.run.supervise import NodeSpec, Supervisor
 
     n0, n1 = raw("nodelog/raise_rank3_other-node_torch2.14.log"), raw("nodelog/raise_rank3_failing-node_torch2.14.log")
-    rounds = iter([{"n0": NodeStatus(NodeState.FAILED, exit_code=1, finished_at=50.0),
-                    "n1": NodeStatus(NodeState.RUNNING, agent_alive=True, job_alive=True)}])
+    rounds = iter(
+        [
+            {
+                "n0": NodeStatus(NodeState.FAILED, exit_code=1, finished_at=50.0),
+                "n1": NodeStatus(NodeState.RUNNING, agent_alive=True, job_alive=True),
+            }
+        ]
+    )
     specs = [NodeSpec("n0", 0, 0, 2), NodeSpec("n1", 1, 2, 2)]
-    sup = Supervisor(specs, observe=lambda: next(rounds), stop_all=lambda: {s.name: StopResult(None) for s in specs},
-                     excerpt=lambda node: n0 if node == "n0" else n1, interval=1.0, unreachable_grace=10.0,
-                     clock=lambda: 0.0, sleep=lambda s: None)
+    sup = Supervisor(
+        specs,
+        observe=lambda: next(rounds),
+        stop_all=lambda: {s.name: StopResult(None) for s in specs},
+        excerpt=lambda node: n0 if node == "n0" else n1,
+        interval=1.0,
+        unreachable_grace=10.0,
+        clock=lambda: 0.0,
+        sleep=lambda s: None,
+    )
     out = sup.run()
     assert out.failure is not None and (out.failure.node, out.failure.rank) == ("n1", 3)
     assert out.failure.cause == "RuntimeError: injected failure on rank 3 at step 2"

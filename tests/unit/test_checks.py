@@ -52,29 +52,79 @@ job:
 
 def base_raw(name: str) -> dict[str, Any]:
     return {
-        "env": {}, "inventory_env": [],
-        "tz": {"TZ": None, "localtime": "/usr/share/zoneinfo/Asia/Shanghai", "etc_timezone": None,
-               "abbr": "CST", "utcoffset": "+0800"},
-        "ifaces": [{"name": "lo", "up": True, "ipv4": ["127.0.0.1"]},
-                   {"name": "ens2f1", "up": True, "ipv4": [f"10.0.0.{name[-1]}"]}],
+        "env": {},
+        "inventory_env": [],
+        "tz": {
+            "TZ": None,
+            "localtime": "/usr/share/zoneinfo/Asia/Shanghai",
+            "etc_timezone": None,
+            "abbr": "CST",
+            "utcoffset": "+0800",
+        },
+        "ifaces": [
+            {"name": "lo", "up": True, "ipv4": ["127.0.0.1"]},
+            {"name": "ens2f1", "up": True, "ipv4": [f"10.0.0.{name[-1]}"]},
+        ],
         "ib": {"devices": {}},
-        "gpus": {"source": "nvidia-smi", "query": {"rc": None, "out": "", "err": "nvidia-smi: not found"},
-                 "table": {"rc": None, "out": "", "err": "nvidia-smi: not found"}},
-        "software": {"python": "3.10.12", "torch": "2.1.0+cu121", "cuda": "12.1", "nccl": "2.18.1",
-                     "ultralytics": "8.2.37"},
+        "gpus": {
+            "source": "nvidia-smi",
+            "query": {"rc": None, "out": "", "err": "nvidia-smi: not found"},
+            "table": {"rc": None, "out": "", "err": "nvidia-smi: not found"},
+        },
+        "software": {
+            "python": "3.10.12",
+            "torch": "2.1.0+cu121",
+            "cuda": "12.1",
+            "nccl": "2.18.1",
+            "ultralytics": "8.2.37",
+        },
         "ntp": {"server": "10.0.0.1", "offset_ms": 1.5, "delay_ms": 0.4, "errors": []},
-        "paths": {"data": {"path": "/data/coco.yaml", "exists": True, "is_file": True, "size": 20,
-                           "sha256": "aa" * 32, "text": "path: /data\nnames: {0: person}\n"}},
+        "paths": {
+            "data": {
+                "path": "/data/coco.yaml",
+                "exists": True,
+                "is_file": True,
+                "size": 20,
+                "sha256": "aa" * 32,
+                "text": "path: /data\nnames: {0: person}\n",
+            }
+        },
         "workdir": {"path": "/srv/job", "exists": True, "is_dir": True},
         "listen": {"ring": {"addr": "x", "port": 40000}},
     }
 
 
-TRAINER_ACCEPTS = {"kind": "trainer", "rc": 0, "err": "", "seconds": 3.2, "out": json.dumps({
-    "trainer_check": 1, "ok": True, "rank": 0, "world_size": 8, "local_world_size": 2, "launched": True,
-    "device": "cpu", "amp": "off", "model": "yolo12n.yaml", "task": "detect", "yoloe": False, "weights": None,
-    "data": "/data/coco.yaml", "classes": 1, "batch": 64, "epochs": 100, "device_ids": None,
-    "out": "/srv/job/runs/train/preflight-1a2b3c4d", "resume": None, "resume_epoch": None}) + "\n"}
+TRAINER_ACCEPTS = {
+    "kind": "trainer",
+    "rc": 0,
+    "err": "",
+    "seconds": 3.2,
+    "out": json.dumps(
+        {
+            "trainer_check": 1,
+            "ok": True,
+            "rank": 0,
+            "world_size": 8,
+            "local_world_size": 2,
+            "launched": True,
+            "device": "cpu",
+            "amp": "off",
+            "model": "yolo12n.yaml",
+            "task": "detect",
+            "yoloe": False,
+            "weights": None,
+            "data": "/data/coco.yaml",
+            "classes": 1,
+            "batch": 64,
+            "epochs": 100,
+            "device_ids": None,
+            "out": "/srv/job/runs/train/preflight-1a2b3c4d",
+            "resume": None,
+            "resume_epoch": None,
+        }
+    )
+    + "\n",
+}
 """What the probe brings back from `python -m trainer --check` on the master (the JSON line as
 trainer/check.py prints it)."""
 
@@ -118,15 +168,20 @@ def test_clean_cluster_passes_and_hardware_checks_skip() -> None:
     assert len(results) == 11 * 4  # one result per (check, node)
     skipped = ("gpus", "rdma", "container", "fabric")  # fabric: opt-in; container: the job runs on the host
     assert {r.status for r in results if r.check in skipped} == {"skip"}
-    assert all(r.status == "ok" for r in results if r.check not in skipped), \
-        [r for r in results if r.status != "ok" and r.check not in skipped]
+    assert all(r.status == "ok" for r in results if r.check not in skipped), [
+        r for r in results if r.status != "ok" and r.check not in skipped
+    ]
 
 
 def test_unreachable_node_fails_ssh_and_skips_the_rest() -> None:
     inv = inventory()
     facts = make_facts(inv)
-    facts["n3"] = NodeFacts(inv.node("n3"), error="n3: connection to root@10.0.0.3:22 refused",
-                            error_kind="unreachable", hint="is sshd running on that port?")
+    facts["n3"] = NodeFacts(
+        inv.node("n3"),
+        error="n3: connection to root@10.0.0.3:22 refused",
+        error_kind="unreachable",
+        hint="is sshd running on that port?",
+    )
     for nf in facts.values():  # nobody reaches n3's ring port
         nf.reach = [r for r in nf.reach if r["node"] != "n3"]
     results = run(inv, facts)
@@ -141,8 +196,15 @@ def test_unreachable_nodes_fill_one_row_each_in_the_table_and_every_row_in_json(
     """v100.yaml with its 4 nodes down: 4 ssh rows with their errors and one line for the 40 skipped
     results, not 44 rows; the JSON keeps one result per (check, node) and names who was not probed."""
     inv = inventory()
-    facts = {n.name: NodeFacts(n, error=f"{n.name}: cannot resolve the name {n.host}: Name or service not known",
-                               error_kind="unreachable", hint="check host:") for n in inv.nodes}
+    facts = {
+        n.name: NodeFacts(
+            n,
+            error=f"{n.name}: cannot resolve the name {n.host}: Name or service not known",
+            error_kind="unreachable",
+            hint="check host:",
+        )
+        for n in inv.nodes
+    }
     results = run(inv, facts)
     report = CheckReport(results, not_probed={n: f"cannot resolve the name 10.0.0.{n[-1]}" for n in facts})
     data = report.to_json("t.yaml")
@@ -152,8 +214,10 @@ def test_unreachable_nodes_fill_one_row_each_in_the_table_and_every_row_in_json(
     text = buf.getvalue()
     rows = [line for line in text.splitlines() if any(f" {n} " in line for n in NODES)]
     assert len(rows) == 4 and all("ssh" in rows[0] and "cannot resolve the name" in r for r in rows), text
-    assert ("not probed, so 40 other results skipped: 10 checks (clock, timezone, nccl_env, rdma, gpus, software, "
-            "job, ports, container, fabric) on n[1-4] (why: their ssh rows)") in text
+    assert (
+        "not probed, so 40 other results skipped: 10 checks (clock, timezone, nccl_env, rdma, gpus, software, "
+        "job, ports, container, fabric) on n[1-4] (why: their ssh rows)"
+    ) in text
     assert "preflight failed: 4 fail, 40 skip" in text
 
 
@@ -168,8 +232,9 @@ def test_clock_over_limit_on_one_node_via_ntp() -> None:
     assert offsets["n2"] == 2034.0 and "10.0.0.1" in ref
 
 
-def test_the_controllers_own_clock_is_reported_in_the_clock_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_controllers_own_clock_is_reported_in_the_clock_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from orchestrator.cli.render import skew_note
     from orchestrator.preflight.controller_clock import ControllerClock
     from orchestrator.preflight.runner import save_report
@@ -180,7 +245,10 @@ def test_the_controllers_own_clock_is_reported_in_the_clock_rows(tmp_path: Path,
     for nf in facts.values():
         nf.controller_clock = ControllerClock("10.0.0.1", 2034.2, 0.8)
     rows = by(run(inv, facts), "clock")
-    assert rows["n1"].status == "warn" and "the controller is +2034.2 ms off 10.0.0.1: orch logs --since" in rows["n1"].detail
+    assert (
+        rows["n1"].status == "warn"
+        and "the controller is +2034.2 ms off 10.0.0.1: orch logs --since" in rows["n1"].detail
+    )
     assert rows["n3"].status == "ok" and "the controller is +2034.2 ms off 10.0.0.1" in rows["n3"].detail
     for nf in facts.values():
         nf.controller_clock = ControllerClock("10.0.0.1", error="timed out")
@@ -194,7 +262,9 @@ def test_the_controllers_own_clock_is_reported_in_the_clock_rows(tmp_path: Path,
     monkeypatch.setenv("ORCH_HOME", str(tmp_path))
     facts = make_facts(inv, {"n2": lambda raw, nf: raw["ntp"].update(offset_ms=-12.5)})
     offsets, _, ref = checks.clock_offsets(inv, facts)
-    save_report(inv, CheckReport(run(inv, facts), offsets, ref, controller_clock=ControllerClock("10.0.0.1", -3.25, 0.5)))
+    save_report(
+        inv, CheckReport(run(inv, facts), offsets, ref, controller_clock=ControllerClock("10.0.0.1", -3.25, 0.5))
+    )
     assert clock_reference(None, inv.name) == ("NTP server 10.0.0.1", -3.25)
     skew_note(offsets, "checks/t.json", *clock_reference(None, inv.name))
     assert "against NTP server 10.0.0.1, which this controller was -3.2 ms off: n1 +1.5 ms" in capsys.readouterr().err
@@ -202,8 +272,13 @@ def test_the_controllers_own_clock_is_reported_in_the_clock_rows(tmp_path: Path,
 
 def test_clock_warns_over_half_and_fails_without_answer() -> None:
     inv = inventory()
-    facts = make_facts(inv, {"n2": lambda raw, nf: raw["ntp"].update(offset_ms=-30.0),
-                             "n4": lambda raw, nf: raw.update(ntp={"server": "10.0.0.1", "errors": ["timed out"]})})
+    facts = make_facts(
+        inv,
+        {
+            "n2": lambda raw, nf: raw["ntp"].update(offset_ms=-30.0),
+            "n4": lambda raw, nf: raw.update(ntp={"server": "10.0.0.1", "errors": ["timed out"]}),
+        },
+    )
     c = by(checks.check_clock(inv, facts), "clock")
     assert c["n2"].status == "warn" and c["n2"].value == "-30 ms"
     assert c["n4"].status == "fail" and "timed out" in c["n4"].detail
@@ -215,6 +290,7 @@ def test_clock_without_ntp_server_judges_spread_from_ssh_estimates() -> None:
 
     def skew(raw: dict[str, Any], nf: NodeFacts) -> None:
         nf.ssh_offset_ms = 2000.0
+
     facts = make_facts(inv, {"n3": skew})
     c = by(checks.check_clock(inv, facts), "clock")
     # each node against the controller (± rtt/2): n3 is 2000 ms off, the others 0.5 ms
@@ -226,11 +302,13 @@ def test_clock_without_ntp_server_judges_spread_from_ssh_estimates() -> None:
 def test_clock_without_ntp_server_blames_the_node_that_is_off_even_with_two_nodes() -> None:
     """Against the median of two nodes a 100 ms skew was split in half (50 ms each, a warning on
     both); against the controller the skewed node fails and the other passes."""
-    inv = parse(inventory(ntp=False).source.replace("10.0.0.[1-4]", "10.0.0.[1-2]").replace("n[1-4]", "n[1-2]"),
-                "t.yaml")
+    inv = parse(
+        inventory(ntp=False).source.replace("10.0.0.[1-4]", "10.0.0.[1-2]").replace("n[1-4]", "n[1-2]"), "t.yaml"
+    )
 
     def skew(raw: dict[str, Any], nf: NodeFacts) -> None:
         nf.ssh_offset_ms = 100.5
+
     facts = make_facts(inv, {"n2": skew})
     c = by(checks.check_clock(inv, facts), "clock")
     assert c["n2"].status == "fail" and c["n2"].value == "+100 ms", c["n2"]
@@ -252,10 +330,19 @@ def test_timezone_majority_and_expected() -> None:
     assert tz2["n1"].status == "fail" and "checks.timezone is Etc/UTC" in tz2["n1"].detail
 
 
-@pytest.mark.parametrize("value,status", [
-    ("ens2f1", "ok"), ("ens", "ok"), ("=ens2f1", "ok"), ("=ens2", "fail"), ("eth9", "fail"),
-    ("^lo,ens", "fail"), ("^docker,lo", "ok"), ("ib0,ens2f1", "warn"),
-])
+@pytest.mark.parametrize(
+    "value,status",
+    [
+        ("ens2f1", "ok"),
+        ("ens", "ok"),
+        ("=ens2f1", "ok"),
+        ("=ens2", "fail"),
+        ("eth9", "fail"),
+        ("^lo,ens", "fail"),
+        ("^docker,lo", "ok"),
+        ("ib0,ens2f1", "warn"),
+    ],
+)
 def test_socket_ifname_syntax(value: str, status: str) -> None:
     inv = inventory(f"env:\n  NCCL_SOCKET_IFNAME: '{value}'")
     facts = make_facts(inv, {n: (lambda raw, nf: raw["env"].update(NCCL_SOCKET_IFNAME=value)) for n in NODES})
@@ -277,6 +364,7 @@ def test_interface_missing_or_down_on_one_node() -> None:
 
     def down(raw: dict[str, Any], nf: NodeFacts) -> None:
         raw["ifaces"][1].update(up=False)
+
     edits = {n: (lambda raw, nf: raw["env"].update(NCCL_SOCKET_IFNAME="ens2f1")) for n in NODES}
     facts = make_facts(inv, edits)
     lacks(facts["n2"].raw, facts["n2"])
@@ -290,8 +378,20 @@ def test_interface_missing_or_down_on_one_node() -> None:
 
 def test_ib_disable_with_rdma_required_fails_that_node_only() -> None:
     inv = inventory(rdma=True)
-    ib = {"devices": {"mlx5_0": {"ports": {"1": {"state": "4: ACTIVE", "phys_state": "5: LinkUp",
-                                                 "rate": "100 Gb/sec (4X EDR)", "link_layer": "InfiniBand"}}}}}
+    ib = {
+        "devices": {
+            "mlx5_0": {
+                "ports": {
+                    "1": {
+                        "state": "4: ACTIVE",
+                        "phys_state": "5: LinkUp",
+                        "rate": "100 Gb/sec (4X EDR)",
+                        "link_layer": "InfiniBand",
+                    }
+                }
+            }
+        }
+    }
     edits = {n: (lambda raw, nf: raw.update(ib=copy.deepcopy(ib))) for n in NODES}
     facts = make_facts(inv, edits)
     facts["n3"].raw["env"]["NCCL_IB_DISABLE"] = "1"
@@ -312,8 +412,14 @@ def test_env_differing_from_majority_is_a_warning_naming_both() -> None:
 
 def gloo_host(addrs: list[str], usable: list[str] | None = None) -> Any:
     """The probe's `gloo_host` fact: the hostname resolves to `addrs`, of which `usable` bind."""
-    return lambda raw, nf: raw.update(gloo_host={"hostname": nf.node.name, "addrs": addrs,
-                                                 "usable": addrs if usable is None else usable, "error": None})
+    return lambda raw, nf: raw.update(
+        gloo_host={
+            "hostname": nf.node.name,
+            "addrs": addrs,
+            "usable": addrs if usable is None else usable,
+            "error": None,
+        }
+    )
 
 
 def test_gloo_listening_on_loopback_fails_every_node_of_a_cpu_job_naming_the_key() -> None:
@@ -325,14 +431,18 @@ def test_gloo_listening_on_loopback_fails_every_node_of_a_cpu_job_naming_the_key
     assert {n: r.status for n, r in res.items()} == dict.fromkeys(NODES, "fail")
     assert "hostname 'n1' resolves to nothing: Gloo would listen on 127.0.0.1 (loopback)" in res["n1"].detail
     assert "resolves to 127.0.1.1: Gloo would listen on 127.0.1.1 (loopback)" in res["n2"].detail
-    assert "GLOO_SOCKET_IFNAME=ens2f1 in the inventory env (the interface of this node's addr 10.0.0.3)" in res["n3"].hint
+    assert (
+        "GLOO_SOCKET_IFNAME=ens2f1 in the inventory env (the interface of this node's addr 10.0.0.3)" in res["n3"].hint
+    )
     gpus = inventory("env:\n  NCCL_SOCKET_IFNAME: ens2f1", gpus=True)  # the trainer on GPUs: NCCL, no Gloo group
     res = by(checks.check_nccl_env(gpus, make_facts(gpus, nowhere)), "nccl_env")
     assert {r.status for r in res.values()} == {"warn"} and "GLOO_SOCKET_IFNAME=ens2f1" in res["n1"].hint
     gpus_cpu = replace(gpus, job=replace(gpus.job, raw_args={**gpus.job.raw_args, "device": "cpu"}))  # Gloo again
     assert {r.status for r in checks.check_nccl_env(gpus_cpu, make_facts(gpus_cpu, nowhere))} == {"fail"}
     fixed = inventory("env:\n  NCCL_SOCKET_IFNAME: ens2f1\n  GLOO_SOCKET_IFNAME: ens2f1")
-    edits = {n: (lambda raw, nf: (gloo_host([])(raw, nf), raw["env"].update(GLOO_SOCKET_IFNAME="ens2f1"))) for n in NODES}
+    edits = {
+        n: (lambda raw, nf: (gloo_host([])(raw, nf), raw["env"].update(GLOO_SOCKET_IFNAME="ens2f1"))) for n in NODES
+    }
     assert {r.status for r in checks.check_nccl_env(fixed, make_facts(fixed, edits))} == {"ok"}
     routed = {n: gloo_host([f"10.0.0.{n[-1]}"]) for n in NODES}
     res = by(checks.check_nccl_env(inv, make_facts(inv, routed)), "nccl_env")
@@ -350,6 +460,7 @@ def _fixture_ib(name: str) -> dict[str, Any]:
     import os
 
     from orchestrator.node import probe
+
     old = os.environ.get("ORCH_PROBE_FIXTURES")
     os.environ["ORCH_PROBE_FIXTURES"] = str(FIX / name)
     try:
@@ -362,16 +473,21 @@ def _fixture_ib(name: str) -> dict[str, Any]:
 
 
 def _fixture_gpus(name: str) -> dict[str, Any]:
-    return {"source": f"fixture {name}", "query": {"rc": None, "out": "", "err": "absent"},
-            "table": {"rc": 0, "out": (FIX / name / "nvidia-smi.txt").read_text(), "err": ""}}
+    return {
+        "source": f"fixture {name}",
+        "query": {"rc": None, "out": "", "err": "absent"},
+        "table": {"rc": 0, "out": (FIX / name / "nvidia-smi.txt").read_text(), "err": ""},
+    }
 
 
 def test_rdma_port_down_and_device_missing_from_fixtures() -> None:
     inv = inventory(rdma=True)
-    edits = {"n1": lambda raw, nf: raw.update(ib=_fixture_ib("v100")),
-             "n2": lambda raw, nf: raw.update(ib=_fixture_ib("mlx5-port-down")),
-             "n3": lambda raw, nf: raw.update(ib=_fixture_ib("mlx5-missing")),
-             "n4": lambda raw, nf: raw.update(ib=_fixture_ib("v100"))}
+    edits = {
+        "n1": lambda raw, nf: raw.update(ib=_fixture_ib("v100")),
+        "n2": lambda raw, nf: raw.update(ib=_fixture_ib("mlx5-port-down")),
+        "n3": lambda raw, nf: raw.update(ib=_fixture_ib("mlx5-missing")),
+        "n4": lambda raw, nf: raw.update(ib=_fixture_ib("v100")),
+    }
     res = checks.run_checks(inv, make_facts(inv, edits), ["rdma"])
     assert only_failure(res) == {("rdma", "n2"), ("rdma", "n3")}
     r = by(res, "rdma")
@@ -392,10 +508,12 @@ def test_rdma_ring_unreachable_fails_the_connecting_node() -> None:
 
 def test_gpus_missing_gpu_and_driver_mismatch_from_fixtures() -> None:
     inv = inventory(gpus=True)
-    edits = {"n1": lambda raw, nf: raw.update(gpus=_fixture_gpus("v100")),
-             "n2": lambda raw, nf: raw.update(gpus=_fixture_gpus("v100-missing-gpu")),
-             "n3": lambda raw, nf: raw.update(gpus=_fixture_gpus("v100-driver-mismatch")),
-             "n4": lambda raw, nf: raw.update(gpus=_fixture_gpus("v100"))}
+    edits = {
+        "n1": lambda raw, nf: raw.update(gpus=_fixture_gpus("v100")),
+        "n2": lambda raw, nf: raw.update(gpus=_fixture_gpus("v100-missing-gpu")),
+        "n3": lambda raw, nf: raw.update(gpus=_fixture_gpus("v100-driver-mismatch")),
+        "n4": lambda raw, nf: raw.update(gpus=_fixture_gpus("v100")),
+    }
     res = checks.run_checks(inv, make_facts(inv, edits), ["gpus", "job"])
     # nproc_per_node > visible GPUs is judged once, under gpus (the inventory already refuses
     # nproc_per_node > declared gpus before anything connects)
@@ -419,12 +537,18 @@ def test_software_mismatch_missing_torch_and_bad_python() -> None:
 
     def fallback(raw: dict[str, Any], nf: NodeFacts) -> None:
         nf.python_fallback = "/opt/py/bin/python could not run the probe: No such file or directory"
-    edits = {"n2": lambda raw, nf: raw["software"].update(torch="2.2.0+cu121"),
-             "n3": lambda raw, nf: raw["software"].update(torch=None, torch_error="ModuleNotFoundError"),
-             "n4": fallback}
+
+    edits = {
+        "n2": lambda raw, nf: raw["software"].update(torch="2.2.0+cu121"),
+        "n3": lambda raw, nf: raw["software"].update(torch=None, torch_error="ModuleNotFoundError"),
+        "n4": fallback,
+    }
     s = by(checks.check_software(inv, make_facts(inv, edits)), "software")
     assert s["n1"].status == "ok"
-    assert s["n2"].status == "fail" and "torch 2.2.0+cu121 differs from the majority (2 nodes: 2.1.0+cu121)" in s["n2"].detail
+    assert (
+        s["n2"].status == "fail"
+        and "torch 2.2.0+cu121 differs from the majority (2 nodes: 2.1.0+cu121)" in s["n2"].detail
+    )
     assert s["n3"].status == "fail" and "not importable" in s["n3"].detail
     assert s["n4"].status == "fail" and "job.python /opt/py/bin/python does not work here" in s["n4"].detail
 
@@ -455,8 +579,10 @@ def test_job_relative_path_and_batch_are_reported_once_on_the_master() -> None:
     assert "model" not in r.detail  # yolo12n.yaml is a built-in config name
     n2 = by(res, "job")["n2"]
     assert n2.status == "ok" and "in place" not in n2.detail.split(";")[1], n2
-    assert n2.detail == ("workdir /srv/job in place and identical on every node; not checked on any node: data, weights "
-                         "(relative path: cluster-wide, on n1's row); the job's own check runs on n1")
+    assert n2.detail == (
+        "workdir /srv/job in place and identical on every node; not checked on any node: data, weights "
+        "(relative path: cluster-wide, on n1's row); the job's own check runs on n1"
+    )
 
 
 def test_the_trainers_refusal_is_the_job_finding_and_not_repeated() -> None:
@@ -491,15 +617,23 @@ def test_a_module_that_does_not_import_and_a_trainer_that_cannot_start() -> None
     assert r.detail == "module trainr is not importable by /opt/py/bin/python in /srv/job: No module named 'trainr'"
     assert r.hint.startswith("did you mean module: trainer?")
     inv = inventory()
-    crashed = {"kind": "trainer", "rc": 1, "out": "", "seconds": 0.1,
-               "err": "/opt/py/bin/python: No module named trainer\n"}
-    r = by(checks.run_checks(inv, make_facts(inv, {"n1": lambda raw, nf: raw.update(job_check=crashed)}), ["job"]),
-           "job")["n1"]
+    crashed = {
+        "kind": "trainer",
+        "rc": 1,
+        "out": "",
+        "seconds": 0.1,
+        "err": "/opt/py/bin/python: No module named trainer\n",
+    }
+    r = by(
+        checks.run_checks(inv, make_facts(inv, {"n1": lambda raw, nf: raw.update(job_check=crashed)}), ["job"]), "job"
+    )["n1"]
     assert r.status == "fail" and r.detail == (
-        "`python -m trainer` cannot start with /opt/py/bin/python in /srv/job: /opt/py/bin/python: No module named trainer")
+        "`python -m trainer` cannot start with /opt/py/bin/python in /srv/job: /opt/py/bin/python: No module named trainer"
+    )
     slow = {"kind": "trainer", "rc": None, "out": "", "err": "", "seconds": 90.0, "error": "no answer within 90 s"}
-    r = by(checks.run_checks(inv, make_facts(inv, {"n1": lambda raw, nf: raw.update(job_check=slow)}), ["job"]),
-           "job")["n1"]
+    r = by(checks.run_checks(inv, make_facts(inv, {"n1": lambda raw, nf: raw.update(job_check=slow)}), ["job"]), "job")[
+        "n1"
+    ]
     assert r.status == "warn" and "no answer within 90 s: not verified" in r.detail
 
 
@@ -513,17 +647,25 @@ def test_the_job_check_runs_on_the_master_as_its_first_rank_and_never_carries_en
     assert req is not None and req["argv"][:4] == ["/opt/py/bin/python", "-m", "trainer", "--check"]
     assert req["argv"][4:] == list(inv.job.args) and req["cwd"] == "/srv/job"
     assert {k: req["env"][k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "ORCH_RUN_ID")} == {
-        "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "2", "ORCH_RUN_ID": "20261130-093205-t"}
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "8",
+        "LOCAL_WORLD_SIZE": "2",
+        "ORCH_RUN_ID": "20261130-093205-t",
+    }
     assert "s3cr3t" not in json.dumps(req)
     synced = parse(inv.source.replace("  workdir: /srv/job", "  workdir: /srv/job\n  sync: [/data]"), "t.yaml")
     ranks = [(jobcheck.request(synced, n, "r") or {}).get("env", {}).get("RANK") for n in synced.nodes]
     assert ranks == ["0", "2", "4", "6"]  # copies on every node: each node checked as its first rank
 
+
 def test_job_data_missing_differs_or_without_names_on_one_node() -> None:
     inv = inventory()
-    edits = {"n2": lambda raw, nf: raw["paths"]["data"].update(exists=False, is_file=False),
-             "n3": lambda raw, nf: raw["paths"]["data"].update(sha256="bb" * 32, text="path: /data\n"),
-             "n4": lambda raw, nf: raw["workdir"].update(exists=False, is_dir=False)}
+    edits = {
+        "n2": lambda raw, nf: raw["paths"]["data"].update(exists=False, is_file=False),
+        "n3": lambda raw, nf: raw["paths"]["data"].update(sha256="bb" * 32, text="path: /data\n"),
+        "n4": lambda raw, nf: raw["workdir"].update(exists=False, is_dir=False),
+    }
     res = checks.run_checks(inv, make_facts(inv, edits), ["job"])
     assert only_failure(res) == {("job", "n2"), ("job", "n3"), ("job", "n4")}
     r = by(res, "job")
@@ -533,18 +675,34 @@ def test_job_data_missing_differs_or_without_names_on_one_node() -> None:
 
 
 def test_job_files_add_an_absolute_script_and_the_sync_entries_once() -> None:
-    inv = parse(inventory().source.replace("  workdir: /srv/job\n", "  workdir: /srv/job\n  script: /srv/job/train.py\n"
-                                           "  sync: [/srv/job, /data/coco.yaml, /data/extra.yaml]\n"), "t.yaml")
-    assert job_files(inv) == {"model": "yolo12n.yaml", "data": "/data/coco.yaml", "script": "/srv/job/train.py",
-                                    "sync[0]": "/srv/job", "sync[2]": "/data/extra.yaml"}
-    relative = parse(inventory().source.replace("  workdir: /srv/job\n", "  workdir: /srv/job\n  script: train.py\n"),
-                     "t.yaml")
+    inv = parse(
+        inventory().source.replace(
+            "  workdir: /srv/job\n",
+            "  workdir: /srv/job\n  script: /srv/job/train.py\n  sync: [/srv/job, /data/coco.yaml, /data/extra.yaml]\n",
+        ),
+        "t.yaml",
+    )
+    assert job_files(inv) == {
+        "model": "yolo12n.yaml",
+        "data": "/data/coco.yaml",
+        "script": "/srv/job/train.py",
+        "sync[0]": "/srv/job",
+        "sync[2]": "/data/extra.yaml",
+    }
+    relative = parse(
+        inventory().source.replace("  workdir: /srv/job\n", "  workdir: /srv/job\n  script: train.py\n"), "t.yaml"
+    )
     assert job_files(relative)["script"] == "/srv/job/train.py"  # where torchrun, started in the workdir, finds it
 
 
 def test_job_synced_files_are_compared_and_the_hint_is_orch_sync() -> None:
-    inv = parse(inventory().source.replace("  workdir: /srv/job\n", "  workdir: /srv/job\n  script: /srv/job/train.py\n"
-                                           "  sync: [/srv/job, /data/coco.yaml]\n"), "t.yaml")
+    inv = parse(
+        inventory().source.replace(
+            "  workdir: /srv/job\n",
+            "  workdir: /srv/job\n  script: /srv/job/train.py\n  sync: [/srv/job, /data/coco.yaml]\n",
+        ),
+        "t.yaml",
+    )
     script = {"path": "/srv/job/train.py", "exists": True, "is_file": True, "size": 9, "sha256": "cc" * 32}
     work = {"path": "/srv/job", "exists": True, "is_file": False, "is_dir": True}
 
@@ -555,13 +713,19 @@ def test_job_synced_files_are_compared_and_the_hint_is_orch_sync() -> None:
         return lambda raw, nf: (healthy(raw, nf), fault(raw))
 
     edits = {n: healthy for n in NODES}
-    edits.update({
-        "n2": edit(lambda raw: raw["paths"]["script"].update(sha256="dd" * 32)),
-        "n3": edit(lambda raw: (raw["paths"]["sync[0]"].update(exists=False, is_dir=False),
-                                raw["workdir"].update(exists=False, is_dir=False),
-                                raw["paths"]["script"].update(exists=False, is_file=False))),
-        "n4": edit(lambda raw: raw["paths"]["data"].update(sha256="bb" * 32)),
-    })
+    edits.update(
+        {
+            "n2": edit(lambda raw: raw["paths"]["script"].update(sha256="dd" * 32)),
+            "n3": edit(
+                lambda raw: (
+                    raw["paths"]["sync[0]"].update(exists=False, is_dir=False),
+                    raw["workdir"].update(exists=False, is_dir=False),
+                    raw["paths"]["script"].update(exists=False, is_file=False),
+                )
+            ),
+            "n4": edit(lambda raw: raw["paths"]["data"].update(sha256="bb" * 32)),
+        }
+    )
     res = checks.run_checks(inv, make_facts(inv, edits), ["job"])
     assert only_failure(res) == {("job", "n2"), ("job", "n3"), ("job", "n4")}
     r = by(res, "job")
@@ -575,8 +739,19 @@ def test_job_synced_files_are_compared_and_the_hint_is_orch_sync() -> None:
 
 def test_ports_taken_on_master_and_unreachable_from_one_node() -> None:
     inv = inventory()
-    facts = make_facts(inv, {"n1": lambda raw, nf: nf.listen.update(master_port={
-        "port": 29500, "bound": False, "error": "Address already in use (errno 98)", "holder": "python3 pid 99"})})
+    facts = make_facts(
+        inv,
+        {
+            "n1": lambda raw, nf: nf.listen.update(
+                master_port={
+                    "port": 29500,
+                    "bound": False,
+                    "error": "Address already in use (errno 98)",
+                    "holder": "python3 pid 99",
+                }
+            )
+        },
+    )
     p = by(checks.check_ports(inv, facts), "ports")
     assert p["n1"].status == "fail" and "taken by python3 pid 99" in p["n1"].detail and "master.port" in p["n1"].hint
     assert {p[n].status for n in ("n2", "n3", "n4")} == {"ok"} and "not tested" in p["n2"].detail
@@ -598,8 +773,9 @@ def test_a_container_left_by_a_run_of_this_cluster_fails_naming_it_and_orch_down
     assert probe_args(inventory(), inv.nodes[1], ["container"], "tok", 4)["container_leftovers"] is None
     listed = {"rc": 0, "err": "", "out": "3f2a\torch-r7-n2-abcd\tr7\trunning\n"}
     clean = {"rc": 0, "err": "", "out": ""}
-    facts = make_facts(inv, {n: (lambda raw, nf, n=n: raw.update(containers=listed if n == "n2" else clean))
-                             for n in NODES})
+    facts = make_facts(
+        inv, {n: (lambda raw, nf, n=n: raw.update(containers=listed if n == "n2" else clean)) for n in NODES}
+    )
     c = by(checks.check_container(inv, facts), "container")
     assert c["n2"].status == "fail" and "container orch-r7-n2-abcd of run r7 is still here (running)" in c["n2"].detail
     assert c["n2"].hint == "orch down r7 (or podman rm -f orch-r7-n2-abcd)"
@@ -640,14 +816,16 @@ def test_report_json_shape_exit_code_and_table() -> None:
     assert CheckReport([r for r in results if r.status != "fail"]).ok
 
 
-def test_cli_exits_1_when_a_check_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_exits_1_when_a_check_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from orchestrator.cli import main
 
     monkeypatch.setenv("ORCH_HOME", str(tmp_path / "home"))
     inv = tmp_path / "inv.yaml"
-    inv.write_text(f"transport: local\nnodes:\n  - host: a\njob:\n  workdir: {tmp_path / 'missing'}\n"
-                   f"  python: {sys.executable}\n")
+    inv.write_text(
+        f"transport: local\nnodes:\n  - host: a\njob:\n  workdir: {tmp_path / 'missing'}\n  python: {sys.executable}\n"
+    )
     with pytest.raises(SystemExit) as exc:
         main(["check", str(inv), "--only", "job", "--json"])
     assert exc.value.code == 1
@@ -671,9 +849,11 @@ def test_chrony_view_of_the_node() -> None:
     local = (FIX / "chrony" / "chronyc_tracking_local-refid-7F7F0101_no-leap-line_omicron-5192.txt").read_text()
     slow = (FIX / "chrony" / "chronyc_tracking_large-offset_omnios-2576.txt").read_text()
     unsynced = slow.replace("Leap status     : Normal", "Leap status     : Not synchronised")
-    edits = {"n2": lambda raw, nf: raw.update(chrony={"rc": 0, "out": local, "err": ""}),
-             "n3": lambda raw, nf: raw.update(chrony={"rc": 0, "out": slow, "err": ""}),
-             "n4": lambda raw, nf: raw.update(chrony={"rc": 0, "out": unsynced, "err": ""})}
+    edits = {
+        "n2": lambda raw, nf: raw.update(chrony={"rc": 0, "out": local, "err": ""}),
+        "n3": lambda raw, nf: raw.update(chrony={"rc": 0, "out": slow, "err": ""}),
+        "n4": lambda raw, nf: raw.update(chrony={"rc": 0, "out": unsynced, "err": ""}),
+    }
     c = by(checks.check_clock(inv, make_facts(inv, edits)), "clock")
     # a local reference is normal on the cluster's own time server: a note, not a warning
     assert c["n2"].status == "ok" and "its own local clock" in c["n2"].detail
@@ -686,10 +866,29 @@ def test_verbs_ring_failure_names_the_tool() -> None:
     inv = inventory(rdma=True)
     edits = {n: (lambda raw, nf: raw.update(ib=_fixture_ib("v100"))) for n in NODES}
     facts = make_facts(inv, edits)
-    facts["n1"].reach.append({"kind": "verbs", "node": "n2", "addr": "10.0.0.2", "port": 18515, "device": "mlx5_0",
-                              "ok": False, "error": "Couldn't connect to 10.0.0.2:18515"})
-    facts["n3"].reach.append({"kind": "verbs", "node": "n4", "addr": "10.0.0.4", "port": 18515, "device": "mlx5_0",
-                              "ok": True, "ms": 12.0, "result": "8192000 bytes in 0.01 seconds = 9496.59 Mbit/sec"})
+    facts["n1"].reach.append(
+        {
+            "kind": "verbs",
+            "node": "n2",
+            "addr": "10.0.0.2",
+            "port": 18515,
+            "device": "mlx5_0",
+            "ok": False,
+            "error": "Couldn't connect to 10.0.0.2:18515",
+        }
+    )
+    facts["n3"].reach.append(
+        {
+            "kind": "verbs",
+            "node": "n4",
+            "addr": "10.0.0.4",
+            "port": 18515,
+            "device": "mlx5_0",
+            "ok": True,
+            "ms": 12.0,
+            "result": "8192000 bytes in 0.01 seconds = 9496.59 Mbit/sec",
+        }
+    )
     r = by(checks.check_rdma(inv, facts), "rdma")
     assert r["n1"].status == "fail" and "over verbs (ibv_rc_pingpong)" in r["n1"].detail
     assert "ibv_rc_pingpong -d mlx5_0 10.0.0.2" in r["n1"].hint
@@ -715,8 +914,14 @@ def test_saved_report_carries_offsets(tmp_path: Path, monkeypatch: pytest.Monkey
 
 def test_addr_that_is_not_the_nodes_own_fails_ports() -> None:
     inv = inventory()
-    facts = make_facts(inv, {"n2": lambda raw, nf: nf.listen.update(
-        ring={"addr": "10.0.0.2", "port": None, "error": "Cannot assign requested address (errno 99)"})})
+    facts = make_facts(
+        inv,
+        {
+            "n2": lambda raw, nf: nf.listen.update(
+                ring={"addr": "10.0.0.2", "port": None, "error": "Cannot assign requested address (errno 99)"}
+            )
+        },
+    )
     p = by(checks.check_ports(inv, facts), "ports")
     assert p["n2"].status == "fail" and "cannot listen on this node's addr 10.0.0.2" in p["n2"].detail
     assert "ip -br addr" in p["n2"].hint and p["n1"].status == "ok"
@@ -727,6 +932,7 @@ def test_slow_ssh_is_a_warning_over_the_threshold() -> None:
 
     def slow(raw: dict[str, Any], nf: NodeFacts) -> None:
         nf.connect_ms, nf.rtt_ms = 900.0, 300.0
+
     s = by(checks.check_ssh(inv, make_facts(inv, {"n4": slow})), "ssh")
     assert s["n4"].status == "warn" and s["n4"].value == "1200 ms" and "slower than 1000 ms" in s["n4"].detail
     assert s["n1"].status == "ok" and s["n1"].value == "24 ms"
@@ -735,23 +941,39 @@ def test_slow_ssh_is_a_warning_over_the_threshold() -> None:
 def test_job_output_directories_need_only_be_creatable() -> None:
     """`project: /runs/exp` names a directory the job creates: missing is fine, a file or an
     unwritable place is not (an input path must exist; an output path must not have to)."""
-    inv = parse(inventory().source.replace("    batch: 64\n", "    batch: 64\n    project: /runs/yolo\n"
-                                           "    out: /scratch/exp1\n"), "t.yaml")
+    inv = parse(
+        inventory().source.replace(
+            "    batch: 64\n", "    batch: 64\n    project: /runs/yolo\n    out: /scratch/exp1\n"
+        ),
+        "t.yaml",
+    )
 
     def outputs(project: dict[str, Any], out: dict[str, Any]) -> Any:
         def edit(raw: dict[str, Any], nf: NodeFacts) -> None:
             raw["paths"]["project"] = {"path": "/runs/yolo", "output": True, **project}
             raw["paths"]["out"] = {"path": "/scratch/exp1", "output": True, **out}
+
         return edit
-    missing_ok = {"exists": False, "is_file": False, "is_dir": False, "ancestor": "/",
-                  "ancestor_is_dir": True, "ancestor_writable": True}
-    edits = {n: outputs(missing_ok, {"exists": True, "is_file": False, "is_dir": True, "writable": True})
-             for n in ("n1", "n2")}
-    edits["n3"] = outputs({**missing_ok, "ancestor_writable": False},
-                          {"exists": True, "is_file": True, "is_dir": False})
-    edits["n4"] = outputs({"exists": True, "is_file": False, "is_dir": True, "writable": False},
-                          {**missing_ok, "ancestor": "/scratch", "ancestor_is_dir": False,
-                           "ancestor_writable": False})
+
+    missing_ok = {
+        "exists": False,
+        "is_file": False,
+        "is_dir": False,
+        "ancestor": "/",
+        "ancestor_is_dir": True,
+        "ancestor_writable": True,
+    }
+    edits = {
+        n: outputs(missing_ok, {"exists": True, "is_file": False, "is_dir": True, "writable": True})
+        for n in ("n1", "n2")
+    }
+    edits["n3"] = outputs(
+        {**missing_ok, "ancestor_writable": False}, {"exists": True, "is_file": True, "is_dir": False}
+    )
+    edits["n4"] = outputs(
+        {"exists": True, "is_file": False, "is_dir": True, "writable": False},
+        {**missing_ok, "ancestor": "/scratch", "ancestor_is_dir": False, "ancestor_writable": False},
+    )
     res = checks.run_checks(inv, make_facts(inv, edits), ["job"])
     assert only_failure(res) == {("job", "n3"), ("job", "n4")}
     r = by(res, "job")
@@ -764,6 +986,7 @@ def test_job_output_directories_need_only_be_creatable() -> None:
 
 def test_probe_output_facts_on_a_real_filesystem(tmp_path: Any) -> None:
     from orchestrator.node.probe import output_facts
+
     (tmp_path / "file").write_text("x")
     deep = output_facts(str(tmp_path / "a" / "b" / "c"))
     assert deep["exists"] is False and deep["ancestor"] == str(tmp_path) and deep["ancestor_writable"] is True
@@ -776,15 +999,23 @@ def test_probe_output_facts_on_a_real_filesystem(tmp_path: Any) -> None:
 def test_a_relative_script_is_looked_for_under_the_workdir_on_every_node() -> None:
     inv = parse(inventory().source.replace("  python:", "  script: train.py\n  python:"), "t.yaml")
     assert job_files(inv)["script"] == "/srv/job/train.py"
-    here = {"path": "/srv/job/train.py", "exists": True, "is_file": True, "is_dir": False, "size": 9, "sha256": "bb" * 32}
+    here = {
+        "path": "/srv/job/train.py",
+        "exists": True,
+        "is_file": True,
+        "is_dir": False,
+        "size": 9,
+        "sha256": "bb" * 32,
+    }
     facts = make_facts(inv, {n: (lambda raw, nf: raw["paths"].update(script=dict(here))) for n in ("n1", "n2", "n4")})
     res = by(checks.run_checks(inv, facts, ["job"]), "job")
     assert res["n3"].status == "fail" and res["n3"].detail == "script: /srv/job/train.py does not exist on this node"
     assert {n for n, r in res.items() if r.status == "fail"} == {"n3"}
 
 
-def test_the_offsets_and_their_reference_come_from_the_same_report(tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_offsets_and_their_reference_come_from_the_same_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A run's check.json whose offsets are not a mapping: `clock_offsets` passed over it to the
     inventory's last check, `clock_reference` (its own read loop) took that run file's reference,
     so the notice named the wrong server for the offsets it showed."""
@@ -795,12 +1026,18 @@ def test_the_offsets_and_their_reference_come_from_the_same_report(tmp_path: Pat
     monkeypatch.setenv("ORCH_HOME", str(tmp_path))
     inv = inventory()
     run = RunStore().create(inv, "r1")
-    run.check_path.write_text(json.dumps({"offsets_ms": [1.0, 2.0], "offset_reference": "NTP server bad",
-                                          "controller_clock": {"offset_ms": 99.0}}))
+    run.check_path.write_text(
+        json.dumps(
+            {"offsets_ms": [1.0, 2.0], "offset_reference": "NTP server bad", "controller_clock": {"offset_ms": 99.0}}
+        )
+    )
     saved = checks_path(inv.name)
     saved.parent.mkdir(parents=True, exist_ok=True)
-    saved.write_text(json.dumps({"offsets_ms": {"n1": 1.5}, "offset_reference": "NTP server good",
-                                 "controller_clock": {"offset_ms": -3.0}}))
+    saved.write_text(
+        json.dumps(
+            {"offsets_ms": {"n1": 1.5}, "offset_reference": "NTP server good", "controller_clock": {"offset_ms": -3.0}}
+        )
+    )
     assert clock_offsets(run, inv.name) == ({"n1": 1.5}, str(saved))
     assert clock_reference(run, inv.name) == ("NTP server good", -3.0)
     run.check_path.write_text(json.dumps({"offsets_ms": {"n2": 4.0}, "offset_reference": "controller"}))
@@ -813,13 +1050,17 @@ def test_failures_are_recapped_under_the_table_folded_by_reason() -> None:
     verdict, one line per check and reason with its nodes folded, so the reason stays on screen."""
     inv = inventory()
     facts = make_facts(inv, {n: (lambda raw, nf: raw["ntp"].update(offset_ms=2034.0)) for n in ("n2", "n3", "n4")})
-    facts["n1"].listen["master_port"] = {"port": 29500, "bound": False, "error": "Address already in use (errno 98)",
-                                         "holder": "python3 pid 99"}
+    facts["n1"].listen["master_port"] = {
+        "port": 29500,
+        "bound": False,
+        "error": "Address already in use (errno 98)",
+        "holder": "python3 pid 99",
+    }
     report = CheckReport(run(inv, facts), *checks.clock_offsets(inv, facts)[::2])
     buf = io.StringIO()
     check_table(report, Console(file=buf, width=200, no_color=True))
     lines = buf.getvalue().splitlines()
-    recap = lines[lines.index("failed:") + 1:-1]
+    recap = lines[lines.index("failed:") + 1 : -1]
     assert lines[-1].startswith("preflight failed:"), lines[-3:]
     assert any(line.startswith("  clock on n[2-4]: ") for line in recap), recap
     assert any(line.startswith("  ports on n1: master port 29500 is taken by python3 pid 99") for line in recap), recap
@@ -834,15 +1075,29 @@ def test_the_failure_recap_is_capped() -> None:
     buf = io.StringIO()
     check_table(CheckReport(results), Console(file=buf, width=200, no_color=True))
     lines = buf.getvalue().splitlines()
-    recap = lines[lines.index("failed:") + 1:-1]
+    recap = lines[lines.index("failed:") + 1 : -1]
     assert len(recap) == render.RECAP_LINES + 1 and recap[-1] == "  and 3 more (in the table above)", recap
 
 
 def _dataset(train: int, val: int = 12, listing: str = "l", sample: str = "s") -> dict[str, Any]:
-    return {"train": {"path": "/data/images/train", "files": train, "bytes": train * 6000, "listing": listing + str(train),
-                      "sample": sample, "capped": False},
-            "val": {"path": "/data/images/val", "files": val, "bytes": val * 6000, "listing": f"v{val}", "sample": "v",
-                    "capped": False}}
+    return {
+        "train": {
+            "path": "/data/images/train",
+            "files": train,
+            "bytes": train * 6000,
+            "listing": listing + str(train),
+            "sample": sample,
+            "capped": False,
+        },
+        "val": {
+            "path": "/data/images/val",
+            "files": val,
+            "bytes": val * 6000,
+            "listing": f"v{val}",
+            "sample": "v",
+            "capped": False,
+        },
+    }
 
 
 def test_a_stale_dataset_copy_on_one_node_fails_naming_the_node_and_the_split() -> None:
@@ -853,31 +1108,64 @@ def test_a_stale_dataset_copy_on_one_node_fails_naming_the_node_and_the_split() 
     def with_data(train: int, **kw: Any) -> Any:
         return lambda raw, nf: raw["paths"]["data"].update(dataset=_dataset(train, **kw))
 
-    res = checks.run_checks(inv, make_facts(inv, {"n1": with_data(48), "n2": with_data(48), "n3": with_data(26),
-                                                  "n4": with_data(48)}), ["job"])
+    res = checks.run_checks(
+        inv,
+        make_facts(inv, {"n1": with_data(48), "n2": with_data(48), "n3": with_data(26), "n4": with_data(48)}),
+        ["job"],
+    )
     assert only_failure(res) == {("job", "n3")}
     bad = by(res, "job")["n3"]
     assert "the train split of /data/coco.yaml (/data/images/train) differs here" in bad.detail
     assert "26 files, 152.3 KB here, 48 files, 281.2 KB on 3 node(s)" in bad.detail
     assert "val" not in bad.detail.split("differs here")[1] and "rsync" in bad.hint
-    assert "lists (train 48 files, 281.2 KB, val 12 files, 70.3 KB) the same on every node" in by(res, "job")["n2"].detail
+    assert (
+        "lists (train 48 files, 281.2 KB, val 12 files, 70.3 KB) the same on every node" in by(res, "job")["n2"].detail
+    )
 
-    same_size = checks.run_checks(inv, make_facts(inv, {"n1": with_data(48), "n2": with_data(48),
-                                                        "n3": with_data(48, sample="x"), "n4": with_data(48)}), ["job"])
+    same_size = checks.run_checks(
+        inv,
+        make_facts(
+            inv, {"n1": with_data(48), "n2": with_data(48), "n3": with_data(48, sample="x"), "n4": with_data(48)}
+        ),
+        ["job"],
+    )
     assert only_failure(same_size) == {("job", "n3")}
     assert "the same count and size, but other names or contents" in by(same_size, "job")["n3"].detail
 
-    tie = checks.run_checks(inv, make_facts(inv, {"n1": with_data(48), "n2": with_data(48), "n3": with_data(26),
-                                                  "n4": with_data(30)}), ["job"])
+    tie = checks.run_checks(
+        inv,
+        make_facts(inv, {"n1": with_data(48), "n2": with_data(48), "n3": with_data(26), "n4": with_data(30)}),
+        ["job"],
+    )
     assert only_failure(tie) == {("job", "n3"), ("job", "n4")}
     two = parse(inv.source.replace("10.0.0.[1-4]", "10.0.0.[1-2]").replace("n[1-4]", "n[1-2]"), "t.yaml")
     res2 = checks.run_checks(two, make_facts(two, {"n1": with_data(48), "n2": with_data(26)}), ["job"])
     assert only_failure(res2) == {("job", "n1"), ("job", "n2")}  # two that disagree: both, each naming the other
     assert "no majority" in by(res2, "job")["n1"].detail and "n2: 26 files" in by(res2, "job")["n1"].detail
 
-    slow = checks.run_checks(inv, make_facts(inv, {n: with_data(48) for n in ("n1", "n2", "n4")} | {
-        "n3": lambda raw, nf: raw["paths"]["data"].update(dataset={split: {
-            "path": f"/data/images/{split}", "files": 9, "bytes": 9, "listing": "", "sample": "", "capped": False,
-            "error": "listing stopped after 9 files (60 s)"} for split in ("train", "val")})}), ["job"])
+    slow = checks.run_checks(
+        inv,
+        make_facts(
+            inv,
+            {n: with_data(48) for n in ("n1", "n2", "n4")}
+            | {
+                "n3": lambda raw, nf: raw["paths"]["data"].update(
+                    dataset={
+                        split: {
+                            "path": f"/data/images/{split}",
+                            "files": 9,
+                            "bytes": 9,
+                            "listing": "",
+                            "sample": "",
+                            "capped": False,
+                            "error": "listing stopped after 9 files (60 s)",
+                        }
+                        for split in ("train", "val")
+                    }
+                )
+            },
+        ),
+        ["job"],
+    )
     assert only_failure(slow) == set()
     assert by(slow, "job")["n3"].status == "warn" and "not compared" in by(slow, "job")["n3"].detail

@@ -35,7 +35,8 @@ MB = 1 << 20
 
 
 def inventory(fabric: str = "true", gpus: bool = False, rdma: bool = False, n: int = 4) -> Inventory:
-    return parse(f"""
+    return parse(
+        f"""
 name: t
 nodes:
   - host: 10.0.0.[1-{n}]
@@ -50,32 +51,83 @@ job:
   nproc_per_node: {8 if gpus else 1}
   torchrun_args: [--monitor-interval=1]
   max_restarts: 3
-""", "t.yaml")
+""",
+        "t.yaml",
+    )
 
 
-def job_result(inv: Inventory, rates: dict[tuple[int, int], float] | None = None, wrong: int = 0,
-               sizes: tuple[int, ...] = (MB, 4 * MB), seconds: float = 0.002) -> dict[str, Any]:
+def job_result(
+    inv: Inventory,
+    rates: dict[tuple[int, int], float] | None = None,
+    wrong: int = 0,
+    sizes: tuple[int, ...] = (MB, 4 * MB),
+    seconds: float = 0.002,
+) -> dict[str, Any]:
     """An ORCH_FABRIC_RESULT as the job prints it: node ids 0..n-1 named like the inventory."""
     names = [n.name for n in inv.nodes]
     world = sum(n.nproc_per_node for n in inv.nodes)
-    rates = rates if rates is not None else {(s, d): 2.0 for s in range(len(names)) for d in range(len(names))
-                                             if s != d}
+    rates = (
+        rates if rates is not None else {(s, d): 2.0 for s in range(len(names)) for d in range(len(names)) if s != d}
+    )
     factor = 2 * (world - 1) / world
-    sweep = [{"size_bytes": size, "count": size // 4, "type": "float", "redop": "sum", "root": -1, "iters": 5,
-              "time_us": seconds * 1e6 * size / MB, "algbw_gbps": MB / seconds / 1e9,
-              "busbw_gbps": MB / seconds / 1e9 * factor, "wrong": wrong if size == sizes[-1] else 0}
-             for size in sizes]
-    transfers = [{"pass": p, "round": 0, "src_node": s, "dst_node": d, "rail": 0, "bytes": 4 * MB,
-                  "seconds": 4 * MB / (v * 1e9), "gbps": v * (1 if p else 0.9)}
-                 for (s, d), v in rates.items() for p in (0, 1)]
-    return {"schema": 1, "backend": "gloo", "device": "cpu", "torch": "2.14.1", "nccl": None,
-            "world_size": world, "nnodes": len(names),
-            "nodes": [{"node": i, "host": name, "hostname": name, "ranks": [i], "boot_id": "b"}
-                      for i, name in enumerate(names)],
-            "ranks": [], "op": "all_reduce", "dtype": "float32", "bus_factor": factor, "sweep": sweep, "skipped": [],
-            "links": {"method": "pairwise", "rounds": 3, "passes": 2, "rails": 1, "pairs_at_once": "one",
-                      "pairs_why": "nodes share a machine", "transfers": transfers},
-            "elapsed_s": 9.5, "phase_s": {"import": 3.0, "init": 0.1, "sweep": 4.0, "links": 5.0}}
+    sweep = [
+        {
+            "size_bytes": size,
+            "count": size // 4,
+            "type": "float",
+            "redop": "sum",
+            "root": -1,
+            "iters": 5,
+            "time_us": seconds * 1e6 * size / MB,
+            "algbw_gbps": MB / seconds / 1e9,
+            "busbw_gbps": MB / seconds / 1e9 * factor,
+            "wrong": wrong if size == sizes[-1] else 0,
+        }
+        for size in sizes
+    ]
+    transfers = [
+        {
+            "pass": p,
+            "round": 0,
+            "src_node": s,
+            "dst_node": d,
+            "rail": 0,
+            "bytes": 4 * MB,
+            "seconds": 4 * MB / (v * 1e9),
+            "gbps": v * (1 if p else 0.9),
+        }
+        for (s, d), v in rates.items()
+        for p in (0, 1)
+    ]
+    return {
+        "schema": 1,
+        "backend": "gloo",
+        "device": "cpu",
+        "torch": "2.14.1",
+        "nccl": None,
+        "world_size": world,
+        "nnodes": len(names),
+        "nodes": [
+            {"node": i, "host": name, "hostname": name, "ranks": [i], "boot_id": "b"} for i, name in enumerate(names)
+        ],
+        "ranks": [],
+        "op": "all_reduce",
+        "dtype": "float32",
+        "bus_factor": factor,
+        "sweep": sweep,
+        "skipped": [],
+        "links": {
+            "method": "pairwise",
+            "rounds": 3,
+            "passes": 2,
+            "rails": 1,
+            "pairs_at_once": "one",
+            "pairs_why": "nodes share a machine",
+            "transfers": transfers,
+        },
+        "elapsed_s": 9.5,
+        "phase_s": {"import": 3.0, "init": 0.1, "sweep": 4.0, "links": 5.0},
+    }
 
 
 def facts_for(inv: Inventory, ff: FabricFacts | None) -> dict[str, NodeFacts]:
@@ -87,10 +139,18 @@ def facts_for(inv: Inventory, ff: FabricFacts | None) -> dict[str, NodeFacts]:
     return out
 
 
-def measured(inv: Inventory, result: dict[str, Any] | None, logs: dict[str, str] | None = None,
-             errors: dict[str, str] | None = None, backend: str = "gloo", timed_out: bool = False) -> FabricFacts:
-    nodes = {n.name: FabricNode(n.name, log=(logs or {}).get(n.name, ""), error=(errors or {}).get(n.name))
-             for n in inv.nodes}
+def measured(
+    inv: Inventory,
+    result: dict[str, Any] | None,
+    logs: dict[str, str] | None = None,
+    errors: dict[str, str] | None = None,
+    backend: str = "gloo",
+    timed_out: bool = False,
+) -> FabricFacts:
+    nodes = {
+        n.name: FabricNode(n.name, log=(logs or {}).get(n.name, ""), error=(errors or {}).get(n.name))
+        for n in inv.nodes
+    }
     return FabricFacts(backend, "fabric-test", nodes, result, timed_out=timed_out, wall_s=20.0)
 
 
@@ -147,14 +207,20 @@ def test_min_busbw_fails_the_slow_node_or_cluster_wide() -> None:
     inv = inventory("{min_busbw_gbps: 5}")
     got = judged(inv, measured(inv, job_result(inv)))
     assert statuses(got) == {"n1": "fail", "n2": "ok", "n3": "ok", "n4": "ok"}
-    assert got["n1"].detail.startswith("cluster-wide: busbw 0.786 GB/s at 4 MiB is below checks.fabric.min_busbw_gbps 5")
+    assert got["n1"].detail.startswith(
+        "cluster-wide: busbw 0.786 GB/s at 4 MiB is below checks.fabric.min_busbw_gbps 5"
+    )
     rates = {(s, d): 2.0 for s in range(4) for d in range(4) if s != d}
     rates.update({(1, d): 0.006 for d in (0, 2, 3)})  # n2 sends slowly
     got = judged(inv, measured(inv, job_result(inv, rates)))
     assert statuses(got) == {"n1": "ok", "n2": "fail", "n3": "ok", "n4": "ok"}
     assert "(this node is the slow one)" in got["n2"].detail and "slow node: send" in got["n2"].detail
     assert statuses(judged(inventory("{min_busbw_gbps: 0.5}"), measured(inv, job_result(inv)))) == {
-        "n1": "ok", "n2": "ok", "n3": "ok", "n4": "ok"}
+        "n1": "ok",
+        "n2": "ok",
+        "n3": "ok",
+        "n4": "ok",
+    }
 
 
 def test_wrong_elements_fail_cluster_wide() -> None:
@@ -199,9 +265,11 @@ def test_checks_skip_makes_skip_rows() -> None:
 
 def test_a_failed_job_fails_every_node_and_quotes_the_error() -> None:
     inv = inventory()
-    err = ('2026-12-01T10:00:00.000001Z err [default0]:ORCH_FABRIC_ERROR {"rank": "1", "host": "h2", "node": "n2", '
-           '"phase": "init", "error": "RuntimeError: hostname \'h2\' resolves to nothing: gloo would listen on '
-           'loopback; set GLOO_SOCKET_IFNAME"}')
+    err = (
+        '2026-12-01T10:00:00.000001Z err [default0]:ORCH_FABRIC_ERROR {"rank": "1", "host": "h2", "node": "n2", '
+        '"phase": "init", "error": "RuntimeError: hostname \'h2\' resolves to nothing: gloo would listen on '
+        'loopback; set GLOO_SOCKET_IFNAME"}'
+    )
     ff = measured(inv, None, logs={"n2": err}, errors={"n2": "the job failed (exit code 1)"})
     got = judged(inv, ff)
     assert statuses(got) == dict.fromkeys(["n1", "n2", "n3", "n4"], "fail")
@@ -213,8 +281,12 @@ def test_a_failed_job_fails_every_node_and_quotes_the_error() -> None:
 
 def test_a_hung_job_fails_on_timeout() -> None:
     inv = inventory()
-    ff = measured(inv, None, errors={"n4": "still running after timeout_s 180 s (hung, or too slow for the sizes "
-                                           "asked)"}, timed_out=True)
+    ff = measured(
+        inv,
+        None,
+        errors={"n4": "still running after timeout_s 180 s (hung, or too slow for the sizes asked)"},
+        timed_out=True,
+    )
     got = judged(inv, ff)
     assert statuses(got) == dict.fromkeys(["n1", "n2", "n3", "n4"], "fail")
     assert got["n4"].detail.startswith("no result within timeout_s 180 s: still running")
@@ -231,9 +303,14 @@ def nccl_logs(inv: Inventory, name: str) -> dict[str, str]:
     return {n.name: text for n in inv.nodes}
 
 
-@pytest.mark.parametrize("fixture", ["socket-fallback_ibext-no-device_channels_nccl-952.txt",
-                                     "socket_nccl2.4-format_aws_rings_nccl-226.txt",
-                                     "socket+shm_2node-same-hostname_nccl-tests-166.txt"])
+@pytest.mark.parametrize(
+    "fixture",
+    [
+        "socket-fallback_ibext-no-device_channels_nccl-952.txt",
+        "socket_nccl2.4-format_aws_rings_nccl-226.txt",
+        "socket+shm_2node-same-hostname_nccl-tests-166.txt",
+    ],
+)
 def test_nccl_over_sockets_on_an_rdma_cluster_fails_naming_node_and_lines(fixture: str) -> None:
     inv = inventory(gpus=True, rdma=True, n=2)
     ff = measured(inv, job_result(inv), logs=nccl_logs(inv, fixture), backend="nccl")
@@ -249,8 +326,9 @@ def test_nccl_over_sockets_on_an_rdma_cluster_fails_naming_node_and_lines(fixtur
 
 def test_nccl_over_ib_passes_and_says_which_hca() -> None:
     inv = inventory(gpus=True, rdma=True, n=2)
-    ff = measured(inv, job_result(inv), logs=nccl_logs(inv, "ib_nccl2.4.7_2node_init_nv_peer_memory-56.txt"),
-                  backend="nccl")
+    ff = measured(
+        inv, job_result(inv), logs=nccl_logs(inv, "ib_nccl2.4.7_2node_init_nv_peer_memory-56.txt"), backend="nccl"
+    )
     got = judged(inv, ff)
     assert statuses(got) == {"n1": "ok", "n2": "ok"}
     assert "NCCL 2.4.7 network IB" in got["n1"].detail and "(mlx5_0:1/IB)" in got["n1"].detail
@@ -290,22 +368,46 @@ def test_the_plan_is_the_trainings_with_the_job_in_place() -> None:
     assert "--nproc-per-node=8" in argv and "--node-rank=1" in argv and "--monitor-interval=1" in argv
     assert "--max-restarts=0" in argv  # the inventory's 3 restarts would hide a failing node
     # the job file in the run directory, by its absolute path (filled in on the node): a container's cwd is not it
-    assert argv[argv.index("--tee=3") + 2:] == ["{ORCH_RUN_DIR}/" + JOB_FILE, "--backend", "nccl", "--min-bytes", str(MB), "--max-bytes",
-                                                str(256 * MB), "--budget-s", "30", "--timeout", "180",
-                                                "--recheck-share", "0.7"]
+    assert argv[argv.index("--tee=3") + 2 :] == [
+        "{ORCH_RUN_DIR}/" + JOB_FILE,
+        "--backend",
+        "nccl",
+        "--min-bytes",
+        str(MB),
+        "--max-bytes",
+        str(256 * MB),
+        "--budget-s",
+        "30",
+        "--timeout",
+        "180",
+        "--recheck-share",
+        "0.7",
+    ]
     assert p.workdir == "~/.orch/nodes/fabric-x/n2"  # the job file sits in the run directory
     assert p.env["NCCL_DEBUG"] == "INFO" and p.env["NCCL_DEBUG_SUBSYS"] == "INIT,NET"
     assert p.env["NCCL_SOCKET_IFNAME"] == "ens2f1" and p.env["ORCH_NODE"] == "n2"
     gloo = fabric_plan(inventory("{max_bytes: 512K}"), "fabric-x", "gloo").nodes[0]
     assert "NCCL_DEBUG_SUBSYS" not in gloo.env and gloo.env["NCCL_DEBUG"] == "WARN"
-    assert gloo.argv[-10:] == ("--min-bytes", str(512 << 10), "--max-bytes", str(512 << 10), "--budget-s", "30",
-                               "--timeout", "180", "--recheck-share", "0.7")
+    assert gloo.argv[-10:] == (
+        "--min-bytes",
+        str(512 << 10),
+        "--max-bytes",
+        str(512 << 10),
+        "--budget-s",
+        "30",
+        "--timeout",
+        "180",
+        "--recheck-share",
+        "0.7",
+    )
 
 
 def test_marked_lines_are_found_behind_any_prefix() -> None:
-    log = ("2026-12-01T10:00:00.000001Z out [default0]:ORCH_FABRIC_RESULT {\"a\": 1}\n"
-           "2026-12-01T10:00:00.000002Z err ORCH_FABRIC_PROGRESS {\"phase\": \"sweep\"}\n"
-           "2026-12-01T10:00:00.000003Z out ORCH_FABRIC_RESULT {broken\n")
+    log = (
+        '2026-12-01T10:00:00.000001Z out [default0]:ORCH_FABRIC_RESULT {"a": 1}\n'
+        '2026-12-01T10:00:00.000002Z err ORCH_FABRIC_PROGRESS {"phase": "sweep"}\n'
+        "2026-12-01T10:00:00.000003Z out ORCH_FABRIC_RESULT {broken\n"
+    )
     assert marked(log, job.MARKER) == [{"a": 1}]
     assert marked(log, job.PROGRESS_MARKER) == [{"phase": "sweep"}]
     assert job_line("2026-12-01T10:00:00.000001Z err [default0]:x y") == "[default0]:x y"
@@ -341,19 +443,28 @@ def test_checks_fabric_true_a_mapping_or_nothing() -> None:
     assert parse("nodes: [{host: a}]\n", "t.yaml").checks.fabric.enabled is False
     f = inventory("{max_bytes: 64M, min_busbw_gbps: 10, share: 0.5, timeout_s: 60, budget_s: 20}").checks.fabric
     assert (f.enabled, f.max_bytes, f.min_busbw_gbps, f.share, f.timeout_s, f.budget_s) == (
-        True, 64 * MB, 10.0, 0.5, 60.0, 20.0)
+        True,
+        64 * MB,
+        10.0,
+        0.5,
+        60.0,
+        20.0,
+    )
     assert inventory("{enabled: false, max_bytes: 1G}").checks.fabric.enabled is False
     assert inventory("{max_bytes: 1073741824}").checks.fabric.max_bytes == 1 << 30
 
 
-@pytest.mark.parametrize(("value", "message"), [
-    ("{max_bytes: lots}", "t.yaml:10: [checks.fabric.max_bytes] max_bytes 'lots' is not a size"),
-    ("{max_bytes: 2}", "[checks.fabric.max_bytes] max_bytes 2 is below 4 bytes"),
-    ("{share: 1.5}", "[checks.fabric.share] share must be in (0, 1]"),
-    ("{timeout_s: 0}", "[checks.fabric.timeout_s] timeout_s must be positive"),
-    ("{min_busbw_gbps: -1}", "[checks.fabric.min_busbw_gbps] min_busbw_gbps must be 0 or more"),
-    ("{shares: 0.5}", "[checks.fabric.shares] unknown key 'shares' (did you mean 'share'?)"),
-])
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("{max_bytes: lots}", "t.yaml:10: [checks.fabric.max_bytes] max_bytes 'lots' is not a size"),
+        ("{max_bytes: 2}", "[checks.fabric.max_bytes] max_bytes 2 is below 4 bytes"),
+        ("{share: 1.5}", "[checks.fabric.share] share must be in (0, 1]"),
+        ("{timeout_s: 0}", "[checks.fabric.timeout_s] timeout_s must be positive"),
+        ("{min_busbw_gbps: -1}", "[checks.fabric.min_busbw_gbps] min_busbw_gbps must be 0 or more"),
+        ("{shares: 0.5}", "[checks.fabric.shares] unknown key 'shares' (did you mean 'share'?)"),
+    ],
+)
 def test_bad_fabric_settings_are_refused_with_file_line_key(value: str, message: str) -> None:
     with pytest.raises(InventoryError) as exc:
         inventory(value)
@@ -411,7 +522,7 @@ def test_the_run_report_draws_a_bar_per_node_and_the_sweep(tmp_path: Path) -> No
     assert page.count('alt="fabric: ') == 2 and 'src="data:image/png;base64,' in page
     assert (run.path / "report" / "fabric_nodes.png").stat().st_size > 1000
     assert (run.path / "report" / "fabric_sweep.png").stat().st_size > 1000
-    assert "<td>16777216</td>" in page and "<td class=\"warn\">warn</td>" in page
+    assert "<td>16777216</td>" in page and '<td class="warn">warn</td>' in page
     assert "<h2>fabric</h2>" not in build_report(RunDir(_plain_run(tmp_path))).read_text()
 
 
@@ -425,7 +536,8 @@ def _plain_run(tmp_path: Path) -> Path:
 
 
 def test_a_plain_orch_check_lists_fabric_as_opt_in_and_does_not_run_it(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The CLI validates --only/--skip itself; the full selection it gets back must not read as
     "fabric was asked for" (it did: a plain `orch check` ran the job)."""
     import json

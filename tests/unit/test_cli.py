@@ -40,8 +40,9 @@ def test_every_command_help_teaches_with_an_example(command: str) -> None:
     assert "Example" in result.output and f"orch {command}" in result.output
 
 
-def test_unknown_run_is_exit_2_with_a_hint_and_no_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_unknown_run_is_exit_2_with_a_hint_and_no_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("ORCH_HOME", str(tmp_path))
     with pytest.raises(SystemExit) as info:
         main(["status", "no-such-run"])
@@ -51,8 +52,9 @@ def test_unknown_run_is_exit_2_with_a_hint_and_no_traceback(tmp_path: Path, monk
     assert "hint:" in err and "Traceback" not in err
 
 
-def test_missing_inventory_names_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_missing_inventory_names_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("ORCH_HOME", str(tmp_path))
     monkeypatch.delenv("ORCH_INVENTORY", raising=False)
     with pytest.raises(SystemExit) as info:
@@ -62,8 +64,9 @@ def test_missing_inventory_names_the_fix(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def test_bad_usage_is_exit_2() -> None:
-    proc = subprocess.run([sys.executable, "-m", "orchestrator", "up", "--no-such-flag"], capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "up", "--no-such-flag"], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 2 and "no-such-flag" in proc.stderr
 
 
@@ -82,14 +85,19 @@ def test_no_color_and_pipes_get_plain_text(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_shell_completion_script_is_generated() -> None:
-    proc = subprocess.run([sys.executable, "-c", "from orchestrator.cli import main; main()"],
-                          env={"_ORCH_COMPLETE": "bash_source", "PATH": "/usr/bin:/bin"},
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", "from orchestrator.cli import main; main()"],
+        env={"_ORCH_COMPLETE": "bash_source", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "complete" in proc.stdout and "_ORCH_COMPLETE" in proc.stdout
 
 
-def test_internal_errors_are_one_line_unless_verbose(monkeypatch: pytest.MonkeyPatch,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_internal_errors_are_one_line_unless_verbose(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     import orchestrator.run.control
 
     def boom(*args: object, **kwargs: object) -> int:
@@ -134,12 +142,15 @@ def test_check_json_in_a_pipe_does_not_import_rich(tmp_path: Path) -> None:
     """`orch check --json` with stdout and stderr piped prints the report without rich; a table
     to a pipe still renders."""
     inv = Path(__file__).resolve().parents[2] / "inventory" / "local.yaml"
-    code = ("import sys\nfrom orchestrator.cli import main\ntry:\n    main(sys.argv[1:])\n"
-            "except SystemExit as exc:\n    print('exit', exc.code, 'rich' in sys.modules, file=sys.stderr)\n")
+    code = (
+        "import sys\nfrom orchestrator.cli import main\ntry:\n    main(sys.argv[1:])\n"
+        "except SystemExit as exc:\n    print('exit', exc.code, 'rich' in sys.modules, file=sys.stderr)\n"
+    )
     env = {"PATH": "/usr/bin:/bin", "ORCH_HOME": str(tmp_path), "HOME": str(tmp_path)}
     args = ["check", str(inv), "--only", "timezone,software"]
-    js = subprocess.run([sys.executable, "-c", code, *args, "--json"], capture_output=True, text=True,
-                        env=env, timeout=120)
+    js = subprocess.run(
+        [sys.executable, "-c", code, *args, "--json"], capture_output=True, text=True, env=env, timeout=120
+    )
     assert js.stderr.strip().splitlines()[-1] == "exit 0 False", js.stderr
     report = json.loads(js.stdout)
     assert report["ok"] and {r["check"] for r in report["results"]} == {"timezone", "software"}
@@ -148,8 +159,9 @@ def test_check_json_in_a_pipe_does_not_import_rich(tmp_path: Path) -> None:
     assert "preflight passed" in table.stdout and "software" in table.stdout
 
 
-def test_a_long_message_to_a_pipe_stays_one_line(capsys: pytest.CaptureFixture[str],
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_long_message_to_a_pipe_stays_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """What orch says on stderr is grepped from logs and CI output: a message longer than any
     width (a deep run directory, many nodes) is one line there, never wrapped at a column."""
     from orchestrator.cli import render

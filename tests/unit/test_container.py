@@ -18,31 +18,105 @@ from orchestrator.errors import InventoryError
 REPO = Path(__file__).resolve().parents[2]
 YOLOE = REPO / "inventory" / "yoloe-image.yaml"
 PY = "/opt/conda/envs/yoloe/bin/python"
-ENV_NAMES = ["NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "PYTHONPATH", "PYTHONUNBUFFERED",
-             "ORCH_RUN_ID", "ORCH_NODE", "ORCH_NODE_RANK", "ORCH_NNODES", "ORCH_ATTEMPT", "ORCH_LAUNCH"]
+ENV_NAMES = [
+    "NCCL_SOCKET_IFNAME",
+    "NCCL_IB_HCA",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    "PYTHONPATH",
+    "PYTHONUNBUFFERED",
+    "ORCH_RUN_ID",
+    "ORCH_NODE",
+    "ORCH_NODE_RANK",
+    "ORCH_NNODES",
+    "ORCH_ATTEMPT",
+    "ORCH_LAUNCH",
+]
 
 
 def golden_docker(node: str, rank: int) -> list[str]:
     """The field guide's `docker run --gpus '"device=0,1"' -v /data:/data yoloe-official:latest`, as orch
     runs it: named, labelled, removed with its job, the host's network, memlock, RDMA, the SSH user."""
-    return ["docker", "run", "--rm", "--init", "--name", f"orch-r1-{node}-abcd1234",
-            "--label", "orch.run=r1", "--label", f"orch.node={node}", "--label", "orch.nonce=abcd1234",
-            "--label", "orch.cluster=yoloe-image",
-            "--network", "host",  # no --ipc host: options give --shm-size
-            "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
-            "--device", "/dev/infiniband", "--cap-add", "IPC_LOCK",
-            "--user", "{ORCH_UID}:{ORCH_GID}", "-v", "/etc/passwd:/etc/passwd:ro", "-v", "/etc/group:/etc/group:ro",
-            "--tmpfs", "/tmp/orch-home:rw,mode=1777", "-e", "HOME=/tmp/orch-home",  # not the host's: /root/yoloe stays
-            "-v", "{ORCH_RUN_DIR}:{ORCH_RUN_DIR}", "-v", "/mnt/nfs/orch:/mnt/nfs/orch",
-            "-v", "/data:/data", "-v", "/mnt/nfs/ckpt:/ckpt", "-v", "/models:/models:ro", "-w", "/root/yoloe",
-            *[a for n in ENV_NAMES for a in ("-e", n)],
-            "--gpus", '"device=0,1,2,3,4,5,6,7"', "--shm-size=32g", "yoloe-official:latest",
-            PY, "-m", "torch.distributed.run", "--log-dir={ORCH_RUN_DIR}/torchrun", "--nnodes=4", "--nproc-per-node=8",
-            f"--node-rank={rank}", "--master-addr=10.0.0.1", "--master-port=29500", "--rdzv-id=r1-abcd1234-a1",
-            "--max-restarts=0", "--tee=3", "-m", "trainer", "--weights", "/models/yoloe-v8l-seg.pt",
-            "--text-embeddings", "/models/coco_text_pe.pt",
-            "--data", "/data/coco/coco.yaml", "--epochs", "80", "--batch", "64", "--imgsz", "640",
-            "--project", "/ckpt/yoloe"]
+    return [
+        "docker",
+        "run",
+        "--rm",
+        "--init",
+        "--name",
+        f"orch-r1-{node}-abcd1234",
+        "--label",
+        "orch.run=r1",
+        "--label",
+        f"orch.node={node}",
+        "--label",
+        "orch.nonce=abcd1234",
+        "--label",
+        "orch.cluster=yoloe-image",
+        "--network",
+        "host",  # no --ipc host: options give --shm-size
+        "--ulimit",
+        "memlock=-1",
+        "--ulimit",
+        "stack=67108864",
+        "--device",
+        "/dev/infiniband",
+        "--cap-add",
+        "IPC_LOCK",
+        "--user",
+        "{ORCH_UID}:{ORCH_GID}",
+        "-v",
+        "/etc/passwd:/etc/passwd:ro",
+        "-v",
+        "/etc/group:/etc/group:ro",
+        "--tmpfs",
+        "/tmp/orch-home:rw,mode=1777",
+        "-e",
+        "HOME=/tmp/orch-home",  # not the host's: /root/yoloe stays
+        "-v",
+        "{ORCH_RUN_DIR}:{ORCH_RUN_DIR}",
+        "-v",
+        "/mnt/nfs/orch:/mnt/nfs/orch",
+        "-v",
+        "/data:/data",
+        "-v",
+        "/mnt/nfs/ckpt:/ckpt",
+        "-v",
+        "/models:/models:ro",
+        "-w",
+        "/root/yoloe",
+        *[a for n in ENV_NAMES for a in ("-e", n)],
+        "--gpus",
+        '"device=0,1,2,3,4,5,6,7"',
+        "--shm-size=32g",
+        "yoloe-official:latest",
+        PY,
+        "-m",
+        "torch.distributed.run",
+        "--log-dir={ORCH_RUN_DIR}/torchrun",
+        "--nnodes=4",
+        "--nproc-per-node=8",
+        f"--node-rank={rank}",
+        "--master-addr=10.0.0.1",
+        "--master-port=29500",
+        "--rdzv-id=r1-abcd1234-a1",
+        "--max-restarts=0",
+        "--tee=3",
+        "-m",
+        "trainer",
+        "--weights",
+        "/models/yoloe-v8l-seg.pt",
+        "--text-embeddings",
+        "/models/coco_text_pe.pt",
+        "--data",
+        "/data/coco/coco.yaml",
+        "--epochs",
+        "80",
+        "--batch",
+        "64",
+        "--imgsz",
+        "640",
+        "--project",
+        "/ckpt/yoloe",
+    ]
 
 
 def test_the_official_image_inventory_is_golden() -> None:
@@ -59,15 +133,20 @@ def test_the_official_image_inventory_is_golden() -> None:
 def test_env_values_never_reach_the_argv() -> None:
     inv = inventory.parse(
         "nodes:\n  - host: a\n    gpus: 2\nenv: {HF_TOKEN: s3cr3t-value}\n"
-        "job: {container: {runtime: podman, image: img:1}}\n", "t.yaml")
+        "job: {container: {runtime: podman, image: img:1}}\n",
+        "t.yaml",
+    )
     p = make_plan(inv, "r1", nonce="n0").nodes[0]
     assert "HF_TOKEN" in p.argv and not any("s3cr3t" in a for a in p.argv)
     assert p.env["HF_TOKEN"] == "s3cr3t-value"  # in launch.json, the runtime process's environment
 
 
 def podman_inv(extra: str = "", node: str = "") -> inventory.Inventory:
-    return inventory.parse(f"nodes:\n  - host: a\n    gpus: 4\n    nproc_per_node: 2\n{node}"
-                           f"job:\n  workdir: ~/w\n  container:\n    runtime: podman\n    image: img:1\n{extra}", "t.yaml")
+    return inventory.parse(
+        f"nodes:\n  - host: a\n    gpus: 4\n    nproc_per_node: 2\n{node}"
+        f"job:\n  workdir: ~/w\n  container:\n    runtime: podman\n    image: img:1\n{extra}",
+        "t.yaml",
+    )
 
 
 def test_podman_gets_the_gpus_by_cdi_and_ipc_host_and_the_nodes_home_for_a_tilde_workdir() -> None:
@@ -75,11 +154,13 @@ def test_podman_gets_the_gpus_by_cdi_and_ipc_host_and_the_nodes_home_for_a_tilde
     a = inv.nodes[0]
     argv = job_command(inv, a, ["-c", "pass"], run_id="r:1", nonce="n0", env=["X"])
     assert argv[:6] == ["podman", "run", "--rm", "--init", "--name", "orch-r-1-a-n0"]  # ':' is no name character
-    assert argv[argv.index("--network"):argv.index("--network") + 4] == ["--network", "host", "--ipc", "host"]
+    assert argv[argv.index("--network") : argv.index("--network") + 4] == ["--network", "host", "--ipc", "host"]
     assert "--device" in argv and argv[argv.index("--device") + 1] == "nvidia.com/gpu=0"
-    assert argv[argv.index("nvidia.com/gpu=0") + 1:argv.index("nvidia.com/gpu=0") + 3] == ["--device",
-                                                                                         "nvidia.com/gpu=1"]
-    assert argv[argv.index("{ORCH_HOME}/w:{ORCH_HOME}/w") - 1:][:2] == ["-v", "{ORCH_HOME}/w:{ORCH_HOME}/w"]
+    assert argv[argv.index("nvidia.com/gpu=0") + 1 : argv.index("nvidia.com/gpu=0") + 3] == [
+        "--device",
+        "nvidia.com/gpu=1",
+    ]
+    assert argv[argv.index("{ORCH_HOME}/w:{ORCH_HOME}/w") - 1 :][:2] == ["-v", "{ORCH_HOME}/w:{ORCH_HOME}/w"]
     assert argv[argv.index("-w") + 1] == "{ORCH_HOME}/w" and argv[-4:] == ["img:1", "python3", "-c", "pass"]
     assert "--gpus" not in argv and "/dev/infiniband" not in argv  # no rdma.devices
 
@@ -92,13 +173,15 @@ def test_pins_choose_the_image_id_and_the_gpu_uuids_and_cuda_visible_devices_sel
     assert "CUDA_VISIBLE_DEVICES" not in argv and "Y" in argv  # it selects, it is not forwarded
     pins = Pins(image_id="sha256:0123abcd", gpus={"a": ("GPU-aaa", "GPU-bbb")})
     argv = job_command(inv, a, [], run_id="r", pins=pins)
-    assert [argv[i + 1] for i, x in enumerate(argv) if x == "--device"] == ["nvidia.com/gpu=GPU-aaa",
-                                                                           "nvidia.com/gpu=GPU-bbb"]
+    assert [argv[i + 1] for i, x in enumerate(argv) if x == "--device"] == [
+        "nvidia.com/gpu=GPU-aaa",
+        "nvidia.com/gpu=GPU-bbb",
+    ]
     assert argv[-2:] == ["sha256:0123abcd", "python3"]
     docker = inventory.parse("nodes:\n  - host: a\n    gpus: 2\njob: {container: {runtime: docker, image: i}}\n", "t")
     argv = job_command(docker, docker.nodes[0], [], pins=Pins(gpus={"a": ("GPU-1", "GPU-2")}))
     assert argv[argv.index("--gpus") + 1] == '"device=GPU-1,GPU-2"'
-    assert shlex.join(argv[argv.index("--gpus"):][:2]) == "--gpus '\"device=GPU-1,GPU-2\"'"  # as the guide types it
+    assert shlex.join(argv[argv.index("--gpus") :][:2]) == "--gpus '\"device=GPU-1,GPU-2\"'"  # as the guide types it
 
 
 def test_users_root_and_uid_gid() -> None:
@@ -115,12 +198,29 @@ def test_users_root_and_uid_gid() -> None:
 
 
 def test_apptainer_binds_and_selects_gpus_through_its_environment() -> None:
-    inv = inventory.parse("nodes:\n  - host: a\n    gpus: 2\n"
-                          "job: {workdir: /w, container: {runtime: apptainer, image: /img/yoloe.sif, python: /py,"
-                          " mounts: [/data]}}\n", "t.yaml")
+    inv = inventory.parse(
+        "nodes:\n  - host: a\n    gpus: 2\n"
+        "job: {workdir: /w, container: {runtime: apptainer, image: /img/yoloe.sif, python: /py,"
+        " mounts: [/data]}}\n",
+        "t.yaml",
+    )
     p = make_plan(inv, "r1", nonce="n0").nodes[0]
-    assert list(p.argv[:14]) == ["apptainer", "exec", "--nv", "--bind", "{ORCH_RUN_DIR}:{ORCH_RUN_DIR}", "--bind",
-                                 "/w:/w", "--bind", "/data:/data", "--pwd", "/w", "/img/yoloe.sif", "/py", "-m"]
+    assert list(p.argv[:14]) == [
+        "apptainer",
+        "exec",
+        "--nv",
+        "--bind",
+        "{ORCH_RUN_DIR}:{ORCH_RUN_DIR}",
+        "--bind",
+        "/w:/w",
+        "--bind",
+        "/data:/data",
+        "--pwd",
+        "/w",
+        "/img/yoloe.sif",
+        "/py",
+        "-m",
+    ]
     assert p.env["APPTAINERENV_CUDA_VISIBLE_DEVICES"] == "0,1" and p.stop == ()
     assert job_python(inv, p.node) == "/py"
 
@@ -136,8 +236,15 @@ def test_a_cpu_node_gets_no_gpu_flags_and_the_fabric_and_check_containers_have_n
 
 def test_sweep_and_leftover_listings_go_by_label() -> None:
     c = container.Container(runtime="podman", image="i")
-    assert container.sweep_argv(c, "n0", "a") == ["podman", "ps", "-aq", "--filter", "label=orch.nonce=n0",
-                                                   "--filter", "label=orch.node=a"]
+    assert container.sweep_argv(c, "n0", "a") == [
+        "podman",
+        "ps",
+        "-aq",
+        "--filter",
+        "label=orch.nonce=n0",
+        "--filter",
+        "label=orch.node=a",
+    ]
     assert container.leftovers_argv(c, "lab")[:5] == ["podman", "ps", "-a", "--filter", "label=orch.cluster=lab"]
 
 
@@ -145,8 +252,12 @@ BAD = [
     ("    runtime: dokcer\n", 6, "job.container.runtime", "unknown runtime 'dokcer' (did you mean 'docker'?)"),
     ("    runtime: docker\n    mounts: [data]\n", 7, "job.container.mounts[0]", "is not an absolute path"),
     ("    runtime: docker\n    mounts: [/d, '/e:/d:ro']\n", 7, "job.container.mounts[1]", "/d is mounted twice"),
-    ("    runtime: docker\n    mounts: ['/x:/srv/runs/r']\n", 7, "job.container.mounts[0]",
-     "would hide the run directory under job.run_root /srv/runs"),
+    (
+        "    runtime: docker\n    mounts: ['/x:/srv/runs/r']\n",
+        7,
+        "job.container.mounts[0]",
+        "would hide the run directory under job.run_root /srv/runs",
+    ),
     ("    runtime: docker\n    mounts: ['/d:/d:rx']\n", 7, "job.container.mounts[0]", "the mode must be ro or rw"),
     ("    runtime: docker\n    options: [-d]\n", 7, "job.container.options[0]", "in the foreground"),
     ("    runtime: docker\n    options: [--detach]\n", 7, "job.container.options[0]", "in the foreground"),
@@ -154,8 +265,12 @@ BAD = [
     ("    runtime: docker\n    options: [--network, bridge]\n", 7, "job.container.options[0]", "host's network"),
     ("    runtime: podman\n    options: [--net=slirp4netns]\n", 7, "job.container.options[0]", "host's network"),
     ("    runtime: docker\n    options: [--gpus=all]\n", 7, "job.container.options[0]", "leave --gpus out"),
-    ("    runtime: podman\n    options: [--device, nvidia.com/gpu=all]\n", 7, "job.container.options[0]",
-     "leave --device out"),
+    (
+        "    runtime: podman\n    options: [--device, nvidia.com/gpu=all]\n",
+        7,
+        "job.container.options[0]",
+        "leave --device out",
+    ),
     ("    runtime: docker\n    options: [--name=mine]\n", 7, "job.container.options[0]", "orch names the container"),
     ("    runtime: docker\n    options: [-u, '0']\n", 7, "job.container.options[0]", "job.container.user instead"),
     ("    runtime: docker\n    options: [-e, TOKEN=x]\n", 7, "job.container.options[0]", "never go on a command line"),
@@ -169,10 +284,12 @@ BAD = [
 
 
 @pytest.mark.parametrize("extra, line, key, text", BAD, ids=[b[3][:30] for b in BAD])
-def test_a_container_setting_orch_cannot_honour_is_refused_with_its_line_and_key(extra: str, line: int, key: str,
-                                                                                  text: str) -> None:
-    yaml = ("nodes:\n  - host: a\n    gpus: 2\njob:\n  container:\n" + extra + "    image: /i.sif\n"
-            "  run_root: /srv/runs\n")
+def test_a_container_setting_orch_cannot_honour_is_refused_with_its_line_and_key(
+    extra: str, line: int, key: str, text: str
+) -> None:
+    yaml = (
+        "nodes:\n  - host: a\n    gpus: 2\njob:\n  container:\n" + extra + "    image: /i.sif\n  run_root: /srv/runs\n"
+    )
     with pytest.raises(InventoryError) as info:
         inventory.parse(yaml, "t.yaml")
     assert info.value.exit_code == 2
@@ -181,8 +298,11 @@ def test_a_container_setting_orch_cannot_honour_is_refused_with_its_line_and_key
 
 
 def test_options_that_do_not_contradict_pass_and_gpu_flags_are_the_users_without_gpus() -> None:
-    inv = inventory.parse("nodes:\n  - host: a\njob: {container: {runtime: docker, image: i, "
-                          "options: [--gpus=all, --network=host, --rm, --shm-size=8g, --privileged]}}\n", "t.yaml")
+    inv = inventory.parse(
+        "nodes:\n  - host: a\njob: {container: {runtime: docker, image: i, "
+        "options: [--gpus=all, --network=host, --rm, --shm-size=8g, --privileged]}}\n",
+        "t.yaml",
+    )
     argv = job_command(inv, inv.nodes[0], [])
     assert argv[-7:-2] == ["--gpus=all", "--network=host", "--rm", "--shm-size=8g", "--privileged"]
     assert "--ipc" not in argv
@@ -204,16 +324,29 @@ def test_the_preflight_pins_each_nodes_chosen_gpus_by_uuid() -> None:
     container: the first nproc_per_node, or what CUDA_VISIBLE_DEVICES in env: selects."""
     from orchestrator.preflight.facts import NodeFacts, container_pins
 
-    inv = inventory.parse("nodes:\n  - host: a\n    gpus: 4\n    nproc_per_node: 2\n"
-                          "  - host: b\n    gpus: 4\n    nproc_per_node: 2\n    env: {CUDA_VISIBLE_DEVICES: '3,GPU-x2'}\n"
-                          "  - host: c\n    gpus: 4\n    nproc_per_node: 2\n"
-                          "job: {rdzv: c10d, container: {runtime: docker, image: i}}\n", "t.yaml")
-    csv = "name, pci.bus_id, index, uuid\n" + "".join(f"A100, 0000:0{i}:00.0, {i}, GPU-{n}{i}\n" for i, n in
-                                                        enumerate("xxxx"))
+    inv = inventory.parse(
+        "nodes:\n  - host: a\n    gpus: 4\n    nproc_per_node: 2\n"
+        "  - host: b\n    gpus: 4\n    nproc_per_node: 2\n    env: {CUDA_VISIBLE_DEVICES: '3,GPU-x2'}\n"
+        "  - host: c\n    gpus: 4\n    nproc_per_node: 2\n"
+        "job: {rdzv: c10d, container: {runtime: docker, image: i}}\n",
+        "t.yaml",
+    )
+    csv = "name, pci.bus_id, index, uuid\n" + "".join(
+        f"A100, 0000:0{i}:00.0, {i}, GPU-{n}{i}\n" for i, n in enumerate("xxxx")
+    )
 
     def facts(name: str, out: str) -> NodeFacts:
-        return NodeFacts(inv.node(name), raw={"gpus": {"source": "nvidia-smi", "query": {"rc": 0, "out": out, "err": ""},
-                                                       "table": {"rc": None, "out": "", "err": ""}}})
+        return NodeFacts(
+            inv.node(name),
+            raw={
+                "gpus": {
+                    "source": "nvidia-smi",
+                    "query": {"rc": 0, "out": out, "err": ""},
+                    "table": {"rc": None, "out": "", "err": ""},
+                }
+            },
+        )
+
     pins = container_pins(inv, {"a": facts("a", csv), "b": facts("b", csv), "c": facts("c", "")})
     assert pins is not None and dict(pins.gpus) == {"a": ("GPU-x0", "GPU-x1"), "b": ("GPU-x3", "GPU-x2")}
     argv = job_command(inv, inv.node("a"), [], pins=pins)

@@ -32,15 +32,23 @@ def facts_with(inv: Any, images: dict[str, dict[str, Any]], gpus: str | None = N
             raw.update(containers=CLEAN, container_image=images[node])
             if gpus:
                 raw.update(gpus=_fixture_gpus(gpus))
+
         return apply
+
     return make_facts(inv, {n: edit(n) for n in NODES})
 
 
 def test_the_probe_is_asked_for_the_image_with_its_id_and_environment() -> None:
     inv = inventory(CONTAINER)
     args = probe_args(inv, inv.nodes[0], ["container"], "tok", 4)
-    assert args["container_image"] == ["podman", "image", "inspect", "--format", "{{.Id}}\t{{json .Config.Env}}",
-                                       "yoloe:latest"]
+    assert args["container_image"] == [
+        "podman",
+        "image",
+        "inspect",
+        "--format",
+        "{{.Id}}\t{{json .Config.Env}}",
+        "yoloe:latest",
+    ]
     assert container.image_argv(container.Container("apptainer", "/i/y.sif")) == ["sha256sum", "/i/y.sif"]
     assert probe_args(inventory(), inv.nodes[0], ["container"], "tok", 4)["container_image"] is None
 
@@ -63,8 +71,10 @@ def test_a_node_without_the_image_fails_and_names_orch_image_push() -> None:
     assert {c[n].status for n in ("n1", "n3", "n4")} == {"ok"}
     assert container_pins(inv, facts).image_id is None  # not pinned while a node lacks it
     pulls = inventory("  container: {runtime: podman, image: 'yoloe:latest', pull: missing}\n")
-    c = by(checks.check_container(pulls, facts_with(pulls, {**dict.fromkeys(NODES, held(IMG_A)), "n2": MISSING})),
-           "container")
+    c = by(
+        checks.check_container(pulls, facts_with(pulls, {**dict.fromkeys(NODES, held(IMG_A)), "n2": MISSING})),
+        "container",
+    )
     assert c["n2"].status == "warn" and "the launch pulls it (job.container.pull: missing)" in c["n2"].detail
 
 
@@ -102,18 +112,23 @@ def test_the_image_cuda_against_the_node_driver() -> None:
     requiring 12.1 passes; an image with CUDA_VERSION 13.0.1 only needs driver 580 by the table."""
     inv = inventory("  container: {runtime: docker, image: 'pytorch:25.01'}\n", gpus=True)
     req = ["NVIDIA_REQUIRE_CUDA=cuda>=12.8 brand=tesla,driver>=470,driver<471", "CUDA_VERSION=12.8.0"]
-    c = by(checks.check_container(inv, facts_with(inv, dict.fromkeys(NODES, held(IMG_A, req)), gpus="v100")),
-           "container")
+    c = by(
+        checks.check_container(inv, facts_with(inv, dict.fromkeys(NODES, held(IMG_A, req)), gpus="v100")), "container"
+    )
     assert c["n1"].status == "fail"
-    assert ("the image requires CUDA 12.8 or newer (its NVIDIA_REQUIRE_CUDA); this node's driver 535.129.03 "
-            "supports CUDA 12.2") in c["n1"].detail
+    assert (
+        "the image requires CUDA 12.8 or newer (its NVIDIA_REQUIRE_CUDA); this node's driver 535.129.03 "
+        "supports CUDA 12.2"
+    ) in c["n1"].detail
     ok = ["NVIDIA_REQUIRE_CUDA=cuda>=12.1", "CUDA_VERSION=12.1.0"]
-    c = by(checks.check_container(inv, facts_with(inv, dict.fromkeys(NODES, held(IMG_A, ok)), gpus="v100")),
-           "container")
+    c = by(
+        checks.check_container(inv, facts_with(inv, dict.fromkeys(NODES, held(IMG_A, ok)), gpus="v100")), "container"
+    )
     assert c["n1"].status == "ok", c["n1"]
     new = ["CUDA_VERSION=13.0.1"]
-    c = by(checks.check_container(inv, facts_with(inv, dict.fromkeys(NODES, held(IMG_A, new)), gpus="v100")),
-           "container")
+    c = by(
+        checks.check_container(inv, facts_with(inv, dict.fromkeys(NODES, held(IMG_A, new)), gpus="v100")), "container"
+    )
     assert c["n1"].status == "fail" and "needs NVIDIA driver 580 or newer" in c["n1"].detail
 
 
@@ -126,7 +141,9 @@ def test_a_small_dev_shm_inside_the_container_fails() -> None:
         def edit(raw: dict[str, Any], nf: Any) -> None:
             raw.update(containers=CLEAN, container_image=held(IMG_A))
             raw["software"] = {**raw["software"], "shm_bytes": size}
+
         return edit
+
     facts = make_facts(inv, {n: shm(64 << 20 if n == "n2" else 32 << 30) for n in NODES})
     c = by(checks.check_container(inv, facts), "container")
     assert c["n2"].status == "fail" and "/dev/shm in the container is 64 MiB" in c["n2"].detail
@@ -139,18 +156,20 @@ def test_the_gpus_the_container_gets() -> None:
     shared fixtures podman-cdi-unresolvable-gpu-all_FasterLivePortrait-116.txt) and docker without
     the NVIDIA runtime (docker-run-error_could-not-select-device-driver_nvidia-docker-1034.txt) are
     named with their fix; a count other than nproc_per_node fails."""
+
     def torch_sees(runtime: str, tc: dict[str, Any]) -> Any:
         inv = inventory(f"  container: {{runtime: {runtime}, image: 'yoloe:latest'}}\n", gpus=True)
 
         def edit(raw: dict[str, Any], nf: Any) -> None:
             raw.update(containers=CLEAN, container_image=held(IMG_A), gpus=_fixture_gpus("v100"), torch_cuda=tc)
+
         return by(checks.check_container(inv, make_facts(inv, dict.fromkeys(NODES, edit))), "container")["n1"]
 
     cdi = "python could not tell torch's CUDA build: Error: setting up CDI devices: unresolvable CDI devices nvidia.com/gpu=all"
     r = torch_sees("podman", {"error": cdi})
     assert r.status == "fail" and "unresolvable CDI devices nvidia.com/gpu=all" in r.detail
     assert "nvidia-ctk cdi generate" in r.hint
-    docker = ('docker: Error response from daemon: could not select device driver "" with capabilities: [[gpu]].')
+    docker = 'docker: Error response from daemon: could not select device driver "" with capabilities: [[gpu]].'
     r = torch_sees("docker", {"error": docker})
     assert r.status == "fail" and "nvidia-ctk runtime configure --runtime=docker" in r.hint
     r = torch_sees("docker", {"torch": "2.5.1", "cuda": "12.4", "arch_list": [], "device_count": 0})
@@ -163,8 +182,12 @@ def test_an_output_folder_not_writable_inside_the_container_fails() -> None:
     inv = inventory("  container: {runtime: podman, image: 'yoloe:latest', user: '1000:1000'}\n")
 
     def edit(raw: dict[str, Any], nf: Any) -> None:
-        raw.update(containers=CLEAN, container_image=held(IMG_A),
-                   outputs_inside={"paths": {"project": {"checked": "/srv/runs", "writable": nf.node.name != "n3"}}})
+        raw.update(
+            containers=CLEAN,
+            container_image=held(IMG_A),
+            outputs_inside={"paths": {"project": {"checked": "/srv/runs", "writable": nf.node.name != "n3"}}},
+        )
+
     c = by(checks.check_container(inv, make_facts(inv, dict.fromkeys(NODES, edit))), "container")
     assert c["n3"].status == "fail"
     assert "--project: /srv/runs is not writable inside the container (as uid:gid 1000:1000)" in c["n3"].detail
@@ -174,31 +197,39 @@ def test_an_output_folder_not_writable_inside_the_container_fails() -> None:
 TINI_EACCES = "[FATAL tini (6)] exec /root/venv/bin/python failed: Permission denied\n"
 """What the bed's podman said (tests/integration/test_up_container_user.py) when uid 1000 could not
 reach an interpreter mounted under the image's /root (0700)."""
-RUNC_ENOENT = ('Error: runc: runc create failed: unable to start container process: exec: "/root/venv/bin/python": '
-               "stat /root/venv/bin/python: no such file or directory: OCI runtime attempted to invoke a command "
-               "that was not found\n")
+RUNC_ENOENT = (
+    'Error: runc: runc create failed: unable to start container process: exec: "/root/venv/bin/python": '
+    "stat /root/venv/bin/python: no such file or directory: OCI runtime attempted to invoke a command "
+    "that was not found\n"
+)
 
 
 def test_a_container_user_that_cannot_run_the_jobs_python_fails_naming_both_keys() -> None:
     """The job's interpreter could not be run inside (from the software facts' container, or the
     output folders' one): one row naming the node's container user and job.container.python, with
     what to change; not the generic "could not look" row."""
-    inv = inventory("  container: {runtime: podman, image: 'yoloe:latest', user: '1000:1000', "
-                    "python: /root/venv/bin/python}\n")
+    inv = inventory(
+        "  container: {runtime: podman, image: 'yoloe:latest', user: '1000:1000', python: /root/venv/bin/python}\n"
+    )
 
     def edit(raw: dict[str, Any], nf: Any) -> None:
         raw.update(containers=CLEAN, container_image=held(IMG_A))
         if nf.node.name == "n2":
-            raw.update(outputs_inside={"error": "could not look inside the container: " + TINI_EACCES.strip()},
-                       software={"python": "3.11.2", "error": "version probe failed: " + TINI_EACCES})
+            raw.update(
+                outputs_inside={"error": "could not look inside the container: " + TINI_EACCES.strip()},
+                software={"python": "3.11.2", "error": "version probe failed: " + TINI_EACCES},
+            )
         if nf.node.name == "n3":
             raw.update(software={"python": "3.11.2", "error": "version probe failed: " + RUNC_ENOENT})
+
     c = by(checks.check_container(inv, make_facts(inv, dict.fromkeys(NODES, edit))), "container")
     for node, why in (("n2", "Permission denied"), ("n3", "no such file or directory")):
         r = c[node]
         assert r.status == "fail", r
-        assert ("job.container.python /root/venv/bin/python cannot be run inside the container as uid:gid "
-                "1000:1000 (job.container.user)") in r.detail, r.detail
+        assert (
+            "job.container.python /root/venv/bin/python cannot be run inside the container as uid:gid "
+            "1000:1000 (job.container.user)"
+        ) in r.detail, r.detail
         assert why in r.detail and "could not look" not in r.detail, r.detail
         assert "job.container.user" in r.hint and "job.container.python" in r.hint and "/root" in r.hint, r.hint
     assert {c[n].status for n in ("n1", "n4")} == {"ok"}
@@ -229,12 +260,14 @@ def test_rdma_inside_the_container_needs_unlimited_memlock_and_the_devices() -> 
     """checks.rdma.devices set: 8 MiB memlock inside the container (this sandbox's hard limit, as
     the podman bed measured it) or no /dev/infiniband there fails; unlimited with the devices
     passes; without rdma.devices nothing is asked."""
+
     def row(memlock: int, devices: list[str], rdma: bool = True) -> Any:
         inv = inventory(CONTAINER, rdma=rdma)
 
         def edit(raw: dict[str, Any], nf: Any) -> None:
             raw.update(containers=CLEAN, container_image=held(IMG_A))
             raw["software"] = {**raw["software"], "memlock": memlock, "infiniband": devices}
+
         return by(checks.check_container(inv, make_facts(inv, dict.fromkeys(NODES, edit))), "container")["n1"]
 
     r = row(8 << 20, ["uverbs0", "rdma_cm"])

@@ -28,8 +28,19 @@ def test_the_checks_are_the_ones_the_contract_names() -> None:
     from orchestrator.preflight import checks
 
     assert tuple(checks.CHECKS) == CHECK_NAMES
-    assert CHECK_NAMES == ("ssh", "clock", "timezone", "nccl_env", "rdma", "gpus", "software", "job", "ports",
-                           "container", "fabric")
+    assert CHECK_NAMES == (
+        "ssh",
+        "clock",
+        "timezone",
+        "nccl_env",
+        "rdma",
+        "gpus",
+        "software",
+        "job",
+        "ports",
+        "container",
+        "fabric",
+    )
 
 
 def test_every_check_name_the_probe_and_its_client_test_for_is_a_check() -> None:
@@ -42,10 +53,15 @@ def test_every_check_name_the_probe_and_its_client_test_for_is_a_check() -> None
     found: dict[str, set[str]] = {}
     for rel in ("node/probe.py", "preflight/facts.py"):
         tree = ast.parse((root / rel).read_text())
-        found[rel] = {n.left.value for n in ast.walk(tree)
-                      if isinstance(n, ast.Compare) and isinstance(n.left, ast.Constant) and isinstance(n.left.value, str)
-                      and any(isinstance(op, ast.In) for op in n.ops)
-                      and any(isinstance(c, ast.Name) and c.id == "want" for c in n.comparators)}
+        found[rel] = {
+            n.left.value
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Compare)
+            and isinstance(n.left, ast.Constant)
+            and isinstance(n.left.value, str)
+            and any(isinstance(op, ast.In) for op in n.ops)
+            and any(isinstance(c, ast.Name) and c.id == "want" for c in n.comparators)
+        }
     assert found["node/probe.py"] and found["preflight/facts.py"], found  # the scan sees them
     for rel, names in found.items():
         assert names <= set(CHECK_NAMES), f"{rel} tests for {names - set(CHECK_NAMES)}, which no check is called"
@@ -69,6 +85,7 @@ def test_the_supervision_defaults_the_docs_state_are_the_codes() -> None:
             assert said == default, f"docs/guide.md says {var} ({said} s), the code {default}"
             stated += 1
     assert stated >= 3, "docs/guide.md no longer states the supervision defaults users tune"
-    assert Tunables.from_env({"ORCH_UNREACHABLE_GRACE_S": "4", "ORCH_POLL_INTERVAL_S": "-1",
-                              "ORCH_STREAM_SILENT_S": "nan"}) == Tunables(unreachable_grace_s=4.0)
+    assert Tunables.from_env(
+        {"ORCH_UNREACHABLE_GRACE_S": "4", "ORCH_POLL_INTERVAL_S": "-1", "ORCH_STREAM_SILENT_S": "nan"}
+    ) == Tunables(unreachable_grace_s=4.0)
     assert Tunables(unreachable_grace_s=4.0).silent_after_s == 2.0

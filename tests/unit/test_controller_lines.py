@@ -43,8 +43,14 @@ def make_run(tmp_path: Path, offsets_ms: dict[str, float]) -> tuple[RunLogs, str
     for i, src in enumerate(sources):
         src.copy.write_text(node_log(i, 4, 3.0))
     det = Detector(share=0.8, windows=2, world_size=3)
-    lines = sorted((parse_node_line(raw, s.node, s.node_rank, s.base_rank) for s in sources
-                    for raw in s.copy.read_text().splitlines()), key=lambda ln: ln.ts - offsets_ms.get(ln.node, 0) / 1000)
+    lines = sorted(
+        (
+            parse_node_line(raw, s.node, s.node_rank, s.base_rank)
+            for s in sources
+            for raw in s.copy.read_text().splitlines()
+        ),
+        key=lambda ln: ln.ts - offsets_ms.get(ln.node, 0) / 1000,
+    )
     named = []
     for line in lines:
         found = timing_window(line, offsets_ms.get(line.node, 0.0) / 1000.0)
@@ -59,7 +65,8 @@ def make_run(tmp_path: Path, offsets_ms: dict[str, float]) -> tuple[RunLogs, str
 @pytest.mark.parametrize("pure", [False, True], ids=["c-merge", "python-merge"])
 @pytest.mark.parametrize("offsets_ms", [{}, {"n1": 0.0, "n2": 0.0, "n3": 150.0}], ids=["no-offsets", "offsets"])
 def test_the_straggler_line_is_in_merged_log_right_after_the_window_that_named_it(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pure: bool, offsets_ms: dict[str, float]) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pure: bool, offsets_ms: dict[str, float]
+) -> None:
     if pure:
         monkeypatch.setenv("ORCH_PURE_PYTHON", "1")
     elif not stored.fast_merge_available():
@@ -76,7 +83,7 @@ def test_the_straggler_line_is_in_merged_log_right_after_the_window_that_named_i
     # offset, n3's clock is 150 ms ahead: 0.05 s late) comes right before, every later line after
     assert "[rank" not in rows[at[0] - 1] and "timing epoch 1 batch 2 " in rows[at[0] - 1]
     assert rows[at[0] - 1].split()[1] == "n3"
-    assert all("batch 1 " not in r and "batch 2 " not in r and "window 1" not in r for r in rows[at[0] + 1:])
+    assert all("batch 1 " not in r and "batch 2 " not in r and "window 1" not in r for r in rows[at[0] + 1 :])
     assert len(rows) == 3 * 8 + 1
 
 

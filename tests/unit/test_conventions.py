@@ -16,7 +16,8 @@ from orchestrator.store import orch_home
 
 
 def test_orch_home_defaults_to_the_users_home_not_the_current_directory(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """`orch logs -f` from another shell in another directory finds the same runs (SkyPilot's ~/.sky)."""
     monkeypatch.delenv("ORCH_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "user"))
@@ -52,15 +53,29 @@ def _runs(home: Path) -> dict[str, Any]:
     store = RunStore(home)
     nodes = [{"node": f"v100-{i}", "nproc": 8} for i in range(1, 5)]
     made = {}
-    for i, (run_id, fields) in enumerate([
-        ("20261201-093000-v100", {"state": "succeeded", "wall_s": 52.4}),
-        ("20261201-101500-v100", {"state": "failed", "wall_s": 130.0, "attempt": 2, "max_attempts": 3,
-                                  "first_failure": {"node": "v100-3", "rank": 17, "exit_code": 1,
-                                                    "reason": "exit code 1", "cause": "torch.OutOfMemoryError: "
-                                                    "CUDA out of memory. Tried to allocate 2.00 GiB"}}),
-        ("20261201-101533-v100", {"state": "stopped", "wall_s": 7.25}),
-        ("20261201-193300-v100", {"state": "running"}),
-    ]):
+    for i, (run_id, fields) in enumerate(
+        [
+            ("20261201-093000-v100", {"state": "succeeded", "wall_s": 52.4}),
+            (
+                "20261201-101500-v100",
+                {
+                    "state": "failed",
+                    "wall_s": 130.0,
+                    "attempt": 2,
+                    "max_attempts": 3,
+                    "first_failure": {
+                        "node": "v100-3",
+                        "rank": 17,
+                        "exit_code": 1,
+                        "reason": "exit code 1",
+                        "cause": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+                    },
+                },
+            ),
+            ("20261201-101533-v100", {"state": "stopped", "wall_s": 7.25}),
+            ("20261201-193300-v100", {"state": "running"}),
+        ]
+    ):
         run = store.create(inv, run_id)
         made[run_id] = run.update(created=round(time.time()) - 4000.0 + 1000 * i, nodes=nodes, **fields)
     return made
@@ -75,8 +90,12 @@ def test_orch_runs_lists_newest_first_with_state_attempt_wall_time_shape_and_fai
     result = CliRunner().invoke(cli, ["runs"])
     assert result.exit_code == 0, result.output
     rows = [line for line in result.output.splitlines() if "20261201-" in line]
-    assert [r.split()[1] for r in rows] == ["20261201-193300-v100", "20261201-101533-v100",
-                                           "20261201-101500-v100", "20261201-093000-v100"]
+    assert [r.split()[1] for r in rows] == [
+        "20261201-193300-v100",
+        "20261201-101533-v100",
+        "20261201-101500-v100",
+        "20261201-093000-v100",
+    ]
     assert "running for" in rows[0]
     assert "52.4 s" in rows[3] and "succeeded" in rows[3] and "4×8" in rows[3]
     assert "2/3" in rows[2] and "v100-3 rank 17: torch.OutOfMemoryError" in rows[2]
@@ -94,9 +113,19 @@ def test_orch_runs_json_and_the_limit(orch_home: Path) -> None:
     every = json.loads(CliRunner().invoke(cli, ["runs", "--all", "--json"]).stdout)
     assert every["left_out"] == 0 and len(every["runs"]) == 4
     failed = every["runs"][2]
-    assert failed == {**failed, "state": "failed", "attempt": 2, "max_attempts": 3, "wall_s": 130.0,
-                      "nodes": 4, "procs": 32, "procs_per_node": [8] * 4, "running": False,
-                      "inventory": "v100", "started": made["20261201-101500-v100"]["created"]}
+    assert failed == {
+        **failed,
+        "state": "failed",
+        "attempt": 2,
+        "max_attempts": 3,
+        "wall_s": 130.0,
+        "nodes": 4,
+        "procs": 32,
+        "procs_per_node": [8] * 4,
+        "running": False,
+        "inventory": "v100",
+        "started": made["20261201-101500-v100"]["created"],
+    }
     assert every["runs"][0]["running"] is True and every["runs"][0]["wall_s"] > 0
 
 
@@ -107,17 +136,21 @@ def test_runs_default_count_is_defined_once() -> None:
     assert commands.DEFAULT_RUNS == DEFAULT_LIMIT
 
 
-@pytest.mark.parametrize(("given", "expected"), [
-    ("20261201-093000-v100", "20261201-093000-v100"),
-    ("20261201-09", "20261201-093000-v100"),
-    ("2026120", None),                          # all four
-    ("20261201-1015", None),                    # two
-    ("20261201-10153", "20261201-101533-v100"),
-    ("1933", "20261201-193300-v100"),           # the date left out
-    ("latest", "20261201-193300-v100"),
-])
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("20261201-093000-v100", "20261201-093000-v100"),
+        ("20261201-09", "20261201-093000-v100"),
+        ("2026120", None),  # all four
+        ("20261201-1015", None),  # two
+        ("20261201-10153", "20261201-101533-v100"),
+        ("1933", "20261201-193300-v100"),  # the date left out
+        ("latest", "20261201-193300-v100"),
+    ],
+)
 def test_any_unique_prefix_names_a_run_and_an_ambiguous_one_lists_the_candidates(
-        orch_home: Path, given: str, expected: str | None) -> None:
+    orch_home: Path, given: str, expected: str | None
+) -> None:
     from orchestrator.errors import UsageError
     from orchestrator.store import RunStore
 
@@ -132,7 +165,8 @@ def test_any_unique_prefix_names_a_run_and_an_ambiguous_one_lists_the_candidates
 
 
 def test_a_prefix_works_wherever_a_run_is_taken_and_an_ambiguous_one_exits_2(
-        orch_home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    orch_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from orchestrator.cli import main
 
     _runs(orch_home)
@@ -169,7 +203,7 @@ def _dry(*args: str) -> dict[str, Any]:
 
 def _job_words(plan: dict[str, Any], node: int = 0) -> list[str]:
     argv = plan["nodes"][node]["argv"]
-    return list(argv[argv.index("trainer") + 1:])
+    return list(argv[argv.index("trainer") + 1 :])
 
 
 def test_words_after_dashes_reach_the_job_and_replace_the_inventorys_same_setting() -> None:
@@ -187,7 +221,7 @@ def test_words_after_dashes_reach_the_job_and_replace_the_inventorys_same_settin
 @pytest.mark.parametrize("spelling", [["--batch-size", "64"], ["batch=64"], ["--batch=64"]])
 def test_every_spelling_of_a_trainer_setting_replaces_the_inventorys(spelling: list[str]) -> None:
     words = _job_words(_dry("--", *spelling))
-    assert words[-len(spelling):] == spelling
+    assert words[-len(spelling) :] == spelling
     assert "--batch" not in words and "384" not in words
 
 
@@ -238,23 +272,30 @@ def test_include_exclude_and_nodes_replan_ranks_exactly_as_a_smaller_inventory(t
     from orchestrator.config.plan import make_plan
 
     text = V100.read_text()
-    ranged = ("  - host: 192.168.1.[11-13]         # a range expands to one node per value, in order\n"
-              "    name: v100-[2-4]                # ranges in name/addr expand alongside host\n")
+    ranged = (
+        "  - host: 192.168.1.[11-13]         # a range expands to one node per value, in order\n"
+        "    name: v100-[2-4]                # ranges in name/addr expand alongside host\n"
+    )
     assert ranged in text
     smaller = tmp_path / "v100.yaml"
     smaller.write_text(text.replace(ranged, "  - host: 192.168.1.[12-13]\n    name: v100-[3-4]\n"))
     expected = make_plan(inventory.load(smaller)).to_json()
     assert [n["node"] for n in expected["nodes"]] == ["v100-1", "v100-3", "v100-4"]
     inv = inventory.load(V100)
-    for ov in (Overrides(include="v100-1,v100-[3-4]"), Overrides(exclude="v100-2"),
-               Overrides(include="v100-[1-4]", exclude="v100-2", first=3)):
+    for ov in (
+        Overrides(include="v100-1,v100-[3-4]"),
+        Overrides(exclude="v100-2"),
+        Overrides(include="v100-[1-4]", exclude="v100-2", first=3),
+    ):
         got = make_plan(apply(inv, ov)).to_json()
         strip = [{k: v for k, v in n.items() if k != "host"} for n in got["nodes"]]
         assert strip == [{k: v for k, v in n.items() if k != "host"} for n in expected["nodes"]]
         assert got["world_size"] == 24 and got["master_addr"] == expected["master_addr"]
     first = make_plan(apply(inv, Overrides(first=2))).to_json()
     assert [(n["node"], n["node_rank"], n["global_ranks"]) for n in first["nodes"]] == [
-        ("v100-1", 0, [0, 7]), ("v100-2", 1, [8, 15])]
+        ("v100-1", 0, [0, 7]),
+        ("v100-2", 1, [8, 15]),
+    ]
     assert "--nnodes=2" in first["nodes"][1]["argv"]
 
 
@@ -367,15 +408,24 @@ def _complete(words: str, env: dict[str, str] | None = None) -> list[str]:
     from orchestrator.cli import cli
 
     parts = words.split(" ")
-    result = CliRunner().invoke(cli, [], prog_name="orch", env={
-        "_ORCH_COMPLETE": "bash_complete", "COMP_WORDS": words, "COMP_CWORD": str(len(parts) - 1), **(env or {})})
+    result = CliRunner().invoke(
+        cli,
+        [],
+        prog_name="orch",
+        env={"_ORCH_COMPLETE": "bash_complete", "COMP_WORDS": words, "COMP_CWORD": str(len(parts) - 1), **(env or {})},
+    )
     return [line.split(",", 1)[1] for line in result.output.splitlines() if "," in line]
 
 
 def test_completion_offers_run_ids_newest_first_and_latest(orch_home: Path) -> None:
     _runs(orch_home)
-    assert _complete("orch status ") == ["latest", "20261201-193300-v100", "20261201-101533-v100",
-                                         "20261201-101500-v100", "20261201-093000-v100"]
+    assert _complete("orch status ") == [
+        "latest",
+        "20261201-193300-v100",
+        "20261201-101533-v100",
+        "20261201-101500-v100",
+        "20261201-093000-v100",
+    ]
     assert _complete("orch logs 20261201-10") == ["20261201-101533-v100", "20261201-101500-v100"]
     assert _complete("orch report 2026120") and _complete("orch down l") == ["latest"]
     assert _complete("orch logs 20261201-093000-v100 --node v100-[") == []
@@ -383,7 +433,8 @@ def test_completion_offers_run_ids_newest_first_and_latest(orch_home: Path) -> N
 
 
 def test_completion_offers_node_names_check_names_and_inventory_files(
-        orch_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    orch_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert _complete(f"orch check {V100} --only cl") == ["clock"]
     assert _complete(f"orch check {V100} --skip ssh,r") == ["ssh,rdma"]
     assert _complete(f"orch up {V100} --exclude v100-") == ["v100-1", "v100-2", "v100-3", "v100-4"]
@@ -431,8 +482,9 @@ def test_progress_is_read_from_rank_0s_lines_with_an_eta(tmp_path: Path) -> None
     assert progress_of(["2026-11-30T09:32:05.123456Z out [default0]:hello\n"]) is None
 
 
-def test_status_json_and_table_show_a_trainer_runs_progress(orch_home: Path, monkeypatch: pytest.MonkeyPatch,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_status_json_and_table_show_a_trainer_runs_progress(
+    orch_home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from orchestrator.run import control
     from orchestrator.run.control import NodeReport, StatusReport
     from orchestrator.store import RunStore
@@ -441,10 +493,27 @@ def test_status_json_and_table_show_a_trainer_runs_progress(orch_home: Path, mon
     run = RunStore().get("1933")
     fresh = _trainer_log(run.path / "nodes" / "v100-1.log")
     (run.path / "nodes" / "v100-1.log").write_text("".join(fresh[:2]))  # the copy lags; the agent's tail has it all
-    report = StatusReport(run.run_id, "running", [NodeReport(node="v100-1", node_rank=0, host="h", state="running",
-                                                             exit_code=None, pid=1, pgid=1, uptime_s=1.0, last_log=None,
-                                                             last_log_age_s=None, agent_alive=True, error=None)],
-                          master_tail=tuple(line.rstrip("\n") for line in fresh))
+    report = StatusReport(
+        run.run_id,
+        "running",
+        [
+            NodeReport(
+                node="v100-1",
+                node_rank=0,
+                host="h",
+                state="running",
+                exit_code=None,
+                pid=1,
+                pgid=1,
+                uptime_s=1.0,
+                last_log=None,
+                last_log_age_s=None,
+                agent_alive=True,
+                error=None,
+            )
+        ],
+        master_tail=tuple(line.rstrip("\n") for line in fresh),
+    )
     monkeypatch.setattr(control, "status", lambda run_id: report)
     from orchestrator.cli import main
 
@@ -452,13 +521,25 @@ def test_status_json_and_table_show_a_trainer_runs_progress(orch_home: Path, mon
         main(["status", "--json", "1933"])
     doc = json.loads(capsys.readouterr().out)
     assert info.value.code == 0
-    assert doc["progress"] == {"epoch": 2, "epochs": 10, "batch": 10, "batches": 20, "images_per_s": 420.5,
-                               "data_wait": 0.04, "val_epoch": 1, "map50_95": 0.125, "map50": 0.25,
-                               "eta_s": 850.0, "done": False}
+    assert doc["progress"] == {
+        "epoch": 2,
+        "epochs": 10,
+        "batch": 10,
+        "batches": 20,
+        "images_per_s": 420.5,
+        "data_wait": 0.04,
+        "val_epoch": 1,
+        "map50_95": 0.125,
+        "map50": 0.25,
+        "eta_s": 850.0,
+        "done": False,
+    }
     with pytest.raises(SystemExit):
         main(["status", "1933"])
-    assert ("training: epoch 2/10 (batch 10/20) · 420.5 images/s · data 4% · mAP50-95 0.125 (epoch 1) · ETA 14m10s"
-            in capsys.readouterr().out)
+    assert (
+        "training: epoch 2/10 (batch 10/20) · 420.5 images/s · data 4% · mAP50-95 0.125 (epoch 1) · ETA 14m10s"
+        in capsys.readouterr().out
+    )
 
 
 def test_up_keeps_one_live_progress_line_under_the_log_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -514,7 +595,9 @@ def test_the_node_log_copys_path_is_spelled_once(tmp_path: Path) -> None:
     (tmp_path / "nodes" / "n1.log.tmp").write_text("")
     assert run.node_logs() == [run.node_log("n1"), run.node_log("n2")]
     package = Path(__file__).resolve().parents[2] / "orchestrator"
-    spelled = sorted(str(p.relative_to(package)) for p in package.rglob("*.py") if re.search(r'/ "nodes"', p.read_text()))
+    spelled = sorted(
+        str(p.relative_to(package)) for p in package.rglob("*.py") if re.search(r'/ "nodes"', p.read_text())
+    )
     assert spelled == ["store.py"]
 
 
@@ -529,8 +612,20 @@ def test_a_status_reports_progress_is_read_by_the_library(orch_home: Path) -> No
     run = RunStore().get("1933")
     fresh = _trainer_log(run.node_log("v100-1"))
     run.node_log("v100-1").write_text("".join(fresh[:2]))
-    node = NodeReport(node="v100-1", node_rank=0, host="h", state="running", exit_code=None, pid=1, pgid=1,
-                      uptime_s=1.0, last_log=None, last_log_age_s=None, agent_alive=True, error=None)
+    node = NodeReport(
+        node="v100-1",
+        node_rank=0,
+        host="h",
+        state="running",
+        exit_code=None,
+        pid=1,
+        pgid=1,
+        uptime_s=1.0,
+        last_log=None,
+        last_log_age_s=None,
+        agent_alive=True,
+        error=None,
+    )
     progress = status_progress(StatusReport(run.run_id, "running", [node], master_tail=tuple(fresh)))
     assert progress is not None and (progress.epoch, progress.epochs, progress.val_epoch) == (2, 10, 1)
     lagging = status_progress(StatusReport(run.run_id, "running", [node]))

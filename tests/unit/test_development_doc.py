@@ -29,7 +29,7 @@ def additions(text: str) -> dict[str, tuple[int, list[str], list[str]]]:
     found = {}
     heads = list(HEADING.finditer(section))
     for m, nxt in zip(heads, [*heads[1:], None]):
-        body = section[m.end():nxt.start() if nxt else len(section)]
+        body = section[m.end() : nxt.start() if nxt else len(section)]
         items = re.split(r"^- ", body, flags=re.M)
         counted = next((i for i in items if i.startswith("files: ")), "")
         found[m.group(1)] = (int(m.group(2)), list(dict.fromkeys(PATH.findall(counted))), PATH.findall(body))
@@ -44,11 +44,17 @@ def exists(path: str) -> bool:
 
 
 def test_the_guard_counts_and_checks_paths() -> None:
-    text = (f"{SECTION}\n\n**A widget: 2 files** (measured: `abc1234`).\n- files: `orchestrator/contract.py` "
-            "(`CHECK_NAMES`), `notes/nowhere.md`,\n  `orchestrator/contract.py`.\n- also `tests/unit/`.\n")
-    assert additions(text) == {"widget": (2, ["orchestrator/contract.py", "notes/nowhere.md"],
-                                          ["orchestrator/contract.py", "notes/nowhere.md", "orchestrator/contract.py",
-                                           "tests/unit/"])}
+    text = (
+        f"{SECTION}\n\n**A widget: 2 files** (measured: `abc1234`).\n- files: `orchestrator/contract.py` "
+        "(`CHECK_NAMES`), `notes/nowhere.md`,\n  `orchestrator/contract.py`.\n- also `tests/unit/`.\n"
+    )
+    assert additions(text) == {
+        "widget": (
+            2,
+            ["orchestrator/contract.py", "notes/nowhere.md"],
+            ["orchestrator/contract.py", "notes/nowhere.md", "orchestrator/contract.py", "tests/unit/"],
+        )
+    }
     assert exists("orchestrator/transport/NAME.py") and not exists("orchestrator/nothing/NAME.py")
     assert not exists("notes/nowhere.md")
 

@@ -11,13 +11,18 @@ REPO = Path(__file__).resolve().parents[2]
 SKIPPED = {"build", "dist", "data", "runs", "node_modules"}
 """Folders of what is built or run, not written: their .md files are not the repo's (like the
 hidden ones: .venv, .pytest_cache, .orch)."""
-DOCS = sorted(p for p in REPO.rglob("*.md")
-              if not any(d.startswith(".") or d in SKIPPED or d.endswith(".egg-info")
-                         for d in p.relative_to(REPO).parts[:-1]))
+DOCS = sorted(
+    p
+    for p in REPO.rglob("*.md")
+    if not any(d.startswith(".") or d in SKIPPED or d.endswith(".egg-info") for d in p.relative_to(REPO).parts[:-1])
+)
 """Every .md file of the repo: README.md, docs/, inventory/, bench/, tests/fixtures/..."""
-LINK = re.compile(r"\[[^\]]*\]\(<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\)"  # [text](target "title")
-                  r"|^\s{0,3}\[[^\]]+\]:\s+<?([^\s>]+)"  # [label]: target
-                  r"|<(?:a|img)\s[^>]*?(?:href|src)=\"([^\"]+)\"", re.M)  # <a href="...">, <img src="...">
+LINK = re.compile(
+    r"\[[^\]]*\]\(<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\)"  # [text](target "title")
+    r"|^\s{0,3}\[[^\]]+\]:\s+<?([^\s>]+)"  # [label]: target
+    r"|<(?:a|img)\s[^>]*?(?:href|src)=\"([^\"]+)\"",
+    re.M,
+)  # <a href="...">, <img src="...">
 FENCE = re.compile(r"^\s*(```|~~~).*?^\s*\1", re.M | re.S)
 CODE = re.compile(r"(`+)[^`].*?\1")
 
@@ -63,20 +68,33 @@ def broken_links(doc: Path) -> list[str]:
 
 def test_every_markdown_file_of_the_repo_is_checked() -> None:
     names = {str(p.relative_to(REPO)) for p in DOCS}
-    assert {"README.md", "docs/CONTRACT.md", "inventory/README.md", "bench/README.md",
-            "tests/fixtures/README.md"} <= names
+    assert {
+        "README.md",
+        "docs/CONTRACT.md",
+        "inventory/README.md",
+        "bench/README.md",
+        "tests/fixtures/README.md",
+    } <= names
     assert not any(n.startswith(".") for n in names)
 
 
 def test_the_guard_sees_broken_links_and_anchors(tmp_path: Path) -> None:
     (tmp_path / "other.md").write_text("# Title\n\n## Setup\n\n## Setup\n\n```sh\n# not a heading\n```\n")
     doc = tmp_path / "doc.md"
-    doc.write_text("# Here\n[a](other.md) [b](other.md#setup-1) [c](#here) [d](https://x.org/none) "
-                   "[e](missing.md) [f](other.md#setup-2) [g](other.md#not-a-heading) `[h](in-code.md)`\n"
-                   "[label]: gone.md\n<a href=\"other.md#nowhere\">i</a> <img src=\"pic.png\">\n"
-                   "```\n[j](in-a-fence.md)\n```\n")
-    assert broken_links(doc) == ["missing.md", "other.md#setup-2", "other.md#not-a-heading", "gone.md",
-                                 "other.md#nowhere", "pic.png"]
+    doc.write_text(
+        "# Here\n[a](other.md) [b](other.md#setup-1) [c](#here) [d](https://x.org/none) "
+        "[e](missing.md) [f](other.md#setup-2) [g](other.md#not-a-heading) `[h](in-code.md)`\n"
+        '[label]: gone.md\n<a href="other.md#nowhere">i</a> <img src="pic.png">\n'
+        "```\n[j](in-a-fence.md)\n```\n"
+    )
+    assert broken_links(doc) == [
+        "missing.md",
+        "other.md#setup-2",
+        "other.md#not-a-heading",
+        "gone.md",
+        "other.md#nowhere",
+        "pic.png",
+    ]
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))
@@ -95,8 +113,11 @@ def test_the_docs_the_code_cites_exist() -> None:
 
 def test_no_bare_contract_reference_is_left() -> None:
     """CONTRACT.md is docs/CONTRACT.md: a bare name in code would point nowhere from the source tree."""
-    bare = [f"{p.relative_to(REPO)}" for p in (REPO / "orchestrator").rglob("*.py")
-            if re.search(r"(?<!docs/)\bCONTRACT\.md", p.read_text())]
+    bare = [
+        f"{p.relative_to(REPO)}"
+        for p in (REPO / "orchestrator").rglob("*.py")
+        if re.search(r"(?<!docs/)\bCONTRACT\.md", p.read_text())
+    ]
     assert bare == []
 
 

@@ -21,7 +21,8 @@ def test_the_pages_flag_table_is_the_codes() -> None:
     page = PAGE.read_text()
     assert BEGIN in page and END in page, f"{PAGE.relative_to(REPO)} has no generated flag table: run {REGENERATE}"
     assert table_of(page) == flag_table(), (
-        f"{PAGE.relative_to(REPO)}'s flag table differs from trainer/config.py's TrainConfig: run {REGENERATE}")
+        f"{PAGE.relative_to(REPO)}'s flag table differs from trainer/config.py's TrainConfig: run {REGENERATE}"
+    )
 
 
 def test_the_table_has_a_row_for_every_flag_of_the_parser() -> None:
@@ -31,8 +32,9 @@ def test_the_table_has_a_row_for_every_flag_of_the_parser() -> None:
     flags = [s for a in build_parser()._actions for s in a.option_strings if s.startswith("--") and s != "--help"]
     missing = [f for f in flags if not re.search(rf"`{re.escape(f)}[` ]", table)]
     assert flags and not missing, f"flags without a row: {missing}"
-    assert len(table.splitlines()) == 2 + len([f for f in flags if f not in ("--batch-size", "--lr0",
-                                                                               "--gradient-accumulation")])
+    assert len(table.splitlines()) == 2 + len(
+        [f for f in flags if f not in ("--batch-size", "--lr0", "--gradient-accumulation")]
+    )
 
 
 def test_a_row_holds_the_fields_type_default_setting_and_docstring() -> None:
@@ -56,8 +58,9 @@ def test_writing_replaces_the_table_only(tmp_path: Path) -> None:
     assert table_of(stale) == "| old | table |\n"
 
 
-def test_a_page_without_its_markers_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_page_without_its_markers_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     page = tmp_path / "trainer.md"
     page.write_text("# The trainer\n\nno table here\n")
     monkeypatch.setattr("trainer.docs.PAGE", page)
@@ -70,8 +73,9 @@ def test_a_page_without_its_markers_is_refused(monkeypatch: pytest.MonkeyPatch, 
 
 
 def test_the_command_prints_the_table() -> None:
-    out = subprocess.run([sys.executable, "-m", "trainer.docs"], cwd=REPO, capture_output=True, text=True,
-                         timeout=60, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "trainer.docs"], cwd=REPO, capture_output=True, text=True, timeout=60, check=True
+    ).stdout
     assert out == flag_table()
 
 

@@ -74,16 +74,21 @@ def report(*answers: tuple[str, int, str]) -> ExecReport:
 
 def test_with_a_timeout_the_node_runs_the_command_under_timeout_1() -> None:
     watcher = tether("python3")
-    assert watcher.startswith("/bin/sh -c 'command -v python3 >/dev/null 2>&1 && { python3 -I -S -c ") and \
-        watcher.endswith(" \"$PPID\" </dev/null >/dev/null 2>&1 & }'; ") and "\n" not in watcher
+    assert (
+        watcher.startswith("/bin/sh -c 'command -v python3 >/dev/null 2>&1 && { python3 -I -S -c ")
+        and watcher.endswith(' "$PPID" </dev/null >/dev/null 2>&1 & }\'; ')
+        and "\n" not in watcher
+    )
     assert timed_line(["sleep", "30"], False, 2) == (
         f"command -v timeout >/dev/null 2>&1 || {{ echo {shlex.quote(NO_TIMEOUT)} >&2; exit 127; }}; "
-        f"{watcher}exec timeout -k 5 2 sleep 30")
+        f"{watcher}exec timeout -k 5 2 sleep 30"
+    )
     assert "{ /opt/venv/bin/python -I -S -c " in timed_line(["sleep", "30"], False, 2, "/opt/venv/bin/python")
     assert timed_line(["sleep", "30"], False, 2, None).endswith("; exec timeout -k 5 2 sleep 30")  # untethered
     assert command_line(["df -h | grep x"], True, "python3") == watcher + "df -h | grep x"
     assert timed_line(["df -h | grep '/data'"], True, 2.5).endswith(
-        """exec timeout -k 5 2.5 "${SHELL:-/bin/sh}" -c 'df -h | grep '"'"'/data'"'"''""")
+        """exec timeout -k 5 2.5 "${SHELL:-/bin/sh}" -c 'df -h | grep '"'"'/data'"'"''"""
+    )
     assert timed_line(["echo", "$HOME", "a b"], False, 1).endswith("exec timeout -k 5 1 echo '$HOME' 'a b'")
 
 
@@ -111,49 +116,90 @@ def test_worst_is_the_largest_exit_code() -> None:
 def test_identical_answers_group_in_order_of_their_first_node() -> None:
     r = report(("n1", 0, "x\n"), ("n2", 1, "x\n"), ("n3", 0, "x\n"), ("n4", 0, "y\n"), ("n5", 0, "x\n"))
     assert [(g.nodes, g.answer.exit_code, g.answer.stdout) for g in r.groups()] == [
-        (("n1", "n3", "n5"), 0, "x\n"), (("n2",), 1, "x\n"), (("n4",), 0, "y\n")]
+        (("n1", "n3", "n5"), 0, "x\n"),
+        (("n2",), 1, "x\n"),
+        (("n4",), 0, "y\n"),
+    ]
     assert [n.node for n in r.failed()] == ["n2"]
 
 
 def test_json_has_every_node_with_its_code_streams_and_error() -> None:
-    r = ExecReport(("df", "-h"), False, (NodeOutput("n1", 0, "ok\n", "", elapsed_ms=3.14159),
-                                         NodeOutput("n2", 255, "", "", "refused", "start sshd")))
+    r = ExecReport(
+        ("df", "-h"),
+        False,
+        (NodeOutput("n1", 0, "ok\n", "", elapsed_ms=3.14159), NodeOutput("n2", 255, "", "", "refused", "start sshd")),
+    )
     assert r.to_json() == {
-        "command": ["df", "-h"], "shell": False, "exit_code": 255,
-        "nodes": [{"node": "n1", "exit_code": 0, "stdout": "ok\n", "stderr": "", "error": None, "hint": None,
-                   "elapsed_ms": 3.1, "stdout_dropped": 0, "stderr_dropped": 0},
-                  {"node": "n2", "exit_code": 255, "stdout": "", "stderr": "", "error": "refused",
-                   "hint": "start sshd", "elapsed_ms": None, "stdout_dropped": 0, "stderr_dropped": 0}]}
+        "command": ["df", "-h"],
+        "shell": False,
+        "exit_code": 255,
+        "nodes": [
+            {
+                "node": "n1",
+                "exit_code": 0,
+                "stdout": "ok\n",
+                "stderr": "",
+                "error": None,
+                "hint": None,
+                "elapsed_ms": 3.1,
+                "stdout_dropped": 0,
+                "stderr_dropped": 0,
+            },
+            {
+                "node": "n2",
+                "exit_code": 255,
+                "stdout": "",
+                "stderr": "",
+                "error": "refused",
+                "hint": "start sshd",
+                "elapsed_ms": None,
+                "stdout_dropped": 0,
+                "stderr_dropped": 0,
+            },
+        ],
+    }
 
 
 # ----------------------------------------------------------------------------- rendering
 
 
-@pytest.mark.parametrize(("raw", "shown"), [
-    ("\x1b]0;pwned\x07", "\\x1b]0;pwned\\x07"),
-    ("\x1b[2J\x1b[H", "\\x1b[2J\\x1b[H"),
-    ("100%\rdone", "100%\\rdone"),
-    ("a\x00b\x7fc\x9bd", "a\\x00b\\x7fc\\x9bd"),
-    ("user\u202egnp.exe", "user\\u202egnp.exe"),
-    ("tab\tand\nnewline, é, 中文", "tab\tand\nnewline, é, 中文"),
-])
+@pytest.mark.parametrize(
+    ("raw", "shown"),
+    [
+        ("\x1b]0;pwned\x07", "\\x1b]0;pwned\\x07"),
+        ("\x1b[2J\x1b[H", "\\x1b[2J\\x1b[H"),
+        ("100%\rdone", "100%\\rdone"),
+        ("a\x00b\x7fc\x9bd", "a\\x00b\\x7fc\\x9bd"),
+        ("user\u202egnp.exe", "user\\u202egnp.exe"),
+        ("tab\tand\nnewline, é, 中文", "tab\tand\nnewline, é, 中文"),
+    ],
+)
 def test_printable_escapes_control_characters_but_tab_and_newline(raw: str, shown: str) -> None:
     assert render.printable(raw) == shown
 
 
 def test_output_is_grouped_like_dshbak_with_failures_named(capsys: pytest.CaptureFixture[str]) -> None:
-    r = ExecReport(("x",), True, (
-        NodeOutput("node1", 0, "same\n", ""), NodeOutput("node2", 0, "same\n", ""),
-        NodeOutput("node3", 2, "", "ls: no such file\n"), NodeOutput("node5", 0, "same\n", ""),
-        NodeOutput("node4", 255, "", "", "connection refused", "start sshd"),
-        NodeOutput("node6", 0, "\x1b]0;pwned\x07no newline", "")))
+    r = ExecReport(
+        ("x",),
+        True,
+        (
+            NodeOutput("node1", 0, "same\n", ""),
+            NodeOutput("node2", 0, "same\n", ""),
+            NodeOutput("node3", 2, "", "ls: no such file\n"),
+            NodeOutput("node5", 0, "same\n", ""),
+            NodeOutput("node4", 255, "", "", "connection refused", "start sshd"),
+            NodeOutput("node6", 0, "\x1b]0;pwned\x07no newline", ""),
+        ),
+    )
     render.exec_output(r, color=False)
     out, err = capsys.readouterr()
-    assert out == ("----------------\nnode[1-2,5] (3)\n----------------\nsame\n"
-                   "----------------\nnode3 (1): exit 2\n----------------\nls: no such file\n"
-                   "----------------\nnode4 (1): connection refused (exit 255)\n----------------\n"
-                   "hint: start sshd\n"
-                   "----------------\nnode6 (1)\n----------------\n\\x1b]0;pwned\\x07no newline\n")
+    assert out == (
+        "----------------\nnode[1-2,5] (3)\n----------------\nsame\n"
+        "----------------\nnode3 (1): exit 2\n----------------\nls: no such file\n"
+        "----------------\nnode4 (1): connection refused (exit 255)\n----------------\n"
+        "hint: start sshd\n"
+        "----------------\nnode6 (1)\n----------------\n\\x1b]0;pwned\\x07no newline\n"
+    )
     assert err == "orch exec: 2 of 6 nodes failed (exit 255: node4; exit 2: node3)\n"
 
 
@@ -163,8 +209,9 @@ def test_output_is_grouped_like_dshbak_with_failures_named(capsys: pytest.Captur
 @pytest.fixture
 def local_inv(tmp_path: Path) -> Path:
     inv = tmp_path / "local.yaml"
-    inv.write_text(yaml.safe_dump({"name": "lx", "transport": "local",
-                                   "nodes": [{"host": "localhost", "name": "n[0-2]"}]}))
+    inv.write_text(
+        yaml.safe_dump({"name": "lx", "transport": "local", "nodes": [{"host": "localhost", "name": "n[0-2]"}]})
+    )
     return inv
 
 
@@ -192,18 +239,24 @@ def test_an_unknown_node_runs_nothing(local_inv: Path, capsys: pytest.CaptureFix
     assert not marker.exists()
 
 
-def test_words_after_dashes_are_the_command_options_included(local_inv: Path,
-                                                             capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = orch(["exec", str(local_inv), "--json", "--nodes", "n[0-1]", "--",
-                         "printf", "%s|", "--json", "a b", "$HOME", ";"], capsys)
+def test_words_after_dashes_are_the_command_options_included(
+    local_inv: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = orch(
+        ["exec", str(local_inv), "--json", "--nodes", "n[0-1]", "--", "printf", "%s|", "--json", "a b", "$HOME", ";"],
+        capsys,
+    )
     doc = json.loads(out)
     assert code == 0 and doc["shell"] is False
     assert [(n["node"], n["stdout"], n["exit_code"]) for n in doc["nodes"]] == [
-        ("n0", "--json|a b|$HOME|;|", 0), ("n1", "--json|a b|$HOME|;|", 0)]
+        ("n0", "--json|a b|$HOME|;|", 0),
+        ("n1", "--json|a b|$HOME|;|", 0),
+    ]
 
 
-def test_one_word_is_a_shell_line_and_the_exit_code_is_the_worst(local_inv: Path,
-                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_one_word_is_a_shell_line_and_the_exit_code_is_the_worst(
+    local_inv: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     line = 'echo "$(echo piped | tr a-z A-Z)"; case $ORCH_EXEC_T in *) exit 3;; esac'
     code, out, err = orch(["exec", str(local_inv), "-b", "--", line], capsys)
     assert code == 3
@@ -224,8 +277,14 @@ def test_ctrl_c_stops_waiting_and_exits_130(local_inv: Path, tmp_path: Path) -> 
     started = tmp_path / "started"
     started.mkdir()
     line = f"mktemp -p {started} >/dev/null && exec sleep 120"  # each node says it runs, then waits
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "exec", str(local_inv), "--", line],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "exec", str(local_inv), "--", line],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while len(list(started.iterdir())) < 3:  # the command runs on every node: Ctrl-C now interrupts it
         assert proc.poll() is None and time.monotonic() < deadline, "orch exec never ran the command everywhere"
@@ -262,10 +321,12 @@ def test_each_line_is_shown_as_it_arrives_not_once_every_node_finished(local_inv
     assert seen == [x for n in names for x in ((n, "out", "ready"), (n, "err", "gone"), (n, "out", "tail"))]
 
 
-def test_live_output_is_node_colon_line_on_the_stream_it_came_from(local_inv: Path,
-                                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = orch(["exec", str(local_inv), "--", "echo one; echo two >&2; printf '\\033[2Jthree'; exit 4"],
-                          capsys)
+def test_live_output_is_node_colon_line_on_the_stream_it_came_from(
+    local_inv: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = orch(
+        ["exec", str(local_inv), "--", "echo one; echo two >&2; printf '\\033[2Jthree'; exit 4"], capsys
+    )
     assert code == 4
     assert sorted(out.splitlines()) == sorted([f"n{i}: {t}" for i in range(3) for t in ("one", "\\x1b[2Jthree")])
     for i in range(3):  # one node's lines in order
@@ -276,11 +337,28 @@ def test_live_output_is_node_colon_line_on_the_stream_it_came_from(local_inv: Pa
 
 
 def test_env_is_set_for_the_command_argv_or_shell_line(local_inv: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = orch(["exec", str(local_inv), "--json", "--nodes", "n0", "--env", "A=x y", "--env", "B=2", "--",
-                         "sh", "-c", 'echo "$A|$B"'], capsys)
+    code, out, _ = orch(
+        [
+            "exec",
+            str(local_inv),
+            "--json",
+            "--nodes",
+            "n0",
+            "--env",
+            "A=x y",
+            "--env",
+            "B=2",
+            "--",
+            "sh",
+            "-c",
+            'echo "$A|$B"',
+        ],
+        capsys,
+    )
     assert code == 0 and json.loads(out)["nodes"][0]["stdout"] == "x y|2\n"
-    code, out, _ = orch(["exec", str(local_inv), "--json", "--nodes", "n0", "--env", "A=x y", "--",
-                         'echo "$A"'], capsys)
+    code, out, _ = orch(
+        ["exec", str(local_inv), "--json", "--nodes", "n0", "--env", "A=x y", "--", 'echo "$A"'], capsys
+    )
     assert code == 0 and json.loads(out)["nodes"][0]["stdout"] == "x y\n"
     code, _, err = orch(["exec", str(local_inv), "--env", "A=$(id)", "--", "true"], capsys)
     assert code == 2 and "--env A" in err
@@ -291,7 +369,11 @@ def test_w_names_hosts_without_an_inventory_with_ssh_defaults(capsys: pytest.Cap
 
     inv = adhoc("gpu[1-3],root@login")
     assert [(n.name, n.host, n.ssh.user) for n in inv.nodes] == [
-        ("gpu1", "gpu1", None), ("gpu2", "gpu2", None), ("gpu3", "gpu3", None), ("login", "login", "root")]
+        ("gpu1", "gpu1", None),
+        ("gpu2", "gpu2", None),
+        ("gpu3", "gpu3", None),
+        ("login", "login", "root"),
+    ]
     assert inv.transport == "ssh" and {n.ssh.host_key_policy for n in inv.nodes} == {"strict"}
     assert {n.ssh.ssh_config for n in inv.nodes} == {"~/.ssh/config"}
     assert adhoc("a,b", user="me").nodes[1].ssh.user == "me"
@@ -302,10 +384,12 @@ def test_w_names_hosts_without_an_inventory_with_ssh_defaults(capsys: pytest.Cap
 
 
 @pytest.mark.waits  # mostly waits: runs beside the slow tests (tests/conftest.py)
-def test_live_output_with_a_timeout_shows_what_came_and_counts_124(local_inv: Path,
-                                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = orch(["exec", str(local_inv), "--nodes", "n0", "--timeout", "3", "--",
-                           "echo before; exec sleep 60"], capsys)
+def test_live_output_with_a_timeout_shows_what_came_and_counts_124(
+    local_inv: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = orch(
+        ["exec", str(local_inv), "--nodes", "n0", "--timeout", "3", "--", "echo before; exec sleep 60"], capsys
+    )
     assert code == 124
     assert out == "n0: before\n"
     assert "n0: timed out after 3 s" in err and "(exit 124)" in err

@@ -11,8 +11,10 @@ import pytest
 from orchestrator.cli import main
 from orchestrator.config.container import NO_CONTAINER_EXIT, Container, exec_argv
 
-FIND = ('id=$("$0" ps -q --filter label=orch.run=r1 --filter label=orch.nonce=abc); [ -n "$id" ] || '
-        '{ echo "orch: no running container of run r1 on this node" >&2; exit 125; }; exec "$0" exec "$id" "$@"')
+FIND = (
+    'id=$("$0" ps -q --filter label=orch.run=r1 --filter label=orch.nonce=abc); [ -n "$id" ] || '
+    '{ echo "orch: no running container of run r1 on this node" >&2; exit 125; }; exec "$0" exec "$id" "$@"'
+)
 
 
 def test_exec_argv_golden() -> None:
@@ -23,8 +25,7 @@ def test_exec_argv_golden() -> None:
 
 def fake_runtime(tmp_path: Path, running: str) -> dict[str, str]:
     rt = tmp_path / "podman"
-    rt.write_text(f'#!/bin/sh\nif [ "$1" = ps ]; then echo "{running}"; exit 0; fi\n'
-                  'shift; echo "exec in $*"\n')
+    rt.write_text(f'#!/bin/sh\nif [ "$1" = ps ]; then echo "{running}"; exit 0; fi\nshift; echo "exec in $*"\n')
     rt.chmod(0o755)
     return {"PATH": f"{tmp_path}:/usr/bin:/bin"}
 
@@ -38,12 +39,16 @@ def test_the_node_command_finds_the_container_or_says_there_is_none(tmp_path: Pa
     assert ran.stderr == "orch: no running container of run r1 on this node\n"
 
 
-@pytest.mark.parametrize(("args", "says"), [
-    (["--container", "r1", "inv.yaml", "--", "true"], "--container RUN with an INVENTORY or -w"),
-    (["--container", "r1", "--env", "A=1", "--", "true"], "--env with --container"),
-])
-def test_exec_container_usage(args: list[str], says: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                              capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--container", "r1", "inv.yaml", "--", "true"], "--container RUN with an INVENTORY or -w"),
+        (["--container", "r1", "--env", "A=1", "--", "true"], "--env with --container"),
+    ],
+)
+def test_exec_container_usage(
+    args: list[str], says: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("ORCH_HOME", str(tmp_path))
     with pytest.raises(SystemExit) as info:
         main(["exec", *args])

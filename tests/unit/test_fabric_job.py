@@ -21,17 +21,21 @@ def test_sweep_sizes() -> None:
         job.sweep_sizes(MB, MB - 1)
 
 
-@pytest.mark.parametrize(("text", "value"), [("1048576", MB), ("1M", MB), ("64M", 64 * MB), ("1G", 1 << 30),
-                                            ("512k", 512 << 10), ("0.5M", MB // 2)])
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("1048576", MB), ("1M", MB), ("64M", 64 * MB), ("1G", 1 << 30), ("512k", 512 << 10), ("0.5M", MB // 2)],
+)
 def test_parse_size(text: str, value: int) -> None:
     assert job.parse_size(text) == value
 
 
 def test_bad_arguments_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    for argv, message in ((["--max-bytes", "lots"], "not a size: 'lots'"),
-                          (["--min-bytes", "4M", "--max-bytes", "1M"], "--max-bytes 1048576 is below --min-bytes 4194304"),
-                          (["--link-passes", "0"], "--link-passes, --link-reps and --link-trials must be at least 1"),
-                          (["--recheck-passes", "-1"], "--recheck-passes at least 0")):
+    for argv, message in (
+        (["--max-bytes", "lots"], "not a size: 'lots'"),
+        (["--min-bytes", "4M", "--max-bytes", "1M"], "--max-bytes 1048576 is below --min-bytes 4194304"),
+        (["--link-passes", "0"], "--link-passes, --link-reps and --link-trials must be at least 1"),
+        (["--recheck-passes", "-1"], "--recheck-passes at least 0"),
+    ):
         with pytest.raises(SystemExit) as exc:
             job.parse_args(argv)
         assert exc.value.code == 2

@@ -35,24 +35,76 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[Hea
 # ----------------------------------------------------------------------------- the inventory
 
 # what people (and copy-paste) put in YAML values: every type, odd strings, controls, ranges
-odd_text = st.sampled_from(["", " ", "node1", "node1\n", "a/b", "../x", "..", ".", "~", "~/x", "h[1-3]", "h[3-1]",
-                            "h[0-99999999]", "h[1-2,5]", "h[", "[1-2]", "x;rm -rf /", "$(id)", "a b", "\x1b[2J",
-                            "é", "字", "\u202e", "0", "-1", "1e999", "null", "yes", "12:34", "a:b:c", "[::1]",
-                            "192.168.1.10", "localhost", "host:22", "x" * 300, "\x00", "\ud800".encode(
-                                "utf-8", "surrogatepass").decode("utf-8", "replace")])
-scalar = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True),
-                   odd_text, st.text(max_size=20))
-value = st.recursive(scalar, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                     st.dictionaries(st.one_of(odd_text, st.text(max_size=8)),
-                                                                     inner, max_size=4)), max_leaves=12)
+odd_text = st.sampled_from(
+    [
+        "",
+        " ",
+        "node1",
+        "node1\n",
+        "a/b",
+        "../x",
+        "..",
+        ".",
+        "~",
+        "~/x",
+        "h[1-3]",
+        "h[3-1]",
+        "h[0-99999999]",
+        "h[1-2,5]",
+        "h[",
+        "[1-2]",
+        "x;rm -rf /",
+        "$(id)",
+        "a b",
+        "\x1b[2J",
+        "é",
+        "字",
+        "\u202e",
+        "0",
+        "-1",
+        "1e999",
+        "null",
+        "yes",
+        "12:34",
+        "a:b:c",
+        "[::1]",
+        "192.168.1.10",
+        "localhost",
+        "host:22",
+        "x" * 300,
+        "\x00",
+        "\ud800".encode("utf-8", "surrogatepass").decode("utf-8", "replace"),
+    ]
+)
+scalar = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True), odd_text, st.text(max_size=20)
+)
+value = st.recursive(
+    scalar,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.one_of(odd_text, st.text(max_size=8)), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
 KEYS = {
     "": ["name", "transport", "ssh", "nodes", "master", "env", "checks", "job", "fanout", "bogus"],
     "ssh": ["user", "port", "identity", "known_hosts", "host_key_policy", "connect_timeout", "gateway", "ssh_config"],
     "node": ["host", "name", "addr", "gpus", "env", "nproc_per_node", "python", "port", "user", "ssh", "bogus"],
     "master": ["node", "port"],
     "checks": ["clock", "timezone", "rdma", "skip", "ssh"],
-    "job": ["workdir", "python", "nproc_per_node", "rdzv", "max_restarts", "module", "script", "args",
-            "torchrun_args", "run_root", "stop_grace_s"],
+    "job": [
+        "workdir",
+        "python",
+        "nproc_per_node",
+        "rdzv",
+        "max_restarts",
+        "module",
+        "script",
+        "args",
+        "torchrun_args",
+        "run_root",
+        "stop_grace_s",
+    ],
 }
 
 
@@ -60,16 +112,23 @@ def section(kind: str) -> st.SearchStrategy[dict[str, Any]]:
     return st.dictionaries(st.sampled_from(KEYS[kind]), value, max_size=len(KEYS[kind]))
 
 
-node = st.one_of(section("node"), st.fixed_dictionaries({"host": odd_text}, optional={"name": odd_text,
-                                                                                     "addr": odd_text,
-                                                                                     "gpus": value}))
+node = st.one_of(
+    section("node"),
+    st.fixed_dictionaries({"host": odd_text}, optional={"name": odd_text, "addr": odd_text, "gpus": value}),
+)
 document = st.fixed_dictionaries(
     {"nodes": st.one_of(st.lists(node, max_size=4), value)},
-    optional={"name": odd_text, "transport": st.sampled_from(["ssh", "local", "carrier-pigeon"]),
-              "ssh": st.one_of(section("ssh"), value), "master": st.one_of(section("master"), value),
-              "env": st.one_of(st.dictionaries(odd_text, value, max_size=3), value),
-              "checks": st.one_of(section("checks"), value), "job": st.one_of(section("job"), value),
-              "fanout": value})
+    optional={
+        "name": odd_text,
+        "transport": st.sampled_from(["ssh", "local", "carrier-pigeon"]),
+        "ssh": st.one_of(section("ssh"), value),
+        "master": st.one_of(section("master"), value),
+        "env": st.one_of(st.dictionaries(odd_text, value, max_size=3), value),
+        "checks": st.one_of(section("checks"), value),
+        "job": st.one_of(section("job"), value),
+        "fanout": value,
+    },
+)
 
 
 def assert_clear(exc: InventoryError) -> None:
@@ -95,16 +154,51 @@ def test_inventory_documents_load_or_fail_with_one_line_per_issue(doc: dict[str,
 
 
 @FUZZ
-@given(st.one_of(st.text(max_size=300),
-                 st.lists(st.sampled_from(["nodes:", "  - host: a", "- host: b", "name: x", "  name: [", "{", "}",
-                                           "&a x", "*a", "<<: *a", "? x", ": y", "'", '"', "\t", "---", "...",
-                                           "!!python/object:os.system", "nodes: !!binary aGk=", "%YAML 1.1",
-                                           "env: {A: 1, A: 2}", "1: 2", "[1,2]: x", "job: {args: [x]}",
-                                           "args: &a [1, *a]", "ssh: &s {<<: *s}", "x: &b {k: [*b]}",
-                                           "? &k [*k]\n: 1", "a: &x [" + "1," * 9 + "1]", "b: &y [" + "*x," * 9 + "*x]",
-                                           "c: &z [" + "*y," * 9 + "*y]", "d: [" + "*z," * 9 + "*z]",
-                                           "[" * 80 + "]" * 80]),
-                          max_size=12).map("\n".join)))
+@given(
+    st.one_of(
+        st.text(max_size=300),
+        st.lists(
+            st.sampled_from(
+                [
+                    "nodes:",
+                    "  - host: a",
+                    "- host: b",
+                    "name: x",
+                    "  name: [",
+                    "{",
+                    "}",
+                    "&a x",
+                    "*a",
+                    "<<: *a",
+                    "? x",
+                    ": y",
+                    "'",
+                    '"',
+                    "\t",
+                    "---",
+                    "...",
+                    "!!python/object:os.system",
+                    "nodes: !!binary aGk=",
+                    "%YAML 1.1",
+                    "env: {A: 1, A: 2}",
+                    "1: 2",
+                    "[1,2]: x",
+                    "job: {args: [x]}",
+                    "args: &a [1, *a]",
+                    "ssh: &s {<<: *s}",
+                    "x: &b {k: [*b]}",
+                    "? &k [*k]\n: 1",
+                    "a: &x [" + "1," * 9 + "1]",
+                    "b: &y [" + "*x," * 9 + "*x]",
+                    "c: &z [" + "*y," * 9 + "*y]",
+                    "d: [" + "*z," * 9 + "*z]",
+                    "[" * 80 + "]" * 80,
+                ]
+            ),
+            max_size=12,
+        ).map("\n".join),
+    )
+)
 def test_inventory_text_loads_or_fails_with_one_line_per_issue(text: str) -> None:
     try:
         parse(text, "inv.yaml")
@@ -127,15 +221,26 @@ def test_aliases_expand_within_a_cap_or_fail_at_the_line_of_the_alias(width: int
         parse(text, "inv.yaml")
     except InventoryError as exc:
         assert_clear(exc)
-        if width ** depth > yamlines.MAX_VALUES:
+        if width**depth > yamlines.MAX_VALUES:
             [issue] = exc.issues
             assert issue.line is not None and 2 <= issue.line <= depth + 2
             assert f"more than {yamlines.MAX_VALUES} values" in issue.render()
 
 
 @FUZZ
-@given(st.sampled_from(["args: &a [1, *a]", "args: &a {k: *a}", "args: &a [[[*a]]]", "args: &a {<<: *a}",
-                        "args: &a [1, {k: [2, *a]}]", "? &a [*a]\n: 1"]), st.integers(0, 3))
+@given(
+    st.sampled_from(
+        [
+            "args: &a [1, *a]",
+            "args: &a {k: *a}",
+            "args: &a [[[*a]]]",
+            "args: &a {<<: *a}",
+            "args: &a [1, {k: [2, *a]}]",
+            "? &a [*a]\n: 1",
+        ]
+    ),
+    st.integers(0, 3),
+)
 def test_a_recursive_alias_is_refused_at_its_line(shape: str, padding: int) -> None:
     text = "nodes: [{host: h1}]\n" + "\n" * padding + "job:\n" + "".join(f"  {ln}\n" for ln in shape.split("\n"))
     with pytest.raises(InventoryError) as exc:
@@ -183,12 +288,24 @@ def test_names_that_would_become_paths_or_columns_are_refused(name: str) -> None
 
 line_text = st.one_of(
     st.text(max_size=80),
-    st.builds(lambda s, rest: s + rest,
-              st.sampled_from(["2026-11-30T09:32:05.123456Z", "2026-13-30T09:32:05.123456Z", "0000-00-00T00:00:00.000000Z",
-                               "9999-12-31T23:59:61.999999Z", "2026-11-30T09:32:05.12345Z", "２０２６-11-30T09:32:05.123456Z",
-                               "2026-11-30T09:32:05.123456Z "]),
-              st.text(alphabet=st.sampled_from(list(" out err [default0]:[rank 99999999999999999999] \r\x1b\x00é")),
-                      max_size=40)))
+    st.builds(
+        lambda s, rest: s + rest,
+        st.sampled_from(
+            [
+                "2026-11-30T09:32:05.123456Z",
+                "2026-13-30T09:32:05.123456Z",
+                "0000-00-00T00:00:00.000000Z",
+                "9999-12-31T23:59:61.999999Z",
+                "2026-11-30T09:32:05.12345Z",
+                "２０２６-11-30T09:32:05.123456Z",
+                "2026-11-30T09:32:05.123456Z ",
+            ]
+        ),
+        st.text(
+            alphabet=st.sampled_from(list(" out err [default0]:[rank 99999999999999999999] \r\x1b\x00é")), max_size=40
+        ),
+    ),
+)
 
 
 @FUZZ
@@ -209,17 +326,59 @@ def test_node_log_lines_always_parse_to_a_line(lines: list[str], base: int | Non
 HELLO = b"ORCH-LOG-READER f00d\n"
 frame_bytes = st.one_of(
     st.binary(max_size=30),
-    st.sampled_from([b"D 3\nabc", b"D 99\nab", b"H running 1.5\n", b"S {}\n", b"E succeeded 2.0\n", b"D x\n",
-                     b"Traceback (most recent call last):\n", b"\n", b"D -1\n", b"S not json\n", b"H ello\n",
-                     b"E xpires in 3 days\n", b"D 99999999999999\n", b"D 1048577\n", b"H running nan\n",
-                     b"H \xff 1.0\n", b"S {\"state\": [1]}\n", b"S {\"tail\": 7, \"exit_code\": \"x\"}\n",
-                     b"ORCH-LOG-READER f00d\n", b"ORCH-LOG-READER beef\n", b"2026-11-30T09:32:05.123456Z out hi\n"]),
-    st.builds(lambda d: b"S " + json.dumps(d).encode() + b"\n",
-              st.dictionaries(st.sampled_from(["state", "exit_code", "signal", "reason", "pid", "agent_alive",
-                                               "job_alive", "tail", "cleanup_left", "now", "finished_at"]),
-                              st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=5)),
-                                           lambda i: st.lists(i, max_size=2), max_leaves=4), max_size=5)),
-    st.builds(lambda b: b"D %d\n" % len(b) + b, st.binary(max_size=40)))
+    st.sampled_from(
+        [
+            b"D 3\nabc",
+            b"D 99\nab",
+            b"H running 1.5\n",
+            b"S {}\n",
+            b"E succeeded 2.0\n",
+            b"D x\n",
+            b"Traceback (most recent call last):\n",
+            b"\n",
+            b"D -1\n",
+            b"S not json\n",
+            b"H ello\n",
+            b"E xpires in 3 days\n",
+            b"D 99999999999999\n",
+            b"D 1048577\n",
+            b"H running nan\n",
+            b"H \xff 1.0\n",
+            b'S {"state": [1]}\n',
+            b'S {"tail": 7, "exit_code": "x"}\n',
+            b"ORCH-LOG-READER f00d\n",
+            b"ORCH-LOG-READER beef\n",
+            b"2026-11-30T09:32:05.123456Z out hi\n",
+        ]
+    ),
+    st.builds(
+        lambda d: b"S " + json.dumps(d).encode() + b"\n",
+        st.dictionaries(
+            st.sampled_from(
+                [
+                    "state",
+                    "exit_code",
+                    "signal",
+                    "reason",
+                    "pid",
+                    "agent_alive",
+                    "job_alive",
+                    "tail",
+                    "cleanup_left",
+                    "now",
+                    "finished_at",
+                ]
+            ),
+            st.recursive(
+                st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=5)),
+                lambda i: st.lists(i, max_size=2),
+                max_leaves=4,
+            ),
+            max_size=5,
+        ),
+    ),
+    st.builds(lambda b: b"D %d\n" % len(b) + b, st.binary(max_size=40)),
+)
 
 
 @FUZZ
@@ -273,12 +432,25 @@ class _NoWait(threading.Event):
 
 
 @FUZZ
-@given(st.lists(st.builds(lambda pre, hello, body: pre + (b"{hello}" if hello else b"") + body,
-                          st.lists(st.sampled_from([b"E xpires soon\n", b"H ello\n", b"D 999999999999\n", b"motd\n",
-                                                    b"Last login: Mon\n"]), max_size=3).map(b"".join),
-                          st.booleans(), st.lists(frame_bytes, max_size=8).map(b"".join)), max_size=4))
-def test_a_node_stream_survives_anything_a_node_can_send(tmp_path_factory: pytest.TempPathFactory,
-                                                        sessions: list[bytes]) -> None:
+@given(
+    st.lists(
+        st.builds(
+            lambda pre, hello, body: pre + (b"{hello}" if hello else b"") + body,
+            st.lists(
+                st.sampled_from(
+                    [b"E xpires soon\n", b"H ello\n", b"D 999999999999\n", b"motd\n", b"Last login: Mon\n"]
+                ),
+                max_size=3,
+            ).map(b"".join),
+            st.booleans(),
+            st.lists(frame_bytes, max_size=8).map(b"".join),
+        ),
+        max_size=4,
+    )
+)
+def test_a_node_stream_survives_anything_a_node_can_send(
+    tmp_path_factory: pytest.TempPathFactory, sessions: list[bytes]
+) -> None:
     """The consumer, not only the parser: whatever a node's login shell and reader send, session
     after session, its NodeStream keeps reconnecting and never drops the node; the status frames
     reach the supervisor's NodeStatus, and the stream ends with the node's end."""
@@ -293,8 +465,16 @@ def test_a_node_stream_survives_anything_a_node_can_send(tmp_path_factory: pytes
     events: list[str] = []
     statuses: list[NodeStatus] = []
     transport = _Replay(sessions)
-    stream = NodeStream(src, 0, transport, out, _NoWait(), poll_s=0.1, on_event=lambda n, m: events.append(m),
-                        on_status=lambda n, st: statuses.append(NodeStatus.from_json(st)))
+    stream = NodeStream(
+        src,
+        0,
+        transport,
+        out,
+        _NoWait(),
+        poll_s=0.1,
+        on_event=lambda n, m: events.append(m),
+        on_status=lambda n, st: statuses.append(NodeStatus.from_json(st)),
+    )
     stream._run(LocalCopy(copy_path), None, None)
     assert not [e for e in events if e.startswith("stopped following")], events
     items = []
@@ -308,19 +488,41 @@ def test_a_node_stream_survives_anything_a_node_can_send(tmp_path_factory: pytes
 
 # ----------------------------------------------------------------------------- the probe's answer
 
-INV = parse(yaml.safe_dump({
-    "name": "fuzz", "nodes": [{"host": "h1", "gpus": 8}, {"host": "h2", "gpus": 8}],
-    "env": {"NCCL_SOCKET_IFNAME": "eth0", "NCCL_IB_HCA": "mlx5_0"},
-    "checks": {"rdma": {"devices": ["mlx5_0"]}, "timezone": "UTC"},
-    "job": {"args": {"data": "/data/coco.yaml", "weights": "/w/yolo.pt", "batch": 64}}}), "fuzz.yaml")
+INV = parse(
+    yaml.safe_dump(
+        {
+            "name": "fuzz",
+            "nodes": [{"host": "h1", "gpus": 8}, {"host": "h2", "gpus": 8}],
+            "env": {"NCCL_SOCKET_IFNAME": "eth0", "NCCL_IB_HCA": "mlx5_0"},
+            "checks": {"rdma": {"devices": ["mlx5_0"]}, "timezone": "UTC"},
+            "job": {"args": {"data": "/data/coco.yaml", "weights": "/w/yolo.pt", "batch": 64}},
+        }
+    ),
+    "fuzz.yaml",
+)
 
-json_value = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-2**40, 2**40), st.floats(allow_nan=False),
-                                    st.text(max_size=12)),
-                          lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                  st.dictionaries(st.text(max_size=8), inner, max_size=3)),
-                          max_leaves=10)
-FACT_KEYS = ["env", "tz", "ifaces", "ib", "gpus", "software", "ntp", "chrony", "paths", "workdir", "python", "listen",
-             "time", "inventory_env", "home"]
+json_value = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-(2**40), 2**40), st.floats(allow_nan=False), st.text(max_size=12)),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)),
+    max_leaves=10,
+)
+FACT_KEYS = [
+    "env",
+    "tz",
+    "ifaces",
+    "ib",
+    "gpus",
+    "software",
+    "ntp",
+    "chrony",
+    "paths",
+    "workdir",
+    "python",
+    "listen",
+    "time",
+    "inventory_env",
+    "home",
+]
 raw_facts = st.dictionaries(st.sampled_from(FACT_KEYS), json_value, max_size=len(FACT_KEYS))
 
 
@@ -338,12 +540,22 @@ class Lines:
 
 
 @FUZZ
-@given(st.lists(st.one_of(
-    st.binary(max_size=40),
-    st.builds(lambda tag, v: f"{tag} {json.dumps(v)}\n".encode(),
-              st.sampled_from(["ORCH-FACTS", "ORCH-LISTEN", "ORCH-REACH", "ORCH-TIME", "ORCH-ERROR"]), json_value),
-    st.sampled_from([b"ORCH-FACTS {\n", b"ORCH-TIME {\"seq\": \"0\"}\n", b"ORCH-TIME {\"seq\": 0, \"time\": \"x\"}\n",
-                     b"\xff\xfe\n"])), max_size=8))
+@given(
+    st.lists(
+        st.one_of(
+            st.binary(max_size=40),
+            st.builds(
+                lambda tag, v: f"{tag} {json.dumps(v)}\n".encode(),
+                st.sampled_from(["ORCH-FACTS", "ORCH-LISTEN", "ORCH-REACH", "ORCH-TIME", "ORCH-ERROR"]),
+                json_value,
+            ),
+            st.sampled_from(
+                [b"ORCH-FACTS {\n", b'ORCH-TIME {"seq": "0"}\n', b'ORCH-TIME {"seq": 0, "time": "x"}\n', b"\xff\xfe\n"]
+            ),
+        ),
+        max_size=8,
+    )
+)
 def test_the_probe_stream_reader_takes_any_output(out: list[bytes]) -> None:
     stream = facts._Stream(Lines(out))  # type: ignore[arg-type]
     stream._wait(lambda: False, 5)
@@ -352,11 +564,22 @@ def test_the_probe_stream_reader_takes_any_output(out: list[bytes]) -> None:
 
 
 @FUZZ
-@given(raw_facts, raw_facts, st.one_of(st.none(), st.floats(-1e6, 1e6)), st.one_of(st.none(), st.floats(0, 1e4)),
-       st.one_of(json_value, st.lists(st.dictionaries(st.sampled_from(["kind", "ok", "port", "error", "result"]),
-                                                      json_value, max_size=5), max_size=3)))
-def test_every_check_judges_any_facts_a_probe_can_send(raw1: dict[str, Any], raw2: dict[str, Any],
-                                                       offset: float | None, rtt: float | None, reach: Any) -> None:
+@given(
+    raw_facts,
+    raw_facts,
+    st.one_of(st.none(), st.floats(-1e6, 1e6)),
+    st.one_of(st.none(), st.floats(0, 1e4)),
+    st.one_of(
+        json_value,
+        st.lists(
+            st.dictionaries(st.sampled_from(["kind", "ok", "port", "error", "result"]), json_value, max_size=5),
+            max_size=3,
+        ),
+    ),
+)
+def test_every_check_judges_any_facts_a_probe_can_send(
+    raw1: dict[str, Any], raw2: dict[str, Any], offset: float | None, rtt: float | None, reach: Any
+) -> None:
     got = {}
     for n, raw in zip(INV.nodes, (raw1, raw2)):
         nf = facts.NodeFacts(n, ssh_offset_ms=offset, rtt_ms=rtt, connect_ms=rtt)
@@ -383,8 +606,11 @@ def test_a_probe_answer_of_the_wrong_shape_fails_ssh_and_never_passes_a_check() 
         nf = facts.NodeFacts(n, ssh_offset_ms=0.0, rtt_ms=1.0, connect_ms=1.0)
         nf.raw, nf.malformed = shapes.read_answer(raw, shapes.FACTS_SHAPE, "facts")
         got[n.name] = nf
-    assert got["h2"].malformed == ["facts.tz.TZ: list \"['UTC']\"", "facts.ntp.offset_ms: float 'nan'",
-                                   "facts.env.NCCL_IB_HCA: int '1'"]
+    assert got["h2"].malformed == [
+        "facts.tz.TZ: list \"['UTC']\"",
+        "facts.ntp.offset_ms: float 'nan'",
+        "facts.env.NCCL_IB_HCA: int '1'",
+    ]
     ssh = {r.node: r for r in checks.check_ssh(INV, got)}
     assert ssh["h1"].status == "ok" and ssh["h2"].status == "fail" and "facts.tz.TZ" in ssh["h2"].detail
 
@@ -403,10 +629,33 @@ KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKHxEEqjT5UDO6wSh++aTO/BzQE7TbFd0nD4J
 
 
 @FUZZ
-@given(st.lists(st.one_of(st.text(max_size=60), st.sampled_from([
-    f"h1 {KEY}", f"@revoked * {KEY}", f"@revoked h1 {KEY}", "@revoked", f"@cert-authority *.example {KEY}",
-    "@cert-authority", "@bogus h1 x y", "h1 ssh-ed25519 not-base64!!", "h1 ssh-rsa AAAA", "h1", "# comment", "",
-    f"|1|c2FsdA==|aGFzaA== {KEY}", f"h1,h2\t{KEY}", f"[h1]:2222 {KEY} comment"])), max_size=8))
+@given(
+    st.lists(
+        st.one_of(
+            st.text(max_size=60),
+            st.sampled_from(
+                [
+                    f"h1 {KEY}",
+                    f"@revoked * {KEY}",
+                    f"@revoked h1 {KEY}",
+                    "@revoked",
+                    f"@cert-authority *.example {KEY}",
+                    "@cert-authority",
+                    "@bogus h1 x y",
+                    "h1 ssh-ed25519 not-base64!!",
+                    "h1 ssh-rsa AAAA",
+                    "h1",
+                    "# comment",
+                    "",
+                    f"|1|c2FsdA==|aGFzaA== {KEY}",
+                    f"h1,h2\t{KEY}",
+                    f"[h1]:2222 {KEY} comment",
+                ]
+            ),
+        ),
+        max_size=8,
+    )
+)
 def test_known_hosts_files_are_read_line_by_line_without_an_exception(lines: list[str]) -> None:
     from orchestrator.transport.hostkeys import parse_known_hosts
 
@@ -431,7 +680,7 @@ def _mutate(doc: Any, path: list[Any], value: Any) -> Any:
         key = sorted(doc)[path[0] % len(doc)] if isinstance(path[0], int) else path[0]
         return {**doc, key: _mutate(doc.get(key), path[1:], value)}
     i = path[0] % len(doc) if isinstance(path[0], int) else 0
-    return [*doc[:i], _mutate(doc[i], path[1:], value), *doc[i + 1:]]
+    return [*doc[:i], _mutate(doc[i], path[1:], value), *doc[i + 1 :]]
 
 
 @FUZZ
@@ -453,28 +702,99 @@ def test_any_fabric_result_is_judged_and_shown_or_fails_the_check_never_a_crash(
 # ----------------------------------------------------------------------------- telemetry and timing records
 
 number_text = st.one_of(
-    st.sampled_from(["0", "1", "-1", "1e999", "-1e999", "1e308", "1.7e308", "1e-320", "5e-324", "9" * 400, "1.5",
-                     "0.0001", "1e9", "1e10", "1e-9", "1e-10", "nan", "inf", ".5", "1e", "--1", "1e+5", "0e0",
-                     str(2**53), str(2**53 - 1), "1" + "0" * 5000]),
-    st.floats(allow_nan=True, allow_infinity=True).map(repr), st.integers(-2**80, 2**80).map(str))
-timing_text = st.builds(lambda e, b, n, i, d, c, w: f"timing epoch {e} batch {b} steps {n} images {i} data_s {d} "
-                                                    f"compute_s {c} wall_s {w}",
-                        st.sampled_from(["1", "2", "9" * 30]), st.sampled_from(["10", "20", "30", "40"]),
-                        number_text, number_text, number_text, number_text, number_text)
-record_value = st.one_of(json_value, st.integers(-10**400, 10**400), st.floats(allow_nan=True),
-                         st.sampled_from([10**400, -(10**400), 1e308, [[[[]]]], "NaN"]))
+    st.sampled_from(
+        [
+            "0",
+            "1",
+            "-1",
+            "1e999",
+            "-1e999",
+            "1e308",
+            "1.7e308",
+            "1e-320",
+            "5e-324",
+            "9" * 400,
+            "1.5",
+            "0.0001",
+            "1e9",
+            "1e10",
+            "1e-9",
+            "1e-10",
+            "nan",
+            "inf",
+            ".5",
+            "1e",
+            "--1",
+            "1e+5",
+            "0e0",
+            str(2**53),
+            str(2**53 - 1),
+            "1" + "0" * 5000,
+        ]
+    ),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.integers(-(2**80), 2**80).map(str),
+)
+timing_text = st.builds(
+    lambda e, b, n, i, d, c, w: f"timing epoch {e} batch {b} steps {n} images {i} data_s {d} compute_s {c} wall_s {w}",
+    st.sampled_from(["1", "2", "9" * 30]),
+    st.sampled_from(["10", "20", "30", "40"]),
+    number_text,
+    number_text,
+    number_text,
+    number_text,
+    number_text,
+)
+record_value = st.one_of(
+    json_value,
+    st.integers(-(10**400), 10**400),
+    st.floats(allow_nan=True),
+    st.sampled_from([10**400, -(10**400), 1e308, [[[[]]]], "NaN"]),
+)
 telemetry_text = st.one_of(
-    st.builds(lambda d: "telemetry " + json.dumps(d),
-              st.fixed_dictionaries({}, optional={
-                  k: record_value for k in ("gpus", "ranks", "cpu_pct", "load1", "ncpu", "mem_used_mb",
-                                            "mem_total_mb", "gpu_error")})),
-    st.builds(lambda gpu, rank: "telemetry " + json.dumps({"gpus": [gpu], "ranks": [rank]}),
-              st.dictionaries(st.sampled_from(["index", "util_pct", "temp_c", "throttle", "power_w", "mem_used_mb",
-                                               "sm_mhz", "fan_pct", "name", "error"]), record_value, max_size=6),
-              st.dictionaries(st.sampled_from(["rank", "local_rank", "pid", "cpu_pct", "rss_mb"]), record_value,
-                              max_size=5)),
-    st.sampled_from(["telemetry ", "telemetry {", "telemetry [1]", "telemetry " + "[" * 100000, "telemetry 1e999",
-                     "telemetry {\"cpu_pct\": 1e999, \"ranks\": 7, \"gpus\": {\"a\": 1}}"]))
+    st.builds(
+        lambda d: "telemetry " + json.dumps(d),
+        st.fixed_dictionaries(
+            {},
+            optional={
+                k: record_value
+                for k in ("gpus", "ranks", "cpu_pct", "load1", "ncpu", "mem_used_mb", "mem_total_mb", "gpu_error")
+            },
+        ),
+    ),
+    st.builds(
+        lambda gpu, rank: "telemetry " + json.dumps({"gpus": [gpu], "ranks": [rank]}),
+        st.dictionaries(
+            st.sampled_from(
+                [
+                    "index",
+                    "util_pct",
+                    "temp_c",
+                    "throttle",
+                    "power_w",
+                    "mem_used_mb",
+                    "sm_mhz",
+                    "fan_pct",
+                    "name",
+                    "error",
+                ]
+            ),
+            record_value,
+            max_size=6,
+        ),
+        st.dictionaries(st.sampled_from(["rank", "local_rank", "pid", "cpu_pct", "rss_mb"]), record_value, max_size=5),
+    ),
+    st.sampled_from(
+        [
+            "telemetry ",
+            "telemetry {",
+            "telemetry [1]",
+            "telemetry " + "[" * 100000,
+            "telemetry 1e999",
+            'telemetry {"cpu_pct": 1e999, "ranks": 7, "gpus": {"a": 1}}',
+        ]
+    ),
+)
 
 
 @FUZZ
@@ -498,8 +818,16 @@ def test_no_record_a_node_writes_crashes_the_detector_a_verdict_or_a_table(items
             det.load(record.load())
         else:
             window, timing = record
-            figures = (timing.data_s, timing.compute_s, timing.wall_s, timing.ips, timing.data_share,
-                       timing.outside_s, window.outside_s, window.data_share)
+            figures = (
+                timing.data_s,
+                timing.compute_s,
+                timing.wall_s,
+                timing.ips,
+                timing.data_share,
+                timing.outside_s,
+                window.outside_s,
+                window.data_share,
+            )
             assert all(math.isfinite(x) and x >= 0 for x in figures), timing
             for found in det.window(window):
                 assert found.line().startswith(f"straggler: rank {found.rank} on ")

@@ -17,8 +17,11 @@ from orchestrator.preflight.facts import NodeFacts
 from tests.unit.test_checks import by, make_facts, only_failure
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures"
-RECORDED = {k: v["arch_list"] for k, v in json.loads((FIX / "torch" / "arch_lists.json").read_text()).items()
-            if not k.startswith("_")}
+RECORDED = {
+    k: v["arch_list"]
+    for k, v in json.loads((FIX / "torch" / "arch_lists.json").read_text()).items()
+    if not k.startswith("_")
+}
 
 
 PINNED = json.loads((FIX / "torch" / "arch_lists.json").read_text())["2.14.1+cu130"]["probe"]
@@ -35,16 +38,23 @@ def this_torch() -> dict[str, Any]:
 def gpus_of(fixture: str) -> dict[str, Any]:
     """The probe's `gpus` answer in fixture mode for one recorded set."""
     d = FIX / "probe" / fixture
-    read = {n: (d / n).read_text() if (d / n).exists() else None for n in ("nvidia-smi-query-gpu.csv", "nvidia-smi.txt")}
-    return {"source": f"fixture {d}",
-            "query": {"rc": 0, "out": read["nvidia-smi-query-gpu.csv"], "err": ""} if read["nvidia-smi-query-gpu.csv"]
-            else {"rc": None, "out": "", "err": "absent"},
-            "table": {"rc": 0, "out": read["nvidia-smi.txt"], "err": ""} if read["nvidia-smi.txt"]
-            else {"rc": None, "out": "", "err": "absent"}}
+    read = {
+        n: (d / n).read_text() if (d / n).exists() else None for n in ("nvidia-smi-query-gpu.csv", "nvidia-smi.txt")
+    }
+    return {
+        "source": f"fixture {d}",
+        "query": {"rc": 0, "out": read["nvidia-smi-query-gpu.csv"], "err": ""}
+        if read["nvidia-smi-query-gpu.csv"]
+        else {"rc": None, "out": "", "err": "absent"},
+        "table": {"rc": 0, "out": read["nvidia-smi.txt"], "err": ""}
+        if read["nvidia-smi.txt"]
+        else {"rc": None, "out": "", "err": "absent"},
+    }
 
 
 def gpu_inventory(extra_env: str = "", args: str = "", nproc: int = 8, gpus: int = 8) -> Inventory:
-    return parse(f"""
+    return parse(
+        f"""
 name: t
 nodes:
   - host: 10.0.0.[1-4]
@@ -56,7 +66,9 @@ job:
   workdir: /work
   nproc_per_node: {nproc}
   args: {{data: /data/coco.yaml, batch: 64{args}}}
-""", "t.yaml")
+""",
+        "t.yaml",
+    )
 
 
 def judge(inv: Inventory, fixture: str, torch: dict[str, Any], edit: Any = None) -> dict[str, checks.CheckResult]:
@@ -66,6 +78,7 @@ def judge(inv: Inventory, fixture: str, torch: dict[str, Any], edit: Any = None)
         raw["env"].update({k: v for k, v in nf.node.env.items() if k == "CUDA_VISIBLE_DEVICES"})  # as the probe sees it
         if edit:
             edit(raw, nf)
+
     facts = make_facts(inv, {n.name: put for n in inv.nodes})
     return by(checks.run_checks(inv, facts, ["gpus"]), "gpus")
 
@@ -73,12 +86,25 @@ def judge(inv: Inventory, fixture: str, torch: dict[str, Any], edit: Any = None)
 # ----------------------------------------------------------------------------- the rules
 
 
-@pytest.mark.parametrize("code,cc,runs", [
-    ("sm_70", (7, 0), True), ("sm_70", (7, 5), True), ("sm_75", (7, 0), False), ("sm_80", (8, 6), True),
-    ("sm_86", (8, 0), False), ("sm_80", (9, 0), False), ("sm_90a", (9, 0), True), ("sm_100a", (10, 3), False),
-    ("sm_100f", (10, 3), True), ("sm_120", (12, 0), True), ("sm_100", (12, 0), False),
-    ("compute_120", (12, 1), True), ("compute_70", (9, 0), True), ("compute_90", (8, 0), False),
-])
+@pytest.mark.parametrize(
+    "code,cc,runs",
+    [
+        ("sm_70", (7, 0), True),
+        ("sm_70", (7, 5), True),
+        ("sm_75", (7, 0), False),
+        ("sm_80", (8, 6), True),
+        ("sm_86", (8, 0), False),
+        ("sm_80", (9, 0), False),
+        ("sm_90a", (9, 0), True),
+        ("sm_100a", (10, 3), False),
+        ("sm_100f", (10, 3), True),
+        ("sm_120", (12, 0), True),
+        ("sm_100", (12, 0), False),
+        ("compute_120", (12, 1), True),
+        ("compute_70", (9, 0), True),
+        ("compute_90", (8, 0), False),
+    ],
+)
 def test_nvidia_binary_and_ptx_compatibility(code: str, cc: tuple[int, int], runs: bool) -> None:
     arch = cudacompat.parse_arch(code)
     assert arch is not None and arch.runs_on(cc) is runs
@@ -91,8 +117,14 @@ def test_recorded_arch_lists_against_recorded_gpus() -> None:
     assert h100.uuid == "GPU-00000000-0000-0000-0000-000000000000"  # masked by the capture's author
     fits = {build: cudacompat.kernel_fit(arch_list, v100.compute_cap).ok for build, arch_list in RECORDED.items()}
     # Volta: in the CUDA 12.6 builds and in 2.10's cu128, gone from 2.11's cu128 (pytorch#182250)
-    assert fits == {"2.14.1+cu130": False, "2.11.0+cu126": True, "2.11.0+cu128": False, "2.10.0+cu128": True, "cu128-with-ptx": True,
-                    "2.0-cu118-flags": True}
+    assert fits == {
+        "2.14.1+cu130": False,
+        "2.11.0+cu126": True,
+        "2.11.0+cu128": False,
+        "2.10.0+cu128": True,
+        "cu128-with-ptx": True,
+        "2.0-cu118-flags": True,
+    }
     assert all(cudacompat.kernel_fit(arch_list, h100.compute_cap).ok for arch_list in RECORDED.values())
     blackwell = (12, 0)  # no sm_120 cubin and no PTX in the cu126 build
     assert not cudacompat.kernel_fit(RECORDED["2.11.0+cu126"], blackwell).ok
@@ -114,14 +146,20 @@ def test_v100s_with_a_cuda_13_torch_fail_on_kernels_and_driver_naming_the_fix(th
     rows = judge(inv, "v100", this_torch)
     assert {n for n, r in rows.items() if r.status == "fail"} == {"n1", "n2", "n3", "n4"}
     r = rows["n2"]
-    assert (f"GPU 0-7 Tesla V100-SXM2-16GB (sm_70, compute capability 7.0): torch 2.14.1+cu130 has kernels for "
-            f"{' '.join(this_torch['arch_list'])} and no PTX this GPU can compile") in r.detail
+    assert (
+        f"GPU 0-7 Tesla V100-SXM2-16GB (sm_70, compute capability 7.0): torch 2.14.1+cu130 has kernels for "
+        f"{' '.join(this_torch['arch_list'])} and no PTX this GPU can compile"
+    ) in r.detail
     assert "no kernel image is available for execution on the device" in r.detail
-    assert ("driver 535.129.03 is too old for torch 2.14.1+cu130 (CUDA 13.0 needs driver >= 580; NVIDIA's "
-            "minor-version compatibility table)") in r.detail
+    assert (
+        "driver 535.129.03 is too old for torch 2.14.1+cu130 (CUDA 13.0 needs driver >= 580; NVIDIA's "
+        "minor-version compatibility table)"
+    ) in r.detail
     # the fix, from torch's own table of its builds: the CUDA 12.6 build still has sm_70
-    assert ("install torch 2.14.1 built for CUDA 12.6, which has sm_70 kernels (it needs driver >= 525: this one, "
-            "535.129.03, will do), in /opt/py/bin/python's environment on every node") in r.hint
+    assert (
+        "install torch 2.14.1 built for CUDA 12.6, which has sm_70 kernels (it needs driver >= 525: this one, "
+        "535.129.03, will do), in /opt/py/bin/python's environment on every node"
+    ) in r.hint
     assert "--index-url https://download.pytorch.org/whl/cu126" in r.hint
 
 
@@ -156,11 +194,22 @@ def test_a_torch_that_would_not_answer_is_a_warning_not_a_pass(this_torch: dict[
 # ----------------------------------------------------------------------------- the GPUs a job sees
 
 
-@pytest.mark.parametrize("value,visible,problems", [
-    (None, 8, 0), ("", 0, 0), ("0,1", 2, 0), ("2,1", 2, 0), ("0,2,-1,1", 2, 1), ("0,9", 1, 1),
-    ("GPU-00000000-0000-0000-0000-000000000003", 1, 0), ("GPU-00000000", 0, 1), ("MIG-abc", 1, 0),
-    ("1,1", 1, 1), ("cuda0", 0, 1),
-])
+@pytest.mark.parametrize(
+    "value,visible,problems",
+    [
+        (None, 8, 0),
+        ("", 0, 0),
+        ("0,1", 2, 0),
+        ("2,1", 2, 0),
+        ("0,2,-1,1", 2, 1),
+        ("0,9", 1, 1),
+        ("GPU-00000000-0000-0000-0000-000000000003", 1, 0),
+        ("GPU-00000000", 0, 1),
+        ("MIG-abc", 1, 0),
+        ("1,1", 1, 1),
+        ("cuda0", 0, 1),
+    ],
+)
 def test_cuda_visible_devices_as_cuda_reads_it(value: str | None, visible: int, problems: int) -> None:
     gpus = parsers.parse_gpu_query_csv((FIX / "probe" / "v100" / "nvidia-smi-query-gpu.csv").read_text())
     got = cudacompat.visible_devices(value, gpus)
@@ -174,11 +223,14 @@ def test_visible_devices_fewer_than_nproc_fail_naming_the_value_and_the_node(thi
     def login_env(raw: dict[str, Any], nf: NodeFacts) -> None:
         if nf.node.name == "n3":
             raw["env"]["CUDA_VISIBLE_DEVICES"] = "0,1,2,3"
+
     rows = judge(inv, "v100", cu126, login_env)
     assert {n for n, r in rows.items() if r.status == "fail"} == {"n3"}
     r = rows["n3"]
-    assert ("CUDA_VISIBLE_DEVICES='0,1,2,3' (from the login environment) leaves 4 GPU(s) visible, nproc_per_node is 8: "
-            "ranks 4-7 would have no GPU; this node has GPUs 0-7 (8 × Tesla V100-SXM2-16GB)") in r.detail
+    assert (
+        "CUDA_VISIBLE_DEVICES='0,1,2,3' (from the login environment) leaves 4 GPU(s) visible, nproc_per_node is 8: "
+        "ranks 4-7 would have no GPU; this node has GPUs 0-7 (8 × Tesla V100-SXM2-16GB)"
+    ) in r.detail
     assert "remove CUDA_VISIBLE_DEVICES from the login environment" in r.hint
 
 
@@ -187,12 +239,17 @@ def test_a_device_index_beyond_the_visible_gpus_fails(this_torch: dict[str, Any]
     inv = gpu_inventory(extra_env="CUDA_VISIBLE_DEVICES: '4,5'", args=", device: '4,5'", nproc=2)
     rows = judge(inv, "v100", cu126)
     r = rows["n1"]
-    assert r.status == "fail" and "the job's --device 4,5 names GPU 4, but CUDA_VISIBLE_DEVICES='4,5' leaves 2" in r.detail
+    assert (
+        r.status == "fail" and "the job's --device 4,5 names GPU 4, but CUDA_VISIBLE_DEVICES='4,5' leaves 2" in r.detail
+    )
     assert "CUDA_VISIBLE_DEVICES='4,5' (from the inventory env): GPUs 4,5 visible" in r.detail
     assert "they are --device 0,1" in r.hint
     bad = gpu_inventory(extra_env="CUDA_VISIBLE_DEVICES: '0,8'", nproc=1)
     r = judge(bad, "v100", cu126)["n2"]
-    assert r.status == "fail" and "8 is not a GPU of this node (indices 0, 1, 2, 3, 4, 5, 6, 7); CUDA ignores it" in r.detail
+    assert (
+        r.status == "fail"
+        and "8 is not a GPU of this node (indices 0, 1, 2, 3, 4, 5, 6, 7); CUDA ignores it" in r.detail
+    )
     assert only_failure(checks.run_checks(bad, make_facts(bad), ["ssh"])) == set()
 
 

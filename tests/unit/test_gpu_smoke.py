@@ -49,8 +49,15 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_the_run_command_fits_the_device_tool_and_the_docs_print_it_verbatim() -> None:
     assert len(RUN_COMMAND) <= 2000
-    for part in ("--no-index --no-deps", "--target /tmp/site", ".whl/*.whl", "export PYTHONPATH=/tmp/site",
-                 "PATH=/tmp/site/bin:$PATH", "|| exit;", "python3 bench/gpu_smoke.py --out $OUT"):
+    for part in (
+        "--no-index --no-deps",
+        "--target /tmp/site",
+        ".whl/*.whl",
+        "export PYTHONPATH=/tmp/site",
+        "PATH=/tmp/site/bin:$PATH",
+        "|| exit;",
+        "python3 bench/gpu_smoke.py --out $OUT",
+    ):
         assert part in RUN_COMMAND
     for doc in (gpu_smoke.__doc__, gpu_wheels.__doc__, (REPO / "bench" / "README.md").read_text()):
         assert RUN_COMMAND in str(doc)
@@ -93,13 +100,18 @@ def test_the_carried_wheels_need_nothing_the_device_lacks() -> None:
 
 
 def test_requirements_evaluate_markers_for_the_device_and_drop_extras() -> None:
-    meta = "\n".join([
-        "Name: x", "Requires-Dist: numpy>=1.23.0; platform_system != \"Darwin\"",
-        "Requires-Dist: numpy!=2.0.*; platform_system == \"Darwin\"",
-        "Requires-Dist: ultralytics-platform>=0.1.45; python_version >= \"3.11\"",
-        "Requires-Dist: inspect2; python_version < \"3\"", "Requires-Dist: pytest>=7; extra == \"tests\"",
-        "Requires-Dist: Typing_Extensions (>=4.16)", "Requires-Dist: cffi>=2.0.0 ; platform_python_implementation != 'PyPy'",
-    ])
+    meta = "\n".join(
+        [
+            "Name: x",
+            'Requires-Dist: numpy>=1.23.0; platform_system != "Darwin"',
+            'Requires-Dist: numpy!=2.0.*; platform_system == "Darwin"',
+            'Requires-Dist: ultralytics-platform>=0.1.45; python_version >= "3.11"',
+            'Requires-Dist: inspect2; python_version < "3"',
+            'Requires-Dist: pytest>=7; extra == "tests"',
+            "Requires-Dist: Typing_Extensions (>=4.16)",
+            "Requires-Dist: cffi>=2.0.0 ; platform_python_implementation != 'PyPy'",
+        ]
+    )
     assert requirements(meta) == ["numpy", "ultralytics-platform", "typing-extensions", "cffi"]
     assert requirements(meta, python="3.10") == ["numpy", "typing-extensions", "cffi"]
 
@@ -108,12 +120,20 @@ def test_closure_problems_name_the_wheel_and_the_missing_distribution() -> None:
     assert closure_problems({"paramiko": ["bcrypt", "cryptography", "invoke", "pynacl"]}) == []
     assert closure_problems({"ultralytics": ["numpy", "polars", "opencv-python"]}) == []  # device has / not carried
     assert closure_problems({"fabric": ["decorator", "frobnicate"]}) == [
-        "fabric requires frobnicate: neither on the device nor carried (add it to CARRIED)"]
+        "fabric requires frobnicate: neither on the device nor carried (add it to CARRIED)"
+    ]
 
 
 def test_the_dry_run_blocks_what_the_device_lacks_and_nothing_it_has() -> None:
-    packages = {"polars": ["polars"], "cv2": ["opencv-python"], "google": ["protobuf", "googleapis-common-protos"],
-                "paramiko": ["paramiko"], "orchestrator": ["orch"], "mypy": ["mypy"], "yaml": ["PyYAML"]}
+    packages = {
+        "polars": ["polars"],
+        "cv2": ["opencv-python"],
+        "google": ["protobuf", "googleapis-common-protos"],
+        "paramiko": ["paramiko"],
+        "orchestrator": ["orch"],
+        "mypy": ["mypy"],
+        "yaml": ["PyYAML"],
+    }
     blocked = blocked_modules(packages, (*DEVICE_PACKAGES, *CARRIED, "orch"))
     assert blocked == {"polars", "mypy"}  # cv2: the device's opencv-python-headless; google: protobuf is there
 
@@ -121,8 +141,13 @@ def test_the_dry_run_blocks_what_the_device_lacks_and_nothing_it_has() -> None:
 def test_the_dry_run_sitecustomize_refuses_a_blocked_import(tmp_path: Path) -> None:
     (tmp_path / "sitecustomize.py").write_text(gpu_wheels.SITECUSTOMIZE.format(blocked=["json", "nosuchthing"]))
     code = "import csv\ntry:\n import json\nexcept ModuleNotFoundError as e:\n print('refused', e.name, e)\n"
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                       env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    p = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith("refused json ") and "the GPU machine does not have it" in p.stdout
 
@@ -141,28 +166,38 @@ def test_pip_download_asks_for_cp312_manylinux_wheels_only(tmp_path: Path) -> No
 # ----------------------------------------------------------------------------- the steps' pieces
 
 
-@pytest.mark.parametrize("capability, arch_list, runs", [
-    ("9.0", ["sm_80", "sm_86", "sm_90"], True),
-    ("9.0", ["sm_75", "sm_80", "compute_80"], True),  # PTX of an older architecture: the driver compiles it
-    ("9.0", ["sm_75", "sm_80", "sm_86"], False),
-    ("10.0", ["sm_90a"], False),  # architecture-specific code runs on 9.0 only
-    ("12.0", ["sm_100", "sm_120"], True),
-    ("8.0", [], False),
-])
+@pytest.mark.parametrize(
+    "capability, arch_list, runs",
+    [
+        ("9.0", ["sm_80", "sm_86", "sm_90"], True),
+        ("9.0", ["sm_75", "sm_80", "compute_80"], True),  # PTX of an older architecture: the driver compiles it
+        ("9.0", ["sm_75", "sm_80", "sm_86"], False),
+        ("10.0", ["sm_90a"], False),  # architecture-specific code runs on 9.0 only
+        ("12.0", ["sm_100", "sm_120"], True),
+        ("8.0", [], False),
+    ],
+)
 def test_arch_covers(capability: str, arch_list: list[str], runs: bool) -> None:
     assert arch_covers(capability, arch_list) is runs
 
 
 def test_junit_counts_reads_pytests_xml() -> None:
-    xml = ('<?xml version="1.0" encoding="utf-8"?><testsuites name="pytest tests"><testsuite name="pytest" errors="1" '
-           'failures="1" skipped="2" tests="5" time="3.1"><testcase classname="tests.gpu.test_amp" name="test_bf16"/>'
-           '<testcase classname="tests.gpu.test_amp" name="test_fp16"><failure message="x">AssertionError</failure>'
-           '</testcase><testcase classname="tests.gpu.test_nccl" name="test_init"><error message="y"/></testcase>'
-           '<testcase classname="tests.gpu.test_x" name="a"><skipped message="no CUDA"/></testcase>'
-           '<testcase classname="tests.gpu.test_x" name="b"><skipped message="no CUDA"/></testcase>'
-           '</testsuite></testsuites>')
-    assert junit_counts(xml) == {"tests": 5, "failures": 1, "errors": 1, "skipped": 2,
-                                 "failed": ["tests.gpu.test_amp::test_fp16", "tests.gpu.test_nccl::test_init"]}
+    xml = (
+        '<?xml version="1.0" encoding="utf-8"?><testsuites name="pytest tests"><testsuite name="pytest" errors="1" '
+        'failures="1" skipped="2" tests="5" time="3.1"><testcase classname="tests.gpu.test_amp" name="test_bf16"/>'
+        '<testcase classname="tests.gpu.test_amp" name="test_fp16"><failure message="x">AssertionError</failure>'
+        '</testcase><testcase classname="tests.gpu.test_nccl" name="test_init"><error message="y"/></testcase>'
+        '<testcase classname="tests.gpu.test_x" name="a"><skipped message="no CUDA"/></testcase>'
+        '<testcase classname="tests.gpu.test_x" name="b"><skipped message="no CUDA"/></testcase>'
+        "</testsuite></testsuites>"
+    )
+    assert junit_counts(xml) == {
+        "tests": 5,
+        "failures": 1,
+        "errors": 1,
+        "skipped": 2,
+        "failed": ["tests.gpu.test_amp::test_fp16", "tests.gpu.test_nccl::test_init"],
+    }
 
 
 def test_select_steps_adds_what_a_step_needs_in_the_scripts_order() -> None:
@@ -175,8 +210,12 @@ def test_select_steps_adds_what_a_step_needs_in_the_scripts_order() -> None:
 
 def test_parse_budgets() -> None:
     assert parse_budgets(["trainer=240", "syncs=1.5"]) == {"trainer": 240.0, "syncs": 1.5}
-    for bad, why in (("trainer", "expected NAME=SECONDS"), ("nope=3", "expected NAME=SECONDS"),
-                     ("trainer=fast", "is not a number"), ("trainer=-1", "cannot be negative")):
+    for bad, why in (
+        ("trainer", "expected NAME=SECONDS"),
+        ("nope=3", "expected NAME=SECONDS"),
+        ("trainer=fast", "is not a number"),
+        ("trainer=-1", "cannot be negative"),
+    ):
         with pytest.raises(ValueError, match=why):
             parse_budgets([bad])
 
@@ -193,8 +232,15 @@ def test_child_env_puts_the_repo_first_and_a_target_installs_py_spy_on_path(tmp_
 
 
 def make_session(tmp_path: Path, dry: bool) -> Session:
-    s = Session(dry=dry, settings=DRY_SIZES if dry else GPU_SIZES, work=tmp_path, env={"PYTHONPATH": str(REPO)},
-                procs=Procs(), python="/opt/venv/bin/python3", cwd=REPO)
+    s = Session(
+        dry=dry,
+        settings=DRY_SIZES if dry else GPU_SIZES,
+        work=tmp_path,
+        env={"PYTHONPATH": str(REPO)},
+        procs=Procs(),
+        python="/opt/venv/bin/python3",
+        cwd=REPO,
+    )
     s.facts["det"] = tmp_path / "data" / "det" / "data.yaml"
     return s
 
@@ -222,18 +268,33 @@ def test_the_inventories_it_writes_are_orchs_own(tmp_path: Path, dry: bool) -> N
 
 
 def trainer_step(ips: float, peer: float, logged: float, val: float) -> StepResult:
-    runs: dict[str, Any] = {"trainer-fp16": {"ips": ips, "ratio": ips / peer}, "ultralytics": {"ips": peer},
-                            "trainer-bf16": {"ips": ips * 1.1, "ratio": ips * 1.1 / peer}}
-    return StepResult("trainer", "t", "pass", figures={
-        "model": "yolo12n.yaml", "imgsz": 320, "batch": 64, "compared": "fp16", "runs": runs,
-        "map": {"logged": logged, "val": val, "difference": abs(logged - val)}})
+    runs: dict[str, Any] = {
+        "trainer-fp16": {"ips": ips, "ratio": ips / peer},
+        "ultralytics": {"ips": peer},
+        "trainer-bf16": {"ips": ips * 1.1, "ratio": ips * 1.1 / peer},
+    }
+    return StepResult(
+        "trainer",
+        "t",
+        "pass",
+        figures={
+            "model": "yolo12n.yaml",
+            "imgsz": 320,
+            "batch": 64,
+            "compared": "fp16",
+            "runs": runs,
+            "map": {"logged": logged, "val": val, "difference": abs(logged - val)},
+        },
+    )
 
 
 def test_summary_rows_are_bench_summarys_shape_and_judge_fp16_only() -> None:
     rows = summary_rows([trainer_step(410.0, 400.0, 0.512, 0.5135)], {"gpus": [{"name": "NVIDIA H200"}]})
     assert [set(r) for r in rows] == [{"what", "orch", "peer", "ratio", "goal", "met"}] * 3
     fp16, bf16, m = rows
-    assert "1 x NVIDIA H200 --amp fp16" in fp16["what"] and fp16["ratio"] == pytest.approx(1.025) and fp16["met"] is True
+    assert (
+        "1 x NVIDIA H200 --amp fp16" in fp16["what"] and fp16["ratio"] == pytest.approx(1.025) and fp16["met"] is True
+    )
     assert bf16["goal"] == "report" and bf16["met"] is None
     assert m["goal"] == "|difference| <= 0.002" and m["met"] is True
     slow = summary_rows([trainer_step(300.0, 400.0, 0.5, 0.51)], {})
@@ -258,8 +319,12 @@ def test_sync_recorder_counts_sync_warnings_per_site_and_micro_step() -> None:
     r.warning(UserWarning("an unrelated warning"), UserWarning, file, 3)
     r.micro_steps = 1
     r.warning(UserWarning("called a synchronizing CUDA operation"), UserWarning, file, 561)
-    r.warning(UserWarning("called a synchronizing CUDA operation"), UserWarning,
-              "/opt/venv/lib/python3.12/site-packages/torch/amp/grad_scaler.py", 380)
+    r.warning(
+        UserWarning("called a synchronizing CUDA operation"),
+        UserWarning,
+        "/opt/venv/lib/python3.12/site-packages/torch/amp/grad_scaler.py",
+        380,
+    )
     r.micro_steps = 2
     r.warning(UserWarning("called a synchronizing CUDA operation"), UserWarning, file, 561)
     rep = r.report(cuda=True, exit_code=0)

@@ -34,8 +34,10 @@ def resolve_import(node: ast.ImportFrom | ast.Import) -> Iterator[tuple[str, Any
     if isinstance(node, ast.Import):
         for alias in node.names:
             if alias.name.split(".")[0] in OURS:
-                yield (alias.asname or alias.name.split(".")[0]), importlib.import_module(
-                    alias.name if alias.asname else alias.name.split(".")[0])
+                yield (
+                    (alias.asname or alias.name.split(".")[0]),
+                    importlib.import_module(alias.name if alias.asname else alias.name.split(".")[0]),
+                )
         return
     if not node.module or node.module.split(".")[0] not in OURS or node.level:
         return
@@ -81,7 +83,11 @@ def drift(source: str, module: ModuleType) -> list[str]:
         f = call.func
         if isinstance(f, ast.Name) and f.id in names:
             return f.id, names[f.id]
-        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and isinstance(names.get(f.value.id), ModuleType):
+        if (
+            isinstance(f, ast.Attribute)
+            and isinstance(f.value, ast.Name)
+            and isinstance(names.get(f.value.id), ModuleType)
+        ):
             base = names[f.value.id]
             spelled = f"{f.value.id}.{f.attr}"
             if not hasattr(base, f.attr):
@@ -113,8 +119,10 @@ def drift(source: str, module: ModuleType) -> list[str]:
                 if isinstance(t, ast.Tuple) and not any(isinstance(e, ast.Starred) for e in t.elts):
                     n = returned_tuple_length(checked[id(node.value)])
                     if n is not None and n != len(t.elts):
-                        problems.append(f"line {node.lineno}: unpacks {len(t.elts)} values from "
-                                        f"{ast.unparse(node.value.func)}, which returns {n}")
+                        problems.append(
+                            f"line {node.lineno}: unpacks {len(t.elts)} values from "
+                            f"{ast.unparse(node.value.func)}, which returns {n}"
+                        )
     return problems
 
 
@@ -134,12 +142,14 @@ def test_the_check_sees_a_stale_call() -> None:
     """What made the GPU tier fail on its first GPU run: two values unpacked from train_epoch,
     which returns three; a function that is gone; a keyword that is gone."""
     module = load(GPU_MODULES[0])
-    stale = ("from trainer import loop\n"
-             "from trainer.loop import resolve_amp\n"
-             "means, throughput = loop.train_epoch(0, None, None, None, None)\n"
-             "loop.amp_warning('bf16', None)\n"
-             "resolve_amp('bf16', None, gpu=(7, 0))\n"
-             "a, b, c = loop.train_epoch(0, None, None, None, None)\n")
+    stale = (
+        "from trainer import loop\n"
+        "from trainer.loop import resolve_amp\n"
+        "means, throughput = loop.train_epoch(0, None, None, None, None)\n"
+        "loop.amp_warning('bf16', None)\n"
+        "resolve_amp('bf16', None, gpu=(7, 0))\n"
+        "a, b, c = loop.train_epoch(0, None, None, None, None)\n"
+    )
     found = drift(stale, module)
     assert len(found) == 3, found
     assert "line 3: unpacks 2 values from loop.train_epoch, which returns 3" in found

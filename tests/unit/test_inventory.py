@@ -65,8 +65,9 @@ def no_network(monkeypatch: pytest.MonkeyPatch) -> list[object]:
 
 @pytest.mark.parametrize("command", ["check", "up"])
 @pytest.mark.parametrize("path", BAD[:: max(1, len(BAD) // 8)], ids=lambda p: p.stem)
-def test_cli_refuses_before_connecting(command: str, path: Path, no_network: list[object],
-                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_refuses_before_connecting(
+    command: str, path: Path, no_network: list[object], capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as info:
         main([command, str(path)])
     assert info.value.code == 2
@@ -117,7 +118,9 @@ nodes:
     env: {NCCL_SOCKET_IFNAME: eth9}
 env: {NCCL_SOCKET_IFNAME: eth0, NCCL_IB_DISABLE: 0, DEBUG: true}
 job: {python: /usr/bin/python3}
-""", "t.yaml")
+""",
+        "t.yaml",
+    )
     a, _, c = inv.nodes
     assert (a.ssh.user, a.ssh.port, a.ssh.host_key_policy) == ("train", 2222, "accept-new")
     assert (c.ssh.user, c.ssh.port) == ("admin", 22)
@@ -147,7 +150,17 @@ def test_cpu_nodes_without_gpus_run_one_process() -> None:
 def test_job_args_render_as_flags() -> None:
     args = {"model": "yolo12n.yaml", "amp": True, "sync-bn": False, "lr": 0.01, "skip": None, "imgsz": [640, 480]}
     assert inventory.render_args(args, inventory.trainer_off) == (
-        "--model", "yolo12n.yaml", "--amp", "--sync-bn", "false", "--lr", "0.01", "--imgsz", "640", "480")
+        "--model",
+        "yolo12n.yaml",
+        "--amp",
+        "--sync-bn",
+        "false",
+        "--lr",
+        "0.01",
+        "--imgsz",
+        "640",
+        "480",
+    )
     with pytest.raises(ValueError, match="sync-bn"):  # false is never dropped: the job's word, or refused
         inventory.render_args(args)
     assert inventory.render_args(["train.py", 3, True]) == ("train.py", "3", "1")
@@ -155,10 +168,20 @@ def test_job_args_render_as_flags() -> None:
 
 # ----------------------------------------------------------------------------- one schema, two validators
 
-SCHEMAS = [schema.SSHModel, schema.NodeModel, schema.MasterModel, schema.ClockModel,
-           schema.RdmaModel, schema.SSHCheckModel, schema.FabricCheckModel, schema.ChecksModel, schema.StragglerModel, schema.ContainerModel,
-           schema.JobModel,
-           schema.InventoryModel]
+SCHEMAS = [
+    schema.SSHModel,
+    schema.NodeModel,
+    schema.MasterModel,
+    schema.ClockModel,
+    schema.RdmaModel,
+    schema.SSHCheckModel,
+    schema.FabricCheckModel,
+    schema.ChecksModel,
+    schema.StragglerModel,
+    schema.ContainerModel,
+    schema.JobModel,
+    schema.InventoryModel,
+]
 
 
 def as_data(value: object) -> object:
@@ -192,8 +215,9 @@ def _pydantic_only(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "inventory").glob("*.yaml")), ids=lambda p: p.stem)
-def test_plain_yaml_resolves_without_pydantic_and_as_pydantic_would(path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plain_yaml_resolves_without_pydantic_and_as_pydantic_would(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     data, _ = schema.yamlines.load(path.read_text())
     plain = schema.validate(data)
     assert isinstance(plain, schema.InventoryModel)  # no coercion needed: the plain validator took it
@@ -211,48 +235,102 @@ def test_a_value_to_coerce_goes_to_pydantic() -> None:
     assert type(node.ssh.port) is int and type(node.ssh.connect_timeout) is float
 
 
-VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 70000), st.floats(allow_nan=False, width=32),
-                   st.text(max_size=6), st.sampled_from(["22", "1.5", "true", "ssh", "local", "c10d", "strict"]),
-                   st.lists(st.one_of(st.integers(0, 9), st.text(max_size=3), st.none()), max_size=3),
-                   st.dictionaries(st.sampled_from(["A", "port", "x", "devices", "ntp_server"]),
-                                   st.one_of(st.none(), st.integers(0, 9), st.text(max_size=3)), max_size=2))
+VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 70000),
+    st.floats(allow_nan=False, width=32),
+    st.text(max_size=6),
+    st.sampled_from(["22", "1.5", "true", "ssh", "local", "c10d", "strict"]),
+    st.lists(st.one_of(st.integers(0, 9), st.text(max_size=3), st.none()), max_size=3),
+    st.dictionaries(
+        st.sampled_from(["A", "port", "x", "devices", "ntp_server"]),
+        st.one_of(st.none(), st.integers(0, 9), st.text(max_size=3)),
+        max_size=2,
+    ),
+)
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(0, 9), st.floats(0, 9), st.text(max_size=3))
 TYPED = {  # mostly the declared type, sometimes not: both validators see both
-    "host": st.text(max_size=4), "name": st.text(max_size=4), "user": st.text(max_size=4),
-    "port": st.integers(0, 70000), "gpus": st.one_of(st.integers(-1, 8), st.floats(0, 8)),
-    "connect_timeout": st.one_of(st.integers(0, 9), st.floats(0, 9)), "python": st.text(max_size=4),
+    "host": st.text(max_size=4),
+    "name": st.text(max_size=4),
+    "user": st.text(max_size=4),
+    "port": st.integers(0, 70000),
+    "gpus": st.one_of(st.integers(-1, 8), st.floats(0, 8)),
+    "connect_timeout": st.one_of(st.integers(0, 9), st.floats(0, 9)),
+    "python": st.text(max_size=4),
     "host_key_policy": st.sampled_from(["strict", "accept-new", "yes"]),
     "env": st.dictionaries(st.text(max_size=3), SCALARS, max_size=3),
-    "ssh": st.fixed_dictionaries({}, optional={"port": st.integers(0, 9), "user": st.text(max_size=2),
-                                               "identity": SCALARS}),
-    "transport": st.sampled_from(["ssh", "local", "rsh"]), "fanout": st.integers(-1, 64),
+    "ssh": st.fixed_dictionaries(
+        {}, optional={"port": st.integers(0, 9), "user": st.text(max_size=2), "identity": SCALARS}
+    ),
+    "transport": st.sampled_from(["ssh", "local", "rsh"]),
+    "fanout": st.integers(-1, 64),
     "master": st.fixed_dictionaries({}, optional={"node": st.text(max_size=2), "port": st.integers(0, 9)}),
-    "checks": st.fixed_dictionaries({}, optional={
-        "clock": st.fixed_dictionaries({}, optional={"ntp_server": SCALARS, "max_offset_ms": SCALARS}),
-        "skip": st.lists(st.text(max_size=3), max_size=2), "rdma": st.just({"devices": ["mlx5_0"]}),
-        "fabric": st.one_of(SCALARS, st.fixed_dictionaries({}, optional={
-            "enabled": SCALARS, "max_bytes": st.one_of(SCALARS, st.sampled_from(["256M", "1G", "x"])),
-            "min_busbw_gbps": SCALARS, "share": SCALARS, "timeout_s": SCALARS}))}),
-    "job": st.fixed_dictionaries({}, optional={
-        "args": st.one_of(st.dictionaries(st.text(max_size=3), st.one_of(SCALARS, st.lists(SCALARS)), max_size=2),
-                          st.lists(SCALARS, max_size=3)),
-        "rdzv": st.sampled_from(["static", "c10d", "x"]), "max_restarts": SCALARS,
-        "torchrun_args": st.lists(st.text(max_size=3), max_size=2), "stop_grace_s": SCALARS,
-        "stall_timeout_s": SCALARS, "on_stall": st.sampled_from(["warn", "stop", "kill"]), "retries": SCALARS,
-        "sync": st.one_of(st.lists(st.one_of(st.text(max_size=3), SCALARS), max_size=2), SCALARS)}),
-    "spare": st.lists(st.fixed_dictionaries({"host": st.text(max_size=3)}, optional={"port": SCALARS, "gpus": SCALARS}),
-                      max_size=2),
+    "checks": st.fixed_dictionaries(
+        {},
+        optional={
+            "clock": st.fixed_dictionaries({}, optional={"ntp_server": SCALARS, "max_offset_ms": SCALARS}),
+            "skip": st.lists(st.text(max_size=3), max_size=2),
+            "rdma": st.just({"devices": ["mlx5_0"]}),
+            "fabric": st.one_of(
+                SCALARS,
+                st.fixed_dictionaries(
+                    {},
+                    optional={
+                        "enabled": SCALARS,
+                        "max_bytes": st.one_of(SCALARS, st.sampled_from(["256M", "1G", "x"])),
+                        "min_busbw_gbps": SCALARS,
+                        "share": SCALARS,
+                        "timeout_s": SCALARS,
+                    },
+                ),
+            ),
+        },
+    ),
+    "job": st.fixed_dictionaries(
+        {},
+        optional={
+            "args": st.one_of(
+                st.dictionaries(st.text(max_size=3), st.one_of(SCALARS, st.lists(SCALARS)), max_size=2),
+                st.lists(SCALARS, max_size=3),
+            ),
+            "rdzv": st.sampled_from(["static", "c10d", "x"]),
+            "max_restarts": SCALARS,
+            "torchrun_args": st.lists(st.text(max_size=3), max_size=2),
+            "stop_grace_s": SCALARS,
+            "stall_timeout_s": SCALARS,
+            "on_stall": st.sampled_from(["warn", "stop", "kill"]),
+            "retries": SCALARS,
+            "sync": st.one_of(st.lists(st.one_of(st.text(max_size=3), SCALARS), max_size=2), SCALARS),
+        },
+    ),
+    "spare": st.lists(
+        st.fixed_dictionaries({"host": st.text(max_size=3)}, optional={"port": SCALARS, "gpus": SCALARS}), max_size=2
+    ),
 }
 
 
 def keyed(keys: list[str]) -> st.SearchStrategy[dict[str, object]]:
     return st.dictionaries(st.sampled_from(keys), VALUES, max_size=1).flatmap(
         lambda wrong: st.fixed_dictionaries({}, optional={k: TYPED[k] for k in keys if k in TYPED}).map(
-            lambda right: {**right, **wrong}))
+            lambda right: {**right, **wrong}
+        )
+    )
 
 
-NODE_KEYS = ["host", "name", "port", "gpus", "env", "ssh", "user", "connect_timeout", "host_key_policy",
-             "python", "bogus"]
+NODE_KEYS = [
+    "host",
+    "name",
+    "port",
+    "gpus",
+    "env",
+    "ssh",
+    "user",
+    "connect_timeout",
+    "host_key_policy",
+    "python",
+    "bogus",
+]
 TOP_KEYS = ["name", "transport", "ssh", "master", "env", "checks", "job", "fanout", "spare", "nodez"]
 
 
@@ -279,16 +357,20 @@ def test_a_plain_host_is_what_nodeset_makes_of_it(host: str) -> None:
     assert inv.nodes[0].host == host
 
 
-@pytest.mark.parametrize(("job", "key", "words"), [
-    ({"telemetry_s": -1}, "job.telemetry_s", "0 (off) or at least 1"),
-    ({"telemetry_s": 0.5}, "job.telemetry_s", "at least 1 second"),
-    ({"straggler": {"share": 1.25}}, "job.straggler.share", "between 0 and 1"),
-    ({"straggler": {"windows": 0}}, "job.straggler.windows", "1 or more"),
-    ({"straggler": {"action": "kill"}}, "job.straggler.action", "warn"),
-    ({"straggler": {"window": 3}}, "job.straggler.window", "windows"),
-])
-def test_telemetry_and_straggler_keys_are_checked_with_their_line(tmp_path: Path, job: dict[str, Any], key: str,
-                                                                   words: str) -> None:
+@pytest.mark.parametrize(
+    ("job", "key", "words"),
+    [
+        ({"telemetry_s": -1}, "job.telemetry_s", "0 (off) or at least 1"),
+        ({"telemetry_s": 0.5}, "job.telemetry_s", "at least 1 second"),
+        ({"straggler": {"share": 1.25}}, "job.straggler.share", "between 0 and 1"),
+        ({"straggler": {"windows": 0}}, "job.straggler.windows", "1 or more"),
+        ({"straggler": {"action": "kill"}}, "job.straggler.action", "warn"),
+        ({"straggler": {"window": 3}}, "job.straggler.window", "windows"),
+    ],
+)
+def test_telemetry_and_straggler_keys_are_checked_with_their_line(
+    tmp_path: Path, job: dict[str, Any], key: str, words: str
+) -> None:
     """A bad `job.telemetry_s` or `job.straggler.*` is refused naming file, line and key."""
     import yaml
 
@@ -307,7 +389,13 @@ def test_telemetry_and_straggler_defaults_and_values(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump({"nodes": [{"host": "a"}]}))
     job = load(path).job
     assert (job.telemetry_s, job.straggler.share, job.straggler.windows, job.straggler.action) == (10.0, 0.8, 3, "warn")
-    path.write_text(yaml.safe_dump({"nodes": [{"host": "a"}],
-                                    "job": {"telemetry_s": 0, "straggler": {"share": 0.5, "windows": 2, "action": "stop"}}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "nodes": [{"host": "a"}],
+                "job": {"telemetry_s": 0, "straggler": {"share": 0.5, "windows": 2, "action": "stop"}},
+            }
+        )
+    )
     job = load(path).job
     assert (job.telemetry_s, job.straggler.share, job.straggler.windows, job.straggler.action) == (0.0, 0.5, 2, "stop")

@@ -139,18 +139,23 @@ def written_defaults(tree: ast.AST) -> list[str]:
             hit(node.arg, node.value, node.value)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             args = node.args.posonlyargs + node.args.args
-            for arg, default in zip(args[len(args) - len(node.args.defaults):], node.args.defaults):
+            for arg, default in zip(args[len(args) - len(node.args.defaults) :], node.args.defaults):
                 hit(arg.arg, default, node)
             for arg, kw in zip(node.args.kwonlyargs, node.args.kw_defaults):
                 hit(arg.arg, kw, node)
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
-              and len(node.args) == 2 and isinstance(node.args[0], ast.Constant)):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "get"
+            and len(node.args) == 2
+            and isinstance(node.args[0], ast.Constant)
+        ):
             hit(str(node.args[0].value), node.args[1], node)
         elif isinstance(node, ast.Dict):
             for k, v in zip(node.keys, node.values):
                 if isinstance(k, ast.Constant):
                     hit(str(k.value), v, node)
-    return sorted(found, key=lambda f: int(f.split()[1].rstrip(':')))
+    return sorted(found, key=lambda f: int(f.split()[1].rstrip(":")))
 
 
 def said_defaults(tree: ast.AST) -> list[str]:
@@ -160,8 +165,11 @@ def said_defaults(tree: ast.AST) -> list[str]:
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
-            for m in re.finditer(r"\b((?:job|checks|ssh|master)\.[a-z_.]+)\W{1,3}(?:[a-z ]{0,12}\W{1,3})?"
-                                 r"([0-9][0-9.]*)\b", node.value):
+            for m in re.finditer(
+                r"\b((?:job|checks|ssh|master)\.[a-z_.]+)\W{1,3}(?:[a-z ]{0,12}\W{1,3})?"
+                r"([0-9][0-9.]*)\b",
+                node.value,
+            ):
                 key = m.group(1).rsplit(".", 1)[-1]
                 if key in paths and any(inv_mod.yaml_text(d) == m.group(2) for d in defaults.get(key, [])):
                     found.append(f"line {node.lineno}: {m.group(0)!r}")
@@ -173,9 +181,11 @@ ALLOWED = {
     ("preflight/fabric/job.py", "max_restarts"): "the fabric job is never restarted: a value, not a default",
 }
 """A schema default's value bound to its key's name on purpose, and why."""
-OTHERS = sorted(p for p in (REPO / "orchestrator").rglob("*.py")
-                if p.relative_to(REPO / "orchestrator").parts[0] != "node"
-                and p.name not in ("schema.py", "reference.py"))
+OTHERS = sorted(
+    p
+    for p in (REPO / "orchestrator").rglob("*.py")
+    if p.relative_to(REPO / "orchestrator").parts[0] != "node" and p.name not in ("schema.py", "reference.py")
+)
 """Every module of orch but the schema (and the generator of the page, which reads it). The node
 programs are left out: they import nothing of orch, and their settings arrive on their command
 line."""
@@ -185,13 +195,16 @@ line."""
 def test_no_module_writes_a_default_of_the_schemas(path: Path) -> None:
     tree = ast.parse(path.read_text())
     module = str(path.relative_to(REPO / "orchestrator"))
-    found = [f for f in written_defaults(tree) + said_defaults(tree)
-             if (module, f.split(": ", 1)[1].split(" = ")[0]) not in ALLOWED]
+    found = [
+        f
+        for f in written_defaults(tree) + said_defaults(tree)
+        if (module, f.split(": ", 1)[1].split(" = ")[0]) not in ALLOWED
+    ]
     assert found == []
 
 
 def test_the_guard_sees_a_second_default() -> None:
-    code = '''
+    code = """
 from dataclasses import dataclass
 @dataclass(frozen=True)
 class Job:
@@ -203,8 +216,15 @@ def detect(share: float = 0.8, *, fanout=32) -> None:
     fabric.get("share", 0.7)
     run(port=29500, retries=1)
 HELP = "Call it hung after job.stall_timeout_s (600; --stall-timeout)"
-'''
+"""
     tree = ast.parse(code)
     assert [f.split(":")[0] for f in written_defaults(tree)] == [
-        "line 5", "line 7", "line 7", "line 8", "line 8", "line 10", "line 11"]
+        "line 5",
+        "line 7",
+        "line 7",
+        "line 8",
+        "line 8",
+        "line 10",
+        "line 11",
+    ]
     assert said_defaults(tree) == ["line 12: 'job.stall_timeout_s (600'"]

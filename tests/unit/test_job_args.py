@@ -23,7 +23,7 @@ def load(tmp_path: Path, job: str) -> inventory.Inventory:
 
 def job_words(inv: inventory.Inventory) -> list[str]:
     argv = list(make_plan(inv).nodes[0].argv)
-    return argv[argv.index("trainer") + 1:]
+    return argv[argv.index("trainer") + 1 :]
 
 
 def parsed(words: list[str]):  # noqa: ANN201
@@ -37,16 +37,27 @@ def parsed(words: list[str]):  # noqa: ANN201
 
 def test_false_reaches_the_trainer_as_its_own_spelling_of_off(tmp_path: Path) -> None:
     """`amp: false` meant off; left out, the trainer's default (fp16 on CUDA, plots on) applied."""
-    inv = load(tmp_path, "  args:\n    data: /d/data.yaml\n    amp: false\n    deterministic: false\n"
-                         "    plots: false\n    pin-memory: false\n    sync-bn: false\n    cos-lr: false\n"
-                         "    persistent-workers: false\n    exist-ok: false\n    cache: false\n")
+    inv = load(
+        tmp_path,
+        "  args:\n    data: /d/data.yaml\n    amp: false\n    deterministic: false\n"
+        "    plots: false\n    pin-memory: false\n    sync-bn: false\n    cos-lr: false\n"
+        "    persistent-workers: false\n    exist-ok: false\n    cache: false\n",
+    )
     words = job_words(inv)
     for flag in ("--amp", "--deterministic", "--plots", "--pin-memory", "--sync-bn", "--cache"):
         assert flag in words, words
     cfg = parsed(words)
     assert cfg.amp == "off"
-    assert (cfg.deterministic, cfg.plots, cfg.pin_memory, cfg.sync_bn, cfg.cos_lr, cfg.persistent_workers,
-            cfg.exist_ok, cfg.cache) == (False, False, False, False, False, False, False, None)
+    assert (
+        cfg.deterministic,
+        cfg.plots,
+        cfg.pin_memory,
+        cfg.sync_bn,
+        cfg.cos_lr,
+        cfg.persistent_workers,
+        cfg.exist_ok,
+        cfg.cache,
+    ) == (False, False, False, False, False, False, False, None)
     assert {"amp", "deterministic", "plots", "pin_memory"} <= set(cfg.given)
 
 
@@ -84,8 +95,11 @@ def test_every_trainer_flag_that_takes_a_boolean_has_an_off_word() -> None:
     from trainer.interface import OFF_WORD
 
     hints = typing.get_type_hints(TrainConfig)
-    booleans = {f.name for f in fields(TrainConfig)
-                if f.metadata.get("flag", {}) is not None and hints[f.name] in (bool, bool | None)}
+    booleans = {
+        f.name
+        for f in fields(TrainConfig)
+        if f.metadata.get("flag", {}) is not None and hints[f.name] in (bool, bool | None)
+    }
     assert booleans <= set(OFF_WORD), booleans - set(OFF_WORD)
     off = {"amp": "off", "cache": None, "multi_scale": 0.0, "freeze": None}
     for name, word in OFF_WORD.items():
@@ -117,13 +131,21 @@ def test_batch_per_device_replaces_the_inventorys_global_batch(tmp_path: Path) -
     assert parsed(job_words(back)).batch == 4
 
 
-@pytest.mark.parametrize("spelling", [["--cfg", "yolo12s.yaml"], ["--cfg=yolo12s.yaml"], ["cfg=yolo12s.yaml"],
-                                      ["--cfg", "model=yolo12s.yaml"], ["model=yolo12s.yaml"]])
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        ["--cfg", "yolo12s.yaml"],
+        ["--cfg=yolo12s.yaml"],
+        ["cfg=yolo12s.yaml"],
+        ["--cfg", "model=yolo12s.yaml"],
+        ["model=yolo12s.yaml"],
+    ],
+)
 def test_cfg_naming_a_model_replaces_the_inventorys_model(tmp_path: Path, spelling: list[str]) -> None:
     """`-- --cfg yolo12s.yaml` over `model:` gave "model is given twice"."""
     inv = overridden(tmp_path, *spelling)
     words = job_words(inv)
-    assert "yolo12n.yaml" not in words and words[-len(spelling):] == spelling
+    assert "yolo12n.yaml" not in words and words[-len(spelling) :] == spelling
     assert parsed(words).model == "yolo12s.yaml"
     assert inv.job.raw_args.get("model") in (None, "yolo12s.yaml") and "yolo12n.yaml" not in inv.job.raw_args.values()
 
@@ -152,7 +174,9 @@ def test_the_job_check_takes_a_model_named_by_cfg_for_the_builtin_it_is(tmp_path
     if where == "inventory":
         inv = load(tmp_path, "  args:\n    data: /d/data.yaml\n    cfg: yoloe-v8l-seg.yaml\n")
     else:
-        inv = apply(load(tmp_path, "  args:\n    data: /d/data.yaml\n"), Overrides(args=("--cfg", "yoloe-v8l-seg.yaml")))
+        inv = apply(
+            load(tmp_path, "  args:\n    data: /d/data.yaml\n"), Overrides(args=("--cfg", "yoloe-v8l-seg.yaml"))
+        )
     assert relative_args(inv) == {}
     assert not [f for f in cluster_job_findings(inv) if "relative" in f[1]]
     assert parsed(job_words(inv)).model == "yoloe-v8l-seg.yaml"
@@ -168,8 +192,10 @@ def test_the_job_check_reads_the_batch_by_any_of_its_spellings(tmp_path: Path, s
     from orchestrator.preflight.checks import cluster_job_findings
 
     path = tmp_path / "inv.yaml"
-    path.write_text("transport: local\nnodes:\n  - host: localhost\n    name: n[0-2]\njob:\n"
-                    f"  args:\n    data: /d/data.yaml\n    {spelling}\n")
+    path.write_text(
+        "transport: local\nnodes:\n  - host: localhost\n    name: n[0-2]\njob:\n"
+        f"  args:\n    data: /d/data.yaml\n    {spelling}\n"
+    )
     inv = inventory.load(path)
     assert any("global batch 100 does not divide by world size 3" in f[1] for f in cluster_job_findings(inv))
 
@@ -180,7 +206,15 @@ def test_cfg_takes_its_key_value_word_and_replaces_that_setting_only(tmp_path: P
     base = ("--data", "/d.yaml", "--cfg", "mosaic=0", "--cfg", "lr0=0.01", "--epochs", "3")
     assert [n for n, _ in settings_of(list(base))] == ["data", "mosaic", "lr", "epochs"]
     assert override_args(base, ("--cfg", "mosaic=0.5")) == (
-        "--data", "/d.yaml", "--cfg", "lr0=0.01", "--epochs", "3", "--cfg", "mosaic=0.5")
+        "--data",
+        "/d.yaml",
+        "--cfg",
+        "lr0=0.01",
+        "--epochs",
+        "3",
+        "--cfg",
+        "mosaic=0.5",
+    )
     assert override_args(base, ("--cfg", "yolo12s.yaml")) == (*base, "--cfg", "yolo12s.yaml")
     assert override_args(base, ("--lr", "0.02"))[:6] == ("--data", "/d.yaml", "--cfg", "mosaic=0", "--epochs", "3")
     assert override_args(("mosaic=0",), ("--cfg", "mosaic=0.5")) == ("--cfg", "mosaic=0.5")

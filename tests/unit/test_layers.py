@@ -11,8 +11,22 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "orchestrator"
 LAYERS = {
-    "contract": 0, "errors": 1, "config": 2, "node": 2, "store": 3, "transport": 3, "run": 4,
-    "preflight": 5, "logs": 5, "remote": 5, "report": 6, "up": 6, "top": 6, "cli": 7, "__main__": 8, "__init__": 0,
+    "contract": 0,
+    "errors": 1,
+    "config": 2,
+    "node": 2,
+    "store": 3,
+    "transport": 3,
+    "run": 4,
+    "preflight": 5,
+    "logs": 5,
+    "remote": 5,
+    "report": 6,
+    "up": 6,
+    "top": 6,
+    "cli": 7,
+    "__main__": 8,
+    "__init__": 0,
 }
 """Each part of the package and its layer, as docs/ARCHITECTURE.md draws them: a module may import
 from its own part and from lower layers only."""
@@ -35,7 +49,7 @@ def imported_parts(path: Path) -> set[str]:
         if isinstance(node, ast.Import):
             names = [tuple(a.name.split(".")) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = package[:len(package) - node.level + 1] if node.level else ()
+            base = package[: len(package) - node.level + 1] if node.level else ()
             module = tuple(node.module.split(".")) if node.module else ()
             full = base + module
             names = [full + (a.name,) for a in node.names] if full == ("orchestrator",) else [full]
@@ -60,11 +74,15 @@ def test_imports_go_down_the_layers(path: Path) -> None:
 def test_the_fabric_check_is_a_package_of_preflight() -> None:
     """The one check that runs a job across the nodes, through run/: its job, verdict and parsers
     are `preflight/fabric/`, and no other module of preflight/ imports run/."""
-    launching = sorted(str(p.relative_to(PACKAGE)) for p in SOURCES if part(p) == "preflight"
-                       and "run" in imported_parts(p))
+    launching = sorted(
+        str(p.relative_to(PACKAGE)) for p in SOURCES if part(p) == "preflight" and "run" in imported_parts(p)
+    )
     assert launching and all(p.startswith("preflight/fabric/") for p in launching), launching
-    beside = sorted(p.name for p in (PACKAGE / "preflight").glob("*.py")
-                    if p.stem.startswith("fabric") or p.stem in ("nccl_log", "busbw"))
+    beside = sorted(
+        p.name
+        for p in (PACKAGE / "preflight").glob("*.py")
+        if p.stem.startswith("fabric") or p.stem in ("nccl_log", "busbw")
+    )
     assert beside == [], f"the fabric check's modules belong in preflight/fabric/: {beside}"
 
 
@@ -82,8 +100,12 @@ def printing(path: Path) -> list[str]:
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print":
             found.append(f"print() at line {node.lineno}")
-        elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "sys"
-              and node.attr in ("exit", "stdout", "stderr")):
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "sys"
+            and node.attr in ("exit", "stdout", "stderr")
+        ):
             found.append(f"sys.{node.attr} at line {node.lineno}")
         elif isinstance(node, ast.Name) and node.id == "SystemExit":
             found.append(f"SystemExit at line {node.lineno}")
@@ -93,8 +115,9 @@ def printing(path: Path) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("path", [p for p in SOURCES if part(p) not in ("cli", "node")],
-                         ids=lambda p: str(p.relative_to(PACKAGE)))
+@pytest.mark.parametrize(
+    "path", [p for p in SOURCES if part(p) not in ("cli", "node")], ids=lambda p: str(p.relative_to(PACKAGE))
+)
 def test_only_the_cli_prints_or_exits(path: Path) -> None:
     """The library returns outcomes or raises OrchError; cli/ shows them and picks the exit code.
     (The node programs print their protocol on the node's stdout: that is their job.)"""
@@ -141,8 +164,9 @@ JOB_BUILDER = "config/plan.py"
 
 
 def _names(node: ast.AST) -> set[str]:
-    return {n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(node)
-            if isinstance(n, (ast.Name, ast.Attribute))}
+    return {
+        n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(node) if isinstance(n, (ast.Name, ast.Attribute))
+    }
 
 
 def job_argv_builders(source: str) -> list[str]:
@@ -155,7 +179,8 @@ def job_argv_builders(source: str) -> list[str]:
         if isinstance(node, (ast.List, ast.Tuple)) and len(node.elts) >= 2:
             head, flag = node.elts[0], node.elts[1]
             pythonish = any("python" in n.lower() for n in _names(head)) or (
-                isinstance(head, ast.Constant) and "python" in str(head.value))
+                isinstance(head, ast.Constant) and "python" in str(head.value)
+            )
             if pythonish and isinstance(flag, ast.Constant) and flag.value in ("-m", "-c"):
                 code = node.elts[2] if len(node.elts) > 2 else None
                 if flag.value == "-m" or code is None or not _names(code) & OWN_PROGRAMS:
@@ -167,9 +192,11 @@ def job_argv_builders(source: str) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("path", [p for p in SOURCES if part(p) != "node"
-                                  and str(p.relative_to(PACKAGE)) != JOB_BUILDER],
-                         ids=lambda p: str(p.relative_to(PACKAGE)))
+@pytest.mark.parametrize(
+    "path",
+    [p for p in SOURCES if part(p) != "node" and str(p.relative_to(PACKAGE)) != JOB_BUILDER],
+    ids=lambda p: str(p.relative_to(PACKAGE)),
+)
 def test_only_the_plan_builds_the_jobs_command(path: Path) -> None:
     """How a node runs the job (its interpreter, or later a container around it) is known in one
     place, `config/plan.job_command`; everything that runs the job's python asks it."""
@@ -201,7 +228,7 @@ def imported_modules(path: Path, known: set[str]) -> set[str]:
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
-            base = package[:len(package) - node.level + 1] if node.level else []
+            base = package[: len(package) - node.level + 1] if node.level else []
             full = ".".join(base + (node.module.split(".") if node.module else []))
             out |= {f"{full}.{a.name}" if f"{full}.{a.name}" in known else full for a in node.names}
     return out & known
@@ -257,4 +284,6 @@ def test_the_guard_sees_a_circle() -> None:
     lines = PACKAGE / "logs" / "lines.py"
     known = {module_name(p) for p in SOURCES}
     assert imported_modules(lines, known) == {"orchestrator.logs.trainer"}  # `from .trainer import RANK_PREFIX`
-    assert "orchestrator.cli.render" in imported_modules(PACKAGE / "cli" / "commands.py", known)  # `from . import render`
+    assert "orchestrator.cli.render" in imported_modules(
+        PACKAGE / "cli" / "commands.py", known
+    )  # `from . import render`

@@ -38,8 +38,9 @@ def test_the_extension_is_built_where_a_compiler_is() -> None:
 fast = pytest.mark.skipif(stored._fastmerge is None, reason="orchestrator.stored._fastmerge is not built")
 
 
-def c_merge(texts: list[bytes], nodes: list[PlainNode], widths: tuple[int, int], block: int, chunk: int,
-            raw: bool = False) -> bytes:
+def c_merge(
+    texts: list[bytes], nodes: list[PlainNode], widths: tuple[int, int], block: int, chunk: int, raw: bool = False
+) -> bytes:
     assert stored._fastmerge is not None
     with tempfile.TemporaryDirectory() as d:
         handles = []
@@ -47,58 +48,170 @@ def c_merge(texts: list[bytes], nodes: list[PlainNode], widths: tuple[int, int],
             Path(d, f"{i}.log").write_bytes(t)
             handles.append(open(Path(d, f"{i}.log"), "rb"))  # noqa: SIM115
         try:
-            return b"".join(stored._fastmerge.PlainMerge(
-                handles, [f" {n.node.ljust(widths[0])} ".encode() for n in nodes], [n.base_rank for n in nodes],
-                [n.offset_ms for n in nodes], widths[1], block=block, chunk=chunk, raw=raw))
+            return b"".join(
+                stored._fastmerge.PlainMerge(
+                    handles,
+                    [f" {n.node.ljust(widths[0])} ".encode() for n in nodes],
+                    [n.base_rank for n in nodes],
+                    [n.offset_ms for n in nodes],
+                    widths[1],
+                    block=block,
+                    chunk=chunk,
+                    raw=raw,
+                )
+            )
         finally:
             for h in handles:
                 h.close()
 
 
 stamp = st.integers(0, 40).map(lambda us10: format_ts(T0 + us10 * 0.25))
-odd_stamp = st.sampled_from([
-    "2024-02-29T00:00:00.000001Z", "2023-02-29T00:00:00.000001Z", "0000-01-01T00:00:00.000000Z",
-    "0001-01-01T00:00:00.000000Z", "2026-11-30T23:59:60.000000Z", "2026-11-30T23:59:61.999999Z",
-    "2026-11-30T23:59:62.000000Z", "9999-12-31T23:59:61.999999Z", "1969-12-31T23:59:59.999999Z",
-    "2026-11-30T24:00:00.000000Z", "2026-11-31T09:32:05.000000Z", "2026-00-10T09:32:05.000000Z",
-    "1900-02-29T09:32:05.000000Z", "2000-02-29T09:32:05.000000Z", "2026-11-30T09:60:05.000000Z",
-])
-prefix = st.sampled_from([
-    "", "[default0]:", "[default3]:", "[trainer12]:", "[rank 5] ", "[default1]:[rank 9] ", "[default٣]:",
-    "[W1130 warn] ", "[default2]:[rank x] ", "[rank 007] ", "[rank 5000] ", "[default4999]:",
-    "[rank 123456789012345678901234567890] ", "[default99999999999999999999]:", "[_-x-7]:", "[-x7]:",
-    "[default7]", "[rank 5]", "[default0]:[rank 12]:", "[a1]:[rank 2] [rank 3] ",
-])
+odd_stamp = st.sampled_from(
+    [
+        "2024-02-29T00:00:00.000001Z",
+        "2023-02-29T00:00:00.000001Z",
+        "0000-01-01T00:00:00.000000Z",
+        "0001-01-01T00:00:00.000000Z",
+        "2026-11-30T23:59:60.000000Z",
+        "2026-11-30T23:59:61.999999Z",
+        "2026-11-30T23:59:62.000000Z",
+        "9999-12-31T23:59:61.999999Z",
+        "1969-12-31T23:59:59.999999Z",
+        "2026-11-30T24:00:00.000000Z",
+        "2026-11-31T09:32:05.000000Z",
+        "2026-00-10T09:32:05.000000Z",
+        "1900-02-29T09:32:05.000000Z",
+        "2000-02-29T09:32:05.000000Z",
+        "2026-11-30T09:60:05.000000Z",
+    ]
+)
+prefix = st.sampled_from(
+    [
+        "",
+        "[default0]:",
+        "[default3]:",
+        "[trainer12]:",
+        "[rank 5] ",
+        "[default1]:[rank 9] ",
+        "[default٣]:",
+        "[W1130 warn] ",
+        "[default2]:[rank x] ",
+        "[rank 007] ",
+        "[rank 5000] ",
+        "[default4999]:",
+        "[rank 123456789012345678901234567890] ",
+        "[default99999999999999999999]:",
+        "[_-x-7]:",
+        "[-x7]:",
+        "[default7]",
+        "[rank 5]",
+        "[default0]:[rank 12]:",
+        "[a1]:[rank 2] [rank 3] ",
+    ]
+)
 stream = st.sampled_from(["out", "err", "orch", "", "weird-stream", "é\x00", "\r"])
 # the text: what a terminal must never get raw (ESC and whole sequences, BEL, CR, DEL, C1 as
 # U+0080-U+009F, bidi marks and overrides) beside what it may (TAB, SGR colour, é, 字, U+2028)
-text = st.lists(st.sampled_from(["a", "b", " ", "[", "]", "\r", "\t", ":", "é", "字", "\x00", "\x1b", "\x07", "\x7f",
-                                 "\x80", "\x85", "\x9b", "\x9f", "\xa0", "\u200e", "\u200f", "\u202a", "\u202e",
-                                 "\u2066", "\u2069", "\u2028", "\u206a", "\\", "\x1b[31m", "\x1b]0;title\x07", "\x1b[2J"]),
-                max_size=12).map("".join)
-junk = st.sampled_from([b"\xff", b"\xe2\x82", b"\xed\xa0\x80", b"\xc0\xaf", b"\xf4\x90\x80\x80", b"\xe2\x82\xac",
-                        b"\xf0\x9f\x98\x80", b"\xf0\x9f\x98", b"\x80", b"\xc3", b"\x9b", b"\xc2", b"\xc2\x1b",
-                        b"\xe2\x80", b"\xe2\x80\xae", b"\x1b", b"\x7f"])
-valid = st.builds(lambda s, m, p, t: f"{s} {m} {p}{t}".encode(), st.one_of(stamp, stamp, stamp, odd_stamp), stream,
-                  prefix, text)
+text = st.lists(
+    st.sampled_from(
+        [
+            "a",
+            "b",
+            " ",
+            "[",
+            "]",
+            "\r",
+            "\t",
+            ":",
+            "é",
+            "字",
+            "\x00",
+            "\x1b",
+            "\x07",
+            "\x7f",
+            "\x80",
+            "\x85",
+            "\x9b",
+            "\x9f",
+            "\xa0",
+            "\u200e",
+            "\u200f",
+            "\u202a",
+            "\u202e",
+            "\u2066",
+            "\u2069",
+            "\u2028",
+            "\u206a",
+            "\\",
+            "\x1b[31m",
+            "\x1b]0;title\x07",
+            "\x1b[2J",
+        ]
+    ),
+    max_size=12,
+).map("".join)
+junk = st.sampled_from(
+    [
+        b"\xff",
+        b"\xe2\x82",
+        b"\xed\xa0\x80",
+        b"\xc0\xaf",
+        b"\xf4\x90\x80\x80",
+        b"\xe2\x82\xac",
+        b"\xf0\x9f\x98\x80",
+        b"\xf0\x9f\x98",
+        b"\x80",
+        b"\xc3",
+        b"\x9b",
+        b"\xc2",
+        b"\xc2\x1b",
+        b"\xe2\x80",
+        b"\xe2\x80\xae",
+        b"\x1b",
+        b"\x7f",
+    ]
+)
+valid = st.builds(
+    lambda s, m, p, t: f"{s} {m} {p}{t}".encode(), st.one_of(stamp, stamp, stamp, odd_stamp), stream, prefix, text
+)
 with_junk = st.builds(lambda line, j, at: line[:at] + j + line[at:], valid, junk, st.integers(0, 60))
-odd = st.sampled_from([b"", b"torn line", b"2026-11-30T09:32:05.12345Z out short", b"2026-11-30T09:32:05.123456Zout",
-                       b"2026-11-30T09:32:05.123456Z", b"2026-11-30T09:32:05.123456Z ",
-                       b"2026-11-30T09:32:05.123456Z  two spaces", b"2026-11-30T09:32:05.+12345Z out plus",
-                       b"2026-11-30T09:32:05.123456Z out progress 1%\r2%\r\r", b"\r\r\r", b"x" * 300,
-                       b"2026-11-30T09:32:05.123456Z out " + b"y" * 200 + b"\rz"])
+odd = st.sampled_from(
+    [
+        b"",
+        b"torn line",
+        b"2026-11-30T09:32:05.12345Z out short",
+        b"2026-11-30T09:32:05.123456Zout",
+        b"2026-11-30T09:32:05.123456Z",
+        b"2026-11-30T09:32:05.123456Z ",
+        b"2026-11-30T09:32:05.123456Z  two spaces",
+        b"2026-11-30T09:32:05.+12345Z out plus",
+        b"2026-11-30T09:32:05.123456Z out progress 1%\r2%\r\r",
+        b"\r\r\r",
+        b"x" * 300,
+        b"2026-11-30T09:32:05.123456Z out " + b"y" * 200 + b"\rz",
+    ]
+)
 node_text = st.tuples(st.lists(st.one_of(valid, valid, valid, with_junk, odd), max_size=25), st.booleans())
 
 
 @settings(max_examples=examples(400), deadline=None)
-@given(st.lists(node_text, min_size=1, max_size=5),
-       st.lists(st.sampled_from([0.0, 0.0, 0.25, -3.5, 1000.0]), min_size=5, max_size=5),
-       st.lists(st.one_of(st.none(), st.integers(0, 64), st.just(10**12)), min_size=5, max_size=5),
-       st.sampled_from([16, 40, 100, 1 << 16]), st.sampled_from([1, 64, 1 << 20]), st.booleans())
+@given(
+    st.lists(node_text, min_size=1, max_size=5),
+    st.lists(st.sampled_from([0.0, 0.0, 0.25, -3.5, 1000.0]), min_size=5, max_size=5),
+    st.lists(st.one_of(st.none(), st.integers(0, 64), st.just(10**12)), min_size=5, max_size=5),
+    st.sampled_from([16, 40, 100, 1 << 16]),
+    st.sampled_from([1, 64, 1 << 20]),
+    st.booleans(),
+)
 @fast
 def test_c_merge_prints_exactly_what_the_general_path_prints(
-        per_node: list[tuple[list[bytes], bool]], offsets: list[float], bases: list[int | None],
-        block: int, chunk: int, raw: bool) -> None:
+    per_node: list[tuple[list[bytes], bool]],
+    offsets: list[float],
+    bases: list[int | None],
+    block: int,
+    chunk: int,
+    raw: bool,
+) -> None:
     names = [f"node{i}" if i % 2 else f"n{i}é" for i in range(len(per_node))]
     nodes = [PlainNode(name, bases[i], offsets[i]) for i, name in enumerate(names)]
     texts = [b"\n".join(lines) + (b"\n" if end and lines else b"") for lines, end in per_node]
@@ -116,13 +229,14 @@ def test_c_merge_prints_exactly_what_the_general_path_prints(
 
 @fast
 def test_escape_sequences_from_a_job_reach_neither_the_merged_text_nor_a_terminal() -> None:
-    line = ("2026-11-30T09:32:05.123456Z out [default0]:\x1b]0;owned\x07\x1b[2J\x9b6n"
-            "\u202egnp.exe\tok\x7f\n").encode()
+    line = ("2026-11-30T09:32:05.123456Z out [default0]:\x1b]0;owned\x07\x1b[2J\x9b6n\u202egnp.exe\tok\x7f\n").encode()
     nodes = [PlainNode("n0", 0)]
     safe = "2026-11-30T09:32:05.123456Z n0 r0 \\x1b]0;owned\\x07\\x1b[2J\\x9b6n\\u202egnp.exe\tok\\x7f\n"
     assert c_merge([line], nodes, (2, 2), 1 << 16, 1 << 20).decode() == safe
     assert "".join(merge_plain([[line.decode()]], nodes, (2, 2))) == safe
-    assert c_merge([line], nodes, (2, 2), 1 << 16, 1 << 20, raw=True) == b"2026-11-30T09:32:05.123456Z n0 r0 " + line[43:]
+    assert (
+        c_merge([line], nodes, (2, 2), 1 << 16, 1 << 20, raw=True) == b"2026-11-30T09:32:05.123456Z n0 r0 " + line[43:]
+    )
 
 
 @fast
@@ -149,10 +263,16 @@ def copies(tmp_path: Path, texts: list[bytes]) -> list[NodeSource]:
     return out
 
 
-def test_plain_merged_bytes_is_the_python_merge_with_or_without_the_extension(tmp_path: Path,
-                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    texts = [b"".join(b"%s out [default%d]:step %d\xff\x1b[2J\n" % (format_ts(T0 + k * 0.003 + i * 0.001).encode(), k % 8, k)
-                      for k in range(5000)) for i in range(3)]
+def test_plain_merged_bytes_is_the_python_merge_with_or_without_the_extension(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    texts = [
+        b"".join(
+            b"%s out [default%d]:step %d\xff\x1b[2J\n" % (format_ts(T0 + k * 0.003 + i * 0.001).encode(), k % 8, k)
+            for k in range(5000)
+        )
+        for i in range(3)
+    ]
     sources = copies(tmp_path, texts)
     widths = column_widths([s.node for s in sources], 80)
     for offsets, raw in (({}, False), ({"n1": 2.5, "never-fetched": 1.0}, False), ({}, True)):

@@ -16,8 +16,15 @@ from orchestrator.logs.follow import NodeStream
 
 
 def test_an_interrupt_while_a_stream_starts_leaves_no_unstarted_thread_to_join(monkeypatch: pytest.MonkeyPatch) -> None:
-    st = NodeStream(SimpleNamespace(node="a"), 0, None, queue.Queue(), threading.Event(),  # type: ignore[arg-type]
-                    poll_s=0.2, on_event=lambda node, text: None)
+    st = NodeStream(
+        SimpleNamespace(node="a"),
+        0,
+        None,
+        queue.Queue(),
+        threading.Event(),  # type: ignore[arg-type]
+        poll_s=0.2,
+        on_event=lambda node, text: None,
+    )
 
     def interrupted(self: threading.Thread) -> None:
         raise KeyboardInterrupt
@@ -31,8 +38,15 @@ def test_an_interrupt_while_a_stream_starts_leaves_no_unstarted_thread_to_join(m
 
 def test_a_started_stream_is_joinable(monkeypatch: pytest.MonkeyPatch) -> None:
     ran = threading.Event()
-    st = NodeStream(SimpleNamespace(node="a"), 0, None, queue.Queue(), threading.Event(),  # type: ignore[arg-type]
-                    poll_s=0.2, on_event=lambda node, text: None)
+    st = NodeStream(
+        SimpleNamespace(node="a"),
+        0,
+        None,
+        queue.Queue(),
+        threading.Event(),  # type: ignore[arg-type]
+        poll_s=0.2,
+        on_event=lambda node, text: None,
+    )
 
     def body(*args: Any) -> None:
         ran.set()

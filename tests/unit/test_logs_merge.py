@@ -187,10 +187,13 @@ class TestLiveMerge:
         assert texts(live.ready(0.0, flush=True)) == ["a@1.0", "b@1.0"]
 
     @settings(max_examples=examples(40), deadline=None)
-    @given(st.lists(st.lists(st.integers(0, 1000), min_size=1, max_size=20), min_size=2, max_size=5),
-           st.randoms(use_true_random=False))
+    @given(
+        st.lists(st.lists(st.integers(0, 1000), min_size=1, max_size=20), min_size=2, max_size=5),
+        st.randoms(use_true_random=False),
+    )
     def test_every_line_exactly_once_and_ordered_when_arrivals_are_within_the_watermark(
-            self, per_node: list[list[int]], rnd: object) -> None:
+        self, per_node: list[list[int]], rnd: object
+    ) -> None:
         # Each line arrives at its own time plus a random network delay below the watermark:
         # then the output must be perfectly ordered.
         import random
@@ -257,10 +260,12 @@ class TestFilters:
 
         sample = replace(L("a", 1, 'telemetry {"v": 1, "gpus": []}'), stream="orch")
         timing = L("a", 2, "timing epoch 3 batch 40 steps 10 images 80 data_s 0.0123 compute_s 1.52 wall_s 3.1", rank=0)
-        job = [L("a", 3, "epoch 3/10 batch 40/120 box_loss 1.2", rank=0),
-               L("a", 4, "a rank's own line that says timing epoch in passing", rank=1),
-               replace(L("a", 5, "straggler: rank 2 on n3 at 0.45x the median"), stream="orch"),
-               replace(L("a", 6, "telemetry is what orch top reads"), stream="out")]
+        job = [
+            L("a", 3, "epoch 3/10 batch 40/120 box_loss 1.2", rank=0),
+            L("a", 4, "a rank's own line that says timing epoch in passing", rank=1),
+            replace(L("a", 5, "straggler: rank 2 on n3 at 0.45x the median"), stream="orch"),
+            replace(L("a", 6, "telemetry is what orch top reads"), stream="out"),
+        ]
         keep = LineFilter(metrics=False)
         assert not keep.empty and LineFilter().empty
         assert [ln for ln in [sample, timing, *job] if keep(ln)] == job
@@ -303,8 +308,15 @@ class TestOutput:
 
     def test_json_matches_the_contract(self) -> None:
         obj = json.loads(to_json(LogLine(T0 + 0.123456, "v100-2", 1, 9, 1, "out", "epoch 1 ü")))
-        assert obj == {"ts": "2026-11-30T09:32:05.123456Z", "node": "v100-2", "node_rank": 1, "rank": 9,
-                       "local_rank": 1, "line": "epoch 1 ü", "stream": "out"}
+        assert obj == {
+            "ts": "2026-11-30T09:32:05.123456Z",
+            "node": "v100-2",
+            "node_rank": 1,
+            "rank": 9,
+            "local_rank": 1,
+            "line": "epoch 1 ü",
+            "stream": "out",
+        }
         assert parse_ts(obj["ts"]) == pytest.approx(T0 + 0.123456, abs=1e-7)
         none = json.loads(to_json(LogLine(T0, "a", 0, None, None, "err", "x")))
         assert none["rank"] is None and none["local_rank"] is None

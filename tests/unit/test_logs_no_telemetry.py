@@ -19,7 +19,8 @@ SAMPLE = 'telemetry {"v": 1, "gpus": [], "gpu_error": "nvidia-smi: not found in 
 
 
 def test_no_telemetry_prints_the_jobs_lines_without_the_samples_and_timing_lines(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from orchestrator.cli import main
 
     monkeypatch.setenv("ORCH_HOME", str(tmp_path / "home"))
@@ -27,10 +28,12 @@ def test_no_telemetry_prints_the_jobs_lines_without_the_samples_and_timing_lines
     inv, run = make_run(tmp_path, ["n1"], nproc=1)
     node_dir = Path(os.path.expanduser(remote_dir(inv, inv.nodes[0], run.run_id)))
     node_dir.mkdir(parents=True)
-    (node_dir / "node.log").write_text(f"{format_ts(T0)} out [default0]:[rank 0] {JOB}\n"
-                                       f"{format_ts(T0 + 1)} orch {SAMPLE}\n"
-                                       f"{format_ts(T0 + 2)} out [default0]:[rank 0] {TIMING}\n"
-                                       f"{format_ts(T0 + 3)} err [default0]:[rank 0] a warning\n")
+    (node_dir / "node.log").write_text(
+        f"{format_ts(T0)} out [default0]:[rank 0] {JOB}\n"
+        f"{format_ts(T0 + 1)} orch {SAMPLE}\n"
+        f"{format_ts(T0 + 2)} out [default0]:[rank 0] {TIMING}\n"
+        f"{format_ts(T0 + 3)} err [default0]:[rank 0] a warning\n"
+    )
     (node_dir / "state.json").write_text('{"state": "succeeded"}')
 
     def logs(*args: str) -> list[str]:

@@ -33,8 +33,9 @@ class TestTimestamps:
         assert round(parse_ts(stamp) * 1_000_000) == us
         assert format_ts(parse_ts(stamp)) == stamp
 
-    @pytest.mark.parametrize("bad", ["2026-11-30T09:32:05Z", "2026-11-30 09:32:05.123456Z",
-                                     "2026-11-30T09:32:05.123456+", "garbage"])
+    @pytest.mark.parametrize(
+        "bad", ["2026-11-30T09:32:05Z", "2026-11-30 09:32:05.123456Z", "2026-11-30T09:32:05.123456+", "garbage"]
+    )
     def test_rejects_other_formats(self, bad: str) -> None:
         with pytest.raises(ValueError):
             parse_ts(bad)
@@ -54,7 +55,9 @@ class TestRealTorchrunTee:
     """torch 2.14 `--tee 3` captured here (see tests/fixtures/README.md)."""
 
     def test_stdout_worker_lines_carry_local_and_trainer_rank(self) -> None:
-        lines = [parse_node_line(r, "node2", 1, 2) for r in node_log("torchrun_tee3_2proc_exit3_stdout_torch2.14.txt", "out")]
+        lines = [
+            parse_node_line(r, "node2", 1, 2) for r in node_log("torchrun_tee3_2proc_exit3_stdout_torch2.14.txt", "out")
+        ]
         assert len(lines) == 8
         first = lines[0]
         assert (first.local_rank, first.rank, first.stream) == (0, 0, "out")
@@ -66,7 +69,9 @@ class TestRealTorchrunTee:
                 assert line.rank == line.local_rank  # the trainer prefix wins over base_rank
 
     def test_worker_line_without_trainer_prefix_gets_base_plus_local_rank(self) -> None:
-        lines = [parse_node_line(r, "node2", 1, 8) for r in node_log("torchrun_tee3_2proc_exit3_stdout_torch2.14.txt", "out")]
+        lines = [
+            parse_node_line(r, "node2", 1, 8) for r in node_log("torchrun_tee3_2proc_exit3_stdout_torch2.14.txt", "out")
+        ]
         plain = [ln for ln in lines if ln.text == "plain line without trainer prefix"]
         assert sorted((ln.local_rank, ln.rank) for ln in plain) == [(0, 8), (1, 9)]
 
@@ -76,7 +81,9 @@ class TestRealTorchrunTee:
         assert (line.local_rank, line.rank) == (1, None)
 
     def test_stderr_torchrun_own_lines_have_no_rank(self) -> None:
-        lines = [parse_node_line(r, "node1", 0, 0) for r in node_log("torchrun_tee3_2proc_exit3_stderr_torch2.14.txt", "err")]
+        lines = [
+            parse_node_line(r, "node1", 0, 0) for r in node_log("torchrun_tee3_2proc_exit3_stderr_torch2.14.txt", "err")
+        ]
         banner = [ln for ln in lines if ln.text.startswith("Setting OMP_NUM_THREADS")]
         assert banner and banner[0].rank is None and banner[0].local_rank is None
         failure = [ln for ln in lines if "ChildFailedError" in ln.text or ln.text.startswith("E1130")]
@@ -88,7 +95,10 @@ class TestRealTorchrunTee:
         assert {(ln.local_rank, ln.rank) for ln in warned} == {(0, 0), (1, 1)}
 
     def test_cpp_log_lines_inside_worker_keep_their_own_brackets(self) -> None:
-        lines = [parse_node_line(r, "n", 0, 0) for r in node_log("torchrun_tee3_2proc_gloo_cpplog_stderr_torch2.14.txt", "err")]
+        lines = [
+            parse_node_line(r, "n", 0, 0)
+            for r in node_log("torchrun_tee3_2proc_gloo_cpplog_stderr_torch2.14.txt", "err")
+        ]
         worker = [ln for ln in lines if ln.local_rank is not None]
         assert len(worker) == 2
         assert all(ln.text.startswith("[I1130 ") for ln in worker)
@@ -96,12 +106,18 @@ class TestRealTorchrunTee:
         assert any(ln.local_rank is None for ln in agent_side)  # torchrun's own store client
 
     def test_bloom_default7_lines_from_a_48_node_run(self) -> None:
-        lines = [parse_node_line(r, "jz-1", 0, 56) for r in node_log("torchrun_tee3_default7_iteration_and_eval_bloom176b.txt", "out")]
+        lines = [
+            parse_node_line(r, "jz-1", 0, 56)
+            for r in node_log("torchrun_tee3_default7_iteration_and_eval_bloom176b.txt", "out")
+        ]
         assert {(ln.local_rank, ln.rank) for ln in lines} == {(7, 63)}
         assert lines[0].text.startswith(" iteration    45000/")  # text after the colon is kept verbatim
 
     def test_bloom_crash_lines(self) -> None:
-        lines = [parse_node_line(r, "jz-1", 0, 0) for r in node_log("torchrun_tee3_default3_CUDAError_crash_bloom176b.txt", "err")]
+        lines = [
+            parse_node_line(r, "jz-1", 0, 0)
+            for r in node_log("torchrun_tee3_default3_CUDAError_crash_bloom176b.txt", "err")
+        ]
         assert all(ln.local_rank == 3 for ln in lines)
         assert lines[0].text == "terminate called after throwing an instance of 'c10::CUDAError'"
 
@@ -145,17 +161,24 @@ class TestFrames:
         return list(read_frames(io.BytesIO(raw), "s3ss10n"))
 
     def test_login_shell_noise_before_the_first_frame_is_skipped(self) -> None:
-        raw = (b"rm: cannot remove '/root/.pyenv/shims/tmp.X': No such file or directory\n"
-               b"pyenv: cannot rehash: /root/.pyenv/shims isn't writable\n" + self.HELLO +
-               b"D 6\nabc\nd\nH running 1.5\nE succeeded 2.0\n")
+        raw = (
+            b"rm: cannot remove '/root/.pyenv/shims/tmp.X': No such file or directory\n"
+            b"pyenv: cannot rehash: /root/.pyenv/shims isn't writable\n"
+            + self.HELLO
+            + b"D 6\nabc\nd\nH running 1.5\nE succeeded 2.0\n"
+        )
         assert self.frames(raw) == [("D", b"abc\nd\n"), ("H", b"running 1.5"), ("E", b"succeeded 2.0")]
 
     def test_a_banner_that_looks_like_frames_is_never_taken_for_one(self) -> None:
         """`E xpires` ended the stream before its first line, `H ello` raised, `D <huge>` allocated."""
-        banner = (b"E xpires in 3 days: change your password\nH ello from the cluster team\nD 99999999999999\n"
-                  b"S {\"state\": \"succeeded\"}\nORCH-LOG-READER 000000000000\nORCH-LOG-READER s3ss10n (not quite)\n")
-        assert self.frames(banner + self.HELLO + b"D 3\nok\nE succeeded 2.0\n") == [("D", b"ok\n"),
-                                                                                     ("E", b"succeeded 2.0")]
+        banner = (
+            b"E xpires in 3 days: change your password\nH ello from the cluster team\nD 99999999999999\n"
+            b'S {"state": "succeeded"}\nORCH-LOG-READER 000000000000\nORCH-LOG-READER s3ss10n (not quite)\n'
+        )
+        assert self.frames(banner + self.HELLO + b"D 3\nok\nE succeeded 2.0\n") == [
+            ("D", b"ok\n"),
+            ("E", b"succeeded 2.0"),
+        ]
 
     def test_noise_without_any_frame_is_an_error_that_shows_it(self) -> None:
         import pytest
@@ -175,12 +198,28 @@ class TestFrames:
         from orchestrator.logs.fetch import ProtocolError
 
         with pytest.raises(ProtocolError, match="ZeroDivisionError"):
-            self.frames(self.HELLO + b"Traceback (most recent call last):\n  File x\nZeroDivisionError: division by zero\n")
+            self.frames(
+                self.HELLO + b"Traceback (most recent call last):\n  File x\nZeroDivisionError: division by zero\n"
+            )
         with pytest.raises(ProtocolError, match="garbage"):
             self.frames(self.HELLO + b"H running 1.0\ngarbage\n")
-        for bad in (b"D oops\n", b"D 0\n", b"D -1\n", b"D 01\n", b"D 2097152\n", b"H running\n", b"H ello\n",
-                    b"H running 1.0 extra\n", b"E Succeeded 2.0\n", b"H running 1e9\n", b"S not json\n", b"S {\n",
-                    b"X\n", b"\n", b"H running \xff\n"):
+        for bad in (
+            b"D oops\n",
+            b"D 0\n",
+            b"D -1\n",
+            b"D 01\n",
+            b"D 2097152\n",
+            b"H running\n",
+            b"H ello\n",
+            b"H running 1.0 extra\n",
+            b"E Succeeded 2.0\n",
+            b"H running 1e9\n",
+            b"S not json\n",
+            b"S {\n",
+            b"X\n",
+            b"\n",
+            b"H running \xff\n",
+        ):
             with pytest.raises(ProtocolError, match="not a frame"):
                 self.frames(self.HELLO + bad)
 

@@ -17,19 +17,23 @@ def view(offsets: dict[str, float], nodes: tuple[str, ...] = ("n1", "n2", "n3"))
     return RunLogs(None, None, sources, offsets, "check.json" if offsets else None, (8, 3))  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("offsets, reorders", [
-    ({"n1": 0.04, "n2": -0.03, "n3": 0.0}, False),  # what loopback nodes measure: "+0.0 ms" each
-    ({"n1": 25.0, "n2": 25.3, "n3": 24.9}, False),  # every node equally off the reference: no reordering
-    ({"n2": REORDER_MS}, True),  # a node without an offset counts 0
-    ({"n1": 0.2, "n2": -1.0}, True),
-    ({}, False),
-])
+@pytest.mark.parametrize(
+    "offsets, reorders",
+    [
+        ({"n1": 0.04, "n2": -0.03, "n3": 0.0}, False),  # what loopback nodes measure: "+0.0 ms" each
+        ({"n1": 25.0, "n2": 25.3, "n3": 24.9}, False),  # every node equally off the reference: no reordering
+        ({"n2": REORDER_MS}, True),  # a node without an offset counts 0
+        ({"n1": 0.2, "n2": -1.0}, True),
+        ({}, False),
+    ],
+)
 def test_offsets_matter_when_they_differ_between_nodes(offsets: dict[str, float], reorders: bool) -> None:
     assert view(offsets).reorders is reorders
 
 
 def test_the_note_names_every_node_on_a_small_run_and_the_extremes_on_a_large_one(
-        capsys: pytest.CaptureFixture[str]) -> None:
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     render.skew_note({"n1": 0.5, "n2": 12.25}, "check.json")
     assert "n1 +0.5 ms, n2 +12.2 ms" in " ".join(capsys.readouterr().err.split())
     many = {f"gpu{i:02d}": float(i) for i in range(32)}

@@ -37,9 +37,20 @@ def test_the_agent_splits_a_long_line_at_1_mib_between_characters(tmp_path: Path
     assert pieces[3:] == ["short", "last without newline"]
 
 
-@pytest.mark.parametrize(("data", "cut"), [(b"", 0), (b"a", 1), ("a字".encode(), 4), ("a字".encode()[:3], 1),
-                                          ("a字".encode()[:2], 1), (b"\xff" * 5, 5), (b"a\x80\x80", 3),
-                                          ("a😀".encode(), 5), ("a😀".encode()[:-1], 1)])
+@pytest.mark.parametrize(
+    ("data", "cut"),
+    [
+        (b"", 0),
+        (b"a", 1),
+        ("a字".encode(), 4),
+        ("a字".encode()[:3], 1),
+        ("a字".encode()[:2], 1),
+        (b"\xff" * 5, 5),
+        (b"a\x80\x80", 3),
+        ("a😀".encode(), 5),
+        ("a😀".encode()[:-1], 1),
+    ],
+)
 def test_utf8_boundary_cuts_only_a_character_left_unfinished(data: bytes, cut: int) -> None:
     assert agent.utf8_boundary(data) == cut
 
@@ -84,7 +95,8 @@ def test_64_mb_of_frames_parse_in_linear_time() -> None:
 
 
 def test_the_reader_does_not_call_an_agent_vanished_that_ended_while_the_log_drained(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """state.json said running when the poll began; by the time the log was drained the agent had
     written its final state and exited. Judged on the state read before, the status frame said
     `agent_alive: false` and `orch up` failed a run that succeeded."""
@@ -134,8 +146,9 @@ def test_a_short_write_loses_nothing_in_node_log_or_the_local_copy(tmp_path: Pat
     assert LocalCopy(tmp_path / "n.log").offset == 23
 
 
-def test_node_log_stamps_each_line_under_the_lock_that_orders_the_writes(tmp_path: Path,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_node_log_stamps_each_line_under_the_lock_that_orders_the_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The stdout and stderr pumps are two threads: a stamp taken before the lock lets the later
     stamp reach the file first, and the merge (a node's lines in file order) then prints a line
     after another node's later one. `orch logs --follow` on 4 nodes showed it: node1 `seq=3`

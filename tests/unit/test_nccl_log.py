@@ -82,14 +82,24 @@ def test_ib_2_4_7_rings_all_inter_node_connections_via_net_ib() -> None:
     assert len(log.connections) == 10
     net = [c for c in log.connections if c.inter_node]
     assert [(c.src, c.dst, c.direction, c.via) for c in net] == [
-        (6, 2, "receive", "NET/IB/0"), (6, 2, "send", "NET/IB/0"),
-        (2, 6, "receive", "NET/IB/0"), (3, 6, "send", "NET/IB/0")]
+        (6, 2, "receive", "NET/IB/0"),
+        (6, 2, "send", "NET/IB/0"),
+        (2, 6, "receive", "NET/IB/0"),
+        (3, 6, "send", "NET/IB/0"),
+    ]
     assert all(c.net == "IB" and c.net_dev == 0 and not c.uses_socket for c in net)
     assert log.transports() == {"P2P/IPC": 6, "NET/IB": 4}
     # ranks 0-3 on master_node, 4-7 on secondary_node, learnt from who logged which end
     assert {r: log.host_of_rank(r) for r in range(8)} == {
-        0: "master_node", 1: "master_node", 2: "master_node", 3: "master_node",
-        4: "secondary_node", 5: "secondary_node", 6: "secondary_node", 7: "secondary_node"}
+        0: "master_node",
+        1: "master_node",
+        2: "master_node",
+        3: "master_node",
+        4: "secondary_node",
+        5: "secondary_node",
+        6: "secondary_node",
+        7: "secondary_node",
+    }
     recv = net[0]
     assert (recv.local_rank, recv.peer_rank, recv.source.host) == (2, 6, "master_node")
     assert nccl_log.inter_node_socket_connections(log) == []
@@ -102,7 +112,11 @@ def test_ib_roce_mixed_2_6_2_rank_tag_prefix_resolves_net_device_to_the_roce_por
     assert log.hosts == [host]  # the "[56] " mpirun tag is not part of the host
     assert log.networks(host) == ["IB"]
     assert [(d.index, d.name, d.link_layer) for d in log.ib_devices(host)] == [
-        (0, "mlx5_3", "IB"), (1, "mlx5_0", "IB"), (2, "mlx5_2", "RoCE"), (3, "mlx5_4", "IB")]
+        (0, "mlx5_3", "IB"),
+        (1, "mlx5_0", "IB"),
+        (2, "mlx5_2", "RoCE"),
+        (3, "mlx5_4", "IB"),
+    ]
     assert log.oob(host) == Interface("eth0", "10.100.72.18")
     (net,) = [c for c in log.connections if c.inter_node]
     assert (net.src, net.dst, net.direction, net.net, net.net_dev) == (51, 56, "receive", "IB", 2)
@@ -129,7 +143,10 @@ def test_ib_2_8_3_channels_busid_format_gdrdma_and_rank_hosts() -> None:
     assert log.transports() == {"P2P/direct pointer": 11, "NET/IB": 3}
     net = [c for c in log.connections if c.inter_node]
     assert [(c.channel, c.src, c.dst, c.direction, c.detail) for c in net] == [
-        (3, 7, 14, "receive", "GDRDMA"), (3, 7, 14, "send", "GDRDMA"), (1, 15, 6, "send", "GDRDMA")]
+        (3, 7, 14, "receive", "GDRDMA"),
+        (3, 7, 14, "send", "GDRDMA"),
+        (1, 15, 6, "send", "GDRDMA"),
+    ]
     assert log.host_of_rank(7) == "machine-2" and log.host_of_rank(14) == "machine-1"
     assert log.host_of_rank(15) == "machine-1"
     assert nccl_log.socket_findings(log) == []
@@ -162,10 +179,13 @@ def test_ib_sharp_ibext_plugin_behind_a_pdsh_host_prefix() -> None:
     assert log.networks(host) == ["IBext"]
     assert log.ib_devices(host) == [IbDevice(0, "mlx5_9", 1, "IB", ("SHARP",))]
     assert log.oob(host) == Interface("eth0", "10.224.3.48")
-    assert log.processes[(host, 19488)].plugins == [
-        "/opt/hpcx/nccl_rdma_sharp_plugin/lib/libnccl-net.so", "IBext"]
+    assert log.processes[(host, 19488)].plugins == ["/opt/hpcx/nccl_rdma_sharp_plugin/lib/libnccl-net.so", "IBext"]
     assert sorted((c.rank, c.nranks, c.state) for c in log.comm_ranks) == [
-        (0, 16, "START"), (1, 16, "START"), (4, 16, "START"), (7, 16, "START")]
+        (0, 16, "START"),
+        (1, 16, "START"),
+        (4, 16, "START"),
+        (7, 16, "START"),
+    ]
     assert nccl_log.socket_findings(log) == []
 
 
@@ -202,8 +222,11 @@ def test_roce_merged_nic_fusion_devices_and_ibext_v8() -> None:
     log = load("roce-merged-devices_ibext-v8_ib-disable-ignored_nccl-tests-373.txt")
     assert log.networks("bigo") == ["IBext_v8"]
     assert log.ib_devices("bigo") == [
-        IbDevice(0, "mlx5_2", 1, "RoCE", member=0), IbDevice(0, "mlx5_3", 1, "RoCE", member=1),
-        IbDevice(1, "mlx5_0", 1, "RoCE", member=2), IbDevice(1, "mlx5_1", 1, "RoCE", member=3)]
+        IbDevice(0, "mlx5_2", 1, "RoCE", member=0),
+        IbDevice(0, "mlx5_3", 1, "RoCE", member=1),
+        IbDevice(1, "mlx5_0", 1, "RoCE", member=2),
+        IbDevice(1, "mlx5_1", 1, "RoCE", member=3),
+    ]
     assert log.oob("bigo") == Interface("bond0.526", "169.136.106.9")
     assert [(c.rank, c.nranks, c.nnodes) for c in log.comm_ranks] == [(2, 3, None), (2, 3, 3)]
     assert log.transports("bigo") == {"NET/IBext_v8": 3}
@@ -226,7 +249,11 @@ def test_ibext_v8_plugin_and_p2p_cumem() -> None:
 def test_init_complete_lines_map_ranks_to_hosts() -> None:
     log = load("ibext-v8_init-complete_64rank_nccl-1814.txt")
     assert sorted((c.rank, c.nranks, c.state) for c in log.comm_ranks) == [
-        (32, 64, "COMPLETE"), (34, 64, "COMPLETE"), (35, 64, "COMPLETE"), (36, 64, "COMPLETE")]
+        (32, 64, "COMPLETE"),
+        (34, 64, "COMPLETE"),
+        (35, 64, "COMPLETE"),
+        (36, 64, "COMPLETE"),
+    ]
     assert {r: log.host_of_rank(r) for r in (32, 34, 35, 36)} == dict.fromkeys((32, 34, 35, 36), "hostname-test")
     assert log.connections == []
 
@@ -256,8 +283,16 @@ def test_shm_only_single_node() -> None:
 
 def test_socket_fallback_aws_init_names_exactly_the_hosts_without_ib() -> None:
     log = load("socket_nccl2.4-format_aws_init_nccl-226.txt")
-    no_ib = ["ip-172-31-1-23", "ip-172-31-1-46", "ip-172-31-1-93", "ip-172-31-11-39", "ip-172-31-12-21",
-             "ip-172-31-5-233", "ip-172-31-7-53", "ip-172-31-8-135"]
+    no_ib = [
+        "ip-172-31-1-23",
+        "ip-172-31-1-46",
+        "ip-172-31-1-93",
+        "ip-172-31-11-39",
+        "ip-172-31-12-21",
+        "ip-172-31-5-233",
+        "ip-172-31-7-53",
+        "ip-172-31-8-135",
+    ]
     findings = nccl_log.socket_findings(log)
     assert [f.host for f in findings] == no_ib
     assert all(log.networks(h) == ["Socket"] for h in no_ib)
@@ -278,8 +313,10 @@ def test_socket_fallback_aws_rings_fail_naming_host_and_peer() -> None:
     f = findings["ip-172-31-12-210"]
     assert f.peers == ("rank 46 on ip-172-31-0-110",)
     assert f.evidence == ("ip-172-31-12-210:45305:45310 [0] NCCL INFO Ring 00 : 46 -> 44 [receive] via NET/Socket/0",)
-    assert f.message() == ("ip-172-31-12-210: 1 inter-node connection(s) via NET/Socket: "
-                           "'ip-172-31-12-210:45305:45310 [0] NCCL INFO Ring 00 : 46 -> 44 [receive] via NET/Socket/0'")
+    assert f.message() == (
+        "ip-172-31-12-210: 1 inter-node connection(s) via NET/Socket: "
+        "'ip-172-31-12-210:45305:45310 [0] NCCL INFO Ring 00 : 46 -> 44 [receive] via NET/Socket/0'"
+    )
     assert findings["ip-172-31-0-8"].peers == ("rank 62",)  # rank 62's host is not in the excerpt
 
 
@@ -291,7 +328,8 @@ def test_socket_fallback_despite_ibext_plugin_names_the_host() -> None:
     assert finding.peers == ("rank 6",)
     assert finding.evidence == (
         "<cluster_name>:926:1151 [7] NCCL INFO Channel 03/0 : 15[7] -> 6[6] [send] via NET/Socket/3",
-        "<cluster_name>:926:1151 [7] NCCL INFO Channel 07/0 : 15[7] -> 6[6] [send] via NET/Socket/3")
+        "<cluster_name>:926:1151 [7] NCCL INFO Channel 07/0 : 15[7] -> 6[6] [send] via NET/Socket/3",
+    )
     assert log.transports() == {"P2P/IPC": 14, "NET/Socket": 2}
     assert {c.detail for c in log.connections if c.transport == "P2P"} == {"IPC/read"}
 
@@ -333,7 +371,10 @@ def test_socket_no_ib_device_behind_mpirun_tag_output() -> None:
 
 def test_interleaved_logs_of_two_runs_give_the_same_answers() -> None:
     """Merge the IB init and ring logs line by line in random order: same facts as each alone."""
-    a, b = lines_of("ib_nccl2.4.7_2node_init_nv_peer_memory-56.txt"), lines_of("ib_nccl2.4.7_2node_rings_nv_peer_memory-56.txt")
+    a, b = (
+        lines_of("ib_nccl2.4.7_2node_init_nv_peer_memory-56.txt"),
+        lines_of("ib_nccl2.4.7_2node_rings_nv_peer_memory-56.txt"),
+    )
     merged = a + b
     random.Random(7).shuffle(merged)
     log = nccl_log.parse(merged)
@@ -362,24 +403,32 @@ def test_summary_is_json_ready_and_names_socket_hosts() -> None:
     assert len(digest["socket_findings"]) == 15
     ib = nccl_log.summary(load("roce_nccl2.19.3_2node_dgxh100_nccl-tests-185.txt"))
     assert ib["nccl_versions"] == ["2.19.3"] and ib["socket_findings"] == []
-    assert ib["hosts"]["dgxh100-4"] == {"networks": ["IB"], "ib_devices": ["mlx5_10:1/RoCE", "mlx5_11:1/RoCE"],
-                                        "oob": "enp220s0np0:11.1.128.136", "transports": {}}
+    assert ib["hosts"]["dgxh100-4"] == {
+        "networks": ["IB"],
+        "ib_devices": ["mlx5_10:1/RoCE", "mlx5_11:1/RoCE"],
+        "oob": "enp220s0np0:11.1.128.136",
+        "transports": {},
+    }
 
 
 def test_two_versions_are_reported_not_merged() -> None:
-    text = (FIXTURES / "ib_nccl2.4.7_2node_init_nv_peer_memory-56.txt").read_text() + \
-        (FIXTURES / "roce_nccl2.19.3_2node_dgxh100_nccl-tests-185.txt").read_text()
+    text = (FIXTURES / "ib_nccl2.4.7_2node_init_nv_peer_memory-56.txt").read_text() + (
+        FIXTURES / "roce_nccl2.19.3_2node_dgxh100_nccl-tests-185.txt"
+    ).read_text()
     log = nccl_log.parse(text)
     assert log.version is None
     assert log.version_numbers == {"2.4.7", "2.19.3"}
 
 
-@pytest.mark.parametrize("line", [
-    "2020-12-04 00:05:40.139653: I tensorflow/core/nccl/nccl_manager.cc:286] 0 $$$$$$$$$$$$$$1",
-    "#   Rank  1 Pid 2152176 on  dgxh100-3 device  0 [0xd1] NVIDIA H100 80GB HBM3",
-    "[56]",
-    "",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "2020-12-04 00:05:40.139653: I tensorflow/core/nccl/nccl_manager.cc:286] 0 $$$$$$$$$$$$$$1",
+        "#   Rank  1 Pid 2152176 on  dgxh100-3 device  0 [0xd1] NVIDIA H100 80GB HBM3",
+        "[56]",
+        "",
+    ],
+)
 def test_lines_that_are_not_nccl_info_are_ignored(line: str) -> None:
     log = nccl_log.parse(line)
     assert log.nccl_lines == 0 and log.connections == [] and log.processes == {}

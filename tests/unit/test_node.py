@@ -28,12 +28,16 @@ def python38() -> str | None:
     $ORCH_TEST_PYTHON38, `python3.8` on PATH, or a pyenv 3.8 ($PYENV_ROOT, default ~/.pyenv);
     each candidate must run and say it is 3.8 (a pyenv shim without that version selected does not)."""
     pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
-    candidates = [os.environ.get("ORCH_TEST_PYTHON38"), shutil.which("python3.8"),
-                  *sorted(str(p) for p in pyenv.glob("versions/3.8*/bin/python3.8"))]
+    candidates = [
+        os.environ.get("ORCH_TEST_PYTHON38"),
+        shutil.which("python3.8"),
+        *sorted(str(p) for p in pyenv.glob("versions/3.8*/bin/python3.8")),
+    ]
     for exe in filter(None, candidates):
         try:
-            out = subprocess.run([exe, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True,
-                                 text=True, timeout=30)
+            out = subprocess.run(
+                [exe, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True, timeout=30
+            )
         except (OSError, subprocess.TimeoutExpired):
             continue
         if out.returncode == 0 and out.stdout.strip() == "(3, 8)":
@@ -53,10 +57,12 @@ def python(which: str) -> str:
 def imports(tree: ast.AST) -> tuple[set[str], set[str]]:
     """(absolute top-level modules, sibling modules imported relatively) of a module."""
     absolute = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    absolute |= {n.module.split(".")[0] for n in ast.walk(tree)
-                 if isinstance(n, ast.ImportFrom) and n.level == 0 and n.module}
-    relative = {n.module or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level
-                for a in n.names}
+    absolute |= {
+        n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 0 and n.module
+    }
+    relative = {
+        n.module or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level for a in n.names
+    }
     return absolute, relative
 
 
@@ -65,8 +71,16 @@ JOB_FILES = sorted((Path(node.__file__).parent / "jobs").glob("*.py"))
 
 
 def test_the_package_holds_the_six_programs_and_the_agents_modules() -> None:
-    assert {p.stem for p in NODE_FILES} == {"__init__", "agent", "boot", "findmodule", "probe", "reader", "tether",
-                                            *node.AGENT_MODULES}
+    assert {p.stem for p in NODE_FILES} == {
+        "__init__",
+        "agent",
+        "boot",
+        "findmodule",
+        "probe",
+        "reader",
+        "tether",
+        *node.AGENT_MODULES,
+    }
 
 
 def test_the_agent_ships_every_module_it_imports() -> None:
@@ -94,8 +108,13 @@ def test_python38_syntax_stdlib_only_and_nothing_of_orch(path: Path) -> None:
 
 @pytest.mark.parametrize("path", NODE_FILES, ids=lambda p: p.name)
 def test_compiles_under_python38(path: Path, tmp_path: Path) -> None:
-    out = subprocess.run([python("3.8"), "-m", "py_compile", str(path)], capture_output=True, text=True,
-                         timeout=60, env={"PYTHONPYCACHEPREFIX": str(tmp_path)})
+    out = subprocess.run(
+        [python("3.8"), "-m", "py_compile", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPYCACHEPREFIX": str(tmp_path)},
+    )
     assert out.returncode == 0, out.stderr
 
 
@@ -105,8 +124,12 @@ def test_a_program_runs_with_the_siblings_it_imports(which: str, tmp_path: Path)
     Python, source on 3.8. A finished run: its log, its final status, the end."""
     (tmp_path / "node.log").write_bytes(b"2026-11-30T09:32:05.000001Z out hello\n")
     (tmp_path / "state.json").write_text(json.dumps({"state": "succeeded", "exit_code": 0, "pid": 1}))
-    proc = subprocess.run(reader_argv(python(which), str(tmp_path), 0, 0.05, False, True, "n0nce"),
-                          input=node.program("reader", (*node.AGENT_MODULES, "agent")).encode(), capture_output=True, timeout=60)
+    proc = subprocess.run(
+        reader_argv(python(which), str(tmp_path), 0, 0.05, False, True, "n0nce"),
+        input=node.program("reader", (*node.AGENT_MODULES, "agent")).encode(),
+        capture_output=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr.decode()
     assert proc.stdout.startswith(b"ORCH-LOG-READER n0nce\n")
     frames = list(read_frames(io.BytesIO(proc.stdout), "n0nce"))
@@ -115,7 +138,6 @@ def test_a_program_runs_with_the_siblings_it_imports(which: str, tmp_path: Path)
     status = json.loads(frames[1][1])
     assert status["state"] == "succeeded" and status["exit_code"] == 0 and "agent_alive" not in status
     assert frames[2][1].startswith(b"succeeded ")
-
 
 
 def test_a_short_program_is_sent_without_its_docstring() -> None:
@@ -209,6 +231,11 @@ def test_a_job_is_python38_stdlib_and_torch_and_nothing_of_orch(path: Path, tmp_
     top = {a.name.split(".")[0] for n in tree.body if isinstance(n, ast.Import) for a in n.names}
     top |= {n.module.split(".")[0] for n in tree.body if isinstance(n, ast.ImportFrom) and n.module}
     assert "torch" not in top
-    out = subprocess.run([python("3.8"), "-m", "py_compile", str(path)], capture_output=True, text=True,
-                         timeout=60, env={"PYTHONPYCACHEPREFIX": str(tmp_path)})
+    out = subprocess.run(
+        [python("3.8"), "-m", "py_compile", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPYCACHEPREFIX": str(tmp_path)},
+    )
     assert out.returncode == 0, out.stderr

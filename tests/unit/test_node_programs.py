@@ -56,12 +56,22 @@ def programs_in_strings(source: str) -> list[str]:
     program's: `python -c CODE` or `sh -c SCRIPT` written here."""
     tree = ast.parse(source)
     docs = _docstrings(tree)
-    sent = {id(call.args[0]) for call in ast.walk(tree) if isinstance(call, ast.Call) and call.args
-            and _name(call.func) in ("run", "popen") and isinstance(call.args[0], (ast.List, ast.Tuple))}
+    sent = {
+        id(call.args[0])
+        for call in ast.walk(tree)
+        if isinstance(call, ast.Call)
+        and call.args
+        and _name(call.func) in ("run", "popen")
+        and isinstance(call.args[0], (ast.List, ast.Tuple))
+    }
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs \
-                and "\n" in node.value.strip():
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in docs
+            and "\n" in node.value.strip()
+        ):
             try:
                 parsed = ast.parse(node.value)
             except (SyntaxError, ValueError):
@@ -123,7 +133,8 @@ def here() -> object:
 
 
 def test_collect_reads_the_tail_and_removes_a_run_directory_of_the_run_root(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], here: object) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], here: object
+) -> None:
     root = tmp_path / "runs"
     d = run_dir(root, "fabric-1", "n1", log="a" * 100 + "END\n")
     got = collect(capsys, str(d), "--root", str(root), "--limit", "4", "--remove")
@@ -132,16 +143,19 @@ def test_collect_reads_the_tail_and_removes_a_run_directory_of_the_run_root(
 
 
 @pytest.mark.parametrize("where", ["outside", "the root itself", "one level", "three levels"])
-def test_collect_keeps_a_directory_outside_the_run_root(where: str, tmp_path: Path,
-                                                        capsys: pytest.CaptureFixture[str], here: object) -> None:
+def test_collect_keeps_a_directory_outside_the_run_root(
+    where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], here: object
+) -> None:
     """The old read-back (`python -c` from preflight/fabric.py) removed whatever directory it was
     started in; the agent removes only `<run_root>/<run-id>/<node>`."""
     root = tmp_path / "runs"
     root.mkdir(mode=0o700)
-    d = {"outside": lambda: run_dir(tmp_path, "elsewhere", "n1"),
-         "the root itself": lambda: (root / "node.log").write_text("x\n") and root,
-         "one level": lambda: run_dir(root, "n1"),
-         "three levels": lambda: run_dir(root, "a", "b", "n1")}[where]()
+    d = {
+        "outside": lambda: run_dir(tmp_path, "elsewhere", "n1"),
+        "the root itself": lambda: (root / "node.log").write_text("x\n") and root,
+        "one level": lambda: run_dir(root, "n1"),
+        "three levels": lambda: run_dir(root, "a", "b", "n1"),
+    }[where]()
     assert isinstance(d, Path)
     got = collect(capsys, str(d), "--root", str(root), "--remove")
     assert got["removed"] is False and "is not a run directory of the run root" in str(got["kept"])
@@ -149,7 +163,8 @@ def test_collect_keeps_a_directory_outside_the_run_root(where: str, tmp_path: Pa
 
 
 def test_collect_keeps_a_run_directory_through_a_link_out_of_the_root(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], here: object) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], here: object
+) -> None:
     root = tmp_path / "runs"
     elsewhere = run_dir(tmp_path, "elsewhere", "n1")
     (root / "r1").mkdir(parents=True, mode=0o700)
@@ -160,8 +175,9 @@ def test_collect_keeps_a_run_directory_through_a_link_out_of_the_root(
     assert (elsewhere / "node.log").exists()
 
 
-def test_collect_keeps_another_launchs_run_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                      here: object) -> None:
+def test_collect_keeps_another_launchs_run_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], here: object
+) -> None:
     root = tmp_path / "runs"
     d = run_dir(root, "r1", "n1")
     (d / "launch.nonce").write_text("theirs\n")

@@ -18,14 +18,17 @@ def test_no_set_selects_every_node_in_inventory_order() -> None:
     assert names(nodeset.select(None, INV.nodes)) == ["gpu01", "gpu02", "gpu03", "gpu04", "gpu05", "spare"]
 
 
-@pytest.mark.parametrize(("spec", "want"), [
-    ("gpu02", ["gpu02"]),
-    ("gpu[01-02],gpu05", ["gpu01", "gpu02", "gpu05"]),
-    ("gpu05,gpu01", ["gpu01", "gpu05"]),       # inventory order, whatever order was typed
-    ("spare,gpu[03-04]", ["gpu03", "gpu04", "spare"]),
-    ("10.0.0.3", ["gpu03"]),                     # a host names its node too
-    ("gpu01,gpu01", ["gpu01"]),
-])
+@pytest.mark.parametrize(
+    ("spec", "want"),
+    [
+        ("gpu02", ["gpu02"]),
+        ("gpu[01-02],gpu05", ["gpu01", "gpu02", "gpu05"]),
+        ("gpu05,gpu01", ["gpu01", "gpu05"]),  # inventory order, whatever order was typed
+        ("spare,gpu[03-04]", ["gpu03", "gpu04", "spare"]),
+        ("10.0.0.3", ["gpu03"]),  # a host names its node too
+        ("gpu01,gpu01", ["gpu01"]),
+    ],
+)
 def test_select_by_names_and_ranges(spec: str, want: list[str]) -> None:
     assert names(nodeset.select(spec, INV.nodes)) == want
 
@@ -43,10 +46,13 @@ def test_a_bad_range_is_a_usage_error() -> None:
         nodeset.select("gpu[3-1]", INV.nodes)
 
 
-@pytest.mark.parametrize(("given", "folded"), [
-    (["node1"], "node1"),
-    (["node1", "node2", "node3", "node5"], "node[1-3,5]"),
-    (["gpu01", "gpu02", "spare"], "gpu[01-02],spare"),
-])
+@pytest.mark.parametrize(
+    ("given", "folded"),
+    [
+        (["node1"], "node1"),
+        (["node1", "node2", "node3", "node5"], "node[1-3,5]"),
+        (["gpu01", "gpu02", "spare"], "gpu[01-02],spare"),
+    ],
+)
 def test_fold(given: list[str], folded: str) -> None:
     assert nodeset.fold(given) == folded

@@ -47,14 +47,22 @@ def _yaml(keys: tuple[str, ...], value: str) -> str:
 
 def test_the_schema_has_the_number_keys_the_issue_names() -> None:
     dotted = {".".join(k) for k in ALL_KEYS}
-    assert {"job.telemetry_s", "job.stop_grace_s", "job.stall_timeout_s", "checks.fabric.share",
-            "nodes.connect_timeout", "nodes.ssh.port", "master.port"} <= dotted
+    assert {
+        "job.telemetry_s",
+        "job.stop_grace_s",
+        "job.stall_timeout_s",
+        "checks.fabric.share",
+        "nodes.connect_timeout",
+        "nodes.ssh.port",
+        "master.port",
+    } <= dotted
 
 
 @pytest.mark.parametrize("value", [".nan", ".inf", "-.inf", ".NaN", "1.0e+999", "1e999"])
 @pytest.mark.parametrize("keys", ALL_KEYS, ids=[".".join(k) for k in ALL_KEYS])
-def test_a_non_finite_number_is_refused_with_file_line_and_key(tmp_path: Path, keys: tuple[str, ...],
-                                                               value: str) -> None:
+def test_a_non_finite_number_is_refused_with_file_line_and_key(
+    tmp_path: Path, keys: tuple[str, ...], value: str
+) -> None:
     path = tmp_path / "inv.yaml"
     text = _yaml(keys, value)
     path.write_text(text)
@@ -68,8 +76,15 @@ def test_a_non_finite_number_is_refused_with_file_line_and_key(tmp_path: Path, k
     assert "a finite number" in message or value == "1e999", message  # a string to YAML
 
 
-@pytest.mark.parametrize("where", ["env:\n  X: .nan\n", "job:\n  args:\n    lr0: .inf\n",
-                                   "job:\n  args: [--lr0, .nan]\n", "job:\n  args:\n    x: [1, .nan]\n"])
+@pytest.mark.parametrize(
+    "where",
+    [
+        "env:\n  X: .nan\n",
+        "job:\n  args:\n    lr0: .inf\n",
+        "job:\n  args: [--lr0, .nan]\n",
+        "job:\n  args:\n    x: [1, .nan]\n",
+    ],
+)
 def test_a_non_finite_number_among_free_values_is_refused(tmp_path: Path, where: str) -> None:
     path = tmp_path / "inv.yaml"
     path.write_text("nodes:\n  - host: a\n" + where)
@@ -100,8 +115,9 @@ def _number_options() -> list[tuple[str, str]]:
     out = []
     for name, command in sorted(cli.commands.items()):
         for param in command.params:
-            if isinstance(param, click.Option) and isinstance(param.type, (click.types.FloatParamType,
-                                                                           click.FloatRange)):
+            if isinstance(param, click.Option) and isinstance(
+                param.type, (click.types.FloatParamType, click.FloatRange)
+            ):
                 out.append((name, max(param.opts, key=len)))
     return out
 
@@ -115,8 +131,9 @@ def test_the_commands_have_the_number_options_the_issue_names() -> None:
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "NaN", "1e999"])
 @pytest.mark.parametrize(("command", "option"), NUMBER_OPTIONS, ids=[f"{c}{o}" for c, o in NUMBER_OPTIONS])
-def test_a_non_finite_option_value_is_refused_with_exit_2(command: str, option: str, value: str,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_non_finite_option_value_is_refused_with_exit_2(
+    command: str, option: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     from orchestrator.cli import main
 
     with pytest.raises(SystemExit) as info:
@@ -128,6 +145,7 @@ def test_a_non_finite_option_value_is_refused_with_exit_2(command: str, option: 
 
 def _strict(text: str) -> object:
     """JSON as RFC 8259 reads it: NaN, Infinity and -Infinity are not JSON."""
+
     def refuse(name: str) -> object:
         raise ValueError(f"not JSON: {name}")
 
@@ -151,14 +169,16 @@ def test_nvidia_smi_readings_that_are_not_finite_are_missing() -> None:
 def test_the_agents_telemetry_line_is_strict_json_whatever_it_read() -> None:
     from orchestrator.node import telemetry
 
-    line = telemetry.line({"v": 1, "gpus": [{"index": 0, "temp_c": math.inf, "util_pct": math.nan}],
-                           "cpu_pct": -math.inf, "load1": 1.5})
-    data = _strict(line[len(telemetry.PREFIX):])
+    line = telemetry.line(
+        {"v": 1, "gpus": [{"index": 0, "temp_c": math.inf, "util_pct": math.nan}], "cpu_pct": -math.inf, "load1": 1.5}
+    )
+    data = _strict(line[len(telemetry.PREFIX) :])
     assert data == {"v": 1, "gpus": [{"index": 0, "temp_c": None, "util_pct": None}], "cpu_pct": None, "load1": 1.5}
 
 
 def test_orch_top_reads_a_non_finite_reading_as_missing_and_prints_strict_json(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """An agent of before (or anything else) wrote NaN/Infinity into a telemetry line: no "hot
     (inf °C)", and `orch top --json` is JSON."""
     from orchestrator.cli import render
@@ -169,9 +189,11 @@ def test_orch_top_reads_a_non_finite_reading_as_missing_and_prints_strict_json(
     ts0 = 1_796_000_000.0
     run = make_top_run(tmp_path, ["v100x8"], ts0=ts0)
     log = run.path / "nodes" / "n1.log"
-    text = ('telemetry {"v":1,"gpus":[{"index":0,"uuid":"GPU-0","name":"V100","util_pct":NaN,"temp_c":Infinity,'
-            '"power_w":-Infinity,"mem_used_mb":1,"mem_total_mb":2}],"gpu_error":null,"cpu_pct":NaN,"load1":Infinity,'
-            '"ncpu":16,"mem_used_mb":1,"mem_total_mb":2,"ranks":[{"rank":0,"local_rank":0,"pid":1,"cpu_pct":NaN}]}')
+    text = (
+        'telemetry {"v":1,"gpus":[{"index":0,"uuid":"GPU-0","name":"V100","util_pct":NaN,"temp_c":Infinity,'
+        '"power_w":-Infinity,"mem_used_mb":1,"mem_total_mb":2}],"gpu_error":null,"cpu_pct":NaN,"load1":Infinity,'
+        '"ncpu":16,"mem_used_mb":1,"mem_total_mb":2,"ranks":[{"rank":0,"local_rank":0,"pid":1,"cpu_pct":NaN}]}'
+    )
     log.write_text(log.read_text() + f"{format_ts(ts0 + 300)} orch {text}\n")
     view = TopView(run, run.inventory(), clock=lambda: ts0 + 301)
     view.read_copies()

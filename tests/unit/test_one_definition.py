@@ -34,18 +34,30 @@ def _mentions_procs(node: ast.AST) -> bool:
 def counted_ranks(tree: ast.AST) -> list[int]:
     """Lines that add up (or multiply) nodes' process counts: a world size computed by hand, also
     through a name (`per_node = [n["nproc"] ...]; sum(per_node)`)."""
-    counts = {t.id for node in ast.walk(tree) if isinstance(node, ast.Assign) and _mentions_procs(node.value)
-              for t in node.targets if isinstance(t, ast.Name)}
+    counts = {
+        t.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign) and _mentions_procs(node.value)
+        for t in node.targets
+        if isinstance(t, ast.Name)
+    }
 
     def procs(node: ast.AST) -> bool:
         return _mentions_procs(node) or (isinstance(node, ast.Name) and node.id in counts)
 
     found = []
     for node in ast.walk(tree):
-        summed = (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "sum"
-                  and any(procs(a) for a in node.args))
-        multiplied = isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult) and (
-            _mentions_procs(node.left) or _mentions_procs(node.right))
+        summed = (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "sum"
+            and any(procs(a) for a in node.args)
+        )
+        multiplied = (
+            isinstance(node, ast.BinOp)
+            and isinstance(node.op, ast.Mult)
+            and (_mentions_procs(node.left) or _mentions_procs(node.right))
+        )
         added = isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Add) and _mentions_procs(node.value)
         if summed or multiplied or added:
             found.append(getattr(node, "lineno", 0))
@@ -59,7 +71,7 @@ def test_only_the_plan_counts_the_ranks(path: Path) -> None:
 
 
 def test_the_guard_sees_ranks_counted_elsewhere() -> None:
-    code = '''
+    code = """
 world = sum(n.nproc_per_node for n in inv.nodes)
 total = sum(int(r.get("nproc") or 0) for r in records)
 first = 0
@@ -69,7 +81,7 @@ ranks = len(inv.nodes) * inv.nodes[0].nproc_per_node
 fine = sum(sizes) + len(nodes) * 2
 per_node = [int(n.get("nproc") or 0) for n in nodes]
 procs = sum(per_node)
-'''
+"""
     assert counted_ranks(ast.parse(code)) == [2, 3, 6, 7, 10]
 
 
@@ -77,8 +89,10 @@ def test_the_plan_counts_them() -> None:
     from orchestrator.config.inventory import parse
     from orchestrator.config.plan import first_ranks, make_plan, world_size
 
-    inv = parse("name: t\ntransport: local\njob: {rdzv: c10d}\nnodes:\n  - {host: localhost, name: a, nproc_per_node: 2}\n"
-                "  - {host: localhost, name: b, nproc_per_node: 3}\n  - {host: localhost, name: c}\n")
+    inv = parse(
+        "name: t\ntransport: local\njob: {rdzv: c10d}\nnodes:\n  - {host: localhost, name: a, nproc_per_node: 2}\n"
+        "  - {host: localhost, name: b, nproc_per_node: 3}\n  - {host: localhost, name: c}\n"
+    )
     assert world_size(inv.nodes) == 6 == make_plan(inv).world_size
     assert first_ranks(inv.nodes) == {"a": 0, "b": 2, "c": 5}
     assert [p.global_ranks for p in make_plan(inv).nodes] == [range(0, 2), range(2, 5), range(5, 6)]
@@ -106,10 +120,18 @@ def record_lookups(tree: ast.AST) -> list[int]:
     (`.get("python")` is also the agent's answers' key: only the subscript is a record's)."""
     found = []
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
-                and node.slice.value in ("python", "remote_dir", "base_rank")) or (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
-              and node.args and isinstance(node.args[0], ast.Constant)
-              and node.args[0].value in ("remote_dir", "base_rank")):
+        if (
+            isinstance(node, ast.Subscript)
+            and isinstance(node.slice, ast.Constant)
+            and node.slice.value in ("python", "remote_dir", "base_rank")
+        ) or (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "get"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and node.args[0].value in ("remote_dir", "base_rank")
+        ):
             found.append(node.lineno)
     return sorted(found)
 
@@ -121,8 +143,10 @@ def test_node_records_are_read_through_their_type(path: Path) -> None:
 
 
 def test_the_guard_sees_a_record_read_as_a_dict() -> None:
-    code = ('a = r["python"]\nb = rec.get("remote_dir")\nc = r.get("base_rank", 0)\nd = r.python\n'
-            'e = data.get("nodes")\nf = answer.get("python")\n')
+    code = (
+        'a = r["python"]\nb = rec.get("remote_dir")\nc = r.get("base_rank", 0)\nd = r.python\n'
+        'e = data.get("nodes")\nf = answer.get("python")\n'
+    )
     assert record_lookups(ast.parse(code)) == [1, 2, 3]
 
 
@@ -151,9 +175,20 @@ def test_a_run_json_written_before_the_type_reads_and_keeps_every_key() -> None:
 def test_a_record_from_before_nonces_reads_as_not_said() -> None:
     from orchestrator.store import NodeRecord, recorded_nodes, recorded_world_size
 
-    old = {"node": "n1", "host": "h", "addr": "h", "node_rank": 0, "remote_dir": "/r", "python": "py",
-           "state": "running", "exit_code": None, "pid": "not a pid", "pgid": None, "started_at": None,
-           "finished_at": None}
+    old = {
+        "node": "n1",
+        "host": "h",
+        "addr": "h",
+        "node_rank": 0,
+        "remote_dir": "/r",
+        "python": "py",
+        "state": "running",
+        "exit_code": None,
+        "pid": "not a pid",
+        "pgid": None,
+        "started_at": None,
+        "finished_at": None,
+    }
     rec = NodeRecord.from_json(old)
     assert (rec.nonce, rec.sweep, rec.base_rank, rec.nproc, rec.pid) == (None, None, None, None, None)
     assert recorded_world_size({"nodes": [old]}) is None
@@ -208,8 +243,12 @@ def progress_types(tree: ast.AST) -> list[str]:
             found.append(f"line {node.lineno}: Progress = {ast.unparse(node.value)}")
         elif isinstance(node, ast.ClassDef) and node.name == "Progress":
             found.append(f"line {node.lineno}: class Progress")
-        elif isinstance(node, ast.arg) and node.arg in ("progress", "say") and node.annotation is not None \
-                and "Callable" in ast.unparse(node.annotation):
+        elif (
+            isinstance(node, ast.arg)
+            and node.arg in ("progress", "say")
+            and node.annotation is not None
+            and "Callable" in ast.unparse(node.annotation)
+        ):
             found.append(f"line {node.lineno}: {node.arg}: {ast.unparse(node.annotation)}")
         elif isinstance(node, ast.expr) and ast.unparse(node) in OLD_SIGNATURES:
             found.append(f"line {node.lineno}: {ast.unparse(node)}")
@@ -223,14 +262,19 @@ def test_one_progress_type(path: Path) -> None:
 
 
 def test_the_guard_sees_a_progress_type_of_its_own() -> None:
-    code = '''
+    code = """
 Progress = Callable[[int, int], None]
 def run(progress: Callable[[str, int, int], None] | None = None) -> None: ...
 def fine(progress: Progress | None = None) -> Iterator[Progress | None]: ...
 def drawn() -> Iterator[Callable[[int, int], None] | None]: ...
-'''
+"""
     assert [f.split(":")[0] for f in progress_types(ast.parse(code))] == [
-        "line 2", "line 2", "line 3", "line 3", "line 5"]
+        "line 2",
+        "line 2",
+        "line 3",
+        "line 3",
+        "line 5",
+    ]
 
 
 def test_the_progress_type_is_a_protocol_the_callers_fit() -> None:
@@ -255,7 +299,7 @@ def test_orch_exec_says_its_progress_through_it() -> None:
     from orchestrator.config.inventory import parse
     from orchestrator.remote.exec import run_everywhere
 
-    inv = parse("name: lx\ntransport: local\nnodes:\n  - {host: localhost, name: \"n[0-1]\"}\n")
+    inv = parse('name: lx\ntransport: local\nnodes:\n  - {host: localhost, name: "n[0-1]"}\n')
     seen: list[tuple[str, int, int]] = []
 
     def progress(label: str, done: int, total: int) -> None:

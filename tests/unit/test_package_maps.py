@@ -27,14 +27,23 @@ def present(package: Path) -> set[str]:
 
 
 def test_names_are_read_as_written() -> None:
-    doc = "- `agents.py` ship; `jobs/` the jobs; not `node/probe.py`, `x.pyi`, `ssh.openssh_argv` or `orchestrator/up.py`"
+    doc = (
+        "- `agents.py` ship; `jobs/` the jobs; not `node/probe.py`, `x.pyi`, `ssh.openssh_argv` or `orchestrator/up.py`"
+    )
     assert named(doc) == {"agents.py", "jobs/"}
 
 
-@pytest.mark.parametrize("package", [
-    pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=DRIFTED[p.name])) if p.name in DRIFTED else p
-    for p in PACKAGES], ids=lambda p: str(p.relative_to(PACKAGE)))
+@pytest.mark.parametrize(
+    "package",
+    [
+        pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=DRIFTED[p.name])) if p.name in DRIFTED else p
+        for p in PACKAGES
+    ],
+    ids=lambda p: str(p.relative_to(PACKAGE)),
+)
 def test_the_package_docstring_names_exactly_its_modules(package: Path) -> None:
     doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
     missing, gone = present(package) - named(doc), named(doc) - present(package)
-    assert (missing, gone) == (set(), set()), f"{package.relative_to(PACKAGE)}/__init__.py: not named {sorted(missing)}, no such module {sorted(gone)}"
+    assert (missing, gone) == (set(), set()), (
+        f"{package.relative_to(PACKAGE)}/__init__.py: not named {sorted(missing)}, no such module {sorted(gone)}"
+    )

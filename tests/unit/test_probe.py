@@ -51,15 +51,15 @@ def test_probe_session_over_stdin(python: str) -> None:
         pytest.skip("no Python 3.8 on this machine")
     args = {"mode": "facts", "node": "n1", "token": "t", "want": ["ssh", "clock", "timezone"], "serve_s": 30}
     t1 = time.time()
-    proc = subprocess.run(facts.probe_command(exe, args), input=b"PING 7\nPING 8\n", capture_output=True,
-                          timeout=60)
+    proc = subprocess.run(facts.probe_command(exe, args), input=b"PING 7\nPING 8\n", capture_output=True, timeout=60)
     t2 = time.time()
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]
     lines = dict(line.split(" ", 1) for line in proc.stdout.decode().splitlines() if line.startswith("ORCH-F"))
     facts_ = json.loads(lines["ORCH-FACTS"])
     assert facts_["python"]["executable"] == exe and facts_["tz"]["utcoffset"]
-    pongs = [json.loads(line.split(" ", 1)[1]) for line in proc.stdout.decode().splitlines()
-             if line.startswith("ORCH-TIME ")]
+    pongs = [
+        json.loads(line.split(" ", 1)[1]) for line in proc.stdout.decode().splitlines() if line.startswith("ORCH-TIME ")
+    ]
     assert [p["seq"] for p in pongs] == ["7", "8"]
     assert all(t1 <= p["time"] <= t2 for p in pongs)
     assert t2 - t1 < 20, "stdin EOF must end the probe, not its 30 s deadline"
@@ -84,10 +84,13 @@ def test_v100_table_gpus_driver_cuda_and_processes() -> None:
     assert len(procs) == 8 and procs[0].pid == 1552275 and procs[0].name == "/usr/bin/python3"
 
 
-@pytest.mark.parametrize("name,count,driver,cuda,model", [
-    ("nvidia-smi_table_8xH100-80GB-HBM3_550.90.07_gpud.txt", 8, "550.90.07", "12.4", "NVIDIA H100 80GB HBM3"),
-    ("nvidia-smi_table_1gpu_ERR_525.125.06_gpud.txt", 1, "525.125.06", "12.0", "NVIDIA GeForce ..."),
-])
+@pytest.mark.parametrize(
+    "name,count,driver,cuda,model",
+    [
+        ("nvidia-smi_table_8xH100-80GB-HBM3_550.90.07_gpud.txt", 8, "550.90.07", "12.4", "NVIDIA H100 80GB HBM3"),
+        ("nvidia-smi_table_1gpu_ERR_525.125.06_gpud.txt", 1, "525.125.06", "12.0", "NVIDIA GeForce ..."),
+    ],
+)
 def test_other_real_tables(name: str, count: int, driver: str, cuda: str, model: str) -> None:
     d, c, gpus, procs = parsers.parse_nvidia_smi_table((FIX / "tables" / name).read_text())
     assert (d, c, len(gpus), procs) == (driver, cuda, count, [])
@@ -128,16 +131,19 @@ def test_absent_tools_are_facts_not_crashes(monkeypatch: pytest.MonkeyPatch, tmp
 
 
 def test_the_probe_asks_for_compute_cap_and_falls_back_on_an_nvidia_smi_without_it(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """A stand-in nvidia-smi that, like one older than R510, refuses the `compute_cap` field: the
     probe asks again without the fields it added and still gets the GPUs (their capability unknown)."""
     recorded = (FIX / "a100-csv" / "nvidia-smi-query-gpu.csv").read_text()
     header = ", ".join(probe.GPU_QUERY.split(","))
     tool = tmp_path / "nvidia-smi"
-    tool.write_text("#!/bin/sh\n"
-                    'case "$*" in *compute_cap*) echo \'Field "compute_cap" is not a valid field to query.\'; exit 2;; esac\n'
-                    'case "$*" in *--query-gpu*) cat "$(dirname "$0")/query.csv"; exit 0;; esac\n'
-                    "exit 0\n")
+    tool.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *compute_cap*) echo \'Field "compute_cap" is not a valid field to query.\'; exit 2;; esac\n'
+        'case "$*" in *--query-gpu*) cat "$(dirname "$0")/query.csv"; exit 0;; esac\n'
+        "exit 0\n"
+    )
     tool.chmod(0o755)
     (tmp_path / "query.csv").write_text(header + "\n" + recorded)
     monkeypatch.delenv("ORCH_PROBE_FIXTURES", raising=False)
@@ -160,15 +166,21 @@ def test_the_jobs_own_check_runs_with_its_workdir_and_environment(tmp_path: Path
     from orchestrator.node import script
 
     (tmp_path / "mytrain.py").write_text("")
-    req = {"kind": "module", "argv": [sys.executable, "-c", script("findmodule"), "mytrain"], "cwd": str(tmp_path),
-           "env": {"RANK": "0"}, "timeout": 60}
+    req = {
+        "kind": "module",
+        "argv": [sys.executable, "-c", script("findmodule"), "mytrain"],
+        "cwd": str(tmp_path),
+        "env": {"RANK": "0"},
+        "timeout": 60,
+    }
     got = probe.gather_job_check({"job_check": req})
     assert got is not None and got["rc"] == 0, got
     assert json.loads(got["out"]) == {"module": "mytrain", "found": True, "origin": str(tmp_path / "mytrain.py")}
     gone = probe.gather_job_check({"job_check": {**req, "cwd": str(tmp_path / "nope")}})
     assert gone == {"kind": "module", "error": f"not run: workdir {tmp_path / 'nope'} is not a directory here"}
-    slow = probe.gather_job_check({"job_check": {**req, "argv": [sys.executable, "-c", "import time; time.sleep(30)"],
-                                                 "timeout": 1}})
+    slow = probe.gather_job_check(
+        {"job_check": {**req, "argv": [sys.executable, "-c", "import time; time.sleep(30)"], "timeout": 1}}
+    )
     assert slow is not None and slow["rc"] is None and slow["error"] == "no answer within 1 s"
     assert probe.gather_job_check({}) is None
 
@@ -198,13 +210,16 @@ def test_sysfs_words() -> None:
     assert not parsers.IbPort("1", None, None, None, None).active
 
 
-@pytest.mark.parametrize("name,offset_ms,leap,local", [
-    ("chronyc_tracking_large-offset_omnios-2576.txt", -7810.536861, "Normal", False),
-    ("chronyc_tracking_local-refid-7F7F0101_no-leap-line_omicron-5192.txt", 120.790944, None, True),
-    ("chronyc_tracking_synced_fast_scale-network-121.txt", 0.260112, "Normal", False),
-    ("chronyc_tracking_synced_openSUSE_rockstor-2098.txt", -0.052616, "Normal", False),
-    ("chronyc_tracking_synced_pingcap-docs.txt", -0.022151, "Normal", False),
-])
+@pytest.mark.parametrize(
+    "name,offset_ms,leap,local",
+    [
+        ("chronyc_tracking_large-offset_omnios-2576.txt", -7810.536861, "Normal", False),
+        ("chronyc_tracking_local-refid-7F7F0101_no-leap-line_omicron-5192.txt", 120.790944, None, True),
+        ("chronyc_tracking_synced_fast_scale-network-121.txt", 0.260112, "Normal", False),
+        ("chronyc_tracking_synced_openSUSE_rockstor-2098.txt", -0.052616, "Normal", False),
+        ("chronyc_tracking_synced_pingcap-docs.txt", -0.022151, "Normal", False),
+    ],
+)
 def test_chronyc_tracking(name: str, offset_ms: float, leap: str | None, local: bool) -> None:
     ch = parsers.parse_chrony_tracking((FIX / "chrony" / name).read_text())
     assert ch is not None
@@ -218,24 +233,38 @@ def test_roce_gid_index(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None
     (port / "gid_attrs" / "types").mkdir(parents=True)
     (port / "gids").mkdir()
     (port / "link_layer").write_text("Ethernet\n")
-    for i, (kind, gid) in enumerate([("IB/RoCE v1", "fe80:0000:0000:0000:0000:0000:0000:0001"),
-                                     ("RoCE v2", "0000:0000:0000:0000:0000:0000:0000:0000"),
-                                     ("RoCE v2", "0000:0000:0000:0000:0000:ffff:0a00:0001")]):
+    for i, (kind, gid) in enumerate(
+        [
+            ("IB/RoCE v1", "fe80:0000:0000:0000:0000:0000:0000:0001"),
+            ("RoCE v2", "0000:0000:0000:0000:0000:0000:0000:0000"),
+            ("RoCE v2", "0000:0000:0000:0000:0000:ffff:0a00:0001"),
+        ]
+    ):
         (port / "gid_attrs" / "types" / str(i)).write_text(kind + "\n")
         (port / "gids" / str(i)).write_text(gid + "\n")
     monkeypatch.setenv("ORCH_PROBE_FIXTURES", str(tmp_path))
     assert probe.roce_gid_index("mlx5_0") == "2"  # index 1 is v2 but all zeros
     assert probe.verbs_argv("ibv_rc_pingpong", "mlx5_0", 18515, "10.0.0.2") == [
-        "ibv_rc_pingpong", "-d", "mlx5_0", "-p", "18515", "-g", "2", "10.0.0.2"]
+        "ibv_rc_pingpong",
+        "-d",
+        "mlx5_0",
+        "-p",
+        "18515",
+        "-g",
+        "2",
+        "10.0.0.2",
+    ]
     (port / "link_layer").write_text("InfiniBand\n")
     assert probe.roce_gid_index("mlx5_0") is None
 
 
 def test_dist_versions_reads_dist_info_in_path_order(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     first, second = tmp_path / "a", tmp_path / "b"
-    for base, name, version in ((first, "nvidia_nccl_cu12-2.21.5.dist-info", "2.21.5"),
-                                (second, "nvidia_nccl_cu13-2.30.7.dist-info", "2.30.7"),
-                                (second, "Ultralytics-8.3.1.dist-info", "8.3.1")):
+    for base, name, version in (
+        (first, "nvidia_nccl_cu12-2.21.5.dist-info", "2.21.5"),
+        (second, "nvidia_nccl_cu13-2.30.7.dist-info", "2.30.7"),
+        (second, "Ultralytics-8.3.1.dist-info", "8.3.1"),
+    ):
         (base / name).mkdir(parents=True)
         (base / name / "METADATA").write_text(f"Metadata-Version: 2.1\nName: x\nVersion: {version}\n\nbody\n")
     (first / "torch-2.0.dist-info").mkdir()  # no METADATA: skipped, not a crash
@@ -252,10 +281,16 @@ def test_software_without_torch_falls_back_to_the_child(monkeypatch: pytest.Monk
 
 
 def test_the_data_yamls_splits_are_read_without_a_yaml_library() -> None:
-    text = ("# comment\npath: ../datasets/coco  # root\ntrain: images/train2017\nval: [images/val, 'images/extra val']\n"
-            "test:\n  - a.txt\n  - \"b\"\nnames:\n  0: person\ndownload: |\n  train: not/this\n")
-    assert probe.data_splits(text) == {"path": "../datasets/coco", "train": "images/train2017",
-                                       "val": ["images/val", "images/extra val"], "test": ["a.txt", "b"]}
+    text = (
+        "# comment\npath: ../datasets/coco  # root\ntrain: images/train2017\nval: [images/val, 'images/extra val']\n"
+        'test:\n  - a.txt\n  - "b"\nnames:\n  0: person\ndownload: |\n  train: not/this\n'
+    )
+    assert probe.data_splits(text) == {
+        "path": "../datasets/coco",
+        "train": "images/train2017",
+        "val": ["images/val", "images/extra val"],
+        "test": ["a.txt", "b"],
+    }
     assert probe.data_splits("train: null\nval: ~\n") == {}
 
 

@@ -12,8 +12,18 @@ from orchestrator.node import agent, probe
 
 def test_the_probe_fills_the_plans_node_values() -> None:
     assert probe.NODE_VALUES == plan.NODE_VALUES == agent.NODE_VALUES
-    argv = ["podman", "run", "-v", "{ORCH_RUN_DIR}:{ORCH_RUN_DIR}", "--user", "{ORCH_UID}:{ORCH_GID}",
-            "-v", "{ORCH_HOME}:{ORCH_HOME}", "img", "python3"]
+    argv = [
+        "podman",
+        "run",
+        "-v",
+        "{ORCH_RUN_DIR}:{ORCH_RUN_DIR}",
+        "--user",
+        "{ORCH_UID}:{ORCH_GID}",
+        "-v",
+        "{ORCH_HOME}:{ORCH_HOME}",
+        "img",
+        "python3",
+    ]
     filled = probe.job_python({"job_argv": {"software": argv}}, "software")
     run_dir = filled[3].split(":")[0]
     assert filled[3] == f"{run_dir}:{run_dir}" and os.path.isabs(run_dir) and os.path.isdir(run_dir)

@@ -9,6 +9,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text()
 TRAINER_DOC = REPO / "docs" / "trainer.md"
+
+
 def trainer_doc() -> str:
     """docs/trainer.md, where the trainer's flag table lives."""
     return TRAINER_DOC.read_text()

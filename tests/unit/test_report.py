@@ -35,8 +35,17 @@ def test_report_has_every_section_and_its_pngs(tmp_path: Path) -> None:
     run = make_run(tmp_path, failed=True)
     page = build_report(run)
     text = page.read_text()
-    for section in ("summary", "timeline", "loss and mAP", "throughput", "attempts", "nodes", "configuration",
-                    "preflight", "first failure"):
+    for section in (
+        "summary",
+        "timeline",
+        "loss and mAP",
+        "throughput",
+        "attempts",
+        "nodes",
+        "configuration",
+        "preflight",
+        "first failure",
+    ):
         assert f"<h2>{section}</h2>" in text
     assert text.count("data:image/png;base64,") == 4
     assert "RuntimeError: boom &lt;&amp;&gt;" in text  # escaped, not injected
@@ -63,7 +72,8 @@ def test_report_without_results_or_preflight_says_so(tmp_path: Path) -> None:
 
 
 def test_report_command_fetches_results_and_says_where_everything_is(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from orchestrator.cli import main
 
     home = tmp_path / "home"
@@ -75,8 +85,10 @@ def test_report_command_fetches_results_and_says_where_everything_is(
     (out_dir / "results.csv").write_text(RESULTS)
     (run.path / "inventory.yaml").write_text("transport: local\nnodes:\n  - host: localhost\n    name: node[0-1]\n")
     with open(run.path / "nodes" / "node0.log", "a") as fh:
-        fh.write(f"2026-11-30T09:33:00.000000Z out [default0]:[rank 0] done: 3 epochs in 9.0 s; weights in "
-                 f"{out_dir}/weights, results in {out_dir}/results.csv\n")
+        fh.write(
+            f"2026-11-30T09:33:00.000000Z out [default0]:[rank 0] done: 3 epochs in 9.0 s; weights in "
+            f"{out_dir}/weights, results in {out_dir}/results.csv\n"
+        )
     monkeypatch.setenv("ORCH_HOME", str(home))
     with pytest.raises(SystemExit) as exc:
         main(["report"])
@@ -116,10 +128,14 @@ def test_a_line_that_is_not_a_finite_record_is_ignored_and_counted_on_the_page(t
 
     run = make_top_run(tmp_path, [None, None, None, None], slow={2: (2.5, 0.01)})
     copy = run.path / "nodes" / "n3.log"
-    text = copy.read_text().replace("batch 10 steps 10 images 80 data_s 0.01 compute_s 2.5 wall_s 5",
-                                    "batch 10 steps 10 images 80 data_s 0.01 compute_s 2.5 wall_s 1e999")
-    copy.write_text(text + "2026-11-30T09:33:00.000000Z out [default0]:[rank 2] timing epoch 9 batch 1 steps 1 "
-                    "images 8 data_s -0.5 compute_s 1 wall_s 2\n")
+    text = copy.read_text().replace(
+        "batch 10 steps 10 images 80 data_s 0.01 compute_s 2.5 wall_s 5",
+        "batch 10 steps 10 images 80 data_s 0.01 compute_s 2.5 wall_s 1e999",
+    )
+    copy.write_text(
+        text + "2026-11-30T09:33:00.000000Z out [default0]:[rank 2] timing epoch 9 batch 1 steps 1 "
+        "images 8 data_s -0.5 compute_s 1 wall_s 2\n"
+    )
     page = build_report(run).read_text()
     assert "straggler: rank 2 on n3 at 0.40× the median" in page
     assert "<p id='ignored-lines' class='warn'>2 lines of the node logs ignored" in page
@@ -150,7 +166,8 @@ def test_a_finished_runs_wall_time_is_the_recorded_one_however_late_the_report(t
 
 
 def test_orch_report_prints_only_the_pages_path_on_stdout(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`xdg-open "$(orch report)"`: stdout is the path alone, every other line on stderr."""
     from orchestrator.cli import main
 
@@ -169,8 +186,8 @@ def card(text: str) -> dict[str, str]:
     """The summary card's fields: data-key -> data-value (the raw number or text)."""
     import re
 
-    section = text[text.index("<section id='summary'"):]
-    section = section[:section.index("</section>")]
+    section = text[text.index("<section id='summary'") :]
+    section = section[: section.index("</section>")]
     return dict(re.findall(r"data-key='([a-z_0-9]+)' data-value='([^']*)'", section))
 
 
@@ -195,20 +212,20 @@ def test_a_failed_run_shows_its_root_cause_at_the_top(tmp_path: Path) -> None:
     text = build_report(make_run(tmp_path, failed=True)).read_text()
     banner = text.index("<section id='root-cause'")
     assert banner < text.index("<h2>summary</h2>") < text.index("<h2>timeline</h2>")
-    top = text[banner:text.index("</section>", banner)]
+    top = text[banner : text.index("</section>", banner)]
     assert ">killed by SIGKILL<" in top and "node node1, rank 1, signal SIGKILL" in top
     assert "hint: the OOM killer &lt;usually&gt;" in top
 
 
 def test_configuration_masks_env_values_and_preflight_folds_ok_rows(tmp_path: Path) -> None:
     text = build_report(make_run(tmp_path)).read_text()
-    config = text[text.index("<h2>configuration</h2>"):text.index("<h2>preflight</h2>")]
+    config = text[text.index("<h2>configuration</h2>") : text.index("<h2>preflight</h2>")]
     assert "hunter2" not in text and "SECRET_TOKEN=***" in config
     assert "--epochs 3 --batch 16" in config and "node0" in config and "node1" in config
-    pre = text[text.index("<h2>preflight</h2>"):]
-    folded = pre[pre.index("<details id='preflight-ok'>"):pre.index("</details>")]
+    pre = text[text.index("<h2>preflight</h2>") :]
+    folded = pre[pre.index("<details id='preflight-ok'>") : pre.index("</details>")]
     assert "1 ok rows" in folded and ">ssh<" in folded
-    assert ">gpus<" in pre[:pre.index("<details")]  # not ok: in view
+    assert ">gpus<" in pre[: pre.index("<details")]  # not ok: in view
 
 
 def test_timeline_phases_and_throughput_per_node_over_the_epochs() -> None:
@@ -222,8 +239,10 @@ def test_timeline_phases_and_throughput_per_node_over_the_epochs() -> None:
     assert vals == [(1, 4.0), (2, 4.0), (3, 4.0)]
     ckpt = [(p.epoch, p.end - p.start) for p in phases if p.kind == "checkpoint"]
     assert ckpt == [(1, 6.0), (2, 6.0), (3, 11.0)]  # to rank 0's next line (the next epoch, the final val)
-    per_node = node_throughput(parse_throughput_epochs(node_log(0).splitlines() + node_log(1).splitlines()),
-                               [NodeRecord("node0", base_rank=0, nproc=1), NodeRecord("node1", base_rank=1, nproc=1)])
+    per_node = node_throughput(
+        parse_throughput_epochs(node_log(0).splitlines() + node_log(1).splitlines()),
+        [NodeRecord("node0", base_rank=0, nproc=1), NodeRecord("node1", base_rank=1, nproc=1)],
+    )
     assert per_node == {"node0": {1: (10.0, 0.125), 2: (20.0, 0.125)}, "node1": {1: (11.0, 0.125), 2: (21.0, 0.125)}}
 
 
@@ -232,7 +251,9 @@ def test_the_heatmaps_time_axis_tells_its_ticks_apart() -> None:
     from orchestrator.report import time_ticks
 
     ticks, labels, unit = time_ticks([1000.0 + 5 * i for i in range(9)])
-    assert unit == "seconds" and labels == ["0", "5", "10", "15", "20", "25", "30", "35", "40"] and ticks == list(range(9))
+    assert (
+        unit == "seconds" and labels == ["0", "5", "10", "15", "20", "25", "30", "35", "40"] and ticks == list(range(9))
+    )
     _, labels, unit = time_ticks([1000.0 + 0.5 * i for i in range(4)])
     assert labels == ["0.0", "0.5", "1.0", "1.5"]
     _, labels, unit = time_ticks([60.0 * i for i in range(100)])
@@ -250,8 +271,13 @@ def test_text_from_the_log_is_text_in_every_plot(tmp_path: Path) -> None:
     t = "2026-11-30T09:34:{:02d}.000000Z out [default0]:[rank 0] "
     with open(run.path / "nodes" / "node0.log", "a") as fh:
         for epoch in (1, 2):
-            fh.write(t.format(epoch) + epoch_line(epoch, 2, {"$\\foo$loss": 1.0 / epoch, "a$b$loss": 2.0,
-                                                             "x^2_{y}loss": 3.0}, {"lr/pg0": 0.001}) + "\n")
+            fh.write(
+                t.format(epoch)
+                + epoch_line(
+                    epoch, 2, {"$\\foo$loss": 1.0 / epoch, "a$b$loss": 2.0, "x^2_{y}loss": 3.0}, {"lr/pg0": 0.001}
+                )
+                + "\n"
+            )
     page = build_report(run)
     assert (page.parent / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     from orchestrator import report
@@ -286,13 +312,15 @@ def test_no_trainer_line_a_rank_prints_crashes_the_report(tmp_path: Path, text: 
 
 def test_a_results_csv_of_numbers_no_plot_can_lay_out_still_gives_a_page(tmp_path: Path) -> None:
     run = make_run(tmp_path)
-    (run.path / "results.csv").write_text("epoch,train/box_loss,metrics/mAP50-95(B),lr/pg0\n"
-                                          "nan,1.7e308,nan,1e999\n1,-1.7e308,inf,0.1\n1e400,1,0.5,-inf\n")
+    (run.path / "results.csv").write_text(
+        "epoch,train/box_loss,metrics/mAP50-95(B),lr/pg0\nnan,1.7e308,nan,1e999\n1,-1.7e308,inf,0.1\n1e400,1,0.5,-inf\n"
+    )
     assert "<h2>summary</h2>" in build_report(run).read_text()
 
 
 def test_a_metric_name_starting_with_an_underscore_keeps_its_place_in_the_legend(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """matplotlib leaves a label starting with `_` out of the legend: a metric named so by the log
     would vanish from the plot's key without a word."""
     from orchestrator import report
@@ -315,13 +343,15 @@ def test_a_container_run_names_its_runtime_image_and_the_image_id_it_ran(tmp_pat
     from orchestrator.config.plan import make_plan
 
     run = make_run(tmp_path)
-    text = ("name: demo\ntransport: local\nnodes:\n  - host: localhost\n    name: node[0-1]\n"
-            "job:\n  module: trainer\n  args: {epochs: 3}\n  container:\n    runtime: podman\n"
-            "    image: yolo:latest\n    python: /opt/conda/bin/python\n    mounts: [/data]\n")
+    text = (
+        "name: demo\ntransport: local\nnodes:\n  - host: localhost\n    name: node[0-1]\n"
+        "job:\n  module: trainer\n  args: {epochs: 3}\n  container:\n    runtime: podman\n"
+        "    image: yolo:latest\n    python: /opt/conda/bin/python\n    mounts: [/data]\n"
+    )
     (run.path / "inventory.yaml").write_text(text)
     pinned = "sha256:" + "ab" * 32
     plan = make_plan(inventory.parse(text, "inv.yaml"), run.run_id, nonce="n1", pins=Pins(pinned, {}))
     run.write(plan.to_json(), "plan.json")
     page = html_lib.unescape(build_report(run).read_text())
-    assert "podman: yolo:latest (image ID sha256:abababababab" in page, page[page.find("configuration"):][:3000]
+    assert "podman: yolo:latest (image ID sha256:abababababab" in page, page[page.find("configuration") :][:3000]
     assert "/opt/conda/bin/python" in page and "/data" in page

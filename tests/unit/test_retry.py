@@ -64,8 +64,11 @@ def test_a_spare_takes_the_place_and_rank_of_the_node_it_replaces() -> None:
     from orchestrator.config.plan import make_plan
 
     plan = make_plan(r, "x")
-    assert plan.master_addr == "gpu08" and [p.global_ranks for p in plan.nodes] == [range(0, 2), range(2, 4),
-                                                                                      range(4, 6)]
+    assert plan.master_addr == "gpu08" and [p.global_ranks for p in plan.nodes] == [
+        range(0, 2),
+        range(2, 4),
+        range(4, 6),
+    ]
     assert inventory.with_replacements(i, {}) is i
     with pytest.raises(KeyError, match="gpu07"):
         inventory.with_replacements(i, {"gpu02": "gpu07"})
@@ -91,20 +94,23 @@ def test_a_run_reads_its_inventory_with_the_spares_in_place(tmp_path: Path, monk
 # ----------------------------------------------------------------------------- the trainer's checkpoint
 
 
-@pytest.mark.parametrize(("args", "expected"), [
-    ((), ("--resume", "auto")),
-    (("--epochs", "3"), ("--epochs", "3", "--resume", "auto")),
-    (("--resume", "--epochs", "3"), ("--epochs", "3", "--resume", "auto")),
-    (("--resume", "epochs=3"), ("epochs=3", "--resume", "auto")),
-    (("--resume=",), ("--resume", "auto")),
-    (("resume=True", "project=/nfs/p", "name=r1"), ("project=/nfs/p", "name=r1", "--resume", "auto")),
-    (("--resume", "auto"), ("--resume", "auto")),
-    (("--epochs", "3", "--resume"), ("--epochs", "3", "--resume", "auto")),
-    # an explicit checkpoint: the run trains in its run directory, whose last.pt is this run's own
-    (("--resume", "/old/weights/last.pt", "--epochs", "3"), ("--resume", "/old/weights/last.pt", "--epochs", "3")),
-    (("--resume=/old/weights/last.pt",), ("--resume=/old/weights/last.pt",)),
-    (("resume=/old/weights/last.pt",), ("resume=/old/weights/last.pt",)),
-])
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ((), ("--resume", "auto")),
+        (("--epochs", "3"), ("--epochs", "3", "--resume", "auto")),
+        (("--resume", "--epochs", "3"), ("--epochs", "3", "--resume", "auto")),
+        (("--resume", "epochs=3"), ("epochs=3", "--resume", "auto")),
+        (("--resume=",), ("--resume", "auto")),
+        (("resume=True", "project=/nfs/p", "name=r1"), ("project=/nfs/p", "name=r1", "--resume", "auto")),
+        (("--resume", "auto"), ("--resume", "auto")),
+        (("--epochs", "3", "--resume"), ("--epochs", "3", "--resume", "auto")),
+        # an explicit checkpoint: the run trains in its run directory, whose last.pt is this run's own
+        (("--resume", "/old/weights/last.pt", "--epochs", "3"), ("--resume", "/old/weights/last.pt", "--epochs", "3")),
+        (("--resume=/old/weights/last.pt",), ("--resume=/old/weights/last.pt",)),
+        (("resume=/old/weights/last.pt",), ("resume=/old/weights/last.pt",)),
+    ],
+)
 def test_a_retry_lets_the_trainer_find_its_own_checkpoint(args: tuple[str, ...], expected: tuple[str, ...]) -> None:
     """orch keeps no copy of where the trainer writes: a retry passes `--resume auto`, and the
     trainer (trainer/output.py resolve_auto) finds its run directory by its own rule."""
@@ -142,13 +148,16 @@ def fake_attempts(monkeypatch: pytest.MonkeyPatch, results: list[str]) -> list[d
     launched: list[dict[str, Any]] = []
     it = iter(results)
 
-    def attempt(say: Any, run: Any, i: inventory.Inventory, report: Any, detach: bool, t0: float, t_launch: float,
-                n: int) -> up.UpOutcome:
-        launched.append({"attempt": n, "nodes": [x.name for x in i.nodes], "args": i.job.args,
-                         "run_json": run.read()})
+    def attempt(
+        say: Any, run: Any, i: inventory.Inventory, report: Any, detach: bool, t0: float, t_launch: float, n: int
+    ) -> up.UpOutcome:
+        launched.append({"attempt": n, "nodes": [x.name for x in i.nodes], "args": i.job.args, "run_json": run.read()})
         result = next(it)
-        failure = Failure("gpu02", 1, "exited with code 1", 1, rank=3, excerpt=["Traceback", "ValueError: x"]) \
-            if result == "failed" else None
+        failure = (
+            Failure("gpu02", 1, "exited with code 1", 1, rank=3, excerpt=["Traceback", "ValueError: x"])
+            if result == "failed"
+            else None
+        )
         return up.UpOutcome(result, run.run_id, report, 1.0, failure)  # type: ignore[arg-type]
 
     monkeypatch.setattr(up, "_attempt", attempt)
@@ -163,8 +172,10 @@ def reports(monkeypatch: pytest.MonkeyPatch, script: list[dict[str, str]]) -> li
     def preflight(i: inventory.Inventory, **kw: Any) -> CheckReport:
         asked.append([n.name for n in i.nodes])
         bad = next(it)
-        return CheckReport([CheckResult(check, node, "fail", detail=f"{check} broke") for node, check in bad.items()]
-                           + [CheckResult("ssh", n.name, "ok") for n in i.nodes if n.name not in bad])
+        return CheckReport(
+            [CheckResult(check, node, "fail", detail=f"{check} broke") for node, check in bad.items()]
+            + [CheckResult("ssh", n.name, "ok") for n in i.nodes if n.name not in bad]
+        )
 
     monkeypatch.setattr(up, "run_preflight", preflight)
     return asked
@@ -192,8 +203,9 @@ def test_a_failed_run_is_checked_again_and_relaunched_with_resume(monkeypatch: p
     assert out.earlier[0]["result"] == "failed"
 
 
-def test_the_retry_preflight_judges_the_args_it_launches_as_this_run(monkeypatch: pytest.MonkeyPatch,
-                                                                     home: Path) -> None:
+def test_the_retry_preflight_judges_the_args_it_launches_as_this_run(
+    monkeypatch: pytest.MonkeyPatch, home: Path
+) -> None:
     """The trainer's own check (in the preflight) must see `--resume auto` and the run id: without them
     an `--out` holding attempt 1's checkpoint would be refused, and the retry would never start."""
     fake_attempts(monkeypatch, ["failed", "succeeded"])
@@ -215,12 +227,15 @@ def test_every_retry_passes_resume_auto_once(monkeypatch: pytest.MonkeyPatch, ho
     reports(monkeypatch, [{}, {}, {}])
     out = up.up(inv(), run_id="r1", progress=Say())
     assert out.result == "failed" and (out.attempt, out.attempts) == (3, 3) and len(out.earlier) == 2
-    assert [a["args"] for a in launched] == [("--data", "/data/coco.yaml"),
-                                             *[("--data", "/data/coco.yaml", "--resume", "auto")] * 2]
+    assert [a["args"] for a in launched] == [
+        ("--data", "/data/coco.yaml"),
+        *[("--data", "/data/coco.yaml", "--resume", "auto")] * 2,
+    ]
 
 
 def test_a_node_failing_the_retry_preflight_is_replaced_by_the_next_healthy_spare(
-        monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
+    monkeypatch: pytest.MonkeyPatch, home: Path
+) -> None:
     launched = fake_attempts(monkeypatch, ["failed", "succeeded"])
     # attempt 1's preflight passes; the retry's fails gpu02; the spare gpu08 fails too; gpu09 passes
     asked = reports(monkeypatch, [{}, {"gpu02": "ssh"}, {"gpu08": "software"}, {}])
@@ -235,8 +250,9 @@ def test_a_node_failing_the_retry_preflight_is_replaced_by_the_next_healthy_spar
     assert [n.name for n in RunStore().get("r1").inventory().nodes] == ["gpu01", "gpu09", "gpu03"]
 
 
-def test_a_node_stopped_as_a_straggler_is_replaced_by_a_spare_on_the_retry(monkeypatch: pytest.MonkeyPatch,
-                                                                            home: Path) -> None:
+def test_a_node_stopped_as_a_straggler_is_replaced_by_a_spare_on_the_retry(
+    monkeypatch: pytest.MonkeyPatch, home: Path
+) -> None:
     """`job.straggler.action: stop` fails the run on the slow node; the retry puts a spare in its
     place before its preflight, even though the slow node itself passes every check."""
     launched: list[list[str]] = []
@@ -244,8 +260,14 @@ def test_a_node_stopped_as_a_straggler_is_replaced_by_a_spare_on_the_retry(monke
 
     def attempt(say: Any, run: Any, i: inventory.Inventory, *a: Any) -> up.UpOutcome:
         launched.append([x.name for x in i.nodes])
-        failure = Failure("gpu03", 2, "straggler: rank 2 on gpu03 at 0.45× the median for 3 min; data-wait 4 %, "
-                                      "CPU 100 %: compute-bound on gpu03", rank=2, local_rank=0)
+        failure = Failure(
+            "gpu03",
+            2,
+            "straggler: rank 2 on gpu03 at 0.45× the median for 3 min; data-wait 4 %, "
+            "CPU 100 %: compute-bound on gpu03",
+            rank=2,
+            local_rank=0,
+        )
         result = next(results)
         return up.UpOutcome(result, run.run_id, None, 1.0, failure if result == "failed" else None)  # type: ignore[arg-type]
 
@@ -256,13 +278,18 @@ def test_a_node_stopped_as_a_straggler_is_replaced_by_a_spare_on_the_retry(monke
     assert out.result == "succeeded"
     assert launched == [["gpu01", "gpu02", "gpu03"], ["gpu01", "gpu02", "gpu08"]]
     assert asked[1] == ["gpu01", "gpu02", "gpu08"]
-    assert ("replacing", "gpu03", "gpu08", "straggler: rank 2 on gpu03 at 0.45× the median for 3 min; data-wait 4 %, "
-                                           "CPU 100 %: compute-bound on gpu03") in say.said
+    assert (
+        "replacing",
+        "gpu03",
+        "gpu08",
+        "straggler: rank 2 on gpu03 at 0.45× the median for 3 min; data-wait 4 %, CPU 100 %: compute-bound on gpu03",
+    ) in say.said
     assert up.straggler_of(Failure("gpu02", 1, "exited with code 1")) == {}
 
 
-def test_a_retry_runs_the_same_preflight_as_the_first_attempt_fabric_included(monkeypatch: pytest.MonkeyPatch,
-                                                                             home: Path) -> None:
+def test_a_retry_runs_the_same_preflight_as_the_first_attempt_fabric_included(
+    monkeypatch: pytest.MonkeyPatch, home: Path
+) -> None:
     fake_attempts(monkeypatch, ["failed", "succeeded"])
     asked: list[bool] = []
 
@@ -275,8 +302,9 @@ def test_a_retry_runs_the_same_preflight_as_the_first_attempt_fabric_included(mo
     assert asked == [True, True]
 
 
-def test_a_retry_syncs_again_and_a_spare_is_synced_before_its_preflight(monkeypatch: pytest.MonkeyPatch,
-                                                                      home: Path, tmp_path: Path) -> None:
+def test_a_retry_syncs_again_and_a_spare_is_synced_before_its_preflight(
+    monkeypatch: pytest.MonkeyPatch, home: Path, tmp_path: Path
+) -> None:
     from orchestrator.remote import sync as remote_sync
 
     code = tmp_path / "code"
@@ -297,18 +325,29 @@ def test_a_retry_syncs_again_and_a_spare_is_synced_before_its_preflight(monkeypa
         names = [n.name for n in nodes]
         events.append(("sync", names))
         bad = next(failing)
-        return remote_sync.SyncReport(i.job.sync, remote_sync.SyncOptions(), tuple(
-            remote_sync.NodeSync(n, None, error="rsync: Permission denied") if n in bad
-            else remote_sync.NodeSync(n, remote_sync.Transfer(0, 0, 0, ())) for n in names))
+        return remote_sync.SyncReport(
+            i.job.sync,
+            remote_sync.SyncOptions(),
+            tuple(
+                remote_sync.NodeSync(n, None, error="rsync: Permission denied")
+                if n in bad
+                else remote_sync.NodeSync(n, remote_sync.Transfer(0, 0, 0, ()))
+                for n in names
+            ),
+        )
 
     monkeypatch.setattr(up, "run_preflight", preflight)
     monkeypatch.setattr(up, "sync_nodes", sync_nodes)
     say = Say()
     out = up.up(inv(sync=(str(code),)), run_id="r1", progress=say)
     assert out.result == "succeeded" and len(launched) == 2
-    assert events == [("sync", ["gpu01", "gpu02", "gpu03"]), ("preflight", ["gpu01", "gpu02", "gpu03"]),
-                      ("sync", ["gpu01", "gpu02", "gpu03"]),
-                      ("sync", ["gpu01", "gpu08", "gpu03"]), ("preflight", ["gpu01", "gpu08", "gpu03"])]
+    assert events == [
+        ("sync", ["gpu01", "gpu02", "gpu03"]),
+        ("preflight", ["gpu01", "gpu02", "gpu03"]),
+        ("sync", ["gpu01", "gpu02", "gpu03"]),
+        ("sync", ["gpu01", "gpu08", "gpu03"]),
+        ("preflight", ["gpu01", "gpu08", "gpu03"]),
+    ]
     assert len(checks) == 2
     assert ("replacing", "gpu02", "gpu08", "sync: rsync: Permission denied") in say.said
     assert launched[1]["nodes"] == ["gpu01", "gpu08", "gpu03"]
@@ -316,8 +355,9 @@ def test_a_retry_syncs_again_and_a_spare_is_synced_before_its_preflight(monkeypa
     assert out.sync is not None and [n.node for n in out.sync.nodes] == ["gpu01", "gpu08", "gpu03"]
 
 
-def test_a_retry_whose_sync_cannot_run_here_is_not_launched(monkeypatch: pytest.MonkeyPatch, home: Path,
-                                                            tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_retry_whose_sync_cannot_run_here_is_not_launched(
+    monkeypatch: pytest.MonkeyPatch, home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from orchestrator.errors import OrchError
     from orchestrator.remote import sync as remote_sync
 
@@ -331,8 +371,11 @@ def test_a_retry_whose_sync_cannot_run_here_is_not_launched(monkeypatch: pytest.
         exc = next(calls)
         if exc is not None:
             raise exc
-        return remote_sync.SyncReport(i.job.sync, remote_sync.SyncOptions(), tuple(
-            remote_sync.NodeSync(n.name, remote_sync.Transfer(0, 0, 0, ())) for n in nodes))
+        return remote_sync.SyncReport(
+            i.job.sync,
+            remote_sync.SyncOptions(),
+            tuple(remote_sync.NodeSync(n.name, remote_sync.Transfer(0, 0, 0, ())) for n in nodes),
+        )
 
     monkeypatch.setattr(up, "sync_nodes", sync_nodes)
     out = up.up(inv(sync=(str(code),)), run_id="r1", progress=Say())
@@ -347,8 +390,9 @@ def test_a_retry_whose_sync_cannot_run_here_is_not_launched(monkeypatch: pytest.
     assert "hint: apt install rsync" in err
 
 
-def test_without_a_spare_the_node_is_named_and_nothing_is_relaunched(monkeypatch: pytest.MonkeyPatch, home: Path,
-                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_without_a_spare_the_node_is_named_and_nothing_is_relaunched(
+    monkeypatch: pytest.MonkeyPatch, home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     launched = fake_attempts(monkeypatch, ["failed"])
     reports(monkeypatch, [{}, {"gpu03": "job"}])
     text = SPARES.split("spare:")[0] + "job:" + SPARES.split("job:")[1]
@@ -368,7 +412,8 @@ def test_without_a_spare_the_node_is_named_and_nothing_is_relaunched(monkeypatch
 
 
 def test_nothing_is_retried_after_ctrl_c_a_preflight_failure_or_an_unconfirmed_stop(
-        monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
+    monkeypatch: pytest.MonkeyPatch, home: Path
+) -> None:
     launched = fake_attempts(monkeypatch, ["interrupted"])
     reports(monkeypatch, [{}])
     assert up.up(inv(), run_id="r1", progress=Say()).result == "interrupted" and len(launched) == 1
@@ -384,8 +429,9 @@ def test_nothing_is_retried_after_ctrl_c_a_preflight_failure_or_an_unconfirmed_s
     assert out.result == "failed" and out.attempt == 1 and out.no_retry and "gpu02" in out.no_retry
 
 
-def test_a_detached_run_is_never_retried_and_the_flags_say_so(monkeypatch: pytest.MonkeyPatch, home: Path,
-                                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_detached_run_is_never_retried_and_the_flags_say_so(
+    monkeypatch: pytest.MonkeyPatch, home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     launched = fake_attempts(monkeypatch, ["detached"])
     reports(monkeypatch, [{}])
     out = up.up(inv(), run_id="r1", detach=True, progress=Say())
@@ -426,8 +472,14 @@ def test_the_command_line_overrides_the_inventory(monkeypatch: pytest.MonkeyPatc
 
 
 def test_status_shows_the_attempt() -> None:
-    data = {"run": "r1", "state": "running", "attempt": 2, "max_attempts": 3, "replaced": {"gpu02": "gpu08"},
-            "nodes": []}
+    data = {
+        "run": "r1",
+        "state": "running",
+        "attempt": 2,
+        "max_attempts": 3,
+        "replaced": {"gpu02": "gpu08"},
+        "nodes": [],
+    }
     out = control.status_report(data, {}).to_json()
     assert (out["attempt"], out["max_attempts"], out["replaced"]) == (2, 3, {"gpu02": "gpu08"})
     plain = control.status_report({"run": "r0", "state": "running", "nodes": []}, {}).to_json()
@@ -439,8 +491,9 @@ def test_orch_down_during_an_attempt_is_final_no_retry(monkeypatch: pytest.Monke
     read as stopped from outside, and that is not retried: the run ends `stopped` (exit 130)."""
     launched: list[int] = []
 
-    def attempt(say: Any, run: Any, i: Any, report: Any, detach: bool, t0: float, t_launch: float,
-                n: int) -> up.UpOutcome:
+    def attempt(
+        say: Any, run: Any, i: Any, report: Any, detach: bool, t0: float, t_launch: float, n: int
+    ) -> up.UpOutcome:
         launched.append(n)
         run.update(down_requested=1.0)  # what control.down records before it stops the nodes
         return up.UpOutcome("failed", run.run_id, report, 1.0, Failure("gpu02", 1, "was stopped from outside"))
@@ -471,8 +524,9 @@ def test_orch_down_while_a_retry_is_prepared_relaunches_nothing(monkeypatch: pyt
     assert RunStore().get("r1").read()["state"] == "stopped"
 
 
-def test_check_json_is_written_once_per_preflight_not_once_per_attempt(monkeypatch: pytest.MonkeyPatch,
-                                                                       home: Path) -> None:
+def test_check_json_is_written_once_per_preflight_not_once_per_attempt(
+    monkeypatch: pytest.MonkeyPatch, home: Path
+) -> None:
     """Each preflight's report is saved into the run once, when it is made; a retry without one
     (--skip-checks) leaves check.json as it was."""
     saved: list[Any] = []

@@ -109,8 +109,9 @@ def test_missing_run_dir_reads_as_unknown_state() -> None:
     assert st.state == "unknown" and st.agent_alive is False and st.error and "can't cd" in st.error
 
 
-def test_failed_preflight_launches_nothing_and_exits_3(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_failed_preflight_launches_nothing_and_exits_3(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from orchestrator.cli import main
     from orchestrator.preflight.checks import CheckResult
     from orchestrator.preflight.runner import CheckReport
@@ -135,12 +136,18 @@ def test_failed_preflight_launches_nothing_and_exits_3(monkeypatch: pytest.Monke
 
 
 def test_status_json_follows_the_contract() -> None:
-    data = {"run": "r1", "state": "running", "nodes": [
-        {"node": "a", "node_rank": 0, "host": "h", "state": "running", "exit_code": None, "pid": 1},
-        {"node": "b", "node_rank": 1, "host": "h2", "state": "running", "exit_code": None, "pid": 2}]}
-    statuses = {"a": NodeStatus(NodeState.RUNNING, pid=11, started_at=100.0, now=160.0, log_mtime=158.0,
-                                agent_alive=True),
-                "b": NodeStatus(NodeState.UNREACHABLE, error="timed out")}
+    data = {
+        "run": "r1",
+        "state": "running",
+        "nodes": [
+            {"node": "a", "node_rank": 0, "host": "h", "state": "running", "exit_code": None, "pid": 1},
+            {"node": "b", "node_rank": 1, "host": "h2", "state": "running", "exit_code": None, "pid": 2},
+        ],
+    }
+    statuses = {
+        "a": NodeStatus(NodeState.RUNNING, pid=11, started_at=100.0, now=160.0, log_mtime=158.0, agent_alive=True),
+        "b": NodeStatus(NodeState.UNREACHABLE, error="timed out"),
+    }
     out = control.status_report(data, statuses).to_json()
     assert out["run"] == "r1" and out["state"] == "running"
     a, b = out["nodes"]
@@ -148,8 +155,9 @@ def test_status_json_follows_the_contract() -> None:
     assert a["pid"] == 11 and a["uptime_s"] == 60.0 and a["last_log_age_s"] == 2.0
     assert b["state"] == "unreachable" and b["error"] == "timed out" and b["pid"] == 2
     assert "first_failure" not in out
-    out = control.status_report({**data, "first_failure": {"node": "a", "rank": 3, "exit_code": 1, "excerpt": []}},
-                                {}).to_json()
+    out = control.status_report(
+        {**data, "first_failure": {"node": "a", "rank": 3, "exit_code": 1, "excerpt": []}}, {}
+    ).to_json()
     assert out["first_failure"]["rank"] == 3
     assert out["stragglers"] == []
     named = {"rank": 2, "node": "b", "kind": "compute", "line": "straggler: rank 2 on b at 0.45× the median ..."}
@@ -160,8 +168,11 @@ def test_status_says_which_nodes_run_root_is_full(capsys: pytest.CaptureFixture[
     from orchestrator.cli import render
 
     full = "run_root /scratch is full (No space left on device): the node's log and state are not all written"
-    data = {"run": "r1", "state": "running", "nodes": [
-        {"node": "a", "node_rank": 0, "host": "h", "state": "running", "exit_code": None, "pid": 1}]}
+    data = {
+        "run": "r1",
+        "state": "running",
+        "nodes": [{"node": "a", "node_rank": 0, "host": "h", "state": "running", "exit_code": None, "pid": 1}],
+    }
     report = control.status_report(data, {"a": NodeStatus(NodeState.RUNNING, agent_alive=True, disk_full=full)})
     assert report.to_json()["nodes"][0]["disk_full"] == full
     render.status_table(report)
@@ -190,8 +201,9 @@ def test_down_of_an_unknown_run_is_a_usage_error(monkeypatch: pytest.MonkeyPatch
         control.down("nope")
 
 
-def test_check_json_is_this_launchs_preflight_not_an_older_check(monkeypatch: pytest.MonkeyPatch,
-                                                                  tmp_path: Path) -> None:
+def test_check_json_is_this_launchs_preflight_not_an_older_check(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     from orchestrator.preflight.runner import CheckReport, save_to_run
     from orchestrator.store import RunStore
 
@@ -212,8 +224,9 @@ def test_check_json_is_this_launchs_preflight_not_an_older_check(monkeypatch: py
 
 
 @pytest.mark.parametrize("bad", ["../x", "a/b", "..", ".hidden", "x\n", "run id", "-rf", "r" * 101])
-def test_a_run_id_that_would_leave_its_directory_is_refused(bad: str, tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_run_id_that_would_leave_its_directory_is_refused(
+    bad: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from orchestrator.errors import UsageError
     from orchestrator.store import RunStore
 
@@ -241,8 +254,14 @@ def test_orch_up_with_a_bad_run_id_is_exit_2_before_anything(tmp_path: Path) -> 
 
     env = {"ORCH_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     for extra in ([], ["--dry-run"]):
-        r = subprocess.run([sys.executable, "-m", "orchestrator", "up", str(V100), "--run-id", "../x", *extra],
-                           capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
+        r = subprocess.run(
+            [sys.executable, "-m", "orchestrator", "up", str(V100), "--run-id", "../x", *extra],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=REPO,
+            timeout=60,
+        )
         assert r.returncode == 2, r.stderr
         assert r.stderr.startswith("orch: --run-id '../x': a run id may only use") and "Traceback" not in r.stderr
         assert r.stdout == "" and not (tmp_path / "home").exists()
@@ -257,9 +276,11 @@ def test_orch_up_whose_preflight_cannot_import_exits_3_and_launches_nothing(tmp_
     import subprocess
     import sys
 
-    code = ("import sys; sys.modules['orchestrator.preflight.checks'] = None\n"
-            "from orchestrator.cli.commands import main\n"
-            f"main(['up', {str(REPO / 'inventory' / 'local.yaml')!r}, '--detach'])")
+    code = (
+        "import sys; sys.modules['orchestrator.preflight.checks'] = None\n"
+        "from orchestrator.cli.commands import main\n"
+        f"main(['up', {str(REPO / 'inventory' / 'local.yaml')!r}, '--detach'])"
+    )
     env = {"ORCH_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "NO_COLOR": "1"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
     assert r.returncode == 3, r.stderr
@@ -281,8 +302,7 @@ def test_new_run_ids_are_readable_and_differ_within_one_second(tmp_path: Path) -
     assert all(re.fullmatch(r"\d{8}-\d{6}-v100-[0-9a-km-np-z]{4}", i) for i in ids), ids
 
 
-def test_run_json_is_written_in_place_when_the_disk_is_full(monkeypatch: pytest.MonkeyPatch,
-                                                            tmp_path: Path) -> None:
+def test_run_json_is_written_in_place_when_the_disk_is_full(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """ENOSPC on the atomic rewrite: run.json is rewritten in the blocks it has (it keeps a
     reserve), so a run that ends on a full disk still records how it ended."""
     import errno
@@ -302,8 +322,9 @@ def test_run_json_is_written_in_place_when_the_disk_is_full(monkeypatch: pytest.
     assert run.read()["state"] == "succeeded" and run.read()["wall_s"] == 12.5
 
 
-def test_a_record_the_disk_refuses_warns_once_and_is_written_later(monkeypatch: pytest.MonkeyPatch,
-                                                                   tmp_path: Path) -> None:
+def test_a_record_the_disk_refuses_warns_once_and_is_written_later(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     import errno
 
     from orchestrator.store import RunDir
@@ -331,15 +352,20 @@ def test_a_record_the_disk_refuses_warns_once_and_is_written_later(monkeypatch: 
 
 
 def test_a_preflight_failed_by_nodes_that_cannot_be_reached_hints_exclude_not_skip_checks(
-        capsys: pytest.CaptureFixture[str]) -> None:
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """--skip-checks cannot launch on a node that is down; --exclude NODE can launch without it."""
     from orchestrator.cli import render
     from orchestrator.preflight.checks import CheckResult
     from orchestrator.preflight.runner import CheckReport
 
-    down = CheckReport([CheckResult("ssh", "gpu4", "fail", detail="timed out"),
-                        CheckResult("ssh", "gpu3", "fail", detail="connection refused"),
-                        CheckResult("ssh", "gpu1", "ok")])
+    down = CheckReport(
+        [
+            CheckResult("ssh", "gpu4", "fail", detail="timed out"),
+            CheckResult("ssh", "gpu3", "fail", detail="connection refused"),
+            CheckResult("ssh", "gpu1", "ok"),
+        ]
+    )
     render.up_outcome(up.UpOutcome("preflight_failed", preflight=down))
     err = " ".join(capsys.readouterr().err.split())
     assert "gpu[3-4] cannot be reached: leave them out with --exclude gpu[3-4]" in err, err
@@ -354,9 +380,13 @@ def test_a_node_that_never_started_is_said_so_not_an_unconfirmed_stop(capsys: py
     from orchestrator.cli import render
     from orchestrator.errors import ConnectionLost, TransportError
 
-    reached = up.never_started({"gpu4": TransportError("gpu4", "unreachable", "timed out: gpu4:22 did not answer"),
-                                "gpu2": ConnectionLost("gpu2"),
-                                "gpu3": TransportError("gpu3", "timeout", "command timed out after 60 s")})
+    reached = up.never_started(
+        {
+            "gpu4": TransportError("gpu4", "unreachable", "timed out: gpu4:22 did not answer"),
+            "gpu2": ConnectionLost("gpu2"),
+            "gpu3": TransportError("gpu3", "timeout", "command timed out after 60 s"),
+        }
+    )
     assert reached == {"gpu4": "gpu4: timed out: gpu4:22 did not answer"}
     render.up_outcome(up.UpOutcome("start_failed", run_id="r1", teardown_s=0.5, never_started=reached))
     err = " ".join(capsys.readouterr().err.split())
@@ -364,14 +394,20 @@ def test_a_node_that_never_started_is_said_so_not_an_unconfirmed_stop(capsys: py
     assert "gpu4 never started (gpu4: timed out: gpu4:22 did not answer): launch without it with --exclude gpu4" in err
 
 
-@pytest.mark.parametrize(("why", "said"), [
-    ("straggler: rank 2 on gpu03 at 0.45× the median for 3 min",
-     "gpu03 was stopped as a straggler (rank 2 on gpu03 at 0.45× the median for 3 min): spare gpu08 takes its place"),
-    ("sync: rsync: Permission denied", "gpu03 could not receive job.sync (rsync: Permission denied): spare gpu08"),
-    ("ssh: timed out", "gpu03 failed the preflight (ssh: timed out): spare gpu08 takes its place"),
-])
-def test_a_spare_replacing_a_node_says_why_the_node_was_replaced(why: str, said: str,
-                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("why", "said"),
+    [
+        (
+            "straggler: rank 2 on gpu03 at 0.45× the median for 3 min",
+            "gpu03 was stopped as a straggler (rank 2 on gpu03 at 0.45× the median for 3 min): spare gpu08 takes its place",
+        ),
+        ("sync: rsync: Permission denied", "gpu03 could not receive job.sync (rsync: Permission denied): spare gpu08"),
+        ("ssh: timed out", "gpu03 failed the preflight (ssh: timed out): spare gpu08 takes its place"),
+    ],
+)
+def test_a_spare_replacing_a_node_says_why_the_node_was_replaced(
+    why: str, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     from orchestrator.cli import render
 
     render.UpPrinter().replacing("gpu03", "gpu08", why)

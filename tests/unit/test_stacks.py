@@ -46,15 +46,18 @@ def test_a_rank_blocked_in_all_reduce() -> None:
     (main,) = parse_dump(ALLREDUCE)
     assert (main.ident, main.status, main.name) == ("18741", "idle", "MainThread")
     assert [f.function for f in main.frames] == [
-        "all_reduce", "_exception_logger.<locals>.wrapper", "main", "record.<locals>.wrap.<locals>.wrapper",
-        "<module>"]
+        "all_reduce",
+        "_exception_logger.<locals>.wrapper",
+        "main",
+        "record.<locals>.wrap.<locals>.wrapper",
+        "<module>",
+    ]
     inner = main.frames[0]
     assert inner.file.endswith("/site-packages/torch/distributed/distributed_c10d.py") and inner.line == 3913
     assert inner.library and inner.short_file == "torch/distributed/distributed_c10d.py"
     own = main.frames[2]
     assert not own.library and own.short_file == "ddp_job.py" and own.line == 72
-    assert summary(main.frames) == ("all_reduce (torch/distributed/distributed_c10d.py:3913) "
-                                    "in main (ddp_job.py:72)")
+    assert summary(main.frames) == ("all_reduce (torch/distributed/distributed_c10d.py:3913) in main (ddp_job.py:72)")
 
 
 def test_a_sleeping_rank_is_summarised_by_its_own_function() -> None:
@@ -79,16 +82,25 @@ def test_output_that_is_not_a_dump_has_no_threads() -> None:
 
 
 def test_locals_and_foreign_lines_are_skipped() -> None:
-    text = ('Thread 0x7F00 (active+gil): "MainThread"\n    f (/app/x.py:3)\n        Arguments:\n'
-            '            n: 1\n    g (/app/x.py:9)\nThread 12 (idle)\n    h (/app/y.py:1)\n')
+    text = (
+        'Thread 0x7F00 (active+gil): "MainThread"\n    f (/app/x.py:3)\n        Arguments:\n'
+        "            n: 1\n    g (/app/x.py:9)\nThread 12 (idle)\n    h (/app/y.py:1)\n"
+    )
     main, other = parse_dump(text)
     assert [f.function for f in main.frames] == ["f", "g"] and main.status == "active+gil"
     assert other.name == "" and [f.function for f in other.frames] == ["h"]
 
 
-@pytest.mark.parametrize(("ranks", "text"), [
-    ([0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 31], "0-6,8-10,31"), ([7], "7"), ([3, 1, 2], "1-3"), ([0, 2, 4], "0,2,4"),
-    ([], "")])
+@pytest.mark.parametrize(
+    ("ranks", "text"),
+    [
+        ([0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 31], "0-6,8-10,31"),
+        ([7], "7"),
+        ([3, 1, 2], "1-3"),
+        ([0, 2, 4], "0,2,4"),
+        ([], ""),
+    ],
+)
 def test_fold(ranks: list[int], text: str) -> None:
     assert fold(ranks) == text
 
@@ -104,12 +116,17 @@ def test_the_odd_rank_stands_apart() -> None:
     report = StacksReport("r1", 0.0, ranks)
     assert report.complete
     lines = grouped_text(report)
-    assert lines == ["ranks 0-1,3  all_reduce (torch/distributed/distributed_c10d.py:3913) in main (ddp_job.py:72)",
-                     "rank 2       sleep_forever (ddp_job.py:50)"]
+    assert lines == [
+        "ranks 0-1,3  all_reduce (torch/distributed/distributed_c10d.py:3913) in main (ddp_job.py:72)",
+        "rank 2       sleep_forever (ddp_job.py:50)",
+    ]
     data = report.to_json()
     assert data["odd_ranks"] == [2] and [g["ranks_text"] for g in data["groups"]] == ["0-1,3", "2"]
     assert data["ranks"][2]["threads"][0]["frames"][0] == {
-        "function": "sleep_forever", "file": "/home/dev/orch/tests/ddp_job.py", "line": 50}
+        "function": "sleep_forever",
+        "file": "/home/dev/orch/tests/ddp_job.py",
+        "line": 50,
+    }
     detail = grouped_text(report, detail=True)
     assert "== rank 2 on n3 (pid 1002)" in detail and "    sleep_forever (ddp_job.py:50)" in detail
 
@@ -126,12 +143,15 @@ def test_the_odd_group_is_never_the_majority() -> None:
     groups = group_stacks([rank(r, SLEEP) for r in range(7)] + [rank(7, ALLREDUCE)])
     assert odd_ranks(groups) == (7,)
     # among smaller groups, the one not waiting in torch.distributed, then the smallest
-    loader = ('Thread 9 (idle): "MainThread"\n    __next__ (/v/lib/python3.11/site-packages/torch/utils/data/'
-              'dataloader.py:733)\n    train_epoch (/app/loop.py:322)\n')
-    barrier = ('Thread 9 (idle): "MainThread"\n    barrier (/v/lib/python3.11/site-packages/torch/distributed/'
-               'distributed_c10d.py:4800)\n    main (/app/loop.py:400)\n')
-    groups = group_stacks([rank(r, ALLREDUCE) for r in range(4)] + [rank(4, barrier), rank(5, loader),
-                                                                    rank(6, loader)])
+    loader = (
+        'Thread 9 (idle): "MainThread"\n    __next__ (/v/lib/python3.11/site-packages/torch/utils/data/'
+        "dataloader.py:733)\n    train_epoch (/app/loop.py:322)\n"
+    )
+    barrier = (
+        'Thread 9 (idle): "MainThread"\n    barrier (/v/lib/python3.11/site-packages/torch/distributed/'
+        "distributed_c10d.py:4800)\n    main (/app/loop.py:400)\n"
+    )
+    groups = group_stacks([rank(r, ALLREDUCE) for r in range(4)] + [rank(4, barrier), rank(5, loader), rank(6, loader)])
     assert [g.ranks for g in groups] == [(0, 1, 2, 3), (5, 6), (4,)] and odd_ranks(groups) == (5, 6)
     assert grouped_text(StacksReport("r", 0.0, [])) == []
 
@@ -159,19 +179,30 @@ def test_summary_without_own_code_or_frames() -> None:
 
 
 def answer(**kw: Any) -> dict[str, Any]:
-    base = {"state": "running", "py_spy": "/venv/bin/py-spy", "python": "/venv/bin/python", "euid": 1000,
-            "ptrace_scope": None, "ranks": []}
+    base = {
+        "state": "running",
+        "py_spy": "/venv/bin/py-spy",
+        "python": "/venv/bin/python",
+        "euid": 1000,
+        "ptrace_scope": None,
+        "ranks": [],
+    }
     return {**base, **kw}
 
 
 def test_a_node_without_py_spy_says_how_to_install_it() -> None:
     got, problem = node_stacks("n2", 1, answer(py_spy=None, ranks=[{"pid": 5, "rank": 1, "local_rank": 0}]))
-    assert got == [] and problem == ("py-spy is not installed next to /venv/bin/python nor on PATH: "
-                                     "`/venv/bin/python -m pip install py-spy` on this node (1 ranks not dumped)")
+    assert got == [] and problem == (
+        "py-spy is not installed next to /venv/bin/python nor on PATH: "
+        "`/venv/bin/python -m pip install py-spy` on this node (1 ranks not dumped)"
+    )
 
 
 def test_a_node_whose_job_is_over_has_no_rank() -> None:
-    assert node_stacks("n2", 1, answer(state="failed")) == ([], "no rank process is running here (the node's job is failed)")
+    assert node_stacks("n2", 1, answer(state="failed")) == (
+        [],
+        "no rank process is running here (the node's job is failed)",
+    )
     assert node_stacks("n2", 1, {"error": "nothing was started here", "ranks": []}) == ([], "nothing was started here")
 
 
@@ -193,8 +224,9 @@ def test_a_dump_is_parsed_with_its_rank() -> None:
     assert got.main[0].function == "sleep_forever" and got.raw == SLEEP
 
 
-@pytest.mark.parametrize("ranks", [7, "x", [1, None, "r"], [{"rank": "0", "local_rank": True, "pid": 1.5, "code": 0,
-                                                              "dump": SLEEP}]])
+@pytest.mark.parametrize(
+    "ranks", [7, "x", [1, None, "r"], [{"rank": "0", "local_rank": True, "pid": 1.5, "code": 0, "dump": SLEEP}]]
+)
 def test_an_answer_of_the_wrong_shape_is_no_stack_not_a_crash(ranks: Any) -> None:
     """What a node answers is not trusted: entries that are not objects are left out, a rank that
     is not an integer is no rank (and is grouped with none)."""
@@ -250,17 +282,21 @@ def test_a_hang_fails_on_the_odd_ranks_node() -> None:
     report = StacksReport("r1", 0.0, [rank(0, ALLREDUCE), rank(1, ALLREDUCE), rank(2, SLEEP), rank(3, ALLREDUCE)])
     f = hang_failure(12.3, 10.0, report, SPECS)
     assert (f.node, f.node_rank, f.rank, f.local_rank, f.exit_code) == ("n3", 2, 2, 0, None)
-    assert f.reason == ("hung: no rank wrote a line for 12 s (stall timeout 10 s); rank 2 stands apart: "
-                        "sleep_forever (ddp_job.py:50); ranks 0-1,3: all_reduce "
-                        "(torch/distributed/distributed_c10d.py:3913) in main (ddp_job.py:72)")
+    assert f.reason == (
+        "hung: no rank wrote a line for 12 s (stall timeout 10 s); rank 2 stands apart: "
+        "sleep_forever (ddp_job.py:50); ranks 0-1,3: all_reduce "
+        "(torch/distributed/distributed_c10d.py:3913) in main (ddp_job.py:72)"
+    )
 
 
 def test_a_hang_where_every_rank_waits_alike_or_without_stacks() -> None:
     same = StacksReport("r1", 0.0, [rank(r, ALLREDUCE) for r in range(4)])
     f = hang_failure(600, 600, same, SPECS)
     assert f.node == "n1" and f.rank is None
-    assert f.reason.endswith("every rank stands in the same place: all_reduce "
-                             "(torch/distributed/distributed_c10d.py:3913) in main (ddp_job.py:72)")
+    assert f.reason.endswith(
+        "every rank stands in the same place: all_reduce "
+        "(torch/distributed/distributed_c10d.py:3913) in main (ddp_job.py:72)"
+    )
     none = hang_failure(600, 600, StacksReport("r1", 0.0, [], {"n2": "py-spy is not installed"}), SPECS)
     assert none.node == "n1" and none.reason.endswith("no stack could be taken (n2: py-spy is not installed)")
     assert hang_failure(600, 600, None, SPECS, "ssh refused").reason.endswith("(ssh refused)")
@@ -281,8 +317,15 @@ def test_the_supervisors_watch_hook_fails_the_run_and_tears_down() -> None:
 
     running = {s.name: NodeStatus(NodeState.RUNNING, agent_alive=True, job_alive=True) for s in SPECS}
     clock = Clock()
-    sup = Supervisor(SPECS, observe=lambda: running, stop_all=stop_all, excerpt=lambda name: ["after the stop"],
-                     clock=clock, sleep=lambda s: None, watch=watch)
+    sup = Supervisor(
+        SPECS,
+        observe=lambda: running,
+        stop_all=stop_all,
+        excerpt=lambda name: ["after the stop"],
+        clock=clock,
+        sleep=lambda s: None,
+        watch=watch,
+    )
     out = sup.run()
     assert out.state == RunState.FAILED and stops == [1] and len(calls) == 3
     assert out.failure is hang and hang.rank == 2 and hang.excerpt == ["[rank 2] hanging at step 3"]
@@ -302,8 +345,9 @@ class Told:
 
 
 @pytest.mark.parametrize("on_stall", ["stop", "warn"])
-def test_the_hang_watch_takes_and_saves_every_stack_then_stops_or_warns(on_stall: str, tmp_path: Path,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_hang_watch_takes_and_saves_every_stack_then_stops_or_warns(
+    on_stall: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from orchestrator.run import watchdog
     from orchestrator.store import RunDir
 
@@ -314,8 +358,16 @@ def test_the_hang_watch_takes_and_saves_every_stack_then_stops_or_warns(on_stall
     dog = Watchdog(5.0, clock)
     told = Told()
     run = RunDir(tmp_path / "r1")
-    watch = watchdog.HangWatch(dog, on_stall, None, run, [], SPECS, told,  # type: ignore[arg-type]
-                               excerpt=lambda node: [f"2026-11-30T09:32:05.000001Z err [rank 2] last words on {node}"])
+    watch = watchdog.HangWatch(
+        dog,
+        on_stall,
+        None,
+        run,
+        [],
+        SPECS,
+        told,  # type: ignore[arg-type]
+        excerpt=lambda node: [f"2026-11-30T09:32:05.000001Z err [rank 2] last words on {node}"],
+    )
     assert watch() is None and taken == []  # no rank has written yet: start-up is not judged
     dog.progress()
     clock.t += 4.9
@@ -360,8 +412,9 @@ def test_the_hang_watch_stops_without_stacks_and_says_why(tmp_path: Path, monkey
 # ----------------------------------------------------------------------------- the command
 
 
-def test_orch_stacks_help_teaches_and_an_unknown_run_is_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_orch_stacks_help_teaches_and_an_unknown_run_is_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from click.testing import CliRunner
 
     from orchestrator.cli import main
@@ -376,8 +429,9 @@ def test_orch_stacks_help_teaches_and_an_unknown_run_is_exit_2(tmp_path: Path, m
 
 
 @pytest.mark.parametrize("complete", [True, False])
-def test_orch_stacks_prints_groups_or_json_and_exits_by_completeness(complete: bool, monkeypatch: pytest.MonkeyPatch,
-                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_orch_stacks_prints_groups_or_json_and_exits_by_completeness(
+    complete: bool, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     import json
 
     from orchestrator.cli import main

@@ -13,15 +13,33 @@ from orchestrator.run.supervise import NodeSpec
 NODES = {0: "n1", 1: "n2", 2: "n3", 3: "n4"}
 
 
-def window(k: int, rank: int, compute: float = 1.0, data: float = 0.01, steps: int = 10, per_node: int = 1,
-           at: float | None = None) -> Window:
+def window(
+    k: int,
+    rank: int,
+    compute: float = 1.0,
+    data: float = 0.01,
+    steps: int = 10,
+    per_node: int = 1,
+    at: float | None = None,
+) -> Window:
     """Rank `rank`'s k-th window: `compute`/`data` seconds in all (10 steps), wall = the slowest's."""
-    return Window(node=f"n{rank // per_node + 1}", rank=rank, local_rank=rank % per_node, epoch=1, batch=10 * k,
-                  steps=steps, data_s=data, compute_s=compute, wall_s=5.0, at=1000.0 + 60 * k if at is None else at)
+    return Window(
+        node=f"n{rank // per_node + 1}",
+        rank=rank,
+        local_rank=rank % per_node,
+        epoch=1,
+        batch=10 * k,
+        steps=steps,
+        data_s=data,
+        compute_s=compute,
+        wall_s=5.0,
+        at=1000.0 + 60 * k if at is None else at,
+    )
 
 
-def feed(det: Detector, k: int, slow: Mapping[int, tuple[float, float]], ranks: int = 4,
-         per_node: int = 1) -> list[straggler.Straggler]:
+def feed(
+    det: Detector, k: int, slow: Mapping[int, tuple[float, float]], ranks: int = 4, per_node: int = 1
+) -> list[straggler.Straggler]:
     found = []
     for r in range(ranks):
         compute, data = slow.get(r, (1.0, 0.01))
@@ -39,8 +57,9 @@ def test_a_rank_slow_for_the_set_number_of_windows_is_named_once_with_the_comput
     s = found[0]
     assert s.speed == pytest.approx(1.01 / 2.21, rel=1e-3) and s.windows == 3 and s.cpu_pct == 99.0
     assert s.since == 1055.0 and s.at == 1180.0  # from the start of its first slow window (wall 5 s)
-    assert s.line() == ("straggler: rank 2 on n3 at 0.46× the median for 2 min; data-wait 0 %, CPU 99 %: "
-                        "compute-bound on n3")
+    assert s.line() == (
+        "straggler: rank 2 on n3 at 0.46× the median for 2 min; data-wait 0 %, CPU 99 %: compute-bound on n3"
+    )
     assert feed(det, 4, {2: (2.2, 0.01)}) == []  # named once per streak
     assert det.take() == found and det.take() == []
 
@@ -112,8 +131,20 @@ def one_slow(load: NodeLoad | None, local_rank: int | None = 0) -> straggler.Str
         det.load(load)
     for r in range(4):
         w = window(1, r, 2.2 if r == 2 else 1.0)
-        det.window(Window(w.node, w.rank, local_rank if r == 2 else 0, w.epoch, w.batch, w.steps, w.data_s,
-                          w.compute_s, w.wall_s, w.at))
+        det.window(
+            Window(
+                w.node,
+                w.rank,
+                local_rank if r == 2 else 0,
+                w.epoch,
+                w.batch,
+                w.steps,
+                w.data_s,
+                w.compute_s,
+                w.wall_s,
+                w.at,
+            )
+        )
     found = det.take()
     assert [s.rank for s in found] == [2]
     return found[0]
@@ -141,17 +172,27 @@ def test_the_rank_is_judged_by_its_own_gpu_the_one_of_its_local_rank() -> None:
     assert one_slow(NodeLoad("n3", 40.0, {}, gpus), local_rank=0).kind == "compute"
 
 
-@pytest.mark.parametrize(("load", "local_rank", "missing"), [
-    (None, 0, "no telemetry from n3"),
-    (NodeLoad("n3", 40.0, {}, (), gpu_error="nvidia-smi exit 9: NVIDIA-SMI has failed"), 0,
-     "no GPU telemetry from n3: nvidia-smi exit 9: NVIDIA-SMI has failed"),
-    (NodeLoad("n3", 40.0, {}, (GpuLoad(1, 10.0, 50.0, ()),)), 0, "no GPU 0 in the telemetry of n3"),
-    (NodeLoad("n3", 40.0, {}, (GpuLoad(0, None, 50.0, ()),)), 0, "the utilisation of GPU 0 on n3 is unreadable"),
-    (NodeLoad("n3", 40.0, {}, (GpuLoad(0, 10.0, 50.0, ()),)), None, "the GPU of rank 2 is not known: no local rank"),
-])
-def test_without_the_ranks_gpu_telemetry_compute_or_waiting_cannot_be_told(load: NodeLoad | None,
-                                                                           local_rank: int | None,
-                                                                           missing: str) -> None:
+@pytest.mark.parametrize(
+    ("load", "local_rank", "missing"),
+    [
+        (None, 0, "no telemetry from n3"),
+        (
+            NodeLoad("n3", 40.0, {}, (), gpu_error="nvidia-smi exit 9: NVIDIA-SMI has failed"),
+            0,
+            "no GPU telemetry from n3: nvidia-smi exit 9: NVIDIA-SMI has failed",
+        ),
+        (NodeLoad("n3", 40.0, {}, (GpuLoad(1, 10.0, 50.0, ()),)), 0, "no GPU 0 in the telemetry of n3"),
+        (NodeLoad("n3", 40.0, {}, (GpuLoad(0, None, 50.0, ()),)), 0, "the utilisation of GPU 0 on n3 is unreadable"),
+        (
+            NodeLoad("n3", 40.0, {}, (GpuLoad(0, 10.0, 50.0, ()),)),
+            None,
+            "the GPU of rank 2 is not known: no local rank",
+        ),
+    ],
+)
+def test_without_the_ranks_gpu_telemetry_compute_or_waiting_cannot_be_told(
+    load: NodeLoad | None, local_rank: int | None, missing: str
+) -> None:
     """Never a guess: the reason says it cannot tell, and which telemetry is missing."""
     s = one_slow(load, local_rank)
     assert s.kind == "unknown"

@@ -31,9 +31,13 @@ SPECS = [NodeSpec("n1", 0, 0, 2), NodeSpec("n2", 1, 2, 2), NodeSpec("n3", 2, 4, 
 
 def ok(state: str = "running", polled: bool = False, **kw: Any) -> NodeStatus:
     """A node's status as its agent reports it; `polled` marks an answer to a status poll."""
-    fields: dict[str, Any] = {"agent_alive": state == "running", "job_alive": state == "running",
-                              "exit_code": 0 if state == "succeeded" else None,
-                              "reason": "polled" if polled else None, **kw}
+    fields: dict[str, Any] = {
+        "agent_alive": state == "running",
+        "job_alive": state == "running",
+        "exit_code": 0 if state == "succeeded" else None,
+        "reason": "polled" if polled else None,
+        **kw,
+    }
     return NodeStatus(NodeState(state), **fields)
 
 
@@ -50,8 +54,9 @@ class Clock:
         self.t += s
 
 
-def supervisor(rounds: list[Mapping[str, Any]], *, grace: float = 10.0, excerpt: Any = None,
-               clock: Clock | None = None) -> tuple[Supervisor, list[int]]:
+def supervisor(
+    rounds: list[Mapping[str, Any]], *, grace: float = 10.0, excerpt: Any = None, clock: Clock | None = None
+) -> tuple[Supervisor, list[int]]:
     stops: list[int] = []
     it = iter(rounds)
     clock = clock or Clock()
@@ -66,17 +71,27 @@ def supervisor(rounds: list[Mapping[str, Any]], *, grace: float = 10.0, excerpt:
         stops.append(1)
         return {s.name: StopResult(None) for s in SPECS}
 
-    sup = Supervisor(SPECS, observe=observe, stop_all=stop_all, excerpt=excerpt, interval=1.0,
-                     unreachable_grace=grace, clock=clock, sleep=clock.sleep)
+    sup = Supervisor(
+        SPECS,
+        observe=observe,
+        stop_all=stop_all,
+        excerpt=excerpt,
+        interval=1.0,
+        unreachable_grace=grace,
+        clock=clock,
+        sleep=clock.sleep,
+    )
     return sup, stops
 
 
 def test_success_when_every_node_succeeds_without_teardown() -> None:
-    sup, stops = supervisor([
-        {"n1": ok(), "n2": ok(), "n3": ok()},
-        {"n1": ok("succeeded"), "n2": ok(), "n3": ok("succeeded")},
-        {"n1": ok("succeeded"), "n2": ok("succeeded"), "n3": ok("succeeded")},
-    ])
+    sup, stops = supervisor(
+        [
+            {"n1": ok(), "n2": ok(), "n3": ok()},
+            {"n1": ok("succeeded"), "n2": ok(), "n3": ok("succeeded")},
+            {"n1": ok("succeeded"), "n2": ok("succeeded"), "n3": ok("succeeded")},
+        ]
+    )
     out = sup.run()
     assert out.state == "succeeded" and out.failure is None
     assert out.wall_s == pytest.approx(2.0)
@@ -86,10 +101,13 @@ def test_success_when_every_node_succeeds_without_teardown() -> None:
 def test_first_failure_stops_everything_once_and_names_the_node() -> None:
     lines = (FIXTURES / "torchrun_tee3_2proc_exit3_stderr_torch2.14.txt").read_text().splitlines()
     raw = [f"2026-11-30T09:32:05.{i:06d}Z err {t}" for i, t in enumerate(lines)]
-    sup, stops = supervisor([
-        {"n1": ok(), "n2": ok(), "n3": ok()},
-        {"n1": ok(), "n2": ok("failed", exit_code=1, finished_at=50.0), "n3": ok()},
-    ], excerpt=lambda node: raw if node == "n2" else [])
+    sup, stops = supervisor(
+        [
+            {"n1": ok(), "n2": ok(), "n3": ok()},
+            {"n1": ok(), "n2": ok("failed", exit_code=1, finished_at=50.0), "n3": ok()},
+        ],
+        excerpt=lambda node: raw if node == "n2" else [],
+    )
     out = sup.run()
     assert out.state == "failed" and stops == [1]
     f = out.failure
@@ -101,9 +119,15 @@ def test_first_failure_stops_everything_once_and_names_the_node() -> None:
 
 
 def test_earliest_failure_wins_when_several_nodes_fail_in_one_round() -> None:
-    sup, _ = supervisor([{"n1": ok("failed", exit_code=1, finished_at=20.5),
-                          "n2": ok("failed", exit_code=-9, signal="SIGKILL", finished_at=20.1),
-                          "n3": ok("failed", exit_code=1, finished_at=20.3)}])
+    sup, _ = supervisor(
+        [
+            {
+                "n1": ok("failed", exit_code=1, finished_at=20.5),
+                "n2": ok("failed", exit_code=-9, signal="SIGKILL", finished_at=20.1),
+                "n3": ok("failed", exit_code=1, finished_at=20.3),
+            }
+        ]
+    )
     out = sup.run()
     assert out.failure is not None and out.failure.node == "n2"
     assert "code -9 (SIGKILL)" in out.failure.reason
@@ -112,14 +136,24 @@ def test_earliest_failure_wins_when_several_nodes_fail_in_one_round() -> None:
 def test_the_first_failure_is_the_first_rank_torchrun_saw_fail_not_the_first_torchrun_to_exit() -> None:
     # n3's rank failed first (torchrun logged it at 20.0) but its torchrun took 0.9 s to exit; n1's
     # rank died of n3's (gloo: connection closed by peer) at 20.6 and its torchrun exited at 20.8
-    rounds = [{"n1": ok("failed", exit_code=1, failed_at=20.6, finished_at=20.8), "n2": ok(),
-               "n3": ok("failed", exit_code=1, failed_at=20.0, finished_at=20.9)}]
+    rounds = [
+        {
+            "n1": ok("failed", exit_code=1, failed_at=20.6, finished_at=20.8),
+            "n2": ok(),
+            "n3": ok("failed", exit_code=1, failed_at=20.0, finished_at=20.9),
+        }
+    ]
     sup, _ = supervisor(list(rounds))
     out = sup.run()
     assert out.failure is not None and out.failure.node == "n3" and out.failure.order == 20.0
     # a node that says nothing of its ranks (torchrun killed, an older agent) is ordered by its exit
-    rounds = [{"n1": ok("failed", exit_code=-9, signal="SIGKILL", finished_at=19.9), "n2": ok(),
-               "n3": ok("failed", exit_code=1, failed_at=20.0, finished_at=20.9)}]
+    rounds = [
+        {
+            "n1": ok("failed", exit_code=-9, signal="SIGKILL", finished_at=19.9),
+            "n2": ok(),
+            "n3": ok("failed", exit_code=1, failed_at=20.0, finished_at=20.9),
+        }
+    ]
     sup, _ = supervisor(list(rounds))
     assert sup.run().failure.node == "n1"  # type: ignore[union-attr]
 
@@ -147,8 +181,9 @@ def test_an_unanswered_poll_counts_from_when_it_began() -> None:
 
 
 def test_vanished_agent_is_a_failure() -> None:
-    sup, _ = supervisor([{"n1": ok(), "n2": ok(), "n3": NodeStatus(NodeState.RUNNING, agent_alive=False,
-                                                                     job_alive=True, agent_pid=42)}])
+    sup, _ = supervisor(
+        [{"n1": ok(), "n2": ok(), "n3": NodeStatus(NodeState.RUNNING, agent_alive=False, job_alive=True, agent_pid=42)}]
+    )
     out = sup.run()
     assert out.failure is not None and out.failure.node == "n3"
     assert "agent (pid 42) disappeared" in out.failure.reason and "still running" in out.failure.reason
@@ -162,26 +197,44 @@ def test_interrupt_tears_down_then_propagates() -> None:
 
 
 def test_teardown_reports_nodes_it_could_not_stop() -> None:
-    sup = Supervisor(SPECS, observe=lambda: {"n1": ok("failed", exit_code=2)},
-                     stop_all=lambda: {"n1": StopResult(None), "n2": TimeoutError("unreachable"),
-                                       "n3": StopResult(None, remaining=(77,))}, sleep=lambda s: None)
+    sup = Supervisor(
+        SPECS,
+        observe=lambda: {"n1": ok("failed", exit_code=2)},
+        stop_all=lambda: {
+            "n1": StopResult(None),
+            "n2": TimeoutError("unreachable"),
+            "n3": StopResult(None, remaining=(77,)),
+        },
+        sleep=lambda s: None,
+    )
     out = sup.run()
     assert set(out.not_stopped) == {"n2", "n3"} and "77" in out.not_stopped["n3"]
 
 
 def test_excerpt_keeps_the_failing_workers_exception_far_above_the_end() -> None:
-    worker = [f"[default1]:  File \"job.py\", line {i}" for i in range(5)] + \
-             ["[default1]:RuntimeError: injected failure on rank 5 at step 3"]
+    worker = [f'[default1]:  File "job.py", line {i}' for i in range(5)] + [
+        "[default1]:RuntimeError: injected failure on rank 5 at step 3"
+    ]
     noise = [f"[default0]:[rank 4] step {i}" for i in range(30)]
     torchrun_tb = [f"  torchrun frame {i}" for i in range(30)]
-    block = ["============================================================", "job.py FAILED",
-             "------------------------------------------------------------", "Failures:",
-             "  <NO_OTHER_FAILURES>", "------------------------------------------------------------",
-             "Root Cause (first observed failure):", "[0]:", "  time      : 2026-11-30_10:02:37",
-             "  host      : node3", "  rank      : 5 (local_rank: 1)", "  exitcode  : 1 (pid: 6482)",
-             "  error_file: /tmp/x/error.json", "  traceback : Traceback (most recent call last):",
-             "  RuntimeError: injected failure on rank 5 at step 3",
-             "============================================================"]
+    block = [
+        "============================================================",
+        "job.py FAILED",
+        "------------------------------------------------------------",
+        "Failures:",
+        "  <NO_OTHER_FAILURES>",
+        "------------------------------------------------------------",
+        "Root Cause (first observed failure):",
+        "[0]:",
+        "  time      : 2026-11-30_10:02:37",
+        "  host      : node3",
+        "  rank      : 5 (local_rank: 1)",
+        "  exitcode  : 1 (pid: 6482)",
+        "  error_file: /tmp/x/error.json",
+        "  traceback : Traceback (most recent call last):",
+        "  RuntimeError: injected failure on rank 5 at step 3",
+        "============================================================",
+    ]
     lines, rank, local = select_excerpt(worker + noise + torchrun_tb + block)
     assert (rank, local) == (5, 1)
     assert "[default1]:RuntimeError: injected failure on rank 5 at step 3" in lines
@@ -208,14 +261,17 @@ def test_log_text_strips_stamp_and_stream_only_from_node_log_lines() -> None:
     assert log_text("plain text line") == "plain text line"
 
 
-@pytest.mark.parametrize("states, recorded, expected", [
-    (["succeeded", "succeeded"], "running", "succeeded"),
-    (["failed", "stopped"], "running", "failed"),
-    (["running", "succeeded"], "starting", "running"),
-    (["stopped", "stopped"], "running", "stopped"),
-    (["unreachable", "running"], "running", "running"),
-    (["stopped", "stopped"], "failed", "failed"),  # final states stick
-])
+@pytest.mark.parametrize(
+    "states, recorded, expected",
+    [
+        (["succeeded", "succeeded"], "running", "succeeded"),
+        (["failed", "stopped"], "running", "failed"),
+        (["running", "succeeded"], "starting", "running"),
+        (["stopped", "stopped"], "running", "stopped"),
+        (["unreachable", "running"], "running", "running"),
+        (["stopped", "stopped"], "failed", "failed"),  # final states stick
+    ],
+)
 def test_run_state(states: list[str], recorded: str, expected: str) -> None:
     assert run_state(states, recorded) == expected
 
@@ -246,12 +302,19 @@ def test_a_fresh_look_orders_failures_the_round_saw_at_different_moments() -> No
     def confirm(names: Any) -> dict[str, Any]:
         assert sorted(names) == ["n2", "n3"]
         confirm_calls.append(1)
-        return {"n1": ok("failed", exit_code=1, finished_at=20.5),
-                "n2": ok("failed", exit_code=-9, signal="SIGKILL", finished_at=20.1), "n3": ok()}
+        return {
+            "n1": ok("failed", exit_code=1, finished_at=20.5),
+            "n2": ok("failed", exit_code=-9, signal="SIGKILL", finished_at=20.1),
+            "n3": ok(),
+        }
 
-    sup = Supervisor(SPECS, observe=lambda: {"n1": ok("failed", exit_code=1, finished_at=20.5), "n2": ok(),
-                                             "n3": ok()},
-                     stop_all=lambda: {}, confirm=confirm, sleep=lambda s: None)
+    sup = Supervisor(
+        SPECS,
+        observe=lambda: {"n1": ok("failed", exit_code=1, finished_at=20.5), "n2": ok(), "n3": ok()},
+        stop_all=lambda: {},
+        confirm=confirm,
+        sleep=lambda s: None,
+    )
     out = sup.run()
     assert out.failure is not None and out.failure.node == "n2" and confirm_calls == [1]
 
@@ -324,8 +387,9 @@ class Watched(Pushed):
 
 
 def pushed_for(polls: Polls, clock: Clock, **kw: Any) -> Watched:
-    return Watched(["n1", "n2", "n3"], polls, silent_after=3.0, interval=0.01, stale_after=5.0, clock=clock,
-                   **kw).start()  # type: ignore[return-value]
+    return Watched(
+        ["n1", "n2", "n3"], polls, silent_after=3.0, interval=0.01, stale_after=5.0, clock=clock, **kw
+    ).start()  # type: ignore[return-value]
 
 
 def test_pushed_statuses_need_no_poll_and_a_pushed_failure_ends_the_run() -> None:
@@ -343,8 +407,9 @@ def test_pushed_statuses_need_no_poll_and_a_pushed_failure_ends_the_run() -> Non
             pushed.status("n2", ok("failed", exit_code=1, finished_at=50.0))
         pushed.judged_quiet()  # every poller thread looked at this round's silences before the next
 
-    sup = Supervisor(SPECS, observe=pushed.observe, stop_all=lambda: stops.append(1) or {}, interval=1.0,
-                     clock=clock, sleep=sleep)
+    sup = Supervisor(
+        SPECS, observe=pushed.observe, stop_all=lambda: stops.append(1) or {}, interval=1.0, clock=clock, sleep=sleep
+    )
     try:
         out = sup.run()
     finally:
@@ -401,8 +466,15 @@ def test_a_silent_node_that_cannot_be_asked_is_unreachable_since_it_was_last_hea
         pushed.frame("n1")
         pushed.frame("n3")
 
-    sup = Supervisor(SPECS, observe=pushed.observe, stop_all=lambda: {}, interval=1.0, unreachable_grace=10.0,
-                     clock=clock, sleep=sleep)
+    sup = Supervisor(
+        SPECS,
+        observe=pushed.observe,
+        stop_all=lambda: {},
+        interval=1.0,
+        unreachable_grace=10.0,
+        clock=clock,
+        sleep=sleep,
+    )
     try:
         obs = pushed.observe()["n2"]
         assert isinstance(obs, Silent) and obs.since == heard and "connection refused" in str(obs)
@@ -458,8 +530,15 @@ def test_a_slow_disk_is_not_a_dead_node_the_run_goes_on() -> None:
         clock.sleep(s)
         time.sleep(0.01)  # the pollers run meanwhile: about 10 ms of this machine's time per fake second
 
-    sup = Supervisor(SPECS, observe=pushed.observe, stop_all=lambda: {}, interval=1.0, unreachable_grace=10.0,
-                     clock=clock, sleep=sleep)
+    sup = Supervisor(
+        SPECS,
+        observe=pushed.observe,
+        stop_all=lambda: {},
+        interval=1.0,
+        unreachable_grace=10.0,
+        clock=clock,
+        sleep=sleep,
+    )
     try:
         out = sup.run()
     finally:
@@ -514,8 +593,13 @@ def test_a_stream_may_take_longer_for_its_first_frame_than_to_stay_heard() -> No
 
 def test_failures_are_ordered_on_the_reference_clock_not_each_nodes_own() -> None:
     # n1's clock runs 5 s ahead: its 100.0 is 95.0 on the reference clock, before n2's 98.0
-    rounds = [{"n1": ok("failed", exit_code=1, finished_at=100.0), "n2": ok("failed", exit_code=1, finished_at=98.0),
-               "n3": ok()}]
+    rounds = [
+        {
+            "n1": ok("failed", exit_code=1, finished_at=100.0),
+            "n2": ok("failed", exit_code=1, finished_at=98.0),
+            "n3": ok(),
+        }
+    ]
     sup, _ = supervisor(list(rounds))
     assert sup.run().failure.node == "n2"  # type: ignore[union-attr]  # uncorrected: n2's clock reads earlier
     sup, _ = supervisor(list(rounds))
@@ -530,8 +614,10 @@ def test_detached_failure_uses_the_offsets_too() -> None:
     from orchestrator.run import control
     from orchestrator.store import NodeRecord
 
-    records = [NodeRecord("n1", node_rank=0, python="python3", remote_dir="/r"),
-               NodeRecord("n2", node_rank=1, python="python3", remote_dir="/r")]
+    records = [
+        NodeRecord("n1", node_rank=0, python="python3", remote_dir="/r"),
+        NodeRecord("n2", node_rank=1, python="python3", remote_dir="/r"),
+    ]
     statuses = {"n1": ok("failed", exit_code=1, finished_at=100.0), "n2": ok("failed", exit_code=2, finished_at=98.0)}
 
     class NoCluster:
@@ -549,10 +635,12 @@ def test_a_success_whose_cleanup_timed_out_says_what_is_still_running(capsys: py
     from orchestrator.cli import render
     from orchestrator.up import UpOutcome
 
-    sup, stops = supervisor([
-        {"n1": ok(), "n2": ok(), "n3": ok()},
-        {"n1": ok("succeeded"), "n2": ok("succeeded", cleanup_left=(4242,)), "n3": ok("succeeded")},
-    ])
+    sup, stops = supervisor(
+        [
+            {"n1": ok(), "n2": ok(), "n3": ok()},
+            {"n1": ok("succeeded"), "n2": ok("succeeded", cleanup_left=(4242,)), "n3": ok("succeeded")},
+        ]
+    )
     out = sup.run()
     assert out.state == "succeeded" and stops == []
     assert out.not_stopped == {"n2": "the job's cleanup timed out: processes still running: [4242]"}
@@ -578,11 +666,22 @@ def test_a_full_run_root_is_said_once_per_node_and_names_the_cause_of_a_lost_age
     full = "run_root /scratch/runs is full (No space left on device): the node's log and state are not all written"
     said: list[str] = []
     clock = Clock()
-    rounds = iter([{"n1": ok(disk_full=full), "n2": ok(), "n3": ok()},
-                   {"n1": ok(disk_full=full), "n2": ok(), "n3": ok()},
-                   {"n1": ok("running", agent_alive=False, job_alive=False, disk_full=full), "n2": ok(), "n3": ok()}])
-    sup = Supervisor(SPECS, observe=lambda: next(rounds), stop_all=lambda: {}, interval=1.0, clock=clock,
-                     sleep=clock.sleep, warn=said.append)
+    rounds = iter(
+        [
+            {"n1": ok(disk_full=full), "n2": ok(), "n3": ok()},
+            {"n1": ok(disk_full=full), "n2": ok(), "n3": ok()},
+            {"n1": ok("running", agent_alive=False, job_alive=False, disk_full=full), "n2": ok(), "n3": ok()},
+        ]
+    )
+    sup = Supervisor(
+        SPECS,
+        observe=lambda: next(rounds),
+        stop_all=lambda: {},
+        interval=1.0,
+        clock=clock,
+        sleep=clock.sleep,
+        warn=said.append,
+    )
     out = sup.run()
     assert said == [f"node n1: {full}"]
     assert out.failure is not None and out.failure.node == "n1"

@@ -62,8 +62,10 @@ def test_a_rank_that_loses_its_peer_to_the_stop_of_another_node_is_teardown_too(
     out, stops = shown(sorted(a + b, key=lambda ln: ln.ts))
     assert not any("Traceback" in ln.text or "Connection closed" in ln.text for ln in out)
     assert [ln.text for ln in out if ln.node == "node2"][-1] == "step 4 sum=26 ok"
-    assert {s.node: (s.received, s.held, s.exit_code) for s in stops} == {"node3": ("SIGTERM", 31, 1),
-                                                                            "node2": ("SIGTERM", 46, 1)}
+    assert {s.node: (s.received, s.held, s.exit_code) for s in stops} == {
+        "node3": ("SIGTERM", 31, 1),
+        "node2": ("SIGTERM", 46, 1),
+    }
 
 
 def test_after_a_first_failure_it_and_what_came_before_the_stop_are_shown() -> None:
@@ -93,9 +95,15 @@ def test_a_relaunch_after_the_teardown_is_shown_again() -> None:
     """A retry follows the node logs on from where the last attempt's copy ended: when that tail
     still holds the last teardown, the next launch's lines are news again from its start line."""
     first = lines("sigint_stop_node0_torch2.14.log", "n0")
-    start = LogLine(first[-1].ts + 1, "n0", 0, None, None, "orch",
-                    STARTING.format(pid=7, host="vm", attempt=" attempt 2", argv="python -m torch.distributed.run",
-                                    cwd="/w"))
+    start = LogLine(
+        first[-1].ts + 1,
+        "n0",
+        0,
+        None,
+        None,
+        "orch",
+        STARTING.format(pid=7, host="vm", attempt=" attempt 2", argv="python -m torch.distributed.run", cwd="/w"),
+    )
     step = LogLine(first[-1].ts + 2, "n0", 0, 0, 0, "out", "step 0 sum=10 ok")
     out, stops = shown(first + [start, step])
     assert out[-2:] == [start, step] and len(stops) == 1
@@ -105,7 +113,10 @@ def test_the_agent_writes_the_lines_the_controller_reads() -> None:
     from orchestrator.node import agent
 
     assert agent.STARTING == "starting"  # the state state.json starts in, not the line's format
-    assert all(STARTING_LINE.match(STARTING.format(pid=1, host="gpu-1", attempt=a, argv="x", cwd="/")) for a in ("", " attempt 3"))
+    assert all(
+        STARTING_LINE.match(STARTING.format(pid=1, host="gpu-1", attempt=a, argv="x", cwd="/"))
+        for a in ("", " attempt 3")
+    )
     assert STARTING_LINE.match(lines("sigint_stop_node0_torch2.14.log", "n0")[0].text)  # as recorded
     line = STOPPING.format(signal="SIGTERM", pgid=4242)
     assert line.startswith(STOPPING_PREFIX)
@@ -114,16 +125,30 @@ def test_the_agent_writes_the_lines_the_controller_reads() -> None:
     assert EXITED_LINE.match(EXITED.format(code=0, signal="", state="succeeded"))
 
 
-@pytest.mark.parametrize("stop, text", [
-    (NodeStopped("n0", "SIGTERM", 44, -9, "SIGKILL", 5.5),
-     "n0: stopped 5.5 s after its agent got SIGTERM (torchrun ended by SIGKILL); the 44 lines it printed "
-     "meanwhile are in its log: orch logs r1 --node n0"),
-    (NodeStopped("n1", "SIGTERM", 0, 1, None, 0.3), "n1: stopped 0.3 s after its agent got SIGTERM (torchrun exited with code 1)"),
-    (NodeStopped("n2", "SIGTERM", 1), "n2: stopping (its end is not in the log yet); the line it printed meanwhile "
-                                      "is in its log: orch logs r1 --node n2"),
-    (NodeStopped("n3", None, 12, 1, None), "n3: ended while the run was being stopped (torchrun exited with code 1); "
-                                           "the 12 lines it printed meanwhile are in its log: orch logs r1 --node n3"),
-])
+@pytest.mark.parametrize(
+    "stop, text",
+    [
+        (
+            NodeStopped("n0", "SIGTERM", 44, -9, "SIGKILL", 5.5),
+            "n0: stopped 5.5 s after its agent got SIGTERM (torchrun ended by SIGKILL); the 44 lines it printed "
+            "meanwhile are in its log: orch logs r1 --node n0",
+        ),
+        (
+            NodeStopped("n1", "SIGTERM", 0, 1, None, 0.3),
+            "n1: stopped 0.3 s after its agent got SIGTERM (torchrun exited with code 1)",
+        ),
+        (
+            NodeStopped("n2", "SIGTERM", 1),
+            "n2: stopping (its end is not in the log yet); the line it printed meanwhile "
+            "is in its log: orch logs r1 --node n2",
+        ),
+        (
+            NodeStopped("n3", None, 12, 1, None),
+            "n3: ended while the run was being stopped (torchrun exited with code 1); "
+            "the 12 lines it printed meanwhile are in its log: orch logs r1 --node n3",
+        ),
+    ],
+)
 def test_the_line_that_says_a_node_stopped(stop: NodeStopped, text: str) -> None:
     from rich.text import Text
 

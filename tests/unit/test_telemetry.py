@@ -36,8 +36,12 @@ def rank_env(rank: int) -> dict[str, str]:
 
 def test_two_samples_give_gpus_memory_load_and_each_ranks_cpu_with_its_loader(tmp_path: Path) -> None:
     proc = tmp_path / "proc"
-    tree = {10: (1, {"PATH": "/bin"}, 0, 100), 11: (10, rank_env(0), 0, 2560), 12: (11, rank_env(0), 0, 512),
-            13: (10, rank_env(1), 0, 1280)}
+    tree = {
+        10: (1, {"PATH": "/bin"}, 0, 100),
+        11: (10, rank_env(0), 0, 2560),
+        12: (11, rank_env(0), 0, 512),
+        13: (10, rank_env(1), 0, 1280),
+    }
     write_proc(proc, (1000, 9000), tree)
     now = [100.0]
     gpus = recorded_gpus("h100x8")
@@ -45,8 +49,12 @@ def test_two_samples_give_gpus_memory_load_and_each_ranks_cpu_with_its_loader(tm
     first = s.sample()
     assert first["cpu_pct"] is None and [r["cpu_pct"] for r in first["ranks"]] == [None, None]
     # 2 s later: rank 0's worker used 1 s of CPU and its loader 0.5 s; rank 1 2 s; the node 25 % busy
-    tree = {10: (1, {"PATH": "/bin"}, 0, 100), 11: (10, rank_env(0), TICK, 2560), 12: (11, rank_env(0), TICK // 2, 512),
-            13: (10, rank_env(1), 2 * TICK, 1280)}
+    tree = {
+        10: (1, {"PATH": "/bin"}, 0, 100),
+        11: (10, rank_env(0), TICK, 2560),
+        12: (11, rank_env(0), TICK // 2, 512),
+        13: (10, rank_env(1), 2 * TICK, 1280),
+    }
     write_proc(proc, (2000, 12000), tree)
     now[0] = 102.0
     out = s.sample()
@@ -55,7 +63,8 @@ def test_two_samples_give_gpus_memory_load_and_each_ranks_cpu_with_its_loader(tm
     page_mb = os.sysconf("SC_PAGE_SIZE") / 2**20
     assert out["ranks"] == [
         {"rank": 0, "local_rank": 0, "pid": 11, "cpu_pct": 75.0, "rss_mb": round(2560 * page_mb, 1)},
-        {"rank": 1, "local_rank": 1, "pid": 13, "cpu_pct": 100.0, "rss_mb": round(1280 * page_mb, 1)}]
+        {"rank": 1, "local_rank": 1, "pid": 13, "cpu_pct": 100.0, "rss_mb": round(1280 * page_mb, 1)},
+    ]
     assert len(out["gpus"]) == 8 and out["gpus"][0]["throttle"] == ["hw_slowdown", "hw_power_brake"]
     line = telemetry.line(out)
     assert line.startswith("telemetry {") and "\n" not in line
@@ -63,9 +72,20 @@ def test_two_samples_give_gpus_memory_load_and_each_ranks_cpu_with_its_loader(tm
 
 def test_nvidia_smi_values_missing_broken_and_throttle_bits() -> None:
     v100 = recorded_gpus("v100x8")
-    assert v100[0] == {"index": 0, "uuid": "GPU-v100-0", "name": "Tesla V100-SXM2-16GB", "util_pct": 100.0,
-                       "mem_used_mb": 3087, "mem_total_mb": 16384, "temp_c": 51.0, "power_w": 80.0, "sm_mhz": None,
-                       "throttle": None, "fan_pct": None, "error": None}
+    assert v100[0] == {
+        "index": 0,
+        "uuid": "GPU-v100-0",
+        "name": "Tesla V100-SXM2-16GB",
+        "util_pct": 100.0,
+        "mem_used_mb": 3087,
+        "mem_total_mb": 16384,
+        "temp_c": 51.0,
+        "power_w": 80.0,
+        "sm_mhz": None,
+        "throttle": None,
+        "fan_pct": None,
+        "error": None,
+    }
     err = recorded_gpus("err")[0]
     assert err["fan_pct"] is None and err["error"] == "fan.speed ERR!"
     assert telemetry.throttle_names(0x1 | 0x2 | 0x10 | 0x100) == []  # idle, app clocks, sync boost, display
@@ -81,10 +101,13 @@ def test_a_missing_or_failing_nvidia_smi_is_a_fact(monkeypatch: pytest.MonkeyPat
     fake = tmp_path / "nvidia-smi"
     fake.write_text("")
     fake.chmod(0o755)
-    gpus, why = telemetry.read_gpus(run=lambda argv: (9, "", "NVIDIA-SMI has failed because it couldn't "
-                                                                "communicate with the NVIDIA driver.\n"))
-    assert gpus == [] and why == "nvidia-smi exit 9: NVIDIA-SMI has failed because it couldn't communicate with " \
-                                 "the NVIDIA driver."
+    gpus, why = telemetry.read_gpus(
+        run=lambda argv: (9, "", "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n")
+    )
+    assert (
+        gpus == []
+        and why == "nvidia-smi exit 9: NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
+    )
 
 
 def test_the_detectors_view_of_a_sample_tells_a_node_without_gpus_from_unreadable_gpus() -> None:

@@ -29,18 +29,27 @@ REPO = Path(__file__).resolve().parents[2]
 
 def terminal_acting(text: str) -> list[str]:
     """The characters of text a terminal would act on (C0 but TAB/newline, DEL, C1, bidi)."""
-    return [c for c in text if (ord(c) < 0x20 and c not in "\t\n") or 0x7F <= ord(c) <= 0x9F
-            or 0x202A <= ord(c) <= 0x202E or 0x2066 <= ord(c) <= 0x2069 or c in "\u200e\u200f"]
+    return [
+        c
+        for c in text
+        if (ord(c) < 0x20 and c not in "\t\n")
+        or 0x7F <= ord(c) <= 0x9F
+        or 0x202A <= ord(c) <= 0x202E
+        or 0x2066 <= ord(c) <= 0x2069
+        or c in "\u200e\u200f"
+    ]
 
 
 def test_printable_escapes_controls_visibly_and_keeps_tab_and_text() -> None:
     assert printable("plain text: ok é 字 █") == "plain text: ok é 字 █"
     assert printable("a\tb") == "a\tb"
-    assert printable(EVIL) == ("\\x1b]0;owned\\x07\\x1b[2J\\x1b[6n\\x9b31m\\u202egnp.exe\\x7f "
-                               "[link=https://x.example]click[/link]")
+    assert printable(EVIL) == (
+        "\\x1b]0;owned\\x07\\x1b[2J\\x1b[6n\\x9b31m\\u202egnp.exe\\x7f [link=https://x.example]click[/link]"
+    )
     assert printable("50%\r") == "50%\\r"
     assert printable("\x00\x08\x0b\x0c\x1f\x85\u200e\u200f\u2066\u2069") == (
-        "\\x00\\x08\\x0b\\x0c\\x1f\\x85\\u200e\\u200f\\u2066\\u2069")
+        "\\x00\\x08\\x0b\\x0c\\x1f\\x85\\u200e\\u200f\\u2066\\u2069"
+    )
     # with colour on a terminal the job's colours stay, and only if exactly SGR
     assert printable(RED + "\x1b[2J\x1b[38;5;9m!", sgr=True) == RED + "\\x1b[2J\x1b[38;5;9m!"
     assert printable(RED) == "\\x1b[31mred\\x1b[0m"
@@ -85,9 +94,14 @@ def test_check_table_status_outcome_and_errors_show_node_text_escaped(capsys: py
     assert "\x1b[" in table and "owned" in table and "\x1b]0;" not in table and "\x9b" not in table
     assert "\u202e" not in table and "\x07" not in table and "[link=https://x.example]" in table
     assert "\x1b]8;" not in table  # no hyperlink made of the node's text
-    render.status_table(StatusReport("r1", "failed", [NodeReport("n1", 0, "h", "unreachable", None, None, None,
-                                                                 None, None, None, None, "ssh: " + EVIL)],
-                                     {"node": "n1", "rank": 0, "exit_code": 1, "reason": EVIL}))
+    render.status_table(
+        StatusReport(
+            "r1",
+            "failed",
+            [NodeReport("n1", 0, "h", "unreachable", None, None, None, None, None, None, None, "ssh: " + EVIL)],
+            {"node": "n1", "rank": 0, "exit_code": 1, "reason": EVIL},
+        )
+    )
     render.up_outcome(UpOutcome("failed", "r1", failure=Failure("n1", 0, "exit " + EVIL, 1, 0, 0, [EVIL, "ok"])))
     render.orch_error("n1: the node agent failed: " + EVIL, "hint " + EVIL)
     out = capsys.readouterr()
@@ -113,8 +127,13 @@ def test_orch_logs_escapes_by_default_raw_writes_the_bytes_json_keeps_them(tmp_p
 
     def logs(*args: str, pure: bool = False) -> subprocess.CompletedProcess[bytes]:
         e = dict(env, ORCH_PURE_PYTHON="1") if pure else env
-        return subprocess.run([sys.executable, "-m", "orchestrator", "logs", run.run_id, *args], cwd=REPO, env=e,
-                              capture_output=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "orchestrator", "logs", run.run_id, *args],
+            cwd=REPO,
+            env=e,
+            capture_output=True,
+            timeout=120,
+        )
 
     for pure in (False, True):  # the C merge and the Python one
         out = logs(pure=pure)
@@ -152,8 +171,9 @@ def test_fabric_names_devices_and_reasons_from_the_node_are_shown_escaped() -> N
     """`\\x1b]0;PWNED\\x1b[2J` as the job's backend, device, a node's host and a skip reason went
     out as bytes: it retitled the window and cleared the screen."""
     pwned = "\x1b]0;PWNED\x1b[2J"
-    _, shown = fabric_outputs(["n1", "n2"], fabric_result(["n1" + pwned, "n2"], "gloo" + pwned, "cpu" + pwned,
-                                                          "slow" + pwned))
+    _, shown = fabric_outputs(
+        ["n1", "n2"], fabric_result(["n1" + pwned, "n2"], "gloo" + pwned, "cpu" + pwned, "slow" + pwned)
+    )
     assert acting_but_sgr(shown) == [] and "\x1b]0;" not in shown
     assert shown.count("\\x1b]0;PWNED\\x1b[2J") >= 4, shown
 
@@ -190,18 +210,33 @@ from hypothesis import strategies as st  # noqa: E402
 EXAMPLES = int(os.environ.get("ORCH_HYPOTHESIS_EXAMPLES", 300))
 NODE_BYTES = st.one_of(
     st.binary(max_size=40),
-    st.text(alphabet=st.sampled_from(list("\x1b\x07\x9b\x9d\x85\x00\x08\r\n\t\x7f\u202e\u2066\u200f[]]m;0123 abc字")),
-            max_size=40).map(lambda s: s.encode("utf-8", "surrogatepass")),
-    st.sampled_from([EVIL.encode(), RED.encode(), b"\x1b]0;PWNED\x1b[2J", b"\x1b]8;;http://x\x1b\\click\x1b]8;;\x1b\\",
-                     b"\xc2\x9b31m", b"\x1bP+q\x1b\\"]))
+    st.text(
+        alphabet=st.sampled_from(list("\x1b\x07\x9b\x9d\x85\x00\x08\r\n\t\x7f\u202e\u2066\u200f[]]m;0123 abc字")),
+        max_size=40,
+    ).map(lambda s: s.encode("utf-8", "surrogatepass")),
+    st.sampled_from(
+        [
+            EVIL.encode(),
+            RED.encode(),
+            b"\x1b]0;PWNED\x1b[2J",
+            b"\x1b]8;;http://x\x1b\\click\x1b]8;;\x1b\\",
+            b"\xc2\x9b31m",
+            b"\x1bP+q\x1b\\",
+        ]
+    ),
+)
 TEXT = NODE_BYTES.map(lambda b: b.decode("utf-8", "replace"))
 
 
-@settings(max_examples=max(20, EXAMPLES // 5), deadline=None,  # each example draws five kinds of table
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=max(20, EXAMPLES // 5),
+    deadline=None,  # each example draws five kinds of table
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(line=TEXT, dump=TEXT, words=st.lists(TEXT, min_size=8, max_size=8), out=NODE_BYTES, err=NODE_BYTES)
-def test_node_output_is_data_never_terminal_control(capsys: pytest.CaptureFixture[str], line: str, dump: str,
-                                                    words: list[str], out: bytes, err: bytes) -> None:
+def test_node_output_is_data_never_terminal_control(
+    capsys: pytest.CaptureFixture[str], line: str, dump: str, words: list[str], out: bytes, err: bytes
+) -> None:
     """Log lines, probe answers, the fabric job's JSON, py-spy's dumps and `orch exec` output, each
     whatever bytes a node sends: what reaches a person has no ESC, BEL or C1 control of the node's
     (a colour terminal: no control but orch's own exact SGR colours)."""
@@ -224,13 +259,22 @@ def test_node_output_is_data_never_terminal_control(capsys: pytest.CaptureFixtur
         shown.append(format_line(ln, False))
         coloured.append(format_line(ln, True))
     # the probe's answer: every check judges it, the table shows it
-    inv = parse("nodes: [{host: h1, gpus: 1}, {host: h2, gpus: 1}]\nchecks: {timezone: UTC}\n"
-                "env: {NCCL_SOCKET_IFNAME: eth0}\n", "t.yaml")
+    inv = parse(
+        "nodes: [{host: h1, gpus: 1}, {host: h2, gpus: 1}]\nchecks: {timezone: UTC}\nenv: {NCCL_SOCKET_IFNAME: eth0}\n",
+        "t.yaml",
+    )
     got = {}
-    raws = [{"tz": {"TZ": words[0], "abbr": words[1], "utcoffset": words[2]}, "env": {"NCCL_SOCKET_IFNAME": words[3]},
-             "software": {"torch": words[4], "python": words[5]}, "host": words[6],
-             "gpus": {"source": "nvidia-smi", "query": {"rc": 0, "out": words[7] + "\n" + dump, "err": line}},
-             "python": {"executable": words[0], "version": words[1]}}, {"tz": words[2]}]
+    raws = [
+        {
+            "tz": {"TZ": words[0], "abbr": words[1], "utcoffset": words[2]},
+            "env": {"NCCL_SOCKET_IFNAME": words[3]},
+            "software": {"torch": words[4], "python": words[5]},
+            "host": words[6],
+            "gpus": {"source": "nvidia-smi", "query": {"rc": 0, "out": words[7] + "\n" + dump, "err": line}},
+            "python": {"executable": words[0], "version": words[1]},
+        },
+        {"tz": words[2]},
+    ]
     for n, raw in zip(inv.nodes, raws):
         nf = facts.NodeFacts(n, ssh_offset_ms=0.0, rtt_ms=1.0, connect_ms=1.0)
         nf.raw, nf.malformed = shapes.read_answer(raw, shapes.FACTS_SHAPE, "facts")
@@ -240,22 +284,48 @@ def test_node_output_is_data_never_terminal_control(capsys: pytest.CaptureFixtur
     render.check_table(report, Console(file=buf, force_terminal=True, width=200))
     coloured.append(buf.getvalue())
     # the fabric job's JSON and its log
-    coloured.append(fabric_outputs(["n1", "n2"], fabric_result(["n1", words[0]], words[1], words[2], words[3]),
-                                   log=f"2026-11-30T09:32:05.123456Z err ORCH_FABRIC_ERROR "
-                                       f"{json.dumps({'phase': words[4], 'error': words[5]})}\n{line}\n")[1])
+    coloured.append(
+        fabric_outputs(
+            ["n1", "n2"],
+            fabric_result(["n1", words[0]], words[1], words[2], words[3]),
+            log=f"2026-11-30T09:32:05.123456Z err ORCH_FABRIC_ERROR "
+            f"{json.dumps({'phase': words[4], 'error': words[5]})}\n{line}\n",
+        )[1]
+    )
     # py-spy's dumps and the agent's errors
-    ranks, problem = node_stacks("n1", 0, {"py_spy": "/bin/py-spy", "python": words[0], "ranks": [
-        {"rank": 0, "local_rank": 0, "pid": 1, "code": 0,
-         "dump": f'Thread 1 (idle): "{words[1]}"\n    {words[2]} ({words[3]}:7)\n{dump}'},
-        {"rank": 1, "local_rank": 1, "pid": 2, "code": 1, "error": words[4]}]})
+    ranks, problem = node_stacks(
+        "n1",
+        0,
+        {
+            "py_spy": "/bin/py-spy",
+            "python": words[0],
+            "ranks": [
+                {
+                    "rank": 0,
+                    "local_rank": 0,
+                    "pid": 1,
+                    "code": 0,
+                    "dump": f'Thread 1 (idle): "{words[1]}"\n    {words[2]} ({words[3]}:7)\n{dump}',
+                },
+                {"rank": 1, "local_rank": 1, "pid": 2, "code": 1, "error": words[4]},
+            ],
+        },
+    )
     buf = io.StringIO()
-    render.stacks_view(StacksReport("r1", T0, ranks, {"n2": words[5], **({"n1": problem} if problem else {})}),
-                       Console(file=buf, force_terminal=True, width=200))
+    render.stacks_view(
+        StacksReport("r1", T0, ranks, {"n2": words[5], **({"n1": problem} if problem else {})}),
+        Console(file=buf, force_terminal=True, width=200),
+    )
     coloured.append(buf.getvalue())
     # orch exec: the command's own output, and an error that quotes the node
-    report_exec = ExecReport(("x",), False, (NodeOutput("n1", 3, out.decode("utf-8", "replace"),
-                                                        err.decode("utf-8", "replace")),
-                                             NodeOutput("n2", 255, "", "", "ssh: " + words[6], "hint " + words[7])))
+    report_exec = ExecReport(
+        ("x",),
+        False,
+        (
+            NodeOutput("n1", 3, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")),
+            NodeOutput("n2", 255, "", "", "ssh: " + words[6], "hint " + words[7]),
+        ),
+    )
     capsys.readouterr()
     render.exec_output(report_exec, False)
     render.up_outcome(UpOutcome("failed", "r1", failure=Failure("n1", 0, "exit " + words[0], 1, 0, 0, [line, dump])))

@@ -18,7 +18,9 @@ helpers, `orch up`'s (a node agent started, torchrun)."""
 
 
 def functions_in(path: Path) -> list[ast.FunctionDef]:
-    return [n for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")]
+    return [
+        n for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")
+    ]
 
 
 def test_the_unit_tier_starts_no_cluster_launcher_browser_or_agent() -> None:
@@ -40,8 +42,11 @@ def test_the_gpu_tier_is_collected_everywhere_and_every_test_is_marked_gpu() -> 
     assert modules
     for path in modules:
         tree = ast.parse(path.read_text())
-        marks = [n for n in tree.body if isinstance(n, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == "pytestmark" for t in n.targets)]
+        marks = [
+            n
+            for n in tree.body
+            if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in n.targets)
+        ]
         assert marks and "pytest.mark.gpu" in ast.unparse(marks[0].value), f"{path.name}: no module-wide gpu mark"
         # skipped, never deselected, where there is no GPU: `pytest -m gpu tests/gpu` always collects
         assert "skipif(not torch.cuda.is_available()" in ast.unparse(marks[0].value)

@@ -26,13 +26,21 @@ def test_rows_flags_and_the_bad_gpu_from_the_recorded_sets(tmp_path: Path) -> No
     nodes = {n["node"]: n for n in report["nodes"]}
     assert [len(n["gpus"]) for n in report["nodes"]] == [8, 8, 3, 1]
     h100 = nodes["n1"]
-    assert h100["flags"] == ["throttle", "idle-gpu", "stale"]  # 86 MHz, power brake; 0 % busy while rank 0 runs on GPU 0
+    assert h100["flags"] == [
+        "throttle",
+        "idle-gpu",
+        "stale",
+    ]  # 86 MHz, power brake; 0 % busy while rank 0 runs on GPU 0
     assert h100["gpus"][0]["throttle"] == ["hw_slowdown", "hw_power_brake"] and h100["gpus"][0]["sm_mhz"] == 86
     assert h100["gpus"][0]["flags"] == ["throttle", "idle"] and h100["gpus"][0]["rank"] == 0
     assert h100["gpus"][1]["flags"] == ["throttle"] and h100["gpus"][1]["rank"] is None
     v100 = nodes["n2"]
     assert v100["flags"] == ["stale"] and v100["gpus"][0]["util_pct"] == 100.0 and v100["gpus"][0]["throttle"] is None
-    assert (v100["gpus"][0]["mem_used_mb"], v100["gpus"][0]["mem_total_mb"], v100["gpus"][0]["power_w"]) == (3087, 16384, 80.0)
+    assert (v100["gpus"][0]["mem_used_mb"], v100["gpus"][0]["mem_total_mb"], v100["gpus"][0]["power_w"]) == (
+        3087,
+        16384,
+        80.0,
+    )
     assert nodes["n3"]["gpus"][0]["power_w"] is None and nodes["n3"]["gpus"][0]["name"] == "NVIDIA A100-SXM4-40GB"
     err = nodes["n4"]
     assert err["gpus"][0]["error"] == "fan.speed ERR!" and "gpu-error" in err["flags"]
@@ -127,8 +135,9 @@ def test_the_live_view_off_a_terminal_prints_each_refresh(tmp_path: Path, monkey
     assert buf.getvalue().count("run 20261130-093200-toptest: running") == 2
 
 
-def test_a_line_that_is_not_a_finite_record_is_ignored_and_counted(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_line_that_is_not_a_finite_record_is_ignored_and_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A rank printing `wall_s 1e999` in the window that starts its slow streak (the line that took
     `orch up` down with an OverflowError, and every later `orch top` with it): the line is ignored,
     counted, said; the straggler is named from the windows that are records."""
@@ -140,12 +149,16 @@ def test_a_line_that_is_not_a_finite_record_is_ignored_and_counted(tmp_path: Pat
     copy = run.path / "nodes" / "n3.log"
     lines = copy.read_text().splitlines(keepends=True)
     bad = [i for i, ln in enumerate(lines) if "timing epoch 1 batch 10 " in ln][0]
-    broken = [lines[bad].replace("wall_s 5", "wall_s 1e999"),
-              lines[bad].replace("batch 10 ", "batch 11 ").replace("compute_s 2.5", "compute_s -1"),
-              lines[bad].replace("batch 10 ", "batch 12 ").replace("steps 10", "steps " + "9" * 400),
-              lines[bad].replace("batch 10 ", "batch 13 ").replace("data_s 0.01", "data_s 1e308").replace(
-                  "compute_s 2.5", "compute_s 1e308")]
-    lines[bad:bad + 1] = broken
+    broken = [
+        lines[bad].replace("wall_s 5", "wall_s 1e999"),
+        lines[bad].replace("batch 10 ", "batch 11 ").replace("compute_s 2.5", "compute_s -1"),
+        lines[bad].replace("batch 10 ", "batch 12 ").replace("steps 10", "steps " + "9" * 400),
+        lines[bad]
+        .replace("batch 10 ", "batch 13 ")
+        .replace("data_s 0.01", "data_s 1e308")
+        .replace("compute_s 2.5", "compute_s 1e308"),
+    ]
+    lines[bad : bad + 1] = broken
     lines.append(lines[1].replace('"cpu_pct":50.0', '"cpu_pct":1' + "0" * 400))  # float() of it overflows
     copy.write_text("".join(lines))
     view = TopView(run, run.inventory(), clock=lambda: TS0 + 250)
@@ -160,7 +173,9 @@ def test_a_line_that_is_not_a_finite_record_is_ignored_and_counted(tmp_path: Pat
     assert "5 lines of the node logs ignored: not a finite telemetry or timing record" in buf.getvalue()
 
 
-def test_orch_top_once_is_the_librarys_one_look(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_orch_top_once_is_the_librarys_one_look(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The CLI parses and shows; the look itself (open the run, fetch, read the copies, report) is
     `top.top_once`, the one definition of it."""
     from orchestrator import top
@@ -176,7 +191,9 @@ def test_orch_top_once_is_the_librarys_one_look(monkeypatch: pytest.MonkeyPatch,
     assert json.loads(capsys.readouterr().out) == canned.to_json()
 
 
-def test_each_refresh_fetches_then_reads_what_the_copies_gained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_each_refresh_fetches_then_reads_what_the_copies_gained(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`TopView.frames`: the live view's refreshes, one cluster for all of them, `interval` apart."""
     import contextlib
     import itertools

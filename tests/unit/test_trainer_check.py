@@ -47,7 +47,12 @@ def test_a_typo_is_the_argparse_error_line_with_the_flag_it_meant() -> None:
 def test_what_a_start_accepts_is_accepted_and_nothing_is_written(data: Path, tmp_path: Path) -> None:
     answer = check.check(["--data", str(data), "--batch", "4", "--epochs", "2", "--imgsz", "32"])
     assert answer["ok"] is True and answer["trainer_check"] == check.SCHEMA
-    assert (answer["model"], answer["task"], answer["classes"], answer["device"]) == ("yolo12n.yaml", "detect", 3, "cpu")
+    assert (answer["model"], answer["task"], answer["classes"], answer["device"]) == (
+        "yolo12n.yaml",
+        "detect",
+        3,
+        "cpu",
+    )
     assert answer["out"] == str(tmp_path / "runs" / "detect" / "train")  # runs/<task>/train, as ultralytics 8.4
     assert list(tmp_path.iterdir()) == [], "the check wrote something"
     assert "model build (--freeze layer names)" in answer["not_verified"]
@@ -73,8 +78,11 @@ def test_an_out_that_holds_a_run_is_the_trainers_message(data: Path, tmp_path: P
     err = refused(["--data", str(data), "--batch", "4", "--out", str(out)])
     with pytest.raises(TrainerError) as start:
         output.resolve(parse_config(["--data", str(data), "--batch", "4", "--out", str(out)]))
-    assert str(err) == str(start.value) == (f"--out {out} already holds a run (weights/last.pt): add --resume, "
-                                            "or pick another --out")
+    assert (
+        str(err)
+        == str(start.value)
+        == (f"--out {out} already holds a run (weights/last.pt): add --resume, or pick another --out")
+    )
     # with --resume the checkpoint is read as the start reads it: an empty file is refused, in words
     err = refused(["--data", str(data), "--batch", "4", "--out", str(out), "--resume"])
     assert str(err).startswith(f"--resume {out}/weights/last.pt: cannot be read as a checkpoint")
@@ -95,24 +103,34 @@ def test_only_rank_0_decides_the_run_directory(data: Path, tmp_path: Path, monke
 def test_inputs_are_checked_as_at_start(data: Path, tmp_path: Path) -> None:
     assert "no such file" in str(refused(["--data", str(tmp_path / "nope.yaml")]))
     assert str(refused(["--data", str(data), "--weights", str(tmp_path / "w.pt")])).startswith(
-        f"--weights {tmp_path}/w.pt: no such file")
+        f"--weights {tmp_path}/w.pt: no such file"
+    )
     assert str(refused(["--data", str(data), "--model", "yolo12q.yaml"])).startswith("--model yolo12q.yaml: unknown")
     # a rule the start used to apply only after building the model
     assert str(refused(["--data", str(data), "--prompt-mode", "full"])) == (
-        "--prompt-mode is for YOLOE models; --model yolo12n.yaml is yolo12n.yaml")
+        "--prompt-mode is for YOLOE models; --model yolo12n.yaml is yolo12n.yaml"
+    )
     assert "needs CUDA" in str(refused(["--data", str(data), "--amp"]))
 
 
 def test_the_command_answers_one_json_line_and_exits_2_when_refused(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")}
-    proc = subprocess.run([sys.executable, "-m", "trainer", "--check", "--data", "/nowhere/d.yaml", "--epocs", "2"],
-                          cwd=tmp_path, env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer", "--check", "--data", "/nowhere/d.yaml", "--epocs", "2"],
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr
     lines = proc.stdout.splitlines()
     assert len(lines) == 1 and json.loads(lines[0]) == {
-        "trainer_check": 1, "ok": False, "stage": "arguments",
-        "error": "python -m trainer: error: unrecognized arguments: --epocs (did you mean --epochs?)"}
+        "trainer_check": 1,
+        "ok": False,
+        "stage": "arguments",
+        "error": "python -m trainer: error: unrecognized arguments: --epocs (did you mean --epochs?)",
+    }
     assert "usage:" not in proc.stderr
 
 
@@ -145,11 +163,28 @@ def test_every_refusal_of_one_command_comes_at_once(data: Path, monkeypatch: pyt
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     for name, value in (("RANK", "0"), ("WORLD_SIZE", "4"), ("LOCAL_WORLD_SIZE", "4")):
         monkeypatch.setenv(name, value)
-    err = str(refused(["--data", str(data), "--batch-size", "64", "--amp", "--sync-bn", "--gradient-accumulation",
-                       "2", "--device", "0,1,2,3"]))
+    err = str(
+        refused(
+            [
+                "--data",
+                str(data),
+                "--batch-size",
+                "64",
+                "--amp",
+                "--sync-bn",
+                "--gradient-accumulation",
+                "2",
+                "--device",
+                "0,1,2,3",
+            ]
+        )
+    )
     assert err.startswith("3 problems: "), err
-    for said in ("--device 0,1,2,3 but torch sees no GPU", "--amp on: fp16 mixed precision needs CUDA",
-                 "--sync-bn needs CUDA"):
+    for said in (
+        "--device 0,1,2,3 but torch sees no GPU",
+        "--amp on: fp16 mixed precision needs CUDA",
+        "--sync-bn needs CUDA",
+    ):
         assert said in err, err
     from trainer import dist as tdist
 

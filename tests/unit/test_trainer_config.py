@@ -50,10 +50,33 @@ def test_defaults_are_ultralytics_own(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ORCH_RUN_ID", raising=False)
     cfg = cfg_of()
     d = ultralytics_defaults()
-    assert (cfg.epochs, cfg.batch, cfg.imgsz, cfg.lrf, cfg.weight_decay, cfg.warmup_epochs, cfg.close_mosaic,
-            cfg.patience, cfg.nbs, cfg.workers, cfg.optimizer, cfg.cos_lr) == (
-        d["epochs"], d["batch"], d["imgsz"], d["lrf"], d["weight_decay"], d["warmup_epochs"], d["close_mosaic"],
-        d["patience"], d["nbs"], d["workers"], d["optimizer"], d["cos_lr"])
+    assert (
+        cfg.epochs,
+        cfg.batch,
+        cfg.imgsz,
+        cfg.lrf,
+        cfg.weight_decay,
+        cfg.warmup_epochs,
+        cfg.close_mosaic,
+        cfg.patience,
+        cfg.nbs,
+        cfg.workers,
+        cfg.optimizer,
+        cfg.cos_lr,
+    ) == (
+        d["epochs"],
+        d["batch"],
+        d["imgsz"],
+        d["lrf"],
+        d["weight_decay"],
+        d["warmup_epochs"],
+        d["close_mosaic"],
+        d["patience"],
+        d["nbs"],
+        d["workers"],
+        d["optimizer"],
+        d["cos_lr"],
+    )
     assert cfg.model is None and cfg.weights is None and cfg.amp == "auto" and cfg.lr is None
     assert accumulation(cfg) == 4  # round(nbs 64 / batch 16), as ultralytics
     assert (cfg.out, cfg.project, cfg.name) == (None, "", "train")  # runs/<task>/train, as ultralytics 8.4
@@ -66,16 +89,19 @@ def test_resume_forms() -> None:
     assert cfg_of("resume=/r/last.pt").resume == "/r/last.pt"
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--batch", "0"], "--batch must be >= 1"),
-    (["--epochs", "0"], "--epochs must be >= 1"),
-    (["--accumulate", "0"], "--accumulate must be >= 1"),
-    (["--cfg", "mosaic"], "expected KEY=VALUE"),
-    (["--fraction", "1.5"], "--fraction must be in"),
-    (["batch=-1"], "no auto-batch"),
-    (["--device", "0,0"], "listed twice"),
-    (["--optimizer", "Lion"], "unknown optimizer"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--batch", "0"], "--batch must be >= 1"),
+        (["--epochs", "0"], "--epochs must be >= 1"),
+        (["--accumulate", "0"], "--accumulate must be >= 1"),
+        (["--cfg", "mosaic"], "expected KEY=VALUE"),
+        (["--fraction", "1.5"], "--fraction must be in"),
+        (["batch=-1"], "no auto-batch"),
+        (["--device", "0,0"], "listed twice"),
+        (["--optimizer", "Lion"], "unknown optimizer"),
+    ],
+)
 def test_unusable_values_are_refused(argv: list[str], message: str) -> None:
     with pytest.raises(TrainerError, match=message):
         cfg_of(*argv)
@@ -87,17 +113,96 @@ def test_data_is_required_with_a_clear_line() -> None:
 
 
 def test_ultralytics_key_value_arguments_mean_the_same_as_flags() -> None:
-    a = parse_config(["model=yolo12s.yaml", "data=/d.yaml", "epochs=5", "batch=32", "imgsz=320", "lr0=0.02",
-                      "lrf=0.1", "momentum=0.9", "weight_decay=0.001", "warmup_epochs=1", "workers=2", "seed=3",
-                      "device=0,1", "amp=False", "cos_lr=True", "close_mosaic=2", "optimizer=AdamW", "patience=7",
-                      "cache=disk", "fraction=0.5", "freeze=[0,1]", "multi_scale=0.25", "nbs=128", "project=/p",
-                      "name=n", "exist_ok=True", "save_period=3", "deterministic=False"])
-    b = parse_config(["--model", "yolo12s.yaml", "--data", "/d.yaml", "--epochs", "5", "--batch", "32", "--imgsz",
-                      "320", "--lr", "0.02", "--lrf", "0.1", "--momentum", "0.9", "--weight-decay", "0.001",
-                      "--warmup-epochs", "1", "--workers", "2", "--seed", "3", "--device", "0,1", "--amp", "off",
-                      "--cos-lr", "--close-mosaic", "2", "--optimizer", "adamw", "--patience", "7", "--cache", "disk",
-                      "--fraction", "0.5", "--freeze", "0,1", "--multi-scale", "0.25", "--nbs", "128", "--project",
-                      "/p", "--name", "n", "--exist-ok", "--save-period", "3", "--deterministic", "false"])
+    a = parse_config(
+        [
+            "model=yolo12s.yaml",
+            "data=/d.yaml",
+            "epochs=5",
+            "batch=32",
+            "imgsz=320",
+            "lr0=0.02",
+            "lrf=0.1",
+            "momentum=0.9",
+            "weight_decay=0.001",
+            "warmup_epochs=1",
+            "workers=2",
+            "seed=3",
+            "device=0,1",
+            "amp=False",
+            "cos_lr=True",
+            "close_mosaic=2",
+            "optimizer=AdamW",
+            "patience=7",
+            "cache=disk",
+            "fraction=0.5",
+            "freeze=[0,1]",
+            "multi_scale=0.25",
+            "nbs=128",
+            "project=/p",
+            "name=n",
+            "exist_ok=True",
+            "save_period=3",
+            "deterministic=False",
+        ]
+    )
+    b = parse_config(
+        [
+            "--model",
+            "yolo12s.yaml",
+            "--data",
+            "/d.yaml",
+            "--epochs",
+            "5",
+            "--batch",
+            "32",
+            "--imgsz",
+            "320",
+            "--lr",
+            "0.02",
+            "--lrf",
+            "0.1",
+            "--momentum",
+            "0.9",
+            "--weight-decay",
+            "0.001",
+            "--warmup-epochs",
+            "1",
+            "--workers",
+            "2",
+            "--seed",
+            "3",
+            "--device",
+            "0,1",
+            "--amp",
+            "off",
+            "--cos-lr",
+            "--close-mosaic",
+            "2",
+            "--optimizer",
+            "adamw",
+            "--patience",
+            "7",
+            "--cache",
+            "disk",
+            "--fraction",
+            "0.5",
+            "--freeze",
+            "0,1",
+            "--multi-scale",
+            "0.25",
+            "--nbs",
+            "128",
+            "--project",
+            "/p",
+            "--name",
+            "n",
+            "--exist-ok",
+            "--save-period",
+            "3",
+            "--deterministic",
+            "false",
+        ]
+    )
     assert a == b
     assert a.device_ids == (0, 1) and a.freeze == (0, 1) and a.optimizer == "AdamW" and a.cache == "disk"
 
@@ -114,14 +219,17 @@ def test_a_bare_optional_flag_does_not_swallow_the_next_setting() -> None:
     assert cfg.amp == "on" and cfg.epochs == 7 and cfg.cache == "ram" and cfg.resume == "" and cfg.fraction == 0.5
 
 
-@pytest.mark.parametrize("argv", [
-    ["--epochs", "5", "epochs=10"],
-    ["--batch", "16", "--batch-size", "32"],
-    ["--accumulate", "2", "--gradient-accumulation", "4"],
-    ["--lr", "0.01", "lr0=0.02"],
-    ["--model", "yolo12n.yaml", "--cfg", "yolo12s.yaml"],
-    ["--cfg", "mosaic=0", "mosaic=0.5"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--epochs", "5", "epochs=10"],
+        ["--batch", "16", "--batch-size", "32"],
+        ["--accumulate", "2", "--gradient-accumulation", "4"],
+        ["--lr", "0.01", "lr0=0.02"],
+        ["--model", "yolo12n.yaml", "--cfg", "yolo12s.yaml"],
+        ["--cfg", "mosaic=0", "mosaic=0.5"],
+    ],
+)
 def test_one_setting_given_twice_differently_is_refused(argv: list[str]) -> None:
     with pytest.raises(TrainerError, match="given twice"):
         cfg_of(*argv)
@@ -131,15 +239,18 @@ def test_the_same_value_twice_is_fine() -> None:
     assert cfg_of("--epochs", "5", "epochs=5").epochs == 5
 
 
-@pytest.mark.parametrize("setting, message", [
-    ("rect=True", "not honoured"),
-    ("single_cls=True", "not honoured"),
-    ("compile=True", "not honoured"),
-    ("time=2", "not honoured"),
-    ("cls_pw=0.5", "not honoured"),
-    ("mosaicc=1", "unknown ultralytics setting 'mosaicc'"),
-    ("mode=val", "only trains"),
-])
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ("rect=True", "not honoured"),
+        ("single_cls=True", "not honoured"),
+        ("compile=True", "not honoured"),
+        ("time=2", "not honoured"),
+        ("cls_pw=0.5", "not honoured"),
+        ("mosaicc=1", "unknown ultralytics setting 'mosaicc'"),
+        ("mode=val", "only trains"),
+    ],
+)
 def test_settings_the_loop_does_not_honour_are_refused_never_ignored(setting: str, message: str) -> None:
     with pytest.raises(TrainerError, match=message):
         cfg_of(setting)
@@ -148,10 +259,26 @@ def test_settings_the_loop_does_not_honour_are_refused_never_ignored(setting: st
 
 
 def test_honoured_ultralytics_settings_reach_its_namespace() -> None:
-    cfg = cfg_of("mosaic=0.5", "--cfg", "fliplr=0", "box=5.0", "overlap_mask=False", "conf=0.01",
-                 "warmup_bias_lr=0.05", "plots=False", "verbose=True", "rect=False")
-    assert cfg.hyp == {"mosaic": 0.5, "fliplr": 0, "box": 5.0, "overlap_mask": False, "conf": 0.01,
-                       "warmup_bias_lr": 0.05}
+    cfg = cfg_of(
+        "mosaic=0.5",
+        "--cfg",
+        "fliplr=0",
+        "box=5.0",
+        "overlap_mask=False",
+        "conf=0.01",
+        "warmup_bias_lr=0.05",
+        "plots=False",
+        "verbose=True",
+        "rect=False",
+    )
+    assert cfg.hyp == {
+        "mosaic": 0.5,
+        "fliplr": 0,
+        "box": 5.0,
+        "overlap_mask": False,
+        "conf": 0.01,
+        "warmup_bias_lr": 0.05,
+    }
 
 
 def test_cfg_file_of_settings_or_a_model_yaml(tmp_path: Path) -> None:
@@ -162,7 +289,9 @@ def test_cfg_file_of_settings_or_a_model_yaml(tmp_path: Path) -> None:
     assert cfg_of(f"cfg={settings}").epochs == 12
     assert cfg_of("--cfg", "yoloe-v8l-seg.yaml").model == "yoloe-v8l-seg.yaml"
     arch = tmp_path / "custom.yaml"
-    arch.write_text(yaml.safe_dump({"nc": 3, "backbone": [[-1, 1, "Conv", [16, 3, 2]]], "head": [[-1, 1, "Detect", ["nc"]]]}))
+    arch.write_text(
+        yaml.safe_dump({"nc": 3, "backbone": [[-1, 1, "Conv", [16, 3, 2]]], "head": [[-1, 1, "Detect", ["nc"]]]})
+    )
     assert cfg_of("--cfg", str(arch)).model == str(arch)
     bad = tmp_path / "bad.yaml"
     bad.write_text("rect: true\n")
@@ -198,8 +327,9 @@ def test_giving_a_rate_selects_sgd_unless_auto_was_asked_for() -> None:
 
 def test_settings_without_effect_on_training_are_accepted_and_named_once() -> None:
     cfg = cfg_of("source=/x.jpg", "format=onnx", "plots=True", "--cfg", "show=True", "save_dir=/r/train")
-    assert cfg.notes == ("accepted without effect on training (prediction, export, tracking): source, format, "
-                         "save_dir, show",)
+    assert cfg.notes == (
+        "accepted without effect on training (prediction, export, tracking): source, format, save_dir, show",
+    )
 
 
 def test_plots_are_on_by_default_and_every_spelling_turns_them_off(tmp_path: Path) -> None:
@@ -218,9 +348,23 @@ def test_an_args_yaml_is_refused_once_with_every_unsupported_key_and_the_command
     """A settings file from `yolo train` with several settings this loop cannot train with: one
     error lists them all. Its other values are ultralytics' `cfg=`: the command line overrides them."""
     args = tmp_path / "args.yaml"
-    args.write_text(yaml.safe_dump({"epochs": 3, "rect": True, "single_cls": True, "time": 2.0, "source": None,
-                                    "optimizer": "auto", "lr0": 0.01, "momentum": 0.937, "project": None,
-                                    "cfg": None, "mosaic": 1.0}))
+    args.write_text(
+        yaml.safe_dump(
+            {
+                "epochs": 3,
+                "rect": True,
+                "single_cls": True,
+                "time": 2.0,
+                "source": None,
+                "optimizer": "auto",
+                "lr0": 0.01,
+                "momentum": 0.937,
+                "project": None,
+                "cfg": None,
+                "mosaic": 1.0,
+            }
+        )
+    )
     with pytest.raises(TrainerError) as e:
         cfg_of("--cfg", str(args))
     message = str(e.value)
@@ -228,13 +372,28 @@ def test_an_args_yaml_is_refused_once_with_every_unsupported_key_and_the_command
     assert "single_cls=True is not honoured" in message and "time=2.0 is not honoured" in message
     assert "\n" not in message
     fine = tmp_path / "fine.yaml"
-    fine.write_text(yaml.safe_dump({"epochs": 3, "optimizer": "auto", "lr0": 0.01, "momentum": 0.937, "project": None,
-                                    "cfg": None, "mosaic": 1.0, "plots": True, "save_dir": "/r/train"}))
+    fine.write_text(
+        yaml.safe_dump(
+            {
+                "epochs": 3,
+                "optimizer": "auto",
+                "lr0": 0.01,
+                "momentum": 0.937,
+                "project": None,
+                "cfg": None,
+                "mosaic": 1.0,
+                "plots": True,
+                "save_dir": "/r/train",
+            }
+        )
+    )
     cfg = cfg_of("--epochs", "5", "--cfg", str(fine), "mosaic=0.5")
     assert cfg.epochs == 5 and cfg.hyp["mosaic"] == 0.5 and cfg.optimizer == "auto" and cfg.lr is None
     assert cfg.project == parse_config(["--data", "/d.yaml"]).project
     assert any(n.startswith("lr0 0.01 and momentum 0.937 unused: optimizer auto picks its own") for n in cfg.notes)
-    assert any("overrides the settings file's epochs (by --epochs 5), mosaic (by 0.5)" in n for n in cfg.notes), cfg.notes
+    assert any("overrides the settings file's epochs (by --epochs 5), mosaic (by 0.5)" in n for n in cfg.notes), (
+        cfg.notes
+    )
 
 
 def test_val_false_validates_only_after_the_last_epoch() -> None:
@@ -243,8 +402,11 @@ def test_val_false_validates_only_after_the_last_epoch() -> None:
 
 
 def test_batch_must_divide_by_world_size_and_says_alternatives() -> None:
-    with pytest.raises(TrainerError, match=r"--batch 30: global batch 30 does not divide by world size 8 "
-                                           r"\(3.75 images per rank\): use 24 or 32; for 30 images per GPU use 240"):
+    with pytest.raises(
+        TrainerError,
+        match=r"--batch 30: global batch 30 does not divide by world size 8 "
+        r"\(3.75 images per rank\): use 24 or 32; for 30 images per GPU use 240",
+    ):
         check_topology(cfg_of("--batch", "30"), world_size=8, launched=True, local_world_size=8)
     check_topology(cfg_of("--batch", "32"), world_size=8, launched=True, local_world_size=8)
     # seed 004: 12 meant per GPU on 32 ranks; one suggestion below the world size, never "32 or 32"
@@ -338,9 +500,13 @@ def test_a_bare_resume_of_a_named_run_continues_that_run_not_the_newest(tmp_path
     cfg = parse_config(["--data", "/d/data.yaml", "--project", str(tmp_path), "--resume"])
     assert resolve(cfg) == (tmp_path / "20261201-100000-a", tmp_path / "20261201-100000-a" / "weights" / "last.pt")
     monkeypatch.delenv("ORCH_RUN_ID")
-    cfg = parse_config(["--data", "/d/data.yaml", "--project", str(tmp_path), "--name", "20261201-110000-b", "--resume"])
+    cfg = parse_config(
+        ["--data", "/d/data.yaml", "--project", str(tmp_path), "--name", "20261201-110000-b", "--resume"]
+    )
     assert resolve(cfg)[0] == tmp_path / "20261201-110000-b"
-    cfg = parse_config(["--data", "/d/data.yaml", "--project", str(tmp_path), "--resume"])  # unnamed: the newest, as yolo
+    cfg = parse_config(
+        ["--data", "/d/data.yaml", "--project", str(tmp_path), "--resume"]
+    )  # unnamed: the newest, as yolo
     assert resolve(cfg)[0] == tmp_path / "exp"
     cfg = parse_config(["--data", "/d/data.yaml", "--project", str(tmp_path), "--name", "nothere", "--resume"])
     with pytest.raises(TrainerError, match=r"nothere has no weights/last.pt"):
@@ -357,9 +523,15 @@ def test_an_orch_run_relaunched_before_its_first_checkpoint_keeps_its_directory(
     (tmp_path / "20261201-100000-a" / "weights").mkdir(parents=True)  # the first attempt died before epoch 1 ended
     (tmp_path / "n" / "weights").mkdir(parents=True)
     monkeypatch.setenv("ORCH_RUN_ID", "20261201-100000-a")
-    assert resolve(parse_config(["--data", "/d/data.yaml", "--project", str(tmp_path)]))[0] == tmp_path / "20261201-100000-a"
+    assert (
+        resolve(parse_config(["--data", "/d/data.yaml", "--project", str(tmp_path)]))[0]
+        == tmp_path / "20261201-100000-a"
+    )
     monkeypatch.delenv("ORCH_RUN_ID")
-    assert resolve(parse_config(["--data", "/d/data.yaml", "--project", str(tmp_path), "--name", "n"]))[0] == tmp_path / "n2"
+    assert (
+        resolve(parse_config(["--data", "/d/data.yaml", "--project", str(tmp_path), "--name", "n"]))[0]
+        == tmp_path / "n2"
+    )
 
 
 def test_resume_auto_finds_this_runs_own_directory_by_the_trainers_rule(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
@@ -425,8 +597,19 @@ def test_under_orch_the_process_count_hint_names_the_inventory_key(monkeypatch: 
     assert "--nproc-per-node" not in str(info.value)
 
 
-@pytest.mark.parametrize("args", [["--lr0", "nan"], ["--momentum", "1e999"], ["--time", "inf"], ["--warmup-epochs", "nan"],
-                                  ["lr0=.nan"], ["lr0=inf"], ["degrees=.inf"], ["--cfg", "hsv_h=.nan"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--lr0", "nan"],
+        ["--momentum", "1e999"],
+        ["--time", "inf"],
+        ["--warmup-epochs", "nan"],
+        ["lr0=.nan"],
+        ["lr0=inf"],
+        ["degrees=.inf"],
+        ["--cfg", "hsv_h=.nan"],
+    ],
+)
 def test_a_number_that_is_not_finite_is_refused(args: list[str]) -> None:
     """A flag's or a setting's number the user gives: `nan` was a learning rate, `inf` a time limit."""
     with pytest.raises((TrainerError, SystemExit)) as info:

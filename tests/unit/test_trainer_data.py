@@ -37,14 +37,17 @@ def test_synth_segments_write_polygons(tmp_path: Path) -> None:
     assert len(line) >= 7 and len(line) % 2 == 1
 
 
-@pytest.mark.parametrize("body, message", [
-    ("train: images\nval: images\n", "'names' is missing or empty"),
-    ("train: images\nval: images\nnames: []\n", "'names' is missing or empty"),
-    ("train: images\nval: images\nnames: {0: a, 2: b}\n", "keys must be 0..1"),
-    ("val: images\nnames: [a]\n", "no 'train' entry"),
-    ("train: nowhere\nval: images\nnames: [a]\ndownload: https://x/y.zip\n", "never downloads"),
-    ("- just a list\n", "expected a mapping"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ("train: images\nval: images\n", "'names' is missing or empty"),
+        ("train: images\nval: images\nnames: []\n", "'names' is missing or empty"),
+        ("train: images\nval: images\nnames: {0: a, 2: b}\n", "keys must be 0..1"),
+        ("val: images\nnames: [a]\n", "no 'train' entry"),
+        ("train: nowhere\nval: images\nnames: [a]\ndownload: https://x/y.zip\n", "never downloads"),
+        ("- just a list\n", "expected a mapping"),
+    ],
+)
 def test_bad_data_yaml_is_one_clear_line(tmp_path: Path, body: str, message: str) -> None:
     (tmp_path / "images").mkdir()
     f = tmp_path / "data.yaml"
@@ -87,8 +90,12 @@ def test_warmup_then_linear_or_cosine_decay_as_ultralytics() -> None:
     assert schedule.warmup_iterations(3.0, 10, 25) == 75
     assert schedule.warmup_iterations(3.0, 2, 25) == 25  # leaves the final epoch out of warmup
     assert schedule.warmup_iterations(0.0, 10, 25) == 0
-    opt = SimpleNamespace(param_groups=[{"initial_lr": 0.01, "param_group": "weight", "momentum": 0.9},
-                                        {"initial_lr": 0.01, "param_group": "bias", "momentum": 0.9}])
+    opt = SimpleNamespace(
+        param_groups=[
+            {"initial_lr": 0.01, "param_group": "weight", "momentum": 0.9},
+            {"initial_lr": 0.01, "param_group": "bias", "momentum": 0.9},
+        ]
+    )
     acc = schedule.micro_step(opt, 0, 10, 0, lf, 4, warmup_bias_lr=0.1, warmup_momentum=0.8, momentum=0.937)
     assert acc == 1 and opt.param_groups[0]["lr"] == 0.0 and opt.param_groups[1]["lr"] == pytest.approx(0.1)
     assert opt.param_groups[0]["momentum"] == pytest.approx(0.8)
@@ -98,7 +105,9 @@ def test_warmup_then_linear_or_cosine_decay_as_ultralytics() -> None:
     assert acc == 4 and opt.param_groups[1]["lr"] == pytest.approx(0.01) and opt.param_groups[0]["momentum"] == 0.937
     schedule.start_epoch(opt, 5, lf)
     assert opt.param_groups[0]["lr"] == pytest.approx(0.0055)
-    assert schedule.micro_step(opt, 11, 10, 1, lf, 4, 0.1, 0.8, 0.937) == 4 and opt.param_groups[0]["lr"] == pytest.approx(0.0055)
+    assert schedule.micro_step(opt, 11, 10, 1, lf, 4, 0.1, 0.8, 0.937) == 4 and opt.param_groups[0][
+        "lr"
+    ] == pytest.approx(0.0055)
 
 
 def test_main_prints_one_line_and_exits_2(tmp_path: Path, capsys, monkeypatch) -> None:
@@ -111,7 +120,6 @@ def test_main_prints_one_line_and_exits_2(tmp_path: Path, capsys, monkeypatch) -
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("[rank 0] error: --data ") and "no such file" in err[0]
-
 
 
 def test_loader_workers_share_the_nodes_cpus_between_its_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -172,8 +180,11 @@ def test_a_node_adjustment_is_said_once_and_recorded_as_used(tmp_path: Path, mon
     recorded = yaml.safe_load((tmp_path / "run" / "trainer.yaml").read_text())
     assert (recorded["workers"], recorded["pin_memory"]) == (2, False)
     assert yaml.safe_load((tmp_path / "run" / "args.yaml").read_text())["workers"] == 2
-    quiet = loop.prepare(parse_config(["--data", str(root), "--batch", "2", "--workers", "1", "--imgsz", "32"]), topo,
-                         torch.device("cpu"))
+    quiet = loop.prepare(
+        parse_config(["--data", str(root), "--batch", "2", "--workers", "1", "--imgsz", "32"]),
+        topo,
+        torch.device("cpu"),
+    )
     assert not [n for n in quiet.cfg.notes if "workers" in n or "pin-memory" in n]  # nothing adjusted, nothing said
     assert (quiet.cfg.workers, quiet.cfg.pin_memory) == (1, False)  # the default pin-memory, recorded as used
     assert inp.node_notes == tuple(said) and quiet.node_notes == ()  # what another node's first rank says itself

@@ -30,9 +30,12 @@ def test_embeddings_of_another_text_model_are_refused(tmp_path: Path) -> None:
     file of the other model would load and train silently wrong prompts."""
     f = tmp_path / "pe.pt"
     torch.save({"names": ["square"], "embeddings": torch.zeros(1, 512), "text_model": "mobileclip:blt"}, f)
-    with pytest.raises(TrainerError, match=r"made with the text model mobileclip:blt, but this model's prompts come "
-                                           r"from mobileclip2:b: remake it with python -m trainer.embed --variant "
-                                           r"mobileclip2:b"):
+    with pytest.raises(
+        TrainerError,
+        match=r"made with the text model mobileclip:blt, but this model's prompts come "
+        r"from mobileclip2:b: remake it with python -m trainer.embed --variant "
+        r"mobileclip2:b",
+    ):
         load_text_embeddings(str(f), ["square"], "mobileclip2:b")
     assert load_text_embeddings(str(f), ["square"], "mobileclip:blt").shape == (1, 1, 512)
 
@@ -44,8 +47,9 @@ def test_the_yoloe_text_model_is_the_yamls(tmp_path: Path) -> None:
     assert text_model(Arch({}, "yoloe-11s.yaml", "detect", True, "")) == "mobileclip:blt"
 
 
-def test_without_the_tokenizer_or_the_encoder_file_one_line_says_what_is_needed(tmp_path: Path, monkeypatch,
-                                                                                capsys) -> None:
+def test_without_the_tokenizer_or_the_encoder_file_one_line_says_what_is_needed(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
     import importlib.util
 
     real = importlib.util.find_spec
@@ -54,8 +58,9 @@ def test_without_the_tokenizer_or_the_encoder_file_one_line_says_what_is_needed(
         embed.main(["--names", "person,forklift", "--out", str(tmp_path / "pe.pt"), "--text-encoder", "/m/x.ts"])
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and "\n" not in err and "Traceback" not in err
-    assert err.startswith("python -m trainer.embed: error: the CLIP tokenizer is not installed (`import clip`): "
-                          "pip install clip-anytorch")
+    assert err.startswith(
+        "python -m trainer.embed: error: the CLIP tokenizer is not installed (`import clip`): pip install clip-anytorch"
+    )
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "clip" else real(name, *a))
     with pytest.raises(SystemExit):
         embed.main(["--names", "person", "--out", str(tmp_path / "pe.pt")])

@@ -13,14 +13,36 @@ from trainer import logs
 def test_epoch_and_val_lines_read_back_as_results_csv_columns() -> None:
     lines = []
     for epoch, (box, m) in enumerate([(2.5, 0.0), (1.75, 0.123456789), (1.5, 0.3)], start=1):
-        lines.append("2026-11-30T09:32:01.000000Z out [default0]:" + logs.prefixed(
-            logs.epoch_line(epoch, 3, {"box_loss": box, "cls_loss": 3.0, "dfl_loss": 1.0},
-                            {"lr/pg0": 0.001, "lr/pg1": 0.001, "lr/pg2": 0.05})))
+        lines.append(
+            "2026-11-30T09:32:01.000000Z out [default0]:"
+            + logs.prefixed(
+                logs.epoch_line(
+                    epoch,
+                    3,
+                    {"box_loss": box, "cls_loss": 3.0, "dfl_loss": 1.0},
+                    {"lr/pg0": 0.001, "lr/pg1": 0.001, "lr/pg2": 0.05},
+                )
+            )
+        )
         if epoch != 2:  # epoch 2 has no validation: results.csv repeats the last metrics
-            lines.append(logs.prefixed(logs.val_line(epoch, 3, {
-                "metrics/precision(B)": 0.5, "metrics/recall(B)": 0.25, "metrics/mAP50(B)": m * 2,
-                "metrics/mAP50-95(B)": m, "metrics/mAP50(M)": m, "metrics/mAP50-95(M)": m / 2,
-                "val/box_loss": 1.0, "val/seg_loss": 2.0})))
+            lines.append(
+                logs.prefixed(
+                    logs.val_line(
+                        epoch,
+                        3,
+                        {
+                            "metrics/precision(B)": 0.5,
+                            "metrics/recall(B)": 0.25,
+                            "metrics/mAP50(B)": m * 2,
+                            "metrics/mAP50-95(B)": m,
+                            "metrics/mAP50(M)": m,
+                            "metrics/mAP50-95(M)": m / 2,
+                            "val/box_loss": 1.0,
+                            "val/seg_loss": 2.0,
+                        },
+                    )
+                )
+            )
     cols = logs.parse_results(lines)
     assert cols["epoch"] == [1, 2, 3]
     assert cols["train/box_loss"] == [2.5, 1.75, 1.5]
@@ -74,10 +96,12 @@ def test_every_line_gets_the_rank_prefix(capsys) -> None:  # noqa: ANN001
 
 def test_the_report_reads_the_trainers_lines_without_torch() -> None:
     """`orch` runs on the controller: importing it and the trainer's parsers must not import torch."""
-    code = ("import sys; import orchestrator.cli, orchestrator.report, orchestrator.logs.lines, trainer.logs; "
-            "assert orchestrator.report.parse_results is trainer.logs.parse_results; "
-            "assert orchestrator.logs.lines.RANK_PREFIX is trainer.logs.RANK_PREFIX; "
-            "print('torch' in sys.modules, 'ultralytics' in sys.modules)")
+    code = (
+        "import sys; import orchestrator.cli, orchestrator.report, orchestrator.logs.lines, trainer.logs; "
+        "assert orchestrator.report.parse_results is trainer.logs.parse_results; "
+        "assert orchestrator.logs.lines.RANK_PREFIX is trainer.logs.RANK_PREFIX; "
+        "print('torch' in sys.modules, 'ultralytics' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"]
@@ -99,8 +123,9 @@ def test_timing_line_round_trips_with_and_without_the_rank_prefix() -> None:
 
 
 def test_progress_line_counts_troubled_steps_and_reads_back() -> None:
-    line = logs.prefixed(logs.step_line(2, 10, 7, 50, {"box_loss": 1.25, "cls_loss": 2.5}, 0.00125, 123.4, 0.05,
-                                        nonfinite=3, skipped=2))
+    line = logs.prefixed(
+        logs.step_line(2, 10, 7, 50, {"box_loss": 1.25, "cls_loss": 2.5}, 0.00125, 123.4, 0.05, nonfinite=3, skipped=2)
+    )
     assert line.endswith(" nonfinite 3 skipped 2")
     step = logs.parse_step("2026-11-30T09:32:01.000000Z out [default0]:" + line)
     assert step == logs.Step(2, 10, 7, 50, {"box_loss": 1.25, "cls_loss": 2.5}, 0.00125, 123.4, 0.05, 3, 2)
@@ -127,8 +152,15 @@ def test_ultralytics_colours_are_left_out_off_a_terminal() -> None:
     import io
     import logging
 
-    record = logging.LogRecord("ultralytics", logging.INFO, __file__, 1,
-                               "\x1b[34m\x1b[1mtrain: \x1b[0mScanning /data/labels... 8 images", None, None)
+    record = logging.LogRecord(
+        "ultralytics",
+        logging.INFO,
+        __file__,
+        1,
+        "\x1b[34m\x1b[1mtrain: \x1b[0mScanning /data/labels... 8 images",
+        None,
+        None,
+    )
     pipe = logs.library_formatter(io.StringIO())
     assert pipe.format(record) == logs.prefixed("train: Scanning /data/labels... 8 images")
 
@@ -148,7 +180,9 @@ def test_a_progress_line_of_numbers_no_float_holds_is_ignored_not_a_crash() -> N
     p = Progress()
     big = "1" + "0" * 400
     assert not p.feed(f"epoch 1/1 batch {big}/1 box_loss 1 lr 0.1 images/s 1.0 data 1% nonfinite 0 skipped 0", 1.0)
-    assert not p.feed(f"epoch 1/2 batch 1/4 box_loss 1 lr 0.1 images/s {'9' * 400}.0 data 1% nonfinite 0 skipped 0", 1.0)
+    assert not p.feed(
+        f"epoch 1/2 batch 1/4 box_loss 1 lr 0.1 images/s {'9' * 400}.0 data 1% nonfinite 0 skipped 0", 1.0
+    )
     assert not p.feed(f"val epoch {big}/2 mAP50 0.5 mAP50-95 0.3", 1.0)
     assert p.feed("val epoch 1/2 mAP50 0.5 mAP50-95 1e999", 1.0) and p.map50_95 is None and p.map50 == 0.5
     assert p.feed(step_line(1, 2, 1, 4, {"box_loss": 1.0}, 0.1, 12.5, 0.01), 2.0) and p.fraction() == 0.125

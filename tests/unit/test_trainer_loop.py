@@ -23,8 +23,9 @@ def fp16_epoch(scaler: torch.amp.GradScaler, steps: int, max_grad: float, nonfin
     overflows as fp16's would: when the scaled gradient passes fp16's largest value (or the loss is
     not finite). Returns the epoch's Health as the loop builds it."""
     model = torch.nn.Linear(4, 1)
-    parts: Any = SimpleNamespace(scaler=scaler, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-                                 model=model, ema=NoEMA())
+    parts: Any = SimpleNamespace(
+        scaler=scaler, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), model=model, ema=NoEMA()
+    )
     skipped = torch.zeros((), dtype=torch.float64)
     nonfinite = 0
     for _ in range(steps):
@@ -40,8 +41,17 @@ def fp16_epoch(scaler: torch.amp.GradScaler, steps: int, max_grad: float, nonfin
         assert step is not None  # with a scaler: whether it skipped
         skipped += step
     troubled = torch.tensor([float(nonfinite), float(skipped), 1.0], dtype=torch.float64)
-    _, _, health = loop.epoch_summary(0, ["box"], torch.zeros(1, dtype=torch.float64), 2 * steps, loop.StepMeter(),
-                                      None, troubled, steps, scaler.get_scale())  # type: ignore[arg-type]
+    _, _, health = loop.epoch_summary(
+        0,
+        ["box"],
+        torch.zeros(1, dtype=torch.float64),
+        2 * steps,
+        loop.StepMeter(),
+        None,
+        troubled,
+        steps,
+        scaler.get_scale(),
+    )  # type: ignore[arg-type]
     return health
 
 
@@ -49,22 +59,24 @@ def test_fp16_warm_up_skips_in_a_short_first_epoch_are_not_divergence() -> None:
     scaler = torch.amp.GradScaler("cpu")  # starts at 2^16, as on CUDA
     # max |grad| 2e3 x 8 ranks: the scale fits at 2^2, after 14 skipped steps; an epoch of 5 skips them all
     first = fp16_epoch(scaler, steps=5, max_grad=2e3 * 8)
-    assert first.skipped == first.steps == 5 and first.scale == 2.0 ** 11
+    assert first.skipped == first.steps == 5 and first.scale == 2.0**11
     assert not first.broken, first.why()
     second = fp16_epoch(scaler, steps=5, max_grad=2e3 * 8)
     assert second.skipped == 5 and not second.broken
     third = fp16_epoch(scaler, steps=5, max_grad=2e3 * 8)  # 2^1 .. 2^-3 skip no more: the scale fits
-    assert third.skipped == 4 and third.scale == 2.0 ** 2 and not third.broken
+    assert third.skipped == 4 and third.scale == 2.0**2 and not third.broken
 
 
 def test_skips_at_a_small_scale_or_with_non_finite_losses_are_divergence() -> None:
-    diverged = fp16_epoch(torch.amp.GradScaler("cpu", init_scale=2.0 ** -9), steps=3, max_grad=1e9)
-    assert diverged.skipped == diverged.steps == 3 and diverged.scale is not None and diverged.scale < loop.DIVERGED_SCALE
+    diverged = fp16_epoch(torch.amp.GradScaler("cpu", init_scale=2.0**-9), steps=3, max_grad=1e9)
+    assert (
+        diverged.skipped == diverged.steps == 3 and diverged.scale is not None and diverged.scale < loop.DIVERGED_SCALE
+    )
     assert diverged.broken and "all 3 optimizer steps were skipped" in diverged.why()
     nan = fp16_epoch(torch.amp.GradScaler("cpu"), steps=2, max_grad=1.0, nonfinite_loss=True)
     assert nan.skipped == 2 and nan.nonfinite == 2 and nan.broken
     assert loop.Health(nonfinite=1, skipped=0, steps=4, finite=False).broken  # without a scaler: weights not finite
-    assert not loop.Health(skipped=4, steps=5, scale=2.0 ** -20).broken  # a step went through
+    assert not loop.Health(skipped=4, steps=5, scale=2.0**-20).broken  # a step went through
 
 
 def write_wide_first_dataset(root: Any) -> str:
@@ -141,15 +153,20 @@ def test_closing_mosaic_leaves_the_runs_settings_as_they_were(tmp_path: Any) -> 
 def test_validation_on_cuda_frees_the_cache_first(monkeypatch: Any) -> None:
     calls: list[str] = []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+
     def run_validation(*args: Any, **kwargs: Any) -> dict[str, float]:
         calls.append("validate")
         return {"fitness": 0.5}
 
     monkeypatch.setattr(loop, "run_validation", run_validation)
-    for device, expected in ((torch.device("cuda", 0), ["empty_cache", "validate"]), (torch.device("cpu"), ["validate"])):
+    for device, expected in (
+        (torch.device("cuda", 0), ["empty_cache", "validate"]),
+        (torch.device("cpu"), ["validate"]),
+    ):
         calls.clear()
-        inp: Any = SimpleNamespace(device=device, data={}, amp="off", cfg=SimpleNamespace(epochs=3),
-                                   topo=SimpleNamespace(world_size=1))
+        inp: Any = SimpleNamespace(
+            device=device, data={}, amp="off", cfg=SimpleNamespace(epochs=3), topo=SimpleNamespace(world_size=1)
+        )
         assert loop.validate(None, SimpleNamespace(ema=torch.nn.Linear(1, 1)), inp, (), 0) == {"fitness": 0.5}
         assert calls == expected, device
 
@@ -157,7 +174,8 @@ def test_validation_on_cuda_frees_the_cache_first(monkeypatch: Any) -> None:
 def test_the_resume_line_says_which_epochs_are_left() -> None:
     assert loop.resume_line(2, 10, updates=40, best_fitness=0.25) == (
         "resuming at epoch 3 (checkpoint finished epoch 2, 40 optimizer steps, best fitness 0.2500): epochs 3..10 "
-        "left of 10")
+        "left of 10"
+    )
     done = loop.resume_line(10, 10, updates=200, best_fitness=0.5)
     assert done.startswith("resuming after epoch 10 (checkpoint finished epoch 10, ") and "no epoch left of 10" in done
     assert "epochs 1..0" not in done and "epoch 11" not in done
@@ -167,23 +185,31 @@ def startup(batch: int, world_size: int, device: str, sync_bn: bool = False) -> 
     from trainer.config import parse_config, with_world_size
     from trainer.dist import Topology
 
-    cfg = with_world_size(parse_config(["--data", "/d/data.yaml", "--batch", str(batch), *(["--sync-bn"] if sync_bn else [])]), world_size)
+    cfg = with_world_size(
+        parse_config(["--data", "/d/data.yaml", "--batch", str(batch), *(["--sync-bn"] if sync_bn else [])]), world_size
+    )
     model = torch.nn.Linear(1, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     optimizer.param_groups[0]["initial_lr"] = 0.01
-    inp: Any = SimpleNamespace(cfg=cfg, topo=Topology(rank=0, world_size=world_size, launched=True),
-                               arch=SimpleNamespace(name="yolo12n.yaml", task="detect", yoloe=False),
-                               device=torch.device(device), amp="off")
+    inp: Any = SimpleNamespace(
+        cfg=cfg,
+        topo=Topology(rank=0, world_size=world_size, launched=True),
+        arch=SimpleNamespace(name="yolo12n.yaml", task="detect", yoloe=False),
+        device=torch.device(device),
+        amp="off",
+    )
     parts: Any = SimpleNamespace(optimizer=optimizer, nominal_accumulate=1, unused=[])
     return loop.startup_lines(inp, parts, 0)
 
 
 def test_the_start_up_warns_of_fewer_than_4_images_per_rank_without_sync_bn() -> None:
     lines = [ln for ln in startup(32, 32, "cuda") if ln.startswith("warning: global batch")]
-    assert lines == ["warning: global batch 32 on 32 ranks is 1 image(s) per rank without SyncBN: each GPU's "
-                     "BatchNorm normalises over 1 image(s) (--batch is global); use --batch-per-device N for N "
-                     "images per GPU, N >= 4 (--batch-per-device 32: 32 per GPU, global 1024), or --sync-bn "
-                     "(BatchNorm statistics over the 32 images of all 32 ranks)"]
+    assert lines == [
+        "warning: global batch 32 on 32 ranks is 1 image(s) per rank without SyncBN: each GPU's "
+        "BatchNorm normalises over 1 image(s) (--batch is global); use --batch-per-device N for N "
+        "images per GPU, N >= 4 (--batch-per-device 32: 32 per GPU, global 1024), or --sync-bn "
+        "(BatchNorm statistics over the 32 images of all 32 ranks)"
+    ]
     assert not [ln for ln in startup(32, 32, "cuda", sync_bn=True) if "per rank without SyncBN" in ln]
     assert not [ln for ln in startup(128, 32, "cuda") if "per rank without SyncBN" in ln]
     cpu = [ln for ln in startup(4, 2, "cpu") if "per rank without SyncBN" in ln]

@@ -18,27 +18,27 @@ from trainer.errors import TrainerError
 # (train_pe_all.py, dist_train.py) replaced by `-m trainer`.
 SEED_COMMANDS = {
     "000 §2.2": "torchrun --nproc_per_node=2 --nnodes=1 --node_rank=0 --master_addr=127.0.0.1 --master_port=29500 "
-                "-m trainer --data data/coco.yaml --epochs 80 --batch-size 32 --weights pretrain/yoloe-v8l-seg.pt "
-                "--device cuda:0,1",
+    "-m trainer --data data/coco.yaml --epochs 80 --batch-size 32 --weights pretrain/yoloe-v8l-seg.pt "
+    "--device cuda:0,1",
     "000 §5.1": "torchrun --nproc_per_node=4 -m trainer --workers 4 --pin-memory --persistent-workers",
     "001 §3.1": "python -m torch.distributed.run --nproc_per_node=4 -m trainer --data your_dataset.yaml "
-                "--cfg yoloe-v8l-seg.yaml --weights pretrain/yoloe-v8l-seg.pt --epochs 80 --batch-size 32 --device 0,1,2,3",
+    "--cfg yoloe-v8l-seg.yaml --weights pretrain/yoloe-v8l-seg.pt --epochs 80 --batch-size 32 --device 0,1,2,3",
     "001 §3.2": "python -m torch.distributed.run --nproc_per_node=8 --nnodes=1 --node_rank=0 --master_addr=127.0.0.1 "
-                "--master_port=29500 -m trainer --data dataset.yaml --cfg yoloe-v8l-seg.yaml "
-                "--weights pretrain/yoloe-v8l-seg.pt --epochs 80 --batch-size 64 --amp --sync-bn --device 0,1,2,3,4,5,6,7",
+    "--master_port=29500 -m trainer --data dataset.yaml --cfg yoloe-v8l-seg.yaml "
+    "--weights pretrain/yoloe-v8l-seg.pt --epochs 80 --batch-size 64 --amp --sync-bn --device 0,1,2,3,4,5,6,7",
     "001 §3.3": "python -m torch.distributed.run --nproc_per_node=8 -m trainer --batch-size 32 --lr 0.08 --epochs 80",
     "001 §4.1": "python -m torch.distributed.run --nproc_per_node=4 -m trainer --batch-size 16 --gradient-accumulation 2 "
-                "--amp --sync-bn --optimizer AdamW --cache ram",
+    "--amp --sync-bn --optimizer AdamW --cache ram",
     "001 §4.3a": "python -m torch.distributed.run --nproc_per_node=4 -m trainer --batch-size 8 --gradient-accumulation 4",
     "001 §4.3b": "python -m torch.distributed.run --nproc_per_node=4 -m trainer --workers 8 --pin-memory --persistent-workers",
     "001 §6.2a": "python -m torch.distributed.run --nproc_per_node=2 -m trainer --batch-size 24 --lr 0.02 --epochs 80 --amp",
     "001 §6.2b": "python -m torch.distributed.run --nproc_per_node=4 -m trainer --batch-size 16 --lr 0.04 --epochs 80 "
-                 "--amp --sync-bn",
+    "--amp --sync-bn",
     "001 §6.2c": "python -m torch.distributed.run --nproc_per_node=8 -m trainer --batch-size 32 --lr 0.08 --epochs 80 "
-                 "--amp --sync-bn --gradient-accumulation 2",
+    "--amp --sync-bn --gradient-accumulation 2",
     "004 §4.1": "python -m torch.distributed.run --nproc_per_node=8 --nnodes=4 --node_rank=0 --master_addr=192.168.1.10 "
-                "--master_port=29500 -m trainer --data coco128.yaml --model yolov12s.pt --epochs 100 --batch-size 12 "
-                "--imgsz 640",
+    "--master_port=29500 -m trainer --data coco128.yaml --model yolov12s.pt --epochs 100 --batch-size 12 "
+    "--imgsz 640",
 }
 
 GUIDES = Path(__file__).resolve().parents[1] / "fixtures" / "seeds" / "guide_commands.txt"
@@ -50,7 +50,7 @@ def split(command: str) -> tuple[int, int, list[str]]:
     words = shlex.split(command)
     nproc = int(re.search(r"--nproc_per_node=(\d+)", command).group(1))  # type: ignore[union-attr]
     nnodes = int(m.group(1)) if (m := re.search(r"--nnodes=(\d+)", command)) else 1
-    return nproc, nnodes, words[words.index("trainer") + 1:]
+    return nproc, nnodes, words[words.index("trainer") + 1 :]
 
 
 def guide_blocks() -> dict[str, str]:

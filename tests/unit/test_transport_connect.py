@@ -65,8 +65,17 @@ class Gate:
 
 def transport(gate: Gate) -> SSHTransport:
     opts = SSHOptions(user="root", port=22, connect_timeout=5, ssh_config=None)  # type: ignore[call-arg]
-    node = Node(name="node4", host="198.18.0.4", addr="198.18.0.4", gpus=0, nproc_per_node=1, python="python3",
-                env={}, ssh=opts, index=3)
+    node = Node(
+        name="node4",
+        host="198.18.0.4",
+        addr="198.18.0.4",
+        gpus=0,
+        nproc_per_node=1,
+        python="python3",
+        env={},
+        ssh=opts,
+        index=3,
+    )
     t = SSHTransport(node)
     t._connection = gate.connection  # type: ignore[method-assign]
     t._open = gate.open  # type: ignore[method-assign]
@@ -103,8 +112,9 @@ def wait_until(cond: Any, what: str) -> None:
     pytest.fail(f"timed out waiting for {what}")
 
 
-def two_callers(t: SSHTransport, gate: Gate) -> tuple[threading.Thread, dict[str, Any], threading.Thread,
-                                                        dict[str, Any]]:
+def two_callers(
+    t: SSHTransport, gate: Gate
+) -> tuple[threading.Thread, dict[str, Any], threading.Thread, dict[str, Any]]:
     """A first connect() blocked in its attempt, and a second one waiting for that attempt."""
     first, a = in_thread(t.connect)
     assert gate.entered.wait(DEADLINE_S)

@@ -17,8 +17,17 @@ from orchestrator.transport.ssh import _translate, key_fingerprint, offered_keys
 
 def node(**ssh: object) -> Node:
     opts = SSHOptions(**{"user": "root", "port": 22, "connect_timeout": 10, "ssh_config": None, **ssh})  # type: ignore[arg-type]
-    return Node(name="gpu-node-02", host="gpu-node-02", addr="gpu-node-02", gpus=8, nproc_per_node=8,
-                python="python3", env={}, ssh=opts, index=1)
+    return Node(
+        name="gpu-node-02",
+        host="gpu-node-02",
+        addr="gpu-node-02",
+        gpus=8,
+        nproc_per_node=8,
+        python="python3",
+        env={},
+        ssh=opts,
+        index=1,
+    )
 
 
 def said(exc: BaseException, **ssh: object) -> tuple[str, str, str]:
@@ -51,15 +60,18 @@ def test_no_route_is_not_called_refused() -> None:
 
 def test_a_timeout_names_the_seconds() -> None:
     assert said(TimeoutError("timed out"), connect_timeout=2)[1] == (
-        "timed out: root@gpu-node-02:22 did not answer within 2 s")
+        "timed out: root@gpu-node-02:22 did not answer within 2 s"
+    )
     # connect(2)'s ETIMEDOUT is Python's TimeoutError: the same words
     assert said(OSError(errno.ETIMEDOUT, "Connection timed out"))[1] == (
-        "timed out: root@gpu-node-02:22 did not answer within 10 s")
+        "timed out: root@gpu-node-02:22 did not answer within 10 s"
+    )
 
 
 def test_an_errno_orch_has_no_words_for_is_still_words() -> None:
     assert said(OSError(errno.EPERM, "Operation not permitted"))[1] == (
-        "cannot reach root@gpu-node-02:22: Operation not permitted")
+        "cannot reach root@gpu-node-02:22: Operation not permitted"
+    )
 
 
 def test_auth_refused_names_the_keys_offered(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -69,19 +81,24 @@ def test_auth_refused_names_the_keys_offered(tmp_path: Path, monkeypatch: pytest
     key.write_text("(private key)\n")
     # a real OpenSSH public key line (ssh-keygen -t ed25519), its fingerprint as ssh-keygen -l prints it
     key.with_suffix(".pub").write_text(
-        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJDg8Bo2U7txquhOhLSkjmZzhe6w9XXGs/7mdGms1lZV test@orch\n")
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJDg8Bo2U7txquhOhLSkjmZzhe6w9XXGs/7mdGms1lZV test@orch\n"
+    )
     kind, message, hint = said(paramiko.AuthenticationException("Authentication failed."), identity=str(key))
     assert kind == "auth"
-    assert message == (f"authentication refused for root@gpu-node-02:22: Authentication failed.; offered "
-                           f"{key} (ssh-ed25519 SHA256:Ho6p4bBJjoE/iE+rSrs6iGRutFAw3HytRp4W82YnUa8)")
+    assert message == (
+        f"authentication refused for root@gpu-node-02:22: Authentication failed.; offered "
+        f"{key} (ssh-ed25519 SHA256:Ho6p4bBJjoE/iE+rSrs6iGRutFAw3HytRp4W82YnUa8)"
+    )
     assert "authorized_keys" in hint
     assert offered_keys(SSHOptions(identity=None, ssh_config=None)) == (
-        "no key at all (no ssh.identity, no agent, no ~/.ssh/id_*)")
+        "no key at all (no ssh.identity, no agent, no ~/.ssh/id_*)"
+    )
     (tmp_path / ".ssh").mkdir()
     (tmp_path / ".ssh" / "id_rsa").write_text("x")
     monkeypatch.setenv("SSH_AUTH_SOCK", "/tmp/agent.sock")
     assert offered_keys(SSHOptions(identity=None, ssh_config=None)) == (
-        f"the SSH agent's keys (ssh-add -l lists them), {tmp_path}/.ssh/id_rsa")
+        f"the SSH agent's keys (ssh-add -l lists them), {tmp_path}/.ssh/id_rsa"
+    )
 
 
 def test_fingerprint_of_a_file_that_is_not_a_key_is_none(tmp_path: Path) -> None:

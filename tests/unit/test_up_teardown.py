@@ -58,11 +58,11 @@ class Nodes:
         monkeypatch.setattr(up, "_stream_logs", lambda *a, **k: None)
 
     def start_all(self, cluster: FakeCluster, plan: Any, **kw: Any) -> GroupResult[NodeStatus]:
-        return GroupResult({p.node.name: self.failed.get(p.node.name) or NodeStatus(NodeState.RUNNING, pid=7)
-                            for p in plan.nodes})
+        return GroupResult(
+            {p.node.name: self.failed.get(p.node.name) or NodeStatus(NodeState.RUNNING, pid=7) for p in plan.nodes}
+        )
 
-    def stop_all(self, cluster: FakeCluster, records: Sequence[NodeRecord],
-                 grace: float) -> GroupResult[StopResult]:
+    def stop_all(self, cluster: FakeCluster, records: Sequence[NodeRecord], grace: float) -> GroupResult[StopResult]:
         self.stops.append([r.node for r in records])
         return GroupResult({r.node: StopResult(NodeStatus(NodeState.STOPPED, exit_code=-15)) for r in records})
 
@@ -88,7 +88,8 @@ class Injected(RuntimeError):
 
 
 def test_an_error_before_supervision_still_stops_every_node_and_records_the_end(
-        monkeypatch: pytest.MonkeyPatch, run: Any) -> None:
+    monkeypatch: pytest.MonkeyPatch, run: Any
+) -> None:
     inv, rd = run
     nodes = Nodes(monkeypatch)
 
@@ -104,7 +105,8 @@ def test_an_error_before_supervision_still_stops_every_node_and_records_the_end(
 
 
 def test_an_error_in_the_supervisor_stops_every_node_once_and_records_the_end(
-        monkeypatch: pytest.MonkeyPatch, run: Any) -> None:
+    monkeypatch: pytest.MonkeyPatch, run: Any
+) -> None:
     inv, rd = run
     nodes = Nodes(monkeypatch)
 
@@ -119,7 +121,8 @@ def test_an_error_in_the_supervisor_stops_every_node_once_and_records_the_end(
 
 
 def test_a_supervisor_that_never_ran_its_loop_leaves_the_stop_to_the_attempt(
-        monkeypatch: pytest.MonkeyPatch, run: Any) -> None:
+    monkeypatch: pytest.MonkeyPatch, run: Any
+) -> None:
     inv, rd = run
     nodes = Nodes(monkeypatch)
 

@@ -31,9 +31,14 @@ def check_table(report: CheckReport, out: Console | None = None) -> None:
 
     out = out or console(stderr=False)
     table = Table(show_lines=False, pad_edge=False, expand=False)
-    for col, kw in (("check", {"no_wrap": True}), ("node", {"no_wrap": True}), ("status", {"no_wrap": True}),
-                    ("value", {"overflow": "fold", "max_width": 28}), ("detail", {"overflow": "fold"}),
-                    ("hint", {"overflow": "fold"})):
+    for col, kw in (
+        ("check", {"no_wrap": True}),
+        ("node", {"no_wrap": True}),
+        ("status", {"no_wrap": True}),
+        ("value", {"overflow": "fold", "max_width": 28}),
+        ("detail", {"overflow": "fold"}),
+        ("hint", {"overflow": "fold"}),
+    ):
         table.add_column(col, **kw)
     down = report.not_probed
     shown = [r for r in report.results if not (r.node in down and r.check != "ssh" and r.status == "skip")]
@@ -41,16 +46,26 @@ def check_table(report: CheckReport, out: Console | None = None) -> None:
     for r in shown:
         if last is not None and r.check != last:
             table.add_section()
-        table.add_row(r.check if r.check != last else "", markup(r.node), styled(r.status), markup(r.value),
-                      markup(r.detail), markup(r.hint))
+        table.add_row(
+            r.check if r.check != last else "",
+            markup(r.node),
+            styled(r.status),
+            markup(r.value),
+            markup(r.detail),
+            markup(r.hint),
+        )
         last = r.check
     out.print(table)
     hidden = [r for r in report.results if r not in shown]
     if hidden:
         checks = list(dict.fromkeys(r.check for r in hidden))
         nodes = list(dict.fromkeys(r.node for r in hidden))
-        out.print(markup(f"not probed, so {len(hidden)} other results skipped: {len(checks)} checks "
-                         f"({', '.join(checks)}) on {fold(nodes)} (why: their ssh rows)"))
+        out.print(
+            markup(
+                f"not probed, so {len(hidden)} other results skipped: {len(checks)} checks "
+                f"({', '.join(checks)}) on {fold(nodes)} (why: their ssh rows)"
+            )
+        )
     failures_recap(report, out)
     counts = {s: sum(1 for r in report.results if r.status == s) for s in CHECK_STATUSES}
     summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
@@ -93,9 +108,11 @@ def fabric_report(fabric: Mapping[str, Any], out: Console | None = None) -> None
     if not fabric.get("sweep"):
         say(f"fabric: no measurement ({fabric.get('backend')}, run {fabric.get('run')})")
         return
-    say(f"\nfabric: {fabric['backend']} on {fabric['device']}, {fabric['world_size']} ranks on "
+    say(
+        f"\nfabric: {fabric['backend']} on {fabric['device']}, {fabric['world_size']} ranks on "
         f"{fabric['nnodes']} nodes (job {fabric.get('job_s', 0):.1f} s, with launch and teardown "
-        f"{fabric.get('wall_s', 0):.1f} s)")
+        f"{fabric.get('wall_s', 0):.1f} s)"
+    )
     say(sweep_table(fabric))
     for skipped in fabric.get("skipped") or []:
         say(f"# size {skipped['size_bytes']} left out: {skipped['reason']}")
@@ -107,11 +124,15 @@ def fabric_report(fabric: Mapping[str, Any], out: Console | None = None) -> None
         for p in per_node:
             marks = [d for d in ("send", "recv") if (p["node"], d) in slow]
             note = f"   slow {'/'.join(marks)}" if marks else ""
-            say(f"{p['node']:<{width}}  {_rate(p['send_gbps'], 9)}  {_rate(p['recv_gbps'], 9)}   "
-                f"({_rate(p['send_median_gbps'])} / {_rate(p['recv_median_gbps'])}){note}")
+            say(
+                f"{p['node']:<{width}}  {_rate(p['send_gbps'], 9)}  {_rate(p['recv_gbps'], 9)}   "
+                f"({_rate(p['send_median_gbps'])} / {_rate(p['recv_median_gbps'])}){note}"
+            )
     for link in fabric.get("slow_links") or []:
-        say(f"slow link {link['src']}->{link['dst']}: {link['gbps']:.3f} GB/s, its ends reach "
-            f"{link['expected_gbps']:.3f} GB/s")
+        say(
+            f"slow link {link['src']}->{link['dst']}: {link['gbps']:.3f} GB/s, its ends reach "
+            f"{link['expected_gbps']:.3f} GB/s"
+        )
 
 
 def _rate(gbps: float | None, width: int = 0) -> str:
@@ -133,6 +154,8 @@ def probe_progress(nodes: int) -> Iterator[Progress | None]:
         yield None
         return
     with err.status(f"probing {nodes} nodes...") as status:
+
         def progress(label: str, done: int, total: int) -> None:
             status.update(f"{label} ({done}/{total})")
+
         yield progress

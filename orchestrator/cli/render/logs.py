@@ -1,5 +1,4 @@
-"""`orch logs`: the merged log's lines (`LogPrinter`), the clock skew note, the follow's events.
-"""
+"""`orch logs`: the merged log's lines (`LogPrinter`), the clock skew note, the follow's events."""
 
 from __future__ import annotations
 
@@ -57,30 +56,44 @@ class LogPrinter:
         (raw or out).flush()
 
 
-def skew_note(offsets: Mapping[str, float], origin: str | None, reference: str | None = None,
-              controller_ms: float | None = None, every: bool = False) -> None:
+def skew_note(
+    offsets: Mapping[str, float],
+    origin: str | None,
+    reference: str | None = None,
+    controller_ms: float | None = None,
+    every: bool = False,
+) -> None:
     """How `orch logs` orders lines: each node's offset (`every`, or up to 4 nodes), else the two
     farthest apart; and what they were measured against."""
     ranked = sorted(offsets.items(), key=lambda kv: (kv[1], kv[0]))
     if every or len(ranked) <= 4:
         shown = ", ".join(f"{n} {v:+.1f} ms" for n, v in sorted(offsets.items()))
     else:
-        shown = (f"from {ranked[0][0]} {ranked[0][1]:+.1f} ms to {ranked[-1][0]} {ranked[-1][1]:+.1f} ms "
-                 f"over {len(ranked)} nodes (-v: each)")
+        shown = (
+            f"from {ranked[0][0]} {ranked[0][1]:+.1f} ms to {ranked[-1][0]} {ranked[-1][1]:+.1f} ms "
+            f"over {len(ranked)} nodes (-v: each)"
+        )
     against = ""
     if reference and controller_ms is not None:
         against = f" against {reference}, which this controller was {controller_ms:+.1f} ms off"
     elif reference:
         against = f" against {reference}" + (
-            "; they are relative to this controller's own clock" if reference.startswith("the controller") else "")
-    console().print(f"orch: ordering lines by node time minus the clock offsets measured by orch check "
-                    f"({origin}){against}: {shown}; printed times are each node's own clock. "
-                    "--no-skew-correct to turn off", markup=False)
+            "; they are relative to this controller's own clock" if reference.startswith("the controller") else ""
+        )
+    console().print(
+        f"orch: ordering lines by node time minus the clock offsets measured by orch check "
+        f"({origin}){against}: {shown}; printed times are each node's own clock. "
+        "--no-skew-correct to turn off",
+        markup=False,
+    )
 
 
 def fetch_failed(node: str, exc: Exception) -> None:
-    console().print(f"orch: {node}: cannot fetch its log ({safe(exc)}); showing the copy fetched earlier",
-                    markup=False, style="yellow")
+    console().print(
+        f"orch: {node}: cannot fetch its log ({safe(exc)}); showing the copy fetched earlier",
+        markup=False,
+        style="yellow",
+    )
 
 
 def log_event(node: str, msg: str) -> None:

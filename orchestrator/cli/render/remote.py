@@ -1,5 +1,4 @@
-"""`orch exec`, `orch sync`, `orch image push`: grouped answers, progress, transfers, failures.
-"""
+"""`orch exec`, `orch sync`, `orch image push`: grouped answers, progress, transfers, failures."""
 
 from __future__ import annotations
 
@@ -38,13 +37,17 @@ def exec_output(report: ExecReport, color: bool) -> None:
             status = f": exit {answer.exit_code}"
         head = f"{fold(group.nodes)} ({len(group.nodes)})"
         out.append(f"{rule}\n{bold}{head}{reset}{red}{printable(status)}{reset}\n{rule}\n")
-        for name, text, dropped in (("stdout", answer.stdout, answer.dropped[0]),
-                                    ("stderr", answer.stderr, answer.dropped[1])):
+        for name, text, dropped in (
+            ("stdout", answer.stdout, answer.dropped[0]),
+            ("stderr", answer.stderr, answer.dropped[1]),
+        ):
             if text:
                 out.append(printable(text) + ("" if text.endswith("\n") else "\n"))
             if dropped:
-                out.append(f"[orch: {dropped} more bytes of {name} not kept: -b keeps the first "
-                           f"{KEPT_BYTES >> 20} MiB of each node's stdout and stderr]\n")
+                out.append(
+                    f"[orch: {dropped} more bytes of {name} not kept: -b keeps the first "
+                    f"{KEPT_BYTES >> 20} MiB of each node's stdout and stderr]\n"
+                )
         if answer.hint:
             out.append(f"hint: {printable(answer.hint)}\n")
     sys.stdout.write("".join(out))
@@ -147,8 +150,10 @@ def image_report(report: ImageReport, stream: Any = None) -> None:
 
     stream = stream or sys.stdout
     size = f", {human_bytes(report.size)}" if report.size else ""
-    lines = [f"push {printable(report.image)} ({report.runtime}, {short_id(report.image_id)}{size}) → "
-             f"{len(report.nodes)} node(s) in {report.elapsed_s:.1f} s"]
+    lines = [
+        f"push {printable(report.image)} ({report.runtime}, {short_id(report.image_id)}{size}) → "
+        f"{len(report.nodes)} node(s) in {report.elapsed_s:.1f} s"
+    ]
     width = max((len(n.node) for n in report.nodes), default=0)
     for n in report.nodes:
         head = f"  {printable(n.node):<{width}}  "

@@ -69,8 +69,15 @@ def status_table(report: StatusReport) -> None:
     for n in report.nodes:
         up = "" if n.uptime_s is None else f"{n.uptime_s:.0f} s"
         last = "" if n.last_log_age_s is None else f"{n.last_log_age_s:.0f} s ago"
-        table.add_row(n.node, str(n.node_rank), styled(str(n.state)), "" if n.exit_code is None else str(n.exit_code),
-                      str(n.pid or ""), up, last if not n.error else markup(safe(n.error)[:80]))
+        table.add_row(
+            n.node,
+            str(n.node_rank),
+            styled(str(n.state)),
+            "" if n.exit_code is None else str(n.exit_code),
+            str(n.pid or ""),
+            up,
+            last if not n.error else markup(safe(n.error)[:80]),
+        )
     out.print(table)
     for n in report.nodes:
         if n.disk_full:
@@ -114,8 +121,16 @@ def runs_table(report: RunsReport) -> None:
     for r in report.runs:
         started = "" if r.started is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started))
         wall = ("running for " if r.running else "") + duration(r.wall_s)
-        table.add_row(markup(r.run), markup(r.inventory or ""), styled(r.state), f"{r.attempt}/{r.max_attempts}",
-                      started, wall, r.shape, markup(r.failure or ""))
+        table.add_row(
+            markup(r.run),
+            markup(r.inventory or ""),
+            styled(r.state),
+            f"{r.attempt}/{r.max_attempts}",
+            started,
+            wall,
+            r.shape,
+            markup(r.failure or ""),
+        )
     out.print(table)
     if report.left_out:
         console().print(f"{report.left_out} older runs not shown (orch runs --all)")
@@ -167,11 +182,15 @@ def down_report(result: DownReport) -> None:
         if res is not None and res.status is not None and res.status.disk_full:
             out.print(f"[yellow]{markup(name)}: {markup(safe(res.status.disk_full))}[/]")
         if res is not None and res.strangers:
-            out.print(f"[yellow]{markup(name)}: left alone {len(res.strangers)} processes that hold ids the run "
-                      f"recorded but are not the job's (pid reuse): {list(res.strangers)}[/]")
+            out.print(
+                f"[yellow]{markup(name)}: left alone {len(res.strangers)} processes that hold ids the run "
+                f"recorded but are not the job's (pid reuse): {list(res.strangers)}[/]"
+            )
     if not result.complete:
-        out.print(f"run {result.run}: some nodes could not be stopped; run `orch down {result.run}` again "
-                  "when they are reachable")
+        out.print(
+            f"run {result.run}: some nodes could not be stopped; run `orch down {result.run}` again "
+            "when they are reachable"
+        )
     else:
         out.print(f"run {result.run}: nothing left running on {len(done)} nodes ({result.elapsed_s:.1f} s)")
 

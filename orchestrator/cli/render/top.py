@@ -1,5 +1,4 @@
-"""`orch top`: the table of nodes, GPUs and ranks, once or live.
-"""
+"""`orch top`: the table of nodes, GPUs and ranks, once or live."""
 
 from __future__ import annotations
 
@@ -23,8 +22,12 @@ def _age(seconds: Any) -> str:
 
 def _flags(flags: Sequence[str], why: str | None = None) -> str:
     """The flags as markup; `why`: the words of the straggler's kind (`straggler (waiting on others)`)."""
-    return " ".join((f"[bold red]{f} ({markup(why)})[/]" if f == "straggler" and why else f"[bold red]{f}[/]")
-                    if f in ("straggler", "gpu-error", "error") else f"[yellow]{f}[/]" for f in flags)
+    return " ".join(
+        (f"[bold red]{f} ({markup(why)})[/]" if f == "straggler" and why else f"[bold red]{f}[/]")
+        if f in ("straggler", "gpu-error", "error")
+        else f"[yellow]{f}[/]"
+        for f in flags
+    )
 
 
 def _straggler_words(report: TopReport) -> tuple[dict[str, str], dict[int, str]]:
@@ -47,14 +50,30 @@ def top_renderable(report: TopReport, gpus: bool) -> Any:
     from rich.text import Text
 
     when = time.strftime("%H:%M:%S", time.gmtime(report.taken_at))
-    table = Table(title=f"run {report.run}: {styled(report.state)} · {when} UTC · telemetry every "
-                        f"{report.telemetry_s:g} s", title_justify="left")
+    table = Table(
+        title=f"run {report.run}: {styled(report.state)} · {when} UTC · telemetry every {report.telemetry_s:g} s",
+        title_justify="left",
+    )
     cols: tuple[str, ...]
     if gpus:
         cols = ("node", "gpu", "rank", "util", "mem", "power", "temp", "SM", "CPU", "img/s", "data", "flags")
     else:
-        cols = ("node", "state", "gpus", "util", "mem", "power", "temp", "CPU", "load", "rank CPU", "img/s", "data",
-                "last line", "flags")
+        cols = (
+            "node",
+            "state",
+            "gpus",
+            "util",
+            "mem",
+            "power",
+            "temp",
+            "CPU",
+            "load",
+            "rank CPU",
+            "img/s",
+            "data",
+            "last line",
+            "flags",
+        )
     for col in cols:
         table.add_column(col, justify="right" if col not in ("node", "state", "flags", "gpus") else "left")
     node_why, rank_why = _straggler_words(report)
@@ -64,18 +83,36 @@ def top_renderable(report: TopReport, gpus: bool) -> Any:
         ranks = {r["rank"]: r for r in n["ranks"]}
         if gpus:
             if not n["gpus"]:
-                table.add_row(node, "-", "", markup(safe(n["gpu_error"] or "no GPU sample")[:40]), "", "", "", "",
-                              cpu, _num(n["images_per_s"], "{:.1f}"), _num(n["data_share"], "{:.0%}"),
-                              _flags(n["flags"], node_why.get(n["node"])))
+                table.add_row(
+                    node,
+                    "-",
+                    "",
+                    markup(safe(n["gpu_error"] or "no GPU sample")[:40]),
+                    "",
+                    "",
+                    "",
+                    "",
+                    cpu,
+                    _num(n["images_per_s"], "{:.1f}"),
+                    _num(n["data_share"], "{:.0%}"),
+                    _flags(n["flags"], node_why.get(n["node"])),
+                )
             for g in n["gpus"]:
                 r = ranks.get(g["rank"]) if g["rank"] is not None else None
-                table.add_row(node, _num(g["index"], "{}"), "" if g["rank"] is None else str(g["rank"]),
-                              _num(g["util_pct"], unit=" %"),
-                              f"{_num(g['mem_used_mb'], '{:.0f}')}/{_num(g['mem_total_mb'], '{:.0f}')} MiB",
-                              _num(g["power_w"], unit=" W"), _num(g["temp_c"], unit=" °C"), _num(g["sm_mhz"], unit=" MHz"),
-                              _num(r["cpu_pct"], unit=" %") if r else "", _num(r["images_per_s"], "{:.1f}") if r else "",
-                              _num(r["data_share"], "{:.0%}") if r and r["data_share"] is not None else "",
-                              _flags(g["flags"] + (r["flags"] if r else []), rank_why.get(g["rank"])))
+                table.add_row(
+                    node,
+                    _num(g["index"], "{}"),
+                    "" if g["rank"] is None else str(g["rank"]),
+                    _num(g["util_pct"], unit=" %"),
+                    f"{_num(g['mem_used_mb'], '{:.0f}')}/{_num(g['mem_total_mb'], '{:.0f}')} MiB",
+                    _num(g["power_w"], unit=" W"),
+                    _num(g["temp_c"], unit=" °C"),
+                    _num(g["sm_mhz"], unit=" MHz"),
+                    _num(r["cpu_pct"], unit=" %") if r else "",
+                    _num(r["images_per_s"], "{:.1f}") if r else "",
+                    _num(r["data_share"], "{:.0%}") if r and r["data_share"] is not None else "",
+                    _flags(g["flags"] + (r["flags"] if r else []), rank_why.get(g["rank"])),
+                )
             continue
         gs = n["gpus"]
         utils = [g["util_pct"] for g in gs if g["util_pct"] is not None]
@@ -85,26 +122,44 @@ def top_renderable(report: TopReport, gpus: bool) -> Any:
         temps = [g["temp_c"] for g in gs if g["temp_c"] is not None]
         what = f"{len(gs)}× {gs[0]['name'] or 'GPU'}" if gs else safe(n["gpu_error"] or "no sample yet")[:32]
         rank_cpu = [r["cpu_pct"] for r in n["ranks"] if r["cpu_pct"] is not None]
-        table.add_row(node, styled(n["state"]), markup(what),
-                      f"{min(utils):.0f}-{max(utils):.0f} %" if utils and min(utils) != max(utils)
-                      else _num(utils[0] if utils else None, unit=" %"),
-                      f"{sum(used) / 1024:.0f}/{sum(total) / 1024:.0f} GiB" if used and total else "",
-                      f"{sum(power):.0f} W" if power else "", f"{max(temps):.0f} °C" if temps else "",
-                      cpu, _num(n["load1"], "{:.1f}"),
-                      (f"{min(rank_cpu):.0f}-{max(rank_cpu):.0f} %" if min(rank_cpu) != max(rank_cpu)
-                       else f"{rank_cpu[0]:.0f} %") if rank_cpu else "",
-                      _num(n["images_per_s"], "{:.1f}"),
-                      _num(n["data_share"], "{:.0%}"), _age(n["last_line_age_s"]), _flags(n["flags"], node_why.get(n["node"])))
+        table.add_row(
+            node,
+            styled(n["state"]),
+            markup(what),
+            f"{min(utils):.0f}-{max(utils):.0f} %"
+            if utils and min(utils) != max(utils)
+            else _num(utils[0] if utils else None, unit=" %"),
+            f"{sum(used) / 1024:.0f}/{sum(total) / 1024:.0f} GiB" if used and total else "",
+            f"{sum(power):.0f} W" if power else "",
+            f"{max(temps):.0f} °C" if temps else "",
+            cpu,
+            _num(n["load1"], "{:.1f}"),
+            (f"{min(rank_cpu):.0f}-{max(rank_cpu):.0f} %" if min(rank_cpu) != max(rank_cpu) else f"{rank_cpu[0]:.0f} %")
+            if rank_cpu
+            else "",
+            _num(n["images_per_s"], "{:.1f}"),
+            _num(n["data_share"], "{:.0%}"),
+            _age(n["last_line_age_s"]),
+            _flags(n["flags"], node_why.get(n["node"])),
+        )
     parts: list[Any] = [table]
     for s in report.stragglers:
         parts.append(Text(s.line(), style="bold red"))
     if report.ignored_lines:
-        parts.append(Text(f"{_lines(report.ignored_lines)} of the node logs ignored: not a finite telemetry or "
-                          "timing record", style="yellow"))
+        parts.append(
+            Text(
+                f"{_lines(report.ignored_lines)} of the node logs ignored: not a finite telemetry or timing record",
+                style="yellow",
+            )
+        )
     for n in report.nodes:
         if n["fetch_error"]:
-            parts.append(Text(f"{n['node']}: log not fetched ({safe(n['fetch_error'])[:100]}); showing the last copy",
-                              style="yellow"))
+            parts.append(
+                Text(
+                    f"{n['node']}: log not fetched ({safe(n['fetch_error'])[:100]}); showing the last copy",
+                    style="yellow",
+                )
+            )
     return Group(*parts)
 
 

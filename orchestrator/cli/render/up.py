@@ -37,20 +37,34 @@ def plan_table(plan: Plan, env_values: bool = False) -> None:
 
     out = console(stderr=False)
     hidden = not env_values and any(v == HIDDEN for p in plan.nodes for v in p.shown_env().values())
-    table = Table(title=f"plan for {markup(plan.inventory.path)}: {len(plan.nodes)} nodes, world size "
-                        f"{plan.world_size}, master {plan.master_addr}:{plan.master_port}",
-                  caption="env values hidden (***): --show-env prints them" if hidden else None,
-                  show_lines=True)
+    table = Table(
+        title=f"plan for {markup(plan.inventory.path)}: {len(plan.nodes)} nodes, world size "
+        f"{plan.world_size}, master {plan.master_addr}:{plan.master_port}",
+        caption="env values hidden (***): --show-env prints them" if hidden else None,
+        show_lines=True,
+    )
     for col in ("node", "address", "node rank", "global ranks", "command"):
         table.add_column(col, overflow="fold")
     for p in plan.nodes:
-        env = " ".join(f"{k}={v if v == HIDDEN and not env_values else shlex.quote(v)}"
-                       for k, v in p.shown_env(env_values).items() if not k.startswith("ORCH_"))
+        env = " ".join(
+            f"{k}={v if v == HIDDEN and not env_values else shlex.quote(v)}"
+            for k, v in p.shown_env(env_values).items()
+            if not k.startswith("ORCH_")
+        )
         cmd = (f"cd {p.workdir} && " if p.workdir else "") + (env + " " if env else "") + shlex.join(p.argv)
-        ranks = f"{p.global_ranks.start}-{p.global_ranks.stop - 1}" if len(p.global_ranks) > 1 else str(p.global_ranks.start)
+        ranks = (
+            f"{p.global_ranks.start}-{p.global_ranks.stop - 1}"
+            if len(p.global_ranks) > 1
+            else str(p.global_ranks.start)
+        )
         # inventory values (env, args, paths) are shown as written, but never as markup or controls
-        table.add_row(p.node.name, f"{p.node.host}" + (f" ({p.node.addr})" if p.node.addr != p.node.host else ""),
-                      str(p.node_rank), ranks, markup(cmd))
+        table.add_row(
+            p.node.name,
+            f"{p.node.host}" + (f" ({p.node.addr})" if p.node.addr != p.node.host else ""),
+            str(p.node_rank),
+            ranks,
+            markup(cmd),
+        )
     out.print(table)
     for warning in plan.warnings:
         out.print(f"[yellow]{markup(warning)}[/]", soft_wrap=True)
@@ -61,15 +75,25 @@ def overrides_note(overrides: Any) -> None:
     if overrides.empty:
         return
     out = console()
-    picked = [f"{k} {v}" for k, v in (("--include", overrides.include), ("--exclude", overrides.exclude),
-                                      ("--nodes", overrides.first), ("--master", overrides.master)) if v is not None]
+    picked = [
+        f"{k} {v}"
+        for k, v in (
+            ("--include", overrides.include),
+            ("--exclude", overrides.exclude),
+            ("--nodes", overrides.first),
+            ("--master", overrides.master),
+        )
+        if v is not None
+    ]
     if picked:
         out.print("nodes from the command line: " + markup(" ".join(picked)))
     if overrides.env:
         out.print("env from the command line: " + markup(", ".join(overrides.env)))
     if overrides.args:
-        out.print("job args from the command line (each replaces the inventory's same setting): "
-                  + markup(shlex.join(overrides.args)))
+        out.print(
+            "job args from the command line (each replaces the inventory's same setting): "
+            + markup(shlex.join(overrides.args))
+        )
 
 
 class LiveLine:
@@ -95,7 +119,7 @@ class LiveLine:
             self.text = text
         if self.on and self.text:
             width = shutil_width()
-            self.real.write("\r\033[K" + self.text[:max(10, width - 1)])
+            self.real.write("\r\033[K" + self.text[: max(10, width - 1)])
             self.real.flush()
             self.shown = True
 
@@ -165,9 +189,11 @@ class UpPrinter:
 
         self.log = LogPrinter(column_widths([p.node.name for p in plan.nodes], plan.world_size))
         self.run_id = plan.run_id
-        self.err.print(f"run [bold]{plan.run_id}[/]: starting {len(plan.nodes)} nodes × "
-                       f"{plan.nodes[0].node.nproc_per_node} processes (world size {plan.world_size}, "
-                       f"master {plan.master_addr}:{plan.master_port})")
+        self.err.print(
+            f"run [bold]{plan.run_id}[/]: starting {len(plan.nodes)} nodes × "
+            f"{plan.nodes[0].node.nproc_per_node} processes (world size {plan.world_size}, "
+            f"master {plan.master_addr}:{plan.master_port})"
+        )
         for warning in plan.warnings:
             self.err.print(f"[yellow]{markup(warning)}[/]", soft_wrap=True)
 
@@ -206,14 +232,18 @@ class UpPrinter:
         self.err.print(f"[yellow]warning: {markup(message)}[/]")
 
     def stalled(self, silent_s: float, timeout_s: float) -> None:
-        self.err.print(f"[bold yellow]no rank wrote a line for {silent_s:.0f} s[/] (stall timeout {timeout_s:g} s): "
-                       "taking every rank's stack")
+        self.err.print(
+            f"[bold yellow]no rank wrote a line for {silent_s:.0f} s[/] (stall timeout {timeout_s:g} s): "
+            "taking every rank's stack"
+        )
 
     def straggler(self, found: Straggler, stop: bool) -> None:
         self.err.print(f"[bold yellow]{markup(found.line())}[/]")
         if stop:
-            self.err.print("job.straggler.action is stop: the run is stopped, naming "
-                           f"{markup(found.node)} (a retry replaces it with a spare)")
+            self.err.print(
+                "job.straggler.action is stop: the run is stopped, naming "
+                f"{markup(found.node)} (a retry replaces it with a spare)"
+            )
 
     def stacks(self, report: StacksReport | None, problem: str | None, stop: bool) -> None:
 
@@ -222,36 +252,51 @@ class UpPrinter:
         if problem:
             self.err.print(f"[yellow]no stacks: {markup(problem)}[/]")
         if not stop:
-            self.err.print("job.on_stall is warn: the run goes on; a new silence of the stall timeout is reported again")
+            self.err.print(
+                "job.on_stall is warn: the run goes on; a new silence of the stall timeout is reported again"
+            )
 
     def retrying(self, attempt: int, attempts: int, why: str, excerpt: Sequence[str] = ()) -> None:
 
         for line in excerpt:
             self.err.print(f"  {markup(line)}", soft_wrap=True)
-        self.err.print(f"\n[bold yellow]attempt {attempt}/{attempts}[/] after {markup(why)}; "
-                       "every node was stopped, checking the nodes again")
+        self.err.print(
+            f"\n[bold yellow]attempt {attempt}/{attempts}[/] after {markup(why)}; "
+            "every node was stopped, checking the nodes again"
+        )
 
     def replacing(self, node: str, spare: str, why: str) -> None:
 
         # `why` says which: a straggler stopped, job.sync failed, else a check of the preflight
-        what, detail = ("was stopped as a straggler", why.removeprefix("straggler: ")) if why.startswith("straggler: ") \
-            else ("could not receive job.sync", why.removeprefix("sync: ")) if why.startswith("sync: ") \
+        what, detail = (
+            ("was stopped as a straggler", why.removeprefix("straggler: "))
+            if why.startswith("straggler: ")
+            else ("could not receive job.sync", why.removeprefix("sync: "))
+            if why.startswith("sync: ")
             else ("failed the preflight", why)
-        self.err.print(f"[yellow]{markup(node)} {what}[/] ({markup(detail)}): "
-                       f"spare [bold]{markup(spare)}[/] takes its place, ranks re-planned")
+        )
+        self.err.print(
+            f"[yellow]{markup(node)} {what}[/] ({markup(detail)}): "
+            f"spare [bold]{markup(spare)}[/] takes its place, ranks re-planned"
+        )
 
     def resuming(self, how: str) -> None:
 
-        self.err.print(f"the trainer is relaunched with {markup(how)}: it continues its own last.pt if it wrote one, "
-                       "else starts over in the same run directory")
+        self.err.print(
+            f"the trainer is relaunched with {markup(how)}: it continues its own last.pt if it wrote one, "
+            "else starts over in the same run directory"
+        )
 
 
 def node_stopped_text(stop: NodeStopped, run_id: str) -> str:
     """`n0: stopped 0.4 s after its agent got SIGTERM (torchrun exited with code 1); the 31 lines it
     printed meanwhile are in its log: orch logs RUN --node n0`, as markup."""
     node = markup(stop.node)
-    ended = (f"torchrun ended by {markup(stop.exit_signal)}" if stop.exit_signal
-             else f"torchrun exited with code {stop.exit_code}")
+    ended = (
+        f"torchrun ended by {markup(stop.exit_signal)}"
+        if stop.exit_signal
+        else f"torchrun exited with code {stop.exit_code}"
+    )
     if stop.exit_code is None:
         how = "stopping (its end is not in the log yet)"
     elif stop.received is None:
@@ -273,8 +318,10 @@ def up_outcome(outcome: UpOutcome) -> None:
     if outcome.result == "retry_preflight_failed":
         nodes = "; ".join(f"{n}: {why}" for n, why in outcome.retry_failed.items())
         step = "the sync" if any(why.startswith("sync: ") for why in outcome.retry_failed.values()) else "the preflight"
-        out.print(f"\n[bold red]run {run} failed[/]: attempt {outcome.attempt} of {outcome.attempts} was not "
-                  f"launched: {step} failed on {markup(nodes)} ({markup(outcome.no_retry or '')})")
+        out.print(
+            f"\n[bold red]run {run} failed[/]: attempt {outcome.attempt} of {outcome.attempts} was not "
+            f"launched: {step} failed on {markup(nodes)} ({markup(outcome.no_retry or '')})"
+        )
         if outcome.sync_error is not None and outcome.sync_error.hint:
             out.print(f"  hint: {markup(outcome.sync_error.hint)}")
         f = outcome.failure
@@ -286,8 +333,10 @@ def up_outcome(outcome: UpOutcome) -> None:
             out.print(f"orch: {markup(outcome.sync_error.message)}")
             if outcome.sync_error.hint:
                 out.print(f"  hint: {markup(outcome.sync_error.hint)}")
-        out.print("[bold red]job.sync could not be copied to every node: nothing was launched[/] (fix it, "
-                  "or pass --skip-sync to launch with what the nodes have)")
+        out.print(
+            "[bold red]job.sync could not be copied to every node: nothing was launched[/] (fix it, "
+            "or pass --skip-sync to launch with what the nodes have)"
+        )
     elif outcome.result == "preflight_failed":
         # a node that cannot be reached is left out with --exclude: --skip-checks cannot launch there
         from ...config.nodeset import fold
@@ -297,27 +346,41 @@ def up_outcome(outcome: UpOutcome) -> None:
         rest = [r for r in failed if r.node not in down]
         if down:
             names = markup(fold(down))
-            out.print(f"[bold red]preflight failed: nothing was launched[/]; {names} cannot be reached: leave "
-                      f"{'them' if len(down) > 1 else 'it'} out with --exclude {names}"
-                      + (" (and fix the other failures above, or pass --skip-checks to launch anyway)" if rest else ""))
+            out.print(
+                f"[bold red]preflight failed: nothing was launched[/]; {names} cannot be reached: leave "
+                f"{'them' if len(down) > 1 else 'it'} out with --exclude {names}"
+                + (" (and fix the other failures above, or pass --skip-checks to launch anyway)" if rest else "")
+            )
         else:
-            out.print("[bold red]preflight failed: nothing was launched[/] (fix the failures above, "
-                      "or pass --skip-checks to launch anyway)")
+            out.print(
+                "[bold red]preflight failed: nothing was launched[/] (fix the failures above, "
+                "or pass --skip-checks to launch anyway)"
+            )
     elif outcome.result == "start_failed":
-        out.print(f"stopped every node that had started ({outcome.teardown_s or 0:.1f} s); nothing was left running"
-                  if not unconfirmed else f"[bold red]could not confirm the stop on: {unconfirmed}[/] "
-                  f"(run: orch down {run})")
+        out.print(
+            f"stopped every node that had started ({outcome.teardown_s or 0:.1f} s); nothing was left running"
+            if not unconfirmed
+            else f"[bold red]could not confirm the stop on: {unconfirmed}[/] (run: orch down {run})"
+        )
         for node, why in outcome.never_started.items():
-            out.print(f"{markup(node)} never started ({markup(why)}): launch without it with --exclude {markup(node)}",
-                      soft_wrap=True)
+            out.print(
+                f"{markup(node)} never started ({markup(why)}): launch without it with --exclude {markup(node)}",
+                soft_wrap=True,
+            )
     elif outcome.result == "detached":
         out.print(f"detached. Follow: orch logs --follow {run} · state: orch status {run} · stop: orch down {run}")
     elif outcome.result == "interrupted":
-        out.print(f"interrupted: stopped every node in {outcome.teardown_s or 0:.1f} s" if not unconfirmed
-                  else f"[bold red]interrupted; could not confirm the stop on {unconfirmed}[/]")
+        out.print(
+            f"interrupted: stopped every node in {outcome.teardown_s or 0:.1f} s"
+            if not unconfirmed
+            else f"[bold red]interrupted; could not confirm the stop on {unconfirmed}[/]"
+        )
     elif outcome.result == "stopped":
-        out.print(f"run {run} stopped by orch down{attempt}: every node stopped, nothing relaunched" if not unconfirmed
-                  else f"[bold red]run {run} stopped by orch down; could not confirm the stop on {unconfirmed}[/]")
+        out.print(
+            f"run {run} stopped by orch down{attempt}: every node stopped, nothing relaunched"
+            if not unconfirmed
+            else f"[bold red]run {run} stopped by orch down; could not confirm the stop on {unconfirmed}[/]"
+        )
     elif outcome.result == "succeeded":
         out.print(f"[green]run {run} succeeded on every node[/] in {outcome.wall_s or 0:.1f} s{attempt}")
         for node, why in outcome.not_stopped.items():
@@ -327,22 +390,31 @@ def up_outcome(outcome: UpOutcome) -> None:
         f = outcome.failure
         assert f is not None
         if f.excerpt:
-            out.print(f"\n[bold red]run {run} failed{attempt}[/]; the last lines of {markup(f.node)} "
-                      f"(all of them: orch logs {run} --node {markup(f.node)}):", soft_wrap=True)
+            out.print(
+                f"\n[bold red]run {run} failed{attempt}[/]; the last lines of {markup(f.node)} "
+                f"(all of them: orch logs {run} --node {markup(f.node)}):",
+                soft_wrap=True,
+            )
         for line in f.excerpt:
             out.print(f"  {markup(line)}", soft_wrap=True)
-        out.print(f"stopped every other node in {outcome.teardown_s or 0:.1f} s" if not unconfirmed else
-                  f"[bold red]could not confirm the stop on {unconfirmed}[/]: run `orch down {run}` once they "
-                  "are reachable")
+        out.print(
+            f"stopped every other node in {outcome.teardown_s or 0:.1f} s"
+            if not unconfirmed
+            else f"[bold red]could not confirm the stop on {unconfirmed}[/]: run `orch down {run}` once they "
+            "are reachable"
+        )
         if outcome.no_retry:
             out.print(f"[bold red]{markup(outcome.no_retry)}[/]")
-        out.print(f"[bold red]run {run} failed{attempt}[/]: first failure on " + failure_head(f.to_json()),
-                  soft_wrap=True)
+        out.print(
+            f"[bold red]run {run} failed{attempt}[/]: first failure on " + failure_head(f.to_json()), soft_wrap=True
+        )
         if f.hint:
             out.print(f"  hint: {markup(f.hint)}", soft_wrap=True)
 
 
 def not_retried_detached(retries: int) -> None:
     """The inventory asks for retries, but a detached run has nobody to relaunch it (or to watch for a hang)."""
-    console().print(f"[yellow]note:[/] job.retries ({retries}) and the hang watchdog apply to an attached orch up "
-                    "only: this detached run is not relaunched when it fails, nor stopped when it hangs")
+    console().print(
+        f"[yellow]note:[/] job.retries ({retries}) and the hang watchdog apply to an attached orch up "
+        "only: this detached run is not relaunched when it fails, nor stopped when it hangs"
+    )

@@ -107,8 +107,9 @@ def pair_rates(records: Sequence[Mapping[str, Any]]) -> dict[tuple[int, int], fl
     return pair
 
 
-def link_verdict(pair: Mapping[tuple[int, int], float], nodes: Sequence[int], share: float
-                 ) -> tuple[dict[str, dict[int, float]], list[dict[str, Any]], list[dict[str, Any]]]:
+def link_verdict(
+    pair: Mapping[tuple[int, int], float], nodes: Sequence[int], share: float
+) -> tuple[dict[str, dict[int, float]], list[dict[str, Any]], list[dict[str, Any]]]:
     """(capacities, slow nodes, slow links) of the pairwise rates: the fabric check's verdict,
     which the job also uses to choose what to measure again.
 
@@ -120,8 +121,10 @@ def link_verdict(pair: Mapping[tuple[int, int], float], nodes: Sequence[int], sh
     """
     outgoing = {n: [v for (s, _), v in pair.items() if s == n] for n in nodes}
     incoming = {n: [v for (_, d), v in pair.items() if d == n] for n in nodes}
-    caps = {"send": {n: max(v) for n, v in outgoing.items() if v},
-            "recv": {n: max(v) for n, v in incoming.items() if v}}
+    caps = {
+        "send": {n: max(v) for n, v in outgoing.items() if v},
+        "recv": {n: max(v) for n, v in incoming.items() if v},
+    }
     slow_nodes: list[dict[str, Any]] = []
     slow_links: list[dict[str, Any]] = []
     if len(nodes) >= 3:
@@ -166,41 +169,78 @@ def recheck_pairs(records: Sequence[Mapping[str, Any]], nodes: Sequence[int], sh
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The job's options (defaults keep 4 CPU nodes well under 20 s at --max-bytes 64 MB)."""
     p = argparse.ArgumentParser(
-        prog="fabric.py", description=__doc__.split("\n\n")[0],
+        prog="fabric.py",
+        description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="example: torchrun --nnodes 2 --nproc-per-node 8 --node-rank 0 --master-addr 10.0.0.1 "
-               "--master-port 29500 fabric.py --max-bytes 268435456")
-    p.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto",
-                   help="auto: nccl when CUDA is available, else gloo (default: auto)")
+        "--master-port 29500 fabric.py --max-bytes 268435456",
+    )
+    p.add_argument(
+        "--backend",
+        choices=("auto", "nccl", "gloo"),
+        default="auto",
+        help="auto: nccl when CUDA is available, else gloo (default: auto)",
+    )
     p.add_argument("--min-bytes", type=parse_size, default=MB, help="smallest all_reduce size (default 1M)")
-    p.add_argument("--max-bytes", type=parse_size, default=256 * MB,
-                   help="largest all_reduce size, e.g. 64M or 268435456 (default 256M = 256 MiB)")
+    p.add_argument(
+        "--max-bytes",
+        type=parse_size,
+        default=256 * MB,
+        help="largest all_reduce size, e.g. 64M or 268435456 (default 256M = 256 MiB)",
+    )
     p.add_argument("--factor", type=int, default=4, help="size step (default x4)")
     p.add_argument("--warmup", type=int, default=1, help="untimed ops per size after the validated one")
     p.add_argument("--iters", type=int, default=20, help="most timed ops per size (default 20)")
-    p.add_argument("--seconds-per-size", type=float, default=0.5,
-                   help="aim for this much timed work per size (fewer iterations for slow sizes)")
-    p.add_argument("--budget-s", type=float, default=30.0,
-                   help="skip sweep sizes that would end the sweep after this many seconds")
-    p.add_argument("--link-bytes", type=parse_size, default=64 * MB,
-                   help="largest transfer per link test (default 64M): transfers grow to about "
-                        "--link-seconds or this")
+    p.add_argument(
+        "--seconds-per-size",
+        type=float,
+        default=0.5,
+        help="aim for this much timed work per size (fewer iterations for slow sizes)",
+    )
+    p.add_argument(
+        "--budget-s", type=float, default=30.0, help="skip sweep sizes that would end the sweep after this many seconds"
+    )
+    p.add_argument(
+        "--link-bytes",
+        type=parse_size,
+        default=64 * MB,
+        help="largest transfer per link test (default 64M): transfers grow to about --link-seconds or this",
+    )
     p.add_argument("--link-seconds", type=float, default=0.15, help="aim for this long per link transfer")
     p.add_argument("--link-reps", type=int, default=2, help="timed transfers per direction and pass")
-    p.add_argument("--link-passes", type=int, default=2,
-                   help="times the whole pair schedule runs; each direction keeps its best (default 2)")
-    p.add_argument("--recheck-share", type=float, default=0.0,
-                   help="before reporting, measure again every pair of a node (and every link) below this share "
-                        "of the median, as the controller will judge it (0: never; orch passes checks.fabric.share)")
-    p.add_argument("--recheck-passes", type=int, default=2,
-                   help="at most this many re-measurements of the suspects, each until none is left (default 2)")
-    p.add_argument("--link-trials", type=int, default=1,
-                   help="run the whole pairwise phase (passes and rechecks) this many times, each reported on its "
-                        "own in link_trials (a test of the verdict's stability; default 1)")
+    p.add_argument(
+        "--link-passes",
+        type=int,
+        default=2,
+        help="times the whole pair schedule runs; each direction keeps its best (default 2)",
+    )
+    p.add_argument(
+        "--recheck-share",
+        type=float,
+        default=0.0,
+        help="before reporting, measure again every pair of a node (and every link) below this share "
+        "of the median, as the controller will judge it (0: never; orch passes checks.fabric.share)",
+    )
+    p.add_argument(
+        "--recheck-passes",
+        type=int,
+        default=2,
+        help="at most this many re-measurements of the suspects, each until none is left (default 2)",
+    )
+    p.add_argument(
+        "--link-trials",
+        type=int,
+        default=1,
+        help="run the whole pairwise phase (passes and rechecks) this many times, each reported on its "
+        "own in link_trials (a test of the verdict's stability; default 1)",
+    )
     p.add_argument("--timeout", type=float, default=60.0, help="seconds before a collective gives up")
-    p.add_argument("--pairs", choices=("auto", "concurrent", "serial"), default="auto",
-                   help="link pairs of a round at once or one by one (auto: one by one only when "
-                        "nodes share a machine)")
+    p.add_argument(
+        "--pairs",
+        choices=("auto", "concurrent", "serial"),
+        default="auto",
+        help="link pairs of a round at once or one by one (auto: one by one only when nodes share a machine)",
+    )
     p.add_argument("--skip-links", action="store_true", help="only the all_reduce sweep")
     args = p.parse_args(argv)
     if args.max_bytes < args.min_bytes:
@@ -243,9 +283,11 @@ def gloo_interface_problem(hostname: str, env: Mapping[str, str]) -> str | None:
     if any(not _is_loopback(str(a)) for a in addrs):
         return None
     found = ", ".join(sorted(str(a) for a in addrs)) or "nothing"
-    return (f"hostname {hostname!r} resolves to {found}: gloo would listen on loopback and the other "
-            f"nodes could not connect; set GLOO_SOCKET_IFNAME to the interface that reaches "
-            f"MASTER_ADDR {env.get('MASTER_ADDR')!r} (e.g. GLOO_SOCKET_IFNAME=eth0)")
+    return (
+        f"hostname {hostname!r} resolves to {found}: gloo would listen on loopback and the other "
+        f"nodes could not connect; set GLOO_SOCKET_IFNAME to the interface that reaches "
+        f"MASTER_ADDR {env.get('MASTER_ADDR')!r} (e.g. GLOO_SOCKET_IFNAME=eth0)"
+    )
 
 
 def _is_loopback(addr: str) -> bool:
@@ -349,8 +391,14 @@ class Job:
         self.dist.init_process_group(self.backend, timeout=timedelta(seconds=self.args.timeout))
         self.phase = "topology"
         group_rank = os.environ.get("GROUP_RANK")
-        me = {"rank": self.rank, "host": self.host, "label": self.label, "local_rank": self.local_rank,
-              "group_rank": int(group_rank) if group_rank is not None else None, "boot_id": _boot_id()}
+        me = {
+            "rank": self.rank,
+            "host": self.host,
+            "label": self.label,
+            "local_rank": self.local_rank,
+            "group_rank": int(group_rank) if group_rank is not None else None,
+            "boot_id": _boot_id(),
+        }
         everyone: list[Any] = [None] * self.world
         self.dist.all_gather_object(everyone, me)
         if all(p["group_rank"] is not None for p in everyone):
@@ -360,8 +408,16 @@ class Job:
         order: dict[Any, int] = {}
         for p in sorted(everyone, key=lambda q: q["rank"]):
             order.setdefault(p[key], len(order) if key == "host" else p[key])
-        self.ranks = [{"rank": p["rank"], "host": p["host"], "label": p["label"], "node": order[p[key]],
-                       "local_rank": p["local_rank"]} for p in sorted(everyone, key=lambda q: q["rank"])]
+        self.ranks = [
+            {
+                "rank": p["rank"],
+                "host": p["host"],
+                "label": p["label"],
+                "node": order[p[key]],
+                "local_rank": p["local_rank"],
+            }
+            for p in sorted(everyone, key=lambda q: q["rank"])
+        ]
         self.node = order[me[key]]
         node_ids = sorted(set(order.values()))
         self.nodes = []
@@ -369,8 +425,15 @@ class Job:
             members = [r for r in self.ranks if r["node"] == n]
             leader = min(members, key=lambda r: r["local_rank"])
             boot = next(p["boot_id"] for p in everyone if p["rank"] == leader["rank"])
-            self.nodes.append({"node": n, "host": leader["label"], "hostname": leader["host"],
-                               "ranks": [r["rank"] for r in members], "boot_id": boot})
+            self.nodes.append(
+                {
+                    "node": n,
+                    "host": leader["label"],
+                    "hostname": leader["host"],
+                    "ranks": [r["rank"] for r in members],
+                    "boot_id": boot,
+                }
+            )
         self.rank_of = {(r["node"], r["local_rank"]): r["rank"] for r in self.ranks}
 
     def sweep(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -389,8 +452,13 @@ class Job:
                 predicted = per_op * (2 + args.warmup)
                 elapsed = self.reduce_max([time.perf_counter() - t0])[0]
                 if elapsed + predicted > args.budget_s:
-                    skipped.append({"size_bytes": size, "reason": f"would take ~{predicted:.1f} s more; "
-                                    f"{elapsed:.1f} s of the {args.budget_s:g} s budget used"})
+                    skipped.append(
+                        {
+                            "size_bytes": size,
+                            "reason": f"would take ~{predicted:.1f} s more; "
+                            f"{elapsed:.1f} s of the {args.budget_s:g} s budget used",
+                        }
+                    )
                     continue
             self.progress(size_bytes=size, step=index, of=len(sizes))
             count = size // 4
@@ -411,9 +479,20 @@ class Job:
             self.sync()
             per_op = self.reduce_max([(time.perf_counter() - begin) / iters])[0]
             alg = size / per_op / 1e9
-            rows.append({"size_bytes": size, "count": count, "type": "float", "redop": "sum", "root": -1,
-                         "iters": iters, "time_us": per_op * 1e6, "algbw_gbps": alg,
-                         "busbw_gbps": alg * bus_factor(self.world), "wrong": wrong_total})
+            rows.append(
+                {
+                    "size_bytes": size,
+                    "count": count,
+                    "type": "float",
+                    "redop": "sum",
+                    "root": -1,
+                    "iters": iters,
+                    "time_us": per_op * 1e6,
+                    "algbw_gbps": alg,
+                    "busbw_gbps": alg * bus_factor(self.world),
+                    "wrong": wrong_total,
+                }
+            )
             last = (size, per_op)
             del buf
         return rows, skipped
@@ -442,13 +521,20 @@ class Job:
         # changes over seconds, so samples spread in time beat back-to-back repeats.
         schedule = [(p, n, pairs) for p in range(args.link_passes) for n, pairs in enumerate(rounds)]
         for step, (pass_no, number, pairs) in enumerate(schedule, 1):
-            self.progress(round=number + 1, of=len(rounds), **{"pass": pass_no + 1}, step=step, steps=len(schedule),
-                          pairs=[[node_ids[a], node_ids[b]] for a, b in pairs])
+            self.progress(
+                round=number + 1,
+                of=len(rounds),
+                **{"pass": pass_no + 1},
+                step=step,
+                steps=len(schedule),
+                pairs=[[node_ids[a], node_ids[b]] for a, b in pairs],
+            )
             # concurrent: every pair of the round at once; serial: one pair after the other
             batches = [[pair] for pair in pairs] if serial else [pairs]
             for batch in batches:
-                records += self._run_pairs([(node_ids[a], node_ids[b]) for a, b in batch], pass_no, number, rails,
-                                           buf, ctrl)
+                records += self._run_pairs(
+                    [(node_ids[a], node_ids[b]) for a, b in batch], pass_no, number, rails, buf, ctrl
+                )
         every = self._gather(records)
         rechecks: list[dict[str, Any]] = []
         sizes = {(r["src_node"], r["dst_node"], r["rail"]): int(r["bytes"]) for r in every}
@@ -463,9 +549,17 @@ class Job:
                 self.progress(recheck=extra + 1, of=args.recheck_passes, step=i, steps=len(again), pairs=[[a, b]])
                 mine += self._run_pairs([(a, b)], pass_no, -1, rails, buf, ctrl, sizes)
             every += self._gather(mine)
-        return {"method": "pairwise", "rounds": len(rounds), "passes": args.link_passes, "rails": rails,
-                "pairs_at_once": "one" if serial else "all of a round", "pairs_why": why, "rechecks": rechecks,
-                "recheck_share": args.recheck_share, "transfers": every}
+        return {
+            "method": "pairwise",
+            "rounds": len(rounds),
+            "passes": args.link_passes,
+            "rails": rails,
+            "pairs_at_once": "one" if serial else "all of a round",
+            "pairs_why": why,
+            "rechecks": rechecks,
+            "recheck_share": args.recheck_share,
+            "transfers": every,
+        }
 
     def _gather(self, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Every rank's records, in rank order (the same list on every rank)."""
@@ -473,8 +567,16 @@ class Job:
         self.dist.all_gather_object(gathered, records)
         return [r for part in gathered for r in part]
 
-    def _run_pairs(self, batch: Sequence[tuple[int, int]], pass_no: int, number: int, rails: int, buf: Any,
-                   ctrl: Any, sizes: Mapping[tuple[int, int, int], int] | None = None) -> list[dict[str, Any]]:
+    def _run_pairs(
+        self,
+        batch: Sequence[tuple[int, int]],
+        pass_no: int,
+        number: int,
+        rails: int,
+        buf: Any,
+        ctrl: Any,
+        sizes: Mapping[tuple[int, int, int], int] | None = None,
+    ) -> list[dict[str, Any]]:
         """The pairs of `batch` (disjoint) at once: each direction one after the other, local rank
         i with local rank i; this rank's receiver records. A barrier ends it on every rank."""
         records: list[dict[str, Any]] = []
@@ -492,8 +594,16 @@ class Job:
                 else:
                     size = (sizes or {}).get((partner, self.node, self.local_rank))
                     rec = self._measure(peer, buf, ctrl, self.args.link_bytes, size)
-                    records.append({"pass": pass_no, "round": number, "src_node": partner, "dst_node": self.node,
-                                    "rail": self.local_rank, **rec})
+                    records.append(
+                        {
+                            "pass": pass_no,
+                            "round": number,
+                            "src_node": partner,
+                            "dst_node": self.node,
+                            "rail": self.local_rank,
+                            **rec,
+                        }
+                    )
         self.dist.barrier()  # rounds (and serial pairs) stay disjoint in time
         return records
 
@@ -550,24 +660,40 @@ class Job:
         ctrl.fill_(0)
         dist.send(ctrl, dst=peer)
         best = min(times)
-        return {"bytes": nbytes, "seconds": best, "gbps": nbytes / best / 1e9,
-                "probe_gbps": nbytes / probe / 1e9 if size else min(256 * 1024, link_max) / probe / 1e9,
-                "all_seconds": times}
+        return {
+            "bytes": nbytes,
+            "seconds": best,
+            "gbps": nbytes / best / 1e9,
+            "probe_gbps": nbytes / probe / 1e9 if size else min(256 * 1024, link_max) / probe / 1e9,
+            "all_seconds": times,
+        }
 
-    def result(self, sweep: list[dict[str, Any]], skipped: list[dict[str, Any]], links: dict[str, Any]
-               ) -> dict[str, Any]:
+    def result(
+        self, sweep: list[dict[str, Any]], skipped: list[dict[str, Any]], links: dict[str, Any]
+    ) -> dict[str, Any]:
         """The JSON rank 0 prints."""
         torch = self.torch
         nccl_version = None
         if self.backend == "nccl":
             nccl_version = ".".join(str(v) for v in torch.cuda.nccl.version())
         return {
-            "schema": SCHEMA, "backend": self.backend, "device": self.device.type,
-            "torch": torch.__version__, "nccl": nccl_version,
-            "world_size": self.world, "nnodes": len(self.nodes), "nodes": self.nodes, "ranks": self.ranks,
-            "op": "all_reduce", "dtype": "float32", "bus_factor": bus_factor(self.world),
-            "sweep": sweep, "skipped": skipped, "links": links,
-            "elapsed_s": time.perf_counter() - self.t_start, "phase_s": self.phase_s,
+            "schema": SCHEMA,
+            "backend": self.backend,
+            "device": self.device.type,
+            "torch": torch.__version__,
+            "nccl": nccl_version,
+            "world_size": self.world,
+            "nnodes": len(self.nodes),
+            "nodes": self.nodes,
+            "ranks": self.ranks,
+            "op": "all_reduce",
+            "dtype": "float32",
+            "bus_factor": bus_factor(self.world),
+            "sweep": sweep,
+            "skipped": skipped,
+            "links": links,
+            "elapsed_s": time.perf_counter() - self.t_start,
+            "phase_s": self.phase_s,
         }
 
 
@@ -594,9 +720,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         job.dist.destroy_process_group()
         return 0
     except Exception as exc:  # noqa: BLE001 - any failure: one line the controller can parse, then out
-        info = {"rank": os.environ.get("RANK"), "host": socket.gethostname(),
-                "node": os.environ.get("ORCH_NODE"), "phase": job.phase if job else "init",
-                "error": f"{type(exc).__name__}: {exc}".strip()[:2000]}
+        info = {
+            "rank": os.environ.get("RANK"),
+            "host": socket.gethostname(),
+            "node": os.environ.get("ORCH_NODE"),
+            "phase": job.phase if job else "init",
+            "error": f"{type(exc).__name__}: {exc}".strip()[:2000],
+        }
         print(f"{ERROR_MARKER} {json.dumps(info)}", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(1)  # never wait on a process group whose peer is gone

@@ -100,10 +100,10 @@ def format_header(groups: Sequence[str] = ("in-place",)) -> list[str]:
     """nccl-tests' three header lines, for the given column groups (``out-of-place``, ``in-place``)."""
     head = "# {:>10s}  {:>12s}  {:>8s}  {:>6s}  {:>6s}"
     titles = head.format("", "", "", "", "") + "".join(_GROUP_TITLES[g] for g in groups)
-    names = head.format(*_HEAD_NAMES) + "".join(
-        "  {:>7s}  {:>6s}  {:>6s} {:>6s}".format(*_GROUP_NAMES) for _ in groups)
+    names = head.format(*_HEAD_NAMES) + "".join("  {:>7s}  {:>6s}  {:>6s} {:>6s}".format(*_GROUP_NAMES) for _ in groups)
     units = head.format(*_HEAD_UNITS) + "".join(
-        "  {:>7s}  {:>6s}  {:>6s}  {:>5s}".format(*_GROUP_UNITS) for _ in groups)
+        "  {:>7s}  {:>6s}  {:>6s}  {:>5s}".format(*_GROUP_UNITS) for _ in groups
+    )
     return [titles, names, units]
 
 
@@ -124,8 +124,14 @@ def format_row(row: Row) -> str:
 def format_table(rows: Sequence[Row], title: Sequence[str] = ()) -> str:
     """A table like all_reduce_perf's: optional ``# ...`` title lines, the header, the rows and
     ``# Avg bus bandwidth``."""
-    groups = [g for g, present in (("out-of-place", any(r.out_of_place for r in rows)),
-                                   ("in-place", any(r.inplace for r in rows))) if present] or ["in-place"]
+    groups = [
+        g
+        for g, present in (
+            ("out-of-place", any(r.out_of_place for r in rows)),
+            ("in-place", any(r.inplace for r in rows)),
+        )
+        if present
+    ] or ["in-place"]
     lines = [f"# {t}" if not t.startswith("#") else t for t in title]
     lines += ["#", *format_header(groups)]
     lines += [format_row(r) for r in rows]
@@ -140,22 +146,30 @@ def avg_busbw(rows: Iterable[Row]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def row_from_seconds(size: int, seconds: float, n: int, wrong: int | None = 0, op: str = "all_reduce",
-                     dtype: str = "float", itemsize: int = 4, redop: str = "sum", root: int = -1) -> Row:
+def row_from_seconds(
+    size: int,
+    seconds: float,
+    n: int,
+    wrong: int | None = 0,
+    op: str = "all_reduce",
+    dtype: str = "float",
+    itemsize: int = 4,
+    redop: str = "sum",
+    root: int = -1,
+) -> Row:
     """The in-place row for one measured size (seconds per op, the max over ranks)."""
     alg = algbw_gbps(size, seconds)
     m = Measure(time_us=seconds * 1e6, algbw=alg, busbw=alg * bus_factor(n, op), wrong=wrong)
-    return Row(size=size, count=size // itemsize, type=dtype, redop=redop, root=root,
-               out_of_place=None, inplace=m)
+    return Row(size=size, count=size // itemsize, type=dtype, redop=redop, root=root, out_of_place=None, inplace=m)
 
 
 def sweep_table(result: Mapping[str, Any]) -> str:
     """The job's result (the ORCH_FABRIC_RESULT JSON) as an all_reduce_perf-style table."""
     n = int(result["world_size"])
-    rows = [row_from_seconds(int(s["size_bytes"]), float(s["time_us"]) / 1e6, n, s.get("wrong"))
-            for s in result["sweep"]]
-    title = (f"all_reduce in place, {result['backend']} on {result['device']}, "
-             f"{n} ranks on {result['nnodes']} node(s)")
+    rows = [
+        row_from_seconds(int(s["size_bytes"]), float(s["time_us"]) / 1e6, n, s.get("wrong")) for s in result["sweep"]
+    ]
+    title = f"all_reduce in place, {result['backend']} on {result['device']}, {n} ranks on {result['nnodes']} node(s)"
     return format_table(rows, [title])
 
 
@@ -209,8 +223,17 @@ def parse_nccl_tests(text: str) -> NcclTestsRun:
         if len(f) not in (9, 13):
             raise ValueError(f"line {lineno}: expected 9 or 13 columns, got {len(f)}: {line.strip()!r}")
         groups = [_measure(f[5:9])] + ([_measure(f[9:13])] if len(f) == 13 else [])
-        rows.append(Row(size=int(f[0]), count=int(f[1]), type=f[2], redop=f[3], root=int(f[4]),
-                        out_of_place=groups[0] if len(groups) == 2 else None, inplace=groups[-1]))
+        rows.append(
+            Row(
+                size=int(f[0]),
+                count=int(f[1]),
+                type=f[2],
+                redop=f[3],
+                root=int(f[4]),
+                out_of_place=groups[0] if len(groups) == 2 else None,
+                inplace=groups[-1],
+            )
+        )
     return NcclTestsRun(nranks=nranks, hosts=tuple(hosts), rows=tuple(rows), avg_busbw=avg)
 
 
@@ -227,8 +250,7 @@ def best_passes(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [best[k] for k in sorted(best)]
 
 
-def link_summary(records: Sequence[dict[str, Any]], nodes: Sequence[int], share: float
-                 ) -> dict[str, Any]:
+def link_summary(records: Sequence[dict[str, Any]], nodes: Sequence[int], share: float) -> dict[str, Any]:
     """Per-node send/recv rates and the slow nodes and links, from the receivers' records.
 
     `records` hold src_node, dst_node, rail and gbps (every transfer, or `best_passes` of them: a
@@ -241,10 +263,20 @@ def link_summary(records: Sequence[dict[str, Any]], nodes: Sequence[int], share:
     caps, slow_nodes, slow_links = job.link_verdict(pair, nodes, share)
     outgoing = {n: [v for (s, _), v in pair.items() if s == n] for n in nodes}
     incoming = {n: [v for (_, d), v in pair.items() if d == n] for n in nodes}
-    per_node = [{"node": n,
-                 "send_gbps": caps["send"].get(n), "recv_gbps": caps["recv"].get(n),
-                 "send_median_gbps": statistics.median(outgoing[n]) if outgoing[n] else None,
-                 "recv_median_gbps": statistics.median(incoming[n]) if incoming[n] else None}
-                for n in nodes]
-    return {"pairs": [{"src_node": s, "dst_node": d, "gbps": v} for (s, d), v in sorted(pair.items())],
-            "per_node": per_node, "slow_nodes": slow_nodes, "slow_links": slow_links, "share": share}
+    per_node = [
+        {
+            "node": n,
+            "send_gbps": caps["send"].get(n),
+            "recv_gbps": caps["recv"].get(n),
+            "send_median_gbps": statistics.median(outgoing[n]) if outgoing[n] else None,
+            "recv_median_gbps": statistics.median(incoming[n]) if incoming[n] else None,
+        }
+        for n in nodes
+    ]
+    return {
+        "pairs": [{"src_node": s, "dst_node": d, "gbps": v} for (s, d), v in sorted(pair.items())],
+        "per_node": per_node,
+        "slow_nodes": slow_nodes,
+        "slow_links": slow_links,
+        "share": share,
+    }

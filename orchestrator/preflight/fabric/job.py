@@ -40,8 +40,10 @@ from ...transport import Cluster, Transport
 from ...transport.base import Progress
 from ..shapes import read_fabric_result
 
-FABRIC_OPT_IN = ("opt-in: it launches a short job on every node, so it runs only when asked: "
-                 "orch check --only fabric, checks.fabric: true in the inventory, or orch up --fabric")
+FABRIC_OPT_IN = (
+    "opt-in: it launches a short job on every node, so it runs only when asked: "
+    "orch check --only fabric, checks.fabric: true in the inventory, or orch up --fabric"
+)
 JOB_FILE = "allreduce_job.py"
 """The job's name in each node's run directory (torchrun's script)."""
 MB = 1 << 20
@@ -65,16 +67,35 @@ def job_args(inv: Inventory, backend: str) -> tuple[str, ...]:
     """The job's arguments from `checks.fabric`: the backend, the sweep's sizes, the time limits,
     and the share below which the job measures a node's (or a link's) pairs again before reporting."""
     f = inv.checks.fabric
-    return ("--backend", backend, "--min-bytes", str(min(MB, f.max_bytes)), "--max-bytes", str(f.max_bytes),
-            "--budget-s", f"{f.budget_s:g}", "--timeout", f"{f.timeout_s:g}", "--recheck-share", f"{f.share:g}")
+    return (
+        "--backend",
+        backend,
+        "--min-bytes",
+        str(min(MB, f.max_bytes)),
+        "--max-bytes",
+        str(f.max_bytes),
+        "--budget-s",
+        f"{f.budget_s:g}",
+        "--timeout",
+        f"{f.timeout_s:g}",
+        "--recheck-share",
+        f"{f.share:g}",
+    )
 
 
 def fabric_plan(inv: Inventory, run_id: str, backend: str) -> Plan:
     """The training's plan with the fabric job in place of the training: same nodes, ranks,
     torchrun flags and env (plus NCCL's debug output with NCCL); the job file in the node's run
     directory, which is also its working directory; no restarts."""
-    fabric_job = replace(inv.job, module=None, script=f"{RUN_DIR}/{JOB_FILE}", args=job_args(inv, backend),
-                         raw_args={}, max_restarts=0, workdir=None)
+    fabric_job = replace(
+        inv.job,
+        module=None,
+        script=f"{RUN_DIR}/{JOB_FILE}",
+        args=job_args(inv, backend),
+        raw_args={},
+        max_restarts=0,
+        workdir=None,
+    )
     plan = make_plan(replace(inv, job=fabric_job), run_id, extra_env=NCCL_DEBUG_ENV if backend == "nccl" else {})
     nodes = tuple(replace(p, workdir=remote_dir(inv, p.node, run_id)) for p in plan.nodes)
     return replace(plan, nodes=nodes)
@@ -151,7 +172,7 @@ def marked(log: str, marker: str) -> list[dict[str, Any]]:
         if at < 0:
             continue
         try:
-            value = json.loads(line[at + len(marker) + 1:])
+            value = json.loads(line[at + len(marker) + 1 :])
         except (ValueError, RecursionError):  # RecursionError: nested deeper than json can take
             continue
         if isinstance(value, dict):
@@ -165,8 +186,7 @@ def job_source() -> str:
         return fh.read()
 
 
-def measure(inv: Inventory, cluster: Cluster, progress: Progress | None = None,
-            poll_s: float = POLL_S) -> FabricFacts:
+def measure(inv: Inventory, cluster: Cluster, progress: Progress | None = None, poll_s: float = POLL_S) -> FabricFacts:
     """Run the fabric job on every node and collect what it says; see the module docstring."""
     backend = backend_for(inv)
     run_id = f"fabric-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
@@ -185,8 +205,17 @@ def measure(inv: Inventory, cluster: Cluster, progress: Progress | None = None,
     return facts
 
 
-def _launch(inv: Inventory, cluster: Cluster, plan: Plan, records: list[NodeRecord], facts: FabricFacts,
-            final: set[str], start: float, say: Progress, poll_s: float) -> None:
+def _launch(
+    inv: Inventory,
+    cluster: Cluster,
+    plan: Plan,
+    records: list[NodeRecord],
+    facts: FabricFacts,
+    final: set[str],
+    start: float,
+    say: Progress,
+    poll_s: float,
+) -> None:
     """Start the job on every node and wait for it; whatever still runs is stopped in `finally`."""
     try:
         say("fabric: starting the job", 0, len(plan.nodes))
@@ -226,11 +255,22 @@ def take_result(facts: FabricFacts, first: str) -> None:
     facts.result, problems = read_fabric_result(results[-1]) if results else (None, [])
     if problems:
         more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
-        node.error = node.error or f"the fabric job's result is not what orch's job writes: {'; '.join(problems[:3])}{more}"
+        node.error = (
+            node.error or f"the fabric job's result is not what orch's job writes: {'; '.join(problems[:3])}{more}"
+        )
 
 
-def _wait(inv: Inventory, cluster: Cluster, plan: Plan, records: list[NodeRecord], facts: FabricFacts,
-          final: set[str], start: float, say: Progress, poll_s: float) -> None:
+def _wait(
+    inv: Inventory,
+    cluster: Cluster,
+    plan: Plan,
+    records: list[NodeRecord],
+    facts: FabricFacts,
+    final: set[str],
+    start: float,
+    say: Progress,
+    poll_s: float,
+) -> None:
     """Poll every agent until all are final, one fails (the others are then stopped by the
     caller) or `timeout_s` passes. The master's last lines carry the job's progress."""
     master = plan.nodes[0].node.name
@@ -263,8 +303,10 @@ def _wait(inv: Inventory, cluster: Cluster, plan: Plan, records: list[NodeRecord
             facts.timed_out = True
             for name in facts.nodes:
                 if name not in final:
-                    facts.nodes[name].error = (f"still running after timeout_s {inv.checks.fabric.timeout_s:g} s "
-                                               "(hung, or too slow for the sizes asked)")
+                    facts.nodes[name].error = (
+                        f"still running after timeout_s {inv.checks.fabric.timeout_s:g} s "
+                        "(hung, or too slow for the sizes asked)"
+                    )
             return
 
 
@@ -300,8 +342,7 @@ def _read_back(cluster: Cluster, plan: Plan, records: list[NodeRecord], facts: F
 
     def read(t: Transport) -> str:
         r = by_name[t.node.name]
-        return collect_node(t, r.python, r.remote_dir, plan.inventory.job.run_root, LOG_LIMIT, clean,
-                            r.nonce).log
+        return collect_node(t, r.python, r.remote_dir, plan.inventory.job.run_root, LOG_LIMIT, clean, r.nonce).log
 
     logs = cluster.fan_out(read, [p.node for p in plan.nodes])
     for name, text in logs.succeeded.items():

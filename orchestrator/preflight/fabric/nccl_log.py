@@ -44,29 +44,35 @@ SOCKET_NETS = frozenset({"Socket", "FastSocket"})
 
 _PREFIX_RE = re.compile(
     r"(?P<host>[^\s:]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] "
-    r"(?:(?P<where>\S+:\d+) )?NCCL (?P<level>INFO|WARN|TRACE|ABORT)\b ?(?P<msg>.*)$")
+    r"(?:(?P<where>\S+:\d+) )?NCCL (?P<level>INFO|WARN|TRACE|ABORT)\b ?(?P<msg>.*)$"
+)
 _HOSTLESS_RE = re.compile(
-    r"(?:^|\s)\[(?P<dev>\d+)\] (?:(?P<where>\S+:\d+) )?NCCL (?P<level>INFO|WARN|TRACE|ABORT)\b ?(?P<msg>.*)$")
+    r"(?:^|\s)\[(?P<dev>\d+)\] (?:(?P<where>\S+:\d+) )?NCCL (?P<level>INFO|WARN|TRACE|ABORT)\b ?(?P<msg>.*)$"
+)
 _BARE_RE = re.compile(r"(?:^|[\s:>)\]])NCCL (?P<level>INFO|WARN|TRACE|ABORT)\b ?(?P<msg>.*)$")
 _VERSION_RE = re.compile(r"\bNCCL version (?P<full>(?P<num>\d+\.\d+\.\d+)[^\s]*)")
 
 _CONN_RE = re.compile(
     r"\b(?P<kind>Ring|Channel) (?P<ch>\d+)(?:/(?P<sub>\d+))? : +"
     r"(?P<src>\d+)(?:\[(?P<srcdev>[0-9a-fA-F]+)\])? -> (?P<dst>\d+)(?:\[(?P<dstdev>[0-9a-fA-F]+)\])?"
-    r"(?: \[(?P<dir>send|receive)\])? via (?P<via>.+?)\s*$")
+    r"(?: \[(?P<dir>send|receive)\])? via (?P<via>.+?)\s*$"
+)
 _VIA_TAIL_RE = re.compile(r"\s+comm 0x[0-9a-fA-F]+.*$")
 _NET_VIA_RE = re.compile(r"^NET/(?P<net>.+?)/(?P<dev>\d+)(?:\((?P<proxy>\d+)\))?(?P<rest>/.*)?$")
 
 _IB_USING_RE = re.compile(r"^NET/IB ?: Using (?P<devs>.*?)(?:\s*;\s*OOB (?P<oob>\S+))?\s*$")
 _IB_GROUP_RE = re.compile(r"\[(?P<vdev>\d+)\]=\{(?P<inner>[^}]*)\}")
 _IB_DEV_RE = re.compile(
-    r"\[(?P<idx>\d+)\] ?(?P<name>[^\s:\[\]{},=]+)(?::uverbs\d+)?:(?P<port>\d+)/(?P<ll>IB|RoCE)(?P<flags>(?:/[A-Za-z]+)*)")
+    r"\[(?P<idx>\d+)\] ?(?P<name>[^\s:\[\]{},=]+)(?::uverbs\d+)?:(?P<port>\d+)/(?P<ll>IB|RoCE)(?P<flags>(?:/[A-Za-z]+)*)"
+)
 _IB_DEVLINE_RE = re.compile(r"^NET/IB ?: (?=\[\d+\] )(?P<rest>.*)$")
 _SOCKET_USING_RE = re.compile(r"^NET/Socket ?: Using (?P<ifs>.*)$")
 _IFACE_RE = re.compile(r"(?:\[\d+\])?(?P<name>[^\s:<\[\]]+):(?P<addr>[^<\s]+)<\d+>")
 _BOOTSTRAP_RE = re.compile(r"^Bootstrap ?: Using (?P<ifs>.*)$")
-_NETWORK_RE = re.compile(r"^(?:Using network|Using internal Network|Initialized NET plugin|Assigned NET plugin) "
-                         r"(?P<net>.+?)(?: to comm)?\s*$")
+_NETWORK_RE = re.compile(
+    r"^(?:Using network|Using internal Network|Initialized NET plugin|Assigned NET plugin) "
+    r"(?P<net>.+?)(?: to comm)?\s*$"
+)
 _PLUGIN_RES = (
     re.compile(r"^P2P plugin (?P<name>\S+)"),
     re.compile(r"^NET/Plugin ?: Loaded net plugin (?P<name>\S+)"),
@@ -74,10 +80,12 @@ _PLUGIN_RES = (
 )
 _COMM_RE = re.compile(
     r"\bcomm (?P<comm>0x[0-9a-fA-F]+) rank (?P<rank>\d+) n[Rr]anks (?P<nranks>\d+)"
-    r"(?: nNodes (?P<nnodes>\d+))?(?:.*?- Init (?P<state>START|COMPLETE))?")
+    r"(?: nNodes (?P<nnodes>\d+))?(?:.*?- Init (?P<state>START|COMPLETE))?"
+)
 _OLD_COMM_RE = re.compile(r"^rank (?P<rank>\d+) nranks (?P<nranks>\d+)\s*$")
 _NCCLTESTS_RANK_RE = re.compile(
-    r"^#\s+Rank\s+(?P<rank>\d+)(?:\s+Group\s+\d+)?\s+Pid\s+(?P<pid>\d+)\s+on\s+(?P<host>\S+)\s+device\s+\d+")
+    r"^#\s+Rank\s+(?P<rank>\d+)(?:\s+Group\s+\d+)?\s+Pid\s+(?P<pid>\d+)\s+on\s+(?P<host>\S+)\s+device\s+\d+"
+)
 
 
 @dataclass(frozen=True)
@@ -319,8 +327,7 @@ def _parse_line(log: NcclLog, line: str, lineno: int, default_host: str | None) 
     _parse_message(log, proc, msg, src)
 
 
-def _split_prefix(line: str, default_host: str | None
-                  ) -> tuple[str | None, int | None, int | None, str | None, str]:
+def _split_prefix(line: str, default_host: str | None) -> tuple[str | None, int | None, int | None, str | None, str]:
     m = _PREFIX_RE.search(line)
     if m:
         return m["host"], int(m["pid"]), int(m["dev"]), m["level"], m["msg"]
@@ -384,8 +391,14 @@ def _parse_message(log: NcclLog, proc: Process, msg: str, src: Source) -> None:
     m = _COMM_RE.search(msg) or _OLD_COMM_RE.match(msg)
     if m:
         groups = m.groupdict()
-        cr = CommRank(groups.get("comm"), int(m["rank"]), int(m["nranks"]),
-                      int(groups["nnodes"]) if groups.get("nnodes") else None, groups.get("state"), src)
+        cr = CommRank(
+            groups.get("comm"),
+            int(m["rank"]),
+            int(m["nranks"]),
+            int(groups["nnodes"]) if groups.get("nnodes") else None,
+            groups.get("state"),
+            src,
+        )
         log.comm_ranks.append(cr)
         if src.host is not None:
             log.rank_hosts.setdefault(cr.rank, set()).add(src.host)
@@ -400,14 +413,24 @@ def _connection(m: re.Match[str], src: Source) -> Connection:
         proxy = int(nm["proxy"]) if nm["proxy"] else None
         detail = (nm["rest"] or "").lstrip("/")
     elif via.startswith("P2P/"):
-        transport, detail = "P2P", via[len("P2P/"):]
+        transport, detail = "P2P", via[len("P2P/") :]
     elif via.startswith("SHM") or via == "direct shared memory":
         transport, detail = "SHM", via.removeprefix("SHM/")
     else:
         transport, _, detail = via.partition("/")
-    return Connection(channel=int(m["ch"]), src=int(m["src"]), dst=int(m["dst"]), direction=m["dir"],
-                      transport=transport, net=net, net_dev=net_dev, proxy_rank=proxy, detail=detail,
-                      via=via, source=src)
+    return Connection(
+        channel=int(m["ch"]),
+        src=int(m["src"]),
+        dst=int(m["dst"]),
+        direction=m["dir"],
+        transport=transport,
+        net=net,
+        net_dev=net_dev,
+        proxy_rank=proxy,
+        detail=detail,
+        via=via,
+        source=src,
+    )
 
 
 def _ib_devices(text: str) -> list[IbDevice]:
@@ -423,8 +446,7 @@ def _ib_devices(text: str) -> list[IbDevice]:
 
 def _ib_device(d: re.Match[str], index: int, member: int | None) -> IbDevice:
     flags = tuple(f for f in d["flags"].split("/") if f)
-    return IbDevice(index=index, name=d["name"], port=int(d["port"]), link_layer=d["ll"], flags=flags,
-                    member=member)
+    return IbDevice(index=index, name=d["name"], port=int(d["port"]), link_layer=d["ll"], flags=flags, member=member)
 
 
 def _iface(text: str) -> Interface:
@@ -476,9 +498,12 @@ def socket_findings(log: NcclLog, max_evidence: int = 3) -> list[SocketFinding]:
                 peers.append(peer)
         nets = sorted({c.net or "" for c in conns})
         findings[name] = SocketFinding(
-            host=name, reason=f"{len(conns)} inter-node connection(s) via NET/{'/'.join(nets)}",
-            peers=tuple(peers), evidence=tuple(c.source.line for c in conns[:max_evidence]),
-            connections=len(conns))
+            host=name,
+            reason=f"{len(conns)} inter-node connection(s) via NET/{'/'.join(nets)}",
+            peers=tuple(peers),
+            evidence=tuple(c.source.line for c in conns[:max_evidence]),
+            connections=len(conns),
+        )
     selection: dict[str, list[Source]] = {}
     for (host, _), proc in log.processes.items():
         selection.setdefault(host or "?", []).extend(s for s in proc.evidence if _says_socket(s.line))
@@ -486,11 +511,18 @@ def socket_findings(log: NcclLog, max_evidence: int = 3) -> list[SocketFinding]:
         if key in findings or not socket_lines:
             continue
         socket_lines.sort(key=lambda s: s.lineno)
-        reason = ("NCCL selected network Socket" if any("Using network" in s.line for s in socket_lines)
-                  else "NCCL found no InfiniBand/RoCE device (NET/IB : No device found)")
-        findings[key] = SocketFinding(host=key, reason=reason, peers=(),
-                                      evidence=tuple(s.line for s in socket_lines[:max_evidence]),
-                                      connections=0)
+        reason = (
+            "NCCL selected network Socket"
+            if any("Using network" in s.line for s in socket_lines)
+            else "NCCL found no InfiniBand/RoCE device (NET/IB : No device found)"
+        )
+        findings[key] = SocketFinding(
+            host=key,
+            reason=reason,
+            peers=(),
+            evidence=tuple(s.line for s in socket_lines[:max_evidence]),
+            connections=0,
+        )
     return [findings[h] for h in sorted(findings)]
 
 

@@ -65,8 +65,9 @@ test-fast: install  ## the inner loop: tests/unit, pure tests only (no sshd, tor
 test-gpu: install  ## the CUDA-only paths (tests/gpu), on a machine with a GPU; skipped elsewhere
 	$(PY) -m pytest -m gpu tests/gpu $(PYTEST_ARGS)
 
-lint: install  ## ruff and mypy
+lint: install  ## ruff (lint, and the format check: ruff format, 120 columns) and mypy
 	$(VENV)/bin/ruff check orchestrator trainer tests bench
+	$(VENV)/bin/ruff format --check orchestrator trainer tests bench
 	$(VENV)/bin/mypy
 
 typecheck: install  ## mypy alone (make lint runs it too)

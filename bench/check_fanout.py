@@ -3,7 +3,8 @@ nodes (loopback).
 
 Sides, run alternately in one invocation for N in {1, 4, 16, 32}:
 - `orch check` (every check) and `orch check --only ssh,clock,timezone`, as the CLI a user runs;
-- `orch exec -- date`: the same command as pdsh's, through orch's transport, output live as `node: line`, as pdsh prints it;
+- `orch exec -- date`: the same command as pdsh's, through orch's transport, output live as `node: line`, as
+  pdsh prints it;
 - `pdsh` (Debian's package, fanout 32 as orch) running a bare `date`, and running the equivalent
   probe commands (clock, zone, NCCL env, interfaces, python and torch versions) over OpenSSH;
 - a serial `ssh` loop running `date` (how the field guide's launch script reaches its nodes);
@@ -316,7 +317,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     a / b for a, b in zip(by_n[n]["orch_check_full"]["samples_s"], by_n[n]["pdsh_date"]["samples_s"])
                 ]
                 print(
-                    f"check_fanout N={n:3d}: orch_check_full / pdsh_date {by_n[n]['orch_check_full']['median_s'] / by_n[n]['pdsh_date']['median_s']:.3f}"
+                    f"check_fanout N={n:3d}: orch_check_full / pdsh_date"
+                    f" {by_n[n]['orch_check_full']['median_s'] / by_n[n]['pdsh_date']['median_s']:.3f}"
                     f" (per round: {' '.join(f'{r:.2f}' for r in ratios)})",
                     flush=True,
                 )
@@ -325,7 +327,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     a / b for a, b in zip(by_n[n]["orch_exec_date"]["samples_s"], by_n[n]["pdsh_date"]["samples_s"])
                 ]
                 print(
-                    f"check_fanout N={n:3d}: orch_exec_date / pdsh_date {by_n[n]['orch_exec_date']['median_s'] / by_n[n]['pdsh_date']['median_s']:.3f}"
+                    f"check_fanout N={n:3d}: orch_exec_date / pdsh_date"
+                    f" {by_n[n]['orch_exec_date']['median_s'] / by_n[n]['pdsh_date']['median_s']:.3f}"
                     f" (per round: {' '.join(f'{r:.2f}' for r in ratios)})",
                     flush=True,
                 )

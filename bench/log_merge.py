@@ -175,14 +175,13 @@ def orch_logs_general(files: list[Path]) -> int:
 def throughput(base: Path, nodes: int, lines: int, reps: int) -> dict[str, object]:
     files = dataset(base, nodes, lines)
     total = nodes * lines
-    sort_fn = lambda: (
+
+    def sort_fn() -> int:
         subprocess.run(
-            ["sort", "-m", "-o", "/dev/null", *map(str, files)],
-            check=True,  # noqa: E731
-            env={**os.environ, "LC_ALL": "C"},
-        ),
-        total,
-    )[1]
+            ["sort", "-m", "-o", "/dev/null", *map(str, files)], check=True, env={**os.environ, "LC_ALL": "C"}
+        )
+        return total
+
     result: dict[str, object] = {
         "nodes": nodes,
         "lines_per_node": lines,
@@ -240,7 +239,9 @@ end, i = time.time() + seconds, 0
 while time.time() < end:
     for k, fd in enumerate(fds):
         ts = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        os.write(fd, ("%s out [default%d]:[rank %d] epoch 1/100 it %d box_loss=1.234 cls_loss=0.5\n" % (ts, i % 8, k * 8 + i % 8, i)).encode())
+        rank = k * 8 + i % 8
+        line = "%s out [default%d]:[rank %d] epoch 1/100 it %d box_loss=1.234 cls_loss=0.5\n" % (ts, i % 8, rank, i)
+        os.write(fd, line.encode())
     i += 1
     time.sleep(1.0 / rate)
 for d in dirs:

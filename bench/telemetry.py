@@ -175,8 +175,8 @@ while time.time() < end:
                       "ranks": [{"rank": k * 8 + r, "local_rank": r, "pid": 1000 + r, "cpu_pct": 99.0, "rss_mb": 6000.0}
                                 for r in range(8)]}
             lines.append("%s orch %s" % (now(), telemetry.line(sample)))
-            lines += ["%s out [default%d]:[rank %d] %s" % (now(), r, k * 8 + r,
-                                                          timing_line(1, i + 1, 10, 80, 0.01, 1.5, 3.0)) for r in range(8)]
+            timing = timing_line(1, i + 1, 10, 80, 0.01, 1.5, 3.0)
+            lines += ["%s out [default%d]:[rank %d] %s" % (now(), r, k * 8 + r, timing) for r in range(8)]
         os.write(fd, ("\n".join(lines) + "\n").encode())
     i += 1
     time.sleep(1.0)

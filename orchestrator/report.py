@@ -315,7 +315,8 @@ def plot_fabric_nodes(fabric: dict[str, Any]) -> bytes | None:
     ax.set_ylim(0, ax.get_ylim()[1] * 1.25)
     ax.set_ylabel("GB/s (best pair)")
     ax.set_title(
-        f"fabric: send / recv per node (red: below {fabric.get('share', FabricCheckModel.share):g} x the median, dashed)",
+        f"fabric: send / recv per node (red: below {fabric.get('share', FabricCheckModel.share):g}"
+        f" x the median, dashed)",
         fontsize=9,
     )
     ax.legend(fontsize=8, ncol=2, loc="upper left")
@@ -543,7 +544,8 @@ table{border-collapse:collapse;font-size:.85em}td,th{border:1px solid #ddd;paddi
 .ok,.succeeded{color:#2ca02c}.warn,.stopped{color:#ff7f0e}.fail,.failed{color:#d62728;font-weight:bold}
 .skip{color:#888}.none{color:#888;font-style:italic}pre{background:#f6f6f6;padding:8px;overflow-x:auto;font-size:.8em}
 img{max-width:100%}
-.card{display:flex;flex-wrap:wrap;gap:8px}.card .item{border:1px solid #ddd;border-radius:6px;padding:6px 10px;min-width:150px}
+.card{display:flex;flex-wrap:wrap;gap:8px}
+.card .item{border:1px solid #ddd;border-radius:6px;padding:6px 10px;min-width:150px}
 .label{font-size:.75em;color:#666}.value{font-size:1.05em}
 .cause{border:2px solid #d62728;background:#fdecea;border-radius:6px;padding:8px 12px;margin:1em 0}
 .cause .value{font-weight:bold;color:#a00}.cause .where,.cause .hint{font-size:.85em}

@@ -1,5 +1,6 @@
 """`orch up`: copy `job.sync` to every node, preflight, launch the plan on every node under the
-node agent, supervise it while streaming the merged log, stop everything on the first failure. The one use case that composes
+node agent, supervise it while streaming the merged log, stop everything on the first failure. The one use
+case that composes
 the packages (preflight/, run/, logs/); it says what happens through `UpProgress` and returns an
 `UpOutcome`, and the CLI shows both.
 

@@ -5,7 +5,8 @@ keeps its containers in a JSON file, so a test sees what a stop left behind.
 job; SIGTERM (what `docker run` proxies to its container) ends it and, with --rm, removes it; a
 SIGKILL of the client leaves it registered, as a real container outlives its killed client.
 `rm -f NAME|ID...`, `ps -aq --filter label=K=V...`, `ps -a --filter ... --format ...` as the
-runtimes answer them; `image inspect` as for an image every node holds (`FAKE_IMAGE_ID`). Install with `install(dir, state)`: a `docker` and a `podman` on PATH."""
+runtimes answer them; `image inspect` as for an image every node holds (`FAKE_IMAGE_ID`). Install with
+`install(dir, state)`: a `docker` and a `podman` on PATH."""
 
 from __future__ import annotations
 

@@ -25,7 +25,8 @@ from orchestrator.store import RunDir, RunStore, remote_dir
 # agent line and a final state.json, atomically, after the log: the order the agent keeps.
 WRITER = r"""
 import datetime, json, os, sys, time
-d, node, count, interval, base, nproc = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+d, node = sys.argv[1], sys.argv[2]
+count, interval, base, nproc = int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
 state = sys.argv[7] if len(sys.argv) > 7 else "succeeded"
 os.makedirs(d, exist_ok=True)
 def now():

@@ -102,7 +102,8 @@ class Result:
 
 
 def env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment for a child: repo importable, one thread per rank (2 cores here); the trainer sets its own offline switches."""
+    """Environment for a child: repo importable, one thread per rank (2 cores here); the trainer sets its own
+    offline switches."""
     e = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     e.update(extra or {})
     return e

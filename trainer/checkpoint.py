@@ -231,7 +231,8 @@ def load_for_resume(path: Path) -> dict[str, Any]:
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
     except (OSError, EOFError, RuntimeError, ValueError, pickle.UnpicklingError) as e:
         raise TrainerError(
-            f"--resume {path}: cannot be read as a checkpoint ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
+            f"--resume {path}: cannot be read as a checkpoint"
+            f" ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
             "a damaged or partial copy? give --resume another checkpoint of the run (weights/epochN.pt)"
         ) from None
     if not isinstance(ckpt, dict):

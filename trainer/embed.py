@@ -131,7 +131,8 @@ def main(argv: list[str] | None = None) -> None:
         "--text-encoder",
         "--text-model",
         dest="text_encoder",
-        help="the text encoder's weights file, e.g. /models/mobileclip_blt.ts (required for mobileclip; never downloaded)",
+        help="the text encoder's weights file, e.g. /models/mobileclip_blt.ts"
+        " (required for mobileclip; never downloaded)",
     )
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     a = p.parse_args(argv)

@@ -1,5 +1,6 @@
 """The run directory, as ``yolo train`` (ultralytics 8.4) lays it out: ``runs/<task>/train``
-(``train2``, ``train3``... when it exists; an absolute ``--project`` holds the run itself), ``weights/{last,best}.pt``, ``results.csv``, ``args.yaml`` (which ``yolo cfg=`` accepts)
+(``train2``, ``train3``... when it exists; an absolute ``--project`` holds the run itself),
+``weights/{last,best}.pt``, ``results.csv``, ``args.yaml`` (which ``yolo cfg=`` accepts)
 and TensorBoard scalars."""
 
 from __future__ import annotations

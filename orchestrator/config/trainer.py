@@ -1,6 +1,7 @@
 """What orch knows of this repository's trainer (`python -m trainer`) without starting it: the
 flags that name its input files and output folders, where its run keeps `weights/last.pt`, the
-global-batch rule, the small per-rank batch warning and how `--device` names GPUs. Defined once, in `trainer/interface.py` (stdlib only, like the log lines
+global-batch rule, the small per-rank batch warning and how `--device` names GPUs. Defined once, in
+`trainer/interface.py` (stdlib only, like the log lines
 `logs/trainer.py` reads); this module is the config layer's door to it.
 """
 

@@ -125,11 +125,13 @@ def _build(main: str, deps: tuple[str, ...]) -> str:
     return (
         "import sys,types,zlib,base64 as b\n"
         f"N={names!r}\n"
-        f"if getattr(sys.modules.get('_frozen_importlib_external'),'MAGIC_NUMBER',None)=={importlib.util.MAGIC_NUMBER!r}:\n"
+        f"if getattr(sys.modules.get('_frozen_importlib_external'),'MAGIC_NUMBER',None)"
+        f"=={importlib.util.MAGIC_NUMBER!r}:\n"
         f" import marshal;C=marshal.loads(zlib.decompress(b.b64decode('{code}')))\n"
         f"else:C=[compile(zlib.decompress(b.b64decode(s)),'orch-'+n,'exec') for n,s in zip(N,({srcs},))]\n"
         f"p=types.ModuleType('{PACKAGE}');p.__path__=[];sys.modules['{PACKAGE}']=p\n"
         "for n,c in zip(N[:-1],C):\n"
-        f" m=types.ModuleType('{PACKAGE}.'+n);m.__package__='{PACKAGE}';sys.modules[m.__name__]=m;setattr(p,n,m);exec(c,m.__dict__)\n"
+        f" m=types.ModuleType('{PACKAGE}.'+n);m.__package__='{PACKAGE}';"
+        f"sys.modules[m.__name__]=m;setattr(p,n,m);exec(c,m.__dict__)\n"
         f"exec(C[-1],{{'__name__':'__main__','__package__':'{PACKAGE}'}})"
     )

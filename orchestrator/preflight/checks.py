@@ -1407,7 +1407,8 @@ def gpu_finding(inv: Inventory, node: Node, nf: NodeFacts, f: Findings) -> None:
         fix = (
             "generate the CDI spec podman reads: nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml"
             if c.runtime == "podman"
-            else "install nvidia-container-toolkit, then nvidia-ctk runtime configure --runtime=docker and restart docker"
+            else "install nvidia-container-toolkit, then nvidia-ctk runtime configure --runtime=docker"
+            " and restart docker"
         )
         f.add("fail", f"{c.runtime} cannot give the container this node's GPUs: {said}", fix)
         return

@@ -74,7 +74,8 @@ def path_args(inv: Inventory) -> dict[str, str]:
 
 def job_files(inv: Inventory) -> dict[str, str]:
     """Every path the `job` check looks at on each node: the path-like args, `job.script`
-    (a relative one under `job.workdir`, where torchrun starts it), and each `job.sync` entry (files by size and sha256, directories by existence),
+    (a relative one under `job.workdir`, where torchrun starts it), and each `job.sync` entry (files by size
+    and sha256, directories by existence),
     each path once."""
     out = path_args(inv)
     script = inv.job.script

@@ -120,7 +120,8 @@ def kept_dirs(inv: Inventory) -> list[tuple[str, str]]:
     """The directories the job's run writes on the nodes, as (what, absolute path): `job.run_root`
     and the trainer's output folders (its OUTPUT_FLAGS in `job.args`; for the trainer, `runs`, under
     which it makes `runs/<task>/...` unless `--out` or an absolute `--project` say otherwise: a
-    relative `--project` lies under `runs/<task>/` too), a relative one under `job.workdir`. A `~` is expanded with this machine's home, as for the node's same account."""
+    relative `--project` lies under `runs/<task>/` too), a relative one under `job.workdir`. A `~` is
+    expanded with this machine's home, as for the node's same account."""
     job = inv.job
     out = [("job.run_root", job.run_root)]
     given = {key.replace("-", "_"): value for key, value in job.raw_args.items() if isinstance(value, str) and value}

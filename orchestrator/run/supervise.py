@@ -198,7 +198,8 @@ def boilerplate(texts: Sequence[str]) -> set[int]:
     """The lines of a node log (texts) an excerpt leaves out; they stay in the log: the agent's
     telemetry lines, torchrun's failure summary (`==== ... FAILED`, `Failures:`, `Root Cause (first
     observed failure)`, `error_file`, to its closing `====`), its note of the error file it copies,
-    and its own traceback ending in its `ChildFailedError`: the worker's exception above them says it, `cause` names it."""
+    and its own traceback ending in its `ChildFailedError`: the worker's exception above them says it,
+    `cause` names it."""
     hidden = {
         i
         for i, t in enumerate(texts)

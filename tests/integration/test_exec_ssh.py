@@ -1,4 +1,5 @@
-"""`orch exec` over real sshd nodes: live `node: line` output and -b grouping, -w without an inventory, the worst exit code, unreachable and timed-out
+"""`orch exec` over real sshd nodes: live `node: line` output and -b grouping, -w without an inventory, the
+worst exit code, unreachable and timed-out
 nodes, argv quoting, host-key rules, hostile output, Ctrl-C."""
 
 from __future__ import annotations

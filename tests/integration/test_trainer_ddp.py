@@ -451,7 +451,8 @@ def test_yoloe_seg_with_an_embeddings_file_two_ranks(
 
 
 def test_output_like_yolo_train(tmp_path: Path) -> None:
-    """An absolute --project holds train, then train2 (ultralytics 8.4's get_save_dir); last.pt and best.pt stripped like ultralytics' final files; best.pt
+    """An absolute --project holds train, then train2 (ultralytics 8.4's get_save_dir); last.pt and best.pt
+    stripped like ultralytics' final files; best.pt
     validated at the end; args.yaml that `yolo cfg=` accepts; TensorBoard scalars. The second run
     fine-tunes a -seg checkpoint given alone: it trains a segmentation model."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

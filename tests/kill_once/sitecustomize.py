@@ -35,7 +35,8 @@ if (
         if _steps[0] == _at:
             with open(os.environ["ORCH_TEST_KILL_MARKER"], "w") as fh:
                 fh.write(
-                    f"rank {os.environ['RANK']} {'raised' if _how == 'raise' else 'killed'} after optimizer step {_at}\n"
+                    f"rank {os.environ['RANK']} {'raised' if _how == 'raise' else 'killed'}"
+                    f" after optimizer step {_at}\n"
                 )
             if _how == "raise":
                 print(

@@ -73,7 +73,8 @@ def test_the_rendered_summary_card_holds_results_csv_and_run_json_numbers(tmp_pa
     items = {
         key: (value, text)
         for key, value, text in re.findall(
-            r'data-key="([a-z_0-9]+)" data-value="([^"]*)"><div class="label">[^<]*</div><div class="value[^"]*">([^<]*)</div>',
+            r'data-key="([a-z_0-9]+)" data-value="([^"]*)"><div class="label">[^<]*</div>'
+            r'<div class="value[^"]*">([^<]*)</div>',
             dom,
         )
     }

@@ -222,7 +222,10 @@ def test_orch_up_ends_with_the_cause_and_its_hint_after_the_excerpt(capsys: pyte
     f.explain(lines)
     render.up_outcome(UpOutcome("failed", run_id="r1", failure=f, teardown_s=1.0))
     out = capsys.readouterr().err.rstrip("\n").splitlines()
-    head = "run r1 failed: first failure on n1 (node rank 1, rank 3, exit code 1): RuntimeError: injected failure on rank 3 at step 2"
+    head = (
+        "run r1 failed: first failure on n1 (node rank 1, rank 3, exit code 1):"
+        " RuntimeError: injected failure on rank 3 at step 2"
+    )
     assert out[-1] == head, out[-3:]
     assert out[-2] == "stopped every other node in 1.0 s"
     err = " ".join(out)

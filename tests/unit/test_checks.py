@@ -628,7 +628,8 @@ def test_a_module_that_does_not_import_and_a_trainer_that_cannot_start() -> None
         checks.run_checks(inv, make_facts(inv, {"n1": lambda raw, nf: raw.update(job_check=crashed)}), ["job"]), "job"
     )["n1"]
     assert r.status == "fail" and r.detail == (
-        "`python -m trainer` cannot start with /opt/py/bin/python in /srv/job: /opt/py/bin/python: No module named trainer"
+        "`python -m trainer` cannot start with /opt/py/bin/python in /srv/job:"
+        " /opt/py/bin/python: No module named trainer"
     )
     slow = {"kind": "trainer", "rc": None, "out": "", "err": "", "seconds": 90.0, "error": "no answer within 90 s"}
     r = by(checks.run_checks(inv, make_facts(inv, {"n1": lambda raw, nf: raw.update(job_check=slow)}), ["job"]), "job")[

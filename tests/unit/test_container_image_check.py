@@ -165,7 +165,10 @@ def test_the_gpus_the_container_gets() -> None:
 
         return by(checks.check_container(inv, make_facts(inv, dict.fromkeys(NODES, edit))), "container")["n1"]
 
-    cdi = "python could not tell torch's CUDA build: Error: setting up CDI devices: unresolvable CDI devices nvidia.com/gpu=all"
+    cdi = (
+        "python could not tell torch's CUDA build: Error: setting up CDI devices:"
+        " unresolvable CDI devices nvidia.com/gpu=all"
+    )
     r = torch_sees("podman", {"error": cdi})
     assert r.status == "fail" and "unresolvable CDI devices nvidia.com/gpu=all" in r.detail
     assert "nvidia-ctk cdi generate" in r.hint

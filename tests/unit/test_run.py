@@ -399,7 +399,8 @@ def test_a_node_that_never_started_is_said_so_not_an_unconfirmed_stop(capsys: py
     [
         (
             "straggler: rank 2 on gpu03 at 0.45× the median for 3 min",
-            "gpu03 was stopped as a straggler (rank 2 on gpu03 at 0.45× the median for 3 min): spare gpu08 takes its place",
+            "gpu03 was stopped as a straggler (rank 2 on gpu03 at 0.45× the median for 3 min):"
+            " spare gpu08 takes its place",
         ),
         ("sync: rsync: Permission denied", "gpu03 could not receive job.sync (rsync: Permission denied): spare gpu08"),
         ("ssh: timed out", "gpu03 failed the preflight (ssh: timed out): spare gpu08 takes its place"),

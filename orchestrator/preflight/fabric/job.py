@@ -8,7 +8,8 @@ training run, torchrun's argv and env built the same way (the inventory's `env`,
 `NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET` so the log says which transport NCCL picked.
 
 `measure` returns `FabricFacts`: every node's final status and log (read back; the node's run
-directory is then removed, unless the job failed somewhere: then it stays for a person), the job's result (rank 0's `ORCH_FABRIC_RESULT` line), and what went wrong
+directory is then removed, unless the job failed somewhere: then it stays for a person), the job's result
+(rank 0's `ORCH_FABRIC_RESULT` line), and what went wrong
 (a node that could not start, an `ORCH_FABRIC_ERROR`, a job that overran `timeout_s`). It never
 raises for a node; the judging is `judge.check_fabric`, a pure function of these facts.
 

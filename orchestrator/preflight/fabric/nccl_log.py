@@ -63,7 +63,8 @@ _NET_VIA_RE = re.compile(r"^NET/(?P<net>.+?)/(?P<dev>\d+)(?:\((?P<proxy>\d+)\))?
 _IB_USING_RE = re.compile(r"^NET/IB ?: Using (?P<devs>.*?)(?:\s*;\s*OOB (?P<oob>\S+))?\s*$")
 _IB_GROUP_RE = re.compile(r"\[(?P<vdev>\d+)\]=\{(?P<inner>[^}]*)\}")
 _IB_DEV_RE = re.compile(
-    r"\[(?P<idx>\d+)\] ?(?P<name>[^\s:\[\]{},=]+)(?::uverbs\d+)?:(?P<port>\d+)/(?P<ll>IB|RoCE)(?P<flags>(?:/[A-Za-z]+)*)"
+    r"\[(?P<idx>\d+)\] ?(?P<name>[^\s:\[\]{},=]+)(?::uverbs\d+)?:(?P<port>\d+)"
+    r"/(?P<ll>IB|RoCE)(?P<flags>(?:/[A-Za-z]+)*)"
 )
 _IB_DEVLINE_RE = re.compile(r"^NET/IB ?: (?=\[\d+\] )(?P<rest>.*)$")
 _SOCKET_USING_RE = re.compile(r"^NET/Socket ?: Using (?P<ifs>.*)$")

@@ -24,6 +24,7 @@ BENCHMARKS = (
     "telemetry",
     "report_top_memory",
     "image_push",
+    "launch_latency_container",
 )
 TOOLS = ("gpu_smoke", "gpu_syncs", "gpu_wheels")
 """Scripts under bench/ that `make bench` does not run: the one-shot GPU validation (`make gpu-smoke`),

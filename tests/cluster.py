@@ -36,6 +36,7 @@ import getpass
 import itertools
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -543,14 +544,22 @@ class TestCluster:
         """The process that owns the node's mount (and UTS) namespace for the cluster's lifetime."""
         if not self._private_fs and node.netns is None:
             return
+        # netns: what `ip netns exec` does (the namespace's own sysfs on /sys, so /sys/class/net lists
+        # the node's NICs), but with this machine's cgroup mounts kept under /sys/fs/cgroup (moved
+        # aside and back), which a container runtime on the node needs (runc: "no cgroup mount
+        # found in mountinfo"); the holder is in the network namespace before it says ready
         script = (
             'set -e; if [ -n "$3" ]; then hostname "$3"; fi; '
             'if [ -n "$1" ]; then mount --bind "$1" "$2"; fi; echo ready; exec sleep 2147483647'
         )
-        argv: list[str] = []
         if node.netns:
-            argv += ["ip", "netns", "exec", node.netns]
-        argv += ["unshare", "--mount", "--propagation", "private"]
+            script = (
+                'set -e; mkdir -p "$5"; mount --rbind /sys/fs/cgroup "$5"; '
+                'nsenter --net="$4" mount -t sysfs -o nosuid,nodev,noexec sysfs /sys; '
+                'mount --rbind "$5" /sys/fs/cgroup; umount -l "$5"; '
+                f'exec nsenter --net="$4" sh -c {shlex.quote(script)} holder "$@"'
+            )
+        argv: list[str] = ["unshare", "--mount", "--propagation", "private"]
         if node.netns:
             argv += ["--uts"]
         argv += [
@@ -562,6 +571,8 @@ class TestCluster:
             str(node.local_dir) if self._private_fs else "",
             self.NODE_LOCAL,
             node.name if node.netns else "",
+            f"/run/netns/{node.netns}" if node.netns else "",
+            str(self.root / f"cgroup-{node.name}"),
         ]
         holder = subprocess.Popen(
             argv,

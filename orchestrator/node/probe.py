@@ -896,7 +896,8 @@ def gather(args: dict) -> dict:
     }
     want = args.get("want") or ()
     slow: dict = {"paths": lambda: gather_paths(args)}
-    if args.get("outputs_inside") and args.get("outputs"):  # the job runs in a container: look from inside
+    if args.get("outputs_inside"):  # the job runs in a container: look from inside, as its user (with no
+        # output folder, that the job's interpreter runs there at all)
         slow["outputs_inside"] = lambda: gather_outputs_inside(args)
     if "gpus" in want or not want:  # nvidia-smi runs twice, ~0.1-1 s each on a GPU node
         slow["gpus"] = gather_gpus

@@ -10,12 +10,14 @@ with are `results.py`; the fabric check's verdict is `fabric/judge.py`.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
+from ..config.container import Container
 from ..config.inventory import Inventory
 from ..config.nodes import Node
 from ..config.nodeset import fold
@@ -1275,7 +1277,8 @@ def check_container(inv: Inventory, facts: Facts) -> list[CheckResult]:
         image_findings(inv, node, nf, held, f)
         shm_finding(inv, nf, f)
         gpu_finding(inv, node, nf, f)
-        outputs_finding(inv, nf, f)
+        if not python_finding(inv, nf, f):
+            outputs_finding(inv, nf, f)
         rdma_finding(inv, nf, f)
         out.append(f.result())
     return out
@@ -1422,6 +1425,53 @@ def gpu_finding(inv: Inventory, node: Node, nf: NodeFacts, f: Findings) -> None:
         )
 
 
+_NO_EXEC = re.compile(
+    r"permission denied|no such file or directory|not found|exec format error|"
+    r"Fatal Python error",
+    re.I,
+)
+
+
+def container_user(c: Container) -> str:
+    """Who the job runs as inside its container, in a row's words."""
+    return {"host": "the SSH user", "root": "root"}.get(c.user, f"uid:gid {c.user}")
+
+
+def python_finding(inv: Inventory, nf: NodeFacts, f: Findings) -> bool:
+    """The job's interpreter could not be run inside the container as its user (the software facts'
+    or the output folders' container said so: the exec refused, or the interpreter died before
+    its first line): one row naming job.container.python and job.container.user. True when added."""
+    c = inv.job.container
+    if c is None or c.runtime == "apptainer":
+        return False
+    said = [
+        str(e)
+        for e in ((nf.raw.get("software") or {}).get("error"), (nf.raw.get("outputs_inside") or {}).get("error"))
+        if e
+    ]
+    why = next(
+        (
+            ln.strip()
+            for text in said
+            for ln in text.splitlines()
+            if _NO_EXEC.search(ln) and (c.python in ln or "Fatal Python error" in ln)
+        ),
+        None,
+    )
+    if why is None:
+        return False
+    why = why.removeprefix("version probe failed: ").removeprefix("could not look inside the container: ")
+    f.add(
+        "fail",
+        f"job.container.python {c.python} cannot be run inside the container as {container_user(c)} "
+        f"(job.container.user): {why}",
+        "the interpreter and every folder above it must be readable by that user inside the image (one mounted "
+        "under the image's /root, mode 0700, is not: mount it elsewhere), so fix job.container.python or its "
+        "mount, or set job.container.user (host, root, UID:GID) to a user that can run it",
+    )
+    return True
+
+
 def outputs_finding(inv: Inventory, nf: NodeFacts, f: Findings) -> None:
     """The job's output folders, as its container's user sees them inside the container (the
     probe looked from a container started as the launch's): each must be writable there."""
@@ -1438,11 +1488,10 @@ def outputs_finding(inv: Inventory, nf: NodeFacts, f: Findings) -> None:
         return
     for key, seen in (inside.get("paths") or {}).items():
         if not seen.get("writable"):
-            who = {"host": "the SSH user", "root": "root"}.get(c.user, f"uid:gid {c.user}")
             f.add(
                 "fail",
                 f"--{key.replace('_', '-')}: {seen.get('checked')} is not writable inside the container "
-                f"(as {who}): the run could write no checkpoint",
+                f"(as {container_user(c)}): the run could write no checkpoint",
                 "mount it writable (no :ro in job.container.mounts), or let job.container.user write it",
             )
 

@@ -129,6 +129,8 @@ def probe_args(
     """The JSON the probe gets: what to gather, which listeners to open, and the job's own check
     to run (`jobcheck.request`, as run `run_id`)."""
     paths = job_files(inv) if "job" in want else {}
+    if not paths and inv.job.container is not None and "container" in want:  # its output folders, seen inside
+        paths = {k: v for k, v in job_files(inv).items() if is_output_key(k)}
     is_master = node.name == inv.master.name
     net = "ports" in want or "rdma" in want
     return {

@@ -354,8 +354,8 @@ def test_an_output_folder_the_container_cannot_write_fails(
 ) -> None:
     """The project folder mounted read-only into the container: the container row fails on it, as
     the probe saw it from inside a container started as the launch's (the host sees it writable,
-    and `python -m trainer --check` does not write). A container user other than root cannot be
-    tried here: the test's interpreter lives under /root, which only root may enter."""
+    and `python -m trainer --check` does not write). A user other than root:
+    tests/integration/test_up_container_user.py."""
     import yaml
 
     inv = trainer_inventory(cluster, tmp_path, ["node1"])

@@ -197,6 +197,57 @@ def test_an_output_folder_not_writable_inside_the_container_fails() -> None:
     assert {c[n].status for n in ("n1", "n2", "n4")} == {"ok"}
 
 
+TINI_EACCES = "[FATAL tini (6)] exec /root/venv/bin/python failed: Permission denied\n"
+"""What the bed's podman said (tests/integration/test_up_container_user.py) when uid 1000 could not
+reach an interpreter mounted under the image's /root (0700)."""
+RUNC_ENOENT = (
+    'Error: runc: runc create failed: unable to start container process: exec: "/root/venv/bin/python": '
+    "stat /root/venv/bin/python: no such file or directory: OCI runtime attempted to invoke a command "
+    "that was not found\n"
+)
+
+
+def test_a_container_user_that_cannot_run_the_jobs_python_fails_naming_both_keys() -> None:
+    """The job's interpreter could not be run inside (from the software facts' container, or the
+    output folders' one): one row naming the node's container user and job.container.python, with
+    what to change; not the generic "could not look" row."""
+    inv = inventory(
+        "  container: {runtime: podman, image: 'yoloe:latest', user: '1000:1000', python: /root/venv/bin/python}\n"
+    )
+
+    def edit(raw: dict[str, Any], nf: Any) -> None:
+        raw.update(containers=CLEAN, container_image=held(IMG_A))
+        if nf.node.name == "n2":
+            raw.update(
+                outputs_inside={"error": "could not look inside the container: " + TINI_EACCES.strip()},
+                software={"python": "3.11.2", "error": "version probe failed: " + TINI_EACCES},
+            )
+        if nf.node.name == "n3":
+            raw.update(software={"python": "3.11.2", "error": "version probe failed: " + RUNC_ENOENT})
+
+    c = by(checks.check_container(inv, make_facts(inv, dict.fromkeys(NODES, edit))), "container")
+    for node, why in (("n2", "Permission denied"), ("n3", "no such file or directory")):
+        r = c[node]
+        assert r.status == "fail", r
+        assert (
+            "job.container.python /root/venv/bin/python cannot be run inside the container as uid:gid "
+            "1000:1000 (job.container.user)"
+        ) in r.detail, r.detail
+        assert why in r.detail and "could not look" not in r.detail, r.detail
+        assert "job.container.user" in r.hint and "job.container.python" in r.hint and "/root" in r.hint, r.hint
+    assert {c[n].status for n in ("n1", "n4")} == {"ok"}
+
+
+def test_the_container_check_alone_looks_inside_as_the_jobs_user() -> None:
+    """`orch check --only container`: the output folders (not the job's other files) are looked at
+    from inside, which runs the job's interpreter as the container's user even with none."""
+    inv = inventory("    project: /srv/runs\n" + CONTAINER)
+    args = probe_args(inv, inv.nodes[0], ["container"], "tok", 4)
+    assert args["outputs_inside"] is True
+    assert args["paths"] == {"project": "/srv/runs"} and args["outputs"] == ["project"]
+    assert probe_args(inv, inv.nodes[0], ["software"], "tok", 4)["paths"] == {}
+
+
 def test_each_throw_away_container_of_the_probe_has_a_name_of_its_own() -> None:
     """The probe starts its job containers at once (software, torch, outputs): one name shared by
     two of them made podman refuse the second ("the container name ... is already in use")."""

@@ -91,7 +91,10 @@ from tests.containers import (  # noqa: E402
     why_no_podman,
 )
 from tests.lanes import Lanes, reap_stale, unusable  # noqa: E402
+from tests.procs_support import take_sigint  # noqa: E402
 from tests.up_helpers import Orch  # noqa: E402
+
+take_sigint()  # in the controller and every xdist worker: a suite started in the background still tests Ctrl-C
 
 MakeCluster = Callable[..., TestCluster]
 

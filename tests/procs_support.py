@@ -48,3 +48,13 @@ def received(pid: int) -> set[str]:
 
 
 _VALID = {s.value for s in signal.Signals}
+
+
+def take_sigint() -> None:
+    """Take SIGINT as a terminal's foreground job does (KeyboardInterrupt here, the default in every
+    process started from here), where this process was started with it ignored: a suite run in the
+    background (`make test &`, nohup) inherits SIGINT ignored, an ignored signal survives exec,
+    and the Ctrl-C tests' processes would then never see theirs. A handler does not survive exec,
+    so the children start with the default."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -230,6 +230,13 @@ def job_command(
     )
 
 
+def launch_role(attempt: int) -> str:
+    """What a launch's container name adds for its attempt: nothing for the first (the contract's
+    `orch-<run>-<node>-<nonce>`), `aN` for a retry's attempt N, whose containers must not share a
+    name with an earlier attempt's, which a late stop hook of that attempt would remove."""
+    return f"a{attempt}" if attempt > 1 else ""
+
+
 def job_stop(inv: Inventory, node: Node, run_id: str, nonce: str = "", role: str = "") -> list[str]:
     """The stop hook of a launch on `node` (NodePlan.stop): an argv the agent runs on every stop
     path (empty: the process group is all there is to stop); a container launch's removes its
@@ -285,7 +292,7 @@ def torchrun_argv(
     else:
         argv += ["-m", inv.job.module or "trainer"]
     argv += list(inv.job.args)
-    return job_command(inv, node, argv, run_id=run_id, nonce=nonce, env=env, pins=pins)
+    return job_command(inv, node, argv, run_id=run_id, nonce=nonce, env=env, pins=pins, role=launch_role(attempt))
 
 
 def node_env(
@@ -337,7 +344,7 @@ def make_plan(
                 argv=tuple(argv),
                 env=MappingProxyType(env),
                 workdir=inv.job.workdir,
-                stop=tuple(job_stop(inv, node, run_id, nonce)),
+                stop=tuple(job_stop(inv, node, run_id, nonce, launch_role(attempt))),
             )
         )
     world = world_size(inv.nodes)

@@ -99,8 +99,8 @@ def test_a_killed_rank_is_retried_in_new_containers_and_resumes(
     plan = json.loads((orch.run_dir("ctr-cut") / "plan.json").read_text())
     assert all(n["argv"][-2:] == ["--resume", "auto"] for n in plan["nodes"]), [n["argv"] for n in plan["nodes"]]
 
-    # each launch starts its own containers, named with the run's launch nonce (the same name for
-    # every attempt, so podman would refuse the retry's while the first one's was still there);
+    # each launch starts its own containers, named with the run's launch nonce and, from the second
+    # attempt on, the attempt (a late stop hook of attempt 1 names only attempt 1's container);
     # the first launch's are removed on both nodes, their stop hooks done, before the retry starts any
     run = orch.run_json("ctr-cut")
     merged = (orch.run_dir("ctr-cut") / "merged.log").read_text()
@@ -108,8 +108,9 @@ def test_a_killed_rank_is_retried_in_new_containers_and_resumes(
     assert sorted(n for _, n, _ in started[:2]) == sorted(n for _, n, _ in started[2:]) == ["node1", "node2"], [
         ln for ln in merged.splitlines() if "starting" in ln
     ]
-    assert all(name == f"orch-ctr-cut-{node}-{run['nonce']}" for _, node, name in started), started
     first, second = started[:2], started[2:]
+    assert all(name == f"orch-ctr-cut-{node}-{run['nonce']}" for _, node, name in first), started
+    assert all(name == f"orch-ctr-cut-{node}-{run['nonce']}-a2" for _, node, name in second), started
     assert attempts(merged) == [1, 1, 2, 2], attempts(merged)
     retry_at = min(t for t, _, _ in second)
     for at, node, name in first:

@@ -130,6 +130,21 @@ def test_the_official_image_inventory_is_golden() -> None:
     assert plan.to_json()["nodes"][0]["stop_hook"] == ["docker", "rm", "-f", "orch-r1-gpu1-abcd1234"]  # type: ignore[index]
 
 
+def test_a_retrys_containers_have_names_of_their_own_and_each_stop_hook_names_its_own() -> None:
+    """The nonce is the run's: a retry's container named like the first attempt's could be removed
+    by a stop hook of that attempt still running late (a slow daemon), and a retry would die of
+    it. Attempt 1 keeps the contract's name; attempt N >= 2 appends `-aN`."""
+    inv = inventory.load(YOLOE)
+    first, second = (make_plan(inv, "r1", attempt=a, nonce="abcd1234").nodes[0] for a in (1, 2))
+
+    def name(argv: tuple[str, ...] | list[str]) -> str:
+        return list(argv)[list(argv).index("--name") + 1]
+
+    assert name(first.argv) == "orch-r1-gpu1-abcd1234" and first.stop[-1] == name(first.argv)
+    assert name(second.argv) == "orch-r1-gpu1-abcd1234-a2" and second.stop[-1] == name(second.argv)
+    assert "orch.nonce=abcd1234" in second.argv  # the sweep by label still finds every attempt's
+
+
 def test_env_values_never_reach_the_argv() -> None:
     inv = inventory.parse(
         "nodes:\n  - host: a\n    gpus: 2\nenv: {HF_TOKEN: s3cr3t-value}\n"

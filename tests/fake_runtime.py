@@ -55,10 +55,24 @@ def install(bin_dir: Path, state: Path, execute: bool = False) -> Path:
     return state.with_suffix(".calls")
 
 
+def _started(pid: int) -> str | None:
+    """The kernel's start time of `pid` (field 22 of /proc/PID/stat), None when it is gone: with the
+    pid, what tells the container's process from a later one that got its number."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
 def _kill(box: dict[str, Any]) -> None:
-    if box.get("pgid"):
+    """`rm -f` of a container: SIGKILL to its process group, if that is still the container's. The
+    container's process may have ended long ago (its killed client never removed it), and its pid
+    be another process's now, even this `rm`'s own (a busy machine reuses pids within seconds)."""
+    pgid = box.get("pgid")
+    if pgid and box.get("started") is not None and _started(pgid) == box["started"]:
         try:
-            os.killpg(box["pgid"], signal.SIGKILL)
+            os.killpg(pgid, signal.SIGKILL)
         except ProcessLookupError:
             pass
 
@@ -109,8 +123,10 @@ def main(argv: list[str]) -> int:
         if os.environ.get("FAKE_RUNTIME_EXEC"):
             workdir = args[args.index("-w") + 1] if "-w" in args[:i] else None
             child = subprocess.Popen(args[i + 1 :], cwd=workdir, start_new_session=True)
-            box["pgid"] = child.pid
-            _edit(state, lambda data: [c.update(pgid=child.pid) for c in data if c["id"] == cid])
+            box.update(pgid=child.pid, started=_started(child.pid))
+            _edit(
+                state, lambda data: [c.update(pgid=child.pid, started=box["started"]) for c in data if c["id"] == cid]
+            )
             signal.signal(signal.SIGTERM, lambda *_: os.killpg(child.pid, signal.SIGTERM))
             code = child.wait()
         else:

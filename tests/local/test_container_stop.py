@@ -104,3 +104,35 @@ def test_every_stop_leaves_no_container_of_the_launch_and_no_other_is_touched(
             assert stops.succeeded["n1"].containers == ("mine1",)  # by label; the hook removed its own by name
     finally:
         cluster.close()
+
+
+def test_the_fake_runtimes_rm_kills_only_a_process_that_is_still_the_containers(runtime: Path) -> None:
+    """A container whose process ended long ago (its killed client never removed it) keeps that
+    pid, which a busy machine soon gives to another process, even to the `rm` itself: the fake's
+    `rm -f` once SIGKILLed its own process so (the stop hook said `exit -9`). It kills a process
+    group only while the pid still names the process the container started."""
+    import subprocess
+
+    other = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        runtime.write_text(
+            json.dumps(
+                [
+                    {"id": "old1", "name": "stale", "labels": {}, "state": "running", "pgid": other.pid},
+                    {
+                        "id": "old2",
+                        "name": "reused",
+                        "labels": {},
+                        "state": "running",
+                        "pgid": other.pid,
+                        "started": "1",
+                    },
+                ]
+            )
+        )
+        assert fake_runtime.main([str(runtime), "podman", "rm", "-f", "stale", "reused"]) == 0
+        assert other.poll() is None, "rm -f killed a process that was not the container's"
+        assert fake_runtime.containers(runtime) == []
+    finally:
+        other.kill()
+        other.wait()

@@ -84,6 +84,10 @@ class Ranks:
     def run(self, hyp: Any, data: dict[str, Any]) -> list[tuple[Any, Any]]:
         out: list[Any] = [None] * len(self.topos)
         errors: list[BaseException] = []
+        # as the trainer's start-up does before build_splits (loop.py, one_writer_first): the
+        # labels.cache files are written once, so the ranks' builds only read them (three threads
+        # writing one train.cache at once: one read it while another had it unlinked)
+        tdata.write_label_caches(hyp, data, ("train", "val"), 32)
 
         def rank(topo: Topology) -> None:
             self.local.rank = topo.rank

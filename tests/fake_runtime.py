@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from orchestrator.node.procs import proc_start_time
+
 FAKE_IMAGE_ID = "f" * 64
 """What `image inspect` answers for any image (the preflight's image row: one ID on every node)."""
 VALUED = {
@@ -55,22 +57,12 @@ def install(bin_dir: Path, state: Path, execute: bool = False) -> Path:
     return state.with_suffix(".calls")
 
 
-def _started(pid: int) -> str | None:
-    """The kernel's start time of `pid` (field 22 of /proc/PID/stat), None when it is gone: with the
-    pid, what tells the container's process from a later one that got its number."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
 def _kill(box: dict[str, Any]) -> None:
     """`rm -f` of a container: SIGKILL to its process group, if that is still the container's. The
     container's process may have ended long ago (its killed client never removed it), and its pid
     be another process's now, even this `rm`'s own (a busy machine reuses pids within seconds)."""
     pgid = box.get("pgid")
-    if pgid and box.get("started") is not None and _started(pgid) == box["started"]:
+    if pgid and box.get("started") is not None and proc_start_time(pgid) == box["started"]:
         try:
             os.killpg(pgid, signal.SIGKILL)
         except ProcessLookupError:
@@ -123,7 +115,7 @@ def main(argv: list[str]) -> int:
         if os.environ.get("FAKE_RUNTIME_EXEC"):
             workdir = args[args.index("-w") + 1] if "-w" in args[:i] else None
             child = subprocess.Popen(args[i + 1 :], cwd=workdir, start_new_session=True)
-            box.update(pgid=child.pid, started=_started(child.pid))
+            box.update(pgid=child.pid, started=proc_start_time(child.pid))
             _edit(
                 state, lambda data: [c.update(pgid=child.pid, started=box["started"]) for c in data if c["id"] == cid]
             )

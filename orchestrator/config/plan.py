@@ -217,7 +217,7 @@ def job_command(
     return container.run_argv(
         c,
         inner,
-        name=container.container_name(run_id, node.name, "-".join(p for p in (nonce, role) if p)),
+        name=launch_name(run_id, node, nonce, role),
         label_values=container.labels(run_id, node.name, nonce, inv.name),
         env=list(env),
         devices=gpu_devices(inv, node, pins),
@@ -228,6 +228,12 @@ def job_command(
         rdma=bool(inv.checks.rdma_devices),
         image_id=pins.image_id if pins is not None else None,
     )
+
+
+def launch_name(run_id: str, node: Node, nonce: str = "", role: str = "") -> str:
+    """The container a launch (or a preflight's throw-away, `role`) runs in on `node`: the one
+    spelling its start (`job_command`) and its stop hook (`job_stop`) share."""
+    return container.container_name(run_id, node.name, "-".join(p for p in (nonce, role) if p))
 
 
 def launch_role(attempt: int) -> str:
@@ -244,7 +250,7 @@ def job_stop(inv: Inventory, node: Node, run_id: str, nonce: str = "", role: str
     c = inv.job.container
     if c is None:
         return []
-    return container.stop_argv(c, container.container_name(run_id, node.name, "-".join(p for p in (nonce, role) if p)))
+    return container.stop_argv(c, launch_name(run_id, node, nonce, role))
 
 
 def job_sweep(inv: Inventory, node: Node, nonce: str) -> list[str]:

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import pytest
 import yaml
 
 from tests.ports import job_port
-from tests.up_helpers import REPO
+from tests.up_helpers import REPO, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -40,17 +39,12 @@ def marked(marker: str) -> list[str]:
     return out
 
 
-def wait_for(cond, timeout: float, what: str, proc: subprocess.Popen[str]):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        if proc.poll() is not None:
-            out, err = proc.communicate()
-            raise AssertionError(f"orch check exited {proc.returncode} before {what}:\n{out[-2000:]}\n{err[-2000:]}")
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout:.0f} s: {what}")
+def job_running(marker: str, proc: subprocess.Popen[str]) -> list[str]:
+    """The fabric job's processes; fails at once, with orch's output, once orch check has exited."""
+    if proc.poll() is not None:
+        out, err = proc.communicate()
+        raise AssertionError(f"orch check exited {proc.returncode} before the job ran:\n{out[-2000:]}\n{err[-2000:]}")
+    return [ln for ln in marked(marker) if "allreduce_job.py" in ln]
 
 
 # The job's allreduce on one rank takes well under a second: on a fast machine the whole job could
@@ -108,7 +102,7 @@ def test_sigterm_during_the_fabric_job_stops_the_job_and_exits_130(tmp_path: Pat
         start_new_session=True,
     )
     try:
-        wait_for(lambda: [ln for ln in marked(marker) if "allreduce_job.py" in ln], 150, "the fabric job running", p)
+        wait_for(lambda: job_running(marker, p), 150, "the fabric job running")
         p.send_signal(signal.SIGTERM)
         out, err = p.communicate(timeout=120)
     finally:

@@ -35,7 +35,7 @@ def marked(marker: str) -> list[str]:
         except OSError:
             continue
         if want in env or want in cmd:
-            out.append(pid + " " + cmd.replace(b"\0", b" ").decode(errors="replace")[:200])
+            out.append(pid + " " + cmd.replace(b"\0", b" ").decode(errors="replace"))
     return out
 
 
@@ -44,7 +44,7 @@ def job_running(marker: str, proc: subprocess.Popen[str]) -> list[str]:
     if proc.poll() is not None:
         out, err = proc.communicate()
         raise AssertionError(f"orch check exited {proc.returncode} before the job ran:\n{out[-2000:]}\n{err[-2000:]}")
-    return [ln for ln in marked(marker) if "allreduce_job.py" in ln]
+    return [ln for ln in marked(marker) if "allreduce_job.py" in ln]  # the whole command line: its path is long
 
 
 # The job's allreduce on one rank takes well under a second: on a fast machine the whole job could

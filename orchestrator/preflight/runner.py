@@ -18,6 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from .. import waits
 from ..config.container import Pins
 from ..config.inventory import Inventory
 from ..contract import CHECK_NAMES
@@ -137,9 +138,9 @@ def run_preflight(
     finally:
         if own:
             cluster.close()
-    warm.join()
+    waits.join(warm)
     if timing is not None:
-        timing.join()
+        waits.join(timing)
         for nf in facts.values():
             nf.controller_clock = clock[0] if clock else None
     checks_mod = _checks()

@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .. import waits
 from ..config.inventory import Inventory
 from ..config.nodes import Node
 from ..config.schema import JobModel
@@ -369,7 +370,7 @@ def _interruptible(fn: Callable[[], Any]) -> Any:
 
     worker = threading.Thread(target=target, name="orch-exec", daemon=True)
     worker.start()
-    worker.join()
+    waits.join(worker)  # a Ctrl-C the kernel hands to a worker thread ends it too
     if "error" in box:
         raise box["error"]
     return box["value"]

@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from .. import waits
 from ..config.inventory import Inventory
 from ..config.nodes import Node
 from ..errors import OrchError, UsageError
@@ -284,7 +285,7 @@ def _each(nodes: Sequence[Node], workers: int, fn: Callable[[Node], Any]) -> dic
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="orch-image")
     try:
         futures = {n.name: pool.submit(fn, n) for n in nodes}
-        return {name: f.result() for name, f in futures.items()}
+        return {name: waits.result(f) for name, f in futures.items()}
     except KeyboardInterrupt:
         with _running_lock:
             for proc in _running:

@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from .. import waits
 from ..config.inventory import Inventory
 from ..config.nodes import Node
 from ..config.trainer import DEFAULT_PROJECT, OUTPUT_FLAGS
@@ -218,7 +219,7 @@ def sync_nodes(
     pool = ThreadPoolExecutor(max_workers=max(1, min(inv.fanout, len(nodes))), thread_name_prefix="orch-sync")
     try:
         futures = [pool.submit(one, n) for n in nodes]
-        results = tuple(f.result() for f in futures)
+        results = tuple(waits.results(futures))
     except KeyboardInterrupt:
         interrupted.set()
         with lock:

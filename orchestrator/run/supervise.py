@@ -817,5 +817,5 @@ class Supervisor:
 
             others = [n for n in self.specs if n != f.node and n not in self.not_stopped]
             with ThreadPoolExecutor(max_workers=max(1, min(16, len(others)))) as pool:
-                logs = {f.node: raw, **dict(zip(others, pool.map(tail, others)))}
+                logs = {f.node: raw, **dict(zip(others, pool.map(tail, others)))}  # bounded: transport timeouts
             self.failure = blame(f, logs, self.specs, self.offsets_s)

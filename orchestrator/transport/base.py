@@ -237,7 +237,12 @@ class GroupResult(Mapping[str, "T | Exception"]):
 
 def fan_out(nodes: Sequence[Node], fn: Callable[[Node], T], max_workers: int = 32) -> GroupResult[T]:
     """Call fn(node) for every node in parallel (bounded); collect every result or exception,
-    keyed by node name in the order given. Never stops at the first bad node."""
+    keyed by node name in the order given. Never stops at the first bad node.
+
+    A Ctrl-C waits for every call to answer, by design: a node whose start is in flight must answer
+    before a teardown stops it. Each call is bounded by its transport's timeouts; a caller whose
+    calls are not (`orch exec` without --timeout) waits through `remote.exec._interruptible` and
+    closes the connections, which ends them."""
     results: dict[str, T | Exception] = {n.name: RuntimeError("not run") for n in nodes}
     if not nodes:
         return GroupResult(results)
@@ -249,6 +254,6 @@ def fan_out(nodes: Sequence[Node], fn: Callable[[Node], T], max_workers: int = 3
             return exc
 
     with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(nodes))), thread_name_prefix="orch") as pool:
-        for node, value in zip(nodes, pool.map(one, nodes)):
+        for node, value in zip(nodes, pool.map(one, nodes)):  # bounded: see the docstring
             results[node.name] = value
     return GroupResult(results)

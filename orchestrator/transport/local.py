@@ -48,7 +48,7 @@ class _LocalProcess(Process):
     def close(self) -> None:
         if self.proc.poll() is None:
             _kill_group(self.proc)
-            self.proc.wait()
+            self.proc.wait()  # bounded: SIGKILLed just above
         self.close_stdin()
         self.stdout.close()
 
@@ -179,11 +179,11 @@ def _streamed(
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
-        proc.wait()
+        proc.wait()  # bounded: SIGKILLed just above
         raise
     finally:
         for t in readers:
-            t.join()
+            t.join()  # bounded: the process has ended, its pipes are at their end
         proc.stdout.close()
         proc.stderr.close()
     return bytes(got["out"]), bytes(got["err"])

@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from .. import waits
 from ..config.nodes import Node, SSHOptions
 from ..errors import ConnectionLost, TransportError
 from .base import OnOutput, Process, Transport, command_line, log
@@ -166,7 +167,7 @@ class SSHTransport(Transport):
                 if attempt is None:
                     attempt = self._attempt = _Attempt(self._closes)
                     break
-            attempt.done.wait()
+            waits.wait(attempt.done)
             if attempt.error is not None:
                 raise attempt.error
         start = time.monotonic()

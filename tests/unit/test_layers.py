@@ -13,6 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "orchestrator"
 LAYERS = {
     "contract": 0,
     "errors": 1,
+    "waits": 1,
     "config": 2,
     "node": 2,
     "store": 3,

@@ -78,6 +78,7 @@ try:  # imported as a package (the log reader, the tests), or run from the run d
         proc_start_time,
         send,
         signal_name,
+        without_identity,
     )
     from .trust import UntrustedDir, check_run_dir
 except ImportError:
@@ -93,6 +94,7 @@ except ImportError:
         proc_start_time,
         send,
         signal_name,
+        without_identity,
     )
     from trust import UntrustedDir, check_run_dir  # type: ignore[no-redef]
 
@@ -772,7 +774,10 @@ def fill(argv: Any, run_dir: str) -> list[str]:
 
 
 def run_hook(argv: list[str], env: dict[str, str] | None = None, timeout: float = HOOK_TIMEOUT_S) -> str:
-    """Run a stop hook to its end (or `timeout`): what it said, in one line. Never raises."""
+    """Run a stop hook to its end (or `timeout`): what it said, in one line. Never raises.
+
+    It runs without the job's identity in its environment (`procs.IDENTITY`): a stop finds the
+    job's processes by it, and would SIGKILL the hook at the end of its grace, container left."""
     import subprocess
 
     try:
@@ -781,7 +786,7 @@ def run_hook(argv: list[str], env: dict[str, str] | None = None, timeout: float 
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            env=env,
+            env=without_identity(dict(os.environ if env is None else env)),
             timeout=timeout,
             start_new_session=True,
         )

@@ -86,6 +86,17 @@ def descendants(root: int) -> list[tuple[int, int]]:
     return out
 
 
+IDENTITY = ("ORCH_RUN_ID", "ORCH_NODE", "ORCH_LAUNCH")
+"""The environment variables that make a process the job's (`tagged`): the run's id, the node and
+the launch nonce. What the agent runs that is not the job (the stop hook) is started without them,
+or a stop would take it for the job and kill it."""
+
+
+def without_identity(env: dict[str, str]) -> dict[str, str]:
+    """`env` less the job's identity (`IDENTITY`): for a process the agent starts beside the job."""
+    return {k: v for k, v in env.items() if k not in IDENTITY}
+
+
 def tagged(pid: int, run: str, node: str, nonce: str | None = None) -> bool:
     """Does the process's environment carry this run's identity (ORCH_RUN_ID and ORCH_NODE
     exactly, and with `nonce` ORCH_LAUNCH: a run of the same id started by another controller is
@@ -95,9 +106,10 @@ def tagged(pid: int, run: str, node: str, nonce: str | None = None) -> bool:
             env = set(fh.read().split(b"\0"))
     except OSError:  # gone, or another user's
         return False
-    want = {("ORCH_RUN_ID=" + run).encode(), ("ORCH_NODE=" + node).encode()}
+    run_id, node_name, launch = IDENTITY
+    want = {(run_id + "=" + run).encode(), (node_name + "=" + node).encode()}
     if nonce:
-        want.add(("ORCH_LAUNCH=" + nonce).encode())
+        want.add((launch + "=" + nonce).encode())
     return want <= env
 
 

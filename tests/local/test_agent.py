@@ -1008,3 +1008,27 @@ def test_a_slow_stop_hook_is_waited_for_not_reported_as_a_survivor(tmp_path: Pat
     code, out = call("stop", str(d), "--grace", "0.5")
     assert code == 0 and out["remaining"] == [], out
     assert state(d)["stop_hook_result"] == "exit 0: removed"
+
+
+def test_the_stop_hook_is_not_taken_for_the_job_and_killed_by_the_stop(tmp_path: Path) -> None:
+    """The stop hook runs with the launch's environment (a runtime reads DOCKER_HOST from it), and
+    that environment carries the run's identity (ORCH_RUN_ID, ORCH_NODE, ORCH_LAUNCH), by which
+    `agent.py stop` finds the job's processes: the hook was then found as one, and SIGKILLed at the
+    end of the grace, leaving the container (a retry in a podman bed logged `stop hook: exit -9`).
+    Here the job's shell ends at the SIGTERM (so the agent runs the hook) while a process of the job
+    that ignores it holds the stop in its grace, until the SIGKILL that also found the hook."""
+    d = prepare(
+        tmp_path,
+        "trap '' TERM; sleep 300 & trap - TERM; while true; do sleep 0.1; done",
+        grace=10,
+        stop_hook=["sh", "-c", "sleep 4; echo removed"],
+        nonce="n0nce",
+    )
+    spec = json.loads((d / "launch.json").read_text())
+    spec["env"].update(ORCH_RUN_ID=spec["run"], ORCH_NODE=spec["node"], ORCH_LAUNCH=spec["nonce"])  # as a plan's launch
+    (d / "launch.json").write_text(json.dumps(spec))
+    assert call("start", str(d))[0] == 0
+    code, out = call("stop", str(d), "--grace", "2", "--nonce", spec["nonce"])
+    assert code == 0 and out["remaining"] == [], out
+    wait_for(lambda: "stop_hook_result" in state(d), "the hook's result in state.json")
+    assert state(d)["stop_hook_result"] == "exit 0: removed", state(d)

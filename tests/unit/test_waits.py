@@ -82,7 +82,7 @@ def waiting():
 def push(node):
     started = time.monotonic()
     def poke():
-        while not waiting() and time.monotonic() < started + 10:
+        while not (waiting() and image._running) and time.monotonic() < started + 10:  # the copy runs, main waits
             time.sleep(0.01)
         signal.pthread_kill(me, signal.SIGINT)  # to the pushing thread, not the main one
     me = threading.get_ident()

@@ -54,12 +54,29 @@ class Topology:
         return self.rank == 0
 
 
+def omp_threads_given() -> str | None:
+    """OMP_NUM_THREADS as this process was started with (by the user, or by torchrun), or None.
+
+    Read from /proc/self/environ, which what the process changes later does not touch: `import
+    ultralytics` sets OMP_NUM_THREADS=1 where it is unset, and that is nobody's choice. Where there
+    is no /proc, the environment as it is now."""
+    try:
+        with open("/proc/self/environ", "rb") as fh:
+            start = fh.read().split(b"\0")
+    except OSError:
+        return os.environ.get("OMP_NUM_THREADS") or None
+    for entry in start:
+        if entry.startswith(b"OMP_NUM_THREADS="):
+            return entry.split(b"=", 1)[1].decode(errors="replace") or None
+    return None
+
+
 def cpu_threads(topo: Topology) -> int | None:
     """Intra-op threads for training on CPU, as ultralytics' trainer sets them (``min(8, CPUs - 1)``,
     leaving a core to the data pipeline), here shared by this node's ranks; None when
-    OMP_NUM_THREADS is set (by the user, or by torchrun, which sets 1 for several processes per
-    node): that count stands."""
-    if os.environ.get("OMP_NUM_THREADS"):
+    OMP_NUM_THREADS was given (by the user, or by torchrun, which sets 1 for several processes per
+    node: ``omp_threads_given``): that count stands."""
+    if omp_threads_given():
         return None
     return max(1, min(8, (os.cpu_count() or 1) // max(topo.local_world_size, 1) - 1))
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -139,23 +142,44 @@ def test_cpu_training_threads_as_ultralytics_sets_them(monkeypatch: pytest.Monke
     from trainer import dist
 
     monkeypatch.setattr(dist.os, "cpu_count", lambda: 2)
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    given: list[str | None] = [None]  # OMP_NUM_THREADS as the process was started with
+    monkeypatch.setattr(dist, "omp_threads_given", lambda: given[0])
     assert dist.cpu_threads(dist.Topology()) == 1  # ultralytics on this 2-core machine: 1
     monkeypatch.setattr(dist.os, "cpu_count", lambda: 64)
     assert dist.cpu_threads(dist.Topology()) == 8
     assert dist.cpu_threads(dist.Topology(world_size=4, local_world_size=4)) == 8
     assert dist.cpu_threads(dist.Topology(world_size=16, local_world_size=16)) == 3
-    monkeypatch.setenv("OMP_NUM_THREADS", "5")
+    given[0] = "5"
     assert dist.cpu_threads(dist.Topology()) is None
     before = torch.get_num_threads()
     try:
         dist.select_device("cpu", dist.Topology())
         assert torch.get_num_threads() == before  # the user's count stands
-        monkeypatch.delenv("OMP_NUM_THREADS")
+        given[0] = None
         dist.select_device("cpu", dist.Topology())
         assert torch.get_num_threads() == 8
     finally:
         torch.set_num_threads(before)
+
+
+def test_ultralytics_own_omp_num_threads_is_not_taken_for_the_users() -> None:
+    """`import ultralytics` sets OMP_NUM_THREADS=1 where it is unset; `cpu_threads` took that for a
+    count the user gave and left torch's default (every core): the thread count then hung on whether
+    ultralytics was imported before the device was chosen (a 2-core run: 1 thread or 2, 41 or 57
+    images/s). What counts is the count the process was started with."""
+    script = (
+        "import os, ultralytics\n"
+        "from trainer import dist\n"
+        "print(os.environ.get('OMP_NUM_THREADS'), dist.cpu_threads(dist.Topology()), os.cpu_count())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    omp, threads, cpus = done.stdout.split()
+    assert omp == "1", done.stdout  # ultralytics' doing
+    assert threads == str(max(1, min(8, int(cpus) - 1))), done.stdout
+    env["OMP_NUM_THREADS"] = "3"  # the user's (or torchrun's): it stands
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.split()[:2] == ["3", "None"], done.stdout
 
 
 def test_a_node_adjustment_is_said_once_and_recorded_as_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

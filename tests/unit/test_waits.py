@@ -17,11 +17,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "orchestrator"
 
-# Each waits for a call that signals its own thread and then blocks until released (60 s at most);
-# "prompt" is printed when KeyboardInterrupt reaches the main thread while that call still blocks.
-PRELUDE = """
+WAITING = """
 import signal, sys, threading, time
-released, finished = threading.Event(), threading.Event()
 main = threading.main_thread().ident
 def waiting():
     frame, names = sys._current_frames()[main], []
@@ -29,6 +26,15 @@ def waiting():
         names.append(frame.f_code.co_name)
         frame = frame.f_back
     return names[0] in ("wait", "_wait_for_tstate_lock") and "start" not in names  # not Thread.start's own wait
+"""
+"""`waiting()`: is the main thread blocked in a wait now (where a user's Ctrl-C finds it)?"""
+
+# Each waits for a call that signals its own thread and then blocks until released (30 s at most);
+# "prompt" is printed when KeyboardInterrupt reaches the main thread while that call still blocks.
+PRELUDE = (
+    WAITING
+    + """
+released, finished = threading.Event(), threading.Event()
 def blocked(*_):
     deadline = time.monotonic() + 10  # until the main thread waits in a lock (as a user's Ctrl-C finds it)
     while not waiting() and time.monotonic() < deadline:
@@ -46,6 +52,7 @@ except KeyboardInterrupt:
     print("late: only once the call had ended" if finished.is_set() else "prompt")
     released.set()
 """
+)
 
 CALLS = {
     "orch exec's wait": "from orchestrator.remote.exec import _interruptible; _interruptible(blocked)",
@@ -68,17 +75,11 @@ def test_a_ctrl_c_delivered_to_a_worker_thread_ends_the_wait_at_once(name: str) 
     assert done.stdout.strip() == "prompt", (name, done.stdout, done.stderr[-2000:])
 
 
-IMAGE_PUSH = """
-import signal, sys, threading, time
+IMAGE_PUSH = (
+    WAITING
+    + """
 from orchestrator.remote import image
 from types import SimpleNamespace
-main = threading.main_thread().ident
-def waiting():
-    frame, names = sys._current_frames()[main], []
-    while frame is not None:
-        names.append(frame.f_code.co_name)
-        frame = frame.f_back
-    return names[0] in ("wait", "_wait_for_tstate_lock") and "start" not in names
 def push(node):
     started = time.monotonic()
     def poke():
@@ -96,6 +97,7 @@ try:
 except KeyboardInterrupt:
     print("prompt" if copy.get("rc") == -15 else f"late: the copy ended {copy}")
 """
+)
 
 
 def test_a_ctrl_c_during_orch_image_push_ends_its_copies_at_once() -> None:

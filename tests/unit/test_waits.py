@@ -127,14 +127,15 @@ BLOCKING = {"join", "wait", "result", "acquire"}
 """Methods that block until another thread acts when called with no timeout."""
 
 
-def unbounded_waits(path: Path) -> list[str]:
-    """Calls in the file that wait on another thread with no timeout: `x.join()`, `x.wait()`,
-    `x.acquire()`, a future's `x.result()` (in a module that uses concurrent.futures), and
-    `Executor.map` (its results wait so), unless the line says why it is bounded (`# bounded:`)."""
+def unbounded_waits(path: Path, root: Path = REPO) -> list[str]:
+    """Calls in the file that wait on another thread with no timeout, in line order, each as
+    `path:line: call` with the path relative to `root`: `x.join()`, `x.wait()`, `x.acquire()`, a
+    future's `x.result()` (in a module that uses concurrent.futures), and `Executor.map` (its
+    results wait so), unless the line says why it is bounded (`# bounded:`)."""
     source = path.read_text()
     lines = source.splitlines()
     futures = "concurrent.futures" in source or "ThreadPoolExecutor" in source
-    found = []
+    found: list[tuple[int, str]] = []
     for node in ast.walk(ast.parse(source)):
         if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
             continue
@@ -145,8 +146,8 @@ def unbounded_waits(path: Path) -> list[str]:
             attr == "map" and futures and isinstance(node.func.value, ast.Name) and "pool" in node.func.value.id
         )
         if hit and "# bounded:" not in lines[node.lineno - 1]:
-            found.append(f"{path.relative_to(REPO)}:{node.lineno}: {ast.unparse(node)}")
-    return found
+            found.append((node.lineno, f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node)}"))
+    return [hit for _, hit in sorted(found)]
 
 
 def test_no_controller_module_waits_on_another_thread_without_a_timeout() -> None:
@@ -174,15 +175,5 @@ def test_the_rule_sees_each_kind_of_wait(tmp_path: Path) -> None:
         "', '.join(xs)\n"
         "p.wait()  # bounded: killed just above\n"
     )
-    hits = [h.split(": ", 1)[1] for h in unbounded_waits_in(sample)]
+    hits = [h.split(": ", 1)[1] for h in unbounded_waits(sample, root=tmp_path)]
     assert hits == ["t.join()", "ev.wait()", "f.result()", "pool.map(g, xs)", "lock.acquire()"]
-
-
-def unbounded_waits_in(path: Path) -> list[str]:
-    """`unbounded_waits` for a file outside the repository (its path shown as given), in line order."""
-    global REPO
-    saved, REPO = REPO, path.parent
-    try:
-        return sorted(unbounded_waits(path), key=lambda h: int(h.split(":")[1]))
-    finally:
-        REPO = saved

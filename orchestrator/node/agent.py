@@ -786,7 +786,7 @@ def run_hook(argv: list[str], env: dict[str, str] | None = None, timeout: float 
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            env=without_identity(dict(os.environ if env is None else env)),
+            env=without_identity(os.environ if env is None else env),
             timeout=timeout,
             start_new_session=True,
         )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Any
+from typing import Any, Mapping
 
 
 def boot_id() -> str | None:
@@ -92,7 +92,7 @@ the launch nonce. What the agent runs that is not the job (the stop hook) is sta
 or a stop would take it for the job and kill it."""
 
 
-def without_identity(env: dict[str, str]) -> dict[str, str]:
+def without_identity(env: Mapping[str, str]) -> dict[str, str]:
     """`env` less the job's identity (`IDENTITY`): for a process the agent starts beside the job."""
     return {k: v for k, v in env.items() if k not in IDENTITY}
 

@@ -317,6 +317,59 @@ ending with LONG_LINE_MARK, so one line never holds up the log or grows without 
 LONG_LINE_MARK = " [orch: line longer than 1 MiB, continued on the next line]"
 
 
+TEE_HEAD = re.compile(rb"\[([A-Za-z_][A-Za-z_-]*?)\d+\]:")
+"""torchrun's `--tee` prefix `[<role><local rank>]:` (role `default` unless --role is given), as bytes."""
+
+
+class Rejoin:
+    """torchrun's `--tee` output with each worker's lines whole again. torchrun tails every
+    worker's log file and writes what it reads with the worker's prefix first; where the worker
+    has written only part of a line so far (a `print` under PYTHONUNBUFFERED writes its text and
+    its newline in two writes; C stdio flushes a full buffer mid-line), the tail writes that part,
+    and the rest later, under the prefix again. Another worker's line then lands in between:
+    `[default0]:seq=5[default1]:seq=5` and, later, `[default0]:` (recorded in
+    tests/fixtures/torchrun_tee3_torn_line_stdout_torch2.14.txt). Fed the stream's lines, this holds each
+    worker's unfinished part under its prefix until the rest comes. A line that does not start
+    with a prefix is passed on as it is; within a line, only the role of its first prefix marks a
+    part's end, so a worker's text that quotes another prefix is cut there (the price of the rule)."""
+
+    def __init__(self) -> None:
+        self.parts: dict[bytes, bytes] = {}
+        """Each prefix's part of a line not yet ended."""
+        self.heads: dict[bytes, re.Pattern[bytes]] = {}
+        """Per role: the pattern of its prefixes."""
+
+    def feed(self, raw: bytes) -> list[bytes]:
+        """The whole lines `raw` (one line as read, newline and all) ends."""
+        first = TEE_HEAD.match(raw)
+        if first is None:
+            return [raw]
+        role = first.group(1)
+        head = self.heads.get(role)
+        if head is None:
+            head = self.heads[role] = re.compile(rb"\[" + re.escape(role) + rb"\d+\]:")
+        starts = [m.start() for m in head.finditer(raw)]
+        done: list[bytes] = []
+        for at, end in zip(starts, [*starts[1:], len(raw)]):
+            prefix = raw[at : head.match(raw, at).end()]  # type: ignore[union-attr]
+            text = self.parts.pop(prefix, b"") + raw[at + len(prefix) : end]
+            if end == len(raw):
+                done.append(prefix + text)
+                continue
+            while len(text) >= MAX_LINE:  # a part that does not end (a progress bar's returns): in pieces
+                cut = utf8_boundary(text[:MAX_LINE])
+                done.append(prefix + text[:cut] + LONG_LINE_MARK.encode())
+                text = text[cut:]
+            self.parts[prefix] = text  # the rest comes later
+        return done
+
+    def rest(self) -> list[bytes]:
+        """The parts never ended (the stream ended first), each as a line."""
+        rest = [prefix + text for prefix, text in self.parts.items()]
+        self.parts.clear()
+        return rest
+
+
 class NodeLog:
     """node.log: one timestamped line per output line, written by several threads."""
 
@@ -365,8 +418,10 @@ class NodeLog:
                 self.failed_at = now  # a rank's own lines carry torchrun's `[default0]:` prefix
 
     def pump(self, src: IO[bytes], stream: str) -> None:
-        """Copy `src` line by line, stamping each line when it arrives; a line longer than
-        MAX_LINE bytes in pieces, cut between characters, never inside one."""
+        """Copy `src` line by line, stamping each line when it arrives, with torchrun's torn
+        worker lines rejoined (`Rejoin`); a line longer than MAX_LINE bytes in pieces, cut between
+        characters, never inside one."""
+        whole = Rejoin()
         carry = b""
         while True:
             raw = carry + src.readline(MAX_LINE - len(carry))
@@ -374,11 +429,14 @@ class NodeLog:
             if not raw:
                 break
             if raw.endswith(b"\n") or len(raw) < MAX_LINE:
-                self.write(stream, raw.decode("utf-8", "replace"))
+                for line in whole.feed(raw):
+                    self.write(stream, line.decode("utf-8", "replace"))
                 continue
             cut = utf8_boundary(raw)
             carry = raw[cut:]
             self.write(stream, raw[:cut].decode("utf-8", "replace") + LONG_LINE_MARK)
+        for line in whole.rest():
+            self.write(stream, line.decode("utf-8", "replace"))
         src.close()
 
 

@@ -1,4 +1,5 @@
-"""The node agent on this machine, with plain shell jobs standing in for torchrun (no network)."""
+"""The node agent on this machine, with plain shell jobs standing in for torchrun (no network), and
+one real torchrun (--standalone, on loopback) where its own output is the subject."""
 
 from __future__ import annotations
 
@@ -140,6 +141,34 @@ def test_when_torchrun_first_says_a_worker_failed_is_recorded_apart_from_its_exi
     d2 = prepare(tmp_path / "b", "echo '[default0]:failed (exitcode: 9) local_rank: 0 (pid: 5)' >&2; exit 1")
     assert call("start", str(d2))[0] == 0
     assert "failed_at" not in wait_state(d2, "failed")
+
+
+def test_a_workers_line_torn_by_torchruns_tee_is_whole_in_node_log(tmp_path: Path) -> None:
+    """Real torchrun --tee 3 under PYTHONUNBUFFERED (as the plan starts it): local rank 0 writes
+    half a line, rank 1 a whole one, then rank 0 the rest. torchrun writes the half and rank 1's
+    line as one line (tests/fixtures/torchrun_tee3_torn_line_stdout_torch2.14.txt); node.log has
+    each rank's own line."""
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    worker = Path(__file__).resolve().parents[1] / "fixtures" / "torchrun_capture_worker_torn.py"
+    d = prepare(tmp_path, "", env={"FLAGS": str(flags), "PYTHONUNBUFFERED": "1"})
+    spec = json.loads((d / "launch.json").read_text())
+    spec["argv"] = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "--tee=3",
+        str(worker),
+    ]
+    (d / "launch.json").write_text(json.dumps(spec))
+    code, _ = call("start", str(d))
+    assert code == 0
+    assert wait_state(d, "succeeded", "failed", timeout=90)["state"] == "succeeded", (d / "node.log").read_text()
+    out = [ln.split(" ", 2)[2] for ln in (d / "node.log").read_text().splitlines() if ln.split(" ", 2)[1] == "out"]
+    assert "[default0]:[rank 0] seq=5 of 53 and the rest" in out, out
+    assert "[default1]:[rank 1] seq=5 of 53" in out, out
 
 
 def test_stop_terms_then_kills_the_group_and_is_idempotent(tmp_path: Path) -> None:

@@ -70,15 +70,20 @@ def _kill(box: dict[str, Any]) -> None:
 
 
 def containers(state: Path) -> list[dict[str, Any]]:
+    """The containers as they are now: read without the lock, which `_edit`'s atomic replace allows."""
     return list(json.loads(state.read_text()))
 
 
 def _edit(state: Path, fn: Any) -> Any:
+    """Apply `fn` to the containers under the lock, and replace the file whole: a reader without
+    the lock (a test's `containers`) sees the old list or the new one, never an empty file."""
     with open(state.with_suffix(".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         data = json.loads(state.read_text())
         out = fn(data)
-        state.write_text(json.dumps(data))
+        tmp = state.with_name(f".{state.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, state)
         return out
 
 

@@ -957,9 +957,12 @@ def train_epoch(
 def state_finite(*modules: nn.Module) -> torch.Tensor:
     """1.0 when every floating-point tensor of the modules' state (parameters and buffers: an fp16
     overflow can leave BatchNorm's running statistics, and with them the EMA, non-finite while the
-    weights are not) is finite, else 0.0: a device scalar, not read to the host."""
-    tensors = [v for m in modules for v in m.state_dict().values() if v.is_floating_point()]
-    return torch.stack([torch.isfinite(v).all() for v in tensors]).all().double()
+    weights are not) is finite, else 0.0: a device scalar, not read to the host. One sum per tensor,
+    in float64 (a NaN or an infinity makes its sum non-finite; no finite fp32 tensor's sum overflows
+    float64), then one check: a third of the time of a check per tensor on the CPU (8 against 27 ms
+    a yolo12n model and EMA on one thread), one kernel per tensor instead of two on a GPU."""
+    sums = [v.sum(dtype=torch.float64) for m in modules for v in m.state_dict().values() if v.is_floating_point()]
+    return torch.isfinite(torch.stack(sums)).all().double()
 
 
 def advance_criterion(model: models.YoloModel, epoch: int) -> None:

@@ -20,7 +20,7 @@ set_offline_env()  # before ultralytics is imported
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ holds the shared trainer helpers
 from trainer_helpers import make_dataset  # noqa: E402
 
-from trainer import loop  # noqa: E402
+from trainer import checkpoint, loop  # noqa: E402
 from trainer.config import parse_config  # noqa: E402
 from trainer.dist import Topology  # noqa: E402
 
@@ -104,6 +104,18 @@ def test_state_finite_reads_parameters_and_buffers_of_each_module() -> None:
     assert loop.state_finite(model).item() == 1.0
 
 
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+def test_state_finite_sees_each_kind_of_non_finite_value_and_no_finite_one(bad: float) -> None:
+    """The check sums each tensor in float64: any NaN or infinity, of either sign, makes a sum
+    non-finite, and the largest finite fp32 values do not (their float64 sum cannot overflow)."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.BatchNorm2d(4))
+    with torch.no_grad():
+        model[0].weight.fill_(torch.finfo(torch.float32).max)
+        assert loop.state_finite(model).item() == 1.0
+        model[0].weight.view(-1)[5] = bad
+    assert loop.state_finite(model).item() == 0.0
+
+
 def digest(t: torch.Tensor) -> str:
     return hashlib.sha256(t.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
 
@@ -142,7 +154,7 @@ def test_a_recovered_epoch_is_trained_again_differently(
         )
         means, throughput, health = real_epoch(epoch, loader, parts, inp, state)
         if epoch == 1 and attempt == 0:
-            attempts[-1]["last"] = torch.load(out / "weights" / "last.pt", weights_only=False)["trainer"]
+            attempts[-1]["last"] = checkpoint.load_for_resume(out / "weights" / "last.pt")["trainer"]
             health = replace(health, finite=False)
         return means, throughput, health
 

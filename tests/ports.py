@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import os
 import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -72,16 +73,20 @@ def _ports() -> Iterator[int]:
 
 
 _next: Iterator[int] | None = None
+_lock = threading.Lock()
+"""Tests start jobs from threads (`trainer_helpers.run_trainers`): two first calls at once each
+built their own cycle, from the same start, and handed out the same port to two jobs."""
 
 
 def job_port() -> int:
     """A master/rendezvous port for a job: below the ephemeral range, this worker's, not handed out
-    before by this process, and free on 0.0.0.0 now."""
+    before by this process, and free on 0.0.0.0 now. Safe to call from several threads."""
     global _next
-    if _next is None:
-        _next = _ports()
-    for _ in range(2000):
-        port = next(_next)
-        if _bindable(port):
-            return port
+    with _lock:
+        if _next is None:
+            _next = _ports()
+        for _ in range(2000):
+            port = next(_next)
+            if _bindable(port):
+                return port
     raise RuntimeError("no free port in this worker's slice below the ephemeral range")

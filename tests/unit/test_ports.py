@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import socket
 
+import pytest
+
 from tests.ports import ephemeral_low, job_port, worker_slice
 
 
@@ -42,3 +44,28 @@ def test_a_port_someone_holds_is_passed_over() -> None:
     finally:
         for s in held:
             s.close()
+
+
+def test_first_calls_from_several_threads_at_once_hand_out_different_ports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`run_trainers` starts two jobs from two threads: their first job_port calls at once each
+    built a cycle of their own from the same start and got the same port (one job then failed with
+    EADDRINUSE, or two jobs met on one store)."""
+    import threading
+
+    from tests import ports
+
+    for _ in range(5):
+        monkeypatch.setattr(ports, "_next", None)
+        start = threading.Barrier(8)
+        got: list[int] = []
+
+        def take(start: threading.Barrier, got: list[int]) -> None:
+            start.wait(timeout=30)
+            got.append(ports.job_port())
+
+        threads = [threading.Thread(target=take, args=(start, got)) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+        assert len(got) == 8 and len(set(got)) == 8, sorted(got)

@@ -47,7 +47,7 @@ def test_a_port_someone_holds_is_passed_over() -> None:
 
 
 def test_first_calls_from_several_threads_at_once_hand_out_different_ports(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`run_trainers` starts two jobs from two threads: their first job_port calls at once each
+    """The trainer tests start two jobs from two threads: their first job_port calls at once each
     built a cycle of their own from the same start and got the same port (one job then failed with
     EADDRINUSE, or two jobs met on one store)."""
     import threading

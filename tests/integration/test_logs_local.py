@@ -374,7 +374,9 @@ def test_catch_up_merges_the_copies_in_one_pass_up_to_where_every_copy_is_comple
         real_push(self, line)
 
     monkeypatch.setattr(NodeStream, "_push", counting_push)
-    out = [ln for _, ln in follow_all(Follower(run, inv, Cluster(inv), watermark=0.5, poll_s=0.1))]
+    # the order is the merge's own (every node's copy is whole and ends): no timer may release a line
+    # ahead of one from a reader the machine starved (a 0.5 s watermark did, once, in CI)
+    out = [ln for _, ln in follow_all(Follower(run, inv, Cluster(inv), watermark=60.0, poll_s=0.1))]
     assert seqs_by_node([(ln.node, ln.text) for ln in out]) == {n: list(range(3000)) for n in names}
     keys = [(ln.ts, ln.node_rank) for ln in out]
     assert keys == sorted(keys)

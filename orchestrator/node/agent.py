@@ -348,11 +348,11 @@ class Rejoin:
         head = self.heads.get(role)
         if head is None:
             head = self.heads[role] = re.compile(rb"\[" + re.escape(role) + rb"\d+\]:")
-        starts = [m.start() for m in head.finditer(raw)]
+        marks = list(head.finditer(raw))
         done: list[bytes] = []
-        for at, end in zip(starts, [*starts[1:], len(raw)]):
-            prefix = raw[at : head.match(raw, at).end()]  # type: ignore[union-attr]
-            text = self.parts.pop(prefix, b"") + raw[at + len(prefix) : end]
+        for mark, end in zip(marks, [*(m.start() for m in marks[1:]), len(raw)]):
+            prefix = mark.group()
+            text = self.parts.pop(prefix, b"") + raw[mark.end() : end]
             if end == len(raw):
                 done.append(prefix + text)
                 continue

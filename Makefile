@@ -19,7 +19,7 @@ STAMP := $(VENV)/.installed
 DEMO_DIR ?= $(HOME)/.orch/demo
 DEMO_DATA := $(DEMO_DIR)/shapes-200-64
 
-.PHONY: help install deps up demo-data check logs status down report test test-fast test-gpu lint typecheck bench gpu-smoke gpu-wheels clean
+.PHONY: help install deps up demo-data check logs status down report test test-fast test-gpu lint typecheck bench gpu-smoke gpu-smoke-dry-run gpu-wheels clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -84,6 +84,9 @@ GPU_SMOKE_ARGS ?=
 
 gpu-smoke:  ## the one-shot GPU validation (bench/gpu_smoke.py) into $OUT (else .orch/gpu-smoke); GPU_SMOKE_ARGS=--cpu-dry-run rehearses it on CPU
 	$(SMOKE_PY) bench/gpu_smoke.py --out $(GPU_SMOKE_OUT) $(GPU_SMOKE_ARGS)
+
+gpu-smoke-dry-run: install  ## rehearse gpu-smoke on this CPU, end to end and checked (about 4 minutes; not in make test)
+	$(PY) -m pytest tests/integration/test_gpu_smoke_dry_run.py $(PYTEST_ARGS)
 
 gpu-wheels: install  ## download the wheels the GPU machine lacks into .whl/ (for gpu-smoke there)
 	$(PY) -m bench.gpu_wheels

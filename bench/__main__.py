@@ -19,12 +19,15 @@ BENCHMARKS = (
     "log_merge",
     "trainer_throughput",
     "trainer_accuracy",
+    "ddp_compression",
     "scale",
     "fabric",
     "telemetry",
     "report_top_memory",
     "image_push",
     "launch_latency_container",
+    "broadcast",
+    "slurm_launch",
 )
 TOOLS = ("gpu_smoke", "gpu_syncs", "gpu_wheels")
 """Scripts under bench/ that `make bench` does not run: the one-shot GPU validation (`make gpu-smoke`),

@@ -2,39 +2,50 @@
 
 Each step is timed against its own budget and becomes a row of the table printed last; a step that
 overruns is stopped (its process group: SIGTERM, then SIGKILL) and recorded as ``timeout``, and
-the others still run; the whole script stops starting steps at ``--budget-s`` (420 s: a run fits
-twice in a 15-minute device lease, start-up included). Steps:
+the others still run; the whole script stops starting steps at ``--budget-s`` (420 s: with the
+install and the machine's start, one run fits in 10 minutes). The steps the lease exists for come
+first (``PROVES``: their budgets together fit the whole run's); a later step the whole budget cuts
+is recorded as skipped, with why. Steps:
 
  0. data: synthetic YOLO data (``python -m trainer.synth``): detection and polygon (seg) sets.
  1. environment: python, torch, CUDA, cuDNN, NCCL, driver, the build's arch list, each GPU's name
     and compute capability, one kernel run; then ``orch check --json`` of a one-node
     ``transport: local`` inventory declaring ``gpus: 1``: every check's row is reported, the step
     passes when none fails and ``gpus`` and ``software`` ran (they parse the real ``nvidia-smi``).
- 2. trainer: ``python -m trainer`` with ``--amp fp16`` and ``--amp bf16`` against ultralytics'
-    ``YOLO().train(device=0, amp=True)``, yolo12n on the same data, images/s from each run's
-    results.csv (``bench/trainer_throughput.py``'s measure: every epoch but the first and the
-    last); goal: ratio >= 1.0. The final mAP50-95 the trainer logs for best.pt against
-    ``YOLO(best.pt).val()`` (``bench/trainer_accuracy.py``'s evaluator); goal: within 0.002.
- 3. syncs: host syncs per micro-step under ``torch.cuda.set_sync_debug_mode("warn")``, with the
+ 2. gpu_tests: ``pytest -m gpu tests/gpu``: counts, and each failure named (fp16 autocast and its
+    GradScaler, the NaN guard, channels_last, exact resume on CUDA, a one-rank NCCL group and the
+    fabric job over NCCL, the real nvidia-smi, SyncBatchNorm's timing with CUDA events...).
+ 3. ddp: two ranks on the one GPU, over gloo (``--dist-backend gloo``: NCCL refuses two ranks on one
+    device): DDP, the fp16 GradScaler with no_sync accumulation (``--accumulate 2``), the EMA buffer
+    broadcast and sharded validation every epoch, fp16 gradient all-reduces (``--ddp-grad-dtype
+    fp16``, their bytes counted in the hook); the ranks end with the same weights. The first
+    multi-rank GPU execution of the trainer before a cluster's.
+ 4. sync_bn: the same two ranks with ``--sync-bn`` (SyncBatchNorm's all-gathers over gloo, timed
+    apart: ``sync_s`` on the timing lines; last.pt holds plain BatchNorm) and fp32 all-reduces
+    counted: goal, fp16's bytes per step are half of fp32's.
+ 5. trainer: ``python -m trainer --amp fp16`` against ultralytics' ``YOLO().train(device=0,
+    amp=True)``, yolo12n on the same data, images/s from each run's results.csv
+    (``bench/trainer_throughput.py``'s measure: every epoch but the first and the last); goal:
+    ratio >= 1.0. The final mAP50-95 the trainer logs for best.pt against ``YOLO(best.pt).val()``
+    (``bench/trainer_accuracy.py``'s evaluator); goal: within 0.002. (No bf16 run: the V100
+    cluster has none.)
+ 6. syncs: host syncs per micro-step under ``torch.cuda.set_sync_debug_mode("warn")``, with the
     line of each (``bench/gpu_syncs.py``).
- 4. yoloe: yoloe-11s-seg built from its YAML (no checkpoint is carried: random initial weights),
-    random 512-d text embeddings for the data's names, ``--prompt-mode full``, one epoch.
- 5. orch_up: ``orch up`` of the one-node inventory, one epoch: ``succeeded``; ``orch stacks``
-    during the run returns the rank's stack. One process: the trainer joins no process group (a
-    single rank needs none), so NCCL itself is exercised by step 6.
- 6. fabric: ``orch check --only fabric``: the all_reduce job with NCCL on that node, its
+ 7. orch_up: ``orch up`` of the one-node inventory, one epoch: ``succeeded``; ``orch stacks``
+    during the run returns the rank's stack.
+ 8. fabric: ``orch check --only fabric``: the all_reduce job with NCCL on that node, its
     ``NCCL_DEBUG=INFO`` lines parsed (version, network, transports found).
- 7. resume: ``--debug-exit-after 1`` stops after epoch 1 (exit 3); ``--resume`` runs epoch 2 from
-    ``weights/last.pt``.
- 8. gpu_tests: ``pytest -m gpu tests/gpu``: counts, and each failure named.
- 9. sync_bn, scaling: not run on one GPU (NCCL refuses two ranks on one device): rows that say so.
+ 9. yoloe: yoloe-11s-seg built from its YAML (no checkpoint is carried: random initial weights),
+    random 512-d text embeddings for the data's names, ``--prompt-mode full``, one epoch.
+10. scaling: not run on one GPU: a row that says so.
 
 ``--cpu-dry-run`` runs the same steps on this CPU machine, tiny sizes, fp32, gloo, the GPU-only
 parts skipped with the reason (each step lists them under ``skipped``), with the GPU's
 ``nvidia-smi`` replaced by a recorded one (``tests/fixtures/probe/h100-capture``) for step 1, and with
 every Python module the GPU machine would lack made unimportable in the children (its package
 list plus the carried wheels, below): the plumbing (steps, budgets, JSON, table, error capture)
-and the package closure are proven here before any device time is spent.
+and the package closure are proven here before any device time is spent (``make
+gpu-smoke-dry-run``: tests/integration/test_gpu_smoke_dry_run.py, outside ``make test``).
 
 Writes under ``--out`` (default ``$OUT``): ``gpu_smoke.json`` (every figure, every step's status,
 error and skipped parts, versions; rewritten after each step), ``gpu_smoke.txt`` (the table) and
@@ -94,6 +105,7 @@ from bench.steps import (  # noqa: E402
     counts,
     output_names,
     run_steps,
+    stop_strays,
     table,
     write_outputs,
 )
@@ -131,13 +143,27 @@ class Sizes:
     seg_batch: int = 32
     yoloe_model: str = "yoloe-11s-seg.yaml"
     device: str = "0"
-    amps: tuple[str, ...] = ("fp16", "bf16")
-    """The trainer's --amp modes measured; the first is compared with ultralytics' amp=True."""
+    amps: tuple[str, ...] = ("fp16",)
+    """The trainer's --amp modes measured; the first is compared with ultralytics' amp=True (fp16 only:
+    the V100 cluster has no bf16, and the trainer refuses it there)."""
+    ddp_batch: int = 8
+    """The two-rank steps' global batch (4 images per rank), accumulated over 2 micro-steps."""
+    ddp_epochs: int = 2
 
 
 GPU_SIZES = Sizes()
 DRY_SIZES = Sizes(
-    images=16, imgsz=64, epochs=3, batch=4, workers=0, seg_images=8, seg_batch=4, device="cpu", amps=("off",)
+    images=16,
+    imgsz=64,
+    epochs=3,
+    batch=4,
+    workers=0,
+    seg_images=8,
+    seg_batch=4,
+    device="cpu",
+    amps=("off",),
+    ddp_batch=4,
+    ddp_epochs=1,
 )
 
 
@@ -818,60 +844,6 @@ def step_fabric(ctx: StepContext) -> None:
     )
 
 
-def step_resume(ctx: StepContext) -> None:
-    """--debug-exit-after 1 ends the run after epoch 1 (exit 3); --resume runs epoch 2 from last.pt."""
-    z, s = ctx.settings, ctx.s
-    out = s.work / "resume"
-    argv = [
-        s.python,
-        "-m",
-        "trainer",
-        "--model",
-        z.model,
-        "--data",
-        str(s.facts["det"]),
-        "--epochs",
-        "2",
-        "--batch",
-        str(z.batch),
-        "--imgsz",
-        str(z.imgsz),
-        "--workers",
-        str(z.workers),
-        "--device",
-        z.device,
-        "--out",
-        str(out),
-        "--log-every",
-        "1000",
-    ]
-    if not ctx.dry:
-        argv += ["--amp", z.amps[0]]
-    first = ctx.ok(
-        ctx.run([*argv, "--debug-exit-after", "1"], "trainer-stop-after-1"),
-        "python -m trainer --debug-exit-after 1",
-        codes=(3,),
-    )
-    last = out / "weights" / "last.pt"
-    ctx.require(last.is_file(), f"no {last} after epoch 1")
-    ctx.require(
-        [r["epoch"] for r in results_rows(out / "results.csv")] == [1.0], "results.csv after epoch 1 is not one row"
-    )
-    second = ctx.ok(ctx.run([*argv, "--resume"], "trainer-resume"), "python -m trainer --resume")
-    lines = second.text.splitlines()
-    said = next((ln for ln in lines if "resuming at epoch 2" in ln), None)
-    ctx.require(said, "the resumed run did not say it resumes at epoch 2")
-    epochs = [r["epoch"] for r in results_rows(out / "results.csv")]
-    ctx.require(epochs == [1.0, 2.0], f"results.csv epochs {epochs}, expected [1, 2]")
-    ctx.figures.update(
-        stopped_exit_code=first.code,
-        resumed=said.split("] ", 1)[-1] if said else None,
-        epochs=epochs,
-        wall_s=[round(first.seconds, 1), round(second.seconds, 1)],
-    )
-    ctx.figures["summary"] = f"exit 3 after epoch 1, then {ctx.figures['resumed']}"
-
-
 def junit_counts(xml: str) -> dict[str, Any]:
     """tests, failures, errors, skipped and the failing tests' ids of a pytest junit XML."""
     root = ET.fromstring(xml)
@@ -926,8 +898,133 @@ def one_gpu_reason(ctx: StepContext, what: str) -> str:
     return f"{what} is not part of this one-GPU validation ({n} GPUs here)"
 
 
+def two_ranks_argv(ctx: StepContext, out: Path, *extra: str) -> list[str]:
+    """torchrun with 2 ranks of ``python -m trainer`` on this machine: on the GPU both share it over
+    gloo (``--dist-backend gloo``: NCCL refuses two ranks on one device), fp16 AMP with its
+    GradScaler, accumulating 2 micro-steps (DDP's no_sync on the first), validating every epoch
+    (the EMA's buffers broadcast from rank 0, each rank its shard of the validation set); on the
+    dry run's CPU, gloo as always, fp32."""
+    z, s = ctx.settings, ctx.s
+    gpu = not ctx.dry
+    return [
+        s.python,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(job_port()),
+        "-m",
+        "trainer",
+        *("--model", z.model, "--data", str(s.facts["det"]), "--imgsz", str(z.imgsz)),
+        *("--epochs", str(z.ddp_epochs), "--batch", str(z.ddp_batch), "--accumulate", "2", "--val-period", "1"),
+        *("--workers", str(min(z.workers, 2)), "--log-every", "2", "--plots", "false", "--warmup-epochs", "0"),
+        *(("--device", "cuda", "--dist-backend", "gloo", "--amp", z.amps[0]) if gpu else ("--device", "cpu")),
+        *("--out", str(out), "--debug-dir", str(out / "debug")),
+        *extra,
+    ]
+
+
+def two_ranks(ctx: StepContext, name: str, *extra: str) -> tuple[Any, list[dict[str, Any]], Path]:
+    """One two-rank run (``two_ranks_argv``) that must end well: its output, every rank's debug
+    record (weights checksum, what its gradient all-reduces sent) and its run directory; the
+    ranks must end with the same weights."""
+    out = ctx.s.work / name
+    ran = ctx.ok(ctx.run(two_ranks_argv(ctx, out, *extra), name, env={"OMP_NUM_THREADS": "1"}), f"2 ranks ({name})")
+    debug = [json.loads((out / "debug" / f"rank{r}.json").read_text()) for r in range(2)]
+    ctx.require(debug[0]["checksum"] == debug[1]["checksum"], "the two ranks ended with different weights")
+    return ran, debug, out
+
+
+def step_ddp(ctx: StepContext) -> None:
+    """Two ranks on the one GPU (gloo over CUDA tensors): DDP, the GradScaler with no_sync
+    accumulation, the EMA buffer broadcast and sharded validation on CUDA, fp16 gradient
+    all-reduces (--ddp-grad-dtype fp16, their bytes counted in the hook)."""
+    from trainer.logs import parse_final, parse_timing
+
+    ran, debug, out = two_ranks(ctx, "ddp", "--ddp-grad-dtype", "fp16")
+    lines = ran.text.splitlines()
+    final = ctx.need(parse_final(lines), "no final validation line (best.pt over both ranks' shards)")
+    rows = results_rows(out / "results.csv")
+    steps = [d["grad_comm"]["steps"] for d in debug]
+    ctx.require(steps[0] == steps[1] > 0, f"gradient all-reduces per rank {steps}: the ranks did not step together")
+    skipped = sum(r["steps/skipped"] for r in rows)
+    ctx.require(skipped < steps[0], f"the GradScaler skipped all {steps[0]} optimizer steps: nothing trained")
+    timed = {ln.split("]")[0] for ln in lines if parse_timing(ln) is not None}
+    ctx.require(timed == {"[rank 0", "[rank 1"}, f"timing lines from {sorted(timed)}, expected both ranks")
+    said = [ln for ln in lines if "of gradients per optimizer step" in ln]
+    ctx.require(said and "in fp16" in said[0], "the start-up did not say the fp16 gradient all-reduce")
+    ctx.s.facts["fp16_bytes_per_step"] = debug[0]["grad_comm"]["bytes_per_step"]
+    ctx.figures.update(
+        backend="gloo" if not ctx.dry else "gloo (CPU)",
+        device="one GPU, both ranks" if not ctx.dry else "cpu",
+        amp=ctx.settings.amps[0] if not ctx.dry else "off",
+        optimizer_steps=steps[0],
+        skipped_steps=skipped,
+        grad_comm=debug[0]["grad_comm"],
+        final=final[2],
+        epochs=[r["epoch"] for r in rows],
+        wall_s=round(ran.seconds, 1),
+        proved=[
+            "DDP over a process group on CUDA tensors",
+            "GradScaler steps with no_sync accumulation (2 micro-steps)",
+            "EMA buffer broadcast and sharded validation on CUDA",
+            "fp16 gradient all-reduce (compression hook)",
+        ]
+        if not ctx.dry
+        else ["DDP on CPU (gloo)", "fp16 gradient all-reduce (compression hook)"],
+    )
+    if ctx.dry:
+        ctx.skip_part("CUDA, fp16 AMP", "no GPU: 2 ranks on the CPU, fp32")
+    ctx.figures["summary"] = (
+        f"2 ranks, {steps[0]} steps ({skipped:.0f} skipped), identical weights; fp16 all-reduce "
+        f"{debug[0]['grad_comm']['bytes_per_step'] / 1e6:.2f} MB/step; mAP50-95 {final[2]['metrics/mAP50-95(B)']:.4f}"
+    )
+
+
 def step_sync_bn(ctx: StepContext) -> None:
-    raise StepSkipped(one_gpu_reason(ctx, "SyncBatchNorm (--sync-bn)"))
+    """Two ranks on the one GPU with --sync-bn (SyncBatchNorm's all-gathers over gloo, timed apart:
+    sync_s on the timing lines) and fp32 gradient all-reduces counted: twice fp16's bytes."""
+    from trainer.logs import parse_timing
+
+    extra = ["--ddp-grad-dtype", "fp32"] + ([] if ctx.dry else ["--sync-bn"])
+    if ctx.dry:
+        ctx.skip_part(
+            "--sync-bn", "CUDA only: torch's SyncBatchNorm has no CPU implementation (the trainer refuses it)"
+        )
+    ran, debug, out = two_ranks(ctx, "sync-bn", *extra)
+    lines = ran.text.splitlines()
+    timings = [t for t in map(parse_timing, lines) if t is not None]
+    if not ctx.dry:
+        ctx.require(
+            timings and all(" sync_s " in ln for ln in lines if parse_timing(ln)), "no sync_s on the timing lines"
+        )
+        kinds = {type(m).__name__ for m in torch_load(out / "weights" / "last.pt")["model"].modules()}
+        ctx.require("SyncBatchNorm" not in kinds, f"last.pt holds {sorted(kinds)}: SyncBatchNorm, not plain BatchNorm")
+    fp32 = debug[0]["grad_comm"]["bytes_per_step"]
+    fp16 = ctx.s.facts.get("fp16_bytes_per_step")
+    ratio = fp16 / fp32 if fp16 and fp32 else None
+    ctx.goal("gradient bytes per optimizer step, fp16 / fp32 all-reduce (2 ranks)", ratio, "= 0.5", ratio == 0.5)
+    ctx.figures.update(
+        grad_comm=debug[0]["grad_comm"],
+        bytes_ratio=ratio,
+        sync_s=sum(t.sync_s for t in timings),
+        compute_s=sum(t.compute_s for t in timings),
+        wall_s=round(ran.seconds, 1),
+    )
+    ctx.figures["summary"] = (
+        ("SyncBatchNorm on 2 ranks, " if not ctx.dry else "")
+        + f"fp32 all-reduce {fp32 / 1e6:.2f} MB/step (fp16/fp32 {ratio})"
+        + (f"; sync_s {ctx.figures['sync_s']:.3f} of compute {ctx.figures['compute_s']:.3f}" if not ctx.dry else "")
+    )
+
+
+def torch_load(path: Path) -> Any:
+    import torch
+
+    return torch.load(path, map_location="cpu", weights_only=False)
 
 
 def step_scaling(ctx: StepContext) -> None:
@@ -935,19 +1032,37 @@ def step_scaling(ctx: StepContext) -> None:
 
 
 STEPS = (
-    Step("data", "synthetic datasets (python -m trainer.synth)", 60, 120, step_data),
+    Step("data", "synthetic datasets (python -m trainer.synth)", 20, 120, step_data),
     Step(
         "environment",
         "versions, GPU, arch list; orch check of a one-node gpus: 1 inventory",
-        60,
+        40,
         150,
         step_environment,
         ("data",),
     ),
+    Step("gpu_tests", "pytest -m gpu tests/gpu", 150, 200, step_gpu_tests, ("environment",)),
+    Step(
+        "ddp",
+        "2 ranks on the one GPU (gloo): DDP, GradScaler with no_sync, EMA broadcast, sharded validation, fp16 "
+        "all-reduce",
+        60,
+        300,
+        step_ddp,
+        ("data", "environment"),
+    ),
+    Step(
+        "sync_bn",
+        "2 ranks on the one GPU with --sync-bn (sync_s timed apart), fp32 all-reduce bytes",
+        50,
+        300,
+        step_sync_bn,
+        ("data", "environment"),
+    ),
     Step(
         "trainer",
-        "python -m trainer --amp fp16/bf16 vs YOLO().train(amp=True); logged mAP vs YOLO(best.pt).val()",
-        180,
+        "python -m trainer --amp fp16 vs YOLO().train(amp=True); logged mAP vs YOLO(best.pt).val()",
+        70,
         600,
         step_trainer,
         ("data", "environment"),
@@ -955,23 +1070,15 @@ STEPS = (
     Step(
         "syncs",
         "host syncs per micro-step, torch.cuda.set_sync_debug_mode('warn')",
-        60,
+        30,
         200,
         step_syncs,
         ("data", "environment"),
     ),
     Step(
-        "yoloe",
-        "yoloe-11s-seg + text embeddings file, --prompt-mode full, 1 epoch",
-        60,
-        300,
-        step_yoloe,
-        ("data", "environment"),
-    ),
-    Step(
         "orch_up",
         "orch up of the one-node inventory, 1 epoch; orch stacks during the run",
-        90,
+        45,
         300,
         step_orch_up,
         ("data", "environment"),
@@ -979,23 +1086,24 @@ STEPS = (
     Step(
         "fabric",
         "orch check --only fabric (NCCL all_reduce job, NCCL_DEBUG=INFO parsed)",
-        60,
+        30,
         240,
         step_fabric,
         ("data", "environment"),
     ),
     Step(
-        "resume",
-        "--debug-exit-after 1, then --resume: epoch 2 from the checkpoint",
-        90,
+        "yoloe",
+        "yoloe-11s-seg + text embeddings file, --prompt-mode full, 1 epoch",
+        40,
         300,
-        step_resume,
+        step_yoloe,
         ("data", "environment"),
     ),
-    Step("gpu_tests", "pytest -m gpu tests/gpu", 60, 200, step_gpu_tests, ("environment",)),
-    Step("sync_bn", "SyncBatchNorm across GPUs", 0, 0, step_sync_bn, ("environment",)),
     Step("scaling", "multi-GPU scaling", 0, 0, step_scaling, ("environment",)),
 )
+PROVES = ("data", "environment", "gpu_tests", "ddp", "sync_bn")
+"""The steps the lease exists for, first in the run: their budgets together fit the whole run's
+(``DEFAULT_BUDGET_S``), whatever the others take."""
 STEP_NAMES = tuple(s.name for s in STEPS)
 
 
@@ -1072,17 +1180,48 @@ def document(
         "sizes": asdict(session.settings),
         "steps": [asdict(r) for r in results],
         "summary": [] if session.dry else summary_rows(results, versions),
+        "proved": proved(results),
+        "strays": list(session.facts.get("strays", [])),
     }
 
 
+def proved(results: Sequence[StepResult]) -> dict[str, list[str]]:
+    """What the lease was for (``PROVES``), each step's title under ``proved`` when it passed, else
+    under ``not_proved`` with how it ended."""
+    out: dict[str, list[str]] = {"proved": [], "not_proved": []}
+    ended = {r.name: r for r in results}
+    for name in PROVES:
+        r = ended.get(name)
+        if r is not None and r.status == "pass":
+            out["proved"].append(f"{name}: {r.title}")
+        else:
+            out["not_proved"].append(f"{name}: {r.status if r else 'not run'}{': ' + r.summary() if r else ''}")
+    return out
+
+
 def summary_rows(results: Sequence[StepResult], versions: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The GPU rows of bench/results/summary.md (bench/summary.py's shape), from the trainer step."""
+    """The GPU rows of bench/results/summary.md (bench/summary.py's shape), from the trainer step
+    and the sync_bn step's bytes per step (fp16 against fp32 all-reduces, two ranks)."""
+    gpu = (versions.get("gpus") or [{}])[0].get("name", "GPU")
+    rows: list[dict[str, Any]] = []
+    sync_bn = next((r for r in results if r.name == "sync_bn" and r.status == "pass"), None)
+    if sync_bn is not None and sync_bn.figures.get("bytes_ratio") is not None:
+        fp32 = sync_bn.figures["grad_comm"]["bytes_per_step"]
+        ratio = sync_bn.figures["bytes_ratio"]
+        rows.append(
+            {
+                "what": f"gradient bytes per optimizer step per rank, DDP all-reduce in fp16 vs fp32, 2 ranks on 1 x {gpu}",
+                "orch": fp32 * ratio,
+                "peer": fp32,
+                "ratio": ratio,
+                "goal": "= 0.5",
+                "met": ratio == 0.5,
+            }
+        )
     step = next((r for r in results if r.name == "trainer" and r.status == "pass"), None)
     if step is None:
-        return []
+        return rows
     f = step.figures
-    gpu = (versions.get("gpus") or [{}])[0].get("name", "GPU")
-    rows = []
     peer = f["runs"]["ultralytics"]["ips"]
     for key, run in f["runs"].items():
         if not key.startswith("trainer-"):
@@ -1253,10 +1392,18 @@ def main(argv: list[str] | None = None) -> int:
         results = run_steps(steps, session, total, budgets, on_result=saved)
     finally:
         session.procs.stop_all()
+        # what a stopped command left running in a session of its own (orch up's preflight probe, say)
+        session.facts["strays"] = stop_strays(str(work))
         doc, text = save(results)
         if not a.keep_work and a.work is None:
             shutil.rmtree(work, ignore_errors=True)
-    print(f"\n{text}\nJSON: {out / output_names(NAME)[0]}", flush=True)
+    said = doc["proved"]
+    print(
+        f"\n{text}\nproved: {'; '.join(said['proved']) or 'nothing'}"
+        + (f"\nnot proved: {'; '.join(said['not_proved'])}" if said["not_proved"] else "")
+        + f"\nJSON: {out / output_names(NAME)[0]}",
+        flush=True,
+    )
     return 0 if doc["ok"] else 1
 
 

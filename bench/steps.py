@@ -165,6 +165,56 @@ class Procs:
             self.stop(p)
 
 
+def strays(marker: str) -> list[int]:
+    """Processes of this machine, other than this one, whose environment mentions ``marker`` (a
+    session's own scratch directory): what the commands started and left running in sessions of
+    their own (a node agent's children), beyond the reach of their process groups."""
+    want, found = marker.encode(), []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as fh:
+                if want in fh.read():
+                    found.append(int(name))
+        except OSError:
+            continue
+    return found
+
+
+def stop_strays(marker: str, grace_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> list[str]:
+    """Stop the ``strays`` of ``marker`` (SIGTERM, then SIGKILL after ``grace_s``) and return their
+    command lines, so that nothing a script started outlives it and what had to be stopped is said."""
+    said = []
+    pids = strays(marker)
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                said.append(fh.read().replace(b"\0", b" ").decode(errors="replace").strip()[:300])
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            continue
+    deadline = clock() + grace_s
+    while pids and clock() < deadline:
+        pids = [p for p in pids if os.path.exists(f"/proc/{p}") and not _zombie(p)]
+        if pids:
+            time.sleep(0.1)  # the processes' own exit is what is awaited, under the deadline
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    return said
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
 # ----------------------------------------------------------------------------- the session and a step's context
 
 

@@ -89,9 +89,9 @@ class TransportError(OrchError):
     def __init__(self, node: str, kind: str, message: str, hint: str | None = None) -> None:
         super().__init__(f"{node}: {message}", hint)
         self.node = node
-        self.kind = (
-            kind  # unreachable | auth | host_key_unknown | host_key_changed | host_key_revoked | timeout | error
-        )
+        self.kind = kind
+        """unreachable | auth | host_key_unknown | host_key_changed | host_key_revoked | timeout | error |
+        gone (the node's allocation has ended: what ran there was ended with it, nothing can run there now)"""
 
 
 class ConnectionLost(TransportError):
@@ -100,6 +100,16 @@ class ConnectionLost(TransportError):
 
     def __init__(self, node: str, message: str = "connection lost while running a command") -> None:
         super().__init__(node, "unreachable", message)
+
+
+class Stalled(TransportError):
+    """A stream into a node's command that took no byte for `stall_s` seconds while bytes remained
+    (`Transport.pipe` with a `Fed` deadline): the stream was ended here, after `sent` bytes."""
+
+    def __init__(self, node: str, stall_s: float, sent: int) -> None:
+        super().__init__(node, "stalled", f"took no byte for {stall_s:.0f} s, after {sent} bytes")
+        self.stall_s = stall_s
+        self.sent = sent
 
 
 @dataclass

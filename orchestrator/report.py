@@ -19,12 +19,11 @@ import re
 import shlex
 import statistics
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .config.container import launched_image
 from .config.schema import FabricCheckModel, StragglerModel
 from .contract import NodeState
 from .logs.fetch import NodeSource
@@ -48,6 +47,7 @@ from .store import (
     RunDir,
     clock_offsets,
     recorded_nodes,
+    recorded_wall_s,
     recorded_world_size,
     write_private,
 )
@@ -80,22 +80,16 @@ def read_results_csv(path: Path) -> dict[str, list[float]]:
 
 
 def run_wall(info: dict[str, Any], now: float) -> tuple[float | None, bool]:
-    """(seconds, running): a finished run's recorded wall time (run.json `wall_s`; else from its
-    creation to its last node's end), or for one still running the time since it was created.
-    Never the time of the report for a finished run: regenerating it must not change the figure."""
+    """(seconds, running): a finished run's recorded wall time (`store.recorded_wall_s`), or for
+    one still running the time since it was created. Never the time of the report for a finished
+    run: regenerating it must not change the figure."""
     from .contract import FINAL_STATES
 
     created = info.get("created")
     running = str(info.get("state")) not in FINAL_STATES
     if running:
         return (max(0.0, now - created) if isinstance(created, (int, float)) else None), True
-    wall = info.get("wall_s")
-    if isinstance(wall, (int, float)):
-        return float(wall), False
-    ends = [n.finished_at for n in recorded_nodes(info) if n.finished_at is not None]
-    if ends and isinstance(created, (int, float)):
-        return max(ends) - created, False
-    return None, False
+    return recorded_wall_s(info), False
 
 
 def _pyplot() -> Any:
@@ -578,6 +572,13 @@ class Summary:
     """The final validation (`final val` line): checkpoint, its epoch, its metrics."""
     weights: str | None
     master: str | None
+    located: Located | None = None
+    """The weights where they are (the master's host, or nowhere outside the container): `locate`."""
+
+    def _weights_text(self) -> str:
+        if not self.weights:
+            return "—"
+        return self.located.text(str(self.master)) if self.located is not None else f"{self.weights} (on {self.master})"
 
     def items(self) -> list[tuple[str, str, str, Any]]:
         """(key, label, text, raw value) per field, in the card's order."""
@@ -601,7 +602,7 @@ class Summary:
                 final_text,
                 None if final is None else final[2].get("metrics/mAP50-95(B)"),
             ),
-            ("weights", "weights", "—" if not self.weights else f"{self.weights} (on {self.master})", self.weights),
+            ("weights", "weights", self._weights_text(), self.weights),
             ("wall_s", "wall time", wall, self.wall_s),
             (
                 "world_size",
@@ -681,6 +682,19 @@ def masked_env(env: dict[str, Any]) -> dict[str, str]:
     return {str(k): HIDDEN for k in env}
 
 
+def launched_image(plan: Mapping[str, Any], python: str) -> str | None:
+    """The image a container run's first node ran, as plan.json records it (its `environment`:
+    the image ID the launch was pinned to, else the image as named); a plan.json written before
+    the environment was recorded: the word before the job's `python` in its argv. None: neither."""
+    first = (plan.get("nodes") or [{}])[0] or {}
+    environment = first.get("environment")
+    if isinstance(environment, Mapping):
+        ran = environment.get("image_id") or environment.get("image")
+        return str(ran) if ran else None
+    argv = [str(a) for a in first.get("argv") or []]
+    return next((argv[i - 1] for i, word in enumerate(argv) if i > 0 and word == python), None)
+
+
 def _configuration(run: RunDir, info: dict[str, Any], plan: dict[str, Any]) -> list[str]:
     """The resolved inventory (nodes, master, job; with the command line's overrides and any spare
     in place) and the job's arguments as launched; env values masked."""
@@ -706,8 +720,7 @@ def _configuration(run: RunDir, info: dict[str, Any], plan: dict[str, Any]) -> l
         ]
         c = job.container
         if c is not None:
-            argv0 = ((plan.get("nodes") or [{}])[0] or {}).get("argv") or []
-            ran = launched_image(c, [str(a) for a in argv0])
+            ran = launched_image(plan, c.python)
             rows += [
                 ["container", f"{c.runtime}: {c.image}" + (f" (image ID {ran})" if ran and ran != c.image else "")],
                 ["container python", c.python],
@@ -799,6 +812,7 @@ def build_report(run: RunDir, results_csv: Path | None = None, scan: LogScan | N
         if png is not None:
             write_private(out / name, png)
     summary = summarize(info, results, lines, plan, time.time())
+    summary = replace(summary, located=locate(run, summary.weights))
     wall_text = (
         ""
         if summary.wall_s is None
@@ -881,20 +895,59 @@ def _failure_words(first: Any) -> str:
     return f"{first.get('node')} rank {first.get('rank')}: {cause}"
 
 
-def fetch_results_csv(run: RunDir, found: str | None) -> Path | None:
-    """Copy the results.csv the trainer announced (`found`, on the master) into the run dir."""
+@dataclass(frozen=True)
+class Located:
+    """A path the trainer announced (its `done:` line), where it is: on the master's host through
+    the container's mounts (`JobEnv.host_path`), or nowhere outside the container (issue 54.2)."""
+
+    written: str
+    """As the trainer wrote it (in a container run, the container's path)."""
+    host: str | None
+    """On the master's host; None: under no mount, deleted with the container."""
+
+    def text(self, master: str) -> str:
+        if self.host is None:
+            return f"{self.written} (on {master}: inside the container only, deleted with it)"
+        if self.host != self.written:
+            return f"{self.host} (on {master}; {self.written} in the container)"
+        return f"{self.host} (on {master})"
+
+
+def locate(run: RunDir, path: str | None) -> Located | None:
+    """`path` as the trainer announced it, located on the master's host by the run's inventory
+    snapshot (a bare run: the same path)."""
+    if path is None:
+        return None
+    from .config.jobenv import job_env
+    from .errors import OrchError
+
+    try:
+        inv = run.inventory()
+    except (OrchError, OSError):
+        return Located(path, path)
+    return Located(path, job_env(inv, inv.master).host_path(path))
+
+
+def fetch_results_csv(run: RunDir, found: Located | None) -> tuple[Path | None, str | None]:
+    """Copy the results.csv the trainer announced (`found`, on the master's host) into the run dir:
+    (the copy, or an earlier one; why it could not be fetched, never silently)."""
     target = run.path / "results.csv"
+    earlier = target if target.exists() else None
     if found is None:
-        return target if target.exists() else None
+        return earlier, None
+    if found.host is None:
+        return earlier, f"{found.written} was inside the container only (under no mount): deleted with it"
     from .transport import open_transport
 
     inv = run.inventory()
     with open_transport(inv, inv.master) as t:
-        result = t.run(["cat", found], timeout=30)
+        result = t.run(["cat", found.host], timeout=30)
     if not result.ok:
-        return target if target.exists() else None
+        said = (result.stderr or "").strip().splitlines()
+        why = said[-1] if said else f"exit {result.exit_code}"
+        return earlier, f"`cat {found.host}` on {inv.master.name}: {why}"
     write_private(target, result.stdout)
-    return target
+    return target, None
 
 
 @dataclass(frozen=True)
@@ -903,14 +956,14 @@ class ReportOutcome:
 
     page: Path
     master: str
-    weights: str | None
-    """The weights directory the trainer announced, on the master."""
-    results_csv: str | None
-    """The results.csv the trainer announced, on the master."""
+    weights: Located | None
+    """The weights directory the trainer announced, where it is."""
+    results_csv: Located | None
+    """The results.csv the trainer announced, where it is."""
     local_csv: Path | None
     """Its copy in the run directory."""
     fetch_error: str | None = None
-    """Why results.csv could not be fetched from the master."""
+    """Why results.csv could not be fetched from the master (the report's curves then come from the log)."""
 
 
 def make_report(run_id: str | None) -> ReportOutcome:
@@ -920,10 +973,11 @@ def make_report(run_id: str | None) -> ReportOutcome:
 
     run = RunStore().get(run_id)
     scan = scan_logs(run)
-    weights, remote_csv = announced(scan.lines)
+    announced_weights, announced_csv = announced(scan.lines)
+    weights, remote_csv = locate(run, announced_weights), locate(run, announced_csv)
     local_csv, error = None, None
     try:
-        local_csv = fetch_results_csv(run, remote_csv)
+        local_csv, error = fetch_results_csv(run, remote_csv)
     except (TransportError, OrchError) as exc:
         error = str(exc)
     page = build_report(run, scan=scan)

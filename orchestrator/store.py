@@ -11,7 +11,10 @@ the same runs from any shell and any directory), and where a run lives.
 Files and directories are created private (0600/0700) whatever the umask: they can hold
 environment values, and run.json says what runs on the nodes. A directory here that someone
 else owns or can write (`$ORCH_HOME` made by an older orch under umask 002) is refused with the
-fix (`state_dir`), and so is a run's run.json or inventory snapshot that is not this user's alone. On each node the run
+fix (`state_dir`), and so are a way to `$ORCH_HOME` through a link someone else owns and a run's
+run.json or inventory snapshot that is not this user's alone. `$ORCH_HOME` is resolved once per
+process (`home_way`) and every path is built from where it led: what was judged is what is read.
+On each node the run
 lives in `<job.run_root>/<run-id>/<node-name>/` (see `remote_dir`), so nodes that share one
 filesystem never write the same file. Every package that reads or writes these (preflight
 saves its reports, logs keeps its copies, run its records, the HTML report reads them) sits
@@ -40,7 +43,7 @@ from .config.nodes import Node, name_problem
 from .config.plan import world_size
 from .contract import NodeState, RunState
 from .errors import UsageError
-from .node.trust import above_problem, own_problem
+from .node.trust import above_problem, own_problem, walk
 
 HOME_VARIABLE = "ORCH_HOME"
 DEFAULT_HOME = "~/.orch"
@@ -49,8 +52,27 @@ DEFAULT_HOME = "~/.orch"
 def orch_home() -> Path:
     """The controller's state directory: `$ORCH_HOME`, default `~/.orch` (one place per user,
     whatever the current directory, so `orch logs -f` finds the run from any shell). A leading
-    `~` in the variable is the user's home too."""
-    return Path(os.environ.get(HOME_VARIABLE) or DEFAULT_HOME).expanduser()
+    `~` in the variable is the user's home too. Resolved once per process (`home_way`): the
+    directory every link on the way leads to, and every path of orch's state is built from it, so
+    a link turned elsewhere after that changes nothing of what this process reads or writes."""
+    return home_way()[0]
+
+
+_HOMES: dict[str, tuple[Path, Path, str | None]] = {}
+
+
+def home_way() -> tuple[Path, Path, str | None]:
+    """`$ORCH_HOME` as (where its links lead, as given, why someone else could change the way
+    there or None), each walked once per process and value (`node/trust.py` `walk`: every link on
+    the way this user's or root's, every directory passed through, up to the home's own, this
+    user's or root's and not writable by others unless sticky). `state_dir` refuses the why."""
+    given = Path(os.path.abspath(Path(os.environ.get(HOME_VARIABLE) or DEFAULT_HOME).expanduser()))
+    found = _HOMES.get(str(given))
+    if found is None:
+        real, problem = walk(str(given), str(given), last=False)
+        # refused (`state_dir`): it stays the path as given, so what is looked up finds what is refused
+        found = _HOMES[str(given)] = (given if problem else Path(real), given, problem)
+    return found
 
 
 def remote_dir(inv: Inventory, node: Node, run_id: str) -> str:
@@ -69,28 +91,32 @@ def _refuse(path: Path, problem: str, own: bool = True) -> UsageError:
 def state_dir(path: Path, create: bool = True) -> Path:
     """`path`, a directory of orch's state (`$ORCH_HOME` or one below it), made mode 0700 with
     every missing directory above it up to `$ORCH_HOME` whatever the umask (`create`); each that
-    exists, from `$ORCH_HOME` down, must be this user's and writable by no one else, and those
-    above `$ORCH_HOME` this user's or root's and not writable by others unless sticky (the node
-    agent's rule for a run directory, `node/trust.py`). Otherwise UsageError (exit 2) with the fix:
-    someone else could plant a run whose run.json says what orch runs."""
-    home = orch_home().resolve()  # a ~/.orch that is a link is judged where it leads
-    path = path.resolve()
-    chain = [path, *path.parents]
-    if home not in chain:  # a file the user asked for elsewhere (`orch report -o`): made private, not judged
+    exists, from `$ORCH_HOME` down, must be this user's (not a link) and writable by no one else,
+    and the way to `$ORCH_HOME` (`home_way`: its links and every directory they lead through) this
+    user's or root's and not writable by others unless sticky (the node agent's rule for a run
+    directory, `node/trust.py`). Otherwise UsageError (exit 2) with the fix: someone else could
+    plant a run whose run.json says what orch runs. Returns `path` on the way `home_way` resolved
+    (a path given under `$ORCH_HOME` as written is the same path under where it leads): what was
+    judged is what is then read."""
+    home, given, problem = home_way()
+    path = in_home(path)
+    if not _under(path, home):  # a file the user asked for elsewhere (`orch report -o`): made private, not judged
         if create:
-            for d in reversed(chain):
+            for d in reversed([path, *path.parents]):
                 _make_private(d)
         return path
-    inside = chain[: chain.index(home) + 1]
     if not create and not os.path.lexists(home):
         return path
+    if problem:
+        raise _refuse(given, problem, own=False)
     if create and not os.path.lexists(home):
         for d in reversed(home.parents):
             _make_private(d)
-    problem = above_problem(str(home.parent), str(home))  # before anything is made in there
+    problem = above_problem(str(home.parent), str(given))  # again: what was not there may be now
     if problem:
         raise _refuse(home, problem, own=False)
-    for d in reversed(inside):
+    rel = path.relative_to(home).parts
+    for d in (home.joinpath(*rel[:i]) for i in range(len(rel) + 1)):
         if not os.path.lexists(d):
             if not create:
                 return path
@@ -99,6 +125,23 @@ def state_dir(path: Path, create: bool = True) -> Path:
         if problem:
             raise _refuse(d, problem)
     return path
+
+
+def in_home(path: Path) -> Path:
+    """`path` absolute, and when it is under `$ORCH_HOME` as given, under where `$ORCH_HOME`
+    leads (`home_way`), never resolved again: a path outside it is resolved (made private where
+    it leads, `state_dir`)."""
+    home, given, _problem = home_way()
+    path = Path(os.path.abspath(path))
+    if _under(path, given) and given != home:
+        return home / path.relative_to(given)
+    if _under(path, home):
+        return path
+    return path.resolve()
+
+
+def _under(path: Path, top: Path) -> bool:
+    return path == top or top in path.parents
 
 
 def _make_private(d: Path) -> None:
@@ -123,8 +166,8 @@ def check_private(path: Path) -> Path:
 
 
 def write_private(path: Path, data: str | bytes) -> None:
-    """Write atomically (temp file + rename) with mode 0600."""
-    state_dir(path.parent)
+    """Write atomically (temp file + rename) with mode 0600, in the directory `state_dir` judged."""
+    path = state_dir(path.parent) / path.name
     raw = data.encode() if isinstance(data, str) else data
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
@@ -194,7 +237,10 @@ class NodeRecord:
     nonce: str | None = None
     """The launch's nonce, which guards the agent's stop and status (a record before nonces: None)."""
     sweep: tuple[str, ...] | None = None
-    """The argv listing the launch's containers left on the node (`config.plan.job_sweep`), if any."""
+    """The argv listing the launch's containers left on the node (`config.jobenv.Sweep.listing`), if any."""
+    sweep_remove: tuple[str, ...] | None = None
+    """The argv that removes them, the IDs appended (`Sweep.remove`); None in a record before it was
+    written (the runtime's own `rm -f` then: `run.agents.sweep_node`)."""
     more: Mapping[str, Any] = field(default_factory=dict)
     """The other keys, as written (the agent's `failed_at`, `signal`, `agent_pid`, `cleanup_left`...)."""
 
@@ -214,7 +260,7 @@ class NodeRecord:
         "started_at",
         "finished_at",
     )
-    """The keys every record has, in run.json's order; `nonce` and `sweep` follow where set."""
+    """The keys every record has, in run.json's order; `nonce`, `sweep` and `sweep_remove` follow where set."""
 
     @property
     def nproc_per_node(self) -> int:
@@ -226,8 +272,8 @@ class NodeRecord:
         """A record of run.json. ValueError when it is not a mapping naming its node."""
         if not isinstance(data, Mapping) or not isinstance(data.get("node"), str):
             raise ValueError(f"a run.json node record without its node: {data!r:.80}")
-        sweep = data.get("sweep")
-        known = {*cls.ORDER, "nonce", "sweep"}
+        sweep, remove = data.get("sweep"), data.get("sweep_remove")
+        known = {*cls.ORDER, "nonce", "sweep", "sweep_remove"}
         return cls(
             node=data["node"],
             host=_str(data.get("host")),
@@ -245,6 +291,7 @@ class NodeRecord:
             finished_at=_float(data.get("finished_at")),
             nonce=_str(data.get("nonce")) or None,
             sweep=tuple(str(w) for w in sweep) if isinstance(sweep, list) and sweep else None,
+            sweep_remove=tuple(str(w) for w in remove) if isinstance(remove, list) and remove else None,
             more={k: v for k, v in data.items() if k not in known},
         )
 
@@ -256,6 +303,8 @@ class NodeRecord:
             out["nonce"] = self.nonce
         if self.sweep:
             out["sweep"] = list(self.sweep)
+        if self.sweep_remove:
+            out["sweep_remove"] = list(self.sweep_remove)
         return {**out, **self.more}
 
 
@@ -275,6 +324,19 @@ def recorded_world_size(info: Mapping[str, Any]) -> int | None:
     if not records or any(r.nproc is None for r in records):
         return None
     return world_size(records)
+
+
+def recorded_wall_s(info: Mapping[str, Any]) -> float | None:
+    """A finished run's wall time (`info`: run.json): `wall_s` as `orch up` recorded it, else from
+    its creation to its last node's end (a run whose controller was killed records none: `orch
+    status` brings the nodes' ends into run.json); None when neither is known. The one rule of
+    `orch runs` and the report."""
+    wall = _float(info.get("wall_s"))
+    if wall is not None:
+        return wall
+    created = _float(info.get("created"))
+    ends = [n.finished_at for n in recorded_nodes(info) if n.finished_at is not None]
+    return max(ends) - created if ends and created is not None else None
 
 
 CHECK = "check.json"
@@ -324,7 +386,7 @@ class RunDir:
         """The run's launch nonce (run.json `nonce`): what its node run directories are claimed
         with, so another controller's run of the same id is never started over, stopped or read."""
         value = self.read().get("nonce")
-        return str(value) if value else None
+        return check_nonce(str(value), f"{self.path / 'run.json'}") if value else None
 
     def read(self, name: str = "run.json") -> dict[str, Any]:
         try:
@@ -389,7 +451,8 @@ class RunDir:
     def inventory(self, as_run: bool = True) -> Inventory:
         """The run's inventory snapshot; `as_run`: with the command line's overrides of its launch
         (run.json `overrides`: nodes chosen, `--env`, args after `--`) and the spares that replaced
-        nodes on an automatic retry (run.json `replaced`) in those nodes' places, as the run last ran."""
+        nodes on an automatic retry (run.json `replaced`) in those nodes' places, as the run last ran.
+        A Slurm run's nodes are its allocation's either way (run.json `slurm`: its inventory lists none)."""
         from .config.inventory import parse, with_replacements
 
         data = self.read()
@@ -398,6 +461,10 @@ class RunDir:
             from .config.overrides import Overrides, apply
 
             inv = apply(inv, Overrides.from_json(data["overrides"]))
+        if isinstance(data.get("slurm"), dict):  # the allocation's nodes (the file lists none), as the run last ran
+            from .config.inventory import Allocation, with_allocation
+
+            inv = with_allocation(inv, Allocation.from_json(data["slurm"]))
         replaced = data.get("replaced") if as_run else None
         if not replaced:
             return inv
@@ -455,6 +522,24 @@ def clock_reference(run: RunDir | None, inventory_name: str) -> tuple[str | None
     return (str(ref) if ref else None), (float(off) if isinstance(off, (int, float)) else None)
 
 
+NONCE_BYTES = 6
+"""A launch's nonce: `secrets.token_hex(NONCE_BYTES)`, lowercase hex (`NONCE`)."""
+NONCE = re.compile(rf"^[0-9a-f]{{{2 * NONCE_BYTES}}}\Z")
+
+
+def check_nonce(nonce: str | None, where: str) -> str | None:
+    """A nonce read back from run.json (`where`: the file and key), when it is of the form orch
+    writes (`NONCE`: it names containers and labels and guards every agent call, so nothing else
+    may reach a node), else UsageError (exit 2) naming it; None stays None (a run before nonces)."""
+    if nonce is None or NONCE.match(nonce):
+        return nonce
+    raise UsageError(
+        f"{where}: nonce {nonce[:40]!r} is not one orch writes ({2 * NONCE_BYTES} lowercase hex digits): "
+        "refusing to use it",
+        "run.json was changed after the launch; stop the run's processes by hand",
+    )
+
+
 def check_run_id(run_id: str, where: str = "run id") -> str:
     """`run_id` when it can name a run (a directory here and on every node), else UsageError
     (exit 2): a name like a node's, so `../x` or `a/b` never becomes a path."""
@@ -504,7 +589,7 @@ class RunStore:
                 "inventory": inv.path,
                 "name": inv.name,
                 "created": time.time(),
-                "nonce": secrets.token_hex(6),
+                "nonce": secrets.token_hex(NONCE_BYTES),
                 "state": RunState.STARTING,
                 "nodes": [],
             }
@@ -567,7 +652,7 @@ def trusted(run: RunDir) -> RunDir:
     """`run` once its directory (and every one above it up to `$ORCH_HOME`), its run.json and its
     inventory snapshot are this user's alone (`state_dir`, `check_private`): what a run's record
     says is run on the nodes only when no one else could have written it."""
-    state_dir(run.path, create=False)
+    run = RunDir(state_dir(run.path, create=False))
     for name in ("run.json", "inventory.yaml"):
         if os.path.lexists(run.path / name):
             check_private(run.path / name)

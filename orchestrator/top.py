@@ -21,7 +21,7 @@ from .config.inventory import Inventory
 from .config.plan import world_size
 from .logs.fetch import NodeSource, fetch_all, node_sources
 from .logs.stored import CopyScan, scan_records
-from .logs.telemetry import Gpu, Ignored, Sample
+from .logs.telemetry import NOT_FOUND, Gpu, Ignored, Sample
 from .logs.trainer import Timing
 from .run.straggler import HOT_C, Detector, Straggler, Window
 from .store import NodeRecord, RunDir, RunStore, clock_offsets, recorded_nodes, recorded_world_size
@@ -232,12 +232,17 @@ class TopView:
             "mem_used_mb": s.mem_used_mb if s else None,
             "mem_total_mb": s.mem_total_mb if s else None,
             "gpu_error": s.gpu_error if s else None,
+            "no_gpu": s is not None and not s.gpus and s.gpu_error == NOT_FOUND and not self._declares_gpus(node),
             "images_per_s": round(sum(ips), 2) if ips else None,
             "data_share": max(waits) if waits else None,
             "gpus": gpus,
             "ranks": ranks,
             "flags": flags,
         }
+
+    def _declares_gpus(self, node: str) -> bool:
+        """The inventory gives the node GPUs (without them, no nvidia-smi is a CPU node, not an error)."""
+        return any(n.gpus for n in self.inv.nodes if n.name == node)
 
     @staticmethod
     def _gpu_row(g: Gpu, rank: RankView | None, running: bool) -> dict[str, Any]:

@@ -57,7 +57,7 @@ from .run.supervise import (
 )
 from .run.watchdog import HangWatch, Watchdog
 from .store import RunDir, RunStore, clock_offsets
-from .transport import Cluster, GroupResult
+from .transport import Cluster, GroupResult, Hold, transport_of
 
 
 class UpResult(Name):
@@ -135,6 +135,10 @@ class UpProgress(Protocol):
         """The trainer is relaunched with `how` (`--resume auto`, or the user's `--resume PATH`): it
         continues its own checkpoint if it wrote one."""
 
+    def allocation(self, message: str) -> None:
+        """Where the nodes' allocation is (`transport: slurm`): asked for, pending and why, running,
+        given back."""
+
 
 class Quiet:
     """An UpProgress that says nothing."""
@@ -190,6 +194,9 @@ class Quiet:
     def resuming(self, how: str) -> None:
         pass
 
+    def allocation(self, message: str) -> None:
+        pass
+
 
 @dataclass
 class UpOutcome:
@@ -221,6 +228,11 @@ class UpOutcome:
     never_started: dict[str, str] = field(default_factory=dict)
     """With `start_failed`: the nodes that could not even be reached to start, with why (nothing
     of the run is on them; their stop is not asked for)."""
+    allocation: dict[str, Any] | None = None
+    """The Slurm allocation the run ran in (run.json `slurm`: its job id, nodes, whether orch made it)."""
+    preempted: bool = False
+    """The last attempt ended because the trainer was preempted (a warning signal: its checkpoint is
+    written, `--resume auto` continues)."""
 
 
 NEVER_STARTED_KINDS = ("unreachable", "auth", "host_key_unknown", "host_key_changed", "host_key_revoked")
@@ -287,6 +299,31 @@ def up(
     say = progress or Quiet()
     inv = with_overrides(inv, retries, stall_timeout_s)
     t0 = time.monotonic()
+    with sigterm_as_interrupt():
+        held = transport_of(inv).hold(inv, say.allocation)  # a Slurm allocation: asked for, waited on
+        try:
+            outcome = _up(say, held, detach, skip_checks, run_id, skip_sync, fabric, overrides, t0)
+            if outcome.result == UpResult.DETACHED:
+                held.keep()  # its launch gives the allocation back when the run ends
+            return outcome
+        finally:
+            with sigint_shielded():
+                held.release()
+
+
+def _up(
+    say: UpProgress,
+    held: Hold,
+    detach: bool,
+    skip_checks: bool,
+    run_id: str | None,
+    skip_sync: bool,
+    fabric: bool,
+    overrides: dict[str, Any] | None,
+    t0: float,
+) -> UpOutcome:
+    """`up` on the nodes `held` holds."""
+    inv = held.inventory
     synced = None
     if inv.job.sync and not skip_sync:
         say.syncing(inv)
@@ -309,6 +346,8 @@ def up(
     run = RunStore().create(inv, run_id)
     if overrides:
         run.update(overrides=overrides)
+    if held.record is not None:
+        run.update(slurm=held.record)
     if synced is not None:
         run.write(synced.to_json(), "sync.json")
     attempts = 1 if detach else 1 + inv.job.retries
@@ -320,9 +359,9 @@ def up(
         on_stall=inv.job.on_stall,
     )
     save_to_run(run, inv, report)
-    with sigterm_as_interrupt():
-        outcome = _attempts(say, run, inv, report, detach, Prepare(skip_checks, skip_sync, fabric), t0, attempts)
+    outcome = _attempts(say, run, held, report, detach, Prepare(skip_checks, skip_sync, fabric), t0, attempts)
     outcome.sync = outcome.sync or synced
+    outcome.allocation = held.record
     return outcome
 
 
@@ -338,7 +377,7 @@ class Prepare:
 def _attempts(
     say: UpProgress,
     run: RunDir,
-    inv: Inventory,
+    held: Hold,
     report: CheckReport | None,
     detach: bool,
     prepare: Prepare,
@@ -346,7 +385,7 @@ def _attempts(
     attempts: int,
 ) -> UpOutcome:
     """Attempt after attempt until one succeeds, is interrupted, or no retry is left."""
-    current = inv
+    inv = current = held.inventory
     replaced: dict[str, str] = {}
     earlier: list[dict[str, Any]] = []
     synced: SyncReport | None = None
@@ -354,22 +393,30 @@ def _attempts(
     while True:
         outcome = _attempt(say, run, current, report, detach, t0, t_launch, attempt)
         outcome.attempt, outcome.attempts, outcome.earlier, outcome.sync = attempt, attempts, list(earlier), synced
+        if outcome.result in RETRIED:
+            _why_ended(run, held, outcome)
         if outcome.result in RETRIED and down_requested(run):
             return _stopped(run, outcome)
         if outcome.result not in RETRIED or attempt >= attempts:
             return outcome
-        if outcome.not_stopped:
-            outcome.no_retry = (
-                f"not relaunched: the stop of {', '.join(outcome.not_stopped)} is unconfirmed, and a "
-                "second copy of the job must not start beside the first"
-            )
+        if outcome.not_stopped and not held.ended():
+            outcome.no_retry = f"not relaunched: {unconfirmed(outcome.not_stopped)}"
             return outcome
         earlier.append(_attempt_record(attempt, outcome))
         attempt += 1
         say.retrying(attempt, attempts, _why(outcome), outcome.failure.excerpt if outcome.failure else ())
         run.update(attempt=attempt, attempts=earlier, state=RunState.STARTING, first_failure=None)
         try:
+            inv = held.renew(say.allocation)  # the allocation again: requeued, or a new one once it ended
+            if held.record is not None:
+                run.update(slurm=held.record)
+            if outcome.not_stopped:  # the allocation ended under the teardown: asked again in its renewal
+                _stop_again(say, run, inv, outcome.not_stopped)
             prepared = _prepare_retry(say, run, inv, replaced, prepare, straggler_of(outcome.failure))
+        except OrchError as exc:  # no allocation for another attempt (the user's own has ended)
+            run.update(state=RunState.FAILED, first_failure=outcome.failure.to_json() if outcome.failure else None)
+            outcome.no_retry = f"not relaunched: {exc.message}"
+            return outcome
         except KeyboardInterrupt:
             run.update(state=RunState.STOPPED)
             return UpOutcome(
@@ -408,6 +455,51 @@ def _attempts(
                 ),
             )
         t_launch = time.monotonic()
+
+
+def unconfirmed(nodes: Mapping[str, str]) -> str:
+    return (
+        f"the stop of {', '.join(nodes)} is unconfirmed, and a second copy of the job must not start beside the first"
+    )
+
+
+def _stop_again(say: UpProgress, run: RunDir, inv: Inventory, unsure: Mapping[str, str]) -> None:
+    """The nodes whose stop an attempt's teardown could not confirm because their allocation was
+    ending under it (Slurm starts no step in a completing job, so a container's sweep could not run
+    there): stopped and swept again, each in the renewed allocation, before the retry starts
+    anything. OrchError where one is still unconfirmed, or not in that allocation."""
+    records = [r for r in RunRecord(run, warn=say.warning).nodes() if r.node in unsure]
+    held = {n.name for n in inv.nodes}
+    left = {n: why for n, why in unsure.items() if n not in held or n not in {r.node for r in records}}
+    with Cluster(inv) as cluster:
+        left.update(not_stopped(stop_all(cluster, [r for r in records if r.node in held], inv.job.stop_grace_s)))
+    if left:
+        raise OrchError(unconfirmed(left), f"orch down {run.run_id} once the nodes are reachable, then orch up again")
+
+
+def _why_ended(run: RunDir, held: Hold, outcome: UpOutcome) -> None:
+    """An attempt that failed because the trainer was preempted, or because the held nodes went away
+    under it (a Slurm time limit, a preemption, a requeue), says so: its first failure's cause, in
+    the outcome and in run.json."""
+    f = outcome.failure
+    outcome.preempted = f is not None and resume.preempted(f.cause, f.excerpt)
+    gone = held.ended()
+    if f is None or not (gone or outcome.preempted):
+        return
+    f.cause = "; ".join(
+        part
+        for part in (
+            gone,
+            "the trainer wrote its checkpoint (preempted: --resume continues)" if outcome.preempted else "",
+        )
+        if part
+    )
+    f.hint = (
+        f.hint
+        if outcome.preempted and not gone
+        else "a longer slurm.time, or job.retries to resume in a new allocation"
+    )
+    run.update(first_failure=f.to_json())
 
 
 def down_requested(run: RunDir) -> bool:
@@ -602,7 +694,13 @@ def _launch(
 ) -> UpOutcome:
     """Start every node; if one cannot start, the rest are stopped (`end`); then return (detach) or
     supervise."""
-    started = start_all(cluster, plan, lease_s=None if detach else Tunables.from_env().lease_s)
+    started = start_all(
+        cluster,
+        plan,
+        lease_s=None if detach else Tunables.from_env().lease_s,
+        log_path=run.path / f"launch-{attempt}.log",
+        detached=detach,
+    )
     record.update_nodes(started.succeeded)
     if down_requested(run):  # `orch down` came while the nodes were starting: stop what started
         return UpOutcome(UpResult.STOPPED, run.run_id, report)

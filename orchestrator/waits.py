@@ -13,9 +13,11 @@ and that no controller module waits without a timeout."""
 from __future__ import annotations
 
 import concurrent.futures
+import signal
 import threading
-from collections.abc import Iterable
-from typing import TypeVar
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -46,3 +48,22 @@ def result(future: concurrent.futures.Future[T]) -> T:
 def results(futures: Iterable[concurrent.futures.Future[T]]) -> list[T]:
     """Each future's result, in order, waiting as `result` does."""
     return [result(f) for f in futures]
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM tears down what orch started like Ctrl-C does (a scheduler's kill, a CI timeout):
+    it raises KeyboardInterrupt, so the `finally` that stops every node runs (`orch up`'s run,
+    the fabric check's job, the preflight's probes)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)

@@ -20,6 +20,20 @@ dotfiles (a ``~/.bashrc`` that runs ``pyenv init`` costs about 100 ms of CPU per
 its ``pyenv rehash`` prints a warning when logins race). A test that wants a chatty login shell
 gives its nodes a ``HOME`` of its own (``node_env``).
 
+The broadcast bed (issue 51), two options of a netns cluster, both off by default:
+
+- ``rate`` (e.g. ``"100mbit"``): every port of the switch runs at that rate, both ways. Each node's
+  veth has a token bucket (`PORT_TBF`) on both ends (what the bridge sends the node, what the node
+  sends), and the controller (this machine's root namespace) reaches the bridge through a port of
+  its own, a veth pair whose root end holds ``198.18.<s>.254`` and whose other end is a bridge port,
+  with the same bucket on both ends: the controller's uplink is one port at that rate, however many
+  nodes it sends to (without ``rate`` the address sits on the bridge itself, as before).
+- ``tmpfs`` (e.g. ``"256m"``): each node's ``NODE_LOCAL`` is a private tmpfs of that size instead of
+  its ``local_dir``, mounted by the holder before the node's sshd starts, so eight nodes hold eight
+  copies in memory and a node's disk can fill (`resize_tmpfs`: ENOSPC on that node only).
+  `node_path` reads a node's files from the controller (``/proc/<holder>/root``); a podman store can
+  keep its graph, run root and temporary files there (tests/containers.py, ``data``).
+
 A "holder" process (``sleep``) keeps each node's namespaces alive, so sshd can be stopped and
 started again and `exec` works while sshd is down. Every process the cluster starts carries
 ``ORCH_TEST_SESSION`` / ``ORCH_TEST_CLUSTER`` / ``ORCH_TEST_NODE`` in its environment (sshd's own
@@ -55,6 +69,7 @@ from tests.lanes import lane_of, pid_alive
 from tests.ports import free_port
 
 SSHD = shutil.which("sshd", path="/usr/sbin:/usr/bin:/sbin:/bin") or "/usr/sbin/sshd"
+SETPRIV = shutil.which("setpriv", path="/usr/bin:/bin:/usr/sbin:/sbin") or "/usr/bin/setpriv"
 CHRONYD = shutil.which("chronyd", path="/usr/sbin:/usr/bin:/sbin:/bin") or "/usr/sbin/chronyd"
 FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 
@@ -64,6 +79,16 @@ SESSION_TAG = f"orchtest{os.getpid()}"
 NETNS_PREFIX = f"orch-{os.getpid()}-"
 LINK_PREFIX = f"o{os.getpid()}x"  # + cluster number + role: stays within IFNAMSIZ (15)
 SUBNET_LOCK = "/tmp/orch-test-netns.lock"
+ACCOUNT = (4242, 4242)
+"""The uid:gid of the non-root SSH account bed (tests/conftest.py `account_cluster`): no account of
+this machine's (sshd logs in as root and drops to it)."""
+PORT_TBF = ("burst", "256kb", "latency", "100ms")
+"""The token bucket of every port of a cluster with a ``rate`` (`tc qdisc ... tbf rate RATE` + these):
+a 256 kB burst, and at most 100 ms of queue before the port drops, as a switch port's buffer."""
+RATE_RE = re.compile(r"^\d+(\.\d+)?[kmgt]?(bit|bps)$", re.IGNORECASE)
+"""A rate as `tc` reads it: 100mbit, 1gbit, 12.5mbps."""
+SIZE_RE = re.compile(r"^\d+[kmg]?$", re.IGNORECASE)
+"""A tmpfs size as `mount -o size=` reads it: 256m, 1g, 65536k."""
 
 _cluster_ids = itertools.count(1)
 _started: dict[int, TestCluster] = {}
@@ -327,6 +352,8 @@ class TestNode:
     extra_links: int = 0
     ifaces: list[str] = field(default_factory=list)
     """NICs `add_interface` gave the node (removed by `reset`)."""
+    tmpfs: str = ""
+    """The size its private tmpfs has now ("": no tmpfs; `resize_tmpfs` changes it, `reset` restores it)."""
 
 
 class TestCluster:
@@ -343,11 +370,20 @@ class TestCluster:
         mode: Mode = "loopback",
         node_env: Mapping[str, Mapping[str, str]] | None = None,
         root: Path | None = None,
+        rate: str | None = None,
+        tmpfs: str | None = None,
+        account: tuple[int, int] | None = None,
     ) -> None:
         if mode not in ("loopback", "netns"):
             raise ValueError(f"mode must be loopback or netns, not {mode!r}")
         if not 1 <= n <= 200:
             raise ValueError(f"n must be 1..200, got {n}")
+        if rate is not None and mode != "netns":
+            raise ValueError(f"rate={rate!r} needs mode='netns' (a loopback cluster has no ports to limit)")
+        if rate is not None and not RATE_RE.match(rate):
+            raise ValueError(f"rate={rate!r} is no tc rate: write it as 100mbit, 1gbit or 12.5mbps")
+        if tmpfs is not None and not SIZE_RE.match(tmpfs):
+            raise ValueError(f"tmpfs={tmpfs!r} is no tmpfs size: write it as 256m, 1g or 65536k")
         self.keys = keys
         self.mode: Mode = mode
         self.number = next(_cluster_ids)
@@ -369,12 +405,29 @@ class TestCluster:
         self._private_fs = is_root() and shutil.which("unshare") is not None
         self._controller_dirs: list[Path] = []
         self._cpu_cgroups: dict[str, Path] = {}
+        self.rate = rate
+        """Every port's rate, both ways (netns; None: unlimited), see the module docstring."""
+        self.tmpfs = tmpfs
+        self.account = account
+        """Every login's uid:gid (None: the user this runs as): a non-root SSH account, as a team's
+        `train` user, made by sshd's ForceCommand dropping to it with setpriv (no account on this
+        machine needed); the nodes' HOME and the run root are its own, `job.python` the system's
+        python3 (this machine's interpreter may sit under root's private home)."""
+        if account is not None:
+            self.python = "/usr/bin/python3"
+        """The size of each node's private tmpfs at ``NODE_LOCAL`` (None: its ``local_dir`` instead)."""
+        self.controller_port: str | None = None
+        """With ``rate``: the root namespace's end of the controller's port (it holds ``.254``)."""
 
     # -- lifecycle
 
     def start(self) -> TestCluster:
         """Create namespaces, start every sshd and chronyd; return once all of them answer."""
         try:
+            if self.account is not None:
+                self._own_dirs()
+            if self.tmpfs is not None and not self._private_fs:
+                raise ClusterError(f"tmpfs={self.tmpfs!r}: a node's private tmpfs needs root and unshare")
             if self.mode == "netns":
                 reason = netns_supported()
                 if reason:
@@ -407,8 +460,8 @@ class TestCluster:
         last test left on the nodes (login sessions, detached jobs, their children) killed; every
         node's sshd up with the environment it started with; known_hosts as written at start; the
         nodes' run root (`job.run_root`), private directories and home empty, controller
-        directories gone; in netns mode every cable plugged in, no qdisc, no extra NIC. Returns
-        what it undid."""
+        directories gone; each private tmpfs empty at its start size; in netns mode every cable
+        plugged in, no qdisc but the ports' own (`rate`), no extra NIC. Returns what it undid."""
         undone: list[str] = []
         undone += self._undo_cpu_quotas()
         infra = {p.pid for n in self.nodes for p in (n.sshd, n.holder) if p is not None and p.poll() is None}
@@ -432,8 +485,15 @@ class TestCluster:
             shutil.rmtree(path, ignore_errors=True)
         self._controller_dirs.clear()
         _empty(self.home)
+        if self.account is not None:
+            self._own_dirs()
         for node in self.nodes:
             _empty(node.local_dir)
+            if node.tmpfs:
+                _empty(self.node_path(node.name, self.NODE_LOCAL))
+                if node.tmpfs != self.tmpfs:
+                    self.resize_tmpfs(node.name, str(self.tmpfs))
+                    undone.append(f"{node.name}: tmpfs back to {self.tmpfs}")
             if node.netns is not None:
                 self.link_up(node.name)
                 self.netem(node.name, "")
@@ -481,6 +541,16 @@ class TestCluster:
 
     # -- node setup
 
+    def _own_dirs(self) -> None:
+        """With `account`: the cluster's root enterable by it (0711), its HOME and run root its own
+        (0700, as an account's are)."""
+        assert self.account is not None
+        self.root.chmod(0o711)
+        for d in (self.home, self.root / "runs"):
+            d.mkdir(parents=True, exist_ok=True)
+            os.chown(d, *self.account)
+            d.chmod(0o700)
+
     def _make_node(self, i: int) -> TestNode:
         name = f"node{i}"
         ndir = self.root / name
@@ -522,8 +592,24 @@ class TestCluster:
                 raise ClusterError("no free 198.18.X.0/24 subnet for the test bridge")
             self.subnet = free[0]
             _sh(["ip", "link", "add", self.bridge, "type", "bridge"])
-            _sh(["ip", "addr", "add", f"198.18.{self.subnet}.254/24", "dev", self.bridge])
+            holder = self.bridge
+            if self.rate is not None:  # the controller's own port: a veth into the bridge, limited both ways
+                holder, port = f"{LINK_PREFIX}{self.number}c", f"{LINK_PREFIX}{self.number}d"
+                self.controller_port = holder
+                _sh(["ip", "link", "add", holder, "type", "veth", "peer", "name", port])
+                _sh(["ip", "link", "set", port, "master", self.bridge])
+                _sh(["ip", "link", "set", port, "up"])
+                self._port_tbf(holder)
+                self._port_tbf(port)
+            _sh(["ip", "addr", "add", f"198.18.{self.subnet}.254/24", "dev", holder])
+            _sh(["ip", "link", "set", holder, "up"])
             _sh(["ip", "link", "set", self.bridge, "up"])
+
+    def _port_tbf(self, dev: str, netns: str | None = None) -> None:
+        """The bed's token bucket (`rate`, `PORT_TBF`) on what `dev` sends (in that namespace)."""
+        assert self.rate is not None
+        tc = ["tc", "-n", netns] if netns else ["tc"]
+        _sh([*tc, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", self.rate, *PORT_TBF])
 
     def _setup_netns(self, node: TestNode) -> None:
         assert node.netns and self.bridge
@@ -539,6 +625,9 @@ class TestCluster:
         _sh(ns + ["link", "set", "lo", "up"])
         _sh(["ip", "link", "set", host_if, "master", self.bridge])
         _sh(["ip", "link", "set", host_if, "up"])
+        if self.rate is not None:  # both ends: what the node receives, what it sends
+            self._port_tbf(host_if)
+            self._port_tbf("eth0", node.netns)
 
     def _start_holder(self, node: TestNode) -> None:
         """The process that owns the node's mount (and UTS) namespace for the cluster's lifetime."""
@@ -550,7 +639,8 @@ class TestCluster:
         # found in mountinfo"); the holder is in the network namespace before it says ready
         script = (
             'set -e; if [ -n "$3" ]; then hostname "$3"; fi; '
-            'if [ -n "$1" ]; then mount --bind "$1" "$2"; fi; echo ready; exec sleep 2147483647'
+            'if [ -n "$6" ]; then mount -t tmpfs -o "size=$6,mode=1777" orch-node "$2"; '
+            'elif [ -n "$1" ]; then mount --bind "$1" "$2"; fi; echo ready; exec sleep 2147483647'
         )
         if node.netns:
             script = (
@@ -573,6 +663,7 @@ class TestCluster:
             node.name if node.netns else "",
             f"/run/netns/{node.netns}" if node.netns else "",
             str(self.root / f"cgroup-{node.name}"),
+            self.tmpfs or "",
         ]
         holder = subprocess.Popen(
             argv,
@@ -588,6 +679,7 @@ class TestCluster:
             err = holder.stderr.read().decode(errors="replace") if holder.stderr else ""
             holder.wait(5)
             raise ClusterError(f"{node.name}: could not set up its namespaces: {err.strip()}")
+        node.tmpfs = self.tmpfs or ""
 
     def _enter(self, node: TestNode) -> list[str]:
         """argv prefix that runs a command inside the node's namespaces (empty: this machine as is)."""
@@ -640,6 +732,12 @@ LogLevel INFO
 Subsystem sftp internal-sftp
 SetEnv {setenv}
 """
+        if self.account is not None:
+            uid, gid = self.account
+            conf += (
+                f"ForceCommand exec {SETPRIV} --reuid={uid} --regid={gid} --clear-groups -- "
+                '/bin/sh -c "$SSH_ORIGINAL_COMMAND"\n'
+            )
         self._sshd_config(node).write_text(conf)
 
     def _spawn_sshd(self, node: TestNode) -> None:
@@ -739,6 +837,27 @@ SetEnv {setenv}
         path.mkdir(parents=True)
         self._controller_dirs.append(path)
         return path
+
+    def node_path(self, node: str, path: str | os.PathLike[str]) -> Path:
+        """Where this machine reads and writes the absolute `path` as that node sees it (its private
+        `NODE_LOCAL` or tmpfs included): ``/proc/<holder>/root/<path>``. Only while the node runs."""
+        n = self.node(node)
+        if n.holder is None or n.holder.poll() is not None:
+            raise ClusterError(f"{node}: no namespace holder (not root, or stopped): its files are this machine's")
+        if not os.path.isabs(path):
+            raise ValueError(f"node_path needs an absolute path, not {os.fspath(path)!r}")
+        return Path(f"/proc/{n.holder.pid}/root") / os.fspath(path).lstrip("/")
+
+    def resize_tmpfs(self, node: str, size: str) -> None:
+        """Give that node's private tmpfs (`tmpfs`) another size (`mount -o remount,size=SIZE`): a
+        size below what it holds fails with the kernel's reason; `reset` restores the cluster's."""
+        n = self.node(node)
+        if not n.tmpfs:
+            raise ClusterError(f"{node}: no private tmpfs (start the cluster with tmpfs=SIZE)")
+        if not SIZE_RE.match(size):
+            raise ValueError(f"{size!r} is no tmpfs size: write it as 256m, 1g or 65536k")
+        _sh([*self._enter(n), "mount", "-o", f"remount,size={size}", self.NODE_LOCAL])
+        n.tmpfs = size
 
     def node(self, name: str) -> TestNode:
         for n in self.nodes:
@@ -896,7 +1015,8 @@ SetEnv {setenv}
         _sh(["ip", "link", "set", str(n.host_veth), "up"])
 
     def netem(self, node: str, spec: str) -> None:
-        """`tc qdisc replace dev eth0 root netem SPEC` on the node (e.g. "delay 200ms"); "" removes it.
+        """`tc qdisc replace dev eth0 root netem SPEC` on the node (e.g. "delay 200ms"); "" removes it
+        (with a `rate`, it puts the port's bucket back: netem replaces it while set).
 
         Raises `NetemUnsupported` when the kernel lacks sch_netem (tests turn that into a skip)."""
         n = self.node(node)
@@ -904,7 +1024,10 @@ SetEnv {setenv}
             self._need_netns("netem")
         base = ["ip", "netns", "exec", str(n.netns), "tc", "qdisc"]
         if not spec.strip():
-            _sh(base + ["del", "dev", "eth0", "root"], check=False)
+            if self.rate is not None:
+                self._port_tbf("eth0", n.netns)
+            else:
+                _sh(base + ["del", "dev", "eth0", "root"], check=False)
             return
         proc = _sh(base + ["replace", "dev", "eth0", "root", "netem", *spec.split()], check=False)
         if proc.returncode != 0:
@@ -917,12 +1040,16 @@ SetEnv {setenv}
     def tbf(self, node: str, rate: str) -> None:
         """Limit what the node receives to `rate` (e.g. "50mbit"): a token bucket on the bridge side
         of its veth (`tc qdisc replace dev <host veth> root tbf rate RATE burst 64kb latency 50ms`;
-        tbf works in kernels without netem). "" removes it."""
+        tbf works in kernels without netem). "" removes it (with the cluster's `rate`, it puts the
+        port's own bucket back)."""
         n = self.node(node)
         if n.host_veth is None:
             self._need_netns("tbf")
         if not rate:
-            _sh(["tc", "qdisc", "del", "dev", str(n.host_veth), "root"], check=False)
+            if self.rate is not None:
+                self._port_tbf(str(n.host_veth))
+            else:
+                _sh(["tc", "qdisc", "del", "dev", str(n.host_veth), "root"], check=False)
             return
         _sh(
             [
@@ -1007,9 +1134,10 @@ SetEnv {setenv}
         except OSError:
             return None
 
-    def _root_links(self, kinds: str = "bhnpq") -> list[str]:
-        """This cluster's links in the root namespace: its bridge (b), the nodes' veths (h, n) and
-        add_interface's (p, q); cluster 1's prefix is also cluster 12's, so the kind letter must follow."""
+    def _root_links(self, kinds: str = "bcdhnpq") -> list[str]:
+        """This cluster's links in the root namespace: its bridge (b), the controller's port (c, d),
+        the nodes' veths (h, n) and add_interface's (p, q); cluster 1's prefix is also cluster 12's,
+        so the kind letter must follow."""
         mine = re.compile(rf"^{re.escape(LINK_PREFIX)}{self.number}[{kinds}]\d*$")
         out = _sh(["ip", "-o", "link", "show"], check=False).stdout
         names = [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if ":" in line]
@@ -1041,7 +1169,7 @@ def reap_stale_networks() -> list[str]:
         if ":" not in line:
             continue
         name = line.split(":")[1].strip().split("@")[0]
-        m = re.match(r"^o(\d+)x\d+[bhnpq]\d*$", name)
+        m = re.match(r"^o(\d+)x\d+[bcdhnpq]\d*$", name)
         if m and not pid_alive(int(m.group(1))) and _sh(["ip", "link", "del", name], check=False).returncode == 0:
             removed.append(f"link {name}")
     return removed

@@ -6,7 +6,10 @@
   and after every test that uses it kills what the test left on the nodes and undoes what it
   changed (a node's environment or clock, a stopped sshd, known_hosts, run and node directories,
   a pulled cable, a qdisc, an extra NIC), so a test sees a cluster as good as new;
-- `cluster_keys`: the session's SSH keys (client key, host keys, extra keys for negative tests).
+- `cluster_keys`: the session's SSH keys (client key, host keys, extra keys for negative tests);
+- `slurm_bed` / `slurm_netns_bed`: a real Slurm of four nodes (tests/slurm_bed.py), on loopback or
+  one slurmd per network namespace, the session's, reset around each test; `make_slurm_bed`: one
+  of the test's own (another task plugin, a node's own name resolving to loopback).
 
 A session-finish hook fails the run if any sshd, chronyd, session process, namespace or link
 started by the fixture is still there (under `pytest -n`, each worker's leftovers fail the run).
@@ -69,11 +72,13 @@ if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
 from tests.cluster import (  # noqa: E402
+    ACCOUNT,
     SESSION_TAG,
     KeyStore,
     Mode,
     TestCluster,
     daemon_pids,
+    is_root,
     leftovers,
     missing,
     netns_supported,
@@ -92,6 +97,7 @@ from tests.containers import (  # noqa: E402
 )
 from tests.lanes import Lanes, reap_stale, unusable  # noqa: E402
 from tests.procs_support import take_sigint  # noqa: E402
+from tests.slurm_bed import MakeSlurmBed, SlurmBed, why_no_slurm  # noqa: E402
 from tests.up_helpers import Orch  # noqa: E402
 
 take_sigint()  # in the controller and every xdist worker: a suite started in the background still tests Ctrl-C
@@ -173,6 +179,24 @@ def netns_cluster(_shared_netns: TestCluster) -> Iterator[TestCluster]:
     yield from _reset_around(_shared_netns)
 
 
+@pytest.fixture(scope="session")
+def _shared_account(cluster_keys: KeyStore) -> Iterator[TestCluster]:
+    if not is_root():
+        missing("a non-root SSH account is made by sshd dropping to it (ForceCommand, setpriv): needs root")
+    c = TestCluster(cluster_keys, n=2, mode="loopback", account=ACCOUNT)
+    try:
+        yield c.start()
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def account_cluster(_shared_account: TestCluster) -> Iterator[TestCluster]:
+    """Two real sshd nodes whose every login runs as uid:gid `ACCOUNT`, not root (a team's `train`
+    account): its own HOME and run root, `job.python` the system's python3 (the session's, reset)."""
+    yield from _reset_around(_shared_account)
+
+
 @pytest.fixture
 def cluster_in(request: pytest.FixtureRequest) -> Callable[[Mode], TestCluster]:
     """`cluster_in(mode)`: the session's shared 4-node cluster of that mode (`cluster` or
@@ -245,6 +269,100 @@ def dockerd(container_image: TestImage) -> Iterator[Dockerd]:
     finally:
         daemon.stop()
         shutil.rmtree(daemon.root, ignore_errors=True)
+
+
+@pytest.fixture
+def account_docker(account_cluster: TestCluster, dockerd: Dockerd) -> Iterator[Dockerd]:
+    """The session's dockerd reachable from the account bed's logins, as by an account in the
+    `docker` group (its socket the account's group's, 0660, for the test); every container a test
+    leaves fails it."""
+    assert account_cluster.account is not None
+    gid = account_cluster.account[1]
+    dockerd.root.chmod(0o711)
+    os.chown(dockerd.socket, 0, gid)
+    dockerd.socket.chmod(0o660)
+    for node in account_cluster.nodes:
+        account_cluster.set_env(node.name, **dockerd.env)
+    before = set(dockerd.containers())
+    try:
+        yield dockerd
+    finally:
+        os.chown(dockerd.socket, 0, 0)
+        dockerd.root.chmod(0o700)
+        left = sorted(set(dockerd.containers()) - before)
+        if left:
+            dockerd.docker("rm", "-f", *left, check=False)
+        assert left == [], f"containers left behind: {left}"
+
+
+# ----------------------------------------------------------------------------- Slurm
+
+
+def _slurm_bed(**kw: Any) -> SlurmBed:
+    why = why_no_slurm() or (netns_supported() if kw.get("mode") == "netns" else None)
+    if why:
+        missing(why)
+    return SlurmBed(**kw)
+
+
+def _shared_slurm(bed: SlurmBed) -> Iterator[SlurmBed]:
+    try:
+        yield bed.start()
+    finally:
+        bed.stop()
+
+
+@pytest.fixture(scope="session")
+def _shared_slurm_loopback() -> Iterator[SlurmBed]:
+    yield from _shared_slurm(_slurm_bed(n=4, mode="loopback"))
+
+
+@pytest.fixture(scope="session")
+def _shared_slurm_netns(cluster_keys: KeyStore) -> Iterator[SlurmBed]:
+    yield from _shared_slurm(_slurm_bed(n=4, mode="netns", keys=cluster_keys))
+
+
+def _reset_slurm_around(bed: SlurmBed) -> Iterator[SlurmBed]:
+    bed.reset()
+    try:
+        yield bed
+    finally:
+        bed.reset()
+
+
+@pytest.fixture
+def slurm_bed(_shared_slurm_loopback: SlurmBed) -> Iterator[SlurmBed]:
+    """A real Slurm (tests/slurm_bed.py): munged, slurmctld and four slurmd `sn1`..`sn4` on
+    loopback, the session's, reset around the test (no job, every node idle). Needs root and
+    Debian's slurm-wlm and munge (.ci/packages): `missing` otherwise."""
+    yield from _reset_slurm_around(_shared_slurm_loopback)
+
+
+@pytest.fixture
+def slurm_netns_bed(_shared_slurm_netns: SlurmBed) -> Iterator[SlurmBed]:
+    """The same with one slurmd per network namespace (`node1`..`node4`, each its own hostname,
+    address and /etc/hosts; `.cluster` is their TestCluster), the session's, reset around the test."""
+    yield from _reset_slurm_around(_shared_slurm_netns)
+
+
+@pytest.fixture
+def make_slurm_bed(cluster_keys: KeyStore) -> Iterator[MakeSlurmBed]:
+    """Factory: `make_slurm_bed(n=2, mode="netns", task_plugin="task/affinity", self_loopback=True)`
+    → a started bed of the test's own, stopped at teardown."""
+    started: list[SlurmBed] = []
+
+    def make(**kw: Any) -> SlurmBed:
+        if kw.get("mode") == "netns":
+            kw.setdefault("keys", cluster_keys)
+        bed = _slurm_bed(**kw)
+        started.append(bed)
+        return bed.start()
+
+    try:
+        yield make
+    finally:
+        for bed in reversed(started):
+            bed.stop()
 
 
 def _interrupt(signum: int, frame: object) -> None:

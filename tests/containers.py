@@ -15,6 +15,9 @@
   the same name into one node's own store ("a tag that moved on one node").
 - `PodmanBed` (the ``podman_cluster`` fixture): a store per node of a test cluster, set in the
   nodes' login environment, every container removed at teardown (one left behind fails the test).
+  With ``on_node=True`` each store keeps its graph, run root and temporary files (``TMPDIR``:
+  where `podman load` stages an archive) in the node's own ``NODE_LOCAL`` (its private tmpfs on a
+  cluster with ``tmpfs``): eight nodes' images are eight copies, and a full node fails its load.
 - `Dockerd`: ``dockerd`` from docker.io on its own socket, data root and exec root, host networking
   only (``--iptables=false --bridge=none``), cgroupfs.
 - `python_mounts`: what must be bind-mounted into the image for the job's Python environment (the
@@ -162,6 +165,10 @@ class PodmanStore:
     images_from: Sequence[Path] = ()
     """Read-only image stores (graph roots) this one also sees: the seed store's image."""
     read_only: bool = False
+    data: Path | None = None
+    """Where the graph, run root and temporary files are, as the process that runs podman sees the
+    path (a test node's `NODE_LOCAL`, made by `start_podman_bed`); None: under `root`, beside the
+    configuration, which always stays on this machine's disk where every node reads it."""
 
     def __post_init__(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -169,7 +176,12 @@ class PodmanStore:
 
     @property
     def graph(self) -> Path:
-        return self.root / "graph"
+        return (self.data or self.root) / "graph"
+
+    @property
+    def tmp(self) -> Path:
+        """podman's `tmp_dir`; with `data`, also the logins' TMPDIR (where `podman load` stages stdin)."""
+        return (self.data or self.root) / "tmp"
 
     @property
     def conf(self) -> Path:
@@ -182,9 +194,14 @@ class PodmanStore:
     @property
     def env(self) -> dict[str, str]:
         """The environment that makes `podman` use this store."""
-        return {"CONTAINERS_CONF": str(self.conf), "CONTAINERS_STORAGE_CONF": str(self.storage_conf)}
+        env = {"CONTAINERS_CONF": str(self.conf), "CONTAINERS_STORAGE_CONF": str(self.storage_conf)}
+        if self.data is not None:
+            env["TMPDIR"] = str(self.tmp)
+        return env
 
     def write(self) -> None:
+        # with `data`, `podman load` stages what it reads there too (not in the machine's /var/tmp)
+        staging = f'image_copy_tmp_dir = "{self.tmp}"\n' if self.data is not None else ""
         self.conf.write_text(
             "[containers]\n"
             "default_ulimits = []\n"  # the runtime's default ulimits exceed this sandbox's hard limits
@@ -194,14 +211,15 @@ class PodmanStore:
             'cgroup_manager = "cgroupfs"\n'
             'events_logger = "file"\n'
             'lock_type = "file"\n'  # not the shared-memory lock table every store would share
-            f'tmp_dir = "{self.root / "tmp"}"\n'
+            f'tmp_dir = "{self.tmp}"\n'
+            f"{staging}"
         )
         extra = ", ".join(json.dumps(str(p)) for p in self.images_from)
         self.storage_conf.write_text(
             "[storage]\n"
             'driver = "overlay"\n'
             f'graphroot = "{self.graph}"\n'
-            f'runroot = "{self.root / "run"}"\n'
+            f'runroot = "{(self.data or self.root) / "run"}"\n'
             "[storage.options]\n"
             f"additionalimagestores = [{extra}]\n"
         )
@@ -280,35 +298,6 @@ class TestImage:
     ref: str = IMAGE
 
 
-CAP_SYS_RESOURCE = 24
-
-
-def sandbox_options() -> list[str]:
-    """Runtime flags a test's `job.container.options` needs on a machine without CAP_SYS_RESOURCE
-    (this sandbox): no process may raise a hard limit, but orch's launch asks for
-    `--ulimit memlock=-1` and podman adds nofile 1048576 and nproc 4194304 of its own whenever any
-    `--ulimit` is given, so runc fails ("error setting rlimit type 6/7/8"). The flags set each
-    within this machine's hard limits, after orch's (the last `--ulimit` of a kind wins); empty
-    where the capability is there (a CI machine as root, a real node)."""
-    import resource
-
-    status = Path("/proc/self/status").read_text()
-    eff = int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("CapEff:")), 16)
-    if eff >> CAP_SYS_RESOURCE & 1:
-        return []
-
-    def hard(kind: int) -> str:
-        limit = resource.getrlimit(kind)[1]
-        return "-1" if limit == resource.RLIM_INFINITY else str(limit)
-
-    # nproc: runc sets it in a process that already counts against it; a modest value always fits
-    return [
-        f"--ulimit=nofile={hard(resource.RLIMIT_NOFILE)}:{hard(resource.RLIMIT_NOFILE)}",
-        "--ulimit=nproc=4096:4096",
-        f"--ulimit=memlock={hard(resource.RLIMIT_MEMLOCK)}:{hard(resource.RLIMIT_MEMLOCK)}",
-    ]
-
-
 def python_mounts(python: str) -> list[str]:
     """The directories to bind-mount (same path inside) for `python` and every package it imports
     to run inside the image: its prefix and base prefix and every `sys.path` entry outside the
@@ -342,7 +331,8 @@ class PodmanBed:
     """A podman store per node of a test cluster (`stores`), each node's logins pointed at it."""
 
     cluster: Any
-    image: TestImage
+    image: TestImage | None
+    """The seed's image every store sees (None: stores that start empty)."""
     stores: dict[str, PodmanStore] = field(default_factory=dict)
 
     def enter(self, node: str) -> list[str]:
@@ -361,6 +351,8 @@ class PodmanBed:
 
     def move_tag(self, node: str, ref: str = IMAGE) -> str:
         """That node's `ref` becomes another image; its new ID."""
+        if self.image is None:
+            raise RuntimeError("move_tag needs a bed started with the seed's image")
         return self.stores[node].move_tag(self.image.tarball, ref, enter=self.enter(node))
 
     def containers(self, node: str, label: str | None = None) -> list[str]:
@@ -386,11 +378,23 @@ class PodmanBed:
         return {node: names for node, names in removed.items() if names}
 
 
-def start_podman_bed(cluster: Any, image: TestImage, base: Path, nodes: Sequence[str] | None = None) -> PodmanBed:
-    """A store per node (under `base`) that sees the seed's image, set in each node's logins."""
+NODE_STORE = "podman"
+"""The folder under a node's `NODE_LOCAL` that holds its store's data with ``on_node=True``."""
+
+
+def start_podman_bed(
+    cluster: Any, image: TestImage | None, base: Path, nodes: Sequence[str] | None = None, on_node: bool = False
+) -> PodmanBed:
+    """A store per node (its configuration under `base`) that sees the seed's image (`image` None:
+    no image at all), set in each node's logins. `on_node`: the store's data in the node's own
+    `NODE_LOCAL` (see the module docstring); the cluster's `reset` empties it with the rest."""
     bed = PodmanBed(cluster, image)
     for node in nodes or [n.name for n in cluster.nodes]:
-        store = PodmanStore(base / node, images_from=(image.store.graph,))
+        data = None
+        if on_node:
+            data = Path(cluster.NODE_LOCAL) / NODE_STORE
+            cluster.node_path(node, data / "tmp").mkdir(parents=True, exist_ok=True)  # TMPDIR must exist
+        store = PodmanStore(base / node, images_from=(image.store.graph,) if image else (), data=data)
         bed.stores[node] = store
         cluster.set_env(node, **store.env)
     return bed

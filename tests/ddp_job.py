@@ -18,12 +18,18 @@ Faults (flags, or the environment variables in brackets, so a test can set them 
                                (agreed through that step's all_reduce), before --steps: a test ends a
                                long run once what it waits for has happened
   --data PATH                  ignored: a path-like argument for the preflight's `job` check to compare
+  --checkpoint PATH            [DDP_CHECKPOINT]  the trainer's preemption in small (trainer/preempt.py): on
+                               SIGUSR2 (Slurm's warning) every rank stops after the step at which any rank
+                               got it (agreed through that step's all_reduce), rank 0 writes the next step
+                               to PATH, says `preempted (SIGUSR2): checkpoint PATH ...` and every rank exits
+                               75; a run that finds PATH starts at that step (`resuming at step S`)
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 
@@ -48,6 +54,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--break-file", default=env("DDP_BREAK_FILE", ""))
     p.add_argument("--stop-file", default=env("DDP_STOP_FILE", ""))
     p.add_argument("--data", help="ignored")
+    p.add_argument("--checkpoint", default=env("DDP_CHECKPOINT", ""))
     return p.parse_args(argv)
 
 
@@ -62,16 +69,29 @@ def sleep_forever() -> None:
         time.sleep(60)
 
 
+PREEMPTED_EXIT = 75
+"""The trainer's exit code after its preemption checkpoint (trainer/interface.py), which orch reads."""
+_warned: list[int] = []
+
+
 @record
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    first = 0
+    if args.checkpoint:
+        signal.signal(signal.SIGUSR2, lambda signum, _frame: _warned.append(signum))
+        if os.path.exists(args.checkpoint):
+            with open(args.checkpoint) as fh:
+                first = int(fh.read())
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     print(f"[rank {rank}] up world={world} host={os.uname().nodename} node={os.environ.get('ORCH_NODE')}", flush=True)
+    if first:
+        print(f"[rank {rank}] resuming at step {first}", flush=True)
     ok = True
     total = 0.0
     done = 0
-    for step in range(args.steps):
+    for step in range(first, args.steps):
         if rank == args.fail_rank and step == args.fail_step:
             if args.break_file:
                 os.unlink(args.break_file)
@@ -86,13 +106,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[rank {rank}] hanging at step {step}", flush=True)
             sleep_forever()
         stop = bool(args.stop_file) and os.path.exists(args.stop_file)
-        t = torch.tensor([float(rank + 1 + step), float(stop)])
+        t = torch.tensor([float(rank + 1 + step), float(stop), float(bool(_warned))])
         dist.all_reduce(t)
         total = float(t[0].item())
         good = total == expected_sum(world, step)
         ok &= good
         done = step + 1
         print(f"[rank {rank}] step {step} sum={total:g} {'ok' if good else 'WRONG'}", flush=True)
+        if t[2].item() > 0:
+            preempted(args.checkpoint, rank, step)
         if t[1].item() > 0:
             print(f"[rank {rank}] stop file seen: ending after step {step}", flush=True)
             break
@@ -102,6 +124,17 @@ def main(argv: list[str] | None = None) -> int:
     dist.barrier()
     dist.destroy_process_group()
     return 0 if ok else 3
+
+
+def preempted(path: str, rank: int, step: int) -> None:
+    """Every rank after `step`, once any rank got SIGUSR2: rank 0 writes the checkpoint, all exit 75."""
+    if rank == 0:
+        with open(path + ".tmp", "w") as fh:
+            fh.write(str(step + 1))
+        os.replace(path + ".tmp", path)
+        print(f"preempted (SIGUSR2): checkpoint {path} after step {step}; --resume continues from it", flush=True)
+    dist.barrier()
+    leave(PREEMPTED_EXIT)
 
 
 def leave(code: int) -> None:

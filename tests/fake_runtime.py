@@ -4,9 +4,10 @@ keeps its containers in a JSON file, so a test sees what a stop left behind.
 `run`: registers a container (its --name and --label values, the whole argv), then waits like a
 job; SIGTERM (what `docker run` proxies to its container) ends it and, with --rm, removes it; a
 SIGKILL of the client leaves it registered, as a real container outlives its killed client.
-`rm -f NAME|ID...`, `ps -aq --filter label=K=V...`, `ps -a --filter ... --format ...` as the
-runtimes answer them; `image inspect` as for an image every node holds (`FAKE_IMAGE_ID`). Install with
-`install(dir, state)`: a `docker` and a `podman` on PATH."""
+`rm -f [--] NAME|ID...`, `ps -aq [--no-trunc] --filter label=K=V...`, `ps -a --filter ... --format ...`
+as the runtimes answer them; `exec [-e K=V]... ID CMD` runs CMD on this host (a killed client
+leaves it running, as a real one does); `image inspect` as for an image every node holds
+(`FAKE_IMAGE_ID`). Install with `install(dir, state)`: a `docker` and a `podman` on PATH."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ VALUED = {
     "--cap-add",
     "--gpus",
     "--tmpfs",
+    "--pull",
 }
 
 
@@ -103,7 +105,7 @@ def main(argv: list[str]) -> int:
                 i += 2
             else:
                 i += 1
-        cid = secrets.token_hex(6)
+        cid = secrets.token_hex(32)  # a whole ID, as `ps -q --no-trunc` prints it
         box = {"id": cid, "name": name or cid, "labels": labels, "argv": [runtime, cmd, *args], "state": "running"}
 
         def register(data: list[dict[str, Any]]) -> bool:
@@ -165,6 +167,25 @@ def main(argv: list[str]) -> int:
             else:
                 print(c["id"])
         return 0
+    if cmd == "exec":  # `exec [-e K=V]... ID CMD...`: CMD on this host; a killed client leaves it running
+        env, i = dict(os.environ), 0
+        while i < len(args) and args[i].startswith("-"):
+            if args[i] in ("-e", "--env"):
+                key, _, value = args[i + 1].partition("=")
+                env[key] = value
+                i += 2
+            else:
+                i += 1
+        if not any(args[i] in (c["id"], c["name"]) for c in containers(state)):
+            print(f"Error: no container with name or ID {args[i]} found", file=sys.stderr)
+            return 125
+        env.pop("FAKE_RUNTIME_EXEC", None)
+        late = Path(str(state) + ".exec-late")  # the next exec starts its command that many seconds late, once
+        if late.exists():
+            delay = float(late.read_text())
+            late.unlink()
+            time.sleep(delay)
+        return subprocess.call(args[i + 1 :], env=env)
     if cmd == "image" and args[:1] == ["inspect"]:  # every node holds the image, under one ID
         print(f'sha256:{FAKE_IMAGE_ID}\t["PATH=/usr/bin"]')
         return 0

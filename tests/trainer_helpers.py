@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,8 @@ def run_trainer(
     extra_env: dict[str, str] | None = None,
     default_plots: bool = False,
     overflow_steps: int = 0,
+    mkdir_log: Path | None = None,
+    late_rank_s: float = 0.0,
 ) -> Result:
     """Run the trainer: plain ``python -m trainer`` (nproc 0) or torchrun with ``nproc`` ranks.
 
@@ -130,7 +133,9 @@ def run_trainer(
     with ``inf_loss_at``, every rank's loss of that criterion call (1-based) is infinite, once;
     with ``confusion_log``, every confusion matrix ultralytics plots is appended there as a JSON
     line (``{"rank", "normalize", "matrix"}``); with ``overflow_steps``, a GradScaler on the CPU whose
-    first that many optimizer steps overflow. ``extra_env``: more environment for the run.
+    first that many optimizer steps overflow; with ``mkdir_log``, every directory a rank creates is
+    appended there (``{rank} {path}``); with ``late_rank_s``, every rank but 0 starts that many
+    seconds late (a peer still importing its libraries). ``extra_env``: more environment for the run.
     The run draws no plots unless ``args`` ask for them (``unplotted``) or ``default_plots`` leaves
     the trainer's default (ultralytics' plots=True) in place.
     """
@@ -141,6 +146,8 @@ def run_trainer(
         or inf_loss_at > 0
         or confusion_log is not None
         or overflow_steps > 0
+        or mkdir_log is not None
+        or late_rank_s > 0
     )
     entry = [str(Path(__file__).resolve())] if script else ["-m", "trainer"]
     if nproc:
@@ -168,6 +175,10 @@ def run_trainer(
         extra["TRAINER_CONFUSION_LOG"] = str(confusion_log)
     if overflow_steps:
         extra["TRAINER_OVERFLOW_STEPS"] = str(overflow_steps)
+    if mkdir_log is not None:
+        extra["TRAINER_MKDIR_LOG"] = str(mkdir_log)
+    if late_rank_s:
+        extra["TRAINER_LATE_RANK_S"] = str(late_rank_s)
     extra.update(extra_env or {})
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env(extra), cwd=cwd or REPO)
     return Result(p.returncode, p.stdout, p.stderr)
@@ -481,6 +492,20 @@ def install_overflowing_scaler(steps: int) -> None:
     tloop.build_parts = with_scaler
 
 
+def install_mkdir_record(log: Path) -> None:
+    """Append every directory this process creates (``os.mkdir``, which ``Path.mkdir`` and
+    ``os.makedirs`` call) to ``log`` as ``{RANK} {absolute path}``, then create it."""
+    real = os.mkdir
+    rank = os.environ.get("RANK", "-1")
+
+    def recorded(path: Any, *args: Any, **kwargs: Any) -> None:
+        with open(log, "a") as f:
+            f.write(f"{rank} {os.path.abspath(os.fspath(path))}\n")
+        real(path, *args, **kwargs)
+
+    os.mkdir = recorded
+
+
 def install_confusion_record(log: Path) -> None:
     """Append every confusion matrix ultralytics plots in this process to ``log`` (one JSON line
     each, before it is drawn): what the plot shows, as numbers a test can count."""
@@ -502,6 +527,8 @@ def install_confusion_record(log: Path) -> None:
 
 
 if __name__ == "__main__":
+    if os.environ.get("TRAINER_LATE_RANK_S") and os.environ.get("RANK", "0") != "0":
+        time.sleep(float(os.environ["TRAINER_LATE_RANK_S"]))
     if os.environ.get("TRAINER_SYNC_LOG"):
         install_sync_counter(Path(os.environ["TRAINER_SYNC_LOG"]))
     if os.environ.get("TRAINER_NET_LOG"):
@@ -513,6 +540,8 @@ if __name__ == "__main__":
         install_inf_loss(int(os.environ["TRAINER_INF_LOSS_AT"]))
     if os.environ.get("TRAINER_OVERFLOW_STEPS"):
         install_overflowing_scaler(int(os.environ["TRAINER_OVERFLOW_STEPS"]))
+    if os.environ.get("TRAINER_MKDIR_LOG"):
+        install_mkdir_record(Path(os.environ["TRAINER_MKDIR_LOG"]))
     if os.environ.get("TRAINER_CONFUSION_LOG"):
         from trainer.offline import set_offline_env
 

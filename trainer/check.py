@@ -48,14 +48,12 @@ def check(argv: list[str]) -> dict[str, Any]:
         cfg = parse_config([a for a in argv if a != "--check"], usage_errors=True, problems=found)
         stage = "topology"
         from trainer import dist as tdist  # torch: after argparse's refusals
+        from trainer.loop import admit, decide_run
 
         topo = tdist.Topology.from_env()
-        # the arguments' rules, topology, device, precision: all at once
-        cfg, device = tdist.start_device(cfg, topo, select=False, found=found)
-        stage = "inputs"
-        from trainer.loop import decide_run, prepare
-
-        inputs = prepare(cfg, topo, device)
+        # the arguments' rules, topology, device, precision and the inputs: all at once
+        inputs = admit(cfg, topo, found, select=False)
+        cfg, device = inputs.cfg, inputs.device
         answer: dict[str, Any] = {
             "rank": topo.rank,
             "world_size": topo.world_size,

@@ -163,9 +163,11 @@ def build(
     config: dict[str, Any],
     ranks: list[dict[str, Any]],
     half: HalfCopy | None = None,
+    left_out: list[str] | None = None,
 ) -> dict[str, Any]:
     """The checkpoint dict after ``epoch`` (0-based, completed); ``ranks`` holds each rank's RNG and
     mosaic-buffer state, in rank order; ``half`` makes the file's fp16 EMA (a fresh copy when None);
+    ``left_out``: the training images NaN recovery left out for the rest of the run;
     ``train_args`` should name the run directory as ``save_dir``, where ultralytics' resume writes.
 
     The optimizer state holds the live tensors, not copies: serialize the dict before the next
@@ -191,6 +193,7 @@ def build(
             "stopper": stopper,
             "ranks": ranks,
             "world_size": len(ranks),
+            "left_out": sorted(left_out or ()),
         },
     }
 

@@ -137,7 +137,9 @@ class TrainConfig:
     """max gradient norm, 0 = no clipping"""
     optimizer: str = "auto"
     """one of auto, SGD, AdamW, Adam, Adamax, NAdam, RAdam, RMSProp, MuSGD; auto is ultralytics' rule
-    (AdamW with a rate fitted to the class count, MuSGD for long runs)"""
+    (AdamW with a rate fitted to the class count, MuSGD for long runs: SGD lr0 0.01 momentum 0.9 instead on
+    GPUs without native bfloat16, V100 and T4, where MuSGD's Newton-Schulz would run in emulated bf16 and
+    --optimizer MuSGD is refused)"""
     cos_lr: bool = False
     """cosine learning-rate decay instead of linear"""
     close_mosaic: int = 10
@@ -149,10 +151,24 @@ class TrainConfig:
     8.0 or later: refused on V100 and T4, where torch would emulate it), auto = fp16 on CUDA and off on CPU"""
     sync_bn: bool = False
     """SyncBatchNorm across ranks (CUDA; refused on CPU with several ranks), e.g. for <= 8 images per GPU; the
-    EMA and every checkpoint keep plain BatchNorm. Fewer than 4 images per rank without it: a warning"""
+    EMA and every checkpoint keep plain BatchNorm. Fewer than 4 images per rank without it: a warning. Its
+    all-gathers in the forward are timed apart: sync_s on the timing lines, out of compute_s"""
+    ddp_grad_dtype: str = field(default="fp32", metadata=flag(choices=("fp32", "fp16", "bf16"), metavar="DTYPE"))
+    """dtype of DDP's gradient all-reduce: fp16 or bf16 halve the bytes each optimizer step sends (DDP's
+    compression comm hook: gradients cast before the all-reduce, back to fp32 after it), e.g. on 10 GbE
+    between nodes; bf16 needs compute capability 8.0 or later on GPUs (refused on V100 and T4); fp32 sends
+    them as they are. Said at start-up with the bytes per step; no effect on one rank"""
+    bucket_mb: float = 25.0
+    """size in MB of DDP's gradient buckets (its bucket_cap_mb): each bucket is all-reduced as soon as its
+    gradients are ready, overlapping the backward; larger buckets mean fewer, longer all-reduces. Said at
+    start-up; trainer.yaml records it and --ddp-grad-dtype (args.yaml holds ultralytics' keys only)"""
     device: str = "auto"
     """auto (cuda:LOCAL_RANK if CUDA is there), cpu, cuda, or this node's GPU indices as CUDA_VISIBLE_DEVICES
     shows them, one per process: 0,1,2,3 (or cuda:0,1,2,3, [0,1,2,3]) needs --nproc-per-node 4"""
+    dist_backend: str = field(default="auto", metadata=flag(choices=("auto", "nccl", "gloo")))
+    """process group backend: auto = nccl on CUDA, gloo on CPU; gloo on CUDA lets the ranks of a node share
+    its GPUs (a rank whose LOCAL_RANK has no GPU of its own takes GPU LOCAL_RANK modulo their count, which
+    NCCL refuses): for testing DDP with fewer GPUs than ranks, e.g. 2 ranks on one GPU"""
     workers: int = 8
     """data loader worker processes per rank, at most the node's CPUs / its ranks (a larger number is lowered,
     said at start-up and recorded as used in trainer.yaml and args.yaml), e.g. 8"""
@@ -176,7 +192,8 @@ class TrainConfig:
     seed: int = 0
     """seed of model init, sampler order and augmentation, the same on all ranks"""
     deterministic: bool = True
-    """deterministic algorithms where torch has them (ultralytics' default)"""
+    """deterministic algorithms where torch has them (ultralytics' default); false also lets cuDNN pick its
+    convolution algorithms by timing them (cudnn.benchmark)"""
     channels_last: bool | None = field(default=None, metadata=NO_FLAG)
     """NHWC memory format on CUDA; None: on for CUDA."""
     cls_remap: bool = field(default=True, metadata=NO_FLAG)
@@ -229,7 +246,8 @@ class TrainConfig:
     """start-up: each node's first rank says what it is building every N seconds (feeds orch's stall
     watchdog), e.g. 60"""
     debug_dir: str | None = None
-    """testing: each rank writes DIR/rank{R}.json with samples seen per epoch and a parameter checksum"""
+    """testing: each rank writes DIR/rank{R}.json with samples seen per epoch, a parameter checksum and the
+    bytes of its DDP gradient all-reduces (counted in the comm hook, which fp32 then uses too)"""
     debug_exit_after: int = field(default=0, metadata=flag(metavar="EPOCH"))
     """testing: exit with code 3 right after saving EPOCH, as if the job were killed (0 = never)"""
     hyp: dict[str, Any] = field(default_factory=dict, metadata=NO_FLAG)
@@ -501,7 +519,7 @@ def resolve(given: Given, hyp: dict[str, Any], found: list[str] | None = None) -
             problems.append(f"--{name.replace('_', '-')} must be >= 1{extra}, got {getattr(cfg, name)}")
     if cfg.accumulate is not None and cfg.accumulate < 1:
         problems.append(f"--accumulate must be >= 1, got {cfg.accumulate}")
-    for name in ("timeout_min", "startup_timeout_min", "progress_every_s"):
+    for name in ("timeout_min", "startup_timeout_min", "progress_every_s", "bucket_mb"):
         if getattr(cfg, name) <= 0:
             problems.append(f"--{name.replace('_', '-')} must be > 0, got {getattr(cfg, name):g}")
     if cfg.workers < 0:
@@ -610,7 +628,7 @@ def topology_problems(cfg: TrainConfig, world_size: int, launched: bool, local_w
 
 
 def precision_problems(cfg: TrainConfig, device_type: str, distributed: bool) -> list[str]:
-    """What ``--amp`` and ``--sync-bn`` cannot do on this rank's device (``cpu``/``cuda``)."""
+    """What ``--amp``, ``--sync-bn`` and ``--dist-backend`` cannot do on this rank's device (``cpu``/``cuda``)."""
     problems = []
     if cfg.amp in ("on", "fp16") and device_type != "cuda":
         problems.append(
@@ -618,4 +636,6 @@ def precision_problems(cfg: TrainConfig, device_type: str, distributed: bool) ->
         )
     if cfg.sync_bn and distributed and device_type != "cuda":
         problems.append("--sync-bn needs CUDA: torch's SyncBatchNorm has no CPU implementation (drop --sync-bn on CPU)")
+    if cfg.dist_backend == "nccl" and device_type != "cuda":
+        problems.append("--dist-backend nccl needs CUDA: on CPU use --dist-backend gloo (or auto)")
     return problems

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 import random
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -276,15 +276,31 @@ def build_splits(
 class Heartbeat:
     """While a long start-up step runs, this node's first rank says so every ``every_s`` seconds
     (``startup: building datasets, 90 s so far``): the user sees it work, and orch's stall
-    watchdog, which counts silence, sees a line. A daemon thread; ``with Heartbeat(...):``."""
+    watchdog, which counts silence, sees a line. Once the node's own part is done and a start-up
+    barrier waits for other ranks, the line says which (``startup: building datasets: waiting
+    for rank(s) 5, 7, 120 s so far``, from ``dist.WAITING``): a rank that died or hangs there is
+    named, not the ones waiting for it. A daemon thread; ``with Heartbeat(...):``."""
 
     def __init__(self, what: str, topo: Topology, every_s: float) -> None:
         import threading
 
         self.what, self.every_s = what, every_s
+        self.missing: list[int] = []
         self.on = topo.local_rank == 0 and every_s > 0
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="trainer-heartbeat", daemon=True)
+
+    def waiting(self, missing: list[int]) -> None:
+        """A start-up barrier waits for the ranks ``missing`` (``dist.WAITING``)."""
+        self.missing = list(missing)
+
+    def text(self, seconds: float) -> str:
+        """The heartbeat line after ``seconds``."""
+        missing = self.missing
+        if missing:
+            ranks = ", ".join(map(str, missing[:16])) + (f" and {len(missing) - 16} more" if len(missing) > 16 else "")
+            return f"startup: {self.what}: waiting for rank(s) {ranks}, {seconds:.0f} s so far"
+        return f"startup: {self.what}, {seconds:.0f} s so far"
 
     def _run(self) -> None:
         import time
@@ -293,15 +309,17 @@ class Heartbeat:
 
         start = time.monotonic()
         while not self.stop.wait(self.every_s):
-            say(f"startup: {self.what}, {time.monotonic() - start:.0f} s so far")
+            say(self.text(time.monotonic() - start))
 
     def __enter__(self) -> Heartbeat:
+        tdist.WAITING.append(self.waiting)
         if self.on:
             self.thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
+        tdist.WAITING.remove(self.waiting)
         if self.on:
             self.thread.join()
 
@@ -314,19 +332,62 @@ def build_dataset(hyp: Any, data: dict[str, Any], split: str, local_batch: int, 
     return build_yolo_dataset(hyp, data[split], local_batch, data, mode=mode, rect=mode == "val", stride=stride)
 
 
-class EpochSampler(Sampler[tuple[int, int, int]]):
-    """A DistributedSampler's indices, each tagged with the epoch it belongs to and the attempt at
-    that epoch: (epoch, index, attempt). The attempt is 0 unless the epoch is trained again after a
-    NaN recovery (``loop.recover``): another attempt draws other augmentation."""
+class ShardSampler(DistributedSampler):
+    """This rank's shard of the epoch's order, as DistributedSampler draws it (one permutation of
+    the whole set, the same on every rank, padded to a multiple of the ranks), for each attempt at
+    an epoch: attempt 0 is DistributedSampler's own order (a resumed run continues it exactly); an
+    epoch trained again after a NaN recovery (attempt 1, 2...) another one, drawn from (seed,
+    epoch, attempt). Images left out (``set_epoch(left_out=...)``, by file) are dropped from the
+    order before it is padded and sharded, so every rank still trains the same number of batches."""
 
-    def __init__(self, sampler: DistributedSampler) -> None:
+    def __init__(self, dataset: Any, num_replicas: int, rank: int, seed: int) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)
+        self.attempt = 0
+        self.left_out: frozenset[int] = frozenset()
+        self._index: dict[str, int] | None = None
+
+    def set_epoch(self, epoch: int, attempt: int = 0, left_out: Collection[str] = ()) -> None:
+        super().set_epoch(epoch)
+        self.attempt = attempt
+        if left_out and self._index is None:
+            self._index = {f: i for i, f in enumerate(self.dataset.im_files)}  # type: ignore[attr-defined]
+        self.left_out = frozenset(self._index[f] for f in left_out if f in self._index) if self._index else frozenset()
+        if len(self.left_out) >= len(self.dataset):  # type: ignore[arg-type]
+            raise TrainerError(
+                f"every one of the {len(self.left_out)} training images was left out after a non-finite loss: "
+                "check the labels (boxes outside the image, empty files) and the learning rate"
+            )
+
+    def __iter__(self) -> Iterator[int]:
+        if not self.attempt and not self.left_out:
+            return super().__iter__()
+        g = torch.Generator()
+        if self.attempt:
+            g.manual_seed(int(np.random.SeedSequence([self.seed, self.epoch, self.attempt]).generate_state(1)[0]))
+        else:
+            g.manual_seed(self.seed + self.epoch)  # DistributedSampler's order, less the images left out
+        order = [i for i in torch.randperm(len(self.dataset), generator=g).tolist() if i not in self.left_out]  # type: ignore[arg-type]
+        total = math.ceil(len(order) / self.num_replicas) * self.num_replicas
+        order += (order * math.ceil(total / len(order)))[: total - len(order)]
+        return iter(order[self.rank : total : self.num_replicas])
+
+    def __len__(self) -> int:
+        return math.ceil((len(self.dataset) - len(self.left_out)) / self.num_replicas)  # type: ignore[arg-type]
+
+
+class EpochSampler(Sampler[tuple[int, int, int]]):
+    """A ``ShardSampler``'s indices, each tagged with the epoch it belongs to and the attempt at
+    that epoch: (epoch, index, attempt). The attempt is 0 unless the epoch is trained again after a
+    NaN recovery (``loop.recover``): another attempt draws another order and other augmentation."""
+
+    def __init__(self, sampler: ShardSampler) -> None:
         self.sampler = sampler
         self.epoch = 0
         self.attempt = 0
 
-    def set_epoch(self, epoch: int, attempt: int = 0) -> None:
+    def set_epoch(self, epoch: int, attempt: int = 0, left_out: Collection[str] = ()) -> None:
         self.epoch, self.attempt = epoch, attempt
-        self.sampler.set_epoch(epoch)
+        self.sampler.set_epoch(epoch, attempt, left_out)
 
     def __iter__(self) -> Iterator[tuple[int, int, int]]:
         epoch, attempt = self.epoch, self.attempt
@@ -361,8 +422,8 @@ class EpochSeeded(Dataset[Any]):
     The other state a worker keeps, its mosaic buffer, travels with every batch it sends
     (``mosaic_collate``) and is put back by ``restore`` in the first epoch after a resume.
     An epoch trained again after a NaN recovery (attempt 1, 2...) restarts from another seed
-    (``epoch_seed``): the same images, other augmentation, as ultralytics' recovery, which does not
-    rewind its generators.
+    (``epoch_seed``): other augmentation (ultralytics' recovery does not rewind its generators
+    either), over another order (``ShardSampler``).
     """
 
     def __init__(self, dataset: Any, seed: int, rank: int, restore: dict[int, list[int]] | None = None) -> None:
@@ -446,9 +507,7 @@ def train_loader(
     """
     from ultralytics.data.build import seed_worker
 
-    sampler: DistributedSampler[Any] = DistributedSampler(
-        dataset, num_replicas=topo.world_size, rank=topo.rank, shuffle=True, seed=seed
-    )
+    sampler = ShardSampler(dataset, topo.world_size, topo.rank, seed)
     generator = torch.Generator()
     generator.manual_seed(seed + topo.rank)  # worker augmentation streams differ per rank, same per run
     nw = worker_count(workers, topo.local_world_size, math.ceil(len(sampler) / max(local_batch, 1)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -81,10 +82,12 @@ def cpu_threads(topo: Topology) -> int | None:
     return max(1, min(8, (os.cpu_count() or 1) // max(topo.local_world_size, 1) - 1))
 
 
-def pick_device(requested: str, topo: Topology) -> torch.device:
+def pick_device(requested: str, topo: Topology, backend: str = "auto") -> torch.device:
     """This rank's device, decided and checked without touching it (what ``--check`` asks):
     ``cuda:LOCAL_RANK`` when CUDA is asked for (or auto and present), or the LOCAL_RANK-th GPU of a
-    ``cuda:0,1,2,3`` list (indices as CUDA_VISIBLE_DEVICES shows them); else the CPU.
+    ``cuda:0,1,2,3`` list (indices as CUDA_VISIBLE_DEVICES shows them); else the CPU. With the gloo
+    ``backend`` a LOCAL_RANK beyond the GPUs shares one: LOCAL_RANK modulo their count
+    (``--dist-backend gloo``, for testing DDP on one GPU; NCCL refuses two ranks on one device).
 
     Raises:
         ValueError: CUDA requested but not available, or a GPU index this node does not have.
@@ -106,7 +109,7 @@ def pick_device(requested: str, topo: Topology) -> torch.device:
                 f"--device {requested[5:]}: GPU {index} does not exist, this node shows {count} ({visible})"
             )
     else:
-        index = topo.local_rank
+        index = topo.local_rank % count if backend == "gloo" else topo.local_rank
         if index >= count:
             raise ValueError(
                 f"LOCAL_RANK {index} has no GPU: this node shows {count} ({visible}); "
@@ -116,14 +119,14 @@ def pick_device(requested: str, topo: Topology) -> torch.device:
     return torch.device("cuda", index)
 
 
-def select_device(requested: str, topo: Topology) -> torch.device:
+def select_device(requested: str, topo: Topology, backend: str = "auto") -> torch.device:
     """Pick this rank's device (``pick_device``) and make it current: the CUDA device, or on the
     CPU ultralytics' thread count (``cpu_threads``).
 
     Raises:
         ValueError: CUDA requested but not available, or a GPU index this node does not have.
     """
-    device = pick_device(requested, topo)
+    device = pick_device(requested, topo, backend)
     if device.type == "cuda":
         torch.cuda.set_device(device.index)
         return device
@@ -147,24 +150,33 @@ def start_device(
         TrainerError: all the problems at once; ``.stage`` is where the first was found:
             ``arguments``, ``topology`` or ``device``.
     """
+    cfg, device, problems, stage = device_problems(cfg, topo, select, found)
+    if problems:
+        err = refusal(problems)
+        err.stage = stage  # type: ignore[attr-defined]
+        raise err
+    return cfg, device
+
+
+def device_problems(
+    cfg: TrainConfig, topo: Topology, select: bool = True, found: list[str] | None = None
+) -> tuple[TrainConfig, torch.device, list[str], str]:
+    """``start_device``'s decisions without refusing: the config, the device (the one this rank
+    would have, the CPU when torch sees no GPU, where the asked-for one is not there), every
+    problem found (``found`` first) and the stage of the first (``arguments``, ``topology``,
+    ``device``), for ``loop.admit`` to refuse together with the inputs' problems."""
     cfg = with_world_size(cfg, topo.world_size)
     problems = list(found or [])
     stage = "arguments" if problems else "topology"
     problems += topology_problems(cfg, topo.world_size, topo.launched, topo.local_world_size)
     stage = stage if problems else "device"
-    device = None
     try:
-        device = (select_device if select else pick_device)(cfg.device, topo)
-        kind = device.type
+        device = (select_device if select else pick_device)(cfg.device, topo, cfg.dist_backend)
     except ValueError as e:
         problems.append(str(e))
-        kind = "cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu"
-    problems += precision_problems(cfg, kind, topo.distributed)
-    if problems or device is None:
-        err = refusal(problems)
-        err.stage = stage  # type: ignore[attr-defined]
-        raise err
-    return cfg, device
+        device = torch.device("cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu")
+    problems += precision_problems(cfg, device.type, topo.distributed)
+    return cfg, device, problems, stage
 
 
 _STARTUP_TIMEOUT: timedelta | None = None
@@ -173,8 +185,20 @@ _STARTUP_BARRIERS = 0
 """Start-up barriers this process has passed: each one's keys in the store are its own."""
 
 
-def init(topo: Topology, device: torch.device, timeout_min: float, startup_timeout_min: float | None = None) -> None:
-    """Join the process group (nccl on CUDA, gloo on CPU); a single process joins none.
+def backend_of(requested: str, device: torch.device) -> str:
+    """The process group's backend: ``--dist-backend``, auto = nccl on CUDA, gloo on CPU."""
+    return requested if requested != "auto" else "nccl" if device.type == "cuda" else "gloo"
+
+
+def init(
+    topo: Topology,
+    device: torch.device,
+    timeout_min: float,
+    startup_timeout_min: float | None = None,
+    backend: str = "auto",
+) -> None:
+    """Join the process group (``backend_of``: nccl on CUDA, gloo on CPU, or what
+    ``--dist-backend`` says); a single process joins none.
 
     The barriers of the start-up only (datasets built and cached, at COCO scale minutes per rank)
     wait ``startup_timeout_min`` on the rendezvous store torchrun already serves, not on a Gloo
@@ -183,11 +207,40 @@ def init(topo: Topology, device: torch.device, timeout_min: float, startup_timeo
     The job's collective timeout, which catches a lost rank in training, stays short."""
     global _STARTUP_TIMEOUT
     if topo.distributed:
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        kwargs: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
-        dist.init_process_group(backend, timeout=timedelta(minutes=timeout_min), **kwargs)
+        chosen = backend_of(backend, device)
+        kwargs: dict[str, Any] = {"device_id": device} if chosen == "nccl" else {}
+        dist.init_process_group(chosen, timeout=timedelta(minutes=timeout_min), **kwargs)
         startup = max(startup_timeout_min if startup_timeout_min is not None else timeout_min, timeout_min)
         _STARTUP_TIMEOUT = timedelta(minutes=startup)
+
+
+VERDICT_WAIT_S = 60.0
+"""How long a rank that refuses its inputs waits for every other rank's verdict before it exits."""
+
+
+def verdict(topo: Topology, refused: bool, wait_s: float = VERDICT_WAIT_S) -> None:
+    """Mark this rank's verdict on its inputs on the store torchrun serves; a rank that refuses
+    first waits (at most ``wait_s``) until every rank has one. torchrun stops every worker as soon
+    as one exits, so without this a rank still importing its libraries would be killed before it
+    could say what is wrong on its own node (its file missing, its device). Outside torchrun's
+    agent store (a single process, an older launcher) it does nothing."""
+    if not topo.distributed or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return
+    try:
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            is_master=False,
+            timeout=timedelta(seconds=max(wait_s, 1.0)),
+        )
+        key = f"trainer/verdicts/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        count = store.add(key, 1)
+        deadline = time.monotonic() + wait_s
+        while refused and count < topo.world_size and time.monotonic() < deadline:
+            time.sleep(0.05)
+            count = store.add(key, 0)
+    except (dist.DistError, OSError, KeyError, ValueError):
+        return  # no store to meet on: the refusal is said anyway, only perhaps alone
 
 
 def close() -> None:
@@ -235,9 +288,16 @@ def barrier() -> None:
         dist.barrier()
 
 
+WAITING: list[Callable[[list[int]], None]] = []
+"""Who hears, while a start-up barrier waits, which ranks have not reached it yet (the start-up
+heartbeat, ``data.Heartbeat``, while it runs)."""
+BARRIER_POLL_S = 5.0
+"""How often a start-up barrier looks at who has arrived while it waits."""
+
+
 def startup_barrier() -> None:
     """Wait for every rank at start-up, on the rendezvous store with the long start-up timeout
-    (``store_barrier``); no-op without a process group."""
+    (``store_barrier``), saying to ``WAITING`` whom it waits for; no-op without a process group."""
     global _STARTUP_BARRIERS
     if not dist.is_initialized():
         return
@@ -249,19 +309,46 @@ def startup_barrier() -> None:
         f"orch/startup/{_STARTUP_BARRIERS}",
         dist.get_world_size(),
         _STARTUP_TIMEOUT or timedelta(minutes=30),
+        rank=dist.get_rank(),
+        waiting=lambda missing: [hear(missing) for hear in WAITING],
     )
 
 
-def store_barrier(store: Any, key: str, world_size: int, timeout: timedelta) -> None:
+def store_barrier(
+    store: Any,
+    key: str,
+    world_size: int,
+    timeout: timedelta,
+    rank: int | None = None,
+    waiting: Callable[[list[int]], Any] | None = None,
+    poll_s: float = BARRIER_POLL_S,
+) -> None:
     """Wait until ``world_size`` processes reached the barrier ``key`` of ``store`` (a c10d Store:
-    torchrun's TCPStore): each adds one; the last to arrive opens it.
+    torchrun's TCPStore): each adds one; the last to arrive opens it. With ``rank`` each also marks
+    its own arrival, and every ``poll_s`` while it waits ``waiting`` hears the ranks that have not
+    arrived: a rank that died building its dataset is named by the ones waiting for it.
 
     Raises:
         torch.distributed.DistStoreError: not every process arrived within ``timeout``.
     """
+    if rank is not None:
+        store.set(f"{key}/rank{rank}", b"1")
     if store.add(key, 1) == world_size:
         store.set(f"{key}/open", b"1")
-    store.wait([f"{key}/open"], timeout)
+    if rank is None or waiting is None:
+        store.wait([f"{key}/open"], timeout)
+        return
+    deadline = time.monotonic() + timeout.total_seconds()
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            store.wait([f"{key}/open"], timedelta(seconds=max(min(poll_s, left), 0.001)))
+            waiting([])  # nobody is waited for any more
+            return
+        except dist.DistStoreError:
+            if time.monotonic() >= deadline:
+                raise
+        waiting([r for r in range(world_size) if not store.check([f"{key}/rank{r}"])])
 
 
 def gather_rows(row: torch.Tensor) -> list[list[float]]:
@@ -271,6 +358,15 @@ def gather_rows(row: torch.Tensor) -> list[list[float]]:
     rows = [torch.empty_like(row) for _ in range(dist.get_world_size())]
     dist.all_gather(rows, row)
     return torch.stack(rows).tolist()
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """Every rank's ``obj`` (picklable), in rank order, on every rank."""
+    if not dist.is_initialized():
+        return [obj]
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, obj)
+    return everyone
 
 
 def any_rank(flag: bool) -> bool:
@@ -290,6 +386,57 @@ def broadcast_object(obj: Any) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+GRAD_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+"""``--ddp-grad-dtype``'s words and the dtype each sends."""
+
+
+class GradComm:
+    """DDP's gradient all-reduce as a comm hook (``DDP.register_comm_hook``) that counts what this
+    rank sends: each bucket cast to ``dtype`` (fp16, bf16: torch's compression hooks, half the
+    bytes of fp32), divided by the world size, summed over the ranks, cast back into the bucket.
+    fp32 is DDP's own all-reduce (the bucket as it is), here counted too."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+        self.bytes = 0
+        """Bytes this rank handed to the all-reduces."""
+        self.buckets = 0
+        """All-reduces (one per bucket per optimizer step)."""
+        self.steps = 0
+        """Optimizer steps whose gradients were all-reduced (a step's last bucket counts it)."""
+
+    def send(self, bucket: Any) -> torch.futures.Future[torch.Tensor]:
+        """All-reduce one bucket (DDP calls this once per bucket, on the step's last micro-step)."""
+        buffer = bucket.buffer()
+        sent = buffer if buffer.dtype == self.dtype else buffer.to(self.dtype)
+        sent.div_(dist.get_world_size())
+        self.bytes += sent.numel() * sent.element_size()
+        self.buckets += 1
+        self.steps += int(bucket.is_last())
+        future = dist.all_reduce(sent, async_op=True).get_future()
+        if sent is buffer:
+            return future.then(lambda f: f.value()[0])
+
+        def back(f: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+            return buffer.copy_(f.value()[0])  # in place: no second bucket-sized buffer
+
+        return future.then(back)
+
+    def register(self, ddp: Any) -> None:
+        """Make this hook ``ddp``'s gradient all-reduce (DDP checks a hook's annotations: a lambda has none)."""
+        ddp.register_comm_hook(self, lambda state, bucket: state.send(bucket))
+
+    def record(self) -> dict[str, Any]:
+        """What the debug record says of it."""
+        return {
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "bytes": self.bytes,
+            "buckets": self.buckets,
+            "steps": self.steps,
+            "bytes_per_step": self.bytes / self.steps if self.steps else None,
+        }
 
 
 def broadcast_buffers(module: torch.nn.Module) -> None:

@@ -20,6 +20,10 @@ LAST = "weights/last.pt"
 """A run folder's checkpoint of its last finished epoch (what ``--resume`` continues from)."""
 BEST = "weights/best.pt"
 """A run folder's checkpoint of its best validation fitness."""
+PREEMPTED_EXIT = 75
+"""Every rank's exit code when a warning signal (SIGUSR2: Slurm's `--signal` before a time limit or
+a preemption) made the trainer write its checkpoint and stop (``trainer/preempt.py``): orch reads it
+as "preempted", not as a failure of the job, and its retry continues with ``--resume auto``."""
 AUTO = "auto"
 """``--resume auto``: continue this run's own ``weights/last.pt`` when it wrote one, else start it
 over in the same directory. What ``orch up`` passes to a retry of the trainer: where the run

@@ -73,7 +73,11 @@ class _PrefixFormatter(logging.Formatter):
 def library_formatter(stream: object) -> logging.Formatter:
     """The formatter of a handler of ultralytics' logger writing to ``stream``."""
     isatty = getattr(stream, "isatty", None)
-    return _PrefixFormatter("%(message)s", color=bool(isatty and isatty()))
+    try:
+        color = bool(isatty and isatty())
+    except (ValueError, OSError):  # a stream closed under its handler is no terminal
+        color = False
+    return _PrefixFormatter("%(message)s", color=color)
 
 
 def route_library_output() -> None:
@@ -150,10 +154,11 @@ def _pairs(items: Iterable[tuple[str, float]]) -> str:
     return " ".join(f"{name} {number(value)}" for name, value in items)
 
 
-STEP_COUNTS = ("steps/nonfinite", "steps/skipped")
-"""results.csv's counts of an epoch's troubled steps, on every progress line and epoch line too:
-micro-steps whose loss was not finite (inf or NaN), and optimizer steps that changed nothing (the
-fp16 GradScaler skips a step whose gradients overflowed)."""
+STEP_COUNTS = ("steps/nonfinite", "steps/skipped", "steps/recoveries")
+"""results.csv's counts of an epoch's troubled steps, on the epoch line too (the first two on every
+progress line): micro-steps whose loss was not finite (inf or NaN), optimizer steps that changed
+nothing (the fp16 GradScaler skips a step whose gradients overflowed), and the NaN recoveries the
+epoch took before it trained (each trained it again at half the rate of the attempt before)."""
 
 
 def step_line(
@@ -177,19 +182,30 @@ def step_line(
     )
 
 
-def timing_line(epoch: int, batch: int, steps: int, images: int, data_s: float, compute_s: float, wall_s: float) -> str:
+def timing_line(
+    epoch: int,
+    batch: int,
+    steps: int,
+    images: int,
+    data_s: float,
+    compute_s: float,
+    wall_s: float,
+    sync_s: float | None = None,
+) -> str:
     """Every rank's own timing of the window of steps that ended at ``batch`` of ``epoch``: how
     many micro-steps and images, and the seconds spent waiting for data, computing outside the
     gradient collectives (forward and loss) and in all (wall). Every rank ends its windows at the
     same batches, so orch compares ranks window by window (``orchestrator/run/straggler.py``):
     in synchronous DDP every rank's wall time is the slowest's, the time outside collectives is
-    its own.
+    its own. ``sync_s``, only where the forward holds collectives (SyncBatchNorm's all-gathers,
+    ``--sync-bn``): their seconds, the wait for the slowest rank included, left out of
+    ``compute_s``.
 
-    ``timing epoch 3 batch 40 steps 10 images 80 data_s 0.0123 compute_s 1.52 wall_s 3.1``
+    ``timing epoch 3 batch 40 steps 10 images 80 data_s 0.0123 compute_s 1.52 wall_s 3.1 [sync_s 0.21]``
     """
     return (
         f"timing epoch {epoch} batch {batch} steps {steps} images {images} data_s {data_s:.4g} "
-        f"compute_s {compute_s:.4g} wall_s {wall_s:.4g}"
+        f"compute_s {compute_s:.4g} wall_s {wall_s:.4g}" + (f" sync_s {sync_s:.4g}" if sync_s is not None else "")
     )
 
 
@@ -312,9 +328,9 @@ WEIGHTS_DIR = re.compile(r"weights in (\S+?)[;,]?(?:\s|$)")
 """The weights directory on the done line."""
 TIMING_LINE = re.compile(
     r"(?:^|\] )timing epoch (\d+) batch (\d+) steps (\d+) images (\d+) data_s ([\d.e+-]+) "
-    r"compute_s ([\d.e+-]+) wall_s ([\d.e+-]+)$"
+    r"compute_s ([\d.e+-]+) wall_s ([\d.e+-]+)(?: sync_s ([\d.e+-]+))?$"
 )
-"""A :func:`timing_line`: epoch, batch, steps, images, data_s, compute_s, wall_s."""
+"""A :func:`timing_line`: epoch, batch, steps, images, data_s, compute_s, wall_s[, sync_s]."""
 EPOCH_LINE = re.compile(r"(?:^|\] )train epoch (\d+)/(\d+) (.+)$")
 VAL_LINE = re.compile(r"(?:^|\] )val epoch (\d+)/(\d+) (.+)$")
 FINAL_LINE = re.compile(r"(?:^|\] )final val (\S+) \(epoch (\d+)\) (.+)$")
@@ -362,6 +378,8 @@ class Timing:
     data_s: float
     compute_s: float
     wall_s: float
+    sync_s: float = 0.0
+    """Seconds in the forward's own collectives (SyncBatchNorm), not in ``compute_s``; 0 without them."""
 
     @property
     def outside_s(self) -> float:
@@ -407,12 +425,13 @@ def parse_timing(text: str) -> Timing | None:
             float(m.group(5)),
             float(m.group(6)),
             float(m.group(7)),
+            float(m.group(8) or 0.0),
         )
     except ValueError:
         return None
     if not all(0 <= n < MAX_COUNT for n in (t.epoch, t.batch, t.steps, t.images)):
         return None
-    if not all(_finite_seconds(s) for s in (t.data_s, t.compute_s, t.wall_s)):
+    if not all(_finite_seconds(s) for s in (t.data_s, t.compute_s, t.wall_s, t.sync_s)):
         return None
     return t
 

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainer import checkpoint, models, output, schedule
+from trainer import checkpoint, models, output, preempt, schedule
 from trainer import data as tdata
 from trainer import dist as tdist
 from trainer import pace as tpace
@@ -38,6 +38,7 @@ from trainer.dist import Topology
 from trainer.errors import TrainerError, refusal
 from trainer.interface import BEST, LAST, small_batch_warning
 from trainer.logs import (
+    STEP_COUNTS,
     StepMeter,
     done_line,
     epoch_line,
@@ -79,53 +80,123 @@ class Inputs:
     node_notes: tuple[str, ...] = ()
     """What this node's CPUs and device changed of the command line (``config.for_node``): rank 0
     says it among its start-up lines, every other node's first rank on its own."""
+    capability: tuple[int, int] | None = None
+    """The GPU's compute capability (None on a CPU): what bfloat16 needs (``capability_problems``)."""
 
 
-def prepare(cfg: TrainConfig, topo: Topology, device: torch.device) -> Inputs:
+def prepare(
+    cfg: TrainConfig,
+    topo: Topology,
+    device: torch.device,
+    found: list[str] | None = None,
+    capability: tuple[int, int] | None = None,
+) -> Inputs:
     """Read and check data YAML, weights and text embeddings; resolve architecture and precision.
 
+    ``found``: problems already found in the arguments, the topology and the device
+    (``dist.device_problems``), refused together with these; ``capability``: the GPU's
+    compute capability, read from ``device`` when not given.
+
     Raises:
-        TrainerError: any input a run cannot use, with the fix in the message.
+        TrainerError: every input a run cannot use, with the fix, and every problem of ``found``:
+            one refusal (a problem that hides others, such as a data YAML that does not load, leaves
+            out only the checks that need it).
     """
-    data = tdata.load_data_yaml(cfg.data)
-    weights_model = models.load_weights(cfg.weights)[0] if cfg.weights else None
-    arch = models.resolve_architecture(cfg.model, weights_model, cfg.weights)
-    if cfg.task and cfg.task != arch.task:
-        raise TrainerError(f"task={cfg.task} but {arch.source} is a {arch.task} model ({arch.name})")
-    cfg = replace(cfg, task=arch.task)  # the run directory lies under runs/<task> (output.project_dir)
-    tdata.check_labels_fit(data, arch.task, cfg.data, arch.source)
-    if arch.yoloe and weights_model is not None:
-        cfg = yoloe_recipe(cfg, models.scale_of(arch.yaml))
-    elif arch.yoloe:
-        cfg = replace(
-            cfg,
-            notes=(
-                *cfg.notes,
-                f"warning: {arch.name} without --weights trains YOLOE from random weights: "
-                "its text projection was never trained, so the class prompts are random directions "
-                "(for tests; fine-tune a pretrained YOLOE checkpoint with --weights)",
-            ),
-        )
-    if cfg.text_embeddings and not arch.yoloe:
-        raise TrainerError(f"--text-embeddings is for YOLOE models; {arch.source} is {arch.name}")
-    if not arch.yoloe and cfg.prompt_mode is not None:
-        raise TrainerError(f"--prompt-mode is for YOLOE models; {arch.source} is {arch.name}")
-    if arch.yoloe:
-        yoloe_prompts_given(cfg, arch, weights_model)
-    names = list(data["names"].values())
-    text_pe = (
-        models.load_text_embeddings(cfg.text_embeddings, names, models.text_model(arch))
-        if cfg.text_embeddings
-        else None
-    )
-    problems = precision_problems(cfg, device.type, topo.distributed)
+    problems: list[str] = list(found or [])
+    if capability is None and device.type == "cuda":
+        capability = torch.cuda.get_device_capability(device)
+    data = _checked(problems, tdata.load_data_yaml, cfg.data)
+    weights_model = None
+    if cfg.weights:
+        loaded = _checked(problems, models.load_weights, cfg.weights)
+        weights_model = loaded[0] if loaded is not None else None
+    arch = None
+    if weights_model is not None or not cfg.weights:
+        arch = _checked(problems, models.resolve_architecture, cfg.model, weights_model, cfg.weights)
+    if arch is not None:
+        if cfg.task and cfg.task != arch.task:
+            problems.append(f"task={cfg.task} but {arch.source} is a {arch.task} model ({arch.name})")
+        cfg = replace(cfg, task=arch.task)  # the run directory lies under runs/<task> (output.project_dir)
+        if data is not None:
+            _checked(problems, tdata.check_labels_fit, data, arch.task, cfg.data, arch.source)
+        if arch.yoloe and weights_model is not None:
+            cfg = yoloe_recipe(cfg, models.scale_of(arch.yaml))
+        elif arch.yoloe:
+            cfg = replace(
+                cfg,
+                notes=(
+                    *cfg.notes,
+                    f"warning: {arch.name} without --weights trains YOLOE from random weights: "
+                    "its text projection was never trained, so the class prompts are random directions "
+                    "(for tests; fine-tune a pretrained YOLOE checkpoint with --weights)",
+                ),
+            )
+        if cfg.text_embeddings and not arch.yoloe:
+            problems.append(f"--text-embeddings is for YOLOE models; {arch.source} is {arch.name}")
+        if not arch.yoloe and cfg.prompt_mode is not None:
+            problems.append(f"--prompt-mode is for YOLOE models; {arch.source} is {arch.name}")
+        if arch.yoloe:
+            _checked(problems, yoloe_prompts_given, cfg, arch, weights_model)
+    text_pe = None
+    if cfg.text_embeddings and data is not None and arch is not None and arch.yoloe:
+        names = list(data["names"].values())
+        text_pe = _checked(problems, models.load_text_embeddings, cfg.text_embeddings, names, models.text_model(arch))
+    problems += precision_problems(cfg, device.type, topo.distributed)
+    problems += capability_problems(cfg, device, capability)
+    amp = _checked(problems, resolve_amp, cfg.amp, device, capability)
+    problems = list(dict.fromkeys(problems))  # the arguments' precision problems are found here too
     if problems:
         raise refusal(problems)
-    amp = resolve_amp(cfg.amp, device)
+    assert data is not None and arch is not None and amp is not None  # each one's failure is a problem above
     adjusted = for_node(cfg, device.type, os.cpu_count() or 1, topo.local_world_size)  # said, and recorded as used
     node_notes, cfg = adjusted.notes[len(cfg.notes) :], adjusted
     hyp = ultralytics_hyp(cfg, arch, amp)
-    return Inputs(cfg, topo, device, data, arch, amp, hyp, weights_model, text_pe, node_notes)
+    return Inputs(cfg, topo, device, data, arch, amp, hyp, weights_model, text_pe, node_notes, capability)
+
+
+def _checked(problems: list[str], check: Any, *args: Any) -> Any:
+    """``check(*args)``, or None with its refusal added to ``problems``."""
+    try:
+        return check(*args)
+    except TrainerError as e:
+        problems.append(str(e))
+        return None
+
+
+def admit(cfg: TrainConfig, topo: Topology, found: list[str], select: bool = True) -> Inputs:
+    """What a start (and ``--check``, with ``select`` off) admits before the process group exists:
+    the arguments' problems ``found`` by ``parse_config``, the topology, this rank's device, and the
+    inputs (``prepare``), all refused at once.
+
+    Raises:
+        TrainerError: every problem in one refusal; ``.stage`` is where the first was found:
+            ``arguments``, ``topology``, ``device`` or ``inputs``.
+    """
+    cfg, device, problems, stage = tdist.device_problems(cfg, topo, select=select, found=found)
+    try:
+        inputs = prepare(cfg, topo, device, found=problems)
+    except TrainerError as e:
+        e.stage = stage if problems else "inputs"  # type: ignore[attr-defined]
+        raise
+    return inputs
+
+
+def capability_problems(cfg: TrainConfig, device: torch.device, capability: tuple[int, int] | None) -> list[str]:
+    """What needs native bfloat16 (compute capability 8.0, Ampere) on a GPU that lacks it: bf16
+    gradient all-reduces and MuSGD, whose Newton-Schulz iterations run in bfloat16 (``--amp bf16`` is
+    ``resolve_amp``'s)."""
+    if device.type != "cuda" or capability is None or capability[0] >= 8:
+        return []
+    cc = f"{device} has compute capability {capability[0]}.{capability[1]}, without native bfloat16 (8.0 and later)"
+    problems = []
+    if cfg.ddp_grad_dtype == "bf16":
+        problems.append(f"--ddp-grad-dtype bf16: {cc}; use --ddp-grad-dtype fp16 (the same bytes) or fp32")
+    if cfg.optimizer.lower() == "musgd":
+        problems.append(
+            f"--optimizer MuSGD: its Newton-Schulz iterations run in bfloat16 and {cc}: torch would emulate "
+            "them; use --optimizer SGD (what --optimizer auto picks there for long runs) or AdamW"
+        )
+    return problems
 
 
 def resolve_amp(requested: str, device: torch.device, capability: tuple[int, int] | None = None) -> str:
@@ -224,7 +295,18 @@ class State:
     half: checkpoint.HalfCopy = field(default_factory=checkpoint.HalfCopy)
     """Rank 0: the checkpoints' fp16 EMA, made once and refreshed each epoch."""
     attempt: int = 0
-    """The attempt at the current epoch: 0, then 1, 2... when NaN recovery trains it again (``recover``)."""
+    """The attempt at the current epoch: 0, then 1, 2... when NaN recovery trains it again (``recover``),
+    each at half the rate of the attempt before, in another image order."""
+    left_out: set[str] = field(default_factory=set)
+    """Training images left out for the rest of the run: those of the batches whose loss was the
+    first non-finite one of an epoch that NaN recovery trained again (checkpointed)."""
+    troubled: tuple[torch.Tensor, list[list[str]]] | None = None
+    """This rank's last epoch: a flag per micro-step whose loss was not finite (on the device, read
+    only by ``recover``) and each micro-step's image files."""
+    skip: int = 0
+    """Batches of ``epoch`` a preempted run trained before its checkpoint: loaded again, not trained."""
+    skip_rng: dict[str, Any] | None = None
+    """This rank's generators where the preempted run stopped: set once those batches are loaded again."""
 
 
 @dataclass
@@ -244,6 +326,8 @@ class Parts:
     """Trainable parameters the probe step left without a gradient (DDP then finds unused ones)."""
     stride: int
     """The model's largest stride (at least 32), read from the device once."""
+    comm: tdist.GradComm | None = None
+    """DDP's gradient all-reduce hook (``--ddp-grad-dtype`` fp16/bf16, or counting with --debug-dir)."""
 
 
 @dataclass(frozen=True)
@@ -261,19 +345,22 @@ class Health:
     included) are finite after the epoch (``state_finite``)."""
     scale: float | None = None
     """The fp16 GradScaler's scale after the epoch (None without it)."""
+    recoveries: int = 0
+    """NaN recoveries the epoch took before this attempt at it (``recover``)."""
 
     @property
     def broken(self) -> bool:
-        """Weights no longer finite, or an epoch in which no optimizer step changed anything while
-        the losses were not finite or the GradScaler's scale had already fallen below
-        ``DIVERGED_SCALE``. Skipped steps while the scale still falls from its initial 2^16 are
-        fp16's warm-up (about 11 + log2(ranks) for YOLO from scratch), not divergence: an epoch of
-        fewer steps than that is skipped whole and training goes on (ultralytics never stops there)."""
+        """Divergence: the weights (or the EMA, or BatchNorm's statistics) are no longer finite, or
+        the fp16 GradScaler's scale collapsed below ``DIVERGED_SCALE`` in an epoch in which no
+        optimizer step changed anything. Skipped steps while the scale still falls from its initial
+        2^16 are fp16's warm-up (about 11 + log2(ranks) for YOLO from scratch), and a non-finite
+        loss among them is one bad batch the GradScaler already skipped (a degenerate label): an
+        epoch made only of such steps goes on, as ultralytics does."""
         if not self.finite:
             return True
         if self.steps == 0 or self.skipped < self.steps:
             return False
-        return self.nonfinite > 0 or self.scale is None or self.scale < DIVERGED_SCALE
+        return self.scale is not None and self.scale < DIVERGED_SCALE
 
     def why(self) -> str:
         """What went wrong, for the recovery line and the error."""
@@ -286,8 +373,8 @@ class Health:
         )
 
     def counts(self) -> dict[str, float]:
-        """results.csv's ``steps/*`` columns."""
-        return {"steps/nonfinite": float(self.nonfinite), "steps/skipped": float(self.skipped)}
+        """results.csv's ``steps/*`` columns (``logs.STEP_COUNTS``)."""
+        return dict(zip(STEP_COUNTS, (float(self.nonfinite), float(self.skipped), float(self.recoveries))))
 
 
 DIVERGED_SCALE = 2.0**-10
@@ -344,10 +431,11 @@ def fit(inp: Inputs) -> None:
     out, resume = open_run(inp)
     local_batch = cfg.batch // topo.world_size
     parts, train_set, val_set = build_parts(inp, local_batch)
+    cfg = inp.cfg  # with what building them decided (optimizer auto's note)
     validator = None
     if val_set is not None:
         vloader = tdata.val_loader(val_set, local_batch * 2, cfg.workers, topo, inp.device)
-        validator = make_validator(inp.arch.task, vloader, out, inp.hyp)
+        validator = make_validator(inp.arch.task, vloader, out, inp.hyp, writes=topo.is_main)
     state = State()
     if resume is not None:
         state = restore(resume, parts, topo, epochs=cfg.epochs)
@@ -389,10 +477,15 @@ def fit(inp: Inputs) -> None:
             state.buffers.clear()
         state.attempt = 0
         while True:
-            loss_means, throughput, health = train_epoch(epoch, loader, parts, inp, state)
+            try:
+                loss_means, throughput, health = train_epoch(epoch, loader, parts, inp, state)
+            except preempt.Preempted as halt:  # every rank, at one optimizer step: checkpoint, then exit
+                preempt.save(halt, parts, inp, state, out)
+                raise
             if not health.broken:
                 break
             recover(epoch, health, state.attempt + 1, parts, inp, state, out)  # the same loader: its workers go on
+        health = replace(health, recoveries=state.attempt)
         state.epoch = epoch + 1
         if isinstance(loader.dataset, tdata.EpochSeeded):
             loader.dataset.restore = None  # a worker started after this epoch starts like one never resumed
@@ -408,6 +501,8 @@ def fit(inp: Inputs) -> None:
             tdist.barrier()
             say(f"debug: exiting abruptly after epoch {epoch + 1} (--debug-exit-after)")
             os._exit(3)
+        if not stop and epoch + 1 < cfg.epochs and preempt.agreed(inp.device):  # last.pt is this epoch's
+            raise preempt.Preempted(epoch, len(loader), len(loader))
         if stop:
             if topo.is_main:
                 say(
@@ -416,7 +511,7 @@ def fit(inp: Inputs) -> None:
                 )
             break
     if cfg.debug_dir:
-        write_debug(Path(cfg.debug_dir), topo, parts.model, state)
+        write_debug(Path(cfg.debug_dir), topo, parts.model, state, parts.comm)
     tdist.barrier()
     loss_names = tuple(k[4:] for k in state.metrics if k.startswith("val/"))
     finish(validator, parts.ema, inp, out, scalars, loss_names, state.epoch, time.time() - train_start)
@@ -447,6 +542,8 @@ def build_parts(inp: Inputs, local_batch: int) -> tuple[Parts, Any, Any]:
 
     cfg, topo, device = inp.cfg, inp.topo, inp.device
     init_seeds(cfg.seed, deterministic=cfg.deterministic)  # identical initial weights on every rank
+    # cuDNN picks the fastest convolution algorithm per input shape, by timing them (not deterministic)
+    torch.backends.cudnn.benchmark = not cfg.deterministic
     model = models.to_device(build_network(inp), device)
     if device.type == "cuda" and cfg.channels_last is not False:
         model = model.to(memory_format=torch.channels_last)
@@ -464,9 +561,15 @@ def build_parts(inp: Inputs, local_batch: int) -> tuple[Parts, Any, Any]:
     model, ema = ema_then_sync_bn(model, cfg.sync_bn and topo.distributed)
     nominal = accumulation(cfg)
     optimizer = build_optimizer(model, inp, nominal, len(train_set))
+    ddp, comm = (
+        wrap_ddp(model, device, find_unused, cfg.ddp_grad_dtype, cfg.bucket_mb, count=cfg.debug_dir is not None)
+        if topo.distributed
+        else (model, None)
+    )
     parts = Parts(
         model=model,
-        ddp=wrap_ddp(model, device, find_unused) if topo.distributed else model,
+        ddp=ddp,
+        comm=comm,
         ema=ema,
         optimizer=optimizer,
         scaler=torch.amp.GradScaler("cuda") if inp.amp == "fp16" else None,
@@ -629,6 +732,9 @@ def startup_lines(inp: Inputs, parts: Parts, start: int) -> list[str]:
             f"x accumulate ({cfg.batch} x {parts.nominal_accumulate} images, the loss is summed), so a rate "
             f"multiplied by the GPU count by hand is scaled twice"
         )
+    said = comm_line(parts.model, cfg, topo.world_size)
+    if said:
+        lines.append(said)
     if parts.unused and topo.distributed:
         lines.append(
             f"{len(parts.unused)} trainable parameter(s) got no gradient in a probe step (e.g. "
@@ -637,10 +743,20 @@ def startup_lines(inp: Inputs, parts: Parts, start: int) -> list[str]:
     return lines
 
 
-def wrap_ddp(model: nn.Module, device: torch.device, find_unused: bool) -> DDP:
+def wrap_ddp(
+    model: nn.Module,
+    device: torch.device,
+    find_unused: bool,
+    grad_dtype: str = "fp32",
+    bucket_mb: float = 25.0,
+    count: bool = False,
+) -> tuple[DDP, tdist.GradComm | None]:
     """DDP as ultralytics configures it: rank-local BatchNorm buffers, and ``find_unused_parameters``
     only when a probe step left a trainable parameter without a gradient (it costs a graph traversal
-    per step, and torch warns when it finds nothing).
+    per step, and torch warns when it finds nothing); buckets of ``bucket_mb`` MB; gradients
+    all-reduced in ``grad_dtype`` (``--ddp-grad-dtype``: fp16 and bf16 through ``dist.GradComm``,
+    fp32 through DDP's own all-reduce, or through the hook too with ``count``, which counts the
+    bytes). Returns the wrapper and the hook (None: DDP's own).
 
     Buffers are not synced on every forward (ultralytics' broadcast_buffers=False); the EMA's are
     broadcast before validation instead.
@@ -655,9 +771,43 @@ def wrap_ddp(model: nn.Module, device: torch.device, find_unused: bool) -> DDP:
     options: dict[str, Any] = {
         "device_ids": [device.index] if device.type == "cuda" else None,
         "find_unused_parameters": find_unused,
+        "bucket_cap_mb": bucket_mb,
         **buffers,
     }
-    return DDP(model, **options)
+    ddp = DDP(model, **options)
+    comm = None
+    if grad_dtype != "fp32" or count:
+        comm = tdist.GradComm(tdist.GRAD_DTYPES[grad_dtype])
+        comm.register(ddp)
+    return ddp, comm
+
+
+def grad_bytes(model: nn.Module, grad_dtype: str) -> int:
+    """Bytes of the gradients DDP all-reduces per optimizer step in ``grad_dtype``: every trainable
+    parameter's, each rank's (what ``dist.GradComm`` counts)."""
+    size = torch.tensor([], dtype=tdist.GRAD_DTYPES[grad_dtype]).element_size()
+    return sum(p.numel() for p in model.parameters() if p.requires_grad) * size
+
+
+def comm_line(model: nn.Module, cfg: TrainConfig, world_size: int) -> str | None:
+    """The start-up line of DDP's gradient all-reduce: its dtype, the bytes per optimizer step and
+    the buckets; on one rank, what of them was given has no effect (None when nothing was)."""
+    if world_size < 2:
+        given = [f for f in ("ddp_grad_dtype", "bucket_mb") if f in cfg.given]
+        if not given:
+            return None
+        flags = " and ".join("--" + f.replace("_", "-") for f in given)
+        return f"note: {flags} without effect: one rank all-reduces no gradient"
+    mb = grad_bytes(model, cfg.ddp_grad_dtype) / 1e6
+    how = (
+        f"in {cfg.ddp_grad_dtype} (compression hook; fp32 would be {grad_bytes(model, 'fp32') / 1e6:.1f} MB)"
+        if cfg.ddp_grad_dtype != "fp32"
+        else "in fp32 (--ddp-grad-dtype fp16 or bf16 halves it)"
+    )
+    return (
+        f"DDP all-reduces {mb:.1f} MB of gradients per optimizer step per rank {how}, "
+        f"in buckets of {cfg.bucket_mb:g} MB (--bucket-mb)"
+    )
 
 
 def unused_parameters(model: models.YoloModel, probe_set: Any, device: torch.device) -> list[str]:
@@ -772,19 +922,54 @@ def build_network(inp: Inputs) -> models.YoloModel:
 def build_optimizer(model: nn.Module, inp: Inputs, nominal: int, train_images: int) -> torch.optim.Optimizer:
     """ultralytics' optimizer: its three parameter groups, its ``auto`` rule, weight decay scaled
     by global batch x accumulate / nbs. ``auto`` records its choice in ``inp.hyp`` (as ultralytics
-    does in its args), so args.yaml and checkpoints say what trained."""
+    does in its args), so args.yaml and checkpoints say what trained. Where ``auto`` would pick
+    MuSGD on a GPU without native bfloat16 (``auto_optimizer``), SGD trains instead, said among the
+    start-up lines (a note in ``inp.cfg``)."""
     from ultralytics.engine.trainer import BaseTrainer
 
     cfg, hyp = inp.cfg, inp.hyp
     decay = cfg.weight_decay * cfg.batch * nominal / cfg.nbs
     iterations = math.ceil(train_images / max(cfg.batch, cfg.nbs)) * cfg.epochs
+    name, lr, momentum = cfg.optimizer, hyp.lr0, hyp.momentum
+    chosen = auto_optimizer(cfg.optimizer, iterations, inp.device, inp.capability)
+    if chosen is not None:
+        (name, lr, momentum), note = chosen
+        hyp.optimizer, hyp.lr0, hyp.momentum, hyp.warmup_bias_lr = name, lr, momentum, 0.0  # what auto records
+        inp.cfg = replace(cfg, notes=(*cfg.notes, note))
     shim: Any = SimpleNamespace(args=hyp, data=inp.data)  # the two attributes build_optimizer reads
     optimizer = BaseTrainer.build_optimizer(
-        shim, model, name=cfg.optimizer, lr=hyp.lr0, momentum=hyp.momentum, decay=decay, iterations=iterations
+        shim, model, name=name, lr=lr, momentum=momentum, decay=decay, iterations=iterations
     )
     for group in optimizer.param_groups:
         group["initial_lr"] = group["lr"]
     return optimizer
+
+
+AUTO_LONG_RUN = 10_000
+"""ultralytics' ``optimizer=auto`` picks MuSGD beyond this many iterations (AdamW below)."""
+SGD_FOR_MUSGD = ("SGD", 0.01, 0.9)
+"""What ``auto`` picks instead of MuSGD where bfloat16 is not native: ultralytics' own long-run
+choice before MuSGD (SGD, lr0 0.01, momentum 0.9)."""
+
+
+def auto_optimizer(
+    name: str, iterations: int, device: torch.device, capability: tuple[int, int] | None
+) -> tuple[tuple[str, float, float], str] | None:
+    """SGD instead of MuSGD where ``--optimizer auto`` would pick MuSGD (beyond ``AUTO_LONG_RUN``
+    iterations) on a GPU without native bfloat16 (compute capability below 8.0: V100, T4), whose
+    Newton-Schulz iterations run in bfloat16, emulated there (as ``--amp bf16`` is refused): the
+    (name, lr0, momentum) to train with and the start-up note; None where ultralytics' own choice
+    stands."""
+    if name.lower() != "auto" or iterations <= AUTO_LONG_RUN:
+        return None
+    if device.type != "cuda" or capability is None or capability[0] >= 8:
+        return None
+    sgd, lr, momentum = SGD_FOR_MUSGD
+    return SGD_FOR_MUSGD, (
+        f"optimizer auto: {sgd} lr0 {lr:g} momentum {momentum:g} instead of MuSGD ({iterations} iterations): "
+        f"MuSGD's Newton-Schulz iterations run in bfloat16, which {device} (compute capability "
+        f"{capability[0]}.{capability[1]}) would emulate, as for --amp bf16"
+    )
 
 
 def seed_everything(seed: int) -> None:
@@ -851,27 +1036,49 @@ def train_epoch(
     steps, finite weights) over all ranks. Nothing here waits for the device between micro-steps:
     the loss components are summed on the device and read once, at a progress line or the end.
     """
-    cfg, topo, device, hyp = inp.cfg, inp.topo, inp.device, parts.hyp
-    # a new order each epoch, the same on every rank; another attempt at it (NaN recovery) draws other augmentation
-    if isinstance(loader.sampler, tdata.EpochSampler):
-        loader.sampler.set_epoch(epoch, state.attempt)
-    else:
-        loader.sampler.set_epoch(epoch)
+    cfg, device = inp.cfg, inp.device
+    # a new order each epoch, the same on every rank; another attempt at it (NaN recovery) draws another
+    # order and other augmentation, at half the rate of the attempt before, without the images left out
+    loader.sampler.set_epoch(epoch, state.attempt, state.left_out)
+    lr_scale = 0.5**state.attempt
     models.set_train_mode(parts.model)
     advance_criterion(parts.model, epoch)
     nb = len(loader)
     nw = schedule.warmup_iterations(cfg.warmup_epochs, cfg.epochs, nb)
-    schedule.start_epoch(parts.optimizer, epoch, parts.lf)
+    schedule.start_epoch(parts.optimizer, epoch, parts.lf, lr_scale)
+    pace = tpace.Pace(device, tpace.collective_layers(parts.model))  # SyncBatchNorm's all-gathers timed apart
+    try:
+        return _epoch_steps(epoch, loader, parts, inp, state, pace, nb, nw, lr_scale)
+    finally:
+        pace.close()
+
+
+def _epoch_steps(
+    epoch: int,
+    loader: Any,
+    parts: Parts,
+    inp: Inputs,
+    state: State,
+    pace: tpace.Pace,
+    nb: int,
+    nw: int,
+    lr_scale: float,
+) -> tuple[dict[str, float], list[list[float]], Health]:
+    """``train_epoch``'s micro-steps, timed by ``pace``."""
+    cfg, topo, device, hyp = inp.cfg, inp.topo, inp.device, parts.hyp
     autocast = torch.autocast(
         device.type, dtype=torch.bfloat16 if inp.amp == "bf16" else torch.float16, enabled=inp.amp != "off"
     )
     names: list[str] = []
     sums: torch.Tensor | None = None
     troubled = torch.zeros(2, dtype=torch.float64, device=device)  # non-finite losses, skipped steps (on the device)
+    flags = torch.zeros(nb, dtype=torch.bool, device=device)  # which micro-steps' loss was not finite
+    files: list[list[str]] = []
+    state.troubled = (flags, files)
     images, steps, pending = 0, 0, 0
     epoch_meter, window, first = StepMeter(), StepMeter(), StepMeter()
-    pace = tpace.Pace(device)
     seen = state.seen.setdefault(epoch + 1, []) if cfg.debug_dir else None
+    skip, state.skip, began = state.skip, 0, ({k: list(v) for k, v in state.buffers.items()}, checkpoint.rng_state())
     t_prev = time.perf_counter()
     for i, batch in enumerate(loader):
         t_batch = time.perf_counter()
@@ -879,6 +1086,11 @@ def train_epoch(
         worker, buffer = batch.pop(tdata.MOSAIC_KEY, (-1, None))
         if buffer is not None:
             state.buffers[worker] = buffer
+        if i < skip:  # trained before a preemption: loaded again (augmentation, mosaic buffers), not trained
+            if i + 1 == skip and state.skip_rng is not None:
+                checkpoint.set_rng_state(state.skip_rng)  # where the preempted run's generators were
+            t_prev = time.perf_counter()
+            continue
         accumulate = schedule.micro_step(
             parts.optimizer,
             i + nb * epoch,
@@ -889,9 +1101,11 @@ def train_epoch(
             hyp.warmup_bias_lr,
             hyp.warmup_momentum,
             hyp.momentum,
+            lr_scale,
         )
         pending += 1
         step_now = pending >= accumulate or i + 1 == nb  # an epoch ends on a step: no gradient outlives a checkpoint
+        files.append(list(batch["im_file"]))
         if seen is not None:
             seen.extend(Path(f).name for f in batch["im_file"])
         batch = preprocess(batch, device, hyp, parts.stride)
@@ -905,7 +1119,8 @@ def train_epoch(
             # ultralytics' scale: the criterion returns per-image means x local batch; x world size
             # makes DDP's average a sum over the global batch, the rate lr0 is tuned for.
             loss = loss.sum() * topo.world_size
-            troubled[0] += (~torch.isfinite(loss.detach())).double()
+            flags[i] = ~torch.isfinite(loss.detach())
+            troubled[0] += flags[i].double()
             (parts.scaler.scale(loss) if parts.scaler else loss).backward()
         if step_now:
             skipped = optimizer_step(parts, cfg.clip)
@@ -941,6 +1156,8 @@ def train_epoch(
                 )
             )
             window = StepMeter()
+        if step_now and i + 1 < nb and steps % cfg.log_every == 0 and preempt.agreed(device):
+            raise preempt.Preempted(epoch, i + 1, nb, *began)
         t_prev = time.perf_counter()
     assert sums is not None, "an epoch without batches"
     if epoch_meter.images == 0:  # an epoch of one batch: its one step is all there is to measure
@@ -1051,23 +1268,26 @@ def validate(validator: Any, ema: Any, inp: Inputs, loss_names: tuple[str, ...],
 
 
 def recover(epoch: int, health: Health, attempt: int, parts: Parts, inp: Inputs, state: State, out: Path) -> None:
-    """ultralytics' NaN recovery: put back the EMA, optimizer, scaler and early stopping of
-    ``last.pt``, the model taking the EMA's weights (as ultralytics loads them), and make ``attempt``
-    the state's attempt at ``epoch``; said on one line. The RNG and the mosaic buffers are not put
-    back and the loader workers reseed for the attempt (``data.epoch_seed``): the epoch is trained
-    again from other weights with other augmentation, never replayed bit for bit (a replay would
-    meet the same NaN again). The same decision on every rank (``health`` is gathered from all of
-    them).
+    """ultralytics' NaN recovery, changing what caused the NaN: put back the EMA, optimizer and early
+    stopping of ``last.pt``, the model taking the EMA's weights (as ultralytics loads them), and make
+    ``attempt`` the state's attempt at ``epoch``, which ``train_epoch`` trains at 0.5^attempt of the
+    rate, in another image order (``data.ShardSampler``) with other augmentation (the loader workers
+    reseed, ``data.epoch_seed``; the RNG is not rewound); the fp16 GradScaler starts over (its
+    initial scale, 2^16); the images of the batches whose loss was the epoch's first non-finite one
+    (``first_nonfinite``, on every rank) are left out for the rest of the run, named on a warning
+    line so that their labels can be fixed. Said on one line. The same decision on every rank
+    (``health`` is gathered from all of them; collective).
 
     Raises:
         TrainerError: the epoch broke ``MAX_RECOVERIES`` times in a row, or there is no checkpoint
-            yet to go back to (the first epoch of a run): training diverges, with what to change.
+            yet to go back to (the first epoch of a run): training diverges, with what to change on
+            this device (``divergence_advice``).
     """
     cfg, topo = inp.cfg, inp.topo
-    fix = (
-        "lower the learning rate (--lr / lr0), keep --clip on, try --amp bf16 or --amp off, and check the labels "
-        "(boxes outside the image, empty files)"
-    )
+    culprits = first_nonfinite(state, topo)
+    if topo.is_main and culprits:
+        say(culprits_line(epoch, culprits))
+    fix = divergence_advice(inp.device, inp.capability, inp.amp)
     if attempt > MAX_RECOVERIES:
         raise TrainerError(
             f"epoch {epoch + 1}: {health.why()}, again after {MAX_RECOVERIES} recoveries from "
@@ -1083,16 +1303,81 @@ def recover(epoch: int, health: Health, attempt: int, parts: Parts, inp: Inputs,
             f"epoch {epoch + 1}: {health.why()}, and there is no {LAST} yet to recover from "
             f"(it is written after each epoch); {fix}"
         )
+    left_out = {f for _rank, _batch, images in culprits for f in images} - state.left_out
+    state.left_out |= left_out
+    changes = [f"lr x{0.5**attempt:g} for this epoch", "another image order"]
+    if parts.scaler is not None:
+        changes.append(f"GradScaler reset to {INITIAL_SCALE:g}")
+    changes.append(
+        f"{len(left_out)} image(s) left out (above)" if left_out else "no non-finite loss to leave images out for"
+    )
     if topo.is_main:
         say(
             f"warning: epoch {epoch + 1}: {health.why()}; recovering from {last} (epoch {ckpt['epoch'] + 1}) and "
-            f"training epoch {epoch + 1} again, attempt {attempt}/{MAX_RECOVERIES}"
+            f"training epoch {epoch + 1} again, attempt {attempt}/{MAX_RECOVERIES}: {', '.join(changes)}"
         )
     parts.optimizer.zero_grad(set_to_none=True)
     load_training_state(ckpt, parts, model_from_ema=True)
+    if parts.scaler is not None:  # not last.pt's state: a scale that fed the NaN would come back with it
+        parts.scaler.load_state_dict(torch.amp.GradScaler(inp.device.type, init_scale=INITIAL_SCALE).state_dict())
     state.best_fitness, state.metrics, state.attempt = ckpt["best_fitness"], saved_metrics(ckpt), attempt
     if cfg.debug_dir:
         state.seen.pop(epoch + 1, None)
+
+
+INITIAL_SCALE = 2.0**16
+"""The fp16 GradScaler's initial scale (torch's default), which NaN recovery starts it over from."""
+CULPRITS_SHOWN = 32
+"""Image files a culprits line names at most (the rest counted)."""
+
+
+def first_nonfinite(state: State, topo: Topology) -> list[tuple[int, int, list[str]]]:
+    """The batches of the epoch's first micro-step whose loss was not finite on some rank: (rank,
+    batch number from 1, its image files) for each rank whose loss was not finite then, from
+    ``state.troubled``. After that micro-step, the weights (without a GradScaler to skip the step)
+    and with them every later loss of every rank are no longer finite: only the first is the
+    batch's doing. Collective (every rank gets the list); empty when every loss was finite."""
+    mine: tuple[int, list[str]] | None = None
+    if state.troubled is not None:
+        flags, files = state.troubled
+        bad = flags.nonzero().flatten().tolist()  # read only here, after an epoch that broke
+        if bad:
+            mine = (int(bad[0]), files[bad[0]])
+    everyone = tdist.gather_objects(mine)
+    firsts = [(rank, got) for rank, got in enumerate(everyone) if got is not None]
+    if not firsts:
+        return []
+    step = min(got[0] for _rank, got in firsts)
+    return [(rank, got[0] + 1, list(got[1])) for rank, got in firsts if got[0] == step]
+
+
+def culprits_line(epoch: int, culprits: list[tuple[int, int, list[str]]]) -> str:
+    """Rank 0's warning naming the images of the batches with the epoch's first non-finite loss."""
+    images = [f for _rank, _batch, files in culprits for f in files]
+    shown = ", ".join(images[:CULPRITS_SHOWN]) + (
+        f" and {len(images) - CULPRITS_SHOWN} more" if len(images) > CULPRITS_SHOWN else ""
+    )
+    where = ", ".join(f"rank {rank} batch {batch}" for rank, batch, _files in culprits)
+    return (
+        f"warning: epoch {epoch + 1}: the first non-finite loss came from {where}, images {shown}: left out of "
+        "training from now on; check their labels (boxes outside the image, degenerate boxes, empty files)"
+    )
+
+
+def divergence_advice(device: torch.device, capability: tuple[int, int] | None, amp: str) -> str:
+    """What to change when training diverges, in what this device can do: a lower rate, clipping,
+    the labels, and a precision this device has (bf16 only where it is native: compute capability
+    8.0; V100 and T4 have fp32)."""
+    precision = ""
+    if device.type == "cuda" and amp != "off":
+        native = capability is not None and capability[0] >= 8
+        others = [m for m in (("bf16", "off") if native else ("off",)) if m != amp]
+        why = "" if native else " (bf16 is not native on this GPU)"
+        precision = f", try {' or '.join(f'--amp {m}' for m in others)}{why}"
+    return (
+        f"lower the learning rate (--lr / lr0), keep --clip on{precision}, and check the labels "
+        "(boxes outside the image, empty files)"
+    )
 
 
 def end_epoch(
@@ -1138,6 +1423,7 @@ def end_epoch(
             config=asdict(cfg),
             ranks=ranks,
             half=state.half,
+            left_out=sorted(state.left_out),
         )
         last = out / LAST
         checkpoint.save_atomic(ckpt, last)
@@ -1209,6 +1495,7 @@ def restore(
     saved = ckpt["trainer"]
     load_training_state(ckpt, parts)
     buffers: dict[int, list[int]] = {}
+    mine: dict[str, Any] = {}
     if saved["world_size"] == topo.world_size:
         mine = saved["ranks"][topo.rank]
         checkpoint.set_rng_state(mine["rng"])
@@ -1220,7 +1507,13 @@ def restore(
         )
         seed_everything(saved["config"]["seed"] + 1 + topo.rank + ckpt["epoch"])
     state = State(
-        epoch=ckpt["epoch"] + 1, best_fitness=ckpt["best_fitness"], buffers=buffers, metrics=saved_metrics(ckpt)
+        epoch=ckpt["epoch"] + 1,
+        best_fitness=ckpt["best_fitness"],
+        buffers=buffers,
+        metrics=saved_metrics(ckpt),
+        left_out=set(saved.get("left_out", ())),  # before: none were
+        skip=preempt.resumed_batches(ckpt),
+        skip_rng=mine.get("rng_now") if saved["world_size"] == topo.world_size else None,
     )
     if topo.is_main and announce:
         say(
@@ -1231,6 +1524,8 @@ def restore(
                 state.best_fitness,
             )
         )
+        if state.skip:
+            say(preempt.resume_note(state.epoch, state.skip))
     return state
 
 
@@ -1242,8 +1537,11 @@ def param_checksum(model: nn.Module) -> str:
     return h.hexdigest()
 
 
-def write_debug(directory: Path, topo: Topology, model: nn.Module, state: State) -> None:
-    """Debug record of this rank: samples seen per epoch, parameter checksum and a parameter sum."""
+def write_debug(
+    directory: Path, topo: Topology, model: nn.Module, state: State, comm: tdist.GradComm | None = None
+) -> None:
+    """Debug record of this rank: samples seen per epoch, parameter checksum and a parameter sum,
+    what its DDP gradient all-reduces sent (``dist.GradComm.record``; None on one rank)."""
     directory.mkdir(parents=True, exist_ok=True)
     record = {
         "rank": topo.rank,
@@ -1252,5 +1550,7 @@ def write_debug(directory: Path, topo: Topology, model: nn.Module, state: State)
         "checksum": param_checksum(model),
         "param_sum": float(sum(p.detach().double().sum() for p in model.parameters())),
         "best_fitness": state.best_fitness,
+        "grad_comm": comm.record() if comm is not None else None,
+        "left_out": sorted(state.left_out),
     }
     (directory / f"rank{topo.rank}.json").write_text(json.dumps(record))

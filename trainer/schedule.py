@@ -29,10 +29,11 @@ def warmup_iterations(warmup_epochs: float, epochs: int, batches: int) -> int:
     return round(warmup * batches) if warmup > 0 else 0
 
 
-def start_epoch(optimizer: Any, epoch: int, lf: Callable[[float], float]) -> None:
-    """Each group's rate for ``epoch`` (what ultralytics' LambdaLR sets at the epoch's start)."""
+def start_epoch(optimizer: Any, epoch: int, lf: Callable[[float], float], scale: float = 1.0) -> None:
+    """Each group's rate for ``epoch`` (what ultralytics' LambdaLR sets at the epoch's start), times
+    ``scale`` (below 1 for an epoch trained again after a NaN recovery)."""
     for group in optimizer.param_groups:
-        group["lr"] = group["initial_lr"] * lf(epoch)
+        group["lr"] = group["initial_lr"] * lf(epoch) * scale
 
 
 def micro_step(
@@ -45,15 +46,16 @@ def micro_step(
     warmup_bias_lr: float,
     warmup_momentum: float,
     momentum: float,
+    scale: float = 1.0,
 ) -> int:
-    """Set the rates (and momentum) for micro-step ``ni`` of the run; return how many micro-steps
-    the optimizer step it belongs to accumulates."""
+    """Set the rates (and momentum) for micro-step ``ni`` of the run, the rates times ``scale`` (as
+    ``start_epoch``); return how many micro-steps the optimizer step it belongs to accumulates."""
     if not nw or ni > nw:
         return nominal
     xi = [0, nw]
     for group in optimizer.param_groups:
         start = warmup_bias_lr if group.get("param_group") == "bias" else 0.0
-        group["lr"] = float(np.interp(ni, xi, [start, group["initial_lr"] * lf(epoch)]))
+        group["lr"] = float(np.interp(ni, xi, [start, group["initial_lr"] * lf(epoch)])) * scale
         if "momentum" in group:
             group["momentum"] = float(np.interp(ni, xi, [warmup_momentum, momentum]))
     return max(1, int(np.interp(ni, xi, [1, nominal]).round()))

@@ -14,7 +14,7 @@ import sys
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from trainer import dist as tdist
-from trainer import logs
+from trainer import logs, preempt
 from trainer.config import parse_config
 from trainer.errors import TrainerError
 from trainer.offline import set_offline_env
@@ -24,21 +24,25 @@ from trainer.offline import set_offline_env
 def main(argv: list[str] | None = None) -> None:
     """Run one training job as this rank; exits non-zero on a bad input."""
     set_offline_env()  # before ultralytics is imported: it reads these at import time
+    preempt.install()  # a warning signal (SIGUSR2) from now on: a checkpoint at the next step, then exit
     topo = tdist.Topology.from_env()
     logs.set_rank(topo.rank)
+    admitted = False
     try:
         found: list[str] = []
         cfg = parse_config(argv, problems=found)
-        # --batch-per-device N as the global batch N x WORLD_SIZE; the arguments' rules, topology,
-        # device and precision problems all in one refusal
-        cfg, device = tdist.start_device(cfg, topo, found=found)
-        from trainer.loop import fit, prepare  # heavy imports (ultralytics) after the cheap checks
+        from trainer.loop import admit, fit  # ultralytics is imported where it is used
         from trainer.offline import seed_font
 
         logs.route_library_output()
+        # --batch-per-device N as the global batch N x WORLD_SIZE; the arguments' rules, topology,
+        # device, precision and every input file all in one refusal, on every rank before any waits
+        inputs = admit(cfg, topo, found)
+        admitted = True
+        tdist.verdict(topo, refused=False)
         seed_font()
-        inputs = prepare(cfg, topo, device)  # every rank reads and checks every file before it waits on another
-        tdist.init(topo, device, cfg.timeout_min, cfg.startup_timeout_min)
+        cfg = inputs.cfg
+        tdist.init(topo, inputs.device, cfg.timeout_min, cfg.startup_timeout_min, cfg.dist_backend)
         try:
             fit(inputs)
         except BaseException as e:
@@ -52,8 +56,13 @@ def main(argv: list[str] | None = None) -> None:
             raise
         tdist.close()
         tdist.leave_last(topo)
+    except preempt.Preempted as e:  # not an error: the checkpoint is written, --resume continues
+        logs.say(str(e), sys.stderr)
+        sys.exit(e.exit_code)
     except TrainerError as e:
         logs.say(f"error: {e}", sys.stderr)
+        if not admitted:  # the others say theirs before torchrun stops them all
+            tdist.verdict(topo, refused=True)
         sys.exit(e.exit_code)
 
 

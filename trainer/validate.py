@@ -39,16 +39,23 @@ class _TrainerView:
         return {f"{prefix}/{k}": round(float(v), 5) for k, v in loss_items.items()}
 
 
-def make_validator(task: str, loader: Any, save_dir: Path, hyp: SimpleNamespace) -> Any:
+def make_validator(task: str, loader: Any, save_dir: Path, hyp: SimpleNamespace, writes: bool = True) -> Any:
     """ultralytics' Detection- or SegmentationValidator over ``loader``, with plots and JSON off
-    (``run_validation(..., plots=True)`` turns plots on for one validation)."""
+    (``run_validation(..., plots=True)`` turns plots on for one validation).
+
+    ``writes``: whether this rank writes the run directory (rank 0 only). ultralytics' validator
+    creates its ``save_dir`` when it is built; another rank's is built on a directory that exists
+    (the file system's root: creating it does nothing) and then pointed at ``save_dir``, which it
+    never writes (ultralytics plots on rank 0 only), so no other rank creates the run directory."""
     from ultralytics.models.yolo.detect import DetectionValidator
     from ultralytics.models.yolo.segment import SegmentationValidator
 
     args = copy(hyp)
     args.plots, args.save_json, args.save_txt = False, False, False
     cls = SegmentationValidator if task == "segment" else DetectionValidator
-    return cls(dataloader=loader, save_dir=save_dir, args=args)
+    validator = cls(dataloader=loader, save_dir=save_dir if writes else Path(save_dir.anchor or "/"), args=args)
+    validator.save_dir = save_dir
+    return validator
 
 
 def run_validation(

@@ -20,11 +20,19 @@ import click
 from .. import __version__
 from ..config.inventory import Inventory
 from ..config.inventory import load as load_inventory
+from ..config.runtimes import RUNTIMES
+from ..config.runtimes import TABLE as RUNTIME_TABLE
 from ..config.schema import default_of, yaml_text
 from ..contract import CHECK_NAMES, ExitCode
 from ..errors import OrchError, UsageError
 from . import complete, render
 
+METHODS = ("auto", "chain", "direct")
+"""`--method` of `orch sync` and `orch image push` (remote/chain.py `METHODS`, without importing it:
+tests/unit/test_chain.py holds the two to one list)."""
+IMAGE_STALL_S = 30.0
+"""`orch image push --stall-timeout`'s default (remote/image.py `STALL_S`, without importing it:
+tests/unit/test_image.py holds the two, and docs/CONTRACT.md, to one value)."""
 DEFAULT_RUNS = 20
 """How many runs `orch runs` lists without --all (run.history.DEFAULT_LIMIT, without importing it)."""
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -71,19 +79,32 @@ class State:
 pass_state = click.make_pass_decorator(State)
 
 
-def resolve_inventory(path: str | None) -> Inventory:
-    """INVENTORY, else $ORCH_INVENTORY, else the latest run's snapshot, else exit 2."""
+def resolve_inventory(path: str | None, nodes: bool = False) -> Inventory:
+    """INVENTORY, else $ORCH_INVENTORY, else the latest run's snapshot, else exit 2. `nodes`: the
+    command needs the nodes now (exec, sync, image push): a Slurm inventory's are the allocation
+    this process runs in, or the latest run's, else exit 2."""
     path = path or os.environ.get("ORCH_INVENTORY")
     if path:
-        return load_inventory(path)
-    from ..store import RunStore
+        inv = load_inventory(path)
+    else:
+        from ..store import RunStore
 
-    try:
-        return RunStore().get().inventory(as_run=False)
-    except UsageError:
-        raise UsageError(
-            "no INVENTORY given", "pass one (orch check inventory/v100.yaml) or set ORCH_INVENTORY"
-        ) from None
+        try:
+            inv = RunStore().get().inventory(as_run=False)
+        except UsageError:
+            raise UsageError(
+                "no INVENTORY given", "pass one (orch check inventory/v100.yaml) or set ORCH_INVENTORY"
+            ) from None
+    if nodes and not inv.nodes:
+        from ..transport import transport_of
+
+        inv = transport_of(inv).peek(inv)
+        if not inv.nodes:
+            raise UsageError(
+                f"{inv.path}: the nodes come from a Slurm allocation, and this process is in none",
+                "run it inside the allocation (salloc, srun --pty), or leave INVENTORY out: the latest run's nodes",
+            )
+    return inv
 
 
 def split_names(value: str | None) -> list[str] | None:
@@ -234,14 +255,19 @@ def check(
     from ..preflight.runner import run_preflight, select_checks
 
     select_checks(split_names(only), split_names(skip))  # an unknown name: exit 2 before any connection
-    with render.probe_progress(len(inv.nodes)) as progress:
-        report = run_preflight(
-            inv,
-            only=split_names(only),
-            skip=split_names(skip),
-            progress=progress,
-            warm_up=None if as_json else render.preload_check_table,
-        )
+    from ..run.supervise import sigterm_as_interrupt
+    from ..transport import transport_of
+
+    with sigterm_as_interrupt(), transport_of(inv).hold(inv, render.allocation_line) as held:  # Slurm: an allocation
+        inv = held.inventory
+        with render.probe_progress(len(inv.nodes)) as progress:
+            report = run_preflight(
+                inv,
+                only=split_names(only),
+                skip=split_names(skip),
+                progress=progress,
+                warm_up=None if as_json else render.preload_check_table,
+            )
     if as_json:
         render.json_out(report.to_json(inv.path))
     else:
@@ -368,12 +394,20 @@ def up(
     inv = apply(resolve_inventory(inventory), overrides)
     if dry_run:
         from ..config.plan import make_plan
+        from ..transport import transport_of
 
-        plan = make_plan(inv, run_id or "dry-run")
+        kind = transport_of(inv)
+        inv = kind.peek(inv)  # inside a Slurm allocation: its nodes (nothing is asked of Slurm)
+        lines = kind.plan_lines(inv)  # the commands here that get the nodes and launch (sbatch, srun)
+        plan = make_plan(inv, run_id or "dry-run") if inv.nodes else None
         if as_json:
-            render.json_out({**plan.to_json(env_values=show_env), "overrides": overrides.to_json(env_values=show_env)})
+            shown = plan.to_json(env_values=show_env) if plan is not None else {"nodes": []}
+            more = {"launch": lines} if lines else {}
+            render.json_out({**shown, **more, "overrides": overrides.to_json(env_values=show_env)})
         else:
-            render.plan_table(plan, env_values=show_env)
+            if plan is not None:
+                render.plan_table(plan, env_values=show_env)
+            render.launch_lines(lines, planned=plan is not None)
             render.overrides_note(overrides)
         raise SystemExit(ExitCode.OK)
     from ..up import up as run_up
@@ -475,7 +509,7 @@ def logs(
 
     if raw and as_json:
         raise UsageError("--raw and --json together", "--json keeps every character already (escaped by JSON)")
-    view = RunLogs.open(run, skew_correct)
+    view = RunLogs.open(run, skew_correct, warn=render.logs_warning)
     if view.offsets_ms and (view.reorders or state.verbose):  # offsets within measurement noise: said with -v only
         render.skew_note(
             view.offsets_ms, view.offsets_origin, view.offset_reference, view.controller_offset_ms, every=state.verbose
@@ -811,7 +845,7 @@ def exec_(
                 "the command runs in the container's environment: "
                 "set the variable in the command (orch exec --container RUN -- env X=1 CMD)",
             )
-        inv, run_nodes, command = _in_container(container_run, command)
+        inv, run_nodes, box = _in_container(container_run)
         nodes = select(node_set, run_nodes)
     elif hosts is not None:
         if inventory is not None:
@@ -822,54 +856,65 @@ def exec_(
     elif user is not None:
         raise UsageError("-l/--user goes with -w", "an inventory sets its login with ssh.user")
     else:
-        inv = resolve_inventory(inventory)
+        inv = resolve_inventory(inventory, nodes=True)
     if container_run is None:
-        nodes = select(node_set, inv.nodes)
+        nodes, box = select(node_set, inv.nodes), None
     from .ui import color_enabled
 
     if as_json or gather:
         with render.exec_progress(len(nodes)) as progress:
-            report = run_everywhere(inv, nodes, command, timeout=timeout, progress=progress, env=extra_env)
+            report = run_everywhere(inv, nodes, command, timeout=timeout, progress=progress, env=extra_env, box=box)
         if as_json:
             render.json_out(report.to_json())
         else:
             render.exec_output(report, color_enabled(sys.stdout))
     else:
         live = render.ExecLines(color_enabled(sys.stdout))
-        report = run_everywhere(inv, nodes, command, timeout=timeout, on_line=live, env=extra_env)
+        report = run_everywhere(inv, nodes, command, timeout=timeout, on_line=live, env=extra_env, box=box)
         live.ended(report)
     raise SystemExit(report.exit_code)
 
 
-def _in_container(run: str, command: list[str]) -> tuple[Inventory, list[Any], list[str]]:
-    """RUN's inventory, the nodes it launched on and `command` wrapped to run in its container there."""
-    from ..config.container import exec_argv
+def _in_container(run: str) -> tuple[Inventory, list[Any], Any]:
+    """RUN's inventory, the nodes it launched on and the way into its container on each
+    (`config.jobenv.BoxExec`)."""
+    from ..config.jobenv import box_exec
+    from ..run.records import trusted_records
     from ..store import RunStore, recorded_nodes
 
     rd = RunStore().get(run)
     inv = rd.inventory()
-    c = inv.job.container
-    if c is None or c.runtime == "apptainer":
+    records = trusted_records(rd, inv, recorded_nodes(rd.read()))  # each nonce of orch's form, else exit 2
+    nonce = next((r.nonce for r in records if r.nonce), None) or rd.nonce or ""
+    box = box_exec(inv.job.container, rd.run_id, nonce) if inv.job.container is not None else None
+    if box is None:
+        enterable = " or ".join(r.name for r in RUNTIME_TABLE.values() if r.exec)
         raise UsageError(
-            f"run {rd.run_id} ran no docker or podman container (job.container)",
+            f"run {rd.run_id} ran no {enterable} container (job.container)",
             f"orch exec {rd.inventory_path} -- CMD runs on its nodes' hosts",
         )
-    records = recorded_nodes(rd.read())
     names = [r.node for r in records]
-    nonce = next((r.nonce for r in records if r.nonce), rd.nonce or "")
     nodes = [n for n in inv.nodes if n.name in names] or list(inv.nodes)
-    return inv, nodes, exec_argv(c, rd.run_id, nonce, command)
+    return inv, nodes, box
 
 
 SYNC_HELP = """Copy the inventory's `job.sync` paths to the same absolute paths on every node.
 
 \b
-rsync over SSH with the inventory's SSH settings (user, port, identity, known_hosts,
-host-key policy, gateway), one rsync per node, `fanout` nodes at once; only what changed
-is sent (size and modification time, or --checksum). A directory /data/coco lands at
-/data/coco, its missing parents created. Files on a node that the controller does not
-have are kept unless --delete. `orch up` runs this before its preflight when job.sync
-lists anything. rsync must be installed here and on every node.
+Only what changed is sent (rsync's rule: size and modification time, or --checksum). A
+directory /data/coco lands at /data/coco, its missing parents created. Files on a node that
+the controller does not have are kept unless --delete. `orch up` runs this before its
+preflight when job.sync lists anything. Two methods (--method):
+  direct  rsync over SSH with the inventory's SSH settings (user, port, identity,
+          known_hosts, host-key policy, gateway), one rsync per node, `fanout` nodes at
+          once: this machine's link carries one copy per node. rsync on both sides.
+  chain   the files some node lacks are sent once from here into a chain of those nodes
+          (a relay on each, over TCP on the nodes' `addr`, each hop proving a per-transfer
+          secret): each node writes what it lacks, every file checked by sha256 before it
+          is renamed into place, and forwards the stream. A node that dies mid-way is
+          dropped and named, the nodes after it resume. The nodes' python runs the relay.
+  auto    (default) the chain for 2 nodes or more and 16 MB or more of files, else
+          direct; --delete and --dry-run are direct's.
 
 \b
 Exit code: 0 every node in sync, 1 some node failed (named, with the reason), 2 bad
@@ -897,18 +942,32 @@ Examples:
     "--delete", is_flag=True, help="Also remove files inside synced directories that the controller does not have."
 )
 @click.option("--checksum", is_flag=True, help="Compare files by checksum, not size and time (reads every file).")
+@click.option(
+    "--method",
+    type=click.Choice(METHODS),
+    default="auto",
+    show_default=True,
+    help="direct: rsync to each node; chain: once from here, relayed node to node; auto: the chain for 2+ nodes "
+    "and 16 MB+.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print every node's outcome as JSON on stdout.")
 def sync(
-    inventory: str | None, node_set: str | None, dry_run: bool, delete: bool, checksum: bool, as_json: bool
+    inventory: str | None,
+    node_set: str | None,
+    dry_run: bool,
+    delete: bool,
+    checksum: bool,
+    method: str,
+    as_json: bool,
 ) -> None:
-    inv = resolve_inventory(inventory)
+    inv = resolve_inventory(inventory, nodes=True)
     from ..config.nodeset import select
-    from ..remote.rsync import SyncOptions
-    from ..remote.sync import sync_nodes
+    from ..remote.sync import SyncOptions, sync_nodes
 
     nodes = select(node_set, inv.nodes)
-    with render.exec_progress(len(nodes)) as progress:
-        report = sync_nodes(inv, nodes, SyncOptions(dry_run=dry_run, delete=delete, checksum=checksum), progress)
+    options = SyncOptions(dry_run=dry_run, delete=delete, checksum=checksum, method=method)
+    with render.exec_progress(len(nodes)) as progress, render.chain_progress() as watch:
+        report = sync_nodes(inv, nodes, options, progress, watch)
     if as_json:
         render.json_out(report.to_json())
     else:
@@ -928,21 +987,37 @@ IMAGE_PUSH_HELP = """Put a container image on every node of INVENTORY, without a
 \b
 docker and podman: each node is asked which image ID IMAGE names there; nodes that already
 hold this machine's ID are skipped. For the others the image is exported here once
-(RUNTIME save, into $TMPDIR) and streamed over SSH into RUNTIME load on each node, at most
---parallel at once; the ID each node then holds is checked. apptainer: IMAGE is an absolute
-.sif path, compared by sha256 and copied with rsync to the same path. One line per node.
-Nothing reaches a network beyond the nodes (air-gapped clusters).
+(RUNTIME save, into $TMPDIR) and, by --method:
+  direct  streamed over SSH into RUNTIME load on each node, at most --parallel at once
+  chain   sent once from here into a chain of those nodes (a relay on each, over TCP on
+          the nodes' `addr`, each hop proving a per-transfer secret), each loading it as
+          it forwards it; a node that dies mid-way is dropped and named, the rest resume
+  auto    (default) the chain for 2 nodes or more and an image of 16 MB or more
+The ID each node then holds is checked. apptainer: IMAGE is an absolute .sif path,
+compared by sha256 and copied with rsync to the same path (orch sync chains files).
+One line per node. Nothing reaches a network beyond the nodes (air-gapped clusters).
+
+\b
+Stalled nodes: a node whose load takes no byte of the image for --stall-timeout seconds
+(a stopped load, a hung disk, a link that carries nothing) fails with exit 124, its line
+saying how far it got; the others go on. Directly, the stream to it is ended (over SSH
+the load there is left as it is: look at it); by the chain, its relay ends its load and
+relays on, so the nodes after it complete; apptainer's rsync copy is ended by rsync's
+--timeout. A slow node that keeps taking bytes is never cut off: raise the deadline only
+for a load that pauses longer (a busy disk). On a terminal each node's bytes, rate and
+state are shown as the push goes.
 
 \b
 Exit code: the worst node's (0 every node holds the image; 127 the runtime is missing on a
-node; 255 a node could not be reached; 1 the ID differs after loading) · 2 bad usage (no
-such image here, unknown runtime).
+node; 255 a node could not be reached; 124 a node's load stalled; 1 the ID differs after
+loading) · 2 bad usage (no such image here, unknown runtime).
 
 \b
 Examples:
   orch image push yoloe-official:latest inventory/yoloe-image.yaml --runtime docker
   orch image push /images/yoloe.sif --runtime apptainer --nodes gpu[01-02]
   orch image push nvcr.io/nvidia/pytorch:24.05-py3 --json | jq '.nodes[] | {node, action}'
+  orch image push yoloe-official:latest --stall-timeout 120   # nodes with slow, busy disks
 """
 
 
@@ -956,7 +1031,7 @@ def image() -> None:
 @click.argument("inventory", required=False, shell_complete=complete.inventory_files)
 @click.option(
     "--runtime",
-    type=click.Choice(["docker", "podman", "apptainer"]),
+    type=click.Choice(RUNTIMES),
     help="The container runtime (default: the inventory's job.container.runtime).",
 )
 @click.option(
@@ -972,13 +1047,36 @@ def image() -> None:
     default=4,
     show_default=True,
     metavar="N",
-    help="Nodes loading at once (each stream is the whole image).",
+    help="Nodes loading at once with --method direct (each stream is the whole image).",
+)
+@click.option(
+    "--method",
+    type=click.Choice(METHODS),
+    default="auto",
+    show_default=True,
+    help="direct: a stream from here to each node; chain: once from here, relayed node to node; auto: the chain "
+    "for 2+ nodes and 16 MB+.",
+)
+@click.option(
+    "--stall-timeout",
+    type=Number(min=1),
+    default=IMAGE_STALL_S,
+    show_default=True,
+    metavar="SECONDS",
+    help="Fail a node (exit 124) whose load takes no byte of the image this long; the others go on.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print every node's outcome as JSON on stdout.")
 def image_push(
-    image_ref: str, inventory: str | None, runtime: str | None, node_set: str | None, parallel: int, as_json: bool
+    image_ref: str,
+    inventory: str | None,
+    runtime: str | None,
+    node_set: str | None,
+    parallel: int,
+    method: str,
+    stall_timeout: float,
+    as_json: bool,
 ) -> None:
-    inv = resolve_inventory(inventory)
+    inv = resolve_inventory(inventory, nodes=True)
     from ..config.nodeset import select
     from ..remote.image import push_image
 
@@ -987,11 +1085,21 @@ def image_push(
     if runtime is None:
         raise UsageError(
             f"orch image push: {inv.path} has no job.container.runtime: which container runtime?",
-            "pass --runtime docker|podman|apptainer, or set job.container in the inventory",
+            f"pass --runtime {'|'.join(RUNTIMES)}, or set job.container in the inventory",
         )
     nodes = select(node_set, inv.nodes)
-    with render.exec_progress(len(nodes)) as progress:
-        report = push_image(inv, nodes, image_ref, runtime, parallel=parallel, progress=progress)
+    with render.exec_progress(len(nodes)) as progress, render.chain_progress() as watch:
+        report = push_image(
+            inv,
+            nodes,
+            image_ref,
+            runtime,
+            parallel=parallel,
+            progress=progress,
+            method=method,
+            watch=watch,
+            stall_s=stall_timeout,
+        )
     if as_json:
         render.json_out(report.to_json())
     else:

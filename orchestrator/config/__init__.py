@@ -13,7 +13,13 @@ Pure: nothing here opens a connection or starts a process.
 - `overrides.py` what the command line changes for one run (`--include/--exclude/--nodes/--master`,
                  `--env`, args after `--`), recorded in run.json and applied again when it is read back
 - `plan.py`      node ranks, world size, each node's exact torchrun argv and environment;
-                 `job_command`, the one builder of how a node runs the job (its python, or a container)
-- `container.py` `job.container`: its rules and the docker, podman and apptainer argv builders
+                 `job_command`, the one builder of how a node runs the job, asking its environment
+- `jobenv.py`    the job's environment on one node (`JobEnv`: the bare host or a container), built
+                 once from the inventory and the preflight's pins: its command, stop hook, sweep
+- `runtimes.py`  the container runtimes, one table entry of capabilities each (no other module
+                 names one); which image a machine holds, read once
+- `container.py` `job.container`: its settings and rules, the container's name and labels
+- `torchrun.py`  what `job.torchrun_args` may say: torchrun's flags orch sets from the inventory
+                 refused, a `--role` the agent can read back
 - `trainer.py`   what orch knows of the trainer's command line (from `trainer/interface.py`)
 """

@@ -18,16 +18,26 @@ from types import MappingProxyType
 from typing import Any
 
 from ..contract import CHECK_NAMES
-from ..errors import InventoryError, InventoryIssue
-from . import container, yamlines
+from ..errors import InventoryError, InventoryIssue, OrchError
+from . import container, runtimes, torchrun, yamlines
 from .container import Container
 from .nodes import (
     HOST,
     Node,
     NodeExpander,
+    SSHOptions,
     name_problem,
 )
-from .schema import FabricCheckModel, JobModel, StragglerModel, suggest, validate
+from .schema import (
+    ALLOCATED,
+    SAME_HOST,
+    FabricCheckModel,
+    JobModel,
+    SlurmModel,
+    StragglerModel,
+    suggest,
+    validate,
+)
 from .trainer import OFF_WORD, setting_name
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -55,6 +65,10 @@ def parse_size(value: int | str) -> int:
 
 
 # ----------------------------------------------------------------------------- resolved (frozen)
+
+
+class NoNodesYet(OrchError):
+    """A Slurm inventory's nodes were asked for before its allocation was known."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +152,60 @@ class Job:
 
 
 @dataclass(frozen=True)
+class Slurm:
+    """`slurm:` (with `transport: slurm`): the allocation the nodes come from."""
+
+    nodes: int | None = None
+    """`-N`: nodes to allocate; None inside an existing allocation (all of its nodes)."""
+    partition: str | None = None
+    time: str | None = None
+    """The time limit as Slurm spells it (`90`, `4:00:00`, `2-00:00:00`)."""
+    gpus_per_node: int | None = None
+    options: tuple[str, ...] = ()
+    """More allocation flags, as written (checked: `SLURM_REFUSED`)."""
+    master: str | None = None
+    """`master.node`: the allocation's node that becomes node rank 0; None: its first."""
+    nproc_per_node: int | None = None
+    """`job.nproc_per_node` (every node runs that many ranks); None: `gpus_per_node`, else 1."""
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """The nodes a Slurm allocation holds for a run: what `transport: slurm` plans and reaches with
+    (run.json `slurm`, so every later command reads the run's nodes as it ran)."""
+
+    job_id: str
+    nodes: tuple[str, ...]
+    """Node names in the allocation's order (node ranks follow it; the master moved first)."""
+    addrs: Mapping[str, str] = field(default_factory=dict)
+    """Each node's hostname as Slurm knows it (NodeHostname): the rendezvous address, proven by the
+    preflight (resolved on every node, reached from every node); a node missing here: its name."""
+    cpus: Mapping[str, int] = field(default_factory=dict)
+    """The CPUs the allocation holds on each node (what every step asks for, `--cpus-per-task`)."""
+    created: bool = False
+    """orch asked for it (and gives it back); False: the user's own (`SLURM_JOB_ID`), never cancelled."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "nodes": list(self.nodes),
+            "addrs": dict(self.addrs),
+            "cpus": dict(self.cpus),
+            "created": self.created,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Allocation:
+        return cls(
+            str(data["job_id"]),
+            tuple(str(n) for n in data.get("nodes") or ()),
+            MappingProxyType({str(k): str(v) for k, v in (data.get("addrs") or {}).items()}),
+            MappingProxyType({str(k): int(v) for k, v in (data.get("cpus") or {}).items()}),
+            data.get("created") is True,
+        )
+
+
+@dataclass(frozen=True)
 class Inventory:
     """A validated cluster description. Build it with `load()` or `parse()`."""
 
@@ -145,8 +213,8 @@ class Inventory:
     name: str
     transport: str
     nodes: tuple[Node, ...]
-    """In node-rank order: the master first, then the others in file order."""
-    master: Node
+    """In node-rank order: the master first, then the others in file order. Empty for a Slurm
+    inventory until its allocation is known (`with_allocation`)."""
     master_port: int
     env: Mapping[str, str]
     checks: Checks
@@ -157,6 +225,20 @@ class Inventory:
     spares: tuple[Node, ...] = ()
     """`spare:` nodes, in file order: never launched unless one replaces a node that fails the
     preflight of an automatic retry (`job.retries`)."""
+    slurm: Slurm | None = None
+    """`slurm:` (`transport: slurm`), else None."""
+    allocation: Allocation | None = None
+    """The Slurm allocation `nodes` come from, once known (`with_allocation`)."""
+
+    @property
+    def master(self) -> Node:
+        """Node rank 0: the first of `nodes`."""
+        if not self.nodes:
+            raise NoNodesYet(
+                f"{self.path}: the nodes come from a Slurm allocation, and none is known yet",
+                "orch up and orch check ask for one (or run inside salloc); other commands take a run id",
+            )
+        return self.nodes[0]
 
     def node(self, name: str) -> Node:
         for n in self.nodes:
@@ -187,7 +269,8 @@ def parse(text: str, path: str = "<inventory>") -> Inventory:
         raise InventoryError([InventoryIssue(exc.message, path, exc.line, exc.key)]) from None
     if not isinstance(data, dict):
         raise InventoryError([InventoryIssue("the inventory must be a YAML mapping with at least `nodes:`", path, 1)])
-    if not data.get("nodes"):
+    allocated = isinstance(data.get("transport"), str) and ALLOCATED.get(data["transport"], False)
+    if not data.get("nodes") and not allocated:
         line = lines.get(("nodes",), 1)
         msg = "`nodes` is missing" if "nodes" not in data else "`nodes` is empty"
         issues = [InventoryIssue(f"{msg}: list at least one node (- host: ...)", path, line, "nodes")]
@@ -262,12 +345,12 @@ class _Resolver:
             self.issue(f"port {m.master.port} is out of range 1-65535", "master", "port")
         if m.fanout < 1:
             self.issue(f"fanout must be at least 1, got {m.fanout}", "fanout")
+        slurm = self.slurm_settings(nodes, spares)
         master = self.master(nodes)
         self.rendezvous(nodes + spares, job)
         if self.issues:
             raise InventoryError(self.issues)
-        assert master is not None
-        ordered = (master,) + tuple(n for n in nodes if n is not master)
+        ordered = (master,) + tuple(n for n in nodes if n is not master) if master is not None else ()
         name = m.name or os.path.splitext(os.path.basename(self.path))[0] or "cluster"
         problem = name_problem(name)
         if problem:
@@ -279,7 +362,6 @@ class _Resolver:
             name=name,
             transport=m.transport,
             nodes=ordered,
-            master=master,
             master_port=m.master.port,
             env=MappingProxyType(env),
             checks=checks,
@@ -287,16 +369,73 @@ class _Resolver:
             fanout=m.fanout,
             source=self.text,
             spares=tuple(spares),
+            slurm=slurm,
         )
 
     # -- pieces
 
+    def slurm_settings(self, nodes: list[Node], spares: list[Node]) -> Slurm | None:
+        """`slurm:`, where the transport's nodes are an allocation (`schema.ALLOCATED`): no `nodes:`,
+        `spare:` or `ssh:` then, and every allocation flag checked (`slurm_option_problem`)."""
+        m = self.m
+        if not ALLOCATED[m.transport]:
+            if m.slurm is not None:
+                self.issue(f"`slurm:` needs `transport: slurm` (this inventory's is {m.transport})", "slurm")
+            return None
+        for key, given in (("nodes", nodes), ("spare", spares)):
+            if given:
+                self.issue(
+                    f"`{key}:` with transport: {m.transport}: the nodes are the allocation's "
+                    "(slurm.nodes says how many); remove it",
+                    key,
+                )
+        if ("ssh",) in self.lines:
+            self.issue(f"`ssh:` with transport: {m.transport}: nodes are reached with srun steps; remove it", "ssh")
+        s = m.slurm or _SLURM_UNSET
+        where = ("slurm",)
+        for key in ("nodes", "gpus_per_node"):
+            value = getattr(s, key)
+            if value is not None and value < (1 if key == "nodes" else 0):
+                self.issue(f"{key} must be {'1' if key == 'nodes' else '0'} or more, got {value}", *where, key)
+        if s.partition is not None and not SLURM_WORD.match(s.partition):
+            self.issue(f"partition {s.partition!r} is not a partition name", *where, "partition")
+        if s.time is not None and not SLURM_TIME.match(s.time):
+            self.issue(
+                f"time {s.time!r} is not a Slurm time limit (minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, "
+                "D-HH:MM:SS, or UNLIMITED)",
+                *where,
+                "time",
+            )
+        for i, opt in enumerate(s.options):
+            self.safe(opt, "option", *where, "options", i)
+            why = slurm_option_problem(opt)
+            if why:
+                self.issue(f"option {opt!r} refused: {why}", *where, "options", i)
+        gpus = s.gpus_per_node
+        nproc = m.job.nproc_per_node
+        if gpus and nproc and nproc > gpus:
+            self.issue(
+                f"nproc_per_node {nproc} is larger than slurm.gpus_per_node {gpus}: a process needs its own GPU",
+                "job",
+                "nproc_per_node",
+            )
+        return Slurm(
+            nodes=s.nodes,
+            partition=s.partition,
+            time=s.time,
+            gpus_per_node=gpus,
+            options=tuple(s.options),
+            master=m.master.node,
+            nproc_per_node=nproc,
+        )
+
     def local_path(self, value: str) -> str:
-        """With `transport: local`, a relative path (`../.venv/bin/python`, `..`) means relative to
-        the inventory file, so a checked-in inventory works from any clone; a bare command name
-        (`python3`) is left for PATH. Over SSH paths are the node's and stay as written."""
+        """Where the nodes are this machine (`transport: local`), a relative path
+        (`../.venv/bin/python`, `..`) means relative to the inventory file, so a checked-in inventory
+        works from any clone; a bare command name (`python3`) is left for PATH. Elsewhere paths are
+        the node's and stay as written."""
         if (
-            self.m.transport != "local"
+            not SAME_HOST[self.m.transport]
             or os.path.isabs(value)
             or value.startswith("~")
             or ("/" not in value and value not in (".", ".."))
@@ -324,7 +463,7 @@ class _Resolver:
             self.issue(f"{what} contains {shown}, which would need a shell to be safe: {text!r}", *loc)
 
     def master(self, nodes: list[Node]) -> Node | None:
-        if not nodes:
+        if not nodes or ALLOCATED[self.m.transport]:
             return None
         wanted = self.m.master.node
         if wanted is None:
@@ -447,6 +586,8 @@ class _Resolver:
                 self.safe(v, "argument", "job", "args", i)
         for i, v in enumerate(j.torchrun_args):
             self.safe(v, "torchrun argument", "job", "torchrun_args", i)
+        for i, why in torchrun.problems(j.torchrun_args):
+            self.issue(why, "job", "torchrun_args", i)
         return Job(
             workdir=self.local_path(j.workdir) if j.workdir else None,
             python=self.local_path(j.python),
@@ -487,10 +628,11 @@ class _Resolver:
         if c is None:
             return None
         where = ("job", "container")
-        if c.runtime not in container.RUNTIMES:
+        rt = runtimes.TABLE.get(c.runtime)
+        if rt is None:
             self.issue(
-                f"unknown runtime {c.runtime!r}{container.suggest(c.runtime, container.RUNTIMES)}; runtimes are "
-                f"{', '.join(container.RUNTIMES)}",
+                f"unknown runtime {c.runtime!r}{container.suggest(c.runtime, runtimes.RUNTIMES)}; runtimes are "
+                f"{', '.join(runtimes.RUNTIMES)}",
                 *where,
                 "runtime",
             )
@@ -501,21 +643,25 @@ class _Resolver:
             self.safe(value, key, *where, key)
         if c.workdir and not c.workdir.startswith("/"):
             self.issue(f"workdir {c.workdir!r} must be an absolute path inside the image", *where, "workdir")
-        if c.runtime == "apptainer" and not c.image.startswith("/"):
+        dash = container.leading_dash("image", c.image)
+        if dash:
+            self.issue(dash, *where, "image")
+        elif rt is not None and rt.image_file and not c.image.startswith("/"):
             self.issue(
-                f"image {c.image!r}: apptainer runs an image file: give its absolute path (a .sif)", *where, "image"
+                f"image {c.image!r}: {rt.name} runs an image file: give its absolute path (a .sif)", *where, "image"
             )
         user = c.user
         if user not in container.USERS and not container.UID_GID.match(user):
             self.issue(
                 f"user {user!r} is not host, root or UID:GID{container.suggest(user, container.USERS)}", *where, "user"
             )
-        elif c.runtime == "apptainer" and user != "host":
-            self.issue(f"user {user!r}: apptainer runs the job as the SSH user: leave user: host", *where, "user")
+        elif rt is not None and "user" not in rt.parts and user != "host":
+            self.issue(f"user {user!r}: {rt.name} runs the job as the SSH user: leave user: host", *where, "user")
         mounts = []
         for i, raw in enumerate(c.mounts):
             self.safe(raw, "mount", *where, "mounts", i)
             mount, why = container.parse_mount(raw)
+            why = container.leading_dash("mount", raw) or why
             if why:
                 self.issue(why, *where, "mounts", i)
             elif mount is not None:
@@ -534,7 +680,7 @@ class _Resolver:
             user=user,
             pull=c.pull,
         )
-        gpus = any(n.gpus for n in self.m.nodes)
+        gpus = any(n.gpus for n in self.m.nodes) or bool(self.m.slurm and self.m.slurm.gpus_per_node)
         for i, why in container.option_problems(resolved, gpus):
             self.issue(f"option {c.options[i]!r} refused: {why}", *where, "options", i)
         return resolved
@@ -589,6 +735,105 @@ class _Resolver:
             )
 
 
+_SLURM_UNSET = SlurmModel()
+SLURM_WORD = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
+SLURM_TIME = re.compile(r"^(?:\d+(?::\d{1,2}){0,2}|\d+-\d{1,2}(?::\d{1,2}){0,2}|UNLIMITED|INFINITE)\Z", re.I)
+"""Slurm's time limit spellings: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, UNLIMITED."""
+SLURM_REFUSED: Mapping[str, str] = MappingProxyType(
+    {
+        "-N": "the node count is slurm.nodes",
+        "--nodes": "the node count is slurm.nodes",
+        "-p": "the partition is slurm.partition",
+        "--partition": "the partition is slurm.partition",
+        "-t": "the time limit is slurm.time",
+        "--time": "the time limit is slurm.time",
+        "--gpus-per-node": "the GPUs per node are slurm.gpus_per_node",
+        "-n": "orch starts one torchrun per node (--ntasks-per-node=1); job.nproc_per_node is its ranks",
+        "--ntasks": "orch starts one torchrun per node (--ntasks-per-node=1); job.nproc_per_node is its ranks",
+        "--ntasks-per-node": "orch starts one torchrun per node; a torchrun per task would collide on the master "
+        "port and duplicate ranks: job.nproc_per_node is the ranks per node",
+        "-G": "--gpus counts GPUs per job, not per node: use slurm.gpus_per_node",
+        "--gpus": "--gpus counts GPUs per job, not per node: use slurm.gpus_per_node",
+        "--gpus-per-task": "it gives each task its own GPUs (no peer-to-peer between a node's ranks): use "
+        "slurm.gpus_per_node",
+        "--export": "orch passes its environment and the inventory's env itself (--export=A,B would drop the rest)",
+        "--wrap": "orch holds the allocation with its own batch script",
+        "-o": "the holding batch script's output is orch's",
+        "--output": "the holding batch script's output is orch's",
+        "-e": "the holding batch script's output is orch's",
+        "--error": "the holding batch script's output is orch's",
+        "--parsable": "orch reads the job id itself",
+        "-W": "orch waits for the allocation itself",
+        "--wait": "orch waits for the allocation itself",
+    }
+)
+"""`slurm.options` orch refuses, and why: it sets the value itself, or the flag breaks the run."""
+SLURM_SIGNAL = re.compile(r"^(?:SIG)?USR2(?:@\d+)?\Z")
+
+
+def slurm_option_problem(option: str) -> str | None:
+    """Why an allocation flag of `slurm.options` is refused, or None."""
+    if not option.startswith("-") or option in ("-", "--"):
+        return "an sbatch flag starts with - (write --key=value as one item)"
+    name, eq, value = option.partition("=")
+    if not eq and not name.startswith("--") and len(name) > 2:  # -N4: a short flag with its value
+        name, value = name[:2], name[2:]
+    if name in SLURM_REFUSED:
+        return SLURM_REFUSED[name]
+    if name == "--signal" and not SLURM_SIGNAL.match(value.upper()):
+        return (
+            "the warning signal must be USR2 sent to the steps (--signal=USR2@SECONDS): the trainer "
+            "checkpoints on USR2; B: would signal only the holding batch script"
+        )
+    return None
+
+
+def with_allocation(inv: Inventory, alloc: Allocation) -> Inventory:
+    """A Slurm inventory with the allocation's nodes: each node its Slurm name, its NodeHostname as
+    the address, `slurm.gpus_per_node` GPUs, the job's python and env; node ranks in the allocation's
+    order, `master.node` (else its first node) moved first. OrchError when `master.node` is not one
+    of them, or `slurm.nodes` / `slurm.partition` disagree with an allocation orch did not make."""
+    s = inv.slurm
+    if s is None:
+        raise ValueError(f"{inv.path}: not a Slurm inventory")
+    if s.nodes is not None and s.nodes != len(alloc.nodes):
+        raise OrchError(
+            f"{inv.path}: slurm.nodes is {s.nodes}, but Slurm job {alloc.job_id} holds {len(alloc.nodes)} "
+            f"node(s): {', '.join(alloc.nodes)}",
+            "inside an allocation, leave slurm.nodes out (orch uses all of its nodes), or allocate as many",
+        )
+    gpus = s.gpus_per_node or None
+    nproc = s.nproc_per_node or gpus or 1
+    nodes = [
+        Node(
+            name=name,
+            host=name,
+            addr=alloc.addrs.get(name) or name,
+            gpus=gpus,
+            nproc_per_node=nproc,
+            python=inv.job.python,
+            env=inv.env,
+            ssh=SSHOptions(),
+            index=i,
+        )
+        for i, name in enumerate(alloc.nodes)
+    ]
+    if not nodes:
+        raise OrchError(f"Slurm job {alloc.job_id} holds no node")
+    master = nodes[0]
+    if s.master is not None:
+        found = next((n for n in nodes if n.name == s.master), None)
+        if found is None:
+            raise OrchError(
+                f"{inv.path}: master.node {s.master} is not a node of Slurm job {alloc.job_id} "
+                f"({', '.join(alloc.nodes)})",
+                "leave master.node out (the allocation's first node is the master), or allocate that node",
+            )
+        master = found
+    ordered = (master, *[n for n in nodes if n is not master])
+    return replace(inv, nodes=ordered, allocation=alloc)
+
+
 def with_replacements(inv: Inventory, replaced: Mapping[str, str]) -> Inventory:
     """The inventory as a run ran it once spares took the places of nodes that failed a retry's
     preflight (`{failed node: spare}`, in the order they were made, so a spare that failed in its
@@ -604,7 +849,7 @@ def with_replacements(inv: Inventory, replaced: Mapping[str, str]) -> Inventory:
         nodes[at] = replace(spares.pop(new), index=nodes[at].index)
     if not replaced:
         return inv
-    return replace(inv, nodes=tuple(nodes), master=nodes[0], spares=tuple(spares.values()))
+    return replace(inv, nodes=tuple(nodes), spares=tuple(spares.values()))
 
 
 def adhoc(spec: str, user: str | None = None) -> Inventory:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from .schema import SSH_UNSET, NodeModel, SSHModel, fields_of
+from .schema import SAME_HOST, SSH_UNSET, NodeModel, SSHModel, fields_of
 
 HOST = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]*\Z")
 HOST_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:\[\],-]*\Z")
@@ -170,7 +170,7 @@ class NodeExpander:
                     )
                     continue
                 hk = (host, shared["ssh"].port)
-                if self.m.transport == "ssh" and hk in seen_hosts:
+                if not SAME_HOST[self.m.transport] and hk in seen_hosts:  # one machine: hosts are labels
                     self.r.issue(f"duplicate node: {host}:{hk[1]} is already {seen_hosts[hk]}", self.section, i, "host")
                     continue
                 seen_names[name] = seen_hosts[hk] = f"{self.section}[{i}]"

@@ -145,6 +145,16 @@ def apply(inv: Inventory, ov: Overrides) -> Inventory:
     """The inventory this run is planned from (see the module's docstring)."""
     if ov.empty:
         return inv
+    if not inv.nodes:  # a Slurm inventory: the nodes are its allocation's, made from inv.env later
+        if ov.selects:
+            raise UsageError(
+                "--include/--exclude/--nodes/--master: the nodes are the Slurm allocation's",
+                "set slurm.nodes (and master.node) in the inventory",
+            )
+        job = replace(inv.job, args=_job_args(inv, ov.args)) if ov.args else inv.job
+        if ov.args:
+            job = replace(job, raw_args=MappingProxyType(_raw_args(inv.job.raw_args, ov.args)))
+        return replace(inv, env=MappingProxyType({**inv.env, **ov.env}), job=job)
     nodes, master = select_nodes(inv, ov) if ov.selects else (list(inv.nodes), inv.master)
     if ov.env:
         nodes = [replace(n, env=MappingProxyType({**n.env, **ov.env})) for n in nodes]
@@ -153,7 +163,7 @@ def apply(inv: Inventory, ov: Overrides) -> Inventory:
     job = inv.job
     if ov.args:
         job = replace(job, args=_job_args(inv, ov.args), raw_args=MappingProxyType(_raw_args(job.raw_args, ov.args)))
-    return replace(inv, nodes=ordered, master=master, env=MappingProxyType({**inv.env, **ov.env}), job=job)
+    return replace(inv, nodes=ordered, env=MappingProxyType({**inv.env, **ov.env}), job=job)
 
 
 def _job_args(inv: Inventory, extra: tuple[str, ...]) -> tuple[str, ...]:

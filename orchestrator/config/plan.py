@@ -7,26 +7,19 @@ derived from an address (the field guide's `cut -d. -f4` turned 192.168.1.11 int
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol
 
-from . import container
 from .container import Pins
 from .inventory import Inventory
+from .jobenv import NODE_VALUES, RUN_DIR, TORCHRUN_LOG_DIR, JobEnv, job_env
 from .nodes import Node
 from .trainer import settings_of, small_batch_warning
 
+__all__ = ["NODE_VALUES", "RUN_DIR", "TORCHRUN_LOG_DIR"]  # the job's environment's, asked here too
+
 TORCHRUN = ("-m", "torch.distributed.run")
-RUN_DIR = "{ORCH_RUN_DIR}"
-"""In a launch's argv and stop hook: the node's run directory, absolute, as the agent finds it (the
-plan cannot know it: `job.run_root` may start with `~/`). The agent substitutes it, and only the
-names of `NODE_VALUES`, where they appear (`node/agent.py` `NODE_VALUES`, held equal by a test)."""
-NODE_VALUES = ("{ORCH_RUN_DIR}", "{ORCH_UID}", "{ORCH_GID}", "{ORCH_HOME}")
-"""What only the node knows, written into an argv by the plan and filled in by the agent: the run
-directory, the uid and gid the agent runs as (the SSH user's), and its home."""
-TORCHRUN_LOG_DIR = RUN_DIR + "/torchrun"
-"""torchrun's `--log-dir`: in the node's run directory (made private by the agent)."""
 HIDDEN = "***"
 """What an env value the inventory gave is shown as, unless asked for (`orch up --dry-run --show-env`)."""
 
@@ -68,6 +61,9 @@ class NodePlan:
     stop: tuple[str, ...] = ()
     """The stop hook (`job_stop`): what the agent runs on every stop path once the job is being
     stopped or has ended (state.json `stop_hook`); empty: nothing beyond the process group."""
+    environment: JobEnv | None = None
+    """How the node runs the job (`jobenv.job_env`): what built `argv` and `stop`, its `sweep`,
+    and plan.json's `environment`."""
 
     def shown_env(self, values: bool = False) -> dict[str, str]:
         """The job's environment for a person or a script: every name, and the values orch sets
@@ -95,11 +91,14 @@ class Plan:
     """What the plan shows under its table (and `warnings` in its JSON): the job's settings that
     would train badly on this cluster (`job_warnings`)."""
 
+    by_name: Mapping[str, NodePlan] = field(init=False, repr=False, compare=False)
+    """`nodes` by node name (what the launch looks each node's plan up by)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "by_name", MappingProxyType({p.node.name: p for p in self.nodes}))
+
     def for_node(self, name: str) -> NodePlan:
-        for np_ in self.nodes:
-            if np_.node.name == name:
-                return np_
-        raise KeyError(name)
+        return self.by_name[name]
 
     def to_json(self, env_values: bool = False) -> dict[str, object]:
         """The plan JSON (docs/CONTRACT.md). The inventory's env values are HIDDEN unless
@@ -122,6 +121,7 @@ class Plan:
                     "env": p.shown_env(env_values),
                     "workdir": p.workdir,
                     **({"stop_hook": list(p.stop)} if p.stop else {}),
+                    **({"environment": p.environment.record()} if p.environment is not None else {}),
                 }
                 for p in self.nodes
             ],
@@ -173,22 +173,7 @@ def job_python(inv: Inventory, node: Node) -> str:
     """The job's interpreter on `node`: `job.container.python` inside the image, else the node's
     `python:` or `job.python`. `node.python` itself is what runs orch's own node programs (agent,
     probe, log reader) on the host."""
-    c = inv.job.container
-    return c.python if c is not None else node.python
-
-
-def gpu_devices(inv: Inventory, node: Node, pins: Pins | None = None) -> tuple[str, ...] | None:
-    """The GPUs a container on `node` gets for its ranks (None: the node declares none): the
-    preflight's UUIDs (`pins`), else what the node's CUDA_VISIBLE_DEVICES (env:) selects, else the
-    first `nproc_per_node` indices."""
-    if not node.gpus:
-        return None
-    if pins is not None and pins.gpus.get(node.name):
-        return tuple(pins.gpus[node.name])
-    chosen = node.env.get("CUDA_VISIBLE_DEVICES")
-    if chosen:
-        return tuple(d.strip() for d in chosen.split(",") if d.strip())
-    return tuple(str(i) for i in range(node.nproc_per_node))
+    return job_env(inv, node).python
 
 
 def job_command(
@@ -205,35 +190,12 @@ def job_command(
     """How `node` runs anything of the job: `inner` (the arguments after the job's interpreter:
     `-m torch.distributed.run ...`, `-m trainer --check ...`, `-c CODE`) run by the job's
     interpreter in the job's environment. The one place that knows it: the launch
-    (`torchrun_argv`), the job's own check, the probe's software facts and the fabric job all
-    come through here (tests/unit/test_layers.py holds every other module to it).
-
-    With `job.container`: the runtime's command around it (config/container.py `run_argv`), the
-    container named for `run_id`, the node, `nonce` and `role` (a preflight's throw-away
-    containers), the `env` names passed by name, the GPUs and image ID of `pins`."""
-    c = inv.job.container
-    if c is None:
-        return [job_python(inv, node), *inner]
-    return container.run_argv(
-        c,
-        inner,
-        name=launch_name(run_id, node, nonce, role),
-        label_values=container.labels(run_id, node.name, nonce, inv.name),
-        env=list(env),
-        devices=gpu_devices(inv, node, pins),
-        workdir=inv.job.workdir,
-        run_dir=RUN_DIR,
-        home="{ORCH_HOME}",
-        uid_gid="{ORCH_UID}:{ORCH_GID}",
-        rdma=bool(inv.checks.rdma_devices),
-        image_id=pins.image_id if pins is not None else None,
-    )
-
-
-def launch_name(run_id: str, node: Node, nonce: str = "", role: str = "") -> str:
-    """The container a launch (or a preflight's throw-away, `role`) runs in on `node`: the one
-    spelling its start (`job_command`) and its stop hook (`job_stop`) share."""
-    return container.container_name(run_id, node.name, "-".join(p for p in (nonce, role) if p))
+    (`torchrun_argv`), the job's own check, the probe's in-image facts and the fabric job all
+    come through here (tests/unit/test_layers.py holds every other module to it), asking the
+    node's environment (`jobenv.JobEnv.command`): with `job.container`, the runtime's command
+    around it, the container named for `run_id`, the node, `nonce` and `role` (a preflight's
+    throw-away container), the `env` names passed by name, the GPUs and image ID of `pins`."""
+    return job_env(inv, node, pins, run_id, nonce).command(inner, role, env)
 
 
 def launch_role(attempt: int) -> str:
@@ -247,37 +209,21 @@ def job_stop(inv: Inventory, node: Node, run_id: str, nonce: str = "", role: str
     """The stop hook of a launch on `node` (NodePlan.stop): an argv the agent runs on every stop
     path (empty: the process group is all there is to stop); a container launch's removes its
     container (`RUNTIME rm -f NAME`)."""
-    c = inv.job.container
-    if c is None:
-        return []
-    return container.stop_argv(c, launch_name(run_id, node, nonce, role))
+    return job_env(inv, node, run_id=run_id, nonce=nonce).stop(role)
 
 
-def job_sweep(inv: Inventory, node: Node, nonce: str) -> list[str]:
-    """What lists the containers a launch (`nonce`) left on `node`, one ID a line, for `orch down`
-    and a retry's teardown to remove (`RUNTIME rm -f ID...`) after the agent's stop: what a killed
-    agent could not. Empty: nothing outlives the job's processes (no container, apptainer, a dry run)."""
-    c = inv.job.container
-    return container.sweep_argv(c, nonce, node.name) if c is not None and nonce else []
-
-
-def torchrun_argv(
-    inv: Inventory,
-    node: Node,
-    node_rank: int,
-    run_id: str,
-    nonce: str = "",
-    attempt: int = 1,
-    env: Iterable[str] = (),
-    pins: Pins | None = None,
+def torchrun_args(
+    inv: Inventory, node: Node, node_rank: int, run_id: str, nonce: str = "", attempt: int = 1, log_dir: str = ""
 ) -> list[str]:
-    """The full command for one node: `job_command` of `-m torch.distributed.run <flags> <entry>
-    <args>`, torchrun's `--log-dir` in the node's run directory (`TORCHRUN_LOG_DIR`)."""
+    """What the job's interpreter runs on one node: `-m torch.distributed.run <flags> <entry>
+    <args>`, torchrun's `--log-dir` where the node's environment keeps it (`JobEnv.log_dir`)."""
     nnodes = len(inv.nodes)
-    c = inv.job.container
-    # a container user other than the SSH user's (UID:GID) cannot enter the private run directory
-    log_dir = TORCHRUN_LOG_DIR if c is None or c.user in ("host", "root") else container.HOME_TMPFS + "/torchrun"
-    argv = [*TORCHRUN, f"--log-dir={log_dir}", f"--nnodes={nnodes}", f"--nproc-per-node={node.nproc_per_node}"]
+    argv = [
+        *TORCHRUN,
+        f"--log-dir={log_dir or TORCHRUN_LOG_DIR}",
+        f"--nnodes={nnodes}",
+        f"--nproc-per-node={node.nproc_per_node}",
+    ]
     if inv.job.rdzv == "static":
         argv += [
             f"--node-rank={node_rank}",
@@ -297,8 +243,23 @@ def torchrun_argv(
         argv.append(inv.job.script)
     else:
         argv += ["-m", inv.job.module or "trainer"]
-    argv += list(inv.job.args)
-    return job_command(inv, node, argv, run_id=run_id, nonce=nonce, env=env, pins=pins, role=launch_role(attempt))
+    return argv + list(inv.job.args)
+
+
+def torchrun_argv(
+    inv: Inventory,
+    node: Node,
+    node_rank: int,
+    run_id: str,
+    nonce: str = "",
+    attempt: int = 1,
+    env: Iterable[str] = (),
+    pins: Pins | None = None,
+) -> list[str]:
+    """The full command for one node: `torchrun_args` run in the node's environment (`job_command`)."""
+    jenv = job_env(inv, node, pins, run_id, nonce)
+    inner = torchrun_args(inv, node, node_rank, run_id, nonce, attempt, jenv.log_dir)
+    return jenv.command(inner, launch_role(attempt), env)
 
 
 def node_env(
@@ -336,21 +297,22 @@ def make_plan(
     orch (the fabric check's NCCL_DEBUG); `pins`: a container launch's image ID and GPUs)."""
     nodes = []
     firsts = first_ranks(inv.nodes)
+    role = launch_role(attempt)
     for rank, node in enumerate(inv.nodes):
         first = firsts[node.name]
+        jenv = job_env(inv, node, pins, run_id, nonce)  # the node's environment, built once
         env = {**node_env(inv, node, rank, run_id, attempt, nonce), **(extra_env or {})}
-        argv = torchrun_argv(inv, node, rank, run_id, nonce, attempt, env=list(env), pins=pins)
-        if inv.job.container is not None:
-            env.update(container.runtime_env(inv.job.container, gpu_devices(inv, node, pins)))
+        argv = jenv.command(torchrun_args(inv, node, rank, run_id, nonce, attempt, jenv.log_dir), role, env)
         nodes.append(
             NodePlan(
                 node=node,
                 node_rank=rank,
                 global_ranks=range(first, first + node.nproc_per_node),
                 argv=tuple(argv),
-                env=MappingProxyType(env),
+                env=MappingProxyType({**env, **jenv.runtime_env()}),
                 workdir=inv.job.workdir,
-                stop=tuple(job_stop(inv, node, run_id, nonce, launch_role(attempt))),
+                stop=tuple(jenv.stop(role)),
+                environment=jenv,
             )
         )
     world = world_size(inv.nodes)

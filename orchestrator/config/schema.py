@@ -18,6 +18,7 @@ import functools
 import math
 import reprlib
 import types
+from collections.abc import Mapping
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -187,7 +188,7 @@ class MasterModel(_Schema):
     """`master:`: node rank 0 and the rendezvous."""
 
     node: str | None = None
-    """name or host of node rank 0; unset: the first node"""
+    """name or host of node rank 0; unset: the first node (with `transport: slurm`: the allocation's first)"""
     port: int = 29500
     """rendezvous port (`--master-port`)"""
 
@@ -268,25 +269,31 @@ class ContainerModel(_Schema):
     in this runtime's container on every node; orch's own node programs (agent, probe, log reader) still run as
     `python` on the host"""
     image: str
-    """a `name:tag` or an image ID (apptainer: an absolute `.sif` path); the launch runs the image ID the
-    preflight resolved, the same on every node"""
+    """a `name:tag` or an image ID (apptainer: an absolute `.sif` path; never starting with `-`); the launch
+    runs the image ID the preflight resolved, the same on every node"""
     python: str = "python3"
     """the job's interpreter inside the image, e.g. `/opt/conda/envs/yoloe/bin/python`"""
     workdir: str | None = None
     """the working directory inside the container (absolute); unset: `job.workdir`"""
     mounts: list[str] = []
     """`HOST[:CONTAINER[:ro]]` each (a path alone: the same path); absolute, each container path once, never
-    over the run directory (`run_root`), `job.workdir` or `/etc/passwd`/`/etc/group`, which orch mounts itself"""
+    over the run directory (`run_root`), `job.workdir` or `/etc/passwd`/`/etc/group`, which orch mounts itself.
+    `job.args` paths are the container's: the checks look for each on the host where its mount puts it, and
+    an output (the trainer's run directory) under no mount fails (deleted with the container)"""
     options: list[str] = []
     """extra runtime flags, appended last (before the image) and shown by `orch up --dry-run`, e.g.
-    `[--shm-size=32g]` (then no `--ipc host`); refused where they contradict what orch sets: `-d`/`--detach`,
-    `--rm=false`, `--network` other than host, `--name`, `--user`, `--gpus`/`--device nvidia.com/gpu` when
-    nodes have `gpus`, `-e`/`--env` (values go in `env:`), `orch.*` labels, `--pull`, `--workdir`"""
+    `[--shm-size=32g]` (then no `--ipc host`); read as the runtime reads them (`-itd`, `-d=true`, `--rm=False`,
+    `-u0`, `-ie NAME=V`) and refused where they contradict what orch sets: detach, `--rm` false, `--network`
+    other than host, `--name`, `--user`, `--gpus`/`--device nvidia.com/gpu` when nodes have `gpus`,
+    `--env`/`--env-file` (values go in `env:`), `orch.*` labels or `--label-file`, `--pull`, the workdir; a word
+    that is no flag"""
     user: str = "host"
     """`host`: the SSH user's uid:gid, with the host's `/etc/passwd` and `/etc/group` read-only and a tmpfs HOME
-    (files the job writes are the user's, not root's) · `root` · `UID:GID`; apptainer: `host` only"""
+    (files the job writes are the user's, not root's) · `root` · `UID:GID` (torchrun's own logs then stay in the
+    container: the run directory stays the SSH user's); apptainer: `host` only"""
     pull: Literal["missing", "never"] = "never"
-    """`missing`: the preflight may pull an image a node lacks · `never`"""
+    """`missing`: the preflight may pull an image a node lacks · `never`: the runtime is told so (`--pull
+    never`), and a node without the image fails the `container` check"""
 
 
 class JobModel(_Schema):
@@ -313,7 +320,10 @@ class JobModel(_Schema):
     (file:line:key) for a trainer flag without an off, such as `resume`, and for any other `module`/`script`,
     which orch cannot know the spelling of: write the word it takes, or `null`); a list is passed as is"""
     torchrun_args: list[str] = []
-    """extra torchrun flags, e.g. `[--monitor-interval=1]`"""
+    """extra torchrun flags, e.g. `[--monitor-interval=1]`; the flags orch sets from the inventory (`--nnodes`,
+    `--nproc-per-node`, `--node-rank`, `--master-addr`/`-port`, `--rdzv-backend`/`-endpoint`/`-id`, `--standalone`,
+    `--max-restarts`, `--tee`, `--log-dir`) are refused, and so is a `--role` with a digit or other than letters,
+    `_` and `-` (orch reads the role back from torchrun's `[<role><local rank>]:` prefix)"""
     run_root: str = DEFAULT_RUN_ROOT
     """where each node keeps its run directories (`<run_root>/<run-id>/<node>/`): agent, node log, state"""
     stop_grace_s: float = 10.0
@@ -347,17 +357,58 @@ class JobModel(_Schema):
     """the image the job runs in on every node; unset: the job runs as `python` on the host"""
 
 
+class SlurmModel(_Schema):
+    """`slurm:` (with `transport: slurm`): the allocation the nodes come from. Outside one, `orch up` and
+    `orch check` ask for it with `sbatch` (a batch job that holds it, so that `scontrol requeue` works) and
+    give it back (`scancel`) when they end; inside one (`SLURM_JOB_ID` set: under `salloc`, in your own
+    `sbatch` script) they use its nodes and never cancel it."""
+
+    nodes: int | None = None
+    """`-N`: how many nodes to allocate; node ranks follow the allocation's order, its first node is the master
+    (unless `master.node`). Unset inside an existing allocation (all of its nodes); given there, it must match"""
+    partition: str | None = None
+    """`-p`: the partition; unset: the cluster's default. Inside an allocation, it must be the allocation's"""
+    time: str | None = None
+    """`-t`: the allocation's time limit (`90`, `4:00:00`, `2-00:00:00`); unset: the partition's default. A run
+    that reaches it ends saying so, after the warning signal (`USR2`, 120 s before) let the trainer checkpoint"""
+    gpus_per_node: int | None = None
+    """`--gpus-per-node`: GPUs on every node (each node's `gpus`), also asked for by every step; unset on CPU
+    partitions"""
+    options: list[str] = []
+    """more `sbatch` flags, e.g. `[--exclusive, --account=lab, --qos=high]`, shown by `orch up --dry-run`.
+    Without a CPU flag (`--exclusive`, `-c`/`--cpus-per-task`, `--cpus-per-gpu`, `--mincpus`) orch adds
+    `--exclusive`: a step gets the node's allocated CPUs, and Slurm allocates one per node by default.
+    `--signal=USR2@SECONDS` moves the warning. Refused where orch sets the value or it breaks the run:
+    `-N`, `-p`, `-t`, `--gpus-per-node` (their keys), `-n`/`--ntasks*` (one torchrun per node),
+    `--gpus`/`--gpus-per-task` (per job, per rank), `--export`, `--wrap`, `-o`/`-e`, `--parsable`, `-W`,
+    `--signal` of another signal or with `B:`"""
+
+
+SAME_HOST: Mapping[str, bool] = types.MappingProxyType({"ssh": False, "local": True, "slurm": False})
+"""Per `transport`: whether its nodes are processes on this machine, so that a relative path in the
+inventory means the inventory file's, and nodes need not have hosts of their own. The transport's
+class says it (`Transport.same_host`, transport/__init__.py `TRANSPORTS`), but the inventory is read
+before any transport exists and config/ sits below transport/: the reader takes it from here, and
+tests/unit/test_transport_registry.py holds the two equal."""
+ALLOCATED: Mapping[str, bool] = types.MappingProxyType({"ssh": False, "local": False, "slurm": True})
+"""Per `transport`: whether its nodes come from an allocation (`slurm:`) rather than a `nodes:` list
+(`Transport.allocates`, held equal to this by the same test)."""
+
+
 class InventoryModel(_Schema):
     """The inventory file."""
 
     name: str | None = None
     """cluster name; names runs (`<date>-<time>-<name>`); unset: the file's name"""
-    transport: Literal["ssh", "local"] = "ssh"
-    """`ssh`: reach every node with SSH · `local`: nodes are processes on this machine"""
+    transport: Literal["ssh", "local", "slurm"] = "ssh"
+    """`ssh`: reach every node with SSH · `local`: nodes are processes on this machine · `slurm`: the nodes are
+    a Slurm allocation (`slurm:`), reached with `srun` steps; no `nodes:` list"""
     ssh: SSHModel = SSHModel()
     """SSH settings for every node"""
-    nodes: list[NodeModel]
-    """the nodes, in node-rank order (the master is moved first)"""
+    nodes: list[NodeModel] = []
+    """the nodes, in node-rank order (the master is moved first); required, except with `transport: slurm`"""
+    slurm: SlurmModel | None = None
+    """with `transport: slurm`: the allocation"""
     master: MasterModel = MasterModel()
     """node rank 0 and the rendezvous port"""
     env: dict[str, Scalar | None] = {}

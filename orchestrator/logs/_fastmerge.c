@@ -5,7 +5,9 @@
  * lines.format_line(merge(...), False) prints), from the same node.log copies; the hypothesis test in
  * tests/unit/test_logs_plain.py holds the three to that. The rules, as the Python code states them:
  *
- *  - a line is `<stamp> <stream> [<role><local rank>]:[rank <R>] <text>`, both prefixes optional;
+ *  - a line is `<stamp> <stream> [<role><local rank>]:[rank <R>] <text>`, both prefixes optional
+ *    (the first is the worker field, node/agent.py's WORKER_FIELD: `is_role_first`, `is_role`
+ *    below, held to it byte by byte by tests/unit/test_logs_fastmerge.py; the second the trainer's);
  *    the stamp is `YYYY-MM-DDTHH:MM:SS.uuuuuuZ` and its second must be a real date (year 1-9999,
  *    seconds up to 61, as time.strptime takes it), else the line is torn;
  *  - a torn line (no valid stamp) is shown at the previous line's stamp (the epoch before any)
@@ -88,6 +90,7 @@ typedef struct {
 /* ------------------------------------------------------------------------ small helpers */
 
 static inline int is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
+/* a role's first byte and the rest: node/agent.py's ROLE (tests/unit/test_logs_fastmerge.py holds them to it) */
 static inline int is_role_first(unsigned char c) {
     return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_';
 }
@@ -277,7 +280,8 @@ static int mid_for_text(Node *nd, int rank_width, const char *rank, Py_ssize_t r
     return 0;
 }
 
-/* A rank too large for a C integer: Python's int() arithmetic, as global_rank() does it. */
+/* A rank too large for a C integer: Python's int() arithmetic, as global_rank() does it; more
+ * digits than int() takes is no rank, as lines.number() says. */
 static int mid_for_bigrank(Node *nd, int rank_width, const char *tee, Py_ssize_t tee_len,
                            const char *trainer, Py_ssize_t trainer_len) {
     PyObject *v = NULL, *s = NULL, *b = NULL;
@@ -290,20 +294,26 @@ static int mid_for_bigrank(Node *nd, int rank_width, const char *tee, Py_ssize_t
         s = PyUnicode_FromStringAndSize(tee, tee_len);
         if (s == NULL) goto done;
         PyObject *local = PyLong_FromUnicodeObject(s, 10);
-        if (local == NULL) goto done;
+        if (local == NULL) goto unnumbered;
         PyObject *base = PyLong_FromLongLong(nd->base);
         if (base == NULL) { Py_DECREF(local); goto done; }
         v = PyNumber_Add(base, local);
         Py_DECREF(base);
         Py_DECREF(local);
     }
-    if (v == NULL) goto done;
+    if (v == NULL) goto unnumbered;
     Py_DECREF(s);
     s = PyUnicode_FromFormat("r%S", v);
     if (s == NULL) goto done;
     b = PyUnicode_AsUTF8String(s);
     if (b == NULL) goto done;
     rc = mid_for_text(nd, rank_width, PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b));
+    goto done;
+unnumbered:
+    if (PyErr_ExceptionMatches(PyExc_ValueError)) {
+        PyErr_Clear();
+        rc = mid_for(nd, rank_width, -1);
+    }
 done:
     Py_XDECREF(v);
     Py_XDECREF(s);

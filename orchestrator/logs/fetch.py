@@ -5,7 +5,9 @@ The reader (`orchestrator/node/reader.py`) runs on each node with the node's pyt
 while idle, `S <json>` the node's status when it changes, if asked for, `E <state> <node time>`
 when the node's state.json is final and the log is drained). The controller appends only whole
 lines to its copy, `<run dir>/nodes/<node>.log`, and counts the bytes it appended, so a
-reconnect resumes at exactly the next unseen line: nothing lost, nothing twice.
+reconnect resumes at exactly the next unseen line: nothing lost, nothing twice. Reading a run
+needs no disk on the controller: where its disk refuses a copy (`CopyNotWritten`), what the copy
+lacks is read from the node as it is shown (`node_log_from`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import IO, Any
 
 from ..config.inventory import Inventory
 from ..config.plan import first_ranks
-from ..errors import TransportError
+from ..errors import OrchError, TransportError
 from ..node import AGENT_MODULES, FROM_STDIN, FROM_STDIN_OPEN
 from ..node import program as node_program
 from ..node.agent import write_all
@@ -140,7 +142,7 @@ def node_sources(run: RunDir, inv: Inventory) -> list[NodeSource]:
     """Every node of a run in node-rank order, with ranks from run.json (else the static plan)."""
     data = run.read()
     recorded = {r.node: r for r in recorded_nodes(data)}
-    nonce = str(data.get("nonce") or "") or None
+    nonce = run.nonce  # of orch's form, else refused (`store.check_nonce`)
     sources, firsts = [], first_ranks(inv.nodes)
     for rank, node in enumerate(inv.nodes):
         rec = recorded.get(node.name)
@@ -192,6 +194,8 @@ class LocalCopy:
         self.write_error: OSError | None = None
         """Why the copy stopped being written (the controller's disk full): the lines still flow
         (the live log, the watchdog), the copy just ends there; the node keeps the whole log."""
+        self.held = self.offset
+        """The bytes of whole lines the copy file holds: `offset` until a write fails."""
 
     def _whole_lines_size(self) -> int:
         """Size up to the last newline; a torn tail (a crash mid-write) is cut off when writing."""
@@ -235,10 +239,13 @@ class LocalCopy:
             try:
                 self.fh.seek(0, os.SEEK_END)
                 write_all(self.fh, data)
+                self.held += len(data)
             except OSError as exc:
                 self.writer, self.write_error = False, exc
                 with contextlib.suppress(OSError):  # whole lines only, so a later reader resumes right
                     self.fh.truncate(self._whole_lines_size())
+                with contextlib.suppress(OSError):
+                    self.held = self._whole_lines_size()
         self.offset += len(data)
 
     def drop_partial(self) -> None:
@@ -343,9 +350,23 @@ def renew_lease(proc: Process) -> None:
         proc.write(b"L\n")
 
 
+class CopyNotWritten(OrchError):
+    """The controller's disk refused a node's copy (`nodes/<node>.log`): the copy holds the node's
+    log up to byte `held` (whole lines), and the rest stays on the node, read from there wherever
+    the run's log is shown (`node_log_from`)."""
+
+    def __init__(self, node: str, path: Path, held: int, exc: OSError) -> None:
+        super().__init__(f"cannot write {path}: {exc.strerror or exc} (it holds the node's log to byte {held})")
+        self.node, self.held = node, held
+
+
 def fetch_node(transport: Transport, src: NodeSource, timeout: float = 120.0) -> str:
-    """Bring the local copy of one node up to date (one shot); returns the node's state."""
-    copy = LocalCopy(src.copy)
+    """Bring the local copy of one node up to date (one shot); returns the node's state.
+    CopyNotWritten, as soon as the controller's disk refuses the copy."""
+    try:
+        copy = LocalCopy(src.copy)
+    except OSError as exc:  # not even opened: none of it is read
+        raise CopyNotWritten(src.node, src.copy, 0, exc) from None
     reader = start_reader(transport, src, copy.offset, 0.2, once=True)
     watchdog = threading.Timer(timeout, reader.close)
     watchdog.start()
@@ -353,16 +374,35 @@ def fetch_node(transport: Transport, src: NodeSource, timeout: float = 120.0) ->
         for kind, payload in reader.frames():
             if kind == "D":
                 copy.feed(payload)
+                if copy.write_error is not None:
+                    raise CopyNotWritten(src.node, src.copy, copy.held, copy.write_error)
             elif kind == "E":
                 state, _, drained = payload.decode().partition(" ")
                 if drained and copy.writer:
-                    write_private(drained_path(src), drained)
+                    with contextlib.suppress(OSError):  # a stamp the follower skips ahead by; an older one holds
+                        write_private(drained_path(src), drained)
                 return state
         raise TransportError(src.node, "unreachable", "the log stream ended before the log was read to its end")
     finally:
         watchdog.cancel()
         reader.close()
         copy.close()
+
+
+def node_log_from(transport: Transport, src: NodeSource, offset: int) -> Iterator[bytes]:
+    """The node's log from byte `offset` to its end, in the pieces its reader sends, nothing of it
+    written here: what a copy the controller's disk refused lacks (`CopyNotWritten`).
+    TransportError when the stream ends before the log does."""
+    reader = start_reader(transport, src, offset, 0.2, once=True)
+    try:
+        for kind, payload in reader.frames():
+            if kind == "D":
+                yield payload
+            elif kind == "E":
+                return
+        raise TransportError(src.node, "unreachable", "the log stream ended before the log was read to its end")
+    finally:
+        reader.close()
 
 
 def drained_path(src: NodeSource) -> Path:

@@ -212,8 +212,14 @@ class NodeStream:
                         self.remote_state = payload.decode("ascii").partition(" ")[0]
                         return
             except (TransportError, ProtocolError, OSError, EOFError, ValueError) as exc:
-                # whatever the node sent, the stream reconnects: a node is never dropped from the log
+                # whatever the node sent, the stream reconnects: a node is never dropped from the log,
+                # unless its allocation has ended (srun's words): nothing can be read there any more
                 reason = str(exc) or type(exc).__name__
+                ended = exc if isinstance(exc, TransportError) else self.transport.unreached(1, reason)
+                if ended is not None and ended.kind == "gone":
+                    text = ended.message.removeprefix(f"{self.src.node}: ")
+                    self.on_event(self.src.node, f"{text}: its log is followed no further")
+                    return
             finally:
                 if self.reader is not None:
                     self.reader.close()

@@ -1,10 +1,10 @@
 """A node log line: parse it, stamp its time, format it. Pure.
 
 A node log line is `<UTC ISO-8601 with µs and Z> <stream> <text>` (written by the node agent, so
-the time is the node's clock when the line was produced). Worker lines carry torchrun's
-`--tee 3` prefix `[default<local_rank>]:` and, from the trainer, `[rank <R>] ` (`trainer.py`
-defines what orch reads of the trainer's output); both are parsed and stripped here, never
-guessed from the position of a line.
+the time is the node's clock when the line was produced). A worker's text starts with its field
+`[<role><local_rank>]:` (`node/agent.py` `WORKER_FIELD`: torchrun's `--tee` prefix, which the agent
+writes) and, from the trainer, `[rank <R>] ` (`trainer.py` defines what orch reads of the trainer's
+output); both are parsed and stripped here, never guessed from the position of a line.
 
 Fixed-width UTC timestamps sort as text, but ordering is done on epoch floats so that the clock
 offsets `orch check` measured can be subtracted per node before merging (`merge_key`).
@@ -20,18 +20,19 @@ import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
+from ..node.agent import WORKER_FIELD
 from .trainer import RANK_PREFIX
 
 TS_LEN = 27  # len("2026-11-30T09:32:05.123456Z")
 # The whole head of a node.log line in one match: the stamp, validated digit by digit; the stream,
 # as `split(" ", 2)` takes it; then, at the start of the text, the two worker prefixes, either
-# optional: torchrun's `--tee` prefix `[<role><local_rank>]:` (role "default" unless --role is
-# given; captured from torch 2.14 in tests/fixtures/torchrun_tee3_*_torch2.14.txt) and the
-# trainer's own `[rank 9] `. Groups: 1 the stamp's second, 2 the stream, 3 the tee's local rank,
+# optional: the agent's worker field `[<role><local_rank>]:` (torchrun's `--tee` prefix, role
+# "default" unless --role is given; captured from torch 2.14 in tests/fixtures/torchrun_tee3_*_torch2.14.txt)
+# and the trainer's own `[rank 9] `. Groups: 1 the stamp's second, 2 the stream, 3 the local rank,
 # 4 the trainer's rank; the text starts where the match ends. ASCII digits only.
 HEAD = re.compile(
     r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)\.\d{6}Z"
-    r"(?:$| ([^ ]*)(?:$| (?:\[[A-Za-z_][A-Za-z_-]*?(\d+)\]:)?(?:" + RANK_PREFIX + r")?))",
+    r"(?:$| ([^ ]*)(?:$| (?:" + WORKER_FIELD + r")?(?:" + RANK_PREFIX + r")?))",
     re.ASCII,
 )
 
@@ -132,7 +133,10 @@ def parse_node_line(
             raise ValueError(f"not a node.log line (no UTC µs timestamp): {raw[:60]!r}")
         return LogLine(fallback_ts, node, node_rank, None, None, "out", raw, fallback_stamp)
     stream, tee, trainer = m.group(2, 3, 4)
-    local_rank = int(tee) if tee is not None else None
+    try:  # `number(tee)`, inline: every line comes here
+        local_rank = int(tee) if tee is not None else None
+    except ValueError:
+        local_rank = None
     rank = global_rank(local_rank, trainer, base_rank)
     return LogLine(
         epoch + int(raw[20:26]) / 1_000_000,
@@ -149,11 +153,26 @@ def parse_node_line(
 SECOND = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", re.ASCII)
 
 
+def number(digits: str | None) -> int | None:
+    """A rank's digits as a number; None when there are none, or more than Python's int() takes
+    (4300 digits, `sys.get_int_max_str_digits`): a line a job printed never stops a reader."""
+    if digits is None:
+        return None
+    try:
+        return int(digits)
+    except ValueError:
+        return None
+
+
 def global_rank(local_rank: int | None, trainer: str | None, base_rank: int | None) -> int | None:
-    """A worker line's global rank: the trainer's `[rank R] ` when present, else `base_rank +
-    local_rank` (static rendezvous: a node's workers are base_rank..base_rank+nproc-1), else None."""
+    """A worker line's global rank: the trainer's `[rank R] ` when present (None when it is more
+    digits than a number takes), else `base_rank + local_rank` (static rendezvous: a node's workers
+    are base_rank..base_rank+nproc-1), else None."""
     if trainer is not None:
-        return int(trainer)
+        try:  # `number(trainer)`, inline: most lines come here
+            return int(trainer)
+        except ValueError:
+            return None
     if local_rank is not None and base_rank is not None:
         return base_rank + local_rank
     return None

@@ -22,6 +22,7 @@ from .lines import (
     global_rank,
     last_state,
     merge_key,
+    number,
     printable,
     rank_text,
     valid_second,
@@ -203,7 +204,7 @@ class _Renderer:
     def _mid(self, m: re.Match[str]) -> str:
         """The node and rank columns of a line whose head `m` matched (cached per head)."""
         tee, trainer = m.group(3, 4)
-        mid = self._columns(global_rank(int(tee) if tee is not None else None, trainer, self.base_rank))
+        mid = self._columns(global_rank(number(tee), trainer, self.base_rank))
         # A head that ends with the trainer's `[rank R] ` cannot extend further, so a line that
         # starts with it (after a valid stamp) has exactly this head: the fast lookup's table.
         (self.closed if trainer is not None else self.open)[m.string[27 : m.end()]] = mid

@@ -12,6 +12,10 @@ the reference clock, merged after the nodes as a node called `orch` (`merge_sour
 `orch logs RUN` prints: each line's text `printable` (control characters escaped), so that
 `cat merged.log` on a terminal is as safe as `orch logs`; `orch logs --raw` prints the texts as
 written instead (and leaves merged.log as it is).
+
+Reading needs no disk: a copy the controller's disk refused is read to where it ends and the rest
+from the node (`Rest`), and a merged.log the disk refuses is said once and left as it was
+(`MergedCopy`) while the lines go on.
 """
 
 from __future__ import annotations
@@ -20,22 +24,38 @@ import contextlib
 import fcntl
 import os
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import IO
 
 from ..config.inventory import Inventory
 from ..config.plan import world_size as planned_world_size
+from ..node.agent import OWN
+from ..node.telemetry import PREFIX
 from ..run.straggler import Window
 from ..store import RunDir, recorded_world_size
+from ..store import warn as store_warn
 from .fetch import NodeSource
 from .lines import LogLine, format_ts, parse_node_line, read_node_lines
 from .merge import PlainNode, merge, merge_plain
 from .telemetry import Ignored, Sample, read_record
-from .trainer import Timing
+from .trainer import TIMING_MARK, Timing
 
 
-def copy_lines(src: NodeSource) -> Iterator[LogLine]:
-    """Parse a node's local copy, streaming."""
+@dataclass(frozen=True)
+class Rest:
+    """What a node's copy lacks where the controller's disk refused it (`fetch.CopyNotWritten`):
+    the copy is read to byte `held`, then `more()`, the node's log from there."""
+
+    held: int
+    more: Callable[[], Iterable[bytes]]
+
+
+def copy_lines(src: NodeSource, rest: Rest | None = None) -> Iterator[LogLine]:
+    """Parse a node's local copy (and its `rest`, from the node), streaming."""
+    if rest is not None:
+        return read_node_lines(_text_lines(copy_bytes(src, 1 << 16, rest)), src.node, src.node_rank, src.base_rank)
     if not src.copy.exists():
         return iter(())
     return _copy_lines(src)
@@ -46,6 +66,39 @@ def _copy_lines(src: NodeSource) -> Iterator[LogLine]:
         yield from read_node_lines(fh, src.node, src.node_rank, src.base_rank)
 
 
+def _text_lines(chunks: Iterable[bytes]) -> Iterator[str]:
+    """Bytes in pieces as the lines a file opened with `newline="\n"` yields (decoded as `copy_lines` decodes)."""
+    part = b""
+    for chunk in chunks:
+        *whole, part = (part + chunk).split(b"\n")
+        for line in whole:
+            yield (line + b"\n").decode("utf-8", "replace")
+    if part:
+        yield part.decode("utf-8", "replace")
+
+
+def copy_bytes(src: NodeSource, size: int, rest: Rest | None = None) -> Iterator[bytes]:
+    """A node's copy in pieces of `size` bytes (none where it is missing); with `rest`, the copy's
+    first `rest.held` bytes, then the node's log from there."""
+    left = None if rest is None else rest.held
+    if left != 0:
+        try:
+            fh = open(src.copy, "rb")  # noqa: SIM115 - closed below, also when abandoned early
+        except FileNotFoundError:
+            fh = None
+        if fh is not None:
+            with fh:
+                while left is None or left > 0:
+                    chunk = fh.read(size if left is None else min(size, left))
+                    if not chunk:
+                        break
+                    if left is not None:
+                        left -= len(chunk)
+                    yield chunk
+    if rest is not None:
+        yield from rest.more()
+
+
 class CopyScan:
     """One node's copy read on from a byte offset to its last whole line, as a stream (a line at a
     time, whatever the copy's size): `records` yields the lines that may be telemetry or timing
@@ -53,7 +106,8 @@ class CopyScan:
     time of the copy's last stamped line, the offset to read on from, and the lines that match
     `keep` (the report's epoch, validation and throughput lines), as text."""
 
-    RECORD = re.compile(rb"timing epoch| orch telemetry ")
+    RECORD = re.compile(re.escape(TIMING_MARK.encode()) + b"|" + re.escape(f" {OWN} {PREFIX}".encode()))
+    """What a line that may be a record holds: a timing line's mark, or a telemetry line's stream and mark."""
 
     def __init__(self, src: NodeSource, offset: int = 0, keep: re.Pattern[bytes] | None = None) -> None:
         self.src, self.offset, self.keep = src, offset, keep
@@ -188,36 +242,114 @@ def lock_merged(run: RunDir) -> IO[str] | None:
     return os.fdopen(fd, "a", encoding="utf-8")
 
 
+class MergedCopy:
+    """`<run dir>/merged.log` being rewritten: what is written goes to a private temp file that
+    replaces merged.log once complete (`commit`). Writing never raises: the first write the
+    controller's disk refuses is said (`warn`), the temp file goes, merged.log is left as it was,
+    and the rest is not written: the lines shown go on without it."""
+
+    def __init__(self, run: RunDir, warn: Callable[[str], None], lock: IO[str], tmp: Path, fh: IO[bytes]) -> None:
+        self.run, self.warn, self.lock, self.tmp = run, warn, lock, tmp
+        self.fh: IO[bytes] | None = fh
+
+    @classmethod
+    def open(cls, run: RunDir, warn: Callable[[str], None]) -> MergedCopy | None:
+        """merged.log to rewrite, or None: another process writes it, or it cannot be (said)."""
+        try:
+            lock = lock_merged(run)
+        except OSError as exc:
+            warn(refused_merged(run, exc))
+            return None
+        if lock is None:
+            return None
+        tmp = run.merged_log.with_name(f".merged.log.{os.getpid()}")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+            os.fchmod(fd, 0o600)
+        except OSError as exc:
+            lock.close()
+            warn(refused_merged(run, exc))
+            return None
+        return cls(run, warn, lock, tmp, os.fdopen(fd, "wb"))
+
+    def write(self, data: str | bytes) -> None:
+        if self.fh is None:
+            return
+        try:
+            self.fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+        except OSError as exc:
+            self._refused(exc)
+
+    def commit(self) -> None:
+        """merged.log replaced by what was written (unless a write was refused)."""
+        if self.fh is None:
+            return
+        try:
+            self.fh.close()
+            os.replace(self.tmp, self.run.merged_log)
+        except OSError as exc:
+            self._refused(exc)
+        self.fh = None
+
+    def close(self) -> None:
+        """The temp file gone (unless committed) and merged.log's lock released."""
+        if self.fh is not None:
+            with contextlib.suppress(OSError):
+                self.fh.close()
+            self.fh = None
+        with contextlib.suppress(OSError):
+            os.unlink(self.tmp)
+        self.lock.close()
+
+    def _refused(self, exc: OSError) -> None:
+        self.warn(refused_merged(self.run, exc))
+        fh, self.fh = self.fh, None
+        with contextlib.suppress(OSError):
+            if fh is not None:
+                fh.close()  # what is buffered is lost with the file: the file goes anyway
+        with contextlib.suppress(OSError):
+            os.unlink(self.tmp)
+
+
+def refused_merged(run: RunDir, exc: OSError) -> str:
+    """What is said when the controller's disk refuses merged.log."""
+    return (
+        f"cannot write {run.merged_log}: {exc.strerror or exc}; the log goes on without it "
+        "(merged.log is left as it was; `orch logs` writes it again once it can)"
+    )
+
+
 @contextlib.contextmanager
-def merged_log_writer(run: RunDir) -> Iterator[IO[str] | None]:
-    """`<run dir>/merged.log`, rewritten atomically (private) once the writing completes; None
-    (left alone) while a follower in another process is appending to it."""
-    held = lock_merged(run)
-    if held is None:
-        yield None
-        return
-    tmp = run.merged_log.with_name(f".merged.log.{os.getpid()}")
+def merged_log_writer(run: RunDir, warn: Callable[[str], None] = store_warn) -> Iterator[MergedCopy | None]:
+    """`<run dir>/merged.log`, rewritten atomically (private) once the writing completes
+    (`MergedCopy`); None (left alone) while a follower in another process is appending to it,
+    or where the controller's disk refuses it (said through `warn`)."""
+    copy = MergedCopy.open(run, warn)
     try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            os.chmod(tmp, 0o600)
-            yield fh
-        os.replace(tmp, run.merged_log)
+        yield copy
+        if copy is not None:
+            copy.commit()
     finally:
-        held.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        if copy is not None:
+            copy.close()
 
 
 def write_merged_log(
-    run: RunDir, sources: list[NodeSource], offsets_ms: Mapping[str, float], widths: tuple[int, int]
+    run: RunDir,
+    sources: list[NodeSource],
+    offsets_ms: Mapping[str, float],
+    widths: tuple[int, int],
+    warn: Callable[[str], None] = store_warn,
+    rests: Mapping[str, Rest] | None = None,
 ) -> None:
-    """`<run dir>/merged.log`: every node's copy, merged, as plain text."""
-    with merged_log_writer(run) as fh:
-        if fh is None:
+    """`<run dir>/merged.log`: every node's copy (with its `rests`), merged, as plain text."""
+    with merged_log_writer(run, warn) as merged:
+        if merged is None:
             return
-        raw = binary(fh)
-        for chunk in plain_merged_bytes(sources, offsets_ms, widths):
-            write_chunk(chunk, fh, raw)
+        for chunk in plain_merged_bytes(sources, offsets_ms, widths, rests=rests):
+            merged.write(chunk)
+            if merged.fh is None:
+                return
 
 
 BLOCK_BYTES = 4 << 20
@@ -230,36 +362,34 @@ def block_size(nodes: int) -> int:
     return max(32 << 10, BLOCK_BYTES // max(1, nodes))
 
 
-def copy_blocks(src: NodeSource, size: int) -> Iterator[str]:
-    """A node's local copy in blocks of whole lines (about `size` bytes each), decoded as
-    `copy_lines` decodes it; a torn last line gets its newline."""
-    try:
-        fh = open(src.copy, "rb")  # noqa: SIM115 - closed below, also when abandoned early
-    except FileNotFoundError:
-        return
-    with fh:
-        rest = b""
-        while True:
-            chunk = fh.read(size)
-            if not chunk:
-                if rest:
-                    yield (rest + b"\n").decode("utf-8", "replace")
-                return
-            buf = rest + chunk if rest else chunk
-            cut = buf.rfind(b"\n") + 1
-            rest = buf[cut:]
-            if cut:
-                yield buf[:cut].decode("utf-8", "replace")
+def copy_blocks(src: NodeSource, size: int, rest: Rest | None = None) -> Iterator[str]:
+    """A node's local copy (and its `rest`, from the node) in blocks of whole lines (about `size`
+    bytes each), decoded as `copy_lines` decodes it; a torn last line gets its newline."""
+    tail = b""
+    for chunk in copy_bytes(src, size, rest):
+        buf = tail + chunk if tail else chunk
+        cut = buf.rfind(b"\n") + 1
+        tail = buf[cut:]
+        if cut:
+            yield buf[:cut].decode("utf-8", "replace")
+    if tail:
+        yield (tail + b"\n").decode("utf-8", "replace")
 
 
 def plain_merged(
-    sources: list[NodeSource], offsets_ms: Mapping[str, float], widths: tuple[int, int], raw: bool = False
+    sources: list[NodeSource],
+    offsets_ms: Mapping[str, float],
+    widths: tuple[int, int],
+    raw: bool = False,
+    rests: Mapping[str, Rest] | None = None,
 ) -> Iterator[str]:
-    """Every node's copy, merged, as chunks of plain `TIME NODE RANK TEXT` lines (the fast path
-    for what `format_line(merge(...))` prints when nothing is filtered); `raw`: texts as written."""
+    """Every node's copy (with its `rests`), merged, as chunks of plain `TIME NODE RANK TEXT` lines
+    (the fast path for what `format_line(merge(...))` prints when nothing is filtered); `raw`:
+    texts as written."""
     size = block_size(len(sources))
+    rests = rests or {}
     return merge_plain(
-        [copy_blocks(s, size) for s in sources],
+        [copy_blocks(s, size, rests.get(s.node)) for s in sources],
         [PlainNode(s.node, s.base_rank, offsets_ms.get(s.node, 0.0)) for s in sources],
         widths,
         raw,
@@ -278,12 +408,17 @@ def fast_merge_available() -> bool:
 
 
 def plain_merged_bytes(
-    sources: list[NodeSource], offsets_ms: Mapping[str, float], widths: tuple[int, int], raw: bool = False
+    sources: list[NodeSource],
+    offsets_ms: Mapping[str, float],
+    widths: tuple[int, int],
+    raw: bool = False,
+    rests: Mapping[str, Rest] | None = None,
 ) -> Iterator[bytes]:
     """`plain_merged` as UTF-8 chunks of whole lines: the same bytes, by the C merge when it is
-    built (several times faster; the same block of memory per node), else the Python one."""
-    if not fast_merge_available():
-        for text in plain_merged(sources, offsets_ms, widths, raw):
+    built (several times faster; the same block of memory per node), else (or where a copy has a
+    rest to read from its node: the C merge reads files) the Python one."""
+    if not fast_merge_available() or rests:
+        for text in plain_merged(sources, offsets_ms, widths, raw, rests):
             yield text.encode("utf-8")
         return
     with contextlib.ExitStack() as stack:

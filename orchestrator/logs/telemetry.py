@@ -1,9 +1,9 @@
 """The node agents' telemetry lines and the trainer's timing lines, read back from node log lines. Pure.
 
 A telemetry line is the agent's own (`orch` stream) `telemetry {json}` (`node/telemetry.py` writes
-it; its fields are docs/CONTRACT.md's). A timing line is a rank's `timing epoch E batch B ...`
-(`trainer/logs.py`, through `logs/trainer.py`). Both become what the straggler detector
-(`run/straggler.py`) and `orch top` use.
+it and defines its mark, `PREFIX`; its fields are docs/CONTRACT.md's). A timing line is a rank's
+`timing epoch E batch B ...` (`trainer/logs.py` writes it; its mark, `TIMING_MARK`, through
+`logs/trainer.py`). Both become what the straggler detector (`run/straggler.py`) and `orch top` use.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 from ..node.telemetry import NOT_FOUND, PREFIX
 from ..run.straggler import GpuLoad, NodeLoad, Window
 from .lines import LogLine
-from .trainer import Timing, parse_timing
+from .trainer import TIMING_MARK, Timing, parse_timing
 
 __all__ = ["PREFIX", "Ignored", "Sample", "is_metrics", "parse_sample", "read_record", "timing_window"]
 
@@ -174,18 +174,19 @@ def read_record(line: LogLine, offset_s: float = 0.0) -> Sample | tuple[Window, 
         if not line.text.startswith(PREFIX):
             return None
         return parse_sample(line) or Ignored(line.node)
-    if line.rank is None or "timing epoch" not in line.text or _TIMING_HEAD.search(line.text) is None:
+    if line.rank is None or TIMING_MARK not in line.text or _TIMING_HEAD.search(line.text) is None:
         return None
     return timing_window(line, offset_s) or Ignored(line.node)
 
 
-_TIMING_HEAD = re.compile(r"(?:^|\] )timing epoch ")
+_TIMING_HEAD = re.compile(r"(?:^|\] )" + re.escape(TIMING_MARK))
+"""A timing line's mark at the start of its text, or behind a prefix of its own (`[...] `)."""
 
 
 def timing_window(line: LogLine, offset_s: float = 0.0) -> tuple[Window, Timing] | None:
     """A rank's timing line as the detector's window (its time on the reference clock: the
     node's minus `offset_s`), with the timing itself; None for any other line."""
-    if line.rank is None or "timing epoch" not in line.text:
+    if line.rank is None or TIMING_MARK not in line.text:
         return None
     t = parse_timing(line.text)
     if t is None:

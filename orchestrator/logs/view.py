@@ -1,30 +1,33 @@
 """What `orch logs` shows of a run: its stored copies merged (filtered, or as plain text exactly
 as merged.log holds them), or the run followed live. The CLI prints what this yields; the copies
-and merged.log in the run directory are brought up to date on the way.
+and merged.log in the run directory are brought up to date on the way, where the controller's
+disk lets them: what it refuses is said (`RunLogs.warn`), and the lines go on (a copy's missing
+part read from its node).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Generator, Iterable, Iterator
+from dataclasses import dataclass, field
 
 from ..config.inventory import Inventory
+from ..errors import OrchError
 from ..run.supervise import run_state
 from ..store import RunDir, RunStore, clock_offsets, clock_reference
+from ..store import warn as store_warn
 from ..transport import Cluster, GroupResult
-from .fetch import NodeSource, fetch_all, node_sources
+from .fetch import CopyNotWritten, NodeSource, fetch_all, node_log_from, node_sources
 from .filters import LineFilter, apply, compile_grep, last_n, parse_nodes, parse_ranks, parse_since
 from .follow import Follower
 from .lines import LogLine, column_widths, format_line
 from .merge import merge
 from .stored import (
-    binary,
+    Rest,
     copy_lines,
     merge_sources,
     merged_log_writer,
     plain_merged_bytes,
     world_size,
-    write_chunk,
     write_merged_log,
 )
 
@@ -51,10 +54,17 @@ class RunLogs:
     """What the offsets are against: an NTP server, or the controller (its own clock unmeasured)."""
     controller_offset_ms: float | None = None
     """How far the controller's clock was off the NTP server when the offsets were measured."""
+    warn: Callable[[str], None] = store_warn
+    """Says what the controller's disk refused (a copy, merged.log) while the lines go on."""
+    rests: dict[str, Rest] = field(default_factory=dict)
+    """After `fetch`: the nodes whose copy the controller's disk refused, and where their rest is read from."""
 
     @classmethod
-    def open(cls, run_id: str | None, skew_correct: bool | None = None) -> RunLogs:
-        """The named run, else the latest; UsageError (exit 2) when there is none."""
+    def open(
+        cls, run_id: str | None, skew_correct: bool | None = None, warn: Callable[[str], None] = store_warn
+    ) -> RunLogs:
+        """The named run, else the latest; UsageError (exit 2) when there is none. `warn`: how
+        what the controller's disk refuses is said."""
         run = RunStore().get(run_id)
         inv = run.inventory()
         sources = node_sources(run, inv)
@@ -71,6 +81,7 @@ class RunLogs:
             column_widths([s.node for s in merge_sources(run, sources)], world_size(run, inv)),
             reference,
             controller,
+            warn,
         )
 
     @property
@@ -115,33 +126,53 @@ class RunLogs:
 
     def fetch(self, cluster: Cluster) -> GroupResult[str]:
         """Bring every node's copy up to date: each node's state, or why it could not be read
-        (the copy fetched earlier is then what is shown)."""
-        return fetch_all(self.run, self.inv, cluster, self.sources)
+        (the copy fetched earlier is then what is shown). A copy the controller's disk refuses is
+        said (`warn`) and left out of the answer: what it lacks is read from its node as the log
+        is shown (`rests`)."""
+        result = fetch_all(self.run, self.inv, cluster, self.sources)
+        by_name = {s.node: s for s in self.sources}
+        for node, exc in result.failed.items():
+            if isinstance(exc, CopyNotWritten):
+                self.warn(f"{node}: {exc}; the rest is read from the node as it is shown")
+                self.rests[node] = Rest(exc.held, self._more(cluster, by_name[node], exc.held))
+        return GroupResult({n: v for n, v in result.items() if not isinstance(v, CopyNotWritten)})
+
+    def _more(self, cluster: Cluster, src: NodeSource, held: int) -> Callable[[], Iterable[bytes]]:
+        """The node's log from `held` on, as it is shown; a stream that breaks is said, and ends that node's lines."""
+
+        def more() -> Iterator[bytes]:
+            try:
+                yield from node_log_from(cluster[src.node], src, held)
+            except (OrchError, OSError) as exc:
+                self.warn(f"{src.node}: its log past byte {held} could not be read from the node: {exc}")
+
+        return more
 
     def plain(self, raw: bool = False) -> Iterator[bytes]:
         """Every line of every copy, merged, as plain text in chunks of UTF-8 bytes: what
         merged.log holds, and it is rewritten in the same pass. `raw`: each line's text as the
         node wrote it, control characters and all (merged.log is left as it is)."""
         if raw:
-            yield from plain_merged_bytes(self.merged, self.offsets_ms, self.widths, raw=True)
+            yield from plain_merged_bytes(self.merged, self.offsets_ms, self.widths, raw=True, rests=self.rests)
             return
-        with merged_log_writer(self.run) as merged:
-            under = binary(merged) if merged is not None else None
-            for chunk in plain_merged_bytes(self.merged, self.offsets_ms, self.widths):
+        with merged_log_writer(self.run, self.warn) as merged:
+            for chunk in plain_merged_bytes(self.merged, self.offsets_ms, self.widths, rests=self.rests):
                 yield chunk
                 if merged is not None:
-                    write_chunk(chunk, merged, under)
+                    merged.write(chunk)
 
     def lines(self, keep: LineFilter, tail: int | None = None) -> Iterator[LogLine]:
         """The copies' lines that `keep` keeps (the last `tail` of each node), merged. merged.log
         is rewritten too: in the same pass when nothing is left out, else once they are out."""
-        streams: list[Iterator[LogLine]] = [copy_lines(s) for s in self.merged if keep.wants_node(s.node)]
+        streams: list[Iterator[LogLine]] = [
+            copy_lines(s, self.rests.get(s.node)) for s in self.merged if keep.wants_node(s.node)
+        ]
         if not keep.empty:
             streams = apply(streams, keep)
         if tail is not None:
             streams = [last_n(s, tail) for s in streams]
         if keep.empty and tail is None:
-            with merged_log_writer(self.run) as merged:
+            with merged_log_writer(self.run, self.warn) as merged:
                 for line in merge(streams, self.offsets_ms):
                     if merged is not None:
                         merged.write(
@@ -150,7 +181,7 @@ class RunLogs:
                     yield line
             return
         yield from merge(streams, self.offsets_ms)
-        write_merged_log(self.run, self.merged, self.offsets_ms, self.widths)
+        write_merged_log(self.run, self.merged, self.offsets_ms, self.widths, self.warn, self.rests)
 
     def follow(
         self, cluster: Cluster, *, watermark: float, from_start: bool, on_event: Callable[[str, str], None]

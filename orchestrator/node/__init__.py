@@ -14,14 +14,27 @@ A node may run another orch version, or none: what a program needs travels with 
 - `stacks.py` `agent.py stacks`: every rank's Python stack (py-spy dump).
 - `telemetry.py` the agent's samples of GPUs, CPU, memory and ranks (`telemetry ...` lines).
 - `boot.py`   writes the files it reads on stdin into a run directory, then runs the agent.
+- `each.py`   the task of a step on every node at once (a Slurm launch): it execs its own node's
+              call (boot.py) with that call's stdin.
 - `probe.py`  `orch check`'s probe: gathers a node's facts, answers pings and connect tests.
 - `reader.py` streams a node's log from a byte offset as frames, with the node's status;
               it judges liveness with the agent's own functions (shipped along with it).
 - `findmodule.py` the `job` check of a module job: whether the job's python finds the module
               (`python -c` of its text, run by the job's python where the job runs).
+- `warned.py` a container's job under a scheduler's warning signal (`transport: slurm`): runs the
+              job with the warning ignored and passes the warning on to every process below it
+              (`python -c` of its `unpacking` text, first in the container's command).
 - `tether.py` a watcher the login shell starts beside `orch exec`'s command: it stops the
               shell's process group when the SSH session that started it goes away
               (`python -c` of its `packed` text, in the background).
+- `relay.py`  one link of the copy chain of `orch sync` and `orch image push`: verifies what
+              its predecessor (or the controller) sends, writes it (files renamed into place
+              once their sha256 holds; an image into `RUNTIME load`), forwards it over TCP
+              (`program("relay")` sent on the stdin of `python -c FROM_STDIN_OPEN`, which then
+              carries the controller's commands).
+- `execbox.py` `orch exec --container`'s command in the run's container on this node, stopped
+              inside the container on a timeout, a signal or a lost session (`python -c` of
+              its `packed` text).
 - `jobs/`     what orch itself runs under torchrun (the fabric check's job): stdlib and torch.
 
 This file is the controller's side: `source(name)` is a program's text, and `program(main,
@@ -106,6 +119,12 @@ def packed(name: str) -> str:
     """`script(name)` compressed and base64-encoded: one line without quotes, newlines or `!`,
     which any login shell passes through inside quotes (`orch exec`'s tether). Made once per process."""
     return _blob(script(name).encode("utf-8"))
+
+
+def unpacking(name: str) -> str:
+    """The `python -c` text that runs node program `name` from its `packed` form: one line of a
+    few hundred characters, the same on every node (an argv word that plan JSON shows as it is)."""
+    return f'import base64,zlib;exec(zlib.decompress(base64.b64decode("{packed(name)}")))'
 
 
 def program(main: str, deps: tuple[str, ...] = ()) -> str:

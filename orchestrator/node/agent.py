@@ -8,12 +8,14 @@ module's liveness functions too, so its top-level imports stay cheap: the module
 or the command line needs are imported where they are used. One run directory per node and run
 holds:
 
-  launch.json   what to run (argv, env, cwd, stop grace, an attached run's lease_s), written
-                privately by the controller
+  launch.json   what to run (argv, env, cwd, stop grace, an attached run's lease_s; `warning_blocked`:
+                a container's job under Slurm, started with the warning signal blocked, see `WARNING`),
+                written privately by the controller
   lease         an attached run's lease: renewed by the controller (touched by its log reader);
                 older than lease_s, the agent stops the job (state stopped, reason, lease_expired)
   agent.py      this file
-  node.log      `<UTC ISO time with µs>Z <out|err|orch> <text>` for every line torchrun or the agent writes
+  node.log      `<UTC ISO time with µs>Z <out|err|orch> <text>` for every line torchrun or the agent writes,
+                a worker's text behind its field `[<role><local rank>]:` (`WORKER_FIELD`)
   state.json    run, node, agent_pid, pid, pgid, host, started_at, finished_at, failed_at (when
                 torchrun first said a worker failed: the order of a run's failures), exit_code, signal,
                 state (starting|running|succeeded|failed|stopped), rewritten atomically (in place,
@@ -25,6 +27,8 @@ Subcommands (each prints one JSON object on stdout):
 
   start DIR          daemonize (double fork + setsid, stdio on /dev/null) and start torchrun in its
                      own process group; return once state.json says running, non-zero if it cannot
+                     (--foreground: the same answer, then the agent runs in this process until the job
+                     ends, for a transport that holds it: a Slurm step; exit 0 only if it succeeded)
   status DIR [--tail N] [--nonce X]   state.json plus liveness (is the agent / the job alive), log
                      size and time
   stop DIR [--grace S] [--nonce X]    SIGTERM the job's process group, SIGKILL after S seconds, wait
@@ -33,7 +37,11 @@ Subcommands (each prints one JSON object on stdout):
 
 With --nonce (the launch nonce, launch.json `nonce`), a run directory claimed by another launch
 (`launch.nonce`: another controller's run of the same id) is never stopped nor reported as ours.
-  stacks DIR [--timeout S]  the Python stack of every rank of the job (`py-spy dump`), raw, per rank
+  stacks DIR [--timeout S] [--py-spy-bytes N]  the Python stack of every rank of the job (`py-spy
+                     dump`), raw, per rank; with N, first the controller's py-spy from stdin
+  sweep --spec JSON  a launch's containers left on this node (a killed agent's): `list` (an argv
+                     that prints IDs) run without a shell, every line that is a full 64-hex ID
+                     removed by `remove -- ID...`, nothing else (`ignored`: what the listing also said)
   collect DIR --root R [--limit N] [--remove] [--nonce X]  the last N bytes of node.log; with
                      --remove, then the run directory goes (and the run id's above it once empty):
                      only `R/<run-id>/<node>`, trusted, this launch's, its job and agent gone
@@ -133,6 +141,13 @@ STATUS_KEYS = (
 )
 """The fields of state.json a status reports as they are (the log reader's `S` frames: these)."""
 PR_SET_CHILD_SUBREAPER = 36
+WARNING = signal.SIGUSR2
+"""The warning signal of a time limit or a preemption (Slurm's `--signal`): ignored by the agent and,
+inherited, by torchrun (which an unhandled SIGUSR2 would kill); the trainer handles it. A container's
+job (launch.json `warning_blocked`) starts with it blocked as well: Slurm signals every process of
+the step, and podman's conmon, re-parented to the agent (a subreaper) and so in the step, would die
+of it (its default action; the runtime's client resets what it handled); blocked, conmon keeps it
+blocked, and `warned.py` unblocks it inside the container."""
 STARTING_TEXT = "agent {pid} on {host} starting{attempt}: {argv} (cwd {cwd})"
 """The agent's first line of a launch (an attempt of a run: node.log continues across retries)."""
 STARTING_LINE = re.compile(r"^agent \d+ on \S+ starting(?: attempt \d+)?: ")
@@ -317,8 +332,34 @@ ending with LONG_LINE_MARK, so one line never holds up the log or grows without 
 LONG_LINE_MARK = " [orch: line longer than 1 MiB, continued on the next line]"
 
 
-TEE_HEAD = re.compile(rb"\[([A-Za-z_][A-Za-z_-]*?)\d+\]:")
-"""torchrun's `--tee` prefix `[<role><local rank>]:` (role `default` unless --role is given), as bytes."""
+STREAMS = OUT, ERR, OWN = ("out", "err", "orch")
+"""node.log's streams: the job's stdout, its stderr, and the agent's own lines."""
+ROLE = r"[A-Za-z_][A-Za-z_-]*?"
+"""A torchrun role as node.log's worker field holds it (`--role`; `default` unless given)."""
+
+
+def worker_pattern(role: str = ROLE) -> str:
+    """The worker field of a node.log line (a regular expression; group 1: the local rank): `role`
+    (a pattern: `ROLE`, or one role escaped) and the worker's local rank in torchrun's `--tee`
+    prefix's brackets, `[default0]:`."""
+    return r"\[" + role + r"(\d+)\]:"
+
+
+WORKER_FIELD = worker_pattern()
+"""The one grammar of a worker's line in node.log: its text starts with `[<role><local rank>]:`
+(group 1: the local rank), written by the agent (`worker_field`) from what it read of torchrun's
+`--tee` output with this same pattern, so it is torchrun's prefix byte for byte and node.logs of any
+version read alike. orch's readers take it from here (`logs/lines.py`, `run/cause.py`,
+`run/supervise.py`); the C merge (`logs/_fastmerge.c`) is held to it by tests/unit/test_logs_fastmerge.py,
+and tests/unit/test_one_definition_logs.py fails on a second copy."""
+TEE_HEAD = re.compile(WORKER_FIELD.encode())
+"""`WORKER_FIELD` as the agent reads torchrun's output: bytes."""
+
+
+def worker_field(role: bytes, local_rank: bytes) -> bytes:
+    """The field that starts a worker's line in node.log (`WORKER_FIELD`): the role and the local
+    rank's digits as read (never through int(): Python refuses a number of over 4300 digits)."""
+    return b"[" + role + local_rank + b"]:"
 
 
 class Rejoin:
@@ -335,23 +376,24 @@ class Rejoin:
 
     def __init__(self) -> None:
         self.parts: dict[bytes, bytes] = {}
-        """Each prefix's part of a line not yet ended."""
+        """Each worker field's part of a line not yet ended."""
         self.heads: dict[bytes, re.Pattern[bytes]] = {}
         """Per role: the pattern of its prefixes."""
 
     def feed(self, raw: bytes) -> list[bytes]:
-        """The whole lines `raw` (one line as read, newline and all) ends."""
+        """The whole lines `raw` (one line as read, newline and all) ends, a worker's behind its
+        field (`worker_field`)."""
         first = TEE_HEAD.match(raw)
         if first is None:
             return [raw]
-        role = first.group(1)
+        role = raw[1 : first.start(1)]
         head = self.heads.get(role)
         if head is None:
-            head = self.heads[role] = re.compile(rb"\[" + re.escape(role) + rb"\d+\]:")
+            head = self.heads[role] = re.compile(worker_pattern(re.escape(role.decode("ascii"))).encode())
         marks = list(head.finditer(raw))
         done: list[bytes] = []
         for mark, end in zip(marks, [*(m.start() for m in marks[1:]), len(raw)]):
-            prefix = mark.group()
+            prefix = worker_field(role, mark.group(1))
             text = self.parts.pop(prefix, b"") + raw[mark.end() : end]
             if end == len(raw):
                 done.append(prefix + text)
@@ -414,8 +456,8 @@ class NodeLog:
                 self.torn = written > 0 or self.torn
             else:
                 self.lost, self.error, self.torn = 0, None, False
-            if self.failed_at is None and stream == "err" and not text.startswith("[") and WORKER_FAILED.search(text):
-                self.failed_at = now  # a rank's own lines carry torchrun's `[default0]:` prefix
+            if self.failed_at is None and stream == ERR and not text.startswith("[") and WORKER_FAILED.search(text):
+                self.failed_at = now  # a rank's own lines start with their field, `[default0]:`
 
     def pump(self, src: IO[bytes], stream: str) -> None:
         """Copy `src` line by line, stamping each line when it arrives, with torchrun's torn
@@ -516,7 +558,7 @@ class Monitor:
                 f"the controller (orch up) was not heard from for {age:.0f} s (lease {self.lease_s:g} s): "
                 "a cut link or a dead controller; the job was stopped"
             )
-            self.log.write("orch", self.lease_lost)
+            self.log.write(OWN, self.lease_lost)
             self.stop_at, self.stop_signal = time.monotonic(), signal.SIGTERM
 
     def save(self, **fields: Any) -> None:
@@ -545,7 +587,7 @@ class Monitor:
         text = full_text(self.dir, exc) if exc.errno in FULL else f"cannot write {STATE}: {exc.strerror or exc}"
         if text != self.full:
             self.full = text
-            self.log.write("orch", text)
+            self.log.write(OWN, text)
 
     def on_signal(self, signum: int, _frame: Any) -> None:
         # only set a flag: writing the log here could deadlock on its lock
@@ -563,9 +605,9 @@ class Monitor:
         recorded (state.json `stop_hook_result`)."""
         hook = self.state.get("stop_hook") or []
         if hook:
-            self.log.write("orch", f"stop hook ({why}): {' '.join(hook)}")
+            self.log.write(OWN, f"stop hook ({why}): {' '.join(hook)}")
             said = run_hook(hook, self.hook_env())
-            self.log.write("orch", "stop hook: " + said)
+            self.log.write(OWN, "stop hook: " + said)
             self.save(stop_hook_result=said)
 
     def hook_env(self) -> dict[str, str]:
@@ -583,9 +625,12 @@ class Monitor:
             libc = ctypes.CDLL(None, use_errno=True)
             libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         except (OSError, AttributeError):
-            self.log.write("orch", "cannot become a child subreaper; orphaned workers may escape")
+            self.log.write(OWN, "cannot become a child subreaper; orphaned workers may escape")
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, self.on_signal)
+        # the warning of a time limit or a preemption (Slurm signals every process of a step): the
+        # agent ignores it and torchrun inherits that; the trainer's handler is the one that acts on it
+        signal.signal(WARNING, signal.SIG_IGN)
         env = dict(os.environ)
         env.update({str(k): str(v) for k, v in self.launch.get("env", {}).items()})
         argv = self.argv()
@@ -599,7 +644,7 @@ class Monitor:
         if self.lease_s is not None:
             self.start_lease()
         self.log.write(
-            "orch",
+            OWN,
             STARTING_TEXT.format(
                 pid=os.getpid(),
                 host=socket.gethostname(),
@@ -608,6 +653,7 @@ class Monitor:
                 cwd=shown([cwd]),
             ),
         )
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {WARNING}) if self.launch.get("warning_blocked") else None
         try:
             umask = self.launch.get("login_umask")
             proc = subprocess.Popen(
@@ -622,16 +668,19 @@ class Monitor:
             )
         except OSError as exc:
             reason = f"cannot start {argv[0]}: {exc.strerror or exc}"
-            self.log.write("orch", reason)
+            self.log.write(OWN, reason)
             self.save(state=FAILED, exit_code=127, reason=reason, finished_at=time.time())
             return 127
+        finally:
+            if blocked is not None:  # the job inherited it; the agent keeps only ignoring it
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         # torchrun leads a session and process group of its own: its start time names both
         st = proc_start_time(proc.pid, zombie=True)  # a job may be done already: not yet reaped
         self.save(state=RUNNING, pid=proc.pid, pgid=proc.pid, pid_start=st, pgid_start=st, started_at=time.time())
-        self.log.write("orch", f"started pid {proc.pid} (process group {proc.pid})")
+        self.log.write(OWN, f"started pid {proc.pid} (process group {proc.pid})")
         pumps = [
             threading.Thread(target=self.log.pump, args=(s, n), daemon=True)
-            for s, n in ((proc.stdout, "out"), (proc.stderr, "err"))
+            for s, n in ((proc.stdout, OUT), (proc.stderr, ERR))
         ]
         for t in pumps:
             t.start()
@@ -651,7 +700,7 @@ class Monitor:
         stopped = self.stop_at is not None or os.path.exists(os.path.join(self.dir, STOP_REQUEST))
         state = STOPPED if stopped else (SUCCEEDED if code == 0 else FAILED)
         sig = signal_name(code)
-        self.log.write("orch", EXITED.format(code=code, signal=f" ({sig})" if sig else "", state=state))
+        self.log.write(OWN, EXITED.format(code=code, signal=f" ({sig})" if sig else "", state=state))
         extra = {"reason": self.lease_lost, "lease_expired": True} if self.lease_lost else {}
         if self.log.failed_at is not None:
             extra["failed_at"] = self.log.failed_at
@@ -700,11 +749,11 @@ class Monitor:
             while not done.wait(wait):
                 wait = every
                 try:
-                    self.log.write("orch", telemetry.line(sampler.sample()))
+                    self.log.write(OWN, telemetry.line(sampler.sample()))
                     failures = 0
                 except Exception as exc:  # telemetry never takes the agent down; said once in a row
                     if failures == 0:
-                        self.log.write("orch", f"telemetry sample failed: {type(exc).__name__}: {exc}")
+                        self.log.write(OWN, f"telemetry sample failed: {type(exc).__name__}: {exc}")
                     failures += 1
 
         threading.Thread(target=loop, name="telemetry", daemon=True).start()
@@ -722,14 +771,14 @@ class Monitor:
             if self.stop_at is not None and self.term_sent is None:
                 self.term_sent = now
                 # the line first: what the job prints once signalled comes after it in node.log
-                self.log.write("orch", STOPPING.format(signal=signal.Signals(self.stop_signal).name, pgid=proc.pid))
+                self.log.write(OWN, STOPPING.format(signal=signal.Signals(self.stop_signal).name, pgid=proc.pid))
                 try:  # torchrun is our child, not reaped yet: its group cannot be anyone else's
                     os.killpg(proc.pid, signal.SIGTERM)
                 except (ProcessLookupError, PermissionError):
                     pass
             if self.term_sent is not None and not self.kill_sent and now - self.term_sent > self.grace:
                 self.kill_sent = True
-                self.log.write("orch", f"still running {self.grace:.0f} s after SIGTERM: SIGKILL")
+                self.log.write(OWN, f"still running {self.grace:.0f} s after SIGTERM: SIGKILL")
                 self.run_stop_hook("still running after SIGTERM")
                 self.kill_tree(signal.SIGKILL)
             if now - last_snapshot >= 1.0:
@@ -769,14 +818,14 @@ class Monitor:
         if not descendants(os.getpid()):
             return []
         n = self.kill_tree(signal.SIGTERM)
-        self.log.write("orch", f"torchrun exited, {n} of its processes remain: SIGTERM")
+        self.log.write(OWN, f"torchrun exited, {n} of its processes remain: SIGTERM")
         deadline = time.monotonic() + min(self.grace, 5.0)
         while descendants(os.getpid()) and time.monotonic() < deadline:
             self.reap(main_pid)
             time.sleep(0.1)
         n = self.kill_tree(signal.SIGKILL)
         if n:
-            self.log.write("orch", f"SIGKILL to {n} remaining processes")
+            self.log.write(OWN, f"SIGKILL to {n} remaining processes")
         deadline = time.monotonic() + kill_wait
         while descendants(os.getpid()) and time.monotonic() < deadline:
             self.reap(main_pid)
@@ -785,7 +834,7 @@ class Monitor:
         left = descendants(os.getpid())
         if left:
             self.log.write(
-                "orch",
+                OWN,
                 f"cleanup timed out: {len(left)} processes of the job survived SIGKILL for "
                 f"{kill_wait:.0f} s: {' '.join(str(p) for p, _s in left)}",
             )
@@ -866,8 +915,10 @@ def expand(path: str | None) -> str | None:
 # ----------------------------------------------------------------------------- subcommands
 
 
-def cmd_start(run_dir: str, wait: float) -> int:
-    """Validate, daemonize, and report once torchrun runs (or why it could not start)."""
+def cmd_start(run_dir: str, wait: float, foreground: bool = False) -> int:
+    """Validate, daemonize, and report once torchrun runs (or why it could not start). `foreground`:
+    the agent runs in this process, which something else holds as long as the job (a Slurm step):
+    the same answer once torchrun runs, then the agent's own run to its end (`serve_here`)."""
     launch = read_json(os.path.join(run_dir, LAUNCH))
     if not launch.get("argv"):
         return emit({"state": FAILED, "reason": f"{run_dir}/{LAUNCH} is missing or has no argv"}, 2)
@@ -900,9 +951,31 @@ def cmd_start(run_dir: str, wait: float) -> int:
             "state": STARTING,
         },
     )
+    if foreground:
+        return serve_here(run_dir, launch, state_path, wait)
     if os.fork() == 0:
         daemon(run_dir, launch)
     return wait_started(state_path, wait)
+
+
+def serve_here(run_dir: str, launch: dict[str, Any], state_path: str, wait: float) -> int:
+    """The agent in the foreground: its start's answer (`wait_started`, on stdout, from a thread) once
+    torchrun runs, and the agent's run in this process until the job is over. Exit 1 only when the
+    job failed (a Slurm step's `--kill-on-bad-exit` then ends the other nodes' agents): a job stopped
+    on request (orch down, a teardown, the lease) exits 0 and leaves the other nodes to their own stop."""
+    import threading
+
+    answer = threading.Thread(target=wait_started, args=(state_path, wait), daemon=True, name="answer")
+    answer.start()
+    os.chdir("/")
+    launch = dict(launch, login_umask=os.umask(0o077))
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    code = serve(run_dir, launch)
+    answer.join(timeout=wait)
+    sys.stdout.flush()
+    return 1 if code != 0 and read_json(state_path).get("state") == FAILED else 0
 
 
 def clear_stop_request(run_dir: str) -> None:
@@ -926,6 +999,12 @@ def daemon(run_dir: str, launch: dict[str, Any]) -> None:
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
     os.closerange(3, 65536)
+    os._exit(0 if serve(run_dir, launch) == 0 else 1)
+
+
+def serve(run_dir: str, launch: dict[str, Any]) -> int:
+    """The agent's run (`Monitor.run`), daemonized or in the foreground: torchrun's exit code, or 1
+    when the agent itself crashed (said in state.json and node.log first)."""
     code = 1
     try:
         monitor = Monitor(run_dir, launch)
@@ -944,10 +1023,10 @@ def daemon(run_dir: str, launch: dict[str, Any]) -> None:
         except BaseException:
             pass
         try:
-            NodeLog(os.path.join(run_dir, LOG)).write("orch", "agent crashed: " + trace)
+            NodeLog(os.path.join(run_dir, LOG)).write(OWN, "agent crashed: " + trace)
         except BaseException:
             pass
-    os._exit(0 if code == 0 else 1)
+    return code
 
 
 def wait_started(state_path: str, wait: float) -> int:
@@ -1077,7 +1156,7 @@ def cmd_stop(run_dir: str, grace: float, nonce: str | None = None) -> int:
             env = dict(os.environ)
             env.update({str(k): str(v) for k, v in read_json(os.path.join(run_dir, LAUNCH)).get("env", {}).items()})
             said = run_hook([str(a) for a in state["stop_hook"]], env)
-            NodeLog(os.path.join(run_dir, LOG)).write("orch", f"stop hook (the agent was gone): {said}")
+            NodeLog(os.path.join(run_dir, LOG)).write(OWN, f"stop hook (the agent was gone): {said}")
             state["stop_hook_result"] = said
         state.update(state=STOPPED, finished_at=time.time(), procs=[])
         try:
@@ -1144,6 +1223,61 @@ def cmd_collect(run_dir: str, root: str, limit: int, remove: bool, nonce: str | 
     return emit(out, 0)
 
 
+FULL_ID = re.compile(r"^[0-9a-f]{64}\Z")
+"""A container's whole ID, as `ps -q --no-trunc` prints it: the only words `sweep` removes."""
+SWEEP_LIST_S, SWEEP_REMOVE_S = 60.0, 120.0
+
+
+def cmd_sweep(spec_text: str) -> int:
+    """List a launch's containers left on this node and remove them (`sweep` above). The listing
+    and the removal are argvs the controller derived from the run's inventory snapshot; they run
+    here without a shell or a login, so nothing but the runtime's own answer is read, and only
+    its full IDs are removed, after `--`."""
+    import subprocess
+
+    try:
+        spec = json.loads(spec_text)
+        listing, remove = [str(w) for w in spec["list"]], [str(w) for w in spec["remove"]]
+    except (ValueError, KeyError, TypeError):
+        return emit({"error": 'sweep: --spec is not {"list": [...], "remove": [...]}'}, 2)
+    if not listing or not remove:
+        return emit({"error": "sweep: an empty listing or removal"}, 2)
+
+    def run(argv: list[str], timeout: float) -> tuple[int | None, str, str]:
+        try:
+            res = subprocess.run(
+                argv,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                env=without_identity(os.environ),
+                timeout=timeout,
+            )
+        except subprocess.TimeoutExpired:
+            return None, "", f"no answer within {timeout:.0f} s"
+        except OSError as exc:
+            return None, "", f"cannot run {argv[0]}: {exc.strerror or exc}"
+        return res.returncode, res.stdout.decode("utf-8", "replace"), res.stderr.decode("utf-8", "replace")
+
+    def last(err: str, code: int | None) -> str:
+        lines = err.strip().splitlines()
+        return lines[-1][:500] if lines else f"exit {code}"
+
+    code, out, err = run(listing, SWEEP_LIST_S)
+    if code != 0:
+        return emit({"error": f"cannot list the run's containers: {last(err, code)}"}, 1)
+    words = [line.strip() for line in out.splitlines() if line.strip()]
+    ids = list(dict.fromkeys(w for w in words if FULL_ID.match(w)))
+    ignored = [w[:80] for w in words if not FULL_ID.match(w)]
+    if not ids:
+        return emit({"containers": [], "ignored": ignored}, 0)
+    code, _, err = run([*remove, "--", *ids], SWEEP_REMOVE_S)
+    if code != 0:
+        return emit(
+            {"containers": ids, "ignored": ignored, "error": f"cannot remove {' '.join(ids)}: {last(err, code)}"}, 1
+        )
+    return emit({"containers": ids, "ignored": ignored, "removed": True}, 0)
+
+
 def emit(data: dict[str, Any], code: int) -> int:
     sys.stdout.write(json.dumps(data) + "\n")
     sys.stdout.flush()
@@ -1158,6 +1292,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("start", help="start the job detached; return once it runs")
     p.add_argument("dir")
     p.add_argument("--wait", type=float, default=30.0, help="seconds to wait for the job to run")
+    p.add_argument("--foreground", action="store_true", help="run the agent in this process until the job ends")
     p = sub.add_parser("status", help="state.json plus liveness")
     p.add_argument("dir")
     p.add_argument("--tail", type=int, default=0, help="also return the last N lines of node.log")
@@ -1170,6 +1305,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("stacks", help="the Python stack of every rank (py-spy dump)")
     p.add_argument("dir")
     p.add_argument("--timeout", type=float, default=20.0, help="seconds py-spy may take per rank")
+    p.add_argument("--py-spy-bytes", type=int, default=0, help="first read the controller's py-spy from stdin")
+    p = sub.add_parser("sweep", help="remove a launch's containers left here (by full ID, never a shell)")
+    p.add_argument("--spec", required=True, help='{"list": ARGV, "remove": ARGV}')
     p = sub.add_parser("collect", help="the tail of node.log; with --remove, then the run directory goes")
     p.add_argument("dir")
     p.add_argument("--root", required=True, help="the run root: only <root>/<run-id>/<node> is removed")
@@ -1184,19 +1322,27 @@ def main(argv: list[str] | None = None) -> int:
         except UntrustedDir as exc:
             return emit({"state": None, "error": str(exc), "untrusted": True}, 2)
     if args.cmd == "start":
-        return cmd_start(run_dir, args.wait)
+        return cmd_start(run_dir, args.wait, args.foreground)
     if args.cmd == "status":
         return emit(status(run_dir, args.tail, args.nonce, args.renew), 0)
     if args.cmd == "stop":
         return cmd_stop(run_dir, args.grace, args.nonce)
     if args.cmd == "collect":
         return cmd_collect(run_dir, args.root, args.limit, args.remove, args.nonce)
+    if args.cmd == "sweep":
+        return cmd_sweep(args.spec)
     if args.cmd == "stacks":
         try:
             from . import stacks
         except ImportError:
             import stacks  # type: ignore[no-redef]
-        return emit(stacks.stacks(run_dir, read_json(os.path.join(run_dir, STATE)), args.timeout), 0)
+        shipped = None
+        if args.py_spy_bytes > 0:  # the controller's py-spy, after this program on stdin
+            try:
+                stacks.receive(run_dir, args.py_spy_bytes, sys.stdin.buffer)
+            except (OSError, ValueError) as exc:
+                shipped = f"cannot keep the py-spy orch brought in {run_dir}: {exc}"
+        return emit(stacks.stacks(run_dir, read_json(os.path.join(run_dir, STATE)), args.timeout, shipped), 0)
     parser.print_help(sys.stderr)
     return 2
 

@@ -23,6 +23,12 @@ anything else, so no env value is ever on the command line where `ps` shows it):
      line, then `ORCH-REACH [...]`.
    Until stdin ends (the controller is done, or gone) or the deadline passes.
 
+A controller that goes away while the facts are gathered (Ctrl-C, SIGTERM or a lost connection:
+its end of stdin closes) ends what the probe started (`watch_controller`): its processes (the
+job's check) are killed, and the throw-away container of the job's image is removed by its stop
+hook (`job_stop`) by a guard of its own (`Guarded`), which a kill of the probe's whole process
+group (a local transport's close) does not reach.
+
 Tests select recorded tool output with `ORCH_PROBE_FIXTURES=<dir>` (set only through the test
 sshd's SetEnv): `<dir>/nvidia-smi-query-gpu.csv` stands for the `--query-gpu` CSV,
 `<dir>/nvidia-smi.txt` for the plain `nvidia-smi` table, `<dir>/infiniband/` for
@@ -278,6 +284,18 @@ def gather_ifaces() -> list:
     return [{"name": n, "up": iface_up(n), "ipv4": ipv4_of(n)} for n in names]
 
 
+def gather_net_stack() -> str | None:
+    """Which network stack this process runs in: the boot's id and the network namespace's inode
+    (`net:[4026531840]`). Nodes that give the same are one machine's one stack, however their
+    interface lists differ (a veth that came or went between two probes)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            boot = fh.read().strip()
+        return boot + " " + os.readlink("/proc/self/ns/net")
+    except OSError:
+        return None
+
+
 def gather_gloo_host() -> dict:
     """Where Gloo listens here without GLOO_SOCKET_IFNAME (torch's default Gloo device): the first
     address the hostname resolves to that a socket can bind, else loopback. `addrs`: every address
@@ -302,6 +320,20 @@ def gather_gloo_host() -> dict:
         finally:
             s.close()
     return {"hostname": host, "addrs": addrs, "usable": usable, "error": None}
+
+
+def gather_master_addr(addr: str) -> dict:
+    """What the master's address resolves to on this node (the rendezvous: torchrun's store, and
+    where its Gloo and NCCL listen), in getaddrinfo's order."""
+    addrs = []  # type: list
+    try:
+        infos = socket.getaddrinfo(addr, None, 0, socket.SOCK_STREAM)
+    except OSError as exc:
+        return {"addr": addr, "addrs": addrs, "error": f"{type(exc).__name__}: {exc}"}
+    for _family, _kind, _proto, _name, sockaddr in infos:
+        if str(sockaddr[0]) not in addrs:
+            addrs.append(str(sockaddr[0]))
+    return {"addr": addr, "addrs": addrs, "error": None}
 
 
 def gather_ib() -> dict:
@@ -375,11 +407,10 @@ def probe_dir() -> str:
         return _probe_dir[0]
 
 
-def job_python(args: dict, role: str) -> list:
-    """The job's interpreter as the controller's plan runs it for `role` (`job_argv`: a
-    container's, with the node's values filled in), or this probe's own interpreter, which is
-    then the job's."""
-    return fill_node_values(list((args.get("job_argv") or {}).get(role) or [sys.executable]))
+def job_python(args: dict) -> list:
+    """The job's interpreter as the controller's plan runs it (`job_python`: the host's python, or
+    the runtime's command that runs it in the job's container, the node's values filled in)."""
+    return fill_node_values(list(args.get("job_python") or [sys.executable]))
 
 
 def fill_node_values(argv: list) -> list:
@@ -405,13 +436,17 @@ def gather_torch_cuda(args: dict) -> dict:
     """The node's torch: its CUDA version and the GPU architectures it has kernels for
     (`TORCH_CUDA_CODE` in a child, with a timeout); an error or silence is the answer."""
     timeout = float(args.get("software_timeout", 120))
-    rc, so, err = run_capture(job_python(args, "torch_cuda") + ["-c", TORCH_CUDA_CODE], timeout)
+    rc, so, err = run_capture([sys.executable, "-c", TORCH_CUDA_CODE], timeout)
+    return read_torch_cuda(rc, so.decode("utf-8", "replace"), err.decode("utf-8", "replace"), timeout)
+
+
+def read_torch_cuda(rc: int | None, out: str, err: str, timeout: float) -> dict:
     if rc is None:
         return {"error": f"importing torch took over {timeout:.0f}s"}
     try:
-        return json.loads(so.decode("utf-8", "replace").strip().splitlines()[-1])
+        return json.loads(out.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        return {"error": "python could not tell torch's CUDA build: " + err.decode("utf-8", "replace")[-500:].strip()}
+        return {"error": "python could not tell torch's CUDA build: " + err[-500:].strip()}
 
 
 def gather_job_check(args: dict) -> dict | None:
@@ -427,21 +462,26 @@ def gather_job_check(args: dict) -> dict | None:
     env = dict(os.environ)
     env.update(req.get("env") or {})
     timeout = float(req.get("timeout", 90))
+    argv = job_python(args) + list(req["inner"])
     t0 = time.time()
     try:
-        rc, so, err = run_capture(fill_node_values(list(req["argv"])), timeout, env=env, cwd=cwd)
+        rc, so, err = run_capture(argv, timeout, env=env, cwd=cwd)
     except OSError as exc:
-        return {"kind": req.get("kind", ""), "error": f"cannot run {req['argv'][0]}: {exc.strerror or exc}"}
-    out = {
+        return {"kind": req.get("kind", ""), "error": f"cannot run {argv[0]}: {exc.strerror or exc}"}
+    return read_job_check(req, rc, so.decode("utf-8", "replace"), err.decode("utf-8", "replace"), time.time() - t0)
+
+
+def read_job_check(req: dict, rc: int | None, out: str, err: str, seconds: float) -> dict:
+    answer = {
         "kind": req.get("kind", ""),
         "rc": rc,
-        "out": so.decode("utf-8", "replace")[-20000:],
-        "err": err.decode("utf-8", "replace")[-4000:],
-        "seconds": round(time.time() - t0, 2),
+        "out": out[-20000:],
+        "err": err[-4000:],
+        "seconds": round(seconds, 2),
     }
     if rc is None:
-        out["error"] = f"no answer within {timeout:.0f} s"
-    return out
+        answer["error"] = f"no answer within {float(req.get('timeout', 90)):.0f} s"
+    return answer
 
 
 def norm_dist(name: str) -> str:
@@ -532,21 +572,22 @@ def software_from_files() -> dict | None:
 def gather_software(args: dict) -> dict:
     """Versions as the job's python sees them: from files in this process when they tell, else
     torch is imported in a child so that a crash is a fact."""
-    if not os.environ.get("ORCH_PROBE_IMPORT_TORCH") and not args.get("job_argv"):
+    if not os.environ.get("ORCH_PROBE_IMPORT_TORCH"):
         fast = software_from_files()
         if fast is not None:
             return {"python": sys.version.split()[0], "executable": sys.executable, **fast}
     timeout = float(args.get("software_timeout", 120))
-    rc, so, err = run_capture(job_python(args, "software") + ["-c", SOFTWARE_CODE], timeout)
+    rc, so, err = run_capture([sys.executable, "-c", SOFTWARE_CODE], timeout)
+    return read_software(rc, so.decode("utf-8", "replace"), err.decode("utf-8", "replace"), timeout)
+
+
+def read_software(rc: int | None, out: str, err: str, timeout: float) -> dict:
     if rc is None:
         return {"python": sys.version.split()[0], "error": f"importing torch took over {timeout:.0f}s"}
     try:
-        return json.loads(so.decode().strip().splitlines()[-1])
+        return json.loads(out.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        return {
-            "python": sys.version.split()[0],
-            "error": "version probe failed: " + err.decode("utf-8", "replace")[-500:],
-        }
+        return {"python": sys.version.split()[0], "error": "version probe failed: " + err[-500:]}
 
 
 def expand(path: str) -> str:
@@ -563,7 +604,7 @@ def run_root_problem(root: str) -> str | None:
     return trust.run_root_problem(expand(root))
 
 
-def file_facts(path: str, want_text: bool) -> dict:
+def file_facts(path: str, want_text: bool, mounts: tuple = ()) -> dict:
     """exists / size / sha256 of one path; small YAML texts come back for parsing upstream."""
     p = expand(path)
     out: dict = {"path": path, "exists": os.path.exists(p), "is_file": os.path.isfile(p), "is_dir": os.path.isdir(p)}
@@ -583,7 +624,7 @@ def file_facts(path: str, want_text: bool) -> dict:
             out["text"] = read_text(p)
             if out["text"] is not None:  # a data YAML: what it lists, to compare node against node
                 try:
-                    out["dataset"] = dataset_facts(path, out["text"])
+                    out["dataset"] = dataset_facts(path, out["text"], mounts)
                 except Exception as exc:  # a fact, not a crash
                     out["dataset_error"] = f"{type(exc).__name__}: {exc}"
     except OSError as exc:
@@ -743,7 +784,7 @@ def labels_dir(path: str) -> str | None:
     return (head + os.sep + "labels" + os.sep + tail).rstrip(os.sep)
 
 
-def dataset_facts(yaml_path: str, text: str) -> dict:
+def dataset_facts(yaml_path: str, text: str, mounts: tuple = ()) -> dict:
     """What a data YAML lists on this node, split by split (`train`, `val`, `test`, and each image
     folder's `labels` beside it as `train labels`...): files, bytes, the names' hash and a sample
     of the bytes, for the controller to compare node against node. The split paths resolve as the
@@ -751,14 +792,14 @@ def dataset_facts(yaml_path: str, text: str) -> dict:
     splits = data_splits(text)
     base = os.path.dirname(os.path.abspath(expand(yaml_path)))
     root = splits.get("path")
-    root = base if not isinstance(root, str) else os.path.realpath(os.path.join(base, root))
+    root = base if not isinstance(root, str) else os.path.realpath(os.path.join(base, to_host(root, mounts)))
     deadline = time.time() + LIST_BUDGET_S
     out = {}
     for split in ("train", "val", "test"):
         items = splits.get(split)
         if items is None:
             continue
-        items = items if isinstance(items, list) else [items]
+        items = [to_host(i, mounts) for i in (items if isinstance(items, list) else [items])]
         out[split] = _listed(items, root, deadline)
         folders = [i if os.path.isabs(i) else os.path.join(root, i) for i in items]
         labels = [labels_dir(f) for f in folders if os.path.isdir(f)]
@@ -805,26 +846,255 @@ print(json.dumps(out))
 """
 
 
-def gather_outputs_inside(args: dict) -> dict:
+def read_outputs_inside(rc: int | None, out: str, err: str, timeout: float) -> dict:
     """Whether the job's output folders (or their nearest existing parent) are writable inside
     the job's container, as its user: a read-only mount or another owner shows only there."""
-    outputs = {k: v for k, v in (args.get("paths") or {}).items() if k in set(args.get("outputs", ()))}
-    rc, so, err = run_capture(
-        job_python(args, "outputs") + ["-c", WRITABLE_CODE, json.dumps(outputs)],
-        float(args.get("software_timeout", 120)),
-    )
     try:
-        return {"paths": json.loads(so.decode("utf-8", "replace").strip().splitlines()[-1])}
+        return {"paths": json.loads(out.strip().splitlines()[-1])}
     except (ValueError, IndexError):
-        return {"error": "could not look inside the container: " + err.decode("utf-8", "replace")[-500:].strip()}
+        return {"error": "could not look inside the container: " + err[-500:].strip()}
+
+
+EXISTS_CODE = r"""
+import json, os, sys
+out = {}
+for key, path in json.loads(sys.argv[1]).items():
+    p = os.path.expanduser(path)
+    out[key] = {"path": path, "exists": os.path.exists(p), "is_file": os.path.isfile(p), "is_dir": os.path.isdir(p)}
+print(json.dumps(out))
+"""
+
+
+def read_paths_inside(rc: int | None, out: str, err: str, timeout: float) -> dict:
+    """The job's inputs that are in the image's own files (under no mount), as the job's container
+    sees them: whether each exists and is a file (the same image ID everywhere holds the same bytes)."""
+    try:
+        return {"paths": json.loads(out.strip().splitlines()[-1])}
+    except (ValueError, IndexError):
+        return {"error": "could not look inside the container: " + err[-500:].strip()}
+
+
+IN_IMAGE_CODE = r"""
+import json, os, subprocess, sys, threading, time
+req = json.loads(sys.argv[1])
+hidden = set(req["check_env"])
+answers = {}
+def run(key, task):
+    env = dict(os.environ)
+    if not task.get("check"):
+        env = {k: v for k, v in env.items() if k not in hidden}
+    t0 = time.time()
+    try:
+        proc = subprocess.Popen([sys.executable] + task["argv"], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    except OSError as exc:
+        answers[key] = {"rc": 1, "out": "", "err": "%s: %s" % (type(exc).__name__, exc), "seconds": 0.0}
+        return
+    killed = []
+    timer = threading.Timer(task["timeout"], lambda: (killed.append(1), proc.kill()))
+    timer.start()
+    try:
+        out, err = proc.communicate()
+    finally:
+        timer.cancel()
+    answers[key] = {"rc": None if killed else proc.returncode, "out": out.decode("utf-8", "replace")[-20000:],
+                    "err": err.decode("utf-8", "replace")[-4000:], "seconds": round(time.time() - t0, 2)}
+threads = [threading.Thread(target=run, args=item) for item in req["tasks"].items()]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print("ORCH-IN-IMAGE " + json.dumps(answers))
+"""
+"""Run by the job's python in the job's container: each of the probe's in-image questions (its
+`tasks`: software, torch_cuda, outputs_inside, job_check) in a child of its own, at once, each
+with its timeout; one tagged JSON line of every answer. The job's check alone sees the check's
+environment (`check_env`)."""
+IN_IMAGE_START_S = 60.0
+"""What the container's own start may take beyond its slowest question."""
+IN_IMAGE_READERS = {
+    "software": read_software,
+    "torch_cuda": read_torch_cuda,
+    "outputs_inside": read_outputs_inside,
+    "paths_inside": read_paths_inside,
+}
+
+
+GUARD_CODE = r"""
+import os, subprocess, sys
+said = os.read(0, 5)
+if said != b"done\n":
+    try:
+        subprocess.run(sys.argv[1:], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=120)
+    except Exception:
+        pass
+"""
+"""The guard of a throw-away container: it waits on a pipe from the probe, and unless the probe says
+`done` (the container ended with its run), runs the container's stop hook (its argv)."""
+
+
+class Guarded:
+    """A guard for what `stop` removes, while the `with` block runs: in a session of its own, so a
+    kill of the probe's process group (a local transport's close) leaves it to act."""
+
+    def __init__(self, stop: list | None) -> None:
+        self.stop = [str(a) for a in stop or []]
+        self.write = -1
+
+    def __enter__(self) -> Guarded:
+        if self.stop:
+            read, self.write = os.pipe()
+            try:
+                subprocess.Popen(
+                    [sys.executable, "-I", "-S", "-c", GUARD_CODE, *self.stop],
+                    stdin=read,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            except OSError:
+                os.close(self.write)
+                self.write = -1
+            finally:
+                os.close(read)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.write >= 0:
+            try:
+                os.write(self.write, b"done\n")
+            except OSError:
+                pass
+            os.close(self.write)
+
+
+def watch_controller(done: threading.Event) -> None:
+    """Until `done`: when the controller's end of stdin closes (Ctrl-C, SIGTERM, a lost
+    connection), kill every other process of this probe's process group (the job's check, a
+    container's client: their guards act), remove the probe's own files, and end the probe."""
+    poller = select.poll()
+    poller.register(sys.stdin.fileno(), select.POLLHUP | getattr(select, "POLLRDHUP", 0))
+    while not done.is_set():
+        events = poller.poll(200)
+        if any(e & select.POLLNVAL for _, e in events):
+            return  # no stdin to watch
+        if not any(e & (select.POLLHUP | getattr(select, "POLLRDHUP", 0) | select.POLLERR) for _, e in events):
+            continue
+        if done.is_set():
+            return
+        me, group = os.getpid(), os.getpgrp()
+        for name in os.listdir("/proc"):
+            if name.isdigit() and int(name) != me:
+                try:
+                    if os.getpgid(int(name)) == group:
+                        os.kill(int(name), 9)
+                except OSError:
+                    pass
+        for path in _probe_dir:
+            import shutil
+
+            shutil.rmtree(path, ignore_errors=True)
+        os._exit(1)
+
+
+def gather_in_image(args: dict) -> dict:
+    """Every fact the job's interpreter answers, from one run of the job's container (one
+    container per node per preflight, `IN_IMAGE_CODE`): its software and torch, the output
+    folders as the container's user sees them, and the job's own check. A container that does not
+    start answers every question with what the runtime said."""
+    timeout = float(args.get("software_timeout", 120))
+    tasks: dict = {}
+    if args.get("software", True):
+        tasks["software"] = {"argv": ["-c", SOFTWARE_CODE], "timeout": timeout}
+    if args.get("torch_cuda"):
+        tasks["torch_cuda"] = {"argv": ["-c", TORCH_CUDA_CODE], "timeout": timeout}
+    seen = args.get("in_container") or {}
+    if args.get("outputs_inside"):
+        outputs = {k: v for k, v in seen.items() if k in set(args.get("outputs", ()))}
+        tasks["outputs_inside"] = {"argv": ["-c", WRITABLE_CODE, json.dumps(outputs)], "timeout": timeout}
+    if args.get("inside_only"):
+        only = {k: seen[k] for k in args["inside_only"] if k in seen}
+        tasks["paths_inside"] = {"argv": ["-c", EXISTS_CODE, json.dumps(only)], "timeout": timeout}
+    results: dict = {}
+    env, cwd, req = dict(os.environ), None, args.get("job_check") or {}
+    if req:
+        cwd = expand(req["cwd"]) if req.get("cwd") else None
+        if cwd and not os.path.isdir(cwd):
+            results["job_check"] = {
+                "kind": req.get("kind", ""),
+                "error": f"not run: workdir {req['cwd']} is not a directory here",
+            }
+            cwd = None
+        else:
+            env.update(req.get("env") or {})
+            tasks["job_check"] = {"argv": list(req["inner"]), "timeout": float(req.get("timeout", 90)), "check": True}
+    if not tasks:
+        return results
+    argv = job_python(args) + [
+        "-c",
+        IN_IMAGE_CODE,
+        json.dumps({"tasks": tasks, "check_env": sorted(req.get("env") or {})}),
+    ]
+    t0 = time.time()
+    try:
+        with Guarded(args.get("job_stop")):  # removed if the probe is killed before the container ends
+            limit = max(t["timeout"] for t in tasks.values()) + IN_IMAGE_START_S
+            rc, so, err = run_capture(argv, limit, env=env, cwd=cwd)
+    except OSError as exc:
+        for key in tasks:
+            results[key] = (
+                {"kind": req.get("kind", ""), "error": f"cannot run {argv[0]}: {exc.strerror or exc}"}
+                if key == "job_check"
+                else {"error": f"{type(exc).__name__}: {exc}"}
+            )
+        return results
+    out, said = so.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+    answers = {}
+    for line in out.splitlines():
+        if line.startswith("ORCH-IN-IMAGE "):
+            try:
+                answers = json.loads(line[len("ORCH-IN-IMAGE ") :])
+            except ValueError:
+                pass
+    whole = {"rc": rc, "out": out, "err": said, "seconds": time.time() - t0}
+    if not answers:  # nothing ran inside: the runtime's own words, for the container row
+        results["container_start"] = {"rc": rc, "out": out[-2000:], "err": said[-4000:]}
+    for key, task in tasks.items():
+        got = answers.get(key)
+        got = got if isinstance(got, dict) else whole
+        rc, text, errors = got.get("rc"), str(got.get("out") or ""), str(got.get("err") or "")
+        if key == "job_check":
+            results[key] = read_job_check(req, rc, text, errors, float(got.get("seconds") or 0))
+        else:
+            results[key] = IN_IMAGE_READERS[key](rc, text, errors, task["timeout"])
+    return results
+
+
+def image_gone(args: dict, results: dict) -> bool:
+    """The image is not on this node (its runtime's `inspect` failed) and the job's container would
+    not pull it (`image_required`): no container of it is started (the checks say so once)."""
+    held = results.get("container_image")
+    return bool(args.get("image_required")) and isinstance(held, dict) and held.get("rc") != 0
 
 
 def gather_paths(args: dict) -> dict:
+    """The job's paths as this host has them (in a container run, where its mounts put them)."""
     outputs = set(args.get("outputs", ()))
+    mounts = tuple(tuple(m) for m in args.get("mounts") or ())
     return {
-        key: output_facts(path) if key in outputs else file_facts(path, key in args.get("text_for", ()))
+        key: output_facts(path) if key in outputs else file_facts(path, key in args.get("text_for", ()), mounts)
         for key, path in args.get("paths", {}).items()
     }
+
+
+def to_host(path: str, mounts: tuple) -> str:
+    """A path the job's container names (a data YAML's `path:`), on this host: through the mount it
+    is under (`mounts`: (inside, host), the deepest first), else as it is (`JobEnv.host_path`)."""
+    for inside, host in mounts:
+        if path == inside or path.startswith(inside.rstrip("/") + "/"):
+            return host.rstrip("/") + path[len(inside.rstrip("/")) :] if path != inside else host
+    return path
 
 
 def sntp(server: str, timeout: float = 2.0) -> dict:
@@ -890,30 +1160,33 @@ def gather(args: dict) -> dict:
         "inventory_env": sorted(args.get("inventory_env", [])),
         "tz": gather_tz(),
         "ifaces": gather_ifaces(),
+        "net_stack": gather_net_stack(),
         "ib": gather_ib(),
         "home": os.path.expanduser("~"),
         "gloo_host": gather_gloo_host(),
     }
+    if args.get("master_addr"):
+        facts["master_addr"] = gather_master_addr(str(args["master_addr"]))
     want = args.get("want") or ()
+    results: dict = {}
     slow: dict = {"paths": lambda: gather_paths(args)}
-    if args.get("outputs_inside"):  # the job runs in a container: look from inside, as its user (with no
-        # output folder, that the job's interpreter runs there at all)
-        slow["outputs_inside"] = lambda: gather_outputs_inside(args)
     if "gpus" in want or not want:  # nvidia-smi runs twice, ~0.1-1 s each on a GPU node
         slow["gpus"] = gather_gpus
-        if args.get("torch_cuda"):  # a node that declares GPUs: which of them the node's torch can drive
+    if args.get("in_image"):  # the job runs in a container: one run of it answers what only it can tell
+        slow["in_image"] = lambda: {} if image_gone(args, results) else gather_in_image(args)
+    else:
+        if args.get("torch_cuda") and ("gpus" in want or not want):  # which GPUs the node's torch can drive
             slow["torch_cuda"] = lambda: gather_torch_cuda(args)
-    if args.get("job_check"):
-        slow["job_check"] = lambda: gather_job_check(args)
-    if args.get("software", True):
-        slow["software"] = lambda: gather_software(args)
+        if args.get("job_check"):
+            slow["job_check"] = lambda: gather_job_check(args)
+        if args.get("software", True):
+            slow["software"] = lambda: gather_software(args)
     if "clock" in want or not want:
         slow["ntp"] = lambda: gather_ntp(args)
         slow["chrony"] = gather_chrony
-    results = {}
 
     timings = {}
-    if args.get("container_leftovers"):  # first: before the probe's own containers (software, check) start
+    if args.get("container_leftovers"):  # first: before the probe's own container starts
         t0 = time.time()
         results["containers"] = run_tool(list(args["container_leftovers"]), timeout=30)
         timings["containers"] = round(time.time() - t0, 3)
@@ -935,6 +1208,11 @@ def gather(args: dict) -> dict:
         t.start()
     for t in threads:
         t.join()
+    inside = results.pop("in_image", None)
+    if isinstance(inside, dict) and set(inside) != {"error"}:
+        results.update(inside)
+    elif isinstance(inside, dict):  # the probe's own failure, not the container's: the software row names it
+        results["software"] = {"error": f"could not look inside the container: {inside['error']}"}
     facts.update(results)
     facts["timings_s"] = timings
     wd = args.get("workdir")
@@ -1124,9 +1402,13 @@ def facts_mode(args: dict) -> int:
     verbs = None
     if args.get("verbs_device"):
         verbs, listen["verbs"] = start_verbs_server(args["verbs_device"])
+    gathered = threading.Event()
+    if args.get("env_on_stdin"):  # stdin is the controller's: its end closing means it is gone
+        threading.Thread(target=watch_controller, args=(gathered,), daemon=True).start()
     try:
         emit("ORCH-LISTEN", listen)
         facts = gather(args)
+        gathered.set()
         facts["listen"] = listen
         emit("ORCH-FACTS", facts)
         serve(listeners, args, start + float(args.get("serve_s", 30)))

@@ -8,7 +8,9 @@ A directory this user trusts is a directory (not a link), this user's, and writa
 else; every directory above it is this user's or root's and not writable by others unless sticky
 (like /tmp), as OpenSSH's StrictModes asks of ~/.ssh. Whoever can write or rename a directory
 could choose what is read from it: state.json names what `agent.py stop` signals, launch.json
-what `start` runs.
+what `start` runs. The way to it is judged as the kernel walks it (`walk`): every link on the way
+is this user's or root's (whoever owns a link can turn it elsewhere at any time, between a check
+and a read), and the directories judged are those the links lead through, not only those named.
 """
 
 from __future__ import annotations
@@ -37,26 +39,73 @@ def own_problem(path: str) -> str | None:
     return None
 
 
-def above_problem(path: str, what: str = "the run directory") -> str | None:
-    """Why a directory above `what` (the nearest one of `path` and its ancestors that exists, and
-    every one above that) could be changed by someone else, or None. A directory not there yet is
-    made by this user with mode 0700 (the agent's boot), so it is nothing to judge."""
-    path = os.path.abspath(path)
-    while not os.path.lexists(path) and os.path.dirname(path) != path:
-        path = os.path.dirname(path)
+MAX_LINKS = 40
+"""Links followed on one way before it is refused (Linux's own limit, ELOOP)."""
+
+
+def _changeable(path: str, st: os.stat_result, what: str, me: int) -> str | None:
+    """Why `path` (a directory on the way, `st` its lstat) could be changed by someone else, or None."""
+    if st.st_uid not in (me, 0) or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
+        return (
+            f"{path}, above {what}, can be changed by others (uid {st.st_uid}, "
+            f"mode {stat.S_IMODE(st.st_mode):04o}): refusing to use it; chmod go-w {path} "
+            "or set job.run_root elsewhere"
+        )
+    return None
+
+
+def walk(path: str, what: str = "the run directory", last: bool = True) -> tuple[str, str | None]:
+    """`path` as the kernel finds it, and why someone else could change where it leads, or None.
+
+    The first is os.path.realpath's answer: every link on the way followed (the part not there yet
+    as written: a directory not there yet is made by this user with mode 0700, so it is nothing to
+    judge). Walked a name at a time with lstat, never following a link unjudged: each link on the
+    way must be this user's or root's, and each directory passed through (where the links lead,
+    `/` first) this user's or root's and not writable by others unless sticky; with `last` false,
+    the directory `path` leads to is not judged (the caller judges it as its own, `own_problem`)."""
     me = os.geteuid()
-    while True:
-        st = os.stat(path)
-        if st.st_uid not in (me, 0) or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
-            return (
-                f"{path}, above {what}, can be changed by others (uid {st.st_uid}, "
-                f"mode {stat.S_IMODE(st.st_mode):04o}): refusing to use it; chmod go-w {path} "
-                "or set job.run_root elsewhere"
-            )
-        parent = os.path.dirname(path)
-        if parent == path:
-            return None
-        path = parent
+    todo = [name for name in reversed(os.path.abspath(path).split(os.sep)) if name]
+    real, links = os.sep, 0
+    problem = _changeable(real, os.lstat(real), what, me) if todo or last else None
+    while todo and problem is None:
+        name = todo.pop()
+        if name == os.curdir:
+            continue
+        if name == os.pardir:
+            real = os.path.dirname(real)
+            continue
+        here = os.path.join(real, name)
+        try:
+            st = os.lstat(here)
+        except FileNotFoundError:
+            return os.path.normpath(os.path.join(here, *reversed(todo))), None
+        except OSError as exc:
+            return here, f"{here}, on the way to {what}: {exc.strerror or exc}: refusing to use it"
+        if stat.S_ISLNK(st.st_mode):
+            links += 1
+            target = os.readlink(here)
+            if st.st_uid not in (me, 0):
+                return here, (
+                    f"{here}, a link on the way to {what}, belongs to uid {st.st_uid}, not to this user ({me}) "
+                    "or root: whoever owns it can turn it elsewhere at any time: refusing to use it; "
+                    f"use {target} itself or set job.run_root elsewhere"
+                )
+            if links > MAX_LINKS:
+                return here, f"{here}, on the way to {what}: more than {MAX_LINKS} links: refusing to use it"
+            if target.startswith(os.sep):
+                real = os.sep
+            todo.extend(name for name in reversed(target.split(os.sep)) if name)
+            continue
+        real = here
+        if todo or last:
+            problem = _changeable(here, st, what, me)
+    return real, problem
+
+
+def above_problem(path: str, what: str = "the run directory") -> str | None:
+    """Why a directory above `what` (`path` and every one above it, as `walk` finds them: links
+    followed and judged) could be changed by someone else, or None."""
+    return walk(path, what)[1]
 
 
 def check_run_dir(path: str) -> None:

@@ -16,6 +16,10 @@ One SSH connection and one exec per node; two phases, both bounded:
    port; its successor in a ring of all probed nodes), tries them and answers on the same
    channel. Then the channels are closed, which ends the probes (stdin EOF).
 
+Stopped (Ctrl-C, or SIGTERM, which `collect` turns into the same), the controller closes every
+probe's channel at once, in either phase, and the probe ends what it started (`node/probe.py`:
+the job's check, the throw-away container of the job's image, removed by its stop hook).
+
 What tools print is parsed in `parsers.py`, the answer held to its shape in `shapes.py`, and the
 job's path arguments guessed in `jobargs.py`.
 """
@@ -27,27 +31,23 @@ import math
 import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from ..config import container
-from ..config.container import Pins
 from ..config.inventory import Inventory
+from ..config.jobenv import job_env
 from ..config.nodes import Node
-from ..config.plan import gpu_devices, job_command
+from ..config.plan import job_command
 from ..errors import TransportError
 from ..node import program as node_program
 from ..transport import Cluster, Process, Transport
 from ..transport.base import Progress
+from ..waits import sigterm_as_interrupt
 from . import jobcheck
 from .jobargs import is_output_key, job_files
-from .parsers import ChronyTracking, GpuFacts, IbDevice, parse_chrony_tracking, parse_gpus, parse_ib
-from .shapes import FACTS_SHAPE, REACH_SHAPE, read_answer
-
-if TYPE_CHECKING:
-    from .controller_clock import ControllerClock
-    from .fabric.job import FabricFacts
+from .results import NodeFacts
+from .shapes import REACH_SHAPE, read_answer
 
 PHASE1_TIMEOUT_S = 150.0  # a cold `import torch` on a loaded node is the slow part
 CONNECT_TIMEOUT_S = 5.0
@@ -58,60 +58,6 @@ CHECK_RUN_ID = "preflight"
 """The run id the job's own check runs as when the preflight has none yet (`orch check`, the
 first preflight of `orch up`): the trainer then names its run directory after it, a directory no
 run has (the real run id is new too)."""
-
-
-# ----------------------------------------------------------------------------- parsed facts
-
-
-@dataclass
-class NodeFacts:
-    """Everything known about one node after the probe (or why nothing is)."""
-
-    node: Node
-    error: str | None = None
-    """Why the node could not be probed; then every other field may be empty."""
-    error_kind: str | None = None
-    hint: str | None = None
-    connect_ms: float | None = None
-    rtt_ms: float | None = None
-    ssh_offset_ms: float | None = None
-    """Node clock minus controller clock, from the `date` round trip (± rtt/2)."""
-    python_fallback: str | None = None
-    """Set when node.python could not run the probe and python3 did: what went wrong."""
-    raw: dict[str, Any] = field(default_factory=dict)
-    listen: dict[str, Any] = field(default_factory=dict)
-    reach: list[dict[str, Any]] = field(default_factory=list)
-    reach_error: str | None = None
-    malformed: list[str] = field(default_factory=list)
-    """Parts of the probe's answer that were not of the shape the probe writes (dropped): a
-    mismatched or tampered probe; the `ssh` check fails on it."""
-    fabric: FabricFacts | None = None
-    """What the fabric job measured (`preflight/fabric/job.py`), the same object on every node; None
-    where the fabric check was not selected."""
-    controller_clock: ControllerClock | None = None
-    """The controller's own offset to `checks.clock.ntp_server` (`controller_clock.measure`), the
-    same object on every node; None where the clock check was not selected."""
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-    @property
-    def env(self) -> dict[str, str]:
-        return dict(self.raw.get("env") or {})
-
-    @property
-    def gpus(self) -> GpuFacts:
-        return parse_gpus(self.raw.get("gpus") or {})
-
-    @property
-    def ib(self) -> dict[str, IbDevice]:
-        return parse_ib(self.raw.get("ib") or {})
-
-    @property
-    def chrony(self) -> ChronyTracking | None:
-        res = self.raw.get("chrony") or {}
-        return parse_chrony_tracking(res.get("out", "")) if res.get("rc") == 0 else None
 
 
 # ----------------------------------------------------------------------------- probing
@@ -126,13 +72,25 @@ def probe_command(python: str, args: dict[str, Any]) -> list[str]:
 def probe_args(
     inv: Inventory, node: Node, want: Sequence[str], token: str, n_peers: int, run_id: str = CHECK_RUN_ID
 ) -> dict[str, Any]:
-    """The JSON the probe gets: what to gather, which listeners to open, and the job's own check
-    to run (`jobcheck.request`, as run `run_id`)."""
-    paths = job_files(inv) if "job" in want else {}
-    if not paths and inv.job.container is not None and "container" in want:  # its output folders, seen inside
-        paths = {k: v for k, v in job_files(inv).items() if is_output_key(k)}
+    """The JSON the probe gets: what to gather, which listeners to open, the job's own check to
+    run (`jobcheck.request`, as run `run_id`), and the job's environment (`jobenv.JobEnv`): with a
+    container, one run of it answers every question only the job's interpreter can (`job_python`,
+    `in_image`), and the runtime lists the leftover containers and the image the node holds."""
+    env = job_env(inv, node, run_id=run_id)
+    apart = env.apart
+    files = job_files(inv) if "job" in want or apart and "container" in want else {}
+    inside = {k: v for k, v in files.items() if apart and not k.startswith("sync[")}
+    """The job's paths as the job sees them (in its container: `job.sync` entries are the host's)."""
+    on_host = {k: v if k not in inside or not v.startswith("/") else env.host_path(v) for k, v in files.items()}
+    paths = {k: v for k, v in on_host.items() if v is not None} if "job" in want else {}
+    """Each path where it is on the node's host (through the container's mounts): judged there."""
+    only_inside = sorted(k for k, v in on_host.items() if v is None and not is_output_key(k)) if "job" in want else []
+    """The job's inputs in the image's own files: judged inside (`paths_inside`)."""
     is_master = node.name == inv.master.name
+    in_image = bool({"software", "job", "gpus"} & set(want))
     net = "ports" in want or "rdma" in want
+    check = jobcheck.request(inv, node, run_id) if "job" in want else None
+    names = [*node.env, *(check["env"] if check and apart else ())]  # what the one container gets by name
     return {
         "node": node.name,
         "token": token,
@@ -142,10 +100,14 @@ def probe_args(
         "ntp_server": inv.checks.clock.ntp_server if "clock" in want else None,
         "paths": paths,
         "text_for": [k for k in paths if k.replace("-", "_") == "data"],
-        "outputs": [k for k in paths if is_output_key(k)],
+        "outputs": [k for k in files if is_output_key(k)],
+        "in_container": inside,
+        "inside_only": only_inside,
+        "mounts": env.mounts() if apart else [],
         "workdir": inv.job.workdir if "job" in want else None,
         "run_root": inv.job.run_root if "job" in want else None,
         "master_port": inv.master_port if is_master and "ports" in want else None,
+        "master_addr": inv.master.addr if "ports" in want and n_peers > 1 else None,
         "ring_addr": node.addr if net and n_peers > 1 else None,
         "expect": ((n_peers - 1) if is_master and "ports" in want else 0) + (1 if net and n_peers > 1 else 0),
         # later fan-out batches start after earlier ones finished phase 1; the heartbeat ends a
@@ -153,108 +115,24 @@ def probe_args(
         "serve_s": SERVE_S + PHASE1_TIMEOUT_S * (math.ceil(len(inv.nodes) / inv.fanout) - 1),
         "software": "software" in want,
         "torch_cuda": bool(node.gpus) and "gpus" in want,
-        "job_check": jobcheck.request(inv, node, run_id) if "job" in want else None,
-        "job_argv": job_argvs(inv, node, run_id),
-        "container_leftovers": container.leftovers_argv(inv.job.container, inv.name) or None
-        if inv.job.container is not None and "container" in want
-        else None,
-        "container_image": container.image_argv(inv.job.container)
-        if inv.job.container is not None and "container" in want
-        else None,
-        "outputs_inside": inv.job.container is not None and "container" in want,
+        "job_check": check,
+        "job_python": job_command(inv, node, [], run_id=run_id, env=names, role=PROBE_ROLE),
+        "job_stop": env.stop(PROBE_ROLE) or None,
+        "in_image": apart,
+        "container_leftovers": (env.leftovers() or None) if "container" in want else None,
+        # the image the launch runs, asked before anything starts in it: where it is missing (and will
+        # not be pulled) the probe starts no container of it, and the rows that need one say so once
+        "container_image": (env.inspect() or None) if "container" in want or apart and in_image else None,
+        "image_required": apart and env.needs_image,
+        "outputs_inside": apart and "container" in want,
         "verbs_device": inv.checks.rdma_devices[0]
         if "rdma" in want and inv.checks.rdma_devices and n_peers > 1
         else None,
     }
 
 
-JOB_FACTS = ("software", "torch_cuda", "outputs")
-"""The probe's facts gathered as the job's interpreter (each in a container of its own, at once)."""
-
-
-def job_argvs(inv: Inventory, node: Node, run_id: str = CHECK_RUN_ID) -> dict[str, list[str]] | None:
-    """What the probe runs the job's interpreter as for each of `JOB_FACTS` (`plan.job_command`,
-    the code appended), or None: the job's interpreter is the probe's own."""
-    if job_command(inv, node, []) == [node.python]:
-        return None
-    return {role: job_command(inv, node, [], run_id=run_id, env=list(node.env), role=role) for role in JOB_FACTS}
-
-
-@dataclass(frozen=True)
-class HeldImage:
-    """What a node holds under `job.container.image` (the probe's `container_image` fact)."""
-
-    image_id: str | None
-    """Its ID (docker/podman, without `sha256:`) or the .sif's sha256; None: not there."""
-    env: Mapping[str, str]
-    """The image's configured environment (NVIDIA_REQUIRE_CUDA, CUDA_VERSION...)."""
-    error: str | None = None
-    """Why the node could not be asked (the runtime did not answer); None when it answered."""
-
-
-_NO_SUCH_IMAGE = ("no such image", "no such object", "image not known", "not found", "no such file")
-
-
-def held_image(nf: NodeFacts) -> HeldImage | None:
-    """The `container_image` fact read back; None when the probe did not gather it."""
-    res = nf.raw.get("container_image")
-    if not res:
-        return None
-    out, err = (res.get("out") or "").strip(), (res.get("err") or "").strip()
-    if res.get("rc") != 0:
-        said = err.splitlines()[-1] if err else f"exit {res.get('rc')}"
-        if res.get("rc") is not None and any(k in err.lower() for k in _NO_SUCH_IMAGE):
-            return HeldImage(None, {})
-        return HeldImage(None, {}, said)
-    first = out.splitlines()[0] if out else ""
-    ident, _, env_json = first.partition("\t")
-    env: dict[str, str] = {}
-    try:
-        items = json.loads(env_json) if env_json.startswith("[") else []
-    except ValueError:
-        items = []
-    for item in items or []:
-        key, eq, value = str(item).partition("=")
-        if eq:
-            env[key] = value
-    ident = ident.split()[0] if ident.split() else ""
-    return HeldImage(ident.removeprefix("sha256:") or None, env)
-
-
-def container_pins(inv: Inventory, facts: dict[str, NodeFacts]) -> Pins | None:
-    """What a container launch pins from the probe's facts: each node's GPUs for its ranks by UUID
-    (`plan.gpu_devices`' choice, an index turned into its GPU's UUID as nvidia-smi reports it). A
-    node whose choice cannot be told by UUID keeps it as it is. None without `job.container`."""
-    if inv.job.container is None:
-        return None
-    gpus: dict[str, tuple[str, ...]] = {}
-    for node in inv.nodes:
-        chosen = gpu_devices(inv, node)
-        nf = facts.get(node.name)
-        if not chosen or nf is None or not nf.ok:
-            continue
-        by_index = {str(g.index): g.uuid for g in nf.gpus.gpus if g.uuid}
-        uuids = [d if d.startswith(("GPU-", "MIG-")) else by_index.get(d) for d in chosen]
-        if all(uuids):
-            gpus[node.name] = tuple(u for u in uuids if u)
-    return Pins(image_id=pinned_image(inv, facts), gpus=gpus)
-
-
-def pinned_image(inv: Inventory, facts: dict[str, NodeFacts]) -> str | None:
-    """The image ID every node holds under `job.container.image` (docker/podman), which the launch
-    then runs instead of the name: a tag moved after the preflight cannot change what runs. None
-    when a node lacks it, disagrees, or was not asked."""
-    c = inv.job.container
-    if c is None or c.runtime == "apptainer":
-        return None
-    ids = set()
-    for node in inv.nodes:
-        nf = facts.get(node.name)
-        held = held_image(nf) if nf is not None and nf.ok else None
-        if held is None or held.image_id is None:
-            return None
-        ids.add(held.image_id)
-    return ids.pop() if len(ids) == 1 else None
+PROBE_ROLE = "probe"
+"""The name the probe's one throw-away container of the job's image adds (`orch-<run>-<node>-probe`)."""
 
 
 class _Stream:
@@ -341,6 +219,39 @@ class _Stream:
         return best if best is not None else (None, None)
 
 
+def facts_shape() -> Any:
+    """`checks.FACTS_SHAPE`: what the probe answers, declared by the checks that read it. Imported
+    once the first answer is in, so that the checks' import still overlaps the probe (the runner
+    imports them beside it) and a preflight whose checks do not import still stops in the runner."""
+    from .checks import FACTS_SHAPE
+
+    return FACTS_SHAPE
+
+
+class _Opened:
+    """Every probe process this preflight started: `close_all` ends them (a transport's own close
+    leaves a `popen` process to its caller), and one that starts after it is ended at once."""
+
+    def __init__(self) -> None:
+        self.procs: list[Process] = []
+        self.closed = False
+        self.lock = threading.Lock()
+
+    def add(self, proc: Process) -> Process:
+        with self.lock:
+            self.procs.append(proc)
+            late = self.closed
+        if late:
+            proc.close()
+        return proc
+
+    def close_all(self) -> None:
+        with self.lock:
+            self.closed, procs = True, list(self.procs)
+        for proc in procs:
+            proc.close()
+
+
 @dataclass
 class _Probe:
     facts: NodeFacts
@@ -349,7 +260,13 @@ class _Probe:
 
 
 def _start_probe(
-    inv: Inventory, t: Transport, want: Sequence[str], token: str, n: int, run_id: str = CHECK_RUN_ID
+    inv: Inventory,
+    t: Transport,
+    want: Sequence[str],
+    token: str,
+    n: int,
+    run_id: str = CHECK_RUN_ID,
+    opened: _Opened | None = None,
 ) -> _Probe:
     node = t.node
     nf = NodeFacts(node)
@@ -366,6 +283,8 @@ def _start_probe(
         try:
             # the job's environment goes first on stdin: on the command line `ps` (and -v) would show its values
             proc = t.popen(probe_command(python, args), keep_stdin=True)
+            if opened is not None:
+                opened.add(proc)
         except TransportError as exc:
             nf.error, nf.error_kind, nf.hint = exc.message, exc.kind, exc.hint
             return _Probe(nf)
@@ -376,7 +295,7 @@ def _start_probe(
         stream = _Stream(proc)
         facts = stream.wait_for("ORCH-FACTS", PHASE1_TIMEOUT_S)
         if facts is not None:
-            nf.raw, nf.malformed = read_answer(facts, FACTS_SHAPE, "facts")
+            nf.raw, nf.malformed = read_answer(facts, facts_shape(), "facts")
             nf.listen = nf.raw.get("listen") or {}
             try:
                 nf.ssh_offset_ms, nf.rtt_ms = stream.measure_clock(pings)
@@ -434,7 +353,16 @@ def collect(
     inv: Inventory, cluster: Cluster, want: Sequence[str], progress: Progress | None = None, run_id: str | None = None
 ) -> dict[str, NodeFacts]:
     """Probe every node (two bounded phases, see the module docstring); never raises for a node.
-    `run_id`: the run the job's own check speaks for (a retry's); none yet: a fresh placeholder."""
+    `run_id`: the run the job's own check speaks for (a retry's); none yet: a fresh placeholder.
+    Ctrl-C or SIGTERM closes every probe's channel at once (which ends it on its node) and raises
+    KeyboardInterrupt."""
+    with sigterm_as_interrupt():
+        return _collect(inv, cluster, want, progress, run_id)
+
+
+def _collect(
+    inv: Inventory, cluster: Cluster, want: Sequence[str], progress: Progress | None, run_id: str | None
+) -> dict[str, NodeFacts]:
     run_id = run_id or f"{CHECK_RUN_ID}-{secrets.token_hex(4)}"
     token = secrets.token_hex(8)
     n = len(inv.nodes)
@@ -447,14 +375,20 @@ def collect(
             if progress:
                 progress(label, done[0], n)
 
+    opened = _Opened()
+
     def phase1(t: Transport) -> _Probe:
-        p = _start_probe(inv, t, want, token, n, run_id)
+        p = _start_probe(inv, t, want, token, n, run_id, opened)
         tick(f"probed {t.node.name}")
         return p
 
     if progress:
         progress("probing", 0, n)
-    started = cluster.fan_out(phase1)
+    try:
+        started = cluster.fan_out(phase1, interruptible=True)
+    except KeyboardInterrupt:  # every probe's channel closed at once: each ends what it started
+        opened.close_all()
+        raise
     ok, failed = started.succeeded, started.failed
     probes = {}
     for node in inv.nodes:  # in inventory order, as the facts are returned

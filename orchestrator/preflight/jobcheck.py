@@ -24,6 +24,7 @@ from ..config.inventory import Inventory
 from ..config.nodes import Node
 from ..config.plan import first_ranks, job_command, job_python, node_env, world_size
 from ..node import script as node_script
+from ..transport import transport_of
 
 TIMEOUT_S = 90.0
 """How long the job's check may take (a cold `import torch, ultralytics` on a busy node is most of it)."""
@@ -43,7 +44,7 @@ def kind(inv: Inventory) -> str | None:
 
 def node_local(inv: Inventory) -> bool:
     """Whether the job's inputs are copies on each node (job.sync lists paths) rather than one shared copy."""
-    return bool(inv.job.sync) and inv.transport != "local"
+    return bool(inv.job.sync) and not transport_of(inv).same_host
 
 
 def checks_on(inv: Inventory, node: Node) -> bool:
@@ -51,7 +52,9 @@ def checks_on(inv: Inventory, node: Node) -> bool:
 
 
 def request(inv: Inventory, node: Node, run_id: str) -> dict[str, Any] | None:
-    """What the probe of `node` runs (argv, extra environment, working directory), or None.
+    """What the probe of `node` runs (the arguments after the job's interpreter, which the probe
+    runs as the job's environment does: `probe_args`' `job_python`; the extra environment; the
+    working directory), or None.
 
     The extra environment is what torchrun and orch give the node's first rank (`RANK`,
     `WORLD_SIZE`, `LOCAL_WORLD_SIZE`, `ORCH_RUN_ID`, ...): never the inventory's `env`, whose
@@ -79,8 +82,7 @@ def request(inv: Inventory, node: Node, run_id: str) -> dict[str, Any] | None:
         if k == TRAINER
         else ["-c", node_script("findmodule"), str(inv.job.module)]
     )
-    argv = job_command(inv, node, inner, run_id=run_id, env=[*node.env, *env], role="check")
-    return {"kind": k, "argv": argv, "env": env, "cwd": inv.job.workdir, "timeout": TIMEOUT_S}
+    return {"kind": k, "inner": inner, "env": env, "cwd": inv.job.workdir, "timeout": TIMEOUT_S}
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,83 @@
-"""What a check returns, and the helpers every check judges with: one `CheckResult` per (check,
-node), `Findings` that collect a node's findings (the worst status wins), the majority rule of
-checks that compare nodes, and the nodes that were probed.
+"""What a check reads and returns, and the helpers every check judges with: `NodeFacts` (one
+node's facts after the probe), one `CheckResult` per (check, node), `Findings` that collect a
+node's findings (the worst status wins), the majority rule of checks that compare nodes, and the
+nodes that were probed.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Hashable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from ..config.inventory import Inventory
 from ..config.nodes import Node
+from ..config.runtimes import HeldImage, Runtime, held
 from ..contract import CHECK_STATUSES
-from .facts import NodeFacts
+from .parsers import ChronyTracking, GpuFacts, IbDevice, parse_chrony_tracking, parse_gpus, parse_ib
+
+if TYPE_CHECKING:
+    from .controller_clock import ControllerClock
+    from .fabric.job import FabricFacts
+
+
+@dataclass
+class NodeFacts:
+    """Everything known about one node after the probe (or why nothing is)."""
+
+    node: Node
+    error: str | None = None
+    """Why the node could not be probed; then every other field may be empty."""
+    error_kind: str | None = None
+    hint: str | None = None
+    connect_ms: float | None = None
+    rtt_ms: float | None = None
+    ssh_offset_ms: float | None = None
+    """Node clock minus controller clock, from the `date` round trip (± rtt/2)."""
+    python_fallback: str | None = None
+    """Set when node.python could not run the probe and python3 did: what went wrong."""
+    raw: dict[str, Any] = field(default_factory=dict)
+    listen: dict[str, Any] = field(default_factory=dict)
+    reach: list[dict[str, Any]] = field(default_factory=list)
+    reach_error: str | None = None
+    malformed: list[str] = field(default_factory=list)
+    """Parts of the probe's answer that were not of the shape the probe writes (dropped): a
+    mismatched or tampered probe; the `ssh` check fails on it."""
+    fabric: FabricFacts | None = None
+    """What the fabric job measured (`preflight/fabric/job.py`), the same object on every node; None
+    where the fabric check was not selected."""
+    controller_clock: ControllerClock | None = None
+    """The controller's own offset to `checks.clock.ntp_server` (`controller_clock.measure`), the
+    same object on every node; None where the clock check was not selected."""
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def env(self) -> dict[str, str]:
+        return dict(self.raw.get("env") or {})
+
+    @property
+    def gpus(self) -> GpuFacts:
+        return parse_gpus(self.raw.get("gpus") or {})
+
+    @property
+    def ib(self) -> dict[str, IbDevice]:
+        return parse_ib(self.raw.get("ib") or {})
+
+    def image(self, rt: Runtime) -> HeldImage | None:
+        """What the node holds under `job.container.image` (the probe's `container_image`, `rt`'s
+        `inspect`, read by `runtimes.held`); None when the probe did not ask."""
+        res = self.raw.get("container_image")
+        return held(rt, res.get("rc"), res.get("out") or "", res.get("err") or "") if res else None
+
+    @property
+    def chrony(self) -> ChronyTracking | None:
+        res = self.raw.get("chrony") or {}
+        return parse_chrony_tracking(res.get("out", "")) if res.get("rc") == 0 else None
+
 
 _RANK = {"skip": 0, "ok": 1, "warn": 2, "fail": 3}
 Facts = Mapping[str, NodeFacts]

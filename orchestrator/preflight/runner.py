@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 from .. import waits
 from ..config.container import Pins
 from ..config.inventory import Inventory
+from ..config.jobenv import job_env
+from ..config.runtimes import runtime
 from ..contract import CHECK_NAMES
 from ..errors import PreflightUnavailable, UsageError
 from ..store import CHECK, checks_path, write_private
@@ -28,7 +30,7 @@ from ..transport import Cluster
 from ..transport.base import Progress
 from .controller_clock import ControllerClock
 from .controller_clock import measure as measure_controller
-from .facts import collect, container_pins
+from .facts import collect
 
 if TYPE_CHECKING:
     from ..store import RunDir
@@ -52,8 +54,10 @@ class CheckReport:
     controller_clock: ControllerClock | None = None
     """The controller's own offset to `checks.clock.ntp_server`, when the clock check ran."""
     pins: Pins | None = None
-    """What a container launch runs as the preflight found it (`facts.container_pins`: each node's
+    """What a container launch runs as the preflight found it (`container_pins`: each node's
     GPUs by UUID; the image ID the image rows resolve); None without `job.container`."""
+    inventory: str = ""
+    """The inventory file it judged (the check JSON's `inventory`; empty: the caller names it)."""
 
     @property
     def ok(self) -> bool:
@@ -62,10 +66,10 @@ class CheckReport:
     def failed(self) -> list[CheckResult]:
         return [r for r in self.results if r.status == "fail"]
 
-    def to_json(self, inventory_path: str) -> dict[str, Any]:
+    def to_json(self, inventory_path: str | None = None) -> dict[str, Any]:
         """docs/CONTRACT.md's check JSON, plus offsets_ms (node clock minus reference) for log skew."""
         out = {
-            "inventory": inventory_path,
+            "inventory": self.inventory if inventory_path is None else inventory_path,
             "ok": self.ok,
             "results": [r.to_json() for r in self.results],
             "offsets_ms": {k: round(v, 3) for k, v in self.offsets_ms.items()},
@@ -154,6 +158,7 @@ def run_preflight(
         not_probed={n: (nf.error or "").removeprefix(f"{n}: ") for n, nf in facts.items() if not nf.ok},
         controller_clock=clock[0] if clock else None,
         pins=container_pins(inv, facts),
+        inventory=inv.path,
     )
     if ff is not None and ff.not_run is None:
         from .fabric.judge import fabric_summary
@@ -178,6 +183,34 @@ def _fabric_facts(
             inv, f"not run: the job needs every node, and {', '.join(down)} could not be probed (see ssh)"
         )
     return fabric_mod.measure(inv, cluster, progress)
+
+
+def container_pins(inv: Inventory, facts: dict[str, NodeFacts]) -> Pins | None:
+    """What a container launch pins from the probe's facts: each node's GPUs for its ranks by UUID
+    (the node's environment's choice, `JobEnv.devices`: an index turned into its GPU's UUID as nvidia-smi reports it),
+    and the image ID every node holds under `job.container.image`, which the launch then runs
+    instead of the name (a tag moved after the preflight cannot change what runs; none when a node
+    lacks it, disagrees, or was not asked, or the runtime runs an image file). A node whose GPU
+    choice cannot be told by UUID keeps it as it is. None without `job.container`."""
+    c = inv.job.container
+    if c is None:
+        return None
+    rt = runtime(c.runtime)
+    gpus: dict[str, tuple[str, ...]] = {}
+    ids: set[str | None] = set()
+    for node in inv.nodes:
+        nf = facts.get(node.name)
+        held = nf.image(rt) if nf is not None and nf.ok else None
+        ids.add(held.image_id if held is not None else None)
+        chosen = job_env(inv, node).devices
+        if not chosen or nf is None or not nf.ok:
+            continue
+        by_index = {str(g.index): g.uuid for g in nf.gpus.gpus if g.uuid}
+        uuids = [d if d.startswith(("GPU-", "MIG-")) else by_index.get(d) for d in chosen]
+        if all(uuids):
+            gpus[node.name] = tuple(u for u in uuids if u)
+    pinned = ids.pop() if len(ids) == 1 and rt.runs_by_id else None
+    return Pins(image_id=pinned, gpus=gpus)
 
 
 def _import_judging(warm_up: Callable[[], None] | None) -> None:
@@ -217,7 +250,7 @@ def save_to_run(run: RunDir, inv: Inventory, report: CheckReport | None) -> None
     """check.json in a run's directory (log skew correction reads its offsets): this launch's
     preflight, or with --skip-checks the last `orch check` of this inventory, if there was one."""
     if report is not None:
-        run.write(report.to_json(inv.path), CHECK)
+        run.write(report.to_json(report.inventory or inv.path), CHECK)
         return
     saved = checks_path(inv.name)
     if saved.exists():

@@ -1,7 +1,9 @@
-"""The probe's answer held to its shape: what `node/probe.py` writes, key by key (`FACTS_SHAPE`,
-`LISTEN_SHAPE`, `REACH_SHAPE`), and `read_answer`, which keeps what conforms and names every part
-that does not. A probe of another version, or one tampered with on the node, cannot crash a check:
-what is malformed is dropped and the `ssh` check fails on it.
+"""The probe's answer held to its shape: the machinery (`Opt`, `MapOf`, `ListOf`, `conform`,
+`read_answer`, which keeps what conforms and names every part that does not), the probe's own
+frame (`PROBE_SHAPE`, `LISTEN_SHAPE`, `REACH_SHAPE`), and `assemble`, which makes the whole
+answer's shape (`checks.FACTS_SHAPE`) of the parts each check declares beside itself (`FACTS`).
+A probe of another version, or one tampered with on the node, cannot crash a check: what is
+malformed is dropped and the `ssh` check fails on it.
 """
 
 from __future__ import annotations
@@ -10,53 +12,34 @@ import math
 from typing import Any
 
 
-class _Opt:
+class Opt:
     """A value of `shape`, or null."""
 
     def __init__(self, shape: Any) -> None:
         self.shape = shape
 
 
-class _MapOf:
+class MapOf:
     """A mapping of any string keys to values of `shape`."""
 
     def __init__(self, shape: Any) -> None:
         self.shape = shape
 
 
-class _ListOf:
+class ListOf:
     def __init__(self, shape: Any) -> None:
         self.shape = shape
 
 
 NUMBER, INT = "number", "int"  # JSON numbers (finite; never a bool), integers among them
 _BAD = object()
-_RUN = {"rc": _Opt(INT), "out": str, "err": str, "error": str}
-_FILE = {
-    "path": str,
-    "exists": bool,
-    "is_file": bool,
-    "is_dir": bool,
-    "size": INT,
-    "sha256": str,
-    "text": _Opt(str),
-    "error": str,
-    "output": bool,
-    "writable": bool,
-    "ancestor": str,
-    "ancestor_is_dir": bool,
-    "ancestor_writable": bool,
-    "dataset_error": str,
-    "dataset": _MapOf(
-        {"path": str, "files": INT, "bytes": INT, "listing": str, "sample": str, "capped": bool, "error": str}
-    ),
-}
+RUN = {"rc": Opt(INT), "out": str, "err": str, "error": str}
 LISTEN_SHAPE = {
-    "master_port": {"port": INT, "bound": bool, "error": _Opt(str), "holder": _Opt(str)},
-    "ring": {"addr": str, "port": _Opt(INT), "error": _Opt(str)},
-    "verbs": _Opt({"port": INT, "device": str, "tool": str}),
+    "master_port": {"port": INT, "bound": bool, "error": Opt(str), "holder": Opt(str)},
+    "ring": {"addr": str, "port": Opt(INT), "error": Opt(str)},
+    "verbs": Opt({"port": INT, "device": str, "tool": str}),
 }
-REACH_SHAPE = _ListOf(
+REACH_SHAPE = ListOf(
     {
         "kind": str,
         "node": str,
@@ -65,104 +48,42 @@ REACH_SHAPE = _ListOf(
         "device": str,
         "ok": bool,
         "ms": NUMBER,
-        "error": _Opt(str),
+        "error": Opt(str),
         "answered_by": str,
-        "result": _Opt(str),
+        "result": Opt(str),
     }
 )
-FACTS_SHAPE = {
+PROBE_SHAPE = {
     "probe": INT,
-    "node": _Opt(str),
+    "node": Opt(str),
     "host": str,
     "home": str,
     "time": NUMBER,
-    "python": {"executable": _Opt(str), "version": str},
-    "env": _MapOf(str),
-    "inventory_env": _ListOf(str),
-    "tz": {
-        "TZ": _Opt(str),
-        "localtime": _Opt(str),
-        "etc_timezone": _Opt(str),
-        "abbr": _Opt(str),
-        "utcoffset": _Opt(str),
-    },
-    "ifaces": _ListOf({"name": str, "up": bool, "ipv4": _ListOf(str)}),
-    "gloo_host": {"hostname": str, "addrs": _ListOf(str), "usable": _ListOf(str), "error": _Opt(str)},
-    "ib": {
-        "root": str,
-        "source": str,
-        "tools": _MapOf(_Opt(str)),
-        "error": str,
-        "devices": _MapOf(
-            {
-                "hca_type": _Opt(str),
-                "fw_ver": _Opt(str),
-                "board_id": _Opt(str),
-                "ports": _MapOf({k: _Opt(str) for k in ("state", "phys_state", "rate", "link_layer")}),
-            }
-        ),
-    },
-    "gpus": {"source": str, "query": _RUN, "table": _RUN, "error": str},
-    "software": {
-        **{
-            k: _Opt(str)
-            for k in (
-                "python",
-                "executable",
-                "torch",
-                "cuda",
-                "nccl",
-                "source",
-                "ultralytics",
-                "error",
-                "torch_error",
-                "nccl_error",
-            )
-        },
-        "shm_bytes": _Opt(INT),
-        "memlock": _Opt(INT),
-        "infiniband": _ListOf(str),
-    },
-    "ntp": _Opt(
-        {
-            "server": str,
-            "method": str,
-            "samples": INT,
-            "errors": _ListOf(str),
-            "offset_ms": NUMBER,
-            "delay_ms": NUMBER,
-            "stratum": INT,
-            "error": str,
-        }
-    ),
-    "chrony": _Opt(_RUN),
-    "torch_cuda": _Opt(
-        {
-            "torch": _Opt(str),
-            "cuda": _Opt(str),
-            "arch_list": _ListOf(str),
-            "releases": _MapOf(_ListOf(INT)),
-            "device_count": INT,
-            "error": str,
-        }
-    ),
-    "containers": _Opt(_RUN),
-    "container_image": _Opt(_RUN),
-    "outputs_inside": _Opt({"paths": _MapOf({"checked": str, "writable": bool}), "error": str}),
-    "job_check": _Opt({"kind": str, "rc": _Opt(INT), "out": str, "err": str, "seconds": NUMBER, "error": str}),
-    "paths": _MapOf(_FILE),
-    "workdir": _Opt(_FILE),
-    "run_root": _Opt({"path": str, "problem": _Opt(str)}),
-    "timings_s": _MapOf(NUMBER),
+    "python": {"executable": Opt(str), "version": str},
+    "env": MapOf(str),
+    "inventory_env": ListOf(str),
+    "timings_s": MapOf(NUMBER),
     "listen": LISTEN_SHAPE,
 }
-"""What the probe (node/probe.py) answers, key by key: what the checks may rely on."""
+"""The probe's own frame of its answer: who answered, the job's environment it saw, and its
+listeners (what `facts.py` itself reads); every other fact's shape is its check's (`checks/`)."""
+
+
+def assemble(*parts: dict[str, Any]) -> dict[str, Any]:
+    """One shape of the probe's whole answer from its parts, each key declared by exactly one."""
+    out: dict[str, Any] = {}
+    for part in parts:
+        twice = sorted(set(out) & set(part))
+        if twice:
+            raise ValueError(f"facts declared twice: {', '.join(twice)}")
+        out.update(part)
+    return out
 
 
 def conform(value: Any, shape: Any, where: str, problems: list[str]) -> Any:
     """`value` where it has `shape`, else _BAD (noted in `problems`): a mapping keeps its keys of
     the right shape and drops the others (keys the shape does not name are kept as they are)."""
-    if isinstance(shape, _Opt):
+    if isinstance(shape, Opt):
         return None if value is None else conform(value, shape.shape, where, problems)
     ok = True
     if shape in (NUMBER, INT):
@@ -170,7 +91,7 @@ def conform(value: Any, shape: Any, where: str, problems: list[str]) -> Any:
         ok = ok and (shape == NUMBER or isinstance(value, int))
     elif isinstance(shape, type):
         ok = type(value) is shape
-    elif isinstance(shape, (dict, _MapOf)):
+    elif isinstance(shape, (dict, MapOf)):
         if not isinstance(value, dict):
             ok = False
         else:
@@ -181,7 +102,7 @@ def conform(value: Any, shape: Any, where: str, problems: list[str]) -> Any:
                 if got is not _BAD:
                     out[key] = got
             return out
-    elif isinstance(shape, _ListOf):
+    elif isinstance(shape, ListOf):
         if not isinstance(value, list):
             ok = False
         else:
@@ -198,7 +119,7 @@ def read_answer(value: Any, shape: Any, what: str) -> tuple[Any, list[str]]:
     problems: list[str] = []
     got = conform(value, shape, what, problems)
     if got is _BAD:
-        got = [] if isinstance(shape, _ListOf) else {}
+        got = [] if isinstance(shape, ListOf) else {}
     return got, problems
 
 
@@ -212,23 +133,23 @@ _SWEEP_ROW = {
     "time_us": NUMBER,
     "algbw_gbps": NUMBER,
     "busbw_gbps": NUMBER,
-    "wrong": _Opt(INT),
+    "wrong": Opt(INT),
 }
 FABRIC_RESULT_SHAPE = {
     "schema": INT,
     "backend": str,
     "device": str,
     "torch": str,
-    "nccl": _Opt(str),
+    "nccl": Opt(str),
     "world_size": INT,
     "nnodes": INT,
-    "nodes": _ListOf({"node": INT, "host": str, "hostname": str, "ranks": _ListOf(INT), "boot_id": _Opt(str)}),
-    "ranks": _ListOf({"rank": INT, "host": str, "label": str, "node": INT, "local_rank": INT}),
+    "nodes": ListOf({"node": INT, "host": str, "hostname": str, "ranks": ListOf(INT), "boot_id": Opt(str)}),
+    "ranks": ListOf({"rank": INT, "host": str, "label": str, "node": INT, "local_rank": INT}),
     "op": str,
     "dtype": str,
     "bus_factor": NUMBER,
-    "sweep": _ListOf(_SWEEP_ROW),
-    "skipped": _ListOf({"size_bytes": INT, "reason": str}),
+    "sweep": ListOf(_SWEEP_ROW),
+    "skipped": ListOf({"size_bytes": INT, "reason": str}),
     "links": {
         "method": str,
         "rounds": INT,
@@ -237,7 +158,7 @@ FABRIC_RESULT_SHAPE = {
         "pairs_at_once": str,
         "pairs_why": str,
         "skipped": str,
-        "transfers": _ListOf(
+        "transfers": ListOf(
             {
                 "pass": INT,
                 "round": INT,
@@ -248,12 +169,12 @@ FABRIC_RESULT_SHAPE = {
                 "seconds": NUMBER,
                 "gbps": NUMBER,
                 "probe_gbps": NUMBER,
-                "all_seconds": _ListOf(NUMBER),
+                "all_seconds": ListOf(NUMBER),
             }
         ),
     },
     "elapsed_s": NUMBER,
-    "phase_s": _MapOf(NUMBER),
+    "phase_s": MapOf(NUMBER),
 }
 """What the fabric job (node/jobs/allreduce.py) prints after `ORCH_FABRIC_RESULT`, key by key."""
 FABRIC_REQUIRED = ("backend", "device", "world_size", "nnodes", "nodes", "sweep")

@@ -23,22 +23,30 @@ With `--timeout` the command runs under the node's timeout(1) (`timed_line`): pa
 itself stops the command's whole process group (SIGTERM, SIGKILL 5 s later), so nothing of it
 is left running there, whatever happens to the connection; what it printed until then is kept.
 The controller gives up on a node that has not answered `KILL_AFTER_S` + `SLACK_S` later.
+
+With `--container RUN` (`config.jobenv.BoxExec`) the command runs in RUN's container on each
+node, found by the labels of the run, that node and the launch (`node/execbox.py`, under the
+node's `python`, tethered as above). A runtime's exec client is not the command: on the timeout,
+a signal or a lost session the node program stops the command's processes inside the container
+(SIGTERM, SIGKILL `EXEC_GRACE_S` later) and says so once they are gone (exit 124 on a timeout; 255
+and why where something is left); timeout(1) is not used. The controller's backstop waits
+`BOX_SLACK_S` past the timeout for that answer.
 """
 
 from __future__ import annotations
 
 import shlex
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .. import waits
 from ..config.inventory import Inventory
+from ..config.jobenv import EXEC_GRACE_S, BoxExec
 from ..config.nodes import Node
 from ..config.schema import JobModel
 from ..errors import TransportError
 from ..node import packed
+from ..shell import Script
 from ..transport import Cluster, Result, Transport
 from ..transport.base import Progress
 
@@ -51,31 +59,32 @@ KILL_AFTER_S = 5
 """Seconds between timeout(1)'s SIGTERM to the command's process group and its SIGKILL."""
 SLACK_S = 10
 """How much longer than that the controller waits for a node's answer before it closes the session."""
-NO_TIMEOUT = "orch: timeout(1) is not on this node's PATH: orch exec --timeout needs it to stop the command here"
+BOX_SLACK_S = EXEC_GRACE_S + 60 + 5 + 15
+"""With `--container`: how much longer than the timeout the controller waits for a node's answer
+(the stop inside the container: its grace, the runtime's exec of it, what SIGKILL leaves, the
+client's end; `node/execbox.py`)."""
 
-
-def _words(command: Sequence[str], shell: bool) -> str:
-    """`command` as shell words: one word is a line for the node's login shell (`$SHELL -c`),
-    several are an argv, each word as it is."""
-    return f'"${{SHELL:-/bin/sh}}" -c {shlex.quote(command[0])}' if shell else shlex.join(command)
+TETHER = Script('command -v "$0" >/dev/null 2>&1 && { "$0" -I -S -c "$1" "$PPID" </dev/null >/dev/null 2>&1 & }')
+"""`$0` the node's python, `$1` the watcher's program: started in the background, watching sh's
+parent (`$PPID`: the login shell), when there is such a python; else nothing."""
+TIMED_LINE = Script('exec "$0" -k "$1" "$2" "${SHELL:-/bin/sh}" -c "$3"', guarded=True)
+"""`$0` timeout, `$1` the seconds to SIGKILL, `$2` the timeout, `$3` a line for the login shell."""
+TIMED_ARGV = Script('k=$1 t=$2; shift 2; exec "$0" -k "$k" "$t" "$@"', guarded=True)
+"""`$0` timeout, `$1` the seconds to SIGKILL, `$2` the timeout, the argv after them."""
 
 
 def tether(python: str | None) -> str:
     """The start of the login-shell line that starts `node/tether.py` in the background with the
     node's `python`, watching the login shell; nothing where there is no such python (the command
     then runs untethered, as ssh alone runs it) or `python` is None (a transport whose close stops
-    the command itself). It is one `/bin/sh -c '...'` word and `;`, which sh, bash, fish and tcsh
-    parse alike (tested; the program is one base64 line: no newline, quote or `!` in it), so the
-    command after it is still a line for whatever the login shell is. sh's `$PPID` is that shell."""
+    the command itself). It is `/bin/sh -c` with its script and values as single-quoted words, and
+    `;`, which sh, bash, fish and tcsh parse alike (tested; the program is one base64 line: no
+    newline, quote, backslash or `!` in it), so the command after it is still a line for whatever
+    the login shell is. sh's `$PPID` is that shell."""
     if python is None:
         return ""
-    py = shlex.quote(python)
-    starter = (
-        f"command -v {py} >/dev/null 2>&1 && {{ {py} -I -S -c "
-        f'"import base64,zlib;exec(zlib.decompress(base64.b64decode(\'{packed("tether")}\')))" "$PPID" '
-        "</dev/null >/dev/null 2>&1 & }"
-    )
-    return f"/bin/sh -c {shlex.quote(starter)}; "
+    program = f'import base64,zlib;exec(zlib.decompress(base64.b64decode("{packed("tether")}")))'
+    return shlex.join(TETHER.argv(python, program)) + "; "
 
 
 def command_line(command: Sequence[str], shell: bool, python: str | None = JobModel.python) -> str:
@@ -84,16 +93,23 @@ def command_line(command: Sequence[str], shell: bool, python: str | None = JobMo
     return tether(python) + (command[0] if shell else "exec " + shlex.join(command))
 
 
+def box_line(box: BoxExec, node: Node, command: Sequence[str], timeout: float | None, tethered: bool) -> str:
+    """The login-shell line of `orch exec --container`: the tether (unless the transport's close
+    stops the command itself), then `node/execbox.py` under the node's `python`, its arguments
+    values (`BoxExec.args`: that node's container)."""
+    program = f'import base64,zlib;exec(zlib.decompress(base64.b64decode("{packed("execbox")}")))'
+    run = [node.python, "-I", "-S", "-c", program, *box.args(node.name, command, timeout)]
+    return tether(node.python if tethered else None) + "exec " + shlex.join(run)
+
+
 def timed_line(command: Sequence[str], shell: bool, timeout: float, python: str | None = JobModel.python) -> str:
     """The login-shell line that runs `command` under timeout(1) on the node: in a process group of
     its own, which timeout signals whole when the time is up (exit 124, 137 after the SIGKILL),
     tethered as without --timeout. A one-word command is a line for the node's login shell
     (`$SHELL -c`); several words are an argv. Without timeout(1) there: exit 127, saying so."""
-    return (
-        f"command -v timeout >/dev/null 2>&1 || {{ echo {shlex.quote(NO_TIMEOUT)} >&2; exit 127; }}; "
-        + tether(python)
-        + f"exec timeout -k {KILL_AFTER_S} {timeout:g} {_words(command, shell)}"
-    )
+    limits = (str(KILL_AFTER_S), f"{timeout:g}")
+    run = TIMED_LINE.argv("timeout", *limits, command[0]) if shell else TIMED_ARGV.argv("timeout", *limits, *command)
+    return tether(python) + "exec " + shlex.join(run)
 
 
 LONG_LINE = 2 << 20
@@ -181,13 +197,25 @@ class ExecReport:
         }
 
 
-def node_output(node: str, answer: Result | BaseException, timeout: float | None = None) -> NodeOutput:
+def node_output(
+    node: str, answer: Result | BaseException, timeout: float | None = None, box: bool = False
+) -> NodeOutput:
     """A transport's Result, or the exception it raised, as a node's answer with an exit code.
     With `timeout`, a 124 (or timeout(1)'s 137 after its SIGKILL) that came no sooner than the
-    timeout is the node's timeout(1) stopping the command, said in `error`."""
+    timeout is the node's timeout(1) stopping the command, said in `error`. With `box` (`--container`)
+    a 124 is `node/execbox.py`'s, said once the command's processes in the container were gone."""
     if isinstance(answer, Result):
         code = answer.exit_code
-        if timeout is not None and code in (TIMED_OUT, 128 + 9) and answer.elapsed_ms >= timeout * 1000:
+        if box and timeout is not None and code == TIMED_OUT and answer.elapsed_ms >= timeout * 1000:
+            return NodeOutput(
+                node,
+                TIMED_OUT,
+                answer.stdout,
+                answer.stderr,
+                f"timed out after {timeout:g} s: the command's processes in the container were stopped",
+                elapsed_ms=answer.elapsed_ms,
+            )
+        if not box and timeout is not None and code in (TIMED_OUT, 128 + 9) and answer.elapsed_ms >= timeout * 1000:
             how = "SIGTERM" if code == TIMED_OUT else f"SIGKILL, {KILL_AFTER_S} s after SIGTERM"
             return NodeOutput(
                 node,
@@ -215,7 +243,8 @@ def node_output(node: str, answer: Result | BaseException, timeout: float | None
                 "",
                 "",
                 f"timed out after {timeout:g} s, and the node did not answer "
-                f"{KILL_AFTER_S + SLACK_S} s later: the session was closed, the command may still run there",
+                f"{BOX_SLACK_S if box else KILL_AFTER_S + SLACK_S:g} s later: the session was closed, the command "
+                "may still run there",
                 "look on the node: orch exec --nodes NODE -- 'ps -eo pid,pgid,etime,args'",
             )
         code = TIMED_OUT if answer.kind == "timeout" else UNREACHABLE
@@ -303,6 +332,7 @@ def run_everywhere(
     progress: Progress | None = None,
     on_line: OnLine | None = None,
     env: Mapping[str, str] | None = None,
+    box: BoxExec | None = None,
 ) -> ExecReport:
     """Run `command` on every node of `nodes` in parallel (at most `inv.fanout` at once) and collect
     every answer; never raises for a node. One word is a login-shell line, several an argv.
@@ -310,14 +340,14 @@ def run_everywhere(
     without it the report keeps the first `KEPT_BYTES` of each node's stdout and stderr. Memory does
     not grow with the output either way.
     `env`: variables set for the command (`--env`; the login environment stays under them).
+    `box`: run it in the run's container on each node (`--container`; no `env`).
     Ctrl-C (KeyboardInterrupt) closes every connection before it propagates."""
+    if box is not None and env:
+        raise ValueError("--env with --container")
     if not command:
         raise ValueError("empty command")
     shell = len(command) == 1
     sent = with_env(command, env)
-    done = [0]
-    lock = threading.Lock()
-
     kept: dict[str, Kept] = {}
 
     def one(t: Transport) -> Result:
@@ -328,7 +358,14 @@ def run_everywhere(
         feed = splitter.feed if splitter is not None else keep.feed
         try:
             python = None if t.close_stops_commands else t.node.python  # closing the connection stops it there
-            if timeout is not None:
+            if box is not None:
+                res = t.run_shell(
+                    box_line(box, t.node, command, timeout, python is not None),
+                    timeout=None if timeout is None else timeout + BOX_SLACK_S,
+                    on_output=feed,
+                    keep=False,
+                )
+            elif timeout is not None:
                 res = t.run_shell(
                     timed_line(sent, shell, timeout, python),
                     timeout=timeout + KILL_AFTER_S + SLACK_S,
@@ -341,36 +378,13 @@ def run_everywhere(
         finally:
             if splitter is not None:
                 splitter.finish()
-            if progress is not None:
-                with lock:
-                    done[0] += 1
-                    progress("running", done[0], len(nodes))
 
     with Cluster(inv) as cluster:
-        answers = _interruptible(lambda: cluster.fan_out(one, nodes))
+        answers = cluster.fan_out(one, nodes, progress=progress, label="running", interruptible=True)
     outputs = []
     for n in nodes:
-        out = node_output(n.name, answers[n.name], timeout)
+        out = node_output(n.name, answers[n.name], timeout, box is not None)
         if n.name in kept and isinstance(answers[n.name], Result):
             out = replace(out, dropped=(kept[n.name].dropped["out"], kept[n.name].dropped["err"]))
         outputs.append(out)
     return ExecReport(tuple(command), shell, tuple(outputs))
-
-
-def _interruptible(fn: Callable[[], Any]) -> Any:
-    """fn() in a thread the main thread waits for, so Ctrl-C reaches the main thread at once (a
-    thread pool's shutdown would wait for every command) and the caller can close the connections."""
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # handed to the waiting thread
-            box["error"] = exc
-
-    worker = threading.Thread(target=target, name="orch-exec", daemon=True)
-    worker.start()
-    waits.join(worker)  # a Ctrl-C the kernel hands to a worker thread ends it too
-    if "error" in box:
-        raise box["error"]
-    return box["value"]

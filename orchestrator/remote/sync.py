@@ -1,34 +1,54 @@
-"""`orch sync`: copy `job.sync` to the same absolute paths on every node with rsync over SSH.
+"""`orch sync`: copy `job.sync` to the same absolute paths on every node, through each node's transport.
 
-One rsync per node (every path in it, see `rsync.rsync_argv`), at most `inventory.fanout` at once,
-each node's outcome collected: what changed, or why it failed (rsync missing there, unreachable,
-host key refused, a file it could not write), never stopping at the first bad node. With
-`transport: local` the nodes are processes on this machine and read the controller's own files:
-nothing is copied, and the report says so.
+Two ways (`--method`, `SyncOptions.method`; `auto` chooses with `chain.choose`):
+- direct: one `copy_tree` per node (every path in it: over SSH one rsync, see `transport/copy.py`),
+  at most `inventory.fanout` at once: the controller's link carries one copy per node.
+- chain (`chain.py`): a relay on every node says which files it lacks by rsync's rule (size and
+  modification time, or `--checksum`) and how much room it has; the files some node lacks are
+  sent once, through a chain of those nodes, each writing what it lacks (a temporary name, renamed
+  once its sha256 is the controller's) and forwarding the rest.
+
+Each node's outcome is collected: what changed, or why it failed (rsync missing there,
+unreachable, host key refused, no room, dropped from the chain, a file it could not write), never
+stopping at the first bad node. Where the nodes are processes on this machine (`transport:
+local`, `same_host`) they read the controller's own files: nothing is copied, and the report says so.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import posixpath
-import shutil
-import subprocess
-import threading
+import stat
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from .. import waits
 from ..config.inventory import Inventory
 from ..config.nodes import Node
 from ..config.trainer import DEFAULT_PROJECT, OUTPUT_FLAGS
-from ..errors import OrchError, UsageError
+from ..errors import UsageError
+from ..node import relay
 from ..run.resume import is_trainer
+from ..transport import Cluster, CopyFailed, Transfer, Transport, transport_of
 from ..transport.base import Progress
-from ..transport.ssh import openssh_config_file
-from .rsync import SyncOptions, Transfer, missing_rsync, parse_output, rsync_argv
+from ..transport.copy import EXCLUDED
+from .chain import Chain, ChainSummary, FileSource, Leg, Watch, choose, short_of_room
+
+
+@dataclass(frozen=True)
+class SyncOptions:
+    """How `orch sync` copies (its flags)."""
+
+    dry_run: bool = False
+    """Report what would change, change nothing."""
+    delete: bool = False
+    """Remove files on the node that are not in a synced directory on the controller."""
+    checksum: bool = False
+    """Compare files by checksum instead of size and time (slower: reads every file on both sides)."""
+    method: str = "auto"
+    """`direct` (rsync to each node), `chain` (one copy from here, relayed node to node), or `auto`."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +62,8 @@ class NodeSync:
     exit_code: int | None = None
     """rsync's exit code (0 when it succeeded; None when it did not run)."""
     elapsed_s: float = 0.0
+    leg: Leg | None = None
+    """Its part in the chain (None when copied directly)."""
 
     @property
     def ok(self) -> bool:
@@ -49,6 +71,7 @@ class NodeSync:
 
     def to_json(self) -> dict[str, Any]:
         t = self.transfer
+        leg = self.leg.to_json() if self.leg else {"role": None, "received_bytes": None, "bytes_per_s": None}
         return {
             "node": self.node,
             "ok": self.ok,
@@ -60,6 +83,7 @@ class NodeSync:
             "hint": self.hint,
             "rsync_exit_code": self.exit_code,
             "elapsed_s": round(self.elapsed_s, 3),
+            **leg,
         }
 
 
@@ -72,6 +96,11 @@ class SyncReport:
     nodes: tuple[NodeSync, ...]
     skipped: str | None = None
     """Why nothing was copied to any node (`transport: local`); None when rsync ran."""
+    method: str = "direct"
+    """How the files travelled: `direct` or `chain`."""
+    why: str = ""
+    """Why that method (`chain.choose`)."""
+    chain: ChainSummary | None = None
 
     @property
     def ok(self) -> bool:
@@ -87,6 +116,9 @@ class SyncReport:
             "delete": self.options.delete,
             "ok": self.ok,
             "skipped": self.skipped,
+            "method": self.method,
+            "method_why": self.why,
+            "chain": self.chain.to_json() if self.chain else None,
             "nodes": [n.to_json() for n in self.nodes],
         }
 
@@ -175,160 +207,196 @@ def refuse_delete_over_output(inv: Inventory, paths: Sequence[str]) -> None:
                 )
 
 
-def require_local_tools() -> None:
-    """rsync and ssh on the controller, or one line saying which is missing."""
-    for tool, package in (("rsync", "rsync"), ("ssh", "openssh-client")):
-        if shutil.which(tool) is None:
-            raise OrchError(
-                f"{tool} is not installed on this machine (the controller): orch sync needs it",
-                f"apt-get install {package} (dnf install {package.replace('openssh-client', 'openssh-clients')})",
-            )
-
-
 def sync_nodes(
-    inv: Inventory, nodes: Sequence[Node], options: SyncOptions = SyncOptions(), progress: Progress | None = None
+    inv: Inventory,
+    nodes: Sequence[Node],
+    options: SyncOptions = SyncOptions(),
+    progress: Progress | None = None,
+    watch: Watch | None = None,
 ) -> SyncReport:
-    """rsync `job.sync` to every node of `nodes`, at most `inv.fanout` at once; every outcome kept.
-    Raises (UsageError/OrchError) only for what stops every node alike: no or missing sources, no
-    rsync or ssh here. Ctrl-C stops every rsync before it propagates."""
+    """Copy `job.sync` to every node of `nodes`, directly (at most `inv.fanout` at once) or by the
+    chain (`options.method`); every outcome kept. Raises (UsageError/OrchError) only for what stops
+    every node alike: no or missing sources, no rsync or ssh here, `--method chain` with `--delete`.
+    Ctrl-C stops every copy before it propagates. `watch`: the chain's progress."""
     paths = sources(inv)
     if options.delete:
         refuse_delete_over_output(inv, paths)
-    if inv.transport == "local":
+    if options.method == "chain" and options.delete:
+        raise UsageError(
+            "orch sync --method chain --delete: the chain adds and replaces files, it never deletes",
+            "sync with --method direct (rsync) to delete, or without --delete",
+        )
+    kind = transport_of(inv)
+    if kind.same_host:
         return SyncReport(
             paths,
             options,
             tuple(NodeSync(n.name, Transfer(0, 0, 0, ())) for n in nodes),
-            skipped="transport: local: every node reads this machine's files, nothing to copy",
+            skipped=f"transport: {kind.name}: every node reads this machine's files, nothing to copy",
         )
-    require_local_tools()
-    procs: dict[str, subprocess.Popen[bytes]] = {}
-    lock = threading.Lock()
-    done = [0]
-    interrupted = threading.Event()
-
-    def one(node: Node) -> NodeSync:
-        try:
-            return _sync_one(node, paths, options, procs, lock, interrupted)
-        finally:
-            if progress is not None:
-                with lock:
-                    done[0] += 1
-                    progress("syncing", done[0], len(nodes))
-
-    pool = ThreadPoolExecutor(max_workers=max(1, min(inv.fanout, len(nodes))), thread_name_prefix="orch-sync")
-    try:
-        futures = [pool.submit(one, n) for n in nodes]
-        results = tuple(waits.results(futures))
-    except KeyboardInterrupt:
-        interrupted.set()
-        with lock:
-            for proc in procs.values():
-                proc.terminate()
-        raise
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-    return SyncReport(paths, options, results)
+    entries = manifest(paths, options.checksum and options.method != "direct")
+    payload = sum(e["s"] for e in entries if e["t"] == "f")
+    method, why = choose(options.method, len(nodes), payload)
+    if options.method == "auto" and (options.delete or options.dry_run):
+        method, why = "direct", "--delete and --dry-run are rsync's"
+    if method == "chain":
+        if options.checksum and options.method == "auto":
+            entries = manifest(paths, True)
+        return _sync_chain(inv, nodes, paths, entries, options, why, watch)
+    kind.require_copy_tools("orch sync")
+    with Cluster(inv) as cluster:
+        got = cluster.fan_out(
+            lambda t: _sync_one(t, paths, options), nodes, progress=progress, label="syncing", interruptible=True
+        )
+    return SyncReport(paths, options, tuple(_outcome(n.name, got[n.name]) for n in nodes), why=why)
 
 
-def _sync_one(
-    node: Node,
-    paths: Sequence[str],
+def manifest(paths: Sequence[str], checksum: bool = False) -> list[dict[str, Any]]:
+    """What rsync -a copies of `paths`, for the relays: each directory (`t` d, its mode `m`),
+    regular file (f: size `s`, mode, modification time `mt` in ns, with `checksum` its sha256 `h`)
+    and symbolic link (l: its target `l`), at its absolute path `p`; `EXCLUDED` left out, other
+    kinds of file (devices, sockets) skipped as rsync skips them without root."""
+    skipped = {p.rstrip("/") for p in EXCLUDED}
+    out: list[dict[str, Any]] = []
+
+    def add(path: str) -> bool:
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode):
+            out.append({"p": path, "t": "l", "l": os.readlink(path)})
+        elif stat.S_ISDIR(st.st_mode):
+            out.append({"p": path, "t": "d", "m": stat.S_IMODE(st.st_mode)})
+            return True
+        elif stat.S_ISREG(st.st_mode):
+            entry = {"p": path, "t": "f", "s": st.st_size, "m": stat.S_IMODE(st.st_mode), "mt": st.st_mtime_ns}
+            if checksum:
+                entry["h"] = _sha256(path)
+            out.append(entry)
+        return False
+
+    for src in paths:
+        if not add(src):
+            continue
+        for root, dirs, files in os.walk(src):
+            keep = []
+            for d in sorted(dirs):
+                if d in skipped:
+                    continue
+                if add(os.path.join(root, d)):
+                    keep.append(d)
+            dirs[:] = keep
+            for name in sorted(files):
+                add(os.path.join(root, name))
+    return out
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _sync_chain(
+    inv: Inventory,
+    nodes: Sequence[Node],
+    paths: tuple[str, ...],
+    entries: list[dict[str, Any]],
     options: SyncOptions,
-    procs: dict[str, subprocess.Popen[bytes]],
-    lock: threading.Lock,
-    interrupted: threading.Event,
-) -> NodeSync:
-    argv = rsync_argv(node, paths, options, openssh_config_file(node.ssh))
-    start = time.monotonic()
-    with lock:
-        if interrupted.is_set():
-            return NodeSync(node.name, None, "interrupted before it started")
-        proc = procs[node.name] = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env={**os.environ, "LC_ALL": "C"},
-        )
-    out, err = proc.communicate()
-    elapsed = time.monotonic() - start
-    stdout, stderr = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
-    if proc.returncode != 0:
-        message, hint = explain_failure(node, proc.returncode, stderr)
-        return NodeSync(node.name, None, message, hint, proc.returncode, elapsed)
-    try:
-        transfer = parse_output(stdout)
-    except ValueError as exc:
+    why: str,
+    watch: Watch | None,
+) -> SyncReport:
+    """The chain: every node's relay says what it lacks, the union is sent once through the nodes
+    that lack something (inventory order), each writing its own part."""
+    config = {"mode": "files", "manifest": entries, "checksum": options.checksum}
+    out: dict[str, NodeSync] = {}
+    with Cluster(inv) as cluster, Chain(cluster, nodes, config, watch) as chain:
+        members = chain.start()
+        needs: dict[str, list[int]] = {}
+        for n in nodes:
+            m = members[n.name]
+            if m.ready is None:
+                refused = chain.unreached(m)
+                if refused is not None:
+                    out[n.name] = NodeSync(n.name, None, refused.message.removeprefix(f"{n.name}: "), refused.hint)
+                else:
+                    out[n.name] = NodeSync(n.name, None, f"the relay could not start: {m.said()}", _relay_hint(n))
+                continue
+            try:
+                need = relay.expand(m.ready.get("need", []), len(entries))
+                relay.expand(m.ready.get("fresh", []), len(entries))
+                short = short_of_room(_rooms(m.ready.get("room")))
+            except ValueError as exc:
+                out[n.name] = NodeSync(n.name, None, f"its relay's answer is not a relay's: {exc}")
+                chain.skip(n.name)
+                continue
+            if short is not None:
+                out[n.name] = NodeSync(n.name, None, short, "free space there, or leave the node out (--nodes)")
+                chain.skip(n.name)
+                continue
+            needs[n.name] = need
+            if options.dry_run:
+                out[n.name] = NodeSync(n.name, _transfer(entries, need, m.ready, 0), exit_code=0)
+                chain.skip(n.name)
+        order = [n.name for n in nodes if needs.get(n.name)]
+        if not options.dry_run and needs:
+            union = sorted(set().union(*needs.values()))
+            go = {name: {"send": relay.ranges(union), "want": relay.ranges(need)} for name, need in needs.items()}
+            source = FileSource([(entries[i]["p"], entries[i]["s"]) for i in union])
+            try:
+                chain.run([order], source, go)
+            finally:
+                source.close()
+            for name, need in needs.items():
+                out[name] = _chained(name, chain, entries, need)
+        summary = chain.summary() if order and not options.dry_run else None
+    return SyncReport(paths, options, tuple(out[n.name] for n in nodes), method="chain", why=why, chain=summary)
+
+
+def _rooms(rooms: object) -> list[dict[str, Any]]:
+    """A relay's `room` answer held to its shape (ValueError otherwise)."""
+    if not isinstance(rooms, list) or not all(isinstance(r, dict) for r in rooms):
+        raise ValueError("its room is not a list of objects")
+    return rooms
+
+
+def _relay_hint(node: Node) -> str:
+    return f"the relay runs on the node's python ({node.python}): is it there? orch check names what is missing"
+
+
+def _transfer(entries: list[dict[str, Any]], need: list[int], ready: dict[str, Any], received: int) -> Transfer:
+    """What the chain changed on a node, itemized as rsync itemizes what it sends (`<f+++++++++`
+    a file it lacked, `<f.st......` one that differed)."""
+    fresh = set(relay.expand(ready.get("fresh", []), len(entries)))
+    changes = tuple(f"<f{'+++++++++' if i in fresh else '.st......'} {entries[i]['p']}" for i in need)
+    return Transfer(len(need), sum(entries[i]["s"] for i in need), received, changes)
+
+
+def _chained(name: str, chain: Chain, entries: list[dict[str, Any]], need: list[int]) -> NodeSync:
+    m = chain.members[name]
+    leg = chain.leg(name)
+    assert m.ready is not None
+    if m.dropped is not None:
+        return NodeSync(name, None, f"dropped from the chain: {m.dropped}", None, None, leg.seconds, leg)
+    if m.sink_failed is not None:
+        return NodeSync(name, None, f"could not write what it received: {m.sink_failed}", None, None, leg.seconds, leg)
+    if m.done is None or not m.bye:
         return NodeSync(
-            node.name, None, f"rsync succeeded but its report could not be read: {exc}", None, proc.returncode, elapsed
+            name, None, f"its relay ended before its copy was verified: {m.said()}", None, None, leg.seconds, leg
         )
-    return NodeSync(node.name, transfer, exit_code=0, elapsed_s=elapsed)
+    return NodeSync(name, _transfer(entries, need, m.ready, m.got), exit_code=0, elapsed_s=leg.seconds, leg=leg)
 
 
-# What OpenSSH prints when it cannot get in (checked in this order): the message orch says for
-# it (in the words the transport uses for the same failure), and what fixes it.
-_SSH_FAILURES = (
-    (
-        "has changed and you have requested strict checking",
-        "host key of {host} CHANGED: known_hosts has another key for {name}",
-        "if the node was reinstalled: ssh-keygen -R '{name}' -f {known_hosts}, then add the new key; "
-        "otherwise treat it as an attack",
-    ),
-    (
-        "host key is known for",
-        "host key of {name} is not in {known_hosts}",
-        "verify it, then: ssh-keyscan -p {port} {host} >> {known_hosts} (or set ssh.host_key_policy: accept-new)",
-    ),
-    (
-        "Host key verification failed",
-        "host key of {name} could not be verified against {known_hosts}",
-        "verify it, then: ssh-keyscan -p {port} {host} >> {known_hosts}",
-    ),
-    (
-        "Permission denied",
-        "authentication refused for {target}",
-        "check the key (ssh.identity) and that it is in the node's ~/.ssh/authorized_keys",
-    ),
-    ("Connection refused", "connection to {target} refused", "is sshd running on that port? (systemctl status ssh)"),
-    (
-        "timed out",
-        "{target} did not answer",
-        "is the node up and the port open? check firewalls and ssh.connect_timeout",
-    ),
-    ("Could not resolve hostname", "cannot resolve {host}", "check the node's host in the inventory"),
-)
-_RSYNC_NOISE = (
-    "rsync: connection unexpectedly closed",
-    "rsync error:",
-    "rsync: [sender] write error",
-    "rsync: [Receiver] write error",
-)
+def _sync_one(t: Transport, paths: Sequence[str], options: SyncOptions) -> NodeSync:
+    start = time.monotonic()
+    try:
+        transfer = t.copy_tree(paths, "/", dry_run=options.dry_run, delete=options.delete, checksum=options.checksum)
+    except CopyFailed as exc:
+        return NodeSync(t.node.name, None, exc.detail, exc.hint, exc.returncode, time.monotonic() - start)
+    return NodeSync(t.node.name, transfer, exit_code=0, elapsed_s=time.monotonic() - start)
 
 
-def explain_failure(node: Node, code: int, stderr: str) -> tuple[str, str | None]:
-    """One line (and a hint) for a failed rsync: rsync missing on the node, ssh refused, or what
-    rsync itself said, without its generic trailer lines."""
-    if missing_rsync(stderr):
-        return (
-            "rsync is not installed on this node",
-            "install it there: apt-get install rsync (dnf install rsync), e.g. orch exec -- 'apt-get install -y rsync'",
-        )
-    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
-    said = [ln for ln in lines if not ln.startswith(_RSYNC_NOISE)] or lines
-    opts = node.ssh
-    where = {
-        "host": node.host,
-        "port": opts.port,
-        "known_hosts": opts.known_hosts,
-        "name": node.host if opts.port == 22 else f"[{node.host}]:{opts.port}",
-        "target": f"{opts.user + '@' if opts.user else ''}{node.host}:{opts.port}",
-    }
-    from_ssh = [ln for ln in said if not ln.startswith("rsync")]  # rsync's own say "rsync: ..." / "rsync error"
-    for needle, message, hint in _SSH_FAILURES:
-        line = next((ln for ln in from_ssh if needle in ln), None)
-        if line is not None:
-            return f"ssh: {message.format(**where)} ({line.rstrip('.')})", hint.format(**where)
-    detail = said[0] if said else "(no message)"
-    more = f" (+{len(said) - 1} more lines)" if len(said) > 1 else ""
-    return f"rsync exited {code}: {detail}{more}", None
+def _outcome(node: str, got: NodeSync | Exception) -> NodeSync:
+    if isinstance(got, NodeSync):
+        return got
+    return NodeSync(node, None, str(got).removeprefix(f"{node}: "), getattr(got, "hint", None))

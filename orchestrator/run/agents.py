@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 from ..config.plan import NodePlan, Plan
 from ..contract import NodeState
 from ..errors import AgentUnavailable, OrchError, TransportError
-from ..node import agent_files
+from ..node import AGENT_MODULES, FROM_STDIN, agent_files
+from ..node import program as node_program
 from ..node import script as node_script
 from ..node.agent import HOOK_TIMEOUT_S
 from ..store import NodeRecord, remote_dir
@@ -33,10 +35,12 @@ RECORDED = (
     "finished_at",
     "failed_at",
     "signal",
+    "reason",
     "error",
     "cleanup_left",
 )
-"""The fields of a NodeStatus that run.json keeps for each node."""
+"""The fields of a NodeStatus that run.json keeps for each node (`reason`: the agent's own word
+on why its job ended so, e.g. the lease's expiry)."""
 
 
 def _number(value: Any) -> Any:
@@ -191,6 +195,8 @@ def launch_spec(plan: Plan, np_: NodePlan, lease_s: float | None = None) -> dict
     }
     if plan.nonce:
         spec["nonce"] = plan.nonce
+    if np_.environment is not None and np_.environment.warned:
+        spec["warning_blocked"] = True  # a container under Slurm: node/agent.py WARNING, node/warned.py
     if lease_s:
         spec["lease_s"] = lease_s
     return spec
@@ -235,6 +241,41 @@ def parse_agent(res: Result, python: str) -> dict[str, Any]:
     raise OrchError(f"{res.node}: the node agent failed: {detail}")
 
 
+def boot_call(
+    plan: Plan,
+    np_: NodePlan,
+    rdir: str,
+    python: str,
+    extra: Mapping[str, str] | None = None,
+    lease_s: float | None = None,
+    foreground: bool = False,
+) -> tuple[list[str], bytes]:
+    """How one node's share of a run starts: `node/boot.py` (argv), which writes the files sent on
+    its stdin (the agent, launch.json: no env value is ever on a command line) into the run
+    directory and runs `agent.py start` there. `extra` ({name: text}) are more files for the run
+    directory (a job orch brings, like the fabric check's); `foreground`: the agent stays in that
+    process (a transport that holds the agents, `Transport.agent_held`). `python`: the node's, which
+    runs orch's node programs."""
+    files = {**(extra or {}), **agent_files(), "launch.json": json.dumps(launch_spec(plan, np_, lease_s))}
+    argv = [python, "-c", node_script("boot"), rdir, "start", ".", "--wait", str(START_WAIT_S)]
+    return argv + (["--foreground"] if foreground else []), json.dumps(files).encode("ascii")
+
+
+def started(res: Result, node: str, python: str) -> NodeStatus:
+    """The agent's answer to its start on `node` (whose `python` ran it): the node's status once its
+    job runs, else OrchError why."""
+    state = parse_agent(res, python)
+    if state.get("foreign"):
+        raise OrchError(
+            f"{node}: the job did not start: {state.get('reason')}; nothing of it was touched",
+            "run ids are unique per controller only when orch picks them: pick another --run-id, or "
+            "remove that directory once that run is over",
+        )
+    if res.exit_code != 0 or not state.get("pid"):
+        raise OrchError(f"{node}: the job did not start: {state.get('reason') or state.get('state')}")
+    return NodeStatus.from_json(state)
+
+
 def start_node(
     t: Transport,
     plan: Plan,
@@ -243,30 +284,12 @@ def start_node(
     extra: Mapping[str, str] | None = None,
     lease_s: float | None = None,
 ) -> NodeStatus:
-    """Ship the agent and launch.json, start the job detached; its status once it runs.
-
-    One SSH exec: `node/boot.py` writes both files (sent on stdin, so no env value is ever on a
-    command line) and runs `agent.py start` in the run directory. `extra` ({name: text}) are more
-    files for the run directory, shipped in the same exec (a job orch brings, like the fabric
-    check's)."""
+    """Ship the agent and launch.json, start the job detached (one exec: `boot_call`); its status
+    once it runs."""
     t.connect()
-    files = {**(extra or {}), **agent_files(), "launch.json": json.dumps(launch_spec(plan, np_, lease_s))}
     python = np_.node.python
-    res = t.run(
-        [python, "-c", node_script("boot"), rdir, "start", ".", "--wait", str(START_WAIT_S)],
-        stdin=json.dumps(files).encode("ascii"),
-        timeout=START_WAIT_S + 30,
-    )
-    state = parse_agent(res, python)
-    if state.get("foreign"):
-        raise OrchError(
-            f"{np_.node.name}: the job did not start: {state.get('reason')}; nothing of it was touched",
-            "run ids are unique per controller only when orch picks them: pick another --run-id, or "
-            "remove that directory once that run is over",
-        )
-    if res.exit_code != 0 or not state.get("pid"):
-        raise OrchError(f"{np_.node.name}: the job did not start: {state.get('reason') or state.get('state')}")
-    return NodeStatus.from_json(state)
+    argv, stdin = boot_call(plan, np_, rdir, python, extra, lease_s)
+    return started(t.run(argv, stdin=stdin, timeout=START_WAIT_S + 30), np_.node.name, python)
 
 
 FALLBACK_PYTHON = "python3"
@@ -279,7 +302,20 @@ def stop_node(t: Transport, python: str, rdir: str, grace: float, nonce: str | N
     What it returns is what the agent saw once done, never an assumption: a node where the run
     never got as far as its run directory has nothing of it; where the run's python cannot start
     the agent any more, `python3` asks it; where neither can, the stop is not confirmed (OrchError).
-    With the launch's `nonce`, a run directory another launch claimed is left alone (`foreign`)."""
+    With the launch's `nonce`, a run directory another launch claimed is left alone (`foreign`).
+    A node whose allocation has ended (TransportError `gone`: its scheduler ended every process of
+    it) has nothing left to stop, and says so."""
+    try:
+        return _stop_node(t, python, rdir, grace, nonce)
+    except TransportError as exc:
+        if exc.kind != "gone":
+            raise
+        return StopResult(
+            None, note=f"{exc.message.removeprefix(t.node.name + ': ')}: nothing of the run is left there"
+        )
+
+
+def _stop_node(t: Transport, python: str, rdir: str, grace: float, nonce: str | None = None) -> StopResult:
     args = ["stop", ".", "--grace", f"{grace:g}", *(["--nonce", nonce] if nonce else [])]
     try:
         # the agent's stop hook (a container's removal) may take up to its own bound after the grace
@@ -290,33 +326,48 @@ def stop_node(t: Transport, python: str, rdir: str, grace: float, nonce: str | N
         if not t.run(["true"], cwd=rdir, timeout=30).ok:
             return StopResult(None, note="no run directory on this node: nothing of the run was started here")
         if isinstance(exc, AgentUnavailable) and python != FALLBACK_PYTHON:
-            return stop_node(t, FALLBACK_PYTHON, rdir, grace, nonce)
+            return _stop_node(t, FALLBACK_PYTHON, rdir, grace, nonce)
         raise
 
 
-def sweep_node(t: Transport, sweep: Sequence[str], result: StopResult) -> StopResult:
-    """After the agent's stop: the launch's containers still on the node (listed by `sweep`, the
-    plan's `job_sweep`: by label, never another launch's), removed by ID. A listing or removal
-    that fails raises OrchError: the stop is then not confirmed."""
+SWEEP_TIMEOUT_S = 200.0
+"""What the node's sweep may take (the agent's listing and removal bounds, and the start)."""
+
+
+def sweep_node(
+    t: Transport, python: str, listing: Sequence[str], remove: Sequence[str], result: StopResult
+) -> StopResult:
+    """After the agent's stop: the launch's containers still on the node (`listing`, its
+    environment's `Sweep`: by label, never another launch's), removed by their full IDs
+    (`remove -- ID...`), both by the node's agent program (`agent.py sweep`, on stdin): it runs
+    them without a login shell and removes only what the runtime listed as a whole 64-hex ID, so
+    a login's output (a `.bashrc` printing another user's container) names nothing. A listing or
+    removal that fails raises OrchError: the stop is then not confirmed."""
     from dataclasses import replace
 
-    listed = t.run(list(sweep), timeout=60)
-    if not listed.ok:
+    spec = json.dumps({"list": list(listing), "remove": list(remove)})
+    try:
+        data = _sweep(t, python, spec)
+    except AgentUnavailable:
+        if python == FALLBACK_PYTHON:
+            raise
+        data = _sweep(t, FALLBACK_PYTHON, spec)
+    ids = tuple(str(i) for i in data.get("containers") or () if isinstance(i, str))
+    if data.get("error"):
         raise OrchError(
-            f"{t.node.name}: cannot list the run's containers: "
-            f"{(listed.stderr.strip().splitlines() or ['exit ' + str(listed.exit_code)])[-1]}",
-            f"run `{' '.join(sweep)}` on the node, then `{sweep[0]} rm -f` what it lists",
+            f"{t.node.name}: {data['error']}",
+            f"run `{' '.join(listing)}` on the node, then `{' '.join(remove)} -- ID` for what it lists",
         )
-    ids = [line.strip() for line in listed.stdout.splitlines() if line.strip()]
-    if not ids:
-        return result
-    removed = t.run([sweep[0], "rm", "-f", *ids], timeout=120)
-    if not removed.ok:
-        raise OrchError(
-            f"{t.node.name}: the run's containers {' '.join(ids)} could not be removed: "
-            f"{(removed.stderr.strip().splitlines() or ['exit ' + str(removed.exit_code)])[-1]}"
-        )
-    return replace(result, containers=tuple(ids))
+    return replace(result, containers=ids)
+
+
+def _sweep(t: Transport, python: str, spec: str) -> dict[str, Any]:
+    res = t.run(
+        [python, "-c", FROM_STDIN, "sweep", "--spec", spec],
+        stdin=node_program("agent", AGENT_MODULES).encode("ascii"),
+        timeout=SWEEP_TIMEOUT_S,
+    )
+    return parse_agent(res, python)
 
 
 def status_node(
@@ -386,15 +437,33 @@ def collect_node(
 
 
 def start_all(
-    cluster: Cluster, plan: Plan, extra: Mapping[str, str] | None = None, lease_s: float | None = None
+    cluster: Cluster,
+    plan: Plan,
+    extra: Mapping[str, str] | None = None,
+    lease_s: float | None = None,
+    log_path: Path | None = None,
+    detached: bool = False,
 ) -> GroupResult[NodeStatus]:
-    """Start every node in parallel; every node's answer (its status, or why not) is collected.
-    `extra`: more files for every node's run directory (see `start_node`); `lease_s`: see
-    `launch_spec`."""
-    rdirs = {p.node.name: remote_dir(plan.inventory, p.node, plan.run_id) for p in plan.nodes}
-    return cluster.fan_out(
-        lambda t: start_node(t, plan, plan.for_node(t.node.name), rdirs[t.node.name], extra, lease_s)
-    )
+    """Start every node at once (`Cluster.launch`); every node's answer (its status, or why not) is
+    collected. `extra`: more files for every node's run directory (see `boot_call`); `lease_s`: see
+    `launch_spec`; `log_path`, `detached`: where a transport that holds the agents writes its
+    launch's output, and whether that launch outlives this process."""
+    held = cluster.kind.agent_held
+    python = {p.node.name: p.node.python for p in plan.nodes}
+    calls = {
+        p.node.name: boot_call(
+            plan, p, remote_dir(plan.inventory, p.node, plan.run_id), python[p.node.name], extra, lease_s, held
+        )
+        for p in plan.nodes
+    }
+    answers = cluster.launch(calls, timeout=START_WAIT_S + 30, log_path=log_path, detached=detached)
+    out: dict[str, NodeStatus | Exception] = {}
+    for name, res in answers.items():
+        try:
+            out[name] = res if isinstance(res, Exception) else started(res, name, python[name])
+        except Exception as exc:  # collected, judged by the caller
+            out[name] = exc
+    return GroupResult(out)
 
 
 def stop_all(cluster: Cluster, records: Sequence[NodeRecord], grace: float) -> GroupResult[StopResult]:
@@ -407,7 +476,11 @@ def stop_all(cluster: Cluster, records: Sequence[NodeRecord], grace: float) -> G
     def stop(t: Transport) -> StopResult:
         r = by_name[t.node.name]
         result = stop_node(t, r.python, r.remote_dir, grace, r.nonce)
-        return sweep_node(t, r.sweep, result) if r.sweep and not result.foreign else result
+        if not r.sweep or result.foreign:
+            return result
+        if not r.sweep_remove:  # a record not from node_records or trusted_records: never guess the removal
+            raise OrchError(f"{t.node.name}: run.json lists the run's containers but not how to remove them")
+        return sweep_node(t, r.python, r.sweep, r.sweep_remove, result)
 
     return cluster.fan_out(stop, nodes)
 

@@ -7,7 +7,7 @@ It is read from the failing node's log, most trusted first:
 1. torchrun's failure summary (`Root Cause (first observed failure)`): which rank, its exit code
    or the signal that killed it, and (when the job's entry point is wrapped in torch's `@record`)
    the traceback of the exception that ended it;
-2. that rank's own last lines (torchrun's `--tee` prefix `[default<local rank>]:` says whose): the
+2. that rank's own last lines (the worker field, torchrun's `--tee` prefix `[default<local rank>]:`, says whose): the
    exception line of its last Python traceback, argparse's `error:` line, a C++ `terminate called
    after throwing ... what():` pair, a CUDA or NCCL error line;
 3. torchrun's own lines when it blames no rank (it crashed, or never started one: a rendezvous
@@ -28,15 +28,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from ..node.agent import STOPPING_PREFIX
+from ..node.agent import STOPPING_PREFIX, STREAMS, WORKER_FIELD
 
 ROOT_CAUSE = "Root Cause (first observed failure):"
 RANK_LINE = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
 FIELD = re.compile(r"^  ([a-z_]+)\s*: ?(.*)$")
-TEE = re.compile(r"^\[[A-Za-z_-]+(\d+)\]:")
-"""torchrun's `--tee` prefix: the role (`default`) and the worker's local rank; no space after it."""
-ENTRY = re.compile(r"^\[[A-Za-z_-]*\d+\]:")
-"""A worker's prefix, or the number of an entry in torchrun's failure summary (`[0]:`)."""
+WORKER = re.compile(WORKER_FIELD)
+"""A worker's line (`match`): its field, `[<role><local rank>]:` (`node/agent.py`); group 1 the local rank."""
+ENTRY = re.compile(WORKER_FIELD + r"|\[\d+\]:")
+"""A worker's field, or the number of an entry in torchrun's failure summary (`[0]:`)."""
 RANK_TAG = re.compile(r"^\[rank ?\d+\](?:: |:| )")
 """A rank's own prefix: torch's excepthook (`[rank3]: `) or the trainer's (`[rank 3] `)."""
 GLOG = re.compile(r"^\[?[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\]]*\] ")
@@ -162,11 +162,11 @@ def raised(raw_lines: Sequence[str]) -> list[Raised]:
     open_tb: dict[int, bool] = {}
     for raw in raw_lines:
         parts = raw.split(" ", 2)
-        if len(parts) < 3 or parts[1] not in ("out", "err", "orch"):
+        if len(parts) < 3 or parts[1] not in STREAMS:
             continue
         if parts[2].startswith(STOPPING_PREFIX):
             break
-        m = TEE.match(parts[2])
+        m = WORKER.match(parts[2])
         if not m:
             continue
         local = int(m.group(1))
@@ -223,7 +223,7 @@ class Cause:
 
 
 def untee(text: str) -> str:
-    """A line without torchrun's `--tee` prefix."""
+    """A line without its worker field (torchrun's `--tee` prefix) or its summary entry's number."""
     return ENTRY.sub("", text, count=1)
 
 
@@ -282,7 +282,7 @@ def cause(texts: Sequence[str], *, node: str = "", signal: str | None = None) ->
     if s is None or s.rank is None or s.local_rank is None:
         if signal:
             return Cause(f"torchrun was killed by {signal}", signal, _signal_hint(signal, node))
-        return _torchrun_cause([t for t in texts if not TEE.match(t)], node)
+        return _torchrun_cause([t for t in texts if not WORKER.match(t)], node)
     mine = rank_lines(texts[: s.first], s.local_rank)
     if s.signal:
         # the OOM killer leaves nothing in the rank's output; an abort or a crash may have said why
@@ -308,11 +308,17 @@ def cause(texts: Sequence[str], *, node: str = "", signal: str | None = None) ->
     return Cause(f"exited with code {s.exit_code}") if s.exit_code is not None else None
 
 
+def local_rank_of(text: str) -> int | None:
+    """The local rank of the worker whose line this is (node.log text: its worker field), or None."""
+    m = WORKER.match(text)
+    return int(m.group(1)) if m else None
+
+
 def rank_lines(texts: Sequence[str], local_rank: int) -> list[str]:
-    """The lines one worker of the node wrote (its `--tee` prefix), without that prefix or the rank's own."""
+    """The lines one worker of the node wrote (its worker field), without that field or the rank's own prefix."""
     out = []
     for t in texts:
-        m = TEE.match(t)
+        m = WORKER.match(t)
         if m and int(m.group(1)) == local_rank:
             body = t[m.end() :]
             tag = RANK_TAG.match(body)

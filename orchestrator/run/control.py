@@ -16,7 +16,7 @@ from ..config.inventory import Inventory
 from ..contract import FINAL_STATES, NodeState, RunState
 from ..errors import OrchError
 from ..store import NodeRecord, RunDir, RunStore, clock_offsets, recorded_nodes
-from ..transport import Cluster, GroupResult
+from ..transport import Cluster, GroupResult, transport_of
 from .agents import NodeStatus, StopResult, status_all, status_node, stop_all
 from .cause import consequence
 from .records import RunRecord, trusted_records
@@ -42,6 +42,9 @@ class NodeReport:
     error: str | None
     disk_full: str | None = None
     """The node's run root refused a write (`run_root DIR is full (...)`); None when it did not."""
+    reason: str | None = None
+    """The node agent's own word on why its job ended so (state.json `reason`: the lease's expiry,
+    a job that could not start); None when it gave none."""
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -65,6 +68,8 @@ class StatusReport:
     master_tail: tuple[str, ...] = ()
     """The last node.log lines of the node holding rank 0, asked now while it runs (not in the
     JSON: the CLI reads the trainer's progress from them, `logs.progress.run_progress`)."""
+    reason: str | None = None
+    """Why a stopped run stopped, as its nodes said it (run.json `reason`, `stopped_reason`)."""
 
     @property
     def master(self) -> str | None:
@@ -80,6 +85,7 @@ class StatusReport:
         if self.replaced:
             out["replaced"] = dict(self.replaced)
         out["stragglers"] = list(self.stragglers)
+        out["reason"] = self.reason
         return out
 
 
@@ -92,6 +98,8 @@ class DownReport:
     results: GroupResult[StopResult]
     """Each node's stop (in node order), or why it could not be asked."""
     elapsed_s: float
+    released: str | None = None
+    """What held the run's nodes and was given back (the Slurm allocation orch made), else None."""
 
     @property
     def complete(self) -> bool:
@@ -123,6 +131,9 @@ def status(run_id: str | None) -> StatusReport:
             [s.state or NodeState.UNKNOWN for s in statuses.values()], data.get("state", RunState.STARTING)
         )
         fields: dict[str, Any] = {"state": state}
+        why = stopped_reason(state, records, statuses)
+        if why and not data.get("reason"):
+            fields["reason"] = why  # the nodes stopped on their own (a killed controller's lease): why, in the record
         if state == RunState.FAILED and not data.get("first_failure"):
             # a detached run failed with nobody watching: name its first failure now
             fields["first_failure"] = detached_failure(cluster, records, statuses, offsets_s(run, inv))
@@ -181,6 +192,19 @@ def detached_failure(
     return first.to_json()
 
 
+def stopped_reason(state: str, records: list[NodeRecord], statuses: Mapping[str, NodeStatus]) -> str | None:
+    """Why a stopped run stopped where its nodes said it themselves (state.json `reason`, e.g. the
+    lease's expiry after its controller was killed): the first such node by node rank, named; None
+    for another state, or nodes stopped without a word (`orch down`, Ctrl-C of `orch up`)."""
+    if state != RunState.STOPPED:
+        return None
+    for r in sorted(records, key=lambda r: r.node_rank):
+        s = statuses.get(r.node)
+        if s is not None and s.state == NodeState.STOPPED and s.reason:
+            return f"{r.node}: {s.reason}"
+    return None
+
+
 def status_report(data: Mapping[str, Any], statuses: Mapping[str, NodeStatus]) -> StatusReport:
     """run.json's nodes with what their agents just said (pid, uptime, last log time)."""
     nodes = []
@@ -204,6 +228,7 @@ def status_report(data: Mapping[str, Any], statuses: Mapping[str, NodeStatus]) -
                 agent_alive=s.agent_alive,
                 error=s.error,
                 disk_full=s.disk_full,
+                reason=s.reason if r.node in statuses else _text(r.more.get("reason")),
             )
         )
     return StatusReport(
@@ -215,7 +240,12 @@ def status_report(data: Mapping[str, Any], statuses: Mapping[str, NodeStatus]) -
         int(data.get("max_attempts") or 1),
         dict(data.get("replaced") or {}) or None,
         [s for s in data.get("stragglers") or [] if isinstance(s, dict)],
+        reason=_text(data.get("reason")),
     )
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def _iso(ts: float | None) -> str | None:
@@ -235,10 +265,11 @@ def down(run_id: str | None) -> DownReport:
     t = time.monotonic()
     with Cluster(inv) as cluster:
         results = stop_all(cluster, records, inv.job.stop_grace_s)
+    released = transport_of(inv).release(inv)  # the Slurm allocation orch made for the run
     done = results.succeeded
     after = {n: r.status for n, r in done.items() if r.status is not None}
     # a node that had already failed makes the run failed, whoever stopped the rest
     state = run_state([s.state for s in after.values() if s.state], run.read().get("state"))
     state = state if state in FINAL_STATES else RunState.STOPPED
     RunRecord(run).update_nodes(after, state=state)
-    return DownReport(run.run_id, state, results, time.monotonic() - t)
+    return DownReport(run.run_id, state, results, time.monotonic() - t, released)

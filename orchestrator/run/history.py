@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..contract import FINAL_STATES
-from ..store import RunDir, RunStore, recorded_nodes, recorded_world_size
+from ..store import RunDir, RunStore, recorded_nodes, recorded_wall_s, recorded_world_size
 
 DEFAULT_LIMIT = 20
 """How many runs `orch runs` lists without `--all` (`-n N` for another count)."""
@@ -30,7 +30,8 @@ class RunSummary:
     started: float | None
     """run.json `created` (epoch seconds)."""
     wall_s: float | None
-    """The recorded wall time of a finished run; for one still running, the time since it started."""
+    """The recorded wall time of a finished run (`store.recorded_wall_s`: also one whose controller
+    was killed, once `orch status` recorded its nodes' ends); for one still running, the time since it started."""
     running: bool
     """Not in a final state as last recorded (`wall_s` then counts up to now)."""
     nodes: int
@@ -39,6 +40,10 @@ class RunSummary:
     procs_per_node: list[int]
     failure: str | None
     """The first failure in a few words: its cause when known, else node, rank and exit code."""
+    reason: str | None = None
+    """Why a stopped run stopped, as its nodes said it (run.json `reason`: a lease that ran out)."""
+    slurm_job: str | None = None
+    """The Slurm job id of the allocation the run ran in (run.json `slurm.job_id`), else None."""
 
     @property
     def shape(self) -> str:
@@ -63,6 +68,8 @@ class RunSummary:
             "procs": self.procs,
             "procs_per_node": list(self.procs_per_node),
             "failure": self.failure,
+            "reason": self.reason,
+            "slurm_job": self.slurm_job,
         }
 
 
@@ -103,7 +110,7 @@ def summarize(run: RunDir, now: float | None = None) -> RunSummary:
     state = str(data.get("state") or "unknown")
     running = state not in {str(s) for s in FINAL_STATES} and state != "unknown"
     created = _number(data.get("created"))
-    wall = _number(data.get("wall_s"))
+    wall = None if running else recorded_wall_s(data)
     if running and created is not None:
         wall = max(0.0, now - created)
     nodes = recorded_nodes(data)
@@ -122,7 +129,14 @@ def summarize(run: RunDir, now: float | None = None) -> RunSummary:
         procs=recorded_world_size(data) or 0,
         procs_per_node=per_node,
         failure=failure_words(data.get("first_failure")),
+        reason=data.get("reason") if isinstance(data.get("reason"), str) else None,
+        slurm_job=_slurm_job(data.get("slurm")),
     )
+
+
+def _slurm_job(record: Any) -> str | None:
+    job = record.get("job_id") if isinstance(record, dict) else None
+    return str(job) if isinstance(job, (str, int)) and not isinstance(job, bool) else None
 
 
 def list_runs(limit: int | None = DEFAULT_LIMIT, store: RunStore | None = None, now: float | None = None) -> RunsReport:

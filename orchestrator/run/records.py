@@ -13,48 +13,68 @@ from dataclasses import replace
 from typing import Any
 
 from ..config.inventory import Inventory
-from ..config.plan import Plan, job_sweep
+from ..config.jobenv import job_env
+from ..config.plan import Plan
 from ..errors import UsageError
-from ..store import NodeRecord, RunDir, recorded_nodes, remote_dir
+from ..store import NodeRecord, RunDir, check_nonce, recorded_nodes, remote_dir
 from ..store import warn as store_warn
 from .agents import NodeStatus
 
 
 def node_records(plan: Plan) -> list[NodeRecord]:
-    """run.json `nodes`: where each node's run lives and how to reach its agent later."""
+    """run.json `nodes`: where each node's run lives, how to reach its agent later, and what sweeps
+    the containers a killed agent left there (its environment's `sweep`)."""
     inv = plan.inventory
-    return [
-        NodeRecord(
-            node=p.node.name,
-            host=p.node.host,
-            addr=p.node.addr,
-            node_rank=p.node_rank,
-            base_rank=p.global_ranks.start,
-            nproc=p.node.nproc_per_node,
-            remote_dir=remote_dir(inv, p.node, plan.run_id),
-            python=p.node.python,
-            nonce=plan.nonce or None,
-            sweep=tuple(job_sweep(inv, p.node, plan.nonce)) or None,
+    out = []
+    for p in plan.nodes:
+        sweep = p.environment.sweep() if p.environment is not None else None
+        out.append(
+            NodeRecord(
+                node=p.node.name,
+                host=p.node.host,
+                addr=p.node.addr,
+                node_rank=p.node_rank,
+                base_rank=p.global_ranks.start,
+                nproc=p.node.nproc_per_node,
+                remote_dir=remote_dir(inv, p.node, plan.run_id),
+                python=p.node.python,
+                nonce=plan.nonce or None,
+                sweep=sweep.listing if sweep is not None else None,
+                sweep_remove=sweep.remove if sweep is not None else None,
+            )
         )
-        for p in plan.nodes
-    ]
+    return out
+
+
+TRUSTED = ("python", "remote_dir", "sweep", "sweep_remove")
+"""What of a run.json node record runs on its node, taken from the run's inventory snapshot."""
 
 
 def trusted_records(run: RunDir, inv: Inventory, records: Sequence[NodeRecord]) -> list[NodeRecord]:
-    """run.json's node records as something to run on the nodes: each node's `python` and
-    `remote_dir` are what the run's inventory snapshot (`inv`, as the run ran) says, never taken
-    from run.json alone; a record that says otherwise is refused (UsageError, exit 2) naming the
-    node and the key. Records of nodes the inventory does not have are dropped."""
+    """run.json's node records as something to run on the nodes: each node's `python`,
+    `remote_dir` and container sweep (`TRUSTED`) are what the run's inventory snapshot (`inv`, as
+    the run ran) says for the record's launch, never taken from run.json alone; a record that says
+    otherwise is refused (UsageError, exit 2) naming the node and the key, and so is a `nonce` not
+    of the form orch writes (`store.check_nonce`). Records of nodes the inventory does not have
+    are dropped."""
     nodes = {n.name: n for n in inv.nodes}
     out = []
     for r in records:
         node = nodes.get(r.node)
         if node is None:
             continue
-        trusted = replace(r, python=node.python, remote_dir=remote_dir(inv, node, run.run_id))
-        for key in ("python", "remote_dir"):
+        check_nonce(r.nonce, f"{run.path / 'run.json'}: node {node.name}")
+        sweep = job_env(inv, node, run_id=run.run_id, nonce=r.nonce or "").sweep()
+        trusted = replace(
+            r,
+            python=node.python,
+            remote_dir=remote_dir(inv, node, run.run_id),
+            sweep=sweep.listing if sweep is not None else None,
+            sweep_remove=sweep.remove if sweep is not None else None,
+        )
+        for key in TRUSTED:
             said, value = getattr(r, key), getattr(trusted, key)
-            if said and said != value:
+            if said and said != value and not (key == "sweep" and sweep is not None and said == sweep.recorded_before):
                 raise UsageError(
                     f"{run.path / 'run.json'}: node {node.name}: {key} {said!r} is not what the "
                     f"run's inventory snapshot says ({value!r}): refusing to run it",

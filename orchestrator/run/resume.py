@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from ..config.inventory import Job
-from ..config.trainer import AUTO
+from ..config.trainer import AUTO, PREEMPTED_EXIT
 
 TRAINER = "trainer"
 
@@ -23,6 +23,17 @@ _SETTING = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 def is_trainer(job: Job) -> bool:
     """Is the job this repository's trainer (`python -m trainer`)?"""
     return job.script is None and job.module == TRAINER
+
+
+PREEMPTED = re.compile(rf"\bexited with code {PREEMPTED_EXIT}\b|\bpreempted \(SIGUSR2\): checkpoint ")
+"""What says a node's job ended because the trainer was preempted: its ranks' exit code (torchrun's
+summary, `run/cause.py`'s line) or the trainer's own line."""
+
+
+def preempted(cause: str | None, excerpt: list[str] | tuple[str, ...] = ()) -> bool:
+    """Whether a failure is the trainer's preemption (`trainer/preempt.py`): a warning signal made it
+    write its checkpoint and exit `PREEMPTED_EXIT`; `--resume auto` continues from there."""
+    return any(PREEMPTED.search(text or "") for text in (cause, *excerpt))
 
 
 def with_resume(args: tuple[str, ...]) -> tuple[str, ...]:

@@ -10,6 +10,10 @@ the job's own code:
     ranks 0-1,3  all_reduce (torch/distributed/distributed_c10d.py:3913) in main (ddp_job.py:72)
     rank 2       sleep_forever (ddp_job.py:50) in main (ddp_job.py:70)
 
+A node without py-spy (next to the node's python, or on PATH: a container job's host needs only
+the runtime) gets this controller's: py-spy is one static binary, sent once into the node's run
+directory when its architecture is the node's (`bring`), else the node's row says why not.
+
 A hang shows as one small group apart from the rest: `odd_ranks` names it. The pure parts
 (`parse_dump`, `group_stacks`, `fold`, `summary`, `grouped_text`) are tested on dumps recorded
 from real py-spy runs (tests/fixtures/pyspy/).
@@ -25,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import OrchError
-from ..node import AGENT_MODULES, FROM_STDIN
+from ..node import AGENT_MODULES, FROM_STDIN, FROM_STDIN_OPEN
 from ..node import program as node_program
 from ..store import NodeRecord, RunDir, RunStore, recorded_nodes, write_private
 from ..transport import Cluster, Transport
@@ -33,6 +37,9 @@ from .agents import parse_agent
 from .records import trusted_records
 
 DUMP_TIMEOUT_S = 20.0
+STUCK = ("T", "t", "D")
+"""Process states of a rank that cannot move on its own (stopped, traced, in uninterruptible sleep):
+its stack cannot be taken, and it is the prime suspect of a hang (`run/watchdog.hang_failure`)."""
 THREAD = re.compile(r'^Thread (\S+) \(([^)]*)\)(?:: "(.*)")?\s*$')
 FRAME = re.compile(r"^ {4}(\S.*?) \((.*):(\d+)\)\s*$")
 LIBRARY = re.compile(r"/(?:site|dist)-packages/|/lib/python\d+(?:\.\d+)?/|^<frozen ")
@@ -97,6 +104,8 @@ class RankStack:
     threads: tuple[Thread, ...] = ()
     error: str | None = None
     raw: str = ""
+    state: str | None = None
+    """Its process's state when its stack was asked for (`R`, `S`, `D`, `T`...; None: not said)."""
 
     @property
     def main(self) -> tuple[Frame, ...]:
@@ -114,6 +123,7 @@ class RankStack:
             "local_rank": self.local_rank,
             "pid": self.pid,
             "error": self.error,
+            "state": self.state,
             "threads": [t.to_json() for t in self.threads],
             "dump": self.raw,
         }
@@ -325,8 +335,9 @@ def node_stacks(node: str, node_rank: int, answer: Mapping[str, Any]) -> tuple[l
             else "no rank process is running here"
         )
     if not answer.get("py_spy"):
+        why = f"; {answer['ship_error']}" if answer.get("ship_error") else ""
         return [], (
-            f"py-spy is not installed next to {answer.get('python')} nor on PATH: "
+            f"py-spy is not installed next to {answer.get('python')} nor on PATH{why}: "
             f"`{answer.get('python')} -m pip install py-spy` on this node ({len(procs)} ranks not dumped)"
         )
     out = []
@@ -342,21 +353,72 @@ def node_stacks(node: str, node_rank: int, answer: Mapping[str, Any]) -> tuple[l
                 parse_dump(str(p.get("dump") or "")) if error is None else (),
                 error,
                 str(p.get("dump") or ""),
+                p.get("state") if isinstance(p.get("state"), str) else None,
             )
         )
     return out, None
 
 
+ELF_MACHINES = {3: "i686", 21: "ppc64le", 22: "s390x", 40: "armv7l", 62: "x86_64", 183: "aarch64", 243: "riscv64"}
+"""An ELF header's `e_machine` → what `uname -m` says on a machine that runs it."""
+
+
+def elf_machine(head: bytes) -> str | None:
+    """The architecture an executable is for (its first 20 bytes), None when it is not an ELF file."""
+    if len(head) < 20 or head[:4] != b"\x7fELF":
+        return None
+    number = int.from_bytes(head[18:20], "little" if head[5] == 1 else "big")
+    return ELF_MACHINES.get(number, f"ELF machine {number}")
+
+
+def controller_py_spy() -> Path | None:
+    """The py-spy of this controller's environment (next to its python, else on PATH)."""
+    import shutil
+    import sys
+
+    here = Path(sys.executable).parent / "py-spy"
+    found = here if here.is_file() else (Path(w) if (w := shutil.which("py-spy")) else None)
+    return found
+
+
+def bring(answer: Mapping[str, Any], ours: Path | None) -> tuple[bool, str | None]:
+    """Whether to send this controller's py-spy (`ours`) to a node whose stacks answer said it has
+    none (and ranks to dump): (send it, why not). Only an executable for the node's architecture."""
+    if answer.get("py_spy") or answer.get("error") or not answer.get("ranks") or answer.get("ship_error"):
+        return False, None
+    if ours is None:
+        return False, "and this controller has no py-spy to bring (`pip install py-spy` here or on the node)"
+    try:
+        with open(ours, "rb") as fh:
+            made_for = elf_machine(fh.read(20))
+    except OSError as exc:
+        return False, f"and this controller's {ours} cannot be read: {exc.strerror or exc}"
+    machine = answer.get("machine")
+    if made_for is None or made_for != machine:
+        return False, f"and this controller's {ours} is for {made_for or 'another system'}, not this node's {machine}"
+    return True, None
+
+
 # ----------------------------------------------------------------------------- side effects
 
 
-def ask_node(t: Transport, python: str, rdir: str, timeout: float = DUMP_TIMEOUT_S) -> dict[str, Any]:
-    """`agent.py stacks` on one node: the current agent's code on stdin, run against the run directory."""
-    res = t.run(
-        [python, "-c", FROM_STDIN, "stacks", rdir, "--timeout", f"{timeout:g}"],
-        stdin=node_program("agent", AGENT_MODULES).encode("ascii"),
-        timeout=timeout + 20,
-    )
+SEND_S = 120.0
+"""What sending py-spy (8 MB) to a node may add to its stacks call."""
+
+
+def ask_node(
+    t: Transport, python: str, rdir: str, timeout: float = DUMP_TIMEOUT_S, py_spy: bytes | None = None
+) -> dict[str, Any]:
+    """`agent.py stacks` on one node: the current agent's code on stdin, run against the run
+    directory; with `py_spy`, this controller's py-spy after it, kept in the run directory."""
+    program = node_program("agent", AGENT_MODULES).encode("ascii")
+    if py_spy is None:
+        argv = [python, "-c", FROM_STDIN, "stacks", rdir, "--timeout", f"{timeout:g}"]
+        res = t.run(argv, stdin=program, timeout=timeout + 20)
+    else:
+        argv = [python, "-c", FROM_STDIN_OPEN, "stacks", rdir, "--timeout", f"{timeout:g}"]
+        stdin = f"{len(program)}\n".encode() + program + py_spy
+        res = t.run([*argv, "--py-spy-bytes", str(len(py_spy))], stdin=stdin, timeout=timeout + 20 + SEND_S)
     return parse_agent(res, python)
 
 
@@ -367,12 +429,32 @@ def take_stacks(
     by_name = {r.node: r for r in records}
     nodes = [n for n in cluster.inv.nodes if n.name in by_name]
     taken = time.time()
-    answers = cluster.fan_out(
-        lambda t: ask_node(t, by_name[t.node.name].python, by_name[t.node.name].remote_dir, timeout), nodes
+    answers: dict[str, Any] = dict(
+        cluster.fan_out(
+            lambda t: ask_node(t, by_name[t.node.name].python, by_name[t.node.name].remote_dir, timeout), nodes
+        )
     )
+    ours, refused = controller_py_spy(), {}
+    wanting = []
+    for name, answer in answers.items():
+        if not isinstance(answer, Exception):
+            send, why = bring(answer, ours)
+            if send:
+                wanting.append(name)
+            elif why:
+                refused[name] = why
+    if wanting and ours is not None:
+        binary = ours.read_bytes()
+        again = cluster.fan_out(
+            lambda t: ask_node(t, by_name[t.node.name].python, by_name[t.node.name].remote_dir, timeout, py_spy=binary),
+            [n for n in nodes if n.name in wanting],
+        )
+        answers.update(again)
     ranks: list[RankStack] = []
     problems: dict[str, str] = {}
     for name, answer in answers.items():
+        if name in refused and not isinstance(answer, Exception):
+            answer = {**answer, "ship_error": refused[name]}
         if isinstance(answer, Exception):
             problems[name] = str(answer.message if isinstance(answer, OrchError) else answer)
             continue

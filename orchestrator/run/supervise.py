@@ -32,19 +32,23 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from ..contract import FINAL_STATES, NodeState, RunState
+from ..errors import TransportError
+from ..node.agent import STREAMS
 from ..node.telemetry import PREFIX as TELEMETRY_PREFIX
+from ..waits import sigterm_as_interrupt as sigterm_as_interrupt  # defined with the waits it ends
 from .agents import NodeStatus, StopResult
 from .cause import (
     AFTER_S,
     BEFORE_S,
     CONSEQUENCE,
     EXCEPTION,
-    TEE,
     TRACEBACK,
+    WORKER,
     WRAPPERS,
     cause,
     consequence,
     hint_of,
+    local_rank_of,
     raised,
     root_cause,
 )
@@ -185,7 +189,7 @@ class Outcome:
 def log_text(raw: str) -> str:
     """The text of a node.log line (`<ts> <stream> <text>`), or the line itself if it is not one."""
     parts = raw.split(" ", 2)
-    if len(parts) == 3 and parts[0].endswith("Z") and parts[1] in ("out", "err", "orch"):
+    if len(parts) == 3 and parts[0].endswith("Z") and parts[1] in STREAMS:
         return parts[2]
     return raw
 
@@ -205,7 +209,7 @@ def boilerplate(texts: Sequence[str]) -> set[int]:
         for i, t in enumerate(texts)
         if t.startswith(TELEMETRY_PREFIX + "{") or ("error_handler.py" in t and "error file" in t)
     }
-    own = [i for i, t in enumerate(texts) if not TEE.match(t)]  # not a worker's (--tee) line
+    own = [i for i, t in enumerate(texts) if not WORKER.match(t)]  # not a worker's line (no worker field)
     for k, i in enumerate(own):
         t = texts[i]
         if any(w in t for w in WRAPPERS) and EXCEPTION.match(t.strip()):
@@ -244,8 +248,8 @@ def select_excerpt(
         if r >= 0:
             rank, local = r, lr
     if worker is not None or local is not None:
-        prefix = f"[default{worker if worker is not None else local}]:"
-        mine = [i for i, t in enumerate(texts[:end]) if t.startswith(prefix)]
+        blamed = worker if worker is not None else local
+        mine = [i for i, t in enumerate(texts[:end]) if local_rank_of(t) == blamed]  # whatever torchrun's role
         keep.update(mine[-8:])
     out: list[str] = []
     prev = None
@@ -440,6 +444,14 @@ class Silent(ConnectionError):
     def __init__(self, cause: Exception, since: float) -> None:
         super().__init__(str(cause))
         self.since = since
+        self.cause = cause
+
+
+def gone(obs: Exception) -> bool:
+    """Whether a node cannot be reached because its allocation has ended (TransportError `gone`):
+    final, nothing can run there any more, so no unreachable grace is waited out."""
+    cause = obs.cause if isinstance(obs, Silent) else obs
+    return isinstance(cause, TransportError) and cause.kind == "gone"
 
 
 class Pushed:
@@ -575,25 +587,6 @@ def sigint_shielded() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-@contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM tears down what orch started like Ctrl-C does (a scheduler's kill, a CI timeout):
-    it raises KeyboardInterrupt, so the `finally` that stops every node runs (`orch up`'s run,
-    the fabric check's job)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
 # ----------------------------------------------------------------------------- the state machine
 
 
@@ -678,7 +671,9 @@ class Supervisor:
             if isinstance(obs, Exception):
                 since = self.unreachable_since.setdefault(name, getattr(obs, "since", now))
                 changed |= self._set(name, NodeStatus(NodeState.UNREACHABLE, error=str(obs)))
-                if now - since >= self.grace:
+                if gone(obs):
+                    candidates.append(Failure(name, spec.node_rank, str(obs), order=time.time() - (now - since)))
+                elif now - since >= self.grace:
                     candidates.append(
                         Failure(
                             name,
@@ -790,6 +785,15 @@ class Supervisor:
                 self.not_stopped[name] = str(res)
             elif res.remaining:
                 self.not_stopped[name] = f"processes still running: {list(res.remaining)}"
+            elif (
+                res.status is not None
+                and res.status.state in FINAL_STATES
+                and name in self.nodes
+                and self.nodes[name].state not in FINAL_STATES
+            ):
+                # what the stop found: a node last seen running whose agent was killed under it
+                # (a Slurm step's --kill-on-bad-exit past KillWait) is recorded as the stop left it
+                self.nodes[name] = res.status
 
     def attach_excerpt(self) -> None:
         """The first failure's excerpt and cause, from its node's log read after the teardown."""

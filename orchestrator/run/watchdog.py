@@ -11,7 +11,9 @@ very different times and has timeouts of its own (torchrun's rendezvous, the pro
 
 `Watchdog` only keeps that clock (fed from the log streaming thread, read by the supervisor);
 `hang_failure` turns a stall and the stacks taken at that moment (`stacks.py`) into the run's
-first failure, naming the rank whose stack differs from the others'. `HangWatch` is the
+first failure, naming the prime suspect: a rank whose process is stopped or in uninterruptible
+sleep (no stack can be taken of it), else the rank whose stack differs from the others', else a
+rank that gave no stack while the others did. `HangWatch` is the
 supervisor's `watch` hook that uses both: on a stall it takes and saves every rank's stack,
 reports them, and with `job.on_stall: stop` returns the failure; `orchestrator/up.py` builds it.
 """
@@ -26,7 +28,7 @@ from typing import Protocol
 from ..errors import OrchError
 from ..store import NodeRecord, RunDir
 from ..transport import Cluster
-from .stacks import StacksReport, odd_ranks, save, take_stacks
+from .stacks import STUCK, RankStack, StackGroup, StacksReport, odd_ranks, save, take_stacks
 from .supervise import Failure, NodeSpec, select_excerpt
 
 
@@ -80,13 +82,21 @@ def hang_failure(
     specs: Sequence[NodeSpec],
     problem: str | None = None,
 ) -> Failure:
-    """A stall as the run's first failure: on the node of the rank whose stack differs from the
-    majority's, with both places named; where every rank stands in the same place, it says so
-    (and names the master). Without stacks, why there are none."""
+    """A stall as the run's first failure, on the node of its prime suspect: a rank whose process
+    is stopped or in uninterruptible sleep (`STUCK`: its stack could not be taken), else the rank
+    whose stack differs from the majority's (both places named), else a rank that gave no stack
+    while the others did; where every rank stands in the same place, it says so (and names the
+    master). Without stacks, why there are none."""
     by_name = {s.name: s for s in specs}
     master = min(specs, key=lambda s: s.node_rank)
     head = f"hung: no rank wrote a line for {silent_s:.0f} s (stall timeout {timeout_s:g} s)"
     groups = report.groups if report is not None else []
+    unread = sorted(
+        (r for r in (report.ranks if report is not None else []) if r.error is not None and r.rank is not None),
+        key=lambda r: (r.state not in STUCK, r.rank),
+    )
+    if unread and (unread[0].state in STUCK or (groups and not odd_ranks(groups))):
+        return _suspect(head, unread[0], groups[0] if groups else None, by_name.get(unread[0].node, master))
     if not groups:
         why = problem or (", ".join(f"{k}: {v}" for k, v in report.problems.items()) if report else "")
         return Failure(master.name, master.node_rank, f"{head}; no stack could be taken ({why or 'no rank found'})")
@@ -105,6 +115,19 @@ def hang_failure(
         f"{head}; {group.label} stands apart: {group.summary}; {majority.label}: {majority.summary}",
         rank=odd[0],
         local_rank=rank.local_rank if rank is not None else None,
+    )
+
+
+def _suspect(head: str, rank: RankStack, majority: StackGroup | None, spec: NodeSpec) -> Failure:
+    """The failure naming a rank that gave no stack (what its process was doing said first)."""
+    why = (rank.error or "").splitlines()[0] if rank.error else "no stack"
+    others = f"; {majority.label}: {majority.summary}" if majority is not None else ""
+    return Failure(
+        spec.name,
+        spec.node_rank,
+        f"{head}; rank {rank.rank} on {rank.node} gave no stack, the prime suspect: {why}{others}",
+        rank=rank.rank,
+        local_rank=rank.local_rank,
     )
 
 

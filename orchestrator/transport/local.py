@@ -1,7 +1,8 @@
 """`transport: local`: nodes that are processes on this machine.
 
 Commands go through `/bin/sh -c` with the same command line SSH would send, so both transports
-exercise the same quoting; each starts in $HOME, like an SSH login.
+exercise the same quoting; each starts in $HOME, like an SSH login, in a session of its own that
+`close` kills whole. `copy_tree` is rsync on this machine.
 """
 
 from __future__ import annotations
@@ -14,60 +15,67 @@ from typing import Any
 
 from ..config.nodes import Node
 from ..errors import TransportError
-from .base import OnOutput, Process, Transport, command_line, log
+from .base import OnOutput, PopenProcess, Process, Transport, command_line, log, run_here
+from .copy import RSYNC_TIMED_OUT, CopyFailed, Transfer, parse_output, rsync_argv, said_in_one_line, stalled_copy
 
 
-class _LocalProcess(Process):
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
-        self.proc = proc
-        assert proc.stdout is not None
-        self.stdout = proc.stdout
+class _LocalProcess(PopenProcess):
+    """A local node's command, in a session of its own: ended with its whole process group."""
 
-    def poll(self) -> int | None:
-        return self.proc.poll()
-
-    def wait(self, timeout: float | None = None) -> int | None:
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def write(self, data: bytes) -> None:
-        if self.proc.stdin is None:
-            raise ValueError("stdin was not kept open (popen keep_stdin=False)")
-        self.proc.stdin.write(data)
-        self.proc.stdin.flush()
-
-    def close_stdin(self) -> None:
-        if self.proc.stdin is not None and not self.proc.stdin.closed:
-            try:
-                self.proc.stdin.close()
-            except BrokenPipeError:
-                pass
-
-    def close(self) -> None:
+    def end(self) -> None:
         if self.proc.poll() is None:
             _kill_group(self.proc)
             self.proc.wait()  # bounded: SIGKILLed just above
-        self.close_stdin()
-        self.stdout.close()
 
 
 class LocalTransport(Transport):
     """Nodes that are processes on this machine (`transport: local`). Commands start in $HOME,
     like an SSH login, through `/bin/sh -c` with the same command line SSH would send."""
 
+    name = "local"
+    same_host = True
     close_stops_commands = True
+    copy_tools = ("rsync",)
 
-    def __init__(self, node: Node) -> None:
-        super().__init__(node)
-        self._running: set[subprocess.Popen[bytes]] = set()
-        self._closes = 0
-        """How often `close` ran: a command that was starting meanwhile is ended like the others."""
-        self._lock = threading.Lock()
+    @classmethod
+    def target(cls, node: Node) -> str:
+        return "local process (transport: local)"
 
     def connect(self) -> float:
         return 0.0
+
+    def reach(self, line: str) -> list[str]:
+        return ["/bin/sh", "-c", line]
+
+    def _reach_popen(self) -> dict[str, Any]:
+        return {"cwd": os.path.expanduser("~"), "start_new_session": True}
+
+    def copy_tree(
+        self,
+        sources: Sequence[str],
+        dest: str = "/",
+        *,
+        delete: bool = False,
+        dry_run: bool = False,
+        checksum: bool = False,
+        stall_s: float | None = None,
+    ) -> Transfer:
+        """rsync on this machine: the node's paths are this machine's (`stall_s`: its `--timeout`)."""
+        target = dest.rstrip("/") + "/"
+        argv = rsync_argv(sources, target, delete=delete, dry_run=dry_run, checksum=checksum, stall_s=stall_s)
+        try:
+            code, out, err = run_here(self.children, argv, env={**os.environ, "LC_ALL": "C"})
+        except FileNotFoundError:
+            raise CopyFailed(self.node_name, 127, "rsync is not installed on this machine") from None
+        if code == RSYNC_TIMED_OUT and stall_s is not None:
+            raise stalled_copy(self.node_name, code, stall_s, "rsync")
+        if code != 0:
+            lines = [ln.strip() for ln in err.decode("utf-8", "replace").splitlines() if ln.strip()]
+            raise CopyFailed(self.node_name, code, "rsync exited " + said_in_one_line(code, lines))
+        try:
+            return parse_output(out.decode("utf-8", "replace"))
+        except ValueError as exc:
+            raise CopyFailed(self.node_name, 0, f"rsync succeeded but its report could not be read: {exc}") from None
 
     def _exec(
         self,
@@ -77,9 +85,7 @@ class LocalTransport(Transport):
         on_output: OnOutput | None = None,
         keep: bool = True,
     ) -> tuple[int, bytes, bytes]:
-        with self._lock:
-            closes = self._closes
-        proc = subprocess.Popen(
+        proc = self.children.start(
             ["/bin/sh", "-c", line],
             cwd=os.path.expanduser("~"),
             stdin=subprocess.PIPE,
@@ -87,11 +93,6 @@ class LocalTransport(Transport):
             stderr=subprocess.PIPE,
             start_new_session=True,
         )
-        with self._lock:
-            self._running.add(proc)
-            closed_meanwhile = self._closes != closes
-        if closed_meanwhile:  # close() ran while it started (Ctrl-C right then): it would outlive it
-            _kill_group(proc)
         try:
             if on_output is None:
                 out, err = proc.communicate(stdin or b"", timeout=timeout)
@@ -101,20 +102,15 @@ class LocalTransport(Transport):
             _kill_group(proc)
             if on_output is None:  # _streamed has drained and closed the pipes itself
                 proc.communicate()
-            raise TransportError(self.node.name, "timeout", f"command timed out after {timeout:.0f} s") from None
+            raise TransportError(self.node_name, "timeout", f"command timed out after {timeout:.0f} s") from None
         finally:
-            with self._lock:
-                self._running.discard(proc)
+            self.children.forget(proc)
         return proc.returncode, out, err
 
     def close(self) -> None:
-        """End the commands `run` still waits for, as closing an SSH connection ends its sessions
-        (`popen` processes are the caller's to close)."""
-        with self._lock:
-            self._closes += 1
-            running = list(self._running)
-        for proc in running:
-            _kill_group(proc)
+        """End the commands `run`, `pipe` and `copy_tree` still wait for, as closing an SSH
+        connection ends its sessions (`popen` processes are the caller's to close)."""
+        self.children.end_all()
 
     def popen(
         self,
@@ -125,7 +121,7 @@ class LocalTransport(Transport):
         keep_stdin: bool = False,
     ) -> Process:
         line = command_line(argv, env, cwd)
-        log.debug("%s$ %s", self.node.name, line)
+        log.debug("%s$ %s", self.node_name, line)
         proc = subprocess.Popen(
             ["/bin/sh", "-c", line],
             cwd=os.path.expanduser("~"),

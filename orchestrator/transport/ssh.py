@@ -5,7 +5,8 @@ on bare paramiko (`_Direct`): Fabric and invoke cost ~35 ms of start-up. With ho
 only code that imports paramiko or fabric; their failures become one `TransportError`
 vocabulary (`_translate`), each with a hint that fixes it.
 
-Where a node must be reached by the OpenSSH client instead (rsync's `-e` for `orch sync`),
+Where a node must be reached by a process of this machine instead (`pipe`: an image stream into
+the node's `RUNTIME load`; `copy_tree`: rsync's `-e`), the OpenSSH client is that process:
 `openssh_argv` builds the same reach from the same settings, and nothing else: `-F` the
 inventory's `ssh_config` (`none` when it names no file, as the transport then reads none either),
 the port, user and identity, `known_hosts` as the only host-key file
@@ -16,7 +17,8 @@ LocalCommand, no shared master connection, whatever the config says), and every 
 inventory's gateway, or the ssh config's ProxyJump, read with `ssh -G`) as a `ProxyCommand` running
 the same ssh to it: OpenSSH reaches a ProxyJump hop with the config's settings only (command-line
 options apply to the last host), so a config whose jump host says `StrictHostKeyChecking no`
-would otherwise skip verification there.
+would otherwise skip verification there. What OpenSSH prints when it cannot get in becomes the
+same `TransportError` vocabulary (`openssh_failure`).
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ from typing import Any
 from .. import waits
 from ..config.nodes import Node, SSHOptions
 from ..errors import ConnectionLost, TransportError
-from .base import OnOutput, Process, Transport, command_line, log
+from .base import OnOutput, Process, Transport, command_line, log, run_here
+from .copy import RSYNC_TIMED_OUT, CopyFailed, Transfer, parse_output, rsync_argv, rsync_failed, stalled_copy
 from .hostkeys import UnknownHostKey, install_host_key_policy, known_hosts_name
 
 
@@ -81,7 +84,70 @@ class _SSHProcess(Process):
 
 class SSHTransport(Transport):
     """One SSH connection to one node; safe to use from one thread at a time for `run`,
-    while `popen` streams may run beside it (paramiko multiplexes channels)."""
+    while `popen` streams may run beside it (paramiko multiplexes channels). `pipe` and
+    `copy_tree` run the OpenSSH client (and rsync over it) with the same reach."""
+
+    name = "ssh"
+    copy_tools = ("rsync", "ssh")
+
+    @classmethod
+    def target(cls, node: Node) -> str:
+        return f"{node.ssh.user + '@' if node.ssh.user else ''}{node.host}:{node.ssh.port}"
+
+    def reach(self, line: str) -> list[str]:
+        """The OpenSSH client that runs `line` on the node (every hop verified, `openssh_argv`)."""
+        return [*openssh_argv(self.node.ssh, openssh_config_file(self.node.ssh), self.node.host), self.node.host, line]
+
+    def _reach_popen(self) -> dict[str, Any]:
+        return {"env": {**os.environ, "LC_ALL": "C"}}  # OpenSSH's words, as `openssh_failure` reads them
+
+    def unreached(self, code: int, stderr: str) -> TransportError | None:
+        """ssh's own failure (exit 255 with its words on stderr); a command's 255 stays its own."""
+        return openssh_failure(self.node, stderr) if code == 255 else None
+
+    def rsync_argv(
+        self,
+        sources: Sequence[str],
+        dest: str = "/",
+        *,
+        delete: bool = False,
+        dry_run: bool = False,
+        checksum: bool = False,
+        stall_s: float | None = None,
+    ) -> list[str]:
+        """rsync copying `sources` under `dest` on the node, over the OpenSSH client that reaches it."""
+        host = f"[{self.node.host}]" if ":" in self.node.host else self.node.host
+        rsh = openssh_argv(self.node.ssh, openssh_config_file(self.node.ssh), self.node.host)
+        target = f"{host}:{dest.rstrip('/')}/"
+        return rsync_argv(sources, target, rsh=rsh, delete=delete, dry_run=dry_run, checksum=checksum, stall_s=stall_s)
+
+    def copy_tree(
+        self,
+        sources: Sequence[str],
+        dest: str = "/",
+        *,
+        delete: bool = False,
+        dry_run: bool = False,
+        checksum: bool = False,
+        stall_s: float | None = None,
+    ) -> Transfer:
+        """rsync over the OpenSSH client: only what changed is sent (size and time, or `checksum`);
+        `stall_s`: rsync's `--timeout` (the rsync on the node is left as it is)."""
+        argv = self.rsync_argv(sources, dest, delete=delete, dry_run=dry_run, checksum=checksum, stall_s=stall_s)
+        try:
+            code, out, err = run_here(self.children, argv, env={**os.environ, "LC_ALL": "C"})
+        except FileNotFoundError:
+            raise CopyFailed(self.node_name, 127, "rsync is not installed on this machine (the controller)") from None
+        if code == RSYNC_TIMED_OUT and stall_s is not None:
+            raise stalled_copy(self.node_name, code, stall_s, "rsync")
+        if code != 0:
+            raise rsync_failed(
+                self.node_name, code, err.decode("utf-8", "replace"), lambda said: openssh_failure(self.node, said)
+            )
+        try:
+            return parse_output(out.decode("utf-8", "replace"))
+        except ValueError as exc:
+            raise CopyFailed(self.node_name, 0, f"rsync succeeded but its report could not be read: {exc}") from None
 
     def __init__(self, node: Node) -> None:
         super().__init__(node)
@@ -119,7 +185,7 @@ class SSHTransport(Transport):
                 connect_kwargs=kwargs,
                 gateway=gateway,
             )
-            install_host_key_policy(conn.client, opts.known_hosts, opts.host_key_policy, node_name=self.node.name)
+            install_host_key_policy(conn.client, opts.known_hosts, opts.host_key_policy, node_name=self.node_name)
         else:
             conn = _Direct(host, opts.user, opts.port, timeout, kwargs, gateway)
             install_host_key_policy(
@@ -127,7 +193,7 @@ class SSHTransport(Transport):
                 opts.known_hosts,
                 opts.host_key_policy,
                 known_hosts_name(host, opts.port),
-                node_name=self.node.name,
+                node_name=self.node_name,
             )
         return conn
 
@@ -144,7 +210,7 @@ class SSHTransport(Transport):
                     conn.gateway.client,
                     self.node.ssh.known_hosts,
                     self.node.ssh.host_key_policy,
-                    node_name=self.node.name,
+                    node_name=self.node_name,
                 )
             self._open(conn.gateway)  # the jump host's own connection, then the channel through it
         conn.open()
@@ -187,7 +253,7 @@ class SSHTransport(Transport):
             if not kept:
                 _close_quietly(conn)
                 if opened:
-                    attempt.error = TransportError(self.node.name, "error", "the connection was closed as it opened")
+                    attempt.error = TransportError(self.node_name, "error", "the connection was closed as it opened")
             attempt.done.set()
         if attempt.error is not None:
             raise attempt.error from None
@@ -237,7 +303,7 @@ class SSHTransport(Transport):
                 if chan.exit_status_ready() and (chan.eof_received or chan.closed):
                     break  # closed: drained above, nothing more can come
                 if deadline is not None and time.monotonic() > deadline:
-                    raise TransportError(self.node.name, "timeout", f"command timed out after {timeout:.0f} s")
+                    raise TransportError(self.node_name, "timeout", f"command timed out after {timeout:.0f} s")
                 if not chan.get_transport().is_active():
                     raise self._lost()
                 select.select([chan], [], [], 0.2)
@@ -266,7 +332,7 @@ class SSHTransport(Transport):
         keep_stdin: bool = False,
     ) -> Process:
         line = command_line(argv, env, cwd)
-        log.debug("%s$ %s", self.node.name, line)
+        log.debug("%s$ %s", self.node_name, line)
         _conn, chan = self._channel()
         chan.set_combine_stderr(True)
         chan.exec_command(line)
@@ -275,15 +341,17 @@ class SSHTransport(Transport):
         return _SSHProcess(chan)
 
     def close(self) -> None:
-        """Close the connection; one being opened right now is closed once it opens."""
+        """Close the connection (one being opened right now is closed once it opens), and end the
+        OpenSSH clients and rsyncs `pipe` and `copy_tree` still run."""
         with self._lock:
             conn, self._conn = self._conn, None
             self._closes += 1
         _close_quietly(conn)
+        self.children.end_all()
 
     def _lost(self) -> ConnectionLost:
         """The connection died under a running command: its exit status never came."""
-        return ConnectionLost(self.node.name)
+        return ConnectionLost(self.node_name)
 
     def _drop(self, conn: Any) -> None:
         """Forget and close `conn`, broken: a newer connection another thread opened stays."""
@@ -772,3 +840,68 @@ def _hop(argv: list[str], host: str, through: str | None) -> str:
     if through is not None:
         argv = [*argv, "-o", "ProxyCommand=" + through]
     return shlex.join([*(a.replace("%", "%%") for a in argv), "-W", "%h:%p", host.replace("%", "%%")])
+
+
+# What OpenSSH prints when it cannot get in (checked in this order): its kind, the message orch says
+# for it (in the words the paramiko side uses for the same failure), and what fixes it.
+_OPENSSH_FAILURES = (
+    (
+        "has changed and you have requested strict checking",
+        "host_key_changed",
+        "host key of {host} CHANGED: known_hosts has another key for {name}",
+        "if the node was reinstalled: ssh-keygen -R '{name}' -f {known_hosts}, then add the new key; "
+        "otherwise treat it as an attack",
+    ),
+    (
+        "host key is known for",
+        "host_key_unknown",
+        "host key of {name} is not in {known_hosts}",
+        "verify it, then: ssh-keyscan -p {port} {host} >> {known_hosts} (or set ssh.host_key_policy: accept-new)",
+    ),
+    (
+        "Host key verification failed",
+        "host_key_unknown",
+        "host key of {name} could not be verified against {known_hosts}",
+        "verify it, then: ssh-keyscan -p {port} {host} >> {known_hosts}",
+    ),
+    (
+        "Permission denied",
+        "auth",
+        "authentication refused for {target}",
+        "check the key (ssh.identity) and that it is in the node's ~/.ssh/authorized_keys",
+    ),
+    (
+        "Connection refused",
+        "unreachable",
+        "connection to {target} refused",
+        "is sshd running on that port? (systemctl status ssh)",
+    ),
+    (
+        "timed out",
+        "unreachable",
+        "{target} did not answer",
+        "is the node up and the port open? check firewalls and ssh.connect_timeout",
+    ),
+    ("Could not resolve hostname", "unreachable", "cannot resolve {host}", "check the node's host in the inventory"),
+)
+
+
+def openssh_failure(node: Node, stderr: str) -> TransportError | None:
+    """The TransportError for what the OpenSSH client printed when it could not get into `node`
+    (`ssh: MESSAGE (its line)`, with the fix), or None when none of its lines says so."""
+    opts = node.ssh
+    where = {
+        "host": node.host,
+        "port": opts.port,
+        "known_hosts": opts.known_hosts,
+        "name": known_hosts_name(node.host, opts.port),
+        "target": f"{opts.user + '@' if opts.user else ''}{node.host}:{opts.port}",
+    }
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    for needle, kind, message, hint in _OPENSSH_FAILURES:
+        line = next((ln for ln in lines if needle in ln), None)
+        if line is not None:
+            return TransportError(
+                node.name, kind, f"ssh: {message.format(**where)} ({line.rstrip('.')})", hint.format(**where)
+            )
+    return None

@@ -196,10 +196,11 @@ def test_the_nan_guard_on_cuda(data: Path, amp: str) -> None:
 
 def test_the_model_trains_in_channels_last_on_cuda(data: Path) -> None:
     """On CUDA the trainer converts the model to channels_last (ultralytics does not): every
-    spatial conv's weight is laid out NHWC, and a step keeps it so."""
+    spatial conv's weight is laid out NHWC, and a step keeps it so. fp16, which every CUDA GPU
+    runs (bf16 is refused before compute capability 8.0)."""
     from trainer import loop
 
-    inp = cuda_inputs(data, "--amp", "bf16")
+    inp = cuda_inputs(data, "--amp", "fp16")
     parts, train_set, _ = loop.build_parts(inp, 4)
     convs = [m for m in parts.model.modules() if is_spatial_conv(m)]
     assert convs
@@ -395,8 +396,11 @@ def test_resume_on_cuda_continues_exactly_and_the_throughput_table_is_logged(tmp
     """Killed after epoch 1 of 2 and resumed on GPU 0 (fp16, deterministic algorithms: the default), beside the
     uninterrupted run: the resumed run trains epoch 2 only and ends where the uninterrupted one does,
     bit for bit when epoch 1 itself was (the same code from the same seed: if epoch 1 differs, this
-    GPU's kernels are not deterministic and only closeness can be asked). The uninterrupted run's
-    throughput table: one row for its one rank, a total, as `orch report` reads it."""
+    GPU's kernels are not deterministic and only closeness can be asked). 16 optimizer steps an
+    epoch (--batch 2 --accumulate 1): past fp16's warm-up, whose skipped steps change nothing (with
+    --batch 8 both epochs' 2 steps were skips, and the comparison compared untrained weights), so
+    the weights the comparison compares moved in epoch 2. The uninterrupted run's throughput table:
+    one row for its one rank, a total, as `orch report` reads it."""
     from trainer.logs import parse_throughput
 
     data = make_dataset(tmp_path / "ds", images=40, classes=3, imgsz=64)
@@ -408,7 +412,9 @@ def test_resume_on_cuda_continues_exactly_and_the_throughput_table_is_logged(tmp
         "--epochs",
         "2",
         "--batch",
-        "8",
+        "2",
+        "--accumulate",
+        "1",
         "--imgsz",
         "64",
         "--device",
@@ -424,7 +430,7 @@ def test_resume_on_cuda_continues_exactly_and_the_throughput_table_is_logged(tmp
         "--warmup-epochs",
         "0",
         "--log-every",
-        "2",
+        "4",
     ]
     full = run_trainer([*flags, "--out", str(tmp_path / "full"), "--debug-dir", str(tmp_path / "df")])
     assert full.returncode == 0, full.explain()
@@ -436,6 +442,8 @@ def test_resume_on_cuda_continues_exactly_and_the_throughput_table_is_logged(tmp
     assert not any(" epoch 1/2 " in ln for ln in resumed.rank_lines())
     a, b = read_results(tmp_path / "full"), read_results(tmp_path / "cut")
     assert len(a) == len(b) == 2
+    steps = 16  # 32 training images, 2 a step
+    assert a[1]["steps/skipped"] < steps and b[1]["steps/skipped"] < steps, (a, b)  # epoch 2 moved the weights
     df, dc = read_debug(tmp_path / "df", 1)[0], read_debug(tmp_path / "dc", 1)[0]
     if train_loss(a[0]) == train_loss(b[0]):
         assert train_loss(b[1]) == train_loss(a[1]) and dc["checksum"] == df["checksum"], (a, b)
@@ -502,3 +510,76 @@ def test_yoloe_prompt_embeddings_move_with_the_model() -> None:
     model.set_classes(["a", "b"], torch.zeros(1, 2, model.model[-1].embed))
     moved = models.to_device(model, torch.device("cuda", 0))
     assert moved.pe.device.type == "cuda" and next(moved.parameters()).device.type == "cuda"
+
+
+def test_the_forwards_syncbatchnorm_is_timed_apart_with_cuda_events() -> None:
+    """On a GPU the pace is CUDA events, read once per window: a SyncBatchNorm layer's forward is
+    timed apart from the rest of the forward (sync_s), and compute_s is what is left."""
+    from trainer import pace as tpace
+    from trainer.logs import parse_timing
+
+    device = torch.device("cuda", 0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 64, 3), torch.nn.SyncBatchNorm(64), torch.nn.Conv2d(64, 64, 3)).to(
+        device
+    )
+    pace = tpace.Pace(device, tpace.collective_layers(net))
+    try:
+        for _ in range(3):
+            pace.forward_begins()
+            net(torch.randn(8, 3, 128, 128, device=device)).sum()
+            pace.forward_ends(8)
+        t = parse_timing(pace.line(1, 3))
+    finally:
+        pace.close()
+    assert t is not None and t.steps == 3 and t.images == 24
+    assert t.sync_s > 0 and t.compute_s > 0 and t.sync_s + t.compute_s <= t.wall_s, t
+
+
+def test_what_needs_bfloat16_follows_this_gpu() -> None:
+    """--ddp-grad-dtype bf16 and MuSGD are refused exactly where --amp bf16 is, and --optimizer
+    auto trains SGD instead of MuSGD there, from the device's own compute capability."""
+    from trainer import loop
+    from trainer.config import parse_config
+
+    device = torch.device("cuda", 0)
+    capability = torch.cuda.get_device_capability(0)
+    cfg = parse_config(["--data", "/d.yaml", "--ddp-grad-dtype", "bf16", "--optimizer", "MuSGD"])
+    problems = loop.capability_problems(cfg, device, capability)
+    chosen = loop.auto_optimizer("auto", 30_000, device, capability)
+    if native_bf16():
+        assert len(problems) == 2 and chosen is not None and chosen[0][0] == "SGD", (problems, chosen)
+    else:
+        assert problems == [] and chosen is None
+
+
+def test_the_gradient_all_reduce_hook_on_nccl_sends_half_the_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DDP on GPU 0 in a one-rank NCCL group: fp16 all-reduces (the compression hook) count half
+    fp32's bytes per step, and the gradients they bring back are fp32's to fp16's precision."""
+    import torch.distributed as dist
+
+    from trainer import dist as tdist
+    from trainer import loop
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(job_port()))
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", rank=0, world_size=1, device_id=device)
+    try:
+        grads, sent = {}, {}
+        for dtype in ("fp32", "fp16"):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.Linear(1024, 256)).to(device)
+            ddp, comm = loop.wrap_ddp(model, device, False, dtype, bucket_mb=1.0, count=True)
+            assert comm is not None
+            for _ in range(2):
+                ddp(torch.ones(16, 256, device=device)).square().mean().backward()
+            torch.cuda.synchronize()
+            grads[dtype] = torch.cat([p.grad.flatten() for p in model.parameters()])
+            sent[dtype] = comm.record()
+        assert sent["fp16"]["steps"] == sent["fp32"]["steps"] == 2
+        assert sent["fp16"]["bytes_per_step"] * 2 == sent["fp32"]["bytes_per_step"]
+        assert torch.allclose(grads["fp16"], grads["fp32"], rtol=2e-3, atol=1e-4)
+    finally:
+        tdist.close()
+    assert not dist.is_initialized()

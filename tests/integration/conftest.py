@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import fcntl
+import os
 
 import pytest
 
 from tests.trainer_helpers import Reference, make_reference
+
+collect_ignore = [] if os.environ.get("ORCH_GPU_SMOKE_DRY_RUN") == "1" else ["test_gpu_smoke_dry_run.py"]
+"""The CPU rehearsal of bench/gpu_smoke.py (3 minutes of real training) is `make gpu-smoke-dry-run`'s,
+not `make test`'s: a run over the directories leaves it out unless ORCH_GPU_SMOKE_DRY_RUN=1; named
+on the command line (as that target names it), it runs."""
 
 
 @pytest.fixture(scope="session")

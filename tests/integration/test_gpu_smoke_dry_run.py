@@ -1,9 +1,13 @@
 """bench/gpu_smoke.py --cpu-dry-run end to end, on this CPU machine: every step that can run without
-a GPU runs (real trainer, ultralytics, orch check, orch up and orch stacks, the fabric job over
-gloo, resume, pytest), the GPU-only parts are skipped with the reason, the JSON and the table say
-so, a step that overruns its budget is stopped and recorded while the next still runs, and nothing
-the script started outlives it. The children see only the GPU machine's packages and the carried
-wheels (the dry run's module block), as they would there."""
+a GPU runs (real trainer, two ranks under torchrun, ultralytics, orch check, orch up and orch
+stacks, the fabric job over gloo, pytest), the GPU-only parts are skipped with the reason, the
+JSON and the table say so, a step that overruns its budget is stopped and recorded while the next
+still runs, and nothing the script started outlives it. The children see only the GPU machine's
+packages and the carried wheels (the dry run's module block), as they would there.
+
+Three minutes of real training on this machine: not part of `make test` (a run over the directories
+leaves it out, tests/integration/conftest.py); `make gpu-smoke-dry-run` runs it, before a GPU
+lease. tests/unit/test_gpu_smoke.py holds the script's plumbing in the suite."""
 
 from __future__ import annotations
 
@@ -75,18 +79,18 @@ def test_the_cpu_dry_run_runs_every_step_that_needs_no_gpu(tmp_path: Path) -> No
     assert doc["mode"] == "cpu-dry-run" and doc["ok"] is True and doc["summary"] == []
     steps = {s["name"]: s for s in doc["steps"]}
     assert list(steps) == list(STEP_NAMES)
-    for name in ("data", "environment", "trainer", "syncs", "yoloe", "orch_up", "fabric", "resume"):
+    for name in ("data", "environment", "ddp", "sync_bn", "trainer", "syncs", "yoloe", "orch_up", "fabric"):
         assert steps[name]["status"] == "pass", (name, steps[name]["error"])
         assert 0 < steps[name]["seconds"] <= steps[name]["budget_s"]
     assert steps["gpu_tests"]["status"] in ("pass", "skip"), steps["gpu_tests"]["error"]
-    for name in ("sync_bn", "scaling"):
-        assert steps[name]["status"] == "skip" and "needs >= 2 GPUs" in steps[name]["reason"]
+    assert steps["scaling"]["status"] == "skip" and "needs >= 2 GPUs" in steps["scaling"]["reason"]
 
     # the GPU-only parts are named, each with its reason
     assert steps["environment"]["skipped"]["real nvidia-smi"].startswith("no GPU: the gpus check reads recorded")
     assert "CUDA only" in next(iter(steps["trainer"]["skipped"].values()))
     assert steps["syncs"]["skipped"]["sync debug mode"].startswith("no CUDA")
     assert steps["fabric"]["skipped"]["NCCL_DEBUG=INFO lines"].startswith("no GPU")
+    assert steps["sync_bn"]["skipped"]["--sync-bn"].startswith("CUDA only")
 
     env = steps["environment"]["figures"]
     assert env["versions"]["cuda_available"] is False and env["versions"]["torch"]
@@ -113,23 +117,23 @@ def test_the_cpu_dry_run_runs_every_step_that_needs_no_gpu(tmp_path: Path) -> No
     assert up["stacks"]["summary"] and up["stacks"]["frames"]
     fab = steps["fabric"]["figures"]
     assert fab["backend"] == "gloo" and fab["world_size"] == 1 and fab["status"] == "ok"
-    res = steps["resume"]["figures"]
-    assert (
-        res["stopped_exit_code"] == 3
-        and res["epochs"] == [1.0, 2.0]
-        and res["resumed"].startswith("resuming at epoch 2")
-    )
+    ddp = steps["ddp"]["figures"]
+    assert ddp["grad_comm"]["dtype"] == "float16" and ddp["optimizer_steps"] > 0
+    assert steps["sync_bn"]["figures"]["bytes_ratio"] == 0.5  # fp16 all-reduces send half fp32's bytes
+    assert [g["goal"] for g in steps["sync_bn"]["goals"]] == ["= 0.5"] and steps["sync_bn"]["goals"][0]["met"]
 
     # the table is printed last, and kept beside the JSON
     table = (tmp_path / "out" / "gpu_smoke.txt").read_text().rstrip("\n")
-    assert p.stdout.rstrip("\n").endswith(table + f"\nJSON: {tmp_path / 'out' / 'gpu_smoke.json'}")
+    said = f"\nproved: {'; '.join(doc['proved']['proved'])}"
+    assert p.stdout.rstrip("\n").endswith(table + said + f"\nJSON: {tmp_path / 'out' / 'gpu_smoke.json'}")
+    assert [x.split(":")[0] for x in doc["proved"]["proved"]] == ["data", "environment", "gpu_tests", "ddp", "sync_bn"]
     rows = {ln.split()[0]: ln.split()[1] for ln in table.splitlines()[2:] if ln and ln.split()[0] in steps}
     assert rows == {name: s["status"] for name, s in steps.items()}
     assert table.splitlines()[0].startswith("gpu_smoke (cpu-dry-run): 11 steps, ")
 
     with tarfile.open(tmp_path / "out" / "gpu_smoke_logs.tar.gz") as tar:
         logged = {Path(n).parts[1] for n in tar.getnames()}
-    assert logged >= {"data", "environment", "trainer", "syncs", "yoloe", "orch_up", "fabric", "resume"}
+    assert logged >= {"data", "environment", "ddp", "sync_bn", "trainer", "syncs", "yoloe", "orch_up", "fabric"}
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         "gpu_smoke.json",
         "gpu_smoke.txt",
@@ -160,11 +164,13 @@ def test_a_step_that_overruns_is_stopped_and_the_next_still_runs(tmp_path: Path)
     )
     assert p.returncode == 1, explain(p)  # a timeout is not ok
     steps = {s["name"]: s for s in doc["steps"]}
-    assert list(steps) == ["data", "environment", "syncs", "orch_up", "gpu_tests"]
+    assert list(steps) == ["data", "environment", "gpu_tests", "syncs", "orch_up"]  # the tests first
     assert steps["syncs"]["status"] == "timeout" and doc["ok"] is False and doc["counts"]["timeout"] == 2
     assert steps["syncs"]["error"] == "gpu-syncs still running at the step's budget (2 s): stopped"
-    # stopped mid-run (in orch up, or in an orch stacks of it): SIGTERM tears the run down, orch down makes sure
-    # (smoke() finds no survivor of it)
+    # stopped mid-run (in orch up, or in an orch stacks of it): SIGTERM tears the run down, orch down makes sure,
+    # and what orch up left in sessions of their own (its preflight's probe, when stopped during the preflight)
+    # is stopped and named in the JSON (smoke() finds no survivor of it)
+    assert isinstance(doc["strays"], list)
     assert steps["orch_up"]["status"] == "timeout"
     assert "still running at the step's budget (6 s): stopped" in steps["orch_up"]["error"]
     assert steps["gpu_tests"]["status"] == "pass", steps["gpu_tests"]["error"]

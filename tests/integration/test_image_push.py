@@ -68,3 +68,37 @@ def test_push_refuses_an_image_the_controller_does_not_hold(cluster, container_i
     r = orch.run("image", "push", "localhost/orch-test:no-such-tag", str(inv), "--runtime", "podman")
     assert r.returncode == 2, r.stdout + r.stderr
     assert "podman on this machine (the controller) has no image localhost/orch-test:no-such-tag" in r.stderr
+
+
+@pytest.mark.parametrize("method", ["direct", "chain"])
+def test_a_node_that_answers_escapes_for_an_id_fails_there_shown_escaped(
+    podman_cluster, cluster, container_image, orch, tmp_path, method
+):
+    """node2's podman answers its first `image inspect` with terminal controls (OSC title, BEL,
+    clear screen, a C1 CSI, a bidi override) before the ID: no ID, so node2 fails naming what it
+    said, nothing is loaded there, and no byte of it reaches the terminal raw."""
+    bed = podman_cluster
+    bed.drop_image("node2")
+    wrapper = tmp_path / "bin"
+    wrapper.mkdir()
+    (wrapper / "podman").write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1 $2" = "image inspect" ] && mkdir "{tmp_path}/lied" 2>/dev/null; then\n'
+        '  printf \'\\033]0;owned\\007\\033[2J\\302\\23331m\\342\\200\\256%s\\tnull\\n\' "$(/usr/bin/podman "$@")"\n'
+        "  exit 0\n"
+        "fi\n"
+        'exec /usr/bin/podman "$@"\n'
+    )
+    (wrapper / "podman").chmod(0o755)
+    cluster.set_env("node2", PATH=f"{wrapper}:/usr/bin:/bin")
+    inv = cluster.write_inventory(only=["node1", "node2"])
+    bed.drop_image("node1")
+    orch.env.update(container_image.store.env)
+    r = orch.run("image", "push", IMAGE, str(inv), "--runtime", "podman", "--method", method, timeout=600)
+    acting = [c for c in r.stdout + r.stderr if c in "\x1b\x07\x9b\u202e"]
+    assert acting == [], r.stdout + r.stderr
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "node1  loaded" in r.stdout, r.stdout
+    assert "node2  FAILED: inspect: podman answered \\x1b]0;owned\\x07\\x1b[2J\\x9b31m\\u202e" in r.stdout, r.stdout
+    assert "not an image ID (64 hex digits)" in r.stdout and "login script" in r.stdout
+    assert bed.image_id("node2") is None  # nothing was sent to it

@@ -428,3 +428,46 @@ def test_follow_ends_with_the_state_the_run_ended_in_and_its_exit_code(
         result.stderr
     )
     assert result.exit_code == code
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs: needs root")
+def test_orch_logs_on_a_full_controller_disk_shows_every_line_and_says_what_it_could_not_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 53.8: $ORCH_HOME's disk fills after the copies were fetched once; the nodes' logs
+    grow on. `orch logs` (plain, and filtered: the two ways it merges) shows every line of every
+    node, reading what the copies lack from the nodes, exit 0; it says which copy and that
+    merged.log could not be written, and leaves merged.log as it was. Once there is room again,
+    the same command prints the same bytes and writes them to merged.log."""
+    from tests.disk_support import fill, small_disk
+    from tests.up_helpers import Orch
+
+    with small_disk(tmp_path / "disk", "2m") as disk:
+        monkeypatch.setenv("ORCH_HOME", str(disk))
+        inv, run = make_run(tmp_path, ["a", "b"])
+        orch = Orch(disk)
+        for w in [start_writer(inv, run, n, 1200, 0.0) for n in ("a", "b")]:
+            assert w.wait(timeout=60) == 0
+        assert orch.run("logs", timeout=60).returncode == 0  # the copies hold these lines
+        before = run.merged_log.read_bytes()
+        for w in [start_writer(inv, run, n, 1200, 0.0) for n in ("a", "b")]:
+            assert w.wait(timeout=60) == 0
+        filler = fill(disk)
+        try:
+            full = orch.run("logs", timeout=60)
+            node_a = orch.run("logs", "--node", "a", timeout=60)
+            assert run.merged_log.read_bytes() == before
+        finally:
+            filler.unlink()
+        assert full.returncode == 0 and "internal error" not in full.stderr, full.stderr
+        said = " ".join(full.stderr.split())
+        for node in ("a", "b"):
+            assert f"{node}: cannot write {run.node_log(node)}: No space left on device" in said, said
+        assert f"cannot write {run.merged_log}: No space left on device" in said, said
+        seqs = seqs_by_node([(ln.split()[1], ln) for ln in full.stdout.splitlines()])
+        assert seqs == {n: list(range(1200)) * 2 for n in ("a", "b")}
+        assert node_a.returncode == 0, node_a.stderr
+        assert [ln for ln in full.stdout.splitlines() if ln.split()[1] == "a"] == node_a.stdout.splitlines()
+        roomy = orch.run("logs", timeout=60)
+        assert roomy.returncode == 0 and "warning" not in roomy.stderr, roomy.stderr
+        assert roomy.stdout == full.stdout and run.merged_log.read_text() == full.stdout

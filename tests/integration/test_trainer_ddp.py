@@ -508,6 +508,16 @@ def test_output_like_yolo_train(tmp_path: Path) -> None:
     assert again.returncode != 0 and "that run finished" in again.stderr, again.explain()
 
 
+def test_a_refusing_rank_waits_for_a_late_peer_to_say_its_own(tmp_path: Path) -> None:
+    """torchrun stops every worker once one exits: rank 0 refuses at once, rank 1 starts 6 s late,
+    and rank 1's refusal is still said (rank 0 waits for every rank's verdict before it exits)."""
+    data = make_dataset(tmp_path / "ds", images=6)
+    args = ["--data", str(data), "--batch", "4", "--imgsz", "64", "--epochs", "1", "--out", str(tmp_path / "o")]
+    r = run_trainer([*args, "rect=True"], nproc=2, cwd=tmp_path, late_rank_s=6)
+    errors = [ln for ln in r.rank_lines("stderr") if " error: " in ln]
+    assert r.returncode != 0 and sorted(ln[:8] for ln in errors) == ["[rank 0]", "[rank 1]"], r.explain()
+
+
 @pytest.mark.parametrize("case", ["batch", "names", "weights", "relative", "setting"])
 def test_bad_input_is_one_line_on_every_rank(tmp_path: Path, case: str) -> None:
     """Each input error: one prefixed line per rank, no traceback from the trainer, non-zero exit."""
@@ -583,3 +593,37 @@ def test_an_args_yaml_from_yolo_train_trains_as_it_is(tmp_path: Path) -> None:
         ln.startswith("[rank 0] training yolo12n.yaml (detect) on 1 rank(s)") and "epochs 1..1" in ln for ln in lines
     ), lines
     assert read_results(runs / "train2")[0]["epoch"] == 1
+
+
+def test_fp16_gradient_all_reduces_send_half_the_bytes_and_train_alike(tmp_path: Path) -> None:
+    """2 ranks, fp32 against --ddp-grad-dtype fp16 (DDP's compression hook) side by side on the same
+    data and seed: the hook counts half the bytes per optimizer step (--debug-dir counts fp32's in
+    the same hook), the start-up line says the dtype, the bytes and the buckets, the ranks stay in
+    step, and the two runs' losses stay close (the accuracy comparison is bench/ddp_compression.py)."""
+
+    def flags(dtype: str) -> list[str]:
+        data = make_dataset(tmp_path / f"ds-{dtype}", images=22, classes=2)  # 16 train images: 2 steps an epoch
+        return [
+            *common(data, tmp_path / dtype, 2, 8),
+            *NO_AUG,
+            *("--workers", "0", "--val-period", "0", "--lr", "0.04", "--accumulate", "1"),
+            *("--ddp-grad-dtype", dtype, "--bucket-mb", "4", "--debug-dir", str(tmp_path / f"d-{dtype}")),
+        ]
+
+    fp32, fp16 = run_trainers((flags("fp32"), 2), (flags("fp16"), 2))
+    assert fp32.returncode == 0, fp32.explain()
+    assert fp16.returncode == 0, fp16.explain()
+    said = [ln for ln in fp16.rank_lines() if "of gradients per optimizer step" in ln]
+    assert len(said) == 1 and said[0].startswith("[rank 0] DDP all-reduces "), fp16.rank_lines()[:10]
+    assert "per rank in fp16 (compression hook; fp32 would be " in said[0] and "buckets of 4 MB" in said[0]
+    sent = {dtype: [r["grad_comm"] for r in read_debug(tmp_path / f"d-{dtype}", 2)] for dtype in ("fp32", "fp16")}
+    for dtype, ranks in sent.items():
+        assert [r["dtype"] for r in ranks] == [{"fp32": "float32", "fp16": "float16"}[dtype]] * 2
+        assert ranks[0]["steps"] == ranks[1]["steps"] == 4 and ranks[0]["bytes"] == ranks[1]["bytes"] > 0
+    assert sent["fp16"][0]["bytes_per_step"] * 2 == sent["fp32"][0]["bytes_per_step"]
+    for dtype in ("fp32", "fp16"):
+        ranks = read_debug(tmp_path / f"d-{dtype}", 2)
+        assert ranks[0]["checksum"] == ranks[1]["checksum"], dtype
+    a, b = read_results(tmp_path / "fp32"), read_results(tmp_path / "fp16")
+    for x, y in zip(a, b):
+        assert train_loss(y) == pytest.approx(train_loss(x), rel=0.02), (a, b)

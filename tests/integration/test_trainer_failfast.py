@@ -105,9 +105,10 @@ def test_a_slow_start_up_outlasts_a_short_collective_timeout(tmp_path: Path) -> 
 def test_an_infinite_loss_is_counted_and_recovered_from_last_pt(tmp_path: Path) -> None:
     """One process, fp32 on CPU: the loss of micro-step 6 (the last of epoch 2, 3 steps an epoch)
     is infinite, which makes the weights NaN (no GradScaler to skip the step). The progress line
-    counts it, the run says it recovers from last.pt and trains epoch 2 again (not as the first
-    time: from last.pt's EMA weights, the RNG not rewound, as ultralytics), and ends with finite weights and
-    finite losses in results.csv, whose steps/* columns count the troubled steps of each epoch kept."""
+    counts it, the run names that batch's images, says it recovers from last.pt and trains epoch 2
+    again (not as the first time: from last.pt's EMA weights, at half the rate, without those
+    images, so in 2 batches), and ends with finite weights and finite losses in results.csv, whose
+    steps/* columns count the troubled steps of each epoch kept and its recoveries."""
     import torch
 
     from tests.trainer_helpers import read_results
@@ -142,16 +143,23 @@ def test_an_infinite_loss_is_counted_and_recovered_from_last_pt(tmp_path: Path) 
     assert any(
         ln.startswith("[rank 0] epoch 2/3 batch 3/3 ") and ln.endswith(" nonfinite 1 skipped 0") for ln in lines
     ), r.explain()
-    first_tries = [ln.split(" lr ")[0] for ln in lines if ln.startswith("[rank 0] epoch 2/3 batch 1/3 ")]
-    assert len(first_tries) == 2 and first_tries[0] != first_tries[1], r.explain()  # not a replay
-    recovery = [ln for ln in lines if "recovering from" in ln]
-    assert len(recovery) == 1 and recovery[0].startswith(
-        f"[rank 0] warning: epoch 2: the weights are no longer finite after 1 non-finite loss(es); recovering from "
-        f"{out}/weights/last.pt (epoch 1) and training epoch 2 again, attempt 1/3"
+    named = [ln for ln in lines if "the first non-finite loss came from" in ln]
+    assert len(named) == 1 and named[0].startswith(
+        "[rank 0] warning: epoch 2: the first non-finite loss came from rank 0 batch 3, images "
     ), r.explain()
+    recovery = [ln for ln in lines if "recovering from" in ln]
+    assert len(recovery) == 1 and recovery[0] == (
+        f"[rank 0] warning: epoch 2: the weights are no longer finite after 1 non-finite loss(es); recovering from "
+        f"{out}/weights/last.pt (epoch 1) and training epoch 2 again, attempt 1/3: lr x0.5 for this epoch, another "
+        "image order, 2 image(s) left out (above)"
+    ), r.explain()
+    assert lines.index(named[0]) < lines.index(recovery[0])
+    again = [ln for ln in lines[lines.index(recovery[0]) :] if ln.startswith("[rank 0] epoch 2/3 batch ")]
+    assert [ln.split()[5] for ln in again] == ["1/2", "2/2"], r.explain()  # 4 images left: not a replay
     rows = read_results(out)
     assert [row["epoch"] for row in rows] == [1, 2, 3]
     assert all(row["steps/nonfinite"] == 0 and row["steps/skipped"] == 0 for row in rows)  # the kept epochs
+    assert [row["steps/recoveries"] for row in rows] == [0, 1, 0]
     assert all(torch.isfinite(torch.tensor(v)) for row in rows for k, v in row.items() if k.startswith("train/"))
     model = torch.load(out / "weights" / "last.pt", map_location="cpu", weights_only=False)["model"]
     assert all(torch.isfinite(p).all() for p in model.parameters())
@@ -196,3 +204,67 @@ def test_fp16_warm_up_skipping_a_whole_first_epoch_trains_on(tmp_path: Path) -> 
     ), r.explain()
     assert not any("recovering from" in ln or "diverges" in ln for ln in lines), r.explain()
     assert [(row["epoch"], row["steps/skipped"]) for row in read_results(out)] == [(1, 3), (2, 2)]
+
+
+def test_a_rank_that_dies_building_its_dataset_ends_the_run_at_once_and_is_named(tmp_path: Path) -> None:
+    """`orch up`, two local nodes of one rank: rank 1 is SIGKILLed while it builds its datasets (as
+    the OOM killer would, caching images), after the label caches' turns. Rank 0 builds its own and
+    waits for rank 1 on the rendezvous store, with a start-up timeout of 30 min and a heartbeat
+    that keeps orch's stall watchdog quiet; orch's fail-fast ends the run anyway as soon as rank 1's
+    torchrun reports the death (the run's deadline is 4 min: waiting out the start-up timeout fails
+    it), and the first failure it names is rank 1 on n1, not rank 0 that was left waiting."""
+    import json
+
+    import yaml
+
+    from tests.ports import job_port
+    from tests.up_helpers import Orch
+
+    data = make_dataset(tmp_path / "ds", images=8, classes=2)
+    marker = tmp_path / "died"
+    python = REPO / ".venv" / "bin" / "python"
+    args = [
+        *("--model", "yolo12n.yaml", "--data", str(data), "--epochs", "1", "--batch", "2", "--imgsz", "64"),
+        *("--workers", "0", "--timeout-min", "30", "--startup-timeout-min", "30", "--progress-every-s", "2"),
+        *("--out", str(tmp_path / "run"), "--plots", "false"),
+    ]
+    die = {
+        "PYTHONPATH": str(KILL_ONCE),
+        "ORCH_TEST_KILL_RANK": "1",
+        "ORCH_TEST_KILL_AT_STEP": "build",
+        "ORCH_TEST_KILL_MARKER": str(marker),
+    }
+    inv = tmp_path / "local.yaml"
+    inv.write_text(
+        yaml.safe_dump(
+            {
+                "name": "died-building",
+                "transport": "local",
+                "nodes": [{"host": "localhost", "name": "n0"}, {"host": "localhost", "name": "n1", "env": die}],
+                "master": {"port": job_port()},
+                "env": {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"},
+                "job": {
+                    "python": str(python) if python.exists() else "python3",
+                    "workdir": str(REPO),
+                    "run_root": str(tmp_path / "nodes"),
+                    "module": "trainer",
+                    "nproc_per_node": 1,
+                    "stop_grace_s": 5,
+                    "args": args,
+                },
+            }
+        )
+    )
+    orch = Orch(tmp_path / "home")
+    try:
+        up = orch.run("up", str(inv), "--skip-checks", "--run-id", "died", timeout=240)
+    except subprocess.TimeoutExpired:  # pragma: no cover - the failure this test exists for
+        pytest.fail("the run was still waiting 4 min after rank 1 died building its datasets")
+    assert marker.read_text() == "rank 1 killed building its datasets\n", up.stderr[-3000:]
+    assert up.returncode == 1, up.stderr[-3000:]
+    err = " ".join(up.stderr.split())
+    assert "first failure on n1 (node rank 1, rank 1): killed by SIGKILL" in err, up.stderr[-3000:]
+    assert "first failure on n0" not in err
+    first = json.loads((orch.run_dir("died") / "run.json").read_text())["first_failure"]
+    assert (first["node"], first["rank"], first["signal"]) == ("n1", 1, "SIGKILL"), first
+    assert "[rank 0] done" not in up.stdout  # rank 0 never trained: it was stopped while it waited

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import socket
 import subprocess
@@ -435,3 +436,49 @@ def test_ssh_args_and_env_arrive_byte_for_byte(ssh_node, args, value):
 @given(args=st.lists(TEXT, max_size=4), value=TEXT)
 def test_local_args_and_env_arrive_byte_for_byte(local_node, args, value):
     _roundtrip(local_node, args, value)
+
+
+# ----------------------------------------------------------------------------- the stream verbs
+
+
+def test_pipe_streams_into_a_node_command_over_the_openssh_reach(shared):
+    """`pipe` (what `orch image push` streams an archive through): every byte arrives, the
+    argument words arrive as they are, the command's own failure stays its own exit code."""
+    data = bytes(range(256)) * (32 << 10)  # 8 MiB
+    with SSHTransport(_inv(shared).node("node2")) as t:
+        got = t.pipe(["sh", "-c", 'sha256sum; printf "%s|" "$@" >&2', "sh", *NASTY[:9]], [data[:100], data[100:]])
+        assert got.exit_code == 0 and got.stdout.split()[0] == hashlib.sha256(data).hexdigest()
+        assert got.stderr == "".join(f"{a}|" for a in NASTY[:9])
+        own = t.pipe(["sh", "-c", "cat >/dev/null; exit 255"], b"x")
+        assert own.exit_code == 255  # the command's 255 (ssh said nothing of its own), not a reach failure
+
+
+def test_pipe_to_a_node_whose_host_key_is_unknown_is_a_transport_error(shared, tmp_path):
+    kh = tmp_path / "known_hosts"
+    kh.write_text("")
+    node = _inv(shared, known_hosts=str(kh)).node("node1")
+    with pytest.raises(TransportError) as err, SSHTransport(node) as t:
+        t.pipe(["cat"], b"x")
+    assert err.value.kind == "host_key_unknown" and f"is not in {kh}" in err.value.message
+    assert err.value.hint and "ssh-keyscan" in err.value.hint and kh.read_text() == ""
+
+
+def test_the_tar_fallback_copies_a_tree_over_the_ssh_pipe(shared, tmp_path):
+    """The base class's `copy_tree` (a transport without an rsync reach gets it) through a real
+    sshd: the tree lands at its own path under `dest` on the node, modes and links kept."""
+    src = tmp_path / "job"
+    (src / "pkg").mkdir(parents=True)
+    (src / "train.py").write_text("print('hi')\n")
+    (src / "pkg" / "w e'ird.bin").write_bytes(bytes(range(256)) * 40)
+    (src / "run.sh").write_text("#!/bin/sh\n")
+    (src / "run.sh").chmod(0o755)
+    (src / "link").symlink_to("train.py")
+    dest = f"{shared.home}/fallback-{shared.id}"
+    with SSHTransport(_inv(shared).node("node3")) as t:
+        got = Transport.copy_tree(t, [str(src)], dest)
+        script = 'cd "$1" && sha256sum train.py "pkg/w e\'ird.bin" && stat -c %a run.sh && readlink link'
+        listing = t.run(["sh", "-c", script, "sh", dest + str(src)]).check()
+    want = [hashlib.sha256((src / p).read_bytes()).hexdigest() for p in ("train.py", "pkg/w e'ird.bin")]
+    assert [ln.split()[0] for ln in listing.stdout.splitlines()[:2]] == want
+    assert listing.stdout.splitlines()[2:] == ["755", "train.py"]
+    assert got.files == 3 and got.sent > 0

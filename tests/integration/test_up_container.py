@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.cluster import TestCluster
-from tests.containers import IMAGE, PodmanBed, python_mounts, sandbox_options
+from tests.containers import IMAGE, PodmanBed, python_mounts
 from tests.ports import job_port
 from tests.trainer_helpers import make_dataset
 from tests.up_helpers import DDP_JOB, REPO, Orch, node_log, run_root, wait_for
@@ -47,7 +47,7 @@ def container_keys(*extra_mounts: str, workdir: str = "/tmp") -> dict[str, Any]:
         "python": sys.executable,
         "mounts": [*mounts, *extra_mounts],
         "user": "root",
-        "options": sandbox_options(),
+        "options": [],  # none needed on this sandbox without CAP_SYS_RESOURCE: orch asks for no --ulimit (no RDMA)
     }
 
 

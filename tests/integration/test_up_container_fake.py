@@ -69,6 +69,9 @@ def test_a_container_run_succeeds_with_its_merged_log_and_leaves_no_container(
     assert {(r["check"], r["status"]) for r in results} == {("software", "ok"), ("container", "ok")}, results
     facts_runs = [c for c in calls(state) if c[1] == "run"]
     assert facts_runs and all("--rm" in c and "boxed:1" in c for c in facts_runs)  # the job's python, in the image
+    # one throw-away container per node answers every question inside the image (there were one per fact)
+    names = sorted(c[c.index("--name") + 1].rsplit("-", 2)[-2:][0] for c in facts_runs)
+    assert names == ["n0", "n1"] and all(c[c.index("--name") + 1].endswith("-probe") for c in facts_runs), facts_runs
     up = orch.run("up", str(inv), "--skip-checks", timeout=180)
     assert up.returncode == 0, up.stderr[-3000:]
     run_id = (orch.home / "latest").read_text().strip()

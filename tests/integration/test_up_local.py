@@ -390,6 +390,63 @@ def test_overrides_on_the_command_line_run_and_every_later_command_sees_the_run_
     assert logs.returncode == 0 and " n1 " not in logs.stdout and " n2 " in logs.stdout
 
 
+ROLE_JOB = """\
+import os, sys, time, traceback
+rank = int(os.environ["RANK"])
+log = os.path.join(os.environ["ROLE_TEST_ROOT"], os.environ["ORCH_RUN_ID"], os.environ["ORCH_NODE"], "node.log")
+def wait_log(text):
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        with open(log, errors="replace") as fh:
+            if text in fh.read():
+                return
+        time.sleep(0.05)
+    sys.exit(f"rank {rank}: no {text!r} in node.log after 90 s")
+if rank == 1:
+    try:
+        raise RuntimeError("injected failure on rank 1")
+    except RuntimeError:
+        traceback.print_exc()
+    sys.stderr.flush()
+    wait_log("noise 29 of rank 0")  # then the exception is 30 lines above the end of the log
+    sys.exit(1)
+wait_log("RuntimeError: injected failure on rank 1")
+for i in range(30):
+    print(f"noise {i} of rank 0", flush=True)
+time.sleep(120)  # the teardown ends it
+"""
+
+
+def test_a_torchrun_role_keeps_the_failing_workers_exception_in_the_excerpt(tmp_path: Path) -> None:
+    """`--role trainer` in job.torchrun_args: torchrun writes `[trainer1]:` before rank 1's lines.
+    Rank 1's exception, 30 of rank 0's lines above the end of the log, is in the failure excerpt
+    (the excerpt used to look for `[default1]:` only, and dropped the blamed worker's lines)."""
+    job = tmp_path / "role_job.py"
+    job.write_text(ROLE_JOB)
+    inv = local_inventory(tmp_path, {"ROLE_TEST_ROOT": str(tmp_path / "nodes")})
+    doc = yaml.safe_load(inv.read_text())
+    doc["nodes"] = doc["nodes"][:1]
+    role = ["--role", "trainer"]
+    doc["job"].update({"script": str(job), "nproc_per_node": 2, "telemetry_s": 0, "torchrun_args": role})
+    inv.write_text(yaml.safe_dump(doc))
+    orch = Orch(tmp_path / "home")
+    up = orch.run("up", str(inv), "--skip-checks", timeout=200)
+    assert up.returncode == 1, up.stderr[-3000:]
+    run_id = (orch.home / "latest").read_text().strip()
+    assert "[trainer1]:RuntimeError: injected failure on rank 1" in node_log(tmp_path, run_id, "n0")
+    ff = orch.run_json(run_id)["first_failure"]
+    assert (ff["node"], ff["rank"], ff["local_rank"]) == ("n0", 1, 1), ff
+    assert ff["cause"] == "RuntimeError: injected failure on rank 1", ff
+    assert "[trainer1]:RuntimeError: injected failure on rank 1" in ff["excerpt"], ff["excerpt"]
+    assert "[trainer0]:noise 29 of rank 0" in ff["excerpt"], ff["excerpt"]
+    logs = orch.run("logs", run_id, "--rank", "1", "--json")
+    assert logs.returncode == 0, logs.stderr
+    mine = [json.loads(ln) for ln in logs.stdout.splitlines()]
+    assert {"rank": 1, "local_rank": 1, "line": "RuntimeError: injected failure on rank 1"}.items() <= next(
+        d for d in mine if d["line"].startswith("RuntimeError")
+    ).items(), mine
+
+
 TIMING_JOB = """\
 import os, sys, time
 rank = int(os.environ["RANK"])
@@ -539,3 +596,52 @@ def test_an_attached_run_says_which_nodes_run_root_is_full_and_goes_on(tmp_path:
             if up.proc.poll() is None:
                 up.proc.send_signal(signal.SIGINT)
                 up.proc.wait(60)
+
+
+def test_a_run_whose_controller_was_killed_says_why_it_stopped_in_status_and_runs(tmp_path: Path) -> None:
+    """Issue 54.8: `orch up` killed -9 mid-run. Each node's lease runs out and its agent stops the
+    job, saying why in state.json. `orch status` brings that reason into the record: each node's
+    (`reason`) and the run's (the first node's, named), in the JSON, the table and run.json; `orch
+    runs` then shows the run's wall time (from its creation to its last node's end, as the report
+    counts it) and the reason."""
+    from tests.up_helpers import node_state
+
+    inv = local_inventory(tmp_path, ddp_job(steps=100000, sleep=0.2))
+    orch = Orch(tmp_path / "home", env={"ORCH_UNREACHABLE_GRACE_S": "1"})  # the lease: 3 x 1 s
+    up = orch.start(str(inv), "--skip-checks")
+    try:
+        run_id = up.wait_running()
+        up.proc.kill()  # SIGKILL: no teardown, nothing recorded
+        up.proc.wait(30)
+        states = wait_for(
+            lambda: (
+                all(node_state(tmp_path / "nodes", run_id, n).get("lease_expired") for n in ("n0", "n1"))
+                and {n: node_state(tmp_path / "nodes", run_id, n) for n in ("n0", "n1")}
+            ),
+            60,
+            "each node's lease to run out",
+        )
+        assert orch.run_json(run_id)["state"] == "running"  # what the killed controller left
+        res = orch.run("status", "--json", timeout=60)
+        assert res.returncode == 0, res.stderr
+        doc = json.loads(res.stdout)
+        assert doc["state"] == "stopped"
+        for node in doc["nodes"]:
+            assert node["reason"] == states[node["node"]]["reason"], node
+            assert "the controller (orch up) was not heard from for" in node["reason"], node
+        assert doc["reason"] == f"n0: {states['n0']['reason']}"
+        recorded = orch.run_json(run_id)
+        assert recorded["reason"] == doc["reason"] and recorded["state"] == "stopped"
+        assert [n["reason"] for n in recorded["nodes"]] == [states["n0"]["reason"], states["n1"]["reason"]]
+        table = orch.run("status", timeout=60)
+        assert f"stopped: n0: {states['n0']['reason']}" in " ".join(table.stdout.split()), table.stdout
+        runs = json.loads(orch.run("runs", "--json", timeout=60).stdout)["runs"][0]
+        wall = max(s["finished_at"] for s in states.values()) - recorded["created"]
+        assert runs["run"] == run_id and runs["wall_s"] == round(wall, 1) and runs["wall_s"] > 0, runs
+        assert runs["reason"] == doc["reason"], runs
+        listed = " ".join(orch.run("runs", timeout=60).stdout.split())
+        assert "n0: the controller (orch up) was not" in listed, listed
+    finally:
+        if up.proc.poll() is None:
+            up.proc.kill()
+        orch.run("down", timeout=120)

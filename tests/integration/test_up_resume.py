@@ -62,7 +62,9 @@ def test_a_rank_killed_mid_epoch_is_retried_and_resumes_exactly(
 ) -> None:
     cluster = make_cluster(2)
     ref = trainer_reference
-    orch = Orch(tmp_path / "home")
+    # the retry this test proves is the killed rank's: a full test run on 2 busy cores once lost
+    # node2's session for 11 s first (past the default 10 s grace), which spent the retry on that
+    orch = Orch(tmp_path / "home", env={"ORCH_UNREACHABLE_GRACE_S": "60"})
 
     # rank 1 (node2) is SIGKILLed after the 2nd optimizer step of epoch 3, once: last.pt holds epoch 2
     at = 2 * steps_per_epoch(ref.data.parent, 2) + 2

@@ -31,6 +31,10 @@ def wait_for(pred: Callable[[], Any], what: str, timeout: float = 20) -> Any:
     return got
 
 
+MINE = "e1" * 32
+"""A container of the launch a killed agent left: a whole ID, as the node's sweep lists it."""
+
+
 @pytest.fixture
 def runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     state = tmp_path / "containers.json"
@@ -88,7 +92,7 @@ def test_every_stop_leaves_no_container_of_the_launch_and_no_other_is_touched(
             os.kill(st["agent_pid"], signal.SIGKILL)
             os.killpg(st["pgid"], signal.SIGKILL)  # the client too: its container stays, as a real one does
             leftover = {
-                "id": "mine1",
+                "id": MINE,
                 "name": "orch-r1-n1-abcd-check",
                 "state": "exited",
                 "labels": {"orch.run": "r1", "orch.node": "n1", "orch.nonce": "abcd"},
@@ -101,7 +105,7 @@ def test_every_stop_leaves_no_container_of_the_launch_and_no_other_is_touched(
         left = {c["name"] for c in fake_runtime.containers(runtime)}
         assert left == {"orch-r1-n1-othernonce", "orch-r1-n2-abcd"}, left  # another run's, another node's: untouched
         if how != "orch down":
-            assert stops.succeeded["n1"].containers == ("mine1",)  # by label; the hook removed its own by name
+            assert stops.succeeded["n1"].containers == (MINE,)  # by label; the hook removed its own by name
     finally:
         cluster.close()
 

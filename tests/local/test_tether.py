@@ -124,7 +124,8 @@ def test_a_connection_that_stays_leaves_a_long_command_alone(tmp_path: Path) -> 
 @pytest.mark.parametrize("shell", ["/bin/sh", "/bin/bash", "/usr/bin/fish", "/usr/bin/tcsh"])
 def test_any_login_shell_parses_the_line_and_the_tether_works_there(shell: str, tmp_path: Path) -> None:
     """sshd runs the line with the user's login shell, whatever it is: the watcher's start is one
-    `/bin/sh -c` word every shell parses alike, and the command after it stays that shell's line."""
+    `/bin/sh -c` word every shell parses alike, and the command after it stays that shell's line;
+    with --timeout too (tcsh refused its `>/dev/null 2>&1` guard when it was written inline)."""
     marker = f"tether-shell-{time.monotonic_ns()}"
     env = {**os.environ, "SHELL": shell, "TETHER_MARK": marker}
     line = subprocess.run(
@@ -143,6 +144,18 @@ def test_any_login_shell_parses_the_line_and_the_tether_works_there(shell: str, 
         start_new_session=True,
     )
     assert (argv.returncode, argv.stdout, argv.stderr) == (0, "a b $HOME\n", "")
+    for command, shell_line, out in (
+        (["echo hi; exit 3"], True, "hi\n"),
+        (["echo", "a b", "$HOME"], False, "a b $HOME\n"),
+    ):
+        timed = subprocess.run(  # orch exec --timeout: its values are /bin/sh's positional parameters
+            [shell, "-c", timed_line(command, shell_line, 30, sys.executable)],
+            capture_output=True,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
+        assert (timed.returncode, timed.stdout, timed.stderr) == (3 if shell_line else 0, out, "")
     ready = tmp_path / "ready"
     parent = subprocess.Popen(
         [

@@ -52,7 +52,7 @@ def test_host_reads_do_not_grow_with_the_number_of_micro_steps(tmp_path: Path) -
         steps[images] = sum(1 for ln in result.stdout.splitlines() if re.search(r"\] epoch \d+/\d+ batch ", ln))
     assert counts[12] == counts[36], counts  # the same host reads whether an epoch has 5 or 14 micro-steps
     # per epoch: one read of the losses for the progress line at the epoch's end
-    assert counts[36].get("loop.py:train_epoch", 0) == 2, counts[36]
+    assert counts[36].get("loop.py:_epoch_steps", 0) == 2, counts[36]  # train_epoch's micro-step loop
     for per_step in ("loop.py:optimizer_step", "loop.py:preprocess", "schedule.py:micro_step"):
         assert per_step not in counts[36], counts[36]
     assert steps[36] == 2  # log-every 1000: only each epoch's last batch prints

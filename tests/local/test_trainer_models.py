@@ -371,7 +371,8 @@ def test_an_lr_multiplied_by_the_gpu_count_is_warned_with_the_equivalent_lr0(
     kind = torch.optim.AdamW if "AdamW" in argv else torch.optim.SGD
     optimizer = kind([torch.nn.Parameter(torch.zeros(1))], lr=cfg.lr or 0.01)
     optimizer.param_groups[0]["initial_lr"] = cfg.lr or 0.01
-    lines = loop.startup_lines(inp, SimpleNamespace(optimizer=optimizer, nominal_accumulate=1, unused=[]), 0)
+    parts = SimpleNamespace(optimizer=optimizer, nominal_accumulate=1, unused=[], model=torch.nn.Linear(1, 1))
+    lines = loop.startup_lines(inp, parts, 0)  # type: ignore[arg-type]
     assert lines[0].startswith("training ")
     warned = [ln for ln in lines if "looks multiplied by the GPU count" in ln]
     if equivalent is None:
@@ -452,3 +453,37 @@ def test_yoloe_prompts_come_from_one_place_or_the_start_is_refused(
         inputs(data, "--weights", str(fused), "--text-embeddings", str(embeddings))
     again = inputs(data, "--weights", str(fused))  # its own prompts: accepted, and it builds
     assert models.is_fused(loop.build_network(again))
+
+
+def test_optimizer_auto_trains_sgd_on_a_v100_where_ultralytics_picks_musgd(data: Path) -> None:
+    """Beyond 10 000 iterations ultralytics' auto picks MuSGD, whose Newton-Schulz iterations run in
+    bfloat16: emulated on a V100 (compute capability 7.0), where the trainer trains SGD lr0 0.01
+    momentum 0.9 instead, says so and records it (args.yaml); an A100 and a CPU keep MuSGD."""
+    from dataclasses import replace
+
+    def built(device: torch.device, capability: tuple[int, int] | None) -> tuple[loop.Inputs, torch.optim.Optimizer]:
+        inp = replace(inputs(data, "--epochs", "20000"), device=device, capability=capability)  # 20 000 iterations
+        return inp, loop.build_optimizer(loop.build_network(inp), inp, 1, 6)
+
+    v100, optimizer = built(torch.device("cuda", 0), (7, 0))
+    assert type(optimizer).__name__ == "SGD" and optimizer.param_groups[0]["initial_lr"] == 0.01
+    assert optimizer.param_groups[0]["momentum"] == 0.9 and optimizer.param_groups[0]["nesterov"] is True
+    assert (v100.hyp.optimizer, v100.hyp.lr0, v100.hyp.momentum, v100.hyp.warmup_bias_lr) == ("SGD", 0.01, 0.9, 0.0)
+    assert [n for n in v100.cfg.notes if n.startswith("optimizer auto: SGD lr0 0.01 momentum 0.9 instead of MuSGD")]
+    for device, capability in ((torch.device("cuda", 0), (8, 0)), (CPU, None)):
+        inp, optimizer = built(device, capability)
+        assert type(optimizer).__name__ == "MuSGD" and inp.hyp.optimizer == "MuSGD", device
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_cudnn_benchmark_is_on_exactly_when_not_deterministic(data: Path, deterministic: bool) -> None:
+    """ultralytics' deterministic=False lets cuDNN choose its convolution algorithms by timing them."""
+    before = torch.backends.cudnn.benchmark
+    try:
+        torch.backends.cudnn.benchmark = deterministic  # the opposite of what the run must set
+        loop.build_parts(inputs(data, "--deterministic", str(deterministic).lower()), 2)
+        assert torch.backends.cudnn.benchmark is (not deterministic)
+        assert torch.backends.cudnn.deterministic is deterministic  # ultralytics' init_seeds
+    finally:
+        torch.backends.cudnn.benchmark = before
+        torch.use_deterministic_algorithms(False)

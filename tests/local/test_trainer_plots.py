@@ -53,6 +53,8 @@ def table(lines: list[str]) -> list[list[str]]:
 
 
 def test_plots_and_class_table_from_every_shard_offline_and_none_with_plots_off(tmp_path: Path) -> None:
+    """2 ranks, plots on (ultralytics' default), the network blocked, beside a run with plots=False:
+    every plot drawn from every rank's shard by rank 0, which alone creates the run directory."""
     data = make_dataset(tmp_path / "ds", images=12, classes=2, imgsz=64, segments=True)  # 3 val images
     images, per_class = val_labels(data)
     common = [
@@ -73,6 +75,7 @@ def test_plots_and_class_table_from_every_shard_offline_and_none_with_plots_off(
     ]
     on, off = tmp_path / "on", tmp_path / "off"
     net, confusion, fonts = tmp_path / "net.log", tmp_path / "confusion.jsonl", tmp_path / "yolo-config"
+    made = tmp_path / "mkdir.log"
     with ThreadPoolExecutor(2) as pool:
         a = pool.submit(
             run_trainer,
@@ -82,6 +85,7 @@ def test_plots_and_class_table_from_every_shard_offline_and_none_with_plots_off(
             confusion_log=confusion,
             extra_env={"YOLO_CONFIG_DIR": str(fonts)},
             default_plots=True,
+            mkdir_log=made,
         )  # no plots flag: ultralytics' default, plots on
         b = pool.submit(run_trainer, [*common, "--model", "yolo12n.yaml", "--out", str(off), "plots=False"])
         first, second = a.result(), b.result()
@@ -108,6 +112,14 @@ def test_plots_and_class_table_from_every_shard_offline_and_none_with_plots_off(
     assert [(r[0], int(r[2])) for r in rows[1:]] == [("square", per_class[0]), ("disc", per_class[1])], rows
     assert len(rows[0]) == 3 + 8  # Box(P R mAP50 mAP50-95) and Mask(...) for segmentation
     assert all(float(x) >= 0 for r in rows for x in r[3:])
+
+    # Only rank 0 writes the run directory, and only rank 0 creates it: rank 1's validator, which
+    # ultralytics builds by creating its save_dir, is built without (a node where --out cannot be
+    # created, storage only rank 0's node has, starts as well as any).
+    dirs = [line.split(" ", 1) for line in made.read_text().splitlines()]
+    in_run = [(rank, path) for rank, path in dirs if path == str(on) or path.startswith(f"{on}/")]
+    assert ("0", str(on)) in in_run and ("0", str(on / "weights")) in in_run, dirs
+    assert [(rank, path) for rank, path in in_run if rank != "0"] == [], dirs
 
     # plots off: none of the files; the table is printed all the same.
     assert not [p.name for p in off.iterdir() if p.suffix in (".png", ".jpg")]

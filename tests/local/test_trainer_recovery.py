@@ -18,7 +18,7 @@ from trainer.offline import set_offline_env
 set_offline_env()  # before ultralytics is imported
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ holds the shared trainer helpers
-from trainer_helpers import make_dataset  # noqa: E402
+from trainer_helpers import make_dataset, read_results  # noqa: E402
 
 from trainer import checkpoint, loop  # noqa: E402
 from trainer.config import parse_config  # noqa: E402
@@ -121,53 +121,118 @@ def digest(t: torch.Tensor) -> str:
 
 
 @pytest.mark.parametrize("workers", ["0", "1"])
-def test_a_recovered_epoch_is_trained_again_differently(
-    tmp_path: Path, data: Path, workers: str, monkeypatch: pytest.MonkeyPatch
+def test_a_recovered_epoch_changes_what_caused_the_nan(
+    tmp_path: Path, data: Path, workers: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The whole fit loop, its epoch 2 reported broken once: the second attempt starts from the
-    EMA weights of last.pt (ultralytics' recovery), not from the weights that led to the NaN, and
-    draws other augmentation (the RNG is not rewound; loader workers reseed for the attempt) over
-    the same images in the same order. A replay bit for bit would meet a deterministic NaN again,
-    three times, and stop the run."""
+    """The whole fit loop with a GradScaler (on the CPU): the loss of epoch 1's first batch and of
+    epoch 2's second batch made infinite (the scaler skips both steps, halving its scale), and epoch
+    2 reported broken once. The second attempt starts from the EMA weights of last.pt (ultralytics'
+    recovery), not from the weights that led to the NaN, and changes what caused it instead of
+    replaying it three times: half the rate for that epoch (said, and in results.csv), the
+    GradScaler from its initial scale (not last.pt's), the images of the batch whose loss was first
+    non-finite named and left out for the rest of the run, the others in another order."""
     out = tmp_path / "run"
-    inp = inputs(data, out, "--epochs", "3", "--workers", workers, "--close-mosaic", "0")
+    inp = inputs(data, out, "--epochs", "3", "--workers", workers, "--close-mosaic", "0", "--warmup-epochs", "0")
     attempts: list[dict[str, Any]] = []
-    real_epoch, real_pre = loop.train_epoch, loop.preprocess
+    poison = {(0, 0, 0), (1, 0, 1)}  # (epoch, attempt, batch index) whose loss is made infinite
+    armed = [False]
+    real_epoch, real_pre, real_build, real_advance = (
+        loop.train_epoch,
+        loop.preprocess,
+        loop.build_parts,
+        loop.advance_criterion,
+    )
 
     def spy_pre(batch: dict[str, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
-        if not attempts:  # the probe step before training
-            return real_pre(batch, *args, **kwargs)
-        attempts[-1]["files"].extend(Path(f).name for f in batch["im_file"])
-        attempts[-1]["images"].append(digest(batch["img"]))
+        if attempts:  # not the probe step before training
+            now = attempts[-1]
+            armed[0] = (now["epoch"], now["attempt"], len(now["batches"])) in poison
+            now["batches"].append(list(batch["im_file"]))
         return real_pre(batch, *args, **kwargs)
+
+    def with_scaler(*args: Any, **kwargs: Any) -> Any:
+        parts, train_set, val_set = real_build(*args, **kwargs)
+        parts.scaler = torch.amp.GradScaler("cpu")
+        return parts, train_set, val_set
+
+    def poisoned(model: Any, epoch: int) -> None:
+        real_advance(model, epoch)
+        criterion = model.criterion
+        if getattr(criterion, "poisoned", False):
+            return
+        original = type(criterion).__call__
+
+        class Poisoned(type(criterion)):  # type: ignore[misc]
+            poisoned = True
+
+            def __call__(self, preds: Any, batch: Any) -> Any:
+                loss, items = original(self, preds, batch)
+                return (loss * float("inf"), items) if armed[0] else (loss, items)
+
+        criterion.__class__ = Poisoned
 
     def spy_epoch(epoch: int, loader: Any, parts: loop.Parts, inp: loop.Inputs, state: loop.State) -> Any:
         attempt = sum(a["epoch"] == epoch for a in attempts)
+        assert parts.scaler is not None
+        if epoch == 2:  # the recovered epoch's checkpoint: what a resume would leave out
+            attempts[-1]["saved_left_out"] = checkpoint.load_for_resume(out / "weights" / "last.pt")["trainer"][
+                "left_out"
+            ]
         attempts.append(
             {
                 "epoch": epoch,
                 "attempt": attempt,
-                "files": [],
-                "images": [],
+                "batches": [],
                 "start": {k: v.clone() for k, v in parts.model.state_dict().items()},
+                "scale": parts.scaler.get_scale(),
+                "rate": parts.optimizer.param_groups[0]["initial_lr"] * parts.lf(epoch),
             }
         )
         means, throughput, health = real_epoch(epoch, loader, parts, inp, state)
+        attempts[-1]["lr"] = parts.optimizer.param_groups[0]["lr"]
         if epoch == 1 and attempt == 0:
-            attempts[-1]["last"] = checkpoint.load_for_resume(out / "weights" / "last.pt")["trainer"]
+            attempts[-1]["last"] = checkpoint.load_for_resume(out / "weights" / "last.pt")
             health = replace(health, finite=False)
         return means, throughput, health
 
     monkeypatch.setattr(loop, "preprocess", spy_pre)
     monkeypatch.setattr(loop, "train_epoch", spy_epoch)
+    monkeypatch.setattr(loop, "build_parts", with_scaler)
+    monkeypatch.setattr(loop, "advance_criterion", poisoned)
     loop.fit(inp)
+    said = capsys.readouterr().out.splitlines()
     assert [(a["epoch"], a["attempt"]) for a in attempts] == [(0, 0), (1, 0), (1, 1), (2, 0)]
-    first, second = attempts[1], attempts[2]
-    assert first["files"] == second["files"]  # the same images in the same order (the sampler's epoch)
-    assert first["images"] != second["images"], "the second attempt replayed the first one's augmentation"
-    saved = first["last"]
-    assert all(torch.equal(second["start"][k], v) for k, v in saved["ema"].items())  # the EMA's weights
+    first, second, after = attempts[1], attempts[2], attempts[3]
+    # from last.pt's EMA weights
+    saved = first["last"]["trainer"]
+    assert all(torch.equal(second["start"][k], v) for k, v in saved["ema"].items())
     assert any(not torch.equal(saved["model"][k], v) for k, v in saved["ema"].items() if v.is_floating_point())
+    # the batch whose loss was first non-finite: named, and its images left out from then on
+    culprit = first["batches"][1]
+    named = [ln for ln in said if "the first non-finite loss came from" in ln]
+    assert named == [
+        f"[rank 0] warning: epoch 2: the first non-finite loss came from rank 0 batch 2, images {', '.join(culprit)}: "
+        "left out of training from now on; check their labels (boxes outside the image, degenerate boxes, empty "
+        "files)"
+    ], said
+    trained = [f for b in first["batches"] for f in b]
+    kept = [f for f in trained if f not in culprit]
+    again = [f for b in second["batches"] for f in b]
+    assert sorted(again) == sorted(kept) and again != kept  # another order of the images left in
+    assert not set(culprit) & {f for b in after["batches"] for f in b}  # for the rest of the run
+    # the GradScaler starts over: not the scale last.pt saved (halved by epoch 1's skipped step)
+    assert first["last"]["scaler"]["scale"] == 2.0**15 and second["scale"] == 2.0**16
+    recovered = [ln for ln in said if "recovering from" in ln]
+    assert len(recovered) == 1 and recovered[0].endswith(
+        "training epoch 2 again, attempt 1/3: lr x0.5 for this epoch, another image order, GradScaler reset to "
+        "65536, 2 image(s) left out (above)"
+    ), recovered
+    # half the rate for that epoch, in results.csv too; the next epoch at its own rate
+    assert second["lr"] == pytest.approx(0.5 * second["rate"]) and after["lr"] == pytest.approx(after["rate"])
+    rows = read_results(out)
+    assert rows[1]["lr/pg0"] == pytest.approx(0.5 * second["rate"], rel=1e-5) and rows[1]["steps/recoveries"] == 1
+    assert rows[2]["lr/pg0"] == pytest.approx(after["rate"], rel=1e-5) and rows[2]["steps/recoveries"] == 0
+    assert second["saved_left_out"] == sorted(culprit)
 
 
 def mid_run_checkpoint(tmp_path: Path, data: Path, *argv: str) -> tuple[Path, loop.Parts, loop.Inputs]:
@@ -177,6 +242,7 @@ def mid_run_checkpoint(tmp_path: Path, data: Path, *argv: str) -> tuple[Path, lo
     parts, train_set, _ = loop.build_parts(inp, 2)
     state = loop.State()
     loop.train_epoch(0, loop.make_loader(train_set, 2, inp, None), parts, inp, state)
+    state.left_out = {train_set.im_files[0]}  # as NaN recovery leaves images out
     loop.end_epoch(0, None, {"box_loss": 1.0}, [[4, 0.1, 1.0]], parts, inp, state, out, None, 0.0)
     return out / "weights" / "last.pt", parts, inp
 
@@ -218,7 +284,7 @@ def test_the_trainers_own_resume_is_still_exact(tmp_path: Path, data: Path) -> N
     assert ckpt["train_args"]["save_dir"] == str(last.parent.parent.resolve())
     fresh, _, _ = loop.build_parts(inp, 2)
     state = loop.restore(checkpoint.load_for_resume(last), fresh, Topology())
-    assert state.epoch == 1
+    assert state.epoch == 1 and len(state.left_out) == 1  # the images NaN recovery left out stay out
     for mine, theirs in ((parts.model, fresh.model), (parts.ema.ema, fresh.ema.ema)):
         assert all(torch.equal(a, b) for a, b in zip(mine.state_dict().values(), theirs.state_dict().values()))
     saved, loaded = parts.optimizer.state_dict(), fresh.optimizer.state_dict()

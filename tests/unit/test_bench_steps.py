@@ -221,3 +221,27 @@ def test_write_outputs_writes_json_table_and_each_logs_tail(tmp_path: Path) -> N
         ]
         data = tar.extractfile("logs/trainer/01-trainer-fp16.log").read()  # type: ignore[union-attr]
     assert data.startswith(b"[... cut") and data.endswith(b"b" * LOG_TAIL) and b"X" not in data
+
+
+def test_what_a_command_left_running_in_a_session_of_its_own_is_stopped_and_named(tmp_path: Path) -> None:
+    """A node agent's child runs in a session of its own, out of reach of the process group the
+    script stops (orch up's preflight probe, when orch up is stopped during its preflight): the
+    script finds it by its scratch directory in the environment, stops it, and says so."""
+    import os
+    import subprocess
+
+    from bench.steps import stop_strays, strays
+
+    marker = str(tmp_path / "work")
+    child = subprocess.Popen(
+        ["sleep", "300"], env={**os.environ, "ORCH_HOME": f"{marker}/home"}, start_new_session=True
+    )
+    try:
+        assert strays(marker) == [child.pid]
+        assert stop_strays(marker, grace_s=10) == ["sleep 300"]
+        assert child.wait(timeout=30) == -15  # SIGTERM was enough
+        assert strays(marker) == [] and stop_strays(marker) == []
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()

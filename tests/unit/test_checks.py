@@ -645,8 +645,9 @@ def test_the_job_check_runs_on_the_master_as_its_first_rank_and_never_carries_en
     asked = {n.name: jobcheck.request(inv, n, "20261130-093205-t") for n in inv.nodes}
     assert [n for n, req in asked.items() if req] == ["n1"]
     req = asked["n1"]
-    assert req is not None and req["argv"][:4] == ["/opt/py/bin/python", "-m", "trainer", "--check"]
-    assert req["argv"][4:] == list(inv.job.args) and req["cwd"] == "/srv/job"
+    assert req is not None and req["inner"][:3] == ["-m", "trainer", "--check"]
+    assert req["inner"][3:] == list(inv.job.args) and req["cwd"] == "/srv/job"
+    assert probe_args(inv, inv.nodes[0], ["job"], "tok", 4)["job_python"] == ["/opt/py/bin/python"]  # runs it
     assert {k: req["env"][k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "ORCH_RUN_ID")} == {
         "RANK": "0",
         "LOCAL_RANK": "0",
@@ -760,6 +761,61 @@ def test_ports_taken_on_master_and_unreachable_from_one_node() -> None:
     p = by(checks.check_ports(inv, facts), "ports")
     assert p["n3"].status == "fail" and "cannot connect to the master at 10.0.0.1:29500" in p["n3"].detail
     assert {p[n].status for n in ("n1", "n2", "n4")} == {"ok"}
+
+
+def resolves(*addrs: str, error: str | None = None) -> Any:
+    return lambda raw, nf: raw.update(master_addr={"addr": "n1", "addrs": list(addrs), "error": error})
+
+
+def test_the_masters_address_resolving_to_loopback_on_a_node_of_separate_machines_fails_there() -> None:
+    """Debian's `127.0.1.1 <hostname>` line on the master: its own name is loopback there, so the
+    store, Gloo and NCCL of rank 0 listen where no other node can reach them, while the others'
+    connect test passes (they resolve the real address)."""
+    inv = inventory()
+    edits = {"n1": resolves("127.0.1.1"), **{n: resolves("10.0.0.1") for n in ("n2", "n3", "n4")}}
+    p = by(checks.check_ports(inv, make_facts(inv, edits)), "ports")
+    assert p["n1"].status == "fail" and "resolves to 127.0.1.1 on this node: loopback (127.0.1.1)" in p["n1"].detail
+    assert "127.0.1.1 n1" in p["n1"].hint
+    assert {p[n].status for n in ("n2", "n3", "n4")} == {"ok"}
+    edits["n3"] = resolves(error="gaierror: [Errno -2] Name or service not known")
+    p = by(checks.check_ports(inv, make_facts(inv, edits)), "ports")
+    assert p["n3"].status == "fail" and "does not resolve on this node: gaierror" in p["n3"].detail
+
+
+def test_loopback_is_the_masters_address_where_every_node_is_one_machine() -> None:
+    inv = inventory()
+    one = [{"name": "lo", "up": True, "ipv4": ["127.0.0.1"]}, {"name": "eth0", "up": True, "ipv4": ["10.9.9.9"]}]
+
+    def same(raw: dict[str, Any], nf: NodeFacts) -> None:
+        resolves("127.0.0.1")(raw, nf)
+        raw["ifaces"] = one
+
+    p = by(checks.check_ports(inv, make_facts(inv, {n: same for n in NODES})), "ports")
+    assert {r.status for r in p.values()} == {"ok"} and "resolves to 127.0.0.1" in p["n2"].detail
+
+
+def test_one_machine_is_known_by_its_network_stack_not_by_interfaces_that_came_and_went_between_probes() -> None:
+    """Four nodes of one machine probed a few ms apart while a container or a netns bed added a veth
+    in between: their interface lists differ, their network stack (the boot's id and the network
+    namespace) does not, so loopback is still every node's; separate stacks are separate machines
+    whatever their interfaces say."""
+    inv = inventory()
+
+    def seen(stack: str, extra: list[dict[str, Any]]) -> Any:
+        def edit(raw: dict[str, Any], nf: NodeFacts) -> None:
+            resolves("127.0.0.1")(raw, nf)
+            raw["ifaces"] = [{"name": "lo", "up": True, "ipv4": ["127.0.0.1"]}, *extra]
+            raw["net_stack"] = stack
+
+        return edit
+
+    veth = [{"name": "veth9", "up": True, "ipv4": []}]
+    edits = {n: seen("b00t net:[4026531840]", veth if n == "n3" else []) for n in NODES}
+    p = by(checks.check_ports(inv, make_facts(inv, edits)), "ports")
+    assert {r.status for r in p.values()} == {"ok"}, {n: r.detail for n, r in p.items()}
+    edits["n2"] = seen("b00t net:[4026532999]", [])  # another namespace: a machine of its own
+    p = by(checks.check_ports(inv, make_facts(inv, edits)), "ports")
+    assert p["n2"].status == "fail" and "loopback" in p["n2"].detail
 
 
 CONTAINER = "  container: {runtime: podman, image: img:1}\n"

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.config import container, inventory
+from orchestrator.config import inventory
 from orchestrator.config.container import Pins
+from orchestrator.config.jobenv import Sweep, job_env
 from orchestrator.config.plan import job_command, job_python, job_stop, make_plan
 from orchestrator.errors import InventoryError
 
@@ -41,6 +42,8 @@ def golden_docker(node: str, rank: int) -> list[str]:
         "run",
         "--rm",
         "--init",
+        "--pull",  # pull: never, as the runtime reads it (issue 54.5)
+        "never",
         "--name",
         f"orch-r1-{node}-abcd1234",
         "--label",
@@ -112,11 +115,19 @@ def golden_docker(node: str, rank: int) -> list[str]:
         "80",
         "--batch",
         "64",
+        "--sync-bn",  # 2 images per GPU: BatchNorm over the whole batch, as the guide trains it
         "--imgsz",
         "640",
         "--project",
         "/ckpt/yoloe",
     ]
+
+
+def test_the_official_image_inventory_warns_of_nothing() -> None:
+    """Its own dry run warned of BatchNorm over 2 images per rank (issue 54.10): it carries `sync-bn`."""
+    from orchestrator.config.plan import job_warnings
+
+    assert job_warnings(inventory.load(YOLOE), 32) == ()
 
 
 def test_the_official_image_inventory_is_golden() -> None:
@@ -168,7 +179,7 @@ def test_podman_gets_the_gpus_by_cdi_and_ipc_host_and_the_nodes_home_for_a_tilde
     inv = podman_inv()
     a = inv.nodes[0]
     argv = job_command(inv, a, ["-c", "pass"], run_id="r:1", nonce="n0", env=["X"])
-    assert argv[:6] == ["podman", "run", "--rm", "--init", "--name", "orch-r-1-a-n0"]  # ':' is no name character
+    assert argv[:8] == ["podman", "run", "--rm", "--init", "--pull", "never", "--name", "orch-r-1-a-n0"]  # no ":"
     assert argv[argv.index("--network") : argv.index("--network") + 4] == ["--network", "host", "--ipc", "host"]
     assert "--device" in argv and argv[argv.index("--device") + 1] == "nvidia.com/gpu=0"
     assert argv[argv.index("nvidia.com/gpu=0") + 1 : argv.index("nvidia.com/gpu=0") + 3] == [
@@ -209,7 +220,10 @@ def test_users_root_and_uid_gid() -> None:
     assert "HOME=/tmp/orch-home" in argv and "/tmp/orch-home:rw,mode=1777" in argv
     # that uid cannot enter the SSH user's private run directory: torchrun's own logs stay in the container
     assert "--log-dir=/tmp/orch-home/torchrun" in make_plan(other, "r1").nodes[0].argv
-    assert "--log-dir={ORCH_RUN_DIR}/torchrun" in make_plan(root, "r1").nodes[0].argv
+    # root's folders there would be root's, 0700: the SSH account could not remove its own run (issue 54.7)
+    assert "--log-dir=/tmp/orch-torchrun" in make_plan(root, "r1").nodes[0].argv
+    host = podman_inv("    user: host\n")
+    assert "--log-dir={ORCH_RUN_DIR}/torchrun" in make_plan(host, "r1").nodes[0].argv
 
 
 def test_apptainer_binds_and_selects_gpus_through_its_environment() -> None:
@@ -240,6 +254,28 @@ def test_apptainer_binds_and_selects_gpus_through_its_environment() -> None:
     assert job_python(inv, p.node) == "/py"
 
 
+def test_pull_never_is_the_runtimes_and_memlock_is_asked_only_for_rdma() -> None:
+    """`pull: never` reaches docker and podman as `--pull never` (without it a node that lacks the
+    image pulls a same-named one, issue 54.5); `--ulimit` only where checks.rdma.devices asks for
+    pinned memory (any `--ulimit` fails every start on a node without CAP_SYS_RESOURCE, issue 53.9)."""
+    for runtime in ("docker", "podman"):
+        inv = inventory.parse(f"nodes:\n  - host: a\njob: {{container: {{runtime: {runtime}, image: i}}}}\n", "t")
+        argv = job_command(inv, inv.nodes[0], [], run_id="r", role="probe")
+        assert argv[2:6] == ["--rm", "--init", "--pull", "never"] and "--ulimit" not in argv, argv
+        pulls = inventory.parse(
+            f"nodes:\n  - host: a\njob: {{container: {{runtime: {runtime}, image: i, pull: missing}}}}\n", "t"
+        )
+        assert "--pull" not in job_command(pulls, pulls.nodes[0], [])
+        rdma = inventory.parse(
+            f"nodes:\n  - host: a\nchecks: {{rdma: {{devices: [mlx5_0]}}}}\n"
+            f"job: {{container: {{runtime: {runtime}, image: i}}}}\n",
+            "t",
+        )
+        assert "memlock=-1" in job_command(rdma, rdma.nodes[0], [])
+    sif = inventory.parse("nodes:\n  - host: a\njob: {container: {runtime: apptainer, image: /i.sif}}\n", "t")
+    assert "--pull" not in job_command(sif, sif.nodes[0], [])
+
+
 def test_a_cpu_node_gets_no_gpu_flags_and_the_fabric_and_check_containers_have_names_of_their_own() -> None:
     inv = inventory.parse("nodes:\n  - host: a\njob: {container: {runtime: docker, image: i}}\n", "t.yaml")
     a = inv.nodes[0]
@@ -250,17 +286,35 @@ def test_a_cpu_node_gets_no_gpu_flags_and_the_fabric_and_check_containers_have_n
 
 
 def test_sweep_and_leftover_listings_go_by_label() -> None:
-    c = container.Container(runtime="podman", image="i")
-    assert container.sweep_argv(c, "n0", "a") == [
-        "podman",
-        "ps",
-        "-aq",
-        "--filter",
-        "label=orch.nonce=n0",
-        "--filter",
-        "label=orch.node=a",
-    ]
-    assert container.leftovers_argv(c, "lab")[:5] == ["podman", "ps", "-a", "--filter", "label=orch.cluster=lab"]
+    inv = podman_inv()
+    env = job_env(inv, inv.nodes[0], run_id="r1", nonce="n0")
+    assert env.sweep() == Sweep(
+        ("podman", "ps", "-aq", "--no-trunc", "--filter", "label=orch.nonce=n0", "--filter", "label=orch.node=a"),
+        ("podman", "rm", "-f"),
+    )
+    assert env.leftovers()[:5] == ["podman", "ps", "-a", "--filter", "label=orch.cluster=t"]
+    # issue 54.3: podman 4.3 knows no `.Label` (every node failed exactly when a leftover was there)
+    assert env.leftovers()[-1] == '{{.ID}}\t{{.Names}}\t{{index .Labels "orch.run"}}\t{{.State}}'
+    docker = inventory.parse("nodes:\n  - host: a\njob: {container: {runtime: docker, image: i}}\n", "t.yaml")
+    assert job_env(docker, docker.nodes[0]).leftovers()[-1] == '{{.ID}}\t{{.Names}}\t{{.Label "orch.run"}}\t{{.State}}'
+    assert job_env(inv, inv.nodes[0], run_id="r1").sweep() is None  # a dry run: no nonce, nothing to find
+    sif = inventory.parse("nodes:\n  - host: a\njob: {container: {runtime: apptainer, image: /i.sif}}\n", "t")
+    assert job_env(sif, sif.nodes[0], run_id="r1", nonce="n0").sweep() is None  # nothing outlives the job
+
+
+def test_plan_json_records_the_environment_as_data() -> None:
+    """The runtime, the image as named, the image ID the launch ran (the report reads it) and the
+    job's python, per node; a bare run's runtime is null."""
+    inv = podman_inv()
+    plan = make_plan(inv, "r1", nonce="n0", pins=Pins(image_id="0123abcd"))
+    assert plan.to_json()["nodes"][0]["environment"] == {  # type: ignore[index]
+        "runtime": "podman",
+        "image": "img:1",
+        "image_id": "0123abcd",
+        "python": "python3",
+    }
+    bare = inventory.load(REPO / "inventory" / "v100.yaml")
+    assert make_plan(bare, "r1").to_json()["nodes"][0]["environment"]["runtime"] is None  # type: ignore[index]
 
 
 BAD = [
@@ -290,6 +344,21 @@ BAD = [
     ("    runtime: docker\n    options: [-u, '0']\n", 7, "job.container.options[0]", "job.container.user instead"),
     ("    runtime: docker\n    options: [-e, TOKEN=x]\n", 7, "job.container.options[0]", "never go on a command line"),
     ("    runtime: docker\n    options: [--label=orch.run=x]\n", 7, "job.container.options[0]", "orch.* labels"),
+    # issue 53.4: what the runtime reads, not how it is spelt (short clusters, `=` forms, Go's booleans)
+    ("    runtime: docker\n    options: ['-d=true']\n", 7, "job.container.options[0]", "in the foreground"),
+    ("    runtime: podman\n    options: [-itd]\n", 7, "job.container.options[0]", "in the foreground"),
+    ("    runtime: docker\n    options: ['--rm=False']\n", 7, "job.container.options[0]", "must be removed"),
+    ("    runtime: podman\n    options: ['--rm=0']\n", 7, "job.container.options[0]", "must be removed"),
+    ("    runtime: docker\n    options: [-u0]\n", 7, "job.container.options[0]", "job.container.user instead"),
+    ("    runtime: docker\n    options: [--init, -ie, A=B]\n", 7, "job.container.options[1]", "never go on a"),
+    ("    runtime: podman\n    options: [-l, orch.run=x]\n", 7, "job.container.options[0]", "orch.* labels"),
+    ("    runtime: docker\n    options: [--label-file=/l]\n", 7, "job.container.options[0]", "give labels with"),
+    ("    runtime: docker\n    options: [--shm-size, 1g, -w/x]\n", 7, "job.container.options[2]", "workdir instead"),
+    ("    runtime: docker\n    options: [--some-new-flag, -d]\n", 7, "job.container.options[1]", "foreground"),
+    ("    runtime: docker\n    options: [other-image]\n", 7, "job.container.options[0]", "is not a flag"),
+    ("    runtime: docker\n    options: [-Z]\n", 7, "job.container.options[0]", "-Z is no one-letter flag"),
+    ("    runtime: docker\n    mounts: ['--privileged']\n", 7, "job.container.mounts[0]", "starts with '-'"),
+    ("    runtime: apptainer\n    options: [-e]\n", 7, "job.container.options[0]", "which it drops"),
     ("    runtime: docker\n    user: toor\n", 7, "job.container.user", "(did you mean 'root'?)"),
     ("    runtime: apptainer\n    user: root\n", 7, "job.container.user", "apptainer runs the job as the SSH user"),
     ("    runtime: docker\n    workdir: root/yoloe\n", 7, "job.container.workdir", "must be an absolute path"),
@@ -312,6 +381,38 @@ def test_a_container_setting_orch_cannot_honour_is_refused_with_its_line_and_key
     assert f"t.yaml:{line}: [{key}]" in message and text in message, message
 
 
+def test_an_image_named_like_a_flag_is_refused() -> None:
+    """An image `--privileged` would be read by the runtime as a flag (and the python as the image)."""
+    with pytest.raises(InventoryError) as info:
+        inventory.parse("nodes:\n  - host: a\njob:\n  container:\n    runtime: docker\n    image: --privileged\n", "t")
+    assert "t:6: [job.container.image]" in str(info.value) and "starts with '-'" in str(info.value)
+
+
+def test_options_are_read_with_the_runtimes_grammar() -> None:
+    """One-letter clusters, `=` forms and Go's booleans, as docker and podman read them; apptainer's
+    own letters (its -e is --cleanenv, its -w --writable)."""
+    from orchestrator.config.container import read_options
+
+    def names(runtime: str, *options: str) -> list[tuple[str, str | None]]:
+        found, bad = read_options(runtime, options)
+        assert bad == []
+        return [(o.name, o.value) for o in found]
+
+    assert names("docker", "-itd") == [("--interactive", "true"), ("--tty", "true"), ("--detach", "true")]
+    assert names("docker", "-d=false", "--rm=F") == [("--detach", "false"), ("--rm", "false")]
+    assert names("podman", "-u0", "-eA=B") == [("--user", "0"), ("--env", "A=B")]
+    assert names("podman", "--shm-size", "8g", "--privileged", "--memory-swap", "-1") == [
+        ("--shm-size", "8g"),
+        ("--privileged", "true"),
+        ("--memory-swap", "-1"),
+    ]
+    assert names("apptainer", "-ew", "-B", "/a:/b") == [
+        ("--cleanenv", "true"),
+        ("--writable", "true"),
+        ("--bind", "/a:/b"),
+    ]
+
+
 def test_options_that_do_not_contradict_pass_and_gpu_flags_are_the_users_without_gpus() -> None:
     inv = inventory.parse(
         "nodes:\n  - host: a\njob: {container: {runtime: docker, image: i, "
@@ -329,7 +430,7 @@ def test_dry_run_shows_the_whole_container_line(capsys: pytest.CaptureFixture[st
     assert info.value.code == 0
     plan = json.loads(capsys.readouterr().out)
     line = shlex.join(plan["nodes"][1]["argv"])
-    assert line.startswith("docker run --rm --init --name orch-") and "--network host" in line
+    assert line.startswith("docker run --rm --init --pull never --name orch-") and "--network host" in line
     assert "--gpus '\"device=0,1,2,3,4,5,6,7\"'" in line and " --shm-size=32g yoloe-official:latest " in line
     assert plan["nodes"][1]["stop_hook"][:3] == ["docker", "rm", "-f"]
 
@@ -337,7 +438,8 @@ def test_dry_run_shows_the_whole_container_line(capsys: pytest.CaptureFixture[st
 def test_the_preflight_pins_each_nodes_chosen_gpus_by_uuid() -> None:
     """nvidia-smi's index → UUID on each node (the probe's query), for the GPUs the launch gives the
     container: the first nproc_per_node, or what CUDA_VISIBLE_DEVICES in env: selects."""
-    from orchestrator.preflight.facts import NodeFacts, container_pins
+    from orchestrator.preflight.facts import NodeFacts
+    from orchestrator.preflight.runner import container_pins
 
     inv = inventory.parse(
         "nodes:\n  - host: a\n    gpus: 4\n    nproc_per_node: 2\n"

@@ -8,9 +8,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from orchestrator.config import container
+from orchestrator.config import runtimes
 from orchestrator.preflight import checks
-from orchestrator.preflight.facts import container_pins, held_image, probe_args
+from orchestrator.preflight.facts import probe_args
+from orchestrator.preflight.runner import container_pins
 from tests.unit.test_checks import NODES, _fixture_gpus, by, inventory, make_facts
 
 IMG_A = "d9ff8d5725a6979dcf9fb3905a3d811e3881439e340b86201673e39e55efeba6"
@@ -49,7 +50,7 @@ def test_the_probe_is_asked_for_the_image_with_its_id_and_environment() -> None:
         "{{.Id}}\t{{json .Config.Env}}",
         "yoloe:latest",
     ]
-    assert container.image_argv(container.Container("apptainer", "/i/y.sif")) == ["sha256sum", "/i/y.sif"]
+    assert runtimes.runtime("apptainer").inspect_argv("/i/y.sif") == ["sha256sum", "/i/y.sif"]
     assert probe_args(inventory(), inv.nodes[0], ["container"], "tok", 4)["container_image"] is None
 
 
@@ -101,9 +102,30 @@ def test_a_runtime_that_does_not_answer_is_not_a_missing_image() -> None:
     inv = inventory(CONTAINER)
     gone = {"rc": None, "out": "", "err": "podman: not found in PATH"}
     facts = facts_with(inv, {**dict.fromkeys(NODES, held(IMG_A)), "n4": gone})
-    assert held_image(facts["n4"]).error == "podman: not found in PATH"
+    assert facts["n4"].image(runtimes.runtime("podman")).error == "podman: not found in PATH"
     c = by(checks.check_container(inv, facts), "container")
     assert c["n4"].status == "fail" and "could not ask podman for yoloe:latest" in c["n4"].detail
+
+
+HOSTILE = "\x1b]0;owned\x07\x1b[2J\x9b31m\u202e"
+"""A node's answer in the ID's place: OSC title, BEL, clear screen, a C1 CSI, a bidi override."""
+
+
+def test_an_answer_that_is_no_image_id_fails_its_node_and_is_never_pinned() -> None:
+    """What a node's runtime printed for the image is the launch's image word once pinned: an answer
+    that is not an ID (escapes, a login banner) fails that node's row, and nothing is pinned, even
+    when every node printed the same."""
+    inv = inventory(CONTAINER)
+    facts = facts_with(inv, {**dict.fromkeys(NODES, held(IMG_A)), "n2": held(HOSTILE + IMG_A[20:])})
+    c = by(checks.check_container(inv, facts), "container")
+    assert c["n2"].status == "fail" and "podman answered \x1b]0;owned" in c["n2"].detail, c["n2"]
+    assert "not an image ID (64 hex digits)" in c["n2"].detail and "login script" in c["n2"].hint
+    assert {c[n].status for n in ("n1", "n3", "n4")} == {"ok"}
+    assert container_pins(inv, facts).image_id is None
+    for answer in (HOSTILE + IMG_A[20:], "Welcome", IMG_A[:12]):
+        same = facts_with(inv, dict.fromkeys(NODES, held(answer)))
+        assert container_pins(inv, same).image_id is None, answer
+        assert {r.status for r in by(checks.check_container(inv, same), "container").values()} == {"fail"}
 
 
 def test_the_image_cuda_against_the_node_driver() -> None:
@@ -244,19 +266,28 @@ def test_the_container_check_alone_looks_inside_as_the_jobs_user() -> None:
     inv = inventory("    project: /srv/runs\n" + CONTAINER)
     args = probe_args(inv, inv.nodes[0], ["container"], "tok", 4)
     assert args["outputs_inside"] is True
-    assert args["paths"] == {"project": "/srv/runs"} and args["outputs"] == ["project"]
+    assert args["in_container"]["project"] == "/srv/runs" and args["outputs"] == ["project"]
+    assert args["paths"] == {}  # nothing judged on the host: that is the job check's
     assert probe_args(inv, inv.nodes[0], ["software"], "tok", 4)["paths"] == {}
 
 
-def test_each_throw_away_container_of_the_probe_has_a_name_of_its_own() -> None:
-    """The probe starts its job containers at once (software, torch, outputs): one name shared by
-    two of them made podman refuse the second ("the container name ... is already in use")."""
-    inv = inventory(CONTAINER)
-    args = probe_args(inv, inv.nodes[0], ["container", "job", "software"], "tok", 4)
-    names = [argv[argv.index("--name") + 1] for argv in args["job_argv"].values()]
-    assert set(args["job_argv"]) == {"software", "torch_cuda", "outputs"} and len(set(names)) == len(names)
-    assert args["outputs_inside"] is True
-    assert probe_args(inventory(), inv.nodes[0], ["container", "job"], "tok", 4)["outputs_inside"] is False
+def test_the_probe_starts_one_container_of_the_image_per_node_for_every_question_inside() -> None:
+    """The software and torch facts, the output folders seen inside and the job's own check are
+    answered by one run of the job's container (`in_image`, named `...-probe`), where there were a
+    container for each (four on a GPU master): its env names include the check's, which only the
+    check sees inside."""
+    inv = inventory(CONTAINER, gpus=True)
+    master = inv.nodes[0]
+    args = probe_args(inv, master, ["container", "job", "software", "gpus"], "tok", 4)
+    argv = args["job_python"]
+    assert args["in_image"] is True and argv[:2] == ["podman", "run"] and argv[-1] == "python3"
+    assert argv[argv.index("--name") + 1].endswith("-probe")
+    assert "RANK" in args["job_check"]["env"] and "RANK" in argv and "job_python" not in args["job_check"]
+    assert args["job_check"]["inner"][:3] == ["-m", "trainer", "--check"]
+    assert args["torch_cuda"] and args["software"] and args["outputs_inside"]
+    bare = probe_args(inventory(), master, ["container", "job"], "tok", 4)
+    assert bare["outputs_inside"] is False and bare["in_image"] is False
+    assert bare["job_python"] == ["/opt/py/bin/python"]  # the host's: the job's check runs it
 
 
 def test_rdma_inside_the_container_needs_unlimited_memlock_and_the_devices() -> None:
@@ -279,3 +310,67 @@ def test_rdma_inside_the_container_needs_unlimited_memlock_and_the_devices() -> 
     assert r.status == "fail" and "no /dev/infiniband inside the container" in r.detail
     assert row(-1, ["uverbs0", "rdma_cm"]).status == "ok"
     assert row(8 << 20, [], rdma=False).status == "ok"
+
+
+def test_a_missing_image_skips_the_rows_that_need_it_with_one_line() -> None:
+    """Issue 54.6: the image missing on n1 (the master, where the trainer's check runs) under
+    `pull: never`. Before, three rows: `software` compared the host's python with the image's and
+    said "install identical versions everywhere", `job` said "pip install -e '.[trainer]'". Now the
+    container row says what to do, and each row that needed the image is `skip`, in one line."""
+    inv = inventory(CONTAINER)
+    said = "Error: localhost/yoloe:latest: image not known"
+    facts = facts_with(inv, {**dict.fromkeys(NODES, held(IMG_A)), "n1": MISSING})
+    # what the probe brought back before it knew not to start a container of a missing image
+    facts["n1"].raw["software"] = {"python": "3.11.2", "error": f"could not look inside the container: {said}"}
+    facts["n1"].raw["job_check"] = {"kind": "trainer", "rc": 125, "out": "", "err": said, "seconds": 0.1}
+    results = checks.run_checks(inv, facts, ["software", "job", "container"])
+    rows = {(r.check, r.node): r for r in results}
+    assert rows["container", "n1"].status == "fail" and "orch image push" in rows["container", "n1"].hint
+    for check in ("software", "job"):
+        row = rows[check, "n1"]
+        assert row.status == "skip", row
+        assert "yoloe:latest is not here, so no container of the job's image ran on this node" in row.detail, row
+        assert "pip install" not in row.hint and "identical versions" not in row.hint, row
+    assert {rows["software", n].status for n in ("n2", "n3", "n4")} == {"ok"}  # n1 is no odd one out
+
+
+def test_the_probe_starts_no_container_of_an_image_the_node_lacks() -> None:
+    """The image is asked first wherever anything runs in it (not only with the container check);
+    under `pull: never` a failed `inspect` keeps the probe from starting a container of it."""
+    from orchestrator.node import probe
+
+    inv = inventory(CONTAINER)
+    args = probe_args(inv, inv.nodes[0], ["software"], "tok", 4)
+    assert args["container_image"][:3] == ["podman", "image", "inspect"] and args["image_required"] is True
+    pulls = inventory("  container: {runtime: podman, image: 'yoloe:latest', pull: missing}\n")
+    assert probe_args(pulls, pulls.nodes[0], ["software"], "tok", 4)["image_required"] is False
+    assert probe.image_gone(args, {"container_image": MISSING})
+    assert not probe.image_gone(args, {"container_image": held(IMG_A)})
+    assert not probe.image_gone({**args, "image_required": False}, {"container_image": MISSING})
+
+
+def test_a_start_the_node_refuses_is_named_with_its_fix() -> None:
+    """Issue 53.9: a node that grants no CAP_SYS_RESOURCE refuses any `--ulimit` past its own limits,
+    and Debian's podman without catatonit any `--init`: the container row names the runtime's words
+    and the fix (with RDMA, that orch asked for the memlock); the software row is one line."""
+    rlimit = (
+        "Error: runc: runc create failed: error setting rlimit type 8: operation not permitted: OCI permission denied"
+    )
+    init = "Error: container-init binary not found on the host: stat /usr/libexec/podman/catatonit: no such file"
+    for inv in (inventory(CONTAINER), inventory(CONTAINER, rdma=True)):
+        facts = facts_with(inv, dict.fromkeys(NODES, held(IMG_A)))
+        facts["n1"].raw["container_start"] = {"rc": 126, "out": "", "err": rlimit + "\n"}
+        facts["n2"].raw["container_start"] = {"rc": 125, "out": "", "err": init + "\n"}
+        facts["n3"].raw["container_start"] = {"rc": 125, "out": "", "err": "Error: something else\n"}
+        rows = {(r.check, r.node): r for r in checks.run_checks(inv, facts, ["software", "container"])}
+        one = rows["container", "n1"]
+        assert one.status == "fail" and f"podman cannot start the job's container on this node: {rlimit}" in one.detail
+        assert "no CAP_SYS_RESOURCE" in one.hint and "default_ulimits = []" in one.hint, one
+        assert ("checks.rdma.devices is set" in one.hint) == bool(inv.checks.rdma_devices), one
+        two = rows["container", "n2"]
+        assert init in two.detail and "install catatonit" in two.hint and 'init_path = "/usr/bin/tini"' in two.hint
+        three = rows["container", "n3"]
+        assert "podman could not start the job's container: Error: something else" in three.detail, three
+        assert {rows["software", n].status for n in ("n1", "n2", "n3")} == {"skip"}
+        assert "the job's container did not start on this node" in rows["software", "n1"].detail
+        assert rows["container", "n4"].status == "ok" and rows["software", "n4"].status == "ok"

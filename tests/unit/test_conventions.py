@@ -582,6 +582,60 @@ def test_orch_runs_lists_a_run_whose_record_is_broken_instead_of_failing(orch_ho
     assert runs["20261201-200000-v100"].state == "unknown" and len(runs) == 5
 
 
+LEASE = (
+    "the controller (orch up) was not heard from for 31 s (lease 30 s): a cut link or a dead controller; "
+    "the job was stopped"
+)
+
+
+def test_a_run_its_nodes_stopped_on_their_own_has_their_reason_and_a_wall_time(orch_home: Path) -> None:
+    """Issue 54.8, the pure part: a stopped run whose nodes said why (their agents' lease ran out
+    after the controller was killed: no `wall_s`, no reason recorded by `orch up`). The status
+    report names the first node's reason by node rank (and each node's own), `orch runs` the wall
+    time from the run's creation to its last node's end and the reason; the report counts the same
+    wall time. A run stopped without a word (`orch down`) has no reason."""
+    from click.testing import CliRunner
+
+    from orchestrator.cli import cli
+    from orchestrator.contract import NodeState
+    from orchestrator.report import run_wall
+    from orchestrator.run.agents import NodeStatus
+    from orchestrator.run.control import status_report, stopped_reason
+    from orchestrator.run.history import list_runs
+    from orchestrator.store import recorded_nodes
+
+    made = _runs(orch_home)
+    run_id = "20261201-101533-v100"
+    info = made[run_id]
+    created = info["created"]
+    nodes = [dict(n, node_rank=i, state="stopped", finished_at=created + 60.0 + i) for i, n in enumerate(info["nodes"])]
+    from orchestrator.store import RunStore
+
+    run = RunStore().get(run_id)
+    run.update(nodes=nodes, wall_s=None)
+    data = run.read()
+    statuses = {
+        n["node"]: NodeStatus(NodeState.STOPPED, exit_code=1, reason=LEASE.replace("31", str(31 + i)))
+        for i, n in enumerate(reversed(nodes))
+    }
+    records = recorded_nodes(data)
+    assert stopped_reason("stopped", records, statuses) == f"v100-1: {LEASE.replace('31', '34')}"
+    assert stopped_reason("failed", records, statuses) is None
+    assert stopped_reason("stopped", records, {n: NodeStatus(NodeState.STOPPED) for n in statuses}) is None
+    run.update(reason=stopped_reason("stopped", records, statuses))
+    report = status_report(run.read(), statuses)
+    assert report.to_json()["reason"] == f"v100-1: {LEASE.replace('31', '34')}"
+    assert [n["reason"] for n in report.to_json()["nodes"]] == [LEASE.replace("31", str(34 - i)) for i in range(4)]
+    listed = {r.run: r for r in list_runs(None).runs}
+    assert listed[run_id].wall_s == 63.0 and listed[run_id].reason == report.reason
+    assert run_wall(run.read(), now=created + 1e6) == (63.0, False)
+    assert listed["20261201-093000-v100"].reason is None and listed["20261201-093000-v100"].wall_s == 52.4
+    out = json.loads(CliRunner().invoke(cli, ["runs", "--all", "--json"]).stdout)
+    assert {r["run"]: r["reason"] for r in out["runs"]}[run_id] == report.reason
+    table = " ".join(CliRunner().invoke(cli, ["runs"]).output.split())
+    assert "1m03s" in table and "v100-1: the controller (orch up) was not heard from for 34 …" in table, table
+
+
 def test_the_node_log_copys_path_is_spelled_once(tmp_path: Path) -> None:
     """`<run dir>/nodes/<node>.log` (docs/CONTRACT.md) is `RunDir.node_log`: fetch, status, top and
     the report all ask it, so the copies cannot be written in one place and read in another."""

@@ -9,8 +9,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-BUDGETS = {"README.md": 250, "docs/guide.md": 450, "docs/DEVELOPMENT.md": 120, "docs/CONTRACT.md": 500}
-"""Ceilings in lines: the front door, the user guide, the development notes, the contract."""
+BUDGETS = {"README.md": 250, "docs/guide.md": 500, "docs/DEVELOPMENT.md": 160, "docs/CONTRACT.md": 600}
+"""Ceilings in lines: the front door, the user guide (450 before its Slurm section and the chain's
+paragraph), the development notes (140 before the recipes
+of a container runtime and a job environment), the contract (500 before this round's two new
+surfaces, a Slurm allocation and the copy chain, each with guarantees of its own)."""
 SECTION = "## Adding things: the files to touch"
 HEADING = re.compile(r"^\*\*An? (.+?): (\d+) files?\b", re.M)
 PATH = re.compile(r"`((?:[\w.-]+/)+[\w.-]*|[\w-]+\.(?:py|md))`")
@@ -61,7 +64,15 @@ def test_the_guard_counts_and_checks_paths() -> None:
 
 def test_every_addition_names_as_many_files_as_it_counts_and_each_exists() -> None:
     found = additions((REPO / "docs" / "DEVELOPMENT.md").read_text())
-    assert set(found) == {"preflight check", "transport", "CLI command", "trainer flag", "inventory key"}
+    assert set(found) == {
+        "preflight check",
+        "transport",
+        "container runtime",
+        "job environment",
+        "CLI command",
+        "trainer flag",
+        "inventory key",
+    }
     for what, (count, files, named) in found.items():
         assert len(files) == count, f"a {what}: {count} files stated, {len(files)} named: {files}"
         missing = [p for p in named if not exists(p)]

@@ -21,7 +21,6 @@ import yaml
 from orchestrator.cli import main, render
 from orchestrator.errors import TransportError
 from orchestrator.remote.exec import (
-    NO_TIMEOUT,
     TIMED_OUT,
     UNREACHABLE,
     ExecReport,
@@ -73,23 +72,60 @@ def report(*answers: tuple[str, int, str]) -> ExecReport:
 
 
 def test_with_a_timeout_the_node_runs_the_command_under_timeout_1() -> None:
+    """Every value reaches the node's /bin/sh as a positional parameter: the python, the program,
+    the limits and the command are words after the script, never inside it."""
     watcher = tether("python3")
     assert (
-        watcher.startswith("/bin/sh -c 'command -v python3 >/dev/null 2>&1 && { python3 -I -S -c ")
-        and watcher.endswith(' "$PPID" </dev/null >/dev/null 2>&1 & }\'; ')
+        watcher.startswith(
+            '/bin/sh -c \'command -v "$0" >/dev/null 2>&1 && { "$0" -I -S -c "$1" "$PPID" '
+            "</dev/null >/dev/null 2>&1 & }' python3 'import base64,zlib;exec(zlib.decompress(base64.b64decode(\""
+        )
+        and watcher.endswith("\")))'; ")
         and "\n" not in watcher
     )
+    guard = 'command -v "$0" >/dev/null 2>&1 || { echo "orch: $0 is not installed on this node" >&2; exit 127; }; '
     assert timed_line(["sleep", "30"], False, 2) == (
-        f"command -v timeout >/dev/null 2>&1 || {{ echo {shlex.quote(NO_TIMEOUT)} >&2; exit 127; }}; "
-        f"{watcher}exec timeout -k 5 2 sleep 30"
+        f"{watcher}exec /bin/sh -c "
+        + shlex.quote(guard + 'k=$1 t=$2; shift 2; exec "$0" -k "$k" "$t" "$@"')
+        + " timeout 5 2 sleep 30"
     )
-    assert "{ /opt/venv/bin/python -I -S -c " in timed_line(["sleep", "30"], False, 2, "/opt/venv/bin/python")
-    assert timed_line(["sleep", "30"], False, 2, None).endswith("; exec timeout -k 5 2 sleep 30")  # untethered
+    assert " /opt/venv/bin/python 'import base64" in timed_line(["sleep", "30"], False, 2, "/opt/venv/bin/python")
+    assert timed_line(["sleep", "30"], False, 2, None).startswith("exec /bin/sh -c ")  # untethered
     assert command_line(["df -h | grep x"], True, "python3") == watcher + "df -h | grep x"
     assert timed_line(["df -h | grep '/data'"], True, 2.5).endswith(
-        """exec timeout -k 5 2.5 "${SHELL:-/bin/sh}" -c 'df -h | grep '"'"'/data'"'"''"""
+        """-c "$3"' timeout 5 2.5 'df -h | grep '"'"'/data'"'"''"""
     )
-    assert timed_line(["echo", "$HOME", "a b"], False, 1).endswith("exec timeout -k 5 1 echo '$HOME' 'a b'")
+    assert timed_line(["echo", "$HOME", "a b"], False, 1).endswith(" timeout 5 1 echo '$HOME' 'a b'")
+
+
+def test_the_timed_line_runs_under_a_real_sh(tmp_path: Path) -> None:
+    """The positional parameters reach timeout(1) as they are, in both forms; without timeout(1)
+    the one guard names it and exits 127."""
+    argv = subprocess.run(
+        ["/bin/sh", "-c", timed_line(["printf", "%s|", "$HOME", "a b", "'q'"], False, 30, None)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (argv.returncode, argv.stdout) == (0, "$HOME|a b|'q'|")
+    line = subprocess.run(
+        ["/bin/sh", "-c", timed_line(['echo "$0" | tr a-z A-Z; exit 4'], True, 30, None)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "SHELL": "/bin/sh"},
+    )
+    assert (line.returncode, line.stdout) == (4, "/BIN/SH\n")
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    gone = subprocess.run(
+        ["/bin/sh", "-c", timed_line(["true"], True, 30, None)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": str(bare)},
+    )
+    assert (gone.returncode, gone.stderr) == (127, "orch: timeout is not installed on this node\n")
 
 
 def test_timeout_1_stopping_the_command_is_124_with_the_output_so_far() -> None:

@@ -1,42 +1,57 @@
-"""`orch exec --container RUN`: the node command (golden), run by a real /bin/sh against a fake
-runtime on PATH, and the usage it refuses."""
+"""`orch exec --container RUN`: the node program's arguments (golden: every value an argument, the
+node's own labels among them), and the usage it refuses."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.config.container import NO_CONTAINER_EXIT, Container, exec_argv
+from orchestrator.config.container import NO_CONTAINER_EXIT, Container
+from orchestrator.config.inventory import parse
+from orchestrator.config.jobenv import EXEC_GRACE_S, box_exec
+from orchestrator.node import execbox
+from orchestrator.remote.exec import box_line
 
-FIND = (
-    'id=$("$0" ps -q --filter label=orch.run=r1 --filter label=orch.nonce=abc); [ -n "$id" ] || '
-    '{ echo "orch: no running container of run r1 on this node" >&2; exit 125; }; exec "$0" exec "$id" "$@"'
-)
-
-
-def test_exec_argv_golden() -> None:
-    c = Container("podman", "img")
-    assert exec_argv(c, "r1", "abc", ["nvidia-smi", "-L"]) == ["/bin/sh", "-c", FIND, "podman", "nvidia-smi", "-L"]
-    assert exec_argv(c, "r1", "abc", ["echo $X | wc"]) == ["/bin/sh", "-c", FIND, "podman", "sh", "-c", "echo $X | wc"]
+FILTERS = ["label=orch.run=r1", "label=orch.node=n1", "label=orch.nonce=0123456789ab"]
 
 
-def fake_runtime(tmp_path: Path, running: str) -> dict[str, str]:
-    rt = tmp_path / "podman"
-    rt.write_text(f'#!/bin/sh\nif [ "$1" = ps ]; then echo "{running}"; exit 0; fi\nshift; echo "exec in $*"\n')
-    rt.chmod(0o755)
-    return {"PATH": f"{tmp_path}:/usr/bin:/bin"}
+def test_the_node_programs_arguments_golden() -> None:
+    box = box_exec(Container("podman", "img", python="/py"), "r1", "0123456789ab")
+    assert box is not None
+    head = ["podman", "ps", "exec", "r1"]
+    assert box.args("n1", ["nvidia-smi", "-L"], None) == [*head, "0", "/py", "5", *FILTERS, "--", "nvidia-smi", "-L"]
+    assert box.args("n1", ["echo $X | wc"], 2.5) == [
+        *head,
+        "2.5",
+        "/py",
+        "5",
+        *FILTERS,
+        "--",
+        "sh",
+        "-c",
+        "echo $X | wc",
+    ]
+    assert box_exec(Container("apptainer", "/i.sif"), "r1", "0123456789ab") is None  # nothing to enter
 
 
-def test_the_node_command_finds_the_container_or_says_there_is_none(tmp_path: Path) -> None:
-    argv = exec_argv(Container("podman", "img"), "r1", "abc", ["cat", "/etc/os-release"])
-    ran = subprocess.run(argv, capture_output=True, text=True, env=fake_runtime(tmp_path, "3f2a"))
-    assert (ran.returncode, ran.stdout) == (0, "exec in 3f2a cat /etc/os-release\n")
-    ran = subprocess.run(argv, capture_output=True, text=True, env=fake_runtime(tmp_path, ""))
-    assert ran.returncode == NO_CONTAINER_EXIT
-    assert ran.stderr == "orch: no running container of run r1 on this node\n"
+def test_each_node_looks_for_its_own_container() -> None:
+    """Issue 53 item 7: nodes sharing a runtime (`transport: local`, two nodes on one host) each
+    find their own container, by the node's label; the line a node runs names it."""
+    box = box_exec(Container("docker", "img"), "r1", "0123456789ab")
+    assert box is not None
+    a, b = (box.args(n, ["true"], None) for n in ("n1", "n2"))
+    assert "label=orch.node=n1" in a and "label=orch.node=n2" in b
+    node = parse("nodes:\n  - host: h\n    name: n2\n", "t.yaml").nodes[0]
+    line = box_line(box, node, ["true"], None, tethered=False)
+    assert "label=orch.node=n2" in line and line.startswith("exec ")
+
+
+def test_the_node_program_and_the_controller_agree() -> None:
+    assert execbox.NO_CONTAINER == NO_CONTAINER_EXIT
+    box = box_exec(Container("podman", "i"), "r", "n")
+    assert box is not None and float(box.args("x", ["t"], None)[6]) == EXEC_GRACE_S
 
 
 @pytest.mark.parametrize(

@@ -583,7 +583,7 @@ def test_every_check_judges_any_facts_a_probe_can_send(
     got = {}
     for n, raw in zip(INV.nodes, (raw1, raw2)):
         nf = facts.NodeFacts(n, ssh_offset_ms=offset, rtt_ms=rtt, connect_ms=rtt)
-        nf.raw, nf.malformed = shapes.read_answer(raw, shapes.FACTS_SHAPE, "facts")  # as _start_probe reads it
+        nf.raw, nf.malformed = shapes.read_answer(raw, checks.FACTS_SHAPE, "facts")  # as _start_probe reads it
         nf.listen = nf.raw.get("listen") or {}
         nf.reach, bad = shapes.read_answer(reach, shapes.REACH_SHAPE, "reach")
         nf.malformed += bad
@@ -604,7 +604,7 @@ def test_a_probe_answer_of_the_wrong_shape_fails_ssh_and_never_passes_a_check() 
     got = {}
     for n, raw in zip(INV.nodes, (good, bad)):
         nf = facts.NodeFacts(n, ssh_offset_ms=0.0, rtt_ms=1.0, connect_ms=1.0)
-        nf.raw, nf.malformed = shapes.read_answer(raw, shapes.FACTS_SHAPE, "facts")
+        nf.raw, nf.malformed = shapes.read_answer(raw, checks.FACTS_SHAPE, "facts")
         got[n.name] = nf
     assert got["h2"].malformed == [
         "facts.tz.TZ: list \"['UTC']\"",

@@ -5,6 +5,7 @@ writes, its JSON's summary rows, the parsers of what its commands print (bench/g
 from __future__ import annotations
 
 import configparser
+import json
 import re
 import subprocess
 import sys
@@ -202,10 +203,77 @@ def test_junit_counts_reads_pytests_xml() -> None:
 
 def test_select_steps_adds_what_a_step_needs_in_the_scripts_order() -> None:
     assert [s.name for s in select_steps(None)] == list(STEP_NAMES)
-    assert [s.name for s in select_steps(["resume"])] == ["data", "environment", "resume"]
+    assert [s.name for s in select_steps(["ddp"])] == ["data", "environment", "ddp"]
     assert [s.name for s in select_steps(["gpu_tests", "data"])] == ["data", "environment", "gpu_tests"]
     with pytest.raises(ValueError, match="unknown step.s. nope: choose from data, environment"):
         select_steps(["nope"])
+
+
+def test_the_steps_the_lease_is_for_come_first_and_fit_the_whole_budget() -> None:
+    """tests/gpu, then the two-rank DDP and SyncBatchNorm runs, before any step that only measures:
+    their budgets together fit the whole run's, so no other step's overrun can skip them (the GPU
+    tests came last with 60 s of 720 s of budgets in a run of 420 s). No bf16 run: the cluster has
+    none."""
+    assert STEP_NAMES[: len(gpu_smoke.PROVES)] == gpu_smoke.PROVES
+    assert {"gpu_tests", "ddp", "sync_bn"} <= set(gpu_smoke.PROVES)
+    first = sum(s.budget_s for s in gpu_smoke.STEPS if s.name in gpu_smoke.PROVES)
+    assert first <= gpu_smoke.DEFAULT_BUDGET_S, first
+    assert GPU_SIZES.amps == ("fp16",) and "bf16" not in gpu_smoke.__doc__.split("Steps:")[1].split("(No bf16")[0]
+
+
+def test_main_writes_the_json_and_the_table_of_every_step_and_says_what_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The script's plumbing without its commands (the dry run itself, 3 minutes of real training,
+    is `make gpu-smoke-dry-run`): each step's ending becomes its status, budgets are the dry run's or
+    the GPU's, a step whose requirement failed is skipped with why, and main writes the JSON and the
+    table (printed last) and exits 1 when a step failed."""
+    from bench.steps import Step, StepFailed
+
+    def passes(ctx: Any) -> None:
+        ctx.figures["summary"] = "all good"
+        ctx.goal("a figure", 1.0, "report", None)
+
+    def fails(ctx: Any) -> None:
+        raise StepFailed("it broke")
+
+    steps = (
+        Step("data", "d", 11, 12, passes),
+        Step("ddp", "two ranks", 21, 22, fails, ("data",)),
+        Step("sync_bn", "after ddp", 31, 32, passes, ("ddp",)),
+        Step("syncs", "t", 41, 42, passes, ("data",)),
+    )
+    monkeypatch.setattr(gpu_smoke, "STEPS", steps)
+    monkeypatch.setattr(gpu_smoke, "STEP_NAMES", tuple(s.name for s in steps))
+    monkeypatch.setattr(gpu_smoke, "machine", lambda: {"cpus": 2})
+    monkeypatch.delenv("OUT", raising=False)
+    for dry, budgets in ((True, [12, 22, 32, 42]), (False, [11, 21, 31, 41])):
+        out = tmp_path / ("dry" if dry else "gpu")
+        argv = ["--out", str(out), "--work", str(tmp_path / "work"), "--all-packages"] + (
+            ["--cpu-dry-run"] if dry else []
+        )
+        assert gpu_smoke.main(argv) == 1
+        doc = json.loads((out / "gpu_smoke.json").read_text())
+        steps_ = {x["name"]: x for x in doc["steps"]}
+        assert [x["status"] for x in doc["steps"]] == ["pass", "fail", "skip", "pass"]
+        assert [x["budget_s"] for x in doc["steps"]] == budgets
+        assert steps_["ddp"]["error"] == "it broke" and "ddp" in steps_["sync_bn"]["reason"]
+        assert doc["mode"] == ("cpu-dry-run" if dry else "gpu") and doc["ok"] is False
+        assert doc["counts"]["fail"] == 1 and doc["counts"]["pass"] == 2
+        table = (out / "gpu_smoke.txt").read_text().rstrip("\n")
+        printed = capsys.readouterr().out.rstrip("\n")
+        assert doc["proved"] == {
+            "proved": ["data: d"],
+            "not_proved": [
+                "environment: not run",
+                "gpu_tests: not run",
+                "ddp: fail: it broke",
+                "sync_bn: skip: needs ddp, which did not pass",
+            ],
+        }
+        said = "\nproved: data: d\nnot proved: " + "; ".join(doc["proved"]["not_proved"])
+        assert printed.endswith(table + said + f"\nJSON: {out / 'gpu_smoke.json'}")  # the table, what it proved
+        assert any(ln.startswith("ddp ") and " fail " in ln and "it broke" in ln for ln in table.splitlines())
 
 
 def test_parse_budgets() -> None:
@@ -300,6 +368,15 @@ def test_summary_rows_are_bench_summarys_shape_and_judge_fp16_only() -> None:
     slow = summary_rows([trainer_step(300.0, 400.0, 0.5, 0.51)], {})
     assert slow[0]["met"] is False and slow[2]["met"] is False and "1 x GPU" in slow[0]["what"]
     assert summary_rows([StepResult("trainer", "t", "fail")], {}) == []
+
+
+def test_the_bytes_row_is_fp16_against_fp32_from_the_sync_bn_step() -> None:
+    sync_bn = StepResult(
+        "sync_bn", "s", "pass", figures={"grad_comm": {"bytes_per_step": 10_274_468.0}, "bytes_ratio": 0.5}
+    )
+    (row,) = summary_rows([sync_bn], {"gpus": [{"name": "NVIDIA H100 80GB HBM3"}]})
+    assert row["orch"] == 5_137_234.0 and row["peer"] == 10_274_468.0 and row["met"] is True
+    assert "fp16 vs fp32, 2 ranks on 1 x NVIDIA H100 80GB HBM3" in row["what"]
 
 
 def test_the_dry_run_writes_no_summary_rows(tmp_path: Path) -> None:

@@ -5,47 +5,51 @@ the worst exit code; the rendered lines."""
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 
 import pytest
 
-from orchestrator.config import inventory
+from orchestrator.config import inventory, runtimes
 from orchestrator.errors import UsageError
 from orchestrator.remote.image import (
+    ROOM,
     ImageReport,
     NodePush,
     check_image_arg,
     inspect_argv,
+    last_words,
     load_argv,
-    node_argv,
-    normal_id,
+    no_room,
+    read_room,
+    room_argvs,
     save_argv,
 )
+from orchestrator.transport import Result, command_line, open_transport
 
-GUARD = 'command -v "$0" >/dev/null 2>&1 || { echo "orch: $0 is not installed on this node" >&2; exit 127; }; '
+MB = 1_000_000
+
+GUARD = (
+    'command -v "$0" >/dev/null 2>&1 || { echo "orch: $0 is not installed on this node" >&2; exit 127; }; '
+    'exec "$0" "$@"'
+)
+"""One fixed script: the runtime's own argv (the table's) after it, every value a positional parameter."""
 
 
 def test_node_commands_golden():
+    fmt = "{{.Id}}\t{{json .Config.Env}}"
     assert inspect_argv("docker", "yoloe:latest") == [
         "/bin/sh",
         "-c",
-        GUARD + '"$0" image inspect --format "{{.Id}}" "$1" 2>/dev/null || true',
-        "docker",
-        "yoloe:latest",
+        GUARD,
+        *["docker", "image", "inspect", "--format", fmt, "yoloe:latest"],
     ]
-    assert load_argv("podman", "yoloe:latest") == [
-        "/bin/sh",
-        "-c",
-        GUARD + '"$0" load >&2 && "$0" image inspect --format "{{.Id}}" "$1"',
-        "podman",
-        "yoloe:latest",
-    ]
+    assert load_argv("podman") == ["/bin/sh", "-c", GUARD, "podman", "load"]
     assert inspect_argv("apptainer", "/images/y.sif") == [
         "/bin/sh",
         "-c",
-        GUARD + 'test -e "$1" || exit 0; sha256sum "$1" | cut -d" " -f1',
-        "sha256sum",
-        "/images/y.sif",
+        GUARD,
+        *["sha256sum", "/images/y.sif"],
     ]
     assert save_argv("docker", "yoloe:latest", "/tmp/x/image.tar") == [
         "docker",
@@ -62,40 +66,111 @@ def test_a_missing_runtime_is_named_by_the_node_shell():
     assert proc.stderr == "orch: podman is not installed on this node\n"
 
 
-def test_an_image_the_node_lacks_prints_nothing_and_exits_0(tmp_path):
+def test_an_image_the_node_lacks_is_read_as_not_there_and_a_runtime_that_fails_as_its_failure(tmp_path):
     fake = tmp_path / "docker"
     fake.write_text("#!/bin/sh\necho 'Error: No such image: img' >&2\nexit 1\n")
     fake.chmod(0o755)
+    docker = runtimes.runtime("docker")
     proc = subprocess.run(
         inspect_argv("docker", "img"), capture_output=True, text=True, env={"PATH": f"{tmp_path}:/usr/bin:/bin"}
     )
-    assert (proc.returncode, proc.stdout) == (0, "")
+    assert runtimes.held(docker, proc.returncode, proc.stdout, proc.stderr) == runtimes.HeldImage(None, {})
+    fake.write_text("#!/bin/sh\necho 'Cannot connect to the Docker daemon' >&2\nexit 1\n")
+    proc = subprocess.run(
+        inspect_argv("docker", "img"), capture_output=True, text=True, env={"PATH": f"{tmp_path}:/usr/bin:/bin"}
+    )
+    assert (
+        runtimes.held(docker, proc.returncode, proc.stdout, proc.stderr).error == "Cannot connect to the Docker daemon"
+    )
+    sif = tmp_path / "y.sif"
+    apptainer = runtimes.runtime("apptainer")
+    proc = subprocess.run(inspect_argv("apptainer", str(sif)), capture_output=True, text=True)
+    assert runtimes.held(apptainer, proc.returncode, proc.stdout, proc.stderr) == runtimes.HeldImage(None, {})
+    sif.write_bytes(b"sif")
+    proc = subprocess.run(inspect_argv("apptainer", str(sif)), capture_output=True, text=True)
+    import hashlib
+
+    assert (
+        runtimes.held(apptainer, proc.returncode, proc.stdout, proc.stderr).image_id
+        == hashlib.sha256(b"sif").hexdigest()
+    )
 
 
-def test_node_argv_is_the_transports_openssh_with_one_line():
+def test_the_room_a_push_writes_to_is_looked_at_on_the_node_and_judged_by_one_rule(tmp_path):
+    """The direct push looks at each room by a real /bin/sh and df (the nearest directory that
+    exists, its free bytes); the chain's relay by statvfs; both judged by `short_of_room` with one
+    need: podman's store one copy of the archive, its staging two (`Runtime.tmp_copies`)."""
+    assert [what for what, _ in room_argvs("podman", "img")] == ["store", "staging"]
+    assert [what for what, _ in room_argvs("docker", "img")] == ["store"]
+    (what, argv) = room_argvs("apptainer", "/images/y.sif")[0]
+    assert what == "file" and subprocess.run(argv, capture_output=True, text=True).stdout == "/images\n"
+    where = tmp_path / "graph" / "not-yet"
+    proc = subprocess.run(ROOM.argv("/bin/sh", "-c", 'echo "$1"', "sh", str(where)), capture_output=True, text=True)
+    room = read_room("store", Result("n1", (), proc.returncode, proc.stdout, proc.stderr, 0.0))
+    fs = os.statvfs(tmp_path)
+    assert room is not None and room["what"] == "store" and room["path"] == str(tmp_path), proc
+    assert abs(room["free"] - fs.f_bavail * fs.f_frsize) < 64 * MB  # others write to this disk meanwhile
+    said = subprocess.run(ROOM.argv("/bin/sh", "-c", "echo not a path"), capture_output=True, text=True)
+    assert read_room("store", Result("n1", (), said.returncode, said.stdout, said.stderr, 0.0)) is None
+    rooms = [
+        {"what": "store", "path": "/var/lib/containers", "free": 35 * MB, "dev": "/"},
+        {"what": "staging", "path": "/var/tmp", "free": 35 * MB, "dev": "/"},
+    ]
+    full = no_room("n1", "podman", rooms, 12 * MB, None)
+    assert full is not None and full.exit_code == 1 and full.action == "failed"
+    assert full.error == "no room: needs 36.0 MB on /var/lib/containers, 35.0 MB free there"
+    assert no_room("n1", "podman", [{**rooms[0], "dev": "/data"}, rooms[1]], 12 * MB, None) is None
+    assert no_room("n1", "docker", rooms[:1], 12 * MB, None) is None
+    assert no_room("n1", "podman", [], 12 * MB, None) is None  # a node that could not say: its load will
+
+
+PODMAN_FULL = """Getting image source signatures
+Copying blob sha256:47ec9fdcdbe1371f6713c95b0f54e2f5355c7d6827f5c971bbc589583c57f109
+Error: payload does not match any of the supported image formats:
+ * oci: initializing source oci:/s/tmp/podman3731988144:: open /s/tmp/podman3731988144/index.json: not a directory
+ * oci-archive: loading index: open /var/tmp/oci3672695152/index.json: no such file or directory
+ * docker-archive: writing blob: storing blob to file "/s/tmp/storage125603771/1": write /s/tmp/storage125603771/1: \
+no space left on device
+ * dir: open /s/tmp/podman3731988144/manifest.json: not a directory
+"""
+"""`podman load`'s stderr where the disk filled storing the layer (podman 4.3, recorded on a tmpfs)."""
+
+
+def test_a_failed_load_is_told_by_its_last_lines_from_its_error_on():
+    said = last_words(PODMAN_FULL)
+    assert said.startswith("Error: payload does not match any of the supported image formats: | * oci: ")
+    assert "no space left on device | * dir: open " in said and "Getting image source" not in said
+    assert last_words("a\nb\n\n" + "".join(f"line {i}\n" for i in range(9))) == " | ".join(
+        f"line {i}" for i in range(3, 9)
+    )
+    assert last_words("") == "(no message)"
+
+
+def test_the_stream_reaches_the_node_over_the_transports_openssh_with_one_line():
+    """`orch image push` pipes the archive through `Transport.pipe`, whose process here is `reach`."""
     inv = inventory.parse(
         "ssh: {user: me, port: 2222, ssh_config: /nonexistent}\nnodes:\n  - host: 10.0.0.1\n", "t.yaml"
     )
-    argv = node_argv(inv, inv.nodes[0], ["/bin/sh", "-c", "echo $0", "podman"])
+    line = command_line(["/bin/sh", "-c", "echo $0", "podman"])
+    argv = open_transport(inv, inv.nodes[0]).reach(line)
     assert argv[0] == "ssh" and argv[-2:] == ["10.0.0.1", "exec /bin/sh -c 'echo $0' podman"]
     assert argv[argv.index("-p") : argv.index("-p") + 2] == ["-p", "2222"]
     assert "StrictHostKeyChecking=yes" in argv and "BatchMode=yes" in argv
     local = inventory.parse("transport: local\nnodes:\n  - host: localhost\n", "t.yaml")
-    assert node_argv(local, local.nodes[0], ["true"]) == ["/bin/sh", "-c", "exec true"]
+    assert open_transport(local, local.nodes[0]).reach(command_line(["true"])) == ["/bin/sh", "-c", "exec true"]
 
 
 @pytest.mark.parametrize(
     ("printed", "want"),
     [
-        ("sha256:d9ff8d5725a6979dcf9fb3905a3d811e\n", "d9ff8d5725a6979dcf9fb3905a3d811e"),  # docker
-        ("d9ff8d5725a6979dcf9fb3905a3d811e\n", "d9ff8d5725a6979dcf9fb3905a3d811e"),  # podman
-        ("Loaded image: x\nsha256:abc\n", "abc"),
+        (f'sha256:{"d9" * 32}\t["PATH=/usr/bin"]\n', "d9" * 32),  # docker
+        (f"{'d9' * 32}\t[]\n", "d9" * 32),  # podman
         ("", None),
         ("\n  \n", None),
     ],
 )
-def test_normal_id(printed, want):
-    assert normal_id(printed) == want
+def test_the_id_as_each_runtime_prints_it(printed, want):
+    assert runtimes.held(runtimes.runtime("podman"), 0, printed, "").image_id == want
 
 
 @pytest.mark.parametrize(
@@ -152,6 +227,9 @@ def test_worst_exit_code_and_the_lines():
         "hint": None,
         "exit_code": 0,
         "elapsed_s": 4.25,
+        "role": None,
+        "received_bytes": None,
+        "bytes_per_s": None,
     }
 
 
@@ -181,4 +259,97 @@ def test_the_runtime_comes_from_the_flag_or_job_container(tmp_path, monkeypatch,
         assert info.value.code == code
     assert seen == ["podman", "docker"]
     err = capsys.readouterr().err
-    assert "bare.yaml has no job.container.runtime" in err and "--runtime docker|podman|apptainer" in err
+    assert "bare.yaml has no job.container.runtime" in err and f"--runtime {'|'.join(runtimes.RUNTIMES)}" in err
+
+
+def test_a_stalled_load_is_told_by_how_far_it_got_what_was_ended_and_exits_124():
+    from orchestrator.remote.image import TIMED_OUT, stalled_hint, stalled_row
+
+    row = stalled_row(30, 3_145_728, 12_582_912, "its load was ended, the chain relayed on")
+    assert row == (
+        "load took no byte for 30 s at byte 3145728 of 12582912 (25%); its load was ended, the chain relayed on"
+    )
+    hint = stalled_hint("podman")
+    assert hint.startswith("is its load stopped") and "ps -o pid,stat,args -C podman" in hint
+    assert "raise --stall-timeout" in hint
+    stalled = NodePush("gpu2", "failed", None, None, row, hint, TIMED_OUT)
+    loaded = NodePush("gpu1", "loaded", "a" * 64, None)
+    assert ImageReport("y", "podman", "a" * 64, 1, (loaded, stalled)).exit_code == 124
+    lost = NodePush("gpu3", "failed", None, None, "ssh: refused", None, 255)
+    assert ImageReport("y", "podman", "a" * 64, 1, (loaded, stalled, lost)).exit_code == 255
+
+
+def test_the_stall_deadline_is_one_value_in_the_code_the_cli_and_the_contract(tmp_path, monkeypatch, capsys):
+    """image.STALL_S defines it; the CLI's default and CONTRACT.md are held to it; the option reaches
+    the push as given, and a deadline that is none (0, nan, inf) is refused, exit 2."""
+    from pathlib import Path
+
+    from orchestrator.cli import commands, main
+    from orchestrator.remote import image
+
+    assert commands.IMAGE_STALL_S == image.STALL_S
+    from orchestrator.remote import chain
+
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    contract, guide = (docs / "CONTRACT.md").read_text(), (docs / "guide.md").read_text()
+    assert f"`--stall-timeout SECONDS` ({image.STALL_S:g}" in contract
+    assert f"`--stall-timeout` seconds ({image.STALL_S:g})" in contract
+    assert f"`chain.SINK_GRACE_S` ({chain.SINK_GRACE_S:g} s)" in contract
+    assert f"`--stall-timeout` ({image.STALL_S:g} s" in guide
+    local = inventory.parse("transport: local\nnodes:\n  - host: localhost\n", "t.yaml")
+    with pytest.raises(UsageError, match="stall deadline"):  # the library refuses it too, asking nothing
+        image.push_image(local, [], "y", "podman", stall_s=0)
+    seen = []
+
+    def fake_push(inv, nodes, ref, runtime, **kw):
+        seen.append(kw["stall_s"])
+        return ImageReport(ref, runtime, "a" * 64, 0, ())
+
+    monkeypatch.setattr(image, "push_image", fake_push)
+    monkeypatch.setenv("ORCH_HOME", str(tmp_path / "home"))
+    inv = tmp_path / "c.yaml"
+    inv.write_text("transport: local\nnodes:\n  - host: localhost\n")
+    for extra, code in (([], 0), (["--stall-timeout", "120"], 0), (["--stall-timeout", "0"], 2)):
+        with pytest.raises(SystemExit) as info:
+            main(["image", "push", "y:latest", str(inv), "--runtime", "podman", *extra])
+        assert info.value.code == code, extra
+    for bad in ("nan", "inf", "-1"):
+        with pytest.raises(SystemExit) as info:
+            main(["image", "push", "y:latest", str(inv), "--runtime", "podman", "--stall-timeout", bad])
+        assert info.value.code == 2, bad
+    assert seen == [image.STALL_S, 120.0]
+    assert "--stall-timeout" in capsys.readouterr().err
+
+
+def test_the_direct_push_shows_what_each_node_took_as_it_goes():
+    """DirectWatch draws a View per node from its stream's count: waiting its turn, sending (with
+    its bytes), loading once every byte went, then its outcome."""
+    import threading
+
+    from orchestrator.remote.image import DirectWatch
+    from orchestrator.transport import Fed
+
+    drawn: list[list] = []
+    got = threading.Event()
+
+    def watch(views):
+        drawn.append(list(views))
+        got.set()
+
+    shown = DirectWatch(watch, 1000, ["gpu1", "gpu2"])
+    try:
+        fed = Fed(30.0)
+        fed.took(400)
+        shown.feds["gpu1"] = fed
+        views = {v.node: v for v in shown.views()}
+        assert (views["gpu1"].got, views["gpu1"].total, views["gpu1"].state) == (400, 1000, "sending")
+        assert (views["gpu2"].got, views["gpu2"].state, views["gpu2"].role) == (0, "waiting", None)
+        fed.took(600)
+        fed.ended = True
+        assert {v.node: v.state for v in shown.views()}["gpu1"] == "loading"
+        shown.ended["gpu1"] = "loaded"
+        assert {v.node: v.state for v in shown.views()}["gpu1"] == "loaded"
+        assert got.wait(10), "its thread draws"
+    finally:
+        shown.stop()
+    assert drawn and all(len(views) == 2 for views in drawn)

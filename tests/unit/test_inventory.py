@@ -172,6 +172,7 @@ SCHEMAS = [
     schema.SSHModel,
     schema.NodeModel,
     schema.MasterModel,
+    schema.SlurmModel,
     schema.ClockModel,
     schema.RdmaModel,
     schema.SSHCheckModel,

@@ -14,8 +14,9 @@ LAYERS = {
     "contract": 0,
     "errors": 1,
     "waits": 1,
+    "shell": 1,
+    "node": 1,
     "config": 2,
-    "node": 2,
     "store": 3,
     "transport": 3,
     "run": 4,
@@ -284,7 +285,10 @@ def test_the_guard_sees_a_circle() -> None:
     assert cycles_of(graph) == [["a", "b", "c"], ["e"]]
     lines = PACKAGE / "logs" / "lines.py"
     known = {module_name(p) for p in SOURCES}
-    assert imported_modules(lines, known) == {"orchestrator.logs.trainer"}  # `from .trainer import RANK_PREFIX`
+    assert imported_modules(lines, known) == {  # `from .trainer import RANK_PREFIX`, `from ..node.agent import ...`
+        "orchestrator.logs.trainer",
+        "orchestrator.node.agent",
+    }
     assert "orchestrator.cli.render" in imported_modules(
         PACKAGE / "cli" / "commands.py", known
     )  # `from . import render`

@@ -228,6 +228,50 @@ def test_c_merge_prints_exactly_what_the_general_path_prints(
 
 
 @fast
+def test_the_c_merge_reads_the_worker_field_as_the_agent_defines_it() -> None:
+    """The C merge's worker field (`is_role_first`, `is_role`, the digits, `]:`) is
+    node/agent.py's `WORKER_FIELD`: every byte, first in the role, later in it, beside the digits
+    and the brackets, makes a worker's line in C exactly where it does in Python."""
+    heads = []
+    for b in range(256):
+        c = bytes([b])
+        heads += [b"[" + c + b"3]:", b"[a" + c + b"3]:", b"[a" + c + b"]:", b"[a3" + c + b"]:"]
+        heads += [b"[a3]" + c, c + b"a3]:"]
+    heads += [b"[3]:", b"[]:", b"[a-3]:", b"[_3]:", b"[-a3]:", b"[a3]:[a4]:", b"[default99999999999999999999]:"]
+    lines = [b"%s out %sx\n" % (format_ts(T0 + i * 1e-6).encode(), h) for i, h in enumerate(heads)]
+    nodes = [PlainNode("n0", 8)]
+    widths = column_widths(["n0"], 100)
+    text = b"".join(lines)
+    expected = general_merge([text.decode("utf-8", "replace")], nodes, widths).encode()
+    assert c_merge([text], nodes, widths, 1 << 16, 1 << 20) == expected
+    workers = expected.count(b" r11 x\n")  # local rank 3 on a node whose base rank is 8
+    assert workers > 100 and len(heads) - workers > 1000  # both kinds, not a test that cannot fail
+
+
+@fast
+def test_a_rank_of_more_digits_than_a_number_takes_is_no_rank_in_every_merge() -> None:
+    """A job that prints `[rank <5000 digits>] ` (or a worker field that long): Python's int()
+    refuses more than 4300 digits, and `orch logs`, merged.log and the live view used to stop on
+    that ValueError. Each merge now shows the line with no rank, the same bytes."""
+    big = "9" * 5000
+    lines = [
+        f"{format_ts(T0)} out [default0]:[rank {big}] hi\n",
+        f"{format_ts(T0 + 1e-6)} out [default{big}]:ho\n",
+        f"{format_ts(T0 + 2e-6)} out [default1]:[rank 12] fine\n",
+    ]
+    nodes = [PlainNode("n0", 8)]
+    widths = column_widths(["n0"], 16)
+    expected = general_merge(["".join(lines)], nodes, widths)
+    assert expected.splitlines() == [
+        f"{format_ts(T0)} n0   - hi",
+        f"{format_ts(T0 + 1e-6)} n0   - ho",
+        f"{format_ts(T0 + 2e-6)} n0 r12 fine",
+    ]
+    assert c_merge(["".join(lines).encode()], nodes, widths, 1 << 16, 1 << 20) == expected.encode()
+    assert "".join(merge_plain([lines], nodes, widths)) == expected
+
+
+@fast
 def test_escape_sequences_from_a_job_reach_neither_the_merged_text_nor_a_terminal() -> None:
     line = ("2026-11-30T09:32:05.123456Z out [default0]:\x1b]0;owned\x07\x1b[2J\x9b6n\u202egnp.exe\tok\x7f\n").encode()
     nodes = [PlainNode("n0", 0)]

@@ -133,6 +133,14 @@ class TestLineShapes:
         line = parse_node_line(f"{TS} out [defaultx]: [rank nine] x", "n1", 0, 0)
         assert (line.local_rank, line.rank, line.text) == (None, None, "[defaultx]: [rank nine] x")
 
+    def test_a_rank_of_more_digits_than_a_number_takes_is_no_rank(self) -> None:
+        """More digits than Python's int() takes (4300): no rank, never a ValueError out of the parser."""
+        big = "7" * 5000
+        trainer = parse_node_line(f"{TS} out [default2]:[rank {big}] x", "n1", 0, 8)
+        assert (trainer.local_rank, trainer.rank, trainer.text) == (2, None, "x")
+        tee = parse_node_line(f"{TS} out [default{big}]:y", "n1", 0, 8)
+        assert (tee.local_rank, tee.rank, tee.text) == (None, None, "y")
+
     def test_unparsable_line_needs_a_fallback(self) -> None:
         with pytest.raises(ValueError):
             parse_node_line("no timestamp here", "n1", 0, 0)

@@ -70,15 +70,19 @@ JOB_FILES = sorted((Path(node.__file__).parent / "jobs").glob("*.py"))
 """Jobs orch runs under torchrun (node/jobs/): like the programs, but they may import torch."""
 
 
-def test_the_package_holds_the_six_programs_and_the_agents_modules() -> None:
+def test_the_package_holds_the_node_programs_and_the_agents_modules() -> None:
     assert {p.stem for p in NODE_FILES} == {
         "__init__",
         "agent",
         "boot",
+        "each",
+        "execbox",
         "findmodule",
         "probe",
         "reader",
+        "relay",
         "tether",
+        "warned",
         *node.AGENT_MODULES,
     }
 

@@ -15,7 +15,7 @@ import orchestrator
 from orchestrator.node import agent
 
 PACKAGE = Path(orchestrator.__file__).parent
-LOADERS = {"node_script", "node_program", "script", "program", "packed"}
+LOADERS = {"node_script", "node_program", "script", "program", "packed", "unpacking"}
 """`node/__init__.py`'s loaders: a node program's text, made from its file in node/."""
 FROM_STDIN = {"FROM_STDIN", "FROM_STDIN_OPEN"}
 """The `python -c` text that runs a node program sent on stdin."""

@@ -1,6 +1,8 @@
 """Facts orch computes or declares in one place only (docs/ARCHITECTURE.md, habit 8), held by
 reading the source like tests/unit/test_layers.py: the world size (config/plan.py), run.json's node
-records (run/records.py `NodeRecord`), the progress callback's type (contract.py `Progress`)."""
+records (run/records.py `NodeRecord`), the progress callback's type (contract.py `Progress`), the
+container labels' keys (config/container.py), which image a machine holds (config/runtimes.py
+`held`), the CUDA an image requires (preflight/checks/container.py `required_cuda`)."""
 
 from __future__ import annotations
 
@@ -206,7 +208,12 @@ def test_a_fresh_record_is_the_json_orch_always_wrote() -> None:
 
     plan = make_plan(parse(OLD_INVENTORY, "/tmp/old.yaml"), "20261206-071800-old", nonce="0123456789ab")
     before = json.loads((FIXTURES / "node_records_before_noderecord.json").read_text())["nodes"]
-    assert [list(r.to_json().items()) for r in node_records(plan)] == [list(r.items()) for r in before]
+    # every key as it was, in its place; what was added since (the sweep's removal) after them, and
+    # the listing asks for whole IDs (the node's sweep removes nothing else)
+    added = {"sweep_remove": ["podman", "rm", "-f"]}
+    for r in before:
+        r["sweep"] = [*r["sweep"][:3], "--no-trunc", *r["sweep"][3:]]
+    assert [list(r.to_json().items()) for r in node_records(plan)] == [[*r.items(), *added.items()] for r in before]
 
 
 def test_trusted_records_take_what_runs_from_the_snapshot(tmp_path: Path) -> None:
@@ -224,6 +231,32 @@ def test_trusted_records_take_what_runs_from_the_snapshot(tmp_path: Path) -> Non
     data["nodes"][1]["python"] = "/tmp/evil"
     with pytest.raises(UsageError, match="gpu2: python '/tmp/evil'"):
         trusted_records(run, inv, recorded_nodes(data))
+
+
+def test_trusted_records_take_the_container_sweep_from_the_snapshot(tmp_path: Path) -> None:
+    """What `orch down` runs on a node to find and remove a killed agent's containers is the run's
+    environment's (`JobEnv.sweep`), for the record's launch: a run.json written before the removal
+    was recorded gets it, and a listing recorded before it asked for whole IDs is the launch's; a
+    listing or removal run.json changed is refused, never run."""
+    import json
+
+    from orchestrator.config.inventory import parse
+    from orchestrator.errors import UsageError
+    from orchestrator.run.records import trusted_records
+    from orchestrator.store import RunDir, recorded_nodes
+
+    inv = parse(OLD_INVENTORY, "/tmp/old.yaml")
+    run = RunDir(tmp_path / "20261206-071800-old")
+    data = json.loads((FIXTURES / "run_json_before_noderecord.json").read_text())
+    first = trusted_records(run, inv, recorded_nodes(data))[0]
+    recorded = data["nodes"][0]["sweep"]
+    assert "--no-trunc" not in recorded
+    assert first.sweep == (*recorded[:3], "--no-trunc", *recorded[3:]) and first.sweep_remove == ("podman", "rm", "-f")
+    for key, evil in (("sweep", ["sh", "-c", "rm -rf ~"]), ("sweep_remove", ["sh", "-c"])):
+        changed = json.loads(json.dumps(data))
+        changed["nodes"][0][key] = evil
+        with pytest.raises(UsageError, match=f"gpu1: {key} "):
+            trusted_records(run, inv, recorded_nodes(changed))
 
 
 # ----------------------------------------------------------------------------- the progress callback
@@ -307,3 +340,67 @@ def test_orch_exec_says_its_progress_through_it() -> None:
 
     assert run_everywhere(inv, list(inv.nodes), ["true"], timeout=30, progress=progress).exit_code == 0
     assert sorted(seen) == [("running", 1, 2), ("running", 2, 2)]
+
+
+# ----------------------------------------------------------------------------- container facts
+
+
+def code_strings(tree: ast.AST) -> list[tuple[str, int]]:
+    """Every string of a module's code (an f-string's pieces too), not its docstrings: (text, line)."""
+    docs = {
+        id(body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and (body := node.body)
+        and isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant)
+    }
+    after = set()  # an attribute's docstring: the string statement right after its assignment
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        for a, b in zip(body or [], (body or [])[1:]) if isinstance(body, list) else ():
+            if isinstance(a, (ast.Assign, ast.AnnAssign)) and isinstance(b, ast.Expr):
+                after.add(id(b.value))
+    return [
+        (n.value, n.lineno)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs | after
+    ]
+
+
+def written(tree: ast.AST, words: tuple[str, ...]) -> list[str]:
+    return [f"{text!r} at line {line}" for text, line in code_strings(tree) if any(w in text for w in words)]
+
+
+ONCE = {
+    "the container labels' keys": ("config/container.py", ("orch.run", "orch.node", "orch.nonce", "orch.cluster")),
+    "which image a machine holds": ("config/runtimes.py", ("{{.Id}}", "sha256:")),
+    "the CUDA an image requires": ("preflight/checks/container.py", ("NVIDIA_REQUIRE_CUDA", "cuda>=")),
+}
+"""Each fact, the one module that writes it, and the words a second copy would have to write."""
+
+
+@pytest.mark.parametrize("fact", sorted(ONCE))
+def test_each_container_fact_is_written_in_one_module(fact: str) -> None:
+    home, words = ONCE[fact]
+    copies = {_rel(p): found for p in SOURCES if (found := written(ast.parse(p.read_text()), words))}
+    assert set(copies) <= {home}, f"{fact} is written outside {home}: {copies}"
+
+
+def test_the_required_cuda_is_one_string_there_and_the_label_keys_are_built_from_one_prefix() -> None:
+    from orchestrator.config.container import LABEL_PREFIX, LABELS, labels
+
+    assert all(k.startswith(LABEL_PREFIX) for k in LABELS) and [v.split("=")[0] for v in labels(*"abcd")] == list(
+        LABELS
+    )
+    tree = ast.parse((PACKAGE / "preflight" / "checks" / "container.py").read_text())
+    assert [t for t, _ in code_strings(tree) if "NVIDIA_REQUIRE_CUDA" in t] == ["NVIDIA_REQUIRE_CUDA"]
+
+
+def test_the_guard_sees_a_second_copy() -> None:
+    code = 'f = ["--filter", f"label=orch.nonce={nonce}"]\nfmt = "{{.Id}}"\nreq = env.get("NVIDIA_REQUIRE_CUDA")\n'
+    tree = ast.parse(code)
+    assert written(tree, ONCE["the container labels' keys"][1]) == ["'label=orch.nonce=' at line 1"]
+    assert written(tree, ONCE["which image a machine holds"][1]) == ["'{{.Id}}' at line 2"]
+    assert written(tree, ONCE["the CUDA an image requires"][1]) == ["'NVIDIA_REQUIRE_CUDA' at line 3"]
+    assert written(ast.parse('"""labelled orch.run and orch.node."""\nX = 1\n"""orch.nonce"""\n'), ("orch.",)) == []

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import re
+import subprocess
 import zlib
 from pathlib import Path
 
@@ -168,21 +170,82 @@ def test_the_jobs_own_check_runs_with_its_workdir_and_environment(tmp_path: Path
     (tmp_path / "mytrain.py").write_text("")
     req = {
         "kind": "module",
-        "argv": [sys.executable, "-c", script("findmodule"), "mytrain"],
+        "inner": ["-c", script("findmodule"), "mytrain"],
         "cwd": str(tmp_path),
         "env": {"RANK": "0"},
         "timeout": 60,
     }
-    got = probe.gather_job_check({"job_check": req})
+    python = [sys.executable]
+    got = probe.gather_job_check({"job_python": python, "job_check": req})
     assert got is not None and got["rc"] == 0, got
     assert json.loads(got["out"]) == {"module": "mytrain", "found": True, "origin": str(tmp_path / "mytrain.py")}
-    gone = probe.gather_job_check({"job_check": {**req, "cwd": str(tmp_path / "nope")}})
+    gone = probe.gather_job_check({"job_python": python, "job_check": {**req, "cwd": str(tmp_path / "nope")}})
     assert gone == {"kind": "module", "error": f"not run: workdir {tmp_path / 'nope'} is not a directory here"}
     slow = probe.gather_job_check(
-        {"job_check": {**req, "argv": [sys.executable, "-c", "import time; time.sleep(30)"], "timeout": 1}}
+        {"job_python": python, "job_check": {**req, "inner": ["-c", "import time; time.sleep(30)"], "timeout": 1}}
     )
     assert slow is not None and slow["rc"] is None and slow["error"] == "no answer within 1 s"
     assert probe.gather_job_check({}) is None
+
+
+def test_one_run_of_the_jobs_container_answers_every_question_inside(tmp_path: Path) -> None:
+    """`in_image`: the output folders and the job's own check from one run of the job's
+    interpreter (a container's, here this python), each question in a child of its own; only the
+    check sees the check's environment."""
+    import json
+    import sys
+
+    out = tmp_path / "runs"
+    args = {
+        "job_python": [sys.executable],
+        "software": False,
+        "outputs_inside": True,
+        "in_container": {"project": str(out), "weights": str(tmp_path / "w.pt"), "data": str(tmp_path)},
+        "inside_only": ["weights", "data"],  # the job's inputs in the image's own files
+        "outputs": ["project"],
+        "job_check": {
+            "kind": "module",
+            "inner": ["-c", "import os, json; print(json.dumps({'found': True, 'origin': os.environ['RANK']}))"],
+            "cwd": str(tmp_path),
+            "env": {"RANK": "3"},
+            "timeout": 60,
+        },
+    }
+    got = probe.gather_in_image(args)
+    assert got["outputs_inside"] == {"paths": {"project": {"checked": str(tmp_path), "writable": True}}}
+    assert got["job_check"]["rc"] == 0 and json.loads(got["job_check"]["out"]) == {"found": True, "origin": "3"}
+    inside = got["paths_inside"]["paths"]
+    assert (inside["weights"]["exists"], inside["data"]["is_dir"]) == (False, True), inside
+    tasks = {
+        "fact": {"argv": ["-c", "import os; print(os.environ.get('RANK'))"], "timeout": 30},
+        "check": {"argv": ["-c", "import os; print(os.environ.get('RANK'))"], "timeout": 30, "check": True},
+    }
+    ran = subprocess.run(
+        [sys.executable, "-c", probe.IN_IMAGE_CODE, json.dumps({"tasks": tasks, "check_env": ["RANK"]})],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "RANK": "3"},
+    )
+    answers = json.loads(ran.stdout.split("ORCH-IN-IMAGE ", 1)[1])
+    assert (answers["fact"]["out"], answers["check"]["out"]) == ("None\n", "3\n")
+
+
+def test_a_container_that_does_not_start_answers_every_question_with_what_the_runtime_said(tmp_path: Path) -> None:
+    said = "Error: unresolvable CDI devices nvidia.com/gpu=0"
+    args = {
+        "job_python": ["/bin/sh", "-c", f"echo '{said}' >&2; exit 126"],
+        "torch_cuda": True,
+        "outputs_inside": True,
+        "paths": {},
+        "outputs": [],
+        "job_check": {"kind": "trainer", "inner": ["-m", "trainer", "--check"], "env": {}, "timeout": 60},
+    }
+    got = probe.gather_in_image(args)
+    assert got["software"]["error"] == f"version probe failed: {said}\n"
+    assert got["torch_cuda"] == {"error": f"python could not tell torch's CUDA build: {said}"}
+    assert got["outputs_inside"] == {"error": f"could not look inside the container: {said}"}
+    assert (got["job_check"]["rc"], got["job_check"]["err"]) == (126, said + "\n")
+    assert got["container_start"] == {"rc": 126, "out": "", "err": said + "\n"}  # the container row's words
 
 
 def test_file_facts_hash_and_text(tmp_path: Path) -> None:

@@ -355,3 +355,13 @@ def test_a_container_run_names_its_runtime_image_and_the_image_id_it_ran(tmp_pat
     page = html_lib.unescape(build_report(run).read_text())
     assert "podman: yolo:latest (image ID sha256:abababababab" in page, page[page.find("configuration") :][:3000]
     assert "/opt/conda/bin/python" in page and "/data" in page
+    data = plan.to_json()
+    assert data["nodes"][0]["environment"]["image_id"] == pinned  # type: ignore[index]
+    data["nodes"][0]["argv"] = ["podman", "run", "other:1", "/opt/conda/bin/python"]  # type: ignore[index]
+    run.write(data, "plan.json")  # what ran is plan.json's environment, not a word of the argv
+    assert "(image ID sha256:abababababab" in html_lib.unescape(build_report(run).read_text())
+    old = plan.to_json()
+    for node in old["nodes"]:  # type: ignore[attr-defined]
+        del node["environment"]  # a plan.json written before the environment was recorded
+    run.write(old, "plan.json")
+    assert "(image ID sha256:abababababab" in html_lib.unescape(build_report(run).read_text())

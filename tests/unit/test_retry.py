@@ -4,8 +4,10 @@ the attempt in run.json and `orch status`."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -13,12 +15,14 @@ import pytest
 from orchestrator import up
 from orchestrator.cli import main
 from orchestrator.config import inventory
-from orchestrator.errors import InventoryError
+from orchestrator.errors import InventoryError, TransportError
 from orchestrator.preflight.checks import CheckResult
 from orchestrator.preflight.runner import CheckReport
 from orchestrator.run import control, resume
+from orchestrator.run.agents import StopResult
 from orchestrator.run.supervise import Failure
 from orchestrator.store import RunStore
+from orchestrator.transport import GroupResult, Hold
 
 SPARES = """\
 name: c
@@ -427,6 +431,62 @@ def test_nothing_is_retried_after_ctrl_c_a_preflight_failure_or_an_unconfirmed_s
     reports(monkeypatch, [{}])
     out = up.up(inv(), run_id="r3", progress=Say())
     assert out.result == "failed" and out.attempt == 1 and out.no_retry and "gpu02" in out.no_retry
+
+
+@pytest.mark.parametrize("confirmed", [True, False], ids=["confirmed", "still-unconfirmed"])
+def test_a_stop_the_ending_allocation_hid_is_asked_again_in_its_renewal_before_a_relaunch(
+    monkeypatch: pytest.MonkeyPatch, home: Path, confirmed: bool
+) -> None:
+    """A Slurm allocation requeued under the teardown: Slurm starts no step in a completing job, so a
+    node's stop (its containers' sweep) could not be confirmed then. Once the allocation runs again
+    the node is stopped and swept again in it, and only a confirmed stop lets the retry launch."""
+    events: list[str] = []
+
+    class Requeued(Hold):
+        def ended(self) -> str | None:
+            return "Slurm job 7 was requeued"
+
+        def renew(self, say: Any = None) -> inventory.Inventory:
+            events.append("renewed")
+            return self.inventory
+
+    def stop_all(cluster: Any, records: Any, grace: float) -> GroupResult[Any]:
+        events.append(f"stop {[r.node for r in records]}")
+        return GroupResult({"gpu02": StopResult(None) if confirmed else TransportError("gpu02", "gone", "ended")})
+
+    class Nodes:
+        def __init__(self, run: Any, warn: Any = None) -> None:
+            pass
+
+        def nodes(self) -> list[Any]:
+            return [SimpleNamespace(node="gpu02")]
+
+    launched = fake_attempts(monkeypatch, ["succeeded"])
+    first = up._attempt
+
+    def attempt(*a: Any) -> up.UpOutcome:
+        if a[-1] == 1:
+            failure = Failure("gpu01", 1, "x")
+            return up.UpOutcome("failed", "r1", None, 1.0, failure, not_stopped={"gpu02": "the allocation has ended"})
+        events.append("launched")
+        return first(*a)
+
+    monkeypatch.setattr(up, "_attempt", attempt)
+    monkeypatch.setattr(up, "transport_of", lambda i: SimpleNamespace(hold=lambda i, say: Requeued(i)))
+    monkeypatch.setattr(up, "stop_all", stop_all)
+    monkeypatch.setattr(up, "RunRecord", Nodes)
+    monkeypatch.setattr(up, "Cluster", lambda i: contextlib.nullcontext())
+    reports(monkeypatch, [{}, {}])
+    out = up.up(inv(), run_id="r1", progress=Say())
+    if confirmed:
+        assert events == ["renewed", "stop ['gpu02']", "launched"] and out.result == "succeeded", (events, out)
+        assert [a["attempt"] for a in launched] == [2]
+    else:
+        assert events == ["renewed", "stop ['gpu02']"] and out.result == "failed" and out.attempt == 1, (events, out)
+        assert out.no_retry == (
+            "not relaunched: the stop of gpu02 is unconfirmed, and a second copy of the job must not start beside "
+            "the first"
+        )
 
 
 def test_a_detached_run_is_never_retried_and_the_flags_say_so(

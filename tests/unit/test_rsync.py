@@ -1,12 +1,13 @@
 """`orch sync`'s pure builders, golden-tested: the ssh command (the inventory's settings, the
-host-key policy as OpenSSH spells it), the rsync argv, rsync's -e splitting, rsync's report; and
-the command line where no node is contacted."""
+host-key policy as OpenSSH spells it), the rsync argv of the SSH transport's `copy_tree`, rsync's -e
+splitting, rsync's report; and the command line where no node is contacted."""
 
 from __future__ import annotations
 
 import json
 import os
 import shlex
+import shutil
 import stat
 import subprocess
 import sys
@@ -19,14 +20,8 @@ from orchestrator.cli import main
 from orchestrator.config import inventory, nodes
 from orchestrator.errors import TransportError
 from orchestrator.remote import sync
-from orchestrator.remote.rsync import (
-    NOT_INSTALLED,
-    REMOTE_RSYNC,
-    SyncOptions,
-    parse_output,
-    rsync_argv,
-)
-from orchestrator.transport.ssh import openssh_argv
+from orchestrator.transport.copy import NOT_INSTALLED, REMOTE_RSYNC, parse_output, rsync_failed
+from orchestrator.transport.ssh import SSHTransport, openssh_argv, openssh_failure
 
 
 def node(ssh: str = "", host: str = "gpu01") -> nodes.Node:
@@ -147,7 +142,7 @@ def test_a_gateway_is_a_proxy_command_with_the_same_settings() -> None:
 
 def test_rsync_argv_golden() -> None:
     n = node("user: train, identity: /keys/id, known_hosts: /kh, host_key_policy: accept-new")
-    argv = rsync_argv(n, ["/srv/yolo", "/data/coco.yaml"], SyncOptions(dry_run=True, delete=True))
+    argv = SSHTransport(n).rsync_argv(["/srv/yolo", "/data/coco.yaml"], dry_run=True, delete=True)
     assert argv == [
         "rsync",
         "--archive",
@@ -170,14 +165,16 @@ def test_rsync_argv_golden() -> None:
         "/data/coco.yaml",
         "gpu01:/",
     ]
-    assert rsync_argv(n, ["/a"], SyncOptions(checksum=True))[-3:] == ["--checksum", "/a", "gpu01:/"]
-    assert rsync_argv(node(host="fd00::7"), ["/a"])[-1] == "[fd00::7]:/"
+    assert SSHTransport(n).rsync_argv(["/a"], checksum=True)[-3:] == ["--checksum", "/a", "gpu01:/"]
+    assert SSHTransport(n).rsync_argv(["/a"], stall_s=29.5)[-3:] == ["--timeout=30", "/a", "gpu01:/"]  # image push
+    assert SSHTransport(node(host="fd00::7")).rsync_argv(["/a"])[-1] == "[fd00::7]:/"
+    assert SSHTransport(n).rsync_argv(["/a"], "/srv/copies")[-1] == "gpu01:/srv/copies/"
 
 
 @pytest.mark.parametrize("bad", ["relative", "/", "/srv/yolo/"])
 def test_rsync_argv_refuses_what_would_land_elsewhere(bad: str) -> None:
     with pytest.raises(ValueError):
-        rsync_argv(node(), [bad])
+        SSHTransport(node()).rsync_argv([bad])
 
 
 @pytest.fixture
@@ -200,7 +197,7 @@ def test_rsync_splits_the_rsh_command_into_exactly_our_argv(recording_ssh: Path,
     n = node("user: o'brien, identity: \"/keys/my key's\", known_hosts: '/kh \"x\"', gateway: jump")
     src = tmp_path / "src"
     src.mkdir()
-    proc = subprocess.run(rsync_argv(n, [str(src)]), capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(SSHTransport(n).rsync_argv([str(src)]), capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
     recorded = json.loads(recording_ssh.read_text())
     expected = openssh_argv(n.ssh, None)[1:] + ["gpu01", REMOTE_RSYNC]
@@ -323,8 +320,10 @@ def test_parse_output_of_a_real_local_rsync(tmp_path: Path) -> None:
     ],
 )
 def test_a_failure_is_one_line_with_its_fix(stderr: str, message: str, hint: str | None) -> None:
-    got, got_hint = sync.explain_failure(node(), 12, stderr)
-    assert message in got and "\n" not in got
+    n = node()
+    failed = rsync_failed(n.name, 12, stderr, lambda said: openssh_failure(n, said))
+    got, got_hint = failed.detail, failed.hint
+    assert message in got and "\n" not in got and failed.returncode == 12
     assert (hint is None and got_hint is None) or (hint is not None and got_hint is not None and hint in got_hint)
 
 
@@ -366,7 +365,7 @@ def test_a_source_missing_here_is_named_before_any_node(
 def test_rsync_missing_here_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sync.shutil, "which", lambda name, *a, **k: None if name == "rsync" else "/usr/bin/" + name)
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == "rsync" else "/usr/bin/" + name)
     code, _, err = run(["sync", str(inv_file(tmp_path, paths=[str(tmp_path)]))], capsys)
     assert code == 1
     assert err.splitlines()[0] == "orch: rsync is not installed on this machine (the controller): orch sync needs it"
@@ -384,7 +383,7 @@ def test_orch_up_without_rsync_here_launches_nothing_and_exits_3(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("ORCH_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(sync.shutil, "which", lambda name, *a, **k: None if name == "rsync" else "/usr/bin/" + name)
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == "rsync" else "/usr/bin/" + name)
     code, _, err = run(["up", str(inv_file(tmp_path, paths=[str(tmp_path)]))], capsys)
     assert code == 3
     assert "rsync is not installed on this machine (the controller)" in err

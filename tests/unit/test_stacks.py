@@ -449,3 +449,71 @@ def test_orch_stacks_prints_groups_or_json_and_exits_by_completeness(
     out = capsys.readouterr().out
     assert "rank 0  all_reduce (torch/distributed/distributed_c10d.py:3913) in main (ddp_job.py:72)" in out
     assert ("n3: no py-spy" in out) is not complete
+
+
+# ----------------------------------------------------------------------------- the prime suspect of a hang
+
+
+def unread(r: int, state: str | None, error: str = "Error: Failed to find python version") -> RankStack:
+    return RankStack(f"n{r + 1}", r, r, 0, 1000 + r, (), error, "", state)
+
+
+def test_a_stopped_rank_that_gave_no_stack_is_the_prime_suspect_not_the_master() -> None:
+    """Issue 54 item 4: a rank frozen by SIGSTOP (or stuck in D state on an NFS read) gives no stack,
+    and every other rank waits for it in the same collective: the verdict once named the master
+    ("every rank stands in the same place"). It names the stopped rank, on its node."""
+    stopped = unread(2, "T", "its process is stopped (SIGSTOP or a debugger) (state T): Error: no python version")
+    report = StacksReport("r1", 0.0, [rank(0, ALLREDUCE), rank(1, ALLREDUCE), stopped, rank(3, ALLREDUCE)])
+    f = hang_failure(12.3, 10.0, report, SPECS)
+    assert (f.node, f.node_rank, f.rank, f.local_rank) == ("n3", 2, 2, 0)
+    assert f.reason == (
+        "hung: no rank wrote a line for 12 s (stall timeout 10 s); rank 2 on n3 gave no stack, the prime "
+        "suspect: its process is stopped (SIGSTOP or a debugger) (state T): Error: no python version; "
+        "ranks 0-1,3: all_reduce (torch/distributed/distributed_c10d.py:3913) in main (ddp_job.py:72)"
+    )
+    # stuck in D state beats a rank that merely stands apart; without any stack it is still named
+    stuck = unread(1, "D", "its process is in uninterruptible sleep (...) (state D): py-spy did not answer")
+    odd = StacksReport("r1", 0.0, [rank(0, ALLREDUCE), stuck, rank(2, SLEEP), rank(3, ALLREDUCE)])
+    assert (hang_failure(600, 600, odd, SPECS).node, hang_failure(600, 600, odd, SPECS).rank) == ("n2", 1)
+    alone = hang_failure(600, 600, StacksReport("r1", 0.0, [stuck]), SPECS)
+    assert alone.node == "n2" and "rank 1 on n2 gave no stack, the prime suspect" in alone.reason
+
+
+def test_a_rank_without_a_stack_beside_ranks_that_agree_is_named_and_an_odd_one_first() -> None:
+    silent = unread(3, "S", "py-spy did not answer within 20 s")
+    report = StacksReport("r1", 0.0, [rank(0, ALLREDUCE), rank(1, ALLREDUCE), rank(2, ALLREDUCE), silent])
+    assert (hang_failure(60, 60, report, SPECS).node, hang_failure(60, 60, report, SPECS).rank) == ("n4", 3)
+    odd = StacksReport("r1", 0.0, [rank(0, ALLREDUCE), rank(1, ALLREDUCE), rank(2, SLEEP), silent])
+    assert hang_failure(60, 60, odd, SPECS).rank == 2  # the one that stands apart, where nothing is stuck
+    nothing = StacksReport("r1", 0.0, [unread(0, "S"), unread(1, "S")])
+    assert hang_failure(60, 60, nothing, SPECS).reason.endswith("no stack could be taken (no rank found)")
+
+
+# ----------------------------------------------------------------------------- bringing py-spy
+
+
+def test_the_controllers_py_spy_goes_only_to_a_node_of_its_architecture(tmp_path: Path) -> None:
+    from orchestrator.run.stacks import bring, elf_machine
+
+    x86 = tmp_path / "x86"
+    x86.write_bytes(b"\x7fELF\x02\x01\x01" + bytes(11) + (62).to_bytes(2, "little") + bytes(100))
+    arm = tmp_path / "arm"
+    arm.write_bytes(b"\x7fELF\x02\x01\x01" + bytes(11) + (183).to_bytes(2, "little") + bytes(100))
+    (tmp_path / "script").write_text("#!/bin/sh\n")
+    assert (elf_machine(x86.read_bytes()[:20]), elf_machine(arm.read_bytes()[:20])) == ("x86_64", "aarch64")
+    none_here = answer(py_spy=None, machine="x86_64", ranks=[{"pid": 5, "rank": 0}])
+    assert bring(none_here, x86) == (True, None)
+    assert bring(none_here, arm) == (False, f"and this controller's {arm} is for aarch64, not this node's x86_64")
+    assert bring(none_here, tmp_path / "script")[1] == (
+        f"and this controller's {tmp_path / 'script'} is for another system, not this node's x86_64"
+    )
+    assert (
+        bring(none_here, None)[1]
+        == "and this controller has no py-spy to bring (`pip install py-spy` here or on the node)"
+    )
+    assert bring(answer(machine="x86_64", ranks=[{"pid": 5}]), x86) == (False, None)  # the node has one
+    assert bring(answer(py_spy=None, machine="x86_64"), x86) == (False, None)  # nothing to dump there
+    said = node_stacks("n1", 0, {**none_here, "ship_error": "and this controller has no py-spy to bring"})[1]
+    assert said is not None and said.startswith(
+        "py-spy is not installed next to /venv/bin/python nor on PATH; and this controller has no py-spy to bring: "
+    )

@@ -11,8 +11,10 @@ from typing import Any
 import pytest
 
 from orchestrator.contract import NodeState, RunState
+from orchestrator.errors import TransportError
 from orchestrator.run.agents import NodeStatus, StopResult
 from orchestrator.run.supervise import (
+    Failure,
     NodeSpec,
     Poller,
     Pushed,
@@ -172,6 +174,20 @@ def test_unreachable_longer_than_grace_fails_but_a_blip_does_not() -> None:
     assert stops == [1]
 
 
+@pytest.mark.parametrize("silent", [False, True], ids=["asked", "silent-stream"])
+def test_a_node_whose_allocation_has_ended_fails_at_once(silent: bool) -> None:
+    """Slurm ended the allocation (a time limit, scancel, a requeue): srun says so, and nothing can
+    run there any more; no unreachable grace is waited out for it."""
+    gone: Exception = TransportError("n2", "gone", "the allocation has ended (srun: Slurm job 1 has expired)")
+    if silent:
+        gone = Silent(gone, 100.0)
+    sup, stops = supervisor([{"n1": ok(), "n2": ok(), "n3": ok()}] + [{"n1": ok(), "n2": gone, "n3": ok()}] * 12)
+    out = sup.run()
+    assert out.failure is not None and out.failure.node == "n2", out
+    assert out.failure.reason == "n2: the allocation has ended (srun: Slurm job 1 has expired)"
+    assert out.wall_s == pytest.approx(1.0) and stops == [1]
+
+
 def test_an_unanswered_poll_counts_from_when_it_began() -> None:
     clock = Clock()
     since = clock.t - 9.5
@@ -240,6 +256,44 @@ def test_excerpt_keeps_the_failing_workers_exception_far_above_the_end() -> None
     assert "[default1]:RuntimeError: injected failure on rank 5 at step 3" in lines
     assert "…" in lines
     assert lines[-1] == "  torchrun frame 29" and not set(block) & set(lines)  # the summary: in the log only
+
+
+def test_excerpt_keeps_the_failing_workers_lines_under_any_torchrun_role() -> None:
+    """`--role trainer` in job.torchrun_args: torchrun's prefix is `[trainer1]:`, and the blamed
+    worker's exception, 60 lines above the end, is in the excerpt as it is under the role `default`
+    (the excerpt used to look for `[default1]:` only and dropped it)."""
+    worker = ["[trainer1]:Traceback (most recent call last):"]
+    worker += [f'[trainer1]:  File "job.py", line {i}' for i in range(5)]
+    worker += ["[trainer1]:RuntimeError: injected failure on rank 5 at step 3"]
+    noise = [f"[trainer0]:[rank 4] step {i}" for i in range(30)]
+    torchrun_tb = [f"  torchrun frame {i}" for i in range(30)]
+    summary = [
+        "============================================================",
+        "job.py FAILED",
+        "------------------------------------------------------------",
+        "Failures:",
+        "  <NO_OTHER_FAILURES>",
+        "------------------------------------------------------------",
+        "Root Cause (first observed failure):",
+        "[0]:",
+        "  time      : 2026-11-30_10:02:37",
+        "  host      : node3",
+        "  rank      : 5 (local_rank: 1)",
+        "  exitcode  : 1 (pid: 6482)",
+        "  error_file: <N/A>",
+        "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html",
+        "============================================================",
+    ]
+    raw = [f"2026-11-30T10:02:36.{i:06d}Z err {t}" for i, t in enumerate(worker + noise + torchrun_tb + summary)]
+    lines, rank, local = select_excerpt(raw)
+    assert (rank, local) == (5, 1)
+    assert "[trainer1]:RuntimeError: injected failure on rank 5 at step 3" in lines, lines
+    assert lines.index("[trainer1]:RuntimeError: injected failure on rank 5 at step 3") < lines.index("…")
+    assert select_excerpt(raw, worker=1)[0] == lines  # the worker a lost peer's blame names: the same lines
+    f = Failure("node3", 1, "exited with code 1", 1)
+    f.explain(raw)
+    assert f.cause == "RuntimeError: injected failure on rank 5 at step 3" and (f.rank, f.local_rank) == (5, 1)
+    assert "[trainer1]:RuntimeError: injected failure on rank 5 at step 3" in f.excerpt
 
 
 def test_excerpt_without_root_cause_is_the_last_20_lines() -> None:

@@ -167,6 +167,24 @@ def acting_but_sgr(text: str) -> list[str]:
     return terminal_acting(SGR.sub("", text))
 
 
+def test_image_push_shows_what_a_node_answered_escaped(capsys: pytest.CaptureFixture[str]) -> None:
+    """`orch image push`'s lines: the ID a node said it held before, its error and the chain's notes
+    are the node's words, shown escaped on every line (its IDs included)."""
+    from orchestrator.remote.chain import ChainSummary
+    from orchestrator.remote.image import ImageReport, NodePush
+
+    nodes = (
+        NodePush("n1", "loaded", "a" * 64, EVIL, elapsed_s=1.0),
+        NodePush("n2", "present", EVIL, EVIL),
+        NodePush("n3", "failed", None, EVIL, "load exited 125: " + EVIL, "hint " + EVIL, 125),
+    )
+    chain = ChainSummary((("n1", "n3"),), (("n1",),), 10, ("n3 dropped: " + EVIL,), None)
+    render.image_report(ImageReport("img", "podman", EVIL, 10, nodes, 1.0, "chain", "x", chain))
+    out = capsys.readouterr()
+    assert terminal_acting(out.out + out.err) == [], repr(out.out)
+    assert "(was \\x1b]0;owned\\x07\\x1" in out.out, out.out
+
+
 def test_fabric_names_devices_and_reasons_from_the_node_are_shown_escaped() -> None:
     """`\\x1b]0;PWNED\\x1b[2J` as the job's backend, device, a node's host and a skip reason went
     out as bytes: it retitled the window and cleared the screen."""
@@ -277,7 +295,7 @@ def test_node_output_is_data_never_terminal_control(
     ]
     for n, raw in zip(inv.nodes, raws):
         nf = facts.NodeFacts(n, ssh_offset_ms=0.0, rtt_ms=1.0, connect_ms=1.0)
-        nf.raw, nf.malformed = shapes.read_answer(raw, shapes.FACTS_SHAPE, "facts")
+        nf.raw, nf.malformed = shapes.read_answer(raw, checks.FACTS_SHAPE, "facts")
         got[n.name] = nf
     report = CheckReport(checks.run_checks(inv, got, [c for c in checks.CHECKS if c != "fabric"]))
     buf = io.StringIO()

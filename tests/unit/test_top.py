@@ -61,6 +61,7 @@ def test_a_slow_rank_is_named_in_the_report_and_on_its_node(tmp_path: Path) -> N
     assert data["nodes"][2]["ranks"][0]["flags"] == ["straggler"]
     assert data["nodes"][2]["ranks"][0]["speed"] == pytest.approx(1.01 / 2.51, rel=1e-3)
     assert data["nodes"][0]["gpu_error"] == "nvidia-smi: not found in PATH" and data["nodes"][0]["gpus"] == []
+    assert data["nodes"][0]["no_gpu"] is True  # none declared: a CPU node, not an error
     assert len(report.speeds) == 4
 
 
@@ -206,3 +207,19 @@ def test_each_refresh_fetches_then_reads_what_the_copies_gained(
     reports = list(itertools.islice(frames, 2))
     assert done == ["fetch cluster", "sleep 2.5", "fetch cluster"]
     assert [r.run for r in reports] == ["20261130-093200-toptest"] * 2 and len(reports[1].nodes) == 2
+
+
+def test_a_cpu_node_shows_it_has_no_gpu_not_a_missing_tool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 54.10: a node without nvidia-smi and without `gpus:` is a CPU node; its GPU column said
+    `nvidia-smi: not found in PATH`."""
+    from rich.console import Console
+
+    from orchestrator.cli import render
+
+    view = view_of(tmp_path, [None, "v100x8"])
+    buf = io.StringIO()
+    monkeypatch.setattr(render.top, "console", lambda stderr=True: Console(file=buf, width=200, color_system=None))
+    for per_gpu in (False, True):
+        render.top_table(view.report(), gpus=per_gpu)
+    text = buf.getvalue()
+    assert text.count("no GPU (CPU node)") == 2 and "not found in PATH" not in text, text

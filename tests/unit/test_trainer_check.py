@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -222,3 +223,59 @@ def test_a_yoloe_model_without_prompts_is_refused_with_the_starts_message(data: 
     err = refused(["--data", str(data), "--model", "yoloe-11s.yaml", "--imgsz", "32"])
     assert str(err).startswith("YOLOE needs text-prompt embeddings (yoloe-11s.yaml): pass --text-embeddings FILE")
     assert err.stage == "inputs"  # type: ignore[attr-defined]
+
+
+def test_the_input_refusals_come_with_the_device_refusals(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--amp and --sync-bn on a CPU were refused first and the YOLOE embeddings only once those were
+    fixed (and --ddp-grad-dtype bf16 and MuSGD on a V100 after that): one command, one refusal
+    naming every problem, from the check and from the start alike."""
+    import torch
+
+    from trainer import dist as tdist
+    from trainer import loop
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_WORLD_SIZE", "2")):
+        monkeypatch.setenv(name, value)
+    argv = ["--data", str(data), "--model", "yoloe-11s.yaml", "--imgsz", "32", "--batch", "4", "--amp", "--sync-bn"]
+    err = refused(argv)
+    assert str(err).startswith("3 problems: 1) --amp on: fp16 mixed precision needs CUDA"), str(err)
+    assert "2) --sync-bn needs CUDA" in str(err)
+    assert "3) YOLOE needs text-prompt embeddings (yoloe-11s.yaml)" in str(err)
+    assert err.stage == "device"  # type: ignore[attr-defined]
+    with pytest.raises(TrainerError) as start:  # what every rank of a start prints
+        loop.admit(parse_config(argv), tdist.Topology.from_env(), [], select=False)
+    assert str(start.value) == str(err)
+    # a V100: what needs bfloat16, with the inputs' own problem, at once
+    cfg = parse_config(["--data", str(data), "--imgsz", "32", "--ddp-grad-dtype", "bf16", "--optimizer", "MuSGD"])
+    with pytest.raises(TrainerError) as v100:
+        loop.prepare(
+            replace(cfg, text_embeddings="/no/such.pt"),
+            tdist.Topology(),
+            torch.device("cuda", 0),
+            capability=(7, 0),
+        )
+    said = str(v100.value)
+    assert said.startswith("3 problems: 1) --text-embeddings is for YOLOE models"), said
+    assert "2) --ddp-grad-dtype bf16: cuda:0 has compute capability 7.0" in said and "3) --optimizer MuSGD" in said
+
+
+def test_gloo_lets_two_ranks_share_one_gpu_and_nccl_does_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--dist-backend gloo: a rank whose LOCAL_RANK has no GPU of its own shares one (the GPU
+    validation's two ranks on its one GPU); NCCL refuses that, and so does the trainer under it."""
+    import torch
+
+    from trainer import dist as tdist
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    second = tdist.Topology(rank=1, local_rank=1, world_size=2, launched=True, local_world_size=2)
+    assert tdist.pick_device("cuda", second, "gloo") == torch.device("cuda", 0)
+    with pytest.raises(ValueError, match="LOCAL_RANK 1 has no GPU: this node shows 1"):
+        tdist.pick_device("cuda", second, "nccl")
+    assert tdist.backend_of("auto", torch.device("cuda", 0)) == "nccl"
+    assert tdist.backend_of("gloo", torch.device("cuda", 0)) == "gloo"
+    assert tdist.backend_of("auto", torch.device("cpu")) == "gloo"
+    err = refused(["--data", "/d.yaml", "--device", "cpu", "--dist-backend", "nccl"])
+    assert "--dist-backend nccl needs CUDA" in str(err)

@@ -615,3 +615,16 @@ def test_a_number_that_is_not_finite_is_refused(args: list[str]) -> None:
     with pytest.raises((TrainerError, SystemExit)) as info:
         parse_config(["--data", "/d.yaml", *args], usage_errors=True)
     assert "not a finite number" in str(info.value), str(info.value)
+
+
+def test_the_gradient_all_reduce_and_backend_flags() -> None:
+    """--ddp-grad-dtype (default fp32: DDP's own all-reduce, as ultralytics), --bucket-mb (DDP's
+    25 MB), --dist-backend (auto): each a choice or a positive number, recorded in the config."""
+    cfg = parse_config(["--data", "/d.yaml"])
+    assert (cfg.ddp_grad_dtype, cfg.bucket_mb, cfg.dist_backend) == ("fp32", 25.0, "auto")
+    cfg = parse_config(["--data", "/d.yaml", "--ddp-grad-dtype", "fp16", "--bucket-mb", "50", "--dist-backend", "gloo"])
+    assert (cfg.ddp_grad_dtype, cfg.bucket_mb, cfg.dist_backend) == ("fp16", 50.0, "gloo")
+    with pytest.raises(TrainerError, match=r"--bucket-mb must be > 0, got 0"):
+        parse_config(["--data", "/d.yaml", "--bucket-mb", "0"])
+    with pytest.raises(TrainerError, match=r"invalid choice: 'int8'"):
+        parse_config(["--data", "/d.yaml", "--ddp-grad-dtype", "int8"], usage_errors=True)

@@ -133,9 +133,11 @@ def test_progress_line_counts_troubled_steps_and_reads_back() -> None:
 
 
 def test_epoch_line_counts_become_results_csv_steps_columns() -> None:
-    line = logs.epoch_line(1, 2, {"box_loss": 1.5}, {"lr/pg0": 0.01}, {"steps/nonfinite": 4, "steps/skipped": 1})
+    counts = {"steps/nonfinite": 4, "steps/skipped": 1, "steps/recoveries": 2}
+    line = logs.epoch_line(1, 2, {"box_loss": 1.5}, {"lr/pg0": 0.01}, counts)
     cols = logs.parse_results([logs.prefixed(line)])
     assert cols["steps/nonfinite"] == [4.0] and cols["steps/skipped"] == [1.0] and cols["train/box_loss"] == [1.5]
+    assert cols["steps/recoveries"] == [2.0]
     assert set(logs.STEP_COUNTS) <= set(cols)
 
 
@@ -169,6 +171,12 @@ def test_ultralytics_colours_are_left_out_off_a_terminal() -> None:
             return True
 
     assert "\x1b[34m" in logs.library_formatter(Tty()).format(record)  # a terminal keeps them
+    # a handler whose stream was closed under it (ultralytics' handler installed at its import, in a
+    # process whose stdout was replaced since: a test's capture, a closed pipe) is no terminal, not
+    # a ValueError out of the trainer's start
+    closed = io.StringIO()
+    closed.close()
+    assert logs.library_formatter(closed).format(record) == logs.prefixed("train: Scanning /data/labels... 8 images")
 
 
 def test_a_progress_line_of_numbers_no_float_holds_is_ignored_not_a_crash() -> None:

@@ -18,19 +18,26 @@ class NoEMA:
         pass
 
 
-def fp16_epoch(scaler: torch.amp.GradScaler, steps: int, max_grad: float, nonfinite_loss: bool = False) -> loop.Health:
+def fp16_epoch(
+    scaler: torch.amp.GradScaler,
+    steps: int,
+    max_grad: float,
+    nonfinite_loss: bool = False,
+    nonfinite_at: tuple[int, ...] = (),
+) -> loop.Health:
     """``steps`` optimizer steps through ``loop.optimizer_step`` with a real GradScaler; a gradient
     overflows as fp16's would: when the scaled gradient passes fp16's largest value (or the loss is
-    not finite). Returns the epoch's Health as the loop builds it."""
+    not finite: every step's with ``nonfinite_loss``, those of ``nonfinite_at``, 0-based). Returns
+    the epoch's Health as the loop builds it."""
     model = torch.nn.Linear(4, 1)
     parts: Any = SimpleNamespace(
         scaler=scaler, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), model=model, ema=NoEMA()
     )
     skipped = torch.zeros((), dtype=torch.float64)
     nonfinite = 0
-    for _ in range(steps):
+    for step in range(steps):
         loss = model(torch.ones(2, 4)).sum()
-        if nonfinite_loss:
+        if nonfinite_loss or step in nonfinite_at:
             loss = loss * float("inf")
             nonfinite += 1
         scaler.scale(loss).backward()
@@ -67,16 +74,61 @@ def test_fp16_warm_up_skips_in_a_short_first_epoch_are_not_divergence() -> None:
     assert third.skipped == 4 and third.scale == 2.0**2 and not third.broken
 
 
-def test_skips_at_a_small_scale_or_with_non_finite_losses_are_divergence() -> None:
+def test_skips_at_a_collapsed_scale_are_divergence() -> None:
     diverged = fp16_epoch(torch.amp.GradScaler("cpu", init_scale=2.0**-9), steps=3, max_grad=1e9)
     assert (
         diverged.skipped == diverged.steps == 3 and diverged.scale is not None and diverged.scale < loop.DIVERGED_SCALE
     )
     assert diverged.broken and "all 3 optimizer steps were skipped" in diverged.why()
-    nan = fp16_epoch(torch.amp.GradScaler("cpu"), steps=2, max_grad=1.0, nonfinite_loss=True)
-    assert nan.skipped == 2 and nan.nonfinite == 2 and nan.broken
+    # a loss that is never finite: every step skipped, the scale halved each time until it collapses
+    nan = fp16_epoch(torch.amp.GradScaler("cpu"), steps=30, max_grad=1.0, nonfinite_loss=True)
+    assert nan.skipped == 30 and nan.nonfinite == 30 and nan.scale == 2.0**-14 and nan.broken
     assert loop.Health(nonfinite=1, skipped=0, steps=4, finite=False).broken  # without a scaler: weights not finite
     assert not loop.Health(skipped=4, steps=5, scale=2.0**-20).broken  # a step went through
+
+
+def test_one_non_finite_loss_in_a_first_epoch_of_warm_up_skips_is_not_divergence() -> None:
+    """32 ranks: fp16's warm-up skips about 16 steps while the scale falls from 2^16, so a short
+    fine-tune's first epoch (16 optimizer steps of 384 images) skips them all; one of its batches
+    has a degenerate label, whose loss is not finite. The GradScaler skipped that step as it skips
+    the others: the epoch is not divergence (ultralytics carries on), whatever the loss count."""
+    first = fp16_epoch(torch.amp.GradScaler("cpu"), steps=16, max_grad=2e3 * 32, nonfinite_at=(7,))
+    assert first.skipped == first.steps == 16 and first.nonfinite == 1 and first.scale == 1.0, first
+    assert not first.broken, first.why()
+    assert not loop.Health(nonfinite=3, skipped=16, steps=16, scale=2.0**-9).broken  # still above the collapse
+
+
+def v100_inputs(device: str, capability: tuple[int, int] | None, amp: str) -> Any:
+    from trainer.config import TrainConfig
+    from trainer.dist import Topology
+
+    return SimpleNamespace(
+        cfg=TrainConfig(data="/d.yaml"), topo=Topology(), device=torch.device(device), capability=capability, amp=amp
+    )
+
+
+def test_the_advice_on_divergence_is_what_the_device_can_do(tmp_path: Any) -> None:
+    """A first epoch that diverges (no last.pt to recover from) stops with what to change: on a
+    V100 not --amp bf16, which the trainer refuses there, but fp32; on an A100 either; on a CPU,
+    which trains in fp32 already, no precision at all."""
+    import pytest
+
+    from trainer.errors import TrainerError
+
+    broken = loop.Health(nonfinite=40, skipped=40, steps=40, scale=2.0**-24)
+
+    def advice(device: str, capability: tuple[int, int] | None, amp: str) -> str:
+        with pytest.raises(TrainerError) as info:
+            loop.recover(0, broken, 1, None, v100_inputs(device, capability, amp), loop.State(), tmp_path)  # type: ignore[arg-type]
+        return str(info.value)
+
+    v100 = advice("cuda", (7, 0), "fp16")
+    assert "there is no weights/last.pt yet to recover from" in v100
+    assert "try --amp off (bf16 is not native on this GPU)" in v100 and "bf16 or" not in v100, v100
+    assert "try --amp bf16 or --amp off" in advice("cuda", (8, 0), "fp16")
+    assert "try --amp off" in advice("cuda", (9, 0), "bf16") and "--amp bf16" not in advice("cuda", (9, 0), "bf16")
+    cpu = advice("cpu", None, "off")
+    assert "--amp" not in cpu and "lower the learning rate (--lr / lr0), keep --clip on, and check the labels" in cpu
 
 
 def write_wide_first_dataset(root: Any) -> str:
@@ -198,7 +250,7 @@ def startup(batch: int, world_size: int, device: str, sync_bn: bool = False) -> 
         device=torch.device(device),
         amp="off",
     )
-    parts: Any = SimpleNamespace(optimizer=optimizer, nominal_accumulate=1, unused=[])
+    parts: Any = SimpleNamespace(optimizer=optimizer, nominal_accumulate=1, unused=[], model=model)
     return loop.startup_lines(inp, parts, 0)
 
 
@@ -259,3 +311,219 @@ def test_start_up_barriers_wait_on_the_rendezvous_store_not_on_a_gloo_group(monk
 
     with pytest.raises(dist.DistStoreError):
         tdist.store_barrier(server, "b2", 2, timedelta(seconds=0.2))  # a rank that never comes: the timeout
+
+
+# --- gradients over the network: --ddp-grad-dtype, --bucket-mb ------------------------------------
+
+
+def one_rank_group() -> Any:
+    """An in-process gloo group of one rank (DDP needs one), on a port of this test's own."""
+    import torch.distributed as dist
+
+    from tests.ports import job_port
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{job_port()}", rank=0, world_size=1)
+    return dist
+
+
+def test_the_gradient_all_reduce_hook_sends_fp16_in_half_the_bytes_of_fp32() -> None:
+    """The comm hook casts each bucket to fp16 (DDP's compression hook) and counts what it sends:
+    half of fp32's bytes, per step and per bucket; the gradients come back into the fp32 bucket,
+    equal to fp32's to fp16's precision. Buckets of --bucket-mb MB."""
+    dist = one_rank_group()
+    try:
+        grads, sent = {}, {}
+        for dtype in ("fp32", "fp16", "bf16"):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Linear(256, 64))
+            ddp, comm = loop.wrap_ddp(model, torch.device("cpu"), False, dtype, bucket_mb=0.01, count=True)
+            assert comm is not None and ddp.bucket_bytes_cap == int(0.01 * 1024 * 1024)
+            for _ in range(3):  # three optimizer steps' all-reduces
+                ddp(torch.ones(8, 64)).square().sum().backward()
+            grads[dtype] = torch.cat([p.grad.flatten() for p in model.parameters()])
+            sent[dtype] = comm.record()
+            assert sent[dtype]["steps"] == 3 and sent[dtype]["buckets"] > 3  # 0.01 MB: several buckets a step
+            assert sent[dtype]["bytes"] == 3 * loop.grad_bytes(model, dtype)
+        params = sum(p.numel() for p in model.parameters())
+        assert sent["fp32"]["bytes_per_step"] == 4 * params
+        assert sent["fp16"]["bytes_per_step"] == sent["bf16"]["bytes_per_step"] == 2 * params
+        assert torch.allclose(grads["fp16"], grads["fp32"], rtol=2e-3, atol=1e-3)
+        assert torch.allclose(grads["bf16"], grads["fp32"], rtol=2e-2, atol=1e-2)
+        plain, none = loop.wrap_ddp(torch.nn.Linear(2, 2), torch.device("cpu"), False)  # fp32: DDP's own all-reduce
+        assert none is None and plain.bucket_bytes_cap == 25 * 1024 * 1024
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_start_up_says_the_gradient_bytes_dtype_and_buckets() -> None:
+    from trainer.config import parse_config
+
+    model = torch.nn.Linear(1000, 1000)  # 1 001 000 parameters
+    fp16 = loop.comm_line(model, parse_config(["--data", "/d.yaml", "--ddp-grad-dtype", "fp16"]), 8)
+    assert fp16 == (
+        "DDP all-reduces 2.0 MB of gradients per optimizer step per rank in fp16 (compression hook; fp32 would be "
+        "4.0 MB), in buckets of 25 MB (--bucket-mb)"
+    )
+    fp32 = loop.comm_line(model, parse_config(["--data", "/d.yaml", "--bucket-mb", "100"]), 8)
+    assert fp32 is not None and "4.0 MB" in fp32 and "fp16 or bf16 halves it" in fp32 and "buckets of 100 MB" in fp32
+    assert loop.comm_line(model, parse_config(["--data", "/d.yaml"]), 1) is None
+    alone = loop.comm_line(model, parse_config(["--data", "/d.yaml", "--ddp-grad-dtype", "bf16"]), 1)
+    assert alone == "note: --ddp-grad-dtype without effect: one rank all-reduces no gradient"
+
+
+def test_bf16_gradients_and_musgd_are_refused_on_a_gpu_without_native_bfloat16() -> None:
+    from trainer.config import parse_config
+
+    cuda = torch.device("cuda", 0)
+    cfg = parse_config(["--data", "/d.yaml", "--ddp-grad-dtype", "bf16", "--optimizer", "MuSGD"])
+    v100 = loop.capability_problems(cfg, cuda, (7, 0))
+    assert len(v100) == 2
+    assert v100[0].startswith("--ddp-grad-dtype bf16: cuda:0 has compute capability 7.0, without native bfloat16")
+    assert "use --ddp-grad-dtype fp16" in v100[0]
+    assert v100[1].startswith("--optimizer MuSGD: its Newton-Schulz iterations run in bfloat16") and "SGD" in v100[1]
+    assert loop.capability_problems(cfg, cuda, (8, 0)) == loop.capability_problems(cfg, torch.device("cpu"), None) == []
+
+
+def test_optimizer_auto_picks_sgd_where_musgd_would_run_in_emulated_bf16() -> None:
+    """ultralytics' auto picks MuSGD beyond 10 000 iterations; its Newton-Schulz iterations run in
+    bfloat16, which a V100 emulates: SGD there (ultralytics' own long-run choice before MuSGD), said."""
+    cuda = torch.device("cuda", 0)
+    chosen = loop.auto_optimizer("auto", 30_000, cuda, (7, 0))
+    assert chosen is not None
+    (name, lr, momentum), note = chosen
+    assert (name, lr, momentum) == ("SGD", 0.01, 0.9)
+    assert note.startswith("optimizer auto: SGD lr0 0.01 momentum 0.9 instead of MuSGD (30000 iterations)"), note
+    assert loop.auto_optimizer("auto", 30_000, cuda, (8, 0)) is None  # an A100 runs MuSGD as ultralytics picks it
+    assert loop.auto_optimizer("auto", 10_000, cuda, (7, 0)) is None  # AdamW: no bf16 in it
+    assert loop.auto_optimizer("auto", 30_000, torch.device("cpu"), None) is None
+    assert loop.auto_optimizer("SGD", 30_000, cuda, (7, 0)) is None
+
+
+# --- NaN recovery changes what caused it -----------------------------------------------------------
+
+
+class Images:
+    """A dataset's length and image files, all a sampler reads of it."""
+
+    def __init__(self, n: int) -> None:
+        self.im_files = [f"/d/im{i}.jpg" for i in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.im_files)
+
+
+def test_another_attempt_at_an_epoch_draws_another_order_without_the_images_left_out() -> None:
+    from torch.utils.data import DistributedSampler
+
+    from trainer.data import ShardSampler
+
+    images = Images(21)
+    ranks = [ShardSampler(images, 2, r, seed=3) for r in range(2)]
+    for epoch in (0, 4):  # attempt 0 is DistributedSampler's own order: a resumed run continues exactly
+        for r, s in enumerate(ranks):
+            s.set_epoch(epoch)
+            plain = DistributedSampler(images, num_replicas=2, rank=r, shuffle=True, seed=3)  # type: ignore[arg-type]
+            plain.set_epoch(epoch)
+            assert list(s) == list(plain) and len(s) == len(plain) == 11
+    first = [list(s) for s in ranks]
+    for s in ranks:
+        s.set_epoch(4, attempt=1)
+    second = [list(s) for s in ranks]
+    assert second != first and set(second[0] + second[1]) == set(first[0] + first[1]) == set(range(21))
+    left = ["/d/im3.jpg", "/d/im8.jpg", "/d/im20.jpg", "/d/not-in-the-set.jpg"]
+    for s in ranks:
+        s.set_epoch(4, attempt=1, left_out=left)
+    third = [list(s) for s in ranks]
+    assert len(third[0]) == len(third[1]) == len(ranks[0]) == 9  # 18 images: the ranks stay in step
+    assert not {3, 8, 20} & set(third[0] + third[1]) and set(third[0] + third[1]) == set(range(21)) - {3, 8, 20}
+    import pytest
+
+    from trainer.errors import TrainerError
+
+    with pytest.raises(TrainerError, match="every one of the 21 training images was left out"):
+        ranks[0].set_epoch(5, left_out=images.im_files)
+
+
+def test_the_first_non_finite_loss_names_its_batch_and_images() -> None:
+    """Without a GradScaler a non-finite loss makes the weights, and so every later loss, non-finite:
+    only the first one's batch is to blame."""
+    from trainer.dist import Topology
+
+    state = loop.State()
+    files = [[f"/d/b{i}a.jpg", f"/d/b{i}b.jpg"] for i in range(5)]
+    state.troubled = (torch.tensor([False, False, True, True, True]), files)
+    culprits = loop.first_nonfinite(state, Topology())
+    assert culprits == [(0, 3, ["/d/b2a.jpg", "/d/b2b.jpg"])]
+    assert loop.culprits_line(4, culprits) == (
+        "warning: epoch 5: the first non-finite loss came from rank 0 batch 3, images /d/b2a.jpg, /d/b2b.jpg: left "
+        "out of training from now on; check their labels (boxes outside the image, degenerate boxes, empty files)"
+    )
+    state.troubled = (torch.zeros(5, dtype=torch.bool), files)
+    assert loop.first_nonfinite(state, Topology()) == []
+
+
+# --- SyncBatchNorm's all-gathers are not compute ------------------------------------------------
+
+
+def test_the_forwards_collectives_are_timed_apart_from_compute() -> None:
+    """A layer whose forward is a collective (SyncBatchNorm's all-gather, where the slowest rank's
+    wait lands) is timed apart: sync_s on the timing line, left out of compute_s, so the straggler
+    detector's time outside collectives is the rank's own."""
+    from trainer import pace as tpace
+    from trainer.logs import parse_timing
+
+    ticks = iter([0.0, 1.0, 1.5, 4.0, 4.5, 6.0, 6.0])  # window, forward, layer in/out, forward end, line, next
+    layer = torch.nn.BatchNorm1d(2)
+    pace = tpace.Pace(torch.device("cpu"), [layer], clock=lambda: next(ticks))
+    pace.forward_begins()
+    layer(torch.ones(2, 2))
+    pace.forward_ends(2)
+    line = pace.line(1, 1)
+    assert line == "timing epoch 1 batch 1 steps 1 images 2 data_s 0 compute_s 1 wall_s 6 sync_s 2.5", line
+    t = parse_timing(f"[rank 3] {line}")
+    assert t is not None and (t.compute_s, t.sync_s, t.outside_s) == (1.0, 2.5, 1.0)
+    pace.close()
+    assert not layer._forward_hooks and not layer._forward_pre_hooks  # noqa: SLF001
+    net = torch.nn.Sequential(torch.nn.SyncBatchNorm(2), torch.nn.BatchNorm2d(2))
+    assert tpace.collective_layers(net) == [net[0]]
+    plain = tpace.Pace(torch.device("cpu"))  # no collective in the forward: the line as it always was
+    plain.forward_begins()
+    plain.forward_ends(2)
+    assert " sync_s " not in plain.line(1, 1)
+
+
+def test_a_start_up_barrier_names_the_ranks_it_waits_for() -> None:
+    """Rank 1 died building its dataset: ranks 0 and 2 wait for it on the store, and their heartbeat
+    says whom they wait for (rank 1), not only that they are building; once it arrives, nobody."""
+    import threading
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from trainer import data as tdata
+    from trainer import dist as tdist
+    from trainer.dist import Topology
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    beat = tdata.Heartbeat("building the datasets", Topology(), every_s=0)
+    heard: list[list[int]] = []
+    told = threading.Event()
+
+    def hear(missing: list[int]) -> None:
+        beat.waiting(missing)
+        heard.append(missing)
+        told.set()
+
+    def rank(r: int, hear: Any = None) -> None:
+        client = dist.TCPStore("127.0.0.1", server.port, is_master=False)
+        tdist.store_barrier(client, "b", 3, timedelta(seconds=60), rank=r, waiting=hear, poll_s=0.05)
+
+    waiting = [threading.Thread(target=rank, args=(0, hear)), threading.Thread(target=rank, args=(2,))]
+    for t in waiting:
+        t.start()
+    assert told.wait(60), "the barrier never said whom it waits for"
+    assert heard[0] == [1] and beat.text(90) == "startup: building the datasets: waiting for rank(s) 1, 90 s so far"
+    rank(1)  # it comes after all
+    for t in waiting:
+        t.join(timeout=60)
+    assert heard[-1] == [] and beat.text(91) == "startup: building the datasets, 91 s so far"

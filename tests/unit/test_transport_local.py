@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 
 from orchestrator.config import inventory, nodes
 from orchestrator.errors import RemoteCommandFailed, TransportError
-from orchestrator.transport import Cluster, LocalTransport, command_line, fan_out
+from orchestrator.transport import Cluster, LocalTransport, Transport, command_line, fan_out
 from tests.hypothesis_support import examples
 
 INV = inventory.parse("transport: local\nnodes:\n  - host: localhost\n    name: n[0-2]\n", "local.yaml")
@@ -80,6 +81,27 @@ def test_cluster_fan_out_runs_on_every_node() -> None:
     with Cluster(INV) as cluster:
         results = cluster.fan_out(lambda t: t.run(["sh", "-c", "echo $0", t.node.name]).stdout.strip())
     assert results == {"n0": "n0", "n1": "n1", "n2": "n2"}
+
+
+def test_fan_out_draws_the_progress_as_nodes_answer_and_limits_the_workers() -> None:
+    seen: list[tuple[str, int, int]] = []
+    running, most = [0], [0]
+    lock = threading.Lock()
+
+    def work(t: Transport) -> str:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        try:
+            return t.run(["sh", "-c", "sleep 0.2; echo $0", t.node.name]).stdout.strip()
+        finally:
+            with lock:
+                running[0] -= 1
+
+    with Cluster(INV) as cluster:
+        got = cluster.fan_out(work, workers=2, progress=lambda *p: seen.append(p), label="syncing")
+    assert got == {"n0": "n0", "n1": "n1", "n2": "n2"}
+    assert seen == [("syncing", 1, 3), ("syncing", 2, 3), ("syncing", 3, 3)] and most[0] == 2
 
 
 def test_run_shell_sends_the_line_as_it_is() -> None:

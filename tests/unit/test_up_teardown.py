@@ -171,7 +171,7 @@ def test_a_connection_lost_under_the_start_is_not_a_node_that_never_started() ->
     its text."""
     from orchestrator.transport.ssh import SSHTransport
 
-    lost = SSHTransport._lost(type("T", (), {"node": type("N", (), {"name": "gpu2"})()})())  # type: ignore[arg-type]
+    lost = SSHTransport._lost(type("T", (), {"node_name": "gpu2"})())  # type: ignore[arg-type]
     assert isinstance(lost, ConnectionLost) and lost.kind == "unreachable"
     assert up.never_started({"gpu2": lost, "gpu3": ConnectionLost("gpu3", "reset by peer")}) == {}
 

@@ -55,7 +55,9 @@ except KeyboardInterrupt:
 )
 
 CALLS = {
-    "orch exec's wait": "from orchestrator.remote.exec import _interruptible; _interruptible(blocked)",
+    "the fan-out of exec, sync and image push": (
+        "from orchestrator.transport import fan_out; fan_out([NODE], blocked, 1, stop=lambda: None)"
+    ),
     "waits.join": (
         "from orchestrator import waits\n"
         "    t = threading.Thread(target=blocked, daemon=True); t.start(); waits.join(t)"
@@ -75,35 +77,39 @@ def test_a_ctrl_c_delivered_to_a_worker_thread_ends_the_wait_at_once(name: str) 
     assert done.stdout.strip() == "prompt", (name, done.stdout, done.stderr[-2000:])
 
 
-IMAGE_PUSH = (
+PIPE = (
     WAITING
     + """
-from orchestrator.remote import image
-from types import SimpleNamespace
-def push(node):
+from orchestrator.config import inventory
+from orchestrator.transport import Cluster
+INV = inventory.parse("transport: local\\nnodes:\\n  - host: localhost\\n    name: n0\\n", "local.yaml")
+copies = []
+def push(t):
     started = time.monotonic()
     def poke():
-        while not (waiting() and image._running) and time.monotonic() < started + 10:  # the copy runs, main waits
+        while not (waiting() and t.children._procs) and time.monotonic() < started + 10:  # the copy runs, main waits
             time.sleep(0.01)
+        copies.extend(t.children._procs)
         signal.pthread_kill(me, signal.SIGINT)  # to the pushing thread, not the main one
     me = threading.get_ident()
     threading.Thread(target=poke, daemon=True).start()
-    copy["rc"] = image._run(["sleep", "30"])[0]  # the copy: ended by the Ctrl-C (-15), or after 30 s (0)
-    return copy["rc"]
-copy = {}
-try:
-    got = image._each([SimpleNamespace(name="n0")], 1, push)
-    print("finished: the wait outlived the Ctrl-C", got)
-except KeyboardInterrupt:
-    print("prompt" if copy.get("rc") == -15 else f"late: the copy ended {copy}")
+    return t.pipe(["sleep", "30"], b"")  # the copy: ended by the Ctrl-C, or after 30 s
+with Cluster(INV) as cluster:
+    try:
+        got = cluster.fan_out(push, interruptible=True)
+        print("finished: the wait outlived the Ctrl-C", got)
+    except KeyboardInterrupt:
+        ended = copies and all(p.poll() is not None for p in copies)
+        print("prompt" if ended else f"late: the copy still ran {copies}")
 """
 )
 
 
-def test_a_ctrl_c_during_orch_image_push_ends_its_copies_at_once() -> None:
-    """`orch image push` ends each node's copy (its child process) on Ctrl-C, so its wait, which
-    then waits for the copies, ends at once too."""
-    done = subprocess.run([sys.executable, "-c", IMAGE_PUSH], cwd=REPO, capture_output=True, text=True, timeout=90)
+def test_a_ctrl_c_during_a_pipe_ends_its_copy_before_it_propagates() -> None:
+    """`orch image push` (and `orch sync`) end each node's copy (the process here that streams
+    it) on Ctrl-C, and the interrupt propagates once they are gone: `Cluster.fan_out` with
+    `interruptible` closes every transport, which ends what it runs."""
+    done = subprocess.run([sys.executable, "-c", PIPE], cwd=REPO, capture_output=True, text=True, timeout=90)
     assert done.stdout.strip() == "prompt", (done.stdout, done.stderr[-2000:])
 
 

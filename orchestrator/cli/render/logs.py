@@ -96,6 +96,11 @@ def fetch_failed(node: str, exc: Exception) -> None:
     )
 
 
+def logs_warning(msg: str) -> None:
+    """What the controller's disk refused while the log is shown (a copy, merged.log): on stderr, the lines go on."""
+    console().print(f"orch: warning: {safe(msg)}", markup=False, style="yellow")
+
+
 def log_event(node: str, msg: str) -> None:
     """What the follower says about a node's stream (reconnects, given up) while following."""
     console().print(f"orch: {node}: {safe(msg)}", markup=False, style="yellow")

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..ui import may_be_terminal
 from .common import printable, silence_stdout
 
 if TYPE_CHECKING:
+    from ...remote.chain import ChainSummary, Leg, View, Watch
     from ...remote.exec import ExecReport
     from ...remote.image import ImageReport
-    from ...remote.rsync import Transfer
     from ...remote.sync import SyncReport
+    from ...transport import Transfer
     from ...transport.base import Progress
 
 
@@ -118,6 +119,61 @@ def exec_progress(nodes: int) -> Iterator[Progress | None]:
         sys.stderr.flush()
 
 
+@contextlib.contextmanager
+def chain_progress() -> Iterator[Watch | None]:
+    """The copy chain's progress on stderr, a line per node (its role, bytes verified, rate, state),
+    redrawn in place and erased at the end; None where stderr is no terminal."""
+    if not may_be_terminal(sys.stderr) or not sys.stderr.isatty():
+        yield None
+        return
+    drawn = [0]
+
+    def watch(views: Sequence[View]) -> None:
+        width = max((len(v.node) for v in views), default=0)
+        lines = []
+        for v in views:
+            if v.role is None and v.total == 0:
+                continue
+            rate = f"{human_bytes(int(v.bytes_per_s))}/s" if v.bytes_per_s else ""
+            lines.append(
+                f"{printable(v.node):<{width}}  {v.role or '-':<5}  {human_bytes(v.got):>9} of "
+                f"{human_bytes(v.total):<9} {rate:>11}  {v.state}"
+            )
+        up = f"\033[{drawn[0]}F" if drawn[0] else ""
+        sys.stderr.write(up + "".join(f"\033[K{line}\n" for line in lines))
+        sys.stderr.flush()
+        drawn[0] = len(lines)
+
+    try:
+        yield watch
+    finally:
+        if drawn[0]:
+            sys.stderr.write(f"\033[{drawn[0]}F\033[J")
+            sys.stderr.flush()
+
+
+def chain_lines(summary: ChainSummary, legs: list[tuple[str, Leg | None]]) -> list[str]:
+    """The chain's part of a report: its order, each node's role and rate, what happened to it,
+    and the hop that set its pace."""
+    order = " | ".join(" → ".join(printable(n) for n in chain) for chain in summary.last) or "(no node needed it)"
+    lines = [f"  chain: this machine → {order} ({human_bytes(summary.bytes)} sent once from here)"]
+    width = max((len(n) for n, _ in legs), default=0)
+    for name, leg in legs:
+        if leg is None or leg.role is None:
+            continue
+        speed = f" at {human_bytes(int(leg.bytes_per_s))}/s" if leg.bytes_per_s else ""
+        lines.append(
+            f"    {printable(name):<{width}}  {leg.role:<5}  {human_bytes(leg.received)} in {leg.seconds:.1f} s{speed}"
+        )
+    lines.extend(f"    {printable(note)}" for note in summary.notes)
+    if summary.limited_by:
+        src, dst, rate = summary.limited_by
+        lines.append(
+            f"  limited by the hop {printable(src or 'this machine')} → {printable(dst)}: {human_bytes(int(rate))}/s"
+        )
+    return lines
+
+
 def human_bytes(n: int) -> str:
     """1234567 → `1.2 MB` (powers of 1000, as rsync -h and df -H)."""
     size = float(n)
@@ -146,13 +202,17 @@ def describe_transfer(t: Transfer, dry: bool) -> str:
 def image_report(report: ImageReport, stream: Any = None) -> None:
     """`orch image push`'s outcome: a line for the image, then one line per node (present,
     loaded or copied with its time, or FAILED with the reason and the fix)."""
-    from ...remote.image import short_id
+    from ...remote.image import short_id as raw_id
+
+    def short_id(image_id: str | None) -> str:  # what a node said it holds: its words
+        return printable(raw_id(image_id))
 
     stream = stream or sys.stdout
     size = f", {human_bytes(report.size)}" if report.size else ""
     lines = [
         f"push {printable(report.image)} ({report.runtime}, {short_id(report.image_id)}{size}) → "
         f"{len(report.nodes)} node(s) in {report.elapsed_s:.1f} s"
+        + (f", {report.method} ({printable(report.why)})" if report.why else "")
     ]
     width = max((len(n.node) for n in report.nodes), default=0)
     for n in report.nodes:
@@ -166,6 +226,8 @@ def image_report(report: ImageReport, stream: Any = None) -> None:
         else:
             was = f" (was {short_id(n.before)})" if n.before else ""
             lines.append(head + f"{n.action} {short_id(n.image_id)} in {n.elapsed_s:.1f} s, verified{was}")
+    if report.chain is not None:
+        lines += chain_lines(report.chain, [(n.node, n.leg) for n in report.nodes])
     stream.write("\n".join(lines) + "\n")
     stream.flush()
     failed_tail("orch image push", [n.node for n in report.failed()], len(report.nodes))
@@ -186,7 +248,8 @@ def sync_report(report: SyncReport, stream: Any = None) -> None:
 
     stream = stream or sys.stdout
     dry = report.options.dry_run
-    lines = [f"{'would sync' if dry else 'sync'} {', '.join(report.paths)} → {len(report.nodes)} node(s)"]
+    how = f", {report.method} ({printable(report.why)})" if report.why else ""
+    lines = [f"{'would sync' if dry else 'sync'} {', '.join(report.paths)} → {len(report.nodes)} node(s){how}"]
     if report.skipped:
         lines.append(f"nothing copied: {report.skipped}")
     else:
@@ -203,6 +266,8 @@ def sync_report(report: SyncReport, stream: Any = None) -> None:
                 continue
             lines.append(head + what[0])
             lines.extend(f"    {printable(c)}" for c in what[1])
+    if report.chain is not None:
+        lines += chain_lines(report.chain, [(n.node, n.leg) for n in report.nodes])
     stream.write("\n".join(lines) + "\n")
     stream.flush()
     failed_tail("orch sync", [n.node for n in report.failed()], len(report.nodes))

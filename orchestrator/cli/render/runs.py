@@ -84,6 +84,8 @@ def status_table(report: StatusReport) -> None:
             out.print(f"[yellow]node {markup(n.node)}: {markup(safe(n.disk_full))}[/]", soft_wrap=True)
     for found in report.stragglers:
         out.print(f"[bold yellow]{markup(found.get('line', ''))}[/]")
+    if report.reason:  # the nodes stopped on their own: why, in their words
+        out.print(f"{styled(str(report.state))}: {markup(safe(report.reason))}", soft_wrap=True)
     ff = report.first_failure
     if ff:
         out.print("first failure: " + failure_head(ff), soft_wrap=True)
@@ -105,6 +107,11 @@ def duration(seconds: float | None) -> str:
     return f"{h}h{m:02d}m"
 
 
+def short(text: str, limit: int = 60) -> str:
+    """`text` cut to `limit` characters (`…` where cut): a table cell."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def runs_table(report: RunsReport) -> None:
     """`orch runs`: one row per run, newest first; then how many older ones were left out."""
     import time
@@ -116,20 +123,29 @@ def runs_table(report: RunsReport) -> None:
         console().print(f"no runs yet in {markup(report.home)}/runs (start one with: orch up INVENTORY)")
         return
     table = Table(title=f"runs in {markup(report.home)}", title_justify="left")
-    for col in ("run", "inventory", "state", "attempt", "started", "wall time", "nodes×procs", "first failure"):
+    for col in (
+        "run",
+        "inventory",
+        "state",
+        "attempt",
+        "started",
+        "wall time",
+        "nodes×procs",
+        "first failure / reason",
+    ):
         table.add_column(col)
     for r in report.runs:
         started = "" if r.started is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started))
         wall = ("running for " if r.running else "") + duration(r.wall_s)
         table.add_row(
             markup(r.run),
-            markup(r.inventory or ""),
+            markup(r.inventory or "") + (f" (Slurm job {markup(r.slurm_job)})" if r.slurm_job else ""),
             styled(r.state),
             f"{r.attempt}/{r.max_attempts}",
             started,
             wall,
             r.shape,
-            markup(r.failure or ""),
+            markup(r.failure or short(safe(r.reason or ""))),
         )
     out.print(table)
     if report.left_out:
@@ -176,6 +192,8 @@ def down_report(result: DownReport) -> None:
             out.print(f"[bold red]{markup(name)}: processes still running[/]: {list(res.remaining)}")
         elif res.foreign:
             out.print(f"[yellow]{markup(name)}: {markup(safe(res.note or 'another launch of this run id'))}[/]")
+        elif res.status is None and res.note:  # nothing to ask there: never started, or its allocation ended
+            out.print(f"{markup(name)}: {markup(safe(res.note))}")
         else:
             n = len(res.stopped)
             out.print(f"{markup(name)}: " + (f"stopped {n} processes (none is left)" if n else "nothing running"))
@@ -193,6 +211,8 @@ def down_report(result: DownReport) -> None:
         )
     else:
         out.print(f"run {result.run}: nothing left running on {len(done)} nodes ({result.elapsed_s:.1f} s)")
+    if result.released:
+        out.print(f"run {result.run}: {markup(result.released)}")
 
 
 def report_outcome(outcome: ReportOutcome) -> None:
@@ -200,9 +220,9 @@ def report_outcome(outcome: ReportOutcome) -> None:
     if outcome.fetch_error:
         out.print(f"[yellow]results.csv not fetched[/]: {markup(outcome.fetch_error)}")
     if outcome.weights:
-        out.print(f"weights: {markup(outcome.weights)} (on {outcome.master})")
+        out.print(f"weights: {markup(outcome.weights.text(outcome.master))}")
     if outcome.results_csv:
         copy = f", copy in {outcome.local_csv.resolve()}" if outcome.local_csv else ""
-        out.print(f"results: {markup(outcome.results_csv)} (on {outcome.master})" + markup(copy))
+        out.print(f"results: {markup(outcome.results_csv.text(outcome.master))}" + markup(copy))
     out.print(f"report:  {outcome.page.resolve()}")
     click_stdout(str(outcome.page.resolve()))

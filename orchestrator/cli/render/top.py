@@ -41,6 +41,12 @@ def _straggler_words(report: TopReport) -> tuple[dict[str, str], dict[int, str]]
     return by_node, by_rank
 
 
+def _no_gpus(n: dict[str, Any], none_yet: str) -> str:
+    """The GPU column of a node that lists no GPU: a CPU node says so (no nvidia-smi, none declared),
+    anything else is why its GPUs could not be read."""
+    return "no GPU (CPU node)" if n.get("no_gpu") else safe(n["gpu_error"] or none_yet)
+
+
 def top_renderable(report: TopReport, gpus: bool) -> Any:
     """`orch top`'s screen: a row per node (or per GPU with `gpus`), then the stragglers named."""
     import time
@@ -87,7 +93,7 @@ def top_renderable(report: TopReport, gpus: bool) -> Any:
                     node,
                     "-",
                     "",
-                    markup(safe(n["gpu_error"] or "no GPU sample")[:40]),
+                    markup(_no_gpus(n, "no GPU sample")[:40]),
                     "",
                     "",
                     "",
@@ -120,7 +126,7 @@ def top_renderable(report: TopReport, gpus: bool) -> Any:
         total = [g["mem_total_mb"] for g in gs if g["mem_total_mb"] is not None]
         power = [g["power_w"] for g in gs if g["power_w"] is not None]
         temps = [g["temp_c"] for g in gs if g["temp_c"] is not None]
-        what = f"{len(gs)}× {gs[0]['name'] or 'GPU'}" if gs else safe(n["gpu_error"] or "no sample yet")[:32]
+        what = f"{len(gs)}× {gs[0]['name'] or 'GPU'}" if gs else _no_gpus(n, "no sample yet")[:32]
         rank_cpu = [r["cpu_pct"] for r in n["ranks"] if r["cpu_pct"] is not None]
         table.add_row(
             node,

@@ -287,6 +287,10 @@ class UpPrinter:
             "else starts over in the same run directory"
         )
 
+    def allocation(self, message: str) -> None:
+        self.live.clear()
+        self.err.print(f"[dim]{markup(message)}[/]", soft_wrap=True)
+
 
 def node_stopped_text(stop: NodeStopped, run_id: str) -> str:
     """`n0: stopped 0.4 s after its agent got SIGTERM (torchrun exited with code 1); the 31 lines it
@@ -307,6 +311,26 @@ def node_stopped_text(stop: NodeStopped, run_id: str) -> str:
         return f"{node}: {how}"
     what = "the line it printed meanwhile is" if stop.held == 1 else f"the {stop.held} lines it printed meanwhile are"
     return f"{node}: {how}; {what} in its log: orch logs {markup(run_id)} --node {node}"
+
+
+def launch_lines(lines: list[list[str]], planned: bool) -> None:
+    """The commands of this machine `orch up` would run to get the nodes and launch (a Slurm
+    allocation's sbatch and srun), one per line, quoted as a shell would take them."""
+    if not lines:
+        return
+    out = console(stderr=False)
+    if not planned:
+        out.print(
+            "the nodes are the allocation's: node ranks follow its order, its first node is the master "
+            "(run inside salloc, or orch up, to see the plan)"
+        )
+    for line in lines:
+        out.print(markup(shlex.join(line)), soft_wrap=True)
+
+
+def allocation_line(message: str) -> None:
+    """A line on stderr about the nodes' allocation (`orch check` with `transport: slurm`)."""
+    console().print(f"[dim]{markup(message)}[/]", soft_wrap=True)
 
 
 def up_outcome(outcome: UpOutcome) -> None:

@@ -6,6 +6,6 @@
 - `nccl_log.py` NCCL_DEBUG=INFO lines → the network, the HCAs and the transport of every connection
 - `busbw.py`    nccl-tests' arithmetic (algbw, busbw) and table; the pairwise rates' summary
 
-`preflight/runner.py` runs it after the probe, when asked; `preflight/checks.py` judges it with
+`preflight/runner.py` runs it after the probe, when asked; `preflight/checks/` judges it with
 `judge.check_fabric` like any other check. The parsers are pure modules here, not of the logs package.
 """

@@ -104,12 +104,20 @@ class ConnectionLost(TransportError):
 
 class Stalled(TransportError):
     """A stream into a node's command that took no byte for `stall_s` seconds while bytes remained
-    (`Transport.pipe` with a `Fed` deadline): the stream was ended here, after `sent` bytes."""
+    (`Transport.pipe` with a `Fed` deadline): the stream was ended here, after `sent` bytes. With
+    `finishing`, the command took every byte and had not finished `stall_s` seconds after the last
+    (its `Fed.finish_s`)."""
 
-    def __init__(self, node: str, stall_s: float, sent: int) -> None:
-        super().__init__(node, "stalled", f"took no byte for {stall_s:.0f} s, after {sent} bytes")
+    def __init__(self, node: str, stall_s: float, sent: int, finishing: bool = False) -> None:
+        said = (
+            f"took every byte ({sent}) and did not finish within {stall_s:.0f} s"
+            if finishing
+            else f"took no byte for {stall_s:.0f} s, after {sent} bytes"
+        )
+        super().__init__(node, "stalled", said)
         self.stall_s = stall_s
         self.sent = sent
+        self.finishing = finishing
 
 
 @dataclass

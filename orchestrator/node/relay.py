@@ -92,6 +92,15 @@ RECONNECTS = 3
 says it cannot reach it."""
 EVENT = "@relay "
 FLIP = "ORCH_RELAY_TEST_FLIP"
+LOAD_FLOOR_BPS = 8 << 20
+"""The slowest rate at which a load may write out an image it took whole (`finish_s`)."""
+
+
+def finish_s(stall_s: float, size: int) -> float:
+    """How long an image's load may take to finish once it took the last byte of `size`: its stall
+    deadline, plus the image written at `LOAD_FLOOR_BPS` (its layers unpacked, committed). Past
+    it the load is ended as stalled (a hung disk after the stream, a load stopped then)."""
+    return stall_s + size / LOAD_FLOOR_BPS
 
 
 class Refused(Exception):
@@ -519,6 +528,8 @@ class Relay:
         self.writing: float | None = None
         """Since when the sink has been handing its load the frame at `sunk` (None: not now; the
         load's last slice taken, `ImageSink.took_at`, counts as progress too)."""
+        self.finishing: float | None = None
+        """Since when the image's load, every byte taken, has been finishing (None: not yet)."""
 
     # ------------------------------------------------------------------ set-up
 
@@ -878,20 +889,30 @@ class Relay:
         self.say("sinkfail", at=self.sunk, why=_said(exc), err=sink.said() if isinstance(sink, ImageSink) else "")
 
     def judge_sink(self) -> None:
-        """An image's load that took no byte for `stall_s` is ended, said (`stalled`: where it
-        stopped), and the member goes on relaying without it."""
+        """An image's load that took no byte for `stall_s`, or did not finish within `finish_s` of
+        its last, is ended, said (`stalled`: where it stopped; `finishing`: after every byte), and
+        the member goes on relaying without it."""
         sink = self.sink
         with self.judging:
             with self.cv:
-                since = self.writing
-                if not isinstance(sink, ImageSink) or sink.failed or since is None or self.stall_s is None:
+                if not isinstance(sink, ImageSink) or sink.failed or self.stall_s is None:
                     return
-                if time.monotonic() - max(since, sink.took_at) < self.stall_s:
-                    return
-                sink.failed = why = f"load took no byte for {self.stall_s:.0f} s"
+                now = time.monotonic()
+                if self.finishing is not None:
+                    limit = finish_s(self.stall_s, self.total)
+                    if now - self.finishing < limit:
+                        return
+                    why = f"load took every byte and did not finish within {limit:.0f} s"
+                else:
+                    since = self.writing
+                    if since is None or now - max(since, sink.took_at) < self.stall_s:
+                        return
+                    why = f"load took no byte for {self.stall_s:.0f} s"
+                sink.failed = why
                 at = sink.written
+                finishing = self.finishing is not None
             sink.abort()
-            self.say("sinkfail", at=at, why=why, err=sink.said(), stalled=True)
+            self.say("sinkfail", at=at, why=why, err=sink.said(), stalled=True, finishing=finishing)
 
     def _sink_loop(self) -> None:
         while True:
@@ -924,6 +945,8 @@ class Relay:
         report: dict[str, object] = {}
         sink = self.sink
         if sink is not None and not sink.failed:
+            with self.cv:
+                self.finishing = time.monotonic()
             try:
                 report = sink.end()
             except OSError as exc:

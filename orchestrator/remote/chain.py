@@ -402,7 +402,9 @@ class Member:
     sink_err: str = ""
     """The end of its load's stderr, where its image sink failed."""
     sink_stalled: bool = False
-    """Its load took no byte for its relay's `stall_s`: its relay ended it and relayed on."""
+    """Its load took no byte for its relay's `stall_s` (or, with `sink_finishing`, did not finish
+    within `relay.finish_s` of its last byte): its relay ended it and relayed on."""
+    sink_finishing: bool = False
     sink_at: int = 0
     """The bytes its sink had taken when it failed."""
     dropped: str | None = None
@@ -808,7 +810,10 @@ class Chain:
             m.sink_err = str(ev.get("err") or "")
             m.sink_stalled = ev.get("stalled") is True
             m.sink_at = _int(ev.get("at"))
-            if m.sink_stalled:
+            m.sink_finishing = ev.get("finishing") is True
+            if m.sink_stalled and m.sink_finishing:
+                self.note(f"{m.name}'s load took every byte and did not finish: its relay ended it")
+            elif m.sink_stalled:
                 self.note(f"{m.name}'s load took no byte at byte {m.sink_at}: its relay ended it and relays on")
         elif kind == "bye":
             m.bye = True

@@ -19,7 +19,9 @@ it, and the ID each then holds is checked. The runtime's argvs are its table ent
 A node whose load takes no byte for `stall_s` (`--stall-timeout`: a stopped load, a hung disk)
 fails by that deadline, exit 124, its row saying how far it got: directly the stream to it is
 ended (`Transport.pipe` with a `Fed`); by the chain its relay ends its load and relays on, so the
-nodes after it complete. What each node has taken is shown as it goes (`watch`, both ways).
+nodes after it complete. A load that took every byte has `relay.finish_s` to finish (the stall
+deadline, plus the image written at `relay.LOAD_FLOOR_BPS`), then fails the same way. What each
+node has taken is shown as it goes (`watch`, both ways).
 
 Every node's outcome is kept (`NodePush`), never stopping at the first bad node; the exit code is
 the worst node's (`ImageReport.exit_code`). Ctrl-C ends every stream (the transports' `close`).
@@ -43,6 +45,7 @@ from ..config import runtimes
 from ..config.inventory import Inventory
 from ..config.nodes import Node
 from ..errors import OrchError, Stalled, TransportError, UsageError
+from ..node import relay
 from ..shell import MISSING, Script, missing
 from ..transport import Cluster, CopyFailed, Fed, Result, Transport, transport_of
 from ..transport.base import Progress
@@ -166,6 +169,11 @@ def stalled_row(stall_s: float, at: int, size: int, ended: str) -> str:
     """A load that took no byte for `stall_s`, where it stopped, and what was ended (`ended`)."""
     share = f" ({100 * at // size}%)" if size else ""
     return f"load took no byte for {stall_s:.0f} s at byte {at} of {size}{share}; {ended}"
+
+
+def unfinished_row(finish_s: float, size: int, ended: str) -> str:
+    """A load that took every byte of `size` and had not finished `finish_s` after the last."""
+    return f"load took every byte ({size}) and did not finish within {finish_s:.0f} s; {ended}"
 
 
 def stalled_hint(program: str, what: str = "its load") -> str:
@@ -384,7 +392,7 @@ def push_image(
                     return before
                 if before == want:
                     return NodePush(t.node.name, "present", want, before)
-                fed = Fed(stall_s)
+                fed = Fed(stall_s, finish_s=relay.finish_s(stall_s, size))
                 if shown is not None:
                     shown.feds[t.node_name] = fed
                 outcome = _load(t, rt, image, source, want, before, fed, size)
@@ -578,7 +586,12 @@ def _loaded(node: str, chain: Chain, before: str | None, want: str, image: str, 
         )
     if m.sink_failed is not None and m.sink_stalled:
         stall_s = float(chain.config["stall_s"])
-        why = stalled_row(stall_s, m.sink_at, chain.total, "its load was ended, the chain relayed on")
+        ended = "its load was ended, the chain relayed on"
+        why = (
+            unfinished_row(relay.finish_s(stall_s, chain.total), chain.total, ended)
+            if m.sink_finishing
+            else stalled_row(stall_s, m.sink_at, chain.total, ended)
+        )
         return NodePush(node, "failed", None, before, why, stalled_hint(rt.load[0]), TIMED_OUT, leg.seconds, leg)
     if m.sink_failed is not None:
         why = m.sink_failed if m.sink_failed.startswith("load ") else f"load: {m.sink_failed}"
@@ -726,7 +739,11 @@ def _load(
             else "the stream to it was ended (not its load there: a stopped load stays as it is)"
         )
         leg = Leg(None, exc.sent, elapsed, None)
-        why = stalled_row(exc.stall_s, exc.sent, size, ended)
+        why = (
+            unfinished_row(exc.stall_s, size, ended)
+            if exc.finishing
+            else stalled_row(exc.stall_s, exc.sent, size, ended)
+        )
         return NodePush(node, "failed", None, before, why, stalled_hint(rt.load[0]), TIMED_OUT, elapsed, leg)
     except CopyFailed as exc:
         if exc.kind == "stalled":

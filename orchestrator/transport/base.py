@@ -253,16 +253,23 @@ class Fed:
     """What a stream handed its command so far (`run_here` feeds through a thread and counts):
     `bytes`, when the last went (`last`, on `clock`), and whether the source `ended`. With `stall_s`,
     the command is ended once no byte went for that long while some remained (`stalled`): a reader
-    that stopped reading (a stopped process, a hung disk) holds no one up past it. Read from other
-    threads while it runs (a progress display): plain values, each written by one thread."""
+    that stopped reading (a stopped process, a hung disk) holds no one up past it. With `finish_s`
+    too, a command that took every byte is ended once it has not finished that long after the last
+    (an image's load still writing its layers to a hung disk): `stalled` and `ended` both. Read
+    from other threads while it runs (a progress display): plain values, each written by one thread."""
 
-    def __init__(self, stall_s: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, stall_s: float | None = None, clock: Callable[[], float] = time.monotonic, finish_s: float | None = None
+    ) -> None:
         self.stall_s = stall_s
+        self.finish_s = finish_s
+        """The longest the command may take to finish after the last byte (None: as long as it needs)."""
         self.clock = clock
         self.bytes = 0
         self.last = clock()
+        self.ended_at: float | None = None
         self.ended = False
-        """Every byte of the source was handed over (the command's own finishing is not judged)."""
+        """Every byte of the source was handed over (at `ended_at`)."""
         self.stalled = False
         """Its deadline passed: the command was ended here, after `bytes`."""
 
@@ -270,9 +277,20 @@ class Fed:
         self.bytes += n
         self.last = self.clock()
 
+    def end(self) -> None:
+        """The source's last byte went."""
+        self.ended_at = self.clock()
+        self.ended = True
+
     def overdue(self) -> bool:
-        """No byte went for `stall_s` while some remained."""
-        return self.stall_s is not None and not self.ended and self.clock() - self.last >= self.stall_s
+        """No byte went for `stall_s` while some remained, or, every byte gone, the command has not
+        finished within `finish_s` of the last."""
+        if self.stall_s is None:
+            return False
+        if self.ended:
+            finishing_s = self.clock() - (self.ended_at if self.ended_at is not None else self.last)
+            return self.finish_s is not None and finishing_s >= self.finish_s
+        return self.clock() - self.last >= self.stall_s
 
 
 def run_here(
@@ -368,7 +386,7 @@ def _feed(chunks: Iterable[bytes], fd: int, fed: Fed | None = None) -> None:
                     fed.took(n)
                 view = view[n:]
         if fed is not None:
-            fed.ended = True
+            fed.end()
     except (OSError, ValueError):  # EPIPE: the reader is gone; ValueError: the source was closed under us
         pass
     finally:
@@ -590,6 +608,8 @@ class Transport:
             code, out, err = run_here(self.children, self.reach(line), source, timeout, fed, **self._reach_popen())
         except subprocess.TimeoutExpired:
             if fed is not None and fed.stalled and fed.stall_s is not None:
+                if fed.ended and fed.finish_s is not None:
+                    raise Stalled(self.node_name, fed.finish_s, fed.bytes, finishing=True) from None
                 raise Stalled(self.node_name, fed.stall_s, fed.bytes) from None
             raise TransportError(self.node_name, "timeout", f"command timed out after {timeout:.0f} s") from None
         stderr = err.decode("utf-8", "replace")

@@ -373,6 +373,41 @@ def test_a_load_that_takes_no_byte_is_ended_by_its_relay_which_relays_on() -> No
     assert member.sunk == len(payload) and not [ev for ev, _ in said if ev == "done"]
 
 
+def test_a_load_that_took_every_byte_and_does_not_finish_is_ended_by_its_relay() -> None:
+    """A load that takes the whole stream, then hangs (a disk that stops after the stream): its
+    relay ends it `relay.finish_s` after the last byte and says so (`finishing`); nothing is held."""
+    said: list[tuple[str, dict]] = []
+    cfg = {
+        "secret": SECRET.hex(),
+        "tid": TID.decode(),
+        "index": 1,
+        "window": 64 << 20,
+        "mode": "image",
+        "load": ["sh", "-c", "cat >/dev/null; exec sleep 60"],
+        "inspect": ["echo", "held"],
+        "stall_s": 0.5,
+    }
+    member = relay.Relay(cfg, lambda ev, **fields: said.append((ev, fields)))
+    payload = random.Random(5).randbytes(1 << 20)
+    member.start_sink({"total": len(payload)})
+    sink = member.sink
+    assert isinstance(sink, relay.ImageSink) and sink.proc is not None
+    assert member.take(io.BytesIO(relay.data_frame(SECRET, TID, 0, payload)[1:]).read, 0)
+    started = time.monotonic()
+
+    def finished() -> bool:
+        member.judge_sink()
+        return member.sink_done
+
+    wait_for(finished, "the relay ends the load that does not finish")
+    assert time.monotonic() - started >= relay.finish_s(0.5, len(payload)) - 0.1
+    fails = [fields for ev, fields in said if ev == "sinkfail"]
+    assert len(fails) == 1 and [ev for ev, _ in said] == ["sinkfail"], said
+    assert fails[0]["stalled"] is True and fails[0]["finishing"] is True, fails
+    assert fails[0]["why"] == "load took every byte and did not finish within 1 s", fails
+    assert fails[0]["at"] == len(payload) and sink.proc.poll() is not None
+
+
 def test_a_load_that_keeps_taking_bytes_is_never_judged() -> None:
     """The deadline is on progress: a load taking every byte (however slowly) and finishing is done."""
     said: list[tuple[str, dict]] = []

@@ -71,6 +71,41 @@ def test_pipe_ends_a_command_that_stops_taking_bytes_by_its_deadline(t: LocalTra
     assert not t.children._procs  # nothing of it is left to end
 
 
+def test_pipe_ends_a_command_that_took_every_byte_and_does_not_finish_by_its_finish_deadline(
+    t: LocalTransport,
+) -> None:
+    """A load that took the whole stream, then hangs (its disk, after the stream): past
+    `Fed.finish_s` from the last byte the stream is ended, Stalled says it took every byte."""
+    fed = Fed(stall_s=0.3, finish_s=0.6)
+    with pytest.raises(Stalled) as info:
+        t.pipe(["sh", "-c", "cat >/dev/null; exec sleep 60"], [b"x" * (1 << 20)] * 2, fed=fed)
+    assert info.value.finishing and info.value.stall_s == 0.6 and info.value.sent == 2 << 20
+    assert "took every byte (2097152) and did not finish within 1 s" in str(info.value.message)
+    assert fed.ended and fed.stalled and fed.ended_at is not None
+    assert not t.children._procs  # nothing of it is left to end
+
+
+def test_the_finish_deadline_counts_from_the_last_byte() -> None:
+    now = [100.0]
+    fed = Fed(stall_s=5.0, clock=lambda: now[0], finish_s=20.0)
+    fed.took(10)
+    now[0] += 4.9
+    assert not fed.overdue()
+    now[0] += 0.2
+    assert fed.overdue()  # no byte for 5 s while some remained
+    fed.took(10)
+    fed.end()
+    now[0] += 19.9
+    assert not fed.overdue()  # finishing: only the finish deadline counts
+    now[0] += 0.2
+    assert fed.overdue()
+    assert not Fed(stall_s=5.0, clock=lambda: now[0]).overdue()
+    unbounded = Fed(stall_s=5.0, clock=lambda: now[0])
+    unbounded.end()
+    now[0] += 1e6
+    assert not unbounded.overdue()  # without finish_s the finishing is not judged
+
+
 @pytest.mark.parametrize("source", ["a file", "chunks"])
 def test_pipe_counts_every_byte_taken_and_leaves_the_commands_finishing_unjudged(
     t: LocalTransport, tmp_path: Path, source: str

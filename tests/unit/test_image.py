@@ -296,6 +296,8 @@ def test_the_stall_deadline_is_one_value_in_the_code_the_cli_and_the_contract(tm
     assert f"`--stall-timeout` seconds ({image.STALL_S:g})" in contract
     assert f"`chain.SINK_GRACE_S` ({chain.SINK_GRACE_S:g} s)" in contract
     assert f"`--stall-timeout` ({image.STALL_S:g} s" in guide
+    floor = f"{image.relay.LOAD_FLOOR_BPS / (1 << 20):g} MiB/s"  # the finishing's deadline
+    assert contract.count(floor) == 2 and guide.count(floor) == 1, floor
     local = inventory.parse("transport: local\nnodes:\n  - host: localhost\n", "t.yaml")
     with pytest.raises(UsageError, match="stall deadline"):  # the library refuses it too, asking nothing
         image.push_image(local, [], "y", "podman", stall_s=0)
@@ -353,3 +355,21 @@ def test_the_direct_push_shows_what_each_node_took_as_it_goes():
     finally:
         shown.stop()
     assert drawn and all(len(views) == 2 for views in drawn)
+
+
+def test_a_direct_load_that_took_every_byte_and_hangs_fails_by_its_finish_deadline(tmp_path, monkeypatch):
+    """Directly: the stream into a load that took it whole and then hangs is ended `finish_s` after
+    the last byte; the node's row says so (exit 124), and what to look at."""
+    from orchestrator.remote import image
+    from orchestrator.transport import Fed, LocalTransport
+
+    archive = tmp_path / "image.tar"
+    archive.write_bytes(b"x" * 300_000)
+    monkeypatch.setattr(image, "load_argv", lambda runtime: ["sh", "-c", "cat >/dev/null; exec sleep 60"])
+    local = inventory.parse("transport: local\nnodes:\n  - host: localhost\n", "t.yaml")
+    t = LocalTransport(local.nodes[0])
+    fed = Fed(0.3, finish_s=1.0)
+    got = image._load(t, runtimes.runtime("podman"), "y:1", str(archive), "a" * 64, None, fed, 300_000)
+    assert got.exit_code == image.TIMED_OUT and got.action == "failed", got
+    assert got.error == "load took every byte (300000) and did not finish within 1 s; its load was ended", got
+    assert got.hint is not None and "raise --stall-timeout" in got.hint

@@ -335,10 +335,8 @@ def wait_for(check: object, what: str, within: float = 20.0) -> None:
         time.sleep(0.02)
 
 
-def test_a_load_that_takes_no_byte_is_ended_by_its_relay_which_relays_on() -> None:
-    """An image member's load reads a little, then stops reading (a real process: `sleep` holding
-    its stdin). Past `stall_s` its relay ends it, says so (`sinkfail`, `stalled`, where it stood),
-    and hands every frame on all the same: the members after it complete."""
+def image_member(load: str, inspect: list[str], stall_s: float) -> tuple[relay.Relay, list[tuple[str, dict]]]:
+    """An image chain's member whose load is the shell command `load`, and what it says."""
     said: list[tuple[str, dict]] = []
     cfg = {
         "secret": SECRET.hex(),
@@ -346,11 +344,18 @@ def test_a_load_that_takes_no_byte_is_ended_by_its_relay_which_relays_on() -> No
         "index": 1,
         "window": 64 << 20,
         "mode": "image",
-        "load": ["sh", "-c", "head -c 1000 >/dev/null; exec sleep 60"],
-        "inspect": ["true"],
-        "stall_s": 1.0,
+        "load": ["sh", "-c", load],
+        "inspect": inspect,
+        "stall_s": stall_s,
     }
-    member = relay.Relay(cfg, lambda ev, **fields: said.append((ev, fields)))
+    return relay.Relay(cfg, lambda ev, **fields: said.append((ev, fields))), said
+
+
+def test_a_load_that_takes_no_byte_is_ended_by_its_relay_which_relays_on() -> None:
+    """An image member's load reads a little, then stops reading (a real process: `sleep` holding
+    its stdin). Past `stall_s` its relay ends it, says so (`sinkfail`, `stalled`, where it stood),
+    and hands every frame on all the same: the members after it complete."""
+    member, said = image_member("head -c 1000 >/dev/null; exec sleep 60", ["true"], 1.0)
     payload = random.Random(3).randbytes(4 << 20)
     member.start_sink({"total": len(payload)})
     sink = member.sink
@@ -376,18 +381,7 @@ def test_a_load_that_takes_no_byte_is_ended_by_its_relay_which_relays_on() -> No
 def test_a_load_that_took_every_byte_and_does_not_finish_is_ended_by_its_relay() -> None:
     """A load that takes the whole stream, then hangs (a disk that stops after the stream): its
     relay ends it `relay.finish_s` after the last byte and says so (`finishing`); nothing is held."""
-    said: list[tuple[str, dict]] = []
-    cfg = {
-        "secret": SECRET.hex(),
-        "tid": TID.decode(),
-        "index": 1,
-        "window": 64 << 20,
-        "mode": "image",
-        "load": ["sh", "-c", "cat >/dev/null; exec sleep 60"],
-        "inspect": ["echo", "held"],
-        "stall_s": 0.5,
-    }
-    member = relay.Relay(cfg, lambda ev, **fields: said.append((ev, fields)))
+    member, said = image_member("cat >/dev/null; exec sleep 60", ["echo", "held"], 0.5)
     payload = random.Random(5).randbytes(1 << 20)
     member.start_sink({"total": len(payload)})
     sink = member.sink
@@ -410,18 +404,7 @@ def test_a_load_that_took_every_byte_and_does_not_finish_is_ended_by_its_relay()
 
 def test_a_load_that_keeps_taking_bytes_is_never_judged() -> None:
     """The deadline is on progress: a load taking every byte (however slowly) and finishing is done."""
-    said: list[tuple[str, dict]] = []
-    cfg = {
-        "secret": SECRET.hex(),
-        "tid": TID.decode(),
-        "index": 1,
-        "window": 64 << 20,
-        "mode": "image",
-        "load": ["sh", "-c", "cat >/dev/null"],
-        "inspect": ["echo", "held"],
-        "stall_s": 1.0,
-    }
-    member = relay.Relay(cfg, lambda ev, **fields: said.append((ev, fields)))
+    member, said = image_member("cat >/dev/null", ["echo", "held"], 1.0)
     payload = random.Random(4).randbytes(1 << 20)
     member.start_sink({"total": len(payload)})
     frame = relay.data_frame(SECRET, TID, 0, payload)

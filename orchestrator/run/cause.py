@@ -187,6 +187,28 @@ def raised(raw_lines: Sequence[str]) -> list[Raised]:
     return out
 
 
+def worker_lines(raw_lines: Sequence[str], pattern: re.Pattern[str]) -> list[Raised]:
+    """Every line a worker wrote (node.log lines, oldest first, up to its agent's stop) that
+    `pattern` finds, as `Raised` (when, its local rank, the text after its prefixes)."""
+    out: list[Raised] = []
+    for raw in raw_lines:
+        parts = raw.split(" ", 2)
+        if len(parts) < 3 or parts[1] not in STREAMS:
+            continue
+        if parts[2].startswith(STOPPING_PREFIX):
+            break
+        m = WORKER.match(parts[2])
+        if not m:
+            continue
+        body = parts[2][m.end() :]
+        tag = RANK_TAG.match(body)
+        body = (body[tag.end() :] if tag else body).strip()
+        at = _epoch(parts[0])
+        if at is not None and pattern.search(body):
+            out.append(Raised(at, int(m.group(1)), body))
+    return out
+
+
 def _epoch(stamp: str) -> float | None:
     """A node.log stamp (`2026-11-30T09:32:05.123456Z`) as epoch seconds."""
     try:

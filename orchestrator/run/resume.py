@@ -25,7 +25,9 @@ def is_trainer(job: Job) -> bool:
     return job.script is None and job.module == TRAINER
 
 
-PREEMPTED = re.compile(rf"\bexited with code {PREEMPTED_EXIT}\b|\bpreempted \(SIGUSR2\): checkpoint ")
+PREEMPTED_LINE = re.compile(r"\bpreempted \(SIGUSR2\): checkpoint ")
+"""What a rank says once its preemption checkpoint is written (`trainer/preempt.py`)."""
+PREEMPTED = re.compile(rf"\bexited with code {PREEMPTED_EXIT}\b|{PREEMPTED_LINE.pattern}")
 """What says a node's job ended because the trainer was preempted: its ranks' exit code (torchrun's
 summary, `run/cause.py`'s line) or the trainer's own line."""
 

@@ -51,7 +51,9 @@ from .cause import (
     local_rank_of,
     raised,
     root_cause,
+    worker_lines,
 )
+from .resume import PREEMPTED_LINE
 
 
 @dataclass(frozen=True)
@@ -270,7 +272,8 @@ def blame(
     """The failure to name: `first`, unless its cause is a lost peer (a consequence) and a rank
     raised a real exception from `BEFORE_S` before to `AFTER_S` after it, on any node (`logs`:
     node.log lines of the nodes that could be read, `first.node`'s among them): then the earliest
-    such exception, on its node and rank."""
+    such exception, on its node and rank. Where no rank raised, a rank that stopped for a
+    preemption in that window (`PREEMPTED_LINE`: its checkpoint written) is named the same way."""
     if not consequence(first.cause) or first.node not in logs:
         return first
     offsets = offsets_s or {}
@@ -290,6 +293,16 @@ def blame(
         if not consequence(r.text)
     ]
     found = [f for f in found if when - BEFORE_S <= f[0] <= when + AFTER_S]
+    verb = "raised"
+    if not found:  # no rank raised: a rank that stopped for a preemption (its checkpoint written) is the cause
+        verb = "stopped"
+        found = [
+            (r.at - offsets.get(node, 0.0), node, r)
+            for node, lines in logs.items()
+            if node in specs
+            for r in worker_lines(lines, PREEMPTED_LINE)
+        ]
+        found = [f for f in found if when - BEFORE_S <= f[0] <= when + AFTER_S]
     if not found:
         return first
     at, node, r = min(found, key=lambda f: f[0])
@@ -304,7 +317,7 @@ def blame(
     real = Failure(
         node,
         spec.node_rank,
-        first.reason if node == first.node else f"a rank raised: {r.text}",
+        first.reason if node == first.node else f"a rank {verb}: {r.text}",
         first.exit_code if node == first.node else None,
         spec.base_rank + r.local_rank,
         r.local_rank,

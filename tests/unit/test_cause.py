@@ -344,6 +344,36 @@ def test_a_lost_peer_on_the_first_node_blames_the_rank_that_raised_on_another() 
     assert blame(g, {"n0": n0, "n1": n1}, specs) is g
 
 
+def test_a_lost_peer_after_a_preemption_on_another_node_names_the_preempted_rank() -> None:
+    """n0's rank 1 lost its peer (recorded); nobody raised: n1's ranks stopped for a preemption 4 s
+    before (rank 2 wrote the checkpoint). The preempted rank is named, so `orch up` says the trainer
+    wrote its checkpoint (`resume.preempted`), not a lost peer."""
+    from orchestrator.run import resume
+    from orchestrator.run.supervise import NodeSpec, blame
+
+    n0 = raw("nodelog/raise_rank3_other-node_torch2.14.log")
+    n1 = [
+        "2026-12-01T21:41:07.100000Z out [default0]:[rank 2] step 2 sum=10 ok",
+        "2026-12-01T21:41:07.883000Z err [default0]:[rank 2] preempted (SIGUSR2): checkpoint /ck/last.pt after "
+        "step 2; --resume continues from it",
+        "2026-12-01T21:41:07.890000Z err [default1]:[rank 3] preempted (SIGUSR2): checkpoint /ck/last.pt after "
+        "step 2; --resume continues from it",
+        "2026-12-01T21:41:08.400000Z orch torchrun exited with code 1",
+    ]
+    f = Failure("n0", 0, "exited with code 1", 1, order=1.0)
+    f.explain(n0)
+    assert f.cause is not None and "Connection closed by peer" in f.cause and not resume.preempted(f.cause, f.excerpt)
+    specs = {"n0": NodeSpec("n0", 0, 0, 2), "n1": NodeSpec("n1", 1, 2, 2)}
+    real = blame(f, {"n0": n0, "n1": n1}, specs)
+    assert (real.node, real.rank, real.local_rank) == ("n1", 2, 0), real
+    assert real.cause is not None and real.cause.startswith("preempted (SIGUSR2): checkpoint /ck/last.pt")
+    assert real.reason.startswith("a rank stopped: preempted (SIGUSR2)") and real.hint is not None
+    assert "rank 1 on n0 lost its peer 4.006 s after this" in real.hint, real.hint
+    assert resume.preempted(real.cause, real.excerpt)
+    # out of the window on the reference clock: the lost peer stays the first failure
+    assert blame(f, {"n0": n0, "n1": n1}, specs, {"n1": -120.0}) is f
+
+
 def test_the_supervisor_names_the_real_exception_for_runs_and_status() -> None:
     """`orch up`'s outcome (and so run.json's first_failure, `orch runs`, `orch status`)."""
     from orchestrator.contract import NodeState

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 import signal as _signal
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -155,24 +155,29 @@ def consequence(text: str | None) -> bool:
     return bool(text) and CONSEQUENCE.search(text or "") is not None
 
 
-def raised(raw_lines: Sequence[str]) -> list[Raised]:
-    """Every exception the node's workers raised (node.log lines, oldest first), up to its agent's
-    stop, in the order written."""
-    out: list[Raised] = []
-    open_tb: dict[int, bool] = {}
+def _worker_texts(raw_lines: Sequence[str]) -> Iterator[tuple[str, int, str]]:
+    """Each line a worker wrote (node.log lines, oldest first, up to its agent's stop): its node
+    stamp, its local rank and its text after the prefixes (unstripped)."""
     for raw in raw_lines:
         parts = raw.split(" ", 2)
         if len(parts) < 3 or parts[1] not in STREAMS:
             continue
         if parts[2].startswith(STOPPING_PREFIX):
-            break
+            return
         m = WORKER.match(parts[2])
         if not m:
             continue
-        local = int(m.group(1))
         body = parts[2][m.end() :]
         tag = RANK_TAG.match(body)
-        body = body[tag.end() :] if tag else body
+        yield parts[0], int(m.group(1)), body[tag.end() :] if tag else body
+
+
+def raised(raw_lines: Sequence[str]) -> list[Raised]:
+    """Every exception the node's workers raised (node.log lines, oldest first), up to its agent's
+    stop, in the order written."""
+    out: list[Raised] = []
+    open_tb: dict[int, bool] = {}
+    for stamp, local, body in _worker_texts(raw_lines):
         if body.strip() == TRACEBACK:
             open_tb[local] = True
             continue
@@ -181,7 +186,7 @@ def raised(raw_lines: Sequence[str]) -> list[Raised]:
         e = EXCEPTION.match(body.strip())
         if e and (e.group(2) is not None or BARE_EXCEPTION.search(e.group(1))):
             open_tb[local] = False
-            at = _epoch(parts[0])
+            at = _epoch(stamp)
             if at is not None and not any(w in body for w in WRAPPERS):
                 out.append(Raised(at, local, body.strip()))
     return out
@@ -191,21 +196,10 @@ def worker_lines(raw_lines: Sequence[str], pattern: re.Pattern[str]) -> list[Rai
     """Every line a worker wrote (node.log lines, oldest first, up to its agent's stop) that
     `pattern` finds, as `Raised` (when, its local rank, the text after its prefixes)."""
     out: list[Raised] = []
-    for raw in raw_lines:
-        parts = raw.split(" ", 2)
-        if len(parts) < 3 or parts[1] not in STREAMS:
-            continue
-        if parts[2].startswith(STOPPING_PREFIX):
-            break
-        m = WORKER.match(parts[2])
-        if not m:
-            continue
-        body = parts[2][m.end() :]
-        tag = RANK_TAG.match(body)
-        body = (body[tag.end() :] if tag else body).strip()
-        at = _epoch(parts[0])
+    for stamp, local, body in _worker_texts(raw_lines):
+        at = _epoch(stamp)
         if at is not None and pattern.search(body):
-            out.append(Raised(at, int(m.group(1)), body))
+            out.append(Raised(at, local, body.strip()))
     return out
 
 

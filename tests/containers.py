@@ -58,8 +58,9 @@ def cache_dir() -> Path:
     return Path(os.environ.get("ORCH_TEST_CACHE", "/var/cache/orch-tests"))
 
 
-def debian_mirror() -> str:
-    """The Debian mirror apt on this machine uses ($ORCH_TEST_DEBIAN_MIRROR first)."""
+def debian_mirror() -> str | None:
+    """The Debian mirror apt on this machine uses ($ORCH_TEST_DEBIAN_MIRROR first); None where apt
+    names none: debootstrap then picks its own default."""
     if os.environ.get("ORCH_TEST_DEBIAN_MIRROR"):
         return os.environ["ORCH_TEST_DEBIAN_MIRROR"].rstrip("/")
     sources = [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]
@@ -69,12 +70,12 @@ def debian_mirror() -> str:
                 m = re.match(r"^\s*URIs:\s*(\S+)", line) or re.match(r"^\s*deb\s+(?:\[[^]]*\]\s+)?(\S+)\s", line)
                 if m and "security" not in m.group(1):
                     return m.group(1).rstrip("/")
-    return "http://deb.debian.org/debian"
+    return None
 
 
 def image_key() -> str:
     """What names the cached image: a different package list or mirror builds another."""
-    text = json.dumps([SUITE, PACKAGES, PRUNE, debian_mirror()])
+    text = json.dumps([SUITE, PACKAGES, PRUNE, debian_mirror() or ""])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -130,8 +131,10 @@ def rootfs_tarball(log: Any = None) -> Path:
                 f"--include={','.join(PACKAGES)}",
                 SUITE,
                 str(root),
-                debian_mirror(),
             ]
+            mirror = debian_mirror()
+            if mirror is not None:
+                argv.append(mirror)
             started = time.monotonic()
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=900)
             if proc.returncode != 0:

@@ -29,10 +29,12 @@ from ..config.inventory import Inventory
 from ..config.nodes import Node
 from ..errors import OrchError, RemoteCommandFailed, Stalled, TransportError
 from .copy import (
+    RSYNC_TIMED_OUT,
     UNTAR,
     CopyFailed,
     Transfer,
     check_sources,
+    parse_output,
     said_in_one_line,
     stalled_copy,
     tar_argv,
@@ -683,6 +685,25 @@ class Transport:
         if answer.exit_code != 0:
             raise untar_failed(self.node_name, answer.exit_code, answer.stderr)
         return Transfer(len(files), total, sent[0], changes)
+
+    def _run_rsync(
+        self, argv: Sequence[str], stall_s: float | None, missing_here: str, failed: Callable[[int, str], CopyFailed]
+    ) -> Transfer:
+        """The rsync of an rsync reach's `copy_tree`, run on this machine (LC_ALL=C, its report read):
+        CopyFailed when it is not installed here (`missing_here`), moved no byte for `stall_s`, or
+        failed (`failed`: its exit code and stderr, in the reach's words)."""
+        try:
+            code, out, err = run_here(self.children, argv, env={**os.environ, "LC_ALL": "C"})
+        except FileNotFoundError:
+            raise CopyFailed(self.node_name, 127, missing_here) from None
+        if code == RSYNC_TIMED_OUT and stall_s is not None:
+            raise stalled_copy(self.node_name, code, stall_s, "rsync")
+        if code != 0:
+            raise failed(code, err.decode("utf-8", "replace"))
+        try:
+            return parse_output(out.decode("utf-8", "replace"))
+        except ValueError as exc:
+            raise CopyFailed(self.node_name, 0, f"rsync succeeded but its report could not be read: {exc}") from None
 
     def close(self) -> None:
         """End what this transport still runs for its node."""

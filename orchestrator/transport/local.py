@@ -15,8 +15,8 @@ from typing import Any
 
 from ..config.nodes import Node
 from ..errors import TransportError
-from .base import OnOutput, PopenProcess, Process, Transport, command_line, log, run_here
-from .copy import RSYNC_TIMED_OUT, CopyFailed, Transfer, parse_output, rsync_argv, said_in_one_line, stalled_copy
+from .base import OnOutput, PopenProcess, Process, Transport, command_line, log
+from .copy import CopyFailed, Transfer, rsync_argv, said_in_one_line
 
 
 class _LocalProcess(PopenProcess):
@@ -63,19 +63,12 @@ class LocalTransport(Transport):
         """rsync on this machine: the node's paths are this machine's (`stall_s`: its `--timeout`)."""
         target = dest.rstrip("/") + "/"
         argv = rsync_argv(sources, target, delete=delete, dry_run=dry_run, checksum=checksum, stall_s=stall_s)
-        try:
-            code, out, err = run_here(self.children, argv, env={**os.environ, "LC_ALL": "C"})
-        except FileNotFoundError:
-            raise CopyFailed(self.node_name, 127, "rsync is not installed on this machine") from None
-        if code == RSYNC_TIMED_OUT and stall_s is not None:
-            raise stalled_copy(self.node_name, code, stall_s, "rsync")
-        if code != 0:
-            lines = [ln.strip() for ln in err.decode("utf-8", "replace").splitlines() if ln.strip()]
-            raise CopyFailed(self.node_name, code, "rsync exited " + said_in_one_line(code, lines))
-        try:
-            return parse_output(out.decode("utf-8", "replace"))
-        except ValueError as exc:
-            raise CopyFailed(self.node_name, 0, f"rsync succeeded but its report could not be read: {exc}") from None
+
+        def failed(code: int, stderr: str) -> CopyFailed:
+            lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+            return CopyFailed(self.node_name, code, "rsync exited " + said_in_one_line(code, lines))
+
+        return self._run_rsync(argv, stall_s, "rsync is not installed on this machine", failed)
 
     def _exec(
         self,

@@ -42,8 +42,8 @@ from typing import Any
 from .. import waits
 from ..config.nodes import Node, SSHOptions
 from ..errors import ConnectionLost, TransportError
-from .base import OnOutput, Process, Transport, command_line, log, run_here
-from .copy import RSYNC_TIMED_OUT, CopyFailed, Transfer, parse_output, rsync_argv, rsync_failed, stalled_copy
+from .base import OnOutput, Process, Transport, command_line, log
+from .copy import CopyFailed, Transfer, rsync_argv, rsync_failed
 from .hostkeys import UnknownHostKey, install_host_key_policy, known_hosts_name
 
 
@@ -134,20 +134,11 @@ class SSHTransport(Transport):
         """rsync over the OpenSSH client: only what changed is sent (size and time, or `checksum`);
         `stall_s`: rsync's `--timeout` (the rsync on the node is left as it is)."""
         argv = self.rsync_argv(sources, dest, delete=delete, dry_run=dry_run, checksum=checksum, stall_s=stall_s)
-        try:
-            code, out, err = run_here(self.children, argv, env={**os.environ, "LC_ALL": "C"})
-        except FileNotFoundError:
-            raise CopyFailed(self.node_name, 127, "rsync is not installed on this machine (the controller)") from None
-        if code == RSYNC_TIMED_OUT and stall_s is not None:
-            raise stalled_copy(self.node_name, code, stall_s, "rsync")
-        if code != 0:
-            raise rsync_failed(
-                self.node_name, code, err.decode("utf-8", "replace"), lambda said: openssh_failure(self.node, said)
-            )
-        try:
-            return parse_output(out.decode("utf-8", "replace"))
-        except ValueError as exc:
-            raise CopyFailed(self.node_name, 0, f"rsync succeeded but its report could not be read: {exc}") from None
+
+        def failed(code: int, stderr: str) -> CopyFailed:
+            return rsync_failed(self.node_name, code, stderr, lambda said: openssh_failure(self.node, said))
+
+        return self._run_rsync(argv, stall_s, "rsync is not installed on this machine (the controller)", failed)
 
     def __init__(self, node: Node) -> None:
         super().__init__(node)

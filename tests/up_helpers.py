@@ -45,6 +45,17 @@ class Orch:
             timeout=timeout,
         )
 
+    def popen(self, *args: str) -> subprocess.Popen[str]:
+        """`orch ARGS` in the background, its stdout and stderr piped (the caller communicates)."""
+        return subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", *args],
+            cwd=REPO,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
     def start(self, *args: str, verbose: bool = False) -> UpProcess:
         """`orch up ARGS` in the background (`orch -v up ARGS`: every remote command on stderr)."""
         return UpProcess(self, list(args), verbose)

@@ -14,7 +14,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from typing import Any
 import pytest
 
 from tests.cluster import KeyStore, TestCluster, missing, netns_supported
-from tests.up_helpers import REPO, Orch
+from tests.up_helpers import Orch
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(600)]
 
@@ -188,14 +187,7 @@ def test_a_node_whose_cable_is_pulled_mid_transfer_is_named_and_the_nodes_after_
     root, digests = tree(c, 24 * MB)
     names = ["node1", "node2", "node3", "node4"]
     inv = c.write_inventory(tmp_path / "inv.yaml", only=names, job={"sync": [str(root)]})
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "sync", str(inv), "--json", "--method", "chain"],
-        cwd=REPO,
-        env=orch.env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = orch.popen("sync", str(inv), "--json", "--method", "chain")
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:  # node2 is writing its first file
@@ -319,14 +311,7 @@ def test_a_disk_that_fills_mid_transfer_fails_its_node_which_still_relays_to_the
     root, digests = tree(c, 24 * MB)
     names = ["node1", "node2", "node3"]
     inv = c.write_inventory(tmp_path / "inv.yaml", only=names, job={"sync": [str(root)]})
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "sync", str(inv), "--json", "--method", "chain"],
-        cwd=REPO,
-        env=orch.env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = orch.popen("sync", str(inv), "--json", "--method", "chain")
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:  # node2 is writing its first file
@@ -465,14 +450,7 @@ def test_a_disk_that_fills_mid_load_fails_its_node_with_the_loads_own_words(
     names = ["node1", "node2", "node3"]
     inv = c.write_inventory(tmp_path / "inv.yaml", only=names)
     argv = ["image", "push", img.ref, str(inv), "--runtime", "podman", "--json", "--method", method]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", *argv],
-        cwd=REPO,
-        env=orch.env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = orch.popen(*argv)
     try:
         deadline = time.monotonic() + 120
         staged = 0
@@ -525,14 +503,7 @@ def test_a_load_stopped_mid_stream_fails_its_node_by_its_deadline_and_the_others
     names = ["node1", "node2", "node3"]
     inv = c.write_inventory(tmp_path / "inv.yaml", only=names)
     argv = ["image", "push", img.ref, str(inv), "--runtime", "podman", "--json", "--method", method]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", *argv],
-        cwd=REPO,
-        env=orch.env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = orch.popen(*argv)
     pid = None
     try:
         deadline = time.monotonic() + 120
@@ -599,14 +570,7 @@ def test_an_apptainer_copy_whose_rsync_stops_fails_its_node_by_its_deadline(
     names = ["node1", "node2", "node3"]
     inv = c.write_inventory(tmp_path / "inv.yaml", only=names)
     argv = ["image", "push", str(sif), str(inv), "--runtime", "apptainer", "--json", "--stall-timeout", "5"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", *argv],
-        cwd=REPO,
-        env=orch.env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = orch.popen(*argv)
     pids: list[int] = []
     try:
         deadline = time.monotonic() + 120

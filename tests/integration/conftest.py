@@ -18,7 +18,7 @@ on the command line (as that target names it), it runs."""
 @pytest.fixture(scope="session")
 def trainer_reference(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Reference:
     """One uninterrupted reference run for the session, shared by the exact-resume tests of
-    test_trainer_ddp.py (node-local storage) and test_up_resume.py (a rank killed under `orch up`):
+    test_trainer_ddp.py (node-local storage) and test_trainer_preempt.py (a warned rank, mid-epoch):
     each proves its resumed run ends with these weights, bit for bit. Ranks, world size and every
     flag that changes the numbers are the same in all of them (log lines and paths are not numbers).
     Under `pytest -n` the workers share it: the first trains it, the other reads what it left."""

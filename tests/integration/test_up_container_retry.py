@@ -1,7 +1,10 @@
 """Automatic retries of a container run on the real podman test bed: a rank killed once is retried
 with the trainer resuming inside its new container, the failed launch's containers removed before
-the retry starts its own (each launch's names carry its nonce); and a spare node taking a broken
-node's place runs its ranks in a container of its own store."""
+the retry starts its own (each launch's names carry its nonce), and orch status and orch report
+read the retried run; and a spare node taking a broken node's place runs its ranks in a container
+of its own store. orch's part of a retry is the relaunch with --resume auto; that the trainer's
+resume ends with an uninterrupted run's weights, bit for bit, is test_trainer_ddp.py's and
+test_trainer_preempt.py's (one proof per claim: a third, under orch up over SSH, cost 3 minutes)."""
 
 from __future__ import annotations
 
@@ -119,7 +122,23 @@ def test_a_killed_rank_is_retried_in_new_containers_and_resumes(
         done = [t for t, n in HOOK_DONE.findall(merged) if n == node and t > removed[0]]
         assert done and done[0] < retry_at, (node, done, retry_at)
     assert run["state"] == "succeeded" and run["attempt"] == 2
+    assert run["attempts"][0]["result"] == "failed" and run["attempts"][0]["first_failure"]["node"] in (
+        "node1",
+        "node2",
+    )
     assert bed.wait_no_containers(run_label("ctr-cut"), within=GONE_WITHIN_S) == {}
+
+    # orch status and orch report read the trainer's own lines after the retry: done, and the card
+    # holds the run as it ended (no validation with --val-period 0: no mAP, and none made up)
+    status = json.loads(orch.run("status", "--json", "ctr-cut").stdout)
+    assert status["progress"]["done"] is True and status["progress"]["epochs"] == FLAGS["epochs"], status
+    report = orch.run("report", "ctr-cut", timeout=240)
+    assert report.returncode == 0, report.stderr
+    card = dict(re.findall(r"data-key='([a-z_0-9]+)' data-value='([^']*)'", Path(report.stdout.strip()).read_text()))
+    rows = (orch.run_dir("ctr-cut") / "results.csv").read_text().splitlines()
+    assert len(rows) == 1 + FLAGS["epochs"] and "mAP50-95" not in rows[0], rows
+    assert card["best_map50_95"] == "" and card["attempts"] == "2" and card["state"] == "succeeded", card
+    assert card["world_size"] == "2" and float(card["wall_s"]) == run["wall_s"], card
 
 
 def test_a_spare_replaces_a_broken_node_in_a_container_run(

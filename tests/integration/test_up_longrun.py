@@ -1,6 +1,7 @@
 """Long-run failures over real sshd nodes, real torchrun and gloo: a hung rank found by the
 watchdog and named by its stack (`orch stacks`), and automatic retries (a spare replacing a node
-that breaks). The trainer's retry with exact resume is in test_up_resume.py.
+that breaks). A trainer's retry under orch up is in test_up_container_retry.py and
+test_up_resume_local.py; its exact resume in test_trainer_ddp.py and test_trainer_preempt.py.
 
 Every test ends by checking each node's process table for anything carrying the run id.
 """

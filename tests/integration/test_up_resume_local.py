@@ -2,8 +2,9 @@
 `--resume auto` and the trainer finds its own last.pt, wherever key=value `project=` and `name=`
 put it (and however it was numbered). `transport: local`, two nodes of one rank each, real
 torchrun (gloo), a rank killed once mid-epoch. That the resumed weights are an uninterrupted
-run's, bit for bit, is test_up_resume.py's (a retry under `orch up`) and test_trainer_ddp.py's
-(the trainer's resume itself): this run is the smallest that shows the directory found."""
+run's, bit for bit, is test_trainer_ddp.py's and test_trainer_preempt.py's (the trainer's resume
+itself; a retry under `orch up` over SSH, in containers, is test_up_container_retry.py's): this
+run is the smallest that shows the directory found."""
 
 from __future__ import annotations
 

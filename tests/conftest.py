@@ -14,7 +14,7 @@
 A session-finish hook fails the run if any sshd, chronyd, session process, namespace or link
 started by the fixture is still there (under `pytest -n`, each worker's leftovers fail the run).
 
-Under `pytest -n` (pytest-xdist; `make test` runs three workers on this 2-core machine) a test
+Under `pytest -n` (pytest-xdist; `make test` runs four workers on this 2-core machine) a test
 shares the machine by its mark (setup.cfg says what each mark means; `lane_kind`):
 
 - `alone`: no other test beside it. It holds an exclusive lock that every other test takes shared.
@@ -624,9 +624,10 @@ def _effective_kind(item: pytest.Item, lanes: Lanes | None) -> str:
 
 def _take_a_slot(base: Path, held: contextlib.ExitStack) -> None:
     """Hold one of the session's slots for slow shared tests (trainer runs, orch up scenarios: the
-    ones that keep a core busy), one per core: more workers than cores (`make test` runs three on
-    two cores, so that one can run the foreground tests while two work through the rest) never run
-    more of them at once than there are cores. The short shared tests take no slot: they mostly
+    ones that keep a core busy), one per core: more workers than cores (`make test` runs four on
+    two cores, so that one can run the foreground tests while two work through the rest, and the
+    short tests of the run's tail run four at a time) never run more of them at once than there
+    are cores. The short shared tests take no slot: they mostly
     wait (an SSH round trip, a timeout, a child's exit), and a third beside two slow ones fills the
     CPU they leave (with a slot each, 120 s of the last full run ran at 40 to 75 % CPU). A free slot
     is taken at once; when none is, wait for this worker's own."""

@@ -123,6 +123,14 @@ def test_nodes_on_one_runtime_each_find_their_own_container(local_run: Launched)
     assert said == {"n0": "n0", "n1": "n1"}, said
 
 
+def sleeps(launched: Launched, first: int, second: int) -> tuple[str, str]:
+    """Two sleep command lines of this test's own: the processes are looked for on the whole
+    machine, and the podman and docker runs of one test may run at once on two workers, so each
+    runtime's lines differ (.25 podman, .75 docker)."""
+    part = {"podman": "25", "docker": "75"}[launched.runtime]
+    return f"sleep {first}.{part}", f"sleep {second}.{part}"
+
+
 def timed_out(orch: Orch, run: str, words: tuple[str, str], *nodes: str) -> None:
     """`--timeout 2` on a command with a child in the background: exit 124, said once nothing of
     the command is left in the containers (no wait: gone when orch said so)."""
@@ -161,12 +169,12 @@ def interrupted(orch: Orch, run: str, words: tuple[str, str], count: int) -> Non
 def test_a_timeout_stops_the_command_in_the_container(local_run: Launched) -> None:
     """Item 5: `--timeout` once stopped the runtime's exec client on the host and said the command's
     process group was stopped; the command ran on in the container."""
-    timed_out(local_run.orch, local_run.run, ("sleep 987.25", "sleep 986.25"), "n0")
+    timed_out(local_run.orch, local_run.run, sleeps(local_run, 987, 986), "n0")
 
 
 def test_ctrl_c_stops_the_command_in_the_container(local_run: Launched) -> None:
     """Item 5: Ctrl-C (exit 130) once left the command running in the container."""
-    interrupted(local_run.orch, local_run.run, ("sleep 985.25", "sleep 984.25"), 2)
+    interrupted(local_run.orch, local_run.run, sleeps(local_run, 985, 984), 2)
 
 
 def test_over_ssh_a_timeout_and_a_lost_session_stop_the_command_in_the_container(

@@ -1,8 +1,10 @@
 """A run directory as `orch up` leaves it (run.json, check.json, node logs, results.csv), for the
-report tests (tests/unit/test_report.py, tests/local/test_report_chromium.py)."""
+report tests (tests/unit/test_report.py, tests/local/test_report_chromium.py), and the reading of a
+report's summary card (`card`, for those and the integration tests that run `orch report`)."""
 
 from __future__ import annotations
 
+import re
 import struct
 import time
 from pathlib import Path
@@ -155,3 +157,10 @@ def make_run(tmp_path: Path, failed: bool = False) -> RunDir:
 def png_size(data: bytes) -> tuple[int, int]:
     width, height = struct.unpack(">II", data[16:24])
     return width, height
+
+
+def card(text: str) -> dict[str, str]:
+    """The summary card's fields of a report page: data-key -> data-value (the raw number or text)."""
+    section = text[text.index("<section id='summary'") :]
+    section = section[: section.index("</section>")]
+    return dict(re.findall(r"data-key='([a-z_0-9]+)' data-value='([^']*)'", section))

@@ -21,6 +21,7 @@ from tests.cluster import TestCluster
 from tests.containers import PodmanBed
 from tests.integration.test_up_container import GONE_WITHIN_S, container_keys, run_label
 from tests.ports import job_port
+from tests.report_support import card
 from tests.trainer_helpers import make_dataset
 from tests.up_helpers import DDP_JOB, REPO, Orch
 
@@ -134,11 +135,11 @@ def test_a_killed_rank_is_retried_in_new_containers_and_resumes(
     assert status["progress"]["done"] is True and status["progress"]["epochs"] == FLAGS["epochs"], status
     report = orch.run("report", "ctr-cut", timeout=240)
     assert report.returncode == 0, report.stderr
-    card = dict(re.findall(r"data-key='([a-z_0-9]+)' data-value='([^']*)'", Path(report.stdout.strip()).read_text()))
+    summary = card(Path(report.stdout.strip()).read_text())
     rows = (orch.run_dir("ctr-cut") / "results.csv").read_text().splitlines()
     assert len(rows) == 1 + FLAGS["epochs"] and "mAP50-95" not in rows[0], rows
-    assert card["best_map50_95"] == "" and card["attempts"] == "2" and card["state"] == "succeeded", card
-    assert card["world_size"] == "2" and float(card["wall_s"]) == run["wall_s"], card
+    assert summary["best_map50_95"] == "" and summary["attempts"] == "2" and summary["state"] == "succeeded", summary
+    assert summary["world_size"] == "2" and float(summary["wall_s"]) == run["wall_s"], summary
 
 
 def test_a_spare_replaces_a_broken_node_in_a_container_run(

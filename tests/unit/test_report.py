@@ -8,7 +8,7 @@ import pytest
 
 from orchestrator.logs.trainer import parse_throughput
 from orchestrator.report import build_report, read_results_csv
-from tests.report_support import RESULTS, make_run, node_log
+from tests.report_support import RESULTS, card, make_run, node_log
 
 
 def test_throughput_keeps_the_latest_epoch() -> None:
@@ -180,15 +180,6 @@ def test_orch_report_prints_only_the_pages_path_on_stdout(
     assert exc.value.code == 0
     out = capsys.readouterr().out
     assert out == f"{(run.path / 'report' / 'index.html').resolve()}\n"
-
-
-def card(text: str) -> dict[str, str]:
-    """The summary card's fields: data-key -> data-value (the raw number or text)."""
-    import re
-
-    section = text[text.index("<section id='summary'") :]
-    section = section[: section.index("</section>")]
-    return dict(re.findall(r"data-key='([a-z_0-9]+)' data-value='([^']*)'", section))
 
 
 def test_the_summary_card_holds_what_results_csv_and_run_json_say(tmp_path: Path) -> None:

@@ -23,8 +23,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from ..shell import Script
+
 IMAGE_FORMAT = "{{.Id}}\t{{json .Config.Env}}"
 """What a daemon runtime's `inspect` prints for an image it holds: the ID, a tab, its environment."""
+GRAPH_ROOT = Script(
+    'r=$("$0" --log-level=debug image exists "$1" 2>&1 >/dev/null '
+    "| sed -n 's/^.*Using graph root \\(\\/[^\"]*\\)\"\\{0,1\\}$/\\1/p' | tail -n 1); "
+    'case $r in /*) echo "$r" ;; *) exec "$0" info --format "{{.Store.GraphRoot}}" ;; esac',
+    guarded=True,
+)
+"""podman's store directory, as podman says it while it opens the store for a cheap question
+(`image exists` of a name, `$1`, at `--log-level=debug`: its "Using graph root DIR" line); where it
+says no such line (a podman that words it otherwise), `podman info` answers. `info` costs 0.2-0.3
+CPU-s a call against 0.03 here (it asks the host, the OCI runtime, conmon and the network), which
+every node of an image push paid before a byte was sent."""
+GRAPH_ROOT_PROBE = "orch-store-probe:none"
+"""The image name `GRAPH_ROOT` asks about (held or not, it does not matter: only the log is read)."""
 IMAGE_ID = "[0-9a-f]{64}"
 """An image ID as docker and podman print it (after `sha256:`), and a .sif's sha256: 64 hex digits."""
 RUN_PARTS = (
@@ -332,7 +347,7 @@ def _daemon(
     label_format: str,
     limits_fix: str,
     init_fix: str,
-    store: str,
+    store: tuple[str, ...],
     tmp_copies: int,
 ) -> Runtime:
     """docker and podman: the same CLI, but for how each is given GPUs, the flags it knows, how it
@@ -354,7 +369,7 @@ def _daemon(
         save=(name, "save", "-o", "{archive}", "{image}"),
         load=(name, "load"),
         size=(name, "image", "inspect", "--format", "{{.Size}}", "{image}"),
-        store=(name, "info", "--format", store),
+        store=store,
         tmp_copies=tmp_copies,
         gpu_fix=gpu_fix,
         grammar=Grammar(_DAEMON_SHORT, booleans),
@@ -374,7 +389,7 @@ TABLE: dict[str, Runtime] = {
             gpus_each=(),
             gpu_fix="install nvidia-container-toolkit, then nvidia-ctk runtime configure --runtime=docker and restart "
             "docker",
-            store="{{.DockerRootDir}}",
+            store=("docker", "info", "--format", "{{.DockerRootDir}}"),
             tmp_copies=0,
             booleans=_DAEMON_BOOLEANS,
             label_format='{{.Label "{key}"}}',
@@ -387,7 +402,7 @@ TABLE: dict[str, Runtime] = {
             gpus_once=(),
             gpus_each=("--device", "nvidia.com/gpu={device}"),
             gpu_fix="generate the CDI spec podman reads: nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml",
-            store="{{.Store.GraphRoot}}",
+            store=tuple(GRAPH_ROOT.argv("podman", GRAPH_ROOT_PROBE)),
             tmp_copies=2,
             booleans=_PODMAN_BOOLEANS,
             label_format='{{index .Labels "{key}"}}',

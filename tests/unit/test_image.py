@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import os
+import shlex
 import subprocess
 
 import pytest
@@ -122,6 +123,43 @@ def test_the_room_a_push_writes_to_is_looked_at_on_the_node_and_judged_by_one_ru
     assert no_room("n1", "podman", [{**rooms[0], "dev": "/data"}, rooms[1]], 12 * MB, None) is None
     assert no_room("n1", "docker", rooms[:1], 12 * MB, None) is None
     assert no_room("n1", "podman", [], 12 * MB, None) is None  # a node that could not say: its load will
+
+
+PODMAN_SAYS = {
+    "logfmt": 'time="2026-12-07T17:45:15Z" level=debug msg="Using graph root {root}"',
+    "terminal": "DEBU[0000] Using graph root {root}",
+    "silent": 'time="2026-12-07T17:45:15Z" level=debug msg="Using storage driver overlay"',
+    "quoted": 'time="2026-12-07T17:45:15Z" level=debug msg="Using graph root {root}\\"x"',
+}
+
+
+@pytest.mark.parametrize("says", sorted(PODMAN_SAYS))
+def test_podmans_store_is_read_from_its_own_debug_line_else_asked_of_podman_info(tmp_path, says):
+    """podman's store for the room check: the "Using graph root" line podman writes while it
+    opens its store for `image exists` (0.03 CPU-s), and only where it writes none that reads as a
+    whole path, `podman info` (0.2-0.3 CPU-s; the same answer, asked of every node before a push)."""
+    root = "/srv/containers/node 1/storage"
+    fake = tmp_path / "podman"
+    fake.write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> {shlex.quote(str(tmp_path / "asked"))}\n'
+        'case "$*" in info*) echo /from/podman/info; exit 0;; esac\n'
+        f"echo {shlex.quote(PODMAN_SAYS[says].format(root=root))} >&2\n"
+        "echo 'stdout is not read'\n"
+        "exit 1\n"
+    )
+    fake.chmod(0o755)
+    argv = room_argvs("podman", "img")[0][1]
+    proc = subprocess.run(argv, capture_output=True, text=True, env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
+    asked = (tmp_path / "asked").read_text().splitlines()
+    assert asked[0] == "--log-level=debug image exists orch-store-probe:none"
+    if says in ("logfmt", "terminal"):
+        assert (proc.returncode, proc.stdout, asked[1:]) == (0, root + "\n", []), proc
+    else:
+        assert (proc.returncode, proc.stdout) == (0, "/from/podman/info\n"), proc
+        assert asked[1:] == ["info --format {{.Store.GraphRoot}}"]
+    missing = subprocess.run(argv, capture_output=True, text=True, env={"PATH": "/nonexistent"})
+    assert (missing.returncode, missing.stderr) == (127, "orch: podman is not installed on this node\n")
 
 
 PODMAN_FULL = """Getting image source signatures

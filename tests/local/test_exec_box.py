@@ -90,28 +90,37 @@ def test_a_command_still_starting_when_the_timeout_comes_is_stopped_too(env: dic
             os.kill(pid, signal.SIGKILL)
 
 
-@pytest.mark.parametrize("how", ["SIGTERM to it (the tether)", "SIGKILL to its process group (a closed local session)"])
+STOPS = {
+    "SIGTERM to it (the tether)": ("95.25", "94.25"),
+    "SIGKILL to its process group (a closed local session)": ("91.25", "90.25"),
+}
+"""Each way of stopping, with sleeps of its own: the cases may run at once on two workers, and each
+looks for its command's processes on the whole machine (and kills what it finds after)."""
+
+
+@pytest.mark.parametrize("how", sorted(STOPS))
 def test_a_signal_or_a_lost_session_stops_the_command_in_the_container(env: dict[str, str], how: str) -> None:
+    first, second = (f"sleep {s}" for s in STOPS[how])
     proc = subprocess.Popen(
-        argv(["sleep 95.25 & sleep 94.25"]),
+        argv([f"{first} & {second}"]),
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,
     )
     try:
-        wait_for(lambda: running("sleep 95.25") and running("sleep 94.25"), "the command running")
+        wait_for(lambda: running(first) and running(second), "the command running")
         if how.startswith("SIGTERM"):
             proc.send_signal(signal.SIGTERM)
             _, err = proc.communicate(timeout=30)
             assert proc.returncode == 128 + signal.SIGTERM and b"were stopped (SIGTERM)" in err, err
-            assert running("sleep 95.25") == running("sleep 94.25") == []
+            assert running(first) == running(second) == []
         else:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            wait_for(lambda: running("sleep 95.25") == running("sleep 94.25") == [], "the command stopped")
+            wait_for(lambda: running(first) == running(second) == [], "the command stopped")
     finally:
-        for pid in running("sleep 95.25") + running("sleep 94.25"):
+        for pid in running(first) + running(second):
             os.kill(pid, signal.SIGKILL)
         if proc.poll() is None:
             proc.kill()

@@ -61,6 +61,14 @@ def take_sigint() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def own_sleeps(first: int, second: int) -> tuple[str, str]:
+    """`sleep S.PID` command lines for a test that looks for its command's processes with `running`,
+    which searches the whole machine: the test process's pid makes them its own, whatever other
+    tests run beside it on other workers (two cases of one test once saw, and killed, each other's
+    `sleep 95.25`)."""
+    return f"sleep {first}.{os.getpid()}", f"sleep {second}.{os.getpid()}"
+
+
 def running(words: str) -> list[int]:
     """This machine's processes whose command line is exactly `words` (a container's included:
     they are this machine's processes too)."""

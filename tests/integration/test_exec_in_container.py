@@ -27,7 +27,7 @@ from tests.cluster import TestCluster
 from tests.containers import Dockerd, PodmanBed, PodmanStore, TestImage, short_dir
 from tests.integration.test_up_container import GONE_WITHIN_S, container_keys, ddp_inventory
 from tests.ports import job_port
-from tests.procs_support import running
+from tests.procs_support import own_sleeps, running
 from tests.up_helpers import DDP_JOB, REPO, Orch, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -123,14 +123,6 @@ def test_nodes_on_one_runtime_each_find_their_own_container(local_run: Launched)
     assert said == {"n0": "n0", "n1": "n1"}, said
 
 
-def sleeps(launched: Launched, first: int, second: int) -> tuple[str, str]:
-    """Two sleep command lines of this test's own: the processes are looked for on the whole
-    machine, and the podman and docker runs of one test may run at once on two workers, so each
-    runtime's lines differ (.25 podman, .75 docker)."""
-    part = {"podman": "25", "docker": "75"}[launched.runtime]
-    return f"sleep {first}.{part}", f"sleep {second}.{part}"
-
-
 def timed_out(orch: Orch, run: str, words: tuple[str, str], *nodes: str) -> None:
     """`--timeout 2` on a command with a child in the background: exit 124, said once nothing of
     the command is left in the containers (no wait: gone when orch said so)."""
@@ -169,12 +161,12 @@ def interrupted(orch: Orch, run: str, words: tuple[str, str], count: int) -> Non
 def test_a_timeout_stops_the_command_in_the_container(local_run: Launched) -> None:
     """Item 5: `--timeout` once stopped the runtime's exec client on the host and said the command's
     process group was stopped; the command ran on in the container."""
-    timed_out(local_run.orch, local_run.run, sleeps(local_run, 987, 986), "n0")
+    timed_out(local_run.orch, local_run.run, own_sleeps(987, 986), "n0")
 
 
 def test_ctrl_c_stops_the_command_in_the_container(local_run: Launched) -> None:
     """Item 5: Ctrl-C (exit 130) once left the command running in the container."""
-    interrupted(local_run.orch, local_run.run, sleeps(local_run, 985, 984), 2)
+    interrupted(local_run.orch, local_run.run, own_sleeps(985, 984), 2)
 
 
 def test_over_ssh_a_timeout_and_a_lost_session_stop_the_command_in_the_container(
@@ -188,8 +180,8 @@ def test_over_ssh_a_timeout_and_a_lost_session_stop_the_command_in_the_container
     assert res.returncode == 0, res.stderr[-3000:]
     try:
         wait_for(lambda: all(podman_cluster.containers(n, "orch.run=ctr-exec-ssh") for n in nodes), 180, "containers")
-        timed_out(orch, "ctr-exec-ssh", ("sleep 983.25", "sleep 982.25"))
-        interrupted(orch, "ctr-exec-ssh", ("sleep 981.25", "sleep 980.25"), 2)
+        timed_out(orch, "ctr-exec-ssh", own_sleeps(983, 982))
+        interrupted(orch, "ctr-exec-ssh", own_sleeps(981, 980), 2)
     finally:
         down = orch.run("down", "ctr-exec-ssh", timeout=180)
         if down.returncode == 1:

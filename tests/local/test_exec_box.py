@@ -21,7 +21,7 @@ from orchestrator.config.container import Container
 from orchestrator.config.jobenv import box_exec
 from orchestrator.node import HERE
 from tests import fake_runtime
-from tests.procs_support import running
+from tests.procs_support import own_sleeps, running
 
 ID = "ab" * 32
 NONCE = "0123456789ab"
@@ -65,10 +65,11 @@ def test_the_command_runs_in_its_nodes_container_with_its_own_exit_code(env: dic
 
 
 def test_a_timeout_stops_the_command_in_the_container_before_it_says_so(env: dict[str, str]) -> None:
-    ran = subprocess.run(argv(["sleep 97.25 & sleep 96.25"], timeout=1), env=env, capture_output=True, text=True)
+    first, second = own_sleeps(97, 96)
+    ran = subprocess.run(argv([f"{first} & {second}"], timeout=1), env=env, capture_output=True, text=True)
     assert ran.returncode == 124, ran.stderr
     assert "timed out after 1 s: 3 processes of the command in container abababababab were stopped" in ran.stderr
-    assert running("sleep 97.25") == running("sleep 96.25") == []  # gone when it said so
+    assert running(first) == running(second) == []  # gone when it said so
 
 
 def test_a_command_still_starting_when_the_timeout_comes_is_stopped_too(env: dict[str, str]) -> None:
@@ -78,29 +79,22 @@ def test_a_command_still_starting_when_the_timeout_comes_is_stopped_too(env: dic
     state = Path(env["PATH"].split(os.pathsep)[0]).parent / "containers.json"
     Path(f"{state}.exec-late").write_text("2")
     said = state.with_name("said")
+    first, second = own_sleeps(93, 92)
     try:
         with said.open("w") as out:  # not a pipe: what is left of the command would hold it open
-            code = subprocess.run(argv(["sleep 93.25 & sleep 92.25"], timeout=1), env=env, stdout=out, stderr=out)
+            code = subprocess.run(argv([f"{first} & {second}"], timeout=1), env=env, stdout=out, stderr=out)
         err = said.read_text()
         assert code.returncode == 124, err
-        assert running("sleep 93.25") == running("sleep 92.25") == [], err  # gone when it said so
+        assert running(first) == running(second) == [], err  # gone when it said so
         assert "processes of the command in container abababababab were stopped" in err
     finally:
-        for pid in running("sleep 93.25") + running("sleep 92.25"):
+        for pid in running(first) + running(second):
             os.kill(pid, signal.SIGKILL)
 
 
-STOPS = {
-    "SIGTERM to it (the tether)": ("95.25", "94.25"),
-    "SIGKILL to its process group (a closed local session)": ("91.25", "90.25"),
-}
-"""Each way of stopping, with sleeps of its own: the cases may run at once on two workers, and each
-looks for its command's processes on the whole machine (and kills what it finds after)."""
-
-
-@pytest.mark.parametrize("how", sorted(STOPS))
+@pytest.mark.parametrize("how", ["SIGTERM to it (the tether)", "SIGKILL to its process group (a closed local session)"])
 def test_a_signal_or_a_lost_session_stops_the_command_in_the_container(env: dict[str, str], how: str) -> None:
-    first, second = (f"sleep {s}" for s in STOPS[how])
+    first, second = own_sleeps(95, 94)
     proc = subprocess.Popen(
         argv([f"{first} & {second}"]),
         env=env,

@@ -154,7 +154,9 @@ class SSHModel(_Schema):
     """`strict`: an unknown or changed key is an error · `accept-new`: record unknown keys, refuse changed ones.
     There is no option that skips verification"""
     connect_timeout: float | None = None
-    """seconds before a node counts as unreachable"""
+    """seconds to reach a node (the TCP connect and the server's banner, as OpenSSH's `ConnectTimeout`)
+    before it counts as unreachable; authentication then gets at least 30 s (a loaded node is slow
+    there, not unreachable)"""
     gateway: str | None = None
     """jump host (a host name, address or `~/.ssh/config` alias: letters, digits, `_ . : -`, not starting with
     `-`), reached with the node's user and port and verified like a node; unset: none"""

@@ -153,7 +153,7 @@ class SSHTransport(Transport):
         ssh config file applies (aliases, ProxyJump, Match), else `_Direct` on bare paramiko."""
         opts = self.node.ssh
         cfg_path = os.path.expanduser(opts.ssh_config) if opts.ssh_config else None
-        kwargs: dict[str, Any] = {"banner_timeout": opts.connect_timeout, "auth_timeout": opts.connect_timeout}
+        kwargs: dict[str, Any] = {"banner_timeout": opts.connect_timeout, "auth_timeout": auth_timeout(opts)}
         if opts.identity:
             kwargs["key_filename"] = [os.path.expanduser(opts.identity)]
         gateway = None
@@ -234,7 +234,8 @@ class SSHTransport(Transport):
             self._open(conn)
             opened = True
         except Exception as exc:  # translated into one error vocabulary below
-            attempt.error = _translate(self.node, exc)
+            slow = _authenticating(conn) and time.monotonic() - start >= auth_timeout(self.node.ssh)
+            attempt.error = _translate(self.node, exc, auth_timed_out=slow)
         finally:  # whatever ended the attempt (an interrupt too), its waiters are let go
             with self._lock:
                 self._attempt = None
@@ -387,6 +388,19 @@ class _QuickAckSocket(socket.socket):
 
 
 QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
+AUTH_TIMEOUT_S = 30.0
+"""The least time authentication gets once the server has answered. `ssh.connect_timeout` bounds
+reaching the server (the TCP connect and its banner), as OpenSSH's ConnectTimeout does; a server
+that answered is not unreachable, and one slow to authenticate (a loaded node checking keys, PAM,
+a directory or DNS lookup) would otherwise be dropped, or replaced by a spare, for its load. 30 s
+is paramiko's own default; OpenSSH's client sets no bound at all (sshd's LoginGraceTime, 120 s)."""
+AUTH_TIMEOUT_WORDS = "Authentication timeout."
+"""What paramiko's AuthenticationException says when that bound, not the server, ended it."""
+
+
+def auth_timeout(opts: SSHOptions) -> float:
+    """How long a node's authentication may take: `AUTH_TIMEOUT_S`, or its connect_timeout if longer."""
+    return max(AUTH_TIMEOUT_S, opts.connect_timeout)
 
 
 class _Direct:
@@ -490,7 +504,15 @@ def _tcp_connect(host: str, port: int, timeout: float | None) -> socket.socket:
     raise NoValidConnectionsError(errors)
 
 
-def _translate(node: Node, exc: BaseException) -> TransportError:
+def _authenticating(conn: Any) -> bool:
+    """Whether `conn`'s SSH session is up but not authenticated: the server answered and agreed on
+    keys, and what ended the attempt was the authentication."""
+    client = getattr(conn, "client", None)
+    session = client.get_transport() if client is not None else None
+    return session is not None and session.is_active() and not session.is_authenticated()
+
+
+def _translate(node: Node, exc: BaseException, auth_timed_out: bool = False) -> TransportError:
     """Map paramiko/socket failures to a TransportError with a kind and a hint that fixes it: the
     name does not resolve, the port refuses, there is no route, nothing answers in time, the key is
     refused (naming the keys offered), the host key is unknown or changed. Never an errno's number."""
@@ -517,6 +539,19 @@ def _translate(node: Node, exc: BaseException) -> TransportError:
             f"{exc.expected_key.fingerprint}, the server sent {exc.key.fingerprint}",
             f"if the server was reinstalled: ssh-keygen -R '{name}' -f {opts.known_hosts}, "
             "then add the new key; otherwise treat it as an attack",
+        )
+    # paramiko says "Authentication timeout." only where the last key it tried timed out: a timeout on
+    # an RSA key file is followed by the other key types failing to read that file, and their words
+    # ("encountered RSA key, expected OPENSSH key") are what it raises; the caller's clock tells.
+    timed_out = auth_timed_out or str(exc) == AUTH_TIMEOUT_WORDS
+    if isinstance(exc, paramiko.SSHException) and timed_out:
+        return TransportError(
+            node.name,
+            "unreachable",
+            f"authentication timed out: {target} answered but did not finish authenticating within "
+            f"{auth_timeout(opts):g} s (no key was refused)",
+            f"the node's sshd is slow to answer (load, PAM, a directory or DNS lookup: UseDNS no); "
+            f"see its log (journalctl -u ssh on {node.host}) and try again",
         )
     if isinstance(exc, paramiko.AuthenticationException):
         return TransportError(

@@ -20,6 +20,7 @@ import pytest
 from orchestrator.config.nodes import Node, SSHOptions
 from orchestrator.errors import TransportError
 from orchestrator.transport import ssh
+from tests.node_support import ssh_node
 
 pytestmark = pytest.mark.waits
 
@@ -99,17 +100,7 @@ def node(tmp_path: Path, srv: Server, connect_timeout: float, key_type: str = "r
         connect_timeout=connect_timeout,
         ssh_config=None,
     )
-    return Node(
-        name="slow",
-        host="127.0.0.1",
-        addr="127.0.0.1",
-        gpus=0,
-        nproc_per_node=1,
-        python="python3",
-        env={},
-        ssh=opts,
-        index=0,
-    )
+    return ssh_node("slow", "127.0.0.1", opts)
 
 
 def test_an_authentication_slower_than_the_connect_timeout_still_connects(server: Server, tmp_path: Path) -> None:

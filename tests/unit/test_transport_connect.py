@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from orchestrator.config.nodes import Node, SSHOptions
+from orchestrator.config.nodes import SSHOptions
 from orchestrator.errors import TransportError
 from orchestrator.transport.ssh import SSHTransport
+from tests.node_support import ssh_node
 
 DEADLINE_S = 10.0
 """Only ever reached when something is wrong: every wait below is on a condition."""
@@ -65,18 +66,7 @@ class Gate:
 
 def transport(gate: Gate) -> SSHTransport:
     opts = SSHOptions(user="root", port=22, connect_timeout=5, ssh_config=None)  # type: ignore[call-arg]
-    node = Node(
-        name="node4",
-        host="198.18.0.4",
-        addr="198.18.0.4",
-        gpus=0,
-        nproc_per_node=1,
-        python="python3",
-        env={},
-        ssh=opts,
-        index=3,
-    )
-    t = SSHTransport(node)
+    t = SSHTransport(ssh_node("node4", "198.18.0.4", opts, index=3))
     t._connection = gate.connection  # type: ignore[method-assign]
     t._open = gate.open  # type: ignore[method-assign]
     return t

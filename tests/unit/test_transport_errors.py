@@ -13,21 +13,12 @@ from paramiko.ssh_exception import NoValidConnectionsError
 
 from orchestrator.config.nodes import Node, SSHOptions
 from orchestrator.transport.ssh import _translate, key_fingerprint, offered_keys
+from tests.node_support import ssh_node
 
 
 def node(**ssh: object) -> Node:
     opts = SSHOptions(**{"user": "root", "port": 22, "connect_timeout": 10, "ssh_config": None, **ssh})  # type: ignore[arg-type]
-    return Node(
-        name="gpu-node-02",
-        host="gpu-node-02",
-        addr="gpu-node-02",
-        gpus=8,
-        nproc_per_node=8,
-        python="python3",
-        env={},
-        ssh=opts,
-        index=1,
-    )
+    return ssh_node("gpu-node-02", "gpu-node-02", opts, index=1)
 
 
 def said(exc: BaseException, **ssh: object) -> tuple[str, str, str]:

@@ -394,8 +394,6 @@ reaching the server (the TCP connect and its banner), as OpenSSH's ConnectTimeou
 that answered is not unreachable, and one slow to authenticate (a loaded node checking keys, PAM,
 a directory or DNS lookup) would otherwise be dropped, or replaced by a spare, for its load. 30 s
 is paramiko's own default; OpenSSH's client sets no bound at all (sshd's LoginGraceTime, 120 s)."""
-AUTH_TIMEOUT_WORDS = "Authentication timeout."
-"""What paramiko's AuthenticationException says when that bound, not the server, ended it."""
 
 
 def auth_timeout(opts: SSHOptions) -> float:
@@ -540,11 +538,10 @@ def _translate(node: Node, exc: BaseException, auth_timed_out: bool = False) -> 
             f"if the server was reinstalled: ssh-keygen -R '{name}' -f {opts.known_hosts}, "
             "then add the new key; otherwise treat it as an attack",
         )
-    # paramiko says "Authentication timeout." only where the last key it tried timed out: a timeout on
-    # an RSA key file is followed by the other key types failing to read that file, and their words
-    # ("encountered RSA key, expected OPENSSH key") are what it raises; the caller's clock tells.
-    timed_out = auth_timed_out or str(exc) == AUTH_TIMEOUT_WORDS
-    if isinstance(exc, paramiko.SSHException) and timed_out:
+    # the caller's clock, not paramiko's words, tells a timeout: it says "Authentication timeout." only
+    # where the last key it tried timed out; after a timeout on an RSA key file it tries the file as
+    # its other key types, and their words ("encountered RSA key, expected OPENSSH key") are raised
+    if isinstance(exc, paramiko.SSHException) and auth_timed_out:
         return TransportError(
             node.name,
             "unreachable",
